@@ -1,0 +1,58 @@
+/**
+ * Stable error codes. Every failure that reaches a guest carries one of these, so log
+ * pipelines and tests can match on the code instead of on message text.
+ */
+export type EgressErrorCode =
+  | "EG_BAD_REQUEST"
+  | "EG_DENIED"
+  | "EG_METHOD_NOT_ALLOWED"
+  | "EG_MISDIRECTED"
+  | "EG_HEADERS_TOO_LARGE"
+  | "EG_UPSTREAM"
+  | "EG_UPSTREAM_TIMEOUT"
+  | "EG_REDIRECT_LOOP"
+  | "EG_UNSUPPORTED"
+  | "EG_BAD_OPTION"
+  | "EG_CA";
+
+const statusTexts: Record<number, string> = {
+  400: "Bad Request",
+  403: "Forbidden",
+  405: "Method Not Allowed",
+  413: "Content Too Large",
+  421: "Misdirected Request",
+  431: "Request Header Fields Too Large",
+  501: "Not Implemented",
+  502: "Bad Gateway",
+  504: "Gateway Timeout",
+  508: "Loop Detected",
+};
+
+/** The reason phrase for a status the proxy itself answers with. */
+export function statusText(status: number): string {
+  return statusTexts[status] ?? "Error";
+}
+
+/**
+ * One error class for everything egressgate reports: a stable `code`, the HTTP `status` the
+ * guest receives, and a message that stands on its own (it becomes the response body).
+ */
+export class EgressError extends Error {
+  readonly code: EgressErrorCode;
+  readonly status: number;
+
+  constructor(code: EgressErrorCode, status: number, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "EgressError";
+    this.code = code;
+    this.status = status;
+  }
+}
+
+export function denied(message: string): EgressError {
+  return new EgressError("EG_DENIED", 403, message);
+}
+
+export function badRequest(message: string): EgressError {
+  return new EgressError("EG_BAD_REQUEST", 400, message);
+}

@@ -1,0 +1,25 @@
+/**
+ * Thrown from a hook to refuse a request with a chosen status. The message becomes the body of
+ * the guest's response and appears in the decision log.
+ *
+ * @example
+ * ```ts
+ * onRequest(request) {
+ *   if (request.method === "DELETE") throw new HttpRequestBlockedError("deletes are not allowed");
+ * }
+ * ```
+ */
+export class HttpRequestBlockedError extends Error {
+  readonly status: number;
+  readonly statusText: string;
+
+  constructor(message: string, status = 403, statusText = "Forbidden") {
+    super(message);
+    this.name = "HttpRequestBlockedError";
+    if (!Number.isInteger(status) || status < 400 || status > 599) {
+      throw new RangeError(`HttpRequestBlockedError: status must be an integer from 400 to 599, got ${status}`);
+    }
+    this.status = status;
+    this.statusText = statusText;
+  }
+}

@@ -1,0 +1,49 @@
+/** Structured logging: one JSON object per line on stderr, so decisions can be shipped as-is. */
+export type LogLevel = "debug" | "info" | "warn" | "error" | "silent";
+
+const rank: Record<LogLevel, number> = { debug: 10, info: 20, warn: 30, error: 40, silent: 100 };
+
+export const logLevels: readonly LogLevel[] = ["debug", "info", "warn", "error", "silent"];
+
+export type LogFields = Record<string, unknown>;
+
+export interface Logger {
+  readonly level: LogLevel;
+  enabled(level: LogLevel): boolean;
+  debug(msg: string, fields?: LogFields): void;
+  info(msg: string, fields?: LogFields): void;
+  warn(msg: string, fields?: LogFields): void;
+  error(msg: string, fields?: LogFields): void;
+}
+
+export type LogSink = (line: string) => void;
+
+const stderrSink: LogSink = (line) => {
+  process.stderr.write(line);
+};
+
+/** A logger that drops everything below `level` before building the line. */
+export function createLogger(level: LogLevel = "info", sink: LogSink = stderrSink): Logger {
+  const min = rank[level];
+  const write = (lvl: LogLevel, msg: string, fields?: LogFields): void => {
+    if (rank[lvl] < min) return;
+    const entry = { time: new Date().toISOString(), level: lvl, msg, ...fields };
+    sink(`${JSON.stringify(entry, errorReplacer)}\n`);
+  };
+  return {
+    level,
+    enabled: (lvl) => rank[lvl] >= min,
+    debug: (msg, fields) => write("debug", msg, fields),
+    info: (msg, fields) => write("info", msg, fields),
+    warn: (msg, fields) => write("warn", msg, fields),
+    error: (msg, fields) => write("error", msg, fields),
+  };
+}
+
+function errorReplacer(_key: string, value: unknown): unknown {
+  if (value instanceof Error) {
+    const code = (value as { code?: unknown }).code;
+    return code === undefined ? value.message : `${String(code)}: ${value.message}`;
+  }
+  return value;
+}

@@ -1,0 +1,34 @@
+import type { Readable } from "node:stream";
+import type { Decision } from "../policy/decision.js";
+import type { HeaderList } from "./headers.js";
+
+/** A request as the pipeline evaluates it: already validated, with end-to-end headers only. */
+export interface OutboundRequest {
+  readonly method: string;
+  /** Absolute http: or https: URL of the destination. */
+  readonly url: URL;
+  /** End-to-end headers, without Host (it is derived from `url` on every hop). */
+  readonly headers: HeaderList;
+  /** The guest's body, streamed through unread; null when the request has none. */
+  readonly body: Readable | null;
+}
+
+export interface PipelineResponse {
+  readonly status: number;
+  /** End-to-end response headers. */
+  readonly headers: HeaderList;
+  /** null for responses without a body (HEAD, 204, 304). */
+  readonly body: Readable | null;
+  /** The decision that let the final hop out. */
+  readonly decision: Decision;
+  /** The URL the response came from, after redirects. */
+  readonly url: URL;
+  readonly redirects: number;
+}
+
+/** Per-request context the proxy layer hands to the pipeline. */
+export interface ExchangeContext {
+  readonly id: string;
+  /** Called just before the body is first read: sends `100 Continue` when the guest asked. */
+  readonly beforeBody?: () => void;
+}

@@ -1,0 +1,63 @@
+/** A header list as on the wire: [name, value, name, value, …], names in their original case. */
+export type HeaderList = string[];
+
+/** RFC 9110 §7.6.1 connection-specific fields, plus the de-facto proxy ones. */
+const hopByHop = new Set([
+  "connection",
+  "keep-alive",
+  "proxy-connection",
+  "proxy-authenticate",
+  "proxy-authorization",
+  "te",
+  "trailer",
+  "transfer-encoding",
+  "upgrade",
+]);
+
+/**
+ * Copies a raw header list without hop-by-hop fields, without the fields that `Connection`
+ * names (RFC 9110 §7.6.1: a client can mark any field hop-by-hop), and without `drop`.
+ */
+export function endToEndHeaders(raw: readonly string[], drop: ReadonlySet<string> = emptySet): HeaderList {
+  let named: Set<string> | undefined;
+  for (let i = 0; i < raw.length; i += 2) {
+    if (raw[i]!.toLowerCase() === "connection") {
+      named ??= new Set();
+      for (const token of raw[i + 1]!.split(",")) named.add(token.trim().toLowerCase());
+    }
+  }
+  const out: HeaderList = [];
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    const lower = name.toLowerCase();
+    if (hopByHop.has(lower) || drop.has(lower) || named?.has(lower) === true) continue;
+    out.push(name, raw[i + 1]!);
+  }
+  return out;
+}
+
+const emptySet: ReadonlySet<string> = new Set();
+
+/** undici's header object (arrays for repeated fields) as a raw list; Set-Cookie stays split. */
+export function headerObjectToList(headers: Record<string, string | string[] | undefined>): HeaderList {
+  const out: HeaderList = [];
+  for (const [name, value] of Object.entries(headers)) {
+    if (value === undefined) continue;
+    if (Array.isArray(value)) for (const v of value) out.push(name, v);
+    else out.push(name, value);
+  }
+  return out;
+}
+
+export function getHeader(list: readonly string[], name: string): string | undefined {
+  for (let i = 0; i < list.length; i += 2) if (list[i]!.toLowerCase() === name) return list[i + 1];
+  return undefined;
+}
+
+export function withoutHeaders(list: readonly string[], names: ReadonlySet<string>): HeaderList {
+  const out: HeaderList = [];
+  for (let i = 0; i < list.length; i += 2) {
+    if (!names.has(list[i]!.toLowerCase())) out.push(list[i]!, list[i + 1]!);
+  }
+  return out;
+}

@@ -1,0 +1,145 @@
+import type { Readable } from "node:stream";
+import { errors as undiciErrors } from "undici";
+import { EgressError, denied } from "../errors.js";
+import type { HttpHooks } from "../hooks/http-hooks.js";
+import type { Decision } from "../policy/decision.js";
+import type { DeclarativePolicy } from "../policy/declarative-policy.js";
+import type { PinnedPools } from "../upstream/pinned-pools.js";
+import type { ResolvedAddress, Resolver } from "../upstream/resolve.js";
+import type { ExchangeContext, OutboundRequest, PipelineResponse } from "./exchange.js";
+import { endToEndHeaders, headerObjectToList } from "./headers.js";
+import { nextHop, redirectStatuses } from "./redirects.js";
+
+export interface PipelineOptions {
+  readonly policy: DeclarativePolicy;
+  /**
+   * Hook functions called in the checks of §3 step 4 (tier 3). When the declarative tier is
+   * evaluated natively, the generated functions are left out of this.
+   */
+  readonly hooks: Pick<HttpHooks, "isRequestAllowed" | "isIpAllowed">;
+  readonly resolver: Resolver;
+  readonly pools: PinnedPools;
+  readonly maxRedirects: number;
+}
+
+interface ApprovedTarget {
+  readonly address: ResolvedAddress;
+  readonly decision: Decision;
+}
+
+const methodsWithoutResponseBody = new Set(["HEAD"]);
+
+/**
+ * The order of evaluation of DESIGN §3 for one guest request: policy checks on the request as it
+ * will leave, a connection to an approved address only, and redirects followed and checked again
+ * at every hop. The onRequest/secrets/onResponse steps slot in around `authorize` and `send`.
+ */
+export class Pipeline {
+  constructor(private readonly options: PipelineOptions) {}
+
+  async handle(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
+    let request = initial;
+    for (let redirects = 0; ; redirects++) {
+      // §3 step 2 (onRequest) and step 3 (secrets) run here once their tiers exist.
+      const target = await this.authorize(request);
+      if (request.body !== null) context.beforeBody?.();
+      const upstream = await this.send(request, target.address);
+      const location = redirectStatuses.has(upstream.status) ? upstream.location : undefined;
+      if (location === undefined) {
+        // §3 step 7 (onResponse) runs here once the hook tiers exist.
+        return { ...upstream, decision: target.decision, url: request.url, redirects };
+      }
+      upstream.body?.resume();
+      if (redirects >= this.options.maxRedirects) {
+        throw new EgressError(
+          "EG_REDIRECT_LOOP",
+          508,
+          `more than ${this.options.maxRedirects} redirects, the last from ${request.url.href}`,
+        );
+      }
+      request = nextHop(request, upstream.status, location);
+    }
+  }
+
+  /** §3 step 4: every check must allow, and the first denial wins. */
+  private async authorize(request: OutboundRequest): Promise<ApprovedTarget> {
+    const { policy, hooks, resolver } = this.options;
+    const { url } = request;
+    if (hooks.isRequestAllowed !== undefined) {
+      const allowed = await hooks.isRequestAllowed({ url: url.href, method: request.method });
+      if (allowed !== true) throw denied(`request to ${url.origin} refused by isRequestAllowed`);
+    }
+    const hostDecision = policy.checkHost(url.hostname);
+    if (!hostDecision.allowed) throw denied(hostDecision.reason);
+
+    const port = Number(url.port || (url.protocol === "https:" ? 443 : 80));
+    const addresses = await resolver.resolve(url.hostname);
+    let firstRefusal: string | undefined;
+    for (const address of addresses) {
+      const decision = policy.checkAddress(url.hostname, address, port);
+      if (!decision.allowed) {
+        firstRefusal ??= decision.reason;
+        continue;
+      }
+      if (hooks.isIpAllowed !== undefined) {
+        const hostname = url.hostname.replace(/^\[|\]$/g, "");
+        const info = { hostname, ip: address.ip, family: address.family, port, protocol: url.protocol as "http:" | "https:" };
+        if ((await hooks.isIpAllowed(info)) !== true) {
+          firstRefusal ??= `address ${address.ip} of "${hostname}" refused by isIpAllowed`;
+          continue;
+        }
+      }
+      return { address, decision: hostDecision };
+    }
+    throw denied(firstRefusal ?? `host "${url.hostname}" has no usable address`);
+  }
+
+  /** §3 step 5: one request on a pool pinned to the approved address. */
+  private async send(
+    request: OutboundRequest,
+    address: ResolvedAddress,
+  ): Promise<{ status: number; headers: string[]; body: Readable | null; location: string | undefined }> {
+    const { url } = request;
+    const pool = this.options.pools.get(url, address);
+    try {
+      const response = await pool.request({
+        method: request.method,
+        path: `${url.pathname}${url.search}`,
+        headers: [...request.headers, "host", url.host],
+        body: request.body,
+      });
+      const location = response.headers["location"];
+      const noBody =
+        methodsWithoutResponseBody.has(request.method) || response.statusCode === 204 || response.statusCode === 304;
+      if (noBody) response.body.resume();
+      return {
+        status: response.statusCode,
+        headers: endToEndHeaders(headerObjectToList(response.headers)),
+        body: noBody ? null : response.body,
+        location: typeof location === "string" ? location : undefined,
+      };
+    } catch (error) {
+      throw upstreamError(error, url);
+    }
+  }
+}
+
+/** Turns an undici or socket failure into the status the guest receives. */
+export function upstreamError(error: unknown, url: URL): EgressError {
+  if (error instanceof EgressError) return error;
+  const target = `${url.hostname}:${url.port || (url.protocol === "https:" ? 443 : 80)}`;
+  if (
+    error instanceof undiciErrors.ConnectTimeoutError ||
+    error instanceof undiciErrors.HeadersTimeoutError ||
+    error instanceof undiciErrors.BodyTimeoutError
+  ) {
+    return new EgressError("EG_UPSTREAM_TIMEOUT", 504, `upstream ${target} timed out: ${(error as Error).message}`, {
+      cause: error,
+    });
+  }
+  const err = error as NodeJS.ErrnoException;
+  const code = err.code ?? "";
+  const tlsProblem = code.startsWith("ERR_TLS") || code.includes("CERT") || code.startsWith("ERR_SSL") || /certificate/i.test(err.message);
+  const what = tlsProblem ? "upstream TLS failed for" : "upstream request failed for";
+  return new EgressError("EG_UPSTREAM", 502, `${what} ${target}: ${code ? `${code} ` : ""}${err.message}`, { cause: error });
+}

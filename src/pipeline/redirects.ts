@@ -1,0 +1,55 @@
+import { EgressError } from "../errors.js";
+import type { OutboundRequest } from "./exchange.js";
+import { getHeader, withoutHeaders } from "./headers.js";
+
+export const redirectStatuses = new Set([301, 302, 303, 307, 308]);
+
+/** Fields that describe a body: dropped with the body when a redirect changes the method. */
+const bodyHeaders = new Set(["content-length", "content-type", "content-encoding", "content-language", "content-location"]);
+
+/** Credentials that must not follow a redirect to another origin (as fetch and curl do). */
+const credentialHeaders = new Set(["authorization", "cookie", "proxy-authorization"]);
+
+/**
+ * The request for the next hop of a redirect, following DESIGN §3 step 6 (and fetch's rules):
+ * 303 turns everything but HEAD into GET, 301/302 turn POST into GET, and a method change drops
+ * the body. A body that was already streamed upstream cannot be sent again.
+ */
+export function nextHop(previous: OutboundRequest, status: number, location: string): OutboundRequest {
+  let url: URL;
+  try {
+    url = new URL(location, previous.url);
+  } catch {
+    throw new EgressError("EG_UPSTREAM", 502, `redirect from ${previous.url.origin} has an invalid Location`);
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") {
+    throw new EgressError("EG_UPSTREAM", 502, `redirect to unsupported scheme "${url.protocol}"`);
+  }
+  url.hash = "";
+  let method = previous.method;
+  if ((status === 303 && method !== "HEAD") || ((status === 301 || status === 302) && method === "POST")) {
+    method = "GET";
+  }
+  let headers = previous.headers;
+  let body = previous.body;
+  if (method !== previous.method) {
+    headers = withoutHeaders(headers, bodyHeaders);
+    body = null;
+  } else if (body !== null) {
+    if (hasBodyBytes(previous)) {
+      throw new EgressError(
+        "EG_UPSTREAM",
+        502,
+        `upstream answered ${status} to ${previous.url.origin}, but the request body was already streamed and cannot be re-sent`,
+      );
+    }
+    body = null; // an empty body was consumed; the next hop sends Content-Length: 0 again
+  }
+  if (url.origin !== previous.url.origin) headers = withoutHeaders(headers, credentialHeaders);
+  return { method, url, headers, body };
+}
+
+function hasBodyBytes(request: OutboundRequest): boolean {
+  const length = getHeader(request.headers, "content-length");
+  return length === undefined || Number(length) > 0;
+}

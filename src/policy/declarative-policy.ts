@@ -1,0 +1,82 @@
+import { isIP } from "node:net";
+import { sameAddress } from "../upstream/pinned-pools.js";
+import type { ResolvedAddress } from "../upstream/resolve.js";
+import { allow, deny, type Decision } from "./decision.js";
+import { compileHostPatterns, type HostMatcher } from "./host-pattern.js";
+import { classifyIp } from "./ip-classify.js";
+
+/** The declarative tier, validated. */
+export interface DeclarativeConfig {
+  readonly allowedHosts: readonly string[];
+  readonly allowedInternalHosts: readonly string[];
+  readonly blockInternalRanges: boolean;
+}
+
+/** An address the proxy listens on: dialling it would loop the proxy into itself. */
+export interface ListenAddress {
+  readonly ip: string;
+  readonly port: number;
+}
+
+const tier = "declarative";
+
+/**
+ * Evaluates the declarative tier natively: the allowlist on the destination hostname, then the
+ * internal-range block on every resolved address. No user code runs here.
+ */
+export class DeclarativePolicy {
+  private readonly hosts: HostMatcher;
+  private readonly internalHosts: HostMatcher;
+
+  constructor(
+    readonly config: DeclarativeConfig,
+    private readonly selfAddresses: () => readonly ListenAddress[],
+  ) {
+    this.hosts = compileHostPatterns(config.allowedHosts);
+    this.internalHosts = compileHostPatterns(config.allowedInternalHosts);
+  }
+
+  checkHost(hostname: string): Decision {
+    const name = bare(hostname);
+    const pattern = this.hosts.match(name) ?? this.internalHosts.match(name);
+    if (pattern !== undefined) return allow(tier, `allowedHosts:${pattern}`, `host "${name}" matches "${pattern}"`);
+    if (this.hosts.patterns.length === 0 && this.internalHosts.patterns.length === 0) {
+      return deny(
+        tier,
+        "default-deny",
+        `no hosts are allowed (the default is deny-all); allow "${name}" with --allow-host ${name} or createHttpHooks({ allowedHosts: ["${name}"] })`,
+      );
+    }
+    return deny(
+      tier,
+      "allowedHosts",
+      `host "${name}" is not in allowedHosts; allow it with --allow-host ${name} or createHttpHooks({ allowedHosts: ["${name}"] })`,
+    );
+  }
+
+  checkAddress(hostname: string, address: ResolvedAddress, port: number): Decision {
+    const name = bare(hostname);
+    for (const self of this.selfAddresses()) {
+      if (self.port === port && sameAddress(self.ip, address.ip)) {
+        return deny(tier, "self", `host "${name}" resolves to ${address.ip}:${port}, egressgate's own listening address`);
+      }
+    }
+    const c = classifyIp(address.ip);
+    const shown = c.embeddedIPv4 !== undefined ? `${address.ip} (${c.embeddedIPv4})` : address.ip;
+    if (c.metadata) {
+      return deny(tier, "metadata", `host "${name}" resolves to ${shown}, a cloud metadata address`);
+    }
+    if (!c.internal) return allow(tier, "public", `${shown} is public`);
+    if (!this.config.blockInternalRanges) return allow(tier, "blockInternalRanges:false", `${shown} is ${c.category}`);
+    const pattern = this.internalHosts.match(name);
+    if (pattern !== undefined) {
+      return allow(tier, `allowedInternalHosts:${pattern}`, `host "${name}" may reach ${c.category} ${shown}`);
+    }
+    const hint = isIP(name) === 0 ? `; allow it with --allow-internal-host ${name}` : "";
+    return deny(tier, `internal:${c.category}`, `host "${name}" resolves to ${shown}, a ${c.category} address${hint}`);
+  }
+}
+
+function bare(hostname: string): string {
+  return hostname.startsWith("[") ? hostname.slice(1, -1) : hostname;
+}

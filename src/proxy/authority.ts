@@ -1,0 +1,53 @@
+import { isIP } from "node:net";
+import { badRequest } from "../errors.js";
+
+export interface Authority {
+  /** Normalised: lowercase, no trailing dot, IPv4 in dotted-quad, IPv6 in brackets. */
+  readonly hostname: string;
+  readonly port: number;
+}
+
+// Letters, digits, dot, hyphen and underscore: no userinfo (`@`), path, CR, LF, NUL or backslash
+// can slip into a hostname and confuse the URL parser or a log reader.
+const hostChars = /^[A-Za-z0-9._-]+$/;
+const ipv6Literal = /^\[[0-9A-Fa-f:.]+\]$/;
+
+/**
+ * Normalises a hostname with the WHATWG URL parser, which is what undici and the guest's own
+ * URL handling use: `127.1`, `0x7f000001` and `2130706433` all become `127.0.0.1`, so policy
+ * and connection see one spelling. Throws a 400 EgressError for anything else.
+ */
+export function normalizeHost(raw: string): string {
+  const text = raw.endsWith(".") ? raw.slice(0, -1) : raw;
+  if (text === "" || !(hostChars.test(text) || (ipv6Literal.test(text) && isIP(text.slice(1, -1)) === 6))) {
+    throw badRequest(`invalid host ${JSON.stringify(raw)}`);
+  }
+  let hostname: string;
+  try {
+    hostname = new URL(`http://${text}/`).hostname;
+  } catch {
+    throw badRequest(`invalid host ${JSON.stringify(raw)}`);
+  }
+  if (hostname === "") throw badRequest(`invalid host ${JSON.stringify(raw)}`);
+  return hostname;
+}
+
+export function parsePort(raw: string, what: string): number {
+  if (!/^[0-9]{1,5}$/.test(raw)) throw badRequest(`invalid port ${JSON.stringify(raw)} in ${what}`);
+  const port = Number(raw);
+  if (port < 1 || port > 65535) throw badRequest(`invalid port ${port} in ${what}`);
+  return port;
+}
+
+/** Splits `host:port` (or `[v6]:port`); the port is optional only when `defaultPort` is given. */
+export function parseAuthority(raw: string, what: string, defaultPort?: number): Authority {
+  const match = /^(\[[^\]]*\]|[^:[\]]*)(?::([^:]*))?$/.exec(raw);
+  if (match === null) throw badRequest(`invalid ${what} ${JSON.stringify(raw)}`);
+  const host = match[1]!;
+  const portText = match[2];
+  if (portText === undefined && defaultPort === undefined) throw badRequest(`${what} ${JSON.stringify(raw)} has no port`);
+  return {
+    hostname: normalizeHost(host),
+    port: portText === undefined ? defaultPort! : parsePort(portText, what),
+  };
+}

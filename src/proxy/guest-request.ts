@@ -1,0 +1,115 @@
+import type { IncomingMessage } from "node:http";
+import { EgressError, badRequest } from "../errors.js";
+import type { OutboundRequest } from "../pipeline/exchange.js";
+import { endToEndHeaders } from "../pipeline/headers.js";
+import { normalizeHost, parseAuthority, type Authority } from "./authority.js";
+
+/** What a CONNECT established: every request inside the tunnel must be for this host. */
+export interface TunnelTarget extends Authority {
+  readonly protocol: "http:" | "https:";
+  /** The TLS SNI the guest sent, already stripped of a `:port` suffix. */
+  readonly sni?: string;
+}
+
+// The proxy sets Host from the URL on every hop, and answers Expect itself.
+const dropOnForward = new Set(["host", "expect"]);
+
+/** TRACE/TRACK echo the request back, secrets included (DESIGN §4). */
+const refusedMethods = new Set(["TRACE", "TRACK"]);
+
+/**
+ * Validates a guest request head and turns it into the pipeline's request (DESIGN §3 step 1,
+ * §5 strict parsing). Node's parser already rejects CL+TE together, bad chunking and oversized
+ * heads; what it lets through and we refuse here is a duplicate Host, a non-canonical
+ * Content-Length (`010`) and hostnames it does not check at all.
+ */
+export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | undefined): OutboundRequest {
+  const method = req.method ?? "";
+  if (refusedMethods.has(method)) {
+    throw new EgressError("EG_METHOD_NOT_ALLOWED", 405, `method ${method} is not allowed: it would echo credentials back`);
+  }
+  const raw = req.rawHeaders;
+  let hostHeader: string | undefined;
+  let contentLength: string | undefined;
+  let chunked = false;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!.toLowerCase();
+    if (name === "host") {
+      if (hostHeader !== undefined) throw badRequest("duplicate Host header");
+      hostHeader = raw[i + 1]!;
+    } else if (name === "content-length") {
+      if (contentLength !== undefined) throw badRequest("duplicate Content-Length header");
+      contentLength = raw[i + 1]!;
+      if (!/^(0|[1-9][0-9]{0,15})$/.test(contentLength)) throw badRequest(`invalid Content-Length ${JSON.stringify(contentLength)}`);
+    } else if (name === "transfer-encoding") {
+      chunked = true;
+    }
+  }
+
+  const url = destinationUrl(req.url ?? "", hostHeader, tunnel);
+  const hasBody = chunked || (contentLength !== undefined && contentLength !== "0");
+  return {
+    method,
+    url,
+    headers: endToEndHeaders(raw, dropOnForward),
+    body: hasBody ? req : null,
+  };
+}
+
+function destinationUrl(target: string, hostHeader: string | undefined, tunnel: TunnelTarget | undefined): URL {
+  if (tunnel === undefined) {
+    // A plain forward-proxy request must be absolute-form; its URL names the destination and
+    // the Host header is replaced (RFC 9112 §3.2.2).
+    if (!/^https?:\/\//i.test(target)) {
+      throw badRequest("egressgate is a forward proxy: send absolute-form requests (GET http://host/path) or CONNECT");
+    }
+    let url: URL;
+    try {
+      url = new URL(target);
+    } catch {
+      throw badRequest(`invalid request target ${JSON.stringify(target.slice(0, 200))}`);
+    }
+    const authority = /^https?:\/\/([^/?#]*)/i.exec(target)![1]!;
+    const hostPart = authority.includes("@") ? authority.slice(authority.lastIndexOf("@") + 1) : authority;
+    const { hostname, port } = parseAuthority(hostPart, "request target", url.protocol === "https:" ? 443 : 80);
+    return build(url.protocol, hostname, port, `${url.pathname}${url.search}`);
+  }
+
+  let path = target;
+  if (!target.startsWith("/")) {
+    if (target === "*") throw badRequest("OPTIONS * cannot be proxied");
+    // absolute-form inside a tunnel: allowed, but it must name the tunnel's host
+    let url: URL;
+    try {
+      url = new URL(target);
+    } catch {
+      throw badRequest(`invalid request target ${JSON.stringify(target.slice(0, 200))}`);
+    }
+    checkSameHost(normalizeHost(url.hostname), tunnel, "request target");
+    path = `${url.pathname}${url.search}`;
+  }
+  if (hostHeader !== undefined) {
+    checkSameHost(parseAuthority(hostHeader, "Host header", tunnel.port).hostname, tunnel, "Host header");
+  }
+  if (tunnel.sni !== undefined) checkSameHost(tunnel.sni, tunnel, "TLS SNI");
+  return build(tunnel.protocol, tunnel.hostname, tunnel.port, path);
+}
+
+function checkSameHost(hostname: string, tunnel: TunnelTarget, what: string): void {
+  if (hostname !== tunnel.hostname) {
+    throw new EgressError(
+      "EG_MISDIRECTED",
+      421,
+      `${what} names "${hostname}" but the tunnel was opened with CONNECT ${tunnel.hostname}:${tunnel.port}`,
+    );
+  }
+}
+
+function build(protocol: string, hostname: string, port: number, path: string): URL {
+  const defaultPort = protocol === "https:" ? 443 : 80;
+  const url = new URL(`${protocol}//${hostname}${port === defaultPort ? "" : `:${port}`}`);
+  const q = path.indexOf("?");
+  url.pathname = q < 0 ? path : path.slice(0, q);
+  if (q >= 0) url.search = path.slice(q);
+  return url;
+}

@@ -1,0 +1,56 @@
+import type { ServerResponse } from "node:http";
+import type { Socket } from "node:net";
+import { pipeline } from "node:stream";
+import { type EgressError, statusText } from "../errors.js";
+import type { PipelineResponse } from "../pipeline/exchange.js";
+
+/** The guest-facing error body: `403 Forbidden: host "x" is not in allowedHosts…`. */
+export function errorBody(error: EgressError): string {
+  return `${error.status} ${statusText(error.status)}: ${error.message}\n`;
+}
+
+/**
+ * Answers with a short text error. When the guest's request body is still unread, the
+ * connection is closed after the answer instead of draining (say) a refused 1 GiB upload.
+ */
+export function sendError(res: ServerResponse, error: EgressError, closeConnection: boolean): void {
+  if (res.headersSent) {
+    res.destroy(error);
+    return;
+  }
+  const body = errorBody(error);
+  const headers: Record<string, string | number> = {
+    "content-type": "text/plain; charset=utf-8",
+    "content-length": Buffer.byteLength(body),
+    "x-egressgate-error": error.code,
+  };
+  if (closeConnection) headers["connection"] = "close";
+  res.shouldKeepAlive = res.shouldKeepAlive && !closeConnection;
+  res.writeHead(error.status, statusText(error.status), headers);
+  res.end(body);
+}
+
+/** Streams the pipeline's response to the guest with backpressure. */
+export function sendResponse(res: ServerResponse, response: PipelineResponse, onDone: (error?: Error) => void): void {
+  res.writeHead(response.status, response.headers);
+  if (response.body === null) {
+    res.end();
+    onDone();
+    return;
+  }
+  pipeline(response.body, res, (error) => onDone(error ?? undefined));
+}
+
+/** Writes a bare HTTP/1.1 error on a socket that has no ServerResponse (CONNECT, parse errors). */
+export function writeRawError(socket: Socket, error: EgressError): void {
+  if (!socket.writable) {
+    socket.destroy();
+    return;
+  }
+  const body = errorBody(error);
+  socket.end(
+    `HTTP/1.1 ${error.status} ${statusText(error.status)}\r\n` +
+      `Content-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
+      `X-Egressgate-Error: ${error.code}\r\nConnection: close\r\n\r\n${body}`,
+  );
+}

@@ -1,0 +1,296 @@
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import type { Socket } from "node:net";
+import { networkInterfaces } from "node:os";
+import { EgressError, denied } from "../errors.js";
+import { createLogger, type Logger } from "../log.js";
+import { Pipeline } from "../pipeline/pipeline.js";
+import { DeclarativePolicy, type ListenAddress } from "../policy/declarative-policy.js";
+import { createTlsAuthority } from "../tls/authority.js";
+import { PinnedPools } from "../upstream/pinned-pools.js";
+import { Resolver } from "../upstream/resolve.js";
+import { parseAuthority } from "./authority.js";
+import { guestEnvironment, writeGuestEnvFile } from "./guest-env.js";
+import { toOutboundRequest } from "./guest-request.js";
+import { resolveProxyOptions, type ProxyOptions, type ResolvedProxyOptions } from "./options.js";
+import { sendError, sendResponse, writeRawError } from "./respond.js";
+import { serveTunnel, tunnelOf } from "./tunnel.js";
+
+/** A running proxy, as returned by {@link startProxy}. */
+export interface RunningProxy {
+  /** `http://HOST:PORT`, the value for a guest's HTTPS_PROXY. */
+  readonly url: string;
+  readonly host: string;
+  readonly port: number;
+  readonly caCertPath: string;
+  readonly caCertPem: string;
+  /** System roots plus the CA (for SSL_CERT_FILE); undefined if the CA dir is read-only and has none. */
+  readonly caBundlePath: string | undefined;
+  /** HTTPS_PROXY, HTTP_PROXY (both cases), SSL_CERT_FILE, NODE_EXTRA_CA_CERTS, … plus `env`. */
+  guestEnv(): Record<string, string>;
+  /** Stops accepting, lets in-flight requests finish (up to `timeouts.drainMs`), then closes. */
+  close(): Promise<void>;
+}
+
+const maxHeaderBytes = 64 * 1024;
+
+/**
+ * Starts an egress proxy.
+ *
+ * @example
+ * ```ts
+ * const { httpHooks, env } = createHttpHooks({ allowedHosts: ["api.github.com"] });
+ * const proxy = await startProxy({ httpHooks, env, listen: { port: 0 } });
+ * console.log(proxy.guestEnv()); // HTTPS_PROXY=http://127.0.0.1:PORT, SSL_CERT_FILE=…
+ * await proxy.close();
+ * ```
+ */
+export async function startProxy(options: ProxyOptions = {}): Promise<RunningProxy> {
+  const config = resolveProxyOptions(options);
+  const log = createLogger(config.logLevel, config.logSink);
+  const authority = await createTlsAuthority({
+    caDir: config.caDir,
+    leafKeyType: config.leafKeyType,
+    leafCacheSize: config.leafCacheSize,
+    leafValidityDays: 365,
+    upstreamCaPems: config.upstreamCaPems,
+  });
+  const selfAddresses: ListenAddress[] = [];
+  const policy = new DeclarativePolicy(config.declarative, () => selfAddresses);
+  const pools = new PinnedPools({
+    upstreamContext: authority.upstreamContext,
+    maxPools: 512,
+    connectionsPerPool: 64,
+    connectTimeoutMs: config.timeouts.upstreamConnectMs,
+    headersTimeoutMs: config.timeouts.upstreamHeadersMs,
+    bodyTimeoutMs: config.timeouts.upstreamBodyMs,
+    keepAliveTimeoutMs: 4_000,
+    recheck: (hostname, remote, port) => {
+      const decision = policy.checkAddress(hostname, remote, port);
+      return decision.allowed ? undefined : decision.reason;
+    },
+  });
+  const pipeline = new Pipeline({
+    policy,
+    hooks: config.checkHooks,
+    resolver: new Resolver(config.staticHosts),
+    pools,
+    maxRedirects: config.maxRedirects,
+  });
+
+  const guest = new GuestSide(config, log, pipeline, policy);
+  const inner = guest.createServer();
+  const outer = guest.createServer();
+  outer.on("connection", (socket: Socket) => guest.track(socket));
+  outer.on("connect", (req: IncomingMessage, socket: Socket, head: Buffer) => {
+    guest.onConnect(req, socket, head, (target) =>
+      serveTunnel(socket, head, target, { inner, leaves: authority.leaves, log, handshakeMs: config.timeouts.handshakeMs }),
+    );
+  });
+  // An unlistened server never starts its header/request timeout checks; "listening" does it.
+  inner.emit("listening");
+
+  await new Promise<void>((resolve, reject) => {
+    outer.once("error", reject);
+    outer.listen(config.listen.port, config.listen.host, () => {
+      outer.off("error", reject);
+      resolve();
+    });
+  });
+  outer.on("error", (error) => log.error("listener error", { error }));
+  const address = outer.address();
+  if (address === null || typeof address === "string") throw new Error("unexpected listen address");
+  selfAddresses.push(...listenAddresses(address.address, address.port));
+  const host = address.family === "IPv6" ? `[${address.address}]` : address.address;
+  const url = `http://${host}:${address.port}`;
+  const guestEnv = (): Record<string, string> =>
+    guestEnvironment({
+      proxyUrl: url,
+      caCertPath: authority.ca.certPath,
+      caBundlePath: authority.ca.bundlePath,
+      extra: config.env,
+    });
+  if (config.guestEnvFile !== undefined) await writeGuestEnvFile(config.guestEnvFile, guestEnv());
+  log.info("listening", { url, caDir: config.caDir, allowedHosts: config.declarative.allowedHosts });
+
+  let closing: Promise<void> | undefined;
+  return {
+    url,
+    host: address.address,
+    port: address.port,
+    caCertPath: authority.ca.certPath,
+    caCertPem: authority.ca.certPem,
+    caBundlePath: authority.ca.bundlePath,
+    guestEnv,
+    close: () =>
+      (closing ??= (async () => {
+        const closed = new Promise<void>((resolve) => outer.close(() => resolve()));
+        inner.close(() => undefined);
+        await guest.drain(config.timeouts.drainMs);
+        outer.closeAllConnections();
+        guest.destroyAll();
+        await closed;
+        await pools.close();
+      })()),
+  };
+}
+
+/** The loopback and interface addresses a wildcard listener answers on, or the bound one. */
+function listenAddresses(bound: string, port: number): ListenAddress[] {
+  if (bound !== "0.0.0.0" && bound !== "::") return [{ ip: bound, port }];
+  const ips = new Set<string>(["127.0.0.1", "::1", bound]);
+  for (const list of Object.values(networkInterfaces())) for (const nic of list ?? []) ips.add(nic.address);
+  return [...ips].map((ip) => ({ ip, port }));
+}
+
+/** Guest-facing request handling shared by the listener and the in-tunnel server. */
+class GuestSide {
+  private readonly sockets = new Set<Socket>();
+  private inFlight = 0;
+  private idle: (() => void) | undefined;
+  private nextId = 1;
+
+  constructor(
+    private readonly config: ResolvedProxyOptions,
+    private readonly log: Logger,
+    private readonly pipeline: Pipeline,
+    private readonly policy: DeclarativePolicy,
+  ) {}
+
+  createServer(): Server {
+    const { timeouts } = this.config;
+    const server = createServer({
+      maxHeaderSize: maxHeaderBytes,
+      headersTimeout: timeouts.headersMs,
+      // Uploads may legitimately take long; idle sockets are bounded by the socket timeout instead.
+      requestTimeout: 0,
+      keepAliveTimeout: 5_000,
+    });
+    server.setTimeout(timeouts.idleMs, (socket: Socket) => socket.destroy());
+    server.on("request", (req: IncomingMessage, res: ServerResponse) => void this.handle(req, res, false));
+    // With this listener Node no longer answers `Expect: 100-continue` by itself: we send 100
+    // only once the checks pass, so a refused upload never starts.
+    server.on("checkContinue", (req: IncomingMessage, res: ServerResponse) => void this.handle(req, res, true));
+    server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => this.onClientError(error, socket));
+    server.on("upgrade", (_req: IncomingMessage, socket: Socket) => {
+      writeRawError(socket, new EgressError("EG_UNSUPPORTED", 501, "protocol upgrades (WebSocket) are not supported yet"));
+    });
+    return server;
+  }
+
+  track(socket: Socket): void {
+    this.sockets.add(socket);
+    socket.once("close", () => this.sockets.delete(socket));
+    // One guest's reset must never become an uncaught exception.
+    socket.on("error", (error) => this.log.debug("guest socket error", { error }));
+  }
+
+  onConnect(req: IncomingMessage, socket: Socket, head: Buffer, serve: (target: { hostname: string; port: number }) => void): void {
+    if (tunnelOf(socket) !== undefined) {
+      writeRawError(socket, new EgressError("EG_METHOD_NOT_ALLOWED", 405, "CONNECT inside a tunnel is not allowed"));
+      return;
+    }
+    const started = performance.now();
+    let target: { hostname: string; port: number };
+    try {
+      target = parseAuthority(req.url ?? "", "CONNECT target");
+      // No hook can rewrite the destination yet, so a host the allowlist refuses can be
+      // refused before any TLS work. Every request inside the tunnel is still judged on its own.
+      const decision = this.policy.checkHost(target.hostname);
+      if (!decision.allowed) throw denied(decision.reason);
+    } catch (error) {
+      const err = asEgressError(error);
+      this.logDecision({ id: this.nextId++, method: "CONNECT", target: req.url ?? "", status: err.status, reason: err.message, code: err.code, started });
+      writeRawError(socket, err);
+      return;
+    }
+    socket.write("HTTP/1.1 200 Connection Established\r\n\r\n");
+    this.log.debug("tunnel opened", { target: `${target.hostname}:${target.port}` });
+    serve(target);
+    void head;
+  }
+
+  private onClientError(error: NodeJS.ErrnoException, socket: Socket): void {
+    const code = error.code ?? "";
+    this.log.info("bad request", { error, client: socket.remoteAddress });
+    if (code === "HPE_HEADER_OVERFLOW") {
+      writeRawError(socket, new EgressError("EG_HEADERS_TOO_LARGE", 431, `request head is larger than ${maxHeaderBytes} bytes`));
+    } else if (code.startsWith("HPE_")) {
+      writeRawError(socket, new EgressError("EG_BAD_REQUEST", 400, `malformed request (${code.slice(4).toLowerCase().replaceAll("_", " ")})`));
+    } else if (code === "ERR_HTTP_REQUEST_TIMEOUT") {
+      writeRawError(socket, new EgressError("EG_BAD_REQUEST", 408, "request head not received in time"));
+    } else {
+      socket.destroy();
+    }
+  }
+
+  private async handle(req: IncomingMessage, res: ServerResponse, expectsContinue: boolean): Promise<void> {
+    const id = this.nextId++;
+    const started = performance.now();
+    this.inFlight += 1;
+    let target = req.url ?? "";
+    res.once("close", () => {
+      this.inFlight -= 1;
+      if (this.inFlight === 0) this.idle?.();
+    });
+    try {
+      const request = toOutboundRequest(req, tunnelOf(req.socket));
+      target = loggableUrl(request.url);
+      const response = await this.pipeline.handle(request, {
+        id: String(id),
+        ...(expectsContinue ? { beforeBody: () => res.writeContinue() } : {}),
+      });
+      sendResponse(res, response, (error) => {
+        this.logDecision({
+          id,
+          method: req.method ?? "",
+          target,
+          status: response.status,
+          reason: response.decision.reason,
+          rule: response.decision.rule,
+          redirects: response.redirects,
+          started,
+          ...(error ? { error } : {}),
+        });
+      });
+    } catch (error) {
+      const err = asEgressError(error);
+      if (err.status >= 500 && !(error instanceof EgressError)) this.log.error("internal error", { id, error });
+      sendError(res, err, !req.complete);
+      this.logDecision({ id, method: req.method ?? "", target, status: err.status, reason: err.message, code: err.code, started });
+    }
+  }
+
+  private logDecision(fields: { started: number } & Record<string, unknown>): void {
+    if (!this.log.enabled("info")) return;
+    const { started, ...rest } = fields;
+    this.log.info("request", { ...rest, ms: Math.round((performance.now() - started) * 10) / 10 });
+  }
+
+  /** Resolves once no request is in flight, or after `ms`. */
+  drain(ms: number): Promise<void> {
+    if (this.inFlight === 0) return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      timer.unref();
+      this.idle = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+    });
+  }
+
+  destroyAll(): void {
+    for (const socket of this.sockets) socket.destroy();
+  }
+}
+
+/** Query strings can carry credentials; decision logs keep origin and path only. */
+function loggableUrl(url: URL): string {
+  return `${url.origin}${url.pathname}`;
+}
+
+function asEgressError(error: unknown): EgressError {
+  if (error instanceof EgressError) return error;
+  return new EgressError("EG_UPSTREAM", 502, `internal error: ${(error as Error)?.message ?? String(error)}`, { cause: error });
+}
+

@@ -1,0 +1,117 @@
+import type { Server } from "node:http";
+import type { Socket } from "node:net";
+import { TLSSocket, type SecureContext } from "node:tls";
+import type { Logger } from "../log.js";
+import type { LeafCertCache } from "../tls/leaf-cert-cache.js";
+import type { Authority } from "./authority.js";
+import { normalizeHost } from "./authority.js";
+import type { TunnelTarget } from "./guest-request.js";
+
+const tunnelKey = Symbol("egressgate.tunnel");
+
+interface TunnelSocket {
+  [tunnelKey]?: TunnelTarget;
+}
+
+/** The CONNECT target a socket inside a tunnel belongs to; undefined for plain proxy sockets. */
+export function tunnelOf(socket: Socket): TunnelTarget | undefined {
+  return (socket as TunnelSocket)[tunnelKey];
+}
+
+export interface TunnelDeps {
+  readonly inner: Server;
+  readonly leaves: LeafCertCache;
+  readonly log: Logger;
+  readonly handshakeMs: number;
+}
+
+const tlsHandshakeRecord = 0x16;
+
+/**
+ * After `200 Connection Established`, the first bytes decide: a TLS handshake record is
+ * terminated with our leaf, an HTTP request line is parsed as plain HTTP, and anything else
+ * (SSH, a raw protocol) is closed, because it cannot be inspected.
+ */
+export function serveTunnel(socket: Socket, head: Buffer, target: Authority, deps: TunnelDeps): void {
+  const deadline = setTimeout(() => socket.destroy(), deps.handshakeMs);
+  deadline.unref();
+  socket.once("close", () => clearTimeout(deadline));
+  const onFirst = (chunk: Buffer): void => {
+    if (chunk[0] === tlsHandshakeRecord) void terminateTls(socket, target, deps, deadline);
+    else if (/^[A-Z]{3,16} /.test(chunk.subarray(0, 17).toString("latin1"))) servePlain(socket, target, deps, deadline);
+    else {
+      deps.log.info("tunnel closed", { target: `${target.hostname}:${target.port}`, reason: "neither TLS nor HTTP" });
+      socket.destroy();
+    }
+  };
+  if (head.length > 0) {
+    socket.unshift(head);
+    onFirst(head);
+    return;
+  }
+  socket.once("data", (chunk: Buffer) => {
+    socket.pause();
+    socket.unshift(chunk);
+    onFirst(chunk);
+  });
+  socket.resume();
+}
+
+function servePlain(socket: Socket, target: Authority, deps: TunnelDeps, deadline: NodeJS.Timeout): void {
+  clearTimeout(deadline);
+  (socket as TunnelSocket)[tunnelKey] = { ...target, protocol: "http:" };
+  // The HTTP server reads straight from the socket's handle when it can, which would skip the
+  // bytes we unshifted while sniffing. Marking the handle consumed keeps it on the stream path.
+  const handle = (socket as unknown as { _handle?: { _consumed?: boolean } })._handle;
+  if (handle) handle._consumed = true;
+  deps.inner.emit("connection", socket);
+  socket.resume();
+}
+
+/** An SNI of `host:port` (sent by some Go programs) names just `host`. */
+function sniHostname(servername: string): string {
+  const colon = servername.lastIndexOf(":");
+  return colon > 0 && !servername.includes("]") ? servername.slice(0, colon) : servername;
+}
+
+function certName(hostname: string): string {
+  return hostname.startsWith("[") ? hostname.slice(1, -1) : hostname;
+}
+
+async function terminateTls(socket: Socket, target: Authority, deps: TunnelDeps, deadline: NodeJS.Timeout): Promise<void> {
+  let context: SecureContext;
+  try {
+    context = await deps.leaves.get(certName(target.hostname));
+  } catch (error) {
+    deps.log.error("leaf certificate failed", { host: target.hostname, error });
+    socket.destroy();
+    return;
+  }
+  if (socket.destroyed) return;
+  const tunnel: { -readonly [K in keyof TunnelTarget]: TunnelTarget[K] } = { ...target, protocol: "https:" };
+  const tlsSocket = new TLSSocket(socket, {
+    isServer: true,
+    secureContext: context,
+    // ALPN leaves room for h2 later; today the inner server speaks HTTP/1.1 only.
+    ALPNProtocols: ["http/1.1"],
+    SNICallback: (servername, callback) => {
+      let name: string;
+      try {
+        name = normalizeHost(sniHostname(servername));
+      } catch {
+        tunnel.sni = servername.toLowerCase();
+        callback(null, context);
+        return;
+      }
+      tunnel.sni = name;
+      if (name === target.hostname) callback(null, context);
+      else deps.leaves.get(certName(name)).then((c) => callback(null, c), (e: Error) => callback(e, undefined));
+    },
+  });
+  (tlsSocket as TunnelSocket)[tunnelKey] = tunnel;
+  tlsSocket.once("secure", () => clearTimeout(deadline));
+  tlsSocket.on("error", (error) => {
+    deps.log.debug("guest TLS error", { target: `${target.hostname}:${target.port}`, error });
+  });
+  deps.inner.emit("connection", tlsSocket);
+}

@@ -1,0 +1,63 @@
+import { createSecureContext, type SecureContext } from "node:tls";
+import type { LeafSigner } from "./x509.js";
+
+export interface LeafCertCacheOptions {
+  readonly maxEntries: number;
+  readonly validityDays: number;
+}
+
+interface Entry {
+  readonly context: Promise<SecureContext>;
+  /** Until the signing settles, Infinity: an in-flight entry is never considered stale. */
+  notAfter: number;
+}
+
+const renewMargin = 24 * 60 * 60 * 1000;
+
+/**
+ * A bounded LRU of TLS contexts per hostname or IP. It holds promises, so concurrent first
+ * handshakes for one name share a single signing, and a failed signing is not cached.
+ */
+export class LeafCertCache {
+  private readonly entries = new Map<string, Entry>();
+  /** How many leaves have been signed: lets tests and benches see cache hits. */
+  signed = 0;
+
+  constructor(
+    private readonly signer: LeafSigner,
+    private readonly options: LeafCertCacheOptions,
+  ) {}
+
+  get size(): number {
+    return this.entries.size;
+  }
+
+  get(name: string): Promise<SecureContext> {
+    const hit = this.entries.get(name);
+    this.entries.delete(name);
+    if (hit !== undefined && hit.notAfter - renewMargin > Date.now()) {
+      // Map keeps insertion order, so re-inserting marks the entry as most recently used.
+      this.entries.set(name, hit);
+      return hit.context;
+    }
+    const entry: Entry = { context: this.create(name, () => entry), notAfter: Number.POSITIVE_INFINITY };
+    this.entries.set(name, entry);
+    if (this.entries.size > this.options.maxEntries) {
+      const oldest = this.entries.keys().next().value;
+      if (oldest !== undefined) this.entries.delete(oldest);
+    }
+    return entry.context;
+  }
+
+  private async create(name: string, self: () => Entry): Promise<SecureContext> {
+    try {
+      const { certPem, notAfter } = await this.signer.sign(name, this.options.validityDays);
+      this.signed += 1;
+      self().notAfter = notAfter;
+      return createSecureContext({ key: this.signer.leafKey.privateKeyPem, cert: certPem });
+    } catch (error) {
+      if (this.entries.get(name) === self()) this.entries.delete(name);
+      throw error;
+    }
+  }
+}

@@ -1,0 +1,113 @@
+import { isIP } from "node:net";
+import type { SecureContext } from "node:tls";
+import { Pool, buildConnector } from "undici";
+import { EgressError } from "../errors.js";
+import type { ResolvedAddress } from "./resolve.js";
+
+export interface PinnedPoolsOptions {
+  readonly upstreamContext: SecureContext;
+  readonly maxPools: number;
+  readonly connectionsPerPool: number;
+  readonly connectTimeoutMs: number;
+  readonly headersTimeoutMs: number;
+  readonly bodyTimeoutMs: number;
+  readonly keepAliveTimeoutMs: number;
+  /** Judges the connected socket's remote address again; returns a reason to refuse it. */
+  readonly recheck: (hostname: string, remote: ResolvedAddress, port: number) => string | undefined;
+}
+
+/** Textual IPs can differ (`::ffff:1.2.3.4` vs `1.2.3.4`, zero runs); compare what they mean. */
+export function sameAddress(a: string, b: string): boolean {
+  if (a === b) return true;
+  const strip = (ip: string): string => (ip.toLowerCase().startsWith("::ffff:") && isIP(ip.slice(7)) === 4 ? ip.slice(7) : ip);
+  const x = strip(a);
+  const y = strip(b);
+  if (x === y) return true;
+  if (isIP(x) !== 6 || isIP(y) !== 6) return false;
+  return new URL(`http://[${x}]`).hostname === new URL(`http://[${y}]`).hostname;
+}
+
+/**
+ * undici pools keyed by origin **and** pinned IP. Each pool's connector dials only its pinned
+ * address (DNS is never consulted again here, so a rebinding answer cannot redirect it), sets
+ * SNI to the hostname itself (undici passes `servername: null` for IP origins), and checks the
+ * socket's remote address once connected. The map is bounded; the least recently used pool is
+ * closed gracefully when it overflows.
+ */
+export class PinnedPools {
+  private readonly pools = new Map<string, Pool>();
+  private readonly base: buildConnector.connector;
+
+  constructor(private readonly options: PinnedPoolsOptions) {
+    this.base = buildConnector({ timeout: options.connectTimeoutMs, secureContext: options.upstreamContext });
+  }
+
+  get size(): number {
+    return this.pools.size;
+  }
+
+  get(origin: URL, address: ResolvedAddress): Pool {
+    const key = `${origin.protocol}//${origin.host}|${address.ip}`;
+    const found = this.pools.get(key);
+    if (found !== undefined) {
+      this.pools.delete(key);
+      this.pools.set(key, found);
+      return found;
+    }
+    const pool = this.create(origin, address);
+    this.pools.set(key, pool);
+    if (this.pools.size > this.options.maxPools) {
+      const [oldestKey, oldest] = this.pools.entries().next().value as [string, Pool];
+      this.pools.delete(oldestKey);
+      void oldest.close().catch(() => undefined);
+    }
+    return pool;
+  }
+
+  private create(origin: URL, address: ResolvedAddress): Pool {
+    const { base } = this;
+    const hostname = origin.hostname.startsWith("[") ? origin.hostname.slice(1, -1) : origin.hostname;
+    const servername = isIP(hostname) === 0 ? hostname : undefined;
+    const port = Number(origin.port || (origin.protocol === "https:" ? 443 : 80));
+    const { recheck } = this.options;
+    const connect: buildConnector.connector = (opts, callback) => {
+      const pinned: buildConnector.Options = { ...opts, hostname: address.ip };
+      if (servername !== undefined) pinned.servername = servername;
+      base(pinned, (error, socket) => {
+        if (error !== null) {
+          callback(error, null);
+          return;
+        }
+        const remote = socket.remoteAddress ?? "";
+        const refusal = sameAddress(remote, address.ip)
+          ? recheck(hostname, { ip: remote, family: isIP(remote) === 6 ? 6 : 4 }, port)
+          : `connected to ${remote}, not the approved ${address.ip}`;
+        if (refusal !== undefined) {
+          socket.destroy();
+          callback(new EgressError("EG_DENIED", 403, `upstream ${origin.host}: ${refusal}`), null);
+          return;
+        }
+        callback(null, socket);
+      });
+    };
+    return new Pool(origin.origin, {
+      connect,
+      connections: this.options.connectionsPerPool,
+      pipelining: 1,
+      keepAliveTimeout: this.options.keepAliveTimeoutMs,
+      headersTimeout: this.options.headersTimeoutMs,
+      bodyTimeout: this.options.bodyTimeoutMs,
+    });
+  }
+
+  async close(): Promise<void> {
+    const pools = [...this.pools.values()];
+    this.pools.clear();
+    await Promise.all(pools.map((p) => p.close().catch(() => undefined)));
+  }
+
+  destroy(): void {
+    for (const p of this.pools.values()) void p.destroy().catch(() => undefined);
+    this.pools.clear();
+  }
+}

@@ -1,0 +1,75 @@
+import { lookup } from "node:dns/promises";
+import { isIP } from "node:net";
+import { EgressError } from "../errors.js";
+
+export interface ResolvedAddress {
+  readonly ip: string;
+  readonly family: 4 | 6;
+}
+
+/** Static names, lowercased without trailing dot, mapped to their addresses. */
+export type StaticHosts = ReadonlyMap<string, readonly ResolvedAddress[]>;
+
+export type LookupAll = (hostname: string) => Promise<readonly ResolvedAddress[]>;
+
+const systemLookup: LookupAll = async (hostname) => {
+  const found = await lookup(hostname, { all: true, verbatim: true });
+  return found.map((a) => ({ ip: a.address, family: a.family === 6 ? 6 : 4 }));
+};
+
+function literal(ip: string): ResolvedAddress {
+  return { ip, family: isIP(ip) === 6 ? 6 : 4 };
+}
+
+/**
+ * Resolves a URL hostname to every address it has: an IP literal stands for itself, a static
+ * name for its pinned addresses, and anything else goes to the system resolver. Callers judge
+ * every address; nothing here decides whether one may be used.
+ */
+export class Resolver {
+  constructor(
+    private readonly staticHosts: StaticHosts,
+    private readonly lookupAll: LookupAll = systemLookup,
+  ) {}
+
+  async resolve(hostname: string): Promise<readonly ResolvedAddress[]> {
+    const bare = hostname.startsWith("[") ? hostname.slice(1, -1) : hostname;
+    if (isIP(bare) !== 0) return [literal(bare)];
+    const key = bare.endsWith(".") ? bare.slice(0, -1) : bare;
+    const pinned = this.staticHosts.get(key);
+    if (pinned !== undefined) return pinned;
+    try {
+      const found = await this.lookupAll(key);
+      if (found.length === 0) throw new Error("no addresses");
+      return found;
+    } catch (error) {
+      const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
+      throw new EgressError("EG_UPSTREAM", 502, `cannot resolve host "${key}": ${code}`, { cause: error });
+    }
+  }
+}
+
+/** Parses `--resolve`-style values into a StaticHosts map; throws a TypeError naming `optionName`. */
+export function buildStaticHosts(entries: Record<string, readonly string[]>, optionName: string): StaticHosts {
+  const map = new Map<string, ResolvedAddress[]>();
+  for (const [host, ips] of Object.entries(entries)) {
+    const key = host.toLowerCase().replace(/\.$/, "");
+    if (key === "" || /[^a-z0-9.\-_]/.test(key)) {
+      throw new TypeError(`${optionName}: ${JSON.stringify(host)} is not a hostname`);
+    }
+    if (!Array.isArray(ips) || ips.length === 0) {
+      throw new TypeError(`${optionName}.${host}: expected a non-empty list of IP addresses`);
+    }
+    map.set(
+      key,
+      ips.map((ip) => {
+        const bare = typeof ip === "string" && ip.startsWith("[") && ip.endsWith("]") ? ip.slice(1, -1) : ip;
+        if (typeof bare !== "string" || isIP(bare) === 0) {
+          throw new TypeError(`${optionName}.${host}: ${JSON.stringify(ip)} is not an IP address`);
+        }
+        return literal(bare);
+      }),
+    );
+  }
+  return map;
+}
