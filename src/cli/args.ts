@@ -1,0 +1,132 @@
+import yargs from "yargs";
+import { createHttpHooks } from "../hooks/http-hooks.js";
+import { logLevels, type LogLevel } from "../log.js";
+import type { ProxyOptions } from "../proxy/options.js";
+
+/** Thrown for bad flags or values; the CLI prints the message and exits 2. */
+export class UsageError extends Error {
+  override readonly name = "UsageError";
+}
+
+export type CliCommand =
+  | { readonly kind: "serve"; readonly options: ProxyOptions }
+  | { readonly kind: "help" }
+  | { readonly kind: "ca"; readonly caDir: string | undefined }
+  | { readonly kind: "env"; readonly caDir: string | undefined; readonly listen: { host: string; port: number } };
+
+/** `HOST:PORT`, `[v6]:PORT` or a bare `PORT`. */
+export function parseListen(value: string): { host: string; port: number } {
+  const match = /^(?:(\[[0-9a-fA-F:.]+\]|[^:[\]]+):)?([0-9]{1,5})$/.exec(value);
+  const port = Number(match?.[2]);
+  if (match === null || port > 65535) throw new UsageError(`--listen: expected HOST:PORT, got ${JSON.stringify(value)}`);
+  const host = match[1] ?? "127.0.0.1";
+  return { host: host.startsWith("[") ? host.slice(1, -1) : host, port };
+}
+
+/** `HOST=IP[,IP]` entries into the `resolve` option. */
+export function parseResolve(values: readonly string[]): Record<string, string[]> {
+  const out: Record<string, string[]> = {};
+  for (const value of values) {
+    const eq = value.indexOf("=");
+    if (eq <= 0 || eq === value.length - 1) throw new UsageError(`--resolve: expected HOST=IP[,IP], got ${JSON.stringify(value)}`);
+    const host = value.slice(0, eq);
+    out[host] = [...(out[host] ?? []), ...value.slice(eq + 1).split(",").map((ip) => ip.trim())];
+  }
+  return out;
+}
+
+function optionalString(value: unknown): string | undefined {
+  return value === undefined ? undefined : String(value);
+}
+
+function strings(value: unknown): string[] {
+  if (value === undefined) return [];
+  return (Array.isArray(value) ? value : [value]).map(String);
+}
+
+/** Parses argv (without node and script) into a command. Throws UsageError on bad input. */
+export function parseCli(argv: readonly string[]): CliCommand {
+  let command: CliCommand | undefined;
+  const parser = yargs([...argv])
+    .scriptName("egressgate")
+    .usage("$0 [serve] [options]\n\nA TLS-terminating egress proxy for sandboxes.")
+    .option("ca-dir", { type: "string", describe: "CA directory (default $XDG_CONFIG_HOME/egressgate or ~/.config/egressgate)" })
+    .option("listen", { type: "string", default: "127.0.0.1:8080", describe: "HOST:PORT to listen on; port 0 picks a free port" })
+    .command(
+      ["serve", "$0"],
+      "run the proxy",
+      (y) =>
+        y
+          .option("allow-host", { type: "string", array: true, describe: "host pattern that may be reached (* matches any run); repeatable" })
+          .option("allow-internal-host", { type: "string", array: true, describe: "host pattern that may resolve to internal addresses; repeatable" })
+          .option("block-internal-ranges", { type: "boolean", default: true, describe: "refuse internal addresses (--no-block-internal-ranges to allow)" })
+          .option("resolve", { type: "string", array: true, describe: "static name: HOST=IP[,IP]; repeatable" })
+          .option("upstream-ca", { type: "string", array: true, describe: "extra PEM root for upstream TLS; repeatable" })
+          .option("guest-env-file", { type: "string", describe: "write the guest environment (KEY=value lines) to FILE" })
+          .option("leaf-key", { choices: ["ecdsa", "rsa"] as const, default: "ecdsa" as const, describe: "leaf certificate key type" })
+          .option("max-redirects", { type: "number", default: 10, describe: "redirect hops followed before 508" })
+          .option("log-level", { choices: logLevels as LogLevel[], default: "info" as LogLevel, describe: "log verbosity (JSON lines on stderr)" }),
+      (args) => {
+        const maxRedirects = args["max-redirects"];
+        if (!Number.isInteger(maxRedirects) || maxRedirects < 0) {
+          throw new UsageError(`--max-redirects: expected a non-negative integer, got ${String(maxRedirects)}`);
+        }
+        let hooks: ReturnType<typeof createHttpHooks>;
+        try {
+          hooks = createHttpHooks({
+            allowedHosts: strings(args["allow-host"]),
+            allowedInternalHosts: strings(args["allow-internal-host"]),
+            blockInternalRanges: args["block-internal-ranges"],
+          });
+        } catch (error) {
+          throw new UsageError(cliMessage((error as Error).message));
+        }
+        const caDir = args["ca-dir"];
+        const envFile = args["guest-env-file"];
+        command = {
+          kind: "serve",
+          options: {
+            httpHooks: hooks.httpHooks,
+            env: hooks.env,
+            listen: parseListen(args.listen),
+            resolve: parseResolve(strings(args.resolve)),
+            upstreamCa: strings(args["upstream-ca"]),
+            leafKeyType: args["leaf-key"],
+            maxRedirects,
+            logLevel: args["log-level"],
+            ...(caDir !== undefined ? { caDir } : {}),
+            ...(envFile !== undefined ? { guestEnvFile: envFile } : {}),
+          },
+        };
+      },
+    )
+    .command("ca", "print the CA certificate's path and PEM, creating the CA if missing", {}, (args) => {
+      command = { kind: "ca", caDir: optionalString(args["ca-dir"]) };
+    })
+    .command("env", "print the guest environment as shell exports", {}, (args) => {
+      const listen = parseListen(String(args["listen"]));
+      if (listen.port === 0) throw new UsageError("env: --listen needs the proxy's real port, not 0");
+      command = { kind: "env", caDir: optionalString(args["ca-dir"]), listen };
+    })
+    .strict()
+    .help()
+    .version(false)
+    .exitProcess(false)
+    .fail((msg, err) => {
+      if (err instanceof UsageError) throw err;
+      throw new UsageError(msg ?? err?.message ?? "invalid arguments");
+    });
+  parser.parseSync();
+  // yargs has already printed the help text when asked for it.
+  if (command === undefined && (argv.includes("--help") || argv.includes("-h"))) return { kind: "help" };
+  if (command === undefined) throw new UsageError("no command");
+  return command;
+}
+
+/** Option names in library errors become flag names for CLI users. */
+function cliMessage(message: string): string {
+  return message
+    .replace(/^createHttpHooks: /, "")
+    .replace(/allowedInternalHosts(\[\d+\])?/, "--allow-internal-host")
+    .replace(/allowedHosts(\[\d+\])?/, "--allow-host");
+}

@@ -1,0 +1,150 @@
+import { createHash } from "node:crypto";
+import { createServer as createHttpServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import { createServer as createHttpsServer } from "node:https";
+import type { AddressInfo, Socket } from "node:net";
+import type { SecureContext } from "node:tls";
+import { onTestFinished } from "vitest";
+import { testCa } from "./test-ca.js";
+
+export interface SeenRequest {
+  readonly method: string;
+  readonly url: string;
+  readonly headers: Record<string, string | string[] | undefined>;
+  readonly rawHeaders: string[];
+  readonly bodyBytes: number;
+  readonly bodySha256: string;
+}
+
+export interface Upstream {
+  readonly port: number;
+  readonly protocol: "http:" | "https:";
+  /** Every request the upstream received, in order. */
+  readonly seen: SeenRequest[];
+  readonly hits: () => number;
+}
+
+export type Route = (req: IncomingMessage, res: ServerResponse, body: Buffer, url: URL) => void;
+
+/** Deterministic bytes so both ends can hash without holding the whole transfer. */
+export function patternChunk(size: number): Buffer {
+  const chunk = Buffer.alloc(size);
+  for (let i = 0; i < size; i++) chunk[i] = (i * 31 + 7) & 0xff;
+  return chunk;
+}
+
+const defaultRoutes: Record<string, Route> = {
+  "/echo": (req, res, body, url) => {
+    const payload = JSON.stringify({
+      method: req.method,
+      path: url.pathname + url.search,
+      headers: req.headers,
+      bodyBytes: body.length,
+      bodySha256: createHash("sha256").update(body).digest("hex"),
+    });
+    res.writeHead(200, { "content-type": "application/json" });
+    res.end(payload);
+  },
+  "/redirect": (_req, res, _body, url) => {
+    res.writeHead(Number(url.searchParams.get("status") ?? 302), { location: url.searchParams.get("to") ?? "/echo" });
+    res.end();
+  },
+  "/loop": (_req, res) => {
+    res.writeHead(302, { location: "/loop" });
+    res.end();
+  },
+  "/cookies": (_req, res) => {
+    res.writeHead(200, [
+      ["set-cookie", "a=1; Path=/"],
+      ["set-cookie", "b=2; Path=/"],
+      ["content-type", "text/plain"],
+    ] as unknown as Record<string, string>);
+    res.end("cookies");
+  },
+  "/bytes": (_req, res, _body, url) => {
+    const total = Number(url.searchParams.get("n") ?? 0);
+    const chunk = patternChunk(64 * 1024);
+    res.writeHead(200, { "content-type": "application/octet-stream", "content-length": total });
+    let sent = 0;
+    const pump = (): void => {
+      while (sent < total) {
+        const n = Math.min(chunk.length, total - sent);
+        sent += n;
+        if (!res.write(n === chunk.length ? chunk : chunk.subarray(0, n))) {
+          res.once("drain", pump);
+          return;
+        }
+      }
+      res.end();
+    };
+    pump();
+  },
+};
+
+/** Starts an upstream on 127.0.0.1:0 that records requests; closed when the test finishes. */
+export async function startUpstream(
+  options: { tls?: boolean; names?: readonly string[]; routes?: Record<string, Route>; hashOnly?: boolean } = {},
+): Promise<Upstream> {
+  const seen: SeenRequest[] = [];
+  const routes = { ...defaultRoutes, ...options.routes };
+  const handler = (req: IncomingMessage, res: ServerResponse): void => {
+    const hash = createHash("sha256");
+    const chunks: Buffer[] = [];
+    let bytes = 0;
+    req.on("data", (c: Buffer) => {
+      hash.update(c);
+      bytes += c.length;
+      // Large uploads are only hashed, never held.
+      if (bytes <= 1024 * 1024) chunks.push(c);
+    });
+    req.on("end", () => {
+      const body = bytes <= 1024 * 1024 ? Buffer.concat(chunks) : Buffer.alloc(0);
+      const url = new URL(req.url ?? "/", "http://upstream");
+      seen.push({
+        method: req.method ?? "",
+        url: req.url ?? "",
+        headers: req.headers,
+        rawHeaders: req.rawHeaders,
+        bodyBytes: bytes,
+        bodySha256: hash.digest("hex"),
+      });
+      const route = routes[url.pathname];
+      if (route === undefined) {
+        res.writeHead(404, { "content-type": "text/plain" });
+        res.end("no such route");
+        return;
+      }
+      route(req, res, body, url);
+    });
+  };
+  let server: Server;
+  if (options.tls === false) server = createHttpServer(handler);
+  else {
+    const ca = await testCa();
+    const names = options.names ?? ["api.test"];
+    const contexts = await ca.serverContexts(names);
+    const fallback = contexts.get(names[0]!)!;
+    server = createHttpsServer(
+      {
+        SNICallback: (name: string, cb: (err: Error | null, ctx?: SecureContext) => void) => cb(null, contexts.get(name) ?? fallback),
+        secureContext: fallback,
+      } as Parameters<typeof createHttpsServer>[0],
+      handler,
+    );
+  }
+  const sockets = new Set<Socket>();
+  server.on("connection", (s: Socket) => {
+    sockets.add(s);
+    s.on("close", () => sockets.delete(s));
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(async () => {
+    for (const s of sockets) s.destroy();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  });
+  return {
+    port: (server.address() as AddressInfo).port,
+    protocol: options.tls === false ? "http:" : "https:",
+    seen,
+    hits: () => seen.length,
+  };
+}
