@@ -1,3 +1,5 @@
+import { isIP } from "node:net";
+
 /**
  * Host patterns for allowlists: `*` matches any run of characters, dots included, so
  * `*.example.com` matches `a.b.example.com` but not `example.com`. Matching is anchored and
@@ -7,15 +9,19 @@
 export interface HostMatcher {
   /** The patterns as given, normalised (lowercase, no trailing dot). */
   readonly patterns: readonly string[];
-  /** The first pattern that matches `host`, or undefined. */
+  /**
+   * The most specific pattern that matches `host` (an exact name, else the first matching
+   * wildcard, else `*`), or undefined. The decision log reports it as the deciding rule.
+   */
   match(host: string): string | undefined;
 }
 
-const patternChars = /^[a-z0-9.*_:\-[\]]+$/;
+const patternChars = /^[a-z0-9.*_-]+$/;
 
-/** Lowercases a hostname and strips one trailing dot. */
+/** Lowercases a hostname, strips one trailing dot, and unwraps an `[IPv6]` literal. */
 export function normalizeHostname(host: string): string {
   const lower = host.toLowerCase();
+  if (lower.startsWith("[") && lower.endsWith("]") && isIP(lower.slice(1, -1)) === 6) return lower.slice(1, -1);
   return lower.endsWith(".") ? lower.slice(0, -1) : lower;
 }
 
@@ -25,7 +31,8 @@ export function validateHostPattern(pattern: unknown, optionName: string): strin
     throw new TypeError(`${optionName}: expected a non-empty host pattern, got ${JSON.stringify(pattern)}`);
   }
   const normalized = normalizeHostname(pattern.trim());
-  if (!patternChars.test(normalized)) {
+  // An IPv6 literal is the one pattern with colons; anything else with ":" has a port or scheme.
+  if (!patternChars.test(normalized) && isIP(normalized) !== 6) {
     throw new TypeError(
       `${optionName}: ${JSON.stringify(pattern)} is not a host pattern (letters, digits, ".", "-", "_" and "*" only; no scheme, port or path)`,
     );
@@ -53,9 +60,8 @@ export function compileHostPatterns(patterns: readonly string[]): HostMatcher {
     match(host) {
       const h = normalizeHostname(host);
       if (exact.has(h)) return h;
-      if (matchAll) return "*";
       for (const w of wildcards) if (w.re.test(h)) return w.pattern;
-      return undefined;
+      return matchAll ? "*" : undefined;
     },
   };
 }

@@ -70,10 +70,10 @@ const v4Ranges: readonly V4Range[] = [
 
 /**
  * Cloud metadata endpoints: AWS/GCP/Azure/OpenStack/Oracle IMDS, AWS ECS task metadata and
- * Route 53 resolver, Alibaba Cloud, and AWS's IPv6 IMDS.
+ * Route 53 resolver, Alibaba Cloud, and AWS's IPv6 IMDS, resolver and time service.
  */
 const metadataV4 = new Set(["169.254.169.254", "169.254.170.2", "169.254.169.253", "100.100.100.200", "192.0.0.192"]);
-const metadataV6 = new Set(["fd00:ec2:0:0:0:0:0:254"]);
+const metadataV6 = new Set(["fd00:ec2:0:0:0:0:0:254", "fd00:ec2:0:0:0:0:0:253", "fd00:ec2:0:0:0:0:0:23"]);
 
 function inV4(n: number, r: V4Range): boolean {
   if (r.bits === 0) return true;

@@ -23,7 +23,8 @@ export interface Upstream {
   readonly hits: () => number;
 }
 
-export type Route = (req: IncomingMessage, res: ServerResponse, body: Buffer, url: URL) => void;
+/** `body` holds at most the first MiB; `bodyBytes` and `bodySha256` always cover all of it. */
+export type Route = (req: IncomingMessage, res: ServerResponse, body: Buffer, url: URL, seen: SeenRequest) => void;
 
 /** Deterministic bytes so both ends can hash without holding the whole transfer. */
 export function patternChunk(size: number): Buffer {
@@ -33,13 +34,13 @@ export function patternChunk(size: number): Buffer {
 }
 
 const defaultRoutes: Record<string, Route> = {
-  "/echo": (req, res, body, url) => {
+  "/echo": (req, res, _body, url, seen) => {
     const payload = JSON.stringify({
       method: req.method,
       path: url.pathname + url.search,
       headers: req.headers,
-      bodyBytes: body.length,
-      bodySha256: createHash("sha256").update(body).digest("hex"),
+      bodyBytes: seen.bodyBytes,
+      bodySha256: seen.bodySha256,
     });
     res.writeHead(200, { "content-type": "application/json" });
     res.end(payload);
@@ -99,21 +100,22 @@ export async function startUpstream(
     req.on("end", () => {
       const body = bytes <= 1024 * 1024 ? Buffer.concat(chunks) : Buffer.alloc(0);
       const url = new URL(req.url ?? "/", "http://upstream");
-      seen.push({
+      const record: SeenRequest = {
         method: req.method ?? "",
         url: req.url ?? "",
         headers: req.headers,
         rawHeaders: req.rawHeaders,
         bodyBytes: bytes,
         bodySha256: hash.digest("hex"),
-      });
+      };
+      seen.push(record);
       const route = routes[url.pathname];
       if (route === undefined) {
         res.writeHead(404, { "content-type": "text/plain" });
         res.end("no such route");
         return;
       }
-      route(req, res, body, url);
+      route(req, res, body, url, record);
     });
   };
   let server: Server;

@@ -318,13 +318,14 @@ describe("compileHostPatterns", () => {
       expect(matcher.match(host)).toBeUndefined();
     });
 
-    // HostMatcher.match is documented as "the first pattern that matches `host`".
+    // The decision log names the most specific rule: an exact name, then wildcards in order, then "*".
     it.each([
-      [["*.example.com", "a.example.com"], "a.example.com", "*.example.com"],
-      [["*", "example.com"], "example.com", "*"],
+      [["*.example.com", "a.example.com"], "a.example.com", "a.example.com"],
+      [["*", "example.com"], "example.com", "example.com"],
       [["b*", "*"], "bb", "b*"],
-      [["*.test", "*"], "a.test", "*.test"],
-    ])("patterns %j match %j with the first matching pattern, %j", (patterns, host, expected) => {
+      [["*", "*.test"], "a.test", "*.test"],
+      [["*.test", "a*.test"], "ab.test", "*.test"],
+    ])("patterns %j match %j with the most specific pattern, %j", (patterns, host, expected) => {
       expect(compileHostPatterns(patterns).match(host)).toBe(expected);
     });
   });

@@ -1,0 +1,158 @@
+import { createHash } from "node:crypto";
+import { Readable } from "node:stream";
+import { request } from "undici";
+import { describe, expect, it } from "vitest";
+import { curlVia } from "../helpers/curl.js";
+import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
+import { patternChunk, startUpstream } from "../helpers/upstream.js";
+
+interface Echo {
+  method: string;
+  path: string;
+  headers: Record<string, string | undefined>;
+  bodyBytes: number;
+  bodySha256: string;
+}
+
+const MiB = 1024 * 1024;
+
+describe("clients reach an allowed upstream through the proxy", () => {
+  it("curl fetches from a local HTTPS upstream reached as api.test through CONNECT", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const res = await curlVia(proxy.url, `${proxy.caDir}/ca.crt`, `https://api.test:${upstream.port}/echo?q=1`);
+    expect(res.stderr).toBe("");
+    expect(res.status).toBe(200);
+    const echo = JSON.parse(res.body) as Echo;
+    expect(echo.path).toBe("/echo?q=1");
+    expect(echo.headers["host"]).toBe(`api.test:${upstream.port}`);
+  });
+
+  it("undici's ProxyAgent fetches from a local HTTPS upstream reached as api.test", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`, { method: "POST", body: "hello" });
+    expect(res.status).toBe(200);
+    const echo = JSON.parse(res.text) as Echo;
+    expect(echo.method).toBe("POST");
+    expect(echo.bodyBytes).toBe(5);
+  });
+
+  it("a plain-HTTP absolute-form request is forwarded with the Host taken from the URL", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const res = await curlVia(proxy.url, `${proxy.caDir}/ca.crt`, `http://api.test:${upstream.port}/echo`, ["-H", "Host: evil.test"]);
+    expect(res.status).toBe(200);
+    expect((JSON.parse(res.body) as Echo).headers["host"]).toBe(`api.test:${upstream.port}`);
+  });
+
+  it("the leaf certificate presented to the guest names the CONNECT host and chains to the proxy CA", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const res = await curlVia(proxy.url, `${proxy.caDir}/ca.crt`, `https://api.test:${upstream.port}/echo`, ["-v"]);
+    expect(res.status).toBe(200);
+    expect(res.stderr).toMatch(/subject: CN=api\.test/);
+    expect(res.stderr).toMatch(/issuer: CN=egressgate CA/);
+  });
+
+  it("a guest that does not trust the proxy CA refuses the connection", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const res = await curlVia(proxy.url, "/dev/null", `https://api.test:${upstream.port}/echo`);
+    expect(res.exitCode).not.toBe(0);
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it("hop-by-hop headers, those named in Connection, and Proxy-Authorization never reach the upstream", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const res = await curlVia(proxy.url, `${proxy.caDir}/ca.crt`, `http://api.test:${upstream.port}/echo`, [
+      "-H",
+      "Connection: keep-alive, X-Secret-Hop",
+      "-H",
+      "X-Secret-Hop: 1",
+      "-H",
+      "Keep-Alive: timeout=5",
+      "-H",
+      "Proxy-Authorization: Basic Zm9vOmJhcg==",
+      "-H",
+      "X-End-To-End: kept",
+    ]);
+    expect(res.status).toBe(200);
+    const headers = (JSON.parse(res.body) as Echo).headers;
+    expect(headers["x-end-to-end"]).toBe("kept");
+    expect(headers["x-secret-hop"]).toBeUndefined();
+    expect(headers["keep-alive"]).toBeUndefined();
+    expect(headers["proxy-authorization"]).toBeUndefined();
+  });
+
+  it("repeated Set-Cookie response headers reach the guest as separate fields", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/cookies`);
+    expect(res.status).toBe(200);
+    expect(res.headers["set-cookie"]).toEqual(["a=1; Path=/", "b=2; Path=/"]);
+  });
+
+  it("several requests over one keep-alive tunnel share one CONNECT and one leaf signing", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const url = `https://api.test:${upstream.port}/echo`;
+    const res = await curlVia(proxy.url, `${proxy.caDir}/ca.crt`, url, ["-v", url, url, url]);
+    expect(res.exitCode).toBe(0);
+    expect(res.stderr.match(/Re-using existing connection/g)).toHaveLength(3);
+    expect(proxy.logs.filter((l) => l["msg"] === "tunnel opened")).toHaveLength(1);
+    expect(proxy.logs.filter((l) => l["msg"] === "request" && l["status"] === 200)).toHaveLength(4);
+    expect(upstream.hits()).toBe(4);
+  });
+});
+
+describe("bodies stream through byte-exact", () => {
+  it("a 32 MiB download arrives byte-exact", async () => {
+    const size = 32 * MiB;
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const expected = createHash("sha256");
+    const chunk = patternChunk(64 * 1024);
+    for (let sent = 0; sent < size; sent += chunk.length) expected.update(chunk);
+    const res = await request(`https://api.test:${upstream.port}/bytes?n=${size}`, { dispatcher: proxyAgent(proxy) });
+    expect(res.statusCode).toBe(200);
+    const got = createHash("sha256");
+    let bytes = 0;
+    for await (const part of res.body) {
+      got.update(part as Buffer);
+      bytes += (part as Buffer).length;
+    }
+    expect(bytes).toBe(size);
+    expect(got.digest("hex")).toBe(expected.digest("hex"));
+  });
+
+  it("a 32 MiB upload arrives byte-exact", async () => {
+    const size = 32 * MiB;
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const chunk = patternChunk(64 * 1024);
+    const expected = createHash("sha256");
+    for (let sent = 0; sent < size; sent += chunk.length) expected.update(chunk);
+    let sent = 0;
+    const body = new Readable({
+      read() {
+        if (sent >= size) this.push(null);
+        else {
+          sent += chunk.length;
+          this.push(chunk);
+        }
+      },
+    });
+    const res = await request(`https://api.test:${upstream.port}/echo`, {
+      dispatcher: proxyAgent(proxy),
+      method: "PUT",
+      body,
+      headers: { "content-length": String(size) },
+    });
+    expect(res.statusCode).toBe(200);
+    const echo = (await res.body.json()) as Echo;
+    expect(echo.bodyBytes).toBe(size);
+    expect(echo.bodySha256).toBe(expected.digest("hex"));
+  });
+});
