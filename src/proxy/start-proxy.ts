@@ -1,5 +1,5 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
-import type { Socket } from "node:net";
+import { isIP, type Socket } from "node:net";
 import { networkInterfaces } from "node:os";
 import { EgressError, denied } from "../errors.js";
 import { createLogger, type Logger } from "../log.js";
@@ -197,6 +197,11 @@ class GuestSide {
       // refused before any TLS work. Every request inside the tunnel is still judged on its own.
       const decision = this.policy.checkHost(target.hostname);
       if (!decision.allowed) throw denied(decision.reason);
+      const literal = target.hostname.replace(/^\[|\]$/g, "");
+      if (isIP(literal) !== 0) {
+        const address = this.policy.checkAddress(literal, { ip: literal, family: isIP(literal) === 6 ? 6 : 4 }, target.port);
+        if (!address.allowed) throw denied(address.reason);
+      }
     } catch (error) {
       const err = asEgressError(error);
       this.logDecision({ id: this.nextId++, method: "CONNECT", target: req.url ?? "", status: err.status, reason: err.message, code: err.code, started });

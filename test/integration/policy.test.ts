@@ -1,0 +1,155 @@
+import { describe, expect, it } from "vitest";
+import { createHttpHooks, startProxy } from "../../src/index.js";
+import { curlVia } from "../helpers/curl.js";
+import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
+import { testCa } from "../helpers/test-ca.js";
+import { startUpstream } from "../helpers/upstream.js";
+
+describe("the allowlist", () => {
+  it("a host that is not allowed gets 403 through CONNECT and the upstream sees nothing", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["other.test"] });
+    const res = await curlVia(proxy.url, `${proxy.caDir}/ca.crt`, `https://api.test:${upstream.port}/echo`);
+    expect(res.exitCode).toBe(56);
+    expect(res.stderr).toMatch(/CONNECT tunnel failed, response 403/);
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it("a host that is not allowed gets 403 with a reason naming the host for plain HTTP", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["other.test"] });
+    const res = await curlVia(proxy.url, `${proxy.caDir}/ca.crt`, `http://api.test:${upstream.port}/echo`);
+    expect(res.status).toBe(403);
+    expect(res.body).toMatch(/^403 Forbidden: host "api\.test" is not in allowedHosts; allow it with --allow-host api\.test/);
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it("with no allowed hosts everything is refused and the reason says how to allow hosts", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const proxy = await startTestProxy({});
+    const res = await curlVia(proxy.url, `${proxy.caDir}/ca.crt`, `http://api.test:${upstream.port}/echo`);
+    expect(res.status).toBe(403);
+    expect(res.body).toMatch(/deny-all.*--allow-host api\.test.*createHttpHooks\(\{ allowedHosts/);
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it("a wildcard pattern matches across dots and a trailing dot in the request does not bypass it", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const proxy = await startTestProxy(
+      { allowedInternalHosts: ["*.deep.test"] },
+      { resolve: { "a.b.deep.test": ["127.0.0.1"], "deep.test": ["127.0.0.1"] } },
+    );
+    const ok = await curlVia(proxy.url, "/dev/null", `http://a.b.deep.test:${upstream.port}/echo`);
+    expect(ok.status).toBe(200);
+    const bare = await curlVia(proxy.url, "/dev/null", `http://deep.test:${upstream.port}/echo`);
+    expect(bare.status).toBe(403);
+    const dotted = await curlVia(proxy.url, "/dev/null", `http://A.B.DEEP.TEST.:${upstream.port}/echo`);
+    expect(dotted.status).toBe(200);
+    expect(upstream.hits()).toBe(2);
+  });
+
+  it("hooks without createHttpHooks configuration are deny-all", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const ca = await testCa();
+    const proxy = await startProxy({
+      httpHooks: {},
+      listen: { port: 0 },
+      caDir: tempDir(),
+      upstreamCa: [ca.certPem],
+      logLevel: "silent",
+      resolve: { "api.test": ["127.0.0.1"] },
+    });
+    try {
+      const res = await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`);
+      expect(res.status).toBe(403);
+      expect(upstream.hits()).toBe(0);
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  it("a spread copy of the hooks gives the same answers by calling the generated functions", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const ca = await testCa();
+    const { httpHooks } = createHttpHooks({ allowedInternalHosts: ["api.test"] });
+    const proxy = await startProxy({
+      httpHooks: { ...httpHooks },
+      listen: { port: 0 },
+      caDir: tempDir(),
+      upstreamCa: [ca.certPem],
+      logLevel: "silent",
+      resolve: { "api.test": ["127.0.0.1"], "other.test": ["127.0.0.1"], "public.test": ["8.8.8.8"] },
+    });
+    try {
+      expect((await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`)).status).toBe(200);
+      expect((await curlVia(proxy.url, "/dev/null", `http://other.test:${upstream.port}/echo`)).status).toBe(403);
+      expect(upstream.hits()).toBe(1);
+    } finally {
+      await proxy.close();
+    }
+  });
+});
+
+describe("internal addresses", () => {
+  // Every form stays on this machine: even a broken build could only dial loopback.
+  it.each(["127.0.0.1", "127.1", "0x7f000001", "2130706433", "0", "[::1]", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]"])(
+    "the internal literal %s is refused with 403, as an absolute-form URL and through CONNECT",
+    async (literal) => {
+      const upstream = await startUpstream({ tls: false });
+      const proxy = await startTestProxy({ allowedHosts: ["*"] });
+      const plain = await curlVia(proxy.url, "/dev/null", `http://${literal}:${upstream.port}/echo`);
+      expect(plain.status).toBe(403);
+      expect(plain.body).toMatch(/(loopback|unspecified) address/);
+      const tunnel = await curlVia(proxy.url, "/dev/null", `https://${literal}:${upstream.port}/echo`, ["-k"]);
+      expect(tunnel.exitCode).toBe(56);
+      expect(tunnel.stderr).toMatch(/CONNECT tunnel failed, response 403/);
+      expect(upstream.hits()).toBe(0);
+      const denials = proxy.logs.filter((l) => l["msg"] === "request" && l["status"] === 403);
+      expect(denials.length).toBeGreaterThanOrEqual(2);
+    },
+  );
+
+  it("a name that resolves to loopback is refused unless it is in allowedInternalHosts", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedHosts: ["api.test"] });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`);
+    expect(res.status).toBe(403);
+    expect(res.text).toMatch(/host "api\.test" resolves to 127\.0\.0\.1, a loopback address; allow it with --allow-internal-host api\.test/);
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it("the proxy's own listening address is refused even for an allowed internal host", async () => {
+    const proxy = await startTestProxy({ allowedInternalHosts: ["self.test"] }, { resolve: { "self.test": ["127.0.0.1"] } });
+    const res = await curlVia(proxy.url, "/dev/null", `http://self.test:${proxy.port}/anything`);
+    expect(res.status).toBe(403);
+    expect(res.body).toMatch(/egressgate's own listening address/);
+    // One request in the log: the proxy never re-entered itself.
+    expect(proxy.logs.filter((l) => l["msg"] === "request")).toHaveLength(1);
+  });
+
+  it("blockInternalRanges: false lets an allowed host reach loopback", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const proxy = await startTestProxy({ allowedHosts: ["api.test"], blockInternalRanges: false });
+    const res = await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`);
+    expect(res.status).toBe(200);
+  });
+
+  it("a static name pinned to several addresses uses an approved one", async () => {
+    const upstream = await startUpstream({ tls: false });
+    // 169.254.169.254 is refused (metadata) and never dialled; 127.0.0.1 is allowed internally.
+    const proxy = await startTestProxy(
+      { allowedInternalHosts: ["multi.test"] },
+      { resolve: { "multi.test": ["169.254.169.254", "127.0.0.1"] } },
+    );
+    const res = await curlVia(proxy.url, "/dev/null", `http://multi.test:${upstream.port}/echo`);
+    expect(res.status).toBe(200);
+    expect(upstream.hits()).toBe(1);
+  });
+
+  it("a name pinned only to a metadata address is refused even as an allowed internal host", async () => {
+    const proxy = await startTestProxy({ allowedInternalHosts: ["imds.test"] }, { resolve: { "imds.test": ["169.254.169.254"] } });
+    const res = await curlVia(proxy.url, "/dev/null", "http://imds.test/latest/meta-data/");
+    expect(res.status).toBe(403);
+    expect(res.body).toMatch(/cloud metadata address/);
+  });
+});
