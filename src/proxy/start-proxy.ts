@@ -86,6 +86,9 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       serveTunnel(socket, head, target, { inner, leaves: authority.leaves, log, handshakeMs: config.timeouts.handshakeMs }),
     );
   });
+  inner.on("connect", (_req: IncomingMessage, socket: Socket) => {
+    writeRawError(socket, new EgressError("EG_METHOD_NOT_ALLOWED", 405, "CONNECT inside a tunnel is not allowed"));
+  });
   // An unlistened server never starts its header/request timeout checks; "listening" does it.
   inner.emit("listening");
 
@@ -185,10 +188,6 @@ class GuestSide {
   }
 
   onConnect(req: IncomingMessage, socket: Socket, head: Buffer, serve: (target: { hostname: string; port: number }) => void): void {
-    if (tunnelOf(socket) !== undefined) {
-      writeRawError(socket, new EgressError("EG_METHOD_NOT_ALLOWED", 405, "CONNECT inside a tunnel is not allowed"));
-      return;
-    }
     const started = performance.now();
     let target: { hostname: string; port: number };
     try {
@@ -217,7 +216,11 @@ class GuestSide {
   private onClientError(error: NodeJS.ErrnoException, socket: Socket): void {
     const code = error.code ?? "";
     this.log.info("bad request", { error, client: socket.remoteAddress });
-    if (code === "HPE_HEADER_OVERFLOW") {
+    const rawPacket = (error as { rawPacket?: Buffer }).rawPacket;
+    if (code === "HPE_INVALID_METHOD" && rawPacket?.subarray(0, 6).toString("latin1") === "TRACK ") {
+      // llhttp does not know TRACK, but it is refused for the same reason as TRACE, not as garbage.
+      writeRawError(socket, new EgressError("EG_METHOD_NOT_ALLOWED", 405, "method TRACK is not allowed: it would echo credentials back"));
+    } else if (code === "HPE_HEADER_OVERFLOW") {
       writeRawError(socket, new EgressError("EG_HEADERS_TOO_LARGE", 431, `request head is larger than ${maxHeaderBytes} bytes`));
     } else if (code.startsWith("HPE_")) {
       writeRawError(socket, new EgressError("EG_BAD_REQUEST", 400, `malformed request (${code.slice(4).toLowerCase().replaceAll("_", " ")})`));

@@ -1,0 +1,308 @@
+import { describe, expect, it } from "vitest";
+import type { ProxyOptions } from "../../src/index.js";
+import { fetchVia, startTestProxy, type TestProxy } from "../helpers/proxy.js";
+import { openRaw, openTlsTunnel, openTunnel, type RawClient, type RawResponse } from "../helpers/raw.js";
+import { startUpstream, type Upstream } from "../helpers/upstream.js";
+
+interface Setup {
+  readonly proxy: TestProxy;
+  /** TLS upstream for api.test and other.test. */
+  readonly https: Upstream;
+  /** Plain HTTP upstream, for absolute-form requests and plain tunnels. */
+  readonly http: Upstream;
+}
+
+async function setup(options: Omit<ProxyOptions, "httpHooks"> = {}): Promise<Setup> {
+  const [https, http] = await Promise.all([startUpstream({ names: ["api.test", "other.test"] }), startUpstream({ tls: false })]);
+  const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, options);
+  return { proxy, https, http };
+}
+
+/** The proxy must survive every malformed input: a normal HTTPS request still gets through. */
+async function expectStillServing({ proxy, https }: Setup): Promise<void> {
+  const res = await fetchVia(proxy, `https://api.test:${https.port}/echo?after=malformed`);
+  expect(res.status).toBe(200);
+  expect((JSON.parse(res.text) as { path: string }).path).toBe("/echo?after=malformed");
+}
+
+/** Status line, then the `STATUS Text: reason` body that every proxy-made error carries. */
+function expectRefusal(res: RawResponse, status: number, statusText: string, reason: RegExp): void {
+  expect(`${res.status} ${res.statusText}`, res.body).toBe(`${status} ${statusText}`);
+  expect(res.body.startsWith(`${status} ${statusText}: `), res.body).toBe(true);
+  expect(res.body).toMatch(reason);
+}
+
+async function send(client: RawClient, bytes: string): Promise<RawResponse> {
+  client.write(bytes);
+  return client.readResponse();
+}
+
+async function sendToProxy(proxy: TestProxy, bytes: string): Promise<RawResponse> {
+  return send(await openRaw(proxy.port), bytes);
+}
+
+// llhttp names whichever of the two headers it meets second.
+const clAndTe = /malformed request \((invalid transfer encoding|unexpected content length)\)/;
+
+const getEcho = (host: string, extra = ""): string => `GET /echo HTTP/1.1\r\nHost: ${host}\r\n${extra}\r\n`;
+
+describe("request framing", () => {
+  it("an absolute-form request with both Content-Length and Transfer-Encoding is refused with 400 and never forwarded", async () => {
+    const s = await setup();
+    const res = await sendToProxy(
+      s.proxy,
+      `GET http://api.test:${s.http.port}/echo HTTP/1.1\r\nHost: api.test:${s.http.port}\r\n` +
+        "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    );
+    expectRefusal(res, 400, "Bad Request", clAndTe);
+    expect(s.http.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+
+  it("a request with both Content-Length and Transfer-Encoding inside a plain CONNECT tunnel is refused with 400", async () => {
+    const s = await setup();
+    const tunnel = await openTunnel(s.proxy.port, `api.test:${s.http.port}`);
+    const head = getEcho(`api.test:${s.http.port}`, "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n");
+    const res = await send(tunnel, `${head}0\r\n\r\n`);
+    expectRefusal(res, 400, "Bad Request", clAndTe);
+    expect(s.http.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+
+  it("a request with both Content-Length and Transfer-Encoding inside a TLS tunnel is refused with 400", async () => {
+    const s = await setup();
+    const tunnel = await openTlsTunnel(s.proxy.port, `api.test:${s.https.port}`, { ca: s.proxy.caCertPem });
+    const head = getEcho(`api.test:${s.https.port}`, "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n");
+    const res = await send(tunnel, `${head}0\r\n\r\n`);
+    expectRefusal(res, 400, "Bad Request", clAndTe);
+    expect(s.https.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+
+  it("a request with two Host headers is refused with 400", async () => {
+    const s = await setup();
+    const res = await sendToProxy(
+      s.proxy,
+      `GET http://api.test:${s.http.port}/echo HTTP/1.1\r\nHost: api.test:${s.http.port}\r\nHost: other.test\r\n\r\n`,
+    );
+    expectRefusal(res, 400, "Bad Request", /duplicate Host header/);
+    expect(s.http.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+
+  it("a Content-Length with a leading zero is refused with 400", async () => {
+    const s = await setup();
+    const res = await sendToProxy(
+      s.proxy,
+      `POST http://api.test:${s.http.port}/echo HTTP/1.1\r\nHost: api.test:${s.http.port}\r\nContent-Length: 010\r\n\r\n0123456789`,
+    );
+    expectRefusal(res, 400, "Bad Request", /invalid Content-Length "010"/);
+    expect(s.http.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+
+  it("a request head larger than 64 KiB is refused with 431", async () => {
+    const s = await setup();
+    const res = await sendToProxy(
+      s.proxy,
+      `GET http://api.test:${s.http.port}/echo HTTP/1.1\r\nHost: api.test:${s.http.port}\r\nX-Fill: ${"a".repeat(70 * 1024)}\r\n\r\n`,
+    );
+    expectRefusal(res, 431, "Request Header Fields Too Large", /request head is larger than 65536 bytes/);
+    expect(s.http.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+});
+
+describe("addressing inside a tunnel", () => {
+  it("a Host header naming another host inside a plain CONNECT tunnel is refused with 421", async () => {
+    const s = await setup();
+    const tunnel = await openTunnel(s.proxy.port, `api.test:${s.http.port}`);
+    const res = await send(tunnel, getEcho(`other.test:${s.http.port}`));
+    expectRefusal(res, 421, "Misdirected Request", /Host header names "other\.test" but the tunnel was opened with CONNECT api\.test:/);
+    expect(s.http.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+
+  it("a TLS SNI naming another host than the CONNECT target is refused with 421", async () => {
+    const s = await setup();
+    const tunnel = await openTlsTunnel(s.proxy.port, `api.test:${s.https.port}`, { ca: s.proxy.caCertPem, servername: "other.test" });
+    const res = await send(tunnel, getEcho(`api.test:${s.https.port}`));
+    expectRefusal(res, 421, "Misdirected Request", /TLS SNI names "other\.test" but the tunnel was opened with CONNECT api\.test:/);
+    expect(s.https.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+
+  it("a TLS SNI with a :port suffix names the host alone and the request succeeds", async () => {
+    const s = await setup();
+    // Node sends any servername string as SNI; only the certificate check needs the bare name.
+    const tunnel = await openTlsTunnel(s.proxy.port, `api.test:${s.https.port}`, {
+      ca: s.proxy.caCertPem,
+      servername: "api.test:443",
+      verifyName: "api.test",
+    });
+    const res = await send(tunnel, getEcho(`api.test:${s.https.port}`));
+    expect(res.status, res.body).toBe(200);
+    expect((JSON.parse(res.body) as { path: string }).path).toBe("/echo");
+    expect(s.https.hits()).toBe(1);
+    await expectStillServing(s);
+  });
+
+  it("a Host header naming another host inside a TLS tunnel is refused with 421", async () => {
+    const s = await setup();
+    const tunnel = await openTlsTunnel(s.proxy.port, `api.test:${s.https.port}`, { ca: s.proxy.caCertPem });
+    const res = await send(tunnel, getEcho(`other.test:${s.https.port}`));
+    expectRefusal(res, 421, "Misdirected Request", /Host header names "other\.test" but the tunnel was opened with CONNECT api\.test:/);
+    expect(s.https.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+});
+
+describe("CONNECT targets", () => {
+  it.each([
+    ["a port above 65535", "api.test:99999", /invalid port 99999/],
+    ["a non-numeric port", "api.test:abc", /invalid port "abc"/],
+    ["no port", "api.test", /has no port/],
+    ["port 0", "api.test:0", /invalid port 0/],
+  ])("CONNECT to %s is refused with 400", async (_what, target, reason) => {
+    const s = await setup();
+    const client = await openRaw(s.proxy.port);
+    const res = await send(client, `CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n\r\n`);
+    expectRefusal(res, 400, "Bad Request", reason);
+    expect(await client.closesWithin(5_000)).toBe(true);
+    await expectStillServing(s);
+  });
+});
+
+describe("hostnames with forbidden characters", () => {
+  // Node's parser (llhttp) refuses some of these bytes before the proxy's own host checks run;
+  // either way the guest gets a 400 that names the reason.
+  // Each row: request line and Host value, with PORT standing for the plain upstream's port.
+  it.each([
+    ["a backslash in an absolute-form host", "GET http://api.te\\st:PORT/echo", "api.test", /malformed request \(invalid url\)/],
+    ["a percent-encoded CR LF in an absolute-form host", "GET http://api%0d%0a.test:PORT/echo", "api.test", /invalid request target "http:\/\/api%0d%0a\.test:/],
+    ["a percent-encoded NUL in an absolute-form host", "GET http://api%00.test:PORT/echo", "api.test", /invalid request target "http:\/\/api%00\.test:/],
+    ["brackets around a name in an absolute-form host", "GET http://[api.test]:PORT/echo", "api.test", /invalid request target "http:\/\/\[api\.test\]:/],
+    ["a bare CR inside the Host header", "GET http://api.test:PORT/echo", "api.te\rst:PORT", /malformed request \(lf expected\)/],
+    ["brackets around a name in a CONNECT target", "CONNECT [api.test]:443", "[api.test]:443", /invalid host "\[api\.test\]"/],
+    ["a percent-encoded CR LF in a CONNECT target", "CONNECT api%0d%0a.test:443", "api.test:443", /invalid host "api%0d%0a\.test"/],
+    ["a backslash in a CONNECT target", "CONNECT api.te\\st:443", "api.test:443", /malformed request \(invalid url\)/],
+    ["a NUL byte in a CONNECT target", "CONNECT api.te\0st:443", "api.test:443", /malformed request \(invalid url\)/],
+  ])("a request with %s is refused with 400", async (_what, requestLine, host, reason) => {
+    const s = await setup();
+    const res = await sendToProxy(s.proxy, `${requestLine} HTTP/1.1\r\nHost: ${host}\r\n\r\n`.replaceAll("PORT", String(s.http.port)));
+    expectRefusal(res, 400, "Bad Request", reason);
+    expect(s.http.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+
+  it("a bare CR inside the Host header in a plain CONNECT tunnel is refused with 400", async () => {
+    const s = await setup();
+    const tunnel = await openTunnel(s.proxy.port, `api.test:${s.http.port}`);
+    const res = await send(tunnel, getEcho(`api.te\rst:${s.http.port}`));
+    expectRefusal(res, 400, "Bad Request", /malformed request \(lf expected\)/);
+    expect(s.http.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+});
+
+describe("methods and request forms", () => {
+  it.each(["TRACE", "TRACK"])("%s is refused with 405 because it would echo credentials back", async (method) => {
+    const s = await setup();
+    const host = `api.test:${s.http.port}`;
+    const res = await sendToProxy(s.proxy, `${method} http://${host}/echo HTTP/1.1\r\nHost: ${host}\r\n\r\n`);
+    expectRefusal(res, 405, "Method Not Allowed", new RegExp(`method ${method} is not allowed`));
+    expect(s.http.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+
+  it("TRACE inside a TLS tunnel is refused with 405", async () => {
+    const s = await setup();
+    const tunnel = await openTlsTunnel(s.proxy.port, `api.test:${s.https.port}`, { ca: s.proxy.caCertPem });
+    const res = await send(tunnel, `TRACE /echo HTTP/1.1\r\nHost: api.test:${s.https.port}\r\n\r\n`);
+    expectRefusal(res, 405, "Method Not Allowed", /method TRACE is not allowed/);
+    expect(s.https.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+
+  it("an origin-form request sent to the proxy itself is refused with 400", async () => {
+    const s = await setup();
+    const res = await sendToProxy(s.proxy, getEcho(`api.test:${s.http.port}`));
+    expectRefusal(res, 400, "Bad Request", /forward proxy: send absolute-form requests/);
+    expect(s.http.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+
+  it("CONNECT inside a plain CONNECT tunnel is refused with 405", async () => {
+    const s = await setup();
+    const tunnel = await openTunnel(s.proxy.port, `api.test:${s.http.port}`);
+    const res = await send(tunnel, `CONNECT api.test:${s.https.port} HTTP/1.1\r\nHost: api.test:${s.https.port}\r\n\r\n`);
+    expectRefusal(res, 405, "Method Not Allowed", /CONNECT inside a tunnel is not allowed/);
+    await expectStillServing(s);
+  });
+
+  it("CONNECT inside a TLS tunnel is refused with 405", async () => {
+    const s = await setup();
+    const tunnel = await openTlsTunnel(s.proxy.port, `api.test:${s.https.port}`, { ca: s.proxy.caCertPem });
+    const res = await send(tunnel, `CONNECT api.test:${s.https.port} HTTP/1.1\r\nHost: api.test:${s.https.port}\r\n\r\n`);
+    expectRefusal(res, 405, "Method Not Allowed", /CONNECT inside a tunnel is not allowed/);
+    await expectStillServing(s);
+  });
+});
+
+describe("tunnel protocol handling", () => {
+  it("bytes that are neither TLS nor HTTP after CONNECT make the proxy close the tunnel", async () => {
+    const s = await setup();
+    const tunnel = await openTunnel(s.proxy.port, `api.test:${s.https.port}`);
+    tunnel.write("SSH-2.0-OpenSSH_9.6\r\n");
+    expect(await tunnel.closesWithin(5_000)).toBe(true);
+    expect(tunnel.pending()).toBe("");
+    expect(s.proxy.logs.some((l) => l["msg"] === "tunnel closed" && l["reason"] === "neither TLS nor HTTP")).toBe(true);
+    expect(s.https.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+
+  it("binary garbage after CONNECT makes the proxy close the tunnel", async () => {
+    const s = await setup();
+    const tunnel = await openTunnel(s.proxy.port, `api.test:${s.https.port}`);
+    tunnel.write(Buffer.from([0x00, 0xff, 0x13, 0x37, 0x0d, 0x0a, 0x0d, 0x0a]));
+    expect(await tunnel.closesWithin(5_000)).toBe(true);
+    expect(tunnel.pending()).toBe("");
+    await expectStillServing(s);
+  });
+
+  it("two requests pipelined in one write inside a TLS tunnel get two 200 responses in order", async () => {
+    const s = await setup();
+    const tunnel = await openTlsTunnel(s.proxy.port, `api.test:${s.https.port}`, { ca: s.proxy.caCertPem });
+    const host = `api.test:${s.https.port}`;
+    tunnel.write(`GET /echo?n=1 HTTP/1.1\r\nHost: ${host}\r\n\r\nGET /echo?n=2 HTTP/1.1\r\nHost: ${host}\r\n\r\n`);
+    const first = await tunnel.readResponse();
+    const second = await tunnel.readResponse();
+    expect([first.status, second.status]).toEqual([200, 200]);
+    expect((JSON.parse(first.body) as { path: string }).path).toBe("/echo?n=1");
+    expect((JSON.parse(second.body) as { path: string }).path).toBe("/echo?n=2");
+    expect(s.https.seen.map((r) => r.url)).toEqual(["/echo?n=1", "/echo?n=2"]);
+    await expectStillServing(s);
+  });
+
+  it("several keep-alive requests inside one TLS tunnel use a single CONNECT", async () => {
+    const s = await setup();
+    const tunnel = await openTlsTunnel(s.proxy.port, `api.test:${s.https.port}`, { ca: s.proxy.caCertPem });
+    for (const n of [1, 2, 3]) {
+      const res = await send(tunnel, `GET /echo?n=${n} HTTP/1.1\r\nHost: api.test:${s.https.port}\r\n\r\n`);
+      expect(res.status).toBe(200);
+      expect((JSON.parse(res.body) as { path: string }).path).toBe(`/echo?n=${n}`);
+    }
+    expect(tunnel.isClosed).toBe(false);
+    expect(s.proxy.logs.filter((l) => l["msg"] === "tunnel opened")).toHaveLength(1);
+    expect(s.https.hits()).toBe(3);
+    await expectStillServing(s);
+  });
+
+  it("a client that sends CONNECT and then nothing is disconnected after the handshake timeout", async () => {
+    const s = await setup({ timeouts: { handshakeMs: 300 } });
+    const tunnel = await openTunnel(s.proxy.port, `api.test:${s.https.port}`);
+    expect(await tunnel.closesWithin(10_000)).toBe(true);
+    expect(tunnel.pending()).toBe("");
+    await expectStillServing(s);
+  });
+});
