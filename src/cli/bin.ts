@@ -46,7 +46,7 @@ main(process.argv.slice(2)).then(
   },
   (error: unknown) => {
     if (error instanceof UsageError || error instanceof TypeError || error instanceof RangeError) {
-      process.stderr.write(`egressgate: ${error.message}\nRun "egressgate --help" for usage.\n`);
+      process.stderr.write(`egressgate: ${flagNames(error.message)}\nRun "egressgate --help" for usage.\n`);
       process.exitCode = 2;
       return;
     }
@@ -54,3 +54,18 @@ main(process.argv.slice(2)).then(
     process.exitCode = 1;
   },
 );
+
+/** startProxy names options as the API spells them; a CLI user knows the flags. */
+function flagNames(message: string): string {
+  const flags: Record<string, string> = {
+    maxRedirects: "--max-redirects",
+    resolve: "--resolve",
+    upstreamCa: "--upstream-ca",
+    listen: "--listen",
+    caDir: "--ca-dir",
+    guestEnvFile: "--guest-env-file",
+    leafKeyType: "--leaf-key",
+    logLevel: "--log-level",
+  };
+  return message.replace(/^startProxy: (\w+)/, (whole, name: string) => (flags[name] ? flags[name] : whole));
+}

@@ -190,6 +190,9 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
   }
 
   const listenIn = o["listen"] === undefined ? {} : plainObject(o["listen"], "listen");
+  for (const key of Object.keys(listenIn)) {
+    if (key !== "host" && key !== "port") throw new TypeError(`startProxy: unknown option "listen.${key}" (known: host, port)`);
+  }
   const host = listenIn["host"] ?? defaults.listen.host;
   if (typeof host !== "string" || (isIP(host) === 0 && !/^[a-zA-Z0-9.-]+$/.test(host))) fail("listen.host", "must be an IP address or hostname", host);
   const port = integer(listenIn["port"], "listen.port", 0, 65535, defaults.listen.port);

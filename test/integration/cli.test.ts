@@ -1,0 +1,334 @@
+import { execFile, execFileSync, spawn, type ChildProcessByStdio } from "node:child_process";
+import { existsSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import type { Readable } from "node:stream";
+import { fileURLToPath } from "node:url";
+import { ProxyAgent, request } from "undici";
+import { beforeAll, describe, expect, it, onTestFinished } from "vitest";
+import { tempDir } from "../helpers/proxy.js";
+import { testCa } from "../helpers/test-ca.js";
+import { startUpstream } from "../helpers/upstream.js";
+
+const root = fileURLToPath(new URL("../../", import.meta.url));
+const bin = join(root, "dist", "cli", "bin.js");
+const listeningLine = /^egressgate listening on http:\/\/127\.0\.0\.1:(\d+)\n$/;
+
+interface Exit {
+  readonly code: number | null;
+  readonly signal: NodeJS.Signals | null;
+}
+
+interface Cli {
+  readonly process: ChildProcessByStdio<null, Readable, Readable>;
+  stdout(): string;
+  stderr(): string;
+  /** Settles once the process has exited and its output is read. */
+  readonly exited: Promise<Exit>;
+  /** Resolves with the first match in stdout; rejects if the process exits or time runs out first. */
+  waitForStdout(pattern: RegExp, ms?: number): Promise<RegExpExecArray>;
+}
+
+/** The host's environment without its proxy variables, which would otherwise steer curl. */
+function withoutProxyEnv(): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = { ...process.env };
+  for (const name of ["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy", "NO_PROXY", "no_proxy"]) {
+    delete env[name];
+  }
+  return env;
+}
+
+/** For the CLI: also a default caDir that is never the user's own. */
+function cliEnv(): NodeJS.ProcessEnv {
+  return { ...withoutProxyEnv(), XDG_CONFIG_HOME: tempDir("egressgate-xdg-") };
+}
+
+/** Spawns the built CLI; it is killed (after at most `limitMs`, or when the test ends) and awaited. */
+function startCli(args: readonly string[], limitMs = 20_000): Cli {
+  const child = spawn(process.execPath, [bin, ...args], { cwd: root, env: cliEnv(), stdio: ["ignore", "pipe", "pipe"] });
+  let out = "";
+  let err = "";
+  child.stdout.setEncoding("utf8").on("data", (chunk: string) => (out += chunk));
+  child.stderr.setEncoding("utf8").on("data", (chunk: string) => (err += chunk));
+  const exited = new Promise<Exit>((resolve) => child.once("close", (code, signal) => resolve({ code, signal })));
+  const limit = setTimeout(() => child.kill("SIGKILL"), limitMs);
+  void exited.then(() => clearTimeout(limit));
+  onTestFinished(async () => {
+    if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+    await exited;
+  });
+  return {
+    process: child,
+    stdout: () => out,
+    stderr: () => err,
+    exited,
+    waitForStdout(pattern, ms = 15_000) {
+      return new Promise((resolve, reject) => {
+        const check = (): boolean => {
+          const match = pattern.exec(out);
+          if (match === null) return false;
+          cleanup();
+          resolve(match);
+          return true;
+        };
+        const onExit = (): void => {
+          if (check()) return;
+          cleanup();
+          reject(new Error(`egressgate exited before printing ${pattern}\nstdout: ${out}\nstderr: ${err}`));
+        };
+        const timer = setTimeout(() => {
+          cleanup();
+          reject(new Error(`no ${pattern} on stdout within ${ms} ms\nstdout: ${out}\nstderr: ${err}`));
+        }, ms);
+        const onData = (): void => void check();
+        const cleanup = (): void => {
+          clearTimeout(timer);
+          child.stdout.off("data", onData);
+          child.off("close", onExit);
+        };
+        child.stdout.on("data", onData);
+        child.once("close", onExit);
+        check();
+      });
+    },
+  };
+}
+
+/** Runs the CLI to completion. */
+async function runCli(args: readonly string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const cli = startCli(args);
+  const { code } = await cli.exited;
+  return { code, stdout: cli.stdout(), stderr: cli.stderr() };
+}
+
+/** Starts the proxy and returns its port once the listening line is out. */
+async function serve(args: readonly string[]): Promise<{ cli: Cli; port: number; url: string }> {
+  const cli = startCli(["--listen", "127.0.0.1:0", "--log-level", "warn", ...args]);
+  const match = await cli.waitForStdout(listeningLine);
+  const port = Number(match[1]);
+  return { cli, port, url: `http://127.0.0.1:${port}` };
+}
+
+/** The test upstream CA, as a file for --upstream-ca. */
+async function upstreamCaFile(dir: string): Promise<string> {
+  const file = join(dir, "upstream-ca.pem");
+  writeFileSync(file, (await testCa()).certPem);
+  return file;
+}
+
+function curl(args: readonly string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    execFile("curl", ["--max-time", "15", ...args], { env: withoutProxyEnv(), timeout: 20_000 }, (error, stdout, stderr) => {
+      const code = error === null ? 0 : typeof error.code === "number" ? error.code : -1;
+      resolve({ code, stdout, stderr });
+    });
+  });
+}
+
+function proxyAgent(url: string, caDir: string): ProxyAgent {
+  const agent = new ProxyAgent({ uri: url, requestTls: { ca: readFileSync(join(caDir, "ca.crt"), "utf8") } });
+  onTestFinished(() => agent.close());
+  return agent;
+}
+
+beforeAll(() => {
+  // `npm ci` builds through `prepare`; a fresh checkout run straight from vitest may not have.
+  if (!existsSync(bin)) execFileSync("npm", ["run", "build"], { cwd: root, stdio: "inherit", timeout: 170_000 });
+}, 180_000);
+
+describe("egressgate serve", () => {
+  it("prints exactly one listening line, and curl and undici fetch an allowed host through it", async () => {
+    const dir = tempDir();
+    const caDir = join(dir, "ca");
+    const upstream = await startUpstream();
+    const { cli, url } = await serve([
+      "--ca-dir",
+      caDir,
+      "--allow-internal-host",
+      "api.test",
+      "--resolve",
+      "api.test=127.0.0.1",
+      "--upstream-ca",
+      await upstreamCaFile(dir),
+    ]);
+
+    const viaCurl = await curl(["-sS", "-x", url, "--cacert", join(caDir, "ca.crt"), `https://api.test:${upstream.port}/echo?from=curl`]);
+    expect(viaCurl.stderr).toBe("");
+    expect(viaCurl.code).toBe(0);
+    expect(JSON.parse(viaCurl.stdout)).toMatchObject({ method: "GET", path: "/echo?from=curl" });
+
+    const res = await request(`https://api.test:${upstream.port}/echo?from=undici`, { dispatcher: proxyAgent(url, caDir) });
+    expect(res.statusCode).toBe(200);
+    expect(await res.body.json()).toMatchObject({ method: "GET", path: "/echo?from=undici" });
+    expect(upstream.hits()).toBe(2);
+
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+    expect(cli.stdout()).toMatch(listeningLine);
+  });
+
+  it("a host that is not allowed gets 403, through CONNECT and as plain HTTP, and never reaches the upstream", async () => {
+    const dir = tempDir();
+    const caDir = join(dir, "ca");
+    const upstream = await startUpstream({ names: ["other.test"] });
+    const plain = await startUpstream({ tls: false });
+    const { url } = await serve([
+      "--ca-dir",
+      caDir,
+      "--allow-internal-host",
+      "api.test",
+      "--resolve",
+      "api.test=127.0.0.1",
+      "--resolve",
+      "other.test=127.0.0.1",
+      "--upstream-ca",
+      await upstreamCaFile(dir),
+    ]);
+
+    const tunnelled = await curl(["-sS", "-x", url, "--cacert", join(caDir, "ca.crt"), `https://other.test:${upstream.port}/echo`]);
+    expect(tunnelled.code).toBe(56);
+    expect(tunnelled.stderr).toMatch(/CONNECT.*403/);
+
+    const direct = await curl(["-sS", "-x", url, "-w", "\n%{http_code}", `http://other.test:${plain.port}/echo`]);
+    expect(direct.code).toBe(0);
+    const lines = direct.stdout.trimEnd().split("\n");
+    expect(lines.at(-1)).toBe("403");
+    expect(lines.slice(0, -1).join("\n")).toMatch(/other\.test/);
+
+    await expect(request(`https://other.test:${upstream.port}/echo`, { dispatcher: proxyAgent(url, caDir) })).rejects.toThrow(/403/);
+    expect(upstream.hits()).toBe(0);
+    expect(plain.hits()).toBe(0);
+  });
+
+  it("--guest-env-file writes KEY=value lines with the real port", async () => {
+    const dir = tempDir();
+    const caDir = join(dir, "ca");
+    const envFile = join(dir, "guest.env");
+    const { url } = await serve(["--ca-dir", caDir, "--guest-env-file", envFile]);
+    const lines = readFileSync(envFile, "utf8").trimEnd().split("\n");
+    for (const line of lines) expect(line).toMatch(/^[A-Za-z_][A-Za-z0-9_]*=/);
+    const env = Object.fromEntries(lines.map((line) => [line.slice(0, line.indexOf("=")), line.slice(line.indexOf("=") + 1)]));
+    for (const name of ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"]) expect(env[name]).toBe(url);
+    expect(env["NODE_EXTRA_CA_CERTS"]).toBe(join(caDir, "ca.crt"));
+    const caPem = readFileSync(join(caDir, "ca.crt"), "utf8");
+    for (const name of ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"]) {
+      expect(readFileSync(env[name] ?? "", "utf8")).toContain(caPem.trim());
+    }
+  });
+});
+
+describe("egressgate shutdown", () => {
+  it.each(["SIGTERM", "SIGINT"] as const)("%s closes the proxy and exits 0, even with a guest's keep-alive tunnel open", async (signal) => {
+    const dir = tempDir();
+    const caDir = join(dir, "ca");
+    const upstream = await startUpstream();
+    const { cli, url, port } = await serve([
+      "--ca-dir",
+      caDir,
+      "--allow-internal-host",
+      "api.test",
+      "--resolve",
+      "api.test=127.0.0.1",
+      "--upstream-ca",
+      await upstreamCaFile(dir),
+    ]);
+    const res = await request(`https://api.test:${upstream.port}/echo`, { dispatcher: proxyAgent(url, caDir) });
+    expect(res.statusCode).toBe(200);
+    await res.body.text();
+
+    const started = Date.now();
+    cli.process.kill(signal);
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+    // Nothing was in flight, so there is nothing to drain for.
+    expect(Date.now() - started).toBeLessThan(5_000);
+    expect(cli.stderr()).toContain(`${signal}, closing`);
+    expect(cli.stdout()).toBe(`egressgate listening on http://127.0.0.1:${port}\n`);
+  });
+});
+
+describe("egressgate usage errors", () => {
+  it("--help lists every serve flag and exits 0 without starting a proxy", async () => {
+    const result = await runCli(["--help"]);
+    expect(result.code).toBe(0);
+    for (const flag of [
+      "--ca-dir",
+      "--listen",
+      "--allow-host",
+      "--allow-internal-host",
+      "--no-block-internal-ranges",
+      "--resolve",
+      "--upstream-ca",
+      "--guest-env-file",
+      "--leaf-key",
+      "--max-redirects",
+      "--log-level",
+    ]) {
+      expect(result.stdout).toContain(flag);
+    }
+    expect(result.stdout).not.toMatch(/listening on/);
+  });
+
+  it.each([
+    { args: ["--bogus"], names: /bogus/ },
+    { args: ["--listen", "nope"], names: /--listen.*nope/ },
+    { args: ["--resolve", "x"], names: /--resolve.*"x"/ },
+    { args: ["--allow-host", "https://x"], names: /--allow-host.*https:\/\/x/ },
+    { args: ["--log-level", "loud"], names: /log-level[\s\S]*loud/ },
+    { args: ["--max-redirects", "-1"], names: /--max-redirects.*-1/ },
+  ])("$args exits 2 with a message naming the flag", async ({ args, names }) => {
+    const result = await runCli(["--ca-dir", join(tempDir(), "ca"), ...args]);
+    expect(result.code).toBe(2);
+    expect(result.stderr).toMatch(names);
+    expect(result.stdout).toBe("");
+  });
+
+  it("a missing --upstream-ca file exits 2 naming upstreamCa and the path", async () => {
+    const dir = tempDir();
+    const missing = join(dir, "missing-ca.pem");
+    const result = await runCli(["--listen", "127.0.0.1:0", "--ca-dir", join(dir, "ca"), "--upstream-ca", missing]);
+    expect(result.code).toBe(2);
+    expect(result.stderr).toMatch(/upstreamCa|--upstream-ca/);
+    expect(result.stderr).toContain(missing);
+    expect(result.stdout).toBe("");
+  });
+});
+
+describe("egressgate ca", () => {
+  it("prints the certificate path then its PEM, keeps the key at 0600, and prints the same CA on the next run", async () => {
+    const caDir = join(tempDir(), "ca");
+    const first = await runCli(["ca", "--ca-dir", caDir]);
+    expect(first.code).toBe(0);
+    const certPath = join(caDir, "ca.crt");
+    const newline = first.stdout.indexOf("\n");
+    expect(first.stdout.slice(0, newline)).toBe(certPath);
+    const pem = first.stdout.slice(newline + 1);
+    expect(pem).toMatch(/^-----BEGIN CERTIFICATE-----\n[\s\S]+\n-----END CERTIFICATE-----\n?$/);
+    expect(pem).toBe(readFileSync(certPath, "utf8"));
+    expect(statSync(join(caDir, "ca.key")).mode & 0o777).toBe(0o600);
+
+    const second = await runCli(["ca", "--ca-dir", caDir]);
+    expect(second.code).toBe(0);
+    expect(second.stdout).toBe(first.stdout);
+  });
+});
+
+describe("egressgate env", () => {
+  it("prints shell exports for the proxy and every CA variable", async () => {
+    const caDir = join(tempDir(), "ca");
+    const result = await runCli(["env", "--ca-dir", caDir, "--listen", "127.0.0.1:9999"]);
+    expect(result.code).toBe(0);
+    const exports = new Map<string, string>();
+    for (const line of result.stdout.trimEnd().split("\n")) {
+      const match = /^export ([A-Za-z_][A-Za-z0-9_]*)='([^']*)'$/.exec(line);
+      expect(match, line).not.toBeNull();
+      exports.set(match![1]!, match![2]!);
+    }
+    for (const name of ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"]) {
+      expect(exports.get(name)).toBe("http://127.0.0.1:9999");
+    }
+    expect(exports.get("NODE_EXTRA_CA_CERTS")).toBe(join(caDir, "ca.crt"));
+    const caPem = readFileSync(join(caDir, "ca.crt"), "utf8");
+    for (const name of ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"]) {
+      expect(readFileSync(exports.get(name) ?? "", "utf8")).toContain(caPem.trim());
+    }
+  });
+});

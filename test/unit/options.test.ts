@@ -1,0 +1,283 @@
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
+import { createHttpHooks, declarativeConfigOf, type HttpHooks, type IpInfo } from "../../src/hooks/http-hooks.js";
+import { defaults, resolveProxyOptions, type ProxyOptions } from "../../src/proxy/options.js";
+import { tempDir } from "../helpers/proxy.js";
+import { testCa } from "../helpers/test-ca.js";
+
+/** Options the type system would refuse, as a JavaScript caller could still pass them. */
+function untyped(options: Record<string, unknown>): ProxyOptions {
+  return options as ProxyOptions;
+}
+
+function errorOf(fn: () => unknown): Error {
+  try {
+    fn();
+  } catch (error) {
+    return error as Error;
+  }
+  throw new Error("expected a throw");
+}
+
+const ipInfo = (hostname: string, ip: string): IpInfo => ({ hostname, ip, family: 4, port: 443, protocol: "https:" });
+
+describe("resolveProxyOptions: defaults", () => {
+  it("no options give the documented defaults and deny-all", () => {
+    vi.stubEnv("XDG_CONFIG_HOME", "/tmp/eg-xdg");
+    onTestFinished(() => {
+      vi.unstubAllEnvs();
+    });
+    const resolved = resolveProxyOptions();
+    expect(resolved.listen).toEqual({ host: "127.0.0.1", port: 8080 });
+    expect(resolved.caDir).toBe(join("/tmp/eg-xdg", "egressgate"));
+    expect(resolved.leafKeyType).toBe("ecdsa");
+    expect(resolved.leafCacheSize).toBe(1000);
+    expect(resolved.maxRedirects).toBe(10);
+    expect(resolved.logLevel).toBe("info");
+    expect(resolved.logSink).toBeUndefined();
+    expect(resolved.guestEnvFile).toBeUndefined();
+    expect(resolved.env).toEqual({});
+    expect(resolved.upstreamCaPems).toEqual([]);
+    expect(resolved.staticHosts.size).toBe(0);
+    expect(resolved.timeouts).toEqual({
+      handshakeMs: 10_000,
+      headersMs: 30_000,
+      idleMs: 120_000,
+      upstreamConnectMs: 10_000,
+      upstreamHeadersMs: 60_000,
+      upstreamBodyMs: 120_000,
+      drainMs: 10_000,
+    });
+    expect(resolved.declarative).toEqual({ allowedHosts: [], allowedInternalHosts: [], blockInternalRanges: true });
+    expect(resolved.checkHooks).toEqual({});
+  });
+
+  it("the caDir default falls back to ~/.config/egressgate without XDG_CONFIG_HOME", () => {
+    vi.stubEnv("XDG_CONFIG_HOME", "");
+    vi.stubEnv("HOME", "/tmp/eg-home");
+    onTestFinished(() => {
+      vi.unstubAllEnvs();
+    });
+    expect(resolveProxyOptions().caDir).toBe(join("/tmp/eg-home", ".config", "egressgate"));
+  });
+
+  it("the defaults live in one frozen object that resolving never changes", () => {
+    expect(Object.isFrozen(defaults)).toBe(true);
+    expect(Object.isFrozen(defaults.listen)).toBe(true);
+    expect(Object.isFrozen(defaults.timeouts)).toBe(true);
+    const resolved = resolveProxyOptions({ timeouts: { idleMs: 5 } });
+    expect(resolved.timeouts.idleMs).toBe(5);
+    expect(defaults.timeouts.idleMs).toBe(120_000);
+  });
+
+  it("given values are kept", () => {
+    const logSink = (): void => undefined;
+    const resolved = resolveProxyOptions({
+      env: { A: "1" },
+      listen: { host: "::1", port: 0 },
+      caDir: "/tmp/eg-ca",
+      resolve: { "API.Test.": ["127.0.0.1", "[::1]"] },
+      leafKeyType: "rsa",
+      leafCacheSize: 5,
+      maxRedirects: 0,
+      timeouts: { drainMs: 1 },
+      logLevel: "silent",
+      logSink,
+      guestEnvFile: "/tmp/eg-guest.env",
+    });
+    expect(resolved.env).toEqual({ A: "1" });
+    expect(resolved.listen).toEqual({ host: "::1", port: 0 });
+    expect(resolved.caDir).toBe("/tmp/eg-ca");
+    expect(resolved.staticHosts.get("api.test")).toEqual([
+      { ip: "127.0.0.1", family: 4 },
+      { ip: "::1", family: 6 },
+    ]);
+    expect(resolved.leafKeyType).toBe("rsa");
+    expect(resolved.leafCacheSize).toBe(5);
+    expect(resolved.maxRedirects).toBe(0);
+    expect(resolved.timeouts.drainMs).toBe(1);
+    expect(resolved.timeouts.idleMs).toBe(120_000);
+    expect(resolved.logLevel).toBe("silent");
+    expect(resolved.logSink).toBe(logSink);
+    expect(resolved.guestEnvFile).toBe("/tmp/eg-guest.env");
+  });
+});
+
+describe("resolveProxyOptions: unknown keys are refused with a hint", () => {
+  it("an unknown top-level option names the key and lists the known ones", () => {
+    const error = errorOf(() => resolveProxyOptions(untyped({ allowHosts: ["x"] })));
+    expect(error).toBeInstanceOf(TypeError);
+    expect(error.message).toMatch(/unknown option "allowHosts"/);
+    expect(error.message).toMatch(/known: .*httpHooks/);
+  });
+
+  it("an unknown timeout names timeouts.<key> and lists the known timeouts", () => {
+    const error = errorOf(() => resolveProxyOptions(untyped({ timeouts: { bogus: 1 } })));
+    expect(error).toBeInstanceOf(TypeError);
+    expect(error.message).toMatch(/"timeouts\.bogus"/);
+    expect(error.message).toMatch(/known: .*idleMs/);
+  });
+
+  it("an unknown listen key names listen.<key>, so a typo cannot silently listen on the default port", () => {
+    const error = errorOf(() => resolveProxyOptions(untyped({ listen: { prot: 0 } })));
+    expect(error).toBeInstanceOf(TypeError);
+    expect(error.message).toMatch(/listen\.prot/);
+  });
+});
+
+describe("resolveProxyOptions: each bad value names its option path", () => {
+  it("listen.port out of range is a RangeError naming listen.port and the value", () => {
+    const error = errorOf(() => resolveProxyOptions({ listen: { port: 70000 } }));
+    expect(error).toBeInstanceOf(RangeError);
+    expect(error.message).toMatch(/listen\.port/);
+    expect(error.message).toMatch(/70000/);
+    expect(() => resolveProxyOptions({ listen: { port: -1 } })).toThrow(RangeError);
+    expect(() => resolveProxyOptions({ listen: { port: 1.5 } })).toThrow(/listen\.port/);
+  });
+
+  it.each([
+    { name: "listen.port as a string", options: { listen: { port: "80" } }, path: /listen\.port/, type: TypeError },
+    { name: "listen.host with a space", options: { listen: { host: "a b" } }, path: /listen\.host/, type: TypeError },
+    { name: "listen as a string", options: { listen: "127.0.0.1:0" }, path: /listen/, type: TypeError },
+    { name: "resolve with a non-IP", options: { resolve: { "api.test": ["not-an-ip"] } }, path: /resolve\.api\.test.*not-an-ip/, type: TypeError },
+    { name: "resolve with no addresses", options: { resolve: { "api.test": [] } }, path: /resolve\.api\.test/, type: TypeError },
+    { name: "resolve with a bad hostname", options: { resolve: { "a b": ["127.0.0.1"] } }, path: /resolve.*"a b"/, type: TypeError },
+    { name: "upstreamCa as a string", options: { upstreamCa: "/x.pem" }, path: /upstreamCa/, type: TypeError },
+    { name: "upstreamCa with an empty entry", options: { upstreamCa: [""] }, path: /upstreamCa\[0\]/, type: TypeError },
+    { name: "timeouts.idleMs of 0", options: { timeouts: { idleMs: 0 } }, path: /timeouts\.idleMs/, type: RangeError },
+    { name: "timeouts.idleMs as a string", options: { timeouts: { idleMs: "5" } }, path: /timeouts\.idleMs/, type: TypeError },
+    { name: "logLevel", options: { logLevel: "loud" }, path: /logLevel.*loud/, type: TypeError },
+    { name: "leafKeyType", options: { leafKeyType: "dsa" }, path: /leafKeyType.*dsa/, type: TypeError },
+    { name: "leafCacheSize of 0", options: { leafCacheSize: 0 }, path: /leafCacheSize/, type: RangeError },
+    { name: "maxRedirects of -1", options: { maxRedirects: -1 }, path: /maxRedirects/, type: RangeError },
+    { name: "caDir empty", options: { caDir: "" }, path: /caDir/, type: TypeError },
+    { name: "guestEnvFile empty", options: { guestEnvFile: "" }, path: /guestEnvFile/, type: TypeError },
+    { name: "logSink not a function", options: { logSink: "stderr" }, path: /logSink/, type: TypeError },
+    { name: "env with a non-string value", options: { env: { A: 1 } }, path: /env\.A/, type: TypeError },
+    { name: "httpHooks not an object", options: { httpHooks: "deny" }, path: /httpHooks/, type: TypeError },
+    { name: "httpHooks.isIpAllowed not a function", options: { httpHooks: { isIpAllowed: true } }, path: /httpHooks\.isIpAllowed/, type: TypeError },
+  ])("$name", ({ options, path, type }) => {
+    const error = errorOf(() => resolveProxyOptions(untyped(options)));
+    expect(error).toBeInstanceOf(type);
+    expect(error.message).toMatch(path);
+  });
+
+  it("options that are not an object are refused", () => {
+    expect(() => resolveProxyOptions(null as unknown as ProxyOptions)).toThrow(/options must be an object/);
+  });
+
+  it("an upstreamCa path that does not exist names upstreamCa[i] and the path", () => {
+    const missing = join(tempDir(), "missing-ca.pem");
+    const error = errorOf(() => resolveProxyOptions({ upstreamCa: [missing] }));
+    expect(error).toBeInstanceOf(TypeError);
+    expect(error.message).toMatch(/upstreamCa\[0\]/);
+    expect(error.message).toContain(missing);
+  });
+
+  it("an upstreamCa file that holds no certificate names upstreamCa[i] and the path", () => {
+    const file = join(tempDir(), "not-a-ca.pem");
+    writeFileSync(file, "hello\n");
+    const error = errorOf(() => resolveProxyOptions({ upstreamCa: [file] }));
+    expect(error.message).toMatch(/upstreamCa\[0\]/);
+    expect(error.message).toContain(file);
+  });
+
+  it("upstreamCa takes PEM text as is and reads file paths", async () => {
+    const { certPem } = await testCa();
+    const file = join(tempDir(), "ca.pem");
+    writeFileSync(file, certPem);
+    expect(resolveProxyOptions({ upstreamCa: [certPem, file] }).upstreamCaPems).toEqual([certPem, certPem]);
+  });
+});
+
+describe("createHttpHooks: option validation", () => {
+  it("an unknown option is refused, naming it and the known options", () => {
+    const error = errorOf(() => createHttpHooks({ allowedHost: ["x.test"] } as unknown as Parameters<typeof createHttpHooks>[0]));
+    expect(error).toBeInstanceOf(TypeError);
+    expect(error.message).toMatch(/unknown option "allowedHost"/);
+    expect(error.message).toMatch(/allowedHosts/);
+  });
+
+  it("a bad pattern names allowedHosts[i] or allowedInternalHosts[i]", () => {
+    expect(() => createHttpHooks({ allowedHosts: ["ok.test", "https://x.test"] })).toThrow(/allowedHosts\[1\].*https:\/\/x\.test/);
+    expect(() => createHttpHooks({ allowedHosts: ["x.test:443"] })).toThrow(/allowedHosts\[0\]/);
+    expect(() => createHttpHooks({ allowedHosts: ["x.test/path"] })).toThrow(/allowedHosts\[0\]/);
+    expect(() => createHttpHooks({ allowedInternalHosts: ["ok.test", ""] })).toThrow(/allowedInternalHosts\[1\]/);
+    expect(() => createHttpHooks({ allowedHosts: "x.test" } as unknown as Parameters<typeof createHttpHooks>[0])).toThrow(/allowedHosts/);
+  });
+
+  it("blockInternalRanges must be a boolean", () => {
+    expect(() => createHttpHooks({ blockInternalRanges: "no" } as unknown as Parameters<typeof createHttpHooks>[0])).toThrow(
+      /blockInternalRanges/,
+    );
+  });
+
+  it("patterns are normalised to lowercase without a trailing dot", () => {
+    const created = createHttpHooks({ allowedHosts: ["API.Test."] });
+    expect(created.allowedHosts).toEqual(["api.test"]);
+    expect(declarativeConfigOf(created.httpHooks)?.allowedHosts).toEqual(["api.test"]);
+  });
+});
+
+describe("resolveProxyOptions: how the declarative tier is enforced", () => {
+  const options = { allowedHosts: ["public.test"], allowedInternalHosts: ["db.test"], blockInternalRanges: true };
+  const config = { allowedHosts: ["public.test"], allowedInternalHosts: ["db.test"], blockInternalRanges: true };
+
+  it("hooks straight from createHttpHooks run natively: no hook is called in the checks", () => {
+    const { httpHooks } = createHttpHooks(options);
+    const resolved = resolveProxyOptions({ httpHooks });
+    expect(resolved.declarative).toEqual(config);
+    expect(resolved.checkHooks).toEqual({});
+  });
+
+  it("a spread copy lost the configuration, so the native tier allows all and both generated hooks decide", () => {
+    const { httpHooks } = createHttpHooks(options);
+    const copy: HttpHooks = { ...httpHooks };
+    expect(declarativeConfigOf(copy)).toBeUndefined();
+    const resolved = resolveProxyOptions({ httpHooks: copy });
+    expect(resolved.declarative.allowedHosts).toEqual(["*"]);
+    expect(resolved.checkHooks.isRequestAllowed).toBe(httpHooks.isRequestAllowed);
+    expect(resolved.checkHooks.isIpAllowed).toBe(httpHooks.isIpAllowed);
+  });
+
+  it("the generated hooks a spread copy delegates to give the declarative answers", async () => {
+    const { httpHooks } = createHttpHooks(options);
+    const { checkHooks } = resolveProxyOptions({ httpHooks: { ...httpHooks } });
+    expect(await checkHooks.isRequestAllowed?.({ url: "https://public.test/x", method: "GET" })).toBe(true);
+    expect(await checkHooks.isRequestAllowed?.({ url: "https://DB.test./x", method: "GET" })).toBe(true);
+    expect(await checkHooks.isRequestAllowed?.({ url: "https://other.test/x", method: "GET" })).toBe(false);
+    expect(await checkHooks.isIpAllowed?.(ipInfo("public.test", "93.184.215.14"))).toBe(true);
+    expect(await checkHooks.isIpAllowed?.(ipInfo("public.test", "127.0.0.1"))).toBe(false);
+    expect(await checkHooks.isIpAllowed?.(ipInfo("db.test", "10.0.0.5"))).toBe(true);
+    expect(await checkHooks.isIpAllowed?.(ipInfo("db.test", "169.254.169.254"))).toBe(false);
+  });
+
+  it("a spread copy with isIpAllowed replaced keeps the recovered configuration native and calls only the replacement", () => {
+    const { httpHooks } = createHttpHooks(options);
+    const isIpAllowed = (): boolean => true;
+    const resolved = resolveProxyOptions({ httpHooks: { ...httpHooks, isIpAllowed } });
+    expect(resolved.declarative).toEqual(config);
+    expect(resolved.checkHooks.isIpAllowed).toBe(isIpAllowed);
+    expect(resolved.checkHooks.isRequestAllowed).toBeUndefined();
+  });
+
+  it("a spread copy with isRequestAllowed replaced keeps the recovered configuration native and calls only the replacement", () => {
+    const { httpHooks } = createHttpHooks(options);
+    const isRequestAllowed = (): boolean => true;
+    const resolved = resolveProxyOptions({ httpHooks: { ...httpHooks, isRequestAllowed } });
+    expect(resolved.declarative).toEqual(config);
+    expect(resolved.checkHooks.isRequestAllowed).toBe(isRequestAllowed);
+    expect(resolved.checkHooks.isIpAllowed).toBeUndefined();
+  });
+
+  it("hooks with no configuration at all are deny-all", () => {
+    const deny = { allowedHosts: [], allowedInternalHosts: [], blockInternalRanges: true };
+    expect(resolveProxyOptions({ httpHooks: {} }).declarative).toEqual(deny);
+    expect(resolveProxyOptions({ httpHooks: {} }).checkHooks).toEqual({});
+    const isIpAllowed = (): boolean => true;
+    const own = resolveProxyOptions({ httpHooks: { isIpAllowed } });
+    expect(own.declarative).toEqual(deny);
+    expect(own.checkHooks.isIpAllowed).toBe(isIpAllowed);
+  });
+});
