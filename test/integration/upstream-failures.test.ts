@@ -1,0 +1,60 @@
+import { createServer, type Server, type Socket } from "node:net";
+import { describe, expect, it, onTestFinished } from "vitest";
+import { fetchVia, startTestProxy } from "../helpers/proxy.js";
+import { startUpstream } from "../helpers/upstream.js";
+
+/** A TCP port on 127.0.0.1 that accepts connections and never answers. */
+async function silentServer(): Promise<number> {
+  const sockets = new Set<Socket>();
+  const server: Server = createServer((s) => {
+    sockets.add(s);
+    s.on("error", () => undefined);
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(async () => {
+    for (const s of sockets) s.destroy();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  });
+  return (server.address() as { port: number }).port;
+}
+
+/** A port that was free a moment ago: connecting to it is refused. */
+async function closedPort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as { port: number };
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
+}
+
+describe("upstream failures answer the guest and the proxy keeps serving", () => {
+  it("an upstream whose certificate is not trusted gets 502 naming the TLS failure", async () => {
+    const upstream = await startUpstream();
+    // No upstreamCa: the test upstream's CA is not among the system roots.
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstreamCa: [] });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`);
+    expect(res.status).toBe(502);
+    expect(res.text).toMatch(/^502 Bad Gateway: upstream TLS failed for api\.test:\d+/);
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it("a refused connection gets 502", async () => {
+    const port = await closedPort();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const res = await fetchVia(proxy, `http://api.test:${port}/`);
+    expect(res.status).toBe(502);
+    expect(res.text).toMatch(/ECONNREFUSED/);
+    expect(res.headers["x-egressgate-error"]).toBe("EG_UPSTREAM");
+  });
+
+  it("an upstream that never answers gets 504 after the headers timeout, and the next request still works", async () => {
+    const port = await silentServer();
+    const upstream = await startUpstream({ tls: false });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { upstreamHeadersMs: 300 } });
+    const res = await fetchVia(proxy, `http://api.test:${port}/`);
+    expect(res.status).toBe(504);
+    expect(res.headers["x-egressgate-error"]).toBe("EG_UPSTREAM_TIMEOUT");
+    const next = await fetchVia(proxy, `http://api.test:${upstream.port}/echo`);
+    expect(next.status).toBe(200);
+  });
+});

@@ -1,0 +1,75 @@
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
+import { createSecureContext } from "node:tls";
+import { describe, expect, it, onTestFinished } from "vitest";
+import { EgressError } from "../../src/errors.js";
+import { PinnedPools, sameAddress } from "../../src/upstream/pinned-pools.js";
+
+async function loopbackServer(): Promise<number> {
+  const server = createServer((_req, res) => res.end("ok"));
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(async () => {
+    server.closeAllConnections();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  });
+  return (server.address() as AddressInfo).port;
+}
+
+function pools(recheck: (hostname: string, remote: { ip: string }, port: number) => string | undefined): PinnedPools {
+  const p = new PinnedPools({
+    upstreamContext: createSecureContext({}),
+    maxPools: 2,
+    connectionsPerPool: 2,
+    connectTimeoutMs: 2_000,
+    headersTimeoutMs: 2_000,
+    bodyTimeoutMs: 2_000,
+    keepAliveTimeoutMs: 1_000,
+    recheck,
+  });
+  onTestFinished(() => p.close());
+  return p;
+}
+
+describe("pinned pools", () => {
+  it("dial the pinned address whatever the hostname, and pass the hostname to the re-check", async () => {
+    const port = await loopbackServer();
+    const seen: string[] = [];
+    const p = pools((hostname, remote) => {
+      seen.push(`${hostname}@${remote.ip}`);
+      return undefined;
+    });
+    const res = await p.get(new URL(`http://unresolvable.invalid:${port}`), { ip: "127.0.0.1", family: 4 }).request({ path: "/", method: "GET" });
+    expect(await res.body.text()).toBe("ok");
+    expect(seen).toEqual(["unresolvable.invalid@127.0.0.1"]);
+  });
+
+  it("refuse a connection whose remote address the re-check refuses, with a 403 EgressError", async () => {
+    const port = await loopbackServer();
+    const p = pools(() => "refused for the test");
+    const attempt = p.get(new URL(`http://api.test:${port}`), { ip: "127.0.0.1", family: 4 }).request({ path: "/", method: "GET" });
+    await expect(attempt).rejects.toSatisfy((e: unknown) => e instanceof EgressError && e.status === 403 && /refused for the test/.test(e.message));
+  });
+
+  it("are keyed by origin and IP and bounded, closing the least recently used", () => {
+    const p = pools(() => undefined);
+    const a = p.get(new URL("http://a.test"), { ip: "127.0.0.1", family: 4 });
+    expect(p.get(new URL("http://a.test"), { ip: "127.0.0.1", family: 4 })).toBe(a);
+    expect(p.get(new URL("http://a.test"), { ip: "127.0.0.2", family: 4 })).not.toBe(a);
+    p.get(new URL("http://b.test"), { ip: "127.0.0.1", family: 4 });
+    expect(p.size).toBe(2);
+    expect(p.get(new URL("http://a.test"), { ip: "127.0.0.1", family: 4 })).not.toBe(a);
+  });
+});
+
+describe("sameAddress", () => {
+  it.each([
+    ["127.0.0.1", "127.0.0.1", true],
+    ["::ffff:127.0.0.1", "127.0.0.1", true],
+    ["::1", "0:0:0:0:0:0:0:1", true],
+    ["fe80::1", "FE80:0::1", true],
+    ["127.0.0.1", "127.0.0.2", false],
+    ["::1", "127.0.0.1", false],
+  ])("%s and %s are the same address: %s", (a, b, same) => {
+    expect(sameAddress(a, b)).toBe(same);
+  });
+});
