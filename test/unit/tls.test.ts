@@ -1,0 +1,298 @@
+// @peculiar/x509 needs the Reflect metadata polyfill before it loads (see src/tls/x509.ts).
+import "reflect-metadata";
+import { execFile, spawnSync } from "node:child_process";
+import { X509Certificate } from "node:crypto";
+import { mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { connect, createServer, type SecureContext } from "node:tls";
+import { promisify } from "node:util";
+import * as x509 from "@peculiar/x509";
+import { describe, expect, it, onTestFinished } from "vitest";
+import { loadOrCreateCa, type LoadedCa } from "../../src/tls/ca-store.js";
+import { LeafCertCache } from "../../src/tls/leaf-cert-cache.js";
+import { LeafSigner, generateKeyPair, importKeyPair, parseCertificate, type CaMaterial, type LeafKeyType } from "../../src/tls/x509.js";
+
+const day = 24 * 60 * 60 * 1000;
+const run = promisify(execFile);
+const hasPython = spawnSync("python3", ["--version"]).status === 0;
+
+async function tempDir(): Promise<string> {
+  const dir = await mkdtemp(join(tmpdir(), "egressgate-tls-"));
+  onTestFinished(() => rm(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+async function freshCa(): Promise<LoadedCa> {
+  return loadOrCreateCa(await tempDir());
+}
+
+async function leafCache(ca: CaMaterial, options: { keyType?: LeafKeyType; maxEntries?: number; validityDays?: number } = {}) {
+  const signer = await LeafSigner.create(ca, options.keyType ?? "ecdsa");
+  const cache = new LeafCertCache(signer, { maxEntries: options.maxEntries ?? 100, validityDays: options.validityDays ?? 30 });
+  return { signer, cache };
+}
+
+/**
+ * A TLS server on 127.0.0.1:0 that answers every SNI name from the cache, as the proxy does.
+ * Clients send no SNI for an IP address (RFC 6066 §3), so `defaultName`'s leaf is the default.
+ */
+async function startTlsServer(signer: LeafSigner, cache: LeafCertCache, defaultName = "127.0.0.1"): Promise<number> {
+  const server = createServer({
+    key: signer.leafKey.privateKeyPem,
+    cert: (await signer.sign(defaultName, 30)).certPem,
+    SNICallback: (name, callback) => {
+      cache.get(name).then(
+        (context) => callback(null, context),
+        (error: Error) => callback(error),
+      );
+    },
+  });
+  server.on("secureConnection", (socket) => {
+    socket.on("error", () => undefined);
+    socket.end("ok\n");
+  });
+  server.on("tlsClientError", () => undefined);
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(() => new Promise<void>((resolve) => server.close(() => resolve())));
+  return (server.address() as { port: number }).port;
+}
+
+function handshake(port: number, caPem: string, servername?: string): Promise<X509Certificate> {
+  return new Promise((resolve, reject) => {
+    const socket = connect({ host: "127.0.0.1", port, ca: caPem, ...(servername === undefined ? {} : { servername }) }, () => {
+      const peer = socket.getPeerX509Certificate();
+      socket.destroy();
+      if (peer === undefined) reject(new Error("no peer certificate"));
+      else resolve(peer);
+    });
+    socket.on("error", reject);
+  });
+}
+
+describe("CA store", () => {
+  it("creates the CA on first load with ca.key mode 0600, and the second load reuses it unchanged", async () => {
+    const dir = await tempDir();
+    const first = await loadOrCreateCa(dir);
+    expect((await stat(first.keyPath)).mode & 0o777).toBe(0o600);
+    const keyPem = await readFile(first.keyPath, "utf8");
+    expect(await readFile(first.certPath, "utf8")).toBe(first.certPem);
+    const ca = new X509Certificate(first.certPem);
+    expect(ca.ca).toBe(true);
+    expect(ca.verify(ca.publicKey)).toBe(true);
+
+    const second = await loadOrCreateCa(dir);
+    expect(second.certPem).toBe(first.certPem);
+    expect(await readFile(second.keyPath, "utf8")).toBe(keyPem);
+  });
+
+  it("writes ca-bundle.crt holding the system roots and the CA, for a guest's SSL_CERT_FILE", async () => {
+    const ca = await freshCa();
+    expect(ca.bundlePath).toBe(join(ca.dir, "ca-bundle.crt"));
+    const bundle = await readFile(ca.bundlePath!, "utf8");
+    expect(bundle).toContain(ca.certPem.trim());
+    expect(bundle.split("BEGIN CERTIFICATE").length - 1).toBeGreaterThan(1);
+  });
+});
+
+describe("leaf certificates", () => {
+  it("a leaf carries a DNS SAN, serverAuth EKU, critical key usage, AKI/SKI, a positive serial and notBefore a day back", async () => {
+    const ca = await freshCa();
+    const { signer } = await leafCache(ca);
+    const before = Date.now();
+    const { certPem, notAfter } = await signer.sign("api.example.test", 30);
+    const leaf = new X509Certificate(certPem);
+    expect(leaf.verify(new X509Certificate(ca.certPem).publicKey)).toBe(true);
+    expect(leaf.checkIssued(new X509Certificate(ca.certPem))).toBe(true);
+    expect(leaf.ca).toBe(false);
+    expect(leaf.subjectAltName).toBe("DNS:api.example.test");
+    expect(leaf.checkHost("api.example.test")).toBe("api.example.test");
+    expect(leaf.checkHost("other.example.test")).toBeUndefined();
+    expect(leaf.keyUsage).toEqual(["1.3.6.1.5.5.7.3.1"]); // Node reports the EKU here
+    expect(leaf.serialNumber).toMatch(/^[4-7][0-9A-F]{31}$/);
+    expect(Math.abs(Date.parse(leaf.validFrom) - (before - day))).toBeLessThan(5_000);
+    expect(Date.parse(leaf.validTo)).toBe(notAfter);
+    expect(Math.abs(notAfter - (before + 30 * day))).toBeLessThan(5_000);
+
+    const parsed = new x509.X509Certificate(certPem);
+    const usage = parsed.getExtension(x509.KeyUsagesExtension);
+    expect(usage?.critical).toBe(true);
+    expect(usage?.usages).toBe(x509.KeyUsageFlags.digitalSignature);
+    expect(parsed.getExtension(x509.BasicConstraintsExtension)?.critical).toBe(true);
+    const caSki = parseCertificate(ca.certPem).getExtension(x509.SubjectKeyIdentifierExtension)?.keyId;
+    expect(parsed.getExtension(x509.AuthorityKeyIdentifierExtension)?.keyId).toBe(caSki);
+    expect(parsed.getExtension(x509.SubjectKeyIdentifierExtension)?.keyId).toMatch(/^[0-9a-f]{40}$/);
+    expect(parsed.issuer).toBe(parseCertificate(ca.certPem).subject);
+    expect(parsed.subject).toBe("CN=api.example.test");
+  });
+
+  it.each([
+    ["127.0.0.1", "IP Address:127.0.0.1"],
+    ["::1", "IP Address:0:0:0:0:0:0:0:1"],
+    ["2001:db8::a:1", "IP Address:2001:DB8:0:0:0:0:A:1"],
+    ["::ffff:10.0.0.1", "IP Address:0:0:0:0:0:FFFF:A00:1"],
+  ])("an IP name %s yields an IP SAN, not a DNS SAN", async (ip, san) => {
+    const { signer } = await leafCache(await freshCa());
+    const leaf = new X509Certificate((await signer.sign(ip, 30)).certPem);
+    expect(leaf.subjectAltName).toBe(san);
+    expect(leaf.checkIP(ip)).toBe(ip);
+  });
+
+  it("a name longer than 64 characters keeps its full SAN and gets a generic CN", async () => {
+    const { signer } = await leafCache(await freshCa());
+    const name = `${"a".repeat(60)}.example.test`;
+    const leaf = new X509Certificate((await signer.sign(name, 30)).certPem);
+    expect(leaf.subjectAltName).toBe(`DNS:${name}`);
+    expect(leaf.subject).toBe("CN=egressgate leaf");
+  });
+
+  it("an RSA-2048 leaf has keyEncipherment, and an RSA CA signs with sha256WithRSAEncryption", async () => {
+    const caKey = await generateKeyPair("rsa");
+    const caCert = await x509.X509CertificateGenerator.createSelfSigned({
+      serialNumber: "01",
+      name: "CN=test RSA CA",
+      notBefore: new Date(Date.now() - day),
+      notAfter: new Date(Date.now() + day),
+      signingAlgorithm: { name: "RSASSA-PKCS1-v1_5", hash: "SHA-256" },
+      keys: caKey.keys,
+      extensions: [new x509.BasicConstraintsExtension(true, 0, true)],
+    });
+    const ca: CaMaterial = { cert: caCert, key: await importKeyPair(caKey.privateKeyPem) };
+    const signer = await LeafSigner.create(ca, "rsa");
+    const { certPem } = await signer.sign("legacy.example.test", 30);
+    const leaf = new x509.X509Certificate(certPem);
+    expect(leaf.signatureAlgorithm).toMatchObject({ name: "RSASSA-PKCS1-v1_5", hash: { name: "SHA-256" } });
+    expect(leaf.getExtension(x509.KeyUsagesExtension)?.usages).toBe(
+      x509.KeyUsageFlags.digitalSignature | x509.KeyUsageFlags.keyEncipherment,
+    );
+    expect(new X509Certificate(certPem).verify(new X509Certificate(caCert.toString("pem")).publicKey)).toBe(true);
+  });
+
+  it("a leaf's AKI repeats the CA's SKI even when the CA derived it other than from the key, and Node accepts the chain", async () => {
+    const dir = await tempDir();
+    const caKey = await generateKeyPair("ecdsa");
+    const caCert = await x509.X509CertificateGenerator.createSelfSigned({
+      serialNumber: "01",
+      name: "CN=Operator CA, O=Example\\, Inc.",
+      notBefore: new Date(Date.now() - day),
+      notAfter: new Date(Date.now() + day),
+      signingAlgorithm: { name: "ECDSA", hash: "SHA-256" },
+      keys: caKey.keys,
+      extensions: [
+        new x509.BasicConstraintsExtension(true, 0, true),
+        new x509.KeyUsagesExtension(x509.KeyUsageFlags.keyCertSign, true),
+        new x509.SubjectKeyIdentifierExtension("00112233445566778899"),
+      ],
+    });
+    await writeFile(join(dir, "ca.key"), caKey.privateKeyPem, { mode: 0o600 });
+    await writeFile(join(dir, "ca.crt"), caCert.toString("pem"));
+    const ca = await loadOrCreateCa(dir);
+    const { signer, cache } = await leafCache(ca);
+    const leaf = new x509.X509Certificate((await signer.sign("op.example.test", 30)).certPem);
+    expect(leaf.getExtension(x509.AuthorityKeyIdentifierExtension)?.keyId).toBe("00112233445566778899");
+    expect(leaf.issuer).toBe("CN=Operator CA, O=Example\\, Inc.");
+    const port = await startTlsServer(signer, cache);
+    expect((await handshake(port, ca.certPem, "op.example.test")).subjectAltName).toBe("DNS:op.example.test");
+  });
+
+  it("a name that is not an ASCII hostname or IP is refused", async () => {
+    const { signer } = await leafCache(await freshCa());
+    await expect(signer.sign("bücher.example", 30)).rejects.toThrow(TypeError);
+    await expect(signer.sign("", 30)).rejects.toThrow(/not an ASCII hostname or IP/);
+  });
+});
+
+describe("leaf cache", () => {
+  it("concurrent get() calls for one name share a single signing and context", async () => {
+    const { cache } = await leafCache(await freshCa());
+    const contexts = await Promise.all(Array.from({ length: 8 }, () => cache.get("same.example.test")));
+    expect(cache.signed).toBe(1);
+    expect(cache.size).toBe(1);
+    expect(new Set<SecureContext>(contexts).size).toBe(1);
+  });
+
+  it("evicts the least recently used name beyond maxEntries", async () => {
+    const { cache } = await leafCache(await freshCa(), { maxEntries: 2 });
+    await cache.get("a.test");
+    await cache.get("b.test");
+    await cache.get("a.test"); // a is now the most recently used
+    await cache.get("c.test"); // evicts b
+    expect(cache.size).toBe(2);
+    expect(cache.signed).toBe(3);
+    await cache.get("a.test");
+    expect(cache.signed).toBe(3);
+    await cache.get("b.test");
+    expect(cache.signed).toBe(4);
+    expect(cache.size).toBe(2);
+  });
+
+  it("a leaf within a day of its notAfter is signed again", async () => {
+    const { cache } = await leafCache(await freshCa(), { validityDays: 1 });
+    await cache.get("short.test");
+    await cache.get("short.test");
+    expect(cache.signed).toBe(2);
+  });
+
+  it("a failed signing is not cached, so the next get() tries again", async () => {
+    const { cache } = await leafCache(await freshCa());
+    await expect(cache.get("bad\u00e9.test")).rejects.toThrow(TypeError);
+    expect(cache.size).toBe(0);
+    await expect(cache.get("bad\u00e9.test")).rejects.toThrow(TypeError);
+    expect(cache.signed).toBe(0);
+  });
+});
+
+describe("real TLS handshakes on 127.0.0.1", () => {
+  it.each(["ecdsa", "rsa"] as const)(
+    "Node's tls.connect with the CA and a servername accepts the cached %s leaf, and refuses it under another CA",
+    async (keyType) => {
+      const ca = await freshCa();
+      const { signer, cache } = await leafCache(ca, { keyType });
+      const port = await startTlsServer(signer, cache);
+
+      const peer = await handshake(port, ca.certPem, "api.example.test");
+      expect(peer.subjectAltName).toBe("DNS:api.example.test");
+      expect(peer.publicKey.asymmetricKeyType).toBe(keyType === "ecdsa" ? "ec" : "rsa");
+      expect(cache.signed).toBe(1);
+      await handshake(port, ca.certPem, "api.example.test");
+      expect(cache.signed).toBe(1);
+
+      const ipPeer = await handshake(port, ca.certPem);
+      expect(ipPeer.subjectAltName).toBe("IP Address:127.0.0.1");
+
+      const other = await freshCa();
+      await expect(handshake(port, other.certPem, "api.example.test")).rejects.toMatchObject({
+        code: "UNABLE_TO_VERIFY_LEAF_SIGNATURE",
+      });
+    },
+  );
+
+  it.for(["ecdsa", "rsa"] as const)(
+    "Python's ssl module with cafile=CA and check_hostname verifies the %s leaf by name and by IP",
+    async (keyType, context) => {
+      context.skip(!hasPython, "python3 is not on PATH: the Python client acceptance test needs Python 3");
+      const ca = await freshCa();
+      const { signer, cache } = await leafCache(ca, { keyType });
+      const port = await startTlsServer(signer, cache);
+      // VERIFY_X509_STRICT is in Python 3.13's default context; set it so older Pythons check the same.
+      const script = `
+import socket, ssl, sys
+port, cafile = int(sys.argv[1]), sys.argv[2]
+ctx = ssl.create_default_context(cafile=cafile)
+assert ctx.check_hostname and ctx.verify_mode == ssl.CERT_REQUIRED
+ctx.verify_flags |= ssl.VERIFY_X509_STRICT
+for name in ("api.example.test", "127.0.0.1"):
+    with socket.create_connection(("127.0.0.1", port)) as raw:
+        with ctx.wrap_socket(raw, server_hostname=name) as tls:
+            print(name, tls.version(), tls.getpeercert()["subjectAltName"][0][0])
+`;
+      const { stdout } = await run("python3", ["-c", script, String(port), ca.certPath]);
+      expect(stdout).toMatch(/^api\.example\.test TLSv1\.3 DNS\n127\.0\.0\.1 TLSv1\.3 IP Address\n$/);
+
+      const other = await freshCa();
+      await expect(run("python3", ["-c", script, String(port), other.certPath])).rejects.toMatchObject({
+        stderr: expect.stringContaining("CERTIFICATE_VERIFY_FAILED"),
+      });
+    },
+  );
+});
