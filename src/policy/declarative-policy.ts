@@ -3,7 +3,7 @@ import { sameAddress } from "../upstream/pinned-pools.js";
 import type { ResolvedAddress } from "../upstream/resolve.js";
 import { allow, deny, type Decision } from "./decision.js";
 import { compileHostPatterns, type HostMatcher } from "./host-pattern.js";
-import { classifyIp } from "./ip-classify.js";
+import { classifyIp, type IpClassification } from "./ip-classify.js";
 
 /** The declarative tier, validated. */
 export interface DeclarativeConfig {
@@ -27,6 +27,7 @@ const tier = "declarative";
 export class DeclarativePolicy {
   private readonly hosts: HostMatcher;
   private readonly internalHosts: HostMatcher;
+  private readonly classifications = new Map<string, IpClassification>();
 
   constructor(
     readonly config: DeclarativeConfig,
@@ -34,6 +35,17 @@ export class DeclarativePolicy {
   ) {
     this.hosts = compileHostPatterns(config.allowedHosts);
     this.internalHosts = compileHostPatterns(config.allowedInternalHosts);
+  }
+
+  /** The same few upstream IPs come back on every request; classifying is pure, so memoise it. */
+  private classify(ip: string): IpClassification {
+    let c = this.classifications.get(ip);
+    if (c === undefined) {
+      c = classifyIp(ip);
+      if (this.classifications.size >= classificationCacheSize) this.classifications.clear();
+      this.classifications.set(ip, c);
+    }
+    return c;
   }
 
   checkHost(hostname: string): Decision {
@@ -61,7 +73,7 @@ export class DeclarativePolicy {
         return deny(tier, "self", `host "${name}" resolves to ${address.ip}:${port}, egressgate's own listening address`);
       }
     }
-    const c = classifyIp(address.ip);
+    const c = this.classify(address.ip);
     const shown = c.embeddedIPv4 !== undefined ? `${address.ip} (${c.embeddedIPv4})` : address.ip;
     if (c.metadata) {
       return deny(tier, "metadata", `host "${name}" resolves to ${shown}, a cloud metadata address`);
@@ -76,6 +88,8 @@ export class DeclarativePolicy {
     return deny(tier, `internal:${c.category}`, `host "${name}" resolves to ${shown}, a ${c.category} address${hint}`);
   }
 }
+
+const classificationCacheSize = 4096;
 
 function bare(hostname: string): string {
   return hostname.startsWith("[") ? hostname.slice(1, -1) : hostname;

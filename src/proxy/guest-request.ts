@@ -105,11 +105,14 @@ function checkSameHost(hostname: string, tunnel: TunnelTarget, what: string): vo
   }
 }
 
+/**
+ * One parse of `origin + path`. Safe to concatenate: `path` starts with "/", so the authority
+ * is already closed and even `//evil.test/x` stays a path on this origin.
+ */
 function build(protocol: string, hostname: string, port: number, path: string): URL {
   const defaultPort = protocol === "https:" ? 443 : 80;
-  const url = new URL(`${protocol}//${hostname}${port === defaultPort ? "" : `:${port}`}`);
-  const q = path.indexOf("?");
-  url.pathname = q < 0 ? path : path.slice(0, q);
-  if (q >= 0) url.search = path.slice(q);
+  const origin = `${protocol}//${hostname}${port === defaultPort ? "" : `:${port}`}`;
+  const url = new URL(`${origin}${path.startsWith("/") ? path : `/${path}`}`);
+  url.hash = "";
   return url;
 }
