@@ -22,13 +22,17 @@ const stderrSink: LogSink = (line) => {
   process.stderr.write(line);
 };
 
-/** A logger that drops everything below `level` before building the line. */
-export function createLogger(level: LogLevel = "info", sink: LogSink = stderrSink): Logger {
+/**
+ * A logger that drops everything below `level` before building the line. `redact` sees every
+ * finished line, so no field (an error message, a URL) can carry a secret value out.
+ */
+export function createLogger(level: LogLevel = "info", sink: LogSink = stderrSink, redact?: (line: string) => string): Logger {
   const min = rank[level];
   const write = (lvl: LogLevel, msg: string, fields?: LogFields): void => {
     if (rank[lvl] < min) return;
     const entry = { time: new Date().toISOString(), level: lvl, msg, ...fields };
-    sink(`${JSON.stringify(entry, errorReplacer)}\n`);
+    const line = JSON.stringify(entry, errorReplacer);
+    sink(`${redact === undefined ? line : redact(line)}\n`);
   };
   return {
     level,

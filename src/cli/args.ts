@@ -23,6 +23,38 @@ export function parseListen(value: string): { host: string; port: number } {
   return { host: host.startsWith("[") ? host.slice(1, -1) : host, port };
 }
 
+/**
+ * `NAME@HOST[,HOST...][=VALUE]`: split at the first "@", then at the first "=" after it, so a
+ * value may contain both. Without "=VALUE" the value comes from the environment variable NAME.
+ */
+export function parseHostSecret(spec: string, env: NodeJS.ProcessEnv): { name: string; hosts: string[]; value: string } {
+  const at = spec.indexOf("@");
+  if (at <= 0) throw new UsageError(`--host-secret: expected NAME@HOST[,HOST...][=VALUE], got ${JSON.stringify(redactSpec(spec))}`);
+  const name = spec.slice(0, at);
+  const rest = spec.slice(at + 1);
+  const eq = rest.indexOf("=");
+  const hostList = eq < 0 ? rest : rest.slice(0, eq);
+  const hosts = hostList.split(",").map((h) => h.trim()).filter((h) => h !== "");
+  if (hosts.length === 0) throw new UsageError(`--host-secret ${name}: no hosts given (NAME@HOST[,HOST...][=VALUE])`);
+  let value: string;
+  if (eq >= 0) value = rest.slice(eq + 1);
+  else {
+    const fromEnv = env[name];
+    if (fromEnv === undefined) {
+      throw new UsageError(`--host-secret ${name}: no =VALUE given and the environment variable ${name} is not set`);
+    }
+    value = fromEnv;
+  }
+  if (value === "") throw new UsageError(`--host-secret ${name}: the value is empty`);
+  return { name, hosts, value };
+}
+
+/** A malformed spec may still hold a value: show only what precedes any "=". */
+function redactSpec(spec: string): string {
+  const eq = spec.indexOf("=");
+  return eq < 0 ? spec : `${spec.slice(0, eq)}=…`;
+}
+
 /** `HOST=IP[,IP]` entries into the `resolve` option. */
 export function parseResolve(values: readonly string[]): Record<string, string[]> {
   const out: Record<string, string[]> = {};
@@ -45,7 +77,7 @@ function strings(value: unknown): string[] {
 }
 
 /** Parses argv (without node and script) into a command. Throws UsageError on bad input. */
-export function parseCli(argv: readonly string[]): CliCommand {
+export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = process.env): CliCommand {
   let command: CliCommand | undefined;
   const parser = yargs([...argv])
     .scriptName("egressgate")
@@ -60,6 +92,8 @@ export function parseCli(argv: readonly string[]): CliCommand {
           .option("allow-host", { type: "string", array: true, describe: "host pattern that may be reached (* matches any run); repeatable" })
           .option("allow-internal-host", { type: "string", array: true, describe: "host pattern that may resolve to internal addresses; repeatable" })
           .option("block-internal-ranges", { type: "boolean", default: true, describe: "refuse internal addresses (--no-block-internal-ranges to allow)" })
+          .option("host-secret", { type: "string", array: true, describe: "NAME@HOST[,HOST...][=VALUE]: the guest gets a placeholder for it (value from $NAME if no =VALUE); repeatable" })
+          .option("replace-secrets-in-query", { type: "boolean", default: false, describe: "also substitute placeholders in query strings" })
           .option("resolve", { type: "string", array: true, describe: "static name: HOST=IP[,IP]; repeatable" })
           .option("upstream-ca", { type: "string", array: true, describe: "extra PEM root for upstream TLS; repeatable" })
           .option("guest-env-file", { type: "string", describe: "write the guest environment (KEY=value lines) to FILE" })
@@ -71,12 +105,20 @@ export function parseCli(argv: readonly string[]): CliCommand {
         if (!Number.isInteger(maxRedirects) || maxRedirects < 0) {
           throw new UsageError(`--max-redirects: expected a non-negative integer, got ${String(maxRedirects)}`);
         }
+        const secrets: Record<string, { hosts: string[]; value: string }> = {};
+        for (const spec of strings(args["host-secret"])) {
+          const { name, hosts, value } = parseHostSecret(spec, env);
+          if (secrets[name] !== undefined) throw new UsageError(`--host-secret ${name}: given twice`);
+          secrets[name] = { hosts, value };
+        }
         let hooks: ReturnType<typeof createHttpHooks>;
         try {
           hooks = createHttpHooks({
             allowedHosts: strings(args["allow-host"]),
             allowedInternalHosts: strings(args["allow-internal-host"]),
             blockInternalRanges: args["block-internal-ranges"],
+            secrets,
+            replaceSecretsInQuery: args["replace-secrets-in-query"],
           });
         } catch (error) {
           throw new UsageError(cliMessage((error as Error).message));
@@ -109,6 +151,7 @@ export function parseCli(argv: readonly string[]): CliCommand {
       command = { kind: "env", caDir: optionalString(args["ca-dir"]), listen };
     })
     .strict()
+    .wrap(100)
     .help()
     .version(false)
     .exitProcess(false)
@@ -127,6 +170,8 @@ export function parseCli(argv: readonly string[]): CliCommand {
 function cliMessage(message: string): string {
   return message
     .replace(/^createHttpHooks: /, "")
+    .replace(/^secrets\.(\w+)\.hosts(\[\d+\])?/, "--host-secret $1")
+    .replace(/^secrets\.(\w+)(\.value)?/, "--host-secret $1")
     .replace(/allowedInternalHosts(\[\d+\])?/, "--allow-internal-host")
     .replace(/allowedHosts(\[\d+\])?/, "--allow-host");
 }

@@ -1,6 +1,7 @@
 import { compileHostPatterns, validateHostPattern } from "../policy/host-pattern.js";
 import type { DeclarativeConfig } from "../policy/declarative-policy.js";
 import { classifyIp } from "../policy/ip-classify.js";
+import { SecretStore, type SecretInfo, type SecretOptions } from "../policy/secrets.js";
 
 /** What `isIpAllowed` is asked about: one resolved address of the destination. */
 export interface IpInfo {
@@ -28,11 +29,23 @@ export interface HttpHooksOptions {
   readonly allowedInternalHosts?: readonly string[];
   /** Refuse loopback, private, link-local and other internal addresses. Default: true. */
   readonly blockInternalRanges?: boolean;
+  /**
+   * Secrets the guest holds only as placeholders: `{ GH_TOKEN: { hosts: ["api.github.com"], value } }`.
+   * The placeholder is replaced by the value in requests to those hosts, and refused anywhere else.
+   */
+  readonly secrets?: Readonly<Record<string, SecretOptions>>;
+  /** Also substitute placeholders in the query string (names and values). Default: false. */
+  readonly replaceSecretsInQuery?: boolean;
 }
 
-/** Secret management arrives with the secrets work; until then there is nothing to list. */
+/** Changes secrets at run time; every change applies to the next request. */
 export interface SecretManager {
-  listSecrets(): readonly { name: string; placeholder: string; hosts: readonly string[]; deleted: boolean }[];
+  /** Name, placeholder, hosts and whether deleted; never the value. */
+  listSecrets(): SecretInfo[];
+  /** Rotates the value or changes the hosts. The old value is refused everywhere from then on. Throws for an unknown or deleted name. */
+  updateSecret(name: string, change: { value?: string; hosts?: readonly string[] }): void;
+  /** Deletes a secret: its placeholder becomes "" and its value is refused everywhere. Safe to call twice. */
+  deleteSecret(name: string): void;
 }
 
 export interface CreatedHttpHooks {
@@ -50,7 +63,7 @@ export interface CreatedHttpHooks {
  */
 const declarativeKey = Symbol.for("egressgate.declarative");
 
-const knownOptions = new Set(["allowedHosts", "allowedInternalHosts", "blockInternalRanges"]);
+const knownOptions = new Set(["allowedHosts", "allowedInternalHosts", "blockInternalRanges", "secrets", "replaceSecretsInQuery"]);
 
 function patternList(value: unknown, name: string): string[] {
   if (value === undefined) return [];
@@ -77,10 +90,22 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
   if (options.blockInternalRanges !== undefined && typeof options.blockInternalRanges !== "boolean") {
     throw new TypeError("createHttpHooks: blockInternalRanges must be a boolean");
   }
+  if (options.replaceSecretsInQuery !== undefined && typeof options.replaceSecretsInQuery !== "boolean") {
+    throw new TypeError("createHttpHooks: replaceSecretsInQuery must be a boolean");
+  }
+  if (options.secrets !== undefined && (typeof options.secrets !== "object" || options.secrets === null || Array.isArray(options.secrets))) {
+    throw new TypeError("createHttpHooks: secrets must be an object of { NAME: { hosts, value } }");
+  }
+  const secrets = new SecretStore(options.secrets ?? {}, options.replaceSecretsInQuery ?? false, (hosts, path) => {
+    const list = patternList(hosts, path);
+    if (list.length === 0) throw new TypeError(`${path}: a secret needs at least one host`);
+    return Object.freeze(list);
+  });
   const config: DeclarativeConfig = Object.freeze({
     allowedHosts: Object.freeze(patternList(options.allowedHosts, "allowedHosts")),
     allowedInternalHosts: Object.freeze(patternList(options.allowedInternalHosts, "allowedInternalHosts")),
     blockInternalRanges: options.blockInternalRanges ?? true,
+    ...(secrets.size > 0 ? { secrets } : {}),
   });
   const hosts = compileHostPatterns([...config.allowedHosts, ...config.allowedInternalHosts]);
   const internal = compileHostPatterns(config.allowedInternalHosts);
@@ -99,9 +124,13 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
   }
   return {
     httpHooks,
-    env: Object.freeze({}),
+    env: Object.freeze(secrets.env()),
     allowedHosts: config.allowedHosts,
-    secretManager: { listSecrets: () => [] },
+    secretManager: {
+      listSecrets: () => secrets.list(),
+      updateSecret: (name, change) => secrets.update(name, change),
+      deleteSecret: (name) => secrets.delete(name),
+    },
   };
 }
 

@@ -40,7 +40,8 @@ export class Pipeline {
   async handle(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
     let request = initial;
     for (let redirects = 0; ; redirects++) {
-      // §3 step 2 (onRequest) and step 3 (secrets) run here once their tiers exist.
+      // §3 step 2 (onRequest) runs here once the hook tiers exist.
+      request = this.substituteSecrets(request);
       const target = await this.authorize(request);
       if (request.body !== null) context.beforeBody?.();
       const upstream = await this.send(request, target.address);
@@ -59,6 +60,14 @@ export class Pipeline {
       }
       request = nextHop(request, upstream.status, location);
     }
+  }
+
+  /** §3 step 3: placeholders become values for the final destination; misplaced secrets refuse the request. */
+  private substituteSecrets(request: OutboundRequest): OutboundRequest {
+    const secrets = this.options.policy.config.secrets;
+    if (secrets === undefined) return request;
+    const changed = secrets.apply(request, request.url.hostname.replace(/^\[|\]$/g, ""));
+    return changed === undefined ? request : { ...request, headers: changed.headers, url: changed.url };
   }
 
   /** §3 step 4: every check must allow, and the first denial wins. */

@@ -4,12 +4,15 @@ import type { ResolvedAddress } from "../upstream/resolve.js";
 import { allow, deny, type Decision } from "./decision.js";
 import { compileHostPatterns, type HostMatcher } from "./host-pattern.js";
 import { classifyIp, type IpClassification } from "./ip-classify.js";
+import type { SecretStore } from "./secrets.js";
 
 /** The declarative tier, validated. */
 export interface DeclarativeConfig {
   readonly allowedHosts: readonly string[];
   readonly allowedInternalHosts: readonly string[];
   readonly blockInternalRanges: boolean;
+  /** Live: secretManager changes apply to the next request. */
+  readonly secrets?: SecretStore;
 }
 
 /** An address the proxy listens on: dialling it would loop the proxy into itself. */

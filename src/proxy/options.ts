@@ -107,11 +107,15 @@ const knownKeys = [
 ];
 
 const denyAll: DeclarativeConfig = Object.freeze({ allowedHosts: [], allowedInternalHosts: [], blockInternalRanges: true });
-const allowAllDelegated: DeclarativeConfig = Object.freeze({
-  allowedHosts: ["*"],
-  allowedInternalHosts: ["*"],
-  blockInternalRanges: false,
-});
+/** The allowlist and the IP block are left to the generated functions; secrets stay native. */
+function delegatedConfig(recovered: DeclarativeConfig): DeclarativeConfig {
+  return Object.freeze({
+    allowedHosts: ["*"],
+    allowedInternalHosts: ["*"],
+    blockInternalRanges: false,
+    ...(recovered.secrets !== undefined ? { secrets: recovered.secrets } : {}),
+  });
+}
 
 function fail(path: string, message: string, value: unknown): never {
   throw new TypeError(`startProxy: ${path} ${message} (got ${JSON.stringify(value) ?? String(value)})`);
@@ -162,7 +166,7 @@ function declarativeMode(hooks: HttpHooks): Pick<ResolvedProxyOptions, "declarat
     checkHooks.isRequestAllowed = hooks.isRequestAllowed;
   }
   if (hooks.isIpAllowed !== undefined && (delegated || generatedIp === undefined)) checkHooks.isIpAllowed = hooks.isIpAllowed;
-  if (delegated) return { declarative: allowAllDelegated, checkHooks };
+  if (delegated) return { declarative: delegatedConfig(generatedAllow), checkHooks };
   return { declarative: native ?? generatedAllow ?? generatedIp ?? denyAll, checkHooks };
 }
 

@@ -46,7 +46,9 @@ const maxHeaderBytes = 64 * 1024;
  */
 export async function startProxy(options: ProxyOptions = {}): Promise<RunningProxy> {
   const config = resolveProxyOptions(options);
-  const log = createLogger(config.logLevel, config.logSink);
+  const secrets = config.declarative.secrets;
+  const redact = secrets === undefined ? undefined : (text: string): string => secrets.redact(text);
+  const log = createLogger(config.logLevel, config.logSink, redact);
   const authority = await createTlsAuthority({
     caDir: config.caDir,
     leafKeyType: config.leafKeyType,
@@ -77,7 +79,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     maxRedirects: config.maxRedirects,
   });
 
-  const guest = new GuestSide(config, log, pipeline, policy);
+  const guest = new GuestSide(config, log, pipeline, policy, redact);
   const inner = guest.createServer();
   const outer = guest.createServer();
   outer.on("connection", (socket: Socket) => guest.track(socket));
@@ -157,6 +159,7 @@ class GuestSide {
     private readonly log: Logger,
     private readonly pipeline: Pipeline,
     private readonly policy: DeclarativePolicy,
+    private readonly redact: ((text: string) => string) | undefined,
   ) {}
 
   createServer(): Server {
@@ -261,8 +264,10 @@ class GuestSide {
         });
       });
     } catch (error) {
-      const err = asEgressError(error);
+      let err = asEgressError(error);
       if (err.status >= 500 && !(error instanceof EgressError)) this.log.error("internal error", { id, error });
+      // Error bodies are built from messages that may quote upstream errors: never let a value through.
+      if (this.redact !== undefined) err = new EgressError(err.code, err.status, this.redact(err.message));
       sendError(res, err, !req.complete);
       this.logDecision({ id, method: req.method ?? "", target, status: err.status, reason: err.message, code: err.code, started });
     }

@@ -3,12 +3,20 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { ProxyAgent, request } from "undici";
 import { onTestFinished } from "vitest";
-import { createHttpHooks, startProxy, type HttpHooksOptions, type ProxyOptions, type RunningProxy } from "../../src/index.js";
+import {
+  createHttpHooks,
+  startProxy,
+  type HttpHooksOptions,
+  type ProxyOptions,
+  type RunningProxy,
+  type SecretManager,
+} from "../../src/index.js";
 import { testCa } from "./test-ca.js";
 
 export interface TestProxy extends RunningProxy {
   readonly caDir: string;
   readonly logs: Record<string, unknown>[];
+  readonly secretManager: SecretManager;
 }
 
 /** A fresh temporary directory, removed when the test finishes. */
@@ -29,7 +37,7 @@ export async function startTestProxy(
   const caDir = options.caDir ?? tempDir();
   const logs: Record<string, unknown>[] = [];
   const ca = await testCa();
-  const { httpHooks, env } = createHttpHooks(hooks);
+  const { httpHooks, env, secretManager } = createHttpHooks(hooks);
   const proxy = await startProxy({
     httpHooks,
     env,
@@ -42,7 +50,7 @@ export async function startTestProxy(
     resolve: { "api.test": ["127.0.0.1"], "other.test": ["127.0.0.1"], ...options.resolve },
   });
   onTestFinished(() => proxy.close());
-  return Object.assign(proxy, { caDir, logs });
+  return Object.assign(proxy, { caDir, logs, secretManager });
 }
 
 /** undici through the proxy, trusting the proxy's CA, as a guest would. */

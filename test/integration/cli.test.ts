@@ -43,8 +43,8 @@ function cliEnv(): NodeJS.ProcessEnv {
 }
 
 /** Spawns the built CLI; it is killed (after at most `limitMs`, or when the test ends) and awaited. */
-function startCli(args: readonly string[], limitMs = 20_000): Cli {
-  const child = spawn(process.execPath, [bin, ...args], { cwd: root, env: cliEnv(), stdio: ["ignore", "pipe", "pipe"] });
+function startCli(args: readonly string[], limitMs = 20_000, extraEnv: NodeJS.ProcessEnv = {}): Cli {
+  const child = spawn(process.execPath, [bin, ...args], { cwd: root, env: { ...cliEnv(), ...extraEnv }, stdio: ["ignore", "pipe", "pipe"] });
   let out = "";
   let err = "";
   child.stdout.setEncoding("utf8").on("data", (chunk: string) => (out += chunk));
@@ -101,8 +101,8 @@ async function runCli(args: readonly string[]): Promise<{ code: number | null; s
 }
 
 /** Starts the proxy and returns its port once the listening line is out. */
-async function serve(args: readonly string[]): Promise<{ cli: Cli; port: number; url: string }> {
-  const cli = startCli(["--listen", "127.0.0.1:0", "--log-level", "warn", ...args]);
+async function serve(args: readonly string[], extraEnv: NodeJS.ProcessEnv = {}): Promise<{ cli: Cli; port: number; url: string }> {
+  const cli = startCli(["--listen", "127.0.0.1:0", "--log-level", "warn", ...args], 20_000, extraEnv);
   const match = await cli.waitForStdout(listeningLine);
   const port = Number(match[1]);
   return { cli, port, url: `http://127.0.0.1:${port}` };
@@ -213,6 +213,51 @@ describe("egressgate serve", () => {
     for (const name of ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"]) {
       expect(readFileSync(env[name] ?? "", "utf8")).toContain(caPem.trim());
     }
+  });
+});
+
+describe("egressgate --host-secret", () => {
+  it("gives the guest a placeholder, substitutes the value from the environment for its host, and never logs it", async () => {
+    const dir = tempDir();
+    const caDir = join(dir, "ca");
+    const envFile = join(dir, "guest.env");
+    const upstream = await startUpstream();
+    const value = "tok-from-env=@value";
+    const cli = startCli(
+      [
+        "--listen", "127.0.0.1:0",
+        "--ca-dir", caDir,
+        "--allow-internal-host", "api.test",
+        "--resolve", "api.test=127.0.0.1",
+        "--upstream-ca", await upstreamCaFile(dir),
+        "--host-secret", "GH_TOKEN@api.test",
+        "--guest-env-file", envFile,
+        "--log-level", "debug",
+      ],
+      20_000,
+      { GH_TOKEN: value },
+    );
+    const url = `http://127.0.0.1:${(await cli.waitForStdout(listeningLine))[1]!}`;
+    const guestEnv = readFileSync(envFile, "utf8");
+    const placeholder = /^GH_TOKEN=(EGRESSGATE_SECRET_[0-9a-f]{48})$/m.exec(guestEnv)?.[1];
+    expect(placeholder).toBeDefined();
+    expect(guestEnv).not.toContain(value);
+    const res = await curl([
+      "-sS", "-x", url, "--cacert", join(caDir, "ca.crt"),
+      "-H", `Authorization: Bearer ${placeholder!}`,
+      `https://api.test:${upstream.port}/echo`,
+    ]);
+    expect(JSON.parse(res.stdout)).toMatchObject({ headers: { authorization: `Bearer ${value}` } });
+    // The decision line is written once the response has finished, which may trail curl's exit.
+    for (let i = 0; i < 40 && !cli.stderr().includes('"msg":"request"'); i++) await new Promise((r) => setTimeout(r, 50));
+    expect(cli.stderr()).toMatch(/"msg":"request"/);
+    expect(cli.stderr()).not.toContain(value);
+  });
+
+  it("a --host-secret without a value and without its environment variable exits 2 naming the variable", async () => {
+    const { code, stderr } = await runCli(["--listen", "127.0.0.1:0", "--host-secret", "MISSING_TOKEN@api.test"]);
+    expect(code).toBe(2);
+    expect(stderr).toMatch(/environment variable MISSING_TOKEN is not set/);
   });
 });
 

@@ -1,0 +1,236 @@
+import { randomBytes } from "node:crypto";
+import { denied } from "../errors.js";
+import { compileHostPatterns, type HostMatcher } from "./host-pattern.js";
+
+/** What a secret is, as configured: the hosts it may reach and its real value. */
+export interface SecretOptions {
+  readonly hosts: readonly string[];
+  readonly value: string;
+}
+
+/** A secret as `listSecrets()` shows it: never the value. */
+export interface SecretInfo {
+  readonly name: string;
+  /** `EGRESSGATE_SECRET_<48 hex>`; the empty string once deleted. */
+  readonly placeholder: string;
+  readonly hosts: readonly string[];
+  readonly deleted: boolean;
+}
+
+interface Entry {
+  readonly name: string;
+  readonly placeholder: string;
+  hosts: readonly string[];
+  matcher: HostMatcher;
+  value: string;
+  deleted: boolean;
+  /** Values this secret had before a rotation or delete: refused everywhere from then on. */
+  readonly retired: string[];
+}
+
+/** The part of a request that secrets may touch: header values and (optionally) the query. */
+export interface SecretTarget {
+  readonly url: URL;
+  readonly headers: readonly string[];
+}
+
+const basicCredentials = /^(basic)([ \t]+)([A-Za-z0-9+/=_-]+)[ \t]*$/i;
+const credentialHeaders = new Set(["authorization", "proxy-authorization"]);
+
+/**
+ * Secrets for one `createHttpHooks` call (DESIGN §3 step 3, §4 "Secrets"). A guest holds only
+ * placeholders; the real value goes into header values (and the query, when enabled) of requests
+ * whose final destination is one of the secret's hosts. A placeholder or a real value bound for
+ * any other host, and a retired value bound anywhere, refuses the whole request.
+ */
+export class SecretStore {
+  private readonly entries = new Map<string, Entry>();
+
+  constructor(
+    secrets: Readonly<Record<string, SecretOptions>>,
+    readonly replaceInQuery: boolean,
+    private readonly validateHosts: (hosts: unknown, path: string) => readonly string[],
+  ) {
+    for (const [name, options] of Object.entries(secrets)) {
+      const path = `secrets.${name}`;
+      if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) {
+        throw new TypeError(`${path}: a secret name must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)`);
+      }
+      if (typeof options !== "object" || options === null) throw new TypeError(`${path}: expected { hosts, value }`);
+      for (const key of Object.keys(options)) {
+        if (key !== "hosts" && key !== "value") throw new TypeError(`${path}: unknown option "${key}" (known: hosts, value)`);
+      }
+      const hosts = this.validateHosts(options.hosts, `${path}.hosts`);
+      const value = checkValue(options.value, `${path}.value`);
+      this.entries.set(name, {
+        name,
+        placeholder: `EGRESSGATE_SECRET_${randomBytes(24).toString("hex")}`,
+        hosts,
+        matcher: compileHostPatterns(hosts),
+        value,
+        deleted: false,
+        retired: [],
+      });
+    }
+  }
+
+  get size(): number {
+    return this.entries.size;
+  }
+
+  /** `{ NAME: placeholder }` for the guest's environment. */
+  env(): Record<string, string> {
+    const env: Record<string, string> = {};
+    for (const e of this.entries.values()) if (!e.deleted) env[e.name] = e.placeholder;
+    return env;
+  }
+
+  list(): SecretInfo[] {
+    return [...this.entries.values()].map((e) => ({
+      name: e.name,
+      placeholder: e.deleted ? "" : e.placeholder,
+      hosts: [...e.hosts],
+      deleted: e.deleted,
+    }));
+  }
+
+  update(name: string, change: { value?: string; hosts?: readonly string[] }): void {
+    const entry = this.entries.get(name);
+    if (entry === undefined) throw new TypeError(`updateSecret: no secret named "${name}"`);
+    if (entry.deleted) throw new TypeError(`updateSecret: secret "${name}" was deleted`);
+    if (typeof change !== "object" || change === null) throw new TypeError("updateSecret: expected { value?, hosts? }");
+    for (const key of Object.keys(change)) {
+      if (key !== "hosts" && key !== "value") throw new TypeError(`updateSecret: unknown option "${key}" (known: hosts, value)`);
+    }
+    // Validate everything before changing anything, so a bad call leaves the secret as it was.
+    const hosts = change.hosts === undefined ? undefined : this.validateHosts(change.hosts, "updateSecret: hosts");
+    const value = change.value === undefined ? undefined : checkValue(change.value, "updateSecret: value");
+    if (hosts !== undefined) {
+      entry.hosts = hosts;
+      entry.matcher = compileHostPatterns(hosts);
+    }
+    if (value !== undefined && value !== entry.value) {
+      entry.retired.push(entry.value);
+      entry.value = value;
+    }
+  }
+
+  delete(name: string): void {
+    const entry = this.entries.get(name);
+    if (entry === undefined) throw new TypeError(`deleteSecret: no secret named "${name}"`);
+    if (entry.deleted) return;
+    entry.deleted = true;
+    entry.retired.push(entry.value);
+    entry.value = "";
+  }
+
+  /**
+   * Substitutes placeholders for `hostname` and refuses what must not leave. Returns the
+   * request's new headers and URL, or the same objects when nothing changed.
+   */
+  apply(target: SecretTarget, hostname: string): { headers: string[]; url: URL } | undefined {
+    if (this.entries.size === 0) return undefined;
+    let changed = false;
+    const headers: string[] = [];
+    const raw = target.headers;
+    for (let i = 0; i < raw.length; i += 2) {
+      const name = raw[i]!;
+      const value = raw[i + 1]!;
+      let next = this.substitute(value, hostname, `header ${name}`);
+      if (credentialHeaders.has(name.toLowerCase())) next = this.substituteBasic(next, hostname, name);
+      if (next !== value) changed = true;
+      headers.push(name, next);
+    }
+    let url = target.url;
+    if (this.replaceInQuery && url.search.length > 1) {
+      const query = this.substituteQuery(url.search.slice(1), hostname);
+      if (query !== url.search.slice(1)) {
+        url = new URL(url.href);
+        url.search = `?${query}`;
+        changed = true;
+      }
+    }
+    return changed ? { headers, url } : undefined;
+  }
+
+  /**
+   * The text with every secret value, current and retired, replaced by `[REDACTED:NAME]`, in
+   * plain, JSON-escaped, percent-encoded and Base64 spellings.
+   */
+  redact(text: string): string {
+    let out = text;
+    for (const e of this.entries.values()) {
+      for (const value of [e.value, ...e.retired]) {
+        if (value === "") continue;
+        const forms = [value, JSON.stringify(value).slice(1, -1), encodeURIComponent(value), Buffer.from(value).toString("base64")];
+        for (const form of forms) {
+          if (out.includes(form)) out = out.replaceAll(form, `[REDACTED:${e.name}]`);
+        }
+      }
+    }
+    return out;
+  }
+
+  /** Checks and substitutes one piece of text; `encode` wraps the value (the query escapes it). */
+  private substitute(text: string, hostname: string, where: string, encode?: (v: string) => string): string {
+    let out = text;
+    for (const e of this.entries.values()) {
+      const inScope = !e.deleted && e.matcher.match(hostname) !== undefined;
+      for (const old of e.retired) {
+        // A retired value may legitimately occur inside the current one (an extended token).
+        if (old !== "" && text.includes(old) && (e.value === "" || text.split(e.value).some((part) => part.includes(old)))) {
+          throw denied(`${where} carries a retired value of secret ${e.name}; rotated and deleted values are refused everywhere`);
+        }
+      }
+      if (e.deleted) continue;
+      if (text.includes(e.value) && !inScope) {
+        throw denied(`${where} carries the value of secret ${e.name} to host "${hostname}", which is not in its hosts`);
+      }
+      if (out.includes(e.placeholder)) {
+        if (!inScope) {
+          throw denied(`${where} carries the placeholder of secret ${e.name} to host "${hostname}", which is not in its hosts`);
+        }
+        out = out.replaceAll(e.placeholder, encode === undefined ? e.value : encode(e.value));
+      }
+    }
+    return out;
+  }
+
+  private substituteBasic(value: string, hostname: string, header: string): string {
+    const match = basicCredentials.exec(value);
+    if (match === null) return value;
+    const decoded = Buffer.from(match[3]!, "base64").toString("utf8");
+    const next = this.substitute(decoded, hostname, `${header} Basic credentials`);
+    return next === decoded ? value : `${match[1]}${match[2]}${Buffer.from(next, "utf8").toString("base64")}`;
+  }
+
+  /**
+   * Only the placeholder tokens change, so the rest of the query keeps its exact bytes. The
+   * value is percent-encoded (`+/=?&` included) so it decodes back to itself. Names and values
+   * are also checked decoded, so an encoded real value is refused like a plain one.
+   */
+  private substituteQuery(query: string, hostname: string): string {
+    for (const part of query.split("&")) {
+      for (const piece of part.split("=")) {
+        const decoded = decodeQueryComponent(piece);
+        if (decoded !== piece) this.substitute(decoded, hostname, "query");
+      }
+    }
+    return this.substitute(query, hostname, "query", encodeURIComponent);
+  }
+}
+
+function decodeQueryComponent(text: string): string {
+  try {
+    return decodeURIComponent(text.replaceAll("+", " "));
+  } catch {
+    return text;
+  }
+}
+
+function checkValue(value: unknown, path: string): string {
+  if (typeof value !== "string" || value === "") throw new TypeError(`${path}: expected a non-empty string`);
+  // A value goes into header fields: CR, LF and NUL would split or truncate them.
+  if (/[\r\n\0]/.test(value)) throw new TypeError(`${path}: must not contain CR, LF or NUL`);
+  return value;
+}

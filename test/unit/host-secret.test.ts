@@ -1,0 +1,68 @@
+import { describe, expect, it } from "vitest";
+import { parseCli, parseHostSecret, UsageError } from "../../src/cli/args.js";
+import { declarativeConfigOf } from "../../src/hooks/http-hooks.js";
+
+describe("--host-secret NAME@HOST[,HOST...][=VALUE]", () => {
+  it.each([
+    ["GH@api.github.com=tok", { name: "GH", hosts: ["api.github.com"], value: "tok" }],
+    ["GH@a.test,b.test=v", { name: "GH", hosts: ["a.test", "b.test"], value: "v" }],
+    ["GH@a.test=x=y@z", { name: "GH", hosts: ["a.test"], value: "x=y@z" }],
+    ["GH@a.test==lead", { name: "GH", hosts: ["a.test"], value: "=lead" }],
+    ["GH@*.test=@at", { name: "GH", hosts: ["*.test"], value: "@at" }],
+  ])("%j splits at the first @ and then the first =", (spec, expected) => {
+    expect(parseHostSecret(spec, {})).toEqual(expected);
+  });
+
+  it("takes the value from the environment variable NAME when =VALUE is absent", () => {
+    expect(parseHostSecret("GH_TOKEN@api.test", { GH_TOKEN: "from-env=@" })).toEqual({
+      name: "GH_TOKEN",
+      hosts: ["api.test"],
+      value: "from-env=@",
+    });
+  });
+
+  it("exits with a message naming the variable when it is unset", () => {
+    expect(() => parseHostSecret("GH_TOKEN@api.test", {})).toThrow(/environment variable GH_TOKEN is not set/);
+  });
+
+  it.each([
+    ["GH_TOKEN@=v", /no hosts given/],
+    ["GH_TOKEN@", /no hosts given/],
+    ["@a.test=v", /expected NAME@HOST/],
+    ["noat=secret-value", /expected NAME@HOST/],
+    ["GH@a.test=", /value is empty/],
+  ])("%j is refused with a UsageError", (spec, message) => {
+    expect(() => parseHostSecret(spec, {})).toThrow(UsageError);
+    expect(() => parseHostSecret(spec, {})).toThrow(message);
+  });
+
+  it("a malformed spec never echoes its value", () => {
+    let message = "";
+    try {
+      parseHostSecret("noat=s3cr3t", {});
+    } catch (error) {
+      message = (error as Error).message;
+    }
+    expect(message).toMatch(/expected NAME@HOST/);
+    expect(message).not.toContain("s3cr3t");
+  });
+
+  it("the serve command builds secrets and placeholders from repeated flags", () => {
+    const command = parseCli(["--host-secret", "A@a.test=1", "--host-secret", "B@b.test", "--replace-secrets-in-query"], { B: "2" });
+    if (command.kind !== "serve") throw new Error("expected serve");
+    const env = command.options.env ?? {};
+    expect(Object.keys(env)).toEqual(["A", "B"]);
+    expect(env["A"]).toMatch(/^EGRESSGATE_SECRET_[0-9a-f]{48}$/);
+    const secrets = declarativeConfigOf(command.options.httpHooks!)?.secrets;
+    expect(secrets?.replaceInQuery).toBe(true);
+    expect(secrets?.list().map((s) => s.name)).toEqual(["A", "B"]);
+  });
+
+  it.each([
+    [["--host-secret", "A@a.test=1", "--host-secret", "A@b.test=2"], /given twice/],
+    [["--host-secret", "a-b@a.test=1"], /--host-secret a-b: a secret name must be an environment variable name/],
+    [["--host-secret", "A@https://a.test=1"], /--host-secret A.*not a host pattern/],
+  ])("%j is refused naming --host-secret", (argv, message) => {
+    expect(() => parseCli(argv, {})).toThrow(message);
+  });
+});
