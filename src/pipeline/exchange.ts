@@ -31,4 +31,6 @@ export interface ExchangeContext {
   readonly id: string;
   /** Called just before the body is first read: sends `100 Continue` when the guest asked. */
   readonly beforeBody?: () => void;
+  /** Aborted when the guest goes away: the upstream request is cancelled instead of left hanging. */
+  readonly signal: AbortSignal;
 }

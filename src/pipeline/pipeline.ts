@@ -1,5 +1,4 @@
-import type { Readable } from "node:stream";
-import { errors as undiciErrors } from "undici";
+import { errors as undiciErrors, type Dispatcher } from "undici";
 import { EgressError, denied } from "../errors.js";
 import type { HttpHooks } from "../hooks/http-hooks.js";
 import type { Decision } from "../policy/decision.js";
@@ -28,6 +27,9 @@ interface ApprovedTarget {
 }
 
 const methodsWithoutResponseBody = new Set(["HEAD"]);
+const redirectBodyLimit = 64 * 1024;
+
+type BodyReadable = Dispatcher.ResponseData["body"];
 
 /**
  * The order of evaluation of DESIGN §3 for one guest request: policy checks on the request as it
@@ -44,18 +46,19 @@ export class Pipeline {
       request = this.substituteSecrets(request);
       const target = await this.authorize(request);
       if (request.body !== null) context.beforeBody?.();
-      const upstream = await this.send(request, target.address);
+      const upstream = await this.send(request, target.address, context.signal);
       const location = redirectStatuses.has(upstream.status) ? upstream.location : undefined;
       if (location === undefined) {
         // §3 step 7 (onResponse) runs here once the hook tiers exist.
         return { ...upstream, decision: target.decision, url: request.url, redirects };
       }
-      upstream.body?.resume();
+      // A redirect's own body is thrown away; dump() gives up (closing that connection) past the limit.
+      void upstream.body?.dump({ limit: redirectBodyLimit }).catch(() => undefined);
       if (redirects >= this.options.maxRedirects) {
         throw new EgressError(
           "EG_REDIRECT_LOOP",
           508,
-          `more than ${this.options.maxRedirects} redirects, the last from ${request.url.href}`,
+          `more than ${this.options.maxRedirects} redirects, the last from ${request.url.origin}${request.url.pathname}`,
         );
       }
       request = nextHop(request, upstream.status, location);
@@ -107,7 +110,8 @@ export class Pipeline {
   private async send(
     request: OutboundRequest,
     address: ResolvedAddress,
-  ): Promise<{ status: number; headers: string[]; body: Readable | null; location: string | undefined }> {
+    signal: AbortSignal,
+  ): Promise<{ status: number; headers: string[]; body: BodyReadable | null; location: string | undefined }> {
     const { url } = request;
     const pool = this.options.pools.get(url, address);
     try {
@@ -116,11 +120,12 @@ export class Pipeline {
         path: `${url.pathname}${url.search}`,
         headers: [...request.headers, "host", url.host],
         body: request.body,
+        signal,
       });
       const location = response.headers["location"];
       const noBody =
         methodsWithoutResponseBody.has(request.method) || response.statusCode === 204 || response.statusCode === 304;
-      if (noBody) response.body.resume();
+      if (noBody) void response.body.dump().catch(() => undefined);
       return {
         status: response.statusCode,
         headers: endToEndHeaders(headerObjectToList(response.headers)),

@@ -36,8 +36,14 @@ export function sendError(res: ServerResponse, error: EgressError, closeConnecti
  * proxy's CPU for small responses.
  */
 export function sendResponse(res: ServerResponse, response: PipelineResponse, onDone: (error?: Error) => void): void {
-  res.writeHead(response.status, response.headers);
   const body = response.body;
+  if (res.destroyed) {
+    // The guest left while the upstream was answering: `close` has already fired.
+    body?.destroy();
+    onDone(new Error("guest closed the connection before the response started"));
+    return;
+  }
+  res.writeHead(response.status, response.headers);
   if (body === null) {
     res.end();
     onDone();

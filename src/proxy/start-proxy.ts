@@ -238,16 +238,20 @@ class GuestSide {
     const id = this.nextId++;
     const started = performance.now();
     this.inFlight += 1;
-    let target = req.url ?? "";
+    let target = loggableTarget(req.url ?? "");
+    const abort = new AbortController();
     res.once("close", () => {
       this.inFlight -= 1;
       if (this.inFlight === 0) this.idle?.();
+      // The guest left before the response finished: cancel the upstream side too.
+      if (!res.writableFinished) abort.abort();
     });
     try {
       const request = toOutboundRequest(req, tunnelOf(req.socket));
       target = loggableUrl(request.url);
       const response = await this.pipeline.handle(request, {
         id: String(id),
+        signal: abort.signal,
         ...(expectsContinue ? { beforeBody: () => res.writeContinue() } : {}),
       });
       sendResponse(res, response, (error) => {
@@ -264,6 +268,11 @@ class GuestSide {
         });
       });
     } catch (error) {
+      if (abort.signal.aborted) {
+        // Nobody is left to answer; 499 is nginx's "client closed request", for the log only.
+        this.logDecision({ id, method: req.method ?? "", target, status: 499, reason: "guest closed the connection", started });
+        return;
+      }
       let err = asEgressError(error);
       if (err.status >= 500 && !(error instanceof EgressError)) this.log.error("internal error", { id, error });
       // Error bodies are built from messages that may quote upstream errors: never let a value through.
@@ -300,6 +309,13 @@ class GuestSide {
 /** Query strings can carry credentials; decision logs keep origin and path only. */
 function loggableUrl(url: URL): string {
   return `${url.origin}${url.pathname}`;
+}
+
+/** The raw request target before it is validated: no query, no userinfo, bounded length. */
+function loggableTarget(target: string): string {
+  const q = target.search(/[?#]/);
+  const bare = (q < 0 ? target : target.slice(0, q)).replace(/^(https?:\/\/)[^/@]*@/i, "$1");
+  return bare.length > 512 ? `${bare.slice(0, 512)}…` : bare;
 }
 
 function asEgressError(error: unknown): EgressError {

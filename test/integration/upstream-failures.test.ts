@@ -1,4 +1,4 @@
-import { createServer, type Server, type Socket } from "node:net";
+import { connect, createServer, type Server, type Socket } from "node:net";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { fetchVia, startTestProxy } from "../helpers/proxy.js";
 import { startUpstream } from "../helpers/upstream.js";
@@ -56,5 +56,39 @@ describe("upstream failures answer the guest and the proxy keeps serving", () =>
     expect(res.headers["x-egressgate-error"]).toBe("EG_UPSTREAM_TIMEOUT");
     const next = await fetchVia(proxy, `http://api.test:${upstream.port}/echo`);
     expect(next.status).toBe(200);
+  });
+});
+
+describe("guests that leave early", () => {
+  it("guests that disconnect before a slow response never block the upstream's pool for others", async () => {
+    const upstream = await startUpstream({
+      tls: false,
+      routes: {
+        "/slow-big": (_req, res) => {
+          setTimeout(() => {
+            res.writeHead(200, { "content-type": "application/octet-stream" });
+            res.end(Buffer.alloc(256 * 1024, 1));
+          }, 150);
+        },
+      },
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    // More early leavers than a pool has connections (64).
+    await Promise.all(
+      Array.from({ length: 70 }, async () => {
+        const socket = connect(proxy.port, "127.0.0.1");
+        socket.on("error", () => undefined);
+        onTestFinished(() => void socket.destroy());
+        await new Promise<void>((resolve) => socket.once("connect", () => resolve()));
+        socket.write(`GET http://api.test:${upstream.port}/slow-big HTTP/1.1\r\nHost: api.test:${upstream.port}\r\n\r\n`);
+        await new Promise((resolve) => setTimeout(resolve, 40));
+        socket.destroy();
+      }),
+    );
+    await new Promise((resolve) => setTimeout(resolve, 400));
+    const res = await fetchVia(proxy, `http://api.test:${upstream.port}/echo`);
+    expect(res.status).toBe(200);
+    const early = proxy.logs.filter((l) => l["msg"] === "request" && l["status"] === 499);
+    expect(early.length).toBeGreaterThan(0);
   });
 });
