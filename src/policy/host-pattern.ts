@@ -40,27 +40,43 @@ export function validateHostPattern(pattern: unknown, optionName: string): strin
   return normalized;
 }
 
+/**
+ * Matches a `*` glob in linear time: the first and last pieces are anchored, and the middle
+ * pieces are found left to right. A regex would backtrack, so a pattern with two stars and a
+ * long hostile hostname could stall the event loop for a second per request.
+ */
+function globMatch(pieces: readonly string[], host: string): boolean {
+  const first = pieces[0]!;
+  const last = pieces[pieces.length - 1]!;
+  if (host.length < first.length + last.length || !host.startsWith(first) || !host.endsWith(last)) return false;
+  let at = first.length;
+  const end = host.length - last.length;
+  for (let i = 1; i < pieces.length - 1; i++) {
+    const piece = pieces[i]!;
+    if (piece === "") continue;
+    const found = host.indexOf(piece, at);
+    if (found < 0 || found + piece.length > end) return false;
+    at = found + piece.length;
+  }
+  return true;
+}
+
 export function compileHostPatterns(patterns: readonly string[]): HostMatcher {
   const normalized = patterns.map(normalizeHostname);
   const exact = new Set<string>();
-  const wildcards: { pattern: string; re: RegExp }[] = [];
+  const wildcards: { pattern: string; pieces: string[] }[] = [];
   let matchAll = false;
   for (const p of normalized) {
     if (p === "*") matchAll = true;
-    else if (p.includes("*")) {
-      const body = p
-        .split("*")
-        .map((part) => part.replace(/[.+?^${}()|[\]\\-]/g, "\\$&"))
-        .join(".*");
-      wildcards.push({ pattern: p, re: new RegExp(`^${body}$`) });
-    } else exact.add(p);
+    else if (p.includes("*")) wildcards.push({ pattern: p, pieces: p.split("*") });
+    else exact.add(p);
   }
   return {
     patterns: normalized,
     match(host) {
       const h = normalizeHostname(host);
       if (exact.has(h)) return h;
-      for (const w of wildcards) if (w.re.test(h)) return w.pattern;
+      for (const w of wildcards) if (globMatch(w.pieces, h)) return w.pattern;
       return matchAll ? "*" : undefined;
     },
   };

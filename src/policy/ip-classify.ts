@@ -69,11 +69,33 @@ const v4Ranges: readonly V4Range[] = [
 ];
 
 /**
- * Cloud metadata endpoints: AWS/GCP/Azure/OpenStack/Oracle IMDS, AWS ECS task metadata and
- * Route 53 resolver, Alibaba Cloud, and AWS's IPv6 IMDS, resolver and time service.
+ * Cloud metadata and host-agent endpoints, refused even for allowedInternalHosts:
+ * - 169.254.169.254: AWS, GCP, Azure, OpenStack, Oracle, DigitalOcean IMDS;
+ * - 169.254.170.2: AWS ECS task metadata; 169.254.169.253: AWS Route 53 resolver;
+ * - 169.254.169.123: AWS time sync; 169.254.42.42: Scaleway; 100.100.100.200: Alibaba Cloud;
+ * - 168.63.129.16: Azure WireServer (a public address, so the internal-range block misses it);
+ * - 192.0.0.192: Oracle Cloud;
+ * - IPv6: AWS fd00:ec2::254/253/23, GCP fd20:ce::254, Scaleway fd00:42::42,
+ *   OpenStack fe80::a9fe:a9fe.
  */
-const metadataV4 = new Set(["169.254.169.254", "169.254.170.2", "169.254.169.253", "100.100.100.200", "192.0.0.192"]);
-const metadataV6 = new Set(["fd00:ec2:0:0:0:0:0:254", "fd00:ec2:0:0:0:0:0:253", "fd00:ec2:0:0:0:0:0:23"]);
+const metadataV4 = new Set([
+  "169.254.169.254",
+  "169.254.170.2",
+  "169.254.169.253",
+  "169.254.169.123",
+  "169.254.42.42",
+  "100.100.100.200",
+  "168.63.129.16",
+  "192.0.0.192",
+]);
+const metadataV6 = new Set([
+  "fd00:ec2:0:0:0:0:0:254",
+  "fd00:ec2:0:0:0:0:0:253",
+  "fd00:ec2:0:0:0:0:0:23",
+  "fd20:ce:0:0:0:0:0:254",
+  "fd00:42:0:0:0:0:0:42",
+  "fe80:0:0:0:0:0:a9fe:a9fe",
+]);
 
 function inV4(n: number, r: V4Range): boolean {
   if (r.bits === 0) return true;

@@ -19,6 +19,7 @@ const ipv6Literal = /^\[[0-9A-Fa-f:.]+\]$/;
  */
 export function normalizeHost(raw: string): string {
   const text = raw.endsWith(".") ? raw.slice(0, -1) : raw;
+  if (text.length > 300) throw badRequest(`host name too long (${raw.length} characters; at most 253)`);
   if (text === "" || !(hostChars.test(text) || (ipv6Literal.test(text) && isIP(text.slice(1, -1)) === 6))) {
     throw badRequest(`invalid host ${JSON.stringify(raw)}`);
   }
@@ -29,6 +30,11 @@ export function normalizeHost(raw: string): string {
     throw badRequest(`invalid host ${JSON.stringify(raw)}`);
   }
   if (hostname === "") throw badRequest(`invalid host ${JSON.stringify(raw)}`);
+  // RFC 1035 §2.3.4: 253 characters, 63 per label. Longer names cannot resolve and only cost
+  // matching time and log space.
+  if (hostname.length > 253 || hostname.split(".").some((label) => label.length > 63)) {
+    throw badRequest(`host name too long (${hostname.length} characters; at most 253, and 63 per label)`);
+  }
   return hostname;
 }
 

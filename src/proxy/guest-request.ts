@@ -67,7 +67,7 @@ function destinationUrl(target: string, hostHeader: string | undefined, tunnel: 
     try {
       url = new URL(target);
     } catch {
-      throw badRequest(`invalid request target ${JSON.stringify(target.slice(0, 200))}`);
+      throw badRequest(`invalid request target ${JSON.stringify(withoutQuery(target).slice(0, 200))}`);
     }
     const authority = /^https?:\/\/([^/?#]*)/i.exec(target)![1]!;
     const hostPart = authority.includes("@") ? authority.slice(authority.lastIndexOf("@") + 1) : authority;
@@ -83,7 +83,7 @@ function destinationUrl(target: string, hostHeader: string | undefined, tunnel: 
     try {
       url = new URL(target);
     } catch {
-      throw badRequest(`invalid request target ${JSON.stringify(target.slice(0, 200))}`);
+      throw badRequest(`invalid request target ${JSON.stringify(withoutQuery(target).slice(0, 200))}`);
     }
     checkSameHost(normalizeHost(url.hostname), tunnel, "request target");
     path = `${url.pathname}${url.search}`;
@@ -115,4 +115,10 @@ function build(protocol: string, hostname: string, port: number, path: string): 
   const url = new URL(`${origin}${path.startsWith("/") ? path : `/${path}`}`);
   url.hash = "";
   return url;
+}
+
+/** Error messages echo a bad target for the guest's benefit, but never its query. */
+function withoutQuery(target: string): string {
+  const cut = target.search(/[?#]/);
+  return cut < 0 ? target : target.slice(0, cut);
 }

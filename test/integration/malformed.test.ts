@@ -163,6 +163,8 @@ describe("CONNECT targets", () => {
     ["a non-numeric port", "api.test:abc", /invalid port "abc"/],
     ["no port", "api.test", /has no port/],
     ["port 0", "api.test:0", /invalid port 0/],
+    ["a host name over 253 characters", `${`${"a".repeat(60)}.`.repeat(5)}test:443`, /host name too long/],
+    ["a label over 63 characters", `${"a".repeat(64)}.test:443`, /host name too long/],
   ])("CONNECT to %s is refused with 400", async (_what, target, reason) => {
     const s = await setup();
     const client = await openRaw(s.proxy.port);

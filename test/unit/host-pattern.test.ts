@@ -336,3 +336,24 @@ describe("compileHostPatterns", () => {
     expect(input).toEqual(["Example.COM.", "*.Foo.test"]);
   });
 });
+
+describe("globs with several stars", () => {
+  it.each([
+    ["a*b*c", "abc", true],
+    ["a*b*c", "axxbyyc", true],
+    ["a*b*c", "acb", false],
+    ["a*b*c", "abcb", false],
+    ["*.s3.*.amazonaws.com", "bucket.s3.eu-west-1.amazonaws.com", true],
+    ["*.s3.*.amazonaws.com", "s3.eu-west-1.amazonaws.com", false],
+    ["*ab*ab*", "abab", true],
+    ["*ab*ab*", "aba", false],
+    ["x*x", "x", false],
+  ])("%j against %j matches: %s", (pattern, host, expected) => {
+    expect(compileHostPatterns([pattern]).match(host) !== undefined).toBe(expected);
+  });
+
+  it("a long hostile hostname against a two-star pattern is answered (without backtracking)", () => {
+    const hostile = `${"a.s3.".repeat(9000)}x`;
+    expect(compileHostPatterns(["*.s3.*.amazonaws.com"]).match(hostile)).toBeUndefined();
+  });
+});

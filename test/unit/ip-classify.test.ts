@@ -408,3 +408,14 @@ describe("classifyIp: input that is not an IP address", () => {
     },
   );
 });
+
+describe("metadata endpoints beyond 169.254.169.254", () => {
+  it.each(["169.254.169.123", "169.254.42.42", "168.63.129.16", "fd20:ce::254", "fd00:42::42", "fe80::a9fe:a9fe", "::ffff:168.63.129.16"])(
+    "%s is a metadata address",
+    (ip) => {
+      const c = classifyIp(ip);
+      expect(c.metadata).toBe(true);
+      expect(c.internal).toBe(true);
+    },
+  );
+});
