@@ -17,9 +17,11 @@ export type EgressErrorCode =
 
 const statusTexts: Record<number, string> = {
   400: "Bad Request",
+  408: "Request Timeout",
   403: "Forbidden",
   405: "Method Not Allowed",
   413: "Content Too Large",
+  417: "Expectation Failed",
   421: "Misdirected Request",
   431: "Request Header Fields Too Large",
   501: "Not Implemented",
@@ -40,17 +42,23 @@ export function statusText(status: number): string {
 export class EgressError extends Error {
   readonly code: EgressErrorCode;
   readonly status: number;
+  /**
+   * What the operator's log gets beyond the message: resolved addresses, raw socket errors.
+   * Kept out of the guest's answer so a guest cannot use the proxy to map internal DNS.
+   */
+  readonly detail: string | undefined;
 
-  constructor(code: EgressErrorCode, status: number, message: string, options?: { cause?: unknown }) {
-    super(message, options);
+  constructor(code: EgressErrorCode, status: number, message: string, options?: { cause?: unknown; detail?: string }) {
+    super(message, options?.cause === undefined ? undefined : { cause: options.cause });
     this.name = "EgressError";
     this.code = code;
     this.status = status;
+    this.detail = options?.detail;
   }
 }
 
-export function denied(message: string): EgressError {
-  return new EgressError("EG_DENIED", 403, message);
+export function denied(message: string, detail?: string): EgressError {
+  return new EgressError("EG_DENIED", 403, message, detail === undefined ? undefined : { detail });
 }
 
 export function badRequest(message: string): EgressError {

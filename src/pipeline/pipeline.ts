@@ -1,7 +1,7 @@
 import { errors as undiciErrors, type Dispatcher } from "undici";
 import { EgressError, denied } from "../errors.js";
 import type { HttpHooks } from "../hooks/http-hooks.js";
-import type { Decision } from "../policy/decision.js";
+import { deny, type Decision } from "../policy/decision.js";
 import type { DeclarativePolicy } from "../policy/declarative-policy.js";
 import type { PinnedPools } from "../upstream/pinned-pools.js";
 import type { ResolvedAddress, Resolver } from "../upstream/resolve.js";
@@ -86,24 +86,25 @@ export class Pipeline {
 
     const port = Number(url.port || (url.protocol === "https:" ? 443 : 80));
     const addresses = await resolver.resolve(url.hostname);
-    let firstRefusal: string | undefined;
+    let firstRefusal: Decision | undefined;
     for (const address of addresses) {
       const decision = policy.checkAddress(url.hostname, address, port);
       if (!decision.allowed) {
-        firstRefusal ??= decision.reason;
+        firstRefusal ??= decision;
         continue;
       }
       if (hooks.isIpAllowed !== undefined) {
         const hostname = url.hostname.replace(/^\[|\]$/g, "");
         const info = { hostname, ip: address.ip, family: address.family, port, protocol: url.protocol as "http:" | "https:" };
         if ((await hooks.isIpAllowed(info)) !== true) {
-          firstRefusal ??= `address ${address.ip} of "${hostname}" refused by isIpAllowed`;
+          firstRefusal ??= deny("hooks", "isIpAllowed", `an address of "${hostname}" was refused by isIpAllowed`, `${hostname} -> ${address.ip}`);
           continue;
         }
       }
       return { address, decision: hostDecision };
     }
-    throw denied(firstRefusal ?? `host "${url.hostname}" has no usable address`);
+    if (firstRefusal === undefined) throw denied(`host "${url.hostname}" has no usable address`);
+    throw denied(firstRefusal.reason, firstRefusal.detail);
   }
 
   /** §3 step 5: one request on a pool pinned to the approved address. */
@@ -154,6 +155,9 @@ export function upstreamError(error: unknown, url: URL): EgressError {
   const err = error as NodeJS.ErrnoException;
   const code = err.code ?? "";
   const tlsProblem = code.startsWith("ERR_TLS") || code.includes("CERT") || code.startsWith("ERR_SSL") || /certificate/i.test(err.message);
-  const what = tlsProblem ? "upstream TLS failed for" : "upstream request failed for";
-  return new EgressError("EG_UPSTREAM", 502, `${what} ${target}: ${code ? `${code} ` : ""}${err.message}`, { cause: error });
+  const detail = `${code ? `${code}: ` : ""}${err.message}`;
+  if (tlsProblem) return new EgressError("EG_UPSTREAM", 502, `upstream TLS failed for ${target}: ${detail}`, { cause: error, detail });
+  // Socket errors (ECONNREFUSED 10.0.0.5:443) name the pinned address: the guest gets the code only.
+  const shown = /^E[A-Z]+$/.test(code) ? code : detail;
+  return new EgressError("EG_UPSTREAM", 502, `upstream request failed for ${target}: ${shown}`, { cause: error, detail });
 }

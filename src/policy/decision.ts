@@ -9,12 +9,14 @@ export interface Decision {
   /** The rule that decided: a pattern, a range category, "default-deny"… */
   readonly rule: string;
   readonly reason: string;
+  /** For the log only (resolved addresses): never sent to the guest. */
+  readonly detail?: string;
 }
 
 export function allow(tier: string, rule: string, reason: string): Decision {
   return { allowed: true, tier, rule, reason };
 }
 
-export function deny(tier: string, rule: string, reason: string): Decision {
-  return { allowed: false, tier, rule, reason };
+export function deny(tier: string, rule: string, reason: string, detail?: string): Decision {
+  return detail === undefined ? { allowed: false, tier, rule, reason } : { allowed: false, tier, rule, reason, detail };
 }

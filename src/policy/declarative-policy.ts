@@ -71,24 +71,40 @@ export class DeclarativePolicy {
 
   checkAddress(hostname: string, address: ResolvedAddress, port: number): Decision {
     const name = bare(hostname);
-    for (const self of this.selfAddresses()) {
-      if (self.port === port && sameAddress(self.ip, address.ip)) {
-        return deny(tier, "self", `host "${name}" resolves to ${address.ip}:${port}, egressgate's own listening address`);
-      }
-    }
     const c = this.classify(address.ip);
     const shown = c.embeddedIPv4 !== undefined ? `${address.ip} (${c.embeddedIPv4})` : address.ip;
-    if (c.metadata) {
-      return deny(tier, "metadata", `host "${name}" resolves to ${shown}, a cloud metadata address`);
+    // A name's resolved address goes to the log only; a literal the guest wrote is no news to it.
+    const literal = isIP(name) !== 0;
+    const target = literal ? `${shown}` : `host "${name}" resolves to`;
+    const what = (kind: string): string => (literal ? `${target} is ${kind}` : `${target} ${kind}`);
+    const detail = literal ? undefined : `${name} -> ${shown}`;
+    if (this.isSelf(c, address.ip, port)) {
+      return deny(tier, "self", `${what("egressgate's own listening address")} (port ${port})`, detail);
     }
+    if (c.metadata) return deny(tier, "metadata", what("a cloud metadata address"), detail);
     if (!c.internal) return allow(tier, "public", `${shown} is public`);
     if (!this.config.blockInternalRanges) return allow(tier, "blockInternalRanges:false", `${shown} is ${c.category}`);
     const pattern = this.internalHosts.match(name);
     if (pattern !== undefined) {
       return allow(tier, `allowedInternalHosts:${pattern}`, `host "${name}" may reach ${c.category} ${shown}`);
     }
-    const hint = isIP(name) === 0 ? `; allow it with --allow-internal-host ${name}` : "";
-    return deny(tier, `internal:${c.category}`, `host "${name}" resolves to ${shown}, a ${c.category} address${hint}`);
+    const hint = literal ? "" : `; allow it with --allow-internal-host ${name}`;
+    return deny(tier, `internal:${c.category}`, `${what(`a ${c.category} address`)}${hint}`, detail);
+  }
+
+  /**
+   * Dialling the proxy's own port would loop it into itself. Loopback and unspecified addresses
+   * all reach a loopback or wildcard listener (0.0.0.0:PORT and 127.0.0.2:PORT included).
+   */
+  private isSelf(c: IpClassification, ip: string, port: number): boolean {
+    for (const self of this.selfAddresses()) {
+      if (self.port !== port) continue;
+      if (sameAddress(self.ip, ip)) return true;
+      const selfClass = this.classify(self.ip);
+      const local = (k: IpClassification): boolean => k.category === "loopback" || k.category === "unspecified";
+      if (local(selfClass) && local(c)) return true;
+    }
+    return false;
   }
 }
 

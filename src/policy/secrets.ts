@@ -130,20 +130,21 @@ export class SecretStore {
    */
   apply(target: SecretTarget, hostname: string): { headers: string[]; url: URL } | undefined {
     if (this.entries.size === 0) return undefined;
+    const secure = target.url.protocol === "https:";
     let changed = false;
     const headers: string[] = [];
     const raw = target.headers;
     for (let i = 0; i < raw.length; i += 2) {
       const name = raw[i]!;
       const value = raw[i + 1]!;
-      let next = this.substitute(value, hostname, `header ${name}`);
-      if (credentialHeaders.has(name.toLowerCase())) next = this.substituteBasic(next, hostname, name);
+      let next = this.substitute(value, hostname, secure, `header ${name}`);
+      if (credentialHeaders.has(name.toLowerCase())) next = this.substituteBasic(next, hostname, secure, name);
       if (next !== value) changed = true;
       headers.push(name, next);
     }
     let url = target.url;
     if (this.replaceInQuery && url.search.length > 1) {
-      const query = this.substituteQuery(url.search.slice(1), hostname);
+      const query = this.substituteQuery(url.search.slice(1), hostname, secure);
       if (query !== url.search.slice(1)) {
         url = new URL(url.href);
         url.search = `?${query}`;
@@ -172,7 +173,7 @@ export class SecretStore {
   }
 
   /** Checks and substitutes one piece of text; `encode` wraps the value (the query escapes it). */
-  private substitute(text: string, hostname: string, where: string, encode?: (v: string) => string): string {
+  private substitute(text: string, hostname: string, secure: boolean, where: string, encode?: (v: string) => string): string {
     let out = text;
     for (const e of this.entries.values()) {
       const inScope = !e.deleted && e.matcher.match(hostname) !== undefined;
@@ -190,17 +191,21 @@ export class SecretStore {
         if (!inScope) {
           throw denied(`${where} carries the placeholder of secret ${e.name} to host "${hostname}", which is not in its hosts`);
         }
+        if (!secure) {
+          // Anyone on the path could read it: a secret is only ever inserted into TLS traffic.
+          throw denied(`${where} carries the placeholder of secret ${e.name} over plain http://; secrets are only sent over https://`);
+        }
         out = out.replaceAll(e.placeholder, encode === undefined ? e.value : encode(e.value));
       }
     }
     return out;
   }
 
-  private substituteBasic(value: string, hostname: string, header: string): string {
+  private substituteBasic(value: string, hostname: string, secure: boolean, header: string): string {
     const match = basicCredentials.exec(value);
     if (match === null) return value;
     const decoded = Buffer.from(match[3]!, "base64").toString("utf8");
-    const next = this.substitute(decoded, hostname, `${header} Basic credentials`);
+    const next = this.substitute(decoded, hostname, secure, `${header} Basic credentials`);
     return next === decoded ? value : `${match[1]}${match[2]}${Buffer.from(next, "utf8").toString("base64")}`;
   }
 
@@ -209,14 +214,14 @@ export class SecretStore {
    * value is percent-encoded (`+/=?&` included) so it decodes back to itself. Names and values
    * are also checked decoded, so an encoded real value is refused like a plain one.
    */
-  private substituteQuery(query: string, hostname: string): string {
+  private substituteQuery(query: string, hostname: string, secure: boolean): string {
     for (const part of query.split("&")) {
       for (const piece of part.split("=")) {
         const decoded = decodeQueryComponent(piece);
-        if (decoded !== piece) this.substitute(decoded, hostname, "query");
+        if (decoded !== piece) this.substitute(decoded, hostname, secure, "query");
       }
     }
-    return this.substitute(query, hostname, "query", encodeURIComponent);
+    return this.substitute(query, hostname, secure, "query", encodeURIComponent);
   }
 }
 

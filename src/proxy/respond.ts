@@ -78,9 +78,18 @@ export function writeRawError(socket: Socket, error: EgressError): void {
     return;
   }
   const body = errorBody(error);
+  // These sockets were handed over by CONNECT/upgrade/clientError, so no server timeout covers
+  // them any more and they allow half-open: end() alone would hold the descriptor until the
+  // guest closes. Destroy once the answer is flushed, with a backstop for a guest that never reads.
+  const backstop = setTimeout(() => socket.destroy(), 5_000);
+  backstop.unref();
   socket.end(
     `HTTP/1.1 ${error.status} ${statusText(error.status)}\r\n` +
       `Content-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
       `X-Egressgate-Error: ${error.code}\r\nConnection: close\r\n\r\n${body}`,
+    () => {
+      clearTimeout(backstop);
+      socket.destroy();
+    },
   );
 }

@@ -206,7 +206,16 @@ class GuestSide {
       }
     } catch (error) {
       const err = asEgressError(error);
-      this.logDecision({ id: this.nextId++, method: "CONNECT", target: req.url ?? "", status: err.status, reason: err.message, code: err.code, started });
+      this.logDecision({
+        id: this.nextId++,
+        method: "CONNECT",
+        target: loggableTarget(req.url ?? ""),
+        status: err.status,
+        reason: err.message,
+        code: err.code,
+        ...(err.detail !== undefined ? { detail: err.detail } : {}),
+        started,
+      });
       writeRawError(socket, err);
       return;
     }
@@ -276,9 +285,20 @@ class GuestSide {
       let err = asEgressError(error);
       if (err.status >= 500 && !(error instanceof EgressError)) this.log.error("internal error", { id, error });
       // Error bodies are built from messages that may quote upstream errors: never let a value through.
-      if (this.redact !== undefined) err = new EgressError(err.code, err.status, this.redact(err.message));
+      if (this.redact !== undefined) {
+        err = new EgressError(err.code, err.status, this.redact(err.message), err.detail === undefined ? undefined : { detail: err.detail });
+      }
       sendError(res, err, !req.complete);
-      this.logDecision({ id, method: req.method ?? "", target, status: err.status, reason: err.message, code: err.code, started });
+      this.logDecision({
+        id,
+        method: req.method ?? "",
+        target,
+        status: err.status,
+        reason: err.message,
+        code: err.code,
+        ...(err.detail !== undefined ? { detail: err.detail } : {}),
+        started,
+      });
     }
   }
 
@@ -320,6 +340,7 @@ function loggableTarget(target: string): string {
 
 function asEgressError(error: unknown): EgressError {
   if (error instanceof EgressError) return error;
-  return new EgressError("EG_UPSTREAM", 502, `internal error: ${(error as Error)?.message ?? String(error)}`, { cause: error });
+  const detail = (error as Error)?.message ?? String(error);
+  return new EgressError("EG_UPSTREAM", 502, "internal error (see the proxy log)", { cause: error, detail });
 }
 

@@ -16,15 +16,22 @@ export interface PinnedPoolsOptions {
   readonly recheck: (hostname: string, remote: ResolvedAddress, port: number) => string | undefined;
 }
 
-/** Textual IPs can differ (`::ffff:1.2.3.4` vs `1.2.3.4`, zero runs); compare what they mean. */
+/**
+ * Textual IPs can differ (`::ffff:1.2.3.4` vs `1.2.3.4`, zero runs, case); compare what they
+ * mean. Never throws: anything unparsable is simply not the same address.
+ */
 export function sameAddress(a: string, b: string): boolean {
   if (a === b) return true;
   const strip = (ip: string): string => (ip.toLowerCase().startsWith("::ffff:") && isIP(ip.slice(7)) === 4 ? ip.slice(7) : ip);
   const x = strip(a);
   const y = strip(b);
   if (x === y) return true;
-  if (isIP(x) !== 6 || isIP(y) !== 6) return false;
-  return new URL(`http://[${x}]`).hostname === new URL(`http://[${y}]`).hostname;
+  if (isIP(x) !== 6 || isIP(y) !== 6 || x.includes("%") || y.includes("%")) return false;
+  try {
+    return new URL(`http://[${x}]`).hostname === new URL(`http://[${y}]`).hostname;
+  } catch {
+    return false;
+  }
 }
 
 /**
@@ -79,9 +86,15 @@ export class PinnedPools {
           return;
         }
         const remote = socket.remoteAddress ?? "";
-        const refusal = sameAddress(remote, address.ip)
-          ? recheck(hostname, { ip: remote, family: isIP(remote) === 6 ? 6 : 4 }, port)
-          : `connected to ${remote}, not the approved ${address.ip}`;
+        let refusal: string | undefined;
+        try {
+          refusal = sameAddress(remote, address.ip)
+            ? recheck(hostname, { ip: remote, family: isIP(remote) === 6 ? 6 : 4 }, port)
+            : `connected to ${remote}, not the approved ${address.ip}`;
+        } catch (checkError) {
+          // This runs inside undici's socket callback: a throw here would be uncaught.
+          refusal = `cannot re-check ${remote}: ${(checkError as Error).message}`;
+        }
         if (refusal !== undefined) {
           socket.destroy();
           callback(new EgressError("EG_DENIED", 403, `upstream ${origin.host}: ${refusal}`), null);

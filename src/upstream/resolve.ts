@@ -64,7 +64,8 @@ export function buildStaticHosts(entries: Record<string, readonly string[]>, opt
       key,
       ips.map((ip) => {
         const bare = typeof ip === "string" && ip.startsWith("[") && ip.endsWith("]") ? ip.slice(1, -1) : ip;
-        if (typeof bare !== "string" || isIP(bare) === 0) {
+        // Zone IDs (fe80::1%eth0) name an interface, not an address this proxy can judge.
+        if (typeof bare !== "string" || isIP(bare) === 0 || bare.includes("%")) {
           throw new TypeError(`${optionName}.${host}: ${JSON.stringify(ip)} is not an IP address`);
         }
         return literal(bare);

@@ -114,7 +114,11 @@ describe("internal addresses", () => {
     const proxy = await startTestProxy({ allowedHosts: ["api.test"] });
     const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`);
     expect(res.status).toBe(403);
-    expect(res.text).toMatch(/host "api\.test" resolves to 127\.0\.0\.1, a loopback address; allow it with --allow-internal-host api\.test/);
+    expect(res.text).toMatch(/host "api\.test" resolves to a loopback address; allow it with --allow-internal-host api\.test/);
+    // The resolved address is for the operator's log, not for the guest to map internal DNS with.
+    expect(res.text).not.toContain("127.0.0.1");
+    const denial = proxy.logs.find((l) => l["msg"] === "request" && l["status"] === 403);
+    expect(denial?.["detail"]).toBe("api.test -> 127.0.0.1");
     expect(upstream.hits()).toBe(0);
   });
 
@@ -124,6 +128,14 @@ describe("internal addresses", () => {
     expect(res.status).toBe(403);
     expect(res.body).toMatch(/egressgate's own listening address/);
     // One request in the log: the proxy never re-entered itself.
+    expect(proxy.logs.filter((l) => l["msg"] === "request")).toHaveLength(1);
+  });
+
+  it.each(["0.0.0.0", "127.0.0.2"])("%s on the proxy's own port is refused as the proxy itself", async (ip) => {
+    const proxy = await startTestProxy({ allowedHosts: ["*"], blockInternalRanges: false }, { resolve: { "loop.test": [ip] } });
+    const res = await curlVia(proxy.url, "/dev/null", `http://loop.test:${proxy.port}/`);
+    expect(res.status).toBe(403);
+    expect(res.body).toMatch(/egressgate's own listening address/);
     expect(proxy.logs.filter((l) => l["msg"] === "request")).toHaveLength(1);
   });
 

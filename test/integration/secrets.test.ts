@@ -187,3 +187,14 @@ describe("secret placeholders", () => {
     expect(text).toContain("[REDACTED:GH_TOKEN]");
   });
 });
+
+describe("secrets and plain HTTP", () => {
+  it("a placeholder bound for its own host over plain http:// is refused, so the value never leaves in cleartext", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value: "cleartext-risk" } } });
+    const res = await fetchVia(proxy, `http://api.test:${upstream.port}/echo`, { headers: { authorization: `Bearer ${proxy.guestEnv()["T"]}` } });
+    expect(res.status).toBe(403);
+    expect(res.text).toMatch(/placeholder of secret T over plain http:\/\//);
+    expect(upstream.hits()).toBe(0);
+  });
+});
