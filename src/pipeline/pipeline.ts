@@ -22,7 +22,8 @@ export interface PipelineOptions {
 }
 
 interface ApprovedTarget {
-  readonly address: ResolvedAddress;
+  /** Every approved address, in resolver order: the first that accepts a connection is used. */
+  readonly addresses: readonly ResolvedAddress[];
   readonly decision: Decision;
 }
 
@@ -46,7 +47,7 @@ export class Pipeline {
       request = this.substituteSecrets(request);
       const target = await this.authorize(request);
       if (request.body !== null) context.beforeBody?.();
-      const upstream = await this.send(request, target.address, context.signal);
+      const upstream = await this.sendToFirstReachable(request, target.addresses, context.signal);
       const location = redirectStatuses.has(upstream.status) ? upstream.location : undefined;
       if (location === undefined) {
         // §3 step 7 (onResponse) runs here once the hook tiers exist.
@@ -87,6 +88,7 @@ export class Pipeline {
     const port = Number(url.port || (url.protocol === "https:" ? 443 : 80));
     const addresses = await resolver.resolve(url.hostname);
     let firstRefusal: Decision | undefined;
+    const approved: ResolvedAddress[] = [];
     for (const address of addresses) {
       const decision = policy.checkAddress(url.hostname, address, port);
       if (!decision.allowed) {
@@ -101,10 +103,31 @@ export class Pipeline {
           continue;
         }
       }
-      return { address, decision: hostDecision };
+      approved.push(address);
     }
+    if (approved.length > 0) return { addresses: approved, decision: hostDecision };
     if (firstRefusal === undefined) throw denied(`host "${url.hostname}" has no usable address`);
     throw denied(firstRefusal.reason, firstRefusal.detail);
+  }
+
+  /**
+   * Like a browser's fallback over A/AAAA records: when an approved address refuses or times out
+   * the connection, the next approved one is tried. Only bodiless requests move on, because a
+   * streamed body cannot be replayed.
+   */
+  private async sendToFirstReachable(
+    request: OutboundRequest,
+    addresses: readonly ResolvedAddress[],
+    signal: AbortSignal,
+  ): ReturnType<Pipeline["send"]> {
+    for (let i = 0; ; i++) {
+      try {
+        return await this.send(request, addresses[i]!, signal);
+      } catch (error) {
+        const last = i === addresses.length - 1;
+        if (last || request.body !== null || !isConnectFailure(error)) throw error;
+      }
+    }
   }
 
   /** §3 step 5: one request on a pool pinned to the approved address. */
@@ -137,6 +160,13 @@ export class Pipeline {
       throw upstreamError(error, url);
     }
   }
+}
+
+const connectErrorCodes = new Set(["ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH", "EADDRNOTAVAIL", "UND_ERR_CONNECT_TIMEOUT"]);
+
+function isConnectFailure(error: unknown): boolean {
+  const cause = error instanceof EgressError ? error.cause : error;
+  return cause instanceof undiciErrors.ConnectTimeoutError || connectErrorCodes.has((cause as NodeJS.ErrnoException)?.code ?? "");
 }
 
 /** Turns an undici or socket failure into the status the guest receives. */

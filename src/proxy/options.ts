@@ -14,6 +14,8 @@ export interface TimeoutOptions {
   readonly headersMs?: number;
   /** A guest connection with no traffic either way is closed after this. Default 120 s. */
   readonly idleMs?: number;
+  /** A DNS lookup (504 after). Default 5 s. */
+  readonly dnsMs?: number;
   /** TCP + TLS connect to the upstream. Default 10 s. */
   readonly upstreamConnectMs?: number;
   /** Until the upstream's response head arrives (504 after). Default 60 s. */
@@ -83,6 +85,7 @@ export const defaults = Object.freeze({
     handshakeMs: 10_000,
     headersMs: 30_000,
     idleMs: 120_000,
+    dnsMs: 5_000,
     upstreamConnectMs: 10_000,
     upstreamHeadersMs: 60_000,
     upstreamBodyMs: 120_000,

@@ -74,7 +74,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   const pipeline = new Pipeline({
     policy,
     hooks: config.checkHooks,
-    resolver: new Resolver(config.staticHosts),
+    resolver: new Resolver(config.staticHosts, config.timeouts.dnsMs),
     pools,
     maxRedirects: config.maxRedirects,
   });
@@ -170,12 +170,18 @@ class GuestSide {
       // Uploads may legitimately take long; idle sockets are bounded by the socket timeout instead.
       requestTimeout: 0,
       keepAliveTimeout: 5_000,
+      // The destination comes from the URL or the CONNECT target; a missing Host is judged by
+      // toOutboundRequest and answered in the proxy's own error format.
+      requireHostHeader: false,
     });
     server.setTimeout(timeouts.idleMs, (socket: Socket) => socket.destroy());
     server.on("request", (req: IncomingMessage, res: ServerResponse) => void this.handle(req, res, false));
     // With this listener Node no longer answers `Expect: 100-continue` by itself: we send 100
     // only once the checks pass, so a refused upload never starts.
     server.on("checkContinue", (req: IncomingMessage, res: ServerResponse) => void this.handle(req, res, true));
+    server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => {
+      sendError(res, new EgressError("EG_BAD_REQUEST", 417, `unsupported Expect: ${JSON.stringify(req.headers.expect)}`), true);
+    });
     server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => this.onClientError(error, socket));
     server.on("upgrade", (_req: IncomingMessage, socket: Socket) => {
       writeRawError(socket, new EgressError("EG_UNSUPPORTED", 501, "protocol upgrades (WebSocket) are not supported yet"));

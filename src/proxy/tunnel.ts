@@ -36,25 +36,36 @@ export function serveTunnel(socket: Socket, head: Buffer, target: Authority, dep
   const deadline = setTimeout(() => socket.destroy(), deps.handshakeMs);
   deadline.unref();
   socket.once("close", () => clearTimeout(deadline));
-  const onFirst = (chunk: Buffer): void => {
-    if (chunk[0] === tlsHandshakeRecord) void terminateTls(socket, target, deps, deadline);
-    else if (/^[A-Z]{3,16} /.test(chunk.subarray(0, 17).toString("latin1"))) servePlain(socket, target, deps, deadline);
+  let buffered = head;
+  const decide = (): boolean => {
+    const kind = sniff(buffered);
+    if (kind === "more") return false;
+    socket.pause();
+    socket.unshift(buffered);
+    if (kind === "tls") void terminateTls(socket, target, deps, deadline);
+    else if (kind === "http") servePlain(socket, target, deps, deadline);
     else {
       deps.log.info("tunnel closed", { target: `${target.hostname}:${target.port}`, reason: "neither TLS nor HTTP" });
       socket.destroy();
     }
+    return true;
   };
-  if (head.length > 0) {
-    socket.unshift(head);
-    onFirst(head);
-    return;
-  }
-  socket.once("data", (chunk: Buffer) => {
-    socket.pause();
-    socket.unshift(chunk);
-    onFirst(chunk);
-  });
+  if (buffered.length > 0 && decide()) return;
+  const onData = (chunk: Buffer): void => {
+    buffered = buffered.length === 0 ? chunk : Buffer.concat([buffered, chunk]);
+    if (decide()) socket.off("data", onData);
+  };
+  socket.on("data", onData);
   socket.resume();
+}
+
+/** A request line may arrive in pieces (`GET` then ` / HTTP/1.1`): wait until it can be told. */
+function sniff(bytes: Buffer): "tls" | "http" | "other" | "more" {
+  if (bytes.length === 0) return "more";
+  if (bytes[0] === tlsHandshakeRecord) return "tls";
+  const start = bytes.subarray(0, 17).toString("latin1");
+  if (/^[A-Z]{3,16} /.test(start)) return "http";
+  return /^[A-Z]{0,16}$/.test(start) && bytes.length < 17 ? "more" : "other";
 }
 
 function servePlain(socket: Socket, target: Authority, deps: TunnelDeps, deadline: NodeJS.Timeout): void {

@@ -29,6 +29,7 @@ function literal(ip: string): ResolvedAddress {
 export class Resolver {
   constructor(
     private readonly staticHosts: StaticHosts,
+    private readonly timeoutMs: number,
     private readonly lookupAll: LookupAll = systemLookup,
   ) {}
 
@@ -38,13 +39,24 @@ export class Resolver {
     const key = bare.endsWith(".") ? bare.slice(0, -1) : bare;
     const pinned = this.staticHosts.get(key);
     if (pinned !== undefined) return pinned;
+    let timer: NodeJS.Timeout | undefined;
+    // getaddrinfo runs on libuv's small thread pool and has no timeout of its own.
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => reject(new EgressError("EG_UPSTREAM_TIMEOUT", 504, `DNS lookup for "${key}" took longer than ${this.timeoutMs} ms`)),
+        this.timeoutMs,
+      );
+    });
     try {
-      const found = await this.lookupAll(key);
+      const found = await Promise.race([this.lookupAll(key), timeout]);
       if (found.length === 0) throw new Error("no addresses");
       return found;
     } catch (error) {
+      if (error instanceof EgressError) throw error;
       const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
       throw new EgressError("EG_UPSTREAM", 502, `cannot resolve host "${key}": ${code}`, { cause: error });
+    } finally {
+      clearTimeout(timer);
     }
   }
 }

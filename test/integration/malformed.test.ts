@@ -114,6 +114,18 @@ describe("request framing", () => {
 });
 
 describe("addressing inside a tunnel", () => {
+  it("a plain-HTTP request line that arrives in pieces inside a tunnel is still served", async () => {
+    const s = await setup();
+    const tunnel = await openTunnel(s.proxy.port, `api.test:${s.http.port}`);
+    tunnel.write("GE");
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    tunnel.write("T");
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    const res = await send(tunnel, ` /echo HTTP/1.1\r\nHost: api.test:${s.http.port}\r\n\r\n`);
+    expect(res.status).toBe(200);
+    expect(s.http.hits()).toBe(1);
+  });
+
   it("a Host header naming another host inside a plain CONNECT tunnel is refused with 421", async () => {
     const s = await setup();
     const tunnel = await openTunnel(s.proxy.port, `api.test:${s.http.port}`);

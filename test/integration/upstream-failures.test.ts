@@ -92,3 +92,43 @@ describe("guests that leave early", () => {
     expect(early.length).toBeGreaterThan(0);
   });
 });
+
+describe("several approved addresses", () => {
+  it("when the first approved address refuses the connection, the next one is used", async () => {
+    const upstream = await startUpstream({ tls: false });
+    // 127.0.0.3 has nothing listening on the upstream's port; 127.0.0.1 does.
+    const proxy = await startTestProxy({ allowedInternalHosts: ["multi.test"] }, { resolve: { "multi.test": ["127.0.0.3", "127.0.0.1"] } });
+    const res = await fetchVia(proxy, `http://multi.test:${upstream.port}/echo`);
+    expect(res.status).toBe(200);
+    expect(upstream.hits()).toBe(1);
+  });
+
+  it("an unsupported Expect gets 417 in the proxy's error format", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const answer = await rawExchange(proxy.port, `GET http://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test\r\nExpect: something-else\r\nConnection: close\r\n\r\n`);
+    expect(answer).toMatch(/^HTTP\/1\.1 417 Expectation Failed\r\n/);
+    expect(answer).toMatch(/417 Expectation Failed: unsupported Expect/);
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it("an absolute-form HTTP/1.1 request without Host is routed by its URL", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const answer = await rawExchange(proxy.port, `GET http://api.test:${upstream.port}/echo HTTP/1.1\r\nConnection: close\r\n\r\n`);
+    expect(answer).toMatch(/^HTTP\/1\.1 200 OK\r\n/);
+    expect(upstream.seen[0]?.headers["host"]).toBe(`api.test:${upstream.port}`);
+  });
+});
+
+/** Writes bytes to the proxy and collects everything until it closes. */
+async function rawExchange(port: number, bytes: string): Promise<string> {
+  const socket = connect(port, "127.0.0.1");
+  onTestFinished(() => void socket.destroy());
+  return new Promise<string>((resolve) => {
+    let text = "";
+    socket.on("data", (c: Buffer) => (text += c.toString("latin1")));
+    socket.on("close", () => resolve(text));
+    socket.write(bytes);
+  });
+}

@@ -44,6 +44,7 @@ describe("resolveProxyOptions: defaults", () => {
       handshakeMs: 10_000,
       headersMs: 30_000,
       idleMs: 120_000,
+      dnsMs: 5_000,
       upstreamConnectMs: 10_000,
       upstreamHeadersMs: 60_000,
       upstreamBodyMs: 120_000,
