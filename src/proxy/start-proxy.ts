@@ -2,6 +2,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import { isIP, type Socket } from "node:net";
 import { networkInterfaces } from "node:os";
 import { EgressError, denied } from "../errors.js";
+import { declarativeConfigOf } from "../hooks/http-hooks.js";
 import { createLogger, type Logger } from "../log.js";
 import { Pipeline } from "../pipeline/pipeline.js";
 import { DeclarativePolicy, type ListenAddress } from "../policy/declarative-policy.js";
@@ -205,6 +206,15 @@ class GuestSide {
       // refused before any TLS work. Every request inside the tunnel is still judged on its own.
       const decision = this.policy.checkHost(target.hostname);
       if (!decision.allowed) throw denied(decision.reason);
+      // A spread copy of createHttpHooks' hooks delegates the allowlist to its generated
+      // function, which is a pure host check: ask it here too, so the CONNECT answer is the same.
+      const generated = this.config.checkHooks.isRequestAllowed;
+      if (generated !== undefined && declarativeConfigOf(generated) !== undefined) {
+        const url = `https://${target.hostname}${target.port === 443 ? "" : `:${target.port}`}/`;
+        if (generated({ url, method: "CONNECT" }) !== true) {
+          throw denied(`host "${target.hostname.replace(/^\[|\]$/g, "")}" is not in allowedHosts (the spread copy's isRequestAllowed refused it)`);
+        }
+      }
       const literal = target.hostname.replace(/^\[|\]$/g, "");
       if (isIP(literal) !== 0) {
         const address = this.policy.checkAddress(literal, { ip: literal, family: isIP(literal) === 6 ? 6 : 4 }, target.port);

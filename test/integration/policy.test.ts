@@ -83,6 +83,9 @@ describe("the allowlist", () => {
     try {
       expect((await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`)).status).toBe(200);
       expect((await curlVia(proxy.url, "/dev/null", `http://other.test:${upstream.port}/echo`)).status).toBe(403);
+      // The CONNECT itself is refused, as the native path does.
+      const tunnel = await curlVia(proxy.url, "/dev/null", `https://other.test:${upstream.port}/echo`);
+      expect(tunnel.stderr).toMatch(/CONNECT tunnel failed, response 403/);
       expect(upstream.hits()).toBe(1);
     } finally {
       await proxy.close();
