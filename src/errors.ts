@@ -12,6 +12,10 @@ export type EgressErrorCode =
   | "EG_UPSTREAM_TIMEOUT"
   | "EG_REDIRECT_LOOP"
   | "EG_UNSUPPORTED"
+  | "EG_TOO_LARGE"
+  | "EG_HOOK_BLOCKED"
+  | "EG_HOOK_FAILED"
+  | "EG_HOOK_TIMEOUT"
   | "EG_BAD_OPTION"
   | "EG_CA";
 
@@ -21,6 +25,7 @@ const statusTexts: Record<number, string> = {
   403: "Forbidden",
   405: "Method Not Allowed",
   413: "Content Too Large",
+  451: "Unavailable For Legal Reasons",
   417: "Expectation Failed",
   421: "Misdirected Request",
   431: "Request Header Fields Too Large",

@@ -12,17 +12,28 @@ export interface IpInfo {
   readonly protocol: "http:" | "https:";
 }
 
+type MaybePromise<T> = T | Promise<T>;
+
 /**
- * The hook functions a proxy runs. Tier-3 semantics (Request/Response objects, onRequest and
- * onResponse) arrive with the tier-3 work; the declarative tier is carried alongside, hidden
- * from spreading.
+ * The tier-3 hooks: ordinary (a)sync functions in the embedding process, given real WHATWG
+ * `Request`/`Response` objects. The return-value contract is DESIGN.md §2:
+ * - `isRequestAllowed(request)`: `false` means 403. The request has no body.
+ * - `isIpAllowed(info)`: `false` skips that address; none left means 403.
+ * - `onRequest(request)`: `undefined` continues (in-place header edits kept), a `Request`
+ *   continues rewritten (and is checked again), a `Response` answers without any upstream.
+ * - `onResponse(response, request)`: `undefined` forwards the response as received, a
+ *   `Response` replaces it.
+ *
+ * Throw `HttpRequestBlockedError` to answer with its status; any other failure means 502.
  */
 export interface HttpHooks {
-  isRequestAllowed?: (request: { readonly url: string; readonly method: string }) => boolean | Promise<boolean>;
-  isIpAllowed?: (info: IpInfo) => boolean | Promise<boolean>;
+  isRequestAllowed?: (request: Request) => MaybePromise<boolean>;
+  isIpAllowed?: (info: IpInfo) => MaybePromise<boolean>;
+  onRequest?: (request: Request) => MaybePromise<Request | Response | undefined | void>;
+  onResponse?: (response: Response, request: Request) => MaybePromise<Response | undefined | void>;
 }
 
-export interface HttpHooksOptions {
+export interface HttpHooksOptions extends HttpHooks {
   /** Host patterns that may be reached; `*` matches any run of characters. Default: none (deny-all). */
   readonly allowedHosts?: readonly string[];
   /** Host patterns that may resolve to internal addresses; they count as allowed hosts too. */
@@ -63,7 +74,18 @@ export interface CreatedHttpHooks {
  */
 const declarativeKey = Symbol.for("egressgate.declarative");
 
-const knownOptions = new Set(["allowedHosts", "allowedInternalHosts", "blockInternalRanges", "secrets", "replaceSecretsInQuery"]);
+const hookNames = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"] as const;
+const knownOptions = new Set<string>([
+  "allowedHosts",
+  "allowedInternalHosts",
+  "blockInternalRanges",
+  "secrets",
+  "replaceSecretsInQuery",
+  ...hookNames,
+]);
+
+/** The user's own function inside a generated one, for the native path to call alone. */
+const userHookKey = Symbol.for("egressgate.userHook");
 
 function patternList(value: unknown, name: string): string[] {
   if (value === undefined) return [];
@@ -90,6 +112,11 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
   if (options.blockInternalRanges !== undefined && typeof options.blockInternalRanges !== "boolean") {
     throw new TypeError("createHttpHooks: blockInternalRanges must be a boolean");
   }
+  for (const name of hookNames) {
+    if (options[name] !== undefined && typeof options[name] !== "function") {
+      throw new TypeError(`createHttpHooks: ${name} must be a function`);
+    }
+  }
   if (options.replaceSecretsInQuery !== undefined && typeof options.replaceSecretsInQuery !== "boolean") {
     throw new TypeError("createHttpHooks: replaceSecretsInQuery must be a boolean");
   }
@@ -109,19 +136,29 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
   });
   const hosts = compileHostPatterns([...config.allowedHosts, ...config.allowedInternalHosts]);
   const internal = compileHostPatterns(config.allowedInternalHosts);
+  const hostAllowed = (request: Request): boolean => hosts.match(new URL(request.url).hostname.replace(/^\[|\]$/g, "")) !== undefined;
+  const ipAllowed = (info: IpInfo): boolean => {
+    const c = classifyIp(info.ip);
+    if (c.metadata) return false;
+    return !c.internal || !config.blockInternalRanges || internal.match(info.hostname) !== undefined;
+  };
+  const userAllow = options.isRequestAllowed;
+  const userIp = options.isIpAllowed;
+  // The generated functions do the declarative checks, then the user's own hook if any.
   const httpHooks: HttpHooks = {
-    isRequestAllowed: (request) => hosts.match(new URL(request.url).hostname.replace(/^\[|\]$/g, "")) !== undefined,
-    isIpAllowed: (info) => {
-      const c = classifyIp(info.ip);
-      if (c.metadata) return false;
-      return !c.internal || !config.blockInternalRanges || internal.match(info.hostname) !== undefined;
-    },
+    isRequestAllowed: userAllow === undefined ? hostAllowed : async (request) => hostAllowed(request) && (await userAllow(request)),
+    isIpAllowed: userIp === undefined ? ipAllowed : async (info) => ipAllowed(info) && (await userIp(info)),
+    ...(options.onRequest !== undefined ? { onRequest: options.onRequest } : {}),
+    ...(options.onResponse !== undefined ? { onResponse: options.onResponse } : {}),
   };
   // The generated functions carry the configuration too: a spread copy keeps them, and the
-  // proxy recognises them and knows the declarative tier is delegated to them.
+  // proxy recognises them and knows the declarative tier is delegated to them. On the native
+  // path it calls only the user's part, found under userHookKey.
   for (const target of [httpHooks, httpHooks.isRequestAllowed, httpHooks.isIpAllowed]) {
     Object.defineProperty(target, declarativeKey, { value: config, enumerable: false });
   }
+  Object.defineProperty(httpHooks.isRequestAllowed, userHookKey, { value: userAllow, enumerable: false });
+  Object.defineProperty(httpHooks.isIpAllowed, userHookKey, { value: userIp, enumerable: false });
   return {
     httpHooks,
     env: Object.freeze(secrets.env()),
@@ -132,6 +169,11 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
       deleteSecret: (name) => secrets.delete(name),
     },
   };
+}
+
+/** For a generated check function: the user's own hook inside it, if any. */
+export function userPartOf<F extends object>(generated: F): F | undefined {
+  return (generated as Record<symbol, F | undefined>)[userHookKey];
 }
 
 /** The declarative configuration attached by createHttpHooks, if the object still carries it. */

@@ -1,6 +1,6 @@
 import type { Readable } from "node:stream";
 import type { Decision } from "../policy/decision.js";
-import type { HeaderList } from "./headers.js";
+import type { HeaderList } from "../headers.js";
 
 /** A request as the pipeline evaluates it: already validated, with end-to-end headers only. */
 export interface OutboundRequest {
@@ -9,8 +9,11 @@ export interface OutboundRequest {
   readonly url: URL;
   /** End-to-end headers, without Host (it is derived from `url` on every hop). */
   readonly headers: HeaderList;
-  /** The guest's body, streamed through unread; null when the request has none. */
-  readonly body: Readable | null;
+  /**
+   * The guest's body, streamed through unread; bytes when a hook built a new body (those can be
+   * re-sent on a 307/308); null when the request has none.
+   */
+  readonly body: Readable | Uint8Array | null;
 }
 
 export interface PipelineResponse {
@@ -24,6 +27,8 @@ export interface PipelineResponse {
   /** The URL the response came from, after redirects. */
   readonly url: URL;
   readonly redirects: number;
+  /** Called once the guest has the response: releases an upstream body a hook replaced. */
+  readonly cleanup?: () => void;
 }
 
 /** Per-request context the proxy layer hands to the pipeline. */

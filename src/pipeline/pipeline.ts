@@ -1,24 +1,32 @@
 import { errors as undiciErrors, type Dispatcher } from "undici";
-import { EgressError, denied } from "../errors.js";
+import type { Readable } from "node:stream";
+import { EgressError, badRequest, denied } from "../errors.js";
+import { BodyTap } from "../hooks/body-tap.js";
+import { makeRequest } from "../hooks/fetch-objects.js";
+import { runHook } from "../hooks/run-hook.js";
 import type { HttpHooks } from "../hooks/http-hooks.js";
-import { deny, type Decision } from "../policy/decision.js";
+import { allow, deny, type Decision } from "../policy/decision.js";
 import type { DeclarativePolicy } from "../policy/declarative-policy.js";
 import type { PinnedPools } from "../upstream/pinned-pools.js";
 import type { ResolvedAddress, Resolver } from "../upstream/resolve.js";
 import type { ExchangeContext, OutboundRequest, PipelineResponse } from "./exchange.js";
-import { endToEndHeaders, headerObjectToList } from "./headers.js";
+import { endToEndHeaders, headerObjectToList } from "../headers.js";
+import { runOnRequest, runOnResponse, type HookLimits } from "./hook-phases.js";
 import { nextHop, redirectStatuses } from "./redirects.js";
+
+const answeredByHook = allow("tier3", "onRequest", "answered by the onRequest hook; no upstream was contacted");
 
 export interface PipelineOptions {
   readonly policy: DeclarativePolicy;
   /**
-   * Hook functions called in the checks of §3 step 4 (tier 3). When the declarative tier is
-   * evaluated natively, the generated functions are left out of this.
+   * The hooks to run (tier 3). When the declarative tier is evaluated natively, the generated
+   * check functions are left out of this.
    */
-  readonly hooks: Pick<HttpHooks, "isRequestAllowed" | "isIpAllowed">;
+  readonly hooks: HttpHooks;
   readonly resolver: Resolver;
   readonly pools: PinnedPools;
   readonly maxRedirects: number;
+  readonly limits: HookLimits;
 }
 
 interface ApprovedTarget {
@@ -41,17 +49,47 @@ export class Pipeline {
   constructor(private readonly options: PipelineOptions) {}
 
   async handle(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
+    const { hooks, limits } = this.options;
     let request = initial;
+    let tap: BodyTap | undefined;
+    if (hooks.onRequest !== undefined && initial.body !== null) {
+      if (initial.method === "GET" || initial.method === "HEAD") {
+        throw badRequest(`${initial.method} with a body is refused while an onRequest hook is registered`);
+      }
+      tap = new BodyTap(initial.body as Readable, {
+        limit: limits.requestBodyBytes,
+        record: false,
+        ...(context.beforeBody !== undefined ? { onStart: context.beforeBody } : {}),
+      });
+    }
     for (let redirects = 0; ; redirects++) {
-      // §3 step 2 (onRequest) runs here once the hook tiers exist.
+      // §3 step 2: onRequest may rewrite the request or answer it itself.
+      if (hooks.onRequest !== undefined) {
+        const outcome = await runOnRequest(hooks.onRequest, request, redirects === 0 ? tap : undefined, limits);
+        if ("response" in outcome) {
+          return { ...outcome.response, decision: answeredByHook, url: request.url, redirects };
+        }
+        request = outcome.request;
+      }
+      // §3 step 3, then step 4 on the request exactly as it will leave.
       request = this.substituteSecrets(request);
       const target = await this.authorize(request);
       if (request.body !== null) context.beforeBody?.();
       const upstream = await this.sendToFirstReachable(request, target.addresses, context.signal);
       const location = redirectStatuses.has(upstream.status) ? upstream.location : undefined;
       if (location === undefined) {
-        // §3 step 7 (onResponse) runs here once the hook tiers exist.
-        return { ...upstream, decision: target.decision, url: request.url, redirects };
+        if (hooks.onResponse === undefined) return { ...upstream, decision: target.decision, url: request.url, redirects };
+        // §3 step 7.
+        const hooked = await runOnResponse(hooks.onResponse, upstream, request, limits);
+        return {
+          status: hooked.status,
+          headers: hooked.headers,
+          body: hooked.body,
+          decision: target.decision,
+          url: request.url,
+          redirects,
+          ...(hooked.replaced ? { cleanup: hooked.discard } : {}),
+        };
       }
       // A redirect's own body is thrown away; dump() gives up (closing that connection) past the limit.
       void upstream.body?.dump({ limit: redirectBodyLimit }).catch(() => undefined);
@@ -78,8 +116,11 @@ export class Pipeline {
   private async authorize(request: OutboundRequest): Promise<ApprovedTarget> {
     const { policy, hooks, resolver } = this.options;
     const { url } = request;
-    if (hooks.isRequestAllowed !== undefined) {
-      const allowed = await hooks.isRequestAllowed({ url: url.href, method: request.method });
+    const isRequestAllowed = hooks.isRequestAllowed;
+    if (isRequestAllowed !== undefined) {
+      // The hook sees the request as it will leave (secrets substituted), without a body.
+      const seen = makeRequest(url, request.method, request.headers, null);
+      const allowed = await runHook("isRequestAllowed", this.options.limits.hookMs, () => isRequestAllowed(seen));
       if (allowed !== true) throw denied(`request to ${url.origin} refused by isRequestAllowed`);
     }
     const hostDecision = policy.checkHost(url.hostname);
@@ -95,10 +136,11 @@ export class Pipeline {
         firstRefusal ??= decision;
         continue;
       }
-      if (hooks.isIpAllowed !== undefined) {
+      const isIpAllowed = hooks.isIpAllowed;
+      if (isIpAllowed !== undefined) {
         const hostname = url.hostname.replace(/^\[|\]$/g, "");
         const info = { hostname, ip: address.ip, family: address.family, port, protocol: url.protocol as "http:" | "https:" };
-        if ((await hooks.isIpAllowed(info)) !== true) {
+        if ((await runHook("isIpAllowed", this.options.limits.hookMs, () => isIpAllowed(info))) !== true) {
           firstRefusal ??= deny("hooks", "isIpAllowed", `an address of "${hostname}" was refused by isIpAllowed`, `${hostname} -> ${address.ip}`);
           continue;
         }

@@ -1,6 +1,6 @@
 import { EgressError } from "../errors.js";
 import type { OutboundRequest } from "./exchange.js";
-import { getHeader, withoutHeaders } from "./headers.js";
+import { getHeader, withoutHeaders } from "../headers.js";
 
 export const redirectStatuses = new Set([301, 302, 303, 307, 308]);
 
@@ -35,7 +35,7 @@ export function nextHop(previous: OutboundRequest, status: number, location: str
   if (method !== previous.method) {
     headers = withoutHeaders(headers, bodyHeaders);
     body = null;
-  } else if (body !== null) {
+  } else if (body !== null && !(body instanceof Uint8Array)) {
     if (hasBodyBytes(previous)) {
       throw new EgressError(
         "EG_UPSTREAM",

@@ -1,7 +1,7 @@
 import type { IncomingMessage } from "node:http";
 import { EgressError, badRequest } from "../errors.js";
 import type { OutboundRequest } from "../pipeline/exchange.js";
-import { endToEndHeaders } from "../pipeline/headers.js";
+import { endToEndHeaders } from "../headers.js";
 import { normalizeHost, parseAuthority, type Authority } from "./authority.js";
 
 /** What a CONNECT established: every request inside the tunnel must be for this host. */

@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
 import { isIP } from "node:net";
-import { declarativeConfigOf, type HttpHooks } from "../hooks/http-hooks.js";
+import { declarativeConfigOf, userPartOf, type HttpHooks } from "../hooks/http-hooks.js";
 import { logLevels, type LogLevel, type LogSink } from "../log.js";
 import type { DeclarativeConfig } from "../policy/declarative-policy.js";
 import { defaultCaDir } from "../tls/ca-store.js";
@@ -24,6 +24,8 @@ export interface TimeoutOptions {
   readonly upstreamBodyMs?: number;
   /** How long `close()` lets in-flight requests finish before cutting them. Default 10 s. */
   readonly drainMs?: number;
+  /** Each hook call must settle within this (504 after). Default 30 s. */
+  readonly hookMs?: number;
 }
 
 /** Options for {@link startProxy}. Every CLI flag has the matching option. */
@@ -46,6 +48,10 @@ export interface ProxyOptions {
   readonly leafCacheSize?: number;
   /** Redirect hops the proxy follows before answering 508. Default 10. */
   readonly maxRedirects?: number;
+  /** Largest request body a hook may read (413 beyond). Bodies no hook reads are not limited. Default 64 MiB. */
+  readonly maxHttpBodyBytes?: number;
+  /** Largest response body a hook may read (502 beyond). Default 64 MiB. */
+  readonly maxHttpResponseBodyBytes?: number;
   readonly timeouts?: TimeoutOptions;
   /** Default "info": one line per request decision. */
   readonly logLevel?: LogLevel;
@@ -59,8 +65,11 @@ export interface ResolvedProxyOptions {
   readonly hooks: HttpHooks;
   /** The declarative tier, evaluated natively. */
   readonly declarative: DeclarativeConfig;
-  /** Hook functions the pipeline calls in its checks (empty when the native path covers them). */
-  readonly checkHooks: Pick<HttpHooks, "isRequestAllowed" | "isIpAllowed">;
+  /**
+   * The hooks the pipeline calls. The generated declarative checks are left out when the native
+   * path covers them (only the user's own part stays).
+   */
+  readonly checkHooks: HttpHooks;
   readonly env: Readonly<Record<string, string>>;
   readonly listen: { readonly host: string; readonly port: number };
   readonly caDir: string;
@@ -69,6 +78,8 @@ export interface ResolvedProxyOptions {
   readonly leafKeyType: LeafKeyType;
   readonly leafCacheSize: number;
   readonly maxRedirects: number;
+  readonly maxHttpBodyBytes: number;
+  readonly maxHttpResponseBodyBytes: number;
   readonly timeouts: Required<TimeoutOptions>;
   readonly logLevel: LogLevel;
   readonly logSink: LogSink | undefined;
@@ -90,7 +101,10 @@ export const defaults = Object.freeze({
     upstreamHeadersMs: 60_000,
     upstreamBodyMs: 120_000,
     drainMs: 10_000,
+    hookMs: 30_000,
   }),
+  maxHttpBodyBytes: 64 * 1024 * 1024,
+  maxHttpResponseBodyBytes: 64 * 1024 * 1024,
 });
 
 const knownKeys = [
@@ -103,6 +117,8 @@ const knownKeys = [
   "leafKeyType",
   "leafCacheSize",
   "maxRedirects",
+  "maxHttpBodyBytes",
+  "maxHttpResponseBodyBytes",
   "timeouts",
   "logLevel",
   "logSink",
@@ -164,11 +180,13 @@ function declarativeMode(hooks: HttpHooks): Pick<ResolvedProxyOptions, "declarat
   const generatedIp = configOf(hooks.isIpAllowed);
   const native = declarativeConfigOf(hooks);
   const delegated = native === undefined && generatedAllow !== undefined && generatedIp !== undefined;
-  const checkHooks: Pick<HttpHooks, "isRequestAllowed" | "isIpAllowed"> = {};
-  if (hooks.isRequestAllowed !== undefined && (delegated || generatedAllow === undefined)) {
-    checkHooks.isRequestAllowed = hooks.isRequestAllowed;
-  }
-  if (hooks.isIpAllowed !== undefined && (delegated || generatedIp === undefined)) checkHooks.isIpAllowed = hooks.isIpAllowed;
+  const checkHooks: HttpHooks = {};
+  const allow = hooks.isRequestAllowed === undefined || delegated || generatedAllow === undefined ? hooks.isRequestAllowed : userPartOf(hooks.isRequestAllowed);
+  const ip = hooks.isIpAllowed === undefined || delegated || generatedIp === undefined ? hooks.isIpAllowed : userPartOf(hooks.isIpAllowed);
+  if (allow !== undefined) checkHooks.isRequestAllowed = allow;
+  if (ip !== undefined) checkHooks.isIpAllowed = ip;
+  if (hooks.onRequest !== undefined) checkHooks.onRequest = hooks.onRequest;
+  if (hooks.onResponse !== undefined) checkHooks.onResponse = hooks.onResponse;
   if (delegated) return { declarative: delegatedConfig(generatedAllow), checkHooks };
   return { declarative: native ?? generatedAllow ?? generatedIp ?? denyAll, checkHooks };
 }
@@ -184,7 +202,7 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
     if (!knownKeys.includes(key)) throw new TypeError(`startProxy: unknown option "${key}" (known: ${knownKeys.join(", ")})`);
   }
   const hooks = (o["httpHooks"] === undefined ? {} : plainObject(o["httpHooks"], "httpHooks")) as HttpHooks;
-  for (const name of ["isRequestAllowed", "isIpAllowed"] as const) {
+  for (const name of ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"] as const) {
     if (hooks[name] !== undefined && typeof hooks[name] !== "function") fail(`httpHooks.${name}`, "must be a function", hooks[name]);
   }
 
@@ -244,6 +262,14 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
     leafKeyType,
     leafCacheSize: integer(o["leafCacheSize"], "leafCacheSize", 1, 1_000_000, defaults.leafCacheSize),
     maxRedirects: integer(o["maxRedirects"], "maxRedirects", 0, 100, defaults.maxRedirects),
+    maxHttpBodyBytes: integer(o["maxHttpBodyBytes"], "maxHttpBodyBytes", 0, Number.MAX_SAFE_INTEGER, defaults.maxHttpBodyBytes),
+    maxHttpResponseBodyBytes: integer(
+      o["maxHttpResponseBodyBytes"],
+      "maxHttpResponseBodyBytes",
+      0,
+      Number.MAX_SAFE_INTEGER,
+      defaults.maxHttpResponseBodyBytes,
+    ),
     timeouts,
     logLevel: logLevel as LogLevel,
     logSink: logSink as LogSink | undefined,

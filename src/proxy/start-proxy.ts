@@ -78,6 +78,11 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     resolver: new Resolver(config.staticHosts, config.timeouts.dnsMs),
     pools,
     maxRedirects: config.maxRedirects,
+    limits: {
+      requestBodyBytes: config.maxHttpBodyBytes,
+      responseBodyBytes: config.maxHttpResponseBodyBytes,
+      hookMs: config.timeouts.hookMs,
+    },
   });
 
   const guest = new GuestSide(config, log, pipeline, policy, redact);
@@ -161,7 +166,16 @@ class GuestSide {
     private readonly pipeline: Pipeline,
     private readonly policy: DeclarativePolicy,
     private readonly redact: ((text: string) => string) | undefined,
-  ) {}
+  ) {
+    // A spread copy of createHttpHooks' hooks delegates the allowlist to its generated
+    // functions; the configuration they carry still answers the CONNECT, so it gets the same
+    // verdict as on the native path.
+    const generated = config.checkHooks.isRequestAllowed;
+    const recovered = generated === undefined ? undefined : declarativeConfigOf(generated);
+    this.connectPolicy = recovered === undefined ? policy : new DeclarativePolicy(recovered, () => []);
+  }
+
+  private readonly connectPolicy: DeclarativePolicy;
 
   createServer(): Server {
     const { timeouts } = this.config;
@@ -204,21 +218,17 @@ class GuestSide {
       target = parseAuthority(req.url ?? "", "CONNECT target");
       // No hook can rewrite the destination yet, so a host the allowlist refuses can be
       // refused before any TLS work. Every request inside the tunnel is still judged on its own.
-      const decision = this.policy.checkHost(target.hostname);
-      if (!decision.allowed) throw denied(decision.reason);
-      // A spread copy of createHttpHooks' hooks delegates the allowlist to its generated
-      // function, which is a pure host check: ask it here too, so the CONNECT answer is the same.
-      const generated = this.config.checkHooks.isRequestAllowed;
-      if (generated !== undefined && declarativeConfigOf(generated) !== undefined) {
-        const url = `https://${target.hostname}${target.port === 443 ? "" : `:${target.port}`}/`;
-        if (generated({ url, method: "CONNECT" }) !== true) {
-          throw denied(`host "${target.hostname.replace(/^\[|\]$/g, "")}" is not in allowedHosts (the spread copy's isRequestAllowed refused it)`);
+      // While no onRequest hook could answer or rewrite the request, a host the allowlist
+      // refuses (or an internal IP literal) is refused before any TLS work. Every request inside
+      // the tunnel is still judged on its own.
+      if (this.config.checkHooks.onRequest === undefined) {
+        const decision = this.connectPolicy.checkHost(target.hostname);
+        if (!decision.allowed) throw denied(decision.reason);
+        const literal = target.hostname.replace(/^\[|\]$/g, "");
+        if (isIP(literal) !== 0) {
+          const address = this.connectPolicy.checkAddress(literal, { ip: literal, family: isIP(literal) === 6 ? 6 : 4 }, target.port);
+          if (!address.allowed) throw denied(address.reason);
         }
-      }
-      const literal = target.hostname.replace(/^\[|\]$/g, "");
-      if (isIP(literal) !== 0) {
-        const address = this.policy.checkAddress(literal, { ip: literal, family: isIP(literal) === 6 ? 6 : 4 }, target.port);
-        if (!address.allowed) throw denied(address.reason);
       }
     } catch (error) {
       const err = asEgressError(error);
@@ -280,6 +290,7 @@ class GuestSide {
         ...(expectsContinue ? { beforeBody: () => res.writeContinue() } : {}),
       });
       sendResponse(res, response, (error) => {
+        response.cleanup?.();
         this.logDecision({
           id,
           method: req.method ?? "",

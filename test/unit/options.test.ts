@@ -45,6 +45,7 @@ describe("resolveProxyOptions: defaults", () => {
       headersMs: 30_000,
       idleMs: 120_000,
       dnsMs: 5_000,
+      hookMs: 30_000,
       upstreamConnectMs: 10_000,
       upstreamHeadersMs: 60_000,
       upstreamBodyMs: 120_000,
@@ -245,9 +246,9 @@ describe("resolveProxyOptions: how the declarative tier is enforced", () => {
   it("the generated hooks a spread copy delegates to give the declarative answers", async () => {
     const { httpHooks } = createHttpHooks(options);
     const { checkHooks } = resolveProxyOptions({ httpHooks: { ...httpHooks } });
-    expect(await checkHooks.isRequestAllowed?.({ url: "https://public.test/x", method: "GET" })).toBe(true);
-    expect(await checkHooks.isRequestAllowed?.({ url: "https://DB.test./x", method: "GET" })).toBe(true);
-    expect(await checkHooks.isRequestAllowed?.({ url: "https://other.test/x", method: "GET" })).toBe(false);
+    expect(await checkHooks.isRequestAllowed?.(new Request("https://public.test/x"))).toBe(true);
+    expect(await checkHooks.isRequestAllowed?.(new Request("https://DB.test./x"))).toBe(true);
+    expect(await checkHooks.isRequestAllowed?.(new Request("https://other.test/x"))).toBe(false);
     expect(await checkHooks.isIpAllowed?.(ipInfo("public.test", "93.184.215.14"))).toBe(true);
     expect(await checkHooks.isIpAllowed?.(ipInfo("public.test", "127.0.0.1"))).toBe(false);
     expect(await checkHooks.isIpAllowed?.(ipInfo("db.test", "10.0.0.5"))).toBe(true);

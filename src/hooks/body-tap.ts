@@ -1,0 +1,142 @@
+import { Readable, type Transform } from "node:stream";
+import { ReadableStream } from "node:stream/web";
+import { createBrotliDecompress, createGunzip, createInflate } from "node:zlib";
+
+export interface BodyTapOptions {
+  /** Bytes a hook may read before the stream errors (counted before decoding). */
+  readonly limit: number;
+  /** Keep the raw chunks a hook pulled, so they can be forwarded unchanged afterwards. */
+  readonly record: boolean;
+  /** A Content-Encoding to undo for the hook (gzip, deflate, br). */
+  readonly encoding?: string;
+  /** Called on the first read: the guest may be waiting for `100 Continue`. */
+  readonly onStart?: () => void;
+}
+
+/** Thrown into a hook's read when it goes past the body limit. */
+export class BodyLimitError extends Error {
+  constructor(limit: number) {
+    super(`body is larger than the ${limit}-byte limit for bodies that hooks read`);
+    this.name = "BodyLimitError";
+  }
+}
+
+const decoders: Record<string, () => Transform> = {
+  gzip: () => createGunzip(),
+  "x-gzip": () => createGunzip(),
+  deflate: () => createInflate(),
+  br: () => createBrotliDecompress(),
+};
+
+/** Whether a Content-Encoding value is one the tap can decode for hooks. */
+export function decodable(encoding: string | undefined): boolean {
+  return encoding !== undefined && decoders[encoding.trim().toLowerCase()] !== undefined;
+}
+
+/**
+ * A lazy bridge from a Node body stream to the WHATWG stream a hook sees. Nothing is read until
+ * the hook reads, so an unread body can still be handed on as the original Node stream, at no
+ * cost. Once reading starts, bytes are counted against the limit (while the hook phase lasts),
+ * optionally recorded raw, and decoded if the body is compressed.
+ */
+export class BodyTap {
+  readonly web: ReadableStream<Uint8Array>;
+  started = false;
+  limitHit = false;
+  bytes = 0;
+  private capActive = true;
+  private readonly recorded: Buffer[] = [];
+  private sourceIterator: AsyncIterator<Buffer> | undefined;
+  /** The source read in flight, so a replay never races it. */
+  private pending: Promise<IteratorResult<Buffer>> | undefined;
+  private reader: Readable | undefined;
+
+  constructor(
+    readonly source: Readable,
+    private readonly options: BodyTapOptions,
+  ) {
+    let iterator: AsyncIterator<Buffer> | undefined;
+    this.web = new ReadableStream<Uint8Array>({
+      pull: async (controller) => {
+        iterator ??= this.start()[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
+        try {
+          const next = await iterator.next();
+          if (next.done === true) controller.close();
+          else controller.enqueue(new Uint8Array(next.value.buffer, next.value.byteOffset, next.value.byteLength));
+        } catch (error) {
+          controller.error(error);
+        }
+      },
+      cancel: () => {
+        this.reader?.destroy();
+      },
+    });
+  }
+
+  /** After the hook phase, forwarding is not capped: only what hooks read is. */
+  endHookPhase(): void {
+    this.capActive = false;
+  }
+
+  private next(): Promise<IteratorResult<Buffer>> {
+    // destroyOnReturn: false, so stopping the hook's reader leaves the rest for a replay.
+    this.sourceIterator ??= this.source.iterator({ destroyOnReturn: false })[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
+    this.pending = this.sourceIterator.next();
+    return this.pending;
+  }
+
+  /** Raw chunks from the source: counted, capped while hooks run, and recorded when asked. */
+  private async *raw(): AsyncGenerator<Buffer> {
+    const { limit, record } = this.options;
+    for (;;) {
+      const next = await this.next();
+      if (next.done === true) return;
+      const chunk = next.value;
+      this.bytes += chunk.length;
+      if (this.capActive && this.bytes > limit) {
+        this.limitHit = true;
+        throw new BodyLimitError(limit);
+      }
+      if (record) this.recorded.push(chunk);
+      yield chunk;
+    }
+  }
+
+  private start(): Readable {
+    this.started = true;
+    this.options.onStart?.();
+    const raw = Readable.from(this.raw(), { objectMode: false });
+    this.reader = raw;
+    const encoding = this.options.encoding?.trim().toLowerCase();
+    const makeDecoder = encoding === undefined ? undefined : decoders[encoding];
+    if (makeDecoder === undefined) return raw;
+    const decoder = makeDecoder();
+    raw.once("error", (error) => decoder.destroy(error));
+    decoder.once("close", () => raw.destroy());
+    return raw.pipe(decoder);
+  }
+
+  /**
+   * The body as it arrived: the raw chunks the hook pulled, then whatever it left unread. Used
+   * when a hook read a response body and then let the response through unchanged.
+   */
+  replay(): Readable {
+    if (!this.started) return this.source;
+    this.reader?.destroy();
+    return Readable.from(this.replayChunks(), { objectMode: false });
+  }
+
+  private async *replayChunks(): AsyncGenerator<Buffer> {
+    const inFlight = await this.pending;
+    yield* this.recorded;
+    if (inFlight?.done === true) return;
+    // A read that was in flight when the hook stopped was recorded only if the hook's reader
+    // took it; otherwise it is sent here, in order.
+    if (inFlight !== undefined && !this.recorded.includes(inFlight.value)) yield inFlight.value;
+    for (;;) {
+      const next = await this.next();
+      if (next.done === true) return;
+      yield next.value;
+    }
+  }
+}

@@ -1,0 +1,92 @@
+import { Readable } from "node:stream";
+import type { ReadableStream as NodeReadableStream } from "node:stream/web";
+import { EgressError, badRequest } from "../errors.js";
+import { endToEndHeaders, type HeaderList } from "../headers.js";
+
+/**
+ * Conversions between the proxy's own request/response shapes and the WHATWG `Request` and
+ * `Response` that hooks receive. The classes are Node's globals, the same ones a hook gets from
+ * `new Request()`; checks use the string tag, so objects from the `undici` package pass too.
+ */
+export function isRequest(value: unknown): value is Request {
+  return Object.prototype.toString.call(value) === "[object Request]";
+}
+
+export function isResponse(value: unknown): value is Response {
+  return Object.prototype.toString.call(value) === "[object Response]";
+}
+
+/** A raw header list as WHATWG Headers, with `host` set from the URL (as it will be sent). */
+export function toHeaders(list: HeaderList, host: string | undefined): Headers {
+  const headers = new Headers();
+  try {
+    for (let i = 0; i < list.length; i += 2) headers.append(list[i]!, list[i + 1]!);
+  } catch (error) {
+    throw badRequest(`a header cannot be represented for hooks: ${(error as Error).message}`);
+  }
+  if (host !== undefined) headers.set("host", host);
+  return headers;
+}
+
+/** WHATWG Headers back to a raw list, hop-by-hop and Host removed; Set-Cookie stays split. */
+export function fromHeaders(headers: Headers): HeaderList {
+  const list: HeaderList = [];
+  for (const [name, value] of headers) {
+    if (name === "set-cookie") continue;
+    list.push(name, value);
+  }
+  for (const cookie of headers.getSetCookie()) list.push("set-cookie", cookie);
+  return endToEndHeaders(list, dropFromHooks);
+}
+
+const dropFromHooks = new Set(["host"]);
+
+export function makeRequest(url: URL, method: string, headers: HeaderList, body: ReadableStream<Uint8Array> | null): Request {
+  return new Request(url.href, {
+    method,
+    headers: toHeaders(headers, url.host),
+    body,
+    ...(body === null ? {} : { duplex: "half" as const }),
+  } as RequestInit);
+}
+
+export function makeResponse(status: number, headers: HeaderList, body: ReadableStream<Uint8Array> | null): Response {
+  const nullBody = status === 204 || status === 205 || status === 304;
+  return new Response(nullBody ? null : body, { status, headers: toHeaders(headers, undefined) });
+}
+
+/** The URL a hook's Request names, which must stay HTTP(S). */
+export function requestUrl(request: Request, hook: string): URL {
+  const url = new URL(request.url);
+  if (url.protocol !== "http:" && url.protocol !== "https:") {
+    throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned a Request for a non-HTTP URL (${url.protocol})`);
+  }
+  url.hash = "";
+  return url;
+}
+
+/** A web body as a Node stream for undici or the guest. */
+export function nodeBody(body: ReadableStream<Uint8Array>): Readable {
+  return Readable.fromWeb(body as unknown as NodeReadableStream<Uint8Array>);
+}
+
+/**
+ * Reads a body a hook built itself (a rewrite), so it can be sent with an exact
+ * Content-Length. Bounded by the hook body limit.
+ */
+export async function readHookBody(body: ReadableStream<Uint8Array>, limit: number): Promise<Buffer> {
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  const reader = body.getReader();
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    size += value.byteLength;
+    if (size > limit) {
+      await reader.cancel();
+      throw new EgressError("EG_TOO_LARGE", 413, `the request body a hook built is larger than maxHttpBodyBytes (${limit})`);
+    }
+    chunks.push(value);
+  }
+  return Buffer.concat(chunks);
+}

@@ -1,0 +1,131 @@
+import type { Readable } from "node:stream";
+import { EgressError, badRequest } from "../errors.js";
+import { getHeader, withoutHeaders, type HeaderList } from "../headers.js";
+import { BodyTap, decodable } from "../hooks/body-tap.js";
+import {
+  fromHeaders,
+  isRequest,
+  isResponse,
+  makeRequest,
+  makeResponse,
+  nodeBody,
+  readHookBody,
+  requestUrl,
+} from "../hooks/fetch-objects.js";
+import type { HttpHooks } from "../hooks/http-hooks.js";
+import { runHook } from "../hooks/run-hook.js";
+import type { OutboundRequest } from "./exchange.js";
+
+export interface HookLimits {
+  readonly requestBodyBytes: number;
+  readonly responseBodyBytes: number;
+  readonly hookMs: number;
+}
+
+/** A response made or passed on by hooks, ready for the guest. */
+export interface HookedResponse {
+  readonly status: number;
+  readonly headers: HeaderList;
+  readonly body: Readable | null;
+}
+
+export type OnRequestOutcome = { readonly request: OutboundRequest } | { readonly response: HookedResponse };
+
+const contentLengthHeaders = new Set(["content-length", "transfer-encoding"]);
+const encodedBodyHeaders = new Set(["content-encoding", "content-length"]);
+
+/** A Response from a hook, as the guest will get it. Its body is the hook's own stream. */
+export function fromHookResponse(response: Response, hook: string): HookedResponse {
+  if (response.bodyUsed) {
+    throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned a Response whose body was already read`);
+  }
+  return {
+    status: response.status,
+    headers: fromHeaders(response.headers),
+    body: response.body === null ? null : nodeBody(response.body),
+  };
+}
+
+/**
+ * §3 step 2 for tier 3: the hook sees a Request with a lazily read body. Continuing with the same
+ * Request keeps the original stream (not copied at all when unread, or its tee branch after
+ * `clone()`); a new Request's body is read so it can go out with an exact Content-Length.
+ */
+export async function runOnRequest(
+  onRequest: NonNullable<HttpHooks["onRequest"]>,
+  request: OutboundRequest,
+  tap: BodyTap | undefined,
+  limits: HookLimits,
+): Promise<OnRequestOutcome> {
+  const body = request.body === null ? null : (tap?.web as ReadableStream<Uint8Array> | undefined) ?? null;
+  const seen = makeRequest(request.url, request.method, request.headers, body);
+  const out = await runHook("onRequest", limits.hookMs, () => onRequest(seen));
+  tap?.endHookPhase();
+  if (tap?.limitHit === true) {
+    throw new EgressError("EG_TOO_LARGE", 413, `the request body is larger than maxHttpBodyBytes (${limits.requestBodyBytes}) for a hook to read`);
+  }
+  if (isResponse(out)) return { response: fromHookResponse(out, "onRequest") };
+  if (out !== undefined && !isRequest(out)) {
+    throw new EgressError("EG_HOOK_FAILED", 502, "onRequest returned something other than undefined, a Request or a Response");
+  }
+  const final = out ?? seen;
+  if (final.bodyUsed) {
+    throw badRequest("onRequest read the request body and then forwarded it; read request.clone() instead");
+  }
+  const url = requestUrl(final, "onRequest");
+  let headers = fromHeaders(final.headers);
+  let forwarded: Readable | Uint8Array | null = null;
+  if (final.body !== null) {
+    if (final === seen) {
+      // The guest's own bytes: untouched (fast path) or through the tee that clone() made.
+      forwarded = tap !== undefined && !tap.started && final.body === tap.web ? tap.source : nodeBody(final.body);
+    } else {
+      const bytes = await readHookBody(final.body, limits.requestBodyBytes);
+      headers = [...withoutHeaders(headers, contentLengthHeaders), "content-length", String(bytes.length)];
+      forwarded = bytes;
+    }
+  }
+  return { request: { method: final.method, url, headers, body: forwarded } };
+}
+
+/**
+ * §3 step 7 for tier 3: the hook sees the response decoded (gzip, deflate, br) and without
+ * Content-Encoding. If it returns undefined, the guest gets the original bytes, including any
+ * part of the body the hook read.
+ */
+export async function runOnResponse(
+  onResponse: NonNullable<HttpHooks["onResponse"]>,
+  upstream: HookedResponse,
+  request: OutboundRequest,
+  limits: HookLimits,
+): Promise<HookedResponse & { readonly replaced: boolean; readonly discard: () => void }> {
+  if (upstream.status < 200 || upstream.status > 599) {
+    throw new EgressError("EG_UPSTREAM", 502, `upstream answered status ${upstream.status}, which hooks cannot represent`);
+  }
+  const encoding = getHeader(upstream.headers, "content-encoding");
+  const decode = decodable(encoding);
+  const tap =
+    upstream.body === null
+      ? undefined
+      : new BodyTap(upstream.body, { limit: limits.responseBodyBytes, record: true, ...(decode ? { encoding: encoding! } : {}) });
+  const hookHeaders = decode ? withoutHeaders(upstream.headers, encodedBodyHeaders) : upstream.headers;
+  const seen = makeResponse(upstream.status, hookHeaders, (tap?.web as ReadableStream<Uint8Array> | undefined) ?? null);
+  const seenRequest = makeRequest(request.url, request.method, request.headers, null);
+  const out = await runHook("onResponse", limits.hookMs, () => onResponse(seen, seenRequest));
+  tap?.endHookPhase();
+  const discard = (): void => {
+    upstream.body?.destroy();
+  };
+  if (tap?.limitHit === true) {
+    discard();
+    throw new EgressError("EG_UPSTREAM", 502, `the response body is larger than maxHttpResponseBodyBytes (${limits.responseBodyBytes}) for a hook to read`);
+  }
+  if (out === undefined) {
+    return { ...upstream, body: tap === undefined ? null : tap.replay(), replaced: false, discard };
+  }
+  if (!isResponse(out)) {
+    discard();
+    throw new EgressError("EG_HOOK_FAILED", 502, "onResponse returned something other than undefined or a Response");
+  }
+  return { ...fromHookResponse(out, "onResponse"), replaced: true, discard };
+}
