@@ -67,6 +67,11 @@ export function parseResolve(values: readonly string[]): Record<string, string[]
   return out;
 }
 
+function nonNegativeInteger(value: number, flag: string): number {
+  if (!Number.isSafeInteger(value) || value < 0) throw new UsageError(`${flag}: expected a non-negative integer, got ${String(value)}`);
+  return value;
+}
+
 function optionalString(value: unknown): string | undefined {
   return value === undefined ? undefined : String(value);
 }
@@ -99,12 +104,17 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
           .option("guest-env-file", { type: "string", describe: "write the guest environment (KEY=value lines) to FILE" })
           .option("leaf-key", { choices: ["ecdsa", "rsa"] as const, default: "ecdsa" as const, describe: "leaf certificate key type" })
           .option("max-redirects", { type: "number", default: 10, describe: "redirect hops followed before 508" })
+          .option("max-body-bytes", { type: "number", default: 64 * 1024 * 1024, describe: "largest request body a hook may read (413 beyond)" })
+          .option("max-response-body-bytes", {
+            type: "number",
+            default: 64 * 1024 * 1024,
+            describe: "largest response body a hook may read (502 beyond)",
+          })
           .option("log-level", { choices: logLevels as LogLevel[], default: "info" as LogLevel, describe: "log verbosity (JSON lines on stderr)" }),
       (args) => {
-        const maxRedirects = args["max-redirects"];
-        if (!Number.isInteger(maxRedirects) || maxRedirects < 0) {
-          throw new UsageError(`--max-redirects: expected a non-negative integer, got ${String(maxRedirects)}`);
-        }
+        const maxRedirects = nonNegativeInteger(args["max-redirects"], "--max-redirects");
+        const maxHttpBodyBytes = nonNegativeInteger(args["max-body-bytes"], "--max-body-bytes");
+        const maxHttpResponseBodyBytes = nonNegativeInteger(args["max-response-body-bytes"], "--max-response-body-bytes");
         const secrets: Record<string, { hosts: string[]; value: string }> = {};
         for (const spec of strings(args["host-secret"])) {
           const { name, hosts, value } = parseHostSecret(spec, env);
@@ -135,6 +145,8 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
             upstreamCa: strings(args["upstream-ca"]),
             leafKeyType: args["leaf-key"],
             maxRedirects,
+            maxHttpBodyBytes,
+            maxHttpResponseBodyBytes,
             logLevel: args["log-level"],
             ...(caDir !== undefined ? { caDir } : {}),
             ...(envFile !== undefined ? { guestEnvFile: envFile } : {}),
