@@ -59,11 +59,14 @@ export async function runOnRequest(
 ): Promise<OnRequestOutcome> {
   const body = request.body === null ? null : (tap?.web as ReadableStream<Uint8Array> | undefined) ?? null;
   const seen = makeRequest(request.url, request.method, request.headers, body);
-  const out = await runHook("onRequest", limits.hookMs, () => onRequest(seen));
+  const tooLarge = (): EgressError =>
+    new EgressError("EG_TOO_LARGE", 413, `the request body is larger than maxHttpBodyBytes (${limits.requestBodyBytes}) for a hook to read`);
+  // A hook that hit the limit usually fails with it: the limit, not the hook, is the answer.
+  const out = await runHook("onRequest", limits.hookMs, () => onRequest(seen)).catch((error: unknown) => {
+    throw tap?.limitHit === true ? tooLarge() : error;
+  });
   tap?.endHookPhase();
-  if (tap?.limitHit === true) {
-    throw new EgressError("EG_TOO_LARGE", 413, `the request body is larger than maxHttpBodyBytes (${limits.requestBodyBytes}) for a hook to read`);
-  }
+  if (tap?.limitHit === true) throw tooLarge();
   if (isResponse(out)) return { response: fromHookResponse(out, "onRequest") };
   if (out !== undefined && !isRequest(out)) {
     throw new EgressError("EG_HOOK_FAILED", 502, "onRequest returned something other than undefined, a Request or a Response");
@@ -111,15 +114,20 @@ export async function runOnResponse(
   const hookHeaders = decode ? withoutHeaders(upstream.headers, encodedBodyHeaders) : upstream.headers;
   const seen = makeResponse(upstream.status, hookHeaders, (tap?.web as ReadableStream<Uint8Array> | undefined) ?? null);
   const seenRequest = makeRequest(request.url, request.method, request.headers, null);
-  const out = await runHook("onResponse", limits.hookMs, () => onResponse(seen, seenRequest));
-  tap?.endHookPhase();
   const discard = (): void => {
     upstream.body?.destroy();
   };
-  if (tap?.limitHit === true) {
+  const tooLarge = (): EgressError => {
     discard();
-    throw new EgressError("EG_UPSTREAM", 502, `the response body is larger than maxHttpResponseBodyBytes (${limits.responseBodyBytes}) for a hook to read`);
-  }
+    return new EgressError("EG_UPSTREAM", 502, `the response body is larger than maxHttpResponseBodyBytes (${limits.responseBodyBytes}) for a hook to read`);
+  };
+  const out = await runHook("onResponse", limits.hookMs, () => onResponse(seen, seenRequest)).catch((error: unknown) => {
+    if (tap?.limitHit === true) throw tooLarge();
+    discard();
+    throw error;
+  });
+  tap?.endHookPhase();
+  if (tap?.limitHit === true) throw tooLarge();
   if (out === undefined) {
     return { ...upstream, body: tap === undefined ? null : tap.replay(), replaced: false, discard };
   }

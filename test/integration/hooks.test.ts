@@ -1,0 +1,402 @@
+import { createHash } from "node:crypto";
+import { connect } from "node:net";
+import { Readable } from "node:stream";
+import { gzipSync } from "node:zlib";
+import { request } from "undici";
+import { describe, expect, it, onTestFinished } from "vitest";
+import { HttpRequestBlockedError, type HttpHooksOptions, type ProxyOptions } from "../../src/index.js";
+import { curlVia } from "../helpers/curl.js";
+import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
+import { patternChunk, startUpstream, type Upstream } from "../helpers/upstream.js";
+
+interface Echo {
+  method: string;
+  path: string;
+  headers: Record<string, string | undefined>;
+  bodyBytes: number;
+  bodySha256: string;
+}
+
+const MiB = 1024 * 1024;
+const gzipped = gzipSync(Buffer.from(JSON.stringify({ hello: "world", n: 42 })));
+
+async function setup(hooks: HttpHooksOptions, options: Omit<ProxyOptions, "httpHooks"> = {}) {
+  const upstream = await startUpstream({
+    names: ["api.test", "other.test"],
+    routes: {
+      "/gzip": (_req, res) => {
+        res.writeHead(200, { "content-type": "application/json", "content-encoding": "gzip", "content-length": gzipped.length });
+        res.end(gzipped);
+      },
+      "/big": (_req, res) => {
+        res.writeHead(200, { "content-type": "application/octet-stream" });
+        res.end(Buffer.alloc(2 * MiB, 7));
+      },
+    },
+  });
+  const proxy = await startTestProxy({ allowedInternalHosts: ["api.test", "other.test"], ...hooks }, options);
+  return { upstream, proxy, base: `https://api.test:${upstream.port}` };
+}
+
+function streamOf(size: number): { body: Readable; sha256: string } {
+  const chunk = patternChunk(64 * 1024);
+  const hash = createHash("sha256");
+  for (let n = 0; n < size; n += chunk.length) hash.update(chunk);
+  let sent = 0;
+  const body = new Readable({
+    read() {
+      if (sent >= size) this.push(null);
+      else {
+        sent += chunk.length;
+        this.push(chunk);
+      }
+    },
+  });
+  return { body, sha256: hash.digest("hex") };
+}
+
+async function upload(proxy: Parameters<typeof proxyAgent>[0], url: string, size: number) {
+  const { body, sha256 } = streamOf(size);
+  const res = await request(url, {
+    dispatcher: proxyAgent(proxy),
+    method: "PUT",
+    body,
+    headers: { "content-length": String(size) },
+  }).catch((error: Error) => error);
+  if (res instanceof Error) return { status: 0, text: res.message, sha256 };
+  return { status: res.statusCode, text: await res.body.text(), sha256 };
+}
+
+function hits(upstream: Upstream): number {
+  return upstream.hits();
+}
+
+describe("onRequest", () => {
+  it("a Response from onRequest answers the guest with no DNS, no upstream and no onResponse", async () => {
+    let onResponseCalls = 0;
+    const { upstream, proxy } = await setup({
+      onRequest: (req) => (new URL(req.url).hostname === "mock.invalid" ? Response.json({ mocked: true }, { status: 201 }) : undefined),
+      onResponse: () => {
+        onResponseCalls += 1;
+      },
+    });
+    const res = await fetchVia(proxy, "https://mock.invalid/anything");
+    expect(res.status).toBe(201);
+    expect(JSON.parse(res.text)).toEqual({ mocked: true });
+    expect(hits(upstream)).toBe(0);
+    expect(onResponseCalls).toBe(0);
+  });
+
+  it("in-place header edits are kept when onRequest returns undefined, and hop-by-hop headers never reach it", async () => {
+    let seenHeaders: string[] = [];
+    const { proxy, base } = await setup({
+      onRequest: (req) => {
+        seenHeaders = [...req.headers.keys()];
+        req.headers.set("x-added", "by-hook");
+        req.headers.delete("x-remove-me");
+      },
+    });
+    // curl sends the Connection header as given (undici would rewrite it).
+    const res = await curlVia(proxy.url, `${proxy.caDir}/ca.crt`, `${base}/echo`, ["-H", "x-remove-me: 1", "-H", "Connection: keep-alive, x-hop", "-H", "x-hop: 1"]);
+    const echo = JSON.parse(res.body) as Echo;
+    expect(echo.headers["x-added"]).toBe("by-hook");
+    expect(echo.headers["x-remove-me"]).toBeUndefined();
+    expect(seenHeaders).toContain("host");
+    expect(seenHeaders).not.toContain("x-hop");
+    expect(seenHeaders).not.toContain("connection");
+  });
+
+  it("a rewrite to another allowed host goes there with a Host header that matches the URL", async () => {
+    const { proxy, base, upstream } = await setup({
+      onRequest: (req) => {
+        const url = new URL(req.url);
+        url.hostname = "other.test";
+        url.pathname = "/echo";
+        return new Request(url, req);
+      },
+    });
+    const res = await fetchVia(proxy, `${base}/original`);
+    const echo = JSON.parse(res.text) as Echo;
+    expect(echo.path).toBe("/echo");
+    expect(echo.headers["host"]).toBe(`other.test:${upstream.port}`);
+  });
+
+  it("a rewrite to a host outside the allowlist gets 403 and nothing is sent", async () => {
+    const { proxy, base, upstream } = await setup({
+      onRequest: (req) => new Request(req.url.replace("api.test", "denied.test"), req),
+    });
+    const res = await fetchVia(proxy, `${base}/echo`);
+    expect(res.status).toBe(403);
+    expect(res.text).toMatch(/host "denied\.test" is not in allowedHosts/);
+    expect(hits(upstream)).toBe(0);
+  });
+
+  it("a rewrite with a new body is sent with an exact Content-Length", async () => {
+    const { proxy, base } = await setup({
+      onRequest: (req) => new Request(req.url, { method: "POST", headers: req.headers, body: "replaced body" }),
+    });
+    const res = await fetchVia(proxy, `${base}/echo`, { method: "POST", body: "the original, longer body" });
+    const echo = JSON.parse(res.text) as Echo;
+    expect(echo.bodyBytes).toBe("replaced body".length);
+    expect(echo.headers["content-length"]).toBe(String("replaced body".length));
+  });
+
+  it("clone() lets the hook read a 32 MiB upload while the upstream still receives it byte-exact", async () => {
+    let seenBytes = 0;
+    const { proxy, base } = await setup({
+      onRequest: async (req) => {
+        seenBytes = (await req.clone().arrayBuffer()).byteLength;
+      },
+    });
+    const res = await upload(proxy, `${base}/echo`, 32 * MiB);
+    expect(res.status).toBe(200);
+    const echo = JSON.parse(res.text) as Echo;
+    expect(seenBytes).toBe(32 * MiB);
+    expect(echo.bodyBytes).toBe(32 * MiB);
+    expect(echo.bodySha256).toBe(res.sha256);
+  });
+
+  it("an unread upload streams through onRequest untouched", async () => {
+    const { proxy, base } = await setup({ onRequest: () => undefined });
+    const res = await upload(proxy, `${base}/echo`, 4 * MiB);
+    const echo = JSON.parse(res.text) as Echo;
+    expect(echo.bodySha256).toBe(res.sha256);
+    expect(echo.headers["content-length"]).toBe(String(4 * MiB));
+  });
+
+  it("forwarding a request whose body the hook consumed gets 400", async () => {
+    const { proxy, base, upstream } = await setup({
+      onRequest: async (req) => {
+        await req.text();
+      },
+    });
+    const res = await fetchVia(proxy, `${base}/echo`, { method: "POST", body: "consumed" });
+    expect(res.status).toBe(400);
+    expect(res.text).toMatch(/read request\.clone\(\) instead/);
+    expect(hits(upstream)).toBe(0);
+  });
+
+  it("a hook reading a 65 MiB upload gets 413", async () => {
+    const { proxy, base, upstream } = await setup({
+      onRequest: async (req) => {
+        await req.clone().arrayBuffer();
+      },
+    });
+    const res = await upload(proxy, `${base}/echo`, 65 * MiB);
+    expect(res.text).toMatch(/maxHttpBodyBytes/);
+    expect(res.status).toBe(413);
+    expect(hits(upstream)).toBe(0);
+  });
+
+  it("GET with a body gets 400 while an onRequest hook is registered", async () => {
+    const { proxy, base, upstream } = await setup({ onRequest: () => undefined });
+    const answer = await rawExchange(proxy.port, `GET http://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc`);
+    expect(answer).toMatch(/^HTTP\/1\.1 400 /);
+    expect(answer).toMatch(/GET with a body is refused/);
+    void base;
+  });
+});
+
+describe("hook failures", () => {
+  it.each([
+    ["throws", () => {
+      throw new Error("boom in hook");
+    }],
+    ["rejects", () => Promise.reject(new Error("boom in hook"))],
+    ["returns an invalid value", () => 42 as unknown as undefined],
+  ])("a hook that %s gets 502 and the log carries its error", async (_what, onRequest) => {
+    const { proxy, base, upstream } = await setup({ onRequest });
+    const res = await fetchVia(proxy, `${base}/echo`);
+    expect(res.status).toBe(502);
+    expect(hits(upstream)).toBe(0);
+    const line = proxy.logs.find((l) => l["msg"] === "request" && l["status"] === 502);
+    expect(JSON.stringify(line)).toMatch(/boom in hook|something other than undefined/);
+  });
+
+  it("a hook that never settles gets 504 after the hook deadline", async () => {
+    const { proxy, base } = await setup({ onRequest: () => new Promise<undefined>(() => undefined) }, { timeouts: { hookMs: 300 } });
+    const res = await fetchVia(proxy, `${base}/echo`);
+    expect(res.status).toBe(504);
+    expect(res.text).toMatch(/onRequest hook did not settle within 300 ms/);
+  });
+
+  it("HttpRequestBlockedError answers with its own status and message", async () => {
+    const { proxy, base, upstream } = await setup({
+      onRequest: () => {
+        throw new HttpRequestBlockedError("blocked for legal reasons", 451, "Unavailable For Legal Reasons");
+      },
+    });
+    const res = await fetchVia(proxy, `${base}/echo`);
+    expect(res.status).toBe(451);
+    expect(res.text).toMatch(/blocked for legal reasons/);
+    expect(hits(upstream)).toBe(0);
+  });
+});
+
+describe("checks", () => {
+  it("isRequestAllowed gets a bodiless Request after onRequest, and false means 403", async () => {
+    const seen: { url: string; hasBody: boolean; header: string | null }[] = [];
+    const { proxy, base, upstream } = await setup({
+      onRequest: (req) => {
+        req.headers.set("x-from-on-request", "1");
+      },
+      isRequestAllowed: (req) => {
+        seen.push({ url: req.url, hasBody: req.body !== null, header: req.headers.get("x-from-on-request") });
+        return new URL(req.url).pathname !== "/forbidden";
+      },
+    });
+    expect((await fetchVia(proxy, `${base}/echo`, { method: "POST", body: "x" })).status).toBe(200);
+    const refused = await fetchVia(proxy, `${base}/forbidden`);
+    expect(refused.status).toBe(403);
+    expect(seen).toEqual([
+      { url: `${base}/echo`, hasBody: false, header: "1" },
+      { url: `${base}/forbidden`, hasBody: false, header: "1" },
+    ]);
+    expect(hits(upstream)).toBe(1);
+  });
+
+  it("the early check refuses a large upload before its body is sent: 403 and no 100 Continue", async () => {
+    const { proxy, upstream } = await setup({ isRequestAllowed: () => false });
+    const answer = await rawExchange(
+      proxy.port,
+      `PUT http://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test\r\nContent-Length: 1073741824\r\nExpect: 100-continue\r\n\r\n`,
+    );
+    expect(answer).toMatch(/^HTTP\/1\.1 403 /);
+    expect(answer).not.toMatch(/100 Continue/);
+    expect(hits(upstream)).toBe(0);
+  });
+
+  it("isIpAllowed can only narrow: refusing every address gets 403", async () => {
+    const infos: unknown[] = [];
+    const { proxy, base, upstream } = await setup({
+      isIpAllowed: (info) => {
+        infos.push(info);
+        return false;
+      },
+    });
+    const res = await fetchVia(proxy, `${base}/echo`);
+    expect(res.status).toBe(403);
+    expect(infos).toEqual([{ hostname: "api.test", ip: "127.0.0.1", family: 4, port: upstream.port, protocol: "https:" }]);
+    expect(hits(upstream)).toBe(0);
+  });
+});
+
+describe("onResponse", () => {
+  it("a gzip response is seen decoded by the hook, while the guest receives the original bytes", async () => {
+    let seen: { text: string; encoding: string | null } | undefined;
+    const { proxy, base } = await setup({
+      onResponse: async (res) => {
+        seen = { text: await res.text(), encoding: res.headers.get("content-encoding") };
+      },
+    });
+    const res = await request(`${base}/gzip`, { dispatcher: proxyAgent(proxy) });
+    const raw = Buffer.from(await res.body.arrayBuffer());
+    expect(res.headers["content-encoding"]).toBe("gzip");
+    expect(raw.equals(gzipped)).toBe(true);
+    expect(seen).toEqual({ text: JSON.stringify({ hello: "world", n: 42 }), encoding: null });
+  });
+
+  it("a Response from onResponse replaces the upstream's, and the hook sees the request", async () => {
+    let seenUrl = "";
+    const { proxy, base } = await setup({
+      onResponse: async (res, req) => {
+        seenUrl = req.url;
+        const body = (await res.json()) as { hello: string };
+        return Response.json({ rewritten: body.hello }, { status: 203, headers: { "x-hooked": "yes" } });
+      },
+    });
+    const res = await fetchVia(proxy, `${base}/gzip`);
+    expect(res.status).toBe(203);
+    expect(res.headers["x-hooked"]).toBe("yes");
+    expect(JSON.parse(res.text)).toEqual({ rewritten: "world" });
+    expect(seenUrl).toBe(`${base}/gzip`);
+  });
+
+  it("new Response(response.body, response) passes the body on", async () => {
+    const { proxy, base } = await setup({ onResponse: (res) => new Response(res.body, res) });
+    const res = await fetchVia(proxy, `${base}/echo?pass=1`);
+    expect((JSON.parse(res.text) as Echo).path).toBe("/echo?pass=1");
+  });
+
+  it("repeated Set-Cookie headers reach the hook and the guest separately", async () => {
+    let cookies: string[] = [];
+    const { proxy, base } = await setup({
+      onResponse: (res) => {
+        cookies = res.headers.getSetCookie();
+      },
+    });
+    const res = await fetchVia(proxy, `${base}/cookies`);
+    expect(cookies).toEqual(["a=1; Path=/", "b=2; Path=/"]);
+    expect(res.headers["set-cookie"]).toEqual(["a=1; Path=/", "b=2; Path=/"]);
+  });
+
+  it("a hook reading a response body over maxHttpResponseBodyBytes gets 502", async () => {
+    const { proxy, base } = await setup(
+      {
+        onResponse: async (res) => {
+          await res.arrayBuffer();
+        },
+      },
+      { maxHttpResponseBodyBytes: MiB },
+    );
+    const res = await fetchVia(proxy, `${base}/big`);
+    expect(res.status).toBe(502);
+    expect(res.text).toMatch(/maxHttpResponseBodyBytes/);
+  });
+
+  it("a response body read in onResponse is forwarded as received when the hook returns undefined", async () => {
+    const { proxy, base } = await setup({
+      onResponse: async (res) => {
+        await res.arrayBuffer();
+      },
+    });
+    const res = await request(`${base}/big`, { dispatcher: proxyAgent(proxy) });
+    const body = Buffer.from(await res.body.arrayBuffer());
+    expect(body.length).toBe(2 * MiB);
+    expect(body.every((b) => b === 7)).toBe(true);
+  });
+});
+
+describe("spreading httpHooks", () => {
+  it("{ ...httpHooks, onResponse } keeps the same verdicts and runs the added hook", async () => {
+    const upstream = await startUpstream({ names: ["api.test", "other.test"] });
+    const { createHttpHooks, startProxy } = await import("../../src/index.js");
+    const { testCa } = await import("../helpers/test-ca.js");
+    const { tempDir } = await import("../helpers/proxy.js");
+    const { httpHooks } = createHttpHooks({ allowedInternalHosts: ["api.test"] });
+    let calls = 0;
+    const proxy = await startProxy({
+      httpHooks: {
+        ...httpHooks,
+        onResponse: () => {
+          calls += 1;
+        },
+      },
+      listen: { port: 0 },
+      caDir: tempDir(),
+      upstreamCa: [(await testCa()).certPem],
+      logLevel: "silent",
+      resolve: { "api.test": ["127.0.0.1"], "other.test": ["127.0.0.1"] },
+    });
+    onTestFinished(() => proxy.close());
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+    await expect(fetchVia(proxy, `https://other.test:${upstream.port}/echo`)).rejects.toThrow(/403/);
+    expect(calls).toBe(1);
+  });
+});
+
+/** Writes bytes to the proxy and collects everything until it closes (or 3 s pass). */
+async function rawExchange(port: number, bytes: string): Promise<string> {
+  const socket = connect(port, "127.0.0.1");
+  onTestFinished(() => void socket.destroy());
+  return new Promise<string>((resolve) => {
+    let text = "";
+    const timer = setTimeout(() => resolve(text), 3_000);
+    socket.on("data", (c: Buffer) => (text += c.toString("latin1")));
+    socket.on("close", () => {
+      clearTimeout(timer);
+      resolve(text);
+    });
+    socket.write(bytes);
+  });
+}
