@@ -21,7 +21,16 @@ export type EgressErrorCode =
 
 const statusTexts: Record<number, string> = {
   400: "Bad Request",
+  401: "Unauthorized",
+  402: "Payment Required",
+  404: "Not Found",
   408: "Request Timeout",
+  409: "Conflict",
+  410: "Gone",
+  415: "Unsupported Media Type",
+  422: "Unprocessable Content",
+  423: "Locked",
+  429: "Too Many Requests",
   403: "Forbidden",
   405: "Method Not Allowed",
   413: "Content Too Large",
@@ -29,7 +38,9 @@ const statusTexts: Record<number, string> = {
   417: "Expectation Failed",
   421: "Misdirected Request",
   431: "Request Header Fields Too Large",
+  500: "Internal Server Error",
   501: "Not Implemented",
+  503: "Service Unavailable",
   502: "Bad Gateway",
   504: "Gateway Timeout",
   508: "Loop Detected",
@@ -52,13 +63,21 @@ export class EgressError extends Error {
    * Kept out of the guest's answer so a guest cannot use the proxy to map internal DNS.
    */
   readonly detail: string | undefined;
+  /** The reason phrase, when a hook chose one (HttpRequestBlockedError's statusText). */
+  readonly statusText: string;
 
-  constructor(code: EgressErrorCode, status: number, message: string, options?: { cause?: unknown; detail?: string }) {
+  constructor(
+    code: EgressErrorCode,
+    status: number,
+    message: string,
+    options?: { cause?: unknown; detail?: string; statusText?: string },
+  ) {
     super(message, options?.cause === undefined ? undefined : { cause: options.cause });
     this.name = "EgressError";
     this.code = code;
     this.status = status;
     this.detail = options?.detail;
+    this.statusText = options?.statusText ?? statusText(status);
   }
 }
 

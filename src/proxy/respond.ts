@@ -1,11 +1,11 @@
 import type { ServerResponse } from "node:http";
 import type { Socket } from "node:net";
-import { type EgressError, statusText } from "../errors.js";
+import type { EgressError } from "../errors.js";
 import type { PipelineResponse } from "../pipeline/exchange.js";
 
 /** The guest-facing error body: `403 Forbidden: host "x" is not in allowedHosts…`. */
 export function errorBody(error: EgressError): string {
-  return `${error.status} ${statusText(error.status)}: ${error.message}\n`;
+  return `${error.status} ${error.statusText}: ${error.message}\n`;
 }
 
 /**
@@ -25,7 +25,7 @@ export function sendError(res: ServerResponse, error: EgressError, closeConnecti
   };
   if (closeConnection) headers["connection"] = "close";
   res.shouldKeepAlive = res.shouldKeepAlive && !closeConnection;
-  res.writeHead(error.status, statusText(error.status), headers);
+  res.writeHead(error.status, error.statusText, headers);
   res.end(body);
 }
 
@@ -84,7 +84,7 @@ export function writeRawError(socket: Socket, error: EgressError): void {
   const backstop = setTimeout(() => socket.destroy(), 5_000);
   backstop.unref();
   socket.end(
-    `HTTP/1.1 ${error.status} ${statusText(error.status)}\r\n` +
+    `HTTP/1.1 ${error.status} ${error.statusText}\r\n` +
       `Content-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
       `X-Egressgate-Error: ${error.code}\r\nConnection: close\r\n\r\n${body}`,
     () => {

@@ -313,7 +313,10 @@ class GuestSide {
       if (err.status >= 500 && !(error instanceof EgressError)) this.log.error("internal error", { id, error });
       // Error bodies are built from messages that may quote upstream errors: never let a value through.
       if (this.redact !== undefined) {
-        err = new EgressError(err.code, err.status, this.redact(err.message), err.detail === undefined ? undefined : { detail: err.detail });
+        err = new EgressError(err.code, err.status, this.redact(err.message), {
+          statusText: err.statusText,
+          ...(err.detail === undefined ? {} : { detail: err.detail }),
+        });
       }
       sendError(res, err, !req.complete);
       this.logDecision({
