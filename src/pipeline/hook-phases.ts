@@ -57,7 +57,13 @@ export async function runOnRequest(
   tap: BodyTap | undefined,
   limits: HookLimits,
 ): Promise<OnRequestOutcome> {
-  const body = request.body === null ? null : (tap?.web as ReadableStream<Uint8Array> | undefined) ?? null;
+  // The guest's stream on the first hop; on a 307/308 hop, the bytes a hook built earlier.
+  const body =
+    request.body === null
+      ? null
+      : request.body instanceof Uint8Array
+        ? new Blob([request.body]).stream()
+        : ((tap?.web as ReadableStream<Uint8Array> | undefined) ?? null);
   const seen = makeRequest(request.url, request.method, request.headers, body);
   const tooLarge = (): EgressError =>
     new EgressError("EG_TOO_LARGE", 413, `the request body is larger than maxHttpBodyBytes (${limits.requestBodyBytes}) for a hook to read`);

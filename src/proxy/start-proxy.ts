@@ -287,7 +287,7 @@ class GuestSide {
       const response = await this.pipeline.handle(request, {
         id: String(id),
         signal: abort.signal,
-        ...(expectsContinue ? { beforeBody: () => res.writeContinue() } : {}),
+        ...(expectsContinue ? { beforeBody: once(() => res.writeContinue()) } : {}),
       });
       sendResponse(res, response, (error) => {
         response.cleanup?.();
@@ -354,6 +354,15 @@ class GuestSide {
   destroyAll(): void {
     for (const socket of this.sockets) socket.destroy();
   }
+}
+
+function once(fn: () => void): () => void {
+  let done = false;
+  return () => {
+    if (done) return;
+    done = true;
+    fn();
+  };
 }
 
 /** Query strings can carry credentials; decision logs keep origin and path only. */

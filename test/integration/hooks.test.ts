@@ -400,3 +400,46 @@ async function rawExchange(port: number, bytes: string): Promise<string> {
     socket.write(bytes);
   });
 }
+
+describe("hooks and redirects", () => {
+  it("a body a hook built is sent again on a 307, and onRequest sees it on the next hop", async () => {
+    const bodies: string[] = [];
+    const { proxy, base } = await setup({
+      onRequest: async (req) => {
+        bodies.push(await req.clone().text());
+        if (new URL(req.url).pathname === "/redirect") return new Request(req.url, { method: "POST", headers: req.headers, body: "built by the hook" });
+        return undefined;
+      },
+    });
+    const res = await fetchVia(proxy, `${base}/redirect?status=307&to=${encodeURIComponent("/echo")}`, { method: "POST", body: "from the guest" });
+    expect(res.status).toBe(200);
+    const echo = JSON.parse(res.text) as Echo;
+    expect(echo.method).toBe("POST");
+    expect(echo.bodyBytes).toBe("built by the hook".length);
+    expect(bodies).toEqual(["from the guest", "built by the hook"]);
+  });
+
+  it("an upload with Expect: 100-continue read by onRequest gets exactly one 100 Continue", async () => {
+    const { proxy, upstream } = await setup({
+      onRequest: async (req) => {
+        await req.clone().text();
+      },
+    });
+    const socket = connect(proxy.port, "127.0.0.1");
+    onTestFinished(() => void socket.destroy());
+    let text = "";
+    socket.on("data", (c: Buffer) => {
+      text += c.toString("latin1");
+      if (text.includes("100 Continue") && !text.includes("sent")) {
+        text += "sent";
+        socket.write("hello");
+      }
+    });
+    // Absolute-form with https: the proxy opens the TLS connection to the upstream itself.
+    socket.write(`PUT https://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n`);
+    const deadline = Date.now() + 5_000;
+    while (!text.includes('"bodyBytes":5') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    expect(text.match(/100 Continue/g)).toHaveLength(1);
+    expect(text).toMatch(/"bodyBytes":5/);
+  });
+});
