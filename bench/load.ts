@@ -12,7 +12,11 @@ import type { LookupAddress } from "node:dns";
 import { createHistogram, performance, type RecordableHistogram } from "node:perf_hooks";
 import { Agent, buildConnector, Pool, ProxyAgent, request, type Dispatcher } from "undici";
 
-export type TargetName = "direct" | "tcp-relay" | "egressgate";
+/**
+ * `egressgate` is the built CLI; `egressgate-api` and `egressgate+hooks` are bench/hooked-proxy.ts
+ * (startProxy from the package), without and with a no-op onRequest/onResponse pair.
+ */
+export type TargetName = "direct" | "tcp-relay" | "egressgate" | "egressgate-api" | "egressgate+hooks";
 
 export interface LoadSetup {
   readonly kind: "setup";

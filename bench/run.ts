@@ -1,18 +1,21 @@
 /**
  * Small HTTPS GETs with keep-alive, side by side in one run: `direct` (the client talks TLS to
- * the upstream), `tcp-relay` (a plain CONNECT relay, the cost of any hop) and `egressgate` (the
- * built CLI). Targets take turns in interleaved rounds, so drift and the machine's other work hit
- * them alike. Upstream, relay, proxy and load generator each run in their own process.
+ * the upstream), `tcp-relay` (a plain CONNECT relay, the cost of any hop), `egressgate` (the
+ * built CLI), and two proxies started through the embedding API by bench/hooked-proxy.ts with the
+ * CLI's settings: `egressgate-api` (no hooks) and `egressgate+hooks` (a no-op onRequest/onResponse
+ * pair), whose difference is the cost of tier-3 hooks. Targets take turns in interleaved rounds,
+ * so drift and the machine's other work hit them alike. Upstream, relay, each proxy and the load
+ * generator run in their own processes.
  *
- *   npm run build && npm run bench               (about 3 minutes)
- *   npm run bench -- --quick                     (under a minute)
+ *   npm run build && npm run bench               (about 4.5 minutes)
+ *   npm run bench -- --quick                     (about a minute; no `direct`)
  *   npm run bench -- --quick --cpu-prof          (also profiles the egressgate child)
  *
  * Prints a markdown table and writes bench/results/<YYYY-MM-DD>.json. docs/performance.md
  * records a run and reads it against DESIGN.md §8.
  */
 import { fork, spawn, type ChildProcess } from "node:child_process";
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { cpus, loadavg, release, tmpdir, totalmem } from "node:os";
 import { join } from "node:path";
 import { performance } from "node:perf_hooks";
@@ -22,8 +25,11 @@ import type { LoadReply, LoadResult, LoadSetup, LoadSummaryEntry, TargetName } f
 import type { RelayMessage, RelaySetup } from "./tcp-relay.js";
 import type { UpstreamMessage, UpstreamSetup, UpstreamStats } from "./upstream.js";
 
+type ProxyTarget = "egressgate" | "egressgate-api" | "egressgate+hooks";
+
 interface BenchSettings {
   readonly mode: "quick" | "full";
+  readonly targets: readonly TargetName[];
   readonly rounds: number;
   readonly concurrencies: readonly number[];
   /** Once per target and concurrency before round 1: JIT, TLS sessions, leaf certificate. */
@@ -31,25 +37,45 @@ interface BenchSettings {
   /** Before every measured window, unrecorded: re-opens connections a target closed while idle. */
   readonly warmupMs: number;
   readonly measureMs: number;
-  readonly cpuProf: boolean;
+  /** The egressgate child run under `node --cpu-prof`, if any. */
+  readonly cpuProf: ProxyTarget | undefined;
 }
 
-const targets: readonly TargetName[] = ["direct", "tcp-relay", "egressgate"];
+const allTargets: readonly TargetName[] = ["direct", "tcp-relay", "egressgate", "egressgate-api", "egressgate+hooks"];
+const proxyTargets: readonly ProxyTarget[] = ["egressgate", "egressgate-api", "egressgate+hooks"];
+/** Quick mode leaves out `direct`, the load generator's own ceiling, to stay near a minute. */
+const quickTargets: readonly TargetName[] = allTargets.filter((t) => t !== "direct");
 const bodyBytes = 100;
 const keepAliveMs = 120_000;
 const root = fileURLToPath(new URL("..", import.meta.url));
 const cliPath = join(root, "dist", "cli", "bin.js");
-const usage = `usage: npm run bench -- [--quick] [--rounds N] [--seconds S] [--cpu-prof]
-  --quick      2 rounds of 2 s windows (under a minute); default is 5 rounds of 4 s (about 3 minutes)
-  --rounds N   interleaved rounds, 1..20
-  --seconds S  measured seconds per window, 0.5..30
-  --cpu-prof   run the egressgate child under node --cpu-prof and print its top self-time functions`;
+const hookedProxyPath = fileURLToPath(new URL("./hooked-proxy.ts", import.meta.url));
+const usage = `usage: npm run bench -- [--quick] [--rounds N] [--seconds S] [--targets LIST] [--cpu-prof[=TARGET]]
+  --quick          2 rounds of 2 s windows without direct (about a minute);
+                   default is 5 rounds of 4 s over all targets (about 4.5 minutes)
+  --rounds N       interleaved rounds, 1..20
+  --seconds S      measured seconds per window, 0.5..30
+  --targets LIST   comma-separated, from ${allTargets.join(", ")}
+  --cpu-prof       run the egressgate child under node --cpu-prof and print its top self-time functions;
+                   --cpu-prof=egressgate+hooks (or egressgate-api) profiles that child instead`;
+
+function parseTargets(list: string | undefined): TargetName[] {
+  const names = (list ?? "").split(",").filter((name) => name !== "");
+  for (const name of names) {
+    if (!(allTargets as readonly string[]).includes(name)) throw new RangeError(`--targets: unknown target ${JSON.stringify(name)}\n${usage}`);
+  }
+  // Kept in the canonical order, whatever order they were named in.
+  const chosen = allTargets.filter((t) => names.includes(t));
+  if (chosen.length === 0) throw new RangeError(`--targets: expected at least one of ${allTargets.join(", ")}`);
+  return chosen;
+}
 
 function parseArgs(argv: readonly string[]): BenchSettings {
   const quick = argv.includes("--quick");
   let rounds = quick ? 2 : 5;
   let measureMs = quick ? 2_000 : 4_000;
-  let cpuProf = false;
+  let cpuProf: ProxyTarget | undefined;
+  let targets = quick ? quickTargets : allTargets;
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
     const value = (): number => {
@@ -58,7 +84,13 @@ function parseArgs(argv: readonly string[]): BenchSettings {
       return n;
     };
     if (arg === "--quick") continue;
-    else if (arg === "--cpu-prof") cpuProf = true;
+    else if (arg === "--cpu-prof") cpuProf = "egressgate";
+    else if (arg?.startsWith("--cpu-prof=") === true) {
+      const name = arg.slice("--cpu-prof=".length);
+      if (!(proxyTargets as readonly string[]).includes(name)) throw new RangeError(`--cpu-prof: expected one of ${proxyTargets.join(", ")}, got ${JSON.stringify(name)}`);
+      cpuProf = name as ProxyTarget;
+    } else if (arg === "--targets") targets = parseTargets(argv[++i]);
+    else if (arg?.startsWith("--targets=") === true) targets = parseTargets(arg.slice("--targets=".length));
     else if (arg === "--rounds") rounds = value();
     else if (arg === "--seconds") measureMs = value() * 1000;
     else if (arg === "--help" || arg === "-h") {
@@ -68,8 +100,10 @@ function parseArgs(argv: readonly string[]): BenchSettings {
   }
   if (!Number.isInteger(rounds) || rounds < 1 || rounds > 20) throw new RangeError(`--rounds: expected 1..20, got ${rounds}`);
   if (measureMs < 500 || measureMs > 30_000) throw new RangeError(`--seconds: expected 0.5..30, got ${measureMs / 1000}`);
+  if (cpuProf !== undefined && !targets.includes(cpuProf)) targets = allTargets.filter((t) => targets.includes(t) || t === cpuProf);
   return {
     mode: quick ? "quick" : "full",
+    targets,
     rounds,
     concurrencies: [1, 32],
     initialWarmupMs: quick ? 1_000 : 2_000,
@@ -174,29 +208,21 @@ const exitWithParent = `data:text/javascript,${encodeURIComponent(
   'process.stdin.on("end",()=>process.kill(process.pid,"SIGTERM"));process.stdin.on("error",()=>{});process.stdin.resume();setImmediate(()=>process.stdin.unref?.());',
 )}`;
 
-async function startEgressgate(dir: string, upstreamCaFile: string, profileDir: string | undefined): Promise<{ child: ChildProcess; url: string }> {
-  const args = [
-    ...(profileDir !== undefined ? ["--cpu-prof", "--cpu-prof-dir", profileDir] : []),
-    "--import",
-    exitWithParent,
-    cliPath,
-    "--listen",
-    "127.0.0.1:0",
-    "--ca-dir",
-    join(dir, "proxy-ca"),
-    "--allow-internal-host",
-    "bench.test",
-    "--resolve",
-    "bench.test=127.0.0.1",
-    "--upstream-ca",
-    upstreamCaFile,
-    "--log-level",
-    "warn",
-  ];
-  const child = track(spawn(process.execPath, args, { stdio: ["pipe", "pipe", "inherit"] }), "egressgate");
+/**
+ * Starts one egressgate child with plain node (no IPC channel, hence the preload) and waits for
+ * its `egressgate listening on URL` line. `script` is the CLI or the transpiled hooked-proxy.
+ */
+async function startProxyChild(
+  name: ProxyTarget,
+  script: string,
+  args: readonly string[],
+  profileDir: string | undefined,
+): Promise<{ child: ChildProcess; url: string }> {
+  const nodeArgs = [...(profileDir !== undefined ? ["--cpu-prof", "--cpu-prof-dir", profileDir] : []), "--import", exitWithParent, script, ...args];
+  const child = track(spawn(process.execPath, nodeArgs, { stdio: ["pipe", "pipe", "inherit"] }), name);
   const url = await new Promise<string>((resolve, reject) => {
     let out = "";
-    const timer = setTimeout(() => reject(new Error(`egressgate did not report its address within 20 s; stdout: ${out}`)), 20_000);
+    const timer = setTimeout(() => reject(new Error(`${name} did not report its address within 20 s; stdout: ${out}`)), 20_000);
     child.stdout?.on("data", (chunk: Buffer) => {
       out += chunk.toString();
       const match = /egressgate listening on (http:\/\/127\.0\.0\.1:\d+)/.exec(out);
@@ -207,10 +233,33 @@ async function startEgressgate(dir: string, upstreamCaFile: string, profileDir: 
     });
     child.once("exit", (code, signal) => {
       clearTimeout(timer);
-      reject(new Error(`egressgate exited (${code ?? signal}) before listening`));
+      reject(new Error(`${name} exited (${code ?? signal}) before listening`));
     });
   });
   return { child, url };
+}
+
+/**
+ * bench/hooked-proxy.ts as plain JavaScript in the temp dir, so it runs without tsx (whose loader
+ * would add about 35 MiB of RSS and turn on source maps). A `node_modules/egressgate` symlink to
+ * this package lets its `import ... from "egressgate"` resolve through package.json to dist/, as
+ * it does in place. (rmSync removes the symlink, never what it points to.)
+ */
+async function transpileHookedProxy(dir: string): Promise<string> {
+  const ts = (await import("typescript")).default;
+  const output = ts.transpileModule(readFileSync(hookedProxyPath, "utf8"), {
+    fileName: hookedProxyPath,
+    reportDiagnostics: true,
+    compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2023, sourceMap: false },
+  });
+  if ((output.diagnostics ?? []).length > 0) {
+    throw new Error(`bench/hooked-proxy.ts: ${ts.flattenDiagnosticMessageText(output.diagnostics![0]!.messageText, "\n")}`);
+  }
+  mkdirSync(join(dir, "node_modules"), { recursive: true });
+  symlinkSync(root, join(dir, "node_modules", "egressgate"), "dir");
+  const file = join(dir, "hooked-proxy.mjs");
+  writeFileSync(file, output.outputText);
+  return file;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -313,6 +362,7 @@ function definedOnly(values: readonly (number | undefined)[]): number[] {
 }
 
 function aggregate(
+  targets: readonly TargetName[],
   windows: readonly Window[],
   summary: readonly LoadSummaryEntry[],
   connects: ReadonlyMap<string, { client: number; upstream: number }>,
@@ -357,6 +407,8 @@ function aggregate(
 }
 
 const fixed = (n: number | undefined, digits: number): string => (n === undefined || Number.isNaN(n) ? "–" : n.toFixed(digits));
+/** A ratio such as `0.42×`, or `–` when its reference target was not run. */
+const times = (n: number): string => (Number.isNaN(n) ? "–" : `${n.toFixed(2)}×`);
 
 function markdownTable(rows: readonly Aggregate[]): string {
   const lines = [
@@ -369,7 +421,54 @@ function markdownTable(rows: readonly Aggregate[]): string {
       `| ${r.target} | ${r.concurrency} | ${fixed(r.requestsPerSecond, 0)} | ${fixed(r.requestsPerSecondMin, 0)}–${fixed(r.requestsPerSecondMax, 0)} | ` +
         `${fixed(r.p50Ms, 2)} | ${fixed(r.p99Ms, 2)} | ${proxied ? fixed(r.proxyPeakRssMiB, 1) : "–"} | ${proxied ? fixed(r.proxyCpuPercent, 0) : "–"} | ` +
         `${proxied ? fixed(r.proxyCpuMicrosPerRequest, 0) : "–"} | ` +
-        `${fixed(r.loadCpuPercent, 0)} | ${fixed(r.ratioToDirect, 2)}× | ${fixed(r.ratioToTcpRelay, 2)}× | ${r.clientConnects} / ${r.upstreamConnects} |`,
+        `${fixed(r.loadCpuPercent, 0)} | ${times(r.ratioToDirect)} | ${times(r.ratioToTcpRelay)} | ${r.clientConnects} / ${r.upstreamConnects} |`,
+    );
+  }
+  return lines.join("\n");
+}
+
+/** egressgate+hooks against egressgate-api at one concurrency: the cost of the no-op hook pair. */
+interface HooksComparison {
+  readonly concurrency: number;
+  /** hooks ÷ no hooks, req/s medians. */
+  readonly requestsPerSecondRatio: number;
+  readonly p50Ms: { readonly noHooks: number; readonly hooks: number; readonly ratio: number };
+  readonly p99Ms: { readonly noHooks: number; readonly hooks: number; readonly ratio: number };
+  readonly proxyCpuMicrosPerRequest: { readonly noHooks: number; readonly hooks: number; readonly ratio: number; readonly added: number } | undefined;
+  readonly proxyPeakRssMiB: { readonly noHooks: number; readonly hooks: number } | undefined;
+}
+
+function compareHooks(rows: readonly Aggregate[]): HooksComparison[] {
+  const out: HooksComparison[] = [];
+  for (const concurrency of new Set(rows.map((r) => r.concurrency))) {
+    const base = rows.find((r) => r.target === "egressgate-api" && r.concurrency === concurrency);
+    const hooked = rows.find((r) => r.target === "egressgate+hooks" && r.concurrency === concurrency);
+    if (base === undefined || hooked === undefined) continue;
+    const pair = (a: number, b: number): { noHooks: number; hooks: number; ratio: number } => ({ noHooks: a, hooks: b, ratio: b / a });
+    const [cpuA, cpuB] = [base.proxyCpuMicrosPerRequest, hooked.proxyCpuMicrosPerRequest];
+    const [rssA, rssB] = [base.proxyPeakRssMiB, hooked.proxyPeakRssMiB];
+    out.push({
+      concurrency,
+      requestsPerSecondRatio: hooked.requestsPerSecond / base.requestsPerSecond,
+      p50Ms: pair(base.p50Ms, hooked.p50Ms),
+      p99Ms: pair(base.p99Ms, hooked.p99Ms),
+      proxyCpuMicrosPerRequest: cpuA === undefined || cpuB === undefined ? undefined : { ...pair(cpuA, cpuB), added: cpuB - cpuA },
+      proxyPeakRssMiB: rssA === undefined || rssB === undefined ? undefined : { noHooks: rssA, hooks: rssB },
+    });
+  }
+  return out;
+}
+
+function hooksLines(comparisons: readonly HooksComparison[]): string {
+  const lines = ["hooks vs no hooks (egressgate+hooks ÷ egressgate-api, same script, a no-op onRequest/onResponse pair the only difference):"];
+  for (const c of comparisons) {
+    const cpu = c.proxyCpuMicrosPerRequest;
+    lines.push(
+      `- c=${c.concurrency}: req/s ${fixed(c.requestsPerSecondRatio, 2)}×; ` +
+        `p50 ${fixed(c.p50Ms.noHooks, 2)} → ${fixed(c.p50Ms.hooks, 2)} ms (${fixed(c.p50Ms.ratio, 2)}×); ` +
+        `p99 ${fixed(c.p99Ms.noHooks, 2)} → ${fixed(c.p99Ms.hooks, 2)} ms (${fixed(c.p99Ms.ratio, 2)}×); ` +
+        `proxy CPU ${cpu === undefined ? "–" : `${fixed(cpu.noHooks, 0)} → ${fixed(cpu.hooks, 0)} µs/req (${cpu.added >= 0 ? "+" : ""}${fixed(cpu.added, 0)} µs, ${fixed(cpu.ratio, 2)}×)`}; ` +
+        `peak RSS ${c.proxyPeakRssMiB === undefined ? "–" : `${fixed(c.proxyPeakRssMiB.noHooks, 0)} → ${fixed(c.proxyPeakRssMiB.hooks, 0)} MiB`}`,
     );
   }
   return lines.join("\n");
@@ -451,7 +550,8 @@ async function main(): Promise<void> {
   const loadBefore = loadavg();
   workDir = mkdtempSync(join(tmpdir(), "egressgate-bench-"));
   const dir = workDir;
-  const profileDir = settings.cpuProf ? join(dir, "profile") : undefined;
+  const { targets } = settings;
+  const profileDir = settings.cpuProf !== undefined ? join(dir, "profile") : undefined;
 
   // The upstream's own CA and a bench.test leaf; egressgate trusts it through --upstream-ca.
   const created = await createCaCertificate("egressgate bench upstream CA");
@@ -469,8 +569,26 @@ async function main(): Promise<void> {
   const relaySetup: RelaySetup = { kind: "setup", allowedAuthority: authority };
   const relayPort = (await ask<Extract<RelayMessage, { kind: "ready" }>>(relay, "ready", relaySetup, 20_000)).port;
 
-  const egress = await startEgressgate(dir, upstreamCaFile, profileDir);
-  const proxyCaPem = readFileSync(join(dir, "proxy-ca", "ca.crt"), "utf8");
+  // The egressgate children share one CA dir. They start one after another: the first creates
+  // the CA (the CLI, when it runs), the others load it, and none races another to create it.
+  const caDir = join(dir, "proxy-ca");
+  const profileFor = (target: ProxyTarget): string | undefined => (settings.cpuProf === target ? profileDir : undefined);
+  const proxies = new Map<ProxyTarget, { child: ChildProcess; url: string }>();
+  if (targets.includes("egressgate")) {
+    const args = [
+      ...["--listen", "127.0.0.1:0", "--ca-dir", caDir, "--allow-internal-host", "bench.test"],
+      ...["--resolve", "bench.test=127.0.0.1", "--upstream-ca", upstreamCaFile, "--log-level", "warn"],
+    ];
+    proxies.set("egressgate", await startProxyChild("egressgate", cliPath, args, profileFor("egressgate")));
+  }
+  const apiTargets = proxyTargets.filter((t) => t !== "egressgate" && targets.includes(t));
+  const hookedProxy = apiTargets.length > 0 ? await transpileHookedProxy(dir) : undefined;
+  for (const target of apiTargets) {
+    const args = ["--ca-dir", caDir, "--upstream-ca", upstreamCaFile, ...(target === "egressgate+hooks" ? ["--hooks"] : [])];
+    proxies.set(target, await startProxyChild(target, hookedProxy!, args, profileFor(target)));
+  }
+  // Without any egressgate target there is no proxy CA; the upstream's stands in (trusted anyway).
+  const proxyCaPem = proxies.size > 0 ? readFileSync(join(caDir, "ca.crt"), "utf8") : created.certPem;
 
   const load = forkTs("./load.ts", "load");
   const loadSetup: LoadSetup = {
@@ -479,14 +597,22 @@ async function main(): Promise<void> {
     expectedBytes: bodyBytes,
     upstreamCaPem: created.certPem,
     proxyCaPem,
-    proxies: { "tcp-relay": `http://127.0.0.1:${relayPort}`, egressgate: egress.url },
+    proxies: { "tcp-relay": `http://127.0.0.1:${relayPort}`, ...Object.fromEntries([...proxies].map(([target, p]) => [target, p.url])) },
     keepAliveMs,
   };
   await ask(load, "ready", loadSetup, 20_000);
-  // Idle RSS, before any load: the relay's is mostly node + the tsx loader, egressgate's node + the CLI.
-  const rssAtStart = { "tcp-relay": statusKb(relay.pid, "VmRSS"), egressgate: statusKb(egress.child.pid, "VmRSS") };
 
-  const pids: Record<TargetName, number | undefined> = { direct: undefined, "tcp-relay": relay.pid, egressgate: egress.child.pid };
+  const pids: Record<TargetName, number | undefined> = {
+    direct: undefined,
+    "tcp-relay": relay.pid,
+    egressgate: proxies.get("egressgate")?.child.pid,
+    "egressgate-api": proxies.get("egressgate-api")?.child.pid,
+    "egressgate+hooks": proxies.get("egressgate+hooks")?.child.pid,
+  };
+  const proxiedTargets = targets.filter((t) => t !== "direct");
+  const rssNow = (): Partial<Record<TargetName, number | undefined>> => Object.fromEntries(proxiedTargets.map((t) => [t, statusKb(pids[t], "VmRSS")]));
+  // Idle RSS, before any load: the relay's is mostly node + the tsx loader, egressgate's node + the CLI.
+  const rssAtStart = rssNow();
   let runId = 0;
   const runWindow = async (target: TargetName, concurrency: number, durationMs: number, record: boolean): Promise<LoadResult> => {
     const result = await ask<LoadResult>(load, "result", { kind: "run", id: ++runId, target, concurrency, durationMs, record }, durationMs + 30_000);
@@ -498,7 +624,8 @@ async function main(): Promise<void> {
 
   process.stderr.write(
     `bench (${settings.mode}): ${settings.rounds} rounds × ${settings.concurrencies.length} concurrencies × ${targets.length} targets, ` +
-      `${settings.measureMs / 1000} s windows; upstream ${authority}, tcp-relay :${relayPort}, egressgate ${egress.url}\n`,
+      `${settings.measureMs / 1000} s windows; upstream ${authority}, tcp-relay :${relayPort}` +
+      `${[...proxies].map(([target, p]) => `, ${target} ${p.url}`).join("")}\n`,
   );
   // New connections per target and concurrency over the whole run, warm-ups included.
   const connects = new Map<string, { client: number; upstream: number }>();
@@ -536,7 +663,9 @@ async function main(): Promise<void> {
           return a === undefined || b === undefined ? undefined : ((b - a) / seconds) * 100;
         };
         const upstreamAfter = await upstreamStats();
-        if (egress.child.exitCode !== null) throw new Error(`egressgate exited (${egress.child.exitCode}) during the run`);
+        for (const [name, p] of proxies) {
+          if (p.child.exitCode !== null || p.child.signalCode !== null) throw new Error(`${name} exited (${p.child.exitCode ?? p.child.signalCode}) during the run`);
+        }
         const window: Window = {
           round: round + 1,
           target,
@@ -556,7 +685,7 @@ async function main(): Promise<void> {
         windows.push(window);
         countConnects(target, concurrency, window.clientConnects, window.upstreamConnects);
         process.stderr.write(
-          `  round ${round + 1}/${settings.rounds} c=${concurrency} ${target.padEnd(10)} ${window.requestsPerSecond.toFixed(0).padStart(6)} req/s  ` +
+          `  round ${round + 1}/${settings.rounds} c=${concurrency} ${target.padEnd(16)} ${window.requestsPerSecond.toFixed(0).padStart(6)} req/s  ` +
             `p50 ${result.p50Ms.toFixed(2)} ms  p99 ${result.p99Ms.toFixed(2)} ms  proxy CPU ${fixed(window.proxyCpuPercent, 0)}%  ` +
             `load CPU ${fixed(window.loadCpuPercent, 0)}%  upstream CPU ${fixed(window.upstreamCpuPercent, 0)}%  conns ${window.clientConnects}/${window.upstreamConnects}\n`,
         );
@@ -565,19 +694,25 @@ async function main(): Promise<void> {
   }
 
   const summary = (await ask<Extract<LoadReply, { kind: "summary" }>>(load, "summary", { kind: "summary" }, 10_000)).entries;
-  const rssAtEnd = { "tcp-relay": statusKb(relay.pid, "VmRSS"), egressgate: statusKb(egress.child.pid, "VmRSS") };
+  const rssAtEnd = rssNow();
   // The relay's own count of CONNECTs, to check the client-side count against.
   const relayConnects = (await ask<Extract<RelayMessage, { kind: "stats" }>>(relay, "stats", { kind: "stats" }, 10_000)).connects;
-  const rows = aggregate(windows, summary, connects);
+  const rows = aggregate(targets, windows, summary, connects);
+  const hooks = compareHooks(rows);
 
   // Close the load generator first, so egressgate's drain finds nothing in flight.
   load.send({ kind: "close" });
   await waitExit(load, 5_000);
-  egress.child.kill("SIGTERM");
-  const egressExited = await waitExit(egress.child, 10_000);
+  const exited = await Promise.all(
+    [...proxies].map(async ([name, p]) => {
+      p.child.kill("SIGTERM");
+      return [name, await waitExit(p.child, 10_000)] as const;
+    }),
+  );
+  const profiledExited = exited.some(([name, ok]) => name === settings.cpuProf && ok);
   let profile: ProfileSummary | undefined;
   let profileFile: string | undefined;
-  const written = profileDir !== undefined && egressExited && existsSync(profileDir) ? readdirSync(profileDir).find((f) => f.endsWith(".cpuprofile")) : undefined;
+  const written = profileDir !== undefined && profiledExited && existsSync(profileDir) ? readdirSync(profileDir).find((f) => f.endsWith(".cpuprofile")) : undefined;
   if (profileDir !== undefined && written !== undefined) {
     // Kept outside the temp dir (which cleanup removes) for Chrome DevTools or speedscope.
     profileFile = join(tmpdir(), `egressgate-bench-${new Date().toISOString().replace(/[:.]/g, "-")}.cpuprofile`);
@@ -605,19 +740,18 @@ async function main(): Promise<void> {
       `${settings.rounds} interleaved rounds, ${settings.measureMs / 1000} s measured per window; req/s is the median window, latencies pool all windows\n`,
   );
   console.log(table);
-  if (at32 !== undefined) {
+  if (hooks.length > 0) console.log(`\n${hooksLines(hooks)}`);
+  if (at32 !== undefined && !Number.isNaN(at32.ratioToTcpRelay)) {
     const met = at32.ratioToTcpRelay >= 0.5 ? "met" : "NOT met";
     console.log(`\nDESIGN §8 goal, egressgate ≥ 0.5× tcp-relay at concurrency 32: ${at32.ratioToTcpRelay.toFixed(2)}× (${met})`);
   }
   const mib = (kb: number | undefined): string => fixed(kb === undefined ? undefined : kb / 1024, 0);
-  console.log(
-    `\nidle RSS before load: tcp-relay ${mib(rssAtStart["tcp-relay"])} MiB (runs under tsx), egressgate ${mib(rssAtStart.egressgate)} MiB; ` +
-      `new conns over the whole run, warm-ups included`,
-  );
+  const idle = proxiedTargets.map((t) => `${t} ${mib(rssAtStart[t])} MiB${t === "tcp-relay" ? " (runs under tsx)" : ""}`);
+  console.log(`\nidle RSS before load: ${idle.join(", ")}; new conns over the whole run, warm-ups included`);
   if (!peakResettable) console.log("(VmHWM could not be reset between targets: peak RSS is the process lifetime's)");
-  if (settings.cpuProf) console.log("(egressgate ran under --cpu-prof: its figures include the profiler's overhead)");
+  if (settings.cpuProf !== undefined) console.log(`(${settings.cpuProf} ran under --cpu-prof: its figures include the profiler's overhead)`);
   if (profile !== undefined) {
-    console.log(`\n## egressgate CPU profile: ${(profile.busyMs / 1000).toFixed(1)} s busy (idle excluded)\n`);
+    console.log(`\n## ${settings.cpuProf} CPU profile: ${(profile.busyMs / 1000).toFixed(1)} s busy (idle excluded)\n`);
     console.log("| self ms | % | function |\n|---:|---:|---|");
     for (const f of profile.functions) console.log(`| ${f.ms} | ${f.percent} | ${f.name} |`);
     console.log("\n| self ms | % | file |\n|---:|---:|---|");
@@ -625,7 +759,7 @@ async function main(): Promise<void> {
     console.log("\n| inclusive ms | % | egressgate function (dist/) |\n|---:|---:|---|");
     for (const f of profile.ownInclusive) console.log(`| ${f.ms} | ${f.percent} | ${f.name} |`);
     console.log(`\nprofile: ${profileFile}`);
-  } else if (settings.cpuProf) console.log("\n(no CPU profile was written: egressgate did not exit cleanly)");
+  } else if (settings.cpuProf !== undefined) console.log(`\n(no CPU profile was written: ${settings.cpuProf} did not exit cleanly)`);
 
   const date = new Date().toISOString().slice(0, 10);
   const resultsDir = join(root, "bench", "results");
@@ -634,11 +768,12 @@ async function main(): Promise<void> {
   const json = {
     date,
     command: `npm run bench${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(" ")}` : ""}`,
-    settings: { ...settings, bodyBytes, targets },
+    settings: { ...settings, bodyBytes },
     machine,
     durationSeconds: Math.round(totalSeconds),
-    goal: at32 === undefined ? undefined : { description: "egressgate ≥ 0.5× tcp-relay, small GETs, concurrency 32", ratio: at32.ratioToTcpRelay, met: at32.ratioToTcpRelay >= 0.5 },
+    goal: at32 === undefined || Number.isNaN(at32.ratioToTcpRelay) ? undefined : { description: "egressgate ≥ 0.5× tcp-relay, small GETs, concurrency 32", ratio: at32.ratioToTcpRelay, met: at32.ratioToTcpRelay >= 0.5 },
     results: rows,
+    ...(hooks.length > 0 ? { hooksVsNoHooks: hooks } : {}),
     rssAtStartKb: rssAtStart,
     rssAtEndKb: rssAtEnd,
     relayConnectsSeenByRelay: relayConnects,

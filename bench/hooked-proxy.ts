@@ -1,0 +1,71 @@
+/**
+ * The bench's embedded egressgate: `startProxy` from the package ("egressgate", i.e. dist/) with
+ * the settings bench/run.ts gives the CLI (bench.test resolved to 127.0.0.1 and allowed as an
+ * internal host, the upstream CA, log level warn, 127.0.0.1:0). With `--hooks` it also registers
+ * a no-op tier-3 pair, `onRequest: () => undefined` and `onResponse: () => undefined`, so the two
+ * bench targets built on it (`egressgate-api` and `egressgate+hooks`) differ only in the hooks.
+ *
+ *   npx tsx bench/hooked-proxy.ts --ca-dir DIR --upstream-ca FILE [--hooks]
+ *
+ * prints `egressgate listening on http://127.0.0.1:PORT` like the CLI and serves until SIGINT or
+ * SIGTERM. bench/run.ts does not run it under tsx: it transpiles this file into its temp dir and
+ * runs it with plain node, so its CPU and RSS compare with the CLI's (tsx adds about 35 MiB).
+ */
+import { createHttpHooks, startProxy } from "egressgate";
+
+interface Settings {
+  readonly caDir: string;
+  readonly upstreamCaFile: string;
+  readonly hooks: boolean;
+}
+
+const usage = "usage: hooked-proxy --ca-dir DIR --upstream-ca FILE [--hooks]";
+
+function parseArgs(argv: readonly string[]): Settings {
+  let caDir: string | undefined;
+  let upstreamCaFile: string | undefined;
+  let hooks = false;
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i];
+    if (arg === "--hooks") hooks = true;
+    else if (arg === "--ca-dir") caDir = argv[++i];
+    else if (arg === "--upstream-ca") upstreamCaFile = argv[++i];
+    else throw new TypeError(`unknown argument ${JSON.stringify(arg)}\n${usage}`);
+  }
+  if (caDir === undefined || upstreamCaFile === undefined) throw new TypeError(`--ca-dir and --upstream-ca are required\n${usage}`);
+  return { caDir, upstreamCaFile, hooks };
+}
+
+async function main(): Promise<void> {
+  const settings = parseArgs(process.argv.slice(2));
+  // What the CLI builds from `--allow-internal-host bench.test`, plus the hooks when asked.
+  const { httpHooks, env } = createHttpHooks({
+    allowedInternalHosts: ["bench.test"],
+    ...(settings.hooks ? { onRequest: () => undefined, onResponse: () => undefined } : {}),
+  });
+  const proxy = await startProxy({
+    httpHooks,
+    env,
+    listen: { host: "127.0.0.1", port: 0 },
+    caDir: settings.caDir,
+    resolve: { "bench.test": ["127.0.0.1"] },
+    upstreamCa: [settings.upstreamCaFile],
+    logLevel: "warn",
+  });
+  process.stdout.write(`egressgate listening on ${proxy.url}\n`);
+  // As the CLI does: the first signal drains and closes, a second one exits at once.
+  let stopping = false;
+  const stop = (signal: NodeJS.Signals): void => {
+    if (stopping) process.exit(130);
+    stopping = true;
+    process.stderr.write(`hooked-proxy: ${signal}, closing\n`);
+    void proxy.close().then(() => process.exit(0));
+  };
+  process.on("SIGINT", stop);
+  process.on("SIGTERM", stop);
+}
+
+main().catch((error: unknown) => {
+  process.stderr.write(`hooked-proxy: ${(error as Error)?.message ?? String(error)}\n`);
+  process.exit(1);
+});
