@@ -21,8 +21,24 @@ function safeStatusText(text: string): string | undefined {
  * Calls one hook with a deadline and turns every way it can fail into an answer for the guest:
  * HttpRequestBlockedError becomes its own status, a hook that never settles 504, and any other
  * throw or rejection 502. The hook's own error goes to the log (`detail`), not to the guest.
+ * A hook that returns synchronously costs no timer and no extra promise.
  */
-export async function runHook<T>(name: string, timeoutMs: number, call: () => T | Promise<T>): Promise<T> {
+export function runHook<T>(name: string, timeoutMs: number, call: () => T | PromiseLike<T>): T | Promise<T> {
+  let result: T | PromiseLike<T>;
+  try {
+    result = call();
+  } catch (error) {
+    throw hookFailure(name, error);
+  }
+  if (!isThenable(result)) return result;
+  return settleWithin(name, timeoutMs, result);
+}
+
+function isThenable<T>(value: T | PromiseLike<T>): value is PromiseLike<T> {
+  return typeof (value as { then?: unknown } | null)?.then === "function";
+}
+
+async function settleWithin<T>(name: string, timeoutMs: number, pending: PromiseLike<T>): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   const deadline = new Promise<never>((_, reject) => {
     timer = setTimeout(
@@ -31,20 +47,24 @@ export async function runHook<T>(name: string, timeoutMs: number, call: () => T 
     );
   });
   try {
-    return await Promise.race([Promise.resolve().then(call), deadline]);
+    return await Promise.race([pending, deadline]);
   } catch (error) {
-    if (error instanceof EgressError) throw error;
-    const blocked = asBlocked(error);
-    if (blocked !== undefined) {
-      const text = safeStatusText(blocked.statusText);
-      throw new EgressError("EG_HOOK_BLOCKED", blocked.status, blocked.message, {
-        detail: `${name} blocked the request`,
-        ...(text !== undefined ? { statusText: text } : {}),
-      });
-    }
-    const detail = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
-    throw new EgressError("EG_HOOK_FAILED", 502, `${name} hook failed (see the proxy log)`, { cause: error, detail });
+    throw hookFailure(name, error);
   } finally {
     clearTimeout(timer);
   }
+}
+
+function hookFailure(name: string, error: unknown): EgressError {
+  if (error instanceof EgressError) return error;
+  const blocked = asBlocked(error);
+  if (blocked !== undefined) {
+    const text = safeStatusText(blocked.statusText);
+    return new EgressError("EG_HOOK_BLOCKED", blocked.status, blocked.message, {
+      detail: `${name} blocked the request`,
+      ...(text !== undefined ? { statusText: text } : {}),
+    });
+  }
+  const detail = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+  return new EgressError("EG_HOOK_FAILED", 502, `${name} hook failed (see the proxy log)`, { cause: error, detail });
 }

@@ -68,9 +68,12 @@ export async function runOnRequest(
   const tooLarge = (): EgressError =>
     new EgressError("EG_TOO_LARGE", 413, `the request body is larger than maxHttpBodyBytes (${limits.requestBodyBytes}) for a hook to read`);
   // A hook that hit the limit usually fails with it: the limit, not the hook, is the answer.
-  const out = await runHook("onRequest", limits.hookMs, () => onRequest(seen)).catch((error: unknown) => {
+  let out: Awaited<ReturnType<typeof onRequest>>;
+  try {
+    out = await runHook("onRequest", limits.hookMs, () => onRequest(seen));
+  } catch (error) {
     throw tap?.limitHit === true ? tooLarge() : error;
-  });
+  }
   tap?.endHookPhase();
   if (tap?.limitHit === true) throw tooLarge();
   if (isResponse(out)) return { response: fromHookResponse(out, "onRequest") };
@@ -127,11 +130,14 @@ export async function runOnResponse(
     discard();
     return new EgressError("EG_UPSTREAM", 502, `the response body is larger than maxHttpResponseBodyBytes (${limits.responseBodyBytes}) for a hook to read`);
   };
-  const out = await runHook("onResponse", limits.hookMs, () => onResponse(seen, seenRequest)).catch((error: unknown) => {
+  let out: Awaited<ReturnType<typeof onResponse>>;
+  try {
+    out = await runHook("onResponse", limits.hookMs, () => onResponse(seen, seenRequest));
+  } catch (error) {
     if (tap?.limitHit === true) throw tooLarge();
     discard();
     throw error;
-  });
+  }
   tap?.endHookPhase();
   if (tap?.limitHit === true) throw tooLarge();
   if (out === undefined) {
