@@ -104,6 +104,16 @@ export class Pipeline {
     }
   }
 
+  /**
+   * For a protocol upgrade (WebSocket): secrets and every check of §3 step 4, like any request.
+   * The caller connects to one of the returned addresses and tunnels the rest.
+   */
+  async authorizeUpgrade(initial: OutboundRequest): Promise<{ request: OutboundRequest; addresses: readonly ResolvedAddress[] }> {
+    const request = this.substituteSecrets(initial);
+    const target = await this.authorize(request);
+    return { request, addresses: target.addresses };
+  }
+
   /** §3 step 3: placeholders become values for the final destination; misplaced secrets refuse the request. */
   private substituteSecrets(request: OutboundRequest): OutboundRequest {
     const secrets = this.options.policy.config.secrets;

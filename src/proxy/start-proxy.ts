@@ -8,13 +8,14 @@ import { Pipeline } from "../pipeline/pipeline.js";
 import { DeclarativePolicy, type ListenAddress } from "../policy/declarative-policy.js";
 import { createTlsAuthority } from "../tls/authority.js";
 import { PinnedPools } from "../upstream/pinned-pools.js";
-import { Resolver } from "../upstream/resolve.js";
+import { Resolver, type ResolvedAddress } from "../upstream/resolve.js";
 import { parseAuthority } from "./authority.js";
 import { guestEnvironment, writeGuestEnvFile } from "./guest-env.js";
 import { toOutboundRequest } from "./guest-request.js";
 import { resolveProxyOptions, type ProxyOptions, type ResolvedProxyOptions } from "./options.js";
 import { sendError, sendResponse, writeRawError } from "./respond.js";
 import { serveTunnel, tunnelOf } from "./tunnel.js";
+import { serveUpgrade, type UpgradeDeps } from "./upgrade.js";
 
 /** A running proxy, as returned by {@link startProxy}. */
 export interface RunningProxy {
@@ -59,6 +60,11 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   });
   const selfAddresses: ListenAddress[] = [];
   const policy = new DeclarativePolicy(config.declarative, () => selfAddresses);
+  // Every upstream connection is judged again once connected (DESIGN §3 step 5).
+  const recheck = (hostname: string, remote: ResolvedAddress, port: number): string | undefined => {
+    const decision = policy.checkAddress(hostname, remote, port);
+    return decision.allowed ? undefined : decision.reason;
+  };
   const pools = new PinnedPools({
     upstreamContext: authority.upstreamContext,
     maxPools: 512,
@@ -67,10 +73,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     headersTimeoutMs: config.timeouts.upstreamHeadersMs,
     bodyTimeoutMs: config.timeouts.upstreamBodyMs,
     keepAliveTimeoutMs: 4_000,
-    recheck: (hostname, remote, port) => {
-      const decision = policy.checkAddress(hostname, remote, port);
-      return decision.allowed ? undefined : decision.reason;
-    },
+    recheck,
   });
   const pipeline = new Pipeline({
     policy,
@@ -85,7 +88,12 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     },
   });
 
-  const guest = new GuestSide(config, log, pipeline, policy, redact);
+  const guest = new GuestSide(config, log, pipeline, policy, redact, {
+    pipeline,
+    log,
+    idleMs: config.timeouts.idleMs,
+    connect: { upstreamContext: authority.upstreamContext, timeoutMs: config.timeouts.upstreamConnectMs, recheck },
+  });
   const inner = guest.createServer();
   const outer = guest.createServer();
   outer.on("connection", (socket: Socket) => guest.track(socket));
@@ -166,6 +174,7 @@ class GuestSide {
     private readonly pipeline: Pipeline,
     private readonly policy: DeclarativePolicy,
     private readonly redact: ((text: string) => string) | undefined,
+    private readonly upgradeDeps: UpgradeDeps,
   ) {
     // A spread copy of createHttpHooks' hooks delegates the allowlist to its generated
     // functions; the configuration they carry still answers the CONNECT, so it gets the same
@@ -198,8 +207,8 @@ class GuestSide {
       sendError(res, new EgressError("EG_BAD_REQUEST", 417, `unsupported Expect: ${JSON.stringify(req.headers.expect)}`), true);
     });
     server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => this.onClientError(error, socket));
-    server.on("upgrade", (_req: IncomingMessage, socket: Socket) => {
-      writeRawError(socket, new EgressError("EG_UNSUPPORTED", 501, "protocol upgrades (WebSocket) are not supported yet"));
+    server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
+      void serveUpgrade(req, socket, head, this.upgradeDeps);
     });
     return server;
   }

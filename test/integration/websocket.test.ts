@@ -1,0 +1,86 @@
+import { createHash } from "node:crypto";
+import { createServer as createHttpsServer } from "node:https";
+import type { AddressInfo, Socket } from "node:net";
+import { ProxyAgent, WebSocket } from "undici";
+import { describe, expect, it, onTestFinished } from "vitest";
+import { startTestProxy } from "../helpers/proxy.js";
+import { testCa } from "../helpers/test-ca.js";
+
+/** A minimal WebSocket echo server (RFC 6455): enough for short text frames. */
+async function startEchoServer(): Promise<{ port: number; upgrades: () => number }> {
+  const ca = await testCa();
+  const context = (await ca.serverContexts(["api.test"])).get("api.test")!;
+  let upgrades = 0;
+  const server = createHttpsServer({ secureContext: context, SNICallback: (_n: string, cb: (e: null, c: typeof context) => void) => cb(null, context) } as never);
+  const sockets = new Set<Socket>();
+  server.on("upgrade", (req, socket: Socket) => {
+    upgrades += 1;
+    sockets.add(socket);
+    const accept = createHash("sha1").update(`${req.headers["sec-websocket-key"]}258EAFA5-E914-47DA-95CA-C5AB0DC85B11`).digest("base64");
+    socket.write(`HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ${accept}\r\n\r\n`);
+    socket.on("data", (frame: Buffer) => {
+      const opcode = frame[0]! & 0x0f;
+      if (opcode === 0x8) {
+        socket.end(Buffer.from([0x88, 0]));
+        return;
+      }
+      const length = frame[1]! & 0x7f; // short frames only
+      const mask = frame.subarray(2, 6);
+      const payload = Buffer.from(frame.subarray(6, 6 + length).map((b, i) => b ^ mask[i % 4]!));
+      socket.write(Buffer.concat([Buffer.from([0x81, payload.length]), payload]));
+    });
+    socket.on("error", () => undefined);
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(async () => {
+    for (const s of sockets) s.destroy();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  });
+  return { port: (server.address() as AddressInfo).port, upgrades: () => upgrades };
+}
+
+function openSocket(url: string, agent: ProxyAgent): Promise<{ ws: WebSocket; opened: boolean; reason: string }> {
+  return new Promise((resolve) => {
+    const ws = new WebSocket(url, { dispatcher: agent } as never);
+    onTestFinished(() => ws.close());
+    ws.addEventListener("open", () => resolve({ ws, opened: true, reason: "" }));
+    ws.addEventListener("error", (event) => resolve({ ws, opened: false, reason: String((event as { message?: string }).message ?? "error") }));
+  });
+}
+
+describe("WebSocket upgrades", () => {
+  it("a wss:// upgrade to an allowed host is checked, relayed and pinned: messages echo both ways", async () => {
+    const server = await startEchoServer();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const agent = new ProxyAgent({ uri: proxy.url, requestTls: { ca: proxy.caCertPem } });
+    onTestFinished(() => agent.close());
+    const { ws, opened } = await openSocket(`wss://api.test:${server.port}/socket`, agent);
+    expect(opened).toBe(true);
+    const echoed = new Promise<string>((resolve) => ws.addEventListener("message", (e) => resolve(String(e.data))));
+    ws.send("hello through egressgate");
+    expect(await echoed).toBe("hello through egressgate");
+    expect(proxy.logs.some((l) => l["msg"] === "request" && l["status"] === 101)).toBe(true);
+  });
+
+  it("an upgrade refused by isRequestAllowed never reaches the upstream", async () => {
+    const server = await startEchoServer();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], isRequestAllowed: (req) => !req.url.includes("/forbidden") });
+    const agent = new ProxyAgent({ uri: proxy.url, requestTls: { ca: proxy.caCertPem } });
+    onTestFinished(() => agent.close());
+    const { opened } = await openSocket(`wss://api.test:${server.port}/forbidden`, agent);
+    expect(opened).toBe(false);
+    expect(server.upgrades()).toBe(0);
+    const denial = proxy.logs.find((l) => l["msg"] === "request" && l["status"] === 403);
+    expect(denial?.["upgrade"]).toBe(true);
+  });
+
+  it("an upgrade whose host resolves to an internal address without allowedInternalHosts is refused", async () => {
+    const server = await startEchoServer();
+    const proxy = await startTestProxy({ allowedHosts: ["api.test"] });
+    const agent = new ProxyAgent({ uri: proxy.url, requestTls: { ca: proxy.caCertPem } });
+    onTestFinished(() => agent.close());
+    const { opened } = await openSocket(`wss://api.test:${server.port}/socket`, agent);
+    expect(opened).toBe(false);
+    expect(server.upgrades()).toBe(0);
+  });
+});
