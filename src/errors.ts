@@ -11,7 +11,6 @@ export type EgressErrorCode =
   | "EG_UPSTREAM"
   | "EG_UPSTREAM_TIMEOUT"
   | "EG_REDIRECT_LOOP"
-  | "EG_UNSUPPORTED"
   | "EG_TOO_LARGE"
   | "EG_HOOK_BLOCKED"
   | "EG_HOOK_FAILED"
