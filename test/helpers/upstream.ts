@@ -2,6 +2,7 @@ import { createHash } from "node:crypto";
 import { createServer as createHttpServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { createServer as createHttpsServer } from "node:https";
 import type { AddressInfo, Socket } from "node:net";
+import { Readable } from "node:stream";
 import type { SecureContext } from "node:tls";
 import { onTestFinished } from "vitest";
 import { testCa } from "./test-ca.js";
@@ -31,6 +32,31 @@ export function patternChunk(size: number): Buffer {
   const chunk = Buffer.alloc(size);
   for (let i = 0; i < size; i++) chunk[i] = (i * 31 + 7) & 0xff;
   return chunk;
+}
+
+const patternUnit = 64 * 1024;
+
+/** The sha256 of `size` bytes (a multiple of 64 KiB) of the pattern `/bytes` serves. */
+export function patternSha256(size: number): string {
+  const chunk = patternChunk(patternUnit);
+  const hash = createHash("sha256");
+  for (let n = 0; n < size; n += chunk.length) hash.update(chunk);
+  return hash.digest("hex");
+}
+
+/** An upload body of `size` pattern bytes (a multiple of 64 KiB), produced on demand. */
+export function patternBody(size: number): Readable {
+  const chunk = patternChunk(patternUnit);
+  let sent = 0;
+  return new Readable({
+    read() {
+      if (sent >= size) this.push(null);
+      else {
+        sent += chunk.length;
+        this.push(chunk);
+      }
+    },
+  });
 }
 
 const defaultRoutes: Record<string, Route> = {

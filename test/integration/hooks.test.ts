@@ -1,13 +1,11 @@
-import { createHash } from "node:crypto";
 import { connect } from "node:net";
-import { Readable } from "node:stream";
 import { gzipSync } from "node:zlib";
 import { request } from "undici";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { HttpRequestBlockedError, type HttpHooksOptions, type ProxyOptions } from "../../src/index.js";
 import { curlVia } from "../helpers/curl.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
-import { patternChunk, startUpstream, type Upstream } from "../helpers/upstream.js";
+import { patternBody, patternSha256, startUpstream, type Upstream } from "../helpers/upstream.js";
 
 interface Echo {
   method: string;
@@ -38,29 +36,12 @@ async function setup(hooks: HttpHooksOptions, options: Omit<ProxyOptions, "httpH
   return { upstream, proxy, base: `https://api.test:${upstream.port}` };
 }
 
-function streamOf(size: number): { body: Readable; sha256: string } {
-  const chunk = patternChunk(64 * 1024);
-  const hash = createHash("sha256");
-  for (let n = 0; n < size; n += chunk.length) hash.update(chunk);
-  let sent = 0;
-  const body = new Readable({
-    read() {
-      if (sent >= size) this.push(null);
-      else {
-        sent += chunk.length;
-        this.push(chunk);
-      }
-    },
-  });
-  return { body, sha256: hash.digest("hex") };
-}
-
 async function upload(proxy: Parameters<typeof proxyAgent>[0], url: string, size: number) {
-  const { body, sha256 } = streamOf(size);
+  const sha256 = patternSha256(size);
   const res = await request(url, {
     dispatcher: proxyAgent(proxy),
     method: "PUT",
-    body,
+    body: patternBody(size),
     headers: { "content-length": String(size) },
   }).catch((error: Error) => error);
   if (res instanceof Error) return { status: 0, text: res.message, sha256 };
