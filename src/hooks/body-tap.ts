@@ -56,21 +56,36 @@ export class BodyTap {
     private readonly options: BodyTapOptions,
   ) {
     let iterator: AsyncIterator<Buffer> | undefined;
-    this.web = new ReadableStream<Uint8Array>({
-      pull: async (controller) => {
-        iterator ??= this.start()[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
-        try {
-          const next = await iterator.next();
-          if (next.done === true) controller.close();
-          else controller.enqueue(new Uint8Array(next.value.buffer, next.value.byteOffset, next.value.byteLength));
-        } catch (error) {
-          controller.error(error);
-        }
+    let decoded = 0;
+    this.web = new ReadableStream<Uint8Array>(
+      {
+        pull: async (controller) => {
+          iterator ??= this.start()[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
+          try {
+            const next = await iterator.next();
+            if (next.done === true) {
+              controller.close();
+              return;
+            }
+            // The limit also holds after decoding: 100 KB of gzip can inflate to gigabytes.
+            decoded += next.value.byteLength;
+            if (this.capActive && decoded > options.limit) {
+              this.limitHit = true;
+              this.reader?.destroy();
+              throw new BodyLimitError(options.limit);
+            }
+            controller.enqueue(new Uint8Array(next.value.buffer, next.value.byteOffset, next.value.byteLength));
+          } catch (error) {
+            controller.error(error);
+          }
+        },
+        cancel: () => {
+          this.reader?.destroy();
+        },
       },
-      cancel: () => {
-        this.reader?.destroy();
-      },
-    });
+      // Nothing is pulled until a hook reads: an unread body stays the guest's own stream.
+      { highWaterMark: 0 },
+    );
   }
 
   /** After the hook phase, forwarding is not capped: only what hooks read is. */
@@ -97,7 +112,9 @@ export class BodyTap {
         this.limitHit = true;
         throw new BodyLimitError(limit);
       }
-      if (record) this.recorded.push(chunk);
+      // Only what the hook phase reads is kept for a replay; a body passed on afterwards
+      // (new Response(response.body, response)) must not pile up here.
+      if (record && this.capActive) this.recorded.push(chunk);
       yield chunk;
     }
   }

@@ -34,14 +34,22 @@ export type OnRequestOutcome = { readonly request: OutboundRequest } | { readonl
 const contentLengthHeaders = new Set(["content-length", "transfer-encoding"]);
 const encodedBodyHeaders = new Set(["content-encoding", "content-length"]);
 
-/** A Response from a hook, as the guest will get it. Its body is the hook's own stream. */
+/**
+ * A Response from a hook, as the guest will get it. Its body is the hook's own stream, framed by
+ * Node: a Content-Length the hook copied from another response (`new Response(short, response)`)
+ * would no longer match.
+ */
 export function fromHookResponse(response: Response, hook: string): HookedResponse {
   if (response.bodyUsed) {
     throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned a Response whose body was already read`);
   }
+  if (response.status < 200 || response.status > 599) {
+    // Response.error() has status 0: there is nothing to send.
+    throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned a Response with status ${response.status}`);
+  }
   return {
     status: response.status,
-    headers: fromHeaders(response.headers),
+    headers: withoutHeaders(fromHeaders(response.headers), contentLengthHeaders),
     body: response.body === null ? null : nodeBody(response.body),
   };
 }
@@ -65,6 +73,7 @@ export async function runOnRequest(
         ? new Blob([request.body]).stream()
         : ((tap?.web as ReadableStream<Uint8Array> | undefined) ?? null);
   const seen = makeRequest(request.url, request.method, request.headers, body);
+  const clones = trackClones(seen);
   const tooLarge = (): EgressError =>
     new EgressError("EG_TOO_LARGE", 413, `the request body is larger than maxHttpBodyBytes (${limits.requestBodyBytes}) for a hook to read`);
   // A hook that hit the limit usually fails with it: the limit, not the hook, is the answer.
@@ -74,7 +83,9 @@ export async function runOnRequest(
   } catch (error) {
     throw tap?.limitHit === true ? tooLarge() : error;
   }
-  tap?.endHookPhase();
+  // A clone the hook left unread would queue the whole upload in its tee branch: cancel it.
+  // One still held by a reader cannot be cancelled, so the limit then stays on.
+  if (!releaseClones(clones)) tap?.endHookPhase();
   if (tap?.limitHit === true) throw tooLarge();
   if (isResponse(out)) return { response: fromHookResponse(out, "onRequest") };
   if (out !== undefined && !isRequest(out)) {
@@ -147,5 +158,35 @@ export async function runOnResponse(
     discard();
     throw new EgressError("EG_HOOK_FAILED", 502, "onResponse returned something other than undefined or a Response");
   }
-  return { ...fromHookResponse(out, "onResponse"), replaced: true, discard };
+  try {
+    return { ...fromHookResponse(out, "onResponse"), replaced: true, discard };
+  } catch (error) {
+    discard();
+    throw error;
+  }
+}
+
+/** Records the clones a hook makes of `request`, so unread ones can be released afterwards. */
+function trackClones(request: Request): Request[] {
+  const clones: Request[] = [];
+  const clone = request.clone.bind(request);
+  Object.defineProperty(request, "clone", {
+    value: () => {
+      const copy = clone();
+      clones.push(copy);
+      return copy;
+    },
+  });
+  return clones;
+}
+
+/** Cancels unread clones; returns true if one is still held by a reader. */
+function releaseClones(clones: readonly Request[]): boolean {
+  let locked = false;
+  for (const copy of clones) {
+    if (copy.body === null) continue;
+    if (copy.body.locked) locked = true;
+    else void copy.body.cancel().catch(() => undefined);
+  }
+  return locked;
 }
