@@ -163,7 +163,7 @@ export class SecretStore {
     for (const e of this.entries.values()) {
       for (const value of [e.value, ...e.retired]) {
         if (value === "") continue;
-        const forms = [value, JSON.stringify(value).slice(1, -1), encodeURIComponent(value), Buffer.from(value).toString("base64")];
+        const forms = [value, JSON.stringify(value).slice(1, -1), encodeURIComponent(value), ...base64Forms(value)];
         for (const form of forms) {
           if (out.includes(form)) out = out.replaceAll(form, `[REDACTED:${e.name}]`);
         }
@@ -178,14 +178,15 @@ export class SecretStore {
     for (const e of this.entries.values()) {
       const inScope = !e.deleted && e.matcher.match(hostname) !== undefined;
       for (const old of e.retired) {
-        // A retired value may legitimately occur inside the current one (an extended token).
-        if (old !== "" && text.includes(old) && (e.value === "" || text.split(e.value).some((part) => part.includes(old)))) {
+        if (old !== "" && text.includes(old) && !onlyInside(text, old, e.value)) {
           throw denied(`${where} carries a retired value of secret ${e.name}; rotated and deleted values are refused everywhere`);
         }
       }
       if (e.deleted) continue;
-      if (text.includes(e.value) && !inScope) {
-        throw denied(`${where} carries the value of secret ${e.name} to host "${hostname}", which is not in its hosts`);
+      if (text.includes(e.value)) {
+        if (!inScope) throw denied(`${where} carries the value of secret ${e.name} to host "${hostname}", which is not in its hosts`);
+        // A redirect to http:// carries the values substituted for the previous hop.
+        if (!secure) throw denied(`${where} carries the value of secret ${e.name} over plain http://; secrets are only sent over https://`);
       }
       if (out.includes(e.placeholder)) {
         if (!inScope) {
@@ -238,4 +239,36 @@ function checkValue(value: unknown, path: string): string {
   // A value goes into header fields: CR, LF and NUL would split or truncate them.
   if (/[\r\n\0]/.test(value)) throw new TypeError(`${path}: must not contain CR, LF or NUL`);
   return value;
+}
+
+/**
+ * True when every occurrence of `old` lies inside an occurrence of `current`: a retired value
+ * may legitimately sit inside the value that replaced it (an extended token), and only there.
+ */
+function onlyInside(text: string, old: string, current: string): boolean {
+  if (current === "" || !current.includes(old)) return false;
+  const covered: [number, number][] = [];
+  for (let at = text.indexOf(current); at >= 0; at = text.indexOf(current, at + 1)) covered.push([at, at + current.length]);
+  for (let at = text.indexOf(old); at >= 0; at = text.indexOf(old, at + 1)) {
+    if (!covered.some(([start, end]) => at >= start && at + old.length <= end)) return false;
+  }
+  return true;
+}
+
+/**
+ * The Base64 text of `value` at each of the three byte alignments it can have inside a longer
+ * encoded string (`user:value` in Basic credentials), trimmed to the characters that depend on
+ * the value alone.
+ */
+function base64Forms(value: string): string[] {
+  const bytes = Buffer.from(value);
+  const forms: string[] = [];
+  for (let pad = 0; pad < 3; pad++) {
+    const encoded = Buffer.concat([Buffer.alloc(pad), bytes]).toString("base64");
+    const start = pad === 0 ? 0 : 4;
+    const end = Math.floor((pad + bytes.length) / 3) * 4;
+    const form = pad === 0 ? encoded.replace(/=+$/, "") : encoded.slice(start, end);
+    if (form.length >= 8) forms.push(form);
+  }
+  return forms;
 }

@@ -198,3 +198,15 @@ describe("secrets and plain HTTP", () => {
     expect(upstream.hits()).toBe(0);
   });
 });
+
+describe("secrets and redirects to plain HTTP", () => {
+  it("a redirect from the secret's https host to http:// on the same host never carries the value", async () => {
+    const { proxy, placeholder, base } = await setup();
+    const plain = await startUpstream({ tls: false });
+    const to = encodeURIComponent(`http://api.test:${plain.port}/echo`);
+    const res = await fetchVia(proxy, `${base}/redirect?to=${to}`, { headers: { "x-api-key": placeholder } });
+    expect(res.status).toBe(403);
+    expect(res.text).toMatch(/value of secret GH_TOKEN over plain http/);
+    expect(plain.hits()).toBe(0);
+  });
+});

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { parseCli, parseHostSecret, UsageError } from "../../src/cli/args.js";
 import { declarativeConfigOf } from "../../src/hooks/http-hooks.js";
+import { SecretStore } from "../../src/policy/secrets.js";
 
 describe("--host-secret NAME@HOST[,HOST...][=VALUE]", () => {
   it.each([
@@ -64,5 +65,37 @@ describe("--host-secret NAME@HOST[,HOST...][=VALUE]", () => {
     [["--host-secret", "A@https://a.test=1"], /--host-secret A.*not a host pattern/],
   ])("%j is refused naming --host-secret", (argv, message) => {
     expect(() => parseCli(argv, {})).toThrow(message);
+  });
+});
+
+describe("secret store checks", () => {
+  const store = (value: string) =>
+    new SecretStore({ T: { hosts: ["api.test"], value } }, false, (hosts) => hosts as string[]);
+  const request = (url: string, headers: string[]) => ({ url: new URL(url), headers });
+
+  it("a retired value that merely contains the new one is still refused", () => {
+    const s = store("tok_ABCDEF_v1");
+    s.update("T", { value: "tok_ABCDEF" });
+    expect(() => s.apply(request("https://api.test/", ["authorization", "Bearer tok_ABCDEF_v1"]), "api.test")).toThrow(/retired value/);
+  });
+
+  it("a retired value inside the current one passes only there", () => {
+    const s = store("abc123");
+    s.update("T", { value: "xxabc123yy" });
+    expect(s.apply(request("https://api.test/", ["x", "xxabc123yy"]), "api.test")).toBeUndefined();
+    expect(() => s.apply(request("https://api.test/", ["x", "xxabc123yy abc123"]), "api.test")).toThrow(/retired value/);
+  });
+
+  it("a real value bound for plain http:// is refused, even to the secret's own host", () => {
+    const s = store("real-value-1");
+    expect(() => s.apply(request("http://api.test/", ["x-key", "real-value-1"]), "api.test")).toThrow(/over plain http/);
+  });
+
+  it("redaction catches the value inside Basic credentials at any alignment", () => {
+    const s = store("hunter2pass");
+    for (const user of ["bob", "bo", "b"]) {
+      const basic = Buffer.from(`${user}:hunter2pass`).toString("base64");
+      expect(s.redact(`Authorization: Basic ${basic}`)).toContain("[REDACTED:T]");
+    }
   });
 });
