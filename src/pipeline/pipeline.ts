@@ -105,11 +105,22 @@ export class Pipeline {
   }
 
   /**
-   * For a protocol upgrade (WebSocket): secrets and every check of §3 step 4, like any request.
+   * For a protocol upgrade (WebSocket): onRequest (without a body), secrets and every check of
+   * §3 step 4, like any request.
    * The caller connects to one of the returned addresses and tunnels the rest.
    */
   async authorizeUpgrade(initial: OutboundRequest): Promise<{ request: OutboundRequest; addresses: readonly ResolvedAddress[] }> {
-    const request = this.substituteSecrets(initial);
+    let rewritten = initial;
+    const { onRequest } = this.options.hooks;
+    if (onRequest !== undefined) {
+      const outcome = await runOnRequest(onRequest, initial, undefined, this.options.limits);
+      if ("response" in outcome) {
+        outcome.response.body?.destroy();
+        throw new EgressError("EG_HOOK_FAILED", 502, "onRequest answered a protocol upgrade; upgrades can be continued, rewritten or blocked");
+      }
+      rewritten = outcome.request;
+    }
+    const request = this.substituteSecrets(rewritten);
     const target = await this.authorize(request);
     return { request, addresses: target.addresses };
   }
@@ -131,7 +142,7 @@ export class Pipeline {
       // The hook sees the request as it will leave (secrets substituted), without a body.
       const seen = makeRequest(url, request.method, request.headers, null);
       const allowed = await runHook("isRequestAllowed", this.options.limits.hookMs, () => isRequestAllowed(seen));
-      if (allowed !== true) throw denied(`request to ${url.origin} refused by isRequestAllowed`);
+      if (allowed !== true) throw checkRefusal("isRequestAllowed", allowed, `request to ${url.origin} refused by isRequestAllowed`);
     }
     const hostDecision = policy.checkHost(url.hostname);
     if (!hostDecision.allowed) throw denied(hostDecision.reason);
@@ -150,7 +161,9 @@ export class Pipeline {
       if (isIpAllowed !== undefined) {
         const hostname = url.hostname.replace(/^\[|\]$/g, "");
         const info = { hostname, ip: address.ip, family: address.family, port, protocol: url.protocol as "http:" | "https:" };
-        if ((await runHook("isIpAllowed", this.options.limits.hookMs, () => isIpAllowed(info))) !== true) {
+        const allowed = await runHook("isIpAllowed", this.options.limits.hookMs, () => isIpAllowed(info));
+        if (allowed !== true) {
+          if (allowed !== false) throw checkRefusal("isIpAllowed", allowed, "");
           firstRefusal ??= deny("hooks", "isIpAllowed", `an address of "${hostname}" was refused by isIpAllowed`, `${hostname} -> ${address.ip}`);
           continue;
         }
@@ -242,4 +255,10 @@ export function upstreamError(error: unknown, url: URL): EgressError {
   // Socket errors (ECONNREFUSED 10.0.0.5:443) name the pinned address: the guest gets the code only.
   const shown = /^E[A-Z]+$/.test(code) ? code : detail;
   return new EgressError("EG_UPSTREAM", 502, `upstream request failed for ${target}: ${shown}`, { cause: error, detail });
+}
+
+/** `false` is a refusal (403); anything else but `true` is a broken hook (502, as DESIGN §2 says). */
+function checkRefusal(hook: string, value: unknown, reason: string): EgressError {
+  if (value === false) return denied(reason);
+  return new EgressError("EG_HOOK_FAILED", 502, `${hook} returned ${typeof value}, not a boolean`);
 }

@@ -35,7 +35,12 @@ export function sendError(res: ServerResponse, error: EgressError, closeConnecti
  * and aborts it on completion (a DOMException with a stack trace), which profiled at ~10% of the
  * proxy's CPU for small responses.
  */
-export function sendResponse(res: ServerResponse, response: PipelineResponse, onDone: (error?: Error) => void): void {
+export function sendResponse(
+  res: ServerResponse,
+  response: PipelineResponse,
+  closeConnection: boolean,
+  onDone: (error?: Error) => void,
+): void {
   const body = response.body;
   if (res.destroyed) {
     // The guest left while the upstream was answering: `close` has already fired.
@@ -43,7 +48,11 @@ export function sendResponse(res: ServerResponse, response: PipelineResponse, on
     onDone(new Error("guest closed the connection before the response started"));
     return;
   }
-  res.writeHead(response.status, response.headers);
+  // A guest body that was only partly read (a hook answered, or read a clone and rewrote) would
+  // otherwise sit in front of the next request on this connection.
+  const headers = closeConnection ? [...response.headers, "connection", "close"] : response.headers;
+  if (closeConnection) res.shouldKeepAlive = false;
+  res.writeHead(response.status, headers);
   if (body === null) {
     res.end();
     onDone();

@@ -92,6 +92,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     pipeline,
     log,
     idleMs: config.timeouts.idleMs,
+    redact,
     connect: { upstreamContext: authority.upstreamContext, timeoutMs: config.timeouts.upstreamConnectMs, recheck },
   });
   const inner = guest.createServer();
@@ -298,7 +299,7 @@ class GuestSide {
         signal: abort.signal,
         ...(expectsContinue ? { beforeBody: once(() => res.writeContinue()) } : {}),
       });
-      sendResponse(res, response, (error) => {
+      sendResponse(res, response, !req.complete, (error) => {
         response.cleanup?.();
         this.logDecision({
           id,
@@ -323,7 +324,7 @@ class GuestSide {
       // Error bodies are built from messages that may quote upstream errors: never let a value through.
       if (this.redact !== undefined) {
         err = new EgressError(err.code, err.status, this.redact(err.message), {
-          statusText: err.statusText,
+          statusText: this.redact(err.statusText),
           ...(err.detail === undefined ? {} : { detail: err.detail }),
         });
       }

@@ -4,6 +4,7 @@ import { EgressError } from "../errors.js";
 import type { Logger } from "../log.js";
 import type { Pipeline } from "../pipeline/pipeline.js";
 import { connectPinned, type PinnedSocketOptions } from "../upstream/pinned-socket.js";
+import type { ResolvedAddress } from "../upstream/resolve.js";
 import { toOutboundRequest } from "./guest-request.js";
 import { writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
@@ -12,68 +13,118 @@ export interface UpgradeDeps {
   readonly pipeline: Pipeline;
   readonly log: Logger;
   readonly idleMs: number;
+  readonly redact: ((text: string) => string) | undefined;
   readonly connect: Omit<PinnedSocketOptions, "url" | "address">;
 }
 
+const maxResponseHead = 64 * 1024;
+
 /**
- * A WebSocket (or other) upgrade is checked like any request: head validation, secrets, and
- * every policy check. Then the proxy connects to the approved address itself, sends the request
- * head, and from there on relays bytes both ways: the 101 answer and everything after it pass
- * through as an opaque tunnel pinned to the checked IP. onRequest/onResponse do not run, since
- * there is no HTTP response to hand them.
+ * A WebSocket (or other) upgrade is checked like any request: head validation, onRequest,
+ * secrets, and every policy check. The proxy then connects to the approved address itself and
+ * sends only the request head. Bytes are relayed both ways only once the upstream has answered
+ * `101 Switching Protocols`: an upstream that ignores the Upgrade must never receive further
+ * unchecked requests on the same connection.
  */
 export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: Buffer, deps: UpgradeDeps): Promise<void> {
-  const target = `${req.method ?? ""} ${req.url ?? ""}`.split("?")[0]!;
+  const target = `${req.method ?? ""} ${loggable(req.url ?? "")}`;
   let upstream: Socket | undefined;
+  let switched: Buffer;
   try {
     const guestRequest = toOutboundRequest(req, tunnelOf(socket));
     const upgrade = req.headers.upgrade;
     if (upgrade === undefined || upgrade === "") throw new EgressError("EG_BAD_REQUEST", 400, "Upgrade header missing");
-    const { request, addresses } = await deps.pipeline.authorizeUpgrade({ ...guestRequest, body: null });
-    let lastError: unknown;
-    for (const address of addresses) {
-      try {
-        upstream = await connectPinned({ ...deps.connect, url: request.url, address });
-        break;
-      } catch (error) {
-        lastError = error;
-        if (error instanceof EgressError) throw error;
-      }
-    }
-    if (upstream === undefined) {
-      const code = (lastError as NodeJS.ErrnoException | undefined)?.code ?? "connection failed";
-      throw new EgressError("EG_UPSTREAM", 502, `upstream ${request.url.host} refused the upgrade connection: ${code}`);
-    }
+    if (guestRequest.body !== null) throw new EgressError("EG_BAD_REQUEST", 400, "an upgrade request must not have a body");
+    const { request, addresses } = await deps.pipeline.authorizeUpgrade(guestRequest);
+    upstream = await connectFirst(request.url, addresses, deps);
     const lines = [`${request.method} ${request.url.pathname}${request.url.search} HTTP/1.1`, `host: ${request.url.host}`];
     for (let i = 0; i < request.headers.length; i += 2) lines.push(`${request.headers[i]}: ${request.headers[i + 1]}`);
     lines.push("connection: Upgrade", `upgrade: ${upgrade}`);
     upstream.write(`${lines.join("\r\n")}\r\n\r\n`);
-    if (head.length > 0) upstream.write(head);
+    switched = await awaitSwitch(upstream, request.url.host);
+    if (socket.destroyed) throw new EgressError("EG_UPSTREAM", 502, "the guest left before the upgrade completed");
   } catch (error) {
-    const err =
+    upstream?.destroy();
+    let err =
       error instanceof EgressError
         ? error
         : new EgressError("EG_UPSTREAM", 502, `upgrade failed: ${(error as NodeJS.ErrnoException).code ?? "error"}`, { cause: error });
+    if (deps.redact !== undefined) err = new EgressError(err.code, err.status, deps.redact(err.message), { statusText: err.statusText });
     deps.log.info("request", { method: req.method, target, status: err.status, reason: err.message, code: err.code, upgrade: true });
     writeRawError(socket, err);
     return;
   }
   deps.log.info("request", { method: req.method, target, status: 101, reason: "upgrade relayed", upgrade: true });
   const up = upstream;
+  const closeBoth = (): void => {
+    socket.destroy();
+    up.destroy();
+  };
   for (const s of [socket, up]) {
-    s.setTimeout(deps.idleMs, () => {
-      socket.destroy();
-      up.destroy();
-    });
-    s.on("error", () => {
-      socket.destroy();
-      up.destroy();
-    });
-    s.on("close", () => {
-      socket.destroy();
-      up.destroy();
-    });
+    s.setTimeout(deps.idleMs, closeBoth);
+    s.on("error", closeBoth);
+    s.on("close", closeBoth);
   }
+  socket.write(switched);
+  if (head.length > 0) up.write(head);
   socket.pipe(up);
   up.pipe(socket);
+}
+
+async function connectFirst(url: URL, addresses: readonly ResolvedAddress[], deps: UpgradeDeps): Promise<Socket> {
+  let lastError: unknown;
+  for (const address of addresses) {
+    try {
+      return await connectPinned({ ...deps.connect, url, address });
+    } catch (error) {
+      if (error instanceof EgressError) throw error;
+      lastError = error;
+    }
+  }
+  const code = (lastError as NodeJS.ErrnoException | undefined)?.code ?? "connection failed";
+  throw new EgressError("EG_UPSTREAM", 502, `upstream ${url.host} refused the upgrade connection: ${code}`);
+}
+
+/**
+ * Reads the upstream's response head. Resolves with the head (and any bytes after it) on 101;
+ * anything else is refused, and the connection is dropped, never reused.
+ */
+function awaitSwitch(upstream: Socket, host: string): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    let buffered = Buffer.alloc(0);
+    const fail = (error: Error): void => {
+      cleanup();
+      reject(error);
+    };
+    const onData = (chunk: Buffer): void => {
+      buffered = Buffer.concat([buffered, chunk]);
+      const end = buffered.indexOf("\r\n\r\n");
+      if (end < 0) {
+        if (buffered.length > maxResponseHead) fail(new EgressError("EG_UPSTREAM", 502, `upstream ${host} sent an oversized response head`));
+        return;
+      }
+      cleanup();
+      const status = /^HTTP\/1\.[01] (\d{3})/.exec(buffered.subarray(0, end).toString("latin1"))?.[1];
+      if (status !== "101") {
+        reject(new EgressError("EG_UPSTREAM", 502, `upstream ${host} did not switch protocols (answered ${status ?? "garbage"})`));
+        return;
+      }
+      upstream.pause();
+      resolve(buffered);
+    };
+    const onEnd = (): void => fail(new EgressError("EG_UPSTREAM", 502, `upstream ${host} closed before answering the upgrade`));
+    const cleanup = (): void => {
+      upstream.off("data", onData);
+      upstream.off("end", onEnd);
+      upstream.off("error", fail);
+    };
+    upstream.on("data", onData);
+    upstream.once("end", onEnd);
+    upstream.once("error", fail);
+  });
+}
+
+function loggable(target: string): string {
+  const cut = target.search(/[?#]/);
+  return (cut < 0 ? target : target.slice(0, cut)).replace(/^([a-z]+:\/\/)[^/@]*@/i, "$1");
 }

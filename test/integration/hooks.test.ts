@@ -424,3 +424,39 @@ describe("hooks and redirects", () => {
     expect(text).toMatch(/"bodyBytes":5/);
   });
 });
+
+describe("more hook contract edges", () => {
+  it("isRequestAllowed returning a non-boolean is a broken hook: 502, not a silent 403", async () => {
+    const { proxy, base, upstream } = await setup({ isRequestAllowed: () => "yes" as unknown as boolean });
+    const res = await fetchVia(proxy, `${base}/echo`);
+    expect(res.status).toBe(502);
+    expect(res.text).toMatch(/isRequestAllowed returned string, not a boolean/);
+    expect(hits(upstream)).toBe(0);
+  });
+
+  it("a hook Response with a copied Content-Length is re-framed to its real body", async () => {
+    const { proxy, base } = await setup({ onResponse: async (res) => new Response((await res.text()).slice(0, 5), res) });
+    const res = await request(`${base}/echo`, { dispatcher: proxyAgent(proxy) });
+    const text = await res.body.text();
+    expect(text).toHaveLength(5);
+    // Either re-computed or absent (chunked), never the upstream's original length.
+    expect([undefined, "5"]).toContain(res.headers["content-length"]);
+  });
+
+  it("a short-circuit after reading part of an upload closes the connection instead of leaving the rest in front of the next request", async () => {
+    const { proxy, upstream } = await setup({
+      onRequest: async (req) => {
+        const reader = req.clone().body!.getReader();
+        await reader.read();
+        return new Response("answered early", { status: 202 });
+      },
+    });
+    const answer = await rawExchange(
+      proxy.port,
+      `PUT https://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test\r\nContent-Length: 4194304\r\n\r\n${"x".repeat(256 * 1024)}`,
+    );
+    expect(answer).toMatch(/^HTTP\/1\.1 202 /);
+    expect(answer.toLowerCase()).toMatch(/connection: close/);
+    expect(hits(upstream)).toBe(0);
+  });
+});

@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import { createServer as createHttpsServer } from "node:https";
-import type { AddressInfo, Socket } from "node:net";
+import { connect, createServer as createNetServer, type AddressInfo, type Socket } from "node:net";
 import { ProxyAgent, WebSocket } from "undici";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { startTestProxy } from "../helpers/proxy.js";
@@ -82,5 +82,41 @@ describe("WebSocket upgrades", () => {
     const { opened } = await openSocket(`wss://api.test:${server.port}/socket`, agent);
     expect(opened).toBe(false);
     expect(server.upgrades()).toBe(0);
+  });
+});
+
+describe("upgrades an upstream does not accept", () => {
+  it("an upstream that ignores Upgrade and stays open never receives the guest's following bytes", async () => {
+    let received = "";
+    const sockets = new Set<Socket>();
+    const server = createNetServer((s) => {
+      sockets.add(s);
+      s.on("error", () => undefined);
+      s.on("data", (c: Buffer) => {
+        received += c.toString("latin1");
+        s.write("HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive\r\n\r\nok");
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    onTestFinished(async () => {
+      for (const s of sockets) s.destroy();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    });
+    const port = (server.address() as AddressInfo).port;
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const guest = connect(proxy.port, "127.0.0.1");
+    onTestFinished(() => void guest.destroy());
+    let answer = "";
+    guest.on("data", (c: Buffer) => (answer += c.toString("latin1")));
+    const closed = new Promise((resolve) => guest.on("close", resolve));
+    guest.write(
+      `GET http://api.test:${port}/ws HTTP/1.1\r\nHost: api.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n` +
+        `DELETE /admin HTTP/1.1\r\nHost: evil.example\r\n\r\n`,
+    );
+    await closed;
+    expect(answer).toMatch(/^HTTP\/1\.1 502 /);
+    expect(answer).toMatch(/did not switch protocols \(answered 200\)/);
+    expect(received).toMatch(/^GET \/ws HTTP\/1\.1\r\n/);
+    expect(received).not.toMatch(/DELETE/);
   });
 });
