@@ -1,4 +1,4 @@
-import { isIP } from "node:net";
+import { isIP, type Socket } from "node:net";
 import type { SecureContext } from "node:tls";
 import { Pool, buildConnector } from "undici";
 import { EgressError } from "../errors.js";
@@ -46,7 +46,9 @@ export class PinnedPools {
   private readonly base: buildConnector.connector;
 
   constructor(private readonly options: PinnedPoolsOptions) {
-    this.base = buildConnector({ timeout: options.connectTimeoutMs, secureContext: options.upstreamContext });
+    // allowHalfOpen: an upstream's FIN must not close the socket under a paused parser (see
+    // deferEndWhileParserPaused); undici destroys the socket itself once the response is done.
+    this.base = buildConnector({ timeout: options.connectTimeoutMs, secureContext: options.upstreamContext, allowHalfOpen: true });
   }
 
   get size(): number {
@@ -100,6 +102,7 @@ export class PinnedPools {
           callback(new EgressError("EG_DENIED", 403, `upstream ${origin.host}: ${refusal}`), null);
           return;
         }
+        deferEndWhileParserPaused(socket);
         callback(null, socket);
       });
     };
@@ -123,4 +126,53 @@ export class PinnedPools {
     for (const p of this.pools.values()) void p.destroy().catch(() => undefined);
     this.pools.clear();
   }
+}
+
+interface UndiciParser {
+  paused: boolean;
+  resume: (...args: unknown[]) => void;
+}
+
+function parserOf(socket: Socket): UndiciParser | undefined {
+  const key = Object.getOwnPropertySymbols(socket).find((symbol) => symbol.description === "parser");
+  return key === undefined ? undefined : (socket as unknown as Record<symbol, UndiciParser | undefined>)[key];
+}
+
+/**
+ * Works around undici 7.x issue #5360 (fixed in undici 8, which needs Node 22): when a response
+ * without Content-Length framing (or with Connection: close) is paused by backpressure (a slow
+ * guest) and the upstream then closes, undici's 'end' handler asserts that its parser is not
+ * paused, and the AssertionError is uncatchable: one slow guest could bring the proxy down. Here
+ * the 'end' handler undici installs is held back until the parser has resumed.
+ */
+function deferEndWhileParserPaused(socket: Socket): void {
+  const on = socket.on.bind(socket);
+  socket.on = ((event: string, listener: (...args: unknown[]) => void) => {
+    if (event === "close") {
+      // A reset can still close the socket under a paused parser: then let undici fail the
+      // response (a truncated body for the guest) rather than assert and take the process down.
+      return on("close", (...args: unknown[]) => {
+        const parser = parserOf(socket);
+        if (parser?.paused === true) parser.paused = false;
+        listener.apply(socket, args);
+      });
+    }
+    if (event !== "end") return on(event, listener);
+    return on("end", (...args: unknown[]) => {
+      const parser = parserOf(socket);
+      // undici detaches its listeners (by reference, so not this wrapper) when it lets go.
+      if (parser === undefined) return;
+      if (!parser.paused) {
+        listener.apply(socket, args);
+        return;
+      }
+      const resume = parser.resume;
+      parser.resume = function (this: UndiciParser, ...resumeArgs: unknown[]) {
+        resume.apply(this, resumeArgs);
+        if (this.paused || socket.destroyed) return;
+        parser.resume = resume;
+        if (parserOf(socket) !== undefined) listener.apply(socket, args);
+      };
+    });
+  }) as typeof socket.on;
 }

@@ -132,3 +132,46 @@ async function rawExchange(port: number, bytes: string): Promise<string> {
     socket.write(bytes);
   });
 }
+
+describe("slow guests and upstreams that close", () => {
+  it("a close-delimited body reaches a slow guest in full, and the proxy keeps serving", async () => {
+    const size = 16 * 1024 * 1024;
+    const sockets = new Set<Socket>();
+    const server = createServer((s) => {
+      sockets.add(s);
+      s.on("error", () => undefined);
+      s.once("data", () => {
+        // HTTP/1.0-style: no Content-Length, the body ends when the connection does.
+        s.write("HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\nconnection: close\r\n\r\n");
+        s.end(Buffer.alloc(size, 9));
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    onTestFinished(async () => {
+      for (const s of sockets) s.destroy();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    });
+    const port = (server.address() as { port: number }).port;
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const guest = connect(proxy.port, "127.0.0.1");
+    onTestFinished(() => void guest.destroy());
+    guest.write(`GET http://api.test:${port}/big HTTP/1.1\r\nHost: api.test\r\nConnection: close\r\n\r\n`);
+    // Read nothing for a while: the proxy's writes back up and undici's parser pauses.
+    guest.pause();
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    let received = 0;
+    const done = new Promise<void>((resolve) => guest.on("close", () => resolve()));
+    // Then read in bursts, so the proxy keeps pausing undici's parser until the upstream's FIN.
+    guest.on("data", (c: Buffer) => {
+      received += c.length;
+      guest.pause();
+      setTimeout(() => guest.resume(), 1);
+    });
+    guest.resume();
+    await done;
+    expect(received).toBeGreaterThan(size);
+    // The proxy is alive and serving.
+    const upstream = await startUpstream({ tls: false });
+    expect((await fetchVia(proxy, `http://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+});
