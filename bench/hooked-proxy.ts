@@ -1,14 +1,14 @@
 /**
  * The bench's embedded egressgate: `startProxy` from the package ("egressgate", i.e. dist/) with
- * the settings bench/run.ts gives the CLI (bench.test resolved to 127.0.0.1 and allowed as an
- * internal host, the upstream CA, log level warn, 127.0.0.1:0). With `--hooks` it also registers
- * a no-op tier-3 pair, `onRequest: () => undefined` and `onResponse: () => undefined`, so the two
+ * the settings bench/targets.ts gives the CLI (the `--host` name resolved to 127.0.0.1, every
+ * bench.test name allowed as an internal host, the upstream CA, log level warn, 127.0.0.1:0).
+ * With `--hooks` it also registers a no-op tier-3 pair, `onRequest: () => undefined` and `onResponse: () => undefined`, so the two
  * bench targets built on it (`egressgate-api` and `egressgate+hooks`) differ only in the hooks.
  *
- *   npx tsx bench/hooked-proxy.ts --ca-dir DIR --upstream-ca FILE [--hooks]
+ *   npx tsx bench/hooked-proxy.ts --ca-dir DIR --upstream-ca FILE --host NAME [--hooks]
  *
  * prints `egressgate listening on http://127.0.0.1:PORT` like the CLI and serves until SIGINT or
- * SIGTERM. bench/run.ts does not run it under tsx: it transpiles this file into its temp dir and
+ * SIGTERM. The bench does not run it under tsx: it transpiles this file into its temp dir and
  * runs it with plain node, so its CPU and RSS compare with the CLI's (tsx adds about 35 MiB).
  */
 import { createHttpHooks, startProxy } from "egressgate";
@@ -16,31 +16,34 @@ import { createHttpHooks, startProxy } from "egressgate";
 interface Settings {
   readonly caDir: string;
   readonly upstreamCaFile: string;
+  readonly host: string;
   readonly hooks: boolean;
 }
 
-const usage = "usage: hooked-proxy --ca-dir DIR --upstream-ca FILE [--hooks]";
+const usage = "usage: hooked-proxy --ca-dir DIR --upstream-ca FILE --host NAME [--hooks]";
 
 function parseArgs(argv: readonly string[]): Settings {
   let caDir: string | undefined;
   let upstreamCaFile: string | undefined;
+  let host: string | undefined;
   let hooks = false;
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
     if (arg === "--hooks") hooks = true;
     else if (arg === "--ca-dir") caDir = argv[++i];
     else if (arg === "--upstream-ca") upstreamCaFile = argv[++i];
+    else if (arg === "--host") host = argv[++i];
     else throw new TypeError(`unknown argument ${JSON.stringify(arg)}\n${usage}`);
   }
-  if (caDir === undefined || upstreamCaFile === undefined) throw new TypeError(`--ca-dir and --upstream-ca are required\n${usage}`);
-  return { caDir, upstreamCaFile, hooks };
+  if (caDir === undefined || upstreamCaFile === undefined || host === undefined) throw new TypeError(`--ca-dir, --upstream-ca and --host are required\n${usage}`);
+  return { caDir, upstreamCaFile, host, hooks };
 }
 
 async function main(): Promise<void> {
   const settings = parseArgs(process.argv.slice(2));
-  // What the CLI builds from `--allow-internal-host bench.test`, plus the hooks when asked.
+  // What the CLI builds from `--allow-internal-host *.bench.test`, plus the hooks when asked.
   const { httpHooks, env } = createHttpHooks({
-    allowedInternalHosts: ["bench.test"],
+    allowedInternalHosts: ["*.bench.test"],
     ...(settings.hooks ? { onRequest: () => undefined, onResponse: () => undefined } : {}),
   });
   const proxy = await startProxy({
@@ -48,7 +51,7 @@ async function main(): Promise<void> {
     env,
     listen: { host: "127.0.0.1", port: 0 },
     caDir: settings.caDir,
-    resolve: { "bench.test": ["127.0.0.1"] },
+    resolve: { [settings.host]: ["127.0.0.1"] },
     upstreamCa: [settings.upstreamCaFile],
     logLevel: "warn",
   });

@@ -1,62 +1,126 @@
 /**
- * The bench's load generator: undici `request` at a fixed concurrency with keep-alive, in its
- * own process so its CPU is not counted against the proxy's.
+ * The bench's load generator: undici in its own process, so its CPU is not counted against the
+ * proxy's. One generator serves every target; it measures and reports, and never judges.
  *
- * Forked by bench/run.ts with an IPC channel. One dispatcher per target and concurrency lives
- * for the whole run, so keep-alive connections and JIT state carry over from round to round.
- * `connections` caps each dispatcher at the concurrency: undici's ProxyAgent otherwise opens a
- * tunnel per request it cannot place, and the count of CONNECTs (or of direct TLS dials) is
- * reported so a reconnect storm cannot hide inside the figures.
+ * Forked by bench/run.ts with an IPC channel. It runs one window at a time, of three kinds:
+ *
+ * - `rate`: requests at a fixed concurrency for a fixed time. One dispatcher per lane (scenario,
+ *   target and concurrency) lives for the whole run, so keep-alive connections and JIT state carry
+ *   over from round to round. `connections` caps it at the concurrency: undici's ProxyAgent
+ *   otherwise opens a tunnel per request it cannot place. With `newConnections`, every request
+ *   is sent with `reset: true`, so its connection (for a proxy, the CONNECT tunnel and the TLS
+ *   inside it) closes after the response and the next request opens a new one. The count of
+ *   CONNECTs (or of direct TLS dials) is reported either way.
+ * - `hosts`: the first request to each of a list of new hostnames, one at a time, each over a
+ *   dispatcher of its own that is destroyed afterwards. Every `controlEvery`-th hostname is
+ *   followed by one request to an already-seen hostname, also over a fresh dispatcher: the same
+ *   new connection without the new certificate, so the difference is the certificate's cost.
+ * - `bulk`: `count` downloads (GET, body counted and dropped) or uploads (POST of `bytes` zero
+ *   bytes, streamed; the upstream answers the length it read), one at a time, each timed.
+ *
+ * Every hostname is a bench.test name, dialled on 127.0.0.1; any other name is refused.
  */
 import type { LookupAddress } from "node:dns";
 import { createHistogram, performance, type RecordableHistogram } from "node:perf_hooks";
+import { Readable } from "node:stream";
 import { Agent, buildConnector, Pool, ProxyAgent, request, type Dispatcher } from "undici";
 
 /**
  * `egressgate` is the built CLI; `egressgate-api` and `egressgate+hooks` are bench/hooked-proxy.ts
- * (startProxy from the package), without and with a no-op onRequest/onResponse pair.
+ * (startProxy from the package), without and with a no-op onRequest/onResponse pair. The last
+ * three are the peers, each configured to do the same MITM work (bench/peers/).
  */
-export type TargetName = "direct" | "tcp-relay" | "egressgate" | "egressgate-api" | "egressgate+hooks";
+export type TargetName =
+  | "direct"
+  | "tcp-relay"
+  | "egressgate"
+  | "egressgate-api"
+  | "egressgate+hooks"
+  | "mockttp"
+  | "http-mitm-proxy"
+  | "mitmdump";
 
 export interface LoadSetup {
   readonly kind: "setup";
-  /** e.g. `https://bench.test:PORT/small`; bench.test is dialled on 127.0.0.1 only. */
-  readonly url: string;
-  readonly expectedBytes: number;
   readonly upstreamCaPem: string;
-  readonly proxyCaPem: string;
-  /** Proxy URL per proxied target; `direct` has none. */
-  readonly proxies: Readonly<Partial<Record<TargetName, string>>>;
+  /**
+   * Proxy URL per proxied target, and the one CA the client trusts through it: the proxy's own
+   * (so a proxy that did not terminate TLS would fail), or the upstream's for tcp-relay.
+   */
+  readonly proxies: Readonly<Record<string, { readonly url: string; readonly caPem: string }>>;
   /** Idle keep-alive sockets are kept this long, so a target's turn-taking does not close them. */
   readonly keepAliveMs: number;
 }
 
-export interface LoadRun {
-  readonly kind: "run";
+interface RunBase {
   readonly id: number;
-  readonly target: TargetName;
-  readonly concurrency: number;
-  readonly durationMs: number;
-  /** false for a warm-up window: nothing goes into the latency histogram. */
-  readonly record: boolean;
+  /** Dispatchers and histograms are kept per lane, e.g. `small/egressgate/32`. */
+  readonly lane: string;
+  /** A key of `proxies`, or anything else (`direct`) for TLS straight to the upstream. */
+  readonly target: string;
 }
 
-export interface LoadResult {
+export interface RateRun extends RunBase {
+  readonly kind: "rate";
+  readonly url: string;
+  readonly expectedBytes: number;
+  readonly concurrency: number;
+  readonly durationMs: number;
+  /** false for a warm-up window: nothing goes into the lane's histogram. */
+  readonly record: boolean;
+  readonly newConnections: boolean;
+}
+
+export interface HostsRun extends RunBase {
+  readonly kind: "hosts";
+  readonly urls: readonly string[];
+  readonly controlUrl: string;
+  readonly controlEvery: number;
+  readonly expectedBytes: number;
+  /** Stops early (with fewer hostnames done) once this much time has passed. */
+  readonly maxMs: number;
+}
+
+export interface BulkRun extends RunBase {
+  readonly kind: "bulk";
+  readonly direction: "download" | "upload";
+  readonly url: string;
+  readonly bytes: number;
+  readonly count: number;
+  readonly maxMs: number;
+}
+
+export type LoadRequest = RateRun | HostsRun | BulkRun | { readonly kind: "summary" } | { readonly kind: "close" };
+
+interface ResultBase {
   readonly kind: "result";
   readonly id: number;
   readonly ok: number;
   readonly errors: number;
   readonly firstError: string | undefined;
   readonly elapsedMs: number;
-  readonly p50Ms: number;
-  readonly p99Ms: number;
-  /** New connections this dispatcher made during the window: CONNECTs, or TLS dials for direct. */
+  /** New connections this window made: CONNECTs, or TLS dials for direct. */
   readonly connects: number;
 }
 
+export interface RateResult extends ResultBase {
+  readonly p50Ms: number;
+  readonly p99Ms: number;
+}
+
+export interface HostsResult extends ResultBase {
+  /** Latency of each first request to a new hostname, in the order sent. */
+  readonly newHostMs: readonly number[];
+  /** Latency of each new-connection request to an already-seen hostname. */
+  readonly controlMs: readonly number[];
+}
+
+export interface BulkResult extends ResultBase {
+  readonly transfers: readonly { readonly ms: number; readonly bytes: number }[];
+}
+
 export interface LoadSummaryEntry {
-  readonly target: TargetName;
-  readonly concurrency: number;
+  readonly lane: string;
   readonly count: number;
   readonly p50Ms: number;
   readonly p90Ms: number;
@@ -65,83 +129,99 @@ export interface LoadSummaryEntry {
   readonly connects: number;
 }
 
-export type LoadReply = LoadResult | { readonly kind: "summary"; readonly entries: LoadSummaryEntry[] } | { readonly kind: "ready" };
+export type LoadReply = RateResult | HostsResult | BulkResult | { readonly kind: "summary"; readonly entries: LoadSummaryEntry[] } | { readonly kind: "ready" };
 
 /** Per window, whatever its duration: a safety stop if the target answers errors very fast. */
 const maxRequestsPerWindow = 2_000_000;
 const maxErrorsPerWindow = 1_000;
-const maxWindowMs = 60_000;
+const maxWindowMs = 120_000;
+const chunk = Buffer.alloc(64 * 1024);
 
 interface Lane {
-  readonly target: TargetName;
-  readonly concurrency: number;
   readonly dispatcher: Dispatcher;
   readonly histogram: RecordableHistogram;
-  connects: number;
+  readonly connects: number;
 }
 
 function send(reply: LoadReply): void {
   process.send?.(reply);
 }
 
-/** bench.test (the only name used) is 127.0.0.1; any other name is refused, never resolved. */
+function isBenchName(hostname: string): boolean {
+  return hostname === "bench.test" || hostname.endsWith(".bench.test");
+}
+
+/** bench.test and its subdomains are 127.0.0.1; any other name is refused, never resolved. */
 function lookup(
   hostname: string,
   options: { readonly all?: boolean },
   callback: (error: NodeJS.ErrnoException | null, address: string | LookupAddress[], family?: number) => void,
 ): void {
-  if (hostname !== "bench.test") {
-    callback(Object.assign(new Error(`bench lookup: ${hostname} is not bench.test`), { code: "ENOTFOUND" }), "", 4);
+  if (!isBenchName(hostname)) {
+    callback(Object.assign(new Error(`bench lookup: ${hostname} is not a bench.test name`), { code: "ENOTFOUND" }), "", 4);
     return;
   }
   if (options.all === true) callback(null, [{ address: "127.0.0.1", family: 4 }]);
   else callback(null, "127.0.0.1", 4);
 }
 
-function createLane(setup: LoadSetup, target: TargetName, concurrency: number): Lane {
+/** An Agent (direct) or ProxyAgent for `target`, counting the connections it opens into `counter`. */
+function createDispatcher(setup: LoadSetup, target: string, connections: number, counter: { connects: number }): Dispatcher {
   const common = {
-    connections: concurrency,
+    connections,
     pipelining: 1,
     keepAliveTimeout: setup.keepAliveMs,
     keepAliveMaxTimeout: setup.keepAliveMs,
-  };
-  const lane: Omit<Lane, "dispatcher"> & { dispatcher?: Dispatcher } = {
-    target,
-    concurrency,
-    histogram: createHistogram({ lowest: 1, highest: 60e9, figures: 3 }),
-    connects: 0,
+    headersTimeout: 60_000,
+    bodyTimeout: 60_000,
   };
   const proxy = setup.proxies[target];
   if (proxy === undefined) {
     const base = buildConnector({ ca: setup.upstreamCaPem, lookup } as buildConnector.BuildOptions);
-    lane.dispatcher = new Agent({
+    return new Agent({
       ...common,
       connect: (opts, callback) => {
-        lane.connects += 1;
+        counter.connects += 1;
         base(opts, callback);
       },
     });
-  } else {
-    lane.dispatcher = new ProxyAgent({
-      ...common,
-      uri: proxy,
-      requestTls: { ca: [setup.proxyCaPem, setup.upstreamCaPem] },
-      // Every tunnel starts as one CONNECT on this client; counting here counts them all.
-      clientFactory: (origin, opts) => {
-        const pool = new Pool(origin, opts);
-        const connect = pool.connect.bind(pool) as (options: Dispatcher.ConnectOptions) => Promise<Dispatcher.ConnectData>;
-        (pool as unknown as { connect: typeof connect }).connect = (options) => {
-          lane.connects += 1;
-          return connect(options);
-        };
-        return pool;
-      },
-    });
   }
-  return lane as Lane;
+  return new ProxyAgent({
+    ...common,
+    uri: proxy.url,
+    requestTls: { ca: proxy.caPem },
+    // Every tunnel starts as one CONNECT on this client; counting here counts them all.
+    clientFactory: (origin, opts) => {
+      const pool = new Pool(origin, opts);
+      const connect = pool.connect.bind(pool) as (options: Dispatcher.ConnectOptions) => Promise<Dispatcher.ConnectData>;
+      (pool as unknown as { connect: typeof connect }).connect = (options) => {
+        counter.connects += 1;
+        return connect(options);
+      };
+      return pool;
+    },
+  });
 }
 
-async function runWindow(setup: LoadSetup, lane: Lane, run: LoadRun): Promise<LoadResult> {
+function describe(error: unknown): string {
+  const cause = (error as { cause?: { message?: string } }).cause?.message;
+  return `${(error as { code?: string }).code ?? "error"}: ${(error as Error).message}${cause !== undefined ? ` (${cause})` : ""}`;
+}
+
+/** One GET, body read in full; throws unless it is a 200 with `expectedBytes` bytes. */
+async function getSmall(url: string, dispatcher: Dispatcher, expectedBytes: number, reset: boolean): Promise<void> {
+  const res = await request(url, { dispatcher, reset });
+  const body = await res.body.arrayBuffer();
+  if (res.statusCode !== 200 || body.byteLength !== expectedBytes) {
+    throw new Error(`status ${res.statusCode}, ${body.byteLength} bytes: ${Buffer.from(body).subarray(0, 200).toString()}`);
+  }
+}
+
+function percentiles(histogram: RecordableHistogram, count: number): { p50Ms: number; p99Ms: number } {
+  return count > 0 ? { p50Ms: histogram.percentile(50) / 1e6, p99Ms: histogram.percentile(99) / 1e6 } : { p50Ms: Number.NaN, p99Ms: Number.NaN };
+}
+
+async function runRate(lane: Lane, run: RateRun): Promise<RateResult> {
   const window = createHistogram({ lowest: 1, highest: 60e9, figures: 3 });
   const connectsBefore = lane.connects;
   const started = performance.now();
@@ -150,23 +230,15 @@ async function runWindow(setup: LoadSetup, lane: Lane, run: LoadRun): Promise<Lo
   let ok = 0;
   let errors = 0;
   let firstError: string | undefined;
-  const fail = (message: string): void => {
-    errors += 1;
-    firstError ??= message;
-  };
   const worker = async (): Promise<void> => {
     while (issued < maxRequestsPerWindow && errors < maxErrorsPerWindow && performance.now() < deadline) {
       issued += 1;
       const t0 = performance.now();
       try {
-        const res = await request(setup.url, { dispatcher: lane.dispatcher });
-        const body = await res.body.arrayBuffer();
-        if (res.statusCode !== 200 || body.byteLength !== setup.expectedBytes) {
-          fail(`status ${res.statusCode}, ${body.byteLength} bytes: ${Buffer.from(body).subarray(0, 200).toString()}`);
-          continue;
-        }
+        await getSmall(run.url, lane.dispatcher, run.expectedBytes, run.newConnections);
       } catch (error) {
-        fail(`${(error as { code?: string }).code ?? "error"}: ${(error as Error).message}`);
+        errors += 1;
+        firstError ??= describe(error);
         continue;
       }
       const ns = Math.max(1, Math.round((performance.now() - t0) * 1e6));
@@ -176,50 +248,137 @@ async function runWindow(setup: LoadSetup, lane: Lane, run: LoadRun): Promise<Lo
     }
   };
   await Promise.all(Array.from({ length: run.concurrency }, worker));
-  const elapsedMs = performance.now() - started;
   return {
     kind: "result",
     id: run.id,
     ok,
     errors,
     firstError,
-    elapsedMs,
-    p50Ms: ok > 0 ? window.percentile(50) / 1e6 : Number.NaN,
-    p99Ms: ok > 0 ? window.percentile(99) / 1e6 : Number.NaN,
+    elapsedMs: performance.now() - started,
+    ...percentiles(window, ok),
     connects: lane.connects - connectsBefore,
   };
 }
 
+async function runHosts(setup: LoadSetup, run: HostsRun): Promise<HostsResult> {
+  const counter = { connects: 0 };
+  const started = performance.now();
+  const deadline = started + Math.min(run.maxMs, maxWindowMs);
+  const newHostMs: number[] = [];
+  const controlMs: number[] = [];
+  let errors = 0;
+  let firstError: string | undefined;
+  const once = async (url: string, into: number[]): Promise<void> => {
+    const dispatcher = createDispatcher(setup, run.target, 1, counter);
+    const t0 = performance.now();
+    try {
+      await getSmall(url, dispatcher, run.expectedBytes, false);
+      into.push(performance.now() - t0);
+    } catch (error) {
+      errors += 1;
+      firstError ??= `${new URL(url).hostname}: ${describe(error)}`;
+    } finally {
+      await dispatcher.destroy().catch(() => undefined);
+    }
+  };
+  for (let i = 0; i < run.urls.length && errors < maxErrorsPerWindow && performance.now() < deadline; i++) {
+    await once(run.urls[i]!, newHostMs);
+    if ((i + 1) % run.controlEvery === 0) await once(run.controlUrl, controlMs);
+  }
+  return {
+    kind: "result",
+    id: run.id,
+    ok: newHostMs.length,
+    errors,
+    firstError,
+    elapsedMs: performance.now() - started,
+    connects: counter.connects,
+    newHostMs,
+    controlMs,
+  };
+}
+
+async function* zeros(bytes: number): AsyncGenerator<Buffer> {
+  for (let sent = 0; sent < bytes; sent += chunk.length) yield bytes - sent >= chunk.length ? chunk : chunk.subarray(0, bytes - sent);
+}
+
+async function runBulk(lane: Lane, run: BulkRun): Promise<BulkResult> {
+  const connectsBefore = lane.connects;
+  const started = performance.now();
+  const deadline = started + Math.min(run.maxMs, maxWindowMs);
+  const transfers: { ms: number; bytes: number }[] = [];
+  let errors = 0;
+  let firstError: string | undefined;
+  for (let i = 0; i < run.count && performance.now() < deadline; i++) {
+    const t0 = performance.now();
+    try {
+      let bytes = 0;
+      if (run.direction === "download") {
+        const res = await request(run.url, { dispatcher: lane.dispatcher });
+        for await (const data of res.body) bytes += (data as Buffer).length;
+        if (res.statusCode !== 200 || bytes !== run.bytes) throw new Error(`status ${res.statusCode}, ${bytes} of ${run.bytes} bytes`);
+      } else {
+        const res = await request(run.url, {
+          dispatcher: lane.dispatcher,
+          method: "POST",
+          headers: { "content-type": "application/octet-stream", "content-length": String(run.bytes) },
+          body: Readable.from(zeros(run.bytes), { objectMode: false }),
+        });
+        const answer = await res.body.text();
+        bytes = Number(answer);
+        if (res.statusCode !== 200 || bytes !== run.bytes) throw new Error(`status ${res.statusCode}, upstream read ${answer.slice(0, 200)} of ${run.bytes} bytes`);
+      }
+      const ms = performance.now() - t0;
+      transfers.push({ ms, bytes });
+      lane.histogram.record(Math.max(1, Math.round(ms * 1e6)));
+    } catch (error) {
+      errors += 1;
+      firstError ??= describe(error);
+    }
+  }
+  return { kind: "result", id: run.id, ok: transfers.length, errors, firstError, elapsedMs: performance.now() - started, connects: lane.connects - connectsBefore, transfers };
+}
+
 function main(setup: LoadSetup): void {
   const lanes = new Map<string, Lane>();
-  const laneFor = (target: TargetName, concurrency: number): Lane => {
-    const key = `${target}/${concurrency}`;
-    let lane = lanes.get(key);
+  const laneFor = (run: RateRun | BulkRun): Lane => {
+    let lane = lanes.get(run.lane);
     if (lane === undefined) {
-      lane = createLane(setup, target, concurrency);
-      lanes.set(key, lane);
+      const counter = { connects: 0 };
+      const connections = run.kind === "rate" ? run.concurrency : 1;
+      const made: Lane = {
+        dispatcher: createDispatcher(setup, run.target, connections, counter),
+        histogram: createHistogram({ lowest: 1, highest: 600e9, figures: 3 }),
+        get connects() {
+          return counter.connects;
+        },
+      };
+      lane = made;
+      lanes.set(run.lane, lane);
     }
     return lane;
   };
   let queue = Promise.resolve();
-  process.on("message", (message: LoadRun | { kind: "summary" } | { kind: "close" }) => {
+  process.on("message", (message: LoadRequest) => {
     // One window at a time: the orchestrator waits for each result, but a queue makes sure.
     queue = queue.then(async () => {
-      if (message.kind === "run") {
-        send(await runWindow(setup, laneFor(message.target, message.concurrency), message));
-      } else if (message.kind === "summary") {
-        const entries = [...lanes.values()].map(
-          (lane): LoadSummaryEntry => ({
-            target: lane.target,
-            concurrency: lane.concurrency,
-            count: lane.histogram.count,
-            p50Ms: lane.histogram.count > 0 ? lane.histogram.percentile(50) / 1e6 : Number.NaN,
-            p90Ms: lane.histogram.count > 0 ? lane.histogram.percentile(90) / 1e6 : Number.NaN,
-            p99Ms: lane.histogram.count > 0 ? lane.histogram.percentile(99) / 1e6 : Number.NaN,
-            maxMs: lane.histogram.count > 0 ? lane.histogram.max / 1e6 : Number.NaN,
+      if (message.kind === "rate") send(await runRate(laneFor(message), message));
+      else if (message.kind === "bulk") send(await runBulk(laneFor(message), message));
+      else if (message.kind === "hosts") send(await runHosts(setup, message));
+      else if (message.kind === "summary") {
+        const entries = [...lanes].map(([key, lane]): LoadSummaryEntry => {
+          const h = lane.histogram;
+          const has = h.count > 0;
+          return {
+            lane: key,
+            count: h.count,
+            p50Ms: has ? h.percentile(50) / 1e6 : Number.NaN,
+            p90Ms: has ? h.percentile(90) / 1e6 : Number.NaN,
+            p99Ms: has ? h.percentile(99) / 1e6 : Number.NaN,
+            maxMs: has ? h.max / 1e6 : Number.NaN,
             connects: lane.connects,
-          }),
-        );
+          };
+        });
         send({ kind: "summary", entries });
       } else if (message.kind === "close") {
         await Promise.all([...lanes.values()].map((lane) => lane.dispatcher.close().catch(() => undefined)));

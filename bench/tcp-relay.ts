@@ -4,16 +4,17 @@
  * egressgate costs over it is the price of terminating TLS and handling each request.
  *
  * Forked by bench/run.ts with an IPC channel: reports `{ kind: "ready", port }`, answers `stats`
- * with its CONNECT count, and exits when the parent disconnects. It only dials 127.0.0.1, and
- * only the port the bench names, so it cannot be used to reach anything else.
+ * with its CONNECT count, and exits when the parent disconnects. It tunnels only to `bench.test`
+ * names (`bench.test` and any subdomain) on the ports the bench names, and it dials those on
+ * 127.0.0.1 without resolving anything, so it cannot be used to reach anything else.
  */
 import { createServer, type IncomingMessage } from "node:http";
 import { connect, type Socket } from "node:net";
 
 export interface RelaySetup {
   readonly kind: "setup";
-  /** The one `host:port` the relay will tunnel to (dialled on 127.0.0.1). */
-  readonly allowedAuthority: string;
+  /** The upstream ports the relay will tunnel to, for any bench.test name (dialled on 127.0.0.1). */
+  readonly allowedPorts: readonly number[];
 }
 
 export type RelayMessage = { readonly kind: "ready"; readonly port: number } | { readonly kind: "stats"; readonly connects: number };
@@ -23,7 +24,15 @@ function send(message: RelayMessage): void {
 }
 
 function start(setup: RelaySetup): void {
-  const port = Number(setup.allowedAuthority.slice(setup.allowedAuthority.lastIndexOf(":") + 1));
+  const ports = new Set(setup.allowedPorts);
+  /** The port of a `bench.test` (or `*.bench.test`) authority on an allowed port, else undefined. */
+  const allowedPort = (authority: string | undefined): number | undefined => {
+    const match = /^([a-z0-9.-]+):(\d+)$/i.exec(authority ?? "");
+    if (match === null) return undefined;
+    const host = match[1]!.toLowerCase();
+    const port = Number(match[2]);
+    return (host === "bench.test" || host.endsWith(".bench.test")) && ports.has(port) ? port : undefined;
+  };
   let connects = 0;
   const server = createServer((_req, res) => {
     res.writeHead(405, { "content-length": "0" });
@@ -32,7 +41,8 @@ function start(setup: RelaySetup): void {
   server.keepAliveTimeout = 120_000;
   server.on("connect", (req: IncomingMessage, guest: Socket, head: Buffer) => {
     guest.on("error", () => undefined);
-    if (req.url !== setup.allowedAuthority) {
+    const port = allowedPort(req.url);
+    if (port === undefined) {
       guest.end("HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n");
       return;
     }

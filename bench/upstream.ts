@@ -1,11 +1,17 @@
 /**
- * The bench's upstream: an HTTPS server for `bench.test` on 127.0.0.1, in its own process so its
- * CPU is never the proxy's. `GET /small` answers 100 bytes; anything else is a 404.
+ * The bench's Node upstream: HTTPS on 127.0.0.1 (two ports, see UpstreamMessage) with a `*.bench.test` certificate, so
+ * it answers any bench hostname, in its own process so its CPU is never the proxy's.
+ * `GET /small` answers 100 bytes (`/small-close` too, then closes the connection); `POST /upload`
+ * reads the body, discards it and answers its length in bytes; `GET /download?bytes=N` sends N
+ * zero bytes with backpressure (bulk downloads come from `openssl s_server` unless the bench is
+ * run with `--bulk-upstream node`); anything else is a 404.
  *
  * Forked by bench/run.ts with an IPC channel. It reads its key and certificate from the `setup`
  * message, reports `{ kind: "ready", port }`, answers `stats` with connection and request
  * counts, and exits when the parent disconnects, so it cannot outlive a killed bench.
  */
+import { constants } from "node:crypto";
+import type { IncomingMessage, ServerResponse } from "node:http";
 import { createServer } from "node:https";
 import type { TLSSocket } from "node:tls";
 
@@ -20,10 +26,16 @@ export interface UpstreamStats {
   readonly kind: "stats";
   /** TLS handshakes completed: each is one new upstream connection. */
   readonly tlsConnections: number;
+  /** Of those, the ones that resumed an earlier session (cheaper than a full handshake). */
+  readonly resumedSessions: number;
   readonly requests: number;
 }
 
-export type UpstreamMessage = { readonly kind: "ready"; readonly port: number } | UpstreamStats;
+/**
+ * `port` resumes TLS sessions like any server; `noResumePort` (the same handler) never does, so
+ * every handshake to it is a full one whoever the client is and whatever it cached.
+ */
+export type UpstreamMessage = { readonly kind: "ready"; readonly port: number; readonly noResumePort: number } | UpstreamStats;
 
 function send(message: UpstreamMessage): void {
   process.send?.(message);
@@ -32,34 +44,75 @@ function send(message: UpstreamMessage): void {
 function start(setup: UpstreamSetup): void {
   const body = Buffer.alloc(setup.bodyBytes, "x");
   const headers = { "content-type": "text/plain", "content-length": String(body.length) };
+  const zeros = Buffer.alloc(64 * 1024);
   let tlsConnections = 0;
+  let resumedSessions = 0;
   let requests = 0;
-  const server = createServer({ key: setup.keyPem, cert: setup.certPem }, (req, res) => {
+  const handler = (req: IncomingMessage, res: ServerResponse): void => {
     requests += 1;
-    if (req.method === "GET" && req.url === "/small") {
-      res.writeHead(200, headers);
+    if (req.method === "GET" && (req.url === "/small" || req.url === "/small-close")) {
+      // `/small-close` makes a proxy open a new upstream connection for its next request, so a
+      // new hostname and a known one cost it the same upstream handshake (on `noResumePort`, a full one).
+      res.writeHead(200, req.url === "/small" ? headers : { ...headers, connection: "close" });
       res.end(body);
+      return;
+    }
+    const download = req.method === "GET" ? /^\/download\?bytes=(\d+)$/.exec(req.url ?? "") : null;
+    if (download !== null) {
+      let left = Number(download[1]);
+      res.writeHead(200, { "content-type": "application/octet-stream", "content-length": String(left) });
+      const pump = (): void => {
+        while (left > 0) {
+          const piece = left >= zeros.length ? zeros : zeros.subarray(0, left);
+          left -= piece.length;
+          if (!res.write(piece)) {
+            res.once("drain", pump);
+            return;
+          }
+        }
+        res.end();
+      };
+      pump();
+      return;
+    }
+    if (req.method === "POST" && req.url === "/upload") {
+      let received = 0;
+      req.on("data", (chunk: Buffer) => (received += chunk.length));
+      req.on("end", () => {
+        const answer = String(received);
+        res.writeHead(200, { "content-type": "text/plain", "content-length": String(answer.length) });
+        res.end(answer);
+      });
+      req.on("error", () => res.destroy());
       return;
     }
     res.writeHead(404, { "content-length": "0" });
     res.end();
-  });
-  // Targets take turns, so a target's connections sit idle for a whole round between its windows;
-  // Node's 5 s default would close them and put reconnects into the next window's figures.
-  server.keepAliveTimeout = 120_000;
-  server.headersTimeout = 30_000;
-  server.on("secureConnection", (socket: TLSSocket) => {
-    tlsConnections += 1;
-    socket.on("error", () => undefined);
-  });
-  server.on("tlsClientError", () => undefined);
-  server.listen(0, "127.0.0.1", () => {
-    const address = server.address();
-    if (address === null || typeof address === "string") throw new Error("unexpected listen address");
-    send({ kind: "ready", port: address.port });
-  });
+  };
+  const listen = (secureOptions: number): Promise<number> => {
+    const server = createServer({ key: setup.keyPem, cert: setup.certPem, secureOptions }, handler);
+    // Targets take turns, so a target's connections sit idle for a whole round between its windows;
+    // Node's 5 s default would close them and put reconnects into the next window's figures.
+    server.keepAliveTimeout = 120_000;
+    server.headersTimeout = 30_000;
+    server.on("secureConnection", (socket: TLSSocket) => {
+      tlsConnections += 1;
+      if (socket.isSessionReused()) resumedSessions += 1;
+      socket.on("error", () => undefined);
+    });
+    server.on("tlsClientError", () => undefined);
+    return new Promise((resolve) =>
+      server.listen(0, "127.0.0.1", () => {
+        const address = server.address();
+        if (address === null || typeof address === "string") throw new Error("unexpected listen address");
+        resolve(address.port);
+      }),
+    );
+  };
+  // Without tickets (and with no session cache, Node's default), TLS 1.3 cannot resume.
+  void Promise.all([listen(0), listen(constants.SSL_OP_NO_TICKET)]).then(([port, noResumePort]) => send({ kind: "ready", port, noResumePort }));
   process.on("message", (message: { kind?: string }) => {
-    if (message.kind === "stats") send({ kind: "stats", tlsConnections, requests });
+    if (message.kind === "stats") send({ kind: "stats", tlsConnections, resumedSessions, requests });
   });
 }
 
