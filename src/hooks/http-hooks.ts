@@ -2,6 +2,7 @@ import { compileHostPatterns, validateHostPattern } from "../policy/host-pattern
 import type { DeclarativeConfig } from "../policy/declarative-policy.js";
 import { classifyIp } from "../policy/ip-classify.js";
 import { SecretStore, type SecretInfo, type SecretOptions } from "../policy/secrets.js";
+import { bareHostname } from "../hostname.js";
 
 /** What `isIpAllowed` is asked about: one resolved address of the destination. */
 export interface IpInfo {
@@ -136,7 +137,7 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
   });
   const hosts = compileHostPatterns([...config.allowedHosts, ...config.allowedInternalHosts]);
   const internal = compileHostPatterns(config.allowedInternalHosts);
-  const hostAllowed = (request: Request): boolean => hosts.match(new URL(request.url).hostname.replace(/^\[|\]$/g, "")) !== undefined;
+  const hostAllowed = (request: Request): boolean => hosts.match(bareHostname(new URL(request.url).hostname)) !== undefined;
   const ipAllowed = (info: IpInfo): boolean => {
     const c = classifyIp(info.ip);
     if (c.metadata) return false;

@@ -13,6 +13,7 @@ import type { ExchangeContext, OutboundRequest, PipelineResponse } from "./excha
 import { endToEndHeaders, headerObjectToList } from "../headers.js";
 import { runOnRequest, runOnResponse, type HookLimits } from "./hook-phases.js";
 import { nextHop, redirectStatuses } from "./redirects.js";
+import { bareHostname } from "../hostname.js";
 
 const answeredByHook = allow("tier3", "onRequest", "answered by the onRequest hook; no upstream was contacted");
 
@@ -129,7 +130,7 @@ export class Pipeline {
   private substituteSecrets(request: OutboundRequest): OutboundRequest {
     const secrets = this.options.policy.config.secrets;
     if (secrets === undefined) return request;
-    const changed = secrets.apply(request, request.url.hostname.replace(/^\[|\]$/g, ""));
+    const changed = secrets.apply(request, bareHostname(request.url.hostname));
     return changed === undefined ? request : { ...request, headers: changed.headers, url: changed.url };
   }
 
@@ -159,7 +160,7 @@ export class Pipeline {
       }
       const isIpAllowed = hooks.isIpAllowed;
       if (isIpAllowed !== undefined) {
-        const hostname = url.hostname.replace(/^\[|\]$/g, "");
+        const hostname = bareHostname(url.hostname);
         const info = { hostname, ip: address.ip, family: address.family, port, protocol: url.protocol as "http:" | "https:" };
         const allowed = await runHook("isIpAllowed", this.options.limits.hookMs, () => isIpAllowed(info));
         if (allowed !== true) {

@@ -5,6 +5,7 @@ import { allow, deny, type Decision } from "./decision.js";
 import { compileHostPatterns, type HostMatcher } from "./host-pattern.js";
 import { classifyIp, type IpClassification } from "./ip-classify.js";
 import type { SecretStore } from "./secrets.js";
+import { bareHostname } from "../hostname.js";
 
 /** The declarative tier, validated. */
 export interface DeclarativeConfig {
@@ -52,7 +53,7 @@ export class DeclarativePolicy {
   }
 
   checkHost(hostname: string): Decision {
-    const name = bare(hostname);
+    const name = bareHostname(hostname);
     const pattern = this.hosts.match(name) ?? this.internalHosts.match(name);
     if (pattern !== undefined) return allow(tier, `allowedHosts:${pattern}`, `host "${name}" matches "${pattern}"`);
     if (this.hosts.patterns.length === 0 && this.internalHosts.patterns.length === 0) {
@@ -70,7 +71,7 @@ export class DeclarativePolicy {
   }
 
   checkAddress(hostname: string, address: ResolvedAddress, port: number): Decision {
-    const name = bare(hostname);
+    const name = bareHostname(hostname);
     const c = this.classify(address.ip);
     const shown = c.embeddedIPv4 !== undefined ? `${address.ip} (${c.embeddedIPv4})` : address.ip;
     // A name's resolved address goes to the log only; a literal the guest wrote is no news to it.
@@ -110,6 +111,4 @@ export class DeclarativePolicy {
 
 const classificationCacheSize = 4096;
 
-function bare(hostname: string): string {
-  return hostname.startsWith("[") ? hostname.slice(1, -1) : hostname;
-}
+

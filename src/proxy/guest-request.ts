@@ -67,7 +67,7 @@ function destinationUrl(target: string, hostHeader: string | undefined, tunnel: 
     try {
       url = new URL(target);
     } catch {
-      throw badRequest(`invalid request target ${JSON.stringify(withoutQuery(target).slice(0, 200))}`);
+      throw badRequest(`invalid request target ${JSON.stringify(loggableTarget(target, 200))}`);
     }
     const authority = /^https?:\/\/([^/?#]*)/i.exec(target)![1]!;
     const hostPart = authority.includes("@") ? authority.slice(authority.lastIndexOf("@") + 1) : authority;
@@ -83,7 +83,7 @@ function destinationUrl(target: string, hostHeader: string | undefined, tunnel: 
     try {
       url = new URL(target);
     } catch {
-      throw badRequest(`invalid request target ${JSON.stringify(withoutQuery(target).slice(0, 200))}`);
+      throw badRequest(`invalid request target ${JSON.stringify(loggableTarget(target, 200))}`);
     }
     checkSameHost(normalizeHost(url.hostname), tunnel, "request target");
     path = `${url.pathname}${url.search}`;
@@ -117,8 +117,12 @@ function build(protocol: string, hostname: string, port: number, path: string): 
   return url;
 }
 
-/** Error messages echo a bad target for the guest's benefit, but never its query. */
-function withoutQuery(target: string): string {
+/**
+ * A raw request target as logs and error messages may show it: no query or fragment (they can
+ * carry credentials), no userinfo, bounded length.
+ */
+export function loggableTarget(target: string, maxLength = 512): string {
   const cut = target.search(/[?#]/);
-  return cut < 0 ? target : target.slice(0, cut);
+  const bare = (cut < 0 ? target : target.slice(0, cut)).replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/@]*@/i, "$1");
+  return bare.length > maxLength ? `${bare.slice(0, maxLength)}…` : bare;
 }

@@ -11,11 +11,12 @@ import { PinnedPools } from "../upstream/pinned-pools.js";
 import { Resolver, type ResolvedAddress } from "../upstream/resolve.js";
 import { parseAuthority } from "./authority.js";
 import { guestEnvironment, writeGuestEnvFile } from "./guest-env.js";
-import { toOutboundRequest } from "./guest-request.js";
+import { loggableTarget, toOutboundRequest } from "./guest-request.js";
 import { resolveProxyOptions, type ProxyOptions, type ResolvedProxyOptions } from "./options.js";
 import { sendError, sendResponse, writeRawError } from "./respond.js";
 import { serveTunnel, tunnelOf } from "./tunnel.js";
 import { serveUpgrade, type UpgradeDeps } from "./upgrade.js";
+import { bareHostname } from "../hostname.js";
 
 /** A running proxy, as returned by {@link startProxy}. */
 export interface RunningProxy {
@@ -234,7 +235,7 @@ class GuestSide {
       if (this.config.checkHooks.onRequest === undefined) {
         const decision = this.connectPolicy.checkHost(target.hostname);
         if (!decision.allowed) throw denied(decision.reason);
-        const literal = target.hostname.replace(/^\[|\]$/g, "");
+        const literal = bareHostname(target.hostname);
         if (isIP(literal) !== 0) {
           const address = this.connectPolicy.checkAddress(literal, { ip: literal, family: isIP(literal) === 6 ? 6 : 4 }, target.port);
           if (!address.allowed) throw denied(address.reason);
@@ -378,13 +379,6 @@ function once(fn: () => void): () => void {
 /** Query strings can carry credentials; decision logs keep origin and path only. */
 function loggableUrl(url: URL): string {
   return `${url.origin}${url.pathname}`;
-}
-
-/** The raw request target before it is validated: no query, no userinfo, bounded length. */
-function loggableTarget(target: string): string {
-  const q = target.search(/[?#]/);
-  const bare = (q < 0 ? target : target.slice(0, q)).replace(/^(https?:\/\/)[^/@]*@/i, "$1");
-  return bare.length > 512 ? `${bare.slice(0, 512)}…` : bare;
 }
 
 function asEgressError(error: unknown): EgressError {

@@ -6,6 +6,7 @@ import type { LeafCertCache } from "../tls/leaf-cert-cache.js";
 import type { Authority } from "./authority.js";
 import { normalizeHost } from "./authority.js";
 import type { TunnelTarget } from "./guest-request.js";
+import { bareHostname } from "../hostname.js";
 
 const tunnelKey = Symbol("egressgate.tunnel");
 
@@ -85,14 +86,11 @@ function sniHostname(servername: string): string {
   return colon > 0 && !servername.includes("]") ? servername.slice(0, colon) : servername;
 }
 
-function certName(hostname: string): string {
-  return hostname.startsWith("[") ? hostname.slice(1, -1) : hostname;
-}
 
 async function terminateTls(socket: Socket, target: Authority, deps: TunnelDeps, deadline: NodeJS.Timeout): Promise<void> {
   let context: SecureContext;
   try {
-    context = await deps.leaves.get(certName(target.hostname));
+    context = await deps.leaves.get(bareHostname(target.hostname));
   } catch (error) {
     deps.log.error("leaf certificate failed", { host: target.hostname, error });
     socket.destroy();
@@ -116,7 +114,7 @@ async function terminateTls(socket: Socket, target: Authority, deps: TunnelDeps,
       }
       tunnel.sni = name;
       if (name === target.hostname) callback(null, context);
-      else deps.leaves.get(certName(name)).then((c) => callback(null, c), (e: Error) => callback(e, undefined));
+      else deps.leaves.get(bareHostname(name)).then((c) => callback(null, c), (e: Error) => callback(e, undefined));
     },
   });
   (tlsSocket as TunnelSocket)[tunnelKey] = tunnel;

@@ -5,7 +5,7 @@ import type { Logger } from "../log.js";
 import type { Pipeline } from "../pipeline/pipeline.js";
 import { connectPinned, type PinnedSocketOptions } from "../upstream/pinned-socket.js";
 import type { ResolvedAddress } from "../upstream/resolve.js";
-import { toOutboundRequest } from "./guest-request.js";
+import { loggableTarget, toOutboundRequest } from "./guest-request.js";
 import { writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
 
@@ -27,7 +27,7 @@ const maxResponseHead = 64 * 1024;
  * unchecked requests on the same connection.
  */
 export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: Buffer, deps: UpgradeDeps): Promise<void> {
-  const target = `${req.method ?? ""} ${loggable(req.url ?? "")}`;
+  const target = `${req.method ?? ""} ${loggableTarget(req.url ?? "")}`;
   let upstream: Socket | undefined;
   let switched: Buffer;
   try {
@@ -122,9 +122,4 @@ function awaitSwitch(upstream: Socket, host: string): Promise<Buffer> {
     upstream.once("end", onEnd);
     upstream.once("error", fail);
   });
-}
-
-function loggable(target: string): string {
-  const cut = target.search(/[?#]/);
-  return (cut < 0 ? target : target.slice(0, cut)).replace(/^([a-z]+:\/\/)[^/@]*@/i, "$1");
 }

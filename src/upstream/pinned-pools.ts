@@ -3,6 +3,7 @@ import type { SecureContext } from "node:tls";
 import { Pool, buildConnector } from "undici";
 import { EgressError } from "../errors.js";
 import type { ResolvedAddress } from "./resolve.js";
+import { bareHostname } from "../hostname.js";
 
 export interface PinnedPoolsOptions {
   readonly upstreamContext: SecureContext;
@@ -75,7 +76,7 @@ export class PinnedPools {
 
   private create(origin: URL, address: ResolvedAddress): Pool {
     const { base } = this;
-    const hostname = origin.hostname.startsWith("[") ? origin.hostname.slice(1, -1) : origin.hostname;
+    const hostname = bareHostname(origin.hostname);
     const servername = isIP(hostname) === 0 ? hostname : undefined;
     const port = Number(origin.port || (origin.protocol === "https:" ? 443 : 80));
     const { recheck } = this.options;

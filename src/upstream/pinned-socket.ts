@@ -3,6 +3,7 @@ import { connect as tlsConnect, type SecureContext } from "node:tls";
 import { EgressError } from "../errors.js";
 import { sameAddress } from "./pinned-pools.js";
 import type { ResolvedAddress } from "./resolve.js";
+import { bareHostname } from "../hostname.js";
 
 export interface PinnedSocketOptions {
   readonly url: URL;
@@ -20,7 +21,7 @@ export interface PinnedSocketOptions {
  */
 export function connectPinned(options: PinnedSocketOptions): Promise<Socket> {
   const { url, address } = options;
-  const hostname = url.hostname.replace(/^\[|\]$/g, "");
+  const hostname = bareHostname(url.hostname);
   const port = Number(url.port || (url.protocol === "https:" ? 443 : 80));
   return new Promise((resolve, reject) => {
     const socket: Socket =

@@ -1,6 +1,7 @@
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 import { EgressError } from "../errors.js";
+import { bareHostname } from "../hostname.js";
 
 export interface ResolvedAddress {
   readonly ip: string;
@@ -34,7 +35,7 @@ export class Resolver {
   ) {}
 
   async resolve(hostname: string): Promise<readonly ResolvedAddress[]> {
-    const bare = hostname.startsWith("[") ? hostname.slice(1, -1) : hostname;
+    const bare = bareHostname(hostname);
     if (isIP(bare) !== 0) return [literal(bare)];
     const key = bare.endsWith(".") ? bare.slice(0, -1) : bare;
     const pinned = this.staticHosts.get(key);
