@@ -1,6 +1,9 @@
 export { createHttpHooks } from "./hooks/http-hooks.js";
 export type { CreatedHttpHooks, HttpHooks, HttpHooksOptions, IpInfo, SecretManager } from "./hooks/http-hooks.js";
 export { HttpRequestBlockedError } from "./hooks/blocked-error.js";
+export { createDjsHooks, djsHooksOptionsFromFile, DjsHooks, PolicyLoadError } from "./djs/create-djs-hooks.js";
+export type { DjsHooksOptions } from "./djs/create-djs-hooks.js";
+export type { DjsLimits, PolicyKind } from "./djs/protocol.js";
 export { startProxy } from "./proxy/start-proxy.js";
 export type { RunningProxy } from "./proxy/start-proxy.js";
 export type { ProxyOptions, TimeoutOptions } from "./proxy/options.js";

@@ -1,5 +1,6 @@
 import yargs from "yargs";
 import { createHttpHooks } from "../hooks/http-hooks.js";
+import { createDjsHooks, djsHooksOptionsFromFile, PolicyLoadError, type DjsHooks } from "../djs/create-djs-hooks.js";
 import { logLevels, type LogLevel } from "../log.js";
 import type { ProxyOptions } from "../proxy/options.js";
 
@@ -110,6 +111,11 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
             default: 64 * 1024 * 1024,
             describe: "largest response body a hook may read (502 beyond)",
           })
+          .option("hooks-script", {
+            type: "string",
+            describe: "tier-2 policy run in a QuickJS sandbox: .js script, .mjs module, .ts/.mts TypeScript",
+          })
+          .option("hooks-timeout-ms", { type: "number", default: 100, describe: "time limit for one policy call (502 beyond)" })
           .option("log-level", { choices: logLevels as LogLevel[], default: "info" as LogLevel, describe: "log verbosity (JSON lines on stderr)" }),
       (args) => {
         const maxRedirects = nonNegativeInteger(args["max-redirects"], "--max-redirects");
@@ -121,9 +127,21 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
           if (secrets[name] !== undefined) throw new UsageError(`--host-secret ${name}: given twice`);
           secrets[name] = { hosts, value };
         }
+        let djsHooks: DjsHooks | undefined;
+        const script = args["hooks-script"];
+        if (script !== undefined) {
+          const timeoutMs = nonNegativeInteger(args["hooks-timeout-ms"], "--hooks-timeout-ms");
+          try {
+            ({ djsHooks } = createDjsHooks({ ...djsHooksOptionsFromFile(script), limits: { timeoutMs } }));
+          } catch (error) {
+            const message = (error as Error).message.replace(/^createDjsHooks: limits\.timeoutMs/, "--hooks-timeout-ms");
+            throw new UsageError(error instanceof PolicyLoadError ? `--hooks-script: ${message}` : message);
+          }
+        }
         let hooks: ReturnType<typeof createHttpHooks>;
         try {
           hooks = createHttpHooks({
+            ...(djsHooks !== undefined ? { djsHooks } : {}),
             allowedHosts: strings(args["allow-host"]),
             allowedInternalHosts: strings(args["allow-internal-host"]),
             blockInternalRanges: args["block-internal-ranges"],

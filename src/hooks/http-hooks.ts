@@ -3,6 +3,7 @@ import type { DeclarativeConfig } from "../policy/declarative-policy.js";
 import { classifyIp } from "../policy/ip-classify.js";
 import { SecretStore, type SecretInfo, type SecretOptions } from "../policy/secrets.js";
 import { bareHostname } from "../hostname.js";
+import { DjsHooks } from "../djs/create-djs-hooks.js";
 
 /** What `isIpAllowed` is asked about: one resolved address of the destination. */
 export interface IpInfo {
@@ -48,6 +49,11 @@ export interface HttpHooksOptions extends HttpHooks {
   readonly secrets?: Readonly<Record<string, SecretOptions>>;
   /** Also substitute placeholders in the query string (names and values). Default: false. */
   readonly replaceSecretsInQuery?: boolean;
+  /**
+   * A tier-2 policy from `createDjsHooks()` (spread it in: `...createDjsHooks(source)`). In every
+   * phase it runs before the tier-3 hooks given here, and sees nothing of them.
+   */
+  readonly djsHooks?: DjsHooks;
 }
 
 /** Changes secrets at run time; every change applies to the next request. */
@@ -82,8 +88,12 @@ const knownOptions = new Set<string>([
   "blockInternalRanges",
   "secrets",
   "replaceSecretsInQuery",
+  "djsHooks",
   ...hookNames,
 ]);
+
+/** The tier-2 policy rides like the declarative configuration: on the object and on the generated functions. */
+const djsKey = Symbol.for("egressgate.djs");
 
 /** The user's own function inside a generated one, for the native path to call alone. */
 const userHookKey = Symbol.for("egressgate.userHook");
@@ -117,6 +127,9 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
     if (options[name] !== undefined && typeof options[name] !== "function") {
       throw new TypeError(`createHttpHooks: ${name} must be a function`);
     }
+  }
+  if (options.djsHooks !== undefined && !(options.djsHooks instanceof DjsHooks)) {
+    throw new TypeError("createHttpHooks: djsHooks must come from createDjsHooks()");
   }
   if (options.replaceSecretsInQuery !== undefined && typeof options.replaceSecretsInQuery !== "boolean") {
     throw new TypeError("createHttpHooks: replaceSecretsInQuery must be a boolean");
@@ -158,6 +171,11 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
   for (const target of [httpHooks, httpHooks.isRequestAllowed, httpHooks.isIpAllowed]) {
     Object.defineProperty(target, declarativeKey, { value: config, enumerable: false });
   }
+  if (options.djsHooks !== undefined) {
+    for (const target of [httpHooks, httpHooks.isRequestAllowed, httpHooks.isIpAllowed]) {
+      Object.defineProperty(target, djsKey, { value: options.djsHooks, enumerable: false });
+    }
+  }
   Object.defineProperty(httpHooks.isRequestAllowed, userHookKey, { value: userAllow, enumerable: false });
   Object.defineProperty(httpHooks.isIpAllowed, userHookKey, { value: userIp, enumerable: false });
   return {
@@ -181,4 +199,13 @@ export function userPartOf<F extends object>(generated: F): F | undefined {
 export function declarativeConfigOf(hooksOrGenerated: object | undefined): DeclarativeConfig | undefined {
   if (hooksOrGenerated === undefined) return undefined;
   return (hooksOrGenerated as Record<symbol, DeclarativeConfig | undefined>)[declarativeKey];
+}
+
+/** The tier-2 policy attached by createHttpHooks, from the hooks object or a generated function. */
+export function djsHooksOf(hooks: HttpHooks): DjsHooks | undefined {
+  for (const holder of [hooks, hooks.isRequestAllowed, hooks.isIpAllowed]) {
+    const found = holder === undefined ? undefined : (holder as Record<symbol, DjsHooks | undefined>)[djsKey];
+    if (found !== undefined) return found;
+  }
+  return undefined;
 }

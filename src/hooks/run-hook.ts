@@ -55,7 +55,8 @@ async function settleWithin<T>(name: string, timeoutMs: number, pending: Promise
   }
 }
 
-function hookFailure(name: string, error: unknown): EgressError {
+/** Any way a hook of either tier failed, as the guest's answer: its own status when blocked, else 502. */
+export function hookFailure(name: string, error: unknown): EgressError {
   if (error instanceof EgressError) return error;
   const blocked = asBlocked(error);
   if (blocked !== undefined) {

@@ -14,8 +14,12 @@ import { endToEndHeaders, headerObjectToList } from "../headers.js";
 import { runOnRequest, runOnResponse, type HookLimits } from "./hook-phases.js";
 import { nextHop, redirectStatuses } from "./redirects.js";
 import { bareHostname } from "../hostname.js";
+import type { DjsEngine } from "../djs/engine.js";
+import type { Logger } from "../log.js";
+import { djsIsIpAllowed, djsIsRequestAllowed, djsOnRequest, djsOnResponse, type DjsRun } from "./djs-phases.js";
 
 const answeredByHook = allow("tier3", "onRequest", "answered by the onRequest hook; no upstream was contacted");
+const answeredByPolicy = allow("tier2", "onRequest", "answered by the onRequest policy; no upstream was contacted");
 
 export interface PipelineOptions {
   readonly policy: DeclarativePolicy;
@@ -24,6 +28,10 @@ export interface PipelineOptions {
    * check functions are left out of this.
    */
   readonly hooks: HttpHooks;
+  /** The tier-2 policy: in every phase it runs before `hooks`. */
+  readonly djs?: DjsEngine | undefined;
+  /** Where a policy's console lines go. */
+  readonly log?: Logger;
   readonly resolver: Resolver;
   readonly pools: PinnedPools;
   readonly maxRedirects: number;
@@ -47,13 +55,28 @@ type BodyReadable = Dispatcher.ResponseData["body"];
  * at every hop. The onRequest/secrets/onResponse steps slot in around `authorize` and `send`.
  */
 export class Pipeline {
-  constructor(private readonly options: PipelineOptions) {}
+  private readonly djsPhases: ReadonlySet<string>;
+
+  constructor(private readonly options: PipelineOptions) {
+    this.djsPhases = options.djs?.phases ?? new Set();
+  }
+
+  /** Whether any tier registers onRequest: then no early check can settle a request by its target alone. */
+  get hasOnRequest(): boolean {
+    return this.options.hooks.onRequest !== undefined || this.djsPhases.has("onRequest");
+  }
+
+  private run(context: { id: string } | undefined): DjsRun {
+    return { engine: this.options.djs!, log: this.options.log, requestId: context?.id ?? "" };
+  }
 
   async handle(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
     const { hooks, limits } = this.options;
+    const djsOnRequestRegistered = this.djsPhases.has("onRequest");
+    const djsOnResponseRegistered = this.djsPhases.has("onResponse");
     let request = initial;
     let tap: BodyTap | undefined;
-    if (hooks.onRequest !== undefined && initial.body !== null) {
+    if (this.hasOnRequest && initial.body !== null) {
       if (initial.method === "GET" || initial.method === "HEAD") {
         throw badRequest(`${initial.method} with a body is refused while an onRequest hook is registered`);
       }
@@ -64,9 +87,19 @@ export class Pipeline {
       });
     }
     for (let redirects = 0; ; redirects++) {
-      // §3 step 2: onRequest may rewrite the request or answer it itself.
+      // §3 step 2: onRequest may rewrite the request or answer it itself; tier 2 first, and
+      // tier 3 sees the request as tier 2 left it.
+      if (djsOnRequestRegistered) {
+        const unread = redirects === 0 && tap !== undefined && request.body === initial.body;
+        const outcome = await djsOnRequest(this.run(context), request, unread ? tap : undefined, limits);
+        if ("response" in outcome) {
+          return { ...outcome.response, decision: answeredByPolicy, url: request.url, redirects };
+        }
+        request = outcome.request;
+      }
       if (hooks.onRequest !== undefined) {
-        const outcome = await runOnRequest(hooks.onRequest, request, redirects === 0 ? tap : undefined, limits);
+        const unread = redirects === 0 && request.body === initial.body;
+        const outcome = await runOnRequest(hooks.onRequest, request, unread ? tap : undefined, limits);
         if ("response" in outcome) {
           return { ...outcome.response, decision: answeredByHook, url: request.url, redirects };
         }
@@ -79,17 +112,36 @@ export class Pipeline {
       const upstream = await this.sendToFirstReachable(request, target.addresses, context.signal);
       const location = redirectStatuses.has(upstream.status) ? upstream.location : undefined;
       if (location === undefined) {
-        if (hooks.onResponse === undefined) return { ...upstream, decision: target.decision, url: request.url, redirects };
-        // §3 step 7.
-        const hooked = await runOnResponse(hooks.onResponse, upstream, request, limits);
+        if (hooks.onResponse === undefined && !djsOnResponseRegistered) {
+          return { ...upstream, decision: target.decision, url: request.url, redirects };
+        }
+        // §3 step 7: tier 2, then tier 3 on what tier 2 returned.
+        let response: { status: number; headers: string[]; body: Readable | null } = upstream;
+        const cleanups: (() => void)[] = [];
+        if (djsOnResponseRegistered) {
+          const hooked = await djsOnResponse(this.run(context), response, request, limits);
+          if (hooked.replaced) cleanups.push(hooked.discard);
+          response = hooked;
+        }
+        if (hooks.onResponse !== undefined) {
+          let hooked;
+          try {
+            hooked = await runOnResponse(hooks.onResponse, response, request, limits);
+          } catch (error) {
+            for (const cleanup of cleanups) cleanup();
+            throw error;
+          }
+          if (hooked.replaced) cleanups.push(hooked.discard);
+          response = hooked;
+        }
         return {
-          status: hooked.status,
-          headers: hooked.headers,
-          body: hooked.body,
+          status: response.status,
+          headers: response.headers,
+          body: response.body,
           decision: target.decision,
           url: request.url,
           redirects,
-          ...(hooked.replaced ? { cleanup: hooked.discard } : {}),
+          ...(cleanups.length > 0 ? { cleanup: () => cleanups.forEach((cleanup) => cleanup()) } : {}),
         };
       }
       // A redirect's own body is thrown away; dump() gives up (closing that connection) past the limit.
@@ -113,8 +165,16 @@ export class Pipeline {
   async authorizeUpgrade(initial: OutboundRequest): Promise<{ request: OutboundRequest; addresses: readonly ResolvedAddress[] }> {
     let rewritten = initial;
     const { onRequest } = this.options.hooks;
+    if (this.djsPhases.has("onRequest")) {
+      const outcome = await djsOnRequest(this.run(undefined), rewritten, undefined, this.options.limits);
+      if ("response" in outcome) {
+        outcome.response.body?.destroy();
+        throw new EgressError("EG_HOOK_FAILED", 502, "the onRequest policy answered a protocol upgrade; upgrades can be continued, rewritten or blocked");
+      }
+      rewritten = outcome.request;
+    }
     if (onRequest !== undefined) {
-      const outcome = await runOnRequest(onRequest, initial, undefined, this.options.limits);
+      const outcome = await runOnRequest(onRequest, rewritten, undefined, this.options.limits);
       if ("response" in outcome) {
         outcome.response.body?.destroy();
         throw new EgressError("EG_HOOK_FAILED", 502, "onRequest answered a protocol upgrade; upgrades can be continued, rewritten or blocked");
@@ -138,6 +198,9 @@ export class Pipeline {
   private async authorize(request: OutboundRequest): Promise<ApprovedTarget> {
     const { policy, hooks, resolver } = this.options;
     const { url } = request;
+    if (this.djsPhases.has("isRequestAllowed") && !(await djsIsRequestAllowed(this.run(undefined), request))) {
+      throw denied(`request to ${url.origin} refused by the isRequestAllowed policy`);
+    }
     const isRequestAllowed = hooks.isRequestAllowed;
     if (isRequestAllowed !== undefined) {
       // The hook sees the request as it will leave (secrets substituted), without a body.
@@ -158,9 +221,16 @@ export class Pipeline {
         firstRefusal ??= decision;
         continue;
       }
+      const hostname = bareHostname(url.hostname);
+      if (this.djsPhases.has("isIpAllowed")) {
+        const info = { hostname, ip: address.ip, family: address.family, port, protocol: url.protocol };
+        if (!(await djsIsIpAllowed(this.run(undefined), info))) {
+          firstRefusal ??= deny("tier2", "isIpAllowed", `an address of "${hostname}" was refused by the isIpAllowed policy`, `${hostname} -> ${address.ip}`);
+          continue;
+        }
+      }
       const isIpAllowed = hooks.isIpAllowed;
       if (isIpAllowed !== undefined) {
-        const hostname = bareHostname(url.hostname);
         const info = { hostname, ip: address.ip, family: address.family, port, protocol: url.protocol as "http:" | "https:" };
         const allowed = await runHook("isIpAllowed", this.options.limits.hookMs, () => isIpAllowed(info));
         if (allowed !== true) {

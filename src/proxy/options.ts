@@ -1,6 +1,7 @@
 import { readFileSync } from "node:fs";
 import { isIP } from "node:net";
-import { declarativeConfigOf, userPartOf, type HttpHooks } from "../hooks/http-hooks.js";
+import { declarativeConfigOf, djsHooksOf, userPartOf, type HttpHooks } from "../hooks/http-hooks.js";
+import type { DjsEngine } from "../djs/engine.js";
 import { logLevels, type LogLevel, type LogSink } from "../log.js";
 import type { DeclarativeConfig } from "../policy/declarative-policy.js";
 import { defaultCaDir } from "../tls/ca-store.js";
@@ -70,6 +71,8 @@ export interface ResolvedProxyOptions {
    * path covers them (only the user's own part stays).
    */
   readonly checkHooks: HttpHooks;
+  /** The tier-2 policy, if createHttpHooks was given one; it runs before `checkHooks` in every phase. */
+  readonly djs: DjsEngine | undefined;
   readonly env: Readonly<Record<string, string>>;
   readonly listen: { readonly host: string; readonly port: number };
   readonly caDir: string;
@@ -254,6 +257,7 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
   return {
     hooks,
     ...declarativeMode(hooks),
+    djs: djsHooksOf(hooks)?.engine,
     env,
     listen: { host, port },
     caDir,

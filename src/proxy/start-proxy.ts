@@ -79,6 +79,8 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   const pipeline = new Pipeline({
     policy,
     hooks: config.checkHooks,
+    djs: config.djs,
+    log,
     resolver: new Resolver(config.staticHosts, config.timeouts.dnsMs),
     pools,
     maxRedirects: config.maxRedirects,
@@ -227,12 +229,10 @@ class GuestSide {
     let target: { hostname: string; port: number };
     try {
       target = parseAuthority(req.url ?? "", "CONNECT target");
-      // No hook can rewrite the destination yet, so a host the allowlist refuses can be
-      // refused before any TLS work. Every request inside the tunnel is still judged on its own.
-      // While no onRequest hook could answer or rewrite the request, a host the allowlist
+      // While no onRequest hook (of either tier) could answer or rewrite the request, a host the allowlist
       // refuses (or an internal IP literal) is refused before any TLS work. Every request inside
       // the tunnel is still judged on its own.
-      if (this.config.checkHooks.onRequest === undefined) {
+      if (!this.pipeline.hasOnRequest) {
         const decision = this.connectPolicy.checkHost(target.hostname);
         if (!decision.allowed) throw denied(decision.reason);
         const literal = bareHostname(target.hostname);

@@ -1,0 +1,174 @@
+import { readFileSync } from "node:fs";
+import { availableParallelism } from "node:os";
+import path from "node:path";
+import { DjsEngine } from "./engine.js";
+import type { DjsLimits, PhaseName, PolicyKind } from "./protocol.js";
+
+export { PolicyLoadError } from "./bundle.js";
+
+/** Options for {@link createDjsHooks}. */
+export interface DjsHooksOptions {
+  /** `script` defines global functions; `module` and `typescript` export them. Default: from the file extension. */
+  readonly kind?: PolicyKind;
+  /** The policy's file name, for errors and logs; its folder bounds relative imports. */
+  readonly filename?: string;
+  /** The policy's source text. */
+  readonly source: string;
+  /**
+   * Files the policy may import, by path relative to it (`{ "hosts.ts": "…", "deny.json": "…" }`).
+   * Without `modules`, imports are read from disk next to `filename`.
+   */
+  readonly modules?: Readonly<Record<string, string>>;
+  readonly limits?: Partial<DjsLimits>;
+  /** Worker threads that run the policy. Default: 2 (1 on a single core). */
+  readonly workers?: number;
+}
+
+export const defaultDjsLimits: DjsLimits = Object.freeze({
+  timeoutMs: 100,
+  memoryBytes: 32 * 1024 * 1024,
+  stackBytes: 256 * 1024,
+  returnBytes: 16 * 1024 * 1024,
+});
+
+const limitRanges: Record<keyof DjsLimits, [number, number]> = {
+  timeoutMs: [1, 60_000],
+  memoryBytes: [1024 * 1024, 1024 * 1024 * 1024],
+  stackBytes: [16 * 1024, 1024 * 1024],
+  returnBytes: [1024, 1024 * 1024 * 1024],
+};
+const knownOptions = new Set(["kind", "filename", "source", "modules", "limits", "workers"]);
+
+/**
+ * A loaded tier-2 policy. Pass it to `createHttpHooks` as `djsHooks`; it runs before any tier-3
+ * hook in every phase (DESIGN §3).
+ */
+export class DjsHooks {
+  /** @internal */
+  readonly engine: DjsEngine;
+  readonly filename: string;
+  /** The phases the policy defines; only these are registered. */
+  readonly phases: readonly PhaseName[];
+
+  /** @internal Use {@link createDjsHooks}. */
+  constructor(engine: DjsEngine) {
+    this.engine = engine;
+    this.filename = engine.filename;
+    this.phases = Object.freeze([...engine.phases]);
+    Object.freeze(this);
+  }
+
+  /** Stops the policy's worker threads. Calls after this fail closed (502). */
+  close(): Promise<void> {
+    return this.engine.close();
+  }
+}
+
+function kindOf(filename: string | undefined, source: string): PolicyKind {
+  if (filename !== undefined) {
+    if (/\.(ts|mts)$/.test(filename)) return "typescript";
+    if (filename.endsWith(".mjs")) return "module";
+    if (filename.endsWith(".js") || filename.endsWith(".cjs")) return "script";
+  }
+  // A bare source: a module if it exports anything, else a script of global functions.
+  return /^\s*export\s/m.test(source) ? "module" : "script";
+}
+
+function resolveLimits(limits: unknown): DjsLimits {
+  if (limits === undefined) return defaultDjsLimits;
+  if (typeof limits !== "object" || limits === null) throw new TypeError("createDjsHooks: limits must be an object");
+  const out: Record<string, number> = { ...defaultDjsLimits };
+  for (const [key, value] of Object.entries(limits)) {
+    const range = limitRanges[key as keyof DjsLimits];
+    if (range === undefined) throw new TypeError(`createDjsHooks: unknown limit "${key}" (known: ${Object.keys(limitRanges).join(", ")})`);
+    if (value === undefined) continue;
+    if (typeof value !== "number" || !Number.isInteger(value) || value < range[0] || value > range[1]) {
+      throw new RangeError(`createDjsHooks: limits.${key} must be an integer from ${range[0]} to ${range[1]} (got ${String(value)})`);
+    }
+    out[key] = value;
+  }
+  return Object.freeze(out) as unknown as DjsLimits;
+}
+
+/**
+ * Loads a tier-2 policy into QuickJS sandboxes on worker threads. The policy is bundled and
+ * compiled once, here: a syntax error, a refused or missing import, or a top-level throw
+ * throws a `PolicyLoadError` naming the file, line and message.
+ *
+ * Every call starts from the compiled state: module variables and globals a call changes are
+ * gone in the next one, builtins are frozen, and `Date.now()` is the clock at the call's start.
+ *
+ * @example
+ * ```ts
+ * const { httpHooks } = createHttpHooks({
+ *   allowedHosts: ["api.github.com"],
+ *   ...createDjsHooks(`export function isRequestAllowed(r) { return r.method === "GET"; }`),
+ * });
+ * ```
+ */
+export function createDjsHooks(sourceOrOptions: string | DjsHooksOptions): { djsHooks: DjsHooks } {
+  const options: DjsHooksOptions = typeof sourceOrOptions === "string" ? { source: sourceOrOptions } : sourceOrOptions;
+  if (typeof options !== "object" || options === null) throw new TypeError("createDjsHooks: expected policy source text or options");
+  for (const key of Object.keys(options)) {
+    if (!knownOptions.has(key)) throw new TypeError(`createDjsHooks: unknown option "${key}" (known: ${[...knownOptions].join(", ")})`);
+  }
+  if (typeof options.source !== "string") throw new TypeError("createDjsHooks: source must be the policy's text");
+  if (options.kind !== undefined && !["script", "module", "typescript"].includes(options.kind)) {
+    throw new TypeError(`createDjsHooks: kind must be "script", "module" or "typescript" (got ${JSON.stringify(options.kind)})`);
+  }
+  if (options.filename !== undefined && (typeof options.filename !== "string" || options.filename === "")) {
+    throw new TypeError("createDjsHooks: filename must be a non-empty string");
+  }
+  const modules = options.modules;
+  if (modules !== undefined) {
+    if (typeof modules !== "object" || modules === null || Array.isArray(modules)) {
+      throw new TypeError("createDjsHooks: modules must be an object of { \"relative/path.ts\": source }");
+    }
+    for (const [name, text] of Object.entries(modules)) {
+      if (typeof text !== "string") throw new TypeError(`createDjsHooks: modules["${name}"] must be source text`);
+    }
+  }
+  const workers = options.workers ?? Math.min(2, availableParallelism());
+  if (!Number.isInteger(workers) || workers < 1 || workers > 64) {
+    throw new RangeError(`createDjsHooks: workers must be an integer from 1 to 64 (got ${String(options.workers)})`);
+  }
+  const kind = options.kind ?? kindOf(options.filename, options.source);
+  const extension = kind === "typescript" ? "ts" : kind === "module" ? "mjs" : "js";
+  const filename = path.resolve(options.filename ?? `policy.${extension}`);
+  const engine = DjsEngine.load(
+    {
+      kind,
+      filename,
+      source: options.source,
+      modules: Object.freeze({ ...(modules ?? {}) }),
+      // A policy named by a file imports its neighbours from disk; given as text, only `modules`.
+      fromDisk: modules === undefined && options.filename !== undefined,
+    },
+    resolveLimits(options.limits),
+    workers,
+  );
+  return { djsHooks: new DjsHooks(engine) };
+}
+
+/**
+ * The options the CLI builds for `--hooks-script FILE`: the file's text, its kind from the
+ * extension (`.js` script, `.mjs` module, `.ts`/`.mts` TypeScript), and imports read next to it.
+ *
+ * @example
+ * ```ts
+ * const { httpHooks } = createHttpHooks({ allowedHosts: ["*"], ...createDjsHooks(djsHooksOptionsFromFile("policy.ts")) });
+ * ```
+ */
+export function djsHooksOptionsFromFile(file: string): DjsHooksOptions {
+  const filename = path.resolve(file);
+  let source: string;
+  try {
+    source = readFileSync(filename, "utf8");
+  } catch (error) {
+    throw new TypeError(`cannot read the policy ${filename}: ${(error as Error).message}`, { cause: error });
+  }
+  if (!/\.(js|mjs|ts|mts)$/.test(filename)) {
+    throw new TypeError(`${filename}: a policy file must end in .js (script), .mjs (module), or .ts/.mts (TypeScript)`);
+  }
+  return { filename, source, kind: kindOf(filename, source) };
+}

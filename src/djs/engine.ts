@@ -1,0 +1,240 @@
+import { createRequire } from "node:module";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+import { MessageChannel, receiveMessageOnPort, Worker, type MessagePort } from "node:worker_threads";
+import { PolicyLoadError } from "./bundle.js";
+import type { CallMessage, CallReply, DjsLimits, InitReply, PhaseName, PolicyKind, PolicySource, WorkerInit } from "./protocol.js";
+
+/**
+ * From dist the worker is plain JS. From the TypeScript sources (tests, tsx) it needs tsx's
+ * loader registered inside the worker itself: `--import` in a worker's execArgv does not reach
+ * its module loader on Node 20.
+ */
+const fromSources = import.meta.url.endsWith(".ts");
+const workerEntry: string | URL = fromSources ? sourceBootstrap() : new URL("./worker.js", import.meta.url);
+
+function sourceBootstrap(): string {
+  const tsxRoot = path.dirname(createRequire(import.meta.url).resolve("tsx/package.json"));
+  const api = pathToFileURL(path.join(tsxRoot, "dist/esm/api/index.mjs")).href;
+  const worker = new URL("./worker.ts", import.meta.url).href;
+  return `import(${JSON.stringify(api)}).then((tsx) => { tsx.register(); return import(${JSON.stringify(worker)}); });`;
+}
+/** How long the first worker may take to bundle and load a policy before createDjsHooks gives up. */
+const loadTimeoutMs = 30_000;
+
+interface Pending {
+  readonly message: CallMessage;
+  readonly resolve: (reply: CallReply) => void;
+}
+
+/** One worker thread and the calls posted to it, which it runs in order. */
+interface Slot {
+  readonly worker: Worker;
+  readonly heartbeat: Float64Array;
+  /** Posted calls by id, in posting order: the first is the one running. */
+  readonly pending: Map<number, Pending>;
+  /** Calls waiting for the worker to finish loading. */
+  readonly queued: Pending[];
+  loaded: boolean;
+  /** Set once the worker is being replaced: nothing more is posted to it. */
+  retired: boolean;
+}
+
+interface Spawned {
+  readonly worker: Worker;
+  readonly heartbeat: Float64Array;
+  readonly ready: SharedArrayBuffer;
+  readonly initPort: MessagePort;
+}
+
+function spawn(policy: PolicySource, limits: DjsLimits): Spawned {
+  const heartbeat = new SharedArrayBuffer(8);
+  const ready = new SharedArrayBuffer(4);
+  const channel = new MessageChannel();
+  const init: WorkerInit & { initPort: MessagePort } = { policy, limits, heartbeat, ready, initPort: channel.port2 };
+  const worker = new Worker(workerEntry, {
+    eval: typeof workerEntry === "string",
+    workerData: init,
+    transferList: [channel.port2],
+    // QuickJS recursion runs on this thread's stack: 8 MiB leaves room under a 1 MiB QuickJS limit.
+    resourceLimits: { stackSizeMb: 8, maxOldGenerationSizeMb: 64 },
+  });
+  // Idle workers must not keep the embedding process alive.
+  worker.unref();
+  return { worker, heartbeat: new Float64Array(heartbeat), ready, initPort: channel.port1 };
+}
+
+/**
+ * The host side of tier 2: a small pool of worker threads, each with the policy loaded in its
+ * own QuickJS sandbox. Calls are pipelined (posted without waiting for the previous answer) to
+ * the worker with the fewest calls in flight. A watchdog terminates a worker whose call outlives
+ * the time limit (a long native builtin that the interrupt handler cannot stop) and starts a new
+ * one; that call fails with a limit outcome, and the calls queued behind it move on.
+ */
+export class DjsEngine {
+  readonly phases: ReadonlySet<PhaseName>;
+  private readonly slots: Slot[] = [];
+  private readonly policy: PolicySource;
+  private nextId = 1;
+  private inFlight = 0;
+  private watchdog: NodeJS.Timeout | undefined;
+  private closed = false;
+
+  private constructor(
+    readonly filename: string,
+    kind: PolicyKind,
+    code: string,
+    phases: readonly PhaseName[],
+    readonly limits: DjsLimits,
+    first: Spawned,
+    poolSize: number,
+  ) {
+    this.phases = new Set(phases);
+    this.policy = { kind, filename, code };
+    this.slots.push(this.attach(first, true));
+    for (let i = 1; i < poolSize; i++) this.slots.push(this.attach(spawn(this.policy, limits), false));
+  }
+
+  /**
+   * Loads the policy in a first worker and waits for it synchronously, so a policy that does not
+   * bundle, parse or run its top level fails right here, with file, line and message.
+   */
+  static load(policy: PolicySource, limits: DjsLimits, poolSize: number): DjsEngine {
+    const started = spawn(policy, limits);
+    const flag = new Int32Array(started.ready);
+    const waited = Atomics.wait(flag, 0, 0, loadTimeoutMs);
+    const received = receiveMessageOnPort(started.initPort) as { message: { init: InitReply } } | undefined;
+    started.initPort.close();
+    if (waited === "timed-out" || received === undefined) {
+      void started.worker.terminate();
+      throw new PolicyLoadError(`${policy.filename}: the policy did not load within ${loadTimeoutMs} ms`);
+    }
+    const reply = received.message.init;
+    if (!reply.ok) {
+      void started.worker.terminate();
+      throw new PolicyLoadError(reply.message);
+    }
+    return new DjsEngine(policy.filename, policy.kind, reply.code, reply.phases, limits, started, poolSize);
+  }
+
+  private attach(spawned: Spawned, loaded: boolean): Slot {
+    const slot: Slot = { worker: spawned.worker, heartbeat: spawned.heartbeat, pending: new Map(), queued: [], loaded, retired: false };
+    if (!loaded) {
+      spawned.initPort.once("message", (message: { init: InitReply }) => {
+        spawned.initPort.close();
+        if (!message.init.ok) {
+          // The same code loaded before; failing now means the machine is out of something.
+          this.replace(slot, `the policy failed to load in a new worker: ${message.init.message}`);
+          return;
+        }
+        slot.loaded = true;
+        for (const call of slot.queued.splice(0)) this.post(slot, call);
+      });
+      spawned.initPort.unref();
+    } else {
+      spawned.initPort.close();
+    }
+    spawned.worker.on("message", (reply: CallReply) => {
+      const call = slot.pending.get(reply.id);
+      if (call === undefined) return;
+      slot.pending.delete(reply.id);
+      this.settled();
+      call.resolve(reply);
+    });
+    spawned.worker.on("error", () => undefined);
+    spawned.worker.on("exit", () => {
+      if (!slot.retired) this.replace(slot, "the sandbox worker stopped");
+    });
+    return slot;
+  }
+
+  private post(slot: Slot, call: Pending): void {
+    if (!slot.loaded) {
+      slot.queued.push(call);
+      return;
+    }
+    slot.pending.set(call.message.id, call);
+    // Bodies are copied, not transferred: a call may have to move to another worker.
+    slot.worker.postMessage(call.message);
+  }
+
+  private settled(): void {
+    this.inFlight--;
+    if (this.inFlight === 0 && this.watchdog !== undefined) {
+      clearInterval(this.watchdog);
+      this.watchdog = undefined;
+    }
+  }
+
+  /**
+   * Runs one call of a phase. It never rejects: every failure is an outcome (a limit, a throw),
+   * for the caller to turn into the guest's answer.
+   */
+  call(fields: Omit<CallMessage, "id">): Promise<CallReply> {
+    const id = this.nextId++;
+    const message: CallMessage = { ...fields, id };
+    if (this.closed) return Promise.resolve({ id, outcome: { t: "limit", what: "closed policy" } });
+    return new Promise<CallReply>((resolve) => {
+      this.inFlight++;
+      this.watchdog ??= setInterval(() => this.watch(), Math.max(5, Math.min(50, this.limits.timeoutMs / 2))).unref();
+      this.post(this.pick(), { message, resolve });
+    });
+  }
+
+  /** The live worker with the fewest calls in flight. */
+  private pick(): Slot {
+    let best = this.slots[0]!;
+    for (const slot of this.slots) {
+      if (slot.pending.size + slot.queued.length < best.pending.size + best.queued.length) best = slot;
+    }
+    return best;
+  }
+
+  /** Terminates a worker stuck past the time limit (plus grace for the interrupt handler). */
+  private watch(): void {
+    const now = performance.timeOrigin + performance.now();
+    const grace = Math.max(50, this.limits.timeoutMs / 2);
+    for (const slot of [...this.slots]) {
+      const started = slot.heartbeat[0]!;
+      if (started > 0 && now - started > this.limits.timeoutMs + grace) this.replace(slot, "time");
+    }
+  }
+
+  /**
+   * Retires a worker: its running call fails with `reason`, and the calls behind it go to the
+   * new worker in its place.
+   */
+  private replace(slot: Slot, reason: string): void {
+    if (slot.retired) return;
+    slot.retired = true;
+    void slot.worker.terminate();
+    const index = this.slots.indexOf(slot);
+    const calls = [...slot.pending.values(), ...slot.queued];
+    slot.pending.clear();
+    slot.queued.length = 0;
+    if (this.closed) {
+      for (const call of calls) {
+        this.settled();
+        call.resolve({ id: call.message.id, outcome: { t: "limit", what: "closed policy" } });
+      }
+      return;
+    }
+    const next = this.attach(spawn(this.policy, this.limits), false);
+    this.slots[index] = next;
+    const [running, ...rest] = calls;
+    if (running !== undefined) {
+      this.settled();
+      running.resolve({ id: running.message.id, outcome: { t: "limit", what: reason } });
+    }
+    for (const call of rest) this.post(next, call);
+  }
+
+  /** Stops every worker. Calls still in flight fail closed. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    const slots = [...this.slots];
+    for (const slot of slots) this.replace(slot, "closed policy");
+    await Promise.all(slots.map((slot) => slot.worker.terminate()));
+  }
+}

@@ -1,0 +1,102 @@
+/**
+ * What the proxy and a tier-2 worker say to each other. Everything here is structured-clone
+ * data: a call's head goes in as JSON text, bodies as bytes, and the outcome comes back tagged.
+ */
+
+export type PolicyKind = "script" | "module" | "typescript";
+export type PhaseName = "isRequestAllowed" | "isIpAllowed" | "onRequest" | "onResponse";
+export const phaseNames: readonly PhaseName[] = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"];
+
+export interface DjsLimits {
+  /** Wall-clock time for one call, in ms. Default 100. */
+  readonly timeoutMs: number;
+  /** QuickJS heap, in bytes. Default 32 MiB. */
+  readonly memoryBytes: number;
+  /** QuickJS stack, in bytes. Default 256 KiB; at most 1 MiB (the worker's own stack is 8 MiB). */
+  readonly stackBytes: number;
+  /** What one call may return: its head as JSON plus any body it built. Default 16 MiB. */
+  readonly returnBytes: number;
+}
+
+/** How a worker gets its policy: the source to bundle (the first worker), or the bundled code. */
+export type PolicySource =
+  | {
+      readonly kind: PolicyKind;
+      readonly filename: string;
+      readonly source: string;
+      readonly modules: Readonly<Record<string, string>>;
+      readonly fromDisk: boolean;
+    }
+  | { readonly kind: PolicyKind; readonly filename: string; readonly code: string };
+
+export interface WorkerInit {
+  readonly policy: PolicySource;
+  readonly limits: DjsLimits;
+  /** Float64 slot: when the running call started (epoch ms), 0 when idle. The host's watchdog reads it. */
+  readonly heartbeat: SharedArrayBuffer;
+  /** Int32 slot set to 1 once the init reply is posted, for a host waiting synchronously. */
+  readonly ready: SharedArrayBuffer;
+}
+
+export type InitReply =
+  | { readonly ok: true; readonly code: string; readonly phases: PhaseName[] }
+  | { readonly ok: false; readonly message: string };
+
+/** The address `isIpAllowed` is asked about. */
+export interface IpCallInfo {
+  readonly hostname: string;
+  readonly ip: string;
+  readonly family: number;
+  readonly port: number;
+  readonly protocol: string;
+}
+
+/**
+ * One call, as flat fields: the worker hands each to QuickJS as a primitive, because QuickJS's
+ * own JSON parsing would be the largest cost of a call. Header lists are joined with LF, which
+ * no valid header name or value contains (strings cross into QuickJS as C strings: NUL would cut them).
+ */
+export interface CallMessage {
+  readonly id: number;
+  readonly phase: PhaseName;
+  /** The proxy's clock when the call started: the policy's `Date.now()`. */
+  readonly now: number;
+  readonly method: string;
+  readonly url: string;
+  readonly headers: string;
+  readonly hasBody: boolean;
+  readonly requestBody?: Uint8Array;
+  readonly info?: IpCallInfo;
+  readonly response?: {
+    readonly status: number;
+    readonly statusText: string;
+    readonly headers: string;
+    readonly url: string;
+    readonly hasBody: boolean;
+  };
+  readonly responseBody?: Uint8Array;
+}
+
+/** A body in an outcome: the proxy's own request or response body, or bytes the policy made. */
+export type BodyRef = null | { readonly h: "request" | "response" } | { readonly b: number };
+
+export type Outcome = (
+  | { readonly t: "value"; readonly v: boolean | string }
+  | { readonly t: "code"; readonly v: number }
+  | { readonly t: "continue"; readonly headers?: string[] | null; readonly consumed?: boolean }
+  | { readonly t: "request"; readonly method: string; readonly url: string; readonly headers: string[]; readonly body: BodyRef }
+  | { readonly t: "response"; readonly status: number; readonly statusText: string; readonly headers: string[]; readonly body: BodyRef }
+  | { readonly t: "blocked"; readonly status: number; readonly message: string; readonly statusText: string }
+  | { readonly t: "throw"; readonly name: string; readonly message: string; readonly stack: string }
+  | { readonly t: "bad"; readonly what: string }
+  | { readonly t: "need"; readonly which: ("request" | "response")[] }
+  | { readonly t: "pending" }
+  | { readonly t: "limit"; readonly what: string }
+) & { readonly logs?: [string, string][] };
+
+export interface CallReply {
+  readonly id: number;
+  readonly outcome: Outcome;
+  /** The body the policy built, when the outcome has `{ b }`. */
+  readonly bytes?: Uint8Array;
+}

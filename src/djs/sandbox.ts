@@ -1,0 +1,257 @@
+import { readFileSync } from "node:fs";
+import releaseSync from "@jitl/quickjs-wasmfile-release-sync";
+import { newQuickJSWASMModuleFromVariant, type QuickJSSyncVariant, type QuickJSContext, type QuickJSHandle, type QuickJSRuntime } from "quickjs-emscripten-core";
+import { PolicyLoadError } from "./bundle.js";
+import { phaseNames, type CallMessage, type CallReply, type DjsLimits, type Outcome, type PhaseName, type PolicyKind } from "./protocol.js";
+
+// The bellard build, synchronous (no asyncify): about twice as fast as quickjs-ng here (DESIGN §7).
+const variant = releaseSync as unknown as QuickJSSyncVariant;
+const preludeSource = readFileSync(new URL("./sandbox/prelude.js", import.meta.url), "utf8");
+
+const scriptExports = `\n;return { ${phaseNames.map((n) => `${n}: typeof ${n} === "function" ? ${n} : undefined`).join(", ")} };`;
+
+/** What `new URL()` inside the sandbox gets back: the parts Node's WHATWG parser produced, LF-joined. */
+function urlParts(url: URL): string {
+  return [url.href, url.origin, url.protocol, url.username, url.password, url.host, url.hostname, url.port, url.pathname, url.search, url.hash].join("\n");
+}
+const settableParts = new Set(["href", "protocol", "username", "password", "host", "hostname", "port", "pathname", "search", "hash"]);
+
+/** The limit a QuickJS error stands for, if it is one: limits end the call, whatever the policy did. */
+function limitOf(error: unknown, interrupted: boolean): string | undefined {
+  if (interrupted) return "time";
+  if (error === undefined || error === null) return "memory";
+  const message = String((error as { message?: unknown }).message ?? error);
+  if (/out of memory/i.test(message)) return "memory";
+  if (/stack overflow/i.test(message)) return "stack";
+  return undefined;
+}
+
+/**
+ * One QuickJS runtime and context holding a loaded, frozen policy. Calls run one at a time.
+ * After a call that hit a limit or tainted the realm, the owner replaces the whole sandbox (a
+ * fresh WASM instance), so nothing of that call survives.
+ */
+export class Sandbox {
+  private deadline = Infinity;
+  private interrupted = false;
+  private api!: QuickJSHandle;
+  private callFn!: QuickJSHandle;
+  private finishFn!: QuickJSHandle;
+  private takeBytesFn!: QuickJSHandle;
+  phases: PhaseName[] = [];
+
+  private constructor(
+    private readonly runtime: QuickJSRuntime,
+    private readonly ctx: QuickJSContext,
+    private readonly limits: DjsLimits,
+  ) {}
+
+  static async create(kind: PolicyKind, filename: string, code: string, limits: DjsLimits): Promise<Sandbox> {
+    const module = await newQuickJSWASMModuleFromVariant(variant);
+    const runtime = module.newRuntime();
+    runtime.setMemoryLimit(limits.memoryBytes);
+    runtime.setMaxStackSize(limits.stackBytes);
+    const ctx = runtime.newContext();
+    const sandbox = new Sandbox(runtime, ctx, limits);
+    runtime.setInterruptHandler(() => {
+      if (performance.now() < sandbox.deadline) return false;
+      sandbox.interrupted = true;
+      return true;
+    });
+    sandbox.install(kind, filename, code);
+    return sandbox;
+  }
+
+  private unwrap(result: ReturnType<QuickJSContext["evalCode"]>, what: string): QuickJSHandle {
+    if (result.error === undefined) return result.value;
+    const error = this.ctx.dump(result.error) as { name?: string; message?: string; stack?: string } | undefined;
+    result.error.dispose();
+    const limit = limitOf(error, this.interrupted);
+    if (limit !== undefined) throw new PolicyLoadError(`${what}: the ${limit} limit was hit while loading`);
+    const where = /:(\d+):(\d+)/.exec(error?.stack ?? "");
+    const at = where === null ? "" : `:${where[1]}:${where[2]}`;
+    throw new PolicyLoadError(`${what}${at}: ${error?.name ?? "Error"}: ${error?.message ?? String(error)}`);
+  }
+
+  private install(kind: PolicyKind, filename: string, code: string): void {
+    const { ctx } = this;
+    const host = ctx.newObject();
+    const parseUrl = ctx.newFunction("parseUrl", (inputH, baseH, partH, valueH) => {
+      let input = ctx.getString(inputH);
+      let base = ctx.typeof(baseH) === "string" ? ctx.getString(baseH) : undefined;
+      let part = partH !== undefined && ctx.typeof(partH) === "string" ? ctx.getString(partH) : undefined;
+      let value = valueH !== undefined && ctx.typeof(valueH) === "string" ? ctx.getString(valueH) : undefined;
+      if (base === "json") {
+        const args = JSON.parse(input) as [string, string | null, string | null, string | null];
+        input = args[0];
+        base = args[1] ?? undefined;
+        part = args[2] ?? undefined;
+        value = args[3] ?? undefined;
+      }
+      let url: URL;
+      try {
+        url = base === undefined ? new URL(input) : new URL(input, base);
+        if (part !== undefined) {
+          if (!settableParts.has(part)) return ctx.undefined;
+          (url as unknown as Record<string, string>)[part] = value ?? "";
+        }
+      } catch {
+        return ctx.undefined;
+      }
+      return ctx.newString(urlParts(url));
+    });
+    const utf8Encode = ctx.newFunction("utf8Encode", (textH, jsonH) => {
+      const raw = ctx.getString(textH);
+      const text = ctx.dump(jsonH) === true ? (JSON.parse(raw) as string) : raw;
+      const bytes = Buffer.from(text, "utf8");
+      return ctx.newArrayBuffer(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+    });
+    const utf8Decode = ctx.newFunction("utf8Decode", (bufferH, fatalH, bomH) => {
+      const view = ctx.getArrayBuffer(bufferH);
+      let text: string;
+      try {
+        const decoder = new TextDecoder("utf-8", { fatal: ctx.dump(fatalH) === true, ignoreBOM: ctx.dump(bomH) === true });
+        text = decoder.decode(view.value);
+      } catch {
+        return ctx.undefined;
+      } finally {
+        view.dispose();
+      }
+      if (!text.includes("\0")) return ctx.newString(text);
+      // A C string would end at the NUL: hand the text over as JSON instead.
+      const wrapped = ctx.newObject();
+      const json = ctx.newString(JSON.stringify(text));
+      ctx.setProp(wrapped, "json", json);
+      json.dispose();
+      return wrapped;
+    });
+    for (const [name, fn] of [["parseUrl", parseUrl], ["utf8Encode", utf8Encode], ["utf8Decode", utf8Decode]] as const) {
+      ctx.setProp(host, name, fn);
+      fn.dispose();
+    }
+    const installFn = this.unwrap(ctx.evalCode(preludeSource, "egressgate:prelude.js"), "prelude");
+    const api = ctx.callFunction(installFn, ctx.undefined, host);
+    installFn.dispose();
+    host.dispose();
+    this.api = this.unwrap(api, "prelude");
+    this.callFn = ctx.getProp(this.api, "call");
+    this.finishFn = ctx.getProp(this.api, "finish");
+    this.takeBytesFn = ctx.getProp(this.api, "takeBytes");
+    this.invoke("freeze", "prelude");
+
+    // A script's top level becomes a function body (the Function constructor cannot be closed
+    // early by the source), so its declarations are fresh on every call, like a module's. Its
+    // parameter shadows `globalThis` with the per-call scope.
+    const factorySource = kind === "script" ? `new Function("globalThis", ${JSON.stringify(code + scriptExports)})` : code;
+    const factory = this.unwrap(ctx.evalCode(factorySource, filename), filename);
+    const load = ctx.getProp(this.api, "load");
+    this.deadline = performance.now() + this.limits.timeoutMs * 10;
+    const loaded = ctx.callFunction(load, this.api, factory);
+    this.deadline = Infinity;
+    load.dispose();
+    factory.dispose();
+    const phases = this.unwrap(loaded, filename);
+    this.phases = JSON.parse(ctx.getString(phases)) as PhaseName[];
+    phases.dispose();
+  }
+
+  private invoke(name: string, what: string): void {
+    const fn = this.ctx.getProp(this.api, name);
+    const result = this.ctx.callFunction(fn, this.api);
+    fn.dispose();
+    this.unwrap(result, what).dispose();
+  }
+
+  /** Runs one call to completion. `replace` is true when this sandbox must not be used again. */
+  call(message: CallMessage): { reply: CallReply; replace: boolean } {
+    const { ctx, runtime } = this;
+    this.interrupted = false;
+    this.deadline = performance.now() + this.limits.timeoutMs;
+    const args = this.arguments(message);
+    try {
+      const started = ctx.callFunction(this.callFn, this.api, ...args);
+      if (started.error !== undefined) return this.failed(message.id, started.error);
+      let result = started.value;
+      if (ctx.typeof(result) === "undefined") {
+        const jobs = runtime.executePendingJobs();
+        if (jobs.error !== undefined) {
+          result.dispose();
+          return this.failed(message.id, jobs.error);
+        }
+        const finished = ctx.callFunction(this.finishFn, this.api);
+        if (finished.error !== undefined) return this.failed(message.id, finished.error);
+        result = finished.value;
+      }
+      if (ctx.typeof(result) === "number") {
+        const code = ctx.getNumber(result);
+        result.dispose();
+        return { reply: { id: message.id, outcome: { t: "code", v: code } }, replace: false };
+      }
+      const json = ctx.getString(result);
+      result.dispose();
+      const outcome = JSON.parse(json) as Outcome;
+      let bytes: Uint8Array | undefined;
+      if ((outcome.t === "request" || outcome.t === "response") && outcome.body !== null && "b" in outcome.body) {
+        const taken = ctx.callFunction(this.takeBytesFn, this.api);
+        if (taken.error !== undefined) return this.failed(message.id, taken.error);
+        const view = ctx.getArrayBuffer(taken.value);
+        bytes = new Uint8Array(view.value);
+        view.dispose();
+        taken.value.dispose();
+      }
+      if (json.length + (bytes?.byteLength ?? 0) > this.limits.returnBytes) {
+        return { reply: { id: message.id, outcome: { t: "limit", what: "return size" } }, replace: false };
+      }
+      return { reply: { id: message.id, outcome, ...(bytes !== undefined ? { bytes } : {}) }, replace: false };
+    } finally {
+      this.deadline = Infinity;
+      for (const handle of args) if (handle.alive && handle !== ctx.undefined) handle.dispose();
+    }
+  }
+
+  /** The call's fields as QuickJS values, in the order the prelude's `call` takes them. */
+  private arguments(m: CallMessage): QuickJSHandle[] {
+    const { ctx } = this;
+    const buffer = (bytes: Uint8Array | undefined): QuickJSHandle =>
+      bytes === undefined ? ctx.undefined : ctx.newArrayBuffer(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+    const phase = ctx.newNumber(phaseNames.indexOf(m.phase));
+    const now = ctx.newNumber(m.now);
+    if (m.info !== undefined) {
+      const i = m.info;
+      return [phase, now, ctx.newString(i.hostname), ctx.newString(i.ip), ctx.newNumber(i.family), ctx.newNumber(i.port), ctx.newString(i.protocol)];
+    }
+    const head = [phase, now, ctx.newString(m.method), ctx.newString(m.url), ctx.newString(m.headers), m.hasBody ? ctx.true : ctx.false, buffer(m.requestBody)];
+    const r = m.response;
+    if (r === undefined) return head;
+    return [
+      ...head,
+      ctx.newNumber(r.status),
+      ctx.newString(r.statusText),
+      ctx.newString(r.headers),
+      ctx.newString(r.url),
+      r.hasBody ? ctx.true : ctx.false,
+      buffer(m.responseBody),
+    ];
+  }
+
+  private failed(id: number, errorHandle: QuickJSHandle): { reply: CallReply; replace: boolean } {
+    let error: unknown;
+    try {
+      error = this.ctx.dump(errorHandle);
+    } catch {
+      error = undefined;
+    }
+    errorHandle.dispose();
+    const limit = limitOf(error, this.interrupted);
+    if (limit !== undefined) return { reply: { id, outcome: { t: "limit", what: limit } }, replace: true };
+    const e = error as { name?: unknown; message?: unknown; stack?: unknown } | undefined;
+    const outcome: Outcome = {
+      t: "throw",
+      name: String(e?.name ?? "Error"),
+      message: String(e?.message ?? error),
+      stack: String(e?.stack ?? ""),
+    };
+    // The sandbox's own code failed (not the policy's, which is caught inside): start afresh.
+    return { reply: { id, outcome }, replace: true };
+  }
+}

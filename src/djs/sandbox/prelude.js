@@ -1,0 +1,894 @@
+// The tier-2 sandbox's own API, evaluated once inside each QuickJS context (never in Node).
+// It installs the web classes a policy may use, then freezes the realm, and returns the
+// functions the worker calls. `host` holds the few functions the worker provides: UTF-8
+// conversion and WHATWG URL parsing, so URLs parse exactly as the proxy's own do.
+(function installSandbox(host) {
+  "use strict";
+  // Strings cross between QuickJS and the worker as C strings, which end at NUL. Text that may
+  // hold one crosses as JSON instead, so a body like "safe\0<rest>" is never cut short.
+  const hasNul = (text) => text.indexOf("\0") !== -1;
+  function parseUrl(input, base, part, value) {
+    if (hasNul(input) || (base !== undefined && hasNul(base)) || (value !== undefined && hasNul(value))) {
+      return host.parseUrl(JSON.stringify([input, base ?? null, part ?? null, value ?? null]), "json");
+    }
+    return host.parseUrl(input, base, part, value);
+  }
+  function utf8Encode(text) {
+    return hasNul(text) ? host.utf8Encode(JSON.stringify(text), true) : host.utf8Encode(text, false);
+  }
+  function utf8Decode(buffer, fatal, ignoreBOM) {
+    const text = host.utf8Decode(buffer, fatal, ignoreBOM);
+    return typeof text === "string" || text === undefined ? text : JSON.parse(text.json);
+  }
+  const OriginalDate = Date;
+  const hasOwn = Object.prototype.hasOwnProperty;
+  /** The proxy's clock at the start of the current call (DESIGN §2). */
+  let clock = 0;
+
+  // --- Date: the clock is fixed for the whole call ---------------------------------------
+  function SandboxDate(...args) {
+    if (new.target === undefined) return new OriginalDate(clock).toString();
+    return args.length === 0 ? Reflect.construct(OriginalDate, [clock], new.target) : Reflect.construct(OriginalDate, args, new.target);
+  }
+  SandboxDate.prototype = OriginalDate.prototype;
+  Object.defineProperty(OriginalDate.prototype, "constructor", { value: SandboxDate });
+  SandboxDate.now = () => clock;
+  SandboxDate.parse = OriginalDate.parse;
+  SandboxDate.UTC = OriginalDate.UTC;
+
+  // --- Headers ------------------------------------------------------------------------------
+  const tokenChars = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+  const badValue = /[\0\r\n]/;
+  function headerName(name) {
+    const n = String(name);
+    if (!tokenChars.test(n)) throw new TypeError(`invalid header name: ${JSON.stringify(n)}`);
+    return n.toLowerCase();
+  }
+  function headerValue(value) {
+    const v = String(value).replace(/^[\t\n\r ]+|[\t\n\r ]+$/g, "");
+    if (badValue.test(v)) throw new TypeError(`invalid header value: ${JSON.stringify(v)}`);
+    return v;
+  }
+
+  class Headers {
+    #list = [];
+    #dirty = false;
+    #immutable = false;
+    constructor(init) {
+      if (init === undefined || init === null) return;
+      if (init instanceof Headers) {
+        this.#list = init.#list.map((pair) => [pair[0], pair[1]]);
+      } else if (typeof init[Symbol.iterator] === "function") {
+        for (const pair of init) {
+          const entry = Array.from(pair);
+          if (entry.length !== 2) throw new TypeError("a header init pair must have two elements");
+          this.append(entry[0], entry[1]);
+        }
+      } else if (typeof init === "object") {
+        for (const key of Object.keys(init)) this.append(key, init[key]);
+      } else {
+        throw new TypeError("Headers init must be an object or an iterable of pairs");
+      }
+      this.#dirty = false;
+    }
+    #write() {
+      if (this.#immutable) throw new TypeError("these headers are immutable");
+      this.#dirty = true;
+    }
+    append(name, value) {
+      const n = headerName(name);
+      const v = headerValue(value);
+      this.#write();
+      this.#list.push([n, v]);
+    }
+    set(name, value) {
+      const n = headerName(name);
+      const v = headerValue(value);
+      this.#write();
+      const i = this.#list.findIndex((pair) => pair[0] === n);
+      this.#list = this.#list.filter((pair, j) => pair[0] !== n || j === i);
+      if (i === -1) this.#list.push([n, v]);
+      else this.#list[i][1] = v;
+    }
+    delete(name) {
+      const n = headerName(name);
+      this.#write();
+      this.#list = this.#list.filter((pair) => pair[0] !== n);
+    }
+    get(name) {
+      const n = headerName(name);
+      const values = this.#list.filter((pair) => pair[0] === n).map((pair) => pair[1]);
+      return values.length === 0 ? null : values.join(", ");
+    }
+    getSetCookie() {
+      return this.#list.filter((pair) => pair[0] === "set-cookie").map((pair) => pair[1]);
+    }
+    has(name) {
+      const n = headerName(name);
+      return this.#list.some((pair) => pair[0] === n);
+    }
+    *entries() {
+      // WHATWG order: sorted by name, repeated names combined, except Set-Cookie.
+      const names = [...new Set(this.#list.map((pair) => pair[0]))].sort();
+      for (const name of names) {
+        if (name === "set-cookie") for (const cookie of this.getSetCookie()) yield [name, cookie];
+        else yield [name, this.get(name)];
+      }
+    }
+    *keys() {
+      for (const [name] of this.entries()) yield name;
+    }
+    *values() {
+      for (const [, value] of this.entries()) yield value;
+    }
+    forEach(callback, thisArg) {
+      for (const [name, value] of this.entries()) callback.call(thisArg, value, name, this);
+    }
+    [Symbol.iterator]() {
+      return this.entries();
+    }
+    get [Symbol.toStringTag]() {
+      return "Headers";
+    }
+    static flat(headers) {
+      return headers.#list.flat();
+    }
+    static fromFlat(list, immutable) {
+      const headers = new Headers();
+      for (let i = 0; i < list.length; i += 2) headers.#list.push([list[i], list[i + 1]]);
+      headers.#immutable = immutable === true;
+      return headers;
+    }
+    static isDirty(headers) {
+      return headers.#dirty;
+    }
+  }
+
+  // --- URLSearchParams -------------------------------------------------------------------------
+  function formDecode(text) {
+    const plus = text.replace(/\+/g, " ");
+    try {
+      return decodeURIComponent(plus);
+    } catch {
+      // A stray % stays as written, as the WHATWG parser leaves it.
+      return plus.replace(/(%[0-9A-Fa-f]{2})+/g, (run) => {
+        try {
+          return decodeURIComponent(run);
+        } catch {
+          return run;
+        }
+      });
+    }
+  }
+  function formEncode(text) {
+    return encodeURIComponent(text)
+      .replace(/[!'()~]/g, (c) => `%${c.charCodeAt(0).toString(16).toUpperCase()}`)
+      .replace(/%20/g, "+");
+  }
+
+  class URLSearchParams {
+    #pairs = [];
+    #owner = null;
+    constructor(init) {
+      if (init === undefined || init === null) return;
+      if (init instanceof URLSearchParams) {
+        this.#pairs = init.#pairs.map((pair) => [pair[0], pair[1]]);
+      } else if (typeof init === "object" && typeof init[Symbol.iterator] === "function") {
+        for (const pair of init) {
+          const entry = Array.from(pair);
+          if (entry.length !== 2) throw new TypeError("a URLSearchParams init pair must have two elements");
+          this.#pairs.push([String(entry[0]), String(entry[1])]);
+        }
+      } else if (typeof init === "object") {
+        for (const key of Object.keys(init)) this.#pairs.push([key, String(init[key])]);
+      } else {
+        this.#parse(String(init));
+      }
+    }
+    #parse(text) {
+      this.#pairs = [];
+      const query = text.startsWith("?") ? text.slice(1) : text;
+      for (const part of query.split("&")) {
+        if (part === "") continue;
+        const eq = part.indexOf("=");
+        const name = eq === -1 ? part : part.slice(0, eq);
+        const value = eq === -1 ? "" : part.slice(eq + 1);
+        this.#pairs.push([formDecode(name), formDecode(value)]);
+      }
+    }
+    #update() {
+      if (this.#owner !== null) setUrlPart(this.#owner, "search", this.toString());
+    }
+    get size() {
+      return this.#pairs.length;
+    }
+    append(name, value) {
+      this.#pairs.push([String(name), String(value)]);
+      this.#update();
+    }
+    delete(name, value) {
+      const n = String(name);
+      this.#pairs = this.#pairs.filter((pair) => pair[0] !== n || (value !== undefined && pair[1] !== String(value)));
+      this.#update();
+    }
+    get(name) {
+      const pair = this.#pairs.find((p) => p[0] === String(name));
+      return pair === undefined ? null : pair[1];
+    }
+    getAll(name) {
+      return this.#pairs.filter((p) => p[0] === String(name)).map((p) => p[1]);
+    }
+    has(name, value) {
+      return this.#pairs.some((p) => p[0] === String(name) && (value === undefined || p[1] === String(value)));
+    }
+    set(name, value) {
+      const n = String(name);
+      const i = this.#pairs.findIndex((p) => p[0] === n);
+      this.#pairs = this.#pairs.filter((p, j) => p[0] !== n || j === i);
+      if (i === -1) this.#pairs.push([n, String(value)]);
+      else this.#pairs[i][1] = String(value);
+      this.#update();
+    }
+    sort() {
+      this.#pairs.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+      this.#update();
+    }
+    forEach(callback, thisArg) {
+      for (const [name, value] of this.#pairs) callback.call(thisArg, value, name, this);
+    }
+    *entries() {
+      for (const [name, value] of this.#pairs) yield [name, value];
+    }
+    *keys() {
+      for (const [name] of this.#pairs) yield name;
+    }
+    *values() {
+      for (const [, value] of this.#pairs) yield value;
+    }
+    [Symbol.iterator]() {
+      return this.entries();
+    }
+    toString() {
+      return this.#pairs.map(([name, value]) => `${formEncode(name)}=${formEncode(value)}`).join("&");
+    }
+    get [Symbol.toStringTag]() {
+      return "URLSearchParams";
+    }
+    static attach(params, owner, search) {
+      params.#parse(search);
+      params.#owner = owner;
+    }
+    static reparse(params, search) {
+      params.#parse(search);
+    }
+  }
+
+  // --- URL: parsed by the worker's WHATWG parser, the same one the proxy uses ----------------
+  const urlState = new WeakMap();
+  const urlParts = ["href", "origin", "protocol", "username", "password", "host", "hostname", "port", "pathname", "search", "hash"];
+  /** The worker answers with the parts joined by LF, which a serialised URL never contains (the string crosses into QuickJS as a C string, so NUL cannot be used). */
+  function partsOf(joined) {
+    const values = joined.split("\n");
+    const parts = {};
+    for (let i = 0; i < urlParts.length; i++) parts[urlParts[i]] = values[i];
+    return parts;
+  }
+  function parseOrThrow(input, base) {
+    const parsed = parseUrl(String(input), base === undefined ? undefined : String(base));
+    if (parsed === undefined) throw new TypeError(`Invalid URL: ${String(input)}`);
+    return partsOf(parsed);
+  }
+  class URL {
+    constructor(input, base) {
+      urlState.set(this, { parts: parseOrThrow(input, base), params: null });
+    }
+    static canParse(input, base) {
+      return parseUrl(String(input), base === undefined ? undefined : String(base)) !== undefined;
+    }
+    static parse(input, base) {
+      try {
+        return new URL(input, base);
+      } catch {
+        return null;
+      }
+    }
+    get searchParams() {
+      const state = urlState.get(this);
+      if (state.params === null) {
+        state.params = new URLSearchParams();
+        URLSearchParams.attach(state.params, this, state.parts.search);
+      }
+      return state.params;
+    }
+    toString() {
+      return urlState.get(this).parts.href;
+    }
+    toJSON() {
+      return urlState.get(this).parts.href;
+    }
+    get [Symbol.toStringTag]() {
+      return "URL";
+    }
+  }
+  /** A setter: the worker's parser applies the change, as WHATWG's setters do. */
+  function setUrlPart(url, part, value) {
+    const state = urlState.get(url);
+    const parsed = parseUrl(state.parts.href, undefined, part, String(value));
+    if (parsed === undefined) return;
+    state.parts = partsOf(parsed);
+    if (state.params !== null && part !== "search") URLSearchParams.reparse(state.params, state.parts.search);
+  }
+  for (const part of urlParts) {
+    Object.defineProperty(URL.prototype, part, {
+      get() {
+        return urlState.get(this).parts[part];
+      },
+      set:
+        part === "origin"
+          ? undefined
+          : function (value) {
+              setUrlPart(this, part, value);
+            },
+      enumerable: true,
+      configurable: true,
+    });
+  }
+
+  // --- TextEncoder, TextDecoder, atob, btoa ----------------------------------------------------
+  function toBytes(data) {
+    if (data instanceof Uint8Array) return data;
+    if (data instanceof ArrayBuffer) return new Uint8Array(data);
+    if (ArrayBuffer.isView(data)) return new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+    throw new TypeError("expected an ArrayBuffer or a typed array");
+  }
+  function copyBuffer(bytes) {
+    return bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength);
+  }
+  class TextEncoder {
+    get encoding() {
+      return "utf-8";
+    }
+    encode(text = "") {
+      return new Uint8Array(utf8Encode(String(text)));
+    }
+  }
+  class TextDecoder {
+    #fatal;
+    #bom;
+    constructor(label = "utf-8", options = {}) {
+      const l = String(label).trim().toLowerCase();
+      if (l !== "utf-8" && l !== "utf8" && l !== "unicode-1-1-utf-8") throw new RangeError(`only UTF-8 is supported, not ${label}`);
+      this.#fatal = options.fatal === true;
+      this.#bom = options.ignoreBOM === true;
+    }
+    get encoding() {
+      return "utf-8";
+    }
+    get fatal() {
+      return this.#fatal;
+    }
+    get ignoreBOM() {
+      return this.#bom;
+    }
+    decode(data) {
+      if (data === undefined) return "";
+      const text = utf8Decode(copyBuffer(toBytes(data)), this.#fatal, this.#bom);
+      if (text === undefined) throw new TypeError("the data is not valid UTF-8");
+      return text;
+    }
+  }
+  const b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  function btoa(data) {
+    const s = String(data);
+    let out = "";
+    for (let i = 0; i < s.length; i += 3) {
+      const a = s.charCodeAt(i);
+      const b = s.charCodeAt(i + 1);
+      const c = s.charCodeAt(i + 2);
+      if (a > 255 || b > 255 || c > 255) throw new DOMException("btoa: the string contains characters outside Latin-1", "InvalidCharacterError");
+      const n = (a << 16) | ((b || 0) << 8) | (c || 0);
+      out += b64[n >> 18] + b64[(n >> 12) & 63] + (i + 1 < s.length ? b64[(n >> 6) & 63] : "=") + (i + 2 < s.length ? b64[n & 63] : "=");
+    }
+    return out;
+  }
+  function atob(data) {
+    let s = String(data).replace(/[\t\n\f\r ]/g, "");
+    if (s.length % 4 === 0) s = s.replace(/==?$/, "");
+    if (s.length % 4 === 1 || /[^A-Za-z0-9+/]/.test(s)) throw new DOMException("atob: the string is not valid base64", "InvalidCharacterError");
+    let out = "";
+    let bits = 0;
+    let buffer = 0;
+    for (const ch of s) {
+      buffer = (buffer << 6) | b64.indexOf(ch);
+      bits += 6;
+      if (bits >= 8) {
+        bits -= 8;
+        out += String.fromCharCode((buffer >> bits) & 255);
+      }
+    }
+    return out;
+  }
+  class DOMException extends Error {
+    constructor(message = "", name = "Error") {
+      super(message);
+      Object.defineProperty(this, "name", { value: name, configurable: true, writable: true });
+    }
+  }
+
+  // --- HttpRequestBlockedError -----------------------------------------------------------------
+  class HttpRequestBlockedError extends Error {
+    constructor(message = "request blocked by policy", status = 403, statusText = "Forbidden") {
+      super(String(message));
+      this.name = "HttpRequestBlockedError";
+      this.status = status;
+      this.statusText = statusText;
+    }
+  }
+
+  // --- Bodies: opaque handles to bytes that stay in the proxy until read --------------------------
+  /** Set per call: the bodies the proxy has loaded, and which ones a policy asked for. */
+  const loaded = { request: undefined, response: undefined };
+  let needed = new Set();
+  const handleSource = new WeakMap();
+
+  /** `request.body` / `response.body`: can only be passed on, never read directly. */
+  class OpaqueBody {
+    constructor() {
+      throw new TypeError("bodies cannot be constructed; pass request.body or response.body on");
+    }
+    get locked() {
+      return false;
+    }
+    get [Symbol.toStringTag]() {
+      return "ReadableStream";
+    }
+  }
+  function opaque(source) {
+    const handle = Object.create(OpaqueBody.prototype);
+    handleSource.set(handle, source);
+    return Object.freeze(handle);
+  }
+
+  /**
+   * The body of a Request or Response: `{ source }` for the proxy's own bytes (not loaded here
+   * until read), `{ bytes }` for bytes made in the sandbox, or null.
+   */
+  function bodyFrom(init) {
+    if (init === undefined || init === null) return null;
+    if (typeof init === "string") return { bytes: new Uint8Array(utf8Encode(init)), contentType: "text/plain;charset=UTF-8" };
+    if (init instanceof URLSearchParams) {
+      return { bytes: new Uint8Array(utf8Encode(init.toString())), contentType: "application/x-www-form-urlencoded;charset=UTF-8" };
+    }
+    if (init instanceof ArrayBuffer || ArrayBuffer.isView(init)) return { bytes: new Uint8Array(copyBuffer(toBytes(init))) };
+    const source = handleSource.get(init);
+    if (typeof source === "string") return { source };
+    if (source !== undefined) return { bytes: source.bytes };
+    throw new TypeError("a body must be a string, bytes, URLSearchParams, or request.body/response.body");
+  }
+
+  const never = new Promise(() => undefined);
+  /** Bytes of a body; a body the proxy has not loaded yet ends the call and asks for it. */
+  function readBody(state) {
+    if (state === null) return Promise.resolve(new Uint8Array(0));
+    if (state.bytes !== undefined) return Promise.resolve(state.bytes);
+    const bytes = loaded[state.source];
+    if (bytes !== undefined) return Promise.resolve(bytes);
+    // The proxy loads the body and runs the call again from the start, which is deterministic:
+    // fresh state and the same clock. The policy cannot see this happen, nor catch it.
+    needed.add(state.source);
+    return never;
+  }
+
+  class BodyMixin {
+    #state = null;
+    #used = false;
+    static init(target, state) {
+      target.#state = state;
+    }
+    static stateOf(target) {
+      return target.#state;
+    }
+    static usedOf(target) {
+      return target.#used;
+    }
+    get body() {
+      const state = this.#state;
+      if (state === null) return null;
+      return opaque(state.source !== undefined ? state.source : { bytes: state.bytes });
+    }
+    get bodyUsed() {
+      return this.#used;
+    }
+    #consume() {
+      if (this.#used) return Promise.reject(new TypeError("the body has already been read"));
+      // As in WHATWG fetch, reading a null body does not mark it used.
+      if (this.#state !== null) this.#used = true;
+      return readBody(this.#state);
+    }
+    async arrayBuffer() {
+      return copyBuffer(await this.#consume());
+    }
+    async bytes() {
+      return new Uint8Array(await this.#consume());
+    }
+    async text() {
+      const bytes = await this.#consume();
+      return utf8Decode(copyBuffer(bytes), false, false);
+    }
+    async json() {
+      return JSON.parse(await this.text());
+    }
+    async formData() {
+      throw new TypeError("formData() is not available in policies");
+    }
+    async blob() {
+      throw new TypeError("blob() is not available in policies");
+    }
+  }
+
+  const methods = new Set(["DELETE", "GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH"]);
+  const methodToken = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+
+  /** Set just before the sandbox builds a Request itself: the head is already valid, skip parsing. */
+  let internalHead = null;
+
+  class Request extends BodyMixin {
+    #method;
+    #url;
+    #headers;
+    constructor(input, init = {}) {
+      super();
+      if (internalHead !== null) {
+        this.#method = internalHead.method;
+        this.#url = internalHead.url;
+        this.#headers = internalHead.headers;
+        internalHead = null;
+        return;
+      }
+      let state = null;
+      if (input instanceof Request) {
+        if (init.body === undefined && BodyMixin.usedOf(input)) throw new TypeError("Request body is already used");
+        this.#method = input.method;
+        this.#url = input.url;
+        this.#headers = new Headers(input.headers);
+        state = BodyMixin.stateOf(input);
+      } else {
+        this.#url = new URL(String(input)).href;
+        this.#method = "GET";
+        this.#headers = new Headers();
+      }
+      if (init.method !== undefined) {
+        const m = String(init.method);
+        if (!methodToken.test(m)) throw new TypeError(`invalid method: ${JSON.stringify(m)}`);
+        this.#method = methods.has(m.toUpperCase()) ? m.toUpperCase() : m;
+      }
+      if (init.headers !== undefined) this.#headers = new Headers(init.headers);
+      if (init.body !== undefined) {
+        state = bodyFrom(init.body);
+        if (state?.contentType !== undefined && !this.#headers.has("content-type")) this.#headers.set("content-type", state.contentType);
+      }
+      if (state !== null && (this.#method === "GET" || this.#method === "HEAD")) {
+        throw new TypeError("a GET or HEAD request cannot have a body");
+      }
+      BodyMixin.init(this, state);
+    }
+    get method() {
+      return this.#method;
+    }
+    get url() {
+      return this.#url;
+    }
+    get headers() {
+      return this.#headers;
+    }
+    get redirect() {
+      return "manual";
+    }
+    clone() {
+      if (this.bodyUsed) throw new TypeError("cannot clone a Request whose body was read");
+      return new Request(this);
+    }
+    get [Symbol.toStringTag]() {
+      return "Request";
+    }
+  }
+
+  class Response extends BodyMixin {
+    #status;
+    #statusText;
+    #headers;
+    constructor(body = null, init = {}) {
+      super();
+      const status = init.status === undefined ? 200 : Number(init.status);
+      if (!Number.isInteger(status) || status < 200 || status > 599) throw new RangeError(`invalid response status: ${init.status}`);
+      const statusText = init.statusText === undefined ? "" : String(init.statusText);
+      if (/[^\t\x20-\x7e\x80-\xff]/.test(statusText)) throw new TypeError("invalid statusText");
+      this.#status = status;
+      this.#statusText = statusText;
+      this.#headers = new Headers(init.headers);
+      const state = bodyFrom(body);
+      if (state !== null && (status === 204 || status === 205 || status === 304)) {
+        throw new TypeError(`a ${status} response cannot have a body`);
+      }
+      if (state?.contentType !== undefined && !this.#headers.has("content-type")) this.#headers.set("content-type", state.contentType);
+      BodyMixin.init(this, state);
+    }
+    static json(data, init = {}) {
+      const text = JSON.stringify(data);
+      if (text === undefined) throw new TypeError("the value cannot be serialised as JSON");
+      const headers = new Headers(init.headers);
+      if (!headers.has("content-type")) headers.set("content-type", "application/json");
+      return new Response(text, { ...init, headers });
+    }
+    static redirect(url, status = 302) {
+      if (![301, 302, 303, 307, 308].includes(status)) throw new RangeError(`invalid redirect status: ${status}`);
+      return new Response(null, { status, headers: { location: new URL(String(url)).href } });
+    }
+    static error() {
+      throw new TypeError("Response.error() cannot be sent to a guest; throw HttpRequestBlockedError instead");
+    }
+    get status() {
+      return this.#status;
+    }
+    get statusText() {
+      return this.#statusText;
+    }
+    get ok() {
+      return this.#status >= 200 && this.#status < 300;
+    }
+    get headers() {
+      return this.#headers;
+    }
+    get redirected() {
+      return false;
+    }
+    get type() {
+      return "default";
+    }
+    clone() {
+      if (this.bodyUsed) throw new TypeError("cannot clone a Response whose body was read");
+      const copy = new Response(null, { status: this.#status, statusText: this.#statusText, headers: this.#headers });
+      BodyMixin.init(copy, BodyMixin.stateOf(this));
+      return copy;
+    }
+    get [Symbol.toStringTag]() {
+      return "Response";
+    }
+  }
+
+  // --- console: lines go to the proxy's log, with the policy's file name ------------------------
+  let logs = [];
+  const maxLogLines = 100;
+  const maxLogChars = 8192;
+  function show(value) {
+    if (typeof value === "string") return value;
+    if (value instanceof Error) return `${value.name}: ${value.message}`;
+    try {
+      const json = JSON.stringify(value);
+      return json === undefined ? String(value) : json;
+    } catch {
+      return String(value);
+    }
+  }
+  function logger(level) {
+    return (...args) => {
+      if (logs.length >= maxLogLines) return;
+      logs.push([level, args.map(show).join(" ").slice(0, maxLogChars)]);
+    };
+  }
+  const console = {
+    log: logger("info"),
+    info: logger("info"),
+    debug: logger("debug"),
+    warn: logger("warn"),
+    error: logger("error"),
+    trace: logger("debug"),
+  };
+
+  // --- the realm: install, then freeze everything reachable ---------------------------------------
+  const installed = {
+    Date: SandboxDate,
+    Headers,
+    URL,
+    URLSearchParams,
+    Request,
+    Response,
+    HttpRequestBlockedError,
+    TextEncoder,
+    TextDecoder,
+    DOMException,
+    atob,
+    btoa,
+    console,
+  };
+  for (const name of Object.keys(installed)) {
+    Object.defineProperty(globalThis, name, { value: installed[name], writable: true, configurable: true, enumerable: false });
+  }
+
+  // --- calls: the worker's entry points ---------------------------------------------------------
+  let factory = null;
+  let outcome;
+  let stash = null;
+
+  function makeRequest(method, url, headers, hasBody) {
+    internalHead = { method, url, headers: Headers.fromFlat(headers === "" ? [] : headers.split("\n"), false) };
+    const request = new Request();
+    BodyMixin.init(request, hasBody ? { source: "request" } : null);
+    return request;
+  }
+  function makeResponse(status, statusText, headers, url, hasBody) {
+    const response = new Response(null, { status, statusText });
+    Object.defineProperty(response, "url", { value: url });
+    BodyMixin.init(response, hasBody ? { source: "response" } : null);
+    // The upstream's headers, as received: appended without the constructor's validation cost.
+    const list = headers === "" ? [] : headers.split("\n");
+    const own = response.headers;
+    for (let i = 0; i < list.length; i += 2) own.append(list[i], list[i + 1]);
+    return response;
+  }
+  function serialiseBody(state) {
+    if (state === null) return null;
+    if (state.source !== undefined) return { h: state.source };
+    stash = state.bytes;
+    return { b: state.bytes.byteLength };
+  }
+  function thrown(error) {
+    try {
+      if (error instanceof HttpRequestBlockedError) {
+        return { t: "blocked", status: Number(error.status), message: String(error.message), statusText: String(error.statusText) };
+      }
+      if (error instanceof Error) return { t: "throw", name: String(error.name), message: String(error.message), stack: String(error.stack ?? "") };
+      return { t: "throw", name: typeof error, message: String(error), stack: "" };
+    } catch {
+      return { t: "throw", name: "Error", message: "the policy threw a value that cannot be described", stack: "" };
+    }
+  }
+  /** The common outcomes travel as numbers: QuickJS's JSON is the slowest part of a call. */
+  const codes = { false: 0, true: 1, unchanged: 2 };
+  function settle(phase, value, request) {
+    if (phase === "isRequestAllowed" || phase === "isIpAllowed") {
+      return typeof value === "boolean" ? (value ? codes.true : codes.false) : { t: "value", v: typeof value };
+    }
+    if (value === undefined || value === request) {
+      if (phase === "onResponse") return codes.unchanged;
+      const headers = request.headers;
+      const dirty = Headers.isDirty(headers);
+      const consumed = BodyMixin.usedOf(request);
+      if (!dirty && !consumed) return codes.unchanged;
+      return { t: "continue", headers: dirty ? Headers.flat(headers) : null, consumed };
+    }
+    if (value instanceof Response) {
+      if (value.bodyUsed) return { t: "bad", what: "a Response whose body was already read" };
+      return {
+        t: "response",
+        status: value.status,
+        statusText: value.statusText,
+        headers: Headers.flat(value.headers),
+        body: serialiseBody(BodyMixin.stateOf(value)),
+      };
+    }
+    if (phase === "onRequest" && value instanceof Request) {
+      if (value.bodyUsed) return { t: "bad", what: "a Request whose body was already read; return request.clone() instead" };
+      return {
+        t: "request",
+        method: value.method,
+        url: value.url,
+        headers: Headers.flat(value.headers),
+        body: serialiseBody(BodyMixin.stateOf(value)),
+      };
+    }
+    return { t: "bad", what: value === null ? "null" : typeof value };
+  }
+
+  /** Whether a value is a thenable; the check itself must not let a hostile getter escape. */
+  function isThenable(value) {
+    return value !== null && (typeof value === "object" || typeof value === "function") && typeof value.then === "function";
+  }
+  /** A settled outcome as the worker reads it: a code, or JSON when there is more to say. */
+  function encode(settled) {
+    if (typeof settled === "number" && logs.length === 0) return settled;
+    const full = typeof settled === "number" ? { t: "code", v: settled } : settled;
+    if (logs.length > 0) full.logs = logs;
+    return JSON.stringify(full);
+  }
+  const phases = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"];
+
+  return {
+    /**
+     * Called before the policy loads: freezes every builtin and the global object itself. A
+     * policy's writes to `globalThis` go to a fresh object made for each call instead.
+     */
+    freeze() {
+      const seen = new WeakSet();
+      const stack = [globalThis];
+      while (stack.length > 0) {
+        const value = stack.pop();
+        if ((typeof value !== "object" && typeof value !== "function") || value === null || seen.has(value)) continue;
+        seen.add(value);
+        for (const key of Reflect.ownKeys(value)) {
+          const desc = Object.getOwnPropertyDescriptor(value, key);
+          if (desc === undefined) continue;
+          if (hasOwn.call(desc, "value")) stack.push(desc.value);
+          else {
+            stack.push(desc.get);
+            stack.push(desc.set);
+          }
+        }
+        stack.push(Object.getPrototypeOf(value));
+        Object.freeze(value);
+      }
+    },
+    /**
+     * Takes the policy's factory (its top level, wrapped in a function of `globalThis`), runs it
+     * once to catch a top-level throw, and answers which phases it defines.
+     */
+    load(policyFactory) {
+      factory = policyFactory;
+      const scope = Object.create(globalThis);
+      const exported = factory.call(scope, scope);
+      return JSON.stringify(phases.filter((name) => typeof exported?.[name] === "function"));
+    },
+    /**
+     * One call from the compiled state: the factory runs again with a fresh `globalThis`, so
+     * module variables, the script's top-level bindings and globals are all new. Returns the
+     * outcome when the phase settles synchronously, or undefined; then the worker runs the
+     * pending jobs and asks finish().
+     */
+    call(phaseIndex, now, method, url, headers, hasBody, requestBody, status, statusText, responseHeaders, responseUrl, responseHasBody, responseBody) {
+      clock = now;
+      loaded.request = requestBody === undefined ? undefined : new Uint8Array(requestBody);
+      loaded.response = responseBody === undefined ? undefined : new Uint8Array(responseBody);
+      if (needed.size > 0) needed = new Set();
+      if (logs.length > 0) logs = [];
+      outcome = undefined;
+      stash = null;
+      const phase = phases[phaseIndex];
+      let request;
+      let args;
+      if (phase === "isIpAllowed") {
+        // method, url, headers, hasBody carry hostname, ip, family, port; requestBody the protocol.
+        args = [Object.freeze({ hostname: method, ip: url, family: headers, port: hasBody, protocol: requestBody })];
+        loaded.request = undefined;
+      } else if (phase === "onResponse") {
+        request = makeRequest(method, url, headers, false);
+        args = [makeResponse(status, statusText, responseHeaders, responseUrl, responseHasBody), request];
+      } else {
+        request = makeRequest(method, url, headers, phase === "onRequest" && hasBody);
+        args = [request];
+      }
+      let result;
+      try {
+        const scope = Object.create(globalThis);
+        result = factory.call(scope, scope)[phase](...args);
+        if (!isThenable(result)) return encode(settle(phase, result, request));
+      } catch (error) {
+        return encode(thrown(error));
+      }
+      Promise.resolve(result).then(
+        (value) => {
+          outcome = settle(phase, value, request);
+        },
+        (error) => {
+          outcome = thrown(error);
+        },
+      );
+      return undefined;
+    },
+    /** The outcome of an asynchronous call, once the pending jobs ran. */
+    finish() {
+      let settled = outcome;
+      if (settled === undefined) {
+        const need = [...needed];
+        settled = need.length > 0 ? { t: "need", which: need } : { t: "pending" };
+      }
+      outcome = undefined;
+      return encode(settled);
+    },
+    /** The bytes of a body the policy made, if the outcome has one. */
+    takeBytes() {
+      const bytes = stash;
+      stash = null;
+      return bytes === null ? undefined : copyBuffer(bytes);
+    },
+  };
+});

@@ -1,0 +1,71 @@
+import { parentPort, workerData, type MessagePort } from "node:worker_threads";
+import { bundlePolicy, PolicyLoadError } from "./bundle.js";
+import type { CallMessage, InitReply, WorkerInit } from "./protocol.js";
+import { Sandbox } from "./sandbox.js";
+
+/**
+ * A tier-2 worker thread: it owns one QuickJS sandbox and runs calls one at a time, in the
+ * order they arrive. Running here, not on the proxy's event loop, means a stuck native builtin
+ * or a deep stack can be stopped by terminating the thread, and TLS and streaming go on.
+ */
+const init = workerData as WorkerInit & { initPort: MessagePort };
+const heartbeat = new Float64Array(init.heartbeat);
+const port = parentPort!;
+
+async function load(): Promise<{ sandbox: Sandbox; code: string }> {
+  const { policy } = init;
+  const code =
+    "code" in policy
+      ? policy.code
+      : policy.kind === "script"
+        ? policy.source
+        : await bundlePolicy({
+            kind: policy.kind,
+            filename: policy.filename,
+            source: policy.source,
+            modules: policy.modules,
+            fromDisk: policy.fromDisk,
+          });
+  return { sandbox: await Sandbox.create(policy.kind, policy.filename, code, init.limits), code };
+}
+
+function signalReady(reply: InitReply): void {
+  init.initPort.postMessage({ init: reply });
+  const flag = new Int32Array(init.ready);
+  Atomics.store(flag, 0, 1);
+  Atomics.notify(flag, 0);
+}
+
+let sandbox: Sandbox;
+let code: string;
+try {
+  ({ sandbox, code } = await load());
+  signalReady({ ok: true, code, phases: sandbox.phases });
+} catch (error) {
+  const message = error instanceof PolicyLoadError ? error.message : `${init.policy.filename}: ${(error as Error).message}`;
+  signalReady({ ok: false, message });
+  process.exit(0);
+}
+
+const queue: CallMessage[] = [];
+let running = false;
+
+async function drain(): Promise<void> {
+  if (running) return;
+  running = true;
+  while (queue.length > 0) {
+    const message = queue.shift()!;
+    heartbeat[0] = performance.timeOrigin + performance.now();
+    const { reply, replace } = sandbox.call(message);
+    heartbeat[0] = 0;
+    port.postMessage(reply, reply.bytes !== undefined ? [reply.bytes.buffer as ArrayBuffer] : []);
+    // A call that hit a limit or tainted the realm leaves nothing behind: a fresh WASM instance.
+    if (replace) sandbox = await Sandbox.create(init.policy.kind, init.policy.filename, code, init.limits);
+  }
+  running = false;
+}
+
+port.on("message", (message: CallMessage) => {
+  queue.push(message);
+  void drain();
+});

@@ -1,0 +1,316 @@
+import { Readable } from "node:stream";
+import { validateHeaderName, validateHeaderValue } from "node:http";
+import { EgressError, badRequest } from "../errors.js";
+import { endToEndHeaders, getHeader, withoutHeaders, type HeaderList } from "../headers.js";
+import { BodyLimitError, BodyTap, decodable } from "../hooks/body-tap.js";
+import { hookFailure } from "../hooks/run-hook.js";
+import type { DjsEngine } from "../djs/engine.js";
+import type { BodyRef, CallMessage, CallReply, Outcome, PhaseName } from "../djs/protocol.js";
+import type { Logger } from "../log.js";
+import type { OutboundRequest } from "./exchange.js";
+import type { HookedResponse, HookLimits, OnRequestOutcome } from "./hook-phases.js";
+
+/**
+ * §3 for tier 2: the same phases as tier 3, but the request never becomes a WHATWG object in
+ * the proxy. Its head crosses to the policy's worker as flat fields, and its body only when the
+ * policy reads it: then the call ends, the proxy loads the body (within the limits), and the
+ * call runs again from the start with the bytes at hand. Fresh state and a fixed clock make that
+ * second run see exactly what the first did.
+ */
+export interface DjsRun {
+  readonly engine: DjsEngine;
+  readonly log: Logger | undefined;
+  readonly requestId: string;
+}
+
+const codeFalse = 0;
+const codeTrue = 1;
+const codeUnchanged = 2;
+const contentLengthHeaders = new Set(["content-length", "transfer-encoding"]);
+const encodedBodyHeaders = new Set(["content-encoding", "content-length"]);
+const methodToken = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+
+/** A header list for the policy: joined with LF, with `host` as it will be sent. */
+function joinHeaders(list: HeaderList, host?: string): string {
+  const all = host === undefined ? list : [...list, "host", host];
+  return all.join("\n");
+}
+
+function logConsole(run: DjsRun, reply: CallReply): void {
+  const lines = reply.outcome.logs;
+  if (lines === undefined || run.log === undefined) return;
+  for (const [level, text] of lines) {
+    const write = level === "debug" || level === "warn" || level === "error" ? run.log[level] : run.log.info;
+    write("policy console", { id: run.requestId, policy: run.engine.filename, text });
+  }
+}
+
+async function call(run: DjsRun, message: Omit<CallMessage, "id">): Promise<Outcome> {
+  const reply = await run.engine.call(message);
+  logConsole(run, reply);
+  if (reply.bytes !== undefined) (reply.outcome as { bytes?: Uint8Array }).bytes = reply.bytes;
+  return reply.outcome;
+}
+
+/** Every outcome that is not an answer: the guest gets 502, or the policy's own block status. */
+function failure(phase: PhaseName, outcome: Outcome, filename: string): EgressError {
+  switch (outcome.t) {
+    case "blocked":
+      return hookFailure(phase, { name: "HttpRequestBlockedError", status: outcome.status, message: outcome.message, statusText: outcome.statusText });
+    case "throw": {
+      const error = new Error(outcome.message);
+      error.name = `${outcome.name} (${filename})`;
+      return hookFailure(phase, error);
+    }
+    case "limit":
+      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy stopped: it hit its ${outcome.what} limit`, {
+        detail: `${filename}: ${phase} exceeded the ${outcome.what} limit`,
+      });
+    case "pending":
+      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned a promise that never settles`, { detail: filename });
+    case "bad":
+      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned ${outcome.what}`, { detail: filename });
+    case "value":
+      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned ${String(outcome.v)}, not a boolean`, { detail: filename });
+    default:
+      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy answered with something this phase cannot use (${outcome.t})`, { detail: filename });
+  }
+}
+
+/** A boolean check (`isRequestAllowed`, `isIpAllowed`): true or false, anything else throws. */
+function checkResult(phase: PhaseName, outcome: Outcome, filename: string): boolean {
+  if (outcome.t === "code" && (outcome.v === codeTrue || outcome.v === codeFalse)) return outcome.v === codeTrue;
+  throw failure(phase, outcome, filename);
+}
+
+/** `isRequestAllowed` in the policy: the request as it will leave, without its body. */
+export async function djsIsRequestAllowed(run: DjsRun, request: OutboundRequest): Promise<boolean> {
+  const outcome = await call(run, {
+    phase: "isRequestAllowed",
+    now: Date.now(),
+    method: request.method,
+    url: request.url.href,
+    headers: joinHeaders(request.headers, request.url.host),
+    hasBody: false,
+  });
+  return checkResult("isRequestAllowed", outcome, run.engine.filename);
+}
+
+export async function djsIsIpAllowed(
+  run: DjsRun,
+  info: { hostname: string; ip: string; family: number; port: number; protocol: string },
+): Promise<boolean> {
+  const outcome = await call(run, { phase: "isIpAllowed", now: Date.now(), method: "", url: "", headers: "", hasBody: false, info });
+  return checkResult("isIpAllowed", outcome, run.engine.filename);
+}
+
+/** A header list from the policy, checked as Node would check it before sending. */
+function policyHeaders(list: readonly string[], phase: PhaseName): HeaderList {
+  if (list.length % 2 !== 0) throw new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned a malformed header list`);
+  try {
+    for (let i = 0; i < list.length; i += 2) {
+      validateHeaderName(list[i]!);
+      validateHeaderValue(list[i]!, list[i + 1]!);
+    }
+  } catch (error) {
+    throw new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned an invalid header: ${(error as Error).message}`);
+  }
+  return endToEndHeaders([...list], new Set(["host"]));
+}
+
+/** Reads a whole body for the policy, within the hook body limit. */
+async function readAll(stream: ReadableStream<Uint8Array> | Readable, limit: number): Promise<Uint8Array> {
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for await (const chunk of stream as AsyncIterable<Uint8Array>) {
+    size += chunk.byteLength;
+    if (size > limit) throw new BodyLimitError(limit);
+    chunks.push(chunk);
+  }
+  return Buffer.concat(chunks);
+}
+
+function bytesBody(bytes: Uint8Array): Readable {
+  return Readable.from([Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)], { objectMode: false });
+}
+
+function withExactLength(headers: HeaderList, length: number): HeaderList {
+  return [...withoutHeaders(headers, contentLengthHeaders), "content-length", String(length)];
+}
+
+/** §3 step 2, tier 2. */
+export async function djsOnRequest(
+  run: DjsRun,
+  request: OutboundRequest,
+  tap: BodyTap | undefined,
+  limits: HookLimits,
+): Promise<OnRequestOutcome> {
+  const filename = run.engine.filename;
+  const now = Date.now();
+  let loaded: Uint8Array | undefined = request.body instanceof Uint8Array ? request.body : undefined;
+  const tooLarge = (): EgressError =>
+    new EgressError("EG_TOO_LARGE", 413, `the request body is larger than maxHttpBodyBytes (${limits.requestBodyBytes}) for a policy to read`);
+  for (let attempt = 0; ; attempt++) {
+    const outcome = await call(run, {
+      phase: "onRequest",
+      now,
+      method: request.method,
+      url: request.url.href,
+      headers: joinHeaders(request.headers, request.url.host),
+      hasBody: request.body !== null,
+      ...(loaded !== undefined ? { requestBody: loaded } : {}),
+    });
+    if (outcome.t === "need") {
+      if (attempt > 0 || loaded !== undefined || request.body === null || !outcome.which.every((w) => w === "request")) {
+        throw failure("onRequest", outcome, filename);
+      }
+      try {
+        loaded = await readAll(tap !== undefined ? tap.web : (request.body as Readable), limits.requestBodyBytes);
+      } catch (error) {
+        if (error instanceof BodyLimitError || tap?.limitHit === true) throw tooLarge();
+        throw new EgressError("EG_BAD_REQUEST", 400, `the request body could not be read for the policy: ${(error as Error).message}`);
+      } finally {
+        tap?.endHookPhase();
+      }
+      continue;
+    }
+    // The body, as the guest sent it, for whatever goes on: bytes once the policy has loaded them.
+    const original = (): Readable | Uint8Array | null => loaded ?? request.body;
+    const originalHeaders = (headers: HeaderList): HeaderList => (loaded !== undefined && request.body !== null ? withExactLength(headers, loaded.byteLength) : headers);
+    if (outcome.t === "code" && outcome.v === codeUnchanged) {
+      return { request: { ...request, headers: originalHeaders(request.headers), body: original() } };
+    }
+    if (outcome.t === "continue") {
+      if (outcome.consumed === true) throw badRequest("onRequest read the request body and then forwarded it; read request.clone() instead");
+      const headers = outcome.headers === null || outcome.headers === undefined ? request.headers : policyHeaders(outcome.headers, "onRequest");
+      return { request: { ...request, headers: originalHeaders(headers), body: original() } };
+    }
+    if (outcome.t === "request") {
+      let url: URL;
+      try {
+        url = new URL(outcome.url);
+      } catch {
+        throw new EgressError("EG_HOOK_FAILED", 502, "onRequest policy returned a Request with an invalid URL");
+      }
+      if (url.protocol !== "http:" && url.protocol !== "https:") {
+        throw new EgressError("EG_HOOK_FAILED", 502, `onRequest policy returned a Request for a non-HTTP URL (${url.protocol})`);
+      }
+      url.hash = "";
+      if (!methodToken.test(outcome.method)) throw new EgressError("EG_HOOK_FAILED", 502, "onRequest policy returned an invalid method");
+      let headers = policyHeaders(outcome.headers, "onRequest");
+      const body = requestBodyOf(outcome.body, outcome, original, "onRequest");
+      if (body instanceof Uint8Array) headers = withExactLength(headers, body.byteLength);
+      else if (body === null) headers = withoutHeaders(headers, contentLengthHeaders);
+      return { request: { method: outcome.method, url, headers, body } };
+    }
+    if (outcome.t === "response") {
+      const body = requestBodyOf(outcome.body, outcome, original, "onRequest");
+      return { response: policyResponse(outcome, body instanceof Uint8Array ? bytesBody(body) : body, "onRequest") };
+    }
+    throw failure("onRequest", outcome, filename);
+  }
+}
+
+function requestBodyOf(
+  ref: BodyRef,
+  outcome: Outcome,
+  original: () => Readable | Uint8Array | null,
+  phase: PhaseName,
+): Readable | Uint8Array | null {
+  if (ref === null) return null;
+  if ("b" in ref) return (outcome as { bytes?: Uint8Array }).bytes ?? new Uint8Array(0);
+  if (ref.h === "request") return original();
+  throw new EgressError("EG_HOOK_FAILED", 502, `${phase} policy used a response body where there is none`);
+}
+
+function policyResponse(outcome: Extract<Outcome, { t: "response" }>, body: Readable | null, phase: PhaseName): HookedResponse {
+  if (!Number.isInteger(outcome.status) || outcome.status < 200 || outcome.status > 599) {
+    throw new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned a Response with status ${outcome.status}`);
+  }
+  return { status: outcome.status, headers: withoutHeaders(policyHeaders(outcome.headers, phase), contentLengthHeaders), body };
+}
+
+/**
+ * §3 step 7, tier 2. The policy sees the response decoded (gzip, deflate, br); if it lets the
+ * response through, the guest gets the original bytes, including what the policy read.
+ */
+export async function djsOnResponse(
+  run: DjsRun,
+  upstream: HookedResponse,
+  request: OutboundRequest,
+  limits: HookLimits,
+): Promise<HookedResponse & { readonly replaced: boolean; readonly discard: () => void }> {
+  const filename = run.engine.filename;
+  if (upstream.status < 200 || upstream.status > 599) {
+    throw new EgressError("EG_UPSTREAM", 502, `upstream answered status ${upstream.status}, which policies cannot represent`);
+  }
+  const encoding = getHeader(upstream.headers, "content-encoding");
+  const decode = decodable(encoding);
+  const shownHeaders = decode ? withoutHeaders(upstream.headers, encodedBodyHeaders) : upstream.headers;
+  const discard = (): void => {
+    upstream.body?.destroy();
+  };
+  const tooLarge = (): EgressError => {
+    discard();
+    return new EgressError("EG_UPSTREAM", 502, `the response body is larger than maxHttpResponseBodyBytes (${limits.responseBodyBytes}) for a policy to read`);
+  };
+  const now = Date.now();
+  let tap: BodyTap | undefined;
+  let loaded: Uint8Array | undefined;
+  for (let attempt = 0; ; attempt++) {
+    let outcome: Outcome;
+    try {
+      outcome = await call(run, {
+        phase: "onResponse",
+        now,
+        method: request.method,
+        url: request.url.href,
+        headers: joinHeaders(request.headers, request.url.host),
+        hasBody: false,
+        response: { status: upstream.status, statusText: "", headers: joinHeaders(shownHeaders), url: request.url.href, hasBody: upstream.body !== null },
+        ...(loaded !== undefined ? { responseBody: loaded } : {}),
+      });
+    } catch (error) {
+      discard();
+      throw error;
+    }
+    if (outcome.t === "need" && attempt === 0 && upstream.body !== null && outcome.which.every((w) => w === "response")) {
+      tap = new BodyTap(upstream.body, { limit: limits.responseBodyBytes, record: true, ...(decode ? { encoding: encoding! } : {}) });
+      try {
+        loaded = await readAll(tap.web, limits.responseBodyBytes);
+      } catch (error) {
+        if (error instanceof BodyLimitError || tap.limitHit) throw tooLarge();
+        discard();
+        throw new EgressError("EG_UPSTREAM", 502, `the upstream response body failed while the policy read it: ${(error as Error).message}`);
+      }
+      tap.endHookPhase();
+      continue;
+    }
+    if ((outcome.t === "code" && outcome.v === codeUnchanged) || outcome.t === "continue") {
+      return { ...upstream, body: tap === undefined ? upstream.body : tap.replay(), replaced: false, discard };
+    }
+    if (outcome.t === "response") {
+      let body: Readable | null;
+      const ref = outcome.body;
+      try {
+        if (ref === null) body = null;
+        else if ("b" in ref) body = bytesBody((outcome as { bytes?: Uint8Array }).bytes ?? new Uint8Array(0));
+        else if (ref.h === "response") {
+          // The original body, passed on without entering the sandbox: decoded, as the policy saw it.
+          if (loaded !== undefined) body = bytesBody(loaded);
+          else if (upstream.body === null) body = null;
+          else body = decode ? Readable.from(new BodyTap(upstream.body, { limit: Number.MAX_SAFE_INTEGER, record: false, encoding: encoding! }).web) : upstream.body;
+        } else {
+          throw new EgressError("EG_HOOK_FAILED", 502, "onResponse policy used the request body, which has already been sent");
+        }
+        const passedOn = ref !== null && !("b" in ref) && loaded === undefined;
+        return { ...policyResponse(outcome, body, "onResponse"), replaced: true, discard: passedOn ? () => undefined : discard };
+      } catch (error) {
+        discard();
+        throw error;
+      }
+    }
+    discard();
+    throw failure("onResponse", outcome, filename);
+  }
+}
