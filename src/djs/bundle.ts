@@ -101,7 +101,67 @@ function loaderFor(file: string, kind: PolicyKind | undefined): "ts" | "js" | "j
 
 function describe(message: Message): string {
   const at = message.location;
-  return at === null ? message.text : `${at.file}:${at.line}:${at.column + 1}: ${message.text}`;
+  if (at === null) return message.text;
+  const file = at.file.startsWith(`${virtualNamespace}:`) ? at.file.slice(virtualNamespace.length + 1) : at.file;
+  return `${file}:${at.line}:${at.column + 1}: ${message.text}`;
+}
+
+/** A bundled policy: the factory's source, and a source map to name positions in the policy's own files. */
+export interface BundledPolicy {
+  readonly code: string;
+  readonly map: string | undefined;
+}
+
+const vlqDigits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/** Decodes one source-map segment: base64 VLQ numbers, each relative to the previous segment's. */
+function decodeSegment(segment: string): number[] {
+  const values: number[] = [];
+  let value = 0;
+  let shift = 0;
+  for (const ch of segment) {
+    const digit = vlqDigits.indexOf(ch);
+    value += (digit & 31) << shift;
+    if (digit & 32) {
+      shift += 5;
+      continue;
+    }
+    values.push(value & 1 ? -(value >>> 1) : value >>> 1);
+    value = 0;
+    shift = 0;
+  }
+  return values;
+}
+
+/**
+ * Maps a position in the factory (1-based line, as QuickJS reports it) to the policy's own file
+ * and line. The factory has one line of wrapper before the bundle.
+ */
+export function locate(map: string | undefined, line: number, column: number): { file: string; line: number; column: number } | undefined {
+  if (map === undefined) return undefined;
+  const parsed = JSON.parse(map) as { sources: string[]; mappings: string };
+  const lines = parsed.mappings.split(";");
+  const target = line - 2;
+  const state = [0, 0, 0, 0];
+  let best: { file: string; line: number; column: number } | undefined;
+  for (let l = 0; l < lines.length && l <= target; l++) {
+    let genColumn = 0;
+    for (const segment of lines[l]!.split(",")) {
+      if (segment === "") continue;
+      const [dCol = 0, dSrc, dLine, dSrcCol] = decodeSegment(segment);
+      genColumn += dCol;
+      if (dSrc === undefined) continue;
+      state[1]! += dSrc;
+      state[2]! += dLine ?? 0;
+      state[3]! += dSrcCol ?? 0;
+      if (l === target && genColumn <= Math.max(0, column - 1)) {
+        const source = parsed.sources[state[1]!] ?? "";
+        const file = source.startsWith(`${virtualNamespace}:`) ? source.slice(virtualNamespace.length + 1) : source;
+        best = { file, line: state[2]! + 1, column: state[3]! + 1 };
+      }
+    }
+  }
+  return best;
 }
 
 /**
@@ -109,7 +169,7 @@ function describe(message: Message): string {
  * is a factory: calling it runs the policy's top level again and returns its exports. Every
  * call of a phase starts from such a fresh run (DESIGN §2).
  */
-export async function bundlePolicy(input: BundleInput): Promise<string> {
+export async function bundlePolicy(input: BundleInput): Promise<BundledPolicy> {
   const root = path.dirname(path.resolve(input.filename));
   try {
     const result = await build({
@@ -124,10 +184,16 @@ export async function bundlePolicy(input: BundleInput): Promise<string> {
       conditions: [],
       charset: "utf8",
       logLevel: "silent",
+      sourcemap: "external",
+      sourceRoot: "",
+      outfile: path.join(root, "policy.bundle.js"),
       plugins: [guard(input, root)],
     });
-    const code = result.outputFiles?.[0]?.text ?? "";
-    return `(function (globalThis) {\n${code}\nreturn ${exportsName};\n})`;
+    const files = result.outputFiles ?? [];
+    const code = files.find((f) => f.path.endsWith(".js"))?.text ?? "";
+    const map = files.find((f) => f.path.endsWith(".map"))?.text;
+    // ES modules are strict; esbuild's IIFE leaves that out, so the wrapper says it.
+    return { code: `(function (globalThis) { "use strict";\n${code}\nreturn ${exportsName};\n})`, map };
   } catch (error) {
     const failure = error as { errors?: Message[] };
     if (Array.isArray(failure.errors) && failure.errors.length > 0) {

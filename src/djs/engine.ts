@@ -84,13 +84,14 @@ export class DjsEngine {
     readonly filename: string,
     kind: PolicyKind,
     code: string,
+    map: string | undefined,
     phases: readonly PhaseName[],
     readonly limits: DjsLimits,
     first: Spawned,
     poolSize: number,
   ) {
     this.phases = new Set(phases);
-    this.policy = { kind, filename, code };
+    this.policy = { kind, filename, code, map };
     this.slots.push(this.attach(first, true));
     for (let i = 1; i < poolSize; i++) this.slots.push(this.attach(spawn(this.policy, limits), false));
   }
@@ -114,7 +115,7 @@ export class DjsEngine {
       void started.worker.terminate();
       throw new PolicyLoadError(reply.message);
     }
-    return new DjsEngine(policy.filename, policy.kind, reply.code, reply.phases, limits, started, poolSize);
+    return new DjsEngine(policy.filename, policy.kind, reply.code, reply.map, reply.phases, limits, started, poolSize);
   }
 
   private attach(spawned: Spawned, loaded: boolean): Slot {

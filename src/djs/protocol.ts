@@ -27,7 +27,7 @@ export type PolicySource =
       readonly modules: Readonly<Record<string, string>>;
       readonly fromDisk: boolean;
     }
-  | { readonly kind: PolicyKind; readonly filename: string; readonly code: string };
+  | { readonly kind: PolicyKind; readonly filename: string; readonly code: string; readonly map: string | undefined };
 
 export interface WorkerInit {
   readonly policy: PolicySource;
@@ -39,7 +39,7 @@ export interface WorkerInit {
 }
 
 export type InitReply =
-  | { readonly ok: true; readonly code: string; readonly phases: PhaseName[] }
+  | { readonly ok: true; readonly code: string; readonly map: string | undefined; readonly phases: PhaseName[] }
   | { readonly ok: false; readonly message: string };
 
 /** The address `isIpAllowed` is asked about. */

@@ -1,7 +1,7 @@
 import { readFileSync } from "node:fs";
 import releaseSync from "@jitl/quickjs-wasmfile-release-sync";
-import { newQuickJSWASMModuleFromVariant, type QuickJSSyncVariant, type QuickJSContext, type QuickJSHandle, type QuickJSRuntime } from "quickjs-emscripten-core";
-import { PolicyLoadError } from "./bundle.js";
+import { newQuickJSWASMModuleFromVariant, newVariant, type QuickJSSyncVariant, type QuickJSContext, type QuickJSHandle, type QuickJSRuntime } from "quickjs-emscripten-core";
+import { locate, PolicyLoadError } from "./bundle.js";
 import { phaseNames, type CallMessage, type CallReply, type DjsLimits, type Outcome, type PhaseName, type PolicyKind } from "./protocol.js";
 
 // The bellard build, synchronous (no asyncify): about twice as fast as quickjs-ng here (DESIGN §7).
@@ -14,6 +14,12 @@ const scriptExports = `\n;return { ${phaseNames.map((n) => `${n}: typeof ${n} ==
 function urlParts(url: URL): string {
   return [url.href, url.origin, url.protocol, url.username, url.password, url.host, url.hostname, url.port, url.pathname, url.search, url.hash].join("\n");
 }
+/** The WebAssembly global: @types/node declares its types but not the value. */
+type WasmMemory = { readonly buffer: ArrayBuffer };
+const wasm = (globalThis as unknown as { WebAssembly: { Memory: new (d: { initial: number; maximum: number }) => WasmMemory } }).WebAssembly;
+
+/** What the emscripten build starts with (its stack, the runtime, the prelude); the policy's limit comes on top. */
+const baseHeapBytes = 16 * 1024 * 1024;
 const settableParts = new Set(["href", "protocol", "username", "password", "host", "hostname", "port", "pathname", "search", "hash"]);
 
 /** The limit a QuickJS error stands for, if it is one: limits end the call, whatever the policy did. */
@@ -39,20 +45,35 @@ export class Sandbox {
   private finishFn!: QuickJSHandle;
   private takeBytesFn!: QuickJSHandle;
   phases: PhaseName[] = [];
+  private memory = { buffer: (): number => 0, max: Infinity };
+
+  /** A heap grown to its cap stays that size: the next call could not allocate, so start afresh. */
+  private get memoryExhausted(): boolean {
+    return this.memory.buffer() + 1024 * 1024 > this.memory.max;
+  }
 
   private constructor(
     private readonly runtime: QuickJSRuntime,
     private readonly ctx: QuickJSContext,
     private readonly limits: DjsLimits,
+    private readonly kind: PolicyKind,
+    private readonly filename: string,
+    private readonly map: string | undefined,
   ) {}
 
-  static async create(kind: PolicyKind, filename: string, code: string, limits: DjsLimits): Promise<Sandbox> {
-    const module = await newQuickJSWASMModuleFromVariant(variant);
+  static async create(kind: PolicyKind, filename: string, code: string, map: string | undefined, limits: DjsLimits): Promise<Sandbox> {
+    // QuickJS's own memory limit counts allocations, not bytes, in this build (it cannot ask
+    // emscripten's malloc for block sizes): a policy could grow the heap without bound. The
+    // WASM memory's maximum is the real cap; allocations past it fail as "out of memory".
+    const pages = Math.ceil((baseHeapBytes + limits.memoryBytes) / 65536);
+    const wasmMemory = new wasm.Memory({ initial: baseHeapBytes / 65536, maximum: pages });
+    const module = await newQuickJSWASMModuleFromVariant(newVariant(variant, { wasmMemory }));
     const runtime = module.newRuntime();
     runtime.setMemoryLimit(limits.memoryBytes);
     runtime.setMaxStackSize(limits.stackBytes);
     const ctx = runtime.newContext();
-    const sandbox = new Sandbox(runtime, ctx, limits);
+    const sandbox = new Sandbox(runtime, ctx, limits, kind, filename, map);
+    sandbox.memory = { buffer: () => wasmMemory.buffer.byteLength, max: pages * 65536 };
     runtime.setInterruptHandler(() => {
       if (performance.now() < sandbox.deadline) return false;
       sandbox.interrupted = true;
@@ -68,9 +89,23 @@ export class Sandbox {
     result.error.dispose();
     const limit = limitOf(error, this.interrupted);
     if (limit !== undefined) throw new PolicyLoadError(`${what}: the ${limit} limit was hit while loading`);
-    const where = /:(\d+):(\d+)/.exec(error?.stack ?? "");
-    const at = where === null ? "" : `:${where[1]}:${where[2]}`;
-    throw new PolicyLoadError(`${what}${at}: ${error?.name ?? "Error"}: ${error?.message ?? String(error)}`);
+    const position = what === this.filename ? this.position(error?.stack ?? "") : undefined;
+    throw new PolicyLoadError(`${position ?? what}: ${error?.name ?? "Error"}: ${error?.message ?? String(error)}`);
+  }
+
+  /**
+   * `file:line:column` in the policy's own source for the first frame of a QuickJS stack: through
+   * the source map for a bundle, or past the Function wrapper's two lines for a script.
+   */
+  position(stack: string): string | undefined {
+    const escaped = this.filename.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+    const where = new RegExp(`${escaped}:(\\d+)(?::(\\d+))?`).exec(stack) ?? /\(<input>:(\d+)(?::(\d+))?\)/.exec(stack);
+    if (where === null) return undefined;
+    const line = Number(where[1]);
+    const column = Number(where[2] ?? 1);
+    if (this.kind === "script") return `${this.filename}:${Math.max(1, line - 2)}:${column}`;
+    const found = locate(this.map, line, column);
+    return found === undefined ? `${this.filename}:${line}:${column}` : `${found.file}:${found.line}:${found.column}`;
   }
 
   private install(kind: PolicyKind, filename: string, code: string): void {
@@ -169,6 +204,26 @@ export class Sandbox {
     this.deadline = performance.now() + this.limits.timeoutMs;
     const args = this.arguments(message);
     try {
+      const result = this.run(message, args);
+      if (!this.memoryExhausted) return result;
+      // Whatever the policy made of it (an allocation that failed inside a builtin surfaces as
+      // a RangeError), a call that used up the heap has hit the memory limit.
+      const outcome = result.reply.outcome;
+      const failedCall = outcome.t === "throw" || outcome.t === "limit";
+      return { reply: failedCall ? { id: message.id, outcome: { t: "limit", what: "memory" } } : result.reply, replace: true };
+    } catch (error) {
+      // The WASM itself failed (a trap, or the host's own stack): nothing in it can be trusted.
+      const what = error instanceof RangeError ? "stack" : "sandbox";
+      return { reply: { id: message.id, outcome: { t: "limit", what } }, replace: true };
+    } finally {
+      this.deadline = Infinity;
+      for (const handle of args) if (handle.alive && handle !== ctx.undefined) handle.dispose();
+    }
+  }
+
+  private run(message: CallMessage, args: QuickJSHandle[]): { reply: CallReply; replace: boolean } {
+    const { ctx, runtime } = this;
+    {
       const started = ctx.callFunction(this.callFn, this.api, ...args);
       if (started.error !== undefined) return this.failed(message.id, started.error);
       let result = started.value;
@@ -189,7 +244,14 @@ export class Sandbox {
       }
       const json = ctx.getString(result);
       result.dispose();
-      const outcome = JSON.parse(json) as Outcome;
+      let outcome = JSON.parse(json) as Outcome;
+      if (outcome.t === "throw") {
+        // An exhausted stack or heap that escaped the policy reaches the prelude's catch as an
+        // InternalError: it is the limit, not the policy, that answers.
+        const limit = outcome.name === "InternalError" ? limitOf(outcome, false) : undefined;
+        if (limit !== undefined) return { reply: { id: message.id, outcome: { t: "limit", what: limit } }, replace: true };
+        outcome = { ...outcome, stack: this.position(outcome.stack) ?? "" };
+      }
       let bytes: Uint8Array | undefined;
       if ((outcome.t === "request" || outcome.t === "response") && outcome.body !== null && "b" in outcome.body) {
         const taken = ctx.callFunction(this.takeBytesFn, this.api);
@@ -203,9 +265,6 @@ export class Sandbox {
         return { reply: { id: message.id, outcome: { t: "limit", what: "return size" } }, replace: false };
       }
       return { reply: { id: message.id, outcome, ...(bytes !== undefined ? { bytes } : {}) }, replace: false };
-    } finally {
-      this.deadline = Infinity;
-      for (const handle of args) if (handle.alive && handle !== ctx.undefined) handle.dispose();
     }
   }
 
@@ -245,11 +304,12 @@ export class Sandbox {
     const limit = limitOf(error, this.interrupted);
     if (limit !== undefined) return { reply: { id, outcome: { t: "limit", what: limit } }, replace: true };
     const e = error as { name?: unknown; message?: unknown; stack?: unknown } | undefined;
+    const stack = String(e?.stack ?? "");
     const outcome: Outcome = {
       t: "throw",
       name: String(e?.name ?? "Error"),
       message: String(e?.message ?? error),
-      stack: String(e?.stack ?? ""),
+      stack: this.position(stack) ?? stack,
     };
     // The sandbox's own code failed (not the policy's, which is caught inside): start afresh.
     return { reply: { id, outcome }, replace: true };

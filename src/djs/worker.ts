@@ -12,13 +12,13 @@ const init = workerData as WorkerInit & { initPort: MessagePort };
 const heartbeat = new Float64Array(init.heartbeat);
 const port = parentPort!;
 
-async function load(): Promise<{ sandbox: Sandbox; code: string }> {
+async function load(): Promise<{ sandbox: Sandbox; code: string; map: string | undefined }> {
   const { policy } = init;
-  const code =
+  const { code, map } =
     "code" in policy
-      ? policy.code
+      ? policy
       : policy.kind === "script"
-        ? policy.source
+        ? { code: policy.source, map: undefined }
         : await bundlePolicy({
             kind: policy.kind,
             filename: policy.filename,
@@ -26,7 +26,7 @@ async function load(): Promise<{ sandbox: Sandbox; code: string }> {
             modules: policy.modules,
             fromDisk: policy.fromDisk,
           });
-  return { sandbox: await Sandbox.create(policy.kind, policy.filename, code, init.limits), code };
+  return { sandbox: await Sandbox.create(policy.kind, policy.filename, code, map, init.limits), code, map };
 }
 
 function signalReady(reply: InitReply): void {
@@ -38,9 +38,10 @@ function signalReady(reply: InitReply): void {
 
 let sandbox: Sandbox;
 let code: string;
+let map: string | undefined;
 try {
-  ({ sandbox, code } = await load());
-  signalReady({ ok: true, code, phases: sandbox.phases });
+  ({ sandbox, code, map } = await load());
+  signalReady({ ok: true, code, map, phases: sandbox.phases });
 } catch (error) {
   const message = error instanceof PolicyLoadError ? error.message : `${init.policy.filename}: ${(error as Error).message}`;
   signalReady({ ok: false, message });
@@ -60,7 +61,7 @@ async function drain(): Promise<void> {
     heartbeat[0] = 0;
     port.postMessage(reply, reply.bytes !== undefined ? [reply.bytes.buffer as ArrayBuffer] : []);
     // A call that hit a limit or tainted the realm leaves nothing behind: a fresh WASM instance.
-    if (replace) sandbox = await Sandbox.create(init.policy.kind, init.policy.filename, code, init.limits);
+    if (replace) sandbox = await Sandbox.create(init.policy.kind, init.policy.filename, code, map, init.limits);
   }
   running = false;
 }

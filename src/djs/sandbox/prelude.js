@@ -793,12 +793,45 @@
   }
   const phases = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"];
 
+  /**
+   * Freezing a prototype makes its data properties read-only for every object that inherits
+   * them: `this.name = "MyError"` or `obj.toString = f` would throw (the "override mistake").
+   * These become accessors whose setter defines an own property on the object instead.
+   */
+  function tame(proto, keys) {
+    for (const key of keys) {
+      const desc = Object.getOwnPropertyDescriptor(proto, key);
+      if (desc === undefined || !hasOwn.call(desc, "value")) continue;
+      const value = desc.value;
+      Object.defineProperty(proto, key, {
+        get() {
+          return value;
+        },
+        set(next) {
+          if (this === proto) throw new TypeError(`Cannot assign to read only property '${String(key)}' of a builtin`);
+          Object.defineProperty(this, key, { value: next, writable: true, enumerable: true, configurable: true });
+        },
+        enumerable: desc.enumerable,
+        configurable: false,
+      });
+    }
+  }
+  function tameBuiltins() {
+    tame(Object.prototype, Object.getOwnPropertyNames(Object.prototype));
+    tame(Function.prototype, ["constructor", "toString", "name"]);
+    tame(Array.prototype, ["constructor", "toString"]);
+    tame(Promise.prototype, ["constructor"]);
+    const errors = [Error, TypeError, RangeError, SyntaxError, ReferenceError, EvalError, URIError, globalThis.InternalError, globalThis.AggregateError];
+    for (const E of errors) if (typeof E === "function") tame(E.prototype, ["name", "message", "constructor", "toString"]);
+  }
+
   return {
     /**
      * Called before the policy loads: freezes every builtin and the global object itself. A
      * policy's writes to `globalThis` go to a fresh object made for each call instead.
      */
     freeze() {
+      tameBuiltins();
       const seen = new WeakSet();
       const stack = [globalThis];
       while (stack.length > 0) {

@@ -1,0 +1,13 @@
+import variant from "@jitl/quickjs-wasmfile-release-sync";
+import { newQuickJSWASMModuleFromVariant } from "quickjs-emscripten-core";
+const mod = await newQuickJSWASMModuleFromVariant(variant) as any;
+console.log(Object.keys(mod), Object.keys(mod.module ?? {}).filter(k => /HEAP|memory|wasmMemory|grow/i.test(k)));
+const em = mod.module;
+const size = () => (em.HEAPU8 ?? em.HEAP8).byteLength;
+const rt = mod.newRuntime(); rt.setMemoryLimit(8 << 20);
+const ctx = rt.newContext();
+console.log("before", size());
+let calls = 0;
+rt.setInterruptHandler(() => { calls++; return false; });
+const r = ctx.evalCode(`const a = []; for (let i = 0; i < 40; i++) a.push(new Uint8Array(1 << 20)); a.length`);
+console.log(ctx.dump(r.value), "after", size(), "interrupt calls", calls);

@@ -1,0 +1,36 @@
+import { onTestFinished } from "vitest";
+import { createDjsHooks, type DjsHooks, type DjsHooksOptions } from "../../src/index.js";
+import type { CallMessage, Outcome, PhaseName } from "../../src/djs/protocol.js";
+
+/** Loads a policy and stops its workers when the test ends. */
+export function loadPolicy(policy: string | DjsHooksOptions): DjsHooks {
+  const { djsHooks } = createDjsHooks(policy);
+  onTestFinished(() => djsHooks.close());
+  return djsHooks;
+}
+
+const defaults = {
+  now: 1_700_000_000_000,
+  method: "GET",
+  url: "https://api.test/path?q=1",
+  headers: "accept\n*/*\nhost\napi.test",
+  hasBody: false,
+};
+
+/** One call straight to the policy's workers, as the pipeline makes it. */
+export async function callPhase(
+  djsHooks: DjsHooks,
+  phase: PhaseName,
+  fields: Partial<Omit<CallMessage, "id" | "phase">> = {},
+): Promise<Outcome & { bytes?: Uint8Array }> {
+  const reply = await djsHooks.engine.call({ ...defaults, ...fields, phase });
+  return reply.bytes === undefined ? reply.outcome : { ...reply.outcome, bytes: reply.bytes };
+}
+
+/** The header list a `continue` outcome carries, as an object. */
+export function headersOf(outcome: Outcome): Record<string, string> {
+  const list = (outcome as { headers?: string[] | null }).headers ?? [];
+  const out: Record<string, string> = {};
+  for (let i = 0; i < list.length; i += 2) out[list[i]!] = list[i + 1]!;
+  return out;
+}

@@ -1,0 +1,299 @@
+import { describe, expect, it } from "vitest";
+import { callPhase, headersOf, loadPolicy } from "../helpers/djs.js";
+
+describe("tier-2 sandbox: fresh state on every call", () => {
+  it("a counter in a global and in a module variable reads 1 on every call", async () => {
+    const policy = loadPolicy({
+      filename: "counter.mjs",
+      source: `
+        let count = 0;
+        export function onRequest(request) {
+          count++;
+          globalThis.hits = (globalThis.hits ?? 0) + 1;
+          request.headers.set("x-count", count + "/" + globalThis.hits);
+        }`,
+    });
+    for (let i = 0; i < 4; i++) {
+      const outcome = await callPhase(policy, "onRequest");
+      expect(headersOf(outcome)["x-count"]).toBe("1/1");
+    }
+  });
+
+  it("a script's top-level var and an implicit global are fresh on every call too", async () => {
+    const policy = loadPolicy({
+      filename: "counter.js",
+      source: `
+        var count = 0;
+        function onRequest(request) {
+          count++;
+          this.seen = (this.seen || 0) + 1;
+          request.headers.set("x-count", count + "/" + this.seen);
+        }`,
+    });
+    for (let i = 0; i < 3; i++) expect(headersOf(await callPhase(policy, "onRequest"))["x-count"]).toBe("1/1");
+  });
+
+  it("prototype pollution of Object.prototype does not reach the next call", async () => {
+    const policy = loadPolicy(`
+      export function onRequest(request) {
+        let polluted = "no";
+        try { Object.prototype.polluted = "yes"; } catch { polluted = "refused"; }
+        request.headers.set("x-before", String(({}).polluted));
+        request.headers.set("x-write", polluted);
+      }`);
+    const first = headersOf(await callPhase(policy, "onRequest"));
+    const second = headersOf(await callPhase(policy, "onRequest"));
+    expect(first["x-write"]).toBe("refused");
+    expect(second["x-before"]).toBe("undefined");
+  });
+
+  it("Date.now is the proxy's clock at the call's start and cannot be overwritten", async () => {
+    const policy = loadPolicy(`
+      export function onRequest(request) {
+        let overwrite = "kept";
+        try { Date.now = () => 1; } catch { overwrite = "refused"; }
+        request.headers.set("x-now", String(Date.now()));
+        request.headers.set("x-new-date", String(new Date().getTime()));
+        request.headers.set("x-overwrite", overwrite);
+        request.headers.set("x-instance", String(new Date(0) instanceof Date));
+      }`);
+    const h = headersOf(await callPhase(policy, "onRequest", { now: 1_234_567 }));
+    expect(h).toMatchObject({ "x-now": "1234567", "x-new-date": "1234567", "x-overwrite": "refused", "x-instance": "true" });
+    expect(headersOf(await callPhase(policy, "onRequest", { now: 42 }))["x-now"]).toBe("42");
+  });
+
+  it("the host cannot be reached: no process, require, fetch, timers or crypto, even through Function", async () => {
+    const policy = loadPolicy(`
+      export function onRequest(request) {
+        let escaped;
+        try { escaped = globalThis.constructor.constructor("return process")(); } catch (e) { escaped = e.name; }
+        request.headers.set("x-escape", String(escaped));
+        for (const name of ["process", "require", "fetch", "setTimeout", "setInterval", "crypto", "WebAssembly", "Deno", "Bun", "std", "os", "ReadableStream", "Blob", "FormData"]) {
+          request.headers.set("x-" + name.toLowerCase(), typeof globalThis[name]);
+        }
+        request.headers.set("x-eval-this", String(Object.isFrozen((0, eval)("this"))));
+      }`);
+    const h = headersOf(await callPhase(policy, "onRequest"));
+    expect(h["x-escape"]).toBe("ReferenceError");
+    for (const name of ["process", "require", "fetch", "settimeout", "setinterval", "crypto", "webassembly", "deno", "bun", "std", "os", "readablestream", "blob", "formdata"]) {
+      expect(h[`x-${name}`], name).toBe("undefined");
+    }
+    expect(h["x-eval-this"]).toBe("true");
+  });
+
+  it("a global made permanent through the real global object is refused, not kept", async () => {
+    const policy = loadPolicy(`
+      export function onRequest(request) {
+        const real = (0, eval)("this");
+        let result = "kept";
+        try { Object.defineProperty(real, "stash", { value: 1 }); } catch (e) { result = e.name; }
+        request.headers.set("x-define", result);
+        request.headers.set("x-stash", typeof real.stash);
+      }`);
+    const h = headersOf(await callPhase(policy, "onRequest"));
+    expect(h).toMatchObject({ "x-define": "TypeError", "x-stash": "undefined" });
+  });
+});
+
+describe("tier-2 sandbox: the web API shim", () => {
+  it("URL parses exactly as Node's WHATWG URL does", async () => {
+    const inputs: [string, string | undefined][] = [
+      ["HTTP://EXAMPLE.com:80/a/../b?x=1#frag", undefined],
+      ["https://user:pa%20ss@host.test:8443/p", undefined],
+      ["http://0x7f.1/", undefined],
+      ["http://[::ffff:127.0.0.1]/", undefined],
+      ["https://xn--nxasmq6b.test/ä?ö=ü", undefined],
+      ["../up?q", "https://a.test/b/c/d"],
+      ["  https://trim.test/\t\n", undefined],
+      ["https://a.test/\0nul", undefined],
+    ];
+    const policy = loadPolicy(`
+      export function onRequest(request) {
+        const cases = JSON.parse(request.headers.get("x-cases"));
+        const out = cases.map(([input, base]) => {
+          try {
+            const u = base === null ? new URL(input) : new URL(input, base);
+            return [u.href, u.origin, u.protocol, u.username, u.password, u.host, u.hostname, u.port, u.pathname, u.search, u.hash];
+          } catch (e) { return e.name; }
+        });
+        return new Response(JSON.stringify(out));
+      }`);
+    const outcome = await callPhase(policy, "onRequest", { headers: `x-cases\n${JSON.stringify(inputs.map(([i, b]) => [i, b ?? null]))}` });
+    expect(outcome.t).toBe("response");
+    const got = JSON.parse(Buffer.from(outcome.bytes!).toString("utf8")) as unknown[];
+    const want = inputs.map(([input, base]) => {
+      try {
+        const u = new URL(input, base);
+        return [u.href, u.origin, u.protocol, u.username, u.password, u.host, u.hostname, u.port, u.pathname, u.search, u.hash];
+      } catch (e) {
+        return (e as Error).name;
+      }
+    });
+    expect(got).toEqual(want);
+  });
+
+  it("URL setters and searchParams stay in step, and URLSearchParams serialises like Node's", async () => {
+    const policy = loadPolicy(`
+      export function onRequest(request) {
+        const u = new URL("https://a.test/p?keep=1&drop=2");
+        u.searchParams.delete("drop");
+        u.searchParams.append("sp ace", "a+b&c=d~!'()*");
+        u.hostname = "b.test";
+        u.pathname = "/new path";
+        request.headers.set("x-url", u.href);
+        request.headers.set("x-params", new URLSearchParams({ a: "1 2", b: "é" }).toString());
+      }`);
+    const h = headersOf(await callPhase(policy, "onRequest"));
+    const u = new URL("https://a.test/p?keep=1&drop=2");
+    u.searchParams.delete("drop");
+    u.searchParams.append("sp ace", "a+b&c=d~!'()*");
+    u.hostname = "b.test";
+    u.pathname = "/new path";
+    expect(h["x-url"]).toBe(u.href);
+    expect(h["x-params"]).toBe(new URLSearchParams({ a: "1 2", b: "é" }).toString());
+  });
+
+  it("TextEncoder, TextDecoder, atob and btoa round-trip, NUL and non-ASCII included", async () => {
+    const policy = loadPolicy(`
+      export function onRequest(request) {
+        const text = "a\\u0000b-é-😀";
+        const bytes = new TextEncoder().encode(text);
+        const back = new TextDecoder().decode(bytes);
+        request.headers.set("x-bytes", Array.from(bytes).join(","));
+        request.headers.set("x-same", String(back === text));
+        request.headers.set("x-b64", btoa("hello\\u00ff"));
+        request.headers.set("x-atob", String(atob(btoa("hello\\u00ff")) === "hello\\u00ff"));
+      }`);
+    const h = headersOf(await callPhase(policy, "onRequest"));
+    expect(h["x-bytes"]).toBe(Array.from(Buffer.from("a\u0000b-é-😀", "utf8")).join(","));
+    expect(h["x-same"]).toBe("true");
+    expect(h["x-b64"]).toBe(Buffer.from("hello\u00ff", "latin1").toString("base64"));
+    expect(h["x-atob"]).toBe("true");
+  });
+
+  it("an invalid header name thrown from Headers is a failure, not a header", async () => {
+    const policy = loadPolicy(`export function onRequest(request) { request.headers.set("bad name", "x"); }`);
+    const outcome = await callPhase(policy, "onRequest");
+    expect(outcome).toMatchObject({ t: "throw", name: "TypeError" });
+    expect((outcome as { message: string }).message).toContain("invalid header name");
+  });
+
+  it("console lines come back with the outcome, in order", async () => {
+    const policy = loadPolicy(`export function isRequestAllowed(r) { console.log("saw", r.method, { n: 1 }); console.warn("careful"); return true; }`);
+    const outcome = await callPhase(policy, "isRequestAllowed");
+    expect(outcome.logs).toEqual([
+      ["info", 'saw GET {"n":1}'],
+      ["warn", "careful"],
+    ]);
+  });
+});
+
+describe("tier-2 sandbox: bodies", () => {
+  it("reading a body the proxy has not loaded asks for it, and the rerun sees every byte, NUL included", async () => {
+    const policy = loadPolicy(`
+      export async function onRequest(request) {
+        const text = await request.text();
+        if (text.includes("<evil>")) throw new HttpRequestBlockedError("evil body", 451);
+      }`);
+    const first = await callPhase(policy, "onRequest", { method: "POST", hasBody: true });
+    expect(first).toMatchObject({ t: "need", which: ["request"] });
+    const body = Buffer.from("safe\u0000<evil>");
+    const second = await callPhase(policy, "onRequest", { method: "POST", hasBody: true, requestBody: body });
+    expect(second).toMatchObject({ t: "blocked", status: 451, message: "evil body" });
+  });
+
+  it("forwarding a request whose body was read is reported; reading a clone is not", async () => {
+    const consumed = loadPolicy(`export async function onRequest(request) { await request.text(); }`);
+    const cloned = loadPolicy(`export async function onRequest(request) { await request.clone().text(); }`);
+    const fields = { method: "POST", hasBody: true, requestBody: Buffer.from("x") };
+    expect(await callPhase(consumed, "onRequest", fields)).toMatchObject({ t: "continue", consumed: true });
+    expect(await callPhase(cloned, "onRequest", fields)).toMatchObject({ t: "code", v: 2 });
+  });
+
+  it("new Response(response.body, response) passes the proxy's body on as a handle", async () => {
+    const policy = loadPolicy(`
+      export function onResponse(response) {
+        const headers = new Headers(response.headers);
+        headers.set("x-seen", "1");
+        return new Response(response.body, { status: response.status, headers });
+      }`);
+    const outcome = await callPhase(policy, "onResponse", {
+      response: { status: 203, statusText: "", headers: "content-type\ntext/plain", url: "https://api.test/", hasBody: true },
+    });
+    expect(outcome).toMatchObject({ t: "response", status: 203, body: { h: "response" } });
+    expect(headersOf(outcome)).toMatchObject({ "content-type": "text/plain", "x-seen": "1" });
+  });
+});
+
+describe("tier-2 sandbox: limits fail closed and the policy keeps serving", () => {
+  it("an infinite loop hits the time limit even inside try/catch, and the next call is served", async () => {
+    const policy = loadPolicy({
+      source: `
+        export function onRequest(request) {
+          if (request.headers.get("x-kind") !== "loop") return;
+          try { for (;;) {} } catch (e) { request.headers.set("x-caught", String(e)); }
+        }`,
+      limits: { timeoutMs: 100 },
+    });
+    expect(await callPhase(policy, "onRequest", { headers: "x-kind\nloop" })).toMatchObject({ t: "limit", what: "time" });
+    expect(await callPhase(policy, "onRequest", { headers: "x-kind\nnone" })).toMatchObject({ t: "code", v: 2 });
+  });
+
+  it("a memory bomb and deep recursion end as memory and stack limits, and the next call is served", async () => {
+    const policy = loadPolicy({
+      source: `
+        export function onRequest(request) {
+          const kind = request.headers.get("x-kind");
+          if (kind === "memory") { const a = []; for (;;) a.push(new Uint8Array(1 << 20)); }
+          if (kind === "stack") { const f = (n) => f(n + 1) + 1; f(0); }
+        }`,
+      limits: { timeoutMs: 2_000, memoryBytes: 8 * 1024 * 1024 },
+    });
+    expect(await callPhase(policy, "onRequest", { headers: "x-kind\nmemory" })).toMatchObject({ t: "limit", what: "memory" });
+    expect(await callPhase(policy, "onRequest", { headers: "x-kind\nstack" })).toMatchObject({ t: "limit", what: "stack" });
+    expect(await callPhase(policy, "onRequest", { headers: "x-kind\nnone" })).toMatchObject({ t: "code", v: 2 });
+  });
+
+  it("a long native builtin past the deadline is stopped by the watchdog, and another call runs meanwhile", async () => {
+    const policy = loadPolicy({
+      source: `
+        export function isRequestAllowed(request) {
+          if (request.headers.get("x-kind") === "native") for (;;) new Array(1e6).fill(0);
+          return true;
+        }`,
+      limits: { timeoutMs: 50 },
+      workers: 2,
+    });
+    const stuck = callPhase(policy, "isRequestAllowed", { headers: "x-kind\nnative" });
+    const other = await callPhase(policy, "isRequestAllowed");
+    expect(other).toMatchObject({ t: "code", v: 1 });
+    expect(await stuck).toMatchObject({ t: "limit", what: "time" });
+    // The stopped worker was replaced: calls go on.
+    for (let i = 0; i < 4; i++) expect(await callPhase(policy, "isRequestAllowed")).toMatchObject({ t: "code", v: 1 });
+  });
+
+  it("a promise that never settles is reported at once, without waiting for the deadline", async () => {
+    const policy = loadPolicy({ source: `export function onRequest() { return new Promise(() => {}); }`, limits: { timeoutMs: 60_000 } });
+    expect(await callPhase(policy, "onRequest")).toMatchObject({ t: "pending" });
+  });
+
+  it("malformed returns are tagged: a non-boolean check, a status out of range, a non-Response", async () => {
+    const policy = loadPolicy(`
+      export function isRequestAllowed() { return "yes"; }
+      export function onRequest(request) {
+        if (request.headers.get("x-kind") === "status") return new Response("x", { status: 700 });
+        return 42;
+      }`);
+    expect(await callPhase(policy, "isRequestAllowed")).toMatchObject({ t: "value", v: "string" });
+    expect(await callPhase(policy, "onRequest", { headers: "x-kind\nstatus" })).toMatchObject({ t: "throw", name: "RangeError" });
+    expect(await callPhase(policy, "onRequest")).toMatchObject({ t: "bad", what: "number" });
+  });
+
+  it("what a call returns is capped", async () => {
+    const policy = loadPolicy({
+      source: `export function onRequest() { return new Response("x".repeat(64 * 1024)); }`,
+      limits: { returnBytes: 16 * 1024 },
+    });
+    expect(await callPhase(policy, "onRequest")).toMatchObject({ t: "limit", what: "return size" });
+  });
+});
