@@ -83,13 +83,13 @@ export class Sandbox {
     return sandbox;
   }
 
-  private unwrap(result: ReturnType<QuickJSContext["evalCode"]>, what: string): QuickJSHandle {
+  private unwrap(result: ReturnType<QuickJSContext["evalCode"]>, what: string, wrapped = true): QuickJSHandle {
     if (result.error === undefined) return result.value;
     const error = this.ctx.dump(result.error) as { name?: string; message?: string; stack?: string } | undefined;
     result.error.dispose();
     const limit = limitOf(error, this.interrupted);
     if (limit !== undefined) throw new PolicyLoadError(`${what}: the ${limit} limit was hit while loading`);
-    const position = what === this.filename ? this.position(error?.stack ?? "") : undefined;
+    const position = what === this.filename ? this.position(error?.stack ?? "", wrapped) : undefined;
     throw new PolicyLoadError(`${position ?? what}: ${error?.name ?? "Error"}: ${error?.message ?? String(error)}`);
   }
 
@@ -97,13 +97,13 @@ export class Sandbox {
    * `file:line:column` in the policy's own source for the first frame of a QuickJS stack: through
    * the source map for a bundle, or past the Function wrapper's two lines for a script.
    */
-  position(stack: string): string | undefined {
+  position(stack: string, wrapped = true): string | undefined {
     const escaped = this.filename.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
     const where = new RegExp(`${escaped}:(\\d+)(?::(\\d+))?`).exec(stack) ?? /\(<input>:(\d+)(?::(\d+))?\)/.exec(stack);
     if (where === null) return undefined;
     const line = Number(where[1]);
     const column = Number(where[2] ?? 1);
-    if (this.kind === "script") return `${this.filename}:${Math.max(1, line - 2)}:${column}`;
+    if (this.kind === "script") return `${this.filename}:${wrapped ? Math.max(1, line - 2) : line}:${column}`;
     const found = locate(this.map, line, column);
     return found === undefined ? `${this.filename}:${line}:${column}` : `${found.file}:${found.line}:${found.column}`;
   }
@@ -177,6 +177,10 @@ export class Sandbox {
     // A script's top level becomes a function body (the Function constructor cannot be closed
     // early by the source), so its declarations are fresh on every call, like a module's. Its
     // parameter shadows `globalThis` with the per-call scope.
+    if (kind === "script") {
+      // Compiled alone first, so a syntax error names the script's own line and column.
+      this.unwrap(ctx.evalCode(code, filename, { compileOnly: true }), filename, false).dispose();
+    }
     const factorySource = kind === "script" ? `new Function("globalThis", ${JSON.stringify(code + scriptExports)})` : code;
     const factory = this.unwrap(ctx.evalCode(factorySource, filename), filename);
     const load = ctx.getProp(this.api, "load");

@@ -1,0 +1,285 @@
+import { gzipSync } from "node:zlib";
+import { request } from "undici";
+import { describe, expect, it } from "vitest";
+import type { DjsHooksOptions, HttpHooksOptions } from "../../src/index.js";
+import { loadPolicy } from "../helpers/djs.js";
+import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
+import { openRaw } from "../helpers/raw.js";
+import { patternBody, patternSha256, startUpstream } from "../helpers/upstream.js";
+
+interface Echo {
+  method: string;
+  path: string;
+  headers: Record<string, string | undefined>;
+  bodyBytes: number;
+  bodySha256: string;
+}
+
+const gzipped = gzipSync(Buffer.from(JSON.stringify({ secret: "hunter2", n: 1 })));
+
+async function setup(policy: string | DjsHooksOptions, hooks: Omit<HttpHooksOptions, "djsHooks"> = {}) {
+  const upstream = await startUpstream({
+    names: ["api.test", "other.test"],
+    routes: {
+      "/gzip": (_req, res) => {
+        res.writeHead(200, { "content-type": "application/json", "content-encoding": "gzip", "content-length": gzipped.length });
+        res.end(gzipped);
+      },
+      "/text": (_req, res) => {
+        res.writeHead(200, { "content-type": "text/plain" });
+        res.end("upstream says hello");
+      },
+    },
+  });
+  const djsHooks = loadPolicy(policy);
+  const proxy = await startTestProxy({ allowedInternalHosts: ["api.test", "other.test"], ...hooks, djsHooks });
+  return { upstream, proxy, base: `https://api.test:${upstream.port}` };
+}
+
+async function echo(proxy: Parameters<typeof fetchVia>[0], url: string, init: Parameters<typeof fetchVia>[2] = {}) {
+  const res = await fetchVia(proxy, url, init);
+  return { ...res, echo: res.status === 200 ? (JSON.parse(res.text) as Echo) : undefined };
+}
+
+describe("tier 2 through the proxy", () => {
+  it("isRequestAllowed refuses with 403 and allows what it returns true for", async () => {
+    const { proxy, base, upstream } = await setup(`export function isRequestAllowed(r) { return new URL(r.url).pathname !== "/echo" || r.method === "GET"; }`);
+    expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    const refused = await fetchVia(proxy, `${base}/echo`, { method: "DELETE" });
+    expect(refused.status).toBe(403);
+    expect(refused.text).toContain("refused by the isRequestAllowed policy");
+    expect(upstream.seen.map((s) => s.method)).toEqual(["GET"]);
+  });
+
+  it("a policy's header edit reaches the upstream, and a counter reads 1 on every request", async () => {
+    const { proxy, base } = await setup(`
+      let count = 0;
+      export function onRequest(request) {
+        count++;
+        globalThis.total = (globalThis.total ?? 0) + 1;
+        request.headers.set("x-count", count + "/" + globalThis.total);
+        request.headers.delete("x-drop-me");
+      }`);
+    for (let i = 0; i < 3; i++) {
+      const res = await echo(proxy, `${base}/echo`, { headers: { "x-drop-me": "1" } });
+      expect(res.echo?.headers["x-count"]).toBe("1/1");
+      expect(res.echo?.headers["x-drop-me"]).toBeUndefined();
+    }
+  });
+
+  it("a Response from onRequest answers without any upstream", async () => {
+    const { proxy, base, upstream } = await setup(`export function onRequest(r) { return Response.json({ mocked: new URL(r.url).pathname }, { status: 201, headers: { "x-mock": "yes" } }); }`);
+    const res = await fetchVia(proxy, `${base}/anything`);
+    expect(res.status).toBe(201);
+    expect(res.headers["x-mock"]).toBe("yes");
+    expect(JSON.parse(res.text)).toEqual({ mocked: "/anything" });
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it("a rewritten Request is checked again: a new host outside the allowlist is refused", async () => {
+    const { proxy, base, upstream } = await setup(`
+      export function onRequest(r) {
+        const u = new URL(r.url);
+        u.hostname = u.pathname === "/evil" ? "evil.test" : "other.test";
+        u.pathname = "/echo";
+        return new Request(u.href, r);
+      }`);
+    const moved = await echo(proxy, `${base}/ok`);
+    expect(moved.status).toBe(200);
+    expect(moved.echo?.headers.host).toBe(`other.test:${upstream.port}`);
+    const refused = await fetchVia(proxy, `${base}/evil`);
+    expect(refused.status).toBe(403);
+  });
+
+  it("a body read by the policy decides the request, and the upstream still gets every byte", async () => {
+    const { proxy, base, upstream } = await setup(`
+      export async function onRequest(request) {
+        const body = await request.clone().json();
+        if (body.action === "delete") throw new HttpRequestBlockedError("deleting is not allowed", 451, "Unavailable");
+      }`);
+    const payload = JSON.stringify({ action: "read", pad: "x".repeat(100_000) });
+    const ok = await echo(proxy, `${base}/echo`, { method: "POST", body: payload, headers: { "content-type": "application/json" } });
+    expect(ok.status).toBe(200);
+    expect(ok.echo?.bodyBytes).toBe(Buffer.byteLength(payload));
+    const blocked = await fetchVia(proxy, `${base}/echo`, { method: "POST", body: JSON.stringify({ action: "delete" }) });
+    expect(blocked.status).toBe(451);
+    expect(blocked.text).toContain("deleting is not allowed");
+    expect(upstream.hits()).toBe(1);
+  });
+
+  it("forwarding a request whose body the policy consumed gets 400", async () => {
+    const { proxy, base, upstream } = await setup(`export async function onRequest(request) { await request.text(); }`);
+    const res = await fetchVia(proxy, `${base}/echo`, { method: "POST", body: "payload" });
+    expect(res.status).toBe(400);
+    expect(res.text).toContain("read request.clone() instead");
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it("an upload larger than the hook body limit gets 413 when the policy reads it", async () => {
+    const upstream = await startUpstream({ names: ["api.test"] });
+    const djsHooks = loadPolicy(`export async function onRequest(r) { await r.clone().arrayBuffer(); }`);
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], djsHooks }, { maxHttpBodyBytes: 64 * 1024 });
+    const res = await request(`https://api.test:${upstream.port}/echo`, {
+      dispatcher: proxyAgent(proxy),
+      method: "PUT",
+      body: patternBody(256 * 1024),
+      headers: { "content-length": String(256 * 1024) },
+    }).catch((error: Error) => error);
+    if (!(res instanceof Error)) {
+      expect(res.statusCode).toBe(413);
+      await res.body.dump();
+    }
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it("onResponse sees a gzip body decoded and can replace it; tier 3 then sees tier 2's Response", async () => {
+    let tier3Saw = "";
+    const { proxy, base } = await setup(
+      `export async function onResponse(response) {
+        const data = await response.json();
+        return Response.json({ ...data, secret: "[redacted]" }, { headers: { "x-policy": "redacted" } });
+      }`,
+      {
+        onResponse: async (response) => {
+          tier3Saw = `${response.headers.get("x-policy")}:${await response.clone().text()}`;
+        },
+      },
+    );
+    const res = await fetchVia(proxy, `${base}/gzip`);
+    expect(res.status).toBe(200);
+    expect(JSON.parse(res.text)).toEqual({ secret: "[redacted]", n: 1 });
+    expect(res.headers["content-encoding"]).toBeUndefined();
+    expect(tier3Saw).toBe(`redacted:${JSON.stringify({ secret: "[redacted]", n: 1 })}`);
+  });
+
+  it("an onResponse that reads and lets the response through gives the guest the original compressed bytes", async () => {
+    const { proxy, base } = await setup(`export async function onResponse(response) { await response.clone().text(); }`);
+    const res = await request(`${base}/gzip`, { dispatcher: proxyAgent(proxy) });
+    expect(res.headers["content-encoding"]).toBe("gzip");
+    expect(Buffer.from(await res.body.arrayBuffer())).toEqual(gzipped);
+  });
+
+  it("new Response(response.body, response) passes the upstream body on without the policy reading it", async () => {
+    const { proxy, base } = await setup(`
+      export function onResponse(response) {
+        const headers = new Headers(response.headers);
+        headers.set("x-wrapped", "1");
+        return new Response(response.body, { status: 299, headers });
+      }`);
+    const res = await fetchVia(proxy, `${base}/text`);
+    expect(res.status).toBe(299);
+    expect(res.headers["x-wrapped"]).toBe("1");
+    expect(res.text).toBe("upstream says hello");
+  });
+
+  it("a tier-2 block stops tier 3 from running; tier 3 sees tier 2's rewrite", async () => {
+    const tier3Seen: string[] = [];
+    const { proxy, base, upstream } = await setup(
+      `export function onRequest(r) {
+        if (new URL(r.url).pathname === "/blocked") throw new HttpRequestBlockedError("tier 2 says no", 403);
+        r.headers.set("x-tier2", "was here");
+      }`,
+      {
+        onRequest: (r) => {
+          tier3Seen.push(`${new URL(r.url).pathname} ${r.headers.get("x-tier2")}`);
+        },
+      },
+    );
+    const blocked = await fetchVia(proxy, `${base}/blocked`);
+    expect(blocked.status).toBe(403);
+    expect(blocked.text).toContain("tier 2 says no");
+    const ok = await echo(proxy, `${base}/echo`);
+    expect(ok.echo?.headers["x-tier2"]).toBe("was here");
+    expect(tier3Seen).toEqual(["/echo was here"]);
+    expect(upstream.hits()).toBe(1);
+  });
+
+  it("isIpAllowed in the policy refuses an address, and isRequestAllowed runs before tier 3's", async () => {
+    let tier3Calls = 0;
+    const { proxy, base, upstream } = await setup(
+      `export function isIpAllowed(info) { return !(info.hostname === "other.test" && info.ip === "127.0.0.1" && info.family === 4 && info.protocol === "https:"); }
+       export function isRequestAllowed(r) { return new URL(r.url).pathname !== "/no"; }`,
+      {
+        isRequestAllowed: () => {
+          tier3Calls++;
+          return true;
+        },
+      },
+    );
+    expect((await fetchVia(proxy, `https://other.test:${upstream.port}/echo`)).status).toBe(403);
+    expect((await fetchVia(proxy, `${base}/no`)).status).toBe(403);
+    expect(tier3Calls).toBe(1);
+    expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+  });
+
+  it("console lines reach the proxy log with the policy's file name", async () => {
+    const { proxy, base } = await setup({ filename: "audit.mjs", source: `export function onResponse(res, req) { console.log("audit", req.method, res.status); }` });
+    await fetchVia(proxy, `${base}/echo`);
+    const line = proxy.logs.find((l) => l["msg"] === "policy console");
+    expect(line).toMatchObject({ text: "audit GET 200" });
+    expect(String(line?.["policy"])).toMatch(/audit\.mjs$/);
+  });
+
+  it("an onResponse-only policy leaves the CONNECT pre-check on: a refused host is refused before TLS", async () => {
+    const { proxy } = await setup(`export function onResponse() {}`);
+    const client = await openRaw(proxy.port);
+    client.write("CONNECT evil.test:443 HTTP/1.1\r\nHost: evil.test:443\r\n\r\n");
+    const response = await client.readResponse({ forConnect: true });
+    expect(response.status).toBe(403);
+  });
+
+  it("an onResponse-only policy streams a large download through unread, with the exact bytes", async () => {
+    const { proxy, base } = await setup(`export function onResponse(response) { if (response.status !== 200) throw new Error("bad"); }`);
+    const size = 64 * 1024 * 1024;
+    const res = await request(`${base}/bytes?n=${size}`, { dispatcher: proxyAgent(proxy) });
+    const hash = (await import("node:crypto")).createHash("sha256");
+    for await (const chunk of res.body) hash.update(chunk as Buffer);
+    expect(hash.digest("hex")).toBe(patternSha256(size));
+  });
+});
+
+describe("tier 2 failures answer 502 (or the policy's status) and the proxy keeps serving", () => {
+  const hostile = `
+    export async function onRequest(request) {
+      const kind = new URL(request.url).searchParams.get("kind");
+      if (kind === "loop") for (;;) {}
+      if (kind === "memory") { const a = []; for (;;) a.push(new Uint8Array(1 << 20)); }
+      if (kind === "stack") { const f = (n) => f(n + 1) + 1; f(0); }
+      if (kind === "never") await new Promise(() => {});
+      if (kind === "throw") throw new Error("policy bug");
+      if (kind === "header") request.headers.set("bad header", "x");
+      if (kind === "url") return new Request("ftp://api.test/file");
+      if (kind === "status") return new Response("x", { status: 600 });
+      if (kind === "value") return "yes";
+      if (kind === "blocked") throw new HttpRequestBlockedError("not today", 429, "Too Many Requests");
+    }`;
+
+  it.each(["loop", "memory", "stack", "never", "throw", "header", "url", "status", "value"])(
+    "%s gets 502 while a parallel request on another connection succeeds",
+    async (kind) => {
+      const { proxy, base } = await setup({ source: hostile, limits: { timeoutMs: 150, memoryBytes: 8 * 1024 * 1024 } });
+      const [bad, good] = await Promise.all([fetchVia(proxy, `${base}/echo?kind=${kind}`), fetchVia(proxy, `${base}/echo?kind=none`)]);
+      expect(bad.status).toBe(502);
+      expect(good.status).toBe(200);
+      // And afterwards, the policy still serves.
+      expect((await fetchVia(proxy, `${base}/echo?kind=none`)).status).toBe(200);
+    },
+  );
+
+  it("HttpRequestBlockedError answers with its own status and reason", async () => {
+    const { proxy, base } = await setup(hostile);
+    const res = await fetchVia(proxy, `${base}/echo?kind=blocked`);
+    expect(res.status).toBe(429);
+    expect(res.text).toContain("not today");
+  });
+
+  it("a closed policy fails closed with 502", async () => {
+    const upstream = await startUpstream({ names: ["api.test"] });
+    const djsHooks = loadPolicy(`export function isRequestAllowed() { return true; }`);
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], djsHooks });
+    await djsHooks.close();
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`);
+    expect(res.status).toBe(502);
+    expect(upstream.hits()).toBe(0);
+  });
+});

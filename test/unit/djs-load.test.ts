@@ -1,0 +1,142 @@
+import { mkdirSync, symlinkSync, writeFileSync } from "node:fs";
+import path from "node:path";
+import { describe, expect, it } from "vitest";
+import { createDjsHooks, djsHooksOptionsFromFile, PolicyLoadError, type DjsHooksOptions } from "../../src/index.js";
+import { callPhase, loadPolicy } from "../helpers/djs.js";
+import { tempDir } from "../helpers/proxy.js";
+
+function loadError(policy: string | DjsHooksOptions): PolicyLoadError {
+  try {
+    const { djsHooks } = createDjsHooks(policy);
+    void djsHooks.close();
+  } catch (error) {
+    expect(error).toBeInstanceOf(PolicyLoadError);
+    return error as PolicyLoadError;
+  }
+  throw new Error("the policy loaded, but it should not have");
+}
+
+const hostsJson = JSON.stringify(["api.test", "*.pkg.test"]);
+
+describe("tier-2 policies load as script, module or TypeScript", () => {
+  const decide = async (policy: ReturnType<typeof loadPolicy>, url: string) => {
+    const outcome = await callPhase(policy, "isRequestAllowed", { url, headers: `host\n${new URL(url).host}` });
+    return outcome.t === "code" ? outcome.v === 1 : outcome;
+  };
+
+  it("the same allowlist as a script, a module and TypeScript with an imported JSON file decides alike", async () => {
+    const dir = tempDir();
+    writeFileSync(path.join(dir, "hosts.json"), hostsJson);
+    mkdirSync(path.join(dir, "lib"));
+    writeFileSync(path.join(dir, "lib", "match.ts"), `export const matches = (host: string, pattern: string): boolean => pattern.startsWith("*.") ? host.endsWith(pattern.slice(1)) : host === pattern;`);
+    writeFileSync(
+      path.join(dir, "policy.ts"),
+      `import hosts from "./hosts.json" with { type: "json" };
+       import { matches } from "./lib/match.ts";
+       export function isRequestAllowed(request: Request): boolean {
+         const host: string = new URL(request.url).hostname;
+         return (hosts as string[]).some((pattern) => matches(host, pattern));
+       }`,
+    );
+    writeFileSync(
+      path.join(dir, "policy.mjs"),
+      `import hosts from "./hosts.json" with { type: "json" };
+       export function isRequestAllowed(request) {
+         const host = new URL(request.url).hostname;
+         return hosts.some((p) => (p.startsWith("*.") ? host.endsWith(p.slice(1)) : host === p));
+       }`,
+    );
+    writeFileSync(
+      path.join(dir, "policy.js"),
+      `var hosts = ${hostsJson};
+       function isRequestAllowed(request) {
+         var host = new URL(request.url).hostname;
+         return hosts.some(function (p) { return p.indexOf("*.") === 0 ? host.endsWith(p.slice(1)) : host === p; });
+       }`,
+    );
+    const urls = ["https://api.test/x", "https://files.pkg.test/a", "https://pkg.test/", "https://evil.test/"];
+    const expected = [true, true, false, false];
+    for (const file of ["policy.ts", "policy.mjs", "policy.js"]) {
+      const policy = loadPolicy(djsHooksOptionsFromFile(path.join(dir, file)));
+      expect(policy.phases).toEqual(["isRequestAllowed"]);
+      const got = [];
+      for (const url of urls) got.push(await decide(policy, url));
+      expect(got, file).toEqual(expected);
+    }
+  });
+
+  it("in-memory modules stand in for files next to the policy", async () => {
+    const policy = loadPolicy({
+      filename: "/nonexistent/policy.ts",
+      source: `import hosts from "./data/hosts.json" with { type: "json" }; export const isRequestAllowed = (r: Request) => hosts.includes(new URL(r.url).hostname);`,
+      modules: { "data/hosts.json": hostsJson },
+    });
+    expect(await decide(policy, "https://api.test/")).toBe(true);
+    expect(await decide(policy, "https://other.test/")).toBe(false);
+  });
+
+  it("only the phases a policy defines are registered", () => {
+    expect(loadPolicy(`export function onResponse() {}`).phases).toEqual(["onResponse"]);
+    expect(loadPolicy(`function isIpAllowed() { return true } var onRequest = 1;`).phases).toEqual(["isIpAllowed"]);
+  });
+});
+
+describe("tier-2 policies that cannot load fail at once, naming file, line and reason", () => {
+  it("a bare import is refused, naming it", () => {
+    const error = loadError({ filename: "/srv/policy.mjs", source: `import _ from "lodash";\nexport const onRequest = () => _;`, modules: {} });
+    expect(error.message).toBe(`/srv/policy.mjs:1:15: import "lodash" is refused: a policy may import only relative files inside its folder (/srv)`);
+  });
+
+  it("node: builtins, absolute paths, require() and import() are refused", () => {
+    expect(loadError({ filename: "/srv/p.mjs", source: `import fs from "node:fs"; export const x = fs;`, modules: {} }).message).toContain(`import "node:fs" is refused`);
+    expect(loadError({ filename: "/srv/p.mjs", source: `import x from "/etc/passwd"; export const y = x;`, modules: {} }).message).toContain(`import "/etc/passwd" is refused`);
+    expect(loadError({ filename: "/srv/p.mjs", source: `export const x = () => import("./other.mjs");`, modules: { "other.mjs": "" } }).message).toContain(`import() of "./other.mjs" is refused`);
+    expect(loadError({ filename: "/srv/p.ts", source: `const x = require("./other.js"); export { x };`, modules: { "other.js": "" } }).message).toContain(`require() of "./other.js" is refused`);
+  });
+
+  it("an import above the policy's folder is refused, on disk too", () => {
+    const dir = tempDir();
+    mkdirSync(path.join(dir, "policy"));
+    writeFileSync(path.join(dir, "secret.json"), `{"token":"x"}`);
+    writeFileSync(path.join(dir, "policy", "p.mjs"), `import s from "../secret.json" with { type: "json" };\nexport const onRequest = () => s;`);
+    const error = loadError(djsHooksOptionsFromFile(path.join(dir, "policy", "p.mjs")));
+    expect(error.message).toBe(`${path.join(dir, "policy", "p.mjs")}:1:15: import "../secret.json" is refused: it resolves outside the policy's folder (${path.join(dir, "policy")})`);
+  });
+
+  it("a symlink that leads out of the policy's folder is refused", () => {
+    const dir = tempDir();
+    mkdirSync(path.join(dir, "policy"));
+    writeFileSync(path.join(dir, "outside.json"), `[]`);
+    symlinkSync(path.join(dir, "outside.json"), path.join(dir, "policy", "inside.json"));
+    writeFileSync(path.join(dir, "policy", "p.mjs"), `import s from "./inside.json" with { type: "json" };\nexport const onRequest = () => s;`);
+    expect(loadError(djsHooksOptionsFromFile(path.join(dir, "policy", "p.mjs"))).message).toContain(`import "./inside.json" is refused: it is a link to a file outside the policy's folder`);
+  });
+
+  it("a missing import names the import", () => {
+    expect(loadError({ filename: "/srv/p.mjs", source: `import x from "./nope.mjs"; export const y = x;`, modules: {} }).message).toBe(
+      `/srv/p.mjs:1:15: import "./nope.mjs" was not found next to the policy`,
+    );
+  });
+
+  it("a syntax error names the line, in a script and in TypeScript", () => {
+    expect(loadError({ filename: "/srv/p.js", source: `function ok() {}\n\nfunction onRequest() { return 1 +; }\n` }).message).toMatch(/^\/srv\/p\.js:3:\d+: SyntaxError: /);
+    expect(loadError({ filename: "/srv/p.ts", source: `export const a: number = 1;\nexport function onRequest( {` }).message).toMatch(/^\/srv\/p\.ts:2:\d+: /);
+  });
+
+  it("a top-level throw names the policy's own line, through the bundle", () => {
+    expect(loadError({ filename: "/srv/p.js", source: `var a = 1;\nthrow new Error("boom");` }).message).toMatch(/^\/srv\/p\.js:2:\d+: Error: boom$/);
+    const error = loadError({
+      filename: "/srv/p.ts",
+      source: `import { n } from "./n.ts";\nexport const a: number = n;\nif (a > 0) throw new TypeError("top-level " + a);`,
+      modules: { "n.ts": "export const n = 1;" },
+    });
+    expect(error.message).toMatch(/^\/srv\/p\.ts:3:\d+: TypeError: top-level 1$/);
+  });
+
+  it("bad options are refused with the option's name", () => {
+    expect(() => createDjsHooks({ source: "", limits: { timeoutMs: 0 } })).toThrow(/limits\.timeoutMs must be an integer from 1/);
+    expect(() => createDjsHooks({ source: "", limits: { stackBytes: 8 * 1024 * 1024 } })).toThrow(/limits\.stackBytes/);
+    expect(() => createDjsHooks({ source: "", nope: 1 } as unknown as DjsHooksOptions)).toThrow(/unknown option "nope"/);
+    expect(() => djsHooksOptionsFromFile("/srv/policy.py")).toThrow(/cannot read the policy|must end in/);
+  });
+});
