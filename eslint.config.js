@@ -2,7 +2,7 @@ import js from "@eslint/js";
 import tseslint from "typescript-eslint";
 
 export default tseslint.config(
-  { ignores: ["dist/", "node_modules/", "bench/results/", "coverage/"] },
+  { ignores: ["dist/", "node_modules/", "bench/results/", "coverage/", "scratch/"] },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {
@@ -24,5 +24,24 @@ export default tseslint.config(
       "@typescript-eslint/no-unused-vars": ["error", { argsIgnorePattern: "^_", varsIgnorePattern: "^_" }],
       "@typescript-eslint/consistent-type-imports": "error",
     },
+  },
+  {
+    // Tier-2 policies and the sandbox prelude run inside QuickJS, with its globals; a script
+    // policy's functions are used by the proxy, not by the file.
+    files: ["policies/**/*.{js,mjs,ts}", "src/djs/sandbox/**/*.js"],
+    languageOptions: {
+      globals: { HttpRequestBlockedError: "readonly", Request: "readonly", Response: "readonly", Headers: "readonly" },
+    },
+  },
+  {
+    files: ["policies/**/*.js"],
+    languageOptions: { sourceType: "script" },
+    rules: { "@typescript-eslint/no-unused-vars": ["error", { varsIgnorePattern: "^(isRequestAllowed|isIpAllowed|onRequest|onResponse)$", argsIgnorePattern: "^_" }] },
+  },
+  {
+    // The prelude is one function expression, which the worker evaluates for its value.
+    files: ["src/djs/sandbox/prelude.js"],
+    languageOptions: { sourceType: "script" },
+    rules: { "@typescript-eslint/no-unused-expressions": "off" },
   },
 );

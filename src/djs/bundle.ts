@@ -60,7 +60,7 @@ function guard(input: BundleInput, root: string): Plugin {
         for (const ext of extensions) {
           const candidate = target + ext;
           if (input.fromDisk) {
-            let isFile = false;
+            let isFile: boolean;
             try {
               isFile = statSync(candidate).isFile();
             } catch {

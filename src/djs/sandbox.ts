@@ -203,7 +203,7 @@ export class Sandbox {
 
   /** Runs one call to completion. `replace` is true when this sandbox must not be used again. */
   call(message: CallMessage): { reply: CallReply; replace: boolean } {
-    const { ctx, runtime } = this;
+    const { ctx } = this;
     this.interrupted = false;
     this.deadline = performance.now() + this.limits.timeoutMs;
     const args = this.arguments(message);

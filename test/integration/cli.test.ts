@@ -377,3 +377,58 @@ describe("egressgate env", () => {
     }
   });
 });
+
+describe("egressgate --hooks-script", () => {
+  it("a TypeScript policy with an imported JSON file decides requests made with curl", async () => {
+    const dir = tempDir();
+    const caDir = join(dir, "ca");
+    const upstream = await startUpstream();
+    writeFileSync(join(dir, "paths.json"), JSON.stringify(["/echo"]));
+    writeFileSync(
+      join(dir, "policy.ts"),
+      `import paths from "./paths.json" with { type: "json" };
+       export function onRequest(request: Request): void {
+         const path: string = new URL(request.url).pathname;
+         if (!(paths as string[]).includes(path)) throw new HttpRequestBlockedError("path " + path + " is not allowed", 403);
+         request.headers.set("x-policy", "ts");
+       }`,
+    );
+    const { url } = await serve([
+      "--ca-dir",
+      caDir,
+      "--allow-internal-host",
+      "api.test",
+      "--resolve",
+      "api.test=127.0.0.1",
+      "--upstream-ca",
+      await upstreamCaFile(dir),
+      "--hooks-script",
+      join(dir, "policy.ts"),
+    ]);
+    const allowed = await curl(["-sS", "-x", url, "--cacert", join(caDir, "ca.crt"), `https://api.test:${upstream.port}/echo`]);
+    expect(allowed.code).toBe(0);
+    expect(JSON.parse(allowed.stdout)).toMatchObject({ headers: { "x-policy": "ts" } });
+    const refused = await curl(["-sS", "-x", url, "--cacert", join(caDir, "ca.crt"), "-w", "\n%{http_code}", `https://api.test:${upstream.port}/secret`]);
+    expect(refused.stdout).toMatch(/^403 Forbidden: path \/secret is not allowed\n+403$/);
+    expect(upstream.hits()).toBe(1);
+  });
+
+  it("a policy with a syntax error stops start-up with exit 2, naming the file and line", async () => {
+    const dir = tempDir();
+    const file = join(dir, "broken.mjs");
+    writeFileSync(file, "export function onRequest(request) {\n  return request.headers.get(;\n}\n");
+    const { code, stdout, stderr } = await runCli(["--listen", "127.0.0.1:0", "--hooks-script", file]);
+    expect(code).toBe(2);
+    expect(stdout).toBe("");
+    expect(stderr).toContain(`--hooks-script: ${file}:2:`);
+  });
+
+  it("a policy that imports a package stops start-up with exit 2, naming the import", async () => {
+    const dir = tempDir();
+    const file = join(dir, "bare.ts");
+    writeFileSync(file, `import _ from "lodash";\nexport const onRequest = () => void _;\n`);
+    const { code, stderr } = await runCli(["--listen", "127.0.0.1:0", "--hooks-script", file]);
+    expect(code).toBe(2);
+    expect(stderr).toContain(`import "lodash" is refused`);
+  });
+});
