@@ -2,41 +2,47 @@
  * The bench's embedded egressgate: `startProxy` from the package ("egressgate", i.e. dist/) with
  * the settings bench/targets.ts gives the CLI (the `--host` name resolved to 127.0.0.1, every
  * bench.test name allowed as an internal host, the upstream CA, log level warn, 127.0.0.1:0).
- * With `--hooks` it also registers a no-op tier-3 pair, `onRequest: () => undefined` and `onResponse: () => undefined`, so the two
- * bench targets built on it (`egressgate-api` and `egressgate+hooks`) differ only in the hooks.
+ * With `--hooks` it also registers a no-op tier-3 pair, `onRequest: () => undefined` and
+ * `onResponse: () => undefined`; with `--djs FILE` a tier-2 policy file, which bench/targets.ts
+ * writes from bench/policies.ts (a no-op pair, or a header allowlist). So the bench targets built on it
+ * (`egressgate-api`, `egressgate+hooks`, `egressgate+djs`, `egressgate+djs-allowlist`) differ only
+ * in their hooks.
  *
- *   npx tsx bench/hooked-proxy.ts --ca-dir DIR --upstream-ca FILE --host NAME [--hooks]
+ *   npx tsx bench/hooked-proxy.ts --ca-dir DIR --upstream-ca FILE --host NAME [--hooks] [--djs FILE]
  *
  * prints `egressgate listening on http://127.0.0.1:PORT` like the CLI and serves until SIGINT or
  * SIGTERM. The bench does not run it under tsx: it transpiles this file into its temp dir and
  * runs it with plain node, so its CPU and RSS compare with the CLI's (tsx adds about 35 MiB).
  */
-import { createHttpHooks, startProxy } from "egressgate";
+import { createDjsHooks, createHttpHooks, djsHooksOptionsFromFile, startProxy } from "egressgate";
 
 interface Settings {
   readonly caDir: string;
   readonly upstreamCaFile: string;
   readonly host: string;
   readonly hooks: boolean;
+  readonly djs: string | undefined;
 }
 
-const usage = "usage: hooked-proxy --ca-dir DIR --upstream-ca FILE --host NAME [--hooks]";
+const usage = "usage: hooked-proxy --ca-dir DIR --upstream-ca FILE --host NAME [--hooks] [--djs FILE]";
 
 function parseArgs(argv: readonly string[]): Settings {
   let caDir: string | undefined;
   let upstreamCaFile: string | undefined;
   let host: string | undefined;
   let hooks = false;
+  let djs: Settings["djs"];
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
     if (arg === "--hooks") hooks = true;
     else if (arg === "--ca-dir") caDir = argv[++i];
     else if (arg === "--upstream-ca") upstreamCaFile = argv[++i];
     else if (arg === "--host") host = argv[++i];
+    else if (arg === "--djs") djs = argv[++i];
     else throw new TypeError(`unknown argument ${JSON.stringify(arg)}\n${usage}`);
   }
   if (caDir === undefined || upstreamCaFile === undefined || host === undefined) throw new TypeError(`--ca-dir, --upstream-ca and --host are required\n${usage}`);
-  return { caDir, upstreamCaFile, host, hooks };
+  return { caDir, upstreamCaFile, host, hooks, djs };
 }
 
 async function main(): Promise<void> {
@@ -45,6 +51,7 @@ async function main(): Promise<void> {
   const { httpHooks, env } = createHttpHooks({
     allowedInternalHosts: ["*.bench.test"],
     ...(settings.hooks ? { onRequest: () => undefined, onResponse: () => undefined } : {}),
+    ...(settings.djs !== undefined ? createDjsHooks(djsHooksOptionsFromFile(settings.djs)) : {}),
   });
   const proxy = await startProxy({
     httpHooks,

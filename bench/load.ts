@@ -36,6 +36,8 @@ export type TargetName =
   | "egressgate"
   | "egressgate-api"
   | "egressgate+hooks"
+  | "egressgate+djs"
+  | "egressgate+djs-allowlist"
   | "mockttp"
   | "http-mitm-proxy"
   | "mitmdump";

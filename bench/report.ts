@@ -344,10 +344,11 @@ export function bigTable(row: BigRow): string {
 }
 
 // ---------------------------------------------------------------------------------------------
-// tier-3 hooks: egressgate+hooks against egressgate-api
+// hooks: egressgate+hooks (tier 3), egressgate+djs and egressgate+djs-allowlist (tier 2) against egressgate-api
 
-/** egressgate+hooks against egressgate-api at one concurrency: the cost of the no-op hook pair. */
+/** A hooked target against egressgate-api at one concurrency: the cost of its hooks. */
 export interface HooksComparison {
+  readonly target: string;
   readonly concurrency: number;
   /** hooks ÷ no hooks, req/s medians. */
   readonly requestsPerSecondRatio: number;
@@ -357,16 +358,18 @@ export interface HooksComparison {
   readonly proxyPeakRssMiB: { readonly noHooks: number; readonly hooks: number } | undefined;
 }
 
-export function compareHooks(rows: readonly RateRow[]): HooksComparison[] {
+export function compareHooks(rows: readonly RateRow[], targets: readonly string[] = ["egressgate+hooks", "egressgate+djs", "egressgate+djs-allowlist"]): HooksComparison[] {
   const out: HooksComparison[] = [];
+  for (const target of targets)
   for (const concurrency of new Set(rows.map((r) => r.concurrency))) {
     const base = rows.find((r) => r.target === "egressgate-api" && r.concurrency === concurrency);
-    const hooked = rows.find((r) => r.target === "egressgate+hooks" && r.concurrency === concurrency);
+    const hooked = rows.find((r) => r.target === target && r.concurrency === concurrency);
     if (base === undefined || hooked === undefined) continue;
     const pair = (a: number, b: number): { noHooks: number; hooks: number; ratio: number } => ({ noHooks: a, hooks: b, ratio: b / a });
     const [cpuA, cpuB] = [base.proxyCpuMicrosPerRequest, hooked.proxyCpuMicrosPerRequest];
     const [rssA, rssB] = [base.proxyPeakRssMiB, hooked.proxyPeakRssMiB];
     out.push({
+      target,
       concurrency,
       requestsPerSecondRatio: hooked.requestsPerSecond / base.requestsPerSecond,
       p50Ms: pair(base.p50Ms, hooked.p50Ms),
@@ -378,13 +381,20 @@ export function compareHooks(rows: readonly RateRow[]): HooksComparison[] {
   return out;
 }
 
+const hookLabels: Record<string, string> = {
+  "egressgate+hooks": "no-op tier-3 pair",
+  "egressgate+djs": "no-op tier-2 pair",
+  "egressgate+djs-allowlist": "tier-2 header allowlist",
+};
+
 export function hooksTable(comparisons: readonly HooksComparison[]): string {
   return table(
-    ["conc.", "req/s", "p50 ms", "p99 ms", "proxy CPU µs/req", "peak RSS MiB"],
-    ["r", "r", "r", "r", "r", "r"],
+    ["hooks", "conc.", "req/s", "p50 ms", "p99 ms", "proxy CPU µs/req", "peak RSS MiB"],
+    ["l", "r", "r", "r", "r", "r", "r"],
     comparisons.map((c) => {
       const cpu = c.proxyCpuMicrosPerRequest;
       return [
+        hookLabels[c.target] ?? c.target,
         String(c.concurrency),
         times(c.requestsPerSecondRatio),
         `${fixed(c.p50Ms.noHooks, 2)} → ${fixed(c.p50Ms.hooks, 2)} (${times(c.p50Ms.ratio)})`,

@@ -2,15 +2,18 @@
  * `npm run bench`: egressgate against direct, a plain CONNECT relay and peer MITM proxies, side by
  * side in one run, over five scenarios (bench/scenarios.ts):
  *
- *   small    small HTTPS GETs, keep-alive, concurrency 1 and 32 (also egressgate-api and
- *            egressgate+hooks, whose difference is the cost of no-op tier-3 hooks)
+ *   small    small HTTPS GETs, keep-alive, concurrency 1 and 32 (also egressgate-api and, on the
+ *            same script, egressgate+hooks, egressgate+djs and egressgate+djs-allowlist: the cost
+ *            of a no-op tier-3 pair, a no-op tier-2 pair and a tier-2 header allowlist)
  *   newconn  the same GETs with a new connection per request, concurrency 8
  *   hosts    the first request to each of 1,000 new hostnames (100 in quick mode)
  *   bulk     a 32 MiB upload to the Node upstream and a 32 MiB download from openssl s_server
  *            (or from the Node upstream, with --bulk-upstream node)
  *   big      a 1 GiB download through a fresh egressgate process: its RSS growth
  *
- * Targets: direct, tcp-relay, egressgate (CLI), egressgate-api, egressgate+hooks, mockttp,
+ *   calls    tier-2 call costs: QuickJS in-thread and through the workers, next to V8 (bench/djs-calls.ts)
+ *
+ * Targets: direct, tcp-relay, egressgate (CLI), egressgate-api, the hooked ones above, mockttp,
  * http-mitm-proxy, and mitmdump when it is installed (bench/targets.ts). Upstreams, each proxy
  * and the load generator (bench/load.ts) run in their own processes, all on 127.0.0.1.
  *
@@ -21,12 +24,14 @@
  * Prints one markdown table per scenario and the goals of issue 6, and writes everything to
  * bench/results/<YYYY-MM-DD>.json. docs/performance.md records a run and reads it.
  */
+import { execFileSync } from "node:child_process";
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, writeFileSync } from "node:fs";
 import { cpus, loadavg, release, tmpdir, totalmem } from "node:os";
 import { join } from "node:path";
 import { performance } from "node:perf_hooks";
 import { ask, cleanup, forkTs, installCleanup, isStopping, root, setWorkDir, statusKb, stopChild, waitExit } from "./children.js";
 import type { LoadReply, LoadSetup, TargetName } from "./load.js";
+import { callsTable, type CallRow } from "./djs-calls.js";
 import {
   bigRow,
   bigTable,
@@ -44,7 +49,7 @@ import {
 } from "./report.js";
 import { profileTables, summarizeProfile, type ProfileSummary } from "./profile.js";
 import { Harness, hostsFor, runBig, runBulk, runHosts, runRate, scenarioNames, type BulkWindow, type HostsWindow, type RateWindow, type ScenarioName } from "./scenarios.js";
-import { allTargets, egressgateTargets, startTargets, type EgressgateTarget } from "./targets.js";
+import { allTargets, egressgateTargets, hookedTargets, startTargets, type EgressgateTarget } from "./targets.js";
 
 interface BenchSettings {
   readonly mode: "quick" | "full";
@@ -149,10 +154,10 @@ function parseArgs(argv: readonly string[]): BenchSettings {
   };
 }
 
-/** The targets of a scenario: egressgate-api and egressgate+hooks only take part in small GETs. */
+/** The targets of a scenario: egressgate-api and the hooked targets only take part in small GETs. */
 function targetsOf(settings: BenchSettings, scenario: ScenarioName): TargetName[] {
   if (scenario === "small") return [...settings.targets];
-  return settings.targets.filter((t) => t !== "egressgate-api" && t !== "egressgate+hooks");
+  return settings.targets.filter((t) => t !== "egressgate-api" && !hookedTargets.includes(t));
 }
 
 function machineInfo(loadBefore: readonly number[]): Record<string, unknown> {
@@ -180,8 +185,8 @@ async function main(): Promise<void> {
 
   const runBigScenario = has("big") && settings.targets.includes("egressgate");
   const downloadSizes = [...(has("bulk") ? [settings.bulk.bytes] : []), ...(runBigScenario ? [settings.bigBytes] : [])];
-  // Only what the chosen scenarios use: egressgate-api and egressgate+hooks take part in small GETs only.
-  const needed = settings.targets.filter((target) => settings.scenarios.some((s) => s !== "big" && targetsOf(settings, s).includes(target)));
+  // Only what the chosen scenarios use: egressgate-api and the hooked targets take part in small GETs only.
+  const needed = settings.targets.filter((target) => settings.scenarios.some((s) => s !== "big" && s !== "calls" && targetsOf(settings, s).includes(target)));
   const t = await startTargets({
     dir,
     targets: needed,
@@ -239,6 +244,18 @@ async function main(): Promise<void> {
   if (has("bulk")) {
     bulkWindows = await timed("bulk", () => runBulk(h, { ...settings.bulk, targets: only("bulk"), windowMaxMs: 60_000 }));
   }
+  let calls: CallRow[] = [];
+  if (has("calls")) {
+    // In its own process, while the proxies idle: the table compares QuickJS with V8, not with load.
+    calls = await timed("calls", async () => {
+      const out = execFileSync(process.execPath, ["--import", "tsx", join(root, "bench", "djs-calls.ts"), "--json", ...(settings.mode === "quick" ? ["--quick"] : [])], {
+        cwd: root,
+        encoding: "utf8",
+        timeout: 300_000,
+      });
+      return JSON.parse(out.trim().split("\n").pop() ?? "[]") as CallRow[];
+    });
+  }
   if (t.freshEgressgate !== undefined) {
     const result = await timed("big", () => runBig(h, settings.bigBytes));
     big = bigRow(result);
@@ -290,7 +307,7 @@ async function main(): Promise<void> {
     print(`${settings.rounds} interleaved rounds of ${settings.measureMs / 1000} s windows; req/s is the median window, latencies pool all windows.\n`);
     print(rateTable(smallRows));
     if (hooks.length > 0) {
-      print("\nNo-op tier-3 hooks (`egressgate+hooks` ÷ `egressgate-api`, the same script but for the hooks):\n");
+      print("\nHooks (each hooked target ÷ `egressgate-api`, the same script but for the hooks; proxy CPU includes the tier-2 worker threads):\n");
       print(hooksTable(hooks));
     }
   }
@@ -312,6 +329,11 @@ async function main(): Promise<void> {
     print(`\n## 32 MiB upload (Node upstream) and 32 MiB download (${source}), one at a time\n`);
     print(`MB/s is 10^6 bytes per second, the median transfer of ${settings.bulk.rounds} rounds × ${settings.bulk.count}; p50/p99 are transfer times.\n`);
     print(bulkTable(bulk));
+  }
+  if (calls.length > 0) {
+    print("\n## Tier-2 calls, µs per call (bench/djs-calls.ts)\n");
+    print("The same functions in a QuickJS sandbox (this thread; through the proxy's worker threads, one call at a time and pipelined) and natively in V8 (on a prebuilt Request, and with the Request built per call as tier 3 does).\n");
+    print(callsTable(calls));
   }
   if (big !== undefined) {
     print(`\n## 1 GiB download (${settings.bulkUpstream === "openssl" ? "openssl s_server" : "the Node upstream"}) through egressgate\n`);
@@ -346,6 +368,7 @@ async function main(): Promise<void> {
     goals: goalList,
     results: { small: smallRows, newconn: newconnRows, hosts, bulk, big },
     hooksVsNoHooks: hooks,
+    tier2Calls: calls,
     rssAtStartKb: idleRss,
     rssAtEndKb: rssAtEnd,
     relayConnectsSeenByRelay: relayConnects,

@@ -9,6 +9,7 @@
  *   bulk     a 32 MiB upload (to the Node upstream) and a 32 MiB download (from openssl s_server,
  *            or the Node upstream with --bulk-upstream node)
  *   big      a 1 GiB download through a fresh egressgate process: its RSS growth
+ *   calls    tier-2 call costs, measured by bench/djs-calls.ts in its own process (no proxy)
  *
  * Nothing here judges a figure; bench/report.ts turns the windows into tables and ratios.
  */
@@ -19,8 +20,8 @@ import type { BulkResult, BulkRun, HostsResult, HostsRun, RateResult, RateRun, T
 import { newHostname, originHost, smallBodyBytes, type StartedTargets } from "./targets.js";
 import type { UpstreamStats } from "./upstream.js";
 
-export type ScenarioName = "small" | "newconn" | "hosts" | "bulk" | "big";
-export const scenarioNames: readonly ScenarioName[] = ["small", "newconn", "hosts", "bulk", "big"];
+export type ScenarioName = "small" | "newconn" | "hosts" | "bulk" | "big" | "calls";
+export const scenarioNames: readonly ScenarioName[] = ["small", "newconn", "hosts", "bulk", "big", "calls"];
 
 /** What every measured window records about the processes around it. */
 export interface Sample {

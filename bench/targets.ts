@@ -20,13 +20,39 @@ import { fileURLToPath } from "node:url";
 import { createCaCertificate, importKeyPair, LeafSigner, parseCertificate } from "../src/tls/x509.js";
 import { ask, forkTs, root, spawnListening, startNodeProxy, transpile } from "./children.js";
 import type { TargetName } from "./load.js";
+import { headerAllowlistSource, noopPairSource } from "./policies.js";
 import type { RelayMessage, RelaySetup } from "./tcp-relay.js";
 import type { UpstreamMessage, UpstreamSetup } from "./upstream.js";
 
-export const allTargets: readonly TargetName[] = ["direct", "tcp-relay", "egressgate", "egressgate-api", "egressgate+hooks", "mockttp", "http-mitm-proxy", "mitmdump"];
+export const allTargets: readonly TargetName[] = [
+  "direct",
+  "tcp-relay",
+  "egressgate",
+  "egressgate-api",
+  "egressgate+hooks",
+  "egressgate+djs",
+  "egressgate+djs-allowlist",
+  "mockttp",
+  "http-mitm-proxy",
+  "mitmdump",
+];
 export const peerTargets: readonly TargetName[] = ["mockttp", "http-mitm-proxy", "mitmdump"];
-export type EgressgateTarget = "egressgate" | "egressgate-api" | "egressgate+hooks";
-export const egressgateTargets: readonly EgressgateTarget[] = ["egressgate", "egressgate-api", "egressgate+hooks"];
+export type EgressgateTarget = "egressgate" | "egressgate-api" | "egressgate+hooks" | "egressgate+djs" | "egressgate+djs-allowlist";
+export const egressgateTargets: readonly EgressgateTarget[] = ["egressgate", "egressgate-api", "egressgate+hooks", "egressgate+djs", "egressgate+djs-allowlist"];
+/** The embedded targets that differ from egressgate-api only in their hooks: they take part in small GETs only. */
+export const hookedTargets: readonly TargetName[] = ["egressgate+hooks", "egressgate+djs", "egressgate+djs-allowlist"];
+/** Each hooked target's flags for bench/hooked-proxy.ts; tier-2 policies are written into the work dir first. */
+function hookedArgs(target: TargetName, dir: string): string[] {
+  const policy = (name: string, source: string): string[] => {
+    const file = join(dir, name);
+    writeFileSync(file, source);
+    return ["--djs", file];
+  };
+  if (target === "egressgate+hooks") return ["--hooks"];
+  if (target === "egressgate+djs") return policy("noop-pair.mjs", noopPairSource);
+  if (target === "egressgate+djs-allowlist") return policy("header-allowlist.mjs", headerAllowlistSource);
+  return [];
+}
 
 /** The name every scenario but the new-hostname one requests. */
 export const originHost = "origin.bench.test";
@@ -274,7 +300,7 @@ export async function startTargets(options: StartOptions): Promise<StartedTarget
   if (apiTargets.length > 0) {
     const hookedProxy = await transpile(dir, fileURLToPath(new URL("./hooked-proxy.ts", import.meta.url)), ["egressgate"]);
     for (const target of apiTargets) {
-      const args = ["--ca-dir", caDir, "--upstream-ca", upstreamCaFile, "--host", originHost, ...(target === "egressgate+hooks" ? ["--hooks"] : [])];
+      const args = ["--ca-dir", caDir, "--upstream-ca", upstreamCaFile, "--host", originHost, ...hookedArgs(target, dir)];
       const started = await startNodeProxy(target, hookedProxy, args, { profileDir: profileFor(target) });
       proxies.set(target, { ...started, caPem: readFileSync(join(caDir, "ca.crt"), "utf8") });
     }

@@ -14,8 +14,6 @@ export interface BundleInput {
   readonly fromDisk: boolean;
 }
 
-/** The global the bundle assigns its exports to, inside the factory that wraps it. */
-export const exportsName = "__egressgatePolicy";
 
 const virtualNamespace = "egressgate-policy";
 const extensions = ["", ".ts", ".mts", ".js", ".mjs", ".json", "/index.ts", "/index.js", "/index.mjs"];
@@ -39,7 +37,8 @@ function inside(root: string, file: string): boolean {
  * `import()` are refused with an error naming the import; so is a symlink that leads outside.
  */
 function guard(input: BundleInput, root: string): Plugin {
-  const realRoot = input.fromDisk ? realpathSync(root) : root;
+  // Resolved on first use: a policy given as text may name a folder that does not exist.
+  let realRoot: string | undefined;
   const entry = path.resolve(input.filename);
   return {
     name: "egressgate-policy-imports",
@@ -67,6 +66,7 @@ function guard(input: BundleInput, root: string): Plugin {
               continue;
             }
             if (!isFile) continue;
+            realRoot ??= realpathSync(root);
             if (!inside(realRoot, realpathSync(candidate))) {
               return { errors: [{ text: `import "${spec}" is refused: it is a link to a file outside the policy's folder` }] };
             }
@@ -104,6 +104,24 @@ function describe(message: Message): string {
   if (at === null) return message.text;
   const file = at.file.startsWith(`${virtualNamespace}:`) ? at.file.slice(virtualNamespace.length + 1) : at.file;
   return `${file}:${at.line}:${at.column + 1}: ${message.text}`;
+}
+
+/**
+ * esbuild's bundled ESM ends with `export { local as exported, name };`. That statement becomes
+ * an object literal for the factory to return (`exported: local, name: name`).
+ */
+function splitExports(code: string): { body: string; exported: string } {
+  const match = /\nexport\s*\{([^}]*)\};?\s*$/.exec(`\n${code}`);
+  if (match === null) return { body: code, exported: "" };
+  const entries = match[1]!
+    .split(",")
+    .map((entry) => entry.trim())
+    .filter((entry) => entry !== "")
+    .map((entry) => {
+      const [local, exported = local] = entry.split(/\s+as\s+/);
+      return `${exported}: ${local}`;
+    });
+  return { body: code.slice(0, match.index), exported: entries.join(", ") };
 }
 
 /** A bundled policy: the factory's source, and a source map to name positions in the policy's own files. */
@@ -176,8 +194,9 @@ export async function bundlePolicy(input: BundleInput): Promise<BundledPolicy> {
       entryPoints: [path.resolve(input.filename)],
       bundle: true,
       write: false,
-      format: "iife",
-      globalName: exportsName,
+      // ESM output ends with one `export { … }` statement, which becomes the factory's return
+      // value; an IIFE would rebuild getter-based export objects on every call.
+      format: "esm",
       platform: "neutral",
       target: "es2022",
       mainFields: [],
@@ -192,8 +211,9 @@ export async function bundlePolicy(input: BundleInput): Promise<BundledPolicy> {
     const files = result.outputFiles ?? [];
     const code = files.find((f) => f.path.endsWith(".js"))?.text ?? "";
     const map = files.find((f) => f.path.endsWith(".map"))?.text;
-    // ES modules are strict; esbuild's IIFE leaves that out, so the wrapper says it.
-    return { code: `(function (globalThis) { "use strict";\n${code}\nreturn ${exportsName};\n})`, map };
+    const { body, exported } = splitExports(code);
+    // ES modules are strict, and the wrapper keeps them so.
+    return { code: `(function (globalThis) { "use strict";\n${body}\nreturn { ${exported} };\n})`, map };
   } catch (error) {
     const failure = error as { errors?: Message[] };
     if (Array.isArray(failure.errors) && failure.errors.length > 0) {

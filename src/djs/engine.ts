@@ -54,6 +54,9 @@ function spawn(policy: PolicySource, limits: DjsLimits): Spawned {
   const init: WorkerInit & { initPort: MessagePort } = { policy, limits, heartbeat, ready, initPort: channel.port2 };
   const worker = new Worker(workerEntry, {
     eval: typeof workerEntry === "string",
+    // Not the embedding process's flags and preloads: they are not the sandbox's business (a
+    // preload that watches stdin, say, would see a worker's empty stdin and act on it).
+    execArgv: [],
     workerData: init,
     transferList: [channel.port2],
     // QuickJS recursion runs on this thread's stack: 8 MiB leaves room under a 1 MiB QuickJS limit.

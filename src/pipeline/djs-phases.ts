@@ -30,10 +30,12 @@ const contentLengthHeaders = new Set(["content-length", "transfer-encoding"]);
 const encodedBodyHeaders = new Set(["content-encoding", "content-length"]);
 const methodToken = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 
-/** A header list for the policy: joined with LF, with `host` as it will be sent. */
+/** A header list for the policy: names lowercased, joined with LF, with `host` as it will be sent. */
 function joinHeaders(list: HeaderList, host?: string): string {
-  const all = host === undefined ? list : [...list, "host", host];
-  return all.join("\n");
+  let joined = "";
+  for (let i = 0; i < list.length; i += 2) joined += `${i === 0 ? "" : "\n"}${list[i]!.toLowerCase()}\n${list[i + 1]!}`;
+  if (host !== undefined) joined += `${joined === "" ? "" : "\n"}host\n${host}`;
+  return joined;
 }
 
 function logConsole(run: DjsRun, reply: CallReply): void {

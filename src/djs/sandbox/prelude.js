@@ -39,10 +39,16 @@
   // --- Headers ------------------------------------------------------------------------------
   const tokenChars = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
   const badValue = /[\0\r\n]/;
+  // Validated names, lowercased. A pure function's results: nothing a policy can observe or change.
+  const knownNames = new Map();
   function headerName(name) {
-    const n = String(name);
+    const n = typeof name === "string" ? name : String(name);
+    const known = knownNames.get(n);
+    if (known !== undefined) return known;
     if (!tokenChars.test(n)) throw new TypeError(`invalid header name: ${JSON.stringify(n)}`);
-    return n.toLowerCase();
+    const lower = n.toLowerCase();
+    if (knownNames.size < 512) knownNames.set(n, lower);
+    return lower;
   }
   function headerValue(value) {
     const v = String(value).replace(/^[\t\n\r ]+|[\t\n\r ]+$/g, "");
@@ -50,14 +56,15 @@
     return v;
   }
 
+  /** Headers as one flat list, [name, value, name, value, …], lowercase names in arrival order. */
   class Headers {
-    #list = [];
+    #flat = [];
     #dirty = false;
     #immutable = false;
     constructor(init) {
       if (init === undefined || init === null) return;
       if (init instanceof Headers) {
-        this.#list = init.#list.map((pair) => [pair[0], pair[1]]);
+        this.#flat = init.#flat.slice();
       } else if (typeof init[Symbol.iterator] === "function") {
         for (const pair of init) {
           const entry = Array.from(pair);
@@ -75,41 +82,67 @@
       if (this.#immutable) throw new TypeError("these headers are immutable");
       this.#dirty = true;
     }
+    #without(n) {
+      const kept = [];
+      const flat = this.#flat;
+      for (let i = 0; i < flat.length; i += 2) if (flat[i] !== n) kept.push(flat[i], flat[i + 1]);
+      return kept;
+    }
     append(name, value) {
       const n = headerName(name);
       const v = headerValue(value);
       this.#write();
-      this.#list.push([n, v]);
+      this.#flat.push(n, v);
     }
     set(name, value) {
       const n = headerName(name);
       const v = headerValue(value);
       this.#write();
-      const i = this.#list.findIndex((pair) => pair[0] === n);
-      this.#list = this.#list.filter((pair, j) => pair[0] !== n || j === i);
-      if (i === -1) this.#list.push([n, v]);
-      else this.#list[i][1] = v;
+      const flat = this.#flat;
+      let i = 0;
+      while (i < flat.length && flat[i] !== n) i += 2;
+      if (i === flat.length) {
+        flat.push(n, v);
+        return;
+      }
+      // The first occurrence keeps its place and takes the value; later ones go.
+      const rest = [];
+      for (let j = i + 2; j < flat.length; j += 2) if (flat[j] !== n) rest.push(flat[j], flat[j + 1]);
+      flat.length = i + 2;
+      flat[i + 1] = v;
+      for (const item of rest) flat.push(item);
     }
     delete(name) {
       const n = headerName(name);
       this.#write();
-      this.#list = this.#list.filter((pair) => pair[0] !== n);
+      this.#flat = this.#without(n);
     }
     get(name) {
       const n = headerName(name);
-      const values = this.#list.filter((pair) => pair[0] === n).map((pair) => pair[1]);
-      return values.length === 0 ? null : values.join(", ");
+      const flat = this.#flat;
+      let found = null;
+      for (let i = 0; i < flat.length; i += 2) {
+        if (flat[i] === n) found = found === null ? flat[i + 1] : `${found}, ${flat[i + 1]}`;
+      }
+      return found;
     }
     getSetCookie() {
-      return this.#list.filter((pair) => pair[0] === "set-cookie").map((pair) => pair[1]);
+      const out = [];
+      const flat = this.#flat;
+      for (let i = 0; i < flat.length; i += 2) if (flat[i] === "set-cookie") out.push(flat[i + 1]);
+      return out;
     }
     has(name) {
       const n = headerName(name);
-      return this.#list.some((pair) => pair[0] === n);
+      const flat = this.#flat;
+      for (let i = 0; i < flat.length; i += 2) if (flat[i] === n) return true;
+      return false;
     }
     *entries() {
       // WHATWG order: sorted by name, repeated names combined, except Set-Cookie.
-      const names = [...new Set(this.#list.map((pair) => pair[0]))].sort();
+      const names = [];
+      for (let i = 0; i < this.#flat.length; i += 2) if (!names.includes(this.#flat[i])) names.push(this.#flat[i]);
+      names.sort();
       for (const name of names) {
         if (name === "set-cookie") for (const cookie of this.getSetCookie()) yield [name, cookie];
         else yield [name, this.get(name)];
@@ -131,11 +164,12 @@
       return "Headers";
     }
     static flat(headers) {
-      return headers.#list.flat();
+      return headers.#flat.slice();
     }
+    /** The proxy's own list: already valid and lowercase, so taken as it is. */
     static fromFlat(list, immutable) {
       const headers = new Headers();
-      for (let i = 0; i < list.length; i += 2) headers.#list.push([list[i], list[i + 1]]);
+      headers.#flat = list;
       headers.#immutable = immutable === true;
       return headers;
     }
@@ -273,7 +307,39 @@
     for (let i = 0; i < urlParts.length; i++) parts[urlParts[i]] = values[i];
     return parts;
   }
+  /**
+   * The proxy hands the policy URLs it has already serialised with the same WHATWG parser, and
+   * parsing a serialised http(s) URL gives back its own parts. So `new URL(request.url)`, the
+   * most common call in a policy, is split here, without a round trip to the worker.
+   */
+  let canonicalHref = "";
+  const canonicalShape = /^(https?:)\/\/(?:([^:@/]*)(?::([^@/]*))?@)?([a-z0-9.-]+|\[[0-9a-f:.]+\])(?::(\d+))?(\/[^?#]*)(\?[^#]*)?(#.*)?$/;
+  function canonicalParts(href) {
+    const m = canonicalShape.exec(href);
+    if (m === null) return undefined;
+    const protocol = m[1];
+    const hostname = m[4];
+    const port = m[5] ?? "";
+    const host = port === "" ? hostname : `${hostname}:${port}`;
+    return {
+      href,
+      origin: `${protocol}//${host}`,
+      protocol,
+      username: m[2] ?? "",
+      password: m[3] ?? "",
+      host,
+      hostname,
+      port,
+      pathname: m[6],
+      search: m[7] === undefined || m[7] === "?" ? "" : m[7],
+      hash: m[8] === undefined || m[8] === "#" ? "" : m[8],
+    };
+  }
   function parseOrThrow(input, base) {
+    if (base === undefined && input === canonicalHref) {
+      const parts = canonicalParts(input);
+      if (parts !== undefined) return parts;
+    }
     const parsed = parseUrl(String(input), base === undefined ? undefined : String(base));
     if (parsed === undefined) throw new TypeError(`Invalid URL: ${String(input)}`);
     return partsOf(parsed);
@@ -869,6 +935,7 @@
      */
     call(phaseIndex, now, method, url, headers, hasBody, requestBody, status, statusText, responseHeaders, responseUrl, responseHasBody, responseBody) {
       clock = now;
+      canonicalHref = url;
       loaded.request = requestBody === undefined ? undefined : new Uint8Array(requestBody);
       loaded.response = responseBody === undefined ? undefined : new Uint8Array(responseBody);
       if (needed.size > 0) needed = new Set();
@@ -880,7 +947,7 @@
       let args;
       if (phase === "isIpAllowed") {
         // method, url, headers, hasBody carry hostname, ip, family, port; requestBody the protocol.
-        args = [Object.freeze({ hostname: method, ip: url, family: headers, port: hasBody, protocol: requestBody })];
+        args = [{ hostname: method, ip: url, family: headers, port: hasBody, protocol: requestBody }];
         loaded.request = undefined;
       } else if (phase === "onResponse") {
         request = makeRequest(method, url, headers, false);
