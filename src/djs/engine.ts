@@ -35,6 +35,8 @@ interface Slot {
   readonly pending: Map<number, Pending>;
   /** Calls waiting for the worker to finish loading. */
   readonly queued: Pending[];
+  /** Calls posted in this turn of the event loop, sent together as one message. */
+  outbox: CallMessage[];
   loaded: boolean;
   /** Set once the worker is being replaced: nothing more is posted to it. */
   retired: boolean;
@@ -122,7 +124,7 @@ export class DjsEngine {
   }
 
   private attach(spawned: Spawned, loaded: boolean): Slot {
-    const slot: Slot = { worker: spawned.worker, heartbeat: spawned.heartbeat, pending: new Map(), queued: [], loaded, retired: false };
+    const slot: Slot = { worker: spawned.worker, heartbeat: spawned.heartbeat, pending: new Map(), queued: [], outbox: [], loaded, retired: false };
     if (!loaded) {
       spawned.initPort.once("message", (message: { init: InitReply }) => {
         spawned.initPort.close();
@@ -138,12 +140,14 @@ export class DjsEngine {
     } else {
       spawned.initPort.close();
     }
-    spawned.worker.on("message", (reply: CallReply) => {
-      const call = slot.pending.get(reply.id);
-      if (call === undefined) return;
-      slot.pending.delete(reply.id);
-      this.settled();
-      call.resolve(reply);
+    spawned.worker.on("message", (replies: CallReply[]) => {
+      for (const reply of replies) {
+        const call = slot.pending.get(reply.id);
+        if (call === undefined) continue;
+        slot.pending.delete(reply.id);
+        this.settled();
+        call.resolve(reply);
+      }
     });
     spawned.worker.on("error", () => undefined);
     spawned.worker.on("exit", () => {
@@ -158,8 +162,17 @@ export class DjsEngine {
       return;
     }
     slot.pending.set(call.message.id, call);
-    // Bodies are copied, not transferred: a call may have to move to another worker.
-    slot.worker.postMessage(call.message);
+    // One message per worker per turn of the event loop: under load, a message per call would
+    // cost more than the calls themselves. Bodies are copied, not transferred: a call may have
+    // to move to another worker.
+    slot.outbox.push(call.message);
+    if (slot.outbox.length === 1) {
+      setImmediate(() => {
+        const batch = slot.outbox;
+        slot.outbox = [];
+        if (!slot.retired && batch.length > 0) slot.worker.postMessage(batch);
+      });
+    }
   }
 
   private settled(): void {
@@ -216,6 +229,7 @@ export class DjsEngine {
     const calls = [...slot.pending.values(), ...slot.queued];
     slot.pending.clear();
     slot.queued.length = 0;
+    slot.outbox = [];
     if (this.closed) {
       for (const call of calls) {
         this.settled();

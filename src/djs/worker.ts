@@ -1,6 +1,6 @@
 import { parentPort, workerData, type MessagePort } from "node:worker_threads";
 import { bundlePolicy, PolicyLoadError } from "./bundle.js";
-import type { CallMessage, InitReply, WorkerInit } from "./protocol.js";
+import type { CallMessage, CallReply, InitReply, WorkerInit } from "./protocol.js";
 import { Sandbox } from "./sandbox.js";
 
 /**
@@ -51,22 +51,35 @@ try {
 const queue: CallMessage[] = [];
 let running = false;
 
+/** Runs every queued call; the replies of one batch go back as one message. */
 async function drain(): Promise<void> {
   if (running) return;
   running = true;
+  let replies: CallReply[] = [];
+  const flush = (): void => {
+    if (replies.length === 0) return;
+    const transfer = replies.flatMap((r) => (r.bytes !== undefined ? [r.bytes.buffer as ArrayBuffer] : []));
+    port.postMessage(replies, transfer);
+    replies = [];
+  };
   while (queue.length > 0) {
     const message = queue.shift()!;
     heartbeat[0] = performance.timeOrigin + performance.now();
     const { reply, replace } = sandbox.call(message);
     heartbeat[0] = 0;
-    port.postMessage(reply, reply.bytes !== undefined ? [reply.bytes.buffer as ArrayBuffer] : []);
-    // A call that hit a limit or tainted the realm leaves nothing behind: a fresh WASM instance.
-    if (replace) sandbox = await Sandbox.create(init.policy.kind, init.policy.filename, code, map, init.limits);
+    replies.push(reply);
+    if (replace) {
+      // A call that hit a limit leaves nothing behind: a fresh WASM instance. Its answer goes
+      // out first, so the wait for the new instance delays no settled call.
+      flush();
+      sandbox = await Sandbox.create(init.policy.kind, init.policy.filename, code, map, init.limits);
+    }
   }
+  flush();
   running = false;
 }
 
-port.on("message", (message: CallMessage) => {
-  queue.push(message);
+port.on("message", (batch: CallMessage[]) => {
+  for (const message of batch) queue.push(message);
   void drain();
 });
