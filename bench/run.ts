@@ -53,6 +53,8 @@ import { allTargets, egressgateTargets, hookedTargets, startTargets, type Egress
 
 interface BenchSettings {
   readonly mode: "quick" | "full";
+  /** Where the JSON goes instead of bench/results/<date>.json (the harness test uses a temp file). */
+  readonly out: string | undefined;
   readonly targets: readonly TargetName[];
   readonly scenarios: readonly ScenarioName[];
   /** small and newconn: interleaved rounds, and each window's timing. */
@@ -79,6 +81,7 @@ const usage = `usage: npm run bench -- [--quick] [--targets LIST] [--scenarios L
   --seconds S        measured seconds per small/newconn window, 0.2..30
   --hosts N          new hostnames per target in the hosts scenario, 1..5000
   --bulk-upstream U  where bulk and 1 GiB downloads come from: openssl (s_server -HTTP, the default) or node
+  --out FILE         write the JSON there instead of bench/results/<date>.json
   --cpu-prof         run the egressgate child under node --cpu-prof and print its top self-time functions;
                      --cpu-prof=egressgate+hooks (or egressgate-api) profiles that child instead`;
 
@@ -102,6 +105,7 @@ function parseArgs(argv: readonly string[]): BenchSettings {
   let hostCount = quick ? 100 : 1_000;
   let cpuProf: EgressgateTarget | undefined;
   let bulkUpstream: "openssl" | "node" = "openssl";
+  let out: string | undefined;
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
     const [flag, inline] = arg.startsWith("--") && arg.includes("=") ? [arg.slice(0, arg.indexOf("=")), arg.slice(arg.indexOf("=") + 1)] : [arg, undefined];
@@ -122,6 +126,7 @@ function parseArgs(argv: readonly string[]): BenchSettings {
     else if (flag === "--rounds") rounds = number();
     else if (flag === "--seconds") measureMs = number() * 1000;
     else if (flag === "--hosts") hostCount = number();
+    else if (flag === "--out") out = text();
     else if (flag === "--bulk-upstream") {
       const value = text();
       if (value !== "openssl" && value !== "node") throw new RangeError(`--bulk-upstream: expected openssl or node, got ${JSON.stringify(value)}`);
@@ -139,6 +144,7 @@ function parseArgs(argv: readonly string[]): BenchSettings {
   const hostRounds = Math.min(hostCount, quick ? 2 : 4);
   return {
     mode: quick ? "quick" : "full",
+    out,
     targets,
     scenarios,
     rounds,
@@ -354,7 +360,7 @@ async function main(): Promise<void> {
   const date = new Date().toISOString().slice(0, 10);
   const resultsDir = join(root, "bench", "results");
   mkdirSync(resultsDir, { recursive: true });
-  const resultsFile = join(resultsDir, `${date}.json`);
+  const resultsFile = settings.out ?? join(resultsDir, `${date}.json`);
   const json = {
     date,
     command: `npm run bench${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(" ")}` : ""}`,
@@ -376,7 +382,7 @@ async function main(): Promise<void> {
     ...(profile !== undefined ? { cpuProfile: profile } : {}),
   };
   writeFileSync(resultsFile, `${JSON.stringify(json, null, 2)}\n`);
-  print(`\nresults: ${resultsFile.slice(root.length)} (${totalSeconds.toFixed(0)} s; ${Object.entries(timings).map(([k, v]) => `${k} ${v} s`).join(", ")})`);
+  print(`\nresults: ${resultsFile.startsWith(root) ? resultsFile.slice(root.length) : resultsFile} (${totalSeconds.toFixed(0)} s; ${Object.entries(timings).map(([k, v]) => `${k} ${v} s`).join(", ")})`);
   console.log(out.join("\n"));
 }
 

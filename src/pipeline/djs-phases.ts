@@ -49,7 +49,8 @@ function logConsole(run: DjsRun, reply: CallReply): void {
 
 async function call(run: DjsRun, message: Omit<CallMessage, "id">): Promise<Outcome> {
   const reply = await run.engine.call(message);
-  logConsole(run, reply);
+  // A call that stopped to have a body loaded runs again from the start: its lines come then.
+  if (reply.outcome.t !== "need") logConsole(run, reply);
   if (reply.bytes !== undefined) (reply.outcome as { bytes?: Uint8Array }).bytes = reply.bytes;
   return reply.outcome;
 }
@@ -149,7 +150,8 @@ export async function djsOnRequest(
 ): Promise<OnRequestOutcome> {
   const filename = run.engine.filename;
   const now = Date.now();
-  let loaded: Uint8Array | undefined = request.body instanceof Uint8Array ? request.body : undefined;
+  // Bytes cross to the worker only once the policy asks for them, even when already in memory.
+  let loaded: Uint8Array | undefined;
   const tooLarge = (): EgressError =>
     new EgressError("EG_TOO_LARGE", 413, `the request body is larger than maxHttpBodyBytes (${limits.requestBodyBytes}) for a policy to read`);
   for (let attempt = 0; ; attempt++) {
@@ -167,7 +169,8 @@ export async function djsOnRequest(
         throw failure("onRequest", outcome, filename);
       }
       try {
-        loaded = await readAll(tap !== undefined ? tap.web : (request.body as Readable), limits.requestBodyBytes);
+        loaded =
+          request.body instanceof Uint8Array ? request.body : await readAll(tap !== undefined ? tap.web : request.body, limits.requestBodyBytes);
       } catch (error) {
         if (error instanceof BodyLimitError || tap?.limitHit === true) throw tooLarge();
         throw new EgressError("EG_BAD_REQUEST", 400, `the request body could not be read for the policy: ${(error as Error).message}`);
@@ -178,7 +181,9 @@ export async function djsOnRequest(
     }
     // The body, as the guest sent it, for whatever goes on: bytes once the policy has loaded them.
     const original = (): Readable | Uint8Array | null => loaded ?? request.body;
-    const originalHeaders = (headers: HeaderList): HeaderList => (loaded !== undefined && request.body !== null ? withExactLength(headers, loaded.byteLength) : headers);
+    // A guest stream the policy read goes on as bytes, framed by their exact length.
+    const originalHeaders = (headers: HeaderList): HeaderList =>
+      loaded !== undefined && !(request.body instanceof Uint8Array) ? withExactLength(headers, loaded.byteLength) : headers;
     if (outcome.t === "code" && outcome.v === codeUnchanged) {
       return { request: { ...request, headers: originalHeaders(request.headers), body: original() } };
     }

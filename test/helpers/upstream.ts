@@ -7,6 +7,15 @@ import type { SecureContext } from "node:tls";
 import { onTestFinished } from "vitest";
 import { testCa } from "./test-ca.js";
 
+/** What the upstream's `/echo` route answers: the request as it arrived. */
+export interface Echo {
+  method: string;
+  path: string;
+  headers: Record<string, string | undefined>;
+  bodyBytes: number;
+  bodySha256: string;
+}
+
 export interface SeenRequest {
   readonly method: string;
   readonly url: string;

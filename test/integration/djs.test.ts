@@ -5,15 +5,7 @@ import type { DjsHooksOptions, HttpHooksOptions } from "../../src/index.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
 import { openRaw } from "../helpers/raw.js";
-import { patternBody, patternSha256, startUpstream } from "../helpers/upstream.js";
-
-interface Echo {
-  method: string;
-  path: string;
-  headers: Record<string, string | undefined>;
-  bodyBytes: number;
-  bodySha256: string;
-}
+import { patternBody, patternSha256, startUpstream, type Echo } from "../helpers/upstream.js";
 
 const gzipped = gzipSync(Buffer.from(JSON.stringify({ secret: "hunter2", n: 1 })));
 
@@ -218,6 +210,12 @@ describe("tier 2 through the proxy", () => {
     const line = proxy.logs.find((l) => l["msg"] === "policy console");
     expect(line).toMatchObject({ text: "audit GET 200" });
     expect(String(line?.["policy"])).toMatch(/audit\.mjs$/);
+  });
+
+  it("a policy that reads the body logs its console lines once, though the call runs twice", async () => {
+    const { proxy, base } = await setup(`export async function onRequest(r) { console.log("before read"); const t = await r.clone().text(); console.log("read", t.length); }`);
+    expect((await fetchVia(proxy, `${base}/echo`, { method: "POST", body: "12345" })).status).toBe(200);
+    expect(proxy.logs.filter((l) => l["msg"] === "policy console").map((l) => l["text"])).toEqual(["before read", "read 5"]);
   });
 
   it("an onResponse-only policy leaves the CONNECT pre-check on: a refused host is refused before TLS", async () => {

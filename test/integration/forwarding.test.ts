@@ -3,15 +3,7 @@ import { request } from "undici";
 import { describe, expect, it } from "vitest";
 import { curlVia } from "../helpers/curl.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
-import { patternBody, patternSha256, startUpstream } from "../helpers/upstream.js";
-
-interface Echo {
-  method: string;
-  path: string;
-  headers: Record<string, string | undefined>;
-  bodyBytes: number;
-  bodySha256: string;
-}
+import { patternBody, patternSha256, startUpstream, type Echo } from "../helpers/upstream.js";
 
 const MiB = 1024 * 1024;
 

@@ -5,15 +5,7 @@ import { describe, expect, it, onTestFinished } from "vitest";
 import { HttpRequestBlockedError, type HttpHooksOptions, type ProxyOptions } from "../../src/index.js";
 import { curlVia } from "../helpers/curl.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
-import { patternBody, patternSha256, startUpstream, type Upstream } from "../helpers/upstream.js";
-
-interface Echo {
-  method: string;
-  path: string;
-  headers: Record<string, string | undefined>;
-  bodyBytes: number;
-  bodySha256: string;
-}
+import { patternBody, patternSha256, startUpstream, type Upstream, type Echo } from "../helpers/upstream.js";
 
 const MiB = 1024 * 1024;
 const gzipped = gzipSync(Buffer.from(JSON.stringify({ hello: "world", n: 42 })));

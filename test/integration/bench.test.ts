@@ -1,0 +1,55 @@
+import { execFile, execFileSync } from "node:child_process";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { beforeAll, describe, expect, it } from "vitest";
+import { tempDir } from "../helpers/proxy.js";
+
+const root = fileURLToPath(new URL("../../", import.meta.url));
+
+interface RateRow {
+  readonly target: string;
+  readonly concurrency: number;
+  readonly requestsPerSecond: number;
+  readonly ok: number;
+  readonly errors: number;
+}
+
+beforeAll(() => {
+  // The bench runs dist/ (the CLI and the package), as a user's `npm run bench` does.
+  if (!existsSync(join(root, "dist", "cli", "bin.js"))) execFileSync("npm", ["run", "build"], { cwd: root, stdio: "inherit", timeout: 170_000 });
+}, 180_000);
+
+describe("npm run bench", () => {
+  it("a tiny run gives figures for every target it started, and names any it skipped", async () => {
+    const out = join(tempDir(), "bench.json");
+    const targets = ["direct", "tcp-relay", "egressgate", "egressgate-api", "egressgate+hooks", "egressgate+djs", "mockttp", "http-mitm-proxy", "mitmdump"];
+    const stdout = await new Promise<string>((resolve, reject) => {
+      execFile(
+        process.execPath,
+        ["--import", "tsx", "bench/run.ts", "--quick", "--scenarios", "small", "--rounds", "1", "--seconds", "0.2", "--targets", targets.join(","), "--out", out],
+        { cwd: root, timeout: 120_000, maxBuffer: 16 * 1024 * 1024 },
+        (error, text, stderr) => (error === null ? resolve(text) : reject(new Error(`${error.message}\n${stderr}`))),
+      );
+    });
+    const json = JSON.parse(readFileSync(out, "utf8")) as { skipped: Record<string, string>; dropped: Record<string, string>; results: { small: RateRow[] } };
+    expect(json.dropped).toEqual({});
+    const ran = targets.filter((t) => json.skipped[t] === undefined);
+    // mitmdump is the only target that may be absent (when mitmproxy is not installed), with a reason.
+    for (const skipped of Object.keys(json.skipped)) expect(skipped).toBe("mitmdump");
+    for (const target of ran) {
+      for (const concurrency of [1, 32]) {
+        const row = json.results.small.find((r) => r.target === target && r.concurrency === concurrency);
+        expect(row, `${target} at ${concurrency}`).toBeDefined();
+        expect(row!.ok, `${target} at ${concurrency}`).toBeGreaterThan(0);
+        expect(row!.errors, `${target} at ${concurrency}`).toBe(0);
+        expect(row!.requestsPerSecond, `${target} at ${concurrency}`).toBeGreaterThan(0);
+      }
+    }
+    // The printed report has the table, the ratios and the hooks comparison.
+    expect(stdout).toContain("## Small HTTPS GETs");
+    expect(stdout).toContain("× best peer");
+    expect(stdout).toContain("no-op tier-2 pair");
+    expect(stdout).toContain("no-op tier-3 pair");
+  }, 150_000);
+});
