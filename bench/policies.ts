@@ -3,6 +3,9 @@
  * and a header allowlist of the usual shape (parse the URL, check method, host, path, headers).
  * The hostname set includes the bench's origin, so every bench request is allowed.
  */
+/** For the 1 GiB download: a policy that looks at every response but never reads a body. */
+export const onResponseOnlySource = `export function onResponse(response) { if (response.status >= 500) console.warn("upstream error", response.status); }`;
+
 export const noopPairSource = `export function onRequest() {}\nexport function onResponse() {}`;
 
 export const headerAllowlistSource = `

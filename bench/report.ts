@@ -294,7 +294,7 @@ export function bulkTable(rows: readonly BulkRow[]): string {
 // 1 GiB download
 
 export interface BigRow {
-  readonly target: "egressgate";
+  readonly target: "egressgate" | "egressgate + onResponse-only tier-2 policy";
   readonly mib: number;
   readonly mbPerSecond: number | undefined;
   readonly idleRssMiB: number | undefined;
@@ -310,7 +310,7 @@ export function bigRow(result: BigResult): BigRow {
   const idle = mib(result.idleRssKb);
   const peak = mib(result.peakRssKb);
   return {
-    target: "egressgate",
+    target: result.withPolicy ? "egressgate + onResponse-only tier-2 policy" : "egressgate",
     mib: result.bytes / 2 ** 20,
     mbPerSecond: result.ms === undefined ? undefined : result.bytes / result.ms / 1000,
     idleRssMiB: idle,
@@ -323,12 +323,11 @@ export function bigRow(result: BigResult): BigRow {
   };
 }
 
-export function bigTable(row: BigRow): string {
+export function bigTable(rows: readonly BigRow[]): string {
   return table(
     ["target", "download", "MB/s", "idle RSS MiB", "peak RSS MiB", "RSS growth MiB (goal < 64)", "RSS after MiB", "proxy CPU %", "errors"],
     ["l", "r", "r", "r", "r", "r", "r", "r", "r"],
-    [
-      [
+    rows.map((row) => [
         `${row.target} (fresh process)`,
         `${fixed(row.mib, 0)} MiB`,
         fixed(row.mbPerSecond, 0),
@@ -338,8 +337,7 @@ export function bigTable(row: BigRow): string {
         fixed(row.afterRssMiB, 0),
         fixed(row.proxyCpuPercent, 0),
         String(row.errors),
-      ],
-    ],
+      ]),
   );
 }
 

@@ -9,7 +9,8 @@
  *   hosts    the first request to each of 1,000 new hostnames (100 in quick mode)
  *   bulk     a 32 MiB upload to the Node upstream and a 32 MiB download from openssl s_server
  *            (or from the Node upstream, with --bulk-upstream node)
- *   big      a 1 GiB download through a fresh egressgate process: its RSS growth
+ *   big      a 1 GiB download through a fresh egressgate process: its RSS growth; and again
+ *            through one with an onResponse-only tier-2 policy
  *
  *   calls    tier-2 call costs: QuickJS in-thread and through the workers, next to V8 (bench/djs-calls.ts)
  *
@@ -210,6 +211,7 @@ async function main(): Promise<void> {
   const proxies: Record<string, { url: string; caPem: string }> = Object.fromEntries([...t.proxies].map(([name, p]) => [name, { url: p.url, caPem: p.caPem }]));
   if (t.relayPort !== undefined) proxies["tcp-relay"] = { url: `http://127.0.0.1:${t.relayPort}`, caPem: t.upstreamCaPem };
   if (t.freshEgressgate !== undefined) proxies["egressgate-fresh"] = { url: t.freshEgressgate.url, caPem: t.freshEgressgate.caPem };
+  if (t.freshEgressgateDjs !== undefined) proxies["egressgate-fresh-djs"] = { url: t.freshEgressgateDjs.url, caPem: t.freshEgressgateDjs.caPem };
   const loadSetup: LoadSetup = { kind: "setup", upstreamCaPem: t.upstreamCaPem, proxies, keepAliveMs: 120_000 };
   await ask(load, "ready", loadSetup, 30_000);
 
@@ -262,10 +264,16 @@ async function main(): Promise<void> {
       return JSON.parse(out.trim().split("\n").pop() ?? "[]") as CallRow[];
     });
   }
+  let bigWithPolicy: BigRow | undefined;
   if (t.freshEgressgate !== undefined) {
     const result = await timed("big", () => runBig(h, settings.bigBytes));
     big = bigRow(result);
     await stopChild(t.freshEgressgate.child);
+  }
+  if (t.freshEgressgateDjs !== undefined) {
+    const result = await timed("big+policy", () => runBig(h, settings.bigBytes, true));
+    bigWithPolicy = bigRow(result);
+    await stopChild(t.freshEgressgateDjs.child);
   }
 
   const summary = (await ask<Extract<LoadReply, { kind: "summary" }>>(load, "summary", { kind: "summary" }, 10_000)).entries;
@@ -343,7 +351,7 @@ async function main(): Promise<void> {
   }
   if (big !== undefined) {
     print(`\n## 1 GiB download (${settings.bulkUpstream === "openssl" ? "openssl s_server" : "the Node upstream"}) through egressgate\n`);
-    print(bigTable(big));
+    print(bigTable(bigWithPolicy === undefined ? [big] : [big, bigWithPolicy]));
   }
   print(`\n## Goals (issue 6, DESIGN.md §8)\n`);
   print(goalsTable(goalList));
@@ -372,7 +380,7 @@ async function main(): Promise<void> {
     durationSeconds: Math.round(totalSeconds),
     scenarioSeconds: timings,
     goals: goalList,
-    results: { small: smallRows, newconn: newconnRows, hosts, bulk, big },
+    results: { small: smallRows, newconn: newconnRows, hosts, bulk, big, bigWithPolicy },
     hooksVsNoHooks: hooks,
     tier2Calls: calls,
     rssAtStartKb: idleRss,

@@ -72,6 +72,8 @@ export interface BulkWindow extends Sample {
 }
 
 export interface BigResult {
+  /** Through the child with an onResponse-only tier-2 policy. */
+  readonly withPolicy: boolean;
   readonly bytes: number;
   readonly ms: number | undefined;
   readonly errors: number;
@@ -357,13 +359,14 @@ export async function runBulk(h: Harness, spec: BulkSpec): Promise<BulkWindow[]>
 // ---------------------------------------------------------------------------------------------
 
 /** One download of `bytes` through the fresh egressgate child, its RSS read around it. */
-export async function runBig(h: Harness, bytes: number): Promise<BigResult> {
-  const fresh = h.started.freshEgressgate;
+export async function runBig(h: Harness, bytes: number, withPolicy = false): Promise<BigResult> {
+  const fresh = withPolicy ? h.started.freshEgressgateDjs : h.started.freshEgressgate;
   if (fresh === undefined) throw new Error("1 GiB scenario without its egressgate child");
+  const name = withPolicy ? "egressgate-fresh-djs" : "egressgate-fresh";
   const pid = fresh.child.pid;
   const idleRssKb = statusKb(pid, "VmRSS");
   const { value: result, sample } = await h.measure(pid, () =>
-    h.bulk({ lane: "big/egressgate", target: "egressgate-fresh", direction: "download", url: h.started.downloadUrl(bytes), bytes, count: 1, maxMs: 120_000 }),
+    h.bulk({ lane: `big/${name}`, target: name, direction: "download", url: h.started.downloadUrl(bytes), bytes, count: 1, maxMs: 120_000 }),
   );
   const endRssKb = statusKb(pid, "VmRSS");
   let failure: string | undefined;
@@ -377,5 +380,16 @@ export async function runBig(h: Harness, bytes: number): Promise<BigResult> {
     `  big egressgate ${fmt(bytes / 2 ** 20)} MiB in ${fmt((ms ?? Number.NaN) / 1000, 1)} s  RSS idle ${fmt((idleRssKb ?? Number.NaN) / 1024)} MiB, ` +
       `peak ${fmt((sample.peakRssKb ?? Number.NaN) / 1024)} MiB, after ${fmt((endRssKb ?? Number.NaN) / 1024)} MiB`,
   );
-  return { bytes, ms, errors: result.errors, firstError: result.firstError, failure, idleRssKb, peakRssKb: sample.peakRssKb, endRssKb, proxyCpuPercent: sample.proxyCpuPercent };
+  return {
+    withPolicy,
+    bytes,
+    ms,
+    errors: result.errors,
+    firstError: result.firstError,
+    failure,
+    idleRssKb,
+    peakRssKb: sample.peakRssKb,
+    endRssKb,
+    proxyCpuPercent: sample.proxyCpuPercent,
+  };
 }

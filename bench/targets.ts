@@ -20,7 +20,7 @@ import { fileURLToPath } from "node:url";
 import { createCaCertificate, importKeyPair, LeafSigner, parseCertificate } from "../src/tls/x509.js";
 import { ask, forkTs, root, spawnListening, startNodeProxy, transpile } from "./children.js";
 import type { TargetName } from "./load.js";
-import { headerAllowlistSource, noopPairSource } from "./policies.js";
+import { headerAllowlistSource, noopPairSource, onResponseOnlySource } from "./policies.js";
 import type { RelayMessage, RelaySetup } from "./tcp-relay.js";
 import type { UpstreamMessage, UpstreamSetup } from "./upstream.js";
 
@@ -41,16 +41,17 @@ export type EgressgateTarget = "egressgate" | "egressgate-api" | "egressgate+hoo
 export const egressgateTargets: readonly EgressgateTarget[] = ["egressgate", "egressgate-api", "egressgate+hooks", "egressgate+djs", "egressgate+djs-allowlist"];
 /** The embedded targets that differ from egressgate-api only in their hooks: they take part in small GETs only. */
 export const hookedTargets: readonly TargetName[] = ["egressgate+hooks", "egressgate+djs", "egressgate+djs-allowlist"];
+function writePolicy(dir: string, name: string, source: string): string {
+  const file = join(dir, name);
+  writeFileSync(file, source);
+  return file;
+}
+
 /** Each hooked target's flags for bench/hooked-proxy.ts; tier-2 policies are written into the work dir first. */
 function hookedArgs(target: TargetName, dir: string): string[] {
-  const policy = (name: string, source: string): string[] => {
-    const file = join(dir, name);
-    writeFileSync(file, source);
-    return ["--djs", file];
-  };
   if (target === "egressgate+hooks") return ["--hooks"];
-  if (target === "egressgate+djs") return policy("noop-pair.mjs", noopPairSource);
-  if (target === "egressgate+djs-allowlist") return policy("header-allowlist.mjs", headerAllowlistSource);
+  if (target === "egressgate+djs") return ["--djs", writePolicy(dir, "noop-pair.mjs", noopPairSource)];
+  if (target === "egressgate+djs-allowlist") return ["--djs", writePolicy(dir, "header-allowlist.mjs", headerAllowlistSource)];
   return [];
 }
 
@@ -91,6 +92,8 @@ export interface StartedTargets {
   readonly skipped: Map<TargetName, string>;
   /** A second egressgate CLI child that serves only the 1 GiB download, so its idle RSS is a fresh process's. */
   readonly freshEgressgate: ProxyChild | undefined;
+  /** The same with an onResponse-only tier-2 policy (`--hooks-script`): the download must stream past it. */
+  readonly freshEgressgateDjs: ProxyChild | undefined;
   readonly versions: Readonly<Record<string, string>>;
 }
 
@@ -290,12 +293,15 @@ export async function startTargets(options: StartOptions): Promise<StartedTarget
     ...[originHost, ...extraHosts].flatMap((host) => ["--resolve", `${host}=127.0.0.1`]),
     ...["--upstream-ca", upstreamCaFile, "--log-level", "warn"],
   ];
-  const startCli = async (name: string, extraHosts: readonly string[], profileDir: string | undefined): Promise<ProxyChild> => {
-    const started = await startNodeProxy(name, cliPath, cliArgs(extraHosts), { profileDir });
+  const startCli = async (name: string, extraHosts: readonly string[], profileDir: string | undefined, extraArgs: readonly string[] = []): Promise<ProxyChild> => {
+    const started = await startNodeProxy(name, cliPath, [...cliArgs(extraHosts), ...extraArgs], { profileDir });
     return { ...started, caPem: readFileSync(join(caDir, "ca.crt"), "utf8") };
   };
   if (targets.includes("egressgate")) proxies.set("egressgate", await startCli("egressgate", options.egressgateHostnames, profileFor("egressgate")));
   const freshEgressgate = options.freshEgressgate ? await startCli("egressgate (1 GiB)", [], undefined) : undefined;
+  const freshEgressgateDjs = options.freshEgressgate
+    ? await startCli("egressgate + onResponse policy (1 GiB)", [], undefined, ["--hooks-script", writePolicy(dir, "on-response-only.mjs", onResponseOnlySource)])
+    : undefined;
   const apiTargets = egressgateTargets.filter((t) => t !== "egressgate" && targets.includes(t));
   if (apiTargets.length > 0) {
     const hookedProxy = await transpile(dir, fileURLToPath(new URL("./hooked-proxy.ts", import.meta.url)), ["egressgate"]);
@@ -310,5 +316,20 @@ export async function startTargets(options: StartOptions): Promise<StartedTarget
   const failed = settled.find((s): s is PromiseRejectedResult => s.status === "rejected");
   if (failed !== undefined) throw failed.reason;
 
-  return { upstream, upstreamPort, upstreamNoResumePort, upstreamCaPem: created.certPem, upstreamCaFile, bulk, downloadUrl, relay, relayPort, proxies, skipped, freshEgressgate, versions };
+  return {
+    upstream,
+    upstreamPort,
+    upstreamNoResumePort,
+    upstreamCaPem: created.certPem,
+    upstreamCaFile,
+    bulk,
+    downloadUrl,
+    relay,
+    relayPort,
+    proxies,
+    skipped,
+    freshEgressgate,
+    freshEgressgateDjs,
+    versions,
+  };
 }

@@ -3,6 +3,7 @@ import path from "node:path";
 import { pathToFileURL } from "node:url";
 import { MessageChannel, receiveMessageOnPort, Worker, type MessagePort } from "node:worker_threads";
 import { PolicyLoadError } from "./bundle.js";
+import { decodeReplies, encodeCalls, type WireReplies } from "./wire.js";
 import type { CallMessage, CallReply, DjsLimits, InitReply, PhaseName, PolicyKind, PolicySource, WorkerInit } from "./protocol.js";
 
 /**
@@ -140,8 +141,8 @@ export class DjsEngine {
     } else {
       spawned.initPort.close();
     }
-    spawned.worker.on("message", (replies: CallReply[]) => {
-      for (const reply of replies) {
+    spawned.worker.on("message", (wire: WireReplies) => {
+      for (const reply of decodeReplies(wire)) {
         const call = slot.pending.get(reply.id);
         if (call === undefined) continue;
         slot.pending.delete(reply.id);
@@ -162,15 +163,20 @@ export class DjsEngine {
       return;
     }
     slot.pending.set(call.message.id, call);
-    // One message per worker per turn of the event loop: under load, a message per call would
-    // cost more than the calls themselves. Bodies are copied, not transferred: a call may have
-    // to move to another worker.
+    // Bodies are copied, not transferred: a call may have to move to another worker.
+    if (slot.pending.size === 1) {
+      // The worker is idle: nothing to batch with, so no turn of the event loop to wait for.
+      slot.worker.postMessage(encodeCalls([call.message]));
+      return;
+    }
+    // Under load, one message per worker per turn of the event loop: a message per call would
+    // cost more than the calls themselves.
     slot.outbox.push(call.message);
     if (slot.outbox.length === 1) {
       setImmediate(() => {
         const batch = slot.outbox;
         slot.outbox = [];
-        if (!slot.retired && batch.length > 0) slot.worker.postMessage(batch);
+        if (!slot.retired && batch.length > 0) slot.worker.postMessage(encodeCalls(batch));
       });
     }
   }

@@ -1,6 +1,7 @@
 import { parentPort, workerData, type MessagePort } from "node:worker_threads";
 import { bundlePolicy, PolicyLoadError } from "./bundle.js";
 import type { CallMessage, CallReply, InitReply, WorkerInit } from "./protocol.js";
+import { decodeCalls, encodeReplies, type WireBatch } from "./wire.js";
 import { Sandbox } from "./sandbox.js";
 
 /**
@@ -59,7 +60,7 @@ async function drain(): Promise<void> {
   const flush = (): void => {
     if (replies.length === 0) return;
     const transfer = replies.flatMap((r) => (r.bytes !== undefined ? [r.bytes.buffer as ArrayBuffer] : []));
-    port.postMessage(replies, transfer);
+    port.postMessage(encodeReplies(replies), transfer);
     replies = [];
   };
   while (queue.length > 0) {
@@ -79,7 +80,7 @@ async function drain(): Promise<void> {
   running = false;
 }
 
-port.on("message", (batch: CallMessage[]) => {
-  for (const message of batch) queue.push(message);
+port.on("message", (batch: WireBatch) => {
+  for (const message of decodeCalls(batch)) queue.push(message);
   void drain();
 });
