@@ -163,14 +163,9 @@ export class DjsEngine {
       return;
     }
     slot.pending.set(call.message.id, call);
-    // Bodies are copied, not transferred: a call may have to move to another worker.
-    if (slot.pending.size === 1) {
-      // The worker is idle: nothing to batch with, so no turn of the event loop to wait for.
-      slot.worker.postMessage(encodeCalls([call.message]));
-      return;
-    }
-    // Under load, one message per worker per turn of the event loop: a message per call would
-    // cost more than the calls themselves.
+    // One message per worker per turn of the event loop: a message costs the proxy's thread
+    // more than a no-op call costs the worker. Waiting for the end of the turn costs little, even
+    // when idle. Bodies are copied, not transferred: a call may have to move to another worker.
     slot.outbox.push(call.message);
     if (slot.outbox.length === 1) {
       setImmediate(() => {
@@ -204,8 +199,12 @@ export class DjsEngine {
     });
   }
 
-  /** The live worker with the fewest calls in flight. */
+  /**
+   * A worker whose message for this turn is already being put together, while it is not far
+   * behind (so one message carries more calls); else the worker with the fewest calls in flight.
+   */
   private pick(): Slot {
+    for (const slot of this.slots) if (slot.outbox.length > 0 && slot.pending.size < 64) return slot;
     let best = this.slots[0]!;
     for (const slot of this.slots) {
       if (slot.pending.size + slot.queued.length < best.pending.size + best.queued.length) best = slot;
