@@ -15,13 +15,13 @@ export interface WireBatch {
 
 const US = "\x1f";
 const RS = "\x1e";
-const separators = /[\x1e\x1f]/;
 
 function packable(m: CallMessage): boolean {
   if (m.requestBody !== undefined || m.responseBody !== undefined) return false;
   const r = m.response;
   const i = m.info;
-  return !separators.test(m.method + m.url + m.headers + (r === undefined ? "" : r.statusText + r.headers + r.url) + (i === undefined ? "" : i.hostname + i.ip + i.protocol));
+  const text = m.method + m.url + m.headers + (r === undefined ? "" : r.statusText + r.headers + r.url) + (i === undefined ? "" : i.hostname + i.ip + i.protocol);
+  return !text.includes(US) && !text.includes(RS);
 }
 
 function pack(m: CallMessage): string {
