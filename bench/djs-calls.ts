@@ -117,6 +117,73 @@ function headerPairs(): [string, string][] {
   return pairs;
 }
 
+/**
+ * What a slow policy does to the proxy's own thread: 16 calls that each busy-loop for `burnMs`,
+ * all in flight at once, while a timer on this thread measures how late it fires. Through the
+ * workers the event loop should barely notice; in-thread, it is blocked for every call.
+ */
+export interface StallRow {
+  readonly where: "workers" | "this thread";
+  readonly calls: number;
+  readonly burnMs: number;
+  readonly elapsedMs: number;
+  readonly maxLoopDelayMs: number;
+}
+
+export async function measureStall(): Promise<StallRow[]> {
+  const burnMs = 40;
+  const calls = 16;
+  // A loop of about 40 ms on this machine's QuickJS; the table reports what one call really took.
+  const source = `export function isRequestAllowed() { let x = 0; for (let i = 0; i < ${burnMs} * 12500; i++) x += i; return x > 0; }`;
+  const filename = "/bench/slow.mjs";
+  const { code, map } = await bundlePolicy({ kind: "module", filename, source, modules: {}, fromDisk: false });
+  const rows: StallRow[] = [];
+  const watch = async (run: () => Promise<unknown>): Promise<{ elapsedMs: number; maxLoopDelayMs: number }> => {
+    let maxLate = 0;
+    let last = performance.now();
+    const timer = setInterval(() => {
+      const now = performance.now();
+      maxLate = Math.max(maxLate, now - last - 1);
+      last = now;
+    }, 1);
+    const t0 = performance.now();
+    await run();
+    const elapsedMs = performance.now() - t0;
+    await new Promise((resolve) => setTimeout(resolve, 5));
+    clearInterval(timer);
+    return { elapsedMs, maxLoopDelayMs: maxLate };
+  };
+  const { djsHooks } = createDjsHooks({ source, filename, limits: { timeoutMs: 10_000 } });
+  const msg = message("isRequestAllowed");
+  await djsHooks.engine.call(msg);
+  rows.push({ where: "workers", calls, burnMs, ...(await watch(() => Promise.all(Array.from({ length: calls }, () => djsHooks.engine.call(msg))))) });
+  await djsHooks.close();
+  const sandbox = await Sandbox.create("module", filename, code, map, { ...defaultDjsLimits, timeoutMs: 10_000 });
+  rows.push({
+    where: "this thread",
+    calls,
+    burnMs,
+    ...(await watch(async () => {
+      for (let i = 0; i < calls; i++) {
+        sandbox.call({ ...msg, id: i });
+        // Let the timer run between calls, as an event loop serving requests would.
+        await new Promise((resolve) => setImmediate(resolve));
+      }
+    })),
+  });
+  return rows;
+}
+
+export function stallTable(rows: readonly StallRow[]): string {
+  const inThread = rows.find((r) => r.where === "this thread");
+  const perCall = inThread === undefined ? Number.NaN : inThread.elapsedMs / inThread.calls;
+  return table(
+    ["policy runs on", "calls in flight", "one call, alone (ms)", "all done in ms", "worst event-loop delay ms"],
+    ["l", "r", "r", "r", "r"],
+    rows.map((r) => [r.where, String(r.calls), perCall.toFixed(0), r.elapsedMs.toFixed(0), r.maxLoopDelayMs.toFixed(1)]),
+  );
+}
+
 export function callsTable(rows: readonly CallRow[]): string {
   const f = (v: number): string => (v < 10 ? v.toFixed(2) : v.toFixed(1));
   return table(
@@ -137,6 +204,10 @@ export function callsTable(rows: readonly CallRow[]): string {
 if (import.meta.url === `file://${process.argv[1]}`) {
   const quick = process.argv.includes("--quick");
   const rows = await measureCalls(quick);
-  if (process.argv.includes("--json")) process.stdout.write(`${JSON.stringify(rows)}\n`);
-  else process.stdout.write(`Tier-2 call cost, µs per call (median of rounds)\n\n${callsTable(rows)}\n`);
+  const stall = await measureStall();
+  if (process.argv.includes("--json")) process.stdout.write(`${JSON.stringify({ calls: rows, stall })}\n`);
+  else {
+    process.stdout.write(`Tier-2 call cost, µs per call (median of rounds)\n\n${callsTable(rows)}\n`);
+    process.stdout.write(`\nA slow policy and the proxy's event loop\n\n${stallTable(stall)}\n`);
+  }
 }

@@ -32,7 +32,7 @@ import { join } from "node:path";
 import { performance } from "node:perf_hooks";
 import { ask, cleanup, forkTs, installCleanup, isStopping, root, setWorkDir, statusKb, stopChild, waitExit } from "./children.js";
 import type { LoadReply, LoadSetup, TargetName } from "./load.js";
-import { callsTable, type CallRow } from "./djs-calls.js";
+import { callsTable, stallTable, type CallRow, type StallRow } from "./djs-calls.js";
 import {
   bigRow,
   bigTable,
@@ -253,16 +253,17 @@ async function main(): Promise<void> {
     bulkWindows = await timed("bulk", () => runBulk(h, { ...settings.bulk, targets: only("bulk"), windowMaxMs: 60_000 }));
   }
   let calls: CallRow[] = [];
+  let stall: StallRow[] = [];
   if (has("calls")) {
     // In its own process, while the proxies idle: the table compares QuickJS with V8, not with load.
-    calls = await timed("calls", async () => {
+    ({ calls, stall } = await timed("calls", async () => {
       const out = execFileSync(process.execPath, ["--import", "tsx", join(root, "bench", "djs-calls.ts"), "--json", ...(settings.mode === "quick" ? ["--quick"] : [])], {
         cwd: root,
         encoding: "utf8",
         timeout: 300_000,
       });
-      return JSON.parse(out.trim().split("\n").pop() ?? "[]") as CallRow[];
-    });
+      return JSON.parse(out.trim().split("\n").pop() ?? "{}") as { calls: CallRow[]; stall: StallRow[] };
+    }));
   }
   let bigWithPolicy: BigRow | undefined;
   if (t.freshEgressgate !== undefined) {
@@ -348,6 +349,8 @@ async function main(): Promise<void> {
     print("\n## Tier-2 calls, µs per call (bench/djs-calls.ts)\n");
     print("The same functions in a QuickJS sandbox (this thread; through the proxy's worker threads, one call at a time and pipelined) and natively in V8 (on a prebuilt Request, and with the Request built per call as tier 3 does).\n");
     print(callsTable(calls));
+    print("\nA slow policy and the proxy's event loop: 16 calls of a busy loop, all in flight, while a 1 ms timer on the proxy's thread measures how late it fires.\n");
+    print(stallTable(stall));
   }
   if (big !== undefined) {
     print(`\n## 1 GiB download (${settings.bulkUpstream === "openssl" ? "openssl s_server" : "the Node upstream"}) through egressgate\n`);
@@ -383,6 +386,7 @@ async function main(): Promise<void> {
     results: { small: smallRows, newconn: newconnRows, hosts, bulk, big, bigWithPolicy },
     hooksVsNoHooks: hooks,
     tier2Calls: calls,
+    tier2Stall: stall,
     rssAtStartKb: idleRss,
     rssAtEndKb: rssAtEnd,
     relayConnectsSeenByRelay: relayConnects,

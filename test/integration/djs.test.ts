@@ -1,9 +1,10 @@
 import { gzipSync } from "node:zlib";
 import { request } from "undici";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, onTestFinished } from "vitest";
 import type { DjsHooksOptions, HttpHooksOptions } from "../../src/index.js";
 import { loadPolicy } from "../helpers/djs.js";
-import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
+import { fetchVia, proxyAgent, startTestProxy, tempDir } from "../helpers/proxy.js";
+import { testCa } from "../helpers/test-ca.js";
 import { openRaw } from "../helpers/raw.js";
 import { patternBody, patternSha256, startUpstream, type Echo } from "../helpers/upstream.js";
 
@@ -210,6 +211,27 @@ describe("tier 2 through the proxy", () => {
     const line = proxy.logs.find((l) => l["msg"] === "policy console");
     expect(line).toMatchObject({ text: "audit GET 200" });
     expect(String(line?.["policy"])).toMatch(/audit\.mjs$/);
+  });
+
+  it("a spread copy of the hooks keeps the policy: { ...httpHooks, onResponse } is still refused by it", async () => {
+    const upstream = await startUpstream({ names: ["api.test"] });
+    const djsHooks = loadPolicy(`export function isRequestAllowed(r) { return new URL(r.url).pathname !== "/forbidden"; }`);
+    const { createHttpHooks, startProxy } = await import("../../src/index.js");
+    const { httpHooks } = createHttpHooks({ allowedInternalHosts: ["api.test"], djsHooks });
+    let tier3 = 0;
+    const proxy = await startProxy({
+      httpHooks: { ...httpHooks, onResponse: () => void tier3++ },
+      listen: { host: "127.0.0.1", port: 0 },
+      caDir: tempDir(),
+      upstreamCa: [(await testCa()).certPem],
+      resolve: { "api.test": ["127.0.0.1"] },
+      logLevel: "silent",
+    });
+    onTestFinished(() => proxy.close());
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/forbidden`)).status).toBe(403);
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+    expect(tier3).toBe(1);
+    expect(upstream.hits()).toBe(1);
   });
 
   it("a policy that reads the body logs its console lines once, though the call runs twice", async () => {
