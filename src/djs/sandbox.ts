@@ -34,8 +34,8 @@ function limitOf(error: unknown, interrupted: boolean): string | undefined {
 
 /**
  * One QuickJS runtime and context holding a loaded, frozen policy. Calls run one at a time.
- * After a call that hit a limit or tainted the realm, the owner replaces the whole sandbox (a
- * fresh WASM instance), so nothing of that call survives.
+ * After a call that hit a limit, or broke the sandbox's own code, the owner replaces the whole
+ * sandbox (a fresh WASM instance), so nothing of that call survives.
  */
 export class Sandbox {
   private deadline = Infinity;
@@ -210,11 +210,9 @@ export class Sandbox {
     try {
       const result = this.run(message, args);
       if (!this.memoryExhausted) return result;
-      // Whatever the policy made of it (an allocation that failed inside a builtin surfaces as
-      // a RangeError), a call that used up the heap has hit the memory limit.
-      const outcome = result.reply.outcome;
-      const failedCall = outcome.t === "throw" || outcome.t === "limit";
-      return { reply: failedCall ? { id: message.id, outcome: { t: "limit", what: "memory" } } : result.reply, replace: true };
+      // Whatever the policy made of it (a RangeError from a builtin, or an "out of memory" it
+      // caught), a call that used up the heap has hit the memory limit: the limit answers.
+      return { reply: { id: message.id, outcome: { t: "limit", what: "memory" } }, replace: true };
     } catch (error) {
       // The WASM itself failed (a trap, or the host's own stack): nothing in it can be trusted.
       const what = error instanceof RangeError ? "stack" : "sandbox";

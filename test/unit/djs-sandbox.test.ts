@@ -239,6 +239,17 @@ describe("tier-2 sandbox: limits fail closed and the policy keeps serving", () =
     expect(await callPhase(policy, "onRequest", { headers: "x-kind\nnone" })).toMatchObject({ t: "code", v: 2 });
   });
 
+  it("a memory bomb is a memory limit even when the policy catches the error", async () => {
+    const policy = loadPolicy({
+      source: `
+        export function isRequestAllowed() {
+          try { const a = []; for (;;) a.push(new Uint8Array(1 << 20)); } catch (e) { return true; }
+        }`,
+      limits: { timeoutMs: 2_000, memoryBytes: 8 * 1024 * 1024 },
+    });
+    expect(await callPhase(policy, "isRequestAllowed")).toMatchObject({ t: "limit", what: "memory" });
+  });
+
   it("a memory bomb and deep recursion end as memory and stack limits, and the next call is served", async () => {
     const policy = loadPolicy({
       source: `
