@@ -215,13 +215,14 @@ describe("tier-2 sandbox: bodies", () => {
       export function onResponse(response) {
         const headers = new Headers(response.headers);
         headers.set("x-seen", "1");
+        headers.set("x-url", response.clone().url + " " + response.url);
         return new Response(response.body, { status: response.status, headers });
       }`);
     const outcome = await callPhase(policy, "onResponse", {
       response: { status: 203, statusText: "", headers: "content-type\ntext/plain", url: "https://api.test/", hasBody: true },
     });
     expect(outcome).toMatchObject({ t: "response", status: 203, body: { h: "response" } });
-    expect(headersOf(outcome)).toMatchObject({ "content-type": "text/plain", "x-seen": "1" });
+    expect(headersOf(outcome)).toMatchObject({ "content-type": "text/plain", "x-seen": "1", "x-url": "https://api.test/ https://api.test/" });
   });
 });
 

@@ -659,12 +659,25 @@
     }
   }
 
+  /** Set just before the sandbox builds the upstream's Response: valid already, so not checked again. */
+  let internalResponse = null;
+
   class Response extends BodyMixin {
     #status;
     #statusText;
     #headers;
+    #url = "";
     constructor(body = null, init = {}) {
       super();
+      if (internalResponse !== null) {
+        const head = internalResponse;
+        internalResponse = null;
+        this.#status = head.status;
+        this.#statusText = head.statusText;
+        this.#headers = head.headers;
+        this.#url = head.url;
+        return;
+      }
       const status = init.status === undefined ? 200 : Number(init.status);
       if (!Number.isInteger(status) || status < 200 || status > 599) throw new RangeError(`invalid response status: ${init.status}`);
       const statusText = init.statusText === undefined ? "" : String(init.statusText);
@@ -708,12 +721,16 @@
     get redirected() {
       return false;
     }
+    get url() {
+      return this.#url;
+    }
     get type() {
       return "default";
     }
     clone() {
       if (this.bodyUsed) throw new TypeError("cannot clone a Response whose body was read");
       const copy = new Response(null, { status: this.#status, statusText: this.#statusText, headers: this.#headers });
+      copy.#url = this.#url;
       BodyMixin.init(copy, BodyMixin.stateOf(this));
       return copy;
     }
@@ -783,13 +800,10 @@
     return request;
   }
   function makeResponse(status, statusText, headers, url, hasBody) {
-    const response = new Response(null, { status, statusText });
-    Object.defineProperty(response, "url", { value: url });
+    // The upstream's head, already parsed and lowercased by the proxy: taken as it is.
+    internalResponse = { status, statusText, url, headers: Headers.fromFlat(headers === "" ? [] : headers.split("\n"), false) };
+    const response = new Response();
     BodyMixin.init(response, hasBody ? { source: "response" } : null);
-    // The upstream's headers, as received: appended without the constructor's validation cost.
-    const list = headers === "" ? [] : headers.split("\n");
-    const own = response.headers;
-    for (let i = 0; i < list.length; i += 2) own.append(list[i], list[i + 1]);
     return response;
   }
   function serialiseBody(state) {
