@@ -20,6 +20,8 @@ function sourceBootstrap(): string {
   const worker = new URL("./worker.ts", import.meta.url).href;
   return `import(${JSON.stringify(api)}).then((tsx) => { tsx.register(); return import(${JSON.stringify(worker)}); });`;
 }
+/** New workers that may fail to load in a row before the policy stops serving. */
+const maxLoadFailures = 3;
 /** How long the first worker may take to bundle and load a policy before createDjsHooks gives up. */
 const loadTimeoutMs = 30_000;
 
@@ -85,6 +87,8 @@ export class DjsEngine {
   private inFlight = 0;
   private watchdog: NodeJS.Timeout | undefined;
   private closed = false;
+  /** New workers that failed to load in a row: past a few, the policy stops serving (502). */
+  private loadFailures = 0;
 
   private constructor(
     readonly filename: string,
@@ -131,9 +135,12 @@ export class DjsEngine {
         spawned.initPort.close();
         if (!message.init.ok) {
           // The same code loaded before; failing now means the machine is out of something.
+          // Past a few failures in a row, stop trying: calls fail closed rather than spin.
+          this.loadFailures++;
           this.replace(slot, `the policy failed to load in a new worker: ${message.init.message}`);
           return;
         }
+        this.loadFailures = 0;
         slot.loaded = true;
         for (const call of slot.queued.splice(0)) this.post(slot, call);
       });
@@ -235,11 +242,15 @@ export class DjsEngine {
     slot.pending.clear();
     slot.queued.length = 0;
     slot.outbox = [];
-    if (this.closed) {
+    if (this.closed || this.loadFailures >= maxLoadFailures) {
+      const what = this.closed ? "closed policy" : "policy whose workers no longer start";
+      this.closed = true;
       for (const call of calls) {
         this.settled();
-        call.resolve({ id: call.message.id, outcome: { t: "limit", what: "closed policy" } });
+        call.resolve({ id: call.message.id, outcome: { t: "limit", what } });
       }
+      // The other workers go too: nothing new reaches them once the policy is closed.
+      for (const other of this.slots) if (!other.retired) this.replace(other, what);
       return;
     }
     const next = this.attach(spawn(this.policy, this.limits), false);
