@@ -28,13 +28,15 @@ const loadTimeoutMs = 30_000;
 interface Pending {
   readonly message: CallMessage;
   readonly resolve: (reply: CallReply) => void;
+  /** How many times a stopped worker handed this call on; a call that keeps going with its workers fails. */
+  moves: number;
 }
 
 /** One worker thread and the calls posted to it, which it runs in order. */
 interface Slot {
   readonly worker: Worker;
   readonly heartbeat: Float64Array;
-  /** Posted calls by id, in posting order: the first is the one running. */
+  /** Posted calls by id, in posting order. */
   readonly pending: Map<number, Pending>;
   /** Calls waiting for the worker to finish loading. */
   readonly queued: Pending[];
@@ -53,7 +55,7 @@ interface Spawned {
 }
 
 function spawn(policy: PolicySource, limits: DjsLimits): Spawned {
-  const heartbeat = new SharedArrayBuffer(8);
+  const heartbeat = new SharedArrayBuffer(16);
   const ready = new SharedArrayBuffer(4);
   const channel = new MessageChannel();
   const init: WorkerInit & { initPort: MessagePort } = { policy, limits, heartbeat, ready, initPort: channel.port2 };
@@ -202,7 +204,7 @@ export class DjsEngine {
     return new Promise<CallReply>((resolve) => {
       this.inFlight++;
       this.watchdog ??= setInterval(() => this.watch(), Math.max(5, Math.min(50, this.limits.timeoutMs / 2))).unref();
-      this.post(this.pick(), { message, resolve });
+      this.post(this.pick(), { message, resolve, moves: 0 });
     });
   }
 
@@ -236,6 +238,8 @@ export class DjsEngine {
   private replace(slot: Slot, reason: string): void {
     if (slot.retired) return;
     slot.retired = true;
+    // Read before the worker is stopped, so it cannot have moved on to another call meanwhile.
+    const runningId = slot.heartbeat[0]! > 0 ? slot.heartbeat[1]! : undefined;
     void slot.worker.terminate();
     const index = this.slots.indexOf(slot);
     const calls = [...slot.pending.values(), ...slot.queued];
@@ -255,12 +259,17 @@ export class DjsEngine {
     }
     const next = this.attach(spawn(this.policy, this.limits), false);
     this.slots[index] = next;
-    const [running, ...rest] = calls;
-    if (running !== undefined) {
-      this.settled();
-      running.resolve({ id: running.message.id, outcome: { t: "limit", what: reason } });
+    // The call the worker was running (it may be what stopped it) fails; the others, which it
+    // had not started or had not answered yet, run again on the new worker from a fresh state.
+    for (const call of calls) {
+      call.moves++;
+      if (call.message.id === runningId || call.moves > 2) {
+        this.settled();
+        call.resolve({ id: call.message.id, outcome: { t: "limit", what: reason } });
+      } else {
+        this.post(next, call);
+      }
     }
-    for (const call of rest) this.post(next, call);
   }
 
   /** Stops every worker. Calls still in flight fail closed. */

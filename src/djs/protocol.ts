@@ -32,7 +32,7 @@ export type PolicySource =
 export interface WorkerInit {
   readonly policy: PolicySource;
   readonly limits: DjsLimits;
-  /** Float64 slot: when the running call started (epoch ms), 0 when idle. The host's watchdog reads it. */
+  /** Two Float64 slots: when the running call started (epoch ms, 0 when idle), and its id. The host's watchdog reads them. */
   readonly heartbeat: SharedArrayBuffer;
   /** Int32 slot set to 1 once the init reply is posted, for a host waiting synchronously. */
   readonly ready: SharedArrayBuffer;

@@ -111,12 +111,13 @@ export class Sandbox {
   private install(kind: PolicyKind, filename: string, code: string): void {
     const { ctx } = this;
     const host = ctx.newObject();
-    const parseUrl = ctx.newFunction("parseUrl", (inputH, baseH, partH, valueH) => {
+    const parseUrl = ctx.newFunction("parseUrl", (inputH, baseH, partH, valueH, jsonH) => {
       let input = ctx.getString(inputH);
       let base = ctx.typeof(baseH) === "string" ? ctx.getString(baseH) : undefined;
       let part = partH !== undefined && ctx.typeof(partH) === "string" ? ctx.getString(partH) : undefined;
       let value = valueH !== undefined && ctx.typeof(valueH) === "string" ? ctx.getString(valueH) : undefined;
-      if (base === "json") {
+      // The prelude's own flag (a boolean no URL string can be) for arguments sent as JSON.
+      if (jsonH !== undefined && ctx.dump(jsonH) === true) {
         const args = JSON.parse(input) as [string, string | null, string | null, string | null];
         input = args[0];
         base = args[1] ?? undefined;
@@ -205,14 +206,22 @@ export class Sandbox {
   call(message: CallMessage): { reply: CallReply; replace: boolean } {
     const { ctx } = this;
     this.interrupted = false;
-    this.deadline = performance.now() + this.limits.timeoutMs;
-    const args = this.arguments(message);
+    const deadline = performance.now() + this.limits.timeoutMs;
+    this.deadline = deadline;
+    let args: QuickJSHandle[] = [];
     try {
+      args = this.arguments(message);
       const result = this.run(message, args);
-      if (!this.memoryExhausted) return result;
       // Whatever the policy made of it (a RangeError from a builtin, or an "out of memory" it
       // caught), a call that used up the heap has hit the memory limit: the limit answers.
-      return { reply: { id: message.id, outcome: { t: "limit", what: "memory" } }, replace: true };
+      if (this.memoryExhausted) return { reply: { id: message.id, outcome: { t: "limit", what: "memory" } }, replace: true };
+      // An interrupt inside an async function becomes a rejection the policy can catch, and a
+      // long builtin can finish past the deadline before any interrupt check: either way the
+      // call ran out of time, and its answer is not used.
+      if (this.interrupted || performance.now() > deadline) {
+        return { reply: { id: message.id, outcome: { t: "limit", what: "time" } }, replace: true };
+      }
+      return result;
     } catch (error) {
       // The WASM itself failed (a trap, or the host's own stack): nothing in it can be trusted.
       const what = error instanceof RangeError ? "stack" : "sandbox";
@@ -264,7 +273,7 @@ export class Sandbox {
         taken.value.dispose();
       }
       if (json.length + (bytes?.byteLength ?? 0) > this.limits.returnBytes) {
-        return { reply: { id: message.id, outcome: { t: "limit", what: "return size" } }, replace: false };
+        return { reply: { id: message.id, outcome: { t: "limit", what: "return size" } }, replace: true };
       }
       return { reply: { id: message.id, outcome, ...(bytes !== undefined ? { bytes } : {}) }, replace: false };
     }

@@ -63,12 +63,21 @@ async function drain(): Promise<void> {
     port.postMessage(encodeReplies(replies), transfer);
     replies = [];
   };
+  let batchStarted = performance.now();
   while (queue.length > 0) {
     const message = queue.shift()!;
+    // Which call runs, and since when: if the watchdog stops this thread, the host fails
+    // exactly this call and sends the others to the new worker.
+    heartbeat[1] = message.id;
     heartbeat[0] = performance.timeOrigin + performance.now();
     const { reply, replace } = sandbox.call(message);
     heartbeat[0] = 0;
     replies.push(reply);
+    // Answers that are ready do not wait long behind slow calls later in the batch.
+    if (performance.now() - batchStarted > 2) {
+      flush();
+      batchStarted = performance.now();
+    }
     if (replace) {
       // A call that hit a limit leaves nothing behind: a fresh WASM instance. Its answer goes
       // out first, so the wait for the new instance delays no settled call.

@@ -121,6 +121,20 @@ function policyHeaders(list: readonly string[], phase: PhaseName): HeaderList {
   return endToEndHeaders([...list], new Set(["host"]));
 }
 
+/**
+ * The most a policy may read of a body: the proxy's hook body limit, and no more than a quarter
+ * of the policy's heap, which must also hold the text decoded from it and whatever the policy
+ * makes of that.
+ */
+function policyBodyCap(run: DjsRun, proxyLimit: number): number {
+  return Math.min(proxyLimit, Math.floor(run.engine.limits.memoryBytes / 4));
+}
+
+function capReason(run: DjsRun, proxyLimit: number): string {
+  const heapCap = Math.floor(run.engine.limits.memoryBytes / 4);
+  return heapCap < proxyLimit ? `a quarter of the policy's limits.memoryBytes, ${run.engine.limits.memoryBytes}` : `maxHttpBodyBytes or maxHttpResponseBodyBytes`;
+}
+
 /** Reads a whole body for the policy, within the hook body limit. */
 async function readAll(stream: ReadableStream<Uint8Array> | Readable, limit: number): Promise<Uint8Array> {
   const chunks: Uint8Array[] = [];
@@ -152,8 +166,9 @@ export async function djsOnRequest(
   const now = Date.now();
   // Bytes cross to the worker only once the policy asks for them, even when already in memory.
   let loaded: Uint8Array | undefined;
+  const cap = policyBodyCap(run, limits.requestBodyBytes);
   const tooLarge = (): EgressError =>
-    new EgressError("EG_TOO_LARGE", 413, `the request body is larger than maxHttpBodyBytes (${limits.requestBodyBytes}) for a policy to read`);
+    new EgressError("EG_TOO_LARGE", 413, `the request body is larger than ${cap} bytes, the most this policy may read (${capReason(run, limits.requestBodyBytes)})`);
   for (let attempt = 0; ; attempt++) {
     const outcome = await call(run, {
       phase: "onRequest",
@@ -170,7 +185,8 @@ export async function djsOnRequest(
       }
       try {
         loaded =
-          request.body instanceof Uint8Array ? request.body : await readAll(tap !== undefined ? tap.web : request.body, limits.requestBodyBytes);
+          request.body instanceof Uint8Array ? request.body : await readAll(tap !== undefined ? tap.web : request.body, cap);
+        if (loaded.byteLength > cap) throw new BodyLimitError(cap);
       } catch (error) {
         if (error instanceof BodyLimitError || tap?.limitHit === true) throw tooLarge();
         throw new EgressError("EG_BAD_REQUEST", 400, `the request body could not be read for the policy: ${(error as Error).message}`);
@@ -257,9 +273,10 @@ export async function djsOnResponse(
   const discard = (): void => {
     upstream.body?.destroy();
   };
+  const cap = policyBodyCap(run, limits.responseBodyBytes);
   const tooLarge = (): EgressError => {
     discard();
-    return new EgressError("EG_UPSTREAM", 502, `the response body is larger than maxHttpResponseBodyBytes (${limits.responseBodyBytes}) for a policy to read`);
+    return new EgressError("EG_UPSTREAM", 502, `the response body is larger than ${cap} bytes, the most this policy may read (${capReason(run, limits.responseBodyBytes)})`);
   };
   const now = Date.now();
   let tap: BodyTap | undefined;
@@ -284,7 +301,7 @@ export async function djsOnResponse(
     if (outcome.t === "need" && attempt === 0 && upstream.body !== null && outcome.which.every((w) => w === "response")) {
       tap = new BodyTap(upstream.body, { limit: limits.responseBodyBytes, record: true, ...(decode ? { encoding: encoding! } : {}) });
       try {
-        loaded = await readAll(tap.web, limits.responseBodyBytes);
+        loaded = await readAll(tap.web, cap);
       } catch (error) {
         if (error instanceof BodyLimitError || tap.limitHit) throw tooLarge();
         discard();

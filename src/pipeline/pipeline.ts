@@ -181,6 +181,11 @@ export class Pipeline {
       }
       rewritten = outcome.request;
     }
+    if (rewritten.body !== null) {
+      // The upgrade's head is sent as it is, and the tunnel follows it: there is no place for a body.
+      if (!(rewritten.body instanceof Uint8Array)) rewritten.body.destroy();
+      throw new EgressError("EG_HOOK_FAILED", 502, "onRequest gave a protocol upgrade a body; an upgrade request cannot carry one");
+    }
     const request = this.substituteSecrets(rewritten);
     const target = await this.authorize(request);
     return { request, addresses: target.addresses };

@@ -106,6 +106,7 @@ describe("tier-2 sandbox: the web API shim", () => {
       ["../up?q", "https://a.test/b/c/d"],
       ["  https://trim.test/\t\n", undefined],
       ["https://a.test/\0nul", undefined],
+      ['["https://a.test/"]', "json"],
     ];
     const policy = loadPolicy(`
       export function onRequest(request) {
@@ -238,6 +239,60 @@ describe("tier-2 sandbox: limits fail closed and the policy keeps serving", () =
     });
     expect(await callPhase(policy, "onRequest", { headers: "x-kind\nloop" })).toMatchObject({ t: "limit", what: "time" });
     expect(await callPhase(policy, "onRequest", { headers: "x-kind\nnone" })).toMatchObject({ t: "code", v: 2 });
+  });
+
+  it("a time limit hit inside an async function is a time limit, though the rejection reached the policy's catch", async () => {
+    const policy = loadPolicy({
+      source: `
+        async function slow() { for (;;) {} }
+        export async function isRequestAllowed() { try { await slow(); } catch { return true; } return false; }`,
+      limits: { timeoutMs: 100 },
+    });
+    expect(await callPhase(policy, "isRequestAllowed")).toMatchObject({ t: "limit", what: "time" });
+  });
+
+  it("when the watchdog stops a worker, only the stuck call fails; the calls queued behind it are answered", async () => {
+    const policy = loadPolicy({
+      source: `export function isIpAllowed(info) { if (info.ip === "9.9.9.9") for (;;) new Array(1e6).fill(0); return true; }`,
+      limits: { timeoutMs: 50 },
+      workers: 1,
+    });
+    const info = (ip: string) => ({ info: { hostname: "api.test", ip, family: 4, port: 443, protocol: "https:" } });
+    const results = await Promise.all(["1.1.1.1", "2.2.2.2", "9.9.9.9", "3.3.3.3"].map((ip) => callPhase(policy, "isIpAllowed", info(ip))));
+    expect(results.map((r) => (r.t === "code" ? r.v : r.t))).toEqual([1, 1, "limit", 1]);
+  });
+
+  it("a policy that awaits bodies call after call does not fill its heap", async () => {
+    const policy = loadPolicy({
+      source: `export async function onRequest(r) { const big = new Uint8Array(256 * 1024); await r.clone().text(); return big.length > 0 ? undefined : undefined; }`,
+      limits: { memoryBytes: 4 * 1024 * 1024 },
+    });
+    for (let i = 0; i < 100; i++) {
+      // Each call stops at the body read, as a first run does: what it held must be freed.
+      expect(await callPhase(policy, "onRequest", { method: "POST", hasBody: true })).toMatchObject({ t: "need" });
+    }
+    expect(await callPhase(policy, "onRequest", { method: "POST", hasBody: true, requestBody: Buffer.from("ok") })).toMatchObject({ t: "code", v: 2 });
+  });
+
+  it("iterator and generator prototypes are frozen too: nothing stashed there survives a call", async () => {
+    const policy = loadPolicy(`
+      export function onRequest(request) {
+        const proto = Object.getPrototypeOf([][Symbol.iterator]());
+        const before = String(proto.__stash);
+        try { proto.__stash = "kept"; } catch {}
+        try { Object.getPrototypeOf(function* () {}).prototype.__stash = "kept"; } catch {}
+        request.headers.set("x-before", before);
+        request.headers.set("x-frozen", String(Object.isFrozen(proto) && Object.isFrozen(Object.getPrototypeOf(async function* () {}))));
+      }`);
+    const first = headersOf(await callPhase(policy, "onRequest"));
+    const second = headersOf(await callPhase(policy, "onRequest"));
+    expect(first["x-frozen"]).toBe("true");
+    expect(second["x-before"]).toBe("undefined");
+  });
+
+  it("onResponse returning the request is a malformed answer, not 'unchanged'", async () => {
+    const policy = loadPolicy(`export function onResponse(response, request) { return request; }`);
+    expect(await callPhase(policy, "onResponse", { response: { status: 200, statusText: "", headers: "", url: "https://api.test/", hasBody: false } })).toMatchObject({ t: "bad" });
   });
 
   it("a memory bomb is a memory limit even when the policy catches the error", async () => {

@@ -9,7 +9,7 @@
   const hasNul = (text) => text.indexOf("\0") !== -1;
   function parseUrl(input, base, part, value) {
     if (hasNul(input) || (base !== undefined && hasNul(base)) || (value !== undefined && hasNul(value))) {
-      return host.parseUrl(JSON.stringify([input, base ?? null, part ?? null, value ?? null]), "json");
+      return host.parseUrl(JSON.stringify([input, base ?? null, part ?? null, value ?? null]), undefined, undefined, undefined, true);
     }
     return host.parseUrl(input, base, part, value);
   }
@@ -532,7 +532,6 @@
     throw new TypeError("a body must be a string, bytes, URLSearchParams, or request.body/response.body");
   }
 
-  const never = new Promise(() => undefined);
   /** Bytes of a body; a body the proxy has not loaded yet ends the call and asks for it. */
   function readBody(state) {
     if (state === null) return Promise.resolve(new Uint8Array(0));
@@ -542,7 +541,9 @@
     // The proxy loads the body and runs the call again from the start, which is deterministic:
     // fresh state and the same clock. The policy cannot see this happen, nor catch it.
     needed.add(state.source);
-    return never;
+    // A fresh promise each time: one shared forever-pending promise would keep every call that
+    // awaited it reachable, and the heap would fill up call by call.
+    return new Promise(() => undefined);
   }
 
   class BodyMixin {
@@ -829,8 +830,8 @@
     if (phase === "isRequestAllowed" || phase === "isIpAllowed") {
       return typeof value === "boolean" ? (value ? codes.true : codes.false) : { t: "value", v: typeof value };
     }
-    if (value === undefined || value === request) {
-      if (phase === "onResponse") return codes.unchanged;
+    if (phase === "onResponse" && value === undefined) return codes.unchanged;
+    if (phase === "onRequest" && (value === undefined || value === request)) {
       const headers = request.headers;
       const dirty = Headers.isDirty(headers);
       const consumed = BodyMixin.usedOf(request);
@@ -913,7 +914,22 @@
     freeze() {
       tameBuiltins();
       const seen = new WeakSet();
-      const stack = [globalThis];
+      // Intrinsics no global property leads to: iterator and generator prototypes. Left
+      // unfrozen, a call could stash state on them (or replace `next`) for the next call.
+      const hidden = [
+        Object.getPrototypeOf([][Symbol.iterator]()),
+        Object.getPrototypeOf(new Map()[Symbol.iterator]()),
+        Object.getPrototypeOf(new Set()[Symbol.iterator]()),
+        Object.getPrototypeOf(""[Symbol.iterator]()),
+        Object.getPrototypeOf("".matchAll(/(?:)/g)),
+        Object.getPrototypeOf(function* () {}),
+        Object.getPrototypeOf(async function () {}),
+        Object.getPrototypeOf(async function* () {}),
+        Object.getPrototypeOf((function* () {})()),
+        Object.getPrototypeOf((async function* () {})()),
+        Object.getOwnPropertyDescriptor(Function.prototype, "caller")?.get,
+      ];
+      const stack = [globalThis, ...hidden];
       while (stack.length > 0) {
         const value = stack.pop();
         if ((typeof value !== "object" && typeof value !== "function") || value === null || seen.has(value)) continue;
