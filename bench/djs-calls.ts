@@ -21,7 +21,7 @@ const url = "https://origin.bench.test/repos/egressgate/egressgate/contents/READ
 const headerList = ["accept", "application/json", "user-agent", "undici", "accept-encoding", "gzip", "host", "origin.bench.test"];
 
 function message(phase: PhaseName): Omit<CallMessage, "id"> {
-  const base = { phase, now: Date.now(), method: "GET", url, headers: headerList.join("\n"), hasBody: false };
+  const base = { phase, now: Date.now(), seed: 12345, method: "GET", url, headers: headerList.join("\n"), hasBody: false };
   if (phase === "isIpAllowed") return { ...base, info: { hostname: "origin.bench.test", ip: "127.0.0.1", family: 4, port: 443, protocol: "https:" } };
   if (phase === "onResponse") return { ...base, response: { status: 200, statusText: "", headers: "content-type\napplication/json", url, hasBody: true } };
   return base;

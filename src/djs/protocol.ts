@@ -61,6 +61,8 @@ export interface CallMessage {
   readonly phase: PhaseName;
   /** The proxy's clock when the call started: the policy's `Date.now()`. */
   readonly now: number;
+  /** Seeds the policy's `Math.random()`; a call run again (to load a body) keeps its seed. */
+  readonly seed: number;
   readonly method: string;
   readonly url: string;
   readonly headers: string;

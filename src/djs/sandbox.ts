@@ -286,11 +286,12 @@ export class Sandbox {
       bytes === undefined ? ctx.undefined : ctx.newArrayBuffer(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
     const phase = ctx.newNumber(phaseNames.indexOf(m.phase));
     const now = ctx.newNumber(m.now);
+    const seed = ctx.newNumber(m.seed);
     if (m.info !== undefined) {
       const i = m.info;
-      return [phase, now, ctx.newString(i.hostname), ctx.newString(i.ip), ctx.newNumber(i.family), ctx.newNumber(i.port), ctx.newString(i.protocol)];
+      return [phase, now, seed, ctx.newString(i.hostname), ctx.newString(i.ip), ctx.newNumber(i.family), ctx.newNumber(i.port), ctx.newString(i.protocol)];
     }
-    const head = [phase, now, ctx.newString(m.method), ctx.newString(m.url), ctx.newString(m.headers), m.hasBody ? ctx.true : ctx.false, buffer(m.requestBody)];
+    const head = [phase, now, seed, ctx.newString(m.method), ctx.newString(m.url), ctx.newString(m.headers), m.hasBody ? ctx.true : ctx.false, buffer(m.requestBody)];
     const r = m.response;
     if (r === undefined) return head;
     return [

@@ -25,7 +25,7 @@ function packable(m: CallMessage): boolean {
 }
 
 function pack(m: CallMessage): string {
-  const head = [m.id, phaseNames.indexOf(m.phase), m.now, m.method, m.url, m.headers, m.hasBody ? 1 : 0];
+  const head = [m.id, phaseNames.indexOf(m.phase), m.now, m.seed, m.method, m.url, m.headers, m.hasBody ? 1 : 0];
   if (m.info !== undefined) return [...head, "i", m.info.hostname, m.info.ip, m.info.family, m.info.port, m.info.protocol].join(US);
   const r = m.response;
   if (r !== undefined) return [...head, "r", r.status, r.statusText, r.headers, r.url, r.hasBody ? 1 : 0].join(US);
@@ -38,13 +38,14 @@ function unpack(text: string): CallMessage {
     id: Number(f[0]),
     phase: phaseNames[Number(f[1])]!,
     now: Number(f[2]),
-    method: f[3]!,
-    url: f[4]!,
-    headers: f[5]!,
-    hasBody: f[6] === "1",
+    seed: Number(f[3]),
+    method: f[4]!,
+    url: f[5]!,
+    headers: f[6]!,
+    hasBody: f[7] === "1",
   };
-  if (f[7] === "i") return { ...base, info: { hostname: f[8]!, ip: f[9]!, family: Number(f[10]), port: Number(f[11]), protocol: f[12]! } };
-  if (f[7] === "r") return { ...base, response: { status: Number(f[8]), statusText: f[9]!, headers: f[10]!, url: f[11]!, hasBody: f[12] === "1" } };
+  if (f[8] === "i") return { ...base, info: { hostname: f[9]!, ip: f[10]!, family: Number(f[11]), port: Number(f[12]), protocol: f[13]! } };
+  if (f[8] === "r") return { ...base, response: { status: Number(f[9]), statusText: f[10]!, headers: f[11]!, url: f[12]!, hasBody: f[13] === "1" } };
   return base;
 }
 

@@ -1,3 +1,4 @@
+import { randomInt } from "node:crypto";
 import { Readable } from "node:stream";
 import { validateHeaderName, validateHeaderValue } from "node:http";
 import { EgressError, badRequest } from "../errors.js";
@@ -47,6 +48,11 @@ function logConsole(run: DjsRun, reply: CallReply): void {
   }
 }
 
+/** A seed for the policy's Math.random; each phase call gets its own, and keeps it when run again. */
+function newSeed(): number {
+  return randomInt(1, 2 ** 32);
+}
+
 async function call(run: DjsRun, message: Omit<CallMessage, "id">): Promise<Outcome> {
   const reply = await run.engine.call(message);
   // A call that stopped to have a body loaded runs again from the start: its lines come then.
@@ -91,6 +97,7 @@ export async function djsIsRequestAllowed(run: DjsRun, request: OutboundRequest)
   const outcome = await call(run, {
     phase: "isRequestAllowed",
     now: Date.now(),
+    seed: newSeed(),
     method: request.method,
     url: request.url.href,
     headers: joinHeaders(request.headers, request.url.host),
@@ -103,7 +110,7 @@ export async function djsIsIpAllowed(
   run: DjsRun,
   info: { hostname: string; ip: string; family: number; port: number; protocol: string },
 ): Promise<boolean> {
-  const outcome = await call(run, { phase: "isIpAllowed", now: Date.now(), method: "", url: "", headers: "", hasBody: false, info });
+  const outcome = await call(run, { phase: "isIpAllowed", now: Date.now(), seed: newSeed(), method: "", url: "", headers: "", hasBody: false, info });
   return checkResult("isIpAllowed", outcome, run.engine.filename);
 }
 
@@ -164,6 +171,7 @@ export async function djsOnRequest(
 ): Promise<OnRequestOutcome> {
   const filename = run.engine.filename;
   const now = Date.now();
+  const seed = newSeed();
   // Bytes cross to the worker only once the policy asks for them, even when already in memory.
   let loaded: Uint8Array | undefined;
   const cap = policyBodyCap(run, limits.requestBodyBytes);
@@ -173,6 +181,7 @@ export async function djsOnRequest(
     const outcome = await call(run, {
       phase: "onRequest",
       now,
+      seed,
       method: request.method,
       url: request.url.href,
       headers: joinHeaders(request.headers, request.url.host),
@@ -279,6 +288,7 @@ export async function djsOnResponse(
     return new EgressError("EG_UPSTREAM", 502, `the response body is larger than ${cap} bytes, the most this policy may read (${capReason(run, limits.responseBodyBytes)})`);
   };
   const now = Date.now();
+  const seed = newSeed();
   let tap: BodyTap | undefined;
   let loaded: Uint8Array | undefined;
   for (let attempt = 0; ; attempt++) {
@@ -287,6 +297,7 @@ export async function djsOnResponse(
       outcome = await call(run, {
         phase: "onResponse",
         now,
+        seed,
         method: request.method,
         url: request.url.href,
         headers: joinHeaders(request.headers, request.url.host),

@@ -11,6 +11,7 @@ export function loadPolicy(policy: string | DjsHooksOptions): DjsHooks {
 
 const defaults = {
   now: 1_700_000_000_000,
+  seed: 42,
   method: "GET",
   url: "https://api.test/path?q=1",
   headers: "accept\n*/*\nhost\napi.test",

@@ -62,6 +62,16 @@ describe("tier-2 sandbox: fresh state on every call", () => {
     expect(headersOf(await callPhase(policy, "onRequest", { now: 42 }))["x-now"]).toBe("42");
   });
 
+  it("Math.random is seeded per call: the same seed gives the same numbers, another seed others", async () => {
+    const policy = loadPolicy(`export function onRequest(request) { request.headers.set("x-random", [Math.random(), Math.random()].join(",")); }`);
+    const a = headersOf(await callPhase(policy, "onRequest", { seed: 7 }))["x-random"];
+    const b = headersOf(await callPhase(policy, "onRequest", { seed: 7 }))["x-random"];
+    const c = headersOf(await callPhase(policy, "onRequest", { seed: 8 }))["x-random"];
+    expect(a).toBe(b);
+    expect(c).not.toBe(a);
+    for (const n of a!.split(",").map(Number)) expect(n >= 0 && n < 1).toBe(true);
+  });
+
   it("the host cannot be reached: no process, require, fetch, timers or crypto, even through Function", async () => {
     const policy = loadPolicy(`
       export function onRequest(request) {
@@ -201,6 +211,17 @@ describe("tier-2 sandbox: bodies", () => {
     const body = Buffer.from("safe\u0000<evil>");
     const second = await callPhase(policy, "onRequest", { method: "POST", hasBody: true, requestBody: body });
     expect(second).toMatchObject({ t: "blocked", status: 451, message: "evil body" });
+  });
+
+  it("the rerun after a body load makes the same random choices and sees the same clock as the first run", async () => {
+    const policy = loadPolicy(`export async function onRequest(r) { console.log(Math.random() + " " + Date.now()); await r.clone().text(); }`);
+    const fields = { method: "POST", hasBody: true, seed: 99, now: 1_234 };
+    const first = await callPhase(policy, "onRequest", fields);
+    const rerun = await callPhase(policy, "onRequest", { ...fields, requestBody: Buffer.from("body") });
+    expect(first.t).toBe("need");
+    expect(rerun).toMatchObject({ t: "code", v: 2 });
+    expect(rerun.logs).toEqual(first.logs);
+    expect(first.logs?.[0]?.[1]).toMatch(/^0\.\d+ 1234$/);
   });
 
   it("forwarding a request whose body was read is reported; reading a clone is not", async () => {

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import type { CallMessage, CallReply } from "../../src/djs/protocol.js";
 import { decodeCalls, decodeReplies, encodeCalls, encodeReplies } from "../../src/djs/wire.js";
 
-const base = { now: 1_700_000_000_123, method: "GET", url: "https://api.test/a?b=1", headers: "accept\n*/*\nhost\napi.test", hasBody: false };
+const base = { now: 1_700_000_000_123, seed: 4_294_967_295, method: "GET", url: "https://api.test/a?b=1", headers: "accept\n*/*\nhost\napi.test", hasBody: false };
 
 describe("the tier-2 wire format", () => {
   it("calls of every shape come back as they went, in order", () => {

@@ -36,6 +36,20 @@
   SandboxDate.parse = OriginalDate.parse;
   SandboxDate.UTC = OriginalDate.UTC;
 
+  // --- Math.random: seeded by the proxy for each call ----------------------------------------
+  // A call that stops to have a body loaded runs again with the same seed (and clock), so the
+  // rerun makes the same choices as the first run did.
+  let randomState = 1;
+  Math.random = function random() {
+    // xorshift32: enough for sampling and jitter; policies have no crypto.
+    let x = randomState;
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    randomState = x >>> 0;
+    return randomState / 4294967296;
+  };
+
   // --- Headers ------------------------------------------------------------------------------
   const tokenChars = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
   const badValue = /[\0\r\n]/;
@@ -963,8 +977,9 @@
      * outcome when the phase settles synchronously, or undefined; then the worker runs the
      * pending jobs and asks finish().
      */
-    call(phaseIndex, now, method, url, headers, hasBody, requestBody, status, statusText, responseHeaders, responseUrl, responseHasBody, responseBody) {
+    call(phaseIndex, now, seed, method, url, headers, hasBody, requestBody, status, statusText, responseHeaders, responseUrl, responseHasBody, responseBody) {
       clock = now;
+      randomState = seed >>> 0 || 1;
       canonicalHref = url;
       loaded.request = requestBody === undefined ? undefined : new Uint8Array(requestBody);
       loaded.response = responseBody === undefined ? undefined : new Uint8Array(responseBody);
