@@ -1,4 +1,5 @@
 import { realpathSync, statSync } from "node:fs";
+import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { build, type Message, type Plugin } from "esbuild";
 import type { PolicyKind } from "./protocol.js";
@@ -84,7 +85,7 @@ function guard(input: BundleInput, root: string): Plugin {
           args.path === entry
             ? input.source
             : input.fromDisk
-              ? await import("node:fs/promises").then((fs) => fs.readFile(args.path, "utf8"))
+              ? await readFile(args.path, "utf8")
               : input.modules[rel]!;
         return { contents, loader: loaderFor(args.path, args.path === entry ? input.kind : undefined), resolveDir: path.dirname(args.path) };
       });

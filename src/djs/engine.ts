@@ -4,7 +4,7 @@ import { pathToFileURL } from "node:url";
 import { MessageChannel, receiveMessageOnPort, Worker, type MessagePort } from "node:worker_threads";
 import { PolicyLoadError } from "./bundle.js";
 import { decodeReplies, encodeCalls, type WireReplies } from "./wire.js";
-import type { CallMessage, CallReply, DjsLimits, InitReply, PhaseName, PolicyKind, PolicySource, WorkerInit } from "./protocol.js";
+import type { CallMessage, CallReply, DjsLimits, InitReply, PhaseName, PolicySource, WorkerInit } from "./protocol.js";
 
 /**
  * From dist the worker is plain JS. From the TypeScript sources (tests, tsx) it needs tsx's
@@ -84,7 +84,6 @@ function spawn(policy: PolicySource, limits: DjsLimits): Spawned {
 export class DjsEngine {
   readonly phases: ReadonlySet<PhaseName>;
   private readonly slots: Slot[] = [];
-  private readonly policy: PolicySource;
   private nextId = 1;
   private inFlight = 0;
   private watchdog: NodeJS.Timeout | undefined;
@@ -92,18 +91,18 @@ export class DjsEngine {
   /** New workers that failed to load in a row: past a few, the policy stops serving (502). */
   private loadFailures = 0;
 
+  readonly filename: string;
+
+  /** `policy` is the bundled code every further worker loads; `first` has loaded it already. */
   private constructor(
-    readonly filename: string,
-    kind: PolicyKind,
-    code: string,
-    map: string | undefined,
+    private readonly policy: Extract<PolicySource, { code: string }>,
     phases: readonly PhaseName[],
     readonly limits: DjsLimits,
     first: Spawned,
     poolSize: number,
   ) {
+    this.filename = policy.filename;
     this.phases = new Set(phases);
-    this.policy = { kind, filename, code, map };
     this.slots.push(this.attach(first, true));
     for (let i = 1; i < poolSize; i++) this.slots.push(this.attach(spawn(this.policy, limits), false));
   }
@@ -127,7 +126,7 @@ export class DjsEngine {
       void started.worker.terminate();
       throw new PolicyLoadError(reply.message);
     }
-    return new DjsEngine(policy.filename, policy.kind, reply.code, reply.map, reply.phases, limits, started, poolSize);
+    return new DjsEngine({ kind: policy.kind, filename: policy.filename, code: reply.code, map: reply.map }, reply.phases, limits, started, poolSize);
   }
 
   private attach(spawned: Spawned, loaded: boolean): Slot {

@@ -28,6 +28,21 @@ const decoders: Record<string, () => Transform> = {
   br: () => createBrotliDecompress(),
 };
 
+/**
+ * Reads a whole body (a Node or a web stream) into one buffer, throwing BodyLimitError past
+ * `limit` bytes; leaving the loop early releases the stream.
+ */
+export async function readBounded(stream: AsyncIterable<Uint8Array>, limit: number): Promise<Buffer> {
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for await (const chunk of stream) {
+    size += chunk.byteLength;
+    if (size > limit) throw new BodyLimitError(limit);
+    chunks.push(chunk);
+  }
+  return Buffer.concat(chunks);
+}
+
 /** Whether a Content-Encoding value is one the tap can decode for hooks. */
 export function decodable(encoding: string | undefined): boolean {
   return encoding !== undefined && decoders[encoding.trim().toLowerCase()] !== undefined;

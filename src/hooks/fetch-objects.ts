@@ -2,6 +2,7 @@ import { Readable } from "node:stream";
 import type { ReadableStream as NodeReadableStream } from "node:stream/web";
 import { EgressError, badRequest } from "../errors.js";
 import { endToEndHeaders, type HeaderList } from "../headers.js";
+import { BodyLimitError, readBounded } from "./body-tap.js";
 
 /**
  * Conversions between the proxy's own request/response shapes and the WHATWG `Request` and
@@ -75,18 +76,10 @@ export function nodeBody(body: ReadableStream<Uint8Array>): Readable {
  * Content-Length. Bounded by the hook body limit.
  */
 export async function readHookBody(body: ReadableStream<Uint8Array>, limit: number): Promise<Buffer> {
-  const chunks: Uint8Array[] = [];
-  let size = 0;
-  const reader = body.getReader();
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    size += value.byteLength;
-    if (size > limit) {
-      await reader.cancel();
-      throw new EgressError("EG_TOO_LARGE", 413, `the request body a hook built is larger than maxHttpBodyBytes (${limit})`);
-    }
-    chunks.push(value);
+  try {
+    return await readBounded(body as unknown as AsyncIterable<Uint8Array>, limit);
+  } catch (error) {
+    if (!(error instanceof BodyLimitError)) throw error;
+    throw new EgressError("EG_TOO_LARGE", 413, `the request body a hook built is larger than maxHttpBodyBytes (${limit})`);
   }
-  return Buffer.concat(chunks);
 }

@@ -3,13 +3,13 @@ import { Readable } from "node:stream";
 import { validateHeaderName, validateHeaderValue } from "node:http";
 import { EgressError, badRequest } from "../errors.js";
 import { endToEndHeaders, getHeader, withoutHeaders, type HeaderList } from "../headers.js";
-import { BodyLimitError, BodyTap, decodable } from "../hooks/body-tap.js";
+import { BodyLimitError, BodyTap, decodable, readBounded } from "../hooks/body-tap.js";
 import { hookFailure } from "../hooks/run-hook.js";
 import type { DjsEngine } from "../djs/engine.js";
 import type { BodyRef, CallMessage, CallReply, Outcome, PhaseName } from "../djs/protocol.js";
 import type { Logger } from "../log.js";
 import type { OutboundRequest } from "./exchange.js";
-import type { HookedResponse, HookLimits, OnRequestOutcome } from "./hook-phases.js";
+import { contentLengthHeaders, encodedBodyHeaders, withExactLength, type HookedResponse, type HookLimits, type OnRequestOutcome } from "./hook-phases.js";
 
 /**
  * §3 for tier 2: the same phases as tier 3, but the request never becomes a WHATWG object in
@@ -27,8 +27,6 @@ export interface DjsRun {
 const codeFalse = 0;
 const codeTrue = 1;
 const codeUnchanged = 2;
-const contentLengthHeaders = new Set(["content-length", "transfer-encoding"]);
-const encodedBodyHeaders = new Set(["content-encoding", "content-length"]);
 const methodToken = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 
 /** A header list for the policy: names lowercased, joined with LF, with `host` as it will be sent. */
@@ -53,12 +51,11 @@ function newSeed(): number {
   return randomInt(1, 2 ** 32);
 }
 
-async function call(run: DjsRun, message: Omit<CallMessage, "id">): Promise<Outcome> {
+async function call(run: DjsRun, message: Omit<CallMessage, "id">): Promise<CallReply> {
   const reply = await run.engine.call(message);
   // A call that stopped to have a body loaded runs again from the start: its lines come then.
   if (reply.outcome.t !== "need") logConsole(run, reply);
-  if (reply.bytes !== undefined) (reply.outcome as { bytes?: Uint8Array }).bytes = reply.bytes;
-  return reply.outcome;
+  return reply;
 }
 
 /** Every outcome that is not an answer: the guest gets 502, or the policy's own block status. */
@@ -94,7 +91,7 @@ function checkResult(phase: PhaseName, outcome: Outcome, filename: string): bool
 
 /** `isRequestAllowed` in the policy: the request as it will leave, without its body. */
 export async function djsIsRequestAllowed(run: DjsRun, request: OutboundRequest): Promise<boolean> {
-  const outcome = await call(run, {
+  const { outcome } = await call(run, {
     phase: "isRequestAllowed",
     now: Date.now(),
     seed: newSeed(),
@@ -110,7 +107,7 @@ export async function djsIsIpAllowed(
   run: DjsRun,
   info: { hostname: string; ip: string; family: number; port: number; protocol: string },
 ): Promise<boolean> {
-  const outcome = await call(run, { phase: "isIpAllowed", now: Date.now(), seed: newSeed(), method: "", url: "", headers: "", hasBody: false, info });
+  const { outcome } = await call(run, { phase: "isIpAllowed", now: Date.now(), seed: newSeed(), method: "", url: "", headers: "", hasBody: false, info });
   return checkResult("isIpAllowed", outcome, run.engine.filename);
 }
 
@@ -142,24 +139,8 @@ function capReason(run: DjsRun, proxyLimit: number): string {
   return heapCap < proxyLimit ? `a quarter of the policy's limits.memoryBytes, ${run.engine.limits.memoryBytes}` : `maxHttpBodyBytes or maxHttpResponseBodyBytes`;
 }
 
-/** Reads a whole body for the policy, within the hook body limit. */
-async function readAll(stream: ReadableStream<Uint8Array> | Readable, limit: number): Promise<Uint8Array> {
-  const chunks: Uint8Array[] = [];
-  let size = 0;
-  for await (const chunk of stream as AsyncIterable<Uint8Array>) {
-    size += chunk.byteLength;
-    if (size > limit) throw new BodyLimitError(limit);
-    chunks.push(chunk);
-  }
-  return Buffer.concat(chunks);
-}
-
 function bytesBody(bytes: Uint8Array): Readable {
   return Readable.from([Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)], { objectMode: false });
-}
-
-function withExactLength(headers: HeaderList, length: number): HeaderList {
-  return [...withoutHeaders(headers, contentLengthHeaders), "content-length", String(length)];
 }
 
 /** §3 step 2, tier 2. */
@@ -178,7 +159,7 @@ export async function djsOnRequest(
   const tooLarge = (): EgressError =>
     new EgressError("EG_TOO_LARGE", 413, `the request body is larger than ${cap} bytes, the most this policy may read (${capReason(run, limits.requestBodyBytes)})`);
   for (let attempt = 0; ; attempt++) {
-    const outcome = await call(run, {
+    const { outcome, bytes } = await call(run, {
       phase: "onRequest",
       now,
       seed,
@@ -194,7 +175,7 @@ export async function djsOnRequest(
       }
       try {
         loaded =
-          request.body instanceof Uint8Array ? request.body : await readAll(tap !== undefined ? tap.web : request.body, cap);
+          request.body instanceof Uint8Array ? request.body : await readBounded(tap !== undefined ? tap.web : request.body, cap);
         if (loaded.byteLength > cap) throw new BodyLimitError(cap);
       } catch (error) {
         if (error instanceof BodyLimitError || tap?.limitHit === true) throw tooLarge();
@@ -230,13 +211,13 @@ export async function djsOnRequest(
       url.hash = "";
       if (!methodToken.test(outcome.method)) throw new EgressError("EG_HOOK_FAILED", 502, "onRequest policy returned an invalid method");
       let headers = policyHeaders(outcome.headers, "onRequest");
-      const body = requestBodyOf(outcome.body, outcome, original, "onRequest");
+      const body = requestBodyOf(outcome.body, bytes, original, "onRequest");
       if (body instanceof Uint8Array) headers = withExactLength(headers, body.byteLength);
       else if (body === null) headers = withoutHeaders(headers, contentLengthHeaders);
       return { request: { method: outcome.method, url, headers, body } };
     }
     if (outcome.t === "response") {
-      const body = requestBodyOf(outcome.body, outcome, original, "onRequest");
+      const body = requestBodyOf(outcome.body, bytes, original, "onRequest");
       return { response: policyResponse(outcome, body instanceof Uint8Array ? bytesBody(body) : body, "onRequest") };
     }
     throw failure("onRequest", outcome, filename);
@@ -245,12 +226,12 @@ export async function djsOnRequest(
 
 function requestBodyOf(
   ref: BodyRef,
-  outcome: Outcome,
+  bytes: Uint8Array | undefined,
   original: () => Readable | Uint8Array | null,
   phase: PhaseName,
 ): Readable | Uint8Array | null {
   if (ref === null) return null;
-  if ("b" in ref) return (outcome as { bytes?: Uint8Array }).bytes ?? new Uint8Array(0);
+  if ("b" in ref) return bytes ?? new Uint8Array(0);
   if (ref.h === "request") return original();
   throw new EgressError("EG_HOOK_FAILED", 502, `${phase} policy used a response body where there is none`);
 }
@@ -292,9 +273,9 @@ export async function djsOnResponse(
   let tap: BodyTap | undefined;
   let loaded: Uint8Array | undefined;
   for (let attempt = 0; ; attempt++) {
-    let outcome: Outcome;
+    let reply: CallReply;
     try {
-      outcome = await call(run, {
+      reply = await call(run, {
         phase: "onResponse",
         now,
         seed,
@@ -309,10 +290,11 @@ export async function djsOnResponse(
       discard();
       throw error;
     }
+    const { outcome } = reply;
     if (outcome.t === "need" && attempt === 0 && upstream.body !== null && outcome.which.every((w) => w === "response")) {
       tap = new BodyTap(upstream.body, { limit: limits.responseBodyBytes, record: true, ...(decode ? { encoding: encoding! } : {}) });
       try {
-        loaded = await readAll(tap.web, cap);
+        loaded = await readBounded(tap.web, cap);
       } catch (error) {
         if (error instanceof BodyLimitError || tap.limitHit) throw tooLarge();
         discard();
@@ -329,7 +311,7 @@ export async function djsOnResponse(
       const ref = outcome.body;
       try {
         if (ref === null) body = null;
-        else if ("b" in ref) body = bytesBody((outcome as { bytes?: Uint8Array }).bytes ?? new Uint8Array(0));
+        else if ("b" in ref) body = bytesBody(reply.bytes ?? new Uint8Array(0));
         else if (ref.h === "response") {
           // The original body, passed on without entering the sandbox: decoded, as the policy saw it.
           if (loaded !== undefined) body = bytesBody(loaded);

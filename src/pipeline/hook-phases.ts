@@ -31,8 +31,15 @@ export interface HookedResponse {
 
 export type OnRequestOutcome = { readonly request: OutboundRequest } | { readonly response: HookedResponse };
 
-const contentLengthHeaders = new Set(["content-length", "transfer-encoding"]);
-const encodedBodyHeaders = new Set(["content-encoding", "content-length"]);
+/** The framing of a body the proxy re-frames itself. */
+export const contentLengthHeaders = new Set(["content-length", "transfer-encoding"]);
+/** What no longer holds once a body is decoded for hooks. */
+export const encodedBodyHeaders = new Set(["content-encoding", "content-length"]);
+
+/** Headers for a body sent whole: its exact length, and no other framing. */
+export function withExactLength(headers: HeaderList, length: number): HeaderList {
+  return [...withoutHeaders(headers, contentLengthHeaders), "content-length", String(length)];
+}
 
 /**
  * A Response from a hook, as the guest will get it. Its body is the hook's own stream, framed by
@@ -104,7 +111,7 @@ export async function runOnRequest(
       forwarded = tap !== undefined && !tap.started && final.body === tap.web ? tap.source : nodeBody(final.body);
     } else {
       const bytes = await readHookBody(final.body, limits.requestBodyBytes);
-      headers = [...withoutHeaders(headers, contentLengthHeaders), "content-length", String(bytes.length)];
+      headers = withExactLength(headers, bytes.length);
       forwarded = bytes;
     }
   }
