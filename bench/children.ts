@@ -8,7 +8,7 @@
  * Also here: transpiling a bench script for plain node, and /proc readings (CPU time, RSS).
  */
 import { execFileSync, fork, spawn, type ChildProcess } from "node:child_process";
-import { mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { basename, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 
@@ -269,34 +269,71 @@ try {
   // getconf is missing on some minimal images; 100 is Linux's USER_HZ nearly everywhere.
 }
 
-/** utime + stime of a process, all its threads, in seconds. */
-export function cpuSeconds(pid: number | undefined): number | undefined {
-  if (pid === undefined) return undefined;
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-    return (Number(fields[11]) + Number(fields[12])) / clockTicks;
-  } catch {
-    return undefined;
+/**
+ * A process and its descendants: a proxy may serve from child processes (egressgate
+ * `--workers N` forks cluster workers), and what it costs is the sum over all of them.
+ */
+function processTree(pid: number): number[] {
+  const children = new Map<number, number[]>();
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
+      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+      children.set(ppid, [...(children.get(ppid) ?? []), Number(entry)]);
+    } catch {
+      // The process ended between the listing and the read.
+    }
   }
+  const out: number[] = [];
+  const stack = [pid];
+  while (stack.length > 0) {
+    const next = stack.pop()!;
+    out.push(next);
+    stack.push(...(children.get(next) ?? []));
+  }
+  return out;
 }
 
-/** A `kB` line of /proc/PID/status: VmHWM is the peak RSS, VmRSS the current one. */
+/** utime + stime of a process and its descendants, all their threads, in seconds. */
+export function cpuSeconds(pid: number | undefined): number | undefined {
+  if (pid === undefined) return undefined;
+  let total: number | undefined;
+  for (const member of processTree(pid)) {
+    try {
+      const stat = readFileSync(`/proc/${member}/stat`, "utf8");
+      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      total = (total ?? 0) + (Number(fields[11]) + Number(fields[12])) / clockTicks;
+    } catch {
+      // Gone meanwhile: a descendant that exited no longer counts, the process itself is undefined.
+    }
+  }
+  return total;
+}
+
+/**
+ * A `kB` line of /proc/PID/status, summed over the process and its descendants: VmHWM is the
+ * peak RSS, VmRSS the current one. (For a process tree the summed peaks may not coincide.)
+ */
 export function statusKb(pid: number | undefined, field: "VmHWM" | "VmRSS"): number | undefined {
   if (pid === undefined) return undefined;
-  try {
-    const match = new RegExp(`${field}:\\s+(\\d+) kB`).exec(readFileSync(`/proc/${pid}/status`, "utf8"));
-    return match?.[1] === undefined ? undefined : Number(match[1]);
-  } catch {
-    return undefined;
+  let total: number | undefined;
+  for (const member of processTree(pid)) {
+    try {
+      const match = new RegExp(`${field}:\\s+(\\d+) kB`).exec(readFileSync(`/proc/${member}/status`, "utf8"));
+      if (match?.[1] !== undefined) total = (total ?? 0) + Number(match[1]);
+    } catch {
+      // Gone meanwhile.
+    }
   }
+  return total;
 }
 
 /** Resets VmHWM to the current RSS (Linux ≥ 4.0), so each window gets its own peak. */
 export function resetPeak(pid: number | undefined): boolean {
   if (pid === undefined) return true;
   try {
-    writeFileSync(`/proc/${pid}/clear_refs`, "5");
+    for (const member of processTree(pid)) writeFileSync(`/proc/${member}/clear_refs`, "5");
     return true;
   } catch {
     return false;

@@ -34,6 +34,7 @@ export type TargetName =
   | "direct"
   | "tcp-relay"
   | "egressgate"
+  | "egressgate-w2"
   | "egressgate-api"
   | "egressgate+hooks"
   | "egressgate+djs"

@@ -28,6 +28,7 @@ export const allTargets: readonly TargetName[] = [
   "direct",
   "tcp-relay",
   "egressgate",
+  "egressgate-w2",
   "egressgate-api",
   "egressgate+hooks",
   "egressgate+djs",
@@ -37,8 +38,10 @@ export const allTargets: readonly TargetName[] = [
   "mitmdump",
 ];
 export const peerTargets: readonly TargetName[] = ["mockttp", "http-mitm-proxy", "mitmdump"];
-export type EgressgateTarget = "egressgate" | "egressgate-api" | "egressgate+hooks" | "egressgate+djs" | "egressgate+djs-allowlist";
-export const egressgateTargets: readonly EgressgateTarget[] = ["egressgate", "egressgate-api", "egressgate+hooks", "egressgate+djs", "egressgate+djs-allowlist"];
+export type EgressgateTarget = "egressgate" | "egressgate-w2" | "egressgate-api" | "egressgate+hooks" | "egressgate+djs" | "egressgate+djs-allowlist";
+export const egressgateTargets: readonly EgressgateTarget[] = ["egressgate", "egressgate-w2", "egressgate-api", "egressgate+hooks", "egressgate+djs", "egressgate+djs-allowlist"];
+/** The CLI targets: egressgate in one process, and with `--workers 2` (node:cluster). The others embed startProxy. */
+const cliTargets: readonly EgressgateTarget[] = ["egressgate", "egressgate-w2"];
 /** The embedded targets that differ from egressgate-api only in their hooks: they take part in small GETs only. */
 export const hookedTargets: readonly TargetName[] = ["egressgate+hooks", "egressgate+djs", "egressgate+djs-allowlist"];
 function writePolicy(dir: string, name: string, source: string): string {
@@ -298,11 +301,12 @@ export async function startTargets(options: StartOptions): Promise<StartedTarget
     return { ...started, caPem: readFileSync(join(caDir, "ca.crt"), "utf8") };
   };
   if (targets.includes("egressgate")) proxies.set("egressgate", await startCli("egressgate", options.egressgateHostnames, profileFor("egressgate")));
+  if (targets.includes("egressgate-w2")) proxies.set("egressgate-w2", await startCli("egressgate-w2", [], undefined, ["--workers", "2"]));
   const freshEgressgate = options.freshEgressgate ? await startCli("egressgate (1 GiB)", [], undefined) : undefined;
   const freshEgressgateDjs = options.freshEgressgate
     ? await startCli("egressgate + onResponse policy (1 GiB)", [], undefined, ["--hooks-script", writePolicy(dir, "on-response-only.mjs", onResponseOnlySource)])
     : undefined;
-  const apiTargets = egressgateTargets.filter((t) => t !== "egressgate" && targets.includes(t));
+  const apiTargets = egressgateTargets.filter((t) => !cliTargets.includes(t) && targets.includes(t));
   if (apiTargets.length > 0) {
     const hookedProxy = await transpile(dir, fileURLToPath(new URL("./hooked-proxy.ts", import.meta.url)), ["egressgate"]);
     for (const target of apiTargets) {

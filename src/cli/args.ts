@@ -10,7 +10,7 @@ export class UsageError extends Error {
 }
 
 export type CliCommand =
-  | { readonly kind: "serve"; readonly options: ProxyOptions }
+  | { readonly kind: "serve"; readonly options: ProxyOptions; readonly workers: number }
   | { readonly kind: "help" }
   | { readonly kind: "ca"; readonly caDir: string | undefined }
   | { readonly kind: "env"; readonly caDir: string | undefined; readonly listen: { host: string; port: number } };
@@ -116,9 +116,12 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
             describe: "tier-2 policy run in a QuickJS sandbox: .js script, .mjs module, .ts/.mts TypeScript",
           })
           .option("hooks-timeout-ms", { type: "number", default: 100, describe: "time limit for one policy call (502 beyond)" })
+          .option("workers", { type: "number", default: 1, describe: "processes that share the listening port (node:cluster); 1 serves from this process" })
           .option("log-level", { choices: logLevels as LogLevel[], default: "info" as LogLevel, describe: "log verbosity (JSON lines on stderr)" }),
       (args) => {
         const maxRedirects = nonNegativeInteger(args["max-redirects"], "--max-redirects");
+        const workers = nonNegativeInteger(args.workers, "--workers");
+        if (workers < 1 || workers > 64) throw new UsageError(`--workers: expected 1 to 64, got ${workers}`);
         const maxHttpBodyBytes = nonNegativeInteger(args["max-body-bytes"], "--max-body-bytes");
         const maxHttpResponseBodyBytes = nonNegativeInteger(args["max-response-body-bytes"], "--max-response-body-bytes");
         const secrets: Record<string, { hosts: string[]; value: string }> = {};
@@ -155,6 +158,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
         const envFile = args["guest-env-file"];
         command = {
           kind: "serve",
+          workers,
           options: {
             httpHooks: hooks.httpHooks,
             env: hooks.env,

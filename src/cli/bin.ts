@@ -2,7 +2,9 @@
 import { defaultCaDir, loadOrCreateCa } from "../tls/ca-store.js";
 import { formatShellExports, guestEnvironment } from "../proxy/guest-env.js";
 import { startProxy } from "../proxy/start-proxy.js";
+import { djsHooksOf } from "../hooks/http-hooks.js";
 import { parseCli, UsageError } from "./args.js";
+import { isClusterWorker, isFirstWorker, reportListening, runPrimary, siblingPort } from "./cluster.js";
 
 async function main(argv: readonly string[]): Promise<number> {
   const command = parseCli(argv);
@@ -24,18 +26,50 @@ async function main(argv: readonly string[]): Promise<number> {
     process.stdout.write(formatShellExports(env));
     return 0;
   }
-  const proxy = await startProxy(command.options);
-  process.stdout.write(`egressgate listening on ${proxy.url}\n`);
+  const worker = isClusterWorker();
+  const hooks = command.options.httpHooks;
+  const djsHooks = hooks === undefined ? undefined : djsHooksOf(hooks);
+  if (command.workers > 1 && !worker) {
+    // The arguments are valid and the policy loads (parseCli loaded it); the workers load their
+    // own. The CA is made here, once, so that no two workers race to create it.
+    await djsHooks?.close();
+    await loadOrCreateCa(command.options.caDir ?? defaultCaDir());
+    const listen = { host: command.options.listen?.host ?? "127.0.0.1", port: command.options.listen?.port ?? 8080 };
+    return runPrimary(argv, command.workers, listen, (line) => process.stdout.write(`${line}\n`));
+  }
+  // In a cluster, only the first worker writes the guest environment file, and for `--listen
+  // HOST:0` every worker listens on the port the primary picked.
+  const { guestEnvFile, ...rest } = command.options;
+  void guestEnvFile;
+  const port = worker ? siblingPort() : undefined;
+  const options = {
+    ...(worker && !isFirstWorker() ? rest : command.options),
+    ...(port !== undefined ? { listen: { host: command.options.listen?.host ?? "127.0.0.1", port } } : {}),
+  };
+  const proxy = await startProxy(options);
   await new Promise<void>((resolve) => {
-    let stopping = false;
+    let closing = false;
+    const close = (): void => {
+      if (closing) return;
+      closing = true;
+      void proxy.close().then(async () => {
+        await djsHooks?.close();
+        // A worker's IPC channel would keep it alive after the drain.
+        if (worker) process.disconnect?.();
+        resolve();
+      });
+    };
+    let signalled = false;
     const stop = (signal: NodeJS.Signals): void => {
-      if (stopping) process.exit(130); // a second signal: stop waiting for the drain
-      stopping = true;
-      process.stderr.write(`egressgate: ${signal}, closing\n`);
-      void proxy.close().then(resolve);
+      if (signalled) process.exit(130); // a second signal: stop waiting for the drain
+      signalled = true;
+      if (!worker) process.stderr.write(`egressgate: ${signal}, closing\n`);
+      close();
     };
     process.on("SIGINT", stop);
     process.on("SIGTERM", stop);
+    if (worker) reportListening(proxy.url, close);
+    else process.stdout.write(`egressgate listening on ${proxy.url}\n`);
   });
   return 0;
 }

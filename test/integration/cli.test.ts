@@ -1,5 +1,5 @@
 import { execFile, execFileSync, spawn, type ChildProcessByStdio } from "node:child_process";
-import { existsSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
@@ -290,6 +290,110 @@ describe("egressgate shutdown", () => {
   });
 });
 
+/** The live child processes of `pid` (zombies excluded), from /proc. */
+function childPids(pid: number): number[] {
+  const out: number[] = [];
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
+      const [state, ppid] = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      if (Number(ppid) === pid && state !== "Z") out.push(Number(entry));
+    } catch {
+      // Gone between the listing and the read.
+    }
+  }
+  return out;
+}
+
+/** Whether a process is still running (a zombie is not). */
+function running(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0] !== "Z";
+  } catch {
+    return false;
+  }
+}
+
+async function until(check: () => boolean, ms: number, what: string): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!check()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+describe("egressgate --workers", () => {
+  it("two worker processes serve one port; a killed worker is replaced; SIGTERM stops them all", async () => {
+    const dir = tempDir();
+    const caDir = join(dir, "ca");
+    const envFile = join(dir, "guest.env");
+    const upstream = await startUpstream();
+    const { cli, url } = await serve([
+      "--workers",
+      "2",
+      "--ca-dir",
+      caDir,
+      "--guest-env-file",
+      envFile,
+      "--allow-internal-host",
+      "api.test",
+      "--resolve",
+      "api.test=127.0.0.1",
+      "--upstream-ca",
+      await upstreamCaFile(dir),
+    ]);
+    const primary = cli.process.pid!;
+    const workers = childPids(primary);
+    expect(workers).toHaveLength(2);
+    // The first worker wrote the guest environment, with the port they share.
+    expect(readFileSync(envFile, "utf8")).toContain(`HTTPS_PROXY=${url}\n`);
+
+    // A new connection per request (curl), so the primary hands them out to both workers.
+    const fetchOnce = async (tag: string): Promise<void> => {
+      const result = await curl(["-sS", "-x", url, "--cacert", join(caDir, "ca.crt"), `https://api.test:${upstream.port}/echo?n=${tag}`]);
+      expect(result.stderr).toBe("");
+      expect(JSON.parse(result.stdout)).toMatchObject({ method: "GET", path: `/echo?n=${tag}` });
+    };
+    for (let i = 0; i < 4; i++) await fetchOnce(`a${i}`);
+
+    // A worker that dies is replaced, and the port goes on answering meanwhile.
+    process.kill(workers[0]!, "SIGKILL");
+    await until(() => new RegExp(`serves in place of ${workers[0]!}\n`).test(cli.stderr()), 15_000, "a replacement worker");
+    expect(cli.stderr()).toContain(`worker ${workers[0]!} exited (SIGKILL); starting another`);
+    const replaced = childPids(primary);
+    expect(replaced).toHaveLength(2);
+    expect(replaced).not.toContain(workers[0]);
+    for (let i = 0; i < 4; i++) await fetchOnce(`b${i}`);
+    expect(upstream.hits()).toBe(8);
+
+    const serving = childPids(primary);
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+    for (const pid of serving) await until(() => !running(pid), 5_000, `worker ${pid} to exit`);
+    expect(cli.stdout()).toMatch(listeningLine);
+    expect(cli.stderr()).toContain("SIGTERM, closing 2 workers");
+  });
+
+  it("the workers stop when the primary is killed outright", async () => {
+    const dir = tempDir();
+    const { cli } = await serve(["--workers", "2", "--ca-dir", join(dir, "ca")]);
+    const workers = childPids(cli.process.pid!);
+    expect(workers).toHaveLength(2);
+    cli.process.kill("SIGKILL");
+    await cli.exited;
+    for (const pid of workers) await until(() => !running(pid), 15_000, `worker ${pid} to exit`);
+  });
+
+  it.each(["0", "65", "1.5"])("--workers %s exits 2 naming the flag", async (value) => {
+    const result = await runCli(["--workers", value, "--listen", "127.0.0.1:0"]);
+    expect(result.code).toBe(2);
+    expect(result.stderr).toMatch(/--workers: expected/);
+    expect(result.stdout).toBe("");
+  });
+});
+
 describe("egressgate usage errors", () => {
   it("--help lists every serve flag and exits 0 without starting a proxy", async () => {
     const result = await runCli(["--help"]);
@@ -305,6 +409,11 @@ describe("egressgate usage errors", () => {
       "--guest-env-file",
       "--leaf-key",
       "--max-redirects",
+      "--max-body-bytes",
+      "--max-response-body-bytes",
+      "--hooks-script",
+      "--hooks-timeout-ms",
+      "--workers",
       "--log-level",
     ]) {
       expect(result.stdout).toContain(flag);

@@ -1,0 +1,165 @@
+import cluster, { type Worker } from "node:cluster";
+import { createServer } from "node:net";
+
+/**
+ * `--workers N`: N processes serve one listening port through node:cluster, each with the whole
+ * proxy (its own leaf cache, connection pools and tier-2 sandboxes) and the same CA, which the
+ * primary creates before it forks, so no two workers race to create it. The primary serves no
+ * traffic: it starts the workers, prints the one listening line, replaces a worker that dies,
+ * and on SIGINT or SIGTERM asks every worker to drain and close.
+ */
+
+/** What a worker tells the primary. */
+export type WorkerReport = { readonly kind: "listening"; readonly url: string };
+/** What the primary tells a worker. */
+export type PrimaryOrder = { readonly kind: "stop" };
+
+/** Set by the primary on the first worker only: it writes `--guest-env-file`, the others do not. */
+export const firstWorkerEnv = "EGRESSGATE_FIRST_WORKER";
+/**
+ * Set by the primary on every worker for `--listen HOST:0`: the port it picked. Workers that
+ * each listened on port 0 would share one only while one of them held it, and a replacement
+ * started after they all died would get a port of its own.
+ */
+export const portEnv = "EGRESSGATE_WORKER_PORT";
+
+/** Workers that may die within a minute before the primary gives up and stops them all. */
+const maxRestartsPerMinute = 5;
+
+export function isClusterWorker(): boolean {
+  return cluster.isWorker;
+}
+
+/** In a worker: whether it is the one that writes the guest environment file. */
+export function isFirstWorker(): boolean {
+  return process.env[firstWorkerEnv] === "1";
+}
+
+/** In a worker: the port the primary picked for `--listen HOST:0`, if it did. */
+export function siblingPort(): number | undefined {
+  const port = Number(process.env[portEnv]);
+  return Number.isInteger(port) && port > 0 && port < 65536 ? port : undefined;
+}
+
+/**
+ * In a worker: reports the listening URL, and runs `stop` when the primary says so. (A worker
+ * whose primary dies exits at once: node:cluster does that on the IPC channel's unexpected end.)
+ */
+export function reportListening(url: string, stop: () => void): void {
+  const report: WorkerReport = { kind: "listening", url };
+  process.send?.(report);
+  process.on("message", (order: PrimaryOrder) => {
+    if (order?.kind === "stop") stop();
+  });
+}
+
+function onceExit(worker: Worker): Promise<void> {
+  return new Promise((resolve) => {
+    if (worker.process.exitCode !== null || worker.process.signalCode !== null) resolve();
+    else worker.process.once("exit", () => resolve());
+  });
+}
+
+/** A port free on `host` now: the kernel's pick for port 0, released again. */
+function freePort(host: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(0, host, () => {
+      const address = server.address();
+      server.close(() => (typeof address === "object" && address !== null ? resolve(address.port) : reject(new Error("no port"))));
+    });
+  });
+}
+
+/**
+ * Runs the primary until its workers have closed. Resolves with the exit code: 0 after a
+ * signal, 1 when the workers could not start or kept dying.
+ */
+export async function runPrimary(argv: readonly string[], count: number, listen: { host: string; port: number }, print: (line: string) => void): Promise<number> {
+  cluster.setupPrimary({ exec: process.argv[1]!, args: [...argv], silent: false });
+  const live = new Set<Worker>();
+  /** Workers that have reported listening: they take a stop order; the others a SIGTERM. */
+  const serving = new WeakSet<Worker>();
+  // Taken before the workers bind it: a start-up race with another process ends in EADDRINUSE.
+  const port = listen.port === 0 ? await freePort(listen.host) : undefined;
+  let stopping = false;
+  let restarts: number[] = [];
+  let finish: (code: number) => void = () => undefined;
+  const done = new Promise<number>((resolve) => (finish = resolve));
+
+  const stopAll = async (code: number): Promise<void> => {
+    stopping = true;
+    const order: PrimaryOrder = { kind: "stop" };
+    for (const worker of live) {
+      // A worker still starting has no handler for the order yet; a signal stops it either way.
+      if (serving.has(worker) && worker.isConnected()) worker.send(order);
+      else worker.process.kill("SIGTERM");
+    }
+    await Promise.all([...live].map(onceExit));
+    finish(code);
+  };
+
+  const fork = (first: boolean): Promise<{ url: string; pid: number | undefined }> =>
+    new Promise((resolve, reject) => {
+      const worker = cluster.fork({ ...(first ? { [firstWorkerEnv]: "1" } : {}), ...(port !== undefined ? { [portEnv]: String(port) } : {}) });
+      live.add(worker);
+      let listening = false;
+      worker.on("message", (report: WorkerReport) => {
+        if (report?.kind !== "listening") return;
+        listening = true;
+        serving.add(worker);
+        resolve({ url: report.url, pid: worker.process.pid });
+      });
+      worker.process.once("exit", (code, signal) => {
+        live.delete(worker);
+        if (!listening) {
+          reject(new Error(`a worker exited while starting (${signal ?? `code ${code}`})`));
+          return;
+        }
+        if (stopping) return;
+        // A worker died while serving: its connections are gone, the others go on. Replace it,
+        // unless workers keep dying, which a new one would only repeat.
+        const now = Date.now();
+        restarts = [...restarts.filter((t) => now - t < 60_000), now];
+        if (restarts.length > maxRestartsPerMinute) {
+          process.stderr.write(`egressgate: ${restarts.length} workers died within a minute; stopping\n`);
+          void stopAll(1);
+          return;
+        }
+        process.stderr.write(`egressgate: worker ${worker.process.pid} exited (${signal ?? `code ${code}`}); starting another\n`);
+        fork(first).then(
+          (next) => process.stderr.write(`egressgate: worker ${next.pid} serves in place of ${worker.process.pid}\n`),
+          (error: unknown) => {
+            if (stopping) return;
+            process.stderr.write(`egressgate: ${(error as Error).message}; stopping\n`);
+            void stopAll(1);
+          },
+        );
+      });
+    });
+
+  let signals = 0;
+  const onSignal = (signal: NodeJS.Signals): void => {
+    signals++;
+    if (signals > 1) {
+      // A second signal: stop waiting for the drain.
+      for (const worker of live) worker.process.kill("SIGKILL");
+      process.exit(130);
+    }
+    process.stderr.write(`egressgate: ${signal}, closing ${live.size} workers\n`);
+    void stopAll(0);
+  };
+  process.on("SIGINT", onSignal);
+  process.on("SIGTERM", onSignal);
+
+  try {
+    const started = await Promise.all(Array.from({ length: count }, (_, i) => fork(i === 0)));
+    print(`egressgate listening on ${started[0]!.url}`);
+    process.stderr.write(`egressgate: ${count} worker processes share the port\n`);
+  } catch (error) {
+    process.stderr.write(`egressgate: ${(error as Error).message}\n`);
+    await stopAll(1);
+  }
+  return done;
+}
