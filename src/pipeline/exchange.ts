@@ -1,3 +1,4 @@
+import { EventEmitter } from "node:events";
 import type { Readable } from "node:stream";
 import type { Decision } from "../policy/decision.js";
 import type { HeaderList } from "../headers.js";
@@ -31,11 +32,28 @@ export interface PipelineResponse {
   readonly cleanup?: () => void;
 }
 
+/**
+ * Aborted when the guest goes away. undici takes an EventEmitter with `aborted` and `reason` as
+ * a request's signal; one of these costs far less than Node 20's AbortController, which took
+ * about 3% of the proxy's CPU on small GETs (one per request, almost never aborted).
+ */
+export class GuestGone extends EventEmitter {
+  aborted = false;
+  reason: unknown = undefined;
+
+  abort(reason: unknown = new Error("the guest closed the connection")): void {
+    if (this.aborted) return;
+    this.aborted = true;
+    this.reason = reason;
+    this.emit("abort");
+  }
+}
+
 /** Per-request context the proxy layer hands to the pipeline. */
 export interface ExchangeContext {
   readonly id: string;
   /** Called just before the body is first read: sends `100 Continue` when the guest asked. */
   readonly beforeBody?: () => void;
   /** Aborted when the guest goes away: the upstream request is cancelled instead of left hanging. */
-  readonly signal: AbortSignal;
+  readonly signal: GuestGone;
 }

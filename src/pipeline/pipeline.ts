@@ -9,7 +9,7 @@ import { allow, deny, type Decision } from "../policy/decision.js";
 import type { DeclarativePolicy } from "../policy/declarative-policy.js";
 import type { PinnedPools } from "../upstream/pinned-pools.js";
 import type { ResolvedAddress, Resolver } from "../upstream/resolve.js";
-import type { ExchangeContext, OutboundRequest, PipelineResponse } from "./exchange.js";
+import type { ExchangeContext, GuestGone, OutboundRequest, PipelineResponse } from "./exchange.js";
 import { endToEndHeaders, headerObjectToList } from "../headers.js";
 import { runOnRequest, runOnResponse, type HookLimits } from "./hook-phases.js";
 import { nextHop, redirectStatuses } from "./redirects.js";
@@ -259,7 +259,7 @@ export class Pipeline {
   private async sendToFirstReachable(
     request: OutboundRequest,
     addresses: readonly ResolvedAddress[],
-    signal: AbortSignal,
+    signal: GuestGone,
   ): ReturnType<Pipeline["send"]> {
     for (let i = 0; ; i++) {
       try {
@@ -275,7 +275,7 @@ export class Pipeline {
   private async send(
     request: OutboundRequest,
     address: ResolvedAddress,
-    signal: AbortSignal,
+    signal: GuestGone,
   ): Promise<{ status: number; headers: string[]; body: BodyReadable | null; location: string | undefined }> {
     const { url } = request;
     const pool = this.options.pools.get(url, address);

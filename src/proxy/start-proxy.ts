@@ -4,6 +4,7 @@ import { networkInterfaces } from "node:os";
 import { EgressError, denied } from "../errors.js";
 import { declarativeConfigOf } from "../hooks/http-hooks.js";
 import { createLogger, type Logger } from "../log.js";
+import { GuestGone } from "../pipeline/exchange.js";
 import { Pipeline } from "../pipeline/pipeline.js";
 import { DeclarativePolicy, type ListenAddress } from "../policy/declarative-policy.js";
 import { createTlsAuthority } from "../tls/authority.js";
@@ -285,7 +286,7 @@ class GuestSide {
     const started = performance.now();
     this.inFlight += 1;
     let target = loggableTarget(req.url ?? "");
-    const abort = new AbortController();
+    const abort = new GuestGone();
     res.once("close", () => {
       this.inFlight -= 1;
       if (this.inFlight === 0) this.idle?.();
@@ -297,7 +298,7 @@ class GuestSide {
       target = loggableUrl(request.url);
       const response = await this.pipeline.handle(request, {
         id: String(id),
-        signal: abort.signal,
+        signal: abort,
         ...(expectsContinue ? { beforeBody: once(() => res.writeContinue()) } : {}),
       });
       sendResponse(res, response, !req.complete, (error) => {
@@ -315,7 +316,7 @@ class GuestSide {
         });
       });
     } catch (error) {
-      if (abort.signal.aborted) {
+      if (abort.aborted) {
         // Nobody is left to answer; 499 is nginx's "client closed request", for the log only.
         this.logDecision({ id, method: req.method ?? "", target, status: 499, reason: "guest closed the connection", started });
         return;
