@@ -312,6 +312,21 @@ export function cpuSeconds(pid: number | undefined): number | undefined {
 }
 
 /**
+ * utime + stime of a process's main thread alone, in seconds: a Node proxy's event loop, without
+ * its worker threads (tier-2 sandboxes) or V8's and libuv's helper threads.
+ */
+export function mainThreadCpuSeconds(pid: number | undefined): number | undefined {
+  if (pid === undefined) return undefined;
+  try {
+    const stat = readFileSync(`/proc/${pid}/task/${pid}/stat`, "utf8");
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return (Number(fields[11]) + Number(fields[12])) / clockTicks;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
  * A `kB` line of /proc/PID/status, summed over the process and its descendants: VmHWM is the
  * peak RSS, VmRSS the current one. (For a process tree the summed peaks may not coincide.)
  */

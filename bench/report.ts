@@ -85,11 +85,25 @@ export interface RateRow extends Ratios {
   readonly proxyCpuPercent: number | undefined;
   /** Proxy CPU time per request: unlike req/s, it barely moves when other work takes the cores. */
   readonly proxyCpuMicrosPerRequest: number | undefined;
+  /** The same for the proxy's main thread (its event loop) alone. */
+  readonly proxyMainThreadMicrosPerRequest: number | undefined;
   readonly loadCpuPercent: number | undefined;
   readonly upstreamCpuPercent: number | undefined;
   /** New connections over the measured rounds' windows, warm-ups included: CONNECTs (or TLS dials) and upstream TLS handshakes. */
   readonly clientConnects: number;
   readonly upstreamConnects: number;
+}
+
+/** CPU time per request over windows: the median of each window's CPU ÷ requests. */
+function microsPerRequest(windows: readonly RateWindow[], percent: (w: RateWindow) => number | undefined): number | undefined {
+  return medianOf(
+    definedOnly(
+      windows.map((w) => {
+        const p = percent(w);
+        return p === undefined || w.requestsPerSecond === 0 ? undefined : (p / 100 / w.requestsPerSecond) * 1e6;
+      }),
+    ),
+  );
 }
 
 export function rateRows(scenario: string, targets: readonly TargetName[], windows: readonly RateWindow[], summary: readonly LoadSummaryEntry[]): RateRow[] {
@@ -116,8 +130,8 @@ export function rateRows(scenario: string, targets: readonly TargetName[], windo
         errors: mine.reduce((n, w) => n + w.errors, 0),
         proxyPeakRssMiB: mib(maxOf(definedOnly(mine.map((w) => w.peakRssKb)))),
         proxyCpuPercent: medianOf(cpu),
-        proxyCpuMicrosPerRequest:
-          cpu.length > 0 ? medianOf(definedOnly(mine.map((w) => (w.proxyCpuPercent === undefined || w.requestsPerSecond === 0 ? undefined : (w.proxyCpuPercent / 100 / w.requestsPerSecond) * 1e6)))) : undefined,
+        proxyCpuMicrosPerRequest: microsPerRequest(mine, (w) => w.proxyCpuPercent),
+        proxyMainThreadMicrosPerRequest: microsPerRequest(mine, (w) => w.proxyMainThreadCpuPercent),
         loadCpuPercent: medianOf(definedOnly(mine.map((w) => w.loadCpuPercent))),
         upstreamCpuPercent: medianOf(definedOnly(mine.map((w) => w.upstreamCpuPercent))),
         clientConnects: mine.reduce((n, w) => n + w.clientConnects, 0),
@@ -353,6 +367,8 @@ export interface HooksComparison {
   readonly p50Ms: { readonly noHooks: number; readonly hooks: number; readonly ratio: number };
   readonly p99Ms: { readonly noHooks: number; readonly hooks: number; readonly ratio: number };
   readonly proxyCpuMicrosPerRequest: { readonly noHooks: number; readonly hooks: number; readonly ratio: number; readonly added: number } | undefined;
+  /** The same for the event-loop thread alone: what the hooks cost the thread that serves every connection. */
+  readonly proxyMainThreadMicrosPerRequest: { readonly noHooks: number; readonly hooks: number; readonly ratio: number; readonly added: number } | undefined;
   readonly proxyPeakRssMiB: { readonly noHooks: number; readonly hooks: number } | undefined;
 }
 
@@ -365,6 +381,7 @@ export function compareHooks(rows: readonly RateRow[], targets: readonly string[
     if (base === undefined || hooked === undefined) continue;
     const pair = (a: number, b: number): { noHooks: number; hooks: number; ratio: number } => ({ noHooks: a, hooks: b, ratio: b / a });
     const [cpuA, cpuB] = [base.proxyCpuMicrosPerRequest, hooked.proxyCpuMicrosPerRequest];
+    const [mainA, mainB] = [base.proxyMainThreadMicrosPerRequest, hooked.proxyMainThreadMicrosPerRequest];
     const [rssA, rssB] = [base.proxyPeakRssMiB, hooked.proxyPeakRssMiB];
     out.push({
       target,
@@ -373,6 +390,7 @@ export function compareHooks(rows: readonly RateRow[], targets: readonly string[
       p50Ms: pair(base.p50Ms, hooked.p50Ms),
       p99Ms: pair(base.p99Ms, hooked.p99Ms),
       proxyCpuMicrosPerRequest: cpuA === undefined || cpuB === undefined ? undefined : { ...pair(cpuA, cpuB), added: cpuB - cpuA },
+      proxyMainThreadMicrosPerRequest: mainA === undefined || mainB === undefined ? undefined : { ...pair(mainA, mainB), added: mainB - mainA },
       proxyPeakRssMiB: rssA === undefined || rssB === undefined ? undefined : { noHooks: rssA, hooks: rssB },
     });
   }
@@ -387,10 +405,11 @@ const hookLabels: Record<string, string> = {
 
 export function hooksTable(comparisons: readonly HooksComparison[]): string {
   return table(
-    ["hooks", "conc.", "req/s", "p50 ms", "p99 ms", "proxy CPU µs/req", "peak RSS MiB"],
-    ["l", "r", "r", "r", "r", "r", "r"],
+    ["hooks", "conc.", "req/s", "p50 ms", "p99 ms", "proxy CPU µs/req", "event-loop thread µs/req", "peak RSS MiB"],
+    ["l", "r", "r", "r", "r", "r", "r", "r"],
     comparisons.map((c) => {
       const cpu = c.proxyCpuMicrosPerRequest;
+      const main = c.proxyMainThreadMicrosPerRequest;
       return [
         hookLabels[c.target] ?? c.target,
         String(c.concurrency),
@@ -398,6 +417,7 @@ export function hooksTable(comparisons: readonly HooksComparison[]): string {
         `${fixed(c.p50Ms.noHooks, 2)} → ${fixed(c.p50Ms.hooks, 2)} (${times(c.p50Ms.ratio)})`,
         `${fixed(c.p99Ms.noHooks, 2)} → ${fixed(c.p99Ms.hooks, 2)} (${times(c.p99Ms.ratio)})`,
         cpu === undefined ? "–" : `${fixed(cpu.noHooks, 0)} → ${fixed(cpu.hooks, 0)} (${cpu.added >= 0 ? "+" : ""}${fixed(cpu.added, 0)}, ${times(cpu.ratio)})`,
+        main === undefined ? "–" : `${fixed(main.noHooks, 0)} → ${fixed(main.hooks, 0)} (${main.added >= 0 ? "+" : ""}${fixed(main.added, 0)})`,
         c.proxyPeakRssMiB === undefined ? "–" : `${fixed(c.proxyPeakRssMiB.noHooks, 0)} → ${fixed(c.proxyPeakRssMiB.hooks, 0)}`,
       ];
     }),

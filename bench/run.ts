@@ -326,7 +326,7 @@ async function main(): Promise<void> {
     print(`${settings.rounds} interleaved rounds of ${settings.measureMs / 1000} s windows; req/s is the median window, latencies pool all windows.\n`);
     print(rateTable(smallRows));
     if (hooks.length > 0) {
-      print("\nHooks (each hooked target ÷ `egressgate-api`, the same script but for the hooks; proxy CPU includes the tier-2 worker threads):\n");
+      print("\nHooks (each hooked target ÷ `egressgate-api`, the same script but for the hooks; proxy CPU includes the tier-2 worker threads, the event-loop thread column leaves them out):\n");
       print(hooksTable(hooks));
     }
   }

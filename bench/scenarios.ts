@@ -15,7 +15,7 @@
  */
 import type { ChildProcess } from "node:child_process";
 import { performance } from "node:perf_hooks";
-import { ask, cpuSeconds, hasExited, resetPeak, statusKb, stderrError, waitExit } from "./children.js";
+import { ask, cpuSeconds, hasExited, mainThreadCpuSeconds, resetPeak, statusKb, stderrError, waitExit } from "./children.js";
 import type { BulkResult, BulkRun, HostsResult, HostsRun, RateResult, RateRun, TargetName } from "./load.js";
 import { newHostname, originHost, smallBodyBytes, type StartedTargets } from "./targets.js";
 import type { UpstreamStats } from "./upstream.js";
@@ -29,6 +29,8 @@ export interface Sample {
   /** The proxy's peak RSS over the window (VmHWM, reset before it); undefined for direct. */
   readonly peakRssKb: number | undefined;
   readonly proxyCpuPercent: number | undefined;
+  /** The proxy's main thread alone (its event loop); the rest is worker and helper threads. */
+  readonly proxyMainThreadCpuPercent: number | undefined;
   readonly upstreamCpuPercent: number | undefined;
   readonly loadCpuPercent: number | undefined;
 }
@@ -135,16 +137,16 @@ export class Harness {
   async measure<T>(pid: number | undefined, fn: () => Promise<T>): Promise<{ value: T; sample: Sample }> {
     if (pid !== undefined) this.peakResettable = resetPeak(pid) && this.peakResettable;
     const upstreamPid = this.started.upstream.pid;
-    const before = [cpuSeconds(pid), cpuSeconds(upstreamPid), cpuSeconds(this.load.pid)];
+    const before = [cpuSeconds(pid), cpuSeconds(upstreamPid), cpuSeconds(this.load.pid), mainThreadCpuSeconds(pid)];
     const t0 = performance.now();
     const value = await fn();
     const seconds = (performance.now() - t0) / 1000;
-    const after = [cpuSeconds(pid), cpuSeconds(upstreamPid), cpuSeconds(this.load.pid)];
+    const after = [cpuSeconds(pid), cpuSeconds(upstreamPid), cpuSeconds(this.load.pid), mainThreadCpuSeconds(pid)];
     const percent = (i: number): number | undefined => {
       const [a, b] = [before[i], after[i]];
       return a === undefined || b === undefined || seconds <= 0 ? undefined : ((b - a) / seconds) * 100;
     };
-    return { value, sample: { seconds, peakRssKb: statusKb(pid, "VmHWM"), proxyCpuPercent: percent(0), upstreamCpuPercent: percent(1), loadCpuPercent: percent(2) } };
+    return { value, sample: { seconds, peakRssKb: statusKb(pid, "VmHWM"), proxyCpuPercent: percent(0), proxyMainThreadCpuPercent: percent(3), upstreamCpuPercent: percent(1), loadCpuPercent: percent(2) } };
   }
 
   rate(run: Omit<RateRun, "kind" | "id">): Promise<RateResult> {
