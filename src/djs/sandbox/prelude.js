@@ -70,9 +70,13 @@
     return v;
   }
 
-  /** Headers as one flat list, [name, value, name, value, …], lowercase names in arrival order. */
+  /**
+   * Headers as one flat list, [name, value, name, value, …], lowercase names in arrival order.
+   * The proxy's own lists arrive LF-joined and are split on first use: most calls never look.
+   */
   class Headers {
-    #flat = [];
+    #raw = null;
+    #flatList = [];
     #dirty = false;
     #immutable = false;
     constructor(init) {
@@ -91,6 +95,17 @@
         throw new TypeError("Headers init must be an object or an iterable of pairs");
       }
       this.#dirty = false;
+    }
+    get #flat() {
+      if (this.#raw !== null) {
+        this.#flatList = this.#raw === "" ? [] : this.#raw.split("\n");
+        this.#raw = null;
+      }
+      return this.#flatList;
+    }
+    set #flat(list) {
+      this.#raw = null;
+      this.#flatList = list;
     }
     #write() {
       if (this.#immutable) throw new TypeError("these headers are immutable");
@@ -180,10 +195,10 @@
     static flat(headers) {
       return headers.#flat.slice();
     }
-    /** The proxy's own list: already valid and lowercase, so taken as it is. */
-    static fromFlat(list, immutable) {
+    /** The proxy's own list, LF-joined: already valid and lowercase, so taken as it is. */
+    static fromJoined(joined, immutable) {
       const headers = new Headers();
-      headers.#flat = list;
+      headers.#raw = joined;
       headers.#immutable = immutable === true;
       return headers;
     }
@@ -809,14 +824,14 @@
   let stash = null;
 
   function makeRequest(method, url, headers, hasBody) {
-    internalHead = { method, url, headers: Headers.fromFlat(headers === "" ? [] : headers.split("\n"), false) };
+    internalHead = { method, url, headers: Headers.fromJoined(headers, false) };
     const request = new Request();
     BodyMixin.init(request, hasBody ? { source: "request" } : null);
     return request;
   }
   function makeResponse(status, statusText, headers, url, hasBody) {
     // The upstream's head, already parsed and lowercased by the proxy: taken as it is.
-    internalResponse = { status, statusText, url, headers: Headers.fromFlat(headers === "" ? [] : headers.split("\n"), false) };
+    internalResponse = { status, statusText, url, headers: Headers.fromJoined(headers, false) };
     const response = new Response();
     BodyMixin.init(response, hasBody ? { source: "response" } : null);
     return response;
