@@ -295,7 +295,11 @@ function processTree(pid: number): number[] {
   return out;
 }
 
-/** utime + stime of a process and its descendants, all their threads, in seconds. */
+/**
+ * CPU time of a process and its descendants, all their threads, in seconds: utime + stime, plus
+ * cutime + cstime, where a descendant that exited and was reaped leaves its time with its parent
+ * (a cluster worker that died in a window still counts).
+ */
 export function cpuSeconds(pid: number | undefined): number | undefined {
   if (pid === undefined) return undefined;
   let total: number | undefined;
@@ -303,7 +307,8 @@ export function cpuSeconds(pid: number | undefined): number | undefined {
     try {
       const stat = readFileSync(`/proc/${member}/stat`, "utf8");
       const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-      total = (total ?? 0) + (Number(fields[11]) + Number(fields[12])) / clockTicks;
+      const ticks = Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]);
+      total = (total ?? 0) + ticks / clockTicks;
     } catch {
       // Gone meanwhile: a descendant that exited no longer counts, the process itself is undefined.
     }
@@ -313,10 +318,11 @@ export function cpuSeconds(pid: number | undefined): number | undefined {
 
 /**
  * utime + stime of a process's main thread alone, in seconds: a Node proxy's event loop, without
- * its worker threads (tier-2 sandboxes) or V8's and libuv's helper threads.
+ * its worker threads (tier-2 sandboxes) or V8's and libuv's helper threads. Undefined for a
+ * process with children (egressgate `--workers N`): its main thread serves no traffic.
  */
 export function mainThreadCpuSeconds(pid: number | undefined): number | undefined {
-  if (pid === undefined) return undefined;
+  if (pid === undefined || processTree(pid).length > 1) return undefined;
   try {
     const stat = readFileSync(`/proc/${pid}/task/${pid}/stat`, "utf8");
     const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
@@ -347,10 +353,14 @@ export function statusKb(pid: number | undefined, field: "VmHWM" | "VmRSS"): num
 /** Resets VmHWM to the current RSS (Linux ≥ 4.0), so each window gets its own peak. */
 export function resetPeak(pid: number | undefined): boolean {
   if (pid === undefined) return true;
-  try {
-    for (const member of processTree(pid)) writeFileSync(`/proc/${member}/clear_refs`, "5");
-    return true;
-  } catch {
-    return false;
+  let reset = true;
+  for (const member of processTree(pid)) {
+    try {
+      writeFileSync(`/proc/${member}/clear_refs`, "5");
+    } catch {
+      // A member that exited meanwhile has no peak to reset; only the root failing counts.
+      if (member === pid) reset = false;
+    }
   }
+  return reset;
 }

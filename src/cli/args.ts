@@ -4,6 +4,12 @@ import { createDjsHooks, djsHooksOptionsFromFile, PolicyLoadError, type DjsHooks
 import { logLevels, type LogLevel } from "../log.js";
 import type { ProxyOptions } from "../proxy/options.js";
 
+/**
+ * The environment variable that keeps secret placeholders stable: derived from its value, the
+ * same in every worker of `--workers N` (which the primary sets for them) and across restarts.
+ */
+export const placeholderKeyEnv = "EGRESSGATE_PLACEHOLDER_KEY";
+
 /** Thrown for bad flags or values; the CLI prints the message and exits 2. */
 export class UsageError extends Error {
   override readonly name = "UsageError";
@@ -150,6 +156,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
             blockInternalRanges: args["block-internal-ranges"],
             secrets,
             replaceSecretsInQuery: args["replace-secrets-in-query"],
+            ...(env[placeholderKeyEnv] !== undefined ? { secretPlaceholderKey: env[placeholderKeyEnv] } : {}),
           });
         } catch (error) {
           throw new UsageError(cliMessage((error as Error).message));
@@ -204,6 +211,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
 function cliMessage(message: string): string {
   return message
     .replace(/^createHttpHooks: /, "")
+    .replace(/^secretPlaceholderKey/, `$${placeholderKeyEnv}`)
     .replace(/^secrets\.(\w+)\.hosts(\[\d+\])?/, "--host-secret $1")
     .replace(/^secrets\.(\w+)(\.value)?/, "--host-secret $1")
     .replace(/allowedInternalHosts(\[\d+\])?/, "--allow-internal-host")

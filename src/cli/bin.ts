@@ -3,7 +3,9 @@ import { defaultCaDir, loadOrCreateCa } from "../tls/ca-store.js";
 import { formatShellExports, guestEnvironment } from "../proxy/guest-env.js";
 import { startProxy } from "../proxy/start-proxy.js";
 import { djsHooksOf } from "../hooks/http-hooks.js";
-import { parseCli, UsageError } from "./args.js";
+import { randomBytes } from "node:crypto";
+import { resolveProxyOptions, type ProxyOptions } from "../proxy/options.js";
+import { parseCli, placeholderKeyEnv, UsageError } from "./args.js";
 import { isClusterWorker, isFirstWorker, reportListening, runPrimary, siblingPort } from "./cluster.js";
 
 async function main(argv: readonly string[]): Promise<number> {
@@ -30,21 +32,26 @@ async function main(argv: readonly string[]): Promise<number> {
   const hooks = command.options.httpHooks;
   const djsHooks = hooks === undefined ? undefined : djsHooksOf(hooks);
   if (command.workers > 1 && !worker) {
-    // The arguments are valid and the policy loads (parseCli loaded it); the workers load their
-    // own. The CA is made here, once, so that no two workers race to create it.
+    // The flags are valid and the policy loads (parseCli loaded it); startProxy's own checks
+    // run here too, so a bad option exits 2 before any worker starts. The workers load their
+    // own policy. The CA is made here, once, so that no two workers race to create it.
+    resolveProxyOptions(command.options);
     await djsHooks?.close();
     await loadOrCreateCa(command.options.caDir ?? defaultCaDir());
     const listen = { host: command.options.listen?.host ?? "127.0.0.1", port: command.options.listen?.port ?? 8080 };
-    return runPrimary(argv, command.workers, listen, (line) => process.stdout.write(`${line}\n`));
+    // One placeholder key for all workers, so a guest's placeholders work whichever one serves it.
+    const env = { [placeholderKeyEnv]: process.env[placeholderKeyEnv] ?? randomBytes(32).toString("hex") };
+    return runPrimary(argv, command.workers, listen, env, (line) => process.stdout.write(`${line}\n`));
   }
-  // In a cluster, only the first worker writes the guest environment file, and for `--listen
-  // HOST:0` every worker listens on the port the primary picked.
+  // In a cluster, only the first worker writes the guest environment file, every worker's log
+  // lines name it, and for `--listen HOST:0` every worker listens on the port the primary picked.
   const { guestEnvFile, ...rest } = command.options;
   void guestEnvFile;
   const port = worker ? siblingPort() : undefined;
-  const options = {
+  const options: ProxyOptions = {
     ...(worker && !isFirstWorker() ? rest : command.options),
     ...(port !== undefined ? { listen: { host: command.options.listen?.host ?? "127.0.0.1", port } } : {}),
+    ...(worker ? { logSink: workerLogSink(process.pid) } : {}),
   };
   const proxy = await startProxy(options);
   await new Promise<void>((resolve) => {
@@ -66,12 +73,19 @@ async function main(argv: readonly string[]): Promise<number> {
       if (!worker) process.stderr.write(`egressgate: ${signal}, closing\n`);
       close();
     };
-    process.on("SIGINT", stop);
+    // Ctrl-C reaches every process of the group: in a cluster the primary orders the drain, and
+    // a worker that closed on its own would look to it like one that chose to stop.
+    process.on("SIGINT", worker ? () => undefined : stop);
     process.on("SIGTERM", stop);
     if (worker) reportListening(proxy.url, close);
     else process.stdout.write(`egressgate listening on ${proxy.url}\n`);
   });
   return 0;
+}
+
+/** A worker's log lines carry its pid, so an operator can tell which process served what. */
+function workerLogSink(pid: number): (line: string) => void {
+  return (line) => void process.stderr.write(line.startsWith("{") ? `{"worker":${pid},${line.slice(1)}` : line);
 }
 
 main(process.argv.slice(2)).then(
@@ -87,7 +101,11 @@ main(process.argv.slice(2)).then(
     process.stderr.write(`egressgate: ${(error as Error)?.message ?? String(error)}\n`);
     process.exitCode = 1;
   },
-);
+).finally(() => {
+  // A cluster worker that failed to start would stay alive on its IPC channel: the primary is
+  // waiting for it to listen or to exit.
+  if (isClusterWorker() && process.exitCode !== 0 && process.exitCode !== undefined) process.exit(process.exitCode);
+});
 
 /** startProxy names options as the API spells them; a CLI user knows the flags. */
 function flagNames(message: string): string {

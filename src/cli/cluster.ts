@@ -72,24 +72,46 @@ function freePort(host: string): Promise<number> {
   });
 }
 
+/** A worker that exited before it listened; `code` is what the primary exits with (2 for bad flags). */
+class WorkerStartError extends Error {
+  constructor(
+    message: string,
+    readonly code: number,
+  ) {
+    super(message);
+  }
+}
+
 /**
- * Runs the primary until its workers have closed. Resolves with the exit code: 0 after a
- * signal, 1 when the workers could not start or kept dying.
+ * Runs the primary until its workers have closed. Resolves with the exit code: 0 after a signal
+ * (or once every worker closed cleanly), 2 when a worker refused its flags at start, 1 when the
+ * workers could not start, kept dying, or failed while draining.
  */
-export async function runPrimary(argv: readonly string[], count: number, listen: { host: string; port: number }, print: (line: string) => void): Promise<number> {
+export async function runPrimary(
+  argv: readonly string[],
+  count: number,
+  listen: { host: string; port: number },
+  env: Readonly<Record<string, string>>,
+  print: (line: string) => void,
+): Promise<number> {
   cluster.setupPrimary({ exec: process.argv[1]!, args: [...argv], silent: false });
+  // Taken before the workers bind it: a start-up race with another process ends in EADDRINUSE,
+  // which stops the start with the worker's own message.
+  const port = listen.port === 0 ? await freePort(listen.host) : undefined;
+  const workerEnv = { ...env, ...(port !== undefined ? { [portEnv]: String(port) } : {}) };
   const live = new Set<Worker>();
   /** Workers that have reported listening: they take a stop order; the others a SIGTERM. */
   const serving = new WeakSet<Worker>();
-  // Taken before the workers bind it: a start-up race with another process ends in EADDRINUSE.
-  const port = listen.port === 0 ? await freePort(listen.host) : undefined;
   let stopping = false;
+  let exitCode = 0;
   let restarts: number[] = [];
   let finish: (code: number) => void = () => undefined;
   const done = new Promise<number>((resolve) => (finish = resolve));
 
   const stopAll = async (code: number): Promise<void> => {
+    if (stopping) return;
     stopping = true;
+    exitCode = code;
     const order: PrimaryOrder = { kind: "stop" };
     for (const worker of live) {
       // A worker still starting has no handler for the order yet; a signal stops it either way.
@@ -97,43 +119,58 @@ export async function runPrimary(argv: readonly string[], count: number, listen:
       else worker.process.kill("SIGTERM");
     }
     await Promise.all([...live].map(onceExit));
-    finish(code);
+    finish(exitCode);
   };
 
-  const fork = (first: boolean): Promise<{ url: string; pid: number | undefined }> =>
+  const how = (code: number | null, signal: NodeJS.Signals | null): string => signal ?? `code ${code}`;
+
+  const fork = (first: boolean): Promise<{ worker: Worker; url: string }> =>
     new Promise((resolve, reject) => {
-      const worker = cluster.fork({ ...(first ? { [firstWorkerEnv]: "1" } : {}), ...(port !== undefined ? { [portEnv]: String(port) } : {}) });
+      const worker = cluster.fork({ ...workerEnv, ...(first ? { [firstWorkerEnv]: "1" } : {}) });
       live.add(worker);
-      let listening = false;
       worker.on("message", (report: WorkerReport) => {
         if (report?.kind !== "listening") return;
-        listening = true;
         serving.add(worker);
-        resolve({ url: report.url, pid: worker.process.pid });
+        resolve({ worker, url: report.url });
       });
       worker.process.once("exit", (code, signal) => {
         live.delete(worker);
-        if (!listening) {
-          reject(new Error(`a worker exited while starting (${signal ?? `code ${code}`})`));
+        const pid = worker.process.pid;
+        if (stopping) {
+          // Draining ends in a clean exit; a worker stopped before it served ends by the SIGTERM.
+          const expected = code === 0 || (signal === "SIGTERM" && !serving.has(worker));
+          if (!expected) {
+            process.stderr.write(`egressgate: worker ${pid} failed while closing (${how(code, signal)})\n`);
+            exitCode = Math.max(exitCode, 1);
+          }
           return;
         }
-        if (stopping) return;
+        if (!serving.has(worker)) {
+          reject(new WorkerStartError(`a worker exited while starting (${how(code, signal)})`, code === 2 ? 2 : 1));
+          return;
+        }
+        if (code === 0) {
+          // Closed on purpose (a SIGTERM of its own, say): not replaced. The last one ends the primary.
+          process.stderr.write(`egressgate: worker ${pid} closed\n`);
+          if (live.size === 0) void stopAll(0);
+          return;
+        }
         // A worker died while serving: its connections are gone, the others go on. Replace it,
         // unless workers keep dying, which a new one would only repeat.
         const now = Date.now();
         restarts = [...restarts.filter((t) => now - t < 60_000), now];
-        if (restarts.length > maxRestartsPerMinute) {
-          process.stderr.write(`egressgate: ${restarts.length} workers died within a minute; stopping\n`);
+        if (restarts.length >= maxRestartsPerMinute) {
+          process.stderr.write(`egressgate: worker ${pid} exited (${how(code, signal)}), the ${restarts.length}th within a minute; stopping\n`);
           void stopAll(1);
           return;
         }
-        process.stderr.write(`egressgate: worker ${worker.process.pid} exited (${signal ?? `code ${code}`}); starting another\n`);
+        process.stderr.write(`egressgate: worker ${pid} exited (${how(code, signal)}); starting another\n`);
         fork(first).then(
-          (next) => process.stderr.write(`egressgate: worker ${next.pid} serves in place of ${worker.process.pid}\n`),
+          (next) => process.stderr.write(`egressgate: worker ${next.worker.process.pid} serves in place of ${pid}\n`),
           (error: unknown) => {
             if (stopping) return;
             process.stderr.write(`egressgate: ${(error as Error).message}; stopping\n`);
-            void stopAll(1);
+            void stopAll(error instanceof WorkerStartError ? error.code : 1);
           },
         );
       });
@@ -155,11 +192,15 @@ export async function runPrimary(argv: readonly string[], count: number, listen:
 
   try {
     const started = await Promise.all(Array.from({ length: count }, (_, i) => fork(i === 0)));
-    print(`egressgate listening on ${started[0]!.url}`);
-    process.stderr.write(`egressgate: ${count} worker processes share the port\n`);
+    if (!stopping) {
+      print(`egressgate listening on ${started[0]!.url}`);
+      process.stderr.write(`egressgate: ${count} worker processes share the port\n`);
+    }
   } catch (error) {
-    process.stderr.write(`egressgate: ${(error as Error).message}\n`);
-    await stopAll(1);
+    if (!stopping) {
+      process.stderr.write(`egressgate: ${(error as Error).message}\n`);
+      void stopAll(error instanceof WorkerStartError ? error.code : 1);
+    }
   }
   return done;
 }

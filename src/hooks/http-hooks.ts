@@ -50,6 +50,12 @@ export interface HttpHooksOptions extends HttpHooks {
   /** Also substitute placeholders in the query string (names and values). Default: false. */
   readonly replaceSecretsInQuery?: boolean;
   /**
+   * Derive secret placeholders from this key (at least 32 characters) instead of at random, so
+   * that every process given the same key hands guests the same placeholders: several
+   * instances or `--workers N` behind one guest, or a restart the guest does not see.
+   */
+  readonly secretPlaceholderKey?: string;
+  /**
    * A tier-2 policy from `createDjsHooks()` (spread it in: `...createDjsHooks(source)`). In every
    * phase it runs before the tier-3 hooks given here, and sees nothing of them.
    */
@@ -88,6 +94,7 @@ const knownOptions = new Set<string>([
   "blockInternalRanges",
   "secrets",
   "replaceSecretsInQuery",
+  "secretPlaceholderKey",
   "djsHooks",
   ...hookNames,
 ]);
@@ -137,11 +144,20 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
   if (options.secrets !== undefined && (typeof options.secrets !== "object" || options.secrets === null || Array.isArray(options.secrets))) {
     throw new TypeError("createHttpHooks: secrets must be an object of { NAME: { hosts, value } }");
   }
-  const secrets = new SecretStore(options.secrets ?? {}, options.replaceSecretsInQuery ?? false, (hosts, path) => {
-    const list = patternList(hosts, path);
-    if (list.length === 0) throw new TypeError(`${path}: a secret needs at least one host`);
-    return Object.freeze(list);
-  });
+  const key = options.secretPlaceholderKey;
+  if (key !== undefined && (typeof key !== "string" || key.length < 32)) {
+    throw new TypeError("createHttpHooks: secretPlaceholderKey must be a string of at least 32 characters");
+  }
+  const secrets = new SecretStore(
+    options.secrets ?? {},
+    options.replaceSecretsInQuery ?? false,
+    (hosts, path) => {
+      const list = patternList(hosts, path);
+      if (list.length === 0) throw new TypeError(`${path}: a secret needs at least one host`);
+      return Object.freeze(list);
+    },
+    key,
+  );
   const config: DeclarativeConfig = Object.freeze({
     allowedHosts: Object.freeze(patternList(options.allowedHosts, "allowedHosts")),
     allowedInternalHosts: Object.freeze(patternList(options.allowedInternalHosts, "allowedInternalHosts")),

@@ -1,4 +1,4 @@
-import { randomBytes } from "node:crypto";
+import { createHmac, randomBytes } from "node:crypto";
 import { denied } from "../errors.js";
 import { compileHostPatterns, type HostMatcher } from "./host-pattern.js";
 
@@ -43,13 +43,25 @@ const credentialHeaders = new Set(["authorization", "proxy-authorization"]);
  * whose final destination is one of the secret's hosts. A placeholder or a real value bound for
  * any other host, and a retired value bound anywhere, refuses the whole request.
  */
+/** 48 hex digits from the key and the name, like a random placeholder's. */
+function derived(key: string, name: string): string {
+  return createHmac("sha256", key).update(`egressgate placeholder\0${name}`).digest("hex").slice(0, 48);
+}
+
 export class SecretStore {
   private readonly entries = new Map<string, Entry>();
 
+  /**
+   * `placeholderKey`, when given, derives each placeholder from the key and the secret's name
+   * (HMAC-SHA256), so every process started with the same key hands guests the same
+   * placeholders (DESIGN §9: `--workers N`, several instances, restarts). Without it they are
+   * random per store.
+   */
   constructor(
     secrets: Readonly<Record<string, SecretOptions>>,
     readonly replaceInQuery: boolean,
     private readonly validateHosts: (hosts: unknown, path: string) => readonly string[],
+    placeholderKey?: string,
   ) {
     for (const [name, options] of Object.entries(secrets)) {
       const path = `secrets.${name}`;
@@ -64,7 +76,7 @@ export class SecretStore {
       const value = checkValue(options.value, `${path}.value`);
       this.entries.set(name, {
         name,
-        placeholder: `EGRESSGATE_SECRET_${randomBytes(24).toString("hex")}`,
+        placeholder: `EGRESSGATE_SECRET_${placeholderKey === undefined ? randomBytes(24).toString("hex") : derived(placeholderKey, name)}`,
         hosts,
         matcher: compileHostPatterns(hosts),
         value,

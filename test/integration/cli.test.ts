@@ -1,5 +1,6 @@
 import { execFile, execFileSync, spawn, type ChildProcessByStdio } from "node:child_process";
 import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
 import { join } from "node:path";
 import type { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
@@ -102,7 +103,8 @@ async function runCli(args: readonly string[]): Promise<{ code: number | null; s
 
 /** Starts the proxy and returns its port once the listening line is out. */
 async function serve(args: readonly string[], extraEnv: NodeJS.ProcessEnv = {}): Promise<{ cli: Cli; port: number; url: string }> {
-  const cli = startCli(["--listen", "127.0.0.1:0", "--log-level", "warn", ...args], 20_000, extraEnv);
+  const logLevel = args.includes("--log-level") ? [] : ["--log-level", "warn"];
+  const cli = startCli(["--listen", "127.0.0.1:0", ...logLevel, ...args], 20_000, extraEnv);
   const match = await cli.waitForStdout(listeningLine);
   const port = Number(match[1]);
   return { cli, port, url: `http://127.0.0.1:${port}` };
@@ -325,38 +327,52 @@ async function until(check: () => boolean, ms: number, what: string): Promise<vo
 }
 
 describe("egressgate --workers", () => {
-  it("two worker processes serve one port; a killed worker is replaced; SIGTERM stops them all", async () => {
+  it("two worker processes serve one port with the same secret placeholders; a killed worker is replaced; SIGTERM stops them all", async () => {
     const dir = tempDir();
     const caDir = join(dir, "ca");
     const envFile = join(dir, "guest.env");
     const upstream = await startUpstream();
-    const { cli, url } = await serve([
-      "--workers",
-      "2",
-      "--ca-dir",
-      caDir,
-      "--guest-env-file",
-      envFile,
-      "--allow-internal-host",
-      "api.test",
-      "--resolve",
-      "api.test=127.0.0.1",
-      "--upstream-ca",
-      await upstreamCaFile(dir),
-    ]);
+    const value = "tok-for-workers";
+    const { cli, url } = await serve(
+      [
+        "--workers", "2",
+        "--log-level", "info",
+        "--ca-dir", caDir,
+        "--guest-env-file", envFile,
+        "--host-secret", "GH_TOKEN@api.test",
+        "--allow-internal-host", "api.test",
+        "--resolve", "api.test=127.0.0.1",
+        "--upstream-ca", await upstreamCaFile(dir),
+      ],
+      { GH_TOKEN: value },
+    );
     const primary = cli.process.pid!;
     const workers = childPids(primary);
     expect(workers).toHaveLength(2);
     // The first worker wrote the guest environment, with the port they share.
-    expect(readFileSync(envFile, "utf8")).toContain(`HTTPS_PROXY=${url}\n`);
+    const guestEnv = readFileSync(envFile, "utf8");
+    expect(guestEnv).toContain(`HTTPS_PROXY=${url}\n`);
+    const placeholder = /^GH_TOKEN=(EGRESSGATE_SECRET_[0-9a-f]{48})$/m.exec(guestEnv)?.[1];
+    expect(placeholder).toBeDefined();
 
-    // A new connection per request (curl), so the primary hands them out to both workers.
+    // A new connection per request (curl), which the primary hands to the workers in turn: each
+    // one must know the placeholder the first one wrote.
     const fetchOnce = async (tag: string): Promise<void> => {
-      const result = await curl(["-sS", "-x", url, "--cacert", join(caDir, "ca.crt"), `https://api.test:${upstream.port}/echo?n=${tag}`]);
+      const result = await curl([
+        "-sS", "-x", url, "--cacert", join(caDir, "ca.crt"),
+        "-H", `Authorization: Bearer ${placeholder!}`,
+        `https://api.test:${upstream.port}/echo?n=${tag}`,
+      ]);
       expect(result.stderr).toBe("");
-      expect(JSON.parse(result.stdout)).toMatchObject({ method: "GET", path: `/echo?n=${tag}` });
+      expect(JSON.parse(result.stdout)).toMatchObject({ path: `/echo?n=${tag}`, headers: { authorization: `Bearer ${value}` } });
     };
     for (let i = 0; i < 4; i++) await fetchOnce(`a${i}`);
+    const servedBy = (): Set<number> => {
+      const lines = cli.stderr().split("\n").filter((line) => line.includes('"msg":"request"'));
+      return new Set(lines.map((line) => (JSON.parse(line) as { worker: number }).worker));
+    };
+    await until(() => servedBy().size === 2, 5_000, "request lines from both workers");
+    expect([...servedBy()].sort()).toEqual([...workers].sort());
 
     // A worker that dies is replaced, and the port goes on answering meanwhile.
     process.kill(workers[0]!, "SIGKILL");
@@ -365,15 +381,53 @@ describe("egressgate --workers", () => {
     const replaced = childPids(primary);
     expect(replaced).toHaveLength(2);
     expect(replaced).not.toContain(workers[0]);
+    // The replacement (the new first worker) rewrote the file: the same placeholder, as its siblings hold.
+    expect(readFileSync(envFile, "utf8")).toBe(guestEnv);
     for (let i = 0; i < 4; i++) await fetchOnce(`b${i}`);
     expect(upstream.hits()).toBe(8);
+    expect(cli.stderr()).not.toContain(value);
 
-    const serving = childPids(primary);
     cli.process.kill("SIGTERM");
     expect(await cli.exited).toEqual({ code: 0, signal: null });
-    for (const pid of serving) await until(() => !running(pid), 5_000, `worker ${pid} to exit`);
+    for (const pid of replaced) await until(() => !running(pid), 5_000, `worker ${pid} to exit`);
     expect(cli.stdout()).toMatch(listeningLine);
     expect(cli.stderr()).toContain("SIGTERM, closing 2 workers");
+  });
+
+  it("SIGINT to the whole process group (Ctrl-C) drains once: no worker is replaced", async () => {
+    const dir = tempDir();
+    const cli = startCli(["--workers", "2", "--listen", "127.0.0.1:0", "--log-level", "warn", "--ca-dir", join(dir, "ca")], 20_000);
+    await cli.waitForStdout(listeningLine);
+    const workers = childPids(cli.process.pid!);
+    expect(workers).toHaveLength(2);
+    // What a terminal does: the signal reaches the primary and every worker at once.
+    for (const pid of [...workers, cli.process.pid!]) process.kill(pid, "SIGINT");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+    expect(cli.stderr()).not.toMatch(/starting another|closed\n/);
+    for (const pid of workers) await until(() => !running(pid), 5_000, `worker ${pid} to exit`);
+  });
+
+  it("a worker that cannot listen stops the start: exit 1 with its error, nothing left running", async () => {
+    const dir = tempDir();
+    const busy = createServer();
+    await new Promise<void>((resolve) => busy.listen(0, "127.0.0.1", () => resolve()));
+    onTestFinished(() => void busy.close());
+    const port = (busy.address() as { port: number }).port;
+    const cli = startCli(["--workers", "2", "--listen", `127.0.0.1:${port}`, "--ca-dir", join(dir, "ca")], 20_000);
+    const primary = cli.process.pid!;
+    const { code } = await cli.exited;
+    expect(code).toBe(1);
+    expect(cli.stderr()).toMatch(/EADDRINUSE/);
+    expect(cli.stderr()).toMatch(/a worker exited while starting \(code 1\)/);
+    expect(cli.stdout()).toBe("");
+    await until(() => childPids(primary).length === 0, 5_000, "no workers left");
+  });
+
+  it("a bad option exits 2 before any worker starts", async () => {
+    const result = await runCli(["--workers", "2", "--listen", "127.0.0.1:0", "--upstream-ca", "/nonexistent/ca.pem"]);
+    expect(result.code).toBe(2);
+    expect(result.stderr).toMatch(/--upstream-ca.*\/nonexistent\/ca\.pem/);
+    expect(result.stderr).not.toMatch(/worker/);
   });
 
   it("the workers stop when the primary is killed outright", async () => {
@@ -391,6 +445,24 @@ describe("egressgate --workers", () => {
     expect(result.code).toBe(2);
     expect(result.stderr).toMatch(/--workers: expected/);
     expect(result.stdout).toBe("");
+  });
+
+  it("EGRESSGATE_PLACEHOLDER_KEY makes placeholders the same across runs; a short key exits 2", async () => {
+    const dir = tempDir();
+    const key = "k".repeat(40);
+    const placeholders: string[] = [];
+    for (const run of [1, 2]) {
+      const envFile = join(dir, `guest-${run}.env`);
+      const { cli } = await serve(["--ca-dir", join(dir, "ca"), "--host-secret", "T@api.test=v", "--guest-env-file", envFile], { EGRESSGATE_PLACEHOLDER_KEY: key });
+      placeholders.push(/^T=(EGRESSGATE_SECRET_[0-9a-f]{48})$/m.exec(readFileSync(envFile, "utf8"))?.[1] ?? "");
+      cli.process.kill("SIGTERM");
+      await cli.exited;
+    }
+    expect(placeholders[0]).toMatch(/^EGRESSGATE_SECRET_[0-9a-f]{48}$/);
+    expect(placeholders[1]).toBe(placeholders[0]);
+    const short = startCli(["--listen", "127.0.0.1:0", "--host-secret", "T@api.test=v"], 20_000, { EGRESSGATE_PLACEHOLDER_KEY: "short" });
+    expect((await short.exited).code).toBe(2);
+    expect(short.stderr()).toMatch(/\$EGRESSGATE_PLACEHOLDER_KEY must be a string of at least 32 characters/);
   });
 });
 

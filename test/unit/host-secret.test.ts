@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { parseCli, parseHostSecret, UsageError } from "../../src/cli/args.js";
-import { declarativeConfigOf } from "../../src/hooks/http-hooks.js";
+import { createHttpHooks, declarativeConfigOf } from "../../src/hooks/http-hooks.js";
 import { SecretStore } from "../../src/policy/secrets.js";
 
 describe("--host-secret NAME@HOST[,HOST...][=VALUE]", () => {
@@ -65,6 +65,30 @@ describe("--host-secret NAME@HOST[,HOST...][=VALUE]", () => {
     [["--host-secret", "A@https://a.test=1"], /--host-secret A.*not a host pattern/],
   ])("%j is refused naming --host-secret", (argv, message) => {
     expect(() => parseCli(argv, {})).toThrow(message);
+  });
+});
+
+describe("secretPlaceholderKey", () => {
+  const secrets = { GH: { hosts: ["api.test"], value: "v1" }, NPM: { hosts: ["npm.test"], value: "v2" } };
+  const key = "a".repeat(32);
+
+  it("derives the same placeholders from the same key, different ones per name and per key", () => {
+    const first = createHttpHooks({ secrets, secretPlaceholderKey: key }).env;
+    const again = createHttpHooks({ secrets: { GH: { hosts: ["other.test"], value: "changed" } }, secretPlaceholderKey: key }).env;
+    const otherKey = createHttpHooks({ secrets, secretPlaceholderKey: "b".repeat(32) }).env;
+    expect(first["GH"]).toMatch(/^EGRESSGATE_SECRET_[0-9a-f]{48}$/);
+    // Only the key and the name count: not the hosts, not the value (a placeholder reveals nothing of it).
+    expect(again["GH"]).toBe(first["GH"]);
+    expect(first["NPM"]).not.toBe(first["GH"]);
+    expect(otherKey["GH"]).not.toBe(first["GH"]);
+  });
+
+  it("without a key every call makes new placeholders", () => {
+    expect(createHttpHooks({ secrets }).env["GH"]).not.toBe(createHttpHooks({ secrets }).env["GH"]);
+  });
+
+  it.each([["short"], [42], [""]])("refuses the key %j", (bad) => {
+    expect(() => createHttpHooks({ secrets, secretPlaceholderKey: bad as string })).toThrow(/secretPlaceholderKey must be a string of at least 32 characters/);
   });
 });
 
