@@ -14,11 +14,11 @@
  *
  *   calls    tier-2 call costs: QuickJS in-thread and through the workers, next to V8 (bench/djs-calls.ts)
  *
- * Targets: direct, tcp-relay, egressgate (CLI), egressgate-api, the hooked ones above, mockttp,
+ * Targets: direct, tcp-relay, egressgate (CLI), egressgate-w2 (CLI, --workers 2), egressgate-api, the hooked ones above, mockttp,
  * http-mitm-proxy, and mitmdump when it is installed (bench/targets.ts). Upstreams, each proxy
  * and the load generator (bench/load.ts) run in their own processes, all on 127.0.0.1.
  *
- *   npm run build && npm run bench               (about 8 minutes on 2 cores)
+ *   npm run build && npm run bench               (about 11 minutes on 2 cores)
  *   npm run bench -- --quick                     (under 2 minutes)
  *   npm run bench -- --quick --cpu-prof          (also profiles the egressgate child)
  *
@@ -75,7 +75,7 @@ interface BenchSettings {
 
 const usage = `usage: npm run bench -- [--quick] [--targets LIST] [--scenarios LIST] [--rounds N] [--seconds S] [--hosts N] [--cpu-prof[=TARGET]]
   --quick            shorter windows, 100 new hostnames, 2 rounds (under 2 minutes on 2 cores);
-                     the default (full) takes about 8 minutes
+                     the default (full) takes about 11 minutes
   --targets LIST     comma-separated, from ${allTargets.join(", ")}
   --scenarios LIST   comma-separated, from ${scenarioNames.join(", ")}
   --rounds N         interleaved rounds of small and newconn, 1..20
