@@ -29,57 +29,65 @@ async function main(argv: readonly string[]): Promise<number> {
     return 0;
   }
   const worker = isClusterWorker();
+  // Ctrl-C reaches every process of the group. In a cluster the primary orders the drain, so a
+  // worker ignores SIGINT from its very start: one that closed on its own would look to the
+  // primary like one that chose to stop, and one still starting would die of it.
+  if (worker) process.on("SIGINT", () => undefined);
   const hooks = command.options.httpHooks;
   const djsHooks = hooks === undefined ? undefined : djsHooksOf(hooks);
-  if (command.workers > 1 && !worker) {
-    // The flags are valid and the policy loads (parseCli loaded it); startProxy's own checks
-    // run here too, so a bad option exits 2 before any worker starts. The workers load their
-    // own policy. The CA is made here, once, so that no two workers race to create it.
-    resolveProxyOptions(command.options);
+  try {
+    if (command.workers > 1 && !worker) {
+      // The flags are valid and the policy loads (parseCli loaded it); startProxy's own checks
+      // run here too, so a bad option exits 2 before any worker starts. The workers load their
+      // own policy. The CA is made here, once, so that no two workers race to create it.
+      resolveProxyOptions(command.options);
+      await djsHooks?.close();
+      await loadOrCreateCa(command.options.caDir ?? defaultCaDir());
+      const listen = { host: command.options.listen?.host ?? "127.0.0.1", port: command.options.listen?.port ?? 8080 };
+      // One placeholder key for all workers, so a guest's placeholders work whichever one serves it.
+      const env = { [placeholderKeyEnv]: process.env[placeholderKeyEnv] ?? randomBytes(32).toString("hex") };
+      return await runPrimary(argv, command.workers, listen, env, (line) => process.stdout.write(`${line}\n`));
+    }
+    // In a cluster, only the first worker writes the guest environment file, every worker's log
+    // lines name it, and for `--listen HOST:0` every worker listens on the port the primary picked.
+    const { guestEnvFile, ...rest } = command.options;
+    void guestEnvFile;
+    const port = worker ? siblingPort() : undefined;
+    const options: ProxyOptions = {
+      ...(worker && !isFirstWorker() ? rest : command.options),
+      ...(port !== undefined ? { listen: { host: command.options.listen?.host ?? "127.0.0.1", port } } : {}),
+      ...(worker ? { logSink: workerLogSink(process.pid) } : {}),
+    };
+    const proxy = await startProxy(options);
+    await new Promise<void>((resolve) => {
+      let closing = false;
+      const close = (): void => {
+        if (closing) return;
+        closing = true;
+        void proxy.close().then(async () => {
+          await djsHooks?.close();
+          // A worker's IPC channel would keep it alive after the drain.
+          if (worker) process.disconnect?.();
+          resolve();
+        });
+      };
+      let signalled = false;
+      const stop = (signal: NodeJS.Signals): void => {
+        if (signalled) process.exit(130); // a second signal: stop waiting for the drain
+        signalled = true;
+        if (!worker) process.stderr.write(`egressgate: ${signal}, closing\n`);
+        close();
+      };
+      if (!worker) process.on("SIGINT", stop);
+      process.on("SIGTERM", stop);
+      if (worker) reportListening(proxy.url, close);
+      else process.stdout.write(`egressgate listening on ${proxy.url}\n`);
+    });
+  } catch (error) {
+    // The policy's worker threads would otherwise keep a failed start alive.
     await djsHooks?.close();
-    await loadOrCreateCa(command.options.caDir ?? defaultCaDir());
-    const listen = { host: command.options.listen?.host ?? "127.0.0.1", port: command.options.listen?.port ?? 8080 };
-    // One placeholder key for all workers, so a guest's placeholders work whichever one serves it.
-    const env = { [placeholderKeyEnv]: process.env[placeholderKeyEnv] ?? randomBytes(32).toString("hex") };
-    return runPrimary(argv, command.workers, listen, env, (line) => process.stdout.write(`${line}\n`));
+    throw error;
   }
-  // In a cluster, only the first worker writes the guest environment file, every worker's log
-  // lines name it, and for `--listen HOST:0` every worker listens on the port the primary picked.
-  const { guestEnvFile, ...rest } = command.options;
-  void guestEnvFile;
-  const port = worker ? siblingPort() : undefined;
-  const options: ProxyOptions = {
-    ...(worker && !isFirstWorker() ? rest : command.options),
-    ...(port !== undefined ? { listen: { host: command.options.listen?.host ?? "127.0.0.1", port } } : {}),
-    ...(worker ? { logSink: workerLogSink(process.pid) } : {}),
-  };
-  const proxy = await startProxy(options);
-  await new Promise<void>((resolve) => {
-    let closing = false;
-    const close = (): void => {
-      if (closing) return;
-      closing = true;
-      void proxy.close().then(async () => {
-        await djsHooks?.close();
-        // A worker's IPC channel would keep it alive after the drain.
-        if (worker) process.disconnect?.();
-        resolve();
-      });
-    };
-    let signalled = false;
-    const stop = (signal: NodeJS.Signals): void => {
-      if (signalled) process.exit(130); // a second signal: stop waiting for the drain
-      signalled = true;
-      if (!worker) process.stderr.write(`egressgate: ${signal}, closing\n`);
-      close();
-    };
-    // Ctrl-C reaches every process of the group: in a cluster the primary orders the drain, and
-    // a worker that closed on its own would look to it like one that chose to stop.
-    process.on("SIGINT", worker ? () => undefined : stop);
-    process.on("SIGTERM", stop);
-    if (worker) reportListening(proxy.url, close);
-    else process.stdout.write(`egressgate listening on ${proxy.url}\n`);
-  });
   return 0;
 }
 
@@ -98,7 +106,7 @@ main(process.argv.slice(2)).then(
       process.exitCode = 2;
       return;
     }
-    process.stderr.write(`egressgate: ${(error as Error)?.message ?? String(error)}\n`);
+    process.stderr.write(`egressgate: ${flagNames((error as Error)?.message ?? String(error))}\n`);
     process.exitCode = 1;
   },
 ).finally(() => {

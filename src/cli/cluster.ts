@@ -14,7 +14,11 @@ export type WorkerReport = { readonly kind: "listening"; readonly url: string };
 /** What the primary tells a worker. */
 export type PrimaryOrder = { readonly kind: "stop" };
 
-/** Set by the primary on the first worker only: it writes `--guest-env-file`, the others do not. */
+/**
+ * Set by the primary on the first worker it starts: that one writes `--guest-env-file`. A
+ * replacement never rewrites it (the placeholders and port it would write are the same), so a
+ * guest reading the file never catches it half-written.
+ */
 export const firstWorkerEnv = "EGRESSGATE_FIRST_WORKER";
 /**
  * Set by the primary on every worker for `--listen HOST:0`: the port it picked. Workers that
@@ -137,8 +141,8 @@ export async function runPrimary(
         live.delete(worker);
         const pid = worker.process.pid;
         if (stopping) {
-          // Draining ends in a clean exit; a worker stopped before it served ends by the SIGTERM.
-          const expected = code === 0 || (signal === "SIGTERM" && !serving.has(worker));
+          // Draining ends in a clean exit; a worker stopped before it served ends by the signal.
+          const expected = code === 0 || ((signal === "SIGTERM" || signal === "SIGINT") && !serving.has(worker));
           if (!expected) {
             process.stderr.write(`egressgate: worker ${pid} failed while closing (${how(code, signal)})\n`);
             exitCode = Math.max(exitCode, 1);
@@ -165,12 +169,14 @@ export async function runPrimary(
           return;
         }
         process.stderr.write(`egressgate: worker ${pid} exited (${how(code, signal)}); starting another\n`);
-        fork(first).then(
+        fork(false).then(
           (next) => process.stderr.write(`egressgate: worker ${next.worker.process.pid} serves in place of ${pid}\n`),
           (error: unknown) => {
             if (stopping) return;
+            // Not 2 even if the new worker refused its flags: those were fine at start (a
+            // policy file edited since, say); the exit code says the proxy failed.
             process.stderr.write(`egressgate: ${(error as Error).message}; stopping\n`);
-            void stopAll(error instanceof WorkerStartError ? error.code : 1);
+            void stopAll(1);
           },
         );
       });
@@ -190,17 +196,18 @@ export async function runPrimary(
   process.on("SIGINT", onSignal);
   process.on("SIGTERM", onSignal);
 
-  try {
-    const started = await Promise.all(Array.from({ length: count }, (_, i) => fork(i === 0)));
-    if (!stopping) {
+  // Not awaited: a signal during start-up stops the workers, whose start then never settles.
+  Promise.all(Array.from({ length: count }, (_, i) => fork(i === 0))).then(
+    (started) => {
+      if (stopping) return;
       print(`egressgate listening on ${started[0]!.url}`);
       process.stderr.write(`egressgate: ${count} worker processes share the port\n`);
-    }
-  } catch (error) {
-    if (!stopping) {
+    },
+    (error: unknown) => {
+      if (stopping) return;
       process.stderr.write(`egressgate: ${(error as Error).message}\n`);
       void stopAll(error instanceof WorkerStartError ? error.code : 1);
-    }
-  }
+    },
+  );
   return done;
 }

@@ -37,17 +37,17 @@ export interface SecretTarget {
 const basicCredentials = /^(basic)([ \t]+)([A-Za-z0-9+/=_-]+)[ \t]*$/i;
 const credentialHeaders = new Set(["authorization", "proxy-authorization"]);
 
+/** 48 hex digits from the key and the name, like a random placeholder's. */
+function derived(key: string, name: string): string {
+  return createHmac("sha256", key).update(`egressgate placeholder\0${name}`).digest("hex").slice(0, 48);
+}
+
 /**
  * Secrets for one `createHttpHooks` call (DESIGN §3 step 3, §4 "Secrets"). A guest holds only
  * placeholders; the real value goes into header values (and the query, when enabled) of requests
  * whose final destination is one of the secret's hosts. A placeholder or a real value bound for
  * any other host, and a retired value bound anywhere, refuses the whole request.
  */
-/** 48 hex digits from the key and the name, like a random placeholder's. */
-function derived(key: string, name: string): string {
-  return createHmac("sha256", key).update(`egressgate placeholder\0${name}`).digest("hex").slice(0, 48);
-}
-
 export class SecretStore {
   private readonly entries = new Map<string, Entry>();
 

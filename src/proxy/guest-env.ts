@@ -1,4 +1,4 @@
-import { rename, rm, writeFile } from "node:fs/promises";
+import { writeFile } from "node:fs/promises";
 
 export interface GuestEnvInput {
   readonly proxyUrl: string;
@@ -44,17 +44,6 @@ export function formatShellExports(env: Readonly<Record<string, string>>): strin
     .join("");
 }
 
-/**
- * Written whole, then renamed into place: a guest reading the file while the proxy (re)writes it,
- * say a replacement `--workers` process, sees the old file or the new one, never part of one.
- */
 export async function writeGuestEnvFile(path: string, env: Readonly<Record<string, string>>): Promise<void> {
-  const temporary = `${path}.${process.pid}.tmp`;
-  try {
-    await writeFile(temporary, formatEnvFile(env), { mode: 0o600 });
-    await rename(temporary, path);
-  } catch (error) {
-    await rm(temporary, { force: true });
-    throw error;
-  }
+  await writeFile(path, formatEnvFile(env), { mode: 0o600 });
 }

@@ -133,7 +133,18 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       caBundlePath: authority.ca.bundlePath,
       extra: config.env,
     });
-  if (config.guestEnvFile !== undefined) await writeGuestEnvFile(config.guestEnvFile, guestEnv());
+  if (config.guestEnvFile !== undefined) {
+    try {
+      await writeGuestEnvFile(config.guestEnvFile, guestEnv());
+    } catch (error) {
+      // Listening already: a proxy whose start failed must not stay open behind the caller's back.
+      inner.close(() => undefined);
+      await new Promise<void>((resolve) => outer.close(() => resolve()));
+      await pools.close();
+      const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
+      throw new Error(`startProxy: guestEnvFile: cannot write ${config.guestEnvFile} (${code})`);
+    }
+  }
   log.info("listening", { url, caDir: config.caDir, allowedHosts: config.declarative.allowedHosts });
 
   let closing: Promise<void> | undefined;

@@ -354,6 +354,7 @@ describe("egressgate --workers", () => {
     expect(guestEnv).toContain(`HTTPS_PROXY=${url}\n`);
     const placeholder = /^GH_TOKEN=(EGRESSGATE_SECRET_[0-9a-f]{48})$/m.exec(guestEnv)?.[1];
     expect(placeholder).toBeDefined();
+    const envWritten = statSync(envFile).mtimeMs;
 
     // A new connection per request (curl), which the primary hands to the workers in turn: each
     // one must know the placeholder the first one wrote.
@@ -381,8 +382,10 @@ describe("egressgate --workers", () => {
     const replaced = childPids(primary);
     expect(replaced).toHaveLength(2);
     expect(replaced).not.toContain(workers[0]);
-    // The replacement (the new first worker) rewrote the file: the same placeholder, as its siblings hold.
+    // A replacement never rewrites the file (a guest could catch it half-written); what it holds
+    // still works with every worker.
     expect(readFileSync(envFile, "utf8")).toBe(guestEnv);
+    expect(statSync(envFile).mtimeMs).toBe(envWritten);
     for (let i = 0; i < 4; i++) await fetchOnce(`b${i}`);
     expect(upstream.hits()).toBe(8);
     expect(cli.stderr()).not.toContain(value);
@@ -392,6 +395,23 @@ describe("egressgate --workers", () => {
     for (const pid of replaced) await until(() => !running(pid), 5_000, `worker ${pid} to exit`);
     expect(cli.stdout()).toMatch(listeningLine);
     expect(cli.stderr()).toContain("SIGTERM, closing 2 workers");
+  });
+
+  it("workers leave SIGINT to the primary: signalled alone they go on serving", async () => {
+    const dir = tempDir();
+    const { cli, url } = await serve(["--workers", "2", "--ca-dir", join(dir, "ca"), "--allow-host", "nope.test"]);
+    const workers = childPids(cli.process.pid!);
+    for (const pid of workers) process.kill(pid, "SIGINT");
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    expect(childPids(cli.process.pid!).sort()).toEqual([...workers].sort());
+    for (let i = 0; i < 4; i++) {
+      // A refused plain-HTTP request: answered by the proxy itself, whichever worker takes it.
+      const result = await curl(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "-x", url, "http://denied.test/"]);
+      expect(result.stdout).toBe("403");
+    }
+    expect(cli.stderr()).not.toMatch(/closed\n|starting another/);
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
   });
 
   it("SIGINT to the whole process group (Ctrl-C) drains once: no worker is replaced", async () => {
@@ -421,6 +441,20 @@ describe("egressgate --workers", () => {
     expect(cli.stderr()).toMatch(/a worker exited while starting \(code 1\)/);
     expect(cli.stdout()).toBe("");
     await until(() => childPids(primary).length === 0, 5_000, "no workers left");
+  });
+
+  it.each([["--workers", "2"], ["--workers", "1"]])("a bad option with a policy loaded (%s %s) exits 2 at once", async (...workers) => {
+    const result = await runCli([...workers, "--listen", "127.0.0.1:0", "--hooks-script", join(root, "policies", "strip-tracking.js"), "--upstream-ca", "/nonexistent/ca.pem"]);
+    expect(result.code).toBe(2);
+    expect(result.stderr).toMatch(/--upstream-ca.*\/nonexistent\/ca\.pem/);
+  });
+
+  it("a guest environment file that cannot be written stops the start: exit 1 naming the flag", async () => {
+    const dir = tempDir();
+    const result = await runCli(["--listen", "127.0.0.1:0", "--ca-dir", join(dir, "ca"), "--guest-env-file", join(dir, "missing", "guest.env")]);
+    expect(result.code).toBe(1);
+    expect(result.stderr).toMatch(/--guest-env-file: cannot write .*missing\/guest\.env \(ENOENT\)/);
+    expect(result.stdout).toBe("");
   });
 
   it("a bad option exits 2 before any worker starts", async () => {
