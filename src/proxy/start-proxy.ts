@@ -142,7 +142,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       await new Promise<void>((resolve) => outer.close(() => resolve()));
       await pools.close();
       const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
-      throw new Error(`startProxy: guestEnvFile: cannot write ${config.guestEnvFile} (${code})`);
+      throw new Error(`startProxy: guestEnvFile: cannot write ${config.guestEnvFile} (${code})`, { cause: error });
     }
   }
   log.info("listening", { url, caDir: config.caDir, allowedHosts: config.declarative.allowedHosts });
