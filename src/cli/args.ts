@@ -136,6 +136,10 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
           if (secrets[name] !== undefined) throw new UsageError(`--host-secret ${name}: given twice`);
           secrets[name] = { hosts, value };
         }
+        // Everything else is checked before the policy loads: a loaded policy has worker threads
+        // to stop again when a later flag turns out bad.
+        const listen = parseListen(args.listen);
+        const resolve = parseResolve(strings(args.resolve));
         let djsHooks: DjsHooks | undefined;
         const script = args["hooks-script"];
         if (script !== undefined) {
@@ -159,6 +163,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
             ...(env[placeholderKeyEnv] !== undefined ? { secretPlaceholderKey: env[placeholderKeyEnv] } : {}),
           });
         } catch (error) {
+          void djsHooks?.close();
           throw new UsageError(cliMessage((error as Error).message));
         }
         const caDir = args["ca-dir"];
@@ -169,8 +174,8 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
           options: {
             httpHooks: hooks.httpHooks,
             env: hooks.env,
-            listen: parseListen(args.listen),
-            resolve: parseResolve(strings(args.resolve)),
+            listen,
+            resolve,
             upstreamCa: strings(args["upstream-ca"]),
             leafKeyType: args["leaf-key"],
             maxRedirects,

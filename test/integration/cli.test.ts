@@ -534,6 +534,9 @@ describe("egressgate usage errors", () => {
     { args: ["--allow-host", "https://x"], names: /--allow-host.*https:\/\/x/ },
     { args: ["--log-level", "loud"], names: /log-level[\s\S]*loud/ },
     { args: ["--max-redirects", "-1"], names: /--max-redirects.*-1/ },
+    // With a policy loaded, its worker threads must not keep the failed start alive.
+    { args: ["--hooks-script", join(root, "policies", "strip-tracking.js"), "--allow-host", "https://x"], names: /--allow-host.*https:\/\/x/ },
+    { args: ["--hooks-script", join(root, "policies", "strip-tracking.js"), "--listen", "nope"], names: /--listen.*nope/ },
   ])("$args exits 2 with a message naming the flag", async ({ args, names }) => {
     const result = await runCli(["--ca-dir", join(tempDir(), "ca"), ...args]);
     expect(result.code).toBe(2);
