@@ -279,21 +279,22 @@ export async function runHosts(h: Harness, spec: HostsSpec): Promise<HostsWindow
   const port = h.started.upstreamNoResumePort;
   const urlOf = (host: string): string => `https://${host}:${port}/small-close`;
   const controlUrl = urlOf(originHost);
+  // The names egressgate was given `--resolve` for: the warm-up ones first, then each round's.
+  const urlsOf = (target: TargetName, from: number, count: number): string[] => hostsFor(spec, target).slice(from, from + count).map(urlOf);
+  const visit = (target: TargetName, urls: string[], controlEvery: number): ReturnType<Harness["hosts"]> =>
+    h.hosts({ lane: `hosts/${target}`, target, urls, controlUrl, controlEvery, expectedBytes: smallBodyBytes, maxMs: spec.windowMaxMs });
   for (const target of spec.targets) {
     if (!h.available(target) || spec.warmup === 0) continue;
-    const urls = Array.from({ length: spec.warmup }, (_, i) => urlOf(newHostname(target, i, "w")));
-    const warm = await h.hosts({ lane: `hosts/${target}`, target, urls, controlUrl, controlEvery: 1, expectedBytes: smallBodyBytes, maxMs: spec.windowMaxMs });
+    const warm = await visit(target, urlsOf(target, 0, spec.warmup), 1);
     await h.noteFailure("hosts", target, warm.ok, warm.errors, warm.firstError);
   }
   const windows: HostsWindow[] = [];
   for (let round = 0; round < spec.rounds; round++) {
     for (const target of rotated(spec.targets, round)) {
       if (!h.available(target)) continue;
-      const urls = Array.from({ length: spec.perRound }, (_, i) => urlOf(newHostname(target, round * spec.perRound + i, "n")));
+      const urls = urlsOf(target, spec.warmup + round * spec.perRound, spec.perRound);
       const upstreamBefore = await h.upstreamStats();
-      const { value: result, sample } = await h.measure(h.pidOf(target), () =>
-        h.hosts({ lane: `hosts/${target}`, target, urls, controlUrl, controlEvery: spec.controlEvery, expectedBytes: smallBodyBytes, maxMs: spec.windowMaxMs }),
-      );
+      const { value: result, sample } = await h.measure(h.pidOf(target), () => visit(target, urls, spec.controlEvery));
       windows.push({
         ...sample,
         round: round + 1,

@@ -1,4 +1,3 @@
-import { randomInt } from "node:crypto";
 import { Readable } from "node:stream";
 import { validateHeaderName, validateHeaderValue } from "node:http";
 import { EgressError, badRequest } from "../errors.js";
@@ -46,9 +45,12 @@ function logConsole(run: DjsRun, reply: CallReply): void {
   }
 }
 
-/** A seed for the policy's Math.random; each phase call gets its own, and keeps it when run again. */
+/**
+ * A seed for the policy's Math.random; each phase call gets its own, and keeps it when run again.
+ * Not crypto.randomInt: policies get no crypto, and this runs on every call.
+ */
 function newSeed(): number {
-  return randomInt(1, 2 ** 32);
+  return 1 + Math.floor(Math.random() * (2 ** 32 - 1));
 }
 
 async function call(run: DjsRun, message: Omit<CallMessage, "id">): Promise<CallReply> {

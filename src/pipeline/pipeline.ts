@@ -217,6 +217,8 @@ export class Pipeline {
     if (!hostDecision.allowed) throw denied(hostDecision.reason);
 
     const port = Number(url.port || (url.protocol === "https:" ? 443 : 80));
+    const hostname = bareHostname(url.hostname);
+    const protocol = url.protocol as "http:" | "https:";
     const addresses = await resolver.resolve(url.hostname);
     let firstRefusal: Decision | undefined;
     const approved: ResolvedAddress[] = [];
@@ -226,9 +228,9 @@ export class Pipeline {
         firstRefusal ??= decision;
         continue;
       }
-      const hostname = bareHostname(url.hostname);
+      // What both tiers' isIpAllowed are asked about.
+      const info = { hostname, ip: address.ip, family: address.family, port, protocol };
       if (this.djsPhases.has("isIpAllowed")) {
-        const info = { hostname, ip: address.ip, family: address.family, port, protocol: url.protocol };
         if (!(await djsIsIpAllowed(this.run(undefined), info))) {
           firstRefusal ??= deny("tier2", "isIpAllowed", `an address of "${hostname}" was refused by the isIpAllowed policy`, `${hostname} -> ${address.ip}`);
           continue;
@@ -236,7 +238,6 @@ export class Pipeline {
       }
       const isIpAllowed = hooks.isIpAllowed;
       if (isIpAllowed !== undefined) {
-        const info = { hostname, ip: address.ip, family: address.family, port, protocol: url.protocol as "http:" | "https:" };
         const allowed = await runHook("isIpAllowed", this.options.limits.hookMs, () => isIpAllowed(info));
         if (allowed !== true) {
           if (allowed !== false) throw checkRefusal("isIpAllowed", allowed, "");

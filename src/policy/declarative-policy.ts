@@ -110,5 +110,3 @@ export class DeclarativePolicy {
 }
 
 const classificationCacheSize = 4096;
-
-

@@ -36,6 +36,14 @@ export interface Upstream {
 /** `body` holds at most the first MiB; `bodyBytes` and `bodySha256` always cover all of it. */
 export type Route = (req: IncomingMessage, res: ServerResponse, body: Buffer, url: URL, seen: SeenRequest) => void;
 
+/** A route answering `gzipped` (gzip-encoded JSON) with its Content-Encoding and exact length. */
+export function gzipJsonRoute(gzipped: Buffer): Route {
+  return (_req, res) => {
+    res.writeHead(200, { "content-type": "application/json", "content-encoding": "gzip", "content-length": gzipped.length });
+    res.end(gzipped);
+  };
+}
+
 /** Deterministic bytes so both ends can hash without holding the whole transfer. */
 export function patternChunk(size: number): Buffer {
   const chunk = Buffer.alloc(size);

@@ -353,7 +353,7 @@ describe("egressgate --workers", () => {
     const guestEnv = readFileSync(envFile, "utf8");
     expect(guestEnv).toContain(`HTTPS_PROXY=${url}\n`);
     const placeholder = /^GH_TOKEN=(EGRESSGATE_SECRET_[0-9a-f]{48})$/m.exec(guestEnv)?.[1];
-    expect(placeholder).toBeDefined();
+    expect(placeholder).toMatch(/^EGRESSGATE_SECRET_[0-9a-f]{48}$/);
     const envWritten = statSync(envFile).mtimeMs;
 
     // A new connection per request (curl), which the primary hands to the workers in turn: each

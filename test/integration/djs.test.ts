@@ -6,7 +6,7 @@ import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, proxyAgent, startTestProxy, tempDir } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
 import { openRaw } from "../helpers/raw.js";
-import { patternBody, patternSha256, startUpstream, type Echo } from "../helpers/upstream.js";
+import { gzipJsonRoute, patternBody, patternSha256, startUpstream, type Echo } from "../helpers/upstream.js";
 
 const gzipped = gzipSync(Buffer.from(JSON.stringify({ secret: "hunter2", n: 1 })));
 
@@ -14,10 +14,7 @@ async function setup(policy: string | DjsHooksOptions, hooks: Omit<HttpHooksOpti
   const upstream = await startUpstream({
     names: ["api.test", "other.test"],
     routes: {
-      "/gzip": (_req, res) => {
-        res.writeHead(200, { "content-type": "application/json", "content-encoding": "gzip", "content-length": gzipped.length });
-        res.end(gzipped);
-      },
+      "/gzip": gzipJsonRoute(gzipped),
       "/text": (_req, res) => {
         res.writeHead(200, { "content-type": "text/plain" });
         res.end("upstream says hello");

@@ -5,7 +5,7 @@ import { describe, expect, it, onTestFinished } from "vitest";
 import { HttpRequestBlockedError, type HttpHooksOptions, type ProxyOptions } from "../../src/index.js";
 import { curlVia } from "../helpers/curl.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
-import { patternBody, patternSha256, startUpstream, type Upstream, type Echo } from "../helpers/upstream.js";
+import { gzipJsonRoute, patternBody, patternSha256, startUpstream, type Upstream, type Echo } from "../helpers/upstream.js";
 
 const MiB = 1024 * 1024;
 const gzipped = gzipSync(Buffer.from(JSON.stringify({ hello: "world", n: 42 })));
@@ -14,10 +14,7 @@ async function setup(hooks: HttpHooksOptions, options: Omit<ProxyOptions, "httpH
   const upstream = await startUpstream({
     names: ["api.test", "other.test"],
     routes: {
-      "/gzip": (_req, res) => {
-        res.writeHead(200, { "content-type": "application/json", "content-encoding": "gzip", "content-length": gzipped.length });
-        res.end(gzipped);
-      },
+      "/gzip": gzipJsonRoute(gzipped),
       "/big": (_req, res) => {
         res.writeHead(200, { "content-type": "application/octet-stream" });
         res.end(Buffer.alloc(2 * MiB, 7));
