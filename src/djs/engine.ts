@@ -36,6 +36,7 @@ interface Pending {
 interface Slot {
   readonly worker: Worker;
   readonly heartbeat: Float64Array;
+  readonly wake: Int32Array;
   /** Posted calls by id, in posting order. */
   readonly pending: Map<number, Pending>;
   /** Calls waiting for the worker to finish loading. */
@@ -50,6 +51,7 @@ interface Slot {
 interface Spawned {
   readonly worker: Worker;
   readonly heartbeat: Float64Array;
+  readonly wake: Int32Array;
   readonly ready: SharedArrayBuffer;
   readonly initPort: MessagePort;
 }
@@ -57,8 +59,9 @@ interface Spawned {
 function spawn(policy: PolicySource, limits: DjsLimits): Spawned {
   const heartbeat = new SharedArrayBuffer(16);
   const ready = new SharedArrayBuffer(4);
+  const wake = new SharedArrayBuffer(8);
   const channel = new MessageChannel();
-  const init: WorkerInit & { initPort: MessagePort } = { policy, limits, heartbeat, ready, initPort: channel.port2 };
+  const init: WorkerInit & { initPort: MessagePort } = { policy, limits, heartbeat, ready, wake, initPort: channel.port2 };
   const worker = new Worker(workerEntry, {
     eval: typeof workerEntry === "string",
     // Not the embedding process's flags and preloads: they are not the sandbox's business (a
@@ -71,7 +74,7 @@ function spawn(policy: PolicySource, limits: DjsLimits): Spawned {
   });
   // Idle workers must not keep the embedding process alive.
   worker.unref();
-  return { worker, heartbeat: new Float64Array(heartbeat), ready, initPort: channel.port1 };
+  return { worker, heartbeat: new Float64Array(heartbeat), wake: new Int32Array(wake), ready, initPort: channel.port1 };
 }
 
 /**
@@ -130,7 +133,7 @@ export class DjsEngine {
   }
 
   private attach(spawned: Spawned, loaded: boolean): Slot {
-    const slot: Slot = { worker: spawned.worker, heartbeat: spawned.heartbeat, pending: new Map(), queued: [], outbox: [], loaded, retired: false };
+    const slot: Slot = { worker: spawned.worker, heartbeat: spawned.heartbeat, wake: spawned.wake, pending: new Map(), queued: [], outbox: [], loaded, retired: false };
     if (!loaded) {
       spawned.initPort.once("message", (message: { init: InitReply }) => {
         spawned.initPort.close();
@@ -179,7 +182,11 @@ export class DjsEngine {
       setImmediate(() => {
         const batch = slot.outbox;
         slot.outbox = [];
-        if (!slot.retired && batch.length > 0) slot.worker.postMessage(encodeCalls(batch));
+        if (slot.retired || batch.length === 0) return;
+        slot.worker.postMessage(encodeCalls(batch));
+        // The worker takes the batch off its port itself; a sleeping one needs waking.
+        Atomics.add(slot.wake, 0, 1);
+        if (Atomics.load(slot.wake, 1) === 1) Atomics.notify(slot.wake, 0);
       });
     }
   }

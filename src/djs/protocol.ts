@@ -36,6 +36,12 @@ export interface WorkerInit {
   readonly heartbeat: SharedArrayBuffer;
   /** Int32 slot set to 1 once the init reply is posted, for a host waiting synchronously. */
   readonly ready: SharedArrayBuffer;
+  /**
+   * Two Int32 slots: how many call batches the host has posted, and 1 while the worker sleeps
+   * waiting for the next. The worker takes batches off its port itself and sleeps in
+   * `Atomics.wait`, not in its event loop: a wake-up costs a futex, not a trip through libuv.
+   */
+  readonly wake: SharedArrayBuffer;
 }
 
 export type InitReply =

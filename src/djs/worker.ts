@@ -1,4 +1,4 @@
-import { parentPort, workerData, type MessagePort } from "node:worker_threads";
+import { parentPort, receiveMessageOnPort, workerData, type MessagePort } from "node:worker_threads";
 import { bundlePolicy, PolicyLoadError } from "./bundle.js";
 import type { CallMessage, CallReply, InitReply, WorkerInit } from "./protocol.js";
 import { decodeCalls, encodeReplies, type WireBatch } from "./wire.js";
@@ -49,13 +49,38 @@ try {
   process.exit(0);
 }
 
-const queue: CallMessage[] = [];
-let running = false;
+const wake = new Int32Array(init.wake);
 
-/** Runs every queued call; the replies of one batch go back as one message. */
-async function drain(): Promise<void> {
-  if (running) return;
-  running = true;
+/** The next batch of calls on the port, if one is there. */
+function take(): CallMessage[] | undefined {
+  const received = receiveMessageOnPort(port) as { message: WireBatch } | undefined;
+  return received === undefined ? undefined : decodeCalls(received.message);
+}
+
+/**
+ * Sleeps until the host posts a batch. The host bumps the counter after posting, and notifies
+ * only while the flag says this thread sleeps; the port is looked at again after the flag is
+ * set, so a batch posted in between is not slept through.
+ */
+function sleep(): CallMessage[] {
+  for (;;) {
+    Atomics.store(wake, 1, 1);
+    const posted = Atomics.load(wake, 0);
+    const batch = take();
+    if (batch === undefined) Atomics.wait(wake, 0, posted);
+    Atomics.store(wake, 1, 0);
+    if (batch !== undefined) return batch;
+    const next = take();
+    if (next !== undefined) return next;
+  }
+}
+
+/**
+ * Runs calls as they come, one at a time, in order. Replies of calls run back to back go out as
+ * one message, as soon as no further call is waiting or after 2 ms of them, so ready answers do
+ * not wait long behind slow calls.
+ */
+async function serve(): Promise<never> {
   let replies: CallReply[] = [];
   const flush = (): void => {
     if (replies.length === 0) return;
@@ -63,8 +88,17 @@ async function drain(): Promise<void> {
     port.postMessage(encodeReplies(replies), transfer);
     replies = [];
   };
+  const queue: CallMessage[] = [];
   let batchStarted = performance.now();
-  while (queue.length > 0) {
+  for (;;) {
+    if (queue.length === 0) {
+      const more = take();
+      if (more === undefined) {
+        flush();
+        queue.push(...sleep());
+        batchStarted = performance.now();
+      } else queue.push(...more);
+    }
     const message = queue.shift()!;
     // Which call runs, and since when: if the watchdog stops this thread, the host fails
     // exactly this call and sends the others to the new worker.
@@ -73,7 +107,6 @@ async function drain(): Promise<void> {
     const { reply, replace } = sandbox.call(message);
     heartbeat[0] = 0;
     replies.push(reply);
-    // Answers that are ready do not wait long behind slow calls later in the batch.
     if (performance.now() - batchStarted > 2) {
       flush();
       batchStarted = performance.now();
@@ -85,11 +118,6 @@ async function drain(): Promise<void> {
       sandbox = await Sandbox.create(init.policy.kind, init.policy.filename, code, map, init.limits);
     }
   }
-  flush();
-  running = false;
 }
 
-port.on("message", (batch: WireBatch) => {
-  for (const message of decodeCalls(batch)) queue.push(message);
-  void drain();
-});
+void serve();
