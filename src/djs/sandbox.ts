@@ -22,6 +22,28 @@ const wasm = (globalThis as unknown as { WebAssembly: { Memory: new (d: { initia
 const baseHeapBytes = 16 * 1024 * 1024;
 const settableParts = new Set(["href", "protocol", "username", "password", "host", "hostname", "port", "pathname", "search", "hash"]);
 
+/**
+ * The band of QuickJS's stack just above its limit that the sandbox watches. A call whose stack
+ * reached into it has hit the stack limit, whether or not the policy caught the "stack overflow"
+ * error QuickJS threw: the check happens after the call, outside anything the policy can touch.
+ */
+const stackBandBytes = 4096;
+const bandPaint = 0xa5;
+
+/**
+ * Where the runtime keeps its lower stack limit: the address of that field in WASM memory.
+ * QuickJS's JSRuntime holds `stack_size`, `stack_top` and `stack_limit` side by side (32-bit
+ * words in this build), with `stack_limit = stack_top - stack_size`; the three are looked for
+ * in the runtime's first bytes, and a build where they are not found does not load.
+ */
+function stackLimitField(words: Uint32Array, runtimePointer: number, stackBytes: number): number | undefined {
+  const first = runtimePointer >>> 2;
+  for (let i = first; i < first + 128; i++) {
+    if (words[i] === stackBytes && words[i + 1]! - words[i + 2]! === stackBytes && words[i + 2]! > 0) return (i + 2) * 4;
+  }
+  return undefined;
+}
+
 /** The limit a QuickJS error stands for, if it is one: limits end the call, whatever the policy did. */
 function limitOf(error: unknown, interrupted: boolean): string | undefined {
   if (interrupted) return "time";
@@ -46,6 +68,11 @@ export class Sandbox {
   private takeBytesFn!: QuickJSHandle;
   phases: PhaseName[] = [];
   private memory = { buffer: (): number => 0, max: Infinity };
+  /** The WASM memory, for the stack band. */
+  private wasmMemory!: WasmMemory;
+  /** What the band holds while untouched, and where it starts. */
+  private readonly bandReference = Buffer.alloc(stackBandBytes, bandPaint);
+  private bandAt = 0;
 
   /** A heap grown to its cap stays that size: the next call could not allocate, so start afresh. */
   private get memoryExhausted(): boolean {
@@ -74,12 +101,24 @@ export class Sandbox {
     const ctx = runtime.newContext();
     const sandbox = new Sandbox(runtime, ctx, limits, kind, filename, map);
     sandbox.memory = { buffer: () => wasmMemory.buffer.byteLength, max: pages * 65536 };
+    sandbox.wasmMemory = wasmMemory;
+    // quickjs-emscripten keeps the runtime's pointer to itself (a protected field, version pinned).
+    const runtimePointer = (runtime as unknown as { rt: { value: number } }).rt.value;
+    const limitAt = stackLimitField(new Uint32Array(wasmMemory.buffer), runtimePointer, limits.stackBytes);
+    if (limitAt === undefined) {
+      throw new PolicyLoadError(`${filename}: this QuickJS build does not show where its stack limit is; the sandbox cannot watch its stack`);
+    }
+    sandbox.bandAt = new Uint32Array(wasmMemory.buffer, limitAt, 1)[0]!;
+    Buffer.from(wasmMemory.buffer, sandbox.bandAt, stackBandBytes).fill(bandPaint);
     runtime.setInterruptHandler(() => {
       if (performance.now() < sandbox.deadline) return false;
       sandbox.interrupted = true;
       return true;
     });
     sandbox.install(kind, filename, code);
+    if (sandbox.stackBandTouched()) {
+      throw new PolicyLoadError(`${filename}: the stack limit was hit while loading`);
+    }
     return sandbox;
   }
 
@@ -212,6 +251,8 @@ export class Sandbox {
     try {
       args = this.arguments(message);
       const result = this.run(message, args);
+      // A stack overflow is a limit even when the policy caught QuickJS's error and went on.
+      if (this.stackBandTouched()) return { reply: { id: message.id, outcome: { t: "limit", what: "stack" } }, replace: true };
       // Whatever the policy made of it (a RangeError from a builtin, or an "out of memory" it
       // caught), a call that used up the heap has hit the memory limit: the limit answers.
       if (this.memoryExhausted) return { reply: { id: message.id, outcome: { t: "limit", what: "memory" } }, replace: true };
@@ -230,6 +271,14 @@ export class Sandbox {
       this.deadline = Infinity;
       for (const handle of args) if (handle.alive && handle !== ctx.undefined) handle.dispose();
     }
+  }
+
+  /**
+   * Whether a call's stack reached into the band since it was painted. The band is painted once,
+   * when the sandbox is made: a call that touches it hits the limit, and the sandbox is replaced.
+   */
+  private stackBandTouched(): boolean {
+    return !Buffer.from(this.wasmMemory.buffer, this.bandAt, stackBandBytes).equals(this.bandReference);
   }
 
   private run(message: CallMessage, args: QuickJSHandle[]): { reply: CallReply; replace: boolean } {

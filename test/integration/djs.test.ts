@@ -262,6 +262,7 @@ describe("tier 2 failures answer 502 (or the policy's status) and the proxy keep
       if (kind === "loop") for (;;) {}
       if (kind === "memory") { const a = []; for (;;) a.push(new Uint8Array(1 << 20)); }
       if (kind === "stack") { const f = (n) => f(n + 1) + 1; f(0); }
+      if (kind === "caught-stack") { const f = (n) => f(n + 1) + 1; try { f(0); } catch { return; } }
       if (kind === "never") await new Promise(() => {});
       if (kind === "throw") throw new Error("policy bug");
       if (kind === "header") request.headers.set("bad header", "x");
@@ -271,7 +272,7 @@ describe("tier 2 failures answer 502 (or the policy's status) and the proxy keep
       if (kind === "blocked") throw new HttpRequestBlockedError("not today", 429, "Too Many Requests");
     }`;
 
-  it.each(["loop", "memory", "stack", "never", "throw", "header", "url", "status", "value"])(
+  it.each(["loop", "memory", "stack", "caught-stack", "never", "throw", "header", "url", "status", "value"])(
     "%s gets 502 while a parallel request on another connection succeeds",
     async (kind) => {
       const { proxy, base } = await setup({ source: hostile, limits: { timeoutMs: 150, memoryBytes: 8 * 1024 * 1024 } });

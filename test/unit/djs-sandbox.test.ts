@@ -342,6 +342,33 @@ describe("tier-2 sandbox: limits fail closed and the policy keeps serving", () =
     expect(await callPhase(policy, "onRequest", { headers: "x-kind\nnone" })).toMatchObject({ t: "code", v: 2 });
   });
 
+  it("a stack overflow the policy catches is still the stack limit; recursion short of it is not", async () => {
+    const policy = loadPolicy({
+      source: `
+        const down = (n) => (n === 0 ? 0 : 1 + down(n - 1));
+        const forever = (n) => 1 + forever(n + 1);
+        export function isRequestAllowed(request) {
+          const kind = request.headers.get("x-kind");
+          if (kind === "caught") { try { forever(0); } catch { return true; } }
+          if (kind === "each-level") { const g = (n) => { try { return g(n + 1); } catch { return n; } }; return g(0) > 0; }
+          if (kind === "shallow") return down(200) === 200;
+          return false;
+        }`,
+    });
+    expect(await callPhase(policy, "isRequestAllowed", { headers: "x-kind\ncaught" })).toMatchObject({ t: "limit", what: "stack" });
+    expect(await callPhase(policy, "isRequestAllowed", { headers: "x-kind\neach-level" })).toMatchObject({ t: "limit", what: "stack" });
+    expect(await callPhase(policy, "isRequestAllowed", { headers: "x-kind\nshallow" })).toMatchObject({ t: "code", v: 1 });
+    expect(await callPhase(policy, "isRequestAllowed", { headers: "x-kind\nnone" })).toMatchObject({ t: "code", v: 0 });
+  });
+
+  it.each([64 * 1024, 1024 * 1024])("the caught overflow is found whatever the stack limit (%d bytes)", async (stackBytes) => {
+    const policy = loadPolicy({
+      source: `export function isRequestAllowed() { const f = (n) => 1 + f(n + 1); try { f(0); } catch { return true; } }`,
+      limits: { stackBytes },
+    });
+    expect(await callPhase(policy, "isRequestAllowed")).toMatchObject({ t: "limit", what: "stack" });
+  });
+
   it("a long native builtin past the deadline is stopped by the watchdog, and another call runs meanwhile", async () => {
     const policy = loadPolicy({
       source: `
