@@ -23,9 +23,12 @@ const baseHeapBytes = 16 * 1024 * 1024;
 const settableParts = new Set(["href", "protocol", "username", "password", "host", "hostname", "port", "pathname", "search", "hash"]);
 
 /**
- * The band of QuickJS's stack just above its limit that the sandbox watches. A call whose stack
- * reached into it has hit the stack limit, whether or not the policy caught the "stack overflow"
- * error QuickJS threw: the check happens after the call, outside anything the policy can touch.
+ * The deepest 4 KiB of QuickJS's stack (it grows down, so just above its lower limit), which the
+ * sandbox keeps painted and watches. A call whose stack reached into it has hit the stack limit,
+ * whether or not the policy caught the "stack overflow" error QuickJS threw: the check happens
+ * after the call, outside anything the policy can touch. QuickJS refuses a frame that would
+ * cross the limit before writing it, so a function whose frame is larger than the band (thousands
+ * of locals) can overflow without reaching into it; such an overflow, caught, goes unseen.
  */
 const stackBandBytes = 4096;
 const bandPaint = 0xa5;
@@ -34,7 +37,7 @@ const bandPaint = 0xa5;
  * Where the runtime keeps its lower stack limit: the address of that field in WASM memory.
  * QuickJS's JSRuntime holds `stack_size`, `stack_top` and `stack_limit` side by side (32-bit
  * words in this build), with `stack_limit = stack_top - stack_size`; the three are looked for
- * in the runtime's first bytes, and a build where they are not found does not load.
+ * in the runtime's first 512 bytes, and a build where they are not found does not load.
  */
 function stackLimitField(words: Uint32Array, runtimePointer: number, stackBytes: number): number | undefined {
   const first = runtimePointer >>> 2;
@@ -106,10 +109,10 @@ export class Sandbox {
     const runtimePointer = (runtime as unknown as { rt: { value: number } }).rt.value;
     const limitAt = stackLimitField(new Uint32Array(wasmMemory.buffer), runtimePointer, limits.stackBytes);
     if (limitAt === undefined) {
-      throw new PolicyLoadError(`${filename}: this QuickJS build does not show where its stack limit is; the sandbox cannot watch its stack`);
+      throw new PolicyLoadError(`${filename}: not loaded: the installed QuickJS build does not show where its stack limit is, so the sandbox cannot watch its stack (a build problem, not the policy's)`);
     }
     sandbox.bandAt = new Uint32Array(wasmMemory.buffer, limitAt, 1)[0]!;
-    Buffer.from(wasmMemory.buffer, sandbox.bandAt, stackBandBytes).fill(bandPaint);
+    sandbox.paintStackBand();
     runtime.setInterruptHandler(() => {
       if (performance.now() < sandbox.deadline) return false;
       sandbox.interrupted = true;
@@ -252,7 +255,12 @@ export class Sandbox {
       args = this.arguments(message);
       const result = this.run(message, args);
       // A stack overflow is a limit even when the policy caught QuickJS's error and went on.
-      if (this.stackBandTouched()) return { reply: { id: message.id, outcome: { t: "limit", what: "stack" } }, replace: true };
+      // QuickJS unwinds from it cleanly, so the sandbox stays: a guest whose body nests deep
+      // enough to overflow a policy's `request.json()` costs one 502, not a new sandbox.
+      if (this.stackBandTouched()) {
+        this.paintStackBand();
+        return { reply: { id: message.id, outcome: { t: "limit", what: "stack" } }, replace: result.replace };
+      }
       // Whatever the policy made of it (a RangeError from a builtin, or an "out of memory" it
       // caught), a call that used up the heap has hit the memory limit: the limit answers.
       if (this.memoryExhausted) return { reply: { id: message.id, outcome: { t: "limit", what: "memory" } }, replace: true };
@@ -273,10 +281,12 @@ export class Sandbox {
     }
   }
 
-  /**
-   * Whether a call's stack reached into the band since it was painted. The band is painted once,
-   * when the sandbox is made: a call that touches it hits the limit, and the sandbox is replaced.
-   */
+  /** Paints the band: when the sandbox is made, and again after a call that reached into it. */
+  private paintStackBand(): void {
+    Buffer.from(this.wasmMemory.buffer, this.bandAt, stackBandBytes).fill(bandPaint);
+  }
+
+  /** Whether a call's stack reached into the band since it was painted. */
   private stackBandTouched(): boolean {
     return !Buffer.from(this.wasmMemory.buffer, this.bandAt, stackBandBytes).equals(this.bandReference);
   }
@@ -309,7 +319,7 @@ export class Sandbox {
         // An exhausted stack or heap that escaped the policy reaches the prelude's catch as an
         // InternalError: it is the limit, not the policy, that answers.
         const limit = outcome.name === "InternalError" ? limitOf(outcome, false) : undefined;
-        if (limit !== undefined) return { reply: { id: message.id, outcome: { t: "limit", what: limit } }, replace: true };
+        if (limit !== undefined) return { reply: { id: message.id, outcome: { t: "limit", what: limit } }, replace: limit !== "stack" };
         outcome = { ...outcome, stack: this.position(outcome.stack) ?? "" };
       }
       let bytes: Uint8Array | undefined;

@@ -1,5 +1,5 @@
 import { parentPort, receiveMessageOnPort, workerData, type MessagePort } from "node:worker_threads";
-import { bundlePolicy, PolicyLoadError } from "./bundle.js";
+import { bundlePolicy, PolicyLoadError, stopBundler } from "./bundle.js";
 import type { CallMessage, CallReply, InitReply, WorkerInit } from "./protocol.js";
 import { decodeCalls, encodeReplies, type WireBatch } from "./wire.js";
 import { Sandbox } from "./sandbox.js";
@@ -15,19 +15,16 @@ const port = parentPort!;
 
 async function load(): Promise<{ sandbox: Sandbox; code: string; map: string | undefined }> {
   const { policy } = init;
-  const { code, map } =
-    "code" in policy
-      ? policy
-      : policy.kind === "script"
-        ? { code: policy.source, map: undefined }
-        : await bundlePolicy({
-            kind: policy.kind,
-            filename: policy.filename,
-            source: policy.source,
-            modules: policy.modules,
-            fromDisk: policy.fromDisk,
-          });
+  const { code, map } = "code" in policy ? policy : policy.kind === "script" ? { code: policy.source, map: undefined } : await bundle(policy);
   return { sandbox: await Sandbox.create(policy.kind, policy.filename, code, map, init.limits), code, map };
+}
+
+async function bundle(policy: Exclude<WorkerInit["policy"], { code: string }>): Promise<{ code: string; map: string | undefined }> {
+  try {
+    return await bundlePolicy({ kind: policy.kind, filename: policy.filename, source: policy.source, modules: policy.modules, fromDisk: policy.fromDisk });
+  } finally {
+    await stopBundler();
+  }
 }
 
 function signalReady(reply: InitReply): void {
@@ -76,9 +73,12 @@ function sleep(): CallMessage[] {
 }
 
 /**
- * Runs calls as they come, one at a time, in order. Replies of calls run back to back go out as
- * one message, as soon as no further call is waiting or after 2 ms of them, so ready answers do
- * not wait long behind slow calls.
+ * Runs calls as they come, one at a time, in order. The replies to one batch of calls go back as
+ * one message, or sooner, every 2 ms, so ready answers do not wait long behind slow calls.
+ *
+ * This thread goes back to its event loop only while it waits for a new sandbox: nothing here
+ * needs it (console lines travel in the replies), and a wake-up through `Atomics.wait` is
+ * cheaper than one through libuv.
  */
 async function serve(): Promise<never> {
   let replies: CallReply[] = [];
@@ -92,12 +92,9 @@ async function serve(): Promise<never> {
   let batchStarted = performance.now();
   for (;;) {
     if (queue.length === 0) {
-      const more = take();
-      if (more === undefined) {
-        flush();
-        queue.push(...sleep());
-        batchStarted = performance.now();
-      } else queue.push(...more);
+      flush();
+      queue.push(...(take() ?? sleep()));
+      batchStarted = performance.now();
     }
     const message = queue.shift()!;
     // Which call runs, and since when: if the watchdog stops this thread, the host fails
@@ -115,8 +112,20 @@ async function serve(): Promise<never> {
       // A call that hit a limit leaves nothing behind: a fresh WASM instance. Its answer goes
       // out first, so the wait for the new instance delays no settled call.
       flush();
-      sandbox = await Sandbox.create(init.policy.kind, init.policy.filename, code, map, init.limits);
+      sandbox = await renewed();
     }
+  }
+}
+
+/**
+ * A fresh sandbox for the same code. The code loaded before, so a failure here means the machine
+ * is out of something: the thread exits, and the host starts a new worker for the calls queued.
+ */
+async function renewed(): Promise<Sandbox> {
+  try {
+    return await Sandbox.create(init.policy.kind, init.policy.filename, code, map, init.limits);
+  } catch {
+    process.exit(1);
   }
 }
 
