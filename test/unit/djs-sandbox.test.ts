@@ -412,3 +412,24 @@ describe("tier-2 sandbox: limits fail closed and the policy keeps serving", () =
     expect(await callPhase(policy, "onRequest")).toMatchObject({ t: "limit", what: "return size" });
   });
 });
+
+describe("tier-2 sandbox: what crosses into a call", () => {
+  it("header values beyond ASCII, a URL, the response's fields and a header list larger than the first buffer arrive as the proxy sent them", async () => {
+    const policy = loadPolicy(`
+      export function onResponse(response, request) {
+        response.headers.set("x-seen", [request.method, request.url, request.headers.get("x-in"), request.headers.get("x-big").length, response.status, response.headers.get("x-up"), response.url].join("|"));
+        return response;
+      }`);
+    // Small, then larger than the buffer the first call made, then small again.
+    for (const big of ["b", "b".repeat(300_000), "bb"]) {
+      const outcome = await callPhase(policy, "onResponse", {
+        method: "PATCH",
+        url: "https://api.test/caf%C3%A9?x=%E2%9C%93",
+        headers: `x-in\ncafé ü ÿ\nx-big\n${big}`,
+        response: { status: 203, statusText: "Non-Authoritative", headers: "x-up\nsnowman ☃", url: "https://api.test/final", hasBody: false },
+      });
+      expect(outcome.t).toBe("response");
+      expect(headersOf(outcome)["x-seen"]).toBe(`PATCH|https://api.test/caf%C3%A9?x=%E2%9C%93|café ü ÿ|${big.length}|203|snowman ☃|https://api.test/final`);
+    }
+  });
+});
