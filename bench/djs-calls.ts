@@ -1,8 +1,9 @@
 /**
  * Tier-2 call costs, side by side: the same functions run in a QuickJS sandbox (on this thread,
- * and through the worker threads the proxy uses, one call at a time and pipelined), and natively
- * in V8 on a WHATWG Request (on a prebuilt one, and with the Request built per call as tier 3
- * does). Every figure is the median of several rounds, in microseconds per call.
+ * and through the worker threads the proxy uses, one call at a time and pipelined, in wall-clock
+ * time and in the CPU of all the process's threads), and natively in V8 on a WHATWG Request (on
+ * a prebuilt one, and with the Request built per call as tier 3 does). Every figure is the
+ * median of several rounds, in microseconds per call.
  *
  *   npx tsx bench/djs-calls.ts [--quick] [--json]
  *
@@ -44,19 +45,27 @@ function timeSync(n: number, rounds: number, fn: () => unknown): number {
   return median(samples);
 }
 
-async function timeAsync(n: number, rounds: number, fn: () => Promise<unknown>, pipelined: boolean): Promise<number> {
+/**
+ * Wall-clock and CPU microseconds per call (medians of `rounds` loops of `n` calls): CPU is this
+ * process's user + system time, so it counts every thread a call touches, the workers included.
+ */
+async function timeAsync(n: number, rounds: number, fn: () => Promise<unknown>, pipelined: boolean): Promise<{ wall: number; cpu: number }> {
   const loop = async (): Promise<void> => {
     if (pipelined) await Promise.all(Array.from({ length: n }, fn));
     else for (let i = 0; i < n; i++) await fn();
   };
   await loop();
-  const samples: number[] = [];
+  const walls: number[] = [];
+  const cpus: number[] = [];
   for (let r = 0; r < rounds; r++) {
+    const c0 = process.cpuUsage();
     const t0 = performance.now();
     await loop();
-    samples.push(((performance.now() - t0) * 1000) / n);
+    walls.push(((performance.now() - t0) * 1000) / n);
+    const c = process.cpuUsage(c0);
+    cpus.push((c.user + c.system) / n);
   }
-  return median(samples);
+  return { wall: median(walls), cpu: median(cpus) };
 }
 
 export interface CallRow {
@@ -64,6 +73,9 @@ export interface CallRow {
   readonly sandboxMicros: number;
   readonly workerSequentialMicros: number;
   readonly workerPipelinedMicros: number;
+  /** CPU of the whole process (proxy thread, workers, V8's helpers) per call, one at a time and pipelined. */
+  readonly workerSequentialCpuMicros: number;
+  readonly workerPipelinedCpuMicros: number;
   readonly nativeMicros: number;
   readonly nativeWithRequestMicros: number;
 }
@@ -94,11 +106,16 @@ export async function measureCalls(quick: boolean): Promise<CallRow[]> {
     const msg = { ...message(phase), id: 0 };
     const check = sandbox.call(msg).reply.outcome;
     if (check.t !== "code") throw new Error(`${call}: the sandbox answered ${JSON.stringify(check)}`);
+    const sandboxMicros = timeSync(n, rounds, () => sandbox.call(msg));
+    const sequential = await timeAsync(Math.ceil(n / 4), rounds, () => engine.call(message(phase)), false);
+    const pipelined = await timeAsync(n, rounds, () => engine.call(message(phase)), true);
     rows.push({
       call,
-      sandboxMicros: timeSync(n, rounds, () => sandbox.call(msg)),
-      workerSequentialMicros: await timeAsync(Math.ceil(n / 4), rounds, () => engine.call(message(phase)), false),
-      workerPipelinedMicros: await timeAsync(n, rounds, () => engine.call(message(phase)), true),
+      sandboxMicros,
+      workerSequentialMicros: sequential.wall,
+      workerPipelinedMicros: pipelined.wall,
+      workerSequentialCpuMicros: sequential.cpu,
+      workerPipelinedCpuMicros: pipelined.cpu,
       nativeMicros: timeSync(n * 10, rounds, v8),
       nativeWithRequestMicros: timeSync(n, rounds, v8Built),
     });
@@ -187,13 +204,15 @@ export function stallTable(rows: readonly StallRow[]): string {
 export function callsTable(rows: readonly CallRow[]): string {
   const f = (v: number): string => (v < 10 ? v.toFixed(2) : v.toFixed(1));
   return table(
-    ["call", "QuickJS, this thread", "via workers, one at a time", "via workers, pipelined", "V8, same function", "V8 + new Request", "QuickJS ÷ V8 + Request"],
-    ["l", "r", "r", "r", "r", "r", "r"],
+    ["call", "QuickJS, this thread", "via workers, one at a time", "(its CPU)", "via workers, pipelined", "(its CPU)", "V8, same function", "V8 + new Request", "QuickJS ÷ V8 + Request"],
+    ["l", "r", "r", "r", "r", "r", "r", "r", "r"],
     rows.map((r) => [
       r.call,
       f(r.sandboxMicros),
       f(r.workerSequentialMicros),
+      f(r.workerSequentialCpuMicros),
       f(r.workerPipelinedMicros),
+      f(r.workerPipelinedCpuMicros),
       f(r.nativeMicros),
       f(r.nativeWithRequestMicros),
       `${(r.sandboxMicros / r.nativeWithRequestMicros).toFixed(1)}×`,

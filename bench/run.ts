@@ -353,7 +353,7 @@ async function main(): Promise<void> {
   }
   if (calls.length > 0) {
     print("\n## Tier-2 calls, µs per call (bench/djs-calls.ts)\n");
-    print("The same functions in a QuickJS sandbox (this thread; through the proxy's worker threads, one call at a time and pipelined) and natively in V8 (on a prebuilt Request, and with the Request built per call as tier 3 does).\n");
+    print("The same functions in a QuickJS sandbox (this thread; through the proxy's worker threads, one call at a time and pipelined, wall clock and the CPU of all the process's threads) and natively in V8 (on a prebuilt Request, and with the Request built per call as tier 3 does).\n");
     print(callsTable(calls));
     print("\nA slow policy and the proxy's event loop: 16 calls of a busy loop, all in flight, while a 1 ms timer on the proxy's thread measures how late it fires.\n");
     print(stallTable(stall));
