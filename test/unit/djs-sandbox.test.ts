@@ -283,6 +283,28 @@ describe("tier-2 sandbox: limits fail closed and the policy keeps serving", () =
     expect(results.map((r) => (r.t === "code" ? r.v : r.t))).toEqual([1, 1, "limit", 1]);
   });
 
+  it("calls that arrive while the worker renews its sandbox after a limit, and after it went to sleep, are all answered", async () => {
+    const policy = loadPolicy({
+      source: `export function isIpAllowed(info) { if (info.ip === "9.9.9.9") { const a = []; for (;;) a.push(new Uint8Array(1 << 20)); } return info.port === 443; }`,
+      limits: { memoryBytes: 4 * 1024 * 1024 },
+      workers: 1,
+    });
+    const info = (ip: string, port = 443) => ({ info: { hostname: "api.test", ip, family: 4, port, protocol: "https:" } });
+    const first = callPhase(policy, "isIpAllowed", info("9.9.9.9"));
+    // Posted in later turns, so they reach the worker as separate batches while it is busy or renewing.
+    const later: Promise<unknown>[] = [];
+    for (let i = 0; i < 20; i++) {
+      await new Promise((resolve) => setImmediate(resolve));
+      later.push(callPhase(policy, "isIpAllowed", info(`10.0.0.${i}`, i % 2 === 0 ? 443 : 80)));
+    }
+    expect(await first).toMatchObject({ t: "limit", what: "memory" });
+    const results = (await Promise.all(later)) as { t: string; v?: number }[];
+    expect(results.map((r) => (r.t === "code" ? r.v : r.t))).toEqual(Array.from({ length: 20 }, (_, i) => (i % 2 === 0 ? 1 : 0)));
+    // Idle long enough to be asleep in Atomics.wait: a new call still wakes it.
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    expect(await callPhase(policy, "isIpAllowed", info("10.1.1.1"))).toMatchObject({ t: "code", v: 1 });
+  });
+
   it("a policy that awaits bodies call after call does not fill its heap", async () => {
     const policy = loadPolicy({
       source: `export async function onRequest(r) { const big = new Uint8Array(256 * 1024); await r.clone().text(); return big.length > 0 ? undefined : undefined; }`,
