@@ -66,6 +66,12 @@ interface RawContext {
 
 const encoder = new TextEncoder();
 
+/** The buffer `callEntry` keeps for a call's argument list and strings; a larger head gets one of its own size for that call. */
+const scratchBytes = 16 * 1024;
+
+/** The heap could not give `callEntry` its buffer. */
+class ScratchMemoryError extends Error {}
+
 /** The limit a QuickJS error stands for, if it is one: limits end the call, whatever the policy did. */
 function limitOf(error: unknown, interrupted: boolean): string | undefined {
   if (interrupted) return "time";
@@ -290,8 +296,9 @@ export class Sandbox {
       }
       return result;
     } catch (error) {
-      // The WASM itself failed (a trap, or the host's own stack): nothing in it can be trusted.
-      const what = error instanceof RangeError ? "stack" : "sandbox";
+      // The WASM itself failed (a trap, or the host's own stack), or its heap had no room for the
+      // call's arguments: nothing in it can be trusted.
+      const what = error instanceof RangeError ? "stack" : error instanceof ScratchMemoryError ? "memory" : "sandbox";
       return { reply: { id: message.id, outcome: { t: "limit", what } }, replace: true };
     } finally {
       this.deadline = Infinity;
@@ -383,8 +390,12 @@ export class Sandbox {
     for (const a of args) if (typeof a === "string") room += 3 * a.length + 1;
     if (room > this.scratch.bytes) {
       if (this.scratch.at !== 0) raw.module._free(this.scratch.at);
-      const bytes = Math.max(room, 2 * this.scratch.bytes);
-      this.scratch = { at: raw.module._malloc(bytes), bytes };
+      this.scratch = { at: 0, bytes: 0 };
+      const bytes = Math.max(room, scratchBytes);
+      const at = raw.module._malloc(bytes);
+      // A heap the policy filled cannot give it: that is the memory limit, not a write to address 0.
+      if (at === 0) throw new ScratchMemoryError();
+      this.scratch = { at, bytes };
     }
     // Strings first, while no FFI call can grow (and so replace) the memory's buffer.
     const heap = new Uint8Array(this.wasmMemory.buffer, this.scratch.at, this.scratch.bytes);
@@ -417,6 +428,11 @@ export class Sandbox {
     const result = raw.ffi.QTS_Call(context, this.callFn.value as unknown as number, this.api.value as unknown as number, args.length, this.scratch.at);
     for (const pointer of made) raw.ffi.QTS_FreeValuePointer(context, pointer);
     for (const buffer of buffers) buffer.dispose();
+    // A buffer grown for an unusually large head goes back to the policy's heap.
+    if (this.scratch.bytes > scratchBytes) {
+      raw.module._free(this.scratch.at);
+      this.scratch = { at: 0, bytes: 0 };
+    }
     const error = raw.ffi.QTS_ResolveException(context, result);
     if (error === 0) return { value: raw.memory.heapValueHandle(result) };
     raw.ffi.QTS_FreeValuePointer(context, result);

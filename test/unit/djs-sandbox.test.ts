@@ -383,6 +383,13 @@ describe("tier-2 sandbox: limits fail closed and the policy keeps serving", () =
     expect(await callPhase(policy, "isRequestAllowed", { headers: "x-kind\nnone" })).toMatchObject({ t: "code", v: 0 });
   });
 
+  it("a call whose arguments do not fit in the policy's heap ends as the memory limit, and the next call is served", async () => {
+    const policy = loadPolicy({ source: `export function isRequestAllowed(request) { return request.headers.get("x-a") === "1"; }`, limits: { memoryBytes: 1024 * 1024 } });
+    const huge = `x-a\n1\nx-big\n${"b".repeat(24 * 1024 * 1024)}`;
+    expect(await callPhase(policy, "isRequestAllowed", { headers: huge })).toMatchObject({ t: "limit", what: "memory" });
+    expect(await callPhase(policy, "isRequestAllowed", { headers: "x-a\n1" })).toMatchObject({ t: "code", v: 1 });
+  });
+
   it.each([64 * 1024, 1024 * 1024])("the caught overflow is found whatever the stack limit (%d bytes)", async (stackBytes) => {
     const policy = loadPolicy({
       source: `export function isRequestAllowed() { const f = (n) => 1 + f(n + 1); try { f(0); } catch { return true; } }`,
