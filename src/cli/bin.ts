@@ -40,10 +40,9 @@ async function main(argv: readonly string[]): Promise<number> {
       // The flags are valid and the policy loads (parseCli loaded it); startProxy's own checks
       // run here too, so a bad option exits 2 before any worker starts. The workers load their
       // own policy. The CA is made here, once, so that no two workers race to create it.
-      resolveProxyOptions(command.options);
+      const { listen } = resolveProxyOptions(command.options);
       await djsHooks?.close();
       await loadOrCreateCa(command.options.caDir ?? defaultCaDir());
-      const listen = { host: command.options.listen?.host ?? "127.0.0.1", port: command.options.listen?.port ?? 8080 };
       // One placeholder key for all workers, so a guest's placeholders work whichever one serves it.
       const env = { [placeholderKeyEnv]: process.env[placeholderKeyEnv] ?? randomBytes(32).toString("hex") };
       return await runPrimary(argv, command.workers, listen, env, (line) => process.stdout.write(`${line}\n`));
@@ -55,7 +54,7 @@ async function main(argv: readonly string[]): Promise<number> {
     const port = worker ? siblingPort() : undefined;
     const options: ProxyOptions = {
       ...(worker && !isFirstWorker() ? rest : command.options),
-      ...(port !== undefined ? { listen: { host: command.options.listen?.host ?? "127.0.0.1", port } } : {}),
+      ...(port !== undefined ? { listen: { ...command.options.listen, port } } : {}),
       ...(worker ? { logSink: workerLogSink(process.pid) } : {}),
     };
     const proxy = await startProxy(options);

@@ -130,15 +130,13 @@ function policyHeaders(list: readonly string[], phase: PhaseName): HeaderList {
 /**
  * The most a policy may read of a body: the proxy's hook body limit, and no more than a quarter
  * of the policy's heap, which must also hold the text decoded from it and whatever the policy
- * makes of that.
+ * makes of that. `reason` names whichever of the two is the smaller, for the guest's error.
  */
-function policyBodyCap(run: DjsRun, proxyLimit: number): number {
-  return Math.min(proxyLimit, Math.floor(run.engine.limits.memoryBytes / 4));
-}
-
-function capReason(run: DjsRun, proxyLimit: number): string {
+function policyBodyCap(run: DjsRun, proxyLimit: number): { readonly cap: number; readonly reason: string } {
   const heapCap = Math.floor(run.engine.limits.memoryBytes / 4);
-  return heapCap < proxyLimit ? `a quarter of the policy's limits.memoryBytes, ${run.engine.limits.memoryBytes}` : `maxHttpBodyBytes or maxHttpResponseBodyBytes`;
+  return heapCap < proxyLimit
+    ? { cap: heapCap, reason: `a quarter of the policy's limits.memoryBytes, ${run.engine.limits.memoryBytes}` }
+    : { cap: proxyLimit, reason: "maxHttpBodyBytes or maxHttpResponseBodyBytes" };
 }
 
 function bytesBody(bytes: Uint8Array): Readable {
@@ -157,9 +155,9 @@ export async function djsOnRequest(
   const seed = newSeed();
   // Bytes cross to the worker only once the policy asks for them, even when already in memory.
   let loaded: Uint8Array | undefined;
-  const cap = policyBodyCap(run, limits.requestBodyBytes);
+  const { cap, reason } = policyBodyCap(run, limits.requestBodyBytes);
   const tooLarge = (): EgressError =>
-    new EgressError("EG_TOO_LARGE", 413, `the request body is larger than ${cap} bytes, the most this policy may read (${capReason(run, limits.requestBodyBytes)})`);
+    new EgressError("EG_TOO_LARGE", 413, `the request body is larger than ${cap} bytes, the most this policy may read (${reason})`);
   for (let attempt = 0; ; attempt++) {
     const { outcome, bytes } = await call(run, {
       phase: "onRequest",
@@ -265,10 +263,10 @@ export async function djsOnResponse(
   const discard = (): void => {
     upstream.body?.destroy();
   };
-  const cap = policyBodyCap(run, limits.responseBodyBytes);
+  const { cap, reason } = policyBodyCap(run, limits.responseBodyBytes);
   const tooLarge = (): EgressError => {
     discard();
-    return new EgressError("EG_UPSTREAM", 502, `the response body is larger than ${cap} bytes, the most this policy may read (${capReason(run, limits.responseBodyBytes)})`);
+    return new EgressError("EG_UPSTREAM", 502, `the response body is larger than ${cap} bytes, the most this policy may read (${reason})`);
   };
   const now = Date.now();
   const seed = newSeed();

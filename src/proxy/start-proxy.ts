@@ -133,21 +133,29 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       caBundlePath: authority.ca.bundlePath,
       extra: config.env,
     });
+  let closing: Promise<void> | undefined;
+  const close = (): Promise<void> =>
+    (closing ??= (async () => {
+      const closed = new Promise<void>((resolve) => outer.close(() => resolve()));
+      inner.close(() => undefined);
+      await guest.drain(config.timeouts.drainMs);
+      outer.closeAllConnections();
+      guest.destroyAll();
+      await closed;
+      await pools.close();
+    })());
   if (config.guestEnvFile !== undefined) {
     try {
       await writeGuestEnvFile(config.guestEnvFile, guestEnv());
     } catch (error) {
       // Listening already: a proxy whose start failed must not stay open behind the caller's back.
-      inner.close(() => undefined);
-      await new Promise<void>((resolve) => outer.close(() => resolve()));
-      await pools.close();
+      await close();
       const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
       throw new Error(`startProxy: guestEnvFile: cannot write ${config.guestEnvFile} (${code})`, { cause: error });
     }
   }
   log.info("listening", { url, caDir: config.caDir, allowedHosts: config.declarative.allowedHosts });
 
-  let closing: Promise<void> | undefined;
   return {
     url,
     host: address.address,
@@ -156,16 +164,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     caCertPem: authority.ca.certPem,
     caBundlePath: authority.ca.bundlePath,
     guestEnv,
-    close: () =>
-      (closing ??= (async () => {
-        const closed = new Promise<void>((resolve) => outer.close(() => resolve()));
-        inner.close(() => undefined);
-        await guest.drain(config.timeouts.drainMs);
-        outer.closeAllConnections();
-        guest.destroyAll();
-        await closed;
-        await pools.close();
-      })()),
+    close,
   };
 }
 
