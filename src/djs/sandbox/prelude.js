@@ -996,8 +996,6 @@
       clock = now;
       randomState = seed >>> 0 || 1;
       canonicalHref = url;
-      loaded.request = requestBody === undefined ? undefined : new Uint8Array(requestBody);
-      loaded.response = responseBody === undefined ? undefined : new Uint8Array(responseBody);
       if (needed.size > 0) needed = new Set();
       if (logs.length > 0) logs = [];
       outcome = undefined;
@@ -1009,10 +1007,15 @@
         // method, url, headers, hasBody carry hostname, ip, family, port; requestBody the protocol.
         args = [{ hostname: method, ip: url, family: headers, port: hasBody, protocol: requestBody }];
         loaded.request = undefined;
+        loaded.response = undefined;
       } else if (phase === "onResponse") {
+        loaded.request = undefined;
+        loaded.response = responseBody === undefined ? undefined : new Uint8Array(responseBody);
         request = makeRequest(method, url, headers, false);
         args = [makeResponse(status, statusText, responseHeaders, responseUrl, responseHasBody), request];
       } else {
+        loaded.request = requestBody === undefined ? undefined : new Uint8Array(requestBody);
+        loaded.response = undefined;
         request = makeRequest(method, url, headers, phase === "onRequest" && hasBody);
         args = [request];
       }
