@@ -320,19 +320,20 @@ export class Sandbox {
     {
       const started = this.callEntry(args);
       if (started.error !== undefined) return this.failed(message.id, started.error);
+      // The prelude answers a number (an outcome's code, or -1 while the phase's promise is
+      // pending) or JSON, whose `{` reads as NaN: one FFI call tells them apart.
       let result = started.value;
-      if (ctx.typeof(result) === "undefined") {
+      let code = ctx.getNumber(result);
+      if (code === -1) {
+        result.dispose();
         const jobs = runtime.executePendingJobs();
-        if (jobs.error !== undefined) {
-          result.dispose();
-          return this.failed(message.id, jobs.error);
-        }
+        if (jobs.error !== undefined) return this.failed(message.id, jobs.error);
         const finished = ctx.callFunction(this.finishFn, this.api);
         if (finished.error !== undefined) return this.failed(message.id, finished.error);
         result = finished.value;
+        code = ctx.getNumber(result);
       }
-      if (ctx.typeof(result) === "number") {
-        const code = ctx.getNumber(result);
+      if (!Number.isNaN(code)) {
         result.dispose();
         return { reply: { id: message.id, outcome: { t: "code", v: code } }, replace: false };
       }

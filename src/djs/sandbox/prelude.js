@@ -855,6 +855,8 @@
   }
   /** The common outcomes travel as numbers: QuickJS's JSON is the slowest part of a call. */
   const codes = { false: 0, true: 1, unchanged: 2 };
+  /** What `call` answers while the phase's promise has yet to settle: no outcome is negative. */
+  const pending = -1;
   function settle(phase, value, request) {
     if (phase === "isRequestAllowed" || phase === "isIpAllowed") {
       return typeof value === "boolean" ? (value ? codes.true : codes.false) : { t: "value", v: typeof value };
@@ -989,7 +991,7 @@
     /**
      * One call from the compiled state: the factory runs again with a fresh `globalThis`, so
      * module variables, the script's top-level bindings and globals are all new. Returns the
-     * outcome when the phase settles synchronously, or undefined; then the worker runs the
+     * outcome when the phase settles synchronously, or `pending` (-1); then the worker runs the
      * pending jobs and asks finish().
      */
     call(phaseIndex, now, seed, method, url, headers, hasBody, requestBody, status, statusText, responseHeaders, responseUrl, responseHasBody, responseBody) {
@@ -1035,7 +1037,7 @@
           outcome = thrown(error);
         },
       );
-      return undefined;
+      return pending;
     },
     /** The outcome of an asynchronous call, once the pending jobs ran. */
     finish() {
