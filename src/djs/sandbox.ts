@@ -1,4 +1,5 @@
 import { readFileSync } from "node:fs";
+import { fileURLToPath } from "node:url";
 import releaseSync from "@jitl/quickjs-wasmfile-release-sync";
 import { newQuickJSWASMModuleFromVariant, newVariant, type QuickJSSyncVariant, type QuickJSContext, type QuickJSHandle, type QuickJSRuntime } from "quickjs-emscripten-core";
 import { locate, PolicyLoadError } from "./bundle.js";
@@ -16,7 +17,37 @@ function urlParts(url: URL): string {
 }
 /** The WebAssembly global: @types/node declares its types but not the value. */
 type WasmMemory = { readonly buffer: ArrayBuffer };
-const wasm = (globalThis as unknown as { WebAssembly: { Memory: new (d: { initial: number; maximum: number }) => WasmMemory } }).WebAssembly;
+type WasmModule = object;
+type WasmInstance = object;
+type WasmImports = Record<string, Record<string, unknown>>;
+const wasm = (
+  globalThis as unknown as {
+    WebAssembly: {
+      Memory: new (d: { initial: number; maximum: number }) => WasmMemory;
+      compile(bytes: Uint8Array): Promise<WasmModule>;
+      instantiate(module: WasmModule, imports: WasmImports): Promise<WasmInstance>;
+    };
+  }
+).WebAssembly;
+
+/** QuickJS's WASM, compiled once per thread: each sandbox instantiates it with a heap of its own. */
+let compiledQuickJS: Promise<WasmModule> | undefined;
+
+/**
+ * emscripten's heap-growth function among the module's imports: the one function every failed
+ * allocation goes through (it answers false when the heap cannot grow, past the WASM memory's
+ * maximum or past 2 GiB). Known by its source, in this pinned build.
+ */
+function findHeapResize(imports: WasmImports): { table: Record<string, unknown>; key: string } | undefined {
+  for (const table of Object.values(imports)) {
+    for (const [key, value] of Object.entries(table)) {
+      if (typeof value !== "function") continue;
+      const source = Function.prototype.toString.call(value);
+      if (source.includes("2147483648") && source.includes(".grow(")) return { table, key };
+    }
+  }
+  return undefined;
+}
 
 /** What the emscripten build starts with (its stack, the runtime, the prelude); the policy's limit comes on top. */
 const baseHeapBytes = 16 * 1024 * 1024;
@@ -104,9 +135,17 @@ export class Sandbox {
   /** Where `callEntry` puts a call's argument list and strings in WASM memory. */
   private scratch = { at: 0, bytes: 0 };
 
-  /** A heap grown to its cap stays that size: the next call could not allocate, so start afresh. */
+  /** `refused` is set when the heap could not grow for an allocation: that allocation failed. */
+  private heap = { refused: false };
+
+  /**
+   * Whether the call hit the memory limit. A heap grown to its cap stays that size, so the next
+   * call could not allocate either. A single allocation larger than what is left fails without
+   * growing the heap, and the policy may have caught QuickJS's "out of memory": the refused
+   * growth is what tells.
+   */
   private get memoryExhausted(): boolean {
-    return this.memory.buffer() + 1024 * 1024 > this.memory.max;
+    return this.heap.refused || this.memory.buffer() + 1024 * 1024 > this.memory.max;
   }
 
   private constructor(
@@ -119,17 +158,44 @@ export class Sandbox {
   ) {}
 
   static async create(kind: PolicyKind, filename: string, code: string, map: string | undefined, limits: DjsLimits): Promise<Sandbox> {
-    // QuickJS's own memory limit counts allocations, not bytes, in this build (it cannot ask
-    // emscripten's malloc for block sizes): a policy could grow the heap without bound. The
-    // WASM memory's maximum is the real cap; allocations past it fail as "out of memory".
+    // The WASM memory's maximum is the cap. QuickJS's own limit is left off: it cannot ask
+    // emscripten's malloc for block sizes, so it counts allocations rather than bytes, and it
+    // refuses one allocation larger than the limit without a trace. Every allocation goes to the
+    // heap instead, and a growth the heap refuses is seen (`heap.refused`).
     const pages = Math.ceil((baseHeapBytes + limits.memoryBytes) / 65536);
     const wasmMemory = new wasm.Memory({ initial: baseHeapBytes / 65536, maximum: pages });
-    const module = await newQuickJSWASMModuleFromVariant(newVariant(variant, { wasmMemory }));
+    compiledQuickJS ??= wasm.compile(readFileSync(fileURLToPath(import.meta.resolve("@jitl/quickjs-wasmfile-release-sync/wasm"))));
+    const quickjs = await compiledQuickJS;
+    const heap = { refused: false, watched: false };
+    // emscripten's loader has no way to fail from this hook: a failed instantiation ends the
+    // wait below instead of leaving it pending.
+    let instantiationFailed!: (error: unknown) => void;
+    const failed = new Promise<never>((_resolve, reject) => {
+      instantiationFailed = reject;
+    });
+    const instantiateWasm = (imports: WasmImports, onSuccess: (instance: WasmInstance) => void): object => {
+      const resize = findHeapResize(imports);
+      if (resize !== undefined) {
+        const original = resize.table[resize.key] as (bytes: number) => boolean;
+        resize.table[resize.key] = (bytes: number): boolean => {
+          const grown = original(bytes);
+          if (!grown) heap.refused = true;
+          return grown;
+        };
+        heap.watched = true;
+      }
+      wasm.instantiate(quickjs, imports).then(onSuccess, instantiationFailed);
+      return {};
+    };
+    const module = await Promise.race([newQuickJSWASMModuleFromVariant(newVariant(variant, { wasmMemory, emscriptenModule: { instantiateWasm } as never })), failed]);
+    if (!heap.watched) {
+      throw new PolicyLoadError(`${filename}: not loaded: the installed QuickJS build does not show how its heap grows, so the sandbox cannot see a refused allocation (a build problem, not the policy's)`);
+    }
     const runtime = module.newRuntime();
-    runtime.setMemoryLimit(limits.memoryBytes);
     runtime.setMaxStackSize(limits.stackBytes);
     const ctx = runtime.newContext();
     const sandbox = new Sandbox(runtime, ctx, limits, kind, filename, map);
+    sandbox.heap = heap;
     sandbox.memory = { buffer: () => wasmMemory.buffer.byteLength, max: pages * 65536 };
     sandbox.wasmMemory = wasmMemory;
     // quickjs-emscripten keeps the runtime's pointer to itself (a protected field, version pinned).
@@ -332,6 +398,15 @@ export class Sandbox {
         if (finished.error !== undefined) return this.failed(message.id, finished.error);
         result = finished.value;
         code = ctx.getNumber(result);
+      } else if (runtime.hasPendingJob()) {
+        // A call that answered at once may have left work queued (a promise it did not return).
+        // That work runs now, inside this call's limits: left queued, it would run in a later
+        // call, as code of this one.
+        const jobs = runtime.executePendingJobs();
+        if (jobs.error !== undefined) {
+          result.dispose();
+          return this.failed(message.id, jobs.error);
+        }
       }
       if (!Number.isNaN(code)) {
         result.dispose();

@@ -521,9 +521,13 @@
   }
 
   // --- Bodies: opaque handles to bytes that stay in the proxy until read --------------------------
-  /** Set per call: the bodies the proxy has loaded, and which ones a policy asked for. */
-  const loaded = { request: undefined, response: undefined };
-  let needed = new Set();
+  /**
+   * The current call: the bodies the proxy has loaded for it, and which ones the policy asked
+   * for. A body from the proxy keeps the call it came with, so nothing of one call can read
+   * another's bytes, even code that somehow outlived its call.
+   */
+  let turn = { request: undefined, response: undefined, needed: null };
+  /** What a body handle stands for: the body's state, and the Request or Response it came from. */
   const handleSource = new WeakMap();
 
   /** `request.body` / `response.body`: can only be passed on, never read directly. */
@@ -538,15 +542,15 @@
       return "ReadableStream";
     }
   }
-  function opaque(source) {
+  function opaque(state, owner) {
     const handle = Object.create(OpaqueBody.prototype);
-    handleSource.set(handle, source);
+    handleSource.set(handle, { state, owner });
     return Object.freeze(handle);
   }
 
   /**
-   * The body of a Request or Response: `{ source }` for the proxy's own bytes (not loaded here
-   * until read), `{ bytes }` for bytes made in the sandbox, or null.
+   * The body of a Request or Response: `{ source, turn }` for the proxy's own bytes (not loaded
+   * here until read), `{ bytes }` for bytes made in the sandbox, or null.
    */
   function bodyFrom(init) {
     if (init === undefined || init === null) return null;
@@ -555,9 +559,13 @@
       return { bytes: new Uint8Array(utf8Encode(init.toString())), contentType: "application/x-www-form-urlencoded;charset=UTF-8" };
     }
     if (init instanceof ArrayBuffer || ArrayBuffer.isView(init)) return { bytes: new Uint8Array(copyBuffer(toBytes(init))) };
-    const source = handleSource.get(init);
-    if (typeof source === "string") return { source };
-    if (source !== undefined) return { bytes: source.bytes };
+    const held = handleSource.get(init);
+    if (held !== undefined) {
+      // As in WHATWG fetch, a body already read cannot be passed on: use a clone's body instead.
+      if (BodyMixin.usedOf(held.owner)) throw new TypeError("the body was already read; pass on a clone's body instead");
+      const { state } = held;
+      return state.source !== undefined ? { source: state.source, turn: state.turn } : { bytes: state.bytes };
+    }
     throw new TypeError("a body must be a string, bytes, URLSearchParams, or request.body/response.body");
   }
 
@@ -565,11 +573,12 @@
   function readBody(state) {
     if (state === null) return Promise.resolve(new Uint8Array(0));
     if (state.bytes !== undefined) return Promise.resolve(state.bytes);
-    const bytes = loaded[state.source];
+    if (state.turn !== turn) return Promise.reject(new TypeError("a body from another call cannot be read"));
+    const bytes = turn[state.source];
     if (bytes !== undefined) return Promise.resolve(bytes);
     // The proxy loads the body and runs the call again from the start, which is deterministic:
     // fresh state and the same clock. The policy cannot see this happen, nor catch it.
-    needed.add(state.source);
+    (turn.needed ??= new Set()).add(state.source);
     // A fresh promise each time: one shared forever-pending promise would keep every call that
     // awaited it reachable, and the heap would fill up call by call.
     return new Promise(() => undefined);
@@ -590,7 +599,7 @@
     get body() {
       const state = this.#state;
       if (state === null) return null;
-      return opaque(state.source !== undefined ? state.source : { bytes: state.bytes });
+      return opaque(state, this);
     }
     get bodyUsed() {
       return this.#used;
@@ -817,6 +826,9 @@
   for (const name of Object.keys(installed)) {
     Object.defineProperty(globalThis, name, { value: installed[name], writable: true, configurable: true, enumerable: false });
   }
+  // A FinalizationRegistry's callback runs whenever the collector gets round to it: in a later
+  // call, as code of an earlier one. Nothing else lets a policy's code outlive its call.
+  delete globalThis.FinalizationRegistry;
 
   // --- calls: the worker's entry points ---------------------------------------------------------
   let factory = null;
@@ -826,14 +838,14 @@
   function makeRequest(method, url, headers, hasBody) {
     internalHead = { method, url, headers: Headers.fromJoined(headers, false) };
     const request = new Request();
-    BodyMixin.init(request, hasBody ? { source: "request" } : null);
+    BodyMixin.init(request, hasBody ? { source: "request", turn } : null);
     return request;
   }
   function makeResponse(status, statusText, headers, url, hasBody) {
     // The upstream's head, already parsed and lowercased by the proxy: taken as it is.
     internalResponse = { status, statusText, url, headers: Headers.fromJoined(headers, false) };
     const response = new Response();
-    BodyMixin.init(response, hasBody ? { source: "response" } : null);
+    BodyMixin.init(response, hasBody ? { source: "response", turn } : null);
     return response;
   }
   function serialiseBody(state) {
@@ -959,6 +971,11 @@
         Object.getPrototypeOf((function* () {})()),
         Object.getPrototypeOf((async function* () {})()),
         Object.getOwnPropertyDescriptor(Function.prototype, "caller")?.get,
+        // The iterator helpers' prototypes, where this QuickJS has them.
+        typeof globalThis.Iterator?.prototype?.map === "function" ? Object.getPrototypeOf([].values().map((x) => x)) : undefined,
+        typeof globalThis.Iterator?.from === "function" ? Object.getPrototypeOf(Iterator.from({ next: () => ({ done: true }) })) : undefined,
+        // The prelude's own classes that no global leads to.
+        OpaqueBody,
       ];
       const stack = [globalThis, ...hidden];
       while (stack.length > 0) {
@@ -983,6 +1000,10 @@
      * once to catch a top-level throw, and answers which phases it defines.
      */
     load(policyFactory) {
+      // Made after the realm was frozen, and shared by every call: a script reaches it as
+      // `arguments.callee`.
+      Object.freeze(policyFactory.prototype);
+      Object.freeze(policyFactory);
       factory = policyFactory;
       const scope = Object.create(globalThis);
       const exported = factory.call(scope, scope);
@@ -998,7 +1019,6 @@
       clock = now;
       randomState = seed >>> 0 || 1;
       canonicalHref = url;
-      if (needed.size > 0) needed = new Set();
       if (logs.length > 0) logs = [];
       outcome = undefined;
       stash = null;
@@ -1008,16 +1028,13 @@
       if (phase === "isIpAllowed") {
         // method, url, headers, hasBody carry hostname, ip, family, port; requestBody the protocol.
         args = [{ hostname: method, ip: url, family: headers, port: hasBody, protocol: requestBody }];
-        loaded.request = undefined;
-        loaded.response = undefined;
+        turn = { request: undefined, response: undefined, needed: null };
       } else if (phase === "onResponse") {
-        loaded.request = undefined;
-        loaded.response = responseBody === undefined ? undefined : new Uint8Array(responseBody);
+        turn = { request: undefined, response: responseBody === undefined ? undefined : new Uint8Array(responseBody), needed: null };
         request = makeRequest(method, url, headers, false);
         args = [makeResponse(status, statusText, responseHeaders, responseUrl, responseHasBody), request];
       } else {
-        loaded.request = requestBody === undefined ? undefined : new Uint8Array(requestBody);
-        loaded.response = undefined;
+        turn = { request: requestBody === undefined ? undefined : new Uint8Array(requestBody), response: undefined, needed: null };
         request = makeRequest(method, url, headers, phase === "onRequest" && hasBody);
         args = [request];
       }
@@ -1029,12 +1046,15 @@
       } catch (error) {
         return encode(thrown(error));
       }
+      // Only this call's own handlers may settle it: the host runs every pending job before the
+      // call ends, and `mine` keeps a handler that ran late from answering for another call.
+      const mine = turn;
       Promise.resolve(result).then(
         (value) => {
-          outcome = settle(phase, value, request);
+          if (turn === mine) outcome = settle(phase, value, request);
         },
         (error) => {
-          outcome = thrown(error);
+          if (turn === mine) outcome = thrown(error);
         },
       );
       return pending;
@@ -1043,7 +1063,7 @@
     finish() {
       let settled = outcome;
       if (settled === undefined) {
-        const need = [...needed];
+        const need = turn.needed === null ? [] : [...turn.needed];
         settled = need.length > 0 ? { t: "need", which: need } : { t: "pending" };
       }
       outcome = undefined;
