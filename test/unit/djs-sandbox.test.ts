@@ -333,6 +333,58 @@ describe("tier-2 sandbox: limits fail closed and the policy keeps serving", () =
     expect(second["x-before"]).toBe("undefined");
   });
 
+  it("the body-handle prototype, the iterator helpers' prototypes and a script's own factory keep nothing between calls", async () => {
+    const policy = loadPolicy({
+      filename: "stash.js",
+      workers: 1,
+      source: `
+        // A script's top level runs as a function: its arguments.callee is what runs each call.
+        var factory = arguments.callee;
+        function onRequest(request) {
+          const places = {
+            body: Object.getPrototypeOf(new Response("x").body),
+            helper: Object.getPrototypeOf([].values().map((x) => x)),
+            wrap: Object.getPrototypeOf(Iterator.from({ next: () => ({ done: true }) })),
+            factory,
+            "factory-prototype": factory.prototype,
+          };
+          for (const [name, place] of Object.entries(places)) {
+            request.headers.set("x-" + name, String(place.__stash));
+            try { place.__stash = "kept"; } catch {}
+          }
+          request.headers.set("x-finalization", typeof FinalizationRegistry);
+        }`,
+    });
+    const first = headersOf(await callPhase(policy, "onRequest"));
+    const second = headersOf(await callPhase(policy, "onRequest"));
+    for (const name of ["body", "helper", "wrap", "factory", "factory-prototype"]) {
+      expect(first[`x-${name}`], name).toBe("undefined");
+      expect(second[`x-${name}`], name).toBe("undefined");
+    }
+    expect(first["x-finalization"]).toBe("undefined");
+  });
+
+  it("work a call leaves queued runs within that call: it cannot log into, read the body of, or ask a body for the next call", async () => {
+    const policy = loadPolicy({
+      workers: 1,
+      source: `
+        export function onRequest(request) {
+          if (new URL(request.url).hostname === "first.test") {
+            // Answers at once, leaving work queued behind the answer.
+            Promise.resolve().then(() => console.log("late from first.test"));
+            Promise.resolve().then(() => request.clone().text()).then((text) => console.log("first.test read " + text));
+            return;
+          }
+          return request.clone().text().then(() => undefined);
+        }`,
+    });
+    const first = await callPhase(policy, "onRequest", { method: "POST", url: "https://first.test/", hasBody: true, requestBody: new TextEncoder().encode("first body") });
+    const second = await callPhase(policy, "onRequest", { method: "POST", url: "https://second.test/", hasBody: true, requestBody: new TextEncoder().encode("second body") });
+    expect(second).toMatchObject({ t: "code", v: 2 });
+    expect(JSON.stringify(second)).not.toContain("first.test");
+    expect(JSON.stringify(first)).not.toContain("second body");
+  });
+
   it("onResponse returning the request is a malformed answer, not 'unchanged'", async () => {
     const policy = loadPolicy(`export function onResponse(response, request) { return request; }`);
     expect(await callPhase(policy, "onResponse", { response: { status: 200, statusText: "", headers: "", url: "https://api.test/", hasBody: false } })).toMatchObject({ t: "bad" });
@@ -347,6 +399,23 @@ describe("tier-2 sandbox: limits fail closed and the policy keeps serving", () =
       limits: { timeoutMs: 2_000, memoryBytes: 8 * 1024 * 1024 },
     });
     expect(await callPhase(policy, "isRequestAllowed")).toMatchObject({ t: "limit", what: "memory" });
+  });
+
+  it("one allocation too large for the heap is the memory limit even when the policy catches it", async () => {
+    const policy = loadPolicy({
+      workers: 1,
+      source: `
+        export function isRequestAllowed(request) {
+          const size = Number(request.headers.get("x-size"));
+          try { new ArrayBuffer(size); } catch (e) { return true; }
+          return false;
+        }`,
+      limits: { timeoutMs: 2_000, memoryBytes: 8 * 1024 * 1024 },
+    });
+    // Past the heap's cap, and past what emscripten's heap can ever reach (2 GiB).
+    expect(await callPhase(policy, "isRequestAllowed", { headers: `x-size\n${200 * 1024 * 1024}` })).toMatchObject({ t: "limit", what: "memory" });
+    expect(await callPhase(policy, "isRequestAllowed", { headers: `x-size\n${2 ** 31 - 1}` })).toMatchObject({ t: "limit", what: "memory" });
+    expect(await callPhase(policy, "isRequestAllowed", { headers: "x-size\n1024" })).toMatchObject({ t: "code", v: 0 });
   });
 
   it("a memory bomb and deep recursion end as memory and stack limits, and the next call is served", async () => {
