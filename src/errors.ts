@@ -87,3 +87,22 @@ export function denied(message: string, detail?: string): EgressError {
 export function badRequest(message: string): EgressError {
   return new EgressError("EG_BAD_REQUEST", 400, message);
 }
+
+/** The longest reason phrase a guest is sent. */
+const maxStatusText = 100;
+
+/**
+ * The error as a guest may see it: its message and reason phrase passed through `redact` (when
+ * secrets are configured), and the reason phrase cut to length only then, so that no part of a
+ * secret is left over from a cut through it.
+ */
+export function guestError(error: EgressError, redact: ((text: string) => string) | undefined): EgressError {
+  const message = redact === undefined ? error.message : redact(error.message);
+  const text = (redact === undefined ? error.statusText : redact(error.statusText)).slice(0, maxStatusText).trim();
+  return new EgressError(error.code, error.status, message, {
+    statusText: text === "" ? statusText(error.status) : text,
+    ...(error.detail === undefined ? {} : { detail: error.detail }),
+    ...(error.cause === undefined ? {} : { cause: error.cause }),
+  });
+}
+

@@ -5,15 +5,18 @@ import { HttpRequestBlockedError } from "./blocked-error.js";
 function asBlocked(error: unknown): { status: number; message: string; statusText: string } | undefined {
   if (error instanceof HttpRequestBlockedError) return error;
   const e = error as { name?: unknown; status?: unknown; message?: unknown; statusText?: unknown } | null;
-  if (e?.name === "HttpRequestBlockedError" && typeof e.status === "number" && e.status >= 400 && e.status <= 599) {
-    return { status: e.status, message: String(e.message), statusText: typeof e.statusText === "string" ? e.statusText : "" };
+  if (e?.name === "HttpRequestBlockedError" && Number.isInteger(e.status) && (e.status as number) >= 400 && (e.status as number) <= 599) {
+    return { status: e.status as number, message: String(e.message), statusText: typeof e.statusText === "string" ? e.statusText : "" };
   }
   return undefined;
 }
 
-/** A reason phrase goes on the status line: only visible ASCII and spaces may stay. */
+/**
+ * A reason phrase goes on the status line: only visible ASCII and spaces may stay. It is cut to
+ * length after redaction (`guestError`), not here.
+ */
 function safeStatusText(text: string): string | undefined {
-  const clean = text.replace(/[^\x20-\x7e]/g, "").trim().slice(0, 100);
+  const clean = text.replace(/[^\x20-\x7e]/g, "").trim();
   return clean === "" ? undefined : clean;
 }
 
@@ -66,6 +69,8 @@ export function hookFailure(name: string, error: unknown): EgressError {
       ...(text !== undefined ? { statusText: text } : {}),
     });
   }
-  const detail = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+  // An Error, or an error's fields as tier 2 sends them back.
+  const shaped = error as { name?: unknown; message?: unknown } | null;
+  const detail = typeof shaped?.message === "string" ? `${String(shaped.name ?? "Error")}: ${shaped.message}` : String(error);
   return new EgressError("EG_HOOK_FAILED", 502, `${name} hook failed (see the proxy log)`, { cause: error, detail });
 }

@@ -205,8 +205,16 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
     if (!knownKeys.includes(key)) throw new TypeError(`startProxy: unknown option "${key}" (known: ${knownKeys.join(", ")})`);
   }
   const hooks = (o["httpHooks"] === undefined ? {} : plainObject(o["httpHooks"], "httpHooks")) as HttpHooks;
-  for (const name of ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"] as const) {
+  const hookNames = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"] as const;
+  for (const name of hookNames) {
     if (hooks[name] !== undefined && typeof hooks[name] !== "function") fail(`httpHooks.${name}`, "must be a function", hooks[name]);
+  }
+  // Anything else would be ignored, and a policy spread in here (`...createDjsHooks(p)`) would
+  // then never run: refused, with the way that works.
+  for (const key of Object.keys(hooks)) {
+    if ((hookNames as readonly string[]).includes(key)) continue;
+    const hint = key === "djsHooks" ? "; pass a tier-2 policy through createHttpHooks({ ...createDjsHooks(policy) })" : "";
+    throw new TypeError(`startProxy: unknown option "httpHooks.${key}" (known: ${hookNames.join(", ")})${hint}`);
   }
 
   const env: Record<string, string> = {};

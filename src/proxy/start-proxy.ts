@@ -1,7 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { isIP, type Socket } from "node:net";
 import { networkInterfaces } from "node:os";
-import { EgressError, denied } from "../errors.js";
+import { EgressError, denied, guestError } from "../errors.js";
 import { declarativeConfigOf } from "../hooks/http-hooks.js";
 import { createLogger, type Logger } from "../log.js";
 import { GuestGone } from "../pipeline/exchange.js";
@@ -331,15 +331,10 @@ class GuestSide {
         this.logDecision({ id, method: req.method ?? "", target, status: 499, reason: "guest closed the connection", started });
         return;
       }
-      let err = asEgressError(error);
-      if (err.status >= 500 && !(error instanceof EgressError)) this.log.error("internal error", { id, error });
+      const raw = asEgressError(error);
+      if (raw.status >= 500 && !(error instanceof EgressError)) this.log.error("internal error", { id, error });
       // Error bodies are built from messages that may quote upstream errors: never let a value through.
-      if (this.redact !== undefined) {
-        err = new EgressError(err.code, err.status, this.redact(err.message), {
-          statusText: this.redact(err.statusText),
-          ...(err.detail === undefined ? {} : { detail: err.detail }),
-        });
-      }
+      const err = guestError(raw, this.redact);
       sendError(res, err, !req.complete);
       this.logDecision({
         id,

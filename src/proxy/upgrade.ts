@@ -1,6 +1,6 @@
 import type { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
-import { EgressError } from "../errors.js";
+import { EgressError, guestError } from "../errors.js";
 import type { Logger } from "../log.js";
 import type { Pipeline } from "../pipeline/pipeline.js";
 import { connectPinned, type PinnedSocketOptions } from "../upstream/pinned-socket.js";
@@ -45,11 +45,12 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
     if (socket.destroyed) throw new EgressError("EG_UPSTREAM", 502, "the guest left before the upgrade completed");
   } catch (error) {
     upstream?.destroy();
-    let err =
+    const err = guestError(
       error instanceof EgressError
         ? error
-        : new EgressError("EG_UPSTREAM", 502, `upgrade failed: ${(error as NodeJS.ErrnoException).code ?? "error"}`, { cause: error });
-    if (deps.redact !== undefined) err = new EgressError(err.code, err.status, deps.redact(err.message), { statusText: err.statusText });
+        : new EgressError("EG_UPSTREAM", 502, `upgrade failed: ${(error as NodeJS.ErrnoException).code ?? "error"}`, { cause: error }),
+      deps.redact,
+    );
     deps.log.info("request", { method: req.method, target, status: err.status, reason: err.message, code: err.code, upgrade: true });
     writeRawError(socket, err);
     return;

@@ -3,7 +3,9 @@ import { createServer as createHttpsServer } from "node:https";
 import { connect, createServer as createNetServer, type AddressInfo, type Socket } from "node:net";
 import { ProxyAgent, WebSocket } from "undici";
 import { describe, expect, it, onTestFinished } from "vitest";
+import { HttpRequestBlockedError } from "../../src/index.js";
 import { startTestProxy } from "../helpers/proxy.js";
+import { openTlsTunnel } from "../helpers/raw.js";
 import { testCa } from "../helpers/test-ca.js";
 
 /** A minimal WebSocket echo server (RFC 6455): enough for short text frames. */
@@ -72,6 +74,31 @@ describe("WebSocket upgrades", () => {
     expect(server.upgrades()).toBe(0);
     const denial = proxy.logs.find((l) => l["msg"] === "request" && l["status"] === 403);
     expect(denial?.["upgrade"]).toBe(true);
+  });
+
+  it("an upgrade refused with a reason that quotes a secret shows the guest the placeholder's redaction, never the value", async () => {
+    const server = await startEchoServer();
+    const secret = "s3cr3t-upgrade-value";
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      secrets: { KEY: { hosts: ["api.test"], value: secret } },
+      // isRequestAllowed sees the real value: a careless reason quotes it, past the 100-character cut too.
+      isRequestAllowed: (req) => {
+        const key = req.headers.get("x-key") ?? "";
+        throw new HttpRequestBlockedError(`refused ${key}`, 403, `${"x".repeat(90)} ${key}`);
+      },
+    });
+    const placeholder = proxy.guestEnv()["KEY"]!;
+    const tunnel = await openTlsTunnel(proxy.port, `api.test:${server.port}`, { ca: proxy.caCertPem });
+    tunnel.write(`GET /socket HTTP/1.1\r\nHost: api.test:${server.port}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nx-key: ${placeholder}\r\n\r\n`);
+    const res = await tunnel.readResponse();
+    expect(res.status).toBe(403);
+    expect(res.body).toContain("refused");
+    for (const part of [res.statusText, res.body]) {
+      expect(part).not.toContain(secret);
+      expect(part).not.toContain(secret.slice(0, 8));
+    }
+    expect(server.upgrades()).toBe(0);
   });
 
   it("an upgrade whose host resolves to an internal address without allowedInternalHosts is refused", async () => {

@@ -232,6 +232,21 @@ describe("tier-2 sandbox: bodies", () => {
     expect(await callPhase(cloned, "onRequest", fields)).toMatchObject({ t: "code", v: 2 });
   });
 
+  it("a body already read cannot be passed on in a new Request or Response, as in fetch", async () => {
+    const policy = loadPolicy(`
+      export async function onRequest(request) {
+        await request.text();
+        const how = request.headers.get("x-how");
+        if (how === "init") return new Request("https://other.test/moved", request);
+        if (how === "body") return new Request("https://other.test/moved", { method: "POST", body: request.body });
+        return new Response(request.body);
+      }`);
+    for (const how of ["init", "body", "response"]) {
+      const outcome = await callPhase(policy, "onRequest", { method: "POST", hasBody: true, requestBody: Buffer.from("x"), headers: `x-how\n${how}` });
+      expect(outcome, how).toMatchObject({ t: "throw", name: "TypeError", message: expect.stringMatching(/already read/) });
+    }
+  });
+
   it("new Response(response.body, response) passes the proxy's body on as a handle", async () => {
     const policy = loadPolicy(`
       export function onResponse(response) {
@@ -488,6 +503,22 @@ describe("tier-2 sandbox: limits fail closed and the policy keeps serving", () =
   it("a promise that never settles is reported at once, without waiting for the deadline", async () => {
     const policy = loadPolicy({ source: `export function onRequest() { return new Promise(() => {}); }`, limits: { timeoutMs: 60_000 } });
     expect(await callPhase(policy, "onRequest")).toMatchObject({ t: "pending" });
+  });
+
+  it("HttpRequestBlockedError takes only an integer status from 400 to 599, and a Request cannot carry TRACE, TRACK or CONNECT", async () => {
+    const policy = loadPolicy(`
+      export function onRequest(request) {
+        const what = request.headers.get("x-what");
+        if (what === "status") throw new HttpRequestBlockedError("no", 403.5);
+        if (what === "low") throw new HttpRequestBlockedError("no", 200);
+        return new Request(request.url, { method: what });
+      }`);
+    expect(await callPhase(policy, "onRequest", { headers: "x-what\nstatus" })).toMatchObject({ t: "throw", name: "RangeError" });
+    expect(await callPhase(policy, "onRequest", { headers: "x-what\nlow" })).toMatchObject({ t: "throw", name: "RangeError" });
+    for (const method of ["TRACE", "track", "CONNECT"]) {
+      expect(await callPhase(policy, "onRequest", { headers: `x-what\n${method}` }), method).toMatchObject({ t: "throw", name: "TypeError", message: expect.stringMatching(/forbidden method/) });
+    }
+    expect(await callPhase(policy, "onRequest", { headers: "x-what\nDELETE" })).toMatchObject({ t: "request", method: "DELETE" });
   });
 
   it("malformed returns are tagged: a non-boolean check, a status out of range, a non-Response", async () => {

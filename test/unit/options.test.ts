@@ -193,6 +193,17 @@ describe("resolveProxyOptions: each bad value names its option path", () => {
   });
 });
 
+describe("resolveProxyOptions: httpHooks", () => {
+  it("a key other than the four hooks is refused: a policy spread into httpHooks would otherwise never run", () => {
+    const { httpHooks } = createHttpHooks({ allowedHosts: ["api.test"] });
+    const error = errorOf(() => resolveProxyOptions(untyped({ httpHooks: { ...httpHooks, djsHooks: {} } })));
+    expect(error).toBeInstanceOf(TypeError);
+    expect(error.message).toMatch(/unknown option "httpHooks\.djsHooks"/);
+    expect(error.message).toMatch(/createHttpHooks\(\{ \.\.\.createDjsHooks\(policy\) \}\)/);
+    expect(() => resolveProxyOptions(untyped({ httpHooks: { ...httpHooks, onRequest: () => undefined } }))).not.toThrow();
+  });
+});
+
 describe("createHttpHooks: option validation", () => {
   it("an unknown option is refused, naming it and the known options", () => {
     const error = errorOf(() => createHttpHooks({ allowedHost: ["x.test"] } as unknown as Parameters<typeof createHttpHooks>[0]));

@@ -515,6 +515,9 @@
     constructor(message = "request blocked by policy", status = 403, statusText = "Forbidden") {
       super(String(message));
       this.name = "HttpRequestBlockedError";
+      if (!Number.isInteger(status) || status < 400 || status > 599) {
+        throw new RangeError(`HttpRequestBlockedError: status must be an integer from 400 to 599, got ${status}`);
+      }
       this.status = status;
       this.statusText = statusText;
     }
@@ -633,6 +636,8 @@
 
   const methods = new Set(["DELETE", "GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH"]);
   const methodToken = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+  /** As in fetch: a Request cannot be made with these. */
+  const forbiddenMethods = new Set(["CONNECT", "TRACE", "TRACK"]);
 
   /** Set just before the sandbox builds a Request itself: the head is already valid, skip parsing. */
   let internalHead = null;
@@ -665,6 +670,7 @@
       if (init.method !== undefined) {
         const m = String(init.method);
         if (!methodToken.test(m)) throw new TypeError(`invalid method: ${JSON.stringify(m)}`);
+        if (forbiddenMethods.has(m.toUpperCase())) throw new TypeError(`forbidden method: ${m}`);
         this.#method = methods.has(m.toUpperCase()) ? m.toUpperCase() : m;
       }
       if (init.headers !== undefined) this.#headers = new Headers(init.headers);
