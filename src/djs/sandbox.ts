@@ -100,6 +100,9 @@ const encoder = new TextEncoder();
 /** The buffer `callEntry` keeps for a call's argument list and strings; a larger head gets one of its own size for that call. */
 const scratchBytes = 16 * 1024;
 
+/** How much of an error's name, message and stack a failure outside the prelude reports. */
+const failureTextChars = 8192;
+
 /** The heap could not give `callEntry` its buffer. */
 class ScratchMemoryError extends Error {}
 
@@ -526,11 +529,12 @@ export class Sandbox {
     const limit = limitOf(error, this.interrupted);
     if (limit !== undefined) return { reply: { id, outcome: { t: "limit", what: limit } }, replace: true };
     const e = error as { name?: unknown; message?: unknown; stack?: unknown } | undefined;
-    const stack = String(e?.stack ?? "");
+    // What failed outside the prelude's own catch is not held to the return cap: cut it here.
+    const stack = String(e?.stack ?? "").slice(0, failureTextChars);
     const outcome: Outcome = {
       t: "throw",
-      name: String(e?.name ?? "Error"),
-      message: String(e?.message ?? error),
+      name: String(e?.name ?? "Error").slice(0, failureTextChars),
+      message: String(e?.message ?? error).slice(0, failureTextChars),
       stack: this.position(stack) ?? stack,
     };
     // The sandbox's own code failed (not the policy's, which is caught inside): start afresh.

@@ -400,6 +400,16 @@ describe("tier-2 sandbox: limits fail closed and the policy keeps serving", () =
     expect(JSON.stringify(first)).not.toContain("second body");
   });
 
+  it("the shim's own helpers are not reachable: no way round its checks (a body on a GET, on a 204)", async () => {
+    const policy = loadPolicy(`
+      export function onRequest(request) {
+        const mixin = Object.getPrototypeOf(Request);
+        const reachable = [mixin.init, mixin.stateOf, mixin.usedOf, Headers.fromJoined, Headers.flat, Headers.isDirty].filter((f) => f !== undefined);
+        request.headers.set("x-reachable", String(reachable.length));
+      }`);
+    expect(headersOf(await callPhase(policy, "onRequest"))["x-reachable"]).toBe("0");
+  });
+
   it("onResponse returning the request is a malformed answer, not 'unchanged'", async () => {
     const policy = loadPolicy(`export function onResponse(response, request) { return request; }`);
     expect(await callPhase(policy, "onResponse", { response: { status: 200, statusText: "", headers: "", url: "https://api.test/", hasBody: false } })).toMatchObject({ t: "bad" });

@@ -74,6 +74,8 @@
    * Headers as one flat list, [name, value, name, value, …], lowercase names in arrival order.
    * The proxy's own lists arrive LF-joined and are split on first use: most calls never look.
    */
+  // The prelude's own access to a Headers' internals: closures, not statics a policy could call.
+  let headersFlat, headersFromJoined, headersDirty;
   class Headers {
     #raw = null;
     #flatList = [];
@@ -192,18 +194,16 @@
     get [Symbol.toStringTag]() {
       return "Headers";
     }
-    static flat(headers) {
-      return headers.#flat.slice();
-    }
-    /** The proxy's own list, LF-joined: already valid and lowercase, so taken as it is. */
-    static fromJoined(joined, immutable) {
-      const headers = new Headers();
-      headers.#raw = joined;
-      headers.#immutable = immutable === true;
-      return headers;
-    }
-    static isDirty(headers) {
-      return headers.#dirty;
+    static {
+      headersFlat = (headers) => headers.#flat.slice();
+      /** The proxy's own list, LF-joined: already valid and lowercase, so taken as it is. */
+      headersFromJoined = (joined, immutable) => {
+        const headers = new Headers();
+        headers.#raw = joined;
+        headers.#immutable = immutable === true;
+        return headers;
+      };
+      headersDirty = (headers) => headers.#dirty;
     }
   }
 
@@ -565,7 +565,7 @@
     const held = handleSource.get(init);
     if (held !== undefined) {
       // As in WHATWG fetch, a body already read cannot be passed on: use a clone's body instead.
-      if (BodyMixin.usedOf(held.owner)) throw new TypeError("the body was already read; pass on a clone's body instead");
+      if (bodyUsed(held.owner)) throw new TypeError("the body was already read; pass on a clone's body instead");
       const { state } = held;
       return state.source !== undefined ? { source: state.source, turn: state.turn } : { bytes: state.bytes };
     }
@@ -587,17 +587,17 @@
     return new Promise(() => undefined);
   }
 
+  // Likewise for bodies: a policy reaches BodyMixin as Object.getPrototypeOf(Request).
+  let bodyInit, bodyState, bodyUsed;
   class BodyMixin {
     #state = null;
     #used = false;
-    static init(target, state) {
-      target.#state = state;
-    }
-    static stateOf(target) {
-      return target.#state;
-    }
-    static usedOf(target) {
-      return target.#used;
+    static {
+      bodyInit = (target, state) => {
+        target.#state = state;
+      };
+      bodyState = (target) => target.#state;
+      bodyUsed = (target) => target.#used;
     }
     get body() {
       const state = this.#state;
@@ -657,11 +657,11 @@
       }
       let state = null;
       if (input instanceof Request) {
-        if (init.body === undefined && BodyMixin.usedOf(input)) throw new TypeError("Request body is already used");
+        if (init.body === undefined && bodyUsed(input)) throw new TypeError("Request body is already used");
         this.#method = input.method;
         this.#url = input.url;
         this.#headers = new Headers(input.headers);
-        state = BodyMixin.stateOf(input);
+        state = bodyState(input);
       } else {
         this.#url = new URL(String(input)).href;
         this.#method = "GET";
@@ -681,7 +681,7 @@
       if (state !== null && (this.#method === "GET" || this.#method === "HEAD")) {
         throw new TypeError("a GET or HEAD request cannot have a body");
       }
-      BodyMixin.init(this, state);
+      bodyInit(this, state);
     }
     get method() {
       return this.#method;
@@ -735,7 +735,7 @@
         throw new TypeError(`a ${status} response cannot have a body`);
       }
       if (state?.contentType !== undefined && !this.#headers.has("content-type")) this.#headers.set("content-type", state.contentType);
-      BodyMixin.init(this, state);
+      bodyInit(this, state);
     }
     static json(data, init = {}) {
       const text = JSON.stringify(data);
@@ -776,7 +776,7 @@
       if (this.bodyUsed) throw new TypeError("cannot clone a Response whose body was read");
       const copy = new Response(null, { status: this.#status, statusText: this.#statusText, headers: this.#headers });
       copy.#url = this.#url;
-      BodyMixin.init(copy, BodyMixin.stateOf(this));
+      bodyInit(copy, bodyState(this));
       return copy;
     }
     get [Symbol.toStringTag]() {
@@ -842,16 +842,16 @@
   let stash = null;
 
   function makeRequest(method, url, headers, hasBody) {
-    internalHead = { method, url, headers: Headers.fromJoined(headers, false) };
+    internalHead = { method, url, headers: headersFromJoined(headers, false) };
     const request = new Request();
-    BodyMixin.init(request, hasBody ? { source: "request", turn } : null);
+    bodyInit(request, hasBody ? { source: "request", turn } : null);
     return request;
   }
   function makeResponse(status, statusText, headers, url, hasBody) {
     // The upstream's head, already parsed and lowercased by the proxy: taken as it is.
-    internalResponse = { status, statusText, url, headers: Headers.fromJoined(headers, false) };
+    internalResponse = { status, statusText, url, headers: headersFromJoined(headers, false) };
     const response = new Response();
-    BodyMixin.init(response, hasBody ? { source: "response", turn } : null);
+    bodyInit(response, hasBody ? { source: "response", turn } : null);
     return response;
   }
   function serialiseBody(state) {
@@ -882,10 +882,10 @@
     if (phase === "onResponse" && value === undefined) return codes.unchanged;
     if (phase === "onRequest" && (value === undefined || value === request)) {
       const headers = request.headers;
-      const dirty = Headers.isDirty(headers);
-      const consumed = BodyMixin.usedOf(request);
+      const dirty = headersDirty(headers);
+      const consumed = bodyUsed(request);
       if (!dirty && !consumed) return codes.unchanged;
-      return { t: "continue", headers: dirty ? Headers.flat(headers) : null, consumed };
+      return { t: "continue", headers: dirty ? headersFlat(headers) : null, consumed };
     }
     if (value instanceof Response) {
       if (value.bodyUsed) return { t: "bad", what: "a Response whose body was already read" };
@@ -893,8 +893,8 @@
         t: "response",
         status: value.status,
         statusText: value.statusText,
-        headers: Headers.flat(value.headers),
-        body: serialiseBody(BodyMixin.stateOf(value)),
+        headers: headersFlat(value.headers),
+        body: serialiseBody(bodyState(value)),
       };
     }
     if (phase === "onRequest" && value instanceof Request) {
@@ -903,8 +903,8 @@
         t: "request",
         method: value.method,
         url: value.url,
-        headers: Headers.flat(value.headers),
-        body: serialiseBody(BodyMixin.stateOf(value)),
+        headers: headersFlat(value.headers),
+        body: serialiseBody(bodyState(value)),
       };
     }
     return { t: "bad", what: value === null ? "null" : typeof value };
@@ -1044,25 +1044,25 @@
         request = makeRequest(method, url, headers, phase === "onRequest" && hasBody);
         args = [request];
       }
-      let result;
       try {
         const scope = Object.create(globalThis);
-        result = factory.call(scope, scope)[phase](...args);
+        const result = factory.call(scope, scope)[phase](...args);
         if (!isThenable(result)) return encode(settle(phase, result, request));
+        // Only this call's own handlers may settle it: the host runs every pending job before
+        // the call ends, and `mine` keeps a handler that ran late from answering for another
+        // call. Promise.resolve reads the result's `constructor`, which may throw.
+        const mine = turn;
+        Promise.resolve(result).then(
+          (value) => {
+            if (turn === mine) outcome = settle(phase, value, request);
+          },
+          (error) => {
+            if (turn === mine) outcome = thrown(error);
+          },
+        );
       } catch (error) {
         return encode(thrown(error));
       }
-      // Only this call's own handlers may settle it: the host runs every pending job before the
-      // call ends, and `mine` keeps a handler that ran late from answering for another call.
-      const mine = turn;
-      Promise.resolve(result).then(
-        (value) => {
-          if (turn === mine) outcome = settle(phase, value, request);
-        },
-        (error) => {
-          if (turn === mine) outcome = thrown(error);
-        },
-      );
       return pending;
     },
     /** The outcome of an asynchronous call, once the pending jobs ran. */
