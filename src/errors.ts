@@ -97,6 +97,7 @@ const maxStatusText = 100;
  * secret is left over from a cut through it.
  */
 export function guestError(error: EgressError, redact: ((text: string) => string) | undefined): EgressError {
+  if (redact === undefined && error.statusText.length <= maxStatusText) return error;
   const message = redact === undefined ? error.message : redact(error.message);
   const text = (redact === undefined ? error.statusText : redact(error.statusText)).slice(0, maxStatusText).trim();
   return new EgressError(error.code, error.status, message, {

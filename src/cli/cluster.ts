@@ -10,22 +10,22 @@ import { createServer } from "node:net";
  */
 
 /** What a worker tells the primary. */
-export type WorkerReport = { readonly kind: "listening"; readonly url: string };
+type WorkerReport = { readonly kind: "listening"; readonly url: string };
 /** What the primary tells a worker. */
-export type PrimaryOrder = { readonly kind: "stop" };
+type PrimaryOrder = { readonly kind: "stop" };
 
 /**
  * Set by the primary on the first worker it starts: that one writes `--guest-env-file`. A
  * replacement never rewrites it (the placeholders and port it would write are the same), so a
  * guest reading the file never catches it half-written.
  */
-export const firstWorkerEnv = "EGRESSGATE_FIRST_WORKER";
+const firstWorkerEnv = "EGRESSGATE_FIRST_WORKER";
 /**
  * Set by the primary on every worker for `--listen HOST:0`: the port it picked. Workers that
  * each listened on port 0 would share one only while one of them held it, and a replacement
  * started after they all died would get a port of its own.
  */
-export const portEnv = "EGRESSGATE_WORKER_PORT";
+const portEnv = "EGRESSGATE_WORKER_PORT";
 
 /** Workers that may die within a minute before the primary gives up and stops them all. */
 const maxRestartsPerMinute = 5;

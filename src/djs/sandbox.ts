@@ -129,9 +129,9 @@ export class Sandbox {
   private finishFn!: QuickJSHandle;
   private takeBytesFn!: QuickJSHandle;
   phases: PhaseName[] = [];
-  private memory = { buffer: (): number => 0, max: Infinity };
-  /** The WASM memory, for the stack band. */
+  /** The policy's WASM memory (its heap and stack), and the most it may grow to. */
   private wasmMemory!: WasmMemory;
+  private maxHeapBytes = Infinity;
   /** What the band holds while untouched, and where it starts. */
   private readonly bandReference = Buffer.alloc(stackBandBytes, bandPaint);
   private bandAt = 0;
@@ -148,7 +148,7 @@ export class Sandbox {
    * growth is what tells.
    */
   private get memoryExhausted(): boolean {
-    return this.heap.refused || this.memory.buffer() + 1024 * 1024 > this.memory.max;
+    return this.heap.refused || this.wasmMemory.buffer.byteLength + 1024 * 1024 > this.maxHeapBytes;
   }
 
   private constructor(
@@ -199,8 +199,8 @@ export class Sandbox {
     const ctx = runtime.newContext();
     const sandbox = new Sandbox(runtime, ctx, limits, kind, filename, map);
     sandbox.heap = heap;
-    sandbox.memory = { buffer: () => wasmMemory.buffer.byteLength, max: pages * 65536 };
     sandbox.wasmMemory = wasmMemory;
+    sandbox.maxHeapBytes = pages * 65536;
     // quickjs-emscripten keeps the runtime's pointer to itself (a protected field, version pinned).
     const runtimePointer = (runtime as unknown as { rt: { value: number } }).rt.value;
     const limitAt = stackLimitField(new Uint32Array(wasmMemory.buffer), runtimePointer, limits.stackBytes);
@@ -347,6 +347,10 @@ export class Sandbox {
     this.deadline = deadline;
     try {
       const result = this.run(message, this.arguments(message));
+      // Whatever the policy made of it (a RangeError from a builtin, or an "out of memory" it
+      // caught), a call that used up the heap has hit the memory limit: the limit answers, and
+      // the sandbox goes. Checked first: a sandbox kept after a stack hit must have its heap.
+      if (this.memoryExhausted) return { reply: { id: message.id, outcome: { t: "limit", what: "memory" } }, replace: true };
       // A stack overflow is a limit even when the policy caught QuickJS's error and went on.
       // QuickJS unwinds from it cleanly, so the sandbox stays: a guest whose body nests deep
       // enough to overflow a policy's `request.json()` costs one 502, not a new sandbox.
@@ -354,9 +358,6 @@ export class Sandbox {
         this.paintStackBand();
         return { reply: { id: message.id, outcome: { t: "limit", what: "stack" } }, replace: result.replace };
       }
-      // Whatever the policy made of it (a RangeError from a builtin, or an "out of memory" it
-      // caught), a call that used up the heap has hit the memory limit: the limit answers.
-      if (this.memoryExhausted) return { reply: { id: message.id, outcome: { t: "limit", what: "memory" } }, replace: true };
       // An interrupt inside an async function becomes a rejection the policy can catch, and a
       // long builtin can finish past the deadline before any interrupt check: either way the
       // call ran out of time, and its answer is not used.

@@ -87,7 +87,8 @@ export interface CreatedHttpHooks {
  */
 const declarativeKey = Symbol.for("egressgate.declarative");
 
-const hookNames = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"] as const;
+/** The four hooks, the only keys an `httpHooks` object has. */
+export const hookNames = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"] as const;
 const knownOptions = new Set<string>([
   "allowedHosts",
   "allowedInternalHosts",

@@ -5,8 +5,9 @@ import { HttpRequestBlockedError } from "./blocked-error.js";
 function asBlocked(error: unknown): { status: number; message: string; statusText: string } | undefined {
   if (error instanceof HttpRequestBlockedError) return error;
   const e = error as { name?: unknown; status?: unknown; message?: unknown; statusText?: unknown } | null;
-  if (e?.name === "HttpRequestBlockedError" && Number.isInteger(e.status) && (e.status as number) >= 400 && (e.status as number) <= 599) {
-    return { status: e.status as number, message: String(e.message), statusText: typeof e.statusText === "string" ? e.statusText : "" };
+  const status = e?.status;
+  if (e?.name === "HttpRequestBlockedError" && typeof status === "number" && Number.isInteger(status) && status >= 400 && status <= 599) {
+    return { status, message: String(e.message), statusText: typeof e.statusText === "string" ? e.statusText : "" };
   }
   return undefined;
 }
@@ -69,8 +70,13 @@ export function hookFailure(name: string, error: unknown): EgressError {
       ...(text !== undefined ? { statusText: text } : {}),
     });
   }
-  // An Error, or an error's fields as tier 2 sends them back.
-  const shaped = error as { name?: unknown; message?: unknown } | null;
-  const detail = typeof shaped?.message === "string" ? `${String(shaped.name ?? "Error")}: ${shaped.message}` : String(error);
+  // An Error, or an error's fields as tier 2 sends them back; a block whose status is not one.
+  const shaped = error as { name?: unknown; message?: unknown; status?: unknown } | null;
+  const detail =
+    shaped?.name === "HttpRequestBlockedError"
+      ? `HttpRequestBlockedError with status ${String(shaped.status)}, not an integer from 400 to 599`
+      : typeof shaped?.message === "string"
+        ? `${String(shaped.name ?? "Error")}: ${shaped.message}`
+        : String(error);
   return new EgressError("EG_HOOK_FAILED", 502, `${name} hook failed (see the proxy log)`, { cause: error, detail });
 }

@@ -27,11 +27,6 @@ const codeFalse = 0;
 const codeTrue = 1;
 const codeUnchanged = 2;
 const methodToken = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
-/**
- * What fetch forbids a Request to carry (tier 3's undici refuses them too): TRACE and TRACK echo
- * the request back, secrets included (DESIGN §4), and CONNECT is not a request to forward.
- */
-const forbiddenMethods = new Set(["CONNECT", "TRACE", "TRACK"]);
 
 /** A header list for the policy: names lowercased, joined with LF, with `host` as it will be sent. */
 function joinHeaders(list: HeaderList, host?: string): string {
@@ -69,11 +64,6 @@ async function call(run: DjsRun, message: Omit<CallMessage, "id">): Promise<Call
 function failure(phase: PhaseName, outcome: Outcome, filename: string): EgressError {
   switch (outcome.t) {
     case "blocked":
-      if (!Number.isInteger(outcome.status) || outcome.status < 400 || outcome.status > 599) {
-        return new EgressError("EG_HOOK_FAILED", 502, `${phase} hook failed (see the proxy log)`, {
-          detail: `${filename}: ${phase} threw HttpRequestBlockedError with status ${outcome.status}, not an integer from 400 to 599`,
-        });
-      }
       return hookFailure(phase, { name: "HttpRequestBlockedError", status: outcome.status, message: outcome.message, statusText: outcome.statusText });
     case "throw": {
       const error = new Error(outcome.message);
@@ -220,9 +210,6 @@ export async function djsOnRequest(
       }
       url.hash = "";
       if (!methodToken.test(outcome.method)) throw new EgressError("EG_HOOK_FAILED", 502, "onRequest policy returned an invalid method");
-      if (forbiddenMethods.has(outcome.method.toUpperCase())) {
-        throw new EgressError("EG_HOOK_FAILED", 502, `onRequest policy returned a Request with the forbidden method ${outcome.method}`);
-      }
       let headers = policyHeaders(outcome.headers, "onRequest");
       const body = requestBodyOf(outcome.body, bytes, original, "onRequest");
       if (body instanceof Uint8Array) headers = withExactLength(headers, body.byteLength);

@@ -49,6 +49,12 @@ export class GuestGone extends EventEmitter {
   }
 }
 
+/**
+ * Methods no request may leave with (fetch forbids them too): TRACE and TRACK echo the request
+ * back, secrets included (DESIGN §4), and CONNECT is a tunnel, not a request to forward.
+ */
+export const forbiddenMethods: ReadonlySet<string> = new Set(["CONNECT", "TRACE", "TRACK"]);
+
 /** Per-request context the proxy layer hands to the pipeline. */
 export interface ExchangeContext {
   readonly id: string;

@@ -9,7 +9,7 @@ import { allow, deny, type Decision } from "../policy/decision.js";
 import type { DeclarativePolicy } from "../policy/declarative-policy.js";
 import type { PinnedPools } from "../upstream/pinned-pools.js";
 import type { ResolvedAddress, Resolver } from "../upstream/resolve.js";
-import type { ExchangeContext, GuestGone, OutboundRequest, PipelineResponse } from "./exchange.js";
+import { forbiddenMethods, type ExchangeContext, type GuestGone, type OutboundRequest, type PipelineResponse } from "./exchange.js";
 import { endToEndHeaders, headerObjectToList } from "../headers.js";
 import { runOnRequest, runOnResponse, type HookLimits } from "./hook-phases.js";
 import { nextHop, redirectStatuses } from "./redirects.js";
@@ -203,6 +203,10 @@ export class Pipeline {
   private async authorize(request: OutboundRequest): Promise<ApprovedTarget> {
     const { policy, hooks, resolver } = this.options;
     const { url } = request;
+    // The guest's own TRACE is refused before any hook; one here came from a rewrite.
+    if (forbiddenMethods.has(request.method.toUpperCase())) {
+      throw new EgressError("EG_HOOK_FAILED", 502, `onRequest rewrote the request to the forbidden method ${request.method}`);
+    }
     if (this.djsPhases.has("isRequestAllowed") && !(await djsIsRequestAllowed(this.run(undefined), request))) {
       throw denied(`request to ${url.origin} refused by the isRequestAllowed policy`);
     }

@@ -1,6 +1,6 @@
 import type { IncomingMessage } from "node:http";
 import { EgressError, badRequest } from "../errors.js";
-import type { OutboundRequest } from "../pipeline/exchange.js";
+import { forbiddenMethods, type OutboundRequest } from "../pipeline/exchange.js";
 import { endToEndHeaders } from "../headers.js";
 import { normalizeHost, parseAuthority, type Authority } from "./authority.js";
 
@@ -14,9 +14,6 @@ export interface TunnelTarget extends Authority {
 // The proxy sets Host from the URL on every hop, and answers Expect itself.
 const dropOnForward = new Set(["host", "expect"]);
 
-/** TRACE/TRACK echo the request back, secrets included (DESIGN §4). */
-const refusedMethods = new Set(["TRACE", "TRACK"]);
-
 /**
  * Validates a guest request head and turns it into the pipeline's request (DESIGN §3 step 1,
  * §5 strict parsing). Node's parser already rejects CL+TE together, bad chunking and oversized
@@ -25,7 +22,8 @@ const refusedMethods = new Set(["TRACE", "TRACK"]);
  */
 export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | undefined): OutboundRequest {
   const method = req.method ?? "";
-  if (refusedMethods.has(method)) {
+  // Node hands CONNECT to the tunnel, so what reaches here is TRACE or TRACK.
+  if (forbiddenMethods.has(method)) {
     throw new EgressError("EG_METHOD_NOT_ALLOWED", 405, `method ${method} is not allowed: it would echo credentials back`);
   }
   const raw = req.rawHeaders;

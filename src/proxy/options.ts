@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
 import { isIP } from "node:net";
-import { declarativeConfigOf, djsHooksOf, userPartOf, type HttpHooks } from "../hooks/http-hooks.js";
+import { declarativeConfigOf, djsHooksOf, hookNames, userPartOf, type HttpHooks } from "../hooks/http-hooks.js";
 import type { DjsEngine } from "../djs/engine.js";
 import { logLevels, type LogLevel, type LogSink } from "../log.js";
 import type { DeclarativeConfig } from "../policy/declarative-policy.js";
@@ -205,14 +205,13 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
     if (!knownKeys.includes(key)) throw new TypeError(`startProxy: unknown option "${key}" (known: ${knownKeys.join(", ")})`);
   }
   const hooks = (o["httpHooks"] === undefined ? {} : plainObject(o["httpHooks"], "httpHooks")) as HttpHooks;
-  const hookNames = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"] as const;
-  for (const name of hookNames) {
-    if (hooks[name] !== undefined && typeof hooks[name] !== "function") fail(`httpHooks.${name}`, "must be a function", hooks[name]);
-  }
-  // Anything else would be ignored, and a policy spread in here (`...createDjsHooks(p)`) would
-  // then never run: refused, with the way that works.
-  for (const key of Object.keys(hooks)) {
-    if ((hookNames as readonly string[]).includes(key)) continue;
+  for (const [key, value] of Object.entries(hooks)) {
+    if ((hookNames as readonly string[]).includes(key)) {
+      if (value !== undefined && typeof value !== "function") fail(`httpHooks.${key}`, "must be a function", value);
+      continue;
+    }
+    // Anything else would be ignored, and a policy spread in here (`...createDjsHooks(p)`)
+    // would then never run: refused, with the way that works.
     const hint = key === "djsHooks" ? "; pass a tier-2 policy through createHttpHooks({ ...createDjsHooks(policy) })" : "";
     throw new TypeError(`startProxy: unknown option "httpHooks.${key}" (known: ${hookNames.join(", ")})${hint}`);
   }
