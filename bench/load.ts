@@ -51,7 +51,7 @@ export interface LoadSetup {
    * (so a proxy that did not terminate TLS would fail), or the upstream's for tcp-relay.
    */
   readonly proxies: Readonly<Record<string, { readonly url: string; readonly caPem: string }>>;
-  /** Idle keep-alive sockets are kept this long, so a target's turn-taking does not close them. */
+  /** The longest a client keeps an idle keep-alive socket, whatever the target's `Keep-Alive` hint says. */
   readonly keepAliveMs: number;
 }
 

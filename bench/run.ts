@@ -218,7 +218,12 @@ async function main(): Promise<void> {
   if (t.relayPort !== undefined) proxies["tcp-relay"] = { url: `http://127.0.0.1:${t.relayPort}`, caPem: t.upstreamCaPem };
   if (t.freshEgressgate !== undefined) proxies["egressgate-fresh"] = { url: t.freshEgressgate.url, caPem: t.freshEgressgate.caPem };
   if (t.freshEgressgateDjs !== undefined) proxies["egressgate-fresh-djs"] = { url: t.freshEgressgateDjs.url, caPem: t.freshEgressgateDjs.caPem };
-  const loadSetup: LoadSetup = { kind: "setup", upstreamCaPem: t.upstreamCaPem, proxies, keepAliveMs: 120_000 };
+  // 4 s, undici's own default, is shorter than any target's idle close (egressgate 5 s, mockttp
+  // 6 s), so an idle connection is always closed by the client. A request sent on a connection in
+  // the moment its target closes it fails with ECONNRESET; mockttp invites that race by passing on
+  // the upstream's `Keep-Alive: timeout=120` while it closes after 6 s. The warm-up before every
+  // window reopens what the turn-taking closed.
+  const loadSetup: LoadSetup = { kind: "setup", upstreamCaPem: t.upstreamCaPem, proxies, keepAliveMs: 4_000 };
   await ask(load, "ready", loadSetup, 30_000);
 
   const pidOf = (target: TargetName): number | undefined => (target === "tcp-relay" ? t.relay?.pid : t.proxies.get(target)?.child.pid);

@@ -13,6 +13,7 @@ interface RateRow {
   readonly requestsPerSecond: number;
   readonly requests: number;
   readonly errors: number;
+  readonly firstError?: string;
 }
 
 beforeAll(() => {
@@ -41,7 +42,7 @@ describe("npm run bench", () => {
       for (const concurrency of [1, 32]) {
         const row = json.results.small.find((r) => r.target === target && r.concurrency === concurrency);
         expect(row?.requests, `${target} at ${concurrency}`).toBeGreaterThan(0);
-        expect(row?.errors, `${target} at ${concurrency}`).toBe(0);
+        expect(row?.errors, `${target} at ${concurrency}: ${row?.firstError}`).toBe(0);
         expect(row?.requestsPerSecond, `${target} at ${concurrency}`).toBeGreaterThan(0);
       }
     }
