@@ -15,7 +15,6 @@ export type EgressErrorCode =
   | "EG_HOOK_BLOCKED"
   | "EG_HOOK_FAILED"
   | "EG_HOOK_TIMEOUT"
-  | "EG_BAD_OPTION"
   | "EG_CA";
 
 const statusTexts: Record<number, string> = {

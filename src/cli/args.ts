@@ -121,7 +121,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
             type: "string",
             describe: "tier-2 policy run in a QuickJS sandbox: .js script, .mjs module, .ts/.mts TypeScript",
           })
-          .option("hooks-timeout-ms", { type: "number", default: 100, describe: "time limit for one policy call (502 beyond)" })
+          .option("hooks-timeout-ms", { type: "number", describe: "time limit for one policy call, 1 to 60000 (502 beyond); default 100; needs --hooks-script" })
           .option("workers", { type: "number", default: 1, describe: "processes that share the listening port (node:cluster); 1 serves from this process" })
           .option("log-level", { choices: logLevels as LogLevel[], default: "info" as LogLevel, describe: "log verbosity (JSON lines on stderr)" }),
       (args) => {
@@ -142,8 +142,10 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
         const resolve = parseResolve(strings(args.resolve));
         let djsHooks: DjsHooks | undefined;
         const script = args["hooks-script"];
+        // A time limit with no policy to limit is a mistake in the command, not something to ignore.
+        if (script === undefined && args["hooks-timeout-ms"] !== undefined) throw new UsageError("--hooks-timeout-ms: only applies with --hooks-script");
         if (script !== undefined) {
-          const timeoutMs = nonNegativeInteger(args["hooks-timeout-ms"], "--hooks-timeout-ms");
+          const timeoutMs = nonNegativeInteger(args["hooks-timeout-ms"] ?? 100, "--hooks-timeout-ms");
           try {
             ({ djsHooks } = createDjsHooks({ ...djsHooksOptionsFromFile(script), limits: { timeoutMs } }));
           } catch (error) {

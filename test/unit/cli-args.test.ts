@@ -153,6 +153,7 @@ describe("parseCli: bad flags and values throw a UsageError naming the flag", ()
     { argv: ["--max-redirects", "1.5"], names: /--max-redirects.*1\.5/ },
     { argv: ["--max-redirects", "many"], names: /--max-redirects/ },
     { argv: ["env", "--allow-host", "x.test"], names: /allow-host/ },
+    { argv: ["--hooks-timeout-ms", "50"], names: /--hooks-timeout-ms: only applies with --hooks-script/ },
   ])("$argv", ({ argv, names }) => {
     expect(usageErrorOf(argv).message).toMatch(names);
   });
