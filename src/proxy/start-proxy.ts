@@ -96,6 +96,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     pipeline,
     log,
     idleMs: config.timeouts.idleMs,
+    headersMs: config.timeouts.upstreamHeadersMs,
     redact,
     connect: { upstreamContext: authority.upstreamContext, timeoutMs: config.timeouts.upstreamConnectMs, recheck },
   });

@@ -13,11 +13,15 @@ export interface UpgradeDeps {
   readonly pipeline: Pipeline;
   readonly log: Logger;
   readonly idleMs: number;
+  /** How long the upstream has to answer the upgrade (then 504). */
+  readonly headersMs: number;
   readonly redact: ((text: string) => string) | undefined;
   readonly connect: Omit<PinnedSocketOptions, "url" | "address">;
 }
 
 const maxResponseHead = 64 * 1024;
+
+const guestLeft = (): EgressError => new EgressError("EG_UPSTREAM", 502, "the guest left before the upgrade completed");
 
 /**
  * A WebSocket (or other) upgrade is checked like any request: head validation, onRequest,
@@ -30,20 +34,34 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
   const target = `${req.method ?? ""} ${loggableTarget(req.url ?? "")}`;
   let upstream: Socket | undefined;
   let switched: Buffer;
+  // Until the upstream switches, nothing else ties the two sockets together: a guest that leaves
+  // (or a proxy that closes, which destroys guest sockets) must take the upstream connection too.
+  let guestGone = false;
+  const onGuestClose = (): void => {
+    guestGone = true;
+    upstream?.destroy(guestLeft());
+  };
+  // The guest's socket is half-open after the upgrade event: a guest that leaves is seen as "end".
+  socket.once("end", onGuestClose);
+  socket.once("close", onGuestClose);
   try {
     const guestRequest = toOutboundRequest(req, tunnelOf(socket));
     const upgrade = req.headers.upgrade;
     if (upgrade === undefined || upgrade === "") throw new EgressError("EG_BAD_REQUEST", 400, "Upgrade header missing");
     if (guestRequest.body !== null) throw new EgressError("EG_BAD_REQUEST", 400, "an upgrade request must not have a body");
     const { request, addresses } = await deps.pipeline.authorizeUpgrade(guestRequest);
+    if (guestGone) throw guestLeft();
     upstream = await connectFirst(request.url, addresses, deps);
+    if (guestGone) throw guestLeft();
     const lines = [`${request.method} ${request.url.pathname}${request.url.search} HTTP/1.1`, `host: ${request.url.host}`];
     for (let i = 0; i < request.headers.length; i += 2) lines.push(`${request.headers[i]}: ${request.headers[i + 1]}`);
     lines.push("connection: Upgrade", `upgrade: ${upgrade}`);
     upstream.write(`${lines.join("\r\n")}\r\n\r\n`);
-    switched = await awaitSwitch(upstream, request.url.host);
-    if (socket.destroyed) throw new EgressError("EG_UPSTREAM", 502, "the guest left before the upgrade completed");
+    switched = await awaitSwitch(upstream, request.url.host, deps.headersMs);
+    if (guestGone || socket.destroyed) throw guestLeft();
   } catch (error) {
+    socket.off("end", onGuestClose);
+    socket.off("close", onGuestClose);
     upstream?.destroy();
     const err = guestError(
       error instanceof EgressError
@@ -55,6 +73,8 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
     writeRawError(socket, err);
     return;
   }
+  socket.off("end", onGuestClose);
+  socket.off("close", onGuestClose);
   deps.log.info("request", { method: req.method, target, status: 101, reason: "upgrade relayed", upgrade: true });
   const up = upstream;
   const closeBoth = (): void => {
@@ -87,12 +107,16 @@ async function connectFirst(url: URL, addresses: readonly ResolvedAddress[], dep
 }
 
 /**
- * Reads the upstream's response head. Resolves with the head (and any bytes after it) on 101;
- * anything else is refused, and the connection is dropped, never reused.
+ * Reads the upstream's response head, for at most `timeoutMs`. Resolves with the head (and any
+ * bytes after it) on 101; anything else is refused, and the connection is dropped, never reused.
  */
-function awaitSwitch(upstream: Socket, host: string): Promise<Buffer> {
+function awaitSwitch(upstream: Socket, host: string, timeoutMs: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     let buffered = Buffer.alloc(0);
+    const timer = setTimeout(
+      () => fail(new EgressError("EG_UPSTREAM_TIMEOUT", 504, `upstream ${host} did not answer the upgrade within ${timeoutMs} ms`)),
+      timeoutMs,
+    );
     const fail = (error: Error): void => {
       cleanup();
       reject(error);
@@ -115,6 +139,7 @@ function awaitSwitch(upstream: Socket, host: string): Promise<Buffer> {
     };
     const onEnd = (): void => fail(new EgressError("EG_UPSTREAM", 502, `upstream ${host} closed before answering the upgrade`));
     const cleanup = (): void => {
+      clearTimeout(timer);
       upstream.off("data", onData);
       upstream.off("end", onEnd);
       upstream.off("error", fail);

@@ -147,3 +147,71 @@ describe("upgrades an upstream does not accept", () => {
     expect(received).not.toMatch(/DELETE/);
   });
 });
+
+describe("upgrades an upstream never answers", () => {
+  /** An upstream that accepts connections, reads the head and never answers; reports each connection's close. */
+  async function startTarpit(): Promise<{ port: number; headReceived: Promise<void>; upstreamClosed: Promise<void> }> {
+    let headSeen!: () => void;
+    let closed!: () => void;
+    const headReceived = new Promise<void>((resolve) => (headSeen = resolve));
+    const upstreamClosed = new Promise<void>((resolve) => (closed = resolve));
+    const sockets = new Set<Socket>();
+    const server = createNetServer((s) => {
+      sockets.add(s);
+      s.on("error", () => undefined);
+      s.on("data", () => headSeen());
+      s.on("close", () => closed());
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    onTestFinished(async () => {
+      for (const s of sockets) s.destroy();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    });
+    return { port: (server.address() as AddressInfo).port, headReceived, upstreamClosed };
+  }
+
+  /** Resolves to "closed" when `closed` settles first, else to "still open" after `ms`. */
+  function closedWithin(closed: Promise<void>, ms: number): Promise<string> {
+    return Promise.race([closed.then(() => "closed"), new Promise<string>((resolve) => setTimeout(() => resolve("still open"), ms))]);
+  }
+
+  function sendUpgrade(proxyPort: number, upstreamPort: number): { guest: Socket; answer: () => string; guestClosed: Promise<unknown> } {
+    const guest = connect(proxyPort, "127.0.0.1");
+    onTestFinished(() => void guest.destroy());
+    let answer = "";
+    guest.on("data", (c: Buffer) => (answer += c.toString("latin1")));
+    guest.on("error", () => undefined);
+    const guestClosed = new Promise((resolve) => guest.on("close", resolve));
+    guest.write(`GET http://api.test:${upstreamPort}/ws HTTP/1.1\r\nHost: api.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n`);
+    return { guest, answer: () => answer, guestClosed };
+  }
+
+  it("gets 504 after timeouts.upstreamHeadersMs, and the upstream connection is closed", async () => {
+    const tarpit = await startTarpit();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { upstreamHeadersMs: 300 } });
+    const { answer, guestClosed } = sendUpgrade(proxy.port, tarpit.port);
+    expect(await closedWithin(guestClosed.then(() => undefined), 5_000)).toBe("closed");
+    expect(answer()).toMatch(/^HTTP\/1\.1 504 /);
+    expect(answer()).toMatch(/did not answer the upgrade within 300 ms/);
+    expect(await closedWithin(tarpit.upstreamClosed, 2_000)).toBe("closed");
+    expect(proxy.logs.some((l) => l["msg"] === "request" && l["status"] === 504 && l["upgrade"] === true)).toBe(true);
+  });
+
+  it("a guest that leaves while its upgrade is pending takes the upstream connection with it", async () => {
+    const tarpit = await startTarpit();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const { guest } = sendUpgrade(proxy.port, tarpit.port);
+    await tarpit.headReceived;
+    guest.destroy();
+    expect(await closedWithin(tarpit.upstreamClosed, 3_000)).toBe("closed");
+  });
+
+  it("closing the proxy closes the upstream connection of a pending upgrade", async () => {
+    const tarpit = await startTarpit();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    sendUpgrade(proxy.port, tarpit.port);
+    await tarpit.headReceived;
+    await proxy.close();
+    expect(await closedWithin(tarpit.upstreamClosed, 3_000)).toBe("closed");
+  });
+});
