@@ -143,6 +143,7 @@ export class SecretStore {
   apply(target: SecretTarget, hostname: string): { headers: string[]; url: URL } | undefined {
     if (this.entries.size === 0) return undefined;
     const secure = target.url.protocol === "https:";
+    this.checkUrl(target.url, hostname, secure);
     let changed = false;
     const headers: string[] = [];
     const raw = target.headers;
@@ -184,22 +185,28 @@ export class SecretStore {
     return out;
   }
 
+  /**
+   * A hop's URL never carries a value to a host outside the secret's hosts. A redirect builds
+   * it from the upstream's Location, which can quote a value substituted into the hop before
+   * (a "return to" cookie, an open redirect), and a cross-origin hop drops the header that held
+   * it. Checked raw and percent-decoded, and case-folded, since the hostname is lowercased.
+   */
+  private checkUrl(url: URL, hostname: string, secure: boolean): void {
+    const { href } = url;
+    const forms = href.includes("%") ? [href.toLowerCase(), decodePercent(href).toLowerCase()] : [href.toLowerCase()];
+    for (const e of this.entries.values()) {
+      const inScope = !e.deleted && e.matcher.match(hostname) !== undefined;
+      for (const text of forms) refuseValues(e, text, hostname, inScope, secure, "the URL", true);
+    }
+  }
+
   /** Checks and substitutes one piece of text; `encode` wraps the value (the query escapes it). */
   private substitute(text: string, hostname: string, secure: boolean, where: string, encode?: (v: string) => string): string {
     let out = text;
     for (const e of this.entries.values()) {
       const inScope = !e.deleted && e.matcher.match(hostname) !== undefined;
-      for (const old of e.retired) {
-        if (old !== "" && text.includes(old) && !onlyInside(text, old, e.value)) {
-          throw denied(`${where} carries a retired value of secret ${e.name}; rotated and deleted values are refused everywhere`);
-        }
-      }
+      refuseValues(e, text, hostname, inScope, secure, where, false);
       if (e.deleted) continue;
-      if (text.includes(e.value)) {
-        if (!inScope) throw denied(`${where} carries the value of secret ${e.name} to host "${hostname}", which is not in its hosts`);
-        // A redirect to http:// carries the values substituted for the previous hop.
-        if (!secure) throw denied(`${where} carries the value of secret ${e.name} over plain http://; secrets are only sent over https://`);
-      }
       if (out.includes(e.placeholder)) {
         if (!inScope) {
           throw denied(`${where} carries the placeholder of secret ${e.name} to host "${hostname}", which is not in its hosts`);
@@ -236,6 +243,33 @@ export class SecretStore {
     }
     return this.substitute(query, hostname, secure, "query", encodeURIComponent);
   }
+}
+
+/**
+ * Refuses `text` if it holds a retired value of `e` anywhere, or its current value bound for a
+ * host outside its hosts or over plain http://. `fold` compares case-insensitively (`text` is
+ * already lowercased).
+ */
+function refuseValues(e: Entry, text: string, hostname: string, inScope: boolean, secure: boolean, where: string, fold: boolean): void {
+  const current = fold ? e.value.toLowerCase() : e.value;
+  for (const retired of e.retired) {
+    const old = fold ? retired.toLowerCase() : retired;
+    if (old !== "" && text.includes(old) && !onlyInside(text, old, current)) {
+      throw denied(`${where} carries a retired value of secret ${e.name}; rotated and deleted values are refused everywhere`);
+    }
+  }
+  if (e.deleted || !text.includes(current)) return;
+  if (!inScope) throw denied(`${where} carries the value of secret ${e.name} to host "${hostname}", which is not in its hosts`);
+  // A redirect to http:// carries the values substituted for the previous hop.
+  if (!secure) throw denied(`${where} carries the value of secret ${e.name} over plain http://; secrets are only sent over https://`);
+}
+
+/**
+ * Every %XX run decoded as UTF-8, with U+FFFD for bytes that are not (so no stray byte keeps a
+ * run encoded, where decodeURIComponent would throw); a lone `%` stays as it is.
+ */
+function decodePercent(text: string): string {
+  return text.replace(/(?:%[0-9a-fA-F]{2})+/g, (run) => Buffer.from(run.replaceAll("%", ""), "hex").toString("utf8"));
 }
 
 function decodeQueryComponent(text: string): string {

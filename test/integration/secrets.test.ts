@@ -172,6 +172,41 @@ describe("secret placeholders", () => {
     expect(JSON.stringify(foreignRequests)).not.toContain(VALUE);
   });
 
+  it("a value that a redirect quotes into the next hop's URL never reaches a foreign host", async () => {
+    // A "return to" pattern: api.test sends the guest on to a URL it was given in a header,
+    // which the proxy filled with the real value because api.test is the secret's host.
+    const upstream = await startUpstream({
+      names: ["api.test", "other.test"],
+      routes: {
+        "/return-to": (req, res) => {
+          res.writeHead(302, { location: `${String(req.headers["x-next-base"])}${encodeURIComponent(String(req.headers["x-next-token"]))}` });
+          res.end();
+        },
+      },
+    });
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test", "other.test"],
+      secrets: { GH_TOKEN: { hosts: ["api.test"], value: VALUE } },
+      replaceSecretsInQuery: true,
+    });
+    const placeholder = proxy.guestEnv()["GH_TOKEN"]!;
+    const base = `https://api.test:${upstream.port}`;
+    const foreign = `https://other.test:${upstream.port}`;
+    // Percent-encoded into the path by the upstream.
+    const encoded = await fetchVia(proxy, `${base}/return-to`, { headers: { "x-next-base": `${foreign}/c/`, "x-next-token": placeholder } });
+    expect(encoded.status).toBe(403);
+    expect(encoded.text).toMatch(/the URL carries the value of secret GH_TOKEN to host "other\.test"/);
+    // Raw, through an open redirect whose target the query held (the query is substituted here).
+    const raw = await fetchVia(proxy, `${base}/redirect?to=${encodeURIComponent(`${foreign}/c/`)}${placeholder}`);
+    expect(raw.status).toBe(403);
+    expect(raw.text).toMatch(/the URL carries the value of secret GH_TOKEN to host "other\.test"/);
+    expect(upstream.seen.filter((r) => String(r.headers["host"]).startsWith("other.test"))).toEqual([]);
+    // The same hop back to the secret's own host is allowed: the value stays where it belongs.
+    const home = await fetchVia(proxy, `${base}/return-to`, { headers: { "x-next-base": `${base}/echo?v=`, "x-next-token": placeholder } });
+    expect(home.status).toBe(200);
+    expect((JSON.parse(home.text) as Echo).path).toBe(`/echo?v=${encodeURIComponent(VALUE)}`);
+  });
+
   it("the logs of a run that used secrets never contain a value", async () => {
     const { proxy, placeholder, base, foreign } = await setup({ replaceSecretsInQuery: true });
     await fetchVia(proxy, `${base}/echo?t=${placeholder}`, { headers: { authorization: `Bearer ${placeholder}` } });

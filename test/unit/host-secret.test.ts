@@ -115,6 +115,26 @@ describe("secret store checks", () => {
     expect(() => s.apply(request("http://api.test/", ["x-key", "real-value-1"]), "api.test")).toThrow(/over plain http/);
   });
 
+  it.each([
+    ["in the path", "https://other.test/c/Tok_Real-9"],
+    ["split across path and query", "https://other.test/c/Tok_Real?-9"],
+    ["percent-encoded, after a byte that is not UTF-8", "https://other.test/c/%ff%54%6F%6B%5F%52%65%61%6C%2D%39"],
+    ["in the hostname, which the URL parser lowercases", "https://Tok_Real-9.other.test/"],
+    ["in the userinfo", "https://u:Tok_Real-9@other.test/"],
+  ])("a real value %s of a URL bound for another host is refused", (_where, url) => {
+    const s = store(url.includes("?") ? "Tok_Real?-9" : "Tok_Real-9");
+    const hostname = new URL(url).hostname;
+    expect(() => s.apply(request(url, []), hostname)).toThrow(/the URL carries the value of secret T to host/);
+  });
+
+  it("a real value in a URL to the secret's own host over https passes, and a retired one does not", () => {
+    const s = store("Tok_Real-9");
+    expect(s.apply(request("https://api.test/c/Tok_Real-9", []), "api.test")).toBeUndefined();
+    expect(() => s.apply(request("http://api.test/c/Tok_Real-9", []), "api.test")).toThrow(/over plain http/);
+    s.update("T", { value: "Tok_Next-10" });
+    expect(() => s.apply(request("https://api.test/c/tok_real-9", []), "api.test")).toThrow(/retired value/);
+  });
+
   it("redaction catches the value inside Basic credentials at any alignment", () => {
     const s = store("hunter2pass");
     for (const user of ["bob", "bo", "b"]) {
