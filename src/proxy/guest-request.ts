@@ -29,7 +29,7 @@ export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | u
   const raw = req.rawHeaders;
   let hostHeader: string | undefined;
   let contentLength: string | undefined;
-  let chunked = false;
+  const codings: string[] = [];
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i]!.toLowerCase();
     if (name === "host") {
@@ -40,8 +40,14 @@ export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | u
       contentLength = raw[i + 1]!;
       if (!/^(0|[1-9][0-9]{0,15})$/.test(contentLength)) throw badRequest(`invalid Content-Length ${JSON.stringify(contentLength)}`);
     } else if (name === "transfer-encoding") {
-      chunked = true;
+      codings.push(...raw[i + 1]!.split(",").map((c) => c.trim().toLowerCase()));
     }
+  }
+  const chunked = codings.length > 0;
+  // Node's parser undoes only the final chunked coding. A request body with another coding would
+  // leave without its Transfer-Encoding, its bytes still coded: RFC 9112 §6.1 answers 501.
+  if (chunked && (codings.length !== 1 || codings[0] !== "chunked")) {
+    throw new EgressError("EG_BAD_REQUEST", 501, `unsupported Transfer-Encoding ${JSON.stringify(codings.join(", "))}: only chunked is accepted`);
   }
 
   const url = destinationUrl(req.url ?? "", hostHeader, tunnel);

@@ -79,6 +79,20 @@ describe("request framing", () => {
     await expectStillServing(s);
   });
 
+  it.each([
+    ["gzip, chunked", "Transfer-Encoding: gzip, chunked\r\n"],
+    ["gzip, then chunked in a second header", "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n"],
+  ])("a request body with Transfer-Encoding %s is refused with 501 and never forwarded", async (_codings, header) => {
+    const s = await setup();
+    const res = await sendToProxy(
+      s.proxy,
+      `POST http://api.test:${s.http.port}/echo HTTP/1.1\r\nHost: api.test:${s.http.port}\r\n${header}\r\n3\r\nabc\r\n0\r\n\r\n`,
+    );
+    expectRefusal(res, 501, "Not Implemented", /unsupported Transfer-Encoding .*only chunked is accepted/);
+    expect(s.http.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+
   it("a request with two Host headers is refused with 400", async () => {
     const s = await setup();
     const res = await sendToProxy(
