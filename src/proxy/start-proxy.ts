@@ -207,6 +207,9 @@ class GuestSide {
     const server = createServer({
       maxHeaderSize: maxHeaderBytes,
       headersTimeout: timeouts.headersMs,
+      // Node enforces headersTimeout only when it sweeps its connections, every 30 s by default,
+      // which let a slow head run up to 30 s past the limit.
+      connectionsCheckingInterval: Math.max(250, Math.min(1_000, timeouts.headersMs)),
       // Uploads may legitimately take long; idle sockets are bounded by the socket timeout instead.
       requestTimeout: 0,
       keepAliveTimeout: 5_000,

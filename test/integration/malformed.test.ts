@@ -326,6 +326,23 @@ describe("tunnel protocol handling", () => {
     await expectStillServing(s);
   });
 
+  it.each(["to the proxy", "inside a TLS tunnel"])("a request head trickled in byte by byte %s gets 408 soon after timeouts.headersMs", async (where) => {
+    const s = await setup({ timeouts: { headersMs: 500 } });
+    const client =
+      where === "to the proxy" ? await openRaw(s.proxy.port) : await openTlsTunnel(s.proxy.port, `api.test:${s.https.port}`, { ca: s.proxy.caCertPem });
+    client.write(where === "to the proxy" ? `GET http://api.test:${s.http.port}/echo HTTP/1.1\r\n` : "GET /echo HTTP/1.1\r\n");
+    const trickle = setInterval(() => client.write("x"), 100);
+    try {
+      // Well before Node's default 30 s sweep of its connections would notice.
+      const res = await client.readResponse({ timeoutMs: 10_000 });
+      expectRefusal(res, 408, "Request Timeout", /request head not received in time/);
+    } finally {
+      clearInterval(trickle);
+    }
+    expect(s.http.hits() + s.https.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+
   it("a client that sends CONNECT and then nothing is disconnected after the handshake timeout", async () => {
     const s = await setup({ timeouts: { handshakeMs: 300 } });
     const tunnel = await openTunnel(s.proxy.port, `api.test:${s.https.port}`);
