@@ -46,6 +46,7 @@ interface ApprovedTarget {
 
 const methodsWithoutResponseBody = new Set(["HEAD"]);
 const redirectBodyLimit = 64 * 1024;
+const redirectDrainMs = 1_000;
 
 type BodyReadable = Dispatcher.ResponseData["body"];
 
@@ -145,7 +146,8 @@ export class Pipeline {
         };
       }
       // A redirect's own body is thrown away; dump() gives up (closing that connection) past the limit.
-      void upstream.body?.dump({ limit: redirectBodyLimit }).catch(() => undefined);
+      // It gets a second, too: a body that trickles in would otherwise hold its connection for ever.
+      void upstream.body?.dump({ limit: redirectBodyLimit, signal: AbortSignal.timeout(redirectDrainMs) }).catch(() => undefined);
       if (redirects >= this.options.maxRedirects) {
         throw new EgressError(
           "EG_REDIRECT_LOOP",

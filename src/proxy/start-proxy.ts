@@ -143,7 +143,9 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       outer.closeAllConnections();
       guest.destroyAll();
       await closed;
-      await pools.close();
+      // Every guest is gone, so nothing in the pools is still wanted: a request that will
+      // never end (a body nobody reads) must not hold close() open.
+      await pools.destroy();
     })());
   if (config.guestEnvFile !== undefined) {
     try {
@@ -177,9 +179,21 @@ function listenAddresses(bound: string, port: number): ListenAddress[] {
   return [...ips].map((ip) => ({ ip, port }));
 }
 
+/**
+ * The requests of one guest connection. Pipelined requests are served one at a time, in order:
+ * their responses must leave in order anyway, and one connection must not fan out into a
+ * thousand upstream requests. When the connection closes, every request on it ends: Node 20
+ * never emits `close` on a queued pipelined response whose socket died.
+ */
+interface Lane {
+  tail: Promise<void>;
+  readonly ends: Set<() => void>;
+}
+
 /** Guest-facing request handling shared by the listener and the in-tunnel server. */
 class GuestSide {
   private readonly sockets = new Set<Socket>();
+  private readonly lanes = new WeakMap<Socket, Lane>();
   private inFlight = 0;
   private idle: (() => void) | undefined;
   private nextId = 1;
@@ -295,18 +309,47 @@ class GuestSide {
     }
   }
 
+  private laneOf(socket: Socket): Lane {
+    let lane = this.lanes.get(socket);
+    if (lane === undefined) {
+      const created: Lane = { tail: Promise.resolve(), ends: new Set() };
+      socket.once("close", () => {
+        for (const end of [...created.ends]) end();
+      });
+      this.lanes.set(socket, created);
+      lane = created;
+    }
+    return lane;
+  }
+
   private async handle(req: IncomingMessage, res: ServerResponse, expectsContinue: boolean): Promise<void> {
     const id = this.nextId++;
     const started = performance.now();
     this.inFlight += 1;
     let target = loggableTarget(req.url ?? "");
     const abort = new GuestGone();
-    res.once("close", () => {
+    const lane = this.laneOf(req.socket);
+    const previous = lane.tail;
+    let release!: () => void;
+    lane.tail = new Promise<void>((resolve) => (release = resolve));
+    let ended = false;
+    const end = (): void => {
+      if (ended) return;
+      ended = true;
+      lane.ends.delete(end);
+      release();
       this.inFlight -= 1;
       if (this.inFlight === 0) this.idle?.();
       // The guest left before the response finished: cancel the upstream side too.
       if (!res.writableFinished) abort.abort();
-    });
+    };
+    lane.ends.add(end);
+    res.once("close", end);
+    await previous;
+    if (abort.aborted) {
+      this.logDecision({ id, method: req.method ?? "", target, status: 499, reason: "guest closed the connection", started });
+      return;
+    }
     try {
       const request = toOutboundRequest(req, tunnelOf(req.socket));
       target = loggableUrl(request.url);

@@ -123,9 +123,10 @@ export class PinnedPools {
     await Promise.all(pools.map((p) => p.close().catch(() => undefined)));
   }
 
-  destroy(): void {
-    for (const p of this.pools.values()) void p.destroy().catch(() => undefined);
+  async destroy(): Promise<void> {
+    const pools = [...this.pools.values()];
     this.pools.clear();
+    await Promise.all(pools.map((p) => p.destroy().catch(() => undefined)));
   }
 }
 

@@ -1,7 +1,7 @@
 import { connect, createServer, type Server, type Socket } from "node:net";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { fetchVia, startTestProxy } from "../helpers/proxy.js";
-import { startUpstream } from "../helpers/upstream.js";
+import { startUpstream, type Route } from "../helpers/upstream.js";
 
 /** A TCP port on 127.0.0.1 that accepts connections and never answers. */
 async function silentServer(): Promise<number> {
@@ -173,5 +173,77 @@ describe("slow guests and upstreams that close", () => {
     // The proxy is alive and serving.
     const upstream = await startUpstream({ tls: false });
     expect((await fetchVia(proxy, `http://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+});
+
+describe("requests that outlive their guest", () => {
+  /** A route that streams a byte every 100 ms and never ends; counts starts and closes. */
+  function endless(): { route: Route; started: () => number; allClosed: () => Promise<void> } {
+    let started = 0;
+    let closed = 0;
+    let wake: (() => void) | undefined;
+    return {
+      route: (_req, res) => {
+        started += 1;
+        res.writeHead(200, { "content-type": "application/octet-stream" });
+        const timer = setInterval(() => res.write("x"), 100);
+        res.on("close", () => {
+          clearInterval(timer);
+          closed += 1;
+          if (closed === started) wake?.();
+        });
+      },
+      started: () => started,
+      allClosed: () => new Promise<void>((resolve) => (closed === started ? resolve() : (wake = resolve))),
+    };
+  }
+
+  function within(promise: Promise<void>, ms: number): Promise<string> {
+    return Promise.race([promise.then(() => "done"), new Promise<string>((resolve) => setTimeout(() => resolve("still open"), ms))]);
+  }
+
+  it("pipelined requests are served one at a time, and all of them end when their guest leaves", async () => {
+    const stream = endless();
+    const upstream = await startUpstream({ tls: false, routes: { "/endless": stream.route } });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const guest = connect(proxy.port, "127.0.0.1");
+    guest.on("error", () => undefined);
+    onTestFinished(() => void guest.destroy());
+    await new Promise((resolve) => guest.once("connect", resolve));
+    const head = (n: number): string => `GET http://api.test:${upstream.port}/endless?n=${n} HTTP/1.1\r\nHost: api.test:${upstream.port}\r\n\r\n`;
+    guest.write([1, 2, 3, 4, 5, 6, 7, 8].map(head).join(""));
+    const firstBytes = new Promise((resolve) => guest.once("data", resolve));
+    await firstBytes;
+    // The first response never ends, so the seven behind it have not reached the upstream.
+    expect(stream.started()).toBe(1);
+    guest.destroy();
+    expect(await within(stream.allClosed(), 5_000)).toBe("done");
+    expect(stream.started()).toBe(1);
+    // The proxy counts nothing in flight any more: close() does not wait out timeouts.drainMs.
+    const closing = proxy.close();
+    expect(await within(closing, 5_000)).toBe("done");
+  });
+
+  it("a redirect whose body trickles in forever does not hold its upstream connection after the answer", async () => {
+    let closed!: () => void;
+    const redirectClosed = new Promise<void>((resolve) => (closed = resolve));
+    const upstream = await startUpstream({
+      names: ["api.test"],
+      routes: {
+        "/trickle-redirect": (_req, res) => {
+          res.writeHead(302, { location: "/echo", "content-type": "text/plain" });
+          // Every byte would restart the upstream body timeout: only a deadline ends this.
+          const timer = setInterval(() => res.write("x"), 100);
+          res.on("close", () => {
+            clearInterval(timer);
+            closed();
+          });
+        },
+      },
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/trickle-redirect`);
+    expect(res.status).toBe(200);
+    expect(await within(redirectClosed, 5_000)).toBe("done");
   });
 });
