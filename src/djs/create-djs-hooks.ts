@@ -29,6 +29,7 @@ export const defaultDjsLimits: DjsLimits = Object.freeze({
   memoryBytes: 32 * 1024 * 1024,
   stackBytes: 256 * 1024,
   returnBytes: 16 * 1024 * 1024,
+  maxCalls: 512,
 });
 
 const limitRanges: Record<keyof DjsLimits, [number, number]> = {
@@ -36,6 +37,7 @@ const limitRanges: Record<keyof DjsLimits, [number, number]> = {
   memoryBytes: [1024 * 1024, 1024 * 1024 * 1024],
   stackBytes: [16 * 1024, 1024 * 1024],
   returnBytes: [1024, 1024 * 1024 * 1024],
+  maxCalls: [1, 1_000_000],
 };
 const knownOptions = new Set(["kind", "filename", "source", "modules", "limits", "workers"]);
 

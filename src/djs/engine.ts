@@ -6,6 +6,9 @@ import { PolicyLoadError } from "./bundle.js";
 import { decodeReplies, encodeCalls, type WireReplies } from "./wire.js";
 import type { CallMessage, CallReply, DjsLimits, InitReply, PhaseName, PolicySource, WorkerInit } from "./protocol.js";
 
+/** The outcome's `what` when a call is refused because `limits.maxCalls` are in flight. */
+export const busyLimit = "maxCalls";
+
 /**
  * From dist the worker is plain JS. From the TypeScript sources (tests, tsx) it needs tsx's
  * loader registered inside the worker itself: `--import` in a worker's execArgv does not reach
@@ -207,6 +210,7 @@ export class DjsEngine {
     const id = this.nextId++;
     const message: CallMessage = { ...fields, id };
     if (this.closed) return Promise.resolve({ id, outcome: { t: "limit", what: "closed policy" } });
+    if (this.inFlight >= this.limits.maxCalls) return Promise.resolve({ id, outcome: { t: "limit", what: busyLimit } });
     return new Promise<CallReply>((resolve) => {
       this.inFlight++;
       this.watchdog ??= setInterval(() => this.watch(), Math.max(5, Math.min(50, this.limits.timeoutMs / 2))).unref();

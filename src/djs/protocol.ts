@@ -16,6 +16,11 @@ export interface DjsLimits {
   readonly stackBytes: number;
   /** What one call may return: its head as JSON plus any body it built. Default 16 MiB. */
   readonly returnBytes: number;
+  /**
+   * Calls waiting or running at once, over all workers. One more is refused at once (503), so
+   * a flood of requests cannot queue without bound behind a slow policy. Default 512.
+   */
+  readonly maxCalls: number;
 }
 
 /** How a worker gets its policy: the source to bundle (the first worker), or the bundled code. */

@@ -4,7 +4,7 @@ import { EgressError, badRequest } from "../errors.js";
 import { endToEndHeaders, getHeader, withoutHeaders, type HeaderList } from "../headers.js";
 import { BodyLimitError, BodyTap, decodable, readBounded } from "../hooks/body-tap.js";
 import { hookFailure } from "../hooks/run-hook.js";
-import type { DjsEngine } from "../djs/engine.js";
+import { busyLimit, type DjsEngine } from "../djs/engine.js";
 import type { BodyRef, CallMessage, CallReply, Outcome, PhaseName } from "../djs/protocol.js";
 import type { Logger } from "../log.js";
 import type { OutboundRequest } from "./exchange.js";
@@ -71,6 +71,9 @@ function failure(phase: PhaseName, outcome: Outcome, filename: string): EgressEr
       return hookFailure(phase, error);
     }
     case "limit":
+      if (outcome.what === busyLimit) {
+        return new EgressError("EG_HOOK_FAILED", 503, `${phase} policy is busy: limits.maxCalls calls are already waiting or running`, { detail: filename });
+      }
       return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy stopped: it hit its ${outcome.what} limit`, {
         detail: `${filename}: ${phase} exceeded the ${outcome.what} limit`,
       });

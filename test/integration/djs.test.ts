@@ -291,6 +291,28 @@ describe("tier 2 failures answer 502 (or the policy's status) and the proxy keep
     expect(res.text).toContain("not today");
   });
 
+  it("calls past limits.maxCalls are refused at once with 503, and the proxy keeps serving", async () => {
+    const upstream = await startUpstream({ names: ["api.test"] });
+    // Each call holds its worker for about a second (Date.now() stands still inside a call, so it
+    // counts), far inside its 20 s limit: one call in flight fills maxCalls.
+    const djsHooks = loadPolicy({
+      source: `export function isRequestAllowed() { let n = 0; for (let i = 0; i < 1e7; i++) n += i; return n > 0; }`,
+      limits: { maxCalls: 1, timeoutMs: 20_000 },
+      workers: 1,
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], djsHooks });
+    const results = await Promise.all([1, 2, 3, 4].map((n) => fetchVia(proxy, `https://api.test:${upstream.port}/echo?n=${n}`)));
+    const statuses = results.map((r) => r.status).sort();
+    expect(statuses.every((s) => s === 200 || s === 503), String(statuses)).toBe(true);
+    expect(statuses).toContain(200);
+    expect(statuses).toContain(503);
+    for (const r of results.filter((x) => x.status === 503)) expect(r.text).toMatch(/isRequestAllowed policy is busy/);
+    // Only the calls the policy ran could let a request out.
+    expect(upstream.hits()).toBe(statuses.filter((s) => s === 200).length);
+    const after = await fetchVia(proxy, `https://api.test:${upstream.port}/echo?n=after`);
+    expect(after.status).toBe(200);
+  });
+
   it("a closed policy fails closed with 502", async () => {
     const upstream = await startUpstream({ names: ["api.test"] });
     const djsHooks = loadPolicy(`export function isRequestAllowed() { return true; }`);
