@@ -70,7 +70,11 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   const pools = new PinnedPools({
     upstreamContext: authority.upstreamContext,
     maxPools: 512,
-    connectionsPerPool: 64,
+    // No cap: a pool is shared by every guest, and with a cap the guests that hold its
+    // connections (long downloads nobody reads) would make every other guest's request to that
+    // origin wait, without an answer. Each guest connection has at most one request in flight
+    // (pipelined ones run one at a time), so upstream connections follow guest connections.
+    connectionsPerPool: null,
     connectTimeoutMs: config.timeouts.upstreamConnectMs,
     headersTimeoutMs: config.timeouts.upstreamHeadersMs,
     bodyTimeoutMs: config.timeouts.upstreamBodyMs,

@@ -8,7 +8,8 @@ import { bareHostname } from "../hostname.js";
 export interface PinnedPoolsOptions {
   readonly upstreamContext: SecureContext;
   readonly maxPools: number;
-  readonly connectionsPerPool: number;
+  /** null: as many as requests need (undici's own default). */
+  readonly connectionsPerPool: number | null;
   readonly connectTimeoutMs: number;
   readonly headersTimeoutMs: number;
   readonly bodyTimeoutMs: number;

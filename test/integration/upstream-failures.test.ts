@@ -1,6 +1,7 @@
 import { connect, createServer, type Server, type Socket } from "node:net";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { fetchVia, startTestProxy } from "../helpers/proxy.js";
+import { openRaw } from "../helpers/raw.js";
 import { startUpstream, type Route } from "../helpers/upstream.js";
 
 /** A TCP port on 127.0.0.1 that accepts connections and never answers. */
@@ -222,6 +223,20 @@ describe("requests that outlive their guest", () => {
     // The proxy counts nothing in flight any more: close() does not wait out timeouts.drainMs.
     const closing = proxy.close();
     expect(await within(closing, 5_000)).toBe("done");
+  });
+
+  it("70 downloads one guest never reads do not make another guest's request to the same origin wait", async () => {
+    const stream = endless();
+    const upstream = await startUpstream({ tls: false, routes: { "/endless": stream.route } });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    // More than the 64 connections a pool used to be capped at, each on its own guest connection.
+    const hogs = await Promise.all(Array.from({ length: 70 }, () => openRaw(proxy.port)));
+    for (const hog of hogs) hog.write(`GET http://api.test:${upstream.port}/endless HTTP/1.1\r\nHost: api.test:${upstream.port}\r\n\r\n`);
+    const deadline = Date.now() + 10_000;
+    while (stream.started() < 70 && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(stream.started()).toBe(70);
+    const res = await fetchVia(proxy, `http://api.test:${upstream.port}/echo?n=other-guest`);
+    expect(res.status).toBe(200);
   });
 
   it("a redirect whose body trickles in forever does not hold its upstream connection after the answer", async () => {
