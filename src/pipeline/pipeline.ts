@@ -47,6 +47,8 @@ interface ApprovedTarget {
 const methodsWithoutResponseBody = new Set(["HEAD"]);
 const redirectBodyLimit = 64 * 1024;
 const redirectDrainMs = 1_000;
+/** 1xx responses (103 Early Hints, say) accepted before the final one. */
+const maxInformational = 16;
 
 type BodyReadable = Dispatcher.ResponseData["body"];
 
@@ -286,6 +288,7 @@ export class Pipeline {
   ): Promise<{ status: number; headers: string[]; body: BodyReadable | null; location: string | undefined }> {
     const { url } = request;
     const pool = this.options.pools.get(url, address);
+    let informational = 0;
     try {
       const response = await pool.request({
         method: request.method,
@@ -293,6 +296,13 @@ export class Pipeline {
         headers: [...request.headers, "host", url.host],
         body: request.body,
         signal,
+        // Each 1xx restarts undici's headers timer and nobody reads them: an upstream sending them
+        // for ever would hold the request and burn CPU. A throw here ends the connection.
+        onInfo: () => {
+          if (++informational > maxInformational) {
+            throw new EgressError("EG_UPSTREAM", 502, `upstream ${url.host} sent more than ${maxInformational} informational (1xx) responses`);
+          }
+        },
       });
       const location = response.headers["location"];
       const noBody =

@@ -177,6 +177,45 @@ describe("slow guests and upstreams that close", () => {
   });
 });
 
+describe("informational responses", () => {
+  /** A plain-HTTP upstream that answers each request with `hints` 103s, then a 200. */
+  async function hintingServer(hints: number): Promise<number> {
+    const sockets = new Set<Socket>();
+    const server: Server = createServer((s) => {
+      sockets.add(s);
+      s.on("error", () => undefined);
+      s.once("data", () => {
+        s.write("HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n".repeat(hints));
+        s.end("HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    onTestFinished(async () => {
+      for (const s of sockets) s.destroy();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    });
+    return (server.address() as { port: number }).port;
+  }
+
+  it("a few 103 Early Hints before the answer are passed over, and the answer arrives", async () => {
+    const port = await hintingServer(3);
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const res = await fetchVia(proxy, `http://api.test:${port}/`);
+    expect(res.status).toBe(200);
+    expect(res.text).toBe("ok");
+  });
+
+  it("an upstream that sends more than 16 informational responses gets 502, and the proxy keeps serving", async () => {
+    const port = await hintingServer(1000);
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const res = await fetchVia(proxy, `http://api.test:${port}/`);
+    expect(res.status).toBe(502);
+    expect(res.text).toMatch(/sent more than 16 informational \(1xx\) responses/);
+    const good = await fetchVia(proxy, `http://api.test:${await hintingServer(0)}/`);
+    expect(good.status).toBe(200);
+  });
+});
+
 describe("requests that outlive their guest", () => {
   /** A route that streams a byte every 100 ms and never ends; counts starts and closes. */
   function endless(): { route: Route; started: () => number; allClosed: () => Promise<void> } {
