@@ -189,14 +189,17 @@ export class SecretStore {
    * A hop's URL never carries a value to a host outside the secret's hosts. A redirect builds
    * it from the upstream's Location, which can quote a value substituted into the hop before
    * (a "return to" cookie, an open redirect), and a cross-origin hop drops the header that held
-   * it. Checked raw and percent-decoded, and case-folded, since the hostname is lowercased.
+   * it. Checked exactly, raw and percent-decoded, like a header; the hostname, which the URL
+   * parser lowercases, is also checked case-folded.
    */
   private checkUrl(url: URL, hostname: string, secure: boolean): void {
     const { href } = url;
-    const forms = href.includes("%") ? [href.toLowerCase(), decodePercent(href).toLowerCase()] : [href.toLowerCase()];
+    const decoded = href.includes("%") ? decodePercent(href) : undefined;
     for (const e of this.entries.values()) {
       const inScope = !e.deleted && e.matcher.match(hostname) !== undefined;
-      for (const text of forms) refuseValues(e, text, hostname, inScope, secure, "the URL", true);
+      refuseValues(e, href, hostname, inScope, secure, "the URL", false);
+      if (decoded !== undefined) refuseValues(e, decoded, hostname, inScope, secure, "the URL", false);
+      refuseValues(e, url.hostname, hostname, inScope, secure, "the URL", true);
     }
   }
 

@@ -132,7 +132,13 @@ describe("secret store checks", () => {
     expect(s.apply(request("https://api.test/c/Tok_Real-9", []), "api.test")).toBeUndefined();
     expect(() => s.apply(request("http://api.test/c/Tok_Real-9", []), "api.test")).toThrow(/over plain http/);
     s.update("T", { value: "Tok_Next-10" });
-    expect(() => s.apply(request("https://api.test/c/tok_real-9", []), "api.test")).toThrow(/retired value/);
+    expect(() => s.apply(request("https://api.test/c/Tok_Real-9", []), "api.test")).toThrow(/retired value/);
+  });
+
+  it("a URL that merely contains a value in another letter case, outside the hostname, passes", () => {
+    const s = store("Tok_Real-9");
+    expect(s.apply(request("https://other.test/docs/tok_real-9.html", []), "other.test")).toBeUndefined();
+    expect(s.apply(request("https://other.test/?q=TOK_REAL-9", []), "other.test")).toBeUndefined();
   });
 
   it("redaction catches the value inside Basic credentials at any alignment", () => {
