@@ -17,7 +17,7 @@ export interface DjsLimits {
   /** What one call may return: its head as JSON plus any body it built. Default 16 MiB. */
   readonly returnBytes: number;
   /**
-   * Calls waiting or running at once, over all workers. One more is refused at once (503), so
+   * Calls waiting or running at once, over all workers. One more is refused at once (502), so
    * a flood of requests cannot queue without bound behind a slow policy. Default 512.
    */
   readonly maxCalls: number;

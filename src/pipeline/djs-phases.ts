@@ -72,7 +72,9 @@ function failure(phase: PhaseName, outcome: Outcome, filename: string): EgressEr
     }
     case "limit":
       if (outcome.what === busyLimit) {
-        return new EgressError("EG_HOOK_FAILED", 503, `${phase} policy is busy: limits.maxCalls calls are already waiting or running`, { detail: filename });
+        // 502 like every exhausted limit (DESIGN §2): in onResponse the upstream has already acted,
+        // and a 503 would invite the guest to send a POST again.
+        return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy is busy: limits.maxCalls calls are already waiting or running`, { detail: filename });
       }
       return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy stopped: it hit its ${outcome.what} limit`, {
         detail: `${filename}: ${phase} exceeded the ${outcome.what} limit`,
