@@ -70,11 +70,12 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   const pools = new PinnedPools({
     upstreamContext: authority.upstreamContext,
     maxPools: 512,
-    // No cap: a pool is shared by every guest, and with a cap the guests that hold its
-    // connections (long downloads nobody reads) would make every other guest's request to that
-    // origin wait, without an answer. Each guest connection has at most one request in flight
-    // (pipelined ones run one at a time), so upstream connections follow guest connections.
-    connectionsPerPool: null,
+    // A pool is shared by every guest: with a small cap, the guests that hold its connections
+    // (long downloads nobody reads; 64 was enough) make every other guest's request to that
+    // origin wait without an answer. Each guest connection has at most one request in flight
+    // (pipelined ones run one at a time), so upstream connections follow guest connections,
+    // and the cap only bounds what one origin can take.
+    connectionsPerPool: 1024,
     connectTimeoutMs: config.timeouts.upstreamConnectMs,
     headersTimeoutMs: config.timeouts.upstreamHeadersMs,
     bodyTimeoutMs: config.timeouts.upstreamBodyMs,

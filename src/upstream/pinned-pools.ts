@@ -8,8 +8,7 @@ import { bareHostname } from "../hostname.js";
 export interface PinnedPoolsOptions {
   readonly upstreamContext: SecureContext;
   readonly maxPools: number;
-  /** null: as many as requests need (undici's own default). */
-  readonly connectionsPerPool: number | null;
+  readonly connectionsPerPool: number;
   readonly connectTimeoutMs: number;
   readonly headersTimeoutMs: number;
   readonly bodyTimeoutMs: number;

@@ -268,7 +268,7 @@ describe("requests that outlive their guest", () => {
     const stream = endless();
     const upstream = await startUpstream({ tls: false, routes: { "/endless": stream.route } });
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
-    // More than the 64 connections a pool used to be capped at, each on its own guest connection.
+    // More than the 64 connections a pool was capped at before, each on its own guest connection.
     const hogs = await Promise.all(Array.from({ length: 70 }, () => openRaw(proxy.port)));
     for (const hog of hogs) hog.write(`GET http://api.test:${upstream.port}/endless HTTP/1.1\r\nHost: api.test:${upstream.port}\r\n\r\n`);
     const deadline = Date.now() + 10_000;
