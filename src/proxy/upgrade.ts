@@ -20,6 +20,8 @@ export interface UpgradeDeps {
 }
 
 const maxResponseHead = 64 * 1024;
+/** What a guest may send after its upgrade request and before the 101 (WebSocket frames, say). */
+const maxEarlyBytes = 64 * 1024;
 
 const guestLeft = (): EgressError => new EgressError("EG_UPSTREAM", 502, "the guest left before the upgrade completed");
 
@@ -41,7 +43,17 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
     guestGone = true;
     upstream?.destroy(guestLeft());
   };
-  // The guest's socket is half-open after the upgrade event: a guest that leaves is seen as "end".
+  // The guest's socket is half-open after the upgrade event: a guest that leaves is seen as "end",
+  // which a socket only emits while it is read. Bytes the guest sends early are kept for the
+  // upstream, up to a bound.
+  const early: Buffer[] = [];
+  let earlyBytes = 0;
+  const onEarly = (chunk: Buffer): void => {
+    earlyBytes += chunk.length;
+    if (earlyBytes > maxEarlyBytes) socket.destroy();
+    else early.push(chunk);
+  };
+  socket.on("data", onEarly);
   socket.once("end", onGuestClose);
   socket.once("close", onGuestClose);
   try {
@@ -60,6 +72,7 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
     switched = await awaitSwitch(upstream, request.url.host, deps.headersMs);
     if (guestGone || socket.destroyed) throw guestLeft();
   } catch (error) {
+    socket.off("data", onEarly);
     socket.off("end", onGuestClose);
     socket.off("close", onGuestClose);
     upstream?.destroy();
@@ -73,6 +86,9 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
     writeRawError(socket, err);
     return;
   }
+  // Paused before its listener goes, so nothing arrives unread before the relay's pipe resumes it.
+  socket.pause();
+  socket.off("data", onEarly);
   socket.off("end", onGuestClose);
   socket.off("close", onGuestClose);
   deps.log.info("request", { method: req.method, target, status: 101, reason: "upgrade relayed", upgrade: true });
@@ -88,6 +104,7 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
   }
   socket.write(switched);
   if (head.length > 0) up.write(head);
+  for (const chunk of early) up.write(chunk);
   socket.pipe(up);
   up.pipe(socket);
 }

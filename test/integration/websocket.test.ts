@@ -148,6 +148,50 @@ describe("upgrades an upstream does not accept", () => {
   });
 });
 
+describe("bytes a guest sends before the 101", () => {
+  it("reach the upstream after it switches, in order", async () => {
+    let received = "";
+    let headSeen!: () => void;
+    const headReceived = new Promise<void>((resolve) => (headSeen = resolve));
+    let switchNow!: () => void;
+    const gotEarly = new Promise<void>((resolve) => (switchNow = resolve));
+    const sockets = new Set<Socket>();
+    const server = createNetServer((s) => {
+      sockets.add(s);
+      s.on("error", () => undefined);
+      s.on("data", (c: Buffer) => {
+        received += c.toString("latin1");
+        if (received.includes("\r\n\r\n")) headSeen();
+        if (received.includes("second")) switchNow();
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    onTestFinished(async () => {
+      for (const s of sockets) s.destroy();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    });
+    const port = (server.address() as AddressInfo).port;
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const guest = connect(proxy.port, "127.0.0.1");
+    onTestFinished(() => void guest.destroy());
+    guest.on("error", () => undefined);
+    let answer = "";
+    guest.on("data", (c: Buffer) => (answer += c.toString("latin1")));
+    guest.write(`GET http://api.test:${port}/ws HTTP/1.1\r\nHost: api.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n`);
+    await headReceived;
+    guest.write("first,");
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    guest.write("second");
+    // Nothing reaches the upstream before it switches: the early bytes wait in the proxy.
+    const early = await Promise.race([gotEarly.then(() => "forwarded early"), new Promise<string>((resolve) => setTimeout(() => resolve("held"), 500))]);
+    expect(early).toBe("held");
+    for (const s of sockets) s.write("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n");
+    await gotEarly;
+    expect(received.slice(received.indexOf("\r\n\r\n") + 4)).toBe("first,second");
+    expect(answer).toMatch(/^HTTP\/1\.1 101 /);
+  });
+});
+
 describe("upgrades an upstream never answers", () => {
   /** An upstream that accepts connections, reads the head and never answers; reports each connection's close. */
   async function startTarpit(): Promise<{ port: number; headReceived: Promise<void>; upstreamClosed: Promise<void> }> {
@@ -203,6 +247,15 @@ describe("upgrades an upstream never answers", () => {
     const { guest } = sendUpgrade(proxy.port, tarpit.port);
     await tarpit.headReceived;
     guest.destroy();
+    expect(await closedWithin(tarpit.upstreamClosed, 3_000)).toBe("closed");
+  });
+
+  it("a guest that sends bytes after its upgrade request and then leaves still takes the upstream connection with it", async () => {
+    const tarpit = await startTarpit();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const { guest } = sendUpgrade(proxy.port, tarpit.port);
+    await tarpit.headReceived;
+    guest.end("early frame bytes");
     expect(await closedWithin(tarpit.upstreamClosed, 3_000)).toBe("closed");
   });
 
