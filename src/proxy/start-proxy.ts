@@ -319,7 +319,7 @@ class GuestSide {
     if (lane === undefined) {
       const created: Lane = { tail: Promise.resolve(), ends: new Set() };
       socket.once("close", () => {
-        for (const end of [...created.ends]) end();
+        for (const end of created.ends) end();
       });
       this.lanes.set(socket, created);
       lane = created;
@@ -337,11 +337,9 @@ class GuestSide {
     const previous = lane.tail;
     let release!: () => void;
     lane.tail = new Promise<void>((resolve) => (release = resolve));
-    let ended = false;
+    // Ends once, from the response's close or the connection's, whichever comes first.
     const end = (): void => {
-      if (ended) return;
-      ended = true;
-      lane.ends.delete(end);
+      if (!lane.ends.delete(end)) return;
       release();
       this.inFlight -= 1;
       if (this.inFlight === 0) this.idle?.();
@@ -350,12 +348,10 @@ class GuestSide {
     };
     lane.ends.add(end);
     res.once("close", end);
-    await previous;
-    if (abort.aborted) {
-      this.logDecision({ id, method: req.method ?? "", target, status: 499, reason: "guest closed the connection", started });
-      return;
-    }
     try {
+      await previous;
+      // The connection closed while an earlier request on it was served: answered below as 499.
+      if (abort.aborted) throw abort.reason;
       const request = toOutboundRequest(req, tunnelOf(req.socket));
       target = loggableUrl(request.url);
       const response = await this.pipeline.handle(request, {

@@ -112,37 +112,48 @@ describe("WebSocket upgrades", () => {
   });
 });
 
+/** A plain TCP upstream on 127.0.0.1 that hands each connection to `onConnection`; closed, with its sockets, when the test ends. */
+async function startRawUpstream(onConnection: (s: Socket) => void): Promise<{ port: number; sockets: ReadonlySet<Socket> }> {
+  const sockets = new Set<Socket>();
+  const server = createNetServer((s) => {
+    sockets.add(s);
+    s.on("error", () => undefined);
+    onConnection(s);
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(async () => {
+    for (const s of sockets) s.destroy();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  });
+  return { port: (server.address() as AddressInfo).port, sockets };
+}
+
+/** A guest that sends a plain-HTTP WebSocket upgrade to api.test (then `extra`) and collects the answer. */
+function sendUpgrade(proxyPort: number, upstreamPort: number, extra = ""): { guest: Socket; answer: () => string; guestClosed: Promise<unknown> } {
+  const guest = connect(proxyPort, "127.0.0.1");
+  onTestFinished(() => void guest.destroy());
+  let answer = "";
+  guest.on("data", (c: Buffer) => (answer += c.toString("latin1")));
+  guest.on("error", () => undefined);
+  const guestClosed = new Promise((resolve) => guest.on("close", resolve));
+  guest.write(`GET http://api.test:${upstreamPort}/ws HTTP/1.1\r\nHost: api.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n${extra}`);
+  return { guest, answer: () => answer, guestClosed };
+}
+
 describe("upgrades an upstream does not accept", () => {
   it("an upstream that ignores Upgrade and stays open never receives the guest's following bytes", async () => {
     let received = "";
-    const sockets = new Set<Socket>();
-    const server = createNetServer((s) => {
-      sockets.add(s);
-      s.on("error", () => undefined);
+    const { port } = await startRawUpstream((s) =>
       s.on("data", (c: Buffer) => {
         received += c.toString("latin1");
         s.write("HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive\r\n\r\nok");
-      });
-    });
-    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-    onTestFinished(async () => {
-      for (const s of sockets) s.destroy();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
-    });
-    const port = (server.address() as AddressInfo).port;
-    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
-    const guest = connect(proxy.port, "127.0.0.1");
-    onTestFinished(() => void guest.destroy());
-    let answer = "";
-    guest.on("data", (c: Buffer) => (answer += c.toString("latin1")));
-    const closed = new Promise((resolve) => guest.on("close", resolve));
-    guest.write(
-      `GET http://api.test:${port}/ws HTTP/1.1\r\nHost: api.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n` +
-        `DELETE /admin HTTP/1.1\r\nHost: evil.example\r\n\r\n`,
+      }),
     );
-    await closed;
-    expect(answer).toMatch(/^HTTP\/1\.1 502 /);
-    expect(answer).toMatch(/did not switch protocols \(answered 200\)/);
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const { answer, guestClosed } = sendUpgrade(proxy.port, port, `DELETE /admin HTTP/1.1\r\nHost: evil.example\r\n\r\n`);
+    await guestClosed;
+    expect(answer()).toMatch(/^HTTP\/1\.1 502 /);
+    expect(answer()).toMatch(/did not switch protocols \(answered 200\)/);
     expect(received).toMatch(/^GET \/ws HTTP\/1\.1\r\n/);
     expect(received).not.toMatch(/DELETE/);
   });
@@ -155,29 +166,15 @@ describe("bytes a guest sends before the 101", () => {
     const headReceived = new Promise<void>((resolve) => (headSeen = resolve));
     let switchNow!: () => void;
     const gotEarly = new Promise<void>((resolve) => (switchNow = resolve));
-    const sockets = new Set<Socket>();
-    const server = createNetServer((s) => {
-      sockets.add(s);
-      s.on("error", () => undefined);
+    const { port, sockets } = await startRawUpstream((s) =>
       s.on("data", (c: Buffer) => {
         received += c.toString("latin1");
         if (received.includes("\r\n\r\n")) headSeen();
         if (received.includes("second")) switchNow();
-      });
-    });
-    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-    onTestFinished(async () => {
-      for (const s of sockets) s.destroy();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
-    });
-    const port = (server.address() as AddressInfo).port;
+      }),
+    );
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
-    const guest = connect(proxy.port, "127.0.0.1");
-    onTestFinished(() => void guest.destroy());
-    guest.on("error", () => undefined);
-    let answer = "";
-    guest.on("data", (c: Buffer) => (answer += c.toString("latin1")));
-    guest.write(`GET http://api.test:${port}/ws HTTP/1.1\r\nHost: api.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n`);
+    const { guest, answer } = sendUpgrade(proxy.port, port);
     await headReceived;
     guest.write("first,");
     await new Promise((resolve) => setTimeout(resolve, 50));
@@ -188,7 +185,7 @@ describe("bytes a guest sends before the 101", () => {
     for (const s of sockets) s.write("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n");
     await gotEarly;
     expect(received.slice(received.indexOf("\r\n\r\n") + 4)).toBe("first,second");
-    expect(answer).toMatch(/^HTTP\/1\.1 101 /);
+    expect(answer()).toMatch(/^HTTP\/1\.1 101 /);
   });
 });
 
@@ -199,35 +196,16 @@ describe("upgrades an upstream never answers", () => {
     let closed!: () => void;
     const headReceived = new Promise<void>((resolve) => (headSeen = resolve));
     const upstreamClosed = new Promise<void>((resolve) => (closed = resolve));
-    const sockets = new Set<Socket>();
-    const server = createNetServer((s) => {
-      sockets.add(s);
-      s.on("error", () => undefined);
+    const { port } = await startRawUpstream((s) => {
       s.on("data", () => headSeen());
       s.on("close", () => closed());
     });
-    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-    onTestFinished(async () => {
-      for (const s of sockets) s.destroy();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
-    });
-    return { port: (server.address() as AddressInfo).port, headReceived, upstreamClosed };
+    return { port, headReceived, upstreamClosed };
   }
 
   /** Resolves to "closed" when `closed` settles first, else to "still open" after `ms`. */
   function closedWithin(closed: Promise<void>, ms: number): Promise<string> {
     return Promise.race([closed.then(() => "closed"), new Promise<string>((resolve) => setTimeout(() => resolve("still open"), ms))]);
-  }
-
-  function sendUpgrade(proxyPort: number, upstreamPort: number): { guest: Socket; answer: () => string; guestClosed: Promise<unknown> } {
-    const guest = connect(proxyPort, "127.0.0.1");
-    onTestFinished(() => void guest.destroy());
-    let answer = "";
-    guest.on("data", (c: Buffer) => (answer += c.toString("latin1")));
-    guest.on("error", () => undefined);
-    const guestClosed = new Promise((resolve) => guest.on("close", resolve));
-    guest.write(`GET http://api.test:${upstreamPort}/ws HTTP/1.1\r\nHost: api.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n`);
-    return { guest, answer: () => answer, guestClosed };
   }
 
   it("gets 504 after timeouts.upstreamHeadersMs, and the upstream connection is closed", async () => {
