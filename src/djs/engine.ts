@@ -77,6 +77,10 @@ function spawn(policy: PolicySource, limits: DjsLimits): Spawned {
   });
   // Idle workers must not keep the embedding process alive.
   worker.unref();
+  // From its first moment: a worker that dies while loading (or after load() gave up on it)
+  // raises `error` on this thread, and an unlistened one would end the embedding process.
+  // Its `exit` is what replaces it.
+  worker.on("error", () => undefined);
   return { worker, heartbeat: new Float64Array(heartbeat), wake: new Int32Array(wake), ready, initPort: channel.port1 };
 }
 
@@ -164,7 +168,6 @@ export class DjsEngine {
         call.resolve(reply);
       }
     });
-    spawned.worker.on("error", () => undefined);
     spawned.worker.on("exit", () => {
       if (!slot.retired) this.replace(slot, "the sandbox worker stopped");
     });

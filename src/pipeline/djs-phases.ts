@@ -1,3 +1,4 @@
+import { discardBody } from "../streams.js";
 import { Readable } from "node:stream";
 import { validateHeaderName, validateHeaderValue } from "node:http";
 import { EgressError, badRequest } from "../errors.js";
@@ -266,7 +267,7 @@ export async function djsOnResponse(
   const decode = decodable(encoding);
   const shownHeaders = decode ? withoutHeaders(upstream.headers, encodedBodyHeaders) : upstream.headers;
   const discard = (): void => {
-    upstream.body?.destroy();
+    discardBody(upstream.body);
   };
   const { cap, reason } = policyBodyCap(run, limits.responseBodyBytes);
   const tooLarge = (): EgressError => {

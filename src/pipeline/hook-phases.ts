@@ -1,3 +1,4 @@
+import { discardBody } from "../streams.js";
 import type { Readable } from "node:stream";
 import { EgressError, badRequest } from "../errors.js";
 import { getHeader, withoutHeaders, type HeaderList } from "../headers.js";
@@ -142,7 +143,7 @@ export async function runOnResponse(
   const seen = makeResponse(upstream.status, hookHeaders, (tap?.web as ReadableStream<Uint8Array> | undefined) ?? null);
   const seenRequest = makeRequest(request.url, request.method, request.headers, null);
   const discard = (): void => {
-    upstream.body?.destroy();
+    discardBody(upstream.body);
   };
   const tooLarge = (): EgressError => {
     discard();

@@ -1,3 +1,4 @@
+import { discardBody } from "../streams.js";
 import { errors as undiciErrors, type Dispatcher } from "undici";
 import type { Readable } from "node:stream";
 import { EgressError, badRequest, denied } from "../errors.js";
@@ -172,7 +173,7 @@ export class Pipeline {
     if (this.djsPhases.has("onRequest")) {
       const outcome = await djsOnRequest(this.run(undefined), rewritten, undefined, this.options.limits);
       if ("response" in outcome) {
-        outcome.response.body?.destroy();
+        discardBody(outcome.response.body);
         throw new EgressError("EG_HOOK_FAILED", 502, "the onRequest policy answered a protocol upgrade; upgrades can be continued, rewritten or blocked");
       }
       rewritten = outcome.request;
@@ -180,14 +181,14 @@ export class Pipeline {
     if (onRequest !== undefined) {
       const outcome = await runOnRequest(onRequest, rewritten, undefined, this.options.limits);
       if ("response" in outcome) {
-        outcome.response.body?.destroy();
+        discardBody(outcome.response.body);
         throw new EgressError("EG_HOOK_FAILED", 502, "onRequest answered a protocol upgrade; upgrades can be continued, rewritten or blocked");
       }
       rewritten = outcome.request;
     }
     if (rewritten.body !== null) {
       // The upgrade's head is sent as it is, and the tunnel follows it: there is no place for a body.
-      if (!(rewritten.body instanceof Uint8Array)) rewritten.body.destroy();
+      if (!(rewritten.body instanceof Uint8Array)) discardBody(rewritten.body);
       throw new EgressError("EG_HOOK_FAILED", 502, "onRequest gave a protocol upgrade a body; an upgrade request cannot carry one");
     }
     const request = this.substituteSecrets(rewritten);

@@ -1,3 +1,4 @@
+import { discardBody } from "../streams.js";
 import type { ServerResponse } from "node:http";
 import type { Socket } from "node:net";
 import type { EgressError } from "../errors.js";
@@ -44,7 +45,7 @@ export function sendResponse(
   const body = response.body;
   if (res.destroyed) {
     // The guest left while the upstream was answering: `close` has already fired.
-    body?.destroy();
+    discardBody(body);
     onDone(new Error("guest closed the connection before the response started"));
     return;
   }
@@ -73,7 +74,7 @@ export function sendResponse(
     if (res.writableFinished) settle();
     else {
       // The guest went away: stop reading the upstream instead of leaving it paused until its timeout.
-      body.destroy();
+      discardBody(body);
       settle(new Error("guest closed the connection before the response was complete"));
     }
   });
