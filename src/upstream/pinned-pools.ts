@@ -132,7 +132,7 @@ export class PinnedPools {
 
 interface UndiciParser {
   paused: boolean;
-  resume: (...args: unknown[]) => void;
+  readMore: () => void;
 }
 
 function parserOf(socket: Socket): UndiciParser | undefined {
@@ -146,6 +146,11 @@ function parserOf(socket: Socket): UndiciParser | undefined {
  * guest) and the upstream then closes, undici's 'end' handler asserts that its parser is not
  * paused, and the AssertionError is uncatchable: one slow guest could bring the proxy down. Here
  * the 'end' handler undici installs is held back until the parser has resumed.
+ *
+ * The resume is seen at `readMore`, the last thing the parser's `resume()` does, looked up on
+ * the instance at each call. Not at `resume` itself: the response body captured that function,
+ * bound, when its head arrived, so a replacement was never called, and a close-delimited body
+ * whose FIN came while the guest was behind never ended (all bytes sent, no last chunk).
  */
 function deferEndWhileParserPaused(socket: Socket): void {
   const on = socket.on.bind(socket);
@@ -168,12 +173,12 @@ function deferEndWhileParserPaused(socket: Socket): void {
         listener.apply(socket, args);
         return;
       }
-      const resume = parser.resume;
-      parser.resume = function (this: UndiciParser, ...resumeArgs: unknown[]) {
-        resume.apply(this, resumeArgs);
+      const readMore = parser.readMore;
+      parser.readMore = function (this: UndiciParser) {
+        readMore.call(this);
         if (this.paused || socket.destroyed) return;
-        parser.resume = resume;
-        if (parserOf(socket) !== undefined) listener.apply(socket, args);
+        parser.readMore = readMore;
+        if (parserOf(socket) === this) listener.apply(socket, args);
       };
     });
   }) as typeof socket.on;
