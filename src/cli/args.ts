@@ -106,6 +106,12 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
           .option("block-internal-ranges", { type: "boolean", default: true, describe: "refuse internal addresses (--no-block-internal-ranges to allow)" })
           .option("host-secret", { type: "string", array: true, describe: "NAME@HOST[,HOST...][=VALUE]: the guest gets a placeholder for it (value from $NAME if no =VALUE); repeatable" })
           .option("replace-secrets-in-query", { type: "boolean", default: false, describe: "also substitute placeholders in query strings" })
+          .option("secret-redirects", {
+            choices: ["scan", "refuse"] as const,
+            default: "scan" as const,
+            describe: "a redirect leaving a sent secret's hosts: scan it for the value (followed if absent), or refuse it",
+          })
+          .option("follow-redirects-to", { type: "string", array: true, describe: "host pattern that redirects may still reach with --secret-redirects refuse; repeatable" })
           .option("resolve", { type: "string", array: true, describe: "static name: HOST=IP[,IP]; repeatable" })
           .option("upstream-ca", { type: "string", array: true, describe: "extra PEM root for upstream TLS; repeatable" })
           .option("guest-env-file", { type: "string", describe: "write the guest environment (KEY=value lines) to FILE" })
@@ -140,6 +146,10 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
         // to stop again when a later flag turns out bad.
         const listen = parseListen(args.listen);
         const resolve = parseResolve(strings(args.resolve));
+        const followRedirectsTo = strings(args["follow-redirects-to"]);
+        if (followRedirectsTo.length > 0 && args["secret-redirects"] !== "refuse") {
+          throw new UsageError("--follow-redirects-to: only applies with --secret-redirects refuse");
+        }
         let djsHooks: DjsHooks | undefined;
         const script = args["hooks-script"];
         // A time limit with no policy to limit is a mistake in the command, not something to ignore.
@@ -162,6 +172,8 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
             blockInternalRanges: args["block-internal-ranges"],
             secrets,
             replaceSecretsInQuery: args["replace-secrets-in-query"],
+            secretRedirects: args["secret-redirects"],
+            ...(followRedirectsTo.length > 0 ? { followRedirectsTo } : {}),
             ...(env[placeholderKeyEnv] !== undefined ? { secretPlaceholderKey: env[placeholderKeyEnv] } : {}),
           });
         } catch (error) {
@@ -221,6 +233,7 @@ function cliMessage(message: string): string {
     .replace(/^secretPlaceholderKey/, `$${placeholderKeyEnv}`)
     .replace(/^secrets\.(\w+)\.hosts(\[\d+\])?/, "--host-secret $1")
     .replace(/^secrets\.(\w+)(\.value)?/, "--host-secret $1")
+    .replace(/^followRedirectsTo(\[\d+\])?/, "--follow-redirects-to")
     .replace(/allowedInternalHosts(\[\d+\])?/, "--allow-internal-host")
     .replace(/allowedHosts(\[\d+\])?/, "--allow-host");
 }

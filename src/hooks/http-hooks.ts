@@ -1,7 +1,7 @@
 import { compileHostPatterns, validateHostPattern } from "../policy/host-pattern.js";
 import type { DeclarativeConfig } from "../policy/declarative-policy.js";
 import { classifyIp } from "../policy/ip-classify.js";
-import { SecretStore, type SecretInfo, type SecretOptions } from "../policy/secrets.js";
+import { SecretStore, type SecretInfo, type SecretOptions, type SecretRedirects } from "../policy/secrets.js";
 import { bareHostname } from "../hostname.js";
 import { DjsHooks } from "../djs/create-djs-hooks.js";
 
@@ -50,6 +50,14 @@ export interface HttpHooksOptions extends HttpHooks {
   /** Also substitute placeholders in the query string (names and values). Default: false. */
   readonly replaceSecretsInQuery?: boolean;
   /**
+   * A redirect hop that leaves the hosts of a secret the request carried: `"scan"` (default)
+   * follows it unless its URL or headers hold the value in any common encoding; `"refuse"`
+   * refuses it unless its host is in `followRedirectsTo`. A secret may set its own.
+   */
+  readonly secretRedirects?: SecretRedirects;
+  /** Host patterns that redirects may reach after all, for secrets in `"refuse"` mode. A secret may set its own. */
+  readonly followRedirectsTo?: readonly string[];
+  /**
    * Derive secret placeholders from this key (at least 32 characters) instead of at random, so
    * that every process given the same key hands guests the same placeholders: several
    * instances or `--workers N` behind one guest, or a restart the guest does not see.
@@ -95,6 +103,8 @@ const knownOptions = new Set<string>([
   "blockInternalRanges",
   "secrets",
   "replaceSecretsInQuery",
+  "secretRedirects",
+  "followRedirectsTo",
   "secretPlaceholderKey",
   "djsHooks",
   ...hookNames,
@@ -158,6 +168,10 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
       return Object.freeze(list);
     },
     key,
+    {
+      ...(options.secretRedirects !== undefined ? { secretRedirects: options.secretRedirects } : {}),
+      ...(options.followRedirectsTo !== undefined ? { followRedirectsTo: options.followRedirectsTo } : {}),
+    },
   );
   const config: DeclarativeConfig = Object.freeze({
     allowedHosts: Object.freeze(patternList(options.allowedHosts, "allowedHosts")),

@@ -8,6 +8,7 @@ import { runHook } from "../hooks/run-hook.js";
 import type { HttpHooks } from "../hooks/http-hooks.js";
 import { allow, deny, type Decision } from "../policy/decision.js";
 import type { DeclarativePolicy } from "../policy/declarative-policy.js";
+import type { RedirectHop } from "../policy/secrets.js";
 import type { PinnedPools } from "../upstream/pinned-pools.js";
 import type { ResolvedAddress, Resolver } from "../upstream/resolve.js";
 import { forbiddenMethods, type ExchangeContext, type GuestGone, type OutboundRequest, type PipelineResponse } from "./exchange.js";
@@ -79,6 +80,8 @@ export class Pipeline {
     const djsOnRequestRegistered = this.djsPhases.has("onRequest");
     const djsOnResponseRegistered = this.djsPhases.has("onResponse");
     let request = initial;
+    // The secrets substituted into any hop so far: a later hop that leaves their hosts is checked for their values.
+    const substituted = new Set<string>();
     let tap: BodyTap | undefined;
     if (this.hasOnRequest && initial.body !== null) {
       if (initial.method === "GET" || initial.method === "HEAD") {
@@ -110,7 +113,7 @@ export class Pipeline {
         request = outcome.request;
       }
       // §3 step 3, then step 4 on the request exactly as it will leave.
-      request = this.substituteSecrets(request);
+      request = this.substituteSecrets(request, substituted);
       const target = await this.authorize(request);
       if (request.body !== null) context.beforeBody?.();
       const upstream = await this.sendToFirstReachable(request, target.addresses, context.signal);
@@ -158,7 +161,10 @@ export class Pipeline {
           `more than ${this.options.maxRedirects} redirects, the last from ${request.url.origin}${request.url.pathname}`,
         );
       }
-      request = nextHop(request, upstream.status, location);
+      // A hop that leaves the hosts of a secret sent on an earlier hop is refused if it carries its value.
+      const secrets = this.options.policy.config.secrets;
+      const check = secrets === undefined || substituted.size === 0 ? undefined : (hop: RedirectHop) => secrets.checkRedirect(hop, substituted);
+      request = nextHop(request, upstream.status, location, check);
     }
   }
 
@@ -197,10 +203,10 @@ export class Pipeline {
   }
 
   /** §3 step 3: placeholders become values for the final destination; misplaced secrets refuse the request. */
-  private substituteSecrets(request: OutboundRequest): OutboundRequest {
+  private substituteSecrets(request: OutboundRequest, substituted?: Set<string>): OutboundRequest {
     const secrets = this.options.policy.config.secrets;
     if (secrets === undefined) return request;
-    const changed = secrets.apply(request, bareHostname(request.url.hostname));
+    const changed = secrets.apply(request, bareHostname(request.url.hostname), substituted);
     return changed === undefined ? request : { ...request, headers: changed.headers, url: changed.url };
   }
 

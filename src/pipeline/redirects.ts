@@ -1,6 +1,6 @@
 import { EgressError } from "../errors.js";
 import type { OutboundRequest } from "./exchange.js";
-import { getHeader, withoutHeaders } from "../headers.js";
+import { getHeader, withoutHeaders, type HeaderList } from "../headers.js";
 
 export const redirectStatuses = new Set([301, 302, 303, 307, 308]);
 
@@ -10,12 +10,17 @@ const bodyHeaders = new Set(["content-length", "content-type", "content-encoding
 /** Credentials that must not follow a redirect to another origin (as fetch and curl do). */
 const credentialHeaders = new Set(["authorization", "cookie", "proxy-authorization"]);
 
+/** What a redirect hop looks like before it is followed: its fragment is still in `url`. */
+export type HopCheck = (hop: { readonly from: URL; readonly url: URL; readonly location: string; readonly headers: HeaderList }) => void;
+
 /**
  * The request for the next hop of a redirect, following DESIGN §3 step 6 (and fetch's rules):
  * 303 turns everything but HEAD into GET, 301/302 turn POST into GET, and a method change drops
- * the body. A body that was already streamed upstream cannot be sent again.
+ * the body. A body that was already streamed upstream cannot be sent again. `check` sees the
+ * hop as the upstream wrote it, fragment included, and may throw to refuse it (the secrets'
+ * redirect scan).
  */
-export function nextHop(previous: OutboundRequest, status: number, location: string): OutboundRequest {
+export function nextHop(previous: OutboundRequest, status: number, location: string, check?: HopCheck): OutboundRequest {
   let url: URL;
   try {
     url = new URL(location, previous.url);
@@ -25,6 +30,7 @@ export function nextHop(previous: OutboundRequest, status: number, location: str
   if (url.protocol !== "http:" && url.protocol !== "https:") {
     throw new EgressError("EG_UPSTREAM", 502, `redirect to unsupported scheme "${url.protocol}"`);
   }
+  const written = new URL(url.href);
   url.hash = "";
   let method = previous.method;
   if ((status === 303 && method !== "HEAD") || ((status === 301 || status === 302) && method === "POST")) {
@@ -46,6 +52,7 @@ export function nextHop(previous: OutboundRequest, status: number, location: str
     body = null; // an empty body was consumed; the next hop sends Content-Length: 0 again
   }
   if (url.origin !== previous.url.origin) headers = withoutHeaders(headers, credentialHeaders);
+  check?.({ from: previous.url, url: written, location, headers });
   return { method, url, headers, body };
 }
 

@@ -1,12 +1,48 @@
 import { createHmac, randomBytes } from "node:crypto";
 import { denied } from "../errors.js";
-import { compileHostPatterns, type HostMatcher } from "./host-pattern.js";
+import type { HeaderList } from "../headers.js";
+import { bareHostname } from "../hostname.js";
+import { compileHostPatterns, validateHostPattern, type HostMatcher } from "./host-pattern.js";
+import { findFirst, needle, NeedleSet, redactText, type Match } from "./secret-scan.js";
+
+/**
+ * What happens to a redirect hop that leaves the hosts of a secret the request carried:
+ * `"scan"` follows it unless the hop's URL or headers hold the value in some encoding;
+ * `"refuse"` refuses it whatever it holds, unless its host is in `followRedirectsTo`.
+ */
+export type SecretRedirects = "scan" | "refuse";
+
+export const secretRedirectModes: readonly SecretRedirects[] = ["scan", "refuse"];
 
 /** What a secret is, as configured: the hosts it may reach and its real value. */
 export interface SecretOptions {
   readonly hosts: readonly string[];
   readonly value: string;
+  /** Overrides the store's `secretRedirects` for this secret. */
+  readonly secretRedirects?: SecretRedirects;
+  /** Overrides the store's `followRedirectsTo` for this secret: host patterns a `"refuse"` secret's redirects may still reach. */
+  readonly followRedirectsTo?: readonly string[];
 }
+
+/** The defaults for every secret that does not set its own. */
+export interface SecretRedirectOptions {
+  readonly secretRedirects?: SecretRedirects;
+  readonly followRedirectsTo?: readonly string[];
+}
+
+/** A redirect hop about to be followed, before its fragment is dropped. */
+export interface RedirectHop {
+  /** The URL that answered with the redirect. */
+  readonly from: URL;
+  /** The next hop's URL, fragment included. */
+  readonly url: URL;
+  /** The Location header as the upstream sent it. */
+  readonly location: string;
+  /** The next hop's request headers. */
+  readonly headers: HeaderList;
+}
+
+const secretKeys = ["hosts", "value", "secretRedirects", "followRedirectsTo"];
 
 /** A secret as `listSecrets()` shows it: never the value. */
 export interface SecretInfo {
@@ -26,6 +62,8 @@ interface Entry {
   deleted: boolean;
   /** Values this secret had before a rotation or delete: refused everywhere from then on. */
   readonly retired: string[];
+  readonly redirects: SecretRedirects;
+  readonly followRedirectsTo: HostMatcher;
 }
 
 /** The part of a request that secrets may touch: header values and (optionally) the query. */
@@ -50,6 +88,8 @@ function derived(key: string, name: string): string {
  */
 export class SecretStore {
   private readonly entries = new Map<string, Entry>();
+  /** Every value, current and retired, for redaction; rebuilt after a change. */
+  private redaction: NeedleSet | undefined;
 
   /**
    * `placeholderKey`, when given, derives each placeholder from the key and the secret's name
@@ -62,7 +102,10 @@ export class SecretStore {
     readonly replaceInQuery: boolean,
     private readonly validateHosts: (hosts: unknown, path: string) => readonly string[],
     placeholderKey?: string,
+    redirectDefaults: SecretRedirectOptions = {},
   ) {
+    const defaultMode = checkMode(redirectDefaults.secretRedirects ?? "scan", "secretRedirects");
+    const defaultFollow = followPatterns(redirectDefaults.followRedirectsTo, "followRedirectsTo");
     for (const [name, options] of Object.entries(secrets)) {
       const path = `secrets.${name}`;
       if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) {
@@ -70,10 +113,16 @@ export class SecretStore {
       }
       if (typeof options !== "object" || options === null) throw new TypeError(`${path}: expected { hosts, value }`);
       for (const key of Object.keys(options)) {
-        if (key !== "hosts" && key !== "value") throw new TypeError(`${path}: unknown option "${key}" (known: hosts, value)`);
+        if (!secretKeys.includes(key)) throw new TypeError(`${path}: unknown option "${key}" (known: ${secretKeys.join(", ")})`);
       }
       const hosts = this.validateHosts(options.hosts, `${path}.hosts`);
       const value = checkValue(options.value, `${path}.value`);
+      const redirects = options.secretRedirects === undefined ? defaultMode : checkMode(options.secretRedirects, `${path}.secretRedirects`);
+      const follow = options.followRedirectsTo === undefined ? defaultFollow : followPatterns(options.followRedirectsTo, `${path}.followRedirectsTo`);
+      if (options.followRedirectsTo !== undefined && redirects !== "refuse") {
+        // Hosts to let through where nothing is refused: a mistake in the configuration, not something to ignore.
+        throw new TypeError(`${path}.followRedirectsTo: only applies with secretRedirects: "refuse"`);
+      }
       this.entries.set(name, {
         name,
         placeholder: `EGRESSGATE_SECRET_${placeholderKey === undefined ? randomBytes(24).toString("hex") : derived(placeholderKey, name)}`,
@@ -82,7 +131,12 @@ export class SecretStore {
         value,
         deleted: false,
         retired: [],
+        redirects,
+        followRedirectsTo: compileHostPatterns(follow),
       });
+    }
+    if (defaultFollow.length > 0 && defaultMode !== "refuse" && ![...this.entries.values()].some((e) => e.redirects === "refuse")) {
+      throw new TypeError('followRedirectsTo: only applies with secretRedirects: "refuse"');
     }
   }
 
@@ -124,6 +178,7 @@ export class SecretStore {
     if (value !== undefined && value !== entry.value) {
       entry.retired.push(entry.value);
       entry.value = value;
+      this.redaction = undefined;
     }
   }
 
@@ -134,13 +189,16 @@ export class SecretStore {
     entry.deleted = true;
     entry.retired.push(entry.value);
     entry.value = "";
+    this.redaction = undefined;
   }
 
   /**
    * Substitutes placeholders for `hostname` and refuses what must not leave. Returns the
-   * request's new headers and URL, or the same objects when nothing changed.
+   * request's new headers and URL, or undefined when nothing changed. The names of the secrets
+   * substituted are added to `substituted`, so that later redirect hops of the same request
+   * know which values they could carry ({@link checkRedirect}).
    */
-  apply(target: SecretTarget, hostname: string): { headers: string[]; url: URL } | undefined {
+  apply(target: SecretTarget, hostname: string, substituted?: Set<string>): { headers: string[]; url: URL } | undefined {
     if (this.entries.size === 0) return undefined;
     const secure = target.url.protocol === "https:";
     this.checkUrl(target.url, hostname, secure);
@@ -150,14 +208,14 @@ export class SecretStore {
     for (let i = 0; i < raw.length; i += 2) {
       const name = raw[i]!;
       const value = raw[i + 1]!;
-      let next = this.substitute(value, hostname, secure, `header ${name}`);
-      if (credentialHeaders.has(name.toLowerCase())) next = this.substituteBasic(next, hostname, secure, name);
+      let next = this.substitute(value, hostname, secure, `header ${name}`, undefined, substituted);
+      if (credentialHeaders.has(name.toLowerCase())) next = this.substituteBasic(next, hostname, secure, name, substituted);
       if (next !== value) changed = true;
       headers.push(name, next);
     }
     let url = target.url;
     if (this.replaceInQuery && url.search.length > 1) {
-      const query = this.substituteQuery(url.search.slice(1), hostname, secure);
+      const query = this.substituteQuery(url.search.slice(1), hostname, secure, substituted);
       if (query !== url.search.slice(1)) {
         url = new URL(url.href);
         url.search = `?${query}`;
@@ -168,21 +226,77 @@ export class SecretStore {
   }
 
   /**
-   * The text with every secret value, current and retired, replaced by `[REDACTED:NAME]`, in
-   * plain, JSON-escaped, percent-encoded and Base64 spellings.
+   * The text with every secret value, current and retired, replaced by `[REDACTED:NAME]`. The
+   * text is decoded before it is searched (percent-encoding, `+` for space, JSON escapes,
+   * base64, hex, any letter case; see secret-scan.ts), and the span each match came from is
+   * replaced in the original. So `/loop/p@ss%20word|x`, where the URL parser encoded some
+   * characters of a value and left others, is redacted as a whole.
    */
   redact(text: string): string {
-    let out = text;
-    for (const e of this.entries.values()) {
-      for (const value of [e.value, ...e.retired]) {
-        if (value === "") continue;
-        const forms = [value, JSON.stringify(value).slice(1, -1), encodeURIComponent(value), ...base64Forms(value)];
-        for (const form of forms) {
-          if (out.includes(form)) out = out.replaceAll(form, `[REDACTED:${e.name}]`);
-        }
+    this.redaction ??= new NeedleSet(
+      [...this.entries.values()].flatMap((e) => [e.value, ...e.retired].filter((v) => v !== "").map((v) => needle(e.name, v))),
+    );
+    return redactText(text, this.redaction);
+  }
+
+  /**
+   * Called before a redirect hop is followed (issue 14). `substituted` names the secrets whose
+   * values this request carried on an earlier hop. For each whose hosts the hop leaves (or
+   * that the hop would send over plain http://):
+   * - `"refuse"`: the hop is refused, unless its host matches the secret's `followRedirectsTo`;
+   * - then, in both modes, the hop's URL (userinfo, host, path, query and fragment, and the
+   *   Location as sent) and every header are decoded and searched for the value, and a match
+   *   refuses the hop.
+   * The refusal names neither the hop's URL nor its host: either may carry the value.
+   */
+  checkRedirect(hop: RedirectHop, substituted: ReadonlySet<string>): void {
+    const { url } = hop;
+    const hostname = bareHostname(url.hostname);
+    const secure = url.protocol === "https:";
+    const leaving: Entry[] = [];
+    for (const name of substituted) {
+      const e = this.entries.get(name);
+      if (e === undefined) continue;
+      const inScope = !e.deleted && e.matcher.match(hostname) !== undefined;
+      if (inScope && secure) continue;
+      if (!inScope && e.redirects === "refuse" && e.followRedirectsTo.match(hostname) === undefined) {
+        throw denied(
+          `a redirect from ${hop.from.origin} leaves the hosts of secret ${e.name}, which this request carried; ` +
+            `with secretRedirects "refuse" only hosts in followRedirectsTo are followed`,
+          `redirect to host "${hostname}"`,
+        );
       }
+      leaving.push(e);
     }
-    return out;
+    if (leaving.length === 0) return;
+    const needles = new NeedleSet(
+      leaving.flatMap((e) => [e.value, ...e.retired].filter((v) => v !== "").map((v) => needle(e.name, v))),
+    );
+    const parts: [string, string][] = [
+      ["userinfo", url.username === "" && url.password === "" ? "" : `${url.username}:${url.password}`],
+      ["host", url.hostname],
+      ["path", url.pathname],
+      ["query", url.search],
+      ["fragment", url.hash],
+      // As sent: the URL parser lowercases the host and re-encodes the rest.
+      ["Location header", hop.location],
+    ];
+    for (let i = 0; i < hop.headers.length; i += 2) parts.push([`header ${hop.headers[i]!.toLowerCase()}`, `${hop.headers[i]!}: ${hop.headers[i + 1]!}`]);
+    for (const [where, text] of parts) {
+      const match = findFirst(text, needles);
+      if (match === undefined) continue;
+      const e = this.entries.get(match.needle.name)!;
+      let to: string;
+      if (!e.deleted && e.matcher.match(hostname) !== undefined) to = "over plain http://; secrets are only sent over https://";
+      // The host is named only when it holds no copy of the value itself.
+      else if (findFirst(url.hostname, needles) === undefined) to = `to host "${hostname}", which is not in its hosts`;
+      else to = "to a host outside its hosts";
+      const subject = where.startsWith("header ") ? where : "the URL";
+      throw denied(
+        `a redirect from ${hop.from.origin}: ${subject} carries the value of secret ${e.name} ${to}; ` +
+          `it was found ${encoding(match)} in the ${where}, so the redirect is not followed`,
+      );
+    }
   }
 
   /**
@@ -204,7 +318,14 @@ export class SecretStore {
   }
 
   /** Checks and substitutes one piece of text; `encode` wraps the value (the query escapes it). */
-  private substitute(text: string, hostname: string, secure: boolean, where: string, encode?: (v: string) => string): string {
+  private substitute(
+    text: string,
+    hostname: string,
+    secure: boolean,
+    where: string,
+    encode?: (v: string) => string,
+    substituted?: Set<string>,
+  ): string {
     let out = text;
     for (const e of this.entries.values()) {
       const inScope = !e.deleted && e.matcher.match(hostname) !== undefined;
@@ -219,16 +340,17 @@ export class SecretStore {
           throw denied(`${where} carries the placeholder of secret ${e.name} over plain http://; secrets are only sent over https://`);
         }
         out = out.replaceAll(e.placeholder, encode === undefined ? e.value : encode(e.value));
+        substituted?.add(e.name);
       }
     }
     return out;
   }
 
-  private substituteBasic(value: string, hostname: string, secure: boolean, header: string): string {
+  private substituteBasic(value: string, hostname: string, secure: boolean, header: string, substituted?: Set<string>): string {
     const match = basicCredentials.exec(value);
     if (match === null) return value;
     const decoded = Buffer.from(match[3]!, "base64").toString("utf8");
-    const next = this.substitute(decoded, hostname, secure, `${header} Basic credentials`);
+    const next = this.substitute(decoded, hostname, secure, `${header} Basic credentials`, undefined, substituted);
     return next === decoded ? value : `${match[1]}${match[2]}${Buffer.from(next, "utf8").toString("base64")}`;
   }
 
@@ -237,14 +359,14 @@ export class SecretStore {
    * value is percent-encoded (`+/=?&` included) so it decodes back to itself. Names and values
    * are also checked decoded, so an encoded real value is refused like a plain one.
    */
-  private substituteQuery(query: string, hostname: string, secure: boolean): string {
+  private substituteQuery(query: string, hostname: string, secure: boolean, substituted?: Set<string>): string {
     for (const part of query.split("&")) {
       for (const piece of part.split("=")) {
         const decoded = decodeQueryComponent(piece);
         if (decoded !== piece) this.substitute(decoded, hostname, secure, "query");
       }
     }
-    return this.substitute(query, hostname, secure, "query", encodeURIComponent);
+    return this.substitute(query, hostname, secure, "query", encodeURIComponent, substituted);
   }
 }
 
@@ -304,20 +426,28 @@ function onlyInside(text: string, old: string, current: string): boolean {
   return true;
 }
 
-/**
- * The Base64 text of `value` at each of the three byte alignments it can have inside a longer
- * encoded string (`user:value` in Basic credentials), trimmed to the characters that depend on
- * the value alone.
- */
-function base64Forms(value: string): string[] {
-  const bytes = Buffer.from(value);
-  const forms: string[] = [];
-  for (let pad = 0; pad < 3; pad++) {
-    const encoded = Buffer.concat([Buffer.alloc(pad), bytes]).toString("base64");
-    const start = pad === 0 ? 0 : 4;
-    const end = Math.floor((pad + bytes.length) / 3) * 4;
-    const form = pad === 0 ? encoded.replace(/=+$/, "") : encoded.slice(start, end);
-    if (form.length >= 8) forms.push(form);
+function checkMode(mode: unknown, path: string): SecretRedirects {
+  if (!secretRedirectModes.includes(mode as SecretRedirects)) {
+    throw new TypeError(`${path}: expected "scan" or "refuse" (got ${JSON.stringify(mode) ?? String(mode)})`);
   }
-  return forms;
+  return mode as SecretRedirects;
 }
+
+function followPatterns(value: unknown, path: string): string[] {
+  if (value === undefined) return [];
+  if (!Array.isArray(value)) throw new TypeError(`${path}: expected an array of host patterns`);
+  return value.map((p, i) => validateHostPattern(p, `${path}[${i}]`));
+}
+
+/** How a match was encoded, innermost first: "base64-encoded, then percent-encoded". */
+function encoding(match: Match): string {
+  return match.via.length === 0 ? "as it is (in any letter case)" : [...match.via].reverse().map((name) => encodingLabels[name] ?? name).join(", then ");
+}
+
+const encodingLabels: Record<string, string> = {
+  percent: "percent-encoded",
+  plus: "with + for space",
+  json: "JSON-escaped",
+  base64: "base64-encoded",
+  hex: "hex-encoded",
+};

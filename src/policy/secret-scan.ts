@@ -1,0 +1,399 @@
+/**
+ * Finding a secret's value in text however it was encoded: the redirect scan and redaction both
+ * use this (issue 14). An in-scope upstream that echoes what it received can re-encode a value
+ * into a redirect's Location (a `return_to` or OAuth `state` parameter), and a log line or an
+ * error body can quote a URL that the parser percent-encoded in its own way. A list of spellings
+ * of the value can never be complete, so the text is decoded instead.
+ *
+ * A text is turned into views: one decoding pass per encoding ({@link decoders}), chained up to
+ * {@link maxDepth} passes deep, so a value percent-encoded twice, or base64 inside a
+ * percent-encoded query, is found. Every view is searched for every value in any ASCII letter
+ * case. A view remembers, for each of its characters, the span of the original text it came
+ * from, so a match can be cut out of the original (redaction) as well as reported.
+ *
+ * Decoded bytes are held as Latin-1 characters (one character per byte), so each value is also
+ * looked for as its UTF-8 bytes in that form; for ASCII values the two are the same.
+ */
+
+export interface View {
+  /** The decoded text: characters as they were, or bytes as Latin-1 characters. */
+  readonly text: string;
+  /**
+   * For the view's character i, the original text's span `[start[i], end[i])` it came from;
+   * undefined for the original text itself (each character its own span).
+   */
+  readonly start: Int32Array | undefined;
+  readonly end: Int32Array | undefined;
+  /** The encodings undone to reach this view, outermost first. */
+  readonly via: readonly string[];
+  /** Decoded noise (a wrong alignment): searched, but not decoded again. */
+  readonly opaque?: boolean;
+}
+
+/**
+ * One encoding. `decode` returns the views of `view` with this encoding undone (several when
+ * the encoding's alignment is unknown, as for base64 and hex inside a longer token), or none
+ * when the view holds nothing this decoder could change, or nothing that could be part of a value.
+ */
+export interface Decoder {
+  readonly name: string;
+  decode(view: View, context: DecodeContext): View[];
+}
+
+/** What decoders know of the values looked for, to skip work that cannot find one. */
+export interface DecodeContext {
+  /** The length in bytes of the shortest value: runs too short to hold it are left alone. */
+  readonly minBytes: number;
+  /** Every character of every value's forms. */
+  readonly chars: ReadonlySet<string>;
+}
+
+/** Enough for a value percent-encoded twice and then base64-encoded, or any three in a row. */
+export const maxDepth = 3;
+
+/**
+ * Builds a view character by character, each with its span in the original text. A decoded
+ * view is never longer than the view it comes from, which sizes the span arrays.
+ */
+class ViewBuilder {
+  private readonly parts: string[] = [];
+  private readonly starts: Int32Array;
+  private readonly ends: Int32Array;
+  private length = 0;
+
+  constructor(private readonly from: View) {
+    this.starts = new Int32Array(from.text.length);
+    this.ends = new Int32Array(from.text.length);
+  }
+
+  /** Copies the view's characters `[a, b)` unchanged. */
+  copy(a: number, b: number): void {
+    if (b <= a) return;
+    this.parts.push(this.from.text.slice(a, b));
+    const { start, end } = this.from;
+    if (start === undefined || end === undefined) {
+      for (let i = a; i < b; i++, this.length++) {
+        this.starts[this.length] = i;
+        this.ends[this.length] = i + 1;
+      }
+    } else {
+      this.starts.set(start.subarray(a, b), this.length);
+      this.ends.set(end.subarray(a, b), this.length);
+      this.length += b - a;
+    }
+  }
+
+  /** One decoded character standing for the view's characters `[a, b)`. */
+  char(code: number, a: number, b: number): void {
+    this.parts.push(String.fromCharCode(code));
+    this.starts[this.length] = spanStart(this.from, a);
+    this.ends[this.length] = spanEnd(this.from, b - 1);
+    this.length++;
+  }
+
+  finish(name: string): View {
+    return {
+      text: this.parts.join(""),
+      start: this.starts.subarray(0, this.length),
+      end: this.ends.subarray(0, this.length),
+      via: [...this.from.via, name],
+    };
+  }
+}
+
+export function spanStart(view: View, i: number): number {
+  return view.start === undefined ? i : view.start[i]!;
+}
+
+export function spanEnd(view: View, i: number): number {
+  return view.end === undefined ? i + 1 : view.end[i]!;
+}
+
+/** `%XX` as the byte it stands for; a `%` not followed by two hex digits stays as it is. */
+const percent: Decoder = {
+  name: "percent",
+  decode(view) {
+    const { text } = view;
+    if (!/%[0-9A-Fa-f]{2}/.test(text)) return [];
+    const out = new ViewBuilder(view);
+    let copied = 0;
+    for (const m of text.matchAll(/%[0-9A-Fa-f]{2}/g)) {
+      out.copy(copied, m.index);
+      out.char(Number.parseInt(m[0].slice(1), 16), m.index, m.index + 3);
+      copied = m.index + 3;
+    }
+    out.copy(copied, text.length);
+    return [out.finish(this.name)];
+  },
+};
+
+/** `+` for space, as HTML forms and query strings write it. */
+const plus: Decoder = {
+  name: "plus",
+  decode(view) {
+    if (!view.text.includes("+")) return [];
+    return [{ text: view.text.replaceAll("+", " "), start: view.start, end: view.end, via: [...view.via, this.name] }];
+  },
+};
+
+const jsonEscapes: Record<string, string> = { '"': '"', "\\": "\\", "/": "/", b: "\b", f: "\f", n: "\n", r: "\r", t: "\t" };
+
+/**
+ * JSON and JavaScript string escapes: a log line is JSON, so `"` and `\` in a value arrive
+ * escaped. Every log line has `\"`, so the view is made only when an escape stands for a
+ * character some value holds (or for any character, as `\u0041` can).
+ */
+const json: Decoder = {
+  name: "json",
+  decode(view, { chars }) {
+    const { text } = view;
+    if (!text.includes("\\")) return [];
+    const escapes = [...text.matchAll(/\\(?:u([0-9A-Fa-f]{4})|x([0-9A-Fa-f]{2})|(["\\/bfnrt]))/g)];
+    if (!escapes.some((m) => m[3] === undefined || chars.has(jsonEscapes[m[3]]!))) return [];
+    const out = new ViewBuilder(view);
+    let copied = 0;
+    for (const m of escapes) {
+      out.copy(copied, m.index);
+      const code = m[1] ?? m[2];
+      out.char(code !== undefined ? Number.parseInt(code, 16) : jsonEscapes[m[3]!]!.charCodeAt(0), m.index, m.index + m[0].length);
+      copied = m.index + m[0].length;
+    }
+    out.copy(copied, text.length);
+    return [out.finish(this.name)];
+  },
+};
+
+/** A run of characters of one encoding, decoded from one alignment. */
+interface DecodedRun {
+  readonly from: number;
+  readonly chars: number;
+  readonly bytes: Buffer;
+  readonly textual: boolean;
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
+/**
+ * Whether decoded bytes read as text: valid UTF-8 without control characters other than tab,
+ * CR and LF. Most alignments of a run decode to noise; noise is searched but not decoded again,
+ * which keeps the views of one text to a few dozen.
+ */
+function isTextual(bytes: Buffer): boolean {
+  for (const b of bytes) if ((b < 0x20 && b !== 0x09 && b !== 0x0a && b !== 0x0d) || b === 0x7f) return false;
+  try {
+    utf8.decode(bytes);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * A decoder for encodings written as runs of characters in fixed groups (`groupChars`
+ * characters make `groupBytes` bytes) whose start inside a run is unknown: each of the first
+ * `groupChars` characters is tried as the start. Each decoded byte stands for its whole group.
+ */
+function runDecoder(
+  name: string,
+  pattern: string,
+  groupChars: number,
+  groupBytes: number,
+  minChars: (minBytes: number) => number,
+  usable: (chars: number) => number,
+  decodeRun: (text: string) => Buffer,
+): Decoder {
+  return {
+    name,
+    decode(view, { minBytes }) {
+      const minRun = Math.max(2, minChars(minBytes));
+      const runs = [...view.text.matchAll(runPattern(pattern, minRun))];
+      if (runs.length === 0) return [];
+      const views: View[] = [];
+      for (let align = 0; align < groupChars; align++) {
+        const decoded: DecodedRun[] = [];
+        for (const m of runs) {
+          const from = m.index + align;
+          const chars = usable(m[0].length - align);
+          if (chars < minRun) continue;
+          const bytes = decodeRun(view.text.slice(from, from + chars));
+          decoded.push({ from, chars, bytes, textual: isTextual(bytes) });
+        }
+        if (decoded.length === 0) continue;
+        const opaque = decoded.some((r) => !r.textual);
+        views.push({ ...build(view, decoded, name, groupChars, groupBytes), opaque });
+        // The runs that read as text may hold another encoding: they are decoded further.
+        const textual = decoded.filter((r) => r.textual);
+        if (opaque && textual.length > 0) views.push(build(view, textual, name, groupChars, groupBytes));
+      }
+      return views;
+    },
+  };
+}
+
+const runPatterns = new Map<string, RegExp>();
+
+/** `[class]{min,}`: the regex engine skips short runs without building a match for each. */
+function runPattern(charClass: string, min: number): RegExp {
+  const key = `${charClass}{${min},}`;
+  let re = runPatterns.get(key);
+  if (re === undefined) {
+    re = new RegExp(key, "g");
+    if (runPatterns.size < 256) runPatterns.set(key, re);
+  }
+  re.lastIndex = 0;
+  return re;
+}
+
+function build(view: View, runs: readonly DecodedRun[], name: string, groupChars: number, groupBytes: number): View {
+  const out = new ViewBuilder(view);
+  let copied = 0;
+  for (const { from, chars, bytes } of runs) {
+    out.copy(copied, from);
+    for (let k = 0; k < bytes.length; k++) {
+      const group = from + Math.floor(k / groupBytes) * groupChars;
+      out.char(bytes[k]!, group, Math.min(group + groupChars, from + chars));
+    }
+    copied = from + chars;
+  }
+  out.copy(copied, view.text.length);
+  return out.finish(name);
+}
+
+/**
+ * Base64, standard (`+/`) and URL-safe (`-_`), padded or not. A run of base64 characters may
+ * start before the encoded value does (`/echo/UzNj…` is one run), so it is decoded from each of
+ * its first four characters: one of them is the encoding's own start, whatever the byte
+ * alignment of the value inside it.
+ */
+const base64 = runDecoder(
+  "base64",
+  "[A-Za-z0-9+/_-]",
+  4,
+  3,
+  (minBytes) => Math.ceil((minBytes * 4) / 3),
+  // A trailing group of 2 or 3 characters still holds 1 or 2 bytes; a lone one holds none.
+  (length) => Math.floor(length / 4) * 4 + (length % 4 >= 2 ? length % 4 : 0),
+  (text) => Buffer.from(text, "base64"),
+);
+
+/** Hex in either case, from each of a run's first two characters. */
+const hex = runDecoder(
+  "hex",
+  "[0-9A-Fa-f]",
+  2,
+  1,
+  (minBytes) => minBytes * 2,
+  (length) => Math.floor(length / 2) * 2,
+  (text) => Buffer.from(text, "hex"),
+);
+
+/**
+ * Every encoding the scan and the redactor undo. Letter case needs no decoder: every view is
+ * searched case-insensitively. A new encoding is one more entry here.
+ */
+export const decoders: readonly Decoder[] = [percent, plus, json, base64, hex];
+
+/** A value to look for, under the name reported with it. */
+export interface Needle {
+  readonly name: string;
+  /** The value as text, and as its UTF-8 bytes in Latin-1 form: both ASCII-lowercased. */
+  readonly forms: readonly string[];
+  /** Length in bytes of the shortest form. */
+  readonly bytes: number;
+}
+
+export function needle(name: string, value: string): Needle {
+  const text = asciiLower(value);
+  const bytes = asciiLower(Buffer.from(value, "utf8").toString("latin1"));
+  return { name, forms: text === bytes ? [text] : [text, bytes], bytes: Math.min(text.length, bytes.length) };
+}
+
+/** Needles with what decoders need to know of them, worked out once. */
+export class NeedleSet {
+  readonly context: DecodeContext;
+
+  constructor(readonly needles: readonly Needle[]) {
+    this.context = {
+      minBytes: needles.length === 0 ? 0 : Math.min(...needles.map((n) => n.bytes)),
+      chars: new Set(needles.flatMap((n) => n.forms.flatMap((form) => [...form, ...form.toUpperCase()]))),
+    };
+  }
+}
+
+/** Lowercases A–Z only, so every character keeps its index (`"İ".toLowerCase()` has two). */
+function asciiLower(text: string): string {
+  return /[A-Z]/.test(text) ? text.replace(/[A-Z]+/g, (run) => run.toLowerCase()) : text;
+}
+
+/** One place a needle was found: its span in the original text and how it was encoded. */
+export interface Match {
+  readonly needle: Needle;
+  readonly start: number;
+  readonly end: number;
+  readonly via: readonly string[];
+}
+
+/**
+ * Calls `found` for every occurrence of every needle in every view of `text`, depth-first, until
+ * it returns true. Returns whether it did. At most 15 views come from one view (one each for
+ * percent, plus and json, up to eight for base64 and four for hex), and fewer go on to be
+ * decoded again, so the work is bounded by the depth.
+ */
+export function scan(text: string, set: NeedleSet, found: (match: Match) => boolean): boolean {
+  const { needles, context } = set;
+  if (needles.length === 0 || text === "") return false;
+  const seen = new Set<string>();
+  const visit = (view: View, depth: number): boolean => {
+    if (seen.has(view.text)) return false;
+    seen.add(view.text);
+    const lower = asciiLower(view.text);
+    for (const n of needles) {
+      for (const form of n.forms) {
+        for (let at = lower.indexOf(form); at >= 0; at = lower.indexOf(form, at + 1)) {
+          const match = { needle: n, start: spanStart(view, at), end: spanEnd(view, at + form.length - 1), via: view.via };
+          if (found(match)) return true;
+        }
+      }
+    }
+    if (depth >= maxDepth || view.opaque === true) return false;
+    for (const decoder of decoders) {
+      for (const next of decoder.decode(view, context)) if (visit(next, depth + 1)) return true;
+    }
+    return false;
+  };
+  return visit({ text, start: undefined, end: undefined, via: [] }, 0);
+}
+
+/** The first match in `text`, if any. */
+export function findFirst(text: string, needles: NeedleSet): Match | undefined {
+  let first: Match | undefined;
+  scan(text, needles, (match) => {
+    first = match;
+    return true;
+  });
+  return first;
+}
+
+/**
+ * `text` with every span where a needle was found, in any view, replaced by
+ * `[REDACTED:NAME]`. Overlapping spans are merged and take the first needle's name.
+ */
+export function redactText(text: string, needles: NeedleSet): string {
+  const spans: { start: number; end: number; name: string }[] = [];
+  scan(text, needles, (match) => {
+    spans.push({ start: match.start, end: match.end, name: match.needle.name });
+    return false;
+  });
+  if (spans.length === 0) return text;
+  spans.sort((a, b) => a.start - b.start || b.end - a.end);
+  let out = "";
+  let at = 0;
+  for (let i = 0; i < spans.length; ) {
+    const { start, name } = spans[i]!;
+    let end = spans[i]!.end;
+    for (i++; i < spans.length && spans[i]!.start < end; i++) end = Math.max(end, spans[i]!.end);
+    out += `${text.slice(at, start)}[REDACTED:${name}]`;
+    at = end;
+  }
+  return out + text.slice(at);
+}
