@@ -1,5 +1,6 @@
+import { once } from "node:events";
 import { createServer } from "node:http";
-import type { AddressInfo } from "node:net";
+import { createServer as createNetServer, type AddressInfo, type Socket } from "node:net";
 import { createSecureContext } from "node:tls";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { EgressError } from "../../src/errors.js";
@@ -58,6 +59,33 @@ describe("pinned pools", () => {
     p.get(new URL("http://b.test"), { ip: "127.0.0.1", family: 4 });
     expect(p.size).toBe(2);
     expect(p.get(new URL("http://a.test"), { ip: "127.0.0.1", family: 4 })).not.toBe(a);
+  });
+});
+
+describe("a close-delimited body (no Content-Length, ends at the upstream's FIN)", () => {
+  it("ends when the FIN arrives while the reader is behind (undici 7's parser paused at the end)", async () => {
+    // The whole response in one segment; the FIN only once the client has its head. With a
+    // one-byte highWaterMark the body's push refuses at once, so undici's parser is paused with
+    // nothing left to parse when the FIN comes: the state a slow guest leaves it in.
+    const body = Buffer.alloc(4096, 0x61);
+    let upstreamSocket: Socket | undefined;
+    const server = createNetServer((socket) => {
+      upstreamSocket = socket;
+      socket.once("data", () => socket.write(Buffer.concat([Buffer.from("HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n"), body])));
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    onTestFinished(() => new Promise<void>((resolve) => server.close(() => resolve())));
+    const port = (server.address() as AddressInfo).port;
+    const p = pools(() => undefined);
+    const res = await p.get(new URL(`http://api.test:${port}`), { ip: "127.0.0.1", family: 4 }).request({ path: "/", method: "GET", highWaterMark: 1 });
+    const finished = once(upstreamSocket!, "finish");
+    upstreamSocket!.end();
+    // On loopback the FIN is in the client's receive queue once the shutdown has returned; the
+    // next poll phase of this (shared) event loop reads it, before the second check phase.
+    await finished;
+    for (let i = 0; i < 2; i++) await new Promise((resolve) => setImmediate(resolve));
+    const received = await res.body.arrayBuffer();
+    expect(Buffer.from(received).equals(body)).toBe(true);
   });
 });
 
