@@ -15,6 +15,7 @@ export type EgressErrorCode =
   | "EG_HOOK_BLOCKED"
   | "EG_HOOK_FAILED"
   | "EG_HOOK_TIMEOUT"
+  | "EG_LIMIT"
   | "EG_CA";
 
 const statusTexts: Record<number, string> = {

@@ -6,7 +6,7 @@ export type { DjsHooksOptions } from "./djs/create-djs-hooks.js";
 export type { DjsLimits, PolicyKind } from "./djs/protocol.js";
 export { startProxy } from "./proxy/start-proxy.js";
 export type { RunningProxy } from "./proxy/start-proxy.js";
-export type { ProxyOptions, TimeoutOptions } from "./proxy/options.js";
+export type { ConnectionLimitOptions, ProxyOptions, TimeoutOptions } from "./proxy/options.js";
 export { EgressError } from "./errors.js";
 export type { EgressErrorCode } from "./errors.js";
 export type { LogLevel, LogSink } from "./log.js";

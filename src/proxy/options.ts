@@ -29,6 +29,16 @@ export interface TimeoutOptions {
   readonly hookMs?: number;
 }
 
+/** What one guest may hold at once; past a limit the answer comes at once (503), never silence. */
+export interface ConnectionLimitOptions {
+  /** Guest connections open at once, tunnels and upgrades included. Default: half of the open-file limit, at most 16384. */
+  readonly connections?: number;
+  /** Guest connections open at once from one source address. Default 256. */
+  readonly connectionsPerSource?: number;
+  /** Requests one connection may have parsed and waiting behind the one being served; then it is not read. Default 16. */
+  readonly pipelinedRequests?: number;
+}
+
 /** Options for {@link startProxy}. Every CLI flag has the matching option. */
 export interface ProxyOptions {
   /** From `createHttpHooks()`. Without it, every request is refused (deny-all). */
@@ -54,6 +64,7 @@ export interface ProxyOptions {
   /** Largest response body a hook may read (502 beyond). Default 64 MiB. */
   readonly maxHttpResponseBodyBytes?: number;
   readonly timeouts?: TimeoutOptions;
+  readonly limits?: ConnectionLimitOptions;
   /** Default "info": one line per request decision. */
   readonly logLevel?: LogLevel;
   /** Where log lines go. Default: stderr. */
@@ -84,6 +95,7 @@ export interface ResolvedProxyOptions {
   readonly maxHttpBodyBytes: number;
   readonly maxHttpResponseBodyBytes: number;
   readonly timeouts: Required<TimeoutOptions>;
+  readonly limits: Required<ConnectionLimitOptions>;
   readonly logLevel: LogLevel;
   readonly logSink: LogSink | undefined;
   readonly guestEnvFile: string | undefined;
@@ -108,7 +120,24 @@ export const defaults = Object.freeze({
   }),
   maxHttpBodyBytes: 64 * 1024 * 1024,
   maxHttpResponseBodyBytes: 64 * 1024 * 1024,
+  limits: Object.freeze({ connectionsPerSource: 256, pipelinedRequests: 16 }),
 });
+
+/**
+ * Half the soft open-file limit (each guest connection may hold an upstream one too), less a
+ * reserve for the CA, logs and workers: accepting past it would end in EMFILE, where new guests
+ * wait in the kernel's backlog with no answer at all.
+ */
+function defaultConnectionLimit(): number {
+  let soft = 1024;
+  try {
+    const line = /^Max open files\s+(\d+|unlimited)/m.exec(readFileSync("/proc/self/limits", "utf8"))?.[1];
+    if (line !== undefined) soft = line === "unlimited" ? Number.MAX_SAFE_INTEGER : Number(line);
+  } catch {
+    // Not Linux: keep the common default.
+  }
+  return Math.max(32, Math.min(16_384, Math.floor((soft - 64) / 2)));
+}
 
 const knownKeys = [
   "httpHooks",
@@ -123,6 +152,7 @@ const knownKeys = [
   "maxHttpBodyBytes",
   "maxHttpResponseBodyBytes",
   "timeouts",
+  "limits",
   "logLevel",
   "logSink",
   "guestEnvFile",
@@ -258,6 +288,17 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
     timeouts[k] = integer(timeoutsIn[key], `timeouts.${key}`, 1, 24 * 3600_000, timeouts[k]);
   }
 
+  const limitsIn = o["limits"] === undefined ? {} : plainObject(o["limits"], "limits");
+  const knownLimits = ["connections", "connectionsPerSource", "pipelinedRequests"];
+  for (const key of Object.keys(limitsIn)) {
+    if (!knownLimits.includes(key)) throw new TypeError(`startProxy: unknown option "limits.${key}" (known: ${knownLimits.join(", ")})`);
+  }
+  const limits = {
+    connections: integer(limitsIn["connections"], "limits.connections", 1, 1_000_000, defaultConnectionLimit()),
+    connectionsPerSource: integer(limitsIn["connectionsPerSource"], "limits.connectionsPerSource", 1, 1_000_000, defaults.limits.connectionsPerSource),
+    pipelinedRequests: integer(limitsIn["pipelinedRequests"], "limits.pipelinedRequests", 0, 10_000, defaults.limits.pipelinedRequests),
+  };
+
   const guestEnvFile = o["guestEnvFile"];
   if (guestEnvFile !== undefined && (typeof guestEnvFile !== "string" || guestEnvFile === "")) fail("guestEnvFile", "must be a file path", guestEnvFile);
 
@@ -282,6 +323,7 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
       defaults.maxHttpResponseBodyBytes,
     ),
     timeouts,
+    limits,
     logLevel: logLevel as LogLevel,
     logSink: logSink as LogSink | undefined,
     guestEnvFile: guestEnvFile as string | undefined,

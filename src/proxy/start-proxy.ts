@@ -17,6 +17,7 @@ import { resolveProxyOptions, type ProxyOptions, type ResolvedProxyOptions } fro
 import { sendError, sendResponse, writeRawError } from "./respond.js";
 import { serveTunnel, tunnelOf } from "./tunnel.js";
 import { serveUpgrade, type UpgradeDeps } from "./upgrade.js";
+import { ThrottledWarning } from "./throttled-log.js";
 import { bareHostname } from "../hostname.js";
 
 /** A running proxy, as returned by {@link startProxy}. */
@@ -126,7 +127,8 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       resolve();
     });
   });
-  outer.on("error", (error) => log.error("listener error", { error }));
+  // EMFILE at accept arrives here, once per refused connection: summarised, not a line each.
+  outer.on("error", (error: NodeJS.ErrnoException) => guest.warnings.warn(`listener:${error.code ?? ""}`, "listener error", { error }));
   const address = outer.address();
   if (address === null || typeof address === "string") throw new Error("unexpected listen address");
   selfAddresses.push(...listenAddresses(address.address, address.port));
@@ -147,6 +149,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       await guest.drain(config.timeouts.drainMs);
       outer.closeAllConnections();
       guest.destroyAll();
+      guest.warnings.clear();
       await closed;
       // Every guest is gone, so nothing in the pools is still wanted: a request that will
       // never end (a body nobody reads) must not hold close() open.
@@ -193,11 +196,17 @@ function listenAddresses(bound: string, port: number): ListenAddress[] {
 interface Lane {
   tail: Promise<void>;
   readonly ends: Set<() => void>;
+  /** Requests parsed on this connection and not yet ended, the one being served included. */
+  waiting: number;
+  /** The connection is not read until the waiting requests drop back (see `pause`). */
+  paused: boolean;
 }
 
 /** Guest-facing request handling shared by the listener and the in-tunnel server. */
 class GuestSide {
   private readonly sockets = new Set<Socket>();
+  private readonly perSource = new Map<string, number>();
+  readonly warnings: ThrottledWarning;
   private readonly lanes = new WeakMap<Socket, Lane>();
   private inFlight = 0;
   private idle: (() => void) | undefined;
@@ -214,6 +223,7 @@ class GuestSide {
     // A spread copy of createHttpHooks' hooks delegates the allowlist to its generated
     // functions; the configuration they carry still answers the CONNECT, so it gets the same
     // verdict as on the native path.
+    this.warnings = new ThrottledWarning(log);
     const generated = config.checkHooks.isRequestAllowed;
     const recovered = generated === undefined ? undefined : declarativeConfigOf(generated);
     this.connectPolicy = recovered === undefined ? policy : new DeclarativePolicy(recovered, () => []);
@@ -245,17 +255,40 @@ class GuestSide {
       sendError(res, new EgressError("EG_BAD_REQUEST", 417, `unsupported Expect: ${JSON.stringify(req.headers.expect)}`), true);
     });
     server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => this.onClientError(error, socket));
-    server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
-      void serveUpgrade(req, socket, head, this.upgradeDeps);
-    });
+    server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => void this.upgrade(req, socket, head));
     return server;
   }
 
+  /**
+   * Every guest connection is counted, overall and per source address, and one past either
+   * limit is answered 503 at once: a guest holding hundreds of idle tunnels would otherwise
+   * run the process out of descriptors, and every later guest would wait unanswered.
+   */
   track(socket: Socket): void {
-    this.sockets.add(socket);
-    socket.once("close", () => this.sockets.delete(socket));
     // One guest's reset must never become an uncaught exception.
     socket.on("error", (error) => this.log.debug("guest socket error", { error }));
+    const source = socket.remoteAddress ?? "";
+    const fromSource = this.perSource.get(source) ?? 0;
+    const { connections, connectionsPerSource } = this.config.limits;
+    const over =
+      this.sockets.size >= connections
+        ? `the proxy already has ${connections} guest connections open (limits.connections)`
+        : fromSource >= connectionsPerSource
+          ? `${source} already has ${connectionsPerSource} connections open (limits.connectionsPerSource)`
+          : undefined;
+    if (over !== undefined) {
+      this.warnings.warn(`limit:${source}`, "connection refused", { client: source, reason: over });
+      writeRawError(socket, new EgressError("EG_LIMIT", 503, `too many connections: ${over}`));
+      return;
+    }
+    this.sockets.add(socket);
+    this.perSource.set(source, fromSource + 1);
+    socket.once("close", () => {
+      this.sockets.delete(socket);
+      const left = (this.perSource.get(source) ?? 1) - 1;
+      if (left <= 0) this.perSource.delete(source);
+      else this.perSource.set(source, left);
+    });
   }
 
   onConnect(req: IncomingMessage, socket: Socket, head: Buffer, serve: (target: { hostname: string; port: number }) => void): void {
@@ -317,7 +350,7 @@ class GuestSide {
   private laneOf(socket: Socket): Lane {
     let lane = this.lanes.get(socket);
     if (lane === undefined) {
-      const created: Lane = { tail: Promise.resolve(), ends: new Set() };
+      const created: Lane = { tail: Promise.resolve(), ends: new Set(), waiting: 0, paused: false };
       socket.once("close", () => {
         for (const end of created.ends) end();
       });
@@ -327,20 +360,62 @@ class GuestSide {
     return lane;
   }
 
+  /**
+   * Node parses pipelined requests as fast as they arrive and pauses a connection only for
+   * responses it cannot write, and nothing is written while the first request waits: a guest
+   * could queue a hundred thousand requests (50 times their size in memory) behind one slow one.
+   * Past `limits.pipelinedRequests` waiting, the connection is not read until half have gone.
+   */
+  private enter(lane: Lane, socket: Socket): void {
+    lane.waiting += 1;
+    if (lane.paused || lane.waiting <= this.config.limits.pipelinedRequests + 1) return;
+    lane.paused = true;
+    // As Node's own server does for write backpressure: its parser stops where it is, so
+    // requests already in its buffer stay bytes, not request objects.
+    socket.pause();
+    parserOf(socket)?.pause();
+  }
+
+  private leave(lane: Lane, socket: Socket): void {
+    lane.waiting -= 1;
+    if (!lane.paused || lane.waiting > Math.floor(this.config.limits.pipelinedRequests / 2)) return;
+    lane.paused = false;
+    if (socket.destroyed) return;
+    parserOf(socket)?.resume();
+    socket.resume();
+  }
+
+  /**
+   * An upgrade waits its turn behind the requests before it on the connection: their responses
+   * must reach the guest before the 101, never inside the upgraded stream.
+   */
+  private async upgrade(req: IncomingMessage, socket: Socket, head: Buffer): Promise<void> {
+    const lane = this.laneOf(socket);
+    const previous = lane.tail;
+    // Nothing follows an upgrade on its connection.
+    lane.tail = new Promise<void>(() => undefined);
+    await previous;
+    if (socket.destroyed) return;
+    await serveUpgrade(req, socket, head, this.upgradeDeps);
+  }
+
   private async handle(req: IncomingMessage, res: ServerResponse, expectsContinue: boolean): Promise<void> {
     const id = this.nextId++;
     const started = performance.now();
     this.inFlight += 1;
     let target = loggableTarget(req.url ?? "");
     const abort = new GuestGone();
-    const lane = this.laneOf(req.socket);
+    const socket = req.socket;
+    const lane = this.laneOf(socket);
     const previous = lane.tail;
     let release!: () => void;
     lane.tail = new Promise<void>((resolve) => (release = resolve));
+    this.enter(lane, socket);
     // Ends once, from the response's close or the connection's, whichever comes first.
     const end = (): void => {
       if (!lane.ends.delete(end)) return;
       release();
+      this.leave(lane, socket);
       this.inFlight -= 1;
       if (this.inFlight === 0) this.idle?.();
       // The guest left before the response finished: cancel the upstream side too.
@@ -419,6 +494,11 @@ class GuestSide {
   destroyAll(): void {
     for (const socket of this.sockets) socket.destroy();
   }
+}
+
+/** The HTTP parser Node's server attached to a guest connection (null once it lets go). */
+function parserOf(socket: Socket): { pause(): void; resume(): void } | null | undefined {
+  return (socket as unknown as { parser?: { pause(): void; resume(): void } | null }).parser;
 }
 
 function once(fn: () => void): () => void {
