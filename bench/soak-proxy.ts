@@ -1,0 +1,139 @@
+/**
+ * The soak's proxy: one egressgate process built with the embedding API, so it has both a
+ * tier-2 policy (a module file, loaded as `--hooks-script` loads it) and tier-3 hooks:
+ *
+ * - tier 3 `onRequest` marks every request, blocks on `x-soak-t3: block` (429), and reads the
+ *   upload through `request.clone()` on `read-request`;
+ * - tier 3 `onResponse` replaces the response on `replace`, reads it on `read`, throws on `throw`.
+ *
+ * Forked by bench/soak.ts with an IPC channel and `--expose-gc`. It reads its settings from
+ * SOAK_PROXY_SETTINGS (JSON) and imports egressgate from SOAK_EGRESSGATE (a file URL: dist/ for
+ * `npm run soak`, src/ under tsx for the test), then reports `ready`. It answers `mark` (start
+ * of the load: the event-loop delay histogram restarts), `stats` and `gc`. It exits when the
+ * soak disconnects, so it cannot outlive it.
+ *
+ * bench/soak.ts transpiles this file for plain node, as the bench does with hooked-proxy.ts, so
+ * it must import nothing but node builtins and the package.
+ */
+import { monitorEventLoopDelay } from "node:perf_hooks";
+import type * as Egressgate from "../src/index.js";
+
+export interface SoakProxySettings {
+  readonly caDir: string;
+  readonly upstreamCaPem: string;
+  readonly policyFile: string;
+  readonly resolve: Readonly<Record<string, readonly string[]>>;
+  readonly allowedInternalHosts: readonly string[];
+  readonly allowedHosts: readonly string[];
+  readonly upstreamBodyMs: number;
+  readonly dnsMs: number;
+  readonly limits: { readonly timeoutMs: number; readonly memoryBytes: number; readonly stackBytes: number };
+  readonly headers: { readonly tier3: string; readonly seen3: string };
+  readonly replacedText: string;
+}
+
+export type SoakProxyMessage =
+  | { readonly kind: "ready"; readonly url: string; readonly caCertPem: string }
+  | { readonly kind: "marked" }
+  | { readonly kind: "gc-done"; readonly heapUsedBytes: number }
+  | {
+      readonly kind: "stats";
+      readonly eventLoopP99Ms: number;
+      readonly eventLoopP50Ms: number;
+      readonly eventLoopMaxMs: number;
+      readonly heapUsedBytes: number;
+      /** Log lines by level, and warn/error lines by message. */
+      readonly logLevels: Readonly<Record<string, number>>;
+      readonly logMessages: Readonly<Record<string, number>>;
+    };
+
+const settings = JSON.parse(process.env["SOAK_PROXY_SETTINGS"] ?? "null") as SoakProxySettings | null;
+const moduleUrl = process.env["SOAK_EGRESSGATE"];
+if (settings === null || moduleUrl === undefined || process.send === undefined) {
+  process.stderr.write("bench/soak-proxy.ts is started by bench/soak.ts (it needs SOAK_PROXY_SETTINGS, SOAK_EGRESSGATE and an IPC channel)\n");
+  process.exit(2);
+}
+const { createDjsHooks, createHttpHooks, djsHooksOptionsFromFile, HttpRequestBlockedError, startProxy } = (await import(moduleUrl)) as typeof Egressgate;
+
+const logLevels: Record<string, number> = {};
+const logMessages: Record<string, number> = {};
+// Every line is counted; only warn and error lines are parsed, for their message.
+const logSink = (line: string): void => {
+  const level = /"level":"(\w+)"/.exec(line)?.[1] ?? "?";
+  logLevels[level] = (logLevels[level] ?? 0) + 1;
+  if (level !== "warn" && level !== "error") return;
+  let msg = "?";
+  try {
+    msg = String((JSON.parse(line) as { msg?: unknown }).msg);
+  } catch {
+    // Not JSON: counted under "?".
+  }
+  const key = `${level}: ${msg}`;
+  logMessages[key] = (logMessages[key] ?? 0) + 1;
+};
+
+const { tier3, seen3 } = settings.headers;
+const djs = createDjsHooks({ ...djsHooksOptionsFromFile(settings.policyFile), limits: settings.limits });
+const { httpHooks, env } = createHttpHooks({
+  allowedHosts: [...settings.allowedHosts],
+  allowedInternalHosts: [...settings.allowedInternalHosts],
+  ...djs,
+  onRequest: async (request: Request) => {
+    const t3 = request.headers.get(tier3);
+    if (t3 === "block") throw new HttpRequestBlockedError("soak: tier 3 blocks this request", 429, "Too Many Requests");
+    if (t3 === "read-request") await request.clone().arrayBuffer();
+    request.headers.set(seen3, "seen");
+    return undefined;
+  },
+  onResponse: async (response: Response, request: Request) => {
+    const t3 = request.headers.get(tier3);
+    if (t3 === "replace") return new Response(settings.replacedText, { status: 200, headers: { "content-type": "text/plain" } });
+    if (t3 === "read") await response.arrayBuffer();
+    if (t3 === "throw") throw new Error("soak: tier 3 onResponse throws");
+    return undefined;
+  },
+});
+
+const proxy = await startProxy({
+  httpHooks,
+  env,
+  listen: { host: "127.0.0.1", port: 0 },
+  caDir: settings.caDir,
+  resolve: settings.resolve,
+  upstreamCa: [settings.upstreamCaPem],
+  timeouts: { upstreamBodyMs: settings.upstreamBodyMs, dnsMs: settings.dnsMs },
+  logLevel: "info",
+  logSink,
+});
+
+const delay = monitorEventLoopDelay({ resolution: 10 });
+delay.enable();
+const send = (message: SoakProxyMessage): void => void process.send?.(message);
+const gc = (globalThis as { gc?: () => void }).gc;
+
+process.on("disconnect", () => process.exit(0));
+process.on("message", (message: { kind?: string }) => {
+  if (message.kind === "mark") {
+    delay.reset();
+    send({ kind: "marked" });
+  } else if (message.kind === "stats") {
+    const ms = (ns: number): number => ns / 1e6;
+    send({
+      kind: "stats",
+      eventLoopP99Ms: ms(delay.percentile(99)),
+      eventLoopP50Ms: ms(delay.percentile(50)),
+      eventLoopMaxMs: ms(delay.max),
+      heapUsedBytes: process.memoryUsage().heapUsed,
+      logLevels,
+      logMessages,
+    });
+  } else if (message.kind === "gc") {
+    // Two full collections a turn apart: the first one's finalizers free more for the second.
+    gc?.();
+    setImmediate(() => {
+      gc?.();
+      send({ kind: "gc-done", heapUsedBytes: process.memoryUsage().heapUsed });
+    });
+  }
+});
+send({ kind: "ready", url: proxy.url, caCertPem: proxy.caCertPem });

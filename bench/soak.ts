@@ -1,0 +1,335 @@
+/**
+ * `npm run soak`: 10⁵ mixed requests at concurrency 64 through one egressgate process that has
+ * a tier-2 policy and tier-3 hooks, while the upstreams and guests misbehave (bench/soak-plan.ts
+ * lists every kind: resets and stalls mid-body, close-delimited bodies over TLS and plain,
+ * unresolvable names, slow and aborting guests, tier-2 calls that hit the time, memory and stack
+ * limits). Then it checks that nothing was lost and that the proxy gave back what it took.
+ *
+ *   npm run build && npm run soak
+ *   npm run soak -- --requests 3000 --settle-ms 3000 --from src     (the test's small soak)
+ *
+ * Options: --requests N (100000), --concurrency C (64), --warmup N (2% of N, 200 to 2000),
+ * --settle-ms MS (10000), --from dist|src (dist: plain node on the build; src: tsx on src/),
+ * --seed S, --only k1,k2 / --skip k1,k2 (kinds), --json FILE (the summary, for tests).
+ *
+ * Readings of the proxy process (/proc/PID): open fds and RSS (after two V8 full GCs, the proxy
+ * runs with --expose-gc) at a cold start, after the warm-up (the baseline), the peak during the
+ * load (sampled every 250 ms), and after the load ends and `--settle-ms` pass with no guest
+ * connected. Event-loop delay p50/p99/max over the load comes from the proxy itself
+ * (monitorEventLoopDelay). docs/reliability.md explains the pass criteria and records a run.
+ *
+ * Exits 0 only if every request got its kind's outcome, every 200 body matched, the proxy stayed
+ * up and still serves, and its fds and RSS came back within the tolerances below.
+ */
+import { fork, type ChildProcess } from "node:child_process";
+import { mkdtempSync, readdirSync, writeFileSync } from "node:fs";
+import { cpus, loadavg, release, tmpdir } from "node:os";
+import { join } from "node:path";
+import { performance } from "node:perf_hooks";
+import { pathToFileURL } from "node:url";
+import { request, ProxyAgent } from "undici";
+import { createCaCertificate, importKeyPair, LeafSigner, parseCertificate } from "../src/tls/x509.js";
+import { ask, cleanup, forkTs, hasExited, installCleanup, root, setWorkDir, statusKb, track, transpile } from "./children.js";
+import { selectKinds, SoakClient, type RunResult } from "./soak-client.js";
+import { addresses, bodyPool, headers, names, policySource, replaced } from "./soak-plan.js";
+import type { SoakProxyMessage, SoakProxySettings } from "./soak-proxy.js";
+import type { SoakUpstreamPorts, SoakUpstreamSetup, SoakUpstreamStats } from "./soak-upstream.js";
+
+/** The pass criteria for the readings after the load, against the baseline after the warm-up. */
+export const tolerance = Object.freeze({
+  /** fds may end at most this many above the baseline (pooled sockets, timers' fds). */
+  fdsAbsolute: 2,
+  /** RSS after GC may end at most this fraction above the baseline… */
+  rssFraction: 0.05,
+  /** …or this many bytes, whichever is larger (a small heap's 5% is noise). */
+  rssBytes: 8 * 1024 * 1024,
+});
+
+/** In the warm-up, every kind goes this many times first, so each policy worker meets each limit. */
+const warmupEveryKind = 4;
+
+interface Settings {
+  readonly requests: number;
+  readonly concurrency: number;
+  readonly warmup: number;
+  readonly settleMs: number;
+  readonly from: "dist" | "src";
+  readonly seed: number;
+  readonly only: readonly string[];
+  readonly skip: readonly string[];
+  readonly json: string | undefined;
+  readonly deadlineMs: number;
+  readonly upstreamBodyMs: number;
+}
+
+function parseArgs(argv: readonly string[]): Settings {
+  const values = new Map<string, string>();
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    const known = ["--requests", "--concurrency", "--warmup", "--settle-ms", "--from", "--seed", "--only", "--skip", "--json", "--deadline-ms", "--upstream-body-timeout-ms"];
+    if (!known.includes(arg) || argv[i + 1] === undefined) throw new TypeError(`soak: unknown or incomplete argument ${JSON.stringify(arg)} (known: ${known.join(", ")})`);
+    values.set(arg, argv[++i]!);
+  }
+  const int = (name: string, fallback: number, min: number): number => {
+    const raw = values.get(name);
+    if (raw === undefined) return fallback;
+    const n = Number(raw);
+    if (!Number.isInteger(n) || n < min) throw new RangeError(`soak: ${name} must be an integer ≥ ${min} (got ${raw})`);
+    return n;
+  };
+  const list = (name: string): string[] => (values.get(name) ?? "").split(",").filter((s) => s !== "");
+  const requests = int("--requests", 100_000, 1);
+  const from = values.get("--from") ?? "dist";
+  if (from !== "dist" && from !== "src") throw new TypeError(`soak: --from must be dist or src (got ${from})`);
+  return {
+    requests,
+    concurrency: int("--concurrency", 64, 1),
+    warmup: int("--warmup", Math.min(2_000, Math.max(200, Math.round(requests * 0.02))), 0),
+    settleMs: int("--settle-ms", 10_000, 0),
+    from,
+    seed: int("--seed", 20_261_201, 0),
+    only: list("--only"),
+    skip: list("--skip"),
+    json: values.get("--json"),
+    deadlineMs: int("--deadline-ms", 30_000, 1_000),
+    upstreamBodyMs: int("--upstream-body-timeout-ms", 2_000, 1),
+  };
+}
+
+interface Reading {
+  readonly fds: number;
+  readonly rssBytes: number;
+  readonly heapUsedBytes?: number;
+}
+
+function fdCount(pid: number): number {
+  return readdirSync(`/proc/${pid}/fd`).length;
+}
+
+const stderrTails = new Map<ChildProcess, string[]>();
+const lastLines = (child: ChildProcess): string => (stderrTails.get(child) ?? []).slice(-10).join("\n");
+
+const mib = (bytes: number): string => (bytes / 1024 / 1024).toFixed(1);
+
+async function startProxy(dir: string, settings: Settings, proxySettings: SoakProxySettings): Promise<{ child: ChildProcess; url: string; caCertPem: string }> {
+  const source = join(root, "bench", "soak-proxy.ts");
+  // dist: plain node on the build, as deployed (tsx's loader would add RSS and source maps);
+  // src: tsx on the sources, so the test needs no build and sees the current code.
+  const script = settings.from === "dist" ? await transpile(dir, source) : source;
+  const moduleUrl = pathToFileURL(join(root, settings.from === "dist" ? "dist/index.js" : "src/index.ts")).href;
+  const child = track(
+    fork(script, [], {
+      execArgv: ["--expose-gc", ...(settings.from === "src" ? ["--import", "tsx"] : [])],
+      env: { ...process.env, SOAK_PROXY_SETTINGS: JSON.stringify(proxySettings), SOAK_EGRESSGATE: moduleUrl },
+      stdio: ["ignore", "inherit", "pipe", "ipc"],
+    }),
+    "proxy",
+  );
+  const tail: string[] = [];
+  child.stderr?.on("data", (chunk: Buffer) => {
+    for (const line of chunk.toString().split("\n")) if (line.trim() !== "") tail.push(line);
+    tail.splice(0, Math.max(0, tail.length - 40));
+  });
+  stderrTails.set(child, tail);
+  const ready = await ask<Extract<SoakProxyMessage, { kind: "ready" }>>(child, "ready", undefined, 60_000);
+  return { child, url: ready.url, caCertPem: ready.caCertPem };
+}
+
+async function read(child: ChildProcess): Promise<Reading | undefined> {
+  if (hasExited(child)) return undefined;
+  const gc = await ask<Extract<SoakProxyMessage, { kind: "gc-done" }>>(child, "gc-done", { kind: "gc" }, 30_000);
+  return { fds: fdCount(child.pid!), rssBytes: (statusKb(child.pid, "VmRSS") ?? 0) * 1024, heapUsedBytes: gc.heapUsedBytes };
+}
+
+/** One GET through a fresh agent: the proxy still serves after everything. */
+async function stillServes(url: string, caPem: string, target: string): Promise<string | undefined> {
+  const agent = new ProxyAgent({ uri: url, requestTls: { ca: caPem } });
+  try {
+    const res = await request(target, { dispatcher: agent, signal: AbortSignal.timeout(10_000) });
+    const body = Buffer.from(await res.body.arrayBuffer());
+    return res.statusCode === 200 && body.length === 100 ? undefined : `status ${res.statusCode}, ${body.length} bytes`;
+  } catch (error) {
+    return (error as Error).message;
+  } finally {
+    await agent.destroy();
+  }
+}
+
+function outcomeTable(result: RunResult): string {
+  const lines = ["| kind | sent | outcomes | failed | p50 ms | p99 ms | max ms |", "|---|---:|---|---:|---:|---:|---:|"];
+  for (const [name, tally] of Object.entries(result.perKind)) {
+    if (tally.sent === 0) continue;
+    const outcomes = Object.entries(tally.outcomes)
+      .sort((a, b) => b[1] - a[1])
+      .map(([label, n]) => `${label}: ${n}`)
+      .join("; ");
+    lines.push(`| ${name} | ${tally.sent} | ${outcomes} | ${tally.failed} | ${tally.p50Ms} | ${tally.p99Ms} | ${tally.maxMs} |`);
+  }
+  return lines.join("\n");
+}
+
+async function main(): Promise<number> {
+  const settings = parseArgs(process.argv.slice(2));
+  const kinds = selectKinds(settings.only, settings.skip);
+  installCleanup();
+  const dir = mkdtempSync(join(tmpdir(), "egressgate-soak-"));
+  setWorkDir(dir);
+  const started = performance.now();
+  const log = (line: string): void => void process.stderr.write(`soak: ${line}\n`);
+
+  // Upstream TLS: one CA and a *.soak.test leaf, in the upstream's own process.
+  const created = await createCaCertificate("egressgate soak upstream CA");
+  const signer = await LeafSigner.create({ cert: parseCertificate(created.certPem), key: await importKeyPair(created.keyPem) }, "ecdsa");
+  const leaf = await signer.sign("*.soak.test", 30);
+  const upstream = forkTs("./soak-upstream.ts", "upstream");
+  const upstreamSetup: SoakUpstreamSetup = { kind: "setup", keyPem: signer.leafKey.privateKeyPem, certPem: leaf.certPem };
+  const ports = await ask<SoakUpstreamPorts>(upstream, "ready", upstreamSetup, 30_000);
+
+  const policyFile = join(dir, "soak-policy.mjs");
+  writeFileSync(policyFile, policySource);
+  const proxySettings: SoakProxySettings = {
+    caDir: join(dir, "ca"),
+    upstreamCaPem: created.certPem,
+    policyFile,
+    resolve: addresses,
+    allowedInternalHosts: ["*.soak.test"],
+    allowedHosts: ["*.soak.invalid"],
+    upstreamBodyMs: settings.upstreamBodyMs,
+    dnsMs: 2_000,
+    // Low enough that a hostile call costs little; the time limit well above an ordinary
+    // call's worst case on a loaded 2-core machine, so only the hostile calls reach it.
+    limits: { timeoutMs: 250, memoryBytes: 16 * 1024 * 1024, stackBytes: 256 * 1024 },
+    headers: { tier3: headers.tier3, seen3: headers.seen3 },
+    replacedText: replaced.tier3,
+  };
+  const proxy = await startProxy(dir, settings, proxySettings);
+  const pid = proxy.child.pid!;
+  const exited = (): string | undefined => (hasExited(proxy.child) ? `exit ${proxy.child.exitCode ?? proxy.child.signalCode}` : undefined);
+  log(`proxy pid ${pid} (${settings.from}) on ${proxy.url}; upstream ports ${JSON.stringify(ports)}`);
+
+  const cold = await read(proxy.child);
+  if (cold === undefined) throw new Error(`the proxy died at start-up (${exited()}): ${lastLines(proxy.child)}`);
+  const client = new SoakClient({ proxyUrl: proxy.url, proxyCaPem: proxy.caCertPem, ports, pool: bodyPool(), seed: settings.seed, deadlineMs: settings.deadlineMs, kinds });
+  const settle = async (): Promise<void> => {
+    await new Promise((resolve) => setTimeout(resolve, settings.settleMs));
+  };
+
+  // Warm-up: the same mix, so one-time costs (JIT, heap sizing, leaf certificates, the policy
+  // workers' sandboxes) are paid before the baseline.
+  const warm = await client.run(settings.warmup, settings.concurrency, undefined, warmupEveryKind);
+  await settle();
+  // A proxy that died in the warm-up keeps the cold reading as its baseline; the load reports the death.
+  const baseline = (await read(proxy.child)) ?? cold;
+  log(`warm-up: ${warm.requests} requests, ${warm.failed} failed; baseline ${baseline.fds} fds, ${mib(baseline.rssBytes)} MiB`);
+
+  // The load, with the proxy sampled every 250 ms.
+  let peakFds = baseline.fds;
+  let peakRss = baseline.rssBytes;
+  const sampler = setInterval(() => {
+    if (exited() !== undefined) return;
+    try {
+      peakFds = Math.max(peakFds, fdCount(pid));
+      peakRss = Math.max(peakRss, (statusKb(pid, "VmRSS") ?? 0) * 1024);
+    } catch {
+      // The process is gone: the exit is reported below.
+    }
+  }, 250);
+  if (exited() === undefined) await ask(proxy.child, "marked", { kind: "mark" }, 10_000);
+  let lastReport = performance.now();
+  const result = await client.run(settings.requests, settings.concurrency, (done, failed) => {
+    if (performance.now() - lastReport < 10_000) return;
+    lastReport = performance.now();
+    log(`${done}/${settings.requests} requests, ${failed} failed${exited() !== undefined ? `, PROXY ${exited()}` : ""}`);
+  });
+  clearInterval(sampler);
+  const stats = exited() === undefined ? await ask<Extract<SoakProxyMessage, { kind: "stats" }>>(proxy.child, "stats", { kind: "stats" }, 10_000) : undefined;
+  await settle();
+  const upstreamStats = await ask<SoakUpstreamStats>(upstream, "stats", { kind: "stats" }, 10_000);
+  const after = await read(proxy.child);
+  const serving = exited() === undefined ? await stillServes(proxy.url, proxy.caCertPem, `https://${names.a}:${ports.https}/bytes?o=0&n=100`) : "the proxy is not running";
+  const death = exited();
+  const stderrTail = stderrTails.get(proxy.child) ?? [];
+
+  // Verdicts.
+  const failures: string[] = [];
+  if (result.failed > 0) failures.push(`${result.failed} requests did not get their expected outcome`);
+  if (result.bodiesMatched !== result.bodiesChecked) failures.push(`${result.bodiesChecked - result.bodiesMatched} of ${result.bodiesChecked} bodies did not match`);
+  if (death !== undefined) failures.push(`the proxy died (${death})`);
+  else if (serving !== undefined) failures.push(`the proxy no longer serves: ${serving}`);
+  if (upstreamStats.unhooked > 0) failures.push(`${upstreamStats.unhooked} requests reached the upstream without both hook tiers' marks, e.g. ${upstreamStats.firstUnhooked}`);
+  if (upstreamStats.stalledOpen > 0) failures.push(`${upstreamStats.stalledOpen} stalled upstream responses still held open by the proxy`);
+  const rssLimit = baseline.rssBytes + Math.max(baseline.rssBytes * tolerance.rssFraction, tolerance.rssBytes);
+  if (after !== undefined) {
+    if (after.fds > baseline.fds + tolerance.fdsAbsolute) failures.push(`fds did not come back: ${after.fds} against ${baseline.fds} (+${tolerance.fdsAbsolute} allowed)`);
+    if (after.rssBytes > rssLimit) failures.push(`RSS did not come back: ${mib(after.rssBytes)} MiB against ${mib(baseline.rssBytes)} MiB (limit ${mib(rssLimit)} MiB)`);
+  }
+
+  const elapsedS = result.elapsedMs / 1000;
+  const summary = {
+    command: `npm run soak -- ${process.argv.slice(2).join(" ")}`.trim(),
+    machine: { cpus: `${cpus().length}× ${cpus()[0]?.model.trim() ?? "cpu"}`, kernel: release(), node: process.version, loadavg: loadavg().map((n) => Number(n.toFixed(2))) },
+    settings: { ...settings, kinds: kinds.map((k) => k.name) },
+    requests: result.requests,
+    failed: result.failed,
+    requestsPerSecond: Math.round(result.requests / elapsedS),
+    elapsedSeconds: Number(elapsedS.toFixed(1)),
+    bodies: { checked: result.bodiesChecked, matched: result.bodiesMatched, bytes: result.bytesChecked },
+    perKind: result.perKind,
+    proxy: {
+      pid,
+      stayedUp: death === undefined,
+      exit: death,
+      servesAfter: serving === undefined,
+      cold,
+      baseline,
+      peak: { fds: peakFds, rssBytes: peakRss },
+      after,
+      rssLimitBytes: Math.round(rssLimit),
+      eventLoop: stats === undefined ? undefined : { p50Ms: stats.eventLoopP50Ms, p99Ms: stats.eventLoopP99Ms, maxMs: stats.eventLoopMaxMs },
+      logLevels: stats?.logLevels,
+      logMessages: stats?.logMessages,
+      stderrTail: death === undefined ? undefined : stderrTail.slice(-15),
+    },
+    upstream: upstreamStats,
+    tolerance,
+    warmup: { requests: warm.requests, failed: warm.failed },
+    failures,
+    passed: failures.length === 0,
+    totalSeconds: Number(((performance.now() - started) / 1000).toFixed(1)),
+  };
+  if (settings.json !== undefined) writeFileSync(settings.json, `${JSON.stringify(summary, null, 2)}\n`);
+
+  const row = (label: string, r: Reading | undefined): string =>
+    r === undefined ? `| ${label} | – | – | – |` : `| ${label} | ${r.fds} | ${mib(r.rssBytes)} | ${r.heapUsedBytes === undefined ? "–" : mib(r.heapUsedBytes)} |`;
+  console.log(`# soak — ${summary.machine.cpus}, node ${process.version}, ${settings.from}\n`);
+  console.log(`${result.requests} requests at concurrency ${settings.concurrency} in ${summary.elapsedSeconds} s (${summary.requestsPerSecond} req/s), after a warm-up of ${warm.requests}; ${result.failed} failed\n`);
+  console.log(outcomeTable(result));
+  console.log(`\nbodies checked byte for byte: ${result.bodiesMatched} of ${result.bodiesChecked} matched (${mib(result.bytesChecked)} MiB)\n`);
+  console.log("| proxy reading | open fds | RSS MiB | V8 heap used MiB (after GC) |\n|---|---:|---:|---:|");
+  console.log(row("cold start", cold));
+  console.log(row("after the warm-up (baseline)", baseline));
+  console.log(`| peak during the load | ${peakFds} | ${mib(peakRss)} | – |`);
+  console.log(row(`${settings.settleMs / 1000} s after the load`, after));
+  console.log(
+    `\nevent-loop delay over the load: ${stats === undefined ? "–" : `p50 ${stats.eventLoopP50Ms.toFixed(1)} ms, p99 ${stats.eventLoopP99Ms.toFixed(1)} ms, max ${stats.eventLoopMaxMs.toFixed(1)} ms`}`,
+  );
+  console.log(`proxy stayed up: ${death === undefined ? "yes" : `NO (${death})`}; serves afterwards: ${serving === undefined ? "yes" : `NO (${serving})`}`);
+  console.log(`upstream: ${upstreamStats.requests} requests, ${upstreamStats.unhooked} without both hook marks, ${upstreamStats.stalledOpen} stalled responses still open, ${upstreamStats.uploadsAborted} uploads aborted`);
+  if (stats !== undefined) {
+    const top = Object.entries(stats.logMessages).sort((a, b) => b[1] - a[1]).slice(0, 8);
+    console.log(`proxy log lines: ${JSON.stringify(stats.logLevels)}${top.length > 0 ? `; most frequent warn/error: ${top.map(([m, n]) => `${m} ×${n}`).join("; ")}` : ""}`);
+  }
+  for (const [name, tally] of Object.entries(result.perKind)) for (const example of tally.examples) console.log(`  ✗ ${name}: ${example}`);
+  if (death !== undefined && stderrTail.length > 0) console.log(`\nproxy stderr, last lines:\n${stderrTail.slice(-15).map((l) => `  ${l}`).join("\n")}`);
+  console.log(`\n${failures.length === 0 ? "PASS" : `FAIL:\n${failures.map((f) => `- ${f}`).join("\n")}`}`);
+  return failures.length === 0 ? 0 : 1;
+}
+
+let code = 1;
+try {
+  code = await main();
+} catch (error) {
+  process.stderr.write(`soak: ${(error as Error).stack ?? String(error)}\n`);
+}
+await cleanup();
+process.exit(code);
