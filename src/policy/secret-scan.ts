@@ -91,6 +91,19 @@ class ViewBuilder {
     this.length++;
   }
 
+  /**
+   * Decoded bytes, as Latin-1 characters, standing for groups of the view's characters: byte k
+   * for `[from + ⌊k / groupBytes⌋ · groupChars, … + groupChars)`, cut at `limit`.
+   */
+  bytes(bytes: Buffer, from: number, groupChars: number, groupBytes: number, limit: number): void {
+    this.parts.push(bytes.toString("latin1"));
+    for (let k = 0; k < bytes.length; k++, this.length++) {
+      const group = from + Math.floor(k / groupBytes) * groupChars;
+      this.starts[this.length] = spanStart(this.from, group);
+      this.ends[this.length] = spanEnd(this.from, Math.min(group + groupChars, limit) - 1);
+    }
+  }
+
   finish(name: string): View {
     return {
       text: this.parts.join(""),
@@ -168,24 +181,24 @@ interface DecodedRun {
   readonly from: number;
   readonly chars: number;
   readonly bytes: Buffer;
+  /** Holds a stretch of text, so it may hold another encoding. */
   readonly textual: boolean;
 }
 
-const utf8 = new TextDecoder("utf-8", { fatal: true });
-
 /**
- * Whether decoded bytes read as text: valid UTF-8 without control characters other than tab,
- * CR and LF. Most alignments of a run decode to noise; noise is searched but not decoded again,
- * which keeps the views of one text to a few dozen.
+ * Whether decoded bytes may hold another encoding: a stretch of at least `min` printable ASCII
+ * characters. Most alignments of a run decode to noise, which is searched but not decoded
+ * again; that keeps the views of one text to a few dozen. A stretch, not the whole run: a run
+ * often starts before the encoding does (`/echo/` before a base64 token), and its first
+ * group then decodes to noise.
  */
-function isTextual(bytes: Buffer): boolean {
-  for (const b of bytes) if ((b < 0x20 && b !== 0x09 && b !== 0x0a && b !== 0x0d) || b === 0x7f) return false;
-  try {
-    utf8.decode(bytes);
-    return true;
-  } catch {
-    return false;
+function hasText(bytes: Buffer, min: number): boolean {
+  let stretch = 0;
+  for (const b of bytes) {
+    stretch = (b >= 0x20 && b < 0x7f) || b === 0x09 ? stretch + 1 : 0;
+    if (stretch >= min) return true;
   }
+  return false;
 }
 
 /**
@@ -216,14 +229,10 @@ function runDecoder(
           const chars = usable(m[0].length - align);
           if (chars < minRun) continue;
           const bytes = decodeRun(view.text.slice(from, from + chars));
-          decoded.push({ from, chars, bytes, textual: isTextual(bytes) });
+          decoded.push({ from, chars, bytes, textual: hasText(bytes, Math.max(4, minBytes)) });
         }
         if (decoded.length === 0) continue;
-        const opaque = decoded.some((r) => !r.textual);
-        views.push({ ...build(view, decoded, name, groupChars, groupBytes), opaque });
-        // The runs that read as text may hold another encoding: they are decoded further.
-        const textual = decoded.filter((r) => r.textual);
-        if (opaque && textual.length > 0) views.push(build(view, textual, name, groupChars, groupBytes));
+        views.push({ ...build(view, decoded, name, groupChars, groupBytes), opaque: !decoded.some((r) => r.textual) });
       }
       return views;
     },
@@ -249,10 +258,7 @@ function build(view: View, runs: readonly DecodedRun[], name: string, groupChars
   let copied = 0;
   for (const { from, chars, bytes } of runs) {
     out.copy(copied, from);
-    for (let k = 0; k < bytes.length; k++) {
-      const group = from + Math.floor(k / groupBytes) * groupChars;
-      out.char(bytes[k]!, group, Math.min(group + groupChars, from + chars));
-    }
+    out.bytes(bytes, from, groupChars, groupBytes, from + chars);
     copied = from + chars;
   }
   out.copy(copied, view.text.length);
@@ -296,15 +302,15 @@ export const decoders: readonly Decoder[] = [percent, plus, json, base64, hex];
 /** A value to look for, under the name reported with it. */
 export interface Needle {
   readonly name: string;
-  /** The value as text, and as its UTF-8 bytes in Latin-1 form: both ASCII-lowercased. */
+  /** The value as text, and as its UTF-8 bytes in Latin-1 form: both lowercased by {@link fold}. */
   readonly forms: readonly string[];
   /** Length in bytes of the shortest form. */
   readonly bytes: number;
 }
 
 export function needle(name: string, value: string): Needle {
-  const text = asciiLower(value);
-  const bytes = asciiLower(Buffer.from(value, "utf8").toString("latin1"));
+  const text = fold(value);
+  const bytes = fold(Buffer.from(value, "utf8").toString("latin1"));
   return { name, forms: text === bytes ? [text] : [text, bytes], bytes: Math.min(text.length, bytes.length) };
 }
 
@@ -320,9 +326,14 @@ export class NeedleSet {
   }
 }
 
-/** Lowercases A–Z only, so every character keeps its index (`"İ".toLowerCase()` has two). */
-function asciiLower(text: string): string {
-  return /[A-Z]/.test(text) ? text.replace(/[A-Z]+/g, (run) => run.toLowerCase()) : text;
+/**
+ * Lowercases the letters of ASCII and Latin-1 (decoded bytes are Latin-1 characters) and
+ * nothing else, so every character keeps its index: `"İ".toLowerCase()` has two.
+ */
+function fold(text: string): string {
+  // Within Latin-1, toLowerCase maps character for character (and is much faster).
+  if (!/[\u0100-\uffff]/.test(text)) return text.toLowerCase();
+  return text.replace(/[A-Z\xc0-\xd6\xd8-\xde]+/g, (run) => run.toLowerCase());
 }
 
 /** One place a needle was found: its span in the original text and how it was encoded. */
@@ -334,19 +345,35 @@ export interface Match {
 }
 
 /**
- * Calls `found` for every occurrence of every needle in every view of `text`, depth-first, until
- * it returns true. Returns whether it did. At most 15 views come from one view (one each for
- * percent, plus and json, up to eight for base64 and four for hex), and fewer go on to be
- * decoded again, so the work is bounded by the depth.
+ * Calls `visit` with `text` and every view decoded from it, depth-first, until it returns true;
+ * returns whether it did. Each distinct view is visited once. At most 9 views come from one
+ * view (one each for percent, plus and json, four for base64 and two for hex), and only those
+ * that hold some text are decoded again, so the work is bounded by the depth.
+ */
+export function eachView(text: string, context: DecodeContext, visit: (view: View) => boolean): boolean {
+  const seen = new Set<string>();
+  const walk = (view: View, depth: number): boolean => {
+    if (seen.has(view.text)) return false;
+    seen.add(view.text);
+    if (visit(view)) return true;
+    if (depth >= maxDepth || view.opaque === true) return false;
+    for (const decoder of decoders) {
+      for (const next of decoder.decode(view, context)) if (walk(next, depth + 1)) return true;
+    }
+    return false;
+  };
+  return walk({ text, start: undefined, end: undefined, via: [] }, 0);
+}
+
+/**
+ * Calls `found` for every occurrence of every needle in every view of `text`, in any ASCII
+ * letter case, until it returns true. Returns whether it did.
  */
 export function scan(text: string, set: NeedleSet, found: (match: Match) => boolean): boolean {
   const { needles, context } = set;
   if (needles.length === 0 || text === "") return false;
-  const seen = new Set<string>();
-  const visit = (view: View, depth: number): boolean => {
-    if (seen.has(view.text)) return false;
-    seen.add(view.text);
-    const lower = asciiLower(view.text);
+  return eachView(text, context, (view) => {
+    const lower = fold(view.text);
     for (const n of needles) {
       for (const form of n.forms) {
         for (let at = lower.indexOf(form); at >= 0; at = lower.indexOf(form, at + 1)) {
@@ -355,13 +382,8 @@ export function scan(text: string, set: NeedleSet, found: (match: Match) => bool
         }
       }
     }
-    if (depth >= maxDepth || view.opaque === true) return false;
-    for (const decoder of decoders) {
-      for (const next of decoder.decode(view, context)) if (visit(next, depth + 1)) return true;
-    }
     return false;
-  };
-  return visit({ text, start: undefined, end: undefined, via: [] }, 0);
+  });
 }
 
 /** The first match in `text`, if any. */

@@ -339,7 +339,9 @@ export class SecretStore {
           // Anyone on the path could read it: a secret is only ever inserted into TLS traffic.
           throw denied(`${where} carries the placeholder of secret ${e.name} over plain http://; secrets are only sent over https://`);
         }
-        out = out.replaceAll(e.placeholder, encode === undefined ? e.value : encode(e.value));
+        const replacement = encode === undefined ? e.value : encode(e.value);
+        // A function, so that `$&`, `$'`, `` $` `` and `$$` in a value are not replacement patterns.
+        out = out.replaceAll(e.placeholder, () => replacement);
         substituted?.add(e.name);
       }
     }

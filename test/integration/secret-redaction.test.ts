@@ -1,0 +1,176 @@
+import { randomInt } from "node:crypto";
+import type { IncomingMessage, ServerResponse } from "node:http";
+import { createServer } from "node:https";
+import type { AddressInfo, Socket } from "node:net";
+import { describe, expect, it, onTestFinished } from "vitest";
+import { HttpRequestBlockedError } from "../../src/index.js";
+import { fetchVia, startTestProxy } from "../helpers/proxy.js";
+import { openTlsTunnel } from "../helpers/raw.js";
+import { testCa } from "../helpers/test-ca.js";
+
+/**
+ * Issue 14: a value the URL parser re-encoded in its own way (`/loop/p@ss%20word|x`) reached the
+ * guest's 508 body and the decision log. These tests drive real redirect loops whose Location
+ * quotes the value, and look for it, decoded every way a reader could decode it, in everything
+ * the guest and the log get.
+ */
+
+/** An HTTPS upstream for api.test answering every request with `route`; closed when the test ends. */
+async function startQuotingUpstream(route: (req: IncomingMessage, res: ServerResponse) => void): Promise<{ port: number; hits: () => number }> {
+  const ca = await testCa();
+  const context = (await ca.serverContexts(["api.test"])).get("api.test")!;
+  let hits = 0;
+  const server = createServer({ SNICallback: (_name, cb) => cb(null, context) }, (req, res) => {
+    hits++;
+    req.resume();
+    req.on("end", () => route(req, res));
+  });
+  const sockets = new Set<Socket>();
+  server.on("secureConnection", (s: Socket) => {
+    sockets.add(s);
+    s.on("close", () => sockets.delete(s));
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(async () => {
+    for (const s of sockets) s.destroy();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  });
+  return { port: (server.address() as AddressInfo).port, hits: () => hits };
+}
+
+/** The token between the first `[` and the last `]` of `x-token`, so spaces at its ends survive. */
+function tokenOf(req: IncomingMessage): string {
+  const header = String(req.headers["x-token"] ?? "");
+  return header.slice(header.indexOf("[") + 1, header.lastIndexOf("]"));
+}
+
+/** Lenient percent-decoding, as a reader of a log would do it: bad escapes stay as they are. */
+function percentDecode(text: string): string {
+  return text.replace(/(?:%[0-9A-Fa-f]{2})+/g, (run) => Buffer.from(run.replaceAll("%", ""), "hex").toString("latin1"));
+}
+
+/** Every string a reader could get from `text`: as it is, percent-decoded once or twice, with `+` as space, and, for JSON, each parsed string. */
+function readings(text: string): string[] {
+  const out = new Set<string>();
+  const add = (t: string): void => {
+    for (const base of [t, t.replaceAll("+", " ")]) {
+      out.add(base);
+      const once = percentDecode(base);
+      out.add(once);
+      out.add(percentDecode(once));
+    }
+  };
+  add(text);
+  const walk = (value: unknown): void => {
+    if (typeof value === "string") add(value);
+    else if (value !== null && typeof value === "object") for (const v of Object.values(value)) walk(v);
+  };
+  try {
+    walk(JSON.parse(text));
+  } catch {
+    // not JSON
+  }
+  return [...out];
+}
+
+function expectNowhere(value: string, texts: readonly string[], context: string): void {
+  for (const text of texts) {
+    for (const reading of readings(text)) {
+      if (reading.includes(value)) expect.fail(`${context}: ${JSON.stringify(value)} found in ${JSON.stringify(text)}`);
+    }
+  }
+}
+
+/** Only what a path segment must escape to mean itself; the URL parser encodes the rest its own way. */
+function minimalPathQuote(value: string): string {
+  return value.replace(/[%/?#\\]/g, (c) => encodeURIComponent(c));
+}
+
+describe("redaction decodes before it matches", () => {
+  it("a value quoted by the URL parser's path encoding (p@ss word|x) appears in neither the 508 body nor the log", async () => {
+    const value = "p@ss word|x";
+    const upstream = await startQuotingUpstream((req, res) => {
+      res.writeHead(302, { location: `/loop/${tokenOf(req)}` });
+      res.end();
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], secrets: { ODD: { hosts: ["api.test"], value } } });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/start`, { headers: { "x-token": `[${proxy.guestEnv()["ODD"]}]` } });
+    expect(res.status, res.text).toBe(508);
+    expect(upstream.hits()).toBe(11);
+    expect(res.text).toMatch(/more than 10 redirects, the last from https:\/\/api\.test:\d+\/loop\/\[REDACTED:ODD\]/);
+    const logs = proxy.logs.map((line) => JSON.stringify(line));
+    expect(logs.join("\n")).toContain("[REDACTED:ODD]");
+    for (const text of [res.text, ...logs]) {
+      expect(text).not.toContain("p@ss%20word|x");
+      expect(text).not.toContain(value);
+    }
+    expectNowhere(value, [res.text, JSON.stringify(res.headers), ...logs], "p@ss word|x");
+  });
+
+  it("a reason phrase that quotes the value as the URL parser encoded it is redacted", async () => {
+    const value = "p@ss word|x";
+    const upstream = await startQuotingUpstream((_req, res) => {
+      res.writeHead(200, { "content-type": "text/plain" });
+      res.end("ok");
+    });
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      secrets: { ODD: { hosts: ["api.test"], value } },
+      // onResponse sees the request after substitution: a hook that quotes it hands the value on.
+      onResponse: (_response, request) => {
+        const quoted = new URL(`/r/${request.headers.get("x-token") ?? ""}`, request.url).pathname;
+        throw new HttpRequestBlockedError(`refused ${quoted}`, 451, `Refused ${quoted}`);
+      },
+    });
+    const tunnel = await openTlsTunnel(proxy.port, `api.test:${upstream.port}`, { ca: proxy.caCertPem });
+    tunnel.write(`GET /x HTTP/1.1\r\nHost: api.test:${upstream.port}\r\nx-token: ${proxy.guestEnv()["ODD"]}\r\n\r\n`);
+    const res = await tunnel.readResponse();
+    expect(res.status).toBe(451);
+    expect(res.statusText).toBe("Refused /r/[REDACTED:ODD]");
+    expect(res.body).toContain("refused /r/[REDACTED:ODD]");
+    expectNowhere(value, [res.statusText, res.body, ...proxy.logs.map((line) => JSON.stringify(line))], "reason phrase");
+  });
+
+  it("random printable-ASCII values quoted into the path, the query and a header through a redirect loop are never in a log line or a guest-visible answer", async () => {
+    const seed = process.env["EGRESSGATE_REDACTION_SEED"] ?? String(randomInt(2 ** 31));
+    let state = Number(seed) >>> 0;
+    // mulberry32: the seed in a failure message replays the same values.
+    const random = (n: number): number => {
+      state = (state + 0x6d2b79f5) >>> 0;
+      let t = state;
+      t = Math.imul(t ^ (t >>> 15), t | 1);
+      t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+      return (((t ^ (t >>> 14)) >>> 0) % n);
+    };
+    const values = Array.from({ length: 30 }, () => {
+      const length = 6 + random(19);
+      return Array.from({ length }, () => String.fromCharCode(0x20 + random(95))).join("");
+    });
+    const styles = values.map(() => random(4));
+    const upstream = await startQuotingUpstream((req, res) => {
+      const token = tokenOf(req);
+      const style = Number(new URL(req.url ?? "/", "https://x").searchParams.get("style"));
+      const path = style % 2 === 0 ? encodeURIComponent(token) : minimalPathQuote(token);
+      const query = style < 2 ? new URLSearchParams({ v: token }).toString() : `v=${encodeURIComponent(token)}`;
+      // The loop goes on until the proxy gives up: the same value, quoted the same way, every hop.
+      res.writeHead(302, { location: `/loop/${path}?${query}&style=${style}`, "x-echo": `[${token}]` });
+      res.end();
+    });
+    const secrets = Object.fromEntries(values.map((value, i) => [`S${i}`, { hosts: ["api.test"], value }]));
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], secrets });
+    for (let i = 0; i < values.length; i++) {
+      const context = `seed ${seed}, value ${i} ${JSON.stringify(values[i])}, style ${styles[i]}`;
+      const logsBefore = proxy.logs.length;
+      const res = await fetchVia(proxy, `https://api.test:${upstream.port}/start?style=${styles[i]}`, {
+        headers: { "x-token": `[${proxy.guestEnv()[`S${i}`]}]` },
+      });
+      expect(res.status, context).toBe(508);
+      // The path of the last hop is quoted in the answer: the test only proves something if it is there, redacted.
+      expect(res.text, context).toContain(`[REDACTED:S${i}]`);
+      const logs = proxy.logs.slice(logsBefore).map((line) => JSON.stringify(line));
+      expect(logs.length, context).toBeGreaterThan(0);
+      expectNowhere(values[i]!, [res.text, JSON.stringify(res.headers), ...logs], context);
+    }
+    expect(upstream.hits()).toBe(values.length * 11);
+  });
+});
