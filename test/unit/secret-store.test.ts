@@ -1,0 +1,115 @@
+import { describe, expect, it } from "vitest";
+import { parseCli, UsageError } from "../../src/cli/args.js";
+import { createHttpHooks, declarativeConfigOf } from "../../src/hooks/http-hooks.js";
+import { SecretStore, type SecretOptions, type SecretRedirectOptions } from "../../src/policy/secrets.js";
+
+function store(secrets: Record<string, SecretOptions>, defaults: SecretRedirectOptions = {}): SecretStore {
+  return new SecretStore(secrets, false, (hosts) => hosts as string[], undefined, defaults);
+}
+
+const VALUE = "S3cr3t-V4lue_for.redirects";
+
+function hop(to: string, headers: string[] = [], location = to): Parameters<SecretStore["checkRedirect"]>[0] {
+  return { from: new URL("https://api.test/start"), url: new URL(to), location, headers };
+}
+
+describe("SecretStore.checkRedirect", () => {
+  const secrets = store({ T: { hosts: ["api.test"], value: VALUE } });
+  const sent = new Set(["T"]);
+
+  it("refuses a hop whose headers carry the value in some encoding, naming the header", () => {
+    const basic = `Basic ${Buffer.from(`user:${VALUE}`).toString("base64")}`;
+    expect(() => secrets.checkRedirect(hop("https://other.test/x", ["X-Forwarded-Auth", basic]), sent)).toThrow(
+      /header x-forwarded-auth carries the value of secret T to host "other\.test".*found base64-encoded in the header x-forwarded-auth/,
+    );
+  });
+
+  it("refuses a hop whose host carries the value without naming the host", () => {
+    const label = Buffer.from(VALUE).toString("hex");
+    let message = "";
+    try {
+      secrets.checkRedirect(hop(`https://${label}.other.test/`), sent);
+    } catch (error) {
+      message = (error as Error).message;
+    }
+    expect(message).toMatch(/carries the value of secret T to a host outside its hosts; it was found hex-encoded in the host/);
+    expect(message).not.toContain(label);
+  });
+
+  it("scans the Location as sent, where the URL parser would have lowercased a base64 host label", () => {
+    const label = Buffer.from(VALUE).toString("base64url");
+    const to = `https://${label}.other.test/`;
+    expect(() => secrets.checkRedirect(hop(to.toLowerCase(), [], to), sent)).toThrow(/found base64-encoded in the Location header/);
+  });
+
+  it("refuses a copy sent back to the secret's own host over plain http://", () => {
+    expect(() => secrets.checkRedirect(hop(`http://api.test/?v=${VALUE.toUpperCase()}`), sent)).toThrow(/over plain http:\/\//);
+  });
+
+  it("lets a hop through when it stays in the secret's hosts, when the secret was not sent, or when it holds no copy", () => {
+    expect(() => secrets.checkRedirect(hop(`https://api.test/?v=${VALUE}`), sent)).not.toThrow();
+    expect(() => secrets.checkRedirect(hop(`https://other.test/?v=${VALUE}`), new Set())).not.toThrow();
+    expect(() => secrets.checkRedirect(hop("https://cdn.other.test/blob?sig=0123abcd"), sent)).not.toThrow();
+  });
+
+  it('in "refuse" mode refuses any hop out of the secret\'s hosts, except to followRedirectsTo', () => {
+    const strict = store({ T: { hosts: ["api.test"], value: VALUE, secretRedirects: "refuse", followRedirectsTo: ["*.cdn.test"] } });
+    expect(() => strict.checkRedirect(hop("https://other.test/blob"), sent)).toThrow(/secretRedirects "refuse"/);
+    expect(() => strict.checkRedirect(hop("https://objects.cdn.test/blob"), sent)).not.toThrow();
+    expect(() => strict.checkRedirect(hop(`https://objects.cdn.test/${VALUE}`), sent)).toThrow(/carries the value of secret T/);
+    expect(() => strict.checkRedirect(hop("https://api.test/again"), sent)).not.toThrow();
+  });
+});
+
+describe("SecretStore substitution", () => {
+  it("substitutes a value holding $&, $', $` and $$ as written", () => {
+    const value = "a$&b$'c$`d$$e";
+    const secrets = new SecretStore({ T: { hosts: ["api.test"], value } }, false, (hosts) => hosts as string[]);
+    const placeholder = secrets.env()["T"]!;
+    const out = secrets.apply({ url: new URL("https://api.test/"), headers: ["x-token", `[${placeholder}]`] }, "api.test");
+    expect(out?.headers).toEqual(["x-token", `[${value}]`]);
+  });
+
+  it("reports the names of the secrets it substituted", () => {
+    const secrets = new SecretStore(
+      { A: { hosts: ["api.test"], value: "value-a-123" }, B: { hosts: ["api.test"], value: "value-b-456" } },
+      false,
+      (hosts) => hosts as string[],
+    );
+    const substituted = new Set<string>();
+    secrets.apply({ url: new URL("https://api.test/"), headers: ["authorization", `Bearer ${secrets.env()["B"]!}`] }, "api.test", substituted);
+    expect([...substituted]).toEqual(["B"]);
+  });
+});
+
+describe("secretRedirects and followRedirectsTo options", () => {
+  it("createHttpHooks takes them globally and per secret", () => {
+    const { httpHooks } = createHttpHooks({
+      secretRedirects: "refuse",
+      followRedirectsTo: ["objects.githubusercontent.com"],
+      secrets: { A: { hosts: ["api.test"], value: "a-value-1" }, B: { hosts: ["api.test"], value: "b-value-2", secretRedirects: "scan" } },
+    });
+    expect(declarativeConfigOf(httpHooks)?.secrets?.size).toBe(2);
+  });
+
+  it.each([
+    [{ secretRedirects: "sometimes" }, /secretRedirects: expected "scan" or "refuse" \(got "sometimes"\)/],
+    [{ followRedirectsTo: ["a.test"] }, /followRedirectsTo: only applies with secretRedirects: "refuse"/],
+    [{ secretRedirects: "refuse", followRedirectsTo: ["https://a.test"] }, /followRedirectsTo\[0\]/],
+    [{ secrets: { T: { hosts: ["a.test"], value: "v-123", followRedirectsTo: ["b.test"] } } }, /secrets\.T\.followRedirectsTo: only applies with secretRedirects: "refuse"/],
+    [{ secrets: { T: { hosts: ["a.test"], value: "v-123", secretRedirects: "no" } } }, /secrets\.T\.secretRedirects: expected "scan" or "refuse"/],
+  ])("%j is refused", (options, message) => {
+    expect(() => createHttpHooks(options as Parameters<typeof createHttpHooks>[0])).toThrow(message);
+  });
+
+  it("the CLI takes --secret-redirects and --follow-redirects-to", () => {
+    const command = parseCli(
+      ["--allow-host", "api.test", "--host-secret", "T@api.test=v-123", "--secret-redirects", "refuse", "--follow-redirects-to", "cdn.test", "--follow-redirects-to", "*.cdn.test"],
+      {},
+    );
+    expect(command.kind).toBe("serve");
+    expect(() => parseCli(["--secret-redirects", "maybe"], {})).toThrow(UsageError);
+    expect(() => parseCli(["--follow-redirects-to", "cdn.test"], {})).toThrow(/--follow-redirects-to: only applies with --secret-redirects refuse/);
+    expect(() => parseCli(["--secret-redirects", "refuse", "--follow-redirects-to", "https://cdn.test"], {})).toThrow(/^--follow-redirects-to/);
+  });
+});
