@@ -79,6 +79,21 @@ function nonNegativeInteger(value: number, flag: string): number {
   return value;
 }
 
+/** A numeric flag that, when given, sets an option; an absent flag leaves the API's default. */
+function optionalInteger<T>(value: number | undefined, flag: string, set: (n: number) => T): T | Record<string, never> {
+  if (value === undefined) return {};
+  if (!Number.isSafeInteger(value) || value < 1) throw new UsageError(`${flag}: expected a positive integer, got ${String(value)}`);
+  return set(value);
+}
+
+function connectionLimits(connections: number | undefined, perSource: number | undefined): Pick<ProxyOptions, "limits"> {
+  const limits = {
+    ...optionalInteger(connections, "--max-connections", (n) => ({ connections: n })),
+    ...optionalInteger(perSource, "--max-connections-per-source", (n) => ({ connectionsPerSource: n })),
+  };
+  return Object.keys(limits).length === 0 ? {} : { limits };
+}
+
 function optionalString(value: unknown): string | undefined {
   return value === undefined ? undefined : String(value);
 }
@@ -123,6 +138,9 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
             default: 64 * 1024 * 1024,
             describe: "largest response body a hook may read (502 beyond)",
           })
+          .option("upstream-body-timeout-ms", { type: "number", describe: "longest silence inside an upstream response body before the guest connection is cut; default 120000" })
+          .option("max-connections", { type: "number", describe: "guest connections open at once (503 beyond); default half the open-file limit, at most 16384" })
+          .option("max-connections-per-source", { type: "number", describe: "guest connections open at once from one address (503 beyond); default 256" })
           .option("hooks-script", {
             type: "string",
             describe: "tier-2 policy run in a QuickJS sandbox: .js script, .mjs module, .ts/.mts TypeScript",
@@ -195,6 +213,8 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
             maxRedirects,
             maxHttpBodyBytes,
             maxHttpResponseBodyBytes,
+            ...optionalInteger(args["upstream-body-timeout-ms"], "--upstream-body-timeout-ms", (upstreamBodyMs) => ({ timeouts: { upstreamBodyMs } })),
+            ...connectionLimits(args["max-connections"], args["max-connections-per-source"]),
             logLevel: args["log-level"],
             ...(caDir !== undefined ? { caDir } : {}),
             ...(envFile !== undefined ? { guestEnvFile: envFile } : {}),

@@ -95,6 +95,24 @@ function workerLogSink(pid: number): (line: string) => void {
   return (line) => void process.stderr.write(line.startsWith("{") ? `{"worker":${pid},${line.slice(1)}` : line);
 }
 
+/**
+ * The last line of defence: an error nothing caught means the process's state is unknown, and
+ * every guest depends on it. One JSON line with the stack (what a log pipeline can parse), then
+ * a non-zero exit, so a supervisor (systemd's Restart=on-failure, or the --workers primary)
+ * starts a clean one instead of leaving a half-broken proxy serving.
+ */
+function dieLoudly(kind: string, error: unknown): void {
+  const err = error instanceof Error ? error : new Error(String(error));
+  const line = { time: new Date().toISOString(), level: "fatal", msg: kind, pid: process.pid, error: err.message, stack: err.stack ?? "" };
+  try {
+    process.stderr.write(`${JSON.stringify(line)}\n`);
+  } finally {
+    process.exit(70); // EX_SOFTWARE
+  }
+}
+process.on("uncaughtException", (error) => dieLoudly("uncaught exception", error));
+process.on("unhandledRejection", (reason) => dieLoudly("unhandled rejection", reason));
+
 main(process.argv.slice(2)).then(
   (code) => {
     process.exitCode = code;

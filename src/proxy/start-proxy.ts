@@ -434,6 +434,16 @@ class GuestSide {
         signal: abort,
         ...(expectsContinue ? { beforeBody: once(() => res.writeContinue()) } : {}),
       });
+      if (response.body?.destroyed === true) {
+        // The upstream body broke while hooks ran (a reset during an onResponse call): undici has
+        // already reported the error to its own listener, so a pipe would wait for ever for an
+        // end or an error that never comes. Nothing was sent yet, so the guest gets a 502.
+        response.cleanup?.();
+        const cause = response.body.errored;
+        throw new EgressError("EG_UPSTREAM", 502, `the upstream response body from ${response.url.host} failed before it could be sent`, {
+          ...(cause !== null ? { cause, detail: cause.message } : {}),
+        });
+      }
       sendResponse(res, response, !req.complete, (error) => {
         response.cleanup?.();
         this.logDecision({

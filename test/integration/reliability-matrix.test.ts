@@ -1,0 +1,238 @@
+import { createHash } from "node:crypto";
+import { Readable } from "node:stream";
+import { fileURLToPath } from "node:url";
+import { ProxyAgent, request } from "undici";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startChildProxy, type ChildProxy } from "../helpers/child-proxy.js";
+import { brokenBehaviours, startFaultUpstream, upstreamBehaviours, type FaultUpstream, type UpstreamBehaviour } from "../helpers/fault-upstream.js";
+import { openTlsTunnel } from "../helpers/raw.js";
+import { testCa } from "../helpers/test-ca.js";
+
+// Every hook phase of both tiers × every answer shape × body read or not × every upstream
+// behaviour, through one proxy in a process of its own: after each row the process must still
+// be running and serving. The tables below generate the rows; nothing is copied per case.
+
+type Tier = 2 | 3;
+type Phase = "onRequest" | "onResponse" | "isRequestAllowed" | "isIpAllowed";
+type Read = "none" | "read" | "clone";
+
+interface Row {
+  readonly tier: Tier;
+  readonly phase: Phase;
+  readonly answer: string;
+  readonly read: Read;
+  readonly upstream: UpstreamBehaviour;
+}
+
+/** What the guest must see: a status and body (by text or by the upstream's sha256), or a cut body. */
+type Expected = { readonly status: number; readonly text?: string; readonly sha?: UpstreamBehaviour | "gunzipped" } | "broken";
+
+const hostile = ["time", "memory", "stack"];
+const answers: Record<Phase, { common: string[]; passing: string[] }> = {
+  onRequest: { common: ["", "rewrite", "response", "throw", "blocked", "never", "number"], passing: ["", "rewrite"] },
+  onResponse: { common: ["", "response", "passthrough", "throw", "blocked", "never", "number"], passing: [""] },
+  isRequestAllowed: { common: ["", "false", "throw", "never"], passing: [""] },
+  isIpAllowed: { common: ["", "false", "throw", "never"], passing: [""] },
+};
+const reads: Record<Phase, Read[]> = { onRequest: ["none", "read", "clone"], onResponse: ["none", "read", "clone"], isRequestAllowed: ["none"], isIpAllowed: ["none"] };
+
+function rows(): Row[] {
+  const out: Row[] = [];
+  for (const tier of [2, 3] as const) {
+    for (const phase of Object.keys(answers) as Phase[]) {
+      const shapes = [...answers[phase].common, ...(tier === 2 ? hostile : [])];
+      for (const answer of shapes) {
+        for (const read of reads[phase]) {
+          // Answers that end the request before the upstream answers need one upstream only;
+          // the rest meet every upstream behaviour (onResponse always does).
+          const everyUpstream = phase === "onResponse" ? !hostile.includes(answer) : answers[phase].passing.includes(answer);
+          for (const upstream of everyUpstream ? upstreamBehaviours : (["cl"] as const)) out.push({ tier, phase, answer, read, upstream });
+        }
+      }
+    }
+  }
+  return out;
+}
+
+function expected(row: Row): Expected {
+  const { tier, phase, answer, read, upstream } = row;
+  const broken = brokenBehaviours.has(upstream);
+  const failed = { status: 502 };
+  // Tier 2 holds a call to its time limit (502); tier 3 to timeouts.hookMs (504).
+  const neverSettles = { status: tier === 2 ? 502 : 504 };
+  const passed = (hookReadTheBody: boolean): Expected => (broken ? (hookReadTheBody ? failed : "broken") : { status: 200, sha: upstream });
+  if (phase === "onRequest") {
+    // The read header asks the tier's onResponse to read the response body too.
+    if (answer === "" || answer === "rewrite") return passed(read !== "none");
+    if (answer === "response") return { status: 200, text: `t${tier} answered` };
+    if (answer === "blocked") return { status: 451 };
+    if (answer === "never") return neverSettles;
+    return failed;
+  }
+  if (phase === "onResponse") {
+    const hookRead = read !== "none";
+    // A hook that reads a body that breaks fails there, whatever it meant to answer.
+    if (hookRead && broken) return failed;
+    if (answer === "") return passed(hookRead);
+    // What the hook passes on is the body it saw: decoded, with the headers that say so.
+    if (answer === "passthrough") return read === "read" ? failed : upstream === "gzip" ? { status: 200, sha: "gunzipped" } : passed(hookRead);
+    if (answer === "response") return { status: 200, text: `t${tier} replaced` };
+    if (answer === "blocked") return { status: 451 };
+    if (answer === "never") return neverSettles;
+    return failed;
+  }
+  if (answer === "") return passed(false);
+  if (answer === "false") return { status: 403 };
+  if (answer === "never") return neverSettles;
+  return failed;
+}
+
+function requestFor(row: Row, upstream: FaultUpstream): { url: string; headers: Record<string, string> } {
+  const prefix = `x-t${row.tier}`;
+  const headers: Record<string, string> = {};
+  let host = "api.test";
+  if (row.phase === "isIpAllowed") host = `t${row.tier}ip-${row.answer || "true"}.test`;
+  else if (row.phase === "isRequestAllowed") headers[`${prefix}-allow`] = row.answer;
+  else headers[`${prefix}-${row.phase.toLowerCase()}`] = row.answer;
+  if (row.read !== "none") headers[`${prefix}-read`] = row.read;
+  return { url: upstream.url(host, row.upstream), headers };
+}
+
+function rowName(row: Row): string {
+  return `tier ${row.tier} ${row.phase} answers ${row.answer || "undefined"}, body ${row.read}, upstream ${row.upstream}`;
+}
+
+const names = ["api.test", "t2ip-true.test", "t3ip-true.test"];
+const ipHosts = ["true", "false", "throw", "never", ...hostile].flatMap((a) => [`t2ip-${a}.test`, `t3ip-${a}.test`]);
+
+let upstream: FaultUpstream;
+let proxy: ChildProxy;
+let agent: ProxyAgent;
+
+beforeAll(async () => {
+  upstream = await startFaultUpstream(names);
+  const ca = await testCa();
+  proxy = await startChildProxy({
+    allowedHosts: ["*.test"],
+    policyFile: fileURLToPath(new URL("../fixtures/matrix-policy.mjs", import.meta.url)),
+    // Far above what reading a 2 MiB body takes on a loaded machine, so only the hostile rows hit it.
+    policyTimeoutMs: 1_000,
+    hooksModule: fileURLToPath(new URL("../fixtures/matrix-hooks.ts", import.meta.url)),
+    proxy: {
+      caDir: `/tmp/egressgate-matrix-${process.pid}`,
+      upstreamCa: [ca.certPem],
+      logLevel: "silent",
+      resolve: Object.fromEntries(["api.test", ...ipHosts].map((h) => [h, ["127.0.0.1"]])),
+      // A hook reading a stalled body meets the body timeout well before its own.
+      timeouts: { upstreamBodyMs: 500, hookMs: 1_500 },
+    },
+  });
+  agent = new ProxyAgent({ uri: proxy.url, requestTls: { ca: proxy.caCertPem } });
+});
+
+afterAll(async () => {
+  await agent?.close();
+  await proxy?.stop();
+  await upstream?.close();
+});
+
+/** A request through the proxy: its status and the sha256 of its body, or "broken" if the body failed. */
+async function fetchThrough(
+  url: string,
+  headers: Record<string, string>,
+  init: { method?: string; body?: Readable } = {},
+): Promise<{ status: number; sha: string; text: string } | "broken"> {
+  const res = await request(url, { dispatcher: agent, method: (init.method ?? "GET") as "GET", headers, body: init.body ?? null });
+  try {
+    const bytes = Buffer.from(await res.body.arrayBuffer());
+    return { status: res.statusCode, sha: createHash("sha256").update(bytes).digest("hex"), text: bytes.toString("utf8") };
+  } catch {
+    return "broken";
+  }
+}
+
+/** The proxy process is running and answers a plain request in full. */
+async function expectServing(): Promise<void> {
+  expect(proxy.alive(), proxy.stderr()).toBe(true);
+  const control = await fetchThrough(upstream.url("api.test", "cl"), {});
+  expect(control).toEqual({ status: 200, sha: upstream.sha256("cl"), text: expect.any(String) });
+}
+
+describe("the reliability matrix: every phase × answer × body read × upstream behaviour", () => {
+  it.concurrent.each(rows().map((row) => [rowName(row), row] as const))("%s", async (_name, row) => {
+    const want = expected(row);
+    const { url, headers } = requestFor(row, upstream);
+    const got = await fetchThrough(url, headers);
+    if (want === "broken") {
+      // The status is sent before the body breaks: the guest sees 200 and a cut body (or, when
+      // the reset beat the head, 502). Never a complete body.
+      if (got !== "broken") {
+        expect(got.status).toBe(502);
+      }
+    } else {
+      expect(got).not.toBe("broken");
+      if (got === "broken") return;
+      expect(got.status, got.text).toBe(want.status);
+      if (want.text !== undefined) expect(got.text).toBe(want.text);
+      if (want.sha !== undefined) expect(got.sha).toBe(upstream.sha256(want.sha));
+    }
+    await expectServing();
+  });
+});
+
+describe("guests that misbehave, with and without hooks that read bodies", () => {
+  const hookSets: Record<string, Record<string, string>> = {
+    "no hook reading": {},
+    "tier 2 reading": { "x-t2-read": "read" },
+    "tier 3 reading a clone": { "x-t3-read": "clone" },
+    "tier 3 reading": { "x-t3-read": "read" },
+  };
+
+  it.concurrent.each(Object.entries(hookSets))("a guest that aborts mid-download (%s) leaves the proxy serving", async (_name, headers) => {
+    const res = await request(upstream.url("api.test", "big"), { dispatcher: agent, headers });
+    if (res.statusCode !== 200) expect.fail(await res.body.text());
+    const reader = res.body[Symbol.asyncIterator]();
+    await reader.next();
+    res.body.destroy();
+    await expectServing();
+  });
+
+  it.concurrent.each(Object.entries(hookSets))("a guest that aborts mid-upload (%s) leaves the proxy serving", async (_name, headers) => {
+    let sent = 0;
+    const body = new Readable({
+      read() {
+        if (sent >= 4) {
+          this.destroy(new Error("the guest gave up"));
+          return;
+        }
+        sent += 1;
+        this.push(Buffer.alloc(64 * 1024, 0x62));
+      },
+    });
+    await expect(
+      request(upstream.url("api.test", "upload"), { dispatcher: agent, method: "POST", headers: { ...headers, "content-length": String(1024 * 1024) }, body }).then((r) =>
+        r.body.text(),
+      ),
+    ).rejects.toThrow();
+    await expectServing();
+  });
+
+  it("a guest that pipelines requests with every kind of answer gets them in order, on one connection", async () => {
+    const guest = await openTlsTunnel(proxy.port, `api.test:${upstream.port}`, { ca: proxy.caCertPem });
+    const requests = [
+      { headers: "x-t2-onresponse: response\r\n", status: 200, text: "t2 replaced" },
+      { headers: "x-t3-onresponse: throw\r\n", status: 502 },
+      { headers: "x-t3-onrequest: response\r\n", status: 200, text: "t3 answered" },
+      { headers: "x-t2-allow: false\r\n", status: 403 },
+      { headers: "", status: 200, text: undefined },
+    ];
+    guest.write(requests.map((r) => `GET /cl HTTP/1.1\r\nHost: api.test:${upstream.port}\r\n${r.headers}\r\n`).join(""));
+    for (const want of requests) {
+      const got = await guest.readResponse();
+      expect(got.status).toBe(want.status);
+      if (want.text !== undefined) expect(got.body).toBe(want.text);
+    }
+    guest.socket.destroy();
+    await expectServing();
+  });
+});
