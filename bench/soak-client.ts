@@ -287,15 +287,51 @@ export class SoakClient {
     };
     await Promise.all(Array.from({ length: concurrency }, lane));
     const elapsedMs = performance.now() - started;
-    for (const [name, list] of latencies) {
-      const sorted = list.sort((a, b) => a - b);
-      const at = (q: number): number => Number((sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? 0).toFixed(1));
-      Object.assign(perKind[name]!, { p50Ms: at(0.5), p99Ms: at(0.99), maxMs: at(1) });
-    }
+    setPercentiles(perKind, latencies);
     // Every guest connection closes here, so the proxy's readings afterwards hold none of them.
     await Promise.all([tunnel.destroy(), forward.destroy()]);
-    return { requests: done, failed, elapsedMs, bodiesChecked, bodiesMatched, bytesChecked, perKind };
+    const result = { requests: done, failed, elapsedMs, bodiesChecked, bodiesMatched, bytesChecked, perKind };
+    rawLatencies.set(result, latencies);
+    return result;
   }
+}
+
+/** Each result's latencies, kept out of the result itself (which goes into the JSON summary). */
+const rawLatencies = new WeakMap<RunResult, Map<string, number[]>>();
+
+function setPercentiles(perKind: Record<string, KindTally>, latencies: ReadonlyMap<string, number[]>): void {
+  for (const [name, list] of latencies) {
+    const sorted = [...list].sort((a, b) => a - b);
+    const at = (q: number): number => Number((sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? 0).toFixed(1));
+    Object.assign(perKind[name]!, { p50Ms: at(0.5), p99Ms: at(0.99), maxMs: at(1) });
+  }
+}
+
+/** Several runs (the soak's rounds) as one. */
+export function mergeResults(parts: readonly RunResult[]): RunResult {
+  const perKind: Record<string, KindTally> = {};
+  const latencies = new Map<string, number[]>();
+  for (const part of parts) {
+    for (const [name, tally] of Object.entries(part.perKind)) {
+      const into = (perKind[name] ??= { sent: 0, failed: 0, outcomes: {}, examples: [], p50Ms: 0, p99Ms: 0, maxMs: 0 });
+      into.sent += tally.sent;
+      into.failed += tally.failed;
+      for (const [label, n] of Object.entries(tally.outcomes)) into.outcomes[label] = (into.outcomes[label] ?? 0) + n;
+      into.examples.push(...tally.examples.slice(0, Math.max(0, 3 - into.examples.length)));
+      latencies.set(name, [...(latencies.get(name) ?? []), ...(rawLatencies.get(part)?.get(name) ?? [])]);
+    }
+  }
+  setPercentiles(perKind, latencies);
+  const sum = (key: "requests" | "failed" | "elapsedMs" | "bodiesChecked" | "bodiesMatched" | "bytesChecked"): number => parts.reduce((n, p) => n + p[key], 0);
+  return {
+    requests: sum("requests"),
+    failed: sum("failed"),
+    elapsedMs: sum("elapsedMs"),
+    bodiesChecked: sum("bodiesChecked"),
+    bodiesMatched: sum("bodiesMatched"),
+    bytesChecked: sum("bytesChecked"),
+    perKind,
+  };
 }
 
 /** The kinds after `--only` and `--skip`. */

@@ -22,7 +22,7 @@
  * up and still serves, and its fds and RSS came back within the tolerances below.
  */
 import { fork, type ChildProcess } from "node:child_process";
-import { mkdtempSync, readdirSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg, release, tmpdir } from "node:os";
 import { join } from "node:path";
 import { performance } from "node:perf_hooks";
@@ -30,7 +30,7 @@ import { pathToFileURL } from "node:url";
 import { request, ProxyAgent } from "undici";
 import { createCaCertificate, importKeyPair, LeafSigner, parseCertificate } from "../src/tls/x509.js";
 import { ask, cleanup, forkTs, hasExited, installCleanup, root, setWorkDir, statusKb, track, transpile } from "./children.js";
-import { selectKinds, SoakClient, type RunResult } from "./soak-client.js";
+import { mergeResults, selectKinds, SoakClient, type RunResult } from "./soak-client.js";
 import { addresses, bodyPool, headers, names, policySource, replaced } from "./soak-plan.js";
 import type { SoakProxyMessage, SoakProxySettings } from "./soak-proxy.js";
 import type { SoakUpstreamPorts, SoakUpstreamSetup, SoakUpstreamStats } from "./soak-upstream.js";
@@ -60,13 +60,14 @@ interface Settings {
   readonly json: string | undefined;
   readonly deadlineMs: number;
   readonly upstreamBodyMs: number;
+  readonly rounds: number;
 }
 
 function parseArgs(argv: readonly string[]): Settings {
   const values = new Map<string, string>();
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
-    const known = ["--requests", "--concurrency", "--warmup", "--settle-ms", "--from", "--seed", "--only", "--skip", "--json", "--deadline-ms", "--upstream-body-timeout-ms"];
+    const known = ["--requests", "--concurrency", "--warmup", "--settle-ms", "--from", "--seed", "--only", "--skip", "--json", "--deadline-ms", "--upstream-body-timeout-ms", "--rounds"];
     if (!known.includes(arg) || argv[i + 1] === undefined) throw new TypeError(`soak: unknown or incomplete argument ${JSON.stringify(arg)} (known: ${known.join(", ")})`);
     values.set(arg, argv[++i]!);
   }
@@ -93,13 +94,22 @@ function parseArgs(argv: readonly string[]): Settings {
     json: values.get("--json"),
     deadlineMs: int("--deadline-ms", 30_000, 1_000),
     upstreamBodyMs: int("--upstream-body-timeout-ms", 2_000, 1),
+    rounds: int("--rounds", 1, 1),
   };
 }
 
 interface Reading {
   readonly fds: number;
   readonly rssBytes: number;
+  /** RSS split: anonymous memory (heaps, buffers) and file pages (code, mapped files). */
+  readonly rssAnonBytes?: number;
+  readonly rssFileBytes?: number;
   readonly heapUsedBytes?: number;
+}
+
+function statusBytes(pid: number, field: string): number {
+  const match = new RegExp(`${field}:\\s+(\\d+) kB`).exec(readFileSync(`/proc/${pid}/status`, "utf8"));
+  return Number(match?.[1] ?? 0) * 1024;
 }
 
 function fdCount(pid: number): number {
@@ -138,7 +148,14 @@ async function startProxy(dir: string, settings: Settings, proxySettings: SoakPr
 async function read(child: ChildProcess): Promise<Reading | undefined> {
   if (hasExited(child)) return undefined;
   const gc = await ask<Extract<SoakProxyMessage, { kind: "gc-done" }>>(child, "gc-done", { kind: "gc" }, 30_000);
-  return { fds: fdCount(child.pid!), rssBytes: (statusKb(child.pid, "VmRSS") ?? 0) * 1024, heapUsedBytes: gc.heapUsedBytes };
+  const pid = child.pid!;
+  return {
+    fds: fdCount(pid),
+    rssBytes: statusBytes(pid, "VmRSS"),
+    rssAnonBytes: statusBytes(pid, "RssAnon"),
+    rssFileBytes: statusBytes(pid, "RssFile") + statusBytes(pid, "RssShmem"),
+    heapUsedBytes: gc.heapUsedBytes,
+  };
 }
 
 /** One GET through a fresh agent: the proxy still serves after everything. */
@@ -234,18 +251,43 @@ async function main(): Promise<number> {
       // The process is gone: the exit is reported below.
     }
   }, 250);
-  if (exited() === undefined) await ask(proxy.child, "marked", { kind: "mark" }, 10_000);
+  // With --rounds R the load comes in R parts, each followed by the settle and a reading, so a
+  // trend (a leak grows round after round; allocator retention levels off) can be told apart.
+  const parts: RunResult[] = [];
+  const roundReadings: Array<{ readonly requests: number; readonly reading: Reading | undefined }> = [];
+  const loops: Array<Extract<SoakProxyMessage, { kind: "stats" }>> = [];
   let lastReport = performance.now();
-  const result = await client.run(settings.requests, settings.concurrency, (done, failed) => {
-    if (performance.now() - lastReport < 10_000) return;
-    lastReport = performance.now();
-    log(`${done}/${settings.requests} requests, ${failed} failed${exited() !== undefined ? `, PROXY ${exited()}` : ""}`);
-  });
+  for (let round = 0; round < settings.rounds; round++) {
+    const count = Math.floor(settings.requests / settings.rounds) + (round < settings.requests % settings.rounds ? 1 : 0);
+    if (exited() === undefined) await ask(proxy.child, "marked", { kind: "mark" }, 10_000);
+    const before = parts.reduce((n, p) => n + p.requests, 0);
+    parts.push(
+      await client.run(count, settings.concurrency, (done, failed) => {
+        if (performance.now() - lastReport < 10_000) return;
+        lastReport = performance.now();
+        log(`${before + done}/${settings.requests} requests, ${failed} failed in this round${exited() !== undefined ? `, PROXY ${exited()}` : ""}`);
+      }),
+    );
+    if (exited() === undefined) loops.push(await ask<Extract<SoakProxyMessage, { kind: "stats" }>>(proxy.child, "stats", { kind: "stats" }, 10_000));
+    await settle();
+    const reading = await read(proxy.child);
+    roundReadings.push({ requests: before + count, reading });
+    if (settings.rounds > 1 && reading !== undefined) log(`round ${round + 1}: ${before + count} requests, ${reading.fds} fds, RSS ${mib(reading.rssBytes)} MiB`);
+  }
   clearInterval(sampler);
-  const stats = exited() === undefined ? await ask<Extract<SoakProxyMessage, { kind: "stats" }>>(proxy.child, "stats", { kind: "stats" }, 10_000) : undefined;
-  await settle();
+  const result = mergeResults(parts);
+  const last = loops[loops.length - 1];
+  const stats =
+    last === undefined
+      ? undefined
+      : {
+          ...last,
+          eventLoopP99Ms: Math.max(...loops.map((l) => l.eventLoopP99Ms)),
+          eventLoopP50Ms: Math.max(...loops.map((l) => l.eventLoopP50Ms)),
+          eventLoopMaxMs: Math.max(...loops.map((l) => l.eventLoopMaxMs)),
+        };
   const upstreamStats = await ask<SoakUpstreamStats>(upstream, "stats", { kind: "stats" }, 10_000);
-  const after = await read(proxy.child);
+  const after = roundReadings[roundReadings.length - 1]?.reading;
   const serving = exited() === undefined ? await stillServes(proxy.url, proxy.caCertPem, `https://${names.a}:${ports.https}/bytes?o=0&n=100`) : "the proxy is not running";
   const death = exited();
   const stderrTail = stderrTails.get(proxy.child) ?? [];
@@ -253,6 +295,7 @@ async function main(): Promise<number> {
   // Verdicts.
   const failures: string[] = [];
   if (result.failed > 0) failures.push(`${result.failed} requests did not get their expected outcome`);
+  if (warm.failed > 0) failures.push(`${warm.failed} warm-up requests did not get their expected outcome`);
   if (result.bodiesMatched !== result.bodiesChecked) failures.push(`${result.bodiesChecked - result.bodiesMatched} of ${result.bodiesChecked} bodies did not match`);
   if (death !== undefined) failures.push(`the proxy died (${death})`);
   else if (serving !== undefined) failures.push(`the proxy no longer serves: ${serving}`);
@@ -284,6 +327,7 @@ async function main(): Promise<number> {
       baseline,
       peak: { fds: peakFds, rssBytes: peakRss },
       after,
+      rounds: roundReadings,
       rssLimitBytes: Math.round(rssLimit),
       eventLoop: stats === undefined ? undefined : { p50Ms: stats.eventLoopP50Ms, p99Ms: stats.eventLoopP99Ms, maxMs: stats.eventLoopMaxMs },
       logLevels: stats?.logLevels,
@@ -292,23 +336,24 @@ async function main(): Promise<number> {
     },
     upstream: upstreamStats,
     tolerance,
-    warmup: { requests: warm.requests, failed: warm.failed },
+    warmup: { requests: warm.requests, failed: warm.failed, examples: Object.entries(warm.perKind).flatMap(([name, t]) => t.examples.map((e) => `${name}: ${e}`)) },
     failures,
     passed: failures.length === 0,
     totalSeconds: Number(((performance.now() - started) / 1000).toFixed(1)),
   };
   if (settings.json !== undefined) writeFileSync(settings.json, `${JSON.stringify(summary, null, 2)}\n`);
 
+  const opt = (bytes: number | undefined): string => (bytes === undefined ? "–" : mib(bytes));
   const row = (label: string, r: Reading | undefined): string =>
-    r === undefined ? `| ${label} | – | – | – |` : `| ${label} | ${r.fds} | ${mib(r.rssBytes)} | ${r.heapUsedBytes === undefined ? "–" : mib(r.heapUsedBytes)} |`;
+    r === undefined ? `| ${label} | – | – | – | – | – |` : `| ${label} | ${r.fds} | ${mib(r.rssBytes)} | ${opt(r.rssAnonBytes)} | ${opt(r.rssFileBytes)} | ${opt(r.heapUsedBytes)} |`;
   console.log(`# soak — ${summary.machine.cpus}, node ${process.version}, ${settings.from}\n`);
   console.log(`${result.requests} requests at concurrency ${settings.concurrency} in ${summary.elapsedSeconds} s (${summary.requestsPerSecond} req/s), after a warm-up of ${warm.requests}; ${result.failed} failed\n`);
   console.log(outcomeTable(result));
   console.log(`\nbodies checked byte for byte: ${result.bodiesMatched} of ${result.bodiesChecked} matched (${mib(result.bytesChecked)} MiB)\n`);
-  console.log("| proxy reading | open fds | RSS MiB | V8 heap used MiB (after GC) |\n|---|---:|---:|---:|");
+  console.log("| proxy reading | open fds | RSS MiB | of which anonymous | of which file-backed | V8 heap used MiB |\n|---|---:|---:|---:|---:|---:|");
   console.log(row("cold start", cold));
   console.log(row("after the warm-up (baseline)", baseline));
-  console.log(`| peak during the load | ${peakFds} | ${mib(peakRss)} | – |`);
+  console.log(`| peak during the load | ${peakFds} | ${mib(peakRss)} | – | – | – |`);
   console.log(row(`${settings.settleMs / 1000} s after the load`, after));
   console.log(
     `\nevent-loop delay over the load: ${stats === undefined ? "–" : `p50 ${stats.eventLoopP50Ms.toFixed(1)} ms, p99 ${stats.eventLoopP99Ms.toFixed(1)} ms, max ${stats.eventLoopMaxMs.toFixed(1)} ms`}`,
@@ -320,6 +365,7 @@ async function main(): Promise<number> {
     console.log(`proxy log lines: ${JSON.stringify(stats.logLevels)}${top.length > 0 ? `; most frequent warn/error: ${top.map(([m, n]) => `${m} ×${n}`).join("; ")}` : ""}`);
   }
   for (const [name, tally] of Object.entries(result.perKind)) for (const example of tally.examples) console.log(`  ✗ ${name}: ${example}`);
+  for (const example of summary.warmup.examples) console.log(`  ✗ (warm-up) ${example}`);
   if (death !== undefined && stderrTail.length > 0) console.log(`\nproxy stderr, last lines:\n${stderrTail.slice(-15).map((l) => `  ${l}`).join("\n")}`);
   console.log(`\n${failures.length === 0 ? "PASS" : `FAIL:\n${failures.map((f) => `- ${f}`).join("\n")}`}`);
   return failures.length === 0 ? 0 : 1;
