@@ -370,18 +370,21 @@ class GuestSide {
     lane.waiting += 1;
     if (lane.paused || lane.waiting <= this.config.limits.pipelinedRequests + 1) return;
     lane.paused = true;
-    // As Node's own server does for write backpressure: its parser stops where it is, so
-    // requests already in its buffer stay bytes, not request objects.
+    // As Node's own server does for write backpressure: `_paused` makes it pause its parser once
+    // the chunk being parsed is done (pausing it inside this callback would drop the chunk's
+    // rest), so requests still in the buffer stay bytes, not request objects.
+    pausable(socket)._paused = true;
     socket.pause();
-    parserOf(socket)?.pause();
   }
 
   private leave(lane: Lane, socket: Socket): void {
     lane.waiting -= 1;
     if (!lane.paused || lane.waiting > Math.floor(this.config.limits.pipelinedRequests / 2)) return;
     lane.paused = false;
-    if (socket.destroyed) return;
-    parserOf(socket)?.resume();
+    const state = pausable(socket);
+    if (socket.destroyed || state._paused !== true) return;
+    state._paused = false;
+    state.parser?.resume();
     socket.resume();
   }
 
@@ -455,7 +458,7 @@ class GuestSide {
           rule: response.decision.rule,
           redirects: response.redirects,
           started,
-          ...(error ? { error } : {}),
+          ...(error ? { error: this.explainCut(error) } : {}),
         });
       });
     } catch (error) {
@@ -482,6 +485,13 @@ class GuestSide {
     }
   }
 
+  /** Why a response was cut after its head, in words an operator reads in the log. */
+  private explainCut(error: Error): Error | string {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "UND_ERR_BODY_TIMEOUT") return `upstream body timed out after ${this.config.timeouts.upstreamBodyMs} ms of silence; the guest connection was cut`;
+    return error;
+  }
+
   private logDecision(fields: { started: number } & Record<string, unknown>): void {
     if (!this.log.enabled("info")) return;
     const { started, ...rest } = fields;
@@ -506,9 +516,12 @@ class GuestSide {
   }
 }
 
-/** The HTTP parser Node's server attached to a guest connection (null once it lets go). */
-function parserOf(socket: Socket): { pause(): void; resume(): void } | null | undefined {
-  return (socket as unknown as { parser?: { pause(): void; resume(): void } | null }).parser;
+/**
+ * What Node's HTTP server keeps on a guest connection for its own backpressure: `_paused`, which
+ * it checks after each parse to pause `parser` (null once it lets go of the socket).
+ */
+function pausable(socket: Socket): { _paused?: boolean; parser?: { pause(): void; resume(): void } | null } {
+  return socket as unknown as { _paused?: boolean; parser?: { pause(): void; resume(): void } | null };
 }
 
 function once(fn: () => void): () => void {

@@ -1,0 +1,286 @@
+import { once } from "node:events";
+import { connect, type Socket } from "node:net";
+import { createServer as createHttpsServer } from "node:https";
+import type { AddressInfo } from "node:net";
+import { ProxyAgent, request } from "undici";
+import { describe, expect, it, onTestFinished } from "vitest";
+import { createDjsHooks } from "../../src/index.js";
+import { startChildProxy } from "../helpers/child-proxy.js";
+import { fetchVia, startTestProxy } from "../helpers/proxy.js";
+import { openRaw, openTlsTunnel, type RawClient } from "../helpers/raw.js";
+import { testCa } from "../helpers/test-ca.js";
+import { startUpstream, type Route } from "../helpers/upstream.js";
+
+/** A route that sends its head and part of the body, then nothing: the body timeout must end it. */
+const stallRoute: Route = (_req, res) => {
+  res.writeHead(200, { "content-type": "application/octet-stream", "content-length": 1_000_000 });
+  res.write(Buffer.alloc(10_000, 0x73));
+};
+
+/** Resolves with every byte of the body, or with the error that ended it early. */
+async function readToEnd(body: AsyncIterable<Buffer>): Promise<{ bytes: number; error?: Error }> {
+  let bytes = 0;
+  try {
+    for await (const chunk of body) bytes += chunk.length;
+    return { bytes };
+  } catch (error) {
+    return { bytes, error: error as Error };
+  }
+}
+
+describe("an upstream body that stalls", () => {
+  const paths: Record<string, { hooks: Parameters<typeof startTestProxy>[0]; path: string }> = {
+    "no hooks": { hooks: { allowedInternalHosts: ["api.test"] }, path: "/stall" },
+    "a tier-2 onResponse": {
+      hooks: { allowedInternalHosts: ["api.test"], ...createDjsHooks("export function onResponse(response) { return undefined; }") },
+      path: "/stall",
+    },
+    "a tier-3 onResponse": { hooks: { allowedInternalHosts: ["api.test"], onResponse: () => undefined }, path: "/stall" },
+    "a redirect before it": { hooks: { allowedInternalHosts: ["api.test"] }, path: "/redirect?to=/stall" },
+  };
+
+  it.each(Object.entries(paths))("is cut after timeouts.upstreamBodyMs with %s, and the log says why", async (_name, { hooks, path }) => {
+    const upstream = await startUpstream({ names: ["api.test"], routes: { "/stall": stallRoute } });
+    const proxy = await startTestProxy(hooks, { timeouts: { upstreamBodyMs: 300 } });
+    onTestFinished(() => (hooks as { djsHooks?: { close(): Promise<void> } }).djsHooks?.close());
+    const agent = new ProxyAgent({ uri: proxy.url, requestTls: { ca: proxy.caCertPem } });
+    onTestFinished(() => agent.close());
+    const res = await request(`https://api.test:${upstream.port}${path}`, { dispatcher: agent });
+    expect(res.statusCode).toBe(200);
+    const read = await readToEnd(res.body);
+    // The guest has the part that arrived, and then the connection is cut: never a clean end.
+    expect(read.bytes).toBe(10_000);
+    expect(read.error).toBeDefined();
+    const line = proxy.logs.find((l) => l["msg"] === "request" && l["status"] === 200 && l["error"] !== undefined);
+    expect(String(line?.["error"])).toMatch(/upstream body timed out after 300 ms/);
+    // Another guest's request is answered meanwhile and after.
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+});
+
+describe("an upstream body that breaks while a hook holds the response", () => {
+  it("gets 502 instead of a response that never ends", async () => {
+    let sockets = 0;
+    let brokenResolve!: () => void;
+    const broken = new Promise<void>((resolve) => (brokenResolve = resolve));
+    const upstream = await startUpstream({
+      names: ["api.test"],
+      routes: {
+        "/break": (_req, res) => {
+          sockets += 1;
+          res.writeHead(200, { "content-type": "application/octet-stream", "content-length": 100_000 });
+          res.write(Buffer.alloc(1_000, 0x62), () => {
+            res.socket?.once("close", brokenResolve);
+            res.socket?.destroy();
+          });
+        },
+      },
+    });
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      // Holds the response until the upstream connection is gone and the proxy's side saw it:
+      // the body is broken before anything is sent to the guest.
+      onResponse: async () => {
+        await broken;
+        for (let i = 0; i < 3; i++) await new Promise((resolve) => setImmediate(resolve));
+        return undefined;
+      },
+    });
+    const agent = new ProxyAgent({ uri: proxy.url, requestTls: { ca: proxy.caCertPem }, bodyTimeout: 10_000 });
+    onTestFinished(() => agent.close());
+    const res = await request(`https://api.test:${upstream.port}/break`, { dispatcher: agent });
+    expect(res.statusCode).toBe(502);
+    expect(await res.body.text()).toMatch(/upstream response body .* failed before it could be sent/);
+    expect(sockets).toBe(1);
+  });
+});
+
+/**
+ * An HTTPS upstream that holds `/slow` until an upgrade arrives or 300 ms pass, whichever is
+ * first, and upgrades any request that asks to. A proxy that let the upgrade jump the queue
+ * shows it in `order`: the upgrade arrives while `/slow` is still held.
+ */
+async function startUpgradeUpstream(): Promise<{ port: number; order: string[] }> {
+  const ca = await testCa();
+  const context = (await ca.serverContexts(["api.test"])).get("api.test")!;
+  const order: string[] = [];
+  let held: (() => void) | undefined;
+  const server = createHttpsServer({ secureContext: context, SNICallback: (_name: string, cb: (e: null, c: typeof context) => void) => cb(null, context) } as never, (req, res) => {
+    order.push(`request ${req.url}`);
+    const answer = (): void => {
+      held = undefined;
+      order.push(`answer ${req.url}`);
+      res.end("slow answer");
+    };
+    if (req.url !== "/slow") return answer();
+    held = answer;
+    setTimeout(() => held?.(), 300);
+  });
+  const sockets = new Set<Socket>();
+  server.on("secureConnection", (s: Socket) => sockets.add(s));
+  server.on("upgrade", (req, socket: Socket) => {
+    order.push(`upgrade ${req.url}`);
+    held?.();
+    socket.on("error", () => undefined);
+    socket.write("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n");
+    socket.on("data", (chunk: Buffer) => socket.write(Buffer.concat([Buffer.from("echo:"), chunk])));
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(async () => {
+    for (const s of sockets) s.destroy();
+    server.closeAllConnections();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  });
+  return { port: (server.address() as AddressInfo).port, order };
+}
+
+describe("an upgrade pipelined behind a request", () => {
+  it("waits its turn: the request's response comes first, and nothing of it enters the upgraded stream", async () => {
+    const upstream = await startUpgradeUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const guest = await openTlsTunnel(proxy.port, `api.test:${upstream.port}`, { ca: proxy.caCertPem });
+    const host = `Host: api.test:${upstream.port}\r\n`;
+    guest.write(`GET /slow HTTP/1.1\r\n${host}\r\nGET /socket HTTP/1.1\r\n${host}Connection: Upgrade\r\nUpgrade: echo\r\n\r\nframe-bytes`);
+    const first = await guest.readResponse();
+    expect(first.status).toBe(200);
+    expect(first.body).toBe("slow answer");
+    const second = await guest.readResponse({ forConnect: true });
+    expect(second.status).toBe(101);
+    await waitFor(() => guest.pending().includes("echo:frame-bytes"));
+    expect(guest.pending()).toBe("echo:frame-bytes");
+    // The upgrade reached the upstream only after /slow was answered.
+    expect(upstream.order).toEqual(["request /slow", "answer /slow", "upgrade /socket"]);
+  });
+});
+
+/** Polls `check` on each turn of the event loop (bounded by the test's own timeout). */
+async function waitFor(check: () => boolean): Promise<void> {
+  while (!check()) await new Promise((resolve) => setTimeout(resolve, 5));
+}
+
+describe("pipelined requests on one connection", () => {
+  const openers: Record<string, (port: number, target: string, ca: string) => Promise<RawClient>> = {
+    "plain proxy requests": (port) => openRaw(port),
+    "inside a TLS tunnel": (port, target, ca) => openTlsTunnel(port, target, { ca }),
+  };
+
+  it.each(Object.entries(openers))(
+    "2,000 behind a held one (%s) are all answered, in order, once it is released",
+    async (name, open) => {
+      let held: (() => void) | undefined;
+      const upstream = await startUpstream({
+        names: ["api.test"],
+        routes: {
+          "/hold": (_req, res) => (held = () => res.end("held")),
+          "/n": (_req, res, _body, url) => res.end(url.searchParams.get("i") ?? ""),
+        },
+      });
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { limits: { pipelinedRequests: 8 } });
+      const authority = `api.test:${upstream.port}`;
+      const guest = await open(proxy.port, authority, proxy.caCertPem);
+      const prefix = name.startsWith("plain") ? `https://${authority}` : "";
+      const line = (path: string): string => `GET ${prefix}${path} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`;
+      guest.write(line("/hold") + Array.from({ length: 2_000 }, (_, i) => line(`/n?i=${i}`)).join(""));
+      await waitFor(() => held !== undefined);
+      held!();
+      expect((await guest.readResponse()).body).toBe("held");
+      for (let i = 0; i < 2_000; i++) expect((await guest.readResponse()).body).toBe(String(i));
+      expect(upstream.hits()).toBe(2_001);
+    },
+  );
+
+  it("a flood of 200,000 behind a held one grows the proxy's memory by less than 64 MiB, and others are served meanwhile", async () => {
+    let held: (() => void) | undefined;
+    const upstream = await startUpstream({ names: ["api.test"], tls: false, routes: { "/hold": (_req, res) => (held = () => res.end("held")) } });
+    const child = await startChildProxy({
+      allowedHosts: ["api.test"],
+      proxy: { caDir: `/tmp/egressgate-flood-${process.pid}`, logLevel: "silent", resolve: { "api.test": ["127.0.0.1"] } },
+    });
+    onTestFinished(() => child.stop());
+    // A warm-up request, so the baseline includes the first request's code paths and pools.
+    const warm = await openRaw(child.port);
+    warm.write(`GET http://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test:${upstream.port}\r\n\r\n`);
+    expect((await warm.readResponse()).status).toBe(200);
+    const before = await child.rss();
+    const socket = connect(child.port, "127.0.0.1");
+    onTestFinished(() => void socket.destroy());
+    socket.on("error", () => undefined);
+    await once(socket, "connect");
+    const one = `GET http://api.test:${upstream.port}/x HTTP/1.1\r\nHost: api.test:${upstream.port}\r\n\r\n`;
+    socket.write(`GET http://api.test:${upstream.port}/hold HTTP/1.1\r\nHost: api.test:${upstream.port}\r\n\r\n`);
+    const batch = one.repeat(1_000);
+    for (let i = 0; i < 200; i++) socket.write(batch);
+    // Until the proxy stops reading (or has read it all): the unsent bytes stop changing.
+    let last = -1;
+    let still = 0;
+    while (socket.writableLength > 0 && still < 10) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      still = socket.writableLength === last ? still + 1 : 0;
+      last = socket.writableLength;
+    }
+    const after = await child.rss();
+    expect((after - before) / 1024 / 1024).toBeLessThan(64);
+    // The proxy stopped reading this guest long before 200,000: most of the flood is unsent.
+    expect(socket.writableLength).toBeGreaterThan(one.length * 100_000);
+    // Another guest is served while the flood waits.
+    const other = await openRaw(child.port);
+    other.write(`GET http://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test:${upstream.port}\r\n\r\n`);
+    expect((await other.readResponse()).status).toBe(200);
+    expect(held).toBeDefined();
+    expect(child.alive()).toBe(true);
+  });
+});
+
+describe("connection limits", () => {
+  it("past limits.connectionsPerSource one address gets 503 at once, while another address is served", async () => {
+    const upstream = await startUpstream({ names: ["api.test"] });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { limits: { connectionsPerSource: 5, connections: 8 } });
+    const idle: RawClient[] = [];
+    for (let i = 0; i < 5; i++) idle.push(await openTlsTunnel(proxy.port, `api.test:${upstream.port}`, { ca: proxy.caCertPem }));
+    const refused = await openRaw(proxy.port);
+    const answer = await refused.readResponse();
+    expect(answer.status).toBe(503);
+    expect(answer.body).toMatch(/limits\.connectionsPerSource/);
+    // 127.0.0.2 is another source address on the same loopback interface.
+    const other = await openFrom("127.0.0.2", proxy.port);
+    other.write(`CONNECT api.test:${upstream.port} HTTP/1.1\r\nHost: api.test:${upstream.port}\r\n\r\n`);
+    expect((await other.readResponse({ forConnect: true })).status).toBe(200);
+    // Two more from a third address fill the proxy's 8; the next is refused by the total.
+    await openFrom("127.0.0.3", proxy.port);
+    await openFrom("127.0.0.3", proxy.port);
+    const full = await openFrom("127.0.0.4", proxy.port);
+    const fullAnswer = await full.readResponse();
+    expect(fullAnswer.status).toBe(503);
+    expect(fullAnswer.body).toMatch(/limits\.connections\b/);
+    // Once a tunnel closes, its place is free again.
+    idle[0]!.socket.destroy();
+    await idle[0]!.closed;
+    expect(await statusOfNextConnection(proxy.port)).toBe(403);
+    const warnings = proxy.logs.filter((l) => l["msg"] === "connection refused");
+    expect(warnings.length).toBeGreaterThanOrEqual(1);
+  });
+});
+
+async function openFrom(localAddress: string, port: number): Promise<RawClient> {
+  const { RawClient } = await import("../helpers/raw.js");
+  const socket = connect({ host: "127.0.0.1", port, localAddress });
+  await once(socket, "connect");
+  return new RawClient(socket);
+}
+
+/**
+ * The status a new connection from 127.0.0.1 gets for a request the proxy refuses (403), once
+ * the proxy has run the close of the one before: a few tries, since the two race.
+ */
+async function statusOfNextConnection(port: number): Promise<number> {
+  let status = 0;
+  for (let attempt = 0; attempt < 50; attempt++) {
+    const client = await openFrom("127.0.0.1", port);
+    client.write("GET http://not-allowed.test/ HTTP/1.1\r\nHost: not-allowed.test\r\n\r\n");
+    status = (await client.readResponse()).status;
+    client.socket.destroy();
+    if (status !== 503) break;
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  return status;
+}
