@@ -2,7 +2,9 @@ import type { Server } from "node:http";
 import type { Socket } from "node:net";
 import { TLSSocket, type SecureContext } from "node:tls";
 import type { Logger } from "../log.js";
+import { alertRecord, alerts, maxClientHelloBytes, readClientHello } from "../tls/client-hello.js";
 import type { LeafCertCache } from "../tls/leaf-cert-cache.js";
+import { SigningLimitError } from "../tls/signing-queue.js";
 import type { Authority } from "./authority.js";
 import { normalizeHost } from "./authority.js";
 import type { TunnelTarget } from "./guest-request.js";
@@ -41,10 +43,42 @@ export function serveTunnel(socket: Socket, head: Buffer, target: Authority, dep
   const decide = (): boolean => {
     const kind = sniff(buffered);
     if (kind === "more") return false;
+    if (kind === "tls") {
+      // The whole ClientHello first: its SNI decides whether anything is signed at all.
+      const hello = readClientHello(buffered);
+      if (hello.kind === "more") {
+        if (buffered.length <= maxClientHelloBytes + 1024) return false;
+        refuseTls(socket, buffered, alerts.decodeError, target, "ClientHello too large", deps);
+        return true;
+      }
+      if (hello.kind === "invalid") {
+        refuseTls(socket, buffered, alerts.decodeError, target, hello.reason, deps);
+        return true;
+      }
+      const sni = hello.servername === undefined ? undefined : sniName(hello.servername);
+      if (sni !== undefined && sni !== target.hostname) {
+        // Issue 14: a leaf for any name the guest asks for would cost a signing each (and evict
+        // the names in use), only to be answered 421 afterwards. unrecognized_name ends the
+        // handshake before any certificate work (RFC 6066 §3).
+        const shown = hello.servername!.length > 256 ? `${hello.servername!.slice(0, 256)}…` : hello.servername!;
+        refuseTls(
+          socket,
+          buffered,
+          alerts.unrecognizedName,
+          target,
+          `TLS SNI names ${JSON.stringify(shown)} but the tunnel was opened with CONNECT ${target.hostname}:${target.port}`,
+          deps,
+        );
+        return true;
+      }
+      socket.pause();
+      socket.unshift(buffered);
+      void terminateTls(socket, target, sni, deps, deadline, buffered);
+      return true;
+    }
     socket.pause();
     socket.unshift(buffered);
-    if (kind === "tls") void terminateTls(socket, target, deps, deadline);
-    else if (kind === "http") servePlain(socket, target, deps, deadline);
+    if (kind === "http") servePlain(socket, target, deps, deadline);
     else {
       deps.log.info("tunnel closed", { target: `${target.hostname}:${target.port}`, reason: "neither TLS nor HTTP" });
       socket.destroy();
@@ -86,35 +120,72 @@ function sniHostname(servername: string): string {
   return colon > 0 && !servername.includes("]") ? servername.slice(0, colon) : servername;
 }
 
+/** The SNI as a normalised hostname, to compare with the CONNECT target; a name that is not one stays as sent, lowercased. */
+function sniName(servername: string): string {
+  try {
+    return normalizeHost(sniHostname(servername));
+  } catch {
+    return servername.toLowerCase();
+  }
+}
 
-async function terminateTls(socket: Socket, target: Authority, deps: TunnelDeps, deadline: NodeJS.Timeout): Promise<void> {
+/** Ends a handshake before it starts: a fatal alert in the clear, and the tunnel closed. */
+function refuseTls(socket: Socket, hello: Buffer, alert: number, target: Authority, reason: string, deps: TunnelDeps): void {
+  deps.log.info("tunnel closed", { target: `${target.hostname}:${target.port}`, reason });
+  socket.end(alertRecord(alert, hello));
+  socket.resume();
+  closeSoon(socket);
+}
+
+/** A client that never closes its side after our alert does not hold the socket. */
+function closeSoon(socket: Socket): void {
+  const timer = setTimeout(() => socket.destroy(), 1_000);
+  timer.unref();
+  socket.once("close", () => clearTimeout(timer));
+}
+
+/**
+ * Terminates the guest's TLS with the leaf for the CONNECT target, the only name it may serve:
+ * `sni` has been checked against it already. The signing, on a cache miss, waits for this
+ * guest's turn (see SigningQueue).
+ */
+async function terminateTls(
+  socket: Socket,
+  target: Authority,
+  sni: string | undefined,
+  deps: TunnelDeps,
+  deadline: NodeJS.Timeout,
+  hello: Buffer,
+): Promise<void> {
   let context: SecureContext;
   try {
-    context = await deps.leaves.get(bareHostname(target.hostname));
+    context = await deps.leaves.get(bareHostname(target.hostname), socket.remoteAddress ?? "");
   } catch (error) {
-    deps.log.error("leaf certificate failed", { host: target.hostname, error });
-    socket.destroy();
+    if (error instanceof SigningLimitError) {
+      deps.log.info("tunnel closed", { target: `${target.hostname}:${target.port}`, reason: error.message });
+    } else {
+      deps.log.error("leaf certificate failed", { host: target.hostname, error });
+    }
+    if (!socket.destroyed) {
+      // The hello was put back for the TLS socket that is not coming: it is dropped with the alert.
+      socket.end(alertRecord(alerts.internalError, hello));
+      socket.resume();
+      closeSoon(socket);
+    }
     return;
   }
   if (socket.destroyed) return;
-  const tunnel: { -readonly [K in keyof TunnelTarget]: TunnelTarget[K] } = { ...target, protocol: "https:" };
+  const tunnel: TunnelTarget = { ...target, protocol: "https:", ...(sni === undefined ? {} : { sni }) };
   const tlsSocket = new TLSSocket(socket, {
     isServer: true,
     secureContext: context,
     // ALPN leaves room for h2 later; today the inner server speaks HTTP/1.1 only.
     ALPNProtocols: ["http/1.1"],
+    // The first ClientHello was checked above; a renegotiation's is not seen there, so it is
+    // held to the same rule here, and never signs anything either.
     SNICallback: (servername, callback) => {
-      let name: string;
-      try {
-        name = normalizeHost(sniHostname(servername));
-      } catch {
-        tunnel.sni = servername.toLowerCase();
-        callback(null, context);
-        return;
-      }
-      tunnel.sni = name;
-      if (name === target.hostname) callback(null, context);
-      else deps.leaves.get(bareHostname(name)).then((c) => callback(null, c), (e: Error) => callback(e, undefined));
+      if (sniName(servername) === target.hostname) callback(null, context);
+      else callback(new Error(`TLS SNI names ${JSON.stringify(servername)} but the tunnel was opened with CONNECT ${target.hostname}:${target.port}`));
     },
   });
   (tlsSocket as TunnelSocket)[tunnelKey] = tunnel;

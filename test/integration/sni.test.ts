@@ -1,0 +1,98 @@
+import { fork, type ChildProcess } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import { describe, expect, it, onTestFinished } from "vitest";
+import { tempDir } from "../helpers/proxy.js";
+import { openTlsTunnel } from "../helpers/raw.js";
+
+interface Measure {
+  readonly rss: number;
+  readonly heapUsed: number;
+  /** Guest connections still open when it was taken. */
+  readonly open: number;
+  readonly signed: number;
+  readonly refusals: number;
+  readonly gc: boolean;
+}
+
+const child = fileURLToPath(new URL("../helpers/sni-proxy-child.ts", import.meta.url));
+
+function nextMessage<T>(proc: ChildProcess, kind: string): Promise<T> {
+  return new Promise((resolve, reject) => {
+    const onMessage = (message: { kind: string }): void => {
+      if (message.kind !== kind) return;
+      proc.off("message", onMessage);
+      proc.off("exit", onExit);
+      resolve(message as T);
+    };
+    const onExit = (code: number | null): void => reject(new Error(`the proxy process exited (${code}) before "${kind}"`));
+    proc.on("message", onMessage);
+    proc.once("exit", onExit);
+  });
+}
+
+/** CONNECT api.test:443 through the proxy, then a handshake naming `servername`: the error it ends with, if any. */
+async function handshake(port: number, ca: string, servername: string): Promise<string | undefined> {
+  try {
+    const tunnel = await openTlsTunnel(port, "api.test:443", { ca, servername });
+    tunnel.socket.destroy();
+    return undefined;
+  } catch (error) {
+    return String((error as NodeJS.ErrnoException).code);
+  }
+}
+
+async function handshakes(port: number, ca: string, names: readonly string[]): Promise<string[]> {
+  const results: string[] = [];
+  for (let i = 0; i < names.length; i += 20) {
+    results.push(...(await Promise.all(names.slice(i, i + 20).map(async (name) => String(await handshake(port, ca, name))))));
+  }
+  return results;
+}
+
+describe("the leaf certificate is signed only for the CONNECT target", () => {
+  it("1,000 distinct SNI names through an allowed CONNECT sign no certificate, and the proxy's RSS grows by under 10 MiB", async () => {
+    // A 1 MiB young generation: V8 grows it (up to 16 MiB a semi-space) as allocation speeds up,
+    // which RSS would show as growth the proxy does not hold.
+    const proc = fork(child, [tempDir()], {
+      execArgv: ["--import", "tsx", "--expose-gc", "--max-semi-space-size=1"],
+      stdio: ["ignore", "inherit", "inherit", "ipc"],
+    });
+    onTestFinished(async () => {
+      if (proc.exitCode === null && proc.signalCode === null) {
+        const exited = new Promise((resolve) => proc.once("exit", resolve));
+        proc.kill("SIGKILL");
+        await exited;
+      }
+    });
+    const { port, ca } = await nextMessage<{ port: number; ca: string }>(proc, "ready");
+    const measure = (): Promise<Measure> => {
+      const answer = nextMessage<Measure>(proc, "measure");
+      proc.send("measure");
+      return answer;
+    };
+    // Warm up: the first handshakes allocate what every later one reuses.
+    const warm = await handshakes(port, ca, Array.from({ length: 200 }, (_, i) => `warm${i}.victim-bank.example`));
+    expect(new Set(warm)).toEqual(new Set(["ERR_SSL_TLSV1_UNRECOGNIZED_NAME"]));
+    const before = await measure();
+    expect(before.gc).toBe(true);
+    expect(before.open).toBe(0);
+
+    const names = Array.from({ length: 1000 }, (_, i) => `n${i}.victim-bank.example`);
+    const results = await handshakes(port, ca, names);
+    // Every handshake ended with the alert, before any certificate was sent.
+    expect(results.filter((code) => code === "ERR_SSL_TLSV1_UNRECOGNIZED_NAME")).toHaveLength(1000);
+    const after = await measure();
+    expect(after.open).toBe(0);
+    expect(after.signed).toBe(0);
+    expect(after.refusals).toBe(1200);
+    const grewMiB = (after.rss - before.rss) / 1024 / 1024;
+    if (process.env["EGRESSGATE_SNI_REPORT"]) console.log(`RSS before ${(before.rss / 1048576).toFixed(1)} MiB, after ${(after.rss / 1048576).toFixed(1)} MiB`, JSON.stringify([before, after]));
+    expect(grewMiB, `RSS grew by ${grewMiB.toFixed(1)} MiB`).toBeLessThan(10);
+
+    // The count does count: the CONNECT target's own name is signed, once.
+    expect(await handshake(port, ca, "api.test")).toBeUndefined();
+    expect(await handshake(port, ca, "api.test")).toBeUndefined();
+    expect((await measure()).signed).toBe(1);
+    proc.send("close");
+  }, 180_000);
+});

@@ -1,0 +1,103 @@
+import { createServer, type AddressInfo } from "node:net";
+import { connect } from "node:tls";
+import { describe, expect, it, onTestFinished } from "vitest";
+import { alertRecord, alerts, readClientHello } from "../../src/tls/client-hello.js";
+import { SigningLimitError, SigningQueue } from "../../src/tls/signing-queue.js";
+
+/** The first bytes a real Node TLS client sends, captured by a plain TCP server. */
+async function captureClientHello(servername: string | undefined): Promise<Buffer> {
+  let resolveBytes!: (bytes: Buffer) => void;
+  const captured = new Promise<Buffer>((resolve) => (resolveBytes = resolve));
+  const server = createServer((socket) => {
+    socket.once("data", (chunk: Buffer) => {
+      resolveBytes(chunk);
+      socket.destroy();
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(() => new Promise<void>((resolve) => server.close(() => resolve())));
+  const client = connect({ port: (server.address() as AddressInfo).port, host: "127.0.0.1", ...(servername === undefined ? {} : { servername }) });
+  client.on("error", () => undefined);
+  const bytes = await captured;
+  client.destroy();
+  return bytes;
+}
+
+/** The same handshake message cut into two records, as a client may send a large hello. */
+function inTwoRecords(record: Buffer, cut: number): Buffer {
+  const body = record.subarray(5);
+  const header = (length: number): Buffer => Buffer.from([0x16, record[1]!, record[2]!, length >> 8, length & 0xff]);
+  return Buffer.concat([header(cut), body.subarray(0, cut), header(body.length - cut), body.subarray(cut)]);
+}
+
+describe("readClientHello", () => {
+  it("reads the SNI of a real ClientHello, and waits while it arrives in pieces", async () => {
+    const hello = await captureClientHello("api.test");
+    expect(readClientHello(hello)).toEqual({ kind: "hello", servername: "api.test" });
+    for (const cut of [1, 5, 20, hello.length - 1]) expect(readClientHello(hello.subarray(0, cut))).toEqual({ kind: "more" });
+  });
+
+  it("reads a ClientHello split over several records", async () => {
+    const hello = await captureClientHello("victim-bank.example");
+    for (const cut of [2, 40, hello.length - 10]) {
+      const split = inTwoRecords(hello, cut);
+      expect(readClientHello(split)).toEqual({ kind: "hello", servername: "victim-bank.example" });
+      expect(readClientHello(split.subarray(0, split.length - 1))).toEqual({ kind: "more" });
+    }
+  });
+
+  it("reports no SNI when the client sent none (as for an IP address)", async () => {
+    const hello = await captureClientHello(undefined);
+    expect(readClientHello(hello)).toEqual({ kind: "hello", servername: undefined });
+  });
+
+  it.each([
+    ["another record type", Buffer.from([0x17, 0x03, 0x03, 0x00, 0x01, 0x00])],
+    ["another handshake message", Buffer.from([0x16, 0x03, 0x01, 0x00, 0x04, 0x02, 0x00, 0x00, 0x00])],
+    ["a truncated body", Buffer.from([0x16, 0x03, 0x01, 0x00, 0x05, 0x01, 0x00, 0x00, 0x01, 0x03])],
+    ["a ClientHello over 64 KiB", Buffer.from([0x16, 0x03, 0x01, 0x00, 0x04, 0x01, 0x01, 0x00, 0x01])],
+  ])("refuses %s", (_what, bytes) => {
+    expect(readClientHello(bytes).kind).toBe("invalid");
+  });
+
+  it("an alert record repeats the hello's record version", async () => {
+    const hello = await captureClientHello("api.test");
+    expect([...alertRecord(alerts.unrecognizedName, hello)]).toEqual([0x15, 0x03, hello[2], 0x00, 0x02, 0x02, 112]);
+  });
+});
+
+describe("SigningQueue", () => {
+  it("serves sources in turn, so a flood from one waits behind a single piece of another's", async () => {
+    const queue = new SigningQueue(32);
+    const order: string[] = [];
+    const work = (label: string) => async (): Promise<string> => {
+      order.push(label);
+      return label;
+    };
+    const flood = Array.from({ length: 10 }, (_, i) => queue.run("flooder", work(`f${i}`)));
+    const other = queue.run("guest", work("g0"));
+    await Promise.all([...flood, other]);
+    expect(order.indexOf("g0")).toBeLessThanOrEqual(2);
+    expect(order.filter((label) => label.startsWith("f"))).toEqual(Array.from({ length: 10 }, (_, i) => `f${i}`));
+  });
+
+  it("refuses one more piece from a source that has perSource waiting, and no other source's", async () => {
+    const queue = new SigningQueue(3);
+    const done: Promise<unknown>[] = [];
+    for (let i = 0; i < 4; i++) done.push(queue.run("a", async () => i));
+    await expect(queue.run("a", async () => "too many")).rejects.toBeInstanceOf(SigningLimitError);
+    await expect(queue.run("b", async () => "fine")).resolves.toBe("fine");
+    await Promise.all(done);
+    await expect(queue.run("a", async () => "again")).resolves.toBe("again");
+  });
+
+  it("a piece that fails rejects its own caller and the queue goes on", async () => {
+    const queue = new SigningQueue(8);
+    const failed = queue.run("a", async () => {
+      throw new Error("bad name");
+    });
+    const next = queue.run("a", async () => "next");
+    await expect(failed).rejects.toThrow("bad name");
+    await expect(next).resolves.toBe("next");
+  });
+});
