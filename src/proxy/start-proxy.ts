@@ -247,16 +247,27 @@ class GuestSide {
       requireHostHeader: false,
     });
     server.setTimeout(timeouts.idleMs, (socket: Socket) => socket.destroy());
-    server.on("request", (req: IncomingMessage, res: ServerResponse) => void this.handle(req, res, false));
+    server.on("request", (req: IncomingMessage, res: ServerResponse) => this.guard(this.handle(req, res, false), req.socket));
     // With this listener Node no longer answers `Expect: 100-continue` by itself: we send 100
     // only once the checks pass, so a refused upload never starts.
-    server.on("checkContinue", (req: IncomingMessage, res: ServerResponse) => void this.handle(req, res, true));
+    server.on("checkContinue", (req: IncomingMessage, res: ServerResponse) => this.guard(this.handle(req, res, true), req.socket));
     server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => {
       sendError(res, new EgressError("EG_BAD_REQUEST", 417, `unsupported Expect: ${JSON.stringify(req.headers.expect)}`), true);
     });
     server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => this.onClientError(error, socket));
-    server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => void this.upgrade(req, socket, head));
+    server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => this.guard(this.upgrade(req, socket, head), socket));
     return server;
+  }
+
+  /**
+   * The handlers answer every failure themselves; this catches a bug in that answering, which as
+   * an unhandled rejection would end the process for every guest: that one connection goes.
+   */
+  private guard(work: Promise<void>, socket: Socket): void {
+    work.catch((error: unknown) => {
+      this.log.error("internal error", { error, stack: (error as Error)?.stack });
+      socket.destroy();
+    });
   }
 
   /**
