@@ -519,6 +519,9 @@ describe("egressgate usage errors", () => {
       "--max-response-body-bytes",
       "--hooks-script",
       "--hooks-timeout-ms",
+      "--upstream-body-timeout-ms",
+      "--max-connections",
+      "--max-connections-per-source",
       "--workers",
       "--log-level",
     ]) {
@@ -527,7 +530,28 @@ describe("egressgate usage errors", () => {
     expect(result.stdout).not.toMatch(/listening on/);
   });
 
+  it("an error nothing caught logs one JSON line with its stack and exits non-zero, for a supervisor to restart", async () => {
+    // A preload plants the failure: SIGUSR2 throws inside the running proxy.
+    const preload = join(tempDir(), "plant.mjs");
+    writeFileSync(preload, `process.on("SIGUSR2", () => { throw new Error("planted failure"); });\n`);
+    const { cli } = await serve([], { NODE_OPTIONS: `--import=${preload}` });
+    cli.process.kill("SIGUSR2");
+    const { code } = await cli.exited;
+    expect(code).toBe(70);
+    const fatal = cli
+      .stderr()
+      .split("\n")
+      .filter((line) => line.includes('"level":"fatal"'));
+    expect(fatal).toHaveLength(1);
+    const entry = JSON.parse(fatal[0]!) as Record<string, string>;
+    expect(entry["msg"]).toBe("uncaught exception");
+    expect(entry["error"]).toBe("planted failure");
+    expect(entry["stack"]).toMatch(/planted failure\n\s+at /);
+  });
+
   it.each([
+    { args: ["--upstream-body-timeout-ms", "0"], names: /--upstream-body-timeout-ms.*0/ },
+    { args: ["--max-connections-per-source", "-3"], names: /--max-connections-per-source.*-3/ },
     { args: ["--bogus"], names: /bogus/ },
     { args: ["--listen", "nope"], names: /--listen.*nope/ },
     { args: ["--resolve", "x"], names: /--resolve.*"x"/ },

@@ -26,6 +26,18 @@ function usageErrorOf(argv: readonly string[]): UsageError {
 }
 
 describe("parseCli: serve flags become startProxy options", () => {
+  it("--upstream-body-timeout-ms and the connection limits become timeouts and limits; absent, they are left to startProxy", () => {
+    const options = serveOptions(["--upstream-body-timeout-ms", "1500", "--max-connections", "900", "--max-connections-per-source", "40"]);
+    expect(options.timeouts).toEqual({ upstreamBodyMs: 1500 });
+    expect(options.limits).toEqual({ connections: 900, connectionsPerSource: 40 });
+    expect(serveOptions(["--max-connections-per-source", "7"]).limits).toEqual({ connectionsPerSource: 7 });
+    const bare = serveOptions([]);
+    expect("timeouts" in bare).toBe(false);
+    expect("limits" in bare).toBe(false);
+    expect(usageErrorOf(["--upstream-body-timeout-ms", "0"]).message).toMatch(/--upstream-body-timeout-ms: expected a positive integer/);
+    expect(usageErrorOf(["--max-connections", "1.5"]).message).toMatch(/--max-connections: expected a positive integer/);
+  });
+
   it("no flags serve on 127.0.0.1:8080 with deny-all hooks and leave caDir and guestEnvFile to startProxy's defaults", () => {
     const options = serveOptions([]);
     expect(options.listen).toEqual({ host: "127.0.0.1", port: 8080 });
