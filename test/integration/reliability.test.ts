@@ -1,4 +1,5 @@
 import { once } from "node:events";
+import { gzipSync } from "node:zlib";
 import { connect, type Socket } from "node:net";
 import { createServer as createHttpsServer } from "node:https";
 import type { AddressInfo } from "node:net";
@@ -284,3 +285,57 @@ async function statusOfNextConnection(port: number): Promise<number> {
   }
   return status;
 }
+
+describe("hostile upstream answers a hook reads", () => {
+  // 64 MiB of zeros is about 64 KiB of gzip: the limit must hold on what the hook sees decoded.
+  const bomb = gzipSync(Buffer.alloc(64 * 1024 * 1024));
+  const readers: Record<string, Parameters<typeof startTestProxy>[0]> = {
+    "tier 2": { allowedInternalHosts: ["api.test"], ...createDjsHooks("export async function onResponse(response) { await response.text(); }") },
+    "tier 3": { allowedInternalHosts: ["api.test"], onResponse: async (response) => void (await response.arrayBuffer()) },
+  };
+
+  it.each(Object.entries(readers))("a gzip bomb read by a %s hook gets 502, and the proxy keeps serving", async (_name, hooks) => {
+    onTestFinished(() => (hooks as { djsHooks?: { close(): Promise<void> } }).djsHooks?.close());
+    const upstream = await startUpstream({
+      names: ["api.test"],
+      routes: {
+        "/bomb": (_req, res) => {
+          res.writeHead(200, { "content-type": "application/octet-stream", "content-encoding": "gzip", "content-length": bomb.length });
+          res.end(bomb);
+        },
+      },
+    });
+    const proxy = await startTestProxy(hooks, { maxHttpResponseBodyBytes: 1024 * 1024 });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/bomb`);
+    expect(res.status).toBe(502);
+    expect(res.text).toMatch(/larger than/);
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+});
+
+describe("redirect scheme games", () => {
+  const cases: { location: (port: number) => string; status: number; reason?: RegExp }[] = [
+    { location: () => "file:///etc/passwd", status: 502, reason: /unsupported scheme "file:"/ },
+    { location: () => "javascript:alert(1)", status: 502, reason: /unsupported scheme "javascript:"/ },
+    { location: () => "data:text/plain,hello", status: 502, reason: /unsupported scheme "data:"/ },
+    { location: () => "gopher://api.test/", status: 502, reason: /unsupported scheme/ },
+    { location: () => "http://[::1", status: 502, reason: /invalid Location/ },
+    // Scheme-relative and odd-case URLs are still URLs: followed, and judged like any hop.
+    { location: (port) => `//other.test:${port}/echo`, status: 403, reason: /other\.test/ },
+    { location: (port) => `HTTPS://API.TEST:${port}/echo`, status: 200 },
+    { location: (port) => `https://127.0.0.1:${port}/echo`, status: 403, reason: /loopback|internal|not in allowedHosts/ },
+    { location: (port) => `https://0x7f000001:${port}/echo`, status: 403 },
+    { location: (port) => `https://api.test:${port}/redirect?to=${encodeURIComponent("file:///etc/passwd")}`, status: 502, reason: /unsupported scheme/ },
+  ];
+
+  it.each(cases.map((c, i) => [c.location(443), i] as const))("a redirect to %s is judged as a hop, never followed blind", async (_shown, i) => {
+    const c = cases[i]!;
+    const upstream = await startUpstream({ names: ["api.test"] });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const to = encodeURIComponent(c.location(upstream.port));
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/redirect?to=${to}`);
+    expect(res.status, res.text).toBe(c.status);
+    if (c.reason !== undefined) expect(res.text).toMatch(c.reason);
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+});
