@@ -1,13 +1,15 @@
+import { spawn } from "node:child_process";
 import { once } from "node:events";
 import { gzipSync } from "node:zlib";
 import { connect, type Socket } from "node:net";
 import { createServer as createHttpsServer } from "node:https";
 import type { AddressInfo } from "node:net";
+import { fileURLToPath } from "node:url";
 import { ProxyAgent, request } from "undici";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { createDjsHooks } from "../../src/index.js";
 import { startChildProxy } from "../helpers/child-proxy.js";
-import { fetchVia, startTestProxy } from "../helpers/proxy.js";
+import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
 import { openRaw, openTlsTunnel, type RawClient } from "../helpers/raw.js";
 import { testCa } from "../helpers/test-ca.js";
 import { startUpstream, type Route } from "../helpers/upstream.js";
@@ -337,5 +339,38 @@ describe("redirect scheme games", () => {
     expect(res.status, res.text).toBe(c.status);
     if (c.reason !== undefined) expect(res.text).toMatch(c.reason);
     expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+});
+
+describe("a guest that opens more tunnels than the process has descriptors", () => {
+  it("under ulimit -n 1024, 1,100 tunnels from one address get 503 past its share, and a guest from another address is served", async () => {
+    const bin = fileURLToPath(new URL("../../dist/cli/bin.js", import.meta.url));
+    const caDir = tempDir();
+    const child = spawn("bash", ["-c", `ulimit -n 1024 && exec "${process.execPath}" "${bin}" --listen 127.0.0.1:0 --allow-host api.test --ca-dir "${caDir}" --log-level warn`], {
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    onTestFinished(() => void child.kill("SIGKILL"));
+    let out = "";
+    let err = "";
+    child.stdout.on("data", (chunk: Buffer) => (out += chunk.toString()));
+    child.stderr.on("data", (chunk: Buffer) => (err += chunk.toString()));
+    await waitFor(() => /listening on http:\/\/127\.0\.0\.1:\d+\n/.test(out) || child.exitCode !== null);
+    const port = Number(/:(\d+)\n/.exec(out)?.[1]);
+    const statuses = new Map<number, number>();
+    for (let i = 0; i < 1_100; i++) {
+      const tunnel = await openRaw(port);
+      tunnel.write("CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n\r\n");
+      const { status } = await tunnel.readResponse({ forConnect: true });
+      statuses.set(status, (statuses.get(status) ?? 0) + 1);
+      // Half a ClientHello, then nothing: the tunnel stays open, holding its descriptor.
+      if (status === 200) tunnel.write(Buffer.from([0x16, 0x03, 0x01]));
+    }
+    expect(Object.fromEntries(statuses)).toEqual({ 200: 256, 503: 844 });
+    const fresh = await openFrom("127.0.0.2", port);
+    fresh.write("CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n\r\n");
+    expect((await fresh.readResponse({ forConnect: true })).status).toBe(200);
+    // 844 refusals make one line and, at most, a summary: not 844 lines.
+    expect(err.split("\n").filter((line) => line.includes('"connection refused"')).length).toBe(1);
+    expect(child.exitCode).toBeNull();
   });
 });
