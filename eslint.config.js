@@ -28,7 +28,7 @@ export default tseslint.config(
   {
     // Tier-2 policies and the sandbox prelude run inside QuickJS, with its globals; a script
     // policy's functions are used by the proxy, not by the file.
-    files: ["policies/**/*.{js,mjs,ts}", "src/djs/sandbox/**/*.js"],
+    files: ["policies/**/*.{js,mjs,ts}", "src/djs/sandbox/**/*.js", "test/fixtures/*.mjs"],
     languageOptions: {
       globals: { HttpRequestBlockedError: "readonly", Request: "readonly", Response: "readonly", Headers: "readonly" },
     },
