@@ -646,6 +646,9 @@ describe("egressgate --hooks-script", () => {
       await upstreamCaFile(dir),
       "--hooks-script",
       join(dir, "policy.ts"),
+      // Whatever else the machine is doing, the policy's answer decides, not its time limit.
+      "--hooks-timeout-ms",
+      "30000",
     ]);
     const allowed = await curl(["-sS", "-x", url, "--cacert", join(caDir, "ca.crt"), `https://api.test:${upstream.port}/echo`]);
     expect(allowed.code).toBe(0);

@@ -116,7 +116,7 @@ beforeAll(async () => {
     allowedHosts: ["*.test"],
     policyFile: fileURLToPath(new URL("../fixtures/matrix-policy.mjs", import.meta.url)),
     // Far above what reading a 2 MiB body takes on a loaded machine, so only the hostile rows hit it.
-    policyTimeoutMs: 1_000,
+    policyTimeoutMs: 5_000,
     hooksModule: fileURLToPath(new URL("../fixtures/matrix-hooks.ts", import.meta.url)),
     proxy: {
       caDir: `/tmp/egressgate-matrix-${process.pid}`,

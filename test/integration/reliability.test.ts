@@ -9,6 +9,7 @@ import { ProxyAgent, request } from "undici";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { createDjsHooks } from "../../src/index.js";
 import { startChildProxy } from "../helpers/child-proxy.js";
+import { unhurriedMs } from "../helpers/djs.js";
 import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
 import { openRaw, openTlsTunnel, type RawClient } from "../helpers/raw.js";
 import { testCa } from "../helpers/test-ca.js";
@@ -35,7 +36,7 @@ describe("an upstream body that stalls", () => {
   const paths: Record<string, { hooks: Parameters<typeof startTestProxy>[0]; path: string }> = {
     "no hooks": { hooks: { allowedInternalHosts: ["api.test"] }, path: "/stall" },
     "a tier-2 onResponse": {
-      hooks: { allowedInternalHosts: ["api.test"], ...createDjsHooks("export function onResponse(response) { return undefined; }") },
+      hooks: { allowedInternalHosts: ["api.test"], ...createDjsHooks({ source: "export function onResponse(response) { return undefined; }", limits: { timeoutMs: unhurriedMs } }) },
       path: "/stall",
     },
     "a tier-3 onResponse": { hooks: { allowedInternalHosts: ["api.test"], onResponse: () => undefined }, path: "/stall" },
@@ -292,7 +293,7 @@ describe("hostile upstream answers a hook reads", () => {
   // 64 MiB of zeros is about 64 KiB of gzip: the limit must hold on what the hook sees decoded.
   const bomb = gzipSync(Buffer.alloc(64 * 1024 * 1024));
   const readers: Record<string, Parameters<typeof startTestProxy>[0]> = {
-    "tier 2": { allowedInternalHosts: ["api.test"], ...createDjsHooks("export async function onResponse(response) { await response.text(); }") },
+    "tier 2": { allowedInternalHosts: ["api.test"], ...createDjsHooks({ source: "export async function onResponse(response) { await response.text(); }", limits: { timeoutMs: unhurriedMs } }) },
     "tier 3": { allowedInternalHosts: ["api.test"], onResponse: async (response) => void (await response.arrayBuffer()) },
   };
 
