@@ -13,9 +13,3 @@ export function discardBody(body: Readable | null | undefined, reason?: Error): 
   body.on("error", ignore);
   if (!body.destroyed) body.destroy(reason);
 }
-
-/** Keeps an emitter's late `error` (after its owner stopped caring) from becoming uncaught. */
-export function ignoreErrors<T extends NodeJS.EventEmitter>(emitter: T): T {
-  emitter.on("error", ignore);
-  return emitter;
-}

@@ -132,6 +132,9 @@ export async function runPrimary(
     new Promise((resolve, reject) => {
       const worker = cluster.fork({ ...workerEnv, ...(first ? { [firstWorkerEnv]: "1" } : {}) });
       live.add(worker);
+      // A send to a worker that just died fails with EPIPE as an `error` event on it: unlistened,
+      // it would take the primary, and with it every other worker's guests. Its exit is handled below.
+      worker.on("error", (error: Error) => process.stderr.write(`egressgate: worker ${worker.process.pid}: ${error.message}\n`));
       worker.on("message", (report: WorkerReport) => {
         if (report?.kind !== "listening") return;
         serving.add(worker);
