@@ -1,3 +1,5 @@
+import { setFlagsFromString } from "node:v8";
+import { runInNewContext } from "node:vm";
 import { parentPort, receiveMessageOnPort, workerData, type MessagePort } from "node:worker_threads";
 import { bundlePolicy, PolicyLoadError, stopBundler } from "./bundle.js";
 import type { CallMessage, CallReply, InitReply, WorkerInit } from "./protocol.js";
@@ -122,11 +124,40 @@ async function serve(): Promise<never> {
  * is out of something: the thread exits, and the host starts a new worker for the calls queued.
  */
 async function renewed(): Promise<Sandbox> {
+  // Nothing may still reach the old sandbox while the collector looks for it.
+  sandbox = undefined as unknown as Sandbox;
+  await collectGarbage();
   try {
     return await Sandbox.create(init.policy.kind, init.policy.filename, code, map, init.limits);
   } catch {
     process.exit(1);
   }
+}
+
+/**
+ * This thread's own garbage collector, which `gc()` on the main thread never reaches. A sandbox
+ * dropped after a memory limit leaves a WebAssembly.Memory of up to the whole heap limit behind,
+ * and a thread that sleeps in Atomics.wait allocates too little for V8 to collect it on its own:
+ * after a few renewals the process held one old heap per renewal. The flag is set only for the
+ * moment it takes to get the function, so no other context sees a `gc` global.
+ */
+const gc = ((): (() => void) | undefined => {
+  try {
+    setFlagsFromString("--expose-gc");
+    return runInNewContext("gc") as () => void;
+  } catch {
+    return undefined;
+  } finally {
+    setFlagsFromString("--no-expose-gc");
+  }
+})();
+
+/** V8 frees a WASM memory's pages one collection after it finds it dead, past a turn of the event loop. */
+async function collectGarbage(): Promise<void> {
+  if (gc === undefined) return;
+  gc();
+  await new Promise((resolve) => setImmediate(resolve));
+  gc();
 }
 
 void serve();
