@@ -7,8 +7,8 @@
  *
  * A text is turned into views: one decoding pass per encoding ({@link decoders}), chained up to
  * {@link maxDepth} passes deep, so a value percent-encoded twice, or base64 inside a
- * percent-encoded query, is found. Every view is searched for every value in any ASCII letter
- * case. A view remembers, for each of its characters, the span of the original text it came
+ * percent-encoded query, is found. Every view is searched for every value in any letter case
+ * (of ASCII and Latin-1). A view remembers, for each of its characters, the span of the original text it came
  * from, so a match can be cut out of the original (redaction) as well as reported.
  *
  * Decoded bytes are held as Latin-1 characters (one character per byte), so each value is also
@@ -366,8 +366,8 @@ export function eachView(text: string, context: DecodeContext, visit: (view: Vie
 }
 
 /**
- * Calls `found` for every occurrence of every needle in every view of `text`, in any ASCII
- * letter case, until it returns true. Returns whether it did.
+ * Calls `found` for every occurrence of every needle in every view of `text`, in any letter
+ * case, until it returns true. Returns whether it did.
  */
 export function scan(text: string, set: NeedleSet, found: (match: Match) => boolean): boolean {
   const { needles, context } = set;

@@ -247,7 +247,8 @@ export class SecretStore {
    * - then, in both modes, the hop's URL (userinfo, host, path, query and fragment, and the
    *   Location as sent) and every header are decoded and searched for the value, and a match
    *   refuses the hop.
-   * The refusal names neither the hop's URL nor its host: either may carry the value.
+   * A refusal never quotes the hop's URL, and names its host only when the host holds no copy of
+   * the value: the guest gets the refusal instead of the 3xx, and must not learn the value from it.
    */
   checkRedirect(hop: RedirectHop, substituted: ReadonlySet<string>): void {
     const { url } = hop;
