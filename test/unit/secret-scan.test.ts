@@ -24,6 +24,7 @@ describe("the secret scan decodes, then searches", () => {
     ["base64 after other base64 characters (a path)", `/echo/prefix${b64(VALUE)}`, ["base64"]],
     ["base64, then percent-encoded", encodeURIComponent(b64(`ab${VALUE}`)), ["percent", "base64"]],
     ["base64 twice", b64(b64(VALUE)), ["base64", "base64"]],
+    ["base64, then percent-encoded twice (three deep)", encodeURIComponent(encodeURIComponent(b64(`ab${VALUE}`))), ["percent", "percent", "base64"]],
     ["lower-case hex", Buffer.from(VALUE).toString("hex"), ["hex"]],
     ["upper-case hex at an odd offset", `a${Buffer.from(VALUE).toString("hex").toUpperCase()}`, ["hex"]],
   ])("finds the value %s", (_what, text, via) => {
