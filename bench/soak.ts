@@ -43,6 +43,13 @@ export const tolerance = Object.freeze({
   rssFraction: 0.05,
   /** …or this many bytes, whichever is larger (a small heap's 5% is noise). */
   rssBytes: 8 * 1024 * 1024,
+  /**
+   * The main thread's V8 heap in use after GC may end at most this fraction (or 4 MiB) above the
+   * baseline. Unlike RSS it counts live objects only, exactly, so a leak of JS objects shows at
+   * any length of run, short ones included.
+   */
+  heapFraction: 0.1,
+  heapBytes: 4 * 1024 * 1024,
 });
 
 /** In the warm-up, every kind goes this many times first, so each policy worker meets each limit. */
@@ -61,13 +68,14 @@ interface Settings {
   readonly deadlineMs: number;
   readonly upstreamBodyMs: number;
   readonly rounds: number;
+  readonly rssFraction: number;
 }
 
 function parseArgs(argv: readonly string[]): Settings {
   const values = new Map<string, string>();
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
-    const known = ["--requests", "--concurrency", "--warmup", "--settle-ms", "--from", "--seed", "--only", "--skip", "--json", "--deadline-ms", "--upstream-body-timeout-ms", "--rounds"];
+    const known = ["--requests", "--concurrency", "--warmup", "--settle-ms", "--from", "--seed", "--only", "--skip", "--json", "--deadline-ms", "--upstream-body-timeout-ms", "--rounds", "--rss-tolerance"];
     if (!known.includes(arg) || argv[i + 1] === undefined) throw new TypeError(`soak: unknown or incomplete argument ${JSON.stringify(arg)} (known: ${known.join(", ")})`);
     values.set(arg, argv[++i]!);
   }
@@ -95,7 +103,15 @@ function parseArgs(argv: readonly string[]): Settings {
     deadlineMs: int("--deadline-ms", 30_000, 1_000),
     upstreamBodyMs: int("--upstream-body-timeout-ms", 2_000, 1),
     rounds: int("--rounds", 1, 1),
+    rssFraction: fraction(values.get("--rss-tolerance"), tolerance.rssFraction),
   };
+}
+
+function fraction(raw: string | undefined, fallback: number): number {
+  if (raw === undefined) return fallback;
+  const n = Number(raw);
+  if (!Number.isFinite(n) || n < 0 || n > 1) throw new RangeError(`soak: --rss-tolerance must be a fraction from 0 to 1 (got ${raw})`);
+  return n;
 }
 
 interface Reading {
@@ -301,10 +317,15 @@ async function main(): Promise<number> {
   else if (serving !== undefined) failures.push(`the proxy no longer serves: ${serving}`);
   if (upstreamStats.unhooked > 0) failures.push(`${upstreamStats.unhooked} requests reached the upstream without both hook tiers' marks, e.g. ${upstreamStats.firstUnhooked}`);
   if (upstreamStats.stalledOpen > 0) failures.push(`${upstreamStats.stalledOpen} stalled upstream responses still held open by the proxy`);
-  const rssLimit = baseline.rssBytes + Math.max(baseline.rssBytes * tolerance.rssFraction, tolerance.rssBytes);
+  const rssLimit = baseline.rssBytes + Math.max(baseline.rssBytes * settings.rssFraction, tolerance.rssBytes);
+  const heapBase = baseline.heapUsedBytes ?? 0;
+  const heapLimit = heapBase + Math.max(heapBase * tolerance.heapFraction, tolerance.heapBytes);
   if (after !== undefined) {
     if (after.fds > baseline.fds + tolerance.fdsAbsolute) failures.push(`fds did not come back: ${after.fds} against ${baseline.fds} (+${tolerance.fdsAbsolute} allowed)`);
     if (after.rssBytes > rssLimit) failures.push(`RSS did not come back: ${mib(after.rssBytes)} MiB against ${mib(baseline.rssBytes)} MiB (limit ${mib(rssLimit)} MiB)`);
+    if (after.heapUsedBytes !== undefined && after.heapUsedBytes > heapLimit) {
+      failures.push(`the V8 heap in use did not come back: ${mib(after.heapUsedBytes)} MiB against ${mib(heapBase)} MiB (limit ${mib(heapLimit)} MiB)`);
+    }
   }
 
   const elapsedS = result.elapsedMs / 1000;
@@ -329,6 +350,7 @@ async function main(): Promise<number> {
       after,
       rounds: roundReadings,
       rssLimitBytes: Math.round(rssLimit),
+      heapLimitBytes: Math.round(heapLimit),
       eventLoop: stats === undefined ? undefined : { p50Ms: stats.eventLoopP50Ms, p99Ms: stats.eventLoopP99Ms, maxMs: stats.eventLoopMaxMs },
       logLevels: stats?.logLevels,
       logMessages: stats?.logMessages,
