@@ -10,3 +10,4 @@ export type { ConnectionLimitOptions, ProxyOptions, TimeoutOptions } from "./pro
 export { EgressError } from "./errors.js";
 export type { EgressErrorCode } from "./errors.js";
 export type { LogLevel, LogSink } from "./log.js";
+export type { SecretOptions, SecretRedirects } from "./policy/secrets.js";
