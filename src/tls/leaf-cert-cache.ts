@@ -17,19 +17,21 @@ export interface LeafCertCacheOptions {
 export const leafSignedChannel = channel("egressgate:tls:leaf-signed");
 
 interface Entry {
-  readonly context: Promise<SecureContext>;
-  /** Until the signing settles, Infinity: an in-flight entry is never considered stale. */
-  notAfter: number;
+  readonly context: SecureContext;
+  readonly notAfter: number;
 }
 
 const renewMargin = 24 * 60 * 60 * 1000;
 
 /**
- * A bounded LRU of TLS contexts per hostname or IP. It holds promises, so concurrent first
- * handshakes for one name share a single signing, and a failed signing is not cached.
+ * A bounded LRU of TLS contexts per hostname or IP. Signings in flight wait in a map of their
+ * own, so concurrent first handshakes for one name share a single signing, and a name enters
+ * the LRU only once signed: a signing the queue refuses (a flooder at its limit) or that fails
+ * evicts nothing.
  */
 export class LeafCertCache {
   private readonly entries = new Map<string, Entry>();
+  private readonly signing = new Map<string, Promise<SecureContext>>();
   /** How many leaves have been signed: lets tests and benches see cache hits. */
   signed = 0;
   private readonly queue: SigningQueue;
@@ -41,6 +43,7 @@ export class LeafCertCache {
     this.queue = new SigningQueue(options.signingsPerSource ?? 32);
   }
 
+  /** Signed entries only, not signings in flight. */
   get size(): number {
     return this.entries.size;
   }
@@ -51,36 +54,41 @@ export class LeafCertCache {
    */
   get(name: string, source = ""): Promise<SecureContext> {
     const hit = this.entries.get(name);
-    this.entries.delete(name);
     if (hit !== undefined && hit.notAfter - renewMargin > Date.now()) {
       // Map keeps insertion order, so re-inserting marks the entry as most recently used.
+      this.entries.delete(name);
       this.entries.set(name, hit);
-      return hit.context;
+      return Promise.resolve(hit.context);
     }
-    const entry: Entry = { context: this.create(name, source, () => entry), notAfter: Number.POSITIVE_INFINITY };
-    this.entries.set(name, entry);
-    if (this.entries.size > this.options.maxEntries) {
-      const oldest = this.entries.keys().next().value;
-      if (oldest !== undefined) this.entries.delete(oldest);
-    }
-    return entry.context;
+    const inFlight = this.signing.get(name);
+    if (inFlight !== undefined) return inFlight;
+    const context = this.create(name, source);
+    this.signing.set(name, context);
+    // Whatever the outcome, the name is no longer in flight; a failure is not cached.
+    const settled = (): void => {
+      if (this.signing.get(name) === context) this.signing.delete(name);
+    };
+    context.then(settled, settled);
+    return context;
   }
 
-  private async create(name: string, source: string, self: () => Entry): Promise<SecureContext> {
-    try {
-      return await this.queue.run(source, async () => {
-        const { certPem, notAfter } = await this.signer.sign(name, this.options.validityDays);
-        this.signed += 1;
-        if (leafSignedChannel.hasSubscribers) leafSignedChannel.publish({ name });
-        self().notAfter = notAfter;
-        // Most of a new leaf's cost is this call, not the signature: OpenSSL 3.0 parses the key PEM
-        // (~0.5 ms) and the certificate for every context, and Node has no way to share a parsed key
-        // between contexts. Skipping the root store (`ca: []`) measured no faster.
-        return createSecureContext({ key: this.signer.leafKey.privateKeyPem, cert: certPem });
-      });
-    } catch (error) {
-      if (this.entries.get(name) === self()) this.entries.delete(name);
-      throw error;
-    }
+  private create(name: string, source: string): Promise<SecureContext> {
+    return this.queue.run(source, async () => {
+      const { certPem, notAfter } = await this.signer.sign(name, this.options.validityDays);
+      this.signed += 1;
+      if (leafSignedChannel.hasSubscribers) leafSignedChannel.publish({ name });
+      // Most of a new leaf's cost is this call, not the signature: OpenSSL 3.0 parses the key PEM
+      // (~0.5 ms) and the certificate for every context, and Node has no way to share a parsed key
+      // between contexts. Skipping the root store (`ca: []`) measured no faster.
+      const context = createSecureContext({ key: this.signer.leafKey.privateKeyPem, cert: certPem });
+      this.entries.delete(name);
+      this.entries.set(name, { context, notAfter });
+      while (this.entries.size > this.options.maxEntries) {
+        const oldest = this.entries.keys().next().value;
+        if (oldest === undefined) break;
+        this.entries.delete(oldest);
+      }
+      return context;
+    });
   }
 }

@@ -6,7 +6,8 @@ export class SigningLimitError extends Error {
 /**
  * Signing work, one piece at a time, taking turns between sources (guest addresses). Issue 14:
  * each new name costs a signature and a `createSecureContext` on the event loop, about 3 ms, so
- * a guest that opens tunnels to many new names must pay for them itself. Every source has its
+ * a source (guest address) that opens tunnels to many new names waits on its own queue. Guests
+ * behind one address (a NAT, one VM host) are one source and share that queue. Every source has its
  * own queue of at most `perSource` waiting pieces (one more is refused), the queues are served
  * round-robin, and the event loop gets a turn between two pieces: another source's signing
  * waits for at most one piece per source, and nobody's traffic waits for a flood to drain.
@@ -30,7 +31,14 @@ export class SigningQueue {
       return Promise.reject(new SigningLimitError(`${source} already has ${this.perSource} certificates waiting to be signed`));
     }
     return new Promise<T>((resolve, reject) => {
-      queue.push(() => task().then(resolve, reject));
+      // Async, so a task that throws before its first await rejects its caller instead of the pump.
+      queue.push(async () => {
+        try {
+          resolve(await task());
+        } catch (error) {
+          reject(error);
+        }
+      });
       if (queue.length === 1) this.waiting.set(source, queue);
       // An idle queue runs at once: a guest's first new name pays no extra turn of the loop.
       if (!this.busy) void this.pump();
@@ -39,17 +47,21 @@ export class SigningQueue {
 
   private async pump(): Promise<void> {
     this.busy = true;
-    for (;;) {
-      const next = this.waiting.entries().next();
-      if (next.done === true) break;
-      const [source, queue] = next.value;
-      const piece = queue.shift()!;
-      // Deleting and setting again moves the source to the back: round-robin.
-      this.waiting.delete(source);
-      if (queue.length > 0) this.waiting.set(source, queue);
-      await piece();
-      if (this.waiting.size > 0) await new Promise((resolve) => setImmediate(resolve));
+    try {
+      for (;;) {
+        const next = this.waiting.entries().next();
+        if (next.done === true) break;
+        const [source, queue] = next.value;
+        const piece = queue.shift()!;
+        // Deleting and setting again moves the source to the back: round-robin.
+        this.waiting.delete(source);
+        if (queue.length > 0) this.waiting.set(source, queue);
+        await piece();
+        if (this.waiting.size > 0) await new Promise((resolve) => setImmediate(resolve));
+      }
+    } finally {
+      // Whatever happened above, the next run() must find the queue idle, or signing stops for good.
+      this.busy = false;
     }
-    this.busy = false;
   }
 }

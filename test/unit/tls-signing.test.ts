@@ -1,8 +1,14 @@
+import { mkdtemp, rm } from "node:fs/promises";
 import { createServer, type AddressInfo } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { connect } from "node:tls";
 import { describe, expect, it, onTestFinished } from "vitest";
+import { loadOrCreateCa } from "../../src/tls/ca-store.js";
 import { alertRecord, alerts, readClientHello } from "../../src/tls/client-hello.js";
+import { LeafCertCache } from "../../src/tls/leaf-cert-cache.js";
 import { SigningLimitError, SigningQueue } from "../../src/tls/signing-queue.js";
+import { LeafSigner } from "../../src/tls/x509.js";
 
 /** The first bytes a real Node TLS client sends, captured by a plain TCP server. */
 async function captureClientHello(servername: string | undefined): Promise<Buffer> {
@@ -91,6 +97,17 @@ describe("SigningQueue", () => {
     await expect(queue.run("a", async () => "again")).resolves.toBe("again");
   });
 
+  it("a piece that throws before its first await rejects its own caller and the queue goes on", async () => {
+    const queue = new SigningQueue(8);
+    const failed = queue.run("a", (): Promise<string> => {
+      throw new Error("thrown at once");
+    });
+    const next = queue.run("a", async () => "next");
+    await expect(failed).rejects.toThrow("thrown at once");
+    await expect(next).resolves.toBe("next");
+    await expect(queue.run("b", async () => "later")).resolves.toBe("later");
+  });
+
   it("a piece that fails rejects its own caller and the queue goes on", async () => {
     const queue = new SigningQueue(8);
     const failed = queue.run("a", async () => {
@@ -99,5 +116,39 @@ describe("SigningQueue", () => {
     const next = queue.run("a", async () => "next");
     await expect(failed).rejects.toThrow("bad name");
     await expect(next).resolves.toBe("next");
+  });
+});
+
+describe("LeafCertCache", () => {
+  it("a flooder at its signing limit evicts nothing: refused signings never enter the LRU", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "egressgate-leaves-"));
+    onTestFinished(() => rm(dir, { recursive: true, force: true }));
+    const signer = await LeafSigner.create(await loadOrCreateCa(dir), "ecdsa");
+    const cache = new LeafCertCache(signer, { maxEntries: 8, validityDays: 30, signingsPerSource: 2 });
+    const legit = ["a.legit", "b.legit", "c.legit", "d.legit", "e.legit"];
+    for (const name of legit) await cache.get(name, "10.0.0.1");
+    expect(cache.signed).toBe(5);
+    // The queue goes idle a few microtasks after the last signing settles.
+    await new Promise((resolve) => setImmediate(resolve));
+    // All in one turn of the loop: f0 is signing, f1 and f2 wait (the limit), every x is refused.
+    const accepted = ["f0", "f1", "f2"].map((name) => cache.get(name, "10.0.0.9"));
+    const refused = Array.from({ length: 20 }, (_, i) => cache.get(`x${i}.flood`, "10.0.0.9"));
+    const outcomes = await Promise.allSettled(refused);
+    expect(outcomes.every((o) => o.status === "rejected" && o.reason instanceof SigningLimitError)).toBe(true);
+    await Promise.all(accepted);
+    expect(cache.signed).toBe(8);
+    // Every legitimate name is still cached: none is signed again.
+    for (const name of legit) await cache.get(name, "10.0.0.1");
+    expect(cache.signed).toBe(8);
+  });
+
+  it("concurrent first handshakes for one name share one signing", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "egressgate-leaves-"));
+    onTestFinished(() => rm(dir, { recursive: true, force: true }));
+    const signer = await LeafSigner.create(await loadOrCreateCa(dir), "ecdsa");
+    const cache = new LeafCertCache(signer, { maxEntries: 2, validityDays: 30, signingsPerSource: 1 });
+    const contexts = await Promise.all(Array.from({ length: 5 }, () => cache.get("api.test", "10.0.0.1")));
+    expect(new Set(contexts).size).toBe(1);
+    expect(cache.signed).toBe(1);
   });
 });
