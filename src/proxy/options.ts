@@ -129,14 +129,23 @@ export const defaults = Object.freeze({
  * wait in the kernel's backlog with no answer at all.
  */
 function defaultConnectionLimit(): number {
-  let soft = 1024;
+  return Math.max(32, Math.min(16_384, connectionsWithin(openFileLimit())));
+}
+
+/** How many guest connections `fds` descriptors carry: two each (guest and upstream), less a reserve. */
+export function connectionsWithin(fds: number): number {
+  return Math.floor((fds - 64) / 2);
+}
+
+/** The soft open-file limit (RLIMIT_NOFILE) of this process; 1024 where it cannot be read. */
+export function openFileLimit(): number {
   try {
     const line = /^Max open files\s+(\d+|unlimited)/m.exec(readFileSync("/proc/self/limits", "utf8"))?.[1];
-    if (line !== undefined) soft = line === "unlimited" ? Number.MAX_SAFE_INTEGER : Number(line);
+    if (line !== undefined) return line === "unlimited" ? Number.MAX_SAFE_INTEGER : Number(line);
   } catch {
     // Not Linux: keep the common default.
   }
-  return Math.max(32, Math.min(16_384, Math.floor((soft - 64) / 2)));
+  return 1024;
 }
 
 const knownKeys = [

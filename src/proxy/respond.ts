@@ -70,6 +70,14 @@ export function sendResponse(
     res.destroy(error);
     settle(error);
   });
+  // A body that closes before its end without an error (a source destroyed quietly) would leave
+  // the pipe waiting for ever: cut the guest's connection, as for an error.
+  body.once("close", () => {
+    if (body.readableEnded || settled) return;
+    const error = new Error("the upstream body closed before its end");
+    res.destroy(error);
+    settle(error);
+  });
   res.once("close", () => {
     if (res.writableFinished) settle();
     else {

@@ -13,7 +13,7 @@ import { Resolver, type ResolvedAddress } from "../upstream/resolve.js";
 import { parseAuthority } from "./authority.js";
 import { guestEnvironment, writeGuestEnvFile } from "./guest-env.js";
 import { loggableTarget, toOutboundRequest } from "./guest-request.js";
-import { resolveProxyOptions, type ProxyOptions, type ResolvedProxyOptions } from "./options.js";
+import { connectionsWithin, openFileLimit, resolveProxyOptions, type ProxyOptions, type ResolvedProxyOptions } from "./options.js";
 import { sendError, sendResponse, writeRawError } from "./respond.js";
 import { serveTunnel, tunnelOf } from "./tunnel.js";
 import { serveUpgrade, type UpgradeDeps } from "./upgrade.js";
@@ -37,6 +37,8 @@ export interface RunningProxy {
 }
 
 const maxHeaderBytes = 64 * 1024;
+/** What a guest may send after a CONNECT or an upgrade while it waits its turn. */
+const maxEarlyBytes = 64 * 1024;
 
 /**
  * Starts an egress proxy.
@@ -110,8 +112,8 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   const outer = guest.createServer();
   outer.on("connection", (socket: Socket) => guest.track(socket));
   outer.on("connect", (req: IncomingMessage, socket: Socket, head: Buffer) => {
-    guest.onConnect(req, socket, head, (target) =>
-      serveTunnel(socket, head, target, { inner, leaves: authority.leaves, log, handshakeMs: config.timeouts.handshakeMs }),
+    guest.connect(req, socket, head, (target, early) =>
+      serveTunnel(socket, early, target, { inner, leaves: authority.leaves, log, handshakeMs: config.timeouts.handshakeMs }),
     );
   });
   inner.on("connect", (_req: IncomingMessage, socket: Socket) => {
@@ -166,6 +168,17 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     }
   }
   log.info("listening", { url, caDir: config.caDir, allowedHosts: config.declarative.allowedHosts });
+  const fds = openFileLimit();
+  if (config.limits.connections > connectionsWithin(fds)) {
+    // libuv meets EMFILE by accepting and closing at once: the guests past it get a reset, and
+    // nothing reaches this process to log.
+    log.warn("limits.connections is more than the open-file limit carries", {
+      connections: config.limits.connections,
+      openFileLimit: fds,
+      carries: connectionsWithin(fds),
+      consequence: "past it, new guests are reset without an answer or a log line; raise the limit (ulimit -n, LimitNOFILE) or lower limits.connections",
+    });
+  }
 
   return {
     url,
@@ -206,6 +219,8 @@ interface Lane {
 class GuestSide {
   private readonly sockets = new Set<Socket>();
   private readonly perSource = new Map<string, number>();
+  /** Connections answered 503 at accept: Node's parser is already on them, so nothing they send is served. */
+  private readonly refused = new WeakSet<Socket>();
   readonly warnings: ThrottledWarning;
   private readonly lanes = new WeakMap<Socket, Lane>();
   private inFlight = 0;
@@ -288,6 +303,7 @@ class GuestSide {
           ? `${source} already has ${connectionsPerSource} connections open (limits.connectionsPerSource)`
           : undefined;
     if (over !== undefined) {
+      this.refused.add(socket);
       this.warnings.warn(`limit:${source}`, "connection refused", { client: source, reason: over });
       writeRawError(socket, new EgressError("EG_LIMIT", 503, `too many connections: ${over}`));
       return;
@@ -302,7 +318,18 @@ class GuestSide {
     });
   }
 
-  onConnect(req: IncomingMessage, socket: Socket, head: Buffer, serve: (target: { hostname: string; port: number }) => void): void {
+  /** A CONNECT waits its turn behind the requests before it on its connection, as an upgrade does. */
+  connect(req: IncomingMessage, socket: Socket, head: Buffer, serve: (target: { hostname: string; port: number }, early: Buffer) => void): void {
+    if (this.refused.has(socket)) return;
+    this.guard(
+      this.takeOver(socket, head).then((early) => {
+        if (early !== undefined) this.onConnect(req, socket, early, serve);
+      }),
+      socket,
+    );
+  }
+
+  private onConnect(req: IncomingMessage, socket: Socket, head: Buffer, serve: (target: { hostname: string; port: number }, early: Buffer) => void): void {
     const started = performance.now();
     let target: { hostname: string; port: number };
     try {
@@ -336,8 +363,7 @@ class GuestSide {
     }
     socket.write("HTTP/1.1 200 Connection Established\r\n\r\n");
     this.log.debug("tunnel opened", { target: `${target.hostname}:${target.port}` });
-    serve(target);
-    void head;
+    serve(target, head);
   }
 
   private onClientError(error: NodeJS.ErrnoException, socket: Socket): void {
@@ -379,12 +405,25 @@ class GuestSide {
    */
   private enter(lane: Lane, socket: Socket): void {
     lane.waiting += 1;
-    if (lane.paused || lane.waiting <= this.config.limits.pipelinedRequests + 1) return;
-    lane.paused = true;
+    if (lane.waiting <= this.config.limits.pipelinedRequests + 1) return;
+    if (!lane.paused) {
+      lane.paused = true;
+      // Node's own write backpressure (socketOnDrain) resumes any socket whose `_paused` is set,
+      // ours too, as soon as a response drains: the pause is taken back each time.
+      socket.on("resume", () => {
+        const state = pausable(socket);
+        if (!lane.paused || socket.destroyed || state.parser == null) return;
+        state._paused = true;
+        state.parser.pause();
+        socket.pause();
+      });
+    }
     // As Node's own server does for write backpressure: `_paused` makes it pause its parser once
     // the chunk being parsed is done (pausing it inside this callback would drop the chunk's
     // rest), so requests still in the buffer stay bytes, not request objects.
-    pausable(socket)._paused = true;
+    const state = pausable(socket);
+    if (state._paused === true) return;
+    state._paused = true;
     socket.pause();
   }
 
@@ -393,9 +432,10 @@ class GuestSide {
     if (!lane.paused || lane.waiting > Math.floor(this.config.limits.pipelinedRequests / 2)) return;
     lane.paused = false;
     const state = pausable(socket);
-    if (socket.destroyed || state._paused !== true) return;
+    // No parser: an upgrade or a CONNECT owns the socket now, and reads it itself.
+    if (socket.destroyed || state._paused !== true || state.parser == null) return;
     state._paused = false;
-    state.parser?.resume();
+    state.parser.resume();
     socket.resume();
   }
 
@@ -404,16 +444,52 @@ class GuestSide {
    * must reach the guest before the 101, never inside the upgraded stream.
    */
   private async upgrade(req: IncomingMessage, socket: Socket, head: Buffer): Promise<void> {
+    if (this.refused.has(socket)) return;
+    const early = await this.takeOver(socket, head);
+    if (early !== undefined) await serveUpgrade(req, socket, early, this.upgradeDeps);
+  }
+
+  /**
+   * For an upgrade or a CONNECT, which take the connection over once the requests before it are
+   * answered. Until then the guest's bytes (frames, a ClientHello) are kept, up to 64 KiB, and
+   * returned after `head`; undefined when the connection closed meanwhile.
+   */
+  private async takeOver(socket: Socket, head: Buffer): Promise<Buffer | undefined> {
     const lane = this.laneOf(socket);
     const previous = lane.tail;
-    // Nothing follows an upgrade on its connection.
+    // Nothing follows on this connection.
     lane.tail = new Promise<void>(() => undefined);
+    // A pause set while the requests before it were parsed stopped the socket's handle, and
+    // Node's hand-over never restarts it: reading is ours from here.
+    lane.paused = false;
+    pausable(socket)._paused = false;
+    const handle = (socket as unknown as { _handle?: { reading: boolean; readStart(): number } | null })._handle;
+    if (handle && !handle.reading) {
+      handle.reading = true;
+      handle.readStart();
+    }
+    const early: Buffer[] = [head];
+    let bytes = head.length;
+    const keep = (chunk: Buffer): void => {
+      bytes += chunk.length;
+      if (bytes > maxEarlyBytes) socket.destroy();
+      else early.push(chunk);
+    };
+    socket.on("data", keep);
     await previous;
-    if (socket.destroyed) return;
-    await serveUpgrade(req, socket, head, this.upgradeDeps);
+    // A plain tunnel serves requests on this same socket again: they start a lane of their own.
+    this.lanes.delete(socket);
+    // The next owner adds its own listener in this same turn, so no byte falls between.
+    socket.off("data", keep);
+    if (socket.destroyed) return undefined;
+    return early.length === 1 ? head : Buffer.concat(early);
   }
 
   private async handle(req: IncomingMessage, res: ServerResponse, expectsContinue: boolean): Promise<void> {
+    if (this.refused.has(req.socket)) {
+      req.socket.destroy();
+      return;
+    }
     const id = this.nextId++;
     const started = performance.now();
     this.inFlight += 1;

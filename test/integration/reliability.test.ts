@@ -114,7 +114,7 @@ async function startUpgradeUpstream(): Promise<{ port: number; order: string[] }
     const answer = (): void => {
       held = undefined;
       order.push(`answer ${req.url}`);
-      res.end("slow answer");
+      res.end(req.url === "/slow" ? "slow answer" : "quick answer");
     };
     if (req.url !== "/slow") return answer();
     held = answer;
@@ -138,22 +138,51 @@ async function startUpgradeUpstream(): Promise<{ port: number; order: string[] }
   return { port: (server.address() as AddressInfo).port, order };
 }
 
-describe("an upgrade pipelined behind a request", () => {
-  it("waits its turn: the request's response comes first, and nothing of it enters the upgraded stream", async () => {
-    const upstream = await startUpgradeUpstream();
+describe("an upgrade or a CONNECT pipelined behind requests", () => {
+  // 20 requests ahead is past limits.pipelinedRequests (16): the connection was paused while they
+  // were parsed, and the upgrade must still get the guest's bytes, before and after its 101.
+  it.each([1, 20])(
+    "an upgrade behind %i waits its turn: their responses come first, and every byte of the guest's reaches the upgraded stream",
+    async (ahead) => {
+      const upstream = await startUpgradeUpstream();
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+      const guest = await openTlsTunnel(proxy.port, `api.test:${upstream.port}`, { ca: proxy.caCertPem });
+      const host = `Host: api.test:${upstream.port}\r\n`;
+      const paths = ["/slow", ...Array.from({ length: ahead - 1 }, (_, i) => `/n${i}`)];
+      guest.write(`${paths.map((p) => `GET ${p} HTTP/1.1\r\n${host}\r\n`).join("")}GET /socket HTTP/1.1\r\n${host}Connection: Upgrade\r\nUpgrade: echo\r\n\r\nframe-bytes`);
+      for (const path of paths) {
+        const res = await guest.readResponse();
+        expect(res.status).toBe(200);
+        expect(res.body).toBe(path === "/slow" ? "slow answer" : "quick answer");
+      }
+      expect((await guest.readResponse({ forConnect: true })).status).toBe(101);
+      await waitFor(() => guest.pending().includes("echo:frame-bytes"));
+      guest.write("after-101");
+      await waitFor(() => guest.pending().includes("echo:after-101"));
+      expect(guest.pending()).toBe("echo:frame-bytesecho:after-101");
+      // The upgrade reached the upstream only after every request before it was answered.
+      expect(upstream.order.slice(-1)).toEqual(["upgrade /socket"]);
+      expect(upstream.order.filter((e) => e.startsWith("answer"))).toHaveLength(ahead);
+    },
+  );
+
+  it("a CONNECT behind a held request waits its turn: the held response comes first, never inside the tunnel", async () => {
+    let held: (() => void) | undefined;
+    const upstream = await startUpstream({ names: ["api.test"], tls: false, routes: { "/hold": (_req, res) => (held = () => res.end("held answer")) } });
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
-    const guest = await openTlsTunnel(proxy.port, `api.test:${upstream.port}`, { ca: proxy.caCertPem });
-    const host = `Host: api.test:${upstream.port}\r\n`;
-    guest.write(`GET /slow HTTP/1.1\r\n${host}\r\nGET /socket HTTP/1.1\r\n${host}Connection: Upgrade\r\nUpgrade: echo\r\n\r\nframe-bytes`);
+    const guest = await openRaw(proxy.port);
+    const authority = `api.test:${upstream.port}`;
+    guest.write(`GET http://${authority}/hold HTTP/1.1\r\nHost: ${authority}\r\n\r\nCONNECT ${authority} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+    await waitFor(() => held !== undefined);
+    // While /hold is held, nothing may answer the CONNECT.
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(guest.pending()).toBe("");
+    held!();
     const first = await guest.readResponse();
-    expect(first.status).toBe(200);
-    expect(first.body).toBe("slow answer");
-    const second = await guest.readResponse({ forConnect: true });
-    expect(second.status).toBe(101);
-    await waitFor(() => guest.pending().includes("echo:frame-bytes"));
-    expect(guest.pending()).toBe("echo:frame-bytes");
-    // The upgrade reached the upstream only after /slow was answered.
-    expect(upstream.order).toEqual(["request /slow", "answer /slow", "upgrade /socket"]);
+    expect(first.body).toBe("held answer");
+    expect((await guest.readResponse({ forConnect: true })).status).toBe(200);
+    guest.write(`GET /echo HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+    expect((await guest.readResponse()).status).toBe(200);
   });
 });
 
