@@ -2,7 +2,7 @@ import type { Server } from "node:http";
 import type { Socket } from "node:net";
 import { TLSSocket, type SecureContext } from "node:tls";
 import type { Logger } from "../log.js";
-import { alertRecord, alerts, maxClientHelloBytes, readClientHello } from "../tls/client-hello.js";
+import { alertRecord, alerts, ClientHelloReader } from "../tls/client-hello.js";
 import type { LeafCertCache } from "../tls/leaf-cert-cache.js";
 import { SigningLimitError } from "../tls/signing-queue.js";
 import type { Authority } from "./authority.js";
@@ -39,56 +39,60 @@ export function serveTunnel(socket: Socket, head: Buffer, target: Authority, dep
   const deadline = setTimeout(() => socket.destroy(), deps.handshakeMs);
   deadline.unref();
   socket.once("close", () => clearTimeout(deadline));
+  // Until the first bytes tell TLS from HTTP: at most a request line's first 17 bytes.
   let buffered = head;
-  const decide = (): boolean => {
-    const kind = sniff(buffered);
-    if (kind === "more") return false;
-    if (kind === "tls") {
-      // The whole ClientHello first: its SNI decides whether anything is signed at all.
-      const hello = readClientHello(buffered);
-      if (hello.kind === "more") {
-        if (buffered.length <= maxClientHelloBytes + 1024) return false;
-        refuseTls(socket, buffered, alerts.decodeError, target, "ClientHello too large", deps);
+  // Once they say TLS, every chunk goes to the reader, which keeps them (no copy per chunk).
+  let reader: ClientHelloReader | undefined;
+  const decide = (chunk: Buffer): boolean => {
+    if (reader === undefined) {
+      buffered = buffered.length === 0 ? chunk : Buffer.concat([buffered, chunk]);
+      const kind = sniff(buffered);
+      if (kind === "more") return false;
+      if (kind !== "tls") {
+        socket.pause();
+        socket.unshift(buffered);
+        if (kind === "http") servePlain(socket, target, deps, deadline);
+        else {
+          deps.log.info("tunnel closed", { target: `${target.hostname}:${target.port}`, reason: "neither TLS nor HTTP" });
+          socket.destroy();
+        }
         return true;
       }
-      if (hello.kind === "invalid") {
-        refuseTls(socket, buffered, alerts.decodeError, target, hello.reason, deps);
-        return true;
-      }
-      const sni = hello.servername === undefined ? undefined : sniName(hello.servername);
-      if (sni !== undefined && sni !== target.hostname) {
-        // Issue 14: a leaf for any name the guest asks for would cost a signing each (and evict
-        // the names in use), only to be answered 421 afterwards. unrecognized_name ends the
-        // handshake before any certificate work (RFC 6066 §3).
-        const shown = hello.servername!.length > 256 ? `${hello.servername!.slice(0, 256)}…` : hello.servername!;
-        refuseTls(
-          socket,
-          buffered,
-          alerts.unrecognizedName,
-          target,
-          `TLS SNI names ${JSON.stringify(shown)} but the tunnel was opened with CONNECT ${target.hostname}:${target.port}`,
-          deps,
-        );
-        return true;
-      }
-      socket.pause();
-      socket.unshift(buffered);
-      void terminateTls(socket, target, sni, deps, deadline, buffered);
+      reader = new ClientHelloReader();
+      chunk = buffered;
+    }
+    // The whole ClientHello first: its SNI decides whether anything is signed at all.
+    const hello = reader.push(chunk);
+    if (hello.kind === "more") return false;
+    if (hello.kind === "invalid") {
+      refuseTls(socket, reader.first, alerts.decodeError, target, hello.reason, deps);
       return true;
     }
-    socket.pause();
-    socket.unshift(buffered);
-    if (kind === "http") servePlain(socket, target, deps, deadline);
-    else {
-      deps.log.info("tunnel closed", { target: `${target.hostname}:${target.port}`, reason: "neither TLS nor HTTP" });
-      socket.destroy();
+    const sni = hello.servername === undefined ? undefined : sniName(hello.servername);
+    if (sni !== undefined && sni !== target.hostname) {
+      // Issue 14: a leaf for any name the guest asks for would cost a signing each (and evict
+      // the names in use), only to be answered 421 afterwards. unrecognized_name ends the
+      // handshake before any certificate work (RFC 6066 §3).
+      const shown = hello.servername!.length > 256 ? `${hello.servername!.slice(0, 256)}…` : hello.servername!;
+      refuseTls(
+        socket,
+        reader.first,
+        alerts.unrecognizedName,
+        target,
+        `TLS SNI names ${JSON.stringify(shown)} but the tunnel was opened with CONNECT ${target.hostname}:${target.port}`,
+        deps,
+      );
+      return true;
     }
+    const bytes = reader.bytes();
+    socket.pause();
+    socket.unshift(bytes);
+    void terminateTls(socket, target, sni, deps, deadline, bytes);
     return true;
   };
-  if (buffered.length > 0 && decide()) return;
+  if (head.length > 0 && decide(Buffer.alloc(0))) return;
   const onData = (chunk: Buffer): void => {
-    buffered = buffered.length === 0 ? chunk : Buffer.concat([buffered, chunk]);
-    if (decide()) socket.off("data", onData);
+    if (decide(chunk)) socket.off("data", onData);
   };
   socket.on("data", onData);
   socket.resume();

@@ -97,6 +97,20 @@ describe("the leaf certificate is signed only for the CONNECT target", () => {
     proc.send("close");
   }, 180_000);
 
+  it("a ClientHello cut into 1-byte records is refused with a decode_error alert at its first record", async () => {
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const socket = (await openTunnel(proxy.port, "api.test:443")).detach();
+    socket.on("error", () => undefined);
+    onTestFinished(() => void socket.destroy());
+    // A ClientHello header claiming 60,000 bytes, then the bytes, each in a record of its own.
+    const message = Buffer.concat([Buffer.from([0x01, 0x00, 0xea, 0x60]), Buffer.alloc(60_000, 0x41)]);
+    const alert = new Promise<Buffer>((resolve) => socket.once("data", resolve));
+    socket.write(Buffer.concat([...message].map((byte) => Buffer.from([0x16, 0x03, 0x01, 0x00, 0x01, byte]))));
+    expect([...(await alert)]).toEqual([0x15, 0x03, 0x01, 0x00, 0x02, 0x02, 50]);
+    const closed = proxy.logs.filter((line) => line["msg"] === "tunnel closed");
+    expect(closed.map((line) => line["reason"])).toEqual(["ClientHello fragmented into records of under 64 bytes"]);
+  });
+
   it("a handshake without SNI, as for an IP address, gets the CONNECT target's certificate", async () => {
     const proxy = await startTestProxy({ allowedInternalHosts: ["127.0.0.1"] });
     const plain = await openTunnel(proxy.port, "127.0.0.1:443");

@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { connect } from "node:tls";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { loadOrCreateCa } from "../../src/tls/ca-store.js";
-import { alertRecord, alerts, readClientHello } from "../../src/tls/client-hello.js";
+import { alertRecord, alerts, ClientHelloReader, maxHelloRecords, readClientHello } from "../../src/tls/client-hello.js";
 import { LeafCertCache } from "../../src/tls/leaf-cert-cache.js";
 import { SigningLimitError, SigningQueue } from "../../src/tls/signing-queue.js";
 import { LeafSigner } from "../../src/tls/x509.js";
@@ -45,11 +45,57 @@ describe("readClientHello", () => {
 
   it("reads a ClientHello split over several records", async () => {
     const hello = await captureClientHello("victim-bank.example");
-    for (const cut of [2, 40, hello.length - 10]) {
+    for (const cut of [64, 200, hello.length - 10]) {
       const split = inTwoRecords(hello, cut);
       expect(readClientHello(split)).toEqual({ kind: "hello", servername: "victim-bank.example" });
       expect(readClientHello(split.subarray(0, split.length - 1))).toEqual({ kind: "more" });
     }
+  });
+
+  it("refuses a ClientHello cut into tiny records, after a bounded number of parse steps", () => {
+    // A ClientHello header claiming 60,000 bytes, one byte per record, one record per write.
+    const message = Buffer.concat([Buffer.from([0x01, 0x00, 0xea, 0x60]), Buffer.alloc(60_000, 0x41)]);
+    const reader = new ClientHelloReader();
+    let writes = 0;
+    let result = readClientHello(Buffer.alloc(0));
+    for (const byte of message) {
+      writes++;
+      result = reader.push(Buffer.from([0x16, 0x03, 0x01, 0x00, 0x01, byte]));
+      if (result.kind !== "more") break;
+    }
+    expect(result).toEqual({ kind: "invalid", reason: "ClientHello fragmented into records of under 64 bytes" });
+    expect(writes).toBe(1);
+    expect(reader.work).toBeLessThanOrEqual(16);
+  });
+
+  it("refuses a ClientHello spread over more than 16 records, and reads one in 16", () => {
+    const size = 64 * (maxHelloRecords + 1);
+    const message = Buffer.concat([Buffer.from([0x01, 0x00, (size - 4) >> 8, (size - 4) & 0xff]), Buffer.alloc(size - 4, 0x41)]);
+    const records = (count: number): Buffer[] => {
+      const each = Math.ceil(message.length / count);
+      return Array.from({ length: count }, (_, i) => {
+        const part = message.subarray(i * each, (i + 1) * each);
+        return Buffer.concat([Buffer.from([0x16, 0x03, 0x01, part.length >> 8, part.length & 0xff]), part]);
+      });
+    };
+    const many = new ClientHelloReader();
+    const outcomes = records(maxHelloRecords + 1).map((record) => many.push(record).kind);
+    expect(outcomes.at(-1)).toBe("invalid");
+    expect(outcomes.slice(0, maxHelloRecords).every((kind) => kind === "more")).toBe(true);
+    // 16 records of 68 bytes: the limit, not a refusal (the 0x41 filler is not a valid hello body).
+    const sixteen = new ClientHelloReader();
+    const last = records(maxHelloRecords).map((record) => sixteen.push(record)).at(-1);
+    expect(last).toEqual({ kind: "invalid", reason: "malformed ClientHello" });
+  });
+
+  it("reads a large record that arrives one byte per chunk with work proportional to its size", async () => {
+    const hello = await captureClientHello("api.test");
+    const reader = new ClientHelloReader();
+    let result = reader.push(hello.subarray(0, 1));
+    for (let i = 1; i < hello.length && result.kind === "more"; i++) result = reader.push(hello.subarray(i, i + 1));
+    expect(result).toEqual({ kind: "hello", servername: "api.test" });
+    expect(reader.work).toBeLessThanOrEqual(4 * hello.length);
+    expect(reader.bytes().equals(hello)).toBe(true);
   });
 
   it("reports no SNI when the client sent none (as for an IP address)", async () => {
