@@ -59,12 +59,15 @@ interface Spawned {
   readonly initPort: MessagePort;
 }
 
+/** One for the whole process: V8's flags are process-wide, whichever engine spawned the worker. */
+const gcFlagLock = new SharedArrayBuffer(4);
+
 function spawn(policy: PolicySource, limits: DjsLimits): Spawned {
   const heartbeat = new SharedArrayBuffer(16);
   const ready = new SharedArrayBuffer(4);
   const wake = new SharedArrayBuffer(8);
   const channel = new MessageChannel();
-  const init: WorkerInit & { initPort: MessagePort } = { policy, limits, heartbeat, ready, wake, initPort: channel.port2 };
+  const init: WorkerInit & { initPort: MessagePort } = { policy, limits, heartbeat, ready, wake, gcFlagLock, initPort: channel.port2 };
   const worker = new Worker(workerEntry, {
     eval: typeof workerEntry === "string",
     // Not the embedding process's flags and preloads: they are not the sandbox's business (a

@@ -47,6 +47,12 @@ export interface WorkerInit {
    * `Atomics.wait`, not in its event loop: a wake-up costs a futex, not a trip through libuv.
    */
   readonly wake: SharedArrayBuffer;
+  /**
+   * One Int32 slot, shared by every worker of the process: held while a worker switches V8's
+   * process-wide --expose-gc flag on and off to get its own collector, so that no two workers'
+   * switches interleave (one's "off" landing inside another's "on … get").
+   */
+  readonly gcFlagLock: SharedArrayBuffer;
 }
 
 export type InitReply =

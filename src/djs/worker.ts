@@ -138,10 +138,15 @@ async function renewed(): Promise<Sandbox> {
  * This thread's own garbage collector, which `gc()` on the main thread never reaches. A sandbox
  * dropped after a memory limit leaves a WebAssembly.Memory of up to the whole heap limit behind,
  * and a thread that sleeps in Atomics.wait allocates too little for V8 to collect it on its own:
- * after a few renewals the process held one old heap per renewal. The flag is set only for the
- * moment it takes to get the function, so no other context sees a `gc` global.
+ * after a few renewals the process held one old heap per renewal. The flag is process-wide, so
+ * it is on only for the moment it takes to get the function, under a lock all workers share, and
+ * left alone when the embedder turned it on (this thread's context then has `gc` already).
  */
 const gc = ((): (() => void) | undefined => {
+  const own = (globalThis as { gc?: () => void }).gc;
+  if (typeof own === "function") return own;
+  const lock = new Int32Array(init.gcFlagLock);
+  while (Atomics.compareExchange(lock, 0, 0, 1) !== 0) Atomics.wait(lock, 0, 1, 10);
   try {
     setFlagsFromString("--expose-gc");
     return runInNewContext("gc") as () => void;
@@ -149,6 +154,8 @@ const gc = ((): (() => void) | undefined => {
     return undefined;
   } finally {
     setFlagsFromString("--no-expose-gc");
+    Atomics.store(lock, 0, 0);
+    Atomics.notify(lock, 0);
   }
 })();
 
