@@ -144,5 +144,9 @@ function flagNames(message: string): string {
     leafKeyType: "--leaf-key",
     logLevel: "--log-level",
   };
-  return message.replace(/^startProxy: (\w+)/, (whole, name: string) => (flags[name] ? flags[name] : whole));
+  return message
+    .replace(/^startProxy: timeouts\.upstreamBodyMs/, "--upstream-body-timeout-ms")
+    .replace(/^startProxy: limits\.connectionsPerSource/, "--max-connections-per-source")
+    .replace(/^startProxy: limits\.connections/, "--max-connections")
+    .replace(/^startProxy: (\w+)/, (whole, name: string) => (flags[name] ? flags[name] : whole));
 }

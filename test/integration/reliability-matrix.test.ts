@@ -1,4 +1,7 @@
 import { createHash } from "node:crypto";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import { ProxyAgent, request } from "undici";
@@ -106,11 +109,13 @@ const names = ["api.test", "t2ip-true.test", "t3ip-true.test"];
 const ipHosts = ["true", "false", "throw", "never", ...hostile].flatMap((a) => [`t2ip-${a}.test`, `t3ip-${a}.test`]);
 
 let upstream: FaultUpstream;
+let caDir: string;
 let proxy: ChildProxy;
 let agent: ProxyAgent;
 
 beforeAll(async () => {
   upstream = await startFaultUpstream(names);
+  caDir = mkdtempSync(join(tmpdir(), "egressgate-matrix-"));
   const ca = await testCa();
   proxy = await startChildProxy({
     allowedHosts: ["*.test"],
@@ -119,7 +124,7 @@ beforeAll(async () => {
     policyTimeoutMs: 5_000,
     hooksModule: fileURLToPath(new URL("../fixtures/matrix-hooks.ts", import.meta.url)),
     proxy: {
-      caDir: `/tmp/egressgate-matrix-${process.pid}`,
+      caDir,
       upstreamCa: [ca.certPem],
       logLevel: "silent",
       resolve: Object.fromEntries(["api.test", ...ipHosts].map((h) => [h, ["127.0.0.1"]])),
@@ -134,6 +139,7 @@ afterAll(async () => {
   await agent?.close();
   await proxy?.stop();
   await upstream?.close();
+  if (caDir !== undefined) rmSync(caDir, { recursive: true, force: true });
 });
 
 /** A request through the proxy: its status and the sha256 of its body, or "broken" if the body failed. */

@@ -86,7 +86,10 @@ describe("an upstream body that breaks while a hook holds the response", () => {
       // the body is broken before anything is sent to the guest.
       onResponse: async () => {
         await broken;
-        for (let i = 0; i < 3; i++) await new Promise((resolve) => setImmediate(resolve));
+        // On loopback the proxy's side sees the close on its next poll; a few more turns and a
+        // pause leave room for a loaded machine (a late close would make this a cut 200, not a pass).
+        for (let i = 0; i < 20; i++) await new Promise((resolve) => setImmediate(resolve));
+        await new Promise((resolve) => setTimeout(resolve, 100));
         return undefined;
       },
     });
@@ -412,20 +415,23 @@ describe("a guest that opens more tunnels than the process has descriptors", () 
     await waitFor(() => /listening on http:\/\/127\.0\.0\.1:\d+\n/.test(out) || child.exitCode !== null);
     const port = Number(/:(\d+)\n/.exec(out)?.[1]);
     const statuses = new Map<number, number>();
-    for (let i = 0; i < 1_100; i++) {
+    const openTunnelAndStall = async (): Promise<void> => {
       const tunnel = await openRaw(port);
       tunnel.write("CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n\r\n");
       const { status } = await tunnel.readResponse({ forConnect: true });
       statuses.set(status, (statuses.get(status) ?? 0) + 1);
       // Half a ClientHello, then nothing: the tunnel stays open, holding its descriptor.
       if (status === 200) tunnel.write(Buffer.from([0x16, 0x03, 0x01]));
-    }
+    };
+    // 50 at a time, so all 1,100 are open well inside the 10 s the first ones have to finish
+    // their handshake, however loaded the machine.
+    for (let i = 0; i < 1_100; i += 50) await Promise.all(Array.from({ length: 50 }, openTunnelAndStall));
     expect(Object.fromEntries(statuses)).toEqual({ 200: 256, 503: 844 });
     const fresh = await openFrom("127.0.0.2", port);
     fresh.write("CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n\r\n");
     expect((await fresh.readResponse({ forConnect: true })).status).toBe(200);
-    // 844 refusals make one line and, at most, a summary: not 844 lines.
-    expect(err.split("\n").filter((line) => line.includes('"connection refused"')).length).toBe(1);
+    // 844 refusals make one line and, every 10 s, a summary: not 844 lines.
+    expect(err.split("\n").filter((line) => line.includes('"connection refused"')).length).toBeLessThanOrEqual(2);
     expect(child.exitCode).toBeNull();
   });
 });
