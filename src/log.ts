@@ -24,7 +24,8 @@ const stderrSink: LogSink = (line) => {
 
 /**
  * A logger that drops everything below `level` before building the line. `redact` sees every
- * finished line, so no field (an error message, a URL) can carry a secret value out.
+ * finished line, so no field (an error message, a URL) can carry a secret value out; a line it
+ * could not scan within its budget is written with its fields replaced by redact's marker.
  */
 export function createLogger(level: LogLevel = "info", sink: LogSink = stderrSink, redact?: (line: string) => string): Logger {
   const min = rank[level];
@@ -32,7 +33,14 @@ export function createLogger(level: LogLevel = "info", sink: LogSink = stderrSin
     if (rank[lvl] < min) return;
     const entry = { time: new Date().toISOString(), level: lvl, msg, ...fields };
     const line = JSON.stringify(entry, errorReplacer);
-    sink(`${redact === undefined ? line : redact(line)}\n`);
+    let out = redact === undefined ? line : redact(line);
+    // Redaction gives up on a line too complex to scan within its budget and returns a marker
+    // for the whole line; the log stays one JSON object per line, with only what the proxy wrote.
+    if (!out.startsWith("{")) {
+      const quoted = JSON.stringify(msg);
+      out = JSON.stringify({ time: entry.time, level: lvl, msg: redact!(quoted) === quoted ? msg : out, fields: out });
+    }
+    sink(`${out}\n`);
   };
   return {
     level,

@@ -154,15 +154,17 @@ export class Pipeline {
       // A redirect's own body is thrown away; dump() gives up (closing that connection) past the limit.
       // It gets a second, too: a body that trickles in would otherwise hold its connection for ever.
       void upstream.body?.dump({ limit: redirectBodyLimit, signal: AbortSignal.timeout(redirectDrainMs) }).catch(() => undefined);
+      const secrets = this.options.policy.config.secrets;
       if (redirects >= this.options.maxRedirects) {
-        throw new EgressError(
-          "EG_REDIRECT_LOOP",
-          508,
-          `more than ${this.options.maxRedirects} redirects, the last from ${request.url.origin}${request.url.pathname}`,
-        );
+        // Redacted, then cut (a cut first could leave part of a value that redaction no longer
+        // recognises): a crafted path must not make the body and the log line 60 KB. With secrets,
+        // a host that an upstream named is not quoted: a wildcard-scoped secret's value may sit in
+        // it, lowercased by the URL parser, where redaction cannot see it.
+        const path = cut(secrets === undefined ? request.url.pathname : secrets.redact(request.url.pathname), maxQuotedPath);
+        const from = secrets === undefined || request.url.host === initial.url.host ? request.url.origin : "a host it was redirected to";
+        throw new EgressError("EG_REDIRECT_LOOP", 508, `more than ${this.options.maxRedirects} redirects, the last from ${from}${from.includes("/") ? "" : " at "}${path}`);
       }
       // A hop that leaves the hosts of a secret sent on an earlier hop is refused if it carries its value.
-      const secrets = this.options.policy.config.secrets;
       const check = secrets === undefined || substituted.size === 0 ? undefined : (hop: RedirectHop) => secrets.checkRedirect(hop, substituted);
       request = nextHop(request, upstream.status, location, check);
     }
@@ -361,4 +363,11 @@ export function upstreamError(error: unknown, url: URL): EgressError {
 function checkRefusal(hook: string, value: unknown, reason: string): EgressError {
   if (value === false) return denied(reason);
   return new EgressError("EG_HOOK_FAILED", 502, `${hook} returned ${typeof value}, not a boolean`);
+}
+
+/** How much of a path an error message quotes. */
+const maxQuotedPath = 256;
+
+function cut(text: string, max: number): string {
+  return text.length > max ? `${text.slice(0, max)}…` : text;
 }

@@ -37,8 +37,58 @@ export interface View {
  */
 export interface Decoder {
   readonly name: string;
-  decode(view: View, context: DecodeContext): View[];
+  /** Takes each view's length from `budget` before building it, and builds no more once it is spent. */
+  decode(view: View, context: DecodeContext, budget: ScanBudget): View[];
 }
+
+/**
+ * A bound on the decoding one scan may do, in characters of decoded views (issue 14: a guest's
+ * crafted 60 KB URL path, whose every view decodes to text again, made hundreds of views of
+ * tens of kilobytes each, 200-400 ms per log line). Past the bound a scan stops and reports
+ * that it could not finish: the redirect scan then refuses the hop, and redaction replaces the
+ * whole text ({@link unscannedMarker}). A text is never let through unscanned.
+ */
+export class ScanBudget {
+  private used = 0;
+  private spent = false;
+
+  constructor(readonly limit: number) {}
+
+  /** `perChar` decoded characters per character of `length`, plus a floor for short texts. */
+  static forLength(length: number): ScanBudget {
+    return new ScanBudget(budgetPerChar * length + budgetFloor);
+  }
+
+  /** Characters decoded so far. */
+  get decoded(): number {
+    return this.used;
+  }
+
+  get exhausted(): boolean {
+    return this.spent;
+  }
+
+  /** Takes `chars` for a view about to be built; false (and exhausted from then on) if that would pass the limit. */
+  take(chars: number): boolean {
+    if (this.spent || this.used + chars > this.limit) {
+      this.spent = true;
+      return false;
+    }
+    this.used += chars;
+    return true;
+  }
+}
+
+/**
+ * Ordinary text (a log line, a redirect's URL) decodes into a handful of views (3-7 measured
+ * for a log line), most of them short or opaque; 8 times the text plus 16 K characters leaves
+ * room for those and stops a crafted text long before it costs much.
+ */
+export const budgetPerChar = 8;
+export const budgetFloor = 16 * 1024;
+
+/** What redaction puts in place of a text too complex to scan within its budget. */
+export const unscannedMarker = "[REDACTED:UNSCANNED]";
 
 /** What decoders know of the values looked for, to skip work that cannot find one. */
 export interface DecodeContext {
@@ -61,9 +111,12 @@ class ViewBuilder {
   private readonly ends: Int32Array;
   private length = 0;
 
-  constructor(private readonly from: View) {
-    this.starts = new Int32Array(from.text.length);
-    this.ends = new Int32Array(from.text.length);
+  constructor(
+    private readonly from: View,
+    capacity = from.text.length,
+  ) {
+    this.starts = new Int32Array(capacity);
+    this.ends = new Int32Array(capacity);
   }
 
   /** Copies the view's characters `[a, b)` unchanged. */
@@ -125,9 +178,9 @@ export function spanEnd(view: View, i: number): number {
 /** `%XX` as the byte it stands for; a `%` not followed by two hex digits stays as it is. */
 const percent: Decoder = {
   name: "percent",
-  decode(view) {
+  decode(view, _context, budget) {
     const { text } = view;
-    if (!/%[0-9A-Fa-f]{2}/.test(text)) return [];
+    if (!/%[0-9A-Fa-f]{2}/.test(text) || !budget.take(text.length)) return [];
     const out = new ViewBuilder(view);
     let copied = 0;
     for (const m of text.matchAll(/%[0-9A-Fa-f]{2}/g)) {
@@ -143,8 +196,8 @@ const percent: Decoder = {
 /** `+` for space, as HTML forms and query strings write it. */
 const plus: Decoder = {
   name: "plus",
-  decode(view) {
-    if (!view.text.includes("+")) return [];
+  decode(view, _context, budget) {
+    if (!view.text.includes("+") || !budget.take(view.text.length)) return [];
     return [{ text: view.text.replaceAll("+", " "), start: view.start, end: view.end, via: [...view.via, this.name] }];
   },
 };
@@ -158,11 +211,12 @@ const jsonEscapes: Record<string, string> = { '"': '"', "\\": "\\", "/": "/", b:
  */
 const json: Decoder = {
   name: "json",
-  decode(view, { chars }) {
+  decode(view, { chars }, budget) {
     const { text } = view;
     if (!text.includes("\\")) return [];
     const escapes = [...text.matchAll(/\\(?:u([0-9A-Fa-f]{4})|x([0-9A-Fa-f]{2})|(["\\/bfnrt]))/g)];
     if (!escapes.some((m) => m[3] === undefined || chars.has(jsonEscapes[m[3]]!))) return [];
+    if (!budget.take(text.length)) return [];
     const out = new ViewBuilder(view);
     let copied = 0;
     for (const m of escapes) {
@@ -217,12 +271,15 @@ function runDecoder(
 ): Decoder {
   return {
     name,
-    decode(view, { minBytes }) {
+    decode(view, { minBytes }, budget) {
       const minRun = Math.max(2, minChars(minBytes));
       const runs = [...view.text.matchAll(runPattern(pattern, minRun))];
       if (runs.length === 0) return [];
       const views: View[] = [];
       for (let align = 0; align < groupChars; align++) {
+        const capacity = runs.reduce((n, m) => n + Math.max(0, usable(m[0].length - align)) + 1, 1);
+        if (!runs.some((m) => usable(m[0].length - align) >= minRun)) continue;
+        if (!budget.take(capacity)) break;
         const decoded: DecodedRun[] = [];
         for (const m of runs) {
           const from = m.index + align;
@@ -231,8 +288,7 @@ function runDecoder(
           const bytes = decodeRun(view.text.slice(from, from + chars));
           decoded.push({ from, chars, bytes, textual: hasText(bytes, Math.max(4, minBytes)) });
         }
-        if (decoded.length === 0) continue;
-        views.push({ ...build(view, decoded, name, groupChars, groupBytes), opaque: !decoded.some((r) => r.textual) });
+        views.push({ ...build(view, decoded, name, groupChars, groupBytes, capacity), opaque: !decoded.some((r) => r.textual) });
       }
       return views;
     },
@@ -253,15 +309,20 @@ function runPattern(charClass: string, min: number): RegExp {
   return re;
 }
 
-function build(view: View, runs: readonly DecodedRun[], name: string, groupChars: number, groupBytes: number): View {
-  const out = new ViewBuilder(view);
+/**
+ * The decoded runs only, each gap between them (already searched in `view` itself) standing as
+ * one NUL, which no value holds: a long text with one long run makes a view of that run's
+ * size, not of the text's, at each of the run's alignments.
+ */
+function build(view: View, runs: readonly DecodedRun[], name: string, groupChars: number, groupBytes: number, capacity: number): View {
+  const out = new ViewBuilder(view, capacity);
   let copied = 0;
   for (const { from, chars, bytes } of runs) {
-    out.copy(copied, from);
+    if (from > copied) out.char(0, copied, from);
     out.bytes(bytes, from, groupChars, groupBytes, from + chars);
     copied = from + chars;
   }
-  out.copy(copied, view.text.length);
+  if (view.text.length > copied) out.char(0, copied, view.text.length);
   return out.finish(name);
 }
 
@@ -345,33 +406,50 @@ export interface Match {
 }
 
 /**
- * Calls `visit` with `text` and every view decoded from it, depth-first, until it returns true;
- * returns whether it did. Each distinct view is visited once. At most 9 views come from one
- * view (one each for percent, plus and json, four for base64 and two for hex), and only those
- * that hold some text are decoded again, so the work is bounded by the depth.
+ * How a walk over the views ended: `visit` returned true ("stopped"), every view was visited
+ * ("done"), or the budget ran out first ("unscanned": some views were never searched).
  */
-export function eachView(text: string, context: DecodeContext, visit: (view: View) => boolean): boolean {
+export type ScanOutcome = "stopped" | "done" | "unscanned";
+
+/**
+ * Calls `visit` with `text` and every view decoded from it, depth-first, until it returns true.
+ * Each distinct view is visited once. At most 9 views come from one view (one each for
+ * percent, plus and json, four for base64 and two for hex), and only those that hold some text
+ * are decoded again, to {@link maxDepth}. A text crafted so that every view holds text still
+ * makes 9³ views, so the decoded characters are also bounded by `budget` (by default
+ * {@link ScanBudget.forLength} of the text).
+ */
+export function eachView(
+  text: string,
+  context: DecodeContext,
+  visit: (view: View) => boolean,
+  budget: ScanBudget = ScanBudget.forLength(text.length),
+): ScanOutcome {
   const seen = new Set<string>();
-  const walk = (view: View, depth: number): boolean => {
-    if (seen.has(view.text)) return false;
+  const walk = (view: View, depth: number): ScanOutcome => {
+    if (seen.has(view.text)) return "done";
     seen.add(view.text);
-    if (visit(view)) return true;
-    if (depth >= maxDepth || view.opaque === true) return false;
+    if (visit(view)) return "stopped";
+    if (depth >= maxDepth || view.opaque === true) return "done";
     for (const decoder of decoders) {
-      for (const next of decoder.decode(view, context)) if (walk(next, depth + 1)) return true;
+      for (const next of decoder.decode(view, context, budget)) {
+        const outcome = walk(next, depth + 1);
+        if (outcome !== "done") return outcome;
+      }
+      if (budget.exhausted) return "unscanned";
     }
-    return false;
+    return "done";
   };
   return walk({ text, start: undefined, end: undefined, via: [] }, 0);
 }
 
 /**
  * Calls `found` for every occurrence of every needle in every view of `text`, in any letter
- * case, until it returns true. Returns whether it did.
+ * case, until it returns true ("stopped") or the budget runs out ("unscanned").
  */
-export function scan(text: string, set: NeedleSet, found: (match: Match) => boolean): boolean {
+export function scan(text: string, set: NeedleSet, found: (match: Match) => boolean, budget?: ScanBudget): ScanOutcome {
   const { needles, context } = set;
-  if (needles.length === 0 || text === "") return false;
+  if (needles.length === 0 || text === "") return "done";
   return eachView(text, context, (view) => {
     const lower = fold(view.text);
     for (const n of needles) {
@@ -383,29 +461,41 @@ export function scan(text: string, set: NeedleSet, found: (match: Match) => bool
       }
     }
     return false;
-  });
+  }, budget);
 }
 
-/** The first match in `text`, if any. */
-export function findFirst(text: string, needles: NeedleSet): Match | undefined {
+/** Thrown by {@link findFirst} when the budget ran out before a match was found. */
+export class UnscannableError extends Error {
+  override readonly name = "UnscannableError";
+}
+
+/**
+ * The first match in `text`, if any. Throws {@link UnscannableError} when the budget ran out
+ * before one was found: the text may hold a value, and a caller that does not expect that
+ * fails closed.
+ */
+export function findFirst(text: string, needles: NeedleSet, budget?: ScanBudget): Match | undefined {
   let first: Match | undefined;
-  scan(text, needles, (match) => {
+  const outcome = scan(text, needles, (match) => {
     first = match;
     return true;
-  });
+  }, budget);
+  if (first === undefined && outcome === "unscanned") throw new UnscannableError("too complex to scan for secrets");
   return first;
 }
 
 /**
  * `text` with every span where a needle was found, in any view, replaced by
- * `[REDACTED:NAME]`. Overlapping spans are merged and take the first needle's name.
+ * `[REDACTED:NAME]`. Overlapping spans are merged and take the first needle's name. A text
+ * that could not be scanned within its budget is replaced as a whole by {@link unscannedMarker}.
  */
-export function redactText(text: string, needles: NeedleSet): string {
+export function redactText(text: string, needles: NeedleSet, budget?: ScanBudget): string {
   const spans: { start: number; end: number; name: string }[] = [];
-  scan(text, needles, (match) => {
+  const outcome = scan(text, needles, (match) => {
     spans.push({ start: match.start, end: match.end, name: match.needle.name });
     return false;
-  });
+  }, budget);
+  if (outcome === "unscanned") return unscannedMarker;
   if (spans.length === 0) return text;
   spans.sort((a, b) => a.start - b.start || b.end - a.end);
   let out = "";

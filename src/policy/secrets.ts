@@ -3,7 +3,7 @@ import { denied } from "../errors.js";
 import type { HeaderList } from "../headers.js";
 import { bareHostname } from "../hostname.js";
 import { compileHostPatterns, validateHostPattern, type HostMatcher } from "./host-pattern.js";
-import { findFirst, needle, NeedleSet, redactText, type Match } from "./secret-scan.js";
+import { findFirst, needle, NeedleSet, redactText, ScanBudget, UnscannableError, type Match } from "./secret-scan.js";
 
 /**
  * What happens to a redirect hop that leaves the hosts of a secret the request carried:
@@ -246,9 +246,12 @@ export class SecretStore {
    * - `"refuse"`: the hop is refused, unless its host matches the secret's `followRedirectsTo`;
    * - then, in both modes, the hop's URL (userinfo, host, path, query and fragment, and the
    *   Location as sent) and every header are decoded and searched for the value, and a match
-   *   refuses the hop.
-   * A refusal never quotes the hop's URL, and names its host only when the host holds no copy of
-   * the value: the guest gets the refusal instead of the 3xx, and must not learn the value from it.
+   *   refuses the hop. So does a hop too complex to search within the scan's budget.
+   * A refusal never quotes the hop's URL or the host it came from (an earlier hop's host, from
+   * some upstream's Location, can hold a value, lowercased, where redaction cannot see it). It
+   * names the hop's host only when neither the host nor the Location as sent holds a copy of the
+   * value: the URL parser lowercases the host, which leaves a base64 copy unrecognisable, and
+   * the guest gets the refusal instead of the 3xx.
    */
   checkRedirect(hop: RedirectHop, substituted: ReadonlySet<string>): void {
     const { url } = hop;
@@ -261,18 +264,17 @@ export class SecretStore {
       const inScope = !e.deleted && e.matcher.match(hostname) !== undefined;
       if (inScope && secure) continue;
       if (!inScope && e.redirects === "refuse" && e.followRedirectsTo.match(hostname) === undefined) {
+        const to = hostIsClean(hop, valuesOf([e])) ? `host "${hostname}"` : "a host that holds a copy of the value";
         throw denied(
-          `a redirect from ${hop.from.origin} leaves the hosts of secret ${e.name}, which this request carried; ` +
+          `a redirect leaves the hosts of secret ${e.name}, which this request carried; ` +
             `with secretRedirects "refuse" only hosts in followRedirectsTo are followed`,
-          `redirect to host "${hostname}"`,
+          `redirect to ${to}`,
         );
       }
       leaving.push(e);
     }
     if (leaving.length === 0) return;
-    const needles = new NeedleSet(
-      leaving.flatMap((e) => [e.value, ...e.retired].filter((v) => v !== "").map((v) => needle(e.name, v))),
-    );
+    const needles = valuesOf(leaving);
     const parts: [string, string][] = [
       ["userinfo", url.username === "" && url.password === "" ? "" : `${url.username}:${url.password}`],
       ["host", url.hostname],
@@ -283,18 +285,28 @@ export class SecretStore {
       ["Location header", hop.location],
     ];
     for (let i = 0; i < hop.headers.length; i += 2) parts.push([`header ${hop.headers[i]!.toLowerCase()}`, `${hop.headers[i]!}: ${hop.headers[i + 1]!}`]);
+    // One budget for the whole hop, so a hop of many headers costs no more than one of their total length.
+    const budget = ScanBudget.forLength(parts.reduce((n, [, text]) => n + text.length, 0));
     for (const [where, text] of parts) {
-      const match = findFirst(text, needles);
+      let match: Match | undefined;
+      try {
+        match = findFirst(text, needles, budget);
+      } catch (error) {
+        if (!(error instanceof UnscannableError)) throw error;
+        throw denied(
+          `a redirect leaves the hosts of secret ${leaving.map((e) => e.name).join(", ")}, which this request carried, ` +
+            "and is too complex to scan for secrets, so it is not followed",
+        );
+      }
       if (match === undefined) continue;
       const e = this.entries.get(match.needle.name)!;
       let to: string;
       if (!e.deleted && e.matcher.match(hostname) !== undefined) to = "over plain http://; secrets are only sent over https://";
-      // The host is named only when it holds no copy of the value itself.
-      else if (findFirst(url.hostname, needles) === undefined) to = `to host "${hostname}", which is not in its hosts`;
+      else if (hostIsClean(hop, needles)) to = `to host "${hostname}", which is not in its hosts`;
       else to = "to a host outside its hosts";
-      const subject = where.startsWith("header ") ? where : "the URL";
+      const subject = where.startsWith("header ") ? where : "URL";
       throw denied(
-        `a redirect from ${hop.from.origin}: ${subject} carries the value of secret ${e.name} ${to}; ` +
+        `a redirect's ${subject} carries the value of secret ${e.name} ${to}; ` +
           `it was found ${encoding(match)} in the ${where}, so the redirect is not followed`,
       );
     }
@@ -370,6 +382,25 @@ export class SecretStore {
       }
     }
     return this.substitute(query, hostname, secure, "query", encodeURIComponent, substituted);
+  }
+}
+
+/** Every value, current and retired, of the entries. */
+function valuesOf(entries: readonly Entry[]): NeedleSet {
+  return new NeedleSet(entries.flatMap((e) => [e.value, ...e.retired].filter((v) => v !== "").map((v) => needle(e.name, v))));
+}
+
+/**
+ * Whether a message may name the hop's host: neither the host nor the Location as the upstream
+ * wrote it (original letter case, where a base64 copy is still readable) holds a value. A text
+ * too complex to scan counts as holding one.
+ */
+function hostIsClean(hop: RedirectHop, needles: NeedleSet): boolean {
+  try {
+    return findFirst(hop.url.hostname, needles) === undefined && findFirst(hop.location, needles) === undefined;
+  } catch (error) {
+    if (error instanceof UnscannableError) return false;
+    throw error;
   }
 }
 

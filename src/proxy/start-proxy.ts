@@ -518,7 +518,7 @@ class GuestSide {
       // The connection closed while an earlier request on it was served: answered below as 499.
       if (abort.aborted) throw abort.reason;
       const request = toOutboundRequest(req, tunnelOf(req.socket));
-      target = loggableUrl(request.url);
+      target = loggableUrl(request.url, this.redact);
       const response = await this.pipeline.handle(request, {
         id: String(id),
         signal: abort,
@@ -620,9 +620,14 @@ function once(fn: () => void): () => void {
   };
 }
 
-/** Query strings can carry credentials; decision logs keep origin and path only. */
-function loggableUrl(url: URL): string {
-  return `${url.origin}${url.pathname}`;
+/**
+ * The URL for the decision log: no query (it can carry credentials), and the path cut like {@link loggableTarget} cuts a
+ * raw target, so a crafted 60 KB path cannot make every line that long. Redacted before the
+ * cut, which could otherwise leave part of a value that the logger's redaction no longer sees.
+ */
+function loggableUrl(url: URL, redact: ((text: string) => string) | undefined, maxLength = 512): string {
+  const path = redact === undefined ? url.pathname : redact(url.pathname);
+  return `${url.origin}${path.length > maxLength ? `${path.slice(0, maxLength)}…` : path}`;
 }
 
 function asEgressError(error: unknown): EgressError {

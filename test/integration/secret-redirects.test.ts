@@ -96,7 +96,7 @@ describe("secretRedirects: scan (the default)", () => {
         headers: { authorization: `Bearer ${s.placeholder}` },
       });
       expect(res.status, `${form} in the ${place}: ${res.text}`).toBe(403);
-      expect(res.text).toMatch(/carries the value of secret TOKEN .*the redirect is not followed|the URL carries the value of secret TOKEN/);
+      expect(res.text).toMatch(/carries the value of secret TOKEN .*the redirect is not followed|URL carries the value of secret TOKEN/);
       // The 3xx is not passed on: its Location holds the value.
       expect(res.headers["location"]).toBeUndefined();
       expect(res.text).not.toContain(forms[form]!(VALUE));
@@ -109,7 +109,10 @@ describe("secretRedirects: scan (the default)", () => {
     const s = await setup();
     const res = await fetchVia(s.proxy, `${s.base}/reencode?form=base64&place=query`, { headers: { authorization: `Bearer ${s.placeholder}` } });
     expect(res.status).toBe(403);
-    expect(res.text).toMatch(/the URL carries the value of secret TOKEN to host "other\.test", which is not in its hosts; it was found base64-encoded in the query/);
+    // The host is not named: the Location that named it holds the value (and a host can hold a copy
+    // that the URL parser lowercased beyond recognition).
+    expect(res.text).toMatch(/a redirect's URL carries the value of secret TOKEN to a host outside its hosts; it was found base64-encoded in the query/);
+    expect(res.text).not.toContain("other.test");
   });
 
   it("a redirect that leaves the secret's hosts with no copy of the value (a presigned CDN URL) is followed", async () => {

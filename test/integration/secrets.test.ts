@@ -195,11 +195,11 @@ describe("secret placeholders", () => {
     // Percent-encoded into the path by the upstream.
     const encoded = await fetchVia(proxy, `${base}/return-to`, { headers: { "x-next-base": `${foreign}/c/`, "x-next-token": placeholder } });
     expect(encoded.status).toBe(403);
-    expect(encoded.text).toMatch(/the URL carries the value of secret GH_TOKEN to host "other\.test"/);
+    expect(encoded.text).toMatch(/a redirect's URL carries the value of secret GH_TOKEN to a host outside its hosts/);
     // Raw, through an open redirect whose target the query held (the query is substituted here).
     const raw = await fetchVia(proxy, `${base}/redirect?to=${encodeURIComponent(`${foreign}/c/`)}${placeholder}`);
     expect(raw.status).toBe(403);
-    expect(raw.text).toMatch(/the URL carries the value of secret GH_TOKEN to host "other\.test"/);
+    expect(raw.text).toMatch(/a redirect's URL carries the value of secret GH_TOKEN to a host outside its hosts/);
     expect(upstream.seen.filter((r) => String(r.headers["host"]).startsWith("other.test"))).toEqual([]);
     // The same hop back to the secret's own host is allowed: the value stays where it belongs.
     const home = await fetchVia(proxy, `${base}/return-to`, { headers: { "x-next-base": `${base}/echo?v=`, "x-next-token": placeholder } });

@@ -1,11 +1,40 @@
 import { describe, expect, it } from "vitest";
-import { decoders, eachView, findFirst, needle, NeedleSet, redactText } from "../../src/policy/secret-scan.js";
+import {
+  budgetFloor,
+  budgetPerChar,
+  decoders,
+  eachView,
+  findFirst,
+  needle,
+  NeedleSet,
+  redactText,
+  ScanBudget,
+  UnscannableError,
+  unscannedMarker,
+} from "../../src/policy/secret-scan.js";
 
 const VALUE = "S3cr3t V4lue_abc-XYZ.123";
 const set = new NeedleSet([needle("T", VALUE)]);
 
 function b64(text: string): string {
   return Buffer.from(text).toString("base64");
+}
+
+/**
+ * `length` characters whose every decoder view holds printable text again (base64 at each
+ * alignment, hex, percent, +), so without a budget the views multiply to 9³ (review of issue 14).
+ */
+function crafted(length: number): string {
+  const printable = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789%+-_";
+  const parts: string[] = [];
+  for (let k = 0, size = 0; size < length; k++) {
+    const text = Array.from({ length: 60 }, (_, i) => printable[(i * 7 + k) % printable.length]).join("") + "%41%2541+";
+    for (const part of [b64(text), `x${b64(text)}`, `xy${b64(text)}`, `xyz${b64(text)}`, Buffer.from(text).toString("hex"), encodeURIComponent(text), text.replaceAll("%", "+")]) {
+      parts.push(part, "~");
+      size += part.length + 1;
+    }
+  }
+  return parts.join("").slice(0, length);
 }
 
 describe("the secret scan decodes, then searches", () => {
@@ -60,7 +89,7 @@ describe("the secret scan decodes, then searches", () => {
 
   it("every decoder leaves a text it cannot decode alone", () => {
     const view = { text: "plain words, nothing encoded", start: undefined, end: undefined, via: [] };
-    for (const decoder of decoders) expect(decoder.decode(view, set.context), decoder.name).toEqual([]);
+    for (const decoder of decoders) expect(decoder.decode(view, set.context, ScanBudget.forLength(view.text.length)), decoder.name).toEqual([]);
   });
 
   it("a text full of every encoding's characters makes a bounded number of views", () => {
@@ -73,6 +102,40 @@ describe("the secret scan decodes, then searches", () => {
     expect(views).toBeGreaterThan(5);
     // 1 + 9 + 9² + 9³ would be the bound without the text check; noise is not decoded again.
     expect(views).toBeLessThan(400);
+  });
+});
+
+describe("the scan's budget", () => {
+  it("bounds the characters decoded from a crafted text to 8 times its length plus a floor, and says it stopped", () => {
+    const text = crafted(20_000);
+    const budget = ScanBudget.forLength(text.length);
+    let decoded = 0;
+    const outcome = eachView(text, set.context, (view) => {
+      if (view.via.length > 0) decoded += view.text.length;
+      return false;
+    }, budget);
+    expect(outcome).toBe("unscanned");
+    expect(budget.limit).toBe(budgetPerChar * text.length + budgetFloor);
+    // What was built, and what was searched, both stay within the limit.
+    expect(budget.decoded).toBeLessThanOrEqual(budget.limit);
+    expect(decoded).toBeLessThanOrEqual(budget.limit);
+    expect(() => findFirst(text, set)).toThrow(UnscannableError);
+  });
+
+  it("redacts a crafted 60 KB URL path in a log line within a bounded number of decoded characters: the whole line becomes the marker", () => {
+    const line = JSON.stringify({ msg: "request", target: `https://denied.example/${crafted(60_000)}` });
+    const budget = ScanBudget.forLength(line.length);
+    expect(redactText(line, set, budget)).toBe(unscannedMarker);
+    expect(budget.decoded).toBeLessThanOrEqual(budgetPerChar * line.length + budgetFloor);
+  });
+
+  it("a long ordinary path is scanned in full, and a copy in it still redacted", () => {
+    const path = `/${"releases/assets/v1.2.3-".repeat(2_500)}${encodeURIComponent(VALUE)}/${"x".repeat(100)}`;
+    const budget = ScanBudget.forLength(path.length);
+    expect(redactText(path, set, budget)).toMatch(/v1\.2\.3-\[REDACTED:T\]\/x{100}$/);
+    expect(budget.exhausted).toBe(false);
+    const header = `Bearer ${b64(`user:${"a".repeat(300)}`)}`;
+    expect(redactText(header, set)).toBe(header);
   });
 });
 

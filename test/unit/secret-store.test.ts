@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { parseCli, UsageError } from "../../src/cli/args.js";
 import { createHttpHooks, declarativeConfigOf } from "../../src/hooks/http-hooks.js";
+import type { EgressError } from "../../src/errors.js";
 import { SecretStore, type SecretOptions, type SecretRedirectOptions } from "../../src/policy/secrets.js";
 
 function store(secrets: Record<string, SecretOptions>, defaults: SecretRedirectOptions = {}): SecretStore {
@@ -11,6 +12,15 @@ const VALUE = "S3cr3t-V4lue_for.redirects";
 
 function hop(to: string, headers: string[] = [], location = to): Parameters<SecretStore["checkRedirect"]>[0] {
   return { from: new URL("https://api.test/start"), url: new URL(to), location, headers };
+}
+
+function thrown(f: () => void): EgressError {
+  try {
+    f();
+  } catch (error) {
+    return error as EgressError;
+  }
+  throw new Error("expected a refusal");
 }
 
 describe("SecretStore.checkRedirect", () => {
@@ -36,10 +46,51 @@ describe("SecretStore.checkRedirect", () => {
     expect(message).not.toContain(label);
   });
 
-  it("scans the Location as sent, where the URL parser would have lowercased a base64 host label", () => {
+  it("scans the Location as sent, where the URL parser would have lowercased a base64 host label, and never names that host", () => {
     const label = Buffer.from(VALUE).toString("base64url");
     const to = `https://${label}.other.test/`;
-    expect(() => secrets.checkRedirect(hop(to.toLowerCase(), [], to), sent)).toThrow(/found base64-encoded in the Location header/);
+    const error = thrown(() => secrets.checkRedirect(hop(to.toLowerCase(), [], to), sent));
+    expect(error.message).toMatch(/found base64-encoded in the Location header/);
+    // Lowercased base64 is no longer a copy redaction can see, but it gives most of the value away.
+    expect(error.message).not.toContain(label.toLowerCase());
+    expect(error.message).not.toContain("other.test");
+    // Nor does a copy in the path make the host nameable while the host holds one too.
+    const both = `https://${label}.other.test/${VALUE}`;
+    const second = thrown(() => secrets.checkRedirect(hop(both.toLowerCase(), [], both), sent));
+    expect(second.message).toMatch(/carries the value of secret T to a host outside its hosts/);
+    expect(second.message).not.toContain(label.toLowerCase());
+  });
+
+  it('in "refuse" mode, neither the message nor the log detail names a host that holds a copy', () => {
+    const strict = store({ T: { hosts: ["api.test"], value: VALUE, secretRedirects: "refuse" } });
+    const label = Buffer.from(VALUE).toString("base64url");
+    const to = `https://${label}.other.test/`;
+    const error = thrown(() => strict.checkRedirect(hop(to.toLowerCase(), [], to), sent));
+    expect(error.message).toMatch(/secretRedirects "refuse"/);
+    expect(`${error.message} ${error.detail ?? ""}`).not.toContain(label.toLowerCase());
+    // A host with no copy is named in the detail, for the operator's followRedirectsTo.
+    expect(thrown(() => strict.checkRedirect(hop("https://cdn.other.test/blob"), sent)).detail).toBe('redirect to host "cdn.other.test"');
+  });
+
+  it("never quotes the host the redirect came from: an earlier hop's host may hold a lowercased copy", () => {
+    const wild = store({ T: { hosts: ["*.api.test"], value: VALUE } });
+    const label = Buffer.from(VALUE).toString("base64url").toLowerCase();
+    const from = new URL(`https://${label}.api.test/start`);
+    const scanning = thrown(() => wild.checkRedirect({ from, url: new URL(`https://other.test/?v=${VALUE}`), location: `https://other.test/?v=${VALUE}`, headers: [] }, sent));
+    const refusing = store({ T: { hosts: ["*.api.test"], value: VALUE, secretRedirects: "refuse" } });
+    const refused = thrown(() => refusing.checkRedirect({ from, url: new URL("https://other.test/x"), location: "https://other.test/x", headers: [] }, sent));
+    for (const error of [scanning, refused]) expect(`${error.message} ${error.detail ?? ""}`).not.toContain(label);
+  });
+
+  it("refuses a hop too complex to scan within its budget", () => {
+    // Every view of this text decodes to text again, so the views multiply at each depth.
+    const piece = (k: number): string => {
+      const text = Array.from({ length: 60 }, (_, i) => "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789%+-_"[(i * 7 + k) % 66]).join("") + "%41%2541+";
+      const b64 = (t: string): string => Buffer.from(t).toString("base64");
+      return [b64(text), "x" + b64(text), "xy" + b64(text), "xyz" + b64(text), Buffer.from(text).toString("hex"), encodeURIComponent(text), text.replaceAll("%", "+")].join("~");
+    };
+    const path = Array.from({ length: 40 }, (_, k) => piece(k)).join("~");
+    expect(() => secrets.checkRedirect(hop(`https://other.test/${path}`), sent)).toThrow(/too complex to scan for secrets/);
   });
 
   it("refuses a copy sent back to the secret's own host over plain http://", () => {
