@@ -20,6 +20,8 @@ export interface ChildProxy {
   /** What the child wrote to stderr (an uncaught error's stack, say). */
   stderr(): string;
   rss(): Promise<number>;
+  /** Open file descriptors of the proxy's process. */
+  fds(): Promise<number>;
   stop(): Promise<void>;
 }
 
@@ -49,6 +51,7 @@ export async function startChildProxy(options: ChildProxyOptions): Promise<Child
     alive: () => child.exitCode === null && child.signalCode === null,
     stderr: () => stderr,
     rss: () => ask<number>("rss", "rss"),
+    fds: () => ask<number>("fds", "fds"),
     async stop() {
       if (child.exitCode !== null || child.signalCode !== null) return;
       const exited = once(child, "exit");

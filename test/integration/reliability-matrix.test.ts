@@ -110,6 +110,7 @@ const ipHosts = ["true", "false", "throw", "never", ...hostile].flatMap((a) => [
 
 let upstream: FaultUpstream;
 let caDir: string;
+let baselineFds: number;
 let proxy: ChildProxy;
 let agent: ProxyAgent;
 
@@ -133,6 +134,17 @@ beforeAll(async () => {
     },
   });
   agent = new ProxyAgent({ uri: proxy.url, requestTls: { ca: proxy.caCertPem } });
+  // The baseline is taken once both tier-2 workers run (the second starts after the first has
+  // loaded, with descriptors of its own) and a request has been served: a few calls at once
+  // reach both, and the count must then hold still.
+  await Promise.all(Array.from({ length: 4 }, () => expectServing()));
+  baselineFds = await proxy.fds();
+  for (let steady = 0; steady < 3; ) {
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    const now = await proxy.fds();
+    steady = now === baselineFds ? steady + 1 : 0;
+    baselineFds = now;
+  }
 });
 
 afterAll(async () => {
@@ -239,6 +251,21 @@ describe("guests that misbehave, with and without hooks that read bodies", () =>
       if (want.text !== undefined) expect(got.body).toBe(want.text);
     }
     guest.socket.destroy();
+    await expectServing();
+  });
+});
+
+describe("after every row", () => {
+  it("the proxy is up and its descriptors come back once the guests have gone", async () => {
+    await agent.close();
+    agent = new ProxyAgent({ uri: proxy.url, requestTls: { ca: proxy.caCertPem } });
+    // Idle upstream connections close after the proxy's 4 s keep-alive: up to 20 s for all.
+    let fds = await proxy.fds();
+    for (let i = 0; i < 100 && fds > baselineFds + 2; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      fds = await proxy.fds();
+    }
+    expect(fds).toBeLessThanOrEqual(baselineFds + 2);
     await expectServing();
   });
 });
