@@ -2,7 +2,7 @@
 import { defaultCaDir, loadOrCreateCa } from "../tls/ca-store.js";
 import { formatShellExports, guestEnvironment } from "../proxy/guest-env.js";
 import { startProxy } from "../proxy/start-proxy.js";
-import { djsHooksOf } from "../hooks/http-hooks.js";
+import { declarativeConfigOf, djsHooksOf } from "../hooks/http-hooks.js";
 import { randomBytes } from "node:crypto";
 import { resolveProxyOptions, type ProxyOptions } from "../proxy/options.js";
 import { parseCli, placeholderKeyEnv, UsageError } from "./args.js";
@@ -34,6 +34,8 @@ async function main(argv: readonly string[]): Promise<number> {
   // primary like one that chose to stop, and one still starting would die of it.
   if (worker) process.on("SIGINT", () => undefined);
   const hooks = command.options.httpHooks;
+  const secrets = declarativeConfigOf(hooks)?.secrets;
+  if (secrets !== undefined) redactFatal = (text) => secrets.redact(text);
   const djsHooks = hooks === undefined ? undefined : djsHooksOf(hooks);
   try {
     if (command.workers > 1 && !worker) {
@@ -101,9 +103,12 @@ function workerLogSink(pid: number): (line: string) => void {
  * a non-zero exit, so a supervisor (systemd's Restart=on-failure, or the --workers primary)
  * starts a clean one instead of leaving a half-broken proxy serving.
  */
+let redactFatal: (text: string) => string = (text) => text;
+
 function dieLoudly(kind: string, error: unknown): void {
   const err = error instanceof Error ? error : new Error(String(error));
-  const line = { time: new Date().toISOString(), level: "fatal", msg: kind, pid: process.pid, error: err.message, stack: err.stack ?? "" };
+  // The message and stack can quote a request (a URL, a header): redacted like every log line.
+  const line = { time: new Date().toISOString(), level: "fatal", msg: kind, pid: process.pid, error: redactFatal(err.message), stack: redactFatal(err.stack ?? "") };
   try {
     process.stderr.write(`${JSON.stringify(line)}\n`);
   } finally {

@@ -549,6 +549,20 @@ describe("egressgate usage errors", () => {
     expect(entry["stack"]).toMatch(/planted failure\n\s+at /);
   });
 
+  it("the fatal line redacts the configured secrets from the error's message and stack", async () => {
+    const preload = join(tempDir(), "plant.mjs");
+    writeFileSync(preload, `process.on("SIGUSR2", () => { throw new Error("planted failure for https://api.test/?t=" + encodeURIComponent(process.env.FATAL_TOKEN)); });\n`);
+    const value = "s3cr3t v4lue/for-the-fatal-line";
+    const { cli } = await serve(["--host-secret", "FATAL_TOKEN@api.test"], { NODE_OPTIONS: `--import=${preload}`, FATAL_TOKEN: value });
+    cli.process.kill("SIGUSR2");
+    expect((await cli.exited).code).toBe(70);
+    const fatal = cli.stderr().split("\n").find((line) => line.includes('"level":"fatal"'))!;
+    const entry = JSON.parse(fatal) as Record<string, string>;
+    expect(entry["error"]).toBe("planted failure for https://api.test/?t=[REDACTED:FATAL_TOKEN]");
+    expect(entry["stack"]).toContain("[REDACTED:FATAL_TOKEN]");
+    expect(fatal).not.toContain(encodeURIComponent(value));
+  });
+
   it.each([
     { args: ["--upstream-body-timeout-ms", "0"], names: /--upstream-body-timeout-ms.*0/ },
     { args: ["--max-connections-per-source", "-3"], names: /--max-connections-per-source.*-3/ },
