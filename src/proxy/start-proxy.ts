@@ -129,7 +129,8 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       resolve();
     });
   });
-  // EMFILE at accept arrives here, once per refused connection: summarised, not a line each.
+  // Listener errors could come once per connection: summarised, not a line each. (EMFILE at
+  // accept does not come here: libuv meets it by closing the connection itself.)
   outer.on("error", (error: NodeJS.ErrnoException) => guest.warnings.warn(`listener:${error.code ?? ""}`, "listener error", { error }));
   const address = outer.address();
   if (address === null || typeof address === "string") throw new Error("unexpected listen address");
