@@ -176,6 +176,19 @@ export async function startUpstream(
       handler,
     );
   }
+  return {
+    port: await listenForTest(server),
+    protocol: options.tls === false ? "http:" : "https:",
+    seen,
+    hits: () => seen.length,
+  };
+}
+
+/**
+ * Listens on 127.0.0.1:0 and, when the test finishes, destroys every connection the server still
+ * holds and closes it. Resolves with the port.
+ */
+export async function listenForTest(server: Server): Promise<number> {
   const sockets = new Set<Socket>();
   server.on("connection", (s: Socket) => {
     sockets.add(s);
@@ -186,10 +199,5 @@ export async function startUpstream(
     for (const s of sockets) s.destroy();
     await new Promise<void>((resolve) => server.close(() => resolve()));
   });
-  return {
-    port: (server.address() as AddressInfo).port,
-    protocol: options.tls === false ? "http:" : "https:",
-    seen,
-    hits: () => seen.length,
-  };
+  return (server.address() as AddressInfo).port;
 }

@@ -1,11 +1,11 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { createServer } from "node:https";
-import type { AddressInfo, Socket } from "node:net";
-import { describe, expect, it, onTestFinished } from "vitest";
+import { describe, expect, it } from "vitest";
 import { HttpRequestBlockedError } from "../../src/index.js";
 import { fetchVia, startTestProxy } from "../helpers/proxy.js";
 import { openRaw, openTlsTunnel } from "../helpers/raw.js";
 import { testCa } from "../helpers/test-ca.js";
+import { listenForTest } from "../helpers/upstream.js";
 
 /**
  * Issue 14: a value the URL parser re-encoded in its own way (`/loop/p@ss%20word|x`) reached the
@@ -24,17 +24,7 @@ async function startQuotingUpstream(route: (req: IncomingMessage, res: ServerRes
     req.resume();
     req.on("end", () => route(req, res));
   });
-  const sockets = new Set<Socket>();
-  server.on("secureConnection", (s: Socket) => {
-    sockets.add(s);
-    s.on("close", () => sockets.delete(s));
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  onTestFinished(async () => {
-    for (const s of sockets) s.destroy();
-    await new Promise<void>((resolve) => server.close(() => resolve()));
-  });
-  return { port: (server.address() as AddressInfo).port, hits: () => hits };
+  return { port: await listenForTest(server), hits: () => hits };
 }
 
 /** The token between the first `[` and the last `]` of `x-token`, so spaces at its ends survive. */
