@@ -30,7 +30,8 @@ export function nextHop(previous: OutboundRequest, status: number, location: str
   if (url.protocol !== "http:" && url.protocol !== "https:") {
     throw new EgressError("EG_UPSTREAM", 502, `redirect to unsupported scheme "${url.protocol}"`);
   }
-  const written = new URL(url.href);
+  // The hop as written, fragment included, for the check only: a copy costs a parse per hop.
+  const written = check === undefined ? undefined : new URL(url.href);
   url.hash = "";
   let method = previous.method;
   if ((status === 303 && method !== "HEAD") || ((status === 301 || status === 302) && method === "POST")) {
@@ -52,7 +53,7 @@ export function nextHop(previous: OutboundRequest, status: number, location: str
     body = null; // an empty body was consumed; the next hop sends Content-Length: 0 again
   }
   if (url.origin !== previous.url.origin) headers = withoutHeaders(headers, credentialHeaders);
-  check?.({ from: previous.url, url: written, location, headers });
+  if (check !== undefined) check({ from: previous.url, url: written!, location, headers });
   return { method, url, headers, body };
 }
 

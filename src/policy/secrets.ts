@@ -233,9 +233,7 @@ export class SecretStore {
    * characters of a value and left others, is redacted as a whole.
    */
   redact(text: string): string {
-    this.redaction ??= new NeedleSet(
-      [...this.entries.values()].flatMap((e) => [e.value, ...e.retired].filter((v) => v !== "").map((v) => needle(e.name, v))),
-    );
+    this.redaction ??= valuesOf([...this.entries.values()]);
     return redactText(text, this.redaction);
   }
 

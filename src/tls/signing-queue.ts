@@ -18,13 +18,6 @@ export class SigningQueue {
 
   constructor(private readonly perSource: number) {}
 
-  /** How many pieces wait, for every source together. */
-  get size(): number {
-    let n = 0;
-    for (const queue of this.waiting.values()) n += queue.length;
-    return n;
-  }
-
   run<T>(source: string, task: () => Promise<T>): Promise<T> {
     const queue = this.waiting.get(source) ?? [];
     if (queue.length >= this.perSource) {
