@@ -35,7 +35,7 @@ export interface SoakProxySettings {
 export type SoakProxyMessage =
   | { readonly kind: "ready"; readonly url: string; readonly caCertPem: string }
   | { readonly kind: "marked" }
-  | { readonly kind: "gc-done"; readonly heapUsedBytes: number }
+  | { readonly kind: "gc-done"; readonly heapUsedBytes: number; readonly heapTotalBytes: number }
   | {
       readonly kind: "stats";
       readonly eventLoopP99Ms: number;
@@ -109,7 +109,15 @@ const proxy = await startProxy({
 const delay = monitorEventLoopDelay({ resolution: 10 });
 delay.enable();
 const send = (message: SoakProxyMessage): void => void process.send?.(message);
-const gc = (globalThis as { gc?: () => void }).gc;
+/**
+ * V8's "last resort" full collection: the one it runs under memory pressure. Besides freeing
+ * what is dead, it shrinks the young generation and hands pooled pages back to the system, so
+ * RSS read after it counts what the proxy holds rather than heap V8 kept committed for speed
+ * (a plain gc() left RSS tracking heapTotal while heapUsed stayed flat; docs/reliability.md).
+ */
+type GcOptions = { readonly type: "major"; readonly execution: "sync"; readonly flavor: "last-resort" };
+const gc = (globalThis as { gc?: (options?: GcOptions) => void }).gc;
+const collect = (): void => gc?.({ type: "major", execution: "sync", flavor: "last-resort" });
 
 process.on("disconnect", () => process.exit(0));
 process.on("message", (message: { kind?: string }) => {
@@ -129,10 +137,11 @@ process.on("message", (message: { kind?: string }) => {
     });
   } else if (message.kind === "gc") {
     // Two full collections a turn apart: the first one's finalizers free more for the second.
-    gc?.();
+    collect();
     setImmediate(() => {
-      gc?.();
-      send({ kind: "gc-done", heapUsedBytes: process.memoryUsage().heapUsed });
+      collect();
+      const { heapUsed, heapTotal } = process.memoryUsage();
+      send({ kind: "gc-done", heapUsedBytes: heapUsed, heapTotalBytes: heapTotal });
     });
   }
 });

@@ -121,6 +121,8 @@ interface Reading {
   readonly rssAnonBytes?: number;
   readonly rssFileBytes?: number;
   readonly heapUsedBytes?: number;
+  /** V8 heap committed on the main thread after the collections (heapTotal). */
+  readonly heapTotalBytes?: number;
 }
 
 function statusBytes(pid: number, field: string): number {
@@ -182,6 +184,7 @@ async function read(child: ChildProcess): Promise<Reading | undefined> {
     rssAnonBytes: statusBytes(pid, "RssAnon"),
     rssFileBytes: statusBytes(pid, "RssFile") + statusBytes(pid, "RssShmem"),
     heapUsedBytes: gc.heapUsedBytes,
+    heapTotalBytes: gc.heapTotalBytes,
   };
 }
 
@@ -299,7 +302,7 @@ async function main(): Promise<number> {
     await settle();
     const reading = await read(proxy.child);
     roundReadings.push({ requests: before + count, reading });
-    if (settings.rounds > 1 && reading !== undefined) log(`round ${round + 1}: ${before + count} requests, ${reading.fds} fds, RSS ${mib(reading.rssBytes)} MiB`);
+    if (settings.rounds > 1 && reading !== undefined) log(`round ${round + 1}: ${before + count} requests, ${reading.fds} fds, RSS ${mib(reading.rssBytes)} MiB, V8 heap ${mib(reading.heapUsedBytes ?? 0)} used of ${mib(reading.heapTotalBytes ?? 0)} MiB`);
   }
   clearInterval(sampler);
   const result = mergeResults(parts);
@@ -378,12 +381,12 @@ async function main(): Promise<number> {
 
   const opt = (bytes: number | undefined): string => (bytes === undefined ? "–" : mib(bytes));
   const row = (label: string, r: Reading | undefined): string =>
-    r === undefined ? `| ${label} | – | – | – | – | – |` : `| ${label} | ${r.fds} | ${mib(r.rssBytes)} | ${opt(r.rssAnonBytes)} | ${opt(r.rssFileBytes)} | ${opt(r.heapUsedBytes)} |`;
+    r === undefined ? `| ${label} | – | – | – | – | – | – |` : `| ${label} | ${r.fds} | ${mib(r.rssBytes)} | ${opt(r.rssAnonBytes)} | ${opt(r.rssFileBytes)} | ${opt(r.heapUsedBytes)} | ${opt(r.heapTotalBytes)} |`;
   console.log(`# soak — ${summary.machine.cpus}, node ${process.version}, ${settings.from}\n`);
   console.log(`${result.requests} requests at concurrency ${settings.concurrency} in ${summary.elapsedSeconds} s (${summary.requestsPerSecond} req/s), after a warm-up of ${warm.requests}; ${result.failed} failed\n`);
   console.log(outcomeTable(result));
   console.log(`\nbodies checked byte for byte: ${result.bodiesMatched} of ${result.bodiesChecked} matched (${mib(result.bytesChecked)} MiB)\n`);
-  console.log("| proxy reading | open fds | RSS MiB | of which anonymous | of which file-backed | V8 heap used MiB |\n|---|---:|---:|---:|---:|---:|");
+  console.log("| proxy reading | open fds | RSS MiB | of which anonymous | of which file-backed | V8 heap used MiB | V8 heap committed MiB |\n|---|---:|---:|---:|---:|---:|---:|");
   console.log(row("cold start", cold));
   console.log(row("after the warm-up (baseline)", baseline));
   console.log(`| peak during the load | ${peakFds} | ${mib(peakRss)} | – | – | – |`);
