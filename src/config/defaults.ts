@@ -1,0 +1,48 @@
+import { defaultDjsLimits } from "../djs/create-djs-hooks.js";
+import type { LogLevel } from "../log.js";
+import type { SecretRedirects } from "../policy/secrets.js";
+import type { LeafKeyType } from "../tls/x509.js";
+
+/**
+ * The one table of defaults. startProxy, the config file and the CLI all read their defaults
+ * here (the schema points at these values, and yargs shows them), so a default is changed in
+ * one place. Values that depend on the machine (the CA folder, the connection limit) are
+ * computed at start-up; `computedDefaults` says how, for the docs and `--help`.
+ */
+export const defaults = Object.freeze({
+  listen: Object.freeze({ host: "127.0.0.1", port: 8080 }),
+  leafKeyType: "ecdsa" as LeafKeyType,
+  leafCacheSize: 1000,
+  maxRedirects: 10,
+  logLevel: "info" as LogLevel,
+  timeouts: Object.freeze({
+    handshakeMs: 10_000,
+    headersMs: 30_000,
+    idleMs: 120_000,
+    dnsMs: 5_000,
+    upstreamConnectMs: 10_000,
+    upstreamHeadersMs: 60_000,
+    upstreamBodyMs: 120_000,
+    drainMs: 10_000,
+    hookMs: 30_000,
+  }),
+  maxHttpBodyBytes: 64 * 1024 * 1024,
+  maxHttpResponseBodyBytes: 64 * 1024 * 1024,
+  limits: Object.freeze({ connectionsPerSource: 256, pipelinedRequests: 16 }),
+  /** CLI and config file: processes sharing the port. */
+  workers: 1,
+  /** A guest's declarative tier, as createHttpHooks applies it. */
+  guest: Object.freeze({
+    blockInternalRanges: true,
+    replaceSecretsInQuery: false,
+    secretRedirects: "scan" as SecretRedirects,
+    /** The time limit of one tier-2 policy call. */
+    hooksTimeoutMs: defaultDjsLimits.timeoutMs,
+  }),
+});
+
+/** Defaults worked out at start-up, described for the docs and `--help`. */
+export const computedDefaults = Object.freeze({
+  caDir: "$XDG_CONFIG_HOME/egressgate, or ~/.config/egressgate",
+  "limits.connections": "half the open-file limit, at most 16384",
+});

@@ -1,0 +1,82 @@
+import { issueText, type OptionIssue } from "./option-error.js";
+
+/**
+ * The one table from option paths, as the config file spells them, to CLI flags. The CLI
+ * declares its flags from it, and names the flag of an option error from the error's `path`
+ * (never by rewriting message text).
+ */
+export const optionFlags = Object.freeze({
+  listen: "--listen",
+  caDir: "--ca-dir",
+  resolve: "--resolve",
+  upstreamCa: "--upstream-ca",
+  leafKeyType: "--leaf-key",
+  maxRedirects: "--max-redirects",
+  maxHttpBodyBytes: "--max-body-bytes",
+  maxHttpResponseBodyBytes: "--max-response-body-bytes",
+  "timeouts.upstreamBodyMs": "--upstream-body-timeout-ms",
+  "limits.connections": "--max-connections",
+  "limits.connectionsPerSource": "--max-connections-per-source",
+  workers: "--workers",
+  logLevel: "--log-level",
+  guestEnvFile: "--guest-env-file",
+  auth: "--auth",
+  allowHosts: "--allow-host",
+  allowInternalHosts: "--allow-internal-host",
+  blockInternalRanges: "--block-internal-ranges",
+  secrets: "--host-secret",
+  replaceSecretsInQuery: "--replace-secrets-in-query",
+  secretRedirects: "--secret-redirects",
+  followRedirectsTo: "--follow-redirects-to",
+  hooksScript: "--hooks-script",
+  hooksTimeoutMs: "--hooks-timeout-ms",
+} as const);
+
+export type FlagPath = keyof typeof optionFlags;
+
+/**
+ * The flags that may be given with `--config`: they override the file's value, so one file
+ * serves several deployments. Any other option flag next to `--config` is a usage error.
+ */
+export const configOverrides: readonly FlagPath[] = ["listen", "caDir", "guestEnvFile", "upstreamCa", "logLevel"];
+
+/** Options that come from the environment rather than a flag. */
+export const environmentOptions = Object.freeze({ deploymentKey: "$EGRESSGATE_PLACEHOLDER_KEY" });
+
+/** Paths as startProxy and createHttpHooks spell them, to the file's spelling. */
+const apiSpellings: Readonly<Record<string, string>> = {
+  "listen.host": "listen",
+  "listen.port": "listen",
+  allowedHosts: "allowHosts",
+  allowedInternalHosts: "allowInternalHosts",
+  secretPlaceholderKey: "deploymentKey",
+};
+
+/** Flags whose values are keyed (`--resolve HOST=IP`, `--host-secret NAME@HOST`): the key is named too. */
+const keyed = new Set<string>(["resolve", "secrets"]);
+
+/**
+ * The flag (or environment variable) an option path stands for, with the key for a keyed flag
+ * (`secrets.GH_TOKEN.hosts[0]` → `--host-secret GH_TOKEN`); undefined when no flag sets it.
+ */
+export function flagFor(path: string): string | undefined {
+  const segments = path.replace(/\[\d+\]/g, "").split(".");
+  for (let n = segments.length; n > 0; n--) {
+    const head = segments.slice(0, n).join(".");
+    const key = apiSpellings[head] ?? head;
+    const flag = (optionFlags as Record<string, string>)[key] ?? (environmentOptions as Record<string, string>)[key];
+    if (flag === undefined) continue;
+    const rest = segments.slice(n).join(".");
+    if (!keyed.has(key) || rest === "") return flag;
+    // A secret's name has no dots; a resolved hostname is all the rest.
+    return `${flag} ${key === "secrets" ? rest.split(".")[0] : rest}`;
+  }
+  return undefined;
+}
+
+/** An option issue in the CLI's words: `--max-redirects must be …`; the path where no flag sets it. */
+export function flagText(issue: Pick<OptionIssue, "path" | "reason" | "kind" | "segments">): string {
+  const flag = flagFor(issue.path);
+  if (flag === undefined) return issueText(issue as OptionIssue);
+  return issue.kind === "unknown" ? `unknown option ${flag}${issue.reason}` : `${flag} ${issue.reason}`;
+}

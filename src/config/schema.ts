@@ -1,0 +1,232 @@
+import { logLevels } from "../log.js";
+import { secretRedirectModes } from "../policy/secrets.js";
+import { defaults } from "./defaults.js";
+import {
+  boolean,
+  checkCidr,
+  checkGuestName,
+  checkListenHost,
+  checkSecretName,
+  envMap,
+  hostPatterns,
+  httpHooksNode,
+  integer,
+  list,
+  map,
+  object,
+  parseHostPort,
+  resolveMap,
+  string,
+} from "./nodes.js";
+import { secretValueNode } from "./secret-source.js";
+import type { ObjectNode, OptionNode, Report } from "./validate.js";
+
+/**
+ * The one options schema. startProxy's options (`apiOptionsSchema`) and the config file
+ * (`configFileSchema`) share every proxy-wide option below, with its bounds, doc and default
+ * (from the defaults table); the CLI's flags are turned into a config document and checked
+ * against `configFileSchema` too, so the three spellings cannot drift apart.
+ */
+
+const day = 24 * 3600_000;
+const timeoutDocs: Record<keyof typeof defaults.timeouts, string> = {
+  handshakeMs: "From CONNECT until the guest's TLS handshake (or first plain byte) completes.",
+  headersMs: "For the guest to send a complete request head.",
+  idleMs: "A guest connection with no traffic either way is closed after this.",
+  dnsMs: "A DNS lookup (504 after).",
+  upstreamConnectMs: "TCP and TLS connect to the upstream.",
+  upstreamHeadersMs: "Until the upstream's response head arrives (504 after).",
+  upstreamBodyMs: "Longest silence inside an upstream response body.",
+  drainMs: "How long closing lets in-flight requests finish before cutting them.",
+  hookMs: "Each tier-3 hook call must settle within this (504 after).",
+};
+
+const timeoutsNode = object(
+  Object.fromEntries(
+    Object.entries(timeoutDocs).map(([key, doc]) => [key, integer(1, day, doc, { default: defaults.timeouts[key as keyof typeof timeoutDocs] })]),
+  ),
+  "Timeouts, in milliseconds.",
+);
+
+const limitsNode = object(
+  {
+    connections: integer(1, 1_000_000, "Guest connections open at once, tunnels and upgrades included (503 beyond)."),
+    connectionsPerSource: integer(1, 1_000_000, "Guest connections open at once from one source address (503 beyond).", {
+      default: defaults.limits.connectionsPerSource,
+    }),
+    pipelinedRequests: integer(0, 10_000, "Requests one connection may have waiting behind the one being served.", {
+      default: defaults.limits.pipelinedRequests,
+    }),
+  },
+  "What guests may hold at once.",
+);
+
+/** The options that mean the same in every spelling. */
+const proxyWideFields = {
+  caDir: string("a directory path", "Where ca.crt and ca.key live; the CA is created there on first start."),
+  resolve: resolveMap("Static names, for every guest: { host: [ips] }. IP checks still apply."),
+  upstreamCa: list(string("PEM text or a file path", "a root"), "PEM texts or file paths", "Extra roots for upstream TLS."),
+  leafKeyType: string("a key type", 'Leaf certificate key: "ecdsa" (P-256) or "rsa" (2048, for legacy clients).', {
+    choices: ["ecdsa", "rsa"],
+    default: defaults.leafKeyType,
+  }),
+  leafCacheSize: integer(1, 1_000_000, "How many leaf certificates to keep.", { default: defaults.leafCacheSize }),
+  maxRedirects: integer(0, 100, "Redirect hops the proxy follows before answering 508.", { default: defaults.maxRedirects }),
+  maxHttpBodyBytes: integer(0, Number.MAX_SAFE_INTEGER, "Largest request body a hook may read (413 beyond).", { default: defaults.maxHttpBodyBytes }),
+  maxHttpResponseBodyBytes: integer(0, Number.MAX_SAFE_INTEGER, "Largest response body a hook may read (502 beyond).", {
+    default: defaults.maxHttpResponseBodyBytes,
+  }),
+  timeouts: timeoutsNode,
+  limits: limitsNode,
+  logLevel: string("a log level", "Log verbosity (JSON lines on stderr).", { choices: logLevels, default: defaults.logLevel }),
+  guestEnvFile: string("a file path", "Write the guest environment (KEY=value lines) here once listening; with several guests, FILE.<guest> each."),
+};
+
+const withGuestsAuth = "applies only without guests: every guest authenticates, or is named by its sources";
+
+/** startProxy's options. */
+export const apiOptionsSchema: ObjectNode = object(
+  {
+    httpHooks: httpHooksNode,
+    env: envMap("Extra guest environment (the env from createHttpHooks()), merged into guestEnv()."),
+    guests: map(
+      "guest name",
+      checkGuestName,
+      object(
+        {
+          httpHooks: httpHooksNode,
+          env: envMap("This guest's environment (the env from its createHttpHooks())."),
+          resolve: resolveMap("This guest's static names, over the proxy-wide resolve."),
+          sources: list(string("an address range", "a CIDR", { check: checkCidr }), "address ranges", "Source ranges that identify this guest without credentials."),
+        },
+        "One guest: its hooks, environment, names and source ranges.",
+      ),
+      "Several guests, each authenticating with its own credentials.",
+    ),
+    auth: boolean('Single-guest form: true makes the one guest ("default") need credentials; false opts out of the open-proxy refusal.'),
+    deploymentKey: string("a key of at least 32 characters", "Derives guest tokens and placeholders, so restarts and workers agree.", {
+      // Never quoted: it is a secret.
+      check: (key) => (key.length < 32 ? "must be at least 32 characters long" : undefined),
+    }),
+    listen: object(
+      {
+        host: string("an IP address or hostname", "The address to listen on.", { check: checkListenHost, default: defaults.listen.host }),
+        port: integer(0, 65535, "The port; 0 picks a free one.", { default: defaults.listen.port }),
+      },
+      "Where the proxy listens.",
+    ),
+    ...proxyWideFields,
+    logSink: { kind: "function", doc: "Where log lines go. Default: stderr." },
+  },
+  "startProxy options",
+  {
+    rules(value, report) {
+      if (value["guests"] === undefined) return;
+      for (const key of ["httpHooks", "env"]) {
+        if (value[key] !== undefined) report(`cannot be combined with guests: give each guest its own (guests.NAME.${key})`, [key]);
+      }
+      if (value["auth"] !== undefined) report(withGuestsAuth, ["auth"]);
+    },
+  },
+);
+
+const redirectMode = (doc: string): OptionNode => string("a redirect mode", doc, { choices: secretRedirectModes, default: defaults.guest.secretRedirects });
+
+const secretNode = object(
+  {
+    hosts: { ...hostPatterns("The hosts the value may be sent to; the placeholder is refused anywhere else."), minItems: 1, required: true },
+    value: secretValueNode,
+    secretRedirects: redirectMode("This secret's redirect mode, over the guest's."),
+    followRedirectsTo: hostPatterns('Hosts this secret\'s redirects may still reach in "refuse" mode.'),
+  },
+  "One secret: the guest holds a placeholder, the proxy puts the value in on the way out.",
+);
+
+/** What describes one guest in the file (and the flags' one guest, at the top level). */
+const guestFields = {
+  allowHosts: hostPatterns("Host patterns the guest may reach; * matches any run of characters. None: deny-all."),
+  allowInternalHosts: hostPatterns("Host patterns that may resolve to internal addresses; they count as allowed hosts too."),
+  blockInternalRanges: boolean("Refuse loopback, private, link-local and other internal addresses.", { default: defaults.guest.blockInternalRanges }),
+  secrets: map("secret name", checkSecretName, secretNode, "Secrets the guest holds only as placeholders."),
+  replaceSecretsInQuery: boolean("Also substitute placeholders in query strings.", { default: defaults.guest.replaceSecretsInQuery }),
+  secretRedirects: redirectMode('A redirect leaving a sent secret\'s hosts: "scan" it for the value, or "refuse" it.'),
+  followRedirectsTo: hostPatterns('Hosts that redirects may still reach with secretRedirects: "refuse".'),
+  hooksScript: string("a file path", "Tier-2 policy run in a QuickJS sandbox: .js script, .mjs module, .ts/.mts TypeScript."),
+  hooksTimeoutMs: integer(1, 60_000, "Time limit of one policy call (502 beyond); needs hooksScript.", { default: defaults.guest.hooksTimeoutMs }),
+};
+
+/** The keys that describe a guest; at the top level of a file they describe the one guest "default". */
+export const singleGuestKeys: readonly string[] = Object.keys(guestFields);
+
+/** Checks between a guest's fields that the fields alone cannot see. */
+function guestRules(guest: Readonly<Record<string, unknown>>, report: Report): void {
+  if (guest["hooksTimeoutMs"] !== undefined && guest["hooksScript"] === undefined) report("only applies with hooksScript", ["hooksTimeoutMs"]);
+  const mode = guest["secretRedirects"] ?? defaults.guest.secretRedirects;
+  const secrets = Object.entries((guest["secrets"] ?? {}) as Record<string, Record<string, unknown>>);
+  for (const [name, secret] of secrets) {
+    if (secret["followRedirectsTo"] !== undefined && (secret["secretRedirects"] ?? mode) !== "refuse") {
+      report('only applies with secretRedirects: "refuse"', ["secrets", name, "followRedirectsTo"]);
+    }
+  }
+  const anyRefuses = mode === "refuse" || secrets.some(([, secret]) => secret["secretRedirects"] === "refuse");
+  if (guest["followRedirectsTo"] !== undefined && !anyRefuses) report('only applies with secretRedirects: "refuse"', ["followRedirectsTo"]);
+}
+
+const fileGuestNode = object(
+  {
+    ...guestFields,
+    resolve: resolveMap("This guest's static names, over the top-level resolve."),
+    sources: list(string("an address range", "a CIDR", { check: checkCidr }), "address ranges", "Source ranges (10.88.0.2/32) that identify this guest without credentials."),
+  },
+  "One guest.",
+  { rules: guestRules },
+);
+
+/** The config file, and the config document the CLI's flags are turned into. */
+export const configFileSchema: ObjectNode = object(
+  {
+    listen: string("HOST:PORT", "HOST:PORT to listen on ([v6]:PORT for IPv6; a bare PORT is on 127.0.0.1); port 0 picks a free port.", {
+      default: `${defaults.listen.host}:${defaults.listen.port}`,
+      check(value) {
+        const parsed = parseHostPort(value, defaults.listen.host);
+        if (parsed === undefined) return `must be HOST:PORT (got ${JSON.stringify(value)})`;
+        return checkListenHost(parsed.host);
+      },
+    }),
+    ...proxyWideFields,
+    workers: integer(1, 64, "Processes that share the listening port (node:cluster).", { default: defaults.workers }),
+    auth: boolean('Without guests: true makes the one guest ("default") need credentials; false opts out of the open-proxy refusal.'),
+    ...guestFields,
+    guests: map("guest name", checkGuestName, fileGuestNode, "Several guests, each with its own credentials, allowlist, secrets and policy.", { minEntries: 1 }),
+  },
+  "egressgate config file",
+  {
+    hints: {
+      allowedHosts: 'did you mean "allowHosts"?',
+      port: 'did you mean "listen"? (listen: HOST:PORT)',
+      host: 'did you mean "listen"? (listen: HOST:PORT)',
+    },
+    rules(value, report) {
+      if (value["guests"] === undefined) return guestRules(value, report);
+      for (const key of [...singleGuestKeys, "auth"]) {
+        if (value[key] === undefined) continue;
+        report(
+          key === "auth"
+            ? withGuestsAuth
+            : `describes the single guest "default" and cannot be mixed with guests: move it under guests.NAME`,
+          [key],
+        );
+      }
+    },
+  },
+);
+
+/** Every option path below `node`, with its node: map keys appear as `*` (`guests.*.allowHosts`). */
+export function schemaPaths(node: OptionNode, prefix = ""): Array<{ readonly path: string; readonly node: OptionNode }> {
+  const join = (key: string): string => (prefix === "" ? key : `${prefix}.${key}`);
+  if (node.kind === "object") {
+    return Object.entries(node.fields).flatMap(([key, field]) => [{ path: join(key), node: field }, ...schemaPaths(field, join(key))]);
+  }
+  if (node.kind === "map") return [{ path: join("*"), node: node.values }, ...schemaPaths(node.values, join("*"))];
+  return [];
+}

@@ -1,0 +1,80 @@
+import { readFileSync } from "node:fs";
+import path from "node:path";
+import type { CustomNode } from "./validate.js";
+
+/**
+ * Where a secret's value comes from. A config file names a source (`env:GH_TOKEN`,
+ * `file:/run/secrets/gh`), never the value: files are read, copied, diffed and committed by
+ * people and tools that must not hold secrets. Only a CLI flag (`--host-secret NAME@HOST=VALUE`)
+ * may carry a value inline, as it always could.
+ */
+
+/** A value given inline on the command line. YAML and JSON can never produce one. */
+export class InlineSecret {
+  constructor(readonly value: string) {}
+
+  /** Never the value, whatever prints this. */
+  toJSON(): string {
+    return "[inline value]";
+  }
+}
+
+const envName = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+const notInline =
+  'must be "env:VAR" or "file:PATH", never the value itself: a config file is read, copied and committed by people and tools that must not hold secrets';
+
+/** A secret's `value` in the schema. Its messages never quote the value. */
+export const secretValueNode: CustomNode = {
+  kind: "custom",
+  expect: '"env:VAR" or "file:PATH"',
+  doc: 'Where the value comes from: "env:VAR" (an environment variable of the proxy) or "file:PATH" (one trailing newline is dropped).',
+  required: true,
+  check(value, report, context) {
+    if (value instanceof InlineSecret) {
+      if (context.inlineSecrets !== true) report(notInline);
+      return;
+    }
+    if (typeof value !== "string") return report(notInline);
+    if (value.startsWith("env:")) {
+      if (!envName.test(value.slice(4))) report(`names no environment variable: "env:" must be followed by a variable name (got ${JSON.stringify(value)})`);
+      return;
+    }
+    if (value.startsWith("file:")) {
+      if (value.length === 5) report('names no file: "file:" must be followed by a path');
+      return;
+    }
+    report(notInline);
+  },
+};
+
+/** A source read: its description (safe to print) and the value, or why it could not be read. */
+export type ReadSecret = { readonly from: string; readonly value: string } | { readonly from: string; readonly reason: string };
+
+/** Reads a validated source. `file:` paths are taken relative to `baseDir` (the config file's folder). */
+export function readSecret(source: string | InlineSecret, baseDir: string, env: NodeJS.ProcessEnv): ReadSecret {
+  if (source instanceof InlineSecret) return checked("inline", source.value);
+  if (source.startsWith("env:")) {
+    const name = source.slice(4);
+    const value = env[name];
+    if (value === undefined) return { from: source, reason: `names $${name}, which is not set` };
+    return checked(source, value);
+  }
+  const file = path.resolve(baseDir, source.slice(5));
+  const from = `file:${file}`;
+  let text: string;
+  try {
+    text = readFileSync(file, "utf8");
+  } catch (error) {
+    return { from, reason: `cannot read ${file}: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}` };
+  }
+  // Editors and `echo` end a file with a newline that is no part of the token.
+  return checked(from, text.replace(/\r?\n$/, ""));
+}
+
+function checked(from: string, value: string): ReadSecret {
+  if (value === "") return { from, reason: `is empty (from ${from})` };
+  // A value goes into header fields: CR, LF and NUL would split or truncate them.
+  if (/[\r\n\0]/.test(value)) return { from, reason: `holds a line break or NUL (from ${from}); a value must fit in one header field` };
+  return { from, value };
+}

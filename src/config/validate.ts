@@ -1,0 +1,196 @@
+import { makeIssue, type OptionIssue, type Segment } from "./option-error.js";
+
+/**
+ * The building blocks of the option schema, and the one walk that checks a value against them.
+ * Hand-rolled on purpose: a dozen node kinds cover every option, and the walk collects every
+ * issue with its path, which a config file needs (all its problems at once, each on its line).
+ */
+
+interface Common {
+  /** One line for the docs and `--help`. */
+  readonly doc: string;
+  /** A parent object refuses the value's absence. */
+  readonly required?: boolean;
+}
+
+export interface IntegerNode extends Common {
+  readonly kind: "integer";
+  readonly min: number;
+  readonly max: number;
+  readonly default?: number;
+}
+
+export interface BooleanNode extends Common {
+  readonly kind: "boolean";
+  readonly default?: boolean;
+}
+
+export interface StringNode extends Common {
+  readonly kind: "string";
+  /** What a value is, for messages: "a directory path". */
+  readonly expect: string;
+  readonly choices?: readonly string[];
+  /** "" is a value (an environment variable may be empty); otherwise it is refused. */
+  readonly allowEmpty?: boolean;
+  /** A further check on a non-empty string; returns the reason it is wrong. */
+  readonly check?: (value: string) => string | undefined;
+  readonly default?: string;
+}
+
+export interface ListNode extends Common {
+  readonly kind: "list";
+  readonly items: OptionNode;
+  /** What the list holds, for messages: "host patterns". */
+  readonly expect: string;
+  readonly minItems?: number;
+}
+
+export interface ObjectNode extends Common {
+  readonly kind: "object";
+  readonly fields: Readonly<Record<string, OptionNode>>;
+  /** Extra words for an unknown key, for the keys people are known to try. */
+  readonly hints?: Readonly<Record<string, string>>;
+  /** Checks between fields, run once the fields themselves are valid. */
+  readonly rules?: (value: Readonly<Record<string, unknown>>, report: Report) => void;
+}
+
+export interface MapNode extends Common {
+  readonly kind: "map";
+  /** What a key is, for the docs: "hostname". */
+  readonly keyDoc: string;
+  readonly checkKey: (key: string) => string | undefined;
+  readonly values: OptionNode;
+  readonly minEntries?: number;
+}
+
+export interface FunctionNode extends Common {
+  readonly kind: "function";
+}
+
+/** A value that no other kind describes (a secret's `env:`/`file:` source, say). */
+export interface CustomNode extends Common {
+  readonly kind: "custom";
+  /** What a value is, for the docs. */
+  readonly expect: string;
+  readonly check: (value: unknown, report: Report, context: ValidateContext) => void;
+}
+
+export type OptionNode = IntegerNode | BooleanNode | StringNode | ListNode | ObjectNode | MapNode | FunctionNode | CustomNode;
+
+/** Reports an issue at `segments` below the node being checked (none: the node itself). */
+export type Report = (reason: string, segments?: readonly Segment[], kind?: "invalid" | "range") => void;
+
+/** Where the options come from; some values are allowed in one spelling only. */
+export interface ValidateContext {
+  /** CLI flags may give a secret's value inline (`--host-secret NAME@HOST=VALUE`); a file may not. */
+  readonly inlineSecrets?: boolean;
+}
+
+/** The value as a message may quote it. */
+export function shown(value: unknown): string {
+  if (value === undefined) return "undefined";
+  if (typeof value === "function") return "a function";
+  const text = JSON.stringify(value) ?? String(value);
+  return text.length > 80 ? `${text.slice(0, 77)}...` : text;
+}
+
+export function isPlainObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+/** Levenshtein distance, case-insensitive: `allowedhosts` is 2 from `allowHosts`. */
+export function editDistance(a: string, b: string): number {
+  const x = a.toLowerCase();
+  const y = b.toLowerCase();
+  let previous = Array.from({ length: y.length + 1 }, (_, i) => i);
+  for (let i = 1; i <= x.length; i++) {
+    const row = [i];
+    for (let j = 1; j <= y.length; j++) {
+      row[j] = Math.min(previous[j]! + 1, row[j - 1]! + 1, previous[j - 1]! + (x[i - 1] === y[j - 1] ? 0 : 1));
+    }
+    previous = row;
+  }
+  return previous[y.length]!;
+}
+
+/** The known key nearest to `key`, when it is within 2 edits (a typo, not another word). */
+export function closest(key: string, known: readonly string[]): string | undefined {
+  let best: string | undefined;
+  let bestDistance = 3;
+  for (const candidate of known) {
+    const d = editDistance(key, candidate);
+    if (d < bestDistance) {
+      best = candidate;
+      bestDistance = d;
+    }
+  }
+  return best;
+}
+
+/** Checks `value` against `node`; every issue found goes to `issues`. Absent (`undefined`) is valid. */
+export function validate(node: OptionNode, value: unknown, segments: readonly Segment[], issues: OptionIssue[], context: ValidateContext = {}): void {
+  if (value === undefined) return;
+  const report: Report = (reason, below = [], kind = "invalid") => issues.push(makeIssue([...segments, ...below], reason, kind));
+  switch (node.kind) {
+    case "integer":
+      if (typeof value !== "number" || !Number.isInteger(value)) report(`must be an integer (got ${shown(value)})`);
+      else if (value < node.min || value > node.max) report(`must be an integer from ${node.min} to ${node.max} (got ${value})`, [], "range");
+      return;
+    case "boolean":
+      if (typeof value !== "boolean") report(`must be true or false (got ${shown(value)})`);
+      return;
+    case "string": {
+      if (typeof value !== "string" || (value === "" && node.allowEmpty !== true)) return report(`must be ${node.expect} (got ${shown(value)})`);
+      if (node.choices !== undefined && !node.choices.includes(value)) {
+        return report(`must be one of ${node.choices.map((c) => JSON.stringify(c)).join(", ")} (got ${shown(value)})`);
+      }
+      const reason = node.check?.(value);
+      if (reason !== undefined) report(reason);
+      return;
+    }
+    case "list":
+      if (!Array.isArray(value)) return report(`must be a list of ${node.expect} (got ${shown(value)})`);
+      if (node.minItems !== undefined && value.length < node.minItems) return report(`must hold at least ${node.minItems} of ${node.expect}`);
+      value.forEach((item, i) => validate(node.items, item, [...segments, i], issues, context));
+      return;
+    case "object":
+      return validateObject(node, value, segments, issues, context, report);
+    case "map": {
+      if (!isPlainObject(value)) return report(`must be an object of ${node.keyDoc}: value (got ${shown(value)})`);
+      const entries = Object.entries(value);
+      if (node.minEntries !== undefined && entries.length < node.minEntries) return report(`must name at least ${node.minEntries} ${node.keyDoc}`);
+      for (const [key, item] of entries) {
+        const reason = node.checkKey(key);
+        if (reason !== undefined) report(reason, [key]);
+        else validate(node.values, item, [...segments, key], issues, context);
+      }
+      return;
+    }
+    case "function":
+      if (typeof value !== "function") report(`must be a function (got ${shown(value)})`);
+      return;
+    case "custom":
+      node.check(value, report, context);
+      return;
+  }
+}
+
+function validateObject(node: ObjectNode, value: unknown, segments: readonly Segment[], issues: OptionIssue[], context: ValidateContext, report: Report): void {
+  if (!isPlainObject(value)) return report(`must be an object (got ${shown(value)})`);
+  const known = Object.keys(node.fields);
+  const before = issues.length;
+  for (const [key, item] of Object.entries(value)) {
+    const field = node.fields[key];
+    if (field === undefined) {
+      const near = closest(key, known);
+      const hint = node.hints?.[key] ?? (near === undefined ? "" : `did you mean "${near}"?`);
+      issues.push(makeIssue([...segments, key], `${hint === "" ? "" : `; ${hint}`} (known: ${known.join(", ")})`, "unknown"));
+      continue;
+    }
+    validate(field, item, [...segments, key], issues, context);
+  }
+  for (const [key, field] of Object.entries(node.fields)) {
+    if (field.required === true && value[key] === undefined) report("is required", [key]);
+  }
+  if (issues.length === before) node.rules?.(value, report);
+}
