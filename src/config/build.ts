@@ -1,0 +1,139 @@
+import { createHmac } from "node:crypto";
+import { createDjsHooks, djsHooksOptionsFromFile, type DjsHooks } from "../djs/create-djs-hooks.js";
+import { createHttpHooks, declarativeConfigOf, type HttpHooks, type HttpHooksOptions } from "../hooks/http-hooks.js";
+import { defaults } from "./defaults.js";
+import type { GuestConfig, ProxyConfig, ProxyWideConfig } from "./document.js";
+import { makeIssue, OptionError, type Segment } from "./option-error.js";
+
+/**
+ * A resolved configuration into startProxy's options: each guest's createHttpHooks (with its
+ * tier-2 policy, when it has one). This is the only step that starts anything (the policies'
+ * worker threads), so it runs only on a configuration already checked whole.
+ */
+
+/** One guest as startProxy's `guests` option takes it. */
+export interface BuiltGuest {
+  readonly httpHooks: HttpHooks;
+  readonly env: Readonly<Record<string, string>>;
+  readonly resolve?: Readonly<Record<string, readonly string[]>>;
+  readonly sources?: readonly string[];
+}
+
+/** startProxy's options, in the single-guest form (`httpHooks`, `env`) or with `guests`. */
+export interface BuiltProxyOptions extends ProxyWideConfig {
+  readonly httpHooks?: HttpHooks;
+  readonly env?: Readonly<Record<string, string>>;
+  readonly guests?: Readonly<Record<string, BuiltGuest>>;
+  readonly deploymentKey?: string;
+}
+
+export interface BuiltConfig {
+  readonly options: BuiltProxyOptions;
+  /** Every guest's tier-2 policy, to be closed with the proxy. */
+  readonly policies: readonly DjsHooks[];
+  /** Replaces every guest's secret values in `text` (for a last-resort error line). */
+  redact(text: string): string;
+  /** Stops every policy's worker threads. */
+  close(): Promise<void>;
+}
+
+export interface BuildOptions {
+  /**
+   * The deployment key (EGRESSGATE_PLACEHOLDER_KEY): guest tokens and placeholders derive from
+   * it, so workers and restarts agree. Without it both are random per start.
+   */
+  readonly deploymentKey?: string | undefined;
+}
+
+/**
+ * Each listed guest's placeholders derive from a key of its own, so two guests' same-named
+ * secrets get different placeholders (one guest's placeholder means nothing to another). The
+ * single guest keeps the deployment key itself, so its placeholders are those of before guests.
+ */
+export function guestPlaceholderKey(deploymentKey: string, guest: string): string {
+  return createHmac("sha256", deploymentKey).update(`egressgate guest placeholders\0${guest}`).digest("hex");
+}
+
+/** Builds the options; on a failure, the policies already loaded are closed before it throws. */
+export function buildProxyOptions(config: ProxyConfig, options: BuildOptions = {}): BuiltConfig {
+  const key = options.deploymentKey;
+  // Checked before anything loads; never quoted, it is a secret.
+  if (key !== undefined && key.length < 32) throw new OptionError(makeIssue(["deploymentKey"], "must be at least 32 characters long"));
+  const policies: DjsHooks[] = [];
+  const redactors: Array<(text: string) => string> = [];
+  const built: Record<string, BuiltGuest> = {};
+  try {
+    for (const [name, guest] of Object.entries(config.guests)) {
+      const base: Segment[] = config.single ? [] : ["guests", name];
+      const placeholderKey = key === undefined ? undefined : config.single ? key : guestPlaceholderKey(key, name);
+      const djsHooks = loadPolicy(guest, base);
+      if (djsHooks !== undefined) policies.push(djsHooks);
+      const created = createGuestHooks(guest, djsHooks, placeholderKey, base);
+      const secrets = declarativeConfigOf(created.httpHooks)?.secrets;
+      if (secrets !== undefined) redactors.push((text) => secrets.redact(text));
+      built[name] = {
+        httpHooks: created.httpHooks,
+        env: created.env,
+        ...(guest.resolve !== undefined ? { resolve: guest.resolve } : {}),
+        ...(guest.sources !== undefined ? { sources: guest.sources } : {}),
+      };
+    }
+  } catch (error) {
+    void Promise.all(policies.map((policy) => policy.close()));
+    throw error;
+  }
+  const keyOption = key === undefined ? {} : { deploymentKey: key };
+  const single = built["default"];
+  const proxyOptions: BuiltProxyOptions =
+    config.single && single !== undefined
+      ? { ...config.proxy, httpHooks: single.httpHooks, env: single.env, ...keyOption }
+      : { ...config.proxy, guests: built, ...keyOption };
+  return {
+    options: proxyOptions,
+    policies,
+    redact: (text) => redactors.reduce((out, redact) => redact(out), text),
+    close: async () => {
+      await Promise.all(policies.map((policy) => policy.close()));
+    },
+  };
+}
+
+function loadPolicy(guest: GuestConfig, base: readonly Segment[]): DjsHooks | undefined {
+  if (guest.hooksScript === undefined) return undefined;
+  const timeoutMs = guest.hooksTimeoutMs ?? defaults.guest.hooksTimeoutMs;
+  try {
+    return createDjsHooks({ ...djsHooksOptionsFromFile(guest.hooksScript), limits: { timeoutMs } }).djsHooks;
+  } catch (error) {
+    // A syntax error, a refused import or a top-level throw: the PolicyLoadError stays the cause.
+    throw new OptionError(makeIssue([...base, "hooksScript"], `could not be loaded: ${(error as Error).message}`), { cause: error });
+  }
+}
+
+function createGuestHooks(guest: GuestConfig, djsHooks: DjsHooks | undefined, placeholderKey: string | undefined, base: readonly Segment[]): ReturnType<typeof createHttpHooks> {
+  const secrets: Record<string, NonNullable<HttpHooksOptions["secrets"]>[string]> = {};
+  for (const [name, secret] of Object.entries(guest.secrets ?? {})) {
+    secrets[name] = {
+      hosts: secret.hosts,
+      value: secret.value,
+      ...(secret.secretRedirects !== undefined ? { secretRedirects: secret.secretRedirects } : {}),
+      ...(secret.followRedirectsTo !== undefined ? { followRedirectsTo: secret.followRedirectsTo } : {}),
+    };
+  }
+  const hooksOptions: HttpHooksOptions = {
+    allowedHosts: guest.allowHosts ?? [],
+    allowedInternalHosts: guest.allowInternalHosts ?? [],
+    blockInternalRanges: guest.blockInternalRanges ?? defaults.guest.blockInternalRanges,
+    secrets,
+    replaceSecretsInQuery: guest.replaceSecretsInQuery ?? defaults.guest.replaceSecretsInQuery,
+    ...(guest.secretRedirects !== undefined ? { secretRedirects: guest.secretRedirects } : {}),
+    ...(guest.followRedirectsTo !== undefined ? { followRedirectsTo: guest.followRedirectsTo } : {}),
+    ...(djsHooks !== undefined ? { djsHooks } : {}),
+    ...(placeholderKey !== undefined ? { secretPlaceholderKey: placeholderKey } : {}),
+  };
+  try {
+    return createHttpHooks(hooksOptions);
+  } catch (error) {
+    // The schema has checked every value createHttpHooks checks; this is a last line, not a path.
+    throw new OptionError(makeIssue(base, `is refused by ${(error as Error).message}`), { cause: error });
+  }
+}

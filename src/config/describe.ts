@@ -1,0 +1,61 @@
+import { stringify } from "yaml";
+import { computedDefaults, defaults } from "./defaults.js";
+import type { GuestConfig, ProxyConfig } from "./document.js";
+
+/**
+ * What `egressgate check-config` prints: the configuration as it will run, guest by guest, with
+ * defaults filled in. Built from names, hosts and sources only: a secret's value is never read
+ * here, so it cannot be printed by mistake.
+ */
+export function describeConfig(config: ProxyConfig): string {
+  const proxy = config.proxy;
+  const listen = proxy.listen ?? defaults.listen;
+  const summary = {
+    config: config.source,
+    listen: `${listen.host.includes(":") ? `[${listen.host}]` : listen.host}:${listen.port}`,
+    caDir: proxy.caDir ?? `(default: ${computedDefaults.caDir})`,
+    workers: config.workers,
+    logLevel: proxy.logLevel ?? defaults.logLevel,
+    ...(proxy.guestEnvFile !== undefined ? { guestEnvFile: config.single ? proxy.guestEnvFile : `${proxy.guestEnvFile}.<guest>` } : {}),
+    ...(proxy.upstreamCa !== undefined ? { upstreamCa: proxy.upstreamCa.map((ca) => (ca.includes("-----BEGIN") ? "(PEM text)" : ca)) } : {}),
+    ...(proxy.resolve !== undefined ? { resolve: proxy.resolve } : {}),
+    guests: Object.fromEntries(Object.entries(config.guests).map(([name, guest]) => [name, describeGuest(guest, config)])),
+  };
+  return stringify(summary, { lineWidth: 0 });
+}
+
+function describeGuest(guest: GuestConfig, config: ProxyConfig): Record<string, unknown> {
+  return {
+    credentials: credentials(guest, config),
+    allowHosts: guest.allowHosts ?? [],
+    ...(guest.allowInternalHosts !== undefined ? { allowInternalHosts: guest.allowInternalHosts } : {}),
+    blockInternalRanges: guest.blockInternalRanges ?? defaults.guest.blockInternalRanges,
+    secrets: Object.fromEntries(
+      Object.entries(guest.secrets ?? {}).map(([name, secret]) => [
+        name,
+        {
+          hosts: secret.hosts,
+          value: `(redacted; from ${secret.from})`,
+          ...(secret.secretRedirects !== undefined ? { secretRedirects: secret.secretRedirects } : {}),
+          ...(secret.followRedirectsTo !== undefined ? { followRedirectsTo: secret.followRedirectsTo } : {}),
+        },
+      ]),
+    ),
+    ...(guest.replaceSecretsInQuery !== undefined ? { replaceSecretsInQuery: guest.replaceSecretsInQuery } : {}),
+    ...(guest.secretRedirects !== undefined ? { secretRedirects: guest.secretRedirects } : {}),
+    ...(guest.followRedirectsTo !== undefined ? { followRedirectsTo: guest.followRedirectsTo } : {}),
+    ...(guest.hooksScript !== undefined
+      ? { hooksScript: guest.hooksScript, hooksTimeoutMs: guest.hooksTimeoutMs ?? defaults.guest.hooksTimeoutMs }
+      : {}),
+    ...(guest.resolve !== undefined ? { resolve: guest.resolve } : {}),
+    ...(guest.sources !== undefined ? { sources: guest.sources } : {}),
+  };
+}
+
+function credentials(guest: GuestConfig, config: ProxyConfig): string {
+  if (!config.single) {
+    return guest.sources === undefined ? "required" : `required, or a connection from ${guest.sources.join(", ")}`;
+  }
+  if (config.proxy.auth === true) return "required (auth: true)";
+  return config.proxy.auth === false ? "none (auth: false)" : "none (single guest; listening beyond loopback needs auth)";
+}

@@ -1,0 +1,173 @@
+import { readFileSync, statSync } from "node:fs";
+import path from "node:path";
+import type { LeafKeyType } from "../tls/x509.js";
+import type { LogLevel } from "../log.js";
+import type { SecretRedirects } from "../policy/secrets.js";
+import { defaults } from "./defaults.js";
+import { parseHostPort } from "./nodes.js";
+import { makeIssue, type OptionIssue, type Segment } from "./option-error.js";
+import { configFileSchema } from "./schema.js";
+import { readSecret, type InlineSecret } from "./secret-source.js";
+import { validate } from "./validate.js";
+
+/**
+ * A config document (a parsed file, or the CLI's flags in the same shape) turned into a
+ * `ProxyConfig`: checked against the schema as a whole, relative paths taken from the
+ * document's folder, and secret values read from their sources. Nothing starts here: no policy
+ * is loaded and nothing listens, so a bad document costs nothing.
+ */
+
+export interface SecretConfig {
+  readonly hosts: readonly string[];
+  readonly value: string;
+  /** Where the value came from, safe to print: `env:GH_TOKEN`, `file:/run/secrets/gh`, `inline`. */
+  readonly from: string;
+  readonly secretRedirects?: SecretRedirects;
+  readonly followRedirectsTo?: readonly string[];
+}
+
+export interface GuestConfig {
+  readonly allowHosts?: readonly string[];
+  readonly allowInternalHosts?: readonly string[];
+  readonly blockInternalRanges?: boolean;
+  readonly secrets?: Readonly<Record<string, SecretConfig>>;
+  readonly replaceSecretsInQuery?: boolean;
+  readonly secretRedirects?: SecretRedirects;
+  readonly followRedirectsTo?: readonly string[];
+  /** An absolute path. */
+  readonly hooksScript?: string;
+  readonly hooksTimeoutMs?: number;
+  readonly resolve?: Readonly<Record<string, readonly string[]>>;
+  readonly sources?: readonly string[];
+}
+
+/** The proxy-wide options, spelled as startProxy takes them. */
+export interface ProxyWideConfig {
+  readonly listen?: { readonly host: string; readonly port: number };
+  readonly caDir?: string;
+  readonly resolve?: Readonly<Record<string, readonly string[]>>;
+  readonly upstreamCa?: readonly string[];
+  readonly leafKeyType?: LeafKeyType;
+  readonly leafCacheSize?: number;
+  readonly maxRedirects?: number;
+  readonly maxHttpBodyBytes?: number;
+  readonly maxHttpResponseBodyBytes?: number;
+  readonly timeouts?: Readonly<Partial<Record<keyof typeof defaults.timeouts, number>>>;
+  readonly limits?: Readonly<{ connections?: number; connectionsPerSource?: number; pipelinedRequests?: number }>;
+  readonly logLevel?: LogLevel;
+  readonly guestEnvFile?: string;
+  readonly auth?: boolean;
+}
+
+export interface ProxyConfig {
+  /** The file it came from, or `flags`. */
+  readonly source: string;
+  readonly proxy: ProxyWideConfig;
+  readonly workers: number;
+  /**
+   * true: the document described one guest at its top level (as the flags do), named
+   * `default`, served in startProxy's single-guest form. false: it listed `guests`.
+   */
+  readonly single: boolean;
+  readonly guests: Readonly<Record<string, GuestConfig>>;
+}
+
+export interface DocumentOptions {
+  /** What relative paths are relative to: the config file's folder, or the working directory. */
+  readonly baseDir: string;
+  /** Where `env:` secret sources are looked up. */
+  readonly env: NodeJS.ProcessEnv;
+  /** The flags may carry secret values inline (`InlineSecret`); a file never. */
+  readonly inlineSecrets?: boolean;
+  /** Called `flags` or the file's path in ProxyConfig.source. */
+  readonly source: string;
+}
+
+/** The name of the one guest a document describes at its top level, as the flags do. */
+export const singleGuestName = "default";
+
+type Doc = Record<string, unknown>;
+type SecretDoc = { hosts: string[]; value: string | InlineSecret; secretRedirects?: SecretRedirects; followRedirectsTo?: string[] };
+
+const pemMarker = "-----BEGIN CERTIFICATE-----";
+
+/** Checks and resolves a whole document; issues come back all together, none thrown. */
+export function resolveDocument(document: unknown, options: DocumentOptions): { config?: ProxyConfig; issues: OptionIssue[] } {
+  const issues: OptionIssue[] = [];
+  validate(configFileSchema, document, [], issues, { inlineSecrets: options.inlineSecrets ?? false });
+  if (issues.length > 0) return { issues };
+  const doc = (document ?? {}) as Doc;
+  const at = (segments: readonly Segment[], reason: string): void => void issues.push(makeIssue(segments, reason));
+  const proxy = resolveProxyWide(doc, options.baseDir, at);
+  const single = doc["guests"] === undefined;
+  const guestDocs: Record<string, Doc> = single ? { [singleGuestName]: doc } : (doc["guests"] as Record<string, Doc>);
+  const guests: Record<string, GuestConfig> = {};
+  for (const [name, guest] of Object.entries(guestDocs)) {
+    guests[name] = resolveGuest(guest, single ? [] : ["guests", name], single, options, at);
+  }
+  if (issues.length > 0) return { issues };
+  return { config: { source: options.source, proxy, workers: (doc["workers"] as number | undefined) ?? defaults.workers, single, guests }, issues };
+}
+
+/** The proxy-wide part of a valid document; `at` hears about files that cannot be used. */
+export function resolveProxyWide(doc: Doc, baseDir: string, at: (segments: readonly Segment[], reason: string) => void): ProxyWideConfig {
+  const out: Record<string, unknown> = {};
+  for (const key of ["resolve", "leafKeyType", "leafCacheSize", "maxRedirects", "maxHttpBodyBytes", "maxHttpResponseBodyBytes", "timeouts", "limits", "logLevel", "auth"]) {
+    if (doc[key] !== undefined) out[key] = doc[key];
+  }
+  if (typeof doc["listen"] === "string") out["listen"] = parseHostPort(doc["listen"], defaults.listen.host);
+  if (typeof doc["caDir"] === "string") out["caDir"] = path.resolve(baseDir, doc["caDir"]);
+  if (typeof doc["guestEnvFile"] === "string") out["guestEnvFile"] = path.resolve(baseDir, doc["guestEnvFile"]);
+  if (Array.isArray(doc["upstreamCa"])) {
+    out["upstreamCa"] = (doc["upstreamCa"] as string[]).map((entry, i) => {
+      if (entry.includes(pemMarker)) return entry;
+      const file = path.resolve(baseDir, entry);
+      // Read here as well as at start, so check-config finds a missing file offline.
+      try {
+        if (!readFileSync(file, "utf8").includes(pemMarker)) at(["upstreamCa", i], `names ${file}, which holds no PEM certificate`);
+      } catch (error) {
+        at(["upstreamCa", i], `cannot read ${file}: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`);
+      }
+      return file;
+    });
+  }
+  return out as ProxyWideConfig;
+}
+
+function resolveGuest(doc: Doc, base: readonly Segment[], single: boolean, options: DocumentOptions, at: (segments: readonly Segment[], reason: string) => void): GuestConfig {
+  const out: Record<string, unknown> = {};
+  const keys = ["allowHosts", "allowInternalHosts", "blockInternalRanges", "replaceSecretsInQuery", "secretRedirects", "followRedirectsTo", "hooksTimeoutMs"];
+  // At the top level, resolve is proxy-wide; a listed guest's resolve and sources are its own.
+  if (!single) keys.push("resolve", "sources");
+  for (const key of keys) if (doc[key] !== undefined) out[key] = doc[key];
+  if (typeof doc["hooksScript"] === "string") {
+    const script = path.resolve(options.baseDir, doc["hooksScript"]);
+    if (!isFile(script)) at([...base, "hooksScript"], `names ${script}, which is not a readable file`);
+    out["hooksScript"] = script;
+  }
+  const secrets: Record<string, SecretConfig> = {};
+  for (const [name, secret] of Object.entries((doc["secrets"] ?? {}) as Record<string, SecretDoc>)) {
+    const read = readSecret(secret.value, options.baseDir, options.env);
+    if ("reason" in read) {
+      at([...base, "secrets", name, "value"], read.reason);
+      continue;
+    }
+    secrets[name] = {
+      hosts: secret.hosts,
+      value: read.value,
+      from: read.from,
+      ...(secret.secretRedirects !== undefined ? { secretRedirects: secret.secretRedirects } : {}),
+      ...(secret.followRedirectsTo !== undefined ? { followRedirectsTo: secret.followRedirectsTo } : {}),
+    };
+  }
+  if (doc["secrets"] !== undefined) out["secrets"] = secrets;
+  return out as GuestConfig;
+}
+
+function isFile(file: string): boolean {
+  try {
+    return statSync(file).isFile();
+  } catch {
+    return false;
+  }
+}

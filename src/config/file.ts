@@ -1,0 +1,89 @@
+import { readFileSync } from "node:fs";
+import path from "node:path";
+import { isMap, isPair, isScalar, isSeq, LineCounter, parseDocument, type Document, type Node } from "yaml";
+import { resolveDocument, type ProxyConfig } from "./document.js";
+import { ConfigFileError, makeIssue, type OptionIssue, type Segment } from "./option-error.js";
+
+/**
+ * The config file: YAML 1.2 (so JSON too, as it is), checked whole before anything starts.
+ * Every problem is reported at once, each with its option path and line.
+ */
+
+/** Reads, parses, checks and resolves `file`; throws ConfigFileError listing every problem. */
+export function loadConfigFile(file: string, env: NodeJS.ProcessEnv = process.env): ProxyConfig {
+  const absolute = path.resolve(file);
+  let text: string;
+  try {
+    text = readFileSync(absolute, "utf8");
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
+    throw new ConfigFileError(file, [makeIssue([], `cannot read the config file: ${code}`)], { cause: error });
+  }
+  return parseConfigText(text, file, env, path.dirname(absolute));
+}
+
+/** As {@link loadConfigFile}, for text already read; relative paths are taken from `baseDir`. */
+export function parseConfigText(text: string, file: string, env: NodeJS.ProcessEnv, baseDir: string): ProxyConfig {
+  const lines = new LineCounter();
+  // Core schema: YAML 1.2, where `yes`/`no`/`on` are strings, not booleans, and `<<` is a plain key.
+  const doc = parseDocument(text, { lineCounter: lines, schema: "core", uniqueKeys: true, prettyErrors: false });
+  if (doc.errors.length > 0) {
+    throw new ConfigFileError(
+      file,
+      doc.errors.map((error) => ({ ...makeIssue([], `not valid YAML: ${firstLine(error.message)}`), line: lines.linePos(error.pos[0]).line })),
+    );
+  }
+  let value: unknown;
+  try {
+    // An alias bomb (a billion laughs) would otherwise expand without bound.
+    value = doc.toJS({ maxAliasCount: 100 });
+  } catch (error) {
+    throw new ConfigFileError(file, [makeIssue([], `cannot be read as data: ${(error as Error).message}`)], { cause: error });
+  }
+  if (value !== null && value !== undefined && (typeof value !== "object" || Array.isArray(value))) {
+    throw new ConfigFileError(file, [{ ...makeIssue([], `must hold a mapping of options (key: value), not ${Array.isArray(value) ? "a list" : "a single value"}`), line: 1 }]);
+  }
+  // An empty file (or one of comments only) is an empty configuration.
+  const { config, issues } = resolveDocument(value ?? {}, { baseDir, env, source: file });
+  if (config === undefined) throw new ConfigFileError(file, issues.map((issue) => withLine(issue, doc, lines)));
+  return config;
+}
+
+function firstLine(message: string): string {
+  return message.split("\n")[0]!.trim();
+}
+
+/** The issue with the line of the option it names: the key for an unknown key, else the value. */
+function withLine(issue: OptionIssue, doc: Document, lines: LineCounter): OptionIssue {
+  const offset = offsetOf(doc.contents, issue.segments, issue.kind === "unknown");
+  return offset === undefined ? issue : { ...issue, line: lines.linePos(offset).line };
+}
+
+/**
+ * Walks the YAML nodes along `segments`. A path that ends early (a required key that is
+ * missing) gives the deepest node found: the map the key belongs in.
+ */
+function offsetOf(root: unknown, segments: readonly Segment[], wantKey: boolean): number | undefined {
+  let node = root as Node | null | undefined;
+  let offset = node?.range?.[0];
+  for (const [i, segment] of segments.entries()) {
+    const last = i === segments.length - 1;
+    if (isMap(node)) {
+      const pair = node.items.find((item) => isPair(item) && isScalar(item.key) && String(item.key.value) === String(segment));
+      if (pair === undefined) return offset;
+      const key = pair.key as Node;
+      const value = pair.value as Node | null;
+      if (last && (wantKey || value === null)) return key.range?.[0] ?? offset;
+      node = value;
+      offset = value?.range?.[0] ?? key.range?.[0] ?? offset;
+    } else if (isSeq(node) && typeof segment === "number") {
+      const item = node.items[segment] as Node | undefined;
+      if (item === undefined) return offset;
+      node = item;
+      offset = item.range?.[0] ?? offset;
+    } else {
+      return offset;
+    }
+  }
+  return offset;
+}

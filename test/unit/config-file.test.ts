@@ -1,0 +1,190 @@
+import { mkdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { loadConfigFile } from "../../src/config/file.js";
+import { ConfigFileError, invalidConfigCode } from "../../src/config/option-error.js";
+import { tempDir } from "../helpers/proxy.js";
+
+/** Writes `text` as a config file in a fresh folder; returns its path. */
+function configFile(text: string, name = "egressgate.yaml"): string {
+  const file = join(tempDir("egressgate-config-"), name);
+  writeFileSync(file, text);
+  return file;
+}
+
+function fileErrorOf(file: string, env: NodeJS.ProcessEnv = {}): ConfigFileError {
+  try {
+    loadConfigFile(file, env);
+  } catch (error) {
+    expect(error).toBeInstanceOf(ConfigFileError);
+    return error as ConfigFileError;
+  }
+  throw new Error(`${file} loaded without an error`);
+}
+
+const twoGuests = `# two guests
+listen: 0.0.0.0:3128
+caDir: ca
+guestEnvFile: guest.env
+guests:
+  ci:
+    allowHosts: [api.github.com, "*.npmjs.org"]
+    secrets:
+      GH_TOKEN:
+        hosts: [api.github.com]
+        value: env:CI_GH_TOKEN
+    hooksScript: policies/ci.ts
+    hooksTimeoutMs: 250
+  agent:
+    allowHosts: [api.openai.com]
+    resolve: { api.openai.com: [127.0.0.5] }
+    sources: [10.88.0.2/32]
+    secrets:
+      OPENAI_KEY:
+        hosts: [api.openai.com]
+        value: file:secrets/openai
+`;
+
+describe("loadConfigFile: a valid file", () => {
+  it("resolves two guests: env: and file: values read, relative paths from the file's folder", () => {
+    const file = configFile(twoGuests);
+    const dir = join(file, "..");
+    mkdirSync(join(dir, "policies"));
+    writeFileSync(join(dir, "policies", "ci.ts"), "export function isRequestAllowed() { return true; }\n");
+    mkdirSync(join(dir, "secrets"));
+    // One trailing newline, as editors and echo write it, is no part of the value.
+    writeFileSync(join(dir, "secrets", "openai"), "sk-from-file\n");
+    const config = loadConfigFile(file, { CI_GH_TOKEN: "ghp_from_env" });
+    expect(config.single).toBe(false);
+    expect(config.source).toBe(file);
+    expect(config.proxy.listen).toEqual({ host: "0.0.0.0", port: 3128 });
+    expect(config.proxy.caDir).toBe(join(dir, "ca"));
+    expect(config.proxy.guestEnvFile).toBe(join(dir, "guest.env"));
+    expect(config.workers).toBe(1);
+    expect(Object.keys(config.guests)).toEqual(["ci", "agent"]);
+    const ci = config.guests["ci"]!;
+    expect(ci.allowHosts).toEqual(["api.github.com", "*.npmjs.org"]);
+    expect(ci.secrets?.["GH_TOKEN"]).toEqual({ hosts: ["api.github.com"], value: "ghp_from_env", from: "env:CI_GH_TOKEN" });
+    expect(ci.hooksScript).toBe(join(dir, "policies", "ci.ts"));
+    expect(ci.hooksTimeoutMs).toBe(250);
+    const agent = config.guests["agent"]!;
+    expect(agent.secrets?.["OPENAI_KEY"]?.value).toBe("sk-from-file");
+    expect(agent.secrets?.["OPENAI_KEY"]?.from).toBe(`file:${join(dir, "secrets", "openai")}`);
+    expect(agent.resolve).toEqual({ "api.openai.com": ["127.0.0.5"] });
+    expect(agent.sources).toEqual(["10.88.0.2/32"]);
+  });
+
+  it("top-level guest keys describe the one guest named default, and resolve stays proxy-wide", () => {
+    const config = loadConfigFile(configFile("allowHosts: [api.test]\nauth: true\nresolve: { api.test: [127.0.0.1] }\n"), {});
+    expect(config.single).toBe(true);
+    expect(config.guests).toEqual({ default: { allowHosts: ["api.test"] } });
+    expect(config.proxy.auth).toBe(true);
+    expect(config.proxy.resolve).toEqual({ "api.test": ["127.0.0.1"] });
+  });
+
+  it("an empty file is the default configuration: one deny-all guest", () => {
+    const config = loadConfigFile(configFile("# nothing yet\n"), {});
+    expect(config.single).toBe(true);
+    expect(config.guests).toEqual({ default: {} });
+    expect(config.proxy).toEqual({});
+  });
+
+  it("JSON is accepted as it is", () => {
+    const json = JSON.stringify({ listen: "127.0.0.1:0", guests: { ci: { allowHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value: "env:T" } } } } });
+    const config = loadConfigFile(configFile(json, "egressgate.json"), { T: "tok" });
+    expect(config.proxy.listen).toEqual({ host: "127.0.0.1", port: 0 });
+    expect(config.guests["ci"]?.secrets?.["T"]?.value).toBe("tok");
+  });
+});
+
+describe("loadConfigFile: errors name the path and the line", () => {
+  it("an unknown key names its path, its line and the key it was likely meant to be", () => {
+    const file = configFile("guests:\n  ci:\n    allowHosts: [a.test]\n    allowInternalHost: [db.test]\n");
+    const error = fileErrorOf(file);
+    expect(error.code).toBe(invalidConfigCode);
+    expect(error.path).toBe("guests.ci.allowInternalHost");
+    expect(error.line).toBe(4);
+    expect(error.message).toBe(
+      `${file}:4: unknown option "guests.ci.allowInternalHost"; did you mean "allowInternalHosts"? (known: ${[
+        "allowHosts, allowInternalHosts, blockInternalRanges, secrets, replaceSecretsInQuery, secretRedirects, followRedirectsTo",
+        "hooksScript, hooksTimeoutMs, resolve, sources",
+      ].join(", ")})`,
+    );
+  });
+
+  it("every problem in the file is reported at once, each on its own line", () => {
+    const file = configFile(["workers: 0", "listen: nowhere", "guests:", "  ci:", "    allowHosts:", "      - ok.test", "      - https://bad.test"].join("\n"));
+    const error = fileErrorOf(file);
+    expect(error.issues.map((i) => [i.path, i.line])).toEqual([
+      ["workers", 1],
+      ["listen", 2],
+      ["guests.ci.allowHosts[1]", 7],
+    ]);
+    expect(error.message).toMatch(/3 problems/);
+    expect(error.message).toContain(`${file}:7: guests.ci.allowHosts[1] is not a host pattern`);
+  });
+
+  it("a missing required key points at the map it belongs in", () => {
+    const error = fileErrorOf(configFile("secrets:\n  TOKEN:\n    value: env:TOKEN\n"), { TOKEN: "x" });
+    expect([error.path, error.line]).toEqual(["secrets.TOKEN.hosts", 3]);
+  });
+
+  it("an inline secret value is refused, and neither the message nor the issues hold it", () => {
+    const error = fileErrorOf(configFile("secrets:\n  GH_TOKEN:\n    hosts: [api.github.com]\n    value: ghp_inline_literal_0123456789\n"));
+    expect([error.path, error.line]).toEqual(["secrets.GH_TOKEN.value", 4]);
+    expect(error.message).toMatch(/never the value itself/);
+    expect(JSON.stringify({ message: error.message, issues: error.issues })).not.toContain("ghp_inline_literal");
+  });
+
+  it("an env: source whose variable is not set, and a file: source that cannot be read, are named with their lines", () => {
+    const text = "guests:\n  ci:\n    secrets:\n      A: { hosts: [a.test], value: env:NOT_SET_HERE }\n      B: { hosts: [b.test], value: file:missing.txt }\n";
+    const error = fileErrorOf(configFile(text));
+    expect(error.issues.map((i) => [i.path, i.line])).toEqual([
+      ["guests.ci.secrets.A.value", 4],
+      ["guests.ci.secrets.B.value", 5],
+    ]);
+    expect(error.issues[0]!.reason).toMatch(/names \$NOT_SET_HERE, which is not set/);
+    expect(error.issues[1]!.reason).toMatch(/cannot read .*missing\.txt: ENOENT/);
+  });
+
+  it("a file: value with a line break inside, or empty, is refused without quoting it", () => {
+    const file = configFile("secrets:\n  A: { hosts: [a.test], value: file:a }\n  B: { hosts: [b.test], value: file:b }\n");
+    writeFileSync(join(file, "..", "a"), "first-part\nsecond-part\n");
+    writeFileSync(join(file, "..", "b"), "\n");
+    const error = fileErrorOf(file);
+    expect(error.issues.map((i) => i.reason)).toEqual([expect.stringMatching(/line break or NUL/), expect.stringMatching(/is empty/)]);
+    expect(error.message).not.toContain("first-part");
+  });
+
+  it("a hooksScript or upstreamCa that does not exist is found before anything starts", () => {
+    const error = fileErrorOf(configFile("upstreamCa: [missing-ca.pem]\nhooksScript: missing-policy.ts\n"));
+    expect(error.issues.map((i) => [i.path, i.line])).toEqual([
+      ["upstreamCa[0]", 1],
+      ["hooksScript", 2],
+    ]);
+  });
+
+  it("YAML 1.2: yes is a string, not a boolean", () => {
+    const error = fileErrorOf(configFile("blockInternalRanges: yes\n"));
+    expect(error.issues[0]?.reason).toBe('must be true or false (got "yes")');
+  });
+
+  it("a syntax error and a duplicate key are reported with their lines", () => {
+    expect(fileErrorOf(configFile("listen: 127.0.0.1:0\nguests: ci: {}\nworkers: 1\n")).message).toMatch(/:2: not valid YAML/);
+    const duplicate = fileErrorOf(configFile("workers: 1\nworkers: 2\n"));
+    expect(duplicate.line).toBe(2);
+    expect(duplicate.message).toMatch(/not valid YAML: .*unique/i);
+  });
+
+  it("a file that is not a mapping, and a file that does not exist, are refused", () => {
+    expect(fileErrorOf(configFile("- a\n- b\n")).message).toMatch(/yaml:1: must hold a mapping of options \(key: value\), not a list$/);
+    expect(fileErrorOf(configFile("just words\n")).message).toMatch(/not a single value$/);
+    const missing = fileErrorOf(join(tempDir(), "nope.yaml"));
+    expect(missing.message).toMatch(/nope\.yaml: cannot read the config file: ENOENT/);
+  });
+
+  it("an alias bomb is refused instead of expanded", () => {
+    const bomb = ["a: &a [x, x, x, x, x, x, x, x, x, x]", ...Array.from({ length: 6 }, (_, i) => `${"bcdefg"[i]}: &${"bcdefg"[i]} [${Array(10).fill(`*${"abcdef"[i]}`).join(", ")}]`)].join("\n");
+    expect(fileErrorOf(configFile(bomb)).message).toMatch(/cannot be read as data|Excessive alias count/);
+  });
+});
