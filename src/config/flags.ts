@@ -35,10 +35,12 @@ export const optionFlags = Object.freeze({
 export type FlagPath = keyof typeof optionFlags;
 
 /**
- * The flags that may be given with `--config`: they override the file's value, so one file
- * serves several deployments. Any other option flag next to `--config` is a usage error.
+ * The flags that may be given with `--config`: they say where and how this deployment runs, and
+ * override the file's value, so one file serves several deployments. Any other option flag next
+ * to `--config` is a usage error: a file and flags that both describe guests would leave it
+ * unclear which one wins.
  */
-export const configOverrides: readonly FlagPath[] = ["listen", "caDir", "guestEnvFile", "upstreamCa", "logLevel"];
+export const configOverrides: readonly FlagPath[] = ["listen", "caDir", "guestEnvFile", "upstreamCa", "logLevel", "workers"];
 
 /** Options that come from the environment rather than a flag. */
 export const environmentOptions = Object.freeze({ deploymentKey: "$EGRESSGATE_PLACEHOLDER_KEY" });
