@@ -16,6 +16,7 @@ export type EgressErrorCode =
   | "EG_HOOK_FAILED"
   | "EG_HOOK_TIMEOUT"
   | "EG_LIMIT"
+  | "EG_AUTH"
   | "EG_CA";
 
 const statusTexts: Record<number, string> = {
@@ -32,6 +33,7 @@ const statusTexts: Record<number, string> = {
   429: "Too Many Requests",
   403: "Forbidden",
   405: "Method Not Allowed",
+  407: "Proxy Authentication Required",
   413: "Content Too Large",
   451: "Unavailable For Legal Reasons",
   417: "Expectation Failed",
@@ -64,12 +66,14 @@ export class EgressError extends Error {
   readonly detail: string | undefined;
   /** The reason phrase, when a hook chose one (HttpRequestBlockedError's statusText). */
   readonly statusText: string;
+  /** Headers the answer needs besides the error's own (`Proxy-Authenticate` on 407, `Retry-After` on 429). */
+  readonly headers: Readonly<Record<string, string>> | undefined;
 
   constructor(
     code: EgressErrorCode,
     status: number,
     message: string,
-    options?: { cause?: unknown; detail?: string; statusText?: string },
+    options?: { cause?: unknown; detail?: string; statusText?: string; headers?: Readonly<Record<string, string>> },
   ) {
     super(message, options?.cause === undefined ? undefined : { cause: options.cause });
     this.name = "EgressError";
@@ -77,6 +81,7 @@ export class EgressError extends Error {
     this.status = status;
     this.detail = options?.detail;
     this.statusText = options?.statusText ?? statusText(status);
+    this.headers = options?.headers;
   }
 }
 
@@ -104,6 +109,7 @@ export function guestError(error: EgressError, redact: ((text: string) => string
     statusText: text === "" ? statusText(error.status) : text,
     ...(error.detail === undefined ? {} : { detail: error.detail }),
     ...(error.cause === undefined ? {} : { cause: error.cause }),
+    ...(error.headers === undefined ? {} : { headers: error.headers }),
   });
 }
 

@@ -8,7 +8,7 @@ import { runHook } from "../hooks/run-hook.js";
 import type { HttpHooks } from "../hooks/http-hooks.js";
 import { allow, deny, type Decision } from "../policy/decision.js";
 import type { DeclarativePolicy } from "../policy/declarative-policy.js";
-import type { RedirectHop } from "../policy/secrets.js";
+import type { RedirectHop, SecretTarget } from "../policy/secrets.js";
 import type { PinnedPools } from "../upstream/pinned-pools.js";
 import type { ResolvedAddress, Resolver } from "../upstream/resolve.js";
 import { forbiddenMethods, type ExchangeContext, type GuestGone, type OutboundRequest, type PipelineResponse } from "./exchange.js";
@@ -38,6 +38,11 @@ export interface PipelineOptions {
   readonly pools: PinnedPools;
   readonly maxRedirects: number;
   readonly limits: HookLimits;
+  /**
+   * With several guests: the name of another guest's secret whose placeholder the request
+   * carries. Such a request is refused, naming the secret but never the guest that holds it.
+   */
+  readonly foreignSecret?: ((request: SecretTarget) => string | undefined) | undefined;
 }
 
 interface ApprovedTarget {
@@ -207,9 +212,14 @@ export class Pipeline {
   /** §3 step 3: placeholders become values for the final destination; misplaced secrets refuse the request. */
   private substituteSecrets(request: OutboundRequest, substituted?: Set<string>): OutboundRequest {
     const secrets = this.options.policy.config.secrets;
-    if (secrets === undefined) return request;
-    const changed = secrets.apply(request, bareHostname(request.url.hostname), substituted);
-    return changed === undefined ? request : { ...request, headers: changed.headers, url: changed.url };
+    const changed = secrets?.apply(request, bareHostname(request.url.hostname), substituted);
+    const result = changed === undefined ? request : { ...request, headers: changed.headers, url: changed.url };
+    // What is left looking like a placeholder after this guest's own were replaced is either
+    // nobody's or another guest's: the second is refused (a guest must not even learn that a
+    // neighbour's placeholder works somewhere).
+    const foreign = this.options.foreignSecret?.(result);
+    if (foreign !== undefined) throw denied(`the request carries the placeholder of secret "${foreign}", which this guest does not hold`);
+    return result;
   }
 
   /** §3 step 4: every check must allow, and the first denial wins. */

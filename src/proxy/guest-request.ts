@@ -6,6 +6,8 @@ import { normalizeHost, parseAuthority, type Authority } from "./authority.js";
 
 /** What a CONNECT established: every request inside the tunnel must be for this host. */
 export interface TunnelTarget extends Authority {
+  /** The guest that opened the tunnel: every request inside it is this guest's. */
+  readonly guest: string;
   readonly protocol: "http:" | "https:";
   /** The TLS SNI the guest sent, already stripped of a `:port` suffix. */
   readonly sni?: string;

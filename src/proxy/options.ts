@@ -1,12 +1,11 @@
 import { readFileSync } from "node:fs";
 import { isIP } from "node:net";
-import { declarativeConfigOf, djsHooksOf, hookNames, userPartOf, type HttpHooks } from "../hooks/http-hooks.js";
-import type { DjsEngine } from "../djs/engine.js";
+import type { HttpHooks } from "../hooks/http-hooks.js";
 import { logLevels, type LogLevel, type LogSink } from "../log.js";
-import type { DeclarativeConfig } from "../policy/declarative-policy.js";
+import { cidrsOverlap } from "../policy/cidr.js";
 import { defaultCaDir } from "../tls/ca-store.js";
 import type { LeafKeyType } from "../tls/x509.js";
-import { buildStaticHosts, type StaticHosts } from "../upstream/resolve.js";
+import { plainObject, resolveGuestOptions, type GuestOptions, type ResolvedGuest } from "./guest-options.js";
 
 export interface TimeoutOptions {
   /** From CONNECT until the guest's TLS handshake (or first plain byte) completes. Default 10 s. */
@@ -69,25 +68,43 @@ export interface ProxyOptions {
   readonly logLevel?: LogLevel;
   /** Where log lines go. Default: stderr. */
   readonly logSink?: LogSink;
-  /** Write the guest environment (KEY=value lines) to this file once listening. */
+  /**
+   * Write the guest environment (KEY=value lines) to this file once listening. With several
+   * guests, one file per guest: `FILE.<guest>`, each with only that guest's variables.
+   */
   readonly guestEnvFile?: string;
+  /**
+   * Several guests, each with its own allowlist, secrets, policy and names, each known by its
+   * credentials (`Proxy-Authorization: Basic`, from the proxy URL that `guestEnv(name)` gives)
+   * or its source addresses. Not together with the top-level `httpHooks`/`env`.
+   */
+  readonly guests?: Readonly<Record<string, GuestOptions>>;
+  /**
+   * The single-guest form (no `guests`): `true` makes its one guest, named `default`, send
+   * credentials. A listener on an address other than loopback needs it said either way
+   * (`false` runs an open proxy there, on purpose).
+   */
+  readonly auth?: boolean;
+  /**
+   * The per-deployment key (at least 32 characters; the CLI's EGRESSGATE_PLACEHOLDER_KEY): a
+   * guest's token is HMAC-SHA256(key, name), so every process given it accepts the same
+   * credentials. Without it, tokens are random per start.
+   */
+  readonly deploymentKey?: string;
 }
 
 export interface ResolvedProxyOptions {
-  readonly hooks: HttpHooks;
-  /** The declarative tier, evaluated natively. */
-  readonly declarative: DeclarativeConfig;
-  /**
-   * The hooks the pipeline calls. The generated declarative checks are left out when the native
-   * path covers them (only the user's own part stays).
-   */
-  readonly checkHooks: HttpHooks;
-  /** The tier-2 policy, if createHttpHooks was given one; it runs before `checkHooks` in every phase. */
-  readonly djs: DjsEngine | undefined;
-  readonly env: Readonly<Record<string, string>>;
+  /** Every guest; the single-guest form has one, named `default`. */
+  readonly guests: readonly ResolvedGuest[];
+  /** The single-guest form without `auth`: every connection is its guest, no credentials asked. */
+  readonly open: boolean;
+  /** Whether the options named `guests` (one env file per guest) or described one guest at the top level. */
+  readonly form: "single" | "guests";
+  /** The proxy-wide `resolve`, which every guest's own map starts from (also for addGuest). */
+  readonly resolve: Readonly<Record<string, readonly string[]>>;
+  readonly deploymentKey: string | undefined;
   readonly listen: { readonly host: string; readonly port: number };
   readonly caDir: string;
-  readonly staticHosts: StaticHosts;
   readonly upstreamCaPems: readonly string[];
   readonly leafKeyType: LeafKeyType;
   readonly leafCacheSize: number;
@@ -149,6 +166,9 @@ export function openFileLimit(): number {
 }
 
 const knownKeys = [
+  "guests",
+  "auth",
+  "deploymentKey",
   "httpHooks",
   "env",
   "listen",
@@ -167,16 +187,8 @@ const knownKeys = [
   "guestEnvFile",
 ];
 
-const denyAll: DeclarativeConfig = Object.freeze({ allowedHosts: [], allowedInternalHosts: [], blockInternalRanges: true });
-/** The allowlist and the IP block are left to the generated functions; secrets stay native. */
-function delegatedConfig(recovered: DeclarativeConfig): DeclarativeConfig {
-  return Object.freeze({
-    allowedHosts: ["*"],
-    allowedInternalHosts: ["*"],
-    blockInternalRanges: false,
-    ...(recovered.secrets !== undefined ? { secrets: recovered.secrets } : {}),
-  });
-}
+/** The name of the one guest in the single-guest form. */
+export const defaultGuest = "default";
 
 function fail(path: string, message: string, value: unknown): never {
   throw new TypeError(`startProxy: ${path} ${message} (got ${JSON.stringify(value) ?? String(value)})`);
@@ -189,11 +201,6 @@ function integer(value: unknown, path: string, min: number, max: number, fallbac
     fail(path, "must be an integer", value);
   }
   return value;
-}
-
-function plainObject(value: unknown, path: string): Record<string, unknown> {
-  if (typeof value !== "object" || value === null || Array.isArray(value)) fail(path, "must be an object", value);
-  return value as Record<string, unknown>;
 }
 
 function readCa(entry: unknown, path: string): string {
@@ -209,59 +216,19 @@ function readCa(entry: unknown, path: string): string {
   return text;
 }
 
-/**
- * Picks how the declarative tier is enforced. Hooks straight from createHttpHooks carry their
- * configuration and run natively. A spread copy (`{ ...httpHooks, onResponse }`) has lost it but
- * still holds both generated functions: then the proxy calls those instead (slower, same
- * answers). If a spread copy replaced one of them, the configuration recovered from the other is
- * enforced natively, so replacing a hook can never switch the allowlist or the internal-range
- * block off. Hooks with no configuration at all are deny-all.
- */
-function declarativeMode(hooks: HttpHooks): Pick<ResolvedProxyOptions, "declarative" | "checkHooks"> {
-  const generatedAllow = configOf(hooks.isRequestAllowed);
-  const generatedIp = configOf(hooks.isIpAllowed);
-  const native = declarativeConfigOf(hooks);
-  const delegated = native === undefined && generatedAllow !== undefined && generatedIp !== undefined;
-  const checkHooks: HttpHooks = {};
-  const allow = hooks.isRequestAllowed === undefined || delegated || generatedAllow === undefined ? hooks.isRequestAllowed : userPartOf(hooks.isRequestAllowed);
-  const ip = hooks.isIpAllowed === undefined || delegated || generatedIp === undefined ? hooks.isIpAllowed : userPartOf(hooks.isIpAllowed);
-  if (allow !== undefined) checkHooks.isRequestAllowed = allow;
-  if (ip !== undefined) checkHooks.isIpAllowed = ip;
-  if (hooks.onRequest !== undefined) checkHooks.onRequest = hooks.onRequest;
-  if (hooks.onResponse !== undefined) checkHooks.onResponse = hooks.onResponse;
-  if (delegated) return { declarative: delegatedConfig(generatedAllow), checkHooks };
-  return { declarative: native ?? generatedAllow ?? generatedIp ?? denyAll, checkHooks };
-}
-
-function configOf(fn: object | undefined): DeclarativeConfig | undefined {
-  return fn === undefined ? undefined : declarativeConfigOf(fn);
-}
-
 /** Validates startProxy options once; errors name the option and the bad value. */
 export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOptions {
   const o = plainObject(options, "options");
   for (const key of Object.keys(o)) {
     if (!knownKeys.includes(key)) throw new TypeError(`startProxy: unknown option "${key}" (known: ${knownKeys.join(", ")})`);
   }
-  const hooks = (o["httpHooks"] === undefined ? {} : plainObject(o["httpHooks"], "httpHooks")) as HttpHooks;
-  for (const [key, value] of Object.entries(hooks)) {
-    if ((hookNames as readonly string[]).includes(key)) {
-      if (value !== undefined && typeof value !== "function") fail(`httpHooks.${key}`, "must be a function", value);
-      continue;
-    }
-    // Anything else would be ignored, and a policy spread in here (`...createDjsHooks(p)`)
-    // would then never run: refused, with the way that works.
-    const hint = key === "djsHooks" ? "; pass a tier-2 policy through createHttpHooks({ ...createDjsHooks(policy) })" : "";
-    throw new TypeError(`startProxy: unknown option "httpHooks.${key}" (known: ${hookNames.join(", ")})${hint}`);
-  }
-
-  const env: Record<string, string> = {};
-  if (o["env"] !== undefined) {
-    for (const [k, v] of Object.entries(plainObject(o["env"], "env"))) {
-      if (typeof v !== "string") fail(`env.${k}`, "must be a string", v);
-      env[k] = v;
-    }
-  }
+  const resolveIn = (o["resolve"] === undefined ? {} : plainObject(o["resolve"], "resolve")) as Record<string, readonly string[]>;
+  const guests = resolveGuests(o, resolveIn);
+  const deploymentKey = o["deploymentKey"];
+  if (deploymentKey !== undefined && (typeof deploymentKey !== "string" || deploymentKey.length < 32)) fail("deploymentKey", "must be a string of at least 32 characters", "…");
+  const auth = o["auth"];
+  if (auth !== undefined && typeof auth !== "boolean") fail("auth", "must be a boolean", auth);
+  if (auth !== undefined && o["guests"] !== undefined) fail("auth", "applies to the single-guest form only: every one of several guests authenticates", auth);
 
   const listenIn = o["listen"] === undefined ? {} : plainObject(o["listen"], "listen");
   for (const key of Object.keys(listenIn)) {
@@ -273,9 +240,6 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
 
   const caDir = o["caDir"] ?? defaultCaDir();
   if (typeof caDir !== "string" || caDir === "") fail("caDir", "must be a directory path", caDir);
-
-  const resolveIn = o["resolve"] === undefined ? {} : plainObject(o["resolve"], "resolve");
-  const staticHosts = buildStaticHosts(resolveIn as Record<string, string[]>, "startProxy: resolve");
 
   const upstreamCa = o["upstreamCa"] ?? [];
   if (!Array.isArray(upstreamCa)) fail("upstreamCa", "must be an array of PEM strings or paths", upstreamCa);
@@ -311,14 +275,19 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
   const guestEnvFile = o["guestEnvFile"];
   if (guestEnvFile !== undefined && (typeof guestEnvFile !== "string" || guestEnvFile === "")) fail("guestEnvFile", "must be a file path", guestEnvFile);
 
+  // No accidental open proxy: a listener others can reach serves only guests that authenticate,
+  // unless the caller said otherwise in so many words.
+  if (o["guests"] === undefined && auth === undefined && !isLoopback(host)) {
+    fail("auth", `is needed to listen on ${host}: without guests, anyone who can reach the port could use the proxy with its allowlist and secrets; set auth: true (CLI --auth) to require credentials, or auth: false (CLI --no-auth) to run an open proxy on purpose`, auth);
+  }
   return {
-    hooks,
-    ...declarativeMode(hooks),
-    djs: djsHooksOf(hooks)?.engine,
-    env,
+    guests,
+    open: o["guests"] === undefined && auth !== true,
+    form: o["guests"] === undefined ? "single" : "guests",
+    resolve: resolveIn,
+    deploymentKey: deploymentKey as string | undefined,
     listen: { host, port },
     caDir,
-    staticHosts,
     upstreamCaPems,
     leafKeyType,
     leafCacheSize: integer(o["leafCacheSize"], "leafCacheSize", 1, 1_000_000, defaults.leafCacheSize),
@@ -337,4 +306,36 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
     logSink: logSink as LogSink | undefined,
     guestEnvFile: guestEnvFile as string | undefined,
   };
+}
+
+/** The guests of either form: `guests`, or the top-level `httpHooks`/`env` as the one named `default`. */
+function resolveGuests(o: Record<string, unknown>, proxyResolve: Record<string, readonly string[]>): ResolvedGuest[] {
+  if (o["guests"] === undefined) {
+    return [resolveGuestOptions(defaultGuest, { ...(o["httpHooks"] !== undefined ? { httpHooks: o["httpHooks"] } : {}), ...(o["env"] !== undefined ? { env: o["env"] } : {}), resolve: proxyResolve } as GuestOptions, "")];
+  }
+  for (const key of ["httpHooks", "env"]) {
+    if (o[key] !== undefined) fail(key, "cannot be combined with guests: give each guest its own (guests.NAME.httpHooks)", "…");
+  }
+  const list = Object.entries(plainObject(o["guests"], "guests")).map(([name, guest]) => resolveGuestOptions(name, guest as GuestOptions, `guests.${name}`, proxyResolve));
+  if (list.length === 0) fail("guests", "must name at least one guest", {});
+  checkSourcesApart(list);
+  return list;
+}
+
+/** Two guests bound to overlapping source ranges would make a connection's guest a matter of order. */
+export function checkSourcesApart(guests: readonly Pick<ResolvedGuest, "name" | "sources">[]): void {
+  for (let i = 0; i < guests.length; i++) {
+    for (let j = i + 1; j < guests.length; j++) {
+      for (const a of guests[i]!.sources) {
+        const b = guests[j]!.sources.find((other) => cidrsOverlap(a, other));
+        if (b !== undefined) fail(`guests.${guests[j]!.name}.sources`, `overlaps guests.${guests[i]!.name}.sources (${a.text})`, b.text);
+      }
+    }
+  }
+}
+
+/** Loopback by name or address: the only listeners that need no word on authentication. */
+export function isLoopback(host: string): boolean {
+  if (host === "localhost" || host === "::1") return true;
+  return /^127\.\d+\.\d+\.\d+$/.test(host) || /^::ffff:127\./i.test(host);
 }

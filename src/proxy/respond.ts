@@ -23,6 +23,7 @@ export function sendError(res: ServerResponse, error: EgressError, closeConnecti
     "content-type": "text/plain; charset=utf-8",
     "content-length": Buffer.byteLength(body),
     "x-egressgate-error": error.code,
+    ...error.headers,
   };
   if (closeConnection) headers["connection"] = "close";
   res.shouldKeepAlive = res.shouldKeepAlive && !closeConnection;
@@ -96,6 +97,9 @@ export function writeRawError(socket: Socket, error: EgressError): void {
     return;
   }
   const body = errorBody(error);
+  const extra = Object.entries(error.headers ?? {})
+    .map(([name, value]) => `${name}: ${value}\r\n`)
+    .join("");
   // These sockets were handed over by CONNECT/upgrade/clientError, so no server timeout covers
   // them any more and they allow half-open: end() alone would hold the descriptor until the
   // guest closes. Destroy once the answer is flushed, with a backstop for a guest that never reads.
@@ -104,7 +108,7 @@ export function writeRawError(socket: Socket, error: EgressError): void {
   socket.end(
     `HTTP/1.1 ${error.status} ${error.statusText}\r\n` +
       `Content-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
-      `X-Egressgate-Error: ${error.code}\r\nConnection: close\r\n\r\n${body}`,
+      `X-Egressgate-Error: ${error.code}\r\n${extra}Connection: close\r\n\r\n${body}`,
     () => {
       clearTimeout(backstop);
       socket.destroy();

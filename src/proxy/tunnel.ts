@@ -35,7 +35,7 @@ const tlsHandshakeRecord = 0x16;
  * terminated with our leaf, an HTTP request line is parsed as plain HTTP, and anything else
  * (SSH, a raw protocol) is closed, because it cannot be inspected.
  */
-export function serveTunnel(socket: Socket, head: Buffer, target: Authority, deps: TunnelDeps): void {
+export function serveTunnel(socket: Socket, head: Buffer, target: Authority & { readonly guest: string }, deps: TunnelDeps): void {
   const deadline = setTimeout(() => socket.destroy(), deps.handshakeMs);
   deadline.unref();
   socket.once("close", () => clearTimeout(deadline));
@@ -107,7 +107,7 @@ function sniff(bytes: Buffer): "tls" | "http" | "other" | "more" {
   return /^[A-Z]{0,16}$/.test(start) && bytes.length < 17 ? "more" : "other";
 }
 
-function servePlain(socket: Socket, target: Authority, deps: TunnelDeps, deadline: NodeJS.Timeout): void {
+function servePlain(socket: Socket, target: Authority & { readonly guest: string }, deps: TunnelDeps, deadline: NodeJS.Timeout): void {
   clearTimeout(deadline);
   (socket as TunnelSocket)[tunnelKey] = { ...target, protocol: "http:" };
   // The HTTP server reads straight from the socket's handle when it can, which would skip the
@@ -155,7 +155,7 @@ function closeSoon(socket: Socket): void {
  */
 async function terminateTls(
   socket: Socket,
-  target: Authority,
+  target: Authority & { readonly guest: string },
   sni: string | undefined,
   deps: TunnelDeps,
   deadline: NodeJS.Timeout,

@@ -1,7 +1,7 @@
 import type { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
 import { EgressError, guestError } from "../errors.js";
-import type { Logger } from "../log.js";
+import type { DecisionLog } from "./decision-log.js";
 import type { Pipeline } from "../pipeline/pipeline.js";
 import { connectPinned, type PinnedSocketOptions } from "../upstream/pinned-socket.js";
 import type { ResolvedAddress } from "../upstream/resolve.js";
@@ -10,8 +10,10 @@ import { writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
 
 export interface UpgradeDeps {
+  /** The guest the upgrade is for: its pipeline, and its name in the decision log. */
+  readonly guest: string;
   readonly pipeline: Pipeline;
-  readonly log: Logger;
+  readonly decide: DecisionLog;
   readonly idleMs: number;
   /** How long the upstream has to answer the upgrade (then 504). */
   readonly headersMs: number;
@@ -33,6 +35,7 @@ const guestLeft = (): EgressError => new EgressError("EG_UPSTREAM", 502, "the gu
  * unchecked requests on the same connection.
  */
 export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: Buffer, deps: UpgradeDeps): Promise<void> {
+  const started = performance.now();
   const target = `${req.method ?? ""} ${loggableTarget(req.url ?? "")}`;
   let upstream: Socket | undefined;
   let switched: Buffer;
@@ -82,7 +85,7 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
         : new EgressError("EG_UPSTREAM", 502, `upgrade failed: ${(error as NodeJS.ErrnoException).code ?? "error"}`, { cause: error }),
       deps.redact,
     );
-    deps.log.info("request", { method: req.method, target, status: err.status, reason: err.message, code: err.code, upgrade: true });
+    deps.decide({ started, guest: deps.guest, method: req.method, target, status: err.status, reason: err.message, code: err.code, upgrade: true });
     writeRawError(socket, err);
     return;
   }
@@ -91,7 +94,7 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
   socket.off("data", onEarly);
   socket.off("end", onGuestClose);
   socket.off("close", onGuestClose);
-  deps.log.info("request", { method: req.method, target, status: 101, reason: "upgrade relayed", upgrade: true });
+  deps.decide({ started, guest: deps.guest, method: req.method, target, status: 101, reason: "upgrade relayed", upgrade: true });
   const up = upstream;
   const closeBoth = (): void => {
     socket.destroy();

@@ -37,9 +37,9 @@ describe("resolveProxyOptions: defaults", () => {
     expect(resolved.logLevel).toBe("info");
     expect(resolved.logSink).toBeUndefined();
     expect(resolved.guestEnvFile).toBeUndefined();
-    expect(resolved.env).toEqual({});
+    expect(resolved.guests[0]!.env).toEqual({});
     expect(resolved.upstreamCaPems).toEqual([]);
-    expect(resolved.staticHosts.size).toBe(0);
+    expect(resolved.guests[0]!.staticHosts.size).toBe(0);
     expect(resolved.timeouts).toEqual({
       handshakeMs: 10_000,
       headersMs: 30_000,
@@ -51,8 +51,8 @@ describe("resolveProxyOptions: defaults", () => {
       upstreamBodyMs: 120_000,
       drainMs: 10_000,
     });
-    expect(resolved.declarative).toEqual({ allowedHosts: [], allowedInternalHosts: [], blockInternalRanges: true });
-    expect(resolved.checkHooks).toEqual({});
+    expect(resolved.guests[0]!.declarative).toEqual({ allowedHosts: [], allowedInternalHosts: [], blockInternalRanges: true });
+    expect(resolved.guests[0]!.checkHooks).toEqual({});
   });
 
   it("the caDir default falls back to ~/.config/egressgate without XDG_CONFIG_HOME", () => {
@@ -88,10 +88,10 @@ describe("resolveProxyOptions: defaults", () => {
       logSink,
       guestEnvFile: "/tmp/eg-guest.env",
     });
-    expect(resolved.env).toEqual({ A: "1" });
+    expect(resolved.guests[0]!.env).toEqual({ A: "1" });
     expect(resolved.listen).toEqual({ host: "::1", port: 0 });
     expect(resolved.caDir).toBe("/tmp/eg-ca");
-    expect(resolved.staticHosts.get("api.test")).toEqual([
+    expect(resolved.guests[0]!.staticHosts.get("api.test")).toEqual([
       { ip: "127.0.0.1", family: 4 },
       { ip: "::1", family: 6 },
     ]);
@@ -240,8 +240,8 @@ describe("resolveProxyOptions: how the declarative tier is enforced", () => {
   it("hooks straight from createHttpHooks run natively: no hook is called in the checks", () => {
     const { httpHooks } = createHttpHooks(options);
     const resolved = resolveProxyOptions({ httpHooks });
-    expect(resolved.declarative).toEqual(config);
-    expect(resolved.checkHooks).toEqual({});
+    expect(resolved.guests[0]!.declarative).toEqual(config);
+    expect(resolved.guests[0]!.checkHooks).toEqual({});
   });
 
   it("a spread copy lost the configuration, so the native tier allows all and both generated hooks decide", () => {
@@ -249,14 +249,14 @@ describe("resolveProxyOptions: how the declarative tier is enforced", () => {
     const copy: HttpHooks = { ...httpHooks };
     expect(declarativeConfigOf(copy)).toBeUndefined();
     const resolved = resolveProxyOptions({ httpHooks: copy });
-    expect(resolved.declarative.allowedHosts).toEqual(["*"]);
-    expect(resolved.checkHooks.isRequestAllowed).toBe(httpHooks.isRequestAllowed);
-    expect(resolved.checkHooks.isIpAllowed).toBe(httpHooks.isIpAllowed);
+    expect(resolved.guests[0]!.declarative.allowedHosts).toEqual(["*"]);
+    expect(resolved.guests[0]!.checkHooks.isRequestAllowed).toBe(httpHooks.isRequestAllowed);
+    expect(resolved.guests[0]!.checkHooks.isIpAllowed).toBe(httpHooks.isIpAllowed);
   });
 
   it("the generated hooks a spread copy delegates to give the declarative answers", async () => {
     const { httpHooks } = createHttpHooks(options);
-    const { checkHooks } = resolveProxyOptions({ httpHooks: { ...httpHooks } });
+    const { checkHooks } = resolveProxyOptions({ httpHooks: { ...httpHooks } }).guests[0]!;
     expect(await checkHooks.isRequestAllowed?.(new Request("https://public.test/x"))).toBe(true);
     expect(await checkHooks.isRequestAllowed?.(new Request("https://DB.test./x"))).toBe(true);
     expect(await checkHooks.isRequestAllowed?.(new Request("https://other.test/x"))).toBe(false);
@@ -270,27 +270,27 @@ describe("resolveProxyOptions: how the declarative tier is enforced", () => {
     const { httpHooks } = createHttpHooks(options);
     const isIpAllowed = (): boolean => true;
     const resolved = resolveProxyOptions({ httpHooks: { ...httpHooks, isIpAllowed } });
-    expect(resolved.declarative).toEqual(config);
-    expect(resolved.checkHooks.isIpAllowed).toBe(isIpAllowed);
-    expect(resolved.checkHooks.isRequestAllowed).toBeUndefined();
+    expect(resolved.guests[0]!.declarative).toEqual(config);
+    expect(resolved.guests[0]!.checkHooks.isIpAllowed).toBe(isIpAllowed);
+    expect(resolved.guests[0]!.checkHooks.isRequestAllowed).toBeUndefined();
   });
 
   it("a spread copy with isRequestAllowed replaced keeps the recovered configuration native and calls only the replacement", () => {
     const { httpHooks } = createHttpHooks(options);
     const isRequestAllowed = (): boolean => true;
     const resolved = resolveProxyOptions({ httpHooks: { ...httpHooks, isRequestAllowed } });
-    expect(resolved.declarative).toEqual(config);
-    expect(resolved.checkHooks.isRequestAllowed).toBe(isRequestAllowed);
-    expect(resolved.checkHooks.isIpAllowed).toBeUndefined();
+    expect(resolved.guests[0]!.declarative).toEqual(config);
+    expect(resolved.guests[0]!.checkHooks.isRequestAllowed).toBe(isRequestAllowed);
+    expect(resolved.guests[0]!.checkHooks.isIpAllowed).toBeUndefined();
   });
 
   it("hooks with no configuration at all are deny-all", () => {
     const deny = { allowedHosts: [], allowedInternalHosts: [], blockInternalRanges: true };
-    expect(resolveProxyOptions({ httpHooks: {} }).declarative).toEqual(deny);
-    expect(resolveProxyOptions({ httpHooks: {} }).checkHooks).toEqual({});
+    expect(resolveProxyOptions({ httpHooks: {} }).guests[0]!.declarative).toEqual(deny);
+    expect(resolveProxyOptions({ httpHooks: {} }).guests[0]!.checkHooks).toEqual({});
     const isIpAllowed = (): boolean => true;
     const own = resolveProxyOptions({ httpHooks: { isIpAllowed } });
-    expect(own.declarative).toEqual(deny);
-    expect(own.checkHooks.isIpAllowed).toBe(isIpAllowed);
+    expect(own.guests[0]!.declarative).toEqual(deny);
+    expect(own.guests[0]!.checkHooks.isIpAllowed).toBe(isIpAllowed);
   });
 });

@@ -1,0 +1,34 @@
+import type { Socket } from "node:net";
+import type { EgressError } from "../errors.js";
+import { authenticationRequired, FailureLimiter, tooManyFailures } from "./auth.js";
+import type { Guest, GuestRegistry } from "./guests.js";
+import type { ThrottledWarning } from "./throttled-log.js";
+
+/**
+ * Who a request is from. Missing, malformed, unknown and wrong credentials all get the same 407;
+ * the log says which it was, once per source and then as a summary, so a flood of bad attempts
+ * cannot fill it. Past a burst of failures a source gets 429 instead (see FailureLimiter).
+ */
+export class AuthGate {
+  private readonly limiter = new FailureLimiter();
+
+  constructor(
+    private readonly guests: GuestRegistry,
+    private readonly warnings: ThrottledWarning,
+  ) {}
+
+  identify(authorization: string | string[] | undefined, socket: Socket): Guest | EgressError {
+    // Two Proxy-Authorization fields are malformed, not a choice between them.
+    const header = Array.isArray(authorization) ? "" : authorization;
+    const found = this.guests.identify(header, socket.remoteAddress);
+    if (typeof found !== "string") return found;
+    const source = socket.remoteAddress ?? "";
+    const wait = this.limiter.fail(source);
+    this.warnings.warn(`auth:${source}`, "proxy authentication failed", { client: source, reason: found });
+    return wait === undefined ? authenticationRequired() : tooManyFailures(source, wait);
+  }
+
+  clear(): void {
+    this.limiter.clear();
+  }
+}

@@ -1,0 +1,148 @@
+import { declarativeConfigOf, djsHooksOf, hookNames, userPartOf, type HttpHooks } from "../hooks/http-hooks.js";
+import type { DjsEngine } from "../djs/engine.js";
+import type { DeclarativeConfig } from "../policy/declarative-policy.js";
+import { parseCidr, type Cidr } from "../policy/cidr.js";
+import { buildStaticHosts, type StaticHosts } from "../upstream/resolve.js";
+import { guestNamePattern } from "./auth.js";
+
+/** One guest of a proxy that serves several: its own allowlist, secrets, policy and names. */
+export interface GuestOptions {
+  /** From this guest's own `createHttpHooks()`: allowlist, secrets, tier-2 policy and tier-3 hooks. */
+  readonly httpHooks?: HttpHooks;
+  /** The `env` from that `createHttpHooks()` (its placeholders), merged into `guestEnv(name)`. */
+  readonly env?: Readonly<Record<string, string>>;
+  /** This guest's static names, over the proxy-wide `resolve` (a name here wins). */
+  readonly resolve?: Readonly<Record<string, readonly string[]>>;
+  /**
+   * Source ranges (`"10.88.0.2/32"`) whose connections are this guest without credentials, for
+   * VMs whose clients cannot carry them. Sound only where no other guest can send from these
+   * addresses: one veth or one network per guest (see the README, "Many guests").
+   */
+  readonly sources?: readonly string[];
+}
+
+/** A guest's options, validated. */
+export interface ResolvedGuest {
+  readonly name: string;
+  readonly hooks: HttpHooks;
+  /** The declarative tier, evaluated natively. */
+  readonly declarative: DeclarativeConfig;
+  /**
+   * The hooks the pipeline calls. The generated declarative checks are left out when the native
+   * path covers them (only the user's own part stays).
+   */
+  readonly checkHooks: HttpHooks;
+  /** The tier-2 policy, if createHttpHooks was given one; it runs before `checkHooks` in every phase. */
+  readonly djs: DjsEngine | undefined;
+  readonly env: Readonly<Record<string, string>>;
+  readonly staticHosts: StaticHosts;
+  readonly sources: readonly Cidr[];
+}
+
+const guestKeys = ["httpHooks", "env", "resolve", "sources"];
+
+const denyAll: DeclarativeConfig = Object.freeze({ allowedHosts: [], allowedInternalHosts: [], blockInternalRanges: true });
+/** The allowlist and the IP block are left to the generated functions; secrets stay native. */
+function delegatedConfig(recovered: DeclarativeConfig): DeclarativeConfig {
+  return Object.freeze({
+    allowedHosts: ["*"],
+    allowedInternalHosts: ["*"],
+    blockInternalRanges: false,
+    ...(recovered.secrets !== undefined ? { secrets: recovered.secrets } : {}),
+  });
+}
+
+function fail(path: string, message: string, value: unknown): never {
+  throw new TypeError(`startProxy: ${path} ${message} (got ${JSON.stringify(value) ?? String(value)})`);
+}
+
+export function plainObject(value: unknown, path: string): Record<string, unknown> {
+  if (typeof value !== "object" || value === null || Array.isArray(value)) fail(path, "must be an object", value);
+  return value as Record<string, unknown>;
+}
+
+/**
+ * Picks how the declarative tier is enforced. Hooks straight from createHttpHooks carry their
+ * configuration and run natively. A spread copy (`{ ...httpHooks, onResponse }`) has lost it but
+ * still holds both generated functions: then the proxy calls those instead (slower, same
+ * answers). If a spread copy replaced one of them, the configuration recovered from the other is
+ * enforced natively, so replacing a hook can never switch the allowlist or the internal-range
+ * block off. Hooks with no configuration at all are deny-all.
+ */
+function declarativeMode(hooks: HttpHooks): Pick<ResolvedGuest, "declarative" | "checkHooks"> {
+  const generatedAllow = configOf(hooks.isRequestAllowed);
+  const generatedIp = configOf(hooks.isIpAllowed);
+  const native = declarativeConfigOf(hooks);
+  const delegated = native === undefined && generatedAllow !== undefined && generatedIp !== undefined;
+  const checkHooks: HttpHooks = {};
+  const allow = hooks.isRequestAllowed === undefined || delegated || generatedAllow === undefined ? hooks.isRequestAllowed : userPartOf(hooks.isRequestAllowed);
+  const ip = hooks.isIpAllowed === undefined || delegated || generatedIp === undefined ? hooks.isIpAllowed : userPartOf(hooks.isIpAllowed);
+  if (allow !== undefined) checkHooks.isRequestAllowed = allow;
+  if (ip !== undefined) checkHooks.isIpAllowed = ip;
+  if (hooks.onRequest !== undefined) checkHooks.onRequest = hooks.onRequest;
+  if (hooks.onResponse !== undefined) checkHooks.onResponse = hooks.onResponse;
+  if (delegated) return { declarative: delegatedConfig(generatedAllow), checkHooks };
+  return { declarative: native ?? generatedAllow ?? generatedIp ?? denyAll, checkHooks };
+}
+
+function configOf(fn: object | undefined): DeclarativeConfig | undefined {
+  return fn === undefined ? undefined : declarativeConfigOf(fn);
+}
+
+function hooksOf(value: unknown, path: string): HttpHooks {
+  const hooks = (value === undefined ? {} : plainObject(value, path)) as HttpHooks;
+  for (const [key, fn] of Object.entries(hooks)) {
+    if ((hookNames as readonly string[]).includes(key)) {
+      if (fn !== undefined && typeof fn !== "function") fail(`${path}.${key}`, "must be a function", fn);
+      continue;
+    }
+    // Anything else would be ignored, and a policy spread in here (`...createDjsHooks(p)`)
+    // would then never run: refused, with the way that works.
+    const hint = key === "djsHooks" ? "; pass a tier-2 policy through createHttpHooks({ ...createDjsHooks(policy) })" : "";
+    throw new TypeError(`startProxy: unknown option "${path}.${key}" (known: ${hookNames.join(", ")})${hint}`);
+  }
+  return hooks;
+}
+
+function envOf(value: unknown, path: string): Record<string, string> {
+  const env: Record<string, string> = {};
+  if (value === undefined) return env;
+  for (const [k, v] of Object.entries(plainObject(value, path))) {
+    if (typeof v !== "string") fail(`${path}.${k}`, "must be a string", v);
+    env[k] = v;
+  }
+  return env;
+}
+
+/**
+ * Validates one guest. `path` prefixes every error (`guests.ci`, or "" for the single-guest form,
+ * whose options sit at the top level); `proxyResolve` is the proxy-wide map it starts from.
+ */
+export function resolveGuestOptions(name: string, options: GuestOptions, path: string, proxyResolve: Readonly<Record<string, readonly string[]>> = {}): ResolvedGuest {
+  if (!guestNamePattern.test(name)) fail(path === "" ? "guest name" : path, "must be 1 to 64 of a-z, 0-9, '.', '_' and '-'", name);
+  const o = plainObject(options, path === "" ? "options" : path);
+  const at = (key: string): string => (path === "" ? key : `${path}.${key}`);
+  if (path !== "") {
+    for (const key of Object.keys(o)) {
+      if (!guestKeys.includes(key)) throw new TypeError(`startProxy: unknown option "${at(key)}" (known: ${guestKeys.join(", ")})`);
+    }
+  }
+  const hooks = hooksOf(o["httpHooks"], at("httpHooks"));
+  const resolveIn = o["resolve"] === undefined ? {} : plainObject(o["resolve"], at("resolve"));
+  const staticHosts = buildStaticHosts({ ...proxyResolve, ...(resolveIn as Record<string, string[]>) }, `startProxy: ${at("resolve")}`);
+  const sourcesIn = o["sources"] ?? [];
+  if (!Array.isArray(sourcesIn)) fail(at("sources"), "must be an array of address ranges", sourcesIn);
+  const sources = sourcesIn.map((entry: unknown, i) => {
+    if (typeof entry !== "string") fail(`${at("sources")}[${i}]`, "must be an address range such as 10.88.0.2/32", entry);
+    return parseCidr(entry, `startProxy: ${at("sources")}[${i}]`);
+  });
+  return {
+    name,
+    hooks,
+    ...declarativeMode(hooks),
+    djs: djsHooksOf(hooks)?.engine,
+    env: envOf(o["env"], at("env")),
+    staticHosts,
+    sources,
+  };
+}

@@ -1,0 +1,324 @@
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import { isIP, type Socket } from "node:net";
+import { EgressError, denied, guestError } from "../errors.js";
+import type { Logger } from "../log.js";
+import { GuestGone } from "../pipeline/exchange.js";
+import { bareHostname } from "../hostname.js";
+import type { AuthGate } from "./auth-gate.js";
+import { parseAuthority } from "./authority.js";
+import type { ConnectionLimits } from "./connection-limits.js";
+import type { DecisionLog } from "./decision-log.js";
+import { loggableTarget, toOutboundRequest } from "./guest-request.js";
+import type { Guest, GuestRegistry } from "./guests.js";
+import { Lanes } from "./lanes.js";
+import type { ResolvedProxyOptions } from "./options.js";
+import { sendError, sendResponse, writeRawError } from "./respond.js";
+import { tunnelOf } from "./tunnel.js";
+import { serveUpgrade } from "./upgrade.js";
+
+const maxHeaderBytes = 64 * 1024;
+
+export interface GuestSideDeps {
+  readonly config: ResolvedProxyOptions;
+  readonly log: Logger;
+  readonly decide: DecisionLog;
+  readonly guests: GuestRegistry;
+  readonly auth: AuthGate;
+  readonly limits: ConnectionLimits;
+  readonly redact: (text: string) => string;
+}
+
+/** A CONNECT that passed: the tunnel is its guest's, bound to it until either ends. */
+export type ServeTunnel = (target: { hostname: string; port: number; guest: string }, early: Buffer) => void;
+
+/**
+ * Guest-facing request handling, shared by the listener and the in-tunnel server: who the guest
+ * is, the order of requests on a connection, and the answer for every outcome.
+ */
+export class GuestSide {
+  private readonly lanes: Lanes;
+  private inFlight = 0;
+  private idle: (() => void) | undefined;
+  private nextId = 1;
+
+  constructor(private readonly deps: GuestSideDeps) {
+    this.lanes = new Lanes(deps.config.limits.pipelinedRequests);
+  }
+
+  createServer(): Server {
+    const { timeouts } = this.deps.config;
+    const server = createServer({
+      maxHeaderSize: maxHeaderBytes,
+      headersTimeout: timeouts.headersMs,
+      // Node enforces headersTimeout only when it sweeps its connections, every 30 s by default,
+      // which let a slow head run up to 30 s past the limit.
+      connectionsCheckingInterval: Math.max(250, Math.min(1_000, timeouts.headersMs)),
+      // Uploads may legitimately take long; idle sockets are bounded by the socket timeout instead.
+      requestTimeout: 0,
+      keepAliveTimeout: 5_000,
+      // The destination comes from the URL or the CONNECT target; a missing Host is judged by
+      // toOutboundRequest and answered in the proxy's own error format.
+      requireHostHeader: false,
+    });
+    server.setTimeout(timeouts.idleMs, (socket: Socket) => socket.destroy());
+    server.on("request", (req: IncomingMessage, res: ServerResponse) => this.guard(this.handle(req, res, false), req.socket));
+    // With this listener Node no longer answers `Expect: 100-continue` by itself: we send 100
+    // only once the checks pass, so a refused upload never starts.
+    server.on("checkContinue", (req: IncomingMessage, res: ServerResponse) => this.guard(this.handle(req, res, true), req.socket));
+    server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => {
+      sendError(res, new EgressError("EG_BAD_REQUEST", 417, `unsupported Expect: ${JSON.stringify(req.headers.expect)}`), true);
+    });
+    server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => this.onClientError(error, socket));
+    server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => this.guard(this.upgrade(req, socket, head), socket));
+    return server;
+  }
+
+  /**
+   * The handlers answer every failure themselves; this catches a bug in that answering, which as
+   * an unhandled rejection would end the process for every guest: that one connection goes.
+   */
+  private guard(work: Promise<void>, socket: Socket): void {
+    work.catch((error: unknown) => {
+      this.deps.log.error("internal error", { error, stack: (error as Error)?.stack });
+      socket.destroy();
+    });
+  }
+
+  /**
+   * The guest of a request: the tunnel's (fixed when the CONNECT authenticated; any
+   * `Proxy-Authorization` inside is ignored, and stripped as hop-by-hop), or, on the listener
+   * itself, the one its own credentials or source address name.
+   */
+  private guestOf(req: IncomingMessage): Guest | EgressError {
+    const tunnel = tunnelOf(req.socket);
+    if (tunnel === undefined) return this.deps.auth.identify(req.headers["proxy-authorization"], req.socket);
+    const guest = this.deps.guests.get(tunnel.guest);
+    // Removal closes a guest's tunnels; a request parsed in the same turn still finds it gone.
+    return guest === undefined || guest.removed ? new EgressError("EG_AUTH", 407, "this guest is no longer served") : guest;
+  }
+
+  /** A CONNECT waits its turn behind the requests before it on its connection, as an upgrade does. */
+  connect(req: IncomingMessage, socket: Socket, head: Buffer, serve: ServeTunnel): void {
+    if (this.deps.limits.refused(socket)) return;
+    this.guard(
+      this.lanes.takeOver(socket, head).then((early) => {
+        if (early !== undefined) this.onConnect(req, socket, early, serve);
+      }),
+      socket,
+    );
+  }
+
+  private onConnect(req: IncomingMessage, socket: Socket, head: Buffer, serve: ServeTunnel): void {
+    const started = performance.now();
+    let target: { hostname: string; port: number };
+    const guest = this.deps.auth.identify(req.headers["proxy-authorization"], socket);
+    try {
+      if (guest instanceof EgressError) throw guest;
+      target = parseAuthority(req.url ?? "", "CONNECT target");
+      // While no onRequest hook (of either tier) could answer or rewrite the request, a host the
+      // allowlist refuses (or an internal IP literal) is refused before any TLS work. Every
+      // request inside the tunnel is still judged on its own.
+      if (!guest.pipeline.hasOnRequest) {
+        const decision = guest.connectPolicy.checkHost(target.hostname);
+        if (!decision.allowed) throw denied(decision.reason);
+        const literal = bareHostname(target.hostname);
+        if (isIP(literal) !== 0) {
+          const address = guest.connectPolicy.checkAddress(literal, { ip: literal, family: isIP(literal) === 6 ? 6 : 4 }, target.port);
+          if (!address.allowed) throw denied(address.reason);
+        }
+      }
+    } catch (error) {
+      const err = guestError(asEgressError(error), this.deps.redact);
+      this.deps.decide({
+        id: this.nextId++,
+        guest: guest instanceof EgressError ? undefined : guest.name,
+        method: "CONNECT",
+        target: loggableTarget(req.url ?? ""),
+        status: err.status,
+        reason: err.message,
+        code: err.code,
+        ...(err.detail !== undefined ? { detail: err.detail } : {}),
+        started,
+      });
+      writeRawError(socket, err);
+      return;
+    }
+    guest.bind(socket);
+    socket.write("HTTP/1.1 200 Connection Established\r\n\r\n");
+    this.deps.log.debug("tunnel opened", { guest: guest.name, target: `${target.hostname}:${target.port}` });
+    serve({ ...target, guest: guest.name }, head);
+  }
+
+  private onClientError(error: NodeJS.ErrnoException, socket: Socket): void {
+    const code = error.code ?? "";
+    this.deps.log.info("bad request", { error, client: socket.remoteAddress });
+    const rawPacket = (error as { rawPacket?: Buffer }).rawPacket;
+    if (code === "HPE_INVALID_METHOD" && rawPacket?.subarray(0, 6).toString("latin1") === "TRACK ") {
+      // llhttp does not know TRACK, but it is refused for the same reason as TRACE, not as garbage.
+      writeRawError(socket, new EgressError("EG_METHOD_NOT_ALLOWED", 405, "method TRACK is not allowed: it would echo credentials back"));
+    } else if (code === "HPE_HEADER_OVERFLOW") {
+      writeRawError(socket, new EgressError("EG_HEADERS_TOO_LARGE", 431, `request head is larger than ${maxHeaderBytes} bytes`));
+    } else if (code.startsWith("HPE_")) {
+      writeRawError(socket, new EgressError("EG_BAD_REQUEST", 400, `malformed request (${code.slice(4).toLowerCase().replaceAll("_", " ")})`));
+    } else if (code === "ERR_HTTP_REQUEST_TIMEOUT") {
+      writeRawError(socket, new EgressError("EG_BAD_REQUEST", 408, "request head not received in time"));
+    } else {
+      socket.destroy();
+    }
+  }
+
+  /** An upgrade waits its turn behind the requests before it on the connection. */
+  private async upgrade(req: IncomingMessage, socket: Socket, head: Buffer): Promise<void> {
+    if (this.deps.limits.refused(socket)) return;
+    const early = await this.lanes.takeOver(socket, head);
+    if (early === undefined) return;
+    const guest = this.guestOf(req);
+    if (guest instanceof EgressError) {
+      this.deps.decide({ started: performance.now(), guest: undefined, method: req.method, target: loggableTarget(req.url ?? ""), status: guest.status, reason: guest.message, code: guest.code, upgrade: true });
+      writeRawError(socket, guest);
+      return;
+    }
+    // Until the 101 the upgrade's own handler holds the socket; after it, the relay is the guest's.
+    if (tunnelOf(socket) === undefined) guest.bind(socket);
+    await serveUpgrade(req, socket, early, guest.upgradeDeps);
+  }
+
+  private async handle(req: IncomingMessage, res: ServerResponse, expectsContinue: boolean): Promise<void> {
+    if (this.deps.limits.refused(req.socket)) {
+      req.socket.destroy();
+      return;
+    }
+    const id = this.nextId++;
+    const started = performance.now();
+    this.inFlight += 1;
+    let target = loggableTarget(req.url ?? "");
+    const abort = new GuestGone();
+    const socket = req.socket;
+    const lane = this.lanes.of(socket);
+    const previous = lane.tail;
+    let release!: () => void;
+    lane.tail = new Promise<void>((resolve) => (release = resolve));
+    this.lanes.enter(lane, socket);
+    // Ends once, from the response's close or the connection's, whichever comes first.
+    const end = (): void => {
+      if (!lane.ends.delete(end)) return;
+      release();
+      this.lanes.leave(lane, socket);
+      this.inFlight -= 1;
+      if (this.inFlight === 0) this.idle?.();
+      // The guest left before the response finished: cancel the upstream side too.
+      if (!res.writableFinished) abort.abort();
+    };
+    lane.ends.add(end);
+    res.once("close", end);
+    let guestName: string | undefined;
+    try {
+      await previous;
+      // The connection closed while an earlier request on it was served: answered below as 499.
+      if (abort.aborted) throw abort.reason;
+      const guest = this.guestOf(req);
+      if (guest instanceof EgressError) throw guest;
+      guestName = guest.name;
+      const request = toOutboundRequest(req, tunnelOf(req.socket));
+      target = loggableUrl(request.url, this.deps.redact);
+      const response = await guest.pipeline.handle(request, {
+        id: String(id),
+        signal: abort,
+        ...(expectsContinue ? { beforeBody: once(() => res.writeContinue()) } : {}),
+      });
+      if (response.body?.destroyed === true) {
+        // The upstream body broke while hooks ran (a reset during an onResponse call): undici has
+        // already reported the error to its own listener, so a pipe would wait for ever for an
+        // end or an error that never comes. Nothing was sent yet, so the guest gets a 502.
+        response.cleanup?.();
+        const cause = response.body.errored;
+        throw new EgressError("EG_UPSTREAM", 502, `the upstream response body from ${response.url.host} failed before it could be sent`, {
+          ...(cause !== null ? { cause, detail: cause.message } : {}),
+        });
+      }
+      sendResponse(res, response, !req.complete, (error) => {
+        response.cleanup?.();
+        this.deps.decide({
+          id,
+          guest: guestName,
+          method: req.method ?? "",
+          target,
+          status: response.status,
+          reason: response.decision.reason,
+          rule: response.decision.rule,
+          redirects: response.redirects,
+          started,
+          ...(error ? { error: this.explainCut(error) } : {}),
+        });
+      });
+    } catch (error) {
+      if (abort.aborted) {
+        // Nobody is left to answer; 499 is nginx's "client closed request", for the log only.
+        this.deps.decide({ id, guest: guestName, method: req.method ?? "", target, status: 499, reason: "guest closed the connection", started });
+        return;
+      }
+      const raw = asEgressError(error);
+      if (raw.status >= 500 && !(error instanceof EgressError)) this.deps.log.error("internal error", { id, error });
+      // Error bodies are built from messages that may quote upstream errors: never let a value through.
+      const err = guestError(raw, this.deps.redact);
+      // A 407 or 429 ends the connection (as RFC 9110 lets a proxy do): a client retries on a new one.
+      sendError(res, err, !req.complete || err.code === "EG_AUTH");
+      this.deps.decide({
+        id,
+        guest: guestName,
+        method: req.method ?? "",
+        target,
+        status: err.status,
+        reason: err.message,
+        code: err.code,
+        ...(err.detail !== undefined ? { detail: err.detail } : {}),
+        started,
+      });
+    }
+  }
+
+  /** Why a response was cut after its head, in words an operator reads in the log. */
+  private explainCut(error: Error): Error | string {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "UND_ERR_BODY_TIMEOUT") return `upstream body timed out after ${this.deps.config.timeouts.upstreamBodyMs} ms of silence; the guest connection was cut`;
+    return error;
+  }
+
+  /** Resolves once no request is in flight, or after `ms`. */
+  drain(ms: number): Promise<void> {
+    if (this.inFlight === 0) return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      timer.unref();
+      this.idle = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+    });
+  }
+}
+
+function once(fn: () => void): () => void {
+  let done = false;
+  return () => {
+    if (done) return;
+    done = true;
+    fn();
+  };
+}
+
+/**
+ * The URL for the decision log: no query (it can carry credentials), and the path cut like {@link loggableTarget} cuts a
+ * raw target, so a crafted 60 KB path cannot make every line that long. Redacted before the
+ * cut, which could otherwise leave part of a value that the logger's redaction no longer sees.
+ */
+function loggableUrl(url: URL, redact: (text: string) => string, maxLength = 512): string {
+  const path = redact(url.pathname);
+  return `${url.origin}${path.length > maxLength ? `${path.slice(0, maxLength)}…` : path}`;
+}
+
+function asEgressError(error: unknown): EgressError {
+  if (error instanceof EgressError) return error;
+  const detail = (error as Error)?.message ?? String(error);
+  return new EgressError("EG_UPSTREAM", 502, "internal error (see the proxy log)", { cause: error, detail });
+}

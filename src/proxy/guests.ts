@@ -1,0 +1,250 @@
+import type { Socket } from "node:net";
+import { declarativeConfigOf } from "../hooks/http-hooks.js";
+import type { Logger } from "../log.js";
+import { Pipeline } from "../pipeline/pipeline.js";
+import { cidrContains, plainAddress, type Cidr } from "../policy/cidr.js";
+import { DeclarativePolicy, type ListenAddress } from "../policy/declarative-policy.js";
+import type { SecretTarget } from "../policy/secrets.js";
+import type { TlsAuthority } from "../tls/authority.js";
+import { PinnedPools } from "../upstream/pinned-pools.js";
+import { Resolver, type ResolvedAddress } from "../upstream/resolve.js";
+import { guestToken, parseBasic, tokenDigest, tokenMatches } from "./auth.js";
+import type { ResolvedGuest } from "./guest-options.js";
+import type { ResolvedProxyOptions } from "./options.js";
+import type { UpgradeDeps } from "./upgrade.js";
+import type { DecisionLog } from "./decision-log.js";
+
+export interface GuestDeps {
+  readonly config: ResolvedProxyOptions;
+  readonly log: Logger;
+  readonly authority: TlsAuthority;
+  readonly selfAddresses: () => readonly ListenAddress[];
+  readonly redact: (text: string) => string;
+  readonly decide: DecisionLog;
+  /** The placeholder of another guest's secret in a request, by secret name. */
+  readonly foreignSecret: (self: Guest, request: SecretTarget) => string | undefined;
+}
+
+/**
+ * One guest at run time: its own policy, pipeline and upstream pools (a keep-alive connection
+ * opened for one guest is never lent to another), its token, and the connections bound to it.
+ */
+export class Guest {
+  readonly name: string;
+  readonly token: string;
+  readonly policy: DeclarativePolicy;
+  /** What answers a CONNECT before any TLS work (see GuestSide.onConnect). */
+  readonly connectPolicy: DeclarativePolicy;
+  readonly pipeline: Pipeline;
+  readonly upgradeDeps: UpgradeDeps;
+  readonly env: Readonly<Record<string, string>>;
+  readonly sources: readonly Cidr[];
+  /** Tunnels and upgraded connections of this guest: closed when it is removed. */
+  readonly connections = new Set<Socket>();
+  removed = false;
+  private readonly digest: Buffer;
+  private readonly pools: PinnedPools;
+
+  constructor(resolved: ResolvedGuest, key: string, deps: GuestDeps) {
+    const { config, log, authority } = deps;
+    this.name = resolved.name;
+    this.token = guestToken(key, resolved.name);
+    this.digest = tokenDigest(this.token);
+    this.env = resolved.env;
+    this.sources = resolved.sources;
+    const policy = new DeclarativePolicy(resolved.declarative, deps.selfAddresses);
+    this.policy = policy;
+    // A spread copy of createHttpHooks' hooks delegates the allowlist to its generated
+    // functions; the configuration they carry still answers the CONNECT, so it gets the same
+    // verdict as on the native path.
+    const generated = resolved.checkHooks.isRequestAllowed;
+    const recovered = generated === undefined ? undefined : declarativeConfigOf(generated);
+    this.connectPolicy = recovered === undefined ? policy : new DeclarativePolicy(recovered, () => []);
+    // Every upstream connection is judged again once connected (DESIGN §3 step 5).
+    const recheck = (hostname: string, remote: ResolvedAddress, port: number): string | undefined => {
+      const decision = policy.checkAddress(hostname, remote, port);
+      return decision.allowed ? undefined : decision.reason;
+    };
+    this.pools = new PinnedPools({
+      upstreamContext: authority.upstreamContext,
+      maxPools: 512,
+      // A pool is shared by every connection of this guest: with a small cap, the ones that hold
+      // its connections (long downloads nobody reads; 64 was enough) make every other request to
+      // that origin wait without an answer. Each guest connection has at most one request in
+      // flight (pipelined ones run one at a time), so upstream connections follow guest
+      // connections, and the cap only bounds what one origin can take.
+      connectionsPerPool: 1024,
+      connectTimeoutMs: config.timeouts.upstreamConnectMs,
+      headersTimeoutMs: config.timeouts.upstreamHeadersMs,
+      bodyTimeoutMs: config.timeouts.upstreamBodyMs,
+      keepAliveTimeoutMs: 4_000,
+      recheck,
+    });
+    this.pipeline = new Pipeline({
+      policy,
+      hooks: resolved.checkHooks,
+      djs: resolved.djs,
+      log,
+      resolver: new Resolver(resolved.staticHosts, config.timeouts.dnsMs),
+      pools: this.pools,
+      maxRedirects: config.maxRedirects,
+      limits: {
+        requestBodyBytes: config.maxHttpBodyBytes,
+        responseBodyBytes: config.maxHttpResponseBodyBytes,
+        hookMs: config.timeouts.hookMs,
+      },
+      foreignSecret: (request) => deps.foreignSecret(this, request),
+    });
+    this.upgradeDeps = {
+      guest: this.name,
+      pipeline: this.pipeline,
+      decide: deps.decide,
+      idleMs: config.timeouts.idleMs,
+      headersMs: config.timeouts.upstreamHeadersMs,
+      redact: deps.redact,
+      connect: { upstreamContext: authority.upstreamContext, timeoutMs: config.timeouts.upstreamConnectMs, recheck },
+    };
+  }
+
+  /** Whether `token` is this guest's, compared in constant time over SHA-256 digests. */
+  accepts(token: string): boolean {
+    return tokenMatches(token, this.digest);
+  }
+
+  /** Whether a connection from `address` is this guest's by its source binding. */
+  owns(address: { ip: string; family: 4 | 6 }): boolean {
+    return this.sources.some((range) => cidrContains(range, address));
+  }
+
+  /** Binds a tunnel or upgraded connection: it ends when the guest is removed. */
+  bind(socket: Socket): void {
+    this.connections.add(socket);
+    socket.once("close", () => this.connections.delete(socket));
+  }
+
+  /** Closes what this guest holds: its bound connections and its upstream pools. */
+  async close(): Promise<void> {
+    this.removed = true;
+    for (const socket of this.connections) socket.destroy();
+    await this.pools.destroy();
+  }
+}
+
+/** Why a connection has no guest; the guest itself only ever hears 407 (see GuestRegistry.identify). */
+export type AuthFailure = "missing" | "malformed" | "unknown guest" | "wrong token" | "removed";
+
+/**
+ * The guests of one proxy, and who a connection is. The single-guest form without `auth` is
+ * open: every connection is its one guest. Otherwise a connection is the guest whose
+ * credentials it sends, or else the guest whose source range holds its address.
+ */
+export class GuestRegistry {
+  private readonly guests = new Map<string, Guest>();
+
+  constructor(
+    private readonly key: string,
+    readonly open: boolean,
+    private readonly deps: GuestDeps,
+  ) {}
+
+  get size(): number {
+    return this.guests.size;
+  }
+
+  names(): string[] {
+    return [...this.guests.keys()];
+  }
+
+  get(name: string): Guest | undefined {
+    return this.guests.get(name);
+  }
+
+  all(): IterableIterator<Guest> {
+    return this.guests.values();
+  }
+
+  add(resolved: ResolvedGuest): Guest {
+    if (this.guests.has(resolved.name)) throw new TypeError(`addGuest: a guest named "${resolved.name}" is already served`);
+    const guest = new Guest(resolved, this.key, this.deps);
+    this.guests.set(guest.name, guest);
+    return guest;
+  }
+
+  /** Removes a guest: from now on its credentials get 407, and its open tunnels are closed. */
+  async remove(name: string): Promise<void> {
+    const guest = this.guests.get(name);
+    if (guest === undefined) throw new TypeError(`removeGuest: no guest named "${name}"`);
+    this.guests.delete(name);
+    await guest.close();
+  }
+
+  /**
+   * The guest a request is from, given its `Proxy-Authorization` and its connection's address;
+   * or why not. Credentials, when sent, decide (a wrong one is never rescued by a source
+   * binding); without them, the source binding does.
+   */
+  identify(authorization: string | undefined, remoteAddress: string | undefined): Guest | AuthFailure {
+    if (this.open) return this.guests.values().next().value ?? "removed";
+    if (authorization !== undefined) {
+      const credentials = parseBasic(authorization);
+      if (credentials === undefined) return "malformed";
+      const guest = this.guests.get(credentials.user);
+      // An unknown name still costs one comparison, so its answer takes as long as a wrong token's.
+      if (guest === undefined) {
+        tokenMatches(credentials.password, tokenDigest(""));
+        return "unknown guest";
+      }
+      return guest.accepts(credentials.password) ? guest : "wrong token";
+    }
+    const address = remoteAddress === undefined ? undefined : plainAddress(remoteAddress);
+    if (address !== undefined) {
+      for (const guest of this.guests.values()) if (guest.owns(address)) return guest;
+    }
+    return "missing";
+  }
+
+  /** Every guest's token, and its Basic form, for the log redactor. */
+  credentialNeedles(): string[] {
+    const needles: string[] = [];
+    for (const guest of this.guests.values()) {
+      needles.push(guest.token, Buffer.from(`${guest.name}:${guest.token}`).toString("base64"));
+    }
+    return needles;
+  }
+
+  /** The placeholder of a secret that another guest holds, anywhere in the request: its name. */
+  foreignSecret(self: Guest, request: SecretTarget): string | undefined {
+    const found = placeholdersIn(request);
+    if (found.size === 0) return undefined;
+    for (const guest of this.guests.values()) {
+      if (guest === self) continue;
+      for (const info of guest.policy.config.secrets?.list() ?? []) if (found.has(info.placeholder)) return info.name;
+    }
+    return undefined;
+  }
+
+  async closeAll(): Promise<void> {
+    await Promise.all([...this.guests.values()].map((guest) => guest.close()));
+  }
+}
+
+const placeholderPattern = /EGRESSGATE_SECRET_[0-9a-f]{48}/g;
+const basicValue = /^basic[ \t]+([A-Za-z0-9+/=_-]+)/i;
+
+/** Every placeholder-shaped string in the URL and headers, Basic credentials decoded too. */
+function placeholdersIn(request: SecretTarget): Set<string> {
+  const found = new Set<string>();
+  const scan = (text: string): void => {
+    if (!text.includes("EGRESSGATE_SECRET_")) return;
+    for (const match of text.matchAll(placeholderPattern)) found.add(match[0]);
+  };
+  scan(request.url.href);
+  const headers = request.headers;
+  for (let i = 0; i < headers.length; i += 2) {
+    const value = headers[i + 1]!;
+    scan(value);
+    const basic = basicValue.exec(value);
+    if (basic !== null) scan(Buffer.from(basic[1]!, "base64").toString("latin1"));
+  }
+  return found;
+}

@@ -1,0 +1,126 @@
+import type { Socket } from "node:net";
+
+/** What a guest may send after a CONNECT or an upgrade while it waits its turn. */
+const maxEarlyBytes = 64 * 1024;
+
+/**
+ * The requests of one guest connection. Pipelined requests are served one at a time, in order:
+ * their responses must leave in order anyway, and one connection must not fan out into a
+ * thousand upstream requests. When the connection closes, every request on it ends: Node 20
+ * never emits `close` on a queued pipelined response whose socket died.
+ */
+export interface Lane {
+  tail: Promise<void>;
+  readonly ends: Set<() => void>;
+  /** Requests parsed on this connection and not yet ended, the one being served included. */
+  waiting: number;
+  /** The connection is not read until the waiting requests drop back (see `enter`). */
+  paused: boolean;
+}
+
+/** The lanes of every guest connection, and the reading of those connections they control. */
+export class Lanes {
+  private readonly lanes = new WeakMap<Socket, Lane>();
+
+  constructor(private readonly pipelinedRequests: number) {}
+
+  of(socket: Socket): Lane {
+    let lane = this.lanes.get(socket);
+    if (lane === undefined) {
+      const created: Lane = { tail: Promise.resolve(), ends: new Set(), waiting: 0, paused: false };
+      socket.once("close", () => {
+        for (const end of created.ends) end();
+      });
+      this.lanes.set(socket, created);
+      lane = created;
+    }
+    return lane;
+  }
+
+  /**
+   * Node parses pipelined requests as fast as they arrive and pauses a connection only for
+   * responses it cannot write, and nothing is written while the first request waits: a guest
+   * could queue a hundred thousand requests (50 times their size in memory) behind one slow one.
+   * Past `limits.pipelinedRequests` waiting, the connection is not read until half have gone.
+   */
+  enter(lane: Lane, socket: Socket): void {
+    lane.waiting += 1;
+    if (lane.waiting <= this.pipelinedRequests + 1) return;
+    if (!lane.paused) {
+      lane.paused = true;
+      // Node's own write backpressure (socketOnDrain) resumes any socket whose `_paused` is set,
+      // ours too, as soon as a response drains: the pause is taken back each time.
+      socket.on("resume", () => {
+        const state = pausable(socket);
+        if (!lane.paused || socket.destroyed || state.parser == null) return;
+        state._paused = true;
+        state.parser.pause();
+        socket.pause();
+      });
+    }
+    // As Node's own server does for write backpressure: `_paused` makes it pause its parser once
+    // the chunk being parsed is done (pausing it inside this callback would drop the chunk's
+    // rest), so requests still in the buffer stay bytes, not request objects.
+    const state = pausable(socket);
+    if (state._paused === true) return;
+    state._paused = true;
+    socket.pause();
+  }
+
+  leave(lane: Lane, socket: Socket): void {
+    lane.waiting -= 1;
+    if (!lane.paused || lane.waiting > Math.floor(this.pipelinedRequests / 2)) return;
+    lane.paused = false;
+    const state = pausable(socket);
+    // No parser: an upgrade or a CONNECT owns the socket now, and reads it itself.
+    if (socket.destroyed || state._paused !== true || state.parser == null) return;
+    state._paused = false;
+    state.parser.resume();
+    socket.resume();
+  }
+
+  /**
+   * For an upgrade or a CONNECT, which take the connection over once the requests before it are
+   * answered: their responses must reach the guest before the 101 or the 200, never inside the
+   * new stream. Until then the guest's bytes (frames, a ClientHello) are kept, up to 64 KiB, and
+   * returned after `head`; undefined when the connection closed meanwhile.
+   */
+  async takeOver(socket: Socket, head: Buffer): Promise<Buffer | undefined> {
+    const lane = this.of(socket);
+    const previous = lane.tail;
+    // Nothing follows on this connection.
+    lane.tail = new Promise<void>(() => undefined);
+    // A pause set while the requests before it were parsed stopped the socket's handle, and
+    // Node's hand-over never restarts it: reading is ours from here.
+    lane.paused = false;
+    pausable(socket)._paused = false;
+    const handle = (socket as unknown as { _handle?: { reading: boolean; readStart(): number } | null })._handle;
+    if (handle && !handle.reading) {
+      handle.reading = true;
+      handle.readStart();
+    }
+    const early: Buffer[] = [head];
+    let bytes = head.length;
+    const keep = (chunk: Buffer): void => {
+      bytes += chunk.length;
+      if (bytes > maxEarlyBytes) socket.destroy();
+      else early.push(chunk);
+    };
+    socket.on("data", keep);
+    await previous;
+    // A plain tunnel serves requests on this same socket again: they start a lane of their own.
+    this.lanes.delete(socket);
+    // The next owner adds its own listener in this same turn, so no byte falls between.
+    socket.off("data", keep);
+    if (socket.destroyed) return undefined;
+    return early.length === 1 ? head : Buffer.concat(early);
+  }
+}
+
+/**
+ * What Node's HTTP server keeps on a guest connection for its own backpressure: `_paused`, which
+ * it checks after each parse to pause `parser` (null once it lets go of the socket).
+ */
+function pausable(socket: Socket): { _paused?: boolean; parser?: { pause(): void; resume(): void } | null } {
+  return socket as unknown as { _paused?: boolean; parser?: { pause(): void; resume(): void } | null };
+}

@@ -1,0 +1,307 @@
+import { createHmac } from "node:crypto";
+import { describe, expect, it } from "vitest";
+import { request, ProxyAgent } from "undici";
+import { createHttpHooks, startProxy } from "../../src/index.js";
+import { curlVia } from "../helpers/curl.js";
+import { basic, credentialsOf, startGuestsProxy, type GuestsProxy } from "../helpers/guests.js";
+import { tempDir } from "../helpers/proxy.js";
+import { openRaw } from "../helpers/raw.js";
+import { startUpstream, type Upstream } from "../helpers/upstream.js";
+
+const A_VALUE = "a-secret-value-0123456789";
+const B_VALUE = "b-secret-value-9876543210";
+
+/** Two guests: `a` may reach a.test with secret A_TOKEN, `b` may reach b.test with B_TOKEN. */
+async function twoGuests(): Promise<{ proxy: GuestsProxy; upstream: Upstream; a: string; b: string }> {
+  const upstream = await startUpstream({ names: ["a.test", "b.test"] });
+  const proxy = await startGuestsProxy({
+    a: { allowedInternalHosts: ["a.test"], secrets: { A_TOKEN: { hosts: ["a.test"], value: A_VALUE } } },
+    b: { allowedInternalHosts: ["b.test"], secrets: { B_TOKEN: { hosts: ["b.test"], value: B_VALUE } } },
+  });
+  return { proxy, upstream, a: `https://a.test:${upstream.port}`, b: `https://b.test:${upstream.port}` };
+}
+
+/** undici through the proxy with a guest's credentials in the proxy URL. */
+async function getAs(proxyUrl: string, caPem: string, url: string, headers: Record<string, string> = {}): Promise<{ status: number; text: string; headers: Record<string, unknown> }> {
+  const agent = new ProxyAgent({ uri: proxyUrl, requestTls: { ca: caPem } });
+  try {
+    const res = await request(url, { dispatcher: agent, headers });
+    return { status: res.statusCode, text: await res.body.text(), headers: res.headers };
+  } catch (error) {
+    // undici reports a refused CONNECT as an error that names the proxy's status.
+    const refused = /Proxy response \((\d{3})\)/.exec((error as Error).message);
+    if (refused === null) throw error;
+    return { status: Number(refused[1]), text: "", headers: {} };
+  } finally {
+    await agent.close();
+  }
+}
+
+/** Every way credentials can be wrong, as the Proxy-Authorization a guest sends (undefined: none). */
+function badCredentials(proxy: GuestsProxy): Record<string, string | undefined> {
+  const a = credentialsOf(proxy, "a");
+  const b = credentialsOf(proxy, "b");
+  return {
+    missing: undefined,
+    "not Basic": `Bearer ${a.token}`,
+    "not base64": "Basic !!!not-base64!!!",
+    "no colon": `Basic ${Buffer.from(a.token).toString("base64")}`,
+    "empty token": basic("a", ""),
+    "empty user": basic("", a.token),
+    "unknown guest": basic("nobody", a.token),
+    "wrong token": basic("a", "0".repeat(64)),
+    "another guest's token": basic("a", b.token),
+    "a token as the user name": basic(a.token, "x"),
+  };
+}
+
+describe("guests: credentials", () => {
+  it("guestEnv(name) gives the credentialed proxy URL, git's auth method and only that guest's placeholders", async () => {
+    const { proxy } = await twoGuests();
+    const env = proxy.guestEnv("a");
+    const { user, token } = credentialsOf(proxy, "a");
+    expect(user).toBe("a");
+    expect(token).toMatch(/^[0-9a-f]{64}$/);
+    expect(env["HTTPS_PROXY"]).toBe(`http://a:${token}@127.0.0.1:${proxy.port}`);
+    expect(env["http_proxy"]).toBe(env["HTTPS_PROXY"]);
+    expect(env["GIT_HTTP_PROXY_AUTHMETHOD"]).toBe("basic");
+    expect(env["A_TOKEN"]).toMatch(/^EGRESSGATE_SECRET_[0-9a-f]{48}$/);
+    expect(env["B_TOKEN"]).toBeUndefined();
+    expect(credentialsOf(proxy, "b").token).not.toBe(token);
+    expect(() => proxy.guestEnv()).toThrow(/name a guest \(served: a, b\)/);
+    expect(() => proxy.guestEnv("c")).toThrow(/no guest named "c"/);
+  });
+
+  it("tokens are HMAC-SHA256(deploymentKey, name): two proxies with one key accept the same credentials", async () => {
+    const key = "k".repeat(40);
+    const first = await startGuestsProxy({ ci: { allowedHosts: ["a.test"] } }, { deploymentKey: key });
+    const second = await startGuestsProxy({ ci: { allowedHosts: ["a.test"] } }, { deploymentKey: key });
+    const expected = createHmac("sha256", key).update("ci").digest("hex");
+    expect(credentialsOf(first, "ci").token).toBe(expected);
+    expect(credentialsOf(second, "ci").token).toBe(expected);
+    const third = await startGuestsProxy({ ci: { allowedHosts: ["a.test"] } });
+    expect(credentialsOf(third, "ci").token).not.toBe(expected);
+  });
+
+  for (const form of ["CONNECT", "absolute-form"] as const) {
+    it(`${form}: missing, malformed, unknown and wrong credentials all get the same 407 with Proxy-Authenticate, and the connection closes`, async () => {
+      const { proxy, upstream } = await twoGuests();
+      const answers = new Set<string>();
+      for (const [label, header] of Object.entries(badCredentials(proxy))) {
+        const raw = await openRaw(proxy.port);
+        const auth = header === undefined ? "" : `Proxy-Authorization: ${header}\r\n`;
+        raw.write(
+          form === "CONNECT"
+            ? `CONNECT a.test:${upstream.port} HTTP/1.1\r\nHost: a.test:${upstream.port}\r\n${auth}\r\n`
+            : `GET http://a.test:${upstream.port}/echo HTTP/1.1\r\nHost: a.test:${upstream.port}\r\n${auth}\r\n`,
+        );
+        const res = await raw.readResponse({ forConnect: form === "CONNECT" });
+        expect(res.status, label).toBe(407);
+        expect(res.headers["proxy-authenticate"], label).toBe('Basic realm="egressgate", charset="UTF-8"');
+        expect(res.headers["connection"], label).toBe("close");
+        expect(res.body, label).toContain("egressgate env --guest NAME");
+        answers.add(`${res.status} ${res.statusText} ${res.body}`);
+        await raw.closed;
+      }
+      expect(answers.size).toBe(1);
+      expect(upstream.hits()).toBe(0);
+      // Still serving the guest with the right credentials.
+      expect((await getAs(credentialsOf(proxy, "a").proxyUrl, proxy.caCertPem, `https://a.test:${upstream.port}/echo`)).status).toBe(200);
+    });
+  }
+
+  it("curl with no credentials, or another guest's name with its own token, exits 56 after the 407", async () => {
+    const { proxy, a } = await twoGuests();
+    const url = new URL(proxy.url);
+    const noCredentials = await curlVia(proxy.url, proxy.caFile, `${a}/echo`);
+    expect(noCredentials.exitCode).toBe(56);
+    expect(noCredentials.stderr).toMatch(/407/);
+    const mixed = await curlVia(`http://b:${credentialsOf(proxy, "a").token}@${url.host}`, proxy.caFile, `${a}/echo`);
+    expect(mixed.exitCode).toBe(56);
+    const right = await curlVia(credentialsOf(proxy, "a").proxyUrl, proxy.caFile, `${a}/echo`);
+    expect(right.exitCode).toBe(0);
+    expect(right.status).toBe(200);
+  });
+
+  it("past a burst of 20 failures a source gets 429 with Retry-After, the log holds one line for them, and valid credentials still pass", async () => {
+    const { proxy, upstream, a } = await twoGuests();
+    const statuses: number[] = [];
+    let retryAfter: string | undefined;
+    for (let i = 0; i < 25; i++) {
+      const raw = await openRaw(proxy.port);
+      raw.write(`CONNECT a.test:${upstream.port} HTTP/1.1\r\nProxy-Authorization: ${basic("a", "f".repeat(64))}\r\n\r\n`);
+      const res = await raw.readResponse({ forConnect: true });
+      statuses.push(res.status);
+      retryAfter ??= res.headers["retry-after"];
+      await raw.closed;
+    }
+    // The bucket refills at one a second, so a slow machine may see one more 407 in the run.
+    expect(statuses.slice(0, 20)).toEqual(Array(20).fill(407));
+    expect(statuses.slice(-3)).toEqual([429, 429, 429]);
+    expect(Number(retryAfter)).toBeGreaterThanOrEqual(1);
+    expect(proxy.logs.filter((l) => l["msg"] === "proxy authentication failed")).toHaveLength(1);
+    expect((await getAs(credentialsOf(proxy, "a").proxyUrl, proxy.caCertPem, `${a}/echo`)).status).toBe(200);
+  });
+});
+
+describe("guests: isolation", () => {
+  it("a guest cannot reach a host that only another guest allows", async () => {
+    const { proxy, upstream, b } = await twoGuests();
+    const res = await getAs(credentialsOf(proxy, "a").proxyUrl, proxy.caCertPem, `${b}/echo`);
+    expect(res.status).toBe(403);
+    expect(upstream.hits()).toBe(0);
+    const own = await getAs(credentialsOf(proxy, "b").proxyUrl, proxy.caCertPem, `${b}/echo`);
+    expect(own.status).toBe(200);
+  });
+
+  it("another guest's placeholder gets 403 naming the secret but not its guest, and nothing leaves", async () => {
+    const { proxy, upstream, a, b } = await twoGuests();
+    const bPlaceholder = proxy.guestEnv("b")["B_TOKEN"]!;
+    for (const headers of [{ authorization: `Bearer ${bPlaceholder}` }, { authorization: basic("x", bPlaceholder) }]) {
+      const res = await getAs(credentialsOf(proxy, "a").proxyUrl, proxy.caCertPem, `${a}/echo`, headers);
+      expect(res.status).toBe(403);
+      expect(res.text).toContain('secret "B_TOKEN"');
+      expect(res.text).not.toMatch(/\bb\b/);
+      expect(res.text).not.toContain(B_VALUE);
+    }
+    const inPath = await getAs(credentialsOf(proxy, "a").proxyUrl, proxy.caCertPem, `${a}/echo/${bPlaceholder}`);
+    expect(inPath.status).toBe(403);
+    expect(upstream.hits()).toBe(0);
+    // The owner's own placeholder still becomes its value.
+    const own = await getAs(credentialsOf(proxy, "b").proxyUrl, proxy.caCertPem, `${b}/echo`, { authorization: `Bearer ${bPlaceholder}` });
+    expect(own.status).toBe(200);
+    expect((JSON.parse(own.text) as { headers: Record<string, string> }).headers["authorization"]).toBe(`Bearer ${B_VALUE}`);
+  });
+
+  it("a tunnel opened as one guest stays that guest when a request inside carries another's credentials, which never reach the upstream", async () => {
+    const upstream = await startUpstream({ tls: false, names: ["a.test", "b.test"] });
+    const proxy = await startGuestsProxy({ a: { allowedInternalHosts: ["a.test"] }, b: { allowedInternalHosts: ["b.test", "a.test"] } });
+    const bAuth = basic("b", credentialsOf(proxy, "b").token);
+    // apt sends Proxy-Authorization inside the tunnel: curl -p tunnels plain http, -H puts it on the inner request.
+    const res = await curlVia(credentialsOf(proxy, "a").proxyUrl, proxy.caFile, `http://a.test:${upstream.port}/echo`, ["-p", "-H", `Proxy-Authorization: ${bAuth}`]);
+    expect(res.status).toBe(200);
+    const seen = JSON.parse(res.body) as { headers: Record<string, string> };
+    expect(seen.headers["proxy-authorization"]).toBeUndefined();
+    // Inside a's tunnel to b.test, b's credentials change nothing: a may not reach b.test.
+    const raw = await openRaw(proxy.port);
+    raw.write(`CONNECT b.test:${upstream.port} HTTP/1.1\r\nProxy-Authorization: ${basic("a", credentialsOf(proxy, "a").token)}\r\n\r\n`);
+    const connect = await raw.readResponse({ forConnect: true });
+    expect(connect.status).toBe(403);
+    const tunnel = await openTunnelAs(proxy.port, `a.test:${upstream.port}`, basic("a", credentialsOf(proxy, "a").token));
+    tunnel.write(`GET http://b.test:${upstream.port}/echo HTTP/1.1\r\nHost: b.test:${upstream.port}\r\nProxy-Authorization: ${bAuth}\r\n\r\n`);
+    expect((await tunnel.readResponse()).status).toBe(421);
+    tunnel.write(`GET /echo HTTP/1.1\r\nHost: a.test:${upstream.port}\r\nProxy-Authorization: ${bAuth}\r\n\r\n`);
+    const inner = await tunnel.readResponse();
+    expect(inner.status).toBe(200);
+    expect(proxy.logs.filter((l) => l["msg"] === "request" && l["status"] === 200).every((l) => l["guest"] === "a")).toBe(true);
+  });
+
+  it("every decision line names its guest, and no token or its Basic form appears in any log line or error body", async () => {
+    const { proxy, a, b } = await twoGuests();
+    const aCreds = credentialsOf(proxy, "a");
+    const bCreds = credentialsOf(proxy, "b");
+    const bodies: string[] = [];
+    bodies.push((await getAs(aCreds.proxyUrl, proxy.caCertPem, `${a}/echo/${bCreds.token}`)).text);
+    bodies.push((await getAs(aCreds.proxyUrl, proxy.caCertPem, `${b}/echo/${bCreds.token}`)).text);
+    const url = new URL(proxy.url);
+    bodies.push((await curlVia(`http://a:${bCreds.token}@${url.host}`, proxy.caFile, `${a}/echo`, ["-i"])).body);
+    const forbidden = [aCreds.token, bCreds.token, Buffer.from(`a:${aCreds.token}`).toString("base64"), Buffer.from(`b:${bCreds.token}`).toString("base64")];
+    for (const text of [...proxy.rawLog, ...bodies]) for (const needle of forbidden) expect(text).not.toContain(needle);
+    const decisions = proxy.logs.filter((l) => l["msg"] === "request" && l["status"] !== 407);
+    expect(decisions.length).toBeGreaterThanOrEqual(2);
+    for (const line of decisions) expect(line["guest"]).toBe("a");
+  });
+});
+
+/** CONNECT with credentials; the returned client is inside the tunnel. */
+async function openTunnelAs(port: number, target: string, authorization: string): Promise<Awaited<ReturnType<typeof openRaw>>> {
+  const raw = await openRaw(port);
+  raw.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\nProxy-Authorization: ${authorization}\r\n\r\n`);
+  const res = await raw.readResponse({ forConnect: true });
+  if (res.status !== 200) throw new Error(`CONNECT ${target} answered ${res.status}: ${res.body}`);
+  return raw;
+}
+
+describe("guests: source binding", () => {
+  it("a guest bound to a source range is known by its address alone; other addresses still need credentials", async () => {
+    const upstream = await startUpstream({ tls: false, names: ["a.test"] });
+    const proxy = await startGuestsProxy({ vm: { allowedInternalHosts: ["a.test"], sources: ["127.0.0.2/32"] }, other: { allowedHosts: [] } });
+    const bound = await curlVia(proxy.url, proxy.caFile, `http://a.test:${upstream.port}/echo`, ["--interface", "127.0.0.2"]);
+    expect(bound.status).toBe(200);
+    const unbound = await curlVia(proxy.url, proxy.caFile, `http://a.test:${upstream.port}/echo`, ["--interface", "127.0.0.3"]);
+    expect(unbound.status).toBe(407);
+    // Credentials, when sent, decide: wrong ones are not rescued by the address.
+    const wrong = await curlVia(`http://vm:${"0".repeat(64)}@${new URL(proxy.url).host}`, proxy.caFile, `http://a.test:${upstream.port}/echo`, ["--interface", "127.0.0.2"]);
+    expect(wrong.status).toBe(407);
+    expect(proxy.logs.find((l) => l["msg"] === "request" && l["status"] === 200)?.["guest"]).toBe("vm");
+  });
+
+  it("overlapping source ranges of two guests are refused at start", async () => {
+    await expect(startGuestsProxy({ x: { sources: ["10.88.0.0/24"] }, y: { sources: ["10.88.0.7/32"] } })).rejects.toThrow(/guests\.y\.sources.*overlaps guests\.x\.sources/);
+  });
+});
+
+describe("guests: added and removed while running", () => {
+  it("an added guest is served at once; a removed guest's open tunnel is closed and its credentials get 407", async () => {
+    const { proxy, upstream } = await twoGuests();
+    const { httpHooks, env } = createHttpHooks({ allowedInternalHosts: ["a.test"] });
+    proxy.addGuest("late", { httpHooks, env });
+    expect(proxy.guestNames()).toEqual(["a", "b", "late"]);
+    const late = credentialsOf(proxy, "late");
+    expect((await getAs(late.proxyUrl, proxy.caCertPem, `https://a.test:${upstream.port}/echo`)).status).toBe(200);
+    expect(() => proxy.addGuest("late", { httpHooks })).toThrow(/already served/);
+    expect(() => proxy.addGuest("Bad Name", { httpHooks })).toThrow(/guests\.Bad Name/);
+
+    const tunnel = await openTunnelAs(proxy.port, `a.test:${upstream.port}`, basic("late", late.token));
+    await proxy.removeGuest("late");
+    await tunnel.closed;
+    expect(proxy.guestNames()).toEqual(["a", "b"]);
+    const after = await openRaw(proxy.port);
+    after.write(`CONNECT a.test:${upstream.port} HTTP/1.1\r\nProxy-Authorization: ${basic("late", late.token)}\r\n\r\n`);
+    expect((await after.readResponse({ forConnect: true })).status).toBe(407);
+    await expect(proxy.removeGuest("late")).rejects.toThrow(/no guest named "late"/);
+    // The others are untouched.
+    expect((await getAs(credentialsOf(proxy, "a").proxyUrl, proxy.caCertPem, `https://a.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+});
+
+describe("guests: no accidental open proxy", () => {
+  it("listening beyond loopback without guests is refused unless auth is said either way", async () => {
+    const caDir = tempDir();
+    await expect(startProxy({ listen: { host: "0.0.0.0", port: 0 }, caDir })).rejects.toThrow(/auth: true.*auth: false/);
+    const open = await startProxy({ listen: { host: "0.0.0.0", port: 0 }, caDir, auth: false, logLevel: "silent" });
+    expect(open.guestEnv()["HTTPS_PROXY"]).not.toContain("@");
+    await open.close();
+  });
+
+  it("auth: true makes the single guest `default` send credentials, derived from the deployment key", async () => {
+    const upstream = await startUpstream({ tls: false, names: ["api.test"] });
+    const key = "d".repeat(32);
+    const { httpHooks, env } = createHttpHooks({ allowedInternalHosts: ["api.test"] });
+    const proxy = await startProxy({ httpHooks, env, auth: true, deploymentKey: key, listen: { host: "127.0.0.1", port: 0 }, caDir: tempDir(), resolve: { "api.test": ["127.0.0.1"] }, logLevel: "silent" });
+    try {
+      const proxyUrl = proxy.guestEnv()["HTTPS_PROXY"]!;
+      expect(new URL(proxyUrl).username).toBe("default");
+      expect(new URL(proxyUrl).password).toBe(createHmac("sha256", key).update("default").digest("hex"));
+      const none = await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`);
+      expect(none.status).toBe(407);
+      const ok = await curlVia(proxyUrl, "/dev/null", `http://api.test:${upstream.port}/echo`);
+      expect(ok.status).toBe(200);
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  it("the single-guest form on loopback asks for nothing, as before", async () => {
+    const upstream = await startUpstream({ tls: false, names: ["api.test"] });
+    const { httpHooks } = createHttpHooks({ allowedInternalHosts: ["api.test"] });
+    const proxy = await startProxy({ httpHooks, listen: { host: "127.0.0.1", port: 0 }, caDir: tempDir(), resolve: { "api.test": ["127.0.0.1"] }, logLevel: "silent" });
+    try {
+      expect(proxy.guestEnv()["GIT_HTTP_PROXY_AUTHMETHOD"]).toBeUndefined();
+      expect((await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`)).status).toBe(200);
+      expect(() => proxy.addGuest("x", { httpHooks })).toThrow(/auth: true/);
+    } finally {
+      await proxy.close();
+    }
+  });
+});
