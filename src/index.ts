@@ -7,6 +7,8 @@ export type { DjsLimits, PolicyKind } from "./djs/protocol.js";
 export { startProxy } from "./proxy/start-proxy.js";
 export type { RunningProxy } from "./proxy/start-proxy.js";
 export type { ConnectionLimitOptions, ProxyOptions, TimeoutOptions } from "./proxy/options.js";
+export type { GuestOptions } from "./proxy/guest-options.js";
+export { guestToken } from "./proxy/auth.js";
 export { EgressError } from "./errors.js";
 export type { EgressErrorCode } from "./errors.js";
 export type { LogLevel, LogSink } from "./log.js";
