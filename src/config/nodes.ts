@@ -1,5 +1,6 @@
 import { isIP } from "node:net";
 import { hookNames } from "../hooks/http-hooks.js";
+import { parseCidr } from "../policy/cidr.js";
 import { validateHostPattern } from "../policy/host-pattern.js";
 import type { BooleanNode, IntegerNode, ListNode, MapNode, ObjectNode, OptionNode, StringNode } from "./validate.js";
 
@@ -66,16 +67,14 @@ export function checkHostPattern(value: string): string | undefined {
   }
 }
 
-/** `10.88.0.2/32`, `fd00::/64`, or a bare address (one host). */
+/** `10.88.0.2/32`, `fd00::/64`, or a bare address (one host): what the proxy's own parser takes. */
 export function checkCidr(value: string): string | undefined {
-  const slash = value.indexOf("/");
-  const ip = slash < 0 ? value : value.slice(0, slash);
-  const family = isIP(ip);
-  if (family === 0) return `is not an address range such as 10.88.0.2/32 (got ${JSON.stringify(value)})`;
-  const bits = family === 4 ? 32 : 128;
-  const prefix = slash < 0 ? bits : /^\d{1,3}$/.test(value.slice(slash + 1)) ? Number(value.slice(slash + 1)) : NaN;
-  if (!(prefix >= 0 && prefix <= bits)) return `has a prefix length outside 0 to ${bits} (got ${JSON.stringify(value)})`;
-  return undefined;
+  try {
+    parseCidr(value, "source");
+    return undefined;
+  } catch {
+    return `is not an address range such as 10.88.0.2/32 or fd00::/64 (got ${JSON.stringify(value)})`;
+  }
 }
 
 /** `HOST:PORT`, `[v6]:PORT` or a bare `PORT` (on 127.0.0.1); undefined when it is none of them. */

@@ -64,10 +64,17 @@ export interface OptionErrorOptions {
   /** Put before the sentence: `startProxy: `, `egressgate.yaml:12: `. */
   readonly prefix?: string;
   readonly cause?: unknown;
+  /** The sentence, where the path reads better in other words (the CLI names the flag). */
+  readonly describe?: (issue: OptionIssue) => string;
 }
 
 function messageOf(issue: OptionIssue, options: OptionErrorOptions): string {
-  return `${options.prefix ?? ""}${issueText(issue)}`;
+  return `${options.prefix ?? ""}${(options.describe ?? issueText)(issue)}`;
+}
+
+/** The issue an option error was made from, to report it again in other words. */
+export function issueOf(error: OptionFailure): OptionIssue {
+  return { segments: error.segments, path: error.path, reason: error.reason, kind: error.kind, ...(error.line !== undefined ? { line: error.line } : {}) };
 }
 
 /**

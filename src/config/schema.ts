@@ -102,6 +102,7 @@ export const apiOptionsSchema: ObjectNode = object(
         "One guest: its hooks, environment, names and source ranges.",
       ),
       "Several guests, each authenticating with its own credentials.",
+      { minEntries: 1 },
     ),
     auth: boolean('Single-guest form: true makes the one guest ("default") need credentials; false opts out of the open-proxy refusal.'),
     deploymentKey: string("a key of at least 32 characters", "Derives guest tokens and placeholders, so restarts and workers agree.", {

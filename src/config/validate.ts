@@ -90,6 +90,8 @@ export interface ValidateContext {
 export function shown(value: unknown): string {
   if (value === undefined) return "undefined";
   if (typeof value === "function") return "a function";
+  // JSON has no NaN: yargs gives it for `--workers many`.
+  if (typeof value === "number" && !Number.isFinite(value)) return String(value);
   const text = JSON.stringify(value) ?? String(value);
   return text.length > 80 ? `${text.slice(0, 77)}...` : text;
 }

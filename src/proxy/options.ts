@@ -1,7 +1,10 @@
 import { readFileSync } from "node:fs";
-import { isIP } from "node:net";
+import { defaults } from "../config/defaults.js";
+import { makeIssue, OptionError, optionError, type OptionIssue } from "../config/option-error.js";
+import { apiOptionsSchema } from "../config/schema.js";
+import { validate } from "../config/validate.js";
 import type { HttpHooks } from "../hooks/http-hooks.js";
-import { logLevels, type LogLevel, type LogSink } from "../log.js";
+import type { LogLevel, LogSink } from "../log.js";
 import { cidrsOverlap } from "../policy/cidr.js";
 import { defaultCaDir } from "../tls/ca-store.js";
 import type { LeafKeyType } from "../tls/x509.js";
@@ -118,27 +121,8 @@ export interface ResolvedProxyOptions {
   readonly guestEnvFile: string | undefined;
 }
 
-export const defaults = Object.freeze({
-  listen: Object.freeze({ host: "127.0.0.1", port: 8080 }),
-  leafKeyType: "ecdsa" as LeafKeyType,
-  leafCacheSize: 1000,
-  maxRedirects: 10,
-  logLevel: "info" as LogLevel,
-  timeouts: Object.freeze({
-    handshakeMs: 10_000,
-    headersMs: 30_000,
-    idleMs: 120_000,
-    dnsMs: 5_000,
-    upstreamConnectMs: 10_000,
-    upstreamHeadersMs: 60_000,
-    upstreamBodyMs: 120_000,
-    drainMs: 10_000,
-    hookMs: 30_000,
-  }),
-  maxHttpBodyBytes: 64 * 1024 * 1024,
-  maxHttpResponseBodyBytes: 64 * 1024 * 1024,
-  limits: Object.freeze({ connectionsPerSource: 256, pipelinedRequests: 16 }),
-});
+/** The one table of defaults (src/config/defaults.ts), here for the imports that found it here. */
+export { defaults };
 
 /**
  * Half the soft open-file limit (each guest connection may hold an upstream one too), less a
@@ -165,146 +149,73 @@ export function openFileLimit(): number {
   return 1024;
 }
 
-const knownKeys = [
-  "guests",
-  "auth",
-  "deploymentKey",
-  "httpHooks",
-  "env",
-  "listen",
-  "caDir",
-  "resolve",
-  "upstreamCa",
-  "leafKeyType",
-  "leafCacheSize",
-  "maxRedirects",
-  "maxHttpBodyBytes",
-  "maxHttpResponseBodyBytes",
-  "timeouts",
-  "limits",
-  "logLevel",
-  "logSink",
-  "guestEnvFile",
-];
-
 /** The name of the one guest in the single-guest form. */
 export const defaultGuest = "default";
 
-function fail(path: string, message: string, value: unknown): never {
-  throw new TypeError(`startProxy: ${path} ${message} (got ${JSON.stringify(value) ?? String(value)})`);
+/** A problem the schema cannot see (it needs more than one option, or a file's contents). */
+function fail(path: string, reason: string): never {
+  throw new OptionError(makeIssue(path.split("."), reason), { prefix: "startProxy: " });
 }
 
-function integer(value: unknown, path: string, min: number, max: number, fallback: number): number {
-  if (value === undefined) return fallback;
-  if (typeof value !== "number" || !Number.isInteger(value) || value < min || value > max) {
-    if (typeof value === "number") throw new RangeError(`startProxy: ${path} must be an integer from ${min} to ${max} (got ${value})`);
-    fail(path, "must be an integer", value);
-  }
-  return value;
+/** Checks the options against the one schema; the first problem is thrown with its path and code. */
+function checkOptions(options: unknown): asserts options is ProxyOptions {
+  const issues: OptionIssue[] = [];
+  validate(apiOptionsSchema, options, [], issues);
+  if (issues.length > 0) throw optionError(issues[0]!, { prefix: "startProxy: " });
 }
 
-function readCa(entry: unknown, path: string): string {
-  if (typeof entry !== "string" || entry === "") fail(path, "must be PEM text or a file path", entry);
+function readCa(entry: string, path: string): string {
   if (entry.includes("-----BEGIN CERTIFICATE-----")) return entry;
   let text: string;
   try {
     text = readFileSync(entry, "utf8");
   } catch (error) {
-    throw new TypeError(`startProxy: ${path}: cannot read ${entry}: ${(error as Error).message}`, { cause: error });
+    throw new OptionError(makeIssue(["upstreamCa", Number(path)], `cannot read ${entry}: ${(error as Error).message}`), { prefix: "startProxy: ", cause: error });
   }
-  if (!text.includes("-----BEGIN CERTIFICATE-----")) throw new TypeError(`startProxy: ${path}: ${entry} holds no PEM certificate`);
+  if (!text.includes("-----BEGIN CERTIFICATE-----")) fail(`upstreamCa[${path}]`, `names ${entry}, which holds no PEM certificate`);
   return text;
 }
 
-/** Validates startProxy options once; errors name the option and the bad value. */
+/** The table's values with the given ones over them; a key given as undefined keeps its default. */
+function overDefaults<T extends Record<string, number>>(table: T, given: Partial<Record<keyof T, number | undefined>> | undefined): T {
+  const out: Record<string, number> = { ...table };
+  for (const [key, value] of Object.entries(given ?? {})) if (value !== undefined) out[key] = value;
+  return out as T;
+}
+
+/** Validates startProxy options once, through the one schema; errors carry the option's path and code. */
 export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOptions {
-  const o = plainObject(options, "options");
-  for (const key of Object.keys(o)) {
-    if (!knownKeys.includes(key)) throw new TypeError(`startProxy: unknown option "${key}" (known: ${knownKeys.join(", ")})`);
-  }
-  const resolveIn = (o["resolve"] === undefined ? {} : plainObject(o["resolve"], "resolve")) as Record<string, readonly string[]>;
-  const guests = resolveGuests(o, resolveIn);
-  const deploymentKey = o["deploymentKey"];
-  if (deploymentKey !== undefined && (typeof deploymentKey !== "string" || deploymentKey.length < 32)) fail("deploymentKey", "must be a string of at least 32 characters", "…");
-  const auth = o["auth"];
-  if (auth !== undefined && typeof auth !== "boolean") fail("auth", "must be a boolean", auth);
-  if (auth !== undefined && o["guests"] !== undefined) fail("auth", "applies to the single-guest form only: every one of several guests authenticates", auth);
-
-  const listenIn = o["listen"] === undefined ? {} : plainObject(o["listen"], "listen");
-  for (const key of Object.keys(listenIn)) {
-    if (key !== "host" && key !== "port") throw new TypeError(`startProxy: unknown option "listen.${key}" (known: host, port)`);
-  }
-  const host = listenIn["host"] ?? defaults.listen.host;
-  if (typeof host !== "string" || (isIP(host) === 0 && !/^[a-zA-Z0-9.-]+$/.test(host))) fail("listen.host", "must be an IP address or hostname", host);
-  const port = integer(listenIn["port"], "listen.port", 0, 65535, defaults.listen.port);
-
-  const caDir = o["caDir"] ?? defaultCaDir();
-  if (typeof caDir !== "string" || caDir === "") fail("caDir", "must be a directory path", caDir);
-
-  const upstreamCa = o["upstreamCa"] ?? [];
-  if (!Array.isArray(upstreamCa)) fail("upstreamCa", "must be an array of PEM strings or paths", upstreamCa);
-  const upstreamCaPems = upstreamCa.map((entry, i) => readCa(entry, `upstreamCa[${i}]`));
-
-  const leafKeyType = o["leafKeyType"] ?? defaults.leafKeyType;
-  if (leafKeyType !== "ecdsa" && leafKeyType !== "rsa") fail("leafKeyType", 'must be "ecdsa" or "rsa"', leafKeyType);
-
-  const logLevel = o["logLevel"] ?? defaults.logLevel;
-  if (!logLevels.includes(logLevel as LogLevel)) fail("logLevel", `must be one of ${logLevels.join(", ")}`, logLevel);
-  const logSink = o["logSink"];
-  if (logSink !== undefined && typeof logSink !== "function") fail("logSink", "must be a function", logSink);
-
-  const timeoutsIn = o["timeouts"] === undefined ? {} : plainObject(o["timeouts"], "timeouts");
-  const timeouts: { -readonly [K in keyof Required<TimeoutOptions>]: number } = { ...defaults.timeouts };
-  for (const key of Object.keys(timeoutsIn)) {
-    if (!(key in timeouts)) throw new TypeError(`startProxy: unknown option "timeouts.${key}" (known: ${Object.keys(timeouts).join(", ")})`);
-    const k = key as keyof typeof timeouts;
-    timeouts[k] = integer(timeoutsIn[key], `timeouts.${key}`, 1, 24 * 3600_000, timeouts[k]);
-  }
-
-  const limitsIn = o["limits"] === undefined ? {} : plainObject(o["limits"], "limits");
-  const knownLimits = ["connections", "connectionsPerSource", "pipelinedRequests"];
-  for (const key of Object.keys(limitsIn)) {
-    if (!knownLimits.includes(key)) throw new TypeError(`startProxy: unknown option "limits.${key}" (known: ${knownLimits.join(", ")})`);
-  }
-  const limits = {
-    connections: integer(limitsIn["connections"], "limits.connections", 1, 1_000_000, defaultConnectionLimit()),
-    connectionsPerSource: integer(limitsIn["connectionsPerSource"], "limits.connectionsPerSource", 1, 1_000_000, defaults.limits.connectionsPerSource),
-    pipelinedRequests: integer(limitsIn["pipelinedRequests"], "limits.pipelinedRequests", 0, 10_000, defaults.limits.pipelinedRequests),
-  };
-
-  const guestEnvFile = o["guestEnvFile"];
-  if (guestEnvFile !== undefined && (typeof guestEnvFile !== "string" || guestEnvFile === "")) fail("guestEnvFile", "must be a file path", guestEnvFile);
-
+  checkOptions(options);
+  const resolveIn = options.resolve ?? {};
+  const guests = resolveGuests(options as Record<string, unknown>, resolveIn);
+  const host = options.listen?.host ?? defaults.listen.host;
   // No accidental open proxy: a listener others can reach serves only guests that authenticate,
   // unless the caller said otherwise in so many words.
-  if (o["guests"] === undefined && auth === undefined && !isLoopback(host)) {
-    fail("auth", `is needed to listen on ${host}: without guests, anyone who can reach the port could use the proxy with its allowlist and secrets; set auth: true (CLI --auth) to require credentials, or auth: false (CLI --no-auth) to run an open proxy on purpose`, auth);
+  if (options.guests === undefined && options.auth === undefined && !isLoopback(host)) {
+    fail(
+      "auth",
+      `is needed to listen on ${host}: without guests, anyone who can reach the port could use the proxy with its allowlist and secrets; set auth: true (CLI --auth) to require credentials, or auth: false (CLI --no-auth) to run an open proxy on purpose`,
+    );
   }
   return {
     guests,
-    open: o["guests"] === undefined && auth !== true,
-    form: o["guests"] === undefined ? "single" : "guests",
+    open: options.guests === undefined && options.auth !== true,
+    form: options.guests === undefined ? "single" : "guests",
     resolve: resolveIn,
-    deploymentKey: deploymentKey as string | undefined,
-    listen: { host, port },
-    caDir,
-    upstreamCaPems,
-    leafKeyType,
-    leafCacheSize: integer(o["leafCacheSize"], "leafCacheSize", 1, 1_000_000, defaults.leafCacheSize),
-    maxRedirects: integer(o["maxRedirects"], "maxRedirects", 0, 100, defaults.maxRedirects),
-    maxHttpBodyBytes: integer(o["maxHttpBodyBytes"], "maxHttpBodyBytes", 0, Number.MAX_SAFE_INTEGER, defaults.maxHttpBodyBytes),
-    maxHttpResponseBodyBytes: integer(
-      o["maxHttpResponseBodyBytes"],
-      "maxHttpResponseBodyBytes",
-      0,
-      Number.MAX_SAFE_INTEGER,
-      defaults.maxHttpResponseBodyBytes,
-    ),
-    timeouts,
-    limits,
-    logLevel: logLevel as LogLevel,
-    logSink: logSink as LogSink | undefined,
-    guestEnvFile: guestEnvFile as string | undefined,
+    deploymentKey: options.deploymentKey,
+    listen: { host, port: options.listen?.port ?? defaults.listen.port },
+    caDir: options.caDir ?? defaultCaDir(),
+    upstreamCaPems: (options.upstreamCa ?? []).map((entry, i) => readCa(entry, String(i))),
+    leafKeyType: options.leafKeyType ?? defaults.leafKeyType,
+    leafCacheSize: options.leafCacheSize ?? defaults.leafCacheSize,
+    maxRedirects: options.maxRedirects ?? defaults.maxRedirects,
+    maxHttpBodyBytes: options.maxHttpBodyBytes ?? defaults.maxHttpBodyBytes,
+    maxHttpResponseBodyBytes: options.maxHttpResponseBodyBytes ?? defaults.maxHttpResponseBodyBytes,
+    timeouts: overDefaults(defaults.timeouts, options.timeouts),
+    limits: overDefaults({ connections: defaultConnectionLimit(), ...defaults.limits }, options.limits),
+    logLevel: options.logLevel ?? defaults.logLevel,
+    logSink: options.logSink,
+    guestEnvFile: options.guestEnvFile,
   };
 }
 
@@ -314,10 +225,10 @@ function resolveGuests(o: Record<string, unknown>, proxyResolve: Record<string, 
     return [resolveGuestOptions(defaultGuest, { ...(o["httpHooks"] !== undefined ? { httpHooks: o["httpHooks"] } : {}), ...(o["env"] !== undefined ? { env: o["env"] } : {}), resolve: proxyResolve } as GuestOptions, "")];
   }
   for (const key of ["httpHooks", "env"]) {
-    if (o[key] !== undefined) fail(key, "cannot be combined with guests: give each guest its own (guests.NAME.httpHooks)", "…");
+    if (o[key] !== undefined) fail(key, `cannot be combined with guests: give each guest its own (guests.NAME.${key})`);
   }
   const list = Object.entries(plainObject(o["guests"], "guests")).map(([name, guest]) => resolveGuestOptions(name, guest as GuestOptions, `guests.${name}`, proxyResolve));
-  if (list.length === 0) fail("guests", "must name at least one guest", {});
+  if (list.length === 0) fail("guests", "must name at least one guest");
   checkSourcesApart(list);
   return list;
 }
@@ -328,7 +239,7 @@ export function checkSourcesApart(guests: readonly Pick<ResolvedGuest, "name" | 
     for (let j = i + 1; j < guests.length; j++) {
       for (const a of guests[i]!.sources) {
         const b = guests[j]!.sources.find((other) => cidrsOverlap(a, other));
-        if (b !== undefined) fail(`guests.${guests[j]!.name}.sources`, `overlaps guests.${guests[i]!.name}.sources (${a.text})`, b.text);
+        if (b !== undefined) fail(`guests.${guests[j]!.name}.sources`, `overlaps guests.${guests[i]!.name}.sources (${a.text}) with ${JSON.stringify(b.text)}`);
       }
     }
   }

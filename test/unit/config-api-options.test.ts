@@ -1,0 +1,64 @@
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { defaults as tableDefaults } from "../../src/config/defaults.js";
+import { isOptionError, type OptionError, type OptionRangeError } from "../../src/config/option-error.js";
+import { createHttpHooks } from "../../src/hooks/http-hooks.js";
+import { defaults, resolveProxyOptions, type ProxyOptions } from "../../src/proxy/options.js";
+import { tempDir } from "../helpers/proxy.js";
+
+/** Options the type system would refuse, as a JavaScript caller could still pass them. */
+const untyped = (options: Record<string, unknown>): ProxyOptions => options as ProxyOptions;
+
+function errorOf(options: Record<string, unknown>): OptionError | OptionRangeError {
+  try {
+    resolveProxyOptions(untyped(options));
+  } catch (error) {
+    expect(isOptionError(error)).toBe(true);
+    return error as OptionError;
+  }
+  throw new Error(`${JSON.stringify(options)} was accepted`);
+}
+
+describe("startProxy's options go through the one schema", () => {
+  it.each([
+    { options: { timeouts: { dnsMs: 0 } }, path: "timeouts.dnsMs", range: true },
+    { options: { limits: { pipelinedRequests: "4" } }, path: "limits.pipelinedRequests", range: false },
+    { options: { guests: { ci: { sources: ["10.0.0.0/33"] } } }, path: "guests.ci.sources[0]", range: false },
+    { options: { guests: { ci: { resolve: { "a.test": ["nope"] } } } }, path: "guests.ci.resolve.a.test[0]", range: false },
+    { options: { guests: { "Bad Name": {} } }, path: 'guests["Bad Name"]', range: false },
+    { options: { guests: {} }, path: "guests", range: false },
+    { options: { deploymentKey: "short" }, path: "deploymentKey", range: false },
+    { options: { guests: { ci: {} }, httpHooks: {} }, path: "httpHooks", range: false },
+  ])("$path: code EG_INVALID_OPTION and the path, as a RangeError only for a number out of range", ({ options, path, range }) => {
+    const error = errorOf(options);
+    expect(error.code).toBe("EG_INVALID_OPTION");
+    expect(error.path).toBe(path);
+    expect(error).toBeInstanceOf(range ? RangeError : TypeError);
+    expect(error.message.startsWith(`startProxy: ${path} `)).toBe(true);
+  });
+
+  it("a short deployment key is never quoted", () => {
+    expect(errorOf({ deploymentKey: "not-long-enough-secret" }).message).not.toContain("not-long-enough-secret");
+  });
+
+  it("an unknown guest key gets a did-you-mean", () => {
+    const error = errorOf({ guests: { ci: { source: ["10.0.0.1/32"] } } });
+    expect(error.path).toBe("guests.ci.source");
+    expect(error.message).toMatch(/unknown option "guests\.ci\.source"; did you mean "sources"\?/);
+  });
+
+  it("checks that need several options or a file carry a code and a path too", () => {
+    expect(errorOf({ listen: { host: "0.0.0.0", port: 0 } }).path).toBe("auth");
+    expect(errorOf({ guests: { a: { sources: ["10.0.0.0/24"] }, b: { sources: ["10.0.0.7/32"] } } }).path).toBe("guests.b.sources");
+    const missing = join(tempDir(), "missing.pem");
+    const unreadable = errorOf({ upstreamCa: [missing] });
+    expect([unreadable.path, unreadable.message]).toEqual(["upstreamCa[0]", expect.stringContaining(missing)]);
+  });
+
+  it("defaults come from the one table, which options.ts re-exports", () => {
+    expect(defaults).toBe(tableDefaults);
+    const resolved = resolveProxyOptions(untyped({ httpHooks: createHttpHooks({}).httpHooks, timeouts: { idleMs: undefined } }));
+    expect(resolved.timeouts.idleMs).toBe(tableDefaults.timeouts.idleMs);
+    expect(resolved.limits.connectionsPerSource).toBe(tableDefaults.limits.connectionsPerSource);
+  });
+});
