@@ -5,6 +5,7 @@ import type { Logger } from "../log.js";
 import { GuestGone } from "../pipeline/exchange.js";
 import { bareHostname } from "../hostname.js";
 import type { AuthGate } from "./auth-gate.js";
+import { authenticationRequired } from "./auth.js";
 import { parseAuthority } from "./authority.js";
 import type { ConnectionLimits } from "./connection-limits.js";
 import type { DecisionLog } from "./decision-log.js";
@@ -94,7 +95,7 @@ export class GuestSide {
     if (tunnel === undefined) return this.deps.auth.identify(req.headers["proxy-authorization"], req.socket);
     const guest = this.deps.guests.get(tunnel.guest);
     // Removal closes a guest's tunnels; a request parsed in the same turn still finds it gone.
-    return guest === undefined || guest.removed ? new EgressError("EG_AUTH", 407, "this guest is no longer served") : guest;
+    return guest === undefined || guest.removed ? authenticationRequired() : guest;
   }
 
   /** A CONNECT waits its turn behind the requests before it on its connection, as an upgrade does. */
@@ -129,6 +130,10 @@ export class GuestSide {
       }
     } catch (error) {
       const err = guestError(asEgressError(error), this.deps.redact);
+      writeRawError(socket, err);
+      // Failed authentications are logged by the gate, once per source and then summarised: a
+      // flood of them must not write a line each.
+      if (err.code === "EG_AUTH") return;
       this.deps.decide({
         id: this.nextId++,
         guest: guest instanceof EgressError ? undefined : guest.name,
@@ -140,7 +145,6 @@ export class GuestSide {
         ...(err.detail !== undefined ? { detail: err.detail } : {}),
         started,
       });
-      writeRawError(socket, err);
       return;
     }
     guest.bind(socket);
@@ -174,7 +178,7 @@ export class GuestSide {
     if (early === undefined) return;
     const guest = this.guestOf(req);
     if (guest instanceof EgressError) {
-      this.deps.decide({ started: performance.now(), guest: undefined, method: req.method, target: loggableTarget(req.url ?? ""), status: guest.status, reason: guest.message, code: guest.code, upgrade: true });
+      // Logged by the gate (see onConnect).
       writeRawError(socket, guest);
       return;
     }
@@ -263,6 +267,8 @@ export class GuestSide {
       const err = guestError(raw, this.deps.redact);
       // A 407 or 429 ends the connection (as RFC 9110 lets a proxy do): a client retries on a new one.
       sendError(res, err, !req.complete || err.code === "EG_AUTH");
+      // Logged by the gate (see onConnect).
+      if (err.code === "EG_AUTH") return;
       this.deps.decide({
         id,
         guest: guestName,

@@ -139,7 +139,9 @@ describe("guests: credentials", () => {
     expect(statuses.slice(0, 20)).toEqual(Array(20).fill(407));
     expect(statuses.slice(-3)).toEqual([429, 429, 429]);
     expect(Number(retryAfter)).toBeGreaterThanOrEqual(1);
+    // One line for all 25, not a decision line each: a flood of bad attempts must not fill the log.
     expect(proxy.logs.filter((l) => l["msg"] === "proxy authentication failed")).toHaveLength(1);
+    expect(proxy.logs.filter((l) => l["status"] === 407 || l["status"] === 429)).toEqual([]);
     expect((await getAs(credentialsOf(proxy, "a").proxyUrl, proxy.caCertPem, `${a}/echo`)).status).toBe(200);
   });
 });
