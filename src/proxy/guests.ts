@@ -214,6 +214,8 @@ export class GuestRegistry {
 
   /** The placeholder of a secret that another guest holds, anywhere in the request: its name. */
   foreignSecret(self: Guest, request: SecretTarget): string | undefined {
+    // One guest has no neighbours: nothing to scan on the single-guest path.
+    if (this.guests.size <= 1) return undefined;
     const found = placeholdersIn(request);
     if (found.size === 0) return undefined;
     for (const guest of this.guests.values()) {
