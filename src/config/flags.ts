@@ -76,9 +76,13 @@ export function flagFor(path: string): string | undefined {
   return undefined;
 }
 
-/** An option issue in the CLI's words: `--max-redirects must be …`; the path where no flag sets it. */
-export function flagText(issue: Pick<OptionIssue, "path" | "reason" | "kind" | "segments">): string {
+/** An option issue in the CLI's words: `--max-redirects: must be …`; the path where no flag sets it. */
+export function flagText(issue: OptionIssue): string {
   const flag = flagFor(issue.path);
-  if (flag === undefined) return issueText(issue as OptionIssue);
-  return issue.kind === "unknown" ? `unknown option ${flag}${issue.reason}` : `${flag} ${issue.reason}`;
+  if (flag === undefined) return issueText(issue);
+  const needed = issue.requires;
+  // The option it needs is named as a flag too: `--hooks-timeout-ms: only applies with --hooks-script`.
+  const reason = needed === undefined ? issue.reason : `only applies with ${flagFor(needed.path) ?? needed.path}${needed.value === undefined ? "" : ` ${needed.value}`}`;
+  // A flag is set apart by a colon, as the CLI always wrote it: `--workers: must be …`.
+  return issue.kind === "unknown" ? `unknown option ${flag}${reason}` : `${flag}: ${reason}`;
 }

@@ -34,20 +34,20 @@ export function map(keyDoc: string, checkKey: (key: string) => string | undefine
 export const guestNamePattern = /^[a-z0-9._-]{1,64}$/;
 
 export function checkGuestName(name: string): string | undefined {
-  if (!guestNamePattern.test(name)) return `is not a guest name: 1 to 64 of a-z, 0-9, ".", "_" and "-" (got ${JSON.stringify(name)})`;
+  if (!guestNamePattern.test(name)) return `a guest name must be 1 to 64 of a-z, 0-9, ".", "_" and "-" (it goes into proxy URLs and file names)`;
   return undefined;
 }
 
 /** Secret names become environment variables in the guest. */
 export function checkSecretName(name: string): string | undefined {
-  if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) return `is not a secret name: it becomes an environment variable ([A-Za-z_][A-Za-z0-9_]*)`;
+  if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) return "a secret name must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)";
   return undefined;
 }
 
 /** What buildStaticHosts takes as a name: letters, digits, ".", "-" and "_", one trailing dot. */
 export function checkHostname(name: string): string | undefined {
   const key = name.toLowerCase().replace(/\.$/, "");
-  if (key === "" || /[^a-z0-9.\-_]/.test(key)) return `has ${JSON.stringify(name)}, which is not a hostname`;
+  if (key === "" || /[^a-z0-9.\-_]/.test(key)) return 'a hostname has only letters, digits, ".", "-" and "_"';
   return undefined;
 }
 

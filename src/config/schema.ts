@@ -19,6 +19,7 @@ import {
   string,
 } from "./nodes.js";
 import { secretValueNode } from "./secret-source.js";
+import { requiresReason, type OptionRequirement, type Segment } from "./option-error.js";
 import type { ObjectNode, OptionNode, Report } from "./validate.js";
 
 /**
@@ -161,16 +162,16 @@ export const singleGuestKeys: readonly string[] = Object.keys(guestFields);
 
 /** Checks between a guest's fields that the fields alone cannot see. */
 function guestRules(guest: Readonly<Record<string, unknown>>, report: Report): void {
-  if (guest["hooksTimeoutMs"] !== undefined && guest["hooksScript"] === undefined) report("only applies with hooksScript", ["hooksTimeoutMs"]);
+  const needs = (at: readonly Segment[], requires: OptionRequirement): void => report(requiresReason(requires), at, "invalid", requires);
+  if (guest["hooksTimeoutMs"] !== undefined && guest["hooksScript"] === undefined) needs(["hooksTimeoutMs"], { path: "hooksScript" });
   const mode = guest["secretRedirects"] ?? defaults.guest.secretRedirects;
   const secrets = Object.entries((guest["secrets"] ?? {}) as Record<string, Record<string, unknown>>);
+  const refuse = { path: "secretRedirects", value: "refuse" };
   for (const [name, secret] of secrets) {
-    if (secret["followRedirectsTo"] !== undefined && (secret["secretRedirects"] ?? mode) !== "refuse") {
-      report('only applies with secretRedirects: "refuse"', ["secrets", name, "followRedirectsTo"]);
-    }
+    if (secret["followRedirectsTo"] !== undefined && (secret["secretRedirects"] ?? mode) !== "refuse") needs(["secrets", name, "followRedirectsTo"], refuse);
   }
   const anyRefuses = mode === "refuse" || secrets.some(([, secret]) => secret["secretRedirects"] === "refuse");
-  if (guest["followRedirectsTo"] !== undefined && !anyRefuses) report('only applies with secretRedirects: "refuse"', ["followRedirectsTo"]);
+  if (guest["followRedirectsTo"] !== undefined && !anyRefuses) needs(["followRedirectsTo"], refuse);
 }
 
 const fileGuestNode = object(

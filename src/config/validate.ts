@@ -1,4 +1,6 @@
-import { makeIssue, type OptionIssue, type Segment } from "./option-error.js";
+import { makeIssue, unknownKeyReason, type OptionIssue, type OptionRequirement, type Segment } from "./option-error.js";
+
+export { closest, editDistance } from "./option-error.js";
 
 /**
  * The building blocks of the option schema, and the one walk that checks a value against them.
@@ -77,8 +79,11 @@ export interface CustomNode extends Common {
 
 export type OptionNode = IntegerNode | BooleanNode | StringNode | ListNode | ObjectNode | MapNode | FunctionNode | CustomNode;
 
-/** Reports an issue at `segments` below the node being checked (none: the node itself). */
-export type Report = (reason: string, segments?: readonly Segment[], kind?: "invalid" | "range") => void;
+/**
+ * Reports an issue at `segments` below the node being checked (none: the node itself).
+ * `requires` names an option the reported one needs; then `reason` says so in the API's words.
+ */
+export type Report = (reason: string, segments?: readonly Segment[], kind?: "invalid" | "range", requires?: OptionRequirement) => void;
 
 /** Where the options come from; some values are allowed in one spelling only. */
 export interface ValidateContext {
@@ -100,39 +105,10 @@ export function isPlainObject(value: unknown): value is Record<string, unknown> 
   return typeof value === "object" && value !== null && !Array.isArray(value);
 }
 
-/** Levenshtein distance, case-insensitive: `allowedhosts` is 2 from `allowHosts`. */
-export function editDistance(a: string, b: string): number {
-  const x = a.toLowerCase();
-  const y = b.toLowerCase();
-  let previous = Array.from({ length: y.length + 1 }, (_, i) => i);
-  for (let i = 1; i <= x.length; i++) {
-    const row = [i];
-    for (let j = 1; j <= y.length; j++) {
-      row[j] = Math.min(previous[j]! + 1, row[j - 1]! + 1, previous[j - 1]! + (x[i - 1] === y[j - 1] ? 0 : 1));
-    }
-    previous = row;
-  }
-  return previous[y.length]!;
-}
-
-/** The known key nearest to `key`, when it is within 2 edits (a typo, not another word). */
-export function closest(key: string, known: readonly string[]): string | undefined {
-  let best: string | undefined;
-  let bestDistance = 3;
-  for (const candidate of known) {
-    const d = editDistance(key, candidate);
-    if (d < bestDistance) {
-      best = candidate;
-      bestDistance = d;
-    }
-  }
-  return best;
-}
-
 /** Checks `value` against `node`; every issue found goes to `issues`. Absent (`undefined`) is valid. */
 export function validate(node: OptionNode, value: unknown, segments: readonly Segment[], issues: OptionIssue[], context: ValidateContext = {}): void {
   if (value === undefined) return;
-  const report: Report = (reason, below = [], kind = "invalid") => issues.push(makeIssue([...segments, ...below], reason, kind));
+  const report: Report = (reason, below = [], kind = "invalid", requires) => issues.push(makeIssue([...segments, ...below], reason, kind, requires));
   switch (node.kind) {
     case "integer":
       if (typeof value !== "number" || !Number.isInteger(value)) report(`must be an integer (got ${shown(value)})`);
@@ -163,7 +139,7 @@ export function validate(node: OptionNode, value: unknown, segments: readonly Se
       if (node.minEntries !== undefined && entries.length < node.minEntries) return report(`must name at least ${node.minEntries} ${node.keyDoc}`);
       for (const [key, item] of entries) {
         const reason = node.checkKey(key);
-        if (reason !== undefined) report(reason, [key]);
+        if (reason !== undefined) issues.push(makeIssue([...segments, key], reason, "key"));
         else validate(node.values, item, [...segments, key], issues, context);
       }
       return;
@@ -184,9 +160,7 @@ function validateObject(node: ObjectNode, value: unknown, segments: readonly Seg
   for (const [key, item] of Object.entries(value)) {
     const field = node.fields[key];
     if (field === undefined) {
-      const near = closest(key, known);
-      const hint = node.hints?.[key] ?? (near === undefined ? "" : `did you mean "${near}"?`);
-      issues.push(makeIssue([...segments, key], `${hint === "" ? "" : `; ${hint}`} (known: ${known.join(", ")})`, "unknown"));
+      issues.push(makeIssue([...segments, key], unknownKeyReason(key, known, node.hints?.[key]), "unknown"));
       continue;
     }
     validate(field, item, [...segments, key], issues, context);

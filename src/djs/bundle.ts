@@ -21,6 +21,9 @@ const extensions = ["", ".ts", ".mts", ".js", ".mjs", ".json", "/index.ts", "/in
 
 /** A failure with file, line and message, ready for the operator. */
 export class PolicyLoadError extends Error {
+  /** Stable, as every egressgate error's: a tier-2 policy that does not load. */
+  readonly code = "EG_POLICY_LOAD";
+
   constructor(message: string) {
     super(message);
     this.name = "PolicyLoadError";

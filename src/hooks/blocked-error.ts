@@ -10,6 +10,8 @@
  * ```
  */
 export class HttpRequestBlockedError extends Error {
+  /** Stable, as every egressgate error's: the code the guest's answer and the log line carry. */
+  readonly code = "EG_HOOK_BLOCKED";
   readonly status: number;
   readonly statusText: string;
 

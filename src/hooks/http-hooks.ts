@@ -1,7 +1,8 @@
 import { compileHostPatterns, validateHostPattern } from "../policy/host-pattern.js";
 import type { DeclarativeConfig } from "../policy/declarative-policy.js";
 import { classifyIp } from "../policy/ip-classify.js";
-import { SecretStore, type SecretInfo, type SecretOptions, type SecretRedirects } from "../policy/secrets.js";
+import { secretRedirectModes, SecretStore, type SecretInfo, type SecretOptions, type SecretRedirects } from "../policy/secrets.js";
+import { makeIssue, OptionError, requiresReason, unknownKeyReason, type OptionRequirement, type Segment } from "../option-error.js";
 import { bareHostname } from "../hostname.js";
 import { DjsHooks } from "../djs/create-djs-hooks.js";
 
@@ -116,10 +117,73 @@ const djsKey = Symbol.for("egressgate.djs");
 /** The user's own function inside a generated one, for the native path to call alone. */
 const userHookKey = Symbol.for("egressgate.userHook");
 
+/** An option error of createHttpHooks: code EG_INVALID_OPTION and the option's path. */
+function invalid(path: string | readonly Segment[], reason: string, kind: "invalid" | "unknown" | "key" = "invalid", requires?: OptionRequirement): OptionError {
+  const segments = typeof path === "string" ? (path === "" ? [] : path.split(".")) : path;
+  return new OptionError(makeIssue(segments, reason, kind, requires), { prefix: "createHttpHooks: " });
+}
+
+const secretKeys = ["hosts", "value", "secretRedirects", "followRedirectsTo"];
+const refuse: OptionRequirement = { path: "secretRedirects", value: "refuse" };
+
+function checkMode(mode: unknown, path: string): void {
+  if (mode !== undefined && !secretRedirectModes.includes(mode as SecretRedirects)) throw invalid(path, `must be "scan" or "refuse" (got ${shownValue(mode)})`);
+}
+
+/**
+ * The secrets and their redirect options, checked here so each error names its option's path
+ * (the secret store checks them again, for its other callers).
+ */
+function checkSecrets(options: HttpHooksOptions): void {
+  checkMode(options.secretRedirects, "secretRedirects");
+  patternList(options.followRedirectsTo, "followRedirectsTo");
+  const mode = options.secretRedirects ?? "scan";
+  let anyRefuses = mode === "refuse";
+  for (const [name, secret] of Object.entries(options.secrets ?? {})) {
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) throw invalid(["secrets", name], "a secret name must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)", "key");
+    const at = `secrets.${name}`;
+    if (typeof secret !== "object" || secret === null || Array.isArray(secret)) throw invalid(at, "must be an object { hosts, value }");
+    for (const key of Object.keys(secret)) {
+      if (!secretKeys.includes(key)) throw invalid(`${at}.${key}`, unknownKeyReason(key, secretKeys), "unknown");
+    }
+    if (patternList(secret.hosts, `${at}.hosts`).length === 0) throw invalid(`${at}.hosts`, "a secret needs at least one host");
+    // Never quoted: it is the secret.
+    if (typeof secret.value !== "string" || secret.value === "") throw invalid(`${at}.value`, "must be a non-empty string");
+    if (/[\r\n\0]/.test(secret.value)) throw invalid(`${at}.value`, "must not contain CR, LF or NUL");
+    checkMode(secret.secretRedirects, `${at}.secretRedirects`);
+    patternList(secret.followRedirectsTo, `${at}.followRedirectsTo`);
+    const own = secret.secretRedirects ?? mode;
+    if (secret.followRedirectsTo !== undefined && own !== "refuse") throw invalid(`${at}.followRedirectsTo`, requiresReason(refuse), "invalid", refuse);
+    anyRefuses ||= own === "refuse";
+  }
+  // Hosts to let through where nothing is refused: a mistake in the configuration, not something to ignore.
+  if (options.followRedirectsTo !== undefined && !anyRefuses) throw invalid("followRedirectsTo", requiresReason(refuse), "invalid", refuse);
+}
+
+function secretStore(options: HttpHooksOptions, key: string | undefined): SecretStore {
+  checkSecrets(options);
+  return new SecretStore(options.secrets ?? {}, options.replaceSecretsInQuery ?? false, (hosts, path) => Object.freeze(patternList(hosts, path)), key, {
+    ...(options.secretRedirects !== undefined ? { secretRedirects: options.secretRedirects } : {}),
+    ...(options.followRedirectsTo !== undefined ? { followRedirectsTo: options.followRedirectsTo } : {}),
+  });
+}
+
+function shownValue(value: unknown): string {
+  return JSON.stringify(value) ?? String(value);
+}
+
 function patternList(value: unknown, name: string): string[] {
   if (value === undefined) return [];
-  if (!Array.isArray(value)) throw new TypeError(`${name}: expected an array of host patterns`);
-  return value.map((p, i) => validateHostPattern(p, `${name}[${i}]`));
+  if (!Array.isArray(value)) throw invalid(name, `must be an array of host patterns (got ${shownValue(value)})`);
+  return value.map((pattern, i) => {
+    try {
+      return validateHostPattern(pattern, `${name}[${i}]`);
+    } catch {
+      throw new OptionError(makeIssue([...name.split("."), i], `is not a host pattern: letters, digits, ".", "-", "_" and "*" only, with no scheme, port or path (got ${shownValue(pattern)})`), {
+        prefix: "createHttpHooks: ",
+      });
+    }
+  });
 }
 
 /**
@@ -132,47 +196,27 @@ function patternList(value: unknown, name: string): string[] {
  * ```
  */
 export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHooks {
-  if (typeof options !== "object" || options === null) throw new TypeError("createHttpHooks: options must be an object");
+  if (typeof options !== "object" || options === null) throw invalid("", `must be an object (got ${shownValue(options)})`);
   for (const key of Object.keys(options)) {
-    if (!knownOptions.has(key)) {
-      throw new TypeError(`createHttpHooks: unknown option "${key}" (known: ${[...knownOptions].join(", ")})`);
-    }
+    if (!knownOptions.has(key)) throw invalid(key, unknownKeyReason(key, [...knownOptions]), "unknown");
   }
   if (options.blockInternalRanges !== undefined && typeof options.blockInternalRanges !== "boolean") {
-    throw new TypeError("createHttpHooks: blockInternalRanges must be a boolean");
+    throw invalid("blockInternalRanges", `must be true or false (got ${shownValue(options.blockInternalRanges)})`);
   }
   for (const name of hookNames) {
-    if (options[name] !== undefined && typeof options[name] !== "function") {
-      throw new TypeError(`createHttpHooks: ${name} must be a function`);
-    }
+    if (options[name] !== undefined && typeof options[name] !== "function") throw invalid(name, "must be a function");
   }
-  if (options.djsHooks !== undefined && !(options.djsHooks instanceof DjsHooks)) {
-    throw new TypeError("createHttpHooks: djsHooks must come from createDjsHooks()");
-  }
+  if (options.djsHooks !== undefined && !(options.djsHooks instanceof DjsHooks)) throw invalid("djsHooks", "must come from createDjsHooks()");
   if (options.replaceSecretsInQuery !== undefined && typeof options.replaceSecretsInQuery !== "boolean") {
-    throw new TypeError("createHttpHooks: replaceSecretsInQuery must be a boolean");
+    throw invalid("replaceSecretsInQuery", `must be true or false (got ${shownValue(options.replaceSecretsInQuery)})`);
   }
   if (options.secrets !== undefined && (typeof options.secrets !== "object" || options.secrets === null || Array.isArray(options.secrets))) {
-    throw new TypeError("createHttpHooks: secrets must be an object of { NAME: { hosts, value } }");
+    throw invalid("secrets", "must be an object of { NAME: { hosts, value } }");
   }
   const key = options.secretPlaceholderKey;
-  if (key !== undefined && (typeof key !== "string" || key.length < 32)) {
-    throw new TypeError("createHttpHooks: secretPlaceholderKey must be a string of at least 32 characters");
-  }
-  const secrets = new SecretStore(
-    options.secrets ?? {},
-    options.replaceSecretsInQuery ?? false,
-    (hosts, path) => {
-      const list = patternList(hosts, path);
-      if (list.length === 0) throw new TypeError(`${path}: a secret needs at least one host`);
-      return Object.freeze(list);
-    },
-    key,
-    {
-      ...(options.secretRedirects !== undefined ? { secretRedirects: options.secretRedirects } : {}),
-      ...(options.followRedirectsTo !== undefined ? { followRedirectsTo: options.followRedirectsTo } : {}),
-    },
-  );
+  // Never quoted: it is a secret.
+  if (key !== undefined && (typeof key !== "string" || key.length < 32)) throw invalid("secretPlaceholderKey", "must be a string of at least 32 characters");
+  const secrets = secretStore(options, key);
   const config: DeclarativeConfig = Object.freeze({
     allowedHosts: Object.freeze(patternList(options.allowedHosts, "allowedHosts")),
     allowedInternalHosts: Object.freeze(patternList(options.allowedInternalHosts, "allowedInternalHosts")),

@@ -2,7 +2,9 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { defaults as tableDefaults } from "../../src/config/defaults.js";
 import { isOptionError, type OptionError, type OptionRangeError } from "../../src/config/option-error.js";
-import { createHttpHooks } from "../../src/hooks/http-hooks.js";
+import { PolicyLoadError } from "../../src/djs/create-djs-hooks.js";
+import { HttpRequestBlockedError } from "../../src/hooks/blocked-error.js";
+import { createHttpHooks, type HttpHooksOptions } from "../../src/hooks/http-hooks.js";
 import { defaults, resolveProxyOptions, type ProxyOptions } from "../../src/proxy/options.js";
 import { tempDir } from "../helpers/proxy.js";
 
@@ -34,7 +36,7 @@ describe("startProxy's options go through the one schema", () => {
     expect(error.code).toBe("EG_INVALID_OPTION");
     expect(error.path).toBe(path);
     expect(error).toBeInstanceOf(range ? RangeError : TypeError);
-    expect(error.message.startsWith(`startProxy: ${path} `)).toBe(true);
+    expect(error.message).toMatch(new RegExp(`^startProxy: ${path.replace(/[[\].]/g, "\\$&")}:? `));
   });
 
   it("a short deployment key is never quoted", () => {
@@ -60,5 +62,44 @@ describe("startProxy's options go through the one schema", () => {
     const resolved = resolveProxyOptions(untyped({ httpHooks: createHttpHooks({}).httpHooks, timeouts: { idleMs: undefined } }));
     expect(resolved.timeouts.idleMs).toBe(tableDefaults.timeouts.idleMs);
     expect(resolved.limits.connectionsPerSource).toBe(tableDefaults.limits.connectionsPerSource);
+  });
+});
+
+describe("createHttpHooks' options carry a code and a path too", () => {
+  function hooksErrorOf(options: Record<string, unknown>): OptionError {
+    try {
+      createHttpHooks(options as HttpHooksOptions);
+    } catch (error) {
+      expect(isOptionError(error)).toBe(true);
+      return error as OptionError;
+    }
+    throw new Error(`${JSON.stringify(options)} was accepted`);
+  }
+
+  it.each([
+    { options: { allowedHosts: ["ok.test", "https://x.test"] }, path: "allowedHosts[1]" },
+    { options: { allowedHost: ["x.test"] }, path: "allowedHost" },
+    { options: { secrets: { T: { hosts: [], value: "v" } } }, path: "secrets.T.hosts" },
+    { options: { secrets: { T: { hosts: ["a.test"], value: "a\nb" } } }, path: "secrets.T.value" },
+    { options: { secrets: { "a-b": { hosts: ["a.test"], value: "v" } } }, path: "secrets.a-b" },
+    { options: { secrets: { T: { hosts: ["a.test"], value: "v", followRedirectsTo: ["b.test"] } } }, path: "secrets.T.followRedirectsTo" },
+    { options: { secretRedirects: "sometimes" }, path: "secretRedirects" },
+  ])("$path", ({ options, path }) => {
+    const error = hooksErrorOf(options);
+    expect([error.code, error.path]).toEqual(["EG_INVALID_OPTION", path]);
+    expect(error.message.startsWith(`createHttpHooks: `)).toBe(true);
+  });
+
+  it("an unknown option gets a did-you-mean; a secret's value and the placeholder key are never quoted", () => {
+    expect(hooksErrorOf({ allowedHost: ["x.test"] }).message).toMatch(/did you mean "allowedHosts"\?/);
+    expect(hooksErrorOf({ secrets: { T: { hosts: ["a.test"], value: "line-one\nline-two" } } }).message).not.toContain("line-one");
+    expect(hooksErrorOf({ secretPlaceholderKey: "short-key-value" }).message).not.toContain("short-key-value");
+  });
+});
+
+describe("the other errors a caller meets carry a stable code", () => {
+  it("HttpRequestBlockedError is EG_HOOK_BLOCKED, PolicyLoadError EG_POLICY_LOAD", () => {
+    expect(new HttpRequestBlockedError("no", 451).code).toBe("EG_HOOK_BLOCKED");
+    expect(new PolicyLoadError("policy.ts:1: boom").code).toBe("EG_POLICY_LOAD");
   });
 });

@@ -3,7 +3,7 @@ import { defaultDjsLimits } from "../../src/djs/create-djs-hooks.js";
 import { createHttpHooks, declarativeConfigOf } from "../../src/hooks/http-hooks.js";
 import { defaults } from "../../src/config/defaults.js";
 import { configOverrides, flagFor, flagText, optionFlags } from "../../src/config/flags.js";
-import { formatPath, invalidOptionCode, optionError, OptionError, OptionRangeError, type OptionIssue } from "../../src/config/option-error.js";
+import { formatPath, invalidOptionCode, issueText, optionError, OptionError, OptionRangeError, type OptionIssue } from "../../src/config/option-error.js";
 import { apiOptionsSchema, configFileSchema, schemaPaths } from "../../src/config/schema.js";
 import { InlineSecret } from "../../src/config/secret-source.js";
 import { closest, editDistance, validate, type ObjectNode } from "../../src/config/validate.js";
@@ -27,7 +27,7 @@ describe("the option schema: every error has a code and a path", () => {
     { name: "a timeout given as text", value: { timeouts: { dnsMs: "5s" } }, path: "timeouts.dnsMs", kind: "invalid" },
     { name: "an unknown limit", value: { limits: { conections: 5 } }, path: "limits.conections", kind: "unknown" },
     { name: "a guest's bad source range", value: { guests: { ci: { sources: ["10.0.0.1/40"] } } }, path: "guests.ci.sources[0]", kind: "invalid" },
-    { name: "a bad guest name", value: { guests: { CI: {} } }, path: "guests.CI", kind: "invalid" },
+    { name: "a bad guest name", value: { guests: { CI: {} } }, path: "guests.CI", kind: "key" },
     { name: "a resolve entry with no addresses", value: { resolve: { "api.test": [] } }, path: "resolve.api.test", kind: "invalid" },
     { name: "a hook that is not a function", value: { httpHooks: { onRequest: 1 } }, path: "httpHooks.onRequest", kind: "invalid" },
   ])("startProxy options: $name", ({ value, path, kind }) => {
@@ -211,10 +211,19 @@ describe("the flags table", () => {
     expect(flagFor(path)).toBe(flag);
   });
 
+  it("an option that needs another names that one as a flag too, and as a key in the file's words", () => {
+    const timeout = onlyIssue(fileIssues({ hooksTimeoutMs: 50 }));
+    expect(issueText(timeout)).toBe("hooksTimeoutMs only applies with hooksScript");
+    expect(flagText(timeout)).toBe("--hooks-timeout-ms: only applies with --hooks-script");
+    const follow = onlyIssue(fileIssues({ followRedirectsTo: ["a.test"] }));
+    expect(issueText(follow)).toBe('followRedirectsTo only applies with secretRedirects: "refuse"');
+    expect(flagText(follow)).toBe("--follow-redirects-to: only applies with --secret-redirects refuse");
+  });
+
   it("an option no flag sets keeps its path", () => {
     expect(flagFor("timeouts.dnsMs")).toBeUndefined();
     const issue = onlyIssue(fileIssues({ timeouts: { dnsMs: 0 } }));
     expect(flagText(issue)).toBe("timeouts.dnsMs must be an integer from 1 to 86400000 (got 0)");
-    expect(flagText(onlyIssue(fileIssues({ maxRedirects: 101 })))).toBe("--max-redirects must be an integer from 0 to 100 (got 101)");
+    expect(flagText(onlyIssue(fileIssues({ maxRedirects: 101 })))).toBe("--max-redirects: must be an integer from 0 to 100 (got 101)");
   });
 });

@@ -144,11 +144,11 @@ describe("secretRedirects and followRedirectsTo options", () => {
   });
 
   it.each([
-    [{ secretRedirects: "sometimes" }, /secretRedirects: expected "scan" or "refuse" \(got "sometimes"\)/],
-    [{ followRedirectsTo: ["a.test"] }, /followRedirectsTo: only applies with secretRedirects: "refuse"/],
+    [{ secretRedirects: "sometimes" }, /secretRedirects must be "scan" or "refuse" \(got "sometimes"\)/],
+    [{ followRedirectsTo: ["a.test"] }, /followRedirectsTo only applies with secretRedirects: "refuse"/],
     [{ secretRedirects: "refuse", followRedirectsTo: ["https://a.test"] }, /followRedirectsTo\[0\]/],
-    [{ secrets: { T: { hosts: ["a.test"], value: "v-123", followRedirectsTo: ["b.test"] } } }, /secrets\.T\.followRedirectsTo: only applies with secretRedirects: "refuse"/],
-    [{ secrets: { T: { hosts: ["a.test"], value: "v-123", secretRedirects: "no" } } }, /secrets\.T\.secretRedirects: expected "scan" or "refuse"/],
+    [{ secrets: { T: { hosts: ["a.test"], value: "v-123", followRedirectsTo: ["b.test"] } } }, /secrets\.T\.followRedirectsTo only applies with secretRedirects: "refuse"/],
+    [{ secrets: { T: { hosts: ["a.test"], value: "v-123", secretRedirects: "no" } } }, /secrets\.T\.secretRedirects must be "scan" or "refuse"/],
   ])("%j is refused", (options, message) => {
     expect(() => createHttpHooks(options as Parameters<typeof createHttpHooks>[0])).toThrow(message);
   });
