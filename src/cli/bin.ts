@@ -1,72 +1,63 @@
 #!/usr/bin/env node
-import { defaultCaDir, loadOrCreateCa } from "../tls/ca-store.js";
-import { formatShellExports, guestEnvironment } from "../proxy/guest-env.js";
-import { startProxy } from "../proxy/start-proxy.js";
-import { declarativeConfigOf, djsHooksOf } from "../hooks/http-hooks.js";
 import { randomBytes } from "node:crypto";
+import { defaultCaDir, loadOrCreateCa } from "../tls/ca-store.js";
+import { startProxy } from "../proxy/start-proxy.js";
 import { resolveProxyOptions, type ProxyOptions } from "../proxy/options.js";
 import { parseCli, placeholderKeyEnv, UsageError } from "./args.js";
 import { isClusterWorker, isFirstWorker, reportListening, runPrimary, siblingPort } from "./cluster.js";
+import { checkConfig, failureText, printCa, printEnv } from "./commands.js";
+
+/** `flags`, or the config file in use, once known: how an option error from startProxy is worded. */
+let source: string | undefined;
 
 async function main(argv: readonly string[]): Promise<number> {
   const command = parseCli(argv);
   if (command.kind === "help") return 0;
-  if (command.kind === "ca") {
-    const ca = await loadOrCreateCa(command.caDir ?? defaultCaDir());
-    process.stdout.write(`${ca.certPath}\n${ca.certPem}`);
-    return 0;
+  if (command.kind === "ca") return printCa(command.caDir);
+  if (command.kind === "env") return printEnv(command, process.env);
+  if (command.kind === "check-config") {
+    source = command.file;
+    return checkConfig(command.file, process.env);
   }
-  if (command.kind === "env") {
-    const ca = await loadOrCreateCa(command.caDir ?? defaultCaDir());
-    const host = command.listen.host.includes(":") ? `[${command.listen.host}]` : command.listen.host;
-    const env = guestEnvironment({
-      proxyUrl: `http://${host}:${command.listen.port}`,
-      caCertPath: ca.certPath,
-      caBundlePath: ca.bundlePath,
-      extra: {},
-    });
-    process.stdout.write(formatShellExports(env));
-    return 0;
-  }
+  source = command.source;
   const worker = isClusterWorker();
   // Ctrl-C reaches every process of the group. In a cluster the primary orders the drain, so a
   // worker ignores SIGINT from its very start: one that closed on its own would look to the
   // primary like one that chose to stop, and one still starting would die of it.
   if (worker) process.on("SIGINT", () => undefined);
-  const hooks = command.options.httpHooks;
-  const secrets = declarativeConfigOf(hooks)?.secrets;
-  if (secrets !== undefined) redactFatal = (text) => secrets.redact(text);
-  const djsHooks = hooks === undefined ? undefined : djsHooksOf(hooks);
+  const built = command.built;
+  redactFatal = (text) => built.redact(text);
+  const options: ProxyOptions = command.options;
   try {
     if (command.workers > 1 && !worker) {
-      // The flags are valid and the policy loads (parseCli loaded it); startProxy's own checks
-      // run here too, so a bad option exits 2 before any worker starts. The workers load their
-      // own policy. The CA is made here, once, so that no two workers race to create it.
-      const { listen } = resolveProxyOptions(command.options);
-      await djsHooks?.close();
-      await loadOrCreateCa(command.options.caDir ?? defaultCaDir());
+      // The configuration is valid and its policies load (parseCli loaded them); startProxy's
+      // own checks run here too, so a bad option exits 2 before any worker starts. The workers
+      // load their own policies (a --config file, each worker reading it again). The CA is made
+      // here, once, so that no two workers race to create it.
+      const { listen } = resolveProxyOptions(options);
+      await built.close();
+      await loadOrCreateCa(options.caDir ?? defaultCaDir());
       // One placeholder key for all workers, so a guest's placeholders work whichever one serves it.
       const env = { [placeholderKeyEnv]: process.env[placeholderKeyEnv] ?? randomBytes(32).toString("hex") };
       return await runPrimary(argv, command.workers, listen, env, (line) => process.stdout.write(`${line}\n`));
     }
     // In a cluster, only the first worker writes the guest environment file, every worker's log
     // lines name it, and for `--listen HOST:0` every worker listens on the port the primary picked.
-    const { guestEnvFile, ...rest } = command.options;
+    const { guestEnvFile, ...rest } = options;
     void guestEnvFile;
     const port = worker ? siblingPort() : undefined;
-    const options: ProxyOptions = {
-      ...(worker && !isFirstWorker() ? rest : command.options),
-      ...(port !== undefined ? { listen: { ...command.options.listen, port } } : {}),
+    const proxy = await startProxy({
+      ...(worker && !isFirstWorker() ? rest : options),
+      ...(port !== undefined ? { listen: { ...options.listen, port } } : {}),
       ...(worker ? { logSink: workerLogSink(process.pid) } : {}),
-    };
-    const proxy = await startProxy(options);
+    });
     await new Promise<void>((resolve) => {
       let closing = false;
       const close = (): void => {
         if (closing) return;
         closing = true;
         void proxy.close().then(async () => {
-          await djsHooks?.close();
+          await built.close();
           // A worker's IPC channel would keep it alive after the drain.
           if (worker) process.disconnect?.();
           resolve();
@@ -85,8 +76,8 @@ async function main(argv: readonly string[]): Promise<number> {
       else process.stdout.write(`egressgate listening on ${proxy.url}\n`);
     });
   } catch (error) {
-    // The policy's worker threads would otherwise keep a failed start alive.
-    await djsHooks?.close();
+    // The policies' worker threads would otherwise keep a failed start alive.
+    await built.close();
     throw error;
   }
   return 0;
@@ -123,12 +114,13 @@ main(process.argv.slice(2)).then(
     process.exitCode = code;
   },
   (error: unknown) => {
-    if (error instanceof UsageError || error instanceof TypeError || error instanceof RangeError) {
-      process.stderr.write(`egressgate: ${flagNames(error.message)}\nRun "egressgate --help" for usage.\n`);
+    // Bad usage, a bad option or config file, a policy that does not load: the input's fault, exit 2.
+    if (error instanceof UsageError || error instanceof TypeError || error instanceof RangeError || (error as { code?: unknown })?.code === "EG_POLICY_LOAD") {
+      process.stderr.write(`egressgate: ${failureText(error, source)}\nRun "egressgate --help" for usage.\n`);
       process.exitCode = 2;
       return;
     }
-    process.stderr.write(`egressgate: ${flagNames((error as Error)?.message ?? String(error))}\n`);
+    process.stderr.write(`egressgate: ${failureText(error, source)}\n`);
     process.exitCode = 1;
   },
 ).finally(() => {
@@ -136,22 +128,3 @@ main(process.argv.slice(2)).then(
   // waiting for it to listen or to exit.
   if (isClusterWorker() && process.exitCode !== 0 && process.exitCode !== undefined) process.exit(process.exitCode);
 });
-
-/** startProxy names options as the API spells them; a CLI user knows the flags. */
-function flagNames(message: string): string {
-  const flags: Record<string, string> = {
-    maxRedirects: "--max-redirects",
-    resolve: "--resolve",
-    upstreamCa: "--upstream-ca",
-    listen: "--listen",
-    caDir: "--ca-dir",
-    guestEnvFile: "--guest-env-file",
-    leafKeyType: "--leaf-key",
-    logLevel: "--log-level",
-  };
-  return message
-    .replace(/^startProxy: timeouts\.upstreamBodyMs/, "--upstream-body-timeout-ms")
-    .replace(/^startProxy: limits\.connectionsPerSource/, "--max-connections-per-source")
-    .replace(/^startProxy: limits\.connections/, "--max-connections")
-    .replace(/^startProxy: (\w+)/, (whole, name: string) => (flags[name] ? flags[name] : whole));
-}

@@ -1,7 +1,11 @@
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { parseCli, parseListen, parseResolve, UsageError } from "../../src/cli/args.js";
 import { declarativeConfigOf } from "../../src/hooks/http-hooks.js";
-import type { ProxyOptions } from "../../src/proxy/options.js";
+import { ConfigFileError, isOptionError, type OptionError } from "../../src/config/option-error.js";
+import { defaults, resolveProxyOptions, type ProxyOptions } from "../../src/proxy/options.js";
+import { tempDir } from "../helpers/proxy.js";
 
 /** Parses argv that must yield the serve command, and returns its startProxy options. */
 function serveOptions(argv: readonly string[]): ProxyOptions {
@@ -15,12 +19,16 @@ function declarativeOf(options: ProxyOptions): ReturnType<typeof declarativeConf
   return declarativeConfigOf(options.httpHooks);
 }
 
-function usageErrorOf(argv: readonly string[]): UsageError {
+/** The error bad input gets: a UsageError, or an option error naming the flag (both exit 2). */
+function usageErrorOf(argv: readonly string[], env: NodeJS.ProcessEnv = {}): Error & { code?: string; path?: string } {
   try {
-    parseCli(argv);
+    parseCli(argv, env);
   } catch (error) {
-    expect(error).toBeInstanceOf(UsageError);
-    return error as UsageError;
+    if (!(error instanceof UsageError) && !(error instanceof ConfigFileError)) {
+      expect(isOptionError(error)).toBe(true);
+      expect((error as OptionError).code).toBe("EG_INVALID_OPTION");
+    }
+    return error as Error;
   }
   throw new Error(`parseCli(${JSON.stringify(argv)}) did not throw`);
 }
@@ -34,22 +42,18 @@ describe("parseCli: serve flags become startProxy options", () => {
     const bare = serveOptions([]);
     expect("timeouts" in bare).toBe(false);
     expect("limits" in bare).toBe(false);
-    expect(usageErrorOf(["--upstream-body-timeout-ms", "0"]).message).toMatch(/--upstream-body-timeout-ms: expected a positive integer/);
-    expect(usageErrorOf(["--max-connections", "1.5"]).message).toMatch(/--max-connections: expected a positive integer/);
+    expect(usageErrorOf(["--upstream-body-timeout-ms", "0"]).message).toBe("--upstream-body-timeout-ms: must be an integer from 1 to 86400000 (got 0)");
+    expect(usageErrorOf(["--max-connections", "1.5"]).message).toBe("--max-connections: must be an integer (got 1.5)");
   });
 
-  it("no flags serve on 127.0.0.1:8080 with deny-all hooks and leave caDir and guestEnvFile to startProxy's defaults", () => {
+  it("no flags give deny-all hooks and leave every other option to the one table of defaults", () => {
     const options = serveOptions([]);
-    expect(options.listen).toEqual({ host: "127.0.0.1", port: 8080 });
-    expect(options.resolve).toEqual({});
-    expect(options.upstreamCa).toEqual([]);
-    expect(options.leafKeyType).toBe("ecdsa");
-    expect(options.maxRedirects).toBe(10);
-    expect(options.logLevel).toBe("info");
+    expect(Object.keys(options).sort()).toEqual(["env", "httpHooks"]);
     expect(options.env).toEqual({});
-    expect("caDir" in options).toBe(false);
-    expect("guestEnvFile" in options).toBe(false);
     expect(declarativeOf(options)).toEqual({ allowedHosts: [], allowedInternalHosts: [], blockInternalRanges: true });
+    const resolved = resolveProxyOptions(options);
+    expect(resolved.listen).toEqual(defaults.listen);
+    expect([resolved.maxRedirects, resolved.leafKeyType, resolved.logLevel]).toEqual([defaults.maxRedirects, defaults.leafKeyType, defaults.logLevel]);
   });
 
   it("the explicit serve command parses like the default command", () => {
@@ -92,10 +96,12 @@ describe("parseCli: serve flags become startProxy options", () => {
   });
 
   it("--upstream-ca is repeatable and passes the paths through", () => {
-    expect(serveOptions(["--upstream-ca", "/etc/a.pem", "--upstream-ca", "/etc/b.pem"]).upstreamCa).toEqual([
-      "/etc/a.pem",
-      "/etc/b.pem",
-    ]);
+    const dir = tempDir();
+    const [a, b] = [join(dir, "a.pem"), join(dir, "b.pem")];
+    for (const file of [a, b]) writeFileSync(file, "-----BEGIN CERTIFICATE-----\n");
+    expect(serveOptions(["--upstream-ca", a, "--upstream-ca", b]).upstreamCa).toEqual([a, b]);
+    // Checked while parsing, so a missing file exits 2 before anything starts.
+    expect(usageErrorOf(["--upstream-ca", join(dir, "missing.pem")]).message).toMatch(/^--upstream-ca: cannot read .*missing\.pem: ENOENT/);
   });
 
   it("--ca-dir, --guest-env-file, --log-level, --leaf-key and --max-redirects map to their options", () => {
@@ -152,7 +158,7 @@ describe("parseCli: the ca and env commands", () => {
 describe("parseCli: bad flags and values throw a UsageError naming the flag", () => {
   it.each([
     { argv: ["--bogus"], names: /bogus/ },
-    { argv: ["--listen", "nope"], names: /--listen.*"nope"/ },
+    { argv: ["--listen", "nope"], names: /^--listen: must be HOST:PORT \(got "nope"\)$/ },
     { argv: ["--listen", "70000"], names: /--listen.*"70000"/ },
     { argv: ["--resolve", "x"], names: /--resolve.*"x"/ },
     { argv: ["--resolve", "=127.0.0.1"], names: /--resolve/ },
@@ -165,7 +171,9 @@ describe("parseCli: bad flags and values throw a UsageError naming the flag", ()
     { argv: ["--max-redirects", "1.5"], names: /--max-redirects.*1\.5/ },
     { argv: ["--max-redirects", "many"], names: /--max-redirects/ },
     { argv: ["env", "--allow-host", "x.test"], names: /allow-host/ },
-    { argv: ["--hooks-timeout-ms", "50"], names: /--hooks-timeout-ms: only applies with --hooks-script/ },
+    { argv: ["--hooks-timeout-ms", "50"], names: /^--hooks-timeout-ms: only applies with --hooks-script$/ },
+    { argv: ["--workers", "0"], names: /^--workers: must be an integer from 1 to 64 \(got 0\)$/ },
+    { argv: ["--max-redirects", "many"], names: /^--max-redirects: must be an integer \(got NaN\)$/ },
   ])("$argv", ({ argv, names }) => {
     expect(usageErrorOf(argv).message).toMatch(names);
   });
@@ -201,5 +209,88 @@ describe("parseResolve", () => {
   it.each(["x", "=1.1.1.1", "a.test=", ""])("refuses %j with a UsageError naming --resolve", (value) => {
     expect(() => parseResolve([value])).toThrow(UsageError);
     expect(() => parseResolve([value])).toThrow(/--resolve/);
+  });
+});
+
+describe("parseCli: --config FILE", () => {
+  function configFile(text: string): string {
+    const file = join(tempDir(), "egressgate.yaml");
+    writeFileSync(file, text);
+    return file;
+  }
+  const twoGuests = "listen: 0.0.0.0:3128\nlogLevel: warn\nguests:\n  ci: { allowHosts: [a.test] }\n  agent: { allowHosts: [b.test], sources: [10.88.0.2/32] }\n";
+
+  it("runs the file's guests, with their hooks, in startProxy's guests form", () => {
+    const options = serveOptions(["--config", configFile(twoGuests)]);
+    expect(Object.keys(options.guests ?? {})).toEqual(["ci", "agent"]);
+    expect(declarativeConfigOf(options.guests?.["ci"]?.httpHooks)?.allowedHosts).toEqual(["a.test"]);
+    expect(options.guests?.["agent"]?.sources).toEqual(["10.88.0.2/32"]);
+    expect(options.listen).toEqual({ host: "0.0.0.0", port: 3128 });
+    expect(options.logLevel).toBe("warn");
+  });
+
+  it("--listen, --ca-dir, --guest-env-file, --upstream-ca, --log-level and --workers override the file", () => {
+    const file = configFile(twoGuests);
+    const ca = join(tempDir(), "ca.pem");
+    writeFileSync(ca, "-----BEGIN CERTIFICATE-----\n");
+    const command = parseCli(
+      ["--config", file, "--listen", "127.0.0.1:0", "--ca-dir", "/tmp/eg-ca", "--guest-env-file", "/tmp/eg.env", "--upstream-ca", ca, "--log-level", "debug", "--workers", "2"],
+      {},
+    );
+    if (command.kind !== "serve") throw new Error("expected serve");
+    expect(command.options).toMatchObject({ listen: { host: "127.0.0.1", port: 0 }, caDir: "/tmp/eg-ca", guestEnvFile: "/tmp/eg.env", upstreamCa: [ca], logLevel: "debug" });
+    expect(command.workers).toBe(2);
+    expect(command.source).toBe(file);
+  });
+
+  it("a flag that describes a guest, or any other option, next to --config is a usage error naming it and the file", () => {
+    const file = configFile(twoGuests);
+    for (const argv of [["--allow-host", "x.test"], ["--host-secret", "T@a.test=v"], ["--auth"], ["--max-redirects", "3"]]) {
+      const error = usageErrorOf(["--config", file, ...argv]);
+      expect(error).toBeInstanceOf(UsageError);
+      expect(error.code).toBe("EG_USAGE");
+      expect(error.message).toContain(`${argv[0]}: cannot be combined with --config`);
+      expect(error.message).toContain(file);
+    }
+  });
+
+  it("a bad override names the flag; a bad file names its line", () => {
+    expect(usageErrorOf(["--config", configFile(twoGuests), "--listen", "nope"]).message).toMatch(/^--listen: must be HOST:PORT/);
+    const bad = configFile("guests:\n  ci:\n    allowHosts: [https://x]\n");
+    const error = usageErrorOf(["--config", bad]) as Error & { code?: string };
+    expect(error.code).toBe("EG_INVALID_CONFIG");
+    expect(error.message).toBe(`${bad}:3: guests.ci.allowHosts[0] is not a host pattern: letters, digits, ".", "-", "_" and "*" only, with no scheme, port or path (got "https://x")`);
+  });
+});
+
+describe("parseCli: --auth, env --guest and check-config", () => {
+  it("--auth makes the flags' one guest need credentials; --no-auth says it need not, even beyond loopback", () => {
+    expect(serveOptions(["--auth"]).auth).toBe(true);
+    expect(serveOptions(["--no-auth", "--listen", "0.0.0.0:0"]).auth).toBe(false);
+    expect("auth" in serveOptions([])).toBe(false);
+  });
+
+  it("EGRESSGATE_PLACEHOLDER_KEY becomes the deployment key guest tokens derive from; a short one names the variable", () => {
+    const key = "d".repeat(40);
+    const command = parseCli(["--auth"], { EGRESSGATE_PLACEHOLDER_KEY: key });
+    expect(command.kind === "serve" && command.options.deploymentKey).toBe(key);
+    expect(usageErrorOf(["--auth"], { EGRESSGATE_PLACEHOLDER_KEY: "short" }).message).toBe("$EGRESSGATE_PLACEHOLDER_KEY: must be at least 32 characters long");
+  });
+
+  it("env --guest NAME needs the deployment key, since a token derives from it", () => {
+    const key = "k".repeat(32);
+    expect(parseCli(["env", "--guest", "ci", "--listen", "127.0.0.1:3128"], { EGRESSGATE_PLACEHOLDER_KEY: key })).toEqual({
+      kind: "env",
+      caDir: undefined,
+      listen: { host: "127.0.0.1", port: 3128 },
+      guest: "ci",
+    });
+    expect(usageErrorOf(["env", "--guest", "ci"]).message).toMatch(/env --guest ci: needs \$EGRESSGATE_PLACEHOLDER_KEY/);
+    expect(usageErrorOf(["env", "--guest", "Not A Name"], { EGRESSGATE_PLACEHOLDER_KEY: key }).message).toMatch(/^--guest: a guest name must be/);
+  });
+
+  it("check-config takes the file to check", () => {
+    expect(parseCli(["check-config", "egressgate.yaml"])).toEqual({ kind: "check-config", file: "egressgate.yaml" });
+    expect(usageErrorOf(["check-config"]).message).toMatch(/Not enough non-option arguments/);
   });
 });

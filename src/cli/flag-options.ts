@@ -1,0 +1,62 @@
+import type { Options } from "yargs";
+import { computedDefaults } from "../config/defaults.js";
+import { optionFlags, type FlagPath } from "../config/flags.js";
+import { configFileSchema, schemaPaths } from "../config/schema.js";
+import type { OptionNode } from "../config/validate.js";
+
+/**
+ * The serve command's option flags, declared from the one flags table and the schema: each
+ * flag's type, choices, description and shown default come from the option it sets, so `--help`
+ * cannot drift from what the file and startProxy accept. No flag has a yargs default: an absent
+ * flag leaves the option to the defaults table (and, next to --config, to the file).
+ */
+
+const nodes = new Map(schemaPaths(configFileSchema).map(({ path, node }) => [path, node]));
+
+/** What the flag's value looks like, where the option's own doc would not say. */
+const flagDocs: Partial<Record<FlagPath, string>> = {
+  listen: "HOST:PORT to listen on ([v6]:PORT; a bare PORT is on 127.0.0.1); port 0 picks a free port",
+  resolve: "static name: HOST=IP[,IP]; IP checks still apply; repeatable",
+  secrets: "NAME@HOST[,HOST...][=VALUE]: the guest gets a placeholder for it (value from $NAME if no =VALUE); repeatable",
+  upstreamCa: "extra PEM root for upstream TLS; repeatable",
+  allowHosts: "host pattern that may be reached (* matches any run); repeatable",
+  allowInternalHosts: "host pattern that may resolve to internal addresses; repeatable",
+  blockInternalRanges: "refuse internal addresses (--no-block-internal-ranges to allow)",
+  followRedirectsTo: "host pattern that redirects may still reach with --secret-redirects refuse; repeatable",
+  auth: 'the guest (named "default") must send credentials (egressgate env --guest default); --no-auth serves without them even beyond loopback',
+  guestEnvFile: "write the guest environment (KEY=value lines) to FILE; with several guests, FILE.<guest> each",
+  hooksTimeoutMs: "time limit for one policy call, 1 to 60000 (502 beyond); needs --hooks-script",
+};
+
+function shownDefault(path: FlagPath, node: OptionNode): string | undefined {
+  const computed = (computedDefaults as Record<string, string>)[path];
+  if (computed !== undefined) return computed;
+  return "default" in node && node.default !== undefined ? String(node.default) : undefined;
+}
+
+function flagOption(path: FlagPath): Options {
+  const node = nodes.get(path);
+  if (node === undefined) throw new Error(`the flags table names ${path}, which the schema lacks`);
+  const shown = shownDefault(path, node);
+  const base: Options = { describe: flagDocs[path] ?? node.doc, ...(shown !== undefined ? { defaultDescription: shown } : {}) };
+  switch (node.kind) {
+    case "integer":
+      return { ...base, type: "number" };
+    case "boolean":
+      return { ...base, type: "boolean" };
+    case "string":
+      return { ...base, type: "string", ...(node.choices !== undefined ? { choices: [...node.choices] } : {}) };
+    default:
+      return { ...base, type: "string", array: true };
+  }
+}
+
+/** yargs key (the flag without its dashes) → its declaration, for every option flag. */
+export function optionFlagDeclarations(): Record<string, Options> {
+  return Object.fromEntries(Object.entries(optionFlags).map(([path, flag]) => [flag.slice(2), flagOption(path as FlagPath)]));
+}
+
+/** The option flags given on the command line, by option path. */
+export function givenFlags(args: Record<string, unknown>): FlagPath[] {
+  return (Object.entries(optionFlags) as Array<[FlagPath, string]>).filter(([, flag]) => args[flag.slice(2)] !== undefined).map(([path]) => path);
+}

@@ -1,0 +1,195 @@
+import { execFile, spawn } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { describe, expect, it, onTestFinished } from "vitest";
+import { parseDocument } from "yaml";
+import { tempDir } from "../helpers/proxy.js";
+import { testCa } from "../helpers/test-ca.js";
+import { startUpstream, type Upstream } from "../helpers/upstream.js";
+
+/**
+ * examples/egressgate.yaml, run by the real CLI (from source, so the test never runs a stale
+ * build) and driven with each guest's own credentials. A test-only overlay keeps everything on
+ * loopback: the example's hosts resolve to 127.0.0.1, which the guests may then reach, and the
+ * test upstream's CA is trusted.
+ */
+
+const root = fileURLToPath(new URL("../../", import.meta.url));
+const example = join(root, "examples", "egressgate.yaml");
+const deploymentKey = "config-file-test-deployment-key-0123456789";
+const secrets = { CI_NPM_TOKEN: "npm_real_value_for_ci_0001", AGENT_GH_TOKEN: "ghp_real_value_for_agent_0002" };
+const listening = /egressgate listening on http:\/\/127\.0\.0\.1:(\d+)\n/;
+
+function cleanEnv(extra: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = { PATH: process.env["PATH"], HOME: process.env["HOME"], XDG_CONFIG_HOME: tempDir("egressgate-xdg-") };
+  return { ...env, ...extra };
+}
+
+interface Cli {
+  stdout(): string;
+  stderr(): string;
+  readonly exited: Promise<number | null>;
+  stop(): Promise<void>;
+}
+
+/** Runs `egressgate ARGS` from source; killed when the test ends. */
+function startCli(args: readonly string[], env: NodeJS.ProcessEnv): Cli {
+  const child = spawn(process.execPath, ["--import", "tsx", join(root, "src", "cli", "bin.ts"), ...args], { cwd: root, env, stdio: ["ignore", "pipe", "pipe"] });
+  let out = "";
+  let err = "";
+  child.stdout.setEncoding("utf8").on("data", (chunk: string) => (out += chunk));
+  child.stderr.setEncoding("utf8").on("data", (chunk: string) => (err += chunk));
+  const exited = new Promise<number | null>((resolve) => child.once("close", (code) => resolve(code)));
+  const stop = async (): Promise<void> => {
+    if (child.exitCode === null && child.signalCode === null) child.kill("SIGTERM");
+    await exited;
+  };
+  onTestFinished(stop);
+  return { stdout: () => out, stderr: () => err, exited, stop };
+}
+
+async function waitForListening(cli: Cli): Promise<number> {
+  for (let waited = 0; waited < 30_000; waited += 50) {
+    const match = listening.exec(cli.stdout());
+    if (match !== null) return Number(match[1]);
+    if (await Promise.race([cli.exited.then(() => true), new Promise<false>((r) => setTimeout(() => r(false), 50))])) break;
+  }
+  throw new Error(`egressgate did not start\nstdout: ${cli.stdout()}\nstderr: ${cli.stderr()}`);
+}
+
+/** The example with the test's overlay, written next to nothing it refers to: its policy path made absolute. */
+async function overlaidExample(dir: string): Promise<string> {
+  const doc = parseDocument(readFileSync(example, "utf8"));
+  const caFile = join(dir, "upstream-ca.pem");
+  writeFileSync(caFile, (await testCa()).certPem);
+  doc.set("upstreamCa", [caFile]);
+  doc.set("resolve", Object.fromEntries(["registry.npmjs.org", "pypi.org", "api.github.com"].map((host) => [host, ["127.0.0.1"]])));
+  for (const name of ["ci", "agent"]) {
+    // The example's hosts resolve to loopback here, which the internal-range block would refuse.
+    doc.setIn(["guests", name, "blockInternalRanges"], false);
+    const script = doc.getIn(["guests", name, "hooksScript"]);
+    if (typeof script === "string") doc.setIn(["guests", name, "hooksScript"], join(root, "examples", script));
+  }
+  const file = join(dir, "egressgate.yaml");
+  writeFileSync(file, doc.toString());
+  return file;
+}
+
+function readEnvFile(file: string): Record<string, string> {
+  const lines = readFileSync(file, "utf8").trimEnd().split("\n");
+  return Object.fromEntries(lines.map((line) => [line.slice(0, line.indexOf("=")), line.slice(line.indexOf("=") + 1)]));
+}
+
+interface Curl {
+  readonly code: number;
+  readonly status: number;
+  readonly body: string;
+  readonly stderr: string;
+}
+
+/** curl through the proxy URL a guest was given, trusting the bundle it was given. */
+function curlAs(guest: Record<string, string> | undefined, proxyUrl: string, caFile: string, url: string, extra: readonly string[] = []): Promise<Curl> {
+  const args = ["-sS", "--max-time", "15", "--noproxy", "", "-x", guest?.["HTTPS_PROXY"] ?? proxyUrl, "--cacert", guest?.["CURL_CA_BUNDLE"] ?? caFile, "-w", "\n%{http_code}", ...extra, url];
+  return new Promise((resolve) => {
+    execFile("curl", args, { env: { PATH: process.env["PATH"] ?? "/usr/bin:/bin" }, timeout: 20_000 }, (error, stdout, stderr) => {
+      const at = stdout.lastIndexOf("\n");
+      resolve({ code: error === null ? 0 : typeof error.code === "number" ? error.code : -1, status: Number(stdout.slice(at + 1)), body: stdout.slice(0, at), stderr });
+    });
+  });
+}
+
+function seenAuthorization(upstream: Upstream): Array<string | string[] | undefined> {
+  return upstream.seen.map((s) => s.headers["authorization"]);
+}
+
+describe("examples/egressgate.yaml through the CLI", () => {
+  it("each guest reaches only its own hosts with its own secrets, and a request without credentials gets 407", async () => {
+    const dir = tempDir("egressgate-example-");
+    const upstream = await startUpstream({ names: ["registry.npmjs.org", "api.github.com", "pypi.org"] });
+    const file = await overlaidExample(dir);
+    const envFile = join(dir, "guest.env");
+    const cli = startCli(["--config", file, "--listen", "127.0.0.1:0", "--ca-dir", join(dir, "ca"), "--guest-env-file", envFile, "--log-level", "warn"], cleanEnv({ ...secrets, EGRESSGATE_PLACEHOLDER_KEY: deploymentKey }));
+    const port = await waitForListening(cli);
+    const bare = `http://127.0.0.1:${port}`;
+    const caFile = join(dir, "ca", "ca.crt");
+    const ci = readEnvFile(`${envFile}.ci`);
+    const agent = readEnvFile(`${envFile}.agent`);
+    expect(ci["HTTPS_PROXY"]).toMatch(new RegExp(`^http://ci:[0-9a-f]{64}@127\\.0\\.0\\.1:${port}$`));
+    expect(agent["HTTPS_PROXY"]).toMatch(new RegExp(`^http://agent:[0-9a-f]{64}@127\\.0\\.0\\.1:${port}$`));
+    // Each file holds only its own guest's placeholders.
+    expect(ci["NPM_TOKEN"]).toMatch(/^EGRESSGATE_SECRET_[0-9a-f]{48}$/);
+    expect(ci["GH_TOKEN"]).toBeUndefined();
+    expect(agent["GH_TOKEN"]).toMatch(/^EGRESSGATE_SECRET_[0-9a-f]{48}$/);
+    expect(agent["NPM_TOKEN"]).toBeUndefined();
+    const npm = `https://registry.npmjs.org:${upstream.port}/echo`;
+    const github = `https://api.github.com:${upstream.port}/echo`;
+
+    const ciToNpm = await curlAs(ci, bare, caFile, npm, ["-H", `authorization: Bearer ${ci["NPM_TOKEN"]}`]);
+    expect([ciToNpm.code, ciToNpm.status, ciToNpm.stderr]).toEqual([0, 200, ""]);
+    expect(seenAuthorization(upstream)).toEqual([`Bearer ${secrets.CI_NPM_TOKEN}`]);
+
+    const agentToGithub = await curlAs(agent, bare, caFile, github, ["-H", `authorization: token ${agent["GH_TOKEN"]}`]);
+    expect([agentToGithub.code, agentToGithub.status]).toEqual([0, 200]);
+    expect(seenAuthorization(upstream)).toEqual([`Bearer ${secrets.CI_NPM_TOKEN}`, `token ${secrets.AGENT_GH_TOKEN}`]);
+
+    // The agent's tier-2 policy (github-readonly) refuses writes even to its allowed host.
+    const agentPost = await curlAs(agent, bare, caFile, github, ["-X", "POST", "-d", "x"]);
+    expect(agentPost.status).toBe(403);
+    expect(agentPost.body).toMatch(/github-readonly: POST is refused/);
+
+    // Neither guest reaches the other's hosts: CONNECT gets 403, which curl reports as exit 56.
+    const ciToGithub = await curlAs(ci, bare, caFile, github);
+    expect([ciToGithub.code, ciToGithub.stderr]).toEqual([56, expect.stringMatching(/CONNECT.*403/)]);
+    const agentToNpm = await curlAs(agent, bare, caFile, npm);
+    expect([agentToNpm.code, agentToNpm.stderr]).toEqual([56, expect.stringMatching(/CONNECT.*403/)]);
+
+    // No credentials: 407, even for a host some guest may reach.
+    const anonymous = await curlAs(undefined, bare, caFile, npm);
+    expect([anonymous.code, anonymous.stderr]).toEqual([56, expect.stringMatching(/CONNECT.*407/)]);
+    // Only the two allowed requests reached the upstream: not the refused POST, nor any refused CONNECT.
+    expect(upstream.seen.map((r) => r.method)).toEqual(["GET", "GET"]);
+  });
+
+  it("check-config prints both guests with their hosts and secret sources, and never a value", async () => {
+    const cli = startCli(["check-config", example], cleanEnv(secrets));
+    expect(await cli.exited).toBe(0);
+    const out = cli.stdout();
+    expect(out).toMatch(/guests:\n {2}ci:\n/);
+    expect(out).toMatch(/\n {2}agent:\n/);
+    expect(out).toContain("(redacted; from env:CI_NPM_TOKEN)");
+    expect(out).toContain(join(root, "policies", "github-readonly.ts"));
+    for (const value of Object.values(secrets)) expect(out + cli.stderr()).not.toContain(value);
+  });
+
+  it("check-config exits 2 naming the file, line and path of every problem, before loading anything", async () => {
+    const file = join(tempDir("egressgate-bad-config-"), "bad.yaml");
+    writeFileSync(file, "guests:\n  ci:\n    allowHost: [a.test]\n    secrets: { T: { hosts: [a.test], value: literal-secret-text } }\n");
+    const cli = startCli(["check-config", file], cleanEnv({}));
+    expect(await cli.exited).toBe(2);
+    expect(cli.stderr()).toContain(`${file}:3: unknown option "guests.ci.allowHost"; did you mean "allowHosts"?`);
+    expect(cli.stderr()).toContain(`${file}:4: guests.ci.secrets.T.value must be "env:VAR" or "file:PATH"`);
+    expect(cli.stderr()).not.toContain("literal-secret-text");
+    expect(cli.stdout()).toBe("");
+  });
+
+  it("with --workers 2, both workers load the file and accept the same guest token", async () => {
+    const dir = tempDir("egressgate-example-");
+    const upstream = await startUpstream({ names: ["registry.npmjs.org"] });
+    const file = await overlaidExample(dir);
+    const envFile = join(dir, "guest.env");
+    const cli = startCli(
+      ["--config", file, "--workers", "2", "--listen", "127.0.0.1:0", "--ca-dir", join(dir, "ca"), "--guest-env-file", envFile, "--log-level", "info"],
+      cleanEnv({ ...secrets, EGRESSGATE_PLACEHOLDER_KEY: deploymentKey }),
+    );
+    const port = await waitForListening(cli);
+    const ci = readEnvFile(`${envFile}.ci`);
+    // Each curl is a new connection; the cluster hands them round-robin to the two workers.
+    const results = await Promise.all(
+      Array.from({ length: 6 }, () => curlAs(ci, `http://127.0.0.1:${port}`, join(dir, "ca", "ca.crt"), `https://registry.npmjs.org:${upstream.port}/echo`)),
+    );
+    expect(results.map((r) => r.status)).toEqual([200, 200, 200, 200, 200, 200]);
+    const workers = new Set([...cli.stderr().matchAll(/"worker":(\d+)/g)].map((m) => m[1]));
+    expect(workers.size).toBe(2);
+  });
+});
