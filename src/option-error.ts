@@ -8,8 +8,12 @@
 /** One step of an option path: a key, or an index into a list. */
 export type Segment = string | number;
 
-/** `range`: a number out of bounds; `unknown`: a key no option has; `key`: a bad name for a map's key. */
-export type OptionIssueKind = "invalid" | "range" | "unknown" | "key";
+/**
+ * `range`: a number out of bounds (a RangeError); `unknown`: a key no option has; `clause`: a
+ * reason that is a sentence of its own (a bad key's name, a policy's own error), set apart by a
+ * colon; `invalid`: anything else.
+ */
+export type OptionIssueKind = "invalid" | "range" | "unknown" | "clause";
 
 /** One thing wrong with the options; validation collects these, then throws. */
 export interface OptionIssue {
@@ -63,9 +67,9 @@ export function makeIssue(segments: readonly Segment[], reason: string, kind: Op
 /** The issue as one sentence: `listen.port must be …`, or `unknown option "x" …`. */
 export function issueText(issue: OptionIssue): string {
   if (issue.kind === "unknown") return `unknown option "${issue.path}"${issue.reason}`;
-  // A key's reason is a sentence of its own ("a secret name must be …"); a value's goes on from
-  // the path ("listen.port must be …").
-  return issue.kind === "key" ? `${issue.path}: ${issue.reason}` : `${issue.path} ${issue.reason}`;
+  // A clause stands on its own ("secrets.a-b: a secret name must be …"); any other reason goes on
+  // from the path ("listen.port must be …").
+  return issue.kind === "clause" ? `${issue.path}: ${issue.reason}` : `${issue.path} ${issue.reason}`;
 }
 
 /** Levenshtein distance, case-insensitive: `allowedhosts` is 2 from `allowHosts`. */

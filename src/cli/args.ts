@@ -1,6 +1,6 @@
 import yargs from "yargs";
 import { buildProxyOptions, type BuiltConfig, type BuiltProxyOptions } from "../config/build.js";
-import { defaults } from "../config/defaults.js";
+import { computedDefaults, defaults } from "../config/defaults.js";
 import type { ProxyConfig } from "../config/document.js";
 import { checkGuestName, parseHostPort } from "../config/nodes.js";
 import { optionFlagDeclarations } from "./flag-options.js";
@@ -67,8 +67,8 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
   const parser = yargs([...argv])
     .scriptName("egressgate")
     .usage("$0 [serve] [options]\n\nA TLS-terminating egress proxy for sandboxes.")
-    .option("ca-dir", { type: "string", describe: "CA directory", defaultDescription: "$XDG_CONFIG_HOME/egressgate or ~/.config/egressgate" })
-    .option("listen", { type: "string", describe: "HOST:PORT to listen on; port 0 picks a free port", defaultDescription: `${defaults.listen.host}:${defaults.listen.port}` })
+    .option("ca-dir", { type: "string", describe: "CA directory", defaultDescription: computedDefaults.caDir })
+    .option("listen", { type: "string", describe: "HOST:PORT of the proxy; port 0 picks a free port", defaultDescription: `${defaults.listen.host}:${defaults.listen.port}` })
     .command(
       ["serve", "$0"],
       "run the proxy",

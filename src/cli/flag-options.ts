@@ -34,11 +34,16 @@ function shownDefault(path: FlagPath, node: OptionNode): string | undefined {
   return "default" in node && node.default !== undefined ? String(node.default) : undefined;
 }
 
+/** The schema's sentence as `--help` words its lines: lowercase, no closing period. */
+function asFlagDoc(doc: string): string {
+  return `${doc.charAt(0).toLowerCase()}${doc.slice(1).replace(/\.$/, "")}`;
+}
+
 function flagOption(path: FlagPath): Options {
   const node = nodes.get(path);
   if (node === undefined) throw new Error(`the flags table names ${path}, which the schema lacks`);
   const shown = shownDefault(path, node);
-  const base: Options = { describe: flagDocs[path] ?? node.doc, ...(shown !== undefined ? { defaultDescription: shown } : {}) };
+  const base: Options = { describe: flagDocs[path] ?? asFlagDoc(node.doc), ...(shown !== undefined ? { defaultDescription: shown } : {}) };
   switch (node.kind) {
     case "integer":
       return { ...base, type: "number" };

@@ -105,7 +105,7 @@ function loadPolicy(guest: GuestConfig, base: readonly Segment[]): DjsHooks | un
     return createDjsHooks({ ...djsHooksOptionsFromFile(guest.hooksScript), limits: { timeoutMs } }).djsHooks;
   } catch (error) {
     // A syntax error, a refused import or a top-level throw: the PolicyLoadError stays the cause.
-    throw new OptionError(makeIssue([...base, "hooksScript"], `could not be loaded: ${(error as Error).message}`), { cause: error });
+    throw new OptionError(makeIssue([...base, "hooksScript"], (error as Error).message, "clause"), { cause: error });
   }
 }
 

@@ -139,7 +139,7 @@ export function validate(node: OptionNode, value: unknown, segments: readonly Se
       if (node.minEntries !== undefined && entries.length < node.minEntries) return report(`must name at least ${node.minEntries} ${node.keyDoc}`);
       for (const [key, item] of entries) {
         const reason = node.checkKey(key);
-        if (reason !== undefined) issues.push(makeIssue([...segments, key], reason, "key"));
+        if (reason !== undefined) issues.push(makeIssue([...segments, key], reason, "clause"));
         else validate(node.values, item, [...segments, key], issues, context);
       }
       return;

@@ -118,7 +118,7 @@ const djsKey = Symbol.for("egressgate.djs");
 const userHookKey = Symbol.for("egressgate.userHook");
 
 /** An option error of createHttpHooks: code EG_INVALID_OPTION and the option's path. */
-function invalid(path: string | readonly Segment[], reason: string, kind: "invalid" | "unknown" | "key" = "invalid", requires?: OptionRequirement): OptionError {
+function invalid(path: string | readonly Segment[], reason: string, kind: "invalid" | "unknown" | "clause" = "invalid", requires?: OptionRequirement): OptionError {
   const segments = typeof path === "string" ? (path === "" ? [] : path.split(".")) : path;
   return new OptionError(makeIssue(segments, reason, kind, requires), { prefix: "createHttpHooks: " });
 }
@@ -140,7 +140,7 @@ function checkSecrets(options: HttpHooksOptions): void {
   const mode = options.secretRedirects ?? "scan";
   let anyRefuses = mode === "refuse";
   for (const [name, secret] of Object.entries(options.secrets ?? {})) {
-    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) throw invalid(["secrets", name], "a secret name must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)", "key");
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) throw invalid(["secrets", name], "a secret name must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)", "clause");
     const at = `secrets.${name}`;
     if (typeof secret !== "object" || secret === null || Array.isArray(secret)) throw invalid(at, "must be an object { hosts, value }");
     for (const key of Object.keys(secret)) {

@@ -131,7 +131,7 @@ describe("buildProxyOptions", () => {
     expect(error).toBeInstanceOf(OptionError);
     expect((error as OptionError).path).toBe("guests.bad.hooksScript");
     expect((error as OptionError).cause).toBeInstanceOf(PolicyLoadError);
-    expect((error as OptionError).message).toMatch(/bad\.js/);
+    expect((error as OptionError).message).toMatch(/^guests\.bad\.hooksScript: \/.*bad\.js:\d+:\d+: SyntaxError/);
 
     const good = buildProxyOptions({ ...config, guests: { ci: config.guests["ci"]! } });
     onTestFinished(() => good.close());

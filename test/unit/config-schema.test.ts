@@ -27,7 +27,7 @@ describe("the option schema: every error has a code and a path", () => {
     { name: "a timeout given as text", value: { timeouts: { dnsMs: "5s" } }, path: "timeouts.dnsMs", kind: "invalid" },
     { name: "an unknown limit", value: { limits: { conections: 5 } }, path: "limits.conections", kind: "unknown" },
     { name: "a guest's bad source range", value: { guests: { ci: { sources: ["10.0.0.1/40"] } } }, path: "guests.ci.sources[0]", kind: "invalid" },
-    { name: "a bad guest name", value: { guests: { CI: {} } }, path: "guests.CI", kind: "key" },
+    { name: "a bad guest name", value: { guests: { CI: {} } }, path: "guests.CI", kind: "clause" },
     { name: "a resolve entry with no addresses", value: { resolve: { "api.test": [] } }, path: "resolve.api.test", kind: "invalid" },
     { name: "a hook that is not a function", value: { httpHooks: { onRequest: 1 } }, path: "httpHooks.onRequest", kind: "invalid" },
   ])("startProxy options: $name", ({ value, path, kind }) => {
