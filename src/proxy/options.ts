@@ -164,6 +164,16 @@ function checkOptions(options: unknown): asserts options is ProxyOptions {
   if (issues.length > 0) throw optionError(issues[0]!, { prefix: "startProxy: " });
 }
 
+/**
+ * Checks one guest's options through the same schema, for `addGuest` at run time: an error names
+ * `guests.NAME.…`, with code EG_INVALID_OPTION, as it would at start.
+ */
+export function checkGuestOptions(name: string, options: unknown, caller = "addGuest"): void {
+  const issues: OptionIssue[] = [];
+  validate(apiOptionsSchema, { guests: { [name]: options } }, [], issues);
+  if (issues.length > 0) throw optionError(issues[0]!, { prefix: `${caller}: ` });
+}
+
 function readCa(entry: string, path: string): string {
   if (entry.includes("-----BEGIN CERTIFICATE-----")) return entry;
   let text: string;

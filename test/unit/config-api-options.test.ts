@@ -5,7 +5,7 @@ import { isOptionError, type OptionError, type OptionRangeError } from "../../sr
 import { PolicyLoadError } from "../../src/djs/create-djs-hooks.js";
 import { HttpRequestBlockedError } from "../../src/hooks/blocked-error.js";
 import { createHttpHooks, type HttpHooksOptions } from "../../src/hooks/http-hooks.js";
-import { defaults, resolveProxyOptions, type ProxyOptions } from "../../src/proxy/options.js";
+import { checkGuestOptions, defaults, resolveProxyOptions, type ProxyOptions } from "../../src/proxy/options.js";
 import { tempDir } from "../helpers/proxy.js";
 
 /** Options the type system would refuse, as a JavaScript caller could still pass them. */
@@ -101,5 +101,20 @@ describe("the other errors a caller meets carry a stable code", () => {
   it("HttpRequestBlockedError is EG_HOOK_BLOCKED, PolicyLoadError EG_POLICY_LOAD", () => {
     expect(new HttpRequestBlockedError("no", 451).code).toBe("EG_HOOK_BLOCKED");
     expect(new PolicyLoadError("policy.ts:1: boom").code).toBe("EG_POLICY_LOAD");
+  });
+});
+
+describe("checkGuestOptions (for addGuest)", () => {
+  it("checks one guest as startProxy would, naming guests.NAME and the caller", () => {
+    expect(() => checkGuestOptions("ci", { httpHooks: createHttpHooks({}).httpHooks, sources: ["10.0.0.1/32"] })).not.toThrow();
+    let error: unknown;
+    try {
+      checkGuestOptions("ci", { sourcs: [] });
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toMatchObject({ code: "EG_INVALID_OPTION", path: "guests.ci.sourcs" });
+    expect((error as Error).message).toMatch(/^addGuest: unknown option "guests\.ci\.sourcs"; did you mean "sources"\?/);
+    expect(() => checkGuestOptions("Not Valid", {})).toThrow(/a guest name must be/);
   });
 });
