@@ -7,7 +7,8 @@ import type { ThrottledWarning } from "./throttled-log.js";
 /**
  * Who a request is from. Missing, malformed, unknown and wrong credentials all get the same 407;
  * the log says which it was, once per source and then as a summary, so a flood of bad attempts
- * cannot fill it. Past a burst of failures a source gets 429 instead (see FailureLimiter).
+ * cannot fill it. Past a burst of wrong credentials a source gets 429 instead (see FailureLimiter);
+ * a request with none is never counted.
  */
 export class AuthGate {
   private readonly limiter = new FailureLimiter();
@@ -23,8 +24,11 @@ export class AuthGate {
     const found = this.guests.identify(header, socket.remoteAddress);
     if (typeof found !== "string") return found;
     const source = socket.remoteAddress ?? "";
-    const wait = this.limiter.fail(source);
     this.warnings.warn(`auth:${source}`, "proxy authentication failed", { client: source, reason: found });
+    // A request without credentials is no guess: git, Java and curl --proxy-anyauth send one on
+    // every new connection and wait for the 407 before they send theirs, so counting them would
+    // lock out guests whose credentials are valid (and let a neighbour behind the same NAT do it).
+    const wait = found === "missing" ? undefined : this.limiter.fail(source);
     return wait === undefined ? authenticationRequired() : tooManyFailures(source, wait);
   }
 

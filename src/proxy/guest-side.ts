@@ -267,8 +267,8 @@ export class GuestSide {
       const err = guestError(raw, this.deps.redact);
       // A 407 or 429 ends the connection (as RFC 9110 lets a proxy do): a client retries on a new one.
       sendError(res, err, !req.complete || err.code === "EG_AUTH");
-      // Logged by the gate (see onConnect).
-      if (err.code === "EG_AUTH") return;
+      // Logged by the gate (see onConnect); a request in a removed guest's tunnel never met it.
+      if (err.code === "EG_AUTH" && tunnelOf(req.socket) === undefined) return;
       this.deps.decide({
         id,
         guest: guestName,

@@ -144,6 +144,21 @@ describe("guests: credentials", () => {
     expect(proxy.logs.filter((l) => l["status"] === 407 || l["status"] === 429)).toEqual([]);
     expect((await getAs(credentialsOf(proxy, "a").proxyUrl, proxy.caCertPem, `${a}/echo`)).status).toBe(200);
   });
+
+  it("requests without credentials never count as failures: a client that waits for the 407 before sending them is never locked out", async () => {
+    const { proxy, upstream } = await twoGuests();
+    const { token } = credentialsOf(proxy, "a");
+    // git, Java and curl --proxy-anyauth: one bare CONNECT, the 407, then the credentials, on each of 30 connections.
+    for (let i = 0; i < 30; i++) {
+      const bare = await openRaw(proxy.port);
+      bare.write(`CONNECT a.test:${upstream.port} HTTP/1.1\r\n\r\n`);
+      expect((await bare.readResponse({ forConnect: true })).status).toBe(407);
+      await bare.closed;
+      const tunnel = await openTunnelAs(proxy.port, `a.test:${upstream.port}`, basic("a", token));
+      tunnel.socket.destroy();
+    }
+    expect(proxy.logs.filter((l) => l["msg"] === "proxy authentication failed")).toHaveLength(1);
+  });
 });
 
 describe("guests: isolation", () => {
