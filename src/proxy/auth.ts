@@ -2,7 +2,7 @@ import { createHash, createHmac, randomBytes, timingSafeEqual } from "node:crypt
 import { EgressError } from "../errors.js";
 
 /** Guest names: what fits in a proxy URL's userinfo unencoded, and in a file name (`FILE.<guest>`). */
-export const guestNamePattern = /^[a-z0-9._-]{1,64}$/;
+export { guestNamePattern } from "../config/nodes.js";
 
 /**
  * A guest's token: HMAC-SHA256 of its name under the deployment key, as 64 lowercase hex digits

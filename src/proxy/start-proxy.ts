@@ -2,6 +2,7 @@ import type { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
 import { networkInterfaces } from "node:os";
 import { EgressError } from "../errors.js";
+import { makeIssue, OptionError } from "../option-error.js";
 import { createLogger } from "../log.js";
 import type { ListenAddress } from "../policy/declarative-policy.js";
 import { createTlsAuthority } from "../tls/authority.js";
@@ -13,7 +14,7 @@ import { guestEnvironment, writeGuestEnvFile } from "./guest-env.js";
 import { resolveGuestOptions, type GuestOptions } from "./guest-options.js";
 import { GuestSide } from "./guest-side.js";
 import { GuestRegistry } from "./guests.js";
-import { checkSourcesApart, connectionsWithin, openFileLimit, resolveProxyOptions, type ProxyOptions } from "./options.js";
+import { checkGuestOptions, checkSourcesApart, connectionsWithin, openFileLimit, resolveProxyOptions, type ProxyOptions } from "./options.js";
 import { writeRawError } from "./respond.js";
 import { GuestRedactor } from "./redactor.js";
 import { ThrottledWarning } from "./throttled-log.js";
@@ -152,7 +153,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       // Listening already: a proxy whose start failed must not stay open behind the caller's back.
       await close();
       const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
-      throw new Error(`startProxy: guestEnvFile: cannot write ${file} (${code})`, { cause: error });
+      throw new OptionError(makeIssue(["guestEnvFile"], `cannot write ${file} (${code})`), { prefix: "startProxy: ", cause: error });
     }
   }
   log.info("listening", {
@@ -175,6 +176,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     guestNames: () => guests.names(),
     addGuest: (name, guestOptions) => {
       if (guests.open) throw new TypeError("addGuest: this proxy serves one guest without credentials; start it with guests, or with auth: true");
+      checkGuestOptions(name, guestOptions);
       const resolved = resolveGuestOptions(name, guestOptions, `guests.${name}`, config.resolve);
       checkSourcesApart([...guests.all(), resolved]);
       guests.add(resolved);

@@ -451,12 +451,11 @@ describe("egressgate --workers", () => {
     expect(result.stderr).toMatch(/--upstream-ca.*\/nonexistent\/ca\.pem/);
   });
 
-  it("a guest environment file that cannot be written stops the start: exit 1 naming the flag", async () => {
+  it("a guest environment file that cannot be written stops the start: exit 2 naming the flag, like an unreadable --upstream-ca", async () => {
     const dir = tempDir();
     const result = await runCli(["--listen", "127.0.0.1:0", "--ca-dir", join(dir, "ca"), "--guest-env-file", join(dir, "missing", "guest.env")]);
-    expect(result.code).toBe(1);
-    // startProxy names the option (guestEnvFile): its write error carries no option path to map to the flag.
-    expect(result.stderr).toMatch(/(--guest-env-file|guestEnvFile): cannot write .*missing\/guest\.env \(ENOENT\)/);
+    expect(result.code).toBe(2);
+    expect(result.stderr).toMatch(/--guest-env-file: cannot write .*missing\/guest\.env \(ENOENT\)/);
     expect(result.stdout).toBe("");
   });
 

@@ -267,7 +267,7 @@ describe("guests: added and removed while running", () => {
     const late = credentialsOf(proxy, "late");
     expect((await getAs(late.proxyUrl, proxy.caCertPem, `https://a.test:${upstream.port}/echo`)).status).toBe(200);
     expect(() => proxy.addGuest("late", { httpHooks })).toThrow(/already served/);
-    expect(() => proxy.addGuest("Bad Name", { httpHooks })).toThrow(/guests\.Bad Name/);
+    expect(() => proxy.addGuest("Bad Name", { httpHooks })).toThrow(/addGuest: guests\["Bad Name"\]: a guest name must be/);
 
     const tunnel = await openTunnelAs(proxy.port, `a.test:${upstream.port}`, basic("late", late.token));
     await proxy.removeGuest("late");
