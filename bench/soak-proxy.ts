@@ -16,6 +16,8 @@
  * it must import nothing but node builtins and the package.
  */
 import { monitorEventLoopDelay } from "node:perf_hooks";
+import { join } from "node:path";
+import { writeHeapSnapshot } from "node:v8";
 import type * as Egressgate from "../src/index.js";
 
 export interface SoakProxySettings {
@@ -36,6 +38,7 @@ export type SoakProxyMessage =
   | { readonly kind: "ready"; readonly url: string; readonly caCertPem: string }
   | { readonly kind: "marked" }
   | { readonly kind: "gc-done"; readonly heapUsedBytes: number; readonly heapTotalBytes: number }
+  | { readonly kind: "snapshot-done"; readonly file: string }
   | {
       readonly kind: "stats";
       readonly eventLoopP99Ms: number;
@@ -135,6 +138,10 @@ process.on("message", (message: { kind?: string }) => {
       logLevels,
       logMessages,
     });
+  } else if (message.kind === "snapshot") {
+    // The parent reads the file: parsing it here would grow the very process being measured.
+    const file = writeHeapSnapshot(join(settings.caDir, "..", `live-${Date.now()}.heapsnapshot`));
+    send({ kind: "snapshot-done", file });
   } else if (message.kind === "gc") {
     // Two full collections a turn apart: the first one's finalizers free more for the second.
     collect();
