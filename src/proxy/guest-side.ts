@@ -11,13 +11,13 @@ import type { ConnectionLimits } from "./connection-limits.js";
 import type { DecisionLog } from "./decision-log.js";
 import { loggableTarget, toOutboundRequest } from "./guest-request.js";
 import type { Guest, GuestRegistry } from "./guests.js";
+import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes } from "./lanes.js";
 import type { ResolvedProxyOptions } from "./options.js";
 import { sendError, sendResponse, writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
 import { serveUpgrade } from "./upgrade.js";
 
-const maxHeaderBytes = 64 * 1024;
 
 export interface GuestSideDeps {
   readonly config: ResolvedProxyOptions;
@@ -69,7 +69,7 @@ export class GuestSide {
     server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => {
       sendError(res, new EgressError("EG_BAD_REQUEST", 417, `unsupported Expect: ${JSON.stringify(req.headers.expect)}`), true);
     });
-    server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => this.onClientError(error, socket));
+    server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => answerClientError(error, socket, this.deps.log));
     server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => this.guard(this.upgrade(req, socket, head), socket));
     return server;
   }
@@ -151,24 +151,6 @@ export class GuestSide {
     socket.write("HTTP/1.1 200 Connection Established\r\n\r\n");
     this.deps.log.debug("tunnel opened", { guest: guest.name, target: `${target.hostname}:${target.port}` });
     serve({ ...target, guest: guest.name }, head);
-  }
-
-  private onClientError(error: NodeJS.ErrnoException, socket: Socket): void {
-    const code = error.code ?? "";
-    this.deps.log.info("bad request", { error, client: socket.remoteAddress });
-    const rawPacket = (error as { rawPacket?: Buffer }).rawPacket;
-    if (code === "HPE_INVALID_METHOD" && rawPacket?.subarray(0, 6).toString("latin1") === "TRACK ") {
-      // llhttp does not know TRACK, but it is refused for the same reason as TRACE, not as garbage.
-      writeRawError(socket, new EgressError("EG_METHOD_NOT_ALLOWED", 405, "method TRACK is not allowed: it would echo credentials back"));
-    } else if (code === "HPE_HEADER_OVERFLOW") {
-      writeRawError(socket, new EgressError("EG_HEADERS_TOO_LARGE", 431, `request head is larger than ${maxHeaderBytes} bytes`));
-    } else if (code.startsWith("HPE_")) {
-      writeRawError(socket, new EgressError("EG_BAD_REQUEST", 400, `malformed request (${code.slice(4).toLowerCase().replaceAll("_", " ")})`));
-    } else if (code === "ERR_HTTP_REQUEST_TIMEOUT") {
-      writeRawError(socket, new EgressError("EG_BAD_REQUEST", 408, "request head not received in time"));
-    } else {
-      socket.destroy();
-    }
   }
 
   /** An upgrade waits its turn behind the requests before it on the connection. */
