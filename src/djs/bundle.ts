@@ -1,6 +1,7 @@
 import { realpathSync, statSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import path from "node:path";
+import { TraceMap, traceSegment } from "@jridgewell/trace-mapping";
 import { build, stop, type Message, type Plugin } from "esbuild";
 import type { PolicyKind } from "./protocol.js";
 
@@ -134,56 +135,20 @@ export interface BundledPolicy {
   readonly map: string | undefined;
 }
 
-const vlqDigits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-/** Decodes one source-map segment: base64 VLQ numbers, each relative to the previous segment's. */
-function decodeSegment(segment: string): number[] {
-  const values: number[] = [];
-  let value = 0;
-  let shift = 0;
-  for (const ch of segment) {
-    const digit = vlqDigits.indexOf(ch);
-    value += (digit & 31) << shift;
-    if (digit & 32) {
-      shift += 5;
-      continue;
-    }
-    values.push(value & 1 ? -(value >>> 1) : value >>> 1);
-    value = 0;
-    shift = 0;
-  }
-  return values;
-}
-
 /**
  * Maps a position in the factory (1-based line, as QuickJS reports it) to the policy's own file
  * and line. The factory has one line of wrapper before the bundle.
  */
 export function locate(map: string | undefined, line: number, column: number): { file: string; line: number; column: number } | undefined {
-  if (map === undefined) return undefined;
-  const parsed = JSON.parse(map) as { sources: string[]; mappings: string };
-  const lines = parsed.mappings.split(";");
-  const target = line - 2;
-  const state = [0, 0, 0, 0];
-  let best: { file: string; line: number; column: number } | undefined;
-  for (let l = 0; l < lines.length && l <= target; l++) {
-    let genColumn = 0;
-    for (const segment of lines[l]!.split(",")) {
-      if (segment === "") continue;
-      const [dCol = 0, dSrc, dLine, dSrcCol] = decodeSegment(segment);
-      genColumn += dCol;
-      if (dSrc === undefined) continue;
-      state[1]! += dSrc;
-      state[2]! += dLine ?? 0;
-      state[3]! += dSrcCol ?? 0;
-      if (l === target && genColumn <= Math.max(0, column - 1)) {
-        const source = parsed.sources[state[1]!] ?? "";
-        const file = source.startsWith(`${virtualNamespace}:`) ? source.slice(virtualNamespace.length + 1) : source;
-        best = { file, line: state[2]! + 1, column: state[3]! + 1 };
-      }
-    }
-  }
-  return best;
+  if (map === undefined || line < 2) return undefined;
+  const traced = new TraceMap(map);
+  // traceSegment rather than originalPositionFor: the latter resolves `sources` as URLs, and these
+  // are file paths behind esbuild's namespace prefix, to be reported exactly as esbuild gave them.
+  const segment = traceSegment(traced, line - 2, Math.max(0, column - 1));
+  if (segment === null || segment.length === 1) return undefined;
+  const source = traced.sources[segment[1]] ?? "";
+  const file = source.startsWith(`${virtualNamespace}:`) ? source.slice(virtualNamespace.length + 1) : source;
+  return { file, line: segment[2] + 1, column: segment[3] + 1 };
 }
 
 /**
