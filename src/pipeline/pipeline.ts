@@ -3,37 +3,27 @@ import { errors as undiciErrors, type Dispatcher } from "undici";
 import type { Readable } from "node:stream";
 import { EgressError, badRequest, denied } from "../errors.js";
 import { BodyTap } from "../hooks/body-tap.js";
-import { makeRequest } from "../hooks/fetch-objects.js";
-import { runHook } from "../hooks/run-hook.js";
-import type { HttpHooks } from "../hooks/http-hooks.js";
-import { allow, deny, type Decision } from "../policy/decision.js";
+import type { Decision } from "../policy/decision.js";
 import type { DeclarativePolicy } from "../policy/declarative-policy.js";
 import type { RedirectHop, SecretTarget } from "../policy/secrets.js";
 import type { PinnedPools } from "../upstream/pinned-pools.js";
 import type { ResolvedAddress, Resolver } from "../upstream/resolve.js";
 import { forbiddenMethods, type ExchangeContext, type GuestGone, type OutboundRequest, type PipelineResponse } from "./exchange.js";
 import { endToEndHeaders, headerObjectToList } from "../headers.js";
-import { runOnRequest, runOnResponse, type HookLimits } from "./hook-phases.js";
+import type { HookLimits } from "./hook-phases.js";
 import { nextHop, redirectStatuses } from "./redirects.js";
 import { bareHostname } from "../hostname.js";
-import type { DjsEngine } from "../djs/engine.js";
-import type { Logger } from "../log.js";
-import { djsIsIpAllowed, djsIsRequestAllowed, djsOnRequest, djsOnResponse, type DjsRun } from "./djs-phases.js";
-
-const answeredByHook = allow("tier3", "onRequest", "answered by the onRequest hook; no upstream was contacted");
-const answeredByPolicy = allow("tier2", "onRequest", "answered by the onRequest policy; no upstream was contacted");
+import type { PhaseName } from "../djs/protocol.js";
+import type { HookSource, SourceCall } from "./hook-source.js";
 
 export interface PipelineOptions {
   readonly policy: DeclarativePolicy;
   /**
-   * The hooks to run (tier 3). When the declarative tier is evaluated natively, the generated
-   * check functions are left out of this.
+   * The hook sources, in the order every phase runs them (a tier-2 policy before tier-3
+   * callbacks; see hookSources). When the declarative tier is evaluated natively, the generated
+   * check functions are left out of the callbacks.
    */
-  readonly hooks: HttpHooks;
-  /** The tier-2 policy: in every phase it runs before `hooks`. */
-  readonly djs?: DjsEngine | undefined;
-  /** Where a policy's console lines go. */
-  readonly log?: Logger;
+  readonly sources: readonly HookSource[];
   readonly resolver: Resolver;
   readonly pools: PinnedPools;
   readonly maxRedirects: number;
@@ -65,25 +55,22 @@ type BodyReadable = Dispatcher.ResponseData["body"];
  * at every hop. The onRequest/secrets/onResponse steps slot in around `authorize` and `send`.
  */
 export class Pipeline {
-  private readonly djsPhases: ReadonlySet<string>;
+  /** The sources that register each phase, in order: a phase nobody registers is skipped whole. */
+  private readonly phase: Readonly<Record<PhaseName, readonly HookSource[]>>;
 
   constructor(private readonly options: PipelineOptions) {
-    this.djsPhases = options.djs?.phases ?? new Set();
+    const of = (name: PhaseName): HookSource[] => options.sources.filter((source) => source.phases.has(name));
+    this.phase = { onRequest: of("onRequest"), isRequestAllowed: of("isRequestAllowed"), isIpAllowed: of("isIpAllowed"), onResponse: of("onResponse") };
   }
 
-  /** Whether any tier registers onRequest: then no early check can settle a request by its target alone. */
+  /** Whether any source registers onRequest: then no early check can settle a request by its target alone. */
   get hasOnRequest(): boolean {
-    return this.options.hooks.onRequest !== undefined || this.djsPhases.has("onRequest");
-  }
-
-  private run(context: { id: string } | undefined): DjsRun {
-    return { engine: this.options.djs!, log: this.options.log, requestId: context?.id ?? "" };
+    return this.phase.onRequest.length > 0;
   }
 
   async handle(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
-    const { hooks, limits } = this.options;
-    const djsOnRequestRegistered = this.djsPhases.has("onRequest");
-    const djsOnResponseRegistered = this.djsPhases.has("onResponse");
+    const { limits } = this.options;
+    const call = { requestId: context.id };
     let request = initial;
     // The secrets substituted into any hop so far: a later hop that leaves their hosts is checked for their values.
     const substituted = new Set<string>();
@@ -99,46 +86,33 @@ export class Pipeline {
       });
     }
     for (let redirects = 0; ; redirects++) {
-      // §3 step 2: onRequest may rewrite the request or answer it itself; tier 2 first, and
-      // tier 3 sees the request as tier 2 left it.
-      if (djsOnRequestRegistered) {
-        const unread = redirects === 0 && tap !== undefined && request.body === initial.body;
-        const outcome = await djsOnRequest(this.run(context), request, unread ? tap : undefined, limits);
-        if ("response" in outcome) {
-          return { ...outcome.response, decision: answeredByPolicy, url: request.url, redirects };
-        }
-        request = outcome.request;
-      }
-      if (hooks.onRequest !== undefined) {
+      // §3 step 2: onRequest may rewrite the request or answer it itself, source by source: each
+      // sees the request as the one before left it, and the first answer ends the phase.
+      for (const source of this.phase.onRequest) {
         const unread = redirects === 0 && request.body === initial.body;
-        const outcome = await runOnRequest(hooks.onRequest, request, unread ? tap : undefined, limits);
+        const outcome = await source.onRequest(request, unread ? tap : undefined, limits, call);
         if ("response" in outcome) {
-          return { ...outcome.response, decision: answeredByHook, url: request.url, redirects };
+          return { ...outcome.response, decision: source.answered, url: request.url, redirects };
         }
         request = outcome.request;
       }
       // §3 step 3, then step 4 on the request exactly as it will leave.
       request = this.substituteSecrets(request, substituted);
-      const target = await this.authorize(request);
+      const target = await this.authorize(request, call);
       if (request.body !== null) context.beforeBody?.();
       const upstream = await this.sendToFirstReachable(request, target.addresses, context.signal);
       const location = redirectStatuses.has(upstream.status) ? upstream.location : undefined;
       if (location === undefined) {
-        if (hooks.onResponse === undefined && !djsOnResponseRegistered) {
+        if (this.phase.onResponse.length === 0) {
           return { ...upstream, decision: target.decision, url: request.url, redirects };
         }
-        // §3 step 7: tier 2, then tier 3 on what tier 2 returned.
+        // §3 step 7: source by source, each on what the one before returned.
         let response: { status: number; headers: string[]; body: Readable | null } = upstream;
         const cleanups: (() => void)[] = [];
-        if (djsOnResponseRegistered) {
-          const hooked = await djsOnResponse(this.run(context), response, request, limits);
-          if (hooked.replaced) cleanups.push(hooked.discard);
-          response = hooked;
-        }
-        if (hooks.onResponse !== undefined) {
+        for (const source of this.phase.onResponse) {
           let hooked;
           try {
-            hooked = await runOnResponse(hooks.onResponse, response, request, limits);
+            hooked = await source.onResponse(response, request, limits, call);
           } catch (error) {
             for (const cleanup of cleanups) cleanup();
             throw error;
@@ -182,20 +156,12 @@ export class Pipeline {
    */
   async authorizeUpgrade(initial: OutboundRequest): Promise<{ request: OutboundRequest; addresses: readonly ResolvedAddress[] }> {
     let rewritten = initial;
-    const { onRequest } = this.options.hooks;
-    if (this.djsPhases.has("onRequest")) {
-      const outcome = await djsOnRequest(this.run(undefined), rewritten, undefined, this.options.limits);
+    const call = { requestId: "" };
+    for (const source of this.phase.onRequest) {
+      const outcome = await source.onRequest(rewritten, undefined, this.options.limits, call);
       if ("response" in outcome) {
         discardBody(outcome.response.body);
-        throw new EgressError("EG_HOOK_FAILED", 502, "the onRequest policy answered a protocol upgrade; upgrades can be continued, rewritten or blocked");
-      }
-      rewritten = outcome.request;
-    }
-    if (onRequest !== undefined) {
-      const outcome = await runOnRequest(onRequest, rewritten, undefined, this.options.limits);
-      if ("response" in outcome) {
-        discardBody(outcome.response.body);
-        throw new EgressError("EG_HOOK_FAILED", 502, "onRequest answered a protocol upgrade; upgrades can be continued, rewritten or blocked");
+        throw new EgressError("EG_HOOK_FAILED", 502, `${source.describe("onRequest")} answered a protocol upgrade; upgrades can be continued, rewritten or blocked`);
       }
       rewritten = outcome.request;
     }
@@ -205,7 +171,7 @@ export class Pipeline {
       throw new EgressError("EG_HOOK_FAILED", 502, "onRequest gave a protocol upgrade a body; an upgrade request cannot carry one");
     }
     const request = this.substituteSecrets(rewritten);
-    const target = await this.authorize(request);
+    const target = await this.authorize(request, call);
     return { request, addresses: target.addresses };
   }
 
@@ -223,23 +189,15 @@ export class Pipeline {
   }
 
   /** §3 step 4: every check must allow, and the first denial wins. */
-  private async authorize(request: OutboundRequest): Promise<ApprovedTarget> {
-    const { policy, hooks, resolver } = this.options;
+  private async authorize(request: OutboundRequest, call: SourceCall): Promise<ApprovedTarget> {
+    const { policy, resolver, limits } = this.options;
     const { url } = request;
     // The guest's own TRACE is refused before any hook; one here came from a rewrite.
     if (forbiddenMethods.has(request.method.toUpperCase())) {
       throw new EgressError("EG_HOOK_FAILED", 502, `onRequest rewrote the request to the forbidden method ${request.method}`);
     }
-    if (this.djsPhases.has("isRequestAllowed") && !(await djsIsRequestAllowed(this.run(undefined), request))) {
-      throw denied(`request to ${url.origin} refused by the isRequestAllowed policy`);
-    }
-    const isRequestAllowed = hooks.isRequestAllowed;
-    if (isRequestAllowed !== undefined) {
-      // The hook sees the request as it will leave (secrets substituted), without a body.
-      const seen = makeRequest(url, request.method, request.headers, null);
-      const allowed = await runHook("isRequestAllowed", this.options.limits.hookMs, () => isRequestAllowed(seen));
-      if (allowed !== true) throw checkRefusal("isRequestAllowed", allowed, `request to ${url.origin} refused by isRequestAllowed`);
-    }
+    // The checks are AND-ed in source order: the first refusal wins.
+    for (const source of this.phase.isRequestAllowed) await source.isRequestAllowed(request, limits, call);
     const hostDecision = policy.checkHost(url.hostname);
     if (!hostDecision.allowed) throw denied(hostDecision.reason);
 
@@ -255,22 +213,16 @@ export class Pipeline {
         firstRefusal ??= decision;
         continue;
       }
-      // What both tiers' isIpAllowed are asked about.
+      // What every source's isIpAllowed is asked about; the first refusal skips the address.
       const info = { hostname, ip: address.ip, family: address.family, port, protocol };
-      if (this.djsPhases.has("isIpAllowed")) {
-        if (!(await djsIsIpAllowed(this.run(undefined), info))) {
-          firstRefusal ??= deny("tier2", "isIpAllowed", `an address of "${hostname}" was refused by the isIpAllowed policy`, `${hostname} -> ${address.ip}`);
-          continue;
-        }
+      let refusal: Decision | undefined;
+      for (const source of this.phase.isIpAllowed) {
+        refusal = await source.isIpAllowed(info, limits, call);
+        if (refusal !== undefined) break;
       }
-      const isIpAllowed = hooks.isIpAllowed;
-      if (isIpAllowed !== undefined) {
-        const allowed = await runHook("isIpAllowed", this.options.limits.hookMs, () => isIpAllowed(info));
-        if (allowed !== true) {
-          if (allowed !== false) throw checkRefusal("isIpAllowed", allowed, "");
-          firstRefusal ??= deny("hooks", "isIpAllowed", `an address of "${hostname}" was refused by isIpAllowed`, `${hostname} -> ${address.ip}`);
-          continue;
-        }
+      if (refusal !== undefined) {
+        firstRefusal ??= refusal;
+        continue;
       }
       approved.push(address);
     }
@@ -367,12 +319,6 @@ export function upstreamError(error: unknown, url: URL): EgressError {
   // Socket errors (ECONNREFUSED 10.0.0.5:443) name the pinned address: the guest gets the code only.
   const shown = /^E[A-Z]+$/.test(code) ? code : detail;
   return new EgressError("EG_UPSTREAM", 502, `upstream request failed for ${target}: ${shown}`, { cause: error, detail });
-}
-
-/** `false` is a refusal (403); anything else but `true` is a broken hook (502, as DESIGN §2 says). */
-function checkRefusal(hook: string, value: unknown, reason: string): EgressError {
-  if (value === false) return denied(reason);
-  return new EgressError("EG_HOOK_FAILED", 502, `${hook} returned ${typeof value}, not a boolean`);
 }
 
 /** How much of a path an error message quotes. */

@@ -1,6 +1,7 @@
 import type { Socket } from "node:net";
 import { declarativeConfigOf } from "../hooks/http-hooks.js";
 import type { Logger } from "../log.js";
+import { hookSources } from "../pipeline/hook-source.js";
 import { Pipeline } from "../pipeline/pipeline.js";
 import { cidrContains, plainAddress, type Cidr } from "../policy/cidr.js";
 import { DeclarativePolicy, type ListenAddress } from "../policy/declarative-policy.js";
@@ -82,9 +83,7 @@ export class Guest {
     });
     this.pipeline = new Pipeline({
       policy,
-      hooks: resolved.checkHooks,
-      djs: resolved.djs,
-      log,
+      sources: hookSources(resolved.djs, resolved.checkHooks, log),
       resolver: new Resolver(resolved.staticHosts, config.timeouts.dnsMs),
       pools: this.pools,
       maxRedirects: config.maxRedirects,

@@ -1,0 +1,107 @@
+import type { DjsEngine } from "../djs/engine.js";
+import type { PhaseName } from "../djs/protocol.js";
+import { denied } from "../errors.js";
+import type { BodyTap } from "../hooks/body-tap.js";
+import { makeRequest } from "../hooks/fetch-objects.js";
+import type { HttpHooks, IpInfo } from "../hooks/http-hooks.js";
+import { runHook } from "../hooks/run-hook.js";
+import type { Logger } from "../log.js";
+import { allow, deny, type Decision } from "../policy/decision.js";
+import { djsIsIpAllowed, djsIsRequestAllowed, djsOnRequest, djsOnResponse } from "./djs-phases.js";
+import type { OutboundRequest } from "./exchange.js";
+import { runOnRequest, runOnResponse, type HookedResponse, type HookLimits, type OnRequestOutcome } from "./hook-phases.js";
+import { EgressError } from "../errors.js";
+
+/** What a call is for: the request id its console lines carry. */
+export interface SourceCall {
+  readonly requestId: string;
+}
+
+/** What onResponse gives back: the response for the guest, and how to drop the one it replaced. */
+export type HookedOnResponse = HookedResponse & { readonly replaced: boolean; readonly discard: () => void };
+
+/**
+ * One source of hooks, whatever runs it: a QuickJS policy (tier 2) or callbacks in this process
+ * (tier 3). The pipeline walks an ordered list of them in every phase (DESIGN §3); a source says
+ * which phases it registers, so a phase nobody registers costs nothing.
+ */
+export interface HookSource {
+  readonly tier: "tier2" | "tier3";
+  readonly phases: ReadonlySet<PhaseName>;
+  /** How messages name this source's hook: "the onRequest policy" (tier 2) or "onRequest" (tier 3). */
+  describe(phase: PhaseName): string;
+  /** The decision when this source's onRequest answered the request itself. */
+  readonly answered: Decision;
+  onRequest(request: OutboundRequest, tap: BodyTap | undefined, limits: HookLimits, call: SourceCall): Promise<OnRequestOutcome>;
+  /** Throws a 403 for `false`, and a 502 for anything but a boolean. */
+  isRequestAllowed(request: OutboundRequest, limits: HookLimits, call: SourceCall): Promise<void>;
+  /** The refusal for this address, or undefined when it may be used; throws when the hook is broken. */
+  isIpAllowed(info: IpInfo, limits: HookLimits, call: SourceCall): Promise<Decision | undefined>;
+  onResponse(response: HookedResponse, request: OutboundRequest, limits: HookLimits, call: SourceCall): Promise<HookedOnResponse>;
+}
+
+const tier2Answered = allow("tier2", "onRequest", "answered by the onRequest policy; no upstream was contacted");
+const tier3Answered = allow("tier3", "onRequest", "answered by the onRequest hook; no upstream was contacted");
+
+/** A tier-2 policy: its calls cross to the engine's worker threads. */
+export function policySource(engine: DjsEngine, log: Logger | undefined): HookSource {
+  const run = (call: SourceCall): { engine: DjsEngine; log: Logger | undefined; requestId: string } => ({ engine, log, requestId: call.requestId });
+  return {
+    tier: "tier2",
+    phases: engine.phases,
+    describe: (phase) => `the ${phase} policy`,
+    answered: tier2Answered,
+    onRequest: (request, tap, limits, call) => djsOnRequest(run(call), request, tap, limits),
+    isRequestAllowed: async (request, _limits, call) => {
+      if (!(await djsIsRequestAllowed(run(call), request))) throw denied(`request to ${request.url.origin} refused by the isRequestAllowed policy`);
+    },
+    isIpAllowed: async (info, _limits, call) =>
+      (await djsIsIpAllowed(run(call), info))
+        ? undefined
+        : deny("tier2", "isIpAllowed", `an address of "${info.hostname}" was refused by the isIpAllowed policy`, `${info.hostname} -> ${info.ip}`),
+    onResponse: (response, request, limits, call) => djsOnResponse(run(call), response, request, limits),
+  };
+}
+
+/** Tier-3 callbacks: ordinary (a)sync functions given WHATWG objects. */
+export function callbackSource(hooks: HttpHooks): HookSource {
+  const phases = new Set<PhaseName>();
+  for (const phase of ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"] as const) if (hooks[phase] !== undefined) phases.add(phase);
+  return {
+    tier: "tier3",
+    phases,
+    describe: (phase) => phase,
+    answered: tier3Answered,
+    onRequest: (request, tap, limits) => runOnRequest(hooks.onRequest!, request, tap, limits),
+    isRequestAllowed: async (request, limits) => {
+      const isRequestAllowed = hooks.isRequestAllowed!;
+      // The hook sees the request as it will leave (secrets substituted), without a body.
+      const seen = makeRequest(request.url, request.method, request.headers, null);
+      const allowed = await runHook("isRequestAllowed", limits.hookMs, () => isRequestAllowed(seen));
+      if (allowed !== true) throw checkRefusal("isRequestAllowed", allowed, `request to ${request.url.origin} refused by isRequestAllowed`);
+    },
+    isIpAllowed: async (info, limits) => {
+      const isIpAllowed = hooks.isIpAllowed!;
+      const allowed = await runHook("isIpAllowed", limits.hookMs, () => isIpAllowed(info));
+      if (allowed === true) return undefined;
+      if (allowed !== false) throw checkRefusal("isIpAllowed", allowed, "");
+      return deny("hooks", "isIpAllowed", `an address of "${info.hostname}" was refused by isIpAllowed`, `${info.hostname} -> ${info.ip}`);
+    },
+    onResponse: (response, request, limits) => runOnResponse(hooks.onResponse!, response, request, limits),
+  };
+}
+
+/** The sources of one guest, in the order of DESIGN §3: the tier-2 policy, then the tier-3 hooks. */
+export function hookSources(djs: DjsEngine | undefined, hooks: HttpHooks, log: Logger | undefined): HookSource[] {
+  const sources: HookSource[] = [];
+  if (djs !== undefined) sources.push(policySource(djs, log));
+  const callbacks = callbackSource(hooks);
+  if (callbacks.phases.size > 0) sources.push(callbacks);
+  return sources;
+}
+
+/** `false` is a refusal (403); anything else but `true` is a broken hook (502, as DESIGN §2 says). */
+function checkRefusal(hook: string, value: unknown, reason: string): EgressError {
+  if (value === false) return denied(reason);
+  return new EgressError("EG_HOOK_FAILED", 502, `${hook} returned ${typeof value}, not a boolean`);
+}
