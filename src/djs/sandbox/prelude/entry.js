@@ -1,0 +1,235 @@
+// @ts-check
+// The entry points the worker calls (src/djs/sandbox.ts): install() once per QuickJS context,
+// then freeze, load, and one call (with finish and takeBytes) per phase call.
+import { HttpRequestBlockedError } from "./blocked-error.js";
+import { bodyState, bodyUsed, startTurn, turn } from "./bodies.js";
+import { installClock, startClock } from "./clock.js";
+import { clearLogs, logs } from "./console.js";
+import { copyBuffer } from "./encoding.js";
+import { headersDirty, headersFlat } from "./headers.js";
+import { setHost } from "./host.js";
+import { freeze, installGlobals } from "./realm.js";
+import { makeRequest, makeResponse, Request, Response } from "./request-response.js";
+import { setCanonicalHref } from "./url.js";
+
+/** @typedef {import("./bodies.js").BodySource} BodySource */
+/** @typedef {import("./bodies.js").BodyState} BodyState */
+/** @typedef {import("./host.js").Host} Host */
+/**
+ * What a call answers when a code does not say it all; src/djs/protocol.ts's `Outcome`.
+ * @typedef {{ t: string, logs?: unknown, [field: string]: unknown }} Outcome
+ */
+/**
+ * The policy's top level, wrapped in a function of `globalThis`: each call returns its exports.
+ * @typedef {(this: object, scope: object) => Record<string, (...args: unknown[]) => unknown>} PolicyFactory
+ */
+
+/** @type {PolicyFactory | null} */
+let factory = null;
+/** @type {number | Outcome | undefined} */
+let outcome;
+/** @type {Uint8Array | null} */
+let stash = null;
+
+/**
+ * @param {BodyState | null} state
+ * @returns {{ h: BodySource } | { b: number } | null}
+ */
+function serialiseBody(state) {
+  if (state === null) return null;
+  if (state.source !== undefined) return { h: state.source };
+  stash = state.bytes;
+  return { b: state.bytes.byteLength };
+}
+/**
+ * @param {unknown} error
+ * @returns {Outcome}
+ */
+function thrown(error) {
+  try {
+    if (error instanceof HttpRequestBlockedError) {
+      return { t: "blocked", status: Number(error.status), message: String(error.message), statusText: String(error.statusText) };
+    }
+    if (error instanceof Error) return { t: "throw", name: String(error.name), message: String(error.message), stack: String(error.stack ?? "") };
+    return { t: "throw", name: typeof error, message: String(error), stack: "" };
+  } catch {
+    return { t: "throw", name: "Error", message: "the policy threw a value that cannot be described", stack: "" };
+  }
+}
+/** The common outcomes travel as numbers: QuickJS's JSON is the slowest part of a call. */
+const codes = { false: 0, true: 1, unchanged: 2 };
+/** What `call` answers while the phase's promise has yet to settle: no outcome is negative. */
+const pending = -1;
+/**
+ * @param {Phase} phase
+ * @param {unknown} value what the phase returned, or its promise settled to
+ * @param {Request | undefined} request the call's request, for onRequest and onResponse
+ * @returns {number | Outcome}
+ */
+function settle(phase, value, request) {
+  if (phase === "isRequestAllowed" || phase === "isIpAllowed") {
+    return typeof value === "boolean" ? (value ? codes.true : codes.false) : { t: "value", v: typeof value };
+  }
+  if (phase === "onResponse" && value === undefined) return codes.unchanged;
+  if (phase === "onRequest" && (value === undefined || value === request)) {
+    // onRequest always has its request.
+    const headers = /** @type {Request} */ (request).headers;
+    const dirty = headersDirty(headers);
+    const consumed = bodyUsed(/** @type {Request} */ (request));
+    if (!dirty && !consumed) return codes.unchanged;
+    return { t: "continue", headers: dirty ? headersFlat(headers) : null, consumed };
+  }
+  if (value instanceof Response) {
+    if (value.bodyUsed) return { t: "bad", what: "a Response whose body was already read" };
+    return {
+      t: "response",
+      status: value.status,
+      statusText: value.statusText,
+      headers: headersFlat(value.headers),
+      body: serialiseBody(bodyState(value)),
+    };
+  }
+  if (phase === "onRequest" && value instanceof Request) {
+    if (value.bodyUsed) return { t: "bad", what: "a Request whose body was already read; return request.clone() instead" };
+    return {
+      t: "request",
+      method: value.method,
+      url: value.url,
+      headers: headersFlat(value.headers),
+      body: serialiseBody(bodyState(value)),
+    };
+  }
+  return { t: "bad", what: value === null ? "null" : typeof value };
+}
+
+/** Whether a value is a thenable; the check itself must not let a hostile getter escape. */
+/**
+ * @param {any} value
+ * @returns {value is PromiseLike<unknown>}
+ */
+function isThenable(value) {
+  return value !== null && (typeof value === "object" || typeof value === "function") && typeof value.then === "function";
+}
+/** A settled outcome as the worker reads it: a code, or JSON when there is more to say. */
+/** @param {number | Outcome} settled */
+function encode(settled) {
+  if (typeof settled === "number" && logs.length === 0) return settled;
+  /** @type {Outcome} */
+  const full = typeof settled === "number" ? { t: "code", v: settled } : settled;
+  if (logs.length > 0) full.logs = logs;
+  return JSON.stringify(full);
+}
+/** @typedef {"isRequestAllowed" | "isIpAllowed" | "onRequest" | "onResponse"} Phase */
+/** @type {Phase[]} In src/djs/protocol.ts's order: a call names its phase by index. */
+const phases = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"];
+
+/**
+ * Installs the sandbox's API in this realm and answers the functions the worker calls.
+ * @param {Host} host
+ */
+export function install(host) {
+  setHost(host);
+  installClock();
+  installGlobals();
+  return {
+    freeze,
+    /**
+     * Takes the policy's factory (its top level, wrapped in a function of `globalThis`), runs it
+     * once to catch a top-level throw, and answers which phases it defines.
+     * @param {PolicyFactory} policyFactory
+     */
+    load(policyFactory) {
+      // Made after the realm was frozen, and shared by every call: a script reaches it as
+      // `arguments.callee`.
+      Object.freeze(policyFactory.prototype);
+      Object.freeze(policyFactory);
+      factory = policyFactory;
+      const scope = Object.create(globalThis);
+      const exported = factory.call(scope, scope);
+      return JSON.stringify(phases.filter((name) => typeof exported?.[name] === "function"));
+    },
+    /**
+     * One call from the compiled state: the factory runs again with a fresh `globalThis`, so
+     * module variables, the script's top-level bindings and globals are all new. Returns the
+     * outcome when the phase settles synchronously, or `pending` (-1); then the worker runs the
+     * pending jobs and asks finish(). The arguments are in src/djs/sandbox.ts's order (`arguments`).
+     *
+     * @param {number} phaseIndex
+     * @param {number} now
+     * @param {number} seed
+     * @param {any} method the method; for isIpAllowed, the hostname
+     * @param {any} url the URL; for isIpAllowed, the IP
+     * @param {any} headers LF-joined; for isIpAllowed, the family
+     * @param {any} hasBody whether the request has a body; for isIpAllowed, the port
+     * @param {any} requestBody the request's body if loaded; for isIpAllowed, the protocol
+     * @param {number} [status]
+     * @param {string} [statusText]
+     * @param {string} [responseHeaders]
+     * @param {string} [responseUrl]
+     * @param {boolean} [responseHasBody]
+     * @param {ArrayBuffer} [responseBody]
+     */
+    call(phaseIndex, now, seed, method, url, headers, hasBody, requestBody, status, statusText, responseHeaders, responseUrl, responseHasBody, responseBody) {
+      startClock(now, seed);
+      setCanonicalHref(url);
+      clearLogs();
+      outcome = undefined;
+      stash = null;
+      const phase = /** @type {Phase} */ (phases[phaseIndex]);
+      /** @type {Request | undefined} */
+      let request;
+      /** @type {unknown[]} */
+      let args;
+      if (phase === "isIpAllowed") {
+        // method, url, headers, hasBody carry hostname, ip, family, port; requestBody the protocol.
+        args = [{ hostname: method, ip: url, family: headers, port: hasBody, protocol: requestBody }];
+        startTurn(undefined, undefined);
+      } else if (phase === "onResponse") {
+        startTurn(undefined, responseBody === undefined ? undefined : new Uint8Array(responseBody));
+        request = makeRequest(method, url, headers, false);
+        args = [makeResponse(/** @type {number} */ (status), /** @type {string} */ (statusText), /** @type {string} */ (responseHeaders), /** @type {string} */ (responseUrl), responseHasBody === true), request];
+      } else {
+        startTurn(requestBody === undefined ? undefined : new Uint8Array(requestBody), undefined);
+        request = makeRequest(method, url, headers, phase === "onRequest" && hasBody);
+        args = [request];
+      }
+      try {
+        const scope = Object.create(globalThis);
+        const result = /** @type {PolicyFactory} */ (factory).call(scope, scope)[phase](...args);
+        if (!isThenable(result)) return encode(settle(phase, result, request));
+        // Only this call's own handlers may settle it: the host runs every pending job before
+        // the call ends, and `mine` keeps a handler that ran late from answering for another
+        // call. Promise.resolve reads the result's `constructor`, which may throw.
+        const mine = turn;
+        Promise.resolve(result).then(
+          (value) => {
+            if (turn === mine) outcome = settle(phase, value, request);
+          },
+          (error) => {
+            if (turn === mine) outcome = thrown(error);
+          },
+        );
+      } catch (error) {
+        return encode(thrown(error));
+      }
+      return pending;
+    },
+    /** The outcome of an asynchronous call, once the pending jobs ran. */
+    finish() {
+      /** @type {number | Outcome | undefined} */
+      let settled = outcome;
+      if (settled === undefined) {
+        const need = turn.needed === null ? [] : [...turn.needed];
+        settled = need.length > 0 ? { t: "need", which: need } : { t: "pending" };
+      }
+      outcome = undefined;
+      return encode(settled);
+    },
+    /** The bytes of a body the policy made, if the outcome has one. */
+    takeBytes() {
+      const bytes = stash;
+      stash = null;
+      return bytes === null ? undefined : copyBuffer(bytes);
+    },
+  };
+}
