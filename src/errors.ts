@@ -68,6 +68,8 @@ export class EgressError extends Error {
   readonly statusText: string;
   /** Headers the answer needs besides the error's own (`Proxy-Authenticate` on 407, `Retry-After` on 429). */
   readonly headers: Readonly<Record<string, string>> | undefined;
+  /** The hook source whose phase failed or refused (a policy's file, `hooks[N]`), for the log; set once by the pipeline. */
+  source: string | undefined;
 
   constructor(
     code: EgressErrorCode,
@@ -82,6 +84,7 @@ export class EgressError extends Error {
     this.detail = options?.detail;
     this.statusText = options?.statusText ?? statusText(status);
     this.headers = options?.headers;
+    this.source = undefined;
   }
 }
 
@@ -105,11 +108,13 @@ export function guestError(error: EgressError, redact: ((text: string) => string
   if (redact === undefined && error.statusText.length <= maxStatusText) return error;
   const message = redact === undefined ? error.message : redact(error.message);
   const text = (redact === undefined ? error.statusText : redact(error.statusText)).slice(0, maxStatusText).trim();
-  return new EgressError(error.code, error.status, message, {
+  const copy = new EgressError(error.code, error.status, message, {
     statusText: text === "" ? statusText(error.status) : text,
     ...(error.detail === undefined ? {} : { detail: error.detail }),
     ...(error.cause === undefined ? {} : { cause: error.cause }),
     ...(error.headers === undefined ? {} : { headers: error.headers }),
   });
+  copy.source = error.source;
+  return copy;
 }
 

@@ -1,10 +1,11 @@
-import { compileHostPatterns, validateHostPattern } from "../policy/host-pattern.js";
-import type { DeclarativeConfig } from "../policy/declarative-policy.js";
-import { classifyIp } from "../policy/ip-classify.js";
+import { validateHostPattern } from "../policy/host-pattern.js";
+import { DeclarativePolicy, type DeclarativeConfig } from "../policy/declarative-policy.js";
 import { secretRedirectModes, SecretStore, type SecretInfo, type SecretOptions, type SecretRedirects } from "../policy/secrets.js";
 import { makeIssue, OptionError, requiresReason, unknownKeyReason, type OptionRequirement, type Segment } from "../option-error.js";
-import { bareHostname } from "../hostname.js";
 import { DjsHooks } from "../djs/create-djs-hooks.js";
+import { bind, type ChainEntry } from "./declarative-binding.js";
+
+export { chainOf, declarativeConfigOf, djsHooksOf, userPartOf, type ChainEntry } from "./declarative-binding.js";
 
 /** What `isIpAllowed` is asked about: one resolved address of the destination. */
 export interface IpInfo {
@@ -69,7 +70,22 @@ export interface HttpHooksOptions extends HttpHooks {
    * phase it runs before the tier-3 hooks given here, and sees nothing of them.
    */
   readonly djsHooks?: DjsHooks;
+  /**
+   * A chain of hook sources, run in this order in every phase: each entry is an object of
+   * callbacks or what `createDjsHooks()` returns. Within a phase a rewrite is what the next
+   * source sees, the first block, throw or Response ends the phase, and the checks are AND-ed.
+   * Not together with `djsHooks` or the callbacks above: put those in the list.
+   *
+   * @example
+   * ```ts
+   * createHttpHooks({ allowedHosts: ["api.test"], hooks: [createDjsHooks(auditPolicy), { onRequest: tag }, createDjsHooks(strictPolicy)] });
+   * ```
+   */
+  readonly hooks?: readonly HookChainEntry[];
 }
+
+/** One entry of `hooks`: tier-3 callbacks, or a tier-2 policy (`createDjsHooks()`'s result, or its `djsHooks`). */
+export type HookChainEntry = HttpHooks | { readonly djsHooks: DjsHooks } | DjsHooks;
 
 /** Changes secrets at run time; every change applies to the next request. */
 export interface SecretManager {
@@ -89,13 +105,6 @@ export interface CreatedHttpHooks {
   readonly secretManager: SecretManager;
 }
 
-/**
- * The declarative configuration rides on the hooks object under a non-enumerable symbol, so the
- * proxy can evaluate it natively. `{ ...httpHooks }` drops it by design; the proxy then calls the
- * generated functions instead, which give the same answers more slowly.
- */
-const declarativeKey = Symbol.for("egressgate.declarative");
-
 /** The four hooks, the only keys an `httpHooks` object has. */
 export const hookNames = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"] as const;
 const knownOptions = new Set<string>([
@@ -108,14 +117,10 @@ const knownOptions = new Set<string>([
   "followRedirectsTo",
   "secretPlaceholderKey",
   "djsHooks",
+  "hooks",
   ...hookNames,
 ]);
 
-/** The tier-2 policy rides like the declarative configuration: on the object and on the generated functions. */
-const djsKey = Symbol.for("egressgate.djs");
-
-/** The user's own function inside a generated one, for the native path to call alone. */
-const userHookKey = Symbol.for("egressgate.userHook");
 
 /** An option error of createHttpHooks: code EG_INVALID_OPTION and the option's path. */
 function invalid(path: string | readonly Segment[], reason: string, kind: "invalid" | "unknown" | "clause" = "invalid", requires?: OptionRequirement): OptionError {
@@ -223,14 +228,12 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
     blockInternalRanges: options.blockInternalRanges ?? true,
     ...(secrets.size > 0 ? { secrets } : {}),
   });
-  const hosts = compileHostPatterns([...config.allowedHosts, ...config.allowedInternalHosts]);
-  const internal = compileHostPatterns(config.allowedInternalHosts);
-  const hostAllowed = (request: Request): boolean => hosts.match(bareHostname(new URL(request.url).hostname)) !== undefined;
-  const ipAllowed = (info: IpInfo): boolean => {
-    const c = classifyIp(info.ip);
-    if (c.metadata) return false;
-    return !c.internal || !config.blockInternalRanges || internal.match(info.hostname) !== undefined;
-  };
+  const chain = chainEntries(options);
+  // The generated checks ask the same DeclarativePolicy the proxy evaluates natively (no
+  // listening addresses here: only startProxy knows them, and checks them itself).
+  const policy = new DeclarativePolicy(config, () => []);
+  const hostAllowed = (request: Request): boolean => policy.checkHost(new URL(request.url).hostname).allowed;
+  const ipAllowed = (info: IpInfo): boolean => policy.checkAddress(info.hostname, { ip: info.ip, family: info.family }, info.port).allowed;
   const userAllow = options.isRequestAllowed;
   const userIp = options.isIpAllowed;
   // The generated functions do the declarative checks, then the user's own hook if any.
@@ -240,19 +243,9 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
     ...(options.onRequest !== undefined ? { onRequest: options.onRequest } : {}),
     ...(options.onResponse !== undefined ? { onResponse: options.onResponse } : {}),
   };
-  // The generated functions carry the configuration too: a spread copy keeps them, and the
-  // proxy recognises them and knows the declarative tier is delegated to them. On the native
-  // path it calls only the user's part, found under userHookKey.
-  for (const target of [httpHooks, httpHooks.isRequestAllowed, httpHooks.isIpAllowed]) {
-    Object.defineProperty(target, declarativeKey, { value: config, enumerable: false });
-  }
-  if (options.djsHooks !== undefined) {
-    for (const target of [httpHooks, httpHooks.isRequestAllowed, httpHooks.isIpAllowed]) {
-      Object.defineProperty(target, djsKey, { value: options.djsHooks, enumerable: false });
-    }
-  }
-  Object.defineProperty(httpHooks.isRequestAllowed, userHookKey, { value: userAllow, enumerable: false });
-  Object.defineProperty(httpHooks.isIpAllowed, userHookKey, { value: userIp, enumerable: false });
+  // The generated functions carry the configuration, the policy and the chain too: a spread
+  // copy keeps them (declarative-binding.ts).
+  bind(httpHooks, { config, djs: options.djsHooks, chain, userAllow, userIp });
   return {
     httpHooks,
     env: Object.freeze(secrets.env()),
@@ -265,22 +258,29 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
   };
 }
 
-/** For a generated check function: the user's own hook inside it, if any. */
-export function userPartOf<F extends object>(generated: F): F | undefined {
-  return (generated as Record<symbol, F | undefined>)[userHookKey];
-}
-
-/** The declarative configuration attached by createHttpHooks, if the object still carries it. */
-export function declarativeConfigOf(hooksOrGenerated: object | undefined): DeclarativeConfig | undefined {
-  if (hooksOrGenerated === undefined) return undefined;
-  return (hooksOrGenerated as Record<symbol, DeclarativeConfig | undefined>)[declarativeKey];
-}
-
-/** The tier-2 policy attached by createHttpHooks, from the hooks object or a generated function. */
-export function djsHooksOf(hooks: HttpHooks): DjsHooks | undefined {
-  for (const holder of [hooks, hooks.isRequestAllowed, hooks.isIpAllowed]) {
-    const found = holder === undefined ? undefined : (holder as Record<symbol, DjsHooks | undefined>)[djsKey];
-    if (found !== undefined) return found;
-  }
-  return undefined;
+/** `hooks: [...]` validated into the chain the proxy runs, each entry a policy or callbacks. */
+function chainEntries(options: HttpHooksOptions): readonly ChainEntry[] | undefined {
+  const list = options.hooks as unknown;
+  if (list === undefined) return undefined;
+  if (!Array.isArray(list)) throw invalid("hooks", "must be an array of hook objects or createDjsHooks() results");
+  const mixed = ["djsHooks", ...hookNames].find((name) => options[name as keyof HttpHooksOptions] !== undefined);
+  if (mixed !== undefined) throw invalid(mixed, "cannot be combined with hooks: put it in the hooks list, where its place in the order is explicit");
+  return Object.freeze(
+    list.map((entry: unknown, index): ChainEntry => {
+      if (entry instanceof DjsHooks) return { kind: "policy", djs: entry };
+      if (typeof entry !== "object" || entry === null || Array.isArray(entry)) throw invalid(["hooks", index], "must be an object of hooks or a createDjsHooks() result");
+      const record = entry as Record<string, unknown>;
+      if (record["djsHooks"] !== undefined) {
+        if (!(record["djsHooks"] instanceof DjsHooks) || Object.keys(record).length !== 1) throw invalid(["hooks", index], "must be createDjsHooks()'s result as it is");
+        return { kind: "policy", djs: record["djsHooks"] };
+      }
+      const hooks: HttpHooks = {};
+      for (const [key, fn] of Object.entries(record)) {
+        if (!(hookNames as readonly string[]).includes(key)) throw invalid(["hooks", index, key], unknownKeyReason(key, [...hookNames]), "unknown");
+        if (typeof fn !== "function") throw invalid(["hooks", index, key], "must be a function");
+        (hooks as Record<string, unknown>)[key] = fn;
+      }
+      return { kind: "callbacks", hooks: Object.freeze(hooks), index };
+    }),
+  );
 }

@@ -3,6 +3,7 @@ import type { PhaseName } from "../djs/protocol.js";
 import { denied } from "../errors.js";
 import type { BodyTap } from "../hooks/body-tap.js";
 import { makeRequest } from "../hooks/fetch-objects.js";
+import type { ChainEntry } from "../hooks/declarative-binding.js";
 import type { HttpHooks, IpInfo } from "../hooks/http-hooks.js";
 import { runHook } from "../hooks/run-hook.js";
 import type { Logger } from "../log.js";
@@ -27,6 +28,8 @@ export type HookedOnResponse = HookedResponse & { readonly replaced: boolean; re
  */
 export interface HookSource {
   readonly tier: "tier2" | "tier3";
+  /** Who decided, for the decision log: a policy's file, or `hooks[N]` / `hooks` for callbacks. */
+  readonly label: string;
   readonly phases: ReadonlySet<PhaseName>;
   /** How messages name this source's hook: "the onRequest policy" (tier 2) or "onRequest" (tier 3). */
   describe(phase: PhaseName): string;
@@ -48,6 +51,7 @@ export function policySource(engine: DjsEngine, log: Logger | undefined): HookSo
   const run = (call: SourceCall): { engine: DjsEngine; log: Logger | undefined; requestId: string } => ({ engine, log, requestId: call.requestId });
   return {
     tier: "tier2",
+    label: engine.filename,
     phases: engine.phases,
     describe: (phase) => `the ${phase} policy`,
     answered: tier2Answered,
@@ -64,11 +68,12 @@ export function policySource(engine: DjsEngine, log: Logger | undefined): HookSo
 }
 
 /** Tier-3 callbacks: ordinary (a)sync functions given WHATWG objects. */
-export function callbackSource(hooks: HttpHooks): HookSource {
+export function callbackSource(hooks: HttpHooks, label = "hooks"): HookSource {
   const phases = new Set<PhaseName>();
   for (const phase of ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"] as const) if (hooks[phase] !== undefined) phases.add(phase);
   return {
     tier: "tier3",
+    label,
     phases,
     describe: (phase) => phase,
     answered: tier3Answered,
@@ -91,10 +96,17 @@ export function callbackSource(hooks: HttpHooks): HookSource {
   };
 }
 
-/** The sources of one guest, in the order of DESIGN §3: the tier-2 policy, then the tier-3 hooks. */
-export function hookSources(djs: DjsEngine | undefined, hooks: HttpHooks, log: Logger | undefined): HookSource[] {
+/**
+ * The sources of one guest, in the order of DESIGN §3: the tier-2 policy, then the chain in its
+ * own order (`createHttpHooks({ hooks })`, which excludes the other two), then the tier-3
+ * callbacks (a spread copy's added hooks included).
+ */
+export function hookSources(djs: DjsEngine | undefined, chain: readonly ChainEntry[], hooks: HttpHooks, log: Logger | undefined): HookSource[] {
   const sources: HookSource[] = [];
   if (djs !== undefined) sources.push(policySource(djs, log));
+  for (const entry of chain) {
+    sources.push(entry.kind === "policy" ? policySource(entry.djs.engine, log) : callbackSource(entry.hooks, `hooks[${entry.index}]`));
+  }
   const callbacks = callbackSource(hooks);
   if (callbacks.phases.size > 0) sources.push(callbacks);
   return sources;

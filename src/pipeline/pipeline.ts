@@ -90,9 +90,9 @@ export class Pipeline {
       // sees the request as the one before left it, and the first answer ends the phase.
       for (const source of this.phase.onRequest) {
         const unread = redirects === 0 && request.body === initial.body;
-        const outcome = await source.onRequest(request, unread ? tap : undefined, limits, call);
+        const outcome = await attributed(source, source.onRequest(request, unread ? tap : undefined, limits, call));
         if ("response" in outcome) {
-          return { ...outcome.response, decision: source.answered, url: request.url, redirects };
+          return { ...outcome.response, decision: { ...source.answered, source: source.label }, url: request.url, redirects };
         }
         request = outcome.request;
       }
@@ -112,7 +112,7 @@ export class Pipeline {
         for (const source of this.phase.onResponse) {
           let hooked;
           try {
-            hooked = await source.onResponse(response, request, limits, call);
+            hooked = await attributed(source, source.onResponse(response, request, limits, call));
           } catch (error) {
             for (const cleanup of cleanups) cleanup();
             throw error;
@@ -158,7 +158,7 @@ export class Pipeline {
     let rewritten = initial;
     const call = { requestId: "" };
     for (const source of this.phase.onRequest) {
-      const outcome = await source.onRequest(rewritten, undefined, this.options.limits, call);
+      const outcome = await attributed(source, source.onRequest(rewritten, undefined, this.options.limits, call));
       if ("response" in outcome) {
         discardBody(outcome.response.body);
         throw new EgressError("EG_HOOK_FAILED", 502, `${source.describe("onRequest")} answered a protocol upgrade; upgrades can be continued, rewritten or blocked`);
@@ -197,7 +197,7 @@ export class Pipeline {
       throw new EgressError("EG_HOOK_FAILED", 502, `onRequest rewrote the request to the forbidden method ${request.method}`);
     }
     // The checks are AND-ed in source order: the first refusal wins.
-    for (const source of this.phase.isRequestAllowed) await source.isRequestAllowed(request, limits, call);
+    for (const source of this.phase.isRequestAllowed) await attributed(source, source.isRequestAllowed(request, limits, call));
     const hostDecision = policy.checkHost(url.hostname);
     if (!hostDecision.allowed) throw denied(hostDecision.reason);
 
@@ -217,8 +217,11 @@ export class Pipeline {
       const info = { hostname, ip: address.ip, family: address.family, port, protocol };
       let refusal: Decision | undefined;
       for (const source of this.phase.isIpAllowed) {
-        refusal = await source.isIpAllowed(info, limits, call);
-        if (refusal !== undefined) break;
+        refusal = await attributed(source, source.isIpAllowed(info, limits, call));
+        if (refusal !== undefined) {
+          refusal = { ...refusal, source: source.label };
+          break;
+        }
       }
       if (refusal !== undefined) {
         firstRefusal ??= refusal;
@@ -228,7 +231,9 @@ export class Pipeline {
     }
     if (approved.length > 0) return { addresses: approved, decision: hostDecision };
     if (firstRefusal === undefined) throw denied(`host "${url.hostname}" has no usable address`);
-    throw denied(firstRefusal.reason, firstRefusal.detail);
+    const refused = denied(firstRefusal.reason, firstRefusal.detail);
+    refused.source = firstRefusal.source;
+    throw refused;
   }
 
   /**
@@ -319,6 +324,16 @@ export function upstreamError(error: unknown, url: URL): EgressError {
   // Socket errors (ECONNREFUSED 10.0.0.5:443) name the pinned address: the guest gets the code only.
   const shown = /^E[A-Z]+$/.test(code) ? code : detail;
   return new EgressError("EG_UPSTREAM", 502, `upstream request failed for ${target}: ${shown}`, { cause: error, detail });
+}
+
+/** A source's phase, with any refusal or failure it throws marked as that source's, for the log. */
+async function attributed<T>(source: HookSource, work: Promise<T>): Promise<T> {
+  try {
+    return await work;
+  } catch (error) {
+    if (error instanceof EgressError && error.source === undefined) error.source = source.label;
+    throw error;
+  }
 }
 
 /** How much of a path an error message quotes. */

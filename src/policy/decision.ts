@@ -11,6 +11,8 @@ export interface Decision {
   readonly reason: string;
   /** For the log only (resolved addresses): never sent to the guest. */
   readonly detail?: string;
+  /** The hook source that decided (a policy's file, `hooks[N]`), when one did. */
+  readonly source?: string;
 }
 
 export function allow(tier: string, rule: string, reason: string): Decision {

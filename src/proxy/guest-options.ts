@@ -1,4 +1,5 @@
-import { declarativeConfigOf, djsHooksOf, hookNames, userPartOf, type HttpHooks } from "../hooks/http-hooks.js";
+import { chainOf, declarativeMode, djsHooksOf, type ChainEntry } from "../hooks/declarative-binding.js";
+import { hookNames, type HttpHooks } from "../hooks/http-hooks.js";
 import type { DjsEngine } from "../djs/engine.js";
 import type { DeclarativeConfig } from "../policy/declarative-policy.js";
 import { parseCidr, type Cidr } from "../policy/cidr.js";
@@ -34,23 +35,14 @@ export interface ResolvedGuest {
   readonly checkHooks: HttpHooks;
   /** The tier-2 policy, if createHttpHooks was given one; it runs before `checkHooks` in every phase. */
   readonly djs: DjsEngine | undefined;
+  /** The hook chain (`createHttpHooks({ hooks: [...] })`), run in its order after `djs` and before `checkHooks`. */
+  readonly chain: readonly ChainEntry[];
   readonly env: Readonly<Record<string, string>>;
   readonly staticHosts: StaticHosts;
   readonly sources: readonly Cidr[];
 }
 
 const guestKeys = ["httpHooks", "env", "resolve", "sources"];
-
-const denyAll: DeclarativeConfig = Object.freeze({ allowedHosts: [], allowedInternalHosts: [], blockInternalRanges: true });
-/** The allowlist and the IP block are left to the generated functions; secrets stay native. */
-function delegatedConfig(recovered: DeclarativeConfig): DeclarativeConfig {
-  return Object.freeze({
-    allowedHosts: ["*"],
-    allowedInternalHosts: ["*"],
-    blockInternalRanges: false,
-    ...(recovered.secrets !== undefined ? { secrets: recovered.secrets } : {}),
-  });
-}
 
 function fail(path: string, message: string, value: unknown): never {
   throw new TypeError(`startProxy: ${path} ${message} (got ${JSON.stringify(value) ?? String(value)})`);
@@ -59,34 +51,6 @@ function fail(path: string, message: string, value: unknown): never {
 export function plainObject(value: unknown, path: string): Record<string, unknown> {
   if (typeof value !== "object" || value === null || Array.isArray(value)) fail(path, "must be an object", value);
   return value as Record<string, unknown>;
-}
-
-/**
- * Picks how the declarative tier is enforced. Hooks straight from createHttpHooks carry their
- * configuration and run natively. A spread copy (`{ ...httpHooks, onResponse }`) has lost it but
- * still holds both generated functions: then the proxy calls those instead (slower, same
- * answers). If a spread copy replaced one of them, the configuration recovered from the other is
- * enforced natively, so replacing a hook can never switch the allowlist or the internal-range
- * block off. Hooks with no configuration at all are deny-all.
- */
-function declarativeMode(hooks: HttpHooks): Pick<ResolvedGuest, "declarative" | "checkHooks"> {
-  const generatedAllow = configOf(hooks.isRequestAllowed);
-  const generatedIp = configOf(hooks.isIpAllowed);
-  const native = declarativeConfigOf(hooks);
-  const delegated = native === undefined && generatedAllow !== undefined && generatedIp !== undefined;
-  const checkHooks: HttpHooks = {};
-  const allow = hooks.isRequestAllowed === undefined || delegated || generatedAllow === undefined ? hooks.isRequestAllowed : userPartOf(hooks.isRequestAllowed);
-  const ip = hooks.isIpAllowed === undefined || delegated || generatedIp === undefined ? hooks.isIpAllowed : userPartOf(hooks.isIpAllowed);
-  if (allow !== undefined) checkHooks.isRequestAllowed = allow;
-  if (ip !== undefined) checkHooks.isIpAllowed = ip;
-  if (hooks.onRequest !== undefined) checkHooks.onRequest = hooks.onRequest;
-  if (hooks.onResponse !== undefined) checkHooks.onResponse = hooks.onResponse;
-  if (delegated) return { declarative: delegatedConfig(generatedAllow), checkHooks };
-  return { declarative: native ?? generatedAllow ?? generatedIp ?? denyAll, checkHooks };
-}
-
-function configOf(fn: object | undefined): DeclarativeConfig | undefined {
-  return fn === undefined ? undefined : declarativeConfigOf(fn);
 }
 
 function hooksOf(value: unknown, path: string): HttpHooks {
@@ -141,6 +105,7 @@ export function resolveGuestOptions(name: string, options: GuestOptions, path: s
     hooks,
     ...declarativeMode(hooks),
     djs: djsHooksOf(hooks)?.engine,
+    chain: chainOf(hooks) ?? [],
     env: envOf(o["env"], at("env")),
     staticHosts,
     sources,

@@ -232,6 +232,7 @@ export class GuestSide {
           status: response.status,
           reason: response.decision.reason,
           rule: response.decision.rule,
+          ...(response.decision.source !== undefined ? { source: response.decision.source } : {}),
           redirects: response.redirects,
           started,
           ...(error ? { error: this.explainCut(error) } : {}),
@@ -259,6 +260,7 @@ export class GuestSide {
         status: err.status,
         reason: err.message,
         code: err.code,
+        ...(err.source !== undefined ? { source: err.source } : {}),
         ...(err.detail !== undefined ? { detail: err.detail } : {}),
         started,
       });

@@ -83,7 +83,7 @@ export class Guest {
     });
     this.pipeline = new Pipeline({
       policy,
-      sources: hookSources(resolved.djs, resolved.checkHooks, log),
+      sources: hookSources(resolved.djs, resolved.chain, resolved.checkHooks, log),
       resolver: new Resolver(resolved.staticHosts, config.timeouts.dnsMs),
       pools: this.pools,
       maxRedirects: config.maxRedirects,
