@@ -1,5 +1,5 @@
 // @ts-check
-// The few functions the worker provides (src/djs/sandbox.ts installs them on `host`): UTF-8
+// The few functions the worker provides (src/djs/host-functions.ts makes them): UTF-8
 // conversion and WHATWG URL parsing, so URLs parse exactly as the proxy's own do.
 
 /**
