@@ -66,9 +66,8 @@ export function buildProxyOptions(config: ProxyConfig, options: BuildOptions = {
     for (const [name, guest] of Object.entries(config.guests)) {
       const base: Segment[] = config.single ? [] : ["guests", name];
       const placeholderKey = key === undefined ? undefined : config.single ? key : guestPlaceholderKey(key, name);
-      const djsHooks = loadPolicy(guest, base);
-      if (djsHooks !== undefined) policies.push(djsHooks);
-      const created = createGuestHooks(guest, djsHooks, placeholderKey, base);
+      const loaded = loadPolicies(guest, base, policies);
+      const created = createGuestHooks(guest, loaded, placeholderKey, base);
       const secrets = declarativeConfigOf(created.httpHooks)?.secrets;
       if (secrets !== undefined) redactors.push((text) => secrets.redact(text));
       built[name] = {
@@ -98,18 +97,24 @@ export function buildProxyOptions(config: ProxyConfig, options: BuildOptions = {
   };
 }
 
-function loadPolicy(guest: GuestConfig, base: readonly Segment[]): DjsHooks | undefined {
-  if (guest.hooksScript === undefined) return undefined;
+/** The guest's policies in chain order; each one loaded is also pushed to `loaded`, to be closed. */
+function loadPolicies(guest: GuestConfig, base: readonly Segment[], loaded: DjsHooks[]): DjsHooks[] {
   const timeoutMs = guest.hooksTimeoutMs ?? defaults.guest.hooksTimeoutMs;
-  try {
-    return createDjsHooks({ ...djsHooksOptionsFromFile(guest.hooksScript), limits: { timeoutMs } }).djsHooks;
-  } catch (error) {
-    // A syntax error, a refused import or a top-level throw: the PolicyLoadError stays the cause.
-    throw new OptionError(makeIssue([...base, "hooksScript"], (error as Error).message, "clause"), { cause: error });
-  }
+  const scripts = guest.hooksScript ?? [];
+  return scripts.map((script, i) => {
+    try {
+      const { djsHooks } = createDjsHooks({ ...djsHooksOptionsFromFile(script), limits: { timeoutMs } });
+      loaded.push(djsHooks);
+      return djsHooks;
+    } catch (error) {
+      // A syntax error, a refused import or a top-level throw: the PolicyLoadError stays the cause.
+      const at: Segment[] = scripts.length === 1 ? [...base, "hooksScript"] : [...base, "hooksScript", i];
+      throw new OptionError(makeIssue(at, (error as Error).message, "clause"), { cause: error });
+    }
+  });
 }
 
-function createGuestHooks(guest: GuestConfig, djsHooks: DjsHooks | undefined, placeholderKey: string | undefined, base: readonly Segment[]): ReturnType<typeof createHttpHooks> {
+function createGuestHooks(guest: GuestConfig, policies: readonly DjsHooks[], placeholderKey: string | undefined, base: readonly Segment[]): ReturnType<typeof createHttpHooks> {
   const secrets: Record<string, NonNullable<HttpHooksOptions["secrets"]>[string]> = {};
   for (const [name, secret] of Object.entries(guest.secrets ?? {})) {
     secrets[name] = {
@@ -127,7 +132,8 @@ function createGuestHooks(guest: GuestConfig, djsHooks: DjsHooks | undefined, pl
     replaceSecretsInQuery: guest.replaceSecretsInQuery ?? defaults.guest.replaceSecretsInQuery,
     ...(guest.secretRedirects !== undefined ? { secretRedirects: guest.secretRedirects } : {}),
     ...(guest.followRedirectsTo !== undefined ? { followRedirectsTo: guest.followRedirectsTo } : {}),
-    ...(djsHooks !== undefined ? { djsHooks } : {}),
+    // One policy keeps the single form; several are a chain, run in the order given.
+    ...(policies.length === 1 ? { djsHooks: policies[0]! } : policies.length > 1 ? { hooks: policies } : {}),
     ...(placeholderKey !== undefined ? { secretPlaceholderKey: placeholderKey } : {}),
   };
   try {

@@ -35,7 +35,8 @@ export interface GuestConfig {
   readonly secretRedirects?: SecretRedirects;
   readonly followRedirectsTo?: readonly string[];
   /** An absolute path. */
-  readonly hooksScript?: string;
+  /** The guest's tier-2 policies, in chain order (one path in a file is a list of one). */
+  readonly hooksScript?: readonly string[];
   readonly hooksTimeoutMs?: number;
   readonly resolve?: Readonly<Record<string, readonly string[]>>;
   readonly sources?: readonly string[];
@@ -94,6 +95,7 @@ const pemMarker = "-----BEGIN CERTIFICATE-----";
 /** Checks and resolves a whole document; issues come back all together, none thrown. */
 export function resolveDocument(document: unknown, options: DocumentOptions): { config?: ProxyConfig; issues: OptionIssue[] } {
   const issues: OptionIssue[] = [];
+  scriptsAsLists(document);
   validate(configFileSchema, document, [], issues, { inlineSecrets: options.inlineSecrets ?? false });
   if (issues.length > 0) return { issues };
   const doc = (document ?? {}) as Doc;
@@ -140,10 +142,13 @@ function resolveGuest(doc: Doc, base: readonly Segment[], single: boolean, optio
   // At the top level, resolve is proxy-wide; a listed guest's resolve and sources are its own.
   if (!single) keys.push("resolve", "sources");
   for (const key of keys) if (doc[key] !== undefined) out[key] = doc[key];
-  if (typeof doc["hooksScript"] === "string") {
-    const script = path.resolve(options.baseDir, doc["hooksScript"]);
-    if (!isFile(script)) at([...base, "hooksScript"], `names ${script}, which is not a readable file`);
-    out["hooksScript"] = script;
+  if (Array.isArray(doc["hooksScript"])) {
+    out["hooksScript"] = (doc["hooksScript"] as string[]).map((entry, i) => {
+      const script = path.resolve(options.baseDir, entry);
+      const list = doc["hooksScript"] as string[];
+      if (!isFile(script)) at(list.length === 1 ? [...base, "hooksScript"] : [...base, "hooksScript", i], `names ${script}, which is not a readable file`);
+      return script;
+    });
   }
   const secrets: Record<string, SecretConfig> = {};
   for (const [name, secret] of Object.entries((doc["secrets"] ?? {}) as Record<string, SecretDoc>)) {
@@ -170,4 +175,19 @@ function isFile(file: string): boolean {
   } catch {
     return false;
   }
+}
+
+/**
+ * `hooksScript: policy.ts` is the common case: one path is a chain of one. Made a list before the
+ * schema sees it, at the top level and in every listed guest, so every later step has one shape.
+ */
+export function scriptsAsLists(document: unknown): void {
+  const lift = (holder: unknown): void => {
+    if (typeof holder !== "object" || holder === null) return;
+    const record = holder as Record<string, unknown>;
+    if (typeof record["hooksScript"] === "string") record["hooksScript"] = [record["hooksScript"]];
+  };
+  lift(document);
+  const guests = (document as Record<string, unknown> | null)?.["guests"];
+  if (typeof guests === "object" && guests !== null) for (const guest of Object.values(guests)) lift(guest);
 }

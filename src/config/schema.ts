@@ -153,7 +153,12 @@ const guestFields = {
   replaceSecretsInQuery: boolean("Also substitute placeholders in query strings.", { default: defaults.guest.replaceSecretsInQuery }),
   secretRedirects: redirectMode('A redirect leaving a sent secret\'s hosts: "scan" it for the value, or "refuse" it.'),
   followRedirectsTo: hostPatterns('Hosts that redirects may still reach with secretRedirects: "refuse".'),
-  hooksScript: string("a file path", "Tier-2 policy run in a QuickJS sandbox: .js script, .mjs module, .ts/.mts TypeScript."),
+  hooksScript: list(
+    string("a file path", "A tier-2 policy file."),
+    "a file path or a list of them",
+    "Tier-2 policies run in a QuickJS sandbox (.js script, .mjs module, .ts/.mts TypeScript), in the order given: a chain (one path or a list).",
+    { minItems: 1 },
+  ),
   hooksTimeoutMs: integer(1, 60_000, "Time limit of one policy call (502 beyond); needs hooksScript.", { default: defaults.guest.hooksTimeoutMs }),
 };
 

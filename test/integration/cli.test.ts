@@ -717,6 +717,29 @@ describe("egressgate --hooks-script", () => {
     expect(upstream.hits()).toBe(1);
   });
 
+  it("--hooks-script repeated is a chain: the policies run in the order given, each seeing the one before's rewrite", async () => {
+    const dir = tempDir();
+    const caDir = join(dir, "ca");
+    const upstream = await startUpstream();
+    writeFileSync(join(dir, "first.mjs"), `export function onRequest(r) { r.headers.set("x-trail", "first"); }`);
+    writeFileSync(
+      join(dir, "second.mjs"),
+      `export function onRequest(r) {
+         if (new URL(r.url).pathname === "/blocked") throw new HttpRequestBlockedError("second blocks", 451);
+         r.headers.set("x-trail", r.headers.get("x-trail") + ",second");
+       }`,
+    );
+    const { url } = await serve([
+      ...["--ca-dir", caDir, "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--upstream-ca", await upstreamCaFile(dir)],
+      ...["--hooks-script", join(dir, "first.mjs"), "--hooks-script", join(dir, "second.mjs"), "--hooks-timeout-ms", "30000"],
+    ]);
+    const chained = await curl(["-sS", "-x", url, "--cacert", join(caDir, "ca.crt"), `https://api.test:${upstream.port}/echo`]);
+    expect(JSON.parse(chained.stdout)).toMatchObject({ headers: { "x-trail": "first,second" } });
+    const blocked = await curl(["-sS", "-x", url, "--cacert", join(caDir, "ca.crt"), "-w", "\n%{http_code}", `https://api.test:${upstream.port}/blocked`]);
+    expect(blocked.stdout).toMatch(/second blocks\n+451$/);
+    expect(upstream.hits()).toBe(1);
+  });
+
   it("a policy with a syntax error stops start-up with exit 2, naming the file and line", async () => {
     const dir = tempDir();
     const file = join(dir, "broken.mjs");

@@ -65,7 +65,7 @@ describe("loadConfigFile: a valid file", () => {
     const ci = config.guests["ci"]!;
     expect(ci.allowHosts).toEqual(["api.github.com", "*.npmjs.org"]);
     expect(ci.secrets?.["GH_TOKEN"]).toEqual({ hosts: ["api.github.com"], value: "ghp_from_env", from: "env:CI_GH_TOKEN" });
-    expect(ci.hooksScript).toBe(join(dir, "policies", "ci.ts"));
+    expect(ci.hooksScript).toEqual([join(dir, "policies", "ci.ts")]);
     expect(ci.hooksTimeoutMs).toBe(250);
     const agent = config.guests["agent"]!;
     expect(agent.secrets?.["OPENAI_KEY"]?.value).toBe("sk-from-file");
