@@ -13,7 +13,8 @@ export interface IpInfo {
   readonly ip: string;
   readonly family: 4 | 6;
   readonly port: number;
-  readonly protocol: "http:" | "https:";
+  /** `"http"` or `"https"` (no colon), as in Gondolin. */
+  readonly protocol: "http" | "https";
 }
 
 type MaybePromise<T> = T | Promise<T>;
@@ -233,7 +234,9 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
   // listening addresses here: only startProxy knows them, and checks them itself).
   const policy = new DeclarativePolicy(config, () => []);
   const hostAllowed = (request: Request): boolean => policy.checkHost(new URL(request.url).hostname).allowed;
-  const ipAllowed = (info: IpInfo): boolean => policy.checkAddress(info.hostname, { ip: info.ip, family: info.family }, info.port).allowed;
+  // The whole verdict on its own, as Gondolin's: the host must be allowed, and this address too.
+  const ipAllowed = (info: IpInfo): boolean =>
+    policy.checkHost(info.hostname).allowed && policy.checkAddress(info.hostname, { ip: info.ip, family: info.family }, info.port).allowed;
   const userAllow = options.isRequestAllowed;
   const userIp = options.isIpAllowed;
   // The generated functions do the declarative checks, then the user's own hook if any.
@@ -249,7 +252,8 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
   return {
     httpHooks,
     env: Object.freeze(secrets.env()),
-    allowedHosts: config.allowedHosts,
+    // What may be reached: the allowed hosts and the internal ones (which count as allowed), once each.
+    allowedHosts: Object.freeze([...new Set([...config.allowedHosts, ...config.allowedInternalHosts])]),
     secretManager: {
       listSecrets: () => secrets.list(),
       updateSecret: (name, change) => secrets.update(name, change),

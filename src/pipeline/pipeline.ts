@@ -203,7 +203,8 @@ export class Pipeline {
 
     const port = Number(url.port || (url.protocol === "https:" ? 443 : 80));
     const hostname = bareHostname(url.hostname);
-    const protocol = url.protocol as "http:" | "https:";
+    // "http" or "https", as Gondolin's hooks get it (not the URL's "https:").
+    const protocol: "http" | "https" = url.protocol === "https:" ? "https" : "http";
     const addresses = await resolver.resolve(url.hostname);
     let firstRefusal: Decision | undefined;
     const approved: ResolvedAddress[] = [];

@@ -187,7 +187,7 @@ describe("tier 2 through the proxy", () => {
   it("isIpAllowed in the policy refuses an address, and isRequestAllowed runs before tier 3's", async () => {
     let tier3Calls = 0;
     const { proxy, base, upstream } = await setup(
-      `export function isIpAllowed(info) { return !(info.hostname === "other.test" && info.ip === "127.0.0.1" && info.family === 4 && info.protocol === "https:"); }
+      `export function isIpAllowed(info) { return !(info.hostname === "other.test" && info.ip === "127.0.0.1" && info.family === 4 && info.protocol === "https"); }
        export function isRequestAllowed(r) { return new URL(r.url).pathname !== "/no"; }`,
       {
         isRequestAllowed: () => {

@@ -246,7 +246,7 @@ describe("checks", () => {
     });
     const res = await fetchVia(proxy, `${base}/echo`);
     expect(res.status).toBe(403);
-    expect(infos).toEqual([{ hostname: "api.test", ip: "127.0.0.1", family: 4, port: upstream.port, protocol: "https:" }]);
+    expect(infos).toEqual([{ hostname: "api.test", ip: "127.0.0.1", family: 4, port: upstream.port, protocol: "https" }]);
     expect(hits(upstream)).toBe(0);
   });
 });

@@ -293,7 +293,7 @@ describe("tier-2 sandbox: limits fail closed and the policy keeps serving", () =
       limits: { timeoutMs: 50 },
       workers: 1,
     });
-    const info = (ip: string) => ({ info: { hostname: "api.test", ip, family: 4, port: 443, protocol: "https:" } });
+    const info = (ip: string) => ({ info: { hostname: "api.test", ip, family: 4, port: 443, protocol: "https" } });
     const results = await Promise.all(["1.1.1.1", "2.2.2.2", "9.9.9.9", "3.3.3.3"].map((ip) => callPhase(policy, "isIpAllowed", info(ip))));
     expect(results.map((r) => (r.t === "code" ? r.v : r.t))).toEqual([1, 1, "limit", 1]);
   });
@@ -306,7 +306,7 @@ describe("tier-2 sandbox: limits fail closed and the policy keeps serving", () =
       limits: { memoryBytes: 4 * 1024 * 1024, timeoutMs: 30_000 },
       workers: 1,
     });
-    const info = (ip: string, port = 443) => ({ info: { hostname: "api.test", ip, family: 4, port, protocol: "https:" } });
+    const info = (ip: string, port = 443) => ({ info: { hostname: "api.test", ip, family: 4, port, protocol: "https" } });
     const first = callPhase(policy, "isIpAllowed", info("9.9.9.9"));
     // Posted in later turns, so they reach the worker as separate batches while it is busy or renewing.
     const later: Promise<unknown>[] = [];

@@ -8,7 +8,7 @@ describe("the tier-2 wire format", () => {
   it("calls of every shape come back as they went, in order", () => {
     const calls: CallMessage[] = [
       { ...base, id: 1, phase: "isRequestAllowed" },
-      { ...base, id: 2, phase: "isIpAllowed", info: { hostname: "api.test", ip: "::1", family: 6, port: 8443, protocol: "https:" } },
+      { ...base, id: 2, phase: "isIpAllowed", info: { hostname: "api.test", ip: "::1", family: 6, port: 8443, protocol: "https" } },
       { ...base, id: 3, phase: "onResponse", response: { status: 203, statusText: "", headers: "content-type\ntext/plain", url: base.url, hasBody: true } },
       { ...base, id: 4, phase: "onRequest", method: "POST", hasBody: true, requestBody: new Uint8Array([1, 2, 3]) },
       { ...base, id: 5, phase: "onRequest", headers: "x-odd\nvalue\x1fwith a separator" },

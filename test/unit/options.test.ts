@@ -20,7 +20,7 @@ function errorOf(fn: () => unknown): Error {
   throw new Error("expected a throw");
 }
 
-const ipInfo = (hostname: string, ip: string): IpInfo => ({ hostname, ip, family: 4, port: 443, protocol: "https:" });
+const ipInfo = (hostname: string, ip: string): IpInfo => ({ hostname, ip, family: 4, port: 443, protocol: "https" });
 
 describe("resolveProxyOptions: defaults", () => {
   it("no options give the documented defaults and deny-all", () => {
@@ -230,6 +230,28 @@ describe("createHttpHooks: option validation", () => {
     const created = createHttpHooks({ allowedHosts: ["API.Test."] });
     expect(created.allowedHosts).toEqual(["api.test"]);
     expect(declarativeConfigOf(created.httpHooks)?.allowedHosts).toEqual(["api.test"]);
+  });
+});
+
+describe("createHttpHooks without the proxy: the returned functions are complete on their own", () => {
+  const { httpHooks, allowedHosts } = createHttpHooks({ allowedHosts: ["public.test", "db.test"], allowedInternalHosts: ["db.test", "cache.test"] });
+  const info = (hostname: string, ip: string, protocol: "http" | "https" = "https"): IpInfo => ({ hostname, ip, family: 4, port: 443, protocol });
+
+  it("isIpAllowed gives the whole verdict: a host off the allowlist is refused whatever its address", async () => {
+    expect(await httpHooks.isIpAllowed!(info("public.test", "93.184.216.34"))).toBe(true);
+    expect(await httpHooks.isIpAllowed!(info("elsewhere.test", "93.184.216.34"))).toBe(false);
+    expect(await httpHooks.isIpAllowed!(info("public.test", "10.0.0.5"))).toBe(false);
+    expect(await httpHooks.isIpAllowed!(info("db.test", "10.0.0.5", "http"))).toBe(true);
+    expect(await httpHooks.isIpAllowed!(info("db.test", "169.254.169.254"))).toBe(false);
+  });
+
+  it("isRequestAllowed applies the allowlist", async () => {
+    expect(await httpHooks.isRequestAllowed!(new Request("https://cache.test/x"))).toBe(true);
+    expect(await httpHooks.isRequestAllowed!(new Request("https://elsewhere.test/x"))).toBe(false);
+  });
+
+  it("allowedHosts is the effective list: the allowed and the internal hosts, each once", () => {
+    expect(allowedHosts).toEqual(["public.test", "db.test", "cache.test"]);
   });
 });
 
