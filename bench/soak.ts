@@ -197,11 +197,12 @@ async function readSettled(child: ChildProcess): Promise<Reading | undefined> {
     await new Promise((resolve) => setTimeout(resolve, settleStepMs));
     const next = await read(child);
     if (next === undefined) return reading;
-    const falling = next.rssBytes < reading.rssBytes - settledWithin || (next.liveBytes ?? 0) < (reading.liveBytes ?? 0) - settledWithin;
+    const falling = next.rssBytes < reading.rssBytes - settledWithin || (next.heapUsedBytes ?? 0) < (reading.heapUsedBytes ?? 0) - settledWithin;
     still = falling ? 0 : still + 1;
     reading = next;
   }
-  return reading;
+  // One snapshot, once settled: each costs a second or two of the proxy's time.
+  return reading === undefined ? undefined : { ...reading, liveBytes: await liveHeapBytes(child) };
 }
 
 async function read(child: ChildProcess): Promise<Reading | undefined> {
@@ -215,7 +216,6 @@ async function read(child: ChildProcess): Promise<Reading | undefined> {
     rssFileBytes: statusBytes(pid, "RssFile") + statusBytes(pid, "RssShmem"),
     heapUsedBytes: gc.heapUsedBytes,
     heapTotalBytes: gc.heapTotalBytes,
-    liveBytes: await liveHeapBytes(child),
   };
 }
 
