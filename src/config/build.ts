@@ -78,7 +78,8 @@ export function buildProxyOptions(config: ProxyConfig, options: BuildOptions = {
       };
     }
   } catch (error) {
-    void Promise.all(policies.map((policy) => policy.close()));
+    // A policy that fails to close must not become an unhandled rejection on top of the start's error.
+    void Promise.all(policies.map((policy) => policy.close())).catch(() => undefined);
     throw error;
   }
   const keyOption = key === undefined ? {} : { deploymentKey: key };

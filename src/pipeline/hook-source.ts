@@ -1,6 +1,6 @@
 import type { DjsEngine } from "../djs/engine.js";
 import type { PhaseName } from "../djs/protocol.js";
-import { denied } from "../errors.js";
+import { EgressError, denied } from "../errors.js";
 import type { BodyTap } from "../hooks/body-tap.js";
 import { makeRequest } from "../hooks/fetch-objects.js";
 import type { ChainEntry } from "../hooks/declarative-binding.js";
@@ -11,7 +11,6 @@ import { allow, deny, type Decision } from "../policy/decision.js";
 import { djsIsIpAllowed, djsIsRequestAllowed, djsOnRequest, djsOnResponse } from "./djs-phases.js";
 import type { OutboundRequest } from "./exchange.js";
 import { runOnRequest, runOnResponse, type HookedResponse, type HookLimits, type OnRequestOutcome } from "./hook-phases.js";
-import { EgressError } from "../errors.js";
 
 /** What a call is for: the request id its console lines carry. */
 export interface SourceCall {

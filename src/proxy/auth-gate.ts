@@ -18,10 +18,8 @@ export class AuthGate {
     private readonly warnings: ThrottledWarning,
   ) {}
 
-  identify(authorization: string | string[] | undefined, socket: Socket): Guest | EgressError {
-    // Two Proxy-Authorization fields are malformed, not a choice between them.
-    const header = Array.isArray(authorization) ? "" : authorization;
-    const found = this.guests.identify(header, socket.remoteAddress);
+  identify(authorization: string | undefined, socket: Socket): Guest | EgressError {
+    const found = this.guests.identify(authorization, socket.remoteAddress);
     if (typeof found !== "string") return found;
     const source = socket.remoteAddress ?? "";
     this.warnings.warn(`auth:${source}`, "proxy authentication failed", { client: source, reason: found });
