@@ -25,6 +25,7 @@ export const defaults = Object.freeze({
     upstreamBodyMs: 120_000,
     drainMs: 10_000,
     hookMs: 30_000,
+    requestMs: 300_000,
   }),
   maxHttpBodyBytes: 64 * 1024 * 1024,
   maxHttpResponseBodyBytes: 64 * 1024 * 1024,

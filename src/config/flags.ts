@@ -15,6 +15,7 @@ export const optionFlags = Object.freeze({
   maxHttpBodyBytes: "--max-body-bytes",
   maxHttpResponseBodyBytes: "--max-response-body-bytes",
   "timeouts.upstreamBodyMs": "--upstream-body-timeout-ms",
+  "timeouts.requestMs": "--request-timeout-ms",
   "limits.connections": "--max-connections",
   "limits.connectionsPerSource": "--max-connections-per-source",
   workers: "--workers",

@@ -40,6 +40,7 @@ const timeoutDocs: Record<keyof typeof defaults.timeouts, string> = {
   upstreamBodyMs: "Longest silence inside an upstream response body.",
   drainMs: "How long closing lets in-flight requests finish before cutting them.",
   hookMs: "Each tier-3 hook call must settle within this (504 after).",
+  requestMs: "A request that passes through layers (handle), over all its descents and sleeps, until its response head (504 after).",
 };
 
 const timeoutsNode = object(

@@ -4,8 +4,9 @@
  */
 
 export type PolicyKind = "script" | "module" | "typescript";
-export type PhaseName = "isRequestAllowed" | "isIpAllowed" | "onRequest" | "onResponse";
-export const phaseNames: readonly PhaseName[] = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"];
+export type PhaseName = "isRequestAllowed" | "isIpAllowed" | "onRequest" | "onResponse" | "handle";
+/** By index on the wire, and in the prelude's own list (entry.js): new phases go at the end. */
+export const phaseNames: readonly PhaseName[] = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse", "handle"];
 
 export interface DjsLimits {
   /** Wall-clock time for one call, in ms. Default 100. */

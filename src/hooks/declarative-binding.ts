@@ -104,6 +104,7 @@ export function declarativeMode(hooks: HttpHooks): { declarative: DeclarativeCon
   if (ip !== undefined) checkHooks.isIpAllowed = ip;
   if (hooks.onRequest !== undefined) checkHooks.onRequest = hooks.onRequest;
   if (hooks.onResponse !== undefined) checkHooks.onResponse = hooks.onResponse;
+  if (hooks.handle !== undefined) checkHooks.handle = hooks.handle;
   if (delegated) return { declarative: delegatedConfig(generatedAllow), checkHooks };
   return { declarative: native ?? generatedAllow ?? generatedIp ?? denyAll, checkHooks };
 }

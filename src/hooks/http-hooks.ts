@@ -28,6 +28,9 @@ type MaybePromise<T> = T | Promise<T>;
  *   continues rewritten (and is checked again), a `Response` answers without any upstream.
  * - `onResponse(response, request)`: `undefined` forwards the response as received, a
  *   `Response` replaces it.
+ * - `handle(request, next)`: a layer around all of that. `next(request)` runs the rest of the
+ *   path (onRequest, secrets, every check, the upstream with its redirects, onResponse) and
+ *   resolves to the upstream's Response; the layer answers with it, or with its own Response.
  *
  * Throw `HttpRequestBlockedError` to answer with its status; any other failure means 502.
  */
@@ -36,7 +39,16 @@ export interface HttpHooks {
   isIpAllowed?: (info: IpInfo) => MaybePromise<boolean>;
   onRequest?: (request: Request) => MaybePromise<Request | Response | undefined | void>;
   onResponse?: (response: Response, request: Request) => MaybePromise<Response | undefined | void>;
+  handle?: Layer;
 }
+
+/**
+ * A layer: may call `next` zero times (a mock, a cache), once, or several times (a retry, a
+ * fallback), at most 10 times per request over all layers. Each `next()` is checked again; one
+ * the policy refuses rejects with HttpRequestBlockedError (status 403). A body goes once: pass
+ * `request.clone()` to a `next()` that may be repeated.
+ */
+export type Layer = (request: Request, next: (request?: Request) => Promise<Response>) => MaybePromise<Response>;
 
 export interface HttpHooksOptions extends HttpHooks {
   /** Host patterns that may be reached; `*` matches any run of characters. Default: none (deny-all). */
@@ -83,6 +95,22 @@ export interface HttpHooksOptions extends HttpHooks {
    * ```
    */
   readonly hooks?: readonly HookChainEntry[];
+  /**
+   * Layers, outermost first: `layers: [a, b]` runs `a(request, next)`, whose `next` runs `b`,
+   * whose `next` runs the rest of the path. They become the returned hooks' one `handle`. Not
+   * together with `handle`.
+   *
+   * @example
+   * ```ts
+   * createHttpHooks({ allowedHosts: ["api.test"], layers: [async (request, next) => {
+   *   const started = Date.now();
+   *   const response = await next(request);
+   *   console.log(request.url, response.status, Date.now() - started);
+   *   return response;
+   * }] });
+   * ```
+   */
+  readonly layers?: readonly Layer[];
 }
 
 /** One entry of `hooks`: tier-3 callbacks, or a tier-2 policy (`createDjsHooks()`'s result, or its `djsHooks`). */
@@ -106,8 +134,8 @@ export interface CreatedHttpHooks {
   readonly secretManager: SecretManager;
 }
 
-/** The four hooks, the only keys an `httpHooks` object has. */
-export const hookNames = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"] as const;
+/** The hooks, the only keys an `httpHooks` object has. */
+export const hookNames = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse", "handle"] as const;
 const knownOptions = new Set<string>([
   "allowedHosts",
   "allowedInternalHosts",
@@ -119,6 +147,7 @@ const knownOptions = new Set<string>([
   "secretPlaceholderKey",
   "djsHooks",
   "hooks",
+  "layers",
   ...hookNames,
 ]);
 
@@ -230,6 +259,7 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
     ...(secrets.size > 0 ? { secrets } : {}),
   });
   const chain = chainEntries(options);
+  const handle = layered(options);
   // The generated checks ask the same DeclarativePolicy the proxy evaluates natively (no
   // listening addresses here: only startProxy knows them, and checks them itself).
   const policy = new DeclarativePolicy(config, () => []);
@@ -245,6 +275,7 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
     isIpAllowed: userIp === undefined ? ipAllowed : async (info) => ipAllowed(info) && (await userIp(info)),
     ...(options.onRequest !== undefined ? { onRequest: options.onRequest } : {}),
     ...(options.onResponse !== undefined ? { onResponse: options.onResponse } : {}),
+    ...(handle !== undefined ? { handle } : {}),
   };
   // The generated functions carry the configuration, the policy and the chain too: a spread
   // copy keeps them (declarative-binding.ts).
@@ -260,6 +291,23 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
       deleteSecret: (name) => secrets.delete(name),
     },
   };
+}
+
+/** `layers: [a, b]` as one layer: `a`'s next runs `b`, and `b`'s the rest of the path. */
+function layered(options: HttpHooksOptions): Layer | undefined {
+  const list = options.layers as unknown;
+  if (list === undefined) return options.handle;
+  if (!Array.isArray(list)) throw invalid("layers", "must be an array of functions (request, next) => Response");
+  if (options.handle !== undefined) throw invalid("handle", "cannot be combined with layers: put it in the layers list");
+  if (options.hooks !== undefined) throw invalid("layers", "cannot be combined with hooks: give the layer as an entry's handle");
+  list.forEach((layer, i) => {
+    if (typeof layer !== "function") throw invalid(["layers", i], "must be a function (request, next) => Response");
+  });
+  const layers = [...(list as Layer[])];
+  if (layers.length === 0) return undefined;
+  const at = (index: number, request: Request, next: (request?: Request) => Promise<Response>): MaybePromise<Response> =>
+    index === layers.length - 1 ? layers[index]!(request, next) : layers[index]!(request, async (inner) => at(index + 1, inner ?? request, next));
+  return (request, next) => at(0, request, next);
 }
 
 /** `hooks: [...]` validated into the chain the proxy runs, each entry a policy or callbacks. */

@@ -9,12 +9,27 @@ import { runHook } from "../hooks/run-hook.js";
 import type { Logger } from "../log.js";
 import { allow, deny, type Decision } from "../policy/decision.js";
 import { djsIsIpAllowed, djsIsRequestAllowed, djsOnRequest, djsOnResponse } from "./djs-phases.js";
+import { djsHandle } from "./djs-layer.js";
+import { runHandle } from "./layer-phases.js";
 import type { OutboundRequest } from "./exchange.js";
 import { runOnRequest, runOnResponse, type HookedResponse, type HookLimits, type OnRequestOutcome } from "./hook-phases.js";
 
 /** What a call is for: the request id its console lines carry. */
 export interface SourceCall {
   readonly requestId: string;
+}
+
+/**
+ * What a layer (`handle(request, next)`) is given to run the rest of the path. `next` runs the
+ * inner layers, then DESIGN §3 steps 2–7 (onRequest, secrets, every check, the upstream with its
+ * redirects, onResponse) on `request`, and resolves to the response; it rejects with the
+ * EgressError that ended the descent (a 403 for a refusal). A response it resolved to that the
+ * layer does not return as it is remains the source's to discard. `sleep` waits, within the
+ * request's `timeouts.requestMs` (it rejects with 504 at once when the wait would not fit).
+ */
+export interface LayerNext {
+  next(request: OutboundRequest): Promise<HookedResponse>;
+  sleep(ms: number): Promise<void>;
 }
 
 /** What onResponse gives back: the response for the guest, and how to drop the one it replaced. */
@@ -40,6 +55,12 @@ export interface HookSource {
   /** The refusal for this address, or undefined when it may be used; throws when the hook is broken. */
   isIpAllowed(info: IpInfo, limits: HookLimits, call: SourceCall): Promise<Decision | undefined>;
   onResponse(response: HookedResponse, request: OutboundRequest, limits: HookLimits, call: SourceCall): Promise<HookedOnResponse>;
+  /**
+   * The source's layer, present when it registers `handle`. It answers with a response: one that
+   * `layer.next` resolved to, returned as it is (the same object), or one of its own. `tap` is
+   * the request's body as a lazy web stream, when the body is the guest's stream.
+   */
+  handle?(request: OutboundRequest, tap: BodyTap | undefined, layer: LayerNext, limits: HookLimits, call: SourceCall): Promise<HookedResponse>;
 }
 
 const tier2Answered = allow("tier2", "onRequest", "answered by the onRequest policy; no upstream was contacted");
@@ -63,13 +84,14 @@ export function policySource(engine: DjsEngine, log: Logger | undefined): HookSo
         ? undefined
         : deny("tier2", "isIpAllowed", `an address of "${info.hostname}" was refused by the isIpAllowed policy`, `${info.hostname} -> ${info.ip}`),
     onResponse: (response, request, limits, call) => djsOnResponse(run(call), response, request, limits),
+    ...(engine.phases.has("handle") ? { handle: (request, tap, layer, limits, call) => djsHandle(run(call), request, tap, layer, limits) } : {}),
   };
 }
 
 /** Tier-3 callbacks: ordinary (a)sync functions given WHATWG objects. */
 export function callbackSource(hooks: HttpHooks, label = "hooks"): HookSource {
   const phases = new Set<PhaseName>();
-  for (const phase of ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"] as const) if (hooks[phase] !== undefined) phases.add(phase);
+  for (const phase of ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse", "handle"] as const) if (hooks[phase] !== undefined) phases.add(phase);
   return {
     tier: "tier3",
     label,
@@ -92,6 +114,7 @@ export function callbackSource(hooks: HttpHooks, label = "hooks"): HookSource {
       return deny("hooks", "isIpAllowed", `an address of "${info.hostname}" was refused by isIpAllowed`, `${info.hostname} -> ${info.ip}`);
     },
     onResponse: (response, request, limits) => runOnResponse(hooks.onResponse!, response, request, limits),
+    ...(hooks.handle !== undefined ? { handle: (request, tap, layer, limits) => runHandle(hooks.handle!, request, tap, layer, limits) } : {}),
   };
 }
 

@@ -15,6 +15,7 @@ import { nextHop, redirectStatuses } from "./redirects.js";
 import { bareHostname } from "../hostname.js";
 import type { PhaseName } from "../djs/protocol.js";
 import type { HookSource, SourceCall } from "./hook-source.js";
+import { LayerRun, type Descend } from "./layers.js";
 
 export interface PipelineOptions {
   readonly policy: DeclarativePolicy;
@@ -28,6 +29,8 @@ export interface PipelineOptions {
   readonly pools: PinnedPools;
   readonly maxRedirects: number;
   readonly limits: HookLimits;
+  /** `timeouts.requestMs`: the whole of a request that passes through layers, over all its descents. */
+  readonly requestMs: number;
   /**
    * With several guests: the name of another guest's secret whose placeholder the request
    * carries. Such a request is refused, naming the secret but never the guest that holds it.
@@ -60,22 +63,41 @@ export class Pipeline {
 
   constructor(private readonly options: PipelineOptions) {
     const of = (name: PhaseName): HookSource[] => options.sources.filter((source) => source.phases.has(name));
-    this.phase = { onRequest: of("onRequest"), isRequestAllowed: of("isRequestAllowed"), isIpAllowed: of("isIpAllowed"), onResponse: of("onResponse") };
+    this.phase = {
+      onRequest: of("onRequest"),
+      isRequestAllowed: of("isRequestAllowed"),
+      isIpAllowed: of("isIpAllowed"),
+      onResponse: of("onResponse"),
+      handle: options.sources.filter((source) => source.handle !== undefined),
+    };
+    this.descend = (request, context) => this.steps(request, context);
   }
 
-  /** Whether any source registers onRequest: then no early check can settle a request by its target alone. */
-  get hasOnRequest(): boolean {
-    return this.phase.onRequest.length > 0;
+  private readonly descend: Descend;
+
+  /**
+   * Whether any source registers onRequest or a layer: then the request that leaves may not be
+   * the guest's, and no early check can settle a request by its target alone.
+   */
+  get mayRewrite(): boolean {
+    return this.phase.onRequest.length > 0 || this.phase.handle.length > 0;
   }
 
-  async handle(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
+  /** One guest request: through the layers when there are any (each `next()` is steps 2–7), else steps 2–7 once. */
+  handle(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
+    if (this.phase.handle.length === 0) return this.steps(initial, context);
+    return new LayerRun(this.phase.handle, this.descend, context, this.options.limits, this.options.requestMs).run(initial);
+  }
+
+  /** DESIGN §3 steps 2–7 for one request: onRequest, secrets, the checks, the upstream and its redirects, onResponse. */
+  private async steps(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
     const { limits } = this.options;
     const call = { requestId: context.id };
     let request = initial;
     // The secrets substituted into any hop so far: a later hop that leaves their hosts is checked for their values.
     const substituted = new Set<string>();
     let tap: BodyTap | undefined;
-    if (this.hasOnRequest && initial.body !== null) {
+    if (this.phase.onRequest.length > 0 && initial.body !== null) {
       if (initial.method === "GET" || initial.method === "HEAD") {
         throw badRequest(`${initial.method} with a body is refused while an onRequest hook is registered`);
       }

@@ -119,7 +119,7 @@ export class GuestSide {
       // While no onRequest hook (of either tier) could answer or rewrite the request, a host the
       // allowlist refuses (or an internal IP literal) is refused before any TLS work. Every
       // request inside the tunnel is still judged on its own.
-      if (!guest.pipeline.hasOnRequest) {
+      if (!guest.pipeline.mayRewrite) {
         const decision = guest.connectPolicy.checkHost(target.hostname);
         if (!decision.allowed) throw denied(decision.reason);
         const literal = bareHostname(target.hostname);

@@ -92,6 +92,7 @@ export class Guest {
         responseBodyBytes: config.maxHttpResponseBodyBytes,
         hookMs: config.timeouts.hookMs,
       },
+      requestMs: config.timeouts.requestMs,
       foreignSecret: (request) => deps.foreignSecret(this, request),
     });
     this.upgradeDeps = {

@@ -29,6 +29,11 @@ export interface TimeoutOptions {
   readonly drainMs?: number;
   /** Each hook call must settle within this (504 after). Default 30 s. */
   readonly hookMs?: number;
+  /**
+   * A request that passes through layers (`handle`), over all its `next()` descents and
+   * sleeps, until its response head is ready (504 after). Default 300 s.
+   */
+  readonly requestMs?: number;
 }
 
 /** What one guest may hold at once; past a limit the answer comes at once (503), never silence. */

@@ -46,6 +46,7 @@ describe("resolveProxyOptions: defaults", () => {
       idleMs: 120_000,
       dnsMs: 5_000,
       hookMs: 30_000,
+      requestMs: 300_000,
       upstreamConnectMs: 10_000,
       upstreamHeadersMs: 60_000,
       upstreamBodyMs: 120_000,

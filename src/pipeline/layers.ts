@@ -1,0 +1,167 @@
+import { Readable } from "node:stream";
+import { EgressError } from "../errors.js";
+import { BodyTap } from "../hooks/body-tap.js";
+import { allow } from "../policy/decision.js";
+import { discardBody } from "../streams.js";
+import { GuestGone, type ExchangeContext, type OutboundRequest, type PipelineResponse } from "./exchange.js";
+import type { HookedResponse, HookLimits } from "./hook-phases.js";
+import type { HookSource, LayerNext, SourceCall } from "./hook-source.js";
+
+/** The most `next()` calls one guest request may make, over all layers (DESIGN §2). */
+export const maxDescents = 10;
+
+/** Steps 2–7 of DESIGN §3 for one descent. */
+export type Descend = (request: OutboundRequest, context: ExchangeContext) => Promise<PipelineResponse>;
+
+/**
+ * One guest request through the layers (`handle(request, next)`), outermost first. It counts the
+ * descents, holds the request's deadline (`timeouts.requestMs`) and cancels the upstream work
+ * in flight when the deadline passes, and refuses a second descent with a guest stream already
+ * sent. Its failures are sticky: once the descents or the time are used up, the request ends
+ * with that error even if a layer catches it and answers something else.
+ */
+export class LayerRun {
+  private descents = 0;
+  private failure: EgressError | undefined;
+  /** Guest streams already sent upstream: a stream goes once. */
+  private readonly streamed = new WeakSet<Readable>();
+  private readonly responses: PipelineResponse[] = [];
+  /** Who made a response a layer answered with itself. */
+  private readonly madeBy = new WeakMap<HookedResponse, HookSource>();
+  private readonly gone = new GuestGone();
+  private readonly deadline: number;
+  private timer: NodeJS.Timeout | undefined;
+  private ended = false;
+
+  constructor(
+    private readonly layers: readonly HookSource[],
+    private readonly descend: Descend,
+    private readonly context: ExchangeContext,
+    private readonly limits: HookLimits,
+    private readonly requestMs: number,
+  ) {
+    this.deadline = performance.now() + requestMs;
+  }
+
+  async run(request: OutboundRequest): Promise<PipelineResponse> {
+    const guestGone = (): void => this.gone.abort(this.context.signal.reason);
+    if (this.context.signal.aborted) guestGone();
+    else this.context.signal.once("abort", guestGone);
+    let expire!: (error: EgressError) => void;
+    const expired = new Promise<never>((_, reject) => (expire = reject));
+    this.timer = setTimeout(() => {
+      const error = this.stick(this.timeout());
+      this.gone.abort(error);
+      expire(error);
+    }, this.requestMs);
+    const work = this.layer(0, request);
+    try {
+      const final = await Promise.race([work, expired]);
+      if (this.failure !== undefined) throw this.failure;
+      return this.answer(final, request);
+    } catch (error) {
+      // Nothing will be sent: every body a descent brought back goes, read or not.
+      for (const response of this.responses) discardBody(response.body);
+      // A layer still running past the deadline settles later: whatever it got goes back then.
+      void work.then(
+        (late) => {
+          if (this.responses.includes(late as PipelineResponse)) return;
+          discardBody(late.body);
+        },
+        () => undefined,
+      );
+      throw this.failure ?? error;
+    } finally {
+      this.ended = true;
+      clearTimeout(this.timer);
+      this.context.signal.removeListener("abort", guestGone);
+      this.release();
+    }
+  }
+
+  /** The final response for the guest, attributed to the descent it came from or the layer that made it. */
+  private answer(final: HookedResponse, initial: OutboundRequest): PipelineResponse {
+    const descended = this.responses.find((response) => response === final);
+    if (descended !== undefined) {
+      this.responses.splice(this.responses.indexOf(descended), 1);
+      return descended;
+    }
+    const source = this.madeBy.get(final);
+    const by = source?.tier === "tier2" ? "the handle policy" : "a handle layer";
+    const decision = { ...allow(source?.tier ?? "tier3", "handle", `answered by ${by}`), ...(source !== undefined ? { source: source.label } : {}) };
+    // Its body may be a descent's own stream: that descent's hook cleanup waits until the guest has it.
+    const reused = this.responses.findIndex((response) => response.body !== null && response.body === final.body);
+    const cleanup = reused < 0 ? undefined : this.responses.splice(reused, 1)[0]!.cleanup;
+    return { status: final.status, headers: final.headers, body: final.body, decision, url: initial.url, redirects: 0, ...(cleanup !== undefined ? { cleanup } : {}) };
+  }
+
+  /** Hook cleanups of descents that did not become the answer: their replaced upstream bodies. */
+  private release(): void {
+    for (const response of this.responses) response.cleanup?.();
+    this.responses.length = 0;
+  }
+
+  private layer(index: number, request: OutboundRequest): Promise<HookedResponse> {
+    if (index === this.layers.length) return this.down(request);
+    const source = this.layers[index]!;
+    const tap =
+      request.body instanceof Readable && !this.streamed.has(request.body)
+        ? new BodyTap(request.body, { limit: this.limits.requestBodyBytes, record: false, ...(this.context.beforeBody !== undefined ? { onStart: this.context.beforeBody } : {}) })
+        : undefined;
+    const inner: LayerNext = {
+      next: (next) => this.layer(index + 1, next),
+      sleep: (ms) => this.sleep(ms),
+    };
+    const call: SourceCall = { requestId: this.context.id };
+    return source.handle!(request, tap, inner, this.limits, call).then(
+      (response) => {
+        if (!this.responses.includes(response as PipelineResponse)) this.madeBy.set(response, source);
+        return response;
+      },
+      (error: unknown) => {
+        if (error instanceof EgressError && error.source === undefined) error.source = source.label;
+        throw error;
+      },
+    );
+  }
+
+  /** One `next()` past the innermost layer: steps 2–7, checked again. */
+  private async down(request: OutboundRequest): Promise<PipelineResponse> {
+    if (this.failure !== undefined) throw this.failure;
+    if (this.ended) throw new EgressError("EG_HOOK_FAILED", 502, "next() was called after the layer had answered");
+    if (++this.descents > maxDescents) {
+      throw this.stick(new EgressError("EG_HOOK_FAILED", 502, `layers called next() more than ${maxDescents} times for one request`));
+    }
+    if (request.body instanceof Readable) {
+      if (this.streamed.has(request.body) || request.body.destroyed || request.body.readableEnded) {
+        throw new EgressError("EG_HOOK_FAILED", 502, "next() was given a request whose body an earlier next() already streamed; pass request.clone() to the first next()");
+      }
+      this.streamed.add(request.body);
+    }
+    const response = await this.descend(request, { ...this.context, signal: this.gone });
+    if (this.ended || this.failure !== undefined) {
+      // Too late: the request already ended (its deadline passed).
+      discardBody(response.body);
+      response.cleanup?.();
+      throw this.failure ?? new EgressError("EG_HOOK_FAILED", 502, "next() settled after the layer had answered");
+    }
+    this.responses.push(response);
+    return response;
+  }
+
+  private sleep(ms: number): Promise<void> {
+    if (this.failure !== undefined) return Promise.reject(this.failure);
+    if (!Number.isFinite(ms) || ms < 0) return Promise.reject(new EgressError("EG_HOOK_FAILED", 502, `sleep() takes a number of milliseconds, not ${String(ms)}`));
+    if (performance.now() + ms > this.deadline) return Promise.reject(this.stick(this.timeout()));
+    return new Promise((resolve) => setTimeout(resolve, ms));
+  }
+
+  private timeout(): EgressError {
+    return new EgressError("EG_UPSTREAM_TIMEOUT", 504, `the request did not complete within timeouts.requestMs (${this.requestMs} ms) over all its layers' descents`);
+  }
+
+  private stick(error: EgressError): EgressError {
+    this.failure ??= error;
+    return this.failure;
+  }
+}
