@@ -3,6 +3,7 @@ import type { ReadableStream as NodeReadableStream } from "node:stream/web";
 import { EgressError, badRequest } from "../errors.js";
 import { endToEndHeaders, type HeaderList } from "../headers.js";
 import { BodyLimitError, readBounded } from "./body-tap.js";
+import { discardBody } from "../streams.js";
 
 /**
  * Conversions between the proxy's own request/response shapes and the WHATWG `Request` and
@@ -64,6 +65,34 @@ export function requestUrl(request: Request, hook: string): URL {
   }
   url.hash = "";
   return url;
+}
+
+/**
+ * A Node body as a web stream, read only when pulled; cancelling it discards the Node stream.
+ * Not `Readable.toWeb`: on Node 20 its adapter still enqueues data that arrives after a cancel,
+ * and the "Controller is already closed" TypeError it then throws is uncaught (it ended the
+ * process when a layer cancelled a response body it did not want).
+ */
+export function webBody(body: Readable): ReadableStream<Uint8Array> {
+  let iterator: AsyncIterator<Buffer> | undefined;
+  return new ReadableStream<Uint8Array>(
+    {
+      async pull(controller) {
+        iterator ??= body[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
+        try {
+          const next = await iterator.next();
+          if (next.done === true) controller.close();
+          else controller.enqueue(new Uint8Array(next.value.buffer, next.value.byteOffset, next.value.byteLength));
+        } catch (error) {
+          controller.error(error);
+        }
+      },
+      cancel(reason) {
+        discardBody(body, reason instanceof Error ? reason : undefined);
+      },
+    },
+    { highWaterMark: 0 },
+  );
 }
 
 /** A web body as a Node stream for undici or the guest. */

@@ -1,6 +1,6 @@
 import { Readable } from "node:stream";
 import { EgressError } from "../errors.js";
-import { fromHeaders, isRequest, isResponse, makeRequest, makeResponse, readHookBody, requestUrl } from "../hooks/fetch-objects.js";
+import { fromHeaders, isRequest, isResponse, makeRequest, makeResponse, readHookBody, requestUrl, webBody } from "../hooks/fetch-objects.js";
 import { HttpRequestBlockedError } from "../hooks/blocked-error.js";
 import type { BodyTap } from "../hooks/body-tap.js";
 import type { HttpHooks } from "../hooks/http-hooks.js";
@@ -26,7 +26,7 @@ export async function runHandle(handle: Layer, request: OutboundRequest, tap: Bo
       ? null
       : request.body instanceof Uint8Array
         ? new Blob([request.body]).stream()
-        : ((tap?.web as ReadableStream<Uint8Array> | undefined) ?? (Readable.toWeb(request.body) as ReadableStream<Uint8Array>));
+        : ((tap?.web as ReadableStream<Uint8Array> | undefined) ?? webBody(request.body));
   const seen = makeRequest(request.url, request.method, request.headers, body);
   // Every response next() gave the layer, with what it came from.
   const given = new Map<Response, HookedResponse>();
@@ -72,7 +72,7 @@ export async function runHandle(handle: Layer, request: OutboundRequest, tap: Bo
       }
       throw error;
     }
-    const web = makeResponse(response.status, response.headers, response.body === null ? null : (Readable.toWeb(response.body) as ReadableStream<Uint8Array>));
+    const web = makeResponse(response.status, response.headers, response.body === null ? null : webBody(response.body));
     given.set(web, response);
     return web;
   };

@@ -1,0 +1,469 @@
+import { createHash } from "node:crypto";
+import { ProxyAgent, request } from "undici";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createHttpHooks, HttpRequestBlockedError, startProxy, type Layer, type RunningProxy } from "../../src/index.js";
+import { testCa } from "../helpers/test-ca.js";
+import { brokenBehaviours, startFaultUpstream, upstreamBehaviours, type FaultUpstream } from "../helpers/fault-upstream.js";
+import { fetchVia, startTestProxy, type TestProxy } from "../helpers/proxy.js";
+import { startUpstream, type Echo, type Route } from "../helpers/upstream.js";
+
+/** The decision lines of a proxy's log. */
+function decisions(proxy: TestProxy): Record<string, unknown>[] {
+  return proxy.logs.filter((line) => line["msg"] === "request");
+}
+
+/** A route answering the statuses in turn (the last one for ever after). */
+function statusesRoute(statuses: number[], headers: Record<string, string> = {}): Route {
+  let i = 0;
+  return (_req, res) => {
+    const status = statuses[Math.min(i++, statuses.length - 1)]!;
+    res.writeHead(status, { "content-type": "text/plain", ...headers });
+    res.end(`attempt ${i} got ${status}`);
+  };
+}
+
+const sha256 = (text: string | Buffer): string => createHash("sha256").update(text).digest("hex");
+
+describe("tier-3 layers: handle(request, next)", () => {
+  it("a layer that calls next once passes the upstream's response through, with the descent's decision", async () => {
+    const upstream = await startUpstream();
+    const seen: string[] = [];
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      layers: [
+        async (request, next) => {
+          const response = await next(request);
+          seen.push(`${request.method} ${new URL(request.url).pathname} ${response.status}`);
+          return response;
+        },
+      ],
+    });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`);
+    expect(res.status).toBe(200);
+    expect((JSON.parse(res.text) as Echo).path).toBe("/echo");
+    expect(seen).toEqual(["GET /echo 200"]);
+    expect(decisions(proxy).at(-1)).toMatchObject({ status: 200, rule: "allowedHosts:api.test" });
+  });
+
+  it("layers run outermost first, and each next() sees what the layer outside it passed", async () => {
+    const upstream = await startUpstream();
+    const trail: string[] = [];
+    const tagging = (name: string): Layer => async (request, next) => {
+      trail.push(`${name} in`);
+      const headers = new Headers(request.headers);
+      headers.set("x-trail", `${request.headers.get("x-trail") ?? ""}${name}`);
+      const response = await next(new Request(request, { headers }));
+      trail.push(`${name} out`);
+      return response;
+    };
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], layers: [tagging("a"), tagging("b")] });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`);
+    expect((JSON.parse(res.text) as Echo).headers["x-trail"]).toBe("ab");
+    expect(trail).toEqual(["a in", "b in", "b out", "a out"]);
+  });
+
+  it("a mock layer answers without calling next: no upstream request, and the log says a layer answered", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], layers: [() => new Response("mocked", { status: 203, headers: { "x-mock": "1" } })] });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`);
+    expect(res.status).toBe(203);
+    expect(res.text).toBe("mocked");
+    expect(res.headers["x-mock"]).toBe("1");
+    expect(upstream.hits()).toBe(0);
+    expect(decisions(proxy).at(-1)).toMatchObject({ status: 203, rule: "handle", source: "hooks" });
+  });
+
+  it("a retry layer makes 3 attempts, each passing the checks and reaching the upstream", async () => {
+    const upstream = await startUpstream({ routes: { "/flaky": statusesRoute([503, 503, 200]) } });
+    let checks = 0;
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      // Every attempt is checked again: an isRequestAllowed hook counts them.
+      hooks: [
+        { isRequestAllowed: () => ((checks += 1), true) },
+        {
+          handle: async (request, next) => {
+            let response = await next(request);
+            for (let attempt = 1; attempt < 5 && response.status === 503; attempt++) {
+              await response.body?.cancel();
+              response = await next(request);
+            }
+            return response;
+          },
+        },
+      ],
+    });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/flaky`);
+    expect(res.status).toBe(200);
+    expect(res.text).toBe("attempt 3 got 200");
+    expect(upstream.hits()).toBe(3);
+    expect(checks).toBe(3);
+  });
+
+  it("a descent the allowlist refuses rejects with HttpRequestBlockedError (403), which the layer may catch", async () => {
+    const upstream = await startUpstream({ names: ["api.test", "other.test"] });
+    let caught: unknown;
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      layers: [
+        async (request, next) => {
+          try {
+            return await next(new Request(request.url.replace("api.test", "other.test"), request));
+          } catch (error) {
+            caught = error;
+            return next(request);
+          }
+        },
+      ],
+    });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`);
+    expect(res.status).toBe(200);
+    expect(caught).toBeInstanceOf(HttpRequestBlockedError);
+    expect((caught as HttpRequestBlockedError).status).toBe(403);
+    expect((caught as Error).message).toMatch(/host "other\.test" is not in allowedHosts/);
+    expect(upstream.seen.map((s) => s.url)).toEqual(["/echo"]);
+  });
+
+  it("a refusal a layer does not catch reaches the guest as the descent's own 403", async () => {
+    const upstream = await startUpstream({ names: ["api.test", "other.test"] });
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      layers: [(request, next) => next(new Request(request.url.replace("api.test", "other.test"), request))],
+    });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`);
+    expect(res.status).toBe(403);
+    expect(res.text).toMatch(/host "other\.test" is not in allowedHosts/);
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it("next twice with a body already streamed rejects, and no empty body reaches the upstream", async () => {
+    const upstream = await startUpstream();
+    let second: unknown;
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      layers: [
+        async (request, next) => {
+          const first = await next(request);
+          try {
+            await next(request);
+          } catch (error) {
+            second = error;
+          }
+          return first;
+        },
+      ],
+    });
+    const body = "x".repeat(100_000);
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`, { method: "POST", body });
+    expect(res.status).toBe(200);
+    expect(String(second)).toMatch(/already streamed.*request\.clone\(\)/);
+    expect(upstream.seen).toHaveLength(1);
+    expect(upstream.seen[0]).toMatchObject({ bodyBytes: body.length, bodySha256: sha256(body) });
+  });
+
+  it("with request.clone(), each next() sends the whole body", async () => {
+    const upstream = await startUpstream({ routes: { "/flaky": statusesRoute([503, 200]) } });
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      layers: [
+        async (request, next) => {
+          const first = await next(request.clone());
+          if (first.status !== 503) return first;
+          await first.body?.cancel();
+          return next(request);
+        },
+      ],
+    });
+    const body = Buffer.alloc(300_000, 0x61);
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/flaky`, { method: "PUT", body });
+    expect(res.status).toBe(200);
+    expect(upstream.seen.map((s) => [s.bodyBytes, s.bodySha256])).toEqual([
+      [body.length, sha256(body)],
+      [body.length, sha256(body)],
+    ]);
+  });
+
+  it("11 descents get 502, even when the layer catches the refusal of the 11th", async () => {
+    const upstream = await startUpstream();
+    let rejected: unknown;
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      layers: [
+        async (request, next) => {
+          let last: Response | undefined;
+          try {
+            for (let i = 0; i < 11; i++) {
+              await last?.body?.cancel();
+              last = await next(request);
+            }
+          } catch (error) {
+            rejected = error;
+          }
+          return last!;
+        },
+      ],
+    });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`);
+    expect(res.status).toBe(502);
+    expect(res.text).toMatch(/more than 10 times/);
+    expect(String(rejected)).toMatch(/more than 10 times/);
+    expect(upstream.hits()).toBe(10);
+  });
+
+  it("timeouts.requestMs ends a retry loop with 504", async () => {
+    const upstream = await startUpstream({ routes: { "/down": statusesRoute([503]) } });
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        layers: [
+          async (request, next) => {
+            for (;;) {
+              const response = await next(request);
+              if (response.status !== 503) return response;
+              await response.body?.cancel();
+              // Ten attempts take at least a second: far past the 300 ms deadline.
+              await new Promise((resolve) => setTimeout(resolve, 100));
+            }
+          },
+        ],
+      },
+      { timeouts: { requestMs: 300 } },
+    );
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/down`);
+    expect(res.status).toBe(504);
+    expect(res.text).toMatch(/timeouts\.requestMs \(300 ms\)/);
+    expect(upstream.hits()).toBeLessThan(10);
+  });
+
+  it("a layer that returns nothing gets 502, not a pass-through", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      layers: [
+        async (request, next) => {
+          await next(request);
+          return undefined as unknown as Response;
+        },
+      ],
+    });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`);
+    expect(res.status).toBe(502);
+    expect(res.text).toMatch(/handle returned undefined, not a Response/);
+  });
+
+  it("responses a layer discards go back: their upstream bodies are cancelled, not held", async () => {
+    let opened = 0;
+    let closed = 0;
+    const size = 4 * 1024 * 1024;
+    const big: Route = (_req, res) => {
+      opened++;
+      res.once("close", () => closed++);
+      res.writeHead(200, { "content-length": size });
+      res.end(Buffer.alloc(size, 0x62));
+    };
+    const upstream = await startUpstream({ routes: { "/big": big } });
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      layers: [
+        async (request, next) => {
+          // Two responses nobody reads, then one for the guest.
+          await next(request);
+          await next(request);
+          return next(request);
+        },
+      ],
+    });
+    for (let i = 0; i < 4; i++) {
+      const res = await fetchVia(proxy, `https://api.test:${upstream.port}/big`);
+      expect(res.text.length).toBe(size);
+    }
+    expect(opened).toBe(12);
+    // Held bodies would keep their responses open until the body timeout (120 s); cancelled
+    // ones close their connections at once.
+    await expect.poll(() => closed, { timeout: 10_000 }).toBe(opened);
+  });
+
+  it("a layer's own response may carry a descent's body: new Response(response.body, response)", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      layers: [
+        async (request, next) => {
+          const response = await next(request);
+          const headers = new Headers(response.headers);
+          headers.set("x-layer", "seen");
+          return new Response(response.body, { status: response.status, headers });
+        },
+      ],
+    });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`);
+    expect(res.status).toBe(200);
+    expect(res.headers["x-layer"]).toBe("seen");
+    expect((JSON.parse(res.text) as Echo).path).toBe("/echo");
+  });
+
+  it("a header a layer sets in place on next()'s response reaches the guest", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      layers: [
+        async (request, next) => {
+          const response = await next(request);
+          response.headers.set("x-timing", "12");
+          return response;
+        },
+      ],
+    });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`);
+    expect(res.headers["x-timing"]).toBe("12");
+    expect((JSON.parse(res.text) as Echo).path).toBe("/echo");
+  });
+
+  it("layers see placeholders, never secret values; each descent substitutes them", async () => {
+    const upstream = await startUpstream();
+    const seenByLayer: string[] = [];
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      secrets: { TOKEN: { hosts: ["api.test"], value: "real-secret-value" } },
+      layers: [
+        async (request, next) => {
+          seenByLayer.push(request.headers.get("authorization") ?? "");
+          const first = await next(request);
+          await first.body?.cancel();
+          return next(request);
+        },
+      ],
+    });
+    const placeholder = proxy.guestEnv()["TOKEN"]!;
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`, { headers: { authorization: `Bearer ${placeholder}` } });
+    expect(res.status).toBe(200);
+    expect(seenByLayer).toEqual([`Bearer ${placeholder}`]);
+    expect(upstream.seen.map((s) => s.headers["authorization"])).toEqual(["Bearer real-secret-value", "Bearer real-secret-value"]);
+  });
+
+  it("a layer's request to another host gets that host's checks, and onRequest runs on every descent", async () => {
+    const upstream = await startUpstream({ names: ["api.test", "other.test"] });
+    let onRequests = 0;
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test", "other.test"],
+      hooks: [
+        { onRequest: () => void onRequests++ },
+        {
+          handle: async (request, next) => {
+            const primary = await next(request);
+            if (primary.status === 200) return primary;
+            await primary.body?.cancel();
+            return next(new Request(request.url.replace("api.test", "other.test"), request));
+          },
+        },
+      ],
+    });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/missing`);
+    // Both descents reach the same upstream (404 twice): the fallback's answer is the guest's.
+    expect(res.status).toBe(404);
+    expect(upstream.seen.map((s) => s.headers["host"])).toEqual([`api.test:${upstream.port}`, `other.test:${upstream.port}`]);
+    expect(onRequests).toBe(2);
+  });
+});
+
+// Every answer shape of a layer × every upstream behaviour: after each row the proxy must still
+// be serving. The tables generate the rows.
+type Answer = "passthrough" | "rebuilt" | "own" | "throw" | "blocked" | "undefined" | "never" | "twice";
+const answers: Record<Answer, Layer> = {
+  passthrough: (request, next) => next(request),
+  rebuilt: async (request, next) => {
+    const response = await next(request);
+    return new Response(response.body, response);
+  },
+  own: async (request, next) => {
+    const response = await next(request);
+    await response.arrayBuffer().catch(() => undefined);
+    return new Response("own answer", { status: 200 });
+  },
+  throw: async (request, next) => {
+    await next(request);
+    throw new Error("layer broke");
+  },
+  blocked: () => {
+    throw new HttpRequestBlockedError("layer says no", 451);
+  },
+  undefined: async (request, next) => {
+    await next(request);
+    return undefined as unknown as Response;
+  },
+  never: () => new Promise<Response>(() => undefined),
+  twice: async (request, next) => {
+    const first = await next(request);
+    return first.status === 200 ? next(request) : first;
+  },
+};
+
+function expectedStatus(answer: Answer): number | "body" {
+  if (answer === "blocked") return 451;
+  if (answer === "never") return 504;
+  if (answer === "throw" || answer === "undefined") return 502;
+  if (answer === "own") return 200;
+  return "body";
+}
+
+describe("the layer matrix: every answer × every upstream behaviour", () => {
+  let upstream: FaultUpstream;
+  let proxy: RunningProxy;
+  let agent: ProxyAgent;
+  let caDir: string;
+  beforeAll(async () => {
+    upstream = await startFaultUpstream(["api.test"]);
+    caDir = mkdtempSync(join(tmpdir(), "egressgate-layers-"));
+    const { httpHooks } = createHttpHooks({
+      allowedInternalHosts: ["api.test"],
+      layers: [(request, next) => answers[(request.headers.get("x-layer") ?? "passthrough") as Answer](request, next)],
+    });
+    proxy = await startProxy({
+      httpHooks,
+      listen: { host: "127.0.0.1", port: 0 },
+      caDir,
+      upstreamCa: [(await testCa()).certPem],
+      logLevel: "silent",
+      resolve: { "api.test": ["127.0.0.1"] },
+      timeouts: { requestMs: 1_000, upstreamBodyMs: 500 },
+    });
+    agent = new ProxyAgent({ uri: proxy.url, requestTls: { ca: proxy.caCertPem } });
+  });
+  afterAll(async () => {
+    await agent?.close();
+    await proxy?.close();
+    await upstream?.close();
+    if (caDir !== undefined) rmSync(caDir, { recursive: true, force: true });
+  });
+
+  const rows = (Object.keys(answers) as Answer[]).flatMap((answer) => upstreamBehaviours.map((upstream) => [`${answer} × ${upstream}`, answer, upstream] as const));
+
+  it.concurrent.each(rows)("%s: the guest gets a clear answer and the proxy keeps serving", async (_name, answer, behaviour) => {
+    const res = await request(upstream.url("api.test", behaviour), { dispatcher: agent, headers: { "x-layer": answer } });
+    let bytes: Buffer | "broken";
+    try {
+      bytes = Buffer.from(await res.body.arrayBuffer());
+    } catch {
+      bytes = "broken";
+    }
+    const want = expectedStatus(answer);
+    if (want === "body") {
+      if (brokenBehaviours.has(behaviour)) {
+        // The head goes before the body breaks: a cut body, or 502 when the break came first.
+        if (bytes !== "broken") expect(res.statusCode).toBe(502);
+      } else {
+        expect(bytes).not.toBe("broken");
+        expect(res.statusCode, String(bytes)).toBe(200);
+        expect(createHash("sha256").update(bytes as Buffer).digest("hex")).toBe(upstream.sha256(behaviour));
+      }
+    } else {
+      expect(res.statusCode, String(bytes)).toBe(want);
+    }
+    const control = await request(upstream.url("api.test", "cl"), { dispatcher: agent });
+    expect(control.statusCode).toBe(200);
+    expect(createHash("sha256").update(Buffer.from(await control.body.arrayBuffer())).digest("hex")).toBe(upstream.sha256("cl"));
+  });
+});
