@@ -26,9 +26,13 @@ export interface Binding {
   readonly chain: readonly ChainEntry[] | undefined;
   readonly userAllow: HttpHooks["isRequestAllowed"];
   readonly userIp: HttpHooks["isIpAllowed"];
+  readonly userOnRequest: HttpHooks["onRequest"];
 }
 
-/** Attaches the binding to `httpHooks` and its generated check functions (which must exist). */
+/**
+ * Attaches the binding to `httpHooks` and its generated check functions (which must exist), and
+ * marks a generated onRequest (the chain, then secrets) with the user's own.
+ */
 export function bind(httpHooks: HttpHooks, binding: Binding): void {
   const holders = [httpHooks, httpHooks.isRequestAllowed!, httpHooks.isIpAllowed!];
   for (const target of holders) {
@@ -38,6 +42,10 @@ export function bind(httpHooks: HttpHooks, binding: Binding): void {
   }
   Object.defineProperty(httpHooks.isRequestAllowed, userHookKey, { value: binding.userAllow, enumerable: false });
   Object.defineProperty(httpHooks.isIpAllowed, userHookKey, { value: binding.userIp, enumerable: false });
+  if (httpHooks.onRequest !== undefined) {
+    Object.defineProperty(httpHooks.onRequest, declarativeKey, { value: binding.config, enumerable: false });
+    Object.defineProperty(httpHooks.onRequest, userHookKey, { value: binding.userOnRequest, enumerable: false });
+  }
 }
 
 /** For a generated check function: the user's own hook inside it, if any. */
@@ -102,7 +110,9 @@ export function declarativeMode(hooks: HttpHooks): { declarative: DeclarativeCon
   const ip = hooks.isIpAllowed === undefined || delegated || generatedIp === undefined ? hooks.isIpAllowed : userPartOf(hooks.isIpAllowed);
   if (allow !== undefined) checkHooks.isRequestAllowed = allow;
   if (ip !== undefined) checkHooks.isIpAllowed = ip;
-  if (hooks.onRequest !== undefined) checkHooks.onRequest = hooks.onRequest;
+  // A generated onRequest substitutes secrets and runs the chain, which the proxy does itself.
+  const onRequest = hooks.onRequest !== undefined && declarativeConfigOf(hooks.onRequest) !== undefined ? userPartOf(hooks.onRequest) : hooks.onRequest;
+  if (onRequest !== undefined) checkHooks.onRequest = onRequest;
   if (hooks.onResponse !== undefined) checkHooks.onResponse = hooks.onResponse;
   if (hooks.handle !== undefined) checkHooks.handle = hooks.handle;
   if (delegated) return { declarative: delegatedConfig(generatedAllow), checkHooks };

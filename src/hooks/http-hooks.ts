@@ -4,6 +4,10 @@ import { secretRedirectModes, SecretStore, type SecretInfo, type SecretOptions, 
 import { makeIssue, OptionError, requiresReason, unknownKeyReason, type OptionRequirement, type Segment } from "../option-error.js";
 import { DjsHooks } from "../djs/create-djs-hooks.js";
 import { bind, type ChainEntry } from "./declarative-binding.js";
+import { HttpRequestBlockedError } from "./blocked-error.js";
+import { isRequest, isResponse } from "./fetch-objects.js";
+import { EgressError, statusText } from "../errors.js";
+import { bareHostname } from "../hostname.js";
 
 export { chainOf, declarativeConfigOf, djsHooksOf, userPartOf, type ChainEntry } from "./declarative-binding.js";
 
@@ -269,17 +273,25 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
     policy.checkHost(info.hostname).allowed && policy.checkAddress(info.hostname, { ip: info.ip, family: info.family }, info.port).allowed;
   const userAllow = options.isRequestAllowed;
   const userIp = options.isIpAllowed;
-  // The generated functions do the declarative checks, then the user's own hook if any.
+  // Called on their own (without startProxy), the generated functions give the whole verdict:
+  // the declarative checks, then the user's hooks, or the chain's callbacks in order.
+  const callbacks: readonly HttpHooks[] = chain === undefined ? [options] : chain.flatMap((entry) => (entry.kind === "callbacks" ? [entry.hooks] : []));
+  const checks = <K extends "isRequestAllowed" | "isIpAllowed">(name: K): NonNullable<HttpHooks[K]>[] =>
+    callbacks.flatMap((hooks) => (hooks[name] === undefined ? [] : [hooks[name]!]));
+  const allowChecks = checks("isRequestAllowed");
+  const ipChecks = checks("isIpAllowed");
+  const standaloneOnRequest = standaloneRequestPhase(secrets, callbacks, chain);
   const httpHooks: HttpHooks = {
-    isRequestAllowed: userAllow === undefined ? hostAllowed : async (request) => hostAllowed(request) && (await userAllow(request)),
-    isIpAllowed: userIp === undefined ? ipAllowed : async (info) => ipAllowed(info) && (await userIp(info)),
-    ...(options.onRequest !== undefined ? { onRequest: options.onRequest } : {}),
+    isRequestAllowed: allowChecks.length === 0 ? hostAllowed : async (request) => hostAllowed(request) && (await every(allowChecks, request)),
+    isIpAllowed: ipChecks.length === 0 ? ipAllowed : async (info) => ipAllowed(info) && (await every(ipChecks, info)),
+    ...(standaloneOnRequest !== undefined ? { onRequest: standaloneOnRequest } : {}),
     ...(options.onResponse !== undefined ? { onResponse: options.onResponse } : {}),
     ...(handle !== undefined ? { handle } : {}),
   };
   // The generated functions carry the configuration, the policy and the chain too: a spread
-  // copy keeps them (declarative-binding.ts).
-  bind(httpHooks, { config, djs: options.djsHooks, chain, userAllow, userIp });
+  // copy keeps them (declarative-binding.ts). startProxy calls only the user's part of each:
+  // it evaluates the rest natively, and runs the chain itself.
+  bind(httpHooks, { config, djs: options.djsHooks, chain, userAllow, userIp, userOnRequest: options.onRequest });
   return {
     httpHooks,
     env: Object.freeze(secrets.env()),
@@ -291,6 +303,57 @@ export function createHttpHooks(options: HttpHooksOptions = {}): CreatedHttpHook
       deleteSecret: (name) => secrets.delete(name),
     },
   };
+}
+
+/** Whether every check allows, in order; the first refusal stops the rest. */
+async function every<T>(checks: readonly ((value: T) => boolean | Promise<boolean>)[], value: T): Promise<boolean> {
+  for (const check of checks) if ((await check(value)) !== true) return false;
+  return true;
+}
+
+/**
+ * `httpHooks.onRequest` on its own, as Gondolin's: the user's onRequest hooks in order (a
+ * Response or a throw ends it), then the secrets for the final destination, and a Request
+ * back. Present whenever there is something to do. A tier-2 policy's onRequest needs the proxy's
+ * workers, so one in the chain makes the standalone function refuse (fail closed).
+ */
+function standaloneRequestPhase(secrets: SecretStore, callbacks: readonly HttpHooks[], chain: readonly ChainEntry[] | undefined): HttpHooks["onRequest"] {
+  const hooks = callbacks.flatMap((entry) => (entry.onRequest === undefined ? [] : [entry.onRequest]));
+  const policies = (chain ?? []).filter((entry) => entry.kind === "policy" && entry.djs.phases.includes("onRequest"));
+  if (hooks.length === 0 && secrets.size === 0 && policies.length === 0) return undefined;
+  return async (input: Request) => {
+    if (policies.length > 0) {
+      throw new HttpRequestBlockedError("this chain holds a tier-2 onRequest policy, which runs only inside startProxy", 502, "Bad Gateway");
+    }
+    let request = input;
+    for (const hook of hooks) {
+      const out = await hook(request);
+      if (isResponse(out)) return out;
+      if (isRequest(out)) request = out;
+      else if (out !== undefined) throw new TypeError("onRequest returned something other than undefined, a Request or a Response");
+    }
+    return substitutedRequest(secrets, request);
+  };
+}
+
+/** A Request with the placeholders replaced for its destination; a misplaced one is refused (HttpRequestBlockedError, 403). */
+function substitutedRequest(secrets: SecretStore, request: Request): Request {
+  if (secrets.size === 0) return request;
+  const url = new URL(request.url);
+  // Every header as the guest sent it, Proxy-Authorization included (its Basic form is substituted too).
+  const headers: string[] = [];
+  for (const [name, value] of request.headers) if (name !== "set-cookie") headers.push(name, value);
+  let changed;
+  try {
+    changed = secrets.apply({ url, headers }, bareHostname(url.hostname));
+  } catch (error) {
+    if (error instanceof EgressError) throw new HttpRequestBlockedError(error.message, error.status, statusText(error.status));
+    throw error;
+  }
+  if (changed === undefined) return request;
+  const rebuilt = new Headers();
+  for (let i = 0; i < changed.headers.length; i += 2) rebuilt.append(changed.headers[i]!, changed.headers[i + 1]!);
+  return new Request(changed.url, { method: request.method, headers: rebuilt, body: request.body, redirect: request.redirect, signal: request.signal, ...(request.body !== null ? { duplex: "half" } : {}) } as RequestInit);
 }
 
 /** `layers: [a, b]` as one layer: `a`'s next runs `b`, and `b`'s the rest of the path. */

@@ -1,7 +1,8 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
-import { createHttpHooks, declarativeConfigOf, type HttpHooks, type IpInfo } from "../../src/hooks/http-hooks.js";
+import { createHttpHooks, declarativeConfigOf, type HttpHooks, type HttpHooksOptions, type IpInfo } from "../../src/hooks/http-hooks.js";
+import { HttpRequestBlockedError } from "../../src/hooks/blocked-error.js";
 import { defaults, resolveProxyOptions, type ProxyOptions } from "../../src/proxy/options.js";
 import { tempDir } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
@@ -253,6 +254,78 @@ describe("createHttpHooks without the proxy: the returned functions are complete
 
   it("allowedHosts is the effective list: the allowed and the internal hosts, each once", () => {
     expect(allowedHosts).toEqual(["public.test", "db.test", "cache.test"]);
+  });
+
+  const withSecrets = (extra: Partial<HttpHooksOptions> = {}): ReturnType<typeof createHttpHooks> =>
+    createHttpHooks({ allowedHosts: ["api.test", "other.test"], secrets: { TOKEN: { hosts: ["api.test"], value: "s3cret-value" } }, ...extra });
+
+  it("onRequest is there whenever secrets are, and substitutes them for the secret's hosts", async () => {
+    const { httpHooks, env } = withSecrets();
+    expect(httpHooks.onRequest).toBeTypeOf("function");
+    const out = (await httpHooks.onRequest!(new Request("https://api.test/x", { headers: { authorization: `Bearer ${env["TOKEN"]}`, "x-other": "kept" } }))) as Request;
+    expect(out.headers.get("authorization")).toBe("Bearer s3cret-value");
+    expect(out.headers.get("x-other")).toBe("kept");
+    expect(createHttpHooks({ allowedHosts: ["api.test"] }).httpHooks.onRequest).toBeUndefined();
+  });
+
+  it("onRequest refuses a placeholder bound for a host outside its secret's scope", async () => {
+    const { httpHooks, env } = withSecrets();
+    const refused = httpHooks.onRequest!(new Request("https://other.test/x", { headers: { authorization: `Bearer ${env["TOKEN"]}` } }));
+    await expect(refused).rejects.toBeInstanceOf(HttpRequestBlockedError);
+    await expect(refused).rejects.toMatchObject({ status: 403, message: expect.stringContaining("TOKEN") });
+  });
+
+  it("onRequest substitutes inside Basic credentials: decoded, replaced and encoded again", async () => {
+    const { httpHooks, env } = withSecrets();
+    const basic = Buffer.from(`user:${env["TOKEN"]}`).toString("base64");
+    const out = (await httpHooks.onRequest!(new Request("https://api.test/x", { headers: { authorization: `Basic ${basic}` } }))) as Request;
+    expect(Buffer.from(out.headers.get("authorization")!.slice("Basic ".length), "base64").toString()).toBe("user:s3cret-value");
+  });
+
+  it("onRequest follows a rotation: the new value goes out, and the old one is refused", async () => {
+    const { httpHooks, env, secretManager } = withSecrets();
+    secretManager.updateSecret("TOKEN", { value: "rotated-value" });
+    const out = (await httpHooks.onRequest!(new Request("https://api.test/x", { headers: { authorization: `Bearer ${env["TOKEN"]}` } }))) as Request;
+    expect(out.headers.get("authorization")).toBe("Bearer rotated-value");
+    await expect(httpHooks.onRequest!(new Request("https://api.test/x", { headers: { authorization: "Bearer s3cret-value" } }))).rejects.toMatchObject({ status: 403 });
+  });
+
+  it("onRequest runs the user's hooks first, on placeholders, then substitutes what they produced", async () => {
+    const seen: string[] = [];
+    const { httpHooks, env } = withSecrets({
+      onRequest: (request: Request) => {
+        seen.push(request.headers.get("authorization") ?? "");
+        return new Request(request.url, { headers: { authorization: `${request.headers.get("authorization")}`, "x-added": "added" } });
+      },
+    });
+    const out = (await httpHooks.onRequest!(new Request("https://api.test/x", { headers: { authorization: `Bearer ${env["TOKEN"]}` } }))) as Request;
+    expect(seen).toEqual([`Bearer ${env["TOKEN"]}`]);
+    expect(out.headers.get("authorization")).toBe("Bearer s3cret-value");
+    expect(out.headers.get("x-added")).toBe("added");
+  });
+
+  it("a chain's callbacks run in order on their own too, and a Response from one ends the phase", async () => {
+    const trail: string[] = [];
+    const { httpHooks } = createHttpHooks({
+      allowedHosts: ["api.test"],
+      hooks: [
+        { onRequest: () => void trail.push("a"), isRequestAllowed: (r: Request) => !r.url.includes("/denied") },
+        { onRequest: () => new Response("answered", { status: 203 }) },
+        { onRequest: () => void trail.push("c") },
+      ],
+    });
+    const out = (await httpHooks.onRequest!(new Request("https://api.test/x"))) as Response;
+    expect(out.status).toBe(203);
+    expect(trail).toEqual(["a"]);
+    expect(await httpHooks.isRequestAllowed!(new Request("https://api.test/ok"))).toBe(true);
+    expect(await httpHooks.isRequestAllowed!(new Request("https://api.test/denied"))).toBe(false);
+  });
+
+  it("startProxy ignores the generated onRequest: it substitutes natively, and calls only the user's hook", () => {
+    const onRequest = (): undefined => undefined;
+    expect(resolveProxyOptions({ httpHooks: withSecrets().httpHooks }).guests[0]!.checkHooks.onRequest).toBeUndefined();
+    expect(resolveProxyOptions({ httpHooks: withSecrets({ onRequest }).httpHooks }).guests[0]!.checkHooks.onRequest).toBe(onRequest);
+    expect(resolveProxyOptions({ httpHooks: { ...withSecrets({ onRequest }).httpHooks } }).guests[0]!.checkHooks.onRequest).toBe(onRequest);
   });
 });
 
