@@ -5,6 +5,7 @@ import { gzipSync } from "node:zlib";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { startAllowlistProxy } from "../../examples/allowlist.js";
 import { startMockProxy } from "../../examples/mock.js";
+import { startCacheProxy } from "../../examples/cache-layer.js";
 import { redacted, startResponseRewriterProxy } from "../../examples/response-rewriter.js";
 import { startUploadFilterProxy } from "../../examples/upload-filter.js";
 import type { RunningProxy } from "../../src/index.js";
@@ -272,5 +273,65 @@ describe("examples run directly", () => {
     const exited = once(child, "exit");
     child.kill("SIGINT");
     expect(await exited).toEqual([0, null]);
+  });
+});
+
+describe("examples/cache-layer.ts", () => {
+  /** A route counting its calls, with the Cache-Control the query gives. */
+  function counted(): { route: Route; calls: () => number } {
+    let calls = 0;
+    return {
+      calls: () => calls,
+      route: (_req, res, _body, url) => {
+        calls++;
+        const size = Number(url.searchParams.get("size") ?? 0);
+        res.writeHead(200, { "content-type": "text/plain", "cache-control": url.searchParams.get("cc") ?? "max-age=60" });
+        res.end(size > 0 ? patternChunk(size) : `answer ${calls}`);
+      },
+    };
+  }
+
+  it("answers a repeated GET from memory: one upstream request, the same body, and x-cache says which", async () => {
+    const { route, calls } = counted();
+    const upstream = await startUpstream({ routes: { "/c": route } });
+    const proxy = closedAfterTest(await startCacheProxy({ allowedInternalHosts: ["api.test"] }, await exampleOptions()));
+    const first = await fetchVia(proxy, `https://api.test:${upstream.port}/c`);
+    const second = await fetchVia(proxy, `https://api.test:${upstream.port}/c`);
+    expect([first.text, second.text]).toEqual(["answer 1", "answer 1"]);
+    expect([first.headers["x-cache"], second.headers["x-cache"]]).toEqual(["miss", "hit"]);
+    expect(calls()).toBe(1);
+  });
+
+  it("keeps nothing the upstream forbids, nothing but GET, and partitions by the guest's Authorization", async () => {
+    const { route, calls } = counted();
+    const upstream = await startUpstream({ routes: { "/c": route } });
+    const proxy = closedAfterTest(await startCacheProxy({ allowedInternalHosts: ["api.test"] }, await exampleOptions()));
+    for (let i = 0; i < 2; i++) await fetchVia(proxy, `https://api.test:${upstream.port}/c?cc=no-store`);
+    for (let i = 0; i < 2; i++) await fetchVia(proxy, `https://api.test:${upstream.port}/c`, { method: "POST", body: "x" });
+    await fetchVia(proxy, `https://api.test:${upstream.port}/c`, { headers: { authorization: "Bearer a" } });
+    const other = await fetchVia(proxy, `https://api.test:${upstream.port}/c`, { headers: { authorization: "Bearer b" } });
+    expect(other.headers["x-cache"]).toBe("miss");
+    expect(calls()).toBe(6);
+  });
+
+  it("lets a body larger than an entry through whole, uncached", async () => {
+    const { route, calls } = counted();
+    const upstream = await startUpstream({ routes: { "/c": route } });
+    const proxy = closedAfterTest(await startCacheProxy({ allowedInternalHosts: ["api.test"] }, await exampleOptions(), { maxEntryBytes: 100_000 }));
+    for (let i = 0; i < 2; i++) {
+      const res = await fetchVia(proxy, `https://api.test:${upstream.port}/c?size=300000`);
+      expect(res.text).toBe(patternChunk(300_000).toString());
+      expect(res.headers["x-cache"]).toBe("miss");
+    }
+    expect(calls()).toBe(2);
+  });
+
+  it("still applies the allowlist on a miss: a host off it is refused and nothing is cached", async () => {
+    const { route } = counted();
+    const upstream = await startUpstream({ routes: { "/c": route }, names: ["api.test", "other.test"] });
+    const proxy = closedAfterTest(await startCacheProxy({ allowedInternalHosts: ["api.test"] }, await exampleOptions()));
+    const refused = await fetchVia(proxy, `https://other.test:${upstream.port}/c`);
+    expect(refused.status).toBe(403);
+    expect(upstream.hits()).toBe(0);
   });
 });
