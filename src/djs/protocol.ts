@@ -95,10 +95,59 @@ export interface CallMessage {
     readonly hasBody: boolean;
   };
   readonly responseBody?: Uint8Array;
+  /**
+   * handle only: the effects (`next()`, `sleep()`) the proxy has performed for this call so far,
+   * in the order the policy made them. A rerun replays them instead of asking again.
+   */
+  readonly journal?: readonly JournalEntry[];
+  /** handle only: the bodies of next()'s responses the proxy loaded for the policy, by effect index. */
+  readonly nextBodies?: readonly (Uint8Array | undefined)[];
+  /** handle only: the request's body is bytes in the proxy, so it can be sent more than once without loading it into the sandbox. */
+  readonly replayable?: boolean;
 }
 
-/** A body in an outcome: the proxy's own request or response body, or bytes the policy made. */
-export type BodyRef = null | { readonly h: "request" | "response" } | { readonly b: number };
+/** The head of a response that next() resolved to, as the sandbox rebuilds it. */
+export interface ResponseHead {
+  readonly status: number;
+  readonly statusText: string;
+  readonly headers: string;
+  readonly url: string;
+  readonly hasBody: boolean;
+}
+
+/** How next() or sleep() failed, for the sandbox to reject with. */
+export interface EffectRejection {
+  /** A refusal (403, or a policy's block status): HttpRequestBlockedError in the sandbox. */
+  readonly blocked: boolean;
+  readonly name: string;
+  readonly message: string;
+  readonly status: number;
+  readonly statusText: string;
+  readonly code: string;
+}
+
+/**
+ * One effect a layer's call made and the proxy performed. `sig` is what the sandbox said the
+ * effect was (kind, method, URL, headers, body); a rerun that makes a different effect at the same
+ * place has diverged from the run the proxy acted on, and fails closed.
+ */
+export interface JournalEntry {
+  readonly k: "next" | "sleep";
+  readonly sig: string;
+  /** next() resolved to this response. */
+  readonly res?: ResponseHead;
+  /** The effect rejected. */
+  readonly rej?: EffectRejection;
+}
+
+/**
+ * A body in an outcome: the proxy's own request or response body, the body of the response that
+ * next() number `n` resolved to (handle), or bytes the policy made.
+ */
+export type BodyRef = null | { readonly h: "request" | "response" } | { readonly n: number } | { readonly b: number };
+
+/** A body a call stopped to have loaded: the request's, the response's, or next() number n's response's. */
+export type NeededBody = "request" | "response" | number;
 
 export type Outcome = (
   | { readonly t: "value"; readonly v: boolean | string }
@@ -106,10 +155,18 @@ export type Outcome = (
   | { readonly t: "continue"; readonly headers?: string[] | null; readonly consumed?: boolean }
   | { readonly t: "request"; readonly method: string; readonly url: string; readonly headers: string[]; readonly body: BodyRef }
   | { readonly t: "response"; readonly status: number; readonly statusText: string; readonly headers: string[]; readonly body: BodyRef }
-  | { readonly t: "blocked"; readonly status: number; readonly message: string; readonly statusText: string }
-  | { readonly t: "throw"; readonly name: string; readonly message: string; readonly stack: string }
+  /** `from`: the error is the rejection of effect number `from`, thrown on as it was. */
+  | { readonly t: "blocked"; readonly status: number; readonly message: string; readonly statusText: string; readonly from?: number }
+  | { readonly t: "throw"; readonly name: string; readonly message: string; readonly stack: string; readonly from?: number }
   | { readonly t: "bad"; readonly what: string }
-  | { readonly t: "need"; readonly which: ("request" | "response")[] }
+  | { readonly t: "need"; readonly which: NeededBody[] }
+  /** handle: the call stopped at effect `i`, which the journal does not hold yet; the proxy performs it and runs the call again. */
+  | { readonly t: "effect"; readonly k: "next"; readonly i: number; readonly sig: string; readonly method: string; readonly url: string; readonly headers: string[]; readonly body: BodyRef }
+  | { readonly t: "effect"; readonly k: "sleep"; readonly i: number; readonly sig: string; readonly ms: number }
+  /** handle: the policy returned the response of next() number `i`, as it was. */
+  | { readonly t: "passed"; readonly i: number }
+  /** handle: a rerun made an effect other than the one the journal holds at that place. */
+  | { readonly t: "diverged"; readonly what: string }
   | { readonly t: "pending" }
   | { readonly t: "limit"; readonly what: string }
 ) & { readonly logs?: [string, string][] };

@@ -211,7 +211,7 @@ export class Sandbox {
         outcome = { ...outcome, stack: this.position(outcome.stack) ?? "" };
       }
       let bytes: Uint8Array | undefined;
-      if ((outcome.t === "request" || outcome.t === "response") && outcome.body !== null && "b" in outcome.body) {
+      if ((outcome.t === "request" || outcome.t === "response" || (outcome.t === "effect" && outcome.k === "next")) && outcome.body !== null && "b" in outcome.body) {
         const taken = ctx.callFunction(this.takeBytesFn, this.api);
         if (taken.error !== undefined) return this.failed(message.id, taken.error);
         const view = ctx.getArrayBuffer(taken.value);
@@ -234,6 +234,11 @@ export class Sandbox {
       return [phase, m.now, m.seed, i.hostname, i.ip, i.family, i.port, i.protocol];
     }
     const head: CallArgument[] = [phase, m.now, m.seed, m.method, m.url, m.headers, m.hasBody, m.requestBody];
+    if (m.phase === "handle") {
+      // The journal as JSON, whether the proxy holds the request's bytes, then next()'s loaded bodies by index.
+      const journal = m.journal === undefined || m.journal.length === 0 ? undefined : JSON.stringify(m.journal);
+      return [...head, journal, m.replayable === true, ...(m.nextBodies ?? [])];
+    }
     const r = m.response;
     if (r === undefined) return head;
     return [...head, r.status, r.statusText, r.headers, r.url, r.hasBody, m.responseBody];

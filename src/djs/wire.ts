@@ -18,6 +18,8 @@ const RS = "\x1e";
 
 function packable(m: CallMessage): boolean {
   if (m.requestBody !== undefined || m.responseBody !== undefined) return false;
+  // A layer's rerun carries its journal: rare enough to travel as an object.
+  if (m.journal !== undefined || m.nextBodies !== undefined || m.replayable !== undefined) return false;
   const r = m.response;
   const i = m.info;
   const text = m.method + m.url + m.headers + (r === undefined ? "" : r.statusText + r.headers + r.url) + (i === undefined ? "" : i.hostname + i.ip + i.protocol);

@@ -27,10 +27,10 @@ export interface DjsRun {
 const codeFalse = 0;
 const codeTrue = 1;
 const codeUnchanged = 2;
-const methodToken = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+export const methodToken = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 
 /** A header list for the policy: names lowercased, joined with LF, with `host` as it will be sent. */
-function joinHeaders(list: HeaderList, host?: string): string {
+export function joinHeaders(list: HeaderList, host?: string): string {
   let joined = "";
   for (let i = 0; i < list.length; i += 2) joined += `${i === 0 ? "" : "\n"}${list[i]!.toLowerCase()}\n${list[i + 1]!}`;
   if (host !== undefined) joined += `${joined === "" ? "" : "\n"}host\n${host}`;
@@ -50,19 +50,20 @@ function logConsole(run: DjsRun, reply: CallReply): void {
  * A seed for the policy's Math.random; each phase call gets its own, and keeps it when run again.
  * Not crypto.randomInt: policies get no crypto, and this runs on every call.
  */
-function newSeed(): number {
+export function newSeed(): number {
   return 1 + Math.floor(Math.random() * (2 ** 32 - 1));
 }
 
-async function call(run: DjsRun, message: Omit<CallMessage, "id">): Promise<CallReply> {
+export async function call(run: DjsRun, message: Omit<CallMessage, "id">): Promise<CallReply> {
   const reply = await run.engine.call(message);
-  // A call that stopped to have a body loaded runs again from the start: its lines come then.
-  if (reply.outcome.t !== "need") logConsole(run, reply);
+  // A call that stopped to have a body loaded, or for the proxy to perform a layer's next() or
+  // sleep(), runs again from the start: its lines come then.
+  if (reply.outcome.t !== "need" && reply.outcome.t !== "effect") logConsole(run, reply);
   return reply;
 }
 
 /** Every outcome that is not an answer: the guest gets 502, or the policy's own block status. */
-function failure(phase: PhaseName, outcome: Outcome, filename: string): EgressError {
+export function failure(phase: PhaseName, outcome: Outcome, filename: string): EgressError {
   switch (outcome.t) {
     case "blocked":
       return hookFailure(phase, { name: "HttpRequestBlockedError", status: outcome.status, message: outcome.message, statusText: outcome.statusText });
@@ -120,7 +121,7 @@ export async function djsIsIpAllowed(
 }
 
 /** A header list from the policy, checked as Node would check it before sending. */
-function policyHeaders(list: readonly string[], phase: PhaseName): HeaderList {
+export function policyHeaders(list: readonly string[], phase: PhaseName): HeaderList {
   if (list.length % 2 !== 0) throw new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned a malformed header list`);
   try {
     for (let i = 0; i < list.length; i += 2) {
@@ -138,14 +139,14 @@ function policyHeaders(list: readonly string[], phase: PhaseName): HeaderList {
  * of the policy's heap, which must also hold the text decoded from it and whatever the policy
  * makes of that. `reason` names whichever of the two is the smaller, for the guest's error.
  */
-function policyBodyCap(run: DjsRun, proxyLimit: number): { readonly cap: number; readonly reason: string } {
+export function policyBodyCap(run: DjsRun, proxyLimit: number): { readonly cap: number; readonly reason: string } {
   const heapCap = Math.floor(run.engine.limits.memoryBytes / 4);
   return heapCap < proxyLimit
     ? { cap: heapCap, reason: `a quarter of the policy's limits.memoryBytes, ${run.engine.limits.memoryBytes}` }
     : { cap: proxyLimit, reason: "maxHttpBodyBytes or maxHttpResponseBodyBytes" };
 }
 
-function bytesBody(bytes: Uint8Array): Readable {
+export function bytesBody(bytes: Uint8Array): Readable {
   return Readable.from([Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)], { objectMode: false });
 }
 
@@ -238,11 +239,11 @@ function requestBodyOf(
 ): Readable | Uint8Array | null {
   if (ref === null) return null;
   if ("b" in ref) return bytes ?? new Uint8Array(0);
-  if (ref.h === "request") return original();
+  if ("h" in ref && ref.h === "request") return original();
   throw new EgressError("EG_HOOK_FAILED", 502, `${phase} policy used a response body where there is none`);
 }
 
-function policyResponse(outcome: Extract<Outcome, { t: "response" }>, body: Readable | null, phase: PhaseName): HookedResponse {
+export function policyResponse(outcome: Extract<Outcome, { t: "response" }>, body: Readable | null, phase: PhaseName): HookedResponse {
   if (!Number.isInteger(outcome.status) || outcome.status < 200 || outcome.status > 599) {
     throw new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned a Response with status ${outcome.status}`);
   }
@@ -318,13 +319,13 @@ export async function djsOnResponse(
       try {
         if (ref === null) body = null;
         else if ("b" in ref) body = bytesBody(reply.bytes ?? new Uint8Array(0));
-        else if (ref.h === "response") {
+        else if ("h" in ref && ref.h === "response") {
           // The original body, passed on without entering the sandbox: decoded, as the policy saw it.
           if (loaded !== undefined) body = bytesBody(loaded);
           else if (upstream.body === null) body = null;
           else body = decode ? Readable.from(new BodyTap(upstream.body, { limit: Number.MAX_SAFE_INTEGER, record: false, encoding: encoding! }).web) : upstream.body;
         } else {
-          throw new EgressError("EG_HOOK_FAILED", 502, "onResponse policy used the request body, which has already been sent");
+          throw new EgressError("EG_HOOK_FAILED", 502, "onResponse policy used a body other than the response's: the request body has already been sent");
         }
         const passedOn = ref !== null && !("b" in ref) && loaded === undefined;
         return { ...policyResponse(outcome, body, "onResponse"), replaced: true, discard: passedOn ? () => undefined : discard };

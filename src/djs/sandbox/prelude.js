@@ -455,12 +455,20 @@ for (const part of urlParts) {
 }
 
 // src/djs/sandbox/prelude/bodies.js
-var turn = { request: void 0, response: void 0, needed: null };
+var turn = { request: void 0, response: void 0, needed: null, next: null, replayable: false };
 function startTurn(request, response) {
-  turn = { request, response, needed: null };
+  turn = { request, response, needed: null, next: null, replayable: false };
   return turn;
 }
 __name(startTurn, "startTurn");
+function need(source) {
+  if (bodyBytes(source) === void 0) (turn.needed ??= /* @__PURE__ */ new Set()).add(source);
+}
+__name(need, "need");
+function bodyBytes(source) {
+  return typeof source === "number" ? turn.next?.[source] : turn[source];
+}
+__name(bodyBytes, "bodyBytes");
 var handleSource = /* @__PURE__ */ new WeakMap();
 var OpaqueBody = class {
   static {
@@ -502,15 +510,16 @@ function readBody(state) {
   if (state === null) return Promise.resolve(new Uint8Array(0));
   if (state.bytes !== void 0) return Promise.resolve(state.bytes);
   if (state.turn !== turn) return Promise.reject(new TypeError("a body from another call cannot be read"));
-  const bytes = turn[state.source];
+  const bytes = bodyBytes(state.source);
   if (bytes !== void 0) return Promise.resolve(bytes);
-  (turn.needed ??= /* @__PURE__ */ new Set()).add(state.source);
+  need(state.source);
   return new Promise(() => void 0);
 }
 __name(readBody, "readBody");
 var bodyInit;
 var bodyState;
 var bodyUsed;
+var bodySent;
 var BodyMixin = class {
   static {
     __name(this, "BodyMixin");
@@ -524,6 +533,9 @@ var BodyMixin = class {
     }, "bodyInit");
     bodyState = /* @__PURE__ */ __name((target) => target.#state, "bodyState");
     bodyUsed = /* @__PURE__ */ __name((target) => target.#used, "bodyUsed");
+    bodySent = /* @__PURE__ */ __name((target) => {
+      if (target.#state !== null) target.#used = true;
+    }, "bodySent");
   }
   get body() {
     const state = this.#state;
@@ -876,6 +888,8 @@ var Request = class _Request extends BodyMixin {
   }
   clone() {
     if (this.bodyUsed) throw new TypeError("cannot clone a Request whose body was read");
+    const state = bodyState(this);
+    if (turn.next !== null && !turn.replayable && state?.source === "request" && state.turn === turn) need("request");
     return new _Request(this);
   }
   get [Symbol.toStringTag]() {
@@ -984,13 +998,172 @@ function makeRequest(method, url, headers, hasBody) {
   return request;
 }
 __name(makeRequest, "makeRequest");
-function makeResponse(status, statusText, headers, url, hasBody) {
+function makeResponse(status, statusText, headers, url, hasBody, source = "response") {
   internalResponse = { status, statusText, url, headers: headersFromJoined(headers, false) };
   const response = new Response();
-  bodyInit(response, hasBody ? { source: "response", turn } : null);
+  bodyInit(response, hasBody ? { source, turn } : null);
   return response;
 }
 __name(makeResponse, "makeResponse");
+
+// src/djs/sandbox/prelude/layer.js
+var layer = null;
+var never = /* @__PURE__ */ __name(() => new Promise(() => void 0), "never");
+function startLayer(journalJson) {
+  layer = {
+    turn,
+    journal: journalJson === void 0 ? [] : JSON.parse(journalJson),
+    count: 0,
+    responses: [],
+    rejections: /* @__PURE__ */ new WeakMap(),
+    effect: null,
+    effectBytes: null,
+    diverged: null,
+    streamed: false
+  };
+}
+__name(startLayer, "startLayer");
+function current() {
+  return layer !== null && layer.turn === turn ? layer : null;
+}
+__name(current, "current");
+function layerStop() {
+  const state = current();
+  if (state === null) return null;
+  if (state.diverged !== null) return { t: "diverged", what: state.diverged };
+  return state.effect;
+}
+__name(layerStop, "layerStop");
+function effectBytes() {
+  return current()?.effectBytes ?? null;
+}
+__name(effectBytes, "effectBytes");
+function layerDivergence() {
+  const state = current();
+  if (state === null) return null;
+  if (state.diverged !== null) return state.diverged;
+  if (state.count < state.journal.length) return `it answered after ${state.count} of the ${state.journal.length} next() and sleep() calls the first run made`;
+  return null;
+}
+__name(layerDivergence, "layerDivergence");
+function passedIndex(value, unchanged) {
+  const state = current();
+  if (state === null || !(value instanceof Response)) return -1;
+  const i = state.responses.indexOf(value);
+  return i >= 0 && unchanged(value) ? i : -1;
+}
+__name(passedIndex, "passedIndex");
+function rejectionIndex(error) {
+  const state = current();
+  if (state === null || typeof error !== "object" || error === null) return void 0;
+  return state.rejections.get(error);
+}
+__name(rejectionIndex, "rejectionIndex");
+function fingerprint(bytes) {
+  let hash = 2166136261;
+  const step = Math.max(1, Math.floor(bytes.length / 4096));
+  for (let i = 0; i < bytes.length; i += step) {
+    hash ^= /** @type {number} */
+    bytes[i];
+    hash = Math.imul(hash, 16777619);
+  }
+  return `${bytes.length}:${(hash >>> 0).toString(16)}`;
+}
+__name(fingerprint, "fingerprint");
+function rejectionError(rej) {
+  if (rej.blocked) return new HttpRequestBlockedError(rej.message, rej.status, rej.statusText);
+  const error = new Error(rej.message);
+  error.name = rej.name;
+  error.status = rej.status;
+  error.code = rej.code;
+  return error;
+}
+__name(rejectionError, "rejectionError");
+function effect(state, kind, sig, describe, bytes) {
+  const i = state.count++;
+  const entry = state.journal[i];
+  if (entry === void 0) {
+    if (state.effect === null && state.diverged === null) {
+      state.effect = describe(i);
+      state.effectBytes = bytes;
+    }
+    return never();
+  }
+  if (entry.k !== kind || entry.sig !== sig) {
+    state.diverged ??= `its effect number ${i} was ${entry.sig} in the run the proxy acted on, and is ${sig} now`;
+    return never();
+  }
+  if (entry.rej !== void 0) {
+    const error = rejectionError(entry.rej);
+    state.rejections.set(error, i);
+    return Promise.reject(error);
+  }
+  if (kind === "sleep") return Promise.resolve(void 0);
+  const head = (
+    /** @type {ResponseHead} */
+    entry.res
+  );
+  const response = makeResponse(head.status, head.statusText, head.headers, head.url, head.hasBody, i);
+  state.responses[i] = response;
+  return Promise.resolve(response);
+}
+__name(effect, "effect");
+function makeNext(own) {
+  const mine = turn;
+  return /* @__PURE__ */ __name(function next(input) {
+    const state = current();
+    if (state === null || turn !== mine) return Promise.reject(new TypeError("next() belongs to a call that has ended"));
+    const chosen = input === void 0 ? own : input;
+    if (!(chosen instanceof Request)) return Promise.reject(new TypeError("next() takes a Request, or nothing for the layer's own request"));
+    if (chosen.bodyUsed) {
+      return Promise.reject(new TypeError("next() was given a Request whose body was already read or sent; pass request.clone() to next() to send a body more than once"));
+    }
+    const bodyOf = bodyState(chosen);
+    let body = null;
+    let bodySig = null;
+    let bytes = null;
+    if (bodyOf !== null) {
+      if (bodyOf.bytes !== void 0) {
+        bytes = bodyOf.bytes;
+        body = { b: bytes.byteLength };
+        bodySig = fingerprint(bytes);
+      } else if (bodyOf.turn !== turn) {
+        return Promise.reject(new TypeError("a body from another call cannot be sent"));
+      } else if (bodyOf.source === "request") {
+        const once = turn.request === void 0 && !turn.replayable;
+        if (once && state.streamed) {
+          return Promise.reject(
+            new TypeError("next() was given the request's body, which an earlier next() already streamed upstream; pass request.clone() to each next() to send a body more than once")
+          );
+        }
+        if (once) state.streamed = true;
+        body = { h: "request" };
+        bodySig = "request";
+      } else if (typeof bodyOf.source === "number") {
+        body = { n: bodyOf.source };
+        bodySig = `next:${bodyOf.source}`;
+      } else {
+        return Promise.reject(new TypeError("next() cannot send this body"));
+      }
+      bodySent(chosen);
+    }
+    const method = chosen.method;
+    const url = chosen.url;
+    const headers = headersFlat(chosen.headers);
+    const sig = JSON.stringify(["next", method, url, headers, bodySig]);
+    return effect(state, "next", sig, (i) => ({ t: "effect", k: "next", i, sig, method, url, headers, body }), bytes);
+  }, "next");
+}
+__name(makeNext, "makeNext");
+function sleep(ms) {
+  const state = current();
+  if (state === null) return Promise.reject(new TypeError("sleep() is only available while handle(request, next) runs"));
+  const wait = Number(ms);
+  if (!Number.isFinite(wait) || wait < 0) return Promise.reject(new RangeError(`sleep() takes a number of milliseconds from 0 up, not ${String(ms)}`));
+  const sig = JSON.stringify(["sleep", wait]);
+  return effect(state, "sleep", sig, (i) => ({ t: "effect", k: "sleep", i, sig, ms: wait }), null);
+}
+__name(sleep, "sleep");
 
 // src/djs/sandbox/prelude/realm.js
 var hasOwn = Object.prototype.hasOwnProperty;
@@ -1007,7 +1180,8 @@ var installed = {
   DOMException,
   atob,
   btoa,
-  console
+  console,
+  sleep
 };
 function installGlobals() {
   for (const name of Object.keys(installed)) {
@@ -1099,6 +1273,7 @@ var outcome;
 var stash = null;
 function serialiseBody(state) {
   if (state === null) return null;
+  if (typeof state.source === "number") return { n: state.source };
   if (state.source !== void 0) return { h: state.source };
   stash = state.bytes;
   return { b: state.bytes.byteLength };
@@ -1106,10 +1281,12 @@ function serialiseBody(state) {
 __name(serialiseBody, "serialiseBody");
 function thrown(error) {
   try {
+    const from = rejectionIndex(error);
+    const origin = from === void 0 ? {} : { from };
     if (error instanceof HttpRequestBlockedError) {
-      return { t: "blocked", status: Number(error.status), message: String(error.message), statusText: String(error.statusText) };
+      return { t: "blocked", status: Number(error.status), message: String(error.message), statusText: String(error.statusText), ...origin };
     }
-    if (error instanceof Error) return { t: "throw", name: String(error.name), message: String(error.message), stack: String(error.stack ?? "") };
+    if (error instanceof Error) return { t: "throw", name: String(error.name), message: String(error.message), stack: String(error.stack ?? ""), ...origin };
     return { t: "throw", name: typeof error, message: String(error), stack: "" };
   } catch {
     return { t: "throw", name: "Error", message: "the policy threw a value that cannot be described", stack: "" };
@@ -1119,6 +1296,7 @@ __name(thrown, "thrown");
 var codes = { false: 0, true: 1, unchanged: 2 };
 var pending = -1;
 function settle(phase, value, request) {
+  if (phase === "handle") return settleLayer(value);
   if (phase === "isRequestAllowed" || phase === "isIpAllowed") {
     return typeof value === "boolean" ? value ? codes.true : codes.false : { t: "value", v: typeof value };
   }
@@ -1159,10 +1337,34 @@ function settle(phase, value, request) {
   return { t: "bad", what: value === null ? "null" : typeof value };
 }
 __name(settle, "settle");
+function settleLayer(value) {
+  const passed = passedIndex(value, (response) => !response.bodyUsed && !headersDirty(response.headers));
+  if (passed >= 0) return { t: "passed", i: passed };
+  if (value instanceof Response) return (
+    /** @type {Outcome} */
+    settle("onResponse", value, void 0)
+  );
+  return { t: "bad", what: value === null ? "null" : value instanceof Request ? "a Request" : typeof value };
+}
+__name(settleLayer, "settleLayer");
+function layerUnsettled() {
+  const stop = layerStop();
+  if (stop === null || stop.t === "diverged") return stop ?? void 0;
+  const need2 = turn.needed === null ? [] : [...turn.needed];
+  if (need2.length > 0) return { t: "need", which: need2 };
+  if (stop.k === "next" && stop.body !== null && "b" in stop.body) stash = effectBytes();
+  return stop;
+}
+__name(layerUnsettled, "layerUnsettled");
 function isThenable(value) {
   return value !== null && (typeof value === "object" || typeof value === "function") && typeof value.then === "function";
 }
 __name(isThenable, "isThenable");
+function conclude(settled) {
+  const diverged = layerDivergence();
+  return diverged === null ? settled : { t: "diverged", what: diverged };
+}
+__name(conclude, "conclude");
 function encode(settled) {
   if (typeof settled === "number" && logs.length === 0) return settled;
   const full = typeof settled === "number" ? { t: "code", v: settled } : settled;
@@ -1170,7 +1372,7 @@ function encode(settled) {
   return JSON.stringify(full);
 }
 __name(encode, "encode");
-var phases = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"];
+var phases = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse", "handle"];
 function install(host) {
   setHost(host);
   installClock();
@@ -1204,8 +1406,8 @@ function install(host) {
      * @param {any} headers LF-joined; for isIpAllowed, the family
      * @param {any} hasBody whether the request has a body; for isIpAllowed, the port
      * @param {any} requestBody the request's body if loaded; for isIpAllowed, the protocol
-     * @param {number} [status]
-     * @param {string} [statusText]
+     * @param {any} [status] for handle, the journal as JSON (or undefined), and then next()'s loaded bodies by index
+     * @param {any} [statusText] for handle, whether the proxy holds the request's bytes
      * @param {string} [responseHeaders]
      * @param {string} [responseUrl]
      * @param {boolean} [responseHasBody]
@@ -1240,6 +1442,15 @@ function install(host) {
           responseUrl,
           responseHasBody === true
         ), request];
+      } else if (phase === "handle") {
+        const current2 = startTurn(requestBody === void 0 ? void 0 : new Uint8Array(requestBody), void 0);
+        current2.replayable = statusText === true;
+        const loaded = [];
+        for (let i = 10; i < arguments.length; i++) loaded.push(arguments[i] === void 0 ? void 0 : new Uint8Array(arguments[i]));
+        current2.next = loaded;
+        startLayer(status);
+        request = makeRequest(method, url, headers, hasBody);
+        args = [request, makeNext(request)];
       } else {
         startTurn(requestBody === void 0 ? void 0 : new Uint8Array(requestBody), void 0);
         request = makeRequest(method, url, headers, phase === "onRequest" && hasBody);
@@ -1251,7 +1462,7 @@ function install(host) {
           /** @type {PolicyFactory} */
           factory.call(scope, scope)[phase](...args)
         );
-        if (!isThenable(result)) return encode(settle(phase, result, request));
+        if (!isThenable(result)) return encode(conclude(settle(phase, result, request)));
         const mine = turn;
         Promise.resolve(result).then(
           (value) => {
@@ -1262,16 +1473,17 @@ function install(host) {
           }
         );
       } catch (error) {
-        return encode(thrown(error));
+        return encode(conclude(thrown(error)));
       }
       return pending;
     },
     /** The outcome of an asynchronous call, once the pending jobs ran. */
     finish() {
-      let settled = outcome;
+      let settled = outcome === void 0 ? void 0 : conclude(outcome);
+      if (settled === void 0) settled = layerUnsettled();
       if (settled === void 0) {
-        const need = turn.needed === null ? [] : [...turn.needed];
-        settled = need.length > 0 ? { t: "need", which: need } : { t: "pending" };
+        const need2 = turn.needed === null ? [] : [...turn.needed];
+        settled = need2.length > 0 ? { t: "need", which: need2 } : { t: "pending" };
       }
       outcome = void 0;
       return encode(settled);

@@ -5,12 +5,18 @@ import { copyBuffer, toBytes } from "./encoding.js";
 import { utf8Decode, utf8Encode } from "./host.js";
 import { URLSearchParams } from "./url.js";
 
-/** @typedef {"request" | "response"} BodySource */
+/**
+ * The proxy's request or response body, or (in handle) the body of the response that next()
+ * number n resolved to.
+ * @typedef {"request" | "response" | number} BodySource
+ */
 /**
  * @typedef {object} Turn
  * @property {Uint8Array | undefined} request the request's body, once the proxy has loaded it
  * @property {Uint8Array | undefined} response the response's body, likewise
  * @property {Set<BodySource> | null} needed the bodies the call asked for and does not have
+ * @property {(Uint8Array | undefined)[] | null} next handle only: next()'s response bodies the proxy loaded, by effect index
+ * @property {boolean} replayable handle only: the proxy holds the request's bytes, so it can send them more than once unloaded
  */
 /**
  * @typedef {{ source: BodySource, turn: Turn, bytes?: undefined, contentType?: undefined }
@@ -23,15 +29,30 @@ import { URLSearchParams } from "./url.js";
  * another's bytes, even code that somehow outlived its call.
  */
 /** @type {Turn} */
-export let turn = { request: undefined, response: undefined, needed: null };
+export let turn = { request: undefined, response: undefined, needed: null, next: null, replayable: false };
 /**
  * Starts a call's turn, with the bodies the proxy sent along with it.
  * @param {Uint8Array | undefined} request
  * @param {Uint8Array | undefined} response
  */
 export function startTurn(request, response) {
-  turn = { request, response, needed: null };
+  turn = { request, response, needed: null, next: null, replayable: false };
   return turn;
+}
+/**
+ * Asks the proxy for a body, unless it is loaded already: the call ends once it can go no
+ * further, and runs again from the start with the bytes.
+ * @param {BodySource} source
+ */
+export function need(source) {
+  if (bodyBytes(source) === undefined) (turn.needed ??= new Set()).add(source);
+}
+/**
+ * The current call's bytes of a body from the proxy, if loaded.
+ * @param {BodySource} source
+ */
+export function bodyBytes(source) {
+  return typeof source === "number" ? turn.next?.[source] : turn[source];
 }
 /**
  * What a body handle stands for: the body's state, and the Request or Response it came from.
@@ -95,11 +116,11 @@ function readBody(state) {
   if (state === null) return Promise.resolve(new Uint8Array(0));
   if (state.bytes !== undefined) return Promise.resolve(state.bytes);
   if (state.turn !== turn) return Promise.reject(new TypeError("a body from another call cannot be read"));
-  const bytes = turn[state.source];
+  const bytes = bodyBytes(state.source);
   if (bytes !== undefined) return Promise.resolve(bytes);
   // The proxy loads the body and runs the call again from the start, which is deterministic:
   // fresh state and the same clock. The policy cannot see this happen, nor catch it.
-  (turn.needed ??= new Set()).add(state.source);
+  need(state.source);
   // A fresh promise each time: one shared forever-pending promise would keep every call that
   // awaited it reachable, and the heap would fill up call by call.
   return new Promise(() => undefined);
@@ -113,6 +134,9 @@ export let bodyInit;
 export let bodyState;
 /** @type {(target: BodyMixin) => boolean} */
 export let bodyUsed;
+/** Marks a body as sent, as fetch does with a request it sends: it cannot be read or sent again. */
+/** @type {(target: BodyMixin) => void} */
+export let bodySent;
 export class BodyMixin {
   /** @type {BodyState | null} */
   #state = null;
@@ -123,6 +147,9 @@ export class BodyMixin {
     };
     bodyState = (target) => target.#state;
     bodyUsed = (target) => target.#used;
+    bodySent = (target) => {
+      if (target.#state !== null) target.#used = true;
+    };
   }
   get body() {
     const state = this.#state;

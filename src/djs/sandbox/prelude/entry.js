@@ -8,6 +8,7 @@ import { clearLogs, logs } from "./console.js";
 import { copyBuffer } from "./encoding.js";
 import { headersDirty, headersFlat } from "./headers.js";
 import { setHost } from "./host.js";
+import { effectBytes, layerDivergence, layerStop, makeNext, passedIndex, rejectionIndex, startLayer } from "./layer.js";
 import { freeze, installGlobals } from "./realm.js";
 import { makeRequest, makeResponse, Request, Response } from "./request-response.js";
 import { setCanonicalHref } from "./url.js";
@@ -33,10 +34,11 @@ let stash = null;
 
 /**
  * @param {BodyState | null} state
- * @returns {{ h: BodySource } | { b: number } | null}
+ * @returns {{ h: BodySource } | { n: number } | { b: number } | null}
  */
 function serialiseBody(state) {
   if (state === null) return null;
+  if (typeof state.source === "number") return { n: state.source };
   if (state.source !== undefined) return { h: state.source };
   stash = state.bytes;
   return { b: state.bytes.byteLength };
@@ -47,10 +49,13 @@ function serialiseBody(state) {
  */
 function thrown(error) {
   try {
+    // A rejection of next() or sleep() thrown on: the proxy answers with the original failure.
+    const from = rejectionIndex(error);
+    const origin = from === undefined ? {} : { from };
     if (error instanceof HttpRequestBlockedError) {
-      return { t: "blocked", status: Number(error.status), message: String(error.message), statusText: String(error.statusText) };
+      return { t: "blocked", status: Number(error.status), message: String(error.message), statusText: String(error.statusText), ...origin };
     }
-    if (error instanceof Error) return { t: "throw", name: String(error.name), message: String(error.message), stack: String(error.stack ?? "") };
+    if (error instanceof Error) return { t: "throw", name: String(error.name), message: String(error.message), stack: String(error.stack ?? ""), ...origin };
     return { t: "throw", name: typeof error, message: String(error), stack: "" };
   } catch {
     return { t: "throw", name: "Error", message: "the policy threw a value that cannot be described", stack: "" };
@@ -67,6 +72,7 @@ const pending = -1;
  * @returns {number | Outcome}
  */
 function settle(phase, value, request) {
+  if (phase === "handle") return settleLayer(value);
   if (phase === "isRequestAllowed" || phase === "isIpAllowed") {
     return typeof value === "boolean" ? (value ? codes.true : codes.false) : { t: "value", v: typeof value };
   }
@@ -102,6 +108,32 @@ function settle(phase, value, request) {
   return { t: "bad", what: value === null ? "null" : typeof value };
 }
 
+/**
+ * What handle answered: next()'s Response as it came (passed through, by its effect index), or
+ * a Response of the policy's own. A rerun that left the journal's path fails whatever it answered.
+ * @param {unknown} value
+ * @returns {Outcome}
+ */
+function settleLayer(value) {
+  const passed = passedIndex(value, (response) => !response.bodyUsed && !headersDirty(response.headers));
+  if (passed >= 0) return { t: "passed", i: passed };
+  if (value instanceof Response) return /** @type {Outcome} */ (settle("onResponse", value, undefined));
+  return { t: "bad", what: value === null ? "null" : value instanceof Request ? "a Request" : typeof value };
+}
+/**
+ * A handle call's outcome when its promise never settled in this run: it diverged, or stopped
+ * for a body to be loaded or at an effect for the proxy to perform.
+ * @returns {Outcome | undefined}
+ */
+function layerUnsettled() {
+  const stop = layerStop();
+  if (stop === null || stop.t === "diverged") return stop ?? undefined;
+  const need = turn.needed === null ? [] : [...turn.needed];
+  if (need.length > 0) return { t: "need", which: need };
+  if (stop.k === "next" && stop.body !== null && "b" in stop.body) stash = effectBytes();
+  return stop;
+}
+
 /** Whether a value is a thenable; the check itself must not let a hostile getter escape. */
 /**
  * @param {any} value
@@ -109,6 +141,14 @@ function settle(phase, value, request) {
  */
 function isThenable(value) {
   return value !== null && (typeof value === "object" || typeof value === "function") && typeof value.then === "function";
+}
+/**
+ * A handle call's rerun that left the journal's path fails, whatever it answered.
+ * @param {number | Outcome} settled
+ */
+function conclude(settled) {
+  const diverged = layerDivergence();
+  return diverged === null ? settled : { t: "diverged", what: diverged };
 }
 /** A settled outcome as the worker reads it: a code, or JSON when there is more to say. */
 /** @param {number | Outcome} settled */
@@ -119,9 +159,9 @@ function encode(settled) {
   if (logs.length > 0) full.logs = logs;
   return JSON.stringify(full);
 }
-/** @typedef {"isRequestAllowed" | "isIpAllowed" | "onRequest" | "onResponse"} Phase */
+/** @typedef {"isRequestAllowed" | "isIpAllowed" | "onRequest" | "onResponse" | "handle"} Phase */
 /** @type {Phase[]} In src/djs/protocol.ts's order: a call names its phase by index. */
-const phases = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse"];
+const phases = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse", "handle"];
 
 /**
  * Installs the sandbox's API in this realm and answers the functions the worker calls.
@@ -162,8 +202,8 @@ export function install(host) {
      * @param {any} headers LF-joined; for isIpAllowed, the family
      * @param {any} hasBody whether the request has a body; for isIpAllowed, the port
      * @param {any} requestBody the request's body if loaded; for isIpAllowed, the protocol
-     * @param {number} [status]
-     * @param {string} [statusText]
+     * @param {any} [status] for handle, the journal as JSON (or undefined), and then next()'s loaded bodies by index
+     * @param {any} [statusText] for handle, whether the proxy holds the request's bytes
      * @param {string} [responseHeaders]
      * @param {string} [responseUrl]
      * @param {boolean} [responseHasBody]
@@ -188,6 +228,16 @@ export function install(host) {
         startTurn(undefined, responseBody === undefined ? undefined : new Uint8Array(responseBody));
         request = makeRequest(method, url, headers, false);
         args = [makeResponse(/** @type {number} */ (status), /** @type {string} */ (statusText), /** @type {string} */ (responseHeaders), /** @type {string} */ (responseUrl), responseHasBody === true), request];
+      } else if (phase === "handle") {
+        const current = startTurn(requestBody === undefined ? undefined : new Uint8Array(requestBody), undefined);
+        current.replayable = statusText === true;
+        /** @type {(Uint8Array | undefined)[]} */
+        const loaded = [];
+        for (let i = 10; i < arguments.length; i++) loaded.push(arguments[i] === undefined ? undefined : new Uint8Array(arguments[i]));
+        current.next = loaded;
+        startLayer(status);
+        request = makeRequest(method, url, headers, hasBody);
+        args = [request, makeNext(request)];
       } else {
         startTurn(requestBody === undefined ? undefined : new Uint8Array(requestBody), undefined);
         request = makeRequest(method, url, headers, phase === "onRequest" && hasBody);
@@ -196,7 +246,7 @@ export function install(host) {
       try {
         const scope = Object.create(globalThis);
         const result = /** @type {PolicyFactory} */ (factory).call(scope, scope)[phase](...args);
-        if (!isThenable(result)) return encode(settle(phase, result, request));
+        if (!isThenable(result)) return encode(conclude(settle(phase, result, request)));
         // Only this call's own handlers may settle it: the host runs every pending job before
         // the call ends, and `mine` keeps a handler that ran late from answering for another
         // call. Promise.resolve reads the result's `constructor`, which may throw.
@@ -210,14 +260,15 @@ export function install(host) {
           },
         );
       } catch (error) {
-        return encode(thrown(error));
+        return encode(conclude(thrown(error)));
       }
       return pending;
     },
     /** The outcome of an asynchronous call, once the pending jobs ran. */
     finish() {
       /** @type {number | Outcome | undefined} */
-      let settled = outcome;
+      let settled = outcome === undefined ? undefined : conclude(outcome);
+      if (settled === undefined) settled = layerUnsettled();
       if (settled === undefined) {
         const need = turn.needed === null ? [] : [...turn.needed];
         settled = need.length > 0 ? { t: "need", which: need } : { t: "pending" };

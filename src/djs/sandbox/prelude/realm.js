@@ -7,6 +7,7 @@ import { SandboxDate } from "./clock.js";
 import { console } from "./console.js";
 import { atob, btoa, DOMException, TextDecoder, TextEncoder } from "./encoding.js";
 import { Headers } from "./headers.js";
+import { sleep } from "./layer.js";
 import { Request, Response } from "./request-response.js";
 import { URL, URLSearchParams } from "./url.js";
 
@@ -27,6 +28,7 @@ const installed = {
   atob,
   btoa,
   console,
+  sleep,
 };
 export function installGlobals() {
   for (const name of Object.keys(installed)) {

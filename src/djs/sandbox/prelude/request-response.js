@@ -1,6 +1,6 @@
 // @ts-check
 // Request and Response, and how the sandbox makes them from the heads the proxy sends.
-import { bodyFrom, bodyInit, BodyMixin, bodyState, bodyUsed, turn } from "./bodies.js";
+import { bodyFrom, bodyInit, BodyMixin, bodyState, bodyUsed, need, turn } from "./bodies.js";
 import { Headers, headersFromJoined } from "./headers.js";
 import { URL } from "./url.js";
 
@@ -75,6 +75,10 @@ export class Request extends BodyMixin {
   }
   clone() {
     if (this.bodyUsed) throw new TypeError("cannot clone a Request whose body was read");
+    // In handle, a clone is how a layer sends the guest's body more than once (a retry): the
+    // body is loaded, so every next() can send its bytes rather than the guest's one stream.
+    const state = bodyState(this);
+    if (turn.next !== null && !turn.replayable && state?.source === "request" && state.turn === turn) need("request");
     return new Request(this);
   }
   get [Symbol.toStringTag]() {
@@ -198,11 +202,12 @@ export function makeRequest(method, url, headers, hasBody) {
  * @param {string} headers LF-joined, lowercase names
  * @param {string} url
  * @param {boolean} hasBody
+ * @param {import("./bodies.js").BodySource} [source] whose body it is: onResponse's response, or next() number n's
  */
-export function makeResponse(status, statusText, headers, url, hasBody) {
+export function makeResponse(status, statusText, headers, url, hasBody, source = "response") {
   // The upstream's head, already parsed and lowercased by the proxy: taken as it is.
   internalResponse = { status, statusText, url, headers: headersFromJoined(headers, false) };
   const response = new Response();
-  bodyInit(response, hasBody ? { source: "response", turn } : null);
+  bodyInit(response, hasBody ? { source, turn } : null);
   return response;
 }
