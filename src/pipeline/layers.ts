@@ -44,11 +44,15 @@ export class LayerRun {
   }
 
   async run(request: OutboundRequest): Promise<PipelineResponse> {
-    const guestGone = (): void => this.gone.abort(this.context.signal.reason);
+    let expire!: (error: unknown) => void;
+    const expired = new Promise<never>((_, reject) => (expire = reject));
+    // A guest that leaves ends the request at once, even while a layer has yet to settle.
+    const guestGone = (): void => {
+      this.gone.abort(this.context.signal.reason);
+      expire(this.context.signal.reason);
+    };
     if (this.context.signal.aborted) guestGone();
     else this.context.signal.once("abort", guestGone);
-    let expire!: (error: EgressError) => void;
-    const expired = new Promise<never>((_, reject) => (expire = reject));
     this.timer = setTimeout(() => {
       const error = this.stick(this.timeout());
       this.gone.abort(error);
@@ -153,7 +157,19 @@ export class LayerRun {
     if (this.failure !== undefined) return Promise.reject(this.failure);
     if (!Number.isFinite(ms) || ms < 0) return Promise.reject(new EgressError("EG_HOOK_FAILED", 502, `sleep() takes a number of milliseconds, not ${String(ms)}`));
     if (performance.now() + ms > this.deadline) return Promise.reject(this.stick(this.timeout()));
-    return new Promise((resolve) => setTimeout(resolve, ms));
+    if (this.gone.aborted) return Promise.reject(this.gone.reason);
+    // Ends early, rejected, when the request does (the guest left, or the deadline passed).
+    return new Promise((resolve, reject) => {
+      const stop = (): void => {
+        clearTimeout(timer);
+        reject(this.gone.reason);
+      };
+      const timer = setTimeout(() => {
+        this.gone.removeListener("abort", stop);
+        resolve();
+      }, ms);
+      this.gone.once("abort", stop);
+    });
   }
 
   private timeout(): EgressError {

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { createHttpHooks, HttpRequestBlockedError, startProxy, type Layer, type RunningProxy } from "../../src/index.js";
 import { testCa } from "../helpers/test-ca.js";
 import { brokenBehaviours, startFaultUpstream, upstreamBehaviours, type FaultUpstream } from "../helpers/fault-upstream.js";
-import { fetchVia, startTestProxy, type TestProxy } from "../helpers/proxy.js";
+import { fetchVia, proxyAgent, startTestProxy, type TestProxy } from "../helpers/proxy.js";
 import { startUpstream, type Echo, type Route } from "../helpers/upstream.js";
 
 /** The decision lines of a proxy's log. */
@@ -236,6 +236,28 @@ describe("tier-3 layers: handle(request, next)", () => {
     expect(res.status).toBe(504);
     expect(res.text).toMatch(/timeouts\.requestMs \(300 ms\)/);
     expect(upstream.hits()).toBeLessThan(10);
+  });
+
+  it("a guest that leaves ends its request at once, even while a layer has yet to settle", async () => {
+    const upstream = await startUpstream();
+    let entered!: () => void;
+    const inLayer = new Promise<void>((resolve) => (entered = resolve));
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      layers: [
+        () => {
+          entered();
+          return new Promise<Response>(() => undefined);
+        },
+      ],
+    });
+    const controller = new AbortController();
+    const pending = request(`https://api.test:${upstream.port}/echo`, { dispatcher: proxyAgent(proxy), signal: controller.signal });
+    await inLayer;
+    controller.abort();
+    await expect(pending).rejects.toThrow();
+    // With the default timeouts.requestMs (300 s), only the guest's leaving can end it this soon.
+    await expect.poll(() => decisions(proxy).find((line) => line["status"] === 499), { timeout: 10_000 }).toBeDefined();
   });
 
   it("a layer that returns nothing gets 502, not a pass-through", async () => {
