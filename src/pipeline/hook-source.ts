@@ -14,9 +14,11 @@ import { runHandle } from "./layer-phases.js";
 import type { OutboundRequest } from "./exchange.js";
 import { runOnRequest, runOnResponse, type HookedResponse, type HookLimits, type OnRequestOutcome } from "./hook-phases.js";
 
-/** What a call is for: the request id its console lines carry. */
+/** What a call is for: the request id its console lines carry, and the guest it serves. */
 export interface SourceCall {
   readonly requestId: string;
+  /** The guest's name (`default` when there is one guest). */
+  readonly guest: string;
 }
 
 /**

@@ -39,6 +39,7 @@ export class LayerRun {
     private readonly context: ExchangeContext,
     private readonly limits: HookLimits,
     private readonly requestMs: number,
+    private readonly guest: string,
   ) {
     this.deadline = performance.now() + requestMs;
   }
@@ -116,7 +117,7 @@ export class LayerRun {
       next: (next) => this.layer(index + 1, next),
       sleep: (ms) => this.sleep(ms),
     };
-    const call: SourceCall = { requestId: this.context.id };
+    const call: SourceCall = { requestId: this.context.id, guest: this.guest };
     return source.handle!(request, tap, inner, this.limits, call).then(
       (response) => {
         if (!this.responses.includes(response as PipelineResponse)) this.madeBy.set(response, source);

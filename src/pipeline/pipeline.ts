@@ -18,6 +18,8 @@ import type { HookSource, SourceCall } from "./hook-source.js";
 import { LayerRun, type Descend } from "./layers.js";
 
 export interface PipelineOptions {
+  /** The guest this pipeline serves, as hook sources are told. */
+  readonly guest: string;
   readonly policy: DeclarativePolicy;
   /**
    * The hook sources, in the order every phase runs them (a tier-2 policy before tier-3
@@ -86,13 +88,13 @@ export class Pipeline {
   /** One guest request: through the layers when there are any (each `next()` is steps 2–7), else steps 2–7 once. */
   handle(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
     if (this.phase.handle.length === 0) return this.steps(initial, context);
-    return new LayerRun(this.phase.handle, this.descend, context, this.options.limits, this.options.requestMs).run(initial);
+    return new LayerRun(this.phase.handle, this.descend, context, this.options.limits, this.options.requestMs, this.options.guest).run(initial);
   }
 
   /** DESIGN §3 steps 2–7 for one request: onRequest, secrets, the checks, the upstream and its redirects, onResponse. */
   private async steps(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
     const { limits } = this.options;
-    const call = { requestId: context.id };
+    const call: SourceCall = { requestId: context.id, guest: this.options.guest };
     let request = initial;
     // The secrets substituted into any hop so far: a later hop that leaves their hosts is checked for their values.
     const substituted = new Set<string>();
@@ -178,7 +180,7 @@ export class Pipeline {
    */
   async authorizeUpgrade(initial: OutboundRequest): Promise<{ request: OutboundRequest; addresses: readonly ResolvedAddress[] }> {
     let rewritten = initial;
-    const call = { requestId: "" };
+    const call: SourceCall = { requestId: "", guest: this.options.guest };
     for (const source of this.phase.onRequest) {
       const outcome = await attributed(source, source.onRequest(rewritten, undefined, this.options.limits, call));
       if ("response" in outcome) {

@@ -82,6 +82,7 @@ export class Guest {
       recheck,
     });
     this.pipeline = new Pipeline({
+      guest: this.name,
       policy,
       sources: hookSources(resolved.djs, resolved.chain, resolved.checkHooks, log),
       resolver: new Resolver(resolved.staticHosts, config.timeouts.dnsMs),
