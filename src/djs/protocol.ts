@@ -102,7 +102,7 @@ export interface CallMessage {
   readonly journal?: readonly JournalEntry[];
   /** handle only: the bodies of next()'s responses the proxy loaded for the policy, by effect index. */
   readonly nextBodies?: readonly (Uint8Array | undefined)[];
-  /** handle only: the request's body is bytes in the proxy, so it can be sent more than once without loading it into the sandbox. */
+  /** handle only: the request's body is bytes in the proxy (held for a clone, or bytes already), so it can be sent more than once without loading it into the sandbox. */
   readonly replayable?: boolean;
 }
 
@@ -146,8 +146,12 @@ export interface JournalEntry {
  */
 export type BodyRef = null | { readonly h: "request" | "response" } | { readonly n: number } | { readonly b: number };
 
-/** A body a call stopped to have loaded: the request's, the response's, or next() number n's response's. */
-export type NeededBody = "request" | "response" | number;
+/**
+ * A body a call stopped to have loaded: the request's, the response's, or next() number n's
+ * response's; or, for "held", the request's bytes held by the proxy (handle's request.clone()),
+ * so that they can be sent more than once without entering the sandbox.
+ */
+export type NeededBody = "request" | "response" | number | "held";
 
 export type Outcome = (
   | { readonly t: "value"; readonly v: boolean | string }

@@ -45,38 +45,52 @@ export async function djsHandle(run: DjsRun, request: OutboundRequest, tap: Body
   const performed: Performed[] = [];
   /** The request's body, once loaded for the policy. */
   let loaded: Uint8Array | undefined;
+  /** The request's body, read whole by the proxy: bytes it had already, or held for a clone. */
+  let held: Uint8Array | undefined = request.body instanceof Uint8Array ? request.body : undefined;
   /** Whether a descent took the guest's stream. */
   let streamed = false;
   /** A descent's response whose body the answer uses, so it is not discarded. */
   let kept: HookedResponse | undefined;
   const head = { method: request.method, url: request.url.href, headers: joinHeaders(request.headers, request.url.host), hasBody: request.body !== null };
-  const replayable = request.body instanceof Uint8Array;
   // The guest's stream, as long as nothing has read or sent it.
   const guestStream = (): Readable | undefined =>
     request.body instanceof Readable && tap !== undefined && !tap.started && !streamed ? request.body : undefined;
 
-  const loadRequestBody = async (): Promise<void> => {
-    if (loaded !== undefined || request.body === null) throw new EgressError("EG_HOOK_FAILED", 502, "handle policy asked again for a request body it has", { detail: filename });
-    if (request.body instanceof Uint8Array) {
-      loaded = request.body;
-      return;
-    }
+  /** The guest's body read whole, within `cap`: for the policy to read, or for the proxy to hold. */
+  const readGuestBody = async (cap: number, reason: string, what: string): Promise<Uint8Array> => {
     const stream = guestStream();
     if (stream === undefined) {
-      throw new EgressError("EG_HOOK_FAILED", 502, "handle policy read the request body after next() had streamed it upstream; read or clone the request before its first next()", { detail: filename });
+      throw new EgressError("EG_HOOK_FAILED", 502, "handle policy read or cloned the request body after next() had streamed it upstream; clone the request before its first next()", { detail: filename });
     }
-    const { cap, reason } = policyBodyCap(run, limits.requestBodyBytes);
     try {
-      loaded = await readBounded(tap!.web, cap);
-      if (loaded.byteLength > cap) throw new BodyLimitError(cap);
+      const bytes = await readBounded(tap!.web, cap);
+      if (bytes.byteLength > cap) throw new BodyLimitError(cap);
+      return bytes;
     } catch (error) {
       if (error instanceof BodyLimitError || tap?.limitHit === true) {
-        throw new EgressError("EG_TOO_LARGE", 413, `the request body is larger than ${cap} bytes, the most this policy may read (${reason})`);
+        throw new EgressError("EG_TOO_LARGE", 413, `the request body is larger than ${cap} bytes, the most ${what} (${reason})`);
       }
       throw new EgressError("EG_BAD_REQUEST", 400, `the request body could not be read for the policy: ${(error as Error).message}`);
     } finally {
       tap?.endHookPhase();
     }
+  };
+
+  const loadRequestBody = async (): Promise<void> => {
+    if (loaded !== undefined || request.body === null) throw new EgressError("EG_HOOK_FAILED", 502, "handle policy asked again for a request body it has", { detail: filename });
+    const { cap, reason } = policyBodyCap(run, limits.requestBodyBytes);
+    if (held === undefined) {
+      loaded = held = await readGuestBody(cap, reason, "this policy may read");
+      return;
+    }
+    if (held.byteLength > cap) throw new EgressError("EG_TOO_LARGE", 413, `the request body is larger than ${cap} bytes, the most this policy may read (${reason})`);
+    loaded = held;
+  };
+
+  /** For request.clone(): the proxy reads the body whole and keeps it, so each next() can send it. */
+  const holdRequestBody = async (): Promise<void> => {
+    if (held !== undefined || request.body === null) throw new EgressError("EG_HOOK_FAILED", 502, "handle policy asked again for a request body the proxy holds", { detail: filename });
+    held = await readGuestBody(limits.requestBodyBytes, "maxHttpBodyBytes", "the proxy holds for a layer to send again");
   };
 
   const loadResponseBody = async (index: number): Promise<Uint8Array> => {
@@ -102,6 +116,7 @@ export async function djsHandle(run: DjsRun, request: OutboundRequest, tap: Body
     if (which.length === 0) throw new EgressError("EG_HOOK_FAILED", 502, "handle policy stopped without saying why", { detail: filename });
     for (const body of which) {
       if (body === "request") await loadRequestBody();
+      else if (body === "held") await holdRequestBody();
       else if (typeof body === "number") {
         if (performed[body]?.loaded !== undefined) throw new EgressError("EG_HOOK_FAILED", 502, "handle policy asked again for a body it has", { detail: filename });
         await loadResponseBody(body);
@@ -129,8 +144,7 @@ export async function djsHandle(run: DjsRun, request: OutboundRequest, tap: Body
     if ("b" in ref) return sized(bytes ?? new Uint8Array(0));
     if ("n" in ref) return sized(await loadResponseBody(ref.n));
     if (ref.h !== "request" || request.body === null) throw new EgressError("EG_HOOK_FAILED", 502, "handle policy passed next() a body it does not have");
-    if (loaded !== undefined) return sized(loaded);
-    if (request.body instanceof Uint8Array) return sized(request.body);
+    if (held !== undefined) return sized(held);
     const stream = guestStream();
     if (stream === undefined) {
       // The sandbox refuses this itself; this is the proxy's own guard. No empty body goes out.
@@ -179,12 +193,13 @@ export async function djsHandle(run: DjsRun, request: OutboundRequest, tap: Body
         kept = done.response;
       }
     } else if (ref.h === "request" && request.body !== null) {
-      const stream = loaded === undefined && !replayable ? guestStream() : undefined;
-      if (loaded === undefined && !replayable && stream === undefined) {
-        throw new EgressError("EG_HOOK_FAILED", 502, "handle policy answered with the request body after next() had streamed it upstream");
+      if (held !== undefined) body = bytesBody(held);
+      else {
+        const stream = guestStream();
+        if (stream === undefined) throw new EgressError("EG_HOOK_FAILED", 502, "handle policy answered with the request body after next() had streamed it upstream");
+        body = stream;
+        streamed = true;
       }
-      body = loaded !== undefined ? bytesBody(loaded) : request.body instanceof Uint8Array ? bytesBody(request.body) : stream!;
-      streamed ||= stream !== undefined;
     } else {
       throw new EgressError("EG_HOOK_FAILED", 502, "handle policy answered with a body it does not have");
     }
@@ -201,7 +216,7 @@ export async function djsHandle(run: DjsRun, request: OutboundRequest, tap: Body
         ...head,
         ...(loaded !== undefined ? { requestBody: loaded } : {}),
         ...(journal.length > 0 ? { journal, nextBodies: performed.map((done) => done.loaded) } : {}),
-        ...(replayable ? { replayable } : {}),
+        ...(held !== undefined ? { replayable: true } : {}),
       };
       const { outcome, bytes } = await call(run, message);
       switch (outcome.t) {

@@ -195,6 +195,22 @@ describe("tier-2 layers: bodies", () => {
     await stillServes(proxy, base);
   });
 
+  it("a clone's body is held by the proxy, not the sandbox: an upload larger than the policy may read still goes twice", async () => {
+    const big = 4 * 1024 * 1024;
+    const { upstream, proxy, base } = await layerProxy({
+      source: layer(`
+        const one = await next(request.clone());
+        return one.status === 200 ? next(request.clone()) : one;`),
+      filename: "small-heap.mjs",
+      // A policy may read a quarter of its heap: 2 MiB here, half the upload.
+      limits: { memoryBytes: 8 * 1024 * 1024 },
+    });
+    const res = await fetchVia(proxy, `${base}/echo`, { method: "PUT", body: patternBody(big) });
+    expect(res.status).toBe(200);
+    const whole = `${big}:${patternSha256(big)}`;
+    expect(upstream.seen.map((s) => `${s.bodyBytes}:${s.bodySha256}`)).toEqual([whole, whole]);
+  });
+
   it("after reading the body, the layer can send it in new Requests as often as it likes", async () => {
     const { upstream, proxy, base } = await layerProxy(
       layer(`

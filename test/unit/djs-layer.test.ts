@@ -146,14 +146,19 @@ describe("tier-2 layers in the sandbox: request bodies", () => {
     expect(new TextDecoder().decode(done.bytes)).toMatch(/already streamed upstream; pass request\.clone\(\)/);
   });
 
-  it("request.clone() in handle has the body loaded first, so each next() can send its bytes", async () => {
+  it("request.clone() in handle has the proxy hold the body first (not the sandbox), so each next() can send its bytes", async () => {
     const layer = policy(`await next(request.clone()); return next(request.clone());`);
-    expect(await callPhase(layer, "handle", { method: "PUT", hasBody: true })).toMatchObject({ t: "need", which: ["request"] });
-    const requestBody = new TextEncoder().encode("payload");
-    const first = await callPhase(layer, "handle", { method: "PUT", hasBody: true, requestBody });
+    expect(await callPhase(layer, "handle", { method: "PUT", hasBody: true })).toMatchObject({ t: "need", which: ["held"] });
+    const first = await callPhase(layer, "handle", { method: "PUT", hasBody: true, replayable: true });
     expect(first).toMatchObject({ t: "effect", i: 0, body: { h: "request" } });
-    const second = await callPhase(layer, "handle", { method: "PUT", hasBody: true, requestBody, journal: [answered(first)] });
+    const second = await callPhase(layer, "handle", { method: "PUT", hasBody: true, replayable: true, journal: [answered(first)] });
     expect(second).toMatchObject({ t: "effect", i: 1, body: { h: "request" } });
+  });
+
+  it("a body the policy read is held too: no further load for a clone", async () => {
+    const layer = policy(`const text = await request.clone().text(); return next(new Request(request, { headers: { "x-length": String(text.length) } }));`);
+    const requestBody = new TextEncoder().encode("payload");
+    expect(await callPhase(layer, "handle", { method: "PUT", hasBody: true, requestBody })).toMatchObject({ t: "effect", body: { h: "request" }, headers: ["x-length", "7"] });
   });
 
   it("a body the proxy already holds as bytes is not loaded for a clone", async () => {

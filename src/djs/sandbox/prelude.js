@@ -465,6 +465,10 @@ function need(source) {
   if (bodyBytes(source) === void 0) (turn.needed ??= /* @__PURE__ */ new Set()).add(source);
 }
 __name(need, "need");
+function holdRequest() {
+  if (turn.request === void 0 && !turn.replayable) (turn.needed ??= /* @__PURE__ */ new Set()).add("held");
+}
+__name(holdRequest, "holdRequest");
 function bodyBytes(source) {
   return typeof source === "number" ? turn.next?.[source] : turn[source];
 }
@@ -889,7 +893,7 @@ var Request = class _Request extends BodyMixin {
   clone() {
     if (this.bodyUsed) throw new TypeError("cannot clone a Request whose body was read");
     const state = bodyState(this);
-    if (turn.next !== null && !turn.replayable && state?.source === "request" && state.turn === turn) need("request");
+    if (turn.next !== null && state?.source === "request" && state.turn === turn) holdRequest();
     return new _Request(this);
   }
   get [Symbol.toStringTag]() {

@@ -14,7 +14,8 @@ import { URLSearchParams } from "./url.js";
  * @typedef {object} Turn
  * @property {Uint8Array | undefined} request the request's body, once the proxy has loaded it
  * @property {Uint8Array | undefined} response the response's body, likewise
- * @property {Set<BodySource> | null} needed the bodies the call asked for and does not have
+ * @property {Set<BodySource | "held"> | null} needed the bodies the call asked for and does not have; "held"
+ *   asks the proxy to hold the request's bytes itself (handle), without loading them here
  * @property {(Uint8Array | undefined)[] | null} next handle only: next()'s response bodies the proxy loaded, by effect index
  * @property {boolean} replayable handle only: the proxy holds the request's bytes, so it can send them more than once unloaded
  */
@@ -46,6 +47,13 @@ export function startTurn(request, response) {
  */
 export function need(source) {
   if (bodyBytes(source) === undefined) (turn.needed ??= new Set()).add(source);
+}
+/**
+ * In handle: asks the proxy to hold the request's bytes, so that every next() can send them (a
+ * retry), rather than the guest's one stream. They stay in the proxy until the policy reads them.
+ */
+export function holdRequest() {
+  if (turn.request === undefined && !turn.replayable) (turn.needed ??= new Set()).add("held");
 }
 /**
  * The current call's bytes of a body from the proxy, if loaded.

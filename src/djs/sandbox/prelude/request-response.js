@@ -1,6 +1,6 @@
 // @ts-check
 // Request and Response, and how the sandbox makes them from the heads the proxy sends.
-import { bodyFrom, bodyInit, BodyMixin, bodyState, bodyUsed, need, turn } from "./bodies.js";
+import { bodyFrom, bodyInit, BodyMixin, bodyState, bodyUsed, holdRequest, turn } from "./bodies.js";
 import { Headers, headersFromJoined } from "./headers.js";
 import { URL } from "./url.js";
 
@@ -76,9 +76,9 @@ export class Request extends BodyMixin {
   clone() {
     if (this.bodyUsed) throw new TypeError("cannot clone a Request whose body was read");
     // In handle, a clone is how a layer sends the guest's body more than once (a retry): the
-    // body is loaded, so every next() can send its bytes rather than the guest's one stream.
+    // proxy holds the body, so every next() can send its bytes rather than the guest's one stream.
     const state = bodyState(this);
-    if (turn.next !== null && !turn.replayable && state?.source === "request" && state.turn === turn) need("request");
+    if (turn.next !== null && state?.source === "request" && state.turn === turn) holdRequest();
     return new Request(this);
   }
   get [Symbol.toStringTag]() {
