@@ -98,9 +98,11 @@ export async function runHandle(handle: Layer, request: OutboundRequest, tap: Bo
     }
     return fromHookResponse(out, "handle");
   } finally {
-    // What the layer neither returned nor reads goes back: its connection returns to the pool.
+    // What the layer did not answer with goes back, read or not (a body it began to read and
+    // dropped would hold its connection until the body timeout): its connection is freed.
+    const answered = isResponse(out) ? out.body : null;
     for (const [web, response] of given) {
-      if (response !== kept && (web.body === null || !web.body.locked)) discardBody(response.body);
+      if (response !== kept && (web.body === null || web.body !== answered)) discardBody(response.body);
     }
   }
 }

@@ -276,6 +276,32 @@ describe("tier-3 layers: handle(request, next)", () => {
     expect(res.text).toMatch(/handle returned undefined, not a Response/);
   });
 
+  it("a body a layer began to read and then dropped goes back too", async () => {
+    let opened = 0;
+    let closed = 0;
+    const size = 8 * 1024 * 1024;
+    const big: Route = (_req, res) => {
+      opened++;
+      res.once("close", () => closed++);
+      res.writeHead(200, { "content-length": size });
+      res.end(Buffer.alloc(size, 0x62));
+    };
+    const upstream = await startUpstream({ routes: { "/big": big } });
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      layers: [
+        async (request, next) => {
+          const response = await next(request);
+          await response.body!.getReader().read(); // one chunk, then the reader is dropped
+          return new Response("looked at the first chunk", { status: 200 });
+        },
+      ],
+    });
+    for (let i = 0; i < 3; i++) expect((await fetchVia(proxy, `https://api.test:${upstream.port}/big`)).text).toBe("looked at the first chunk");
+    expect(opened).toBe(3);
+    await expect.poll(() => closed, { timeout: 10_000 }).toBe(opened);
+  });
+
   it("responses a layer discards go back: their upstream bodies are cancelled, not held", async () => {
     let opened = 0;
     let closed = 0;
