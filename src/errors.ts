@@ -17,7 +17,13 @@ export type EgressErrorCode =
   | "EG_HOOK_TIMEOUT"
   | "EG_LIMIT"
   | "EG_AUTH"
-  | "EG_CA";
+  | "EG_CA"
+  /** Replay (--replay FILE.har): no recorded entry matches the request; no socket was opened. */
+  | "EG_REPLAY_MISS"
+  /** Replay with --replay-exhausted error: every recorded answer to this request was used. */
+  | "EG_REPLAY_EXHAUSTED"
+  /** Replay: something a recording cannot answer (a WebSocket upgrade). */
+  | "EG_REPLAY_UNSUPPORTED";
 
 const statusTexts: Record<number, string> = {
   400: "Bad Request",

@@ -2,6 +2,7 @@ import { EventEmitter } from "node:events";
 import type { Readable } from "node:stream";
 import type { Decision } from "../policy/decision.js";
 import type { HeaderList } from "../headers.js";
+import type { ResolvedAddress } from "../upstream/resolve.js";
 
 /** A request as the pipeline evaluates it: already validated, with end-to-end headers only. */
 export interface OutboundRequest {
@@ -55,11 +56,63 @@ export class GuestGone extends EventEmitter {
  */
 export const forbiddenMethods: ReadonlySet<string> = new Set(["CONNECT", "TRACE", "TRACK"]);
 
+/** What one source said in one phase: allowed, refused, rewrote, answered itself, or failed. */
+export type SourceVerdict = "allow" | "block" | "rewrite" | "answer" | "error";
+
+/**
+ * One source's say in one phase of a request (issue 17's audit log): the pipeline pushes one per
+ * call when the context carries a trace, in the order the calls started. A layer's `ms` includes
+ * the descents it made through `next()`. Reasons are raw here; the audit record redacts them.
+ */
+export interface TraceEntry {
+  /** The source's label (a policy's file, `hooks[N]`, `hooks`), or `declarative` for the allowlist, the internal ranges and secrets. */
+  readonly source: string;
+  readonly tier: string;
+  /** onRequest, isRequestAllowed, isIpAllowed, onResponse, handle; for the declarative tier allowlist, address or secrets. */
+  readonly phase: string;
+  decision: SourceVerdict;
+  reason?: string;
+  /** For the operator only (a refused address): never sent to the guest. */
+  detail?: string;
+  /** The status a refusal or failure answered with. */
+  status?: number;
+  ms: number;
+}
+
 /** Per-request context the proxy layer hands to the pipeline. */
 export interface ExchangeContext {
   readonly id: string;
+  /**
+   * Present only when an audit log or onDecision wants records: each source's call is pushed
+   * here. Absent, the pipeline measures nothing, so the hot path costs nothing extra.
+   */
+  readonly trace?: TraceEntry[];
   /** Called just before the body is first read: sends `100 Continue` when the guest asked. */
   readonly beforeBody?: () => void;
   /** Aborted when the guest goes away: the upstream request is cancelled instead of left hanging. */
   readonly signal: GuestGone;
+}
+
+/** One answer of the innermost executor: a single exchange (the pipeline follows redirects). */
+export interface ExecutorResponse {
+  readonly status: number;
+  readonly headers: HeaderList;
+  /** null when the response has no body; undici's `dump()` lets a redirect's body go without closing its connection. */
+  readonly body: (Readable & { dump?: (options: { limit: number; signal: AbortSignal }) => Promise<void> }) | null;
+  /** The Location header, when there is exactly one. */
+  readonly location: string | undefined;
+}
+
+/** Where in its request one send is: the request's id and its redirect hop (0 first). */
+export interface SendInfo {
+  readonly id: string;
+  readonly hop: number;
+}
+
+/**
+ * The innermost executor (DESIGN §2): sends one request, whose checks have all passed, to one
+ * approved address. The upstream is one; a recorded network (src/record/) is the other.
+ */
+export interface Executor {
+  send(request: OutboundRequest, address: ResolvedAddress, signal: GuestGone, info: SendInfo): Promise<ExecutorResponse>;
 }

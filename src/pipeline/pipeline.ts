@@ -8,7 +8,16 @@ import type { DeclarativePolicy } from "../policy/declarative-policy.js";
 import type { RedirectHop, SecretTarget } from "../policy/secrets.js";
 import type { PinnedPools } from "../upstream/pinned-pools.js";
 import type { ResolvedAddress, Resolver } from "../upstream/resolve.js";
-import { forbiddenMethods, type ExchangeContext, type GuestGone, type OutboundRequest, type PipelineResponse } from "./exchange.js";
+import {
+  forbiddenMethods,
+  type ExchangeContext,
+  type Executor,
+  type ExecutorResponse,
+  type GuestGone,
+  type OutboundRequest,
+  type PipelineResponse,
+  type SendInfo,
+} from "./exchange.js";
 import { endToEndHeaders, headerObjectToList } from "../headers.js";
 import type { HookLimits } from "./hook-phases.js";
 import { nextHop, redirectStatuses } from "./redirects.js";
@@ -38,6 +47,11 @@ export interface PipelineOptions {
    * carries. Such a request is refused, naming the secret but never the guest that holds it.
    */
   readonly foreignSecret?: ((request: SecretTarget) => string | undefined) | undefined;
+  /**
+   * The innermost executor, given the upstream: a recorder wraps it, a replay answers in its
+   * place (DESIGN §2). Every check runs before it either way. Default: the upstream itself.
+   */
+  readonly executor?: ((upstream: Executor) => Executor) | undefined;
 }
 
 interface ApprovedTarget {
@@ -73,7 +87,11 @@ export class Pipeline {
       handle: options.sources.filter((source) => source.handle !== undefined),
     };
     this.descend = (request, context) => this.steps(request, context);
+    const upstream: Executor = { send: (request, address, signal) => this.send(request, address, signal) };
+    this.executor = options.executor?.(upstream) ?? upstream;
   }
+
+  private readonly executor: Executor;
 
   private readonly descend: Descend;
 
@@ -124,7 +142,7 @@ export class Pipeline {
       request = this.substituteSecrets(request, substituted);
       const target = await this.authorize(request, call);
       if (request.body !== null) context.beforeBody?.();
-      const upstream = await this.sendToFirstReachable(request, target.addresses, context.signal);
+      const upstream = await this.sendToFirstReachable(request, target.addresses, context.signal, { id: context.id, hop: redirects });
       const location = redirectStatuses.has(upstream.status) ? upstream.location : undefined;
       if (location === undefined) {
         if (this.phase.onResponse.length === 0) {
@@ -156,7 +174,8 @@ export class Pipeline {
       }
       // A redirect's own body is thrown away; dump() gives up (closing that connection) past the limit.
       // It gets a second, too: a body that trickles in would otherwise hold its connection for ever.
-      void upstream.body?.dump({ limit: redirectBodyLimit, signal: AbortSignal.timeout(redirectDrainMs) }).catch(() => undefined);
+      if (upstream.body?.dump !== undefined) void upstream.body.dump({ limit: redirectBodyLimit, signal: AbortSignal.timeout(redirectDrainMs) }).catch(() => undefined);
+      else discardBody(upstream.body);
       const secrets = this.options.policy.config.secrets;
       if (redirects >= this.options.maxRedirects) {
         // Redacted, then cut (a cut first could leave part of a value that redaction no longer
@@ -270,10 +289,11 @@ export class Pipeline {
     request: OutboundRequest,
     addresses: readonly ResolvedAddress[],
     signal: GuestGone,
-  ): ReturnType<Pipeline["send"]> {
+    info: SendInfo,
+  ): Promise<ExecutorResponse> {
     for (let i = 0; ; i++) {
       try {
-        return await this.send(request, addresses[i]!, signal);
+        return await this.executor.send(request, addresses[i]!, signal, info);
       } catch (error) {
         const last = i === addresses.length - 1;
         if (last || request.body !== null || !isConnectFailure(error)) throw error;
