@@ -3,7 +3,7 @@ import { denied } from "../errors.js";
 import type { HeaderList } from "../headers.js";
 import { bareHostname } from "../hostname.js";
 import { compileHostPatterns, validateHostPattern, type HostMatcher } from "./host-pattern.js";
-import { findFirst, needle, NeedleSet, redactText, ScanBudget, UnscannableError, type Match } from "./secret-scan.js";
+import { findFirst, needle, NeedleSet, redactText, scan, ScanBudget, UnscannableError, type Match } from "./secret-scan.js";
 
 /**
  * What happens to a redirect hop that leaves the hosts of a secret the request carried:
@@ -238,6 +238,67 @@ export class SecretStore {
   }
 
   /**
+   * For recordings (issue 18): `text` with every placeholder of this store, and every value
+   * (current and retired, in any encoding the scan decodes), replaced by the stable token
+   * `EGRESSGATE_SECRET{NAME}`, which means the same in every run whatever the placeholders are.
+   * A text too complex to scan comes back undefined: the caller must not write it.
+   */
+  tokenize(text: string): string | undefined {
+    let out = text;
+    for (const e of this.entries.values()) {
+      if (e.placeholder !== "" && out.includes(e.placeholder)) out = out.replaceAll(e.placeholder, secretToken(e.name));
+    }
+    this.redaction ??= valuesOf([...this.entries.values()]);
+    return replaceMatches(out, this.redaction, secretToken);
+  }
+
+  /**
+   * The name of a secret whose value, current or retired, `text` holds in any encoding; the
+   * last check before a recording is written. Throws UnscannableError for a text too complex to
+   * scan (the caller treats it as holding one).
+   */
+  findValue(text: string): string | undefined {
+    this.redaction ??= valuesOf([...this.entries.values()]);
+    return findFirst(text, this.redaction, ScanBudget.forLength(text.length))?.needle.name;
+  }
+
+  /** The longest value, current or retired, in characters: how far an encoded copy can reach across a chunk boundary. */
+  get longestValue(): number {
+    let longest = 0;
+    for (const e of this.entries.values()) for (const v of [e.value, ...e.retired]) longest = Math.max(longest, v.length);
+    return longest;
+  }
+
+  /**
+   * The text as a third party may see it (an external decider's document): every current value
+   * back to its placeholder, in `Basic` credentials too when `header` is Authorization or
+   * Proxy-Authorization, and anything left of any value, current or retired, in any encoding,
+   * redacted to `[REDACTED:NAME]` ({@link redact}). On a redirect hop, or after substitution, a
+   * request carries real values; what leaves the proxy for a decider must not.
+   */
+  placeholdersFor(text: string, header?: string): string {
+    if (this.entries.size === 0) return text;
+    let out = this.toPlaceholders(text);
+    if (header !== undefined && credentialHeaders.has(header.toLowerCase())) {
+      const match = basicCredentials.exec(out);
+      if (match !== null) {
+        const decoded = Buffer.from(match[3]!, "base64").toString("utf8");
+        const mapped = this.toPlaceholders(decoded);
+        if (mapped !== decoded) out = `${match[1]}${match[2]}${Buffer.from(mapped, "utf8").toString("base64")}`;
+      }
+    }
+    return this.redact(out);
+  }
+
+  /** Current values replaced by their placeholders, longest value first (one value may hold another). */
+  private toPlaceholders(text: string): string {
+    let out = text;
+    const live = [...this.entries.values()].filter((e) => !e.deleted).sort((a, b) => b.value.length - a.value.length);
+    for (const e of live) if (out.includes(e.value)) out = out.replaceAll(e.value, () => e.placeholder);
+    return out;
+  }
+
+  /**
    * Called before a redirect hop is followed (issue 14). `substituted` names the secrets whose
    * values this request carried on an earlier hop. For each whose hosts the hop leaves (or
    * that the hop would send over plain http://):
@@ -381,6 +442,33 @@ export class SecretStore {
     }
     return this.substitute(query, hostname, secure, "query", encodeURIComponent, substituted);
   }
+}
+
+/** The stable token a recording holds for secret `name`, in place of its placeholder or value. */
+export function secretToken(name: string): string {
+  return `EGRESSGATE_SECRET{${name}}`;
+}
+
+/** `text` with every span where a needle was found replaced by `label(name)`; undefined when it could not be scanned. */
+function replaceMatches(text: string, needles: NeedleSet, label: (name: string) => string): string | undefined {
+  const spans: { start: number; end: number; name: string }[] = [];
+  const outcome = scan(text, needles, (match) => {
+    spans.push({ start: match.start, end: match.end, name: match.needle.name });
+    return false;
+  });
+  if (outcome === "unscanned") return undefined;
+  if (spans.length === 0) return text;
+  spans.sort((a, b) => a.start - b.start || b.end - a.end);
+  let out = "";
+  let at = 0;
+  for (let i = 0; i < spans.length; ) {
+    const { start, name } = spans[i]!;
+    let end = spans[i]!.end;
+    for (i++; i < spans.length && spans[i]!.start < end; i++) end = Math.max(end, spans[i]!.end);
+    out += `${text.slice(at, start)}${label(name)}`;
+    at = end;
+  }
+  return out + text.slice(at);
 }
 
 /** Every value, current and retired, of the entries. */
