@@ -262,11 +262,12 @@ export class SecretStore {
     return findFirst(text, this.redaction, ScanBudget.forLength(text.length))?.needle.name;
   }
 
-  /** The longest value, current or retired, in characters: how far an encoded copy can reach across a chunk boundary. */
-  get longestValue(): number {
-    let longest = 0;
-    for (const e of this.entries.values()) for (const v of [e.value, ...e.retired]) longest = Math.max(longest, v.length);
-    return longest;
+  /**
+   * Every value, current and retired, with its secret's name: for the recorder's search of
+   * bodies too large for the decoding scan (src/record/leak-scan.ts). Never logged or written.
+   */
+  valuesToFind(): { readonly name: string; readonly value: string }[] {
+    return [...this.entries.values()].flatMap((e) => [e.value, ...e.retired].filter((v) => v !== "").map((value) => ({ name: e.name, value })));
   }
 
   /**
