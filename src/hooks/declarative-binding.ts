@@ -1,3 +1,4 @@
+import type { Decider } from "../deciders/decider.js";
 import type { DjsHooks } from "../djs/create-djs-hooks.js";
 import type { DeclarativeConfig } from "../policy/declarative-policy.js";
 import type { HttpHooks } from "./http-hooks.js";
@@ -18,7 +19,8 @@ const userHookKey = Symbol.for("egressgate.userHook");
 /** One entry of a hook chain (`createHttpHooks({ hooks: [...] })`), in the order it runs. */
 export type ChainEntry =
   | { readonly kind: "policy"; readonly djs: DjsHooks }
-  | { readonly kind: "callbacks"; readonly hooks: HttpHooks; readonly index: number };
+  | { readonly kind: "callbacks"; readonly hooks: HttpHooks; readonly index: number }
+  | { readonly kind: "decider"; readonly decider: Decider; readonly index: number };
 
 export interface Binding {
   readonly config: DeclarativeConfig;

@@ -8,6 +8,8 @@ import { HttpRequestBlockedError } from "./blocked-error.js";
 import { isRequest, isResponse } from "./fetch-objects.js";
 import { EgressError, statusText } from "../errors.js";
 import { bareHostname } from "../hostname.js";
+import { Decider } from "../deciders/decider.js";
+import { isDeciderEntry, resolveDecider, type DeciderOptions } from "../deciders/options.js";
 
 export { chainOf, declarativeConfigOf, djsHooksOf, userPartOf, type ChainEntry } from "./declarative-binding.js";
 
@@ -89,13 +91,15 @@ export interface HttpHooksOptions extends HttpHooks {
   readonly djsHooks?: DjsHooks;
   /**
    * A chain of hook sources, run in this order in every phase: each entry is an object of
-   * callbacks or what `createDjsHooks()` returns. Within a phase a rewrite is what the next
+   * callbacks, what `createDjsHooks()` returns, or an external decider: `{ command: [...] }`,
+   * `{ webhook: url }` or `{ opa: url }`, each with its options (README "External deciders"). Within a phase a rewrite is what the next
    * source sees, the first block, throw or Response ends the phase, and the checks are AND-ed.
    * Not together with `djsHooks` or the callbacks above: put those in the list.
    *
    * @example
    * ```ts
    * createHttpHooks({ allowedHosts: ["api.test"], hooks: [createDjsHooks(auditPolicy), { onRequest: tag }, createDjsHooks(strictPolicy)] });
+   * createHttpHooks({ allowedHosts: ["api.test"], hooks: [{ command: ["./check.sh"], timeoutMs: 2000 }, { webhook: "http://127.0.0.1:9000/decide" }] });
    * ```
    */
   readonly hooks?: readonly HookChainEntry[];
@@ -117,8 +121,11 @@ export interface HttpHooksOptions extends HttpHooks {
   readonly layers?: readonly Layer[];
 }
 
-/** One entry of `hooks`: tier-3 callbacks, or a tier-2 policy (`createDjsHooks()`'s result, or its `djsHooks`). */
-export type HookChainEntry = HttpHooks | { readonly djsHooks: DjsHooks } | DjsHooks;
+/**
+ * One entry of `hooks`: tier-3 callbacks, a tier-2 policy (`createDjsHooks()`'s result, or its
+ * `djsHooks`), or an external decider (`{ command }`, `{ webhook }` or `{ opa }`, with its options).
+ */
+export type HookChainEntry = HttpHooks | { readonly djsHooks: DjsHooks } | DjsHooks | DeciderOptions;
 
 /** Changes secrets at run time; every change applies to the next request. */
 export interface SecretManager {
@@ -320,10 +327,14 @@ async function every<T>(checks: readonly ((value: T) => boolean | Promise<boolea
 function standaloneRequestPhase(secrets: SecretStore, callbacks: readonly HttpHooks[], chain: readonly ChainEntry[] | undefined): HttpHooks["onRequest"] {
   const hooks = callbacks.flatMap((entry) => (entry.onRequest === undefined ? [] : [entry.onRequest]));
   const policies = (chain ?? []).filter((entry) => entry.kind === "policy" && entry.djs.phases.includes("onRequest"));
-  if (hooks.length === 0 && secrets.size === 0 && policies.length === 0) return undefined;
+  const deciders = (chain ?? []).filter((entry) => entry.kind === "decider" && entry.decider.phases.has("request"));
+  if (hooks.length === 0 && secrets.size === 0 && policies.length === 0 && deciders.length === 0) return undefined;
   return async (input: Request) => {
     if (policies.length > 0) {
       throw new HttpRequestBlockedError("this chain holds a tier-2 onRequest policy, which runs only inside startProxy", 502, "Bad Gateway");
+    }
+    if (deciders.length > 0) {
+      throw new HttpRequestBlockedError("this chain holds an external decider, which runs only inside startProxy", 502, "Bad Gateway");
     }
     let request = input;
     for (const hook of hooks) {
@@ -373,17 +384,27 @@ function layered(options: HttpHooksOptions): Layer | undefined {
   return (request, next) => at(0, request, next);
 }
 
+/** A decider entry checked (its first problem thrown, with its path) and made ready; nothing is opened yet. */
+function deciderOf(entry: DeciderOptions, index: number): Decider {
+  const resolved = resolveDecider(entry, process.env, (reason, segments = [], kind = "invalid") => {
+    throw invalid(["hooks", index, ...segments], reason, kind === "range" ? "invalid" : kind);
+  });
+  // resolveDecider reports every problem, and the first one has thrown above.
+  return new Decider(resolved!);
+}
+
 /** `hooks: [...]` validated into the chain the proxy runs, each entry a policy or callbacks. */
 function chainEntries(options: HttpHooksOptions): readonly ChainEntry[] | undefined {
   const list = options.hooks as unknown;
   if (list === undefined) return undefined;
-  if (!Array.isArray(list)) throw invalid("hooks", "must be an array of hook objects or createDjsHooks() results");
+  if (!Array.isArray(list)) throw invalid("hooks", "must be an array of hook objects, createDjsHooks() results or deciders");
   const mixed = ["djsHooks", ...hookNames].find((name) => options[name as keyof HttpHooksOptions] !== undefined);
   if (mixed !== undefined) throw invalid(mixed, "cannot be combined with hooks: put it in the hooks list, where its place in the order is explicit");
   return Object.freeze(
     list.map((entry: unknown, index): ChainEntry => {
       if (entry instanceof DjsHooks) return { kind: "policy", djs: entry };
-      if (typeof entry !== "object" || entry === null || Array.isArray(entry)) throw invalid(["hooks", index], "must be an object of hooks or a createDjsHooks() result");
+      if (typeof entry !== "object" || entry === null || Array.isArray(entry)) throw invalid(["hooks", index], "must be an object of hooks, a createDjsHooks() result or a decider");
+      if (isDeciderEntry(entry)) return { kind: "decider", decider: deciderOf(entry, index), index };
       const record = entry as Record<string, unknown>;
       if (record["djsHooks"] !== undefined) {
         if (!(record["djsHooks"] instanceof DjsHooks) || Object.keys(record).length !== 1) throw invalid(["hooks", index], "must be createDjsHooks()'s result as it is");

@@ -10,6 +10,9 @@ import type { Logger } from "../log.js";
 import { allow, deny, type Decision } from "../policy/decision.js";
 import { djsIsIpAllowed, djsIsRequestAllowed, djsOnRequest, djsOnResponse } from "./djs-phases.js";
 import { djsHandle } from "./djs-layer.js";
+import { revealNothing, type Conceal } from "../deciders/document.js";
+import type { SecretStore } from "../policy/secrets.js";
+import { deciderSource } from "./decider-source.js";
 import { runHandle } from "./layer-phases.js";
 import type { OutboundRequest } from "./exchange.js";
 import { runOnRequest, runOnResponse, type HookedResponse, type HookLimits, type OnRequestOutcome } from "./hook-phases.js";
@@ -43,8 +46,11 @@ export type HookedOnResponse = HookedResponse & { readonly replaced: boolean; re
  * which phases it registers, so a phase nobody registers costs nothing.
  */
 export interface HookSource {
-  readonly tier: "tier2" | "tier3";
-  /** Who decided, for the decision log: a policy's file, or `hooks[N]` / `hooks` for callbacks. */
+  readonly tier: "tier2" | "tier3" | "decider";
+  /**
+   * Who decided, for the decision log: a policy's file, `hooks[N]` / `hooks` for callbacks, or
+   * an external decider's kind and target (`command:./check.sh`, `webhook:http://…`, `opa:http://…`).
+   */
   readonly label: string;
   readonly phases: ReadonlySet<PhaseName>;
   /** How messages name this source's hook: "the onRequest policy" (tier 2) or "onRequest" (tier 3). */
@@ -123,13 +129,23 @@ export function callbackSource(hooks: HttpHooks, label = "hooks"): HookSource {
 /**
  * The sources of one guest, in the order of DESIGN §3: the tier-2 policy, then the chain in its
  * own order (`createHttpHooks({ hooks })`, which excludes the other two), then the tier-3
- * callbacks (a spread copy's added hooks included).
+ * callbacks (a spread copy's added hooks included). External deciders get documents with the
+ * guest's secret values mapped back to placeholders by `secrets`.
  */
-export function hookSources(djs: DjsEngine | undefined, chain: readonly ChainEntry[], hooks: HttpHooks, log: Logger | undefined): HookSource[] {
+export function hookSources(
+  djs: DjsEngine | undefined,
+  chain: readonly ChainEntry[],
+  hooks: HttpHooks,
+  log: Logger | undefined,
+  secrets?: SecretStore | undefined,
+): HookSource[] {
   const sources: HookSource[] = [];
   if (djs !== undefined) sources.push(policySource(djs, log));
+  const conceal: Conceal = secrets === undefined || secrets.size === 0 ? revealNothing : (text, header) => secrets.placeholdersFor(text, header);
   for (const entry of chain) {
-    sources.push(entry.kind === "policy" ? policySource(entry.djs.engine, log) : callbackSource(entry.hooks, `hooks[${entry.index}]`));
+    if (entry.kind === "policy") sources.push(policySource(entry.djs.engine, log));
+    else if (entry.kind === "decider") sources.push(deciderSource(entry.decider, conceal, log));
+    else sources.push(callbackSource(entry.hooks, `hooks[${entry.index}]`));
   }
   const callbacks = callbackSource(hooks);
   if (callbacks.phases.size > 0) sources.push(callbacks);

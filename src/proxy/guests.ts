@@ -84,7 +84,7 @@ export class Guest {
     this.pipeline = new Pipeline({
       guest: this.name,
       policy,
-      sources: hookSources(resolved.djs, resolved.chain, resolved.checkHooks, log),
+      sources: hookSources(resolved.djs, resolved.chain, resolved.checkHooks, log, policy.config.secrets),
       resolver: new Resolver(resolved.staticHosts, config.timeouts.dnsMs),
       pools: this.pools,
       maxRedirects: config.maxRedirects,

@@ -1,0 +1,160 @@
+import { spawn, type ChildProcess } from "node:child_process";
+import { MalformedAnswer, parseAnswerText, reasonText, maxReasonBytes, type Verdict } from "./answer.js";
+import type { DeciderPhase, ResolvedCommandDecider } from "./options.js";
+import { DeciderBusy, DeciderFailure } from "./failure.js";
+
+/** The most of a command's stdout that is read as its answer; more is a failure. */
+const maxAnswerBytes = 1024 * 1024;
+/** Exit status 2 blocks, as in the agent frameworks' command hooks. */
+const blockExitCode = 2;
+
+const ignore = (): void => undefined;
+
+/**
+ * Runs a command per decision: the document on stdin, the exit code and stdout as the answer.
+ * At most `concurrency` processes run at once, `queue` calls wait in order, and beyond that a
+ * call is refused at once (DeciderBusy, 503). The process gets PATH and the listed variables only
+ * (never the proxy's whole environment, which holds secret values), no shell unless configured,
+ * and an argv fixed by the configuration: nothing from the request reaches it but stdin.
+ */
+export class CommandRunner {
+  private running = 0;
+  private readonly waiting: (() => void)[] = [];
+
+  constructor(private readonly options: ResolvedCommandDecider) {}
+
+  /** Processes running now, and calls waiting for one (for tests and diagnostics). */
+  get load(): { readonly running: number; readonly queued: number } {
+    return { running: this.running, queued: this.waiting.length };
+  }
+
+  async ask(input: string, phase: DeciderPhase): Promise<Verdict> {
+    if (this.running >= this.options.concurrency) {
+      if (this.waiting.length >= this.options.queue) {
+        throw new DeciderBusy(`${this.options.concurrency} processes are running and ${this.waiting.length} calls are queued (concurrency, queue)`);
+      }
+      await new Promise<void>((resolve) => this.waiting.push(resolve));
+    } else this.running++;
+    // A slot is ours now (handed over by release(), or taken above). It is given back once the
+    // process has exited, not when its answer is in: a killed process still counts until it is gone.
+    const { verdict, gone } = this.run(input, phase);
+    void gone.then(() => this.release());
+    return verdict;
+  }
+
+  private release(): void {
+    const next = this.waiting.shift();
+    if (next !== undefined) next();
+    else this.running--;
+  }
+
+  private run(input: string, phase: DeciderPhase): { verdict: Promise<Verdict>; gone: Promise<void> } {
+    let markGone!: () => void;
+    const gone = new Promise<void>((resolve) => (markGone = resolve));
+    const verdict = new Promise<Verdict>((resolve, reject) => this.spawnOne(input, phase, resolve, reject, markGone));
+    return { verdict, gone };
+  }
+
+  private spawnOne(input: string, phase: DeciderPhase, resolve: (verdict: Verdict) => void, reject: (error: unknown) => void, markGone: () => void): void {
+    const { argv, shell, env, timeoutMs } = this.options;
+    let child: ChildProcess;
+    try {
+      // detached: the process leads a group of its own, so a timeout can kill what it started too.
+      child = shell
+        ? spawn("/bin/sh", ["-c", argv[0]!], { env, stdio: ["pipe", "pipe", "pipe"], detached: true })
+        : spawn(argv[0]!, argv.slice(1), { env, stdio: ["pipe", "pipe", "pipe"], detached: true });
+    } catch (error) {
+      markGone();
+      reject(new DeciderFailure(`could not start: ${(error as Error).message}`));
+      return;
+    }
+    let settled = false;
+    let exited = false;
+    const stdout: Buffer[] = [];
+    let stdoutBytes = 0;
+    const stderr: Buffer[] = [];
+    let stderrBytes = 0;
+    const finish = (outcome: () => Verdict): void => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      try {
+        resolve(outcome());
+      } catch (error) {
+        reject(error);
+      }
+    };
+    const fail = (reason: string): void => {
+      finish(() => {
+        throw new DeciderFailure(reason);
+      });
+    };
+    // The whole process group: a shell's children would otherwise keep the pipes open.
+    const kill = (): void => {
+      if (exited || child.pid === undefined) return;
+      try {
+        process.kill(-child.pid, "SIGKILL");
+      } catch {
+        try {
+          child.kill("SIGKILL");
+        } catch {
+          // Already gone.
+        }
+      }
+    };
+    const timer = setTimeout(() => {
+      kill();
+      fail(`did not answer within ${timeoutMs} ms (timeoutMs); the process was killed`);
+    }, timeoutMs);
+    // Every stream gets an error listener: a command that exits without reading its stdin
+    // makes the write fail with EPIPE, and an unlistened error would end the proxy.
+    child.stdin?.on("error", ignore);
+    child.stdout?.on("error", ignore);
+    child.stderr?.on("error", ignore);
+    child.on("error", (error: NodeJS.ErrnoException) => {
+      // spawn failures (ENOENT, EACCES) come here, with no exit to wait for.
+      exited = true;
+      markGone();
+      fail(`could not start: ${error.code ?? error.message}`);
+    });
+    child.stdout?.on("data", (chunk: Buffer) => {
+      stdoutBytes += chunk.length;
+      if (stdoutBytes > maxAnswerBytes) {
+        kill();
+        fail(`wrote more than ${maxAnswerBytes} bytes to stdout`);
+        return;
+      }
+      stdout.push(chunk);
+    });
+    child.stderr?.on("data", (chunk: Buffer) => {
+      if (stderrBytes >= maxReasonBytes) return;
+      stderr.push(chunk);
+      stderrBytes += chunk.length;
+    });
+    child.on("exit", () => {
+      exited = true;
+      markGone();
+    });
+    child.on("close", (code, signal) => {
+      exited = true;
+      markGone();
+      if (signal !== null) return fail(`was killed by ${signal}`);
+      const errText = (): string => reasonText(Buffer.concat(stderr).toString("utf8"));
+      if (code === 0) {
+        finish(() => {
+          try {
+            return parseAnswerText(Buffer.concat(stdout).toString("utf8"), phase);
+          } catch (error) {
+            if (error instanceof MalformedAnswer) throw new DeciderFailure(`exit 0 with a malformed answer on stdout: ${error.message}`);
+            throw error;
+          }
+        });
+        return;
+      }
+      if (code === blockExitCode) return finish(() => ({ decision: "block", status: 403, reason: errText() }));
+      const detail = errText();
+      fail(`exited with status ${code}${detail === "" ? "" : `: ${detail}`}`);
+    });
+    child.stdin?.end(input);
+  }
+}

@@ -1,0 +1,105 @@
+import type { DeciderPhase } from "./options.js";
+
+/**
+ * The input document every external decider gets (README "External deciders"):
+ *
+ * ```
+ * { "phase": "request" | "response", "guest": "<name>",
+ *   "request": { "method", "url", "url_parsed": { "scheme", "host", "port", "path", "query" }, "headers": { … }, "body"? },
+ *   "response": { "status", "headers": { … }, "body"? } }      // response phase only
+ * ```
+ *
+ * Header names are lowercased and repeated fields joined with ", ". Every string that could
+ * hold a secret (the URL and every header value) passes through `conceal` first, which puts the
+ * placeholder back for a current value and redacts a retired one: a decider is a third party,
+ * and on a redirect hop or in the response phase the request already carries real values.
+ */
+export interface DecisionDocument {
+  readonly phase: DeciderPhase;
+  readonly guest: string | null;
+  readonly request: {
+    readonly method: string;
+    readonly url: string;
+    readonly url_parsed: { readonly scheme: string; readonly host: string; readonly port: number; readonly path: string; readonly query: string };
+    readonly headers: Record<string, string>;
+    body?: DocumentBody;
+  };
+  readonly response?: { readonly status: number; readonly headers: Record<string, string>; body?: DocumentBody };
+}
+
+/** A body in the document: text when it is valid UTF-8, else base64; cut at `maxBodyBytes`. */
+export interface DocumentBody {
+  readonly encoding: "utf8" | "base64";
+  readonly data: string;
+  /** The whole body's size in bytes (more than the data holds when `truncated`). */
+  readonly size: number;
+  readonly truncated: boolean;
+}
+
+/** What maps secret values back out of a text; the identity when the guest has no secrets. */
+export type Conceal = (text: string, header?: string) => string;
+
+export const revealNothing: Conceal = (text) => text;
+
+/** A header list ([name, value, …]) as the document's object. */
+export function headerObject(list: readonly string[], conceal: Conceal): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (let i = 0; i < list.length; i += 2) {
+    const name = list[i]!.toLowerCase();
+    const value = conceal(list[i + 1]!, name);
+    const before = out[name];
+    out[name] = before === undefined ? value : `${before}, ${value}`;
+  }
+  return out;
+}
+
+/** The request part of the document. */
+export function requestPart(method: string, url: URL, headers: readonly string[], conceal: Conceal): DecisionDocument["request"] {
+  const scheme = url.protocol.slice(0, -1);
+  const hostname = url.hostname.startsWith("[") ? url.hostname.slice(1, -1) : url.hostname;
+  const href = url.hash === "" ? url.href : url.href.slice(0, url.href.length - url.hash.length);
+  return {
+    method,
+    url: conceal(href),
+    url_parsed: {
+      scheme,
+      host: conceal(hostname),
+      port: Number(url.port || (scheme === "https" ? 443 : 80)),
+      path: conceal(url.pathname),
+      query: conceal(url.search.slice(1)),
+    },
+    headers: headerObject(headers, conceal),
+  };
+}
+
+/**
+ * A body for the document. Text is concealed like any header; binary bodies are searched for
+ * values too (as Latin-1 text, one character per byte), and a redacted copy is what is encoded.
+ */
+export function documentBody(bytes: Uint8Array, maxBytes: number, conceal: Conceal): DocumentBody {
+  const buffer = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const truncated = buffer.length > maxBytes;
+  const part = truncated ? buffer.subarray(0, maxBytes) : buffer;
+  const clean = utf8Length(part, truncated);
+  if (clean !== undefined) return { encoding: "utf8", data: conceal(part.subarray(0, clean).toString("utf8")), size: buffer.length, truncated };
+  const latin1 = part.toString("latin1");
+  const concealed = conceal(latin1);
+  return { encoding: "base64", data: Buffer.from(concealed, "latin1").toString("base64"), size: buffer.length, truncated };
+}
+
+/**
+ * How many bytes of `part` are valid UTF-8 text: all of them, or, when the body was cut, all but
+ * the part of one character the cut left at the end; undefined when `part` is not text.
+ */
+function utf8Length(part: Buffer, truncated: boolean): number | undefined {
+  const decoder = new TextDecoder("utf-8", { fatal: true });
+  for (let drop = 0; drop <= (truncated ? Math.min(3, part.length) : 0); drop++) {
+    try {
+      decoder.decode(part.subarray(0, part.length - drop));
+      return part.length - drop;
+    } catch {
+      // One byte shorter: the cut may have split a character.
+    }
+  }
+  return undefined;
+}

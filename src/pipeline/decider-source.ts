@@ -1,0 +1,132 @@
+import type { Readable } from "node:stream";
+import { discardBody } from "../streams.js";
+import type { PhaseName } from "../djs/protocol.js";
+import { EgressError } from "../errors.js";
+import { getHeader, withoutHeaders, type HeaderList } from "../headers.js";
+import { BodyLimitError, BodyTap, decodable, readBounded } from "../hooks/body-tap.js";
+import type { Logger } from "../log.js";
+import { allow } from "../policy/decision.js";
+import { blockError, type Decider } from "../deciders/decider.js";
+import { documentBody, headerObject, requestPart, type Conceal, type DecisionDocument } from "../deciders/document.js";
+import type { OutboundRequest } from "./exchange.js";
+import { encodedBodyHeaders, withExactLength, type HookedResponse, type HookLimits } from "./hook-phases.js";
+import type { HookedOnResponse, HookSource, SourceCall } from "./hook-source.js";
+
+/**
+ * An external decider (a command, a webhook, OPA) as a hook source. Its request phase is an
+ * onRequest: allow goes on unchanged, a rewrite sets and removes headers (and is then checked
+ * again like any rewrite: secrets, allowlist, addresses), a block ends the phase with the
+ * decider's status and reason. Its response phase is an onResponse: allow passes the response
+ * through untouched, a block answers the guest instead and discards the upstream's body.
+ *
+ * The document never holds a real secret value: `conceal` maps every current value back to its
+ * placeholder and redacts retired ones, since on a redirect hop and in the response phase the
+ * request already carries the values substituted for the hop before.
+ */
+export function deciderSource(decider: Decider, conceal: Conceal, log: Logger | undefined): HookSource {
+  const phases = new Set<PhaseName>();
+  if (decider.phases.has("request")) phases.add("onRequest");
+  if (decider.phases.has("response")) phases.add("onResponse");
+  const { label } = decider;
+  const unregistered = (phase: string) => (): never => {
+    throw new EgressError("EG_HOOK_FAILED", 502, `${label} has no ${phase} phase`);
+  };
+  return {
+    tier: "decider",
+    label,
+    phases,
+    describe: (phase) => `${label} (${phase})`,
+    answered: allow("decider", "onRequest", `answered by ${label}`),
+    onRequest: (request, tap, limits, call) => decideRequest(decider, conceal, request, tap, limits, { log, requestId: call.requestId }, call),
+    isRequestAllowed: unregistered("isRequestAllowed"),
+    isIpAllowed: unregistered("isIpAllowed"),
+    onResponse: (response, request, limits, call) => decideResponse(decider, conceal, response, request, limits, { log, requestId: call.requestId }, call),
+  };
+}
+
+async function decideRequest(
+  decider: Decider,
+  conceal: Conceal,
+  request: OutboundRequest,
+  tap: BodyTap | undefined,
+  limits: HookLimits,
+  context: { log: Logger | undefined; requestId: string },
+  call: SourceCall,
+): Promise<{ request: OutboundRequest }> {
+  const { includeBody, maxBodyBytes } = decider.options;
+  let outgoing = request;
+  const part = requestPart(request.method, request.url, request.headers, conceal);
+  if (includeBody && request.body !== null) {
+    const bytes = request.body instanceof Uint8Array ? request.body : await loadRequestBody(request.body, tap, limits.requestBodyBytes);
+    // Read whole, the body goes on as bytes with its exact length (as when a policy reads it).
+    if (!(request.body instanceof Uint8Array)) outgoing = { ...request, headers: withExactLength(request.headers, bytes.byteLength), body: bytes };
+    part.body = documentBody(bytes, maxBodyBytes, conceal);
+  }
+  const document: DecisionDocument = { phase: "request", guest: call.guest, request: part };
+  const verdict = await decider.decide(document, context);
+  if (verdict.decision === "allow") return { request: outgoing };
+  if (verdict.decision === "block") throw blockError(verdict, decider.label, "request");
+  const drop = new Set([...verdict.removeHeaders, ...verdict.setHeaders.map(([name]) => name)]);
+  const headers: HeaderList = withoutHeaders(outgoing.headers, drop);
+  for (const [name, value] of verdict.setHeaders) headers.push(name, value);
+  return { request: { ...outgoing, headers } };
+}
+
+async function loadRequestBody(body: Readable, tap: BodyTap | undefined, limit: number): Promise<Uint8Array> {
+  try {
+    return await readBounded(tap !== undefined ? tap.web : body, limit);
+  } catch (error) {
+    if (error instanceof BodyLimitError || tap?.limitHit === true) {
+      throw new EgressError("EG_TOO_LARGE", 413, `the request body is larger than maxHttpBodyBytes (${limit}) for a decider to read`);
+    }
+    throw new EgressError("EG_BAD_REQUEST", 400, `the request body could not be read for a decider: ${(error as Error).message}`);
+  } finally {
+    tap?.endHookPhase();
+  }
+}
+
+async function decideResponse(
+  decider: Decider,
+  conceal: Conceal,
+  upstream: HookedResponse,
+  request: OutboundRequest,
+  limits: HookLimits,
+  context: { log: Logger | undefined; requestId: string },
+  call: SourceCall,
+): Promise<HookedOnResponse> {
+  const discard = (): void => discardBody(upstream.body);
+  const { includeBody, maxBodyBytes } = decider.options;
+  const encoding = getHeader(upstream.headers, "content-encoding");
+  const decode = decodable(encoding);
+  // Like the hooks, a decider sees a compressed body decoded, and so without Content-Encoding.
+  const shownHeaders = includeBody && decode ? withoutHeaders(upstream.headers, encodedBodyHeaders) : upstream.headers;
+  let passOn: Readable | null = upstream.body;
+  const response: NonNullable<DecisionDocument["response"]> = { status: upstream.status, headers: headerObject(shownHeaders, conceal) };
+  try {
+    if (includeBody && upstream.body !== null) {
+      const tap = new BodyTap(upstream.body, { limit: limits.responseBodyBytes, record: true, ...(decode ? { encoding: encoding! } : {}) });
+      let bytes: Uint8Array;
+      try {
+        bytes = await readBounded(tap.web, limits.responseBodyBytes);
+      } catch (error) {
+        if (error instanceof BodyLimitError || tap.limitHit) {
+          throw new EgressError("EG_UPSTREAM", 502, `the response body is larger than maxHttpResponseBodyBytes (${limits.responseBodyBytes}) for a decider to read`);
+        }
+        throw new EgressError("EG_UPSTREAM", 502, `the upstream response body failed while a decider read it: ${(error as Error).message}`);
+      }
+      tap.endHookPhase();
+      // The guest gets the original bytes, still compressed.
+      passOn = tap.replay();
+      response.body = documentBody(bytes, maxBodyBytes, conceal);
+    }
+    const document: DecisionDocument = { phase: "response", guest: call.guest, request: requestPart(request.method, request.url, request.headers, conceal), response };
+    const verdict = await decider.decide(document, context);
+    if (verdict.decision === "block") throw blockError(verdict, decider.label, "response");
+    // A rewrite cannot come back for a response: the answer's parser refuses one there.
+    return { ...upstream, body: passOn, replaced: false, discard };
+  } catch (error) {
+    discard();
+    if (passOn !== upstream.body) discardBody(passOn);
+    throw error;
+  }
+}
