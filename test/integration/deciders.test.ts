@@ -1,4 +1,5 @@
 import { createServer, type Socket } from "node:net";
+import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { createHttpHooks, type HttpHooksOptions } from "../../src/index.js";
@@ -13,7 +14,7 @@ function decisions(logs: Record<string, unknown>[]): Record<string, unknown>[] {
 }
 
 /** A proxy that lets api.test through, with `hooks` as its chain. */
-async function proxyWith(hooks: HttpHooksOptions["hooks"], extra: HttpHooksOptions = {}): Promise<{ proxy: TestProxy; upstream: Upstream; base: string }> {
+async function proxyWith(hooks: NonNullable<HttpHooksOptions["hooks"]>, extra: HttpHooksOptions = {}): Promise<{ proxy: TestProxy; upstream: Upstream; base: string }> {
   const upstream = await startUpstream();
   const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], hooks, ...extra });
   return { proxy, upstream, base: `https://api.test:${upstream.port}` };
@@ -142,7 +143,6 @@ describe("command deciders: processes", () => {
         { command: ["/bin/sh", "-c", 'env > "$1"; printf "%s" "$2" >> "$1"', "sh", out, "not $HOME expanded"], env: ["DECIDER_TEST_LISTED"] },
       ]);
       expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
-      const { readFileSync } = await import("node:fs");
       const env = readFileSync(out, "utf8");
       expect(env).toContain("DECIDER_TEST_LISTED=listed-value");
       expect(env).toContain(`PATH=${process.env["PATH"]}`);
@@ -190,5 +190,281 @@ describe("command deciders: processes", () => {
     await until(() => sockets.length === 4, "the next process reaches the gate");
     sockets[3]!.end("go");
     expect((await last).status).toBe(200);
+  });
+});
+
+/** A webhook that answers by the request's `case`; "hang" is never answered. */
+async function webhookServer() {
+  return startDecisionServer(
+    (doc, _req, res) => {
+      switch (caseOf(doc)) {
+        case "empty":
+          res.writeHead(204);
+          res.end();
+          return;
+        case "text":
+          return text(res, 200, "ok");
+        case "block422":
+          return text(res, 422, "webhook says no");
+        case "json-block":
+          return json(res, 200, { decision: "block", reason: "webhook json says no", status: 451 });
+        case "rewrite":
+          return json(res, 200, { decision: "allow", set_headers: { "x-decided": "webhook" }, remove_headers: ["x-drop"] });
+        case "error500":
+          return text(res, 500, "internal trouble");
+        case "malformed":
+          res.writeHead(200, { "content-type": "application/json" });
+          res.end("{not json");
+          return;
+        case "bad-status":
+          return json(res, 200, { decision: "block", status: 200 });
+        default:
+          return json(res, 200, { decision: "allow" });
+      }
+    },
+    (doc) => caseOf(doc) === "hang",
+  );
+}
+
+describe("webhook deciders", () => {
+  it("a 2xx with an allow, an empty 204 and a 2xx without JSON all allow; the webhook got the document", async () => {
+    const hook = await webhookServer();
+    const { proxy, upstream, base } = await proxyWith([{ webhook: `${hook.url}/decide` }]);
+    for (const c of ["allow", "empty", "text"]) expect([c, (await fetchVia(proxy, `${base}/echo?case=${c}`)).status]).toEqual([c, 200]);
+    expect(upstream.hits()).toBe(3);
+    expect(hook.received[0]).toMatchObject({ phase: "request", guest: "default", request: { method: "GET", url_parsed: { host: "api.test", path: "/echo", query: "case=allow" } } });
+  });
+
+  it("422 blocks with the body as the reason; a JSON block answers with its own status; the log names the webhook", async () => {
+    const hook = await webhookServer();
+    const { proxy, upstream, base } = await proxyWith([{ webhook: `${hook.url}/decide` }]);
+    const res = await fetchVia(proxy, `${base}/echo?case=block422`);
+    expect(res.status).toBe(403);
+    expect(res.text).toContain("webhook says no");
+    expect(decisions(proxy.logs).at(-1)).toMatchObject({ status: 403, source: `webhook:${hook.url}/decide` });
+    const json451 = await fetchVia(proxy, `${base}/echo?case=json-block`);
+    expect(json451.status).toBe(451);
+    expect(json451.text).toContain("webhook json says no");
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it("a rewrite from the webhook sets and removes headers", async () => {
+    const hook = await webhookServer();
+    const { proxy, base } = await proxyWith([{ webhook: `${hook.url}/decide` }]);
+    const res = await fetchVia(proxy, `${base}/echo?case=rewrite`, { headers: { "x-drop": "1" } });
+    const echo = JSON.parse(res.text) as Echo;
+    expect(echo.headers["x-decided"]).toBe("webhook");
+    expect(echo.headers["x-drop"]).toBeUndefined();
+  });
+
+  it("500, a malformed answer and a block with a bad status fail closed with 502, and the proxy still serves", async () => {
+    const hook = await webhookServer();
+    const { proxy, upstream, base } = await proxyWith([{ webhook: `${hook.url}/decide` }]);
+    for (const c of ["error500", "malformed", "bad-status"]) expect([c, (await fetchVia(proxy, `${base}/echo?case=${c}`)).status]).toEqual([c, 502]);
+    expect(upstream.hits()).toBe(0);
+    expect(JSON.stringify(decisions(proxy.logs)[0])).toContain("answered status 500");
+    await stillServes(proxy, base);
+  });
+
+  it("a webhook that does not answer within timeoutMs fails closed with 502", async () => {
+    const hook = await webhookServer();
+    const { proxy, upstream, base } = await proxyWith([{ webhook: `${hook.url}/decide`, timeoutMs: 300 }]);
+    const res = await fetchVia(proxy, `${base}/echo?case=hang`);
+    expect(res.status).toBe(502);
+    expect(hook.held()).toBe(1);
+    expect(upstream.hits()).toBe(0);
+    expect(JSON.stringify(decisions(proxy.logs).at(-1))).toContain("did not answer within 300 ms");
+    await stillServes(proxy, base);
+  });
+
+  it("no server at all fails closed with 502; with failOpen the request goes through", async () => {
+    const probe = createServer();
+    await new Promise<void>((resolve) => probe.listen(0, "127.0.0.1", resolve));
+    const port = (probe.address() as { port: number }).port;
+    await new Promise<void>((resolve) => probe.close(() => resolve()));
+    const closed = await proxyWith([{ webhook: `http://127.0.0.1:${port}/decide` }]);
+    const res = await fetchVia(closed.proxy, `${closed.base}/echo`);
+    expect(res.status).toBe(502);
+    expect(JSON.stringify(decisions(closed.proxy.logs).at(-1))).toContain("ECONNREFUSED");
+    const open = await proxyWith([{ webhook: `http://127.0.0.1:${port}/decide`, failOpen: true }]);
+    expect((await fetchVia(open.proxy, `${open.base}/echo`)).status).toBe(200);
+    expect(open.upstream.hits()).toBe(1);
+  });
+
+  it("headers may name listed environment variables, which the webhook receives filled in", async () => {
+    process.env["DECIDER_TEST_TOKEN"] = "tok-123";
+    try {
+      const seen: (string | undefined)[] = [];
+      const hook = await startDecisionServer((_doc, req, res) => {
+        seen.push(req.headers["authorization"]);
+        json(res, 200, { decision: "allow" });
+      });
+      const { proxy, base } = await proxyWith([{ webhook: hook.url, headers: { authorization: "Bearer ${DECIDER_TEST_TOKEN}" }, allowEnv: ["DECIDER_TEST_TOKEN"] }]);
+      expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+      expect(seen).toEqual(["Bearer tok-123"]);
+    } finally {
+      delete process.env["DECIDER_TEST_TOKEN"];
+    }
+  });
+
+  it("phases: [\"response\"] asks about responses only: a block there replaces the response, and the upstream was reached", async () => {
+    const hook = await startDecisionServer((doc, _req, res) => {
+      const response = doc["response"] as { status: number } | undefined;
+      if (response?.status === 404) return json(res, 200, { decision: "block", reason: "no 404s here", status: 409 });
+      json(res, 200, { decision: "allow" });
+    });
+    const { proxy, upstream, base } = await proxyWith([{ webhook: hook.url, phases: ["response"] }]);
+    const ok = await fetchVia(proxy, `${base}/echo`);
+    expect(ok.status).toBe(200);
+    expect(JSON.parse(ok.text)).toMatchObject({ path: "/echo" });
+    const blocked = await fetchVia(proxy, `${base}/missing`);
+    expect(blocked.status).toBe(409);
+    expect(blocked.text).toContain("no 404s here");
+    expect(blocked.text).not.toContain("no such route");
+    expect(upstream.hits()).toBe(2);
+    expect(hook.received.map((d) => d["phase"])).toEqual(["response", "response"]);
+    expect(hook.received[1]).toMatchObject({ response: { status: 404, headers: { "content-type": "text/plain" } } });
+    expect(decisions(proxy.logs).at(-1)).toMatchObject({ status: 409, source: `webhook:${hook.url}/` });
+  });
+
+  it("cacheMs keeps allows and blocks per (phase, guest, method, scheme, host, port, path); rewrites are asked every time", async () => {
+    const hook = await webhookServer();
+    const { proxy, upstream, base } = await proxyWith([{ webhook: hook.url, cacheMs: 60_000 }]);
+    expect((await fetchVia(proxy, `${base}/echo?case=allow`)).status).toBe(200);
+    // Same tuple (the query is not part of it): answered from the cache.
+    expect((await fetchVia(proxy, `${base}/echo?case=block422`)).status).toBe(200);
+    expect(hook.received).toHaveLength(1);
+    // Another path is another tuple.
+    expect((await fetchVia(proxy, `${base}/other?case=block422`)).status).toBe(403);
+    expect((await fetchVia(proxy, `${base}/other?case=allow`)).status).toBe(403);
+    expect(hook.received).toHaveLength(2);
+    expect((await fetchVia(proxy, `${base}/echo`, { method: "POST", body: "x" })).status).toBe(200);
+    expect(hook.received).toHaveLength(3);
+    const rewrites = await proxyWith([{ webhook: hook.url, cacheMs: 60_000 }]);
+    await fetchVia(rewrites.proxy, `${rewrites.base}/echo?case=rewrite`);
+    await fetchVia(rewrites.proxy, `${rewrites.base}/echo?case=rewrite`);
+    expect(hook.received).toHaveLength(5);
+    expect(upstream.hits()).toBe(3);
+  });
+
+  it("includeBody sends the body (text, cut at maxBodyBytes and marked), and the upstream still gets all of it", async () => {
+    const hook = await webhookServer();
+    const { proxy, upstream, base } = await proxyWith([{ webhook: hook.url, includeBody: true, maxBodyBytes: 8 }]);
+    const res = await fetchVia(proxy, `${base}/echo`, { method: "POST", body: "hello, decider body" });
+    expect(res.status).toBe(200);
+    expect(hook.received[0]).toMatchObject({ request: { body: { encoding: "utf8", data: "hello, d", size: 19, truncated: true } } });
+    const echo = JSON.parse(res.text) as Echo;
+    expect(echo.bodyBytes).toBe(19);
+    expect(upstream.seen[0]!.headers["content-length"]).toBe("19");
+    const binary = Buffer.from([0xff, 0xfe, 0x00, 0x80, 0x41]);
+    expect((await fetchVia(proxy, `${base}/echo`, { method: "POST", body: binary })).status).toBe(200);
+    expect(hook.received[1]).toMatchObject({ request: { body: { encoding: "base64", data: binary.toString("base64"), size: 5, truncated: false } } });
+  });
+});
+
+describe("OPA deciders", () => {
+  /**
+   * Not the real OPA (its binary is not installable here): a server written from OPA's documented
+   * Data API (POST /v1/data/<path> with {"input": …}, answering {"result": …}, or {} when the
+   * document is undefined), with policies/egress.rego's rules written in JavaScript.
+   */
+  async function opaServer() {
+    return startDecisionServer((body, req, res) => {
+      if (req.method !== "POST" || req.url !== "/v1/data/egress") return json(res, 404, { code: "resource_not_found" });
+      const input = body["input"] as Record<string, unknown> | undefined;
+      if (input === undefined) return json(res, 400, { code: "invalid_parameter", message: "missing input" });
+      switch (caseOf(input)) {
+        case "false":
+          return json(res, 200, { result: false });
+        case "undefined":
+          return json(res, 200, {});
+        case "block":
+          return json(res, 200, { result: { allow: false, reason: "opa says no", status: 451 } });
+        case "rewrite":
+          return json(res, 200, { result: { allow: true, set_headers: { "x-decided": "opa" }, remove_headers: ["x-drop"] } });
+        case "object":
+          return json(res, 200, { result: { allow: true } });
+        case "error":
+          return json(res, 500, { code: "internal_error" });
+        default:
+          return json(res, 200, { result: true, decision_id: "d-1" });
+      }
+    });
+  }
+
+  it("result true or {allow: true} allows, and the input document arrives under input", async () => {
+    const opa = await opaServer();
+    const { proxy, upstream, base } = await proxyWith([{ opa: `${opa.url}/v1/data/egress` }]);
+    expect((await fetchVia(proxy, `${base}/echo?case=true`)).status).toBe(200);
+    expect((await fetchVia(proxy, `${base}/echo?case=object`)).status).toBe(200);
+    expect(upstream.hits()).toBe(2);
+    expect(opa.received[0]).toMatchObject({ input: { phase: "request", request: { url_parsed: { host: "api.test" } } } });
+  });
+
+  it("result false, an undefined result and {allow: false} deny; the object's status and reason are the answer", async () => {
+    const opa = await opaServer();
+    const { proxy, upstream, base } = await proxyWith([{ opa: `${opa.url}/v1/data/egress` }]);
+    expect((await fetchVia(proxy, `${base}/echo?case=false`)).status).toBe(403);
+    const undef = await fetchVia(proxy, `${base}/echo?case=undefined`);
+    expect(undef.status).toBe(403);
+    expect(undef.text).toContain("OPA returned no result");
+    const block = await fetchVia(proxy, `${base}/echo?case=block`);
+    expect(block.status).toBe(451);
+    expect(block.text).toContain("opa says no");
+    expect(decisions(proxy.logs).at(-1)).toMatchObject({ status: 451, source: `opa:${opa.url}/v1/data/egress` });
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it("a rewrite from OPA sets headers; an error status fails closed, and the proxy still serves", async () => {
+    const opa = await opaServer();
+    const { proxy, base } = await proxyWith([{ opa: `${opa.url}/v1/data/egress` }]);
+    const res = await fetchVia(proxy, `${base}/echo?case=rewrite`, { headers: { "x-drop": "1" } });
+    expect((JSON.parse(res.text) as Echo).headers["x-decided"]).toBe("opa");
+    expect((await fetchVia(proxy, `${base}/echo?case=error`)).status).toBe(502);
+    const wrongPath = await proxyWith([{ opa: `${opa.url}/v1/data/nothing` }]);
+    expect((await fetchVia(wrongPath.proxy, `${wrongPath.base}/echo`)).status).toBe(502);
+    await stillServes(proxy, base);
+  });
+});
+
+describe("deciders in a chain", () => {
+  it("a command's rewrite is what a later QuickJS policy checks; in the other order the policy refuses", async () => {
+    const policy = () =>
+      loadPolicy({
+        source: `export function onRequest(r) { if (r.headers.get("x-decided") !== "shell") throw new HttpRequestBlockedError("not decided yet", 409); }`,
+        filename: "needs-decided.mjs",
+      });
+    const before = await proxyWith([{ command: [shellDecider] }, policy()]);
+    const res = await fetchVia(before.proxy, `${before.base}/echo?case=rewrite`);
+    expect(res.status).toBe(200);
+    expect((JSON.parse(res.text) as Echo).headers["x-decided"]).toBe("shell");
+    const after = await proxyWith([policy(), { command: [shellDecider] }]);
+    const refused = await fetchVia(after.proxy, `${after.base}/echo?case=rewrite`);
+    expect(refused.status).toBe(409);
+    expect(after.upstream.hits()).toBe(0);
+  });
+
+  it("a webhook's deny ends the chain before a tier-3 hook, which is never called", async () => {
+    const hook = await webhookServer();
+    let tier3Calls = 0;
+    const { proxy, upstream, base } = await proxyWith([{ webhook: hook.url }, { onRequest: () => void tier3Calls++ }]);
+    expect((await fetchVia(proxy, `${base}/echo?case=block422`)).status).toBe(403);
+    expect(tier3Calls).toBe(0);
+    expect(upstream.hits()).toBe(0);
+    expect((await fetchVia(proxy, `${base}/echo?case=allow`)).status).toBe(200);
+    expect(tier3Calls).toBe(1);
+  });
+
+  it("a rewrite is checked again: a placeholder it sets for a host outside the secret's hosts is refused with 403", async () => {
+    const file = join(tempDir(), "placeholder");
+    const { proxy, upstream, base } = await proxyWith(
+      [{ command: ["/bin/sh", "-c", `cat > /dev/null; printf '{"set_headers":{"authorization":"Bearer %s"}}' "$(cat "$1")"`, "sh", file] }],
+      { secrets: { OTHER: { hosts: ["other.test"], value: "other-secret-value" } } },
+    );
+    writeFileSync(file, proxy.guestEnv()["OTHER"]!);
+    const res = await fetchVia(proxy, `${base}/echo`);
+    expect(res.status).toBe(403);
+    expect(res.text).toContain("placeholder of secret OTHER");
+    expect(upstream.hits()).toBe(0);
   });
 });

@@ -1,0 +1,99 @@
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { json, loggedDocuments, shellDecider, startDecisionServer } from "../helpers/deciders.js";
+import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
+import { startUpstream, type Echo } from "../helpers/upstream.js";
+
+const value = "gh-s3cr3t-VALUE-0123456789";
+const rotated = "gh-r0tated-VALUE-9876543210";
+
+/** Every decider kind at once, asked in both phases, each recording the documents it was sent. */
+async function everyKind(extra: { includeBody?: boolean } = {}) {
+  const log = join(tempDir(), "docs.jsonl");
+  const allow = (_doc: unknown, _req: unknown, res: import("node:http").ServerResponse): void => json(res, 200, { decision: "allow" });
+  const webhook = await startDecisionServer(allow);
+  const opa = await startDecisionServer((_doc, _req, res) => json(res, 200, { result: true }));
+  const upstream = await startUpstream();
+  const phases = ["request", "response"] as const;
+  const proxy = await startTestProxy({
+    allowedInternalHosts: ["api.test"],
+    secrets: { GH_TOKEN: { hosts: ["api.test"], value } },
+    hooks: [
+      { command: [shellDecider, log], phases: [...phases], ...extra },
+      { webhook: webhook.url, phases: [...phases], ...extra },
+      { opa: `${opa.url}/v1/data/egress`, phases: [...phases], ...extra },
+    ],
+  });
+  const placeholder = proxy.guestEnv()["GH_TOKEN"]!;
+  /** Every document every source was sent, as raw text. */
+  const sent = (): string[] => [...loggedDocuments(log).map((d) => JSON.stringify(d)), ...webhook.raw, ...opa.raw];
+  return { proxy, upstream, placeholder, sent, webhook, log, base: `https://api.test:${upstream.port}` };
+}
+
+function base64(text: string): string {
+  return Buffer.from(text).toString("base64");
+}
+
+describe("deciders never see a real secret value", () => {
+  it("the request phase sees the placeholder; the response phase, after substitution, sees it too", async () => {
+    const { proxy, upstream, placeholder, sent, webhook, base } = await everyKind();
+    const res = await fetchVia(proxy, `${base}/echo`, { headers: { authorization: `Bearer ${placeholder}` } });
+    expect(res.status).toBe(200);
+    // The upstream did get the value: the documents are mapped, not the request.
+    expect((JSON.parse(res.text) as Echo).headers["authorization"]).toBe(`Bearer ${value}`);
+    expect(upstream.hits()).toBe(1);
+    const docs = sent();
+    expect(docs).toHaveLength(6);
+    for (const doc of docs) {
+      expect(doc).not.toContain(value);
+      expect(doc).toContain(`Bearer ${placeholder}`);
+    }
+    expect(webhook.received.map((d) => d["phase"])).toEqual(["request", "response"]);
+  });
+
+  it("on a redirect hop, whose request already carries the value, every source gets the placeholder back (Basic credentials too)", async () => {
+    const { proxy, upstream, placeholder, sent, log, base } = await everyKind();
+    const res = await fetchVia(proxy, `${base}/redirect?to=/echo%3Fhop%3D2`, {
+      headers: { authorization: `Basic ${base64(`user:${placeholder}`)}`, "x-token": placeholder },
+    });
+    expect(res.status).toBe(200);
+    const echo = JSON.parse(res.text) as Echo;
+    expect(echo.headers["x-token"]).toBe(value);
+    expect(echo.headers["authorization"]).toBe(`Basic ${base64(`user:${value}`)}`);
+    expect(upstream.hits()).toBe(2);
+    const docs = sent();
+    // Each source: the first hop's request, the second hop's request, and the response.
+    expect(docs).toHaveLength(9);
+    for (const doc of docs) {
+      expect(doc).not.toContain(value);
+      expect(doc).not.toContain(base64(`user:${value}`));
+    }
+    const hop = loggedDocuments(log).find((d) => (d["request"] as { url: string }).url.endsWith("hop=2"));
+    expect(hop).toMatchObject({ phase: "request", request: { headers: { "x-token": placeholder, authorization: `Basic ${base64(`user:${placeholder}`)}` } } });
+  });
+
+  it("with includeBody, a response body that echoes the value carries the placeholder instead", async () => {
+    const { proxy, placeholder, sent, webhook, base } = await everyKind({ includeBody: true });
+    const res = await fetchVia(proxy, `${base}/echo`, { headers: { "x-token": placeholder } });
+    expect(res.status).toBe(200);
+    expect(res.text).toContain(value);
+    for (const doc of sent()) expect(doc).not.toContain(value);
+    const response = webhook.received.find((d) => d["phase"] === "response") as { response: { body: { data: string } } };
+    expect(response.response.body.data).toContain(placeholder);
+  });
+
+  it("a retired value the guest sends is redacted in the document, and the request is refused", async () => {
+    const { proxy, upstream, sent, base } = await everyKind();
+    proxy.secretManager.updateSecret("GH_TOKEN", { value: rotated });
+    const res = await fetchVia(proxy, `${base}/echo?x=${value}`, { headers: { "x-old": `token ${value}` } });
+    expect(res.status).toBe(403);
+    expect(upstream.hits()).toBe(0);
+    const docs = sent();
+    expect(docs.length).toBeGreaterThan(0);
+    for (const doc of docs) {
+      expect(doc).not.toContain(value);
+      expect(doc).not.toContain(rotated);
+      expect(doc).toContain("[REDACTED:GH_TOKEN]");
+    }
+  });
+});
