@@ -3,9 +3,10 @@ import { EgressError } from "../errors.js";
 import { BodyTap } from "../hooks/body-tap.js";
 import { allow } from "../policy/decision.js";
 import { discardBody } from "../streams.js";
-import { GuestGone, type ExchangeContext, type OutboundRequest, type PipelineResponse } from "./exchange.js";
+import { GuestGone, type ExchangeContext, type OutboundRequest, type PipelineResponse, type TraceEntry } from "./exchange.js";
 import type { HookedResponse, HookLimits } from "./hook-phases.js";
 import type { HookSource, LayerNext, SourceCall } from "./hook-source.js";
+import { elapsed, failedEntry } from "./trace.js";
 
 /** The most `next()` calls one guest request may make, over all layers (DESIGN §2). */
 export const maxDescents = 10;
@@ -118,13 +119,30 @@ export class LayerRun {
       sleep: (ms) => this.sleep(ms),
     };
     const call: SourceCall = { requestId: this.context.id, guest: this.guest };
+    // With a trace, the layer's entry goes in before the entries of its descents, and its time includes theirs.
+    const trace = this.context.trace;
+    let entry: TraceEntry | undefined;
+    const started = trace === undefined ? 0 : performance.now();
+    if (trace !== undefined) {
+      entry = { source: source.label, tier: source.tier, phase: "handle", decision: "error", reason: "did not settle", ms: 0 };
+      trace.push(entry);
+    }
     return source.handle!(request, tap, inner, this.limits, call).then(
       (response) => {
-        if (!this.responses.includes(response as PipelineResponse)) this.madeBy.set(response, source);
+        const descended = this.responses.includes(response as PipelineResponse);
+        // What a descent or an inner layer gave back, passed on as it is, is no answer of this layer's.
+        const passedOn = descended || this.madeBy.has(response);
+        if (!descended) this.madeBy.set(response, source);
+        if (entry !== undefined) {
+          entry.ms = elapsed(started);
+          entry.decision = passedOn ? "allow" : "answer";
+          delete entry.reason;
+        }
         return response;
       },
       (error: unknown) => {
         if (error instanceof EgressError && error.source === undefined) error.source = source.label;
+        if (entry !== undefined) Object.assign(entry, failedEntry(source.label, source.tier, "handle", error, started));
         throw error;
       },
     );

@@ -16,6 +16,8 @@ import {
   type GuestGone,
   type OutboundRequest,
   type PipelineResponse,
+  type SourceVerdict,
+  type TraceEntry,
   type SendInfo,
 } from "./exchange.js";
 import { endToEndHeaders, headerObjectToList } from "../headers.js";
@@ -25,6 +27,7 @@ import { bareHostname } from "../hostname.js";
 import type { PhaseName } from "../djs/protocol.js";
 import type { HookSource, SourceCall } from "./hook-source.js";
 import { LayerRun, type Descend } from "./layers.js";
+import { elapsed, failedEntry } from "./trace.js";
 
 export interface PipelineOptions {
   /** The guest this pipeline serves, as hook sources are told. */
@@ -113,6 +116,7 @@ export class Pipeline {
   private async steps(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
     const { limits } = this.options;
     const call: SourceCall = { requestId: context.id, guest: this.options.guest };
+    const trace = context.trace;
     let request = initial;
     // The secrets substituted into any hop so far: a later hop that leaves their hosts is checked for their values.
     const substituted = new Set<string>();
@@ -132,15 +136,16 @@ export class Pipeline {
       // sees the request as the one before left it, and the first answer ends the phase.
       for (const source of this.phase.onRequest) {
         const unread = redirects === 0 && request.body === initial.body;
-        const outcome = await attributed(source, source.onRequest(request, unread ? tap : undefined, limits, call));
+        const before = request;
+        const outcome = await attributed(source, () => source.onRequest(before, unread ? tap : undefined, limits, call), trace, "onRequest", (o) => onRequestVerdict(before, o));
         if ("response" in outcome) {
           return { ...outcome.response, decision: { ...source.answered, source: source.label }, url: request.url, redirects };
         }
         request = outcome.request;
       }
       // §3 step 3, then step 4 on the request exactly as it will leave.
-      request = this.substituteSecrets(request, substituted);
-      const target = await this.authorize(request, call);
+      request = this.substituteSecrets(request, substituted, trace);
+      const target = await this.authorize(request, call, trace);
       if (request.body !== null) context.beforeBody?.();
       const upstream = await this.sendToFirstReachable(request, target.addresses, context.signal, { id: context.id, hop: redirects });
       const location = redirectStatuses.has(upstream.status) ? upstream.location : undefined;
@@ -154,7 +159,8 @@ export class Pipeline {
         for (const source of this.phase.onResponse) {
           let hooked;
           try {
-            hooked = await attributed(source, source.onResponse(response, request, limits, call));
+            const seen = response;
+            hooked = await attributed(source, () => source.onResponse(seen, request, limits, call), trace, "onResponse", onResponseVerdict);
           } catch (error) {
             for (const cleanup of cleanups) cleanup();
             throw error;
@@ -197,11 +203,12 @@ export class Pipeline {
    * §3 step 4, like any request.
    * The caller connects to one of the returned addresses and tunnels the rest.
    */
-  async authorizeUpgrade(initial: OutboundRequest): Promise<{ request: OutboundRequest; addresses: readonly ResolvedAddress[] }> {
+  async authorizeUpgrade(initial: OutboundRequest, trace?: TraceEntry[]): Promise<{ request: OutboundRequest; addresses: readonly ResolvedAddress[]; decision: Decision }> {
     let rewritten = initial;
     const call: SourceCall = { requestId: "", guest: this.options.guest };
     for (const source of this.phase.onRequest) {
-      const outcome = await attributed(source, source.onRequest(rewritten, undefined, this.options.limits, call));
+      const before = rewritten;
+      const outcome = await attributed(source, () => source.onRequest(before, undefined, this.options.limits, call), trace, "onRequest", (o) => onRequestVerdict(before, o));
       if ("response" in outcome) {
         discardBody(outcome.response.body);
         throw new EgressError("EG_HOOK_FAILED", 502, `${source.describe("onRequest")} answered a protocol upgrade; upgrades can be continued, rewritten or blocked`);
@@ -213,13 +220,25 @@ export class Pipeline {
       if (!(rewritten.body instanceof Uint8Array)) discardBody(rewritten.body);
       throw new EgressError("EG_HOOK_FAILED", 502, "onRequest gave a protocol upgrade a body; an upgrade request cannot carry one");
     }
-    const request = this.substituteSecrets(rewritten);
-    const target = await this.authorize(request, call);
-    return { request, addresses: target.addresses };
+    const request = this.substituteSecrets(rewritten, undefined, trace);
+    const target = await this.authorize(request, call, trace);
+    return { request, addresses: target.addresses, decision: target.decision };
   }
 
   /** §3 step 3: placeholders become values for the final destination; misplaced secrets refuse the request. */
-  private substituteSecrets(request: OutboundRequest, substituted?: Set<string>): OutboundRequest {
+  private substituteSecrets(request: OutboundRequest, substituted?: Set<string>, trace?: TraceEntry[]): OutboundRequest {
+    if (trace === undefined) return this.substituteSecretsNow(request, substituted);
+    // Only a refusal is worth an entry: substitution itself decides nothing.
+    const started = performance.now();
+    try {
+      return this.substituteSecretsNow(request, substituted);
+    } catch (error) {
+      trace.push(failedEntry(declarativeSource, "declarative", "secrets", error, started));
+      throw error;
+    }
+  }
+
+  private substituteSecretsNow(request: OutboundRequest, substituted?: Set<string>): OutboundRequest {
     const secrets = this.options.policy.config.secrets;
     const changed = secrets?.apply(request, bareHostname(request.url.hostname), substituted);
     const result = changed === undefined ? request : { ...request, headers: changed.headers, url: changed.url };
@@ -232,7 +251,7 @@ export class Pipeline {
   }
 
   /** §3 step 4: every check must allow, and the first denial wins. */
-  private async authorize(request: OutboundRequest, call: SourceCall): Promise<ApprovedTarget> {
+  private async authorize(request: OutboundRequest, call: SourceCall, trace: TraceEntry[] | undefined): Promise<ApprovedTarget> {
     const { policy, resolver, limits } = this.options;
     const { url } = request;
     // The guest's own TRACE is refused before any hook; one here came from a rewrite.
@@ -240,8 +259,10 @@ export class Pipeline {
       throw new EgressError("EG_HOOK_FAILED", 502, `onRequest rewrote the request to the forbidden method ${request.method}`);
     }
     // The checks are AND-ed in source order: the first refusal wins.
-    for (const source of this.phase.isRequestAllowed) await attributed(source, source.isRequestAllowed(request, limits, call));
+    for (const source of this.phase.isRequestAllowed) await attributed(source, () => source.isRequestAllowed(request, limits, call), trace, "isRequestAllowed");
+    const hostStarted = trace === undefined ? 0 : performance.now();
     const hostDecision = policy.checkHost(url.hostname);
+    if (trace !== undefined) trace.push(declarativeEntry("allowlist", hostDecision, hostStarted));
     if (!hostDecision.allowed) throw denied(hostDecision.reason);
 
     const port = Number(url.port || (url.protocol === "https:" ? 443 : 80));
@@ -252,8 +273,11 @@ export class Pipeline {
     let firstRefusal: Decision | undefined;
     const approved: ResolvedAddress[] = [];
     for (const address of addresses) {
+      const addressStarted = trace === undefined ? 0 : performance.now();
       const decision = policy.checkAddress(url.hostname, address, port);
       if (!decision.allowed) {
+        // An allowed address is the rule, not news: only refusals get an entry.
+        if (trace !== undefined) trace.push(declarativeEntry("address", decision, addressStarted));
         firstRefusal ??= decision;
         continue;
       }
@@ -261,7 +285,7 @@ export class Pipeline {
       const info = { hostname, ip: address.ip, family: address.family, port, protocol };
       let refusal: Decision | undefined;
       for (const source of this.phase.isIpAllowed) {
-        refusal = await attributed(source, source.isIpAllowed(info, limits, call));
+        refusal = await attributed(source, () => source.isIpAllowed(info, limits, call), trace, "isIpAllowed", ipVerdict);
         if (refusal !== undefined) {
           refusal = { ...refusal, source: source.label };
           break;
@@ -371,14 +395,82 @@ export function upstreamError(error: unknown, url: URL): EgressError {
   return new EgressError("EG_UPSTREAM", 502, `upstream request failed for ${target}: ${shown}`, { cause: error, detail });
 }
 
-/** A source's phase, with any refusal or failure it throws marked as that source's, for the log. */
-async function attributed<T>(source: HookSource, work: Promise<T>): Promise<T> {
+/** What a call's result says, for the trace: allow unless the phase's verdict function says more. */
+type Verdict<T> = (value: T) => { decision: SourceVerdict; reason?: string; detail?: string; status?: number };
+
+/**
+ * A source's phase, with any refusal or failure it throws marked as that source's, for the log.
+ * With a trace (an audit log is configured), the call is also timed and its verdict pushed.
+ */
+async function attributed<T>(source: HookSource, work: () => Promise<T>, trace?: TraceEntry[], phase?: string, verdict?: Verdict<T>): Promise<T> {
+  if (trace === undefined) {
+    try {
+      return await work();
+    } catch (error) {
+      if (error instanceof EgressError && error.source === undefined) error.source = source.label;
+      throw error;
+    }
+  }
+  // Pushed when the call starts, so entries keep call order; a call that never settles stays an error.
+  const entry: TraceEntry = { source: source.label, tier: source.tier, phase: phase ?? "", decision: "error", reason: "did not settle", ms: 0 };
+  trace.push(entry);
+  const started = performance.now();
   try {
-    return await work;
+    const value = await work();
+    entry.ms = elapsed(started);
+    delete entry.reason;
+    Object.assign(entry, verdict === undefined ? { decision: "allow" } : verdict(value));
+    return value;
   } catch (error) {
     if (error instanceof EgressError && error.source === undefined) error.source = source.label;
+    Object.assign(entry, failedEntry(source.label, source.tier, entry.phase, error, started));
     throw error;
   }
+}
+
+const declarativeSource = "declarative";
+
+function declarativeEntry(phase: string, decision: Decision, started: number): TraceEntry {
+  return {
+    source: declarativeSource,
+    tier: decision.tier,
+    phase,
+    decision: decision.allowed ? "allow" : "block",
+    reason: decision.reason,
+    ...(decision.detail !== undefined ? { detail: decision.detail } : {}),
+    ...(decision.allowed ? {} : { status: 403 }),
+    ms: elapsed(started),
+  };
+}
+
+/** An onRequest that answered, changed the request, or let it go on as it was. */
+function onRequestVerdict(before: OutboundRequest, outcome: { request: OutboundRequest } | { response: unknown }): { decision: SourceVerdict } {
+  if ("response" in outcome) return { decision: "answer" };
+  return { decision: rewrote(before, outcome.request) ? "rewrite" : "allow" };
+}
+
+function onResponseVerdict(hooked: { replaced: boolean }): { decision: SourceVerdict } {
+  return { decision: hooked.replaced ? "rewrite" : "allow" };
+}
+
+function ipVerdict(refusal: Decision | undefined): ReturnType<Verdict<Decision | undefined>> {
+  if (refusal === undefined) return { decision: "allow" };
+  return { decision: "block", reason: refusal.reason, status: 403, ...(refusal.detail !== undefined ? { detail: refusal.detail } : {}) };
+}
+
+/**
+ * Whether onRequest changed what leaves. A source hands back a new object even when it changed
+ * nothing (tier 3 builds one from the Request it showed), so the parts are compared; a body is
+ * changed only when a hook built new bytes (a clone's tee of the guest's stream is the same body).
+ */
+function rewrote(before: OutboundRequest, after: OutboundRequest): boolean {
+  if (before === after) return false;
+  if (before.method !== after.method || before.url.href !== after.url.href) return true;
+  if ((before.body === null) !== (after.body === null)) return true;
+  if (after.body instanceof Uint8Array && after.body !== before.body) return true;
+  if (before.headers.length !== after.headers.length) return true;
+  for (let i = 0; i < before.headers.length; i++) if (before.headers[i] !== after.headers[i]) return true;
+  return false;
 }
 
 /** How much of a path an error message quotes. */
