@@ -24,8 +24,7 @@ export async function handle(request: Request, next: Next): Promise<Response> {
     try {
       response = await next(request.body === null ? request : request.clone());
     } catch (error) {
-      const status = (error as { status?: unknown }).status;
-      if (last || error instanceof HttpRequestBlockedError || typeof status !== "number" || !retryFailures.has(status)) throw error;
+      if (last || !retryable(error)) throw error;
       await sleep(backoff(attempt));
       continue;
     }
@@ -35,6 +34,16 @@ export async function handle(request: Request, next: Next): Promise<Response> {
     if (wait > maxDelayMs) return response;
     await sleep(wait);
   }
+}
+
+/**
+ * A failure on the way to the upstream that another attempt may not meet: 502, 503 or 504, but
+ * not a refusal, and not a hook's own failure (EG_HOOK_*), which would only fail again.
+ */
+function retryable(error: unknown): boolean {
+  if (error instanceof HttpRequestBlockedError) return false;
+  const { status, code } = error as { status?: unknown; code?: unknown };
+  return typeof status === "number" && retryFailures.has(status) && !String(code).startsWith("EG_HOOK");
 }
 
 /** 100 ms, then 200 ms, …, each with up to half of it taken off at random, so clients spread out. */

@@ -89,7 +89,9 @@ export async function djsHandle(run: DjsRun, request: OutboundRequest, tap: Body
 
   /** For request.clone(): the proxy reads the body whole and keeps it, so each next() can send it. */
   const holdRequestBody = async (): Promise<void> => {
-    if (held !== undefined || request.body === null) throw new EgressError("EG_HOOK_FAILED", 502, "handle policy asked again for a request body the proxy holds", { detail: filename });
+    if (request.body === null) throw new EgressError("EG_HOOK_FAILED", 502, "handle policy asked for a request body there is none of", { detail: filename });
+    // Loaded for the policy in the same stop, the bytes are held already.
+    if (held !== undefined) return;
     held = await readGuestBody(limits.requestBodyBytes, "maxHttpBodyBytes", "the proxy holds for a layer to send again");
   };
 
