@@ -4,7 +4,7 @@ import { describe, expect, it } from "vitest";
 import { djsHooksOptionsFromFile, type DjsHooksOptions } from "../../src/index.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, startTestProxy, type TestProxy } from "../helpers/proxy.js";
-import { patternBody, patternSha256, startUpstream, type Echo, type Route, type Upstream } from "../helpers/upstream.js";
+import { patternBody, patternChunk, patternSha256, startUpstream, type Echo, type Route, type Upstream } from "../helpers/upstream.js";
 
 const policiesDir = fileURLToPath(new URL("../../policies/", import.meta.url));
 
@@ -254,6 +254,48 @@ describe("tier-2 layers: bodies", () => {
     expect(res.headers["content-type"]).toBe("application/json");
     expect((JSON.parse(res.text) as Echo).path).toBe("/echo");
     expect(upstream.hits()).toBe(1);
+    await stillServes(proxy, base);
+  });
+});
+
+describe("tier-2 layers: discarded responses", () => {
+  it("the bodies of responses a retry layer did not return are cancelled, so their connections come back", async () => {
+    const big = 16 * 1024 * 1024;
+    const cut: Promise<boolean>[] = [];
+    let calls = 0;
+    const route: Route = (_req, res) => {
+      if (++calls > 2) {
+        res.writeHead(200, { "content-type": "text/plain" });
+        res.end("third time");
+        return;
+      }
+      // Far more than socket buffers hold: only a reader or a cancel ends this response.
+      cut.push(new Promise((resolve) => res.on("close", () => resolve(!res.writableFinished))));
+      res.writeHead(503, { "content-type": "application/octet-stream", "content-length": big });
+      const chunk = patternChunk(64 * 1024);
+      let sent = 0;
+      const pump = (): void => {
+        while (sent < big && !res.destroyed) {
+          sent += chunk.length;
+          if (!res.write(chunk)) return void res.once("drain", pump);
+        }
+        res.end();
+      };
+      pump();
+    };
+    const { proxy, base } = await layerProxy(
+      layer(`
+        for (let attempt = 1; ; attempt++) {
+          const response = await next(request);
+          if (response.status !== 503 || attempt === 3) return response;
+        }`),
+      { routes: { "/heavy": route } },
+    );
+    const res = await fetchVia(proxy, `${base}/heavy`);
+    expect(res.status).toBe(200);
+    expect(res.text).toBe("third time");
+    // Both unread 503 bodies were cancelled (cut short), not left holding their connections.
+    expect(await Promise.all(cut)).toEqual([true, true]);
     await stillServes(proxy, base);
   });
 });
