@@ -49,9 +49,10 @@ function optionalString(value: unknown): string | undefined {
  * checked whole, then built, which loads the policies. Everything is checked before a policy
  * loads: a loaded policy has worker threads to stop again when something turns out bad.
  */
-function serveCommand(args: Record<string, unknown>, env: NodeJS.ProcessEnv): CliCommand {
+function serveCommand(args: Record<string, unknown>, env: NodeJS.ProcessEnv, argv: readonly string[]): CliCommand {
   const file = optionalString(args["config"]);
-  const config = file === undefined ? configFromFlags(args, env, process.cwd()) : configFromFile(file, args, env, process.cwd());
+  // argv gives the order of the chain flags (--hooks-script, --hook-command, --hook-url, --hook-opa).
+  const config = file === undefined ? configFromFlags(args, env, process.cwd(), argv) : configFromFile(file, args, env, process.cwd());
   let built: BuiltConfig;
   try {
     built = buildProxyOptions(config, { deploymentKey: env[placeholderKeyEnv] });
@@ -77,7 +78,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
           .option("config", { type: "string", describe: "run from a config file (YAML or JSON; docs/config.md); --listen, --ca-dir, --guest-env-file, --upstream-ca, --log-level and --workers override it" })
           .options(optionFlagDeclarations()),
       (args) => {
-        command = serveCommand(args, env);
+        command = serveCommand(args, env, argv);
       },
     )
     .command("ca", "print the CA certificate's path and PEM, creating the CA if missing", {}, (args) => {

@@ -1,6 +1,6 @@
 import type { Options } from "yargs";
 import { computedDefaults } from "../config/defaults.js";
-import { optionFlags, type FlagPath } from "../config/flags.js";
+import { chainFlags, optionFlags, type FlagPath } from "../config/flags.js";
 import { configFileSchema, schemaPaths } from "../config/schema.js";
 import type { OptionNode } from "../config/validate.js";
 
@@ -56,9 +56,27 @@ function flagOption(path: FlagPath): Options {
   }
 }
 
+/** The decider flags: each adds one source to the chain (the config file's `hooks` entries). */
+const deciderFlagDocs: Record<Exclude<keyof typeof chainFlags, "script">, string> = {
+  command: 'external decider: a command (split into words, no shell) that gets the request as JSON on stdin; exit 0 allows, 2 blocks; repeatable, in chain order with the others',
+  webhook: "external decider: a URL that gets the request as a JSON POST; a 2xx allows or answers in JSON, 422 blocks; repeatable, in chain order",
+  opa: "external decider: an OPA Data API URL (http://127.0.0.1:8181/v1/data/egress) that gets {input: request}; repeatable, in chain order",
+};
+
 /** yargs key (the flag without its dashes) → its declaration, for every option flag. */
 export function optionFlagDeclarations(): Record<string, Options> {
-  return Object.fromEntries(Object.entries(optionFlags).map(([path, flag]) => [flag.slice(2), flagOption(path as FlagPath)]));
+  const deciders = Object.entries(deciderFlagDocs).map(([key, describe]) => [
+    chainFlags[key as keyof typeof deciderFlagDocs].slice(2),
+    { describe, type: "string", array: true } satisfies Options,
+  ]);
+  return Object.fromEntries([...Object.entries(optionFlags).map(([path, flag]) => [flag.slice(2), flagOption(path as FlagPath)]), ...deciders]);
+}
+
+/** The decider flags given on the command line. */
+export function givenDeciderFlags(args: Record<string, unknown>): string[] {
+  return Object.keys(deciderFlagDocs)
+    .map((key) => chainFlags[key as keyof typeof deciderFlagDocs])
+    .filter((flag) => args[flag.slice(2)] !== undefined);
 }
 
 /** The option flags given on the command line, by option path. */

@@ -1,11 +1,11 @@
 import { resolveDocument, resolveProxyWide, type ProxyConfig } from "../config/document.js";
 import { loadConfigFile } from "../config/file.js";
-import { configOverrides, flagText, optionFlags, type FlagPath } from "../config/flags.js";
+import { chainFlags, configOverrides, flagText, optionFlags, type FlagPath } from "../config/flags.js";
 import { issueOf, isOptionError, makeIssue, optionError, type OptionIssue, type Segment } from "../config/option-error.js";
 import { configFileSchema } from "../config/schema.js";
 import { InlineSecret } from "../config/secret-source.js";
 import { validate } from "../config/validate.js";
-import { givenFlags } from "./flag-options.js";
+import { givenDeciderFlags, givenFlags } from "./flag-options.js";
 import { UsageError } from "./usage-error.js";
 
 /**
@@ -68,8 +68,13 @@ function setPath(doc: Record<string, unknown>, path: string, value: unknown): vo
  * The given flags as a config document. Only the `only` paths, when given. A secret's value,
  * given inline or read from $NAME, rides as an InlineSecret: flags may carry one, a file not.
  */
-export function flagDocument(args: Args, env: NodeJS.ProcessEnv, only?: readonly FlagPath[]): Record<string, unknown> {
+export function flagDocument(args: Args, env: NodeJS.ProcessEnv, only?: readonly FlagPath[], argv: readonly string[] = []): Record<string, unknown> {
   const doc: Record<string, unknown> = {};
+  if (only === undefined && givenDeciderFlags(args).length > 0) {
+    // Deciders make the chain the config file's `hooks`, policies included, in command-line order.
+    doc["hooks"] = chainFromFlags(args, argv);
+    only = (Object.keys(optionFlags) as FlagPath[]).filter((path) => path !== "hooksScript");
+  }
   for (const [path, flag] of Object.entries(optionFlags) as Array<[FlagPath, string]>) {
     const value = args[flag.slice(2)];
     if (value === undefined || (only !== undefined && !only.includes(path))) continue;
@@ -85,6 +90,28 @@ export function flagDocument(args: Args, env: NodeJS.ProcessEnv, only?: readonly
     } else setPath(doc, path, value);
   }
   return doc;
+}
+
+/**
+ * `--hooks-script`, `--hook-command`, `--hook-url` and `--hook-opa` as `hooks` entries, in the
+ * order they appear in `argv` (yargs groups each flag's values, which loses the order between
+ * flags). The values are yargs' own; argv gives only the order, so if the two disagree (a value
+ * given another way yargs accepts) the entries follow in the flags' order instead.
+ */
+function chainFromFlags(args: Args, argv: readonly string[]): Record<string, unknown>[] {
+  const kinds = Object.keys(chainFlags) as (keyof typeof chainFlags)[];
+  const values = Object.fromEntries(kinds.map((kind) => [kind, strings(args[chainFlags[kind].slice(2)])])) as Record<keyof typeof chainFlags, string[]>;
+  const byFlag = new Map(kinds.map((kind) => [chainFlags[kind] as string, kind]));
+  const order: (keyof typeof chainFlags)[] = [];
+  for (const arg of argv) {
+    if (arg === "--") break;
+    const kind = byFlag.get(arg.includes("=") ? arg.slice(0, arg.indexOf("=")) : arg);
+    if (kind !== undefined) order.push(kind);
+  }
+  const agrees = kinds.every((kind) => order.filter((k) => k === kind).length === values[kind].length);
+  const sequence = agrees ? order : kinds.flatMap((kind) => values[kind].map(() => kind));
+  const next = Object.fromEntries(kinds.map((kind) => [kind, 0])) as Record<keyof typeof chainFlags, number>;
+  return sequence.map((kind) => ({ [kind]: values[kind][next[kind]++]! }));
 }
 
 /** An option error in the CLI's words: the flag, not the option path. */
@@ -103,8 +130,8 @@ export function inFile(error: unknown, file: string): unknown {
 }
 
 /** The configuration the flags describe: one guest, named default. */
-export function configFromFlags(args: Args, env: NodeJS.ProcessEnv, cwd: string): ProxyConfig {
-  const { config, issues } = resolveDocument(flagDocument(args, env), { baseDir: cwd, env, inlineSecrets: true, source: "flags" });
+export function configFromFlags(args: Args, env: NodeJS.ProcessEnv, cwd: string, argv: readonly string[] = []): ProxyConfig {
+  const { config, issues } = resolveDocument(flagDocument(args, env, undefined, argv), { baseDir: cwd, env, inlineSecrets: true, source: "flags" });
   if (config === undefined) throw flagError(issues[0]!);
   return config;
 }
@@ -114,6 +141,8 @@ export function configFromFlags(args: Args, env: NodeJS.ProcessEnv, cwd: string)
  * option flag is a usage error: flags and a file both describing guests leave unclear which wins.
  */
 export function configFromFile(file: string, args: Args, env: NodeJS.ProcessEnv, cwd: string): ProxyConfig {
+  const deciders = givenDeciderFlags(args);
+  if (deciders.length > 0) throw new UsageError(`${deciders.join(", ")}: cannot be combined with --config; list the deciders in ${file}'s hooks`);
   const refused = givenFlags(args).filter((path) => !configOverrides.includes(path));
   if (refused.length > 0) {
     const allowed = configOverrides.map((path) => optionFlags[path]).join(", ");

@@ -1,6 +1,7 @@
 import { createHmac } from "node:crypto";
-import { createDjsHooks, djsHooksOptionsFromFile, type DjsHooks } from "../djs/create-djs-hooks.js";
-import { createHttpHooks, declarativeConfigOf, type HttpHooks, type HttpHooksOptions } from "../hooks/http-hooks.js";
+import { Decider } from "../deciders/decider.js";
+import { createDjsHooks, djsHooksOptionsFromFile, DjsHooks } from "../djs/create-djs-hooks.js";
+import { createHttpHooks, declarativeConfigOf, type HookChainEntry, type HttpHooks, type HttpHooksOptions } from "../hooks/http-hooks.js";
 import { defaults } from "./defaults.js";
 import type { GuestConfig, ProxyConfig, ProxyWideConfig } from "./document.js";
 import { makeIssue, OptionError, type Segment } from "./option-error.js";
@@ -98,24 +99,30 @@ export function buildProxyOptions(config: ProxyConfig, options: BuildOptions = {
   };
 }
 
-/** The guest's policies in chain order; each one loaded is also pushed to `loaded`, to be closed. */
-function loadPolicies(guest: GuestConfig, base: readonly Segment[], loaded: DjsHooks[]): DjsHooks[] {
+/**
+ * The guest's chain in order: its policies (from hooksScript, or the script entries of hooks)
+ * and its external deciders. Each policy loaded is also pushed to `loaded`, to be closed.
+ */
+function loadPolicies(guest: GuestConfig, base: readonly Segment[], loaded: DjsHooks[]): (DjsHooks | Decider)[] {
   const timeoutMs = guest.hooksTimeoutMs ?? defaults.guest.hooksTimeoutMs;
-  const scripts = guest.hooksScript ?? [];
-  return scripts.map((script, i) => {
+  const load = (script: string, at: readonly Segment[]): DjsHooks => {
     try {
       const { djsHooks } = createDjsHooks({ ...djsHooksOptionsFromFile(script), limits: { timeoutMs } });
       loaded.push(djsHooks);
       return djsHooks;
     } catch (error) {
       // A syntax error, a refused import or a top-level throw: the PolicyLoadError stays the cause.
-      const at: Segment[] = scripts.length === 1 ? [...base, "hooksScript"] : [...base, "hooksScript", i];
       throw new OptionError(makeIssue(at, (error as Error).message, "clause"), { cause: error });
     }
-  });
+  };
+  if (guest.hooks !== undefined) {
+    return guest.hooks.map((entry, i) => (entry.kind === "script" ? load(entry.path, [...base, "hooks", i, "script"]) : new Decider(entry.decider)));
+  }
+  const scripts = guest.hooksScript ?? [];
+  return scripts.map((script, i) => load(script, scripts.length === 1 ? [...base, "hooksScript"] : [...base, "hooksScript", i]));
 }
 
-function createGuestHooks(guest: GuestConfig, policies: readonly DjsHooks[], placeholderKey: string | undefined, base: readonly Segment[]): ReturnType<typeof createHttpHooks> {
+function createGuestHooks(guest: GuestConfig, policies: readonly (DjsHooks | Decider)[], placeholderKey: string | undefined, base: readonly Segment[]): ReturnType<typeof createHttpHooks> {
   const secrets: Record<string, NonNullable<HttpHooksOptions["secrets"]>[string]> = {};
   for (const [name, secret] of Object.entries(guest.secrets ?? {})) {
     secrets[name] = {
@@ -133,8 +140,12 @@ function createGuestHooks(guest: GuestConfig, policies: readonly DjsHooks[], pla
     replaceSecretsInQuery: guest.replaceSecretsInQuery ?? defaults.guest.replaceSecretsInQuery,
     ...(guest.secretRedirects !== undefined ? { secretRedirects: guest.secretRedirects } : {}),
     ...(guest.followRedirectsTo !== undefined ? { followRedirectsTo: guest.followRedirectsTo } : {}),
-    // One policy keeps the single form; several are a chain, run in the order given.
-    ...(policies.length === 1 ? { djsHooks: policies[0]! } : policies.length > 1 ? { hooks: policies } : {}),
+    // One policy keeps the single form; several, or any decider, are a chain run in the order given.
+    ...(policies.length === 1 && policies[0] instanceof DjsHooks
+      ? { djsHooks: policies[0] }
+      : policies.length > 0
+        ? { hooks: policies as readonly unknown[] as readonly HookChainEntry[] }
+        : {}),
     ...(placeholderKey !== undefined ? { secretPlaceholderKey: placeholderKey } : {}),
   };
   try {

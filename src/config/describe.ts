@@ -1,6 +1,7 @@
 import { stringify } from "yaml";
 import { computedDefaults, defaults } from "./defaults.js";
 import type { GuestConfig, ProxyConfig } from "./document.js";
+import type { HookChainConfig } from "./hook-chain.js";
 
 /**
  * What `egressgate check-config` prints: the configuration as it will run, guest by guest, with
@@ -47,9 +48,21 @@ function describeGuest(guest: GuestConfig, config: ProxyConfig): Record<string, 
     ...(guest.hooksScript !== undefined
       ? { hooksScript: guest.hooksScript, hooksTimeoutMs: guest.hooksTimeoutMs ?? defaults.guest.hooksTimeoutMs }
       : {}),
+    ...(guest.hooks !== undefined ? { hooks: guest.hooks.map(describeHook), ...(guest.hooks.some((h) => h.kind === "script") ? { hooksTimeoutMs: guest.hooksTimeoutMs ?? defaults.guest.hooksTimeoutMs } : {}) } : {}),
     ...(guest.resolve !== undefined ? { resolve: guest.resolve } : {}),
     ...(guest.sources !== undefined ? { sources: guest.sources } : {}),
   };
+}
+
+/** A chain entry as check-config prints it: a decider's options with defaults, and header names but never their values. */
+function describeHook(entry: HookChainConfig): Record<string, unknown> {
+  if (entry.kind === "script") return { script: entry.path };
+  const d = entry.decider;
+  const common = { phases: [...d.phases], timeoutMs: d.timeoutMs, failOpen: d.failOpen, includeBody: d.includeBody, maxBodyBytes: d.maxBodyBytes, cacheMs: d.cacheMs };
+  if (d.kind === "command") {
+    return { command: d.argv, ...(d.shell ? { shell: true } : {}), ...common, env: Object.keys(d.env), concurrency: d.concurrency, queue: d.queue };
+  }
+  return { [d.kind]: d.url.href, ...common, ...(Object.keys(d.headers).length > 0 ? { headers: Object.fromEntries(Object.keys(d.headers).map((name) => [name, "(redacted)"])) } : {}) };
 }
 
 function credentials(guest: GuestConfig, config: ProxyConfig): string {

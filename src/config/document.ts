@@ -8,6 +8,7 @@ import { parseHostPort } from "./nodes.js";
 import { makeIssue, type OptionIssue, type Segment } from "./option-error.js";
 import { configFileSchema } from "./schema.js";
 import { readSecret, type InlineSecret } from "./secret-source.js";
+import { resolveHookChain, type HookChainConfig } from "./hook-chain.js";
 import { validate } from "./validate.js";
 
 /**
@@ -38,6 +39,8 @@ export interface GuestConfig {
   /** The guest's tier-2 policies, in chain order (one path in a file is a list of one). */
   readonly hooksScript?: readonly string[];
   readonly hooksTimeoutMs?: number;
+  /** The hook chain (`hooks`): policies and external deciders, in order. */
+  readonly hooks?: readonly HookChainConfig[];
   readonly resolve?: Readonly<Record<string, readonly string[]>>;
   readonly sources?: readonly string[];
 }
@@ -96,7 +99,7 @@ const pemMarker = "-----BEGIN CERTIFICATE-----";
 export function resolveDocument(document: unknown, options: DocumentOptions): { config?: ProxyConfig; issues: OptionIssue[] } {
   const issues: OptionIssue[] = [];
   scriptsAsLists(document);
-  validate(configFileSchema, document, [], issues, { inlineSecrets: options.inlineSecrets ?? false });
+  validate(configFileSchema, document, [], issues, { inlineSecrets: options.inlineSecrets ?? false, env: options.env });
   if (issues.length > 0) return { issues };
   const doc = (document ?? {}) as Doc;
   const at = (segments: readonly Segment[], reason: string): void => void issues.push(makeIssue(segments, reason));
@@ -150,6 +153,7 @@ function resolveGuest(doc: Doc, base: readonly Segment[], single: boolean, optio
       return script;
     });
   }
+  if (Array.isArray(doc["hooks"])) out["hooks"] = resolveHookChain(doc["hooks"] as Record<string, unknown>[], options.baseDir, options.env, at, base, isFile);
   const secrets: Record<string, SecretConfig> = {};
   for (const [name, secret] of Object.entries((doc["secrets"] ?? {}) as Record<string, SecretDoc>)) {
     const read = readSecret(secret.value, options.baseDir, options.env);

@@ -55,6 +55,12 @@ const apiSpellings: Readonly<Record<string, string>> = {
   secretPlaceholderKey: "deploymentKey",
 };
 
+/**
+ * The flags that add a source to a guest's hook chain, repeatable, by the key of the `hooks`
+ * entry each makes. Their order on the command line, across all four, is the chain's order.
+ */
+export const chainFlags = Object.freeze({ script: "--hooks-script", command: "--hook-command", webhook: "--hook-url", opa: "--hook-opa" } as const);
+
 /** Flags whose values are keyed (`--resolve HOST=IP`, `--host-secret NAME@HOST`): the key is named too. */
 const keyed = new Set<string>(["resolve", "secrets"]);
 
@@ -63,6 +69,9 @@ const keyed = new Set<string>(["resolve", "secrets"]);
  * (`secrets.GH_TOKEN.hosts[0]` → `--host-secret GH_TOKEN`); undefined when no flag sets it.
  */
 export function flagFor(path: string): string | undefined {
+  // A chain entry the flags made: `hooks[2].webhook` came from --hook-url.
+  const entry = /^hooks\[\d+\]\.(script|command|webhook|opa)\b/.exec(path);
+  if (entry !== null) return chainFlags[entry[1] as keyof typeof chainFlags];
   const segments = path.replace(/\[\d+\]/g, "").split(".");
   for (let n = segments.length; n > 0; n--) {
     const head = segments.slice(0, n).join(".");

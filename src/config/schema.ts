@@ -19,6 +19,7 @@ import {
   string,
 } from "./nodes.js";
 import { secretValueNode } from "./secret-source.js";
+import { hookEntryNode } from "./hook-chain.js";
 import { requiresReason, type OptionRequirement, type Segment } from "./option-error.js";
 import type { ObjectNode, OptionNode, Report } from "./validate.js";
 
@@ -161,6 +162,12 @@ const guestFields = {
     { minItems: 1 },
   ),
   hooksTimeoutMs: integer(1, 60_000, "Time limit of one policy call (502 beyond); needs hooksScript.", { default: defaults.guest.hooksTimeoutMs }),
+  hooks: list(
+    hookEntryNode,
+    "chain entries",
+    "The hook chain in order: tier-2 policies ({ script: FILE }) and external deciders ({ command }, { webhook }, { opa }); instead of hooksScript.",
+    { minItems: 1 },
+  ),
 };
 
 /** The keys that describe a guest; at the top level of a file they describe the one guest "default". */
@@ -169,7 +176,11 @@ export const singleGuestKeys: readonly string[] = Object.keys(guestFields);
 /** Checks between a guest's fields that the fields alone cannot see. */
 function guestRules(guest: Readonly<Record<string, unknown>>, report: Report): void {
   const needs = (at: readonly Segment[], requires: OptionRequirement): void => report(requiresReason(requires), at, "invalid", requires);
-  if (guest["hooksTimeoutMs"] !== undefined && guest["hooksScript"] === undefined) needs(["hooksTimeoutMs"], { path: "hooksScript" });
+  const scripts = guest["hooksScript"] !== undefined || ((guest["hooks"] ?? []) as Record<string, unknown>[]).some((entry) => entry["script"] !== undefined);
+  if (guest["hooksTimeoutMs"] !== undefined && !scripts) needs(["hooksTimeoutMs"], { path: "hooksScript" });
+  if (guest["hooks"] !== undefined && guest["hooksScript"] !== undefined) {
+    report("cannot be combined with hooks: list the policies in hooks as { script: FILE }, where their place in the order is explicit", ["hooksScript"]);
+  }
   const mode = guest["secretRedirects"] ?? defaults.guest.secretRedirects;
   const secrets = Object.entries((guest["secrets"] ?? {}) as Record<string, Record<string, unknown>>);
   const refuse = { path: "secretRedirects", value: "refuse" };

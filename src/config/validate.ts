@@ -1,4 +1,4 @@
-import { makeIssue, unknownKeyReason, type OptionIssue, type OptionRequirement, type Segment } from "./option-error.js";
+import { makeIssue, unknownKeyReason, type OptionIssue, type OptionIssueKind, type OptionRequirement, type Segment } from "./option-error.js";
 
 export { closest, editDistance } from "./option-error.js";
 
@@ -83,12 +83,14 @@ export type OptionNode = IntegerNode | BooleanNode | StringNode | ListNode | Obj
  * Reports an issue at `segments` below the node being checked (none: the node itself).
  * `requires` names an option the reported one needs; then `reason` says so in the API's words.
  */
-export type Report = (reason: string, segments?: readonly Segment[], kind?: "invalid" | "range", requires?: OptionRequirement) => void;
+export type Report = (reason: string, segments?: readonly Segment[], kind?: OptionIssueKind, requires?: OptionRequirement) => void;
 
 /** Where the options come from; some values are allowed in one spelling only. */
 export interface ValidateContext {
   /** CLI flags may give a secret's value inline (`--host-secret NAME@HOST=VALUE`); a file may not. */
   readonly inlineSecrets?: boolean;
+  /** Where a decider's `${NAME}` header references are looked up (default: the process's environment). */
+  readonly env?: NodeJS.ProcessEnv;
 }
 
 /** The value as a message may quote it. */

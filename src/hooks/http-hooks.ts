@@ -403,6 +403,8 @@ function chainEntries(options: HttpHooksOptions): readonly ChainEntry[] | undefi
   return Object.freeze(
     list.map((entry: unknown, index): ChainEntry => {
       if (entry instanceof DjsHooks) return { kind: "policy", djs: entry };
+      // Made by the config file's build, from options it has already checked.
+      if (entry instanceof Decider) return { kind: "decider", decider: entry, index };
       if (typeof entry !== "object" || entry === null || Array.isArray(entry)) throw invalid(["hooks", index], "must be an object of hooks, a createDjsHooks() result or a decider");
       if (isDeciderEntry(entry)) return { kind: "decider", decider: deciderOf(entry, index), index };
       const record = entry as Record<string, unknown>;

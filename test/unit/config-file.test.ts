@@ -107,7 +107,7 @@ describe("loadConfigFile: errors name the path and the line", () => {
     expect(error.message).toBe(
       `${file}:4: unknown option "guests.ci.allowInternalHost"; did you mean "allowInternalHosts"? (known: ${[
         "allowHosts, allowInternalHosts, blockInternalRanges, secrets, replaceSecretsInQuery, secretRedirects, followRedirectsTo",
-        "hooksScript, hooksTimeoutMs, resolve, sources",
+        "hooksScript, hooksTimeoutMs, hooks, resolve, sources",
       ].join(", ")})`,
     );
   });

@@ -1,0 +1,61 @@
+import path from "node:path";
+import { isDeciderEntry, resolveDecider, type ResolvedDecider } from "../deciders/options.js";
+import type { Segment } from "./option-error.js";
+import type { CustomNode } from "./validate.js";
+
+/**
+ * A guest's `hooks` list in the config file (and the CLI's `--hooks-script`, `--hook-command`,
+ * `--hook-url` and `--hook-opa`, in command-line order): the chain, each entry a tier-2 policy
+ * (`{ script: FILE }`) or an external decider (`{ command }`, `{ webhook }`, `{ opa }` with
+ * their options). A decider is checked by the same function as createHttpHooks' entries.
+ */
+
+/** One resolved entry: a policy file (absolute), or a decider ready to be made. */
+export type HookChainConfig = { readonly kind: "script"; readonly path: string } | { readonly kind: "decider"; readonly decider: ResolvedDecider };
+
+const entryDoc = "{ script: FILE }, or a decider: { command: [...] }, { webhook: URL } or { opa: URL }, with its options";
+
+/** The schema's node for one entry. */
+export const hookEntryNode: CustomNode = {
+  kind: "custom",
+  expect: entryDoc,
+  doc: "One source of the chain: a tier-2 policy or an external decider.",
+  check(value, report, context) {
+    if (typeof value === "object" && value !== null && !Array.isArray(value) && "script" in value) {
+      const keys = Object.keys(value);
+      if (keys.length !== 1) return report(`a { script } entry has no other keys (got ${keys.join(", ")})`);
+      const script = (value as Record<string, unknown>)["script"];
+      if (typeof script !== "string" || script === "") report("must be a file path", ["script"]);
+      return;
+    }
+    if (!isDeciderEntry(value)) return report(`must be ${entryDoc}`);
+    resolveDecider(value, context.env ?? process.env, (reason, segments = [], kind = "invalid") => report(reason, segments, kind));
+  },
+};
+
+/**
+ * The entries of a valid `hooks` list, resolved: script paths and a command's program path (when
+ * it has a slash) taken from `baseDir`, a decider's `${NAME}` references from `env`.
+ */
+export function resolveHookChain(
+  entries: readonly Record<string, unknown>[],
+  baseDir: string,
+  env: NodeJS.ProcessEnv,
+  at: (segments: readonly Segment[], reason: string) => void,
+  base: readonly Segment[],
+  isFile: (file: string) => boolean,
+): HookChainConfig[] {
+  return entries.flatMap((entry, i): HookChainConfig[] => {
+    if (typeof entry["script"] === "string") {
+      const script = path.resolve(baseDir, entry["script"]);
+      if (!isFile(script)) at([...base, "hooks", i, "script"], `names ${script}, which is not a readable file`);
+      return [{ kind: "script", path: script }];
+    }
+    const decider = resolveDecider(entry, env, (reason, segments = []) => at([...base, "hooks", i, ...segments], reason));
+    if (decider === undefined) return [];
+    if (decider.kind !== "command" || decider.shell || !decider.argv[0]!.includes("/")) return [{ kind: "decider", decider }];
+    // `./check.sh` next to the config file means the file's folder, as every relative path in it does.
+    const program = path.resolve(baseDir, decider.argv[0]!);
+    return [{ kind: "decider", decider: { ...decider, argv: [program, ...decider.argv.slice(1)], label: `command:${decider.argv[0]}` } }];
+  });
+}

@@ -1,0 +1,183 @@
+import { describe, expect, it } from "vitest";
+import { MalformedAnswer, opaVerdict, parseAnswerText } from "../../src/deciders/answer.js";
+import { DecisionCache, cacheKey } from "../../src/deciders/cache.js";
+import { documentBody, requestPart, revealNothing } from "../../src/deciders/document.js";
+import { resolveDecider } from "../../src/deciders/options.js";
+import { splitCommand } from "../../src/deciders/split-command.js";
+import { createHttpHooks } from "../../src/index.js";
+import { SecretStore } from "../../src/policy/secrets.js";
+
+/** The problems resolveDecider reports for `entry`, as [path, reason]. */
+function problems(entry: unknown, env: NodeJS.ProcessEnv = {}): [string, string][] {
+  const found: [string, string][] = [];
+  resolveDecider(entry, env, (reason, segments = []) => found.push([segments.join("."), reason]));
+  return found;
+}
+
+describe("decider options", () => {
+  it("resolves defaults: request phase only, 5 s, fail closed, no body, no cache, concurrency 4, queue 64", () => {
+    const resolved = resolveDecider({ command: "./check.sh --strict 'two words'" }, { PATH: "/bin", HOME: "/root" }, () => undefined);
+    expect(resolved).toMatchObject({
+      kind: "command",
+      label: "command:./check.sh",
+      argv: ["./check.sh", "--strict", "two words"],
+      env: { PATH: "/bin" },
+      timeoutMs: 5000,
+      failOpen: false,
+      includeBody: false,
+      maxBodyBytes: 65536,
+      cacheMs: 0,
+      concurrency: 4,
+      queue: 64,
+      shell: false,
+    });
+    expect([...resolved!.phases]).toEqual(["request"]);
+  });
+
+  it("reports each bad option at its path", () => {
+    expect(problems({ command: [], timeoutMs: 0 })).toEqual([
+      ["timeoutMs", "must be an integer from 1 to 600000 (got 0)"],
+      ["command", 'must be a list of strings, program first (got [])'],
+    ]);
+    expect(problems({ webhook: "ftp://x" })).toEqual([["webhook", 'must be an http:// or https:// URL (got "ftp://x")']]);
+    expect(problems({ webhook: "http://u:p@x/" })[0]![1]).toMatch(/must not carry credentials/);
+    expect(problems({ opa: "http://x/", phases: ["request", "later"] })[0]).toEqual(["phases", 'must be a non-empty list of "request" and "response" (got ["request","later"])']);
+    expect(problems({ webhook: "http://x/", includeBody: true, cacheMs: 10 })[0]![0]).toBe("cacheMs");
+    expect(problems({ command: ["x"], webhook: "http://x/" })[0]![1]).toMatch(/one entry is one decider/);
+    expect(problems({ command: ["x"], timeout: 5 })[0]).toEqual(["timeout", expect.stringContaining('did you mean "timeoutMs"?')]);
+    expect(problems({ command: "x 'unterminated" })[0]![1]).toMatch(/unterminated single quote/);
+  });
+
+  it("webhook headers read only the environment variables allowEnv lists", () => {
+    const env = { HOOK_TOKEN: "t0k", OTHER: "nope" };
+    const ok = resolveDecider({ webhook: "http://x/", headers: { Authorization: "Bearer ${HOOK_TOKEN}" }, allowEnv: ["HOOK_TOKEN"] }, env, () => undefined);
+    expect(ok).toMatchObject({ headers: { authorization: "Bearer t0k" } });
+    expect(problems({ webhook: "http://x/", headers: { authorization: "Bearer ${OTHER}" }, allowEnv: ["HOOK_TOKEN"] }, env)).toEqual([
+      ["headers.authorization", "references ${OTHER}, which allowEnv does not list; only variables listed there are read"],
+    ]);
+    expect(problems({ webhook: "http://x/", headers: { authorization: "${UNSET}" }, allowEnv: ["UNSET"] }, env)[0]![1]).toBe("references $UNSET, which is not set");
+    expect(problems({ webhook: "http://x/", headers: { "content-length": "1" } })[0]![1]).toBe("is set by the proxy");
+  });
+
+  it("createHttpHooks refuses a bad decider entry with its path in the chain", () => {
+    expect(() => createHttpHooks({ hooks: [{ onRequest: () => undefined }, { webhook: "nope" }] })).toThrow(
+      expect.objectContaining({ code: "EG_INVALID_OPTION", path: "hooks[1].webhook" }),
+    );
+    expect(() => createHttpHooks({ hooks: [{ command: ["x"], concurrency: 0 }] })).toThrow(expect.objectContaining({ path: "hooks[0].concurrency" }));
+  });
+
+  it("shell: true keeps the command as one script, quotes and all", () => {
+    expect(resolveDecider({ command: "jq -e '.a | .b' >/dev/null", shell: true }, {}, () => undefined)).toMatchObject({ argv: ["jq -e '.a | .b' >/dev/null"] });
+  });
+
+  it("splitCommand splits words like a shell without expanding anything", () => {
+    expect(splitCommand(`a "b c" 'd $e' f\\ g "h\\"i" $HOME`)).toEqual({ argv: ["a", "b c", "d $e", "f g", 'h"i', "$HOME"] });
+    expect(splitCommand("  ")).toEqual({ argv: [] });
+    expect(splitCommand('a "b')).toEqual({ error: "has an unterminated double quote" });
+  });
+});
+
+describe("the answer contract", () => {
+  it("nothing or an allow allows; a block has a status of 400-599 (default 403); a rewrite sets and removes headers", () => {
+    expect(parseAnswerText("", "request")).toEqual({ decision: "allow" });
+    expect(parseAnswerText(' {"decision":"allow"}\n', "request")).toEqual({ decision: "allow" });
+    expect(parseAnswerText('{"decision":"block"}', "request")).toEqual({ decision: "block", status: 403, reason: "" });
+    expect(parseAnswerText('{"decision":"block","reason":"no","status":451}', "response")).toEqual({ decision: "block", status: 451, reason: "no" });
+    expect(parseAnswerText('{"decision":"allow","set_headers":{"X-A":"1"},"remove_headers":["X-B"]}', "request")).toEqual({
+      decision: "rewrite",
+      setHeaders: [["x-a", "1"]],
+      removeHeaders: ["x-b"],
+    });
+  });
+
+  it("anything else is malformed", () => {
+    const bad = [
+      "not json",
+      "[]",
+      '{"decision":"maybe"}',
+      '{"decision":"block","status":200}',
+      '{"decision":"block","status":"403"}',
+      '{"decision":"allow","set_headers":{"x":1}}',
+      '{"decision":"allow","set_headers":{"host":"evil.test"}}',
+      '{"decision":"allow","set_headers":{"content-length":"0"}}',
+      '{"decision":"allow","set_headers":{"x":"a\\r\\nb"}}',
+      '{"decision":"allow","remove_headers":"x"}',
+      '{"decision":"block","set_headers":{"x":"1"}}',
+      '{"decision":"allow","extra":1}',
+    ];
+    for (const text of bad) expect(() => parseAnswerText(text, "request"), text).toThrow(MalformedAnswer);
+    // A rewrite is for requests only.
+    expect(() => parseAnswerText('{"set_headers":{"x":"1"}}', "response")).toThrow(/request phase only/);
+  });
+
+  it("a reason is cut to its first KiB", () => {
+    const verdict = parseAnswerText(JSON.stringify({ decision: "block", reason: "é".repeat(2000) }), "request");
+    expect(verdict.decision === "block" && Buffer.byteLength(verdict.reason)).toBe(1024);
+  });
+
+  it("OPA: true and {allow: true} allow; false, an undefined result and {allow: false} deny", () => {
+    expect(opaVerdict({ result: true }, "request")).toEqual({ decision: "allow" });
+    expect(opaVerdict({ result: { allow: true, extra: 1 } }, "request")).toEqual({ decision: "allow" });
+    expect(opaVerdict({ result: false }, "request")).toMatchObject({ decision: "block", status: 403 });
+    expect(opaVerdict({}, "request")).toMatchObject({ decision: "block", status: 403, reason: expect.stringContaining("no result") });
+    expect(opaVerdict({ result: { reason: "r" } }, "request")).toEqual({ decision: "block", status: 403, reason: "r" });
+    expect(opaVerdict({ result: { allow: false, status: 429 } }, "request")).toMatchObject({ status: 429 });
+    expect(opaVerdict({ result: { allow: true, set_headers: { a: "b" } } }, "request")).toMatchObject({ decision: "rewrite" });
+    expect(() => opaVerdict({ result: "yes" }, "request")).toThrow(MalformedAnswer);
+    expect(() => opaVerdict({ result: { allow: "yes" } }, "request")).toThrow(MalformedAnswer);
+  });
+});
+
+describe("the input document", () => {
+  it("parses the URL and joins repeated headers, lowercased", () => {
+    const part = requestPart("POST", new URL("https://API.test:8443/a/b?x=1&y=2#frag"), ["X-A", "1", "x-a", "2", "Accept", "*/*"], revealNothing);
+    expect(part).toEqual({
+      method: "POST",
+      url: "https://api.test:8443/a/b?x=1&y=2",
+      url_parsed: { scheme: "https", host: "api.test", port: 8443, path: "/a/b", query: "x=1&y=2" },
+      headers: { "x-a": "1, 2", accept: "*/*" },
+    });
+    expect(requestPart("GET", new URL("http://[::1]/"), [], revealNothing).url_parsed).toEqual({ scheme: "http", host: "::1", port: 80, path: "/", query: "" });
+  });
+
+  it("bodies are text when UTF-8 (a character cut by maxBodyBytes dropped), else base64, and marked when cut", () => {
+    expect(documentBody(Buffer.from("héllo"), 100, revealNothing)).toEqual({ encoding: "utf8", data: "héllo", size: 6, truncated: false });
+    expect(documentBody(Buffer.from("héllo"), 2, revealNothing)).toEqual({ encoding: "utf8", data: "h", size: 6, truncated: true });
+    expect(documentBody(Buffer.from([0xff, 0, 1]), 100, revealNothing)).toEqual({ encoding: "base64", data: "/wAB", size: 3, truncated: false });
+  });
+});
+
+describe("SecretStore.placeholdersFor", () => {
+  const store = (): SecretStore => new SecretStore({ TOKEN: { hosts: ["api.test"], value: "s3cret-value-1" } }, false, (hosts) => hosts as string[]);
+
+  it("maps a current value back to its placeholder, in Basic credentials too, and redacts a retired one", () => {
+    const secrets = store();
+    const placeholder = secrets.env()["TOKEN"]!;
+    expect(secrets.placeholdersFor("Bearer s3cret-value-1")).toBe(`Bearer ${placeholder}`);
+    const basic = `Basic ${Buffer.from("me:s3cret-value-1").toString("base64")}`;
+    expect(secrets.placeholdersFor(basic, "Authorization")).toBe(`Basic ${Buffer.from(`me:${placeholder}`).toString("base64")}`);
+    // Percent-encoded, it cannot be put back exactly: it is redacted.
+    expect(secrets.placeholdersFor("x=s3cret%2Dvalue-1")).toBe("x=[REDACTED:TOKEN]");
+    secrets.update("TOKEN", { value: "new-value-22" });
+    expect(secrets.placeholdersFor("old s3cret-value-1, new new-value-22")).toBe(`old [REDACTED:TOKEN], new ${placeholder}`);
+    expect(secrets.placeholdersFor("nothing here")).toBe("nothing here");
+  });
+});
+
+describe("the decision cache", () => {
+  it("keeps allows and blocks until they expire, never rewrites, and drops the oldest past its size", () => {
+    let now = 1000;
+    const cache = new DecisionCache(50, 2, () => now);
+    const key = (path: string): string => cacheKey({ phase: "request", guest: "g", method: "GET", scheme: "https", host: "a", port: 443, path });
+    cache.set(key("/a"), { decision: "allow" });
+    cache.set(key("/b"), { decision: "block", status: 403, reason: "" });
+    cache.set(key("/r"), { decision: "rewrite", setHeaders: [], removeHeaders: [] });
+    expect(cache.get(key("/a"))).toEqual({ decision: "allow" });
+    expect(cache.get(key("/r"))).toBeUndefined();
+    cache.set(key("/c"), { decision: "allow" });
+    expect(cache.size).toBe(2);
+    expect(cache.get(key("/a"))).toBeUndefined();
+    now += 50;
+    expect(cache.get(key("/c"))).toBeUndefined();
+  });
+});
