@@ -60,6 +60,8 @@ export interface ProxyWideConfig {
   readonly limits?: Readonly<{ connections?: number; connectionsPerSource?: number; pipelinedRequests?: number }>;
   readonly logLevel?: LogLevel;
   readonly guestEnvFile?: string;
+  /** An absolute path. */
+  readonly auditLog?: string;
   readonly auth?: boolean;
 }
 
@@ -123,6 +125,7 @@ export function resolveProxyWide(doc: Doc, baseDir: string, at: (segments: reado
   if (typeof doc["listen"] === "string") out["listen"] = parseHostPort(doc["listen"], defaults.listen.host);
   if (typeof doc["caDir"] === "string") out["caDir"] = path.resolve(baseDir, doc["caDir"]);
   if (typeof doc["guestEnvFile"] === "string") out["guestEnvFile"] = path.resolve(baseDir, doc["guestEnvFile"]);
+  if (typeof doc["auditLog"] === "string") out["auditLog"] = path.resolve(baseDir, doc["auditLog"]);
   if (Array.isArray(doc["upstreamCa"])) {
     out["upstreamCa"] = (doc["upstreamCa"] as string[]).map((entry, i) => {
       if (entry.includes(pemMarker)) return entry;

@@ -21,6 +21,7 @@ export const optionFlags = Object.freeze({
   workers: "--workers",
   logLevel: "--log-level",
   guestEnvFile: "--guest-env-file",
+  auditLog: "--audit-log",
   auth: "--auth",
   allowHosts: "--allow-host",
   allowInternalHosts: "--allow-internal-host",
@@ -41,7 +42,7 @@ export type FlagPath = keyof typeof optionFlags;
  * to `--config` is a usage error: a file and flags that both describe guests would leave it
  * unclear which one wins.
  */
-export const configOverrides: readonly FlagPath[] = ["listen", "caDir", "guestEnvFile", "upstreamCa", "logLevel", "workers"];
+export const configOverrides: readonly FlagPath[] = ["listen", "caDir", "guestEnvFile", "upstreamCa", "logLevel", "workers", "auditLog"];
 
 /** Options that come from the environment rather than a flag. */
 export const environmentOptions = Object.freeze({ deploymentKey: "$EGRESSGATE_PLACEHOLDER_KEY" });

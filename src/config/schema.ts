@@ -83,6 +83,7 @@ const proxyWideFields = {
   limits: limitsNode,
   logLevel: string("a log level", "Log verbosity (JSON lines on stderr).", { choices: logLevels, default: defaults.logLevel }),
   guestEnvFile: string("a file path", "Write the guest environment (KEY=value lines) here once listening; with several guests, FILE.<guest> each."),
+  auditLog: string("a file path", "Append one JSON line per decision here, whatever the log level; SIGUSR1 reopens it (logrotate)."),
 };
 
 const withGuestsAuth = "applies only without guests: every guest authenticates, or is named by its sources";
@@ -121,6 +122,7 @@ export const apiOptionsSchema: ObjectNode = object(
     ),
     ...proxyWideFields,
     logSink: { kind: "function", doc: "Where log lines go. Default: stderr." },
+    onDecision: { kind: "function", doc: "Called with every decision's audit record (the audit log's line as an object)." },
   },
   "startProxy options",
   {
