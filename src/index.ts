@@ -8,6 +8,8 @@ export { startProxy } from "./proxy/start-proxy.js";
 export type { RunningProxy } from "./proxy/start-proxy.js";
 export type { ConnectionLimitOptions, ProxyOptions, TimeoutOptions } from "./proxy/options.js";
 export type { GuestOptions } from "./proxy/guest-options.js";
+export type { AuditRecord, AuditRule, AuditSource } from "./metrics/audit-record.js";
+export type { SourceVerdict } from "./pipeline/exchange.js";
 export { guestToken } from "./proxy/auth.js";
 export { OptionError, OptionRangeError } from "./option-error.js";
 export type { OptionIssue, OptionIssueKind, OptionRequirement, Segment } from "./option-error.js";

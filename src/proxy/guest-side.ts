@@ -2,7 +2,8 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import { isIP, type Socket } from "node:net";
 import { EgressError, denied, guestError } from "../errors.js";
 import type { Logger } from "../log.js";
-import { GuestGone } from "../pipeline/exchange.js";
+import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
+import { countFlowing, countPushed, type ByteCount } from "../metrics/byte-counter.js";
 import { bareHostname } from "../hostname.js";
 import type { AuthGate } from "./auth-gate.js";
 import { authenticationRequired } from "./auth.js";
@@ -14,7 +15,7 @@ import type { Guest, GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes } from "./lanes.js";
 import type { ResolvedProxyOptions } from "./options.js";
-import { sendError, sendResponse, writeRawError } from "./respond.js";
+import { errorBody, sendError, sendResponse, writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
 import { serveUpgrade } from "./upgrade.js";
 
@@ -112,6 +113,8 @@ export class GuestSide {
   private onConnect(req: IncomingMessage, socket: Socket, head: Buffer, serve: ServeTunnel): void {
     const started = performance.now();
     let target: { hostname: string; port: number };
+    // The early check's refusal, for the audit record's sources.
+    let refusal: TraceEntry | undefined;
     const guest = this.deps.auth.identify(req.headers["proxy-authorization"], socket);
     try {
       if (guest instanceof EgressError) throw guest;
@@ -121,11 +124,17 @@ export class GuestSide {
       // request inside the tunnel is still judged on its own.
       if (!guest.pipeline.mayRewrite) {
         const decision = guest.connectPolicy.checkHost(target.hostname);
-        if (!decision.allowed) throw denied(decision.reason);
+        if (!decision.allowed) {
+          refusal = connectRefusal("allowlist", decision, started);
+          throw denied(decision.reason);
+        }
         const literal = bareHostname(target.hostname);
         if (isIP(literal) !== 0) {
           const address = guest.connectPolicy.checkAddress(literal, { ip: literal, family: isIP(literal) === 6 ? 6 : 4 }, target.port);
-          if (!address.allowed) throw denied(address.reason);
+          if (!address.allowed) {
+            refusal = connectRefusal("address", address, started);
+            throw denied(address.reason);
+          }
         }
       }
     } catch (error) {
@@ -144,7 +153,7 @@ export class GuestSide {
         code: err.code,
         ...(err.detail !== undefined ? { detail: err.detail } : {}),
         started,
-      });
+      }, this.deps.decide.auditing ? { ...(refusal !== undefined ? { trace: [refusal] } : {}), bytesDown: Buffer.byteLength(errorBody(err)) } : undefined);
       return;
     }
     guest.bind(socket);
@@ -176,6 +185,12 @@ export class GuestSide {
     }
     const id = this.nextId++;
     const started = performance.now();
+    // Only with an audit log or onDecision: the sources' trace and the body bytes both ways.
+    const auditing = this.deps.decide.auditing;
+    const trace: TraceEntry[] | undefined = auditing ? [] : undefined;
+    // Installed before the first await: the parser pushes the body's first bytes right after this turn.
+    const up: ByteCount | undefined = auditing ? countPushed(req) : undefined;
+    let down: ByteCount | undefined;
     this.inFlight += 1;
     let target = loggableTarget(req.url ?? "");
     const abort = new GuestGone();
@@ -211,6 +226,7 @@ export class GuestSide {
         id: String(id),
         signal: abort,
         ...(expectsContinue ? { beforeBody: once(() => res.writeContinue()) } : {}),
+        ...(trace !== undefined ? { trace } : {}),
       });
       if (response.body?.destroyed === true) {
         // The upstream body broke while hooks ran (a reset during an onResponse call): undici has
@@ -222,6 +238,7 @@ export class GuestSide {
           ...(cause !== null ? { cause, detail: cause.message } : {}),
         });
       }
+      if (auditing && response.body !== null && !res.destroyed) down = countFlowing(response.body);
       sendResponse(res, response, !req.complete, (error) => {
         response.cleanup?.();
         this.deps.decide({
@@ -236,18 +253,23 @@ export class GuestSide {
           redirects: response.redirects,
           started,
           ...(error ? { error: this.explainCut(error) } : {}),
-        });
+        }, auditing ? { ...(trace !== undefined ? { trace } : {}), bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision } : undefined);
       });
     } catch (error) {
       if (abort.aborted) {
         // Nobody is left to answer; 499 is nginx's "client closed request", for the log only.
-        this.deps.decide({ id, guest: guestName, method: req.method ?? "", target, status: 499, reason: "guest closed the connection", started });
+        this.deps.decide(
+          { id, guest: guestName, method: req.method ?? "", target, status: 499, reason: "guest closed the connection", started },
+          auditing ? { ...(trace !== undefined ? { trace } : {}), bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0 } : undefined,
+        );
         return;
       }
       const raw = asEgressError(error);
       if (raw.status >= 500 && !(error instanceof EgressError)) this.deps.log.error("internal error", { id, error });
       // Error bodies are built from messages that may quote upstream errors: never let a value through.
       const err = guestError(raw, this.deps.redact);
+      // sendError cuts the connection instead when the head is already out: then there is no error body.
+      const errorBytes = auditing && !res.headersSent ? Buffer.byteLength(errorBody(err)) : 0;
       // A 407 or 429 ends the connection (as RFC 9110 lets a proxy do): a client retries on a new one.
       sendError(res, err, !req.complete || err.code === "EG_AUTH");
       // Logged by the gate (see onConnect); a request in a removed guest's tunnel never met it.
@@ -263,7 +285,7 @@ export class GuestSide {
         ...(err.source !== undefined ? { source: err.source } : {}),
         ...(err.detail !== undefined ? { detail: err.detail } : {}),
         started,
-      });
+      }, auditing ? { ...(trace !== undefined ? { trace } : {}), bytesUp: up?.bytes ?? 0, bytesDown: errorBytes } : undefined);
     }
   }
 
@@ -286,6 +308,20 @@ export class GuestSide {
       };
     });
   }
+}
+
+/** The early CONNECT check's refusal, as the audit record lists it among the sources. */
+function connectRefusal(phase: string, decision: { tier: string; reason: string; detail?: string }, started: number): TraceEntry {
+  return {
+    source: "declarative",
+    tier: decision.tier,
+    phase,
+    decision: "block",
+    reason: decision.reason,
+    ...(decision.detail !== undefined ? { detail: decision.detail } : {}),
+    status: 403,
+    ms: Math.round((performance.now() - started) * 1000) / 1000,
+  };
 }
 
 function once(fn: () => void): () => void {

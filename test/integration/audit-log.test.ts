@@ -1,0 +1,383 @@
+import { spawn } from "node:child_process";
+import { request as httpRequest } from "node:http";
+import { mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { describe, expect, it, onTestFinished } from "vitest";
+import { HttpRequestBlockedError, type AuditRecord, type HttpHooksOptions, type ProxyOptions } from "../../src/index.js";
+import { loadPolicy } from "../helpers/djs.js";
+import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
+import { testCa } from "../helpers/test-ca.js";
+import { openRaw } from "../helpers/raw.js";
+import { startUpstream } from "../helpers/upstream.js";
+
+const root = fileURLToPath(new URL("../../", import.meta.url));
+
+/** Records as onDecision hands them over, with a wait for the nth: a record is made once the guest has the whole answer. */
+function recorder(): { records: AuditRecord[]; onDecision: (record: AuditRecord) => void; count: (n: number) => Promise<AuditRecord[]> } {
+  const records: AuditRecord[] = [];
+  const waiters: Array<{ n: number; resolve: () => void }> = [];
+  return {
+    records,
+    onDecision(record) {
+      records.push(record);
+      for (const waiter of waiters.filter((w) => records.length >= w.n)) waiter.resolve();
+    },
+    count: (n) => (records.length >= n ? Promise.resolve(records) : new Promise((resolve) => waiters.push({ n, resolve: () => resolve(records) }))),
+  };
+}
+
+async function audited(
+  hooks: HttpHooksOptions,
+  options: Omit<ProxyOptions, "httpHooks"> = {},
+): Promise<{ proxy: TestProxy; file: string; seen: ReturnType<typeof recorder> }> {
+  const file = join(tempDir(), "audit.jsonl");
+  const seen = recorder();
+  const proxy = await startTestProxy(hooks, { auditLog: file, onDecision: seen.onDecision, logLevel: "warn", ...options });
+  return { proxy, file, seen };
+}
+
+function lines(file: string): AuditRecord[] {
+  return readFileSync(file, "utf8")
+    .split("\n")
+    .filter((line) => line !== "")
+    .map((line) => JSON.parse(line) as AuditRecord);
+}
+
+/** A plain forward-proxy request (absolute-form, no CONNECT), as curl sends for http:// URLs. */
+function plainVia(proxy: TestProxy, url: string, headers: Record<string, string> = {}): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest({ host: "127.0.0.1", port: proxy.port, path: url, headers: { host: new URL(url).host, ...headers } });
+    req.on("response", (res) => {
+      res.resume();
+      res.on("end", () => resolve(res.statusCode ?? 0));
+    });
+    req.on("upgrade", (res, socket) => {
+      socket.destroy();
+      resolve(res.statusCode ?? 0);
+    });
+    req.on("error", reject);
+    req.end();
+  });
+}
+
+function expectSaneLatencies(record: AuditRecord): void {
+  expect(record.ms).toBeGreaterThanOrEqual(0);
+  for (const source of record.sources) {
+    expect(typeof source.ms).toBe("number");
+    expect(source.ms).toBeGreaterThanOrEqual(0);
+  }
+}
+
+describe("the audit log", () => {
+  it("records an allowed upload and download with the allowlist's rule and the exact body bytes both ways, the same in the file as for onDecision", async () => {
+    const upstream = await startUpstream();
+    const { proxy, file, seen } = await audited({ allowedInternalHosts: ["api.test"] });
+    const base = `https://api.test:${upstream.port}`;
+    const upload = await fetchVia(proxy, `${base}/echo?q=1`, { method: "POST", body: Buffer.alloc(100_000, 7), headers: { "content-type": "application/octet-stream" } });
+    expect(upload.status).toBe(200);
+    expect(JSON.parse(upload.text)).toMatchObject({ bodyBytes: 100_000 });
+    await seen.count(1);
+    const download = await fetchVia(proxy, `${base}/bytes?n=300000`);
+    expect(download.text.length).toBeGreaterThan(0);
+    const [up, down] = await seen.count(2);
+    expect(up).toMatchObject({
+      guest: "default",
+      method: "POST",
+      url: `${base}/echo`,
+      status: 200,
+      redirects: 0,
+      bytesUp: 100_000,
+      bytesDown: Buffer.byteLength(upload.text),
+      rule: { tier: "declarative", rule: "allowedHosts:api.test" },
+      sources: [{ source: "declarative", tier: "declarative", phase: "allowlist", decision: "allow" }],
+    });
+    expect(Date.parse(up!.time)).toBeGreaterThan(Date.now() - 60_000);
+    expect(down).toMatchObject({ method: "GET", url: `${base}/bytes`, status: 200, bytesUp: 0, bytesDown: 300_000 });
+    expectSaneLatencies(up!);
+    await proxy.close();
+    expect(lines(file)).toEqual(JSON.parse(JSON.stringify(seen.records)));
+  });
+
+  it("records a host outside the allowlist as a 403 from the declarative tier, for a plain request and for a CONNECT", async () => {
+    const plain = await startUpstream({ tls: false });
+    const { proxy, seen } = await audited({ allowedInternalHosts: ["api.test"] });
+    expect(await plainVia(proxy, `http://other.test:${plain.port}/echo`)).toBe(403);
+    const [refused] = await seen.count(1);
+    expect(refused).toMatchObject({
+      method: "GET",
+      url: `http://other.test:${plain.port}/echo`,
+      status: 403,
+      code: "EG_DENIED",
+      sources: [{ source: "declarative", phase: "allowlist", decision: "block", status: 403 }],
+    });
+    expect(refused!.rule).toBeUndefined();
+    expect(refused!.bytesDown).toBeGreaterThan(0);
+    expect(plain.hits()).toBe(0);
+
+    const client = await openRaw(proxy.port);
+    client.write("CONNECT other.test:9 HTTP/1.1\r\nHost: other.test:9\r\n\r\n");
+    expect((await client.readResponse({ forConnect: true })).status).toBe(403);
+    const [, connect] = await seen.count(2);
+    expect(connect).toMatchObject({ method: "CONNECT", url: "other.test:9", status: 403, sources: [{ source: "declarative", phase: "allowlist", decision: "block" }] });
+  });
+
+  it("names every tier-3 source that spoke, with its verdict: a rewrite, a pass, a replaced response and a block with its own status", async () => {
+    const upstream = await startUpstream();
+    const { proxy, seen } = await audited({
+      allowedInternalHosts: ["api.test"],
+      hooks: [
+        {
+          onRequest: (request) => {
+            if (request.method === "DELETE") throw new HttpRequestBlockedError("deletes are not allowed", 451, "Unavailable");
+            const headers = new Headers(request.headers);
+            headers.set("x-tagged", "1");
+            return new Request(request, { headers });
+          },
+        },
+        { onRequest: () => undefined, isRequestAllowed: () => true, onResponse: () => new Response("replaced") },
+      ],
+    });
+    const base = `https://api.test:${upstream.port}`;
+    const res = await fetchVia(proxy, `${base}/echo`);
+    expect(res.text).toBe("replaced");
+    const [allowed] = await seen.count(1);
+    expect(allowed!.sources.map(({ source, phase, decision }) => `${source} ${phase} ${decision}`)).toEqual([
+      "hooks[0] onRequest rewrite",
+      "hooks[1] onRequest allow",
+      "hooks[1] isRequestAllowed allow",
+      "declarative allowlist allow",
+      "hooks[1] onResponse rewrite",
+    ]);
+    expect(allowed).toMatchObject({ status: 200, bytesDown: "replaced".length });
+    expectSaneLatencies(allowed!);
+
+    expect((await fetchVia(proxy, `${base}/echo`, { method: "DELETE" })).status).toBe(451);
+    const [, blocked] = await seen.count(2);
+    expect(blocked).toMatchObject({
+      status: 451,
+      code: "EG_HOOK_BLOCKED",
+      source: "hooks[0]",
+      reason: "deletes are not allowed",
+      sources: [{ source: "hooks[0]", tier: "tier3", phase: "onRequest", decision: "block", reason: "deletes are not allowed", status: 451 }],
+    });
+    expect(upstream.hits()).toBe(1);
+  });
+
+  it("names a tier-2 policy's decisions: its check allows a GET and refuses a DELETE", async () => {
+    const upstream = await startUpstream();
+    const djsHooks = loadPolicy({ source: `export function isRequestAllowed(r) { return r.method !== "DELETE"; }`, filename: "policy.mjs" });
+    const { proxy, seen } = await audited({ allowedInternalHosts: ["api.test"], djsHooks });
+    const base = `https://api.test:${upstream.port}`;
+    expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    expect((await fetchVia(proxy, `${base}/echo`, { method: "DELETE" })).status).toBe(403);
+    const [allowed, refused] = await seen.count(2);
+    expect(allowed!.sources).toMatchObject([
+      { tier: "tier2", phase: "isRequestAllowed", decision: "allow" },
+      { source: "declarative", phase: "allowlist", decision: "allow" },
+    ]);
+    expect(allowed!.sources[0]!.source).toContain("policy.mjs");
+    expect(refused).toMatchObject({ status: 403, sources: [{ tier: "tier2", phase: "isRequestAllowed", decision: "block", status: 403 }] });
+    expect(refused!.sources[0]!.reason).toContain("refused by the isRequestAllowed policy");
+    expectSaneLatencies(refused!);
+  });
+
+  it("names layers: one that passes the descent's response on, and one that answers itself", async () => {
+    const upstream = await startUpstream();
+    const { proxy, seen } = await audited({
+      allowedInternalHosts: ["api.test"],
+      layers: [
+        async (request, next) => next(request),
+        async (request, next) => (new URL(request.url).pathname === "/cached" ? new Response("from the cache") : next(request)),
+      ],
+    });
+    const base = `https://api.test:${upstream.port}`;
+    expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    expect((await fetchVia(proxy, `${base}/cached`)).text).toBe("from the cache");
+    const [passed, answered] = await seen.count(2);
+    // createHttpHooks' layers are one source: its handle runs them outermost first.
+    expect(passed!.sources.map(({ source, phase, decision }) => `${source} ${phase} ${decision}`)).toEqual(["hooks handle allow", "declarative allowlist allow"]);
+    expect(passed!.sources[0]!.ms).toBeGreaterThanOrEqual(passed!.sources[1]!.ms);
+    expect(answered!.sources.map(({ source, phase, decision }) => `${source} ${phase} ${decision}`)).toEqual(["hooks handle answer"]);
+    expect(answered).toMatchObject({ status: 200, rule: { rule: "handle" }, bytesDown: "from the cache".length });
+    expect(upstream.hits()).toBe(1);
+  });
+
+  it("never holds a secret's value, even when the guest sends placeholders, a hook quotes the value and the request is redirected", async () => {
+    const value = "s3cr3t-audit-value-0123456789";
+    const upstream = await startUpstream();
+    const { proxy, file, seen } = await audited({
+      allowedInternalHosts: ["api.test"],
+      secrets: { TOKEN: { hosts: ["api.test"], value } },
+      replaceSecretsInQuery: true,
+      isRequestAllowed: (request) => {
+        if (new URL(request.url).pathname.startsWith("/deny")) throw new HttpRequestBlockedError(`refused with ${request.headers.get("authorization")}`);
+        return true;
+      },
+    });
+    const placeholder = proxy.guestEnv()["TOKEN"]!;
+    const base = `https://api.test:${upstream.port}`;
+    const headers = { authorization: `Bearer ${placeholder}` };
+    const redirected = await fetchVia(proxy, `${base}/redirect?to=/echo&t=${placeholder}`, { headers });
+    expect(redirected.status).toBe(200);
+    expect(redirected.text).toContain(value);
+    expect((await fetchVia(proxy, `${base}/deny/${value}`, { headers })).status).toBe(403);
+    const [hop, denied] = await seen.count(2);
+    expect(hop).toMatchObject({ status: 200, redirects: 1, url: `${base}/redirect` });
+    expect(denied!.url).not.toContain(value);
+    expect(denied!.reason).toMatch(/^refused with Bearer /);
+    await proxy.close();
+    const text = readFileSync(file, "utf8");
+    expect(text).toContain("refused with Bearer");
+    expect(text).not.toContain(value);
+    expect(text).not.toContain(Buffer.from(value).toString("base64"));
+    expect(JSON.stringify(seen.records)).not.toContain(value);
+  });
+
+  it("records a WebSocket upgrade's decision with the sources that spoke", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const { proxy, seen } = await audited({ allowedInternalHosts: ["api.test"] });
+    // The plain upstream answers 404, not 101: the upgrade is refused with a 502 after every check passed.
+    expect(await plainVia(proxy, `http://api.test:${upstream.port}/socket`, { connection: "Upgrade", upgrade: "websocket" })).toBe(502);
+    const [record] = await seen.count(1);
+    expect(record).toMatchObject({ upgrade: true, status: 502, url: `http://api.test:${upstream.port}/socket`, sources: [{ source: "declarative", phase: "allowlist", decision: "allow" }] });
+  });
+
+  it("keeps serving when onDecision throws or rejects, and says so in the log", async () => {
+    const upstream = await startUpstream();
+    let calls = 0;
+    const proxy = await startTestProxy(
+      { allowedInternalHosts: ["api.test"] },
+      {
+        onDecision: (record) => {
+          calls += 1;
+          if (record.method === "GET") throw new Error("onDecision broke");
+          return Promise.reject(new Error("onDecision rejected"));
+        },
+      },
+    );
+    const base = `https://api.test:${upstream.port}`;
+    for (let i = 0; i < 3; i++) expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    expect((await fetchVia(proxy, `${base}/echo`, { method: "POST", body: "x" })).status).toBe(200);
+    await proxy.close();
+    expect(calls).toBe(4);
+    expect(proxy.logs.filter((line) => line["level"] === "warn" && String(line["msg"]).startsWith("onDecision threw")).length).toBeGreaterThan(0);
+  });
+
+  it("close() resolves with every record in the file", async () => {
+    const upstream = await startUpstream();
+    const { proxy, file, seen } = await audited({ allowedInternalHosts: ["api.test"] });
+    const base = `https://api.test:${upstream.port}`;
+    await Promise.all(Array.from({ length: 40 }, (_, i) => fetchVia(proxy, `${base}/echo?i=${i}`)));
+    await seen.count(40);
+    await proxy.close();
+    expect(lines(file)).toHaveLength(40);
+  });
+
+  it("a file that cannot be written (a full disk) loses records with a warning, and the proxy keeps serving", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { auditLog: "/dev/full" });
+    const base = `https://api.test:${upstream.port}`;
+    for (let i = 0; i < 3; i++) expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    await proxy.close();
+    const warnings = proxy.logs.filter((line) => line["level"] === "warn" && String(line["msg"]).startsWith("audit log"));
+    expect(warnings.some((line) => line["error"] === "ENOSPC")).toBe(true);
+  });
+
+  it("a path that cannot be opened fails the start with the option's name", async () => {
+    const dir = tempDir();
+    await expect(startTestProxy({ allowedInternalHosts: ["api.test"] }, { auditLog: dir })).rejects.toMatchObject({
+      code: "EG_INVALID_OPTION",
+      message: expect.stringContaining("auditLog"),
+    });
+  });
+
+  it("SIGUSR1 makes each proxy reopen its own file, and close() removes its handler", async () => {
+    const upstream = await startUpstream();
+    const base = `https://api.test:${upstream.port}`;
+    const before = process.listenerCount("SIGUSR1");
+    const a = await audited({ allowedInternalHosts: ["api.test"] });
+    const b = await audited({ allowedInternalHosts: ["api.test"] });
+    expect(process.listenerCount("SIGUSR1")).toBe(before + 2);
+    for (const { proxy, seen } of [a, b]) {
+      await fetchVia(proxy, `${base}/echo?before`);
+      await seen.count(1);
+    }
+    for (const { file } of [a, b]) renameSync(file, `${file}.1`);
+    // The listeners, as the signal runs them (a real signal would reach the worker's whole process).
+    process.emit("SIGUSR1", "SIGUSR1");
+    for (const { proxy, seen } of [a, b]) {
+      await fetchVia(proxy, `${base}/echo?after`);
+      await seen.count(2);
+      await proxy.close();
+    }
+    expect(process.listenerCount("SIGUSR1")).toBe(before);
+    for (const { file } of [a, b]) {
+      expect(lines(`${file}.1`).map((r) => r.status)).toEqual([200]);
+      expect(lines(file)).toHaveLength(1);
+    }
+  });
+
+  it("a reopen that fails (the path became a directory) is warned about, and the proxy keeps serving", async () => {
+    const upstream = await startUpstream();
+    const base = `https://api.test:${upstream.port}`;
+    const { proxy, file, seen } = await audited({ allowedInternalHosts: ["api.test"] });
+    renameSync(file, `${file}.1`);
+    mkdirSync(file);
+    process.emit("SIGUSR1", "SIGUSR1");
+    expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    await seen.count(1);
+    await proxy.close();
+    expect(proxy.logs.some((line) => line["level"] === "warn" && String(line["msg"]).startsWith("audit log: a write failed") && line["error"] === "EISDIR")).toBe(true);
+  });
+});
+
+describe("--audit-log", () => {
+  it("the CLI appends records to the file, and SIGUSR1 after a rename sends new lines to a fresh file at the path", async () => {
+    const upstream = await startUpstream();
+    const dir = tempDir();
+    const file = join(dir, "audit.jsonl");
+    const caFile = join(dir, "upstream-ca.pem");
+    writeFileSync(caFile, (await testCa()).certPem);
+    const caDir = join(dir, "ca");
+    const child = spawn(
+      process.execPath,
+      ["--import", "tsx", "src/cli/bin.ts", "--listen", "127.0.0.1:0", "--ca-dir", caDir, "--upstream-ca", caFile, "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--audit-log", file, "--log-level", "info"],
+      { cwd: root, env: { ...process.env, HTTPS_PROXY: "", HTTP_PROXY: "", https_proxy: "", http_proxy: "" }, stdio: ["ignore", "pipe", "pipe"] },
+    );
+    let out = "";
+    let err = "";
+    const waiters: Array<() => void> = [];
+    const wake = (): void => waiters.splice(0).forEach((w) => w());
+    child.stdout.setEncoding("utf8").on("data", (chunk: string) => ((out += chunk), wake()));
+    child.stderr.setEncoding("utf8").on("data", (chunk: string) => ((err += chunk), wake()));
+    const exited = new Promise<number | null>((resolve) => child.once("close", (code) => (wake(), resolve(code))));
+    onTestFinished(async () => {
+      if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+      await exited;
+    });
+    const until = async (check: () => boolean, what: string): Promise<void> => {
+      while (!check()) {
+        if (child.exitCode !== null) throw new Error(`egressgate exited while waiting for ${what}\n${err}`);
+        await new Promise<void>((resolve) => waiters.push(resolve));
+      }
+    };
+    const count = (pattern: RegExp): number => err.split("\n").filter((line) => pattern.test(line)).length;
+    await until(() => /listening on (http:\/\/127\.0\.0\.1:\d+)/.test(out), "the listening line");
+    const url = /listening on (http:\/\/127\.0\.0\.1:\d+)/.exec(out)![1]!;
+    const via = { url, caCertPem: readFileSync(join(caDir, "ca.crt"), "utf8") } as TestProxy;
+    const base = `https://api.test:${upstream.port}`;
+    expect((await fetchVia(via, `${base}/echo?first`)).status).toBe(200);
+    // The decision line follows the record's append, so the record is queued on the old file.
+    await until(() => count(/"msg":"request"/) >= 1, "the first decision line");
+    renameSync(file, `${file}.1`);
+    child.kill("SIGUSR1");
+    await until(() => count(/"msg":"audit log reopened"/) === 1, "the reopen line");
+    expect((await fetchVia(via, `${base}/echo?second`)).status).toBe(200);
+    await until(() => count(/"msg":"request"/) >= 2, "the second decision line");
+    child.kill("SIGTERM");
+    expect(await exited).toBe(0);
+    expect(lines(`${file}.1`)).toMatchObject([{ method: "GET", url: `${base}/echo`, status: 200 }]);
+    expect(lines(file)).toMatchObject([{ method: "GET", url: `${base}/echo`, status: 200 }]);
+  });
+});
