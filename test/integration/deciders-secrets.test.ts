@@ -1,3 +1,4 @@
+import type { ServerResponse } from "node:http";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { json, loggedDocuments, shellDecider, startDecisionServer } from "../helpers/deciders.js";
@@ -10,7 +11,7 @@ const rotated = "gh-r0tated-VALUE-9876543210";
 /** Every decider kind at once, asked in both phases, each recording the documents it was sent. */
 async function everyKind(extra: { includeBody?: boolean } = {}) {
   const log = join(tempDir(), "docs.jsonl");
-  const allow = (_doc: unknown, _req: unknown, res: import("node:http").ServerResponse): void => json(res, 200, { decision: "allow" });
+  const allow = (_doc: unknown, _req: unknown, res: ServerResponse): void => json(res, 200, { decision: "allow" });
   const webhook = await startDecisionServer(allow);
   const opa = await startDecisionServer((_doc, _req, res) => json(res, 200, { result: true }));
   const upstream = await startUpstream();

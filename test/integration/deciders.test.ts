@@ -1,8 +1,9 @@
+import type { Server as HttpServer } from "node:http";
 import { createServer, type Socket } from "node:net";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { createHttpHooks, type HttpHooksOptions } from "../../src/index.js";
+import type { HttpHooksOptions } from "../../src/index.js";
 import { caseOf, gateDecider, json, loggedDocuments, pythonDecider, shellDecider, startDecisionServer, text, until } from "../helpers/deciders.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
@@ -168,7 +169,7 @@ describe("command deciders: processes", () => {
       socket.on("error", () => undefined);
       sockets.push(socket);
     });
-    const gatePort = await listenForTest(gate as unknown as import("node:http").Server);
+    const gatePort = await listenForTest(gate as unknown as HttpServer);
     const { proxy, upstream, base } = await proxyWith([{ command: [gateDecider, String(gatePort)], concurrency: 2, queue: 1 }]);
     const first = [fetchVia(proxy, `${base}/echo?n=1`), fetchVia(proxy, `${base}/echo?n=2`)];
     // Both processes are running (each holds a connection to the gate).
