@@ -8,7 +8,6 @@ import type { LogLevel, LogSink } from "../log.js";
 import { cidrsOverlap } from "../policy/cidr.js";
 import { defaultCaDir } from "../tls/ca-store.js";
 import type { LeafKeyType } from "../tls/x509.js";
-import type { UpstreamOptions } from "../record/network.js";
 import type { AuditRecord } from "../metrics/audit-record.js";
 import { plainObject, resolveGuestOptions, type GuestOptions, type ResolvedGuest } from "./guest-options.js";
 
@@ -102,12 +101,6 @@ export interface ProxyOptions {
    */
   readonly deploymentKey?: string;
   /**
-   * A recorded network (README, "Recorded network"): `{ record: { path } }` writes every
-   * exchange to a HAR file, secrets never in it; `{ replay: { path } }` answers from one with no
-   * DNS, TCP or TLS, every check still running. Default: the real network.
-   */
-  readonly upstream?: UpstreamOptions;
-  /**
    * Append one JSON line per decision to this file (an {@link AuditRecord}), whatever the log
    * level: requests, CONNECT refusals and upgrades, each with every source that spoke, the rule
    * that allowed, and the body bytes both ways. Written through a buffered stream and flushed by
@@ -145,7 +138,6 @@ export interface ResolvedProxyOptions {
   readonly logLevel: LogLevel;
   readonly logSink: LogSink | undefined;
   readonly guestEnvFile: string | undefined;
-  readonly upstream: UpstreamOptions | undefined;
   readonly auditLog: string | undefined;
   readonly onDecision: ((record: AuditRecord) => unknown) | undefined;
 }
@@ -255,7 +247,6 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
     logLevel: options.logLevel ?? defaults.logLevel,
     logSink: options.logSink,
     guestEnvFile: options.guestEnvFile,
-    upstream: options.upstream,
     auditLog: options.auditLog,
     onDecision: options.onDecision,
   };

@@ -21,7 +21,6 @@ import { writeRawError } from "./respond.js";
 import { GuestRedactor } from "./redactor.js";
 import { ThrottledWarning } from "./throttled-log.js";
 import { serveTunnel } from "./tunnel.js";
-import { startRecordedNetwork } from "../record/network.js";
 
 /** A running proxy, as returned by {@link startProxy}. */
 export interface RunningProxy {
@@ -46,12 +45,6 @@ export interface RunningProxy {
   addGuest(name: string, options: GuestOptions): void;
   /** Stops serving a guest: its credentials get 407 from now on, and its open tunnels are closed. */
   removeGuest(name: string): Promise<void>;
-  /**
-   * With `upstream.record` (or `upstream.replay.recordMissing`): writes the HAR file from what is
-   * recorded so far, atomically (the CLI does on SIGTERM, before the drain). `close()` writes it
-   * again with everything. Without a recording, nothing.
-   */
-  flushRecording(): Promise<void>;
   /** Stops accepting, lets in-flight requests finish (up to `timeouts.drainMs`), then closes. */
   close(): Promise<void>;
 }
@@ -72,7 +65,6 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   const redactor = new GuestRedactor();
   const redact = (text: string): string => redactor.redact(text);
   const log = createLogger(config.logLevel, config.logSink, redact);
-  const network = config.upstream === undefined ? undefined : await startRecordedNetwork(config.upstream, log);
   const warnings = new ThrottledWarning(log);
   const auditFile = config.auditLog === undefined ? undefined : await openAuditLog(config.auditLog, warnings);
   const auditing = auditFile !== undefined || config.onDecision !== undefined;
@@ -109,7 +101,6 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     redact,
     decide,
     foreignSecret: (self, request) => guests.foreignSecret(self, request),
-    network,
   });
   try {
     for (const guest of config.guests) guests.add(guest);
@@ -176,8 +167,6 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       // Every guest is gone, so nothing in the pools is still wanted: a request that will
       // never end (a body nobody reads) must not hold close() open.
       await guests.closeAll();
-      // Once every exchange that drained is in it.
-      await network?.close();
       // Last, so the records of the requests that drained are in it.
       process.off("SIGUSR1", onRotate);
       await auditFile?.close(config.timeouts.drainMs);
@@ -226,9 +215,6 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       await guests.remove(name);
       redactor.update(guests);
       log.info("guest removed", { guest: name });
-    },
-    flushRecording: async () => {
-      await network?.flush();
     },
     close,
   };
