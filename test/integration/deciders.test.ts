@@ -366,8 +366,8 @@ describe("webhook deciders", () => {
 describe("OPA deciders", () => {
   /**
    * Not the real OPA (its binary is not installable here): a server written from OPA's documented
-   * Data API (POST /v1/data/<path> with {"input": …}, answering {"result": …}, or {} when the
-   * document is undefined), with policies/egress.rego's rules written in JavaScript.
+   * Data API (POST /v1/data/<path> with {"input": …}, answering 200 with {"result": …}, or {}
+   * when the document is undefined; 404 for an unknown API path, 400 without input).
    */
   async function opaServer() {
     return startDecisionServer((body, req, res) => {
@@ -425,6 +425,45 @@ describe("OPA deciders", () => {
     const wrongPath = await proxyWith([{ opa: `${opa.url}/v1/data/nothing` }]);
     expect((await fetchVia(wrongPath.proxy, `${wrongPath.base}/echo`)).status).toBe(502);
     await stillServes(proxy, base);
+  });
+});
+
+describe("policies/egress.rego", () => {
+  /**
+   * The shipped policy's rules, mirrored in JavaScript behind OPA's Data API (the real OPA is not
+   * installable here): what it reads of the document is what egressgate sends.
+   */
+  function egressRego(input: { phase: string; guest: string; request: { method: string; url_parsed: { scheme: string; host: string; path: string } }; response?: { headers: Record<string, string> } }) {
+    const { request } = input;
+    const readOnly = ["api.github.com", "registry.npmjs.org", "pypi.org", "files.pythonhosted.org"].includes(request.url_parsed.host) && ["GET", "HEAD", "OPTIONS"].includes(request.method);
+    const writer = input.guest === "ci" && request.url_parsed.host === "api.github.com" && !request.url_parsed.path.startsWith("/admin");
+    const executable = ["application/x-msdownload", "application/x-executable", "application/x-sh", "application/x-elf"].some((t) => (input.response?.headers["content-type"] ?? "").toLowerCase().startsWith(t));
+    const allow = input.phase === "request" ? request.url_parsed.scheme === "https" && (readOnly || writer) : !executable;
+    if (allow) return { allow, ...(input.phase === "request" ? { set_headers: { "x-egress-guest": input.guest } } : {}) };
+    const reason =
+      input.phase === "request"
+        ? `${request.method} ${request.url_parsed.scheme}://${request.url_parsed.host}${request.url_parsed.path} is not allowed by policies/egress.rego for guest ${input.guest}`
+        : "executable downloads are refused by policies/egress.rego";
+    return { allow, reason, status: 403, request };
+  }
+
+  it("lets a read-only GET to a listed host through, tagged with the guest, and refuses a write with the policy's reason", async () => {
+    const shipped = readFileSync(new URL("../../policies/egress.rego", import.meta.url), "utf8");
+    expect(shipped).toContain("package egress");
+    const opa = await startDecisionServer((body, _req, res) => json(res, 200, { result: egressRego(body["input"] as Parameters<typeof egressRego>[0]) }));
+    const upstream = await startUpstream({ names: ["api.github.com"] });
+    const proxy = await startTestProxy(
+      { allowedInternalHosts: ["api.github.com"], hooks: [{ opa: `${opa.url}/v1/data/egress`, phases: ["request", "response"] }] },
+      { resolve: { "api.github.com": ["127.0.0.1"] } },
+    );
+    const base = `https://api.github.com:${upstream.port}`;
+    const read = await fetchVia(proxy, `${base}/echo`);
+    expect(read.status).toBe(200);
+    expect((JSON.parse(read.text) as Echo).headers["x-egress-guest"]).toBe("default");
+    const write = await fetchVia(proxy, `${base}/echo`, { method: "POST", body: "{}" });
+    expect(write.status).toBe(403);
+    expect(write.text).toContain(`POST https://api.github.com/echo is not allowed by policies/egress.rego for guest default`);
+    expect(upstream.hits()).toBe(1);
   });
 });
 
