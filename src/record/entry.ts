@@ -1,0 +1,254 @@
+import { brotliDecompressSync, gunzipSync, inflateSync } from "node:zlib";
+import type { Header } from "har-format";
+import { getHeader } from "../headers.js";
+import type { OutboundRequest } from "../pipeline/exchange.js";
+import type { SecretStore } from "../policy/secrets.js";
+import { UnscannableError } from "../policy/secret-scan.js";
+import type { CapturedBody } from "./body-capture.js";
+import { inlineBodyLimit, isText, toHarHeaders, type RecordedContent, type RecordedEntry, type RecordedPostData } from "./har.js";
+import { fullScanLimit, LiteralScanner } from "./leak-scan.js";
+
+/**
+ * One exchange made into a HAR entry with no real secret left in it (issue 18):
+ * - the request as it left, with every value the proxy put in (headers, Basic credentials, the
+ *   query, a redirect hop's URL) and every placeholder turned into `EGRESSGATE_SECRET{NAME}`;
+ * - response headers and text bodies with any value replaced by `[REDACTED:NAME]` (Location
+ *   tokenized instead, so a replayed redirect leads to the hop that was recorded), and
+ *   Set-Cookie values masked unless cookies are kept;
+ * - then the whole entry searched for every current and retired value: if one survives (a hook
+ *   put it into a request body, say), the entry is not written at all.
+ */
+
+export interface Exchange {
+  readonly seq: number;
+  readonly hop: number;
+  readonly guest: string;
+  readonly started: Date;
+  /** The request as it left (placeholders substituted). */
+  readonly request: OutboundRequest;
+  readonly requestBody: CapturedBody | null;
+  readonly serverIPAddress: string;
+  readonly status: number;
+  readonly headers: readonly string[];
+  readonly responseBody: CapturedBody | null;
+  /** A secret the streaming search found in the response's sidecar body. */
+  readonly sidecarLeak?: string | undefined;
+  /** A secret the streaming search found in the request body. */
+  readonly requestLeak?: string | undefined;
+  readonly timings: { readonly send: number; readonly wait: number; readonly receive: number };
+}
+
+export interface EntryOptions {
+  /** Keep Set-Cookie values (`--record-cookies`). */
+  readonly cookies: boolean;
+}
+
+/** Why an entry was not written: the secret whose value it held, and where. */
+export interface Leak {
+  readonly secret: string;
+  readonly where: string;
+}
+
+const basicCredentials = /^(basic[ \t]+)([A-Za-z0-9+/=_-]+)[ \t]*$/i;
+const tokenizedResponseHeaders = new Set(["location", "content-location"]);
+const decoders: Record<string, (bytes: Buffer) => Buffer> = {
+  gzip: (b) => gunzipSync(b, { maxOutputLength: 16 * inlineBodyLimit }),
+  "x-gzip": (b) => gunzipSync(b, { maxOutputLength: 16 * inlineBodyLimit }),
+  deflate: (b) => inflateSync(b, { maxOutputLength: 16 * inlineBodyLimit }),
+  br: (b) => brotliDecompressSync(b, { maxOutputLength: 16 * inlineBodyLimit }),
+};
+
+/** Thrown inside the builder when something cannot be made safe: the entry is dropped. */
+class LeakFound extends Error {
+  constructor(readonly leak: Leak) {
+    super(`${leak.where} holds the value of secret ${leak.secret}`);
+  }
+}
+
+export function buildEntry(exchange: Exchange, secrets: SecretStore | undefined, options: EntryOptions): { entry: RecordedEntry } | { leak: Leak } {
+  const active = secrets !== undefined && secrets.valuesToFind().length > 0 ? secrets : undefined;
+  try {
+    const entry = build(exchange, active, secrets, options);
+    if (active !== undefined) finalCheck(entry, active);
+    return { entry };
+  } catch (error) {
+    if (error instanceof LeakFound) return { leak: error.leak };
+    throw error;
+  }
+}
+
+function build(x: Exchange, active: SecretStore | undefined, secrets: SecretStore | undefined, options: EntryOptions): RecordedEntry {
+  const tokenize = (text: string, where: string): string => {
+    if (secrets === undefined) return text;
+    const out = secrets.tokenize(text);
+    if (out === undefined) throw new LeakFound({ secret: "(unscannable)", where });
+    return out;
+  };
+  const url = tokenize(x.request.url.href, "the request URL");
+  const requestHeaders: Header[] = [{ name: "host", value: tokenize(x.request.url.host, "the request host") }];
+  for (let i = 0; i < x.request.headers.length; i += 2) {
+    const name = x.request.headers[i]!;
+    let value = x.request.headers[i + 1]!;
+    const basic = basicCredentials.exec(value);
+    if (basic !== null) {
+      const decoded = Buffer.from(basic[2]!, "base64").toString("utf8");
+      const tokenized = tokenize(decoded, `request header ${name}`);
+      if (tokenized !== decoded) value = `${basic[1]}${Buffer.from(tokenized, "utf8").toString("base64")}`;
+    }
+    requestHeaders.push({ name, value: tokenize(value, `request header ${name}`) });
+  }
+  const parsed = new URL(url);
+  const requestType = getHeader(x.request.headers, "content-type") ?? "";
+  if (x.requestLeak !== undefined) throw new LeakFound({ secret: x.requestLeak, where: "the request body" });
+  const postData = x.requestBody === null || x.requestBody.size === 0 ? undefined : postDataOf(x.requestBody, requestType, secrets);
+
+  const contentType = getHeader(x.headers, "content-type") ?? "";
+  const encoding = (getHeader(x.headers, "content-encoding") ?? "").trim().toLowerCase();
+  const responseHeaders: Header[] = [];
+  for (let i = 0; i < x.headers.length; i += 2) {
+    const name = x.headers[i]!;
+    const lower = name.toLowerCase();
+    const value = x.headers[i + 1]!;
+    if (lower === "set-cookie" && !options.cookies) responseHeaders.push({ name, value: maskCookie(value) });
+    else if (tokenizedResponseHeaders.has(lower)) responseHeaders.push({ name, value: tokenize(value, `response header ${name}`) });
+    else responseHeaders.push({ name, value: active === undefined ? value : active.redact(value) });
+  }
+  const content = contentOf(x.responseBody, contentType, encoding, active, x.sidecarLeak);
+  const location = getHeader(x.headers, "location");
+  const { send, wait, receive } = x.timings;
+  return {
+    startedDateTime: x.started.toISOString(),
+    time: send + wait + receive,
+    request: {
+      method: x.request.method,
+      url,
+      httpVersion: "HTTP/1.1",
+      cookies: [],
+      headers: requestHeaders,
+      queryString: [...parsed.searchParams].map(([name, value]) => ({ name, value })),
+      ...(postData !== undefined ? { postData } : {}),
+      headersSize: -1,
+      bodySize: x.requestBody?.size ?? 0,
+    },
+    response: {
+      status: x.status,
+      statusText: "",
+      httpVersion: "HTTP/1.1",
+      cookies: [],
+      headers: responseHeaders,
+      content,
+      redirectURL: location === undefined ? "" : tokenize(location, "the Location header"),
+      headersSize: -1,
+      bodySize: x.responseBody?.size ?? 0,
+    },
+    cache: {},
+    timings: { send, wait, receive },
+    serverIPAddress: x.serverIPAddress,
+    _egressgate: {
+      seq: x.seq,
+      hop: x.hop,
+      guest: x.guest,
+      ...(x.responseBody?.chunks !== undefined && x.responseBody.chunks.length > 1 ? { chunks: x.responseBody.chunks } : {}),
+    },
+  };
+}
+
+/** `name=value; attrs` with the value masked: a session cookie is a credential of its own. */
+function maskCookie(value: string): string {
+  const eq = value.indexOf("=");
+  if (eq < 0) return value;
+  const end = value.indexOf(";", eq);
+  return `${value.slice(0, eq)}=[MASKED]${end < 0 ? "" : value.slice(end)}`;
+}
+
+/**
+ * The request body, kept as it was sent (it is half of the match key): text with placeholders
+ * tokenized, binary as base64, a large one in its sidecar. A value in it is a leak.
+ */
+function postDataOf(body: CapturedBody, mimeType: string, secrets: SecretStore | undefined): RecordedPostData {
+  if (body.file !== undefined) return { mimeType, text: "", _file: body.file };
+  const bytes = body.bytes!;
+  if (isText(bytes, mimeType)) {
+    let text = bytes.toString("utf8");
+    // Placeholders only: a value here was not put by the proxy, and fails the final check.
+    for (const info of secrets?.list() ?? []) if (info.placeholder !== "") text = text.replaceAll(info.placeholder, `EGRESSGATE_SECRET{${info.name}}`);
+    return { mimeType, text };
+  }
+  return { mimeType, text: bytes.toString("base64"), _encoding: "base64" };
+}
+
+function contentOf(body: CapturedBody | null, mimeType: string, encoding: string, secrets: SecretStore | undefined, sidecarLeak: string | undefined): RecordedContent {
+  if (body === null || body.size === 0) return { size: 0, mimeType, text: "" };
+  if (body.file !== undefined) {
+    if (sidecarLeak !== undefined) throw new LeakFound({ secret: sidecarLeak, where: "the response body" });
+    return { size: body.size, mimeType, _file: body.file, ...(encoding !== "" && encoding !== "identity" ? { _encoded: encoding } : {}) };
+  }
+  let bytes = body.bytes!;
+  let encoded: string | undefined;
+  if (encoding !== "" && encoding !== "identity") {
+    const decode = decoders[encoding];
+    try {
+      if (decode === undefined) throw new Error(`no decoder for ${encoding}`);
+      bytes = decode(bytes);
+    } catch {
+      // Stored as it came; replayed as it came.
+      encoded = encoding;
+    }
+  }
+  const compression = encoded === undefined ? { compression: bytes.length - body.size } : {};
+  if (encoded === undefined && isText(bytes, mimeType)) {
+    let text = bytes.toString("utf8");
+    if (secrets !== undefined) text = redactBody(text, secrets);
+    return { size: Buffer.byteLength(text), ...compression, mimeType, text };
+  }
+  if (secrets !== undefined) {
+    const scanner = new LiteralScanner(secrets.valuesToFind());
+    scanner.push(bytes);
+    if (scanner.found !== undefined) throw new LeakFound({ secret: scanner.found, where: "the binary response body" });
+  }
+  return { size: bytes.length, ...compression, mimeType, text: bytes.toString("base64"), encoding: "base64", ...(encoded !== undefined ? { _encoded: encoded } : {}) };
+}
+
+/** A text body redacted: decoded and searched in full when small, else searched for the common spellings first. */
+function redactBody(text: string, secrets: SecretStore): string {
+  if (text.length > fullScanLimit) {
+    const scanner = new LiteralScanner(secrets.valuesToFind());
+    scanner.push(Buffer.from(text, "utf8"));
+    if (scanner.found === undefined) return text;
+  }
+  return secrets.redact(text);
+}
+
+/**
+ * The last look before the entry is written: everything but the bodies decoded and searched in
+ * full; bodies searched as they are stored (decoded from base64 first), in full when small.
+ */
+function finalCheck(entry: RecordedEntry, secrets: SecretStore): void {
+  const find = (text: string, where: string): void => {
+    let secret: string | undefined;
+    try {
+      secret = secrets.findValue(text);
+    } catch (error) {
+      if (!(error instanceof UnscannableError)) throw error;
+      secret = "(unscannable)";
+    }
+    if (secret !== undefined) throw new LeakFound({ secret, where });
+  };
+  const scanBytes = (bytes: Buffer, where: string): void => {
+    const scanner = new LiteralScanner(secrets.valuesToFind());
+    scanner.push(bytes);
+    if (scanner.found !== undefined) throw new LeakFound({ secret: scanner.found, where });
+  };
+  const { postData, ...request } = entry.request;
+  const { content, ...response } = entry.response;
+  const { text: contentText, ...contentMeta } = content;
+  find(JSON.stringify({ request, response, contentMeta, postMeta: { ...postData, text: undefined } }), "the entry's URL or headers");
+  for (const [text, isBase64, where] of [
+    [postData?.text, postData?._encoding === "base64", "the request body"],
+    [contentText, content.encoding === "base64", "the response body"],
+  ] as const) {
+    if (text === undefined || text === "") continue;
+    if (!isBase64 && text.length <= fullScanLimit) find(text, where);
+    else scanBytes(isBase64 ? Buffer.from(text, "base64") : Buffer.from(text, "utf8"), where);
+  }
+}

@@ -1,0 +1,203 @@
+import { existsSync } from "node:fs";
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import { sidecarDir } from "./har.js";
+
+/**
+ * `egressgate har check FILE`: the HAR 1.2 checks of the spec's required fields and their types
+ * (our own, since har-validator is deprecated), then a list of the entries and of any string
+ * that looks like a credential. Files from Chrome DevTools and mitmproxy pass as well as ours.
+ */
+
+export interface HarReport {
+  readonly problems: string[];
+  readonly entries: string[];
+  readonly suspicious: string[];
+  readonly summary: string;
+}
+
+type Json = Record<string, unknown>;
+
+/** Strings that look like credentials: a raw placeholder, and the shapes of common tokens. */
+const secretShapes: readonly [string, RegExp][] = [
+  ["an egressgate placeholder", /EGRESSGATE_SECRET_[0-9a-f]{48}/g],
+  ["a GitHub token", /\bgh[pousr]_[A-Za-z0-9]{30,}/g],
+  ["a GitHub fine-grained token", /\bgithub_pat_[A-Za-z0-9_]{30,}/g],
+  ["an AWS access key id", /\b(?:AKIA|ASIA)[0-9A-Z]{16}\b/g],
+  ["a Slack token", /\bxox[abprs]-[A-Za-z0-9-]{10,}/g],
+  ["an API key (sk-…)", /\bsk-[A-Za-z0-9_-]{20,}/g],
+  ["a JWT", /\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}/g],
+  ["a private key", /-----BEGIN [A-Z ]*PRIVATE KEY-----/g],
+  ["a bearer token", /\bBearer [A-Za-z0-9._~+/-]{20,}=*/g],
+];
+
+export async function checkHarFile(path: string): Promise<HarReport> {
+  let har: unknown;
+  try {
+    har = JSON.parse(await readFile(path, "utf8"));
+  } catch (error) {
+    const reason = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
+    return { problems: [`cannot read it as JSON: ${reason}`], entries: [], suspicious: [], summary: `${path}: not a HAR file` };
+  }
+  const problems: string[] = [];
+  const entries: string[] = [];
+  const suspicious: string[] = [];
+  const at = new Checker(problems);
+  const log = at.object(har, "log", "");
+  if (log === undefined) return { problems, entries, suspicious, summary: `${path}: not a HAR file` };
+  at.string(log, "version", "log");
+  const creator = at.object(log, "creator", "log");
+  if (creator !== undefined) {
+    at.string(creator, "name", "log.creator");
+    at.string(creator, "version", "log.creator");
+  }
+  const list = at.array(log, "entries", "log") ?? [];
+  list.forEach((raw, i) => {
+    const where = `log.entries[${i}]`;
+    if (!isObject(raw)) {
+      problems.push(`${where}: must be an object`);
+      return;
+    }
+    at.string(raw, "startedDateTime", where);
+    if (typeof raw["startedDateTime"] === "string" && Number.isNaN(Date.parse(raw["startedDateTime"]))) problems.push(`${where}.startedDateTime: not an ISO 8601 date`);
+    at.number(raw, "time", where);
+    at.object(raw, "cache", where);
+    const timings = at.object(raw, "timings", where);
+    if (timings !== undefined) for (const key of ["send", "wait", "receive"]) at.number(timings, key, `${where}.timings`);
+    const request = at.object(raw, "request", where);
+    const response = at.object(raw, "response", where);
+    if (request !== undefined) {
+      const w = `${where}.request`;
+      at.string(request, "method", w);
+      const url = at.string(request, "url", w);
+      if (url !== undefined && !URL.canParse(url)) problems.push(`${w}.url: not an absolute URL`);
+      at.string(request, "httpVersion", w);
+      at.array(request, "cookies", w);
+      at.nameValues(request, "headers", w);
+      at.nameValues(request, "queryString", w);
+      at.number(request, "headersSize", w);
+      at.number(request, "bodySize", w);
+      if (request["postData"] !== undefined) {
+        const post = at.object(request, "postData", w);
+        if (post !== undefined) {
+          at.string(post, "mimeType", `${w}.postData`);
+          if (post["text"] === undefined && !Array.isArray(post["params"])) problems.push(`${w}.postData: needs text or params`);
+          sidecar(post, `${w}.postData`);
+        }
+      }
+    }
+    if (response !== undefined) {
+      const w = `${where}.response`;
+      at.number(response, "status", w);
+      at.string(response, "statusText", w, true);
+      at.string(response, "httpVersion", w, true);
+      at.array(response, "cookies", w);
+      at.nameValues(response, "headers", w);
+      at.string(response, "redirectURL", w, true);
+      at.number(response, "headersSize", w);
+      at.number(response, "bodySize", w);
+      const content = at.object(response, "content", w);
+      if (content !== undefined) {
+        at.number(content, "size", `${w}.content`);
+        at.string(content, "mimeType", `${w}.content`, true);
+        sidecar(content, `${w}.content`);
+      }
+    }
+    if (request !== undefined && response !== undefined) {
+      const content = isObject(response["content"]) ? response["content"] : {};
+      const size = typeof content["size"] === "number" ? `${content["size"]} bytes` : "?";
+      const type = typeof content["mimeType"] === "string" && content["mimeType"] !== "" ? `${content["mimeType"]}, ` : "";
+      const file = typeof content["_file"] === "string" ? ", sidecar" : "";
+      entries.push(`${String(i).padStart(4)}  ${String(request["method"])} ${String(request["url"])} -> ${String(response["status"])} (${type}${size}${file})`);
+    }
+    findSuspicious(raw, where, suspicious);
+  });
+
+  function sidecar(holder: Json, where: string): void {
+    const file = holder["_file"];
+    if (file === undefined) return;
+    if (typeof file !== "string" || !/^[0-9a-f]{64}$/.test(file)) problems.push(`${where}._file: must be the SHA-256 of the body (64 hex digits)`);
+    else if (!existsSync(join(sidecarDir(path), file))) problems.push(`${where}._file: ${join(sidecarDir(path), file)} is missing`);
+  }
+
+  const version = isObject(har) && isObject(har["log"]) ? String(har["log"]["version"]) : "?";
+  const made = creator !== undefined ? ` by ${String(creator["name"])} ${String(creator["version"])}` : "";
+  return { problems, entries, suspicious, summary: `${path}: HAR ${version}${made}, ${list.length} entries` };
+}
+
+function isObject(value: unknown): value is Json {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+class Checker {
+  constructor(private readonly problems: string[]) {}
+
+  private need(holder: unknown, key: string, where: string, kind: string, test: (v: unknown) => boolean, optional = false): unknown {
+    const value = isObject(holder) ? holder[key] : undefined;
+    if (value === undefined && optional) return undefined;
+    if (!test(value)) {
+      this.problems.push(`${where === "" ? key : `${where}.${key}`}: ${value === undefined ? "missing" : `must be ${kind}`}`);
+      return undefined;
+    }
+    return value;
+  }
+
+  object(holder: unknown, key: string, where: string): Json | undefined {
+    return this.need(holder, key, where, "an object", isObject) as Json | undefined;
+  }
+
+  array(holder: unknown, key: string, where: string): unknown[] | undefined {
+    return this.need(holder, key, where, "an array", Array.isArray) as unknown[] | undefined;
+  }
+
+  string(holder: unknown, key: string, where: string, optional = false): string | undefined {
+    // mitmproxy and Chrome leave some strings empty; the spec requires them present.
+    return this.need(holder, key, where, "a string", (v) => typeof v === "string", optional) as string | undefined;
+  }
+
+  number(holder: unknown, key: string, where: string): number | undefined {
+    return this.need(holder, key, where, "a number", (v) => typeof v === "number" && Number.isFinite(v)) as number | undefined;
+  }
+
+  nameValues(holder: unknown, key: string, where: string): void {
+    const list = this.array(holder, key, where);
+    list?.forEach((item, i) => {
+      if (!isObject(item) || typeof item["name"] !== "string" || typeof item["value"] !== "string") {
+        this.problems.push(`${where}.${key}[${i}]: must be { name, value } with string values`);
+      }
+    });
+  }
+}
+
+/** Every string in the entry, bodies decoded from base64 when they are text. */
+function findSuspicious(entry: Json, where: string, out: string[]): void {
+  const visit = (value: unknown, path: string): void => {
+    if (typeof value === "string") {
+      for (const [what, shape] of secretShapes) {
+        for (const match of value.matchAll(shape)) {
+          out.push(`${where}${path}: ${what}: ${match[0].slice(0, 10)}… (${match[0].length} characters)`);
+        }
+      }
+      return;
+    }
+    if (Array.isArray(value)) value.forEach((item, i) => visit(item, `${path}[${i}]`));
+    else if (isObject(value)) for (const [key, item] of Object.entries(value)) visit(item, `${path}.${key}`);
+  };
+  visit(entry, "");
+  const content = isObject(entry["response"]) && isObject(entry["response"]["content"]) ? entry["response"]["content"] : undefined;
+  if (content?.["encoding"] === "base64" && typeof content["text"] === "string") {
+    visit(Buffer.from(content["text"], "base64").toString("latin1"), ".response.content.text (decoded)");
+  }
+}
+
+/** The report as `har check` prints it; the exit status: 0 clean, 1 secret-looking strings, 2 not valid HAR 1.2. */
+export function formatHarReport(report: HarReport): { text: string; status: number } {
+  const lines = [report.summary];
+  if (report.problems.length > 0) {
+    lines.push(`not valid HAR 1.2 (${report.problems.length} problems):`, ...report.problems.map((p) => `  ${p}`));
+  } else lines.push("valid HAR 1.2");
+  if (report.entries.length > 0) lines.push("entries:", ...report.entries);
+  lines.push(report.suspicious.length === 0 ? "secret-looking strings: none" : `secret-looking strings (${report.suspicious.length}):`);
+  lines.push(...report.suspicious.map((s) => `  ${s}`));
+  return { text: `${lines.join("\n")}\n`, status: report.problems.length > 0 ? 2 : report.suspicious.length > 0 ? 1 : 0 };
+}

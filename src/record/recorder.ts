@@ -1,0 +1,144 @@
+import { getHeader } from "../headers.js";
+import type { Logger } from "../log.js";
+import type { Executor, ExecutorResponse, OutboundRequest, SendInfo } from "../pipeline/exchange.js";
+import type { SecretStore } from "../policy/secrets.js";
+import { BodyCapture, teeBody, type CapturedBody } from "./body-capture.js";
+import { buildEntry, type Exchange } from "./entry.js";
+import { sidecarDir } from "./har.js";
+import { LiteralScanner } from "./leak-scan.js";
+import type { Recording } from "./recording.js";
+import { rm } from "node:fs/promises";
+import { join } from "node:path";
+import type { Readable } from "node:stream";
+
+export interface RecorderDeps {
+  readonly recording: Recording;
+  readonly guest: string;
+  /** The guest's secrets, asked at each exchange (they can rotate). */
+  readonly secrets: () => SecretStore | undefined;
+  readonly cookies: boolean;
+  readonly log: Logger;
+}
+
+const redirectStatuses = new Set([301, 302, 303, 307, 308]);
+
+/**
+ * Wraps the upstream: each exchange (one redirect hop) is sent as usual and, once its response
+ * body has streamed to the guest, becomes one HAR entry. Bodies are copied as they pass, so
+ * recording adds no buffering the guest would wait for beyond the disk's own pace.
+ */
+export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Executor {
+  return {
+    async send(request, address, signal, info) {
+      const seq = deps.recording.nextSeq();
+      const started = new Date();
+      const t0 = performance.now();
+      const store = deps.secrets();
+      const scanner = (): LiteralScanner | undefined => {
+        const values = store?.valuesToFind() ?? [];
+        return values.length === 0 ? undefined : new LiteralScanner(values);
+      };
+      let requestBody: { capture: BodyCapture; done: Promise<boolean>; scanner: LiteralScanner | undefined } | undefined;
+      let sent: OutboundRequest = request;
+      if (request.body !== null) {
+        const requestScanner = scanner();
+        const capture = new BodyCapture(sidecarDir(deps.recording.path), { scanner: requestScanner });
+        if (request.body instanceof Uint8Array) {
+          void capture.write(Buffer.from(request.body));
+          requestBody = { capture, done: Promise.resolve(true), scanner: requestScanner };
+        } else {
+          const tee = teeBody(request.body, capture);
+          requestBody = { capture, done: tee.done, scanner: requestScanner };
+          sent = { ...request, body: tee.body };
+        }
+      }
+      let response: ExecutorResponse;
+      try {
+        response = await upstream.send(sent, address, signal, info);
+      } catch (error) {
+        void requestBody?.capture.discard();
+        throw error;
+      }
+      const head = performance.now();
+      const finish = async (body: CapturedBody | null, responseScanner: LiteralScanner | undefined): Promise<void> => {
+        let requestCaptured: CapturedBody | null = null;
+        if (requestBody !== undefined) {
+          if (!(await requestBody.done)) {
+            await requestBody.capture.discard();
+            throw new Error("the request body did not arrive whole");
+          }
+          requestCaptured = await requestBody.capture.finish();
+        }
+        const exchange: Exchange = {
+          seq,
+          hop: info.hop,
+          guest: deps.guest,
+          started,
+          request,
+          requestBody: requestCaptured,
+          serverIPAddress: address.ip,
+          status: response.status,
+          headers: response.headers,
+          responseBody: body,
+          sidecarLeak: responseScanner?.found,
+          requestLeak: requestBody?.scanner?.found,
+          timings: { send: 0, wait: Math.round(head - t0), receive: Math.round(performance.now() - head) },
+        };
+        write(exchange, deps, info);
+      };
+      const location = redirectStatuses.has(response.status) ? response.location : undefined;
+      if (response.body === null || location !== undefined) {
+        // A redirect's body is thrown away by the pipeline: recorded empty, and left to undici to dump.
+        deps.recording.track(finish(null, undefined).catch((error: unknown) => skipped(deps, seq, error)));
+        return response;
+      }
+      const encoding = (getHeader(response.headers, "content-encoding") ?? "").trim();
+      const framed = getHeader(response.headers, "content-length") !== undefined;
+      // A sidecar body is searched as it streams; an encoded one is searched after decoding, whole, when small.
+      const responseScanner = encoding === "" || encoding === "identity" ? scanner() : undefined;
+      const capture = new BodyCapture(sidecarDir(deps.recording.path), { chunks: !framed && encoding === "", scanner: responseScanner });
+      const tee = teeBody(response.body as Readable, capture);
+      deps.recording.track(
+        (async () => {
+          if (!(await tee.done)) {
+            await capture.discard();
+            deps.log.debug("exchange not recorded: its body did not arrive whole", { code: "EG_RECORD_INCOMPLETE", seq, guest: deps.guest });
+            return;
+          }
+          const body = await capture.finish();
+          if (body.file !== undefined && encoding !== "" && encoding !== "identity" && store !== undefined && store.valuesToFind().length > 0) {
+            // Still compressed on disk, so it cannot be searched: not written (fail closed).
+            await finish(body, { found: "(compressed sidecar body, not searchable)" } as LiteralScanner);
+            return;
+          }
+          await finish(body, responseScanner);
+        })().catch((error: unknown) => skipped(deps, seq, error)),
+      );
+      return { ...response, body: tee.body };
+    },
+  };
+}
+
+function write(exchange: Exchange, deps: RecorderDeps, info: SendInfo): void {
+  const built = buildEntry(exchange, deps.secrets(), { cookies: deps.cookies });
+  if ("leak" in built) {
+    deps.log.error("exchange not recorded: it holds a secret's value", {
+      code: "EG_RECORD_LEAK",
+      seq: exchange.seq,
+      id: info.id,
+      guest: deps.guest,
+      secret: built.leak.secret,
+      where: built.leak.where,
+    });
+    // Its sidecar files are what may hold the value: they go too.
+    for (const file of [exchange.requestBody?.file, exchange.responseBody?.file]) {
+      if (file !== undefined) void rm(join(sidecarDir(deps.recording.path), file), { force: true }).catch(() => undefined);
+    }
+    return;
+  }
+  deps.recording.append(built.entry);
+}
+
+function skipped(deps: RecorderDeps, seq: number, error: unknown): void {
+  deps.log.warn("exchange not recorded", { code: "EG_RECORD_FAILED", seq, guest: deps.guest, error });
+}

@@ -1,0 +1,137 @@
+import { mkdir, open, rename, rm, type FileHandle } from "node:fs/promises";
+import type { Logger } from "../log.js";
+import { journalPath, sidecarDir, type RecordedEntry } from "./har.js";
+
+/** The `creator` of every HAR this proxy writes. */
+const creator = { name: "egressgate", version: "1", comment: "recorded network (issue 18); secrets appear only as EGRESSGATE_SECRET{NAME} or [REDACTED:NAME]" };
+
+interface Journaled {
+  readonly seq: number;
+  readonly offset: number;
+  readonly length: number;
+}
+
+/** How long close() waits for exchanges still streaming their bodies before it writes the file without them. */
+const pendingGraceMs = 5_000;
+
+/**
+ * One HAR file being recorded. Entries are appended to a journal (`FILE.har.journal`, one JSON
+ * entry per line) as they complete, so a crash loses at most the exchanges in flight; the HAR
+ * itself is written from the journal, in the order the exchanges started (`seq`, so concurrent
+ * requests come out in a stable order whatever order they finished in), to a temporary file
+ * that is then renamed over FILE.har: a reader never sees half a file. A recording that cannot
+ * be written logs why and records nothing more; the proxy goes on serving.
+ */
+export class Recording {
+  private seq = 0;
+  private readonly index: Journaled[] = [];
+  private offset = 0;
+  private queue: Promise<void> = Promise.resolve();
+  private readonly pending = new Set<Promise<unknown>>();
+  private failed = false;
+  private closed: Promise<void> | undefined;
+  /** Set once close() has waited for the exchanges in flight: later ones are not written. */
+  private final = false;
+
+  private constructor(
+    readonly path: string,
+    private readonly journal: FileHandle,
+    private readonly log: Logger,
+    /** Entries kept from the file being extended (`--record-missing`), written first. */
+    private readonly kept: readonly RecordedEntry[],
+  ) {
+    this.seq = kept.reduce((max, entry) => Math.max(max, entry._egressgate?.seq ?? 0), 0);
+  }
+
+  static async open(path: string, log: Logger, kept: readonly RecordedEntry[] = []): Promise<Recording> {
+    await mkdir(sidecarDir(path), { recursive: true, mode: 0o700 });
+    const journal = await open(journalPath(path), "w+", 0o600);
+    return new Recording(path, journal, log, kept);
+  }
+
+  /** The next exchange's place in the recording. */
+  nextSeq(): number {
+    return ++this.seq;
+  }
+
+  /** Waits for `work` (an exchange still streaming) before the file is written on close. */
+  track(work: Promise<unknown>): void {
+    this.pending.add(work);
+    void work.finally(() => this.pending.delete(work)).catch(() => undefined);
+  }
+
+  append(entry: RecordedEntry): void {
+    if (this.failed || this.final) return;
+    const line = Buffer.from(`${JSON.stringify(entry)}\n`, "utf8");
+    const seq = entry._egressgate?.seq ?? 0;
+    this.queue = this.queue.then(async () => {
+      if (this.failed) return;
+      try {
+        await this.journal.write(line, 0, line.length, this.offset);
+        this.index.push({ seq, offset: this.offset, length: line.length - 1 });
+        this.offset += line.length;
+      } catch (error) {
+        this.fail("cannot append to the recording's journal", error);
+      }
+    });
+  }
+
+  private fail(what: string, error: unknown): void {
+    if (!this.failed) this.log.error(what, { code: "EG_RECORD_FAILED", path: this.path, error, consequence: "nothing more is recorded; the proxy goes on serving" });
+    this.failed = true;
+  }
+
+  /** Writes FILE.har from what is journaled so far, atomically. */
+  async flush(): Promise<void> {
+    await this.queue;
+    const tmp = `${this.path}.${process.pid}.tmp`;
+    let out: FileHandle | undefined;
+    try {
+      out = await open(tmp, "w", 0o600);
+      let position = 0;
+      const put = async (text: string): Promise<void> => {
+        const bytes = Buffer.from(text, "utf8");
+        await out!.write(bytes, 0, bytes.length, position);
+        position += bytes.length;
+      };
+      await put(`{"log":{"version":"1.2","creator":${JSON.stringify(creator)},"pages":[],"entries":[`);
+      let first = true;
+      for (const entry of this.kept) {
+        await put(`${first ? "\n" : ",\n"}${JSON.stringify(entry)}`);
+        first = false;
+      }
+      for (const { offset, length } of [...this.index].sort((a, b) => a.seq - b.seq)) {
+        const line = Buffer.alloc(length);
+        await this.journal.read(line, 0, length, offset);
+        await put(first ? "\n" : ",\n");
+        await out.write(line, 0, length, position);
+        position += length;
+        first = false;
+      }
+      await put("\n]}}\n");
+      await out.sync();
+      await out.close();
+      out = undefined;
+      await rename(tmp, this.path);
+    } catch (error) {
+      await out?.close().catch(() => undefined);
+      await rm(tmp, { force: true }).catch(() => undefined);
+      this.fail(`cannot write ${this.path}`, error);
+    }
+  }
+
+  /** Waits (a while) for exchanges in flight, writes the file, and removes the journal. */
+  close(): Promise<void> {
+    return (this.closed ??= (async () => {
+      if (this.pending.size > 0) {
+        let timer: NodeJS.Timeout | undefined;
+        await Promise.race([Promise.allSettled([...this.pending]), new Promise((resolve) => (timer = setTimeout(resolve, pendingGraceMs)))]);
+        clearTimeout(timer);
+      }
+      this.final = true;
+      await this.flush();
+      await this.journal.close().catch(() => undefined);
+      if (!this.failed) await rm(journalPath(this.path), { force: true }).catch(() => undefined);
+    })());
+  }
+}

@@ -1,0 +1,203 @@
+import { createHash } from "node:crypto";
+import { createReadStream } from "node:fs";
+import { stat } from "node:fs/promises";
+import { Readable } from "node:stream";
+import { createBrotliCompress, createDeflate, createGzip } from "node:zlib";
+import { EgressError } from "../errors.js";
+import type { Logger } from "../log.js";
+import type { Executor, ExecutorResponse, GuestGone, OutboundRequest } from "../pipeline/exchange.js";
+import { secretToken, type SecretStore } from "../policy/secrets.js";
+import { inlineBodyLimit, type RecordedEntry } from "./har.js";
+import { fieldsOf, type BodyForKey, type MatchOptions } from "./match.js";
+import { sidecarPath, type ReplaySource } from "./replay-source.js";
+
+export interface ReplayDeps {
+  readonly source: ReplaySource;
+  readonly match: MatchOptions;
+  /** `recorded`: wait as long as the recording did for the head, and pace the body's chunks. */
+  readonly latency: "none" | "recorded";
+  /** `--record-missing`: a miss goes to the real network through this (the recorder), and is recorded. */
+  readonly missing: Executor | undefined;
+  readonly guest: string;
+  readonly secrets: () => SecretStore | undefined;
+  readonly log: Logger;
+}
+
+/** Headers that describe one connection or one transfer: never replayed as recorded. */
+const notReplayed = new Set(["connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection", "proxy-authenticate", "content-length"]);
+const methodsWithoutBody = new Set(["HEAD"]);
+const encoders: Record<string, () => NodeJS.ReadWriteStream> = { gzip: createGzip, "x-gzip": createGzip, deflate: createDeflate, br: createBrotliCompress };
+
+/**
+ * Answers from a recording instead of the network: the request (tokenized, so a placeholder or
+ * value of any run matches the `EGRESSGATE_SECRET{NAME}` the file holds) is matched against
+ * the file, and the recorded response is rebuilt. No DNS, TCP or TLS; every check above has
+ * already run.
+ */
+export function replayExecutor(deps: ReplayDeps): Executor {
+  return {
+    async send(request, address, signal, info) {
+      const secrets = deps.secrets();
+      const body = await readBody(request.body);
+      const tokenize = (text: string): string => secrets?.tokenize(text) ?? text;
+      const url = new URL(tokenize(request.url.href));
+      const headers: [string, string][] = [];
+      for (let i = 0; i < request.headers.length; i += 2) {
+        const name = request.headers[i]!;
+        if (deps.match.matchHeaders.includes(name.toLowerCase())) headers.push([name, tokenize(request.headers[i + 1]!)]);
+      }
+      const fields = fieldsOf(request.method, url, headers, keyBody(body, secrets), deps.match);
+      const taken = deps.source.take(fields);
+      if ("miss" in taken) {
+        if (deps.missing !== undefined && taken.code === "EG_REPLAY_MISS") {
+          if (body !== null && !("bytes" in body)) throw new EgressError("EG_REPLAY_MISS", 502, `no recorded response matches ${request.method} ${request.url.origin}${request.url.pathname}, and a request body over 1 MiB cannot be sent on with --record-missing`);
+          return deps.missing.send({ ...request, body: body === null ? null : body.bytes }, address, signal, info);
+        }
+        const message = `${taken.code === "EG_REPLAY_MISS" ? "no recorded response matches" : "no recorded response is left for"} ${request.method} ${request.url.origin}${request.url.pathname} in ${deps.source.path}; ${taken.miss}`;
+        deps.log.warn("replay miss", { code: taken.code, guest: deps.guest, id: info.id, hop: info.hop, method: request.method, url: `${request.url.origin}${request.url.pathname}`, reason: taken.miss });
+        throw new EgressError(taken.code, 502, message, { detail: taken.miss });
+      }
+      const entry = taken.hit.entry;
+      if (deps.latency === "recorded") await sleep(positive(entry.timings?.send) + positive(entry.timings?.wait), signal);
+      return respond(entry, request, deps, signal);
+    },
+  };
+}
+
+type ReadBody = { bytes: Buffer } | { sha256: string; size: number } | null;
+
+/** The guest's body, read whole for the key: bytes when small, else only its hash. */
+async function readBody(body: OutboundRequest["body"]): Promise<ReadBody> {
+  if (body === null) return null;
+  if (body instanceof Uint8Array) return { bytes: Buffer.from(body) };
+  const hash = createHash("sha256");
+  const held: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of body as AsyncIterable<Buffer>) {
+    hash.update(chunk);
+    size += chunk.length;
+    if (size <= inlineBodyLimit) held.push(chunk);
+    else held.length = 0;
+  }
+  return size <= inlineBodyLimit ? { bytes: Buffer.concat(held) } : { sha256: hash.digest("hex"), size };
+}
+
+/** Placeholders in a text body become tokens, as the recorder wrote them. */
+function keyBody(body: ReadBody, secrets: SecretStore | undefined): BodyForKey {
+  if (body === null || !("bytes" in body)) return body === null ? null : { sha256: body.sha256 };
+  const infos = secrets?.list() ?? [];
+  if (infos.length === 0) return body;
+  let text = body.bytes.toString("utf8");
+  if (!Buffer.from(text, "utf8").equals(body.bytes)) return body;
+  for (const info of infos) if (info.placeholder !== "") text = text.replaceAll(info.placeholder, secretToken(info.name));
+  return { bytes: Buffer.from(text, "utf8") };
+}
+
+async function respond(entry: RecordedEntry, request: OutboundRequest, deps: ReplayDeps, signal: GuestGone): Promise<ExecutorResponse> {
+  const { response } = entry;
+  const headers: string[] = [];
+  let location: string | undefined;
+  let encoding = "";
+  for (const { name, value } of response.headers ?? []) {
+    const lower = name.toLowerCase();
+    // HTTP/2 pseudo-headers, as Chrome exports them, and per-connection fields.
+    if (lower.startsWith(":") || notReplayed.has(lower)) continue;
+    if (lower === "location") location = location === undefined ? value : location;
+    if (lower === "content-encoding") encoding = value.trim().toLowerCase();
+    headers.push(name, value);
+  }
+  const content = response.content;
+  const noBody = methodsWithoutBody.has(request.method) || response.status === 204 || response.status === 304 || (response.status >= 100 && response.status < 200);
+  if (noBody) {
+    const recordedLength = (response.headers ?? []).find((h) => h.name.toLowerCase() === "content-length");
+    if (recordedLength !== undefined) headers.push("content-length", recordedLength.value);
+    return { status: response.status, headers, body: null, location };
+  }
+  let body: Readable;
+  let length: number | undefined;
+  if (content?._file !== undefined) {
+    const file = sidecarPath(deps.source.path, content._file);
+    const size = await stat(file).then(
+      (s) => s.size,
+      () => undefined,
+    );
+    if (size === undefined) throw new EgressError("EG_REPLAY_MISS", 502, `the recorded response for ${request.method} ${request.url.origin}${request.url.pathname} is in a sidecar file that is missing (${content._file})`);
+    body = createReadStream(file, { highWaterMark: 64 * 1024 });
+    length = size;
+  } else {
+    const text = content?.text ?? "";
+    const bytes = Buffer.from(text, content?.encoding === "base64" ? "base64" : "utf8");
+    body = chunked(bytes, entry._egressgate?.chunks, deps.latency === "recorded", signal);
+    length = bytes.length;
+  }
+  const stored = content?._encoded;
+  const encoder = stored === undefined && encoding !== "" && encoding !== "identity" ? encoders[encoding] : undefined;
+  if (encoder !== undefined) {
+    // Stored decoded; sent encoded again, as the header says (the bytes differ, the content does not).
+    const encoded = encoder();
+    body.on("error", (error) => (encoded as unknown as Readable).destroy(error));
+    body = body.pipe(encoded) as unknown as Readable;
+  } else if (stored === undefined && encoding !== "" && encoding !== "identity") {
+    // An encoding this proxy cannot apply: the decoded body goes out as it is.
+    const at = headers.findIndex((h, i) => i % 2 === 0 && h.toLowerCase() === "content-encoding");
+    headers.splice(at, 2);
+    headers.push("content-length", String(length));
+  } else {
+    headers.push("content-length", String(length));
+  }
+  if (deps.latency === "recorded" && entry._egressgate?.chunks === undefined) body = delayEnd(body, positive(entry.timings?.receive), signal);
+  return { status: response.status, headers, body, location };
+}
+
+function positive(value: number | undefined | null): number {
+  return typeof value === "number" && value > 0 ? value : 0;
+}
+
+/** The bytes as the recorded chunks (sizes, and with `paced` the times they came at), one push each. */
+function chunked(bytes: Buffer, chunks: readonly (readonly [number, number])[] | undefined, paced: boolean, signal: GuestGone): Readable {
+  if (chunks === undefined || chunks.length === 0) return Readable.from(bytes.length === 0 ? [] : [bytes], { objectMode: false });
+  const pieces: [Buffer, number][] = [];
+  let at = 0;
+  for (const [size, ms] of chunks) {
+    if (at >= bytes.length) break;
+    pieces.push([bytes.subarray(at, at + size), ms]);
+    at += size;
+  }
+  if (at < bytes.length) pieces.push([bytes.subarray(at), pieces.at(-1)?.[1] ?? 0]);
+  const start = performance.now();
+  return Readable.from(
+    (async function* () {
+      for (const [piece, ms] of pieces) {
+        if (paced) await sleep(ms - (performance.now() - start), signal);
+        yield piece;
+      }
+    })(),
+    { objectMode: false },
+  );
+}
+
+function delayEnd(body: Readable, ms: number, signal: GuestGone): Readable {
+  if (ms <= 0) return body;
+  return Readable.from(
+    (async function* () {
+      const start = performance.now();
+      for await (const chunk of body) yield chunk as Buffer;
+      await sleep(ms - (performance.now() - start), signal);
+    })(),
+    { objectMode: false },
+  );
+}
+
+/** A pause that ends early (and quietly) when the guest leaves. */
+function sleep(ms: number, signal: GuestGone): Promise<void> {
+  if (ms <= 0 || signal.aborted) return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = (): void => {
+      clearTimeout(timer);
+      signal.off("abort", done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal.once("abort", done);
+  });
+}

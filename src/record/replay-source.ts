@@ -1,0 +1,134 @@
+import { readFile } from "node:fs/promises";
+import { isIP } from "node:net";
+import { join } from "node:path";
+import { EgressError } from "../errors.js";
+import type { ResolvedAddress } from "../upstream/resolve.js";
+import { sidecarDir, type RecordedEntry, type RecordedHar } from "./har.js";
+import { fieldsOf, matchKey, nearest, type BodyForKey, type MatchFields, type MatchOptions } from "./match.js";
+
+export interface LoadedEntry {
+  /** Its place in the file, from 0. */
+  readonly index: number;
+  readonly entry: RecordedEntry;
+  readonly fields: MatchFields;
+}
+
+export type Exhausted = "repeat-last" | "error";
+
+/** The answers a replay has for one request, or why it has none. */
+export type Take = { readonly hit: LoadedEntry } | { readonly miss: string; readonly code: "EG_REPLAY_MISS" | "EG_REPLAY_EXHAUSTED" };
+
+/**
+ * A HAR file loaded for replay: every entry keyed by what it asked (see match.ts). Identical
+ * requests get their answers in recorded order, then the last again (or an error), the way a
+ * VCR cassette plays back. Also the addresses each host had when recorded, for the IP rules.
+ */
+export class ReplaySource {
+  private readonly byKey = new Map<string, LoadedEntry[]>();
+  private readonly used = new Map<string, number>();
+  private readonly addresses = new Map<string, ResolvedAddress[]>();
+
+  private constructor(
+    readonly path: string,
+    readonly entries: readonly LoadedEntry[],
+    private readonly exhausted: Exhausted,
+  ) {
+    for (const loaded of entries) {
+      const key = matchKey(loaded.fields);
+      const list = this.byKey.get(key);
+      if (list === undefined) this.byKey.set(key, [loaded]);
+      else list.push(loaded);
+      const ip = recordedIp(loaded.entry.serverIPAddress);
+      if (ip === undefined) continue;
+      const known = this.addresses.get(loaded.fields.host) ?? [];
+      if (!known.some((a) => a.ip === ip)) known.push({ ip, family: isIP(ip) === 6 ? 6 : 4 });
+      this.addresses.set(loaded.fields.host, known);
+    }
+  }
+
+  /** Reads and indexes a HAR file; throws an Error that says what is wrong with it. */
+  static async load(path: string, match: MatchOptions, exhausted: Exhausted): Promise<ReplaySource> {
+    let har: RecordedHar;
+    try {
+      har = JSON.parse(await readFile(path, "utf8")) as RecordedHar;
+    } catch (error) {
+      throw new Error(`cannot read ${path} as a HAR file: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`);
+    }
+    const list: unknown = har?.log?.entries;
+    if (!Array.isArray(list)) throw new Error(`${path} is not a HAR file: log.entries is missing`);
+    const entries: LoadedEntry[] = [];
+    for (const [index, entry] of (list as RecordedEntry[]).entries()) {
+      let url: URL;
+      try {
+        url = new URL(entry.request.url);
+      } catch {
+        throw new Error(`${path}: log.entries[${index}].request.url is not a URL`);
+      }
+      if (url.protocol !== "http:" && url.protocol !== "https:") continue;
+      const headers = (entry.request.headers ?? []).map((h) => [h.name, h.value] as const);
+      const body = await requestBodyOf(entry, path);
+      entries.push({ index, entry, fields: fieldsOf(entry.request.method, url, headers, body, match) });
+    }
+    return new ReplaySource(path, entries, exhausted);
+  }
+
+  /** The recorded addresses of a host (lowercase, no trailing dot), if any entry has one. */
+  addressesOf(host: string): readonly ResolvedAddress[] | undefined {
+    return this.addresses.get(host);
+  }
+
+  hasHost(host: string): boolean {
+    return this.entries.some((e) => e.fields.host === host);
+  }
+
+  take(fields: MatchFields): Take {
+    const key = matchKey(fields);
+    const list = this.byKey.get(key);
+    if (list === undefined) return { miss: this.describeMiss(fields), code: "EG_REPLAY_MISS" };
+    const n = this.used.get(key) ?? 0;
+    this.used.set(key, n + 1);
+    if (n < list.length) return { hit: list[n]! };
+    if (this.exhausted === "error") {
+      return { miss: `every one of the ${list.length} recorded answers to this request was used (--replay-exhausted error)`, code: "EG_REPLAY_EXHAUSTED" };
+    }
+    return { hit: list.at(-1)! };
+  }
+
+  private describeMiss(fields: MatchFields): string {
+    const near = nearest(
+      this.entries.map((e) => e.fields),
+      fields,
+    );
+    if (near === undefined) return `${this.path} has no entries`;
+    const entry = this.entries[near.index]!;
+    return `nearest is entry ${entry.index} (${entry.entry.request.method} ${entry.entry.request.url}), which differs in ${near.field}`;
+  }
+}
+
+/** `[::1]` as Chrome writes it, `::1`; nothing for an empty or odd value. */
+function recordedIp(value: string | undefined): string | undefined {
+  if (value === undefined || value === "") return undefined;
+  const bare = value.startsWith("[") && value.endsWith("]") ? value.slice(1, -1) : value;
+  return isIP(bare) === 0 ? undefined : bare;
+}
+
+/** The recorded request body, as the key wants it. */
+async function requestBodyOf(entry: RecordedEntry, path: string): Promise<BodyForKey> {
+  const post = entry.request.postData;
+  if (post === undefined) return null;
+  if (post._file !== undefined) return { sha256: post._file };
+  if (typeof post.text === "string") return { bytes: Buffer.from(post.text, post._encoding === "base64" ? "base64" : "utf8") };
+  // Chrome writes form bodies as params only.
+  if (Array.isArray(post.params)) {
+    return { bytes: Buffer.from(new URLSearchParams(post.params.map((p): [string, string] => [p.name, p.value ?? ""])).toString(), "utf8") };
+  }
+  void path;
+  return null;
+}
+
+/** The path of a sidecar file named in an entry. */
+export function sidecarPath(harPath: string, file: string): string {
+  // A name from the file is a hash: anything else (../, a slash) is refused, never followed.
+  if (!/^[0-9a-f]{64}$/.test(file)) throw new EgressError("EG_REPLAY_MISS", 502, `the recording names a sidecar file ${JSON.stringify(file.slice(0, 80))} that is not a SHA-256`);
+  return join(sidecarDir(harPath), file);
+}
