@@ -14,6 +14,7 @@ import type { ResolvedGuest } from "./guest-options.js";
 import type { ResolvedProxyOptions } from "./options.js";
 import type { UpgradeDeps } from "./upgrade.js";
 import type { DecisionLog } from "./decision-log.js";
+import type { RecordedNetwork } from "../record/network.js";
 
 export interface GuestDeps {
   readonly config: ResolvedProxyOptions;
@@ -24,6 +25,8 @@ export interface GuestDeps {
   readonly decide: DecisionLog;
   /** The placeholder of another guest's secret in a request, by secret name. */
   readonly foreignSecret: (self: Guest, request: SecretTarget) => string | undefined;
+  /** `upstream.record`/`upstream.replay`: the recorded network every guest's pipeline ends in. */
+  readonly network?: RecordedNetwork | undefined;
 }
 
 /**
@@ -85,7 +88,7 @@ export class Guest {
       guest: this.name,
       policy,
       sources: hookSources(resolved.djs, resolved.chain, resolved.checkHooks, log, policy.config.secrets),
-      resolver: new Resolver(resolved.staticHosts, config.timeouts.dnsMs),
+      resolver: deps.network?.resolver(resolved.staticHosts, config.timeouts.dnsMs) ?? new Resolver(resolved.staticHosts, config.timeouts.dnsMs),
       pools: this.pools,
       maxRedirects: config.maxRedirects,
       limits: {
@@ -95,6 +98,7 @@ export class Guest {
       },
       requestMs: config.timeouts.requestMs,
       foreignSecret: (request) => deps.foreignSecret(this, request),
+      executor: deps.network?.executor(this.name, () => policy.config.secrets),
     });
     this.upgradeDeps = {
       guest: this.name,
@@ -104,6 +108,7 @@ export class Guest {
       headersMs: config.timeouts.upstreamHeadersMs,
       redact: deps.redact,
       connect: { upstreamContext: authority.upstreamContext, timeoutMs: config.timeouts.upstreamConnectMs, recheck },
+      offline: deps.network?.replaying === true ? "a WebSocket or other upgrade cannot be answered from a recording (--replay)" : undefined,
     };
   }
 

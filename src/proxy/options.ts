@@ -8,7 +8,7 @@ import type { LogLevel, LogSink } from "../log.js";
 import { cidrsOverlap } from "../policy/cidr.js";
 import { defaultCaDir } from "../tls/ca-store.js";
 import type { LeafKeyType } from "../tls/x509.js";
-import type { AuditRecord } from "../metrics/audit-record.js";
+import type { UpstreamOptions } from "../record/network.js";
 import { plainObject, resolveGuestOptions, type GuestOptions, type ResolvedGuest } from "./guest-options.js";
 
 export interface TimeoutOptions {
@@ -101,18 +101,11 @@ export interface ProxyOptions {
    */
   readonly deploymentKey?: string;
   /**
-   * Append one JSON line per decision to this file (an {@link AuditRecord}), whatever the log
-   * level: requests, CONNECT refusals and upgrades, each with every source that spoke, the rule
-   * that allowed, and the body bytes both ways. Written through a buffered stream and flushed by
-   * `close()`; SIGUSR1 reopens it (for logrotate). A file that cannot be opened fails the start.
+   * A recorded network (README, "Recorded network"): `{ record: { path } }` writes every
+   * exchange to a HAR file, secrets never in it; `{ replay: { path } }` answers from one with no
+   * DNS, TCP or TLS, every check still running. Default: the real network.
    */
-  readonly auditLog?: string;
-  /**
-   * Called with every decision's {@link AuditRecord}, the same object the audit log writes a
-   * line for, with or without `auditLog`. What it returns or throws never reaches a guest: a
-   * throw or a rejected promise is logged (rate-limited) and the proxy carries on.
-   */
-  readonly onDecision?: (record: AuditRecord) => unknown;
+  readonly upstream?: UpstreamOptions;
 }
 
 export interface ResolvedProxyOptions {
@@ -138,8 +131,7 @@ export interface ResolvedProxyOptions {
   readonly logLevel: LogLevel;
   readonly logSink: LogSink | undefined;
   readonly guestEnvFile: string | undefined;
-  readonly auditLog: string | undefined;
-  readonly onDecision: ((record: AuditRecord) => unknown) | undefined;
+  readonly upstream: UpstreamOptions | undefined;
 }
 
 /** The one table of defaults (src/config/defaults.ts), here for the imports that found it here. */
@@ -247,8 +239,7 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
     logLevel: options.logLevel ?? defaults.logLevel,
     logSink: options.logSink,
     guestEnvFile: options.guestEnvFile,
-    auditLog: options.auditLog,
-    onDecision: options.onDecision,
+    upstream: options.upstream,
   };
 }
 

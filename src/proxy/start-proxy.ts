@@ -6,8 +6,6 @@ import { makeIssue, OptionError } from "../option-error.js";
 import { createLogger } from "../log.js";
 import type { ListenAddress } from "../policy/declarative-policy.js";
 import { createTlsAuthority } from "../tls/authority.js";
-import { AuditLogFile } from "../metrics/audit-log.js";
-import { createAuditSink } from "../metrics/audit-sink.js";
 import { randomKey } from "./auth.js";
 import { AuthGate } from "./auth-gate.js";
 import { ConnectionLimits } from "./connection-limits.js";
@@ -21,6 +19,7 @@ import { writeRawError } from "./respond.js";
 import { GuestRedactor } from "./redactor.js";
 import { ThrottledWarning } from "./throttled-log.js";
 import { serveTunnel } from "./tunnel.js";
+import { startRecordedNetwork } from "../record/network.js";
 
 /** A running proxy, as returned by {@link startProxy}. */
 export interface RunningProxy {
@@ -45,6 +44,12 @@ export interface RunningProxy {
   addGuest(name: string, options: GuestOptions): void;
   /** Stops serving a guest: its credentials get 407 from now on, and its open tunnels are closed. */
   removeGuest(name: string): Promise<void>;
+  /**
+   * With `upstream.record` (or `upstream.replay.recordMissing`): writes the HAR file from what is
+   * recorded so far, atomically (the CLI does on SIGTERM, before the drain). `close()` writes it
+   * again with everything. Without a recording, nothing.
+   */
+  flushRecording(): Promise<void>;
   /** Stops accepting, lets in-flight requests finish (up to `timeouts.drainMs`), then closes. */
   close(): Promise<void>;
 }
@@ -65,33 +70,15 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   const redactor = new GuestRedactor();
   const redact = (text: string): string => redactor.redact(text);
   const log = createLogger(config.logLevel, config.logSink, redact);
-  const warnings = new ThrottledWarning(log);
-  const auditFile = config.auditLog === undefined ? undefined : await openAuditLog(config.auditLog, warnings);
-  const auditing = auditFile !== undefined || config.onDecision !== undefined;
-  const decide = createDecisionLog(
-    log,
-    auditing ? { write: createAuditSink(auditFile, config.onDecision, (kind, msg, fields) => warnings.warn(kind, msg, fields)), redact } : undefined,
-  );
-  // logrotate's postrotate sends SIGUSR1: each proxy in the process reopens its own file. Only
-  // with an audit log: without one the signal keeps Node's own meaning (open the inspector).
-  const onRotate = (): void => {
-    auditFile?.reopen();
-    log.info("audit log reopened", { file: config.auditLog });
-  };
-  if (auditFile !== undefined) process.on("SIGUSR1", onRotate);
-  /** A start that fails must not keep the file open, nor its handler on the process. */
-  const abandon = async (error: unknown): Promise<never> => {
-    process.off("SIGUSR1", onRotate);
-    await auditFile?.close(config.timeouts.drainMs);
-    throw error;
-  };
+  const network = config.upstream === undefined ? undefined : await startRecordedNetwork(config.upstream, log);
+  const decide = createDecisionLog(log);
   const authority = await createTlsAuthority({
     caDir: config.caDir,
     leafKeyType: config.leafKeyType,
     leafCacheSize: config.leafCacheSize,
     leafValidityDays: 365,
     upstreamCaPems: config.upstreamCaPems,
-  }).catch(abandon);
+  });
   const selfAddresses: ListenAddress[] = [];
   const guests: GuestRegistry = new GuestRegistry(config.deploymentKey ?? randomKey(), config.open, {
     config,
@@ -101,14 +88,12 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     redact,
     decide,
     foreignSecret: (self, request) => guests.foreignSecret(self, request),
+    network,
   });
-  try {
-    for (const guest of config.guests) guests.add(guest);
-  } catch (error) {
-    await abandon(error);
-  }
+  for (const guest of config.guests) guests.add(guest);
   redactor.update(guests);
 
+  const warnings = new ThrottledWarning(log);
   const limits = new ConnectionLimits(config.limits, log, warnings);
   const side = new GuestSide({ config, log, decide, guests, auth: new AuthGate(guests, warnings), limits, redact });
   const inner = side.createServer();
@@ -131,7 +116,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       outer.off("error", reject);
       resolve();
     });
-  }).catch(abandon);
+  });
   // Listener errors could come once per connection: summarised, not a line each. (EMFILE at
   // accept does not come here: libuv meets it by closing the connection itself.)
   outer.on("error", (error: NodeJS.ErrnoException) => warnings.warn(`listener:${error.code ?? ""}`, "listener error", { error }));
@@ -167,10 +152,8 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       // Every guest is gone, so nothing in the pools is still wanted: a request that will
       // never end (a body nobody reads) must not hold close() open.
       await guests.closeAll();
-      // Last, so the records of the requests that drained are in it.
-      process.off("SIGUSR1", onRotate);
-      await auditFile?.close(config.timeouts.drainMs);
-      warnings.clear();
+      // Once every exchange that drained is in it.
+      await network?.close();
     })());
   if (config.guestEnvFile !== undefined) {
     const file = config.guestEnvFile;
@@ -216,18 +199,11 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       redactor.update(guests);
       log.info("guest removed", { guest: name });
     },
+    flushRecording: async () => {
+      await network?.flush();
+    },
     close,
   };
-}
-
-/** Opened before anything listens: a path that cannot be written fails the start, naming the option. */
-async function openAuditLog(file: string, warnings: ThrottledWarning): Promise<AuditLogFile> {
-  try {
-    return await AuditLogFile.open({ file, warn: (kind, msg, fields) => warnings.warn(kind, msg, fields) });
-  } catch (error) {
-    const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
-    throw new OptionError(makeIssue(["auditLog"], `cannot open ${file} for appending (${code})`), { prefix: "startProxy: ", cause: error });
-  }
 }
 
 function warnPastFileLimit(connections: number, log: ReturnType<typeof createLogger>): void {
