@@ -31,7 +31,8 @@ export type CliCommand =
   | { readonly kind: "help" }
   | { readonly kind: "ca"; readonly caDir: string | undefined }
   | { readonly kind: "env"; readonly caDir: string | undefined; readonly listen: { host: string; port: number }; readonly guest: string | undefined }
-  | { readonly kind: "check-config"; readonly file: string };
+  | { readonly kind: "check-config"; readonly file: string }
+  | { readonly kind: "har-check"; readonly file: string };
 
 /** `HOST:PORT`, `[v6]:PORT` or a bare `PORT`. */
 export function parseListen(value: string): { host: string; port: number } {
@@ -53,6 +54,11 @@ function serveCommand(args: Record<string, unknown>, env: NodeJS.ProcessEnv, arg
   const file = optionalString(args["config"]);
   // argv gives the order of the chain flags (--hooks-script, --hook-command, --hook-url, --hook-opa).
   const config = file === undefined ? configFromFlags(args, env, process.cwd(), argv) : configFromFile(file, args, env, process.cwd());
+  const upstream = config.proxy.upstream;
+  if (config.workers > 1 && (upstream?.record !== undefined || upstream?.replay?.recordMissing === true)) {
+    // Each worker would write its own file over the others'.
+    throw new UsageError(`--workers ${config.workers}: a recording has one writer; record with --workers 1`);
+  }
   let built: BuiltConfig;
   try {
     built = buildProxyOptions(config, { deploymentKey: env[placeholderKeyEnv] });
@@ -103,6 +109,14 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
           }
         }
         command = { kind: "env", caDir: optionalString(args["ca-dir"]), listen, guest };
+      },
+    )
+    .command(
+      "har <action> <file>",
+      "har check FILE: check a HAR file (HAR 1.2, sidecar files), list its entries and any secret-looking strings (exit 0, 1 if any, 2 if not valid)",
+      (y) => y.positional("action", { type: "string", choices: ["check"], demandOption: true }).positional("file", { type: "string", demandOption: true }),
+      (args) => {
+        command = { kind: "har-check", file: String(args["file"]) };
       },
     )
     .command(

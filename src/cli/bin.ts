@@ -5,7 +5,7 @@ import { startProxy } from "../proxy/start-proxy.js";
 import { resolveProxyOptions, type ProxyOptions } from "../proxy/options.js";
 import { parseCli, placeholderKeyEnv, UsageError } from "./args.js";
 import { isClusterWorker, isFirstWorker, reportListening, runPrimary, siblingPort } from "./cluster.js";
-import { checkConfig, failureText, printCa, printEnv } from "./commands.js";
+import { checkConfig, checkHar, failureText, printCa, printEnv } from "./commands.js";
 
 /** `flags`, or the config file in use, once known: how an option error from startProxy is worded. */
 let source: string | undefined;
@@ -15,6 +15,7 @@ async function main(argv: readonly string[]): Promise<number> {
   if (command.kind === "help") return 0;
   if (command.kind === "ca") return printCa(command.caDir);
   if (command.kind === "env") return printEnv(command, process.env);
+  if (command.kind === "har-check") return checkHar(command.file);
   if (command.kind === "check-config") {
     source = command.file;
     return checkConfig(command.file, process.env);
@@ -68,6 +69,8 @@ async function main(argv: readonly string[]): Promise<number> {
         if (signalled) process.exit(130); // a second signal: stop waiting for the drain
         signalled = true;
         if (!worker) process.stderr.write(`egressgate: ${signal}, closing\n`);
+        // What is recorded so far is on disk before the drain, which a second signal may cut short.
+        if (signal === "SIGTERM") void proxy.flushRecording();
         close();
       };
       if (!worker) process.on("SIGINT", stop);

@@ -7,6 +7,7 @@ import { guestToken } from "../proxy/auth.js";
 import { formatShellExports, guestEnvironment } from "../proxy/guest-env.js";
 import { resolveProxyOptions } from "../proxy/options.js";
 import { defaultCaDir, loadOrCreateCa } from "../tls/ca-store.js";
+import { checkHarFile, formatHarReport } from "../record/har-check.js";
 import { placeholderKeyEnv, type CliCommand } from "./args.js";
 
 /** The commands other than serve, and how any error reads to a CLI user. */
@@ -49,6 +50,13 @@ export async function checkConfig(file: string, env: NodeJS.ProcessEnv): Promise
   }
   process.stdout.write(describeConfig(config));
   return 0;
+}
+
+/** `egressgate har check FILE`: HAR 1.2 checks, the entries, and any secret-looking strings. */
+export async function checkHar(file: string): Promise<number> {
+  const { text, status } = formatHarReport(await checkHarFile(file));
+  process.stdout.write(text);
+  return status;
 }
 
 /** startProxy's options are spelled as the file spells them, but for the listen address. */

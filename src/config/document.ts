@@ -10,6 +10,7 @@ import { configFileSchema } from "./schema.js";
 import { readSecret, type InlineSecret } from "./secret-source.js";
 import { resolveHookChain, type HookChainConfig } from "./hook-chain.js";
 import { validate } from "./validate.js";
+import type { UpstreamOptions } from "../record/network.js";
 
 /**
  * A config document (a parsed file, or the CLI's flags in the same shape) turned into a
@@ -60,6 +61,8 @@ export interface ProxyWideConfig {
   readonly limits?: Readonly<{ connections?: number; connectionsPerSource?: number; pipelinedRequests?: number }>;
   readonly logLevel?: LogLevel;
   readonly guestEnvFile?: string;
+  /** A recorded network; its paths absolute. */
+  readonly upstream?: UpstreamOptions;
   /** An absolute path. */
   readonly auditLog?: string;
   readonly auth?: boolean;
@@ -125,6 +128,13 @@ export function resolveProxyWide(doc: Doc, baseDir: string, at: (segments: reado
   if (typeof doc["listen"] === "string") out["listen"] = parseHostPort(doc["listen"], defaults.listen.host);
   if (typeof doc["caDir"] === "string") out["caDir"] = path.resolve(baseDir, doc["caDir"]);
   if (typeof doc["guestEnvFile"] === "string") out["guestEnvFile"] = path.resolve(baseDir, doc["guestEnvFile"]);
+  if (typeof doc["upstream"] === "object" && doc["upstream"] !== null) {
+    const upstream: Record<string, unknown> = {};
+    for (const [key, value] of Object.entries(doc["upstream"] as Record<string, { path?: unknown }>)) {
+      upstream[key] = typeof value?.path === "string" ? { ...value, path: path.resolve(baseDir, value.path) } : value;
+    }
+    out["upstream"] = upstream;
+  }
   if (typeof doc["auditLog"] === "string") out["auditLog"] = path.resolve(baseDir, doc["auditLog"]);
   if (Array.isArray(doc["upstreamCa"])) {
     out["upstreamCa"] = (doc["upstreamCa"] as string[]).map((entry, i) => {

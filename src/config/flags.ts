@@ -21,6 +21,15 @@ export const optionFlags = Object.freeze({
   workers: "--workers",
   logLevel: "--log-level",
   guestEnvFile: "--guest-env-file",
+  "upstream.record.path": "--record",
+  "upstream.record.cookies": "--record-cookies",
+  "upstream.replay.path": "--replay",
+  "upstream.replay.matchHeaders": "--replay-match-header",
+  "upstream.replay.ignoreQuery": "--replay-ignore-query",
+  "upstream.replay.ignoreBodyPaths": "--replay-ignore-body-path",
+  "upstream.replay.exhausted": "--replay-exhausted",
+  "upstream.replay.latency": "--replay-latency",
+  "upstream.replay.recordMissing": "--record-missing",
   auditLog: "--audit-log",
   auth: "--auth",
   allowHosts: "--allow-host",
@@ -42,7 +51,7 @@ export type FlagPath = keyof typeof optionFlags;
  * to `--config` is a usage error: a file and flags that both describe guests would leave it
  * unclear which one wins.
  */
-export const configOverrides: readonly FlagPath[] = ["listen", "caDir", "guestEnvFile", "upstreamCa", "logLevel", "workers", "auditLog"];
+export const configOverrides: readonly FlagPath[] = ["listen", "caDir", "guestEnvFile", "upstreamCa", "logLevel", "workers", "upstream.record.path", "upstream.record.cookies", "upstream.replay.path", "upstream.replay.matchHeaders", "upstream.replay.ignoreQuery", "upstream.replay.ignoreBodyPaths", "upstream.replay.exhausted", "upstream.replay.latency", "upstream.replay.recordMissing", "auditLog"];
 
 /** Options that come from the environment rather than a flag. */
 export const environmentOptions = Object.freeze({ deploymentKey: "$EGRESSGATE_PLACEHOLDER_KEY" });

@@ -64,6 +64,43 @@ const limitsNode = object(
   "What guests may hold at once.",
 );
 
+const replayMatchDoc = "Part of a replay's match key";
+const upstreamNode = object(
+  {
+    record: object(
+      {
+        path: string("a file path", "Write every exchange to this HAR 1.2 file (bodies over 1 MiB to FILE.d/), secrets never in it.", { required: true }),
+        cookies: boolean("Keep Set-Cookie values in the recording; masked by default.", { default: false }),
+      },
+      "Record the network to a HAR file.",
+    ),
+    replay: object(
+      {
+        path: string("a file path", "Answer from this HAR file with no DNS, TCP or TLS; every check still runs.", { required: true }),
+        matchHeaders: list(string("a header name", `${replayMatchDoc}: this header's value.`), "header names", "Headers whose values must match too (none by default)."),
+        ignoreQuery: list(string("a query parameter", "A parameter the match leaves out."), "query parameters", "Query parameters the match leaves out."),
+        ignoreBodyPaths: list(
+          string("a JSON pointer", "A part of a JSON body the match leaves out.", { check: (value) => (value.startsWith("/") ? undefined : `must be a JSON pointer such as /nonce (got ${JSON.stringify(value)})`) }),
+          "JSON pointers",
+          "Parts of a JSON request body the match leaves out (nonces, timestamps).",
+        ),
+        exhausted: string("repeat-last or error", "Once every recorded answer to a request was used: repeat the last, or answer 502.", { choices: ["repeat-last", "error"], default: "repeat-last" }),
+        latency: string("none or recorded", "recorded: wait as long as the recording did for the head and between chunks.", { choices: ["none", "recorded"], default: "none" }),
+        recordMissing: boolean("Send misses to the real network and record them into the same file.", { default: false }),
+      },
+      "Replay a recorded network from a HAR file.",
+    ),
+  },
+  "A recorded network in place of the real one (README, \"Recorded network\").",
+  {
+    rules(value, report) {
+      if (value["record"] !== undefined && value["replay"] !== undefined) {
+        report("cannot be combined with replay: to add what a replay misses to its file, use replay.recordMissing", ["record"]);
+      }
+    },
+  },
+);
+
 /** The options that mean the same in every spelling. */
 const proxyWideFields = {
   caDir: string("a directory path", "Where ca.crt and ca.key live; the CA is created there on first start."),
@@ -83,6 +120,7 @@ const proxyWideFields = {
   limits: limitsNode,
   logLevel: string("a log level", "Log verbosity (JSON lines on stderr).", { choices: logLevels, default: defaults.logLevel }),
   guestEnvFile: string("a file path", "Write the guest environment (KEY=value lines) here once listening; with several guests, FILE.<guest> each."),
+  upstream: upstreamNode,
   auditLog: string("a file path", "Append one JSON line per decision here, whatever the log level; SIGUSR1 reopens it (logrotate)."),
 };
 
