@@ -88,14 +88,7 @@ function build(x: Exchange, active: SecretStore | undefined, secrets: SecretStor
   const requestHeaders: Header[] = [{ name: "host", value: tokenize(x.request.url.host, "the request host") }];
   for (let i = 0; i < x.request.headers.length; i += 2) {
     const name = x.request.headers[i]!;
-    let value = x.request.headers[i + 1]!;
-    const basic = basicCredentials.exec(value);
-    if (basic !== null) {
-      const decoded = Buffer.from(basic[2]!, "base64").toString("utf8");
-      const tokenized = tokenize(decoded, `request header ${name}`);
-      if (tokenized !== decoded) value = `${basic[1]}${Buffer.from(tokenized, "utf8").toString("base64")}`;
-    }
-    requestHeaders.push({ name, value: tokenize(value, `request header ${name}`) });
+    requestHeaders.push({ name, value: tokenizeHeader(x.request.headers[i + 1]!, (text) => tokenize(text, `request header ${name}`)) });
   }
   const parsed = new URL(url);
   const requestType = getHeader(x.request.headers, "content-type") ?? "";
@@ -151,6 +144,20 @@ function build(x: Exchange, active: SecretStore | undefined, secrets: SecretStor
       ...(x.responseBody?.chunks !== undefined && x.responseBody.chunks.length > 1 ? { chunks: x.responseBody.chunks } : {}),
     },
   };
+}
+
+/**
+ * A request header value tokenized; Basic credentials are decoded, tokenized and encoded again,
+ * so the recorder and the replay's match agree on them whatever the value or placeholder was.
+ */
+export function tokenizeHeader(value: string, tokenize: (text: string) => string): string {
+  const basic = basicCredentials.exec(value);
+  if (basic !== null) {
+    const decoded = Buffer.from(basic[2]!, "base64").toString("utf8");
+    const tokenized = tokenize(decoded);
+    if (tokenized !== decoded) value = `${basic[1]}${Buffer.from(tokenized, "utf8").toString("base64")}`;
+  }
+  return tokenize(value);
 }
 
 /** `name=value; attrs` with the value masked: a session cookie is a credential of its own. */

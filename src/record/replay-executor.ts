@@ -7,6 +7,7 @@ import { EgressError } from "../errors.js";
 import type { Logger } from "../log.js";
 import type { Executor, ExecutorResponse, GuestGone, OutboundRequest } from "../pipeline/exchange.js";
 import { secretToken, type SecretStore } from "../policy/secrets.js";
+import { tokenizeHeader } from "./entry.js";
 import { inlineBodyLimit, type RecordedEntry } from "./har.js";
 import { fieldsOf, type BodyForKey, type MatchOptions } from "./match.js";
 import { sidecarPath, type ReplaySource } from "./replay-source.js";
@@ -44,7 +45,7 @@ export function replayExecutor(deps: ReplayDeps): Executor {
       const headers: [string, string][] = [];
       for (let i = 0; i < request.headers.length; i += 2) {
         const name = request.headers[i]!;
-        if (deps.match.matchHeaders.includes(name.toLowerCase())) headers.push([name, tokenize(request.headers[i + 1]!)]);
+        if (deps.match.matchHeaders.includes(name.toLowerCase())) headers.push([name, tokenizeHeader(request.headers[i + 1]!, tokenize)]);
       }
       const fields = fieldsOf(request.method, url, headers, keyBody(body, secrets), deps.match);
       const taken = deps.source.take(fields);

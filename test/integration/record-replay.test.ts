@@ -1,0 +1,307 @@
+import { readdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import type { RecordedHar } from "../../src/record/har.js";
+import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
+import { startUpstream, type Route } from "../helpers/upstream.js";
+
+const VALUE = "ghp_realRecordedValue0123456789abcdef";
+
+function readHar(path: string): RecordedHar {
+  return JSON.parse(readFileSync(path, "utf8")) as RecordedHar;
+}
+
+/** Every byte of the HAR and its sidecar files, as one latin1 string, for grep-like checks. */
+function everything(path: string): string {
+  let out = readFileSync(path, "latin1");
+  try {
+    for (const file of readdirSync(`${path}.d`)) out += readFileSync(join(`${path}.d`, file), "latin1");
+  } catch {
+    // no sidecar folder
+  }
+  return out;
+}
+
+async function recordAndClose(proxy: TestProxy): Promise<void> {
+  await proxy.close();
+}
+
+describe("recorded network", () => {
+  it("records through a real upstream, then replays identical statuses, headers and bodies with zero upstream connections", async () => {
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    const upstream = await startUpstream({
+      routes: {
+        "/json": (_req, res) => {
+          res.writeHead(201, { "content-type": "application/json", "x-custom": "yes" });
+          res.end(JSON.stringify({ ok: true }));
+        },
+      },
+    });
+    const base = `https://api.test:${upstream.port}`;
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    const first = await fetchVia(recorder, `${base}/json?b=2&a=1`);
+    const echoed = await fetchVia(recorder, `${base}/echo`, { method: "POST", body: "hello", headers: { "content-type": "text/plain" } });
+    await recordAndClose(recorder);
+    const hits = upstream.hits();
+    expect(hits).toBe(2);
+    const file = readHar(har);
+    expect(file.log.version).toBe("1.2");
+    expect(file.log.entries).toHaveLength(2);
+    expect(file.log.entries[0]!._egressgate).toMatchObject({ seq: 1, hop: 0, guest: "default" });
+    expect(file.log.entries[0]!.serverIPAddress).toBe("127.0.0.1");
+
+    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har } } });
+    const again = await fetchVia(replayer, `${base}/json?a=1&b=2`);
+    expect(again.status).toBe(first.status);
+    expect(again.text).toBe(first.text);
+    expect(again.headers["x-custom"]).toBe("yes");
+    expect(again.headers["content-type"]).toBe(first.headers["content-type"]);
+    const echoAgain = await fetchVia(replayer, `${base}/echo`, { method: "POST", body: "hello", headers: { "content-type": "text/plain" } });
+    expect(echoAgain.text).toBe(echoed.text);
+    expect(upstream.hits()).toBe(hits);
+  });
+
+  it("a miss gets 502 EG_REPLAY_MISS naming the nearest entry and the field, and opens no socket", async () => {
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    const upstream = await startUpstream();
+    const base = `https://api.test:${upstream.port}`;
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    await fetchVia(recorder, `${base}/echo?x=1`);
+    await recorder.close();
+    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har } } });
+    const missed = await fetchVia(replayer, `${base}/echo?x=2`);
+    expect(missed.status).toBe(502);
+    expect(missed.text).toMatch(/no recorded response matches GET/);
+    const line = replayer.logs.find((l) => l["code"] === "EG_REPLAY_MISS" && l["msg"] === "replay miss");
+    expect(String(line?.["reason"])).toMatch(/nearest is entry 0 .*differs in query/);
+    expect(upstream.hits()).toBe(1);
+  });
+
+  it("A, B, C recorded for one request replay as A, B, C, C (and 502 with --replay-exhausted error)", async () => {
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    let n = 0;
+    const upstream = await startUpstream({
+      routes: {
+        "/next": (_req, res) => {
+          res.writeHead(200, { "content-type": "text/plain" });
+          res.end("ABC"[n++]);
+        },
+      },
+    });
+    const base = `https://api.test:${upstream.port}`;
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    for (let i = 0; i < 3; i++) await fetchVia(recorder, `${base}/next`);
+    await recorder.close();
+    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har } } });
+    const seen: string[] = [];
+    for (let i = 0; i < 4; i++) seen.push((await fetchVia(replayer, `${base}/next`)).text);
+    expect(seen).toEqual(["A", "B", "C", "C"]);
+    const strict = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har, exhausted: "error" } } });
+    for (let i = 0; i < 3; i++) await fetchVia(strict, `${base}/next`);
+    const fourth = await fetchVia(strict, `${base}/next`);
+    expect(fourth.status).toBe(502);
+  });
+
+  it("a recording with a real secret replays in a new run with new placeholders and a dummy value, and no real value is anywhere on disk", async () => {
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    const upstream = await startUpstream();
+    const base = `https://api.test:${upstream.port}`;
+    const secrets = (value: string) => ({ GH_TOKEN: { hosts: ["api.test"], value } });
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"], secrets: secrets(VALUE) }, { upstream: { record: { path: har } } });
+    const placeholder = recorder.guestEnv()["GH_TOKEN"]!;
+    const basic = `Basic ${Buffer.from(`user:${placeholder}`).toString("base64")}`;
+    const recorded = await fetchVia(recorder, `${base}/echo`, { headers: { authorization: `Bearer ${placeholder}`, "x-basic": "1" } });
+    // The echo carries the value back: it comes out redacted in the recording.
+    expect(recorded.text).toContain(VALUE);
+    await fetchVia(recorder, `${base}/echo?basic=1`, { headers: { authorization: basic } });
+    await recorder.close();
+    const disk = everything(har);
+    expect(disk).not.toContain(VALUE);
+    expect(disk).not.toContain(Buffer.from(VALUE).toString("base64").slice(0, 20));
+    expect(disk).not.toContain(placeholder);
+    expect(disk).toContain("EGRESSGATE_SECRET{GH_TOKEN}");
+    expect(disk).toContain("[REDACTED:GH_TOKEN]");
+    const file = readHar(har);
+    expect(file.log.entries).toHaveLength(2);
+
+    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"], secrets: secrets("dummy-value-xyz") }, { upstream: { replay: { path: har, matchHeaders: ["authorization"] } } });
+    const newPlaceholder = replayer.guestEnv()["GH_TOKEN"]!;
+    expect(newPlaceholder).not.toBe(placeholder);
+    const replayed = await fetchVia(replayer, `${base}/echo`, { headers: { authorization: `Bearer ${newPlaceholder}` } });
+    expect(replayed.status).toBe(200);
+    expect(replayed.text).toContain("[REDACTED:GH_TOKEN]");
+    const replayedBasic = await fetchVia(replayer, `${base}/echo?basic=1`, { headers: { authorization: `Basic ${Buffer.from(`user:${newPlaceholder}`).toString("base64")}` } });
+    expect(replayedBasic.status).toBe(200);
+    expect(upstream.hits()).toBe(2);
+  });
+
+  it("a value a hook puts into a request body drops the entry with EG_RECORD_LEAK", async () => {
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    const upstream = await startUpstream();
+    const base = `https://api.test:${upstream.port}`;
+    const recorder = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        secrets: { GH_TOKEN: { hosts: ["api.test"], value: VALUE } },
+        onRequest: (request) => (new URL(request.url).pathname === "/echo" ? new Request(request.url, { method: "POST", body: `token=${VALUE}`, headers: request.headers }) : undefined),
+      },
+      { upstream: { record: { path: har } } },
+    );
+    const res = await fetchVia(recorder, `${base}/echo`, { method: "POST", body: "x" });
+    expect(res.status).toBe(200);
+    await fetchVia(recorder, `${base}/bytes?n=10`);
+    await recorder.close();
+    expect(recorder.logs.some((l) => l["code"] === "EG_RECORD_LEAK" && l["secret"] === "GH_TOKEN")).toBe(true);
+    const file = readHar(har);
+    expect(file.log.entries.map((e) => new URL(e.request.url).pathname)).toEqual(["/bytes"]);
+    expect(everything(har)).not.toContain(VALUE);
+  });
+
+  it("in replay, a redirect hop that leaves the allowlist gets 403 and a hook's deny holds", async () => {
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    const upstream = await startUpstream({ names: ["api.test", "other.test"] });
+    const base = `https://api.test:${upstream.port}`;
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test", "other.test"] }, { upstream: { record: { path: har } } });
+    const followed = await fetchVia(recorder, `${base}/redirect?to=${encodeURIComponent(`https://other.test:${upstream.port}/echo`)}`);
+    expect(followed.status).toBe(200);
+    await fetchVia(recorder, `${base}/echo?deny=1`);
+    await recorder.close();
+    expect(readHar(har).log.entries.map((e) => e._egressgate?.hop)).toEqual([0, 1, 0]);
+    const replayer = await startTestProxy(
+      { allowedInternalHosts: ["api.test"], isRequestAllowed: (request) => !new URL(request.url).search.includes("deny") },
+      { upstream: { replay: { path: har } } },
+    );
+    const refused = await fetchVia(replayer, `${base}/redirect?to=${encodeURIComponent(`https://other.test:${upstream.port}/echo`)}`);
+    expect(refused.status).toBe(403);
+    expect((await fetchVia(replayer, `${base}/echo?deny=1`)).status).toBe(403);
+    expect(upstream.hits()).toBe(3);
+  });
+
+  it("gzip is stored decoded, a PNG as base64, and a binary request body matches", async () => {
+    const { gzipSync } = await import("node:zlib");
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    const png = Buffer.concat([Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]), Buffer.from([0, 0, 0, 13, 0xff, 0xfe])]);
+    const routes: Record<string, Route> = {
+      "/gz": (_req, res) => {
+        const body = gzipSync(JSON.stringify({ zipped: true }));
+        res.writeHead(200, { "content-type": "application/json", "content-encoding": "gzip", "content-length": body.length });
+        res.end(body);
+      },
+      "/png": (_req, res) => {
+        res.writeHead(200, { "content-type": "image/png" });
+        res.end(png);
+      },
+    };
+    const upstream = await startUpstream({ routes });
+    const base = `https://api.test:${upstream.port}`;
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    await fetchVia(recorder, `${base}/gz`);
+    await fetchVia(recorder, `${base}/png`);
+    const upload = Buffer.from([0, 1, 2, 255, 254, 0]);
+    const echoed = await fetchVia(recorder, `${base}/echo`, { method: "PUT", body: upload, headers: { "content-type": "application/octet-stream" } });
+    await recorder.close();
+    const [gz, pngEntry, put] = readHar(har).log.entries;
+    expect(gz!.response.content.text).toBe(JSON.stringify({ zipped: true }));
+    expect(pngEntry!.response.content.encoding).toBe("base64");
+    expect(Buffer.from(pngEntry!.response.content.text!, "base64").equals(png)).toBe(true);
+    expect(put!.request.postData?._encoding).toBe("base64");
+    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har } } });
+    const gzAgain = await fetchVia(replayer, `${base}/gz`);
+    expect(gzAgain.headers["content-encoding"]).toBe("gzip");
+    const putAgain = await fetchVia(replayer, `${base}/echo`, { method: "PUT", body: upload, headers: { "content-type": "application/octet-stream" } });
+    expect(putAgain.text).toBe(echoed.text);
+    const other = await fetchVia(replayer, `${base}/echo`, { method: "PUT", body: Buffer.from([9, 9]), headers: { "content-type": "application/octet-stream" } });
+    expect(other.status).toBe(502);
+  });
+
+  it("a body nonce misses unless its path is ignored", async () => {
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    const upstream = await startUpstream();
+    const base = `https://api.test:${upstream.port}`;
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    const body = (nonce: string): string => JSON.stringify({ q: "x", nonce, ts: 1 });
+    await fetchVia(recorder, `${base}/echo`, { method: "POST", body: body("n1"), headers: { "content-type": "application/json" } });
+    await recorder.close();
+    const strict = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har } } });
+    expect((await fetchVia(strict, `${base}/echo`, { method: "POST", body: body("n2"), headers: { "content-type": "application/json" } })).status).toBe(502);
+    const lenient = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har, ignoreBodyPaths: ["/nonce"] } } });
+    // Key order does not matter either: the body is canonicalised.
+    const reordered = JSON.stringify({ ts: 1, nonce: "n3", q: "x" });
+    expect((await fetchVia(lenient, `${base}/echo`, { method: "POST", body: reordered, headers: { "content-type": "application/json" } })).status).toBe(200);
+  });
+
+  it("an 8 MiB download goes to a sidecar file and replays whole from it", async () => {
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    const upstream = await startUpstream();
+    const base = `https://api.test:${upstream.port}`;
+    const size = 8 * 1024 * 1024;
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    const recorded = await fetchVia(recorder, `${base}/bytes?n=${size}`);
+    await recorder.close();
+    const entry = readHar(har).log.entries[0]!;
+    expect(entry.response.content._file).toMatch(/^[0-9a-f]{64}$/);
+    expect(readFileSync(har, "utf8").length).toBeLessThan(64 * 1024);
+    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har } } });
+    const replayed = await fetchVia(replayer, `${base}/bytes?n=${size}`);
+    expect(replayed.text.length).toBe(recorded.text.length);
+    expect(replayed.text === recorded.text).toBe(true);
+  });
+
+  it("concurrent requests record in the order they started, not the order they finished", async () => {
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    let arrived!: () => void;
+    const slowArrived = new Promise<void>((resolve) => (arrived = resolve));
+    const upstream = await startUpstream({
+      routes: {
+        "/slow": (_req, res) => {
+          arrived();
+          void held.then(() => res.end("slow"));
+        },
+        "/fast": (_req, res) => res.end("fast"),
+      },
+    });
+    const base = `https://api.test:${upstream.port}`;
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    const slow = fetchVia(recorder, `${base}/slow`);
+    await slowArrived;
+    await fetchVia(recorder, `${base}/fast`);
+    release();
+    await slow;
+    await recorder.close();
+    expect(readHar(har).log.entries.map((e) => new URL(e.request.url).pathname)).toEqual(["/slow", "/fast"]);
+  });
+
+  it("--record-missing sends a miss to the network and adds it to the same file", async () => {
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    const upstream = await startUpstream();
+    const base = `https://api.test:${upstream.port}`;
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    await fetchVia(recorder, `${base}/echo?a=1`);
+    await recorder.close();
+    const both = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har, recordMissing: true } } });
+    await fetchVia(both, `${base}/echo?a=1`);
+    await fetchVia(both, `${base}/echo?a=2`);
+    await both.close();
+    expect(upstream.hits()).toBe(2);
+    expect(readHar(har).log.entries.map((e) => new URL(e.request.url).search)).toEqual(["?a=1", "?a=2"]);
+  });
+
+  it("a recording and a replay together are refused, and a replay file that is not HAR fails the start", async () => {
+    const dir = tempDir();
+    await expect(startTestProxy({}, { upstream: { record: { path: join(dir, "a.har") }, replay: { path: join(dir, "b.har") } } })).rejects.toThrow(/upstream\.record.*cannot be combined with replay/);
+    await expect(startTestProxy({}, { upstream: { replay: { path: join(dir, "missing.har") } } })).rejects.toThrow(/upstream\.replay\.path.*cannot read/);
+  });
+});
