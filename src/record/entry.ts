@@ -5,7 +5,7 @@ import type { OutboundRequest } from "../pipeline/exchange.js";
 import type { SecretStore } from "../policy/secrets.js";
 import { UnscannableError } from "../policy/secret-scan.js";
 import type { CapturedBody } from "./body-capture.js";
-import { inlineBodyLimit, isText, toHarHeaders, type RecordedContent, type RecordedEntry, type RecordedPostData } from "./har.js";
+import { inlineBodyLimit, isText, type RecordedContent, type RecordedEntry, type RecordedPostData } from "./har.js";
 import { fullScanLimit, LiteralScanner } from "./leak-scan.js";
 
 /**

@@ -71,5 +71,6 @@ export function isText(bytes: Uint8Array, mimeType: string): boolean {
   const buffer = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   // Text only when it survives the round trip: a HAR's text field is a JSON string of characters.
   if (!Buffer.from(buffer.toString("utf8"), "utf8").equals(buffer)) return false;
-  return textTypes.test(mimeType) || !/[\x00-\x08\x0e-\x1f]/.test(buffer.toString("latin1"));
+  // Control characters other than tab, CR, LF and form feed mark a binary body.
+  return textTypes.test(mimeType) || !buffer.some((byte) => byte < 0x09 || (byte > 0x0d && byte < 0x20));
 }

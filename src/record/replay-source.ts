@@ -52,7 +52,7 @@ export class ReplaySource {
     try {
       har = JSON.parse(await readFile(path, "utf8")) as RecordedHar;
     } catch (error) {
-      throw new Error(`cannot read ${path} as a HAR file: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`);
+      throw new Error(`cannot read ${path} as a HAR file: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`, { cause: error });
     }
     const list: unknown = har?.log?.entries;
     if (!Array.isArray(list)) throw new Error(`${path} is not a HAR file: log.entries is missing`);
@@ -61,8 +61,8 @@ export class ReplaySource {
       let url: URL;
       try {
         url = new URL(entry.request.url);
-      } catch {
-        throw new Error(`${path}: log.entries[${index}].request.url is not a URL`);
+      } catch (error) {
+        throw new Error(`${path}: log.entries[${index}].request.url is not a URL`, { cause: error });
       }
       if (url.protocol !== "http:" && url.protocol !== "https:") continue;
       const headers = (entry.request.headers ?? []).map((h) => [h.name, h.value] as const);

@@ -1,0 +1,160 @@
+import { spawn } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { gunzipSync } from "node:zlib";
+import { ProxyAgent, request } from "undici";
+import { describe, expect, it, onTestFinished } from "vitest";
+import type { RecordedHar } from "../../src/record/har.js";
+import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
+import { testCa } from "../helpers/test-ca.js";
+import { startUpstream } from "../helpers/upstream.js";
+
+const root = fileURLToPath(new URL("../../", import.meta.url));
+const fixtures = join(root, "test", "fixtures", "har");
+
+/** Runs the CLI from source (no build needed); resolves with its exit and output. */
+function cli(args: readonly string[], onStdout?: (text: string, child: ReturnType<typeof spawn>) => void): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const child = spawn(process.execPath, ["--import", "tsx", join(root, "src", "cli", "bin.ts"), ...args], {
+    cwd: root,
+    env: { ...process.env, XDG_CONFIG_HOME: tempDir("egressgate-xdg-"), HTTPS_PROXY: "", HTTP_PROXY: "" },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const timer = setTimeout(() => child.kill("SIGKILL"), 30_000);
+  onTestFinished(() => {
+    clearTimeout(timer);
+    child.kill("SIGKILL");
+  });
+  let stdout = "";
+  let stderr = "";
+  child.stdout.on("data", (chunk: Buffer) => {
+    stdout += chunk.toString();
+    onStdout?.(stdout, child);
+  });
+  child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
+  return new Promise((resolve) => child.once("close", (code) => resolve({ code, stdout, stderr })));
+}
+
+describe("egressgate har check", () => {
+  it("accepts a Chrome DevTools export and a mitmproxy export, listing their entries", async () => {
+    const chrome = await cli(["har", "check", join(fixtures, "chrome-devtools.har")]);
+    expect(chrome.stdout).toMatch(/valid HAR 1\.2/);
+    expect(chrome.stdout).toMatch(/GET https:\/\/api\.test\/v1\/items\?page=2&sort=name -> 200/);
+    expect(chrome.code).toBe(0);
+    const mitm = await cli(["har", "check", join(fixtures, "mitmproxy.har")]);
+    expect(mitm.stdout).toMatch(/HAR 1\.2 by mitmproxy 11\.0\.2, 3 entries/);
+    expect(mitm.code).toBe(0);
+  });
+
+  it("accepts a file the proxy recorded, and lists secret-looking strings with exit 1", async () => {
+    const dir = tempDir();
+    const har = join(dir, "own.har");
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy(
+      { allowedInternalHosts: ["api.test"], secrets: { GH_TOKEN: { hosts: ["api.test"], value: "ghp_0123456789abcdefghijklmnopqrstuvwxyzAB" } } },
+      { upstream: { record: { path: har } } },
+    );
+    await fetchVia(proxy, `https://api.test:${upstream.port}/echo`, { headers: { authorization: `Bearer ${proxy.guestEnv()["GH_TOKEN"]!}` } });
+    await fetchVia(proxy, `https://api.test:${upstream.port}/bytes?n=${2 * 1024 * 1024}`);
+    await proxy.close();
+    const own = await cli(["har", "check", har]);
+    expect(own.stdout).toMatch(/valid HAR 1\.2/);
+    expect(own.stdout).toMatch(/sidecar/);
+    expect(own.stdout).toMatch(/secret-looking strings: none/);
+    expect(own.code).toBe(0);
+    const leaky = await cli(["har", "check", join(fixtures, "with-secret.har")]);
+    expect(leaky.stdout).toMatch(/a GitHub token: ghp_012345…/);
+    expect(leaky.stdout).not.toContain("ghp_0123456789abcdefghijklmnopqrstuvwxyzAB");
+    expect(leaky.code).toBe(1);
+  });
+
+  it("refuses a file that is not HAR 1.2 with exit 2, naming each problem", async () => {
+    const bad = await cli(["har", "check", join(fixtures, "invalid.har")]);
+    expect(bad.code).toBe(2);
+    expect(bad.stdout).toMatch(/log\.entries\[0\]\.startedDateTime: not an ISO 8601 date/);
+    expect(bad.stdout).toMatch(/log\.entries\[0\]\.time: must be a number/);
+    expect(bad.stdout).toMatch(/log\.entries\[0\]\.request\.url: not an absolute URL/);
+    expect(bad.stdout).toMatch(/log\.entries\[0\]\.response\.content: missing/);
+  });
+});
+
+describe("foreign HAR files replay", () => {
+  it("a Chrome DevTools export replays, h2 pseudo-headers dropped and gzip applied again", async () => {
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: join(fixtures, "chrome-devtools.har") } } });
+    const agent = new ProxyAgent({ uri: proxy.url, requestTls: { ca: proxy.caCertPem } });
+    onTestFinished(() => agent.close());
+    const res = await request("https://api.test/v1/items?sort=name&page=2", { dispatcher: agent });
+    expect(res.statusCode).toBe(200);
+    expect(res.headers["content-encoding"]).toBe("gzip");
+    expect(gunzipSync(Buffer.from(await res.body.arrayBuffer())).toString()).toBe('{"items":[{"id":3},{"id":4}],"page":2}');
+    const created = await fetchVia(proxy, "https://api.test/v1/items", { method: "POST", body: '{"qty":1,"name":"new"}', headers: { "content-type": "application/json" } });
+    expect(created.status).toBe(201);
+    expect(created.text).toBe('{"id":5}');
+  });
+
+  it("a mitmproxy export replays: a binary body, and a redirect followed hop by hop", async () => {
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: join(fixtures, "mitmproxy.har") } } });
+    const agent = new ProxyAgent({ uri: proxy.url, requestTls: { ca: proxy.caCertPem } });
+    onTestFinished(() => agent.close());
+    const logo = await request("https://api.test/logo.png", { dispatcher: agent });
+    expect(Buffer.from(await logo.body.arrayBuffer()).equals(Buffer.from("iVBORw0KGgoAAAANAQ==", "base64"))).toBe(true);
+    const form = await fetchVia(proxy, "https://api.test/form", { method: "POST", body: "a=1&b=2", headers: { "content-type": "application/x-www-form-urlencoded" } });
+    expect(form.status).toBe(200);
+    expect(form.text).toBe("done");
+  });
+
+  it("a WebSocket upgrade in replay gets 502", async () => {
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: join(fixtures, "mitmproxy.har") } } });
+    const { connect } = await import("node:net");
+    const socket = connect(proxy.port, "127.0.0.1");
+    onTestFinished(() => socket.destroy());
+    socket.write("GET http://api.test/logo.png HTTP/1.1\r\nHost: api.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n");
+    const head = await new Promise<string>((resolve) => socket.once("data", (chunk: Buffer) => resolve(chunk.toString("latin1"))));
+    expect(head).toMatch(/^HTTP\/1\.1 502 /);
+    expect(head).toMatch(/cannot be answered from a recording/);
+  });
+});
+
+describe("record and replay flags", () => {
+  it("conflicting flags exit 2, and so does --workers 2 with --record", async () => {
+    const dir = tempDir();
+    const both = await cli(["--record", join(dir, "a.har"), "--replay", join(dir, "b.har")]);
+    expect(both.code).toBe(2);
+    expect(both.stderr).toMatch(/upstream\.record cannot be combined with replay: .*recordMissing/);
+    const workers = await cli(["--workers", "2", "--record", join(dir, "a.har")]);
+    expect(workers.code).toBe(2);
+    expect(workers.stderr).toMatch(/--workers 2: a recording has one writer/);
+    const orphan = await cli(["--replay-latency", "recorded"]);
+    expect(orphan.code).toBe(2);
+  });
+
+  it("SIGTERM writes the HAR file, with what was recorded", async () => {
+    const dir = tempDir();
+    const har = join(dir, "cli.har");
+    const ca = await testCa();
+    const caFile = join(dir, "upstream-ca.pem");
+    writeFileSync(caFile, ca.certPem);
+    const upstream = await startUpstream();
+    let fetched: Promise<void> | undefined;
+    const run = cli(
+      ["--listen", "127.0.0.1:0", "--ca-dir", join(dir, "ca"), "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--upstream-ca", caFile, "--record", har, "--log-level", "silent"],
+      (stdout, child) => {
+        const port = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(stdout)?.[1];
+        if (port === undefined || fetched !== undefined) return;
+        fetched = (async () => {
+          const agent = new ProxyAgent({ uri: `http://127.0.0.1:${port}`, requestTls: { ca: readFileSync(join(dir, "ca", "ca.crt"), "utf8") } });
+          const res = await request(`https://api.test:${upstream.port}/echo`, { dispatcher: agent });
+          await res.body.text();
+          await agent.close();
+          child.kill("SIGTERM");
+        })();
+      },
+    );
+    const exit = await run;
+    await fetched;
+    expect(exit.code).toBe(0);
+    const file = JSON.parse(readFileSync(har, "utf8")) as RecordedHar;
+    expect(file.log.entries).toHaveLength(1);
+    expect(file.log.entries[0]!.response.status).toBe(200);
+  });
+});
