@@ -107,7 +107,9 @@ describe("foreign HAR files replay", () => {
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: join(fixtures, "mitmproxy.har") } } });
     const { connect } = await import("node:net");
     const socket = connect(proxy.port, "127.0.0.1");
-    onTestFinished(() => socket.destroy());
+    onTestFinished(() => {
+      socket.destroy();
+    });
     socket.write("GET http://api.test/logo.png HTTP/1.1\r\nHost: api.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n");
     const head = await new Promise<string>((resolve) => socket.once("data", (chunk: Buffer) => resolve(chunk.toString("latin1"))));
     expect(head).toMatch(/^HTTP\/1\.1 502 /);
