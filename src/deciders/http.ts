@@ -69,7 +69,9 @@ export class HttpDecider {
       status = response.statusCode;
       const type = response.headers["content-type"];
       contentType = (Array.isArray(type) ? type[0] : type) ?? "";
-      text = await readText(response.body);
+      const length = Number(response.headers["content-length"]);
+      // A declared small body is read in one go (undici's text() is cheaper than iterating); any other, bounded.
+      text = Number.isInteger(length) && length <= maxAnswerBytes ? await response.body.text() : await readText(response.body);
     } catch (error) {
       if (error instanceof DeciderFailure) throw error;
       if (deadline.aborted) throw deadline.reason as DeciderFailure;
