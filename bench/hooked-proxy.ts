@@ -4,11 +4,12 @@
  * bench.test name allowed as an internal host, the upstream CA, log level warn, 127.0.0.1:0).
  * With `--hooks` it also registers a no-op tier-3 pair, `onRequest: () => undefined` and
  * `onResponse: () => undefined`; with `--djs FILE` a tier-2 policy file, which bench/targets.ts
- * writes from bench/policies.ts (a no-op pair, or a header allowlist). So the bench targets built on it
- * (`egressgate-api`, `egressgate+hooks`, `egressgate+djs`, `egressgate+djs-allowlist`) differ only
- * in their hooks.
+ * writes from bench/policies.ts (a no-op pair, or a header allowlist); with `--webhook URL` or
+ * `--command FILE` an external decider as its one chain entry (request phase, cacheMs off). So the
+ * bench targets built on it (`egressgate-api`, `egressgate+hooks`, `egressgate+djs`,
+ * `egressgate+djs-allowlist`, `egressgate+webhook`, `egressgate+command`) differ only in their hooks.
  *
- *   npx tsx bench/hooked-proxy.ts --ca-dir DIR --upstream-ca FILE --host NAME [--hooks] [--djs FILE]
+ *   npx tsx bench/hooked-proxy.ts --ca-dir DIR --upstream-ca FILE --host NAME [--hooks] [--djs FILE] [--webhook URL] [--command FILE]
  *
  * prints `egressgate listening on http://127.0.0.1:PORT` like the CLI and serves until SIGINT or
  * SIGTERM. The bench does not run it under tsx: it transpiles this file into its temp dir and
@@ -22,9 +23,11 @@ interface Settings {
   readonly host: string;
   readonly hooks: boolean;
   readonly djs: string | undefined;
+  readonly webhook: string | undefined;
+  readonly command: string | undefined;
 }
 
-const usage = "usage: hooked-proxy --ca-dir DIR --upstream-ca FILE --host NAME [--hooks] [--djs FILE]";
+const usage = "usage: hooked-proxy --ca-dir DIR --upstream-ca FILE --host NAME [--hooks] [--djs FILE] [--webhook URL] [--command FILE]";
 
 function parseArgs(argv: readonly string[]): Settings {
   let caDir: string | undefined;
@@ -32,6 +35,8 @@ function parseArgs(argv: readonly string[]): Settings {
   let host: string | undefined;
   let hooks = false;
   let djs: Settings["djs"];
+  let webhook: Settings["webhook"];
+  let command: Settings["command"];
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
     if (arg === "--hooks") hooks = true;
@@ -39,10 +44,12 @@ function parseArgs(argv: readonly string[]): Settings {
     else if (arg === "--upstream-ca") upstreamCaFile = argv[++i];
     else if (arg === "--host") host = argv[++i];
     else if (arg === "--djs") djs = argv[++i];
+    else if (arg === "--webhook") webhook = argv[++i];
+    else if (arg === "--command") command = argv[++i];
     else throw new TypeError(`unknown argument ${JSON.stringify(arg)}\n${usage}`);
   }
   if (caDir === undefined || upstreamCaFile === undefined || host === undefined) throw new TypeError(`--ca-dir, --upstream-ca and --host are required\n${usage}`);
-  return { caDir, upstreamCaFile, host, hooks, djs };
+  return { caDir, upstreamCaFile, host, hooks, djs, webhook, command };
 }
 
 async function main(): Promise<void> {
@@ -52,6 +59,8 @@ async function main(): Promise<void> {
     allowedInternalHosts: ["*.bench.test"],
     ...(settings.hooks ? { onRequest: () => undefined, onResponse: () => undefined } : {}),
     ...(settings.djs !== undefined ? createDjsHooks(djsHooksOptionsFromFile(settings.djs)) : {}),
+    ...(settings.webhook !== undefined ? { hooks: [{ webhook: settings.webhook }] } : {}),
+    ...(settings.command !== undefined ? { hooks: [{ command: [settings.command] }] } : {}),
   });
   const proxy = await startProxy({
     httpHooks,

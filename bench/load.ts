@@ -39,6 +39,8 @@ export type TargetName =
   | "egressgate+hooks"
   | "egressgate+djs"
   | "egressgate+djs-allowlist"
+  | "egressgate+webhook"
+  | "egressgate+command"
   | "mockttp"
   | "http-mitm-proxy"
   | "mitmdump";

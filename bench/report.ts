@@ -497,3 +497,56 @@ export function goalsTable(list: readonly Goal[]): string {
     list.map((g) => [g.goal, g.measured, g.met === undefined ? "not measured" : g.met ? "yes" : "**no**"]),
   );
 }
+
+/** One external decider against no source at all, at one concurrency (DESIGN §8: a local webhook adds under 0.3 ms p50). */
+export interface DeciderComparison {
+  readonly target: string;
+  readonly concurrency: number;
+  readonly requestsPerSecond: { readonly none: number; readonly decider: number };
+  readonly p50Ms: { readonly none: number; readonly decider: number; readonly added: number };
+}
+
+/** Each decider target against `egressgate-api`, the same script with no source, per concurrency. */
+export function compareDeciders(rows: readonly RateRow[], targets: readonly string[] = ["egressgate+webhook", "egressgate+command"]): DeciderComparison[] {
+  const out: DeciderComparison[] = [];
+  for (const target of targets) {
+    for (const concurrency of new Set(rows.map((r) => r.concurrency))) {
+      const none = rows.find((r) => r.target === "egressgate-api" && r.concurrency === concurrency);
+      const decided = rows.find((r) => r.target === target && r.concurrency === concurrency);
+      if (none === undefined || decided === undefined) continue;
+      out.push({
+        target,
+        concurrency,
+        requestsPerSecond: { none: none.requestsPerSecond, decider: decided.requestsPerSecond },
+        p50Ms: { none: none.p50Ms, decider: decided.p50Ms, added: decided.p50Ms - none.p50Ms },
+      });
+    }
+  }
+  return out;
+}
+
+const deciderLabels: Record<string, string> = {
+  "egressgate+webhook": "local webhook (cacheMs off)",
+  "egressgate+command": "command (/bin/sh reading stdin)",
+};
+
+export function decidersTable(comparisons: readonly DeciderComparison[]): string {
+  return table(
+    ["source", "conc.", "req/s: none → source", "p50 ms: none → source", "added p50 ms"],
+    ["l", "r", "r", "r", "r"],
+    comparisons.map((c) => [
+      deciderLabels[c.target] ?? c.target,
+      String(c.concurrency),
+      `${fixed(c.requestsPerSecond.none, 0)} → ${fixed(c.requestsPerSecond.decider, 0)} (${times(c.requestsPerSecond.decider / c.requestsPerSecond.none)})`,
+      `${fixed(c.p50Ms.none, 3)} → ${fixed(c.p50Ms.decider, 3)}`,
+      `${c.p50Ms.added >= 0 ? "+" : ""}${fixed(c.p50Ms.added, 3)}`,
+    ]),
+  );
+}
+
+/** DESIGN §8's decider goal, from the concurrency-1 comparison: undefined when the webhook did not run. */
+export function deciderGoal(comparisons: readonly DeciderComparison[]): Goal | undefined {
+  const one = comparisons.find((c) => c.target === "egressgate+webhook" && c.concurrency === 1);
+  if (one === undefined) return undefined;
+  return { goal: "External deciders: a local webhook adds under 0.3 ms p50 (concurrency 1)", measured: `+${fixed(one.p50Ms.added, 3)} ms`, met: one.p50Ms.added < 0.3 };
+}

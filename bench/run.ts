@@ -4,7 +4,9 @@
  *
  *   small    small HTTPS GETs, keep-alive, concurrency 1 and 32 (also egressgate-api and, on the
  *            same script, egressgate+hooks, egressgate+djs and egressgate+djs-allowlist: the cost
- *            of a no-op tier-3 pair, a no-op tier-2 pair and a tier-2 header allowlist)
+ *            of a no-op tier-3 pair, a no-op tier-2 pair and a tier-2 header allowlist; and
+ *            egressgate+webhook and egressgate+command: an external decider, a local webhook or a
+ *            command, each against no source, as added p50 latency and req/s)
  *   newconn  the same GETs with a new connection per request, concurrency 8
  *   hosts    the first request to each of 1,000 new hostnames (100 in quick mode)
  *   bulk     a 32 MiB upload to the Node upstream and a 32 MiB download from openssl s_server
@@ -38,7 +40,10 @@ import {
   bigTable,
   bulkRows,
   bulkTable,
+  compareDeciders,
   compareHooks,
+  deciderGoal,
+  decidersTable,
   goals,
   goalsTable,
   hooksTable,
@@ -314,7 +319,12 @@ async function main(): Promise<void> {
   const hosts = hostsRows(only("hosts"), hostsWindows);
   const bulk = bulkRows(only("bulk"), bulkWindows);
   const hooks = compareHooks(smallRows);
-  const goalList = goals({ small: smallRows, newconn: newconnRows, hosts, bulk, big, egressgateFailure: h.dropped.get("egressgate") });
+  const deciders = compareDeciders(smallRows);
+  const deciderGoalRow = deciderGoal(deciders);
+  const goalList = [
+    ...goals({ small: smallRows, newconn: newconnRows, hosts, bulk, big, egressgateFailure: h.dropped.get("egressgate") }),
+    ...(deciderGoalRow !== undefined ? [deciderGoalRow] : []),
+  ];
   const machine = machineInfo(loadBefore);
   const totalSeconds = (performance.now() - started) / 1000;
   const out: string[] = [];
@@ -335,6 +345,10 @@ async function main(): Promise<void> {
     if (hooks.length > 0) {
       print("\nHooks (each hooked target ÷ `egressgate-api`, the same script but for the hooks; proxy CPU includes the tier-2 worker threads, the event-loop thread column leaves them out):\n");
       print(hooksTable(hooks));
+    }
+    if (deciders.length > 0) {
+      print("\nExternal deciders (each against `egressgate-api`, the same script with no source; the webhook is a process of its own on 127.0.0.1, and the command a new process per request):\n");
+      print(decidersTable(deciders));
     }
   }
   if (newconnRows.length > 0) {
@@ -396,6 +410,7 @@ async function main(): Promise<void> {
     goals: goalList,
     results: { small: smallRows, newconn: newconnRows, hosts, bulk, big, bigWithPolicy },
     hooksVsNoHooks: hooks,
+    decidersVsNoSource: deciders,
     tier2Calls: calls,
     tier2Stall: stall,
     rssAtStartKb: idleRss,

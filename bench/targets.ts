@@ -4,7 +4,8 @@
  * - the Node upstream (bench/upstream.ts) and `openssl s_server -HTTP` for bulk downloads, both
  *   with a `*.bench.test` certificate from a CA made for the run;
  * - tcp-relay (bench/tcp-relay.ts), the cost of any hop;
- * - egressgate: the CLI, and bench/hooked-proxy.ts without and with no-op hooks;
+ * - egressgate: the CLI, and bench/hooked-proxy.ts without and with no-op hooks, and with an
+ *   external decider: a local webhook (bench/decider-webhook.ts, a process of its own) or a command;
  * - the peers, configured to do the same MITM work: mockttp and http-mitm-proxy (devDependencies,
  *   bench/peers/, preloaded with bench/peers/loopback-guard.ts) and mitmdump when it is installed.
  *
@@ -13,12 +14,12 @@
  * through `--resolve`, the Node peers through the loopback guard, mitmdump through its addon.
  */
 import { spawnSync, type ChildProcess } from "node:child_process";
-import { closeSync, existsSync, ftruncateSync, mkdirSync, openSync, readFileSync, writeFileSync, writeSync } from "node:fs";
+import { chmodSync, closeSync, existsSync, ftruncateSync, mkdirSync, openSync, readFileSync, writeFileSync, writeSync } from "node:fs";
 import { connect, createServer } from "node:net";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { createCaCertificate, importKeyPair, LeafSigner, parseCertificate } from "../src/tls/x509.js";
-import { ask, forkTs, root, spawnListening, startNodeProxy, transpile } from "./children.js";
+import { ask, exitWithParent, forkTs, root, spawnListening, startNodeProxy, transpile } from "./children.js";
 import type { TargetName } from "./load.js";
 import { headerAllowlistSource, noopPairSource, onResponseOnlySource } from "./policies.js";
 import type { RelayMessage, RelaySetup } from "./tcp-relay.js";
@@ -33,26 +34,59 @@ export const allTargets: readonly TargetName[] = [
   "egressgate+hooks",
   "egressgate+djs",
   "egressgate+djs-allowlist",
+  "egressgate+webhook",
+  "egressgate+command",
   "mockttp",
   "http-mitm-proxy",
   "mitmdump",
 ];
 export const peerTargets: readonly TargetName[] = ["mockttp", "http-mitm-proxy", "mitmdump"];
-export type EgressgateTarget = "egressgate" | "egressgate-w2" | "egressgate-api" | "egressgate+hooks" | "egressgate+djs" | "egressgate+djs-allowlist";
-export const egressgateTargets: readonly EgressgateTarget[] = ["egressgate", "egressgate-w2", "egressgate-api", "egressgate+hooks", "egressgate+djs", "egressgate+djs-allowlist"];
+export type EgressgateTarget =
+  | "egressgate"
+  | "egressgate-w2"
+  | "egressgate-api"
+  | "egressgate+hooks"
+  | "egressgate+djs"
+  | "egressgate+djs-allowlist"
+  | "egressgate+webhook"
+  | "egressgate+command";
+export const egressgateTargets: readonly EgressgateTarget[] = [
+  "egressgate",
+  "egressgate-w2",
+  "egressgate-api",
+  "egressgate+hooks",
+  "egressgate+djs",
+  "egressgate+djs-allowlist",
+  "egressgate+webhook",
+  "egressgate+command",
+];
 /** The CLI targets: egressgate in one process, and with `--workers 2` (node:cluster). The others embed startProxy. */
 const cliTargets: readonly EgressgateTarget[] = ["egressgate", "egressgate-w2"];
 /** The embedded targets that differ from egressgate-api only in their hooks: they take part in small GETs only. */
-export const hookedTargets: readonly TargetName[] = ["egressgate+hooks", "egressgate+djs", "egressgate+djs-allowlist"];
+export const hookedTargets: readonly TargetName[] = ["egressgate+hooks", "egressgate+djs", "egressgate+djs-allowlist", "egressgate+webhook", "egressgate+command"];
+/** The hooked targets whose one source is an external decider (bench/decider-webhook.ts, or a command that allows). */
+export const deciderTargets: readonly TargetName[] = ["egressgate+webhook", "egressgate+command"];
+
+/** The command decider's script: it reads the document, as any decider does, and allows (exit 0, no answer). */
+const allowCommandSource = "#!/bin/sh\ncat > /dev/null\n";
 function writePolicy(dir: string, name: string, source: string): string {
   const file = join(dir, name);
   writeFileSync(file, source);
   return file;
 }
 
-/** Each hooked target's flags for bench/hooked-proxy.ts; tier-2 policies are written into the work dir first. */
-function hookedArgs(target: TargetName, dir: string): string[] {
+/**
+ * Each hooked target's flags for bench/hooked-proxy.ts; tier-2 policies and the command decider's
+ * script are written into the work dir first.
+ */
+function hookedArgs(target: TargetName, dir: string, webhookUrl: string | undefined): string[] {
   if (target === "egressgate+hooks") return ["--hooks"];
+  if (target === "egressgate+webhook") return ["--webhook", webhookUrl!];
+  if (target === "egressgate+command") {
+    const script = writePolicy(dir, "allow-decider.sh", allowCommandSource);
+    chmodSync(script, 0o755);
+    return ["--command", script];
+  }
   if (target === "egressgate+djs") return ["--djs", writePolicy(dir, "noop-pair.mjs", noopPairSource)];
   if (target === "egressgate+djs-allowlist") return ["--djs", writePolicy(dir, "header-allowlist.mjs", headerAllowlistSource)];
   return [];
@@ -307,10 +341,16 @@ export async function startTargets(options: StartOptions): Promise<StartedTarget
     ? await startCli("egressgate + onResponse policy (1 GiB)", [], undefined, ["--hooks-script", writePolicy(dir, "on-response-only.mjs", onResponseOnlySource)])
     : undefined;
   const apiTargets = egressgateTargets.filter((t) => !cliTargets.includes(t) && targets.includes(t));
+  let webhookUrl: string | undefined;
+  if (targets.includes("egressgate+webhook")) {
+    const script = await transpile(dir, fileURLToPath(new URL("./decider-webhook.ts", import.meta.url)));
+    const started = await spawnListening("decider webhook", process.execPath, ["--import", exitWithParent, script], /listening on (http:\/\/127\.0\.0\.1:\d+)/);
+    webhookUrl = `${started.match}/decide`;
+  }
   if (apiTargets.length > 0) {
     const hookedProxy = await transpile(dir, fileURLToPath(new URL("./hooked-proxy.ts", import.meta.url)), ["egressgate"]);
     for (const target of apiTargets) {
-      const args = ["--ca-dir", caDir, "--upstream-ca", upstreamCaFile, "--host", originHost, ...hookedArgs(target, dir)];
+      const args = ["--ca-dir", caDir, "--upstream-ca", upstreamCaFile, "--host", originHost, ...hookedArgs(target, dir, webhookUrl)];
       const started = await startNodeProxy(target, hookedProxy, args, { profileDir: profileFor(target) });
       proxies.set(target, { ...started, caPem: readFileSync(join(caDir, "ca.crt"), "utf8") });
     }
