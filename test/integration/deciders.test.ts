@@ -3,11 +3,12 @@ import { createServer, type Socket } from "node:net";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import type { HttpHooksOptions } from "../../src/index.js";
+import { request } from "undici";
+import { createHttpHooks, type HttpHooksOptions } from "../../src/index.js";
 import { caseOf, gateDecider, json, loggedDocuments, pythonDecider, shellDecider, startDecisionServer, text, until } from "../helpers/deciders.js";
 import { loadPolicy } from "../helpers/djs.js";
-import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
-import { listenForTest, startUpstream, type Echo, type Upstream } from "../helpers/upstream.js";
+import { fetchVia, proxyAgent, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
+import { gzipJsonRoute, listenForTest, startUpstream, type Echo, type Upstream } from "../helpers/upstream.js";
 
 /** The decision lines of a proxy's log. */
 function decisions(logs: Record<string, unknown>[]): Record<string, unknown>[] {
@@ -360,6 +361,37 @@ describe("webhook deciders", () => {
     const binary = Buffer.from([0xff, 0xfe, 0x00, 0x80, 0x41]);
     expect((await fetchVia(proxy, `${base}/echo`, { method: "POST", body: binary })).status).toBe(200);
     expect(hook.received[1]).toMatchObject({ request: { body: { encoding: "base64", data: binary.toString("base64"), size: 5, truncated: false } } });
+  });
+});
+
+describe("decider bodies", () => {
+  it("a gzip response is decoded for the document, and the guest gets the original compressed bytes", async () => {
+    const { gzipSync } = await import("node:zlib");
+    const gzipped = gzipSync(Buffer.from(JSON.stringify({ hello: "compressed world" })));
+    const upstream = await startUpstream({ routes: { "/gz": gzipJsonRoute(gzipped) } });
+    const hook = await webhookServer();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], hooks: [{ webhook: hook.url, phases: ["response"], includeBody: true }] });
+    const res = await request(`https://api.test:${upstream.port}/gz`, { dispatcher: proxyAgent(proxy) });
+    expect(res.statusCode).toBe(200);
+    expect(res.headers["content-encoding"]).toBe("gzip");
+    expect(Buffer.from(await res.body.arrayBuffer()).equals(gzipped)).toBe(true);
+    expect(hook.received[0]).toMatchObject({ response: { body: { encoding: "utf8", data: '{"hello":"compressed world"}', truncated: false } } });
+    expect((hook.received[0] as { response: { headers: Record<string, string> } }).response.headers["content-encoding"]).toBeUndefined();
+  });
+
+  it("with includeBody, a request body over maxHttpBodyBytes gets 413 and nothing leaves", async () => {
+    const upstream = await startUpstream();
+    const hook = await webhookServer();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], hooks: [{ webhook: hook.url, includeBody: true }] }, { maxHttpBodyBytes: 1024 });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`, { method: "POST", body: Buffer.alloc(4096, 0x62) });
+    expect(res.status).toBe(413);
+    expect(hook.received).toHaveLength(0);
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it("called on its own, httpHooks.onRequest of a chain with a request-phase decider refuses with 502", async () => {
+    const { httpHooks } = createHttpHooks({ allowedHosts: ["api.test"], hooks: [{ webhook: "http://127.0.0.1:9/decide" }] });
+    await expect(httpHooks.onRequest!(new Request("https://api.test/"))).rejects.toMatchObject({ name: "HttpRequestBlockedError", status: 502 });
   });
 });
 
