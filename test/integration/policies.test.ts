@@ -24,7 +24,7 @@ async function behindProxy(policy: DjsHooksOptions, names: string[]) {
 describe("policies/", () => {
   it("every policy in the folder loads and defines at least one phase", () => {
     const files = readdirSync(policiesDir).filter((f) => /\.(js|mjs|ts)$/.test(f) && !f.endsWith(".d.ts"));
-    expect(files.sort()).toEqual(["allowlist.ts", "audit-log.mjs", "block-large-uploads.mjs", "github-readonly.ts", "strip-tracking.js"]);
+    expect(files.sort()).toEqual(["allowlist.ts", "audit-log.mjs", "block-large-uploads.mjs", "github-readonly.ts", "retry.ts", "strip-tracking.js"]);
     for (const file of files) expect(loadPolicy(djsHooksOptionsFromFile(policyFile(file))).phases.length, file).toBeGreaterThan(0);
   });
 
