@@ -4,9 +4,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createHttpHooks, HttpRequestBlockedError, startProxy, type Layer, type RunningProxy } from "../../src/index.js";
+import { createDjsHooks, createHttpHooks, HttpRequestBlockedError, startProxy, type Layer, type RunningProxy } from "../../src/index.js";
 import { testCa } from "../helpers/test-ca.js";
-import { brokenBehaviours, startFaultUpstream, upstreamBehaviours, type FaultUpstream } from "../helpers/fault-upstream.js";
+import { brokenBehaviours, startFaultUpstream, upstreamBehaviours, type FaultUpstream, type UpstreamBehaviour } from "../helpers/fault-upstream.js";
 import { fetchVia, proxyAgent, startTestProxy, type TestProxy } from "../helpers/proxy.js";
 import { startUpstream, type Echo, type Route } from "../helpers/upstream.js";
 
@@ -417,8 +417,8 @@ describe("tier-3 layers: handle(request, next)", () => {
   });
 });
 
-// Every answer shape of a layer × every upstream behaviour: after each row the proxy must still
-// be serving. The tables generate the rows.
+// Every answer shape of a layer, in both tiers × every upstream behaviour: after each row the
+// proxy must still be serving. The tables generate the rows.
 type Answer = "passthrough" | "rebuilt" | "own" | "throw" | "blocked" | "undefined" | "never" | "twice";
 const answers: Record<Answer, Layer> = {
   passthrough: (request, next) => next(request),
@@ -449,47 +449,74 @@ const answers: Record<Answer, Layer> = {
   },
 };
 
-function expectedStatus(answer: Answer): number | "body" {
+/** The same answers as a tier-2 policy's handle, chosen by the same header. */
+const policyLayer = `
+export async function handle(request, next) {
+  switch (request.headers.get("x-layer")) {
+    case "rebuilt": { const r = await next(request); return new Response(r.body, r); }
+    case "own": { const r = await next(request); try { await r.arrayBuffer(); } catch {} return new Response("own answer", { status: 200 }); }
+    case "throw": { await next(request); throw new Error("layer broke"); }
+    case "blocked": throw new HttpRequestBlockedError("layer says no", 451);
+    case "undefined": { await next(request); return undefined; }
+    case "never": return new Promise(() => {});
+    case "twice": { const first = await next(request); return first.status === 200 ? next(request) : first; }
+    default: return next(request);
+  }
+}`;
+
+function expectedStatus(tier: 2 | 3, answer: Answer, behaviour: UpstreamBehaviour): number | "body" {
   if (answer === "blocked") return 451;
-  if (answer === "never") return 504;
+  // A policy's body read is the proxy's: a body that breaks fails the call, which the policy cannot catch.
+  if (answer === "own" && tier === 2 && brokenBehaviours.has(behaviour)) return 502;
+  // Tier 3 waits for timeouts.requestMs (504); a tier-2 call that never settles ends with its run (502).
+  if (answer === "never") return tier === 3 ? 504 : 502;
   if (answer === "throw" || answer === "undefined") return 502;
   if (answer === "own") return 200;
   return "body";
 }
 
-describe("the layer matrix: every answer × every upstream behaviour", () => {
+describe("the layer matrix: every tier × answer × upstream behaviour", () => {
   let upstream: FaultUpstream;
-  let proxy: RunningProxy;
-  let agent: ProxyAgent;
-  let caDir: string;
+  const proxies = new Map<2 | 3, { proxy: RunningProxy; agent: ProxyAgent; caDir: string; close?: () => Promise<void> }>();
   beforeAll(async () => {
     upstream = await startFaultUpstream(["api.test"]);
-    caDir = mkdtempSync(join(tmpdir(), "egressgate-layers-"));
-    const { httpHooks } = createHttpHooks({
-      allowedInternalHosts: ["api.test"],
-      layers: [(request, next) => answers[(request.headers.get("x-layer") ?? "passthrough") as Answer](request, next)],
-    });
-    proxy = await startProxy({
-      httpHooks,
-      listen: { host: "127.0.0.1", port: 0 },
-      caDir,
-      upstreamCa: [(await testCa()).certPem],
-      logLevel: "silent",
-      resolve: { "api.test": ["127.0.0.1"] },
-      timeouts: { requestMs: 1_000, upstreamBodyMs: 500 },
-    });
-    agent = new ProxyAgent({ uri: proxy.url, requestTls: { ca: proxy.caCertPem } });
+    for (const tier of [2, 3] as const) {
+      const caDir = mkdtempSync(join(tmpdir(), "egressgate-layers-"));
+      const policy = tier === 2 ? createDjsHooks({ source: policyLayer, filename: "matrix-layer.mjs", limits: { timeoutMs: 5_000 } }) : undefined;
+      const { httpHooks } = createHttpHooks({
+        allowedInternalHosts: ["api.test"],
+        ...(policy !== undefined ? policy : { layers: [(request, next) => answers[(request.headers.get("x-layer") ?? "passthrough") as Answer](request, next)] }),
+      });
+      const proxy = await startProxy({
+        httpHooks,
+        listen: { host: "127.0.0.1", port: 0 },
+        caDir,
+        upstreamCa: [(await testCa()).certPem],
+        logLevel: "silent",
+        resolve: { "api.test": ["127.0.0.1"] },
+        // Far above what a row takes on a loaded machine: only the tier-3 "never" rows reach it.
+        timeouts: { requestMs: tier === 3 ? 5_000 : 30_000, upstreamBodyMs: 500 },
+      });
+      const agent = new ProxyAgent({ uri: proxy.url, requestTls: { ca: proxy.caCertPem } });
+      proxies.set(tier, { proxy, agent, caDir, ...(policy !== undefined ? { close: () => policy.djsHooks.close() } : {}) });
+    }
   });
   afterAll(async () => {
-    await agent?.close();
-    await proxy?.close();
+    for (const { proxy, agent, caDir, close } of proxies.values()) {
+      await agent.close();
+      await proxy.close();
+      await close?.();
+      rmSync(caDir, { recursive: true, force: true });
+    }
     await upstream?.close();
-    if (caDir !== undefined) rmSync(caDir, { recursive: true, force: true });
   });
 
-  const rows = (Object.keys(answers) as Answer[]).flatMap((answer) => upstreamBehaviours.map((upstream) => [`${answer} × ${upstream}`, answer, upstream] as const));
+  const rows = ([2, 3] as const).flatMap((tier) =>
+    (Object.keys(answers) as Answer[]).flatMap((answer) => upstreamBehaviours.map((upstream) => [`tier ${tier}: ${answer} × ${upstream}`, tier, answer, upstream] as const)),
+  );
 
-  it.concurrent.each(rows)("%s: the guest gets a clear answer and the proxy keeps serving", async (_name, answer, behaviour) => {
+  it.concurrent.each(rows)("%s: the guest gets a clear answer and the proxy keeps serving", async (_name, tier, answer, behaviour) => {
+    const { agent } = proxies.get(tier)!;
     const res = await request(upstream.url("api.test", behaviour), { dispatcher: agent, headers: { "x-layer": answer } });
     let bytes: Buffer | "broken";
     try {
@@ -497,7 +524,7 @@ describe("the layer matrix: every answer × every upstream behaviour", () => {
     } catch {
       bytes = "broken";
     }
-    const want = expectedStatus(answer);
+    const want = expectedStatus(tier, answer, behaviour);
     if (want === "body") {
       if (brokenBehaviours.has(behaviour)) {
         // The head goes before the body breaks: a cut body, or 502 when the break came first.
