@@ -30,6 +30,12 @@ export function endToEndHeaders(raw: readonly string[], drop: ReadonlySet<string
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i]!;
     const lower = name.toLowerCase();
+    // `te: trailers` says the client takes trailers, which the proxy passes on: gRPC servers
+    // refuse requests without it, and it is the one TE value HTTP/2 allows (RFC 9113 §8.2.2).
+    if (lower === "te" && drop.has("te") === false && isTrailersOnly(raw[i + 1]!)) {
+      out.push(name, "trailers");
+      continue;
+    }
     if (hopByHop.has(lower) || drop.has(lower) || named?.has(lower) === true) continue;
     out.push(name, raw[i + 1]!);
   }
@@ -37,6 +43,10 @@ export function endToEndHeaders(raw: readonly string[], drop: ReadonlySet<string
 }
 
 const emptySet: ReadonlySet<string> = new Set();
+
+function isTrailersOnly(value: string): boolean {
+  return value.trim().toLowerCase() === "trailers";
+}
 
 /** undici's header object (arrays for repeated fields) as a raw list; Set-Cookie stays split. */
 export function headerObjectToList(headers: Record<string, string | string[] | undefined>): HeaderList {

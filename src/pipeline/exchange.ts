@@ -29,6 +29,12 @@ export interface PipelineResponse {
   /** The URL the response came from, after redirects. */
   readonly url: URL;
   readonly redirects: number;
+  /**
+   * The upstream's trailer fields, once `body` has ended (an HTTP/2 upstream's trailing HEADERS,
+   * an HTTP/1.1 chunked response's trailer section); absent when none can come. Dropped when an
+   * onResponse hook replaces the response: a WHATWG Response has no trailers to set.
+   */
+  readonly trailers?: () => HeaderList | undefined;
   /** Called once the guest has the response: releases an upstream body a hook replaced. */
   readonly cleanup?: () => void;
 }
@@ -101,6 +107,8 @@ export interface ExecutorResponse {
   readonly body: (Readable & { dump?: (options: { limit: number; signal: AbortSignal }) => Promise<void> }) | null;
   /** The Location header, when there is exactly one. */
   readonly location: string | undefined;
+  /** The trailer fields, read once `body` has ended (see {@link PipelineResponse.trailers}). */
+  readonly trailers?: () => HeaderList | undefined;
 }
 
 /** Where in its request one send is: the request's id and its redirect hop (0 first). */

@@ -18,6 +18,8 @@ import type { ResolvedProxyOptions } from "./options.js";
 import { errorBody, sendError, sendResponse, writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
 import { serveUpgrade } from "./upgrade.js";
+import { H2Guests } from "./h2-guest.js";
+import type { TLSSocket } from "node:tls";
 
 
 export interface GuestSideDeps {
@@ -43,8 +45,29 @@ export class GuestSide {
   private idle: (() => void) | undefined;
   private nextId = 1;
 
+  private readonly h2: H2Guests;
+
   constructor(private readonly deps: GuestSideDeps) {
     this.lanes = new Lanes(deps.config.limits.pipelinedRequests);
+    this.h2 = new H2Guests({
+      log: deps.log,
+      decide: deps.decide,
+      guests: deps.guests,
+      redact: deps.redact,
+      idleMs: deps.config.timeouts.idleMs,
+      nextId: () => this.nextId++,
+      started: () => (this.inFlight += 1),
+      ended: () => {
+        this.inFlight -= 1;
+        if (this.inFlight === 0) this.idle?.();
+      },
+      explainCut: (error) => this.explainCut(error),
+    });
+  }
+
+  /** A tunnel's TLS socket whose ALPN chose `h2`, after its handshake: each stream is one request. */
+  serveH2(socket: TLSSocket): void {
+    this.h2.serve(socket);
   }
 
   createServer(): Server {
@@ -298,6 +321,8 @@ export class GuestSide {
 
   /** Resolves once no request is in flight, or after `ms`. */
   drain(ms: number): Promise<void> {
+    // HTTP/2 guests learn of the close from GOAWAY; their streams in flight still finish.
+    this.h2.goAway();
     if (this.inFlight === 0) return Promise.resolve();
     return new Promise((resolve) => {
       const timer = setTimeout(resolve, ms);

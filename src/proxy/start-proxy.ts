@@ -101,7 +101,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   outer.on("connection", (socket: Socket) => limits.track(socket));
   outer.on("connect", (req: IncomingMessage, socket: Socket, head: Buffer) => {
     side.connect(req, socket, head, (target, early) =>
-      serveTunnel(socket, early, target, { inner, leaves: authority.leaves, log, handshakeMs: config.timeouts.handshakeMs }),
+      serveTunnel(socket, early, target, { inner, h2: (tls) => side.serveH2(tls), leaves: authority.leaves, log, handshakeMs: config.timeouts.handshakeMs }),
     );
   });
   inner.on("connect", (_req: IncomingMessage, socket: Socket) => {

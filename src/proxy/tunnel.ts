@@ -23,6 +23,8 @@ export function tunnelOf(socket: Socket): TunnelTarget | undefined {
 
 export interface TunnelDeps {
   readonly inner: Server;
+  /** Takes TLS sockets whose ALPN chose `h2`; without it only `http/1.1` is offered. */
+  readonly h2?: ((socket: TLSSocket) => void) | undefined;
   readonly leaves: LeafCertCache;
   readonly log: Logger;
   readonly handshakeMs: number;
@@ -183,8 +185,7 @@ async function terminateTls(
   const tlsSocket = new TLSSocket(socket, {
     isServer: true,
     secureContext: context,
-    // ALPN leaves room for h2 later; today the inner server speaks HTTP/1.1 only.
-    ALPNProtocols: ["http/1.1"],
+    ALPNProtocols: deps.h2 === undefined ? ["http/1.1"] : ["h2", "http/1.1"],
     // The first ClientHello was checked above; a renegotiation's is not seen there, so it is
     // held to the same rule here, and never signs anything either.
     SNICallback: (servername, callback) => {
@@ -193,9 +194,14 @@ async function terminateTls(
     },
   });
   (tlsSocket as TunnelSocket)[tunnelKey] = tunnel;
-  tlsSocket.once("secure", () => clearTimeout(deadline));
   tlsSocket.on("error", (error) => {
     deps.log.debug("guest TLS error", { target: `${target.hostname}:${target.port}`, error });
   });
-  deps.inner.emit("connection", tlsSocket);
+  // Routed by the protocol ALPN chose, once known: h2 to the HTTP/2 side, anything else (no
+  // ALPN at all included) to the HTTP/1.1 server, whose timeouts and error handling stay its own.
+  tlsSocket.once("secure", () => {
+    clearTimeout(deadline);
+    if (tlsSocket.alpnProtocol === "h2" && deps.h2 !== undefined) deps.h2(tlsSocket);
+    else deps.inner.emit("connection", tlsSocket);
+  });
 }

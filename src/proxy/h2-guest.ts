@@ -1,0 +1,327 @@
+import { createServer, type Http2Server, type ServerHttp2Session, type ServerHttp2Stream } from "node:http2";
+import type { Socket } from "node:net";
+import { PassThrough, type Readable } from "node:stream";
+import type { TLSSocket } from "node:tls";
+import { EgressError, guestError } from "../errors.js";
+import { getHeader } from "../headers.js";
+import type { Logger } from "../log.js";
+import { countFlowing, countPushed, type ByteCount } from "../metrics/byte-counter.js";
+import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
+import { authenticationRequired } from "./auth.js";
+import type { DecisionLog } from "./decision-log.js";
+import { loggableTarget, type TunnelTarget } from "./guest-request.js";
+import type { GuestRegistry } from "./guests.js";
+import { h2OutboundRequest } from "./h2-request.js";
+import { sendH2Error, sendH2Response } from "./h2-respond.js";
+import { h2Codes, h2Limits, h2ServerOptions } from "./h2-settings.js";
+import { tunnelOf } from "./tunnel.js";
+
+export interface H2GuestDeps {
+  readonly log: Logger;
+  readonly decide: DecisionLog;
+  readonly guests: GuestRegistry;
+  readonly redact: (text: string) => string;
+  readonly idleMs: number;
+  /** The decision log's request ids, shared with the HTTP/1.1 side. */
+  readonly nextId: () => number;
+  /** A stream's pipeline work started and ended: the proxy's drain waits for these too. */
+  readonly started: () => void;
+  readonly ended: () => void;
+  /** Why a response was cut after its head, as the log says it. */
+  readonly explainCut: (error: Error) => Error | string;
+}
+
+/** What one guest connection has done that the limits count. */
+interface SessionState {
+  readonly tunnel: TunnelTarget;
+  /** Streams whose pipeline work has not finished, reset ones included. */
+  running: number;
+  refused: number;
+  readonly resets: WindowCounter;
+  readonly pings: WindowCounter;
+  readonly settings: WindowCounter;
+}
+
+/** Events per fixed window: deterministic for a flood (it fills a window at once), cheap otherwise. */
+class WindowCounter {
+  private count = 0;
+  private since = 0;
+  constructor(private readonly max: number) {}
+
+  /** Counts one; true once the window holds more than the maximum. */
+  over(now: number): boolean {
+    if (now - this.since > h2Limits.windowMs) {
+      this.since = now;
+      this.count = 0;
+    }
+    return ++this.count > this.max;
+  }
+}
+
+const stateKey = Symbol("egressgate.h2state");
+
+type TrackedSession = ServerHttp2Session & { [stateKey]?: SessionState };
+
+/**
+ * Guests that negotiated `h2` inside a CONNECT tunnel. Each stream is one request through the
+ * guest's pipeline, on its own: no lanes (they would serialise streams), its own abort signal,
+ * its own answer. The connection-wide limits (concurrency, resets, floods) end only the
+ * connection that broke them.
+ */
+export class H2Guests {
+  private readonly server: Http2Server;
+  private readonly sessions = new Set<ServerHttp2Session>();
+  private closing = false;
+
+  constructor(private readonly deps: H2GuestDeps) {
+    this.server = createServer(h2ServerOptions());
+    this.server.on("session", (session: ServerHttp2Session) => this.track(session));
+    this.server.on("stream", (stream: ServerHttp2Stream, _headers: unknown, _flags: number, raw: string[]) => this.onStream(stream, raw));
+    this.server.on("sessionError", (error: Error) => deps.log.debug("guest h2 session error", { error }));
+  }
+
+  /**
+   * Takes a guest TLS socket whose ALPN chose `h2`, after its handshake.
+   *
+   * `h2server.emit("connection", tlsSocket)` alone hangs for ever on Node 20: a TLSSocket made
+   * with `new TLSSocket(socket, { isServer: true })` keeps `secureConnecting` true after its
+   * handshake (only tls.Server resets it), so the session waits for a `secureConnect` that a
+   * server-side socket never emits. The handshake is done when this is called.
+   */
+  serve(socket: TLSSocket): void {
+    if (this.closing) {
+      socket.destroy();
+      return;
+    }
+    (socket as unknown as { secureConnecting: boolean }).secureConnecting = false;
+    this.server.emit("connection", socket);
+  }
+
+  /** GOAWAY to every session: streams in flight finish, new ones go to a new connection. */
+  goAway(): void {
+    this.closing = true;
+    for (const session of this.sessions) {
+      if (session.closed || session.destroyed) continue;
+      try {
+        session.goaway(h2Codes.noError);
+        session.close();
+      } catch (error) {
+        this.deps.log.debug("guest h2 goaway failed", { error });
+        session.destroy();
+      }
+    }
+  }
+
+  private track(session: TrackedSession): void {
+    const tunnel = tunnelOf(session.socket as unknown as Socket);
+    if (tunnel === undefined) {
+      session.destroy();
+      return;
+    }
+    const state: SessionState = {
+      tunnel,
+      running: 0,
+      refused: 0,
+      resets: new WindowCounter(h2Limits.maxResetsPerWindow),
+      pings: new WindowCounter(h2Limits.maxPingsPerWindow),
+      settings: new WindowCounter(h2Limits.maxSettingsPerWindow),
+    };
+    session[stateKey] = state;
+    this.sessions.add(session);
+    session.once("close", () => this.sessions.delete(session));
+    session.on("error", (error) => this.deps.log.debug("guest h2 session error", { error }));
+    session.on("frameError", (type: number, code: number, id: number) => this.deps.log.debug("guest h2 frame error", { type, code, stream: id }));
+    // The window never opening, or a guest that stops reading, ends here like an idle h1 socket.
+    session.setTimeout(this.deps.idleMs, () => session.destroy());
+    session.on("ping", () => {
+      if (state.pings.over(performance.now())) this.calm(session, "PING flood");
+    });
+    session.on("remoteSettings", () => {
+      if (state.settings.over(performance.now())) this.calm(session, "SETTINGS flood");
+    });
+    if (this.closing) this.goAway();
+  }
+
+  /** GOAWAY(ENHANCE_YOUR_CALM) and the connection closed, as Go answers rapid reset. */
+  private calm(session: ServerHttp2Session, reason: string): void {
+    if (session.destroyed) return;
+    const tunnel = (session as TrackedSession)[stateKey]?.tunnel;
+    this.deps.log.info("guest h2 connection closed", { reason, ...(tunnel !== undefined ? { target: `${tunnel.hostname}:${tunnel.port}`, guest: tunnel.guest } : {}) });
+    session.destroy(undefined, h2Codes.enhanceYourCalm);
+  }
+
+  private onStream(stream: ServerHttp2Stream, raw: string[]): void {
+    stream.on("error", (error) => this.deps.log.debug("guest h2 stream error", { error }));
+    const session = stream.session as TrackedSession | undefined;
+    const state = session?.[stateKey];
+    if (session === undefined || state === undefined) {
+      stream.close(h2Codes.refusedStream);
+      return;
+    }
+    if (state.running >= h2Limits.maxRunningStreams) {
+      // The stream limit counts open streams only; a guest that resets each stream at once keeps
+      // it free while the work behind every reset still runs (CVE-2023-44487).
+      stream.close(h2Codes.refusedStream);
+      if (++state.refused > h2Limits.maxRefusedStreams) this.calm(session, "streams refused past the running-work cap (rapid reset)");
+      return;
+    }
+    let ours = false;
+    stream.once("close", () => {
+      if (!ours && stream.rstCode !== h2Codes.noError && !stream.writableFinished && state.resets.over(performance.now())) {
+        this.calm(session, "stream resets past the limit (rapid reset)");
+      }
+    });
+    state.running += 1;
+    this.deps.started();
+    void this.handle(stream, raw, state.tunnel, () => (ours = true))
+      .catch((error: unknown) => {
+        this.deps.log.error("internal error", { error, stack: (error as Error)?.stack });
+        if (!stream.destroyed) stream.close(h2Codes.internalError);
+      })
+      .finally(() => {
+        state.running -= 1;
+        this.deps.ended();
+      });
+  }
+
+  /** One stream: settles once its response is sent, cut, or the guest reset it. */
+  private async handle(stream: ServerHttp2Stream, raw: string[], tunnel: TunnelTarget, resetByUs: () => void): Promise<void> {
+    const { decide } = this.deps;
+    const id = this.deps.nextId();
+    const started = performance.now();
+    const auditing = decide.auditing;
+    const trace: TraceEntry[] | undefined = auditing ? [] : undefined;
+    const up: ByteCount | undefined = auditing && !stream.endAfterHeaders ? countPushed(stream) : undefined;
+    let down: ByteCount | undefined;
+    let method = "";
+    let path = "/";
+    for (let i = 0; i < raw.length; i += 2) {
+      if (raw[i] === ":method") method = raw[i + 1]!;
+      else if (raw[i] === ":path") path = raw[i + 1]!;
+    }
+    let target = `https://${tunnel.hostname}:${tunnel.port}${loggableTarget(path)}`;
+    const grpc = /^application\/grpc/i.test(rawHeader(raw, "content-type") ?? "");
+    const abort = new GuestGone();
+    let finished = false;
+    stream.once("close", () => {
+      if (!finished) abort.abort();
+    });
+    let guestName: string | undefined;
+    try {
+      const guest = this.deps.guests.get(tunnel.guest);
+      if (guest === undefined || guest.removed) throw authenticationRequired();
+      guestName = guest.name;
+      const request = h2OutboundRequest(raw, tunnel, stream.endAfterHeaders ? null : requestBodyOf(stream));
+      target = `${request.url.origin}${cutPath(this.deps.redact(request.url.pathname))}`;
+      const response = await guest.pipeline.handle(request, { id: String(id), signal: abort, ...(trace !== undefined ? { trace } : {}) });
+      if (response.body?.destroyed === true) {
+        response.cleanup?.();
+        const cause = response.body.errored;
+        throw new EgressError("EG_UPSTREAM", 502, `the upstream response body from ${response.url.host} failed before it could be sent`, {
+          ...(cause !== null ? { cause, detail: cause.message } : {}),
+        });
+      }
+      if (auditing && response.body !== null) down = countFlowing(response.body);
+      // A window that never opens (or a guest that stops reading) stalls only this stream's
+      // writes; past the idle limit the stream is reset and its upstream body let go.
+      stream.setTimeout(this.deps.idleMs, () => {
+        resetByUs();
+        stream.close(h2Codes.cancel);
+      });
+      await new Promise<void>((resolve) => {
+        sendH2Response(stream, response, (error) => {
+          finished = true;
+          response.cleanup?.();
+          if (error !== undefined) resetByUs();
+          this.finishRequestBody(stream, resetByUs);
+          decide({
+            id,
+            guest: guestName,
+            method,
+            target,
+            status: response.status,
+            reason: response.decision.reason,
+            rule: response.decision.rule,
+            ...(response.decision.source !== undefined ? { source: response.decision.source } : {}),
+            redirects: response.redirects,
+            http: "2",
+            started,
+            ...(error ? { error: this.deps.explainCut(error) } : {}),
+          }, auditing ? { ...(trace !== undefined ? { trace } : {}), bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision } : undefined);
+          resolve();
+        });
+      });
+    } catch (error) {
+      if (abort.aborted) {
+        decide(
+          { id, guest: guestName, method, target, status: 499, reason: "guest reset the stream", http: "2", started },
+          auditing ? { ...(trace !== undefined ? { trace } : {}), bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0 } : undefined,
+        );
+        return;
+      }
+      const raw502 = asEgressError(error);
+      if (raw502.status >= 500 && !(error instanceof EgressError)) this.deps.log.error("internal error", { id, error });
+      const err = guestError(raw502, this.deps.redact);
+      finished = true;
+      if (stream.headersSent) resetByUs();
+      const errorBytes = sendH2Error(stream, err, grpc);
+      this.finishRequestBody(stream, resetByUs);
+      decide({
+        id,
+        guest: guestName,
+        method,
+        target,
+        status: err.status,
+        reason: err.message,
+        code: err.code,
+        http: "2",
+        ...(err.source !== undefined ? { source: err.source } : {}),
+        ...(err.detail !== undefined ? { detail: err.detail } : {}),
+        started,
+      }, auditing ? { ...(trace !== undefined ? { trace } : {}), bytesUp: up?.bytes ?? 0, bytesDown: errorBytes } : undefined);
+    }
+  }
+
+  /**
+   * A request body nobody read (a refusal, a hook that answered) must not keep coming: once the
+   * answer is out, RST_STREAM(NO_ERROR) tells the guest to stop sending (RFC 9113 §8.1).
+   */
+  private finishRequestBody(stream: ServerHttp2Stream, resetByUs: () => void): void {
+    if (stream.endAfterHeaders || stream.readableEnded || stream.destroyed) return;
+    const close = (): void => {
+      if (stream.destroyed || stream.readableEnded) return;
+      resetByUs();
+      stream.close(h2Codes.noError);
+    };
+    if (stream.writableFinished) close();
+    else stream.once("finish", close);
+  }
+}
+
+/**
+ * The stream's readable side as a body of its own. The stream itself cannot be handed on: its
+ * consumers destroy a body once they are done with it (undici does after writing it), and
+ * destroying an Http2Stream ends the response half too.
+ */
+function requestBodyOf(stream: ServerHttp2Stream): Readable {
+  const body = new PassThrough();
+  stream.pipe(body);
+  stream.once("close", () => {
+    if (!stream.readableEnded) body.destroy(new Error("the guest reset the stream during its upload"));
+  });
+  return body;
+}
+
+function rawHeader(raw: readonly string[], name: string): string | undefined {
+  return getHeader(raw, name);
+}
+
+function cutPath(path: string, max = 512): string {
+  return path.length > max ? `${path.slice(0, max)}…` : path;
+}
+
+function asEgressError(error: unknown): EgressError {
+  if (error instanceof EgressError) return error;
+  const detail = (error as Error)?.message ?? String(error);
+  return new EgressError("EG_UPSTREAM", 502, "internal error (see the proxy log)", { cause: error, detail });
+}

@@ -1,0 +1,83 @@
+import type { Readable } from "node:stream";
+import { EgressError, badRequest } from "../errors.js";
+import { forbiddenMethods, type OutboundRequest } from "../pipeline/exchange.js";
+import { endToEndHeaders, type HeaderList } from "../headers.js";
+import { parseAuthority } from "./authority.js";
+import type { TunnelTarget } from "./guest-request.js";
+import { h2ConnectionHeaders } from "./h2-settings.js";
+
+// The proxy sets the authority from the URL on every hop, and answers Expect itself.
+const dropOnForward = new Set([...h2ConnectionHeaders, "expect"]);
+
+/**
+ * One guest HTTP/2 stream's head as the pipeline's request: the same rules as an HTTP/1.1 request
+ * inside a tunnel (guest-request.ts), read from pseudo-headers. `:authority` (or Host, when a
+ * client sends that instead) must name the CONNECT target, or the stream gets 421.
+ *
+ * @param raw the stream's raw header list, `[name, value, …]` as nghttp2 delivered it (names
+ *   lowercase; repeated pseudo-headers and connection-specific fields already refused by it).
+ * @param body the stream's readable side, or null when the HEADERS frame ended the stream.
+ */
+export function h2OutboundRequest(raw: readonly string[], tunnel: TunnelTarget, body: Readable | null): OutboundRequest {
+  let method = "";
+  let path: string | undefined;
+  let authority: string | undefined;
+  let hostHeader: string | undefined;
+  let cookies: string[] | undefined;
+  const regular: string[] = [];
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    const value = raw[i + 1]!;
+    if (name.startsWith(":")) {
+      if (name === ":method") method = value;
+      else if (name === ":path") path = value;
+      else if (name === ":authority") authority = value;
+      else if (name !== ":scheme") throw badRequest(`unsupported pseudo-header ${JSON.stringify(name)}`);
+    } else if (name === "host") {
+      if (hostHeader !== undefined) throw badRequest("duplicate Host header");
+      hostHeader = value;
+    } else if (name === "cookie") {
+      // RFC 9113 §8.2.3: crumbs may arrive as separate fields; HTTP/1.1 upstreams need one line.
+      (cookies ??= []).push(value);
+    } else {
+      regular.push(name, value);
+    }
+  }
+  if (method === "CONNECT") {
+    // RFC 8441 (WebSocket over HTTP/2) is not offered: SETTINGS_ENABLE_CONNECT_PROTOCOL stays 0.
+    throw new EgressError("EG_METHOD_NOT_ALLOWED", 405, "CONNECT inside a tunnel is not allowed");
+  }
+  if (forbiddenMethods.has(method)) {
+    throw new EgressError("EG_METHOD_NOT_ALLOWED", 405, `method ${method} is not allowed: it would echo credentials back`);
+  }
+  if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(method)) throw badRequest("missing or invalid :method");
+  if (path === undefined || path === "") throw badRequest("missing :path");
+  if (!path.startsWith("/")) {
+    if (path === "*") throw badRequest("OPTIONS * cannot be proxied");
+    throw badRequest(`invalid :path ${JSON.stringify(path.slice(0, 200))}`);
+  }
+  // RFC 9113 §8.3.1: when both are present, they must agree; either one names the destination.
+  const named = authority ?? hostHeader;
+  if (named !== undefined) checkSameHost(parseAuthority(named, ":authority", tunnel.port).hostname, tunnel, ":authority");
+  if (authority !== undefined && hostHeader !== undefined) {
+    checkSameHost(parseAuthority(hostHeader, "Host header", tunnel.port).hostname, tunnel, "Host header");
+  }
+  if (tunnel.sni !== undefined) checkSameHost(tunnel.sni, tunnel, "TLS SNI");
+  const headers: HeaderList = endToEndHeaders(regular, dropOnForward);
+  if (cookies !== undefined) headers.push("cookie", cookies.join("; "));
+  return { method, url: destination(tunnel, path), headers, body };
+}
+
+function checkSameHost(hostname: string, tunnel: TunnelTarget, what: string): void {
+  if (hostname !== tunnel.hostname) {
+    throw new EgressError("EG_MISDIRECTED", 421, `${what} names "${hostname}" but the tunnel was opened with CONNECT ${tunnel.hostname}:${tunnel.port}`);
+  }
+}
+
+/** `origin + path`, safe because `path` starts with "/" (see guest-request.ts). */
+function destination(tunnel: TunnelTarget, path: string): URL {
+  const defaultPort = tunnel.protocol === "https:" ? 443 : 80;
+  const url = new URL(`${tunnel.protocol}//${tunnel.hostname}${tunnel.port === defaultPort ? "" : `:${tunnel.port}`}${path}`);
+  url.hash = "";
+  return url;
+}

@@ -1,0 +1,162 @@
+import type { OutgoingHttpHeaders, ServerHttp2Stream } from "node:http2";
+import type { EgressError } from "../errors.js";
+import type { HeaderList } from "../headers.js";
+import type { PipelineResponse } from "../pipeline/exchange.js";
+import { discardBody } from "../streams.js";
+import { errorBody } from "./respond.js";
+import { h2Codes, h2ConnectionHeaders } from "./h2-settings.js";
+
+/** Fields that never go into an HTTP/2 trailer section (RFC 9110 §6.5.1: framing, routing, pseudo-headers). */
+const notInTrailers: ReadonlySet<string> = new Set([...h2ConnectionHeaders, "content-length", "content-type", "content-encoding", "te", "trailer"]);
+
+/**
+ * A header list as the object Node's http2 takes. Set-Cookie stays a list (RFC 9113 §8.2.3 lets
+ * only Cookie be split); any other repeated field is joined with ", ", which means the same for
+ * list-valued fields and spares Node's throw on a repeated single-value one.
+ */
+export function h2HeaderObject(list: HeaderList, skip: ReadonlySet<string> = h2ConnectionHeaders): OutgoingHttpHeaders {
+  const out: Record<string, string | string[]> = {};
+  for (let i = 0; i < list.length; i += 2) {
+    const name = list[i]!.toLowerCase();
+    if (name.startsWith(":") || skip.has(name)) continue;
+    // HTTP/2 allows `te` only as `trailers` (RFC 9113 §8.2.2).
+    if (name === "te" && list[i + 1]!.trim().toLowerCase() !== "trailers") continue;
+    const value = list[i + 1]!;
+    const had = out[name];
+    if (had === undefined) out[name] = name === "set-cookie" ? [value] : value;
+    else if (Array.isArray(had)) had.push(value);
+    else out[name] = `${had}, ${value}`;
+  }
+  return out;
+}
+
+/** The trailer fields worth forwarding, as Node's http2 takes them. */
+export function h2TrailerObject(list: HeaderList | undefined): OutgoingHttpHeaders {
+  return list === undefined ? {} : h2HeaderObject(list, notInTrailers);
+}
+
+/**
+ * Streams the pipeline's response on one guest stream. Backpressure is the stream's own: its
+ * writable side stops taking bytes while the guest's flow-control window is shut, and `pipe()`
+ * stops reading the upstream body meanwhile, so one stalled stream holds a buffer, never the
+ * whole download, and never another stream.
+ */
+export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResponse, onDone: (error?: Error) => void): void {
+  const body = response.body;
+  if (stream.destroyed || stream.closed) {
+    discardBody(body);
+    onDone(new Error("guest reset the stream before the response started"));
+    return;
+  }
+  const headers = { ...h2HeaderObject(response.headers), ":status": response.status };
+  const trailers = body === null ? undefined : response.trailers;
+  try {
+    stream.respond(headers, { endStream: body === null, waitForTrailers: trailers !== undefined });
+  } catch (error) {
+    // A field Node refuses to encode (an invalid value a hook produced): nothing is sent yet.
+    discardBody(body);
+    stream.close(h2Codes.internalError);
+    onDone(error as Error);
+    return;
+  }
+  if (body === null) {
+    onDone();
+    return;
+  }
+  if (trailers !== undefined) {
+    stream.once("wantTrailers", () => {
+      try {
+        stream.sendTrailers(h2TrailerObject(trailers()));
+      } catch {
+        stream.close(h2Codes.internalError);
+      }
+    });
+  }
+  let settled = false;
+  const settle = (error?: Error): void => {
+    if (settled) return;
+    settled = true;
+    onDone(error);
+  };
+  body.once("error", (error: Error) => {
+    // Mid-body the status is sent: resetting this stream is the only honest signal, and it
+    // leaves every other stream on the connection alone.
+    stream.close(h2Codes.internalError);
+    settle(error);
+  });
+  body.once("close", () => {
+    if (body.readableEnded || settled) return;
+    stream.close(h2Codes.internalError);
+    settle(new Error("the upstream body closed before its end"));
+  });
+  stream.once("close", () => {
+    if (stream.writableFinished && stream.rstCode === h2Codes.noError) settle();
+    else {
+      discardBody(body);
+      settle(new Error("guest reset the stream before the response was complete"));
+    }
+  });
+  body.pipe(stream);
+}
+
+/** gRPC status codes for the proxy's own refusals (gRPC's "HTTP to gRPC status code mapping"). */
+export function grpcStatusFor(httpStatus: number): number {
+  if (httpStatus === 400) return 13; // INTERNAL
+  if (httpStatus === 401 || httpStatus === 407) return 16; // UNAUTHENTICATED
+  if (httpStatus === 403) return 7; // PERMISSION_DENIED
+  if (httpStatus === 404) return 12; // UNIMPLEMENTED
+  if (httpStatus === 413 || httpStatus === 429) return 8; // RESOURCE_EXHAUSTED
+  if (httpStatus >= 500) return 14; // UNAVAILABLE
+  return 2; // UNKNOWN
+}
+
+/** grpc-message is percent-encoded: anything outside printable ASCII, and `%` itself. */
+function grpcMessage(text: string): string {
+  return Array.from(Buffer.from(text, "utf8"), (byte) =>
+    byte >= 0x20 && byte <= 0x7e && byte !== 0x25 ? String.fromCharCode(byte) : `%${byte.toString(16).toUpperCase().padStart(2, "0")}`,
+  ).join("");
+}
+
+/**
+ * Answers one stream with the proxy's error. A gRPC request gets a Trailers-Only response
+ * (`:status 200`, `grpc-status`, `grpc-message` with the reason): a gRPC client reports only
+ * those, and an HTTP status alone would reach the caller as a bare UNKNOWN/UNAVAILABLE. Past the
+ * head, the stream is reset instead: nothing else can still be said on it.
+ */
+export function sendH2Error(stream: ServerHttp2Stream, error: EgressError, grpc: boolean): number {
+  if (stream.destroyed || stream.closed) return 0;
+  if (stream.headersSent) {
+    stream.close(h2Codes.internalError);
+    return 0;
+  }
+  try {
+    if (grpc) {
+      stream.respond(
+        {
+          ":status": 200,
+          "content-type": "application/grpc",
+          "grpc-status": String(grpcStatusFor(error.status)),
+          "grpc-message": grpcMessage(`${error.status} ${error.statusText}: ${error.message}`),
+          "x-egressgate-error": error.code,
+        },
+        { endStream: true },
+      );
+      return 0;
+    }
+    const body = errorBody(error);
+    const extra: Record<string, string> = {};
+    for (const [name, value] of Object.entries(error.headers ?? {})) if (!h2ConnectionHeaders.has(name.toLowerCase())) extra[name.toLowerCase()] = String(value);
+    stream.respond({
+      ...extra,
+      ":status": error.status,
+      "content-type": "text/plain; charset=utf-8",
+      "content-length": Buffer.byteLength(body),
+      "x-egressgate-error": error.code,
+    });
+    stream.end(body);
+    return Buffer.byteLength(body);
+  } catch {
+    stream.close(h2Codes.internalError);
+    return 0;
+  }
+}

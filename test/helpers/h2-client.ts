@@ -1,0 +1,61 @@
+import { connect as h2Connect, type ClientHttp2Session, type IncomingHttpHeaders, type OutgoingHttpHeaders } from "node:http2";
+import { connect as tlsConnect, type TLSSocket } from "node:tls";
+import { onTestFinished } from "vitest";
+import { openTunnel } from "./raw.js";
+
+/** CONNECT `target` through the proxy, then TLS offering `alpn`; resolves once the handshake is done. */
+export async function openH2Tls(proxyPort: number, target: string, ca: string, alpn: readonly string[] = ["h2"]): Promise<TLSSocket> {
+  const plain = await openTunnel(proxyPort, target);
+  const servername = target.slice(0, target.lastIndexOf(":"));
+  const socket = tlsConnect({ socket: plain.detach(), servername, ca, ALPNProtocols: [...alpn] });
+  onTestFinished(() => {
+    socket.destroy();
+  });
+  await new Promise<void>((resolve, reject) => {
+    socket.once("secureConnect", resolve);
+    socket.once("error", reject);
+  });
+  return socket;
+}
+
+/**
+ * An HTTP/2 session to `target` through the proxy's CONNECT tunnel, as a guest opens one: one
+ * connection, any number of streams. Destroyed when the test finishes.
+ */
+export async function h2Session(proxyPort: number, target: string, ca: string, settings: Record<string, number> = {}): Promise<ClientHttp2Session> {
+  const socket = await openH2Tls(proxyPort, target, ca);
+  if (socket.alpnProtocol !== "h2") throw new Error(`ALPN chose ${String(socket.alpnProtocol)}, not h2`);
+  const session = h2Connect(`https://${target}`, { createConnection: () => socket, settings });
+  session.on("error", () => undefined);
+  onTestFinished(() => {
+    session.destroy();
+  });
+  return session;
+}
+
+export interface H2Answer {
+  readonly status: number;
+  readonly headers: IncomingHttpHeaders;
+  readonly body: Buffer;
+  readonly trailers: IncomingHttpHeaders | undefined;
+}
+
+/** One request on `session`; rejects when the stream is reset. */
+export function h2Request(session: ClientHttp2Session, headers: OutgoingHttpHeaders, body?: string | Buffer): Promise<H2Answer> {
+  return new Promise((resolve, reject) => {
+    const stream = session.request({ ":method": "GET", ...headers }, { endStream: body === undefined });
+    let head: IncomingHttpHeaders | undefined;
+    let trailers: IncomingHttpHeaders | undefined;
+    const chunks: Buffer[] = [];
+    stream.on("response", (h) => (head = h));
+    stream.on("trailers", (t) => (trailers = t));
+    stream.on("data", (c: Buffer) => chunks.push(c));
+    stream.on("error", reject);
+    stream.on("close", () => {
+      if (head === undefined) reject(new Error(`stream closed without a response (code ${stream.rstCode})`));
+      else if (stream.rstCode !== 0) reject(new Error(`stream reset with code ${stream.rstCode}`));
+      else resolve({ status: Number(head[":status"]), headers: head, body: Buffer.concat(chunks), trailers });
+    });
+    if (body !== undefined) stream.end(body);
+  });
+}

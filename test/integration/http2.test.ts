@@ -1,0 +1,219 @@
+import { createHash } from "node:crypto";
+import { describe, expect, it } from "vitest";
+import { curlVia } from "../helpers/curl.js";
+import { h2Request, h2Session, openH2Tls } from "../helpers/h2-client.js";
+import { startTestProxy } from "../helpers/proxy.js";
+import { patternChunk, patternSha256, startUpstream, type Route } from "../helpers/upstream.js";
+
+/** A route that answers only when the test says so; `arrived` settles when the request is in. */
+function heldRoute(): { route: Route; arrived: Promise<void>; release: () => void } {
+  let arrive!: () => void;
+  let release!: () => void;
+  const arrived = new Promise<void>((resolve) => (arrive = resolve));
+  const released = new Promise<void>((resolve) => (release = resolve));
+  return {
+    arrived,
+    release,
+    route: (_req, res) => {
+      arrive();
+      void released.then(() => {
+        res.writeHead(200, { "content-type": "text/plain" });
+        res.end("released");
+      });
+    },
+  };
+}
+
+/** `/bytes` that counts what it has written, so a test can see backpressure reach the upstream. */
+function countedBytesRoute(): { route: Route; written: () => number } {
+  let written = 0;
+  return {
+    written: () => written,
+    route: (_req, res, _body, url) => {
+      const total = Number(url.searchParams.get("n") ?? 0);
+      const chunk = patternChunk(64 * 1024);
+      res.writeHead(200, { "content-type": "application/octet-stream", "content-length": total });
+      const pump = (): void => {
+        while (written < total) {
+          written += chunk.length;
+          if (!res.write(chunk)) {
+            res.once("drain", pump);
+            return;
+          }
+        }
+        res.end();
+      };
+      pump();
+    },
+  };
+}
+
+describe("HTTP/2 guests", () => {
+  it("curl --http2 through the proxy speaks HTTP/2 to the proxy and gets the HTTP/1.1 upstream's answer", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const res = await curlVia(proxy.url, proxy.caCertPath, `https://api.test:${upstream.port}/echo?x=1`, ["--http2", "-w", "\n__version:%{http_version}"]);
+    expect(res.stderr).toBe("");
+    const [body, version] = res.body.split("\n__version:");
+    expect(version).toBe("2");
+    const echo = JSON.parse(body!) as { path: string; headers: Record<string, string> };
+    expect(echo.path).toBe("/echo?x=1");
+    expect(echo.headers["host"]).toBe(`api.test:${upstream.port}`);
+  });
+
+  it("an h2 session answers its first stream right after the handshake (Node 20's secureConnecting hang)", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    // Without the fix the session never sends its SETTINGS: no remoteSettings, no answer, until the test's timeout.
+    const settings = await new Promise<Record<string, unknown>>((resolve) => session.once("remoteSettings", resolve));
+    expect(settings["maxConcurrentStreams"]).toBe(100);
+    expect(settings["maxHeaderListSize"]).toBe(65536);
+    const res = await h2Request(session, { ":path": "/echo" });
+    expect(res.status).toBe(200);
+  });
+
+  it("a guest offering only http/1.1 stays on HTTP/1.1 inside the same kind of tunnel", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const socket = await openH2Tls(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem, ["http/1.1"]);
+    expect(socket.alpnProtocol).toBe("http/1.1");
+    const res = await curlVia(proxy.url, proxy.caCertPath, `https://api.test:${upstream.port}/echo`, ["--http1.1", "-w", "\n__version:%{http_version}"]);
+    expect(res.body.split("\n__version:")[1]).toBe("1.1");
+  });
+
+  it("100 parallel streams on one guest connection (curl --parallel --http2) all succeed", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const urls: string[] = [];
+    for (let i = 0; i < 100; i++) urls.push("-o", "/dev/null", `https://api.test:${upstream.port}/echo?n=${i}`);
+    // This -w replaces curlVia's own and prints once per transfer.
+    const res = await curlVia(proxy.url, proxy.caCertPath, urls.pop()!, ["--http2", "--parallel", "--parallel-max", "100", "-o", "/dev/null", "-w", "%{http_code}/%{http_version}\n", ...urls]);
+    expect(res.exitCode).toBe(0);
+    const lines = res.body.split("\n").filter((line) => line !== "");
+    expect(lines).toHaveLength(100);
+    expect(lines.every((line) => line === "200/2")).toBe(true);
+    expect(upstream.hits()).toBe(100);
+    expect(proxy.logs.filter((line) => line["msg"] === "tunnel opened")).toHaveLength(1);
+  });
+
+  it("streams are independent: a held stream and a refused stream never hold the others on the connection", async () => {
+    const held = heldRoute();
+    const upstream = await startUpstream({ routes: { "/held": held.route } });
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      isRequestAllowed: (request) => !new URL(request.url).pathname.startsWith("/deny"),
+    });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const slow = h2Request(session, { ":path": "/held" });
+    await held.arrived;
+    const [denied, ok] = await Promise.all([h2Request(session, { ":path": "/deny" }), h2Request(session, { ":path": "/echo" })]);
+    expect(denied.status).toBe(403);
+    expect(denied.body.toString()).toContain("403 Forbidden");
+    expect(ok.status).toBe(200);
+    held.release();
+    expect((await slow).body.toString()).toBe("released");
+  });
+
+  it("every stream is judged on its own: a placeholder is substituted on one, a denial answers another, on one connection", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      secrets: { TOKEN: { hosts: ["api.test"], value: "real-value-42" } },
+      onRequest: (request) => {
+        if (new URL(request.url).pathname === "/hooked") return new Response("from the hook", { status: 209 });
+        return undefined;
+      },
+    });
+    const placeholder = proxy.guestEnv()["TOKEN"]!;
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const [secret, hooked, misdirected] = await Promise.all([
+      h2Request(session, { ":path": "/echo", authorization: `Bearer ${placeholder}` }),
+      h2Request(session, { ":path": "/hooked" }),
+      h2Request(session, { ":path": "/echo", ":authority": `other.test:${upstream.port}` }),
+    ]);
+    expect((JSON.parse(secret.body.toString()) as { headers: Record<string, string> }).headers["authorization"]).toBe("Bearer real-value-42");
+    expect(hooked.status).toBe(209);
+    expect(hooked.body.toString()).toBe("from the hook");
+    // The 421 rule: :authority must name the CONNECT target.
+    expect(misdirected.status).toBe(421);
+    expect(misdirected.body.toString()).toContain("the tunnel was opened with CONNECT api.test");
+    expect(upstream.hits()).toBe(1);
+  });
+
+  it("a hook that throws answers 502 on its own stream only", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      onRequest: (request) => {
+        if (new URL(request.url).pathname === "/boom") throw new Error("hook bug");
+      },
+    });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const [boom, ok] = await Promise.all([h2Request(session, { ":path": "/boom" }), h2Request(session, { ":path": "/echo" })]);
+    expect(boom.status).toBe(502);
+    expect(ok.status).toBe(200);
+    expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+  });
+
+  it("request bodies and repeated cookies reach an HTTP/1.1 upstream intact", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const body = Buffer.alloc(300_000, 7);
+    const res = await h2Request(session, { ":method": "POST", ":path": "/echo", cookie: ["a=1", "b=2"], te: "trailers" }, body);
+    const echo = JSON.parse(res.body.toString()) as { method: string; bodyBytes: number; bodySha256: string; headers: Record<string, string> };
+    expect(echo.method).toBe("POST");
+    expect(echo.bodyBytes).toBe(body.length);
+    expect(echo.bodySha256).toBe(createHash("sha256").update(body).digest("hex"));
+    expect(echo.headers["cookie"]).toBe("a=1; b=2");
+    expect(echo.headers["te"]).toBe("trailers");
+  });
+
+  it("backpressure holds per stream: a guest that stops reading stops the upstream, while its other streams go on", async () => {
+    const counted = countedBytesRoute();
+    const upstream = await startUpstream({ routes: { "/counted": counted.route } });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const total = 64 * 1024 * 1024;
+    const stream = session.request({ ":method": "GET", ":path": `/counted?n=${total}` });
+    stream.on("error", () => undefined);
+    stream.pause();
+    await new Promise((resolve) => stream.once("response", resolve));
+    // Wait until the upstream stops making progress: the guest's window and every buffer on the way are full.
+    let last = -1;
+    while (counted.written() !== last) {
+      last = counted.written();
+      await new Promise((resolve) => setTimeout(resolve, 300));
+    }
+    expect(counted.written()).toBeLessThan(total / 4);
+    expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+    const hash = createHash("sha256");
+    let bytes = 0;
+    stream.on("data", (chunk: Buffer) => {
+      bytes += chunk.length;
+      hash.update(chunk);
+    });
+    stream.resume();
+    await new Promise((resolve) => stream.once("end", resolve));
+    expect(bytes).toBe(total);
+    expect(hash.digest("hex")).toBe(patternSha256(total));
+  });
+
+  it("close() sends GOAWAY: the stream in flight finishes, and the proxy closes after it", async () => {
+    const held = heldRoute();
+    const upstream = await startUpstream({ routes: { "/held": held.route } });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const inFlight = h2Request(session, { ":path": "/held" });
+    await held.arrived;
+    const goaway = new Promise<number>((resolve) => session.once("goaway", (code: number) => resolve(code)));
+    const closed = proxy.close();
+    expect(await goaway).toBe(0);
+    held.release();
+    const res = await inFlight;
+    expect(res.status).toBe(200);
+    expect(res.body.toString()).toBe("released");
+    await closed;
+  });
+});
