@@ -30,6 +30,11 @@ export const defaults = Object.freeze({
   maxHttpBodyBytes: 64 * 1024 * 1024,
   maxHttpResponseBodyBytes: 64 * 1024 * 1024,
   limits: Object.freeze({ connectionsPerSource: 256, pipelinedRequests: 16 }),
+  /** A recorded network's choices (README, "Recorded network"). */
+  upstream: Object.freeze({
+    record: Object.freeze({ cookies: false }),
+    replay: Object.freeze({ exhausted: "repeat-last" as "repeat-last" | "error", latency: "none" as "none" | "recorded", recordMissing: false }),
+  }),
   /** CLI and config file: processes sharing the port. */
   workers: 1,
   /** A guest's declarative tier, as createHttpHooks applies it. */

@@ -70,7 +70,7 @@ const upstreamNode = object(
     record: object(
       {
         path: string("a file path", "Write every exchange to this HAR 1.2 file (bodies over 1 MiB to FILE.d/), secrets never in it.", { required: true }),
-        cookies: boolean("Keep Set-Cookie values in the recording; masked by default.", { default: false }),
+        cookies: boolean("Keep Set-Cookie values in the recording; masked by default.", { default: defaults.upstream.record.cookies }),
       },
       "Record the network to a HAR file.",
     ),
@@ -84,9 +84,9 @@ const upstreamNode = object(
           "JSON pointers",
           "Parts of a JSON request body the match leaves out (nonces, timestamps).",
         ),
-        exhausted: string("repeat-last or error", "Once every recorded answer to a request was used: repeat the last, or answer 502.", { choices: ["repeat-last", "error"], default: "repeat-last" }),
-        latency: string("none or recorded", "recorded: wait as long as the recording did for the head and between chunks.", { choices: ["none", "recorded"], default: "none" }),
-        recordMissing: boolean("Send misses to the real network and record them into the same file.", { default: false }),
+        exhausted: string("repeat-last or error", "Once every recorded answer to a request was used: repeat the last, or answer 502.", { choices: ["repeat-last", "error"], default: defaults.upstream.replay.exhausted }),
+        latency: string("none or recorded", "recorded: wait as long as the recording did for the head and between chunks.", { choices: ["none", "recorded"], default: defaults.upstream.replay.latency }),
+        recordMissing: boolean("Send misses to the real network and record them into the same file.", { default: defaults.upstream.replay.recordMissing }),
       },
       "Replay a recorded network from a HAR file.",
     ),
