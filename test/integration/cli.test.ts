@@ -7,7 +7,7 @@ import { fileURLToPath } from "node:url";
 import { ProxyAgent, request } from "undici";
 import { beforeAll, describe, expect, it, onTestFinished } from "vitest";
 import { tempDir } from "../helpers/proxy.js";
-import { optionFlags } from "../../src/config/flags.js";
+import { chainFlags, optionFlags } from "../../src/config/flags.js";
 import { configFileSchema, schemaPaths } from "../../src/config/schema.js";
 import { testCa } from "../helpers/test-ca.js";
 import { startUpstream } from "../helpers/upstream.js";
@@ -520,7 +520,8 @@ describe("egressgate usage errors", () => {
     }
     const commandFlags = ["--config", "--ca-dir", "--listen", "--help"];
     const listed = [...result.stdout.matchAll(/^\s+(--[a-z-]+)/gm)].map((m) => m[1]!);
-    for (const flag of listed) expect([flag, [...Object.values(optionFlags), ...commandFlags].includes(flag)]).toEqual([flag, true]);
+    // The chain flags (--hook-command, --hook-url, --hook-opa) are in the flags table's module too.
+    for (const flag of listed) expect([flag, [...Object.values(optionFlags), ...Object.values(chainFlags), ...commandFlags].includes(flag)]).toEqual([flag, true]);
     expect(result.stdout).not.toMatch(/listening on/);
   });
 
