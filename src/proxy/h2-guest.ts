@@ -147,7 +147,8 @@ export class H2Guests {
     if (session.destroyed) return;
     const tunnel = (session as TrackedSession)[stateKey]?.tunnel;
     this.deps.log.info("guest h2 connection closed", { reason, ...(tunnel !== undefined ? { target: `${tunnel.hostname}:${tunnel.port}`, guest: tunnel.guest } : {}) });
-    session.destroy(undefined, h2Codes.enhanceYourCalm);
+    // destroy(undefined, code) would send GOAWAY(NO_ERROR): Node takes a missing error as code 0.
+    session.destroy(new Error(reason), h2Codes.enhanceYourCalm);
   }
 
   private onStream(stream: ServerHttp2Stream, raw: string[]): void {
@@ -163,6 +164,14 @@ export class H2Guests {
       // it free while the work behind every reset still runs (CVE-2023-44487).
       stream.close(h2Codes.refusedStream);
       if (++state.refused > h2Limits.maxRefusedStreams) this.calm(session, "streams refused past the running-work cap (rapid reset)");
+      return;
+    }
+    if (headerListSize(raw) > h2Limits.maxHeaderListSize) {
+      // nghttp2 decodes whatever the table references (an HPACK bomb is small on the wire), and
+      // Node does not hold the decoded list to SETTINGS_MAX_HEADER_LIST_SIZE: refused here, as an
+      // HTTP/1.1 head over 64 KiB is, before any pipeline work.
+      sendH2Error(stream, new EgressError("EG_HEADERS_TOO_LARGE", 431, `the request's header list exceeds ${h2Limits.maxHeaderListSize} bytes`), false);
+      if (!stream.endAfterHeaders) stream.close(h2Codes.noError);
       return;
     }
     let ours = false;
@@ -310,6 +319,13 @@ function requestBodyOf(stream: ServerHttp2Stream): Readable {
     if (!stream.readableEnded) body.destroy(new Error("the guest reset the stream during its upload"));
   });
   return body;
+}
+
+/** RFC 9113 §6.5.2: each field counts its name and value octets plus 32. */
+function headerListSize(raw: readonly string[]): number {
+  let size = 0;
+  for (let i = 0; i < raw.length; i += 2) size += raw[i]!.length + raw[i + 1]!.length + 32;
+  return size;
 }
 
 function rawHeader(raw: readonly string[], name: string): string | undefined {

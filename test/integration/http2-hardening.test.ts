@@ -1,0 +1,186 @@
+import { describe, expect, it } from "vitest";
+import { h2Request, h2Session } from "../helpers/h2-client.js";
+import { flag, frame, frameType, indexed, literal, literalIndexed, ping, rstStream, RawH2, requestBlock, settings } from "../helpers/h2-frames.js";
+import { startTestProxy, type TestProxy } from "../helpers/proxy.js";
+import { patternChunk, startUpstream, type Route, type Upstream } from "../helpers/upstream.js";
+
+const code = Object.freeze({ protocolError: 1, cancel: 8, compressionError: 9, enhanceYourCalm: 11 });
+
+/** A route that never answers: the requests that reach it only count. */
+function silentRoute(): { route: Route; arrivals: () => number } {
+  let arrivals = 0;
+  return { arrivals: () => arrivals, route: () => void (arrivals += 1) };
+}
+
+/** `/bytes` that counts what it has written. */
+function countedBytesRoute(): { route: Route; written: () => number } {
+  let written = 0;
+  return {
+    written: () => written,
+    route: (_req, res, _body, url) => {
+      const total = Number(url.searchParams.get("n") ?? 0);
+      const chunk = patternChunk(64 * 1024);
+      res.writeHead(200, { "content-length": total });
+      const pump = (): void => {
+        while (written < total) {
+          written += chunk.length;
+          if (!res.write(chunk)) {
+            res.once("drain", pump);
+            return;
+          }
+        }
+        res.end();
+      };
+      pump();
+    },
+  };
+}
+
+async function setup(routes: Record<string, Route> = {}, idleMs?: number): Promise<{ proxy: TestProxy; upstream: Upstream; authority: string }> {
+  const upstream = await startUpstream({ routes });
+  const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, idleMs === undefined ? {} : { timeouts: { idleMs } });
+  return { proxy, upstream, authority: `api.test:${upstream.port}` };
+}
+
+/** A well-behaved guest on a connection of its own still gets its 200s. */
+async function othersServed(proxy: TestProxy, authority: string): Promise<void> {
+  const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+  const answers = await Promise.all([1, 2, 3].map(() => h2Request(session, { ":path": "/echo" })));
+  expect(answers.map((a) => a.status)).toEqual([200, 200, 200]);
+}
+
+/**
+ * GOAWAY(ENHANCE_YOUR_CALM), when it reaches the client: the proxy closes while the flood is
+ * still arriving, and then the kernel may answer with a TCP reset that discards the GOAWAY
+ * before the client reads it. The proxy's log line is the assertion that always holds.
+ */
+function expectCalm(client: RawH2): void {
+  const goaway = client.goaway();
+  if (goaway !== undefined) expect(goaway.code).toBe(code.enhanceYourCalm);
+}
+
+describe("HTTP/2 hardening: each attack ends only its own connection", () => {
+  it("rapid reset (CVE-2023-44487): a guest opening and resetting streams in a loop gets GOAWAY(ENHANCE_YOUR_CALM)", async () => {
+    const silent = silentRoute();
+    const { proxy, authority } = await setup({ "/silent": silent.route });
+    const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    const attempts = 2000;
+    for (let i = 0; i < attempts; i++) {
+      const id = 2 * i + 1;
+      const burst = Buffer.concat([frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/silent")), rstStream(id, code.cancel)]);
+      if (!attacker.write(burst)) break;
+    }
+    await attacker.until((c) => c.closed);
+    expect(attacker.closed).toBe(true);
+    expectCalm(attacker);
+    // Far fewer upstream requests than streams: the connection ended long before the loop did.
+    expect(silent.arrivals()).toBeLessThan(attempts / 2);
+    await othersServed(proxy, authority);
+    expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("rapid reset"))).toBe(true);
+  });
+
+  it("resets do not free the work behind them: past 100 running streams new ones are refused, then the connection gets GOAWAY", async () => {
+    // Every stream waits in onRequest, so resetting it does not end its work.
+    let hookCalls = 0;
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      onRequest: async () => {
+        hookCalls += 1;
+        await released;
+      },
+    });
+    const authority = `api.test:${upstream.port}`;
+    const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    for (let i = 0; i < 400; i++) {
+      const id = 2 * i + 1;
+      if (!attacker.write(Buffer.concat([frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/echo")), rstStream(id, code.cancel)]))) break;
+    }
+    await attacker.until((c) => c.closed);
+    expectCalm(attacker);
+    // Exactly the cap ran; every later stream was refused before any hook saw it.
+    expect(hookCalls).toBe(100);
+    expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("running-work cap"))).toBe(true);
+    release();
+    await othersServed(proxy, authority);
+    expect(upstream.hits()).toBe(3);
+  });
+
+  it("a CONTINUATION flood (CVE-2024-27983) closes its connection without reaching the upstream", async () => {
+    const { proxy, upstream, authority } = await setup();
+    const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    attacker.write(frame(frameType.headers, 0, 1, requestBlock(authority, "/echo")));
+    const filler = literal("x-filler", "y".repeat(200));
+    for (let i = 0; i < 5000; i++) if (!attacker.write(frame(frameType.continuation, 0, 1, filler))) break;
+    await attacker.until((c) => c.closed || c.goaway() !== undefined || c.resetCode(1) !== undefined);
+    expect(attacker.goaway() !== undefined || attacker.resetCode(1) !== undefined || attacker.closed).toBe(true);
+    expect(attacker.answered(1)).toBe(false);
+    expect(upstream.hits()).toBe(0);
+    await othersServed(proxy, authority);
+  });
+
+  it("a header list over 64 KiB is refused on its stream, and the connection's other streams go on", async () => {
+    const { proxy, upstream, authority } = await setup();
+    const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    // 20 fields of 4 KiB: 80 KiB of header list, each frame within the default 16 KiB frame size.
+    const fields = Array.from({ length: 20 }, (_, i) => literal(`x-big-${i}`, "z".repeat(4096)));
+    const block = requestBlock(authority, "/echo", fields);
+    const pieces: Buffer[] = [];
+    for (let at = 0; at < block.length; at += 16_000) pieces.push(block.subarray(at, at + 16_000));
+    attacker.write(frame(frameType.headers, pieces.length === 1 ? flag.endHeaders | flag.endStream : flag.endStream, 1, pieces[0]!));
+    for (let i = 1; i < pieces.length; i++) attacker.write(frame(frameType.continuation, i === pieces.length - 1 ? flag.endHeaders : 0, 1, pieces[i]!));
+    await attacker.until((c) => c.closed || c.goaway() !== undefined || c.resetCode(1) !== undefined || c.answered(1));
+    expect(upstream.hits()).toBe(0);
+    await othersServed(proxy, authority);
+  });
+
+  it("an HPACK bomb (one large table entry referenced over and over) is refused without reaching the upstream", async () => {
+    const { proxy, upstream, authority } = await setup();
+    const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    // 4 KiB into the dynamic table once, then 200 one-byte references: 800 KiB decoded from ~4 KiB sent.
+    const fields = [literalIndexed("x-bomb", "b".repeat(4000)), ...Array.from({ length: 200 }, () => indexed(62))];
+    attacker.write(frame(frameType.headers, flag.endHeaders | flag.endStream, 1, requestBlock(authority, "/echo", fields)));
+    await attacker.until((c) => c.closed || c.goaway() !== undefined || c.resetCode(1) !== undefined || c.answered(1));
+    expect(upstream.hits()).toBe(0);
+    await othersServed(proxy, authority);
+  });
+
+  it("a SETTINGS flood gets GOAWAY(ENHANCE_YOUR_CALM)", async () => {
+    const { proxy, authority } = await setup();
+    const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    for (let i = 0; i < 5000; i++) if (!attacker.write(settings([[0x4, 65535]]))) break;
+    await attacker.until((c) => c.closed);
+    expect(attacker.closed).toBe(true);
+    expectCalm(attacker);
+    expect(proxy.logs.some((line) => line["reason"] === "SETTINGS flood")).toBe(true);
+    await othersServed(proxy, authority);
+  });
+
+  it("a PING flood gets GOAWAY(ENHANCE_YOUR_CALM)", async () => {
+    const { proxy, authority } = await setup();
+    const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    for (let i = 0; i < 5000; i++) if (!attacker.write(ping(i))) break;
+    await attacker.until((c) => c.closed);
+    expect(attacker.closed).toBe(true);
+    expectCalm(attacker);
+    expect(proxy.logs.some((line) => line["reason"] === "PING flood")).toBe(true);
+    await othersServed(proxy, authority);
+  });
+
+  it("a window that never opens holds only a bounded part of the download, and the stream is let go at the idle limit", async () => {
+    const counted = countedBytesRoute();
+    const { proxy, authority } = await setup({ "/counted": counted.route }, 1_500);
+    const total = 64 * 1024 * 1024;
+    // SETTINGS_INITIAL_WINDOW_SIZE 0, and never a WINDOW_UPDATE.
+    const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem, [[0x4, 0]]);
+    attacker.write(frame(frameType.headers, flag.endHeaders | flag.endStream, 1, requestBlock(authority, `/counted?n=${total}`)));
+    await attacker.until((c) => c.answered(1));
+    await othersServed(proxy, authority);
+    await attacker.until((c) => c.resetCode(1) !== undefined || c.closed);
+    expect(attacker.resetCode(1) !== undefined || attacker.closed).toBe(true);
+    expect(counted.written()).toBeLessThan(total / 4);
+    await othersServed(proxy, authority);
+  });
+});
