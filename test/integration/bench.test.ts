@@ -24,7 +24,7 @@ beforeAll(() => {
 describe("npm run bench", () => {
   it("a tiny run gives figures for every target it started, and names any it skipped", async () => {
     const out = join(tempDir(), "bench.json");
-    const targets = ["direct", "tcp-relay", "egressgate", "egressgate-api", "egressgate+hooks", "egressgate+djs", "mockttp", "http-mitm-proxy", "mitmdump"];
+    const targets = ["direct", "tcp-relay", "egressgate", "egressgate-api", "egressgate+hooks", "egressgate+djs", "egressgate+webhook", "mockttp", "http-mitm-proxy", "mitmdump"];
     const stdout = await new Promise<string>((resolve, reject) => {
       execFile(
         process.execPath,
@@ -51,5 +51,8 @@ describe("npm run bench", () => {
     expect(stdout).toContain("× best peer");
     expect(stdout).toContain("no-op tier-2 pair");
     expect(stdout).toContain("no-op tier-3 pair");
+    // The external decider against no source, and its goal line.
+    expect(stdout).toContain("local webhook (cacheMs off)");
+    expect(stdout).toContain("External deciders: a local webhook adds under 0.3 ms p50");
   }, 150_000);
 });
