@@ -1,5 +1,6 @@
 export { createHttpHooks } from "./hooks/http-hooks.js";
-export type { CreatedHttpHooks, HttpHooks, HttpHooksOptions, IpInfo, Layer, SecretManager } from "./hooks/http-hooks.js";
+export type { CreatedHttpHooks, HookChainEntry, HttpHooks, HttpHooksOptions, IpInfo, Layer, SecretManager } from "./hooks/http-hooks.js";
+export type { CommandDeciderOptions, CommonDeciderOptions, DeciderOptions, DeciderPhase, HttpDeciderOptions, OpaDeciderOptions, WebhookDeciderOptions } from "./deciders/options.js";
 export { HttpRequestBlockedError } from "./hooks/blocked-error.js";
 export { createDjsHooks, djsHooksOptionsFromFile, DjsHooks, PolicyLoadError } from "./djs/create-djs-hooks.js";
 export type { DjsHooksOptions } from "./djs/create-djs-hooks.js";
