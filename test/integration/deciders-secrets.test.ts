@@ -1,7 +1,9 @@
 import type { ServerResponse } from "node:http";
 import { join } from "node:path";
+import { ProxyAgent, request } from "undici";
 import { describe, expect, it } from "vitest";
 import { json, loggedDocuments, shellDecider, startDecisionServer } from "../helpers/deciders.js";
+import { startGuestsProxy } from "../helpers/guests.js";
 import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
 import { startUpstream, type Echo } from "../helpers/upstream.js";
 
@@ -96,5 +98,37 @@ describe("deciders never see a real secret value", () => {
       expect(doc).not.toContain(rotated);
       expect(doc).toContain("[REDACTED:GH_TOKEN]");
     }
+  });
+});
+
+describe("deciders with several guests", () => {
+  it("each guest's documents name it, and each guest's answers are cached apart", async () => {
+    const upstream = await startUpstream({ names: ["api.test"] });
+    const hook = await startDecisionServer((doc, _req, res) => {
+      if (doc["guest"] === "b") return json(res, 200, { decision: "block", reason: "not for b" });
+      json(res, 200, { decision: "allow" });
+    });
+    const shared = { webhook: hook.url, cacheMs: 60_000 };
+    const proxy = await startGuestsProxy({
+      a: { allowedInternalHosts: ["api.test"], hooks: [shared] },
+      b: { allowedInternalHosts: ["api.test"], hooks: [shared] },
+    });
+    const get = async (guest: string): Promise<number> => {
+      const agent = new ProxyAgent({ uri: proxy.guestEnv(guest)["HTTPS_PROXY"]!, requestTls: { ca: proxy.caCertPem } });
+      try {
+        const res = await request(`https://api.test:${upstream.port}/echo`, { dispatcher: agent });
+        await res.body.dump();
+        return res.statusCode;
+      } finally {
+        await agent.close();
+      }
+    };
+    expect(await get("a")).toBe(200);
+    expect(await get("b")).toBe(403);
+    expect(await get("a")).toBe(200);
+    expect(await get("b")).toBe(403);
+    // One ask per guest, each answer kept for that guest only.
+    expect(hook.received.map((d) => d["guest"])).toEqual(["a", "b"]);
+    expect(upstream.hits()).toBe(2);
   });
 });
