@@ -1,5 +1,5 @@
 import { discardBody } from "../streams.js";
-import { errors as undiciErrors, type Dispatcher } from "undici";
+import { errors as undiciErrors } from "undici";
 import type { Readable } from "node:stream";
 import { EgressError, badRequest, denied } from "../errors.js";
 import { BodyTap } from "../hooks/body-tap.js";
@@ -20,7 +20,7 @@ import {
   type TraceEntry,
   type SendInfo,
 } from "./exchange.js";
-import { endToEndHeaders, headerObjectToList } from "../headers.js";
+import { endToEndHeaders, getHeader, headerObjectToList } from "../headers.js";
 import type { HookLimits } from "./hook-phases.js";
 import { nextHop, redirectStatuses } from "./redirects.js";
 import { bareHostname } from "../hostname.js";
@@ -68,8 +68,6 @@ const redirectBodyLimit = 64 * 1024;
 const redirectDrainMs = 1_000;
 /** 1xx responses (103 Early Hints, say) accepted before the final one. */
 const maxInformational = 16;
-
-type BodyReadable = Dispatcher.ResponseData["body"];
 
 /**
  * The order of evaluation of DESIGN §3 for one guest request: policy checks on the request as it
@@ -156,6 +154,7 @@ export class Pipeline {
         // §3 step 7: source by source, each on what the one before returned.
         let response: { status: number; headers: string[]; body: Readable | null } = upstream;
         const cleanups: (() => void)[] = [];
+        let replaced = false;
         for (const source of this.phase.onResponse) {
           let hooked;
           try {
@@ -165,7 +164,10 @@ export class Pipeline {
             for (const cleanup of cleanups) cleanup();
             throw error;
           }
-          if (hooked.replaced) cleanups.push(hooked.discard);
+          if (hooked.replaced) {
+            replaced = true;
+            cleanups.push(hooked.discard);
+          }
           response = hooked;
         }
         return {
@@ -175,6 +177,8 @@ export class Pipeline {
           decision: target.decision,
           url: request.url,
           redirects,
+          // A replaced response has no trailers: a WHATWG Response cannot carry them.
+          ...(!replaced && upstream.trailers !== undefined ? { trailers: upstream.trailers } : {}),
           ...(cleanups.length > 0 ? { cleanup: () => cleanups.forEach((cleanup) => cleanup()) } : {}),
         };
       }
@@ -330,8 +334,23 @@ export class Pipeline {
     request: OutboundRequest,
     address: ResolvedAddress,
     signal: GuestGone,
-  ): Promise<{ status: number; headers: string[]; body: BodyReadable | null; location: string | undefined }> {
+  ): Promise<ExecutorResponse> {
     const { url } = request;
+    const noBody = methodsWithoutResponseBody.has(request.method);
+    // An https origin that speaks h2, or has not been asked yet: the ALPN answer decides, once per origin and IP.
+    if (url.protocol === "https:" && this.options.pools.protocolOf(url, address) !== "h1") {
+      let h2;
+      try {
+        h2 = await this.options.pools.sendH2(request, address, signal, noBody, maxInformational);
+      } catch (error) {
+        throw upstreamError(error, url);
+      }
+      if (h2 !== undefined) {
+        const headers = endToEndHeaders(h2.headers);
+        const locations = headers.filter((_, i) => i % 2 === 0 && headers[i]!.toLowerCase() === "location");
+        return { status: h2.status, headers, body: h2.body, location: locations.length === 1 ? getHeader(headers, "location") : undefined, trailers: h2.trailers };
+      }
+    }
     const pool = this.options.pools.get(url, address);
     let informational = 0;
     try {
@@ -350,14 +369,16 @@ export class Pipeline {
         },
       });
       const location = response.headers["location"];
-      const noBody =
-        methodsWithoutResponseBody.has(request.method) || response.statusCode === 204 || response.statusCode === 304;
-      if (noBody) void response.body.dump().catch(() => undefined);
+      const empty = noBody || response.statusCode === 204 || response.statusCode === 304;
+      if (empty) void response.body.dump().catch(() => undefined);
+      // Only a chunked body can end in a trailer section; undici fills `trailers` before the body's end.
+      const chunked = /chunked/i.test(String(response.headers["transfer-encoding"] ?? ""));
       return {
         status: response.statusCode,
         headers: endToEndHeaders(headerObjectToList(response.headers)),
-        body: noBody ? null : response.body,
+        body: empty ? null : response.body,
         location: typeof location === "string" ? location : undefined,
+        ...(chunked && !empty ? { trailers: () => headerObjectToList(response.trailers) } : {}),
       };
     } catch (error) {
       throw upstreamError(error, url);

@@ -87,7 +87,33 @@ export function sendResponse(
       settle(new Error("guest closed the connection before the response was complete"));
     }
   });
-  body.pipe(res);
+  const trailers = response.trailers;
+  if (trailers === undefined) {
+    body.pipe(res);
+    return;
+  }
+  // The trailer section goes after the last chunk, so the end is ours to write. Node sends
+  // trailers only on a chunked response: one with Content-Length (or to an HTTP/1.0 guest) ends without them.
+  body.pipe(res, { end: false });
+  body.once("end", () => {
+    try {
+      const fields = trailerFields(trailers());
+      if (fields.length > 0) res.addTrailers(fields);
+    } catch {
+      // A field Node refuses to write: the response still ends, without its trailers.
+    }
+    res.end();
+  });
+}
+
+/** Fields never sent as trailers (RFC 9110 §6.5.1): framing, routing and connection fields. */
+const notTrailers = new Set(["content-length", "content-type", "content-encoding", "transfer-encoding", "connection", "keep-alive", "host", "te", "trailer", "upgrade", "proxy-connection"]);
+
+function trailerFields(list: readonly string[] | undefined): [string, string][] {
+  const out: [string, string][] = [];
+  if (list === undefined) return out;
+  for (let i = 0; i < list.length; i += 2) if (!notTrailers.has(list[i]!.toLowerCase()) && !list[i]!.startsWith(":")) out.push([list[i]!, list[i + 1]!]);
+  return out;
 }
 
 /** Writes a bare HTTP/1.1 error on a socket that has no ServerResponse (CONNECT, parse errors). */

@@ -1,9 +1,12 @@
+import type { ClientHttp2Session } from "node:http2";
 import { isIP, type Socket } from "node:net";
-import type { SecureContext } from "node:tls";
+import type { SecureContext, TLSSocket } from "node:tls";
 import { Pool, buildConnector } from "undici";
 import { EgressError } from "../errors.js";
 import type { ResolvedAddress } from "./resolve.js";
 import { bareHostname } from "../hostname.js";
+import { H2Sessions } from "./h2-sessions.js";
+import { H2Refused, sendOnSession, type H2ExchangeOptions, type H2UpstreamRequest, type H2UpstreamResponse } from "./h2-exchange.js";
 
 export interface PinnedPoolsOptions {
   readonly upstreamContext: SecureContext;
@@ -45,11 +48,95 @@ export function sameAddress(a: string, b: string): boolean {
 export class PinnedPools {
   private readonly pools = new Map<string, Pool>();
   private readonly base: buildConnector.connector;
+  /** HTTP/2 sessions, and every https origin's ALPN answer (see {@link PinnedPools.h2Session}). */
+  private readonly h2: H2Sessions;
+  /** The connection that asked an HTTP/1.1 origin its ALPN: its pool's next connect takes it. */
+  private readonly spares = new Map<string, TLSSocket>();
 
   constructor(private readonly options: PinnedPoolsOptions) {
     // allowHalfOpen: an upstream's FIN must not close the socket under a paused parser (see
     // deferEndWhileParserPaused); undici destroys the socket itself once the response is done.
     this.base = buildConnector({ timeout: options.connectTimeoutMs, secureContext: options.upstreamContext, allowHalfOpen: true });
+    this.h2 = new H2Sessions({
+      upstreamContext: options.upstreamContext,
+      timeoutMs: options.connectTimeoutMs,
+      check: (remote, family, hostname, port, approved) => this.check(remote, family, hostname, port, approved),
+      sessionsPerOrigin: 4,
+      maxOrigins: options.maxPools * 2,
+      idleMs: options.keepAliveTimeoutMs,
+    });
+  }
+
+  private check(remote: string, family: 4 | 6, hostname: string, port: number, approved: string): string | undefined {
+    if (!sameAddress(remote, approved)) return `connected to ${remote}, not the approved ${approved}`;
+    return this.options.recheck(hostname, { ip: remote, family }, port);
+  }
+
+  /**
+   * Whether an https origin at this IP is known to speak h2 ("h2"), known to speak only
+   * HTTP/1.1 ("h1", the pool as before), or not asked yet (undefined: ask with h2Session).
+   */
+  protocolOf(origin: URL, address: ResolvedAddress): "h1" | "h2" | undefined {
+    if (origin.protocol !== "https:") return "h1";
+    return this.h2.protocolOf(keyOf(origin, address));
+  }
+
+  /**
+   * An HTTP/2 session to the origin at the pinned IP, on a connection offering ALPN
+   * `h2, http/1.1` (pinned, SNI, upstream CA, re-checked like the pools'); undefined when the
+   * origin chose HTTP/1.1, whose connection then goes to the pool.
+   */
+  private async h2Session(origin: URL, address: ResolvedAddress): Promise<ClientHttp2Session | undefined> {
+    const key = keyOf(origin, address);
+    const negotiated = await this.h2.acquire(key, origin, address);
+    if (negotiated.protocol === "h2") return negotiated.session;
+    if (negotiated.socket !== undefined) this.spare(key, negotiated.socket);
+    return undefined;
+  }
+
+  /**
+   * One request over HTTP/2 when the origin at this IP speaks it; undefined when it chose
+   * HTTP/1.1 (send it on {@link get}'s pool then). A stream the upstream refused unprocessed
+   * (REFUSED_STREAM, or past a GOAWAY's last stream) goes again on another session, twice at
+   * most, unless its body was streamed and cannot be sent again.
+   */
+  async sendH2(
+    request: H2UpstreamRequest,
+    address: ResolvedAddress,
+    signal: H2ExchangeOptions["signal"],
+    noBody: boolean,
+    maxInformational: number,
+  ): Promise<H2UpstreamResponse | undefined> {
+    const { url } = request;
+    const key = keyOf(url, address);
+    for (let attempt = 0; ; attempt++) {
+      const session = await this.h2Session(url, address);
+      if (session === undefined) return undefined;
+      try {
+        return await sendOnSession(session, request, noBody, {
+          headersTimeoutMs: this.options.headersTimeoutMs,
+          bodyTimeoutMs: this.options.bodyTimeoutMs,
+          maxInformational,
+          signal,
+          done: () => this.h2.release(session, key),
+        });
+      } catch (error) {
+        const replayable = request.body === null || request.body instanceof Uint8Array;
+        if (!(error instanceof H2Refused) || !replayable || attempt >= 2 || signal.aborted) throw error;
+      }
+    }
+  }
+
+  private spare(key: string, socket: TLSSocket): void {
+    this.spares.get(key)?.destroy();
+    this.spares.set(key, socket);
+    socket.on("error", () => undefined);
+    // Not taken soon (the pool had a connection already): it goes.
+    const timer = setTimeout(() => {
+      if (this.spares.get(key) === socket) this.spares.delete(key);
+      if (!claimed.has(socket)) socket.destroy();
+    }, 1_000);
+    timer.unref();
   }
 
   get size(): number {
@@ -57,7 +144,7 @@ export class PinnedPools {
   }
 
   get(origin: URL, address: ResolvedAddress): Pool {
-    const key = `${origin.protocol}//${origin.host}|${address.ip}`;
+    const key = keyOf(origin, address);
     const found = this.pools.get(key);
     if (found !== undefined) {
       this.pools.delete(key);
@@ -80,7 +167,20 @@ export class PinnedPools {
     const servername = isIP(hostname) === 0 ? hostname : undefined;
     const port = Number(origin.port || (origin.protocol === "https:" ? 443 : 80));
     const { recheck } = this.options;
+    const key = keyOf(origin, address);
     const connect: buildConnector.connector = (opts, callback) => {
+      const spare = this.spares.get(key);
+      if (spare !== undefined) {
+        this.spares.delete(key);
+        if (!spare.destroyed && spare.writable) {
+          claimed.add(spare);
+          deferEndWhileParserPaused(spare);
+          // undici is not ready for its socket within its own connect call (a connected socket
+          // handed over synchronously is never written to): a turn later, as a real connect is.
+          setImmediate(() => callback(null, spare));
+          return;
+        }
+      }
       const pinned: buildConnector.Options = { ...opts, hostname: address.ip };
       if (servername !== undefined) pinned.servername = servername;
       base(pinned, (error, socket) => {
@@ -118,16 +218,31 @@ export class PinnedPools {
   }
 
   async close(): Promise<void> {
+    this.dropH2();
     const pools = [...this.pools.values()];
     this.pools.clear();
     await Promise.all(pools.map((p) => p.close().catch(() => undefined)));
   }
 
   async destroy(): Promise<void> {
+    this.dropH2();
     const pools = [...this.pools.values()];
     this.pools.clear();
     await Promise.all(pools.map((p) => p.destroy().catch(() => undefined)));
   }
+
+  private dropH2(): void {
+    this.h2.destroy();
+    for (const socket of this.spares.values()) socket.destroy();
+    this.spares.clear();
+  }
+}
+
+/** Spare sockets a pool has taken: undici owns them from then on. */
+const claimed = new WeakSet<Socket>();
+
+function keyOf(origin: URL, address: ResolvedAddress): string {
+  return `${origin.protocol}//${origin.host}|${address.ip}`;
 }
 
 interface UndiciParser {

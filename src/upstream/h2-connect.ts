@@ -1,0 +1,63 @@
+import { isIP } from "node:net";
+import { connect as tlsConnect, type SecureContext, type TLSSocket } from "node:tls";
+import { EgressError } from "../errors.js";
+import { bareHostname } from "../hostname.js";
+import type { ResolvedAddress } from "./resolve.js";
+
+export interface AlpnConnectOptions {
+  readonly upstreamContext: SecureContext;
+  readonly timeoutMs: number;
+  /**
+   * Judges the connected socket's remote address (that it is the pinned one, and that it is
+   * still allowed); returns a reason to refuse it. May throw.
+   */
+  readonly check: (remote: string, family: 4 | 6, hostname: string, port: number, approved: string) => string | undefined;
+}
+
+/**
+ * One TLS connection to an approved address offering ALPN `h2, http/1.1`, under the same rules
+ * as the pools' connector (pinned-pools.ts): only the pinned IP is dialled, SNI and the
+ * certificate check use the hostname, the upstream CA is the pools' own, and the remote address
+ * is judged again once connected. The caller reads `alpnProtocol` to choose the client.
+ */
+export function connectAlpn(origin: URL, address: ResolvedAddress, options: AlpnConnectOptions): Promise<TLSSocket> {
+  const hostname = bareHostname(origin.hostname);
+  const port = Number(origin.port || 443);
+  return new Promise((resolve, reject) => {
+    const socket = tlsConnect({
+      host: address.ip,
+      port,
+      secureContext: options.upstreamContext,
+      ...(isIP(hostname) === 0 ? { servername: hostname } : {}),
+      ALPNProtocols: ["h2", "http/1.1"],
+      // As undici's own connector is set up in pinned-pools.ts: this socket may become a pool's.
+      // (tls.connect takes net's options; its types leave this one out.)
+      ...({ allowHalfOpen: true } as object),
+    });
+    const timer = setTimeout(() => socket.destroy(new EgressError("EG_UPSTREAM_TIMEOUT", 504, `upstream ${origin.host} did not connect in time`)), options.timeoutMs);
+    const onError = (error: Error): void => {
+      clearTimeout(timer);
+      reject(error);
+    };
+    socket.once("error", onError);
+    socket.once("secureConnect", () => {
+      clearTimeout(timer);
+      socket.off("error", onError);
+      const remote = socket.remoteAddress ?? "";
+      let refusal: string | undefined;
+      try {
+        refusal = options.check(remote, isIP(remote) === 6 ? 6 : 4, hostname, port, address.ip);
+      } catch (error) {
+        refusal = `cannot re-check ${remote}: ${(error as Error).message}`;
+      }
+      if (refusal !== undefined) {
+        socket.destroy();
+        reject(new EgressError("EG_DENIED", 403, `upstream ${origin.host}: ${refusal}`));
+        return;
+      }
+      socket.setNoDelay(true);
+      socket.setKeepAlive(true, 60_000);
+      resolve(socket);
+    });
+  });
+}

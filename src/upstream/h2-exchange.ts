@@ -1,0 +1,152 @@
+import { constants, type ClientHttp2Session, type ClientHttp2Stream, type IncomingHttpHeaders, type OutgoingHttpHeaders } from "node:http2";
+import type { EventEmitter } from "node:events";
+import type { Readable } from "node:stream";
+import { EgressError } from "../errors.js";
+import type { HeaderList } from "../headers.js";
+
+/** The request as the upstream layer needs it (the pipeline's OutboundRequest fits). */
+export interface H2UpstreamRequest {
+  readonly method: string;
+  readonly url: URL;
+  readonly headers: HeaderList;
+  readonly body: Readable | Uint8Array | null;
+}
+
+export interface H2UpstreamResponse {
+  readonly status: number;
+  readonly headers: HeaderList;
+  readonly body: Readable | null;
+  readonly trailers: () => HeaderList | undefined;
+}
+
+export interface H2ExchangeOptions {
+  readonly headersTimeoutMs: number;
+  readonly bodyTimeoutMs: number;
+  readonly maxInformational: number;
+  /** Aborted when the guest goes away (GuestGone: an emitter with `aborted`). */
+  readonly signal: EventEmitter & { readonly aborted: boolean };
+  /** Called once when the stream is done with, however it ended: the session's slot is free. */
+  readonly done: () => void;
+}
+
+/** The stream was refused before the upstream processed it (REFUSED_STREAM, or GOAWAY): safe to send again. */
+export class H2Refused extends Error {
+  override readonly name = "H2Refused";
+}
+
+// RFC 9113 §8.2.2, plus Host: HTTP/2 carries it as :authority.
+const notOnH2 = new Set(["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "host"]);
+
+function requestHeaders(request: H2UpstreamRequest): OutgoingHttpHeaders {
+  const { url } = request;
+  const out: Record<string, string | string[]> = {
+    ":method": request.method,
+    ":scheme": "https",
+    ":authority": url.host,
+    ":path": `${url.pathname}${url.search}`,
+  };
+  const list = request.headers;
+  for (let i = 0; i < list.length; i += 2) {
+    const name = list[i]!.toLowerCase();
+    const value = list[i + 1]!;
+    if (notOnH2.has(name) || name.startsWith(":")) continue;
+    if (name === "te" && value.trim().toLowerCase() !== "trailers") continue;
+    const had = out[name];
+    if (had === undefined) out[name] = value;
+    else if (Array.isArray(had)) had.push(value);
+    else out[name] = [had, value];
+  }
+  return out;
+}
+
+function headerList(headers: IncomingHttpHeaders): HeaderList {
+  const out: HeaderList = [];
+  for (const [name, value] of Object.entries(headers)) {
+    if (name.startsWith(":") || value === undefined) continue;
+    if (Array.isArray(value)) for (const v of value) out.push(name, v);
+    else out.push(name, String(value));
+  }
+  return out;
+}
+
+/**
+ * One request on an upstream HTTP/2 session. The response body is the stream itself (flow
+ * control is its backpressure), its trailers readable once it has ended. A stream the upstream
+ * refused unprocessed rejects with {@link H2Refused}, so a request without a streamed body can
+ * go again on another session.
+ */
+export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRequest, noBody: boolean, options: H2ExchangeOptions): Promise<H2UpstreamResponse> {
+  const { url } = request;
+  let stream: ClientHttp2Stream;
+  try {
+    stream = session.request(requestHeaders(request), { endStream: request.body === null });
+  } catch (error) {
+    options.done();
+    // The session went away between choosing it and this request (ERR_HTTP2_GOAWAY_SESSION, ERR_HTTP2_INVALID_SESSION).
+    throw new H2Refused(`upstream session to ${url.host} is closing`, { cause: error });
+  }
+  let released = false;
+  const release = (): void => {
+    if (released) return;
+    released = true;
+    options.done();
+  };
+  stream.on("error", () => undefined);
+  stream.once("close", release);
+  const onAbort = (): void => {
+    if (!stream.destroyed) stream.close(constants.NGHTTP2_CANCEL);
+  };
+  if (options.signal.aborted) onAbort();
+  else options.signal.once("abort", onAbort);
+  stream.once("close", () => options.signal.off("abort", onAbort));
+
+  const body = request.body;
+  if (body instanceof Uint8Array) stream.end(body);
+  else if (body !== null) {
+    body.once("error", () => stream.close(constants.NGHTTP2_CANCEL));
+    body.pipe(stream);
+  }
+
+  return new Promise<H2UpstreamResponse>((resolve, reject) => {
+    let settled = false;
+    const fail = (error: Error): void => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      reject(error);
+    };
+    const timer = setTimeout(() => {
+      fail(new EgressError("EG_UPSTREAM_TIMEOUT", 504, `upstream ${url.host} timed out: no response head within ${options.headersTimeoutMs} ms`));
+      stream.close(constants.NGHTTP2_CANCEL);
+    }, options.headersTimeoutMs);
+    let informational = 0;
+    stream.on("headers", () => {
+      // 1xx heads: nobody reads them, and an upstream sending them for ever must not hold the request.
+      if (++informational > options.maxInformational) {
+        fail(new EgressError("EG_UPSTREAM", 502, `upstream ${url.host} sent more than ${options.maxInformational} informational (1xx) responses`));
+        stream.close(constants.NGHTTP2_PROTOCOL_ERROR);
+      }
+    });
+    stream.once("close", () => {
+      if (settled) return;
+      const code = stream.rstCode ?? 0;
+      if (code === constants.NGHTTP2_REFUSED_STREAM) fail(new H2Refused(`upstream ${url.host} refused the stream`));
+      else fail(Object.assign(new Error(`upstream ${url.host} closed the HTTP/2 stream (code ${code}) before its response`), { code: "UND_ERR_SOCKET" }));
+    });
+    stream.once("response", (head: IncomingHttpHeaders) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      const status = Number(head[":status"]);
+      let trailers: HeaderList | undefined;
+      stream.once("trailers", (fields: IncomingHttpHeaders) => (trailers = headerList(fields)));
+      const empty = noBody || status === 204 || status === 304;
+      if (empty) stream.resume();
+      else {
+        // Silence past the limit ends this stream only: the guest's connection is cut as an h1 body timeout would.
+        stream.setTimeout(options.bodyTimeoutMs, () => stream.destroy(Object.assign(new Error(`upstream body timed out after ${options.bodyTimeoutMs} ms of silence`), { code: "UND_ERR_BODY_TIMEOUT" })));
+      }
+      resolve({ status, headers: headerList(head), body: empty ? null : stream, trailers: () => trailers });
+    });
+  });
+}

@@ -1,0 +1,148 @@
+import { connect as h2Connect, type ClientHttp2Session } from "node:http2";
+import type { TLSSocket } from "node:tls";
+import type { AlpnConnectOptions } from "./h2-connect.js";
+import { connectAlpn } from "./h2-connect.js";
+import type { ResolvedAddress } from "./resolve.js";
+
+export interface H2SessionsOptions extends AlpnConnectOptions {
+  /** Sessions per origin and pinned IP; streams beyond them share the least busy one. */
+  readonly sessionsPerOrigin: number;
+  /** Origins whose ALPN answer is remembered (least recently used first out). */
+  readonly maxOrigins: number;
+  /** A session with no stream for this long is closed. */
+  readonly idleMs: number;
+}
+
+/** What a first connection to an origin found out: h2 (a session), or HTTP/1.1 (the connected socket, for undici). */
+export type Negotiated =
+  | { readonly protocol: "h2"; readonly session: ClientHttp2Session }
+  /** `socket` is the connection that asked, for the first caller only; the others let the pool connect. */
+  | { readonly protocol: "h1"; readonly socket: TLSSocket | undefined };
+
+interface Entry {
+  readonly session: ClientHttp2Session;
+  active: number;
+}
+
+/** Node's default when the peer has not said: RFC 9113 §6.5.2 recommends at least 100. */
+const defaultPeerStreams = 100;
+
+/**
+ * `node:http2` client sessions per origin **and** pinned IP, on connections made by
+ * {@link connectAlpn} (pinned, SNI, upstream CA, re-checked). The ALPN answer is cached per key,
+ * so an HTTP/1.1 origin pays for the question once and stays on undici afterwards.
+ *
+ * undici 7's own h2 client is not used: it loses response trailers and can end a paused body
+ * early without an error.
+ */
+export class H2Sessions {
+  private readonly alpn = new Map<string, "h1" | "h2">();
+  private readonly sessions = new Map<string, Entry[]>();
+  private readonly connecting = new Map<string, Promise<Negotiated>>();
+  private closed = false;
+
+  constructor(private readonly options: H2SessionsOptions) {}
+
+  /** The cached ALPN answer for a key; undefined until a connection has asked. */
+  protocolOf(key: string): "h1" | "h2" | undefined {
+    return this.alpn.get(key);
+  }
+
+  /**
+   * A session with room for one more stream, opening one when none has room (and the key has
+   * fewer than `sessionsPerOrigin`). When the origin answers `http/1.1`, that connection comes
+   * back instead, for the HTTP/1.1 pool to use.
+   */
+  async acquire(key: string, origin: URL, address: ResolvedAddress): Promise<Negotiated> {
+    const entries = this.live(key);
+    let best: Entry | undefined;
+    for (const entry of entries) if (best === undefined || entry.active < best.active) best = entry;
+    if (best !== undefined && (best.active < peerStreams(best.session) || entries.length >= this.options.sessionsPerOrigin)) {
+      return { protocol: "h2", session: this.claim(best) };
+    }
+    // Concurrent first requests share one connection attempt.
+    let pending = this.connecting.get(key);
+    if (pending === undefined) {
+      pending = this.open(key, origin, address).finally(() => this.connecting.delete(key));
+      this.connecting.set(key, pending);
+      const negotiated = await pending;
+      if (negotiated.protocol === "h1") return negotiated;
+      const entry = this.live(key).find((e) => e.session === negotiated.session);
+      return { protocol: "h2", session: entry === undefined ? negotiated.session : this.claim(entry) };
+    }
+    const negotiated = await pending;
+    // The socket of an HTTP/1.1 answer belongs to the caller that asked; the others go to undici.
+    if (negotiated.protocol === "h1") return { protocol: "h1", socket: undefined };
+    return this.acquire(key, origin, address);
+  }
+
+  /** Marks a stream as ended on its session: an idle session may then close. */
+  release(session: ClientHttp2Session, key: string): void {
+    const entry = this.sessions.get(key)?.find((e) => e.session === session);
+    if (entry !== undefined && entry.active > 0) entry.active -= 1;
+  }
+
+  private claim(entry: Entry): ClientHttp2Session {
+    entry.active += 1;
+    return entry.session;
+  }
+
+  /** Sessions still taking new streams (not closed, not draining after a GOAWAY). */
+  private live(key: string): Entry[] {
+    const entries = this.sessions.get(key);
+    if (entries === undefined) return [];
+    const live = entries.filter((e) => !e.session.closed && !e.session.destroyed && !goneAway.has(e.session));
+    if (live.length !== entries.length) {
+      if (live.length === 0) this.sessions.delete(key);
+      else this.sessions.set(key, live);
+    }
+    return live;
+  }
+
+  private async open(key: string, origin: URL, address: ResolvedAddress): Promise<Negotiated> {
+    const socket = await connectAlpn(origin, address, this.options);
+    const protocol = socket.alpnProtocol === "h2" ? "h2" : "h1";
+    this.remember(key, protocol);
+    if (protocol === "h1" || this.closed) {
+      if (this.closed) socket.destroy();
+      return { protocol: "h1", socket };
+    }
+    const session = h2Connect(origin.origin, {
+      createConnection: () => socket,
+      settings: { enablePush: false },
+      // Responses are streamed through, never held: the same bound as the guest side.
+      maxSessionMemory: 10,
+    });
+    session.on("error", () => undefined);
+    session.once("goaway", () => goneAway.add(session));
+    session.once("close", () => this.live(key));
+    session.setTimeout(this.options.idleMs, () => {
+      const entry = this.sessions.get(key)?.find((e) => e.session === session);
+      if (entry === undefined || entry.active === 0) session.close();
+    });
+    const entries = this.sessions.get(key) ?? [];
+    entries.push({ session, active: 0 });
+    this.sessions.set(key, entries);
+    return { protocol: "h2", session };
+  }
+
+  private remember(key: string, protocol: "h1" | "h2"): void {
+    this.alpn.delete(key);
+    this.alpn.set(key, protocol);
+    if (this.alpn.size > this.options.maxOrigins) this.alpn.delete(this.alpn.keys().next().value as string);
+  }
+
+  /** Closes every session at once (streams in flight are cut): the proxy or the guest is going away. */
+  destroy(): void {
+    this.closed = true;
+    for (const entries of this.sessions.values()) for (const { session } of entries) session.destroy();
+    this.sessions.clear();
+  }
+}
+
+/** Sessions that received GOAWAY: their open streams finish, new streams go elsewhere. */
+const goneAway = new WeakSet<ClientHttp2Session>();
+
+function peerStreams(session: ClientHttp2Session): number {
+  return session.remoteSettings.maxConcurrentStreams ?? defaultPeerStreams;
+}

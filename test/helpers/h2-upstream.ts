@@ -1,0 +1,74 @@
+import { createSecureServer, type Http2SecureServer, type IncomingHttpHeaders, type ServerHttp2Session, type ServerHttp2Stream } from "node:http2";
+import type { AddressInfo } from "node:net";
+import type { SecureContext } from "node:tls";
+import { onTestFinished } from "vitest";
+import { testCa } from "./test-ca.js";
+
+export type H2Route = (stream: ServerHttp2Stream, headers: IncomingHttpHeaders, body: Buffer) => void;
+
+export interface H2Upstream {
+  readonly port: number;
+  readonly server: Http2SecureServer;
+  /** Every request's headers, in arrival order. */
+  readonly seen: IncomingHttpHeaders[];
+  /** TLS connections accepted. */
+  readonly connections: () => number;
+}
+
+/**
+ * An upstream that speaks only HTTP/2 (ALPN `h2`, no HTTP/1.1 fallback), like a gRPC server.
+ * `/echo` answers the request head as JSON; `/trailers` answers a body and trailers.
+ */
+export async function startH2Upstream(routes: Record<string, H2Route> = {}, names: readonly string[] = ["api.test"]): Promise<H2Upstream> {
+  const ca = await testCa();
+  const contexts = await ca.serverContexts(names);
+  const fallback = contexts.get(names[0]!)!;
+  const server = createSecureServer({
+    allowHTTP1: false,
+    SNICallback: (name: string, cb: (err: Error | null, ctx?: SecureContext) => void) => cb(null, contexts.get(name) ?? fallback),
+    secureContext: fallback,
+  } as Parameters<typeof createSecureServer>[0]);
+  const seen: IncomingHttpHeaders[] = [];
+  let connections = 0;
+  const sessions = new Set<ServerHttp2Session>();
+  server.on("secureConnection", () => (connections += 1));
+  server.on("session", (session: ServerHttp2Session) => {
+    sessions.add(session);
+    session.on("error", () => undefined);
+    session.once("close", () => sessions.delete(session));
+  });
+  const all: Record<string, H2Route> = {
+    "/echo": (stream, headers, body) => {
+      stream.respond({ ":status": 200, "content-type": "application/json" });
+      stream.end(JSON.stringify({ headers, bodyBytes: body.length }));
+    },
+    "/trailers": (stream) => {
+      stream.respond({ ":status": 200, "content-type": "text/plain" }, { waitForTrailers: true });
+      stream.once("wantTrailers", () => stream.sendTrailers({ "grpc-status": "0", "x-checksum": "abc123" }));
+      stream.end("body before trailers");
+    },
+    ...routes,
+  };
+  server.on("stream", (stream: ServerHttp2Stream, headers: IncomingHttpHeaders) => {
+    stream.on("error", () => undefined);
+    seen.push(headers);
+    const chunks: Buffer[] = [];
+    stream.on("data", (c: Buffer) => chunks.push(c));
+    stream.on("end", () => {
+      const path = new URL(String(headers[":path"]), "https://x").pathname;
+      const route = all[path];
+      if (route === undefined) {
+        stream.respond({ ":status": 404 });
+        stream.end("no such route");
+        return;
+      }
+      route(stream, headers, Buffer.concat(chunks));
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(async () => {
+    for (const session of sessions) session.destroy();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  });
+  return { port: (server.address() as AddressInfo).port, server, seen, connections: () => connections };
+}
