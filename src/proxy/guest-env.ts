@@ -33,6 +33,8 @@ export function guestEnvironment(input: GuestEnvInput): Record<string, string> {
     REQUESTS_CA_BUNDLE: bundle,
     CURL_CA_BUNDLE: bundle,
     GIT_SSL_CAINFO: bundle,
+    // gRPC's C core and grpc-js ignore the variables above and read only this one.
+    GRPC_DEFAULT_SSL_ROOTS_FILE_PATH: bundle,
     ...input.extra,
   };
 }

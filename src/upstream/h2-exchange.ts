@@ -133,14 +133,17 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
       if (code === constants.NGHTTP2_REFUSED_STREAM) fail(new H2Refused(`upstream ${url.host} refused the stream`));
       else fail(Object.assign(new Error(`upstream ${url.host} closed the HTTP/2 stream (code ${code}) before its response`), { code: "UND_ERR_SOCKET" }));
     });
-    stream.once("response", (head: IncomingHttpHeaders) => {
+    stream.once("response", (head: IncomingHttpHeaders, flags: number) => {
       if (settled) return;
       settled = true;
       clearTimeout(timer);
       const status = Number(head[":status"]);
       let trailers: HeaderList | undefined;
       stream.once("trailers", (fields: IncomingHttpHeaders) => (trailers = headerList(fields)));
-      const empty = noBody || status === 204 || status === 304;
+      // A head that ends the stream stays one: gRPC's Trailers-Only answer (grpc-status in the
+      // head) is an error to a client that receives it followed by an empty body.
+      const endsStream = (flags & constants.NGHTTP2_FLAG_END_STREAM) !== 0;
+      const empty = noBody || endsStream || status === 204 || status === 304;
       if (empty) stream.resume();
       else {
         // Silence past the limit ends this stream only: the guest's connection is cut as an h1 body timeout would.

@@ -1,0 +1,157 @@
+import * as grpc from "@grpc/grpc-js";
+import { readFileSync } from "node:fs";
+import { afterEach, beforeEach, describe, expect, it, onTestFinished } from "vitest";
+import { createCaCertificate, importKeyPair, LeafSigner, parseCertificate } from "../../src/tls/x509.js";
+import { echoService } from "../fixtures/grpc/echo-service.js";
+import { startTestProxy, type TestProxy } from "../helpers/proxy.js";
+import type { HttpHooksOptions } from "../../src/index.js";
+
+interface GrpcUpstream {
+  readonly port: number;
+  readonly caPem: string;
+  readonly calls: () => number;
+}
+
+/** A grpc-js TLS server on 127.0.0.1, its certificate for api.test from a CA of its own. */
+async function startGrpcServer(): Promise<GrpcUpstream> {
+  const { certPem, keyPem } = await createCaCertificate("egressgate gRPC test CA");
+  const signer = await LeafSigner.create({ cert: parseCertificate(certPem), key: await importKeyPair(keyPem) }, "ecdsa");
+  const leaf = await signer.sign("api.test", 30);
+  let calls = 0;
+  const server = new grpc.Server();
+  server.addService(echoService, {
+    unary: (call: grpc.ServerUnaryCall<string, string>, callback: grpc.sendUnaryData<string>) => {
+      calls += 1;
+      const head = new grpc.Metadata();
+      head.set("x-served-by", "grpc-test");
+      call.sendMetadata(head);
+      const trailer = new grpc.Metadata();
+      trailer.set("x-checksum", "sum-1");
+      callback(null, `echo: ${call.request}`, trailer);
+    },
+    countdown: (call: grpc.ServerWritableStream<string, string>) => {
+      calls += 1;
+      const from = Number(call.request);
+      for (let i = from; i > 0; i--) call.write(`t-${i}`);
+      call.end();
+    },
+    fail: (_call: grpc.ServerUnaryCall<string, string>, callback: grpc.sendUnaryData<string>) => {
+      calls += 1;
+      callback({ code: grpc.status.NOT_FOUND, details: "no such thing" });
+    },
+  });
+  const credentials = grpc.ServerCredentials.createSsl(null, [{ private_key: Buffer.from(signer.leafKey.privateKeyPem), cert_chain: Buffer.from(leaf.certPem) }]);
+  const port = await new Promise<number>((resolve, reject) => server.bindAsync("127.0.0.1:0", credentials, (error, bound) => (error ? reject(error) : resolve(bound))));
+  onTestFinished(() => {
+    server.forceShutdown();
+  });
+  return { port, caPem: certPem, calls: () => calls };
+}
+
+/**
+ * grpc-js reads its proxy only from the environment (grpc_proxy, https_proxy, http_proxy), when
+ * a channel is created: set for each test, as a guest's environment would have it.
+ */
+let savedProxy: string | undefined;
+beforeEach(() => {
+  savedProxy = process.env["grpc_proxy"];
+});
+afterEach(() => {
+  if (savedProxy === undefined) delete process.env["grpc_proxy"];
+  else process.env["grpc_proxy"] = savedProxy;
+});
+
+async function setup(hooks: HttpHooksOptions = {}): Promise<{ proxy: TestProxy; upstream: GrpcUpstream; client: grpc.Client }> {
+  const upstream = await startGrpcServer();
+  const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hooks }, { upstreamCa: [upstream.caPem] });
+  process.env["grpc_proxy"] = proxy.url;
+  // The guest trusts the proxy's CA, as GRPC_DEFAULT_SSL_ROOTS_FILE_PATH from guestEnv() would make it.
+  const roots = readFileSync(proxy.guestEnv()["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"]!);
+  const client = new grpc.Client(`api.test:${upstream.port}`, grpc.credentials.createSsl(roots));
+  onTestFinished(() => client.close());
+  return { proxy, upstream, client };
+}
+
+function unary(client: grpc.Client, method: keyof typeof echoService, request: string, target = client): Promise<{ value: string; metadata: grpc.Metadata; trailers: grpc.Metadata }> {
+  const definition = echoService[method];
+  return new Promise((resolve, reject) => {
+    let metadata = new grpc.Metadata();
+    let value: string | undefined;
+    let failed = false;
+    const call = target.makeUnaryRequest(definition.path, definition.requestSerialize, definition.responseDeserialize, request, (error, answer) => {
+      if (error) {
+        failed = true;
+        reject(error);
+      } else value = answer;
+    });
+    call.on("metadata", (m: grpc.Metadata) => (metadata = m));
+    call.on("status", (status: grpc.StatusObject) => {
+      if (!failed) resolve({ value: value!, metadata, trailers: status.metadata });
+    });
+  });
+}
+
+describe("gRPC through the proxy", () => {
+  it("a unary call succeeds, with its response metadata", async () => {
+    const { client, upstream, proxy } = await setup();
+    const answer = await unary(client, "unary", "hello");
+    expect(answer.value).toBe("echo: hello");
+    expect(answer.metadata.get("x-served-by")).toEqual(["grpc-test"]);
+    // Trailing metadata travels in the HTTP/2 trailers, with grpc-status.
+    expect(answer.trailers.get("x-checksum")).toEqual(["sum-1"]);
+    expect(upstream.calls()).toBe(1);
+    expect(proxy.logs.some((line) => line["msg"] === "request" && line["http"] === "2" && line["status"] === 200)).toBe(true);
+  });
+
+  it("a server-streaming call delivers every message, then grpc-status OK", async () => {
+    const { client } = await setup();
+    const definition = echoService.countdown;
+    const messages: string[] = [];
+    const status = await new Promise<grpc.StatusObject>((resolve, reject) => {
+      const call = client.makeServerStreamRequest(definition.path, definition.requestSerialize, definition.responseDeserialize, "5");
+      call.on("data", (message: string) => messages.push(message));
+      call.on("status", resolve);
+      call.on("error", (error: grpc.ServiceError) => (error.code === grpc.status.OK ? undefined : reject(error)));
+    });
+    expect(messages).toEqual(["t-5", "t-4", "t-3", "t-2", "t-1"]);
+    expect(status.code).toBe(grpc.status.OK);
+  });
+
+  it("the server's own error (a Trailers-Only answer) reaches the client with its status and message", async () => {
+    const { client } = await setup();
+    const error = (await unary(client, "fail", "x").catch((e: unknown) => e)) as grpc.ServiceError;
+    expect(error.code).toBe(grpc.status.NOT_FOUND);
+    expect(error.details).toBe("no such thing");
+  });
+
+  it("a call the policy refuses fails with PERMISSION_DENIED naming the reason, and never reaches the server", async () => {
+    const { client, upstream } = await setup({ isRequestAllowed: (request) => !new URL(request.url).pathname.endsWith("/Fail") });
+    const error = (await unary(client, "fail", "x").catch((e: unknown) => e)) as grpc.ServiceError;
+    expect(error.code).toBe(grpc.status.PERMISSION_DENIED);
+    expect(error.details).toContain("403 Forbidden");
+    expect(upstream.calls()).toBe(0);
+    // The same channel still works for calls the policy allows.
+    expect((await unary(client, "unary", "after")).value).toBe("echo: after");
+  });
+
+  it("a call to a host off the allowlist fails without reaching the server: PERMISSION_DENIED with the reason once inside a tunnel", async () => {
+    // An onRequest hook keeps the CONNECT open (it could rewrite the request), so the refusal comes on the gRPC stream itself.
+    const { upstream, proxy } = await setup({ allowedInternalHosts: ["api.test"], onRequest: () => undefined });
+    const offList = new grpc.Client(`other.test:${upstream.port}`, grpc.credentials.createSsl(Buffer.from(proxy.caCertPem)));
+    onTestFinished(() => offList.close());
+    const error = (await unary(offList, "unary", "x", offList).catch((e: unknown) => e)) as grpc.ServiceError;
+    expect(error.code).toBe(grpc.status.PERMISSION_DENIED);
+    expect(error.details).toContain('"other.test" is not in allowedHosts');
+    expect(upstream.calls()).toBe(0);
+  });
+
+  it("a call to a host off the allowlist refused at CONNECT fails with UNAVAILABLE, and never reaches the server", async () => {
+    const { upstream, proxy } = await setup();
+    const offList = new grpc.Client(`other.test:${upstream.port}`, grpc.credentials.createSsl(Buffer.from(proxy.caCertPem)));
+    onTestFinished(() => offList.close());
+    const error = (await unary(offList, "unary", "x", offList).catch((e: unknown) => e)) as grpc.ServiceError;
+    expect(error.code).toBe(grpc.status.UNAVAILABLE);
+    expect(upstream.calls()).toBe(0);
+    expect(proxy.logs.some((line) => line["method"] === "CONNECT" && line["status"] === 403 && String(line["reason"]).includes("other.test"))).toBe(true);
+  });
+});
