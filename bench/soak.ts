@@ -69,13 +69,14 @@ interface Settings {
   readonly upstreamBodyMs: number;
   readonly rounds: number;
   readonly rssFraction: number;
+  readonly allocator: "glibc" | "tuned";
 }
 
 function parseArgs(argv: readonly string[]): Settings {
   const values = new Map<string, string>();
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
-    const known = ["--requests", "--concurrency", "--warmup", "--settle-ms", "--from", "--seed", "--only", "--skip", "--json", "--deadline-ms", "--upstream-body-timeout-ms", "--rounds", "--rss-tolerance"];
+    const known = ["--requests", "--concurrency", "--warmup", "--settle-ms", "--from", "--seed", "--only", "--skip", "--json", "--deadline-ms", "--upstream-body-timeout-ms", "--rounds", "--rss-tolerance", "--allocator"];
     if (!known.includes(arg) || argv[i + 1] === undefined) throw new TypeError(`soak: unknown or incomplete argument ${JSON.stringify(arg)} (known: ${known.join(", ")})`);
     values.set(arg, argv[++i]!);
   }
@@ -90,6 +91,8 @@ function parseArgs(argv: readonly string[]): Settings {
   const requests = int("--requests", 100_000, 1);
   const from = values.get("--from") ?? "dist";
   if (from !== "dist" && from !== "src") throw new TypeError(`soak: --from must be dist or src (got ${from})`);
+  const allocator = values.get("--allocator") ?? "tuned";
+  if (allocator !== "glibc" && allocator !== "tuned") throw new TypeError(`soak: --allocator must be glibc or tuned (got ${allocator})`);
   return {
     requests,
     concurrency: int("--concurrency", 64, 1),
@@ -104,6 +107,7 @@ function parseArgs(argv: readonly string[]): Settings {
     upstreamBodyMs: int("--upstream-body-timeout-ms", 2_000, 1),
     rounds: int("--rounds", 1, 1),
     rssFraction: fraction(values.get("--rss-tolerance"), tolerance.rssFraction),
+    allocator,
   };
 }
 
@@ -125,6 +129,39 @@ interface Reading {
   readonly heapTotalBytes?: number;
   /** The reachable objects of a heap snapshot, code left out: what the heap line judges. */
   readonly liveBytes?: number | undefined;
+  readonly rssByRegion?: RssByRegion;
+}
+
+/**
+ * RSS by the kind of mapping it sits in, from /proc/PID/smaps: what tells the V8 heaps, malloc
+ * and code apart when RSS moves and the main thread's heap does not.
+ */
+interface RssByRegion {
+  /** `[heap]`: glibc's main arena (the brk heap). */
+  readonly mallocBrkBytes: number;
+  /** Anonymous mappings of exactly 256 KiB: V8's heap pages, of the main thread and of every worker isolate. */
+  readonly v8PagesBytes: number;
+  /** Other anonymous mappings: malloc's thread arenas and mmapped blocks, WASM memories, stacks. */
+  readonly otherAnonBytes: number;
+  /** File-backed mappings: code and mapped files. */
+  readonly fileBytes: number;
+}
+
+function rssByRegion(pid: number): RssByRegion {
+  const totals = { mallocBrkBytes: 0, v8PagesBytes: 0, otherAnonBytes: 0, fileBytes: 0 };
+  let kind: keyof typeof totals = "otherAnonBytes";
+  for (const line of readFileSync(`/proc/${pid}/smaps`, "utf8").split("\n")) {
+    const head = /^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ \S+\s*(.*)$/.exec(line);
+    if (head !== null) {
+      const name = head[3]!.trim();
+      const size = Number.parseInt(head[2]!, 16) - Number.parseInt(head[1]!, 16);
+      kind = name === "[heap]" ? "mallocBrkBytes" : name.startsWith("/") ? "fileBytes" : name === "" && size === 256 * 1024 ? "v8PagesBytes" : "otherAnonBytes";
+      continue;
+    }
+    const rss = /^Rss:\s+(\d+) kB/.exec(line);
+    if (rss !== null) totals[kind] += Number(rss[1]) * 1024;
+  }
+  return totals;
 }
 
 function statusBytes(pid: number, field: string): number {
@@ -137,13 +174,11 @@ function fdCount(pid: number): number {
 }
 
 /**
- * glibc's allocator for the proxy, unless the caller's environment sets its own: one arena, and
- * blocks from 128 KiB up mapped and unmapped on their own, with the heap's top trimmed past
- * 128 KiB. With the defaults, RSS read after the load measured what malloc kept cached (per-thread
- * arenas, freed TLS and zlib buffers) more than what the proxy holds: identical runs of 20,000
- * requests ended 15 to 42 MiB above their baselines, round after round with no trend. With these
- * settings the same run ended 20 MiB below its baseline and held still for three rounds
- * (docs/reliability.md). The README recommends the same for deployments that watch RSS.
+ * `--allocator tuned` (the default): glibc's allocator with one arena, and blocks from 128 KiB up
+ * mapped and unmapped on their own, as README's systemd unit suggests for deployments that watch
+ * RSS. `--allocator glibc` runs the proxy with glibc's defaults, as a deployment without them;
+ * docs/reliability.md has figures for both, and the warm-up hangs seen with both that are
+ * still to be traced.
  */
 const allocatorSettings = { MALLOC_ARENA_MAX: "1", MALLOC_TRIM_THRESHOLD_: "131072", MALLOC_MMAP_THRESHOLD_: "131072" };
 
@@ -161,7 +196,7 @@ async function startProxy(dir: string, settings: Settings, proxySettings: SoakPr
   const child = track(
     fork(script, [], {
       execArgv: ["--expose-gc", ...(settings.from === "src" ? ["--import", "tsx"] : [])],
-      env: { ...allocatorSettings, ...process.env, SOAK_PROXY_SETTINGS: JSON.stringify(proxySettings), SOAK_EGRESSGATE: moduleUrl },
+      env: { ...process.env, ...(settings.allocator === "tuned" ? allocatorSettings : {}), SOAK_PROXY_SETTINGS: JSON.stringify(proxySettings), SOAK_EGRESSGATE: moduleUrl },
       stdio: ["ignore", "inherit", "pipe", "ipc"],
     }),
     "proxy",
@@ -222,6 +257,7 @@ async function read(child: ChildProcess): Promise<Reading | undefined> {
     rssFileBytes: statusBytes(pid, "RssFile") + statusBytes(pid, "RssShmem"),
     heapUsedBytes: gc.heapUsedBytes,
     heapTotalBytes: gc.heapTotalBytes,
+    rssByRegion: rssByRegion(pid),
   };
 }
 
@@ -366,7 +402,7 @@ async function main(): Promise<number> {
     await settle();
     const reading = await readSettled(proxy.child);
     roundReadings.push({ requests: before + count, reading });
-    if (settings.rounds > 1 && reading !== undefined) log(`round ${round + 1}: ${before + count} requests, ${reading.fds} fds, RSS ${mib(reading.rssBytes)} MiB, V8 heap live ${mib(reading.liveBytes ?? 0)} MiB, used ${mib(reading.heapUsedBytes ?? 0)} of ${mib(reading.heapTotalBytes ?? 0)} MiB`);
+    if (settings.rounds > 1 && reading !== undefined) log(`round ${round + 1}: ${before + count} requests, ${reading.fds} fds, RSS ${mib(reading.rssBytes)} MiB, V8 pages ${mib(reading.rssByRegion?.v8PagesBytes ?? 0)}, brk heap ${mib(reading.rssByRegion?.mallocBrkBytes ?? 0)}, V8 heap live ${mib(reading.liveBytes ?? 0)} MiB, used ${mib(reading.heapUsedBytes ?? 0)} of ${mib(reading.heapTotalBytes ?? 0)} MiB`);
   }
   clearInterval(sampler);
   const result = mergeResults(parts);
@@ -445,15 +481,20 @@ async function main(): Promise<number> {
 
   const opt = (bytes: number | undefined): string => (bytes === undefined ? "–" : mib(bytes));
   const row = (label: string, r: Reading | undefined): string =>
-    r === undefined ? `| ${label} | – | – | – | – | – | – | – |` : `| ${label} | ${r.fds} | ${mib(r.rssBytes)} | ${opt(r.rssAnonBytes)} | ${opt(r.rssFileBytes)} | ${opt(r.liveBytes)} | ${opt(r.heapUsedBytes)} | ${opt(r.heapTotalBytes)} |`;
+    r === undefined
+      ? `| ${label} | – | – | – | – | – | – | – | – | – |`
+      : `| ${label} | ${r.fds} | ${mib(r.rssBytes)} | ${opt(r.rssByRegion?.v8PagesBytes)} | ${opt(r.rssByRegion?.mallocBrkBytes)} | ${opt(r.rssByRegion?.otherAnonBytes)} | ${opt(r.rssByRegion?.fileBytes)} | ${opt(r.liveBytes)} | ${opt(r.heapUsedBytes)} | ${opt(r.heapTotalBytes)} |`;
   console.log(`# soak — ${summary.machine.cpus}, node ${process.version}, ${settings.from}\n`);
   console.log(`${result.requests} requests at concurrency ${settings.concurrency} in ${summary.elapsedSeconds} s (${summary.requestsPerSecond} req/s), after a warm-up of ${warm.requests}; ${result.failed} failed\n`);
   console.log(outcomeTable(result));
   console.log(`\nbodies checked byte for byte: ${result.bodiesMatched} of ${result.bodiesChecked} matched (${mib(result.bytesChecked)} MiB)\n`);
-  console.log("| proxy reading | open fds | RSS MiB | of which anonymous | of which file-backed | V8 live MiB | V8 heap used MiB | V8 heap committed MiB |\n|---|---:|---:|---:|---:|---:|---:|---:|");
+  console.log(
+    "| proxy reading | open fds | RSS MiB | in V8 pages (all isolates) | in malloc's brk heap | in other anonymous | in files | V8 live MiB (main) | V8 heap used MiB | V8 heap committed MiB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+  );
   console.log(row("cold start", cold));
   console.log(row("after the warm-up (baseline)", baseline));
-  console.log(`| peak during the load | ${peakFds} | ${mib(peakRss)} | – | – | – |`);
+  console.log(`| peak during the load | ${peakFds} | ${mib(peakRss)} | – | – | – | – | – | – | – |`);
+  if (settings.rounds > 1) for (const [i, r] of roundReadings.slice(0, -1).entries()) console.log(row(`after ${r.requests} (round ${i + 1})`, r.reading));
   console.log(row(`${settings.settleMs / 1000} s after the load, once settled`, after));
   console.log(
     `\nevent-loop delay over the load: ${stats === undefined ? "–" : `p50 ${stats.eventLoopP50Ms.toFixed(1)} ms, p99 ${stats.eventLoopP99Ms.toFixed(1)} ms, max ${stats.eventLoopMaxMs.toFixed(1)} ms`}`,
