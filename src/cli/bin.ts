@@ -5,6 +5,8 @@ import { startProxy } from "../proxy/start-proxy.js";
 import { resolveProxyOptions, type ProxyOptions } from "../proxy/options.js";
 import { parseCli, placeholderKeyEnv, UsageError } from "./args.js";
 import { isClusterWorker, isFirstWorker, reportListening, runPrimary, siblingPort } from "./cluster.js";
+import { serveClusterMetrics } from "../metrics/cluster-metrics.js";
+import { createLogger } from "../log.js";
 import { checkConfig, checkHar, failureText, printCa, printEnv } from "./commands.js";
 
 /** `flags`, or the config file in use, once known: how an option error from startProxy is worded. */
@@ -35,20 +37,35 @@ async function main(argv: readonly string[]): Promise<number> {
       // own checks run here too, so a bad option exits 2 before any worker starts. The workers
       // load their own policies (a --config file, each worker reading it again). The CA is made
       // here, once, so that no two workers race to create it.
-      const { listen } = resolveProxyOptions(options);
+      const { listen, metricsListen } = resolveProxyOptions(options);
+      const auditLog = (options as { readonly auditLog?: string }).auditLog;
       await built.close();
       await loadOrCreateCa(options.caDir ?? defaultCaDir());
       // One placeholder key for all workers, so a guest's placeholders work whichever one serves it.
       const env = { [placeholderKeyEnv]: process.env[placeholderKeyEnv] ?? randomBytes(32).toString("hex") };
-      return await runPrimary(argv, command.workers, listen, env, (line) => process.stdout.write(`${line}\n`));
+      // The primary serves the sum over its workers; the workers listen for no metrics themselves.
+      let serving = false;
+      const metrics = metricsListen === undefined ? undefined : await serveClusterMetrics(metricsListen, createLogger("info"), () => serving);
+      if (metrics !== undefined) process.stderr.write(`egressgate metrics on ${metrics.url}\n`);
+      try {
+        // SIGUSR1 reopens each worker's audit log; without one it would open a worker's inspector.
+        return await runPrimary(argv, command.workers, listen, env, (line) => {
+          serving = true;
+          process.stdout.write(`${line}\n`);
+        }, auditLog !== undefined ? ["SIGUSR1"] : []);
+      } finally {
+        await metrics?.close();
+      }
     }
     // In a cluster, only the first worker writes the guest environment file, every worker's log
     // lines name it, and for `--listen HOST:0` every worker listens on the port the primary picked.
     const { guestEnvFile, ...rest } = options;
     void guestEnvFile;
     const port = worker ? siblingPort() : undefined;
+    // A worker counts, and the primary serves the sum (see serveClusterMetrics).
+    const { metricsListen, ...unlistened } = worker && !isFirstWorker() ? rest : options;
     const proxy = await startProxy({
-      ...(worker && !isFirstWorker() ? rest : options),
+      ...(worker ? { ...unlistened, ...(metricsListen !== undefined ? { metrics: true } : {}) } : options),
       ...(port !== undefined ? { listen: { ...options.listen, port } } : {}),
       ...(worker ? { logSink: workerLogSink(process.pid) } : {}),
     });

@@ -97,6 +97,8 @@ export async function runPrimary(
   listen: { host: string; port: number },
   env: Readonly<Record<string, string>>,
   print: (line: string) => void,
+  /** Signals passed on to every worker (SIGUSR1: reopen the audit log; SIGHUP: reload). */
+  forward: readonly NodeJS.Signals[] = [],
 ): Promise<number> {
   cluster.setupPrimary({ exec: process.argv[1]!, args: [...argv], silent: false });
   // Taken before the workers bind it: a start-up race with another process ends in EADDRINUSE,
@@ -198,6 +200,11 @@ export async function runPrimary(
   };
   process.on("SIGINT", onSignal);
   process.on("SIGTERM", onSignal);
+  for (const signal of forward) {
+    process.on(signal, () => {
+      for (const worker of live) if (serving.has(worker)) worker.process.kill(signal);
+    });
+  }
 
   // Not awaited: a signal during start-up stops the workers, whose start then never settles.
   Promise.all(Array.from({ length: count }, (_, i) => fork(i === 0))).then(

@@ -65,6 +65,8 @@ export interface ProxyWideConfig {
   readonly upstream?: UpstreamOptions;
   /** An absolute path. */
   readonly auditLog?: string;
+  /** HOST:PORT of the metrics listener. */
+  readonly metricsListen?: string;
   readonly auth?: boolean;
 }
 
@@ -122,7 +124,7 @@ export function resolveDocument(document: unknown, options: DocumentOptions): { 
 /** The proxy-wide part of a valid document; `at` hears about files that cannot be used. */
 export function resolveProxyWide(doc: Doc, baseDir: string, at: (segments: readonly Segment[], reason: string) => void): ProxyWideConfig {
   const out: Record<string, unknown> = {};
-  for (const key of ["resolve", "leafKeyType", "leafCacheSize", "maxRedirects", "maxHttpBodyBytes", "maxHttpResponseBodyBytes", "timeouts", "limits", "logLevel", "auth"]) {
+  for (const key of ["resolve", "leafKeyType", "leafCacheSize", "maxRedirects", "maxHttpBodyBytes", "maxHttpResponseBodyBytes", "timeouts", "limits", "logLevel", "auth", "metricsListen"]) {
     if (doc[key] !== undefined) out[key] = doc[key];
   }
   if (typeof doc["listen"] === "string") out["listen"] = parseHostPort(doc["listen"], defaults.listen.host);

@@ -122,6 +122,13 @@ const proxyWideFields = {
   guestEnvFile: string("a file path", "Write the guest environment (KEY=value lines) here once listening; with several guests, FILE.<guest> each."),
   upstream: upstreamNode,
   auditLog: string("a file path", "Append one JSON line per decision here, whatever the log level; SIGUSR1 reopens it (logrotate)."),
+  metricsListen: string("HOST:PORT", "Serve Prometheus metrics (/metrics), /healthz and /readyz on this address, apart from the proxy's.", {
+    check(value) {
+      const parsed = parseHostPort(value, defaults.listen.host);
+      if (parsed === undefined) return `must be HOST:PORT (got ${JSON.stringify(value)})`;
+      return checkListenHost(parsed.host);
+    },
+  }),
 };
 
 const withGuestsAuth = "applies only without guests: every guest authenticates, or is named by its sources";
@@ -161,6 +168,7 @@ export const apiOptionsSchema: ObjectNode = object(
     ...proxyWideFields,
     logSink: { kind: "function", doc: "Where log lines go. Default: stderr." },
     onDecision: { kind: "function", doc: "Called with every decision's audit record (the audit log's line as an object)." },
+    metrics: boolean("Collect Prometheus metrics for proxy.metrics() (metricsListen implies it)."),
   },
   "startProxy options",
   {

@@ -1,5 +1,6 @@
 import type { Logger } from "../log.js";
 import { buildAuditRecord, type AuditFacts, type AuditRecord } from "../metrics/audit-record.js";
+import { requestEnd } from "../metrics/channels.js";
 
 /** One decision, as its log line has it: what was asked, by which guest, and the answer. */
 export interface DecisionFields {
@@ -17,16 +18,40 @@ export interface DecisionFields {
  */
 export interface DecisionLog {
   (fields: DecisionFields, facts?: AuditFacts): void;
-  /** Whether records are wanted: only then do callers trace the sources and count the bytes. */
+  /**
+   * Whether records are wanted (an audit log, onDecision, metrics, or a subscriber to
+   * `egressgate:request:end`): only then do callers trace the sources and count the bytes.
+   */
   readonly auditing: boolean;
 }
 
-export function createDecisionLog(log: Logger, audit?: { readonly write: (record: AuditRecord) => void; readonly redact: (text: string) => string }): DecisionLog {
+/** Where a decision's record goes besides the audit log: the metrics, and the diagnostics channel. */
+export interface DecisionObserver {
+  readonly observe?: ((record: AuditRecord) => void) | undefined;
+  readonly redact: (text: string) => string;
+}
+
+export function createDecisionLog(
+  log: Logger,
+  audit?: { readonly write: (record: AuditRecord) => void; readonly redact: (text: string) => string },
+  observer?: DecisionObserver,
+): DecisionLog {
+  const redact = audit?.redact ?? observer?.redact;
   const decide = (fields: DecisionFields, facts?: AuditFacts): void => {
-    if (audit !== undefined) audit.write(buildAuditRecord(fields, facts, audit.redact));
+    // One record, built once, feeds the audit log, the metrics and the channel alike.
+    if (redact !== undefined && (audit !== undefined || observer?.observe !== undefined || requestEnd.hasSubscribers)) {
+      const record = buildAuditRecord(fields, facts, redact);
+      audit?.write(record);
+      observer?.observe?.(record);
+      if (requestEnd.hasSubscribers) requestEnd.publish(record);
+    }
     if (!log.enabled("info")) return;
     const { started, guest, ...rest } = fields;
     log.info("request", { ...(guest !== undefined ? { guest } : {}), ...rest, ms: Math.round((performance.now() - started) * 10) / 10 });
   };
-  return Object.assign(decide, { auditing: audit !== undefined });
+  const always = audit !== undefined || observer?.observe !== undefined;
+  return Object.defineProperty(decide, "auditing", {
+    // A getter: a diagnostics_channel subscriber can arrive after the start.
+    get: () => always || (redact !== undefined && requestEnd.hasSubscribers),
+  }) as DecisionLog;
 }

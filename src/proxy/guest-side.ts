@@ -1,4 +1,5 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import { requestStart, type RequestStartMessage } from "../metrics/channels.js";
 import { isIP, type Socket } from "node:net";
 import { EgressError, denied, guestError } from "../errors.js";
 import type { Logger } from "../log.js";
@@ -245,6 +246,7 @@ export class GuestSide {
       guestName = guest.name;
       const request = toOutboundRequest(req, tunnelOf(req.socket));
       target = loggableUrl(request.url, this.deps.redact);
+      if (requestStart.hasSubscribers) requestStart.publish({ id, guest: guestName, method: req.method ?? "", url: target, time: new Date().toISOString() } satisfies RequestStartMessage);
       const response = await guest.pipeline.handle(request, {
         id: String(id),
         signal: abort,

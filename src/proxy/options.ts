@@ -3,6 +3,7 @@ import { defaults } from "../config/defaults.js";
 import { makeIssue, OptionError, optionError, type OptionIssue } from "../config/option-error.js";
 import { apiOptionsSchema } from "../config/schema.js";
 import { validate } from "../config/validate.js";
+import { parseHostPort } from "../config/nodes.js";
 import type { HttpHooks } from "../hooks/http-hooks.js";
 import type { LogLevel, LogSink } from "../log.js";
 import { cidrsOverlap } from "../policy/cidr.js";
@@ -83,6 +84,14 @@ export interface ProxyOptions {
    */
   readonly guestEnvFile?: string;
   /**
+   * `HOST:PORT` of a listener of its own serving Prometheus text at `/metrics`, plus `/healthz`
+   * and `/readyz`. Guests cannot reach it through the proxy: its address is refused as a target
+   * like the proxy's own. Implies `metrics`.
+   */
+  readonly metricsListen?: string;
+  /** Collect the Prometheus series (for `proxy.metrics()`) without a listener. Default: false, which costs nothing per request. */
+  readonly metrics?: boolean;
+  /**
    * Several guests, each with its own allowlist, secrets, policy and names, each known by its
    * credentials (`Proxy-Authorization: Basic`, from the proxy URL that `guestEnv(name)` gives)
    * or its source addresses. Not together with the top-level `httpHooks`/`env`.
@@ -131,6 +140,8 @@ export interface ResolvedProxyOptions {
   readonly logLevel: LogLevel;
   readonly logSink: LogSink | undefined;
   readonly guestEnvFile: string | undefined;
+  readonly metricsListen: { readonly host: string; readonly port: number } | undefined;
+  readonly metrics: boolean;
   readonly upstream: UpstreamOptions | undefined;
 }
 
@@ -239,6 +250,8 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
     logLevel: options.logLevel ?? defaults.logLevel,
     logSink: options.logSink,
     guestEnvFile: options.guestEnvFile,
+    metricsListen: options.metricsListen === undefined ? undefined : parseHostPort(options.metricsListen, defaults.listen.host),
+    metrics: options.metrics === true || options.metricsListen !== undefined,
     upstream: options.upstream,
   };
 }

@@ -6,6 +6,8 @@ import { makeIssue, OptionError } from "../option-error.js";
 import { createLogger } from "../log.js";
 import type { ListenAddress } from "../policy/declarative-policy.js";
 import { createTlsAuthority } from "../tls/authority.js";
+import { createProxyMetrics } from "../metrics/metrics.js";
+import { startMetricsServer, type MetricsServer } from "../metrics/metrics-server.js";
 import { randomKey } from "./auth.js";
 import { AuthGate } from "./auth-gate.js";
 import { ConnectionLimits } from "./connection-limits.js";
@@ -50,6 +52,13 @@ export interface RunningProxy {
    * again with everything. Without a recording, nothing.
    */
   flushRecording(): Promise<void>;
+  /**
+   * The Prometheus text of every series (what `/metrics` serves), with `metrics: true` or
+   * `metricsListen`; without either it throws a TypeError (nothing is counted).
+   */
+  metrics(): Promise<string>;
+  /** `http://HOST:PORT` of the metrics listener, with `metricsListen`. */
+  readonly metricsUrl: string | undefined;
   /** Stops accepting, lets in-flight requests finish (up to `timeouts.drainMs`), then closes. */
   close(): Promise<void>;
 }
@@ -70,8 +79,10 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   const redactor = new GuestRedactor();
   const redact = (text: string): string => redactor.redact(text);
   const log = createLogger(config.logLevel, config.logSink, redact);
+  // Only when asked for: without metrics the request path traces nothing for them.
+  const metrics = config.metrics ? createProxyMetrics({ certificates: () => ({ hits: authority.leaves.hits, misses: authority.leaves.signed }) }) : undefined;
   const network = config.upstream === undefined ? undefined : await startRecordedNetwork(config.upstream, log);
-  const decide = createDecisionLog(log);
+  const decide = createDecisionLog(log, undefined, { observe: metrics?.observe, redact });
   const authority = await createTlsAuthority({
     caDir: config.caDir,
     leafKeyType: config.leafKeyType,
@@ -100,9 +111,10 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   const outer = side.createServer();
   outer.on("connection", (socket: Socket) => limits.track(socket));
   outer.on("connect", (req: IncomingMessage, socket: Socket, head: Buffer) => {
-    side.connect(req, socket, head, (target, early) =>
-      serveTunnel(socket, early, target, { inner, h2: (tls) => side.serveH2(tls), leaves: authority.leaves, log, handshakeMs: config.timeouts.handshakeMs }),
-    );
+    side.connect(req, socket, head, (target, early) => {
+      metrics?.tunnel(socket);
+      serveTunnel(socket, early, target, { inner, h2: (tls) => side.serveH2(tls), leaves: authority.leaves, log, handshakeMs: config.timeouts.handshakeMs });
+    });
   });
   inner.on("connect", (_req: IncomingMessage, socket: Socket) => {
     writeRawError(socket, new EgressError("EG_METHOD_NOT_ALLOWED", 405, "CONNECT inside a tunnel is not allowed"));
@@ -125,6 +137,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   selfAddresses.push(...listenAddresses(address.address, address.port));
   const host = address.family === "IPv6" ? `[${address.address}]` : address.address;
   const url = `http://${host}:${address.port}`;
+  let metricsServer: MetricsServer | undefined;
 
   const guestEnv = (name?: string): Record<string, string> => {
     const names = guests.names();
@@ -143,6 +156,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   const close = (): Promise<void> =>
     (closing ??= (async () => {
       const closed = new Promise<void>((resolve) => outer.close(() => resolve()));
+      await metricsServer?.close();
       inner.close(() => undefined);
       await side.drain(config.timeouts.drainMs);
       outer.closeAllConnections();
@@ -167,11 +181,29 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       throw new OptionError(makeIssue(["guestEnvFile"], `cannot write ${file} (${code})`), { prefix: "startProxy: ", cause: error });
     }
   }
+  if (metrics !== undefined && config.metricsListen !== undefined) {
+    try {
+      metricsServer = await startMetricsServer({
+        ...config.metricsListen,
+        scrape: async () => ({ text: await metrics.text(), contentType: metrics.registry.contentType }),
+        ready: () => closing === undefined,
+        log,
+      });
+    } catch (error) {
+      await close();
+      const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
+      throw new OptionError(makeIssue(["metricsListen"], `cannot listen on ${config.metricsListen.host}:${config.metricsListen.port} (${code})`), { prefix: "startProxy: ", cause: error });
+    }
+    // A guest must not reach the metrics through the proxy either (the allowlist could allow
+    // loopback): its address is one of the proxy's own, which are always refused.
+    selfAddresses.push(...listenAddresses(metricsServer.host, metricsServer.port));
+  }
   log.info("listening", {
     url,
     caDir: config.caDir,
     guests: guests.names(),
     authentication: guests.open ? "none (single guest on loopback)" : "required",
+    ...(metricsServer !== undefined ? { metrics: metricsServer.url } : {}),
     ...(guests.size === 1 ? { allowedHosts: guests.get(guests.names()[0]!)!.policy.config.allowedHosts } : {}),
   });
   warnPastFileLimit(config.limits.connections, log);
@@ -202,6 +234,11 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     flushRecording: async () => {
       await network?.flush();
     },
+    metrics: async () => {
+      if (metrics === undefined) throw new TypeError("metrics: start the proxy with metrics: true or metricsListen");
+      return metrics.text();
+    },
+    metricsUrl: metricsServer?.url,
     close,
   };
 }

@@ -1,0 +1,168 @@
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from "prom-client";
+import type { Socket } from "node:net";
+import type { AuditRecord, AuditSource } from "./audit-record.js";
+import { shareWithPrimary } from "./cluster-metrics.js";
+
+/** What the registry reads at scrape time from the parts of the proxy that keep their own counts. */
+export interface MetricsProbes {
+  /** Leaf certificates served from the cache, and signed (misses). */
+  readonly certificates?: () => { readonly hits: number; readonly misses: number };
+}
+
+/**
+ * The proxy's Prometheus series. Every series is fed from the decision record (the audit log's
+ * {@link AuditRecord}), so metrics, the audit log and `onDecision` can never disagree; only
+ * tunnels and the certificate cache, which make no decision, are counted where they happen.
+ *
+ * Cardinality is bounded by the configuration, never by traffic: a host appears only as the
+ * allowlist rule that matched it (`allowedHosts:*.example.com`), a denial as the phase and the
+ * source that refused, a secret by its configured name.
+ */
+export interface ProxyMetrics {
+  readonly registry: Registry;
+  /** Counts one decision. */
+  observe(record: AuditRecord): void;
+  /** Counts an open tunnel (CONNECT) until its socket closes. */
+  tunnel(socket: Socket): void;
+  /** The Prometheus text exposition of every series. */
+  text(): Promise<string>;
+}
+
+/** prom-client's default buckets stop at 10 s; a proxied download can take longer. */
+const durationBuckets = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
+const hookBuckets = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5];
+
+export function createProxyMetrics(probes: MetricsProbes = {}, options: { readonly defaultMetrics?: boolean } = {}): ProxyMetrics {
+  const registry = new Registry();
+  shareWithPrimary(registry);
+  if (options.defaultMetrics !== false) collectDefaultMetrics({ register: registry, prefix: "egressgate_" });
+  const requests = new Counter({
+    name: "egressgate_requests_total",
+    help: "Decisions, by guest, allow or deny, status class and the rule that decided (never a raw hostname).",
+    labelNames: ["guest", "decision", "status_class", "rule"] as const,
+    registers: [registry],
+  });
+  const duration = new Histogram({
+    name: "egressgate_request_duration_seconds",
+    help: "From a request's arrival until the guest had all of the answer.",
+    labelNames: ["decision"] as const,
+    buckets: durationBuckets,
+    registers: [registry],
+  });
+  const upstream = new Histogram({
+    name: "egressgate_upstream_duration_seconds",
+    help: "A request's time without the proxy's own decisions: its duration less every hook and check it ran (allowed requests only).",
+    buckets: durationBuckets,
+    registers: [registry],
+  });
+  const hookDuration = new Histogram({
+    name: "egressgate_hook_duration_seconds",
+    help: "One hook source's call, by source (a policy file, hooks[N], a decider, declarative) and phase.",
+    labelNames: ["source", "phase"] as const,
+    buckets: hookBuckets,
+    registers: [registry],
+  });
+  const hookFailures = new Counter({
+    name: "egressgate_hook_failures_total",
+    help: "Hook calls that failed (502), by source and kind: time, memory, stack, throw, invalid.",
+    labelNames: ["source", "kind"] as const,
+    registers: [registry],
+  });
+  const bytes = new Counter({
+    name: "egressgate_bytes_total",
+    help: "Body bytes: up (from guests) and down (to guests).",
+    labelNames: ["direction"] as const,
+    registers: [registry],
+  });
+  const secretRefusals = new Counter({
+    name: "egressgate_secret_refusals_total",
+    help: "Requests refused for carrying a secret (its placeholder or value) where it may not go, by secret name.",
+    labelNames: ["secret"] as const,
+    registers: [registry],
+  });
+  let openTunnels = 0;
+  new Gauge({
+    name: "egressgate_open_tunnels",
+    help: "CONNECT tunnels open now.",
+    registers: [registry],
+    collect() {
+      this.set(openTunnels);
+    },
+  });
+  const certificates = probes.certificates;
+  const seen = { hits: 0, misses: 0 };
+  const certCounter = (name: "hits" | "misses", help: string): Counter =>
+    new Counter({
+      name: `egressgate_certificate_cache_${name}_total`,
+      help,
+      registers: [registry],
+      collect() {
+        if (certificates === undefined) return;
+        const now = certificates()[name];
+        if (now > seen[name]) this.inc(now - seen[name]);
+        seen[name] = now;
+      },
+    });
+  certCounter("hits", "Leaf certificates served from the cache.");
+  certCounter("misses", "Leaf certificates signed because the cache had none.");
+
+  return {
+    registry,
+    observe(record) {
+      const decision = decisionOf(record);
+      requests.inc({ guest: record.guest ?? "", decision, status_class: `${Math.floor(record.status / 100)}xx`, rule: ruleOf(record) });
+      duration.observe({ decision }, record.ms / 1000);
+      let decisionMs = 0;
+      for (const source of record.sources) {
+        decisionMs += source.ms;
+        hookDuration.observe({ source: source.source, phase: source.phase }, source.ms / 1000);
+        if (source.decision === "error") hookFailures.inc({ source: source.source, kind: failureKind(source) });
+        const secret = secretOf(source);
+        if (secret !== undefined) secretRefusals.inc({ secret });
+      }
+      if (decision === "allow" && record.upgrade !== true) upstream.observe(Math.max(0, record.ms - decisionMs) / 1000);
+      if (record.bytesUp > 0) bytes.inc({ direction: "up" }, record.bytesUp);
+      if (record.bytesDown > 0) bytes.inc({ direction: "down" }, record.bytesDown);
+    },
+    tunnel(socket) {
+      openTunnels += 1;
+      socket.once("close", () => (openTunnels -= 1));
+    },
+    text: () => registry.metrics(),
+  };
+}
+
+/** allow (a rule let it out), deny (a 4xx refusal), error (5xx: a hook or the upstream failed), gone (the guest left: 499). */
+export function decisionOf(record: AuditRecord): "allow" | "deny" | "error" | "gone" {
+  if (record.status === 499) return "gone";
+  if (record.rule !== undefined && record.status < 500) return "allow";
+  return record.status >= 500 ? "error" : record.rule !== undefined ? "allow" : "deny";
+}
+
+/**
+ * The rule label: for an allowed request the allowlist pattern (or the source) that let it out;
+ * for a refusal the phase and source that refused; otherwise the error code. Never a hostname,
+ * never a reason text (both grow with traffic).
+ */
+export function ruleOf(record: AuditRecord): string {
+  if (record.rule !== undefined) return record.rule.tier === "declarative" ? record.rule.rule : `${record.rule.tier}:${record.rule.source ?? record.rule.rule}`;
+  const refusal = [...record.sources].reverse().find((source) => source.decision === "block" || source.decision === "error" || source.decision === "answer");
+  if (refusal !== undefined) return `${refusal.source}:${refusal.phase}`;
+  return record.code ?? "none";
+}
+
+/** The failure kinds the issue names, from the message the sandbox and the hook runner give. */
+export function failureKind(source: AuditSource): string {
+  const reason = source.reason ?? "";
+  if (/time ?limit|timed out|timeout|deadline/i.test(reason)) return "time";
+  if (/memory/i.test(reason)) return "memory";
+  if (/stack/i.test(reason)) return "stack";
+  if (/invalid|malformed|must be|not a valid|returned/i.test(reason)) return "invalid";
+  return "throw";
+}
+
+/** A secrets-phase refusal names its secret ("… the placeholder of secret NAME …"): a configured name, so bounded. */
+function secretOf(source: AuditSource): string | undefined {
+  if (source.phase !== "secrets" || source.decision !== "block") return undefined;
+  return /\bsecret ([A-Za-z_][A-Za-z0-9_]*)/.exec(source.reason ?? "")?.[1];
+}

@@ -1,0 +1,238 @@
+import { spawn } from "node:child_process";
+import { subscribe, unsubscribe } from "node:diagnostics_channel";
+import { request as httpRequest, Agent } from "node:http";
+import { fileURLToPath } from "node:url";
+import { describe, expect, it, onTestFinished } from "vitest";
+import { HttpRequestBlockedError, type AuditRecord } from "../../src/index.js";
+import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
+import { startUpstream } from "../helpers/upstream.js";
+
+const root = fileURLToPath(new URL("../../", import.meta.url));
+
+/** Every record published on egressgate:request:end, with a wait for the nth. */
+function ends(): { records: AuditRecord[]; count: (n: number) => Promise<void> } {
+  const records: AuditRecord[] = [];
+  const waiters: Array<{ n: number; resolve: () => void }> = [];
+  const listener = (message: unknown): void => {
+    records.push(message as AuditRecord);
+    for (const waiter of waiters.filter((w) => records.length >= w.n)) waiter.resolve();
+  };
+  subscribe("egressgate:request:end", listener);
+  onTestFinished(() => void unsubscribe("egressgate:request:end", listener));
+  return { records, count: (n) => (records.length >= n ? Promise.resolve() : new Promise((resolve) => waiters.push({ n, resolve }))) };
+}
+
+function get(url: string): Promise<{ status: number; text: string }> {
+  return new Promise((resolve, reject) => {
+    httpRequest(url, (res) => {
+      let text = "";
+      res.setEncoding("utf8");
+      res.on("data", (chunk: string) => (text += chunk));
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, text }));
+    })
+      .on("error", reject)
+      .end();
+  });
+}
+
+/** A plain forward-proxy request (absolute form). */
+function plainVia(proxy: TestProxy, url: string, agent?: Agent): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest({ host: "127.0.0.1", port: proxy.port, path: url, headers: { host: new URL(url).host }, ...(agent !== undefined ? { agent } : {}) });
+    req.on("response", (res) => {
+      res.resume();
+      res.on("end", () => resolve(res.statusCode ?? 0));
+    });
+    req.on("error", reject);
+    req.end();
+  });
+}
+
+/** The value of one series line, `name{labels} value`; labels given in any order must all match. */
+function sample(text: string, name: string, labels: Record<string, string> = {}): number | undefined {
+  for (const line of text.split("\n")) {
+    if (!line.startsWith(`${name}{`) && !line.startsWith(`${name} `)) continue;
+    const wanted = Object.entries(labels).every(([key, value]) => line.includes(`${key}="${value}"`));
+    if (wanted) return Number(line.slice(line.lastIndexOf(" ") + 1));
+  }
+  return undefined;
+}
+
+function seriesOf(text: string, name: string): string[] {
+  return text.split("\n").filter((line) => line.startsWith(`${name}{`) || line.startsWith(`${name} `));
+}
+
+describe("metrics", () => {
+  it("counts allowed, denied and failing requests by guest, decision, status class and rule, with hook and secret series", async () => {
+    const upstream = await startUpstream();
+    const seen = ends();
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        secrets: { TOKEN: { hosts: ["other.test"], value: "s3cret-value" } },
+        onRequest: (request) => {
+          if (request.url.endsWith("/blocked")) throw new HttpRequestBlockedError("no");
+          if (request.url.endsWith("/boom")) throw new Error("the hook broke");
+          return undefined;
+        },
+      },
+      { metricsListen: "127.0.0.1:0", logLevel: "warn" },
+    );
+    expect(proxy.metricsUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
+    const base = `https://api.test:${upstream.port}`;
+    expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    expect((await fetchVia(proxy, `${base}/echo`, { method: "POST", body: "12345" })).status).toBe(200);
+    expect((await fetchVia(proxy, `${base}/blocked`)).status).toBe(403);
+    expect((await fetchVia(proxy, `${base}/boom`)).status).toBe(502);
+    const env = proxy.guestEnv();
+    expect((await fetchVia(proxy, `${base}/echo`, { headers: { authorization: `Bearer ${env["TOKEN"]}` } })).status).toBe(403);
+    expect(await plainVia(proxy, "http://nowhere.test/x")).toBe(403);
+    await seen.count(6);
+
+    const { status, text } = await get(`${proxy.metricsUrl}/metrics`);
+    expect(status).toBe(200);
+    expect(sample(text, "egressgate_requests_total", { guest: "default", decision: "allow", status_class: "2xx", rule: "allowedHosts:api.test" })).toBe(2);
+    expect(sample(text, "egressgate_requests_total", { decision: "deny", status_class: "4xx", rule: "hooks:onRequest" })).toBe(1);
+    expect(sample(text, "egressgate_requests_total", { decision: "error", status_class: "5xx", rule: "hooks:onRequest" })).toBe(1);
+    expect(sample(text, "egressgate_requests_total", { decision: "deny", rule: "declarative:secrets" })).toBe(1);
+    expect(sample(text, "egressgate_requests_total", { decision: "deny", rule: "declarative:allowlist" })).toBe(1);
+    expect(sample(text, "egressgate_secret_refusals_total", { secret: "TOKEN" })).toBe(1);
+    expect(sample(text, "egressgate_hook_failures_total", { source: "hooks", kind: "throw" })).toBe(1);
+    expect(sample(text, "egressgate_hook_duration_seconds_count", { source: "hooks", phase: "onRequest" })).toBeGreaterThanOrEqual(4);
+    expect(sample(text, "egressgate_request_duration_seconds_count", { decision: "allow" })).toBe(2);
+    expect(sample(text, "egressgate_upstream_duration_seconds_count")).toBe(2);
+    expect(sample(text, "egressgate_bytes_total", { direction: "up" })).toBe(5);
+    expect(sample(text, "egressgate_bytes_total", { direction: "down" })).toBeGreaterThan(0);
+    // Five CONNECTs to api.test: one leaf signed, then served from the cache.
+    expect(sample(text, "egressgate_certificate_cache_misses_total")).toBe(1);
+    expect(sample(text, "egressgate_certificate_cache_hits_total")).toBeGreaterThanOrEqual(1);
+    expect(sample(text, "egressgate_open_tunnels")).toBeGreaterThanOrEqual(0);
+    expect(sample(text, "egressgate_process_resident_memory_bytes")).toBeGreaterThan(0);
+    expect(sample(text, "egressgate_nodejs_eventloop_lag_seconds")).toBeGreaterThanOrEqual(0);
+    // No reason text or hostname in any label.
+    expect(text).not.toContain("nowhere.test");
+    expect(text).not.toContain("s3cret-value");
+    // proxy.metrics() is the same registry.
+    expect(sample(await proxy.metrics(), "egressgate_requests_total", { decision: "allow", rule: "allowedHosts:api.test" })).toBe(2);
+  });
+
+  it("serves /healthz and /readyz, 404 elsewhere, and the listener closes with the proxy", async () => {
+    const proxy = await startTestProxy({ allowedHosts: ["x.test"] }, { metricsListen: "127.0.0.1:0", logLevel: "warn" });
+    expect(await get(`${proxy.metricsUrl}/healthz`)).toEqual({ status: 200, text: "ok\n" });
+    expect(await get(`${proxy.metricsUrl}/readyz`)).toEqual({ status: 200, text: "ready\n" });
+    expect((await get(`${proxy.metricsUrl}/nope`)).status).toBe(404);
+    await proxy.close();
+    await expect(get(`${proxy.metricsUrl}/healthz`)).rejects.toThrow();
+  });
+
+  it("keeps the series count fixed across 1,000 distinct hostnames under one wildcard rule", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const names = Array.from({ length: 1000 }, (_, i) => `h${i}.wild.test`);
+    const seen = ends();
+    const proxy = await startTestProxy(
+      { allowedInternalHosts: ["*.wild.test"] },
+      { metrics: true, logLevel: "warn", resolve: Object.fromEntries(names.map((name) => [name, ["127.0.0.1"]])) },
+    );
+    const agent = new Agent({ keepAlive: true, maxSockets: 8 });
+    onTestFinished(() => agent.destroy());
+    for (const name of names.slice(0, 10)) expect(await plainVia(proxy, `http://${name}:${upstream.port}/echo`, agent)).toBe(200);
+    await seen.count(10);
+    const before = (await proxy.metrics()).split("\n").filter((line) => line.startsWith("egressgate_requests_total{") || line.startsWith("egressgate_request_duration")).length;
+    for (let i = 10; i < names.length; i += 20) {
+      await Promise.all(names.slice(i, i + 20).map(async (name) => expect(await plainVia(proxy, `http://${name}:${upstream.port}/echo`, agent)).toBe(200)));
+    }
+    await seen.count(1000);
+    const text = await proxy.metrics();
+    const after = text.split("\n").filter((line) => line.startsWith("egressgate_requests_total{") || line.startsWith("egressgate_request_duration")).length;
+    expect(after).toBe(before);
+    expect(seriesOf(text, "egressgate_requests_total")).toHaveLength(1);
+    expect(sample(text, "egressgate_requests_total", { rule: "allowedHosts:*.wild.test" })).toBe(1000);
+    expect(text).not.toContain("h999.wild.test");
+  });
+
+  it("refuses the metrics listener as a proxy target even when the allowlist allows loopback", async () => {
+    const proxy = await startTestProxy({ allowedInternalHosts: ["metrics.test"] }, { metricsListen: "127.0.0.1:0", logLevel: "warn", resolve: { "metrics.test": ["127.0.0.1"] } });
+    const port = new URL(proxy.metricsUrl!).port;
+    expect(await plainVia(proxy, `http://metrics.test:${port}/metrics`)).toBe(403);
+    // The same name on another loopback port is allowed: the refusal is the listener's alone.
+    const upstream = await startUpstream({ tls: false });
+    expect(await plainVia(proxy, `http://metrics.test:${upstream.port}/echo`)).toBe(200);
+  });
+
+  it("publishes egressgate:request:start and :end on diagnostics_channel without metrics", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { logLevel: "warn" });
+    const starts: unknown[] = [];
+    const onStart = (message: unknown): void => void starts.push(message);
+    subscribe("egressgate:request:start", onStart);
+    onTestFinished(() => void unsubscribe("egressgate:request:start", onStart));
+    const seen = ends();
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo?secret=1`)).status).toBe(200);
+    await seen.count(1);
+    expect(starts).toEqual([expect.objectContaining({ guest: "default", method: "GET", url: `https://api.test:${upstream.port}/echo` })]);
+    expect(seen.records[0]).toMatchObject({ guest: "default", status: 200, rule: { rule: "allowedHosts:api.test" }, sources: [expect.objectContaining({ phase: "allowlist" })] });
+    await expect(proxy.metrics()).rejects.toThrow(TypeError);
+  });
+
+  it("refuses a metrics address it cannot listen on, naming the option", async () => {
+    const first = await startTestProxy({ allowedHosts: ["x.test"] }, { metricsListen: "127.0.0.1:0", logLevel: "warn" });
+    const taken = new URL(first.metricsUrl!).port;
+    await expect(startTestProxy({ allowedHosts: ["x.test"] }, { metricsListen: `127.0.0.1:${taken}`, logLevel: "warn" })).rejects.toThrow(/metricsListen.*EADDRINUSE/);
+  });
+
+  it("with --workers 2, the primary serves the sum over its workers", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const child = spawn(
+      process.execPath,
+      ["--import", "tsx", "src/cli/bin.ts", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--workers", "2", "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--log-level", "warn", "--ca-dir", tempDir()],
+      { cwd: root, stdio: ["ignore", "pipe", "pipe"] },
+    );
+    onTestFinished(() => {
+      child.kill("SIGKILL");
+    });
+    let stderr = "";
+    child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
+    const url = await new Promise<string>((resolve, reject) => {
+      let out = "";
+      child.stdout.on("data", (chunk: Buffer) => {
+        out += chunk.toString();
+        const match = /listening on (\S+)/.exec(out);
+        if (match !== null) resolve(match[1]!);
+      });
+      child.once("exit", (code) => reject(new Error(`exited ${code}: ${stderr}`)));
+    });
+    const proxyPort = Number(new URL(url).port);
+    const agentless = (): Promise<number> =>
+      new Promise((resolve, reject) => {
+        // A new connection each time: the cluster spreads connections over the workers.
+        const req = httpRequest({ host: "127.0.0.1", port: proxyPort, path: `http://api.test:${upstream.port}/echo`, headers: { host: `api.test:${upstream.port}`, connection: "close" }, agent: false });
+        req.on("response", (res) => {
+          res.resume();
+          res.on("end", () => resolve(res.statusCode ?? 0));
+        });
+        req.on("error", reject);
+        req.end();
+      });
+    for (let i = 0; i < 6; i++) expect(await agentless()).toBe(200);
+    const metricsPort = await primaryMetricsPort(stderr, () => stderr);
+    // The workers count a request when the guest has the whole answer; poll the sum until all six are in.
+    let total = 0;
+    for (let i = 0; i < 200 && total < 6; i++) {
+      total = sample((await get(`http://127.0.0.1:${metricsPort}/metrics`)).text, "egressgate_requests_total", { decision: "allow" }) ?? 0;
+      if (total < 6) await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    expect(total).toBe(6);
+    child.kill("SIGTERM");
+    await new Promise((resolve) => child.once("exit", resolve));
+    // Two workers each start a whole proxy: slow on a loaded machine, not a timing assertion.
+  }, 120_000);
+});
+
+async function primaryMetricsPort(_initial: string, read: () => string): Promise<number> {
+  for (let i = 0; i < 400; i++) {
+    const match = /egressgate metrics on http:\/\/[^:]+:(\d+)/.exec(read());
+    if (match !== null) return Number(match[1]);
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+  throw new Error(`no metrics line: ${read()}`);
+}

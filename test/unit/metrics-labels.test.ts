@@ -1,0 +1,47 @@
+import { describe, expect, it } from "vitest";
+import type { AuditRecord } from "../../src/metrics/audit-record.js";
+import { createProxyMetrics, decisionOf, failureKind, ruleOf } from "../../src/metrics/metrics.js";
+
+const base: AuditRecord = { time: "2026-01-01T00:00:00.000Z", guest: "g", method: "GET", url: "https://a.test/", status: 200, reason: "", sources: [], redirects: 0, bytesUp: 0, bytesDown: 0, ms: 1 };
+
+describe("metric labels", () => {
+  it("names an allowed request by its allowlist rule and a refusal by the phase and source that refused, never by host", () => {
+    expect(ruleOf({ ...base, rule: { tier: "declarative", rule: "allowedHosts:*.a.test", reason: 'host "x.a.test" matches' } })).toBe("allowedHosts:*.a.test");
+    expect(ruleOf({ ...base, rule: { tier: "tier2", rule: "onRequest", reason: "r", source: "policy.ts" } })).toBe("tier2:policy.ts");
+    const refused = { ...base, status: 403, sources: [{ source: "declarative", tier: "declarative", phase: "allowlist", decision: "block" as const, reason: 'host "evil.test" is not in allowedHosts', ms: 0 }] };
+    expect(ruleOf(refused)).toBe("declarative:allowlist");
+    expect(ruleOf({ ...base, status: 400, code: "EG_BAD_REQUEST" })).toBe("EG_BAD_REQUEST");
+  });
+
+  it("tells allow, deny, error and a guest that left apart", () => {
+    const rule = { tier: "declarative", rule: "allowedHosts:a.test", reason: "" };
+    expect(decisionOf({ ...base, rule })).toBe("allow");
+    expect(decisionOf({ ...base, rule, status: 404 })).toBe("allow");
+    expect(decisionOf({ ...base, status: 403 })).toBe("deny");
+    expect(decisionOf({ ...base, status: 502 })).toBe("error");
+    expect(decisionOf({ ...base, rule, status: 504 })).toBe("error");
+    expect(decisionOf({ ...base, status: 499 })).toBe("gone");
+  });
+
+  it("sorts hook failures into time, memory, stack, invalid and throw", () => {
+    const entry = (reason: string) => ({ source: "p.ts", tier: "tier2", phase: "onRequest", decision: "error" as const, reason, ms: 0 });
+    expect(failureKind(entry("policy p.ts onRequest exceeded its time limit (50 ms)"))).toBe("time");
+    expect(failureKind(entry("policy p.ts ran out of memory"))).toBe("memory");
+    expect(failureKind(entry("Maximum call stack size exceeded"))).toBe("stack");
+    expect(failureKind(entry("onRequest returned an invalid header"))).toBe("invalid");
+    expect(failureKind(entry("TypeError: x is undefined"))).toBe("throw");
+  });
+
+  it("counts a secret refusal by the secret's name", async () => {
+    const metrics = createProxyMetrics({}, { defaultMetrics: false });
+    metrics.observe({
+      ...base,
+      status: 403,
+      sources: [{ source: "declarative", tier: "declarative", phase: "secrets", decision: "block", reason: 'header authorization carries the placeholder of secret GH_TOKEN to host "x.test", which is not in its hosts', ms: 0.1 }],
+    });
+    const text = await metrics.text();
+    expect(text).toContain('egressgate_secret_refusals_total{secret="GH_TOKEN"} 1');
+    expect(text).toContain('egressgate_requests_total{guest="g",decision="deny",status_class="4xx",rule="declarative:secrets"} 1');
+    expect(text).not.toContain("x.test");
+  });
+});
