@@ -34,7 +34,11 @@ export function connectAlpn(origin: URL, address: ResolvedAddress, options: Alpn
       // (tls.connect takes net's options; its types leave this one out.)
       ...({ allowHalfOpen: true } as object),
     });
-    const timer = setTimeout(() => socket.destroy(new EgressError("EG_UPSTREAM_TIMEOUT", 504, `upstream ${origin.host} did not connect in time`)), options.timeoutMs);
+    // The cause carries undici's code, so the pipeline moves on to the next approved address as it does for the pools.
+    const timer = setTimeout(() => {
+      const cause = Object.assign(new Error(`connect timeout after ${options.timeoutMs} ms`), { code: "UND_ERR_CONNECT_TIMEOUT" });
+      socket.destroy(new EgressError("EG_UPSTREAM_TIMEOUT", 504, `upstream ${origin.host} did not connect in time`, { cause }));
+    }, options.timeoutMs);
     const onError = (error: Error): void => {
       clearTimeout(timer);
       reject(error);
