@@ -25,6 +25,19 @@ function statusesRoute(statuses: number[], headers: Record<string, string> = {})
   };
 }
 
+/** A route sending `size` bytes, counting the responses it opened and those that closed. */
+function countedBigRoute(size: number): { route: Route; opened: () => number; closed: () => number } {
+  let opened = 0;
+  let closed = 0;
+  const route: Route = (_req, res) => {
+    opened++;
+    res.once("close", () => closed++);
+    res.writeHead(200, { "content-length": size });
+    res.end(Buffer.alloc(size, 0x62));
+  };
+  return { route, opened: () => opened, closed: () => closed };
+}
+
 const sha256 = (text: string | Buffer): string => createHash("sha256").update(text).digest("hex");
 
 describe("tier-3 layers: handle(request, next)", () => {
@@ -277,16 +290,8 @@ describe("tier-3 layers: handle(request, next)", () => {
   });
 
   it("a body a layer began to read and then dropped goes back too", async () => {
-    let opened = 0;
-    let closed = 0;
-    const size = 8 * 1024 * 1024;
-    const big: Route = (_req, res) => {
-      opened++;
-      res.once("close", () => closed++);
-      res.writeHead(200, { "content-length": size });
-      res.end(Buffer.alloc(size, 0x62));
-    };
-    const upstream = await startUpstream({ routes: { "/big": big } });
+    const big = countedBigRoute(8 * 1024 * 1024);
+    const upstream = await startUpstream({ routes: { "/big": big.route } });
     const proxy = await startTestProxy({
       allowedInternalHosts: ["api.test"],
       layers: [
@@ -298,21 +303,14 @@ describe("tier-3 layers: handle(request, next)", () => {
       ],
     });
     for (let i = 0; i < 3; i++) expect((await fetchVia(proxy, `https://api.test:${upstream.port}/big`)).text).toBe("looked at the first chunk");
-    expect(opened).toBe(3);
-    await expect.poll(() => closed, { timeout: 10_000 }).toBe(opened);
+    expect(big.opened()).toBe(3);
+    await expect.poll(() => big.closed(), { timeout: 10_000 }).toBe(3);
   });
 
   it("responses a layer discards go back: their upstream bodies are cancelled, not held", async () => {
-    let opened = 0;
-    let closed = 0;
     const size = 4 * 1024 * 1024;
-    const big: Route = (_req, res) => {
-      opened++;
-      res.once("close", () => closed++);
-      res.writeHead(200, { "content-length": size });
-      res.end(Buffer.alloc(size, 0x62));
-    };
-    const upstream = await startUpstream({ routes: { "/big": big } });
+    const big = countedBigRoute(size);
+    const upstream = await startUpstream({ routes: { "/big": big.route } });
     const proxy = await startTestProxy({
       allowedInternalHosts: ["api.test"],
       layers: [
@@ -328,10 +326,10 @@ describe("tier-3 layers: handle(request, next)", () => {
       const res = await fetchVia(proxy, `https://api.test:${upstream.port}/big`);
       expect(res.text.length).toBe(size);
     }
-    expect(opened).toBe(12);
+    expect(big.opened()).toBe(12);
     // Held bodies would keep their responses open until the body timeout (120 s); cancelled
     // ones close their connections at once.
-    await expect.poll(() => closed, { timeout: 10_000 }).toBe(opened);
+    await expect.poll(() => big.closed(), { timeout: 10_000 }).toBe(12);
   });
 
   it("a layer's own response may carry a descent's body: new Response(response.body, response)", async () => {
