@@ -6,6 +6,7 @@ import { checkGuestName, parseHostPort } from "../config/nodes.js";
 import { optionFlagDeclarations } from "./flag-options.js";
 import { asFlagError, configFromFile, configFromFlags, inFile } from "./serve-config.js";
 import { UsageError } from "./usage-error.js";
+import type { CheckCommand } from "./check.js";
 
 export { UsageError } from "./usage-error.js";
 export { parseHostSecret, parseResolve } from "./serve-config.js";
@@ -32,6 +33,7 @@ export type CliCommand =
   | { readonly kind: "ca"; readonly caDir: string | undefined }
   | { readonly kind: "env"; readonly caDir: string | undefined; readonly listen: { host: string; port: number }; readonly guest: string | undefined }
   | { readonly kind: "check-config"; readonly file: string }
+  | { readonly kind: "check"; readonly check: CheckCommand; readonly built: BuiltConfig; readonly source: string }
   | { readonly kind: "har-check"; readonly file: string };
 
 /** `HOST:PORT`, `[v6]:PORT` or a bare `PORT`. */
@@ -117,6 +119,45 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
       (y) => y.positional("action", { type: "string", choices: ["check"], demandOption: true }).positional("file", { type: "string", demandOption: true }),
       (args) => {
         command = { kind: "har-check", file: String(args["file"]) };
+      },
+    )
+    .command(
+      "check <method> <url>",
+      "evaluate one request offline through the real pipeline and print each step, the resolution, the address verdicts and the answer; nothing is sent upstream (exit 0 allowed, 1 denied, 2 usage)",
+      (y) =>
+        y
+          .positional("method", { type: "string", demandOption: true })
+          .positional("url", { type: "string", demandOption: true })
+          .option("config", { type: "string", describe: "the config file to check against (or give the serve flags)" })
+          .options(optionFlagDeclarations())
+          .option("guest", { type: "string", describe: "the guest the request comes from (when there are several)" })
+          .option("header", { alias: "H", type: "string", array: true, describe: "'Name: value' request header, repeatable; {{NAME}} stands for the guest's placeholder of secret NAME" })
+          .option("json", { type: "boolean", describe: "print the report as JSON" })
+          .option("dns", { type: "boolean", default: true, describe: "resolve names with the system resolver (--no-dns: only resolve and IP literals; the address checks are skipped)" })
+          .option("response", { type: "number", describe: "also run the response phase on an upstream answer with this status" })
+          .option("response-header", { alias: "R", type: "string", array: true, describe: "'Name: value' header of that answer, repeatable" }),
+      (args) => {
+        const serve = serveCommand(args, env, argv);
+        if (serve.kind !== "serve") throw new UsageError("check: no configuration");
+        const status = args["response"] as number | undefined;
+        if (status !== undefined && (!Number.isInteger(status) || status < 100 || status > 599)) throw new UsageError(`--response: expected a status 100-599, got ${String(status)}`);
+        const list = (value: unknown): string[] => (Array.isArray(value) ? value.map(String) : []);
+        if (status === undefined && list(args["response-header"]).length > 0) throw new UsageError("-R needs --response STATUS");
+        command = {
+          kind: "check",
+          built: serve.built,
+          source: serve.source,
+          check: {
+            options: serve.options,
+            guest: optionalString(args["guest"]),
+            method: String(args["method"]),
+            url: String(args["url"]),
+            headers: list(args["header"]),
+            json: args["json"] === true,
+            dns: args["dns"] !== false,
+            response: status === undefined ? undefined : { status, headers: list(args["response-header"]) },
+          },
+        };
       },
     )
     .command(

@@ -7,6 +7,7 @@ import { parseCli, placeholderKeyEnv, UsageError } from "./args.js";
 import { isClusterWorker, isFirstWorker, reportListening, runPrimary, siblingPort } from "./cluster.js";
 import { serveClusterMetrics } from "../metrics/cluster-metrics.js";
 import { createLogger } from "../log.js";
+import { runCheck } from "./check.js";
 import { checkConfig, checkHar, failureText, printCa, printEnv } from "./commands.js";
 
 /** `flags`, or the config file in use, once known: how an option error from startProxy is worded. */
@@ -18,6 +19,14 @@ async function main(argv: readonly string[]): Promise<number> {
   if (command.kind === "ca") return printCa(command.caDir);
   if (command.kind === "env") return printEnv(command, process.env);
   if (command.kind === "har-check") return checkHar(command.file);
+  if (command.kind === "check") {
+    source = command.source;
+    try {
+      return await runCheck(command.check, (text) => process.stdout.write(text));
+    } finally {
+      await command.built.close();
+    }
+  }
   if (command.kind === "check-config") {
     source = command.file;
     return checkConfig(command.file, process.env);

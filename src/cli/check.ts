@@ -1,0 +1,221 @@
+import { createSecureContext } from "node:tls";
+import { Readable } from "node:stream";
+import { EgressError } from "../errors.js";
+import { createLogger } from "../log.js";
+import type { BuiltProxyOptions } from "../config/build.js";
+import { GuestGone, type Executor, type ExecutorResponse, type TraceEntry } from "../pipeline/exchange.js";
+import { hookSources } from "../pipeline/hook-source.js";
+import { Pipeline } from "../pipeline/pipeline.js";
+import { DeclarativePolicy } from "../policy/declarative-policy.js";
+import { resolveProxyOptions } from "../proxy/options.js";
+import { PinnedPools } from "../upstream/pinned-pools.js";
+import { Resolver, type ResolvedAddress } from "../upstream/resolve.js";
+import { UsageError } from "./usage-error.js";
+
+/** `egressgate check`: one request, evaluated offline by the real pipeline. */
+export interface CheckCommand {
+  readonly options: BuiltProxyOptions;
+  readonly guest: string | undefined;
+  readonly method: string;
+  readonly url: string;
+  /** `Name: value` lines; `{{NAME}}` in a value stands for the guest's placeholder of secret NAME. */
+  readonly headers: readonly string[];
+  readonly json: boolean;
+  readonly dns: boolean;
+  readonly response: { readonly status: number; readonly headers: readonly string[] } | undefined;
+}
+
+/** What `check` found, as `--json` prints it. */
+export interface CheckReport {
+  readonly guest: string;
+  readonly request: { readonly method: string; readonly url: string };
+  /** Every source that spoke, in order (DESIGN §3), with what it returned. */
+  readonly steps: readonly TraceEntry[];
+  readonly resolution: ReadonlyArray<{ readonly host: string; readonly addresses: readonly string[] } | { readonly host: string; readonly skipped: string }>;
+  /** The declarative verdict on each resolved address (the internal-range block), whether or not the request got that far. */
+  readonly addresses: ReadonlyArray<{ readonly ip: string; readonly allowed: boolean; readonly rule: string; readonly reason: string }>;
+  /** What would have been sent upstream (nothing is). */
+  readonly wouldSend: ReadonlyArray<{ readonly method: string; readonly url: string; readonly address: string }>;
+  readonly answer: {
+    readonly allowed: boolean;
+    readonly status: number;
+    readonly reason: string;
+    readonly rule?: string;
+    readonly source?: string;
+    readonly code?: string;
+  };
+}
+
+/** Thrown by the executor when no `--response` was given: the request got as far as the upstream. */
+class ReachedUpstream extends Error {}
+
+
+function parseHeader(line: string, flag: string): [string, string] {
+  const colon = line.indexOf(":");
+  if (colon <= 0) throw new UsageError(`${flag}: expected 'Name: value', got ${JSON.stringify(line)}`);
+  return [line.slice(0, colon).trim().toLowerCase(), line.slice(colon + 1).trim()];
+}
+
+/** Runs the check; resolves with the exit code (0 allowed, 1 denied), having printed the report. */
+export async function runCheck(command: CheckCommand, print: (text: string) => void): Promise<number> {
+  let url: URL;
+  try {
+    url = new URL(command.url);
+  } catch {
+    throw new UsageError(`check: ${JSON.stringify(command.url)} is not a URL`);
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") throw new UsageError(`check: only http: and https: URLs (got ${url.protocol})`);
+  const config = resolveProxyOptions(command.options);
+  const names = config.guests.map((guest) => guest.name);
+  const guestName = command.guest ?? (names.length === 1 ? names[0] : undefined);
+  if (guestName === undefined) throw new UsageError(`check: name a guest with --guest (served: ${names.join(", ")})`);
+  const guest = config.guests.find((entry) => entry.name === guestName);
+  if (guest === undefined) throw new UsageError(`check: no guest named "${guestName}" (served: ${names.join(", ")})`);
+
+  const policy = new DeclarativePolicy(guest.declarative, () => []);
+  const secrets = policy.config.secrets;
+  const redact = (text: string): string => secrets?.redact(text) ?? text;
+  const headers: string[] = [];
+  for (const line of command.headers) {
+    const [name, value] = parseHeader(line, "-H");
+    // {{NAME}} is the guest's placeholder for secret NAME, as the guest's environment has it.
+    headers.push(name, value.replace(/\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}/g, (whole, secret: string) => guest.env[secret] ?? whole));
+  }
+  const responseHeaders: string[] = [];
+  for (const line of command.response?.headers ?? []) responseHeaders.push(...parseHeader(line, "-R"));
+
+  const resolution: Array<{ host: string; addresses: string[] } | { host: string; skipped: string }> = [];
+  const resolved: Array<{ host: string; port: number; address: ResolvedAddress }> = [];
+  let dnsSkipped = false;
+  const skipDns = async (): Promise<never> => {
+    dnsSkipped = true;
+    throw new EgressError("EG_UPSTREAM", 502, "not resolved (--no-dns)");
+  };
+  const base = new Resolver(guest.staticHosts, config.timeouts.dnsMs, ...(command.dns ? [] : [skipDns]));
+  const resolver = Object.assign(Object.create(base) as Resolver, {
+    async resolve(hostname: string): Promise<readonly ResolvedAddress[]> {
+      try {
+        const found = await base.resolve(hostname);
+        resolution.push({ host: hostname, addresses: found.map((entry) => entry.ip) });
+        for (const address of found) resolved.push({ host: hostname, port: Number(url.port || (url.protocol === "https:" ? 443 : 80)), address });
+        return found;
+      } catch (error) {
+        resolution.push({ host: hostname, skipped: error instanceof EgressError ? error.message : String(error) });
+        throw error;
+      }
+    },
+  });
+
+  const wouldSend: Array<{ method: string; url: string; address: string }> = [];
+  let reachedUpstream = false;
+  const offline: Executor = {
+    async send(request, address) {
+      wouldSend.push({ method: request.method, url: redact(request.url.href), address: address.ip });
+      if (command.response === undefined) {
+        reachedUpstream = true;
+        throw new ReachedUpstream("would send upstream");
+      }
+      const location = responseHeaders.filter((_, i) => i % 2 === 0).filter((name) => name === "location");
+      const response: ExecutorResponse = {
+        status: command.response.status,
+        headers: responseHeaders,
+        body: Readable.from([]),
+        location: location.length === 1 ? responseHeaders[responseHeaders.indexOf("location") + 1] : undefined,
+      };
+      return response;
+    },
+  };
+  const logs: string[] = [];
+  const log = createLogger("info", (line) => logs.push(line), redact);
+  const pools = new PinnedPools({
+    upstreamContext: createSecureContext(),
+    maxPools: 1,
+    connectionsPerPool: 1,
+    connectTimeoutMs: 1,
+    headersTimeoutMs: 1,
+    bodyTimeoutMs: 1,
+    keepAliveTimeoutMs: 1,
+    recheck: () => "offline",
+  });
+  const pipeline = new Pipeline({
+    guest: guest.name,
+    policy,
+    sources: hookSources(guest.djs, guest.chain, guest.checkHooks, log, secrets),
+    resolver,
+    pools,
+    maxRedirects: config.maxRedirects,
+    limits: { requestBodyBytes: config.maxHttpBodyBytes, responseBodyBytes: config.maxHttpResponseBodyBytes, hookMs: config.timeouts.hookMs },
+    requestMs: config.timeouts.requestMs,
+    // Nothing leaves: the innermost executor records where the request would go.
+    executor: () => offline,
+  });
+  const trace: TraceEntry[] = [];
+  let answer: CheckReport["answer"];
+  try {
+    const response = await pipeline.handle({ method: command.method.toUpperCase(), url, headers, body: null }, { id: "check", signal: new GuestGone(), trace });
+    response.body?.resume();
+    response.cleanup?.();
+    answer = {
+      allowed: true,
+      status: response.status,
+      reason: redact(response.decision.reason),
+      rule: response.decision.rule,
+      ...(response.decision.source !== undefined ? { source: response.decision.source } : {}),
+    };
+  } catch (error) {
+    const err = error instanceof EgressError ? error : undefined;
+    if (reachedUpstream) {
+      // The last allow that let it out: the allowlist's (or the answering source's) rule.
+      const allowed = [...trace].reverse().find((entry) => entry.phase === "allowlist" && entry.decision === "allow");
+      answer = { allowed: true, status: 0, reason: `allowed: would be sent upstream${allowed?.reason !== undefined ? ` (${redact(allowed.reason)})` : ""}` };
+    } else if (dnsSkipped) {
+      answer = { allowed: true, status: 0, reason: "allowed up to resolution; the address checks were skipped (--no-dns)" };
+    } else {
+      answer = {
+        allowed: false,
+        status: err?.status ?? 502,
+        reason: redact(err?.message ?? String(error)),
+        ...(err?.code !== undefined ? { code: err.code } : {}),
+        ...(err?.source !== undefined ? { source: err.source } : {}),
+      };
+    }
+  } finally {
+    await pools.destroy();
+  }
+  const report: CheckReport = {
+    guest: guest.name,
+    request: { method: command.method.toUpperCase(), url: redact(url.href) },
+    steps: trace.map((entry) => ({ ...entry, ...(entry.reason !== undefined ? { reason: redact(entry.reason) } : {}) })),
+    resolution,
+    addresses: resolved.map(({ host, port, address }) => {
+      const decision = policy.checkAddress(host, address, port);
+      return { ip: address.ip, allowed: decision.allowed, rule: decision.rule, reason: redact(decision.reason) };
+    }),
+    wouldSend,
+    answer,
+  };
+  print(command.json ? `${JSON.stringify(report, null, 2)}\n` : textReport(report));
+  return answer.allowed ? 0 : 1;
+}
+
+function textReport(report: CheckReport): string {
+  const lines = [`${report.request.method} ${report.request.url} (guest ${report.guest})`, ""];
+  lines.push("steps:");
+  if (report.steps.length === 0) lines.push("  (none)");
+  report.steps.forEach((step, i) => {
+    lines.push(`  ${i + 1}. ${step.source} ${step.phase} (${step.tier}): ${step.decision}${step.status !== undefined ? ` ${step.status}` : ""}${step.reason !== undefined ? ` — ${step.reason}` : ""}`);
+  });
+  lines.push("resolution:");
+  if (report.resolution.length === 0) lines.push("  (not reached)");
+  for (const entry of report.resolution) lines.push(`  ${entry.host}: ${"addresses" in entry ? entry.addresses.join(", ") : entry.skipped}`);
+  lines.push("addresses:");
+  if (report.addresses.length === 0) lines.push("  (none resolved)");
+  for (const entry of report.addresses) lines.push(`  ${entry.ip}: ${entry.allowed ? "allowed" : "refused"} (${entry.rule}) — ${entry.reason}`);
+  for (const send of report.wouldSend) lines.push(`would send: ${send.method} ${send.url} to ${send.address} (nothing was sent)`);
+  const a = report.answer;
+  lines.push(
+    "",
+    `answer: ${a.allowed ? "ALLOWED" : "DENIED"}${a.status !== 0 ? ` ${a.status}` : ""}${a.rule !== undefined ? ` by ${a.rule}` : ""}${a.source !== undefined ? ` (source ${a.source})` : ""}${a.code !== undefined ? ` [${a.code}]` : ""}: ${a.reason}`,
+  );
+  return `${lines.join("\n")}\n`;
+}

@@ -1,0 +1,104 @@
+import { spawn } from "node:child_process";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { describe, expect, it } from "vitest";
+import { tempDir } from "../helpers/proxy.js";
+import type { CheckReport } from "../../src/cli/check.js";
+
+const root = fileURLToPath(new URL("../../", import.meta.url));
+
+/** Runs `egressgate check …` through tsx, as the other CLI tests do; nothing listens, nothing is sent. */
+function check(args: readonly string[], env: Record<string, string> = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const home = tempDir();
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ["--import", "tsx", "src/cli/bin.ts", "check", ...args], {
+      cwd: root,
+      env: { PATH: process.env["PATH"] ?? "", HOME: home, XDG_CONFIG_HOME: home, ...env },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
+    child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
+    child.once("error", reject);
+    child.once("exit", (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+async function checkJson(args: readonly string[], env: Record<string, string> = {}): Promise<{ code: number | null; report: CheckReport }> {
+  const run = await check([...args, "--json"], env);
+  expect(run.stderr).toBe("");
+  return { code: run.code, report: JSON.parse(run.stdout) as CheckReport };
+}
+
+describe("egressgate check", () => {
+  it("allows a request the allowlist matches, printing the allowlist step, the pinned resolution, the address verdict and where it would go", async () => {
+    const run = await check(["GET", "https://api.example.test/user", "--allow-internal-host", "api.example.test", "--resolve", "api.example.test=10.1.2.3"]);
+    expect(run.code).toBe(0);
+    expect(run.stdout).toContain('declarative allowlist (declarative): allow — host "api.example.test" matches "api.example.test"');
+    expect(run.stdout).toContain("api.example.test: 10.1.2.3");
+    expect(run.stdout).toMatch(/10\.1\.2\.3: allowed \(allowedInternalHosts:api\.example\.test\)/);
+    expect(run.stdout).toContain("would send: GET https://api.example.test/user to 10.1.2.3 (nothing was sent)");
+    expect(run.stdout).toMatch(/answer: ALLOWED/);
+  });
+
+  it("denies a host outside the allowlist with exit 1, naming the rule, before any resolution", async () => {
+    const { code, report } = await checkJson(["GET", "https://evil.test/", "--allow-host", "api.github.com", "--no-dns"]);
+    expect(code).toBe(1);
+    expect(report.steps).toEqual([expect.objectContaining({ source: "declarative", phase: "allowlist", decision: "block", status: 403 })]);
+    expect(report.resolution).toEqual([]);
+    expect(report.answer).toMatchObject({ allowed: false, status: 403, code: "EG_DENIED" });
+    expect(report.answer.reason).toContain('host "evil.test" is not in allowedHosts');
+  });
+
+  it("denies by a tier-2 policy, naming the policy's step, and runs the response phase on --response", async () => {
+    const dir = tempDir();
+    const policy = join(dir, "policy.js");
+    writeFileSync(
+      policy,
+      `function isRequestAllowed(request) { return request.method === "GET"; }
+function onResponse(response) { if (response.headers.get("x-bad") === "1") return new Response("rewritten", { status: 451 }); }
+`,
+    );
+    const flags = ["--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--hooks-script", policy, "--no-dns"];
+    const denied = await checkJson(["POST", "https://api.test/x", ...flags]);
+    expect(denied.code).toBe(1);
+    expect(denied.report.steps).toContainEqual(expect.objectContaining({ source: policy, phase: "isRequestAllowed", decision: "block" }));
+    expect(denied.report.answer).toMatchObject({ allowed: false, status: 403 });
+    const answered = await checkJson(["GET", "https://api.test/x", ...flags, "--response", "200", "-R", "x-bad: 1"]);
+    expect(answered.code).toBe(0);
+    expect(answered.report.steps.map((step) => `${step.source.replace(dir, "")}:${step.phase}:${step.decision}`)).toEqual([
+      "/policy.js:isRequestAllowed:allow",
+      "declarative:allowlist:allow",
+      "/policy.js:onResponse:rewrite",
+    ]);
+    expect(answered.report.answer).toMatchObject({ allowed: true, status: 451 });
+  });
+
+  it("refuses a secret's placeholder sent to a host outside its hosts, and never prints the value", async () => {
+    const { code, report } = await checkJson(
+      ["GET", "https://api.test/", "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--host-secret", "GH_TOKEN@api.github.com", "-H", "Authorization: Bearer {{GH_TOKEN}}"],
+      { GH_TOKEN: "ghp_realvalue123456" },
+    );
+    expect(code).toBe(1);
+    expect(report.steps).toContainEqual(expect.objectContaining({ source: "declarative", phase: "secrets", decision: "block" }));
+    expect(report.answer.reason).toContain("GH_TOKEN");
+    expect(JSON.stringify(report)).not.toContain("ghp_realvalue123456");
+  });
+
+  it("refuses an internal address after resolution, with the address verdict", async () => {
+    const { code, report } = await checkJson(["GET", "http://metadata.test/latest", "--allow-host", "*", "--resolve", "metadata.test=169.254.169.254"]);
+    expect(code).toBe(1);
+    expect(report.resolution).toEqual([{ host: "metadata.test", addresses: ["169.254.169.254"] }]);
+    expect(report.addresses).toEqual([expect.objectContaining({ ip: "169.254.169.254", allowed: false })]);
+    expect(report.steps.at(-1)).toMatchObject({ phase: "address", decision: "block" });
+    expect(report.wouldSend).toEqual([]);
+  });
+
+  it("exits 2 on usage errors", async () => {
+    expect((await check(["GET", "not a url"])).code).toBe(2);
+    expect((await check(["GET"])).code).toBe(2);
+    expect((await check(["GET", "https://a.test/", "-R", "x: 1"])).code).toBe(2);
+  });
+});
