@@ -7,6 +7,8 @@ import { optionFlagDeclarations } from "./flag-options.js";
 import { asFlagError, configFromFile, configFromFlags, inFile } from "./serve-config.js";
 import { UsageError } from "./usage-error.js";
 import type { CheckCommand } from "./check.js";
+import { flagGroups } from "./flag-groups.js";
+import { packageVersion } from "./version.js";
 
 export { UsageError } from "./usage-error.js";
 export { parseHostSecret, parseResolve } from "./serve-config.js";
@@ -16,6 +18,9 @@ export { parseHostSecret, parseResolve } from "./serve-config.js";
  * its value, the same in every worker of `--workers N` (which the primary sets for them) and
  * across restarts.
  */
+export const logFormats = ["json", "pretty"] as const;
+export type LogFormat = (typeof logFormats)[number];
+
 export const placeholderKeyEnv = "EGRESSGATE_PLACEHOLDER_KEY";
 
 export type CliCommand =
@@ -28,6 +33,8 @@ export type CliCommand =
       readonly workers: number;
       /** `flags`, or the config file's path: how an option error is worded. */
       readonly source: string;
+      /** `--log-format`; absent: pretty when stderr is a TTY, else JSON. */
+      readonly logFormat?: LogFormat;
     }
   | { readonly kind: "help" }
   | { readonly kind: "ca"; readonly caDir: string | undefined }
@@ -83,10 +90,13 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
       "run the proxy",
       (y) =>
         y
-          .option("config", { type: "string", describe: "run from a config file (YAML or JSON; docs/config.md); --listen, --ca-dir, --guest-env-file, --upstream-ca, --log-level and --workers override it" })
-          .options(optionFlagDeclarations()),
+          .option("config", { type: "string", group: flagGroups.listening, describe: "run from a config file (YAML or JSON; docs/config.md); --listen, --ca-dir, --guest-env-file, --upstream-ca, --log-level, --workers, --audit-log and --metrics-listen override it" })
+          .options(optionFlagDeclarations())
+          .option("log-format", { type: "string", choices: logFormats, group: flagGroups.logs, describe: "json (one object per line) or pretty (one coloured line per request)", defaultDescription: "pretty when stderr is a terminal, else json" }),
       (args) => {
-        command = serveCommand(args, env, argv);
+        const serve = serveCommand(args, env, argv);
+        const format = optionalString(args["log-format"]) as LogFormat | undefined;
+        command = serve.kind === "serve" && format !== undefined ? { ...serve, logFormat: format } : serve;
       },
     )
     .command("ca", "print the CA certificate's path and PEM, creating the CA if missing", {}, (args) => {
@@ -171,7 +181,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
     .strict()
     .wrap(100)
     .help()
-    .version(false)
+    .version("version", "print the version", packageVersion())
     .exitProcess(false)
     .fail((msg, err) => {
       if (err !== undefined && err !== null && (err instanceof UsageError || "code" in err)) throw err;
@@ -179,7 +189,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
     });
   parser.parseSync();
   // yargs has already printed the help text when asked for it.
-  if (command === undefined && (argv.includes("--help") || argv.includes("-h"))) return { kind: "help" };
+  if (command === undefined && (argv.includes("--help") || argv.includes("-h") || argv.includes("--version"))) return { kind: "help" };
   if (command === undefined) throw new UsageError("no command");
   return command;
 }

@@ -8,6 +8,7 @@ import { isClusterWorker, isFirstWorker, reportListening, runPrimary, siblingPor
 import { serveClusterMetrics } from "../metrics/cluster-metrics.js";
 import { createLogger } from "../log.js";
 import { runCheck } from "./check.js";
+import { createPrettySink } from "../log-pretty.js";
 import { checkConfig, checkHar, failureText, printCa, printEnv } from "./commands.js";
 
 /** `flags`, or the config file in use, once known: how an option error from startProxy is worded. */
@@ -71,12 +72,18 @@ async function main(argv: readonly string[]): Promise<number> {
     const { guestEnvFile, ...rest } = options;
     void guestEnvFile;
     const port = worker ? siblingPort() : undefined;
+    // A person at a terminal reads one line per request; a pipe or a file gets the JSON lines.
+    const pretty = command.logFormat === "pretty" || (command.logFormat === undefined && process.stderr.isTTY === true);
     // A worker counts, and the primary serves the sum (see serveClusterMetrics).
     const { metricsListen, ...unlistened } = worker && !isFirstWorker() ? rest : options;
     const proxy = await startProxy({
       ...(worker ? { ...unlistened, ...(metricsListen !== undefined ? { metrics: true } : {}) } : options),
       ...(port !== undefined ? { listen: { ...options.listen, port } } : {}),
-      ...(worker ? { logSink: workerLogSink(process.pid) } : {}),
+      ...(pretty
+        ? { logSink: createPrettySink((text) => void process.stderr.write(text), worker ? { prefix: `[${process.pid}] ` } : {}) }
+        : worker
+          ? { logSink: workerLogSink(process.pid) }
+          : {}),
     });
     await new Promise<void>((resolve) => {
       let closing = false;

@@ -3,6 +3,7 @@ import { computedDefaults } from "../config/defaults.js";
 import { chainFlags, optionFlags, type FlagPath } from "../config/flags.js";
 import { configFileSchema, schemaPaths } from "../config/schema.js";
 import type { OptionNode } from "../config/validate.js";
+import { groupTitle } from "./flag-groups.js";
 
 /**
  * The serve command's option flags, declared from the one flags table and the schema: each
@@ -43,7 +44,12 @@ function flagOption(path: FlagPath): Options {
   const node = nodes.get(path);
   if (node === undefined) throw new Error(`the flags table names ${path}, which the schema lacks`);
   const shown = shownDefault(path, node);
-  const base: Options = { describe: flagDocs[path] ?? asFlagDoc(node.doc), ...(shown !== undefined ? { defaultDescription: shown } : {}) };
+  const group = groupTitle(path);
+  const base: Options = {
+    describe: flagDocs[path] ?? asFlagDoc(node.doc),
+    ...(shown !== undefined ? { defaultDescription: shown } : {}),
+    ...(group !== undefined ? { group } : {}),
+  };
   switch (node.kind) {
     case "integer":
       return { ...base, type: "number" };
@@ -67,7 +73,7 @@ const deciderFlagDocs: Record<Exclude<keyof typeof chainFlags, "script">, string
 export function optionFlagDeclarations(): Record<string, Options> {
   const deciders = Object.entries(deciderFlagDocs).map(([key, describe]) => [
     chainFlags[key as keyof typeof deciderFlagDocs].slice(2),
-    { describe, type: "string", array: true } satisfies Options,
+    { describe, type: "string", array: true, group: groupTitle(`hook${key.charAt(0).toUpperCase()}${key.slice(1)}`) ?? "Hooks:" } satisfies Options,
   ]);
   return Object.fromEntries([...Object.entries(optionFlags).map(([path, flag]) => [flag.slice(2), flagOption(path as FlagPath)]), ...deciders]);
 }

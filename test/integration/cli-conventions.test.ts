@@ -1,0 +1,137 @@
+import { execFileSync, spawn, type ChildProcess } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { request } from "node:http";
+import { fileURLToPath } from "node:url";
+import { describe, expect, it, onTestFinished } from "vitest";
+import { prettyLine } from "../../src/log-pretty.js";
+import { tempDir } from "../helpers/proxy.js";
+
+// SGR sequences, as the pretty log colours with them.
+const ansi = new RegExp(`${String.fromCharCode(27)}\\[[0-9;]*m`, "g");
+const root = fileURLToPath(new URL("../../", import.meta.url));
+const version = (JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8")) as { version: string }).version;
+const hasScript = (() => {
+  try {
+    execFileSync("script", ["--version"], { stdio: "ignore" });
+    return true;
+  } catch {
+    return false;
+  }
+})();
+
+function run(args: readonly string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ["--import", "tsx", "src/cli/bin.ts", ...args], { cwd: root, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
+    child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
+    child.once("error", reject);
+    child.once("exit", (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+/** A detached child (its own process group), killed as a group when the test finishes. */
+function spawnGroup(command: string, args: readonly string[]): { child: ChildProcess; output: () => string; waitFor: (pattern: RegExp) => Promise<RegExpExecArray> } {
+  const child = spawn(command, args, { cwd: root, stdio: ["ignore", "pipe", "pipe"], detached: true, env: { ...process.env, TERM: "xterm" } });
+  onTestFinished(() => {
+    try {
+      process.kill(-child.pid!, "SIGKILL");
+    } catch {
+      // Gone already.
+    }
+  });
+  let out = "";
+  const waiters: Array<() => void> = [];
+  const onData = (chunk: Buffer): void => {
+    out += chunk.toString();
+    for (const waiter of waiters.splice(0)) waiter();
+  };
+  child.stdout!.on("data", onData);
+  child.stderr!.on("data", onData);
+  const waitFor = (pattern: RegExp): Promise<RegExpExecArray> =>
+    new Promise((resolve, reject) => {
+      const check = (): void => {
+        const match = pattern.exec(out);
+        if (match !== null) resolve(match);
+        else if (child.exitCode !== null) reject(new Error(`exited: ${out}`));
+        else waiters.push(check);
+      };
+      child.once("exit", () => waiters.push(check) && check());
+      check();
+    });
+  return { child, output: () => out, waitFor };
+}
+
+function plainRequest(port: number, url: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const req = request({ host: "127.0.0.1", port, path: url, headers: { host: new URL(url).host } }, (res) => {
+      res.resume();
+      res.on("end", () => resolve(res.statusCode ?? 0));
+    });
+    req.on("error", reject);
+    req.end();
+  });
+}
+
+describe("CLI conventions", () => {
+  it("--version prints the package's version and exits 0", async () => {
+    const result = await run(["--version"]);
+    expect(result).toMatchObject({ code: 0, stdout: `${version}\n` });
+  });
+
+  it("--help groups the flags by topic", async () => {
+    const { code, stdout } = await run(["--help"]);
+    expect(code).toBe(0);
+    for (const title of ["Listening:", "Policy:", "Secrets:", "Hooks:", "Guests:", "Logs and metrics:", "Limits:"]) expect(stdout).toContain(`\n${title}\n`);
+    const section = (title: string): string => stdout.slice(stdout.indexOf(`\n${title}\n`)).split("\n\n")[0]!;
+    expect(section("Policy:")).toContain("--allow-host");
+    expect(section("Secrets:")).toContain("--host-secret");
+    expect(section("Hooks:")).toContain("--hooks-script");
+    expect(section("Hooks:")).toContain("--hook-url");
+    expect(section("Logs and metrics:")).toContain("--log-format");
+    expect(section("Logs and metrics:")).toContain("--metrics-listen");
+    expect(section("Limits:")).toContain("--max-connections");
+  });
+
+  it("formats a pretty line for a request and for a refusal with its reason", () => {
+    expect(prettyLine({ time: "2026-06-01T12:00:00.123Z", level: "info", msg: "request", guest: "default", method: "GET", target: "https://a.test/x", status: 200, ms: 8.5 })).toBe(
+      "12:00:00.123 default GET https://a.test/x 200 8.5ms",
+    );
+    expect(
+      prettyLine({ time: "2026-06-01T12:00:00.123Z", level: "info", msg: "request", guest: "g", method: "GET", target: "http://b.test/", status: 403, reason: 'host "b.test" is not in allowedHosts', code: "EG_DENIED", ms: 1 }),
+    ).toBe('12:00:00.123 g GET http://b.test/ 403 1ms — host "b.test" is not in allowedHosts [EG_DENIED]');
+  });
+
+  it.skipIf(!hasScript)("under a terminal the log is one compact coloured line per request, with a refusal's reason", async () => {
+    const caDir = tempDir();
+    const command = `exec ${process.execPath} --import tsx src/cli/bin.ts --listen 127.0.0.1:0 --ca-dir ${caDir} --allow-host allowed.test`;
+    const proxy = spawnGroup("script", ["-q", "-e", "-c", command, "/dev/null"]);
+    const [, port] = await proxy.waitFor(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+    expect(await plainRequest(Number(port), "http://denied.test/path")).toBe(403);
+    const [line] = await proxy.waitFor(/^.*denied\.test.*$/m);
+    expect(line).toContain("\u001b[");
+    expect(line.replace(ansi, "")).toMatch(/^\d\d:\d\d:\d\d\.\d{3} default GET http:\/\/denied\.test\/path 403 [\d.]+ms — host "denied\.test" is not in allowedHosts.*\[EG_DENIED\]/);
+    expect(proxy.output()).not.toContain('{"time"');
+  });
+
+  it.skipIf(!hasScript)("--log-format json under a terminal, and any log on a pipe, stays one JSON object per line", async () => {
+    const caDir = tempDir();
+    const command = `exec ${process.execPath} --import tsx src/cli/bin.ts --listen 127.0.0.1:0 --ca-dir ${caDir} --allow-host allowed.test --log-format json`;
+    const tty = spawnGroup("script", ["-q", "-e", "-c", command, "/dev/null"]);
+    const [, port] = await tty.waitFor(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+    expect(await plainRequest(Number(port), "http://denied.test/path")).toBe(403);
+    const [line] = await tty.waitFor(/^\{"time".*"msg":"request".*$/m);
+    const parsed = JSON.parse(line.trim()) as Record<string, unknown>;
+    // The same bytes the logger has always written: JSON.stringify of the entry, in its key order.
+    expect(JSON.stringify(parsed)).toBe(line.trim());
+    expect(Object.keys(parsed)).toEqual(["time", "level", "msg", "guest", "id", "method", "target", "status", "reason", "code", "ms"]);
+
+    const piped = spawnGroup(process.execPath, ["--import", "tsx", "src/cli/bin.ts", "--listen", "127.0.0.1:0", "--ca-dir", caDir, "--allow-host", "allowed.test"]);
+    const [, pipedPort] = await piped.waitFor(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+    expect(await plainRequest(Number(pipedPort), "http://denied.test/path")).toBe(403);
+    const [pipedLine] = await piped.waitFor(/^\{"time".*"msg":"request".*$/m);
+    expect(Object.keys(JSON.parse(pipedLine) as object)).toEqual(Object.keys(parsed));
+    expect(piped.output()).not.toContain("\u001b[");
+  }, 60_000);
+});
