@@ -41,6 +41,26 @@ describe("HTTP/2 upstreams", () => {
     expect(upstream.connections()).toBe(1);
   });
 
+  it("the proxy follows an h2 upstream's redirect itself, checking the next hop again", async () => {
+    const upstream = await startH2Upstream({
+      "/go": (stream) => {
+        stream.respond({ ":status": 302, location: "/echo?redirected=1" });
+        stream.end();
+      },
+      "/away": (stream) => {
+        stream.respond({ ":status": 302, location: "https://blocked.test/" });
+        stream.end();
+      },
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/go`);
+    expect(res.status).toBe(200);
+    expect((JSON.parse(res.text) as { headers: Record<string, string> }).headers[":path"]).toBe("/echo?redirected=1");
+    const away = await fetchVia(proxy, `https://api.test:${upstream.port}/away`);
+    expect(away.status).toBe(403);
+    expect(away.text).toContain("blocked.test");
+  });
+
   it("request bodies reach an h2 upstream, and 20 concurrent requests share its session", async () => {
     const upstream = await startH2Upstream();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });

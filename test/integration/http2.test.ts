@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import { curlVia } from "../helpers/curl.js";
+import { loadPolicy } from "../helpers/djs.js";
 import { h2Request, h2Session, openH2Tls } from "../helpers/h2-client.js";
 import { startTestProxy } from "../helpers/proxy.js";
 import { patternChunk, patternSha256, startUpstream, type Route } from "../helpers/upstream.js";
@@ -139,6 +140,30 @@ describe("HTTP/2 guests", () => {
     expect(misdirected.status).toBe(421);
     expect(misdirected.body.toString()).toContain("the tunnel was opened with CONNECT api.test");
     expect(upstream.hits()).toBe(1);
+  });
+
+  it("a tier-2 policy judges each stream on its own: one rewritten, one refused, one passed, on one connection", async () => {
+    const upstream = await startUpstream();
+    const djsHooks = loadPolicy(`
+      export function onRequest(request) {
+        const path = new URL(request.url).pathname;
+        if (path === "/refused") throw new HttpRequestBlockedError("refused by the policy", 451);
+        if (path === "/rewritten") request.headers.set("x-policy", "rewrote");
+      }
+    `);
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], djsHooks });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const [rewritten, refused, passed] = await Promise.all([
+      h2Request(session, { ":path": "/rewritten" }),
+      h2Request(session, { ":path": "/refused" }),
+      h2Request(session, { ":path": "/echo" }),
+    ]);
+    expect(rewritten.status).toBe(404);
+    expect(upstream.seen.find((seen) => seen.url === "/rewritten")?.headers["x-policy"]).toBe("rewrote");
+    expect(refused.status).toBe(451);
+    expect(refused.body.toString()).toContain("refused by the policy");
+    expect(passed.status).toBe(200);
+    expect(upstream.seen.find((seen) => seen.url === "/echo")?.headers["x-policy"]).toBeUndefined();
   });
 
   it("a hook that throws answers 502 on its own stream only", async () => {
