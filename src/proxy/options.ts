@@ -10,6 +10,7 @@ import { cidrsOverlap } from "../policy/cidr.js";
 import { defaultCaDir } from "../tls/ca-store.js";
 import type { LeafKeyType } from "../tls/x509.js";
 import type { UpstreamOptions } from "../record/network.js";
+import type { AuditRecord } from "../metrics/audit-record.js";
 import { plainObject, resolveGuestOptions, type GuestOptions, type ResolvedGuest } from "./guest-options.js";
 
 export interface TimeoutOptions {
@@ -115,6 +116,19 @@ export interface ProxyOptions {
    * DNS, TCP or TLS, every check still running. Default: the real network.
    */
   readonly upstream?: UpstreamOptions;
+  /**
+   * Append one JSON line per decision to this file (an {@link AuditRecord}), whatever the log
+   * level: requests, CONNECT refusals and upgrades, each with every source that spoke, the rule
+   * that allowed, and the body bytes both ways. Written through a buffered stream and flushed by
+   * `close()`; SIGUSR1 reopens it (for logrotate). A file that cannot be opened fails the start.
+   */
+  readonly auditLog?: string;
+  /**
+   * Called with every decision's {@link AuditRecord}, the same object the audit log writes a
+   * line for, with or without `auditLog`. What it returns or throws never reaches a guest: a
+   * throw or a rejected promise is logged (rate-limited) and the proxy carries on.
+   */
+  readonly onDecision?: (record: AuditRecord) => unknown;
 }
 
 export interface ResolvedProxyOptions {
@@ -143,6 +157,8 @@ export interface ResolvedProxyOptions {
   readonly metricsListen: { readonly host: string; readonly port: number } | undefined;
   readonly metrics: boolean;
   readonly upstream: UpstreamOptions | undefined;
+  readonly auditLog: string | undefined;
+  readonly onDecision: ((record: AuditRecord) => unknown) | undefined;
 }
 
 /** The one table of defaults (src/config/defaults.ts), here for the imports that found it here. */
@@ -253,6 +269,8 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
     metricsListen: options.metricsListen === undefined ? undefined : parseHostPort(options.metricsListen, defaults.listen.host),
     metrics: options.metrics === true || options.metricsListen !== undefined,
     upstream: options.upstream,
+    auditLog: options.auditLog,
+    onDecision: options.onDecision,
   };
 }
 

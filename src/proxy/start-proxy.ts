@@ -6,6 +6,8 @@ import { makeIssue, OptionError } from "../option-error.js";
 import { createLogger } from "../log.js";
 import type { ListenAddress } from "../policy/declarative-policy.js";
 import { createTlsAuthority } from "../tls/authority.js";
+import { AuditLogFile } from "../metrics/audit-log.js";
+import { createAuditSink } from "../metrics/audit-sink.js";
 import { createProxyMetrics } from "../metrics/metrics.js";
 import { startMetricsServer, type MetricsServer } from "../metrics/metrics-server.js";
 import { randomKey } from "./auth.js";
@@ -82,14 +84,34 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   // Only when asked for: without metrics the request path traces nothing for them.
   const metrics = config.metrics ? createProxyMetrics({ certificates: () => ({ hits: authority.leaves.hits, misses: authority.leaves.signed }) }) : undefined;
   const network = config.upstream === undefined ? undefined : await startRecordedNetwork(config.upstream, log);
-  const decide = createDecisionLog(log, undefined, { observe: metrics?.observe, redact });
+  const warnings = new ThrottledWarning(log);
+  const auditFile = config.auditLog === undefined ? undefined : await openAuditLog(config.auditLog, warnings);
+  const auditing = auditFile !== undefined || config.onDecision !== undefined;
+  const decide = createDecisionLog(
+    log,
+    auditing ? { write: createAuditSink(auditFile, config.onDecision, (kind, msg, fields) => warnings.warn(kind, msg, fields)), redact } : undefined,
+    { observe: metrics?.observe, redact },
+  );
+  // logrotate's postrotate sends SIGUSR1: each proxy in the process reopens its own file. Only
+  // with an audit log: without one the signal keeps Node's own meaning (open the inspector).
+  const onRotate = (): void => {
+    auditFile?.reopen();
+    log.info("audit log reopened", { file: config.auditLog });
+  };
+  if (auditFile !== undefined) process.on("SIGUSR1", onRotate);
+  /** A start that fails must not keep the file open, nor its handler on the process. */
+  const abandon = async (error: unknown): Promise<never> => {
+    process.off("SIGUSR1", onRotate);
+    await auditFile?.close(config.timeouts.drainMs);
+    throw error;
+  };
   const authority = await createTlsAuthority({
     caDir: config.caDir,
     leafKeyType: config.leafKeyType,
     leafCacheSize: config.leafCacheSize,
     leafValidityDays: 365,
     upstreamCaPems: config.upstreamCaPems,
-  });
+  }).catch(abandon);
   const selfAddresses: ListenAddress[] = [];
   const guests: GuestRegistry = new GuestRegistry(config.deploymentKey ?? randomKey(), config.open, {
     config,
@@ -101,10 +123,13 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     foreignSecret: (self, request) => guests.foreignSecret(self, request),
     network,
   });
-  for (const guest of config.guests) guests.add(guest);
+  try {
+    for (const guest of config.guests) guests.add(guest);
+  } catch (error) {
+    await abandon(error);
+  }
   redactor.update(guests);
 
-  const warnings = new ThrottledWarning(log);
   const limits = new ConnectionLimits(config.limits, log, warnings);
   const side = new GuestSide({ config, log, decide, guests, auth: new AuthGate(guests, warnings), limits, redact });
   const inner = side.createServer();
@@ -128,7 +153,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       outer.off("error", reject);
       resolve();
     });
-  });
+  }).catch(abandon);
   // Listener errors could come once per connection: summarised, not a line each. (EMFILE at
   // accept does not come here: libuv meets it by closing the connection itself.)
   outer.on("error", (error: NodeJS.ErrnoException) => warnings.warn(`listener:${error.code ?? ""}`, "listener error", { error }));
@@ -168,6 +193,10 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       await guests.closeAll();
       // Once every exchange that drained is in it.
       await network?.close();
+      // Last, so the records of the requests that drained are in it.
+      process.off("SIGUSR1", onRotate);
+      await auditFile?.close(config.timeouts.drainMs);
+      warnings.clear();
     })());
   if (config.guestEnvFile !== undefined) {
     const file = config.guestEnvFile;
@@ -241,6 +270,16 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     metricsUrl: metricsServer?.url,
     close,
   };
+}
+
+/** Opened before anything listens: a path that cannot be written fails the start, naming the option. */
+async function openAuditLog(file: string, warnings: ThrottledWarning): Promise<AuditLogFile> {
+  try {
+    return await AuditLogFile.open({ file, warn: (kind, msg, fields) => warnings.warn(kind, msg, fields) });
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
+    throw new OptionError(makeIssue(["auditLog"], `cannot open ${file} for appending (${code})`), { prefix: "startProxy: ", cause: error });
+  }
 }
 
 function warnPastFileLimit(connections: number, log: ReturnType<typeof createLogger>): void {

@@ -6,7 +6,9 @@ import type { Pipeline } from "../pipeline/pipeline.js";
 import { connectPinned, type PinnedSocketOptions } from "../upstream/pinned-socket.js";
 import type { ResolvedAddress } from "../upstream/resolve.js";
 import { loggableTarget, toOutboundRequest } from "./guest-request.js";
-import { writeRawError } from "./respond.js";
+import { errorBody, writeRawError } from "./respond.js";
+import type { TraceEntry } from "../pipeline/exchange.js";
+import type { Decision } from "../policy/decision.js";
 import { tunnelOf } from "./tunnel.js";
 
 export interface UpgradeDeps {
@@ -41,6 +43,10 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
   const target = `${req.method ?? ""} ${loggableTarget(req.url ?? "")}`;
   let upstream: Socket | undefined;
   let switched: Buffer;
+  // With an audit log or onDecision: each source's say, and the decision that let it out.
+  const trace: TraceEntry[] | undefined = deps.decide.auditing ? [] : undefined;
+  let decision: Decision | undefined;
+  let url: string | undefined;
   // Until the upstream switches, nothing else ties the two sockets together: a guest that leaves
   // (or a proxy that closes, which destroys guest sockets) must take the upstream connection too.
   let guestGone = false;
@@ -63,10 +69,14 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
   socket.once("close", onGuestClose);
   try {
     const guestRequest = toOutboundRequest(req, tunnelOf(socket));
+    // No query: it can carry credentials (as the decision log's target has none).
+    url = `${guestRequest.url.origin}${guestRequest.url.pathname}`;
     const upgrade = req.headers.upgrade;
     if (upgrade === undefined || upgrade === "") throw new EgressError("EG_BAD_REQUEST", 400, "Upgrade header missing");
     if (guestRequest.body !== null) throw new EgressError("EG_BAD_REQUEST", 400, "an upgrade request must not have a body");
-    const { request, addresses } = await deps.pipeline.authorizeUpgrade(guestRequest);
+    const authorized = await deps.pipeline.authorizeUpgrade(guestRequest, trace);
+    const { request, addresses } = authorized;
+    decision = authorized.decision;
     if (guestGone) throw guestLeft();
     upstream = await connectFirst(request.url, addresses, deps);
     if (guestGone) throw guestLeft();
@@ -87,7 +97,10 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
         : new EgressError("EG_UPSTREAM", 502, `upgrade failed: ${(error as NodeJS.ErrnoException).code ?? "error"}`, { cause: error }),
       deps.redact,
     );
-    deps.decide({ started, guest: deps.guest, method: req.method, target, status: err.status, reason: err.message, code: err.code, upgrade: true });
+    deps.decide(
+      { started, guest: deps.guest, method: req.method, target, status: err.status, reason: err.message, code: err.code, upgrade: true },
+      trace !== undefined ? { trace, bytesDown: Buffer.byteLength(errorBody(err)), ...(url !== undefined ? { url } : {}) } : undefined,
+    );
     writeRawError(socket, err);
     return;
   }
@@ -96,7 +109,10 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
   socket.off("data", onEarly);
   socket.off("end", onGuestClose);
   socket.off("close", onGuestClose);
-  deps.decide({ started, guest: deps.guest, method: req.method, target, status: 101, reason: "upgrade relayed", upgrade: true });
+  deps.decide(
+    { started, guest: deps.guest, method: req.method, target, status: 101, reason: "upgrade relayed", upgrade: true },
+    trace !== undefined ? { trace, ...(url !== undefined ? { url } : {}), ...(decision !== undefined ? { rule: decision } : {}) } : undefined,
+  );
   const up = upstream;
   const closeBoth = (): void => {
     socket.destroy();
