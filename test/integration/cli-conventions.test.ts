@@ -1,6 +1,7 @@
-import { execFileSync, spawn, type ChildProcess } from "node:child_process";
+import { execFileSync, spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { request } from "node:http";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { prettyLine } from "../../src/log-pretty.js";
@@ -10,6 +11,14 @@ import { tempDir } from "../helpers/proxy.js";
 const ansi = new RegExp(`${String.fromCharCode(27)}\\[[0-9;]*m`, "g");
 const root = fileURLToPath(new URL("../../", import.meta.url));
 const version = (JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8")) as { version: string }).version;
+const hasSystemdAnalyze = (() => {
+  try {
+    execFileSync("systemd-analyze", ["--version"], { stdio: "ignore" });
+    return true;
+  } catch {
+    return false;
+  }
+})();
 const hasScript = (() => {
   try {
     execFileSync("script", ["--version"], { stdio: "ignore" });
@@ -134,4 +143,18 @@ describe("CLI conventions", () => {
     expect(Object.keys(JSON.parse(pipedLine) as object)).toEqual(Object.keys(parsed));
     expect(piped.output()).not.toContain("\u001b[");
   }, 60_000);
+
+  it("examples/egressgate.service restarts on failure, runs as a dynamic user with the CA in its state directory, and raises the open-file limit", () => {
+    const unit = readFileSync(join(root, "examples/egressgate.service"), "utf8");
+    for (const line of ["Restart=on-failure", "DynamicUser=yes", "StateDirectory=egressgate", "LimitNOFILE=65536"]) expect(unit).toContain(`\n${line}\n`);
+    expect(unit).toContain("--ca-dir ${STATE_DIRECTORY}");
+  });
+
+  // systemd-analyze is absent from most containers and macOS: the lint runs where systemd is.
+  it.skipIf(!hasSystemdAnalyze)("systemd-analyze verify accepts examples/egressgate.service without a warning", () => {
+    // verify exits 0 on a bad value and only warns on stderr: the test wants no output at all.
+    const result = spawnSync("systemd-analyze", ["verify", join(root, "examples/egressgate.service")], { encoding: "utf8" });
+    expect(result.stderr).toBe("");
+    expect(result.status).toBe(0);
+  });
 });
