@@ -128,6 +128,17 @@ export class Guest {
     socket.once("close", () => this.connections.delete(socket));
   }
 
+  /** Takes over another guest's bound connections (the same name, after a reload): its removal closes them from now on. */
+  adopt(previous: Guest): void {
+    for (const socket of previous.connections) this.bind(socket);
+    previous.connections.clear();
+  }
+
+  /** After a reload replaced it: its upstream pools close once their in-flight requests finish. */
+  async retire(): Promise<void> {
+    await this.pools.close();
+  }
+
   /** Closes what this guest holds: its bound connections and its upstream pools. */
   async close(): Promise<void> {
     this.removed = true;
@@ -174,6 +185,30 @@ export class GuestRegistry {
     const guest = new Guest(resolved, this.key, this.deps);
     this.guests.set(guest.name, guest);
     return guest;
+  }
+
+  /**
+   * Swaps every guest at once (a reload). Every new guest is built before anything changes, so a
+   * failure leaves the old set serving. A kept name's tunnels move to its new guest and take the
+   * new configuration from their next request; requests in flight keep the guest they started
+   * with. Returns the guests that were replaced (their pools to retire) and removed (to close).
+   */
+  replaceAll(resolved: readonly ResolvedGuest[]): { readonly replaced: Guest[]; readonly removed: Guest[] } {
+    const next = new Map<string, Guest>();
+    for (const entry of resolved) next.set(entry.name, new Guest(entry, this.key, this.deps));
+    const replaced: Guest[] = [];
+    const removed: Guest[] = [];
+    for (const [name, previous] of this.guests) {
+      const successor = next.get(name);
+      if (successor === undefined) removed.push(previous);
+      else {
+        successor.adopt(previous);
+        replaced.push(previous);
+      }
+    }
+    this.guests.clear();
+    for (const [name, guest] of next) this.guests.set(name, guest);
+    return { replaced, removed };
   }
 
   /** Removes a guest: from now on its credentials get 407, and its open tunnels are closed. */

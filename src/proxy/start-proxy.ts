@@ -49,6 +49,15 @@ export interface RunningProxy {
   /** Stops serving a guest: its credentials get 407 from now on, and its open tunnels are closed. */
   removeGuest(name: string): Promise<void>;
   /**
+   * Swaps the whole guest configuration at once (guests, allowlists, secrets, policies) for
+   * `options`' (validated like startProxy's; its proxy-wide options, such as `listen`, `caDir`
+   * and the limits, are not changed). Requests in flight finish under the configuration they
+   * started with; open tunnels take the new one from their next request; a removed guest's
+   * tunnels are closed. Invalid options throw, and the old configuration keeps serving. Guest
+   * tokens stay the same for unchanged names (they derive from the deployment key).
+   */
+  reload(options: ProxyOptions): Promise<void>;
+  /**
    * With `upstream.record` (or `upstream.replay.recordMissing`): writes the HAR file from what is
    * recorded so far, atomically (the CLI does on SIGTERM, before the drain). `close()` writes it
    * again with everything. Without a recording, nothing.
@@ -254,6 +263,19 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       guests.add(resolved);
       redactor.update(guests);
       log.info("guest added", { guest: name });
+    },
+    reload: async (next) => {
+      const resolved = resolveProxyOptions(next);
+      if (resolved.open !== guests.open) {
+        throw new TypeError("reload: a proxy that serves one guest without credentials stays that way (and one with credentials too); restart it to change");
+      }
+      checkSourcesApart(resolved.guests);
+      const { replaced, removed } = guests.replaceAll(resolved.guests);
+      redactor.update(guests);
+      log.info("configuration reloaded", { guests: guests.names(), ...(removed.length > 0 ? { removed: removed.map((guest) => guest.name) } : {}) });
+      await Promise.all(removed.map((guest) => guest.close()));
+      // Not awaited: an old pool closes once its last in-flight request has finished.
+      for (const guest of replaced) void guest.retire().catch((error: unknown) => log.warn("closing a replaced guest's pools failed", { guest: guest.name, error }));
     },
     removeGuest: async (name) => {
       await guests.remove(name);
