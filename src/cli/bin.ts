@@ -14,7 +14,13 @@ import { checkConfig, checkHar, failureText, printCa, printEnv } from "./command
 /** `flags`, or the config file in use, once known: how an option error from startProxy is worded. */
 let source: string | undefined;
 
+/** Commands that serve nothing: the default command (serve) is any other first word. */
+const offlineCommands = new Set(["ca", "env", "har", "check", "check-config", "--help", "-h", "--version"]);
+
 async function main(argv: readonly string[]): Promise<number> {
+  // Placeholders and guest tokens derive from this key. One made here lasts as long as the
+  // process, so a reload (SIGHUP) gives unchanged names the same placeholders and tokens.
+  if (!offlineCommands.has(argv[0] ?? "") && (process.env[placeholderKeyEnv] ?? "") === "") process.env[placeholderKeyEnv] = randomBytes(32).toString("hex");
   const command = parseCli(argv);
   if (command.kind === "help") return 0;
   if (command.kind === "ca") return printCa(command.caDir);
@@ -39,7 +45,11 @@ async function main(argv: readonly string[]): Promise<number> {
   // primary like one that chose to stop, and one still starting would die of it.
   if (worker) process.on("SIGINT", () => undefined);
   const built = command.built;
-  redactFatal = (text) => built.redact(text);
+  /** The configuration serving now: a reload replaces it. */
+  let current = built;
+  /** Replaced configurations whose policies may still serve requests in flight. */
+  const retired = new Set<typeof built>();
+  redactFatal = (text) => current.redact(text);
   const options: ProxyOptions = command.options;
   try {
     if (command.workers > 1 && !worker) {
@@ -62,7 +72,7 @@ async function main(argv: readonly string[]): Promise<number> {
         return await runPrimary(argv, command.workers, listen, env, (line) => {
           serving = true;
           process.stdout.write(`${line}\n`);
-        }, auditLog !== undefined ? ["SIGUSR1"] : []);
+        }, ["SIGHUP", ...(auditLog !== undefined ? (["SIGUSR1"] as const) : [])]);
       } finally {
         await metrics?.close();
       }
@@ -91,7 +101,7 @@ async function main(argv: readonly string[]): Promise<number> {
         if (closing) return;
         closing = true;
         void proxy.close().then(async () => {
-          await built.close();
+          await Promise.all([current, ...retired].map((config) => config.close()));
           // A worker's IPC channel would keep it alive after the drain.
           if (worker) process.disconnect?.();
           resolve();
@@ -108,6 +118,35 @@ async function main(argv: readonly string[]): Promise<number> {
       };
       if (!worker) process.on("SIGINT", stop);
       process.on("SIGTERM", stop);
+      // SIGHUP: read the flags' files (--config, --hooks-script, file: secrets) again and swap the
+      // configuration whole; anything that fails leaves the old one serving, with the reason logged.
+      let reloading = Promise.resolve();
+      const reload = async (): Promise<void> => {
+        let next: ReturnType<typeof parseCli>;
+        try {
+          next = parseCli(argv);
+          if (next.kind !== "serve") return;
+          await proxy.reload(next.options).catch(async (error: unknown) => {
+            if (next.kind === "serve") await next.built.close();
+            throw error;
+          });
+        } catch (error) {
+          logLine("error", "reload failed; the old configuration keeps serving", { error: redactFatal(failureText(error, source)) });
+          return;
+        }
+        const old = current;
+        current = next.built;
+        retired.add(old);
+        // Requests in flight may still call the old policies: they close once the longest request
+        // could have ended (or with the proxy, whichever comes first).
+        setTimeout(() => {
+          if (retired.delete(old)) void old.close();
+        }, 60_000).unref();
+      };
+      process.on("SIGHUP", () => {
+        if (closing) return;
+        reloading = reloading.then(reload);
+      });
       if (worker) reportListening(proxy.url, close);
       else process.stdout.write(`egressgate listening on ${proxy.url}\n`);
     });
@@ -117,6 +156,11 @@ async function main(argv: readonly string[]): Promise<number> {
     throw error;
   }
   return 0;
+}
+
+/** A line in the proxy's JSON log format, for what the CLI itself reports. */
+function logLine(level: string, msg: string, fields: Record<string, unknown>): void {
+  process.stderr.write(`${JSON.stringify({ time: new Date().toISOString(), level, msg, ...fields })}\n`);
 }
 
 /** A worker's log lines carry its pid, so an operator can tell which process served what. */
