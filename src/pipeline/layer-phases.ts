@@ -98,11 +98,11 @@ export async function runHandle(handle: Layer, request: OutboundRequest, tap: Bo
     }
     return fromHookResponse(out, "handle");
   } finally {
-    // What the layer did not answer with goes back, read or not (a body it began to read and
-    // dropped would hold its connection until the body timeout): its connection is freed.
-    const answered = isResponse(out) ? out.body : null;
+    // What the layer did not answer with and holds no reader on goes back: its connection is
+    // freed. A body with a reader is the layer's: it may feed the answer (`pipeThrough`, a
+    // stream of its own), so only the layer knows when it is done; `reader.cancel()` frees it.
     for (const [web, response] of given) {
-      if (response !== kept && (web.body === null || web.body !== answered)) discardBody(response.body);
+      if (response !== kept && (web.body === null || !web.body.locked)) discardBody(response.body);
     }
   }
 }

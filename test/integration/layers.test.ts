@@ -289,7 +289,7 @@ describe("tier-3 layers: handle(request, next)", () => {
     expect(res.text).toMatch(/handle returned undefined, not a Response/);
   });
 
-  it("a body a layer began to read and then dropped goes back too", async () => {
+  it("a body the layer streams into its own answer (pipeThrough) reaches the guest whole", async () => {
     const big = countedBigRoute(8 * 1024 * 1024);
     const upstream = await startUpstream({ routes: { "/big": big.route } });
     const proxy = await startTestProxy({
@@ -297,7 +297,26 @@ describe("tier-3 layers: handle(request, next)", () => {
       layers: [
         async (request, next) => {
           const response = await next(request);
-          await response.body!.getReader().read(); // one chunk, then the reader is dropped
+          const upper = new TransformStream<Uint8Array, Uint8Array>({ transform: (chunk, controller) => controller.enqueue(chunk.map((b) => b - 0x20)) });
+          return new Response(response.body!.pipeThrough(upper), { status: 200 });
+        },
+      ],
+    });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/big`);
+    expect(res.text).toBe("B".repeat(8 * 1024 * 1024));
+  });
+
+  it("a body the layer began to read and then released with reader.cancel() goes back", async () => {
+    const big = countedBigRoute(8 * 1024 * 1024);
+    const upstream = await startUpstream({ routes: { "/big": big.route } });
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      layers: [
+        async (request, next) => {
+          const response = await next(request);
+          const reader = response.body!.getReader();
+          await reader.read();
+          await reader.cancel();
           return new Response("looked at the first chunk", { status: 200 });
         },
       ],
