@@ -87,11 +87,8 @@ export class LayerRun {
 
   /** The final response for the guest, attributed to the descent it came from or the layer that made it. */
   private answer(final: HookedResponse, initial: OutboundRequest): PipelineResponse {
-    const descended = this.responses.find((response) => response === final);
-    if (descended !== undefined) {
-      this.responses.splice(this.responses.indexOf(descended), 1);
-      return descended;
-    }
+    const at = this.responses.indexOf(final as PipelineResponse);
+    if (at >= 0) return this.responses.splice(at, 1)[0]!;
     const source = this.madeBy.get(final);
     const by = source?.tier === "tier2" ? "the handle policy" : "a handle layer";
     const decision = { ...allow(source?.tier ?? "tier3", "handle", `answered by ${by}`), ...(source !== undefined ? { source: source.label } : {}) };

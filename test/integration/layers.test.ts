@@ -270,7 +270,7 @@ describe("tier-3 layers: handle(request, next)", () => {
     controller.abort();
     await expect(pending).rejects.toThrow();
     // With the default timeouts.requestMs (300 s), only the guest's leaving can end it this soon.
-    await expect.poll(() => decisions(proxy).find((line) => line["status"] === 499), { timeout: 10_000 }).toBeDefined();
+    await expect.poll(() => decisions(proxy).at(-1), { timeout: 10_000 }).toMatchObject({ status: 499, reason: "guest closed the connection" });
   });
 
   it("a layer that returns nothing gets 502, not a pass-through", async () => {
