@@ -183,6 +183,9 @@ export class SoakClient {
     }, this.setup.deadlineMs);
     let status: number | undefined;
     let received = 0;
+    // The first bytes of the body, kept so that an unexpected status reports the proxy's reason
+    // (its error bodies name it: "502 Bad Gateway: upstream …").
+    let head = "";
     const hash = createHash("sha256");
     try {
       const requestHeaders: Record<string, string> = {};
@@ -201,6 +204,7 @@ export class SoakClient {
       });
       status = res.statusCode;
       for await (const chunk of res.body as AsyncIterable<Buffer>) {
+        if (head.length < 300) head += chunk.subarray(0, 300 - head.length).toString("latin1");
         received += chunk.length;
         hash.update(chunk);
         if (kind.read === "abort") {
@@ -225,7 +229,8 @@ export class SoakClient {
       return { label: `✗ ${status} ended cleanly`, ok: false, detail: `${received} of ${plan.expected.bytes} bytes, and no error: a cut body passed off as complete` };
     }
     const judged = this.judgeStatus(plan, status, "");
-    if (!judged.ok || status !== 200) return judged;
+    if (!judged.ok) return { ...judged, detail: `${judged.detail ?? ""}; body: ${JSON.stringify(head.trim())}` };
+    if (status !== 200) return judged;
     const matched = received === plan.expected.bytes && hash.digest("hex") === plan.expected.sha256;
     if (!matched) return { label: "✗ 200, wrong bytes", ok: false, detail: `${received} bytes, expected ${plan.expected.bytes} with sha256 ${plan.expected.sha256.slice(0, 12)}…`, checked: { matched, bytes: received } };
     return { label: "200, bytes match", ok: true, checked: { matched, bytes: received } };

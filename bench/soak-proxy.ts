@@ -48,7 +48,8 @@ export type SoakProxyMessage =
       /** Log lines by level, and warn/error lines by message. */
       readonly logLevels: Readonly<Record<string, number>>;
       readonly logMessages: Readonly<Record<string, number>>;
-    };
+    }
+  | { readonly kind: "lines"; readonly lines: Readonly<Record<string, string>> };
 
 const settings = JSON.parse(process.env["SOAK_PROXY_SETTINGS"] ?? "null") as SoakProxySettings | null;
 const moduleUrl = process.env["SOAK_EGRESSGATE"];
@@ -60,10 +61,24 @@ const { createDjsHooks, createHttpHooks, djsHooksOptionsFromFile, HttpRequestBlo
 
 const logLevels: Record<string, number> = {};
 const logMessages: Record<string, number> = {};
+/**
+ * The last decision lines with a 5xx status, by target, so that the soak can print the proxy's
+ * own account (code, detail, time taken) of a request that failed unexpectedly. Bounded: the
+ * oldest go first.
+ */
+const serverErrors = new Map<string, string>();
+const serverErrorsKept = 20_000;
 // Every line is counted; only warn and error lines are parsed, for their message.
 const logSink = (line: string): void => {
   const level = /"level":"(\w+)"/.exec(line)?.[1] ?? "?";
   logLevels[level] = (logLevels[level] ?? 0) + 1;
+  const target = /"status":5\d\d\b.*?"target":"([^"]*)"|"target":"([^"]*)".*?"status":5\d\d\b/.exec(line);
+  if (target !== null) {
+    const key = target[1] ?? target[2] ?? "";
+    serverErrors.delete(key);
+    serverErrors.set(key, line);
+    if (serverErrors.size > serverErrorsKept) serverErrors.delete(serverErrors.keys().next().value as string);
+  }
   if (level !== "warn" && level !== "error") return;
   let msg = "?";
   try {
@@ -138,6 +153,20 @@ process.on("message", (message: { kind?: string }) => {
       logLevels,
       logMessages,
     });
+  } else if (message.kind === "lines") {
+    const targets = (message as { targets?: readonly string[] }).targets ?? [];
+    const lines: Record<string, string> = {};
+    for (const target of targets) {
+      // The log's target may be written differently (a default port, a redacted query): fall
+      // back to the line whose target ends with the same path and query.
+      let line = serverErrors.get(target);
+      if (line === undefined) {
+        const tail = /^[a-z]+:\/\/[^/]+(\/.*)$/.exec(target)?.[1];
+        if (tail !== undefined) for (const [key, value] of serverErrors) if (key.endsWith(tail)) line = value;
+      }
+      if (line !== undefined) lines[target] = line;
+    }
+    send({ kind: "lines", lines });
   } else if (message.kind === "snapshot") {
     // The parent reads the file: parsing it here would grow the very process being measured.
     const file = writeHeapSnapshot(join(settings.caDir, "..", `live-${Date.now()}.heapsnapshot`));

@@ -505,8 +505,22 @@ async function main(): Promise<number> {
     const top = Object.entries(stats.logMessages).sort((a, b) => b[1] - a[1]).slice(0, 8);
     console.log(`proxy log lines: ${JSON.stringify(stats.logLevels)}${top.length > 0 ? `; most frequent warn/error: ${top.map(([m, n]) => `${m} ×${n}`).join("; ")}` : ""}`);
   }
-  for (const [name, tally] of Object.entries(result.perKind)) for (const example of tally.examples) console.log(`  ✗ ${name}: ${example}`);
-  for (const example of summary.warmup.examples) console.log(`  ✗ (warm-up) ${example}`);
+  const examples = [
+    ...Object.entries(result.perKind).flatMap(([name, tally]) => tally.examples.map((example) => `${name}: ${example}`)),
+    ...summary.warmup.examples.map((example) => `(warm-up) ${example}`),
+  ];
+  // The proxy's own decision line for each, when it answered 5xx: its code, detail and time.
+  const targets = examples.map((example) => / (https?:\/\/\S+?):? /.exec(example)?.[1]).filter((url): url is string => url !== undefined);
+  const proxyLines =
+    targets.length > 0 && exited() === undefined
+      ? (await ask<Extract<SoakProxyMessage, { kind: "lines" }>>(proxy.child, "lines", { kind: "lines", targets }, 10_000).catch(() => undefined))?.lines
+      : undefined;
+  for (const example of examples) {
+    console.log(`  ✗ ${example}`);
+    const url = / (https?:\/\/\S+?):? /.exec(example)?.[1];
+    const line = url === undefined ? undefined : proxyLines?.[url];
+    if (line !== undefined) console.log(`      proxy: ${line.trim()}`);
+  }
   if (death !== undefined && stderrTail.length > 0) console.log(`\nproxy stderr, last lines:\n${stderrTail.slice(-15).map((l) => `  ${l}`).join("\n")}`);
   console.log(`\n${failures.length === 0 ? "PASS" : `FAIL:\n${failures.map((f) => `- ${f}`).join("\n")}`}`);
   return failures.length === 0 ? 0 : 1;
