@@ -90,7 +90,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
       "run the proxy",
       (y) =>
         y
-          .option("config", { type: "string", group: flagGroups.listening, describe: "run from a config file (YAML or JSON; docs/config.md); --listen, --ca-dir, --guest-env-file, --upstream-ca, --log-level, --workers, --audit-log and --metrics-listen override it" })
+          .option("config", { type: "string", group: flagGroups.listening, describe: "run from a config file (YAML or JSON; docs/config.md); --listen, --ca-dir, --guest-env-file, --upstream-ca, --log-level, --workers, --watch, --audit-log and --metrics-listen override it" })
           .options(optionFlagDeclarations())
           .option("log-format", { type: "string", choices: logFormats, group: flagGroups.logs, describe: "json (one object per line) or pretty (one coloured line per request)", defaultDescription: "pretty when stderr is a terminal, else json" }),
       (args) => {

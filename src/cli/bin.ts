@@ -6,7 +6,8 @@ import { resolveProxyOptions, type ProxyOptions } from "../proxy/options.js";
 import { parseCli, placeholderKeyEnv, UsageError } from "./args.js";
 import { isClusterWorker, isFirstWorker, reportListening, runPrimary, siblingPort } from "./cluster.js";
 import { serveClusterMetrics } from "../metrics/cluster-metrics.js";
-import { createLogger } from "../log.js";
+import { createLogger, type Logger } from "../log.js";
+import { watchConfiguration } from "./watch.js";
 import { runCheck } from "./check.js";
 import { createPrettySink } from "../log-pretty.js";
 import { checkConfig, checkHar, failureText, printCa, printEnv } from "./commands.js";
@@ -67,6 +68,8 @@ async function main(argv: readonly string[]): Promise<number> {
       let serving = false;
       const metrics = metricsListen === undefined ? undefined : await serveClusterMetrics(metricsListen, createLogger("info"), () => serving);
       if (metrics !== undefined) process.stderr.write(`egressgate metrics on ${metrics.url}\n`);
+      // --watch: only the primary watches; a change is a SIGHUP to itself, which it passes to every worker.
+      const watching = command.config.watch === true ? watchConfiguration(command.config, process.env, async () => void process.kill(process.pid, "SIGHUP"), cliLogger(command)) : undefined;
       try {
         // SIGUSR1 reopens each worker's audit log; without one it would open a worker's inspector.
         return await runPrimary(argv, command.workers, listen, env, (line) => {
@@ -74,6 +77,7 @@ async function main(argv: readonly string[]): Promise<number> {
           process.stdout.write(`${line}\n`);
         }, ["SIGHUP", ...(auditLog !== undefined ? (["SIGUSR1"] as const) : [])]);
       } finally {
+        watching?.close();
         await metrics?.close();
       }
     }
@@ -97,9 +101,11 @@ async function main(argv: readonly string[]): Promise<number> {
     });
     await new Promise<void>((resolve) => {
       let closing = false;
+      let watching: { close(): void } | undefined;
       const close = (): void => {
         if (closing) return;
         closing = true;
+        watching?.close();
         void proxy.close().then(async () => {
           await Promise.all([current, ...retired].map((config) => config.close()));
           // A worker's IPC channel would keep it alive after the drain.
@@ -147,6 +153,10 @@ async function main(argv: readonly string[]): Promise<number> {
         if (closing) return;
         reloading = reloading.then(reload);
       });
+      // --watch: the same reload when a file changes. In a cluster the primary watches, not the workers.
+      if (command.config.watch === true && !worker) {
+        watching = watchConfiguration(command.config, process.env, () => (closing ? Promise.resolve() : (reloading = reloading.then(reload))), cliLogger(command));
+      }
       if (worker) reportListening(proxy.url, close);
       else process.stdout.write(`egressgate listening on ${proxy.url}\n`);
     });
@@ -161,6 +171,13 @@ async function main(argv: readonly string[]): Promise<number> {
 /** A line in the proxy's JSON log format, for what the CLI itself reports. */
 function logLine(level: string, msg: string, fields: Record<string, unknown>): void {
   process.stderr.write(`${JSON.stringify({ time: new Date().toISOString(), level, msg, ...fields })}\n`);
+}
+
+/** The CLI's own log lines (the file watch's), at --log-level and in --log-format, like the proxy's. */
+function cliLogger(command: { readonly config: { readonly proxy: { readonly logLevel?: Parameters<typeof createLogger>[0] } }; readonly logFormat?: string }): (level: string, msg: string, fields: Record<string, unknown>) => void {
+  const pretty = command.logFormat === "pretty" || (command.logFormat === undefined && process.stderr.isTTY === true);
+  const logger: Logger = createLogger(command.config.proxy.logLevel ?? "info", pretty ? createPrettySink((text) => void process.stderr.write(text)) : undefined);
+  return (level, msg, fields) => (level === "error" ? logger.error(msg, fields) : level === "warn" ? logger.warn(msg, fields) : logger.info(msg, fields));
 }
 
 /** A worker's log lines carry its pid, so an operator can tell which process served what. */

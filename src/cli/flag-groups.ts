@@ -20,6 +20,7 @@ export const flagGroupOf: Readonly<Record<FlagPath | "hookCommand" | "hookUrl" |
   leafKeyType: "listening",
   upstreamCa: "listening",
   workers: "listening",
+  watch: "listening",
   guestEnvFile: "guests",
   auth: "guests",
   resolve: "policy",

@@ -155,5 +155,6 @@ export function configFromFile(file: string, args: Args, env: NodeJS.ProcessEnv,
   // Flag paths are the working directory's, as for any flag.
   const proxy = resolveProxyWide(doc, cwd, (segments: readonly Segment[], reason: string) => issues.push(makeIssue(segments, reason)));
   if (issues.length > 0) throw flagError(issues[0]!);
-  return { ...config, proxy: { ...config.proxy, ...proxy }, workers: (doc["workers"] as number | undefined) ?? config.workers };
+  const watch = (doc["watch"] as boolean | undefined) ?? config.watch;
+  return { ...config, proxy: { ...config.proxy, ...proxy }, workers: (doc["workers"] as number | undefined) ?? config.workers, ...(watch === true ? { watch } : {}) };
 }

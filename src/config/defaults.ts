@@ -37,6 +37,8 @@ export const defaults = Object.freeze({
   }),
   /** CLI and config file: processes sharing the port. */
   workers: 1,
+  /** CLI and config file: reload when the files the configuration was read from change. */
+  watch: false,
   /** A guest's declarative tier, as createHttpHooks applies it. */
   guest: Object.freeze({
     blockInternalRanges: true,

@@ -75,6 +75,8 @@ export interface ProxyConfig {
   readonly source: string;
   readonly proxy: ProxyWideConfig;
   readonly workers: number;
+  /** `watch: true` (`--watch`): reload when the files it was read from change. */
+  readonly watch?: boolean;
   /**
    * true: the document described one guest at its top level (as the flags do), named
    * `default`, served in startProxy's single-guest form. false: it listed `guests`.
@@ -118,7 +120,8 @@ export function resolveDocument(document: unknown, options: DocumentOptions): { 
     guests[name] = resolveGuest(guest, single ? [] : ["guests", name], single, options, at);
   }
   if (issues.length > 0) return { issues };
-  return { config: { source: options.source, proxy, workers: (doc["workers"] as number | undefined) ?? defaults.workers, single, guests }, issues };
+  const watch = doc["watch"] === true ? { watch: true } : {};
+  return { config: { source: options.source, proxy, workers: (doc["workers"] as number | undefined) ?? defaults.workers, ...watch, single, guests }, issues };
 }
 
 /** The proxy-wide part of a valid document; `at` hears about files that cannot be used. */

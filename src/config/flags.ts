@@ -19,6 +19,7 @@ export const optionFlags = Object.freeze({
   "limits.connections": "--max-connections",
   "limits.connectionsPerSource": "--max-connections-per-source",
   workers: "--workers",
+  watch: "--watch",
   logLevel: "--log-level",
   guestEnvFile: "--guest-env-file",
   "upstream.record.path": "--record",
@@ -52,7 +53,7 @@ export type FlagPath = keyof typeof optionFlags;
  * to `--config` is a usage error: a file and flags that both describe guests would leave it
  * unclear which one wins.
  */
-export const configOverrides: readonly FlagPath[] = ["listen", "caDir", "guestEnvFile", "upstreamCa", "logLevel", "workers", "upstream.record.path", "upstream.record.cookies", "upstream.replay.path", "upstream.replay.matchHeaders", "upstream.replay.ignoreQuery", "upstream.replay.ignoreBodyPaths", "upstream.replay.exhausted", "upstream.replay.latency", "upstream.replay.recordMissing", "auditLog", "metricsListen"];
+export const configOverrides: readonly FlagPath[] = ["listen", "caDir", "guestEnvFile", "upstreamCa", "logLevel", "workers", "watch", "upstream.record.path", "upstream.record.cookies", "upstream.replay.path", "upstream.replay.matchHeaders", "upstream.replay.ignoreQuery", "upstream.replay.ignoreBodyPaths", "upstream.replay.exhausted", "upstream.replay.latency", "upstream.replay.recordMissing", "auditLog", "metricsListen"];
 
 /** Options that come from the environment rather than a flag. */
 export const environmentOptions = Object.freeze({ deploymentKey: "$EGRESSGATE_PLACEHOLDER_KEY" });

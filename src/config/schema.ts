@@ -262,6 +262,7 @@ export const configFileSchema: ObjectNode = object(
     }),
     ...proxyWideFields,
     workers: integer(1, 64, "Processes that share the listening port (node:cluster).", { default: defaults.workers }),
+    watch: boolean("Reload, as SIGHUP does, when the config file, a policy file or a file: secret changes (debounced).", { default: defaults.watch }),
     auth: boolean('Without guests: true makes the one guest ("default") need credentials; false opts out of the open-proxy refusal.'),
     ...guestFields,
     guests: map("guest name", checkGuestName, fileGuestNode, "Several guests, each with its own credentials, allowlist, secrets and policy.", { minEntries: 1 }),

@@ -94,6 +94,7 @@ describe("CLI conventions", () => {
     expect(code).toBe(0);
     for (const title of ["Listening:", "Policy:", "Secrets:", "Hooks:", "Guests:", "Logs and metrics:", "Limits:"]) expect(stdout).toContain(`\n${title}\n`);
     const section = (title: string): string => stdout.slice(stdout.indexOf(`\n${title}\n`)).split("\n\n")[0]!;
+    expect(section("Listening:")).toContain("--watch");
     expect(section("Policy:")).toContain("--allow-host");
     expect(section("Secrets:")).toContain("--host-secret");
     expect(section("Hooks:")).toContain("--hooks-script");

@@ -1,10 +1,12 @@
-import { spawn } from "node:child_process";
-import { writeFileSync } from "node:fs";
+import { spawn, type ChildProcess } from "node:child_process";
+import { readFileSync, renameSync, writeFileSync } from "node:fs";
 import { request as httpRequest } from "node:http";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
+import { ProxyAgent, request as undiciRequest } from "undici";
 import { createHttpHooks } from "../../src/index.js";
+import { testCa } from "../helpers/test-ca.js";
 import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
 import { basic, credentialsOf, startGuestsProxy } from "../helpers/guests.js";
 import { openRaw, type RawClient } from "../helpers/raw.js";
@@ -141,4 +143,151 @@ describe("SIGHUP", () => {
     child.kill("SIGTERM");
     await new Promise((resolve) => child.once("exit", resolve));
   }, 120_000);
+});
+
+/** The CLI in a process group of its own (its workers too), killed as a group when the test ends. */
+function startCli(args: readonly string[]): { child: ChildProcess; output: () => string; waitFor: (pattern: RegExp, from?: number) => Promise<RegExpExecArray> } {
+  const child = spawn(process.execPath, ["--import", "tsx", "src/cli/bin.ts", ...args], { cwd: root, stdio: ["ignore", "pipe", "pipe"], detached: true });
+  onTestFinished(() => {
+    try {
+      process.kill(-child.pid!, "SIGKILL");
+    } catch {
+      // Gone already.
+    }
+  });
+  let out = "";
+  const waiters: Array<() => void> = [];
+  const onData = (chunk: Buffer): void => {
+    out += chunk.toString();
+    for (const waiter of waiters.splice(0)) waiter();
+  };
+  child.stdout!.on("data", onData);
+  child.stderr!.on("data", onData);
+  child.once("exit", () => {
+    for (const waiter of waiters.splice(0)) waiter();
+  });
+  const waitFor = (pattern: RegExp, from = 0): Promise<RegExpExecArray> =>
+    new Promise((resolve, reject) => {
+      const check = (): void => {
+        const match = pattern.exec(out.slice(from));
+        if (match !== null) resolve(match);
+        else if (child.exitCode !== null || child.signalCode !== null) reject(new Error(`exited: ${out}`));
+        else waiters.push(check);
+      };
+      check();
+    });
+  return { child, output: () => out, waitFor };
+}
+
+/** A plain forward-proxy request on a new connection: its status and what the upstream echoed. */
+function askVia(port: number, host: string, upstreamPort: number, headers: Record<string, string> = {}): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest({ host: "127.0.0.1", port, path: `http://${host}:${upstreamPort}/echo`, headers: { host: `${host}:${upstreamPort}`, ...headers }, agent: false }, (res) => {
+      res.resume();
+      res.on("end", () => resolve(res.statusCode ?? 0));
+    });
+    req.on("error", reject);
+    req.end();
+  });
+}
+
+/** Polls `condition` until it holds; fails past the deadline (a bound for a loaded machine, not a timing claim). */
+async function until(what: string, condition: () => Promise<boolean>, deadlineMs = 60_000): Promise<void> {
+  const end = Date.now() + deadlineMs;
+  while (!(await condition())) {
+    if (Date.now() > end) throw new Error(`gave up waiting: ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+describe("--watch", () => {
+  it("reloads when the config file is rewritten in place or replaced by rename, and when a policy or a file: secret changes; a broken file keeps the old configuration", async () => {
+    const upstream = await startUpstream({ tls: false });
+    // Secrets go only over https: the rotation is checked on a TLS upstream.
+    const secure = await startUpstream({ names: ["a.test"] });
+    const dir = tempDir();
+    const config = join(dir, "egressgate.yaml");
+    const policy = join(dir, "policy.js");
+    const token = join(dir, "token");
+    writeFileSync(join(dir, "upstream-ca.pem"), (await testCa()).certPem);
+    writeFileSync(policy, "function isRequestAllowed(request) { return true; }\n");
+    writeFileSync(token, "first-value\n");
+    const body = (host: string): string =>
+      `listen: 127.0.0.1:0\nallowInternalHosts: [${host}]\nresolve: { a.test: [127.0.0.1], b.test: [127.0.0.1] }\nupstreamCa: [upstream-ca.pem]\nhooksScript: policy.js\nsecrets: { TOKEN: { hosts: [a.test, b.test], value: "file:token" } }\n`;
+    writeFileSync(config, body("a.test"));
+    const cli = startCli(["--config", config, "--watch", "--ca-dir", dir, "--log-format", "json", "--guest-env-file", join(dir, "guest.env")]);
+    const port = Number((await cli.waitFor(/listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]);
+    await cli.waitFor(/"msg":"watching for changes"/);
+    const placeholder = /^TOKEN=(.*)$/m.exec(readFileSync(join(dir, "guest.env"), "utf8"))![1]!;
+    expect(await askVia(port, "a.test", upstream.port)).toBe(200);
+    expect(await askVia(port, "b.test", upstream.port)).toBe(403);
+
+    // In place: the same inode, truncated and written.
+    writeFileSync(config, body("b.test"));
+    await until("b.test allowed after an in-place write", async () => (await askVia(port, "b.test", upstream.port)) === 200);
+    expect(await askVia(port, "a.test", upstream.port)).toBe(403);
+
+    // By rename, as editors save: a new inode takes the name.
+    writeFileSync(join(dir, ".egressgate.yaml.swp"), body("a.test"));
+    renameSync(join(dir, ".egressgate.yaml.swp"), config);
+    await until("a.test allowed after a rename over the file", async () => (await askVia(port, "a.test", upstream.port)) === 200);
+    expect(await askVia(port, "b.test", upstream.port)).toBe(403);
+
+    // A rotated secret file: the placeholder stays, the value sent is the new one.
+    const agent = new ProxyAgent({ uri: `http://127.0.0.1:${port}`, requestTls: { ca: readFileSync(join(dir, "ca.crt")) } });
+    onTestFinished(() => agent.close());
+    const sent = async (): Promise<string | undefined> => {
+      const before = secure.seen.length;
+      const response = await undiciRequest(`https://a.test:${secure.port}/echo`, { dispatcher: agent, headers: { authorization: `Bearer ${placeholder}` } });
+      await response.body.dump();
+      expect(response.statusCode).toBe(200);
+      return secure.seen[before]?.headers["authorization"] as string | undefined;
+    };
+    expect(await sent()).toBe("Bearer first-value");
+    writeFileSync(`${token}.new`, "second-value\n");
+    renameSync(`${token}.new`, token);
+    await until("the rotated secret sent", async () => (await sent()) === "Bearer second-value");
+
+    // A policy edited to refuse everything.
+    writeFileSync(policy, "function isRequestAllowed(request) { return false; }\n");
+    await until("the new policy refuses", async () => (await askVia(port, "a.test", upstream.port)) === 403);
+    writeFileSync(policy, "function isRequestAllowed(request) { return true; }\n");
+    await until("the policy allows again", async () => (await askVia(port, "a.test", upstream.port)) === 200);
+
+    // A broken file: the reload fails, says why, and the old configuration keeps serving.
+    const mark = cli.output().length;
+    writeFileSync(config, "listen: 127.0.0.1:0\nallowInternalHosts: [b.test\n");
+    const [failed] = await cli.waitFor(/.*"msg":"reload failed; the old configuration keeps serving".*/, mark);
+    expect(failed).toContain("egressgate.yaml");
+    expect(await askVia(port, "a.test", upstream.port)).toBe(200);
+    expect(await askVia(port, "b.test", upstream.port)).toBe(403);
+    // Fixed again, the file applies.
+    writeFileSync(config, body("b.test"));
+    await until("b.test allowed once the file is fixed", async () => (await askVia(port, "b.test", upstream.port)) === 200);
+    cli.child.kill("SIGTERM");
+    await new Promise((resolve) => cli.child.once("exit", resolve));
+    expect(cli.child.exitCode).toBe(0);
+  }, 180_000);
+
+  it("with --workers 2, the primary watches and every worker takes the new configuration", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const dir = tempDir();
+    const config = join(dir, "egressgate.yaml");
+    const body = (host: string): string => `listen: 127.0.0.1:0\nallowInternalHosts: [${host}]\nresolve: { a.test: [127.0.0.1], b.test: [127.0.0.1] }\n`;
+    writeFileSync(config, body("a.test"));
+    const cli = startCli(["--config", config, "--watch", "--workers", "2", "--ca-dir", dir, "--log-format", "json", "--log-level", "warn"]);
+    const port = Number((await cli.waitFor(/listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]);
+    expect(await askVia(port, "b.test", upstream.port)).toBe(403);
+    writeFileSync(`${config}.tmp`, body("b.test"));
+    renameSync(`${config}.tmp`, config);
+    // Connections go round-robin over the workers: four in a row allowed means both reloaded.
+    let streak = 0;
+    await until("every worker allows b.test", async () => {
+      streak = (await askVia(port, "b.test", upstream.port)) === 200 ? streak + 1 : 0;
+      return streak >= 4;
+    });
+    expect(await askVia(port, "a.test", upstream.port)).toBe(403);
+    cli.child.kill("SIGTERM");
+    await new Promise((resolve) => cli.child.once("exit", resolve));
+  }, 180_000);
 });

@@ -1,0 +1,149 @@
+import { createHash } from "node:crypto";
+import { readFileSync, watch, type FSWatcher } from "node:fs";
+import path from "node:path";
+import type { ProxyConfig } from "./document.js";
+
+/**
+ * `--watch` (`watch: true`): the files a configuration was read from, watched for changes. Each
+ * file's folder is watched, not the file: editors and `kubectl`'s ConfigMap swap replace a file
+ * by renaming another over it, and a watch on the old inode would never fire again. An event in
+ * a folder only schedules a look; what decides is the files' content, so a temp file written
+ * next to the config, or a `touch`, reloads nothing.
+ */
+
+/** The files a configuration was read from: the config file, every policy file, every `file:` secret. */
+export function watchedFiles(config: ProxyConfig): string[] {
+  const files = new Set<string>();
+  if (config.source !== "flags") files.add(path.resolve(config.source));
+  for (const guest of Object.values(config.guests)) {
+    for (const script of guest.hooksScript ?? []) files.add(path.resolve(script));
+    for (const entry of guest.hooks ?? []) if (entry.kind === "script") files.add(path.resolve(entry.path));
+    for (const secret of Object.values(guest.secrets ?? {})) if (secret.from.startsWith("file:")) files.add(path.resolve(secret.from.slice(5)));
+  }
+  return [...files].sort();
+}
+
+export interface FileWatchOptions {
+  /** Quiet time after the last event before the files are looked at: an editor's save is several events. */
+  readonly debounceMs: number;
+  /** Called once the debounce has passed and at least one file's content differs from what was last seen. */
+  readonly onChange: (changed: readonly string[]) => void;
+  /** A folder that cannot be watched (gone, no permission): said once per folder, then retried. */
+  readonly warn: (msg: string, fields: Record<string, unknown>) => void;
+  /** How long before a folder that could not be watched is tried again. */
+  readonly retryMs?: number;
+}
+
+export interface FileWatch {
+  /** Watches these files from now on (a reload may name others), keeping what was seen of those it had. */
+  update(files: readonly string[]): void;
+  /** The files watched now. */
+  readonly files: readonly string[];
+  close(): void;
+}
+
+/** What a file holds, as a digest; "missing" when it cannot be read (a rename in progress, say). */
+function contentOf(file: string): string {
+  try {
+    return createHash("sha256").update(readFileSync(file)).digest("hex");
+  } catch (error) {
+    return `missing:${(error as NodeJS.ErrnoException).code ?? ""}`;
+  }
+}
+
+export function watchFiles(initial: readonly string[], options: FileWatchOptions): FileWatch {
+  const retryMs = options.retryMs ?? 1_000;
+  let files: string[] = [];
+  const seen = new Map<string, string>();
+  const folders = new Map<string, { watcher: FSWatcher | undefined; retry: NodeJS.Timeout | undefined; warned: boolean }>();
+  let timer: NodeJS.Timeout | undefined;
+  let closed = false;
+
+  const schedule = (): void => {
+    if (closed) return;
+    clearTimeout(timer);
+    timer = setTimeout(look, options.debounceMs);
+    timer.unref();
+  };
+
+  const look = (): void => {
+    if (closed) return;
+    const changed = files.filter((file) => {
+      const now = contentOf(file);
+      if (seen.get(file) === now) return false;
+      seen.set(file, now);
+      return true;
+    });
+    if (changed.length > 0) options.onChange(changed);
+  };
+
+  const arm = (folder: string): void => {
+    const entry = folders.get(folder);
+    if (entry === undefined || closed) return;
+    entry.retry = undefined;
+    let watcher: FSWatcher;
+    try {
+      // Not persistent: the proxy's listener keeps the process alive, the watch never should.
+      watcher = watch(folder, { persistent: false }, schedule);
+    } catch (error) {
+      failed(folder, error);
+      return;
+    }
+    entry.watcher = watcher;
+    if (entry.warned) {
+      entry.warned = false;
+      // The folder is back: what changed while it was gone counts.
+      schedule();
+    }
+    // An unlistened 'error' (the folder deleted, inotify's limit) would take the process down.
+    watcher.on("error", (error) => {
+      watcher.close();
+      if (entry.watcher === watcher) entry.watcher = undefined;
+      failed(folder, error);
+    });
+  };
+
+  const failed = (folder: string, error: unknown): void => {
+    const entry = folders.get(folder);
+    if (entry === undefined || closed) return;
+    if (!entry.warned) options.warn("cannot watch a folder; retrying", { folder, error: (error as NodeJS.ErrnoException).code ?? (error as Error).message });
+    entry.warned = true;
+    entry.retry = setTimeout(() => arm(folder), retryMs);
+    entry.retry.unref();
+  };
+
+  const update = (next: readonly string[]): void => {
+    files = [...new Set(next.map((file) => path.resolve(file)))];
+    for (const file of files) if (!seen.has(file)) seen.set(file, contentOf(file));
+    for (const file of [...seen.keys()]) if (!files.includes(file)) seen.delete(file);
+    const wanted = new Set(files.map((file) => path.dirname(file)));
+    for (const [folder, entry] of folders) {
+      if (wanted.has(folder)) continue;
+      entry.watcher?.close();
+      clearTimeout(entry.retry);
+      folders.delete(folder);
+    }
+    for (const folder of wanted) {
+      if (folders.has(folder)) continue;
+      folders.set(folder, { watcher: undefined, retry: undefined, warned: false });
+      arm(folder);
+    }
+  };
+
+  update(initial);
+  return {
+    update,
+    get files() {
+      return files;
+    },
+    close() {
+      closed = true;
+      clearTimeout(timer);
+      for (const entry of folders.values()) {
+        entry.watcher?.close();
+        clearTimeout(entry.retry);
+      }
+      folders.clear();
+    },
+  };
+}
