@@ -17,6 +17,7 @@
  *   new connection without the new certificate, so the difference is the certificate's cost.
  * - `bulk`: `count` downloads (GET, body counted and dropped) or uploads (POST of `bytes` zero
  *   bytes, streamed; the upstream answers the length it read), one at a time, each timed.
+ * - `h2rate` and `h2bulk`: the same over HTTP/2 inside a CONNECT tunnel (bench/h2-load.ts).
  *
  * Every hostname is a bench.test name, dialled on 127.0.0.1; any other name is refused.
  */
@@ -24,6 +25,7 @@ import type { LookupAddress } from "node:dns";
 import { createHistogram, performance, type RecordableHistogram } from "node:perf_hooks";
 import { Readable } from "node:stream";
 import { Agent, buildConnector, Pool, ProxyAgent, request, type Dispatcher } from "undici";
+import { closeH2, h2Summary, runH2Bulk, runH2Rate, type H2BulkRun, type H2RateRun, type H2Result } from "./h2-load.js";
 
 /**
  * `egressgate` is the built CLI; `egressgate-api` and `egressgate+hooks` are bench/hooked-proxy.ts
@@ -95,7 +97,7 @@ export interface BulkRun extends RunBase {
   readonly maxMs: number;
 }
 
-export type LoadRequest = RateRun | HostsRun | BulkRun | { readonly kind: "summary" } | { readonly kind: "close" };
+export type LoadRequest = RateRun | HostsRun | BulkRun | H2RateRun | H2BulkRun | { readonly kind: "summary" } | { readonly kind: "close" };
 
 interface ResultBase {
   readonly kind: "result";
@@ -134,7 +136,7 @@ export interface LoadSummaryEntry {
   readonly connects: number;
 }
 
-export type LoadReply = RateResult | HostsResult | BulkResult | { readonly kind: "summary"; readonly entries: LoadSummaryEntry[] } | { readonly kind: "ready" };
+export type LoadReply = RateResult | HostsResult | BulkResult | H2Result | { readonly kind: "summary"; readonly entries: LoadSummaryEntry[] } | { readonly kind: "ready" };
 
 /** Per window, whatever its duration: a safety stop if the target answers errors very fast. */
 const maxRequestsPerWindow = 2_000_000;
@@ -370,6 +372,8 @@ function main(setup: LoadSetup): void {
       if (message.kind === "rate") send(await runRate(laneFor(message), message));
       else if (message.kind === "bulk") send(await runBulk(laneFor(message), message));
       else if (message.kind === "hosts") send(await runHosts(setup, message));
+      else if (message.kind === "h2rate") send(await runH2Rate(setup, message));
+      else if (message.kind === "h2bulk") send(await runH2Bulk(setup, message));
       else if (message.kind === "summary") {
         const entries = [...lanes].map(([key, lane]): LoadSummaryEntry => {
           const h = lane.histogram;
@@ -384,9 +388,9 @@ function main(setup: LoadSetup): void {
             connects: lane.connects,
           };
         });
-        send({ kind: "summary", entries });
+        send({ kind: "summary", entries: [...entries, ...h2Summary()] });
       } else if (message.kind === "close") {
-        await Promise.all([...lanes.values()].map((lane) => lane.dispatcher.close().catch(() => undefined)));
+        await Promise.all([...[...lanes.values()].map((lane) => lane.dispatcher.close().catch(() => undefined)), closeH2()]);
         process.exit(0);
       }
     });

@@ -13,6 +13,9 @@
  *            (or from the Node upstream, with --bulk-upstream node)
  *   big      a 1 GiB download through a fresh egressgate process: its RSS growth; and again
  *            through one with an onResponse-only tier-2 policy
+ *   h2       small GETs over HTTP/2 (one and 8 guest connections, an h2-only upstream) against the
+ *            HTTP/1.1 figure of the same run, egressgate and mitmdump; 1 GiB on one h2 stream
+ *            through a fresh egressgate process (bench/h2-scenario.ts)
  *
  *   calls    tier-2 call costs: QuickJS in-thread and through the workers, next to V8 (bench/djs-calls.ts)
  *
@@ -55,6 +58,8 @@ import {
 } from "./report.js";
 import { profileTables, summarizeProfile, type ProfileSummary } from "./profile.js";
 import { Harness, hostsFor, runBig, runBulk, runHosts, runRate, scenarioNames, type BulkWindow, type HostsWindow, type RateWindow, type ScenarioName } from "./scenarios.js";
+import { h2Targets, runH2, runH2Downloads, type H2DownloadResult, type H2Window } from "./h2-scenario.js";
+import { h2DownloadRows, h2DownloadTable, h2Goals, h2Rows, h2Table } from "./h2-report.js";
 import { allTargets, egressgateTargets, hookedTargets, startTargets, type EgressgateTarget } from "./targets.js";
 
 interface BenchSettings {
@@ -72,6 +77,8 @@ interface BenchSettings {
   readonly hosts: { readonly rounds: number; readonly perRound: number; readonly warmup: number; readonly windowMaxMs: number; readonly controlEvery: number };
   readonly bulk: { readonly rounds: number; readonly count: number; readonly bytes: number };
   readonly bigBytes: number;
+  /** The h2 scenario's downloads on one stream: 1 GiB, 64 MiB in quick mode. */
+  readonly h2DownloadBytes: number;
   /** Where bulk downloads come from: openssl s_server (the default) or the Node upstream. */
   readonly bulkUpstream: "openssl" | "node";
   /** The egressgate child run under `node --cpu-prof`, if any. */
@@ -163,6 +170,7 @@ function parseArgs(argv: readonly string[]): BenchSettings {
     hosts: { rounds: hostRounds, perRound: Math.ceil(hostCount / hostRounds), warmup: quick ? 3 : 5, windowMaxMs: quick ? 3_000 : 12_000, controlEvery: 10 },
     bulk: { rounds: quick ? 2 : 3, count: quick ? 2 : 3, bytes: 32 * 2 ** 20 },
     bigBytes: 2 ** 30,
+    h2DownloadBytes: quick ? 64 * 2 ** 20 : 2 ** 30,
     bulkUpstream,
     cpuProf,
   };
@@ -175,6 +183,7 @@ function parseArgs(argv: readonly string[]): BenchSettings {
  */
 function targetsOf(settings: BenchSettings, scenario: ScenarioName): TargetName[] {
   if (scenario === "small") return [...settings.targets];
+  if (scenario === "h2") return settings.targets.filter((t) => h2Targets.includes(t));
   return settings.targets.filter((t) => t !== "egressgate-api" && !hookedTargets.includes(t) && (scenario !== "hosts" || t !== "egressgate-w2"));
 }
 
@@ -202,7 +211,12 @@ async function main(): Promise<void> {
   const log = (line: string): void => void process.stderr.write(`${line}\n`);
 
   const runBigScenario = has("big") && settings.targets.includes("egressgate");
-  const downloadSizes = [...(has("bulk") ? [settings.bulk.bytes] : []), ...(runBigScenario ? [settings.bigBytes] : [])];
+  const withH2Downloads = has("h2") && settings.targets.includes("egressgate");
+  const downloadSizes = [
+    ...(has("bulk") ? [settings.bulk.bytes] : []),
+    ...(runBigScenario ? [settings.bigBytes] : []),
+    ...(withH2Downloads && !(runBigScenario && settings.h2DownloadBytes === settings.bigBytes) ? [settings.h2DownloadBytes] : []),
+  ];
   // Only what the chosen scenarios use: egressgate-api and the hooked targets take part in small GETs only.
   const needed = settings.targets.filter((target) => settings.scenarios.some((s) => s !== "big" && s !== "calls" && targetsOf(settings, s).includes(target)));
   const t = await startTargets({
@@ -214,6 +228,7 @@ async function main(): Promise<void> {
     cpuProf: settings.cpuProf,
     profileDir,
     freshEgressgate: runBigScenario,
+    freshEgressgateH2: withH2Downloads,
   });
   const targets = needed.filter((target) => !t.skipped.has(target));
   for (const [target, why] of t.skipped) log(`bench: skipping ${target}: ${why}`);
@@ -223,6 +238,7 @@ async function main(): Promise<void> {
   if (t.relayPort !== undefined) proxies["tcp-relay"] = { url: `http://127.0.0.1:${t.relayPort}`, caPem: t.upstreamCaPem };
   if (t.freshEgressgate !== undefined) proxies["egressgate-fresh"] = { url: t.freshEgressgate.url, caPem: t.freshEgressgate.caPem };
   if (t.freshEgressgateDjs !== undefined) proxies["egressgate-fresh-djs"] = { url: t.freshEgressgateDjs.url, caPem: t.freshEgressgateDjs.caPem };
+  if (t.freshEgressgateH2 !== undefined) proxies["egressgate-fresh-h2"] = { url: t.freshEgressgateH2.url, caPem: t.freshEgressgateH2.caPem };
   // 4 s, undici's own default, is shorter than any target's idle close (egressgate 5 s, mockttp
   // 6 s), so an idle connection is always closed by the client. A request sent on a connection in
   // the moment its target closes it fails with ECONNRESET; mockttp invites that race by passing on
@@ -247,6 +263,8 @@ async function main(): Promise<void> {
   let hostsWindows: HostsWindow[] = [];
   let bulkWindows: BulkWindow[] = [];
   let big: BigRow | undefined;
+  let h2Windows: H2Window[] = [];
+  let h2Downloads: H2DownloadResult[] = [];
   const timings: Record<string, number> = {};
   const timed = async <T>(name: string, fn: () => Promise<T>): Promise<T> => {
     const t0 = performance.now();
@@ -267,6 +285,14 @@ async function main(): Promise<void> {
   if (has("hosts")) hostsWindows = await timed("hosts", () => runHosts(h, { ...settings.hosts, targets: only("hosts") }));
   if (has("bulk")) {
     bulkWindows = await timed("bulk", () => runBulk(h, { ...settings.bulk, targets: only("bulk"), windowMaxMs: 60_000 }));
+  }
+  if (has("h2")) {
+    h2Windows = await timed("h2", () => runH2(h, { ...rate, targets: only("h2"), concurrency: 32, warmupMs: settings.warmupMs }));
+    if (t.freshEgressgateH2 !== undefined) {
+      const fresh = t.freshEgressgateH2;
+      h2Downloads = await timed("h2 downloads", () => runH2Downloads(h, settings.h2DownloadBytes));
+      await stopChild(fresh.child);
+    }
   }
   let calls: CallRow[] = [];
   let stall: StallRow[] = [];
@@ -321,9 +347,12 @@ async function main(): Promise<void> {
   const hooks = compareHooks(smallRows);
   const deciders = compareDeciders(smallRows);
   const deciderGoalRow = deciderGoal(deciders);
+  const h2 = h2Rows(h2Windows, summary);
+  const h2DownloadList = h2DownloadRows(h2Downloads);
   const goalList = [
     ...goals({ small: smallRows, newconn: newconnRows, hosts, bulk, big, egressgateFailure: h.dropped.get("egressgate") }),
     ...(deciderGoalRow !== undefined ? [deciderGoalRow] : []),
+    ...h2Goals(h2, h2DownloadList),
   ];
   const machine = machineInfo(loadBefore);
   const totalSeconds = (performance.now() - started) / 1000;
@@ -381,6 +410,18 @@ async function main(): Promise<void> {
     print(`\n## 1 GiB download (${settings.bulkUpstream === "openssl" ? "openssl s_server" : "the Node upstream"}) through egressgate\n`);
     print(bigTable(bigWithPolicy === undefined ? [big] : [big, bigWithPolicy]));
   }
+  if (h2.length > 0 || h2DownloadList.length > 0) {
+    print(`\n## HTTP/2: small GETs at concurrency 32, against HTTP/1.1 (issue 20)\n`);
+    print(
+      `${settings.rounds} interleaved rounds of ${settings.measureMs / 1000} s windows, 32 requests (streams) in flight. ` +
+        "`× h1` is req/s ÷ the same target's HTTP/1.1 row (32 connections, h1 upstream, the `small` path); `h1 CPU ÷ this` is that row's proxy CPU per request ÷ this row's.\n",
+    );
+    if (h2.length > 0) print(h2Table(h2));
+    if (h2DownloadList.length > 0) {
+      print(`\nOne ${settings.h2DownloadBytes / 2 ** 20} MiB download on one HTTP/2 stream each, through a fresh egressgate process (peak RSS reset before each):\n`);
+      print(h2DownloadTable(h2DownloadList));
+    }
+  }
   print(`\n## Goals (issue 6, DESIGN.md §8)\n`);
   print(goalsTable(goalList));
   const idleText = proxied.map((x) => `${x} ${((idleRss[x] ?? Number.NaN) / 1024).toFixed(0)}`).join(", ");
@@ -408,7 +449,7 @@ async function main(): Promise<void> {
     durationSeconds: Math.round(totalSeconds),
     scenarioSeconds: timings,
     goals: goalList,
-    results: { small: smallRows, newconn: newconnRows, hosts, bulk, big, bigWithPolicy },
+    results: { small: smallRows, newconn: newconnRows, hosts, bulk, big, bigWithPolicy, h2, h2Downloads: h2DownloadList },
     hooksVsNoHooks: hooks,
     decidersVsNoSource: deciders,
     tier2Calls: calls,
@@ -416,7 +457,7 @@ async function main(): Promise<void> {
     rssAtStartKb: idleRss,
     rssAtEndKb: rssAtEnd,
     relayConnectsSeenByRelay: relayConnects,
-    windows: { small: smallWindows, newconn: newconnWindows, hosts: hostsWindows, bulk: bulkWindows },
+    windows: { small: smallWindows, newconn: newconnWindows, hosts: hostsWindows, bulk: bulkWindows, h2: h2Windows },
     ...(profile !== undefined ? { cpuProfile: profile } : {}),
   };
   writeFileSync(resultsFile, `${JSON.stringify(json, null, 2)}\n`);

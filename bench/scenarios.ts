@@ -9,6 +9,7 @@
  *   bulk     a 32 MiB upload (to the Node upstream) and a 32 MiB download (from openssl s_server,
  *            or the Node upstream with --bulk-upstream node)
  *   big      a 1 GiB download through a fresh egressgate process: its RSS growth
+ *   h2       small GETs over HTTP/2 against HTTP/1.1, and 1 GiB on one h2 stream (bench/h2-scenario.ts)
  *   calls    tier-2 call costs, measured by bench/djs-calls.ts in its own process (no proxy)
  *
  * Nothing here judges a figure; bench/report.ts turns the windows into tables and ratios.
@@ -20,8 +21,8 @@ import type { BulkResult, BulkRun, HostsResult, HostsRun, RateResult, RateRun, T
 import { newHostname, originHost, smallBodyBytes, type StartedTargets } from "./targets.js";
 import type { UpstreamStats } from "./upstream.js";
 
-export type ScenarioName = "small" | "newconn" | "hosts" | "bulk" | "big" | "calls";
-export const scenarioNames: readonly ScenarioName[] = ["small", "newconn", "hosts", "bulk", "big", "calls"];
+export type ScenarioName = "small" | "newconn" | "hosts" | "bulk" | "big" | "h2" | "calls";
+export const scenarioNames: readonly ScenarioName[] = ["small", "newconn", "hosts", "bulk", "big", "h2", "calls"];
 
 /** What every measured window records about the processes around it. */
 export interface Sample {

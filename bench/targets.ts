@@ -116,6 +116,8 @@ export interface StartedTargets {
   readonly upstreamPort: number;
   /** The same upstream without TLS session resumption (the new-hostnames scenario). */
   readonly upstreamNoResumePort: number;
+  /** The Node upstream's HTTP/2-only port (ALPN `h2` alone, like a gRPC server): the h2 scenario. */
+  readonly upstreamH2Port: number;
   readonly upstreamCaPem: string;
   readonly upstreamCaFile: string;
   /** openssl s_server, when bulk downloads come from it. */
@@ -131,6 +133,8 @@ export interface StartedTargets {
   readonly freshEgressgate: ProxyChild | undefined;
   /** The same with an onResponse-only tier-2 policy (`--hooks-script`): the download must stream past it. */
   readonly freshEgressgateDjs: ProxyChild | undefined;
+  /** One more, for the h2 scenario's 1 GiB downloads over one HTTP/2 stream. */
+  readonly freshEgressgateH2: ProxyChild | undefined;
   readonly versions: Readonly<Record<string, string>>;
 }
 
@@ -146,6 +150,8 @@ export interface StartOptions {
   readonly profileDir: string | undefined;
   /** Start `freshEgressgate` too (the 1 GiB scenario). */
   readonly freshEgressgate: boolean;
+  /** Start `freshEgressgateH2` too (the h2 scenario's downloads). */
+  readonly freshEgressgateH2?: boolean;
 }
 
 function hasCommand(name: string): boolean {
@@ -244,7 +250,7 @@ export async function startTargets(options: StartOptions): Promise<StartedTarget
 
   const upstream = forkTs("./upstream.ts", "upstream");
   const upstreamSetup: UpstreamSetup = { kind: "setup", keyPem: signer.leafKey.privateKeyPem, certPem: leaf.certPem, bodyBytes: smallBodyBytes };
-  const { port: upstreamPort, noResumePort: upstreamNoResumePort } = await ask<Extract<UpstreamMessage, { kind: "ready" }>>(upstream, "ready", upstreamSetup, 30_000);
+  const { port: upstreamPort, noResumePort: upstreamNoResumePort, h2Port: upstreamH2Port } = await ask<Extract<UpstreamMessage, { kind: "ready" }>>(upstream, "ready", upstreamSetup, 30_000);
 
   let bulk: StartedTargets["bulk"];
   const fileOf = (bytes: number): string => `download-${bytes}`;
@@ -261,7 +267,7 @@ export async function startTargets(options: StartOptions): Promise<StartedTarget
   const bulkPort = bulk?.port;
   const downloadUrl = (bytes: number): string =>
     bulkPort !== undefined ? `https://${originHost}:${bulkPort}/${fileOf(bytes)}` : `https://${originHost}:${upstreamPort}/download?bytes=${bytes}`;
-  const ports = [upstreamPort, upstreamNoResumePort, ...(bulk !== undefined ? [bulk.port] : [])];
+  const ports = [upstreamPort, upstreamNoResumePort, upstreamH2Port, ...(bulk !== undefined ? [bulk.port] : [])];
 
   let relay: ChildProcess | undefined;
   let relayPort: number | undefined;
@@ -340,6 +346,7 @@ export async function startTargets(options: StartOptions): Promise<StartedTarget
   const freshEgressgateDjs = options.freshEgressgate
     ? await startCli("egressgate + onResponse policy (1 GiB)", [], undefined, ["--hooks-script", writePolicy(dir, "on-response-only.mjs", onResponseOnlySource)])
     : undefined;
+  const freshEgressgateH2 = options.freshEgressgateH2 === true ? await startCli("egressgate (1 GiB over h2)", [], undefined) : undefined;
   const apiTargets = egressgateTargets.filter((t) => !cliTargets.includes(t) && targets.includes(t));
   let webhookUrl: string | undefined;
   if (targets.includes("egressgate+webhook")) {
@@ -364,6 +371,7 @@ export async function startTargets(options: StartOptions): Promise<StartedTarget
     upstream,
     upstreamPort,
     upstreamNoResumePort,
+    upstreamH2Port,
     upstreamCaPem: created.certPem,
     upstreamCaFile,
     bulk,
@@ -374,6 +382,7 @@ export async function startTargets(options: StartOptions): Promise<StartedTarget
     skipped,
     freshEgressgate,
     freshEgressgateDjs,
+    freshEgressgateH2,
     versions,
   };
 }

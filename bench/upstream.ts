@@ -4,7 +4,8 @@
  * `GET /small` answers 100 bytes (`/small-close` too, then closes the connection); `POST /upload`
  * reads the body, discards it and answers its length in bytes; `GET /download?bytes=N` sends N
  * zero bytes with backpressure (bulk downloads come from `openssl s_server` unless the bench is
- * run with `--bulk-upstream node`); anything else is a 404.
+ * run with `--bulk-upstream node`); anything else is a 404. A third port speaks only HTTP/2 (no
+ * `http/1.1` in its ALPN, as a gRPC server): `GET /small` and `GET /download?bytes=N` there too.
  *
  * Forked by bench/run.ts with an IPC channel. It reads its key and certificate from the `setup`
  * message, reports `{ kind: "ready", port }`, answers `stats` with connection and request
@@ -12,6 +13,7 @@
  */
 import { constants } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
+import { createSecureServer, type ServerHttp2Stream } from "node:http2";
 import { createServer } from "node:https";
 import type { TLSSocket } from "node:tls";
 
@@ -29,13 +31,16 @@ export interface UpstreamStats {
   /** Of those, the ones that resumed an earlier session (cheaper than a full handshake). */
   readonly resumedSessions: number;
   readonly requests: number;
+  /** HTTP/2 sessions the h2-only port accepted, and the streams it answered. */
+  readonly h2Sessions: number;
+  readonly h2Streams: number;
 }
 
 /**
  * `port` resumes TLS sessions like any server; `noResumePort` (the same handler) never does, so
  * every handshake to it is a full one whoever the client is and whatever it cached.
  */
-export type UpstreamMessage = { readonly kind: "ready"; readonly port: number; readonly noResumePort: number } | UpstreamStats;
+export type UpstreamMessage = { readonly kind: "ready"; readonly port: number; readonly noResumePort: number; readonly h2Port: number } | UpstreamStats;
 
 function send(message: UpstreamMessage): void {
   process.send?.(message);
@@ -48,6 +53,8 @@ function start(setup: UpstreamSetup): void {
   let tlsConnections = 0;
   let resumedSessions = 0;
   let requests = 0;
+  let h2Sessions = 0;
+  let h2Streams = 0;
   const handler = (req: IncomingMessage, res: ServerResponse): void => {
     requests += 1;
     if (req.method === "GET" && (req.url === "/small" || req.url === "/small-close")) {
@@ -109,10 +116,56 @@ function start(setup: UpstreamSetup): void {
       }),
     );
   };
+  // Only h2 in its ALPN: an HTTP/1.1-only client fails the handshake, as with a gRPC server.
+  const listenH2 = (): Promise<number> => {
+    const server = createSecureServer({ key: setup.keyPem, cert: setup.certPem, allowHTTP1: false });
+    server.on("session", (session) => {
+      h2Sessions += 1;
+      session.on("error", () => undefined);
+    });
+    server.on("stream", (stream: ServerHttp2Stream, head) => {
+      h2Streams += 1;
+      stream.on("error", () => undefined);
+      const path = String(head[":path"] ?? "");
+      const download = head[":method"] === "GET" ? /^\/download\?bytes=(\d+)$/.exec(path) : null;
+      if (head[":method"] === "GET" && path === "/small") {
+        stream.respond({ ":status": 200, ...headers });
+        stream.end(body);
+      } else if (download !== null) {
+        let left = Number(download[1]);
+        stream.respond({ ":status": 200, "content-type": "application/octet-stream", "content-length": String(left) });
+        // Paced by the stream's flow-control window: write returns false once it is full.
+        const pump = (): void => {
+          while (left > 0) {
+            const piece = left >= zeros.length ? zeros : zeros.subarray(0, left);
+            left -= piece.length;
+            if (!stream.write(piece)) {
+              stream.once("drain", pump);
+              return;
+            }
+          }
+          stream.end();
+        };
+        pump();
+      } else {
+        stream.respond({ ":status": 404, "content-length": "0" });
+        stream.end();
+      }
+    });
+    server.on("tlsClientError", () => undefined);
+    server.on("sessionError", () => undefined);
+    return new Promise((resolve) =>
+      server.listen(0, "127.0.0.1", () => {
+        const address = server.address();
+        if (address === null || typeof address === "string") throw new Error("unexpected listen address");
+        resolve(address.port);
+      }),
+    );
+  };
   // Without tickets (and with no session cache, Node's default), TLS 1.3 cannot resume.
-  void Promise.all([listen(0), listen(constants.SSL_OP_NO_TICKET)]).then(([port, noResumePort]) => send({ kind: "ready", port, noResumePort }));
+  void Promise.all([listen(0), listen(constants.SSL_OP_NO_TICKET), listenH2()]).then(([port, noResumePort, h2Port]) => send({ kind: "ready", port, noResumePort, h2Port }));
   process.on("message", (message: { kind?: string }) => {
-    if (message.kind === "stats") send({ kind: "stats", tlsConnections, resumedSessions, requests });
+    if (message.kind === "stats") send({ kind: "stats", tlsConnections, resumedSessions, requests, h2Sessions, h2Streams });
   });
 }
 

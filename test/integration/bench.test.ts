@@ -55,4 +55,44 @@ describe("npm run bench", () => {
     expect(stdout).toContain("local webhook (cacheMs off)");
     expect(stdout).toContain("External deciders: a local webhook adds under 0.3 ms p50");
   }, 150_000);
+
+  it("the h2 scenario gives HTTP/2 and HTTP/1.1 figures side by side, the ratio to h1, and an h2 download's RSS", async () => {
+    const out = join(tempDir(), "bench-h2.json");
+    const targets = ["direct", "egressgate", "mitmdump"];
+    const stdout = await new Promise<string>((resolve, reject) => {
+      execFile(
+        process.execPath,
+        ["--import", "tsx", "bench/run.ts", "--quick", "--scenarios", "h2", "--rounds", "1", "--seconds", "0.2", "--targets", targets.join(","), "--out", out],
+        { cwd: root, timeout: 120_000, maxBuffer: 16 * 1024 * 1024 },
+        (error, text, stderr) => (error === null ? resolve(text) : reject(new Error(`${error.message}\n${stderr}`))),
+      );
+    });
+    const json = JSON.parse(readFileSync(out, "utf8")) as {
+      skipped: Record<string, string>;
+      dropped: Record<string, string>;
+      results: { h2: (RateRow & { variant: string; ratioToH1?: number })[]; h2Downloads: { upstream: string; errors: number; peakRssMiB?: number; failure?: string }[] };
+    };
+    expect(json.dropped).toEqual({});
+    for (const skipped of Object.keys(json.skipped)) expect(skipped).toBe("mitmdump");
+    const expected: [string, string][] = [
+      ["direct", "h2-1-h2up"],
+      ...["h1-32-h1up", "h2-1-h1up", "h2-8-h1up", "h2-1-h2up", "h2-8-h2up", "h1-32-h2up"].map((v): [string, string] => ["egressgate", v]),
+      ...(json.skipped["mitmdump"] === undefined ? ["h1-32-h1up", "h2-1-h2up", "h2-8-h2up"].map((v): [string, string] => ["mitmdump", v]) : []),
+    ];
+    for (const [target, variant] of expected) {
+      const row = json.results.h2.find((r) => r.target === target && r.variant === variant);
+      expect(row?.requests, `${target} ${variant}`).toBeGreaterThan(0);
+      expect(row?.errors, `${target} ${variant}: ${row?.firstError}`).toBe(0);
+    }
+    // The ratio to the HTTP/1.1 row of the same run is computed for every egressgate h2 row.
+    for (const row of json.results.h2.filter((r) => r.target === "egressgate" && r.variant.startsWith("h2-"))) expect(row.ratioToH1).toBeGreaterThan(0);
+    // Both downloads on one h2 stream completed, each with the proxy's peak RSS read.
+    expect(json.results.h2Downloads.map((d) => [d.upstream, d.errors, d.failure])).toEqual([
+      ["h1", 0, undefined],
+      ["h2", 0, undefined],
+    ]);
+    for (const d of json.results.h2Downloads) expect(d.peakRssMiB).toBeGreaterThan(0);
+    expect(stdout).toContain("## HTTP/2: small GETs at concurrency 32, against HTTP/1.1");
+    expect(stdout).toMatch(/HTTP\/2 small GETs c=32 over one connection: ≥ 1\.2× the h1 figure \(same run\) \| [\d.]+×/);
+  }, 150_000);
 });

@@ -1,0 +1,182 @@
+/**
+ * The h2 scenario's windows as rows, ratios and tables (bench/h2-scenario.ts), and its goal:
+ * small GETs over HTTP/2 at least 1.2× the HTTP/1.1 figure of the same run (DESIGN.md §8).
+ *
+ * Each row's `× h1` divides its req/s by the same target's HTTP/1.1 row (32 connections, h1
+ * upstream) and `h1 CPU ÷` divides that row's proxy CPU per request by this one's, so both read
+ * "how many times better than HTTP/1.1"; the CPU ratio is the steadier one on a shared machine.
+ */
+import type { LoadSummaryEntry, TargetName } from "./load.js";
+import type { H2DownloadResult, H2Variant, H2Window } from "./h2-scenario.js";
+import { h2Variants } from "./h2-scenario.js";
+import { fixed, median, table, times, type Goal } from "./report.js";
+
+export interface H2Row {
+  readonly target: TargetName;
+  readonly variant: H2Variant;
+  readonly label: string;
+  readonly concurrency: number;
+  readonly requestsPerSecond: number;
+  readonly requestsPerSecondMin: number;
+  readonly requestsPerSecondMax: number;
+  readonly p50Ms: number;
+  readonly p99Ms: number;
+  readonly requests: number;
+  readonly errors: number;
+  readonly firstError: string | undefined;
+  readonly proxyPeakRssMiB: number | undefined;
+  readonly proxyCpuPercent: number | undefined;
+  readonly proxyCpuMicrosPerRequest: number | undefined;
+  readonly clientConnects: number;
+  readonly upstreamConnects: number;
+  /** req/s ÷ the same target's HTTP/1.1 row (32 connections, h1 upstream). */
+  readonly ratioToH1: number | undefined;
+  /** That row's proxy CPU per request ÷ this row's. */
+  readonly cpuRatioToH1: number | undefined;
+  /** req/s ÷ mitmdump's row of the same variant. */
+  readonly ratioToMitmdump: number | undefined;
+}
+
+const defined = (values: readonly (number | undefined)[]): number[] => values.filter((v): v is number => v !== undefined && Number.isFinite(v));
+const medianOf = (values: readonly number[]): number | undefined => (values.length > 0 ? median(values) : undefined);
+
+export function h2Rows(windows: readonly H2Window[], summary: readonly LoadSummaryEntry[]): H2Row[] {
+  const keys = [...new Map(windows.map((w) => [`${w.target}/${w.variant}`, { target: w.target, variant: w.variant }])).values()];
+  const base = keys.map(({ target, variant }) => {
+    const mine = windows.filter((w) => w.target === target && w.variant === variant);
+    const rps = mine.map((w) => w.requestsPerSecond);
+    const hist = summary.find((s) => s.lane === `h2/${target}/${variant}`);
+    const cpuPerRequest = defined(mine.map((w) => (w.proxyCpuPercent === undefined || w.requestsPerSecond === 0 ? undefined : (w.proxyCpuPercent / 100 / w.requestsPerSecond) * 1e6)));
+    return {
+      target,
+      variant,
+      label: h2Variants[variant].label,
+      concurrency: mine[0]?.concurrency ?? 0,
+      requestsPerSecond: median(rps),
+      requestsPerSecondMin: Math.min(...rps),
+      requestsPerSecondMax: Math.max(...rps),
+      p50Ms: hist?.p50Ms ?? Number.NaN,
+      p99Ms: hist?.p99Ms ?? Number.NaN,
+      requests: hist?.count ?? 0,
+      errors: mine.reduce((n, w) => n + w.errors, 0),
+      firstError: mine.find((w) => w.firstError !== undefined)?.firstError,
+      proxyPeakRssMiB: ((): number | undefined => {
+        const peaks = defined(mine.map((w) => w.peakRssKb));
+        return peaks.length > 0 ? Math.max(...peaks) / 1024 : undefined;
+      })(),
+      proxyCpuPercent: medianOf(defined(mine.map((w) => w.proxyCpuPercent))),
+      proxyCpuMicrosPerRequest: medianOf(cpuPerRequest),
+      clientConnects: mine.reduce((n, w) => n + w.clientConnects, 0),
+      upstreamConnects: mine.reduce((n, w) => n + w.upstreamConnects, 0),
+    };
+  });
+  return base.map((row) => {
+    const h1 = base.find((r) => r.target === row.target && r.variant === "h1-32-h1up");
+    const mitm = base.find((r) => r.target === "mitmdump" && r.variant === row.variant);
+    const ratio = (a: number | undefined, b: number | undefined): number | undefined => (a === undefined || b === undefined || !(b > 0) ? undefined : a / b);
+    return {
+      ...row,
+      ratioToH1: ratio(row.requestsPerSecond, h1?.requestsPerSecond),
+      cpuRatioToH1: ratio(h1?.proxyCpuMicrosPerRequest, row.proxyCpuMicrosPerRequest),
+      ratioToMitmdump: row.target === "mitmdump" ? undefined : ratio(row.requestsPerSecond, mitm?.requestsPerSecond),
+    };
+  });
+}
+
+export function h2Table(rows: readonly H2Row[]): string {
+  return table(
+    ["target", "guest -> upstream", "req/s", "req/s range", "p50 ms", "p99 ms", "peak RSS MiB", "proxy CPU %", "proxy CPU µs/req", "× h1 (req/s)", "h1 CPU ÷ this", "× mitmdump", "errors", "new conns (client / upstream)"],
+    ["l", "l", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r"],
+    rows.map((r) => [
+      r.target,
+      r.label,
+      fixed(r.requestsPerSecond, 0),
+      `${fixed(r.requestsPerSecondMin, 0)}–${fixed(r.requestsPerSecondMax, 0)}`,
+      fixed(r.p50Ms, 2),
+      fixed(r.p99Ms, 2),
+      fixed(r.proxyPeakRssMiB, 0),
+      fixed(r.proxyCpuPercent, 0),
+      fixed(r.proxyCpuMicrosPerRequest, 0),
+      r.variant === "h1-32-h1up" ? "1.00×" : times(r.ratioToH1),
+      r.variant === "h1-32-h1up" ? "1.00×" : times(r.cpuRatioToH1),
+      times(r.ratioToMitmdump),
+      String(r.errors),
+      `${r.clientConnects} / ${r.upstreamConnects}`,
+    ]),
+  );
+}
+
+export interface H2DownloadRow {
+  readonly upstream: "h1" | "h2";
+  readonly mib: number;
+  readonly mbPerSecond: number | undefined;
+  readonly rssBeforeMiB: number | undefined;
+  readonly peakRssMiB: number | undefined;
+  /** Peak RSS during the download minus RSS before it. */
+  readonly growthMiB: number | undefined;
+  readonly rssAfterMiB: number | undefined;
+  readonly proxyCpuPercent: number | undefined;
+  readonly errors: number;
+  readonly failure: string | undefined;
+}
+
+export function h2DownloadRows(results: readonly H2DownloadResult[]): H2DownloadRow[] {
+  const mib = (kb: number | undefined): number | undefined => (kb === undefined ? undefined : kb / 1024);
+  return results.map((r) => {
+    const before = mib(r.idleRssKb);
+    const peak = mib(r.peakRssKb);
+    return {
+      upstream: r.upstream,
+      mib: r.bytes / 2 ** 20,
+      mbPerSecond: r.ms === undefined || r.errors > 0 ? undefined : r.bytes / 1e6 / (r.ms / 1000),
+      rssBeforeMiB: before,
+      peakRssMiB: peak,
+      growthMiB: before === undefined || peak === undefined ? undefined : peak - before,
+      rssAfterMiB: mib(r.endRssKb),
+      proxyCpuPercent: r.proxyCpuPercent,
+      errors: r.errors,
+      failure: r.failure,
+    };
+  });
+}
+
+export function h2DownloadTable(rows: readonly H2DownloadRow[]): string {
+  return table(
+    ["download on one h2 stream", "size", "MB/s", "RSS before MiB", "peak RSS MiB", "RSS growth MiB (goal < 64)", "RSS after MiB", "proxy CPU %", "errors"],
+    ["l", "r", "r", "r", "r", "r", "r", "r", "r"],
+    rows.map((r) => [
+      `egressgate (fresh process), ${r.upstream === "h1" ? "HTTP/1.1" : "h2-only"} upstream`,
+      `${fixed(r.mib, 0)} MiB`,
+      fixed(r.mbPerSecond, 0),
+      fixed(r.rssBeforeMiB, 0),
+      fixed(r.peakRssMiB, 0),
+      fixed(r.growthMiB, 1),
+      fixed(r.rssAfterMiB, 0),
+      fixed(r.proxyCpuPercent, 0),
+      r.failure === undefined ? String(r.errors) : `${r.errors} (${r.failure})`,
+    ]),
+  );
+}
+
+/** DESIGN.md §8: small GETs over h2 at least 1.2× the h1 figure in the same run; and flat memory on a 1 GiB h2 download. */
+export function h2Goals(rows: readonly H2Row[], downloads: readonly H2DownloadRow[]): Goal[] {
+  const goals: Goal[] = [];
+  for (const variant of ["h2-1-h1up", "h2-8-h1up"] as const) {
+    const row = rows.find((r) => r.target === "egressgate" && r.variant === variant);
+    if (row === undefined) continue;
+    const cpu = row.cpuRatioToH1 === undefined ? "" : `; CPU per request ${times(row.cpuRatioToH1)} less`;
+    goals.push({
+      goal: `HTTP/2 small GETs c=32 over ${h2Variants[variant].connections === 1 ? "one connection" : "8 connections"}: ≥ 1.2× the h1 figure (same run)`,
+      measured: `${times(row.ratioToH1)} (${fixed(row.requestsPerSecond, 0)} against ${fixed(row.requestsPerSecond / (row.ratioToH1 ?? Number.NaN), 0)} req/s${cpu})`,
+      met: row.ratioToH1 === undefined ? undefined : row.ratioToH1 >= 1.2,
+    });
+  }
+  for (const d of downloads) {
+    goals.push({
+      goal: `${d.mib >= 1024 ? `${fixed(d.mib / 1024, 0)} GiB` : `${fixed(d.mib, 0)} MiB`} download on one h2 stream (${d.upstream === "h1" ? "HTTP/1.1" : "h2-only"} upstream): RSS growth < 64 MiB`,
+      measured: d.errors > 0 ? `failed: ${d.failure ?? "error"}` : `${fixed(d.growthMiB, 1)} MiB`,
+      met: d.errors > 0 || d.growthMiB === undefined ? (d.errors > 0 ? false : undefined) : d.growthMiB < 64,
+    });
+  }
+  return goals;
+}

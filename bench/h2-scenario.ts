@@ -1,0 +1,165 @@
+/**
+ * The `h2` scenario (issue 20): small GETs over HTTP/2 against the same GETs over HTTP/1.1, in
+ * interleaved rounds of one run, and 1 GiB downloads on one HTTP/2 stream with the proxy's RSS.
+ *
+ * Variants, each a lane of the load generator (bench/load.ts, bench/h2-load.ts):
+ *
+ *   h1, 32 conns -> h1 upstream    undici's ProxyAgent at concurrency 32: the `small` scenario's path,
+ *                                  the figure HTTP/2 is compared with
+ *   h2, 1 conn -> h1 upstream      32 streams in flight on one guest connection
+ *   h2, 8 conns -> h1 upstream     32 streams over 8 guest connections
+ *   h2, 1 and 8 conns -> h2-only upstream  the Node upstream's port whose ALPN is `h2` alone (a gRPC server's shape)
+ *   h1, 32 conns -> h2-only upstream  an HTTP/1.1 guest reaching an h2-only upstream
+ *
+ * for egressgate; mitmdump (its `http2` option is on by default) runs its HTTP/1.1 row and the
+ * h2-only upstream rows, the only way its default configuration speaks h2 to a guest (see
+ * variantsOf); `direct` runs the one-connection h2 row, the load generator's ceiling. The h2 lanes' streams
+ * all go to `origin.bench.test`, dialled on 127.0.0.1 like every other scenario's.
+ */
+import { ask, hasExited, statusKb, stderrError } from "./children.js";
+import type { TargetName } from "./load.js";
+import type { H2BulkRun, H2RateRun, H2Result } from "./h2-load.js";
+import type { Harness, RateWindow, Sample } from "./scenarios.js";
+import { originHost, smallBodyBytes } from "./targets.js";
+
+export type H2Variant = "h1-32-h1up" | "h2-1-h1up" | "h2-8-h1up" | "h2-1-h2up" | "h2-8-h2up" | "h1-32-h2up";
+
+export interface H2VariantInfo {
+  readonly guest: "h1" | "h2";
+  readonly connections: number;
+  readonly upstream: "h1" | "h2";
+  readonly label: string;
+}
+
+export const h2Variants: Readonly<Record<H2Variant, H2VariantInfo>> = {
+  "h1-32-h1up": { guest: "h1", connections: 32, upstream: "h1", label: "HTTP/1.1, 32 connections -> h1 upstream" },
+  "h2-1-h1up": { guest: "h2", connections: 1, upstream: "h1", label: "HTTP/2, 1 connection -> h1 upstream" },
+  "h2-8-h1up": { guest: "h2", connections: 8, upstream: "h1", label: "HTTP/2, 8 connections -> h1 upstream" },
+  "h2-1-h2up": { guest: "h2", connections: 1, upstream: "h2", label: "HTTP/2, 1 connection -> h2-only upstream" },
+  "h2-8-h2up": { guest: "h2", connections: 8, upstream: "h2", label: "HTTP/2, 8 connections -> h2-only upstream" },
+  "h1-32-h2up": { guest: "h1", connections: 32, upstream: "h2", label: "HTTP/1.1, 32 connections -> h2-only upstream" },
+};
+
+/** The targets that take part in the h2 scenario, and the variants each runs. */
+export const h2Targets: readonly TargetName[] = ["direct", "egressgate", "mitmdump"];
+export function variantsOf(target: TargetName): H2Variant[] {
+  if (target === "direct") return ["h2-1-h2up"];
+  // mitmproxy (its default connection_strategy, eager) connects upstream before the guest's TLS
+  // handshake and gives the guest the protocol the upstream chose: h2 on both sides takes an h2
+  // upstream, and an HTTP/1.1 guest cannot reach an h2-only one through it.
+  if (target === "mitmdump") return ["h1-32-h1up", "h2-1-h2up", "h2-8-h2up"];
+  return ["h1-32-h1up", "h2-1-h1up", "h2-8-h1up", "h2-1-h2up", "h2-8-h2up", "h1-32-h2up"];
+}
+
+export interface H2Window extends RateWindow {
+  readonly variant: H2Variant;
+}
+
+export interface H2Spec {
+  readonly targets: readonly TargetName[];
+  readonly concurrency: number;
+  readonly rounds: number;
+  readonly initialWarmupMs: number;
+  readonly warmupMs: number;
+  readonly measureMs: number;
+}
+
+const fmt = (n: number | undefined, digits = 0): string => (n === undefined || Number.isNaN(n) ? "–" : n.toFixed(digits));
+
+function rotated<T>(items: readonly T[], round: number): T[] {
+  return items.map((_, i) => items[(i + round) % items.length]!);
+}
+
+/** One window of `variant` for `target`; `record` false for a warm-up. */
+async function window(h: Harness, target: TargetName, variant: H2Variant, spec: H2Spec, durationMs: number, record: boolean): Promise<{ ok: number; errors: number; firstError: string | undefined; elapsedMs: number; connects: number; p50Ms: number; p99Ms: number }> {
+  const info = h2Variants[variant];
+  const port = info.upstream === "h2" ? h.started.upstreamH2Port : h.started.upstreamPort;
+  const url = `https://${originHost}:${port}/small`;
+  const lane = `h2/${target}/${variant}`;
+  if (info.guest === "h1") {
+    return h.rate({ lane, target, url, expectedBytes: smallBodyBytes, concurrency: spec.concurrency, newConnections: false, durationMs, record });
+  }
+  const run: H2RateRun = { kind: "h2rate", id: h.nextId(), lane, target, url, expectedBytes: smallBodyBytes, concurrency: spec.concurrency, connections: info.connections, durationMs, record };
+  return ask<H2Result>(h.load, "result", run, durationMs + 60_000);
+}
+
+export async function runH2(h: Harness, spec: H2Spec): Promise<H2Window[]> {
+  const lanes = spec.targets.flatMap((target) => variantsOf(target).map((variant) => ({ target, variant })));
+  for (const { target, variant } of lanes) {
+    if (!h.available(target)) continue;
+    const warm = await window(h, target, variant, spec, spec.initialWarmupMs, false);
+    await h.noteFailure("h2", target, warm.ok, warm.errors, warm.firstError);
+  }
+  const windows: H2Window[] = [];
+  for (let round = 0; round < spec.rounds; round++) {
+    for (const { target, variant } of rotated(lanes, round)) {
+      if (!h.available(target)) continue;
+      const upstreamBefore = await h.upstreamStats();
+      const warm = spec.warmupMs > 0 ? await window(h, target, variant, spec, spec.warmupMs, false) : undefined;
+      const { value: result, sample } = await h.measure(h.pidOf(target), () => window(h, target, variant, spec, spec.measureMs, true));
+      const upstreamAfter = await h.upstreamStats();
+      const w: H2Window = {
+        ...sample,
+        round: round + 1,
+        target,
+        variant,
+        concurrency: spec.concurrency,
+        requestsPerSecond: result.ok / (result.elapsedMs / 1000),
+        ok: result.ok,
+        errors: result.errors + (warm?.errors ?? 0),
+        firstError: result.firstError ?? warm?.firstError,
+        p50Ms: result.p50Ms,
+        p99Ms: result.p99Ms,
+        clientConnects: (warm?.connects ?? 0) + result.connects,
+        upstreamConnects: upstreamAfter.tlsConnections - upstreamBefore.tlsConnections + (upstreamAfter.h2Sessions - upstreamBefore.h2Sessions),
+      };
+      windows.push(w);
+      await h.noteFailure("h2", target, w.ok, w.errors, w.firstError);
+      h.log(
+        `  h2 round ${round + 1}/${spec.rounds} ${target.padEnd(11)} ${variant.padEnd(11)} ${fmt(w.requestsPerSecond).padStart(6)} req/s  ` +
+          `p50 ${fmt(w.p50Ms, 2)} ms  proxy CPU ${fmt(sample.proxyCpuPercent)}%  conns ${w.clientConnects}/${w.upstreamConnects}`,
+      );
+    }
+  }
+  return windows;
+}
+
+export interface H2DownloadResult extends Sample {
+  readonly upstream: "h1" | "h2";
+  readonly bytes: number;
+  readonly ms: number | undefined;
+  readonly errors: number;
+  readonly failure: string | undefined;
+  /** RSS of the proxy before this download (the first one finds a process that has served nothing). */
+  readonly idleRssKb: number | undefined;
+  readonly endRssKb: number | undefined;
+}
+
+/**
+ * One download of `bytes` on one HTTP/2 stream through the fresh egressgate child, from the h1
+ * upstream (s_server, or the Node upstream with --bulk-upstream node) and then from the h2-only
+ * port, the proxy's peak RSS reset before each.
+ */
+export async function runH2Downloads(h: Harness, bytes: number): Promise<H2DownloadResult[]> {
+  const fresh = h.started.freshEgressgateH2;
+  if (fresh === undefined) return [];
+  const pid = fresh.child.pid;
+  const results: H2DownloadResult[] = [];
+  for (const upstream of ["h1", "h2"] as const) {
+    if (hasExited(fresh.child)) break;
+    const url = upstream === "h1" ? h.started.downloadUrl(bytes) : `https://${originHost}:${h.started.upstreamH2Port}/download?bytes=${bytes}`;
+    const idleRssKb = statusKb(pid, "VmRSS");
+    const run: H2BulkRun = { kind: "h2bulk", id: h.nextId(), lane: `h2-big/${upstream}`, target: "egressgate-fresh-h2", url, bytes, maxMs: 120_000 };
+    const { value: result, sample } = await h.measure(pid, () => ask<H2Result>(h.load, "result", run, 240_000));
+    const endRssKb = statusKb(pid, "VmRSS");
+    const crash = hasExited(fresh.child) ? `exited (${fresh.child.exitCode ?? fresh.child.signalCode}): ${stderrError(fresh.child) ?? "no error printed"}` : undefined;
+    const failure = result.errors > 0 ? (crash ?? result.firstError) : undefined;
+    const ms = result.transfers[0]?.ms;
+    results.push({ ...sample, upstream, bytes, ms, errors: result.errors, failure, idleRssKb, endRssKb });
+    h.log(
+      `  h2 download ${fmt(bytes / 2 ** 20)} MiB from the ${upstream} upstream in ${fmt((ms ?? Number.NaN) / 1000, 1)} s  RSS before ${fmt((idleRssKb ?? Number.NaN) / 1024)} MiB, ` +
+        `peak ${fmt((sample.peakRssKb ?? Number.NaN) / 1024)} MiB, after ${fmt((endRssKb ?? Number.NaN) / 1024)} MiB${failure !== undefined ? `; failed: ${failure}` : ""}`,
+    );
+  }
+  return results;
+}
