@@ -24,6 +24,8 @@ export interface ProxyMetrics {
   observe(record: AuditRecord): void;
   /** Counts an open tunnel (CONNECT) until its socket closes. */
   tunnel(socket: Socket): void;
+  /** Counts an open upstream connection of a guest's pools until it closes. */
+  upstreamConnection(guest: string, protocol: "h1" | "h2", connection: { once(event: "close", listener: () => void): unknown }): void;
   /** The Prometheus text exposition of every series. */
   text(): Promise<string>;
 }
@@ -89,6 +91,18 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
       this.set(openTunnels);
     },
   });
+  // By guest and protocol: pools are per guest, origin and pinned IP, and the last two grow with
+  // traffic; a guest's name and h1/h2 come from the configuration and the protocol.
+  const upstreamOpen = new Map<string, { guest: string; protocol: string; open: number }>();
+  new Gauge({
+    name: "egressgate_upstream_connections",
+    help: "Upstream connections open now in the guests' pools, by guest and protocol (h1: undici's pools, h2: HTTP/2 sessions).",
+    labelNames: ["guest", "protocol"] as const,
+    registers: [registry],
+    collect() {
+      for (const { guest, protocol, open } of upstreamOpen.values()) this.set({ guest, protocol }, open);
+    },
+  });
   const certificates = probes.certificates;
   const seen = { hits: 0, misses: 0 };
   const certCounter = (name: "hits" | "misses", help: string): Counter =>
@@ -127,6 +141,14 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
     tunnel(socket) {
       openTunnels += 1;
       socket.once("close", () => (openTunnels -= 1));
+    },
+    upstreamConnection(guest, protocol, connection) {
+      const key = `${guest}\0${protocol}`;
+      let entry = upstreamOpen.get(key);
+      if (entry === undefined) upstreamOpen.set(key, (entry = { guest, protocol, open: 0 }));
+      const counted = entry;
+      counted.open += 1;
+      connection.once("close", () => (counted.open -= 1));
     },
     text: () => registry.metrics(),
   };

@@ -7,7 +7,7 @@ import { cidrContains, plainAddress, type Cidr } from "../policy/cidr.js";
 import { DeclarativePolicy, type ListenAddress } from "../policy/declarative-policy.js";
 import type { SecretTarget } from "../policy/secrets.js";
 import type { TlsAuthority } from "../tls/authority.js";
-import { PinnedPools } from "../upstream/pinned-pools.js";
+import { PinnedPools, type UpstreamConnection } from "../upstream/pinned-pools.js";
 import { Resolver, type ResolvedAddress } from "../upstream/resolve.js";
 import { guestToken, parseBasic, tokenDigest, tokenMatches } from "./auth.js";
 import type { ResolvedGuest } from "./guest-options.js";
@@ -27,6 +27,8 @@ export interface GuestDeps {
   readonly foreignSecret: (self: Guest, request: SecretTarget) => string | undefined;
   /** `upstream.record`/`upstream.replay`: the recorded network every guest's pipeline ends in. */
   readonly network?: RecordedNetwork | undefined;
+  /** With metrics: each upstream connection a guest's pools open, until it closes. */
+  readonly upstreamConnection?: ((guest: string, protocol: "h1" | "h2", connection: UpstreamConnection) => void) | undefined;
 }
 
 /**
@@ -83,6 +85,7 @@ export class Guest {
       bodyTimeoutMs: config.timeouts.upstreamBodyMs,
       keepAliveTimeoutMs: 4_000,
       recheck,
+      ...(deps.upstreamConnection !== undefined ? { onConnection: (protocol: "h1" | "h2", connection: UpstreamConnection) => deps.upstreamConnection!(this.name, protocol, connection) } : {}),
     });
     this.pipeline = new Pipeline({
       guest: this.name,

@@ -131,6 +131,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     decide,
     foreignSecret: (self, request) => guests.foreignSecret(self, request),
     network,
+    upstreamConnection: metrics?.upstreamConnection,
   });
   try {
     for (const guest of config.guests) guests.add(guest);

@@ -18,6 +18,16 @@ export interface PinnedPoolsOptions {
   readonly keepAliveTimeoutMs: number;
   /** Judges the connected socket's remote address again; returns a reason to refuse it. */
   readonly recheck: (hostname: string, remote: ResolvedAddress, port: number) => string | undefined;
+  /**
+   * Told of every upstream connection a pool takes into use (an HTTP/1.1 socket given to undici,
+   * or an HTTP/2 session), which emits `close` once it is gone: the open-connections gauge.
+   */
+  readonly onConnection?: ((protocol: "h1" | "h2", connection: UpstreamConnection) => void) | undefined;
+}
+
+/** What {@link PinnedPoolsOptions.onConnection} is given: enough to see the connection end. */
+export interface UpstreamConnection {
+  once(event: "close", listener: () => void): unknown;
 }
 
 /**
@@ -89,7 +99,14 @@ export class PinnedPools {
   private async h2Session(origin: URL, address: ResolvedAddress): Promise<ClientHttp2Session | undefined> {
     const key = keyOf(origin, address);
     const negotiated = await this.h2.acquire(key, origin, address);
-    if (negotiated.protocol === "h2") return negotiated.session;
+    if (negotiated.protocol === "h2") {
+      // acquire() hands out the same session for many streams: it is counted once.
+      if (this.options.onConnection !== undefined && !counted.has(negotiated.session)) {
+        counted.add(negotiated.session);
+        this.options.onConnection("h2", negotiated.session);
+      }
+      return negotiated.session;
+    }
     if (negotiated.socket !== undefined) this.spare(key, negotiated.socket);
     return undefined;
   }
@@ -175,6 +192,7 @@ export class PinnedPools {
         if (!spare.destroyed && spare.writable) {
           claimed.add(spare);
           deferEndWhileParserPaused(spare);
+          this.options.onConnection?.("h1", spare);
           // undici is not ready for its socket within its own connect call (a connected socket
           // handed over synchronously is never written to): a turn later, as a real connect is.
           setImmediate(() => callback(null, spare));
@@ -204,6 +222,7 @@ export class PinnedPools {
           return;
         }
         deferEndWhileParserPaused(socket);
+        this.options.onConnection?.("h1", socket);
         callback(null, socket);
       });
     };
@@ -240,6 +259,8 @@ export class PinnedPools {
 
 /** Spare sockets a pool has taken: undici owns them from then on. */
 const claimed = new WeakSet<Socket>();
+/** HTTP/2 sessions already told to onConnection. */
+const counted = new WeakSet<ClientHttp2Session>();
 
 function keyOf(origin: URL, address: ResolvedAddress): string {
   return `${origin.protocol}//${origin.host}|${address.ip}`;

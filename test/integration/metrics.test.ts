@@ -1,11 +1,13 @@
 import { spawn } from "node:child_process";
 import { subscribe, unsubscribe } from "node:diagnostics_channel";
-import { request as httpRequest, Agent } from "node:http";
+import { createServer as createHttpServer, request as httpRequest, Agent } from "node:http";
+import type { ServerHttp2Session } from "node:http2";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { HttpRequestBlockedError, type AuditRecord } from "../../src/index.js";
 import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
-import { startUpstream } from "../helpers/upstream.js";
+import { startH2Upstream } from "../helpers/h2-upstream.js";
+import { listenForTest, startUpstream } from "../helpers/upstream.js";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 
@@ -114,6 +116,46 @@ describe("metrics", () => {
     expect(text).not.toContain("s3cret-value");
     // proxy.metrics() is the same registry.
     expect(sample(await proxy.metrics(), "egressgate_requests_total", { decision: "allow", rule: "allowedHosts:api.test" })).toBe(2);
+  });
+
+  it("counts open upstream connections by guest and protocol: up while the pools hold one, down once the upstream closes it", async () => {
+    // A plain HTTP/1.1 upstream that can close its idle keep-alive connections on demand.
+    const h1 = createHttpServer((req, res) => {
+      req.resume();
+      res.end("ok");
+    });
+    const h1Port = await listenForTest(h1);
+    const h2 = await startH2Upstream();
+    const h2Sessions = new Set<ServerHttp2Session>();
+    h2.server.on("session", (session: ServerHttp2Session) => {
+      h2Sessions.add(session);
+      session.once("close", () => h2Sessions.delete(session));
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { metrics: true, logLevel: "warn" });
+    const open = async (protocol: string): Promise<number> => sample(await proxy.metrics(), "egressgate_upstream_connections", { guest: "default", protocol }) ?? 0;
+    /** Polls the gauge until it reads `value` (a bound for a loaded machine, not a timing claim). */
+    const reaches = async (protocol: string, value: number): Promise<number> => {
+      let now = await open(protocol);
+      for (let tries = 0; now !== value && tries < 400; tries++) {
+        await new Promise((resolve) => setTimeout(resolve, 25));
+        now = await open(protocol);
+      }
+      return now;
+    };
+    expect(await open("h1")).toBe(0);
+    expect(await plainVia(proxy, `http://api.test:${h1Port}/`)).toBe(200);
+    // The response is done; the pool keeps its connection for the next request.
+    expect(await open("h1")).toBe(1);
+    h1.closeIdleConnections();
+    expect(await reaches("h1", 0)).toBe(0);
+
+    expect((await fetchVia(proxy, `https://api.test:${h2.port}/echo`)).status).toBe(200);
+    expect(await open("h2")).toBe(1);
+    expect((await fetchVia(proxy, `https://api.test:${h2.port}/echo`)).status).toBe(200);
+    // Streams share the session: still one connection.
+    expect(await open("h2")).toBe(1);
+    for (const session of h2Sessions) session.close();
+    expect(await reaches("h2", 0)).toBe(0);
   });
 
   it("serves /healthz and /readyz, 404 elsewhere, and the listener closes with the proxy", async () => {
