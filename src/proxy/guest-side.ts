@@ -163,7 +163,7 @@ export class GuestSide {
       }
     } catch (error) {
       const err = guestError(asEgressError(error), this.deps.redact);
-      writeRawError(socket, err);
+      writeRawError(socket, err, refusal !== undefined ? connectReasonPhrase(err) : undefined);
       // Failed authentications are logged by the gate, once per source and then summarised: a
       // flood of them must not write a line each.
       if (err.code === "EG_AUTH") return;
@@ -335,6 +335,18 @@ export class GuestSide {
       };
     });
   }
+}
+
+/**
+ * The reason phrase of a CONNECT the early check refused: `Forbidden: host "x.test" is not in
+ * allowedHosts`, the reason's first clause (without the how-to-allow hint). Many clients report a
+ * refused CONNECT by its status line and never read its body (Python's http.client, Go's net/http
+ * and grpc-go, Java, wget), so the status line is where they can show why. Cut to 100 characters
+ * after redaction, and only visible ASCII (RFC 9112 §4 reason-phrase).
+ */
+function connectReasonPhrase(error: EgressError): string {
+  const clause = error.message.split(";")[0] ?? "";
+  return `${error.statusText}: ${clause}`.replace(/[^\t\x20-\x7e]/g, "?").slice(0, 100).trim();
 }
 
 /** The early CONNECT check's refusal, as the audit record lists it among the sources. */

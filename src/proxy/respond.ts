@@ -117,7 +117,7 @@ function trailerFields(list: readonly string[] | undefined): [string, string][] 
 }
 
 /** Writes a bare HTTP/1.1 error on a socket that has no ServerResponse (CONNECT, parse errors). */
-export function writeRawError(socket: Socket, error: EgressError): void {
+export function writeRawError(socket: Socket, error: EgressError, reasonPhrase: string = error.statusText): void {
   if (!socket.writable) {
     socket.destroy();
     return;
@@ -132,7 +132,7 @@ export function writeRawError(socket: Socket, error: EgressError): void {
   const backstop = setTimeout(() => socket.destroy(), 5_000);
   backstop.unref();
   socket.end(
-    `HTTP/1.1 ${error.status} ${error.statusText}\r\n` +
+    `HTTP/1.1 ${error.status} ${reasonPhrase}\r\n` +
       `Content-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
       `X-Egressgate-Error: ${error.code}\r\n${extra}Connection: close\r\n\r\n${body}`,
     () => {

@@ -1,6 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { createHttpHooks, startProxy } from "../../src/index.js";
+import { cleanEnv, runClient } from "../helpers/clients.js";
 import { curlVia } from "../helpers/curl.js";
+import { openRaw } from "../helpers/raw.js";
 import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
 import { startUpstream } from "../helpers/upstream.js";
@@ -12,6 +14,21 @@ describe("the allowlist", () => {
     const res = await curlVia(proxy.url, `${proxy.caDir}/ca.crt`, `https://api.test:${upstream.port}/echo`);
     expect(res.exitCode).toBe(56);
     expect(res.stderr).toMatch(/CONNECT tunnel failed, response 403/);
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it("a refused CONNECT names the reason in its status line, which clients that never read the body show", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["other.test"] });
+    const raw = await openRaw(proxy.port);
+    raw.write(`CONNECT api.test:${upstream.port} HTTP/1.1\r\nHost: api.test:${upstream.port}\r\n\r\n`);
+    const res = await raw.readResponse({ forConnect: true });
+    expect(`${res.status} ${res.statusText}`).toBe('403 Forbidden: host "api.test" is not in allowedHosts');
+    expect(res.body).toMatch(/^403 Forbidden: host "api\.test" is not in allowedHosts; allow it with --allow-host api\.test/);
+    // Python's http.client reports a refused tunnel by its status line alone.
+    const code = "import sys, urllib.request\ntry:\n    urllib.request.urlopen(sys.argv[1], timeout=15)\nexcept Exception as e:\n    print(e)";
+    const python = await runClient("python3", ["-c", code, `https://api.test:${upstream.port}/echo`], cleanEnv({ https_proxy: proxy.url }));
+    expect(python.stdout).toContain('Tunnel connection failed: 403 Forbidden: host "api.test" is not in allowedHosts');
     expect(upstream.hits()).toBe(0);
   });
 
