@@ -50,6 +50,41 @@ async function othersServed(proxy: TestProxy, authority: string): Promise<void> 
 }
 
 /**
+ * A well-behaved guest whose connection is open before the attack starts: it keeps sending one
+ * request after another while the attack runs, and its same connection must still answer after.
+ * `stop()` waits for the request in flight, so at least one was sent while the attack ran.
+ */
+async function bystander(proxy: TestProxy, authority: string): Promise<{ stop: () => Promise<void> }> {
+  const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+  const ask = async (): Promise<number> => (await h2Request(session, { ":path": bystanderPath })).status;
+  expect(await ask()).toBe(200);
+  const statuses: number[] = [];
+  let stopping = false;
+  let failure: unknown;
+  const loop = (async (): Promise<void> => {
+    while (!stopping) statuses.push(await ask());
+  })().catch((error: unknown) => void (failure = error));
+  return {
+    stop: async () => {
+      stopping = true;
+      await loop;
+      expect(failure).toBeUndefined();
+      expect(statuses.length).toBeGreaterThan(0);
+      expect(new Set(statuses)).toEqual(new Set([200]));
+      // The same connection, after the attacker's has ended.
+      expect(await ask()).toBe(200);
+    },
+  };
+}
+
+const bystanderPath = "/echo?bystander";
+
+/** Requests the upstream got from anyone but the bystander. */
+function attackerHits(upstream: Upstream): number {
+  return upstream.seen.filter((request) => request.url !== bystanderPath).length;
+}
+
+/**
  * GOAWAY(ENHANCE_YOUR_CALM), when it reaches the client: the proxy closes while the flood is
  * still arriving, and then the kernel may answer with a TCP reset that discards the GOAWAY
  * before the client reads it. The proxy's log line is the assertion that always holds.
@@ -59,10 +94,11 @@ function expectCalm(client: RawH2): void {
   if (goaway !== undefined) expect(goaway.code).toBe(code.enhanceYourCalm);
 }
 
-describe("HTTP/2 hardening: each attack ends only its own connection", () => {
+describe("HTTP/2 hardening: each attack ends only its own connection, while another guest keeps getting its 200s", () => {
   it("rapid reset (CVE-2023-44487): a guest opening and resetting streams in a loop gets GOAWAY(ENHANCE_YOUR_CALM)", async () => {
     const silent = silentRoute();
     const { proxy, authority } = await setup({ "/silent": silent.route });
+    const normal = await bystander(proxy, authority);
     const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
     const attempts = 2000;
     for (let i = 0; i < attempts; i++) {
@@ -75,6 +111,7 @@ describe("HTTP/2 hardening: each attack ends only its own connection", () => {
     expectCalm(attacker);
     // Far fewer upstream requests than streams: the connection ended long before the loop did.
     expect(silent.arrivals()).toBeLessThan(attempts / 2);
+    await normal.stop();
     await othersServed(proxy, authority);
     expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("rapid reset"))).toBe(true);
   });
@@ -110,6 +147,7 @@ describe("HTTP/2 hardening: each attack ends only its own connection", () => {
 
   it("a CONTINUATION flood (CVE-2024-27983) closes its connection without reaching the upstream", async () => {
     const { proxy, upstream, authority } = await setup();
+    const normal = await bystander(proxy, authority);
     const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
     attacker.write(frame(frameType.headers, 0, 1, requestBlock(authority, "/echo")));
     const filler = literal("x-filler", "y".repeat(200));
@@ -117,12 +155,14 @@ describe("HTTP/2 hardening: each attack ends only its own connection", () => {
     await attacker.until((c) => c.closed || c.goaway() !== undefined || c.resetCode(1) !== undefined);
     expect(attacker.goaway() !== undefined || attacker.resetCode(1) !== undefined || attacker.closed).toBe(true);
     expect(attacker.answered(1)).toBe(false);
-    expect(upstream.hits()).toBe(0);
+    expect(attackerHits(upstream)).toBe(0);
+    await normal.stop();
     await othersServed(proxy, authority);
   });
 
   it("a header list over 64 KiB is refused on its stream, and the connection's other streams go on", async () => {
     const { proxy, upstream, authority } = await setup();
+    const normal = await bystander(proxy, authority);
     const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
     // 20 fields of 4 KiB: 80 KiB of header list, each frame within the default 16 KiB frame size.
     const fields = Array.from({ length: 20 }, (_, i) => literal(`x-big-${i}`, "z".repeat(4096)));
@@ -132,46 +172,54 @@ describe("HTTP/2 hardening: each attack ends only its own connection", () => {
     attacker.write(frame(frameType.headers, pieces.length === 1 ? flag.endHeaders | flag.endStream : flag.endStream, 1, pieces[0]!));
     for (let i = 1; i < pieces.length; i++) attacker.write(frame(frameType.continuation, i === pieces.length - 1 ? flag.endHeaders : 0, 1, pieces[i]!));
     await attacker.until((c) => c.closed || c.goaway() !== undefined || c.resetCode(1) !== undefined || c.answered(1));
-    expect(upstream.hits()).toBe(0);
+    expect(attackerHits(upstream)).toBe(0);
+    await normal.stop();
     await othersServed(proxy, authority);
   });
 
   it("an HPACK bomb (one large table entry referenced over and over) is refused without reaching the upstream", async () => {
     const { proxy, upstream, authority } = await setup();
+    const normal = await bystander(proxy, authority);
     const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
     // 4 KiB into the dynamic table once, then 200 one-byte references: 800 KiB decoded from ~4 KiB sent.
     const fields = [literalIndexed("x-bomb", "b".repeat(4000)), ...Array.from({ length: 200 }, () => indexed(62))];
     attacker.write(frame(frameType.headers, flag.endHeaders | flag.endStream, 1, requestBlock(authority, "/echo", fields)));
     await attacker.until((c) => c.closed || c.goaway() !== undefined || c.resetCode(1) !== undefined || c.answered(1));
-    expect(upstream.hits()).toBe(0);
+    expect(attackerHits(upstream)).toBe(0);
+    await normal.stop();
     await othersServed(proxy, authority);
   });
 
   it("a SETTINGS flood gets GOAWAY(ENHANCE_YOUR_CALM)", async () => {
     const { proxy, authority } = await setup();
+    const normal = await bystander(proxy, authority);
     const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
     for (let i = 0; i < 5000; i++) if (!attacker.write(settings([[0x4, 65535]]))) break;
     await attacker.until((c) => c.closed);
     expect(attacker.closed).toBe(true);
     expectCalm(attacker);
     expect(proxy.logs.some((line) => line["reason"] === "SETTINGS flood")).toBe(true);
+    await normal.stop();
     await othersServed(proxy, authority);
   });
 
   it("a PING flood gets GOAWAY(ENHANCE_YOUR_CALM)", async () => {
     const { proxy, authority } = await setup();
+    const normal = await bystander(proxy, authority);
     const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
     for (let i = 0; i < 5000; i++) if (!attacker.write(ping(i))) break;
     await attacker.until((c) => c.closed);
     expect(attacker.closed).toBe(true);
     expectCalm(attacker);
     expect(proxy.logs.some((line) => line["reason"] === "PING flood")).toBe(true);
+    await normal.stop();
     await othersServed(proxy, authority);
   });
 
   it("a window that never opens holds only a bounded part of the download, and the stream is let go at the idle limit", async () => {
     const counted = countedBytesRoute();
     const { proxy, authority } = await setup({ "/counted": counted.route }, 1_500);
+    const normal = await bystander(proxy, authority);
     const total = 64 * 1024 * 1024;
     // SETTINGS_INITIAL_WINDOW_SIZE 0, and never a WINDOW_UPDATE.
     const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem, [[0x4, 0]]);
@@ -180,6 +228,7 @@ describe("HTTP/2 hardening: each attack ends only its own connection", () => {
     await othersServed(proxy, authority);
     await attacker.until((c) => c.resetCode(1) !== undefined || c.closed);
     expect(attacker.resetCode(1) !== undefined || attacker.closed).toBe(true);
+    await normal.stop();
     expect(counted.written()).toBeLessThan(total / 4);
     await othersServed(proxy, authority);
   });
