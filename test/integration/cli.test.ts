@@ -214,7 +214,7 @@ describe("egressgate serve", () => {
     for (const name of ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"]) expect(env[name]).toBe(url);
     expect(env["NODE_EXTRA_CA_CERTS"]).toBe(join(caDir, "ca.crt"));
     const caPem = readFileSync(join(caDir, "ca.crt"), "utf8");
-    for (const name of ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"]) {
+    for (const name of ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"]) {
       expect(readFileSync(env[name] ?? "", "utf8")).toContain(caPem.trim());
     }
   });
@@ -675,7 +675,7 @@ describe("egressgate env", () => {
     }
     expect(exports.get("NODE_EXTRA_CA_CERTS")).toBe(join(caDir, "ca.crt"));
     const caPem = readFileSync(join(caDir, "ca.crt"), "utf8");
-    for (const name of ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"]) {
+    for (const name of ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"]) {
       expect(readFileSync(exports.get(name) ?? "", "utf8")).toContain(caPem.trim());
     }
   });
