@@ -120,20 +120,29 @@ describe("HTTP/2 guests", () => {
     const upstream = await startUpstream();
     const proxy = await startTestProxy({
       allowedInternalHosts: ["api.test"],
-      secrets: { TOKEN: { hosts: ["api.test"], value: "real-value-42" } },
+      secrets: { TOKEN: { hosts: ["api.test"], value: "real-value-42" }, ELSEWHERE: { hosts: ["other.test"], value: "other-value-7" } },
+      isRequestAllowed: (request) => new URL(request.url).pathname !== "/refused",
       onRequest: (request) => {
         if (new URL(request.url).pathname === "/hooked") return new Response("from the hook", { status: 209 });
         return undefined;
       },
     });
     const placeholder = proxy.guestEnv()["TOKEN"]!;
+    const elsewhere = proxy.guestEnv()["ELSEWHERE"]!;
     const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
-    const [secret, hooked, misdirected] = await Promise.all([
+    const [secret, hooked, misdirected, misplaced, refused] = await Promise.all([
       h2Request(session, { ":path": "/echo", authorization: `Bearer ${placeholder}` }),
       h2Request(session, { ":path": "/hooked" }),
       h2Request(session, { ":path": "/echo", ":authority": `other.test:${upstream.port}` }),
+      // A secret whose hosts do not include api.test: the whole request is refused, on its stream only.
+      h2Request(session, { ":path": "/echo", authorization: `Bearer ${elsewhere}` }),
+      h2Request(session, { ":path": "/refused" }),
     ]);
     expect((JSON.parse(secret.body.toString()) as { headers: Record<string, string> }).headers["authorization"]).toBe("Bearer real-value-42");
+    expect(misplaced.status).toBe(403);
+    expect(misplaced.body.toString()).toContain("ELSEWHERE");
+    expect(misplaced.body.toString()).not.toContain("other-value-7");
+    expect(refused.status).toBe(403);
     expect(hooked.status).toBe(209);
     expect(hooked.body.toString()).toBe("from the hook");
     // The 421 rule: :authority must name the CONNECT target.
