@@ -25,6 +25,13 @@ export type EgressErrorCode =
   /** Replay: something a recording cannot answer (a WebSocket upgrade). */
   | "EG_REPLAY_UNSUPPORTED";
 
+/**
+ * How a hook call failed, for `egressgate_hook_failures_total{kind}` and the audit record: it ran
+ * out of time (or never settled), memory or stack (tier 2's limits), threw, returned something
+ * its phase cannot use, or found its policy busy (`limits.maxCalls`).
+ */
+export type HookFailureKind = "time" | "memory" | "stack" | "throw" | "invalid" | "busy";
+
 const statusTexts: Record<number, string> = {
   400: "Bad Request",
   401: "Unauthorized",
@@ -76,12 +83,14 @@ export class EgressError extends Error {
   readonly headers: Readonly<Record<string, string>> | undefined;
   /** The hook source whose phase failed or refused (a policy's file, `hooks[N]`), for the log; set once by the pipeline. */
   source: string | undefined;
+  /** For a hook's failure: how it failed, from what the runner or the sandbox knew (not from the message). */
+  readonly failure: HookFailureKind | undefined;
 
   constructor(
     code: EgressErrorCode,
     status: number,
     message: string,
-    options?: { cause?: unknown; detail?: string; statusText?: string; headers?: Readonly<Record<string, string>> },
+    options?: { cause?: unknown; detail?: string; statusText?: string; headers?: Readonly<Record<string, string>>; failure?: HookFailureKind },
   ) {
     super(message, options?.cause === undefined ? undefined : { cause: options.cause });
     this.name = "EgressError";
@@ -91,6 +100,7 @@ export class EgressError extends Error {
     this.statusText = options?.statusText ?? statusText(status);
     this.headers = options?.headers;
     this.source = undefined;
+    this.failure = options?.failure;
   }
 }
 
@@ -119,6 +129,7 @@ export function guestError(error: EgressError, redact: ((text: string) => string
     ...(error.detail === undefined ? {} : { detail: error.detail }),
     ...(error.cause === undefined ? {} : { cause: error.cause }),
     ...(error.headers === undefined ? {} : { headers: error.headers }),
+    ...(error.failure === undefined ? {} : { failure: error.failure }),
   });
   copy.source = error.source;
   return copy;

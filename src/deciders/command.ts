@@ -84,9 +84,9 @@ export class CommandRunner {
         reject(error);
       }
     };
-    const fail = (reason: string): void => {
+    const fail = (reason: string, kind: "time" | "invalid" | "throw" = "throw"): void => {
       finish(() => {
-        throw new DeciderFailure(reason);
+        throw new DeciderFailure(reason, kind);
       });
     };
     // The whole process group: a shell's children would otherwise keep the pipes open.
@@ -104,7 +104,7 @@ export class CommandRunner {
     };
     const timer = setTimeout(() => {
       kill();
-      fail(`did not answer within ${timeoutMs} ms (timeoutMs); the process was killed`);
+      fail(`did not answer within ${timeoutMs} ms (timeoutMs); the process was killed`, "time");
     }, timeoutMs);
     // Every stream gets an error listener: a command that exits without reading its stdin
     // makes the write fail with EPIPE, and an unlistened error would end the proxy.
@@ -121,7 +121,7 @@ export class CommandRunner {
       stdoutBytes += chunk.length;
       if (stdoutBytes > maxAnswerBytes) {
         kill();
-        fail(`wrote more than ${maxAnswerBytes} bytes to stdout`);
+        fail(`wrote more than ${maxAnswerBytes} bytes to stdout`, "invalid");
         return;
       }
       stdout.push(chunk);
@@ -145,7 +145,7 @@ export class CommandRunner {
           try {
             return parseAnswerText(Buffer.concat(stdout).toString("utf8"), phase);
           } catch (error) {
-            if (error instanceof MalformedAnswer) throw new DeciderFailure(`exit 0 with a malformed answer on stdout: ${error.message}`);
+            if (error instanceof MalformedAnswer) throw new DeciderFailure(`exit 0 with a malformed answer on stdout: ${error.message}`, "invalid");
             throw error;
           }
         });

@@ -58,7 +58,11 @@ export class Decider {
         context.log?.warn("decider failed open", { id: context.requestId, source: this.label, reason });
         return { decision: "allow" };
       }
-      throw new EgressError("EG_HOOK_FAILED", 502, `${this.label} could not decide (see the proxy log)`, { detail: `${this.label} ${reason}`, cause: error });
+      throw new EgressError("EG_HOOK_FAILED", 502, `${this.label} could not decide (see the proxy log)`, {
+        detail: `${this.label} ${reason}`,
+        cause: error,
+        failure: error instanceof DeciderFailure ? error.kind : "throw",
+      });
     }
     if (key !== undefined) this.cache!.set(key, verdict);
     return verdict;

@@ -5,6 +5,14 @@
  */
 export class DeciderFailure extends Error {
   override readonly name = "DeciderFailure";
+
+  constructor(
+    message: string,
+    /** How it failed, for the hook-failure metric: no answer in time, an answer that cannot be used, or anything else. */
+    readonly kind: "time" | "invalid" | "throw" = "throw",
+  ) {
+    super(message);
+  }
 }
 
 export class DeciderBusy extends Error {

@@ -60,7 +60,7 @@ export class HttpDecider {
     const { kind, timeoutMs } = this.options;
     const body = JSON.stringify(kind === "opa" ? { input: document } : document);
     const deadline = new Deadline();
-    const timer = setTimeout(() => deadline.abort(new DeciderFailure(`did not answer within ${timeoutMs} ms (timeoutMs)`)), timeoutMs);
+    const timer = setTimeout(() => deadline.abort(new DeciderFailure(`did not answer within ${timeoutMs} ms (timeoutMs)`, "time")), timeoutMs);
     let status: number;
     let text: string;
     let contentType: string;
@@ -102,7 +102,7 @@ export class HttpDecider {
   private opaAnswer(status: number, text: string, phase: DeciderPhase): Verdict {
     if (status !== 200) throw new DeciderFailure(`OPA answered status ${status}${text.trim() === "" ? "" : `: ${reasonText(text).slice(0, 200)}`}`);
     const json = tryJson(text);
-    if (json === undefined) throw new DeciderFailure("OPA's answer is not JSON");
+    if (json === undefined) throw new DeciderFailure("OPA's answer is not JSON", "invalid");
     return answerOrFailure(() => opaVerdict(json, phase));
   }
 }
@@ -111,7 +111,7 @@ function answerOrFailure(parse: () => Verdict): Verdict {
   try {
     return parse();
   } catch (error) {
-    if (error instanceof MalformedAnswer) throw new DeciderFailure(`malformed answer: ${error.message}`);
+    if (error instanceof MalformedAnswer) throw new DeciderFailure(`malformed answer: ${error.message}`, "invalid");
     throw error;
   }
 }
@@ -132,7 +132,7 @@ async function readText(body: Dispatcher.ResponseData["body"]): Promise<string> 
   let size = 0;
   for await (const chunk of body) {
     size += chunk.byteLength;
-    if (size > maxAnswerBytes) throw new DeciderFailure(`answered with more than ${maxAnswerBytes} bytes`);
+    if (size > maxAnswerBytes) throw new DeciderFailure(`answered with more than ${maxAnswerBytes} bytes`, "invalid");
     chunks.push(Buffer.from(chunk));
   }
   return Buffer.concat(chunks).toString("utf8");

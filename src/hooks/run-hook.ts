@@ -46,7 +46,7 @@ async function settleWithin<T>(name: string, timeoutMs: number, pending: Promise
   let timer: NodeJS.Timeout | undefined;
   const deadline = new Promise<never>((_, reject) => {
     timer = setTimeout(
-      () => reject(new EgressError("EG_HOOK_TIMEOUT", 504, `${name} hook did not settle within ${timeoutMs} ms`)),
+      () => reject(new EgressError("EG_HOOK_TIMEOUT", 504, `${name} hook did not settle within ${timeoutMs} ms`, { failure: "time" })),
       timeoutMs,
     );
   });
@@ -78,5 +78,12 @@ export function hookFailure(name: string, error: unknown): EgressError {
       : typeof shaped?.message === "string"
         ? `${String(shaped.name ?? "Error")}: ${shaped.message}`
         : String(error);
-  return new EgressError("EG_HOOK_FAILED", 502, `${name} hook failed (see the proxy log)`, { cause: error, detail });
+  // A block with a status that is none is a return the phase cannot use; V8's own stack overflow
+  // (a RangeError it makes, not one a hook threw with its own words) is the stack; anything else a throw.
+  const failure = shaped?.name === "HttpRequestBlockedError" ? "invalid" : isStackOverflow(error) ? "stack" : "throw";
+  return new EgressError("EG_HOOK_FAILED", 502, `${name} hook failed (see the proxy log)`, { cause: error, detail, failure });
+}
+
+function isStackOverflow(error: unknown): boolean {
+  return error instanceof RangeError && error.message === "Maximum call stack size exceeded";
 }

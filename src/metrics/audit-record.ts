@@ -1,3 +1,4 @@
+import type { HookFailureKind } from "../errors.js";
 import type { SourceVerdict, TraceEntry } from "../pipeline/exchange.js";
 
 /** One source's say in a request, as the audit log records it. */
@@ -15,6 +16,8 @@ export interface AuditSource {
   readonly detail?: string;
   /** The status its refusal or failure answered with. */
   readonly status?: number;
+  /** For a failed call: `time`, `memory`, `stack`, `throw`, `invalid` or `busy` (what `egressgate_hook_failures_total{kind}` counts). */
+  readonly failure?: HookFailureKind;
   /** How long the call took; a layer's includes its `next()` descents. */
   readonly ms: number;
 }
@@ -148,6 +151,7 @@ function sourceOf(entry: TraceEntry, redact: (text: string) => string): AuditSou
     ...(entry.reason !== undefined ? { reason: redact(entry.reason) } : {}),
     ...(entry.detail !== undefined ? { detail: redact(entry.detail) } : {}),
     ...(entry.status !== undefined ? { status: entry.status } : {}),
+    ...(entry.failure !== undefined ? { failure: entry.failure } : {}),
     ms: entry.ms,
   };
 }

@@ -66,7 +66,7 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
   });
   const hookFailures = new Counter({
     name: "egressgate_hook_failures_total",
-    help: "Hook calls that failed (502), by source and kind: time, memory, stack, throw, invalid.",
+    help: "Hook calls that failed (502), by source and kind: time, memory, stack, throw, invalid, busy.",
     labelNames: ["source", "kind"] as const,
     registers: [registry],
   });
@@ -130,7 +130,7 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
       for (const source of record.sources) {
         decisionMs += source.ms;
         hookDuration.observe({ source: source.source, phase: source.phase }, source.ms / 1000);
-        if (source.decision === "error") hookFailures.inc({ source: source.source, kind: failureKind(source) });
+        if (source.decision === "error") hookFailures.inc({ source: source.source, kind: source.failure ?? failureKind(source) });
         const secret = secretOf(source);
         if (secret !== undefined) secretRefusals.inc({ secret });
       }
@@ -173,10 +173,13 @@ export function ruleOf(record: AuditRecord): string {
   return record.code ?? "none";
 }
 
-/** The failure kinds the issue names, from the message the sandbox and the hook runner give. */
+/**
+ * The fallback for a failed call whose record carries no `failure` (a record built elsewhere, or
+ * a call that never settled before its request ended): the kind read from its message.
+ */
 export function failureKind(source: AuditSource): string {
   const reason = source.reason ?? "";
-  if (/time ?limit|timed out|timeout|deadline/i.test(reason)) return "time";
+  if (/time ?limit|timed out|timeout|deadline|did not settle|never settles/i.test(reason)) return "time";
   if (/memory/i.test(reason)) return "memory";
   if (/stack/i.test(reason)) return "stack";
   if (/invalid|malformed|must be|not a valid|returned/i.test(reason)) return "invalid";

@@ -1,7 +1,7 @@
 import { discardBody } from "../streams.js";
 import { Readable } from "node:stream";
 import { validateHeaderName, validateHeaderValue } from "node:http";
-import { EgressError, badRequest } from "../errors.js";
+import { EgressError, badRequest, type HookFailureKind } from "../errors.js";
 import { endToEndHeaders, getHeader, withoutHeaders, type HeaderList } from "../headers.js";
 import { BodyLimitError, BodyTap, decodable, readBounded } from "../hooks/body-tap.js";
 import { hookFailure } from "../hooks/run-hook.js";
@@ -76,20 +76,34 @@ export function failure(phase: PhaseName, outcome: Outcome, filename: string): E
       if (outcome.what === busyLimit) {
         // 502 like every exhausted limit (DESIGN §2): in onResponse the upstream has already acted,
         // and a 503 would invite the guest to send a POST again.
-        return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy is busy: limits.maxCalls calls are already waiting or running`, { detail: filename });
+        return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy is busy: limits.maxCalls calls are already waiting or running`, { detail: filename, failure: "busy" });
       }
       return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy stopped: it hit its ${outcome.what} limit`, {
         detail: `${filename}: ${phase} exceeded the ${outcome.what} limit`,
+        failure: limitKind(outcome.what),
       });
     case "pending":
-      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned a promise that never settles`, { detail: filename });
+      // No timers in the sandbox: a promise still pending when the call ends never settles, as a
+      // tier-3 hook past its deadline; the same kind.
+      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned a promise that never settles`, { detail: filename, failure: "time" });
     case "bad":
-      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned ${outcome.what}`, { detail: filename });
+      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned ${outcome.what}`, { detail: filename, failure: "invalid" });
     case "value":
-      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned ${String(outcome.v)}, not a boolean`, { detail: filename });
+      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned ${String(outcome.v)}, not a boolean`, { detail: filename, failure: "invalid" });
     default:
-      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy answered with something this phase cannot use (${outcome.t})`, { detail: filename });
+      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy answered with something this phase cannot use (${outcome.t})`, { detail: filename, failure: "invalid" });
   }
+}
+
+/**
+ * The sandbox's limit names as failure kinds: `time`, `memory` and `stack` as they are; a return
+ * value past its size is memory the call tried to take out; a trap of the WASM itself, or a
+ * policy closed under the call, is none of the three and counts as a throw.
+ */
+function limitKind(what: string): HookFailureKind {
+  if (what === "time" || what === "memory" || what === "stack") return what;
+  if (what === "return size") return "memory";
+  return "throw";
 }
 
 /** A boolean check (`isRequestAllowed`, `isIpAllowed`): true or false, anything else throws. */

@@ -1,5 +1,6 @@
 import { EventEmitter } from "node:events";
 import type { Readable } from "node:stream";
+import type { HookFailureKind } from "../errors.js";
 import type { Decision } from "../policy/decision.js";
 import type { HeaderList } from "../headers.js";
 import type { ResolvedAddress } from "../upstream/resolve.js";
@@ -82,6 +83,8 @@ export interface TraceEntry {
   detail?: string;
   /** The status a refusal or failure answered with. */
   status?: number;
+  /** How a failed call failed (time, memory, stack, throw, invalid, busy), from the error's own data. */
+  failure?: HookFailureKind;
   ms: number;
 }
 

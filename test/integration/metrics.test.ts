@@ -2,9 +2,11 @@ import { spawn } from "node:child_process";
 import { subscribe, unsubscribe } from "node:diagnostics_channel";
 import { createServer as createHttpServer, request as httpRequest, Agent } from "node:http";
 import type { ServerHttp2Session } from "node:http2";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { HttpRequestBlockedError, type AuditRecord } from "../../src/index.js";
+import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
 import { listenForTest, startUpstream } from "../helpers/upstream.js";
@@ -156,6 +158,68 @@ describe("metrics", () => {
     expect(await open("h2")).toBe(1);
     for (const session of h2Sessions) session.close();
     expect(await reaches("h2", 0)).toBe(0);
+  });
+
+  it("counts hook failures by the kind the sandbox and the hook runner report: time, memory, stack, throw and invalid, in both tiers", async () => {
+    const upstream = await startUpstream();
+    // The time limit only where the test is about it: on a loaded machine a short limit could
+    // end any other call as "time" too.
+    const timed = loadPolicy({ filename: "timed.js", source: 'function onRequest(request) { if (new URL(request.url).pathname === "/t2/time") { for (;;) {} } }', limits: { timeoutMs: 50 } });
+    const kinds = loadPolicy({
+      filename: "kinds.js",
+      limits: { memoryBytes: 4 * 1024 * 1024 },
+      source: `
+        function deep(n) { return deep(n + 1) + 1; }
+        function onRequest(request) {
+          const path = new URL(request.url).pathname;
+          if (path === "/t2/memory") { const hold = []; for (;;) hold.push("x".repeat(1 << 16) + hold.length); }
+          if (path === "/t2/stack") return deep(0);
+          if (path === "/t2/throw") throw new TypeError("the policy broke");
+          if (path === "/t2/invalid") return 42;
+        }`,
+    });
+    const tier3 = {
+      onRequest: (request: Request): unknown => {
+        const path = new URL(request.url).pathname;
+        if (path === "/t3/time") return new Promise(() => undefined);
+        if (path === "/t3/stack") {
+          const deep = (n: number): number => deep(n + 1) + 1;
+          return deep(0);
+        }
+        if (path === "/t3/throw") throw new Error("the hook broke");
+        if (path === "/t3/invalid") return 42;
+        return undefined;
+      },
+    };
+    // The 50 ms policy alone on a proxy of its own, so that no other request meets its limit.
+    const timedProxy = await startTestProxy({ allowedInternalHosts: ["api.test"], djsHooks: timed }, { metrics: true, logLevel: "warn" });
+    const proxy = await startTestProxy(
+      { allowedInternalHosts: ["api.test"], hooks: [kinds, tier3 as never] },
+      { metrics: true, logLevel: "warn", timeouts: { hookMs: 200 } },
+    );
+    const base = `https://api.test:${upstream.port}`;
+    expect((await fetchVia(timedProxy, `${base}/t2/time`)).status).toBe(502);
+    for (const path of ["/t2/memory", "/t2/stack", "/t2/throw", "/t2/invalid", "/t3/stack", "/t3/throw", "/t3/invalid"]) {
+      expect([path, (await fetchVia(proxy, `${base}${path}`)).status]).toEqual([path, 502]);
+    }
+    // A tier-3 hook that never settles is answered 504 at its deadline.
+    expect((await fetchVia(proxy, `${base}/t3/time`)).status).toBe(504);
+    const text = await proxy.metrics();
+    const failures = (source: string, kind: string): number | undefined => sample(text, "egressgate_hook_failures_total", { source, kind });
+    // A policy's source label is its file, resolved.
+    const kindsJs = join(root, "kinds.js");
+    expect(sample(await timedProxy.metrics(), "egressgate_hook_failures_total", { source: join(root, "timed.js"), kind: "time" })).toBe(1);
+    expect(failures(kindsJs, "memory")).toBe(1);
+    expect(failures(kindsJs, "stack")).toBe(1);
+    expect(failures(kindsJs, "throw")).toBe(1);
+    expect(failures(kindsJs, "invalid")).toBe(1);
+    expect(failures("hooks[1]", "time")).toBe(1);
+    expect(failures("hooks[1]", "stack")).toBe(1);
+    expect(failures("hooks[1]", "throw")).toBe(1);
+    expect(failures("hooks[1]", "invalid")).toBe(1);
+    // Eight failures, eight counts: none counted twice or under another kind.
+    const total = seriesOf(text, "egressgate_hook_failures_total").reduce((sum, line) => sum + Number(line.slice(line.lastIndexOf(" ") + 1)), 0);
+    expect(total).toBe(8);
   });
 
   it("serves /healthz and /readyz, 404 elsewhere, and the listener closes with the proxy", async () => {

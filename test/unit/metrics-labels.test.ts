@@ -32,6 +32,17 @@ describe("metric labels", () => {
     expect(failureKind(entry("TypeError: x is undefined"))).toBe("throw");
   });
 
+  it("takes a failure's kind from the record's failure field over its message", async () => {
+    const metrics = createProxyMetrics({}, { defaultMetrics: false });
+    const failed = { source: "p.ts", tier: "tier2", phase: "onRequest", decision: "error" as const, reason: "the call timed out", ms: 0 };
+    metrics.observe({ ...base, status: 502, sources: [{ ...failed, failure: "memory" }] });
+    metrics.observe({ ...base, status: 502, sources: [failed] });
+    const text = await metrics.text();
+    expect(text).toContain('egressgate_hook_failures_total{source="p.ts",kind="memory"} 1');
+    // Without the field (a record made elsewhere), the message is the fallback.
+    expect(text).toContain('egressgate_hook_failures_total{source="p.ts",kind="time"} 1');
+  });
+
   it("counts a secret refusal by the secret's name", async () => {
     const metrics = createProxyMetrics({}, { defaultMetrics: false });
     metrics.observe({
