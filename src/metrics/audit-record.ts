@@ -1,5 +1,6 @@
 import type { HookFailureKind } from "../errors.js";
 import type { SourceVerdict, TraceEntry } from "../pipeline/exchange.js";
+import { upstreamTimeOf } from "../pipeline/trace.js";
 
 /** One source's say in a request, as the audit log records it. */
 export interface AuditSource {
@@ -70,6 +71,12 @@ export interface AuditRecord {
   readonly bytesDown: number;
   /** From arrival to the decision line (for a response: until the guest had all of it). */
   readonly ms: number;
+  /**
+   * Time spent upstream (ms): from handing each exchange to the upstream (or the recorded
+   * network) until its response body's last byte arrived, summed over redirect hops and layer
+   * descents. Absent when nothing was sent upstream.
+   */
+  readonly upstreamMs?: number;
   /** Present on protocol upgrades (WebSocket). The tunnel's own bytes after the 101 are not counted. */
   readonly upgrade?: true;
   /** Why a response was cut after its head was sent. */
@@ -113,6 +120,7 @@ export interface AuditInput {
 export function buildAuditRecord(input: AuditInput, facts: AuditFacts | undefined, redact: (text: string) => string): AuditRecord {
   const text = (value: unknown): string => redact(value instanceof Error ? value.message : String(value));
   const rule = facts?.rule;
+  const upstreamMs = facts?.trace === undefined ? undefined : upstreamTimeOf(facts.trace);
   return {
     time: new Date(performance.timeOrigin + input.started).toISOString(),
     ...(typeof input.id === "number" ? { id: input.id } : {}),
@@ -131,6 +139,7 @@ export function buildAuditRecord(input: AuditInput, facts: AuditFacts | undefine
     bytesUp: facts?.bytesUp ?? 0,
     bytesDown: facts?.bytesDown ?? 0,
     ms: Math.round((performance.now() - input.started) * 10) / 10,
+    ...(upstreamMs !== undefined ? { upstreamMs } : {}),
     ...(input.upgrade === true ? { upgrade: true as const } : {}),
     ...(input.error !== undefined ? { error: text(input.error) } : {}),
     ...(input.detail !== undefined ? { detail: text(input.detail) } : {}),

@@ -53,7 +53,7 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
   });
   const upstream = new Histogram({
     name: "egressgate_upstream_duration_seconds",
-    help: "A request's time without the proxy's own decisions: its duration less every hook and check it ran (allowed requests only).",
+    help: "Upstream time alone of an allowed request: from sending it upstream until the response body's last byte arrived, summed over redirect hops.",
     buckets: durationBuckets,
     registers: [registry],
   });
@@ -126,15 +126,14 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
       const decision = decisionOf(record);
       requests.inc({ guest: record.guest ?? "", decision, status_class: `${Math.floor(record.status / 100)}xx`, rule: ruleOf(record) });
       duration.observe({ decision }, record.ms / 1000);
-      let decisionMs = 0;
       for (const source of record.sources) {
-        decisionMs += source.ms;
         hookDuration.observe({ source: source.source, phase: source.phase }, source.ms / 1000);
         if (source.decision === "error") hookFailures.inc({ source: source.source, kind: source.failure ?? failureKind(source) });
         const secret = secretOf(source);
         if (secret !== undefined) secretRefusals.inc({ secret });
       }
-      if (decision === "allow" && record.upgrade !== true) upstream.observe(Math.max(0, record.ms - decisionMs) / 1000);
+      // Measured at the executor, not derived: a request a hook answered itself sent nothing upstream.
+      if (decision === "allow" && record.upstreamMs !== undefined) upstream.observe(record.upstreamMs / 1000);
       if (record.bytesUp > 0) bytes.inc({ direction: "up" }, record.bytesUp);
       if (record.bytesDown > 0) bytes.inc({ direction: "down" }, record.bytesDown);
     },

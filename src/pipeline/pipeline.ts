@@ -27,7 +27,7 @@ import { bareHostname } from "../hostname.js";
 import type { PhaseName } from "../djs/protocol.js";
 import type { HookSource, SourceCall } from "./hook-source.js";
 import { LayerRun, type Descend } from "./layers.js";
-import { elapsed, failedEntry } from "./trace.js";
+import { elapsed, failedEntry, timeUpstream } from "./trace.js";
 
 export interface PipelineOptions {
   /** The guest this pipeline serves, as hook sources are told. */
@@ -145,7 +145,15 @@ export class Pipeline {
       request = this.substituteSecrets(request, substituted, trace);
       const target = await this.authorize(request, call, trace);
       if (request.body !== null) context.beforeBody?.();
-      const upstream = await this.sendToFirstReachable(request, target.addresses, context.signal, { id: context.id, hop: redirects });
+      const sentAt = trace === undefined ? 0 : performance.now();
+      let upstream: ExecutorResponse;
+      try {
+        upstream = await this.sendToFirstReachable(request, target.addresses, context.signal, { id: context.id, hop: redirects });
+      } catch (error) {
+        if (trace !== undefined) timeUpstream(trace, sentAt, null);
+        throw error;
+      }
+      if (trace !== undefined) timeUpstream(trace, sentAt, upstream.body);
       const location = redirectStatuses.has(upstream.status) ? upstream.location : undefined;
       if (location === undefined) {
         if (this.phase.onResponse.length === 0) {

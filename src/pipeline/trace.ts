@@ -40,3 +40,38 @@ function failureOf(error: unknown): HookFailureKind | undefined {
   if (error.code === "EG_HOOK_FAILED") return "invalid";
   return undefined;
 }
+
+/**
+ * Upstream time of a request, by its trace: kept beside the trace rather than in it (the trace
+ * lists sources that decided, and the upstream decides nothing), and keyed by the trace so that
+ * both guest sides (HTTP/1.1 and HTTP/2), which already hand the pipeline one, carry it to the
+ * decision record without a field of their own.
+ */
+const upstreamTimes = new WeakMap<readonly TraceEntry[], { ms: number }>();
+
+/**
+ * Adds one exchange's upstream time: from handing the request to the executor until the
+ * response body's last byte arrived (or it failed, or there was none). A body the guest reads
+ * slowly holds its last byte back, so this includes backpressure, as Envoy's upstream_rq_time does.
+ */
+export function timeUpstream(trace: readonly TraceEntry[], started: number, body: NodeJS.EventEmitter | null): void {
+  let counted = false;
+  const add = (): void => {
+    if (counted) return;
+    counted = true;
+    const total = upstreamTimes.get(trace);
+    const ms = performance.now() - started;
+    if (total === undefined) upstreamTimes.set(trace, { ms });
+    else total.ms += ms;
+  };
+  if (body === null) return add();
+  body.once("end", add);
+  body.once("close", add);
+  body.once("error", add);
+}
+
+/** The upstream time (ms) added for this trace, summed over redirect hops and layer descents; undefined when nothing went upstream. */
+export function upstreamTimeOf(trace: readonly TraceEntry[]): number | undefined {
+  const total = upstreamTimes.get(trace);
+  return total === undefined ? undefined : Math.round(total.ms * 10) / 10;
+}

@@ -222,6 +222,33 @@ describe("metrics", () => {
     expect(total).toBe(8);
   });
 
+  it("times the upstream alone: a request a hook answered adds no upstream time, one sent upstream adds each hop's exchange, within its total", async () => {
+    const upstream = await startUpstream();
+    const seen = ends();
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        onRequest: (request) => (new URL(request.url).pathname === "/answered" ? new Response("from the hook") : undefined),
+      },
+      { metrics: true, logLevel: "warn" },
+    );
+    const base = `https://api.test:${upstream.port}`;
+    expect((await fetchVia(proxy, `${base}/answered`)).status).toBe(200);
+    expect((await fetchVia(proxy, `${base}/redirect?to=/echo`)).status).toBe(200);
+    await seen.count(2);
+    const [answered, redirected] = seen.records;
+    expect(answered!.rule?.tier).toBe("tier3");
+    expect(answered!.upstreamMs).toBeUndefined();
+    expect(redirected!.redirects).toBe(1);
+    expect(redirected!.upstreamMs).toBeGreaterThan(0);
+    expect(redirected!.upstreamMs!).toBeLessThanOrEqual(redirected!.ms + 0.1);
+    const text = await proxy.metrics();
+    // Both were allowed; only the one that went upstream has an upstream time.
+    expect(sample(text, "egressgate_request_duration_seconds_count", { decision: "allow" })).toBe(2);
+    expect(sample(text, "egressgate_upstream_duration_seconds_count")).toBe(1);
+    expect(sample(text, "egressgate_upstream_duration_seconds_sum")).toBeCloseTo(redirected!.upstreamMs! / 1000, 4);
+  });
+
   it("serves /healthz and /readyz, 404 elsewhere, and the listener closes with the proxy", async () => {
     const proxy = await startTestProxy({ allowedHosts: ["x.test"] }, { metricsListen: "127.0.0.1:0", logLevel: "warn" });
     expect(await get(`${proxy.metricsUrl}/healthz`)).toEqual({ status: 200, text: "ok\n" });
