@@ -23,8 +23,8 @@
  * http-mitm-proxy, and mitmdump when it is installed (bench/targets.ts). Upstreams, each proxy
  * and the load generator (bench/load.ts) run in their own processes, all on 127.0.0.1.
  *
- *   npm run build && npm run bench               (about 11 minutes on 2 cores)
- *   npm run bench -- --quick                     (under 2 minutes)
+ *   npm run build && npm run bench               (about 14 minutes on 2 cores)
+ *   npm run bench -- --quick                     (about 2½ minutes)
  *   npm run bench -- --quick --cpu-prof          (also profiles the egressgate child)
  *
  * Prints one markdown table per scenario and the goals of issue 6, and writes everything to
@@ -86,8 +86,8 @@ interface BenchSettings {
 }
 
 const usage = `usage: npm run bench -- [--quick] [--targets LIST] [--scenarios LIST] [--rounds N] [--seconds S] [--hosts N] [--cpu-prof[=TARGET]]
-  --quick            shorter windows, 100 new hostnames, 2 rounds, no egressgate-w2 (under 2 minutes on 2 cores);
-                     the default (full) takes about 11 minutes
+  --quick            shorter windows, 100 new hostnames, 2 rounds, no egressgate-w2 (about 2½ minutes on 2 cores);
+                     the default (full) takes about 14 minutes
   --targets LIST     comma-separated, from ${allTargets.join(", ")}
   --scenarios LIST   comma-separated, from ${scenarioNames.join(", ")}
   --rounds N         interleaved rounds of small and newconn, 1..20
@@ -112,7 +112,7 @@ function parseList<T extends string>(flag: string, list: string | undefined, all
 function parseArgs(argv: readonly string[]): BenchSettings {
   const quick = argv.includes("--quick");
   // Quick mode leaves out egressgate-w2 unless asked for (`--targets`): comparing process counts
-  // wants the full run's longer windows, and quick mode must stay under 2 minutes.
+  // wants the full run's longer windows, and quick mode must stay short.
   let targets: readonly TargetName[] = quick ? allTargets.filter((t) => t !== "egressgate-w2") : allTargets;
   let scenarios: readonly ScenarioName[] = scenarioNames;
   let rounds = quick ? 2 : 5;
