@@ -108,7 +108,9 @@ function connectThrough(proxyUrl: string, authority: string): Promise<Socket> {
         return;
       }
       socket.removeAllListeners("close");
-      socket.removeAllListeners("error");
+      // The TLS socket on top reports the connection's failures; this one must still never throw.
+      socket.off("error", fail);
+      socket.on("error", () => undefined);
       // A proxy sends nothing after its 200 until the guest speaks TLS; keep any byte anyway.
       if (head.length > end + 4) socket.unshift(head.subarray(end + 4));
       resolve(socket);

@@ -52,6 +52,7 @@ import {
   hooksTable,
   hostsRows,
   hostsTable,
+  metricsGoal,
   rateRows,
   rateTable,
   type BigRow,
@@ -60,7 +61,7 @@ import { profileTables, summarizeProfile, type ProfileSummary } from "./profile.
 import { Harness, hostsFor, runBig, runBulk, runHosts, runRate, scenarioNames, type BulkWindow, type HostsWindow, type RateWindow, type ScenarioName } from "./scenarios.js";
 import { h2Targets, runH2, runH2Downloads, type H2DownloadResult, type H2Window } from "./h2-scenario.js";
 import { h2DownloadRows, h2DownloadTable, h2Goals, h2Rows, h2Table } from "./h2-report.js";
-import { allTargets, egressgateTargets, hookedTargets, startTargets, type EgressgateTarget } from "./targets.js";
+import { allTargets, egressgateTargets, hookedTargets, smallOnlyTargets, startTargets, type EgressgateTarget } from "./targets.js";
 
 interface BenchSettings {
   readonly mode: "quick" | "full";
@@ -184,7 +185,7 @@ function parseArgs(argv: readonly string[]): BenchSettings {
 function targetsOf(settings: BenchSettings, scenario: ScenarioName): TargetName[] {
   if (scenario === "small") return [...settings.targets];
   if (scenario === "h2") return settings.targets.filter((t) => h2Targets.includes(t));
-  return settings.targets.filter((t) => t !== "egressgate-api" && !hookedTargets.includes(t) && (scenario !== "hosts" || t !== "egressgate-w2"));
+  return settings.targets.filter((t) => t !== "egressgate-api" && !hookedTargets.includes(t) && !smallOnlyTargets.includes(t) && (scenario !== "hosts" || t !== "egressgate-w2"));
 }
 
 function machineInfo(loadBefore: readonly number[]): Record<string, unknown> {
@@ -347,11 +348,14 @@ async function main(): Promise<void> {
   const hooks = compareHooks(smallRows);
   const deciders = compareDeciders(smallRows);
   const deciderGoalRow = deciderGoal(deciders);
+  const metricsCost = compareHooks(smallRows, ["egressgate+metrics"], "egressgate");
+  const metricsGoalRow = metricsGoal(metricsCost);
   const h2 = h2Rows(h2Windows, summary);
   const h2DownloadList = h2DownloadRows(h2Downloads);
   const goalList = [
     ...goals({ small: smallRows, newconn: newconnRows, hosts, bulk, big, egressgateFailure: h.dropped.get("egressgate") }),
     ...(deciderGoalRow !== undefined ? [deciderGoalRow] : []),
+    ...(metricsGoalRow !== undefined ? [metricsGoalRow] : []),
     ...h2Goals(h2, h2DownloadList),
   ];
   const machine = machineInfo(loadBefore);
@@ -374,6 +378,10 @@ async function main(): Promise<void> {
     if (hooks.length > 0) {
       print("\nHooks (each hooked target ÷ `egressgate-api`, the same script but for the hooks; proxy CPU includes the tier-2 worker threads, the event-loop thread column leaves them out):\n");
       print(hooksTable(hooks));
+    }
+    if (metricsCost.length > 0) {
+      print("\nMetrics (`egressgate+metrics` ÷ `egressgate`: the same CLI with `--metrics-listen`, scraped every second during the run):\n");
+      print(hooksTable(metricsCost));
     }
     if (deciders.length > 0) {
       print("\nExternal deciders (each against `egressgate-api`, the same script with no source; the webhook is a process of its own on 127.0.0.1, and the command a new process per request):\n");
