@@ -37,6 +37,7 @@ export type TargetName =
   | "tcp-relay"
   | "egressgate"
   | "egressgate-w2"
+  | "egressgate+metrics"
   | "egressgate-api"
   | "egressgate+hooks"
   | "egressgate+djs"

@@ -15,6 +15,7 @@
  */
 import { spawnSync, type ChildProcess } from "node:child_process";
 import { chmodSync, closeSync, existsSync, ftruncateSync, mkdirSync, openSync, readFileSync, writeFileSync, writeSync } from "node:fs";
+import { get as httpGet } from "node:http";
 import { connect, createServer } from "node:net";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -30,6 +31,7 @@ export const allTargets: readonly TargetName[] = [
   "tcp-relay",
   "egressgate",
   "egressgate-w2",
+  "egressgate+metrics",
   "egressgate-api",
   "egressgate+hooks",
   "egressgate+djs",
@@ -44,6 +46,7 @@ export const peerTargets: readonly TargetName[] = ["mockttp", "http-mitm-proxy",
 export type EgressgateTarget =
   | "egressgate"
   | "egressgate-w2"
+  | "egressgate+metrics"
   | "egressgate-api"
   | "egressgate+hooks"
   | "egressgate+djs"
@@ -53,6 +56,7 @@ export type EgressgateTarget =
 export const egressgateTargets: readonly EgressgateTarget[] = [
   "egressgate",
   "egressgate-w2",
+  "egressgate+metrics",
   "egressgate-api",
   "egressgate+hooks",
   "egressgate+djs",
@@ -60,8 +64,15 @@ export const egressgateTargets: readonly EgressgateTarget[] = [
   "egressgate+webhook",
   "egressgate+command",
 ];
-/** The CLI targets: egressgate in one process, and with `--workers 2` (node:cluster). The others embed startProxy. */
-const cliTargets: readonly EgressgateTarget[] = ["egressgate", "egressgate-w2"];
+/**
+ * The CLI targets: egressgate in one process, with `--workers 2` (node:cluster), and with
+ * `--metrics-listen` scraped every second. The others embed startProxy.
+ */
+const cliTargets: readonly EgressgateTarget[] = ["egressgate", "egressgate-w2", "egressgate+metrics"];
+/** Targets that take part in small GETs only: the CLI with metrics is compared with the CLI there (DESIGN §8: under 3%). */
+export const smallOnlyTargets: readonly TargetName[] = ["egressgate+metrics"];
+/** How often the bench scrapes egressgate+metrics, as a Prometheus with a short interval would (its default is 60 s). */
+const scrapeEveryMs = 1_000;
 /** The embedded targets that differ from egressgate-api only in their hooks: they take part in small GETs only. */
 export const hookedTargets: readonly TargetName[] = ["egressgate+hooks", "egressgate+djs", "egressgate+djs-allowlist", "egressgate+webhook", "egressgate+command"];
 /** The hooked targets whose one source is an external decider (bench/decider-webhook.ts, or a command that allows). */
@@ -234,6 +245,22 @@ async function startBulkServer(dir: string, certFile: string, keyFile: string): 
   return { child, port: Number(match) };
 }
 
+/**
+ * Scrapes a metrics endpoint for the rest of the run, as Prometheus would: the proxy pays for
+ * building the text inside the measured windows. A failed scrape is left for the next one.
+ */
+function scrapeEvery(url: string, ms: number): void {
+  const timer = setInterval(() => {
+    const req = httpGet(url, (res) => {
+      res.on("error", () => undefined);
+      res.resume();
+    });
+    req.on("error", () => undefined);
+    req.setTimeout(ms, () => req.destroy());
+  }, ms);
+  timer.unref();
+}
+
 export async function startTargets(options: StartOptions): Promise<StartedTargets> {
   const { dir, targets } = options;
   const cliPath = join(root, "dist", "cli", "bin.js");
@@ -342,6 +369,11 @@ export async function startTargets(options: StartOptions): Promise<StartedTarget
   };
   if (targets.includes("egressgate")) proxies.set("egressgate", await startCli("egressgate", options.egressgateHostnames, profileFor("egressgate")));
   if (targets.includes("egressgate-w2")) proxies.set("egressgate-w2", await startCli("egressgate-w2", [], undefined, ["--workers", "2"]));
+  if (targets.includes("egressgate+metrics")) {
+    const metricsPort = await freePort();
+    proxies.set("egressgate+metrics", await startCli("egressgate+metrics", [], profileFor("egressgate+metrics"), ["--metrics-listen", `127.0.0.1:${metricsPort}`]));
+    scrapeEvery(`http://127.0.0.1:${metricsPort}/metrics`, scrapeEveryMs);
+  }
   const freshEgressgate = options.freshEgressgate ? await startCli("egressgate (1 GiB)", [], undefined) : undefined;
   const freshEgressgateDjs = options.freshEgressgate
     ? await startCli("egressgate + onResponse policy (1 GiB)", [], undefined, ["--hooks-script", writePolicy(dir, "on-response-only.mjs", onResponseOnlySource)])

@@ -1,4 +1,5 @@
-import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from "prom-client";
+import { collectDefaultMetrics, Counter, Gauge, Registry } from "prom-client";
+import { tallyCounter, tallyHistogram } from "./tally.js";
 import type { Socket } from "node:net";
 import type { AuditRecord, AuditSource } from "./audit-record.js";
 import { shareWithPrimary } from "./cluster-metrics.js";
@@ -38,49 +39,52 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
   const registry = new Registry();
   shareWithPrimary(registry);
   if (options.defaultMetrics !== false) collectDefaultMetrics({ register: registry, prefix: "egressgate_" });
-  const requests = new Counter({
+  // Counted per request through tallies (see tally.ts): prom-client's own inc()/observe() hash
+  // their labels on every call.
+  const requests = tallyCounter({
     name: "egressgate_requests_total",
     help: "Decisions, by guest, allow or deny, status class and the rule that decided (never a raw hostname).",
-    labelNames: ["guest", "decision", "status_class", "rule"] as const,
-    registers: [registry],
+    labelNames: ["guest", "decision", "status_class", "rule"],
+    registry,
   });
-  const duration = new Histogram({
+  const duration = tallyHistogram({
     name: "egressgate_request_duration_seconds",
     help: "From a request's arrival until the guest had all of the answer.",
-    labelNames: ["decision"] as const,
+    labelNames: ["decision"],
     buckets: durationBuckets,
-    registers: [registry],
+    registry,
   });
-  const upstream = new Histogram({
+  const upstream = tallyHistogram({
     name: "egressgate_upstream_duration_seconds",
     help: "Upstream time alone of an allowed request: from sending it upstream until the response body's last byte arrived, summed over redirect hops.",
+    labelNames: [],
     buckets: durationBuckets,
-    registers: [registry],
+    registry,
   });
-  const hookDuration = new Histogram({
+  const hookDuration = tallyHistogram({
     name: "egressgate_hook_duration_seconds",
     help: "One hook source's call, by source (a policy file, hooks[N], a decider, declarative) and phase.",
-    labelNames: ["source", "phase"] as const,
+    labelNames: ["source", "phase"],
     buckets: hookBuckets,
-    registers: [registry],
+    registry,
   });
-  const hookFailures = new Counter({
+  const hookFailures = tallyCounter({
     name: "egressgate_hook_failures_total",
     help: "Hook calls that failed (502), by source and kind: time, memory, stack, throw, invalid, busy.",
-    labelNames: ["source", "kind"] as const,
-    registers: [registry],
+    labelNames: ["source", "kind"],
+    registry,
   });
-  const bytes = new Counter({
+  const bytes = tallyCounter({
     name: "egressgate_bytes_total",
     help: "Body bytes: up (from guests) and down (to guests).",
-    labelNames: ["direction"] as const,
-    registers: [registry],
+    labelNames: ["direction"],
+    registry,
   });
-  const secretRefusals = new Counter({
+  const secretRefusals = tallyCounter({
     name: "egressgate_secret_refusals_total",
     help: "Requests refused for carrying a secret (its placeholder or value) where it may not go, by secret name.",
-    labelNames: ["secret"] as const,
-    registers: [registry],
+    labelNames: ["secret"],
+    registry,
   });
   let openTunnels = 0;
   new Gauge({
@@ -124,18 +128,18 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
     registry,
     observe(record) {
       const decision = decisionOf(record);
-      requests.inc({ guest: record.guest ?? "", decision, status_class: `${Math.floor(record.status / 100)}xx`, rule: ruleOf(record) });
-      duration.observe({ decision }, record.ms / 1000);
+      requests.inc([record.guest ?? "", decision, statusClass(record.status), ruleOf(record)]);
+      duration.observe([decision], record.ms / 1000);
       for (const source of record.sources) {
-        hookDuration.observe({ source: source.source, phase: source.phase }, source.ms / 1000);
-        if (source.decision === "error") hookFailures.inc({ source: source.source, kind: source.failure ?? failureKind(source) });
+        hookDuration.observe([source.source, source.phase], source.ms / 1000);
+        if (source.decision === "error") hookFailures.inc([source.source, source.failure ?? failureKind(source)]);
         const secret = secretOf(source);
-        if (secret !== undefined) secretRefusals.inc({ secret });
+        if (secret !== undefined) secretRefusals.inc([secret]);
       }
       // Measured at the executor, not derived: a request a hook answered itself sent nothing upstream.
-      if (decision === "allow" && record.upstreamMs !== undefined) upstream.observe(record.upstreamMs / 1000);
-      if (record.bytesUp > 0) bytes.inc({ direction: "up" }, record.bytesUp);
-      if (record.bytesDown > 0) bytes.inc({ direction: "down" }, record.bytesDown);
+      if (decision === "allow" && record.upstreamMs !== undefined) upstream.observe([], record.upstreamMs / 1000);
+      if (record.bytesUp > 0) bytes.inc(["up"], record.bytesUp);
+      if (record.bytesDown > 0) bytes.inc(["down"], record.bytesDown);
     },
     tunnel(socket) {
       openTunnels += 1;
@@ -151,6 +155,13 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
     },
     text: () => registry.metrics(),
   };
+}
+
+const statusClasses = ["0xx", "1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/** `2xx` for 200: the label, without a new string per request. */
+function statusClass(status: number): string {
+  return statusClasses[Math.floor(status / 100)] ?? `${Math.floor(status / 100)}xx`;
 }
 
 /** allow (a rule let it out), deny (a 4xx refusal), error (5xx: a hook or the upstream failed), gone (the guest left: 499). */

@@ -1,6 +1,8 @@
 import { describe, expect, it } from "vitest";
 import type { AuditRecord } from "../../src/metrics/audit-record.js";
+import { Counter, Histogram, Registry } from "prom-client";
 import { createProxyMetrics, decisionOf, failureKind, ruleOf } from "../../src/metrics/metrics.js";
+import { tallyCounter, tallyHistogram } from "../../src/metrics/tally.js";
 
 const base: AuditRecord = { time: "2026-01-01T00:00:00.000Z", guest: "g", method: "GET", url: "https://a.test/", status: 200, reason: "", sources: [], redirects: 0, bytesUp: 0, bytesDown: 0, ms: 1 };
 
@@ -30,6 +32,27 @@ describe("metric labels", () => {
     expect(failureKind(entry("Maximum call stack size exceeded"))).toBe("stack");
     expect(failureKind(entry("onRequest returned an invalid header"))).toBe("invalid");
     expect(failureKind(entry("TypeError: x is undefined"))).toBe("throw");
+  });
+
+  it("exposes the tallied series exactly as prom-client's own counter and histogram would", async () => {
+    const registry = new Registry();
+    const counter = tallyCounter({ name: "t_total", help: "h", labelNames: ["a", "b"], registry });
+    const histogram = tallyHistogram({ name: "t_seconds", help: "h", labelNames: ["a"], buckets: [0.1, 1, 10], registry });
+    const reference = new Registry();
+    const promCounter = new Counter({ name: "t_total", help: "h", labelNames: ["a", "b"], registers: [reference] });
+    const promHistogram = new Histogram({ name: "t_seconds", help: "h", labelNames: ["a"], buckets: [0.1, 1, 10], registers: [reference] });
+    for (const [a, b, by] of [["x", "y", 1], ["x", "y", 2], ["x", "z", 5]] as const) {
+      counter.inc([a, b], by);
+      promCounter.inc({ a, b }, by);
+    }
+    // On a bound, between bounds, past the last: the buckets are cumulative and +Inf counts all.
+    for (const [a, value] of [["x", 0.1], ["x", 0.5], ["x", 20], ["y", 1]] as const) {
+      histogram.observe([a], value);
+      promHistogram.observe({ a }, value);
+    }
+    expect(await registry.metrics()).toBe(await reference.metrics());
+    // Read twice: the scrape does not count anything again.
+    expect(await registry.metrics()).toBe(await reference.metrics());
   });
 
   it("takes a failure's kind from the record's failure field over its message", async () => {
