@@ -1,10 +1,14 @@
 import * as grpc from "@grpc/grpc-js";
 import { readFileSync } from "node:fs";
+import { fileURLToPath } from "node:url";
 import { afterEach, beforeEach, describe, expect, it, onTestFinished } from "vitest";
 import { createCaCertificate, importKeyPair, LeafSigner, parseCertificate } from "../../src/tls/x509.js";
 import { echoService } from "../fixtures/grpc/echo-service.js";
+import { cleanEnv, runClient } from "../helpers/clients.js";
 import { startTestProxy, type TestProxy } from "../helpers/proxy.js";
 import type { HttpHooksOptions } from "../../src/index.js";
+
+const guestClient = fileURLToPath(new URL("../fixtures/grpc/guest-client.mjs", import.meta.url));
 
 interface GrpcUpstream {
   readonly port: number;
@@ -101,6 +105,25 @@ describe("gRPC through the proxy", () => {
     expect(answer.trailers.get("x-checksum")).toEqual(["sum-1"]);
     expect(upstream.calls()).toBe(1);
     expect(proxy.logs.some((line) => line["msg"] === "request" && line["http"] === "2" && line["status"] === 200)).toBe(true);
+  });
+
+  it("a grpc-js guest configured only by guestEnv() (its proxy and GRPC_DEFAULT_SSL_ROOTS_FILE_PATH) calls through the proxy", async () => {
+    const upstream = await startGrpcServer();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstreamCa: [upstream.caPem] });
+    const env = proxy.guestEnv();
+    expect(readFileSync(env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"]!, "utf8")).toContain(proxy.caCertPem.trim());
+    // A process of its own with exactly the guest's environment: grpc-js reads both variables when it loads.
+    const run = await runClient(process.execPath, [guestClient, `api.test:${upstream.port}`, "from a guest"], cleanEnv(env));
+    expect(JSON.parse(run.stdout.trim()), run.stderr).toEqual({ value: "echo: from a guest" });
+    expect(upstream.calls()).toBe(1);
+    // grpc-js with neither GRPC_DEFAULT_SSL_ROOTS_FILE_PATH nor NODE_EXTRA_CA_CERTS (it falls back
+    // to Node's default roots, which take NODE_EXTRA_CA_CERTS in) does not trust the proxy: the call fails.
+    const without = (names: readonly string[]): Record<string, string> => Object.fromEntries(Object.entries(env).filter(([name]) => !names.includes(name)));
+    const onlyNode = await runClient(process.execPath, [guestClient, `api.test:${upstream.port}`, "node roots"], cleanEnv(without(["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"])));
+    expect(JSON.parse(onlyNode.stdout.trim()), onlyNode.stderr).toEqual({ value: "echo: node roots" });
+    const refused = await runClient(process.execPath, [guestClient, `api.test:${upstream.port}`, "again"], cleanEnv(without(["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", "NODE_EXTRA_CA_CERTS"])));
+    expect((JSON.parse(refused.stdout.trim()) as { code: number }).code, refused.stderr).toBe(grpc.status.UNAVAILABLE);
+    expect(upstream.calls()).toBe(2);
   });
 
   it("a server-streaming call delivers every message, then grpc-status OK", async () => {
