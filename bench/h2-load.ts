@@ -30,6 +30,8 @@ export interface H2RateRun {
   readonly connections: number;
   readonly durationMs: number;
   readonly record: boolean;
+  /** Offered load: at most this many requests a second (undefined: as fast as they complete). */
+  readonly ratePerSecond?: number | undefined;
 }
 
 export interface H2BulkRun {
@@ -171,6 +173,20 @@ function get(session: ClientHttp2Session, path: string, expectedBytes: number): 
   });
 }
 
+/**
+ * A schedule of request start times at `ratePerSecond` from `started`, shared by a window's
+ * workers: each call waits for the next free slot (a worker behind schedule starts at once, so
+ * a target that cannot keep up runs as fast as it can). With no rate it never waits.
+ */
+export function pacer(ratePerSecond: number | undefined, started: number): () => Promise<void> {
+  if (ratePerSecond === undefined) return () => Promise.resolve();
+  let slot = 0;
+  return async () => {
+    const wait = started + (slot++ * 1000) / ratePerSecond - performance.now();
+    if (wait > 1) await new Promise((resolve) => setTimeout(resolve, wait));
+  };
+}
+
 function laneFor(run: H2RateRun): H2Lane {
   let lane = lanes.get(run.lane);
   if (lane === undefined) {
@@ -211,11 +227,14 @@ export async function runH2Rate(setup: H2Setup, run: H2RateRun): Promise<H2Resul
   const path = new URL(run.url).pathname;
   const started = performance.now();
   const deadline = started + Math.min(run.durationMs, maxWindowMs);
+  const pace = pacer(run.ratePerSecond, started);
   let ok = 0;
   let errors = 0;
   let firstError: string | undefined;
   const worker = async (w: number): Promise<void> => {
     while (errors < maxErrorsPerWindow && performance.now() < deadline) {
+      await pace();
+      if (performance.now() >= deadline) break;
       const t0 = performance.now();
       try {
         await get(await sessionOf(setup, run, lane, w % run.connections, opening), path, run.expectedBytes);

@@ -40,7 +40,8 @@ export interface H2Row {
 const defined = (values: readonly (number | undefined)[]): number[] => values.filter((v): v is number => v !== undefined && Number.isFinite(v));
 const medianOf = (values: readonly number[]): number | undefined => (values.length > 0 ? median(values) : undefined);
 
-export function h2Rows(windows: readonly H2Window[], summary: readonly LoadSummaryEntry[]): H2Row[] {
+export function h2Rows(all: readonly H2Window[], summary: readonly LoadSummaryEntry[]): H2Row[] {
+  const windows = all.filter((w) => w.pacedRate === undefined);
   const keys = [...new Map(windows.map((w) => [`${w.target}/${w.variant}`, { target: w.target, variant: w.variant }])).values()];
   const base = keys.map(({ target, variant }) => {
     const mine = windows.filter((w) => w.target === target && w.variant === variant);
@@ -102,6 +103,61 @@ export function h2Table(rows: readonly H2Row[]): string {
       times(r.ratioToMitmdump),
       String(r.errors),
       `${r.clientConnects} / ${r.upstreamConnects}`,
+    ]),
+  );
+}
+
+/**
+ * egressgate's rows at a fixed, moderate offered load: proxy CPU per request at equal throughput,
+ * with about one request in flight, so streams share no wake-ups, TLS records or frame batches:
+ * what one HTTP/2 stream costs against one HTTP/1.1 request, without multiplexing's savings.
+ */
+export interface H2PacedRow {
+  readonly variant: H2Variant;
+  readonly label: string;
+  readonly offeredPerSecond: number;
+  readonly requestsPerSecond: number;
+  readonly requestsPerSecondMin: number;
+  readonly proxyCpuMicrosPerRequest: number | undefined;
+  readonly cpuByRound: readonly (number | undefined)[];
+  /** The HTTP/1.1 row's CPU per request ÷ this row's. */
+  readonly cpuRatioToH1: number | undefined;
+  readonly errors: number;
+}
+
+export function h2PacedRows(all: readonly H2Window[]): H2PacedRow[] {
+  const paced = all.filter((w) => w.pacedRate !== undefined && w.target === "egressgate");
+  const perRequest = (w: H2Window): number | undefined => (w.proxyCpuPercent === undefined || w.requestsPerSecond === 0 ? undefined : (w.proxyCpuPercent / 100 / w.requestsPerSecond) * 1e6);
+  const rows = [...new Set(paced.map((w) => w.variant))].map((variant) => {
+    const mine = paced.filter((w) => w.variant === variant).sort((a, b) => a.round - b.round);
+    const rps = mine.map((w) => w.requestsPerSecond);
+    return {
+      variant,
+      label: h2Variants[variant].label,
+      offeredPerSecond: mine[0]?.pacedRate ?? 0,
+      requestsPerSecond: median(rps),
+      requestsPerSecondMin: Math.min(...rps),
+      proxyCpuMicrosPerRequest: medianOf(defined(mine.map(perRequest))),
+      cpuByRound: mine.map(perRequest),
+      errors: mine.reduce((n, w) => n + w.errors, 0),
+    };
+  });
+  const h1 = rows.find((r) => r.variant === "h1-32-h1up")?.proxyCpuMicrosPerRequest;
+  return rows.map((r) => ({ ...r, cpuRatioToH1: h1 === undefined || r.proxyCpuMicrosPerRequest === undefined ? undefined : h1 / r.proxyCpuMicrosPerRequest }));
+}
+
+export function h2PacedTable(rows: readonly H2PacedRow[]): string {
+  return table(
+    ["egressgate, guest -> upstream", "offered req/s", "req/s (median, min)", "proxy CPU µs/req", "µs/req by round", "h1 CPU ÷ this", "errors"],
+    ["l", "r", "r", "r", "l", "r", "r"],
+    rows.map((r) => [
+      r.label,
+      String(r.offeredPerSecond),
+      `${fixed(r.requestsPerSecond, 0)}, ${fixed(r.requestsPerSecondMin, 0)}`,
+      fixed(r.proxyCpuMicrosPerRequest, 0),
+      r.cpuByRound.map((v) => fixed(v, 0)).join(", "),
+      r.variant === "h1-32-h1up" ? "1.00×" : times(r.cpuRatioToH1),
+      String(r.errors),
     ]),
   );
 }

@@ -53,6 +53,8 @@ export function variantsOf(target: TargetName): H2Variant[] {
 
 export interface H2Window extends RateWindow {
   readonly variant: H2Variant;
+  /** The offered load of a paced window (req/s); undefined for as-fast-as-possible. */
+  readonly pacedRate?: number | undefined;
 }
 
 export interface H2Spec {
@@ -62,7 +64,16 @@ export interface H2Spec {
   readonly initialWarmupMs: number;
   readonly warmupMs: number;
   readonly measureMs: number;
+  /**
+   * Then egressgate's HTTP/1.1 row and its h2 rows to the h1 upstream again, each offered the
+   * same fixed load: their proxy CPU per request at equal throughput (CPU per request otherwise
+   * falls as throughput rises, more for HTTP/2, whose streams then share frames and TLS records).
+   */
+  readonly pacedRate: number | undefined;
 }
+
+/** The variants run at the fixed offered load. */
+export const pacedVariants: readonly H2Variant[] = ["h1-32-h1up", "h2-1-h1up", "h2-8-h1up"];
 
 const fmt = (n: number | undefined, digits = 0): string => (n === undefined || Number.isNaN(n) ? "–" : n.toFixed(digits));
 
@@ -70,39 +81,62 @@ function rotated<T>(items: readonly T[], round: number): T[] {
   return items.map((_, i) => items[(i + round) % items.length]!);
 }
 
-/** One window of `variant` for `target`; `record` false for a warm-up. */
-async function window(h: Harness, target: TargetName, variant: H2Variant, spec: H2Spec, durationMs: number, record: boolean): Promise<{ ok: number; errors: number; firstError: string | undefined; elapsedMs: number; connects: number; p50Ms: number; p99Ms: number }> {
+interface H2Lane {
+  readonly target: TargetName;
+  readonly variant: H2Variant;
+  readonly pacedRate: number | undefined;
+}
+
+/** The load generator's lane name: its connections and latency histogram. */
+export function laneName(lane: H2Lane): string {
+  return `h2/${lane.target}/${lane.variant}${lane.pacedRate !== undefined ? `@${lane.pacedRate}` : ""}`;
+}
+
+/** One window of a lane; `record` false for a warm-up. */
+async function window(h: Harness, lane: H2Lane, spec: H2Spec, durationMs: number, record: boolean): Promise<{ ok: number; errors: number; firstError: string | undefined; elapsedMs: number; connects: number; p50Ms: number; p99Ms: number }> {
+  const { target, variant, pacedRate } = lane;
   const info = h2Variants[variant];
   const port = info.upstream === "h2" ? h.started.upstreamH2Port : h.started.upstreamPort;
   const url = `https://${originHost}:${port}/small`;
-  const lane = `h2/${target}/${variant}`;
+  const name = laneName(lane);
   if (info.guest === "h1") {
-    return h.rate({ lane, target, url, expectedBytes: smallBodyBytes, concurrency: spec.concurrency, newConnections: false, durationMs, record });
+    return h.rate({ lane: name, target, url, expectedBytes: smallBodyBytes, concurrency: spec.concurrency, newConnections: false, durationMs, record, ratePerSecond: pacedRate });
   }
-  const run: H2RateRun = { kind: "h2rate", id: h.nextId(), lane, target, url, expectedBytes: smallBodyBytes, concurrency: spec.concurrency, connections: info.connections, durationMs, record };
+  const run: H2RateRun = { kind: "h2rate", id: h.nextId(), lane: name, target, url, expectedBytes: smallBodyBytes, concurrency: spec.concurrency, connections: info.connections, durationMs, record, ratePerSecond: pacedRate };
   return ask<H2Result>(h.load, "result", run, durationMs + 60_000);
 }
 
 export async function runH2(h: Harness, spec: H2Spec): Promise<H2Window[]> {
-  const lanes = spec.targets.flatMap((target) => variantsOf(target).map((variant) => ({ target, variant })));
-  for (const { target, variant } of lanes) {
-    if (!h.available(target)) continue;
-    const warm = await window(h, target, variant, spec, spec.initialWarmupMs, false);
-    await h.noteFailure("h2", target, warm.ok, warm.errors, warm.firstError);
-  }
   const windows: H2Window[] = [];
+  const free = spec.targets.flatMap((target) => variantsOf(target).map((variant): H2Lane => ({ target, variant, pacedRate: undefined })));
+  await runLanes(h, spec, free, windows);
+  if (spec.pacedRate !== undefined && spec.targets.includes("egressgate")) {
+    const paced = pacedVariants.map((variant): H2Lane => ({ target: "egressgate", variant, pacedRate: spec.pacedRate }));
+    await runLanes(h, spec, paced, windows);
+  }
+  return windows;
+}
+
+async function runLanes(h: Harness, spec: H2Spec, lanes: readonly H2Lane[], windows: H2Window[]): Promise<void> {
+  for (const lane of lanes) {
+    if (!h.available(lane.target)) continue;
+    const warm = await window(h, lane, spec, spec.initialWarmupMs, false);
+    await h.noteFailure("h2", lane.target, warm.ok, warm.errors, warm.firstError);
+  }
   for (let round = 0; round < spec.rounds; round++) {
-    for (const { target, variant } of rotated(lanes, round)) {
+    for (const lane of rotated(lanes, round)) {
+      const { target, variant, pacedRate } = lane;
       if (!h.available(target)) continue;
       const upstreamBefore = await h.upstreamStats();
-      const warm = spec.warmupMs > 0 ? await window(h, target, variant, spec, spec.warmupMs, false) : undefined;
-      const { value: result, sample } = await h.measure(h.pidOf(target), () => window(h, target, variant, spec, spec.measureMs, true));
+      const warm = spec.warmupMs > 0 ? await window(h, lane, spec, spec.warmupMs, false) : undefined;
+      const { value: result, sample } = await h.measure(h.pidOf(target), () => window(h, lane, spec, spec.measureMs, true));
       const upstreamAfter = await h.upstreamStats();
       const w: H2Window = {
         ...sample,
         round: round + 1,
         target,
         variant,
+        pacedRate,
         concurrency: spec.concurrency,
         requestsPerSecond: result.ok / (result.elapsedMs / 1000),
         ok: result.ok,
@@ -115,13 +149,13 @@ export async function runH2(h: Harness, spec: H2Spec): Promise<H2Window[]> {
       };
       windows.push(w);
       await h.noteFailure("h2", target, w.ok, w.errors, w.firstError);
+      const cpuPerRequest = sample.proxyCpuPercent === undefined || w.requestsPerSecond === 0 ? undefined : (sample.proxyCpuPercent / 100 / w.requestsPerSecond) * 1e6;
       h.log(
-        `  h2 round ${round + 1}/${spec.rounds} ${target.padEnd(11)} ${variant.padEnd(11)} ${fmt(w.requestsPerSecond).padStart(6)} req/s  ` +
-          `p50 ${fmt(w.p50Ms, 2)} ms  proxy CPU ${fmt(sample.proxyCpuPercent)}%  conns ${w.clientConnects}/${w.upstreamConnects}`,
+        `  h2 round ${round + 1}/${spec.rounds} ${target.padEnd(11)} ${variant.padEnd(11)}${pacedRate !== undefined ? ` @${pacedRate}` : ""} ${fmt(w.requestsPerSecond).padStart(6)} req/s  ` +
+          `p50 ${fmt(w.p50Ms, 2)} ms  proxy CPU ${fmt(sample.proxyCpuPercent)}% (${fmt(cpuPerRequest)} µs/req)  conns ${w.clientConnects}/${w.upstreamConnects}`,
       );
     }
   }
-  return windows;
 }
 
 export interface H2DownloadResult extends Sample {

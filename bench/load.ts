@@ -25,7 +25,7 @@ import type { LookupAddress } from "node:dns";
 import { createHistogram, performance, type RecordableHistogram } from "node:perf_hooks";
 import { Readable } from "node:stream";
 import { Agent, buildConnector, Pool, ProxyAgent, request, type Dispatcher } from "undici";
-import { closeH2, h2Summary, runH2Bulk, runH2Rate, type H2BulkRun, type H2RateRun, type H2Result } from "./h2-load.js";
+import { closeH2, h2Summary, pacer, runH2Bulk, runH2Rate, type H2BulkRun, type H2RateRun, type H2Result } from "./h2-load.js";
 
 /**
  * `egressgate` is the built CLI; `egressgate-api` and `egressgate+hooks` are bench/hooked-proxy.ts
@@ -77,6 +77,8 @@ export interface RateRun extends RunBase {
   /** false for a warm-up window: nothing goes into the lane's histogram. */
   readonly record: boolean;
   readonly newConnections: boolean;
+  /** Offered load: at most this many requests a second (undefined: as fast as they complete). */
+  readonly ratePerSecond?: number | undefined;
 }
 
 export interface HostsRun extends RunBase {
@@ -238,8 +240,11 @@ async function runRate(lane: Lane, run: RateRun): Promise<RateResult> {
   let ok = 0;
   let errors = 0;
   let firstError: string | undefined;
+  const pace = pacer(run.ratePerSecond, started);
   const worker = async (): Promise<void> => {
     while (issued < maxRequestsPerWindow && errors < maxErrorsPerWindow && performance.now() < deadline) {
+      await pace();
+      if (performance.now() >= deadline) break;
       issued += 1;
       const t0 = performance.now();
       try {

@@ -70,7 +70,11 @@ describe("npm run bench", () => {
     const json = JSON.parse(readFileSync(out, "utf8")) as {
       skipped: Record<string, string>;
       dropped: Record<string, string>;
-      results: { h2: (RateRow & { variant: string; ratioToH1?: number })[]; h2Downloads: { upstream: string; errors: number; peakRssMiB?: number; failure?: string }[] };
+      results: {
+        h2: (RateRow & { variant: string; ratioToH1?: number })[];
+        h2Paced: { variant: string; requestsPerSecond: number; errors: number; proxyCpuMicrosPerRequest?: number }[];
+        h2Downloads: { upstream: string; errors: number; peakRssMiB?: number; failure?: string }[];
+      };
     };
     expect(json.dropped).toEqual({});
     for (const skipped of Object.keys(json.skipped)) expect(skipped).toBe("mitmdump");
@@ -86,7 +90,14 @@ describe("npm run bench", () => {
     }
     // The ratio to the HTTP/1.1 row of the same run is computed for every egressgate h2 row.
     for (const row of json.results.h2.filter((r) => r.target === "egressgate" && r.variant.startsWith("h2-"))) expect(row.ratioToH1).toBeGreaterThan(0);
-    // Both downloads on one h2 stream completed, each with the proxy's peak RSS read.
+    // egressgate's rows again at a fixed offered load, each with its CPU per request.
+    expect(json.results.h2Paced.map((r) => r.variant)).toEqual(["h1-32-h1up", "h2-1-h1up", "h2-8-h1up"]);
+    for (const row of json.results.h2Paced) {
+      expect(row.errors, row.variant).toBe(0);
+      expect(row.requestsPerSecond, row.variant).toBeGreaterThan(0);
+      expect(row.proxyCpuMicrosPerRequest, row.variant).toBeGreaterThan(0);
+    }
+        // Both downloads on one h2 stream completed, each with the proxy's peak RSS read.
     expect(json.results.h2Downloads.map((d) => [d.upstream, d.errors, d.failure])).toEqual([
       ["h1", 0, undefined],
       ["h2", 0, undefined],
