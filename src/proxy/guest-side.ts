@@ -340,8 +340,8 @@ export class GuestSide {
 /**
  * The reason phrase of a CONNECT the early check refused: `Forbidden: host "x.test" is not in
  * allowedHosts`, the reason's first clause (without the how-to-allow hint). Many clients report a
- * refused CONNECT by its status line and never read its body (Python's http.client, Go's net/http
- * and grpc-go, Java, wget), so the status line is where they can show why. Cut to 100 characters
+ * refused CONNECT by its status line and never read its body (Python's http.client, Go's
+ * net/http, Java, wget), so the status line is where they can show why. Cut to 100 characters
  * after redaction, and only visible ASCII (RFC 9112 §4 reason-phrase).
  */
 function connectReasonPhrase(error: EgressError): string {
