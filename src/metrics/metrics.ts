@@ -1,7 +1,8 @@
 import { collectDefaultMetrics, Counter, Gauge, Registry } from "prom-client";
 import { tallyCounter, tallyHistogram } from "./tally.js";
 import type { Socket } from "node:net";
-import type { AuditRecord, AuditSource } from "./audit-record.js";
+import type { AuditFacts, AuditInput, AuditRecord, AuditSource } from "./audit-record.js";
+import { upstreamTimeOf } from "../pipeline/trace.js";
 import { shareWithPrimary } from "./cluster-metrics.js";
 
 /** What the registry reads at scrape time from the parts of the proxy that keep their own counts. */
@@ -21,8 +22,14 @@ export interface MetricsProbes {
  */
 export interface ProxyMetrics {
   readonly registry: Registry;
-  /** Counts one decision. */
+  /** Counts one decision from its audit record. */
   observe(record: AuditRecord): void;
+  /**
+   * Counts one decision from what its record would be built from (the decision log's fields and
+   * the sources' trace), without building the record: the proxy's path when nothing else (an
+   * audit log, onDecision, a channel subscriber) wants one. The same counts as {@link observe}.
+   */
+  observeDecision(input: AuditInput, facts: AuditFacts | undefined): void;
   /** Counts an open tunnel (CONNECT) until its socket closes. */
   tunnel(socket: Socket): void;
   /** Counts an open upstream connection of a guest's pools until it closes. */
@@ -124,22 +131,42 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
   certCounter("hits", "Leaf certificates served from the cache.");
   certCounter("misses", "Leaf certificates signed because the cache had none.");
 
+  const count = (record: CountedDecision): void => {
+    const decision = decisionOf(record);
+    requests.inc([record.guest ?? "", decision, statusClass(record.status), ruleOf(record)]);
+    duration.observe([decision], record.ms / 1000);
+    for (const source of record.sources) {
+      hookDuration.observe([source.source, source.phase], source.ms / 1000);
+      if (source.decision === "error") hookFailures.inc([source.source, source.failure ?? failureKind(source)]);
+      const secret = secretOf(source);
+      if (secret !== undefined) secretRefusals.inc([secret]);
+    }
+    // Measured at the executor, not derived: a request a hook answered itself sent nothing upstream.
+    if (decision === "allow" && record.upstreamMs !== undefined) upstream.observe([], record.upstreamMs / 1000);
+    if (record.bytesUp > 0) bytes.inc(["up"], record.bytesUp);
+    if (record.bytesDown > 0) bytes.inc(["down"], record.bytesDown);
+  };
+
   return {
     registry,
     observe(record) {
-      const decision = decisionOf(record);
-      requests.inc([record.guest ?? "", decision, statusClass(record.status), ruleOf(record)]);
-      duration.observe([decision], record.ms / 1000);
-      for (const source of record.sources) {
-        hookDuration.observe([source.source, source.phase], source.ms / 1000);
-        if (source.decision === "error") hookFailures.inc([source.source, source.failure ?? failureKind(source)]);
-        const secret = secretOf(source);
-        if (secret !== undefined) secretRefusals.inc([secret]);
-      }
-      // Measured at the executor, not derived: a request a hook answered itself sent nothing upstream.
-      if (decision === "allow" && record.upstreamMs !== undefined) upstream.observe([], record.upstreamMs / 1000);
-      if (record.bytesUp > 0) bytes.inc(["up"], record.bytesUp);
-      if (record.bytesDown > 0) bytes.inc(["down"], record.bytesDown);
+      count(record);
+    },
+    observeDecision(input, facts) {
+      const trace = facts?.trace;
+      const rule = facts?.rule;
+      const upstreamMs = trace === undefined ? undefined : upstreamTimeOf(trace);
+      count({
+        guest: input.guest ?? null,
+        status: typeof input.status === "number" ? input.status : 0,
+        ...(input.code !== undefined ? { code: String(input.code) } : {}),
+        ...(rule !== undefined ? { rule: rule.source !== undefined ? { tier: rule.tier, rule: rule.rule, source: rule.source } : { tier: rule.tier, rule: rule.rule } } : {}),
+        sources: trace ?? [],
+        bytesUp: facts?.bytesUp ?? 0,
+        bytesDown: facts?.bytesDown ?? 0,
+        ms: performance.now() - input.started,
+        ...(upstreamMs !== undefined ? { upstreamMs } : {}),
+      });
     },
     tunnel(socket) {
       openTunnels += 1;
@@ -164,8 +191,31 @@ function statusClass(status: number): string {
   return statusClasses[Math.floor(status / 100)] ?? `${Math.floor(status / 100)}xx`;
 }
 
+/** One source's part as the counts read it: an audit record's source, or the trace entry it is made from. */
+interface CountedSource {
+  readonly source: string;
+  readonly phase: string;
+  readonly decision: string;
+  readonly reason?: string | undefined;
+  readonly failure?: string | undefined;
+  readonly ms: number;
+}
+
+/** What the counts read of a decision: an {@link AuditRecord}, or the same facts before one is built. */
+export interface CountedDecision {
+  readonly guest: string | null;
+  readonly status: number;
+  readonly code?: string;
+  readonly rule?: { readonly tier: string; readonly rule: string; readonly source?: string };
+  readonly sources: readonly CountedSource[];
+  readonly bytesUp: number;
+  readonly bytesDown: number;
+  readonly ms: number;
+  readonly upstreamMs?: number;
+}
+
 /** allow (a rule let it out), deny (a 4xx refusal), error (5xx: a hook or the upstream failed), gone (the guest left: 499). */
-export function decisionOf(record: AuditRecord): "allow" | "deny" | "error" | "gone" {
+export function decisionOf(record: CountedDecision | AuditRecord): "allow" | "deny" | "error" | "gone" {
   if (record.status === 499) return "gone";
   if (record.rule !== undefined && record.status < 500) return "allow";
   return record.status >= 500 ? "error" : record.rule !== undefined ? "allow" : "deny";
@@ -176,7 +226,7 @@ export function decisionOf(record: AuditRecord): "allow" | "deny" | "error" | "g
  * for a refusal the phase and source that refused; otherwise the error code. Never a hostname,
  * never a reason text (both grow with traffic).
  */
-export function ruleOf(record: AuditRecord): string {
+export function ruleOf(record: CountedDecision | AuditRecord): string {
   if (record.rule !== undefined) return record.rule.tier === "declarative" ? record.rule.rule : `${record.rule.tier}:${record.rule.source ?? record.rule.rule}`;
   const refusal = [...record.sources].reverse().find((source) => source.decision === "block" || source.decision === "error" || source.decision === "answer");
   if (refusal !== undefined) return `${refusal.source}:${refusal.phase}`;
@@ -187,7 +237,7 @@ export function ruleOf(record: AuditRecord): string {
  * The fallback for a failed call whose record carries no `failure` (a record built elsewhere, or
  * a call that never settled before its request ended): the kind read from its message.
  */
-export function failureKind(source: AuditSource): string {
+export function failureKind(source: CountedSource | AuditSource): string {
   const reason = source.reason ?? "";
   if (/time ?limit|timed out|timeout|deadline|did not settle|never settles/i.test(reason)) return "time";
   if (/memory/i.test(reason)) return "memory";
@@ -197,7 +247,7 @@ export function failureKind(source: AuditSource): string {
 }
 
 /** A secrets-phase refusal names its secret ("… the placeholder of secret NAME …"): a configured name, so bounded. */
-function secretOf(source: AuditSource): string | undefined {
+function secretOf(source: CountedSource): string | undefined {
   if (source.phase !== "secrets" || source.decision !== "block") return undefined;
   return /\bsecret ([A-Za-z_][A-Za-z0-9_]*)/.exec(source.reason ?? "")?.[1];
 }

@@ -153,8 +153,10 @@ export class Pipeline {
         if (trace !== undefined) timeUpstream(trace, sentAt, null);
         throw error;
       }
-      if (trace !== undefined) timeUpstream(trace, sentAt, upstream.body);
       const location = redirectStatuses.has(upstream.status) ? upstream.location : undefined;
+      // A redirect's body is discarded while the next hop goes out: its time ends at its head,
+      // so hops never overlap in the sum.
+      if (trace !== undefined) timeUpstream(trace, sentAt, location === undefined ? upstream.body : null);
       if (location === undefined) {
         if (this.phase.onResponse.length === 0) {
           return { ...upstream, decision: target.decision, url: request.url, redirects };

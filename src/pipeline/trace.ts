@@ -65,9 +65,10 @@ export function timeUpstream(trace: readonly TraceEntry[], started: number, body
     else total.ms += ms;
   };
   if (body === null) return add();
-  body.once("end", add);
-  body.once("close", add);
-  body.once("error", add);
+  // Plain listeners, not once(): once() wraps each, and this runs per request. A body that
+  // fails is destroyed, which emits close.
+  body.on("end", add);
+  body.on("close", add);
 }
 
 /** The upstream time (ms) added for this trace, summed over redirect hops and layer descents; undefined when nothing went upstream. */

@@ -99,7 +99,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   const decide = createDecisionLog(
     log,
     auditing ? { write: createAuditSink(auditFile, config.onDecision, (kind, msg, fields) => warnings.warn(kind, msg, fields)), redact } : undefined,
-    { observe: metrics?.observe, redact },
+    { metrics, redact },
   );
   // logrotate's postrotate sends SIGUSR1: each proxy in the process reopens its own file. Only
   // with an audit log: without one the signal keeps Node's own meaning (open the inspector).

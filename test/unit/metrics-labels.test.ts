@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import type { AuditRecord } from "../../src/metrics/audit-record.js";
+import { buildAuditRecord, type AuditRecord } from "../../src/metrics/audit-record.js";
 import { Counter, Histogram, Registry } from "prom-client";
 import { createProxyMetrics, decisionOf, failureKind, ruleOf } from "../../src/metrics/metrics.js";
 import { tallyCounter, tallyHistogram } from "../../src/metrics/tally.js";
@@ -53,6 +53,28 @@ describe("metric labels", () => {
     expect(await registry.metrics()).toBe(await reference.metrics());
     // Read twice: the scrape does not count anything again.
     expect(await registry.metrics()).toBe(await reference.metrics());
+  });
+
+  it("counts the same from a decision's facts as from the record built of them", async () => {
+    const input = { started: performance.now(), guest: "g", id: 3, method: "GET", target: "https://x.a.test/p", status: 502, reason: "failed", code: "EG_HOOK_FAILED", source: "p.ts" };
+    const facts = {
+      trace: [
+        { source: "declarative", tier: "declarative", phase: "allowlist", decision: "allow" as const, reason: 'host "x.a.test" matches "*.a.test"', ms: 0.01 },
+        { source: "p.ts", tier: "tier2", phase: "onResponse", decision: "error" as const, reason: "onResponse policy stopped: it hit its stack limit", failure: "stack" as const, ms: 2 },
+      ],
+      bytesUp: 7,
+      bytesDown: 30,
+      rule: { tier: "declarative", rule: "allowedHosts:*.a.test", reason: "r" },
+    };
+    const fromRecord = createProxyMetrics({}, { defaultMetrics: false });
+    fromRecord.observe(buildAuditRecord(input, facts, (text) => text));
+    const fromFacts = createProxyMetrics({}, { defaultMetrics: false });
+    fromFacts.observeDecision(input, facts);
+    // Durations differ by the microseconds between the two calls; every count agrees.
+    const counts = (text: string): string[] => text.split("\n").filter((line) => /^egressgate_\w+(_total|_count)[{ ]/.test(line));
+    const [a, b] = [counts(await fromRecord.text()), counts(await fromFacts.text())];
+    expect(a.length).toBeGreaterThan(4);
+    expect(b).toEqual(a);
   });
 
   it("takes a failure's kind from the record's failure field over its message", async () => {
