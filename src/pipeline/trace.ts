@@ -42,12 +42,15 @@ function failureOf(error: unknown): HookFailureKind | undefined {
 }
 
 /**
- * Upstream time of a request, by its trace: kept beside the trace rather than in it (the trace
- * lists sources that decided, and the upstream decides nothing), and keyed by the trace so that
- * both guest sides (HTTP/1.1 and HTTP/2), which already hand the pipeline one, carry it to the
- * decision record without a field of their own.
+ * Upstream time of a request, carried on its trace array under a symbol: beside the entries
+ * rather than among them (the trace lists sources that decided, and the upstream decides
+ * nothing), and on the trace so that both guest sides (HTTP/1.1 and HTTP/2), which already hand
+ * the pipeline one, bring it to the decision without a field of their own. A symbol key rather
+ * than a WeakMap: this runs on every request while metrics are on, and a WeakMap's lookups cost
+ * more than the property.
  */
-const upstreamTimes = new WeakMap<readonly TraceEntry[], { ms: number }>();
+const upstreamTime = Symbol("egressgate.upstreamMs");
+type TimedTrace = readonly TraceEntry[] & { [upstreamTime]?: number };
 
 /**
  * Adds one exchange's upstream time: from handing the request to the executor until the
@@ -55,14 +58,12 @@ const upstreamTimes = new WeakMap<readonly TraceEntry[], { ms: number }>();
  * slowly holds its last byte back, so this includes backpressure, as Envoy's upstream_rq_time does.
  */
 export function timeUpstream(trace: readonly TraceEntry[], started: number, body: NodeJS.EventEmitter | null): void {
+  const timed = trace as TimedTrace & { [upstreamTime]?: number };
   let counted = false;
   const add = (): void => {
     if (counted) return;
     counted = true;
-    const total = upstreamTimes.get(trace);
-    const ms = performance.now() - started;
-    if (total === undefined) upstreamTimes.set(trace, { ms });
-    else total.ms += ms;
+    timed[upstreamTime] = (timed[upstreamTime] ?? 0) + (performance.now() - started);
   };
   if (body === null) return add();
   // Plain listeners, not once(): once() wraps each, and this runs per request. A body that
@@ -73,6 +74,6 @@ export function timeUpstream(trace: readonly TraceEntry[], started: number, body
 
 /** The upstream time (ms) added for this trace, summed over redirect hops and layer descents; undefined when nothing went upstream. */
 export function upstreamTimeOf(trace: readonly TraceEntry[]): number | undefined {
-  const total = upstreamTimes.get(trace);
-  return total === undefined ? undefined : Math.round(total.ms * 10) / 10;
+  const total = (trace as TimedTrace)[upstreamTime];
+  return total === undefined ? undefined : Math.round(total * 10) / 10;
 }
