@@ -213,7 +213,9 @@ export class GuestSide {
     const auditing = this.deps.decide.auditing;
     const trace: TraceEntry[] | undefined = auditing ? [] : undefined;
     // Installed before the first await: the parser pushes the body's first bytes right after this turn.
-    const up: ByteCount | undefined = auditing ? countPushed(req) : undefined;
+    // Only a request framed with a body has one (RFC 9112 §6.3): a GET without Content-Length or
+    // Transfer-Encoding keeps its IncomingMessage as Node made it, without a patched push().
+    const up: ByteCount | undefined = auditing && hasBodyFraming(req) ? countPushed(req) : undefined;
     let down: ByteCount | undefined;
     this.inFlight += 1;
     let target = loggableTarget(req.url ?? "");
@@ -386,4 +388,10 @@ function asEgressError(error: unknown): EgressError {
   if (error instanceof EgressError) return error;
   const detail = (error as Error)?.message ?? String(error);
   return new EgressError("EG_UPSTREAM", 502, "internal error (see the proxy log)", { cause: error, detail });
+}
+
+/** Whether the request's head announces a body: a Content-Length other than 0, or a Transfer-Encoding. */
+function hasBodyFraming(req: IncomingMessage): boolean {
+  const length = req.headers["content-length"];
+  return req.headers["transfer-encoding"] !== undefined || (length !== undefined && length !== "0");
 }
