@@ -10,6 +10,13 @@ import { h2ConnectionHeaders } from "./h2-settings.js";
 const dropOnForward = new Set([...h2ConnectionHeaders, "expect"]);
 
 /**
+ * The last `:authority` (or Host) that passed on each tunnel: a client names the same one on
+ * every stream, and parsing it again per stream was a share of the stream's CPU. A tunnel's
+ * target never changes, so the same text always gets the same answer.
+ */
+const passedAuthority = new WeakMap<TunnelTarget, string>();
+
+/**
  * One guest HTTP/2 stream's head as the pipeline's request: the same rules as an HTTP/1.1 request
  * inside a tunnel (guest-request.ts), read from pseudo-headers. `:authority` (or Host, when a
  * client sends that instead) must name the CONNECT target, or the stream gets 421.
@@ -58,7 +65,10 @@ export function h2OutboundRequest(raw: readonly string[], tunnel: TunnelTarget, 
   }
   // RFC 9113 §8.3.1: when both are present, they must agree; either one names the destination.
   const named = authority ?? hostHeader;
-  if (named !== undefined) checkSameHost(parseAuthority(named, ":authority", tunnel.port).hostname, tunnel, ":authority");
+  if (named !== undefined && passedAuthority.get(tunnel) !== named) {
+    checkSameHost(parseAuthority(named, ":authority", tunnel.port).hostname, tunnel, ":authority");
+    passedAuthority.set(tunnel, named);
+  }
   if (authority !== undefined && hostHeader !== undefined) {
     checkSameHost(parseAuthority(hostHeader, "Host header", tunnel.port).hostname, tunnel, "Host header");
   }
@@ -78,6 +88,7 @@ function checkSameHost(hostname: string, tunnel: TunnelTarget, what: string): vo
 function destination(tunnel: TunnelTarget, path: string): URL {
   const defaultPort = tunnel.protocol === "https:" ? 443 : 80;
   const url = new URL(`${tunnel.protocol}//${tunnel.hostname}${tunnel.port === defaultPort ? "" : `:${tunnel.port}`}${path}`);
-  url.hash = "";
+  // Setting it re-serialises the whole URL: only when there is a fragment to drop.
+  if (path.includes("#")) url.hash = "";
   return url;
 }

@@ -48,7 +48,8 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     onDone(new Error("guest reset the stream before the response started"));
     return;
   }
-  const headers = { ...h2HeaderObject(response.headers), ":status": response.status };
+  const headers = h2HeaderObject(response.headers);
+  headers[":status"] = response.status;
   const trailers = body === null ? undefined : response.trailers;
   try {
     stream.respond(headers, { endStream: body === null, waitForTrailers: trailers !== undefined });
