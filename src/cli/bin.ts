@@ -68,7 +68,9 @@ async function main(argv: readonly string[]): Promise<number> {
       let serving = false;
       const metrics = metricsListen === undefined ? undefined : await serveClusterMetrics(metricsListen, createLogger("info"), () => serving);
       if (metrics !== undefined) process.stderr.write(`egressgate metrics on ${metrics.url}\n`);
-      // --watch: only the primary watches; a change is a SIGHUP to itself, which it passes to every worker.
+      // --watch: only the primary watches; a change is a SIGHUP to itself, which it passes to every
+      // worker. Listened for from now on: before runPrimary forwards it, a SIGHUP's default would end the primary.
+      if (command.config.watch === true) process.on("SIGHUP", () => undefined);
       const watching = command.config.watch === true ? watchConfiguration(command.config, process.env, async () => void process.kill(process.pid, "SIGHUP"), cliLogger(command)) : undefined;
       try {
         // SIGUSR1 reopens each worker's audit log; without one it would open a worker's inspector.
