@@ -28,6 +28,7 @@ export const flagGroupOf: Readonly<Record<FlagPath | "hookCommand" | "hookUrl" |
   allowInternalHosts: "policy",
   blockInternalRanges: "policy",
   maxRedirects: "policy",
+  refuseInTunnel: "policy",
   followRedirectsTo: "secrets",
   secrets: "secrets",
   replaceSecretsInQuery: "secrets",

@@ -14,6 +14,7 @@ export const defaults = Object.freeze({
   leafKeyType: "ecdsa" as LeafKeyType,
   leafCacheSize: 1000,
   maxRedirects: 10,
+  refuseInTunnel: false,
   logLevel: "info" as LogLevel,
   timeouts: Object.freeze({
     handshakeMs: 10_000,

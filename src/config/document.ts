@@ -55,6 +55,7 @@ export interface ProxyWideConfig {
   readonly leafKeyType?: LeafKeyType;
   readonly leafCacheSize?: number;
   readonly maxRedirects?: number;
+  readonly refuseInTunnel?: boolean;
   readonly maxHttpBodyBytes?: number;
   readonly maxHttpResponseBodyBytes?: number;
   readonly timeouts?: Readonly<Partial<Record<keyof typeof defaults.timeouts, number>>>;
@@ -127,7 +128,7 @@ export function resolveDocument(document: unknown, options: DocumentOptions): { 
 /** The proxy-wide part of a valid document; `at` hears about files that cannot be used. */
 export function resolveProxyWide(doc: Doc, baseDir: string, at: (segments: readonly Segment[], reason: string) => void): ProxyWideConfig {
   const out: Record<string, unknown> = {};
-  for (const key of ["resolve", "leafKeyType", "leafCacheSize", "maxRedirects", "maxHttpBodyBytes", "maxHttpResponseBodyBytes", "timeouts", "limits", "logLevel", "auth", "metricsListen"]) {
+  for (const key of ["resolve", "leafKeyType", "leafCacheSize", "maxRedirects", "refuseInTunnel", "maxHttpBodyBytes", "maxHttpResponseBodyBytes", "timeouts", "limits", "logLevel", "auth", "metricsListen"]) {
     if (doc[key] !== undefined) out[key] = doc[key];
   }
   if (typeof doc["listen"] === "string") out["listen"] = parseHostPort(doc["listen"], defaults.listen.host);

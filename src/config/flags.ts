@@ -12,6 +12,7 @@ export const optionFlags = Object.freeze({
   upstreamCa: "--upstream-ca",
   leafKeyType: "--leaf-key",
   maxRedirects: "--max-redirects",
+  refuseInTunnel: "--refuse-in-tunnel",
   maxHttpBodyBytes: "--max-body-bytes",
   maxHttpResponseBodyBytes: "--max-response-body-bytes",
   "timeouts.upstreamBodyMs": "--upstream-body-timeout-ms",

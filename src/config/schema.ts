@@ -112,6 +112,10 @@ const proxyWideFields = {
   }),
   leafCacheSize: integer(1, 1_000_000, "How many leaf certificates to keep.", { default: defaults.leafCacheSize }),
   maxRedirects: integer(0, 100, "Redirect hops the proxy follows before answering 508.", { default: defaults.maxRedirects }),
+  refuseInTunnel: boolean(
+    "Open the tunnel to a host the allowlist refuses and refuse each request inside it (403, or PERMISSION_DENIED to gRPC), for clients that do not show a refused CONNECT's reason.",
+    { default: defaults.refuseInTunnel },
+  ),
   maxHttpBodyBytes: integer(0, Number.MAX_SAFE_INTEGER, "Largest request body a hook may read (413 beyond).", { default: defaults.maxHttpBodyBytes }),
   maxHttpResponseBodyBytes: integer(0, Number.MAX_SAFE_INTEGER, "Largest response body a hook may read (502 beyond).", {
     default: defaults.maxHttpResponseBodyBytes,

@@ -144,9 +144,10 @@ export class GuestSide {
       if (guest instanceof EgressError) throw guest;
       target = parseAuthority(req.url ?? "", "CONNECT target");
       // While no onRequest hook (of either tier) could answer or rewrite the request, a host the
-      // allowlist refuses (or an internal IP literal) is refused before any TLS work. Every
-      // request inside the tunnel is still judged on its own.
-      if (!guest.pipeline.mayRewrite) {
+      // allowlist refuses (or an internal IP literal) is refused before any TLS work, unless
+      // refuseInTunnel asks for the refusal inside the tunnel. Every request inside the tunnel
+      // is judged on its own either way.
+      if (!guest.pipeline.mayRewrite && !this.deps.config.refuseInTunnel) {
         const decision = guest.connectPolicy.checkHost(target.hostname);
         if (!decision.allowed) {
           refusal = connectRefusal("allowlist", decision, started);

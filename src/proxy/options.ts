@@ -69,6 +69,14 @@ export interface ProxyOptions {
   readonly leafCacheSize?: number;
   /** Redirect hops the proxy follows before answering 508. Default 10. */
   readonly maxRedirects?: number;
+  /**
+   * A CONNECT to a host the allowlist refuses (or to an internal IP literal) is answered 403 at
+   * once by default. `true` opens the tunnel instead and refuses every request inside it with
+   * the same reason, which reaches clients that report a refused CONNECT without its reason:
+   * grpc-js fails such a call UNAVAILABLE ("No connection established"), and with this option
+   * PERMISSION_DENIED with the reason. Nothing is sent upstream either way. Default false.
+   */
+  readonly refuseInTunnel?: boolean;
   /** Largest request body a hook may read (413 beyond). Bodies no hook reads are not limited. Default 64 MiB. */
   readonly maxHttpBodyBytes?: number;
   /** Largest response body a hook may read (502 beyond). Default 64 MiB. */
@@ -147,6 +155,7 @@ export interface ResolvedProxyOptions {
   readonly leafKeyType: LeafKeyType;
   readonly leafCacheSize: number;
   readonly maxRedirects: number;
+  readonly refuseInTunnel: boolean;
   readonly maxHttpBodyBytes: number;
   readonly maxHttpResponseBodyBytes: number;
   readonly timeouts: Required<TimeoutOptions>;
@@ -259,6 +268,7 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
     leafKeyType: options.leafKeyType ?? defaults.leafKeyType,
     leafCacheSize: options.leafCacheSize ?? defaults.leafCacheSize,
     maxRedirects: options.maxRedirects ?? defaults.maxRedirects,
+    refuseInTunnel: options.refuseInTunnel ?? defaults.refuseInTunnel,
     maxHttpBodyBytes: options.maxHttpBodyBytes ?? defaults.maxHttpBodyBytes,
     maxHttpResponseBodyBytes: options.maxHttpResponseBodyBytes ?? defaults.maxHttpResponseBodyBytes,
     timeouts: overDefaults(defaults.timeouts, options.timeouts),

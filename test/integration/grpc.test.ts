@@ -65,9 +65,9 @@ afterEach(() => {
   else process.env["grpc_proxy"] = savedProxy;
 });
 
-async function setup(hooks: HttpHooksOptions = {}): Promise<{ proxy: TestProxy; upstream: GrpcUpstream; client: grpc.Client }> {
+async function setup(hooks: HttpHooksOptions = {}, options: { refuseInTunnel?: boolean } = {}): Promise<{ proxy: TestProxy; upstream: GrpcUpstream; client: grpc.Client }> {
   const upstream = await startGrpcServer();
-  const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hooks }, { upstreamCa: [upstream.caPem] });
+  const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hooks }, { upstreamCa: [upstream.caPem], ...options });
   process.env["grpc_proxy"] = proxy.url;
   // The guest trusts the proxy's CA, as GRPC_DEFAULT_SSL_ROOTS_FILE_PATH from guestEnv() would make it.
   const roots = readFileSync(proxy.guestEnv()["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"]!);
@@ -166,6 +166,21 @@ describe("gRPC through the proxy", () => {
     expect(error.code).toBe(grpc.status.PERMISSION_DENIED);
     expect(error.details).toContain('"other.test" is not in allowedHosts');
     expect(upstream.calls()).toBe(0);
+  });
+
+  it("with refuseInTunnel and no hooks, a call to a host off the allowlist fails PERMISSION_DENIED with the reason, never reaching the server", async () => {
+    const { upstream, proxy, client } = await setup({}, { refuseInTunnel: true });
+    const offList = new grpc.Client(`other.test:${upstream.port}`, grpc.credentials.createSsl(Buffer.from(proxy.caCertPem)));
+    onTestFinished(() => offList.close());
+    const error = (await unary(offList, "unary", "x", offList).catch((e: unknown) => e)) as grpc.ServiceError;
+    expect(error.code).toBe(grpc.status.PERMISSION_DENIED);
+    expect(error.details).toContain('"other.test" is not in allowedHosts');
+    expect(upstream.calls()).toBe(0);
+    // The tunnel opened, and the refusal is the stream's own decision line, over HTTP/2.
+    expect(proxy.logs.some((line) => line["msg"] === "tunnel opened" && line["target"] === `other.test:${upstream.port}`)).toBe(true);
+    expect(proxy.logs.some((line) => line["method"] === "POST" && line["status"] === 403 && String(line["reason"]).includes('"other.test" is not in allowedHosts'))).toBe(true);
+    // An allowed host on the same proxy is served as before.
+    expect((await unary(client, "unary", "still")).value).toBe("echo: still");
   });
 
   it("a call to a host off the allowlist refused at CONNECT fails with UNAVAILABLE, never reaches the server, and grpc-js logs the host and the 403", async () => {

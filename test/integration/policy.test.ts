@@ -32,6 +32,21 @@ describe("the allowlist", () => {
     expect(upstream.hits()).toBe(0);
   });
 
+  it("with refuseInTunnel, the CONNECT to a refused host opens and the request inside it gets the 403 with the reason, never reaching the upstream", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { refuseInTunnel: true });
+    const res = await curlVia(proxy.url, `${proxy.caDir}/ca.crt`, `https://other.test:${upstream.port}/echo`, ["--http1.1"]);
+    expect(res.status).toBe(403);
+    expect(res.body).toMatch(/^403 Forbidden: host "other\.test" is not in allowedHosts; allow it with --allow-host other\.test/);
+    expect(upstream.hits()).toBe(0);
+    // The tunnel itself was answered 200: the refusal is the request's, inside it.
+    const raw = await openRaw(proxy.port);
+    raw.write(`CONNECT other.test:${upstream.port} HTTP/1.1\r\nHost: other.test:${upstream.port}\r\n\r\n`);
+    expect((await raw.readResponse({ forConnect: true })).status).toBe(200);
+    // And the proxy still serves an allowed host.
+    expect((await curlVia(proxy.url, `${proxy.caDir}/ca.crt`, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+
   it("a host that is not allowed gets 403 with a reason naming the host for plain HTTP", async () => {
     const upstream = await startUpstream({ tls: false });
     const proxy = await startTestProxy({ allowedInternalHosts: ["other.test"] });

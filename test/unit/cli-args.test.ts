@@ -124,6 +124,11 @@ describe("parseCli: serve flags become startProxy options", () => {
     expect(options.maxRedirects).toBe(3);
   });
 
+  it("--refuse-in-tunnel sets refuseInTunnel, which is off without it", () => {
+    expect(serveOptions(["--refuse-in-tunnel"]).refuseInTunnel).toBe(true);
+    expect(serveOptions([]).refuseInTunnel).toBeUndefined();
+  });
+
   it("--max-redirects 0 is allowed (redirects are answered with 508 at once)", () => {
     expect(serveOptions(["--max-redirects", "0"]).maxRedirects).toBe(0);
   });
