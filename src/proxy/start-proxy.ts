@@ -191,9 +191,12 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   const close = (): Promise<void> =>
     (closing ??= (async () => {
       const closed = new Promise<void>((resolve) => outer.close(() => resolve()));
-      await metricsServer?.close();
       inner.close(() => undefined);
+      // The metrics listener stays through the drain: /readyz answers 503 from now on (a
+      // balancer's probe sees the instance leave while it finishes), and /metrics can still be
+      // scraped for the requests that drain.
       await side.drain(config.timeouts.drainMs);
+      await metricsServer?.close();
       outer.closeAllConnections();
       limits.destroyAll();
       warnings.clear();

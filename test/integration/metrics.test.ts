@@ -258,6 +258,29 @@ describe("metrics", () => {
     await expect(get(`${proxy.metricsUrl}/healthz`)).rejects.toThrow();
   });
 
+  it("while close() drains a request in flight, /readyz answers 503 and /metrics still serves; the listener closes after the drain", async () => {
+    let release: (() => void) | undefined;
+    let arrived: (() => void) | undefined;
+    const held = new Promise<void>((resolve) => (arrived = resolve));
+    const port = await listenForTest(
+      createHttpServer((_req, res) => {
+        release = () => res.end("late");
+        arrived?.();
+      }),
+    );
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { metricsListen: "127.0.0.1:0", logLevel: "warn" });
+    const inFlight = plainVia(proxy, `http://api.test:${port}/held`);
+    await held;
+    const closed = proxy.close();
+    expect(await get(`${proxy.metricsUrl}/readyz`)).toEqual({ status: 503, text: "not ready\n" });
+    expect(await get(`${proxy.metricsUrl}/healthz`)).toEqual({ status: 200, text: "ok\n" });
+    expect((await get(`${proxy.metricsUrl}/metrics`)).status).toBe(200);
+    release!();
+    expect(await inFlight).toBe(200);
+    await closed;
+    await expect(get(`${proxy.metricsUrl}/readyz`)).rejects.toThrow();
+  });
+
   it("keeps the series count fixed across 1,000 distinct hostnames under one wildcard rule", async () => {
     const upstream = await startUpstream({ tls: false });
     const names = Array.from({ length: 1000 }, (_, i) => `h${i}.wild.test`);
