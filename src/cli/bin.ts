@@ -77,7 +77,7 @@ async function main(argv: readonly string[]): Promise<number> {
         return await runPrimary(argv, command.workers, listen, env, (line) => {
           serving = true;
           process.stdout.write(`${line}\n`);
-        }, ["SIGHUP", ...(auditLog !== undefined ? (["SIGUSR1"] as const) : [])]);
+        }, ["SIGHUP", ...(auditLog !== undefined ? (["SIGUSR1"] as const) : [])], () => (serving = false));
       } finally {
         watching?.close();
         await metrics?.close();

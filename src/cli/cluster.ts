@@ -99,6 +99,8 @@ export async function runPrimary(
   print: (line: string) => void,
   /** Signals passed on to every worker (SIGUSR1: reopen the audit log; SIGHUP: reload). */
   forward: readonly NodeJS.Signals[] = [],
+  /** Called once when the workers are told to stop: the primary's /readyz answers 503 from then on. */
+  onStopping: () => void = () => undefined,
 ): Promise<number> {
   cluster.setupPrimary({ exec: process.argv[1]!, args: [...argv], silent: false });
   // Taken before the workers bind it: a start-up race with another process ends in EADDRINUSE,
@@ -118,6 +120,7 @@ export async function runPrimary(
     if (stopping) return;
     stopping = true;
     exitCode = code;
+    onStopping();
     const order: PrimaryOrder = { kind: "stop" };
     for (const worker of live) {
       // A worker still starting has no handler for the order yet; a signal stops it either way.

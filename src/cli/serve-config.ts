@@ -155,6 +155,8 @@ export function configFromFile(file: string, args: Args, env: NodeJS.ProcessEnv,
   // Flag paths are the working directory's, as for any flag.
   const proxy = resolveProxyWide(doc, cwd, (segments: readonly Segment[], reason: string) => issues.push(makeIssue(segments, reason)));
   if (issues.length > 0) throw flagError(issues[0]!);
-  const watch = (doc["watch"] as boolean | undefined) ?? config.watch;
-  return { ...config, proxy: { ...config.proxy, ...proxy }, workers: (doc["workers"] as number | undefined) ?? config.workers, ...(watch === true ? { watch } : {}) };
+  // A flag's false overrides the file's true (`--watch=false`), so the file's key goes first.
+  const { watch: fileWatch, ...fromFile } = config;
+  const watch = (doc["watch"] as boolean | undefined) ?? fileWatch;
+  return { ...fromFile, proxy: { ...config.proxy, ...proxy }, workers: (doc["workers"] as number | undefined) ?? config.workers, ...(watch === true ? { watch } : {}) };
 }

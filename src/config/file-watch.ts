@@ -1,14 +1,17 @@
 import { createHash } from "node:crypto";
-import { readFileSync, watch, type FSWatcher } from "node:fs";
+import { readFileSync, statSync, watch, type FSWatcher } from "node:fs";
 import path from "node:path";
 import type { ProxyConfig } from "./document.js";
 
 /**
  * `--watch` (`watch: true`): the files a configuration was read from, watched for changes. Each
  * file's folder is watched, not the file: editors and `kubectl`'s ConfigMap swap replace a file
- * by renaming another over it, and a watch on the old inode would never fire again. An event in
- * a folder only schedules a look; what decides is the files' content, so a temp file written
- * next to the config, or a `touch`, reloads nothing.
+ * by renaming another over it, and a watch on the old inode would never fire again. Only an
+ * event naming a watched file (or `..data`, kubectl's swap, or the folder itself) schedules a
+ * look, so an audit log written next to the config cannot keep pushing the look back; and a
+ * look comes at most `maxWaitMs` after the first event whatever follows. What decides is the
+ * files' content, so a temp file, or a `touch`, reloads nothing. A folder that is deleted or
+ * replaced (its inode changes) is watched again once it is back.
  */
 
 /** The files a configuration was read from: the config file, every policy file, every `file:` secret. */
@@ -32,6 +35,8 @@ export interface FileWatchOptions {
   readonly warn: (msg: string, fields: Record<string, unknown>) => void;
   /** How long before a folder that could not be watched is tried again. */
   readonly retryMs?: number;
+  /** The longest a look waits after the first event while events keep coming. Default 5 × debounceMs. */
+  readonly maxWaitMs?: number;
 }
 
 export interface FileWatch {
@@ -55,19 +60,49 @@ export function watchFiles(initial: readonly string[], options: FileWatchOptions
   const retryMs = options.retryMs ?? 1_000;
   let files: string[] = [];
   const seen = new Map<string, string>();
-  const folders = new Map<string, { watcher: FSWatcher | undefined; retry: NodeJS.Timeout | undefined; warned: boolean }>();
+  const maxWaitMs = options.maxWaitMs ?? options.debounceMs * 5;
+  const folders = new Map<string, { watcher: FSWatcher | undefined; retry: NodeJS.Timeout | undefined; warned: boolean; ino: number | undefined }>();
   let timer: NodeJS.Timeout | undefined;
+  let firstEvent: number | undefined;
   let closed = false;
 
   const schedule = (): void => {
     if (closed) return;
     clearTimeout(timer);
-    timer = setTimeout(look, options.debounceMs);
+    const now = performance.now();
+    firstEvent ??= now;
+    timer = setTimeout(look, Math.max(0, Math.min(options.debounceMs, firstEvent + maxWaitMs - now)));
     timer.unref();
+  };
+
+  /** Whether an event in `folder` naming `name` may concern a watched file. */
+  const concerns = (folder: string, name: string | null): boolean => {
+    if (name === null || name.startsWith("..") || name === path.basename(folder)) return true;
+    return files.some((file) => path.dirname(file) === folder && path.basename(file) === name);
+  };
+
+  /** A folder deleted or replaced since it was armed is watched again (its old watch is blind). */
+  const recheckFolders = (): void => {
+    for (const [folder, entry] of folders) {
+      if (entry.watcher === undefined) continue;
+      let ino: number | undefined;
+      try {
+        ino = statSync(folder).ino;
+      } catch {
+        ino = undefined;
+      }
+      if (ino !== undefined && ino === entry.ino) continue;
+      entry.watcher.close();
+      entry.watcher = undefined;
+      if (ino === undefined) failed(folder, Object.assign(new Error("the folder is gone"), { code: "ENOENT" }));
+      else arm(folder);
+    }
   };
 
   const look = (): void => {
     if (closed) return;
+    firstEvent = undefined;
+    recheckFolders();
     const changed = files.filter((file) => {
       const now = contentOf(file);
       if (seen.get(file) === now) return false;
@@ -83,8 +118,11 @@ export function watchFiles(initial: readonly string[], options: FileWatchOptions
     entry.retry = undefined;
     let watcher: FSWatcher;
     try {
+      entry.ino = statSync(folder).ino;
       // Not persistent: the proxy's listener keeps the process alive, the watch never should.
-      watcher = watch(folder, { persistent: false }, schedule);
+      watcher = watch(folder, { persistent: false }, (_event, name) => {
+        if (concerns(folder, typeof name === "string" ? name : null)) schedule();
+      });
     } catch (error) {
       failed(folder, error);
       return;
@@ -125,7 +163,7 @@ export function watchFiles(initial: readonly string[], options: FileWatchOptions
     }
     for (const folder of wanted) {
       if (folders.has(folder)) continue;
-      folders.set(folder, { watcher: undefined, retry: undefined, warned: false });
+      folders.set(folder, { watcher: undefined, retry: undefined, warned: false, ino: undefined });
       arm(folder);
     }
   };

@@ -378,8 +378,39 @@ describe("metrics", () => {
       if (total < 6) await new Promise((resolve) => setTimeout(resolve, 50));
     }
     expect(total).toBe(6);
+    expect(await get(`http://127.0.0.1:${metricsPort}/readyz`)).toEqual({ status: 200, text: "ready\n" });
+    // A request held upstream keeps its worker draining after the SIGTERM: meanwhile the
+    // primary's /readyz answers 503, so a balancer's probe sees the instance leave.
+    let release: (() => void) | undefined;
+    let arrived: (() => void) | undefined;
+    const held = new Promise<void>((resolve) => (arrived = resolve));
+    const holdPort = await listenForTest(
+      createHttpServer((_req, res) => {
+        release = () => res.end("late");
+        arrived?.();
+      }),
+    );
+    const inFlight = new Promise<number>((resolve, reject) => {
+      const req = httpRequest({ host: "127.0.0.1", port: proxyPort, path: `http://api.test:${holdPort}/held`, headers: { host: `api.test:${holdPort}` }, agent: false });
+      req.on("response", (res) => {
+        res.resume();
+        res.on("end", () => resolve(res.statusCode ?? 0));
+      });
+      req.on("error", reject);
+      req.end();
+    });
+    await held;
+    const exited = new Promise((resolve) => child.once("exit", resolve));
     child.kill("SIGTERM");
-    await new Promise((resolve) => child.once("exit", resolve));
+    let ready = 200;
+    for (let i = 0; i < 200 && ready !== 503; i++) {
+      ready = (await get(`http://127.0.0.1:${metricsPort}/readyz`)).status;
+      if (ready !== 503) await new Promise((resolve) => setTimeout(resolve, 25));
+    }
+    expect(ready).toBe(503);
+    release!();
+    expect(await inFlight).toBe(200);
+    await exited;
     // Two workers each start a whole proxy: slow on a loaded machine, not a timing assertion.
   }, 120_000);
 });

@@ -248,6 +248,19 @@ describe("parseCli: --config FILE", () => {
     expect(command.source).toBe(file);
   });
 
+  it("--watch=false turns off the file's watch: true, and --watch turns it on over a file without it", () => {
+    const watching = configFile(`watch: true\n${twoGuests}`);
+    const watchOf = (argv: readonly string[]): unknown => {
+      const command = parseCli(argv, {});
+      if (command.kind !== "serve") throw new Error("expected serve");
+      return command.config.watch;
+    };
+    expect(watchOf(["--config", watching])).toBe(true);
+    expect(watchOf(["--config", watching, "--watch=false"])).toBeUndefined();
+    expect(watchOf(["--config", configFile(twoGuests), "--watch"])).toBe(true);
+    expect(watchOf(["--config", configFile(twoGuests)])).toBeUndefined();
+  });
+
   it("a flag that describes a guest, or any other option, next to --config is a usage error naming it and the file", () => {
     const file = configFile(twoGuests);
     for (const argv of [["--allow-host", "x.test"], ["--host-secret", "T@a.test=v"], ["--auth"], ["--max-redirects", "3"]]) {

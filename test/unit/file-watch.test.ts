@@ -1,4 +1,4 @@
-import { mkdirSync, renameSync, writeFileSync } from "node:fs";
+import { mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { loadConfigFile } from "../../src/config/file.js";
@@ -46,5 +46,48 @@ describe("--watch's files", () => {
     writeFileSync(watched, "three\n");
     await reported;
     expect(calls).toEqual([[watched], [watched]]);
+  });
+
+  it("reports a change while a sibling file (an audit log, say) is written without pause", async () => {
+    const dir = tempDir();
+    const watched = join(dir, "watched.yaml");
+    writeFileSync(watched, "one\n");
+    let notify: (changed: readonly string[]) => void = () => undefined;
+    const reported = new Promise<readonly string[]>((resolve) => (notify = resolve));
+    const watch = watchFiles([watched], { debounceMs: 300, warn: () => undefined, onChange: (changed) => notify(changed) });
+    onTestFinished(() => watch.close());
+    let n = 0;
+    const writer = setInterval(() => writeFileSync(join(dir, "audit.log"), `${n++}\n`, { flag: "a" }), 5);
+    onTestFinished(() => clearInterval(writer));
+    writeFileSync(watched, "two\n");
+    // Before the fix the sibling's events pushed the look back for as long as they came.
+    expect(await reported).toEqual([watched]);
+  });
+
+  it("watches a folder again after it is deleted and made anew, and reports the file in it", async () => {
+    const dir = tempDir();
+    const folder = join(dir, "config");
+    mkdirSync(folder);
+    const watched = join(folder, "egressgate.yaml");
+    writeFileSync(watched, "one\n");
+    const calls: string[][] = [];
+    let notify: () => void = () => undefined;
+    const warned: string[] = [];
+    const watch = watchFiles([watched], { debounceMs: 20, retryMs: 20, warn: (msg) => warned.push(msg), onChange: (changed) => (calls.push([...changed]), notify()) });
+    onTestFinished(() => watch.close());
+    const next = (): Promise<void> => new Promise((resolve) => (notify = resolve));
+    // Gone: the look finds the file missing (a change: the reload then fails and the old
+    // configuration keeps serving, as the CLI does it).
+    let reported = next();
+    rmSync(folder, { recursive: true });
+    await reported;
+    expect(calls).toEqual([[watched]]);
+    // Back, with new content: the old watch was on the deleted folder's inode, and is blind.
+    reported = next();
+    mkdirSync(folder);
+    writeFileSync(watched, "two\n");
+    await reported;
+    expect(calls).toEqual([[watched], [watched]]);
+    expect(warned).toContain("cannot watch a folder; retrying");
   });
 });
