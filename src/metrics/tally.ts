@@ -6,7 +6,7 @@ import { Counter, Histogram, type Registry } from "prom-client";
  *
  * prom-client's `inc()` and `observe()` check and hash the label object on every call; with a
  * record per request that was a measurable share of the metrics' cost on small GETs (the bench's
- * `egressgate+metrics`). Here a series is found by a key string in a Map and counted in place,
+ * `egressgate+metrics`). Here a series is found by its label values (SeriesIndex) and counted in place,
  * and the scrape pays once per series, not per request. Exposition, HELP, TYPE and the cluster
  * aggregation stay prom-client's.
  */
@@ -28,6 +28,38 @@ function keyOf(values: readonly string[]): string {
   return values.length === 1 ? values[0]! : values.join("\u0000");
 }
 
+/**
+ * Series by their label values, one Map level per label: a lookup hashes each value (a label
+ * value is most often a string the configuration or a constant holds, whose hash V8 keeps)
+ * instead of building and hashing a joined key string on every request.
+ */
+class SeriesIndex<S> {
+  private readonly root = new Map<string, unknown>();
+  private only: S | undefined;
+  /** Every series, in the order first seen, with its joined key. */
+  readonly all = new Map<string, S>();
+
+  get(values: readonly string[]): S | undefined {
+    if (values.length === 0) return this.only;
+    let level: Map<string, unknown> | undefined = this.root;
+    for (let i = 0; i < values.length - 1 && level !== undefined; i++) level = level.get(values[i]!) as Map<string, unknown> | undefined;
+    return level?.get(values[values.length - 1]!) as S | undefined;
+  }
+
+  add(values: readonly string[], series: S): S {
+    this.all.set(keyOf(values), series);
+    if (values.length === 0) return (this.only = series);
+    let level = this.root;
+    for (let i = 0; i < values.length - 1; i++) {
+      let next = level.get(values[i]!) as Map<string, unknown> | undefined;
+      if (next === undefined) level.set(values[i]!, (next = new Map<string, unknown>()));
+      level = next;
+    }
+    level.set(values[values.length - 1]!, series);
+    return series;
+  }
+}
+
 function labelsOf(names: readonly string[], values: readonly string[]): Record<string, string> {
   const labels: Record<string, string> = {};
   names.forEach((name, i) => (labels[name] = values[i] ?? ""));
@@ -40,7 +72,7 @@ export interface TallyCounter {
 }
 
 export function tallyCounter(options: { readonly name: string; readonly help: string; readonly labelNames: readonly string[]; readonly registry: Registry }): TallyCounter {
-  const series = new Map<string, Series>();
+  const series = new SeriesIndex<Series>();
   new Counter({
     name: options.name,
     help: options.help,
@@ -48,14 +80,12 @@ export function tallyCounter(options: { readonly name: string; readonly help: st
     registers: [options.registry],
     collect() {
       this.reset();
-      for (const { labels, value } of series.values()) this.inc(labels, value);
+      for (const { labels, value } of series.all.values()) this.inc(labels, value);
     },
   });
   return {
     inc(values, by = 1) {
-      const key = keyOf(values);
-      let found = series.get(key);
-      if (found === undefined) series.set(key, (found = { labels: labelsOf(options.labelNames, values), value: 0 }));
+      const found = series.get(values) ?? series.add(values, { labels: labelsOf(options.labelNames, values), value: 0 });
       found.value += by;
     },
   };
@@ -82,7 +112,7 @@ export function tallyHistogram(options: {
   readonly registry: Registry;
 }): TallyHistogram {
   const bounds = options.buckets;
-  const series = new Map<string, HistogramSeries>();
+  const series = new SeriesIndex<HistogramSeries>();
   new Histogram({
     name: options.name,
     help: options.help,
@@ -94,7 +124,7 @@ export function tallyHistogram(options: {
       // hashMap and exports from there after collect(); the metrics tests read every histogram
       // back, so a change of that shape fails them rather than the scrape.
       const map: Record<string, PromHistogramEntry> = {};
-      for (const [key, s] of series) {
+      for (const [key, s] of series.all) {
         const bucketValues: Record<number, number> = {};
         bounds.forEach((bound, i) => (bucketValues[bound] = s.counts[i]!));
         map[key] = { labels: s.labels, bucketValues, sum: s.sum, count: s.count };
@@ -104,9 +134,7 @@ export function tallyHistogram(options: {
   });
   return {
     observe(values, value) {
-      const key = keyOf(values);
-      let found = series.get(key);
-      if (found === undefined) series.set(key, (found = { labels: labelsOf(options.labelNames, values), counts: new Array<number>(bounds.length + 1).fill(0), sum: 0, count: 0 }));
+      const found = series.get(values) ?? series.add(values, { labels: labelsOf(options.labelNames, values), counts: new Array<number>(bounds.length + 1).fill(0), sum: 0, count: 0 });
       let i = 0;
       while (i < bounds.length && value > bounds[i]!) i++;
       found.counts[i]! += 1;

@@ -4,7 +4,8 @@ import { isIP, type Socket } from "node:net";
 import { EgressError, denied, guestError } from "../errors.js";
 import type { Logger } from "../log.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
-import { countFlowing, countPushed, type ByteCount } from "../metrics/byte-counter.js";
+import { countPushed, type ByteCount } from "../metrics/byte-counter.js";
+import { claimUpstreamBody, deferUpstreamEnd } from "../pipeline/trace.js";
 import { bareHostname } from "../hostname.js";
 import type { AuthGate } from "./auth-gate.js";
 import { authenticationRequired } from "./auth.js";
@@ -213,6 +214,8 @@ export class GuestSide {
     // Only with an audit log or onDecision: the sources' trace and the body bytes both ways.
     const auditing = this.deps.decide.auditing;
     const trace: TraceEntry[] | undefined = auditing ? [] : undefined;
+    // The body this side sends is watched anyway: its close ends the upstream time (sendResponse).
+    if (trace !== undefined) deferUpstreamEnd(trace);
     // Installed before the first await: the parser pushes the body's first bytes right after this turn.
     // Only a request framed with a body has one (RFC 9112 §6.3): a GET without Content-Length or
     // Transfer-Encoding keeps its IncomingMessage as Node made it, without a patched push().
@@ -266,8 +269,9 @@ export class GuestSide {
           ...(cause !== null ? { cause, detail: cause.message } : {}),
         });
       }
-      if (auditing && response.body !== null && !res.destroyed) down = countFlowing(response.body);
-      sendResponse(res, response, !req.complete, (error) => {
+      // A guest already gone gets no body: the upstream's is then timed by its own end.
+      const claimed = trace !== undefined && claimUpstreamBody(trace, res.destroyed ? null : response.body);
+      down = sendResponse(res, response, !req.complete, (error) => {
         response.cleanup?.();
         this.deps.decide({
           id,
@@ -281,9 +285,11 @@ export class GuestSide {
           redirects: response.redirects,
           started,
           ...(error ? { error: this.explainCut(error) } : {}),
-        }, auditing ? { ...(trace !== undefined ? { trace } : {}), bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision } : undefined);
-      });
+        }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision } : undefined);
+      }, auditing, claimed ? trace : undefined);
     } catch (error) {
+      // An upstream body left pending and never sent (a hook failed on it, or it broke): timed by its own end.
+      if (trace !== undefined) claimUpstreamBody(trace, null);
       if (abort.aborted) {
         // Nobody is left to answer; 499 is nginx's "client closed request", for the log only.
         this.deps.decide(

@@ -2,7 +2,9 @@ import { discardBody } from "../streams.js";
 import type { ServerResponse } from "node:http";
 import type { Socket } from "node:net";
 import type { EgressError } from "../errors.js";
-import type { PipelineResponse } from "../pipeline/exchange.js";
+import type { PipelineResponse, TraceEntry } from "../pipeline/exchange.js";
+import { upstreamBodyEnded } from "../pipeline/trace.js";
+import { countSent, type ByteCount } from "../metrics/byte-counter.js";
 
 /** The guest-facing error body: `403 Forbidden: host "x" is not in allowedHosts…`. */
 export function errorBody(error: EgressError): string {
@@ -36,19 +38,26 @@ export function sendError(res: ServerResponse, error: EgressError, closeConnecti
  * rather than `stream.pipeline()`: on Node 20 pipeline() allocates an AbortController per call
  * and aborts it on completion (a DOMException with a stack trace), which profiled at ~10% of the
  * proxy's CPU for small responses.
+ *
+ * For the decision record: with `countBytes` it returns the count of body bytes sent (read when
+ * the record is made); with `upstreamTrace` (a trace whose pending upstream exchange is this
+ * body's, see claimUpstreamBody) the exchange's upstream time ends when the body closes, from the
+ * close listener this function puts on the body anyway.
  */
 export function sendResponse(
   res: ServerResponse,
   response: PipelineResponse,
   closeConnection: boolean,
   onDone: (error?: Error) => void,
-): void {
+  countBytes = false,
+  upstreamTrace?: readonly TraceEntry[],
+): ByteCount | undefined {
   const body = response.body;
   if (res.destroyed) {
     // The guest left while the upstream was answering: `close` has already fired.
     discardBody(body);
     onDone(new Error("guest closed the connection before the response started"));
-    return;
+    return undefined;
   }
   // A guest body that was only partly read (a hook answered, or read a clone and rewrote) would
   // otherwise sit in front of the next request on this connection.
@@ -58,8 +67,10 @@ export function sendResponse(
   if (body === null) {
     res.end();
     onDone();
-    return;
+    return undefined;
   }
+  // After the head is stored and in the same turn as the pipe (see countSent).
+  const sent = countBytes ? countSent(res, body) : undefined;
   let settled = false;
   const settle = (error?: Error): void => {
     if (settled) return;
@@ -74,6 +85,8 @@ export function sendResponse(
   // A body that closes before its end without an error (a source destroyed quietly) would leave
   // the pipe waiting for ever: cut the guest's connection, as for an error.
   body.once("close", () => {
+    // After its end or its failure: the last of what came from upstream.
+    if (upstreamTrace !== undefined) upstreamBodyEnded(upstreamTrace);
     if (body.readableEnded || settled) return;
     const error = new Error("the upstream body closed before its end");
     res.destroy(error);
@@ -90,7 +103,7 @@ export function sendResponse(
   const trailers = response.trailers;
   if (trailers === undefined) {
     body.pipe(res);
-    return;
+    return sent;
   }
   // The trailer section goes after the last chunk, so the end is ours to write. Node sends
   // trailers only on a chunked response: one with Content-Length (or to an HTTP/1.0 guest) ends without them.
@@ -104,6 +117,7 @@ export function sendResponse(
     }
     res.end();
   });
+  return sent;
 }
 
 /** Fields never sent as trailers (RFC 9110 §6.5.1): framing, routing and connection fields. */

@@ -6,7 +6,8 @@ import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { HttpRequestBlockedError, type AuditRecord, type HttpHooksOptions, type ProxyOptions } from "../../src/index.js";
 import { loadPolicy } from "../helpers/djs.js";
-import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
+import { request } from "undici";
+import { fetchVia, proxyAgent, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
 import { openRaw } from "../helpers/raw.js";
 import { startUpstream } from "../helpers/upstream.js";
@@ -97,6 +98,34 @@ describe("the audit log", () => {
     expectSaneLatencies(up!);
     await proxy.close();
     expect(lines(file)).toEqual(JSON.parse(JSON.stringify(seen.records)));
+  });
+
+  it("counts a response's body bytes and not its head or chunk framing, chunked or with Content-Length, for requests in turn on one connection", async () => {
+    const upstream = await startUpstream({
+      routes: {
+        "/chunked": (_req, res) => {
+          res.writeHead(200, { "content-type": "text/plain" });
+          res.write("first chunk,");
+          res.end(" then the last");
+        },
+      },
+    });
+    const { proxy, seen } = await audited({ allowedInternalHosts: ["api.test"] });
+    const base = `https://api.test:${upstream.port}`;
+    // One agent: the three requests go in turn over one tunnel, so each count starts where the last response ended.
+    const agent = proxyAgent(proxy);
+    const get = async (path: string, method: "GET" | "HEAD" = "GET"): Promise<string> => (await request(`${base}${path}`, { dispatcher: agent, method })).body.text();
+    expect(await get("/chunked")).toBe("first chunk, then the last");
+    expect((await get("/bytes?n=1234")).length).toBe(1234);
+    expect(await get("/chunked", "HEAD")).toBe("");
+    const [first, second, head] = await seen.count(3);
+    expect(first).toMatchObject({ url: `${base}/chunked`, status: 200, bytesDown: "first chunk, then the last".length });
+    expect(second).toMatchObject({ url: `${base}/bytes`, status: 200, bytesDown: 1234 });
+    expect(head).toMatchObject({ method: "HEAD", status: 200, bytesDown: 0 });
+    for (const record of [first!, second!]) {
+      expect(record.upstreamMs).toBeGreaterThan(0);
+      expect(record.upstreamMs!).toBeLessThanOrEqual(record.ms + 0.1);
+    }
   });
 
   it("records a host outside the allowlist as a 403 from the declarative tier, for a plain request and for a CONNECT", async () => {
