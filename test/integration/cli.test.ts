@@ -46,7 +46,7 @@ function cliEnv(): NodeJS.ProcessEnv {
 }
 
 /** Spawns the built CLI; it is killed (after at most `limitMs`, or when the test ends) and awaited. */
-function startCli(args: readonly string[], limitMs = 20_000, extraEnv: NodeJS.ProcessEnv = {}): Cli {
+function startCli(args: readonly string[], limitMs = 90_000, extraEnv: NodeJS.ProcessEnv = {}): Cli {
   const child = spawn(process.execPath, [bin, ...args], { cwd: root, env: { ...cliEnv(), ...extraEnv }, stdio: ["ignore", "pipe", "pipe"] });
   let out = "";
   let err = "";
@@ -64,7 +64,9 @@ function startCli(args: readonly string[], limitMs = 20_000, extraEnv: NodeJS.Pr
     stdout: () => out,
     stderr: () => err,
     exited,
-    waitForStdout(pattern, ms = 15_000) {
+    // A deadline against a hang, not a timing check: the line ends the wait as soon as it comes,
+    // and two workers starting on a machine whose cores are busy took more than 15 s in CI.
+    waitForStdout(pattern, ms = 60_000) {
       return new Promise((resolve, reject) => {
         const check = (): boolean => {
           const match = pattern.exec(out);
@@ -106,7 +108,7 @@ async function runCli(args: readonly string[]): Promise<{ code: number | null; s
 /** Starts the proxy and returns its port once the listening line is out. */
 async function serve(args: readonly string[], extraEnv: NodeJS.ProcessEnv = {}): Promise<{ cli: Cli; port: number; url: string }> {
   const logLevel = args.includes("--log-level") ? [] : ["--log-level", "warn"];
-  const cli = startCli(["--listen", "127.0.0.1:0", ...logLevel, ...args], 20_000, extraEnv);
+  const cli = startCli(["--listen", "127.0.0.1:0", ...logLevel, ...args], 90_000, extraEnv);
   const match = await cli.waitForStdout(listeningLine);
   const port = Number(match[1]);
   return { cli, port, url: `http://127.0.0.1:${port}` };
@@ -328,7 +330,8 @@ async function until(check: () => boolean, ms: number, what: string): Promise<vo
   }
 }
 
-describe("egressgate --workers", () => {
+// Each starts a primary and two whole proxies: minutes are a hang guard on a loaded machine.
+describe("egressgate --workers", { timeout: 180_000 }, () => {
   it("two worker processes serve one port with the same secret placeholders; a killed worker is replaced; SIGTERM stops them all", async () => {
     const dir = tempDir();
     const caDir = join(dir, "ca");
@@ -418,7 +421,7 @@ describe("egressgate --workers", () => {
 
   it("SIGINT to the whole process group (Ctrl-C) drains once: no worker is replaced", async () => {
     const dir = tempDir();
-    const cli = startCli(["--workers", "2", "--listen", "127.0.0.1:0", "--log-level", "warn", "--ca-dir", join(dir, "ca")], 20_000);
+    const cli = startCli(["--workers", "2", "--listen", "127.0.0.1:0", "--log-level", "warn", "--ca-dir", join(dir, "ca")]);
     await cli.waitForStdout(listeningLine);
     const workers = childPids(cli.process.pid!);
     expect(workers).toHaveLength(2);
@@ -435,7 +438,7 @@ describe("egressgate --workers", () => {
     await new Promise<void>((resolve) => busy.listen(0, "127.0.0.1", () => resolve()));
     onTestFinished(() => void busy.close());
     const port = (busy.address() as { port: number }).port;
-    const cli = startCli(["--workers", "2", "--listen", `127.0.0.1:${port}`, "--ca-dir", join(dir, "ca")], 20_000);
+    const cli = startCli(["--workers", "2", "--listen", `127.0.0.1:${port}`, "--ca-dir", join(dir, "ca")]);
     const primary = cli.process.pid!;
     const { code } = await cli.exited;
     expect(code).toBe(1);
