@@ -1,4 +1,5 @@
 import { createServer, type Http2Server, type ServerHttp2Session, type ServerHttp2Stream } from "node:http2";
+import { requestStart, type RequestStartMessage } from "../metrics/channels.js";
 import type { Socket } from "node:net";
 import { PassThrough, type Readable } from "node:stream";
 import type { TLSSocket } from "node:tls";
@@ -224,6 +225,7 @@ export class H2Guests {
       guestName = guest.name;
       const request = h2OutboundRequest(raw, tunnel, stream.endAfterHeaders ? null : requestBodyOf(stream));
       target = `${request.url.origin}${cutPath(this.deps.redact(request.url.pathname))}`;
+      if (requestStart.hasSubscribers) requestStart.publish({ id, guest: guestName, method, url: target, time: new Date().toISOString() } satisfies RequestStartMessage);
       const response = await guest.pipeline.handle(request, { id: String(id), signal: abort, ...(trace !== undefined ? { trace } : {}) });
       if (response.body?.destroyed === true) {
         response.cleanup?.();

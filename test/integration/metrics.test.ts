@@ -8,6 +8,7 @@ import { describe, expect, it, onTestFinished } from "vitest";
 import { HttpRequestBlockedError, type AuditRecord } from "../../src/index.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
+import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
 import { listenForTest, startUpstream } from "../helpers/upstream.js";
 
@@ -328,6 +329,13 @@ describe("metrics", () => {
     expect(starts).toEqual([expect.objectContaining({ guest: "default", method: "GET", url: `https://api.test:${upstream.port}/echo` })]);
     expect(seen.records[0]).toMatchObject({ guest: "default", status: 200, rule: { rule: "allowedHosts:api.test" }, sources: [expect.objectContaining({ phase: "allowlist" })] });
     await expect(proxy.metrics()).rejects.toThrow(TypeError);
+    // An HTTP/2 guest's streams are published the same way, each with its own id.
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    expect((await h2Request(session, { ":path": "/echo?h2=1", ":authority": `api.test:${upstream.port}` })).status).toBe(200);
+    await seen.count(2);
+    expect(starts).toHaveLength(2);
+    expect(starts[1]).toMatchObject({ guest: "default", method: "GET", url: `https://api.test:${upstream.port}/echo` });
+    expect((starts[1] as { id: unknown }).id).not.toEqual((starts[0] as { id: unknown }).id);
   });
 
   it("refuses a metrics address it cannot listen on, naming the option", async () => {
