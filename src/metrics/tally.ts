@@ -39,8 +39,28 @@ class SeriesIndex<S> {
   /** Every series, in the order first seen, with its joined key. */
   readonly all = new Map<string, S>();
 
+  // The series found last, and the values it was found by: most requests repeat the labels of
+  // the one before (same guest, same rule), which then costs a few comparisons, no Map lookup.
+  private lastValues: readonly string[] = [];
+  private last: S | undefined;
+
   get(values: readonly string[]): S | undefined {
     if (values.length === 0) return this.only;
+    const lastValues = this.lastValues;
+    if (this.last !== undefined && lastValues.length === values.length) {
+      let i = 0;
+      while (i < values.length && values[i] === lastValues[i]) i++;
+      if (i === values.length) return this.last;
+    }
+    const found = this.lookUp(values);
+    if (found !== undefined) {
+      this.lastValues = values.slice();
+      this.last = found;
+    }
+    return found;
+  }
+
+  private lookUp(values: readonly string[]): S | undefined {
     let level: Map<string, unknown> | undefined = this.root;
     for (let i = 0; i < values.length - 1 && level !== undefined; i++) level = level.get(values[i]!) as Map<string, unknown> | undefined;
     return level?.get(values[values.length - 1]!) as S | undefined;

@@ -41,12 +41,13 @@ describe("metric labels", () => {
     const reference = new Registry();
     const promCounter = new Counter({ name: "t_total", help: "h", labelNames: ["a", "b"], registers: [reference] });
     const promHistogram = new Histogram({ name: "t_seconds", help: "h", labelNames: ["a"], buckets: [0.1, 1, 10], registers: [reference] });
-    for (const [a, b, by] of [["x", "y", 1], ["x", "y", 2], ["x", "z", 5]] as const) {
+    // Repeats, a change, and back: the series found last is remembered.
+    for (const [a, b, by] of [["x", "y", 1], ["x", "y", 2], ["x", "z", 5], ["x", "y", 3], ["w", "y", 4], ["x", "z", 1]] as const) {
       counter.inc([a, b], by);
       promCounter.inc({ a, b }, by);
     }
     // On a bound, between bounds, past the last: the buckets are cumulative and +Inf counts all.
-    for (const [a, value] of [["x", 0.1], ["x", 0.5], ["x", 20], ["y", 1]] as const) {
+    for (const [a, value] of [["x", 0.1], ["x", 0.5], ["x", 20], ["y", 1], ["x", 2]] as const) {
       histogram.observe([a], value);
       promHistogram.observe({ a }, value);
     }
