@@ -33,7 +33,7 @@ export interface ProxyMetrics {
   /** Counts an open tunnel (CONNECT) until its socket closes. */
   tunnel(socket: Socket): void;
   /** Counts an open upstream connection of a guest's pools until it closes. */
-  upstreamConnection(guest: string, protocol: "h1" | "h2", connection: { once(event: "close", listener: () => void): unknown }): void;
+  upstreamConnection(guest: string, protocol: "h1" | "h2", connection: { readonly destroyed?: boolean; once(event: "close", listener: () => void): unknown }): void;
   /** The Prometheus text exposition of every series. */
   text(): Promise<string>;
 }
@@ -191,6 +191,8 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
       socket.once("close", () => (openTunnels -= 1));
     },
     upstreamConnection(guest, protocol, connection) {
+      // One that closed already (an h2 session handed out as it went) would never count down.
+      if (connection.destroyed === true) return;
       const key = `${guest}\0${protocol}`;
       let entry = upstreamOpen.get(key);
       if (entry === undefined) upstreamOpen.set(key, (entry = { guest, protocol, open: 0 }));
