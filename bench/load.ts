@@ -100,7 +100,20 @@ export interface BulkRun extends RunBase {
   readonly maxMs: number;
 }
 
-export type LoadRequest = RateRun | HostsRun | BulkRun | H2RateRun | H2BulkRun | { readonly kind: "summary" } | { readonly kind: "close" };
+/** Several rate runs at once, on their own lanes: targets measured side by side, in the same seconds. */
+export interface RatesRun {
+  readonly kind: "rates";
+  readonly id: number;
+  readonly runs: readonly RateRun[];
+}
+
+export interface RatesResult {
+  readonly kind: "rates-result";
+  readonly id: number;
+  readonly results: readonly RateResult[];
+}
+
+export type LoadRequest = RateRun | RatesRun | HostsRun | BulkRun | H2RateRun | H2BulkRun | { readonly kind: "summary" } | { readonly kind: "close" };
 
 interface ResultBase {
   readonly kind: "result";
@@ -139,7 +152,7 @@ export interface LoadSummaryEntry {
   readonly connects: number;
 }
 
-export type LoadReply = RateResult | HostsResult | BulkResult | H2Result | { readonly kind: "summary"; readonly entries: LoadSummaryEntry[] } | { readonly kind: "ready" };
+export type LoadReply = RateResult | HostsResult | BulkResult | H2Result | { readonly kind: "summary"; readonly entries: LoadSummaryEntry[] } | { readonly kind: "ready" } | RatesResult;
 
 /** Per window, whatever its duration: a safety stop if the target answers errors very fast. */
 const maxRequestsPerWindow = 2_000_000;
@@ -376,6 +389,7 @@ function main(setup: LoadSetup): void {
     // One window at a time: the orchestrator waits for each result, but a queue makes sure.
     queue = queue.then(async () => {
       if (message.kind === "rate") send(await runRate(laneFor(message), message));
+      else if (message.kind === "rates") send({ kind: "rates-result", id: message.id, results: await Promise.all(message.runs.map((run) => runRate(laneFor(run), run))) } satisfies RatesResult);
       else if (message.kind === "bulk") send(await runBulk(laneFor(message), message));
       else if (message.kind === "hosts") send(await runHosts(setup, message));
       else if (message.kind === "h2rate") send(await runH2Rate(setup, message));

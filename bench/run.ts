@@ -53,12 +53,14 @@ import {
   hostsRows,
   hostsTable,
   metricsGoal,
+  sideRows,
+  sideTable,
   rateRows,
   rateTable,
   type BigRow,
 } from "./report.js";
 import { profileTables, summarizeProfile, type ProfileSummary } from "./profile.js";
-import { Harness, hostsFor, runBig, runBulk, runHosts, runRate, scenarioNames, type BulkWindow, type HostsWindow, type RateWindow, type ScenarioName } from "./scenarios.js";
+import { Harness, hostsFor, runBig, runBulk, runHosts, runRate, runSideBySide, scenarioNames, type BulkWindow, type HostsWindow, type RateWindow, type ScenarioName, type SideWindow } from "./scenarios.js";
 import { h2Targets, runH2, runH2Downloads, type H2DownloadResult, type H2Window } from "./h2-scenario.js";
 import { h2DownloadRows, h2DownloadTable, h2Goals, h2PacedRows, h2PacedTable, h2Rows, h2Table } from "./h2-report.js";
 import { allTargets, egressgateTargets, hookedTargets, smallOnlyTargets, startTargets, type EgressgateTarget } from "./targets.js";
@@ -77,6 +79,8 @@ interface BenchSettings {
   readonly scenarios: readonly ScenarioName[];
   /** small and newconn: interleaved rounds, and each window's timing. */
   readonly rounds: number;
+  /** The small scenario's concurrencies (1 and 32 unless --concurrency names others). */
+  readonly smallConcurrencies: readonly number[];
   readonly initialWarmupMs: number;
   readonly warmupMs: number;
   readonly measureMs: number;
@@ -97,7 +101,8 @@ const usage = `usage: npm run bench -- [--quick] [--targets LIST] [--scenarios L
                      the default (full) takes about 14 minutes
   --targets LIST     comma-separated, from ${allTargets.join(", ")}
   --scenarios LIST   comma-separated, from ${scenarioNames.join(", ")}
-  --rounds N         interleaved rounds of small and newconn, 1..20
+  --rounds N         interleaved rounds of small and newconn, 1..100
+  --concurrency LIST the small scenario's concurrencies, comma-separated (default 1,32)
   --seconds S        measured seconds per small/newconn window, 0.2..30
   --hosts N          new hostnames per target in the hosts scenario, 1..5000
   --bulk-upstream U  where bulk and 1 GiB downloads come from: openssl (s_server -HTTP, the default) or node
@@ -123,6 +128,7 @@ function parseArgs(argv: readonly string[]): BenchSettings {
   let targets: readonly TargetName[] = quick ? allTargets.filter((t) => t !== "egressgate-w2") : allTargets;
   let scenarios: readonly ScenarioName[] = scenarioNames;
   let rounds = quick ? 2 : 5;
+  let smallConcurrencies: readonly number[] = [1, 32];
   let measureMs = quick ? 600 : 2_000;
   let hostCount = quick ? 100 : 1_000;
   let cpuProf: EgressgateTarget | undefined;
@@ -146,6 +152,10 @@ function parseArgs(argv: readonly string[]): BenchSettings {
     } else if (flag === "--targets") targets = parseList("--targets", text(), allTargets);
     else if (flag === "--scenarios") scenarios = parseList("--scenarios", text(), scenarioNames);
     else if (flag === "--rounds") rounds = number();
+    else if (flag === "--concurrency") {
+      smallConcurrencies = (text() ?? "").split(",").filter((c) => c !== "").map(Number);
+      if (smallConcurrencies.length === 0 || smallConcurrencies.some((c) => !Number.isInteger(c) || c < 1 || c > 256)) throw new RangeError(`--concurrency: expected a comma-separated list of 1..256`);
+    }
     else if (flag === "--seconds") measureMs = number() * 1000;
     else if (flag === "--hosts") hostCount = number();
     else if (flag === "--out") out = text();
@@ -159,7 +169,7 @@ function parseArgs(argv: readonly string[]): BenchSettings {
       process.exit(0);
     } else throw new TypeError(`unknown argument ${JSON.stringify(arg)}\n${usage}`);
   }
-  if (!Number.isInteger(rounds) || rounds < 1 || rounds > 20) throw new RangeError(`--rounds: expected 1..20, got ${rounds}`);
+  if (!Number.isInteger(rounds) || rounds < 1 || rounds > 100) throw new RangeError(`--rounds: expected 1..100, got ${rounds}`);
   if (measureMs < 200 || measureMs > 30_000) throw new RangeError(`--seconds: expected 0.2..30, got ${measureMs / 1000}`);
   if (!Number.isInteger(hostCount) || hostCount < 1 || hostCount > 5_000) throw new RangeError(`--hosts: expected 1..5000, got ${hostCount}`);
   if (cpuProf !== undefined && !targets.includes(cpuProf)) targets = allTargets.filter((t) => targets.includes(t) || t === cpuProf);
@@ -170,6 +180,7 @@ function parseArgs(argv: readonly string[]): BenchSettings {
     targets,
     scenarios,
     rounds,
+    smallConcurrencies,
     initialWarmupMs: quick ? 300 : 1_500,
     warmupMs: quick ? 150 : 500,
     measureMs,
@@ -190,6 +201,8 @@ function parseArgs(argv: readonly string[]): BenchSettings {
  */
 function targetsOf(settings: BenchSettings, scenario: ScenarioName): TargetName[] {
   if (scenario === "small") return [...settings.targets];
+  // The CLI and the CLI with metrics, loaded at once (the only pair it measures).
+  if (scenario === "side") return settings.targets.includes("egressgate") && settings.targets.includes("egressgate+metrics") ? ["egressgate", "egressgate+metrics"] : [];
   if (scenario === "h2") return settings.targets.filter((t) => h2Targets.includes(t));
   return settings.targets.filter((t) => t !== "egressgate-api" && !hookedTargets.includes(t) && !smallOnlyTargets.includes(t) && (scenario !== "hosts" || t !== "egressgate-w2"));
 }
@@ -266,6 +279,7 @@ async function main(): Promise<void> {
   const only = (scenario: ScenarioName): TargetName[] => targetsOf(settings, scenario).filter((x) => targets.includes(x));
   const rate = { rounds: settings.rounds, initialWarmupMs: settings.initialWarmupMs, measureMs: settings.measureMs };
   let smallWindows: RateWindow[] = [];
+  let sideWindows: SideWindow[] = [];
   let newconnWindows: RateWindow[] = [];
   let hostsWindows: HostsWindow[] = [];
   let bulkWindows: BulkWindow[] = [];
@@ -282,7 +296,7 @@ async function main(): Promise<void> {
     }
   };
   if (has("small")) {
-    smallWindows = await timed("small", () => runRate(h, { ...rate, scenario: "small", targets: only("small"), concurrencies: [1, 32], newConnections: false, warmupMs: settings.warmupMs }));
+    smallWindows = await timed("small", () => runRate(h, { ...rate, scenario: "small", targets: only("small"), concurrencies: settings.smallConcurrencies, newConnections: false, warmupMs: settings.warmupMs }));
   }
   if (has("newconn")) {
     newconnWindows = await timed("newconn", () =>
@@ -292,6 +306,11 @@ async function main(): Promise<void> {
   if (has("hosts")) hostsWindows = await timed("hosts", () => runHosts(h, { ...settings.hosts, targets: only("hosts") }));
   if (has("bulk")) {
     bulkWindows = await timed("bulk", () => runBulk(h, { ...settings.bulk, targets: only("bulk"), windowMaxMs: 60_000 }));
+  }
+  if (has("side") && only("side").length === 2) {
+    sideWindows = await timed("side", () =>
+      runSideBySide(h, { base: "egressgate", targets: ["egressgate+metrics"], concurrency: 32, rounds: settings.rounds, initialWarmupMs: settings.initialWarmupMs, warmupMs: settings.warmupMs, measureMs: settings.measureMs }),
+    );
   }
   if (has("h2")) {
     h2Windows = await timed("h2", () => runH2(h, { ...rate, targets: only("h2"), concurrency: 32, warmupMs: settings.warmupMs, pacedRate: h2PacedRate }));
@@ -355,7 +374,8 @@ async function main(): Promise<void> {
   const deciders = compareDeciders(smallRows);
   const deciderGoalRow = deciderGoal(deciders);
   const metricsCost = compareHooks(smallRows, ["egressgate+metrics"], "egressgate");
-  const metricsGoalRow = metricsGoal(metricsCost);
+  const side = sideRows(sideWindows);
+  const metricsGoalRow = metricsGoal(metricsCost, side);
   const h2 = h2Rows(h2Windows, summary);
   const h2Paced = h2PacedRows(h2Windows);
   const h2DownloadList = h2DownloadRows(h2Downloads);
@@ -394,6 +414,14 @@ async function main(): Promise<void> {
       print("\nExternal deciders (each against `egressgate-api`, the same script with no source; the webhook is a process of its own on 127.0.0.1, and the command a new process per request):\n");
       print(decidersTable(deciders));
     }
+  }
+  if (side.length > 0) {
+    print("\n## Side by side: egressgate and egressgate+metrics loaded in the same seconds\n");
+    print(
+      `${settings.rounds} windows of ${settings.measureMs / 1000} s; concurrency 32 to each from one load generator. Each window's ratios are paired; ` +
+        "the median of those ratios is the figure, with its distribution-free 95% interval.\n",
+    );
+    print(sideTable(side));
   }
   if (newconnRows.length > 0) {
     print(`\n## New connection per request, concurrency ${settings.newconnConcurrency}\n`);
@@ -468,7 +496,7 @@ async function main(): Promise<void> {
     durationSeconds: Math.round(totalSeconds),
     scenarioSeconds: timings,
     goals: goalList,
-    results: { small: smallRows, newconn: newconnRows, hosts, bulk, big, bigWithPolicy, h2, h2Paced, h2Downloads: h2DownloadList },
+    results: { small: smallRows, side, newconn: newconnRows, hosts, bulk, big, bigWithPolicy, h2, h2Paced, h2Downloads: h2DownloadList },
     hooksVsNoHooks: hooks,
     decidersVsNoSource: deciders,
     tier2Calls: calls,
@@ -476,7 +504,7 @@ async function main(): Promise<void> {
     rssAtStartKb: idleRss,
     rssAtEndKb: rssAtEnd,
     relayConnectsSeenByRelay: relayConnects,
-    windows: { small: smallWindows, newconn: newconnWindows, hosts: hostsWindows, bulk: bulkWindows, h2: h2Windows },
+    windows: { small: smallWindows, side: sideWindows, newconn: newconnWindows, hosts: hostsWindows, bulk: bulkWindows, h2: h2Windows },
     ...(profile !== undefined ? { cpuProfile: profile } : {}),
   };
   writeFileSync(resultsFile, `${JSON.stringify(json, null, 2)}\n`);

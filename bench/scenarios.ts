@@ -17,12 +17,12 @@
 import type { ChildProcess } from "node:child_process";
 import { performance } from "node:perf_hooks";
 import { ask, cpuSeconds, hasExited, mainThreadCpuSeconds, resetPeak, statusKb, stderrError, waitExit } from "./children.js";
-import type { BulkResult, BulkRun, HostsResult, HostsRun, RateResult, RateRun, TargetName } from "./load.js";
+import type { BulkResult, BulkRun, HostsResult, HostsRun, RateResult, RateRun, RatesResult, TargetName } from "./load.js";
 import { newHostname, originHost, smallBodyBytes, type StartedTargets } from "./targets.js";
 import type { UpstreamStats } from "./upstream.js";
 
-export type ScenarioName = "small" | "newconn" | "hosts" | "bulk" | "big" | "h2" | "calls";
-export const scenarioNames: readonly ScenarioName[] = ["small", "newconn", "hosts", "bulk", "big", "h2", "calls"];
+export type ScenarioName = "small" | "side" | "newconn" | "hosts" | "bulk" | "big" | "h2" | "calls";
+export const scenarioNames: readonly ScenarioName[] = ["small", "side", "newconn", "hosts", "bulk", "big", "h2", "calls"];
 
 /** What every measured window records about the processes around it. */
 export interface Sample {
@@ -154,6 +154,12 @@ export class Harness {
     return ask<RateResult>(this.load, "result", { kind: "rate", id: this.nextId(), ...run }, run.durationMs + 60_000);
   }
 
+  /** Rate runs at once, each on its own lane: the load generator answers when all have ended. */
+  rates(runs: readonly Omit<RateRun, "kind" | "id">[]): Promise<RatesResult> {
+    const longest = Math.max(...runs.map((run) => run.durationMs));
+    return ask<RatesResult>(this.load, "rates-result", { kind: "rates", id: this.nextId(), runs: runs.map((run) => ({ kind: "rate", id: this.nextId(), ...run })) }, longest + 60_000);
+  }
+
   hosts(run: Omit<HostsRun, "kind" | "id">): Promise<HostsResult> {
     return ask<HostsResult>(this.load, "result", { kind: "hosts", id: this.nextId(), ...run }, run.maxMs + 120_000);
   }
@@ -247,6 +253,96 @@ export async function runRate(h: Harness, spec: RateSpec): Promise<RateWindow[]>
             `load CPU ${fmt(sample.loadCpuPercent)}%  conns ${window.clientConnects}/${window.upstreamConnects}`,
         );
       }
+    }
+  }
+  return windows;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/** One window of the side-by-side scenario: the base and one compared target, loaded at once. */
+export interface SideWindow {
+  readonly round: number;
+  readonly base: TargetName;
+  readonly target: TargetName;
+  readonly concurrency: number;
+  readonly seconds: number;
+  readonly baseRequestsPerSecond: number;
+  readonly targetRequestsPerSecond: number;
+  /** Each proxy's CPU time over the window (all its threads), per request it served. */
+  readonly baseCpuMicrosPerRequest: number | undefined;
+  readonly targetCpuMicrosPerRequest: number | undefined;
+  readonly errors: number;
+  readonly firstError: string | undefined;
+}
+
+export interface SideSpec {
+  readonly base: TargetName;
+  readonly targets: readonly TargetName[];
+  readonly concurrency: number;
+  readonly rounds: number;
+  readonly initialWarmupMs: number;
+  readonly warmupMs: number;
+  readonly measureMs: number;
+}
+
+/**
+ * Small GETs to the base and a compared target in the same seconds, `concurrency` each, from one
+ * load generator: whatever else takes the machine's cores in a window falls on both alike, which
+ * back-to-back windows cannot promise on a machine whose speed drifts by 2× within a minute. Each
+ * window's ratios (req/s and each proxy's CPU per request) are paired, and their median is the
+ * figure (report.ts, sideRows).
+ */
+export async function runSideBySide(h: Harness, spec: SideSpec): Promise<SideWindow[]> {
+  const url = `https://${originHost}:${h.started.upstreamPort}/small`;
+  const run = (target: TargetName, durationMs: number, record: boolean): Omit<RateRun, "kind" | "id"> => ({
+    lane: `side/${target}/${spec.concurrency}`,
+    target,
+    url,
+    expectedBytes: smallBodyBytes,
+    concurrency: spec.concurrency,
+    newConnections: false,
+    durationMs,
+    record,
+  });
+  const windows: SideWindow[] = [];
+  for (const target of spec.targets) {
+    if (!h.available(spec.base) || !h.available(target)) continue;
+    await h.rates([run(spec.base, spec.initialWarmupMs, false), run(target, spec.initialWarmupMs, false)]);
+    for (let round = 0; round < spec.rounds; round++) {
+      if (!h.available(spec.base) || !h.available(target)) break;
+      if (spec.warmupMs > 0) await h.rates([run(spec.base, spec.warmupMs, false), run(target, spec.warmupMs, false)]);
+      const pids = [h.pidOf(spec.base), h.pidOf(target)];
+      const before = pids.map(cpuSeconds);
+      const t0 = performance.now();
+      const { results } = await h.rates([run(spec.base, spec.measureMs, true), run(target, spec.measureMs, true)]);
+      const seconds = (performance.now() - t0) / 1000;
+      const after = pids.map(cpuSeconds);
+      const [a, b] = [results[0]!, results[1]!];
+      const perRequest = (i: number, result: RateResult): number | undefined => {
+        const [x, y] = [before[i], after[i]];
+        return x === undefined || y === undefined || result.ok === 0 ? undefined : ((y - x) / result.ok) * 1e6;
+      };
+      const window: SideWindow = {
+        round: round + 1,
+        base: spec.base,
+        target,
+        concurrency: spec.concurrency,
+        seconds,
+        baseRequestsPerSecond: a.ok / (a.elapsedMs / 1000),
+        targetRequestsPerSecond: b.ok / (b.elapsedMs / 1000),
+        baseCpuMicrosPerRequest: perRequest(0, a),
+        targetCpuMicrosPerRequest: perRequest(1, b),
+        errors: a.errors + b.errors,
+        firstError: a.firstError ?? b.firstError,
+      };
+      windows.push(window);
+      await h.noteFailure("side", spec.base, a.ok, a.errors, a.firstError);
+      await h.noteFailure("side", target, b.ok, b.errors, b.firstError);
+      h.log(
+        `  side round ${round + 1}/${spec.rounds} c=${spec.concurrency} each: ${spec.base} ${fmt(window.baseRequestsPerSecond)} req/s ${fmt(window.baseCpuMicrosPerRequest)} µs/req, ` +
+          `${target} ${fmt(window.targetRequestsPerSecond)} req/s ${fmt(window.targetCpuMicrosPerRequest)} µs/req`,
+      );
     }
   }
   return windows;
