@@ -38,6 +38,9 @@ export interface ProxyMetrics {
   text(): Promise<string>;
 }
 
+/** How often the event-loop delay histogram samples (prom-client's `eventLoopMonitoringPrecision`). */
+const eventLoopSampleMs = 100;
+
 /** prom-client's default buckets stop at 10 s; a proxied download can take longer. */
 const durationBuckets = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
 const hookBuckets = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5];
@@ -45,7 +48,10 @@ const hookBuckets = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
 export function createProxyMetrics(probes: MetricsProbes = {}, options: { readonly defaultMetrics?: boolean } = {}): ProxyMetrics {
   const registry = new Registry();
   shareWithPrimary(registry);
-  if (options.defaultMetrics !== false) collectDefaultMetrics({ register: registry, prefix: "egressgate_" });
+  // The event-loop delay is sampled every 100 ms, not prom-client's 10: its timer firing 100 times
+  // a second cost about 5% of the CPU of a small proxied GET (bench side-by-side scenario,
+  // docs/performance.md), and a stall still shows in the sample it delays.
+  if (options.defaultMetrics !== false) collectDefaultMetrics({ register: registry, prefix: "egressgate_", eventLoopMonitoringPrecision: eventLoopSampleMs });
   // Counted per request through tallies (see tally.ts): prom-client's own inc()/observe() hash
   // their labels on every call.
   const requests = tallyCounter({
