@@ -56,6 +56,37 @@ describe("npm run bench", () => {
     expect(stdout).toContain("External deciders: a local webhook adds under 0.3 ms p50");
   }, 150_000);
 
+  it("the side scenario loads egressgate and egressgate+metrics in the same windows and prints the paired ratios and the metrics goal", async () => {
+    const out = join(tempDir(), "bench-side.json");
+    const stdout = await new Promise<string>((resolve, reject) => {
+      execFile(
+        process.execPath,
+        ["--import", "tsx", "bench/run.ts", "--quick", "--scenarios", "side", "--rounds", "2", "--seconds", "0.2", "--targets", "egressgate,egressgate+metrics", "--out", out],
+        { cwd: root, timeout: 120_000, maxBuffer: 16 * 1024 * 1024 },
+        (error, text, stderr) => (error === null ? resolve(text) : reject(new Error(`${error.message}\n${stderr}`))),
+      );
+    });
+    const json = JSON.parse(readFileSync(out, "utf8")) as {
+      dropped: Record<string, string>;
+      windows: { side: { round: number; baseRequestsPerSecond: number; targetRequestsPerSecond: number; baseCpuMicrosPerRequest?: number; targetCpuMicrosPerRequest?: number; errors: number }[] };
+      results: { side: { target: string; base: string; requestsPerSecondRatio: { n: number; median: number } }[] };
+    };
+    expect(json.dropped).toEqual({});
+    expect(json.windows.side.map((w) => w.round)).toEqual([1, 2]);
+    for (const w of json.windows.side) {
+      expect(w.errors).toBe(0);
+      // Both were loaded in the same window, each with its own CPU per request.
+      expect(w.baseRequestsPerSecond).toBeGreaterThan(0);
+      expect(w.targetRequestsPerSecond).toBeGreaterThan(0);
+      expect(w.baseCpuMicrosPerRequest).toBeGreaterThan(0);
+      expect(w.targetCpuMicrosPerRequest).toBeGreaterThan(0);
+    }
+    expect(json.results.side).toHaveLength(1);
+    expect(json.results.side[0]).toMatchObject({ target: "egressgate+metrics", base: "egressgate", requestsPerSecondRatio: { n: 2 } });
+    expect(stdout).toContain("## Side by side");
+    expect(stdout).toMatch(/Metrics cost under 3% .*\| side by side: [0-9.]+× \(/);
+  }, 150_000);
+
   it("the h2 scenario gives HTTP/2 and HTTP/1.1 figures side by side, the ratio to h1, and an h2 download's RSS", async () => {
     const out = join(tempDir(), "bench-h2.json");
     const targets = ["direct", "egressgate", "mitmdump"];

@@ -2,6 +2,7 @@ import { spawn } from "node:child_process";
 import { subscribe, unsubscribe } from "node:diagnostics_channel";
 import { createServer as createHttpServer, request as httpRequest, Agent } from "node:http";
 import type { ServerHttp2Session } from "node:http2";
+import { connect } from "node:net";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
@@ -257,6 +258,40 @@ describe("metrics", () => {
     expect((await get(`${proxy.metricsUrl}/nope`)).status).toBe(404);
     await proxy.close();
     await expect(get(`${proxy.metricsUrl}/healthz`)).rejects.toThrow();
+  });
+
+  it("its own thread refuses other methods (405 with Allow), answers HEAD without a body, ignores a query, and keeps serving after garbage on a raw socket", async () => {
+    const proxy = await startTestProxy({ allowedHosts: ["x.test"] }, { metricsListen: "127.0.0.1:0", logLevel: "warn" });
+    try {
+      const url = new URL(proxy.metricsUrl!);
+      const ask = (method: string, path: string): Promise<{ status: number; allow: string | undefined; length: string | undefined; text: string }> =>
+        new Promise((resolve, reject) => {
+          httpRequest({ host: url.hostname, port: url.port, method, path }, (res) => {
+            let text = "";
+            res.setEncoding("utf8");
+            res.on("data", (chunk: string) => (text += chunk));
+            res.on("end", () => resolve({ status: res.statusCode ?? 0, allow: res.headers["allow"], length: res.headers["content-length"], text }));
+          })
+            .on("error", reject)
+            .end();
+        });
+      expect(await ask("POST", "/metrics")).toMatchObject({ status: 405, allow: "GET, HEAD" });
+      expect(await ask("HEAD", "/healthz")).toEqual({ status: 200, allow: undefined, length: "3", text: "" });
+      expect(await ask("GET", "/readyz?probe=1")).toMatchObject({ status: 200, text: "ready\n" });
+      const scraped = await ask("GET", "/metrics?x=y");
+      expect(scraped.status).toBe(200);
+      expect(scraped.text).toContain("egressgate_requests_total");
+      // Not HTTP at all: the listener drops that connection and serves the next one.
+      await new Promise<void>((resolve) => {
+        const socket = connect(Number(url.port), url.hostname, () => socket.end("\u0000\u0001 garbage\r\n\r\n"));
+        socket.on("error", () => undefined);
+        socket.on("close", () => resolve());
+        socket.resume();
+      });
+      expect(await get(`${proxy.metricsUrl}/healthz`)).toEqual({ status: 200, text: "ok\n" });
+    } finally {
+      await proxy.close();
+    }
   });
 
   it("while close() drains a request in flight, /readyz answers 503 and /metrics still serves; the listener closes after the drain", async () => {
