@@ -73,6 +73,8 @@ export class H2Guests {
   private readonly server: Http2Server;
   private readonly sessions = new Set<ServerHttp2Session>();
   private closing = false;
+  /** The TLS socket being handed to the server, for track(): `session.socket` is Node's proxy of it, whose `once` is the session's. */
+  private arriving: TLSSocket | undefined;
 
   constructor(private readonly deps: H2GuestDeps) {
     this.server = createServer(h2ServerOptions());
@@ -95,7 +97,13 @@ export class H2Guests {
       return;
     }
     (socket as unknown as { secureConnecting: boolean }).secureConnecting = false;
-    this.server.emit("connection", socket);
+    // The server makes the session and emits `session` within this call (track() takes the socket).
+    this.arriving = socket;
+    try {
+      this.server.emit("connection", socket);
+    } finally {
+      this.arriving = undefined;
+    }
   }
 
   /** GOAWAY to every session: streams in flight finish, new ones go to a new connection. */
@@ -129,6 +137,12 @@ export class H2Guests {
     };
     session[stateKey] = state;
     this.sessions.add(session);
+    // A guest that closes its connection (FIN) without GOAWAY: Node's session neither reads on nor
+    // closes, and the socket sat in CLOSE-WAIT until the idle timeout (2 min by default). Streams
+    // in flight still finish; then the session closes the socket.
+    this.arriving?.once("end", () => {
+      if (!session.closed && !session.destroyed) session.close();
+    });
     session.once("close", () => this.sessions.delete(session));
     session.on("error", (error) => this.deps.log.debug("guest h2 session error", { error }));
     session.on("frameError", (type: number, code: number, id: number) => this.deps.log.debug("guest h2 frame error", { type, code, stream: id }));

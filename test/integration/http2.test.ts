@@ -1,9 +1,12 @@
 import { createHash } from "node:crypto";
-import { describe, expect, it } from "vitest";
+import { connect as h2Connect } from "node:http2";
+import { connect as tlsConnect } from "node:tls";
+import { describe, expect, it, onTestFinished } from "vitest";
 import { curlVia } from "../helpers/curl.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { h2Request, h2Session, openH2Tls } from "../helpers/h2-client.js";
 import { startTestProxy } from "../helpers/proxy.js";
+import { openTunnel } from "../helpers/raw.js";
 import { patternChunk, patternSha256, startUpstream, type Route } from "../helpers/upstream.js";
 
 /** A route that answers only when the test says so; `arrived` settles when the request is in. */
@@ -233,6 +236,31 @@ describe("HTTP/2 guests", () => {
     expect(bytes).toBe(total);
     expect(hash.digest("hex")).toBe(patternSha256(total));
   });
+
+  it("a guest that closes its connection without GOAWAY gets its socket closed at once, not after the idle timeout; the proxy keeps serving", async () => {
+    const upstream = await startUpstream();
+    // The idle timeout far past the test's own: only the FIN can close the socket in time.
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { idleMs: 600_000 } });
+    const plain = (await openTunnel(proxy.port, `api.test:${upstream.port}`)).detach();
+    const socket = tlsConnect({ socket: plain, servername: "api.test", ca: proxy.caCertPem, ALPNProtocols: ["h2"] });
+    socket.on("error", () => undefined);
+    await new Promise<void>((resolve) => socket.once("secureConnect", () => resolve()));
+    const session = h2Connect(`https://api.test:${upstream.port}`, { createConnection: () => socket });
+    session.on("error", () => undefined);
+    onTestFinished(() => {
+      session.destroy();
+      plain.destroy();
+    });
+    expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+    const closedByProxy = new Promise<void>((resolve) => plain.once("close", () => resolve()));
+    plain.resume();
+    // FIN on the TCP connection, no GOAWAY and no TLS close_notify: a guest that crashed or was killed.
+    plain.end();
+    await closedByProxy;
+    // The proxy still serves a new connection.
+    const again = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    expect((await h2Request(again, { ":path": "/echo" })).status).toBe(200);
+  }, 30_000);
 
   it("close() sends GOAWAY: the stream in flight finishes, and the proxy closes after it", async () => {
     const held = heldRoute();
