@@ -16,19 +16,22 @@
  * variantsOf); `direct` runs the one-connection h2 row, the load generator's ceiling. The h2 lanes' streams
  * all go to `origin.bench.test`, dialled on 127.0.0.1 like every other scenario's.
  */
-import { ask, hasExited, statusKb, stderrError } from "./children.js";
+import { ask, hasExited, statusKb, stderrError, stopChild, track } from "./children.js";
 import type { TargetName } from "./load.js";
 import type { H2BulkRun, H2RateRun, H2Result } from "./h2-load.js";
 import type { Harness, RateWindow, Sample } from "./scenarios.js";
-import { originHost, smallBodyBytes } from "./targets.js";
+import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { freePort, hasCommand, originHost, smallBodyBytes, waitForPort } from "./targets.js";
 
-export type H2Variant = "h1-32-h1up" | "h2-1-h1up" | "h2-8-h1up" | "h2-1-h2up" | "h2-8-h2up" | "h1-32-h2up";
+export type H2Variant = "h1-32-h1up" | "h2-1-h1up" | "h2-8-h1up" | "h2-1-h2up" | "h2-8-h2up" | "h1-32-h2up" | "h2load-1-h1up" | "h2load-8-h1up";
 
 export interface H2VariantInfo {
   readonly guest: "h1" | "h2";
   readonly connections: number;
   readonly upstream: "h1" | "h2";
   readonly label: string;
+  /** Who loads the lane: the load generator (undici for HTTP/1.1, node:http2 for h2), or h2load through a socat relay. */
+  readonly client?: "h2load";
 }
 
 export const h2Variants: Readonly<Record<H2Variant, H2VariantInfo>> = {
@@ -38,7 +41,17 @@ export const h2Variants: Readonly<Record<H2Variant, H2VariantInfo>> = {
   "h2-1-h2up": { guest: "h2", connections: 1, upstream: "h2", label: "HTTP/2, 1 connection -> h2-only upstream" },
   "h2-8-h2up": { guest: "h2", connections: 8, upstream: "h2", label: "HTTP/2, 8 connections -> h2-only upstream" },
   "h1-32-h2up": { guest: "h1", connections: 32, upstream: "h2", label: "HTTP/1.1, 32 connections -> h2-only upstream" },
+  "h2load-1-h1up": { guest: "h2", connections: 1, upstream: "h1", label: "HTTP/2 from h2load via socat, 1 connection -> h1 upstream", client: "h2load" },
+  "h2load-8-h1up": { guest: "h2", connections: 8, upstream: "h1", label: "HTTP/2 from h2load via socat, 8 connections -> h1 upstream", client: "h2load" },
 };
+
+/**
+ * h2load (Debian's nghttp2-client) cannot use a proxy; each of its connections goes through
+ * `socat TCP-LISTEN:P,fork PROXY:…`, which opens the CONNECT tunnel (the issue's recipe). The
+ * relay's work (a process per connection, a read and a write per direction) is on the h2 side
+ * only: against the HTTP/1.1 row, which undici sends straight to the proxy, that errs against h2.
+ */
+export const h2loadAvailable = hasCommand("h2load") && hasCommand("socat");
 
 /** The targets that take part in the h2 scenario, and the variants each runs. */
 export const h2Targets: readonly TargetName[] = ["direct", "egressgate", "mitmdump"];
@@ -48,7 +61,7 @@ export function variantsOf(target: TargetName): H2Variant[] {
   // handshake and gives the guest the protocol the upstream chose: h2 on both sides takes an h2
   // upstream, and an HTTP/1.1 guest cannot reach an h2-only one through it.
   if (target === "mitmdump") return ["h1-32-h1up", "h2-1-h2up", "h2-8-h2up"];
-  return ["h1-32-h1up", "h2-1-h1up", "h2-8-h1up", "h2-1-h2up", "h2-8-h2up", "h1-32-h2up"];
+  return ["h1-32-h1up", "h2-1-h1up", "h2-8-h1up", "h2-1-h2up", "h2-8-h2up", "h1-32-h2up", ...(h2loadAvailable ? (["h2load-1-h1up", "h2load-8-h1up"] as const) : [])];
 }
 
 export interface H2Window extends RateWindow {
@@ -99,6 +112,7 @@ async function window(h: Harness, lane: H2Lane, spec: H2Spec, durationMs: number
   const port = info.upstream === "h2" ? h.started.upstreamH2Port : h.started.upstreamPort;
   const url = `https://${originHost}:${port}/small`;
   const name = laneName(lane);
+  if (info.client === "h2load") return h2loadWindow(h, target, port, info.connections, spec.concurrency, durationMs);
   if (info.guest === "h1") {
     return h.rate({ lane: name, target, url, expectedBytes: smallBodyBytes, concurrency: spec.concurrency, newConnections: false, durationMs, record, ratePerSecond: pacedRate });
   }
@@ -106,7 +120,82 @@ async function window(h: Harness, lane: H2Lane, spec: H2Spec, durationMs: number
   return ask<H2Result>(h.load, "result", run, durationMs + 60_000);
 }
 
+/** One socat relay per target and upstream port, for the h2load lanes; stopped when the scenario ends. */
+const relays = new Map<string, Promise<{ readonly child: ChildProcess; readonly port: number }>>();
+
+function relayFor(h: Harness, target: TargetName, upstreamPort: number): Promise<{ readonly child: ChildProcess; readonly port: number }> {
+  const key = `${target}/${upstreamPort}`;
+  let relay = relays.get(key);
+  if (relay === undefined) {
+    relay = (async () => {
+      const proxy = h.started.proxies.get(target);
+      if (proxy === undefined) throw new Error(`${target} is not running`);
+      const proxyUrl = new URL(proxy.url);
+      const port = await freePort();
+      const child = track(
+        spawn("socat", [`TCP-LISTEN:${port},fork,reuseaddr,bind=127.0.0.1`, `PROXY:${proxyUrl.hostname}:${originHost}:${upstreamPort},proxyport=${proxyUrl.port}`], { stdio: ["ignore", "ignore", "pipe"] }),
+        "socat",
+      );
+      child.stderr?.resume();
+      await waitForPort(port, 10_000, "socat", child);
+      return { child, port };
+    })();
+    relays.set(key, relay);
+  }
+  return relay;
+}
+
+/**
+ * One h2load run of about `durationMs` (a request count at 6000 req/s: its `-D` mode waits on
+ * after its clients stop), `connections` connections with `concurrency` streams in flight in all.
+ */
+async function h2loadWindow(
+  h: Harness,
+  target: TargetName,
+  upstreamPort: number,
+  connections: number,
+  concurrency: number,
+  durationMs: number,
+): Promise<{ ok: number; errors: number; firstError: string | undefined; elapsedMs: number; connects: number; p50Ms: number; p99Ms: number }> {
+  const relay = await relayFor(h, target, upstreamPort);
+  const requests = Math.max(500, Math.round((durationMs / 1000) * 6000));
+  const args = ["-n", String(requests), "-c", String(connections), "-m", String(Math.ceil(concurrency / connections)), `--connect-to=127.0.0.1:${relay.port}`, `https://${originHost}:${upstreamPort}/small`];
+  const out = await new Promise<string>((resolve) => {
+    execFile("h2load", args, { timeout: durationMs + 60_000, maxBuffer: 4 * 1024 * 1024 }, (error, stdout, stderr) => resolve(`${stdout}${stderr}${error !== null ? `\n(h2load: ${error.message})` : ""}`));
+  });
+  const finished = /finished in ([0-9.]+)(ms|s),/.exec(out);
+  const counts = /requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored/.exec(out);
+  const codes = /status codes: (\d+) 2xx/.exec(out);
+  if (finished === null || counts === null || codes === null) return { ok: 0, errors: requests, firstError: `h2load: ${out.slice(-300)}`, elapsedMs: durationMs, connects: connections, p50Ms: Number.NaN, p99Ms: Number.NaN };
+  const ok = Number(codes[1]);
+  const errors = Number(counts[1]) - ok;
+  return {
+    ok,
+    errors,
+    firstError: errors > 0 ? `h2load: ${counts[0]}` : undefined,
+    elapsedMs: Number(finished[1]) * (finished[2] === "ms" ? 1 : 1000),
+    connects: connections,
+    p50Ms: Number.NaN,
+    p99Ms: Number.NaN,
+  };
+}
+
 export async function runH2(h: Harness, spec: H2Spec): Promise<H2Window[]> {
+  try {
+    return await runH2Lanes(h, spec);
+  } finally {
+    const started = [...relays.values()];
+    relays.clear();
+    await Promise.all(
+      started.map(async (relay) => {
+        const running = await relay.catch(() => undefined);
+        if (running !== undefined) await stopChild(running.child);
+      }),
+    );
+  }
+}
+
+async function runH2Lanes(h: Harness, spec: H2Spec): Promise<H2Window[]> {
   const windows: H2Window[] = [];
   const free = spec.targets.flatMap((target) => variantsOf(target).map((variant): H2Lane => ({ target, variant, pacedRate: undefined })));
   await runLanes(h, spec, free, windows);

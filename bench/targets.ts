@@ -165,7 +165,7 @@ export interface StartOptions {
   readonly freshEgressgateH2?: boolean;
 }
 
-function hasCommand(name: string): boolean {
+export function hasCommand(name: string): boolean {
   return spawnSync("sh", ["-c", `command -v ${name}`], { stdio: "ignore" }).status === 0;
 }
 
@@ -179,7 +179,7 @@ function packageVersion(name: string): string {
 }
 
 /** A free 127.0.0.1 port, for a child that cannot report the port it bound (mitmdump when quiet). */
-function freePort(): Promise<number> {
+export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = createServer();
     server.once("error", reject);
@@ -192,7 +192,7 @@ function freePort(): Promise<number> {
 }
 
 /** Waits (bounded) until 127.0.0.1:port accepts a connection. */
-async function waitForPort(port: number, ms: number, name: string, child: ChildProcess): Promise<void> {
+export async function waitForPort(port: number, ms: number, name: string, child: ChildProcess): Promise<void> {
   const deadline = Date.now() + ms;
   while (Date.now() < deadline) {
     if (child.exitCode !== null || child.signalCode !== null) throw new Error(`${name} exited (${child.exitCode ?? child.signalCode}) while starting`);
