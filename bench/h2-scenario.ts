@@ -19,7 +19,7 @@
 import { ask, hasExited, statusKb, stderrError, stopChild, track } from "./children.js";
 import type { TargetName } from "./load.js";
 import type { H2BulkRun, H2RateRun, H2Result } from "./h2-load.js";
-import type { Harness, RateWindow, Sample } from "./scenarios.js";
+import type { Harness, RateWindow, RoundTiming, Sample } from "./scenarios.js";
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { freePort, hasCommand, originHost, smallBodyBytes, waitForPort } from "./targets.js";
 
@@ -70,13 +70,9 @@ export interface H2Window extends RateWindow {
   readonly pacedRate?: number | undefined;
 }
 
-export interface H2Spec {
+export interface H2Spec extends RoundTiming {
   readonly targets: readonly TargetName[];
   readonly concurrency: number;
-  readonly rounds: number;
-  readonly initialWarmupMs: number;
-  readonly warmupMs: number;
-  readonly measureMs: number;
   /**
    * Then egressgate's HTTP/1.1 row and its h2 rows to the h1 upstream again, each offered the
    * same fixed load: their proxy CPU per request at equal throughput (CPU per request otherwise

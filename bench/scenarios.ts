@@ -276,14 +276,20 @@ export interface SideWindow {
   readonly firstError: string | undefined;
 }
 
-export interface SideSpec {
+/** How a rate scenario's rounds are timed: warm-ups once and before each window, then the window. */
+export interface RoundTiming {
+  readonly rounds: number;
+  /** Once per lane before round 1: JIT, TLS sessions, leaf certificate. */
+  readonly initialWarmupMs: number;
+  /** Before every measured window, unrecorded. */
+  readonly warmupMs: number;
+  readonly measureMs: number;
+}
+
+export interface SideSpec extends RoundTiming {
   readonly base: TargetName;
   readonly targets: readonly TargetName[];
   readonly concurrency: number;
-  readonly rounds: number;
-  readonly initialWarmupMs: number;
-  readonly warmupMs: number;
-  readonly measureMs: number;
 }
 
 /**
