@@ -133,7 +133,12 @@ function relayFor(h: Harness, target: TargetName, upstreamPort: number): Promise
         "socat",
       );
       child.stderr?.resume();
-      await waitForPort(port, 10_000, "socat", child);
+      try {
+        await waitForPort(port, 10_000, "socat", child);
+      } catch (error) {
+        await stopChild(child);
+        throw error;
+      }
       return { child, port };
     })();
     relays.set(key, relay);

@@ -29,14 +29,16 @@ export interface MedianInterval {
  * most 2.5%. With fewer than 6 values no such k exists, and the interval is the whole range.
  */
 export function medianInterval(values: readonly number[]): MedianInterval {
-  const sorted = [...values].sort((a, b) => a - b);
+  // A window where a target served nothing gives 0/0 or x/0: not a ratio to rank.
+  const sorted = values.filter((v) => Number.isFinite(v)).sort((a, b) => a - b);
   const n = sorted.length;
   if (n === 0) return { n, median: Number.NaN, low: Number.NaN, high: Number.NaN };
   // P(B < k) for k = 0.. : add C(n, i)/2^n until the next term would pass 2.5%.
   let k = 0;
   let tail = 0;
   let term = 0.5 ** n;
-  while (tail + term <= 0.025) {
+  // k stays below n/2 (the interval never crosses the median), which also ends the loop where 0.5^n underflows to 0.
+  while (k < n / 2 - 1 && tail + term <= 0.025) {
     tail += term;
     k += 1;
     term = (term * (n - k + 1)) / k;

@@ -51,9 +51,14 @@ let nextId = 1;
 const paths = { "/metrics": "metrics", "/healthz": "healthz", "/readyz": "readyz" };
 function answer(res, status, contentType, body, extra) {
   if (res.destroyed) return;
-  const buffer = Buffer.from(body);
-  res.writeHead(status, ["content-type", contentType, "content-length", String(buffer.length), ...(extra || [])]);
-  res.end(buffer);
+  try {
+    const buffer = Buffer.from(body);
+    res.writeHead(status, ["content-type", contentType, "content-length", String(buffer.length), ...(extra || [])]);
+    res.end(buffer);
+  } catch {
+    // A head Node refuses (a content type with a character it will not write): the connection ends instead.
+    res.destroy();
+  }
 }
 const server = createServer((req, res) => {
   res.on("error", () => undefined);
@@ -110,24 +115,15 @@ parentPort.on("message", (message) => {
  * text and answers the probes, over the worker's message port.
  */
 export async function startMetricsServer(options: MetricsServerOptions): Promise<MetricsServer> {
-  const worker = new Worker(listenerSource, {
-    eval: true,
-    // Not the embedding process's flags and preloads (a loader, a --cpu-prof): the listener needs none.
-    execArgv: [],
-    workerData: { host: options.host, port: options.port },
-    resourceLimits: { maxOldGenerationSizeMb: 32 },
-  });
-  // The proxy's own listeners keep the process up; this one must not keep a closed proxy's.
-  worker.unref();
   let closing = false;
-  const reply = (id: number, status: number, contentType: string, body: string): void => {
-    if (!closing) worker.postMessage({ kind: "answer", id, status, contentType, body } satisfies Answer);
-  };
-  const onAsk = (id: number, what: Ask): void => {
-    if (what === "healthz") return reply(id, 200, "text/plain", "ok\n");
+  const onAsk = (worker: Worker, id: number, what: Ask): void => {
+    const reply = (status: number, contentType: string, body: string): void => {
+      if (!closing) worker.postMessage({ kind: "answer", id, status, contentType, body } satisfies Answer);
+    };
+    if (what === "healthz") return reply(200, "text/plain", "ok\n");
     if (what === "readyz") {
       const ready = options.ready();
-      return reply(id, ready ? 200 : 503, "text/plain", ready ? "ready\n" : "not ready\n");
+      return reply(ready ? 200 : 503, "text/plain", ready ? "ready\n" : "not ready\n");
     }
     let scraped: Promise<{ readonly text: string; readonly contentType: string }>;
     try {
@@ -136,45 +132,88 @@ export async function startMetricsServer(options: MetricsServerOptions): Promise
       scraped = Promise.reject(error);
     }
     scraped.then(
-      ({ text, contentType }) => reply(id, 200, contentType, text),
+      ({ text, contentType }) => reply(200, contentType, text),
       (error: unknown) => {
         options.log.warn("metrics scrape failed", { error });
-        reply(id, 500, "text/plain", "metrics scrape failed\n");
+        reply(500, "text/plain", "metrics scrape failed\n");
       },
     );
   };
+  let current = await spawnListener(options.host, options.port, onAsk, options.log);
+  const host = current.address.family === "IPv6" ? `[${current.address.address}]` : current.address.address;
+  const port = current.address.port;
+  // A thread that dies after start-up (it should not: its answers are guarded) is started again on
+  // the same port, a second later, so the probes do not stay down for the life of the proxy.
+  const watch = (listener: Listener): void => {
+    void listener.exited.then(async () => {
+      if (closing) return;
+      options.log.warn("metrics listener stopped: its thread exited; starting it again", {});
+      for (let attempt = 1; !closing; attempt++) {
+        await new Promise((resolve) => setTimeout(resolve, Math.min(30_000, 1_000 * attempt)).unref());
+        if (closing) return;
+        try {
+          current = await spawnListener(current.address.address, port, onAsk, options.log);
+          if (closing) await stopListener(current);
+          else watch(current);
+          return;
+        } catch (error) {
+          options.log.warn("metrics listener could not start again", { error, attempt });
+        }
+      }
+    });
+  };
+  watch(current);
+  return {
+    host: current.address.address,
+    port,
+    url: `http://${host}:${port}`,
+    close: async () => {
+      closing = true;
+      await stopListener(current);
+    },
+  };
+}
+
+interface Listener {
+  readonly worker: Worker;
+  readonly address: Extract<FromListener, { kind: "listening" }>;
+  readonly exited: Promise<void>;
+}
+
+/** One listener thread, resolved once it listens; rejected with the listen error (its code kept) otherwise. */
+async function spawnListener(host: string, port: number, onAsk: (worker: Worker, id: number, what: Ask) => void, log: Logger): Promise<Listener> {
+  const worker = new Worker(listenerSource, {
+    eval: true,
+    // Not the embedding process's flags and preloads (a loader, a --cpu-prof): the listener needs none.
+    execArgv: [],
+    workerData: { host, port },
+    resourceLimits: { maxOldGenerationSizeMb: 32 },
+  });
   const exited = new Promise<void>((resolve) => worker.once("exit", () => resolve()));
+  let failure: Error | undefined;
   // Listened for from the first moment: an unlistened `error` would end the proxy.
-  worker.on("error", (error) => options.log.warn("metrics listener error", { error }));
-  const listening = await new Promise<Extract<FromListener, { kind: "listening" }>>((resolve, reject) => {
+  worker.on("error", (error) => {
+    failure = error;
+    log.warn("metrics listener error", { error });
+  });
+  const address = await new Promise<Extract<FromListener, { kind: "listening" }>>((resolve, reject) => {
     worker.on("message", (message: FromListener) => {
-      if (message.kind === "ask") onAsk(message.id, message.what);
+      if (message.kind === "ask") onAsk(worker, message.id, message.what);
       else if (message.kind === "listening") resolve(message);
       else if (message.kind === "listen-error") reject(Object.assign(new Error(message.message), { code: message.code }));
     });
-    void exited.then(() => reject(new Error("the metrics listener's thread stopped before it listened")));
+    void exited.then(() => reject(failure ?? new Error("the metrics listener's thread stopped before it listened")));
   }).catch(async (error: unknown) => {
     await worker.terminate();
     throw error;
   });
-  void exited.then(() => {
-    if (!closing) options.log.warn("metrics listener stopped: its thread exited", {});
-  });
-  const host = listening.family === "IPv6" ? `[${listening.address}]` : listening.address;
-  return {
-    host: listening.address,
-    port: listening.port,
-    url: `http://${host}:${listening.port}`,
-    close: async () => {
-      if (!closing) {
-        closing = true;
-        worker.postMessage({ kind: "close" });
-        // A thread that does not finish closing within a second is stopped.
-        const timer = setTimeout(() => void worker.terminate(), 1_000);
-        await exited;
-        clearTimeout(timer);
-      }
-      await exited;
-    },
-  };
+  return { worker, address, exited };
+}
+
+/** Asks the thread to close its server and waits for it to end; one that takes over a second is stopped. */
+async function stopListener(listener: Listener): Promise<void> {
+  listener.worker.postMessage({ kind: "close" });
+  const timer = setTimeout(() => void listener.worker.terminate(), 1_000);
+  await listener.exited;
+  clearTimeout(timer);
 }

@@ -12,6 +12,13 @@ describe("bench: paired ratios and their interval", () => {
     // Too few for any 95% interval: the whole range.
     expect(medianInterval([3, 1, 2])).toEqual({ n: 3, median: 2, low: 1, high: 3 });
     expect(medianInterval([]).n).toBe(0);
+    // Windows where a target served nothing are left out, not ranked.
+    expect(medianInterval([1, 2, Number.NaN, 4, 0.5, 3, Number.POSITIVE_INFINITY])).toMatchObject({ n: 5, median: 2 });
+    // A sample past where 0.5^n underflows still ends, inside the range and around the median.
+    const many = medianInterval(Array.from({ length: 1200 }, (_, i) => i));
+    expect(many.median).toBe(599.5);
+    expect(many.low).toBeLessThan(many.median);
+    expect(many.high).toBeGreaterThan(many.median);
   });
 
   it("side-by-side windows become one row of per-window ratios, and the metrics goal reads it", () => {
