@@ -189,15 +189,17 @@ export class H2Guests {
       if (!stream.endAfterHeaders) stream.close(h2Codes.noError);
       return;
     }
-    let ours = false;
+    // One close listener per stream, for the reset count and the request's own (watch.onClose).
+    const watch: StreamWatch = { ours: false, onClose: undefined };
     stream.once("close", () => {
-      if (!ours && stream.rstCode !== h2Codes.noError && !stream.writableFinished && state.resets.over(performance.now())) {
+      if (!watch.ours && stream.rstCode !== h2Codes.noError && !stream.writableFinished && state.resets.over(performance.now())) {
         this.calm(session, "stream resets past the limit (rapid reset)");
       }
+      watch.onClose?.();
     });
     state.running += 1;
     this.deps.started();
-    void this.handle(stream, raw, state.tunnel, () => (ours = true))
+    void this.handle(stream, raw, state.tunnel, watch)
       .catch((error: unknown) => {
         this.deps.log.error("internal error", { error, stack: (error as Error)?.stack });
         if (!stream.destroyed) stream.close(h2Codes.internalError);
@@ -209,7 +211,10 @@ export class H2Guests {
   }
 
   /** One stream: settles once its response is sent, cut, or the guest reset it. */
-  private async handle(stream: ServerHttp2Stream, raw: string[], tunnel: TunnelTarget, resetByUs: () => void): Promise<void> {
+  private async handle(stream: ServerHttp2Stream, raw: string[], tunnel: TunnelTarget, watch: StreamWatch): Promise<void> {
+    const resetByUs = (): void => {
+      watch.ours = true;
+    };
     const { decide } = this.deps;
     const id = this.deps.nextId();
     const started = performance.now();
@@ -227,11 +232,11 @@ export class H2Guests {
     const grpc = /^application\/grpc/i.test(rawHeader(raw, "content-type") ?? "");
     const abort = new GuestGone();
     let finished = false;
-    stream.once("close", () => {
+    watch.onClose = () => {
       // A response sent whole closes its stream before sendH2Response's own listener settles it:
       // aborting then would only build an Error that nobody reads, about 2% of the proxy's CPU.
       if (!finished && !(stream.writableFinished && stream.rstCode === h2Codes.noError)) abort.abort();
-    });
+    };
     let guestName: string | undefined;
     try {
       const guest = this.deps.guests.get(tunnel.guest);
@@ -323,6 +328,13 @@ export class H2Guests {
     if (stream.writableFinished) close();
     else stream.once("finish", close);
   }
+}
+
+/** What a stream's one close listener (onStream) needs from its request: whether the proxy reset it, and the request's own reaction. */
+interface StreamWatch {
+  /** Set before the proxy itself resets the stream: such a reset does not count against the guest. */
+  ours: boolean;
+  onClose: (() => void) | undefined;
 }
 
 /**
