@@ -111,7 +111,7 @@ parentPort.on("message", (message) => {
  * callbacks, the socket writes) met plain sockets from this listener beside the guests' TLS
  * sockets, and once the first scrape had come every proxied small GET cost about 8% more CPU,
  * whether the scrape read `/metrics` or only `/healthz`, once a second or ten times
- * (docs/performance.md, "Metrics: the listener's thread"). The proxy's thread only makes the
+ * (docs/performance.md, "Metrics (issue 19)", side by side). The proxy's thread only makes the
  * text and answers the probes, over the worker's message port.
  */
 export async function startMetricsServer(options: MetricsServerOptions): Promise<MetricsServer> {
