@@ -143,24 +143,32 @@ export async function startMetricsServer(options: MetricsServerOptions): Promise
   const host = current.address.family === "IPv6" ? `[${current.address.address}]` : current.address.address;
   const port = current.address.port;
   // A thread that dies after start-up (it should not: its answers are guarded) is started again on
-  // the same port, a second later, so the probes do not stay down for the life of the proxy.
+  // the same port, after a pause that grows to 30 s, so the probes do not stay down for the life of
+  // the proxy. close() waits for a restart under way, and cuts its pause short.
+  let restarting: Promise<void> | undefined;
+  let wake: (() => void) | undefined;
   const watch = (listener: Listener): void => {
-    void listener.exited.then(async () => {
-      if (closing) return;
-      options.log.warn("metrics listener stopped: its thread exited; starting it again", {});
-      for (let attempt = 1; !closing; attempt++) {
-        await new Promise((resolve) => setTimeout(resolve, Math.min(30_000, 1_000 * attempt)).unref());
-        if (closing) return;
-        try {
-          current = await spawnListener(current.address.address, port, onAsk, options.log);
-          if (closing) await stopListener(current);
-          else watch(current);
-          return;
-        } catch (error) {
-          options.log.warn("metrics listener could not start again", { error, attempt });
-        }
-      }
+    void listener.exited.then(() => {
+      if (!closing) restarting = restart();
     });
+  };
+  const restart = async (): Promise<void> => {
+    options.log.warn("metrics listener stopped: its thread exited; starting it again", {});
+    for (let attempt = 1; !closing; attempt++) {
+      await new Promise<void>((resolve) => {
+        wake = resolve;
+        setTimeout(resolve, Math.min(30_000, 1_000 * attempt)).unref();
+      });
+      if (closing) return;
+      try {
+        current = await spawnListener(current.address.address, port, onAsk, options.log);
+        // Closed while it started: close() stops it, having waited for this.
+        if (!closing) watch(current);
+        return;
+      } catch (error) {
+        options.log.warn("metrics listener could not start again", { error, attempt });
+      }
+    }
   };
   watch(current);
   return {
@@ -169,6 +177,8 @@ export async function startMetricsServer(options: MetricsServerOptions): Promise
     url: `http://${host}:${port}`,
     close: async () => {
       closing = true;
+      wake?.();
+      await restarting;
       await stopListener(current);
     },
   };

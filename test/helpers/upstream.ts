@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { createServer as createHttpServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import { createServer as createHttpServer, request as createHttpRequest, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { createServer as createHttpsServer } from "node:https";
 import type { AddressInfo, Socket } from "node:net";
 import { Readable } from "node:stream";
@@ -200,4 +200,35 @@ export async function listenForTest(server: Server): Promise<number> {
     await new Promise<void>((resolve) => server.close(() => resolve()));
   });
   return (server.address() as AddressInfo).port;
+}
+
+/**
+ * A plain HTTP upstream that holds every request until `release()` answers it with "late":
+ * `arrived` settles when the first request is in. For requests in flight across a close or a drain.
+ */
+export async function heldHttpUpstream(): Promise<{ port: number; arrived: Promise<void>; release: () => void }> {
+  let answer: (() => void) | undefined;
+  let arrive: (() => void) | undefined;
+  const arrived = new Promise<void>((resolve) => (arrive = resolve));
+  const port = await listenForTest(
+    createHttpServer((_req, res) => {
+      answer = () => res.end("late");
+      arrive?.();
+    }),
+  );
+  return { port, arrived, release: () => answer?.() };
+}
+
+/** GET over plain HTTP (no proxy): the status and the body as text. */
+export function plainGet(url: string): Promise<{ status: number; text: string }> {
+  return new Promise((resolve, reject) => {
+    createHttpRequest(url, (res) => {
+      let text = "";
+      res.setEncoding("utf8");
+      res.on("data", (chunk: string) => (text += chunk));
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, text }));
+    })
+      .on("error", reject)
+      .end();
+  });
 }

@@ -1,20 +1,8 @@
-import { request as httpRequest } from "node:http";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { startMetricsServer } from "../../src/metrics/metrics-server.js";
 import { createLogger } from "../../src/log.js";
+import { plainGet as get } from "../helpers/upstream.js";
 
-function get(url: string): Promise<{ status: number; text: string }> {
-  return new Promise((resolve, reject) => {
-    httpRequest(url, (res) => {
-      let text = "";
-      res.setEncoding("utf8");
-      res.on("data", (chunk: string) => (text += chunk));
-      res.on("end", () => resolve({ status: res.statusCode ?? 0, text }));
-    })
-      .on("error", reject)
-      .end();
-  });
-}
 
 describe("the metrics listener's thread", () => {
   it("a scrape whose head Node refuses ends that connection only; a scrape that throws answers 500; the thread keeps serving", async () => {

@@ -11,7 +11,7 @@ import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
-import { listenForTest, startUpstream } from "../helpers/upstream.js";
+import { heldHttpUpstream, listenForTest, plainGet as get, startUpstream } from "../helpers/upstream.js";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 
@@ -28,18 +28,6 @@ function ends(): { records: AuditRecord[]; count: (n: number) => Promise<void> }
   return { records, count: (n) => (records.length >= n ? Promise.resolve() : new Promise((resolve) => waiters.push({ n, resolve }))) };
 }
 
-function get(url: string): Promise<{ status: number; text: string }> {
-  return new Promise((resolve, reject) => {
-    httpRequest(url, (res) => {
-      let text = "";
-      res.setEncoding("utf8");
-      res.on("data", (chunk: string) => (text += chunk));
-      res.on("end", () => resolve({ status: res.statusCode ?? 0, text }));
-    })
-      .on("error", reject)
-      .end();
-  });
-}
 
 /** A plain forward-proxy request (absolute form). */
 function plainVia(proxy: TestProxy, url: string, agent?: Agent): Promise<number> {
@@ -295,23 +283,15 @@ describe("metrics", () => {
   });
 
   it("while close() drains a request in flight, /readyz answers 503 and /metrics still serves; the listener closes after the drain", async () => {
-    let release: (() => void) | undefined;
-    let arrived: (() => void) | undefined;
-    const held = new Promise<void>((resolve) => (arrived = resolve));
-    const port = await listenForTest(
-      createHttpServer((_req, res) => {
-        release = () => res.end("late");
-        arrived?.();
-      }),
-    );
+    const held = await heldHttpUpstream();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { metricsListen: "127.0.0.1:0", logLevel: "warn" });
-    const inFlight = plainVia(proxy, `http://api.test:${port}/held`);
-    await held;
+    const inFlight = plainVia(proxy, `http://api.test:${held.port}/held`);
+    await held.arrived;
     const closed = proxy.close();
     expect(await get(`${proxy.metricsUrl}/readyz`)).toEqual({ status: 503, text: "not ready\n" });
     expect(await get(`${proxy.metricsUrl}/healthz`)).toEqual({ status: 200, text: "ok\n" });
     expect((await get(`${proxy.metricsUrl}/metrics`)).status).toBe(200);
-    release!();
+    held.release();
     expect(await inFlight).toBe(200);
     await closed;
     await expect(get(`${proxy.metricsUrl}/readyz`)).rejects.toThrow();
@@ -424,15 +404,8 @@ describe("metrics", () => {
     expect(await get(`http://127.0.0.1:${metricsPort}/readyz`)).toEqual({ status: 200, text: "ready\n" });
     // A request held upstream keeps its worker draining after the SIGTERM: meanwhile the
     // primary's /readyz answers 503, so a balancer's probe sees the instance leave.
-    let release: (() => void) | undefined;
-    let arrived: (() => void) | undefined;
-    const held = new Promise<void>((resolve) => (arrived = resolve));
-    const holdPort = await listenForTest(
-      createHttpServer((_req, res) => {
-        release = () => res.end("late");
-        arrived?.();
-      }),
-    );
+    const held = await heldHttpUpstream();
+    const holdPort = held.port;
     const inFlight = new Promise<number>((resolve, reject) => {
       const req = httpRequest({ host: "127.0.0.1", port: proxyPort, path: `http://api.test:${holdPort}/held`, headers: { host: `api.test:${holdPort}` }, agent: false });
       req.on("response", (res) => {
@@ -442,7 +415,7 @@ describe("metrics", () => {
       req.on("error", reject);
       req.end();
     });
-    await held;
+    await held.arrived;
     const exited = new Promise((resolve) => child.once("exit", resolve));
     child.kill("SIGTERM");
     let ready = 200;
@@ -451,7 +424,7 @@ describe("metrics", () => {
       if (ready !== 503) await new Promise((resolve) => setTimeout(resolve, 25));
     }
     expect(ready).toBe(503);
-    release!();
+    held.release();
     expect(await inFlight).toBe(200);
     await exited;
     // Two workers each start a whole proxy: slow on a loaded machine, not a timing assertion.
