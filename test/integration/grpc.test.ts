@@ -157,25 +157,25 @@ describe("gRPC through the proxy", () => {
     expect((await unary(client, "unary", "after")).value).toBe("echo: after");
   });
 
-  it("a call to a host off the allowlist fails without reaching the server: PERMISSION_DENIED with the reason once inside a tunnel", async () => {
-    // An onRequest hook keeps the CONNECT open (it could rewrite the request), so the refusal comes on the gRPC stream itself.
-    const { upstream, proxy } = await setup({ allowedInternalHosts: ["api.test"], onRequest: () => undefined });
+  /** A call to other.test, off the allowlist: PERMISSION_DENIED naming the reason, and nothing reached the server. */
+  async function expectOffListDenied(upstream: { readonly port: number; calls(): number }, proxy: { readonly caCertPem: string }): Promise<void> {
     const offList = new grpc.Client(`other.test:${upstream.port}`, grpc.credentials.createSsl(Buffer.from(proxy.caCertPem)));
     onTestFinished(() => offList.close());
     const error = (await unary(offList, "unary", "x", offList).catch((e: unknown) => e)) as grpc.ServiceError;
     expect(error.code).toBe(grpc.status.PERMISSION_DENIED);
     expect(error.details).toContain('"other.test" is not in allowedHosts');
     expect(upstream.calls()).toBe(0);
+  }
+
+  it("a call to a host off the allowlist fails without reaching the server: PERMISSION_DENIED with the reason once inside a tunnel", async () => {
+    // An onRequest hook keeps the CONNECT open (it could rewrite the request), so the refusal comes on the gRPC stream itself.
+    const { upstream, proxy } = await setup({ allowedInternalHosts: ["api.test"], onRequest: () => undefined });
+    await expectOffListDenied(upstream, proxy);
   });
 
   it("with refuseInTunnel and no hooks, a call to a host off the allowlist fails PERMISSION_DENIED with the reason, never reaching the server", async () => {
     const { upstream, proxy, client } = await setup({}, { refuseInTunnel: true });
-    const offList = new grpc.Client(`other.test:${upstream.port}`, grpc.credentials.createSsl(Buffer.from(proxy.caCertPem)));
-    onTestFinished(() => offList.close());
-    const error = (await unary(offList, "unary", "x", offList).catch((e: unknown) => e)) as grpc.ServiceError;
-    expect(error.code).toBe(grpc.status.PERMISSION_DENIED);
-    expect(error.details).toContain('"other.test" is not in allowedHosts');
-    expect(upstream.calls()).toBe(0);
+    await expectOffListDenied(upstream, proxy);
     // The tunnel opened, and the refusal is the stream's own decision line, over HTTP/2.
     expect(proxy.logs.some((line) => line["msg"] === "tunnel opened" && line["target"] === `other.test:${upstream.port}`)).toBe(true);
     expect(proxy.logs.some((line) => line["method"] === "POST" && line["status"] === 403 && String(line["reason"]).includes('"other.test" is not in allowedHosts'))).toBe(true);
