@@ -159,7 +159,12 @@ export class Pipeline {
       if (trace !== undefined) timeUpstream(trace, sentAt, location === undefined ? upstream.body : null);
       if (location === undefined) {
         if (this.phase.onResponse.length === 0) {
-          return { ...upstream, decision: target.decision, url: request.url, redirects };
+          // Built field by field: a spread of the executor's answer (whose shape varies with its
+          // trailers) took V8's generic object-clone path, about 5% of a small GET's CPU.
+          const { status, headers, body, trailers } = upstream;
+          return trailers === undefined
+            ? { status, headers, body, decision: target.decision, url: request.url, redirects }
+            : { status, headers, body, decision: target.decision, url: request.url, redirects, trailers };
         }
         // §3 step 7: source by source, each on what the one before returned.
         let response: { status: number; headers: string[]; body: Readable | null } = upstream;
