@@ -3,6 +3,7 @@ import { Pool, type Dispatcher } from "undici";
 import { MalformedAnswer, opaVerdict, parseAnswer, parseAnswerText, reasonText, type Verdict } from "./answer.js";
 import type { DeciderPhase, ResolvedHttpDecider } from "./options.js";
 import { DeciderFailure } from "./failure.js";
+import { withFields } from "../objects.js";
 
 /** The most of an answer body that is read; more is a failure. */
 const maxAnswerBytes = 1024 * 1024;
@@ -35,7 +36,7 @@ export class HttpDecider {
 
   constructor(private readonly options: ResolvedHttpDecider) {
     this.path = `${options.url.pathname}${options.url.search}`;
-    this.headers = { ...options.headers, "content-type": "application/json", accept: "application/json" };
+    this.headers = withFields(options.headers ?? {}, { "content-type": "application/json", accept: "application/json" });
   }
 
   private connect(): Pool {

@@ -5,6 +5,7 @@ import { MessageChannel, receiveMessageOnPort, Worker, type MessagePort } from "
 import { PolicyLoadError } from "./bundle.js";
 import { decodeReplies, encodeCalls, type WireReplies } from "./wire.js";
 import type { CallMessage, CallReply, DjsLimits, InitReply, PhaseName, PolicySource, WorkerInit } from "./protocol.js";
+import { withFields } from "../objects.js";
 
 /** The outcome's `what` when a call is refused because `limits.maxCalls` are in flight. */
 export const busyLimit = "maxCalls";
@@ -214,7 +215,7 @@ export class DjsEngine {
    */
   call(fields: Omit<CallMessage, "id">): Promise<CallReply> {
     const id = this.nextId++;
-    const message: CallMessage = { ...fields, id };
+    const message: CallMessage = withFields(fields, { id });
     if (this.closed) return Promise.resolve({ id, outcome: { t: "limit", what: "closed policy" } });
     if (this.inFlight >= this.limits.maxCalls) return Promise.resolve({ id, outcome: { t: "limit", what: busyLimit } });
     return new Promise<CallReply>((resolve) => {

@@ -5,6 +5,7 @@ import { newHostFunctions } from "./host-functions.js";
 import { phaseNames, type CallMessage, type CallReply, type DjsLimits, type Outcome, type PhaseName, type PolicyKind } from "./protocol.js";
 import { RawCall, ScratchMemoryError, type CallArgument } from "./raw-call.js";
 import { QuickJSInstance } from "./wasm-instance.js";
+import { withFields } from "../objects.js";
 
 const preludeSource = readFileSync(new URL("./sandbox/prelude.js", import.meta.url), "utf8");
 
@@ -208,7 +209,7 @@ export class Sandbox {
         // InternalError: it is the limit, not the policy, that answers.
         const limit = outcome.name === "InternalError" ? limitOf(outcome, false) : undefined;
         if (limit !== undefined) return { reply: { id: message.id, outcome: { t: "limit", what: limit } }, replace: limit !== "stack" };
-        outcome = { ...outcome, stack: this.position(outcome.stack) ?? "" };
+        outcome = withFields(outcome, { stack: this.position(outcome.stack) ?? "" });
       }
       let bytes: Uint8Array | undefined;
       if ((outcome.t === "request" || outcome.t === "response" || (outcome.t === "effect" && outcome.k === "next")) && outcome.body !== null && "b" in outcome.body) {

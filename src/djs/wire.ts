@@ -1,4 +1,5 @@
 import { phaseNames, type CallMessage, type CallReply, type Outcome } from "./protocol.js";
+import { withFields } from "../objects.js";
 
 /**
  * The messages between the proxy and a tier-2 worker, packed as one string per batch. Structured
@@ -46,8 +47,8 @@ function unpack(text: string): CallMessage {
     headers: f[6]!,
     hasBody: f[7] === "1",
   };
-  if (f[8] === "i") return { ...base, info: { hostname: f[9]!, ip: f[10]!, family: Number(f[11]), port: Number(f[12]), protocol: f[13]! } };
-  if (f[8] === "r") return { ...base, response: { status: Number(f[9]), statusText: f[10]!, headers: f[11]!, url: f[12]!, hasBody: f[13] === "1" } };
+  if (f[8] === "i") return withFields(base, { info: { hostname: f[9]!, ip: f[10]!, family: Number(f[11]), port: Number(f[12]), protocol: f[13]! } });
+  if (f[8] === "r") return withFields(base, { response: { status: Number(f[9]), statusText: f[10]!, headers: f[11]!, url: f[12]!, hasBody: f[13] === "1" } });
   return base;
 }
 

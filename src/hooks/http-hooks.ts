@@ -1,6 +1,6 @@
 import { validateHostPattern } from "../policy/host-pattern.js";
 import { DeclarativePolicy, type DeclarativeConfig } from "../policy/declarative-policy.js";
-import { secretRedirectModes, SecretStore, type SecretInfo, type SecretOptions, type SecretRedirects } from "../policy/secrets.js";
+import { secretRedirectModes, SecretStore, type SecretInfo, type SecretOptions, type SecretRedirects, type SecretRedirectOptions } from "../policy/secrets.js";
 import { makeIssue, OptionError, requiresReason, unknownKeyReason, type OptionRequirement, type Segment } from "../option-error.js";
 import { DjsHooks } from "../djs/create-djs-hooks.js";
 import { bind, type ChainEntry } from "./declarative-binding.js";
@@ -208,10 +208,10 @@ function checkSecrets(options: HttpHooksOptions): void {
 
 function secretStore(options: HttpHooksOptions, key: string | undefined): SecretStore {
   checkSecrets(options);
-  return new SecretStore(options.secrets ?? {}, options.replaceSecretsInQuery ?? false, (hosts, path) => Object.freeze(patternList(hosts, path)), key, {
-    ...(options.secretRedirects !== undefined ? { secretRedirects: options.secretRedirects } : {}),
-    ...(options.followRedirectsTo !== undefined ? { followRedirectsTo: options.followRedirectsTo } : {}),
-  });
+  const redirects: { -readonly [K in keyof SecretRedirectOptions]: SecretRedirectOptions[K] } = {};
+  if (options.secretRedirects !== undefined) redirects.secretRedirects = options.secretRedirects;
+  if (options.followRedirectsTo !== undefined) redirects.followRedirectsTo = options.followRedirectsTo;
+  return new SecretStore(options.secrets ?? {}, options.replaceSecretsInQuery ?? false, (hosts, path) => Object.freeze(patternList(hosts, path)), key, redirects);
 }
 
 function shownValue(value: unknown): string {

@@ -2,6 +2,7 @@ import cluster from "node:cluster";
 import { AggregatorRegistry, type Registry } from "prom-client";
 import type { Logger } from "../log.js";
 import { startMetricsServer, type MetricsServer } from "./metrics-server.js";
+import { withFields } from "../objects.js";
 
 /**
  * `--workers N` with `--metrics-listen`: the primary serves `/metrics` as the sum over its
@@ -10,12 +11,13 @@ import { startMetricsServer, type MetricsServer } from "./metrics-server.js";
  */
 export function serveClusterMetrics(listen: { readonly host: string; readonly port: number }, log: Logger, ready: () => boolean): Promise<MetricsServer> {
   const aggregator = new AggregatorRegistry();
-  return startMetricsServer({
-    ...listen,
-    scrape: async () => ({ text: await aggregator.clusterMetrics(), contentType: aggregator.contentType }),
-    ready,
-    log,
-  });
+  return startMetricsServer(
+    withFields(listen, {
+      scrape: async () => ({ text: await aggregator.clusterMetrics(), contentType: aggregator.contentType }),
+      ready,
+      log,
+    }),
+  );
 }
 
 /** In a worker: the registry the primary's aggregator reads. */

@@ -11,6 +11,7 @@ import { documentBody, headerObject, requestPart, type Conceal, type DecisionDoc
 import type { OutboundRequest } from "./exchange.js";
 import { encodedBodyHeaders, withExactLength, type HookedResponse, type HookLimits } from "./hook-phases.js";
 import type { HookedOnResponse, HookSource, SourceCall } from "./hook-source.js";
+import { withFields } from "../objects.js";
 
 /**
  * An external decider (a command, a webhook, OPA) as a hook source. Its request phase is an
@@ -59,7 +60,7 @@ async function decideRequest(
   if (includeBody && request.body !== null) {
     const bytes = request.body instanceof Uint8Array ? request.body : await loadRequestBody(request.body, tap, limits.requestBodyBytes);
     // Read whole, the body goes on as bytes with its exact length (as when a policy reads it).
-    if (!(request.body instanceof Uint8Array)) outgoing = { ...request, headers: withExactLength(request.headers, bytes.byteLength), body: bytes };
+    if (!(request.body instanceof Uint8Array)) outgoing = withFields(request, { headers: withExactLength(request.headers, bytes.byteLength), body: bytes });
     part.body = documentBody(bytes, maxBodyBytes, conceal);
   }
   const document: DecisionDocument = { phase: "request", guest: call.guest, request: part };
@@ -69,7 +70,7 @@ async function decideRequest(
   const drop = new Set([...verdict.removeHeaders, ...verdict.setHeaders.map(([name]) => name)]);
   const headers: HeaderList = withoutHeaders(outgoing.headers, drop);
   for (const [name, value] of verdict.setHeaders) headers.push(name, value);
-  return { request: { ...outgoing, headers } };
+  return { request: withFields(outgoing, { headers }) };
 }
 
 async function loadRequestBody(body: Readable, tap: BodyTap | undefined, limit: number): Promise<Uint8Array> {
@@ -123,7 +124,7 @@ async function decideResponse(
     const verdict = await decider.decide(document, context);
     if (verdict.decision === "block") throw blockError(verdict, decider.label, "response");
     // A rewrite cannot come back for a response: the answer's parser refuses one there.
-    return { ...upstream, body: passOn, replaced: false, discard };
+    return withFields(upstream, { body: passOn, replaced: false, discard });
   } catch (error) {
     discard();
     if (passOn !== upstream.body) discardBody(passOn);

@@ -10,6 +10,7 @@ import type { BodyRef, CallMessage, CallReply, Outcome, PhaseName } from "../djs
 import type { Logger } from "../log.js";
 import type { OutboundRequest } from "./exchange.js";
 import { contentLengthHeaders, encodedBodyHeaders, withExactLength, type HookedResponse, type HookLimits, type OnRequestOutcome } from "./hook-phases.js";
+import { withFields } from "../objects.js";
 
 /**
  * §3 for tier 2: the same phases as tier 3, but the request never becomes a WHATWG object in
@@ -212,12 +213,12 @@ export async function djsOnRequest(
     const originalHeaders = (headers: HeaderList): HeaderList =>
       loaded !== undefined && !(request.body instanceof Uint8Array) ? withExactLength(headers, loaded.byteLength) : headers;
     if (outcome.t === "code" && outcome.v === codeUnchanged) {
-      return { request: { ...request, headers: originalHeaders(request.headers), body: original() } };
+      return { request: withFields(request, { headers: originalHeaders(request.headers), body: original() }) };
     }
     if (outcome.t === "continue") {
       if (outcome.consumed === true) throw badRequest("onRequest read the request body and then forwarded it; read request.clone() instead");
       const headers = outcome.headers === null || outcome.headers === undefined ? request.headers : policyHeaders(outcome.headers, "onRequest");
-      return { request: { ...request, headers: originalHeaders(headers), body: original() } };
+      return { request: withFields(request, { headers: originalHeaders(headers), body: original() }) };
     }
     if (outcome.t === "request") {
       let url: URL;
@@ -325,7 +326,7 @@ export async function djsOnResponse(
       continue;
     }
     if ((outcome.t === "code" && outcome.v === codeUnchanged) || outcome.t === "continue") {
-      return { ...upstream, body: tap === undefined ? upstream.body : tap.replay(), replaced: false, discard };
+      return withFields(upstream, { body: tap === undefined ? upstream.body : tap.replay(), replaced: false, discard });
     }
     if (outcome.t === "response") {
       let body: Readable | null;
@@ -342,7 +343,7 @@ export async function djsOnResponse(
           throw new EgressError("EG_HOOK_FAILED", 502, "onResponse policy used a body other than the response's: the request body has already been sent");
         }
         const passedOn = ref !== null && !("b" in ref) && loaded === undefined;
-        return { ...policyResponse(outcome, body, "onResponse"), replaced: true, discard: passedOn ? () => undefined : discard };
+        return withFields(policyResponse(outcome, body, "onResponse"), { replaced: true, discard: passedOn ? () => undefined : discard });
       } catch (error) {
         discard();
         throw error;

@@ -16,6 +16,7 @@ import {
 import type { HttpHooks } from "../hooks/http-hooks.js";
 import { runHook } from "../hooks/run-hook.js";
 import type { OutboundRequest } from "./exchange.js";
+import { withFields } from "../objects.js";
 
 export interface HookLimits {
   readonly requestBodyBytes: number;
@@ -160,14 +161,14 @@ export async function runOnResponse(
   tap?.endHookPhase();
   if (tap?.limitHit === true) throw tooLarge();
   if (out === undefined) {
-    return { ...upstream, body: tap === undefined ? null : tap.replay(), replaced: false, discard };
+    return withFields(upstream, { body: tap === undefined ? null : tap.replay(), replaced: false, discard });
   }
   if (!isResponse(out)) {
     discard();
     throw new EgressError("EG_HOOK_FAILED", 502, "onResponse returned something other than undefined or a Response");
   }
   try {
-    return { ...fromHookResponse(out, "onResponse"), replaced: true, discard };
+    return withFields(fromHookResponse(out, "onResponse"), { replaced: true, discard });
   } catch (error) {
     discard();
     throw error;

@@ -7,6 +7,7 @@ import { GuestGone, type ExchangeContext, type OutboundRequest, type PipelineRes
 import type { HookedResponse, HookLimits } from "./hook-phases.js";
 import type { HookSource, LayerNext, SourceCall } from "./hook-source.js";
 import { elapsed, failedEntry } from "./trace.js";
+import { withFields } from "../objects.js";
 
 /** The most `next()` calls one guest request may make, over all layers (DESIGN §2). */
 export const maxDescents = 10;
@@ -91,7 +92,8 @@ export class LayerRun {
     if (at >= 0) return this.responses.splice(at, 1)[0]!;
     const source = this.madeBy.get(final);
     const by = source?.tier === "tier2" ? "the handle policy" : "a handle layer";
-    const decision = { ...allow(source?.tier ?? "tier3", "handle", `answered by ${by}`), ...(source !== undefined ? { source: source.label } : {}) };
+    const answered = allow(source?.tier ?? "tier3", "handle", `answered by ${by}`);
+    const decision = source !== undefined ? withFields(answered, { source: source.label }) : answered;
     // Its body may be a descent's own stream: that descent's hook cleanup waits until the guest has it.
     const reused = this.responses.findIndex((response) => response.body !== null && response.body === final.body);
     const cleanup = reused < 0 ? undefined : this.responses.splice(reused, 1)[0]!.cleanup;
@@ -158,7 +160,7 @@ export class LayerRun {
       }
       this.streamed.add(request.body);
     }
-    const response = await this.descend(request, { ...this.context, signal: this.gone });
+    const response = await this.descend(request, withFields(this.context, { signal: this.gone }));
     if (this.ended || this.failure !== undefined) {
       // Too late: the request already ended (its deadline passed).
       discardBody(response.body);

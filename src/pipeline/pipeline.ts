@@ -28,6 +28,7 @@ import type { PhaseName } from "../djs/protocol.js";
 import type { HookSource, SourceCall } from "./hook-source.js";
 import { LayerRun, type Descend } from "./layers.js";
 import { elapsed, failedEntry, timeUpstream } from "./trace.js";
+import { withFields } from "../objects.js";
 
 export interface PipelineOptions {
   /** The guest this pipeline serves, as hook sources are told. */
@@ -137,7 +138,7 @@ export class Pipeline {
         const before = request;
         const outcome = await attributed(source, () => source.onRequest(before, unread ? tap : undefined, limits, call), trace, "onRequest", (o) => onRequestVerdict(before, o));
         if ("response" in outcome) {
-          return { ...outcome.response, decision: { ...source.answered, source: source.label }, url: request.url, redirects };
+          return withFields(outcome.response, { decision: withFields(source.answered, { source: source.label }), url: request.url, redirects });
         }
         request = outcome.request;
       }
@@ -260,7 +261,7 @@ export class Pipeline {
   private substituteSecretsNow(request: OutboundRequest, substituted?: Set<string>): OutboundRequest {
     const secrets = this.options.policy.config.secrets;
     const changed = secrets?.apply(request, bareHostname(request.url.hostname), substituted);
-    const result = changed === undefined ? request : { ...request, headers: changed.headers, url: changed.url };
+    const result = changed === undefined ? request : withFields(request, { headers: changed.headers, url: changed.url });
     // What is left looking like a placeholder after this guest's own were replaced is either
     // nobody's or another guest's: the second is refused (a guest must not even learn that a
     // neighbour's placeholder works somewhere).
@@ -306,7 +307,7 @@ export class Pipeline {
       for (const source of this.phase.isIpAllowed) {
         refusal = await attributed(source, () => source.isIpAllowed(info, limits, call), trace, "isIpAllowed", ipVerdict);
         if (refusal !== undefined) {
-          refusal = { ...refusal, source: source.label };
+          refusal = withFields(refusal, { source: source.label });
           break;
         }
       }

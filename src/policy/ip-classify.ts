@@ -1,4 +1,5 @@
 import { isIPv4, isIPv6 } from "node:net";
+import { withFields } from "../objects.js";
 
 /**
  * Classifies resolved IP addresses (never hostnames as text). IPv6 forms that carry an IPv4
@@ -141,7 +142,7 @@ function fromV4(ip: string, n: number, embeddedIn?: string): IpClassification {
   const metadata = metadataV4.has(text);
   const category = metadata ? "metadata" : classifyV4Number(n);
   const base = { family: embeddedIn ? 6 : 4, category, internal: category !== "public", metadata } as const;
-  return embeddedIn ? { ...base, ip, embeddedIPv4: text } : { ...base, ip: text };
+  return embeddedIn ? withFields(base, { ip, embeddedIPv4: text }) : withFields(base, { ip: text });
 }
 
 /** Classifies one IP address. Throws a TypeError if `ip` is not an IPv4 or IPv6 address. */
@@ -166,9 +167,9 @@ export function classifyIp(input: string): IpClassification {
   if (g[0] === 0x2001 && g[1] === 0) return fromV4(canonical, (~lowV4) >>> 0, canonical);
 
   const base = { ip: canonical, family: 6 as const };
-  if (metadataV6.has(canonical)) return { ...base, category: "metadata", internal: true, metadata: true };
+  if (metadataV6.has(canonical)) return withFields(base, { category: "metadata", internal: true, metadata: true } as const);
   const category = classifyV6(g);
-  return { ...base, category, internal: category !== "public", metadata: false };
+  return withFields(base, { category, internal: category !== "public", metadata: false });
 }
 
 function classifyV6(g: readonly number[]): IpCategory {

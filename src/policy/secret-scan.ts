@@ -14,6 +14,7 @@
  * Decoded bytes are held as Latin-1 characters (one character per byte), so each value is also
  * looked for as its UTF-8 bytes in that form; for ASCII values the two are the same.
  */
+import { withFields } from "../objects.js";
 
 export interface View {
   /** The decoded text: characters as they were, or bytes as Latin-1 characters. */
@@ -288,7 +289,7 @@ function runDecoder(
           const bytes = decodeRun(view.text.slice(from, from + chars));
           decoded.push({ from, chars, bytes, textual: hasText(bytes, Math.max(4, minBytes)) });
         }
-        views.push({ ...build(view, decoded, name, groupChars, groupBytes, capacity), opaque: !decoded.some((r) => r.textual) });
+        views.push(withFields(build(view, decoded, name, groupChars, groupBytes, capacity), { opaque: !decoded.some((r) => r.textual) }));
       }
       return views;
     },

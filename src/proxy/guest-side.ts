@@ -22,6 +22,7 @@ import { tunnelOf } from "./tunnel.js";
 import { serveUpgrade } from "./upgrade.js";
 import { H2Guests } from "./h2-guest.js";
 import type { TLSSocket } from "node:tls";
+import { withFields } from "../objects.js";
 
 
 export interface GuestSideDeps {
@@ -179,13 +180,13 @@ export class GuestSide {
         code: err.code,
         ...(err.detail !== undefined ? { detail: err.detail } : {}),
         started,
-      }, this.deps.decide.auditing ? { ...(refusal !== undefined ? { trace: [refusal] } : {}), bytesDown: Buffer.byteLength(errorBody(err)) } : undefined);
+      }, this.deps.decide.auditing ? { bytesDown: Buffer.byteLength(errorBody(err)), ...(refusal !== undefined ? { trace: [refusal] } : {}) } : undefined);
       return;
     }
     guest.bind(socket);
     socket.write("HTTP/1.1 200 Connection Established\r\n\r\n");
     this.deps.log.debug("tunnel opened", { guest: guest.name, target: `${target.hostname}:${target.port}` });
-    serve({ ...target, guest: guest.name }, head);
+    serve(withFields(target, { guest: guest.name }), head);
   }
 
   /** An upgrade waits its turn behind the requests before it on the connection. */
@@ -294,7 +295,7 @@ export class GuestSide {
         // Nobody is left to answer; 499 is nginx's "client closed request", for the log only.
         this.deps.decide(
           { id, guest: guestName, method: req.method ?? "", target, status: 499, reason: "guest closed the connection", started },
-          auditing ? { ...(trace !== undefined ? { trace } : {}), bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0 } : undefined,
+          auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, ...(trace !== undefined ? { trace } : {}) } : undefined,
         );
         return;
       }
@@ -319,7 +320,7 @@ export class GuestSide {
         ...(err.source !== undefined ? { source: err.source } : {}),
         ...(err.detail !== undefined ? { detail: err.detail } : {}),
         started,
-      }, auditing ? { ...(trace !== undefined ? { trace } : {}), bytesUp: up?.bytes ?? 0, bytesDown: errorBytes } : undefined);
+      }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: errorBytes, ...(trace !== undefined ? { trace } : {}) } : undefined);
     }
   }
 

@@ -279,7 +279,7 @@ export class H2Guests {
             http: "2",
             started,
             ...(error ? { error: this.deps.explainCut(error) } : {}),
-          }, auditing ? { ...(trace !== undefined ? { trace } : {}), bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision } : undefined);
+          }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision, ...(trace !== undefined ? { trace } : {}) } : undefined);
           resolve();
         });
       });
@@ -287,7 +287,7 @@ export class H2Guests {
       if (abort.aborted) {
         decide(
           { id, guest: guestName, method, target, status: 499, reason: "guest reset the stream", http: "2", started },
-          auditing ? { ...(trace !== undefined ? { trace } : {}), bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0 } : undefined,
+          auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, ...(trace !== undefined ? { trace } : {}) } : undefined,
         );
         return;
       }
@@ -310,7 +310,7 @@ export class H2Guests {
         ...(err.source !== undefined ? { source: err.source } : {}),
         ...(err.detail !== undefined ? { detail: err.detail } : {}),
         started,
-      }, auditing ? { ...(trace !== undefined ? { trace } : {}), bytesUp: up?.bytes ?? 0, bytesDown: errorBytes } : undefined);
+      }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: errorBytes, ...(trace !== undefined ? { trace } : {}) } : undefined);
     }
   }
 

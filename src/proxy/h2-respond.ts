@@ -5,6 +5,7 @@ import type { PipelineResponse } from "../pipeline/exchange.js";
 import { discardBody } from "../streams.js";
 import { errorBody } from "./respond.js";
 import { h2Codes, h2ConnectionHeaders } from "./h2-settings.js";
+import { withFields } from "../objects.js";
 
 /** Fields that never go into an HTTP/2 trailer section (RFC 9110 §6.5.1: framing, routing, pseudo-headers). */
 const notInTrailers: ReadonlySet<string> = new Set([...h2ConnectionHeaders, "content-length", "content-type", "content-encoding", "te", "trailer"]);
@@ -159,13 +160,14 @@ export function sendH2Error(stream: ServerHttp2Stream, error: EgressError, grpc:
     const body = errorBody(error);
     const extra: Record<string, string> = {};
     for (const [name, value] of Object.entries(error.headers ?? {})) if (!h2ConnectionHeaders.has(name.toLowerCase())) extra[name.toLowerCase()] = String(value);
-    stream.respond({
-      ...extra,
-      ":status": error.status,
-      "content-type": "text/plain; charset=utf-8",
-      "content-length": Buffer.byteLength(body),
-      "x-egressgate-error": error.code,
-    });
+    stream.respond(
+      withFields(extra, {
+        ":status": error.status,
+        "content-type": "text/plain; charset=utf-8",
+        "content-length": Buffer.byteLength(body),
+        "x-egressgate-error": error.code,
+      }),
+    );
     stream.end(body);
     return Buffer.byteLength(body);
   } catch {

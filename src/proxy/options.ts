@@ -287,7 +287,7 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
 /** The guests of either form: `guests`, or the top-level `httpHooks`/`env` as the one named `default`. */
 function resolveGuests(o: Record<string, unknown>, proxyResolve: Record<string, readonly string[]>): ResolvedGuest[] {
   if (o["guests"] === undefined) {
-    return [resolveGuestOptions(defaultGuest, { ...(o["httpHooks"] !== undefined ? { httpHooks: o["httpHooks"] } : {}), ...(o["env"] !== undefined ? { env: o["env"] } : {}), resolve: proxyResolve } as GuestOptions, "")];
+    return [resolveGuestOptions(defaultGuest, { resolve: proxyResolve, ...(o["httpHooks"] !== undefined ? { httpHooks: o["httpHooks"] } : {}), ...(o["env"] !== undefined ? { env: o["env"] } : {}) } as GuestOptions, "")];
   }
   for (const key of ["httpHooks", "env"]) {
     if (o[key] !== undefined) fail(key, `cannot be combined with guests: give each guest its own (guests.NAME.${key})`);

@@ -24,6 +24,7 @@ import { GuestRedactor } from "./redactor.js";
 import { ThrottledWarning } from "./throttled-log.js";
 import { serveTunnel } from "./tunnel.js";
 import { startRecordedNetwork } from "../record/network.js";
+import { withFields } from "../objects.js";
 
 /** A running proxy, as returned by {@link startProxy}. */
 export interface RunningProxy {
@@ -225,12 +226,13 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   }
   if (metrics !== undefined && config.metricsListen !== undefined) {
     try {
-      metricsServer = await startMetricsServer({
-        ...config.metricsListen,
-        scrape: async () => ({ text: await metrics.text(), contentType: metrics.registry.contentType }),
-        ready: () => closing === undefined,
-        log,
-      });
+      metricsServer = await startMetricsServer(
+        withFields(config.metricsListen, {
+          scrape: async () => ({ text: await metrics.text(), contentType: metrics.registry.contentType }),
+          ready: () => closing === undefined,
+          log,
+        }),
+      );
     } catch (error) {
       await close();
       const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;

@@ -1,4 +1,5 @@
 import type { LogFields, Logger } from "../log.js";
+import { withFields } from "../objects.js";
 
 /**
  * A warning that a flood could repeat thousands of times a second (a guest over its connection
@@ -24,7 +25,7 @@ export class ThrottledWarning {
     const fresh = { suppressed: 0, timer: undefined as NodeJS.Timeout | undefined, fields };
     fresh.timer = setTimeout(() => {
       this.kinds.delete(kind);
-      if (fresh.suppressed > 0) this.log.warn(`${msg} (repeated)`, { ...fresh.fields, repeated: fresh.suppressed, withinMs: this.intervalMs });
+      if (fresh.suppressed > 0) this.log.warn(`${msg} (repeated)`, withFields(fresh.fields, { repeated: fresh.suppressed, withinMs: this.intervalMs }));
     }, this.intervalMs);
     fresh.timer.unref();
     this.kinds.set(kind, fresh);

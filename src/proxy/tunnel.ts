@@ -9,6 +9,7 @@ import type { Authority } from "./authority.js";
 import { normalizeHost } from "./authority.js";
 import type { TunnelTarget } from "./guest-request.js";
 import { bareHostname } from "../hostname.js";
+import { withFields } from "../objects.js";
 
 const tunnelKey = Symbol("egressgate.tunnel");
 
@@ -111,7 +112,7 @@ function sniff(bytes: Buffer): "tls" | "http" | "other" | "more" {
 
 function servePlain(socket: Socket, target: Authority & { readonly guest: string }, deps: TunnelDeps, deadline: NodeJS.Timeout): void {
   clearTimeout(deadline);
-  (socket as TunnelSocket)[tunnelKey] = { ...target, protocol: "http:" };
+  (socket as TunnelSocket)[tunnelKey] = withFields(target, { protocol: "http:" as const });
   // The HTTP server reads straight from the socket's handle when it can, which would skip the
   // bytes we unshifted while sniffing. Marking the handle consumed keeps it on the stream path.
   const handle = (socket as unknown as { _handle?: { _consumed?: boolean } })._handle;
@@ -181,7 +182,7 @@ async function terminateTls(
     return;
   }
   if (socket.destroyed) return;
-  const tunnel: TunnelTarget = { ...target, protocol: "https:", ...(sni === undefined ? {} : { sni }) };
+  const tunnel: TunnelTarget = withFields(target, sni === undefined ? { protocol: "https:" as const } : { protocol: "https:" as const, sni });
   const tlsSocket = new TLSSocket(socket, {
     isServer: true,
     secureContext: context,

@@ -10,6 +10,7 @@ import { errorBody, writeRawError } from "./respond.js";
 import type { TraceEntry } from "../pipeline/exchange.js";
 import type { Decision } from "../policy/decision.js";
 import { tunnelOf } from "./tunnel.js";
+import { withFields } from "../objects.js";
 
 export interface UpgradeDeps {
   /** The guest the upgrade is for: its pipeline, and its name in the decision log. */
@@ -135,7 +136,7 @@ async function connectFirst(url: URL, addresses: readonly ResolvedAddress[], dep
   let lastError: unknown;
   for (const address of addresses) {
     try {
-      return await connectPinned({ ...deps.connect, url, address });
+      return await connectPinned(withFields(deps.connect, { url, address }));
     } catch (error) {
       if (error instanceof EgressError) throw error;
       lastError = error;

@@ -7,6 +7,7 @@ import { UnscannableError } from "../policy/secret-scan.js";
 import type { CapturedBody } from "./body-capture.js";
 import { inlineBodyLimit, isText, type RecordedContent, type RecordedEntry, type RecordedPostData } from "./har.js";
 import { fullScanLimit, LiteralScanner } from "./leak-scan.js";
+import { withFields } from "../objects.js";
 
 /**
  * One exchange made into a HAR entry with no real secret left in it (issue 18):
@@ -249,7 +250,7 @@ function finalCheck(entry: RecordedEntry, secrets: SecretStore): void {
   const { postData, ...request } = entry.request;
   const { content, ...response } = entry.response;
   const { text: contentText, ...contentMeta } = content;
-  find(JSON.stringify({ request, response, contentMeta, postMeta: { ...postData, text: undefined } }), "the entry's URL or headers");
+  find(JSON.stringify({ request, response, contentMeta, postMeta: withFields(postData ?? {}, { text: undefined }) }), "the entry's URL or headers");
   for (const [text, isBase64, where] of [
     [postData?.text, postData?._encoding === "base64", "the request body"],
     [contentText, content.encoding === "base64", "the response body"],

@@ -12,6 +12,7 @@ import { recordingExecutor } from "./recorder.js";
 import { Recording } from "./recording.js";
 import { replayExecutor } from "./replay-executor.js";
 import { ReplaySource, type Exhausted } from "./replay-source.js";
+import { withFields } from "../objects.js";
 
 /** `startProxy({ upstream: { record } })`: write every exchange to a HAR file. */
 export interface RecordOptions {
@@ -77,7 +78,7 @@ export class RecordedNetwork {
       recording = await Recording.open(replay.path, log, har.log.entries as RecordedEntry[]);
     }
     log.info("replaying a recorded network", { path: replay.path, entries: source.entries.length, recordMissing: replay.recordMissing === true });
-    return new RecordedNetwork(log, recording, { source, options: { ...replay, ...match } }, false);
+    return new RecordedNetwork(log, recording, { source, options: withFields(replay, match) }, false);
   }
 
   get replaying(): boolean {

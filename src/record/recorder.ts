@@ -10,6 +10,7 @@ import type { Recording } from "./recording.js";
 import { rm } from "node:fs/promises";
 import { join } from "node:path";
 import type { Readable } from "node:stream";
+import { withFields } from "../objects.js";
 
 export interface RecorderDeps {
   readonly recording: Recording;
@@ -49,7 +50,7 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
         } else {
           const tee = teeBody(request.body, capture);
           requestBody = { capture, done: tee.done, scanner: requestScanner };
-          sent = { ...request, body: tee.body };
+          sent = withFields(request, { body: tee.body });
         }
       }
       let response: ExecutorResponse;
@@ -114,7 +115,7 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
           await finish(body, responseScanner);
         })().catch((error: unknown) => skipped(deps, seq, error)),
       );
-      return { ...response, body: tee.body };
+      return withFields(response, { body: tee.body });
     },
   };
 }

@@ -11,6 +11,7 @@ import { tokenizeHeader } from "./entry.js";
 import { inlineBodyLimit, type RecordedEntry } from "./har.js";
 import { fieldsOf, type BodyForKey, type MatchOptions } from "./match.js";
 import { sidecarPath, type ReplaySource } from "./replay-source.js";
+import { withFields } from "../objects.js";
 
 export interface ReplayDeps {
   readonly source: ReplaySource;
@@ -52,7 +53,7 @@ export function replayExecutor(deps: ReplayDeps): Executor {
       if ("miss" in taken) {
         if (deps.missing !== undefined && taken.code === "EG_REPLAY_MISS") {
           if (body !== null && !("bytes" in body)) throw new EgressError("EG_REPLAY_MISS", 502, `no recorded response matches ${request.method} ${request.url.origin}${request.url.pathname}, and a request body over 1 MiB cannot be sent on with --record-missing`);
-          return deps.missing.send({ ...request, body: body === null ? null : body.bytes }, address, signal, info);
+          return deps.missing.send(withFields(request, { body: body === null ? null : body.bytes }), address, signal, info);
         }
         const message = `${taken.code === "EG_REPLAY_MISS" ? "no recorded response matches" : "no recorded response is left for"} ${request.method} ${request.url.origin}${request.url.pathname} in ${deps.source.path}; ${taken.miss}`;
         deps.log.warn("replay miss", { code: taken.code, guest: deps.guest, id: info.id, hop: info.hop, method: request.method, url: `${request.url.origin}${request.url.pathname}`, reason: taken.miss });

@@ -7,6 +7,7 @@ import type { ResolvedAddress } from "./resolve.js";
 import { bareHostname } from "../hostname.js";
 import { H2Sessions } from "./h2-sessions.js";
 import { H2Refused, sendOnSession, type H2ExchangeOptions, type H2UpstreamRequest, type H2UpstreamResponse } from "./h2-exchange.js";
+import { withFields } from "../objects.js";
 
 export interface PinnedPoolsOptions {
   readonly upstreamContext: SecureContext;
@@ -199,7 +200,7 @@ export class PinnedPools {
           return;
         }
       }
-      const pinned: buildConnector.Options = { ...opts, hostname: address.ip };
+      const pinned: buildConnector.Options = withFields(opts, { hostname: address.ip });
       if (servername !== undefined) pinned.servername = servername;
       base(pinned, (error, socket) => {
         if (error !== null) {
