@@ -84,7 +84,7 @@ function describe(error: unknown): string {
 }
 
 /** Reads the proxy's answer to CONNECT up to the end of its head; anything but 2xx throws. */
-function connectThrough(proxyUrl: string, authority: string): Promise<Socket> {
+export function connectThrough(proxyUrl: string, authority: string): Promise<Socket> {
   const proxy = new URL(proxyUrl);
   return new Promise((resolve, reject) => {
     const socket = netConnect({ host: proxy.hostname, port: Number(proxy.port) });
@@ -299,8 +299,23 @@ export async function runH2Bulk(setup: H2Setup, run: H2BulkRun): Promise<H2Resul
 }
 
 /** Per lane, for the summary at the end of the run: every recorded request's latency. */
-export function h2Summary(): { lane: string; count: number; p50Ms: number; p90Ms: number; p99Ms: number; maxMs: number; connects: number }[] {
-  return [...lanes].map(([key, lane]) => {
+export function h2Summary(): LaneSummary[] {
+  return laneSummaries(lanes);
+}
+
+export interface LaneSummary {
+  lane: string;
+  count: number;
+  p50Ms: number;
+  p90Ms: number;
+  p99Ms: number;
+  maxMs: number;
+  connects: number;
+}
+
+/** The summary rows of lanes that keep a histogram of recorded latencies and a count of connections. */
+export function laneSummaries(of: ReadonlyMap<string, { readonly histogram: RecordableHistogram; readonly connects: number }>): LaneSummary[] {
+  return [...of].map(([key, lane]) => {
     const h = lane.histogram;
     const has = h.count > 0;
     return {

@@ -19,19 +19,34 @@
 import { ask, hasExited, statusKb, stderrError, stopChild, track } from "./children.js";
 import type { TargetName } from "./load.js";
 import type { H2BulkRun, H2RateRun, H2Result } from "./h2-load.js";
+import type { RawRateRun } from "./raw-load.js";
 import type { Harness, RateWindow, RoundTiming, Sample } from "./scenarios.js";
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { freePort, hasCommand, originHost, smallBodyBytes, waitForPort } from "./targets.js";
 
-export type H2Variant = "h1-32-h1up" | "h2-1-h1up" | "h2-8-h1up" | "h2-1-h2up" | "h2-8-h2up" | "h1-32-h2up" | "h2load-1-h1up" | "h2load-8-h1up";
+export type H2Variant =
+  | "h1-32-h1up"
+  | "h2-1-h1up"
+  | "h2-8-h1up"
+  | "h2-1-h2up"
+  | "h2-8-h2up"
+  | "h1-32-h2up"
+  | "h2load-1-h1up"
+  | "h2load-8-h1up"
+  | "raw-h1-32-h1up"
+  | "raw-h2-1-h1up"
+  | "raw-h2-8-h1up";
 
 export interface H2VariantInfo {
   readonly guest: "h1" | "h2";
   readonly connections: number;
   readonly upstream: "h1" | "h2";
   readonly label: string;
-  /** Who loads the lane: the load generator (undici for HTTP/1.1, node:http2 for h2), or h2load through a socat relay. */
-  readonly client?: "h2load";
+  /**
+   * Who loads the lane: the load generator (undici for HTTP/1.1, node:http2 for h2), its
+   * minimal clients (bench/raw-load.ts), or h2load through a socat relay.
+   */
+  readonly client?: "h2load" | "raw";
 }
 
 export const h2Variants: Readonly<Record<H2Variant, H2VariantInfo>> = {
@@ -43,7 +58,15 @@ export const h2Variants: Readonly<Record<H2Variant, H2VariantInfo>> = {
   "h1-32-h2up": { guest: "h1", connections: 32, upstream: "h2", label: "HTTP/1.1, 32 connections -> h2-only upstream" },
   "h2load-1-h1up": { guest: "h2", connections: 1, upstream: "h1", label: "HTTP/2 from h2load via socat, 1 connection -> h1 upstream", client: "h2load" },
   "h2load-8-h1up": { guest: "h2", connections: 8, upstream: "h1", label: "HTTP/2 from h2load via socat, 8 connections -> h1 upstream", client: "h2load" },
+  "raw-h1-32-h1up": { guest: "h1", connections: 32, upstream: "h1", label: "HTTP/1.1 from the minimal client, 32 connections -> h1 upstream", client: "raw" },
+  "raw-h2-1-h1up": { guest: "h2", connections: 1, upstream: "h1", label: "HTTP/2 from the minimal client, 1 connection -> h1 upstream", client: "raw" },
+  "raw-h2-8-h1up": { guest: "h2", connections: 8, upstream: "h1", label: "HTTP/2 from the minimal client, 8 connections -> h1 upstream", client: "raw" },
 };
+
+/** The HTTP/1.1 row a variant is compared with: the one its kind of client drives. */
+export function h1Baseline(variant: H2Variant): H2Variant {
+  return h2Variants[variant].client === "raw" ? "raw-h1-32-h1up" : "h1-32-h1up";
+}
 
 /**
  * h2load (Debian's nghttp2-client) cannot use a proxy; each of its connections goes through
@@ -61,7 +84,18 @@ export function variantsOf(target: TargetName): H2Variant[] {
   // handshake and gives the guest the protocol the upstream chose: h2 on both sides takes an h2
   // upstream, and an HTTP/1.1 guest cannot reach an h2-only one through it.
   if (target === "mitmdump") return ["h1-32-h1up", "h2-1-h2up", "h2-8-h2up"];
-  return ["h1-32-h1up", "h2-1-h1up", "h2-8-h1up", "h2-1-h2up", "h2-8-h2up", "h1-32-h2up", ...(h2loadAvailable ? (["h2load-1-h1up", "h2load-8-h1up"] as const) : [])];
+  return [
+    "h1-32-h1up",
+    "h2-1-h1up",
+    "h2-8-h1up",
+    "h2-1-h2up",
+    "h2-8-h2up",
+    "h1-32-h2up",
+    "raw-h1-32-h1up",
+    "raw-h2-1-h1up",
+    "raw-h2-8-h1up",
+    ...(h2loadAvailable ? (["h2load-1-h1up", "h2load-8-h1up"] as const) : []),
+  ];
 }
 
 export interface H2Window extends RateWindow {
@@ -109,6 +143,10 @@ async function window(h: Harness, lane: H2Lane, spec: H2Spec, durationMs: number
   const url = `https://${originHost}:${port}/small`;
   const name = laneName(lane);
   if (info.client === "h2load") return h2loadWindow(h, target, port, info.connections, spec.concurrency, durationMs);
+  if (info.client === "raw") {
+    const raw: RawRateRun = { kind: "rawrate", id: h.nextId(), lane: name, target, protocol: info.guest, url, expectedBytes: smallBodyBytes, concurrency: spec.concurrency, connections: info.connections, durationMs, record };
+    return ask<H2Result>(h.load, "result", raw, durationMs + 60_000);
+  }
   if (info.guest === "h1") {
     return h.rate({ lane: name, target, url, expectedBytes: smallBodyBytes, concurrency: spec.concurrency, newConnections: false, durationMs, record, ratePerSecond: pacedRate });
   }

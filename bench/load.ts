@@ -18,6 +18,7 @@
  * - `bulk`: `count` downloads (GET, body counted and dropped) or uploads (POST of `bytes` zero
  *   bytes, streamed; the upstream answers the length it read), one at a time, each timed.
  * - `h2rate` and `h2bulk`: the same over HTTP/2 inside a CONNECT tunnel (bench/h2-load.ts).
+ * - `rawrate`: small GETs from minimal HTTP/1.1 and HTTP/2 clients (bench/raw-load.ts).
  *
  * Every hostname is a bench.test name, dialled on 127.0.0.1; any other name is refused.
  */
@@ -26,6 +27,7 @@ import { createHistogram, performance, type RecordableHistogram } from "node:per
 import { Readable } from "node:stream";
 import { Agent, buildConnector, Pool, ProxyAgent, request, type Dispatcher } from "undici";
 import { closeH2, h2Summary, pacer, runH2Bulk, runH2Rate, type H2BulkRun, type H2RateRun, type H2Result } from "./h2-load.js";
+import { closeRaw, rawSummary, runRawRate, type RawRateRun } from "./raw-load.js";
 
 /**
  * `egressgate` is the built CLI; `egressgate-api` and `egressgate+hooks` are bench/hooked-proxy.ts
@@ -113,7 +115,7 @@ export interface RatesResult {
   readonly results: readonly RateResult[];
 }
 
-export type LoadRequest = RateRun | RatesRun | HostsRun | BulkRun | H2RateRun | H2BulkRun | { readonly kind: "summary" } | { readonly kind: "close" };
+export type LoadRequest = RateRun | RatesRun | HostsRun | BulkRun | H2RateRun | H2BulkRun | RawRateRun | { readonly kind: "summary" } | { readonly kind: "close" };
 
 interface ResultBase {
   readonly kind: "result";
@@ -394,6 +396,7 @@ function main(setup: LoadSetup): void {
       else if (message.kind === "hosts") send(await runHosts(setup, message));
       else if (message.kind === "h2rate") send(await runH2Rate(setup, message));
       else if (message.kind === "h2bulk") send(await runH2Bulk(setup, message));
+      else if (message.kind === "rawrate") send(await runRawRate(setup, message));
       else if (message.kind === "summary") {
         const entries = [...lanes].map(([key, lane]): LoadSummaryEntry => {
           const h = lane.histogram;
@@ -408,9 +411,10 @@ function main(setup: LoadSetup): void {
             connects: lane.connects,
           };
         });
-        send({ kind: "summary", entries: [...entries, ...h2Summary()] });
+        send({ kind: "summary", entries: [...entries, ...h2Summary(), ...rawSummary()] });
       } else if (message.kind === "close") {
         await Promise.all([...[...lanes.values()].map((lane) => lane.dispatcher.close().catch(() => undefined)), closeH2()]);
+        closeRaw();
         process.exit(0);
       }
     });

@@ -115,7 +115,7 @@ describe("npm run bench", () => {
     for (const skipped of Object.keys(json.skipped)) expect(skipped).toBe("mitmdump");
     const expected: [string, string][] = [
       ["direct", "h2-1-h2up"],
-      ...["h1-32-h1up", "h2-1-h1up", "h2-8-h1up", "h2-1-h2up", "h2-8-h2up", "h1-32-h2up"].map((v): [string, string] => ["egressgate", v]),
+      ...["h1-32-h1up", "h2-1-h1up", "h2-8-h1up", "h2-1-h2up", "h2-8-h2up", "h1-32-h2up", "raw-h1-32-h1up", "raw-h2-1-h1up", "raw-h2-8-h1up"].map((v): [string, string] => ["egressgate", v]),
       ...(json.skipped["mitmdump"] === undefined ? ["h1-32-h1up", "h2-1-h2up", "h2-8-h2up"].map((v): [string, string] => ["mitmdump", v]) : []),
       // h2load through socat, when Debian's nghttp2-client and socat are installed.
       ...(hasCommand("h2load") && hasCommand("socat") ? ["h2load-1-h1up", "h2load-8-h1up"].map((v): [string, string] => ["egressgate", v]) : []),
@@ -126,7 +126,12 @@ describe("npm run bench", () => {
       expect(row?.errors, `${target} ${variant}: ${row?.firstError}`).toBe(0);
     }
     // The ratio to the HTTP/1.1 row of the same run is computed for every egressgate h2 row.
-    for (const row of json.results.h2.filter((r) => r.target === "egressgate" && r.variant !== "h1-32-h1up" && r.variant.startsWith("h2"))) expect(row.ratioToH1).toBeGreaterThan(0);
+    // The minimal clients' h2 rows are compared with their own HTTP/1.1 row, not undici's.
+    const ratioRows = json.results.h2.filter((r) => r.target === "egressgate" && /^(h2|raw-h2)/.test(r.variant));
+    expect(ratioRows.length).toBeGreaterThanOrEqual(6);
+    for (const row of ratioRows) expect(row.ratioToH1, row.variant).toBeGreaterThan(0);
+    const rps = (variant: string): number => json.results.h2.find((r) => r.target === "egressgate" && r.variant === variant)!.requestsPerSecond;
+    expect(json.results.h2.find((r) => r.variant === "raw-h2-1-h1up")!.ratioToH1).toBeCloseTo(rps("raw-h2-1-h1up") / rps("raw-h1-32-h1up"), 6);
     // egressgate's rows again at a fixed offered load, each with its CPU per request.
     expect(json.results.h2Paced.map((r) => r.variant)).toEqual(["h1-32-h1up", "h2-1-h1up", "h2-8-h1up"]);
     for (const row of json.results.h2Paced) {
@@ -142,5 +147,6 @@ describe("npm run bench", () => {
     for (const d of json.results.h2Downloads) expect(d.peakRssMiB).toBeGreaterThan(0);
     expect(stdout).toContain("## HTTP/2: small GETs at concurrency 32, against HTTP/1.1");
     expect(stdout).toMatch(/HTTP\/2 small GETs c=32 over one connection: ≥ 1\.2× the h1 figure \(same run\) \| [\d.]+×/);
+    expect(stdout).toMatch(/HTTP\/2 small GETs c=32 over 8 connections from the minimal clients \(against their HTTP\/1\.1 row\): ≥ 1\.2× the h1 figure \(same run\) \| [\d.]+×/);
   }, 150_000);
 });
