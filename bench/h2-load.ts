@@ -95,6 +95,7 @@ export function connectThrough(proxyUrl: string, authority: string): Promise<Soc
     };
     socket.once("error", fail);
     socket.once("close", () => reject(new Error("proxy closed the connection during CONNECT")));
+    socket.setTimeout(30_000, () => fail(new Error(`CONNECT ${authority} not answered in 30 s`)));
     socket.once("connect", () => socket.write(`CONNECT ${authority} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`));
     const onData = (data: Buffer): void => {
       head = Buffer.concat([head, data]);
@@ -104,6 +105,7 @@ export function connectThrough(proxyUrl: string, authority: string): Promise<Soc
         return;
       }
       socket.off("data", onData);
+      socket.setTimeout(0);
       const status = /^HTTP\/1\.[01] (\d{3})/.exec(head.toString("latin1"))?.[1];
       if (status === undefined || !status.startsWith("2")) {
         fail(new Error(`CONNECT ${authority}: ${head.subarray(0, end).toString("latin1").split("\r\n")[0]}`));

@@ -43,6 +43,9 @@ export interface RawRateRun {
 
 interface Connection {
   readonly closed: boolean;
+  /** performance.now() when it last had nothing in flight (or opened). */
+  readonly idleSince: number;
+  readonly inFlight: number;
   get(): Promise<void>;
   close(): void;
 }
@@ -56,6 +59,10 @@ interface RawLane {
 const lanes = new Map<string, RawLane>();
 const maxErrorsPerWindow = 1_000;
 const maxWindowMs = 120_000;
+/** As the undici lanes: the client, never the target (egressgate closes at 5 s), ends an idle connection. */
+const maxIdleMs = 4_000;
+/** A handshake, or a connection with requests in flight and no bytes, past this fails. */
+const stallMs = 30_000;
 
 async function tunnelTls(setup: H2Setup, target: string, url: URL, alpn: string): Promise<TLSSocket> {
   if (url.hostname !== "bench.test" && !url.hostname.endsWith(".bench.test")) throw new Error(`${url.hostname} is not a bench.test name`);
@@ -64,11 +71,14 @@ async function tunnelTls(setup: H2Setup, target: string, url: URL, alpn: string)
   const tunnel = await connectThrough(proxy.url, `${url.hostname}:${url.port}`);
   return new Promise((resolve, reject) => {
     const socket = tlsConnect({ socket: tunnel, servername: url.hostname, ca: proxy.caPem, ALPNProtocols: [alpn] });
+    const timer = setTimeout(() => socket.destroy(new Error(`TLS handshake over ${stallMs} ms`)), stallMs);
     socket.once("error", (error) => {
+      clearTimeout(timer);
       socket.destroy();
       reject(error);
     });
     socket.once("secureConnect", () => {
+      clearTimeout(timer);
       socket.removeAllListeners("error");
       socket.on("error", () => undefined);
       if (socket.alpnProtocol !== alpn) {
@@ -82,9 +92,14 @@ async function tunnelTls(setup: H2Setup, target: string, url: URL, alpn: string)
 /** HTTP/1.1 keep-alive: one request at a time, its response framed by Content-Length. */
 class RawH1 implements Connection {
   closed = false;
+  idleSince = performance.now();
   private readonly request: Buffer;
   private buffer: Buffer = Buffer.alloc(0);
   private waiting: { resolve: () => void; reject: (error: Error) => void } | undefined;
+
+  get inFlight(): number {
+    return this.waiting === undefined ? 0 : 1;
+  }
 
   constructor(
     private readonly socket: TLSSocket,
@@ -94,6 +109,7 @@ class RawH1 implements Connection {
     this.request = Buffer.from(`GET ${url.pathname}${url.search} HTTP/1.1\r\nhost: ${url.host}\r\n\r\n`, "latin1");
     socket.on("data", (chunk: Buffer) => this.read(chunk));
     socket.on("close", () => this.fail(new Error("connection closed")));
+    stallWatch(socket, () => this.waiting !== undefined);
   }
 
   get(): Promise<void> {
@@ -113,10 +129,19 @@ class RawH1 implements Connection {
     const end = this.buffer.indexOf("\r\n\r\n");
     if (end < 0) return;
     const head = this.buffer.toString("latin1", 0, end);
-    const length = Number(/\r\ncontent-length: *(\d+)/i.exec(head)?.[1] ?? Number.NaN);
-    if (this.buffer.length < end + 4 + (Number.isNaN(length) ? 0 : length)) return;
+    const declared = /\r\ncontent-length: *(\d+)/i.exec(head)?.[1];
+    if (declared === undefined) {
+      // Framed some other way (chunked, or up to the close): not a small GET's answer, and the
+      // connection's next response could not be found. The lane opens a new one.
+      this.fail(new Error(`${head.split("\r\n")[0]} without Content-Length`));
+      this.socket.destroy();
+      return;
+    }
+    const length = Number(declared);
+    if (this.buffer.length < end + 4 + length) return;
     const waiting = this.waiting;
     this.waiting = undefined;
+    this.idleSince = performance.now();
     this.buffer = this.buffer.subarray(end + 4 + length);
     if (head.startsWith("HTTP/1.1 200 ") && length === this.expectedBytes) waiting?.resolve();
     else waiting?.reject(new Error(`${head.split("\r\n")[0]}, content-length ${length}`));
@@ -165,12 +190,17 @@ interface Pending {
 /** HTTP/2 over one TLS connection, many streams in flight. */
 class RawH2 implements Connection {
   closed = false;
+  idleSince = performance.now();
   private readonly block: Buffer;
   private nextStream = 1;
   private readonly pending = new Map<number, Pending>();
   private buffer: Buffer = Buffer.alloc(0);
   private unacknowledgedData = 0;
   private corked = false;
+
+  get inFlight(): number {
+    return this.pending.size;
+  }
 
   constructor(
     private readonly socket: TLSSocket,
@@ -187,6 +217,7 @@ class RawH2 implements Connection {
     socket.write(Buffer.concat([Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "latin1"), frame(frameTypes.settings, 0, 0, settings), this.windowUpdate(wideWindow - 65_535)]));
     socket.on("data", (chunk: Buffer) => this.read(chunk));
     socket.on("close", () => this.fail(new Error("connection closed")));
+    stallWatch(socket, () => this.pending.size > 0);
   }
 
   get(): Promise<void> {
@@ -261,14 +292,23 @@ class RawH2 implements Connection {
     } else if (type === frameTypes.rstStream) {
       const stream = this.pending.get(id);
       this.pending.delete(id);
-      stream?.reject(new Error(`RST_STREAM code ${payload.readUInt32BE(0)}`));
+      if (this.pending.size === 0) this.idleSince = performance.now();
+      stream?.reject(new Error(`RST_STREAM code ${payload.length >= 4 ? payload.readUInt32BE(0) : "(short frame)"}`));
     } else if (type === frameTypes.settings) {
       if ((flags & ack) === 0) this.socket.write(frame(frameTypes.settings, ack, 0, Buffer.alloc(0)));
     } else if (type === frameTypes.ping) {
       if ((flags & ack) === 0) this.socket.write(frame(frameTypes.ping, ack, 0, payload));
     } else if (type === frameTypes.goaway) {
-      this.fail(new Error(`GOAWAY code ${payload.readUInt32BE(4)}`));
-      this.socket.end();
+      // Streams up to the last one the server names still get their answers; later ones never will.
+      const last = payload.length >= 8 ? payload.readUInt32BE(0) & 0x7fffffff : 0;
+      const error = new Error(`GOAWAY code ${payload.length >= 8 ? payload.readUInt32BE(4) : "(short frame)"}`);
+      this.closed = true;
+      for (const [stream, waiting] of this.pending) {
+        if (stream <= last) continue;
+        this.pending.delete(stream);
+        waiting.reject(error);
+      }
+      if (this.pending.size === 0) this.socket.end();
     }
   }
 
@@ -276,6 +316,10 @@ class RawH2 implements Connection {
     const stream = this.pending.get(id);
     if (stream === undefined) return;
     this.pending.delete(id);
+    if (this.pending.size === 0) {
+      this.idleSince = performance.now();
+      if (this.closed) this.socket.end();
+    }
     if (stream.ok && stream.bytes === this.expectedBytes) stream.resolve();
     else stream.reject(new Error(`stream ${id}: ${stream.ok ? "200" : "not 200"}, ${stream.bytes} bytes`));
   }
@@ -285,6 +329,13 @@ class RawH2 implements Connection {
     for (const stream of this.pending.values()) stream.reject(error);
     this.pending.clear();
   }
+}
+
+/** Ends a connection that has requests in flight and has received nothing for `stallMs`. */
+function stallWatch(socket: TLSSocket, busy: () => boolean): void {
+  socket.setTimeout(stallMs, () => {
+    if (busy()) socket.destroy(new Error(`no answer in ${stallMs} ms`));
+  });
 }
 
 function laneFor(run: RawRateRun): RawLane {
@@ -300,7 +351,10 @@ function laneFor(run: RawRateRun): RawLane {
 /** The lane's i-th connection, opened (again) when missing or closed; concurrent callers share one opening. */
 function connectionOf(setup: H2Setup, run: RawRateRun, lane: RawLane, i: number, opening: Map<number, Promise<Connection>>): Promise<Connection> {
   const current = lane.connections[i];
-  if (current !== undefined && !current.closed) return Promise.resolve(current);
+  if (current !== undefined && !current.closed) {
+    if (current.inFlight > 0 || performance.now() - current.idleSince <= maxIdleMs) return Promise.resolve(current);
+    current.close();
+  }
   let pending = opening.get(i);
   if (pending === undefined) {
     lane.connects += 1;

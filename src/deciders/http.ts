@@ -3,7 +3,6 @@ import { Pool, type Dispatcher } from "undici";
 import { MalformedAnswer, opaVerdict, parseAnswer, parseAnswerText, reasonText, type Verdict } from "./answer.js";
 import type { DeciderPhase, ResolvedHttpDecider } from "./options.js";
 import { DeciderFailure } from "./failure.js";
-import { withFields } from "../objects.js";
 
 /** The most of an answer body that is read; more is a failure. */
 const maxAnswerBytes = 1024 * 1024;
@@ -36,7 +35,8 @@ export class HttpDecider {
 
   constructor(private readonly options: ResolvedHttpDecider) {
     this.path = `${options.url.pathname}${options.url.search}`;
-    this.headers = withFields(options.headers ?? {}, { "content-type": "application/json", accept: "application/json" });
+    // Entries, not Object.assign: a header named "__proto__" stays a header (and fails as one), not a prototype.
+    this.headers = Object.fromEntries([...Object.entries(options.headers ?? {}), ["content-type", "application/json"], ["accept", "application/json"]]);
   }
 
   private connect(): Pool {

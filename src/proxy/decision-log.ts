@@ -49,8 +49,8 @@ export function createDecisionLog(
       if (requestEnd.hasSubscribers) requestEnd.publish(record);
     } else observer?.metrics?.observeDecision(fields, facts);
     if (!log.enabled("info")) return;
-    // Copied key by key: a rest pattern and a leading spread would give every line's object a
-    // hidden class of its own on Node 20 (src/objects.ts).
+    // Copied key by key: a leading spread would give every line's object a hidden class of its
+    // own on Node 20 (src/objects.ts).
     const line: Record<string, unknown> = fields.guest !== undefined ? { guest: fields.guest } : {};
     for (const key of Object.keys(fields)) if (key !== "started" && key !== "guest") line[key] = fields[key];
     line["ms"] = Math.round((performance.now() - fields.started) * 10) / 10;

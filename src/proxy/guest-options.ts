@@ -5,7 +5,6 @@ import type { DeclarativeConfig } from "../policy/declarative-policy.js";
 import { parseCidr, type Cidr } from "../policy/cidr.js";
 import { buildStaticHosts, type StaticHosts } from "../upstream/resolve.js";
 import { guestNamePattern } from "./auth.js";
-import { withFields } from "../objects.js";
 
 /** One guest of a proxy that serves several: its own allowlist, secrets, policy and names. */
 export interface GuestOptions {
@@ -94,7 +93,8 @@ export function resolveGuestOptions(name: string, options: GuestOptions, path: s
   }
   const hooks = hooksOf(o["httpHooks"], at("httpHooks"));
   const resolveIn = o["resolve"] === undefined ? {} : plainObject(o["resolve"], at("resolve"));
-  const staticHosts = buildStaticHosts(withFields(proxyResolve, resolveIn as Record<string, string[]>), `startProxy: ${at("resolve")}`);
+  // Entries, not Object.assign: a name "__proto__" stays a name (for the check to refuse), never a prototype.
+  const staticHosts = buildStaticHosts(Object.fromEntries([...Object.entries(proxyResolve), ...Object.entries(resolveIn as Record<string, string[]>)]), `startProxy: ${at("resolve")}`);
   const sourcesIn = o["sources"] ?? [];
   if (!Array.isArray(sourcesIn)) fail(at("sources"), "must be an array of address ranges", sourcesIn);
   const sources = sourcesIn.map((entry: unknown, i) => {

@@ -12,14 +12,20 @@ describe("the bench's minimal clients", () => {
   const cases = [
     { what: "a 200 with the expected length", path: "/bytes?n=100", expectedBytes: 100, succeeds: true },
     { what: "a 200 of another length", path: "/bytes?n=99", expectedBytes: 100, succeeds: false },
-    { what: "a 404", path: "/missing", expectedBytes: 13, succeeds: false },
+    // The same length as the expected body: only the status tells it apart.
+    { what: "a 404 with the expected length", path: "/status404", expectedBytes: 13, succeeds: false },
+    // Node sends it chunked: for HTTP/1.1, a response without Content-Length.
+    { what: "a chunked 404", path: "/missing", expectedBytes: 13, succeeds: false },
     { what: "a refusal by the proxy (403)", path: "/bytes?n=100", expectedBytes: 100, succeeds: false, refused: true },
   ];
   for (const protocol of ["h1", "h2"] as const) {
     for (const c of cases) {
       it(`${protocol}: ${c.what} counts as ${c.succeeds ? "a success" : "an error"}, and the proxy still serves afterwards`, async () => {
         onTestFinished(() => closeRaw());
-        const upstream = await startUpstream({ names: ["origin.bench.test", "refused.bench.test"] });
+        const upstream = await startUpstream({
+          names: ["origin.bench.test", "refused.bench.test"],
+          routes: { "/status404": (_req, res) => res.writeHead(404, { "content-length": 13 }).end("no such route") },
+        });
         const proxy = await startTestProxy(
           { allowedInternalHosts: ["origin.bench.test"] },
           { resolve: { "origin.bench.test": ["127.0.0.1"], "refused.bench.test": ["127.0.0.1"] } },
