@@ -223,13 +223,27 @@ function sessionOf(setup: H2Setup, run: H2RateRun, lane: H2Lane, i: number, open
 
 export async function runH2Rate(setup: H2Setup, run: H2RateRun): Promise<H2Result> {
   const lane = laneFor(run);
-  const window = createHistogram({ lowest: 1, highest: 60e9, figures: 3 });
-  const connectsBefore = lane.connects;
   const opening = new Map<number, Promise<ClientHttp2Session>>();
   const path = new URL(run.url).pathname;
+  return runLaneWindow(run, lane, async (w) => get(await sessionOf(setup, run, lane, w % run.connections, opening), path, run.expectedBytes), run.ratePerSecond);
+}
+
+/**
+ * One window of a lane: `run.concurrency` workers each sending one request after another with
+ * `one(worker)` until the window's time is up (or too many errors), every success timed. Shared
+ * by the node:http2 lanes and the minimal clients' (bench/raw-load.ts).
+ */
+export async function runLaneWindow(
+  run: { readonly id: number; readonly concurrency: number; readonly durationMs: number; readonly record: boolean },
+  lane: { readonly histogram: RecordableHistogram; readonly connects: number },
+  one: (worker: number) => Promise<void>,
+  ratePerSecond?: number,
+): Promise<H2Result> {
+  const window = createHistogram({ lowest: 1, highest: 60e9, figures: 3 });
+  const connectsBefore = lane.connects;
   const started = performance.now();
   const deadline = started + Math.min(run.durationMs, maxWindowMs);
-  const pace = pacer(run.ratePerSecond, started);
+  const pace = pacer(ratePerSecond, started);
   let ok = 0;
   let errors = 0;
   let firstError: string | undefined;
@@ -239,7 +253,7 @@ export async function runH2Rate(setup: H2Setup, run: H2RateRun): Promise<H2Resul
       if (performance.now() >= deadline) break;
       const t0 = performance.now();
       try {
-        await get(await sessionOf(setup, run, lane, w % run.connections, opening), path, run.expectedBytes);
+        await one(w);
       } catch (error) {
         errors += 1;
         firstError ??= describe(error);

@@ -113,6 +113,8 @@ export interface H2Spec extends RoundTiming {
    * falls as throughput rises, more for HTTP/2, whose streams then share frames and TLS records).
    */
   readonly pacedRate: number | undefined;
+  /** Only these rows (and at the fixed load, only these of pacedVariants); all when undefined. */
+  readonly variants?: readonly H2Variant[] | undefined;
 }
 
 /** The variants run at the fixed offered load. */
@@ -236,10 +238,12 @@ export async function runH2(h: Harness, spec: H2Spec): Promise<H2Window[]> {
 
 async function runH2Lanes(h: Harness, spec: H2Spec): Promise<H2Window[]> {
   const windows: H2Window[] = [];
-  const free = spec.targets.flatMap((target) => variantsOf(target).map((variant): H2Lane => ({ target, variant, pacedRate: undefined })));
+  const wanted = (variant: H2Variant): boolean => spec.variants === undefined || spec.variants.includes(variant);
+  const free = spec.targets.flatMap((target) => variantsOf(target).filter(wanted).map((variant): H2Lane => ({ target, variant, pacedRate: undefined })));
   await runLanes(h, spec, free, windows);
-  if (spec.pacedRate !== undefined && spec.targets.includes("egressgate")) {
-    const paced = pacedVariants.map((variant): H2Lane => ({ target: "egressgate", variant, pacedRate: spec.pacedRate }));
+  const pacedWanted = pacedVariants.filter(wanted);
+  if (spec.pacedRate !== undefined && spec.targets.includes("egressgate") && pacedWanted.length > 0) {
+    const paced = pacedWanted.map((variant): H2Lane => ({ target: "egressgate", variant, pacedRate: spec.pacedRate }));
     await runLanes(h, spec, paced, windows);
   }
   return windows;

@@ -22,7 +22,7 @@
  */
 import { createHistogram, performance, type RecordableHistogram } from "node:perf_hooks";
 import { connect as tlsConnect, type TLSSocket } from "node:tls";
-import { connectThrough, laneSummaries, type H2Result, type H2Setup, type LaneSummary } from "./h2-load.js";
+import { connectThrough, laneSummaries, runLaneWindow, type H2Result, type H2Setup, type LaneSummary } from "./h2-load.js";
 
 export interface RawRateRun {
   readonly kind: "rawrate";
@@ -57,8 +57,6 @@ interface RawLane {
 }
 
 const lanes = new Map<string, RawLane>();
-const maxErrorsPerWindow = 1_000;
-const maxWindowMs = 120_000;
 /** As the undici lanes: the client, never the target (egressgate closes at 5 s), ends an idle connection. */
 const maxIdleMs = 4_000;
 /** A handshake, or a connection with requests in flight and no bytes, past this fails. */
@@ -378,44 +376,8 @@ function connectionOf(setup: H2Setup, run: RawRateRun, lane: RawLane, i: number,
 
 export async function runRawRate(setup: H2Setup, run: RawRateRun): Promise<H2Result> {
   const lane = laneFor(run);
-  const window = createHistogram({ lowest: 1, highest: 60e9, figures: 3 });
-  const connectsBefore = lane.connects;
   const opening = new Map<number, Promise<Connection>>();
-  const started = performance.now();
-  const deadline = started + Math.min(run.durationMs, maxWindowMs);
-  let ok = 0;
-  let errors = 0;
-  let firstError: string | undefined;
-  const worker = async (w: number): Promise<void> => {
-    while (errors < maxErrorsPerWindow && performance.now() < deadline) {
-      const t0 = performance.now();
-      try {
-        await (await connectionOf(setup, run, lane, w % lane.connections.length, opening)).get();
-      } catch (error) {
-        errors += 1;
-        firstError ??= (error as Error).message;
-        continue;
-      }
-      const ns = Math.max(1, Math.round((performance.now() - t0) * 1e6));
-      ok += 1;
-      window.record(ns);
-      if (run.record) lane.histogram.record(ns);
-    }
-  };
-  await Promise.all(Array.from({ length: run.concurrency }, (_, w) => worker(w)));
-  const has = ok > 0;
-  return {
-    kind: "result",
-    id: run.id,
-    ok,
-    errors,
-    firstError,
-    elapsedMs: performance.now() - started,
-    connects: lane.connects - connectsBefore,
-    p50Ms: has ? window.percentile(50) / 1e6 : Number.NaN,
-    p99Ms: has ? window.percentile(99) / 1e6 : Number.NaN,
-    transfers: [],
-  };
+  return runLaneWindow(run, lane, async (w) => (await connectionOf(setup, run, lane, w % lane.connections.length, opening)).get());
 }
 
 /** Per lane, for the summary at the end of the run. */

@@ -61,7 +61,7 @@ import {
 } from "./report.js";
 import { profileTables, summarizeProfile, type ProfileSummary } from "./profile.js";
 import { Harness, hostsFor, runBig, runBulk, runHosts, runRate, runSideBySide, scenarioNames, type BulkWindow, type HostsWindow, type RateWindow, type ScenarioName, type SideWindow } from "./scenarios.js";
-import { h2Targets, runH2, runH2Downloads, type H2DownloadResult, type H2Window } from "./h2-scenario.js";
+import { h1Baseline, h2Targets, h2Variants, runH2, runH2Downloads, type H2DownloadResult, type H2Variant, type H2Window } from "./h2-scenario.js";
 import { h2DownloadRows, h2DownloadTable, h2Goals, h2PacedRows, h2PacedTable, h2Rows, h2Table } from "./h2-report.js";
 import { allTargets, egressgateTargets, hookedTargets, smallOnlyTargets, startTargets, type EgressgateTarget } from "./targets.js";
 
@@ -94,6 +94,8 @@ interface BenchSettings {
   readonly bulkUpstream: "openssl" | "node";
   /** The egressgate child run under `node --cpu-prof`, if any. */
   readonly cpuProf: EgressgateTarget | undefined;
+  /** The h2 scenario's rows, when only some are wanted (`--h2-variants`); all by default. */
+  readonly h2Variants: readonly H2Variant[] | undefined;
 }
 
 const usage = `usage: npm run bench -- [--quick] [--targets LIST] [--scenarios LIST] [--rounds N] [--seconds S] [--hosts N] [--cpu-prof[=TARGET]]
@@ -106,6 +108,9 @@ const usage = `usage: npm run bench -- [--quick] [--targets LIST] [--scenarios L
   --seconds S        measured seconds per small/newconn window, 0.2..30
   --hosts N          new hostnames per target in the hosts scenario, 1..5000
   --bulk-upstream U  where bulk and 1 GiB downloads come from: openssl (s_server -HTTP, the default) or node
+  --h2-variants LIST the h2 scenario's rows, comma-separated (default all): fewer rows put each
+                     HTTP/2 window closer in time to its HTTP/1.1 window, so that the machine's drift
+                     between them is smaller; a row's HTTP/1.1 baseline is added when not named
   --out FILE         write the JSON there instead of bench/results/<date>.json
   --cpu-prof         run the egressgate child under node --cpu-prof and print its top self-time functions;
                      --cpu-prof=egressgate+hooks (or egressgate-api) profiles that child instead`;
@@ -134,6 +139,7 @@ function parseArgs(argv: readonly string[]): BenchSettings {
   let cpuProf: EgressgateTarget | undefined;
   let bulkUpstream: "openssl" | "node" = "openssl";
   let out: string | undefined;
+  let h2VariantList: readonly H2Variant[] | undefined;
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
     const [flag, inline] = arg.startsWith("--") && arg.includes("=") ? [arg.slice(0, arg.indexOf("=")), arg.slice(arg.indexOf("=") + 1)] : [arg, undefined];
@@ -159,6 +165,10 @@ function parseArgs(argv: readonly string[]): BenchSettings {
     else if (flag === "--seconds") measureMs = number() * 1000;
     else if (flag === "--hosts") hostCount = number();
     else if (flag === "--out") out = text();
+    else if (flag === "--h2-variants") {
+      const named = parseList("--h2-variants", text(), Object.keys(h2Variants) as H2Variant[]);
+      h2VariantList = (Object.keys(h2Variants) as H2Variant[]).filter((v) => named.includes(v) || named.some((n) => h1Baseline(n) === v));
+    }
     else if (flag === "--bulk-upstream") {
       const value = text();
       if (value !== "openssl" && value !== "node") throw new RangeError(`--bulk-upstream: expected openssl or node, got ${JSON.stringify(value)}`);
@@ -191,6 +201,7 @@ function parseArgs(argv: readonly string[]): BenchSettings {
     h2DownloadBytes: quick ? 64 * 2 ** 20 : 2 ** 30,
     bulkUpstream,
     cpuProf,
+    h2Variants: h2VariantList,
   };
 }
 
@@ -313,7 +324,7 @@ async function main(): Promise<void> {
     );
   }
   if (has("h2")) {
-    h2Windows = await timed("h2", () => runH2(h, { ...rate, targets: only("h2"), concurrency: 32, warmupMs: settings.warmupMs, pacedRate: h2PacedRate }));
+    h2Windows = await timed("h2", () => runH2(h, { ...rate, targets: only("h2"), concurrency: 32, warmupMs: settings.warmupMs, pacedRate: h2PacedRate, variants: settings.h2Variants }));
     if (t.freshEgressgateH2 !== undefined) {
       const fresh = t.freshEgressgateH2;
       h2Downloads = await timed("h2 downloads", () => runH2Downloads(h, settings.h2DownloadBytes));
