@@ -9,6 +9,8 @@ import { shareWithPrimary } from "./cluster-metrics.js";
 export interface MetricsProbes {
   /** Leaf certificates served from the cache, and signed (misses). */
   readonly certificates?: () => { readonly hits: number; readonly misses: number };
+  /** The guests configured now: a removed guest's gauge series go once its connections have. */
+  readonly guests?: () => readonly string[];
 }
 
 /**
@@ -117,7 +119,13 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
     labelNames: ["guest", "protocol"] as const,
     registers: [registry],
     collect() {
-      for (const { guest, protocol, open } of upstreamOpen.values()) this.set({ guest, protocol }, open);
+      // A guest a reload removed keeps its series while its connections close, then loses it.
+      const configured = probes.guests === undefined ? undefined : new Set(probes.guests());
+      this.reset();
+      for (const [key, { guest, protocol, open }] of upstreamOpen) {
+        if (open <= 0 && configured !== undefined && !configured.has(guest)) upstreamOpen.delete(key);
+        else this.set({ guest, protocol }, open);
+      }
     },
   });
   const certificates = probes.certificates;

@@ -92,7 +92,13 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   const redact = (text: string): string => redactor.redact(text);
   const log = createLogger(config.logLevel, config.logSink, redact);
   // Only when asked for: without metrics the request path traces nothing for them.
-  const metrics = config.metrics ? createProxyMetrics({ certificates: () => ({ hits: authority.leaves.hits, misses: authority.leaves.signed }) }) : undefined;
+  const metrics = config.metrics
+    ? createProxyMetrics({
+        certificates: () => ({ hits: authority.leaves.hits, misses: authority.leaves.signed }),
+        // Read at a scrape, long after `guests` below exists.
+        guests: () => guests.names(),
+      })
+    : undefined;
   const network = config.upstream === undefined ? undefined : await startRecordedNetwork(config.upstream, log);
   const warnings = new ThrottledWarning(log);
   const auditFile = config.auditLog === undefined ? undefined : await openAuditLog(config.auditLog, warnings);

@@ -12,6 +12,8 @@ import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/pr
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
 import { heldHttpUpstream, listenForTest, plainGet as get, startUpstream } from "../helpers/upstream.js";
+import { basic, credentialsOf, startGuestsProxy } from "../helpers/guests.js";
+import { createHttpHooks } from "../../src/index.js";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 
@@ -148,6 +150,49 @@ describe("metrics", () => {
     expect(await open("h2")).toBe(1);
     for (const session of h2Sessions) session.close();
     expect(await reaches("h2", 0)).toBe(0);
+  });
+
+  it("drops a removed guest's upstream-connections series once its connections close, and keeps the kept guest's", async () => {
+    const h1 = createHttpServer((req, res) => {
+      req.resume();
+      res.end("ok");
+    });
+    const h1Port = await listenForTest(h1);
+    const proxy = await startGuestsProxy({ keep: { allowedInternalHosts: ["api.test"] }, drop: { allowedInternalHosts: ["api.test"] } }, { logLevel: "warn", metrics: true });
+    /** A plain forward-proxy GET as `guest`: its pool keeps the upstream connection afterwards. */
+    const getAs = (guest: string): Promise<number> => {
+      const { user, token } = credentialsOf(proxy, guest);
+      return new Promise((resolve, reject) => {
+        const url = `http://api.test:${h1Port}/`;
+        const req = httpRequest({ host: "127.0.0.1", port: proxy.port, path: url, agent: false, headers: { host: `api.test:${h1Port}`, "proxy-authorization": basic(user, token) } });
+        req.on("response", (res) => {
+          res.resume();
+          res.on("end", () => resolve(res.statusCode ?? 0));
+        });
+        req.on("error", reject);
+        req.end();
+      });
+    };
+    const open = async (guest: string): Promise<number | undefined> => sample(await proxy.metrics(), "egressgate_upstream_connections", { guest, protocol: "h1" });
+    expect(await getAs("keep")).toBe(200);
+    expect(await getAs("drop")).toBe(200);
+    expect(await open("keep")).toBe(1);
+    expect(await open("drop")).toBe(1);
+    const hooks = createHttpHooks({ allowedInternalHosts: ["api.test"] });
+    await proxy.reload({ guests: { keep: { httpHooks: hooks.httpHooks, env: hooks.env } }, resolve: { "api.test": ["127.0.0.1"] } });
+    // The removed guest's pool is destroyed; its series goes once the close is counted (polled: a
+    // bound for a loaded machine, not a timing claim).
+    let dropped = await open("drop");
+    for (let tries = 0; dropped !== undefined && tries < 400; tries++) {
+      await new Promise((resolve) => setTimeout(resolve, 25));
+      dropped = await open("drop");
+    }
+    expect(dropped).toBeUndefined();
+    // The kept guest's pool was retired by the reload (its connection closes once idle), and its
+    // series stays, at whatever it holds now, and counts its next connection.
+    expect(await open("keep")).toBeDefined();
+    expect(await getAs("keep")).toBe(200);
+    expect(await open("keep")).toBeGreaterThanOrEqual(1);
   });
 
   it("counts hook failures by the kind the sandbox and the hook runner report: time, memory, stack, throw and invalid, in both tiers", async () => {
