@@ -160,8 +160,8 @@ export class Pipeline {
       if (trace !== undefined) timeUpstream(trace, sentAt, location === undefined ? upstream.body : null);
       if (location === undefined) {
         if (this.phase.onResponse.length === 0) {
-          // Built field by field: a spread of the executor's answer (whose shape varies with its
-          // trailers) gave every response a hidden class of its own (src/objects.ts): 0.76× proxy CPU per request without it.
+          // Named field by field: `{ ...upstream, decision, … }` gave every response a hidden class
+          // of its own on Node 20 (src/objects.ts); a small GET now costs 0.76× the proxy CPU.
           const { status, headers, body, trailers } = upstream;
           return trailers === undefined
             ? { status, headers, body, decision: target.decision, url: request.url, redirects }
