@@ -202,14 +202,23 @@ function laneFor(run: H2RateRun): H2Lane {
 function sessionOf(setup: H2Setup, run: H2RateRun, lane: H2Lane, i: number, opening: Map<number, Promise<ClientHttp2Session>>): Promise<ClientHttp2Session> {
   const current = lane.sessions[i];
   if (current !== undefined && !current.closed && !current.destroyed) return Promise.resolve(current);
+  return openShared(lane.sessions, i, opening, lane, () => openSession(setup, run.target, new URL(run.url)));
+}
+
+/**
+ * Opens slot `i` of a lane once for all its concurrent callers: `open()` is called by the first,
+ * counted as a connect, and its result stored in `slots[i]`; a failure reaches every caller and
+ * lets the next call try again.
+ */
+export function openShared<T>(slots: (T | undefined)[], i: number, opening: Map<number, Promise<T>>, lane: { connects: number }, open: () => Promise<T>): Promise<T> {
   let pending = opening.get(i);
   if (pending === undefined) {
     lane.connects += 1;
-    pending = openSession(setup, run.target, new URL(run.url)).then(
-      (session) => {
-        lane.sessions[i] = session;
+    pending = open().then(
+      (made) => {
+        slots[i] = made;
         opening.delete(i);
-        return session;
+        return made;
       },
       (error: unknown) => {
         opening.delete(i);

@@ -22,7 +22,7 @@
  */
 import { createHistogram, performance, type RecordableHistogram } from "node:perf_hooks";
 import { connect as tlsConnect, type TLSSocket } from "node:tls";
-import { connectThrough, laneSummaries, runLaneWindow, type H2Result, type H2Setup, type LaneSummary } from "./h2-load.js";
+import { connectThrough, laneSummaries, openShared, runLaneWindow, type H2Result, type H2Setup, type LaneSummary } from "./h2-load.js";
 
 export interface RawRateRun {
   readonly kind: "rawrate";
@@ -353,25 +353,11 @@ function connectionOf(setup: H2Setup, run: RawRateRun, lane: RawLane, i: number,
     if (current.inFlight > 0 || performance.now() - current.idleSince <= maxIdleMs) return Promise.resolve(current);
     current.close();
   }
-  let pending = opening.get(i);
-  if (pending === undefined) {
-    lane.connects += 1;
+  return openShared(lane.connections, i, opening, lane, async () => {
     const url = new URL(run.url);
-    pending = tunnelTls(setup, run.target, url, run.protocol === "h1" ? "http/1.1" : "h2").then(
-      (socket) => {
-        const made = run.protocol === "h1" ? new RawH1(socket, url, run.expectedBytes) : new RawH2(socket, url, run.expectedBytes);
-        lane.connections[i] = made;
-        opening.delete(i);
-        return made;
-      },
-      (error: unknown) => {
-        opening.delete(i);
-        throw error;
-      },
-    );
-    opening.set(i, pending);
-  }
-  return pending;
+    const socket = await tunnelTls(setup, run.target, url, run.protocol === "h1" ? "http/1.1" : "h2");
+    return run.protocol === "h1" ? new RawH1(socket, url, run.expectedBytes) : new RawH2(socket, url, run.expectedBytes);
+  });
 }
 
 export async function runRawRate(setup: H2Setup, run: RawRateRun): Promise<H2Result> {
