@@ -189,8 +189,9 @@ describe("metrics", () => {
     }
     expect(dropped).toBeUndefined();
     // The kept guest's pool was retired by the reload (its connection closes once idle), and its
-    // series stays, at whatever it holds now, and counts its next connection.
-    expect(await open("keep")).toBeDefined();
+    // series stays, at whatever it holds now (undefined would fail the comparison), and counts its
+    // next connection.
+    expect(await open("keep")).toBeGreaterThanOrEqual(0);
     expect(await getAs("keep")).toBe(200);
     expect(await open("keep")).toBeGreaterThanOrEqual(1);
   });
