@@ -70,6 +70,15 @@ function headerList(headers: IncomingHttpHeaders): HeaderList {
 }
 
 /**
+ * request() clones its options and adds the priority fields it finds missing. Fields added to a
+ * clone give every request's options a hidden class of its own on Node 20 (V8 11.3), about 10 µs
+ * a request in a profile; with every field present the clone is only read.
+ */
+const weight = constants.NGHTTP2_DEFAULT_WEIGHT;
+const endedStream = { endStream: true, weight, parent: 0, exclusive: false, silent: false } as const;
+const openStream = { endStream: false, weight, parent: 0, exclusive: false, silent: false } as const;
+
+/**
  * One request on an upstream HTTP/2 session. The response body is the stream itself (flow
  * control is its backpressure), its trailers readable once it has ended. A stream the upstream
  * refused unprocessed rejects with {@link H2Refused}, so a request without a streamed body can
@@ -79,7 +88,7 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
   const { url } = request;
   let stream: ClientHttp2Stream;
   try {
-    stream = session.request(requestHeaders(request), { endStream: request.body === null });
+    stream = session.request(requestHeaders(request), request.body === null ? endedStream : openStream);
   } catch (error) {
     options.done();
     // The session went away between choosing it and this request (ERR_HTTP2_GOAWAY_SESSION, ERR_HTTP2_INVALID_SESSION).
