@@ -3,6 +3,7 @@ import type { EventEmitter } from "node:events";
 import type { Readable } from "node:stream";
 import { EgressError } from "../errors.js";
 import type { HeaderList } from "../headers.js";
+import { requestStream } from "./h2-request-call.js";
 
 /** The request as the upstream layer needs it (the pipeline's OutboundRequest fits). */
 export interface H2UpstreamRequest {
@@ -88,7 +89,7 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
   const { url } = request;
   let stream: ClientHttp2Stream;
   try {
-    stream = session.request(requestHeaders(request), request.body === null ? endedStream : openStream);
+    stream = requestStream(session, requestHeaders(request), request.body === null ? endedStream : openStream);
   } catch (error) {
     options.done();
     // The session went away between choosing it and this request (ERR_HTTP2_GOAWAY_SESSION, ERR_HTTP2_INVALID_SESSION).
