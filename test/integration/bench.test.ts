@@ -149,4 +149,23 @@ describe("npm run bench", () => {
     expect(stdout).toMatch(/HTTP\/2 small GETs c=32 over one connection: ≥ 1\.2× the h1 figure \(same run\) \| [\d.]+×/);
     expect(stdout).toMatch(/HTTP\/2 small GETs c=32 over 8 connections from the minimal clients \(against their HTTP\/1\.1 row\): ≥ 1\.2× the h1 figure \(same run\) \| [\d.]+×/);
   }, 150_000);
+
+  // Node's own servers, no proxy: the floor that bounds the proxy's HTTP/2 ratio (docs/performance.md).
+  it.skipIf(!hasCommand("h2load"))("bench/h2-floor.ts measures Node's HTTP/1.1 and HTTP/2 servers with one client and prints the ratio per lane", async () => {
+    const stdout = await new Promise<string>((resolve, reject) => {
+      execFile(
+        process.execPath,
+        ["--import", "tsx", "bench/h2-floor.ts", "--rounds", "2", "--requests", "2000"],
+        { cwd: root, timeout: 120_000, maxBuffer: 16 * 1024 * 1024 },
+        (error, text, stderr) => (error === null ? resolve(text) : reject(new Error(`${error.message}\n${stderr}`))),
+      );
+    });
+    expect(stdout.match(/^round \d\/2: /gm)).toHaveLength(2);
+    const rows = [...stdout.matchAll(/^\| (HTTP\/[^|]+) \| ([\d.]+) \| ([\d.]+)× \(([\d.]+)–([\d.]+)×\) \|$/gm)];
+    expect(rows.map((row) => row[1]!.trim())).toEqual(["HTTP/1.1, 32 connections", "HTTP/2, 8 connections x 4 streams", "HTTP/2, 1 connection x 32 streams"]);
+    for (const row of rows) expect(Number(row[2]), row[1]).toBeGreaterThan(0);
+    // The HTTP/1.1 lane is its own baseline; the others are compared with it round by round.
+    expect(rows[0]![3]).toBe("1.00");
+    for (const row of rows.slice(1)) expect(Number(row[4])).toBeLessThanOrEqual(Number(row[5]));
+  }, 150_000);
 });
