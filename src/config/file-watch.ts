@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { readFileSync, statSync, watch, type FSWatcher } from "node:fs";
+import { readFileSync, realpathSync, statSync, watch, type FSWatcher } from "node:fs";
 import path from "node:path";
 import type { ProxyConfig } from "./document.js";
 
@@ -11,7 +11,9 @@ import type { ProxyConfig } from "./document.js";
  * look, so an audit log written next to the config cannot keep pushing the look back; and a
  * look comes at most `maxWaitMs` after the first event whatever follows. What decides is the
  * files' content, so a temp file, or a `touch`, reloads nothing. A folder that is deleted or
- * replaced (its inode changes) is watched again once it is back.
+ * replaced (its inode changes) is watched again once it is back. A file that is a symlink has its
+ * target's folder watched too (an edit there fires nothing in the link's folder), and each look
+ * follows the link again, so a link pointed elsewhere is followed to its new target.
  */
 
 /** The files a configuration was read from: the config file, every policy file, every `file:` secret. */
@@ -75,10 +77,51 @@ export function watchFiles(initial: readonly string[], options: FileWatchOptions
     timer.unref();
   };
 
+  /** The names that matter in each watched folder: the files', and their symlinks' targets'. */
+  let names = new Map<string, ReadonlySet<string>>();
+
   /** Whether an event in `folder` naming `name` may concern a watched file. */
   const concerns = (folder: string, name: string | null): boolean => {
     if (name === null || name.startsWith("..") || name === path.basename(folder)) return true;
-    return files.some((file) => path.dirname(file) === folder && path.basename(file) === name);
+    return names.get(folder)?.has(name) ?? false;
+  };
+
+  /** Each file's folder, and its target's when it is a symlink (a chain's middle links are not followed). */
+  const wantedNames = (): Map<string, Set<string>> => {
+    const wanted = new Map<string, Set<string>>();
+    const add = (file: string): void => {
+      const folder = path.dirname(file);
+      const inFolder = wanted.get(folder) ?? new Set<string>();
+      inFolder.add(path.basename(file));
+      wanted.set(folder, inFolder);
+    };
+    for (const file of files) {
+      add(file);
+      let target: string | undefined;
+      try {
+        target = realpathSync(file);
+      } catch {
+        target = undefined;
+      }
+      if (target !== undefined && target !== file) add(target);
+    }
+    return wanted;
+  };
+
+  /** Watches the folders the files and their targets are in now, and lets go of the others. */
+  const syncFolders = (): void => {
+    names = wantedNames();
+    for (const [folder, entry] of folders) {
+      if (names.has(folder)) continue;
+      entry.watcher?.close();
+      clearTimeout(entry.retry);
+      folders.delete(folder);
+    }
+    for (const folder of names.keys()) {
+      if (folders.has(folder)) continue;
+      folders.set(folder, { watcher: undefined, retry: undefined, warned: false, ino: undefined });
+      arm(folder);
+    }
   };
 
   /** A folder deleted or replaced since it was armed is watched again (its old watch is blind). */
@@ -102,6 +145,8 @@ export function watchFiles(initial: readonly string[], options: FileWatchOptions
   const look = (): void => {
     if (closed) return;
     firstEvent = undefined;
+    // First the links, so a target folder a swap removed (kubectl's timestamped one) is let go, not retried.
+    syncFolders();
     recheckFolders();
     const changed = files.filter((file) => {
       const now = contentOf(file);
@@ -154,18 +199,7 @@ export function watchFiles(initial: readonly string[], options: FileWatchOptions
     files = [...new Set(next.map((file) => path.resolve(file)))];
     for (const file of files) if (!seen.has(file)) seen.set(file, contentOf(file));
     for (const file of [...seen.keys()]) if (!files.includes(file)) seen.delete(file);
-    const wanted = new Set(files.map((file) => path.dirname(file)));
-    for (const [folder, entry] of folders) {
-      if (wanted.has(folder)) continue;
-      entry.watcher?.close();
-      clearTimeout(entry.retry);
-      folders.delete(folder);
-    }
-    for (const folder of wanted) {
-      if (folders.has(folder)) continue;
-      folders.set(folder, { watcher: undefined, retry: undefined, warned: false, ino: undefined });
-      arm(folder);
-    }
+    syncFolders();
   };
 
   update(initial);

@@ -1,4 +1,4 @@
-import { mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, renameSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { loadConfigFile } from "../../src/config/file.js";
@@ -89,5 +89,67 @@ describe("--watch's files", () => {
     await reported;
     expect(calls).toEqual([[watched], [watched]]);
     expect(warned).toContain("cannot watch a folder; retrying");
+  });
+
+  it("follows a symlink into another folder: an edit of its target is reported under the link's path, and so is the link pointed elsewhere", async () => {
+    const dir = tempDir();
+    for (const folder of ["config", "policies-v1", "policies-v2"]) mkdirSync(join(dir, folder));
+    writeFileSync(join(dir, "policies-v1", "policy.js"), "one\n");
+    writeFileSync(join(dir, "policies-v2", "policy.js"), "two\n");
+    const link = join(dir, "config", "policy.js");
+    symlinkSync(join(dir, "policies-v1", "policy.js"), link);
+    const calls: string[][] = [];
+    const warned: string[] = [];
+    let notify: () => void = () => undefined;
+    const watch = watchFiles([link], { debounceMs: 20, warn: (msg) => warned.push(msg), onChange: (changed) => (calls.push([...changed]), notify()) });
+    onTestFinished(() => watch.close());
+    const next = (): Promise<void> => new Promise((resolve) => (notify = resolve));
+
+    // Written in place in the target's folder: nothing happens in the link's.
+    let reported = next();
+    writeFileSync(join(dir, "policies-v1", "policy.js"), "one, edited\n");
+    await reported;
+    expect(calls).toEqual([[link]]);
+
+    // The link replaced by one to the other folder (ln -sfn's rename): reported, then followed there.
+    reported = next();
+    symlinkSync(join(dir, "policies-v2", "policy.js"), `${link}.new`);
+    renameSync(`${link}.new`, link);
+    await reported;
+    expect(calls).toEqual([[link], [link]]);
+    reported = next();
+    writeFileSync(join(dir, "policies-v2", "policy.js"), "two, edited\n");
+    await reported;
+    expect(calls).toEqual([[link], [link], [link]]);
+    expect(warned).toEqual([]);
+  });
+
+  it("reports kubectl's ConfigMap swap (a ..data link renamed over) once, without warning about the folder it let go", async () => {
+    const dir = tempDir();
+    const version = (name: string, content: string): void => {
+      mkdirSync(join(dir, name));
+      writeFileSync(join(dir, name, "egressgate.yaml"), content);
+    };
+    version("..2026_12_02_01", "one\n");
+    symlinkSync("..2026_12_02_01", join(dir, "..data"));
+    const watched = join(dir, "egressgate.yaml");
+    symlinkSync("..data/egressgate.yaml", watched);
+    const calls: string[][] = [];
+    const warned: string[] = [];
+    let notify: () => void = () => undefined;
+    const watch = watchFiles([watched], { debounceMs: 20, retryMs: 20, warn: (msg) => warned.push(msg), onChange: (changed) => (calls.push([...changed]), notify()) });
+    onTestFinished(() => watch.close());
+    const reported = new Promise<void>((resolve) => (notify = resolve));
+    // kubectl's order: the new version, a new ..data link renamed over the old, the old version removed.
+    version("..2026_12_02_02", "two\n");
+    symlinkSync("..2026_12_02_02", join(dir, "..data_tmp"));
+    renameSync(join(dir, "..data_tmp"), join(dir, "..data"));
+    rmSync(join(dir, "..2026_12_02_01"), { recursive: true });
+    await reported;
+    expect(calls).toEqual([[watched]]);
+    // Past a retry period: the removed version's folder was let go, not retried with a warning.
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    expect(warned).toEqual([]);
+    expect(calls).toEqual([[watched]]);
   });
 });
