@@ -26,7 +26,12 @@ interface Ports {
   readonly h2: number;
 }
 
-function serve(keyPem: string, certPem: string): void {
+interface ServerPems {
+  readonly keyPem: string;
+  readonly certPem: string;
+}
+
+function serve({ keyPem, certPem }: ServerPems): void {
   const body = Buffer.alloc(smallBodyBytes, 120);
   const head = { "content-type": "text/plain", "content-length": String(body.length) };
   const h1 = createServer({ key: keyPem, cert: certPem, keepAliveTimeout: 60_000 }, (_req, res) => {
@@ -47,7 +52,6 @@ function serve(keyPem: string, certPem: string): void {
   };
   h1.listen(0, "127.0.0.1", ready);
   h2.listen(0, "127.0.0.1", ready);
-  process.on("disconnect", () => process.exit(0));
 }
 
 interface Lane {
@@ -73,7 +77,9 @@ function h2load(url: string, args: readonly string[], requests: number): number 
 async function main(): Promise<void> {
   const args = process.argv.slice(2);
   if (args[0] === "--serve") {
-    serve(process.env.FLOOR_KEY ?? "", process.env.FLOOR_CERT ?? "");
+    // The key comes over the IPC channel, not the environment (which /proc shows).
+    process.once("message", (pems) => serve(pems as ServerPems));
+    process.on("disconnect", () => process.exit(0));
     return;
   }
   if (!hasCommand("h2load")) {
@@ -82,33 +88,51 @@ async function main(): Promise<void> {
   }
   const flag = (name: string, fallback: number): number => {
     const at = args.indexOf(name);
-    return at < 0 ? fallback : Number(args[at + 1]);
+    if (at < 0) return fallback;
+    const value = Number(args[at + 1]);
+    if (!Number.isInteger(value) || value < 1) throw new Error(`${name} takes a whole number of at least 1, not ${String(args[at + 1])}`);
+    return value;
   };
   const rounds = flag("--rounds", 6);
   const requests = flag("--requests", 100_000);
   const caPem = await createCaCertificate("egressgate h2-floor CA");
   const signer = await LeafSigner.create({ cert: parseCertificate(caPem.certPem), key: await importKeyPair(caPem.keyPem) }, "ecdsa");
   const leaf = await signer.sign("127.0.0.1", 1);
-  const child: ChildProcess = fork(new URL(import.meta.url), ["--serve"], {
-    execArgv: ["--import", "tsx"],
-    env: { ...process.env, FLOOR_KEY: signer.leafKey.privateKeyPem, FLOOR_CERT: leaf.certPem },
-  });
+  const child: ChildProcess = fork(new URL(import.meta.url), ["--serve"], { execArgv: ["--import", "tsx"] });
+  // A child that is gone makes send() and disconnect() emit 'error': the exit says why instead.
+  child.on("error", () => undefined);
+  const serverCpu = (): number => {
+    const seconds = cpuSeconds(child.pid);
+    if (seconds === undefined) throw new Error("the floor's servers are gone");
+    return seconds;
+  };
   try {
     const ports = await new Promise<Ports>((resolve, reject) => {
-      child.once("message", (message) => resolve(message as Ports));
-      child.once("exit", (code) => reject(new Error(`the floor's servers exited (${code})`)));
+      const timer = setTimeout(() => reject(new Error("the floor's servers did not start within 30 s")), 30_000);
+      child.once("message", (message) => {
+        clearTimeout(timer);
+        resolve(message as Ports);
+      });
+      child.once("exit", (code) => {
+        clearTimeout(timer);
+        reject(new Error(`the floor's servers exited (${code})`));
+      });
+      child.send({ keyPem: signer.leafKey.privateKeyPem, certPem: leaf.certPem } satisfies ServerPems);
     });
     const url = (lane: Lane): string => `https://127.0.0.1:${ports[lane.port]}/small`;
-    for (const lane of lanes) h2load(url(lane), lane.args, 5_000);
+    for (const lane of lanes) {
+      const warm = h2load(url(lane), lane.args, 5_000);
+      if (warm < 5_000) throw new Error(`${lane.name}: ${warm} of 5000 warm-up requests answered 2xx`);
+    }
     const perRequest = new Map<string, number[]>(lanes.map((lane) => [lane.name, []]));
     for (let round = 0; round < rounds; round++) {
       const order = round % 2 === 0 ? lanes : [...lanes].reverse();
       const line: string[] = [];
       for (const lane of order) {
-        const before = cpuSeconds(child.pid) ?? 0;
+        const before = serverCpu();
         const ok = h2load(url(lane), lane.args, requests);
-        const micros = (((cpuSeconds(child.pid) ?? 0) - before) * 1e6) / Math.max(ok, 1);
         if (ok < requests) throw new Error(`${lane.name}: ${ok} of ${requests} requests answered 2xx`);
+        const micros = ((serverCpu() - before) * 1e6) / ok;
         perRequest.get(lane.name)!.push(micros);
         line.push(`${lane.name} ${micros.toFixed(1)} µs`);
       }
@@ -125,7 +149,8 @@ async function main(): Promise<void> {
       console.log(`| ${lane.name} | ${median(values).toFixed(1)} | ${median(ratios).toFixed(2)}× (${range}) |`);
     }
   } finally {
-    child.disconnect();
+    if (child.connected) child.disconnect();
+    else child.kill();
   }
 }
 
