@@ -30,7 +30,7 @@ export const defaults = Object.freeze({
   }),
   maxHttpBodyBytes: 64 * 1024 * 1024,
   maxHttpResponseBodyBytes: 64 * 1024 * 1024,
-  limits: Object.freeze({ connectionsPerSource: 256, pipelinedRequests: 16 }),
+  limits: Object.freeze({ connectionsPerSource: 256, pipelinedRequests: 16, h2Streams: 100, h2HeaderListBytes: 64 * 1024, h2SessionMemoryMiB: 10, h2ResetsPer10s: 200 }),
   /** A recorded network's choices (README, "Recorded network"). */
   upstream: Object.freeze({
     record: Object.freeze({ cookies: false }),

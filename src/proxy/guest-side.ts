@@ -58,6 +58,7 @@ export class GuestSide {
       guests: deps.guests,
       redact: deps.redact,
       idleMs: deps.config.timeouts.idleMs,
+      limits: deps.config.limits,
       nextId: () => this.nextId++,
       started: () => (this.inFlight += 1),
       ended: () => {

@@ -14,7 +14,7 @@ import { loggableTarget, type TunnelTarget } from "./guest-request.js";
 import type { GuestRegistry } from "./guests.js";
 import { h2OutboundRequest } from "./h2-request.js";
 import { sendH2Error, sendH2Response } from "./h2-respond.js";
-import { h2Codes, h2Limits, h2ServerOptions } from "./h2-settings.js";
+import { h2Codes, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h2-settings.js";
 import { tunnelOf } from "./tunnel.js";
 
 export interface H2GuestDeps {
@@ -23,6 +23,8 @@ export interface H2GuestDeps {
   readonly guests: GuestRegistry;
   readonly redact: (text: string) => string;
   readonly idleMs: number;
+  /** `limits.h2*`: the stream cap, the header list, the session memory, the reset rate. */
+  readonly limits: H2ConfiguredLimits;
   /** The decision log's request ids, shared with the HTTP/1.1 side. */
   readonly nextId: () => number;
   /** A stream's pipeline work started and ended: the proxy's drain waits for these too. */
@@ -77,7 +79,7 @@ export class H2Guests {
   private arriving: TLSSocket | undefined;
 
   constructor(private readonly deps: H2GuestDeps) {
-    this.server = createServer(h2ServerOptions());
+    this.server = createServer(h2ServerOptions(deps.limits));
     this.server.on("session", (session: ServerHttp2Session) => this.track(session));
     this.server.on("stream", (stream: ServerHttp2Stream, _headers: unknown, _flags: number, raw: string[]) => this.onStream(stream, raw));
     this.server.on("sessionError", (error: Error) => deps.log.debug("guest h2 session error", { error }));
@@ -131,7 +133,7 @@ export class H2Guests {
       tunnel,
       running: 0,
       refused: 0,
-      resets: new WindowCounter(h2Limits.maxResetsPerWindow),
+      resets: new WindowCounter(this.deps.limits.h2ResetsPer10s),
       pings: new WindowCounter(h2Limits.maxPingsPerWindow),
       settings: new WindowCounter(h2Limits.maxSettingsPerWindow),
     };
@@ -174,25 +176,29 @@ export class H2Guests {
       stream.close(h2Codes.refusedStream);
       return;
     }
-    if (state.running >= h2Limits.maxRunningStreams) {
+    // The running work per connection is capped at the stream limit, counting streams the guest reset.
+    if (state.running >= this.deps.limits.h2Streams) {
       // The stream limit counts open streams only; a guest that resets each stream at once keeps
       // it free while the work behind every reset still runs (CVE-2023-44487).
       stream.close(h2Codes.refusedStream);
       if (++state.refused > h2Limits.maxRefusedStreams) this.calm(session, "streams refused past the running-work cap (rapid reset)");
       return;
     }
-    if (headerListSize(raw) > h2Limits.maxHeaderListSize) {
+    const maxHeaderList = this.deps.limits.h2HeaderListBytes;
+    if (headerListSize(raw) > maxHeaderList) {
       // nghttp2 decodes whatever the table references (an HPACK bomb is small on the wire), and
       // Node does not hold the decoded list to SETTINGS_MAX_HEADER_LIST_SIZE: refused here, as an
       // HTTP/1.1 head over 64 KiB is, before any pipeline work.
-      sendH2Error(stream, new EgressError("EG_HEADERS_TOO_LARGE", 431, `the request's header list exceeds ${h2Limits.maxHeaderListSize} bytes`), false);
+      sendH2Error(stream, new EgressError("EG_HEADERS_TOO_LARGE", 431, `the request's header list exceeds ${maxHeaderList} bytes`), false);
       if (!stream.endAfterHeaders) stream.close(h2Codes.noError);
       return;
     }
     // One close listener per stream, for the reset count and the request's own (watch.onClose).
     const watch: StreamWatch = { ours: false, onClose: undefined };
     stream.once("close", () => {
-      if (!watch.ours && stream.rstCode !== h2Codes.noError && !stream.writableFinished && state.resets.over(performance.now())) {
+      // `aborted`: closed while the response was still being written (Node ends the writable side
+      // itself on a reset, so writableFinished is true then too, and never told resets apart).
+      if (!watch.ours && stream.rstCode !== h2Codes.noError && stream.aborted && state.resets.over(performance.now())) {
         this.calm(session, "stream resets past the limit (rapid reset)");
       }
       watch.onClose?.();

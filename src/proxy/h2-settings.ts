@@ -1,28 +1,28 @@
 import { constants, type ServerOptions } from "node:http2";
 
+/** The guest-side HTTP/2 limits that `limits.h2*` sets (README "HTTP/2 and gRPC"). */
+export interface H2ConfiguredLimits {
+  /** SETTINGS_MAX_CONCURRENT_STREAMS, and the pipeline work running per connection. */
+  readonly h2Streams: number;
+  /** SETTINGS_MAX_HEADER_LIST_SIZE; a longer request header list is answered 431. */
+  readonly h2HeaderListBytes: number;
+  /** MiB of nghttp2 state and queued frames per connection; past it new streams are refused. */
+  readonly h2SessionMemoryMiB: number;
+  /** Streams a guest may reset per 10 s before GOAWAY(ENHANCE_YOUR_CALM). */
+  readonly h2ResetsPer10s: number;
+}
+
 /**
- * The guest-side HTTP/2 limits (README "HTTP/2 and gRPC"). Node's own defaults are made for a
- * server that answers from memory; a proxy opens an upstream stream (and may run hooks) for each
- * guest stream, so every one of these is set explicitly rather than left to Node.
+ * The guest-side HTTP/2 limits. Node's own defaults are made for a server that answers from
+ * memory; a proxy opens an upstream stream (and may run hooks) for each guest stream, so every
+ * one of these is set explicitly rather than left to Node. The configurable ones come from
+ * {@link H2ConfiguredLimits}; these are fixed.
  */
 export const h2Limits = Object.freeze({
-  /** SETTINGS_MAX_CONCURRENT_STREAMS; Node's default is unlimited. */
-  maxConcurrentStreams: 100,
-  /** SETTINGS_MAX_HEADER_LIST_SIZE, the same 64 KiB an HTTP/1.1 head may have (DESIGN §5). */
-  maxHeaderListSize: 64 * 1024,
   /** Header fields in one block (Node's own default is 128). */
   maxHeaderListPairs: 256,
-  /** MiB of nghttp2 state and queued frames per session; past it new streams are refused. */
-  maxSessionMemory: 10,
-  /**
-   * Pipeline work running per session, counting streams the guest has reset whose work has not
-   * finished yet (CVE-2023-44487: a reset frees the stream slot, not the work behind it).
-   */
-  maxRunningStreams: 100,
   /** Streams refused because the running work was at its cap, before the session gets GOAWAY. */
   maxRefusedStreams: 100,
-  /** Streams the guest may reset per {@link h2Limits.windowMs}, before GOAWAY(ENHANCE_YOUR_CALM). */
-  maxResetsPerWindow: 200,
   /** SETTINGS frames per window. */
   maxSettingsPerWindow: 100,
   /** PING frames per window. */
@@ -30,17 +30,18 @@ export const h2Limits = Object.freeze({
   windowMs: 10_000,
 });
 
-/** The http2.Server options derived from {@link h2Limits}. */
-export function h2ServerOptions(): ServerOptions {
+/** The http2.Server options for these limits. */
+export function h2ServerOptions(limits: H2ConfiguredLimits): ServerOptions {
   return {
-    maxSessionMemory: h2Limits.maxSessionMemory,
+    maxSessionMemory: limits.h2SessionMemoryMiB,
     maxHeaderListPairs: h2Limits.maxHeaderListPairs,
     // Frames that nghttp2 refuses as invalid, and streams it refuses itself, end the session sooner.
     maxSessionInvalidFrames: 100,
     maxSessionRejectedStreams: 100,
     settings: {
-      maxConcurrentStreams: h2Limits.maxConcurrentStreams,
-      maxHeaderListSize: h2Limits.maxHeaderListSize,
+      // Node's default is unlimited.
+      maxConcurrentStreams: limits.h2Streams,
+      maxHeaderListSize: limits.h2HeaderListBytes,
       // Server push is never used: a guest must not be sent anything it did not ask for.
       enablePush: false,
     },

@@ -1,4 +1,6 @@
+import { once } from "node:events";
 import { describe, expect, it } from "vitest";
+import { h2ServerOptions } from "../../src/proxy/h2-settings.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { flag, frame, frameType, indexed, literal, literalIndexed, ping, rstStream, RawH2, requestBlock, settings } from "../helpers/h2-frames.js";
 import { startTestProxy, type TestProxy } from "../helpers/proxy.js";
@@ -231,5 +233,81 @@ describe("HTTP/2 hardening: each attack ends only its own connection, while anot
     await normal.stop();
     expect(counted.written()).toBeLessThan(total / 4);
     await othersServed(proxy, authority);
+  });
+});
+
+describe("limits.h2*: the configured limits replace the defaults, and each still ends only its own connection", () => {
+  const limits = { h2Streams: 7, h2HeaderListBytes: 8192, h2SessionMemoryMiB: 2, h2ResetsPer10s: 20 };
+
+  it("the guest is told the stream and header-list limits, and a header list over the configured size is refused", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { limits });
+    const authority = `api.test:${upstream.port}`;
+    const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+    if (session.remoteSettings.maxConcurrentStreams !== limits.h2Streams) await once(session, "remoteSettings");
+    expect(session.remoteSettings.maxConcurrentStreams).toBe(limits.h2Streams);
+    expect(session.remoteSettings.maxHeaderListSize).toBe(limits.h2HeaderListBytes);
+    // Under the default 64 KiB, over the configured 8 KiB: a 431, or the stream reset by nghttp2.
+    const over = await h2Request(session, { ":path": "/echo", "x-big": "z".repeat(10_000) }).then(
+      (answer) => answer.status,
+      (error: Error) => error.message,
+    );
+    expect(String(over)).toMatch(/^431$|ENHANCE_YOUR_CALM|code 11/);
+    expect((await h2Request(session, { ":path": "/echo", "x-small": "z".repeat(4_000) })).status).toBe(200);
+    expect(upstream.hits()).toBe(1);
+    await othersServed(proxy, authority);
+  });
+
+  it("the running-work cap follows h2Streams: past 7 running streams new ones are refused before any hook", async () => {
+    let hookCalls = 0;
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        onRequest: async (request) => {
+          if (!request.url.includes("hold")) return;
+          hookCalls += 1;
+          await released;
+        },
+      },
+      { limits },
+    );
+    const authority = `api.test:${upstream.port}`;
+    const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    for (let i = 0; i < 150; i++) {
+      const id = 2 * i + 1;
+      if (!attacker.write(Buffer.concat([frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/echo?hold")), rstStream(id, code.cancel)]))) break;
+    }
+    await attacker.until((c) => c.closed);
+    expect(hookCalls).toBe(limits.h2Streams);
+    expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("running-work cap"))).toBe(true);
+    release();
+    await othersServed(proxy, authority);
+  });
+
+  it("resets past h2ResetsPer10s end the connection, where the default of 200 would not", async () => {
+    const silent = silentRoute();
+    const upstream = await startUpstream({ routes: { "/silent": silent.route } });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { limits: { h2ResetsPer10s: limits.h2ResetsPer10s } });
+    const authority = `api.test:${upstream.port}`;
+    const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    // 60 streams: under the default 100 running and 200 resets, over the configured 20 resets.
+    for (let i = 0; i < 60; i++) {
+      const id = 2 * i + 1;
+      attacker.write(Buffer.concat([frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/silent")), rstStream(id, code.cancel)]));
+    }
+    await attacker.until((c) => c.closed);
+    expectCalm(attacker);
+    expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("stream resets past the limit"))).toBe(true);
+    await othersServed(proxy, authority);
+  });
+
+  it("the session memory limit reaches Node's server options", () => {
+    expect(h2ServerOptions({ h2Streams: 3, h2HeaderListBytes: 4096, h2SessionMemoryMiB: 2, h2ResetsPer10s: 5 })).toMatchObject({
+      maxSessionMemory: 2,
+      settings: { maxConcurrentStreams: 3, maxHeaderListSize: 4096, enablePush: false },
+    });
   });
 });
