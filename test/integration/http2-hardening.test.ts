@@ -96,6 +96,14 @@ function expectCalm(client: RawH2): void {
   if (goaway !== undefined) expect(goaway.code).toBe(code.enhanceYourCalm);
 }
 
+/** Opens `count` streams to `path`, each reset at once (CANCEL); stops once the proxy has closed the connection. */
+function openAndReset(attacker: RawH2, authority: string, path: string, count: number): void {
+  for (let i = 0; i < count; i++) {
+    const id = 2 * i + 1;
+    if (!attacker.write(Buffer.concat([frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, path)), rstStream(id, code.cancel)]))) break;
+  }
+}
+
 describe("HTTP/2 hardening: each attack ends only its own connection, while another guest keeps getting its 200s", () => {
   it("rapid reset (CVE-2023-44487): a guest opening and resetting streams in a loop gets GOAWAY(ENHANCE_YOUR_CALM)", async () => {
     const silent = silentRoute();
@@ -103,11 +111,7 @@ describe("HTTP/2 hardening: each attack ends only its own connection, while anot
     const normal = await bystander(proxy, authority);
     const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
     const attempts = 2000;
-    for (let i = 0; i < attempts; i++) {
-      const id = 2 * i + 1;
-      const burst = Buffer.concat([frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/silent")), rstStream(id, code.cancel)]);
-      if (!attacker.write(burst)) break;
-    }
+    openAndReset(attacker, authority, "/silent", attempts);
     await attacker.until((c) => c.closed);
     expect(attacker.closed).toBe(true);
     expectCalm(attacker);
@@ -133,10 +137,7 @@ describe("HTTP/2 hardening: each attack ends only its own connection, while anot
     });
     const authority = `api.test:${upstream.port}`;
     const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
-    for (let i = 0; i < 400; i++) {
-      const id = 2 * i + 1;
-      if (!attacker.write(Buffer.concat([frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/echo")), rstStream(id, code.cancel)]))) break;
-    }
+    openAndReset(attacker, authority, "/echo", 400);
     await attacker.until((c) => c.closed);
     expectCalm(attacker);
     // Exactly the cap ran; every later stream was refused before any hook saw it.
@@ -276,10 +277,7 @@ describe("limits.h2*: the configured limits replace the defaults, and each still
     );
     const authority = `api.test:${upstream.port}`;
     const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
-    for (let i = 0; i < 150; i++) {
-      const id = 2 * i + 1;
-      if (!attacker.write(Buffer.concat([frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/echo?hold")), rstStream(id, code.cancel)]))) break;
-    }
+    openAndReset(attacker, authority, "/echo?hold", 150);
     await attacker.until((c) => c.closed);
     expect(hookCalls).toBe(limits.h2Streams);
     expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("running-work cap"))).toBe(true);
@@ -294,10 +292,7 @@ describe("limits.h2*: the configured limits replace the defaults, and each still
     const authority = `api.test:${upstream.port}`;
     const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
     // 60 streams: under the default 100 running and 200 resets, over the configured 20 resets.
-    for (let i = 0; i < 60; i++) {
-      const id = 2 * i + 1;
-      attacker.write(Buffer.concat([frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/silent")), rstStream(id, code.cancel)]));
-    }
+    openAndReset(attacker, authority, "/silent", 60);
     await attacker.until((c) => c.closed);
     expectCalm(attacker);
     expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("stream resets past the limit"))).toBe(true);
