@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { readFileSync, realpathSync, statSync, watch, type FSWatcher } from "node:fs";
+import { lstatSync, readFileSync, readlinkSync, statSync, watch, type FSWatcher } from "node:fs";
 import path from "node:path";
 import type { ProxyConfig } from "./document.js";
 
@@ -11,9 +11,10 @@ import type { ProxyConfig } from "./document.js";
  * look, so an audit log written next to the config cannot keep pushing the look back; and a
  * look comes at most `maxWaitMs` after the first event whatever follows. What decides is the
  * files' content, so a temp file, or a `touch`, reloads nothing. A folder that is deleted or
- * replaced (its inode changes) is watched again once it is back. A file that is a symlink has its
- * target's folder watched too (an edit there fires nothing in the link's folder), and each look
- * follows the link again, so a link pointed elsewhere is followed to its new target.
+ * replaced (its inode changes) is watched again once it is back. A file reached through symlinks
+ * has every link's folder watched too (an edit of the target fires nothing in the link's
+ * folder), and each look follows the links again, so a link pointed elsewhere is followed to
+ * its new target.
  */
 
 /** The files a configuration was read from: the config file, every policy file, every `file:` secret. */
@@ -86,7 +87,11 @@ export function watchFiles(initial: readonly string[], options: FileWatchOptions
     return names.get(folder)?.has(name) ?? false;
   };
 
-  /** Each file's folder, and its target's when it is a symlink (a chain's middle links are not followed). */
+  /**
+   * Each file's folder, and every link on the way to what it reads: each hop of a chain of
+   * symlinks (a dangling last hop included, so its target appearing counts), and each folder on
+   * the way that is itself a link (`current -> releases/42`), watched in its parent for a swap.
+   */
   const wantedNames = (): Map<string, Set<string>> => {
     const wanted = new Map<string, Set<string>>();
     const add = (file: string): void => {
@@ -95,15 +100,27 @@ export function watchFiles(initial: readonly string[], options: FileWatchOptions
       inFolder.add(path.basename(file));
       wanted.set(folder, inFolder);
     };
-    for (const file of files) {
-      add(file);
-      let target: string | undefined;
+    const isLink = (at: string): boolean => {
       try {
-        target = realpathSync(file);
+        return lstatSync(at).isSymbolicLink();
       } catch {
-        target = undefined;
+        return false;
       }
-      if (target !== undefined && target !== file) add(target);
+    };
+    for (const file of files) {
+      let hop = file;
+      // As many hops as the kernel follows (ELOOP past it): a loop ends here too.
+      for (let hops = 0; hops < 40; hops++) {
+        add(hop);
+        for (let folder = path.dirname(hop); folder !== path.dirname(folder); folder = path.dirname(folder)) if (isLink(folder)) add(folder);
+        let target: string;
+        try {
+          target = readlinkSync(hop);
+        } catch {
+          break; // not a link (EINVAL), or nothing there yet
+        }
+        hop = path.resolve(path.dirname(hop), target);
+      }
     }
     return wanted;
   };

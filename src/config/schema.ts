@@ -63,7 +63,7 @@ const limitsNode = object(
     h2Streams: integer(1, 10_000, "HTTP/2 streams one guest connection may have open, and pipeline work running, resets counted (REFUSED_STREAM beyond).", {
       default: defaults.limits.h2Streams,
     }),
-    h2HeaderListBytes: integer(4096, 1024 * 1024, "Bytes of one HTTP/2 request's header list, as HPACK decodes it (431 beyond).", {
+    h2HeaderListBytes: integer(4096, 1024 * 1024, "Bytes of one HTTP/2 request's header list, as HPACK decodes it (the stream reset, or 431, beyond; one field stays under 64 KiB whatever this says).", {
       default: defaults.limits.h2HeaderListBytes,
     }),
     h2SessionMemoryMiB: integer(1, 1024, "MiB of HTTP/2 state and queued frames one guest connection may hold (new streams refused beyond).", {

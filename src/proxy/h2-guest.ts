@@ -176,7 +176,6 @@ export class H2Guests {
       stream.close(h2Codes.refusedStream);
       return;
     }
-    // The running work per connection is capped at the stream limit, counting streams the guest reset.
     if (state.running >= this.deps.limits.h2Streams) {
       // The stream limit counts open streams only; a guest that resets each stream at once keeps
       // it free while the work behind every reset still runs (CVE-2023-44487).
@@ -186,9 +185,10 @@ export class H2Guests {
     }
     const maxHeaderList = this.deps.limits.h2HeaderListBytes;
     if (headerListSize(raw) > maxHeaderList) {
-      // nghttp2 decodes whatever the table references (an HPACK bomb is small on the wire), and
-      // Node does not hold the decoded list to SETTINGS_MAX_HEADER_LIST_SIZE: refused here, as an
-      // HTTP/1.1 head over 64 KiB is, before any pipeline work.
+      // nghttp2 decodes whatever the table references (an HPACK bomb is small on the wire). Node
+      // resets a stream past SETTINGS_MAX_HEADER_LIST_SIZE only once the guest has acknowledged
+      // our SETTINGS: before that, refused here, as an HTTP/1.1 head over 64 KiB is, before any
+      // pipeline work.
       sendH2Error(stream, new EgressError("EG_HEADERS_TOO_LARGE", 431, `the request's header list exceeds ${maxHeaderList} bytes`), false);
       if (!stream.endAfterHeaders) stream.close(h2Codes.noError);
       return;
@@ -196,9 +196,10 @@ export class H2Guests {
     // One close listener per stream, for the reset count and the request's own (watch.onClose).
     const watch: StreamWatch = { ours: false, onClose: undefined };
     stream.once("close", () => {
-      // `aborted`: closed while the response was still being written (Node ends the writable side
-      // itself on a reset, so writableFinished is true then too, and never told resets apart).
-      if (!watch.ours && stream.rstCode !== h2Codes.noError && stream.aborted && state.resets.over(performance.now())) {
+      // `aborted`: closed before the proxy ended its response, whatever the code (a reset with
+      // NO_ERROR counts too). Node ends a reset stream's writable side itself, so writableFinished
+      // cannot tell a reset from a response sent whole.
+      if (!watch.ours && stream.aborted && state.resets.over(performance.now())) {
         this.calm(session, "stream resets past the limit (rapid reset)");
       }
       watch.onClose?.();
@@ -208,6 +209,7 @@ export class H2Guests {
     void this.handle(stream, raw, state.tunnel, watch)
       .catch((error: unknown) => {
         this.deps.log.error("internal error", { error, stack: (error as Error)?.stack });
+        watch.ours = true;
         if (!stream.destroyed) stream.close(h2Codes.internalError);
       })
       .finally(() => {
@@ -241,7 +243,7 @@ export class H2Guests {
     watch.onClose = () => {
       // A response sent whole closes its stream before sendH2Response's own listener settles it:
       // aborting then would only build an Error that nobody reads, about 2% of the proxy's CPU.
-      if (!finished && !(stream.writableFinished && stream.rstCode === h2Codes.noError)) abort.abort();
+      if (!finished && !(stream.writableFinished && stream.rstCode === h2Codes.noError && !stream.aborted)) abort.abort();
     };
     let guestName: string | undefined;
     try {
@@ -301,7 +303,9 @@ export class H2Guests {
       if (raw502.status >= 500 && !(error instanceof EgressError)) this.deps.log.error("internal error", { id, error });
       const err = guestError(raw502, this.deps.redact);
       finished = true;
-      if (stream.headersSent) resetByUs();
+      // Any close from here on is ours: the reset of a stream whose head went out, or the one
+      // sendH2Error makes when Node refuses to encode the answer.
+      resetByUs();
       const errorBytes = sendH2Error(stream, err, grpc);
       this.finishRequestBody(stream, resetByUs);
       decide({

@@ -92,7 +92,8 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     settle(new Error("the upstream body closed before its end"));
   });
   stream.once("close", () => {
-    if (stream.writableFinished && stream.rstCode === h2Codes.noError) settle();
+    // A reset with NO_ERROR mid-response ends the writable side too: `aborted` tells them apart.
+    if (stream.writableFinished && stream.rstCode === h2Codes.noError && !stream.aborted) settle();
     else {
       discardBody(body);
       settle(new Error("guest reset the stream before the response was complete"));

@@ -4,7 +4,7 @@ import { constants, type ServerOptions } from "node:http2";
 export interface H2ConfiguredLimits {
   /** SETTINGS_MAX_CONCURRENT_STREAMS, and the pipeline work running per connection. */
   readonly h2Streams: number;
-  /** SETTINGS_MAX_HEADER_LIST_SIZE; a longer request header list is answered 431. */
+  /** SETTINGS_MAX_HEADER_LIST_SIZE; a longer request header list gets its stream reset, or 431. */
   readonly h2HeaderListBytes: number;
   /** MiB of nghttp2 state and queued frames per connection; past it new streams are refused. */
   readonly h2SessionMemoryMiB: number;

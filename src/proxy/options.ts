@@ -49,7 +49,7 @@ export interface ConnectionLimitOptions {
   readonly pipelinedRequests?: number;
   /** HTTP/2 streams one guest connection may have open (SETTINGS_MAX_CONCURRENT_STREAMS), and pipeline work running, resets counted. Default 100. */
   readonly h2Streams?: number;
-  /** Bytes of one HTTP/2 request's decoded header list (SETTINGS_MAX_HEADER_LIST_SIZE); 431 beyond. Default 65536. */
+  /** Bytes of one HTTP/2 request's decoded header list (SETTINGS_MAX_HEADER_LIST_SIZE); the stream reset, or 431, beyond. Default 65536. */
   readonly h2HeaderListBytes?: number;
   /** MiB of HTTP/2 state and queued frames per guest connection; new streams are refused beyond. Default 10. */
   readonly h2SessionMemoryMiB?: number;

@@ -152,4 +152,41 @@ describe("--watch's files", () => {
     expect(warned).toEqual([]);
     expect(calls).toEqual([[watched]]);
   });
+
+  it("follows a symlinked folder swapped to another release, and a dangling link whose target appears", async () => {
+    const dir = tempDir();
+    for (const folder of ["releases", "releases/41", "releases/42", "secrets"]) mkdirSync(join(dir, folder));
+    writeFileSync(join(dir, "releases", "41", "policy.js"), "41\n");
+    writeFileSync(join(dir, "releases", "42", "policy.js"), "42\n");
+    symlinkSync(join(dir, "releases", "41"), join(dir, "current"));
+    const policy = join(dir, "current", "policy.js");
+    // A secret whose link points at a file not written yet.
+    const secret = join(dir, "token");
+    symlinkSync(join(dir, "secrets", "token"), secret);
+    const calls: string[][] = [];
+    const warned: string[] = [];
+    let notify: () => void = () => undefined;
+    const watch = watchFiles([policy, secret], { debounceMs: 20, warn: (msg) => warned.push(msg), onChange: (changed) => (calls.push([...changed]), notify()) });
+    onTestFinished(() => watch.close());
+    const next = (): Promise<void> => new Promise((resolve) => (notify = resolve));
+
+    // The folder link swapped (a deploy's `ln -sfn releases/42 current`): nothing is written in
+    // either release folder, only the link's parent sees the rename.
+    let reported = next();
+    symlinkSync(join(dir, "releases", "42"), join(dir, "current.new"));
+    renameSync(join(dir, "current.new"), join(dir, "current"));
+    await reported;
+    expect(calls).toEqual([[policy]]);
+    reported = next();
+    writeFileSync(join(dir, "releases", "42", "policy.js"), "42, edited\n");
+    await reported;
+    expect(calls).toEqual([[policy], [policy]]);
+
+    // The dangling link's target written: an event in its folder, which nothing else names.
+    reported = next();
+    writeFileSync(join(dir, "secrets", "token"), "t0ken\n");
+    await reported;
+    expect(calls).toEqual([[policy], [policy], [secret]]);
+    expect(warned).toEqual([]);
+  });
 });
