@@ -95,6 +95,27 @@ function expectCalm(client: RawH2): void {
   if (goaway !== undefined) expect(goaway.code).toBe(code.enhanceYourCalm);
 }
 
+/**
+ * An onRequest hook that holds every request to a URL with `hold` in it until `release()`, so
+ * resetting the stream does not end its work; `held()` counts them. Released when the test ends,
+ * so a failed assertion does not leave the proxy's close waiting out its drain.
+ */
+function holdingHook(): { onRequest: (request: Request) => Promise<void>; held: () => number; release: () => void } {
+  let held = 0;
+  let release!: () => void;
+  const released = new Promise<void>((resolve) => (release = resolve));
+  onTestFinished(() => release());
+  return {
+    onRequest: async (request) => {
+      if (!request.url.includes("hold")) return;
+      held += 1;
+      await released;
+    },
+    held: () => held,
+    release: () => release(),
+  };
+}
+
 /** Opens `count` streams to `path`, each reset at once (CANCEL), written in one go; what the proxy has closed by then is not written. */
 function openAndReset(attacker: RawH2, authority: string, path: string, count: number, resetCode: number = code.cancel): void {
   for (let i = 0; i < count; i++) {
@@ -122,29 +143,18 @@ describe("HTTP/2 hardening: each attack ends only its own connection, while anot
   });
 
   it("resets do not free the work behind them: past 100 running streams new ones are refused, then the connection gets GOAWAY", async () => {
-    // Every stream waits in onRequest, so resetting it does not end its work.
-    let hookCalls = 0;
-    let release!: () => void;
-    const released = new Promise<void>((resolve) => (release = resolve));
-    // A failed assertion must not leave hooks waiting for ever (the proxy's close would wait out its drain).
-    onTestFinished(() => release());
+    const hook = holdingHook();
     const upstream = await startUpstream();
-    const proxy = await startTestProxy({
-      allowedInternalHosts: ["api.test"],
-      onRequest: async () => {
-        hookCalls += 1;
-        await released;
-      },
-    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onRequest: hook.onRequest });
     const authority = `api.test:${upstream.port}`;
     const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
-    openAndReset(attacker, authority, "/echo", 400);
+    openAndReset(attacker, authority, "/echo?hold", 400);
     await attacker.until((c) => c.closed);
     expectCalm(attacker);
     // Exactly the cap ran; every later stream was refused before any hook saw it.
-    expect(hookCalls).toBe(100);
+    expect(hook.held()).toBe(100);
     expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("running-work cap"))).toBe(true);
-    release();
+    hook.release();
     await othersServed(proxy, authority);
     expect(upstream.hits()).toBe(3);
   });
@@ -262,30 +272,16 @@ describe("limits.h2*: the configured limits replace the defaults, and each still
   });
 
   it("the running-work cap follows h2Streams: past 7 running streams new ones are refused before any hook", async () => {
-    let hookCalls = 0;
-    let release!: () => void;
-    const released = new Promise<void>((resolve) => (release = resolve));
-    // A failed assertion must not leave hooks waiting for ever (the proxy's close would wait out its drain).
-    onTestFinished(() => release());
+    const hook = holdingHook();
     const upstream = await startUpstream();
-    const proxy = await startTestProxy(
-      {
-        allowedInternalHosts: ["api.test"],
-        onRequest: async (request) => {
-          if (!request.url.includes("hold")) return;
-          hookCalls += 1;
-          await released;
-        },
-      },
-      { limits },
-    );
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onRequest: hook.onRequest }, { limits });
     const authority = `api.test:${upstream.port}`;
     const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
     openAndReset(attacker, authority, "/echo?hold", 150);
     await attacker.until((c) => c.closed);
-    expect(hookCalls).toBe(limits.h2Streams);
+    expect(hook.held()).toBe(limits.h2Streams);
     expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("running-work cap"))).toBe(true);
-    release();
+    hook.release();
     await othersServed(proxy, authority);
   });
 

@@ -5,6 +5,31 @@ import { loadConfigFile } from "../../src/config/file.js";
 import { watchedFiles, watchFiles } from "../../src/config/file-watch.js";
 import { tempDir } from "../helpers/proxy.js";
 
+/**
+ * watchFiles with a record of what it reported and warned; `next()` resolves at the next report
+ * (ask for it before the change that should cause it). Closed when the test ends.
+ */
+function recorded(files: readonly string[], retryMs?: number): { calls: string[][]; warned: string[]; next: () => Promise<void>; after: (change: () => void) => Promise<void> } {
+  const calls: string[][] = [];
+  const warned: string[] = [];
+  let notify: () => void = () => undefined;
+  const watch = watchFiles(files, {
+    debounceMs: 20,
+    ...(retryMs !== undefined ? { retryMs } : {}),
+    warn: (msg) => warned.push(msg),
+    onChange: (changed) => (calls.push([...changed]), notify()),
+  });
+  onTestFinished(() => watch.close());
+  const next = (): Promise<void> => new Promise((resolve) => (notify = resolve));
+  // The change, then the report it causes.
+  const after = async (change: () => void): Promise<void> => {
+    const reported = next();
+    change();
+    await reported;
+  };
+  return { calls, warned, next, after };
+}
+
 describe("--watch's files", () => {
   it("lists the config file, every guest's policies and hooks scripts, and file: secrets, but not env: ones", () => {
     const dir = tempDir();
@@ -27,11 +52,7 @@ describe("--watch's files", () => {
     const dir = tempDir();
     const watched = join(dir, "watched.yaml");
     writeFileSync(watched, "one\n");
-    const calls: string[][] = [];
-    let notify: () => void = () => undefined;
-    const watch = watchFiles([watched], { debounceMs: 20, warn: () => undefined, onChange: (changed) => (calls.push([...changed]), notify()) });
-    onTestFinished(() => watch.close());
-    const next = (): Promise<void> => new Promise((resolve) => (notify = resolve));
+    const { calls, next } = recorded([watched]);
 
     // A sibling's write alone is looked at, found to change nothing watched, and reported nowhere;
     // the rename that follows is what the first report is about.
@@ -70,12 +91,7 @@ describe("--watch's files", () => {
     mkdirSync(folder);
     const watched = join(folder, "egressgate.yaml");
     writeFileSync(watched, "one\n");
-    const calls: string[][] = [];
-    let notify: () => void = () => undefined;
-    const warned: string[] = [];
-    const watch = watchFiles([watched], { debounceMs: 20, retryMs: 20, warn: (msg) => warned.push(msg), onChange: (changed) => (calls.push([...changed]), notify()) });
-    onTestFinished(() => watch.close());
-    const next = (): Promise<void> => new Promise((resolve) => (notify = resolve));
+    const { calls, warned, next } = recorded([watched], 20);
     // Gone: the look finds the file missing (a change: the reload then fails and the old
     // configuration keeps serving, as the CLI does it).
     let reported = next();
@@ -98,28 +114,18 @@ describe("--watch's files", () => {
     writeFileSync(join(dir, "policies-v2", "policy.js"), "two\n");
     const link = join(dir, "config", "policy.js");
     symlinkSync(join(dir, "policies-v1", "policy.js"), link);
-    const calls: string[][] = [];
-    const warned: string[] = [];
-    let notify: () => void = () => undefined;
-    const watch = watchFiles([link], { debounceMs: 20, warn: (msg) => warned.push(msg), onChange: (changed) => (calls.push([...changed]), notify()) });
-    onTestFinished(() => watch.close());
-    const next = (): Promise<void> => new Promise((resolve) => (notify = resolve));
+    const { calls, warned, after } = recorded([link]);
 
     // Written in place in the target's folder: nothing happens in the link's.
-    let reported = next();
-    writeFileSync(join(dir, "policies-v1", "policy.js"), "one, edited\n");
-    await reported;
+    await after(() => writeFileSync(join(dir, "policies-v1", "policy.js"), "one, edited\n"));
     expect(calls).toEqual([[link]]);
-
     // The link replaced by one to the other folder (ln -sfn's rename): reported, then followed there.
-    reported = next();
-    symlinkSync(join(dir, "policies-v2", "policy.js"), `${link}.new`);
-    renameSync(`${link}.new`, link);
-    await reported;
+    await after(() => {
+      symlinkSync(join(dir, "policies-v2", "policy.js"), `${link}.new`);
+      renameSync(`${link}.new`, link);
+    });
     expect(calls).toEqual([[link], [link]]);
-    reported = next();
-    writeFileSync(join(dir, "policies-v2", "policy.js"), "two, edited\n");
-    await reported;
+    await after(() => writeFileSync(join(dir, "policies-v2", "policy.js"), "two, edited\n"));
     expect(calls).toEqual([[link], [link], [link]]);
     expect(warned).toEqual([]);
   });
@@ -134,12 +140,8 @@ describe("--watch's files", () => {
     symlinkSync("..2026_12_02_01", join(dir, "..data"));
     const watched = join(dir, "egressgate.yaml");
     symlinkSync("..data/egressgate.yaml", watched);
-    const calls: string[][] = [];
-    const warned: string[] = [];
-    let notify: () => void = () => undefined;
-    const watch = watchFiles([watched], { debounceMs: 20, retryMs: 20, warn: (msg) => warned.push(msg), onChange: (changed) => (calls.push([...changed]), notify()) });
-    onTestFinished(() => watch.close());
-    const reported = new Promise<void>((resolve) => (notify = resolve));
+    const { calls, warned, next } = recorded([watched], 20);
+    const reported = next();
     // kubectl's order: the new version, a new ..data link renamed over the old, the old version removed.
     version("..2026_12_02_02", "two\n");
     symlinkSync("..2026_12_02_02", join(dir, "..data_tmp"));
@@ -163,29 +165,19 @@ describe("--watch's files", () => {
     // A secret whose link points at a file not written yet.
     const secret = join(dir, "token");
     symlinkSync(join(dir, "secrets", "token"), secret);
-    const calls: string[][] = [];
-    const warned: string[] = [];
-    let notify: () => void = () => undefined;
-    const watch = watchFiles([policy, secret], { debounceMs: 20, warn: (msg) => warned.push(msg), onChange: (changed) => (calls.push([...changed]), notify()) });
-    onTestFinished(() => watch.close());
-    const next = (): Promise<void> => new Promise((resolve) => (notify = resolve));
+    const { calls, warned, after } = recorded([policy, secret]);
 
     // The folder link swapped (a deploy's `ln -sfn releases/42 current`): nothing is written in
     // either release folder, only the link's parent sees the rename.
-    let reported = next();
-    symlinkSync(join(dir, "releases", "42"), join(dir, "current.new"));
-    renameSync(join(dir, "current.new"), join(dir, "current"));
-    await reported;
+    await after(() => {
+      symlinkSync(join(dir, "releases", "42"), join(dir, "current.new"));
+      renameSync(join(dir, "current.new"), join(dir, "current"));
+    });
     expect(calls).toEqual([[policy]]);
-    reported = next();
-    writeFileSync(join(dir, "releases", "42", "policy.js"), "42, edited\n");
-    await reported;
+    await after(() => writeFileSync(join(dir, "releases", "42", "policy.js"), "42, edited\n"));
     expect(calls).toEqual([[policy], [policy]]);
-
     // The dangling link's target written: an event in its folder, which nothing else names.
-    reported = next();
-    writeFileSync(join(dir, "secrets", "token"), "t0ken\n");
-    await reported;
+    await after(() => writeFileSync(join(dir, "secrets", "token"), "t0ken\n"));
     expect(calls).toEqual([[policy], [policy], [secret]]);
     expect(warned).toEqual([]);
   });
