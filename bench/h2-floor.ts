@@ -132,7 +132,10 @@ async function main(): Promise<void> {
         const before = serverCpu();
         const ok = h2load(url(lane), lane.args, requests);
         if (ok < requests) throw new Error(`${lane.name}: ${ok} of ${requests} requests answered 2xx`);
-        const micros = ((serverCpu() - before) * 1e6) / ok;
+        const spent = serverCpu() - before;
+        // /proc counts in 10 ms ticks: a lane too short to move it measures nothing.
+        if (spent <= 0) throw new Error(`${lane.name}: ${requests} requests took under one CPU tick; give --requests more`);
+        const micros = (spent * 1e6) / ok;
         perRequest.get(lane.name)!.push(micros);
         line.push(`${lane.name} ${micros.toFixed(1)} µs`);
       }

@@ -155,7 +155,7 @@ describe("npm run bench", () => {
     const stdout = await new Promise<string>((resolve, reject) => {
       execFile(
         process.execPath,
-        ["--import", "tsx", "bench/h2-floor.ts", "--rounds", "2", "--requests", "2000"],
+        ["--import", "tsx", "bench/h2-floor.ts", "--rounds", "2", "--requests", "3000"],
         { cwd: root, timeout: 120_000, maxBuffer: 16 * 1024 * 1024 },
         (error, text, stderr) => (error === null ? resolve(text) : reject(new Error(`${error.message}\n${stderr}`))),
       );
