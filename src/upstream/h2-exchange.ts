@@ -37,6 +37,10 @@ export class H2Refused extends Error {
 
 // RFC 9113 §8.2.2, plus Host: HTTP/2 carries it as :authority.
 const notOnH2 = new Set(["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "host"]);
+/** RFC 9110 §5.1 field names. request() destroys its whole session on any other (shared by every guest). */
+const fieldName = /^[!#$%&'*+\-.^_`|~0-9a-z]+$/;
+/** What RFC 9113 §8.2.1 forbids in a value, and Node's http2 client sends anyway. */
+const badValue = /[\r\n\0]/;
 
 function requestHeaders(request: H2UpstreamRequest): OutgoingHttpHeaders {
   const { url } = request;
@@ -51,6 +55,8 @@ function requestHeaders(request: H2UpstreamRequest): OutgoingHttpHeaders {
     const name = list[i]!.toLowerCase();
     const value = list[i + 1]!;
     if (notOnH2.has(name) || name.startsWith(":")) continue;
+    if (!fieldName.test(name)) throw new EgressError("EG_UPSTREAM", 502, `the request has a header name HTTP/2 cannot carry: ${JSON.stringify(name.slice(0, 64))}`);
+    if (badValue.test(value)) throw new EgressError("EG_UPSTREAM", 502, `the request's ${name} header has a CR, LF or NUL, which HTTP/2 cannot carry`);
     if (name === "te" && value.trim().toLowerCase() !== "trailers") continue;
     const had = out[name];
     if (had === undefined) out[name] = value;
@@ -97,8 +103,12 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
     stream = requestStream(session, requestHeaders(request), request.body === null ? endedStream : openStream);
   } catch (error) {
     options.done();
-    // The session went away between choosing it and this request (ERR_HTTP2_GOAWAY_SESSION, ERR_HTTP2_INVALID_SESSION).
-    throw new H2Refused(`upstream session to ${url.host} is closing`, { cause: error });
+    if (error instanceof EgressError) throw error;
+    const code = (error as NodeJS.ErrnoException).code;
+    // The session went away between choosing it and this request: another may take it.
+    if (code === "ERR_HTTP2_GOAWAY_SESSION" || code === "ERR_HTTP2_INVALID_SESSION") throw new H2Refused(`upstream session to ${url.host} is closing`, { cause: error });
+    // A request Node will not encode (a header value it refuses): sending it again changes nothing.
+    throw new EgressError("EG_UPSTREAM", 502, `the request to ${url.host} could not be sent over HTTP/2: ${(error as Error).message}`, { cause: error });
   }
   let released = false;
   const release = (): void => {

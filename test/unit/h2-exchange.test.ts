@@ -1,0 +1,102 @@
+import { EventEmitter } from "node:events";
+import { connect, createServer, type ClientHttp2Session, type Http2Server } from "node:http2";
+import type { AddressInfo } from "node:net";
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from "vitest";
+import { EgressError } from "../../src/errors.js";
+import { H2Refused, sendOnSession, type H2ExchangeOptions } from "../../src/upstream/h2-exchange.js";
+
+// A cleartext h2 server on loopback; the session is one the pool would share between guests.
+let server: Http2Server;
+let origin: string;
+/** The paths the server was asked for. */
+const seen: string[] = [];
+
+beforeAll(async () => {
+  server = createServer();
+  server.on("stream", (stream, headers) => {
+    seen.push(String(headers[":path"]));
+    stream.on("error", () => undefined);
+    stream.respond({ ":status": 200 });
+    stream.end(`path ${String(headers[":path"])}`);
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+});
+
+afterAll(async () => {
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+});
+
+async function session(): Promise<ClientHttp2Session> {
+  const made = connect(origin);
+  made.on("error", () => undefined);
+  onTestFinished(() => void made.destroy());
+  await new Promise<void>((resolve) => made.once("connect", () => resolve()));
+  return made;
+}
+
+function options(): H2ExchangeOptions & { readonly released: () => number } {
+  let released = 0;
+  return {
+    headersTimeoutMs: 5_000,
+    bodyTimeoutMs: 5_000,
+    maxInformational: 10,
+    signal: Object.assign(new EventEmitter(), { aborted: false }),
+    done: () => void (released += 1),
+    released: () => released,
+  };
+}
+
+async function text(response: Awaited<ReturnType<typeof sendOnSession>>): Promise<string> {
+  let out = "";
+  for await (const chunk of response.body!) out += String(chunk);
+  return out;
+}
+
+const request = (path: string, headers: string[]) => ({ method: "GET", url: new URL(`https://api.test${path}`), headers, body: null });
+
+/** As the pool calls it, from an async function: a throw is a rejection. */
+async function send(shared: ClientHttp2Session, path: string, headers: string[], opts = options()): Promise<Awaited<ReturnType<typeof sendOnSession>>> {
+  return sendOnSession(shared, request(path, headers), false, opts);
+}
+
+describe("sendOnSession on a shared upstream session", () => {
+  it("refuses a header name HTTP/2 cannot carry with 502, not retried, and the session keeps serving", async () => {
+    const shared = await session();
+    for (const name of ["bad name", "bad\u00e9", "x-ok\r\nx-evil"]) {
+      const opts = options();
+      const failure = await send(shared, "/bad", [name, "v"], opts).catch((error: unknown) => error);
+      expect(failure, name).toBeInstanceOf(EgressError);
+      expect(failure).not.toBeInstanceOf(H2Refused);
+      expect((failure as EgressError).status).toBe(502);
+      expect(opts.released(), "the session's slot is given back").toBe(1);
+      expect(shared.destroyed, name).toBe(false);
+    }
+    expect(seen).not.toContain("/bad");
+    const good = await send(shared, "/good", ["x-ok", "v"]);
+    expect(good.status).toBe(200);
+    expect(await text(good)).toBe("path /good");
+  });
+
+  it("a header value with CR, LF or NUL is a 502 for that request (Node's client would send it), and the session goes on", async () => {
+    const shared = await session();
+    for (const value of ["a\r\nx-evil: 1", "a\nb", "a\u0000b"]) {
+      const failure = await send(shared, "/bad", ["x-value", value]).catch((error: unknown) => error);
+      expect(failure, JSON.stringify(value)).toBeInstanceOf(EgressError);
+      expect(failure).not.toBeInstanceOf(H2Refused);
+      expect((failure as EgressError).status).toBe(502);
+    }
+    // Refused before anything was sent.
+    expect(seen).not.toContain("/bad");
+    const good = await send(shared, "/after", ["x-value", "fine"]);
+    expect(await text(good)).toBe("path /after");
+    expect(shared.destroyed).toBe(false);
+  });
+
+  it("a session that is closing is a refusal another session may take", async () => {
+    const closing = await session();
+    closing.close();
+    const failure = await send(closing, "/late", []).catch((error: unknown) => error);
+    expect(failure).toBeInstanceOf(H2Refused);
+  });
+});
