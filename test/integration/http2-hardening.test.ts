@@ -251,6 +251,28 @@ describe("HTTP/2 hardening: each attack ends only its own connection, while anot
 describe("limits.h2*: the configured limits replace the defaults, and each still ends only its own connection", () => {
   const limits = { h2Streams: 7, h2HeaderListBytes: 8192, h2SessionMemoryMiB: 2, h2ResetsPer10s: 20 };
 
+  it("resets of streams already answered do not count: 60 of them leave the connection open under a limit of 20", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy(
+      { allowedInternalHosts: ["api.test"], onRequest: (request) => (request.url.includes("answer") ? new Response("early") : undefined) },
+      { limits: { h2ResetsPer10s: limits.h2ResetsPer10s } },
+    );
+    const authority = `api.test:${upstream.port}`;
+    const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    const ids = Array.from({ length: 60 }, (_, i) => 2 * i + 1);
+    // Request bodies left open (no END_STREAM): the hook answers without reading them.
+    for (const id of ids) guest.write(frame(frameType.headers, flag.endHeaders, id, requestBlock(authority, "/echo?answer", [], "POST")));
+    await guest.until((c) => ids.every((id) => c.answered(id)));
+    for (const id of ids) guest.write(rstStream(id, code.cancel));
+    // PING is answered in order: once its ACK is back, every reset before it has been seen.
+    guest.write(ping(0x5eed));
+    await guest.until((c) => c.frames.some((f) => f.type === frameType.ping && (f.flags & flag.ack) !== 0));
+    expect(guest.closed).toBe(false);
+    expect(guest.goaway()).toBeUndefined();
+    expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed")).toBe(false);
+    expect(upstream.hits()).toBe(0);
+  });
+
   it("the guest is told the stream and header-list limits, and a header list over the configured size is refused", async () => {
     const upstream = await startUpstream();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { limits });
