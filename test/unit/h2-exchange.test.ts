@@ -1,36 +1,17 @@
 import { EventEmitter } from "node:events";
-import { connect, createServer, type ClientHttp2Session, type Http2Server } from "node:http2";
-import type { AddressInfo } from "node:net";
-import { afterAll, beforeAll, describe, expect, it, onTestFinished } from "vitest";
+import type { ClientHttp2Session } from "node:http2";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { EgressError } from "../../src/errors.js";
 import { H2Refused, sendOnSession, type H2ExchangeOptions } from "../../src/upstream/h2-exchange.js";
+import { startH2cPathServer, type H2cPathServer } from "../helpers/h2c-server.js";
 
 // A cleartext h2 server on loopback; the session is one the pool would share between guests.
-let server: Http2Server;
-let origin: string;
-/** The paths the server was asked for. */
-const seen: string[] = [];
-
-beforeAll(async () => {
-  server = createServer();
-  server.on("stream", (stream, headers) => {
-    seen.push(String(headers[":path"]));
-    stream.on("error", () => undefined);
-    stream.respond({ ":status": 200 });
-    stream.end(`path ${String(headers[":path"])}`);
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-});
-
-afterAll(async () => {
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-});
+let server: H2cPathServer;
+beforeAll(async () => void (server = await startH2cPathServer()));
+afterAll(() => server.close());
 
 async function session(): Promise<ClientHttp2Session> {
-  const made = connect(origin);
-  made.on("error", () => undefined);
-  onTestFinished(() => void made.destroy());
+  const made = server.session();
   await new Promise<void>((resolve) => made.once("connect", () => resolve()));
   return made;
 }
@@ -72,7 +53,7 @@ describe("sendOnSession on a shared upstream session", () => {
       expect(opts.released(), "the session's slot is given back").toBe(1);
       expect(shared.destroyed, name).toBe(false);
     }
-    expect(seen).not.toContain("/bad");
+    expect(server.seen).not.toContain("/bad");
     const good = await send(shared, "/good", ["x-ok", "v"]);
     expect(good.status).toBe(200);
     expect(await text(good)).toBe("path /good");
@@ -87,7 +68,7 @@ describe("sendOnSession on a shared upstream session", () => {
       expect((failure as EgressError).status).toBe(502);
     }
     // Refused before anything was sent.
-    expect(seen).not.toContain("/bad");
+    expect(server.seen).not.toContain("/bad");
     const good = await send(shared, "/after", ["x-value", "fine"]);
     expect(await text(good)).toBe("path /after");
     expect(shared.destroyed).toBe(false);

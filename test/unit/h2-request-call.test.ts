@@ -1,35 +1,16 @@
 import { AsyncLocalStorage, AsyncResource, createHook, executionAsyncId } from "node:async_hooks";
-import { connect, createServer, type ClientHttp2Session, type Http2Server } from "node:http2";
-import type { AddressInfo } from "node:net";
+import type { ClientHttp2Session } from "node:http2";
 import { afterAll, beforeAll, describe, expect, it, onTestFinished, vi } from "vitest";
 import { requestStream } from "../../src/upstream/h2-request-call.js";
+import { startH2cPathServer, type H2cPathServer } from "../helpers/h2c-server.js";
 
 // A cleartext h2 server on loopback: requestStream() is about the client's request() call only.
-let server: Http2Server;
-let origin: string;
+let server: H2cPathServer;
+beforeAll(async () => void (server = await startH2cPathServer()));
+afterAll(() => server.close());
 
-beforeAll(async () => {
-  server = createServer();
-  server.on("stream", (stream, headers) => {
-    stream.on("error", () => undefined);
-    stream.respond({ ":status": 200 });
-    stream.end(`path ${String(headers[":path"])}`);
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-});
-
-afterAll(async () => {
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-});
-
-/** A session to the test server, destroyed when the test ends. */
-function session(): ClientHttp2Session {
-  const made = connect(origin);
-  made.on("error", () => undefined);
-  onTestFinished(() => void made.destroy());
-  return made;
-}
+/** A session to the test server (still connecting), destroyed when the test ends. */
+const session = (): ClientHttp2Session => server.session();
 
 /** The AsyncResource#bind in place while request() makes its PendingRequest resource. */
 function bindSeenByRequest(): { readonly seen: () => unknown } {
