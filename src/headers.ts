@@ -1,6 +1,11 @@
 /** A header list as on the wire: [name, value, name, value, …], names in their original case. */
 export type HeaderList = string[];
 
+/** An RFC 9110 §5.6.2 token: what a method or a field name must be. */
+export const httpToken = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+/** What no field value may hold: CR or LF would end the field (or the head), NUL no parser takes. */
+export const breaksFieldValue = /[\r\n\0]/;
+
 /** RFC 9110 §7.6.1 connection-specific fields, plus the de-facto proxy ones. */
 const hopByHop = new Set([
   "connection",

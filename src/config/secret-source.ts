@@ -1,5 +1,6 @@
 import { readFileSync } from "node:fs";
 import path from "node:path";
+import { breaksFieldValue } from "../headers.js";
 import type { CustomNode } from "./validate.js";
 
 /**
@@ -75,6 +76,6 @@ export function readSecret(source: string | InlineSecret, baseDir: string, env: 
 function checked(from: string, value: string): ReadSecret {
   if (value === "") return { from, reason: `is empty (from ${from})` };
   // A value goes into header fields: CR, LF and NUL would split or truncate them.
-  if (/[\r\n\0]/.test(value)) return { from, reason: `holds a line break or NUL (from ${from}); a value must fit in one header field` };
+  if (breaksFieldValue.test(value)) return { from, reason: `holds a line break or NUL (from ${from}); a value must fit in one header field` };
   return { from, value };
 }

@@ -8,6 +8,7 @@ import { HttpRequestBlockedError } from "./blocked-error.js";
 import { isRequest, isResponse } from "./fetch-objects.js";
 import { EgressError, statusText } from "../errors.js";
 import { bareHostname } from "../hostname.js";
+import { breaksFieldValue } from "../headers.js";
 import { Decider } from "../deciders/decider.js";
 import { isDeciderEntry, resolveDecider, type DeciderOptions } from "../deciders/options.js";
 
@@ -195,7 +196,7 @@ function checkSecrets(options: HttpHooksOptions): void {
     if (patternList(secret.hosts, `${at}.hosts`).length === 0) throw invalid(`${at}.hosts`, "a secret needs at least one host");
     // Never quoted: it is the secret.
     if (typeof secret.value !== "string" || secret.value === "") throw invalid(`${at}.value`, "must be a non-empty string");
-    if (/[\r\n\0]/.test(secret.value)) throw invalid(`${at}.value`, "must not contain CR, LF or NUL");
+    if (breaksFieldValue.test(secret.value)) throw invalid(`${at}.value`, "must not contain CR, LF or NUL");
     checkMode(secret.secretRedirects, `${at}.secretRedirects`);
     patternList(secret.followRedirectsTo, `${at}.followRedirectsTo`);
     const own = secret.secretRedirects ?? mode;

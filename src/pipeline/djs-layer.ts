@@ -1,10 +1,10 @@
 import { Readable } from "node:stream";
 import { EgressError } from "../errors.js";
-import { withoutHeaders, type HeaderList } from "../headers.js";
+import { httpToken, withoutHeaders, type HeaderList } from "../headers.js";
 import { BodyLimitError, readBounded, type BodyTap } from "../hooks/body-tap.js";
 import type { CallMessage, EffectRejection, JournalEntry, NeededBody, Outcome } from "../djs/protocol.js";
 import { discardBody } from "../streams.js";
-import { bytesBody, call, failure, joinHeaders, methodToken, newSeed, policyBodyCap, policyHeaders, policyResponse, type DjsRun } from "./djs-phases.js";
+import { bytesBody, call, failure, joinHeaders, newSeed, policyBodyCap, policyHeaders, policyResponse, type DjsRun } from "./djs-phases.js";
 import type { OutboundRequest } from "./exchange.js";
 import { contentLengthHeaders, withExactLength, type HookedResponse, type HookLimits } from "./hook-phases.js";
 import type { LayerNext } from "./hook-source.js";
@@ -138,7 +138,7 @@ export async function djsHandle(run: DjsRun, request: OutboundRequest, tap: Body
       throw new EgressError("EG_HOOK_FAILED", 502, `handle policy passed next() a Request for a non-HTTP URL (${url.protocol})`);
     }
     url.hash = "";
-    if (!methodToken.test(effect.method)) throw new EgressError("EG_HOOK_FAILED", 502, "handle policy passed next() a Request with an invalid method");
+    if (!httpToken.test(effect.method)) throw new EgressError("EG_HOOK_FAILED", 502, "handle policy passed next() a Request with an invalid method");
     const headers = policyHeaders(effect.headers, "handle");
     const ref = effect.body;
     const sized = (body: Uint8Array): OutboundRequest => ({ method: effect.method, url, headers: withExactLength(headers, body.byteLength), body });

@@ -2,7 +2,7 @@ import { discardBody } from "../streams.js";
 import { Readable } from "node:stream";
 import { validateHeaderName, validateHeaderValue } from "node:http";
 import { EgressError, badRequest, type HookFailureKind } from "../errors.js";
-import { endToEndHeaders, getHeader, withoutHeaders, type HeaderList } from "../headers.js";
+import { endToEndHeaders, getHeader, httpToken, withoutHeaders, type HeaderList } from "../headers.js";
 import { BodyLimitError, BodyTap, decodable, readBounded } from "../hooks/body-tap.js";
 import { hookFailure } from "../hooks/run-hook.js";
 import { busyLimit, type DjsEngine } from "../djs/engine.js";
@@ -28,7 +28,6 @@ export interface DjsRun {
 const codeFalse = 0;
 const codeTrue = 1;
 const codeUnchanged = 2;
-export const methodToken = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 
 /** A header list for the policy: names lowercased, joined with LF, with `host` as it will be sent. */
 export function joinHeaders(list: HeaderList, host?: string): string {
@@ -231,7 +230,7 @@ export async function djsOnRequest(
         throw new EgressError("EG_HOOK_FAILED", 502, `onRequest policy returned a Request for a non-HTTP URL (${url.protocol})`);
       }
       url.hash = "";
-      if (!methodToken.test(outcome.method)) throw new EgressError("EG_HOOK_FAILED", 502, "onRequest policy returned an invalid method");
+      if (!httpToken.test(outcome.method)) throw new EgressError("EG_HOOK_FAILED", 502, "onRequest policy returned an invalid method");
       let headers = policyHeaders(outcome.headers, "onRequest");
       const body = requestBodyOf(outcome.body, bytes, original, "onRequest");
       if (body instanceof Uint8Array) headers = withExactLength(headers, body.byteLength);

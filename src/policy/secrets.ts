@@ -1,6 +1,6 @@
 import { createHmac, randomBytes } from "node:crypto";
 import { denied } from "../errors.js";
-import type { HeaderList } from "../headers.js";
+import { breaksFieldValue, type HeaderList } from "../headers.js";
 import { bareHostname } from "../hostname.js";
 import { compileHostPatterns, validateHostPattern, type HostMatcher } from "./host-pattern.js";
 import { findFirst, needle, NeedleSet, redactText, scan, ScanBudget, UnscannableError, type Match } from "./secret-scan.js";
@@ -529,7 +529,7 @@ function decodeQueryComponent(text: string): string {
 function checkValue(value: unknown, path: string): string {
   if (typeof value !== "string" || value === "") throw new TypeError(`${path}: expected a non-empty string`);
   // A value goes into header fields: CR, LF and NUL would split or truncate them.
-  if (/[\r\n\0]/.test(value)) throw new TypeError(`${path}: must not contain CR, LF or NUL`);
+  if (breaksFieldValue.test(value)) throw new TypeError(`${path}: must not contain CR, LF or NUL`);
   return value;
 }
 
