@@ -35,7 +35,9 @@ export type H2Variant =
   | "h2load-8-h1up"
   | "raw-h1-32-h1up"
   | "raw-h2-1-h1up"
-  | "raw-h2-8-h1up";
+  | "raw-h2-8-h1up"
+  | "raw-h2-1-h2up"
+  | "raw-h2-8-h2up";
 
 export interface H2VariantInfo {
   readonly guest: "h1" | "h2";
@@ -61,6 +63,8 @@ export const h2Variants: Readonly<Record<H2Variant, H2VariantInfo>> = {
   "raw-h1-32-h1up": { guest: "h1", connections: 32, upstream: "h1", label: "HTTP/1.1 from the minimal client, 32 connections -> h1 upstream", client: "raw" },
   "raw-h2-1-h1up": { guest: "h2", connections: 1, upstream: "h1", label: "HTTP/2 from the minimal client, 1 connection -> h1 upstream", client: "raw" },
   "raw-h2-8-h1up": { guest: "h2", connections: 8, upstream: "h1", label: "HTTP/2 from the minimal client, 8 connections -> h1 upstream", client: "raw" },
+  "raw-h2-1-h2up": { guest: "h2", connections: 1, upstream: "h2", label: "HTTP/2 from the minimal client, 1 connection -> h2-only upstream", client: "raw" },
+  "raw-h2-8-h2up": { guest: "h2", connections: 8, upstream: "h2", label: "HTTP/2 from the minimal client, 8 connections -> h2-only upstream", client: "raw" },
 };
 
 /** The HTTP/1.1 row a variant is compared with: the one its kind of client drives. */
@@ -94,6 +98,8 @@ export function variantsOf(target: TargetName): H2Variant[] {
     "raw-h1-32-h1up",
     "raw-h2-1-h1up",
     "raw-h2-8-h1up",
+    "raw-h2-1-h2up",
+    "raw-h2-8-h2up",
     ...(h2loadAvailable ? (["h2load-1-h1up", "h2load-8-h1up"] as const) : []),
   ];
 }

@@ -61,6 +61,7 @@ import {
 } from "./report.js";
 import { profileTables, summarizeProfile, type ProfileSummary } from "./profile.js";
 import { Harness, hostsFor, runBig, runBulk, runHosts, runRate, runSideBySide, scenarioNames, type BulkWindow, type HostsWindow, type RateWindow, type ScenarioName, type SideWindow } from "./scenarios.js";
+import { pinPlan, pinTree, pinUnavailable, type PinPlan } from "./pin.js";
 import { h1Baseline, h2Targets, h2Variants, runH2, runH2Downloads, type H2DownloadResult, type H2Variant, type H2Window } from "./h2-scenario.js";
 import { h2DownloadRows, h2DownloadTable, h2Goals, h2PacedRows, h2PacedTable, h2Rows, h2Table } from "./h2-report.js";
 import { allTargets, egressgateTargets, hookedTargets, smallOnlyTargets, startTargets, type EgressgateTarget } from "./targets.js";
@@ -96,6 +97,8 @@ interface BenchSettings {
   readonly cpuProf: EgressgateTarget | undefined;
   /** The h2 scenario's rows, when only some are wanted (`--h2-variants`); all by default. */
   readonly h2Variants: readonly H2Variant[] | undefined;
+  /** `--pin`: the proxies on the last core, everything else on the others (bench/pin.ts). */
+  readonly pin: PinPlan | undefined;
 }
 
 const usage = `usage: npm run bench -- [--quick] [--targets LIST] [--scenarios LIST] [--rounds N] [--seconds S] [--hosts N] [--cpu-prof[=TARGET]]
@@ -113,7 +116,10 @@ const usage = `usage: npm run bench -- [--quick] [--targets LIST] [--scenarios L
                      between them is smaller; a row's HTTP/1.1 baseline is added when not named
   --out FILE         write the JSON there instead of bench/results/<date>.json
   --cpu-prof         run the egressgate child under node --cpu-prof and print its top self-time functions;
-                     --cpu-prof=egressgate+hooks (or egressgate-api) profiles that child instead`;
+                     --cpu-prof=egressgate+hooks (or egressgate-api) profiles that child instead
+  --pin              the proxies under test on the last core, this process, the load generator and the
+                     upstreams on the others (taskset; Linux, 2 cores or more): req/s is then what one
+                     core of proxy serves, not what the scheduler left it`;
 
 function parseList<T extends string>(flag: string, list: string | undefined, allowed: readonly T[]): T[] {
   const names = (list ?? "").split(",").filter((name) => name !== "");
@@ -140,6 +146,7 @@ function parseArgs(argv: readonly string[]): BenchSettings {
   let bulkUpstream: "openssl" | "node" = "openssl";
   let out: string | undefined;
   let h2VariantList: readonly H2Variant[] | undefined;
+  let pin: PinPlan | undefined;
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
     const [flag, inline] = arg.startsWith("--") && arg.includes("=") ? [arg.slice(0, arg.indexOf("=")), arg.slice(arg.indexOf("=") + 1)] : [arg, undefined];
@@ -151,6 +158,11 @@ function parseArgs(argv: readonly string[]): BenchSettings {
       return n;
     };
     if (flag === "--quick") continue;
+    else if (flag === "--pin") {
+      const why = pinUnavailable();
+      if (why !== undefined) throw new RangeError(why);
+      pin = pinPlan();
+    }
     else if (flag === "--cpu-prof") {
       const name = inline ?? "egressgate";
       if (!(egressgateTargets as readonly string[]).includes(name)) throw new RangeError(`--cpu-prof: expected one of ${egressgateTargets.join(", ")}, got ${JSON.stringify(name)}`);
@@ -202,6 +214,7 @@ function parseArgs(argv: readonly string[]): BenchSettings {
     bulkUpstream,
     cpuProf,
     h2Variants: h2VariantList,
+    pin,
   };
 }
 
@@ -235,6 +248,8 @@ async function main(): Promise<void> {
   const started = performance.now();
   const loadBefore = loadavg();
   installCleanup();
+  // Before any child starts, so that every one of them inherits the load cores.
+  if (settings.pin !== undefined) pinTree(process.pid, settings.pin.loadCpus);
   const dir = mkdtempSync(join(tmpdir(), "egressgate-bench-"));
   setWorkDir(dir);
   const profileDir = settings.cpuProf !== undefined ? join(dir, "profile") : undefined;
@@ -262,6 +277,10 @@ async function main(): Promise<void> {
     freshEgressgateH2: withH2Downloads,
   });
   const targets = needed.filter((target) => !t.skipped.has(target));
+  if (settings.pin !== undefined) {
+    const proxyPids = [...t.proxies.values(), t.freshEgressgate, t.freshEgressgateDjs, t.freshEgressgateH2].map((p) => p?.child.pid);
+    for (const pid of [...proxyPids, t.relay?.pid]) if (pid !== undefined) pinTree(pid, settings.pin.proxyCpus);
+  }
   for (const [target, why] of t.skipped) log(`bench: skipping ${target}: ${why}`);
 
   const load = forkTs("./load.ts", "load");
@@ -407,6 +426,7 @@ async function main(): Promise<void> {
       `load average ${(machine["loadAverageBefore"] as number[]).join(" ")} before, ${(machine["loadAverageAfter"] as number[]).join(" ")} after; ` +
       `peers: ${["mockttp", "http-mitm-proxy", "mitmdump"].map((p) => `${p} ${t.versions[p] ?? "(not run)"}`).join(", ")}`,
   );
+  if (settings.pin !== undefined) print(`\nPinned (--pin): the proxies on CPU ${settings.pin.proxyCpus}, the load generator, the upstreams and this process on CPU ${settings.pin.loadCpus}.`);
   for (const [target, why] of t.skipped) print(`\n**${target} not run**: ${why}`);
   for (const [target, why] of h.dropped) print(`\n**${target} dropped out**: ${why}`);
   if (smallRows.length > 0) {

@@ -115,7 +115,7 @@ describe("npm run bench", () => {
     for (const skipped of Object.keys(json.skipped)) expect(skipped).toBe("mitmdump");
     const expected: [string, string][] = [
       ["direct", "h2-1-h2up"],
-      ...["h1-32-h1up", "h2-1-h1up", "h2-8-h1up", "h2-1-h2up", "h2-8-h2up", "h1-32-h2up", "raw-h1-32-h1up", "raw-h2-1-h1up", "raw-h2-8-h1up"].map((v): [string, string] => ["egressgate", v]),
+      ...["h1-32-h1up", "h2-1-h1up", "h2-8-h1up", "h2-1-h2up", "h2-8-h2up", "h1-32-h2up", "raw-h1-32-h1up", "raw-h2-1-h1up", "raw-h2-8-h1up", "raw-h2-1-h2up", "raw-h2-8-h2up"].map((v): [string, string] => ["egressgate", v]),
       ...(json.skipped["mitmdump"] === undefined ? ["h1-32-h1up", "h2-1-h2up", "h2-8-h2up"].map((v): [string, string] => ["mitmdump", v]) : []),
       // h2load through socat, when Debian's nghttp2-client and socat are installed.
       ...(hasCommand("h2load") && hasCommand("socat") ? ["h2load-1-h1up", "h2load-8-h1up"].map((v): [string, string] => ["egressgate", v]) : []),
