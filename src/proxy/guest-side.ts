@@ -36,7 +36,8 @@ export interface GuestSideDeps {
 }
 
 /** A CONNECT that passed: the tunnel is its guest's, bound to it until either ends. */
-export type ServeTunnel = (target: { hostname: string; port: number; guest: string }, early: Buffer) => void;
+/** `refusedHost`: the allowlist (or the address rules) refuse the host, and the tunnel opened only to answer that inside it. */
+export type ServeTunnel = (target: { hostname: string; port: number; guest: string; refusedHost: boolean }, early: Buffer) => void;
 
 /**
  * Guest-facing request handling, shared by the listener and the in-tunnel server: who the guest
@@ -142,6 +143,7 @@ export class GuestSide {
     let target: { hostname: string; port: number };
     // The early check's refusal, for the audit record's sources.
     let refusal: TraceEntry | undefined;
+    let refusedHost: boolean;
     const guest = this.deps.auth.identify(req.headers["proxy-authorization"], socket);
     try {
       if (guest instanceof EgressError) throw guest;
@@ -150,20 +152,15 @@ export class GuestSide {
       // allowlist refuses (or an internal IP literal) is refused before any TLS work, unless
       // refuseInTunnel asks for the refusal inside the tunnel. Every request inside the tunnel
       // is judged on its own either way.
-      if (!guest.pipeline.mayRewrite && !this.deps.config.refuseInTunnel) {
-        const decision = guest.connectPolicy.checkHost(target.hostname);
-        if (!decision.allowed) {
-          refusal = connectRefusal("allowlist", decision, started);
-          throw denied(decision.reason);
-        }
-        const literal = bareHostname(target.hostname);
-        if (isIP(literal) !== 0) {
-          const address = guest.connectPolicy.checkAddress(literal, { ip: literal, family: isIP(literal) === 6 ? 6 : 4 }, target.port);
-          if (!address.allowed) {
-            refusal = connectRefusal("address", address, started);
-            throw denied(address.reason);
-          }
-        }
+      // Otherwise the tunnel opens, and a refused host's leaf is kept apart from the others'.
+      const inTunnel = guest.pipeline.mayRewrite || this.deps.config.refuseInTunnel;
+      const decision = guest.connectPolicy.checkHost(target.hostname);
+      const literal = bareHostname(target.hostname);
+      const address = decision.allowed && isIP(literal) !== 0 ? guest.connectPolicy.checkAddress(literal, { ip: literal, family: isIP(literal) === 6 ? 6 : 4 }, target.port) : undefined;
+      refusedHost = !decision.allowed || address?.allowed === false;
+      if (refusedHost && !inTunnel) {
+        refusal = !decision.allowed ? connectRefusal("allowlist", decision, started) : connectRefusal("address", address!, started);
+        throw denied(!decision.allowed ? decision.reason : address!.reason);
       }
     } catch (error) {
       const err = guestError(asEgressError(error), this.deps.redact);
@@ -187,7 +184,7 @@ export class GuestSide {
     guest.bind(socket);
     socket.write("HTTP/1.1 200 Connection Established\r\n\r\n");
     this.deps.log.debug("tunnel opened", { guest: guest.name, target: `${target.hostname}:${target.port}` });
-    serve(withFields(target, { guest: guest.name }), head);
+    serve(withFields(target, { guest: guest.name, refusedHost }), head);
   }
 
   /** An upgrade waits its turn behind the requests before it on the connection. */

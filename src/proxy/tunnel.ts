@@ -38,7 +38,7 @@ const tlsHandshakeRecord = 0x16;
  * terminated with our leaf, an HTTP request line is parsed as plain HTTP, and anything else
  * (SSH, a raw protocol) is closed, because it cannot be inspected.
  */
-export function serveTunnel(socket: Socket, head: Buffer, target: Authority & { readonly guest: string }, deps: TunnelDeps): void {
+export function serveTunnel(socket: Socket, head: Buffer, target: Authority & { readonly guest: string; readonly refusedHost?: boolean }, deps: TunnelDeps): void {
   const deadline = setTimeout(() => socket.destroy(), deps.handshakeMs);
   deadline.unref();
   socket.once("close", () => clearTimeout(deadline));
@@ -158,7 +158,7 @@ function closeSoon(socket: Socket): void {
  */
 async function terminateTls(
   socket: Socket,
-  target: Authority & { readonly guest: string },
+  target: Authority & { readonly guest: string; readonly refusedHost?: boolean },
   sni: string | undefined,
   deps: TunnelDeps,
   deadline: NodeJS.Timeout,
@@ -166,7 +166,8 @@ async function terminateTls(
 ): Promise<void> {
   let context: SecureContext;
   try {
-    context = await deps.leaves.get(bareHostname(target.hostname), socket.remoteAddress ?? "");
+    // A host the allowlist refuses gets its leaf from the refused names' LRU (see LeafCertCache).
+    context = await deps.leaves.get(bareHostname(target.hostname), socket.remoteAddress ?? "", target.refusedHost === true);
   } catch (error) {
     if (error instanceof SigningLimitError) {
       deps.log.info("tunnel closed", { target: `${target.hostname}:${target.port}`, reason: error.message });

@@ -1,5 +1,6 @@
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, onTestFinished } from "vitest";
 import { createHttpHooks, startProxy } from "../../src/index.js";
+import { leafSignedChannel } from "../../src/tls/leaf-cert-cache.js";
 import { cleanEnv, runClient } from "../helpers/clients.js";
 import { curlVia } from "../helpers/curl.js";
 import { openRaw } from "../helpers/raw.js";
@@ -45,6 +46,26 @@ describe("the allowlist", () => {
     expect((await raw.readResponse({ forConnect: true })).status).toBe(200);
     // And the proxy still serves an allowed host.
     expect((await curlVia(proxy.url, `${proxy.caDir}/ca.crt`, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+
+  it("with refuseInTunnel, a guest cycling through refused names never pushes an allowed host's leaf out of the cache", async () => {
+    const signed: string[] = [];
+    const onSigned = (message: unknown): void => void signed.push((message as { name: string }).name);
+    leafSignedChannel.subscribe(onSigned);
+    onTestFinished(() => leafSignedChannel.unsubscribe(onSigned));
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { refuseInTunnel: true, leafCacheSize: 2 });
+    const ca = `${proxy.caDir}/ca.crt`;
+    expect((await curlVia(proxy.url, ca, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+    const refused = ["r1.test", "r2.test", "r3.test", "r4.test"];
+    for (const name of refused) {
+      const res = await curlVia(proxy.url, ca, `https://${name}:${upstream.port}/echo`, ["--http1.1"]);
+      expect(res.status, name).toBe(403);
+    }
+    // Four refused names against a cache of two: api.test's leaf is still there, not signed again.
+    expect((await curlVia(proxy.url, ca, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+    expect(signed).toEqual(["api.test", ...refused]);
+    expect(upstream.hits()).toBe(2);
   });
 
   it("a host that is not allowed gets 403 with a reason naming the host for plain HTTP", async () => {

@@ -233,6 +233,27 @@ describe("leaf cache", () => {
     expect(cache.signed).toBe(2);
   });
 
+  it("leaves for refused names go to an LRU of their own: cycling through them never evicts an allowed name's", async () => {
+    const { cache } = await leafCache(await freshCa(), { maxEntries: 2 });
+    await cache.get("a.test");
+    await cache.get("b.test");
+    // min(64, maxEntries) refused names are kept: the third evicts the first of them only.
+    for (const name of ["x1.test", "x2.test", "x3.test"]) await cache.get(name, "guest", true);
+    expect(cache.signed).toBe(5);
+    expect(cache.size).toBe(4);
+    await cache.get("a.test");
+    await cache.get("b.test");
+    expect(cache.signed).toBe(5);
+    await cache.get("x3.test", "guest", true);
+    expect(cache.signed).toBe(5);
+    await cache.get("x1.test", "guest", true);
+    expect(cache.signed).toBe(6);
+    // A name in either LRU is a hit whoever asks: one guest's refused host is another's allowed one.
+    await cache.get("x3.test");
+    await cache.get("a.test", "guest", true);
+    expect(cache.signed).toBe(6);
+  });
+
   it("a failed signing is not cached, so the next get() tries again", async () => {
     const { cache } = await leafCache(await freshCa());
     await expect(cache.get("bad\u00e9.test")).rejects.toThrow(TypeError);
