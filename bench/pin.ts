@@ -5,15 +5,19 @@
  * Unpinned, three busy processes share the cores and the scheduler decides who waits: a row whose
  * proxy leaves a core half idle and a row whose proxy saturates one can end with the same req/s,
  * because the load generator and the upstream took the rest. Pinned, req/s is what the proxy's
- * core can serve, as long as the other cores keep up (the bench prints their CPU %).
+ * core can serve, as long as the other cores keep up (the JSON keeps the load generator's and
+ * the upstream's CPU % of every window).
+ *
+ * Every proxy goes to the same core: a row that compares process counts (egressgate-w2) or loads
+ * two proxies at once (the side scenario) then measures that one core, and a decider webhook,
+ * a process of the bench's, stays on the load cores.
  *
  * Affinity is inherited: this process pins every one of its threads first, so each child it
  * starts afterwards is on the load cores, and then each proxy's whole process tree (cluster
  * workers included) moves to the last core. Linux only, through util-linux's `taskset`.
  */
 import { execFileSync } from "node:child_process";
-import { readdirSync, readFileSync } from "node:fs";
-import { availableParallelism } from "node:os";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 
 export interface PinPlan {
   /** The cores of the proxies under test (`taskset -c` syntax). */
@@ -22,10 +26,26 @@ export interface PinPlan {
   readonly loadCpus: string;
 }
 
+/** The CPU ids of a `Cpus_allowed_list` (`0-3,8,10-11`), in order. */
+export function parseCpuList(list: string): number[] {
+  const ids: number[] = [];
+  for (const part of list.split(",")) {
+    const [from, to] = part.split("-").map(Number);
+    if (from === undefined || !Number.isInteger(from)) continue;
+    for (let id = from; id <= (to ?? from); id++) ids.push(id);
+  }
+  return ids;
+}
+
+/** The CPUs this process may run on (a cpuset or an outer taskset may leave out some ids). */
+function ownCpus(): number[] {
+  return parseCpuList(allowedCpus(process.pid) ?? "");
+}
+
 /** Why `--pin` cannot be used here, or undefined when it can. */
-export function pinUnavailable(cores = availableParallelism()): string | undefined {
+export function pinUnavailable(cpus: readonly number[] = process.platform === "linux" ? ownCpus() : []): string | undefined {
   if (process.platform !== "linux") return "--pin needs Linux (taskset)";
-  if (cores < 2) return `--pin needs at least 2 cores, this machine has ${cores}`;
+  if (cpus.length < 2) return `--pin needs at least 2 CPUs, this process may use ${cpus.length}`;
   try {
     execFileSync("taskset", ["-p", String(process.pid)], { stdio: "ignore" });
   } catch {
@@ -34,9 +54,9 @@ export function pinUnavailable(cores = availableParallelism()): string | undefin
   return undefined;
 }
 
-/** The last core for the proxies, the rest for everything else. */
-export function pinPlan(cores = availableParallelism()): PinPlan {
-  return { proxyCpus: String(cores - 1), loadCpus: cores === 2 ? "0" : `0-${cores - 2}` };
+/** The last of the CPUs this process may use for the proxies, the others for everything else. */
+export function pinPlan(cpus: readonly number[] = ownCpus()): PinPlan {
+  return { proxyCpus: String(cpus[cpus.length - 1]), loadCpus: cpus.slice(0, -1).join(",") };
 }
 
 /** `pid` and its descendants, from /proc (a process that has gone is skipped). */
@@ -65,9 +85,26 @@ export function processTree(pid: number): number[] {
   return tree;
 }
 
-/** Every thread of every process in `pid`'s tree onto `cpus`. */
+/**
+ * Every thread of every process in `pid`'s tree onto `cpus`. taskset fails when a thread ends
+ * while it walks them: a process still there is tried once more, one gone is skipped, and only
+ * `pid` itself failing twice is an error.
+ */
 export function pinTree(pid: number, cpus: string): void {
-  for (const p of processTree(pid)) execFileSync("taskset", ["-a", "-p", "-c", cpus, String(p)], { stdio: "ignore" });
+  for (const p of processTree(pid)) {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        execFileSync("taskset", ["-a", "-p", "-c", cpus, String(p)], { stdio: ["ignore", "ignore", "pipe"] });
+        break;
+      } catch (error) {
+        if (!existsSync(`/proc/${p}`)) break;
+        if (attempt < 2) continue;
+        if (p !== pid) break;
+        const stderr = (error as { stderr?: Buffer }).stderr?.toString().trim();
+        throw new Error(`taskset could not pin pid ${p} to CPU ${cpus}${stderr ? `: ${stderr}` : ""}`, { cause: error });
+      }
+    }
+  }
 }
 
 /** The CPUs a process may run on, as the kernel reports them (`Cpus_allowed_list`). */

@@ -117,9 +117,10 @@ const usage = `usage: npm run bench -- [--quick] [--targets LIST] [--scenarios L
   --out FILE         write the JSON there instead of bench/results/<date>.json
   --cpu-prof         run the egressgate child under node --cpu-prof and print its top self-time functions;
                      --cpu-prof=egressgate+hooks (or egressgate-api) profiles that child instead
-  --pin              the proxies under test on the last core, this process, the load generator and the
-                     upstreams on the others (taskset; Linux, 2 cores or more): req/s is then what one
-                     core of proxy serves, not what the scheduler left it`;
+  --pin              the proxies under test on the last CPU, this process, the load generator and the
+                     upstreams on the others (taskset; Linux, 2 CPUs or more): req/s is then what one
+                     core of proxy serves, not what the scheduler left it. Every proxy shares that one
+                     CPU, so egressgate-w2 and the side scenario then measure one core`;
 
 function parseList<T extends string>(flag: string, list: string | undefined, allowed: readonly T[]): T[] {
   const names = (list ?? "").split(",").filter((name) => name !== "");

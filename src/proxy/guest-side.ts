@@ -35,8 +35,11 @@ export interface GuestSideDeps {
   readonly redact: (text: string) => string;
 }
 
-/** A CONNECT that passed: the tunnel is its guest's, bound to it until either ends. */
-/** `refusedHost`: the allowlist (or the address rules) refuse the host, and the tunnel opened only to answer that inside it. */
+/**
+ * A CONNECT that passed: the tunnel is its guest's, bound to it until either ends. `refusedHost`:
+ * the allowlist (or the address rules, for an IP literal) refuse the host, and the tunnel opened
+ * only because the refusal is answered inside it, or because an onRequest hook may serve it.
+ */
 export type ServeTunnel = (target: { hostname: string; port: number; guest: string; refusedHost: boolean }, early: Buffer) => void;
 
 /**

@@ -23,6 +23,16 @@ interface Entry {
   readonly notAfter: number;
 }
 
+/** Whether any caller waiting for a signing was not refused: it then goes to the main LRU. */
+interface Pool {
+  allowed: boolean;
+}
+
+interface Signing {
+  readonly context: Promise<SecureContext>;
+  readonly pool: Pool;
+}
+
 const renewMargin = 24 * 60 * 60 * 1000;
 
 /**
@@ -38,7 +48,7 @@ const renewMargin = 24 * 60 * 60 * 1000;
 export class LeafCertCache {
   private readonly entries = new Map<string, Entry>();
   private readonly refusedEntries = new Map<string, Entry>();
-  private readonly signing = new Map<string, Promise<SecureContext>>();
+  private readonly signing = new Map<string, Signing>();
   /** How many leaves have been signed: lets tests and benches see cache hits. */
   signed = 0;
   /** How many gets the cache answered (for the metrics). */
@@ -60,25 +70,33 @@ export class LeafCertCache {
   /**
    * The context for `name`, signed on a miss. `source` (the guest's address) decides whose turn
    * the signing waits for; see {@link SigningQueue}. `refused`: the tunnel's host is one the
-   * allowlist refuses, and a leaf signed for it goes to the refused names' LRU. A name already in
-   * either LRU is a hit whichever asks (an allowlist is per guest).
+   * allowlist refuses, and a leaf signed only for such tunnels goes to the refused names' LRU.
+   * Allowlists are per guest, so a name in either LRU is a hit for whoever asks, and one asked for
+   * by a guest allowed it moves to (or is signed into) the main LRU: a guest that names a host
+   * before the guests allowed it cannot keep its leaf among the refused.
    */
   get(name: string, source = "", refused = false): Promise<SecureContext> {
     const hit = this.touch(this.entries, name) ?? this.touch(this.refusedEntries, name);
     if (hit !== undefined) {
       this.hits += 1;
+      if (!refused && this.refusedEntries.delete(name)) this.store(this.entries, this.options.maxEntries, name, hit);
       return Promise.resolve(hit.context);
     }
     const inFlight = this.signing.get(name);
-    if (inFlight !== undefined) return inFlight;
-    const context = this.create(name, source, refused ? this.refusedEntries : this.entries, refused ? (this.options.maxRefusedEntries ?? Math.min(64, this.options.maxEntries)) : this.options.maxEntries);
-    this.signing.set(name, context);
+    if (inFlight !== undefined) {
+      if (!refused) inFlight.pool.allowed = true;
+      return inFlight.context;
+    }
+    // A renewal stays in the main LRU whoever asks for it.
+    const pool: Pool = { allowed: !refused || this.entries.has(name) };
+    const signing: Signing = { context: this.create(name, source, pool), pool };
+    this.signing.set(name, signing);
     // Whatever the outcome, the name is no longer in flight; a failure is not cached.
     const settled = (): void => {
-      if (this.signing.get(name) === context) this.signing.delete(name);
+      if (this.signing.get(name) === signing) this.signing.delete(name);
     };
-    context.then(settled, settled);
-    return context;
+    signing.context.then(settled, settled);
+    return signing.context;
   }
 
   /** A fresh entry of `lru`, marked most recently used. */
@@ -91,7 +109,18 @@ export class LeafCertCache {
     return entry;
   }
 
-  private create(name: string, source: string, lru: Map<string, Entry>, maxEntries: number): Promise<SecureContext> {
+  /** `entry` as the most recently used of `lru`, the least recently used past `maxEntries` evicted. */
+  private store(lru: Map<string, Entry>, maxEntries: number, name: string, entry: Entry): void {
+    lru.delete(name);
+    lru.set(name, entry);
+    while (lru.size > maxEntries) {
+      const oldest = lru.keys().next().value;
+      if (oldest === undefined) break;
+      lru.delete(oldest);
+    }
+  }
+
+  private create(name: string, source: string, pool: Pool): Promise<SecureContext> {
     return this.queue.run(source, async () => {
       const { certPem, notAfter } = await this.signer.sign(name, this.options.validityDays);
       this.signed += 1;
@@ -100,15 +129,12 @@ export class LeafCertCache {
       // (~0.5 ms) and the certificate for every context, and Node has no way to share a parsed key
       // between contexts. Skipping the root store (`ca: []`) measured no faster.
       const context = createSecureContext({ key: this.signer.leafKey.privateKeyPem, cert: certPem });
-      // A renewal replaces the name's entry wherever it was.
+      // A renewal replaces the name's entry wherever it was; the pool is decided now, once every
+      // caller that joined this signing has said whether it was refused.
       this.entries.delete(name);
       this.refusedEntries.delete(name);
-      lru.set(name, { context, notAfter });
-      while (lru.size > maxEntries) {
-        const oldest = lru.keys().next().value;
-        if (oldest === undefined) break;
-        lru.delete(oldest);
-      }
+      if (pool.allowed) this.store(this.entries, this.options.maxEntries, name, { context, notAfter });
+      else this.store(this.refusedEntries, this.options.maxRefusedEntries ?? Math.min(64, this.options.maxEntries), name, { context, notAfter });
       return context;
     });
   }

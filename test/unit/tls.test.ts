@@ -27,9 +27,13 @@ async function freshCa(): Promise<LoadedCa> {
   return loadOrCreateCa(await tempDir());
 }
 
-async function leafCache(ca: CaMaterial, options: { keyType?: LeafKeyType; maxEntries?: number; validityDays?: number } = {}) {
+async function leafCache(ca: CaMaterial, options: { keyType?: LeafKeyType; maxEntries?: number; maxRefusedEntries?: number; validityDays?: number } = {}) {
   const signer = await LeafSigner.create(ca, options.keyType ?? "ecdsa");
-  const cache = new LeafCertCache(signer, { maxEntries: options.maxEntries ?? 100, validityDays: options.validityDays ?? 30 });
+  const cache = new LeafCertCache(signer, {
+    maxEntries: options.maxEntries ?? 100,
+    validityDays: options.validityDays ?? 30,
+    ...(options.maxRefusedEntries !== undefined ? { maxRefusedEntries: options.maxRefusedEntries } : {}),
+  });
   return { signer, cache };
 }
 
@@ -249,9 +253,40 @@ describe("leaf cache", () => {
     await cache.get("x1.test", "guest", true);
     expect(cache.signed).toBe(6);
     // A name in either LRU is a hit whoever asks: one guest's refused host is another's allowed one.
-    await cache.get("x3.test");
     await cache.get("a.test", "guest", true);
+    await cache.get("x3.test");
     expect(cache.signed).toBe(6);
+  });
+
+  it("a name some guest is allowed ends in the main LRU, whoever named it first", async () => {
+    const { cache } = await leafCache(await freshCa(), { maxEntries: 10, maxRefusedEntries: 1 });
+    const flood = async (names: readonly string[]): Promise<void> => {
+      for (const name of names) await cache.get(name, "flooder", true);
+    };
+    // Signed for a refused tunnel, then asked for by a guest allowed it: moved to the main LRU.
+    await cache.get("moved.test", "flooder", true);
+    await cache.get("moved.test", "allowed");
+    // One signing, two callers, the refused one first: the allowed one decides the LRU.
+    await Promise.all([cache.get("joined.test", "flooder", true), cache.get("joined.test", "allowed")]);
+    expect(cache.signed).toBe(2);
+    await flood(["f1.test", "f2.test", "f3.test"]);
+    await cache.get("moved.test");
+    await cache.get("joined.test");
+    expect(cache.signed).toBe(5);
+    // Refused names alone stay in their LRU of one.
+    expect(cache.size).toBe(3);
+  });
+
+  it("a renewal asked for by a refused tunnel stays in the main LRU", async () => {
+    // validityDays 1: every get is within a day of notAfter, so each one renews.
+    const { cache } = await leafCache(await freshCa(), { validityDays: 1, maxEntries: 10, maxRefusedEntries: 1 });
+    await cache.get("renewed.test", "allowed");
+    await cache.get("renewed.test", "flooder", true);
+    expect(cache.signed).toBe(2);
+    for (const name of ["f1.test", "f2.test"]) await cache.get(name, "flooder", true);
+    // renewed.test (main) and f2.test (the refused LRU's one entry): had the renewal gone to the
+    // refused LRU, the flood would have evicted it.
+    expect(cache.size).toBe(2);
   });
 
   it("a failed signing is not cached, so the next get() tries again", async () => {
