@@ -35,6 +35,13 @@ export class H2Refused extends Error {
   override readonly name = "H2Refused";
 }
 
+/**
+ * The last stream id of the GOAWAY a session received (set by the session pool): a stream with a
+ * higher id was not processed (RFC 9113 §6.8), whatever code it is then closed with (Node reports
+ * 0 when the upstream closes the connection after its GOAWAY).
+ */
+export const goawayLastStream = new WeakMap<ClientHttp2Session, number>();
+
 // RFC 9113 §8.2.2, plus Host: HTTP/2 carries it as :authority.
 const notOnH2 = new Set(["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "host"]);
 
@@ -153,7 +160,9 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
     stream.once("close", () => {
       if (settled) return;
       const code = stream.rstCode ?? 0;
+      const last = goawayLastStream.get(session);
       if (code === constants.NGHTTP2_REFUSED_STREAM) fail(new H2Refused(`upstream ${url.host} refused the stream`));
+      else if (last !== undefined && (stream.id === undefined || stream.id > last)) fail(new H2Refused(`upstream ${url.host} went away (GOAWAY) before processing the stream`));
       else fail(Object.assign(new Error(`upstream ${url.host} closed the HTTP/2 stream (code ${code}) before its response`), { code: "UND_ERR_SOCKET" }));
     });
     stream.once("response", (head: IncomingHttpHeaders, flags: number) => {
@@ -171,6 +180,14 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
       else {
         // Silence past the limit ends this stream only: the guest's connection is cut as an h1 body timeout would.
         stream.setTimeout(options.bodyTimeoutMs, () => stream.destroy(Object.assign(new Error(`upstream body timed out after ${options.bodyTimeoutMs} ms of silence`), { code: "UND_ERR_BODY_TIMEOUT" })));
+        // Node's client ends a stream's readable side when the stream is destroyed without an
+        // error (the upstream's connection closed, the session destroyed): the body would look
+        // whole. An end that comes after the stream was destroyed did not come from END_STREAM
+        // (that one ends the body first and destroys the stream after): an error before anyone
+        // sees the end, so the guest's response is cut, not ended cleanly.
+        stream.prependOnceListener("end", () => {
+          if (stream.destroyed) stream.emit("error", Object.assign(new Error(`upstream ${url.host} closed the HTTP/2 stream (code ${stream.rstCode ?? 0}) before the end of its body`), { code: "UND_ERR_SOCKET" }));
+        });
       }
       resolve({ status, headers: headerList(head), body: empty ? null : stream, trailers: () => trailers });
     });

@@ -2,6 +2,7 @@ import { connect as h2Connect, type ClientHttp2Session } from "node:http2";
 import type { TLSSocket } from "node:tls";
 import type { AlpnConnectOptions } from "./h2-connect.js";
 import { connectAlpn } from "./h2-connect.js";
+import { goawayLastStream } from "./h2-exchange.js";
 import type { ResolvedAddress } from "./resolve.js";
 
 export interface H2SessionsOptions extends AlpnConnectOptions {
@@ -107,6 +108,10 @@ export class H2Sessions {
       if (this.closed) socket.destroy();
       return { protocol: "h1", socket };
     }
+    // connectAlpn opens sockets half-open, as undici's pools want them; an http2 session on such a
+    // socket never learns that the upstream closed (a restart, a cut connection): it kept taking
+    // streams that waited for their timeout, and the origin stayed on the dead session.
+    socket.allowHalfOpen = false;
     const session = h2Connect(origin.origin, {
       createConnection: () => socket,
       settings: { enablePush: false },
@@ -114,7 +119,10 @@ export class H2Sessions {
       maxSessionMemory: 10,
     });
     session.on("error", () => undefined);
-    session.once("goaway", () => goneAway.add(session));
+    session.once("goaway", (_code: number, lastStreamID: number) => {
+      goneAway.add(session);
+      goawayLastStream.set(session, lastStreamID);
+    });
     session.once("close", () => this.live(key));
     session.setTimeout(this.options.idleMs, () => {
       const entry = this.sessions.get(key)?.find((e) => e.session === session);
@@ -130,6 +138,16 @@ export class H2Sessions {
     this.alpn.delete(key);
     this.alpn.set(key, protocol);
     if (this.alpn.size > this.options.maxOrigins) this.alpn.delete(this.alpn.keys().next().value as string);
+  }
+
+  /**
+   * No new streams, and each session closes once its streams in flight have finished (a reload
+   * retiring a guest's pools: requests under way keep the configuration they started with).
+   */
+  close(): void {
+    this.closed = true;
+    for (const entries of this.sessions.values()) for (const { session } of entries) if (!session.closed) session.close();
+    this.sessions.clear();
   }
 
   /** Closes every session at once (streams in flight are cut): the proxy or the guest is going away. */

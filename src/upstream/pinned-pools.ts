@@ -238,21 +238,22 @@ export class PinnedPools {
   }
 
   async close(): Promise<void> {
-    this.dropH2();
+    this.h2.close();
+    this.dropSpares();
     const pools = [...this.pools.values()];
     this.pools.clear();
     await Promise.all(pools.map((p) => p.close().catch(() => undefined)));
   }
 
   async destroy(): Promise<void> {
-    this.dropH2();
+    this.h2.destroy();
+    this.dropSpares();
     const pools = [...this.pools.values()];
     this.pools.clear();
     await Promise.all(pools.map((p) => p.destroy().catch(() => undefined)));
   }
 
-  private dropH2(): void {
-    this.h2.destroy();
+  private dropSpares(): void {
     for (const socket of this.spares.values()) socket.destroy();
     this.spares.clear();
   }

@@ -1,6 +1,6 @@
 import { createSecureServer, type Http2SecureServer, type IncomingHttpHeaders, type ServerHttp2Session, type ServerHttp2Stream } from "node:http2";
 import type { AddressInfo } from "node:net";
-import type { SecureContext } from "node:tls";
+import type { SecureContext, TLSSocket } from "node:tls";
 import { onTestFinished } from "vitest";
 import { testCa } from "./test-ca.js";
 
@@ -13,6 +13,8 @@ export interface H2Upstream {
   readonly seen: IncomingHttpHeaders[];
   /** TLS connections accepted. */
   readonly connections: () => number;
+  /** Destroys every TLS connection at once, with no GOAWAY: a crashed or restarted upstream. */
+  readonly cut: () => void;
 }
 
 /**
@@ -31,7 +33,12 @@ export async function startH2Upstream(routes: Record<string, H2Route> = {}, name
   const seen: IncomingHttpHeaders[] = [];
   let connections = 0;
   const sessions = new Set<ServerHttp2Session>();
-  server.on("secureConnection", () => (connections += 1));
+  const sockets = new Set<TLSSocket>();
+  server.on("secureConnection", (socket: TLSSocket) => {
+    connections += 1;
+    sockets.add(socket);
+    socket.once("close", () => sockets.delete(socket));
+  });
   server.on("session", (session: ServerHttp2Session) => {
     sessions.add(session);
     session.on("error", () => undefined);
@@ -70,5 +77,8 @@ export async function startH2Upstream(routes: Record<string, H2Route> = {}, name
     for (const session of sessions) session.destroy();
     await new Promise<void>((resolve) => server.close(() => resolve()));
   });
-  return { port: (server.address() as AddressInfo).port, server, seen, connections: () => connections };
+  const cut = (): void => {
+    for (const socket of sockets) socket.destroy();
+  };
+  return { port: (server.address() as AddressInfo).port, server, seen, connections: () => connections, cut };
 }

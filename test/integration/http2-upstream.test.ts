@@ -1,7 +1,12 @@
-import { describe, expect, it } from "vitest";
+import type { AddressInfo } from "node:net";
+import { createServer as createTlsServer } from "node:tls";
+import { request } from "undici";
+import { describe, expect, it, onTestFinished } from "vitest";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
+import { clientPreface, flag, frame, frameType, indexed, settings } from "../helpers/h2-frames.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
-import { fetchVia, startTestProxy } from "../helpers/proxy.js";
+import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
+import { testCa } from "../helpers/test-ca.js";
 import { openTlsTunnel } from "../helpers/raw.js";
 import { startUpstream, type Route } from "../helpers/upstream.js";
 
@@ -152,5 +157,126 @@ describe("trailers", () => {
     const replaced = await h2Request(session, { ":path": "/trailers?replace" });
     expect(replaced.body.toString()).toBe("replaced");
     expect(replaced.trailers?.["grpc-status"]).toBeUndefined();
+  });
+});
+
+/**
+ * A TLS server that speaks just enough HTTP/2 by hand: on its first connection it answers the
+ * first request with GOAWAY(last stream 0) and closes, so that request was never processed
+ * (RFC 9113 §6.8); on later connections it answers `:status 200` with no body.
+ */
+async function goAwayFirst(): Promise<{ port: number; connections: () => number }> {
+  const ca = await testCa();
+  const contexts = await ca.serverContexts(["api.test"]);
+  let connections = 0;
+  const context = contexts.get("api.test")!;
+  const server = createTlsServer({ SNICallback: (_name, cb) => cb(null, context), ALPNProtocols: ["h2"] }, (socket) => {
+    const index = ++connections;
+    socket.on("error", () => undefined);
+    socket.write(settings());
+    let buffered = Buffer.alloc(0);
+    let prefaceSeen = false;
+    socket.on("data", (chunk: Buffer) => {
+      buffered = Buffer.concat([buffered, chunk]);
+      if (!prefaceSeen) {
+        if (buffered.length < clientPreface.length) return;
+        buffered = buffered.subarray(clientPreface.length);
+        prefaceSeen = true;
+      }
+      while (buffered.length >= 9) {
+        const length = buffered.readUIntBE(0, 3);
+        if (buffered.length < 9 + length) return;
+        const type = buffered[3]!;
+        const flags = buffered[4]!;
+        const stream = buffered.readUInt32BE(5) & 0x7fffffff;
+        buffered = buffered.subarray(9 + length);
+        if (type === frameType.settings && (flags & flag.ack) === 0) socket.write(frame(frameType.settings, flag.ack, 0));
+        if (type !== frameType.headers) continue;
+        if (index === 1) {
+          const payload = Buffer.alloc(8); // last stream id 0, NO_ERROR
+          socket.end(frame(frameType.goaway, 0, 0, payload));
+          return;
+        }
+        // HPACK static table entry 8 is `:status: 200`.
+        socket.write(frame(frameType.headers, flag.endStream | flag.endHeaders, stream, indexed(8)));
+      }
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(() => new Promise<void>((resolve) => server.close(() => resolve())));
+  return { port: (server.address() as AddressInfo).port, connections: () => connections };
+}
+
+describe("an upstream connection that ends under the proxy", () => {
+  // Far above anything the tests wait for: a 504 here would mean the proxy missed the close.
+  const timeouts = { upstreamHeadersMs: 20_000, upstreamBodyMs: 20_000 };
+
+  it("cut while a request waits for its head (no GOAWAY): 502 at once, and the origin is served on a new connection", async () => {
+    let waiting!: () => void;
+    const arrived = new Promise<void>((resolve) => (waiting = resolve));
+    const upstream = await startH2Upstream({ "/wait": () => waiting() });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
+    const started = performance.now();
+    const pending = fetchVia(proxy, `https://api.test:${upstream.port}/wait`);
+    await arrived;
+    upstream.cut();
+    const res = await pending;
+    expect(res.status).toBe(502);
+    expect(performance.now() - started).toBeLessThan(timeouts.upstreamHeadersMs / 2);
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+    expect(upstream.connections()).toBe(2);
+  });
+
+  it("cut while the session is idle: the next requests reach the origin on a new connection, none waits for a timeout", async () => {
+    const upstream = await startH2Upstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+    upstream.cut();
+    const started = performance.now();
+    // The close reaches the proxy a moment after the cut: a request sent on the session in that
+    // moment fails (502), and the next one must get through.
+    const statuses: number[] = [];
+    for (let i = 0; i < 3 && !statuses.includes(200); i++) statuses.push((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status);
+    expect(statuses.at(-1)).toBe(200);
+    for (const status of statuses.slice(0, -1)) expect(status).toBe(502);
+    expect(performance.now() - started).toBeLessThan(timeouts.upstreamHeadersMs / 2);
+    expect(upstream.connections()).toBe(2);
+    // And the proxy keeps serving.
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+
+  it.each(["h1", "h2"] as const)("cut mid-body: the %s guest's response is cut, never ended as if whole", async (guest) => {
+    let started!: () => void;
+    const writing = new Promise<void>((resolve) => (started = resolve));
+    const upstream = await startH2Upstream({
+      "/partial": (stream) => {
+        stream.respond({ ":status": 200, "content-type": "text/plain" });
+        stream.write("x".repeat(1000), () => started());
+      },
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
+    const url = `https://api.test:${upstream.port}/partial`;
+    if (guest === "h1") {
+      const res = await request(url, { dispatcher: proxyAgent(proxy) });
+      expect(res.statusCode).toBe(200);
+      await writing;
+      upstream.cut();
+      await expect(res.body.text()).rejects.toThrow();
+    } else {
+      const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+      const answer = h2Request(session, { ":path": "/partial" });
+      await writing;
+      upstream.cut();
+      await expect(answer).rejects.toThrow(/reset|NGHTTP2_/);
+    }
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+
+  it("a request past a GOAWAY's last stream id, never processed, is sent again on a new connection", async () => {
+    const upstream = await goAwayFirst();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/again`);
+    expect(res.status, res.text).toBe(200);
+    expect(upstream.connections()).toBe(2);
   });
 });

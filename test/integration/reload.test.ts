@@ -11,6 +11,8 @@ import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
 import { basic, credentialsOf, startGuestsProxy } from "../helpers/guests.js";
 import { openRaw, type RawClient } from "../helpers/raw.js";
 import { startUpstream } from "../helpers/upstream.js";
+import { h2Request, h2Session } from "../helpers/h2-client.js";
+import { startH2Upstream } from "../helpers/h2-upstream.js";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 
@@ -73,6 +75,35 @@ describe("proxy.reload", () => {
     await dropped.closed;
     expect(credentialsOf(proxy, "keep").token).toBe(keep.token);
     expect(proxy.guestNames()).toEqual(["keep"]);
+  });
+
+  it.each(["h1", "h2"] as const)("a response from an HTTP/2 upstream under way at the reload arrives whole at the %s guest", async (guest) => {
+    let half!: () => void;
+    const halfway = new Promise<void>((resolve) => (half = resolve));
+    let finish!: () => void;
+    const finished = new Promise<void>((resolve) => (finish = resolve));
+    const upstream = await startH2Upstream({
+      "/slow": (stream) => {
+        stream.respond({ ":status": 200, "content-type": "text/plain" });
+        stream.write("a".repeat(50), () => half());
+        void finished.then(() => stream.end("b".repeat(50)));
+      },
+    });
+    const hooks = { allowedInternalHosts: ["api.test"] };
+    const proxy = await startTestProxy(hooks, { logLevel: "warn" });
+    const url = `https://api.test:${upstream.port}/slow`;
+    const answer =
+      guest === "h1"
+        ? fetchVia(proxy, url).then((res) => ({ status: res.status, body: res.text }))
+        : h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem).then(async (session) => {
+            const res = await h2Request(session, { ":path": "/slow" });
+            return { status: res.status, body: res.body.toString() };
+          });
+    await halfway;
+    const next = createHttpHooks(hooks);
+    await proxy.reload({ httpHooks: next.httpHooks, env: next.env, resolve: { "api.test": ["127.0.0.1"], "other.test": ["127.0.0.1"] } });
+    finish();
+    expect(await answer).toEqual({ status: 200, body: `${"a".repeat(50)}${"b".repeat(50)}` });
   });
 
   it("rejects invalid options whole and keeps the old configuration serving", async () => {
