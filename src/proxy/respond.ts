@@ -11,9 +11,37 @@ export function errorBody(error: EgressError): string {
   return `${error.status} ${error.statusText}: ${error.message}\n`;
 }
 
+/** How long a guest may go on sending a body that was answered before its end; see lingerBeforeClose. */
+const lingerMs = 5_000;
+const lingering = new WeakSet<Socket>();
+
+/**
+ * A lingering close (RFC 9112 §9.6) for a connection answered `Connection: close` before the
+ * guest's request body ended. Node's server closes such a socket as soon as the answer is
+ * written; the guest is still sending, the kernel answers its next bytes with RST, and a client
+ * that stops at a failed send (curl: "Send failure: Broken pipe") never reads the answer, a 403's
+ * reason included. Instead our side is closed (FIN after the answer), what the guest still sends
+ * is read and dropped, and the socket goes once the guest ends its side, or after 5 s.
+ */
+function lingerBeforeClose(socket: Socket | null): void {
+  if (socket === null || socket.destroyed || lingering.has(socket)) return;
+  lingering.add(socket);
+  // Node's server calls destroySoon() once the answer is written; this socket's alone is replaced.
+  (socket as Socket & { destroySoon: () => void }).destroySoon = function linger(this: Socket): void {
+    if (this.destroyed) return;
+    const timer = setTimeout(() => this.destroy(), lingerMs);
+    timer.unref();
+    this.once("close", () => clearTimeout(timer));
+    this.once("end", () => this.destroy());
+    if (this.writable) this.end();
+    this.resume();
+  };
+}
+
 /**
  * Answers with a short text error. When the guest's request body is still unread, the
- * connection is closed after the answer instead of draining (say) a refused 1 GiB upload.
+ * connection is closed after the answer instead of draining (say) a refused 1 GiB upload, with a
+ * lingering close.
  */
 export function sendError(res: ServerResponse, error: EgressError, closeConnection: boolean): void {
   if (res.headersSent) {
@@ -27,7 +55,10 @@ export function sendError(res: ServerResponse, error: EgressError, closeConnecti
     "x-egressgate-error": error.code,
     ...error.headers,
   };
-  if (closeConnection) headers["connection"] = "close";
+  if (closeConnection) {
+    headers["connection"] = "close";
+    lingerBeforeClose(res.socket);
+  }
   res.shouldKeepAlive = res.shouldKeepAlive && !closeConnection;
   res.writeHead(error.status, error.statusText, headers);
   res.end(body);
@@ -62,7 +93,10 @@ export function sendResponse(
   // A guest body that was only partly read (a hook answered, or read a clone and rewrote) would
   // otherwise sit in front of the next request on this connection.
   const headers = closeConnection ? [...response.headers, "connection", "close"] : response.headers;
-  if (closeConnection) res.shouldKeepAlive = false;
+  if (closeConnection) {
+    res.shouldKeepAlive = false;
+    lingerBeforeClose(res.socket);
+  }
   res.writeHead(response.status, headers);
   if (body === null) {
     res.end();

@@ -1,10 +1,12 @@
-import { connect } from "node:net";
+import { connect, type Socket } from "node:net";
+import type { TLSSocket } from "node:tls";
 import { gzipSync } from "node:zlib";
 import { request } from "undici";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { HttpRequestBlockedError, type HttpHooksOptions, type ProxyOptions } from "../../src/index.js";
 import { curlVia } from "../helpers/curl.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
+import { openTlsTunnel } from "../helpers/raw.js";
 import { gzipJsonRoute, patternBody, patternSha256, startUpstream, type Upstream, type Echo } from "../helpers/upstream.js";
 
 const MiB = 1024 * 1024;
@@ -357,6 +359,31 @@ describe("spreading httpHooks", () => {
 });
 
 /** Writes bytes to the proxy and collects everything until it closes (or 3 s pass). */
+/**
+ * Sends a request head and `bodyBytes` of body as fast as the proxy takes them, reading nothing
+ * meanwhile (as curl does: it stops at a failed send), then reads to the connection's close.
+ * `writeError` is what the send ran into, if anything.
+ */
+async function uploadThenRead(socket: Socket | TLSSocket, head: string, bodyBytes: number): Promise<{ writeError: string | undefined; answer: string }> {
+  onTestFinished(() => void socket.destroy());
+  socket.pause();
+  let writeError: string | undefined;
+  const received: Buffer[] = [];
+  socket.on("error", (error: NodeJS.ErrnoException) => (writeError ??= error.code ?? error.message));
+  await new Promise<void>((resolve) => {
+    socket.write(head);
+    socket.write(Buffer.alloc(bodyBytes, 0x61), () => resolve());
+    socket.once("close", () => resolve());
+  });
+  await new Promise<void>((resolve) => {
+    socket.on("data", (c: Buffer) => received.push(c));
+    socket.once("close", () => resolve());
+    socket.once("end", () => resolve());
+    socket.resume();
+  });
+  return { writeError, answer: Buffer.concat(received).toString("latin1") };
+}
+
 async function rawExchange(port: number, bytes: string): Promise<string> {
   const socket = connect(port, "127.0.0.1");
   onTestFinished(() => void socket.destroy());
@@ -432,6 +459,26 @@ describe("more hook contract edges", () => {
     // Either re-computed or absent (chunked), never the upstream's original length.
     expect([undefined, "5"]).toContain(res.headers["content-length"]);
   });
+
+  it.each(["plain", "tunnel"] as const)(
+    "an answer before the upload ends (%s): the proxy reads the rest before it closes, so the guest's send never fails and it reads the answer",
+    async (path) => {
+      const { proxy, upstream } = await setup({ onRequest: () => new Response("answered early", { status: 202 }) });
+      const bodyBytes = 8 * MiB;
+      const socket =
+        path === "plain"
+          ? connect(proxy.port, "127.0.0.1")
+          : (await openTlsTunnel(proxy.port, `api.test:${upstream.port}`, { ca: proxy.caCertPem })).detach();
+      const target = path === "plain" ? `https://api.test:${upstream.port}/echo` : "/echo";
+      const { writeError, answer } = await uploadThenRead(socket, `PUT ${target} HTTP/1.1\r\nHost: api.test:${upstream.port}\r\nContent-Length: ${bodyBytes}\r\n\r\n`, bodyBytes);
+      expect(writeError).toBeUndefined();
+      expect(answer).toMatch(/^HTTP\/1\.1 202 /);
+      expect(answer.toLowerCase()).toContain("connection: close");
+      expect(hits(upstream)).toBe(0);
+      // And the proxy keeps serving.
+      expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).text).toBe("answered early");
+    },
+  );
 
   it("a short-circuit after reading part of an upload closes the connection instead of leaving the rest in front of the next request", async () => {
     const { proxy, upstream } = await setup({
