@@ -74,6 +74,12 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
     url = `${guestRequest.url.origin}${guestRequest.url.pathname}`;
     const upgrade = req.headers.upgrade;
     if (upgrade === undefined || upgrade === "") throw new EgressError("EG_BAD_REQUEST", 400, "Upgrade header missing");
+    // After a 101 the connection carries whatever the new protocol does, unseen by any tier. For
+    // WebSocket that is messages to the URL that was judged; for h2c it would be new HTTP requests
+    // that no policy sees, so only WebSocket is relayed (and only it is asked of the upstream).
+    if (upgrade.trim().toLowerCase() !== "websocket") {
+      throw new EgressError("EG_BAD_REQUEST", 400, `only WebSocket upgrades are relayed, not ${JSON.stringify(upgrade.slice(0, 64))}: the requests after the switch would not be judged`);
+    }
     if (guestRequest.body !== null) throw new EgressError("EG_BAD_REQUEST", 400, "an upgrade request must not have a body");
     const authorized = await deps.pipeline.authorizeUpgrade(guestRequest, trace);
     const { request, addresses } = authorized;
@@ -83,7 +89,7 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
     if (guestGone) throw guestLeft();
     const lines = [`${request.method} ${request.url.pathname}${request.url.search} HTTP/1.1`, `host: ${request.url.host}`];
     for (let i = 0; i < request.headers.length; i += 2) lines.push(`${request.headers[i]}: ${request.headers[i + 1]}`);
-    lines.push("connection: Upgrade", `upgrade: ${upgrade}`);
+    lines.push("connection: Upgrade", "upgrade: websocket");
     upstream.write(`${lines.join("\r\n")}\r\n\r\n`);
     switched = await awaitSwitch(upstream, request.url.host, deps.headersMs);
     if (guestGone || socket.destroyed) throw guestLeft();

@@ -2,7 +2,7 @@ import { connect as h2Connect, type ClientHttp2Session } from "node:http2";
 import type { TLSSocket } from "node:tls";
 import type { AlpnConnectOptions } from "./h2-connect.js";
 import { connectAlpn } from "./h2-connect.js";
-import { goawayLastStream } from "./h2-exchange.js";
+import { cancelUnfinished, goawayLastStream } from "./h2-exchange.js";
 import type { ResolvedAddress } from "./resolve.js";
 
 export interface H2SessionsOptions extends AlpnConnectOptions {
@@ -108,10 +108,6 @@ export class H2Sessions {
       if (this.closed) socket.destroy();
       return { protocol: "h1", socket };
     }
-    // connectAlpn opens sockets half-open, as undici's pools want them; an http2 session on such a
-    // socket never learns that the upstream closed (a restart, a cut connection): it kept taking
-    // streams that waited for their timeout, and the origin stayed on the dead session.
-    socket.allowHalfOpen = false;
     const session = h2Connect(origin.origin, {
       createConnection: () => socket,
       settings: { enablePush: false },
@@ -119,9 +115,21 @@ export class H2Sessions {
       maxSessionMemory: 10,
     });
     session.on("error", () => undefined);
-    session.once("goaway", (_code: number, lastStreamID: number) => {
+    // A graceful shutdown sends two GOAWAYs, the first with the highest id: the lowest counts.
+    session.on("goaway", (_code: number, lastStreamID: number) => {
       goneAway.add(session);
-      goawayLastStream.set(session, lastStreamID);
+      goawayLastStream.set(session, Math.min(lastStreamID, goawayLastStream.get(session) ?? lastStreamID));
+    });
+    // connectAlpn opens sockets half-open, as undici's pools want them, and an http2 session on
+    // such a socket never learns that the upstream closed it (a crash, a restart, a cut
+    // connection): it kept taking streams that waited for their timeout, and the origin stayed
+    // on the dead session. Not half-open, Node would destroy every stream at the FIN, those whose
+    // response had arrived whole but was not read yet included. So, at the FIN: no new streams,
+    // the streams still waiting for their response's end cut, and the others read to their end.
+    socket.once("end", () => {
+      goneAway.add(session);
+      cancelUnfinished(session);
+      if (!session.closed) session.close();
     });
     session.once("close", () => this.live(key));
     session.setTimeout(this.options.idleMs, () => {

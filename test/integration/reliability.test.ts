@@ -129,7 +129,7 @@ async function startUpgradeUpstream(): Promise<{ port: number; order: string[] }
     order.push(`upgrade ${req.url}`);
     held?.();
     socket.on("error", () => undefined);
-    socket.write("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n");
+    socket.write("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n");
     socket.on("data", (chunk: Buffer) => socket.write(Buffer.concat([Buffer.from("echo:"), chunk])));
   });
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
@@ -152,7 +152,7 @@ describe("an upgrade or a CONNECT pipelined behind requests", () => {
       const guest = await openTlsTunnel(proxy.port, `api.test:${upstream.port}`, { ca: proxy.caCertPem });
       const host = `Host: api.test:${upstream.port}\r\n`;
       const paths = ["/slow", ...Array.from({ length: ahead - 1 }, (_, i) => `/n${i}`)];
-      guest.write(`${paths.map((p) => `GET ${p} HTTP/1.1\r\n${host}\r\n`).join("")}GET /socket HTTP/1.1\r\n${host}Connection: Upgrade\r\nUpgrade: echo\r\n\r\nframe-bytes`);
+      guest.write(`${paths.map((p) => `GET ${p} HTTP/1.1\r\n${host}\r\n`).join("")}GET /socket HTTP/1.1\r\n${host}Connection: Upgrade\r\nUpgrade: websocket\r\n\r\nframe-bytes`);
       for (const path of paths) {
         const res = await guest.readResponse();
         expect(res.status).toBe(200);

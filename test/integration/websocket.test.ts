@@ -4,7 +4,9 @@ import { connect, createServer as createNetServer, type AddressInfo, type Socket
 import { ProxyAgent, WebSocket } from "undici";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { HttpRequestBlockedError } from "../../src/index.js";
+import { curlVia } from "../helpers/curl.js";
 import { startTestProxy } from "../helpers/proxy.js";
+import { startUpstream } from "../helpers/upstream.js";
 import { openTlsTunnel } from "../helpers/raw.js";
 import { testCa } from "../helpers/test-ca.js";
 
@@ -156,6 +158,33 @@ describe("upgrades an upstream does not accept", () => {
     expect(answer()).toMatch(/did not switch protocols \(answered 200\)/);
     expect(received).toMatch(/^GET \/ws HTTP\/1\.1\r\n/);
     expect(received).not.toMatch(/DELETE/);
+  });
+});
+
+describe("upgrades to anything but WebSocket", () => {
+  // After a 101 to h2c, HTTP/2 requests would cross the proxy that no tier sees.
+  it.each(["h2c", "websocket, h2c", "TLS/1.2", "echo"])("Upgrade: %s gets 400 and never reaches the upstream; the proxy keeps serving", async (value) => {
+    let received = "";
+    const { port } = await startRawUpstream((s) =>
+      s.on("data", (c: Buffer) => {
+        received += c.toString("latin1");
+        s.write("HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n");
+      }),
+    );
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const guest = connect(proxy.port, "127.0.0.1");
+    onTestFinished(() => void guest.destroy());
+    let answer = "";
+    guest.on("data", (c: Buffer) => (answer += c.toString("latin1")));
+    guest.on("error", () => undefined);
+    const closed = new Promise((resolve) => guest.on("close", resolve));
+    guest.write(`GET http://api.test:${port}/ok HTTP/1.1\r\nHost: api.test\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: ${value}\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n`);
+    await closed;
+    expect(answer).toMatch(/^HTTP\/1\.1 400 /);
+    expect(answer).toContain("only WebSocket upgrades are relayed");
+    expect(received).toBe("");
+    const upstream = await startUpstream({ tls: false });
+    expect((await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`)).status).toBe(200);
   });
 });
 
