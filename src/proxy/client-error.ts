@@ -1,7 +1,7 @@
 import type { Socket } from "node:net";
 import { EgressError } from "../errors.js";
 import type { Logger } from "../log.js";
-import { writeRawError } from "./respond.js";
+import { isLingering, writeRawError } from "./respond.js";
 
 /** The largest request head a guest may send (431 beyond). */
 export const maxHeaderBytes = 64 * 1024;
@@ -11,6 +11,11 @@ export const maxHeaderBytes = 64 * 1024;
  * 400 for malformed input, 431 for an oversized head, 408 for a slow one, 405 for TRACK.
  */
 export function answerClientError(error: NodeJS.ErrnoException, socket: Socket, log: Logger): void {
+  if (isLingering(socket)) {
+    // The answer has gone, and the guest stopped mid-body (curl does on an early answer).
+    socket.destroy();
+    return;
+  }
   const code = error.code ?? "";
   log.info("bad request", { error, client: socket.remoteAddress });
   const rawPacket = (error as { rawPacket?: Buffer }).rawPacket;

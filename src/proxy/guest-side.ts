@@ -17,7 +17,7 @@ import type { Guest, GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes } from "./lanes.js";
 import type { ResolvedProxyOptions } from "./options.js";
-import { errorBody, sendError, sendResponse, writeRawError } from "./respond.js";
+import { errorBody, isLingering, sendError, sendResponse, writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
 import { serveUpgrade } from "./upgrade.js";
 import { H2Guests } from "./h2-guest.js";
@@ -135,7 +135,8 @@ export class GuestSide {
     if (this.deps.limits.refused(socket)) return;
     this.guard(
       this.lanes.takeOver(socket, head).then((early) => {
-        if (early !== undefined) this.onConnect(req, socket, early, serve);
+        // Behind an answer that closed the connection: never processed, as a request is not.
+        if (early !== undefined && !isLingering(socket)) this.onConnect(req, socket, early, serve);
       }),
       socket,
     );
@@ -194,7 +195,7 @@ export class GuestSide {
   private async upgrade(req: IncomingMessage, socket: Socket, head: Buffer): Promise<void> {
     if (this.deps.limits.refused(socket)) return;
     const early = await this.lanes.takeOver(socket, head);
-    if (early === undefined) return;
+    if (early === undefined || isLingering(socket)) return;
     const guest = this.guestOf(req);
     if (guest instanceof EgressError) {
       // Logged by the gate (see onConnect).
@@ -209,6 +210,11 @@ export class GuestSide {
   private async handle(req: IncomingMessage, res: ServerResponse, expectsContinue: boolean): Promise<void> {
     if (this.deps.limits.refused(req.socket)) {
       req.socket.destroy();
+      return;
+    }
+    // Pipelined behind an answer that closes the connection: never processed (RFC 9112 §9.6).
+    if (isLingering(req.socket)) {
+      req.resume();
       return;
     }
     const id = this.nextId++;

@@ -23,9 +23,12 @@ const lingering = new WeakSet<Socket>();
  * reason included. Instead our side is closed (FIN after the answer), what the guest still sends
  * is read and dropped, and the socket goes once the guest ends its side, or after 5 s.
  */
-function lingerBeforeClose(socket: Socket | null): void {
-  if (socket === null || socket.destroyed || lingering.has(socket)) return;
+function lingerBeforeClose(res: ServerResponse): void {
+  const socket = res.socket;
+  // Only while the guest may still be sending: a request whose body has ended has nothing left.
+  if (socket === null || socket.destroyed || res.req.complete || lingering.has(socket)) return;
   lingering.add(socket);
+  const req = res.req as ServerResponse["req"] & { _dump?: () => void };
   // Node's server calls destroySoon() once the answer is written; this socket's alone is replaced.
   (socket as Socket & { destroySoon: () => void }).destroySoon = function linger(this: Socket): void {
     if (this.destroyed) return;
@@ -34,8 +37,21 @@ function lingerBeforeClose(socket: Socket | null): void {
     this.once("close", () => clearTimeout(timer));
     this.once("end", () => this.destroy());
     if (this.writable) this.end();
+    // The rest of the body is dropped, whoever was reading it (a hook's clone, the upstream
+    // upload): otherwise its reader's backpressure pauses the socket again.
+    req.unpipe();
+    req._dump?.();
     this.resume();
   };
+}
+
+/**
+ * A connection in its lingering close: what arrives on it is dropped, a request pipelined behind
+ * the answer included (RFC 9112 §9.6: no further request is processed), and a parse error at its
+ * end (the guest stopping mid-body) is no "bad request".
+ */
+export function isLingering(socket: Socket): boolean {
+  return lingering.has(socket);
 }
 
 /**
@@ -57,7 +73,7 @@ export function sendError(res: ServerResponse, error: EgressError, closeConnecti
   };
   if (closeConnection) {
     headers["connection"] = "close";
-    lingerBeforeClose(res.socket);
+    lingerBeforeClose(res);
   }
   res.shouldKeepAlive = res.shouldKeepAlive && !closeConnection;
   res.writeHead(error.status, error.statusText, headers);
@@ -95,7 +111,7 @@ export function sendResponse(
   const headers = closeConnection ? [...response.headers, "connection", "close"] : response.headers;
   if (closeConnection) {
     res.shouldKeepAlive = false;
-    lingerBeforeClose(res.socket);
+    lingerBeforeClose(res);
   }
   res.writeHead(response.status, headers);
   if (body === null) {

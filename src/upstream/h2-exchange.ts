@@ -42,24 +42,6 @@ export class H2Refused extends Error {
  */
 export const goawayLastStream = new WeakMap<ClientHttp2Session, number>();
 
-/** Each session's streams not yet closed, for {@link cancelUnfinished}. */
-const openStreams = new WeakMap<ClientHttp2Session, Set<ClientHttp2Stream>>();
-
-/** Whether the stream's response has arrived to its end (END_STREAM), read or not. */
-function responseEnded(stream: ClientHttp2Stream): boolean {
-  // Node has no public flag for an end received but not yet read (`readableEnded` waits for the read).
-  return stream.closed || (stream as unknown as { _readableState?: { ended?: boolean } })._readableState?.ended === true;
-}
-
-/**
- * The upstream closed its side of the connection: a stream whose response has not ended can never
- * end now, so it is cut (the guest sees the cut, never a body ended as if whole); one that has
- * ended keeps what arrived until it is read.
- */
-export function cancelUnfinished(session: ClientHttp2Session): void {
-  for (const stream of openStreams.get(session) ?? []) if (!responseEnded(stream) && !stream.destroyed) stream.close(constants.NGHTTP2_CANCEL);
-}
-
 // RFC 9113 §8.2.2, plus Host: HTTP/2 carries it as :authority.
 const notOnH2 = new Set(["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "host"]);
 
@@ -133,14 +115,10 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
     // A request Node will not encode (a header value it refuses): sending it again changes nothing.
     throw new EgressError("EG_UPSTREAM", 502, `the request to ${url.host} could not be sent over HTTP/2: ${(error as Error).message}`, { cause: error });
   }
-  let open = openStreams.get(session);
-  if (open === undefined) openStreams.set(session, (open = new Set()));
-  open.add(stream);
   let released = false;
   const release = (): void => {
     if (released) return;
     released = true;
-    open.delete(stream);
     options.done();
   };
   stream.on("error", () => undefined);

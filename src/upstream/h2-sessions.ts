@@ -2,7 +2,7 @@ import { connect as h2Connect, type ClientHttp2Session } from "node:http2";
 import type { TLSSocket } from "node:tls";
 import type { AlpnConnectOptions } from "./h2-connect.js";
 import { connectAlpn } from "./h2-connect.js";
-import { cancelUnfinished, goawayLastStream } from "./h2-exchange.js";
+import { goawayLastStream } from "./h2-exchange.js";
 import type { ResolvedAddress } from "./resolve.js";
 
 export interface H2SessionsOptions extends AlpnConnectOptions {
@@ -123,14 +123,11 @@ export class H2Sessions {
     // connectAlpn opens sockets half-open, as undici's pools want them, and an http2 session on
     // such a socket never learns that the upstream closed it (a crash, a restart, a cut
     // connection): it kept taking streams that waited for their timeout, and the origin stayed
-    // on the dead session. Not half-open, Node would destroy every stream at the FIN, those whose
-    // response had arrived whole but was not read yet included. So, at the FIN: no new streams,
-    // the streams still waiting for their response's end cut, and the others read to their end.
-    socket.once("end", () => {
-      goneAway.add(session);
-      cancelUnfinished(session);
-      if (!session.closed) session.close();
-    });
+    // on the dead session. The cost: Node destroys every stream at the FIN, and a response that
+    // had arrived whole but was not read yet (a hook still holding it) is lost with it (see the
+    // README's upstream side). Keeping the socket half-open and cancelling only unfinished streams
+    // at the FIN was tried: a closed stream read after the FIN then never ended.
+    socket.allowHalfOpen = false;
     session.once("close", () => this.live(key));
     session.setTimeout(this.options.idleMs, () => {
       const entry = this.sessions.get(key)?.find((e) => e.session === session);

@@ -360,11 +360,11 @@ describe("spreading httpHooks", () => {
 
 /** Writes bytes to the proxy and collects everything until it closes (or 3 s pass). */
 /**
- * Sends a request head and `bodyBytes` of body as fast as the proxy takes them, reading nothing
- * meanwhile (as curl does: it stops at a failed send), then reads to the connection's close.
- * `writeError` is what the send ran into, if anything.
+ * Sends a request head and `bodyBytes` of body as fast as the proxy takes them, then `after` (a
+ * request pipelined behind), reading nothing meanwhile (as curl does: it stops at a failed send),
+ * then reads to the connection's close. `writeError` is what the send ran into, if anything.
  */
-async function uploadThenRead(socket: Socket | TLSSocket, head: string, bodyBytes: number): Promise<{ writeError: string | undefined; answer: string }> {
+async function uploadThenRead(socket: Socket | TLSSocket, head: string, bodyBytes: number, after = ""): Promise<{ writeError: string | undefined; answer: string }> {
   onTestFinished(() => void socket.destroy());
   socket.pause();
   let writeError: string | undefined;
@@ -372,7 +372,7 @@ async function uploadThenRead(socket: Socket | TLSSocket, head: string, bodyByte
   socket.on("error", (error: NodeJS.ErrnoException) => (writeError ??= error.code ?? error.message));
   await new Promise<void>((resolve) => {
     socket.write(head);
-    socket.write(Buffer.alloc(bodyBytes, 0x61), () => resolve());
+    socket.write(Buffer.alloc(bodyBytes, 0x61), () => (after === "" ? resolve() : socket.write(after, () => resolve())));
     socket.once("close", () => resolve());
   });
   await new Promise<void>((resolve) => {
@@ -460,23 +460,43 @@ describe("more hook contract edges", () => {
     expect([undefined, "5"]).toContain(res.headers["content-length"]);
   });
 
-  it.each(["plain", "tunnel"] as const)(
-    "an answer before the upload ends (%s): the proxy reads the rest before it closes, so the guest's send never fails and it reads the answer",
-    async (path) => {
-      const { proxy, upstream } = await setup({ onRequest: () => new Response("answered early", { status: 202 }) });
+  it.each([
+    ["plain", "unread"],
+    ["tunnel", "unread"],
+    ["plain", "a chunk read"],
+    ["tunnel", "a chunk read"],
+  ] as const)(
+    "an answer before the upload ends (%s, body %s): the proxy reads the rest before it closes, so the guest's send never fails, it reads the answer, and a request pipelined behind is never processed",
+    async (path, read) => {
+      const { proxy, upstream } = await setup({
+        onRequest: async (req) => {
+          if (req.method !== "PUT") return undefined;
+          // A reader left holding the body applies backpressure, which the linger must not inherit.
+          if (read === "a chunk read") await req.clone().body!.getReader().read();
+          return new Response("answered early", { status: 202 });
+        },
+      });
       const bodyBytes = 8 * MiB;
       const socket =
         path === "plain"
           ? connect(proxy.port, "127.0.0.1")
           : (await openTlsTunnel(proxy.port, `api.test:${upstream.port}`, { ca: proxy.caCertPem })).detach();
-      const target = path === "plain" ? `https://api.test:${upstream.port}/echo` : "/echo";
-      const { writeError, answer } = await uploadThenRead(socket, `PUT ${target} HTTP/1.1\r\nHost: api.test:${upstream.port}\r\nContent-Length: ${bodyBytes}\r\n\r\n`, bodyBytes);
+      const target = (p: string): string => (path === "plain" ? `https://api.test:${upstream.port}${p}` : p);
+      const host = `Host: api.test:${upstream.port}\r\n`;
+      const { writeError, answer } = await uploadThenRead(
+        socket,
+        `PUT ${target("/echo")} HTTP/1.1\r\n${host}Content-Length: ${bodyBytes}\r\n\r\n`,
+        bodyBytes,
+        `GET ${target("/echo?pipelined")} HTTP/1.1\r\n${host}\r\n`,
+      );
       expect(writeError).toBeUndefined();
       expect(answer).toMatch(/^HTTP\/1\.1 202 /);
       expect(answer.toLowerCase()).toContain("connection: close");
+      // Only the one answer: the pipelined GET was dropped, not sent upstream.
+      expect(answer.match(/HTTP\/1\.1 /g)).toHaveLength(1);
       expect(hits(upstream)).toBe(0);
       // And the proxy keeps serving.
-      expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).text).toBe("answered early");
+      expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
     },
   );
 

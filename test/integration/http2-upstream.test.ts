@@ -193,7 +193,10 @@ async function goAwayFirst(): Promise<{ port: number; connections: () => number 
         if (type === frameType.settings && (flags & flag.ack) === 0) socket.write(frame(frameType.settings, flag.ack, 0));
         if (type !== frameType.headers) continue;
         if (index === 1) {
-          const payload = Buffer.alloc(8); // last stream id 0, NO_ERROR
+          // Last stream id 0, INTERNAL_ERROR: with NO_ERROR nghttp2 itself would close the stream
+          // REFUSED_STREAM; with an error code only the last stream id says it was not processed.
+          const payload = Buffer.alloc(8);
+          payload.writeUInt32BE(0x2, 4);
           socket.end(frame(frameType.goaway, 0, 0, payload));
           return;
         }
