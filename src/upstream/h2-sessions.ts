@@ -92,7 +92,7 @@ export class H2Sessions {
   private live(key: string): Entry[] {
     const entries = this.sessions.get(key);
     if (entries === undefined) return [];
-    const live = entries.filter((e) => !e.session.closed && !e.session.destroyed && !goneAway.has(e.session));
+    const live = entries.filter((e) => !e.session.closed && !e.session.destroyed && !goawayLastStream.has(e.session));
     if (live.length !== entries.length) {
       if (live.length === 0) this.sessions.delete(key);
       else this.sessions.set(key, live);
@@ -115,9 +115,9 @@ export class H2Sessions {
       maxSessionMemory: 10,
     });
     session.on("error", () => undefined);
-    // A graceful shutdown sends two GOAWAYs, the first with the highest id: the lowest counts.
+    // A session that received GOAWAY takes no new streams (live()). A graceful shutdown sends two,
+    // the first with the highest id: the lowest counts.
     session.on("goaway", (_code: number, lastStreamID: number) => {
-      goneAway.add(session);
       goawayLastStream.set(session, Math.min(lastStreamID, goawayLastStream.get(session) ?? lastStreamID));
     });
     // connectAlpn opens sockets half-open, as undici's pools want them, and an http2 session on
@@ -162,9 +162,6 @@ export class H2Sessions {
     this.sessions.clear();
   }
 }
-
-/** Sessions that received GOAWAY: their open streams finish, new streams go elsewhere. */
-const goneAway = new WeakSet<ClientHttp2Session>();
 
 function peerStreams(session: ClientHttp2Session): number {
   return session.remoteSettings.maxConcurrentStreams ?? defaultPeerStreams;
