@@ -30,6 +30,8 @@ export class Recording {
   private readonly pending = new Set<Promise<unknown>>();
   private failed = false;
   private closed: Promise<void> | undefined;
+  /** The last flush asked for; the next one starts after it (write() never rejects). */
+  private flushing: Promise<void> = Promise.resolve();
   /** Set once close() has waited for the exchanges in flight: later ones are not written. */
   private final = false;
 
@@ -81,8 +83,18 @@ export class Recording {
     this.failed = true;
   }
 
-  /** Writes FILE.har from what is journaled so far, atomically. */
-  async flush(): Promise<void> {
+  /**
+   * Writes FILE.har from what is journaled so far, atomically. Flushes run one at a time: SIGTERM
+   * flushes before the drain and close() flushes after it, and two writers of one temporary file
+   * would have the second rename find it gone.
+   */
+  flush(): Promise<void> {
+    const next = this.flushing.then(() => this.write());
+    this.flushing = next;
+    return next;
+  }
+
+  private async write(): Promise<void> {
     await this.queue;
     const tmp = `${this.path}.${process.pid}.tmp`;
     let out: FileHandle | undefined;

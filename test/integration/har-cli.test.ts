@@ -1,5 +1,5 @@
 import { spawn } from "node:child_process";
-import { readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { gunzipSync } from "node:zlib";
@@ -130,7 +130,7 @@ describe("record and replay flags", () => {
     expect(orphan.code).toBe(2);
   });
 
-  it("SIGTERM writes the HAR file, with what was recorded", async () => {
+  it("SIGTERM writes the HAR file, with what was recorded, and removes the journal without an error", async () => {
     const dir = tempDir();
     const har = join(dir, "cli.har");
     const ca = await testCa();
@@ -139,7 +139,7 @@ describe("record and replay flags", () => {
     const upstream = await startUpstream();
     let fetched: Promise<void> | undefined;
     const run = cli(
-      ["--listen", "127.0.0.1:0", "--ca-dir", join(dir, "ca"), "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--upstream-ca", caFile, "--record", har, "--log-level", "silent"],
+      ["--listen", "127.0.0.1:0", "--ca-dir", join(dir, "ca"), "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--upstream-ca", caFile, "--record", har, "--log-level", "error"],
       (stdout, child) => {
         const port = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(stdout)?.[1];
         if (port === undefined || fetched !== undefined) return;
@@ -158,5 +158,9 @@ describe("record and replay flags", () => {
     const file = JSON.parse(readFileSync(har, "utf8")) as RecordedHar;
     expect(file.log.entries).toHaveLength(1);
     expect(file.log.entries[0]!.response.status).toBe(200);
+    // The flush SIGTERM starts and the one the close makes once the drain ends write the same file.
+    expect(exit.stderr).not.toContain("EG_RECORD_FAILED");
+    expect(existsSync(`${har}.journal`)).toBe(false);
+    expect(readdirSync(dir).filter((name) => name.endsWith(".tmp"))).toEqual([]);
   });
 });
