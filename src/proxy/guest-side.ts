@@ -50,6 +50,7 @@ export class GuestSide {
   private readonly lanes: Lanes;
   private inFlight = 0;
   private idle: (() => void) | undefined;
+  private draining = false;
   private nextId = 1;
 
   private readonly h2: H2Guests;
@@ -255,6 +256,12 @@ export class GuestSide {
       await previous;
       // The connection closed while an earlier request on it was served: answered below as 499.
       if (abort.aborted) throw abort.reason;
+      // Pipelined behind an answer that closed the connection (Connection: close, a drain):
+      // never processed (RFC 9112 §9.6), and nothing to log. Counted until the socket closes.
+      if (socket.writableEnded) {
+        req.resume();
+        return;
+      }
       const guest = this.guestOf(req);
       if (guest instanceof EgressError) throw guest;
       guestName = guest.name;
@@ -277,6 +284,9 @@ export class GuestSide {
           ...(cause !== null ? { cause, detail: cause.message } : {}),
         });
       }
+      // While the proxy drains, every answer closes its connection: a guest told "keep-alive"
+      // would send its next request into the end of the drain.
+      if (this.draining) res.shouldKeepAlive = false;
       // A guest already gone gets no body: the upstream's is then timed by its own end.
       const claimed = trace !== undefined && claimUpstreamBody(trace, res.destroyed ? null : response.body);
       down = sendResponse(res, response, !req.complete, (error) => {
@@ -313,6 +323,7 @@ export class GuestSide {
       // sendError cuts the connection instead when the head is already out: then there is no error body.
       const errorBytes = auditing && !res.headersSent ? Buffer.byteLength(errorBody(err)) : 0;
       // A 407 or 429 ends the connection (as RFC 9110 lets a proxy do): a client retries on a new one.
+      if (this.draining) res.shouldKeepAlive = false;
       sendError(res, err, !req.complete || err.code === "EG_AUTH");
       // Logged by the gate (see onConnect); a request in a removed guest's tunnel never met it.
       if (err.code === "EG_AUTH" && tunnelOf(req.socket) === undefined) return;
@@ -341,6 +352,8 @@ export class GuestSide {
   /** Resolves once no request is in flight, or after `ms`. */
   drain(ms: number): Promise<void> {
     // HTTP/2 guests learn of the close from GOAWAY; their streams in flight still finish.
+    // HTTP/1.1 answers from now on say Connection: close.
+    this.draining = true;
     this.h2.goAway();
     if (this.inFlight === 0) return Promise.resolve();
     return new Promise((resolve) => {

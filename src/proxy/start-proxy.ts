@@ -203,9 +203,11 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       // balancer's probe sees the instance leave while it finishes), and /metrics can still be
       // scraped for the requests that drain.
       await side.drain(config.timeouts.drainMs);
-      await metricsServer?.close();
+      // In the same turn as the drain's end: no guest connection may start a request after it
+      // (which the pools' close below would cut).
       outer.closeAllConnections();
       limits.destroyAll();
+      await metricsServer?.close();
       warnings.clear();
       await closed;
       // Every guest is gone, so nothing in the pools is still wanted: a request that will

@@ -204,19 +204,22 @@ export async function listenForTest(server: Server): Promise<number> {
 
 /**
  * A plain HTTP upstream that holds every request until `release()` answers it with "late":
- * `arrived` settles when the first request is in. For requests in flight across a close or a drain.
+ * `arrived` settles when the first request is in; `paths` lists every request's target, in order.
+ * For requests in flight across a close or a drain.
  */
-export async function heldHttpUpstream(): Promise<{ port: number; arrived: Promise<void>; release: () => void }> {
+export async function heldHttpUpstream(): Promise<{ port: number; arrived: Promise<void>; release: () => void; paths: readonly string[] }> {
   let answer: (() => void) | undefined;
   let arrive: (() => void) | undefined;
   const arrived = new Promise<void>((resolve) => (arrive = resolve));
+  const paths: string[] = [];
   const port = await listenForTest(
-    createHttpServer((_req, res) => {
+    createHttpServer((req, res) => {
+      paths.push(req.url ?? "");
       answer = () => res.end("late");
       arrive?.();
     }),
   );
-  return { port, arrived, release: () => answer?.() };
+  return { port, arrived, release: () => answer?.(), paths };
 }
 
 /** GET over plain HTTP (no proxy): the status and the body as text. */

@@ -194,11 +194,13 @@ async function waitFor(check: () => boolean): Promise<void> {
   while (!check()) await new Promise((resolve) => setTimeout(resolve, 5));
 }
 
+/** A guest's HTTP/1.1 connection: on the listener itself, or inside a TLS tunnel. */
+const openers: Record<string, (port: number, target: string, ca: string) => Promise<RawClient>> = {
+  "plain proxy requests": (port) => openRaw(port),
+  "inside a TLS tunnel": (port, target, ca) => openTlsTunnel(port, target, { ca }),
+};
+
 describe("pipelined requests on one connection", () => {
-  const openers: Record<string, (port: number, target: string, ca: string) => Promise<RawClient>> = {
-    "plain proxy requests": (port) => openRaw(port),
-    "inside a TLS tunnel": (port, target, ca) => openTlsTunnel(port, target, { ca }),
-  };
 
   it.each(Object.entries(openers))(
     "2,000 behind a held one (%s) are all answered, in order, once it is released",
@@ -290,6 +292,94 @@ describe("pipelined requests on one connection", () => {
     // The held request reached the upstream, and nothing behind it did: one at a time, in order.
     expect(upstream.seen.map((r) => r.url).filter((u) => u !== "/echo")).toEqual([...first, "/hold"]);
     expect(child.alive()).toBe(true);
+  });
+});
+
+describe("a connection busy when close() starts its drain", () => {
+  // Go's Shutdown and nginx's graceful stop do the same: the request in flight finishes, its
+  // answer says the connection closes, and nothing behind it is processed. A keep-alive answer
+  // invited a next request that the end of the drain then cut (502 UND_ERR_DESTROYED, or a reset).
+  it.each(Object.entries(openers))(
+    "(%s) gets its answer with Connection: close, then the connection closes; a request pipelined behind it never leaves",
+    async (name, open) => {
+      let held: (() => void) | undefined;
+      const upstream = await startUpstream({ routes: { "/hold": (_req, res) => (held = () => res.end("held")) } });
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+      const authority = `api.test:${upstream.port}`;
+      const guest = await open(proxy.port, authority, proxy.caCertPem);
+      const prefix = name.startsWith("plain") ? `https://${authority}` : "";
+      const line = (path: string): string => `GET ${prefix}${path} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`;
+      guest.write(line("/hold") + line("/echo?behind"));
+      await waitFor(() => held !== undefined);
+      const closed = proxy.close();
+      held!();
+      const answer = await guest.readResponse();
+      expect(answer.status).toBe(200);
+      expect(answer.body).toBe("held");
+      expect(answer.headers["connection"]).toBe("close");
+      expect(await guest.closesWithin(5_000)).toBe(true);
+      await closed;
+      expect(guest.pending()).toBe("");
+      expect(upstream.seen.map((r) => r.url)).toEqual(["/hold"]);
+      // Not processed, so not logged either (as a 499 it would read as a guest that left).
+      expect(proxy.logs.filter((l) => l["msg"] === "request").map((l) => l["status"])).toEqual([200]);
+    },
+  );
+
+  it("a keep-alive connection answered during the drain is closed, so its next request is never half served", async () => {
+    let held: (() => void) | undefined;
+    const upstream = await startUpstream({ routes: { "/hold": (_req, res) => (held = () => res.end("held")) } });
+    // With a metrics listener, close() awaits it after the drain: a window in which a guest told
+    // "keep-alive" sent its next request, which the pools' close then cut.
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { logLevel: "warn", metricsListen: "127.0.0.1:0" });
+    const authority = `api.test:${upstream.port}`;
+    const busy = await openRaw(proxy.port);
+    const other = await openRaw(proxy.port);
+    busy.write(`GET https://${authority}/hold HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+    await waitFor(() => held !== undefined);
+    other.write(`GET https://${authority}/echo?first HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+    expect((await other.readResponse()).status).toBe(200);
+    const closed = proxy.close();
+    // Idle when the drain starts: closed at once, before it could send another request.
+    expect(await other.closesWithin(5_000)).toBe(true);
+    held!();
+    const answer = await busy.readResponse();
+    expect(answer.headers["connection"]).toBe("close");
+    busy.write(`GET https://${authority}/echo?late HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+    expect(await busy.closesWithin(5_000)).toBe(true);
+    await closed;
+    expect(busy.pending()).toBe("");
+    expect(upstream.seen.map((r) => r.url)).toEqual(["/hold", "/echo?first"]);
+  });
+
+  it("a response whose head said keep-alive before the drain: the next request, sent right after its end, is not taken once the drain is over", async () => {
+    let finish: (() => void) | undefined;
+    const upstream = await startUpstream({
+      routes: {
+        "/part": (_req, res) => {
+          res.writeHead(200, { "content-length": 8 });
+          res.write("half");
+          finish = () => res.end("done");
+        },
+      },
+    });
+    // The metrics listener's thread takes a while to close; close() once awaited it between the
+    // drain's end and closing the guests' connections, and a request could start in between.
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { metricsListen: "127.0.0.1:0" });
+    const authority = `api.test:${upstream.port}`;
+    const guest = await openRaw(proxy.port);
+    guest.write(`GET https://${authority}/part HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+    await waitFor(() => guest.pending().includes("half"));
+    expect(guest.pending()).toMatch(/connection: keep-alive/i);
+    const closed = proxy.close();
+    finish!();
+    expect((await guest.readResponse()).body).toBe("halfdone");
+    guest.write(`GET https://${authority}/echo?next HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+    expect(await guest.closesWithin(5_000)).toBe(true);
+    await closed;
+    expect(guest.pending()).toBe("");
+    expect(upstream.seen.map((r) => r.url)).toEqual(["/part"]);
+    expect(proxy.logs.filter((l) => l["msg"] === "request").map((l) => l["status"])).toEqual([200]);
   });
 });
 
