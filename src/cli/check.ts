@@ -1,12 +1,13 @@
 import { createSecureContext } from "node:tls";
 import { Readable } from "node:stream";
-import { EgressError } from "../errors.js";
+import { EgressError, badRequest } from "../errors.js";
 import { createLogger } from "../log.js";
 import type { BuiltProxyOptions } from "../config/build.js";
 import { GuestGone, type Executor, type ExecutorResponse, type TraceEntry } from "../pipeline/exchange.js";
 import { hookSources } from "../pipeline/hook-source.js";
 import { Pipeline } from "../pipeline/pipeline.js";
 import { DeclarativePolicy } from "../policy/declarative-policy.js";
+import { checkMethod, token } from "../proxy/guest-request.js";
 import { resolveProxyOptions } from "../proxy/options.js";
 import { PinnedPools } from "../upstream/pinned-pools.js";
 import { Resolver, type ResolvedAddress } from "../upstream/resolve.js";
@@ -54,6 +55,17 @@ function parseHeader(line: string, flag: string): [string, string] {
   const colon = line.indexOf(":");
   if (colon <= 0) throw new UsageError(`${flag}: expected 'Name: value', got ${JSON.stringify(line)}`);
   return [line.slice(0, colon).trim().toLowerCase(), line.slice(colon + 1).trim()];
+}
+
+/**
+ * A field name that is not a token, or a value with a control character other than tab, never
+ * reaches a tier: the guest side's HTTP/1.1 and HTTP/2 parsers answer 400 first.
+ */
+function checkHeaderFields(headers: readonly string[]): void {
+  for (let i = 0; i < headers.length; i += 2) {
+    const name = headers[i]!;
+    if (!token.test(name) || /[^\t\x20-\x7e\x80-\xff]/.test(headers[i + 1]!)) throw badRequest(`invalid header ${JSON.stringify(name)}`);
+  }
 }
 
 /** Runs the check; resolves with the exit code (0 allowed, 1 denied), having printed the report. */
@@ -150,9 +162,13 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
     executor: () => offline,
   });
   const trace: TraceEntry[] = [];
+  const method = command.method.toUpperCase();
   let answer: CheckReport["answer"];
   try {
-    const response = await pipeline.handle({ method: command.method.toUpperCase(), url, headers, body: null }, { id: "check", signal: new GuestGone(), trace });
+    // What every guest side refuses before any tier runs (its parser, or the proxy's own checks).
+    checkMethod(method);
+    checkHeaderFields(headers);
+    const response = await pipeline.handle({ method, url, headers, body: null }, { id: "check", signal: new GuestGone(), trace });
     response.body?.resume();
     response.cleanup?.();
     answer = {
@@ -184,7 +200,7 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
   }
   const report: CheckReport = {
     guest: guest.name,
-    request: { method: command.method.toUpperCase(), url: redact(url.href) },
+    request: { method, url: redact(url.href) },
     steps: trace.map((entry) => ({ ...entry, ...(entry.reason !== undefined ? { reason: redact(entry.reason) } : {}) })),
     resolution,
     addresses: resolved.map(({ host, port, address }) => {

@@ -24,10 +24,9 @@ const dropOnForward = new Set(["host", "expect"]);
  */
 export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | undefined): OutboundRequest {
   const method = req.method ?? "";
-  // Node hands CONNECT to the tunnel, so what reaches here is TRACE or TRACK.
-  if (forbiddenMethods.has(method)) {
-    throw new EgressError("EG_METHOD_NOT_ALLOWED", 405, `method ${method} is not allowed: it would echo credentials back`);
-  }
+  // Node hands CONNECT to the tunnel and refuses a method that is not a token, so what this
+  // refuses here is TRACE or TRACK.
+  checkMethod(method);
   const raw = req.rawHeaders;
   let hostHeader: string | undefined;
   let contentLength: string | undefined;
@@ -61,6 +60,23 @@ export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | u
     body: hasBody ? req : null,
   };
 }
+
+/**
+ * Refuses a method no request may be forwarded with, as every guest side does before any tier
+ * runs (and `egressgate check` with it): CONNECT inside a tunnel, TRACE and TRACK (405), and a
+ * method that is not an RFC 9110 token (400).
+ */
+export function checkMethod(method: string): void {
+  // RFC 8441 (WebSocket over HTTP/2) is not offered: SETTINGS_ENABLE_CONNECT_PROTOCOL stays 0.
+  if (method === "CONNECT") throw new EgressError("EG_METHOD_NOT_ALLOWED", 405, "CONNECT inside a tunnel is not allowed");
+  if (forbiddenMethods.has(method)) {
+    throw new EgressError("EG_METHOD_NOT_ALLOWED", 405, `method ${method} is not allowed: it would echo credentials back`);
+  }
+  if (!token.test(method)) throw badRequest(`invalid method ${JSON.stringify(method.slice(0, 64))}`);
+}
+
+/** An RFC 9110 token: a method, or a field name. */
+export const token = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 
 function destinationUrl(target: string, hostHeader: string | undefined, tunnel: TunnelTarget | undefined): URL {
   if (tunnel === undefined) {

@@ -1,9 +1,9 @@
 import type { Readable } from "node:stream";
 import { EgressError, badRequest } from "../errors.js";
-import { forbiddenMethods, type OutboundRequest } from "../pipeline/exchange.js";
+import type { OutboundRequest } from "../pipeline/exchange.js";
 import { endToEndHeaders, type HeaderList } from "../headers.js";
 import { parseAuthority } from "./authority.js";
-import type { TunnelTarget } from "./guest-request.js";
+import { checkMethod, type TunnelTarget } from "./guest-request.js";
 import { h2ConnectionHeaders } from "./h2-settings.js";
 
 // The proxy sets the authority from the URL on every hop, and answers Expect itself.
@@ -50,14 +50,8 @@ export function h2OutboundRequest(raw: readonly string[], tunnel: TunnelTarget, 
       regular.push(name, value);
     }
   }
-  if (method === "CONNECT") {
-    // RFC 8441 (WebSocket over HTTP/2) is not offered: SETTINGS_ENABLE_CONNECT_PROTOCOL stays 0.
-    throw new EgressError("EG_METHOD_NOT_ALLOWED", 405, "CONNECT inside a tunnel is not allowed");
-  }
-  if (forbiddenMethods.has(method)) {
-    throw new EgressError("EG_METHOD_NOT_ALLOWED", 405, `method ${method} is not allowed: it would echo credentials back`);
-  }
-  if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(method)) throw badRequest("missing or invalid :method");
+  if (method === "") throw badRequest("missing :method");
+  checkMethod(method);
   if (path === undefined || path === "") throw badRequest("missing :path");
   if (!path.startsWith("/")) {
     if (path === "*") throw badRequest("OPTIONS * cannot be proxied");

@@ -96,6 +96,45 @@ function onResponse(response) { if (response.headers.get("x-bad") === "1") retur
     expect(report.wouldSend).toEqual([]);
   });
 
+  // What the proxy answers before any tier runs: check must answer the same, not run the pipeline.
+  it.each([
+    ["CONNECT", 405, "EG_METHOD_NOT_ALLOWED", "CONNECT inside a tunnel is not allowed"],
+    ["TRACE", 405, "EG_METHOD_NOT_ALLOWED", "method TRACE is not allowed"],
+    ["TRACK", 405, "EG_METHOD_NOT_ALLOWED", "method TRACK is not allowed"],
+    ["GE T", 400, "EG_BAD_REQUEST", "invalid method"],
+    ["GET\r\nX-Injected: 1", 400, "EG_BAD_REQUEST", "invalid method"],
+  ])("answers %j as the proxy does: %i %s", async (method, status, code, reason) => {
+    const { code: exit, report } = await checkJson([method, "https://api.example.test/", "--allow-internal-host", "api.example.test", "--resolve", "api.example.test=10.1.2.3"]);
+    expect(exit).toBe(1);
+    expect(report.answer).toMatchObject({ allowed: false, status, code });
+    expect(report.answer.reason).toContain(reason);
+    expect(report.steps).toEqual([]);
+    expect(report.wouldSend).toEqual([]);
+  });
+
+  it.each([
+    ["a value with a CR", "x-a: 1\rx-b: 2", "x-a"],
+    ["a value with a LF", "x-a: 1\nx-b: 2", "x-a"],
+    ["a name that is not a token", "x a: 1", "x a"],
+  ])("answers 400 for a header with %s, as the proxy's parser does", async (_name, header, named) => {
+    const { code, report } = await checkJson(["GET", "https://api.example.test/", "-H", header, "--allow-internal-host", "api.example.test", "--resolve", "api.example.test=10.1.2.3"]);
+    expect(code).toBe(1);
+    expect(report.answer).toMatchObject({ allowed: false, status: 400, code: "EG_BAD_REQUEST" });
+    expect(report.answer.reason).toContain(JSON.stringify(named));
+    expect(report.wouldSend).toEqual([]);
+  });
+
+  it("takes one value per flag, so the method and URL may follow the flags (the synopsis's order)", async () => {
+    const { code, report } = await checkJson([
+      "-H", "x-one: 1", "-H", "x-two: 2", "--response", "200", "-R", "x-up: 1",
+      "--allow-internal-host", "api.example.test", "--resolve", "api.example.test=10.1.2.3",
+      "POST", "https://api.example.test/items",
+    ]);
+    expect(code).toBe(0);
+    expect(report.request).toEqual({ method: "POST", url: "https://api.example.test/items" });
+    expect(report.answer).toMatchObject({ allowed: true, status: 200 });
+  });
+
   it("exits 2 on usage errors", async () => {
     expect((await check(["GET", "not a url"])).code).toBe(2);
     expect((await check(["GET"])).code).toBe(2);
