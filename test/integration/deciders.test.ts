@@ -1,8 +1,9 @@
 import type { Server as HttpServer } from "node:http";
 import { createServer, type Socket } from "node:net";
-import { readFileSync, writeFileSync } from "node:fs";
+import { spawnSync } from "node:child_process";
+import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, onTestFinished } from "vitest";
 import { request } from "undici";
 import { createHttpHooks, type HttpHooksOptions } from "../../src/index.js";
 import { caseOf, gateDecider, json, loggedDocuments, pythonDecider, shellDecider, startDecisionServer, text, until } from "../helpers/deciders.js";
@@ -162,6 +163,26 @@ describe("command deciders: processes", () => {
     const res = await fetchVia(proxy, `${base}/echo`);
     expect(res.status).toBe(403);
     expect(res.text).toContain("piped 42");
+  });
+
+  // A decider runs per request: a process it leaves behind would pile up, one per request.
+  it.each([
+    ["with its output sent elsewhere", ">/dev/null 2>&1"],
+    ["holding the answer's pipe open", ""],
+  ])("a process the command leaves running (%s) is killed when the command exits, and the answer is read at once", async (_name, redirect) => {
+    const marker = `41.${process.pid}${Math.floor(Math.random() * 1e6)}`;
+    const leftovers = (): number =>
+      readdirSync("/proc").filter((pid) => /^\d+$/.test(pid) && (() => {
+        try {
+          return readFileSync(`/proc/${pid}/cmdline`, "latin1").includes(marker);
+        } catch {
+          return false;
+        }
+      })()).length;
+    onTestFinished(() => void spawnSync("pkill", ["-KILL", "-f", marker]));
+    const { proxy, base } = await proxyWith([{ command: `sleep ${marker} ${redirect} & cat > /dev/null; echo '{"decision":"allow"}'`, shell: true, timeoutMs: 20_000 }]);
+    for (let i = 0; i < 3; i++) expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    await expect.poll(leftovers, { timeout: 5_000 }).toBe(0);
   });
 
   it("a flood beyond concurrency queues, a full queue answers 503 at once, and the queued ones are served once processes free up", async () => {
