@@ -373,11 +373,11 @@ export class SecretStore {
   }
 
   /**
-   * A hop's URL never carries a value to a host outside the secret's hosts. A redirect builds
-   * it from the upstream's Location, which can quote a value substituted into the hop before
-   * (a "return to" cookie, an open redirect), and a cross-origin hop drops the header that held
-   * it. Checked exactly, raw and percent-decoded, like a header; the hostname, which the URL
-   * parser lowercases, is also checked case-folded.
+   * A hop's URL never carries a value, or a placeholder, to a host outside the secret's hosts.
+   * A redirect builds it from the upstream's Location, which can quote a value substituted into
+   * the hop before (a "return to" cookie, an open redirect), and a cross-origin hop drops the
+   * header that held it. Checked exactly, raw and percent-decoded, like a header; the hostname,
+   * which the URL parser lowercases, is also checked case-folded.
    */
   private checkUrl(url: URL, hostname: string, secure: boolean): void {
     const { href } = url;
@@ -387,6 +387,11 @@ export class SecretStore {
       refuseValues(e, href, hostname, inScope, secure, "the URL", false);
       if (decoded !== undefined) refuseValues(e, decoded, hostname, inScope, secure, "the URL", false);
       refuseValues(e, url.hostname, hostname, inScope, secure, "the URL", true);
+      // A placeholder is never substituted into the path (nor the query, unless asked), but one
+      // bound for a host outside its secret's hosts is refused there as it is in a header.
+      if (!inScope && !e.deleted && (href.includes(e.placeholder) || decoded?.includes(e.placeholder) === true || url.hostname.includes(e.placeholder.toLowerCase()))) {
+        throw denied(`the URL carries the placeholder of secret ${e.name} to host "${hostname}", which is not in its hosts`);
+      }
     }
   }
 

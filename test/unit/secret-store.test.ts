@@ -133,6 +133,33 @@ describe("SecretStore substitution", () => {
   });
 });
 
+describe("SecretStore: a placeholder in the URL", () => {
+  // Only headers (and, with replaceSecretsInQuery, the query) are substituted; a placeholder
+  // anywhere in the URL to a host outside its secret's hosts is refused like one in a header.
+  const secrets = store({ T: { hosts: ["api.test"], value: VALUE } });
+  const placeholder = secrets.env()["T"]!;
+  const encoded = placeholder.replace(/_/g, "%5F");
+  it.each([
+    ["the path", `https://other.test/x/${placeholder}`],
+    ["the path, percent-encoded", `https://other.test/x/${encoded}`],
+    ["the query", `https://other.test/?t=${placeholder}`],
+    ["the query, percent-encoded", `https://other.test/?t=${encoded}`],
+    ["the fragment", `https://other.test/#${placeholder}`],
+    ["the userinfo", `https://${placeholder}:x@other.test/`],
+    ["a label of the host (which the URL parser lowercases)", `https://${placeholder}.other.test/`],
+  ])("refuses it in %s to another host, naming the secret", (_where, url) => {
+    const hostname = new URL(url).hostname;
+    const error = thrown(() => secrets.apply({ url: new URL(url), headers: [] }, hostname));
+    expect(error.status).toBe(403);
+    expect(error.message).toContain("the URL carries the placeholder of secret T");
+  });
+
+  it("leaves it alone in the URL of a request to the secret's own hosts (the path is never substituted)", () => {
+    expect(secrets.apply({ url: new URL(`https://api.test/x/${placeholder}?t=${placeholder}`), headers: [] }, "api.test")).toBeUndefined();
+    expect(secrets.apply({ url: new URL(`http://api.test/x/${placeholder}`), headers: [] }, "api.test")).toBeUndefined();
+  });
+});
+
 describe("secretRedirects and followRedirectsTo options", () => {
   it("createHttpHooks takes them globally and per secret", () => {
     const { httpHooks } = createHttpHooks({
