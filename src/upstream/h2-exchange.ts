@@ -42,6 +42,9 @@ export class H2Refused extends Error {
  */
 export const goawayLastStream = new WeakMap<ClientHttp2Session, number>();
 
+/** The streams open on each session, for what the session pool does when the upstream's connection ends. */
+export const sessionStreams = new WeakMap<ClientHttp2Session, Set<ClientHttp2Stream>>();
+
 // RFC 9113 §8.2.2, plus Host: HTTP/2 carries it as :authority.
 const notOnH2 = new Set(["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "host"]);
 
@@ -123,6 +126,10 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
   };
   stream.on("error", () => undefined);
   stream.once("close", release);
+  let open = sessionStreams.get(session);
+  if (open === undefined) sessionStreams.set(session, (open = new Set()));
+  open.add(stream);
+  stream.once("close", () => open.delete(stream));
   const onAbort = (): void => {
     if (!stream.destroyed) stream.close(constants.NGHTTP2_CANCEL);
   };

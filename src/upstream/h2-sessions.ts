@@ -1,8 +1,8 @@
-import { connect as h2Connect, type ClientHttp2Session } from "node:http2";
+import { connect as h2Connect, type ClientHttp2Session, type ClientHttp2Stream } from "node:http2";
 import type { TLSSocket } from "node:tls";
 import type { AlpnConnectOptions } from "./h2-connect.js";
 import { connectAlpn } from "./h2-connect.js";
-import { goawayLastStream } from "./h2-exchange.js";
+import { goawayLastStream, sessionStreams } from "./h2-exchange.js";
 import type { ResolvedAddress } from "./resolve.js";
 
 export interface H2SessionsOptions extends AlpnConnectOptions {
@@ -24,6 +24,9 @@ interface Entry {
   readonly session: ClientHttp2Session;
   active: number;
 }
+
+/** Sessions whose connection the upstream ended: they take no new streams. */
+const ended = new WeakSet<ClientHttp2Session>();
 
 /** Node's default when the peer has not said: RFC 9113 §6.5.2 recommends at least 100. */
 const defaultPeerStreams = 100;
@@ -92,7 +95,7 @@ export class H2Sessions {
   private live(key: string): Entry[] {
     const entries = this.sessions.get(key);
     if (entries === undefined) return [];
-    const live = entries.filter((e) => !e.session.closed && !e.session.destroyed && !goawayLastStream.has(e.session));
+    const live = entries.filter((e) => !e.session.closed && !e.session.destroyed && !goawayLastStream.has(e.session) && !ended.has(e.session));
     if (live.length !== entries.length) {
       if (live.length === 0) this.sessions.delete(key);
       else this.sessions.set(key, live);
@@ -120,14 +123,12 @@ export class H2Sessions {
     session.on("goaway", (_code: number, lastStreamID: number) => {
       goawayLastStream.set(session, Math.min(lastStreamID, goawayLastStream.get(session) ?? lastStreamID));
     });
-    // connectAlpn opens sockets half-open, as undici's pools want them, and an http2 session on
-    // such a socket never learns that the upstream closed it (a crash, a restart, a cut
-    // connection): it kept taking streams that waited for their timeout, and the origin stayed
-    // on the dead session. The cost: Node destroys every stream at the FIN, and a response that
-    // had arrived whole but was not read yet (a hook still holding it) is lost with it (see the
-    // README's upstream side). Keeping the socket half-open and cancelling only unfinished streams
-    // at the FIN was tried: a closed stream read after the FIN then never ended.
-    socket.allowHalfOpen = false;
+    // connectAlpn opens sockets half-open, as undici's pools want them, and an http2 session
+    // never learns on its own that the upstream ended such a socket (a crash, a restart, a cut
+    // connection, or a close after its last response). The FIN is acted on here instead of by
+    // closing the socket, which would have Node destroy every stream, and with them responses
+    // that had arrived whole but were not read yet (a hook holding one, a slower guest).
+    socket.once("end", () => this.upstreamEnded(key, session));
     session.once("close", () => this.live(key));
     session.setTimeout(this.options.idleMs, () => {
       const entry = this.sessions.get(key)?.find((e) => e.session === session);
@@ -137,6 +138,29 @@ export class H2Sessions {
     entries.push({ session, active: 0 });
     this.sessions.set(key, entries);
     return { protocol: "h2", session };
+  }
+
+  /**
+   * The upstream ended the session's connection: no new streams on it; a stream still waiting
+   * for its head (502) or for the end of its body (cut) fails at once; one that has closed
+   * cleanly (END_STREAM both ways, so its whole response is in its buffer) stays readable, and
+   * the session is destroyed once the last of those is read (or timed out by upstreamBodyMs).
+   */
+  private upstreamEnded(key: string, session: ClientHttp2Session): void {
+    ended.add(session);
+    this.live(key);
+    const whole: ClientHttp2Stream[] = [];
+    for (const stream of sessionStreams.get(session) ?? []) {
+      if (stream.closed && stream.rstCode === 0) whole.push(stream);
+      else stream.destroy(Object.assign(new Error("the upstream closed the connection before the end of the response"), { code: "UND_ERR_SOCKET" }));
+    }
+    let left = whole.length;
+    if (left === 0) session.destroy();
+    for (const stream of whole) {
+      stream.once("close", () => {
+        if (--left === 0) session.destroy();
+      });
+    }
   }
 
   private remember(key: string, protocol: "h1" | "h2"): void {

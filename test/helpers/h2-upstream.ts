@@ -15,6 +15,11 @@ export interface H2Upstream {
   readonly connections: () => number;
   /** Destroys every TLS connection at once, with no GOAWAY: a crashed or restarted upstream. */
   readonly cut: () => void;
+  /**
+   * Ends every TLS connection with a FIN and no GOAWAY (what some servers do after their last
+   * response); resolves once the FINs are sent.
+   */
+  readonly end: () => Promise<void>;
 }
 
 /**
@@ -80,5 +85,8 @@ export async function startH2Upstream(routes: Record<string, H2Route> = {}, name
   const cut = (): void => {
     for (const socket of sockets) socket.destroy();
   };
-  return { port: (server.address() as AddressInfo).port, server, seen, connections: () => connections, cut };
+  const end = async (): Promise<void> => {
+    await Promise.all([...sockets].map((socket) => new Promise<void>((resolve) => socket.end(resolve))));
+  };
+  return { port: (server.address() as AddressInfo).port, server, seen, connections: () => connections, cut, end };
 }

@@ -275,6 +275,53 @@ describe("an upstream connection that ends under the proxy", () => {
     expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
   });
 
+  // Some servers end the connection right after their last response (a restart, a connection
+  // limit). A response that had arrived whole was lost with it (502) while a hook still held it.
+  it.each(["h1", "h2"] as const)("ended (FIN, no GOAWAY) right after a whole response that an onResponse hook still holds: the %s guest gets it whole", async (guest) => {
+    let ended: Promise<void> | undefined;
+    let sent!: () => void;
+    const whole = new Promise<void>((resolve) => (sent = resolve));
+    const body = "w".repeat(20_000);
+    const upstream = await startH2Upstream({
+      "/whole": (stream) => {
+        stream.respond({ ":status": 200, "content-type": "text/plain" });
+        stream.once("close", sent);
+        stream.end(body);
+      },
+    });
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        onResponse: async () => {
+          // onResponse runs once the head is in. Once the upstream has sent the whole body (it
+          // fits the stream's window) it ends the connection, and the hook holds the response
+          // until the proxy has had time to see the FIN.
+          await whole;
+          ended = upstream.end();
+          await ended;
+          await new Promise((resolve) => setTimeout(resolve, 200));
+          return undefined;
+        },
+      },
+      { timeouts },
+    );
+    const url = `https://api.test:${upstream.port}/whole`;
+    if (guest === "h1") {
+      const res = await fetchVia(proxy, url);
+      expect(res.status).toBe(200);
+      expect(res.text).toBe(body);
+    } else {
+      const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+      const answer = await h2Request(session, { ":path": "/whole" });
+      expect(answer.headers[":status"]).toBe(200);
+      expect(answer.body.toString()).toBe(body);
+    }
+    expect(ended).toBeDefined();
+    // The next request finds the session gone and opens a new connection.
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+    expect(upstream.connections()).toBe(2);
+  });
+
   it("a request past a GOAWAY's last stream id, never processed, is sent again on a new connection", async () => {
     const upstream = await goAwayFirst();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
