@@ -24,6 +24,10 @@ export function loadConfigFile(file: string, env: NodeJS.ProcessEnv = process.en
 
 /** As {@link loadConfigFile}, for text already read; relative paths are taken from `baseDir`. */
 export function parseConfigText(text: string, file: string, env: NodeJS.ProcessEnv, baseDir: string): ProxyConfig {
+  const deep = tooDeep(text);
+  if (deep !== undefined) {
+    throw new ConfigFileError(file, [{ ...makeIssue([], `nested deeper than ${maxNesting} levels`), line: text.slice(0, deep).split("\n").length }]);
+  }
   const lines = new LineCounter();
   // Core schema: YAML 1.2, where `yes`/`no`/`on` are strings, not booleans, and `<<` is a plain key.
   const doc = parseDocument(text, { lineCounter: lines, schema: "core", uniqueKeys: true, prettyErrors: false });
@@ -47,6 +51,41 @@ export function parseConfigText(text: string, file: string, env: NodeJS.ProcessE
   const { config, issues } = resolveDocument(value ?? {}, { baseDir, env, source: file });
   if (config === undefined) throw new ConfigFileError(file, issues.map((issue) => withLine(issue, doc, lines)));
   return config;
+}
+
+/** Far deeper than any configuration needs (about six levels). */
+const maxNesting = 64;
+
+/**
+ * The offset where `[` and `{` nest deeper than {@link maxNesting}, outside quoted scalars and
+ * comments. The YAML parser takes seconds over deep flow nesting (100,000 levels: 3 to 6 s, then
+ * a stack overflow), and a reload would hold every guest meanwhile. Block nesting needs an
+ * indent per level, so deep block nesting needs a file too large to matter here.
+ */
+function tooDeep(text: string): number | undefined {
+  let depth = 0;
+  // The last character that was neither a space nor a tab: a quote opens a scalar only where a
+  // token starts (after these), not inside a plain scalar such as `don't`.
+  let previous = "\n";
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i]!;
+    if (c === " " || c === "\t") continue;
+    if ((c === '"' || c === "'") && "\n:,[{-?".includes(previous)) {
+      // '' inside a single-quoted scalar closes and reopens it, which skips the same way.
+      for (i++; i < text.length && text[i] !== c; i++) if (c === '"' && text[i] === "\\") i++;
+      previous = c;
+      continue;
+    }
+    if (c === "#" && (previous === "\n" || text[i - 1] === " " || text[i - 1] === "\t")) {
+      while (i + 1 < text.length && text[i + 1] !== "\n") i++;
+      continue;
+    }
+    if (c === "[" || c === "{") {
+      if (++depth > maxNesting) return i;
+    } else if ((c === "]" || c === "}") && depth > 0) depth--;
+    previous = c;
+  }
+  return undefined;
 }
 
 function firstLine(message: string): string {

@@ -183,6 +183,23 @@ describe("loadConfigFile: errors name the path and the line", () => {
     expect(missing.message).toMatch(/nope\.yaml: cannot read the config file: ENOENT/);
   });
 
+  // The YAML parser takes seconds over deep flow nesting (and a reload would hold every guest
+  // meanwhile), then overflows its stack: such a file is refused before it is parsed.
+  it.each([
+    ["JSON", `{"allowHosts": ${"[".repeat(100_000)}${"]".repeat(100_000)}}`],
+    ["YAML flow", `proxy:\n  logLevel: info\nallowHosts: ${"[".repeat(65)}${"]".repeat(65)}\n`],
+    ["YAML maps", `allowHosts: ${"{a: ".repeat(70)}x${"}".repeat(70)}\n`],
+  ])("%s nested deeper than 64 levels is refused before parsing, with the line", (_kind, text) => {
+    const error = fileErrorOf(configFile(text));
+    expect(error.message).toMatch(/:\d+: nested deeper than 64 levels/);
+  });
+
+  it("brackets inside quoted strings and comments do not count as nesting", () => {
+    const brackets = "[".repeat(100);
+    const file = configFile(`# ${brackets}\nallowHosts: ["${brackets}x.test", '${brackets}y.test'] # ${brackets}\n`);
+    expect(() => loadConfigFile(file, {})).not.toThrow(/nested deeper/);
+  });
+
   it("an alias bomb is refused instead of expanded", () => {
     const bomb = ["a: &a [x, x, x, x, x, x, x, x, x, x]", ...Array.from({ length: 6 }, (_, i) => `${"bcdefg"[i]}: &${"bcdefg"[i]} [${Array(10).fill(`*${"abcdef"[i]}`).join(", ")}]`)].join("\n");
     expect(fileErrorOf(configFile(bomb)).message).toMatch(/cannot be read as data|Excessive alias count/);
