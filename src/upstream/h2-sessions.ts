@@ -43,7 +43,8 @@ export class H2Sessions {
   private readonly alpn = new Map<string, "h1" | "h2">();
   private readonly sessions = new Map<string, Entry[]>();
   private readonly connecting = new Map<string, Promise<Negotiated>>();
-  private closed = false;
+  /** destroy() was called: the guest or the proxy is gone, and nothing new is opened. */
+  private destroyed = false;
 
   constructor(private readonly options: H2SessionsOptions) {}
 
@@ -107,8 +108,8 @@ export class H2Sessions {
     const socket = await connectAlpn(origin, address, this.options);
     const protocol = socket.alpnProtocol === "h2" ? "h2" : "h1";
     this.remember(key, protocol);
-    if (protocol === "h1" || this.closed) {
-      if (this.closed) socket.destroy();
+    if (protocol === "h1" || this.destroyed) {
+      if (this.destroyed) socket.destroy();
       return { protocol: "h1", socket };
     }
     const session = h2Connect(origin.origin, {
@@ -170,18 +171,19 @@ export class H2Sessions {
   }
 
   /**
-   * No new streams, and each session closes once its streams in flight have finished (a reload
-   * retiring a guest's pools: requests under way keep the configuration they started with).
+   * Each session closes once its streams in flight have finished (a reload retiring a guest's
+   * pools: requests under way keep the configuration they started with). Those requests may
+   * still need sessions (a redirect, a retry): one opened from now on closes when idle, as any
+   * session does.
    */
   close(): void {
-    this.closed = true;
     for (const entries of this.sessions.values()) for (const { session } of entries) if (!session.closed) session.close();
     this.sessions.clear();
   }
 
   /** Closes every session at once (streams in flight are cut): the proxy or the guest is going away. */
   destroy(): void {
-    this.closed = true;
+    this.destroyed = true;
     for (const entries of this.sessions.values()) for (const { session } of entries) session.destroy();
     this.sessions.clear();
   }

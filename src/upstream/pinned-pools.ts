@@ -58,6 +58,8 @@ export function sameAddress(a: string, b: string): boolean {
  */
 export class PinnedPools {
   private readonly pools = new Map<string, Pool>();
+  /** close() was called: see get(). */
+  private retired = false;
   private readonly base: buildConnector.connector;
   /** HTTP/2 sessions, and every https origin's ALPN answer (see {@link PinnedPools.h2Session}). */
   private readonly h2: H2Sessions;
@@ -163,6 +165,14 @@ export class PinnedPools {
 
   get(origin: URL, address: ResolvedAddress): Pool {
     const key = keyOf(origin, address);
+    if (this.retired) {
+      // A request under way at a reload (a redirect hop, a retry) still goes out on the
+      // configuration it started with; its pool closes once that request is done (the caller
+      // dispatches in this turn, and close() waits for what was dispatched).
+      const pool = this.create(origin, address);
+      queueMicrotask(() => void pool.close().catch(() => undefined));
+      return pool;
+    }
     const found = this.pools.get(key);
     if (found !== undefined) {
       this.pools.delete(key);
@@ -237,7 +247,12 @@ export class PinnedPools {
     });
   }
 
+  /**
+   * Retires the pools (a reload): each closes once its requests in flight are done, and a
+   * request still under way that needs another one gets a pool of its own that closes after it.
+   */
   async close(): Promise<void> {
+    this.retired = true;
     this.h2.close();
     this.dropSpares();
     const pools = [...this.pools.values()];

@@ -106,6 +106,38 @@ describe("proxy.reload", () => {
     expect(await answer).toEqual({ status: 200, body: `${"a".repeat(50)}${"b".repeat(50)}` });
   });
 
+  // A request under way keeps the configuration it started with, redirects included: its retired
+  // pools still dial. They once answered an origin that speaks only HTTP/2 with HTTP/1.1 (502).
+  it("a request under way at the reload follows its redirect to an HTTP/2-only origin", async () => {
+    const h2 = await startH2Upstream({}, ["other.test"]);
+    let redirect!: () => void;
+    let arrived!: () => void;
+    const held = new Promise<void>((resolve) => (arrived = resolve));
+    const upstream = await startUpstream({
+      routes: {
+        "/go": (_req, res) => {
+          redirect = () => {
+            res.writeHead(302, { location: `https://other.test:${h2.port}/echo` });
+            res.end();
+          };
+          arrived();
+        },
+      },
+    });
+    const hooks = { allowedInternalHosts: ["api.test", "other.test"] };
+    const proxy = await startTestProxy(hooks, { logLevel: "warn" });
+    const answer = fetchVia(proxy, `https://api.test:${upstream.port}/go`);
+    await held;
+    const next = createHttpHooks(hooks);
+    await proxy.reload({ httpHooks: next.httpHooks, env: next.env, resolve: { "api.test": ["127.0.0.1"], "other.test": ["127.0.0.1"] } });
+    redirect();
+    const res = await answer;
+    expect(res.status, res.text).toBe(200);
+    expect(JSON.parse(res.text)).toMatchObject({ headers: { ":authority": `other.test:${h2.port}` } });
+    // And the new configuration reaches it too.
+    expect((await fetchVia(proxy, `https://other.test:${h2.port}/echo`)).status).toBe(200);
+  });
+
   it("rejects invalid options whole and keeps the old configuration serving", async () => {
     const upstream = await startUpstream();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { logLevel: "warn", caDir: tempDir() });

@@ -51,6 +51,17 @@ describe("pinned pools", () => {
     await expect(attempt).rejects.toSatisfy((e: unknown) => e instanceof EgressError && e.status === 403 && /refused for the test/.test(e.message));
   });
 
+  it("once retired (a reload), still serve a request under way, on a pool that closes after it", async () => {
+    const port = await loopbackServer();
+    const p = pools(() => undefined);
+    await p.close();
+    const pool = p.get(new URL(`http://a.test:${port}`), { ip: "127.0.0.1", family: 4 });
+    const res = await pool.request({ path: "/", method: "GET" });
+    expect(await res.body.text()).toBe("ok");
+    expect(p.size).toBe(0);
+    await expect.poll(() => pool.closed).toBe(true);
+  });
+
   it("are keyed by origin and IP and bounded, closing the least recently used", () => {
     const p = pools(() => undefined);
     const a = p.get(new URL("http://a.test"), { ip: "127.0.0.1", family: 4 });
