@@ -193,6 +193,26 @@ export class SecretStore {
   }
 
   /**
+   * A reload built this store anew for a guest that `previous` served: every value `previous`
+   * held or had retired is retired here too, unless a secret of this store holds it now (a
+   * rename). A secret the reload removed stays as a deleted one, with nothing but its values to
+   * refuse. So a rotation by reload is refused and redacted as one by updateSecret() is.
+   */
+  inherit(previous: SecretStore): void {
+    const live = new Set([...this.entries.values()].filter((e) => !e.deleted).map((e) => e.value));
+    for (const old of previous.entries.values()) {
+      const values = [...old.retired, ...(old.deleted ? [] : [old.value])].filter((v) => v !== "" && !live.has(v));
+      const entry = this.entries.get(old.name);
+      if (entry === undefined) {
+        this.entries.set(old.name, { ...old, hosts: [], matcher: compileHostPatterns([]), value: "", deleted: true, retired: values });
+        continue;
+      }
+      for (const value of values) if (!entry.retired.includes(value)) entry.retired.push(value);
+    }
+    this.redaction = undefined;
+  }
+
+  /**
    * Substitutes placeholders for `hostname` and refuses what must not leave. Returns the
    * request's new headers and URL, or undefined when nothing changed. The names of the secrets
    * substituted are added to `substituted`, so that later redirect hops of the same request

@@ -5,7 +5,7 @@ import { hookSources } from "../pipeline/hook-source.js";
 import { Pipeline } from "../pipeline/pipeline.js";
 import { cidrContains, plainAddress, type Cidr } from "../policy/cidr.js";
 import { DeclarativePolicy, type ListenAddress } from "../policy/declarative-policy.js";
-import type { SecretTarget } from "../policy/secrets.js";
+import { SecretStore, type SecretTarget } from "../policy/secrets.js";
 import type { TlsAuthority } from "../tls/authority.js";
 import { PinnedPools, type UpstreamConnection } from "../upstream/pinned-pools.js";
 import { Resolver, type ResolvedAddress } from "../upstream/resolve.js";
@@ -135,6 +135,9 @@ export class Guest {
   adopt(previous: Guest): void {
     for (const socket of previous.connections) this.bind(socket);
     previous.connections.clear();
+    // The values the reload rotated or removed stay refused and redacted.
+    const before = previous.policy.config.secrets;
+    if (before !== undefined) this.policy.config.secrets?.inherit(before);
   }
 
   /** After a reload replaced it: its upstream pools close once their in-flight requests finish. */
@@ -198,7 +201,15 @@ export class GuestRegistry {
    */
   replaceAll(resolved: readonly ResolvedGuest[]): { readonly replaced: Guest[]; readonly removed: Guest[] } {
     const next = new Map<string, Guest>();
-    for (const entry of resolved) next.set(entry.name, new Guest(entry, this.key, this.deps));
+    for (const entry of resolved) {
+      // A reload that removed every secret of a guest that had some still needs a store: the
+      // old values stay refused and redacted (see Guest.adopt).
+      const carried = this.guests.get(entry.name)?.policy.config.secrets;
+      const kept = carried !== undefined && carried.size > 0 && entry.declarative.secrets === undefined
+        ? { ...entry, declarative: { ...entry.declarative, secrets: new SecretStore({}, false, () => []) } }
+        : entry;
+      next.set(entry.name, new Guest(kept, this.key, this.deps));
+    }
     const replaced: Guest[] = [];
     const removed: Guest[] = [];
     for (const [name, previous] of this.guests) {

@@ -138,6 +138,39 @@ describe("proxy.reload", () => {
     expect((await fetchVia(proxy, `https://other.test:${h2.port}/echo`)).status).toBe(200);
   });
 
+  // A reload builds every guest anew: a value rotated (or removed) by it must still count as
+  // retired, as it does after updateSecret or deleteSecret, or the old value goes out and is logged.
+  it.each([
+    ["rotated", { TOKEN: { hosts: ["api.test"], value: "Rotated-0ld-Value-4242" } }, { TOKEN: { hosts: ["api.test"], value: "Brand-New-Value-4343" } }],
+    ["removed", { TOKEN: { hosts: ["api.test"], value: "Rotated-0ld-Value-4242" } }, {}],
+    ["renamed, the value kept under the new name", { TOKEN: { hosts: ["api.test"], value: "Rotated-0ld-Value-4242" } }, { RENAMED: { hosts: ["api.test"], value: "Rotated-0ld-Value-4242" } }],
+  ] as const)("a secret %s by a reload: its old value is refused everywhere and redacted from the log", async (name, before, after) => {
+    const upstream = await startUpstream({ names: ["api.test"] });
+    const key = "k".repeat(32);
+    const old = "Rotated-0ld-Value-4242";
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], secrets: before, secretPlaceholderKey: key }, { logLevel: "info" });
+    const base = `https://api.test:${upstream.port}`;
+    expect((await fetchVia(proxy, `${base}/echo`, { headers: { authorization: `Bearer ${proxy.guestEnv()["TOKEN"]!}` } })).status).toBe(200);
+    const next = createHttpHooks({ allowedInternalHosts: ["api.test"], secrets: after, secretPlaceholderKey: key });
+    await proxy.reload({ httpHooks: next.httpHooks, env: next.env, resolve: { "api.test": ["127.0.0.1"], "other.test": ["127.0.0.1"] } });
+    const seen = upstream.seen.length;
+    const inHeader = await fetchVia(proxy, `${base}/echo`, { headers: { "x-old": old } });
+    const inUrl = await fetchVia(proxy, `${base}/echo?v=${old}`);
+    if (name.startsWith("renamed")) {
+      // Still a current value, of the secret that holds it now: not refused for its own hosts.
+      expect([inHeader.status, inUrl.status]).toEqual([200, 200]);
+      return;
+    }
+    expect(inHeader.status, inHeader.text).toBe(403);
+    expect(inHeader.text).toContain("retired value of secret TOKEN");
+    expect(inUrl.status).toBe(403);
+    // The decision log quotes the path: the retired value in it must be redacted there.
+    expect((await fetchVia(proxy, `${base}/echo/${old}`)).status).toBe(403);
+    expect(upstream.seen.length).toBe(seen);
+    expect(JSON.stringify(proxy.logs)).toContain("[REDACTED:TOKEN]");
+    expect(JSON.stringify(proxy.logs)).not.toContain(old);
+  });
+
   it("rejects invalid options whole and keeps the old configuration serving", async () => {
     const upstream = await startUpstream();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { logLevel: "warn", caDir: tempDir() });
