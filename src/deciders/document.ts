@@ -36,8 +36,12 @@ export interface DocumentBody {
   readonly truncated: boolean;
 }
 
-/** What maps secret values back out of a text; the identity when the guest has no secrets. */
-export type Conceal = (text: string, header?: string) => string;
+/**
+ * What maps secret values back out of a text; the identity when the guest has no secrets.
+ * `reach`: how far past a cut a value (in the longest encoding the scan decodes) that starts
+ * before it can run, so a body is concealed past its cut and only then cut.
+ */
+export type Conceal = ((text: string, header?: string) => string) & { readonly reach?: () => number };
 
 export const revealNothing: Conceal = (text) => text;
 
@@ -79,12 +83,22 @@ export function requestPart(method: string, url: URL, headers: readonly string[]
 export function documentBody(bytes: Uint8Array, maxBytes: number, conceal: Conceal): DocumentBody {
   const buffer = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const truncated = buffer.length > maxBytes;
-  const part = truncated ? buffer.subarray(0, maxBytes) : buffer;
-  const clean = utf8Length(part, truncated);
-  if (clean !== undefined) return { encoding: "utf8", data: conceal(part.subarray(0, clean).toString("utf8")), size: buffer.length, truncated };
-  const latin1 = part.toString("latin1");
-  const concealed = conceal(latin1);
-  return { encoding: "base64", data: Buffer.from(concealed, "latin1").toString("base64"), size: buffer.length, truncated };
+  if (!truncated) {
+    const clean = utf8Length(buffer, false);
+    if (clean !== undefined) return { encoding: "utf8", data: conceal(buffer.toString("utf8")), size: buffer.length, truncated };
+    return { encoding: "base64", data: Buffer.from(conceal(buffer.toString("latin1")), "latin1").toString("base64"), size: buffer.length, truncated };
+  }
+  // A value the cut falls inside would no longer be recognised in what is left of it: the text
+  // is concealed as far as any value starting before the cut can run, and cut after that.
+  const window = buffer.subarray(0, Math.min(buffer.length, maxBytes + (conceal.reach?.() ?? 0)));
+  const clean = utf8Length(window, window.length < buffer.length);
+  if (clean !== undefined && clean >= Math.min(maxBytes, window.length) - 3) {
+    const concealed = Buffer.from(conceal(window.subarray(0, clean).toString("utf8")), "utf8").subarray(0, maxBytes);
+    const kept = utf8Length(concealed, true);
+    if (kept !== undefined) return { encoding: "utf8", data: concealed.subarray(0, kept).toString("utf8"), size: buffer.length, truncated };
+  }
+  const concealed = Buffer.from(conceal(window.toString("latin1")), "latin1").subarray(0, maxBytes);
+  return { encoding: "base64", data: concealed.toString("base64"), size: buffer.length, truncated };
 }
 
 /**

@@ -141,7 +141,10 @@ export function hookSources(
 ): HookSource[] {
   const sources: HookSource[] = [];
   if (djs !== undefined) sources.push(policySource(djs, log));
-  const conceal: Conceal = secrets === undefined || secrets.size === 0 ? revealNothing : (text, header) => secrets.placeholdersFor(text, header);
+  // Asked each time, not once here: a reload can give an empty store the values it retired
+  // (SecretStore.inherit) after this guest's sources were made.
+  const conceal: Conceal =
+    secrets === undefined ? revealNothing : Object.assign((text: string, header?: string) => (secrets.size === 0 ? text : secrets.placeholdersFor(text, header)), { reach: () => secrets.reach() });
   for (const entry of chain) {
     if (entry.kind === "policy") sources.push(policySource(entry.djs.engine, log));
     else if (entry.kind === "decider") sources.push(deciderSource(entry.decider, conceal, log));

@@ -258,6 +258,17 @@ export class SecretStore {
   }
 
   /**
+   * How many characters past a cut an encoded copy of a value that starts before it can run: six
+   * per character of the longest value, current or retired (JSON's `\u0041` is the longest form
+   * the scan decodes), and a little more. 0 without values.
+   */
+  reach(): number {
+    let longest = 0;
+    for (const e of this.entries.values()) for (const v of [e.value, ...e.retired]) longest = Math.max(longest, v.length);
+    return longest === 0 ? 0 : 6 * longest + 16;
+  }
+
+  /**
    * For recordings (issue 18): `text` with every placeholder of this store, and every value
    * (current and retired, in any encoding the scan decodes), replaced by the stable token
    * `EGRESSGATE_SECRET{NAME}`, which means the same in every run whatever the placeholders are.

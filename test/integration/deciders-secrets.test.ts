@@ -4,6 +4,7 @@ import { ProxyAgent, request } from "undici";
 import { describe, expect, it } from "vitest";
 import { json, loggedDocuments, shellDecider, startDecisionServer } from "../helpers/deciders.js";
 import { startGuestsProxy } from "../helpers/guests.js";
+import { createHttpHooks } from "../../src/index.js";
 import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
 import { startUpstream, type Echo } from "../helpers/upstream.js";
 
@@ -98,6 +99,23 @@ describe("deciders never see a real secret value", () => {
       expect(doc).not.toContain(rotated);
       expect(doc).toContain("[REDACTED:GH_TOKEN]");
     }
+  });
+});
+
+describe("deciders after a reload", () => {
+  it("a value the reload removed with every other secret is redacted in the documents, and refused", async () => {
+    const webhook = await startDecisionServer((_doc, _req, res) => json(res, 200, { decision: "allow" }));
+    const upstream = await startUpstream();
+    const hooks = [{ webhook: webhook.url }];
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], secrets: { GH_TOKEN: { hosts: ["api.test"], value } }, hooks });
+    const next = createHttpHooks({ allowedInternalHosts: ["api.test"], hooks });
+    await proxy.reload({ httpHooks: next.httpHooks, env: next.env, resolve: { "api.test": ["127.0.0.1"] } });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`, { headers: { "x-old": `token ${value}` } });
+    expect(res.status).toBe(403);
+    expect(upstream.hits()).toBe(0);
+    expect(webhook.raw.length).toBe(1);
+    expect(webhook.raw[0]).not.toContain(value);
+    expect(webhook.raw[0]).toContain("[REDACTED:GH_TOKEN]");
   });
 });
 

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { MalformedAnswer, opaVerdict, parseAnswerText } from "../../src/deciders/answer.js";
 import { DecisionCache, cacheKey } from "../../src/deciders/cache.js";
-import { documentBody, requestPart, revealNothing } from "../../src/deciders/document.js";
+import { documentBody, requestPart, revealNothing, type Conceal } from "../../src/deciders/document.js";
 import { resolveDecider } from "../../src/deciders/options.js";
 import { splitCommand } from "../../src/deciders/split-command.js";
 import { createHttpHooks } from "../../src/index.js";
@@ -145,6 +145,35 @@ describe("the input document", () => {
     expect(documentBody(Buffer.from("héllo"), 2, revealNothing)).toEqual({ encoding: "utf8", data: "h", size: 6, truncated: true });
     expect(documentBody(Buffer.from([0xff, 0, 1]), 100, revealNothing)).toEqual({ encoding: "base64", data: "/wAB", size: 3, truncated: false });
   });
+});
+
+describe("documentBody: a body cut at maxBodyBytes", () => {
+  // The cut can fall inside a value (or an encoded copy): concealed only up to the cut, the part
+  // before it was no longer recognised and went to the decider as it was.
+  // Shares no four characters with a placeholder, which may itself be left cut at the end.
+  const value = "Tok3n-VALUE-abcdef0123456789-xyz";
+  const store = new SecretStore({ T: { hosts: ["api.test"], value } }, false, (hosts) => hosts as string[]);
+  const conceal: Conceal = Object.assign((text: string, header?: string) => store.placeholdersFor(text, header), { reach: () => store.reach() });
+  const forms: Record<string, string> = {
+    raw: value,
+    base64: Buffer.from(value).toString("base64"),
+    "percent-encoded": [...value].map((c) => `%${c.charCodeAt(0).toString(16).padStart(2, "0")}`).join(""),
+  };
+  for (const [form, copy] of Object.entries(forms)) {
+    it.each([...Array(copy.length - 1).keys()].map((i) => i + 1))(`never leaves a ${form} copy cut after %i characters`, (kept) => {
+      const prefix = "padding ".repeat(8);
+      for (const binary of [false, true]) {
+        const body = Buffer.concat([binary ? Buffer.from([0xff, 0xfe]) : Buffer.alloc(0), Buffer.from(`${prefix}${copy} and more text after it`)]);
+        const cut = (binary ? 2 : 0) + prefix.length + kept;
+        const doc = documentBody(body, cut, conceal);
+        expect(doc.truncated).toBe(true);
+        const data = doc.encoding === "base64" ? Buffer.from(doc.data, "base64").toString("latin1") : doc.data;
+        expect(Buffer.byteLength(data, doc.encoding === "base64" ? "latin1" : "utf8")).toBeLessThanOrEqual(cut);
+        // What is left of the copy must not be a recognisable start of it: at most 3 characters.
+        for (let k = 4; k <= copy.length; k++) expect(data.endsWith(copy.slice(0, k)), `${k} characters of the ${form} copy`).toBe(false);
+      }
+    });
+  }
 });
 
 describe("SecretStore.placeholdersFor", () => {
