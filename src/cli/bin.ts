@@ -11,6 +11,7 @@ import { watchConfiguration } from "./watch.js";
 import { runCheck } from "./check.js";
 import { createPrettySink } from "../log-pretty.js";
 import { checkConfig, checkHar, failureText, printCa, printEnv } from "./commands.js";
+import { DjsEngine } from "../djs/engine.js";
 
 /** `flags`, or the config file in use, once known: how an option error from startProxy is worded. */
 let source: string | undefined;
@@ -129,9 +130,15 @@ async function main(argv: readonly string[]): Promise<number> {
       // SIGHUP: read the flags' files (--config, --hooks-script, file: secrets) again and swap the
       // configuration whole; anything that fails leaves the old one serving, with the reason logged.
       let reloading = Promise.resolve();
+      const reloadLog = cliLogger(command);
       const reload = async (): Promise<void> => {
         let next: ReturnType<typeof parseCli>;
+        reloadLog("info", "reloading the configuration", {});
         try {
+          // Every policy loads ahead, off the event loop: parsing below then takes each loaded
+          // worker (or its error) at once. Loaded in parseCli itself, a policy that takes long to
+          // load (a loop at its top level: up to 30 s) held every guest meanwhile.
+          await preloadPolicies(argv);
           next = parseCli(argv);
           if (next.kind !== "serve") return;
           await proxy.reload(next.options).catch(async (error: unknown) => {
@@ -141,6 +148,8 @@ async function main(argv: readonly string[]): Promise<number> {
         } catch (error) {
           logLine("error", "reload failed; the old configuration keeps serving", { error: redactFatal(failureText(error, source)) });
           return;
+        } finally {
+          DjsEngine.discardPreloaded();
         }
         const old = current;
         current = next.built;
@@ -168,6 +177,23 @@ async function main(argv: readonly string[]): Promise<number> {
     throw error;
   }
   return 0;
+}
+
+/**
+ * Loads, off the event loop, every policy that parsing `argv` would load (see
+ * DjsEngine.preload). A configuration that does not parse is left for parseCli to report.
+ */
+async function preloadPolicies(argv: readonly string[]): Promise<void> {
+  const policies = DjsEngine.collectLoads(() => {
+    try {
+      const dry = parseCli(argv);
+      // Nothing in a dry build holds a worker or a file: it is only dropped.
+      if (dry.kind === "serve") void dry.built.close().catch(() => undefined);
+    } catch {
+      // Reported by the real parse.
+    }
+  });
+  await Promise.all(policies.map(({ policy, limits }) => DjsEngine.preload(policy, limits)));
 }
 
 /** A line in the proxy's JSON log format, for what the CLI itself reports. */

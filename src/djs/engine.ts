@@ -29,6 +29,39 @@ const maxLoadFailures = 3;
 /** How long the first worker may take to bundle and load a policy before createDjsHooks gives up. */
 const loadTimeoutMs = 30_000;
 
+/** A first worker's load, settled: the worker with the policy loaded, or why it did not load (the worker stopped). */
+type Loaded = { readonly spawned: Spawned; readonly reply: Extract<InitReply, { ok: true }> } | { readonly error: PolicyLoadError };
+
+/** Loads done ahead (DjsEngine.preload), by policy and limits, until a load() takes them. */
+const preloaded = new Map<string, Loaded>();
+/** While DjsEngine.collectLoads runs: the loads asked for. */
+let collecting: { policy: PolicySource; limits: DjsLimits }[] | undefined;
+
+/** Atomics.waitAsync (ES2024, in V8 since Node 16), typed here: the project's lib is ES2023. */
+interface AtomicsWaitAsync {
+  waitAsync(array: Int32Array, index: number, value: number, timeoutMs: number): { async: false; value: "not-equal" | "timed-out" } | { async: true; value: Promise<"ok" | "timed-out"> };
+}
+
+function preloadKey(policy: PolicySource, limits: DjsLimits): string {
+  return JSON.stringify([policy, limits]);
+}
+
+/** What a first worker's wait for its load came to (`waited`: Atomics' answer). */
+function settleLoad(started: Spawned, filename: string, waited: "ok" | "not-equal" | "timed-out"): Loaded {
+  const received = receiveMessageOnPort(started.initPort) as { message: { init: InitReply } } | undefined;
+  started.initPort.close();
+  if (waited === "timed-out" || received === undefined) {
+    void started.worker.terminate();
+    return { error: new PolicyLoadError(`${filename}: the policy did not load within ${loadTimeoutMs} ms`) };
+  }
+  const reply = received.message.init;
+  if (!reply.ok) {
+    void started.worker.terminate();
+    return { error: new PolicyLoadError(reply.message) };
+  }
+  return { spawned: started, reply };
+}
+
 interface Pending {
   readonly message: CallMessage;
   readonly resolve: (reply: CallReply) => void;
@@ -122,25 +155,65 @@ export class DjsEngine {
   }
 
   /**
+   * Runs `build` (which creates policies) without loading any: each load() it makes is only
+   * noted, and answered with an engine that has no worker and defines no phase. Returns the
+   * policies it would have loaded, for {@link preload}; what `build` made must be thrown away.
+   */
+  static collectLoads(build: () => void): { policy: PolicySource; limits: DjsLimits }[] {
+    const collected: { policy: PolicySource; limits: DjsLimits }[] = [];
+    const outer = collecting;
+    collecting = collected;
+    try {
+      build();
+    } finally {
+      collecting = outer;
+    }
+    return collected;
+  }
+
+  /**
+   * Loads a policy in a first worker without blocking the event loop, and keeps the outcome (the
+   * loaded worker, or the load's error) for the load() that next asks for the same policy with
+   * the same limits. A reload does this first, so a policy that takes long to load (or never
+   * does) holds no guest meanwhile.
+   */
+  static async preload(policy: PolicySource, limits: DjsLimits): Promise<void> {
+    const key = preloadKey(policy, limits);
+    if (preloaded.has(key)) return;
+    const started = spawn(policy, limits);
+    const wait = (Atomics as unknown as AtomicsWaitAsync).waitAsync(new Int32Array(started.ready), 0, 0, loadTimeoutMs);
+    const waited = wait.async ? await wait.value : wait.value;
+    preloaded.set(key, settleLoad(started, policy.filename, waited));
+  }
+
+  /** Stops the workers of preloads no load() took (the files changed in between, or the reload failed). */
+  static discardPreloaded(): void {
+    for (const entry of preloaded.values()) if ("spawned" in entry) void entry.spawned.worker.terminate();
+    preloaded.clear();
+  }
+
+  /**
    * Loads the policy in a first worker and waits for it synchronously, so a policy that does not
-   * bundle, parse or run its top level fails right here, with file, line and message.
+   * bundle, parse or run its top level fails right here, with file, line and message. A load
+   * done ahead by {@link preload} is taken instead of waiting.
    */
   static load(policy: PolicySource, limits: DjsLimits, poolSize: number): DjsEngine {
+    if (collecting !== undefined) {
+      collecting.push({ policy, limits });
+      return Object.assign(Object.create(DjsEngine.prototype) as DjsEngine, { phases: new Set(), filename: policy.filename, limits, slots: [], closed: true });
+    }
+    const key = preloadKey(policy, limits);
+    const ahead = preloaded.get(key);
+    if (ahead !== undefined) {
+      preloaded.delete(key);
+      if ("error" in ahead) throw ahead.error;
+      return new DjsEngine({ kind: policy.kind, filename: policy.filename, code: ahead.reply.code, map: ahead.reply.map }, ahead.reply.phases, limits, ahead.spawned, poolSize);
+    }
     const started = spawn(policy, limits);
-    const flag = new Int32Array(started.ready);
-    const waited = Atomics.wait(flag, 0, 0, loadTimeoutMs);
-    const received = receiveMessageOnPort(started.initPort) as { message: { init: InitReply } } | undefined;
-    started.initPort.close();
-    if (waited === "timed-out" || received === undefined) {
-      void started.worker.terminate();
-      throw new PolicyLoadError(`${policy.filename}: the policy did not load within ${loadTimeoutMs} ms`);
-    }
-    const reply = received.message.init;
-    if (!reply.ok) {
-      void started.worker.terminate();
-      throw new PolicyLoadError(reply.message);
-    }
-    return new DjsEngine({ kind: policy.kind, filename: policy.filename, code: reply.code, map: reply.map }, reply.phases, limits, started, poolSize);
+    const waited = Atomics.wait(new Int32Array(started.ready), 0, 0, loadTimeoutMs);
+    const loaded = settleLoad(started, policy.filename, waited);
+    if ("error" in loaded) throw loaded.error;
+    return new DjsEngine({ kind: policy.kind, filename: policy.filename, code: loaded.reply.code, map: loaded.reply.map }, loaded.reply.phases, limits, started, poolSize);
   }
 
   private attach(spawned: Spawned, loaded: boolean): Slot {

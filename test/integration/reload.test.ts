@@ -243,6 +243,15 @@ describe("SIGHUP", () => {
     // The old configuration (b.test) still serves; the process is alive.
     expect(await ask("b.test")).toBe(200);
     expect(await ask("a.test")).toBe(403);
+
+    // A policy whose top level never ends: the load gives up after 30 s. Meanwhile every guest
+    // is served (the load once held the event loop for all of it).
+    writeFileSync(policy, "for (;;) {}\n");
+    mark = out.length;
+    child.kill("SIGHUP");
+    await waitFor(/"msg":"reloading the configuration"/, mark);
+    expect(await ask("b.test")).toBe(200);
+    expect(out.slice(mark)).not.toContain("reload failed");
     child.kill("SIGTERM");
     await new Promise((resolve) => child.once("exit", resolve));
   }, 120_000);
