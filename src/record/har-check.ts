@@ -110,6 +110,7 @@ export async function checkHarFile(path: string): Promise<HarReport> {
       const file = typeof content["_file"] === "string" ? ", sidecar" : "";
       entries.push(`${String(i).padStart(4)}  ${String(request["method"])} ${String(request["url"])} -> ${String(response["status"])} (${type}${size}${file})`);
     }
+    problems.push(...replayProblems(raw, where));
     findSuspicious(raw, where, suspicious);
   });
 
@@ -123,6 +124,47 @@ export async function checkHarFile(path: string): Promise<HarReport> {
   const version = isObject(har) && isObject(har["log"]) ? String(har["log"]["version"]) : "?";
   const made = creator !== undefined ? ` by ${String(creator["name"])} ${String(creator["version"])}` : "";
   return { problems, entries, suspicious, summary: `${path}: HAR ${version}${made}, ${list.length} entries` };
+}
+
+/** An RFC 9110 field name. */
+const fieldName = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+
+/**
+ * What keeps an entry from being replayed as it stands, beyond HAR's own types: a status no
+ * response has, a response header that cannot be sent, a body text that is not text, recorded
+ * chunks that are not `[bytes, ms]` pairs. `har check` lists these as problems, and `--replay`
+ * refuses a file that has any. Status 0 (no response, as browsers export aborted requests) and
+ * 1xx pass here: the replay leaves such entries out.
+ */
+export function replayProblems(entry: unknown, where: string): string[] {
+  const problems: string[] = [];
+  if (!isObject(entry)) return problems;
+  const response = isObject(entry["response"]) ? entry["response"] : undefined;
+  if (response !== undefined) {
+    const status = response["status"];
+    if (typeof status === "number" && !(status === 0 || (Number.isInteger(status) && status >= 100 && status <= 599))) {
+      problems.push(`${where}.response.status: must be 0 (no response) or 100-599, not ${status}`);
+    }
+    const headers = Array.isArray(response["headers"]) ? response["headers"] : [];
+    headers.forEach((header: unknown, i) => {
+      if (!isObject(header) || typeof header["name"] !== "string" || typeof header["value"] !== "string") return;
+      const name = header["name"];
+      // HTTP/2 pseudo-headers (Chrome's exports) are left out of the replay.
+      if (!name.startsWith(":") && !fieldName.test(name)) problems.push(`${where}.response.headers[${i}]: the name ${JSON.stringify(name.slice(0, 64))} is not a token`);
+      if (/[\r\n\0]/.test(header["value"])) problems.push(`${where}.response.headers[${i}]: the value of ${JSON.stringify(name.slice(0, 64))} has a CR, LF or NUL`);
+    });
+    const content = isObject(response["content"]) ? response["content"] : undefined;
+    if (content !== undefined) {
+      if (content["text"] !== undefined && typeof content["text"] !== "string") problems.push(`${where}.response.content.text: must be a string`);
+      if (content["encoding"] !== undefined && typeof content["encoding"] !== "string") problems.push(`${where}.response.content.encoding: must be a string`);
+    }
+  }
+  const own = isObject(entry["_egressgate"]) ? entry["_egressgate"] : undefined;
+  const chunks = own?.["chunks"];
+  const pair = (c: unknown): boolean =>
+    Array.isArray(c) && c.length === 2 && Number.isInteger(c[0]) && (c[0] as number) >= 0 && typeof c[1] === "number" && Number.isFinite(c[1]) && c[1] >= 0;
+  if (chunks !== undefined && !(Array.isArray(chunks) && chunks.every(pair))) problems.push(`${where}._egressgate.chunks: must be a list of [bytes, ms]`);
+  return problems;
 }
 
 function isObject(value: unknown): value is Json {

@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { EgressError } from "../errors.js";
 import type { ResolvedAddress } from "../upstream/resolve.js";
 import { sidecarDir, type RecordedEntry, type RecordedHar } from "./har.js";
+import { replayProblems } from "./har-check.js";
 import { fieldsOf, matchKey, nearest, type BodyForKey, type MatchFields, type MatchOptions } from "./match.js";
 
 export interface LoadedEntry {
@@ -58,6 +59,12 @@ export class ReplaySource {
     if (!Array.isArray(list)) throw new Error(`${path} is not a HAR file: log.entries is missing`);
     const entries: LoadedEntry[] = [];
     for (const [index, entry] of (list as RecordedEntry[]).entries()) {
+      const problems = replayProblems(entry, `log.entries[${index}]`);
+      if (problems.length > 0) throw new Error(`${path} cannot be replayed: ${problems.join("; ")}`);
+      // No response (0, an aborted request in a browser's export) or an informational one (a
+      // WebSocket's 101): nothing a request can be answered with.
+      const status = entry.response?.status;
+      if (typeof status !== "number" || status < 200) continue;
       let url: URL;
       try {
         url = new URL(entry.request.url);

@@ -1,7 +1,8 @@
-import { readdirSync, readFileSync } from "node:fs";
+import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import type { RecordedHar } from "../../src/record/har.js";
+import { checkHarFile, formatHarReport } from "../../src/record/har-check.js";
 import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { startUpstream, type Route } from "../helpers/upstream.js";
 
@@ -297,6 +298,53 @@ describe("recorded network", () => {
     await both.close();
     expect(upstream.hits()).toBe(2);
     expect(readHar(har).log.entries.map((e) => new URL(e.request.url).search)).toEqual(["?a=1", "?a=2"]);
+  });
+
+  // An entry that cannot be replayed as it stands (framing, a status or a header no response can
+  // have) once went out broken: a 200 with no body that held the guest, a 101 to a plain GET.
+  const entry = (response: Record<string, unknown>, extra: Record<string, unknown> = {}): Record<string, unknown> => ({
+    startedDateTime: "2026-12-01T00:00:00.000Z",
+    time: 1,
+    request: { method: "GET", url: "https://api.test/x", httpVersion: "HTTP/1.1", cookies: [], headers: [], queryString: [], headersSize: -1, bodySize: 0 },
+    response: { status: 200, statusText: "OK", httpVersion: "HTTP/1.1", cookies: [], headers: [], redirectURL: "", headersSize: -1, bodySize: 2, content: { size: 2, mimeType: "text/plain", text: "ok" }, ...response },
+    cache: {},
+    timings: { send: 0, wait: 1, receive: 0 },
+    ...extra,
+  });
+  it.each([
+    ["chunks that are not a list of [size, ms]", entry({}, { _egressgate: { chunks: "abc" } }), /_egressgate\.chunks: must be a list of \[bytes, ms\]/],
+    ["a status no final response has", entry({ status: 1000 }), /response\.status: must be 0 \(no response\) or 100-599/],
+    ["a status that is not a whole number", entry({ status: 200.5 }), /response\.status: must be 0 \(no response\) or 100-599/],
+    ["a header value with a line break", entry({ headers: [{ name: "x-a", value: "1\r\nx-b: 2" }] }), /response\.headers\[0\]: .*CR, LF or NUL/],
+    ["a header name that is not a token", entry({ headers: [{ name: "x a", value: "1" }] }), /response\.headers\[0\]: .*not a token/],
+    ["a body text that is not a string", entry({ content: { size: 2, mimeType: "text/plain", text: 42 } }), /response\.content\.text: must be a string/],
+  ])("a file with %s fails the start, naming the entry, and har check says so (exit 2)", async (_name, bad, message) => {
+    const dir = tempDir();
+    const file = join(dir, "bad.har");
+    writeFileSync(file, JSON.stringify({ log: { version: "1.2", creator: { name: "test", version: "1" }, pages: [], entries: [bad] } }));
+    await expect(startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: file } } })).rejects.toThrow(message);
+    const report = await checkHarFile(file);
+    expect(report.problems.join("\n")).toMatch(message);
+    expect(formatHarReport(report).status).toBe(2);
+  });
+
+  it("entries with no response (status 0) or an informational one (a 101) are not replayed: their requests miss", async () => {
+    const dir = tempDir();
+    const file = join(dir, "skips.har");
+    const at = (path: string, status: number): Record<string, unknown> => {
+      const e = entry({ status });
+      (e["request"] as Record<string, unknown>)["url"] = `https://api.test/${path}`;
+      return e;
+    };
+    writeFileSync(file, JSON.stringify({ log: { version: "1.2", creator: { name: "test", version: "1" }, pages: [], entries: [at("aborted", 0), at("switch", 101), at("fine", 200)] } }));
+    expect(formatHarReport(await checkHarFile(file)).status).toBe(0);
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: file } } });
+    expect((await fetchVia(proxy, "https://api.test/fine")).status).toBe(200);
+    for (const path of ["aborted", "switch"]) {
+      const res = await fetchVia(proxy, `https://api.test/${path}`);
+      expect(res.status).toBe(502);
+      expect(res.headers["x-egressgate-error"]).toBe("EG_REPLAY_MISS");
+    }
   });
 
   it("a recording and a replay together are refused, and a replay file that is not HAR fails the start", async () => {
