@@ -25,6 +25,9 @@ interface Entry {
   active: number;
 }
 
+/** How long after the upstream's FIN a session's streams are judged (see H2Sessions.upstreamEnded). */
+const finGraceMs = 100;
+
 /** Sessions whose connection the upstream ended: they take no new streams. */
 const ended = new WeakSet<ClientHttp2Session>();
 
@@ -42,6 +45,8 @@ const defaultPeerStreams = 100;
 export class H2Sessions {
   private readonly alpn = new Map<string, "h1" | "h2">();
   private readonly sessions = new Map<string, Entry[]>();
+  /** Every session not yet closed, those that take no new streams too (after a GOAWAY or a FIN). */
+  private readonly unclosed = new Set<ClientHttp2Session>();
   private readonly connecting = new Map<string, Promise<Negotiated>>();
   /** destroy() was called: the guest or the proxy is gone, and nothing new is opened. */
   private destroyed = false;
@@ -130,7 +135,11 @@ export class H2Sessions {
     // closing the socket, which would have Node destroy every stream, and with them responses
     // that had arrived whole but were not read yet (a hook holding one, a slower guest).
     socket.once("end", () => this.upstreamEnded(key, session));
-    session.once("close", () => this.live(key));
+    this.unclosed.add(session);
+    session.once("close", () => {
+      this.unclosed.delete(session);
+      this.live(key);
+    });
     session.setTimeout(this.options.idleMs, () => {
       const entry = this.sessions.get(key)?.find((e) => e.session === session);
       if (entry === undefined || entry.active === 0) session.close();
@@ -142,14 +151,26 @@ export class H2Sessions {
   }
 
   /**
-   * The upstream ended the session's connection: no new streams on it; a stream still waiting
-   * for its head (502) or for the end of its body (cut) fails at once; one that has closed
-   * cleanly (END_STREAM both ways, so its whole response is in its buffer) stays readable, and
-   * the session is destroyed once the last of those is read (or timed out by upstreamBodyMs).
+   * The upstream ended the session's connection: no new streams on it. Node may not have handed
+   * everything it read before the FIN to the streams yet (it pauses its input while it writes,
+   * and a burst of a body, END_STREAM and the FIN is read at once), so the streams are judged a
+   * moment later ({@link finGraceMs}, and one more turn of the event loop).
    */
   private upstreamEnded(key: string, session: ClientHttp2Session): void {
     ended.add(session);
     this.live(key);
+    const timer = setTimeout(() => setImmediate(() => this.settleEnded(session)), finGraceMs);
+    session.once("close", () => clearTimeout(timer));
+  }
+
+  /**
+   * A stream still waiting for its head (502) or for the end of its body (cut) fails; one that
+   * has closed cleanly (END_STREAM both ways: its whole response is in its buffer) stays
+   * readable, and the session is destroyed once the last of those is read (or its reader goes:
+   * the guest's idleMs and the hooks' limits bound that).
+   */
+  private settleEnded(session: ClientHttp2Session): void {
+    if (session.destroyed) return;
     const whole: ClientHttp2Stream[] = [];
     for (const stream of sessionStreams.get(session) ?? []) {
       if (stream.closed && stream.rstCode === 0) whole.push(stream);
@@ -177,14 +198,14 @@ export class H2Sessions {
    * session does.
    */
   close(): void {
-    for (const entries of this.sessions.values()) for (const { session } of entries) if (!session.closed) session.close();
+    for (const session of this.unclosed) if (!session.closed) session.close();
     this.sessions.clear();
   }
 
   /** Closes every session at once (streams in flight are cut): the proxy or the guest is going away. */
   destroy(): void {
     this.destroyed = true;
-    for (const entries of this.sessions.values()) for (const { session } of entries) session.destroy();
+    for (const session of this.unclosed) session.destroy();
     this.sessions.clear();
   }
 }

@@ -86,6 +86,9 @@ export async function startH2Upstream(routes: Record<string, H2Route> = {}, name
     for (const socket of sockets) socket.destroy();
   };
   const end = async (): Promise<void> => {
+    // Frames a session has yet to write would otherwise go after the FIN, and be lost.
+    while ([...sessions].some((session) => !session.destroyed && (session.state.outboundQueueSize ?? 0) > 0)) await new Promise((resolve) => setImmediate(resolve));
+    await new Promise((resolve) => setImmediate(resolve));
     await Promise.all([...sockets].map((socket) => new Promise<void>((resolve) => socket.end(resolve))));
   };
   return { port: (server.address() as AddressInfo).port, server, seen, connections: () => connections, cut, end };

@@ -1,4 +1,4 @@
-import type { AddressInfo } from "node:net";
+import { connect as netConnect, createServer as createNetServer, type AddressInfo, type Socket } from "node:net";
 import { createServer as createTlsServer } from "node:tls";
 import { request } from "undici";
 import { describe, expect, it, onTestFinished } from "vitest";
@@ -165,6 +165,56 @@ describe("trailers", () => {
  * first request with GOAWAY(last stream 0) and closes, so that request was never processed
  * (RFC 9113 §6.8); on later connections it answers `:status 200` with no body.
  */
+/**
+ * A TCP relay to 127.0.0.1:`port`. After `hold()`, the upstream's bytes are kept until its FIN,
+ * then sent with the FIN in one burst, and what the proxy writes after that is dropped (an
+ * upstream that tolerates the half-close); `release()` ends holding for new connections.
+ */
+async function burstRelay(port: number): Promise<{ port: number; hold: () => void; release: () => void }> {
+  let holding = false;
+  const sockets = new Set<Socket>();
+  const server = createNetServer({ allowHalfOpen: true }, (client) => {
+    const up = netConnect({ port, host: "127.0.0.1", allowHalfOpen: true });
+    for (const s of [client, up]) {
+      sockets.add(s);
+      s.once("close", () => sockets.delete(s));
+    }
+    const held: Buffer[] = [];
+    let holds = false;
+    let finished = false;
+    client.on("data", (data: Buffer) => {
+      if (!finished) up.write(data);
+    });
+    up.on("data", (data: Buffer) => {
+      holds ||= holding;
+      if (holds) held.push(data);
+      else client.write(data);
+    });
+    up.on("end", () => {
+      finished = true;
+      client.end(Buffer.concat(held));
+    });
+    client.on("end", () => up.end());
+    const cut = (): void => {
+      client.destroy();
+      up.destroy();
+    };
+    client.on("error", cut);
+    up.on("error", cut);
+    client.on("close", () => up.destroy());
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(async () => {
+    for (const socket of sockets) socket.destroy();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  });
+  return {
+    port: (server.address() as AddressInfo).port,
+    hold: () => (holding = true),
+    release: () => (holding = false),
+  };
+}
+
 async function goAwayFirst(): Promise<{ port: number; connections: () => number }> {
   const ca = await testCa();
   const contexts = await ca.serverContexts(["api.test"]);
@@ -277,50 +327,54 @@ describe("an upstream connection that ends under the proxy", () => {
 
   // Some servers end the connection right after their last response (a restart, a connection
   // limit). A response that had arrived whole was lost with it (502) while a hook still held it.
-  it.each(["h1", "h2"] as const)("ended (FIN, no GOAWAY) right after a whole response that an onResponse hook still holds: the %s guest gets it whole", async (guest) => {
-    let ended: Promise<void> | undefined;
-    let sent!: () => void;
-    const whole = new Promise<void>((resolve) => (sent = resolve));
-    const body = "w".repeat(20_000);
-    const upstream = await startH2Upstream({
-      "/whole": (stream) => {
-        stream.respond({ ":status": 200, "content-type": "text/plain" });
-        stream.once("close", sent);
-        stream.end(body);
-      },
-    });
-    const proxy = await startTestProxy(
-      {
-        allowedInternalHosts: ["api.test"],
-        onResponse: async () => {
-          // onResponse runs once the head is in. Once the upstream has sent the whole body (it
-          // fits the stream's window) it ends the connection, and the hook holds the response
-          // until the proxy has had time to see the FIN.
-          await whole;
-          ended = upstream.end();
-          await ended;
-          await new Promise((resolve) => setTimeout(resolve, 200));
-          return undefined;
+  // In a burst (the body, END_STREAM and the FIN read together), Node has not yet handed the
+  // whole body to the stream when the FIN is seen.
+  const arrivals = ["the body before the FIN", "the body and the FIN in one burst"] as const;
+  it.each((["h1", "h2"] as const).flatMap((guest) => arrivals.map((arrival) => [guest, arrival] as const)))(
+    "ended (FIN, no GOAWAY) right after a whole 60,000-byte response that an onResponse hook still holds: the %s guest gets it whole (%s)",
+    async (guest, arrival) => {
+      const body = "w".repeat(60_000);
+      const upstream = await startH2Upstream({
+        "/whole": (stream) => {
+          stream.respond({ ":status": 200, "content-type": "text/plain" });
+          // Once the whole body is sent (it fits the stream's window), the connection ends.
+          stream.once("close", () => void upstream.end());
+          stream.end(body);
         },
-      },
-      { timeouts },
-    );
-    const url = `https://api.test:${upstream.port}/whole`;
-    if (guest === "h1") {
-      const res = await fetchVia(proxy, url);
-      expect(res.status).toBe(200);
-      expect(res.text).toBe(body);
-    } else {
-      const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
-      const answer = await h2Request(session, { ":path": "/whole" });
-      expect(answer.headers[":status"]).toBe(200);
-      expect(answer.body.toString()).toBe(body);
-    }
-    expect(ended).toBeDefined();
-    // The next request finds the session gone and opens a new connection.
-    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
-    expect(upstream.connections()).toBe(2);
-  });
+      });
+      const burst = arrival === "the body and the FIN in one burst";
+      const relay = await burstRelay(upstream.port);
+      const port = burst ? relay.port : upstream.port;
+      const proxy = await startTestProxy(
+        {
+          allowedInternalHosts: ["api.test"],
+          onResponse: async (_response, request) => {
+            // onResponse runs once the head is in: it holds the response while the FIN arrives.
+            if (new URL(request.url).pathname === "/whole") await new Promise((resolve) => setTimeout(resolve, 300));
+            return undefined;
+          },
+        },
+        { timeouts },
+      );
+      // The session is open before the relay holds anything.
+      expect((await fetchVia(proxy, `https://api.test:${port}/echo`)).status).toBe(200);
+      if (burst) relay.hold();
+      if (guest === "h1") {
+        const res = await fetchVia(proxy, `https://api.test:${port}/whole`);
+        expect(res.status, res.text.slice(0, 200)).toBe(200);
+        expect(res.text).toBe(body);
+      } else {
+        const session = await h2Session(proxy.port, `api.test:${port}`, proxy.caCertPem);
+        const answer = await h2Request(session, { ":path": "/whole" });
+        expect(answer.headers[":status"]).toBe(200);
+        expect(answer.body.toString()).toBe(body);
+      }
+      // The next request finds the session gone and opens a new connection.
+      relay.release();
+      expect((await fetchVia(proxy, `https://api.test:${port}/echo`)).status).toBe(200);
+      expect(upstream.connections()).toBe(2);
+    },
+  );
 
   it("a request past a GOAWAY's last stream id, never processed, is sent again on a new connection", async () => {
     const upstream = await goAwayFirst();
