@@ -178,10 +178,11 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
         command = { kind: "check-config", file: String(args["file"]) };
       },
     )
-    // In `check`, a repeatable flag takes one value each time (as curl's -H does): a greedy one
+    // In `check` (wherever the word comes: global flags may go first), a repeatable flag takes
+    // one value each time (as curl's -H does): a greedy one
     // would swallow the method and URL after it (`check --allow-host a.test GET https://a.test/`).
     // Serving has no positionals, and its flags keep taking several values (`--allow-host A B`).
-    .parserConfiguration({ "greedy-arrays": argv[0] !== "check" })
+    .parserConfiguration({ "greedy-arrays": !argv.includes("check") })
     .strict()
     .wrap(100)
     .help()

@@ -89,14 +89,13 @@ export class CommandRunner {
         throw new DeciderFailure(reason, kind);
       });
     };
-    // The whole process group: a shell's children would otherwise keep the pipes open. Also
-    // once the command has exited: what it left running in its group (`cmd &`) goes with it.
+    // The whole process group: a shell's children would otherwise keep the pipes open. Once the
+    // command has exited its group's id may be free for reuse: only the exit itself kills then.
     const kill = (): void => {
-      if (child.pid === undefined) return;
+      if (exited || child.pid === undefined) return;
       try {
         process.kill(-child.pid, "SIGKILL");
       } catch {
-        if (exited) return;
         try {
           child.kill("SIGKILL");
         } catch {
@@ -134,12 +133,12 @@ export class CommandRunner {
       stderrBytes += chunk.length;
     });
     child.on("exit", () => {
-      exited = true;
       // A decider runs once per request: anything it leaves behind would pile up, one per
       // request, and one holding stdout open would hold the answer until the timeout. Killed
       // here, as the exit is reported, while the group's id cannot yet belong to anyone else
       // (a leftover still holds it, or nothing does and the kill finds no one).
       kill();
+      exited = true;
       markGone();
     });
     child.on("close", (code, signal) => {

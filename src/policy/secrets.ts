@@ -1,4 +1,5 @@
 import { createHmac, randomBytes } from "node:crypto";
+import { withFields } from "../objects.js";
 import { denied } from "../errors.js";
 import { breaksFieldValue, type HeaderList } from "../headers.js";
 import { bareHostname } from "../hostname.js";
@@ -204,7 +205,7 @@ export class SecretStore {
       const values = [...old.retired, ...(old.deleted ? [] : [old.value])].filter((v) => v !== "" && !live.has(v));
       const entry = this.entries.get(old.name);
       if (entry === undefined) {
-        this.entries.set(old.name, { ...old, hosts: [], matcher: compileHostPatterns([]), value: "", deleted: true, retired: values });
+        this.entries.set(old.name, withFields(old, { hosts: [], matcher: compileHostPatterns([]), value: "", deleted: true, retired: values }));
         continue;
       }
       for (const value of values) if (!entry.retired.includes(value)) entry.retired.push(value);

@@ -137,7 +137,7 @@ export class GuestSide {
     this.guard(
       this.lanes.takeOver(socket, head).then((early) => {
         // Behind an answer that closed the connection: never processed, as a request is not.
-        if (early !== undefined && !isLingering(socket)) this.onConnect(req, socket, early, serve);
+        if (early !== undefined && !isLingering(socket) && !socket.writableEnded) this.onConnect(req, socket, early, serve);
       }),
       socket,
     );
@@ -196,7 +196,7 @@ export class GuestSide {
   private async upgrade(req: IncomingMessage, socket: Socket, head: Buffer): Promise<void> {
     if (this.deps.limits.refused(socket)) return;
     const early = await this.lanes.takeOver(socket, head);
-    if (early === undefined || isLingering(socket)) return;
+    if (early === undefined || isLingering(socket) || socket.writableEnded) return;
     const guest = this.guestOf(req);
     if (guest instanceof EgressError) {
       // Logged by the gate (see onConnect).
@@ -254,14 +254,15 @@ export class GuestSide {
     let guestName: string | undefined;
     try {
       await previous;
-      // The connection closed while an earlier request on it was served: answered below as 499.
-      if (abort.aborted) throw abort.reason;
       // Pipelined behind an answer that closed the connection (Connection: close, a drain):
-      // never processed (RFC 9112 §9.6), and nothing to log. Counted until the socket closes.
+      // never processed (RFC 9112 §9.6), and nothing to log, even once the close has aborted
+      // it. Counted until the socket closes.
       if (socket.writableEnded) {
         req.resume();
         return;
       }
+      // The connection closed while an earlier request on it was served: answered below as 499.
+      if (abort.aborted) throw abort.reason;
       const guest = this.guestOf(req);
       if (guest instanceof EgressError) throw guest;
       guestName = guest.name;

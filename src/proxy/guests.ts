@@ -15,6 +15,7 @@ import type { ResolvedProxyOptions } from "./options.js";
 import type { UpgradeDeps } from "./upgrade.js";
 import type { DecisionLog } from "./decision-log.js";
 import type { RecordedNetwork } from "../record/network.js";
+import { withFields } from "../objects.js";
 
 export interface GuestDeps {
   readonly config: ResolvedProxyOptions;
@@ -206,7 +207,7 @@ export class GuestRegistry {
       // old values stay refused and redacted (see Guest.adopt).
       const carried = this.guests.get(entry.name)?.policy.config.secrets;
       const kept = carried !== undefined && carried.size > 0 && entry.declarative.secrets === undefined
-        ? { ...entry, declarative: { ...entry.declarative, secrets: new SecretStore({}, false, () => []) } }
+        ? withFields(entry, { declarative: withFields(entry.declarative, { secrets: new SecretStore({}, false, () => []) }) })
         : entry;
       next.set(entry.name, new Guest(kept, this.key, this.deps));
     }

@@ -89,6 +89,12 @@ export class Recording {
    * would have the second rename find it gone.
    */
   flush(): Promise<void> {
+    // Once closing, the close writes the file last (its journal is then gone).
+    if (this.closed !== undefined) return this.closed;
+    return this.queueWrite();
+  }
+
+  private queueWrite(): Promise<void> {
     const next = this.flushing.then(() => this.write());
     this.flushing = next;
     return next;
@@ -141,7 +147,7 @@ export class Recording {
         clearTimeout(timer);
       }
       this.final = true;
-      await this.flush();
+      await this.queueWrite();
       await this.journal.close().catch(() => undefined);
       if (!this.failed) await rm(journalPath(this.path), { force: true }).catch(() => undefined);
     })());

@@ -300,7 +300,7 @@ describe("a connection busy when close() starts its drain", () => {
   // answer says the connection closes, and nothing behind it is processed. A keep-alive answer
   // invited a next request that the end of the drain then cut (502 UND_ERR_DESTROYED, or a reset).
   it.each(Object.entries(openers))(
-    "(%s) gets its answer with Connection: close, then the connection closes; a request pipelined behind it never leaves",
+    "(%s) gets its answer with Connection: close, then the connection closes; requests pipelined behind it never leave",
     async (name, open) => {
       let held: (() => void) | undefined;
       const upstream = await startUpstream({ routes: { "/hold": (_req, res) => (held = () => res.end("held")) } });
@@ -309,7 +309,7 @@ describe("a connection busy when close() starts its drain", () => {
       const guest = await open(proxy.port, authority, proxy.caCertPem);
       const prefix = name.startsWith("plain") ? `https://${authority}` : "";
       const line = (path: string): string => `GET ${prefix}${path} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`;
-      guest.write(line("/hold") + line("/echo?behind"));
+      guest.write(line("/hold") + line("/echo?behind") + line("/echo?third"));
       await waitFor(() => held !== undefined);
       const closed = proxy.close();
       held!();
@@ -325,6 +325,32 @@ describe("a connection busy when close() starts its drain", () => {
       expect(proxy.logs.filter((l) => l["msg"] === "request").map((l) => l["status"])).toEqual([200]);
     },
   );
+
+  it.each(["CONNECT", "upgrade"] as const)("a %s pipelined behind the closing answer is not taken", async (kind) => {
+    let held: (() => void) | undefined;
+    const upstream = await startUpstream({ routes: { "/hold": (_req, res) => (held = () => res.end("held")) } });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const authority = `api.test:${upstream.port}`;
+    const guest = await openRaw(proxy.port);
+    const behind =
+      kind === "CONNECT"
+        ? `CONNECT ${authority} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`
+        : `GET https://${authority}/ws HTTP/1.1\r\nHost: ${authority}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n`;
+    guest.write(`GET https://${authority}/hold HTTP/1.1\r\nHost: ${authority}\r\n\r\n${behind}`);
+    await waitFor(() => held !== undefined);
+    const closed = proxy.close();
+    held!();
+    const answer = await guest.readResponse();
+    expect(answer.headers["connection"]).toBe("close");
+    expect(await guest.closesWithin(5_000)).toBe(true);
+    await closed;
+    // No "200 Connection Established" (written after the end, it would be lost: the log tells),
+    // and no upgrade sent on.
+    expect(guest.pending()).toBe("");
+    expect(proxy.logs.filter((l) => l["msg"] === "tunnel opened")).toEqual([]);
+    expect(upstream.seen.map((r) => r.url)).toEqual(["/hold"]);
+    expect(proxy.logs.filter((l) => l["msg"] === "request").map((l) => l["status"])).toEqual([200]);
+  });
 
   it("a keep-alive connection answered during the drain is closed, so its next request is never half served", async () => {
     let held: (() => void) | undefined;

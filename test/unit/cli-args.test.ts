@@ -307,6 +307,19 @@ describe("parseCli: --auth, env --guest and check-config", () => {
     expect(usageErrorOf(["env", "--guest", "Not A Name"], { EGRESSGATE_PLACEHOLDER_KEY: key }).message).toMatch(/^--guest: a guest name must be/);
   });
 
+  it("check takes one value per repeatable flag, with global flags first or not, while serving still takes several", async () => {
+    for (const argv of [
+      ["check", "-H", "x-a: 1", "--allow-host", "a.test", "GET", "https://a.test/"],
+      ["--listen", "127.0.0.1:0", "check", "-H", "x-a: 1", "--allow-host", "a.test", "GET", "https://a.test/"],
+    ]) {
+      const command = parseCli(argv);
+      if (command.kind !== "check") throw new Error(`expected check, got ${command.kind}`);
+      expect(command.check).toMatchObject({ method: "GET", url: "https://a.test/", headers: ["x-a: 1"] });
+      await command.built.close();
+    }
+    expect(declarativeOf(serveOptions(["--allow-host", "a.test", "b.test"]))?.allowedHosts).toEqual(["a.test", "b.test"]);
+  });
+
   it("check-config takes the file to check", () => {
     expect(parseCli(["check-config", "egressgate.yaml"])).toEqual({ kind: "check-config", file: "egressgate.yaml" });
     expect(usageErrorOf(["check-config"]).message).toMatch(/Not enough non-option arguments/);
