@@ -198,7 +198,9 @@ async function preloadPolicies(argv: readonly string[]): Promise<void> {
 
 /** A line in the proxy's JSON log format, for what the CLI itself reports. */
 function logLine(level: string, msg: string, fields: Record<string, unknown>): void {
-  process.stderr.write(`${JSON.stringify({ time: new Date().toISOString(), level, msg, ...fields })}\n`);
+  // A worker's lines name it, as its proxy's do (workerLogSink).
+  const worker = isClusterWorker() ? { worker: process.pid } : {};
+  process.stderr.write(`${JSON.stringify({ ...worker, time: new Date().toISOString(), level, msg, ...fields })}\n`);
 }
 
 /** The CLI's own log lines (the file watch's), at --log-level and in --log-format, like the proxy's. */

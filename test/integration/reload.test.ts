@@ -402,6 +402,15 @@ describe("--watch", () => {
       return streak >= 4;
     });
     expect(await askVia(port, "a.test", upstream.port)).toBe(403);
+    // A broken file: each worker refuses it, and each says which worker it is.
+    const mark = cli.output().length;
+    writeFileSync(`${config}.tmp`, "allowInternalHosts: [unclosed\n");
+    renameSync(`${config}.tmp`, config);
+    await until("both workers report the failed reload", async () => (cli.output().slice(mark).match(/reload failed/g) ?? []).length >= 2);
+    const failed = cli.output().slice(mark).split("\n").filter((line) => line.includes("reload failed")).map((line) => JSON.parse(line) as { worker?: number });
+    expect(new Set(failed.map((line) => line.worker)).size).toBe(2);
+    expect(failed.every((line) => typeof line.worker === "number")).toBe(true);
+    expect(await askVia(port, "b.test", upstream.port)).toBe(200);
     cli.child.kill("SIGTERM");
     await new Promise((resolve) => cli.child.once("exit", resolve));
   }, 180_000);
