@@ -12,6 +12,7 @@ import { runCheck } from "./check.js";
 import { createPrettySink } from "../log-pretty.js";
 import { checkConfig, checkHar, failureText, printCa, printEnv } from "./commands.js";
 import { DjsEngine } from "../djs/engine.js";
+import { reuseParses } from "../config/file.js";
 
 /** `flags`, or the config file in use, once known: how an option error from startProxy is worded. */
 let source: string | undefined;
@@ -134,6 +135,8 @@ async function main(argv: readonly string[]): Promise<number> {
       const reload = async (): Promise<void> => {
         let next: ReturnType<typeof parseCli>;
         reloadLog("info", "reloading the configuration", {});
+        // The dry run that finds the policies and the parse that builds read each file once.
+        const stopReusing = reuseParses();
         try {
           // Every policy loads ahead, off the event loop: parsing below then takes each loaded
           // worker (or its error) at once. Loaded in parseCli itself, a policy that takes long to
@@ -149,6 +152,7 @@ async function main(argv: readonly string[]): Promise<number> {
           logLine("error", "reload failed; the old configuration keeps serving", { error: redactFatal(failureText(error, source)) });
           return;
         } finally {
+          stopReusing();
           DjsEngine.discardPreloaded();
         }
         const old = current;

@@ -22,8 +22,35 @@ export function loadConfigFile(file: string, env: NodeJS.ProcessEnv = process.en
   return parseConfigText(text, file, env, path.dirname(absolute));
 }
 
+/** While a reload runs (see {@link reuseParses}): the configurations parsed, by file, folder, environment and text. */
+let reused: Map<string, { readonly env: NodeJS.ProcessEnv; readonly config: ProxyConfig }> | undefined;
+
+/**
+ * From now until the returned function is called, a file whose text (and folder, and
+ * environment object) is the same as one already parsed gives the same configuration without
+ * being parsed again: a reload parses its files once to find its policies and again to build,
+ * and a large file costs seconds of parsing, each holding every guest. `file:` secrets are read
+ * once for both; the window is one reload, so a later reload reads them again.
+ */
+export function reuseParses(): () => void {
+  reused = new Map();
+  return () => {
+    reused = undefined;
+  };
+}
+
 /** As {@link loadConfigFile}, for text already read; relative paths are taken from `baseDir`. */
 export function parseConfigText(text: string, file: string, env: NodeJS.ProcessEnv, baseDir: string): ProxyConfig {
+  if (reused === undefined) return parseAnew(text, file, env, baseDir);
+  const key = `${file}\0${baseDir}\0${text}`;
+  const found = reused.get(key);
+  if (found !== undefined && found.env === env) return found.config;
+  const config = parseAnew(text, file, env, baseDir);
+  reused.set(key, { env, config });
+  return config;
+}
+
+function parseAnew(text: string, file: string, env: NodeJS.ProcessEnv, baseDir: string): ProxyConfig {
   const deep = tooDeep(text);
   if (deep !== undefined) {
     throw new ConfigFileError(file, [{ ...makeIssue([], `nested deeper than ${maxNesting} levels`), line: text.slice(0, deep).split("\n").length }]);

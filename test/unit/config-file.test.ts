@@ -1,7 +1,7 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { loadConfigFile } from "../../src/config/file.js";
+import { loadConfigFile, reuseParses } from "../../src/config/file.js";
 import { ConfigFileError, invalidConfigCode } from "../../src/config/option-error.js";
 import { tempDir } from "../helpers/proxy.js";
 
@@ -94,6 +94,27 @@ describe("loadConfigFile: a valid file", () => {
     const config = loadConfigFile(configFile(json, "egressgate.json"), { T: "tok" });
     expect(config.proxy.listen).toEqual({ host: "127.0.0.1", port: 0 });
     expect(config.guests["ci"]?.secrets?.["T"]?.value).toBe("tok");
+  });
+});
+
+describe("reuseParses", () => {
+  it("within one reload, the same file is parsed once; outside it, and for other text, anew", () => {
+    const file = configFile("allowHosts: [a.test]\n");
+    const env = {};
+    const outside = loadConfigFile(file, env);
+    expect(loadConfigFile(file, env)).not.toBe(outside);
+    const stop = reuseParses();
+    try {
+      const first = loadConfigFile(file, env);
+      expect(loadConfigFile(file, env)).toBe(first);
+      // Another environment object (env: values may differ) or other text: parsed again.
+      expect(loadConfigFile(file, {})).not.toBe(first);
+      writeFileSync(file, "allowHosts: [b.test]\n");
+      expect(loadConfigFile(file, env)).not.toBe(first);
+    } finally {
+      stop();
+    }
+    expect(loadConfigFile(file, env)).not.toBe(loadConfigFile(file, env));
   });
 });
 
