@@ -197,7 +197,10 @@ async function preloadPolicies(argv: readonly string[]): Promise<void> {
       // Reported by the real parse.
     }
   });
-  await Promise.all(policies.map(({ policy, limits }) => DjsEngine.preload(policy, limits)));
+  // Settled, every one: the reload discards what is left once it is done, and a preload still
+  // under way then would leave its worker behind.
+  const settled = await Promise.allSettled(policies.map(({ policy, limits }) => DjsEngine.preload(policy, limits)));
+  for (const outcome of settled) if (outcome.status === "rejected") throw outcome.reason;
 }
 
 /** A line in the proxy's JSON log format, for what the CLI itself reports. */

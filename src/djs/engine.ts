@@ -32,8 +32,11 @@ const loadTimeoutMs = 30_000;
 /** A first worker's load, settled: the worker with the policy loaded, or why it did not load (the worker stopped). */
 type Loaded = { readonly spawned: Spawned; readonly reply: Extract<InitReply, { ok: true }> } | { readonly error: PolicyLoadError };
 
-/** Loads done ahead (DjsEngine.preload), by policy and limits, until a load() takes them. */
-const preloaded = new Map<string, Loaded>();
+/**
+ * Loads done ahead (DjsEngine.preload), by policy and limits, until a load() takes them: one per
+ * load to come (two guests with the same policy each get an engine, and a worker, of their own).
+ */
+const preloaded = new Map<string, Loaded[]>();
 /** While DjsEngine.collectLoads runs: the loads asked for. */
 let collecting: { policy: PolicySource; limits: DjsLimits }[] | undefined;
 
@@ -179,16 +182,25 @@ export class DjsEngine {
    */
   static async preload(policy: PolicySource, limits: DjsLimits): Promise<void> {
     const key = preloadKey(policy, limits);
-    if (preloaded.has(key)) return;
     const started = spawn(policy, limits);
     const wait = (Atomics as unknown as AtomicsWaitAsync).waitAsync(new Int32Array(started.ready), 0, 0, loadTimeoutMs);
     const waited = wait.async ? await wait.value : wait.value;
-    preloaded.set(key, settleLoad(started, policy.filename, waited));
+    const loaded = settleLoad(started, policy.filename, waited);
+    const list = preloaded.get(key);
+    if (list === undefined) preloaded.set(key, [loaded]);
+    else list.push(loaded);
+  }
+
+  /** @internal Preloads waiting for their load(), for tests and diagnostics. */
+  static get preloadedCount(): number {
+    let n = 0;
+    for (const list of preloaded.values()) n += list.length;
+    return n;
   }
 
   /** Stops the workers of preloads no load() took (the files changed in between, or the reload failed). */
   static discardPreloaded(): void {
-    for (const entry of preloaded.values()) if ("spawned" in entry) void entry.spawned.worker.terminate();
+    for (const list of preloaded.values()) for (const entry of list) if ("spawned" in entry) void entry.spawned.worker.terminate();
     preloaded.clear();
   }
 
@@ -203,9 +215,10 @@ export class DjsEngine {
       return Object.assign(Object.create(DjsEngine.prototype) as DjsEngine, { phases: new Set(), filename: policy.filename, limits, slots: [], closed: true });
     }
     const key = preloadKey(policy, limits);
-    const ahead = preloaded.get(key);
+    const list = preloaded.get(key);
+    const ahead = list?.shift();
+    if (list?.length === 0) preloaded.delete(key);
     if (ahead !== undefined) {
-      preloaded.delete(key);
       if ("error" in ahead) throw ahead.error;
       return new DjsEngine({ kind: policy.kind, filename: policy.filename, code: ahead.reply.code, map: ahead.reply.map }, ahead.reply.phases, limits, ahead.spawned, poolSize);
     }

@@ -2,6 +2,7 @@ import { mkdirSync, symlinkSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { describe, expect, it } from "vitest";
 import { createDjsHooks, djsHooksOptionsFromFile, PolicyLoadError, type DjsHooksOptions } from "../../src/index.js";
+import { DjsEngine } from "../../src/djs/engine.js";
 import { callPhase, loadPolicy } from "../helpers/djs.js";
 import { tempDir } from "../helpers/proxy.js";
 
@@ -138,5 +139,54 @@ describe("tier-2 policies that cannot load fail at once, naming file, line and r
     expect(() => createDjsHooks({ source: "", limits: { stackBytes: 8 * 1024 * 1024 } })).toThrow(/limits\.stackBytes/);
     expect(() => createDjsHooks({ source: "", nope: 1 } as unknown as DjsHooksOptions)).toThrow(/unknown option "nope"/);
     expect(() => djsHooksOptionsFromFile("/srv/policy.py")).toThrow(/cannot read the policy|must end in/);
+  });
+});
+
+describe("loads done ahead (a reload's preload)", () => {
+  // A reload finds its policies with a dry build, loads them off the event loop, then builds
+  // again and takes each loaded worker, or the load's error, without waiting.
+  const source = "function isRequestAllowed(request) { return request.method === 'GET'; }";
+
+  it("two uses of one policy each take a worker of their own; none is left behind", async () => {
+    const collected = DjsEngine.collectLoads(() => {
+      createDjsHooks({ source });
+      createDjsHooks({ source });
+    });
+    expect(collected).toHaveLength(2);
+    await Promise.all(collected.map(({ policy, limits }) => DjsEngine.preload(policy, limits)));
+    expect(DjsEngine.preloadedCount).toBe(2);
+    const first = createDjsHooks({ source }).djsHooks;
+    expect(DjsEngine.preloadedCount).toBe(1);
+    const second = createDjsHooks({ source }).djsHooks;
+    expect(DjsEngine.preloadedCount).toBe(0);
+    try {
+      for (const hooks of [first, second]) expect(hooks.phases).toEqual(["isRequestAllowed"]);
+      // Booleans come back as codes: 1 allowed, 0 refused.
+      expect(await callPhase(first, "isRequestAllowed", { method: "GET", url: "https://a.test/" })).toEqual({ t: "code", v: 1 });
+      expect(await callPhase(second, "isRequestAllowed", { method: "POST", url: "https://a.test/" })).toEqual({ t: "code", v: 0 });
+    } finally {
+      await Promise.all([first.close(), second.close()]);
+    }
+  });
+
+  it("a load that failed ahead fails the same way when it is asked for, and a policy that never loads is refused without holding the event loop", async () => {
+    const broken = { source: "function isRequestAllowed(request) { return ; ) }" };
+    const never = { source: "for (;;) {}", limits: { timeoutMs: 200 } };
+    const collected = DjsEngine.collectLoads(() => {
+      createDjsHooks(broken);
+      createDjsHooks(never);
+    });
+    let turns = 0;
+    const ticking = setInterval(() => turns++, 10);
+    try {
+      await Promise.all(collected.map(({ policy, limits }) => DjsEngine.preload(policy, limits)));
+    } finally {
+      clearInterval(ticking);
+    }
+    // The event loop kept turning while the loads were under way.
+    expect(turns).toBeGreaterThan(0);
+    expect(() => createDjsHooks(broken)).toThrow(PolicyLoadError);
+    expect(() => createDjsHooks(never)).toThrow(/did not load|time limit/);
+    expect(DjsEngine.preloadedCount).toBe(0);
   });
 });
