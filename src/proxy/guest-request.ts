@@ -1,4 +1,4 @@
-import type { IncomingMessage } from "node:http";
+import { METHODS, type IncomingMessage } from "node:http";
 import { EgressError, badRequest } from "../errors.js";
 import { forbiddenMethods, type OutboundRequest } from "../pipeline/exchange.js";
 import { endToEndHeaders } from "../headers.js";
@@ -39,7 +39,7 @@ export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | u
     } else if (name === "content-length") {
       if (contentLength !== undefined) throw badRequest("duplicate Content-Length header");
       contentLength = raw[i + 1]!;
-      if (!/^(0|[1-9][0-9]{0,15})$/.test(contentLength)) throw badRequest(`invalid Content-Length ${JSON.stringify(contentLength)}`);
+      checkContentLength(contentLength);
     } else if (name === "transfer-encoding") {
       codings.push(...raw[i + 1]!.split(",").map((c) => c.trim().toLowerCase()));
     }
@@ -67,12 +67,27 @@ export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | u
  * method that is not an RFC 9110 token (400).
  */
 export function checkMethod(method: string): void {
+  const upper = method.toUpperCase();
   // RFC 8441 (WebSocket over HTTP/2) is not offered: SETTINGS_ENABLE_CONNECT_PROTOCOL stays 0.
-  if (method === "CONNECT") throw new EgressError("EG_METHOD_NOT_ALLOWED", 405, "CONNECT inside a tunnel is not allowed");
-  if (forbiddenMethods.has(method)) {
+  if (upper === "CONNECT") throw new EgressError("EG_METHOD_NOT_ALLOWED", 405, "CONNECT inside a tunnel is not allowed");
+  if (forbiddenMethods.has(upper)) {
     throw new EgressError("EG_METHOD_NOT_ALLOWED", 405, `method ${method} is not allowed: it would echo credentials back`);
   }
   if (!token.test(method)) throw badRequest(`invalid method ${JSON.stringify(method.slice(0, 64))}`);
+  // The methods Node's HTTP/1.1 parser takes, in their one spelling, on every guest side. HTTP/2
+  // would carry any token: `delete` passed a policy that refuses `DELETE` (methods are
+  // case-sensitive), and reached servers that read it as DELETE.
+  if (!METHODS.includes(method)) {
+    throw badRequest(`method ${JSON.stringify(method.slice(0, 64))} is not one the proxy forwards${METHODS.includes(upper) ? ` (spell it ${upper})` : ""}`);
+  }
+}
+
+/**
+ * A Content-Length the proxy can pass on as it came: digits, no leading zero, and no larger than
+ * a number holds exactly (a larger one was forwarded rounded, a different framing than judged).
+ */
+export function checkContentLength(value: string): void {
+  if (!/^(0|[1-9][0-9]{0,15})$/.test(value) || Number(value) > Number.MAX_SAFE_INTEGER) throw badRequest(`invalid Content-Length ${JSON.stringify(value.slice(0, 32))}`);
 }
 
 /** An RFC 9110 token: a method, or a field name. */

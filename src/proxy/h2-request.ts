@@ -3,7 +3,7 @@ import { EgressError, badRequest } from "../errors.js";
 import type { OutboundRequest } from "../pipeline/exchange.js";
 import { endToEndHeaders, type HeaderList } from "../headers.js";
 import { parseAuthority } from "./authority.js";
-import { checkMethod, type TunnelTarget } from "./guest-request.js";
+import { checkContentLength, checkMethod, type TunnelTarget } from "./guest-request.js";
 import { h2ConnectionHeaders } from "./h2-settings.js";
 
 // The proxy sets the authority from the URL on every hop, and answers Expect itself.
@@ -43,6 +43,9 @@ export function h2OutboundRequest(raw: readonly string[], tunnel: TunnelTarget, 
     } else if (name === "host") {
       if (hostHeader !== undefined) throw badRequest("duplicate Host header");
       hostHeader = value;
+    } else if (name === "content-length") {
+      checkContentLength(value);
+      regular.push(name, value);
     } else if (name === "cookie") {
       // RFC 9113 §8.2.3: crumbs may arrive as separate fields; HTTP/1.1 upstreams need one line.
       (cookies ??= []).push(value);

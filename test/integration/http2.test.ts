@@ -119,6 +119,26 @@ describe("HTTP/2 guests", () => {
     expect((await slow).body.toString()).toBe("released");
   });
 
+  // HTTP/2 carries any token as a method. A tier-2 policy refusing DELETE let `delete` through,
+  // and servers that match methods without case read it as DELETE.
+  it("a method in another spelling than the one Node's HTTP/1.1 parser takes is refused on its stream, before any tier", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      djsHooks: loadPolicy("function isRequestAllowed(request) { return request.method !== 'DELETE'; }"),
+    });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const [lower, mixed, upper, get] = await Promise.all([
+      h2Request(session, { ":method": "delete", ":path": "/echo" }),
+      h2Request(session, { ":method": "Delete", ":path": "/echo" }),
+      h2Request(session, { ":method": "DELETE", ":path": "/echo" }),
+      h2Request(session, { ":method": "GET", ":path": "/echo" }),
+    ]);
+    expect([lower.status, mixed.status, upper.status, get.status]).toEqual([400, 400, 403, 200]);
+    expect(lower.body.toString()).toContain("spell it DELETE");
+    expect(upstream.seen.map((r) => r.method)).toEqual(["GET"]);
+  });
+
   it("every stream is judged on its own: a placeholder is substituted on one, a denial answers another, on one connection", async () => {
     const upstream = await startUpstream();
     const proxy = await startTestProxy({

@@ -104,13 +104,14 @@ describe("request framing", () => {
     await expectStillServing(s);
   });
 
-  it("a Content-Length with a leading zero is refused with 400", async () => {
+  // The second went on rounded (9007199254740992): another framing than the one judged.
+  it.each(["010", "9007199254740993"])("a Content-Length of %s is refused with 400", async (length) => {
     const s = await setup();
     const res = await sendToProxy(
       s.proxy,
-      `POST http://api.test:${s.http.port}/echo HTTP/1.1\r\nHost: api.test:${s.http.port}\r\nContent-Length: 010\r\n\r\n0123456789`,
+      `POST http://api.test:${s.http.port}/echo HTTP/1.1\r\nHost: api.test:${s.http.port}\r\nContent-Length: ${length}\r\n\r\n0123456789`,
     );
-    expectRefusal(res, 400, "Bad Request", /invalid Content-Length "010"/);
+    expectRefusal(res, 400, "Bad Request", new RegExp(`invalid Content-Length "${length}"`));
     expect(s.http.hits()).toBe(0);
     await expectStillServing(s);
   });

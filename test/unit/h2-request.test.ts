@@ -41,6 +41,26 @@ describe("h2OutboundRequest", () => {
     expect(failure(() => h2OutboundRequest([":method", "GET", ":authority", "api.test"], tunnel, null)).status).toBe(400);
     expect(failure(() => h2OutboundRequest([":method", "OPTIONS", ":path", "*", ":authority", "api.test"], tunnel, null)).status).toBe(400);
   });
+
+  // HTTP/2 carries any token as a method; HTTP/1.1 guests can send only what Node's parser
+  // knows. A policy refusing DELETE did not refuse `delete`, which servers read as DELETE.
+  it.each([
+    ["delete", 400, /spell it DELETE/],
+    ["Patch", 400, /spell it PATCH/],
+    ["FROB", 400, /not one the proxy forwards/],
+    ["trace", 405, /would echo credentials/],
+    ["connect", 405, /CONNECT inside a tunnel/],
+  ])("the method %j gets %i", (method, status, reason) => {
+    const error = failure(() => h2OutboundRequest([":method", method, ":path", "/", ":authority", "api.test"], tunnel, null));
+    expect(error.status).toBe(status);
+    expect(error.message).toMatch(reason);
+  });
+
+  it("a Content-Length beyond what a number holds exactly is 400 (it went on rounded)", () => {
+    expect(failure(() => h2OutboundRequest(head(["content-length", "9007199254740993"]), tunnel, null)).status).toBe(400);
+    expect(failure(() => h2OutboundRequest(head(["content-length", "010"]), tunnel, null)).status).toBe(400);
+    expect(h2OutboundRequest(head(["content-length", "9007199254740991"]), tunnel, null).headers).toContain("9007199254740991");
+  });
 });
 
 it("a :path like //evil.test/x stays a path on the tunnel's origin", () => {
