@@ -133,6 +133,8 @@ async function main(argv: readonly string[]): Promise<number> {
       let reloading = Promise.resolve();
       const reloadLog = cliLogger(command);
       const reload = async (): Promise<void> => {
+        // A reload queued before SIGTERM does not apply during the drain.
+        if (closing) return;
         let next: ReturnType<typeof parseCli>;
         reloadLog("info", "reloading the configuration", {});
         // The dry run that finds the policies and the parse that builds read each file once.
@@ -142,6 +144,8 @@ async function main(argv: readonly string[]): Promise<number> {
           // worker (or its error) at once. Loaded in parseCli itself, a policy that takes long to
           // load (a loop at its top level: up to 30 s) held every guest meanwhile.
           await preloadPolicies(argv);
+          // SIGTERM while the policies loaded (up to 30 s): the drain has begun.
+          if (closing) return;
           next = parseCli(argv);
           if (next.kind !== "serve") return;
           await proxy.reload(next.options).catch(async (error: unknown) => {

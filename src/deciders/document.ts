@@ -83,22 +83,31 @@ export function requestPart(method: string, url: URL, headers: readonly string[]
 export function documentBody(bytes: Uint8Array, maxBytes: number, conceal: Conceal): DocumentBody {
   const buffer = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const truncated = buffer.length > maxBytes;
-  if (!truncated) {
-    const clean = utf8Length(buffer, false);
-    if (clean !== undefined) return { encoding: "utf8", data: conceal(buffer.toString("utf8")), size: buffer.length, truncated };
-    return { encoding: "base64", data: Buffer.from(conceal(buffer.toString("latin1")), "latin1").toString("base64"), size: buffer.length, truncated };
+  // Text when what is kept is text (a character the cut splits is dropped).
+  const textual = utf8Length(truncated ? buffer.subarray(0, maxBytes) : buffer, truncated) !== undefined;
+  const encoding = textual ? "utf8" : "latin1";
+  // A value the cut falls inside would not be recognised in what is left of it: the text is
+  // mapped past the cut, then cut. A copy that starts `reach` bytes or more before the window's
+  // end lies in it whole; each value mapped out can shorten the text by up to `reach`, pulling
+  // what lay further on before the cut, so the window grows until those cannot reach the cut.
+  const reach = truncated ? (conceal.reach?.() ?? 0) : 0;
+  let end = Math.min(buffer.length, maxBytes + reach);
+  for (;;) {
+    const concealed = Buffer.from(conceal(buffer.subarray(0, end).toString(encoding)), encoding);
+    const mapped = occurrences(concealed, "EGRESSGATE_SECRET_") + occurrences(concealed, "[REDACTED");
+    if (end === buffer.length || maxBytes + (mapped + 1) * reach <= end) {
+      const kept = concealed.subarray(0, maxBytes);
+      const data = textual ? kept.subarray(0, utf8Length(kept, true) ?? 0).toString("utf8") : kept.toString("base64");
+      return { encoding: textual ? "utf8" : "base64", data, size: buffer.length, truncated };
+    }
+    end = Math.min(buffer.length, Math.max(2 * end, maxBytes + (mapped + 2) * reach));
   }
-  // A value the cut falls inside would no longer be recognised in what is left of it: the text
-  // is concealed as far as any value starting before the cut can run, and cut after that.
-  const window = buffer.subarray(0, Math.min(buffer.length, maxBytes + (conceal.reach?.() ?? 0)));
-  const clean = utf8Length(window, window.length < buffer.length);
-  if (clean !== undefined && clean >= Math.min(maxBytes, window.length) - 3) {
-    const concealed = Buffer.from(conceal(window.subarray(0, clean).toString("utf8")), "utf8").subarray(0, maxBytes);
-    const kept = utf8Length(concealed, true);
-    if (kept !== undefined) return { encoding: "utf8", data: concealed.subarray(0, kept).toString("utf8"), size: buffer.length, truncated };
-  }
-  const concealed = Buffer.from(conceal(window.toString("latin1")), "latin1").subarray(0, maxBytes);
-  return { encoding: "base64", data: concealed.toString("base64"), size: buffer.length, truncated };
+}
+
+function occurrences(buffer: Buffer, needle: string): number {
+  let n = 0;
+  for (let at = buffer.indexOf(needle); at !== -1; at = buffer.indexOf(needle, at + needle.length)) n++;
+  return n;
 }
 
 /**

@@ -184,7 +184,11 @@ export class DjsEngine {
     const key = preloadKey(policy, limits);
     const started = spawn(policy, limits);
     const wait = (Atomics as unknown as AtomicsWaitAsync).waitAsync(new Int32Array(started.ready), 0, 0, loadTimeoutMs);
-    const waited = wait.async ? await wait.value : wait.value;
+    // A worker that dies while loading (out of memory bundling, say) never says it is ready.
+    let exited: (() => void) | undefined;
+    const gone = new Promise<"timed-out">((resolve) => started.worker.once("exit", (exited = () => resolve("timed-out"))));
+    const waited = wait.async ? await Promise.race([wait.value, gone]) : wait.value;
+    started.worker.off("exit", exited!);
     const loaded = settleLoad(started, policy.filename, waited);
     const list = preloaded.get(key);
     if (list === undefined) preloaded.set(key, [loaded]);

@@ -103,6 +103,13 @@ export interface DecodeContext {
 export const maxDepth = 3;
 
 /**
+ * The most characters one character of a value can take in a text the scan still recognises:
+ * JSON's `\u0041` (six) is the longest form a decoder undoes, and decoders chain to
+ * {@link maxDepth}.
+ */
+export const maxExpansion = 6 ** maxDepth;
+
+/**
  * Builds a view character by character, each with its span in the original text. A decoded
  * view is never longer than the view it comes from, which sizes the span arrays.
  */

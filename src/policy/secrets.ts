@@ -4,7 +4,7 @@ import { denied } from "../errors.js";
 import { breaksFieldValue, type HeaderList } from "../headers.js";
 import { bareHostname } from "../hostname.js";
 import { compileHostPatterns, validateHostPattern, type HostMatcher } from "./host-pattern.js";
-import { findFirst, needle, NeedleSet, redactText, scan, ScanBudget, UnscannableError, type Match } from "./secret-scan.js";
+import { findFirst, maxExpansion, needle, NeedleSet, redactText, scan, ScanBudget, UnscannableError, type Match } from "./secret-scan.js";
 
 /**
  * What happens to a redirect hop that leaves the hosts of a secret the request carried:
@@ -259,14 +259,14 @@ export class SecretStore {
   }
 
   /**
-   * How many characters past a cut an encoded copy of a value that starts before it can run: six
-   * per character of the longest value, current or retired (JSON's `\u0041` is the longest form
-   * the scan decodes), and a little more. 0 without values.
+   * How long, in bytes, a copy of a value the scan recognises can be: the longest value, current
+   * or retired, in its longest encoding ({@link maxExpansion}), and a little more. 0 without
+   * values.
    */
   reach(): number {
     let longest = 0;
-    for (const e of this.entries.values()) for (const v of [e.value, ...e.retired]) longest = Math.max(longest, v.length);
-    return longest === 0 ? 0 : 6 * longest + 16;
+    for (const e of this.entries.values()) for (const v of [e.value, ...e.retired]) longest = Math.max(longest, Buffer.byteLength(v));
+    return longest === 0 ? 0 : maxExpansion * longest + 16;
   }
 
   /**

@@ -279,6 +279,8 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       log.info("guest added", { guest: name });
     },
     reload: async (next) => {
+      // Requests draining keep the configuration they started with; so do the guests.
+      if (closing !== undefined) throw new TypeError("reload: the proxy is closing");
       const resolved = resolveProxyOptions(next);
       if (resolved.open !== guests.open) {
         throw new TypeError("reload: a proxy that serves one guest without credentials stays that way (and one with credentials too); restart it to change");

@@ -151,7 +151,10 @@ export function replayProblems(entry: unknown, where: string): string[] {
       const name = header["name"];
       // HTTP/2 pseudo-headers (Chrome's exports) are left out of the replay.
       if (!name.startsWith(":") && !fieldName.test(name)) problems.push(`${where}.response.headers[${i}]: the name ${JSON.stringify(name.slice(0, 64))} is not a token`);
-      if (/[\r\n\0]/.test(header["value"])) problems.push(`${where}.response.headers[${i}]: the value of ${JSON.stringify(name.slice(0, 64))} has a CR, LF or NUL`);
+      // What Node refuses to send: a control character other than tab, or one past Latin-1.
+      if (/[^\t\x20-\x7e\x80-\xff]/.test(header["value"])) {
+        problems.push(`${where}.response.headers[${i}]: the value of ${JSON.stringify(name.slice(0, 64))} has a control character (CR, LF, NUL, …) or one a header cannot carry`);
+      }
     });
     const content = isObject(response["content"]) ? response["content"] : undefined;
     if (content !== undefined) {

@@ -315,7 +315,9 @@ describe("recorded network", () => {
     ["chunks that are not a list of [size, ms]", entry({}, { _egressgate: { chunks: "abc" } }), /_egressgate\.chunks: must be a list of \[bytes, ms\]/],
     ["a status no final response has", entry({ status: 1000 }), /response\.status: must be 0 \(no response\) or 100-599/],
     ["a status that is not a whole number", entry({ status: 200.5 }), /response\.status: must be 0 \(no response\) or 100-599/],
-    ["a header value with a line break", entry({ headers: [{ name: "x-a", value: "1\r\nx-b: 2" }] }), /response\.headers\[0\]: .*CR, LF or NUL/],
+    ["a header value with a line break", entry({ headers: [{ name: "x-a", value: "1\r\nx-b: 2" }] }), /response\.headers\[0\]: .*control character/],
+    ["a header value with another control character", entry({ headers: [{ name: "x-a", value: "1\u0001" }] }), /response\.headers\[0\]: .*control character/],
+    ["a header value past Latin-1", entry({ headers: [{ name: "x-a", value: "1 €" }] }), /response\.headers\[0\]: .*cannot carry/],
     ["a header name that is not a token", entry({ headers: [{ name: "x a", value: "1" }] }), /response\.headers\[0\]: .*not a token/],
     ["a body text that is not a string", entry({ content: { size: 2, mimeType: "text/plain", text: 42 } }), /response\.content\.text: must be a string/],
   ])("a file with %s fails the start, naming the entry, and har check says so (exit 2)", async (_name, bad, message) => {

@@ -10,7 +10,7 @@ import { testCa } from "../helpers/test-ca.js";
 import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
 import { basic, credentialsOf, startGuestsProxy } from "../helpers/guests.js";
 import { openRaw, type RawClient } from "../helpers/raw.js";
-import { startUpstream } from "../helpers/upstream.js";
+import { heldHttpUpstream, startUpstream } from "../helpers/upstream.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
 
@@ -169,6 +169,19 @@ describe("proxy.reload", () => {
     expect(upstream.seen.length).toBe(seen);
     expect(JSON.stringify(proxy.logs)).toContain("[REDACTED:TOKEN]");
     expect(JSON.stringify(proxy.logs)).not.toContain(old);
+  });
+
+  it("a reload once close() has begun is refused: the requests draining keep their configuration", async () => {
+    const held = await heldHttpUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { logLevel: "warn" });
+    const inFlight = fetchVia(proxy, `http://api.test:${held.port}/held`);
+    await held.arrived;
+    const closed = proxy.close();
+    const next = createHttpHooks({ allowedInternalHosts: [] });
+    await expect(proxy.reload({ httpHooks: next.httpHooks, env: next.env })).rejects.toThrow(/the proxy is closing/);
+    held.release();
+    expect((await inFlight).status).toBe(200);
+    await closed;
   });
 
   it("rejects invalid options whole and keeps the old configuration serving", async () => {

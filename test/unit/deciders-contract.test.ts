@@ -154,13 +154,18 @@ describe("documentBody: a body cut at maxBodyBytes", () => {
   const value = "Tok3n-VALUE-abcdef0123456789-xyz";
   const store = new SecretStore({ T: { hosts: ["api.test"], value } }, false, (hosts) => hosts as string[]);
   const conceal: Conceal = Object.assign((text: string, header?: string) => store.placeholdersFor(text, header), { reach: () => store.reach() });
+  const percent = [...value].map((c) => `%${c.charCodeAt(0).toString(16).padStart(2, "0")}`).join("");
   const forms: Record<string, string> = {
     raw: value,
     base64: Buffer.from(value).toString("base64"),
-    "percent-encoded": [...value].map((c) => `%${c.charCodeAt(0).toString(16).padStart(2, "0")}`).join(""),
+    "percent-encoded": percent,
+    // Decoders chain: JSON escapes of a percent-encoded copy, 18 characters per character.
+    "JSON-escaped percent-encoded": [...percent].map((c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`).join(""),
   };
   for (const [form, copy] of Object.entries(forms)) {
-    it.each([...Array(copy.length - 1).keys()].map((i) => i + 1))(`never leaves a ${form} copy cut after %i characters`, (kept) => {
+    // Every cut position for the short forms; every 7th for the long one.
+    const step = copy.length > 200 ? 7 : 1;
+    it.each([...Array(Math.ceil((copy.length - 1) / step)).keys()].map((i) => 1 + i * step))(`never leaves a ${form} copy cut after %i characters`, (kept) => {
       const prefix = "padding ".repeat(8);
       for (const binary of [false, true]) {
         const body = Buffer.concat([binary ? Buffer.from([0xff, 0xfe]) : Buffer.alloc(0), Buffer.from(`${prefix}${copy} and more text after it`)]);
@@ -174,6 +179,24 @@ describe("documentBody: a body cut at maxBodyBytes", () => {
       }
     });
   }
+});
+
+describe("documentBody: many values before the cut", () => {
+  // Each value mapped out shortens the text (a 1,000-byte value becomes a 66-byte placeholder),
+  // pulling what lay past the window that was mapped before the cut: there, a copy the window's
+  // end had split was never recognised.
+  it("a copy split by the mapped window's end is never pulled before the cut", () => {
+    const value = `Tok3n-${"0123456789abcdef".repeat(62)}-end`;
+    const store = new SecretStore({ T: { hosts: ["api.test"], value } }, false, (hosts) => hosts as string[]);
+    const conceal: Conceal = Object.assign((text: string, header?: string) => store.placeholdersFor(text, header), { reach: () => store.reach() });
+    const body = Buffer.from(`${value}\n`.repeat(400));
+    for (const cut of [5_000, 20_000, 60_000]) {
+      const doc = documentBody(body, cut, conceal);
+      expect(doc.encoding).toBe("utf8");
+      expect(Buffer.byteLength(doc.data)).toBeLessThanOrEqual(cut);
+      for (let k = 4; k <= value.length; k++) expect(doc.data.endsWith(value.slice(0, k)), `${k} characters at ${cut}`).toBe(false);
+    }
+  });
 });
 
 describe("SecretStore.placeholdersFor", () => {
