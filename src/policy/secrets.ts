@@ -177,7 +177,7 @@ export class SecretStore {
       entry.matcher = compileHostPatterns(hosts);
     }
     if (value !== undefined && value !== entry.value) {
-      entry.retired.push(entry.value);
+      retire(entry, entry.value);
       entry.value = value;
       this.redaction = undefined;
     }
@@ -188,7 +188,7 @@ export class SecretStore {
     if (entry === undefined) throw new TypeError(`deleteSecret: no secret named "${name}"`);
     if (entry.deleted) return;
     entry.deleted = true;
-    entry.retired.push(entry.value);
+    retire(entry, entry.value);
     entry.value = "";
     this.redaction = undefined;
   }
@@ -205,10 +205,10 @@ export class SecretStore {
       const values = [...old.retired, ...(old.deleted ? [] : [old.value])].filter((v) => v !== "" && !live.has(v));
       const entry = this.entries.get(old.name);
       if (entry === undefined) {
-        this.entries.set(old.name, withFields(old, { hosts: [], matcher: compileHostPatterns([]), value: "", deleted: true, retired: values }));
+        this.entries.set(old.name, withFields(old, { hosts: [], matcher: compileHostPatterns([]), value: "", deleted: true, retired: values.slice(-maxRetired) }));
         continue;
       }
-      for (const value of values) if (!entry.retired.includes(value)) entry.retired.push(value);
+      for (const value of values) if (!entry.retired.includes(value)) retire(entry, value);
     }
     this.redaction = undefined;
   }
@@ -507,6 +507,18 @@ function replaceMatches(text: string, needles: NeedleSet, label: (name: string) 
     at = end;
   }
   return out + text.slice(at);
+}
+
+/**
+ * Retired values kept per secret: every one is looked for in every request and log line, and a
+ * token a `file:` source refreshes hourly under --watch would otherwise add one an hour for the
+ * life of the process. The oldest goes first.
+ */
+const maxRetired = 64;
+
+function retire(entry: Entry, value: string): void {
+  entry.retired.push(value);
+  if (entry.retired.length > maxRetired) entry.retired.shift();
 }
 
 /** Every value, current and retired, of the entries. */

@@ -133,6 +133,21 @@ describe("SecretStore substitution", () => {
   });
 });
 
+describe("SecretStore: retired values", () => {
+  // Every retired value is looked for in every request and log line: a token refreshed hourly
+  // (a file: secret under --watch) would add one an hour for the life of the process.
+  it("the last 64 of a secret are kept and refused; older ones are let go", () => {
+    const secrets = store({ T: { hosts: ["api.test"], value: "value-number-0000" } });
+    const values = Array.from({ length: 70 }, (_, i) => `value-number-${String(i).padStart(4, "0")}`);
+    for (const value of values.slice(1)) secrets.update("T", { value });
+    const to = (value: string): (() => unknown) => () => secrets.apply({ url: new URL("https://other.test/"), headers: ["x-old", value] }, "other.test");
+    // values[69] is current; values[5..68] are the 64 retired ones.
+    expect(to(values[4]!)).not.toThrow();
+    expect(thrown(to(values[5]!)).message).toContain("retired value of secret T");
+    expect(thrown(to(values[68]!)).message).toContain("retired value of secret T");
+  });
+});
+
 describe("SecretStore: a placeholder in the URL", () => {
   // Only headers (and, with replaceSecretsInQuery, the query) are substituted; a placeholder
   // anywhere in the URL to a host outside its secret's hosts is refused like one in a header.
