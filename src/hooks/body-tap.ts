@@ -11,6 +11,16 @@ export interface BodyTapOptions {
   readonly encoding?: string;
   /** Called on the first read: the guest may be waiting for `100 Continue`. */
   readonly onStart?: () => void;
+  /** The body's Content-Length, when it has one: past `limit`, the first read fails before onStart. */
+  readonly declaredLength?: number;
+}
+
+/** A request's Content-Length, for {@link BodyTapOptions.declaredLength}; nothing without one. */
+export function declaredLength(headers: readonly string[]): { declaredLength?: number } {
+  for (let i = 0; i < headers.length; i += 2) {
+    if (headers[i]!.toLowerCase() === "content-length") return { declaredLength: Number(headers[i + 1]) };
+  }
+  return {};
 }
 
 /** Thrown into a hook's read when it goes past the body limit. */
@@ -118,6 +128,7 @@ export class BodyTap {
   /** Raw chunks from the source: counted, capped while hooks run, and recorded when asked. */
   private async *raw(): AsyncGenerator<Buffer> {
     const { limit, record } = this.options;
+    if (this.limitHit) throw new BodyLimitError(limit);
     for (;;) {
       const next = await this.next();
       if (next.done === true) return;
@@ -136,7 +147,10 @@ export class BodyTap {
 
   private start(): Readable {
     this.started = true;
-    this.options.onStart?.();
+    // A body announced larger than the limit is refused without asking the guest for it.
+    const tooLarge = (this.options.declaredLength ?? 0) > this.options.limit;
+    if (tooLarge) this.limitHit = true;
+    else this.options.onStart?.();
     const raw = Readable.from(this.raw(), { objectMode: false });
     this.reader = raw;
     const encoding = this.options.encoding?.trim().toLowerCase();

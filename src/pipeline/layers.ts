@@ -1,6 +1,6 @@
 import { Readable } from "node:stream";
 import { EgressError } from "../errors.js";
-import { BodyTap } from "../hooks/body-tap.js";
+import { BodyTap, declaredLength } from "../hooks/body-tap.js";
 import { allow } from "../policy/decision.js";
 import { discardBody } from "../streams.js";
 import { GuestGone, type ExchangeContext, type OutboundRequest, type PipelineResponse, type TraceEntry } from "./exchange.js";
@@ -111,7 +111,7 @@ export class LayerRun {
     const source = this.layers[index]!;
     const tap =
       request.body instanceof Readable && !this.streamed.has(request.body)
-        ? new BodyTap(request.body, { limit: this.limits.requestBodyBytes, record: false, ...(this.context.beforeBody !== undefined ? { onStart: this.context.beforeBody } : {}) })
+        ? new BodyTap(request.body, { limit: this.limits.requestBodyBytes, record: false, ...(this.context.beforeBody !== undefined ? { onStart: this.context.beforeBody } : {}), ...declaredLength(request.headers) })
         : undefined;
     const inner: LayerNext = {
       next: (next) => this.layer(index + 1, next),

@@ -2,7 +2,7 @@ import { discardBody } from "../streams.js";
 import { errors as undiciErrors } from "undici";
 import type { Readable } from "node:stream";
 import { EgressError, badRequest, denied } from "../errors.js";
-import { BodyTap } from "../hooks/body-tap.js";
+import { BodyTap, declaredLength } from "../hooks/body-tap.js";
 import type { Decision } from "../policy/decision.js";
 import type { DeclarativePolicy } from "../policy/declarative-policy.js";
 import type { RedirectHop, SecretTarget } from "../policy/secrets.js";
@@ -128,6 +128,7 @@ export class Pipeline {
         limit: limits.requestBodyBytes,
         record: false,
         ...(context.beforeBody !== undefined ? { onStart: context.beforeBody } : {}),
+        ...declaredLength(initial.headers),
       });
     }
     for (let redirects = 0; ; redirects++) {

@@ -417,6 +417,26 @@ describe("hooks and redirects", () => {
     expect(bodies).toEqual(["from the guest", "built by the hook"]);
   });
 
+  // The hook would read past maxHttpBodyBytes: 413 at once, and the guest is not asked for a
+  // body that could only be refused (it was, after its upload).
+  it("an upload announced larger than maxHttpBodyBytes, that onRequest reads, gets 413 and no 100 Continue", async () => {
+    const { proxy, upstream } = await setup(
+      {
+        onRequest: async (req) => {
+          await req.clone().text();
+        },
+      },
+      { maxHttpBodyBytes: 1024 },
+    );
+    const answer = await rawExchange(
+      proxy.port,
+      `PUT https://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test\r\nContent-Length: 1073741824\r\nExpect: 100-continue\r\n\r\n`,
+    );
+    expect(answer).toMatch(/^HTTP\/1\.1 413 /);
+    expect(answer).not.toMatch(/100 Continue/);
+    expect(hits(upstream)).toBe(0);
+  });
+
   it("an upload with Expect: 100-continue read by onRequest gets exactly one 100 Continue", async () => {
     const { proxy, upstream } = await setup({
       onRequest: async (req) => {
