@@ -16,6 +16,7 @@ import { h2OutboundRequest } from "./h2-request.js";
 import { sendH2Error, sendH2Response } from "./h2-respond.js";
 import { h2Codes, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h2-settings.js";
 import { tunnelOf } from "./tunnel.js";
+import { resetH2Stream } from "../streams.js";
 
 export interface H2GuestDeps {
   readonly log: Logger;
@@ -210,7 +211,7 @@ export class H2Guests {
       .catch((error: unknown) => {
         this.deps.log.error("internal error", { error, stack: (error as Error)?.stack });
         watch.ours = true;
-        if (!stream.destroyed) stream.close(h2Codes.internalError);
+        resetH2Stream(stream, h2Codes.internalError, "internal error");
       })
       .finally(() => {
         state.running -= 1;
@@ -266,7 +267,7 @@ export class H2Guests {
       // writes; past the idle limit the stream is reset and its upstream body let go.
       stream.setTimeout(this.deps.idleMs, () => {
         resetByUs();
-        stream.close(h2Codes.cancel);
+        resetH2Stream(stream, h2Codes.cancel, "the guest read nothing for the idle limit");
       });
       await new Promise<void>((resolve) => {
         sendH2Response(stream, response, (error) => {

@@ -2,7 +2,7 @@ import type { OutgoingHttpHeaders, ServerHttp2Stream } from "node:http2";
 import type { EgressError } from "../errors.js";
 import type { HeaderList } from "../headers.js";
 import type { PipelineResponse } from "../pipeline/exchange.js";
-import { discardBody } from "../streams.js";
+import { discardBody, resetH2Stream } from "../streams.js";
 import { errorBody } from "./respond.js";
 import { h2Codes, h2ConnectionHeaders } from "./h2-settings.js";
 import { withFields } from "../objects.js";
@@ -57,7 +57,7 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
   } catch (error) {
     // A field Node refuses to encode (an invalid value a hook produced): nothing is sent yet.
     discardBody(body);
-    stream.close(h2Codes.internalError);
+    resetH2Stream(stream, h2Codes.internalError, "the response head could not be encoded");
     onDone(error as Error);
     return;
   }
@@ -70,7 +70,7 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
       try {
         stream.sendTrailers(h2TrailerObject(trailers()));
       } catch {
-        stream.close(h2Codes.internalError);
+        resetH2Stream(stream, h2Codes.internalError, "the trailers could not be encoded");
       }
     });
   }
@@ -83,12 +83,12 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
   body.once("error", (error: Error) => {
     // Mid-body the status is sent: resetting this stream is the only honest signal, and it
     // leaves every other stream on the connection alone.
-    stream.close(h2Codes.internalError);
+    resetH2Stream(stream, h2Codes.internalError, "the response body failed");
     settle(error);
   });
   body.once("close", () => {
     if (body.readableEnded || settled) return;
-    stream.close(h2Codes.internalError);
+    resetH2Stream(stream, h2Codes.internalError, "the response body closed before its end");
     settle(new Error("the upstream body closed before its end"));
   });
   stream.once("close", () => {
@@ -141,7 +141,7 @@ function grpcMessage(text: string): string {
 export function sendH2Error(stream: ServerHttp2Stream, error: EgressError, grpc: boolean): number {
   if (stream.destroyed || stream.closed) return 0;
   if (stream.headersSent) {
-    stream.close(h2Codes.internalError);
+    resetH2Stream(stream, h2Codes.internalError, "the response failed after its head");
     return 0;
   }
   try {
@@ -172,7 +172,7 @@ export function sendH2Error(stream: ServerHttp2Stream, error: EgressError, grpc:
     stream.end(body);
     return Buffer.byteLength(body);
   } catch {
-    stream.close(h2Codes.internalError);
+    resetH2Stream(stream, h2Codes.internalError, "the error answer could not be encoded");
     return 0;
   }
 }

@@ -4,6 +4,7 @@ import type { Readable } from "node:stream";
 import { EgressError } from "../errors.js";
 import { breaksFieldValue, httpToken, type HeaderList } from "../headers.js";
 import { requestStream } from "./h2-request-call.js";
+import { resetH2Stream } from "../streams.js";
 
 /** The request as the upstream layer needs it (the pipeline's OutboundRequest fits). */
 export interface H2UpstreamRequest {
@@ -131,7 +132,7 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
   open.add(stream);
   stream.once("close", () => open.delete(stream));
   const onAbort = (): void => {
-    if (!stream.destroyed) stream.close(constants.NGHTTP2_CANCEL);
+    resetH2Stream(stream, constants.NGHTTP2_CANCEL, "the guest went away");
   };
   if (options.signal.aborted) onAbort();
   else options.signal.once("abort", onAbort);
@@ -140,7 +141,7 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
   const body = request.body;
   if (body instanceof Uint8Array) stream.end(body);
   else if (body !== null) {
-    body.once("error", () => stream.close(constants.NGHTTP2_CANCEL));
+    body.once("error", () => resetH2Stream(stream, constants.NGHTTP2_CANCEL, "the request body failed"));
     body.pipe(stream);
   }
 
@@ -154,14 +155,14 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
     };
     const timer = setTimeout(() => {
       fail(new EgressError("EG_UPSTREAM_TIMEOUT", 504, `upstream ${url.host} timed out: no response head within ${options.headersTimeoutMs} ms`));
-      stream.close(constants.NGHTTP2_CANCEL);
+      resetH2Stream(stream, constants.NGHTTP2_CANCEL, "no response head in time");
     }, options.headersTimeoutMs);
     let informational = 0;
     stream.on("headers", () => {
       // 1xx heads: nobody reads them, and an upstream sending them for ever must not hold the request.
       if (++informational > options.maxInformational) {
         fail(new EgressError("EG_UPSTREAM", 502, `upstream ${url.host} sent more than ${options.maxInformational} informational (1xx) responses`));
-        stream.close(constants.NGHTTP2_PROTOCOL_ERROR);
+        resetH2Stream(stream, constants.NGHTTP2_PROTOCOL_ERROR, "too many informational responses");
       }
     });
     stream.once("close", () => {

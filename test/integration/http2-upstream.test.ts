@@ -298,6 +298,51 @@ describe("an upstream connection that ends under the proxy", () => {
     expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
   });
 
+  // Node's stream.close(code) sends END_STREAM before its RST_STREAM once what was written has
+  // been flushed: an upload the guest abandoned reached the upstream as a whole, shorter body.
+  it.each(["h1 connection closed", "h2 stream reset with CANCEL", "h2 stream reset with INTERNAL_ERROR"] as const)("an upload abandoned midway (%s) is reset at the h2 upstream, never ended as a whole body", async (guest) => {
+    let headArrived!: () => void;
+    const arrived = new Promise<void>((resolve) => (headArrived = resolve));
+    let routed = 0;
+    const upstream = await startH2Upstream({ "/upload": () => (routed += 1) });
+    const upstreamSaw = new Promise<{ bytes: number; ended: boolean }>((resolve) => {
+      upstream.server.on("stream", (stream) => {
+        let bytes = 0;
+        let ended = false;
+        stream.on("data", (chunk: Buffer) => {
+          bytes += chunk.length;
+          if (bytes >= 1000) headArrived();
+        });
+        stream.on("end", () => (ended = true));
+        stream.once("close", () => resolve({ bytes, ended }));
+      });
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
+    const authority = `api.test:${upstream.port}`;
+    if (guest === "h1 connection closed") {
+      const client = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+      client.write(`POST /upload HTTP/1.1\r\nHost: ${authority}\r\nTransfer-Encoding: chunked\r\n\r\n3e8\r\n${"u".repeat(1000)}\r\n`);
+      await arrived;
+      client.socket.destroy();
+    } else {
+      const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+      // An aborted signal resets with CANCEL; destroy(error) with INTERNAL_ERROR. Neither sends
+      // END_STREAM (close(code) would, as the proxy's own resets used to).
+      const abort = new AbortController();
+      const stream = session.request({ ":method": "POST", ":path": "/upload" }, { endStream: false, signal: abort.signal });
+      stream.on("error", () => undefined);
+      stream.write("u".repeat(1000));
+      await arrived;
+      if (guest === "h2 stream reset with CANCEL") abort.abort();
+      else stream.destroy(new Error("the guest gave up"));
+    }
+    const saw = await upstreamSaw;
+    expect(saw.bytes).toBe(1000);
+    expect(saw.ended).toBe(false);
+    expect(routed).toBe(0);
+    expect((await fetchVia(proxy, `https://${authority}/echo`)).status).toBe(200);
+  });
+
   it.each(["h1", "h2"] as const)("cut mid-body: the %s guest's response is cut, never ended as if whole", async (guest) => {
     let started!: () => void;
     const writing = new Promise<void>((resolve) => (started = resolve));

@@ -298,4 +298,53 @@ describe("HTTP/2 guests", () => {
     expect(res.body.toString()).toBe("released");
     await closed;
   });
+
+  // Node's stream.close(code) ends the writable side first: once what was written had been
+  // flushed, END_STREAM went out before the RST_STREAM and the guest read the cut body as whole
+  // (a hook's pass-through drops Content-Length, so nothing else could tell).
+  describe("a response cut in the middle of its body is reset on the guest's stream, never ended as whole", () => {
+    const hooks = {
+      "no hook": () => ({}),
+      "tier-3 pass-through": () => ({ onResponse: (response: Response) => new Response(response.body, response) }),
+      "tier-2 pass-through": () => ({ djsHooks: loadPolicy("export function onResponse(response) { return new Response(response.body, response); }") }),
+    } as const;
+    const cuts = ["the upstream resets its connection", "the upstream falls silent past upstreamBodyMs"] as const;
+    for (const [hookName, hook] of Object.entries(hooks)) {
+      for (const cutName of cuts) {
+        it(`${hookName}; ${cutName}`, async () => {
+          let cut!: () => void;
+          const cutNow = new Promise<void>((resolve) => (cut = resolve));
+          const upstream = await startUpstream({
+            routes: {
+              "/cut": (_req, res) => {
+                // No Content-Length: the guest's only sign of a cut is how the stream ends.
+                res.writeHead(200, { "content-type": "text/plain" });
+                res.write("x".repeat(1000));
+                if (cutName === cuts[0]) void cutNow.then(() => res.socket?.destroy());
+              },
+            },
+          });
+          const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hook() }, { timeouts: { upstreamBodyMs: 300 } });
+          const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+          const seen = await new Promise<{ bytes: number; ended: boolean; rstCode: number | undefined }>((resolve) => {
+            const stream = session.request({ ":method": "GET", ":path": "/cut" });
+            let bytes = 0;
+            let ended = false;
+            stream.on("data", (chunk: Buffer) => {
+              // Cut only once the first bytes have reached the guest: the proxy has flushed them.
+              bytes += chunk.length;
+              cut();
+            });
+            stream.on("end", () => (ended = true));
+            stream.on("error", () => undefined);
+            stream.on("close", () => resolve({ bytes, ended, rstCode: stream.rstCode }));
+          });
+          expect(seen.bytes).toBe(1000);
+          expect(seen.ended).toBe(false);
+          expect(seen.rstCode).toBe(2); // INTERNAL_ERROR
+          expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+        });
+      }
+    }
+  });
 });
