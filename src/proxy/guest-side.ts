@@ -102,7 +102,7 @@ export class GuestSide {
     server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => {
       sendError(res, new EgressError("EG_BAD_REQUEST", 417, `unsupported Expect: ${JSON.stringify(req.headers.expect)}`), true);
     });
-    server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => answerClientError(error, socket, this.deps.log));
+    server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => answerClientError(error, socket, this.deps.log, this.lanes.answeredBefore(socket)));
     server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => this.guard(this.upgrade(req, socket, head), socket));
     return server;
   }
@@ -235,6 +235,7 @@ export class GuestSide {
     const abort = new GuestGone();
     const socket = req.socket;
     const lane = this.lanes.of(socket);
+    lane.last = req;
     const previous = lane.tail;
     let release!: () => void;
     lane.tail = new Promise<void>((resolve) => (release = resolve));

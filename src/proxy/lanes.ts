@@ -16,6 +16,8 @@ export interface Lane {
   waiting: number;
   /** The connection is not read until the waiting requests drop back (see `enter`). */
   paused: boolean;
+  /** The latest request parsed on the connection. */
+  last?: { readonly complete: boolean };
 }
 
 /** The lanes of every guest connection, and the reading of those connections they control. */
@@ -65,6 +67,18 @@ export class Lanes {
     if (state._paused === true) return;
     state._paused = true;
     socket.pause();
+  }
+
+  /**
+   * What the answer to a parse error must wait for: the requests parsed before the bad one, whose
+   * responses go first. Written at once, the error landed inside a response under way, or took
+   * the place of one not yet begun. Undefined when nothing is in flight, or when the error is in
+   * the body of the request being served (the answer is then that request's own).
+   */
+  answeredBefore(socket: Socket): Promise<void> | undefined {
+    const lane = this.lanes.get(socket);
+    if (lane === undefined || lane.ends.size === 0 || lane.last?.complete !== true) return undefined;
+    return lane.tail;
   }
 
   leave(lane: Lane, socket: Socket): void {

@@ -1,4 +1,5 @@
-import { describe, expect, it } from "vitest";
+import type { ServerResponse } from "node:http";
+import { describe, expect, it, vi } from "vitest";
 import type { ProxyOptions } from "../../src/index.js";
 import { fetchVia, startTestProxy, type TestProxy } from "../helpers/proxy.js";
 import { openRaw, openTlsTunnel, openTunnel, type RawClient, type RawResponse } from "../helpers/raw.js";
@@ -354,3 +355,71 @@ describe("tunnel protocol handling", () => {
     await expectStillServing(s);
   });
 });
+
+// A parse error was answered the moment it was seen: the 400 landed inside a response under way,
+// or took the place of one not yet begun, and a request before it with Connection: close was
+// never served (black-box finding).
+describe("a malformed request pipelined behind others is answered after them, in order", () => {
+  const bad = "GET /x HTTP/1.1\r\nHost: api.test\r\nX-A: a\0b\r\n\r\n";
+  const ways = ["absolute-form", "plain tunnel", "TLS tunnel"] as const;
+  const before = ["held before its head", "held halfway through its body"] as const;
+  for (const way of ways) {
+    for (const earlier of before) {
+      it(`${way}; the request before it ${earlier}`, async () => {
+        let release!: () => void;
+        const released = new Promise<void>((resolve) => (release = resolve));
+        const routes = {
+          "/held": (_req: unknown, res: ServerResponse) => {
+            void released.then(() => {
+              res.writeHead(200, { "content-type": "text/plain", "content-length": "4" });
+              res.end("held");
+            });
+          },
+          "/halfway": (_req: unknown, res: ServerResponse) => {
+            res.writeHead(200, { "content-type": "text/plain", "content-length": "10" });
+            res.write("first");
+            void released.then(() => res.end("-half"));
+          },
+        };
+        const upstream = await startUpstream(way === "TLS tunnel" ? { names: ["api.test"], routes } : { tls: false, routes });
+        const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+        const host = `api.test:${upstream.port}`;
+        const client =
+          way === "absolute-form" ? await openRaw(proxy.port) : way === "plain tunnel" ? await openTunnel(proxy.port, host) : await openTlsTunnel(proxy.port, host, { ca: proxy.caCertPem });
+        const path = earlier === before[0] ? "/held" : "/halfway";
+        const target = way === "absolute-form" ? `http://${host}${path}` : path;
+        client.write(`GET ${target} HTTP/1.1\r\nHost: ${host}\r\n\r\n`);
+        if (path === "/halfway") await vi.waitFor(() => expect(client.pending()).toContain("first"), { timeout: 10_000 });
+        client.write(bad);
+        // The proxy has seen the bad request; only then may the first answer go on.
+        await vi.waitFor(() => expect(proxy.logs.some((line) => line["msg"] === "bad request")).toBe(true), { timeout: 10_000 });
+        release();
+        const first = await client.readResponse();
+        expect(first.status).toBe(200);
+        expect(first.body).toBe(path === "/held" ? "held" : "first-half");
+        const second = await client.readResponse();
+        expect(second.status).toBe(400);
+        expect(second.headers["connection"]).toBe("close");
+        expect(await client.closesWithin(10_000)).toBe(true);
+        expect(upstream.seen.map((seen) => seen.url)).toEqual([path]);
+        const s = { proxy, https: await startUpstream({ names: ["api.test"] }), http: upstream };
+        await expectStillServing(s);
+      });
+    }
+    it(`${way}; the request before it asked to close the connection: served, and nothing after it is answered`, async () => {
+      const upstream = await startUpstream(way === "TLS tunnel" ? { names: ["api.test"] } : { tls: false });
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+      const host = `api.test:${upstream.port}`;
+      const client =
+        way === "absolute-form" ? await openRaw(proxy.port) : way === "plain tunnel" ? await openTunnel(proxy.port, host) : await openTlsTunnel(proxy.port, host, { ca: proxy.caCertPem });
+      const target = way === "absolute-form" ? `http://${host}/echo` : "/echo";
+      client.write(`GET ${target} HTTP/1.1\r\nHost: ${host}\r\nConnection: close\r\n\r\n${bad}`);
+      const first = await client.readResponse();
+      expect(first.status).toBe(200);
+      expect(await client.closesWithin(10_000)).toBe(true);
+      expect(client.pending()).toBe("");
+      expect(upstream.seen.map((seen) => seen.url)).toEqual(["/echo"]);
+    });
+  }
+});
+
