@@ -40,6 +40,8 @@ interface SessionState {
   readonly tunnel: TunnelTarget;
   /** Streams whose pipeline work has not finished, reset ones included. */
   running: number;
+  /** Streams still in the pipeline, not yet answering: what a guest that leaves abandons. */
+  readonly unanswered: Map<ServerHttp2Stream, StreamWatch>;
   refused: number;
   readonly resets: WindowCounter;
   readonly pings: WindowCounter;
@@ -133,6 +135,7 @@ export class H2Guests {
     const state: SessionState = {
       tunnel,
       running: 0,
+      unanswered: new Map(),
       refused: 0,
       resets: new WindowCounter(this.deps.limits.h2ResetsPer10s),
       pings: new WindowCounter(h2Limits.maxPingsPerWindow),
@@ -142,8 +145,14 @@ export class H2Guests {
     this.sessions.add(session);
     // A guest that closes its connection (FIN) without GOAWAY: Node's session neither reads on nor
     // closes, and the socket sat in CLOSE-WAIT until the idle timeout (2 min by default). Streams
-    // in flight still finish; then the session closes the socket.
+    // still in the pipeline are abandoned, as an HTTP/1.1 guest's requests are at its FIN: their
+    // upstream requests must not go out once the hooks return. Responses under way still
+    // finish; then the session closes the socket.
     this.arriving?.once("end", () => {
+      for (const [stream, watch] of state.unanswered) {
+        watch.ours = true;
+        resetH2Stream(stream, h2Codes.cancel, "the guest closed its connection");
+      }
       if (!session.closed && !session.destroyed) session.close();
     });
     session.once("close", () => this.sessions.delete(session));
@@ -207,7 +216,7 @@ export class H2Guests {
     });
     state.running += 1;
     this.deps.started();
-    void this.handle(stream, raw, state.tunnel, watch)
+    void this.handle(stream, raw, state, watch)
       .catch((error: unknown) => {
         this.deps.log.error("internal error", { error, stack: (error as Error)?.stack });
         watch.ours = true;
@@ -220,7 +229,8 @@ export class H2Guests {
   }
 
   /** One stream: settles once its response is sent, cut, or the guest reset it. */
-  private async handle(stream: ServerHttp2Stream, raw: string[], tunnel: TunnelTarget, watch: StreamWatch): Promise<void> {
+  private async handle(stream: ServerHttp2Stream, raw: string[], state: SessionState, watch: StreamWatch): Promise<void> {
+    const tunnel = state.tunnel;
     const resetByUs = (): void => {
       watch.ours = true;
     };
@@ -254,7 +264,13 @@ export class H2Guests {
       const request = h2OutboundRequest(raw, tunnel, stream.endAfterHeaders ? null : requestBodyOf(stream));
       target = `${request.url.origin}${cutPath(this.deps.redact(request.url.pathname))}`;
       if (requestStart.hasSubscribers) requestStart.publish({ id, guest: guestName, method, url: target, time: new Date().toISOString() } satisfies RequestStartMessage);
-      const response = await guest.pipeline.handle(request, { id: String(id), signal: abort, ...(trace !== undefined ? { trace } : {}) });
+      state.unanswered.set(stream, watch);
+      let response: Awaited<ReturnType<typeof guest.pipeline.handle>>;
+      try {
+        response = await guest.pipeline.handle(request, { id: String(id), signal: abort, ...(trace !== undefined ? { trace } : {}) });
+      } finally {
+        state.unanswered.delete(stream);
+      }
       if (response.body?.destroyed === true) {
         response.cleanup?.();
         const cause = response.body.errored;

@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 import { connect as h2Connect } from "node:http2";
 import { connect as tlsConnect } from "node:tls";
-import { describe, expect, it, onTestFinished } from "vitest";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { curlVia } from "../helpers/curl.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { h2Request, h2Session, openH2Tls } from "../helpers/h2-client.js";
@@ -278,6 +278,51 @@ describe("HTTP/2 guests", () => {
     plain.end();
     await closedByProxy;
     // The proxy still serves a new connection.
+    const again = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    expect((await h2Request(again, { ":path": "/echo" })).status).toBe(200);
+  }, 30_000);
+
+  // At the guest's FIN the session used to close gracefully, letting every stream finish: a
+  // request held by a hook went upstream once the hook returned, for a guest long gone.
+  it.each(["its FIN", "a reset of its TCP connection"] as const)("a guest that leaves (%s) while a hook holds its request: never sent upstream, logged 499", async (how) => {
+    const upstream = await startUpstream();
+    let hookHas!: () => void;
+    const inHook = new Promise<void>((resolve) => (hookHas = resolve));
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        onRequest: async (request) => {
+          if (new URL(request.url).pathname !== "/order") return;
+          hookHas();
+          await released;
+        },
+      },
+      { timeouts: { idleMs: 600_000 } },
+    );
+    const plain = (await openTunnel(proxy.port, `api.test:${upstream.port}`)).detach();
+    const socket = tlsConnect({ socket: plain, servername: "api.test", ca: proxy.caCertPem, ALPNProtocols: ["h2"] });
+    socket.on("error", () => undefined);
+    await new Promise<void>((resolve) => socket.once("secureConnect", () => resolve()));
+    const session = h2Connect(`https://api.test:${upstream.port}`, { createConnection: () => socket });
+    session.on("error", () => undefined);
+    onTestFinished(() => {
+      session.destroy();
+      plain.destroy();
+    });
+    const stream = session.request({ ":method": "POST", ":path": "/order" });
+    stream.on("error", () => undefined);
+    stream.end("order=1");
+    await inHook;
+    const closedByProxy = new Promise<void>((resolve) => plain.once("close", () => resolve()));
+    plain.resume();
+    if (how === "its FIN") plain.end();
+    else plain.resetAndDestroy();
+    await closedByProxy;
+    release();
+    await vi.waitFor(() => expect(proxy.logs.find((line) => line["msg"] === "request" && String(line["target"]).includes("/order"))?.["status"]).toBe(499), { timeout: 10_000 });
+    expect(upstream.seen.map((seen) => seen.url)).not.toContain("/order");
     const again = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
     expect((await h2Request(again, { ":path": "/echo" })).status).toBe(200);
   }, 30_000);
