@@ -1,4 +1,5 @@
 import { EventEmitter } from "node:events";
+import { METHODS } from "node:http";
 import type { Readable } from "node:stream";
 import type { HookFailureKind } from "../errors.js";
 import type { Decision } from "../policy/decision.js";
@@ -62,6 +63,12 @@ export class GuestGone extends EventEmitter {
  * back, secrets included (DESIGN §4), and CONNECT is a tunnel, not a request to forward.
  */
 export const forbiddenMethods: ReadonlySet<string> = new Set(["CONNECT", "TRACE", "TRACK"]);
+
+/**
+ * The methods a request may leave with, each in its one spelling: Node's HTTP/1.1 methods but
+ * the forbidden ones. Methods are case-sensitive, and a `delete` passes a check for `DELETE`.
+ */
+export const forwardedMethods: ReadonlySet<string> = new Set(METHODS.filter((m) => !forbiddenMethods.has(m)));
 
 /** What one source said in one phase: allowed, refused, rewrote, answered itself, or failed. */
 export type SourceVerdict = "allow" | "block" | "rewrite" | "answer" | "error";

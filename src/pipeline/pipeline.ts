@@ -10,6 +10,7 @@ import type { PinnedPools } from "../upstream/pinned-pools.js";
 import type { ResolvedAddress, Resolver } from "../upstream/resolve.js";
 import {
   forbiddenMethods,
+  forwardedMethods,
   type ExchangeContext,
   type Executor,
   type ExecutorResponse,
@@ -275,9 +276,13 @@ export class Pipeline {
   private async authorize(request: OutboundRequest, call: SourceCall, trace: TraceEntry[] | undefined): Promise<ApprovedTarget> {
     const { policy, resolver, limits } = this.options;
     const { url } = request;
-    // The guest's own TRACE is refused before any hook; one here came from a rewrite.
-    if (forbiddenMethods.has(request.method.toUpperCase())) {
-      throw new EgressError("EG_HOOK_FAILED", 502, `onRequest rewrote the request to the forbidden method ${request.method}`);
+    // The guest's own method was checked before any hook; another one here came from a rewrite,
+    // held to the same rule (a `patch` passed a check refusing PATCH, and went out as it was).
+    if (!forwardedMethods.has(request.method)) {
+      const method = JSON.stringify(request.method.slice(0, 64));
+      const upper = request.method.toUpperCase();
+      if (forbiddenMethods.has(upper)) throw new EgressError("EG_HOOK_FAILED", 502, `onRequest rewrote the request to the forbidden method ${method}`);
+      throw new EgressError("EG_HOOK_FAILED", 502, `onRequest rewrote the request to the method ${method}, which the proxy does not forward${forwardedMethods.has(upper) ? ` (spell it ${upper})` : ""}`);
     }
     // The checks are AND-ed in source order: the first refusal wins.
     for (const source of this.phase.isRequestAllowed) await attributed(source, () => source.isRequestAllowed(request, limits, call), trace, "isRequestAllowed");

@@ -1,6 +1,6 @@
-import { METHODS, type IncomingMessage } from "node:http";
+import type { IncomingMessage } from "node:http";
 import { EgressError, badRequest } from "../errors.js";
-import { forbiddenMethods, type OutboundRequest } from "../pipeline/exchange.js";
+import { forbiddenMethods, forwardedMethods, type OutboundRequest } from "../pipeline/exchange.js";
 import { endToEndHeaders } from "../headers.js";
 import { normalizeHost, parseAuthority, type Authority } from "./authority.js";
 
@@ -81,9 +81,6 @@ export function checkMethod(method: string): void {
   // case-sensitive), and reached servers that read it as DELETE.
   throw badRequest(`method ${JSON.stringify(method.slice(0, 64))} is not one the proxy forwards${forwardedMethods.has(upper) ? ` (spell it ${upper})` : ""}`);
 }
-
-/** What checkMethod lets through: Node's HTTP/1.1 methods, but for the forbidden ones. */
-const forwardedMethods: ReadonlySet<string> = new Set(METHODS.filter((m) => !forbiddenMethods.has(m)));
 
 /**
  * A Content-Length the proxy can pass on as it came: digits, no leading zero, and no larger than

@@ -5,6 +5,7 @@ import { request } from "undici";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { HttpRequestBlockedError, type HttpHooksOptions, type ProxyOptions } from "../../src/index.js";
 import { curlVia } from "../helpers/curl.js";
+import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
 import { openTlsTunnel } from "../helpers/raw.js";
 import { gzipJsonRoute, patternBody, patternSha256, startUpstream, type Upstream, type Echo } from "../helpers/upstream.js";
@@ -537,3 +538,49 @@ describe("more hook contract edges", () => {
     expect(hits(upstream)).toBe(0);
   });
 });
+
+// The guest's method is held to Node's HTTP/1.1 methods in their one spelling; a rewrite was not:
+// `patch` passed an isRequestAllowed refusing PATCH and went upstream as it was (black-box finding).
+describe("a method a rewrite sets is held to the guest's rule", () => {
+  const refusePatch = (request: Request): boolean => request.method !== "PATCH";
+  const rewrites: Record<string, { hooks: () => HttpHooksOptions; sent: string | undefined }> = {
+    "tier 3, new Request with method 'patch'": { hooks: () => ({ onRequest: (r) => (r.method === "POST" ? new Request(r, { method: "patch" }) : undefined), isRequestAllowed: refusePatch }), sent: undefined },
+    "tier 3, new Request with method 'FOO'": { hooks: () => ({ onRequest: (r) => (r.method === "POST" ? new Request(r, { method: "FOO" }) : undefined) }), sent: undefined },
+    "tier 3, a Request subclass whose method getter says 'delete'": {
+      hooks: () => ({
+        onRequest: (r) =>
+          r.method !== "POST"
+            ? undefined
+            : new (class extends Request {
+                override get method(): string {
+                  return "delete";
+                }
+              })(r),
+      }),
+      sent: undefined,
+    },
+    "tier 2, new Request with method 'FOO'": { hooks: () => ({ djsHooks: loadPolicy({ source: "export function onRequest(r) { if (r.method === 'POST') return new Request(r, { method: 'FOO' }); }", filename: "policy.mjs" }) }), sent: undefined },
+    "tier 2, a Request subclass whose method getter says 'delete'": {
+      hooks: () => ({ djsHooks: loadPolicy({ source: "class R extends Request { get method() { return 'delete'; } } export function onRequest(r) { if (r.method === 'POST') return new R(r); }", filename: "policy.mjs" }) }),
+      sent: undefined,
+    },
+    "tier 3, new Request with method 'PATCH' (the control)": { hooks: () => ({ onRequest: (r) => (r.method === "POST" ? new Request(r, { method: "PATCH" }) : undefined) }), sent: "PATCH" },
+  };
+  for (const [name, { hooks, sent }] of Object.entries(rewrites)) {
+    it(name, async () => {
+      const { upstream, proxy, base } = await setup(hooks());
+      const res = await fetchVia(proxy, `${base}/echo`, { method: "POST", body: "x" });
+      if (sent === undefined) {
+        expect(res.status, res.text).toBe(502);
+        expect(res.headers["x-egressgate-error"]).toBe("EG_HOOK_FAILED");
+        expect(res.text).toMatch(/rewrote the request to the method "(patch|FOO|delete)", which the proxy does not forward/);
+        expect(upstream.hits()).toBe(0);
+      } else {
+        expect(res.status, res.text).toBe(200);
+        expect(upstream.seen.map((seen) => seen.method)).toEqual([sent]);
+      }
+      expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    });
+  }
+});
+
