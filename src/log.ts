@@ -32,7 +32,14 @@ export function createLogger(level: LogLevel = "info", sink: LogSink = stderrSin
   const write = (lvl: LogLevel, msg: string, fields?: LogFields): void => {
     if (rank[lvl] < min) return;
     const entry = { time: new Date().toISOString(), level: lvl, msg, ...fields };
-    const line = JSON.stringify(entry, errorReplacer);
+    let line: string;
+    try {
+      line = JSON.stringify(entry, errorReplacer);
+    } catch {
+      // A field that cannot be written (what a hook threw: a Proxy, a getter that throws, a
+      // BigInt): the line still goes out, with the message alone. A log call must never throw.
+      line = JSON.stringify({ time: entry.time, level: lvl, msg, fields: "(not serialisable)" });
+    }
     let out = redact === undefined ? line : redact(line);
     // Redaction gives up on a line too complex to scan within its budget and returns a marker
     // for the whole line; the log stays one JSON object per line, with only what the proxy wrote.

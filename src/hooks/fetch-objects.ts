@@ -11,11 +11,20 @@ import { discardBody } from "../streams.js";
  * `new Request()`; checks use the string tag, so objects from the `undici` package pass too.
  */
 export function isRequest(value: unknown): value is Request {
-  return Object.prototype.toString.call(value) === "[object Request]";
+  return tagOf(value) === "[object Request]";
+}
+
+/** The value's tag, or undefined when reading it throws (a Proxy's trap, a getter of a hook's). */
+function tagOf(value: unknown): string | undefined {
+  try {
+    return Object.prototype.toString.call(value);
+  } catch {
+    return undefined;
+  }
 }
 
 export function isResponse(value: unknown): value is Response {
-  return Object.prototype.toString.call(value) === "[object Response]";
+  return tagOf(value) === "[object Response]";
 }
 
 /** A raw header list as WHATWG Headers, with `host` set from the URL (as it will be sent). */

@@ -34,8 +34,15 @@ export function runHook<T>(name: string, timeoutMs: number, call: () => T | Prom
   } catch (error) {
     throw hookFailure(name, error);
   }
-  if (!isThenable(result)) return result;
-  return settleWithin(name, timeoutMs, result);
+  let thenable: boolean;
+  try {
+    // Reading `then` runs the hook's code too (a getter, a Proxy's trap).
+    thenable = isThenable(result);
+  } catch (error) {
+    throw hookFailure(name, error);
+  }
+  if (!thenable) return result as T;
+  return settleWithin(name, timeoutMs, result as PromiseLike<T>);
 }
 
 function isThenable<T>(value: T | PromiseLike<T>): value is PromiseLike<T> {
@@ -59,8 +66,20 @@ async function settleWithin<T>(name: string, timeoutMs: number, pending: Promise
   }
 }
 
-/** Any way a hook of either tier failed, as the guest's answer: its own status when blocked, else 502. */
+/**
+ * Any way a hook of either tier failed, as the guest's answer: its own status when blocked, else
+ * 502. Never throws: what a hook throws is its own (a Proxy, getters that throw), and reading it
+ * must not turn the hook's failure into the proxy's "internal error".
+ */
 export function hookFailure(name: string, error: unknown): EgressError {
+  try {
+    return describeFailure(name, error);
+  } catch {
+    return new EgressError("EG_HOOK_FAILED", 502, `${name} hook failed (see the proxy log)`, { detail: `${name} threw a value that could not be read`, failure: "throw" });
+  }
+}
+
+function describeFailure(name: string, error: unknown): EgressError {
   if (error instanceof EgressError) return error;
   const blocked = asBlocked(error);
   if (blocked !== undefined) {

@@ -14,7 +14,7 @@ import {
   requestUrl,
 } from "../hooks/fetch-objects.js";
 import type { HttpHooks } from "../hooks/http-hooks.js";
-import { runHook } from "../hooks/run-hook.js";
+import { hookFailure, runHook } from "../hooks/run-hook.js";
 import type { OutboundRequest } from "./exchange.js";
 import { withFields } from "../objects.js";
 
@@ -49,18 +49,46 @@ export function withExactLength(headers: HeaderList, length: number): HeaderList
  * would no longer match.
  */
 export function fromHookResponse(response: Response, hook: string): HookedResponse {
-  if (response.bodyUsed) {
-    throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned a Response whose body was already read`);
+  return readReturned(hook, "a Response", () => {
+    if (response.bodyUsed) {
+      throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned a Response whose body was already read`);
+    }
+    // Read once: a getter (a subclass's) could answer the check one thing and the send another.
+    const status: unknown = response.status;
+    if (typeof status !== "number" || !Number.isInteger(status) || status < 200 || status > 599) {
+      // Response.error() has status 0: there is nothing to send.
+      throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned a Response with status ${JSON.stringify(String(status).slice(0, 64))}`);
+    }
+    const body = response.body;
+    if (body?.locked === true) throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned a Response whose body a reader holds`);
+    return {
+      status,
+      headers: withoutHeaders(fromHeaders(response.headers), contentLengthHeaders),
+      body: body === null ? null : nodeBody(body),
+    };
+  });
+}
+
+/**
+ * Reads what a hook returned. Its fields are the hook's code (a subclass's getters, a Proxy):
+ * whatever they throw is the hook's failure, 502 `EG_HOOK_FAILED`, not the proxy's.
+ */
+export function readReturned<T>(hook: string, what: string, read: () => T): T {
+  try {
+    return read();
+  } catch (error) {
+    if (error instanceof EgressError) throw error;
+    throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned ${what} that could not be read (see the proxy log)`, { cause: error, detail: describeThrown(error) });
   }
-  if (response.status < 200 || response.status > 599) {
-    // Response.error() has status 0: there is nothing to send.
-    throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned a Response with status ${response.status}`);
+}
+
+/** A thrown value as text for the log, whatever it is (reading its fields may throw too). */
+export function describeThrown(error: unknown): string {
+  try {
+    return error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+  } catch {
+    return "a value that could not be read";
   }
-  return {
-    status: response.status,
-    headers: withoutHeaders(fromHeaders(response.headers), contentLengthHeaders),
-    body: response.body === null ? null : nodeBody(response.body),
-  };
 }
 
 /**
@@ -90,7 +118,7 @@ export async function runOnRequest(
   try {
     out = await runHook("onRequest", limits.hookMs, () => onRequest(seen));
   } catch (error) {
-    throw tap?.limitHit === true ? tooLarge() : error;
+    throw tap?.limitHit === true ? tooLarge() : hookFailure("onRequest", error);
   }
   // A clone the hook left unread would queue the whole upload in its tee branch: cancel it.
   // One still held by a reader cannot be cancelled, so the limit then stays on.
@@ -101,23 +129,33 @@ export async function runOnRequest(
     throw new EgressError("EG_HOOK_FAILED", 502, "onRequest returned something other than undefined, a Request or a Response");
   }
   const final = out ?? seen;
-  if (final.bodyUsed) {
-    throw badRequest("onRequest read the request body and then forwarded it; read request.clone() instead");
-  }
-  const url = requestUrl(final, "onRequest");
-  let headers = fromHeaders(final.headers);
+  const read = readReturned("onRequest", "a Request", () => {
+    if (final.bodyUsed) {
+      throw badRequest("onRequest read the request body and then forwarded it; read request.clone() instead");
+    }
+    const method: unknown = final.method;
+    if (typeof method !== "string") throw new EgressError("EG_HOOK_FAILED", 502, "onRequest returned a Request whose method is not a string");
+    return { method, url: requestUrl(final, "onRequest"), headers: fromHeaders(final.headers), body: final.body };
+  });
+  let headers = read.headers;
   let forwarded: Readable | Uint8Array | null = null;
-  if (final.body !== null) {
+  if (read.body !== null) {
     if (final === seen) {
       // The guest's own bytes: untouched (fast path) or through the tee that clone() made.
-      forwarded = tap !== undefined && !tap.started && final.body === tap.web ? tap.source : nodeBody(final.body);
+      forwarded = tap !== undefined && !tap.started && read.body === tap.web ? tap.source : nodeBody(read.body);
     } else {
-      const bytes = await readHookBody(final.body, limits.requestBodyBytes);
+      let bytes: Buffer;
+      try {
+        bytes = await readHookBody(read.body, limits.requestBodyBytes);
+      } catch (error) {
+        if (error instanceof EgressError) throw error;
+        throw new EgressError("EG_HOOK_FAILED", 502, "the body of the Request onRequest returned failed (see the proxy log)", { cause: error, detail: describeThrown(error) });
+      }
       headers = withExactLength(headers, bytes.length);
       forwarded = bytes;
     }
   }
-  return { request: { method: final.method, url, headers, body: forwarded } };
+  return { request: { method: read.method, url: read.url, headers, body: forwarded } };
 }
 
 /**
@@ -156,7 +194,7 @@ export async function runOnResponse(
   } catch (error) {
     if (tap?.limitHit === true) throw tooLarge();
     discard();
-    throw error;
+    throw hookFailure("onResponse", error);
   }
   tap?.endHookPhase();
   if (tap?.limitHit === true) throw tooLarge();

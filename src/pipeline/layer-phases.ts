@@ -7,7 +7,7 @@ import type { HttpHooks } from "../hooks/http-hooks.js";
 import { hookFailure } from "../hooks/run-hook.js";
 import { discardBody } from "../streams.js";
 import type { OutboundRequest } from "./exchange.js";
-import { fromHookResponse, withExactLength, type HookedResponse, type HookLimits } from "./hook-phases.js";
+import { fromHookResponse, readReturned, withExactLength, type HookedResponse, type HookLimits } from "./hook-phases.js";
 import type { LayerNext } from "./hook-source.js";
 
 /** A tier-3 layer: `(request, next) => Response`. */
@@ -89,14 +89,18 @@ export async function runHandle(handle: Layer, request: OutboundRequest, tap: Bo
     if (!isResponse(out)) {
       throw new EgressError("EG_HOOK_FAILED", 502, `handle returned ${out === null ? "null" : typeof out}, not a Response; a layer must answer with next()'s Response or its own`);
     }
-    const passed = given.get(out);
-    if (passed !== undefined && !out.bodyUsed && (out.body === null || !out.body.locked)) {
+    const answer = out;
+    const passed = given.get(answer);
+    const through = readReturned("handle", "a Response", () => {
+      if (passed === undefined || answer.bodyUsed || answer.body?.locked === true) return undefined;
       // Passed through: the upstream's own stream and framing; headers the layer set in place count.
-      const headers = fromHeaders(out.headers);
+      return { status: answer.status, headers: fromHeaders(answer.headers) };
+    });
+    if (passed !== undefined && through !== undefined) {
       kept = passed;
-      return sameHeaders(headers, passed.headers) && out.status === passed.status ? passed : { status: out.status, headers, body: passed.body };
+      return sameHeaders(through.headers, passed.headers) && through.status === passed.status ? passed : { status: through.status, headers: through.headers, body: passed.body };
     }
-    return fromHookResponse(out, "handle");
+    return fromHookResponse(answer, "handle");
   } finally {
     // What the layer did not answer with and holds no reader on goes back: its connection is
     // freed. A body with a reader is the layer's: it may feed the answer (`pipeThrough`, a

@@ -5,6 +5,7 @@ import { request } from "undici";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { HttpRequestBlockedError, type HttpHooksOptions, type ProxyOptions } from "../../src/index.js";
 import { curlVia } from "../helpers/curl.js";
+import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
 import { openTlsTunnel } from "../helpers/raw.js";
@@ -546,16 +547,14 @@ describe("a method a rewrite sets is held to the guest's rule", () => {
   const rewrites: Record<string, { hooks: () => HttpHooksOptions; sent: string | undefined }> = {
     "tier 3, new Request with method 'patch'": { hooks: () => ({ onRequest: (r) => (r.method === "POST" ? new Request(r, { method: "patch" }) : undefined), isRequestAllowed: refusePatch }), sent: undefined },
     "tier 3, new Request with method 'FOO'": { hooks: () => ({ onRequest: (r) => (r.method === "POST" ? new Request(r, { method: "FOO" }) : undefined) }), sent: undefined },
-    "tier 3, a Request subclass whose method getter says 'delete'": {
+    "tier 3, a Request whose method getter says 'delete'": {
       hooks: () => ({
-        onRequest: (r) =>
-          r.method !== "POST"
-            ? undefined
-            : new (class extends Request {
-                override get method(): string {
-                  return "delete";
-                }
-              })(r),
+        onRequest: (r) => {
+          if (r.method !== "POST") return undefined;
+          const out = new Request(r);
+          Object.defineProperty(out, "method", { get: () => "delete" });
+          return out;
+        },
       }),
       sent: undefined,
     },
@@ -581,6 +580,129 @@ describe("a method a rewrite sets is held to the guest's rule", () => {
       }
       expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
     });
+  }
+});
+
+// What a hook throws or returns is the hook's code: reading it (a Proxy's traps, getters that
+// throw, a status that is a string) answered 502 "internal error" as the proxy's own failure, and
+// a string status with a CR LF went out as 200 to HTTP/2 guests (black-box finding).
+describe("hostile values a hook throws or returns are the hook's failure, on both guest protocols", () => {
+  const hostileProxy = (): object =>
+    new Proxy(
+      {},
+      {
+        get: () => {
+          throw new Error("trap");
+        },
+        getPrototypeOf: () => {
+          throw new Error("trap");
+        },
+      },
+    );
+  const throwingGetters = (): object =>
+    Object.defineProperties(new Error("x"), {
+      name: {
+        get: () => {
+          throw new Error("name getter");
+        },
+      },
+      message: {
+        get: () => {
+          throw new Error("message getter");
+        },
+      },
+    });
+  const withGetter = <T extends object>(value: T, field: string, get: () => unknown): T => Object.defineProperty(value, field, { get });
+  const lockedBody = (): Response => {
+    const response = new Response("locked");
+    response.body!.getReader();
+    return response;
+  };
+  const failingBody = (r: Request): Request =>
+    new Request(r.url, {
+      method: "POST",
+      body: new ReadableStream({
+        pull: (controller) => controller.error(new Error("the hook's own body failed")),
+      }),
+      duplex: "half",
+    } as RequestInit);
+  const rows: Record<string, { phase: "onRequest" | "onResponse"; hook: (request: Request) => unknown }> = {
+    "onRequest throws a Proxy whose traps throw": {
+      phase: "onRequest",
+      hook: () => {
+        throw hostileProxy();
+      },
+    },
+    "onRequest throws an Error whose name and message getters throw": {
+      phase: "onRequest",
+      hook: () => {
+        throw throwingGetters();
+      },
+    },
+    "onRequest rejects with an object without a prototype": { phase: "onRequest", hook: () => Promise.reject(Object.create(null) as object) },
+    "onRequest returns a Response whose status is a string with CR LF": {
+      phase: "onRequest",
+      hook: () => withGetter(new Response("x"), "status", () => "200\r\nX-Inj: 1"),
+    },
+    "onRequest returns a Response whose status is not an integer": { phase: "onRequest", hook: () => withGetter(new Response("x"), "status", () => 200.5) },
+    "onRequest returns a Response whose body a reader holds": { phase: "onRequest", hook: lockedBody },
+    "onRequest returns a Response whose headers getter throws": {
+      phase: "onRequest",
+      hook: () =>
+        withGetter(new Response("x"), "headers", () => {
+          throw new Error("headers getter");
+        }),
+    },
+    "onRequest returns a Request whose url getter throws": {
+      phase: "onRequest",
+      hook: (r) =>
+        withGetter(new Request(r), "url", () => {
+          throw new Error("url getter");
+        }),
+    },
+    "onRequest returns a Request whose body fails": { phase: "onRequest", hook: failingBody },
+    "onRequest returns a Proxy": { phase: "onRequest", hook: () => hostileProxy() as Request },
+    "onResponse returns a Response whose status is a string with CR LF": {
+      phase: "onResponse",
+      hook: () => withGetter(new Response("x"), "status", () => "200\r\nX-Inj: 1"),
+    },
+    "onResponse returns a Response whose body a reader holds": { phase: "onResponse", hook: lockedBody },
+    "onResponse throws a Proxy whose traps throw": {
+      phase: "onResponse",
+      hook: () => {
+        throw hostileProxy();
+      },
+    },
+  };
+  for (const [name, { phase, hook }] of Object.entries(rows)) {
+    for (const guest of ["HTTP/1.1", "HTTP/2"] as const) {
+      it(`${name} (${guest} guest)`, async () => {
+        // Only requests to /hostile meet the hook; the liveness check after them does not.
+        const hostile = (request: Request): boolean => new URL(request.url).pathname === "/hostile";
+        const scoped: HttpHooksOptions =
+          phase === "onRequest"
+            ? { onRequest: (request) => (hostile(request) ? (hook(request) as Request) : undefined) }
+            : { onResponse: (_response, request) => (hostile(request) ? (hook(request) as Response) : undefined) };
+        const { upstream, proxy, base } = await setup(scoped);
+        let status: number;
+        let code: unknown;
+        if (guest === "HTTP/1.1") {
+          const res = await fetchVia(proxy, `${base}/hostile`, { method: "POST", body: "x" });
+          status = res.status;
+          code = res.headers["x-egressgate-error"];
+        } else {
+          const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+          const res = await h2Request(session, { ":method": "POST", ":path": "/hostile" }, "x");
+          status = res.status;
+          code = res.headers["x-egressgate-error"];
+        }
+        expect(status).toBe(502);
+        expect(code).toBe("EG_HOOK_FAILED");
+        if (phase === "onRequest") expect(upstream.hits()).toBe(0);
+        expect(proxy.logs.some((line) => line["msg"] === "internal error")).toBe(false);
+        expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+      });
+    }
   }
 });
 
