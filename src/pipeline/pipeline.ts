@@ -21,7 +21,7 @@ import {
   type TraceEntry,
   type SendInfo,
 } from "./exchange.js";
-import { endToEndHeaders, getHeader, headerObjectToList } from "../headers.js";
+import { endToEndHeaders, getHeader, headerObjectToList, withoutHeaders, type HeaderList } from "../headers.js";
 import type { HookLimits } from "./hook-phases.js";
 import { nextHop, redirectStatuses } from "./redirects.js";
 import { bareHostname } from "../hostname.js";
@@ -368,7 +368,7 @@ export class Pipeline {
         throw upstreamError(error, url);
       }
       if (h2 !== undefined) {
-        const headers = endToEndHeaders(h2.headers);
+        const headers = upstreamHeaders(h2.status, h2.headers);
         const locations = headers.filter((_, i) => i % 2 === 0 && headers[i]!.toLowerCase() === "location");
         return { status: h2.status, headers, body: h2.body, location: locations.length === 1 ? getHeader(headers, "location") : undefined, trailers: h2.trailers };
       }
@@ -397,7 +397,7 @@ export class Pipeline {
       const chunked = /chunked/i.test(String(response.headers["transfer-encoding"] ?? ""));
       return {
         status: response.statusCode,
-        headers: endToEndHeaders(headerObjectToList(response.headers)),
+        headers: upstreamHeaders(response.statusCode, headerObjectToList(response.headers)),
         body: empty ? null : response.body,
         location: typeof location === "string" ? location : undefined,
         ...(chunked && !empty ? { trailers: () => headerObjectToList(response.trailers) } : {}),
@@ -407,6 +407,18 @@ export class Pipeline {
     }
   }
 }
+
+/**
+ * An upstream's response header fields as the guest may get them: end to end only, and no
+ * Content-Length on a 204, which has no content (RFC 9110 §8.6: a server MUST NOT send it; an
+ * HTTP/2 guest's nghttp2 refuses the response, and an HTTP/1.1 client may read it as framing).
+ */
+function upstreamHeaders(status: number, list: HeaderList): HeaderList {
+  const headers = endToEndHeaders(list);
+  return status === 204 ? withoutHeaders(headers, contentLength) : headers;
+}
+
+const contentLength: ReadonlySet<string> = new Set(["content-length"]);
 
 const connectErrorCodes = new Set(["ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH", "EADDRNOTAVAIL", "UND_ERR_CONNECT_TIMEOUT"]);
 

@@ -1,6 +1,8 @@
 import { connect, createServer, type Server, type Socket } from "node:net";
 import { describe, expect, it, onTestFinished } from "vitest";
+import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { fetchVia, startTestProxy } from "../helpers/proxy.js";
+import { openTlsTunnel } from "../helpers/raw.js";
 import { openRaw } from "../helpers/raw.js";
 import { startUpstream, type Route } from "../helpers/upstream.js";
 
@@ -301,3 +303,40 @@ describe("requests that outlive their guest", () => {
     expect(await within(redirectClosed, 5_000)).toBe("done");
   });
 });
+
+// RFC 9110 §8.6: a server MUST NOT send Content-Length on a 204. It went on to the guest as it
+// came (black-box finding): an HTTP/1.1 client may read it as framing, and an HTTP/2 guest's
+// nghttp2 takes a 204 with a length for a malformed response.
+describe("a 204 with Content-Length from the upstream", () => {
+  for (const guest of ["HTTP/1.1", "HTTP/2"] as const) {
+    it(`reaches the ${guest} guest as a 204 without it, and the connection serves the next request`, async () => {
+      const upstream = await startUpstream({
+        routes: {
+          "/nothing": (_req, res) => {
+            res.writeHead(204, { "content-length": "5", "x-kept": "yes" });
+            res.end();
+          },
+        },
+      });
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+      const authority = `api.test:${upstream.port}`;
+      if (guest === "HTTP/1.1") {
+        const tunnel = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+        tunnel.write(`GET /nothing HTTP/1.1\r\nHost: ${authority}\r\n\r\nGET /echo HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+        const first = await tunnel.readResponse();
+        expect(first.status).toBe(204);
+        expect(first.headers["content-length"]).toBeUndefined();
+        expect(first.headers["x-kept"]).toBe("yes");
+        expect((await tunnel.readResponse()).status).toBe(200);
+      } else {
+        const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+        const res = await h2Request(session, { ":path": "/nothing" });
+        expect(res.status).toBe(204);
+        expect(res.headers["content-length"]).toBeUndefined();
+        expect(res.headers["x-kept"]).toBe("yes");
+        expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+      }
+    });
+  }
+});
+
