@@ -45,6 +45,9 @@ export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | u
     }
   }
   const chunked = codings.length > 0;
+  // RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing (an HTTP/1.0
+  // hop before this one may have framed it otherwise), and the connection closes after it.
+  if (chunked && req.httpVersion === "1.0") throw badRequest("Transfer-Encoding in an HTTP/1.0 request: its framing cannot be trusted");
   // Node's parser undoes only the final chunked coding. A request body with another coding would
   // leave without its Transfer-Encoding, its bytes still coded: RFC 9112 §6.1 answers 501.
   if (chunked && (codings.length !== 1 || codings[0] !== "chunked")) {

@@ -326,7 +326,8 @@ export class GuestSide {
       const errorBytes = auditing && !res.headersSent ? Buffer.byteLength(errorBody(err)) : 0;
       // A 407 or 429 ends the connection (as RFC 9110 lets a proxy do): a client retries on a new one.
       if (this.draining) res.shouldKeepAlive = false;
-      sendError(res, err, !req.complete || err.code === "EG_AUTH");
+      // An HTTP/1.0 guest's keep-alive ends at an error: its framing may be the error.
+      sendError(res, err, !req.complete || err.code === "EG_AUTH" || req.httpVersion === "1.0");
       // Logged by the gate (see onConnect); a request in a removed guest's tunnel never met it.
       if (err.code === "EG_AUTH" && tunnelOf(req.socket) === undefined) return;
       this.deps.decide({

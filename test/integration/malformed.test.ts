@@ -80,6 +80,24 @@ describe("request framing", () => {
     await expectStillServing(s);
   });
 
+  // RFC 9112 §6.1: it was served, and the connection kept for the next request (black-box finding).
+  it.each(["absolute-form", "TLS tunnel"] as const)("an HTTP/1.0 request with Transfer-Encoding is refused with 400, never forwarded, and its connection closed (%s)", async (way) => {
+    const s = await setup();
+    const upstream = way === "absolute-form" ? s.http : s.https;
+    const host = `api.test:${upstream.port}`;
+    const client = way === "absolute-form" ? await openRaw(s.proxy.port) : await openTlsTunnel(s.proxy.port, host, { ca: s.proxy.caCertPem });
+    const target = way === "absolute-form" ? `http://${host}/echo` : "/echo";
+    client.write(
+      `POST ${target} HTTP/1.0\r\nHost: ${host}\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n` +
+        `GET ${target} HTTP/1.1\r\nHost: ${host}\r\n\r\n`,
+    );
+    expectRefusal(await client.readResponse(), 400, "Bad Request", /Transfer-Encoding in an HTTP\/1\.0 request/);
+    expect(await client.closesWithin(10_000)).toBe(true);
+    expect(client.pending()).toBe("");
+    expect(upstream.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+
   it.each([
     ["gzip, chunked", "Transfer-Encoding: gzip, chunked\r\n"],
     ["gzip, then chunked in a second header", "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n"],
