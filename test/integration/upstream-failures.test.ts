@@ -181,13 +181,13 @@ describe("slow guests and upstreams that close", () => {
 
 describe("informational responses", () => {
   /** A plain-HTTP upstream that answers each request with `hints` 103s, then a 200. */
-  async function hintingServer(hints: number): Promise<number> {
+  async function hintingServer(hints: number, interim = "HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"): Promise<number> {
     const sockets = new Set<Socket>();
     const server: Server = createServer((s) => {
       sockets.add(s);
       s.on("error", () => undefined);
       s.once("data", () => {
-        s.write("HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n".repeat(hints));
+        s.write(interim.repeat(hints));
         s.end("HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
       });
     });
@@ -205,6 +205,17 @@ describe("informational responses", () => {
     const res = await fetchVia(proxy, `http://api.test:${port}/`);
     expect(res.status).toBe(200);
     expect(res.text).toBe("ok");
+  });
+
+  // Documented in the README's error table: undici 7 takes any 100 it did not ask for as a bad
+  // response. The guest gets a 502 that says so, and the proxy goes on.
+  it("an unasked-for 100 Continue from an HTTP/1.1 upstream is a 502 naming a bad response, and the proxy keeps serving", async () => {
+    const port = await hintingServer(1, "HTTP/1.1 100 Continue\r\n\r\n");
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const res = await fetchVia(proxy, `http://api.test:${port}/`);
+    expect(res.status).toBe(502);
+    expect(res.text).toMatch(/bad response/);
+    expect((await fetchVia(proxy, `http://api.test:${await hintingServer(0)}/`)).status).toBe(200);
   });
 
   it("an upstream that sends more than 16 informational responses gets 502, and the proxy keeps serving", async () => {
