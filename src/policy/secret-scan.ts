@@ -210,6 +210,31 @@ const plus: Decoder = {
   },
 };
 
+/**
+ * Line breaks and spaces inside an encoded run, as MIME and PEM wrap base64 (every 76 or 64
+ * characters) and as a URL carries them (`%0D%0A`, `%20`): runs of one or two whitespace
+ * characters between encoding characters are taken out, so the run decodes whole. Only in a
+ * decoded view: a URL holds whitespace only percent-encoded, and ordinary text (a log line) is
+ * full of spaces. One or two, so a value character still takes at most three characters here.
+ */
+const wrapped: Decoder = {
+  name: "wrapped",
+  decode(view, _context, budget) {
+    if (view.via.length === 0) return [];
+    const { text } = view;
+    const gaps = [...text.matchAll(/(?<=[A-Za-z0-9+/_=-])[ \t\r\n]{1,2}(?=[A-Za-z0-9+/_=-])/g)];
+    if (gaps.length === 0 || !budget.take(text.length)) return [];
+    const out = new ViewBuilder(view);
+    let copied = 0;
+    for (const m of gaps) {
+      out.copy(copied, m.index);
+      copied = m.index + m[0].length;
+    }
+    out.copy(copied, text.length);
+    return [out.finish(this.name)];
+  },
+};
+
 const jsonEscapes: Record<string, string> = { '"': '"', "\\": "\\", "/": "/", b: "\b", f: "\f", n: "\n", r: "\r", t: "\t" };
 
 /**
@@ -366,7 +391,7 @@ const hex = runDecoder(
  * Every encoding the scan and the redactor undo. Letter case needs no decoder: every view is
  * searched case-insensitively. A new encoding is one more entry here.
  */
-export const decoders: readonly Decoder[] = [percent, plus, json, base64, hex];
+export const decoders: readonly Decoder[] = [percent, plus, json, wrapped, base64, hex];
 
 /** A value to look for, under the name reported with it. */
 export interface Needle {

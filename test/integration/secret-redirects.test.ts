@@ -20,6 +20,15 @@ const forms: Record<string, (value: string) => string> = {
   "base64 after a prefix, at another byte alignment": (v) => Buffer.from(`id:${v}`).toString("base64"),
   "base64url without padding": (v) => Buffer.from(`x${v}`).toString("base64url"),
   "base64, then percent-encoded": (v) => encodeURIComponent(Buffer.from(`ab${v}`).toString("base64")),
+  // Line-wrapped base64 (a black-box run's echo: MIME and openssl wrap long tokens).
+  "base64 with a percent-encoded space inside": (v) => {
+    const e = Buffer.from(v).toString("base64");
+    return `${e.slice(0, 12)}%20${e.slice(12)}`;
+  },
+  "base64 wrapped with a percent-encoded line break": (v) => {
+    const e = Buffer.from(`id:${v}`).toString("base64");
+    return `${e.slice(0, 8)}%0D%0A${e.slice(8)}`;
+  },
   "lower-case hex": (v) => Buffer.from(v).toString("hex"),
   "upper-case hex": (v) => Buffer.from(v).toString("hex").toUpperCase(),
   "percent-encoded": (v) => encodeURIComponent(v),

@@ -54,6 +54,8 @@ describe("the secret scan decodes, then searches", () => {
     ["base64, then percent-encoded", encodeURIComponent(b64(`ab${VALUE}`)), ["percent", "base64"]],
     ["base64 twice", b64(b64(VALUE)), ["base64", "base64"]],
     ["base64, then percent-encoded twice (three deep)", encodeURIComponent(encodeURIComponent(b64(`ab${VALUE}`))), ["percent", "percent", "base64"]],
+    ["base64 with a percent-encoded space inside", encodeURIComponent(`${b64(VALUE).slice(0, 12)} ${b64(VALUE).slice(12)}`), ["percent", "wrapped", "base64"]],
+    ["base64 wrapped with a percent-encoded CRLF, as MIME does", encodeURIComponent(`${b64(VALUE).slice(0, 8)}\r\n${b64(VALUE).slice(8)}`), ["percent", "wrapped", "base64"]],
     ["lower-case hex", Buffer.from(VALUE).toString("hex"), ["hex"]],
     ["upper-case hex at an odd offset", `a${Buffer.from(VALUE).toString("hex").toUpperCase()}`, ["hex"]],
   ])("finds the value %s", (_what, text, via) => {
