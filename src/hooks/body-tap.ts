@@ -7,8 +7,8 @@ export interface BodyTapOptions {
   readonly limit: number;
   /** Keep the raw chunks a hook pulled, so they can be forwarded unchanged afterwards. */
   readonly record: boolean;
-  /** A Content-Encoding to undo for the hook (gzip, deflate, br). */
-  readonly encoding?: string;
+  /** Content codings to undo for the hook (gzip, deflate, br), in the order they were applied ({@link contentCodings}). */
+  readonly encodings?: readonly string[];
   /** Called on the first read: the guest may be waiting for `100 Continue`. */
   readonly onStart?: () => void;
   /** The body's Content-Length, when it has one: past `limit`, the first read fails before onStart. */
@@ -53,9 +53,27 @@ export async function readBounded(stream: AsyncIterable<Uint8Array>, limit: numb
   return Buffer.concat(chunks);
 }
 
-/** Whether a Content-Encoding value is one the tap can decode for hooks. */
-export function decodable(encoding: string | undefined): boolean {
-  return encoding !== undefined && decoders[encoding.trim().toLowerCase()] !== undefined;
+/** Codings stacked past this many are not undone for hooks. */
+const maxCodings = 3;
+
+/**
+ * A response's content codings in the order they were applied (RFC 9110 §8.4: a list, over one
+ * or several header lines), when the tap can undo every one; undefined when there are none, one
+ * it cannot undo, or more than {@link maxCodings}. A hook is then shown the bytes as they came and
+ * the Content-Encoding that says what they are. Undoing only the first line's coding handed a
+ * hook still-compressed bytes as the plain body, with the header that said so removed.
+ */
+export function contentCodings(headers: readonly string[]): readonly string[] | undefined {
+  const codings: string[] = [];
+  for (let i = 0; i < headers.length; i += 2) {
+    if (headers[i]!.toLowerCase() !== "content-encoding") continue;
+    for (const part of headers[i + 1]!.split(",")) {
+      const coding = part.trim().toLowerCase();
+      if (coding !== "" && coding !== "identity") codings.push(coding);
+    }
+  }
+  if (codings.length === 0 || codings.length > maxCodings || !codings.every((coding) => decoders[coding] !== undefined)) return undefined;
+  return codings;
 }
 
 /**
@@ -68,6 +86,8 @@ export class BodyTap {
   readonly web: ReadableStream<Uint8Array>;
   started = false;
   limitHit = false;
+  /** Why the body failed under the hook's read (the source, or undoing its coding); not the limit. */
+  failure: Error | undefined;
   bytes = 0;
   private capActive = true;
   private readonly recorded: Buffer[] = [];
@@ -101,6 +121,7 @@ export class BodyTap {
             }
             controller.enqueue(new Uint8Array(next.value.buffer, next.value.byteOffset, next.value.byteLength));
           } catch (error) {
+            if (!(error instanceof BodyLimitError)) this.failure ??= error as Error;
             controller.error(error);
           }
         },
@@ -153,13 +174,16 @@ export class BodyTap {
     else this.options.onStart?.();
     const raw = Readable.from(this.raw(), { objectMode: false });
     this.reader = raw;
-    const encoding = this.options.encoding?.trim().toLowerCase();
-    const makeDecoder = encoding === undefined ? undefined : decoders[encoding];
-    if (makeDecoder === undefined) return raw;
-    const decoder = makeDecoder();
-    raw.once("error", (error) => decoder.destroy(error));
-    decoder.once("close", () => raw.destroy());
-    return raw.pipe(decoder);
+    // The last coding applied is undone first.
+    let decoded: Readable = raw;
+    for (const coding of [...(this.options.encodings ?? [])].reverse()) {
+      const decoder = decoders[coding]!();
+      const from = decoded;
+      from.once("error", (error) => decoder.destroy(error));
+      decoder.once("close", () => from.destroy());
+      decoded = from.pipe(decoder);
+    }
+    return decoded;
   }
 
   /**

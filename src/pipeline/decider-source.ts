@@ -2,8 +2,8 @@ import type { Readable } from "node:stream";
 import { discardBody } from "../streams.js";
 import type { PhaseName } from "../djs/protocol.js";
 import { EgressError } from "../errors.js";
-import { getHeader, withoutHeaders, type HeaderList } from "../headers.js";
-import { BodyLimitError, BodyTap, decodable, readBounded } from "../hooks/body-tap.js";
+import { withoutHeaders, type HeaderList } from "../headers.js";
+import { BodyLimitError, BodyTap, contentCodings, readBounded } from "../hooks/body-tap.js";
 import type { Logger } from "../log.js";
 import { allow } from "../policy/decision.js";
 import { blockError, type Decider } from "../deciders/decider.js";
@@ -97,15 +97,15 @@ async function decideResponse(
 ): Promise<HookedOnResponse> {
   const discard = (): void => discardBody(upstream.body);
   const { includeBody, maxBodyBytes } = decider.options;
-  const encoding = getHeader(upstream.headers, "content-encoding");
-  const decode = decodable(encoding);
+  const codings = contentCodings(upstream.headers);
+  const decode = codings !== undefined;
   // Like the hooks, a decider sees a compressed body decoded, and so without Content-Encoding.
   const shownHeaders = includeBody && decode ? withoutHeaders(upstream.headers, encodedBodyHeaders) : upstream.headers;
   let passOn: Readable | null = upstream.body;
   const response: NonNullable<DecisionDocument["response"]> = { status: upstream.status, headers: headerObject(shownHeaders, conceal) };
   try {
     if (includeBody && upstream.body !== null) {
-      const tap = new BodyTap(upstream.body, { limit: limits.responseBodyBytes, record: true, ...(decode ? { encoding: encoding! } : {}) });
+      const tap = new BodyTap(upstream.body, { limit: limits.responseBodyBytes, record: true, ...(codings !== undefined ? { encodings: codings } : {}) });
       let bytes: Uint8Array;
       try {
         bytes = await readBounded(tap.web, limits.responseBodyBytes);

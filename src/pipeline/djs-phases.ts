@@ -2,8 +2,8 @@ import { discardBody } from "../streams.js";
 import { Readable } from "node:stream";
 import { validateHeaderName, validateHeaderValue } from "node:http";
 import { EgressError, badRequest, type HookFailureKind } from "../errors.js";
-import { endToEndHeaders, getHeader, httpToken, withoutHeaders, type HeaderList } from "../headers.js";
-import { BodyLimitError, BodyTap, decodable, readBounded } from "../hooks/body-tap.js";
+import { endToEndHeaders, httpToken, withoutHeaders, type HeaderList } from "../headers.js";
+import { BodyLimitError, BodyTap, contentCodings, readBounded } from "../hooks/body-tap.js";
 import { hookFailure } from "../hooks/run-hook.js";
 import { busyLimit, type DjsEngine } from "../djs/engine.js";
 import type { BodyRef, CallMessage, CallReply, Outcome, PhaseName } from "../djs/protocol.js";
@@ -278,8 +278,8 @@ export async function djsOnResponse(
   if (upstream.status < 200 || upstream.status > 599) {
     throw new EgressError("EG_UPSTREAM", 502, `upstream answered status ${upstream.status}, which policies cannot represent`);
   }
-  const encoding = getHeader(upstream.headers, "content-encoding");
-  const decode = decodable(encoding);
+  const codings = contentCodings(upstream.headers);
+  const decode = codings !== undefined;
   const shownHeaders = decode ? withoutHeaders(upstream.headers, encodedBodyHeaders) : upstream.headers;
   const discard = (): void => {
     discardBody(upstream.body);
@@ -313,7 +313,7 @@ export async function djsOnResponse(
     }
     const { outcome } = reply;
     if (outcome.t === "need" && attempt === 0 && upstream.body !== null && outcome.which.every((w) => w === "response")) {
-      tap = new BodyTap(upstream.body, { limit: limits.responseBodyBytes, record: true, ...(decode ? { encoding: encoding! } : {}) });
+      tap = new BodyTap(upstream.body, { limit: limits.responseBodyBytes, record: true, ...(codings !== undefined ? { encodings: codings } : {}) });
       try {
         loaded = await readBounded(tap.web, cap);
       } catch (error) {
@@ -337,7 +337,7 @@ export async function djsOnResponse(
           // The original body, passed on without entering the sandbox: decoded, as the policy saw it.
           if (loaded !== undefined) body = bytesBody(loaded);
           else if (upstream.body === null) body = null;
-          else body = decode ? Readable.from(new BodyTap(upstream.body, { limit: Number.MAX_SAFE_INTEGER, record: false, encoding: encoding! }).web) : upstream.body;
+          else body = decode ? Readable.from(new BodyTap(upstream.body, { limit: Number.MAX_SAFE_INTEGER, record: false, encodings: codings! }).web) : upstream.body;
         } else {
           throw new EgressError("EG_HOOK_FAILED", 502, "onResponse policy used a body other than the response's: the request body has already been sent");
         }

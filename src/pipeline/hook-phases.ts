@@ -1,8 +1,8 @@
 import { discardBody } from "../streams.js";
 import type { Readable } from "node:stream";
 import { EgressError, badRequest } from "../errors.js";
-import { getHeader, withoutHeaders, type HeaderList } from "../headers.js";
-import { BodyTap, decodable } from "../hooks/body-tap.js";
+import { withoutHeaders, type HeaderList } from "../headers.js";
+import { BodyTap, contentCodings } from "../hooks/body-tap.js";
 import {
   fromHeaders,
   isRequest,
@@ -172,12 +172,12 @@ export async function runOnResponse(
   if (upstream.status < 200 || upstream.status > 599) {
     throw new EgressError("EG_UPSTREAM", 502, `upstream answered status ${upstream.status}, which hooks cannot represent`);
   }
-  const encoding = getHeader(upstream.headers, "content-encoding");
-  const decode = decodable(encoding);
+  const codings = contentCodings(upstream.headers);
+  const decode = codings !== undefined;
   const tap =
     upstream.body === null
       ? undefined
-      : new BodyTap(upstream.body, { limit: limits.responseBodyBytes, record: true, ...(decode ? { encoding: encoding! } : {}) });
+      : new BodyTap(upstream.body, { limit: limits.responseBodyBytes, record: true, ...(codings !== undefined ? { encodings: codings } : {}) });
   const hookHeaders = decode ? withoutHeaders(upstream.headers, encodedBodyHeaders) : upstream.headers;
   const seen = makeResponse(upstream.status, hookHeaders, (tap?.web as ReadableStream<Uint8Array> | undefined) ?? null);
   const seenRequest = makeRequest(request.url, request.method, request.headers, null);
@@ -194,6 +194,10 @@ export async function runOnResponse(
   } catch (error) {
     if (tap?.limitHit === true) throw tooLarge();
     discard();
+    // The body failed under the hook's read (the upstream cut it, fell silent, or its coding was
+    // corrupt): the upstream's failure, as tier 2 reports it, whatever the hook made of it.
+    const failure = tap?.failure;
+    if (failure !== undefined) throw new EgressError("EG_UPSTREAM", 502, `the upstream response body failed while the hook read it: ${failure.message}`, { cause: failure, detail: failure.message });
     throw hookFailure("onResponse", error);
   }
   tap?.endHookPhase();

@@ -368,6 +368,10 @@ export class Pipeline {
         throw upstreamError(error, url);
       }
       if (h2 !== undefined) {
+        if (h2.status > 599) {
+          discardBody(h2.body);
+          throw new EgressError("EG_UPSTREAM", 502, `upstream ${url.host} answered status ${h2.status}, which is not an HTTP status`);
+        }
         const headers = upstreamHeaders(h2.status, h2.headers);
         const locations = headers.filter((_, i) => i % 2 === 0 && headers[i]!.toLowerCase() === "location");
         return { status: h2.status, headers, body: h2.body, location: locations.length === 1 ? getHeader(headers, "location") : undefined, trailers: h2.trailers };
@@ -390,6 +394,20 @@ export class Pipeline {
           }
         },
       });
+      // Statuses stop at 599 (RFC 9110 §15): a 600 went on to HTTP/1.1 guests as it came and reset
+      // HTTP/2 guests' streams. undici takes off only the chunked coding: `gzip, chunked` reached
+      // the guest (and hooks) still compressed, with nothing left to say so.
+      const framing = response.headers["transfer-encoding"];
+      const refusal =
+        response.statusCode > 599
+          ? `answered status ${response.statusCode}, which is not an HTTP status`
+          : framing !== undefined && !/^[ \t]*chunked[ \t]*$/i.test(String(framing))
+            ? `framed its response with Transfer-Encoding ${JSON.stringify(String(framing).slice(0, 64))}; only chunked can be passed on`
+            : undefined;
+      if (refusal !== undefined) {
+        discardBody(response.body);
+        throw new EgressError("EG_UPSTREAM", 502, `upstream ${url.host} ${refusal}`);
+      }
       const location = response.headers["location"];
       const empty = noBody || response.statusCode === 204 || response.statusCode === 304;
       if (empty) void response.body.dump().catch(() => undefined);

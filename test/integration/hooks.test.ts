@@ -1,6 +1,6 @@
 import { connect, type Socket } from "node:net";
 import type { TLSSocket } from "node:tls";
-import { gzipSync } from "node:zlib";
+import { brotliCompressSync, gzipSync } from "node:zlib";
 import { request } from "undici";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { HttpRequestBlockedError, type HttpHooksOptions, type ProxyOptions } from "../../src/index.js";
@@ -704,5 +704,85 @@ describe("hostile values a hook throws or returns are the hook's failure, on bot
       });
     }
   }
+});
+
+// Only the first Content-Encoding line was undone for hooks, and every line then removed: a body
+// gzipped twice reached a body-scanning policy as gzip bytes without the header that said so,
+// and passed it (black-box finding).
+describe("a hook reads a body under every content coding it was sent with", () => {
+  const text = "a body that holds the MARKER a policy looks for";
+  const gz = (b: Buffer): Buffer => gzipSync(b);
+  const br = (b: Buffer): Buffer => brotliCompressSync(b);
+  const plain = Buffer.from(text);
+  const codings: Record<string, { lines: string[]; body: Buffer; decoded: boolean }> = {
+    "gzip": { lines: ["gzip"], body: gz(plain), decoded: true },
+    "gzip on two lines, applied twice": { lines: ["gzip", "gzip"], body: gz(gz(plain)), decoded: true },
+    "gzip, br on one line": { lines: ["gzip, br"], body: br(gz(plain)), decoded: true },
+    "gzip then br on two lines": { lines: ["gzip", "br"], body: br(gz(plain)), decoded: true },
+    "gzip, zstd (one it cannot undo)": { lines: ["gzip, zstd"], body: gz(plain), decoded: false },
+    "gzip four times (past the stack it undoes)": { lines: ["gzip, gzip, gzip, gzip"], body: gz(gz(gz(gz(plain)))), decoded: false },
+  };
+  const policies: Record<string, () => HttpHooksOptions> = {
+    "tier 3": () => ({
+      onResponse: async (response) => {
+        const body = await response.text();
+        return Response.json({ marker: body.includes("MARKER"), encoding: response.headers.get("content-encoding") });
+      },
+    }),
+    "tier 2": () => ({
+      djsHooks: loadPolicy({
+        source: `export async function onResponse(response) {
+          const body = await response.text();
+          return new Response(JSON.stringify({ marker: body.includes("MARKER"), encoding: response.headers.get("content-encoding") }));
+        }`,
+        filename: "policy.mjs",
+      }),
+    }),
+  };
+  for (const [tier, hooks] of Object.entries(policies)) {
+    for (const [name, { lines, body, decoded }] of Object.entries(codings)) {
+      it(`${tier}: ${name}`, async () => {
+        const upstream = await startUpstream({
+          routes: {
+            "/coded": (_req, res) => {
+              res.writeHead(200, [["content-type", "text/plain"], ...lines.map((line) => ["content-encoding", line])].flat());
+              res.end(body);
+            },
+          },
+        });
+        const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hooks() });
+        const res = await fetchVia(proxy, `https://api.test:${upstream.port}/coded`);
+        expect(res.status, res.text).toBe(200);
+        const seen = JSON.parse(res.text) as { marker: boolean; encoding: string | null };
+        if (decoded) expect(seen).toEqual({ marker: true, encoding: null });
+        else expect(seen).toEqual({ marker: false, encoding: lines.join(", ") });
+      });
+    }
+  }
+
+  // A body that failed under a tier-3 hook's read was the hook's failure (EG_HOOK_FAILED); tier 2
+  // said EG_UPSTREAM, as it is the upstream's.
+  it.each(["corrupt gzip", "cut by the upstream"] as const)("a body that fails under a tier-3 hook's read (%s) is the upstream's failure, 502 EG_UPSTREAM", async (how) => {
+    const upstream = await startUpstream({
+      routes: {
+        "/broken": (_req, res) => {
+          if (how === "corrupt gzip") {
+            res.writeHead(200, { "content-type": "text/plain", "content-encoding": "gzip" });
+            res.end(Buffer.concat([gz(plain).subarray(0, 10), Buffer.alloc(64, 0xff)]));
+          } else {
+            res.writeHead(200, { "content-type": "text/plain", "content-length": "100000" });
+            res.write("x".repeat(1000));
+            setImmediate(() => res.socket?.destroy());
+          }
+        },
+      },
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onResponse: async (response) => void (await response.text()) });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/broken`);
+    expect(res.status).toBe(502);
+    expect(res.headers["x-egressgate-error"]).toBe("EG_UPSTREAM");
+    expect(res.text).toMatch(/the upstream response body failed while the hook read it/);
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
 });
 

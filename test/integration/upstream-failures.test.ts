@@ -1,4 +1,5 @@
 import { connect, createServer, type Server, type Socket } from "node:net";
+import { gzipSync } from "node:zlib";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { fetchVia, startTestProxy } from "../helpers/proxy.js";
@@ -348,6 +349,47 @@ describe("a 204 with Content-Length from the upstream", () => {
         expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
       }
     });
+  }
+});
+
+// With no hook, a status past 599 went on to HTTP/1.1 guests and reset HTTP/2 guests' streams, and
+// `Transfer-Encoding: gzip, chunked` reached the guest de-chunked but still compressed, with
+// nothing to say so (black-box finding).
+describe("upstream answers the proxy cannot pass on", () => {
+  const answers: Record<string, { route: Route; reason: RegExp }> = {
+    "status 600": {
+      route: (_req, res) => {
+        res.writeHead(600, { "content-type": "text/plain" });
+        res.end("six hundred");
+      },
+      reason: /answered status 600, which is not an HTTP status/,
+    },
+    "Transfer-Encoding: gzip, chunked": {
+      route: (_req, res) => {
+        res.writeHead(200, { "content-type": "text/plain", "transfer-encoding": "gzip, chunked" });
+        res.end(gzipSync("compressed"));
+      },
+      reason: /Transfer-Encoding "gzip, chunked"; only chunked can be passed on/,
+    },
+  };
+  for (const [name, { route, reason }] of Object.entries(answers)) {
+    for (const guest of ["HTTP/1.1", "HTTP/2"] as const) {
+      it(`${name}: 502 to the ${guest} guest, and the proxy keeps serving`, async () => {
+        const upstream = await startUpstream({ routes: { "/odd": route } });
+        const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+        if (guest === "HTTP/1.1") {
+          const res = await fetchVia(proxy, `https://api.test:${upstream.port}/odd`);
+          expect(res.status).toBe(502);
+          expect(res.text).toMatch(reason);
+        } else {
+          const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+          const res = await h2Request(session, { ":path": "/odd" });
+          expect(res.status).toBe(502);
+          expect(res.body.toString()).toMatch(reason);
+        }
+        expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+      });
+    }
   }
 });
 
