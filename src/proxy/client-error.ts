@@ -1,6 +1,7 @@
 import type { Socket } from "node:net";
 import { EgressError } from "../errors.js";
 import type { Logger } from "../log.js";
+import type { ParseErrorPlace } from "./lanes.js";
 import { isLingering, writeRawError } from "./respond.js";
 
 /** The largest request head a guest may send (431 beyond). */
@@ -10,7 +11,7 @@ export const maxHeaderBytes = 64 * 1024;
  * What Node's parser refused, answered as bytes on the socket (no ServerResponse exists yet):
  * 400 for malformed input, 431 for an oversized head, 408 for a slow one, 405 for TRACK.
  */
-export function answerClientError(error: NodeJS.ErrnoException, socket: Socket, log: Logger, answeredBefore?: Promise<void>): void {
+export function answerClientError(error: NodeJS.ErrnoException, socket: Socket, log: Logger, place?: (answer: EgressError) => ParseErrorPlace): void {
   // Node's parser stays at its error and reports it again for every later chunk.
   if (answering.has(socket)) return;
   if (isLingering(socket)) {
@@ -25,13 +26,20 @@ export function answerClientError(error: NodeJS.ErrnoException, socket: Socket, 
     return;
   }
   answering.add(socket);
-  if (answeredBefore === undefined) writeRawError(socket, answer);
-  else {
-    // Requests pipelined before the bad one are answered first, in order; the error follows
-    // them, and closes the connection (not at all if one of them closed it).
-    socket.pause();
-    void answeredBefore.then(() => writeRawError(socket, answer));
+  const where = place?.(answer) ?? { answer: "now" };
+  if (where.answer === "now") {
+    writeRawError(socket, answer);
+    return;
   }
+  if (where.answer === "none") {
+    socket.destroy();
+    return;
+  }
+  // Read no more: the answer closes the connection.
+  socket.pause();
+  // Requests pipelined before the bad one are answered first, in order; the error follows them
+  // and closes the connection (not at all if one of them closed it).
+  if (where.answer === "after") void where.before.then(() => writeRawError(socket, answer));
 }
 
 /** Connections whose parse error waits for the answers before it. */

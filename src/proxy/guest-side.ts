@@ -15,7 +15,7 @@ import type { DecisionLog } from "./decision-log.js";
 import { loggableTarget, toOutboundRequest } from "./guest-request.js";
 import type { Guest, GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
-import { Lanes } from "./lanes.js";
+import { Lanes, type LaneRequest } from "./lanes.js";
 import type { ResolvedProxyOptions } from "./options.js";
 import { errorBody, isLingering, sendError, sendResponse, writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
@@ -102,7 +102,7 @@ export class GuestSide {
     server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => {
       sendError(res, new EgressError("EG_BAD_REQUEST", 417, `unsupported Expect: ${JSON.stringify(req.headers.expect)}`), true);
     });
-    server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => answerClientError(error, socket, this.deps.log, this.lanes.answeredBefore(socket)));
+    server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => answerClientError(error, socket, this.deps.log, (answer) => this.lanes.placeParseError(socket, answer)));
     server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => this.guard(this.upgrade(req, socket, head), socket));
     return server;
   }
@@ -235,7 +235,8 @@ export class GuestSide {
     const abort = new GuestGone();
     const socket = req.socket;
     const lane = this.lanes.of(socket);
-    lane.last = req;
+    const inLane: LaneRequest = { req, res, started: false };
+    lane.last = inLane;
     const previous = lane.tail;
     let release!: () => void;
     lane.tail = new Promise<void>((resolve) => (release = resolve));
@@ -262,6 +263,9 @@ export class GuestSide {
         req.resume();
         return;
       }
+      inLane.started = true;
+      // Its body broke in the parser while it waited (a bad chunk): answered here, in order.
+      if (inLane.broken !== undefined) throw inLane.broken;
       // The connection closed while an earlier request on it was served: answered below as 499.
       if (abort.aborted) throw abort.reason;
       const guest = this.guestOf(req);

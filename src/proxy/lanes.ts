@@ -17,8 +17,25 @@ export interface Lane {
   /** The connection is not read until the waiting requests drop back (see `enter`). */
   paused: boolean;
   /** The latest request parsed on the connection. */
-  last?: { readonly complete: boolean };
+  last?: LaneRequest;
 }
+
+/** A request on a lane, as a parse error after it needs to know it. */
+export interface LaneRequest {
+  readonly req: { readonly complete: boolean };
+  readonly res: { readonly headersSent: boolean };
+  /** Its turn has come: the requests before it are answered. */
+  started: boolean;
+  /** Its body broke in the parser before its turn: it answers this instead, in order. */
+  broken?: Error;
+}
+
+/** Where the answer to a parse error goes (see {@link Lanes.placeParseError}). */
+export type ParseErrorPlace =
+  | { readonly answer: "now" }
+  | { readonly answer: "after"; readonly before: Promise<void> }
+  | { readonly answer: "by the request" }
+  | { readonly answer: "none" };
 
 /** The lanes of every guest connection, and the reading of those connections they control. */
 export class Lanes {
@@ -70,15 +87,22 @@ export class Lanes {
   }
 
   /**
-   * What the answer to a parse error must wait for: the requests parsed before the bad one, whose
-   * responses go first. Written at once, the error landed inside a response under way, or took
-   * the place of one not yet begun. Undefined when nothing is in flight, or when the error is in
-   * the body of the request being served (the answer is then that request's own).
+   * Where the answer to a parse error goes. Written at once, it landed inside a response under
+   * way, or took the place of one not yet begun. In a new request's head: after the requests
+   * before it. In the body of a request still waiting its turn: that request answers it, in
+   * order. In the body of the request being served: at once, unless its response has begun (a
+   * hook or an upstream answered early), when nothing more can be said on the connection.
    */
-  answeredBefore(socket: Socket): Promise<void> | undefined {
+  placeParseError(socket: Socket, answer: Error): ParseErrorPlace {
     const lane = this.lanes.get(socket);
-    if (lane === undefined || lane.ends.size === 0 || lane.last?.complete !== true) return undefined;
-    return lane.tail;
+    const last = lane?.last;
+    if (lane === undefined || lane.ends.size === 0 || last === undefined) return { answer: "now" };
+    if (last.req.complete) return { answer: "after", before: lane.tail };
+    if (!last.started) {
+      last.broken = answer;
+      return { answer: "by the request" };
+    }
+    return last.res.headersSent ? { answer: "none" } : { answer: "now" };
   }
 
   leave(lane: Lane, socket: Socket): void {

@@ -380,7 +380,7 @@ describe("tunnel protocol handling", () => {
 describe("a malformed request pipelined behind others is answered after them, in order", () => {
   const bad = "GET /x HTTP/1.1\r\nHost: api.test\r\nX-A: a\0b\r\n\r\n";
   const ways = ["absolute-form", "plain tunnel", "TLS tunnel"] as const;
-  const before = ["held before its head", "held halfway through its body"] as const;
+  const before = ["held before its head", "held halfway through its body", "held, and the bad one's body breaks while it waits"] as const;
   for (const way of ways) {
     for (const earlier of before) {
       it(`${way}; the request before it ${earlier}`, async () => {
@@ -404,11 +404,12 @@ describe("a malformed request pipelined behind others is answered after them, in
         const host = `api.test:${upstream.port}`;
         const client =
           way === "absolute-form" ? await openRaw(proxy.port) : way === "plain tunnel" ? await openTunnel(proxy.port, host) : await openTlsTunnel(proxy.port, host, { ca: proxy.caCertPem });
-        const path = earlier === before[0] ? "/held" : "/halfway";
+        const path = earlier === before[1] ? "/halfway" : "/held";
         const target = way === "absolute-form" ? `http://${host}${path}` : path;
         client.write(`GET ${target} HTTP/1.1\r\nHost: ${host}\r\n\r\n`);
         if (path === "/halfway") await vi.waitFor(() => expect(client.pending()).toContain("first"), { timeout: 10_000 });
-        client.write(bad);
+        // A new request's head that breaks, or the body of one waiting its turn.
+        client.write(earlier === before[2] ? `POST ${target} HTTP/1.1\r\nHost: ${host}\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n` : bad);
         // The proxy has seen the bad request; only then may the first answer go on.
         await vi.waitFor(() => expect(proxy.logs.some((line) => line["msg"] === "bad request")).toBe(true), { timeout: 10_000 });
         release();
