@@ -37,8 +37,8 @@ export function createLogger(level: LogLevel = "info", sink: LogSink = stderrSin
       line = JSON.stringify(entry, errorReplacer);
     } catch {
       // A field that cannot be written (what a hook threw: a Proxy, a getter that throws, a
-      // BigInt): the line still goes out, with the message alone. A log call must never throw.
-      line = JSON.stringify({ time: entry.time, level: lvl, msg, fields: "(not serialisable)" });
+      // BigInt): the line still goes out, that field marked. A log call must never throw.
+      line = JSON.stringify(Object.fromEntries(Object.entries(entry).map(([key, value]) => [key, serialisable(value) ? value : "(not serialisable)"])), errorReplacer);
     }
     let out = redact === undefined ? line : redact(line);
     // Redaction gives up on a line too complex to scan within its budget and returns a marker
@@ -57,6 +57,15 @@ export function createLogger(level: LogLevel = "info", sink: LogSink = stderrSin
     warn: (msg, fields) => write("warn", msg, fields),
     error: (msg, fields) => write("error", msg, fields),
   };
+}
+
+function serialisable(value: unknown): boolean {
+  try {
+    JSON.stringify(value, errorReplacer);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 function errorReplacer(_key: string, value: unknown): unknown {

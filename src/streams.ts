@@ -17,7 +17,7 @@ export function discardBody(body: Readable | null | undefined, reason?: Error): 
 /** The HTTP/2 stream calls {@link resetH2Stream} needs (server and client streams alike). */
 interface ResettableH2Stream {
   readonly destroyed: boolean;
-  readonly writableEnded: boolean;
+  readonly writableFinished: boolean;
   close(code?: number): void;
   destroy(error?: Error): unknown;
 }
@@ -28,11 +28,11 @@ interface ResettableH2Stream {
  * END_STREAM before the RST_STREAM: a response or upload cut in the middle then reaches the peer
  * whole (a guest read a truncated download as complete; an upstream took a truncated upload).
  * `destroy(error)` skips that end and sends INTERNAL_ERROR; CANCEL would not do either, as Node
- * peers read a stream reset with CANCEL as ended. Once the writable side has ended, everything
- * was sent, and `close(code)` keeps its code.
+ * peers read a stream reset with CANCEL as ended. Once the writable side has finished (its end
+ * and every write handed to nghttp2), `close(code)` keeps its code.
  */
 export function resetH2Stream(stream: ResettableH2Stream, code: number, why: string): void {
   if (stream.destroyed) return;
-  if (stream.writableEnded) stream.close(code);
+  if (stream.writableFinished) stream.close(code);
   else stream.destroy(new Error(why));
 }

@@ -72,7 +72,7 @@ export function contentCodings(headers: readonly string[]): readonly string[] | 
       if (coding !== "" && coding !== "identity") codings.push(coding);
     }
   }
-  if (codings.length === 0 || codings.length > maxCodings || !codings.every((coding) => decoders[coding] !== undefined)) return undefined;
+  if (codings.length === 0 || codings.length > maxCodings || !codings.every((coding) => Object.hasOwn(decoders, coding))) return undefined;
   return codings;
 }
 

@@ -3,13 +3,14 @@ import { HttpRequestBlockedError } from "./blocked-error.js";
 
 /** A hook refusal of any tier: ours, or an error shaped like it (tier 2 rebuilds its own). */
 function asBlocked(error: unknown): { status: number; message: string; statusText: string } | undefined {
-  if (error instanceof HttpRequestBlockedError) return error;
   const e = error as { name?: unknown; status?: unknown; message?: unknown; statusText?: unknown } | null;
+  if (!(error instanceof HttpRequestBlockedError) && e?.name !== "HttpRequestBlockedError") return undefined;
+  // Our own class too: its constructor checks the status, but a hook can set it afterwards
+  // (`error.status = 200`). Each field is read once.
   const status = e?.status;
-  if (e?.name === "HttpRequestBlockedError" && typeof status === "number" && Number.isInteger(status) && status >= 400 && status <= 599) {
-    return { status, message: String(e.message), statusText: typeof e.statusText === "string" ? e.statusText : "" };
-  }
-  return undefined;
+  if (typeof status !== "number" || !Number.isInteger(status) || status < 400 || status > 599) return undefined;
+  const statusText = e?.statusText;
+  return { status, message: String(e?.message), statusText: typeof statusText === "string" ? statusText : "" };
 }
 
 /**

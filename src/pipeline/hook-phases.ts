@@ -196,9 +196,11 @@ export async function runOnResponse(
     discard();
     // The body failed under the hook's read (the upstream cut it, fell silent, or its coding was
     // corrupt): the upstream's failure, as tier 2 reports it, whatever the hook made of it.
+    // A refusal the hook made of it stays the hook's answer.
+    const failed = hookFailure("onResponse", error);
     const failure = tap?.failure;
-    if (failure !== undefined) throw new EgressError("EG_UPSTREAM", 502, `the upstream response body failed while the hook read it: ${failure.message}`, { cause: failure, detail: failure.message });
-    throw hookFailure("onResponse", error);
+    if (failure !== undefined && failed.code !== "EG_HOOK_BLOCKED") throw new EgressError("EG_UPSTREAM", 502, `the upstream response body failed while the hook read it: ${failure.message}`, { cause: failure, detail: failure.message });
+    throw failed;
   }
   tap?.endHookPhase();
   if (tap?.limitHit === true) throw tooLarge();

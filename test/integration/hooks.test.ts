@@ -662,6 +662,19 @@ describe("hostile values a hook throws or returns are the hook's failure, on bot
     },
     "onRequest returns a Request whose body fails": { phase: "onRequest", hook: failingBody },
     "onRequest returns a Proxy": { phase: "onRequest", hook: () => hostileProxy() as Request },
+    // Our own class checks its status in the constructor; a hook can set it afterwards (review).
+    "onRequest throws an HttpRequestBlockedError whose status was set to 200": {
+      phase: "onRequest",
+      hook: () => {
+        throw Object.assign(new HttpRequestBlockedError("no"), { status: 200 });
+      },
+    },
+    "onRequest throws an HttpRequestBlockedError whose status was set to a string with CR LF": {
+      phase: "onRequest",
+      hook: () => {
+        throw Object.assign(new HttpRequestBlockedError("no"), { status: "200\r\nX-Inj: 1" });
+      },
+    },
     "onResponse returns a Response whose status is a string with CR LF": {
       phase: "onResponse",
       hook: () => withGetter(new Response("x"), "status", () => "200\r\nX-Inj: 1"),
@@ -721,6 +734,7 @@ describe("a hook reads a body under every content coding it was sent with", () =
     "gzip then br on two lines": { lines: ["gzip", "br"], body: br(gz(plain)), decoded: true },
     "gzip, zstd (one it cannot undo)": { lines: ["gzip, zstd"], body: gz(plain), decoded: false },
     "gzip four times (past the stack it undoes)": { lines: ["gzip, gzip, gzip, gzip"], body: gz(gz(gz(gz(plain)))), decoded: false },
+    "constructor (a key every object inherits)": { lines: ["constructor"], body: gz(plain), decoded: false },
   };
   const policies: Record<string, () => HttpHooksOptions> = {
     "tier 3": () => ({
@@ -777,11 +791,25 @@ describe("a hook reads a body under every content coding it was sent with", () =
         },
       },
     });
-    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onResponse: async (response) => void (await response.text()) });
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      onResponse: async (response, request) => {
+        try {
+          await response.text();
+        } catch (error) {
+          // A hook that makes a refusal of it keeps its own answer.
+          if (new URL(request.url).searchParams.has("refuse")) throw new HttpRequestBlockedError("cannot scan this body", 451, "Unavailable");
+          throw error;
+        }
+      },
+    });
     const res = await fetchVia(proxy, `https://api.test:${upstream.port}/broken`);
     expect(res.status).toBe(502);
     expect(res.headers["x-egressgate-error"]).toBe("EG_UPSTREAM");
     expect(res.text).toMatch(/the upstream response body failed while the hook read it/);
+    const refused = await fetchVia(proxy, `https://api.test:${upstream.port}/broken?refuse`);
+    expect(refused.status).toBe(451);
+    expect(refused.text).toMatch(/cannot scan this body/);
     expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
   });
 });
