@@ -107,6 +107,12 @@ const openStream: RequestOptions = withPriority ? { endStream: false, weight, pa
  */
 export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRequest, noBody: boolean, options: H2ExchangeOptions): Promise<H2UpstreamResponse> {
   const { url } = request;
+  // The guest may have left while hooks ran: undici refuses an aborted signal before it connects,
+  // and a stream opened here would send the request (HEADERS, END_STREAM) before any reset.
+  if (options.signal.aborted) {
+    options.done();
+    throw new Error("the guest left before the request was sent");
+  }
   let stream: ClientHttp2Stream;
   try {
     stream = requestStream(session, requestHeaders(request), request.body === null ? endedStream : openStream);

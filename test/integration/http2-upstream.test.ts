@@ -1,7 +1,7 @@
 import { connect as netConnect, createServer as createNetServer, type AddressInfo, type Socket } from "node:net";
 import { createServer as createTlsServer } from "node:tls";
 import { request } from "undici";
-import { describe, expect, it, onTestFinished } from "vitest";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { clientPreface, flag, frame, frameType, indexed, settings } from "../helpers/h2-frames.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
@@ -296,6 +296,50 @@ describe("an upstream connection that ends under the proxy", () => {
     expect(upstream.connections()).toBe(2);
     // And the proxy keeps serving.
     expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+
+  // The h2 path opened the upstream stream after the hooks without looking at the guest: a
+  // request a hook held went to the upstream (HEADERS with END_STREAM) after the guest had left,
+  // and only then was reset (black-box finding). undici refuses an aborted request itself.
+  it.each(["its HTTP/1.1 connection closed", "its HTTP/2 stream reset"] as const)("a guest that left (%s) while a hook held its request: the h2 upstream never sees it", async (how) => {
+    const upstream = await startH2Upstream();
+    let hookHas!: () => void;
+    const inHook = new Promise<void>((resolve) => (hookHas = resolve));
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        onRequest: async (request) => {
+          if (new URL(request.url).pathname !== "/held") return;
+          hookHas();
+          await released;
+        },
+      },
+      { timeouts, metrics: true },
+    );
+    const authority = `api.test:${upstream.port}`;
+    if (how === "its HTTP/1.1 connection closed") {
+      const client = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+      client.write(`GET /held HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+      await inHook;
+      client.socket.destroy();
+      // The proxy has seen the close once the tunnel is gone.
+      await vi.waitFor(async () => expect(await proxy.metrics()).toMatch(/^egressgate_open_tunnels 0$/m), { timeout: 10_000 });
+    } else {
+      const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+      const stream = session.request({ ":method": "GET", ":path": "/held" });
+      stream.on("error", () => undefined);
+      await inHook;
+      stream.close(8);
+      // A PING's answer comes after the proxy has read the RST_STREAM before it.
+      await new Promise<void>((resolve, reject) => session.ping((error) => (error ? reject(error) : resolve())));
+    }
+    release();
+    await vi.waitFor(() => expect(proxy.logs.find((line) => line["msg"] === "request" && String(line["target"]).includes("/held"))?.["status"]).toBe(499), { timeout: 10_000 });
+    expect(upstream.seen.map((headers) => headers[":path"])).not.toContain("/held");
+    expect((await fetchVia(proxy, `https://${authority}/echo`)).status).toBe(200);
+    expect(upstream.seen.map((headers) => headers[":path"])).toEqual(["/echo"]);
   });
 
   // Node's stream.close(code) sends END_STREAM before its RST_STREAM once what was written has
