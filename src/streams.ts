@@ -36,3 +36,34 @@ export function resetH2Stream(stream: ResettableH2Stream, code: number, why: str
   if (stream.writableFinished) stream.close(code);
   else stream.destroy(new Error(why));
 }
+
+/** What {@link onCutEnd} needs of an HTTP/2 stream's readable side. */
+interface EndableH2Stream {
+  readonly closed: boolean;
+  push(chunk: unknown, encoding?: BufferEncoding): boolean;
+}
+
+/**
+ * Runs `cut` instead of the end Node gives an HTTP/2 stream that closed before END_STREAM came.
+ * Node ends the readable side of a stream reset with NO_ERROR or CANCEL (it counts neither as
+ * an error), so a body cut that way looked whole: to a guest behind an h2 upstream that reset
+ * mid-body, and to a hook reading an h2 guest's upload the guest cancelled. END_STREAM's own end
+ * is pushed while the stream is still open (`closed` false); the other one after Node has
+ * marked it closed.
+ */
+export function onCutEnd(stream: EndableH2Stream, cut: () => void): void {
+  let ended = false;
+  const push = stream.push.bind(stream);
+  stream.push = (chunk: unknown, encoding?: BufferEncoding): boolean => {
+    if (chunk === null && !ended) {
+      ended = true;
+      if (stream.closed) {
+        // Not from inside Node's stream-close handling, which goes on using the stream's session
+        // after this push (a destroy here made it throw, uncaught). The end is never pushed.
+        process.nextTick(cut);
+        return false;
+      }
+    }
+    return push(chunk, encoding);
+  };
+}

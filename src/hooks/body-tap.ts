@@ -173,11 +173,15 @@ export class BodyTap {
     if (tooLarge) this.limitHit = true;
     else this.options.onStart?.();
     const raw = Readable.from(this.raw(), { objectMode: false });
+    // Read through an iterator, which stops listening once it has thrown: the error a failed
+    // source gives the reader is emitted after that, and unlistened it ended the process.
+    raw.on("error", () => undefined);
     this.reader = raw;
     // The last coding applied is undone first.
     let decoded: Readable = raw;
     for (const coding of [...(this.options.encodings ?? [])].reverse()) {
       const decoder = decoders[coding]!();
+      decoder.on("error", () => undefined);
       const from = decoded;
       from.once("error", (error) => decoder.destroy(error));
       decoder.once("close", () => from.destroy());

@@ -106,7 +106,12 @@ export function webBody(body: Readable): ReadableStream<Uint8Array> {
 
 /** A web body as a Node stream for undici or the guest. */
 export function nodeBody(body: ReadableStream<Uint8Array>): Readable {
-  return Readable.fromWeb(body as unknown as NodeReadableStream<Uint8Array>);
+  const node = Readable.fromWeb(body as unknown as NodeReadableStream<Uint8Array>);
+  // A body can fail before anyone reads it (a request whose guest left while a hook read a clone
+  // of it: the pipeline never sends it): each consumer listens for itself, and an unlistened
+  // 'error' would end the process.
+  node.on("error", () => undefined);
+  return node;
 }
 
 /**

@@ -16,7 +16,7 @@ import { h2OutboundRequest } from "./h2-request.js";
 import { sendH2Error, sendH2Response } from "./h2-respond.js";
 import { h2Codes, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h2-settings.js";
 import { tunnelOf } from "./tunnel.js";
-import { resetH2Stream } from "../streams.js";
+import { onCutEnd, resetH2Stream } from "../streams.js";
 
 export interface H2GuestDeps {
   readonly log: Logger;
@@ -371,6 +371,11 @@ interface StreamWatch {
  */
 function requestBodyOf(stream: ServerHttp2Stream): Readable {
   const body = new PassThrough();
+  // Its consumers (a hook's read, the upstream upload) come and go, and each listens for itself;
+  // a cut while none is listening must not be an uncaught 'error'.
+  body.on("error", () => undefined);
+  // A reset with CANCEL (or NO_ERROR) mid-upload ends the stream as if whole: cut the body instead.
+  onCutEnd(stream, () => body.destroy(new Error("the guest reset the stream during its upload")));
   stream.pipe(body);
   stream.once("close", () => {
     if (!stream.readableEnded) body.destroy(new Error("the guest reset the stream during its upload"));

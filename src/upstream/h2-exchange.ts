@@ -4,7 +4,7 @@ import type { Readable } from "node:stream";
 import { EgressError } from "../errors.js";
 import { breaksFieldValue, httpToken, type HeaderList } from "../headers.js";
 import { requestStream } from "./h2-request-call.js";
-import { resetH2Stream } from "../streams.js";
+import { onCutEnd, resetH2Stream } from "../streams.js";
 
 /** The request as the upstream layer needs it (the pipeline's OutboundRequest fits). */
 export interface H2UpstreamRequest {
@@ -201,6 +201,10 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
         // sees the end, so the guest's response is cut, not ended cleanly.
         stream.prependOnceListener("end", () => {
           if (stream.destroyed) stream.emit("error", Object.assign(new Error(`upstream ${url.host} closed the HTTP/2 stream (code ${stream.rstCode ?? 0}) before the end of its body`), { code: "UND_ERR_SOCKET" }));
+        });
+        // And the end Node gives a stream the upstream reset with NO_ERROR or CANCEL mid-body.
+        onCutEnd(stream, () => {
+          stream.destroy(Object.assign(new Error(`upstream ${url.host} reset the HTTP/2 stream (code ${stream.rstCode ?? 0}) before the end of its body`), { code: "UND_ERR_SOCKET" }));
         });
       }
       resolve({ status, headers: headerList(head), body: empty ? null : stream, trailers: () => trailers });

@@ -814,3 +814,37 @@ describe("a hook reads a body under every content coding it was sent with", () =
   });
 });
 
+// A body a hook built from its own clone of the upload failed after the pipeline had let it go
+// (the guest left), with nobody listening: an uncaught 'error' that ended the process.
+describe("a guest that leaves mid-upload while a hook reads a clone of the body", () => {
+  it("HTTP/1.1: the read fails, nothing reaches the upstream, and the process goes on", async () => {
+    let hookHas!: () => void;
+    const inHook = new Promise<void>((resolve) => (hookHas = resolve));
+    let outcome!: (text: string) => void;
+    const read = new Promise<string>((resolve) => (outcome = resolve));
+    const { upstream, proxy, base } = await setup({
+      onRequest: async (request) => {
+        if (new URL(request.url).pathname !== "/upload") return;
+        hookHas();
+        await request
+          .clone()
+          .text()
+          .then(
+            (text) => outcome(`read ${text.length} bytes`),
+            () => outcome("failed"),
+          );
+      },
+    });
+    const authority = `api.test:${upstream.port}`;
+    const client = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+    client.write(`POST /upload HTTP/1.1\r\nHost: ${authority}\r\nContent-Length: 100000\r\n\r\n${"u".repeat(40_000)}`);
+    await inHook;
+    client.socket.destroy();
+    expect(await read).toBe("failed");
+    // Long enough for a late, unlistened 'error' to surface before the test ends.
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    expect(upstream.seen.map((seen) => seen.url)).not.toContain("/upload");
+    expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+  });
+});
+

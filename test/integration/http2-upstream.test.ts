@@ -215,6 +215,46 @@ async function burstRelay(port: number): Promise<{ port: number; hold: () => voi
   };
 }
 
+/**
+ * An h2-only upstream that answers each stream with a 200 head and 1000 bytes, then RST_STREAM
+ * with `code` and no END_STREAM: a body cut by the upstream, the way Node's client ends quietly.
+ */
+async function resetMidBody(code: number): Promise<{ port: number }> {
+  const ca = await testCa();
+  const context = (await ca.serverContexts(["api.test"])).get("api.test")!;
+  const server = createTlsServer({ SNICallback: (_name, cb) => cb(null, context), ALPNProtocols: ["h2"] }, (socket) => {
+    socket.on("error", () => undefined);
+    socket.write(settings());
+    let buffered = Buffer.alloc(0);
+    let prefaceSeen = false;
+    socket.on("data", (chunk: Buffer) => {
+      buffered = Buffer.concat([buffered, chunk]);
+      if (!prefaceSeen) {
+        if (buffered.length < clientPreface.length) return;
+        buffered = buffered.subarray(clientPreface.length);
+        prefaceSeen = true;
+      }
+      while (buffered.length >= 9) {
+        const length = buffered.readUIntBE(0, 3);
+        if (buffered.length < 9 + length) return;
+        const type = buffered[3]!;
+        const flags = buffered[4]!;
+        const stream = buffered.readUInt32BE(5) & 0x7fffffff;
+        buffered = buffered.subarray(9 + length);
+        if (type === frameType.settings && (flags & flag.ack) === 0) socket.write(frame(frameType.settings, flag.ack, 0));
+        if (type !== frameType.headers) continue;
+        const rst = Buffer.alloc(4);
+        rst.writeUInt32BE(code);
+        // HPACK static table entry 8 is `:status: 200`.
+        socket.write(Buffer.concat([frame(frameType.headers, flag.endHeaders, stream, indexed(8)), frame(frameType.data, 0, stream, Buffer.alloc(1000, 120)), frame(frameType.rstStream, 0, stream, rst)]));
+      }
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(() => new Promise<void>((resolve) => server.close(() => resolve())));
+  return { port: (server.address() as AddressInfo).port };
+}
+
 async function goAwayFirst(): Promise<{ port: number; connections: () => number }> {
   const ca = await testCa();
   const contexts = await ca.serverContexts(["api.test"]);
@@ -341,6 +381,38 @@ describe("an upstream connection that ends under the proxy", () => {
     expect((await fetchVia(proxy, `https://${authority}/echo`)).status).toBe(200);
     expect(upstream.seen.map((headers) => headers[":path"])).toEqual(["/echo"]);
   });
+
+  // Node's client ends the body of a stream the upstream reset with NO_ERROR or CANCEL as if it
+  // were whole: guests got a clean end (END_STREAM, or the last chunk) and a 200 in the log
+  // (black-box finding).
+  for (const [codeName, code] of [["NO_ERROR", 0], ["CANCEL", 8]] as const) {
+    for (const hook of ["no hook", "a tier-3 pass-through"] as const) {
+      it.each(["HTTP/1.1", "HTTP/2"] as const)(`a body the h2 upstream resets with ${codeName} mid-way (${hook}) never reaches the %s guest as whole`, async (guest) => {
+        const upstream = await resetMidBody(code);
+        const proxy = await startTestProxy(
+          { allowedInternalHosts: ["api.test"], ...(hook === "no hook" ? {} : { onResponse: (response: Response) => new Response(response.body, response) }) },
+          { timeouts },
+        );
+        const url = `https://api.test:${upstream.port}/cut`;
+        let outcome: string;
+        if (guest === "HTTP/1.1") {
+          const res = await request(url, { dispatcher: proxyAgent(proxy) });
+          outcome = await res.body.text().then(
+            (text) => `${res.statusCode} whole (${text.length} bytes)`,
+            () => `${res.statusCode} cut`,
+          );
+        } else {
+          const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+          outcome = await h2Request(session, { ":path": "/cut" }).then(
+            (res) => `${res.status} whole (${res.body.length} bytes)`,
+            () => "cut",
+          );
+        }
+        expect(outcome).not.toMatch(/^200 whole/);
+        expect(proxy.logs.filter((line) => line["msg"] === "request" && line["status"] === 200 && line["error"] === undefined)).toHaveLength(0);
+      });
+    }
+  }
 
   // Node's stream.close(code) sends END_STREAM before its RST_STREAM once what was written has
   // been flushed: an upload the guest abandoned reached the upstream as a whole, shorter body.

@@ -327,6 +327,44 @@ describe("HTTP/2 guests", () => {
     expect((await h2Request(again, { ":path": "/echo" })).status).toBe(200);
   }, 30_000);
 
+  // Node ends an upload the guest reset with CANCEL as if whole: a hook's read of it resolved with
+  // 40,000 of 100,000 announced bytes (black-box finding).
+  it.each(["CANCEL", "INTERNAL_ERROR"] as const)("an upload the guest resets with %s midway fails under the hook's read, never reads as whole", async (code) => {
+    const upstream = await startUpstream();
+    let hookHas!: () => void;
+    const inHook = new Promise<void>((resolve) => (hookHas = resolve));
+    let outcome!: (text: string) => void;
+    const read = new Promise<string>((resolve) => (outcome = resolve));
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      onRequest: async (request) => {
+        if (new URL(request.url).pathname !== "/upload") return;
+        hookHas();
+        await request
+          .clone()
+          .text()
+          .then(
+            (text) => outcome(`read ${text.length} bytes`),
+            () => outcome("failed"),
+          );
+      },
+    });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const abort = new AbortController();
+    const stream = session.request({ ":method": "POST", ":path": "/upload", "content-length": "100000" }, { endStream: false, signal: abort.signal });
+    stream.on("error", () => undefined);
+    stream.write(Buffer.alloc(40_000, 117));
+    await inHook;
+    // A PING's answer comes after the proxy has read the 40,000 bytes sent before it.
+    await new Promise<void>((resolve, reject) => session.ping((error) => (error ? reject(error) : resolve())));
+    // RST_STREAM(CANCEL) or RST_STREAM(INTERNAL_ERROR), no END_STREAM.
+    if (code === "CANCEL") abort.abort();
+    else stream.destroy(new Error("the guest gave up"));
+    expect(await read).toBe("failed");
+    expect(upstream.seen.map((seen) => seen.url)).not.toContain("/upload");
+    expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+  });
+
   it("close() sends GOAWAY: the stream in flight finishes, and the proxy closes after it", async () => {
     const held = heldRoute();
     const upstream = await startUpstream({ routes: { "/held": held.route } });
