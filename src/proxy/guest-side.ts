@@ -17,7 +17,7 @@ import type { Guest, GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, type LaneRequest } from "./lanes.js";
 import type { ResolvedProxyOptions } from "./options.js";
-import { errorBody, isLingering, sendError, sendResponse, writeRawError } from "./respond.js";
+import { errorBody, GuestLeftFirst, isLingering, sendError, sendResponse, writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
 import { serveUpgrade } from "./upgrade.js";
 import { H2Guests } from "./h2-guest.js";
@@ -297,6 +297,10 @@ export class GuestSide {
       const claimed = trace !== undefined && claimUpstreamBody(trace, res.destroyed ? null : response.body);
       down = sendResponse(res, response, !req.complete, (error) => {
         response.cleanup?.();
+        if (error instanceof GuestLeftFirst) {
+          this.deps.decide({ id, guest: guestName, method: req.method ?? "", target, status: 499, reason: "guest closed the connection", started }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: 0 } : undefined);
+          return;
+        }
         this.deps.decide({
           id,
           guest: guestName,

@@ -14,6 +14,7 @@ import { loggableTarget, type TunnelTarget } from "./guest-request.js";
 import type { GuestRegistry } from "./guests.js";
 import { h2OutboundRequest } from "./h2-request.js";
 import { sendH2Error, sendH2Response } from "./h2-respond.js";
+import { GuestLeftFirst } from "./respond.js";
 import { h2Codes, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h2-settings.js";
 import { tunnelOf } from "./tunnel.js";
 import { onCutEnd, resetH2Stream } from "../streams.js";
@@ -291,6 +292,11 @@ export class H2Guests {
           response.cleanup?.();
           if (error !== undefined) resetByUs();
           this.finishRequestBody(stream, resetByUs);
+          if (error instanceof GuestLeftFirst) {
+            decide({ id, guest: guestName, method, target, status: 499, reason: "guest reset the stream", http: "2", started }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: 0, ...(trace !== undefined ? { trace } : {}) } : undefined);
+            resolve();
+            return;
+          }
           decide({
             id,
             guest: guestName,

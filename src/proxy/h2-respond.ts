@@ -3,7 +3,7 @@ import type { EgressError } from "../errors.js";
 import type { HeaderList } from "../headers.js";
 import type { PipelineResponse } from "../pipeline/exchange.js";
 import { discardBody, resetH2Stream } from "../streams.js";
-import { errorBody } from "./respond.js";
+import { errorBody, GuestLeftFirst } from "./respond.js";
 import { h2Codes, h2ConnectionHeaders } from "./h2-settings.js";
 import { withFields } from "../objects.js";
 
@@ -46,7 +46,7 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
   const body = response.body;
   if (stream.destroyed || stream.closed) {
     discardBody(body);
-    onDone(new Error("guest reset the stream before the response started"));
+    onDone(new GuestLeftFirst("guest reset the stream before the response started"));
     return;
   }
   const headers = h2HeaderObject(response.headers);

@@ -91,6 +91,9 @@ export function sendError(res: ServerResponse, error: EgressError, closeConnecti
  * body's, see claimUpstreamBody) the exchange's upstream time ends when the body closes, from the
  * close listener this function puts on the body anyway.
  */
+/** The guest left before its response began: the log says 499, as for a guest gone sooner. */
+export class GuestLeftFirst extends Error {}
+
 export function sendResponse(
   res: ServerResponse,
   response: PipelineResponse,
@@ -103,7 +106,7 @@ export function sendResponse(
   if (res.destroyed) {
     // The guest left while the upstream was answering: `close` has already fired.
     discardBody(body);
-    onDone(new Error("guest closed the connection before the response started"));
+    onDone(new GuestLeftFirst("guest closed the connection before the response started"));
     return undefined;
   }
   // A guest body that was only partly read (a hook answered, or read a clone and rewrote) would

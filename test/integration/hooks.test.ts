@@ -2,7 +2,7 @@ import { connect, type Socket } from "node:net";
 import type { TLSSocket } from "node:tls";
 import { brotliCompressSync, gzipSync } from "node:zlib";
 import { request } from "undici";
-import { describe, expect, it, onTestFinished } from "vitest";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { HttpRequestBlockedError, type HttpHooksOptions, type ProxyOptions } from "../../src/index.js";
 import { curlVia } from "../helpers/curl.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
@@ -845,6 +845,46 @@ describe("a guest that leaves mid-upload while a hook reads a clone of the body"
     await new Promise((resolve) => setTimeout(resolve, 200));
     expect(upstream.seen.map((seen) => seen.url)).not.toContain("/upload");
     expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+  });
+});
+
+// Logged as a 200 (with an error) though the guest had gone before its response began (black-box finding).
+describe("a guest that leaves while onResponse holds its response", () => {
+  it.each(["HTTP/1.1", "HTTP/2"] as const)("%s: the log says 499", async (guest) => {
+    let hookHas!: () => void;
+    const inHook = new Promise<void>((resolve) => (hookHas = resolve));
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        onResponse: async (_response, request) => {
+          if (new URL(request.url).pathname !== "/echo") return undefined;
+          hookHas();
+          await released;
+          return new Response("replaced");
+        },
+      },
+      { metrics: true },
+    );
+    const authority = `api.test:${upstream.port}`;
+    if (guest === "HTTP/1.1") {
+      const client = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+      client.write(`GET /echo HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+      await inHook;
+      client.socket.destroy();
+      await vi.waitFor(async () => expect(await proxy.metrics()).toMatch(/^egressgate_open_tunnels 0$/m), { timeout: 10_000 });
+    } else {
+      const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+      const stream = session.request({ ":method": "GET", ":path": "/echo" });
+      stream.on("error", () => undefined);
+      await inHook;
+      stream.close(8);
+      await new Promise<void>((resolve, reject) => session.ping((error) => (error ? reject(error) : resolve())));
+    }
+    release();
+    await vi.waitFor(() => expect(proxy.logs.find((line) => line["msg"] === "request" && String(line["target"]).includes("/echo"))?.["status"]).toBe(499), { timeout: 10_000 });
   });
 });
 
