@@ -215,14 +215,18 @@ const plus: Decoder = {
  * characters) and as a URL carries them (`%0D%0A`, `%20`): runs of one or two whitespace
  * characters between encoding characters are taken out, so the run decodes whole. Only in a
  * decoded view: a URL holds whitespace only percent-encoded, and ordinary text (a log line) is
- * full of spaces. One or two, so a value character still takes at most three characters here.
+ * full of spaces. One or two, so a value character still takes at most three characters here,
+ * and only after a run of 16 (MIME and PEM lines are 76 and 64): joining ordinary words made
+ * long runs that base64 then decoded at every alignment (5 to 6 times the budget of a line with
+ * one `%XX`, and some lines no longer scanned within it), and matched across words.
  */
 const wrapped: Decoder = {
   name: "wrapped",
   decode(view, _context, budget) {
-    if (view.via.length === 0) return [];
+    // A `plus` view's spaces were `+`, which base64 reads itself.
+    if (view.via.length === 0 || view.via.at(-1) === "plus") return [];
     const { text } = view;
-    const gaps = [...text.matchAll(/(?<=[A-Za-z0-9+/_=-])[ \t\r\n]{1,2}(?=[A-Za-z0-9+/_=-])/g)];
+    const gaps = [...text.matchAll(/(?<=[A-Za-z0-9+/_=-]{16})[ \t\r\n]{1,2}(?=[A-Za-z0-9+/_=-]{4})/g)];
     if (gaps.length === 0 || !budget.take(text.length)) return [];
     const out = new ViewBuilder(view);
     let copied = 0;

@@ -23,11 +23,11 @@ const forms: Record<string, (value: string) => string> = {
   // Line-wrapped base64 (a black-box run's echo: MIME and openssl wrap long tokens).
   "base64 with a percent-encoded space inside": (v) => {
     const e = Buffer.from(v).toString("base64");
-    return `${e.slice(0, 12)}%20${e.slice(12)}`;
+    return `${e.slice(0, 20)}%20${e.slice(20)}`;
   },
   "base64 wrapped with a percent-encoded line break": (v) => {
     const e = Buffer.from(`id:${v}`).toString("base64");
-    return `${e.slice(0, 8)}%0D%0A${e.slice(8)}`;
+    return `${e.slice(0, 16)}%0D%0A${e.slice(16)}`;
   },
   "lower-case hex": (v) => Buffer.from(v).toString("hex"),
   "upper-case hex": (v) => Buffer.from(v).toString("hex").toUpperCase(),
