@@ -97,7 +97,7 @@ function build(x: Exchange, active: SecretStore | undefined, secrets: SecretStor
   const postData = x.requestBody === null || x.requestBody.size === 0 ? undefined : postDataOf(x.requestBody, requestType, secrets);
 
   const contentType = getHeader(x.headers, "content-type") ?? "";
-  const encoding = (getHeader(x.headers, "content-encoding") ?? "").trim().toLowerCase();
+  const codings = contentCodingList(x.headers);
   const responseHeaders: Header[] = [];
   for (let i = 0; i < x.headers.length; i += 2) {
     const name = x.headers[i]!;
@@ -107,7 +107,7 @@ function build(x: Exchange, active: SecretStore | undefined, secrets: SecretStor
     else if (tokenizedResponseHeaders.has(lower)) responseHeaders.push({ name, value: tokenize(value, `response header ${name}`) });
     else responseHeaders.push({ name, value: active === undefined ? value : active.redact(value) });
   }
-  const content = contentOf(x.responseBody, contentType, encoding, active, x.sidecarLeak);
+  const content = contentOf(x.responseBody, contentType, codings, active, x.sidecarLeak);
   const location = getHeader(x.headers, "location");
   const { send, wait, receive } = x.timings;
   return {
@@ -185,24 +185,46 @@ function postDataOf(body: CapturedBody, mimeType: string, secrets: SecretStore |
   return { mimeType, text: bytes.toString("base64"), _encoding: "base64" };
 }
 
-function contentOf(body: CapturedBody | null, mimeType: string, encoding: string, secrets: SecretStore | undefined, sidecarLeak: string | undefined): RecordedContent {
+/**
+ * A response's content codings in the order applied, over every Content-Encoding line (RFC 9110
+ * §8.4), `identity` left out. Only the first line's was read: a body gzipped twice was stored
+ * decoded once, and one in `gzip, br` stored as it came and searched for secrets compressed.
+ */
+export function contentCodingList(headers: readonly string[]): readonly string[] {
+  const codings: string[] = [];
+  for (let i = 0; i < headers.length; i += 2) {
+    if (headers[i]!.toLowerCase() !== "content-encoding") continue;
+    for (const part of headers[i + 1]!.split(",")) {
+      const coding = part.trim().toLowerCase();
+      if (coding !== "" && coding !== "identity") codings.push(coding);
+    }
+  }
+  return codings;
+}
+
+function contentOf(body: CapturedBody | null, mimeType: string, codings: readonly string[], secrets: SecretStore | undefined, sidecarLeak: string | undefined): RecordedContent {
   if (body === null || body.size === 0) return { size: 0, mimeType, text: "" };
+  const encoding = codings.join(", ");
   if (body.file !== undefined) {
     if (sidecarLeak !== undefined) throw new LeakFound({ secret: sidecarLeak, where: "the response body" });
-    return { size: body.size, mimeType, _file: body.file, ...(encoding !== "" && encoding !== "identity" ? { _encoded: encoding } : {}) };
+    return { size: body.size, mimeType, _file: body.file, ...(encoding !== "" ? { _encoded: encoding } : {}) };
   }
   let bytes = body.bytes!;
   let encoded: string | undefined;
-  if (encoding !== "" && encoding !== "identity") {
-    const decode = decoders[encoding];
-    try {
-      if (decode === undefined) throw new Error(`no decoder for ${encoding}`);
+  try {
+    // The last coding applied is undone first.
+    for (const coding of [...codings].reverse()) {
+      const decode = Object.hasOwn(decoders, coding) ? decoders[coding] : undefined;
+      if (decode === undefined) throw new Error(`no decoder for ${coding}`);
       bytes = decode(bytes);
-    } catch {
-      // Stored as it came; replayed as it came.
-      encoded = encoding;
     }
+  } catch {
+    // Stored as it came; replayed as it came.
+    bytes = body.bytes!;
+    encoded = encoding;
   }
+  // Bytes in a coding the proxy cannot undo cannot be searched for a secret's value: not written.
+  if (encoded !== undefined && secrets !== undefined) throw new LeakFound({ secret: "(a body in a coding the proxy cannot undo, not searchable)", where: "the response body" });
   const compression = encoded === undefined ? { compression: bytes.length - body.size } : {};
   if (encoded === undefined && isText(bytes, mimeType)) {
     let text = bytes.toString("utf8");

@@ -3,7 +3,7 @@ import type { Logger } from "../log.js";
 import type { Executor, ExecutorResponse, OutboundRequest, SendInfo } from "../pipeline/exchange.js";
 import type { SecretStore } from "../policy/secrets.js";
 import { BodyCapture, teeBody, type CapturedBody } from "./body-capture.js";
-import { buildEntry, type Exchange } from "./entry.js";
+import { buildEntry, contentCodingList, type Exchange } from "./entry.js";
 import { sidecarDir } from "./har.js";
 import { LiteralScanner } from "./leak-scan.js";
 import type { Recording } from "./recording.js";
@@ -93,7 +93,7 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
         deps.recording.track(finish(null, undefined).catch((error: unknown) => skipped(deps, seq, error)));
         return response;
       }
-      const encoding = (getHeader(response.headers, "content-encoding") ?? "").trim();
+      const encoding = contentCodingList(response.headers).join(", ");
       const framed = getHeader(response.headers, "content-length") !== undefined;
       // A sidecar body is searched as it streams; an encoded one is searched after decoding, whole, when small.
       const responseScanner = encoding === "" || encoding === "identity" ? scanner() : undefined;
@@ -107,7 +107,7 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
             return;
           }
           const body = await capture.finish();
-          if (body.file !== undefined && encoding !== "" && encoding !== "identity" && store !== undefined && store.valuesToFind().length > 0) {
+          if (body.file !== undefined && encoding !== "" && store !== undefined && store.valuesToFind().length > 0) {
             // Still compressed on disk, so it cannot be searched: not written (fail closed).
             await finish(body, { found: "(compressed sidecar body, not searchable)" } as LiteralScanner);
             return;

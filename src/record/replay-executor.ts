@@ -112,7 +112,8 @@ async function respond(entry: RecordedEntry, request: OutboundRequest, deps: Rep
   const noBody = methodsWithoutBody.has(request.method) || response.status === 204 || response.status === 304 || (response.status >= 100 && response.status < 200);
   if (noBody) {
     const recordedLength = (response.headers ?? []).find((h) => h.name.toLowerCase() === "content-length");
-    if (recordedLength !== undefined) headers.push("content-length", recordedLength.value);
+    // A 204 has no length (RFC 9110 §8.6); a HAR from before, or from elsewhere, may carry one.
+    if (recordedLength !== undefined && response.status !== 204) headers.push("content-length", recordedLength.value);
     return { status: response.status, headers, body: null, location };
   }
   let body: Readable;
