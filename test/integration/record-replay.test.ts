@@ -4,6 +4,7 @@ import { brotliCompressSync, gzipSync } from "node:zlib";
 import { describe, expect, it } from "vitest";
 import type { RecordedHar } from "../../src/record/har.js";
 import { checkHarFile, formatHarReport } from "../../src/record/har-check.js";
+import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { startUpstream, type Route } from "../helpers/upstream.js";
 
@@ -348,6 +349,21 @@ describe("recorded network", () => {
       expect(res.status).toBe(502);
       expect(res.headers["x-egressgate-error"]).toBe("EG_REPLAY_MISS");
     }
+  });
+
+  // A HAR from before the proxy dropped a 204's Content-Length (or from elsewhere) may carry one:
+  // an HTTP/2 guest's nghttp2 resets such a response as malformed (review).
+  it("a recorded 204 with Content-Length is replayed without it, to an HTTP/2 guest too", async () => {
+    const dir = tempDir();
+    const file = join(dir, "nothing.har");
+    const e = entry({ status: 204, statusText: "No Content", headers: [{ name: "content-length", value: "5" }, { name: "x-kept", value: "yes" }], content: { size: 0, mimeType: "", text: "" } });
+    writeFileSync(file, JSON.stringify({ log: { version: "1.2", creator: { name: "test", version: "1" }, pages: [], entries: [e] } }));
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: file } } });
+    const session = await h2Session(proxy.port, "api.test:443", proxy.caCertPem);
+    const res = await h2Request(session, { ":path": "/x" });
+    expect(res.status).toBe(204);
+    expect(res.headers["content-length"]).toBeUndefined();
+    expect(res.headers["x-kept"]).toBe("yes");
   });
 
   it("a recording and a replay together are refused, and a replay file that is not HAR fails the start", async () => {
