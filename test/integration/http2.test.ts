@@ -320,6 +320,9 @@ describe("HTTP/2 guests", () => {
     if (how === "its FIN") plain.end();
     else plain.resetAndDestroy();
     await closedByProxy;
+    // The proxy has reset the abandoned stream (a reset of the guest's own socket closes it at once,
+    // so only the proxy's log says the proxy has seen it).
+    await vi.waitFor(() => expect(proxy.logs.some((line) => line["msg"] === "guest h2 stream error")).toBe(true), { timeout: 10_000 });
     release();
     await vi.waitFor(() => expect(proxy.logs.find((line) => line["msg"] === "request" && String(line["target"]).includes("/order"))?.["status"]).toBe(499), { timeout: 10_000 });
     expect(upstream.seen.map((seen) => seen.url)).not.toContain("/order");
