@@ -76,3 +76,20 @@ export function withoutHeaders(list: readonly string[], names: ReadonlySet<strin
   }
   return out;
 }
+
+/**
+ * A response's content codings in the order applied, over every Content-Encoding line (RFC 9110
+ * §8.4), `identity` left out. Reading only the first line's undid a body gzipped twice once, and
+ * took `gzip` then `br` for gzip alone.
+ */
+export function contentCodingList(headers: readonly string[]): readonly string[] {
+  const codings: string[] = [];
+  for (let i = 0; i < headers.length; i += 2) {
+    if (headers[i]!.toLowerCase() !== "content-encoding") continue;
+    for (const part of headers[i + 1]!.split(",")) {
+      const coding = part.trim().toLowerCase();
+      if (coding !== "" && coding !== "identity") codings.push(coding);
+    }
+  }
+  return codings;
+}

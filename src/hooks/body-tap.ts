@@ -1,6 +1,7 @@
 import { Readable, type Transform } from "node:stream";
 import { ReadableStream } from "node:stream/web";
 import { createBrotliDecompress, createGunzip, createInflate } from "node:zlib";
+import { contentCodingList } from "../headers.js";
 
 export interface BodyTapOptions {
   /** Bytes a hook may read before the stream errors (counted before decoding). */
@@ -64,14 +65,7 @@ const maxCodings = 3;
  * hook still-compressed bytes as the plain body, with the header that said so removed.
  */
 export function contentCodings(headers: readonly string[]): readonly string[] | undefined {
-  const codings: string[] = [];
-  for (let i = 0; i < headers.length; i += 2) {
-    if (headers[i]!.toLowerCase() !== "content-encoding") continue;
-    for (const part of headers[i + 1]!.split(",")) {
-      const coding = part.trim().toLowerCase();
-      if (coding !== "" && coding !== "identity") codings.push(coding);
-    }
-  }
+  const codings = contentCodingList(headers);
   if (codings.length === 0 || codings.length > maxCodings || !codings.every((coding) => Object.hasOwn(decoders, coding))) return undefined;
   return codings;
 }

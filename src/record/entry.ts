@@ -1,6 +1,6 @@
 import { brotliDecompressSync, gunzipSync, inflateSync } from "node:zlib";
 import type { Header } from "har-format";
-import { getHeader } from "../headers.js";
+import { contentCodingList, getHeader } from "../headers.js";
 import type { OutboundRequest } from "../pipeline/exchange.js";
 import type { SecretStore } from "../policy/secrets.js";
 import { UnscannableError } from "../policy/secret-scan.js";
@@ -183,23 +183,6 @@ function postDataOf(body: CapturedBody, mimeType: string, secrets: SecretStore |
     return { mimeType, text };
   }
   return { mimeType, text: bytes.toString("base64"), _encoding: "base64" };
-}
-
-/**
- * A response's content codings in the order applied, over every Content-Encoding line (RFC 9110
- * §8.4), `identity` left out. Only the first line's was read: a body gzipped twice was stored
- * decoded once, and one in `gzip, br` stored as it came and searched for secrets compressed.
- */
-export function contentCodingList(headers: readonly string[]): readonly string[] {
-  const codings: string[] = [];
-  for (let i = 0; i < headers.length; i += 2) {
-    if (headers[i]!.toLowerCase() !== "content-encoding") continue;
-    for (const part of headers[i + 1]!.split(",")) {
-      const coding = part.trim().toLowerCase();
-      if (coding !== "" && coding !== "identity") codings.push(coding);
-    }
-  }
-  return codings;
 }
 
 function contentOf(body: CapturedBody | null, mimeType: string, codings: readonly string[], secrets: SecretStore | undefined, sidecarLeak: string | undefined): RecordedContent {

@@ -1,9 +1,9 @@
-import { getHeader } from "../headers.js";
+import { contentCodingList, getHeader } from "../headers.js";
 import type { Logger } from "../log.js";
 import type { Executor, ExecutorResponse, OutboundRequest, SendInfo } from "../pipeline/exchange.js";
 import type { SecretStore } from "../policy/secrets.js";
 import { BodyCapture, teeBody, type CapturedBody } from "./body-capture.js";
-import { buildEntry, contentCodingList, type Exchange } from "./entry.js";
+import { buildEntry, type Exchange } from "./entry.js";
 import { sidecarDir } from "./har.js";
 import { LiteralScanner } from "./leak-scan.js";
 import type { Recording } from "./recording.js";

@@ -1,5 +1,5 @@
 import { connect as netConnect, createServer as createNetServer, type AddressInfo, type Socket } from "node:net";
-import { createServer as createTlsServer } from "node:tls";
+import { createServer as createTlsServer, type TLSSocket } from "node:tls";
 import { request } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
@@ -216,50 +216,13 @@ async function burstRelay(port: number): Promise<{ port: number; hold: () => voi
 }
 
 /**
- * An h2-only upstream that answers each stream with a 200 head and 1000 bytes, then RST_STREAM
- * with `code` and no END_STREAM: a body cut by the upstream, the way Node's client ends quietly.
+ * An h2-only upstream written frame by frame: it answers SETTINGS, and hands each HEADERS frame's
+ * stream id (and its connection's number, from 1) to `onHeaders`, which writes the answer.
  */
-async function resetMidBody(code: number): Promise<{ port: number }> {
+async function rawH2Upstream(onHeaders: (socket: TLSSocket, stream: number, connection: number) => void): Promise<{ port: number; connections: () => number }> {
   const ca = await testCa();
   const context = (await ca.serverContexts(["api.test"])).get("api.test")!;
-  const server = createTlsServer({ SNICallback: (_name, cb) => cb(null, context), ALPNProtocols: ["h2"] }, (socket) => {
-    socket.on("error", () => undefined);
-    socket.write(settings());
-    let buffered = Buffer.alloc(0);
-    let prefaceSeen = false;
-    socket.on("data", (chunk: Buffer) => {
-      buffered = Buffer.concat([buffered, chunk]);
-      if (!prefaceSeen) {
-        if (buffered.length < clientPreface.length) return;
-        buffered = buffered.subarray(clientPreface.length);
-        prefaceSeen = true;
-      }
-      while (buffered.length >= 9) {
-        const length = buffered.readUIntBE(0, 3);
-        if (buffered.length < 9 + length) return;
-        const type = buffered[3]!;
-        const flags = buffered[4]!;
-        const stream = buffered.readUInt32BE(5) & 0x7fffffff;
-        buffered = buffered.subarray(9 + length);
-        if (type === frameType.settings && (flags & flag.ack) === 0) socket.write(frame(frameType.settings, flag.ack, 0));
-        if (type !== frameType.headers) continue;
-        const rst = Buffer.alloc(4);
-        rst.writeUInt32BE(code);
-        // HPACK static table entry 8 is `:status: 200`.
-        socket.write(Buffer.concat([frame(frameType.headers, flag.endHeaders, stream, indexed(8)), frame(frameType.data, 0, stream, Buffer.alloc(1000, 120)), frame(frameType.rstStream, 0, stream, rst)]));
-      }
-    });
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  onTestFinished(() => new Promise<void>((resolve) => server.close(() => resolve())));
-  return { port: (server.address() as AddressInfo).port };
-}
-
-async function goAwayFirst(): Promise<{ port: number; connections: () => number }> {
-  const ca = await testCa();
-  const contexts = await ca.serverContexts(["api.test"]);
   let connections = 0;
-  const context = contexts.get("api.test")!;
   const server = createTlsServer({ SNICallback: (_name, cb) => cb(null, context), ALPNProtocols: ["h2"] }, (socket) => {
     const index = ++connections;
     socket.on("error", () => undefined);
@@ -273,7 +236,7 @@ async function goAwayFirst(): Promise<{ port: number; connections: () => number 
         buffered = buffered.subarray(clientPreface.length);
         prefaceSeen = true;
       }
-      while (buffered.length >= 9) {
+      while (buffered.length >= 9 && !socket.writableEnded) {
         const length = buffered.readUIntBE(0, 3);
         if (buffered.length < 9 + length) return;
         const type = buffered[3]!;
@@ -281,23 +244,42 @@ async function goAwayFirst(): Promise<{ port: number; connections: () => number 
         const stream = buffered.readUInt32BE(5) & 0x7fffffff;
         buffered = buffered.subarray(9 + length);
         if (type === frameType.settings && (flags & flag.ack) === 0) socket.write(frame(frameType.settings, flag.ack, 0));
-        if (type !== frameType.headers) continue;
-        if (index === 1) {
-          // Last stream id 0, INTERNAL_ERROR: with NO_ERROR nghttp2 itself would close the stream
-          // REFUSED_STREAM; with an error code only the last stream id says it was not processed.
-          const payload = Buffer.alloc(8);
-          payload.writeUInt32BE(0x2, 4);
-          socket.end(frame(frameType.goaway, 0, 0, payload));
-          return;
-        }
-        // HPACK static table entry 8 is `:status: 200`.
-        socket.write(frame(frameType.headers, flag.endStream | flag.endHeaders, stream, indexed(8)));
+        if (type === frameType.headers) onHeaders(socket, stream, index);
       }
     });
   });
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
   onTestFinished(() => new Promise<void>((resolve) => server.close(() => resolve())));
   return { port: (server.address() as AddressInfo).port, connections: () => connections };
+}
+
+/**
+ * Answers each stream with a 200 head and 1000 bytes, then RST_STREAM with `code` and no
+ * END_STREAM: a body cut by the upstream, the way Node's client ends quietly.
+ */
+function resetMidBody(code: number): Promise<{ port: number }> {
+  return rawH2Upstream((socket, stream) => {
+    const rst = Buffer.alloc(4);
+    rst.writeUInt32BE(code);
+    // HPACK static table entry 8 is `:status: 200`.
+    socket.write(Buffer.concat([frame(frameType.headers, flag.endHeaders, stream, indexed(8)), frame(frameType.data, 0, stream, Buffer.alloc(1000, 120)), frame(frameType.rstStream, 0, stream, rst)]));
+  });
+}
+
+/** The first connection gets GOAWAY before any stream is processed; later ones a 200 per stream. */
+function goAwayFirst(): Promise<{ port: number; connections: () => number }> {
+  return rawH2Upstream((socket, stream, connection) => {
+    if (connection === 1) {
+      // Last stream id 0, INTERNAL_ERROR: with NO_ERROR nghttp2 itself would close the stream
+      // REFUSED_STREAM; with an error code only the last stream id says it was not processed.
+      const payload = Buffer.alloc(8);
+      payload.writeUInt32BE(0x2, 4);
+      socket.end(frame(frameType.goaway, 0, 0, payload));
+      return;
+    }
+    // HPACK static table entry 8 is `:status: 200`.
+    socket.write(frame(frameType.headers, flag.endStream | flag.endHeaders, stream, indexed(8)));
+  });
 }
 
 describe("an upstream connection that ends under the proxy", () => {
