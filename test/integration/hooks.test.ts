@@ -3,6 +3,7 @@ import type { TLSSocket } from "node:tls";
 import { brotliCompressSync, gzipSync } from "node:zlib";
 import { request } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
+import { latch } from "../helpers/latch.js";
 import { HttpRequestBlockedError, type HttpHooksOptions, type ProxyOptions } from "../../src/index.js";
 import { curlVia } from "../helpers/curl.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
@@ -818,10 +819,8 @@ describe("a hook reads a body under every content coding it was sent with", () =
 // (the guest left), with nobody listening: an uncaught 'error' that ended the process.
 describe("a guest that leaves mid-upload while a hook reads a clone of the body", () => {
   it("HTTP/1.1: the read fails, nothing reaches the upstream, and the process goes on", async () => {
-    let hookHas!: () => void;
-    const inHook = new Promise<void>((resolve) => (hookHas = resolve));
-    let outcome!: (text: string) => void;
-    const read = new Promise<string>((resolve) => (outcome = resolve));
+    const [inHook, hookHas] = latch();
+    const [read, outcome] = latch<string>();
     const { upstream, proxy, base } = await setup({
       onRequest: async (request) => {
         if (new URL(request.url).pathname !== "/upload") return;
@@ -851,10 +850,8 @@ describe("a guest that leaves mid-upload while a hook reads a clone of the body"
 // Logged as a 200 (with an error) though the guest had gone before its response began (black-box finding).
 describe("a guest that leaves while onResponse holds its response", () => {
   it.each(["HTTP/1.1", "HTTP/2"] as const)("%s: the log says 499", async (guest) => {
-    let hookHas!: () => void;
-    const inHook = new Promise<void>((resolve) => (hookHas = resolve));
-    let release!: () => void;
-    const released = new Promise<void>((resolve) => (release = resolve));
+    const [inHook, hookHas] = latch();
+    const [released, release] = latch();
     const upstream = await startUpstream();
     const proxy = await startTestProxy(
       {

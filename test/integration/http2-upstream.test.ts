@@ -2,6 +2,7 @@ import { connect as netConnect, createServer as createNetServer, type AddressInf
 import { createServer as createTlsServer, type TLSSocket } from "node:tls";
 import { request } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
+import { latch } from "../helpers/latch.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { clientPreface, flag, frame, frameType, indexed, settings } from "../helpers/h2-frames.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
@@ -287,8 +288,7 @@ describe("an upstream connection that ends under the proxy", () => {
   const timeouts = { upstreamHeadersMs: 20_000, upstreamBodyMs: 20_000 };
 
   it("cut while a request waits for its head (no GOAWAY): 502 at once, and the origin is served on a new connection", async () => {
-    let waiting!: () => void;
-    const arrived = new Promise<void>((resolve) => (waiting = resolve));
+    const [arrived, waiting] = latch();
     const upstream = await startH2Upstream({ "/wait": () => waiting() });
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
     const started = performance.now();
@@ -325,10 +325,8 @@ describe("an upstream connection that ends under the proxy", () => {
   // and only then was reset (black-box finding). undici refuses an aborted request itself.
   it.each(["its HTTP/1.1 connection closed", "its HTTP/2 stream reset"] as const)("a guest that left (%s) while a hook held its request: the h2 upstream never sees it", async (how) => {
     const upstream = await startH2Upstream();
-    let hookHas!: () => void;
-    const inHook = new Promise<void>((resolve) => (hookHas = resolve));
-    let release!: () => void;
-    const released = new Promise<void>((resolve) => (release = resolve));
+    const [inHook, hookHas] = latch();
+    const [released, release] = latch();
     const proxy = await startTestProxy(
       {
         allowedInternalHosts: ["api.test"],
@@ -399,8 +397,7 @@ describe("an upstream connection that ends under the proxy", () => {
   // Node's stream.close(code) sends END_STREAM before its RST_STREAM once what was written has
   // been flushed: an upload the guest abandoned reached the upstream as a whole, shorter body.
   it.each(["h1 connection closed", "h2 stream reset with CANCEL", "h2 stream reset with INTERNAL_ERROR"] as const)("an upload abandoned midway (%s) is reset at the h2 upstream, never ended as a whole body", async (guest) => {
-    let headArrived!: () => void;
-    const arrived = new Promise<void>((resolve) => (headArrived = resolve));
+    const [arrived, headArrived] = latch();
     let routed = 0;
     const upstream = await startH2Upstream({ "/upload": () => (routed += 1) });
     const upstreamSaw = new Promise<{ bytes: number; ended: boolean }>((resolve) => {
@@ -442,8 +439,7 @@ describe("an upstream connection that ends under the proxy", () => {
   });
 
   it.each(["h1", "h2"] as const)("cut mid-body: the %s guest's response is cut, never ended as if whole", async (guest) => {
-    let started!: () => void;
-    const writing = new Promise<void>((resolve) => (started = resolve));
+    const [writing, started] = latch();
     const upstream = await startH2Upstream({
       "/partial": (stream) => {
         stream.respond({ ":status": 200, "content-type": "text/plain" });

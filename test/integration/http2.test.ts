@@ -2,6 +2,7 @@ import { createHash } from "node:crypto";
 import { connect as h2Connect } from "node:http2";
 import { connect as tlsConnect } from "node:tls";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
+import { latch } from "../helpers/latch.js";
 import { curlVia } from "../helpers/curl.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { h2Request, h2Session, openH2Tls } from "../helpers/h2-client.js";
@@ -286,10 +287,8 @@ describe("HTTP/2 guests", () => {
   // request held by a hook went upstream once the hook returned, for a guest long gone.
   it.each(["its FIN", "a reset of its TCP connection"] as const)("a guest that leaves (%s) while a hook holds its request: never sent upstream, logged 499", async (how) => {
     const upstream = await startUpstream();
-    let hookHas!: () => void;
-    const inHook = new Promise<void>((resolve) => (hookHas = resolve));
-    let release!: () => void;
-    const released = new Promise<void>((resolve) => (release = resolve));
+    const [inHook, hookHas] = latch();
+    const [released, release] = latch();
     const proxy = await startTestProxy(
       {
         allowedInternalHosts: ["api.test"],
@@ -334,10 +333,8 @@ describe("HTTP/2 guests", () => {
   // 40,000 of 100,000 announced bytes (black-box finding).
   it.each(["CANCEL", "INTERNAL_ERROR"] as const)("an upload the guest resets with %s midway fails under the hook's read, never reads as whole", async (code) => {
     const upstream = await startUpstream();
-    let hookHas!: () => void;
-    const inHook = new Promise<void>((resolve) => (hookHas = resolve));
-    let outcome!: (text: string) => void;
-    const read = new Promise<string>((resolve) => (outcome = resolve));
+    const [inHook, hookHas] = latch();
+    const [read, outcome] = latch<string>();
     const proxy = await startTestProxy({
       allowedInternalHosts: ["api.test"],
       onRequest: async (request) => {
@@ -398,8 +395,7 @@ describe("HTTP/2 guests", () => {
     for (const [hookName, hook] of Object.entries(hooks)) {
       for (const cutName of cuts) {
         it(`${hookName}; ${cutName}`, async () => {
-          let cut!: () => void;
-          const cutNow = new Promise<void>((resolve) => (cut = resolve));
+          const [cutNow, cut] = latch();
           const upstream = await startUpstream({
             routes: {
               "/cut": (_req, res) => {

@@ -1,5 +1,6 @@
 import type { ServerResponse } from "node:http";
 import { describe, expect, it, vi } from "vitest";
+import { latch } from "../helpers/latch.js";
 import type { ProxyOptions } from "../../src/index.js";
 import { fetchVia, startTestProxy, type TestProxy } from "../helpers/proxy.js";
 import { openRaw, openTlsTunnel, openTunnel, type RawClient, type RawResponse } from "../helpers/raw.js";
@@ -384,8 +385,7 @@ describe("a malformed request pipelined behind others is answered after them, in
   for (const way of ways) {
     for (const earlier of before) {
       it(`${way}; the request before it ${earlier}`, async () => {
-        let release!: () => void;
-        const released = new Promise<void>((resolve) => (release = resolve));
+        const [released, release] = latch();
         const routes = {
           "/held": (_req: unknown, res: ServerResponse) => {
             void released.then(() => {
