@@ -1,4 +1,5 @@
 import { connect as h2Connect, type ClientHttp2Session, type IncomingHttpHeaders, type OutgoingHttpHeaders } from "node:http2";
+import type { Socket } from "node:net";
 import { connect as tlsConnect, type TLSSocket } from "node:tls";
 import { onTestFinished } from "vitest";
 import { openTunnel } from "./raw.js";
@@ -58,4 +59,23 @@ export function h2Request(session: ClientHttp2Session, headers: OutgoingHttpHead
     });
     if (body !== undefined) stream.end(body);
   });
+}
+
+/**
+ * An h2 session through a plain CONNECT tunnel whose TCP socket the test keeps (`plain`), to end
+ * or reset it by hand as a guest that crashed would.
+ */
+export async function h2SessionOnSocket(proxyPort: number, target: string, ca: string): Promise<{ session: ClientHttp2Session; plain: Socket }> {
+  const plain = (await openTunnel(proxyPort, target)).detach() as Socket;
+  const host = target.slice(0, target.lastIndexOf(":"));
+  const socket = tlsConnect({ socket: plain, servername: host, ca, ALPNProtocols: ["h2"] });
+  socket.on("error", () => undefined);
+  await new Promise<void>((resolve) => socket.once("secureConnect", () => resolve()));
+  const session = h2Connect(`https://${target}`, { createConnection: () => socket });
+  session.on("error", () => undefined);
+  onTestFinished(() => {
+    session.destroy();
+    plain.destroy();
+  });
+  return { session, plain };
 }

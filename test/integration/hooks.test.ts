@@ -3,7 +3,7 @@ import type { TLSSocket } from "node:tls";
 import { brotliCompressSync, gzipSync } from "node:zlib";
 import { request } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
-import { latch } from "../helpers/latch.js";
+import { cloneReader, latch } from "../helpers/latch.js";
 import { HttpRequestBlockedError, type HttpHooksOptions, type ProxyOptions } from "../../src/index.js";
 import { curlVia } from "../helpers/curl.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
@@ -819,21 +819,8 @@ describe("a hook reads a body under every content coding it was sent with", () =
 // (the guest left), with nobody listening: an uncaught 'error' that ended the process.
 describe("a guest that leaves mid-upload while a hook reads a clone of the body", () => {
   it("HTTP/1.1: the read fails, nothing reaches the upstream, and the process goes on", async () => {
-    const [inHook, hookHas] = latch();
-    const [read, outcome] = latch<string>();
-    const { upstream, proxy, base } = await setup({
-      onRequest: async (request) => {
-        if (new URL(request.url).pathname !== "/upload") return;
-        hookHas();
-        await request
-          .clone()
-          .text()
-          .then(
-            (text) => outcome(`read ${text.length} bytes`),
-            () => outcome("failed"),
-          );
-      },
-    });
+    const { onRequest, inHook, read } = cloneReader();
+    const { upstream, proxy, base } = await setup({ onRequest });
     const authority = `api.test:${upstream.port}`;
     const client = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
     client.write(`POST /upload HTTP/1.1\r\nHost: ${authority}\r\nContent-Length: 100000\r\n\r\n${"u".repeat(40_000)}`);

@@ -1,13 +1,10 @@
 import { createHash } from "node:crypto";
-import { connect as h2Connect } from "node:http2";
-import { connect as tlsConnect } from "node:tls";
-import { describe, expect, it, onTestFinished, vi } from "vitest";
-import { latch } from "../helpers/latch.js";
+import { describe, expect, it, vi } from "vitest";
+import { cloneReader, latch } from "../helpers/latch.js";
 import { curlVia } from "../helpers/curl.js";
 import { loadPolicy } from "../helpers/djs.js";
-import { h2Request, h2Session, openH2Tls } from "../helpers/h2-client.js";
+import { h2Request, h2Session, h2SessionOnSocket, openH2Tls } from "../helpers/h2-client.js";
 import { startTestProxy } from "../helpers/proxy.js";
-import { openTunnel } from "../helpers/raw.js";
 import { patternChunk, patternSha256, startUpstream, type Route } from "../helpers/upstream.js";
 
 /** A route that answers only when the test says so; `arrived` settles when the request is in. */
@@ -262,16 +259,7 @@ describe("HTTP/2 guests", () => {
     const upstream = await startUpstream();
     // The idle timeout far past the test's own: only the FIN can close the socket in time.
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { idleMs: 600_000 } });
-    const plain = (await openTunnel(proxy.port, `api.test:${upstream.port}`)).detach();
-    const socket = tlsConnect({ socket: plain, servername: "api.test", ca: proxy.caCertPem, ALPNProtocols: ["h2"] });
-    socket.on("error", () => undefined);
-    await new Promise<void>((resolve) => socket.once("secureConnect", () => resolve()));
-    const session = h2Connect(`https://api.test:${upstream.port}`, { createConnection: () => socket });
-    session.on("error", () => undefined);
-    onTestFinished(() => {
-      session.destroy();
-      plain.destroy();
-    });
+    const { session, plain } = await h2SessionOnSocket(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
     expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
     const closedByProxy = new Promise<void>((resolve) => plain.once("close", () => resolve()));
     plain.resume();
@@ -300,16 +288,7 @@ describe("HTTP/2 guests", () => {
       },
       { timeouts: { idleMs: 600_000 } },
     );
-    const plain = (await openTunnel(proxy.port, `api.test:${upstream.port}`)).detach();
-    const socket = tlsConnect({ socket: plain, servername: "api.test", ca: proxy.caCertPem, ALPNProtocols: ["h2"] });
-    socket.on("error", () => undefined);
-    await new Promise<void>((resolve) => socket.once("secureConnect", () => resolve()));
-    const session = h2Connect(`https://api.test:${upstream.port}`, { createConnection: () => socket });
-    session.on("error", () => undefined);
-    onTestFinished(() => {
-      session.destroy();
-      plain.destroy();
-    });
+    const { session, plain } = await h2SessionOnSocket(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
     const stream = session.request({ ":method": "POST", ":path": "/order" });
     stream.on("error", () => undefined);
     stream.end("order=1");
@@ -333,22 +312,8 @@ describe("HTTP/2 guests", () => {
   // 40,000 of 100,000 announced bytes (black-box finding).
   it.each(["CANCEL", "INTERNAL_ERROR"] as const)("an upload the guest resets with %s midway fails under the hook's read, never reads as whole", async (code) => {
     const upstream = await startUpstream();
-    const [inHook, hookHas] = latch();
-    const [read, outcome] = latch<string>();
-    const proxy = await startTestProxy({
-      allowedInternalHosts: ["api.test"],
-      onRequest: async (request) => {
-        if (new URL(request.url).pathname !== "/upload") return;
-        hookHas();
-        await request
-          .clone()
-          .text()
-          .then(
-            (text) => outcome(`read ${text.length} bytes`),
-            () => outcome("failed"),
-          );
-      },
-    });
+    const { onRequest, inHook, read } = cloneReader();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onRequest });
     const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
     const abort = new AbortController();
     const stream = session.request({ ":method": "POST", ":path": "/upload", "content-length": "100000" }, { endStream: false, signal: abort.signal });
