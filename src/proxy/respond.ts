@@ -80,6 +80,9 @@ export function sendError(res: ServerResponse, error: EgressError, closeConnecti
   res.end(body);
 }
 
+/** The guest left before its response began: the log says 499, as for a guest gone sooner. */
+export class GuestLeftFirst extends Error {}
+
 /**
  * Streams the pipeline's response to the guest with backpressure. `pipe()` plus two listeners
  * rather than `stream.pipeline()`: on Node 20 pipeline() allocates an AbortController per call
@@ -91,9 +94,6 @@ export function sendError(res: ServerResponse, error: EgressError, closeConnecti
  * body's, see claimUpstreamBody) the exchange's upstream time ends when the body closes, from the
  * close listener this function puts on the body anyway.
  */
-/** The guest left before its response began: the log says 499, as for a guest gone sooner. */
-export class GuestLeftFirst extends Error {}
-
 export function sendResponse(
   res: ServerResponse,
   response: PipelineResponse,
