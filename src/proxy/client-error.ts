@@ -12,13 +12,13 @@ export const maxHeaderBytes = 64 * 1024;
  * 400 for malformed input, 431 for an oversized head, 408 for a slow one, 405 for TRACK.
  */
 export function answerClientError(error: NodeJS.ErrnoException, socket: Socket, log: Logger, place?: (answer: EgressError) => ParseErrorPlace): void {
-  // Node's parser stays at its error and reports it again for every later chunk.
-  if (answering.has(socket)) return;
   if (isLingering(socket)) {
     // The answer has gone, and the guest stopped mid-body (curl does on an early answer).
     socket.destroy();
     return;
   }
+  // Node's parser stays at its error and reports it again for every later chunk.
+  if (answering.has(socket)) return;
   log.info("bad request", { error, client: socket.remoteAddress });
   const answer = answerFor(error);
   if (answer === undefined) {
