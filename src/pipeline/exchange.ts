@@ -70,6 +70,15 @@ export const forbiddenMethods: ReadonlySet<string> = new Set(["CONNECT", "TRACE"
  */
 export const forwardedMethods: ReadonlySet<string> = new Set(METHODS.filter((m) => !forbiddenMethods.has(m)));
 
+/**
+ * The end of a refusal of a method that is not forwarded: its one spelling, when it is a
+ * forwarded method in the wrong case (` (spell it PATCH)` for `patch`), else nothing.
+ */
+export function spellingHint(method: string): string {
+  const upper = method.toUpperCase();
+  return forwardedMethods.has(upper) ? ` (spell it ${upper})` : "";
+}
+
 /** What one source said in one phase: allowed, refused, rewrote, answered itself, or failed. */
 export type SourceVerdict = "allow" | "block" | "rewrite" | "answer" | "error";
 

@@ -11,6 +11,7 @@ import type { ResolvedAddress, Resolver } from "../upstream/resolve.js";
 import {
   forbiddenMethods,
   forwardedMethods,
+  spellingHint,
   type ExchangeContext,
   type Executor,
   type ExecutorResponse,
@@ -282,7 +283,7 @@ export class Pipeline {
       const method = JSON.stringify(request.method.slice(0, 64));
       const upper = request.method.toUpperCase();
       if (forbiddenMethods.has(upper)) throw new EgressError("EG_HOOK_FAILED", 502, `onRequest rewrote the request to the forbidden method ${method}`);
-      throw new EgressError("EG_HOOK_FAILED", 502, `onRequest rewrote the request to the method ${method}, which the proxy does not forward${forwardedMethods.has(upper) ? ` (spell it ${upper})` : ""}`);
+      throw new EgressError("EG_HOOK_FAILED", 502, `onRequest rewrote the request to the method ${method}, which the proxy does not forward${spellingHint(request.method)}`);
     }
     // The checks are AND-ed in source order: the first refusal wins.
     for (const source of this.phase.isRequestAllowed) await attributed(source, () => source.isRequestAllowed(request, limits, call), trace, "isRequestAllowed");

@@ -1,6 +1,6 @@
 import type { IncomingMessage } from "node:http";
 import { EgressError, badRequest } from "../errors.js";
-import { forbiddenMethods, forwardedMethods, type OutboundRequest } from "../pipeline/exchange.js";
+import { forbiddenMethods, forwardedMethods, spellingHint, type OutboundRequest } from "../pipeline/exchange.js";
 import { endToEndHeaders } from "../headers.js";
 import { normalizeHost, parseAuthority, type Authority } from "./authority.js";
 
@@ -82,7 +82,7 @@ export function checkMethod(method: string): void {
   // The methods Node's HTTP/1.1 parser takes, in their one spelling, on every guest side. HTTP/2
   // would carry any token: `delete` passed a policy that refuses `DELETE` (methods are
   // case-sensitive), and reached servers that read it as DELETE.
-  throw badRequest(`method ${JSON.stringify(method.slice(0, 64))} is not one the proxy forwards${forwardedMethods.has(upper) ? ` (spell it ${upper})` : ""}`);
+  throw badRequest(`method ${JSON.stringify(method.slice(0, 64))} is not one the proxy forwards${spellingHint(method)}`);
 }
 
 /**
