@@ -30,6 +30,7 @@ type FromListener =
 interface Answer {
   readonly kind: "answer";
   readonly id: number;
+  readonly what: Ask;
   readonly status: number;
   readonly contentType: string;
   readonly body: string;
@@ -39,46 +40,85 @@ interface Answer {
 const answerTimeoutMs = 10_000;
 
 /**
+ * After a render of the metrics text, the proxy's thread waits this many times as long before the
+ * next, so scrapes, however many and however fast, take at most a tenth of its time (a render of
+ * 2 ms delays the next by 18 ms); never more than `renderGapMaxMs`.
+ */
+const renderGapFactor = 9;
+const renderGapMaxMs = 5_000;
+
+/** Connections the listener holds at once; it closes the ones past this as it takes them. */
+export const metricsMaxConnections = 64;
+
+/** Requests one connection may have waiting for their answers (pipelined); past this it is closed. */
+export const metricsMaxPipelined = 8;
+
+/**
  * The listener thread's code, plain CommonJS evaluated in a worker (the same from dist and from the
  * TypeScript sources). It parses HTTP and answers; every answer but a refusal (405, 404) comes from
  * the proxy's thread, so `/healthz` says that thread's event loop is turning, not only this one's.
+ *
+ * Asks are shared: for each path at most one is out at a time, and every request that came while
+ * it was out waits for the next one, whose answer was made after they came. However many scrapes
+ * come, the proxy's thread makes one text at a time and posts it once, and the listener bounds
+ * what it holds (connections, and requests pipelined on one).
  */
 const listenerSource = `
 const { createServer } = require("node:http");
 const { parentPort, workerData } = require("node:worker_threads");
-const pending = new Map();
-let nextId = 1;
 const paths = { "/metrics": "metrics", "/healthz": "healthz", "/readyz": "readyz" };
+// Per path: the requests the ask that is out will answer, and those that came after it went.
+const asks = {};
+for (const what of Object.values(paths)) asks[what] = { out: undefined, next: new Set() };
+let nextId = 1;
 function answer(res, status, contentType, body, extra) {
   if (res.destroyed) return;
   try {
-    const buffer = Buffer.from(body);
-    res.writeHead(status, ["content-type", contentType, "content-length", String(buffer.length), ...(extra || [])]);
-    res.end(buffer);
+    res.writeHead(status, ["content-type", contentType, "content-length", String(body.length), ...(extra || [])]);
+    res.end(body);
   } catch {
     // A head Node refuses (a content type with a character it will not write): the connection ends instead.
     res.destroy();
   }
 }
+function send(what) {
+  const state = asks[what];
+  if (state.out !== undefined || state.next.size === 0) return;
+  const id = nextId++;
+  const waiting = state.next;
+  state.next = new Set();
+  const timer = setTimeout(() => settle(what, id, 503, "text/plain", Buffer.from("the proxy did not answer within ${answerTimeoutMs} ms\\n")), ${answerTimeoutMs});
+  state.out = { id, waiting, timer };
+  parentPort.postMessage({ kind: "ask", id, what });
+}
+function settle(what, id, status, contentType, body) {
+  const state = asks[what];
+  if (state.out === undefined || state.out.id !== id) return;
+  clearTimeout(state.out.timer);
+  const waiting = state.out.waiting;
+  state.out = undefined;
+  for (const res of waiting) answer(res, status, contentType, body);
+  send(what);
+}
 const server = createServer((req, res) => {
   res.on("error", () => undefined);
+  const socket = req.socket;
+  socket.egWaiting = (socket.egWaiting || 0) + 1;
+  res.once("close", () => socket.egWaiting--);
+  // Node parses every request pipelined in one read before the first answer is written: a client
+  // that sends hundreds and reads nothing would have them all answered into its socket's buffer.
+  if (socket.egWaiting > ${metricsMaxPipelined}) return socket.destroy();
   const url = req.url || "/";
   const query = url.indexOf("?");
   const what = paths[query === -1 ? url : url.slice(0, query)];
-  if (req.method !== "GET" && req.method !== "HEAD") return answer(res, 405, "text/plain", "method not allowed\\n", ["allow", "GET, HEAD"]);
-  if (what === undefined) return answer(res, 404, "text/plain", "not found: /metrics, /healthz, /readyz\\n");
-  const id = nextId++;
-  const timer = setTimeout(() => {
-    pending.delete(id);
-    answer(res, 503, "text/plain", "the proxy did not answer within ${answerTimeoutMs} ms\\n");
-  }, ${answerTimeoutMs});
-  pending.set(id, { res, timer });
-  res.once("close", () => {
-    clearTimeout(timer);
-    pending.delete(id);
-  });
-  parentPort.postMessage({ kind: "ask", id, what });
+  if (req.method !== "GET" && req.method !== "HEAD") return answer(res, 405, "text/plain", Buffer.from("method not allowed\\n"), ["allow", "GET, HEAD"]);
+  if (what === undefined) return answer(res, 404, "text/plain", Buffer.from("not found: /metrics, /healthz, /readyz\\n"));
+  const state = asks[what];
+  state.next.add(res);
+  res.once("close", () => state.next.delete(res));
+  send(what);
 });
+server.maxConnections = ${metricsMaxConnections};
 server.on("clientError", (_error, socket) => socket.destroy());
 server.once("error", (error) => parentPort.postMessage({ kind: "listen-error", code: error.code, message: error.message }));
 server.listen(workerData.port, workerData.host, () => {
@@ -88,14 +128,9 @@ server.listen(workerData.port, workerData.host, () => {
 });
 parentPort.on("message", (message) => {
   if (message.kind === "answer") {
-    const waiting = pending.get(message.id);
-    if (waiting === undefined) return;
-    pending.delete(message.id);
-    clearTimeout(waiting.timer);
-    answer(waiting.res, message.status, message.contentType, message.body);
+    settle(message.what, message.id, message.status, message.contentType, Buffer.from(message.body));
   } else if (message.kind === "close") {
-    for (const { timer } of pending.values()) clearTimeout(timer);
-    pending.clear();
+    for (const state of Object.values(asks)) if (state.out !== undefined) clearTimeout(state.out.timer);
     server.close(() => parentPort.close());
     server.closeAllConnections();
   }
@@ -116,28 +151,38 @@ parentPort.on("message", (message) => {
  */
 export async function startMetricsServer(options: MetricsServerOptions): Promise<MetricsServer> {
   let closing = false;
+  // The listener has one scrape out at a time; the next render starts no sooner than this.
+  let nextRender = 0;
   const onAsk = (worker: Worker, id: number, what: Ask): void => {
     const reply = (status: number, contentType: string, body: string): void => {
-      if (!closing) worker.postMessage({ kind: "answer", id, status, contentType, body } satisfies Answer);
+      if (!closing) worker.postMessage({ kind: "answer", id, what, status, contentType, body } satisfies Answer);
     };
     if (what === "healthz") return reply(200, "text/plain", "ok\n");
     if (what === "readyz") {
       const ready = options.ready();
       return reply(ready ? 200 : 503, "text/plain", ready ? "ready\n" : "not ready\n");
     }
-    let scraped: Promise<{ readonly text: string; readonly contentType: string }>;
-    try {
-      scraped = options.scrape();
-    } catch (error) {
-      scraped = Promise.reject(error);
-    }
-    scraped.then(
-      ({ text, contentType }) => reply(200, contentType, text),
-      (error: unknown) => {
-        options.log.warn("metrics scrape failed", { error });
-        reply(500, "text/plain", "metrics scrape failed\n");
-      },
-    );
+    const render = (): void => {
+      const started = performance.now();
+      let scraped: Promise<{ readonly text: string; readonly contentType: string }>;
+      try {
+        scraped = options.scrape();
+      } catch (error) {
+        scraped = Promise.reject(error);
+      }
+      void scraped
+        .then(
+          ({ text, contentType }) => reply(200, contentType, text),
+          (error: unknown) => {
+            options.log.warn("metrics scrape failed", { error });
+            reply(500, "text/plain", "metrics scrape failed\n");
+          },
+        )
+        .finally(() => (nextRender = performance.now() + Math.min(renderGapMaxMs, renderGapFactor * (performance.now() - started))));
+    };
+    const wait = nextRender - performance.now();
+    if (wait > 0) setTimeout(render, wait);
+    else render();
   };
   let current = await spawnListener(options.host, options.port, onAsk, options.log);
   const host = current.address.family === "IPv6" ? `[${current.address.address}]` : current.address.address;

@@ -1,8 +1,29 @@
+import { connect } from "node:net";
+import { request } from "node:http";
+import { once } from "node:events";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { startMetricsServer } from "../../src/metrics/metrics-server.js";
 import { createLogger } from "../../src/log.js";
 import { plainGet as get } from "../helpers/upstream.js";
+import { latch } from "../helpers/latch.js";
 
+/** A metrics listener whose scrape counts its renders and answers `render N`, padded to `size` bytes; `hold` keeps the first render waiting. */
+async function countingServer(options: { size?: number; hold?: Promise<void> } = {}) {
+  let renders = 0;
+  const server = await startMetricsServer({
+    host: "127.0.0.1",
+    port: 0,
+    scrape: async () => {
+      const n = ++renders;
+      if (n === 1 && options.hold !== undefined) await options.hold;
+      return { text: `render ${n}\n`.padEnd(options.size ?? 0, "#"), contentType: "text/plain" };
+    },
+    ready: () => true,
+    log: createLogger("error", () => undefined),
+  });
+  onTestFinished(() => server.close());
+  return { server, renders: () => renders };
+}
 
 describe("the metrics listener's thread", () => {
   it("a scrape whose head Node refuses ends that connection only; a scrape that throws answers 500; the thread keeps serving", async () => {
@@ -38,4 +59,73 @@ describe("the metrics listener's thread", () => {
     await Promise.all([first.close(), first.close()]);
     await expect(get(`${first.url}/healthz`)).rejects.toThrow();
   });
+
+  it("scrapes that come while a render is under way share the next one: 40 scrapes cost the proxy's thread one render, and each scrape sees a render begun after it came", async () => {
+    const [hold, release] = latch();
+    const { server, renders } = await countingServer({ hold });
+    const first = get(`${server.url}/metrics`);
+    // The first render has begun and is held: every scrape below comes after it began.
+    await expect.poll(renders).toBe(1);
+    const written: Promise<unknown>[] = [];
+    const rest = Array.from({ length: 40 }, () => {
+      const [sent, wrote] = latch();
+      written.push(sent);
+      return new Promise<{ status: number; text: string }>((resolve, reject) => {
+        request(`${server.url}/metrics`, { agent: false }, (res) => {
+          let text = "";
+          res.setEncoding("utf8");
+          res.on("data", (chunk: string) => (text += chunk));
+          res.on("end", () => resolve({ status: res.statusCode ?? 0, text }));
+        })
+          .on("error", reject)
+          .on("socket", (socket) => socket.once("connect", () => wrote()))
+          .end();
+      });
+    });
+    await Promise.all(written);
+    // The listener takes connections in the order they were made: once a probe made after every
+    // scrape's connection is answered, the listener has the scrapes, and none had a render of its own.
+    expect((await get(`${server.url}/healthz`)).status).toBe(200);
+    expect(renders()).toBe(1);
+    release();
+    expect(await first).toEqual({ status: 200, text: "render 1\n" });
+    for (const answer of await Promise.all(rest)) expect(answer).toEqual({ status: 200, text: "render 2\n" });
+    expect(renders()).toBe(2);
+    // One after another, each scrape gets a render of its own (nothing is served from a cache).
+    const before = renders();
+    expect((await get(`${server.url}/metrics`)).text).toBe(`render ${before + 1}\n`);
+    expect((await get(`${server.url}/metrics`)).text).toBe(`render ${before + 2}\n`);
+  });
+
+  it("a scraper that pipelines requests and never reads its answers loses its connection; the proxy's thread renders a few times, and other scrapes are served", async () => {
+    const { server, renders } = await countingServer({ size: 256 * 1024 });
+    const socket = connect(server.port, "127.0.0.1");
+    socket.on("error", () => undefined);
+    await once(socket, "connect");
+    socket.pause();
+    socket.write("GET /metrics HTTP/1.1\r\nhost: m\r\n\r\n".repeat(500));
+    await once(socket, "close");
+    expect(renders()).toBeLessThan(20);
+    expect((await get(`${server.url}/metrics`)).status).toBe(200);
+  });
+
+  it("takes at most 64 connections at once; past that a connection is closed, and a scrape is served once others have gone", async () => {
+    const { server } = await countingServer();
+    const sockets = await Promise.all(
+      Array.from({ length: 70 }, async () => {
+        const socket = connect(server.port, "127.0.0.1");
+        socket.on("error", () => undefined);
+        await once(socket, "connect");
+        return socket;
+      }),
+    );
+    const closed = sockets.map((socket) => new Promise<boolean>((resolve) => socket.once("close", () => resolve(true))));
+    // The listener closes the connections past its limit as it takes them.
+    const refused = await Promise.all(closed.slice(64).map((c) => c));
+    expect(refused.every(Boolean)).toBe(true);
+    for (const socket of sockets) socket.destroy();
+    await Promise.all(closed);
+    expect((await get(`${server.url}/healthz`)).status).toBe(200);
+  });
 });
+
