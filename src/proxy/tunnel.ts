@@ -42,6 +42,11 @@ export function serveTunnel(socket: Socket, head: Buffer, target: Authority & { 
   const deadline = setTimeout(() => socket.destroy(), deps.handshakeMs);
   deadline.unref();
   socket.once("close", () => clearTimeout(deadline));
+  // The socket is half-open (the HTTP server's), and a guest that sends its FIN before there is
+  // anything to answer has left: it is let go at once, not at the deadline, with its place under
+  // the connection limits (a FIN after a whole ClientHello is seen by the TLS socket).
+  const left = (): void => void socket.destroy();
+  socket.once("end", left);
   // Until the first bytes tell TLS from HTTP: at most a request line's first 17 bytes.
   let buffered = head;
   // Once they say TLS, every chunk goes to the reader, which keeps them (no copy per chunk).
@@ -54,6 +59,7 @@ export function serveTunnel(socket: Socket, head: Buffer, target: Authority & { 
       if (kind !== "tls") {
         socket.pause();
         socket.unshift(buffered);
+        socket.off("end", left);
         if (kind === "http") servePlain(socket, target, deps, deadline);
         else {
           deps.log.info("tunnel closed", { target: `${target.hostname}:${target.port}`, reason: "neither TLS nor HTTP" });
@@ -90,6 +96,7 @@ export function serveTunnel(socket: Socket, head: Buffer, target: Authority & { 
     const bytes = reader.bytes();
     socket.pause();
     socket.unshift(bytes);
+    socket.off("end", left);
     void terminateTls(socket, target, sni, deps, deadline, bytes);
     return true;
   };
@@ -199,10 +206,13 @@ async function terminateTls(
   tlsSocket.on("error", (error) => {
     deps.log.debug("guest TLS error", { target: `${target.hostname}:${target.port}`, error });
   });
+  const left = (): void => void tlsSocket.destroy();
+  tlsSocket.once("end", left);
   // Routed by the protocol ALPN chose, once known: h2 to the HTTP/2 side, anything else (no
   // ALPN at all included) to the HTTP/1.1 server, whose timeouts and error handling stay its own.
   tlsSocket.once("secure", () => {
     clearTimeout(deadline);
+    tlsSocket.off("end", left);
     if (tlsSocket.alpnProtocol === "h2" && deps.h2 !== undefined) deps.h2(tlsSocket);
     else deps.inner.emit("connection", tlsSocket);
   });

@@ -439,6 +439,53 @@ describe("connection limits", () => {
   });
 });
 
+/** The first flight of a real TLS client naming `servername`: its ClientHello, as it went out. */
+async function clientHello(servername: string): Promise<Buffer> {
+  const { createServer } = await import("node:net");
+  const { connect: tlsConnect } = await import("node:tls");
+  const server = createServer();
+  server.listen(0, "127.0.0.1");
+  await once(server, "listening");
+  const first = once(server, "connection").then(async (args) => {
+    const socket = args[0] as Socket;
+    const [chunk] = (await once(socket, "data")) as [Buffer];
+    socket.destroy();
+    return chunk;
+  });
+  const client = tlsConnect({ host: "127.0.0.1", port: (server.address() as AddressInfo).port, servername, rejectUnauthorized: false });
+  client.on("error", () => undefined);
+  const hello = await first;
+  client.destroy();
+  server.close();
+  return hello;
+}
+
+describe("a guest that half-closes a tunnel before its TLS handshake is done", () => {
+  // Guests that leave with a FIN (a health checker, `nc -N`) rather than a reset: the tunnel and
+  // its place under limits.connectionsPerSource were held until timeouts.handshakeMs.
+  const sends: readonly [string, (hello: Buffer) => Buffer][] = [
+    ["nothing", () => Buffer.alloc(0)],
+    ["part of a request line", () => Buffer.from("GET")],
+    ["half a ClientHello", (hello) => hello.subarray(0, 20)],
+    ["a whole ClientHello", (hello) => hello],
+  ];
+  it.each(sends)("after %s, the proxy closes it at once and its place is free again", async (_what, bytes) => {
+    const upstream = await startUpstream({ names: ["api.test"] });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { limits: { connectionsPerSource: 2, connections: 100 }, timeouts: { handshakeMs: 120_000 } });
+    const hello = await clientHello("api.test");
+    for (let i = 0; i < 3; i++) {
+      const tunnel = await openRaw(proxy.port);
+      tunnel.write(`CONNECT api.test:${upstream.port} HTTP/1.1\r\nHost: api.test:${upstream.port}\r\n\r\n`);
+      expect((await tunnel.readResponse({ forConnect: true })).status).toBe(200);
+      const closed = once(tunnel.socket, "close");
+      tunnel.socket.end(bytes(hello));
+      // Three in turn under a limit of two: each must have been let go before the next comes.
+      await closed;
+    }
+    expect(await statusOfNextConnection(proxy.port)).toBe(403);
+  });
+});
+
 async function openFrom(localAddress: string, port: number): Promise<RawClient> {
   const { RawClient } = await import("../helpers/raw.js");
   const socket = connect({ host: "127.0.0.1", port, localAddress });
