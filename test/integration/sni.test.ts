@@ -1,4 +1,5 @@
 import { fork, type ChildProcess } from "node:child_process";
+import { Duplex } from "node:stream";
 import { checkServerIdentity, connect as tlsConnect, type TLSSocket } from "node:tls";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
@@ -126,4 +127,44 @@ describe("the leaf certificate is signed only for the CONNECT target", () => {
     expect(socket.getPeerCertificate().subjectaltname).toBe("IP Address:127.0.0.1");
     socket.destroy();
   });
+
+  it("a TLS 1.2 guest's renegotiation is refused with an alert (each would cost the proxy a key exchange and a signature), and the proxy goes on serving", async () => {
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const raw = (await openTunnel(proxy.port, "api.test:443")).detach();
+    // The TLS client runs over a relay that shows the record types the proxy sends (TLS 1.2
+    // record headers stay in the clear): a handshake record answers a renegotiation it takes.
+    const received: Buffer[] = [];
+    let arrived: (() => void) | undefined;
+    const relay = new Duplex({
+      read() {},
+      write(chunk: Buffer, _encoding, callback) {
+        raw.write(chunk, callback);
+      },
+    });
+    raw.on("data", (chunk: Buffer) => {
+      received.push(chunk);
+      arrived?.();
+      relay.push(chunk);
+    });
+    raw.on("error", () => undefined);
+    const socket: TLSSocket = tlsConnect({ socket: relay, servername: "api.test", ca: proxy.caCertPem, maxVersion: "TLSv1.2" });
+    socket.on("error", () => undefined);
+    await new Promise<void>((resolve, reject) => {
+      socket.once("secureConnect", resolve);
+      socket.once("error", reject);
+    });
+    const next = new Promise<void>((resolve) => (arrived = resolve));
+    const before = received.length;
+    expect(socket.renegotiate({ rejectUnauthorized: false }, () => undefined)).toBe(true);
+    await next;
+    const answer = received[before]!;
+    expect(answer[0], "the first record after the renegotiation's ClientHello: 0x15 alert, 0x16 handshake").toBe(0x15);
+    socket.destroy();
+    raw.destroy();
+    const again = await openTlsTunnel(proxy.port, "api.test:443", { ca: proxy.caCertPem });
+    again.write("GET /x HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    // Refused by the allowlist's internal-address rule or answered: either way, an HTTP answer.
+    expect((await again.readResponse()).status).toBeGreaterThanOrEqual(200);
+  });
 });
+
