@@ -90,7 +90,8 @@ export class DeclarativePolicy {
       return allow(tier, `allowedInternalHosts:${pattern}`, `host "${name}" may reach ${c.category} ${shown}`);
     }
     const hint = literal ? "" : `; allow it with --allow-internal-host ${name}`;
-    return deny(tier, `internal:${c.category}`, `${what(`a ${c.category} address`)}${hint}`, detail);
+    const article = c.category.startsWith("u") ? "an" : "a";
+    return deny(tier, `internal:${c.category}`, `${what(`${article} ${c.category} address`)}${hint}`, detail);
   }
 
   /**

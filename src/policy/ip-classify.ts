@@ -161,6 +161,13 @@ export function classifyIp(input: string): IpClassification {
   if (g[0] === 0x64 && g[1] === 0xff9b && g[2] === 0 && g[3] === 0 && g[4] === 0 && g[5] === 0) {
     return fromV4(canonical, lowV4, canonical);
   }
+  // ::ffff:0:a.b.c.d, IPv4-translated (SIIT, RFC 6145).
+  if (g[0] === 0 && g[1] === 0 && g[2] === 0 && g[3] === 0 && g[4] === 0xffff && g[5] === 0) return fromV4(canonical, lowV4, canonical);
+  // 64:ff9b:1::/48, NAT64 for local use (RFC 8215): stays "reserved", but a translator may put
+  // the IPv4 address in any of RFC 6052's places, and a metadata address in one is refused.
+  if (g[0] === 0x64 && g[1] === 0xff9b && g[2] === 1) {
+    for (const n of localNat64Candidates(g)) if (metadataV4.has(v4Text(n))) return fromV4(canonical, n, canonical);
+  }
   // 2002::/16, 6to4: the IPv4 address is in bits 16..48.
   if (g[0] === 0x2002) return fromV4(canonical, ((g[1]! << 16) | g[2]!) >>> 0, canonical);
   // 2001::/32, Teredo: the client's IPv4 address is the last 32 bits, inverted.
@@ -170,6 +177,16 @@ export function classifyIp(input: string): IpClassification {
   if (metadataV6.has(canonical)) return withFields(base, { category: "metadata", internal: true, metadata: true } as const);
   const category = classifyV6(g);
   return withFields(base, { category, internal: category !== "public", metadata: false });
+}
+
+/** The IPv4 addresses RFC 6052's formats for a /48, /56, /64 and /96 prefix would read (bits 64..71 are skipped). */
+function localNat64Candidates(g: readonly number[]): number[] {
+  return [
+    ((g[3]! << 16) | ((g[4]! & 0xff) << 8) | (g[5]! >>> 8)) >>> 0,
+    (((g[3]! & 0xff) << 24) | ((g[4]! & 0xff) << 16) | g[5]!) >>> 0,
+    (((g[4]! & 0xff) << 24) | (g[5]! << 8) | (g[6]! >>> 8)) >>> 0,
+    ((g[6]! << 16) | g[7]!) >>> 0,
+  ];
 }
 
 function classifyV6(g: readonly number[]): IpCategory {

@@ -317,6 +317,30 @@ describe("classifyIp: IPv6 forms that embed IPv4 are judged by the IPv4 inside",
     expect(result.embeddedIPv4).toBe("127.0.0.1");
   });
 
+  it.each<EmbeddedRow>([
+    { input: "::ffff:0:7f00:1", embedded: "127.0.0.1", category: "loopback" },
+    { input: "::ffff:0:127.0.0.1", embedded: "127.0.0.1", category: "loopback" },
+    { input: "::ffff:0:a9fe:a9fe", embedded: "169.254.169.254", category: "metadata" },
+    { input: "::ffff:0:a83f:8110", embedded: "168.63.129.16", category: "metadata" },
+    { input: "::ffff:0:808:808", embedded: "8.8.8.8", category: "public" },
+  ])("IPv4-translated (SIIT, ::ffff:0:0/96) $input is judged as $embedded", (row) => {
+    expectEmbedded(row);
+  });
+
+  // RFC 8215's local-use prefix may be cut at any RFC 6052 length from /48 to /96, so the IPv4
+  // address may sit in any of four places: each is looked at, and a metadata address in any is refused.
+  it.each([
+    ["/96", "64:ff9b:1::a9fe:a9fe", "169.254.169.254"],
+    ["/96, dotted", "64:ff9b:1::169.254.169.254", "169.254.169.254"],
+    ["/96, Azure WireServer", "64:ff9b:1::a83f:8110", "168.63.129.16"],
+    ["/64 (bits 72..103)", "64:ff9b:1:0:a9:fea9:fe00:0", "169.254.169.254"],
+    ["/56 (bits 56..63, 72..95)", "64:ff9b:1:a9:fe:a9fe::", "169.254.169.254"],
+    ["/48 (bits 48..63, 72..87)", "64:ff9b:1:a9fe:a9:fe00::", "169.254.169.254"],
+  ])("local-use NAT64 (64:ff9b:1::/48) with a metadata address at %s, %s, is metadata", (_where, input, embedded) => {
+    const result = classifyIp(input);
+    expect(result).toMatchObject({ category: "metadata", metadata: true, internal: true, embeddedIPv4: embedded });
+  });
+
   it("NAT64 outside the well-known /96 (64:ff9b:1::/48, local use) is not public", () => {
     const result = classifyIp("64:ff9b:1::808:808");
     expect(result.internal).toBe(true);
