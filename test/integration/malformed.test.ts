@@ -213,7 +213,9 @@ describe("CONNECT targets", () => {
     ["no port", "api.test", /has no port/],
     ["port 0", "api.test:0", /invalid port 0/],
     ["a host name over 253 characters", `${`${"a".repeat(60)}.`.repeat(5)}test:443`, /host name too long/],
-    ["a label over 63 characters", `${"a".repeat(64)}.test:443`, /host name too long/],
+    ["a label over 63 characters", `${"a".repeat(64)}.test:443`, /host name has a label of 64 characters; at most 63/],
+    ["two trailing dots", "api.test..:443", /invalid host "api\.test\.\."/],
+    ["an empty label", "api..test:443", /invalid host "api\.\.test"/],
   ])("CONNECT to %s is refused with 400", async (_what, target, reason) => {
     const s = await setup();
     const client = await openRaw(s.proxy.port);
@@ -238,6 +240,8 @@ describe("hostnames with forbidden characters", () => {
     ["a percent-encoded CR LF in a CONNECT target", "CONNECT api%0d%0a.test:443", "api.test:443", /invalid host "api%0d%0a\.test"/],
     ["a backslash in a CONNECT target", "CONNECT api.te\\st:443", "api.test:443", /malformed request \(invalid url\)/],
     ["a NUL byte in a CONNECT target", "CONNECT api.te\0st:443", "api.test:443", /malformed request \(invalid url\)/],
+    // Answered 200 with `Host: api.test.:PORT` upstream before.
+    ["two trailing dots in an absolute-form host", "GET http://api.test..:PORT/echo", "api.test..:PORT", /invalid host "api\.test\.\."/],
   ])("a request with %s is refused with 400", async (_what, requestLine, host, reason) => {
     const s = await setup();
     const res = await sendToProxy(s.proxy, `${requestLine} HTTP/1.1\r\nHost: ${host}\r\n\r\n`.replaceAll("PORT", String(s.http.port)));
