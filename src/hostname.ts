@@ -1,4 +1,40 @@
+import { isIP } from "node:net";
+import { badRequest } from "./errors.js";
+
 /** A URL hostname without the brackets of an IPv6 literal (`[::1]` → `::1`), as resolvers and SNI want it. */
 export function bareHostname(hostname: string): string {
   return hostname.startsWith("[") && hostname.endsWith("]") ? hostname.slice(1, -1) : hostname;
+}
+
+// Letters, digits, dot, hyphen and underscore: no userinfo (`@`), path, CR, LF, NUL or backslash
+// can slip into a hostname and confuse the URL parser or a log reader.
+const hostChars = /^[A-Za-z0-9._-]+$/;
+const ipv6Literal = /^\[[0-9A-Fa-f:.]+\]$/;
+
+/**
+ * Normalises a hostname with the WHATWG URL parser, which is what undici and the guest's own
+ * URL handling use: `127.1`, `0x7f000001` and `2130706433` all become `127.0.0.1`, so policy
+ * and connection see one spelling. Throws a 400 EgressError for anything else.
+ */
+export function normalizeHost(raw: string): string {
+  const text = raw.endsWith(".") ? raw.slice(0, -1) : raw;
+  if (text.length > 300) throw badRequest(`host name too long (${raw.length} characters; at most 253)`);
+  // An empty label (`a..b`, `.a`, or a second trailing dot) is no host name: the URL parser keeps
+  // it, and `api.test..` went upstream as `api.test.` in Host.
+  if (text === "" || text.startsWith(".") || text.endsWith(".") || text.includes("..") || !(hostChars.test(text) || (ipv6Literal.test(text) && isIP(text.slice(1, -1)) === 6))) {
+    throw badRequest(`invalid host ${JSON.stringify(raw)}`);
+  }
+  let hostname: string;
+  try {
+    hostname = new URL(`http://${text}/`).hostname;
+  } catch {
+    throw badRequest(`invalid host ${JSON.stringify(raw)}`);
+  }
+  if (hostname === "") throw badRequest(`invalid host ${JSON.stringify(raw)}`);
+  // RFC 1035 §2.3.4: 253 characters, 63 per label. Longer names cannot resolve and only cost
+  // matching time and log space.
+  if (hostname.length > 253) throw badRequest(`host name too long (${hostname.length} characters; at most 253)`);
+  const longest = Math.max(...hostname.split(".").map((label) => label.length));
+  if (longest > 63) throw badRequest(`host name has a label of ${longest} characters; at most 63`);
+  return hostname;
 }

@@ -1,6 +1,7 @@
 import { EgressError } from "../errors.js";
 import type { OutboundRequest } from "./exchange.js";
 import { getHeader, withoutHeaders, type HeaderList } from "../headers.js";
+import { normalizeHost } from "../hostname.js";
 
 export const redirectStatuses = new Set([301, 302, 303, 307, 308]);
 
@@ -29,6 +30,13 @@ export function nextHop(previous: OutboundRequest, status: number, location: str
   }
   if (url.protocol !== "http:" && url.protocol !== "https:") {
     throw new EgressError("EG_UPSTREAM", 502, `redirect to unsupported scheme "${url.protocol}"`);
+  }
+  // Held to the rules of a guest's own target: the URL parser takes port 0 and empty labels.
+  if (url.port === "0") throw new EgressError("EG_UPSTREAM", 502, `redirect from ${previous.url.origin} to port 0`);
+  try {
+    normalizeHost(url.hostname);
+  } catch (error) {
+    throw new EgressError("EG_UPSTREAM", 502, `redirect from ${previous.url.origin} to an invalid host: ${(error as Error).message}`);
   }
   // The hop as written, fragment included, for the check only: a copy costs a parse per hop.
   const written = check === undefined ? undefined : new URL(url.href);

@@ -2,7 +2,8 @@ import type { IncomingMessage } from "node:http";
 import { EgressError, badRequest } from "../errors.js";
 import { forbiddenMethods, forwardedMethods, spellingHint, type OutboundRequest } from "../pipeline/exchange.js";
 import { endToEndHeaders } from "../headers.js";
-import { normalizeHost, parseAuthority, type Authority } from "./authority.js";
+import { normalizeHost } from "../hostname.js";
+import { parseAuthority, type Authority } from "./authority.js";
 
 /** What a CONNECT established: every request inside the tunnel must be for this host. */
 export interface TunnelTarget extends Authority {

@@ -6,7 +6,7 @@ import { alertRecord, alerts, ClientHelloReader } from "../tls/client-hello.js";
 import type { LeafCertCache } from "../tls/leaf-cert-cache.js";
 import { SigningLimitError } from "../tls/signing-queue.js";
 import type { Authority } from "./authority.js";
-import { normalizeHost } from "./authority.js";
+import { normalizeHost } from "../hostname.js";
 import type { TunnelTarget } from "./guest-request.js";
 import { bareHostname } from "../hostname.js";
 import { withFields } from "../objects.js";

@@ -544,6 +544,10 @@ describe("redirect scheme games", () => {
     { location: () => "data:text/plain,hello", status: 502, reason: /unsupported scheme "data:"/ },
     { location: () => "gopher://api.test/", status: 502, reason: /unsupported scheme/ },
     { location: () => "http://[::1", status: 502, reason: /invalid Location/ },
+    // The URL parser takes these; a guest's own target would be a 400. Port 0 was dialled.
+    { location: () => "https://api.test:0/echo", status: 502, reason: /to port 0/ },
+    { location: (port) => `https://api.test..:${port}/echo`, status: 502, reason: /to an invalid host: invalid host "api\.test\.\."/ },
+    { location: (port) => `https://api..test:${port}/echo`, status: 502, reason: /to an invalid host/ },
     // Scheme-relative and odd-case URLs are still URLs: followed, and judged like any hop.
     { location: (port) => `//other.test:${port}/echo`, status: 403, reason: /other\.test/ },
     { location: (port) => `HTTPS://API.TEST:${port}/echo`, status: 200 },

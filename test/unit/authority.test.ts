@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { normalizeHost, parseAuthority, parsePort } from "../../src/proxy/authority.js";
+import { normalizeHost } from "../../src/hostname.js";
+import { parseAuthority, parsePort } from "../../src/proxy/authority.js";
 
 describe("normalizeHost", () => {
   it.each([
