@@ -175,9 +175,17 @@ function awaitSwitch(upstream: Socket, host: string, timeoutMs: number): Promise
         return;
       }
       cleanup();
-      const status = /^HTTP\/1\.[01] (\d{3})/.exec(buffered.subarray(0, end).toString("latin1"))?.[1];
+      const head = buffered.subarray(0, end).toString("latin1");
+      const status = /^HTTP\/1\.[01] (\d{3})/.exec(head)?.[1];
       if (status !== "101") {
         reject(new EgressError("EG_UPSTREAM", 502, `upstream ${host} did not switch protocols (answered ${status ?? "garbage"})`));
+        return;
+      }
+      // The guest asked for WebSocket only; a switch to anything else would be a tunnel no tier sees.
+      const upgrades = [...head.matchAll(/\r\nupgrade:([^\r]*)/gi)].flatMap((m) => m[1]!.split(",").map((v) => v.trim().toLowerCase()));
+      if (upgrades.length !== 1 || upgrades[0] !== "websocket") {
+        const named = upgrades.length === 0 ? "an unnamed protocol" : JSON.stringify(upgrades.join(", ").slice(0, 64));
+        reject(new EgressError("EG_UPSTREAM", 502, `upstream ${host} switched to ${named}, not to WebSocket`));
         return;
       }
       upstream.pause();

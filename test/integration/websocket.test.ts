@@ -161,6 +161,33 @@ describe("upgrades an upstream does not accept", () => {
   });
 });
 
+describe("a 101 that does not switch to WebSocket", () => {
+  // Only WebSocket is relayed: a 101 to another protocol (or none named) would open a tunnel
+  // whose traffic no tier sees, as an h2c request would. Relayed before.
+  it.each([
+    ["Upgrade: h2c", "Upgrade: h2c\r\nConnection: Upgrade\r\n"],
+    ["no Upgrade header", "Connection: Upgrade\r\n"],
+    ["Upgrade: websocket, h2c", "Upgrade: websocket, h2c\r\nConnection: Upgrade\r\n"],
+  ])("a 101 with %s is answered 502, and the guest's following bytes never reach the upstream", async (_what, headers) => {
+    let received = "";
+    const { port } = await startRawUpstream((s) =>
+      s.on("data", (c: Buffer) => {
+        if (received === "") s.write(`HTTP/1.1 101 Switching Protocols\r\n${headers}\r\n`);
+        received += c.toString("latin1");
+      }),
+    );
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const { answer, guestClosed } = sendUpgrade(proxy.port, port, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+    await guestClosed;
+    expect(answer()).toMatch(/^HTTP\/1\.1 502 /);
+    expect(answer()).toMatch(/switched to .* not to WebSocket/);
+    expect(received).toMatch(/^GET \/ws HTTP\/1\.1\r\n/);
+    expect(received).not.toContain("PRI *");
+    const upstream = await startUpstream({ tls: false });
+    expect((await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+});
+
 describe("upgrades to anything but WebSocket", () => {
   // After a 101 to h2c, HTTP/2 requests would cross the proxy that no tier sees.
   it.each(["h2c", "websocket, h2c", "TLS/1.2", "echo"])("Upgrade: %s gets 400 and never reaches the upstream; the proxy keeps serving", async (value) => {
