@@ -85,12 +85,14 @@ export class EgressError extends Error {
   source: string | undefined;
   /** For a hook's failure: how it failed, from what the runner or the sandbox knew (not from the message). */
   readonly failure: HookFailureKind | undefined;
+  /** For a refusal by the secrets: the secret it is about, as configured (the metrics' label; never parsed from the message). */
+  readonly secret: string | undefined;
 
   constructor(
     code: EgressErrorCode,
     status: number,
     message: string,
-    options?: { cause?: unknown; detail?: string; statusText?: string; headers?: Readonly<Record<string, string>>; failure?: HookFailureKind },
+    options?: { cause?: unknown; detail?: string; statusText?: string; headers?: Readonly<Record<string, string>>; failure?: HookFailureKind; secret?: string },
   ) {
     super(message, options?.cause === undefined ? undefined : { cause: options.cause });
     this.name = "EgressError";
@@ -101,11 +103,17 @@ export class EgressError extends Error {
     this.headers = options?.headers;
     this.source = undefined;
     this.failure = options?.failure;
+    this.secret = options?.secret;
   }
 }
 
 export function denied(message: string, detail?: string): EgressError {
   return new EgressError("EG_DENIED", 403, message, detail === undefined ? undefined : { detail });
+}
+
+/** A 403 of the secrets' rules, about the secret named `secret`. */
+export function secretDenied(secret: string, message: string, detail?: string): EgressError {
+  return new EgressError("EG_DENIED", 403, message, detail === undefined ? { secret } : { detail, secret });
 }
 
 export function badRequest(message: string): EgressError {

@@ -19,6 +19,8 @@ export interface AuditSource {
   readonly status?: number;
   /** For a failed call: `time`, `memory`, `stack`, `throw`, `invalid` or `busy` (what `egressgate_hook_failures_total{kind}` counts). */
   readonly failure?: HookFailureKind;
+  /** For a refusal by the secrets: the secret it is about, by its configured name (what `egressgate_secret_refusals_total{secret}` counts). */
+  readonly secret?: string;
   /** How long the call took; a layer's includes its `next()` descents. */
   readonly ms: number;
 }
@@ -161,6 +163,7 @@ function sourceOf(entry: TraceEntry, redact: (text: string) => string): AuditSou
     ...(entry.detail !== undefined ? { detail: redact(entry.detail) } : {}),
     ...(entry.status !== undefined ? { status: entry.status } : {}),
     ...(entry.failure !== undefined ? { failure: entry.failure } : {}),
+    ...(entry.secret !== undefined ? { secret: entry.secret } : {}),
     ms: entry.ms,
   };
 }

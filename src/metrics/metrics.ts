@@ -232,6 +232,7 @@ interface CountedSource {
   readonly decision: string;
   readonly reason?: string | undefined;
   readonly failure?: string | undefined;
+  readonly secret?: string | undefined;
   readonly ms: number;
 }
 
@@ -298,8 +299,7 @@ export function failureKind(source: CountedSource | AuditSource): string {
   return "throw";
 }
 
-/** A secrets-phase refusal names its secret ("… the placeholder of secret NAME …"): a configured name, so bounded. */
+/** The secret a secrets-phase refusal is about, as the refusal carried it: a configured name, so bounded. */
 function secretOf(source: CountedSource): string | undefined {
-  if (source.phase !== "secrets" || source.decision !== "block") return undefined;
-  return /\bsecret ([A-Za-z_][A-Za-z0-9_]*)/.exec(source.reason ?? "")?.[1];
+  return source.phase === "secrets" && source.decision === "block" ? source.secret : undefined;
 }

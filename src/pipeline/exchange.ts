@@ -101,6 +101,8 @@ export interface TraceEntry {
   status?: number;
   /** How a failed call failed (time, memory, stack, throw, invalid, busy), from the error's own data. */
   failure?: HookFailureKind;
+  /** For a refusal by the secrets: the secret it is about. */
+  secret?: string;
   ms: number;
 }
 

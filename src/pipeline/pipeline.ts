@@ -1,11 +1,11 @@
 import { discardBody } from "../streams.js";
 import { errors as undiciErrors } from "undici";
 import type { Readable } from "node:stream";
-import { EgressError, badRequest, denied } from "../errors.js";
+import { EgressError, badRequest, denied, secretDenied } from "../errors.js";
 import { BodyTap, declaredLength } from "../hooks/body-tap.js";
 import type { Decision } from "../policy/decision.js";
 import type { DeclarativePolicy } from "../policy/declarative-policy.js";
-import type { RedirectHop, SecretTarget } from "../policy/secrets.js";
+import type { RedirectHop, SecretStore, SecretTarget } from "../policy/secrets.js";
 import type { PinnedPools } from "../upstream/pinned-pools.js";
 import type { ResolvedAddress, Resolver } from "../upstream/resolve.js";
 import {
@@ -216,7 +216,7 @@ export class Pipeline {
         throw new EgressError("EG_REDIRECT_LOOP", 508, `more than ${this.options.maxRedirects} redirects, the last from ${from}${from.includes("/") ? "" : " at "}${path}`);
       }
       // A hop that leaves the hosts of a secret sent on an earlier hop is refused if it carries its value.
-      const check = secrets === undefined || substituted.size === 0 ? undefined : (hop: RedirectHop) => secrets.checkRedirect(hop, substituted);
+      const check = secrets === undefined || substituted.size === 0 ? undefined : (hop: RedirectHop) => this.checkRedirect(secrets, hop, substituted, trace);
       request = nextHop(request, upstream.status, location, check);
     }
   }
@@ -248,6 +248,17 @@ export class Pipeline {
     return { request, addresses: target.addresses, decision: target.decision };
   }
 
+  /** A redirect hop that leaves the hosts of a secret sent before: the secrets judge it, and a refusal is theirs in the trace, as at the first hop. */
+  private checkRedirect(secrets: SecretStore, hop: RedirectHop, substituted: ReadonlySet<string>, trace: TraceEntry[] | undefined): void {
+    const started = trace === undefined ? 0 : performance.now();
+    try {
+      secrets.checkRedirect(hop, substituted);
+    } catch (error) {
+      trace?.push(failedEntry(declarativeSource, "declarative", "secrets", error, started));
+      throw error;
+    }
+  }
+
   /** §3 step 3: placeholders become values for the final destination; misplaced secrets refuse the request. */
   private substituteSecrets(request: OutboundRequest, substituted?: Set<string>, trace?: TraceEntry[]): OutboundRequest {
     if (trace === undefined) return this.substituteSecretsNow(request, substituted);
@@ -269,7 +280,7 @@ export class Pipeline {
     // nobody's or another guest's: the second is refused (a guest must not even learn that a
     // neighbour's placeholder works somewhere).
     const foreign = this.options.foreignSecret?.(result);
-    if (foreign !== undefined) throw denied(`the request carries the placeholder of secret "${foreign}", which this guest does not hold`);
+    if (foreign !== undefined) throw secretDenied(foreign, `the request carries the placeholder of secret "${foreign}", which this guest does not hold`);
     return result;
   }
 

@@ -24,6 +24,7 @@ export function failedEntry(source: string, tier: string, phase: string, error: 
     reason: error instanceof Error ? error.message : String(error),
     ...(error instanceof EgressError ? { status: error.status } : {}),
     ...(failure !== undefined ? { failure } : {}),
+    ...(error instanceof EgressError && error.secret !== undefined ? { secret: error.secret } : {}),
     ms: elapsed(started),
   };
 }

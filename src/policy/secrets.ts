@@ -1,6 +1,6 @@
 import { createHmac, randomBytes } from "node:crypto";
 import { withFields } from "../objects.js";
-import { denied } from "../errors.js";
+import { secretDenied } from "../errors.js";
 import { breaksFieldValue, type HeaderList } from "../headers.js";
 import { bareHostname } from "../hostname.js";
 import { compileHostPatterns, validateHostPattern, type HostMatcher } from "./host-pattern.js";
@@ -357,7 +357,8 @@ export class SecretStore {
       if (inScope && secure) continue;
       if (!inScope && e.redirects === "refuse" && e.followRedirectsTo.match(hostname) === undefined) {
         const to = hostIsClean(hop, valuesOf([e])) ? `host "${hostname}"` : "a host that holds a copy of the value";
-        throw denied(
+        throw secretDenied(
+          e.name,
           `a redirect leaves the hosts of secret ${e.name}, which this request carried; ` +
             `with secretRedirects "refuse" only hosts in followRedirectsTo are followed`,
           `redirect to ${to}`,
@@ -385,7 +386,8 @@ export class SecretStore {
         match = findFirst(text, needles, budget);
       } catch (error) {
         if (!(error instanceof UnscannableError)) throw error;
-        throw denied(
+        throw secretDenied(
+          leaving[0]!.name,
           `a redirect leaves the hosts of secret ${leaving.map((e) => e.name).join(", ")}, which this request carried, ` +
             "and is too complex to scan for secrets, so it is not followed",
         );
@@ -397,7 +399,8 @@ export class SecretStore {
       else if (hostIsClean(hop, needles)) to = `to host "${hostname}", which is not in its hosts`;
       else to = "to a host outside its hosts";
       const subject = where.startsWith("header ") ? where : "URL";
-      throw denied(
+      throw secretDenied(
+        e.name,
         `a redirect's ${subject} carries the value of secret ${e.name} ${to}; ` +
           `it was found ${encoding(match)} in the ${where}, so the redirect is not followed`,
       );
@@ -422,7 +425,7 @@ export class SecretStore {
       // A placeholder is never substituted into the path (nor the query, unless asked), but one
       // bound for a host outside its secret's hosts is refused there as it is in a header.
       if (!inScope && !e.deleted && (href.includes(e.placeholder) || decoded?.includes(e.placeholder) === true || url.hostname.includes(e.placeholder.toLowerCase()))) {
-        throw denied(`the URL carries the placeholder of secret ${e.name} to host "${hostname}", which is not in its hosts`);
+        throw secretDenied(e.name, `the URL carries the placeholder of secret ${e.name} to host "${hostname}", which is not in its hosts`);
       }
     }
   }
@@ -443,11 +446,11 @@ export class SecretStore {
       if (e.deleted) continue;
       if (out.includes(e.placeholder)) {
         if (!inScope) {
-          throw denied(`${where} carries the placeholder of secret ${e.name} to host "${hostname}", which is not in its hosts`);
+          throw secretDenied(e.name, `${where} carries the placeholder of secret ${e.name} to host "${hostname}", which is not in its hosts`);
         }
         if (!secure) {
           // Anyone on the path could read it: a secret is only ever inserted into TLS traffic.
-          throw denied(`${where} carries the placeholder of secret ${e.name} over plain http://; secrets are only sent over https://`);
+          throw secretDenied(e.name, `${where} carries the placeholder of secret ${e.name} over plain http://; secrets are only sent over https://`);
         }
         const replacement = encode === undefined ? e.value : encode(e.value);
         // A function, so that `$&`, `$'`, `` $` `` and `$$` in a value are not replacement patterns.
@@ -550,13 +553,13 @@ function refuseValues(e: Entry, text: string, hostname: string, inScope: boolean
   for (const retired of e.retired) {
     const old = fold ? retired.toLowerCase() : retired;
     if (old !== "" && text.includes(old) && !onlyInside(text, old, current)) {
-      throw denied(`${where} carries a retired value of secret ${e.name}; rotated and deleted values are refused everywhere`);
+      throw secretDenied(e.name, `${where} carries a retired value of secret ${e.name}; rotated and deleted values are refused everywhere`);
     }
   }
   if (e.deleted || !text.includes(current)) return;
-  if (!inScope) throw denied(`${where} carries the value of secret ${e.name} to host "${hostname}", which is not in its hosts`);
+  if (!inScope) throw secretDenied(e.name, `${where} carries the value of secret ${e.name} to host "${hostname}", which is not in its hosts`);
   // A redirect to http:// carries the values substituted for the previous hop.
-  if (!secure) throw denied(`${where} carries the value of secret ${e.name} over plain http://; secrets are only sent over https://`);
+  if (!secure) throw secretDenied(e.name, `${where} carries the value of secret ${e.name} over plain http://; secrets are only sent over https://`);
 }
 
 /**

@@ -59,6 +59,26 @@ function seriesOf(text: string, name: string): string[] {
 }
 
 describe("metrics", () => {
+  it("a secret's refusal at a redirect hop, or under a header named like a secret, counts as the secrets' rule and under the secret's configured name", async () => {
+    const upstream = await startUpstream({ names: ["api.test", "other.test"] });
+    const seen = ends();
+    const proxy = await startTestProxy(
+      { allowedInternalHosts: ["api.test", "other.test"], secrets: { TOKEN: { hosts: ["api.test"], value: "s3cret-value" } } },
+      { metricsListen: "127.0.0.1:0", logLevel: "warn" },
+    );
+    const placeholder = proxy.guestEnv()["TOKEN"]!;
+    const hop = encodeURIComponent(`https://other.test:${upstream.port}/echo`);
+    // Substituted for api.test, then carried by the redirect to other.test in the same header.
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/redirect?to=${hop}`, { headers: { "x-k": placeholder } })).status).toBe(403);
+    // The reason names the header ("x-secret carries …"): the label is the secret's own name.
+    expect((await fetchVia(proxy, `https://other.test:${upstream.port}/echo`, { headers: { "x-secret": placeholder } })).status).toBe(403);
+    await seen.count(2);
+    for (const record of seen.records) expect(record.sources.find((s) => s.phase === "secrets")).toMatchObject({ decision: "block", secret: "TOKEN" });
+    const { text } = await get(`${proxy.metricsUrl}/metrics`);
+    expect(sample(text, "egressgate_requests_total", { decision: "deny", rule: "declarative:secrets" })).toBe(2);
+    expect(seriesOf(text, "egressgate_secret_refusals_total")).toEqual(['egressgate_secret_refusals_total{secret="TOKEN"} 2']);
+  });
+
   it("counts allowed, denied and failing requests by guest, decision, status class and rule, with hook and secret series", async () => {
     const upstream = await startUpstream();
     const seen = ends();
