@@ -25,12 +25,29 @@ export function normalizeHostname(host: string): string {
   return lower.endsWith(".") ? lower.slice(0, -1) : lower;
 }
 
+/**
+ * A pattern as the proxy spells the hosts it is matched against: an address in any of the forms
+ * the URL parser reads (`127.1`, `2130706433`, `0:0:0:0:0:0:0:1`, `::ffff:127.0.0.1`) becomes the
+ * one a guest's URL naming it becomes, so it matches that URL (written otherwise, it never did).
+ * Wildcards are left as they are.
+ */
+function canonicalPattern(pattern: string): string {
+  const normalized = normalizeHostname(pattern);
+  // Only a name or an address is read as one: a URL, a path or a port is refused as it was written.
+  if (normalized.includes("*") || !(patternChars.test(normalized) || isIP(normalized) === 6)) return normalized;
+  try {
+    return normalizeHostname(new URL(`http://${isIP(normalized) === 6 ? `[${normalized}]` : normalized}/`).hostname);
+  } catch {
+    return normalized;
+  }
+}
+
 /** Throws a TypeError naming `optionName` when a pattern is empty or has characters no hostname has. */
 export function validateHostPattern(pattern: unknown, optionName: string): string {
   if (typeof pattern !== "string" || pattern.trim() === "") {
     throw new TypeError(`${optionName}: expected a non-empty host pattern, got ${JSON.stringify(pattern)}`);
   }
-  const normalized = normalizeHostname(pattern.trim());
+  const normalized = canonicalPattern(pattern.trim());
   // An IPv6 literal is the one pattern with colons; anything else with ":" has a port or scheme.
   if (!patternChars.test(normalized) && isIP(normalized) !== 6) {
     throw new TypeError(
@@ -62,7 +79,7 @@ function globMatch(pieces: readonly string[], host: string): boolean {
 }
 
 export function compileHostPatterns(patterns: readonly string[]): HostMatcher {
-  const normalized = patterns.map(normalizeHostname);
+  const normalized = patterns.map(canonicalPattern);
   const exact = new Set<string>();
   const wildcards: { pattern: string; pieces: string[] }[] = [];
   let matchAll = false;

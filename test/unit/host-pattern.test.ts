@@ -113,6 +113,30 @@ describe("validateHostPattern", () => {
   });
 });
 
+describe("address patterns in other spellings", () => {
+  // Accepted at start before, and never matched: the proxy matches the URL parser's spelling.
+  it.each([
+    ["127.1", "127.0.0.1"],
+    ["2130706433", "127.0.0.1"],
+    ["0x7f.0.0.1", "127.0.0.1"],
+    ["0:0:0:0:0:0:0:1", "[::1]"],
+    ["[0:0:0:0:0:0:0:1]", "[::1]"],
+    ["::ffff:127.0.0.1", "[::ffff:7f00:1]"],
+    ["::FFFF:7F00:1", "[::ffff:7f00:1]"],
+  ])("%s matches the host a URL naming it has, %s", (pattern, host) => {
+    expect(compileHostPatterns([pattern]).match(host)).toBeDefined();
+    expect(compileHostPatterns([validateHostPattern(pattern, "allowedInternalHosts[0]")]).match(host)).toBeDefined();
+  });
+
+  it.each([
+    ["127.1", "127.0.0.2"],
+    ["*.test", "127.0.0.1"],
+    ["api.test", "api.test.evil"],
+  ])("%s still does not match %s", (pattern, host) => {
+    expect(compileHostPatterns([pattern]).match(host)).toBeUndefined();
+  });
+});
+
 describe("compileHostPatterns", () => {
   it("exposes the patterns lowercased and without a trailing dot, in the order given", () => {
     const matcher = compileHostPatterns(["Example.COM.", "*.Foo.test", "*"]);
