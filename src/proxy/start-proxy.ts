@@ -13,6 +13,7 @@ import { startMetricsServer, type MetricsServer } from "../metrics/metrics-serve
 import { randomKey } from "./auth.js";
 import { AuthGate } from "./auth-gate.js";
 import { ConnectionLimits } from "./connection-limits.js";
+import { HandshakeGate } from "./handshake-gate.js";
 import { createDecisionLog } from "./decision-log.js";
 import { guestEnvironment, writeGuestEnvFile } from "./guest-env.js";
 import { resolveGuestOptions, type GuestOptions } from "./guest-options.js";
@@ -148,6 +149,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   redactor.update(guests);
 
   const limits = new ConnectionLimits(config.limits, log, warnings);
+  const handshakes = new HandshakeGate();
   const side = new GuestSide({ config, log, decide, guests, auth: new AuthGate(guests, warnings), limits, redact });
   const inner = side.createServer();
   const outer = side.createServer();
@@ -155,7 +157,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   outer.on("connect", (req: IncomingMessage, socket: Socket, head: Buffer) => {
     side.connect(req, socket, head, (target, early) => {
       metrics?.tunnel(socket);
-      serveTunnel(socket, early, target, { inner, h2: (tls) => side.serveH2(tls), leaves: authority.leaves, log, handshakeMs: config.timeouts.handshakeMs });
+      serveTunnel(socket, early, target, { inner, h2: (tls) => side.serveH2(tls), leaves: authority.leaves, handshakes, log, handshakeMs: config.timeouts.handshakeMs });
     });
   });
   inner.on("connect", (_req: IncomingMessage, socket: Socket) => {

@@ -7,6 +7,7 @@ import type { LeafCertCache } from "../tls/leaf-cert-cache.js";
 import { SigningLimitError } from "../tls/signing-queue.js";
 import type { Authority } from "./authority.js";
 import { normalizeHost } from "../hostname.js";
+import type { HandshakeGate } from "./handshake-gate.js";
 import type { TunnelTarget } from "./guest-request.js";
 import { bareHostname } from "../hostname.js";
 import { withFields } from "../objects.js";
@@ -27,6 +28,8 @@ export interface TunnelDeps {
   /** Takes TLS sockets whose ALPN chose `h2`; without it only `http/1.1` is offered. */
   readonly h2?: ((socket: TLSSocket) => void) | undefined;
   readonly leaves: LeafCertCache;
+  /** Turns for TLS handshakes per guest address (see HandshakeGate). */
+  readonly handshakes: HandshakeGate;
   readonly log: Logger;
   readonly handshakeMs: number;
 }
@@ -171,6 +174,10 @@ async function terminateTls(
   deadline: NodeJS.Timeout,
   hello: Buffer,
 ): Promise<void> {
+  // This address's turn first: its signing and handshake then run beside at most a few of its own.
+  const leave = await deps.handshakes.enter(socket.remoteAddress ?? "", new Promise((resolve) => socket.once("close", () => resolve())));
+  if (leave === undefined) return;
+  socket.once("close", leave);
   let context: SecureContext;
   try {
     // A host the allowlist refuses gets its leaf from the refused names' LRU (see LeafCertCache).
@@ -212,6 +219,7 @@ async function terminateTls(
   // ALPN at all included) to the HTTP/1.1 server, whose timeouts and error handling stay its own.
   tlsSocket.once("secure", () => {
     clearTimeout(deadline);
+    leave();
     tlsSocket.off("end", left);
     if (tlsSocket.alpnProtocol === "h2" && deps.h2 !== undefined) deps.h2(tlsSocket);
     else deps.inner.emit("connection", tlsSocket);

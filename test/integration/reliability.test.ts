@@ -11,7 +11,8 @@ import { createDjsHooks } from "../../src/index.js";
 import { startChildProxy } from "../helpers/child-proxy.js";
 import { unhurriedMs } from "../helpers/djs.js";
 import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
-import { openRaw, openTlsTunnel, type RawClient } from "../helpers/raw.js";
+import { openRaw, openTlsTunnel, openTunnel, type RawClient } from "../helpers/raw.js";
+import { connect as tlsConnect } from "node:tls";
 import { testCa } from "../helpers/test-ca.js";
 import { startUpstream, type Route } from "../helpers/upstream.js";
 
@@ -483,6 +484,39 @@ describe("a guest that half-closes a tunnel before its TLS handshake is done", (
       await closed;
     }
     expect(await statusOfNextConnection(proxy.port)).toBe(403);
+  });
+});
+
+describe("one address's TLS handshakes take turns", () => {
+  it("past 16 at once, its next handshake waits for one of them to end, while another address's handshake goes ahead", async () => {
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { handshakeMs: 60_000 } });
+    const hello = await clientHello("api.test");
+    // A tunnel from 127.0.0.1 that sends a ClientHello and never finishes the handshake.
+    const stalled = async (): Promise<{ socket: Socket; answered: Promise<void>; answeredYet: () => boolean }> => {
+      const socket = (await openTunnel(proxy.port, "api.test:443")).detach() as Socket;
+      socket.on("error", () => undefined);
+      let yet = false;
+      const answered = new Promise<void>((resolve) => socket.once("data", () => resolve()));
+      void answered.then(() => (yet = true));
+      socket.write(hello);
+      return { socket, answered, answeredYet: () => yet };
+    };
+    const first = await Promise.all(Array.from({ length: 16 }, stalled));
+    // Each of the 16 has its ServerHello: its handshake runs, waiting for the guest's Finished.
+    await Promise.all(first.map((t) => t.answered));
+    const seventeenth = await stalled();
+    // Another address, after the seventeenth's ClientHello was sent: a whole handshake, then a request.
+    const other = await openFrom("127.0.0.2", proxy.port);
+    other.write("CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n\r\n");
+    expect((await other.readResponse({ forConnect: true })).status).toBe(200);
+    const tls = tlsConnect({ socket: other.detach() as Socket, servername: "api.test", ca: proxy.caCertPem });
+    await once(tls, "secureConnect");
+    tls.destroy();
+    expect(seventeenth.answeredYet()).toBe(false);
+    // One of the 16 leaves: the seventeenth's handshake takes its turn.
+    first[0]!.socket.destroy();
+    await seventeenth.answered;
+    for (const t of [...first, seventeenth]) t.socket.destroy();
   });
 });
 

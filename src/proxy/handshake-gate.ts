@@ -1,0 +1,63 @@
+/**
+ * TLS handshakes one guest address may run at once; the next wait their turn. A handshake costs
+ * the proxy a key exchange and a signature, on the event loop every guest shares: one address
+ * keeping 200 in flight held another address's plain requests for 0.7 s each (issue 13's
+ * fairness rule, which the signing queue keeps for signings, held for handshakes too).
+ */
+export const handshakesPerSource = 16;
+
+interface Source {
+  running: number;
+  readonly waiting: (() => void)[];
+}
+
+/**
+ * Turns for TLS handshakes, per guest address: at most `perSource` run at once, the rest wait in
+ * order. A turn is taken with `enter()` and given back with the function it resolves to; a wait
+ * is dropped with the signal it was given (the guest left, or its deadline came).
+ */
+export class HandshakeGate {
+  private readonly sources = new Map<string, Source>();
+
+  constructor(private readonly perSource = handshakesPerSource) {}
+
+  /** Resolves to the function that ends the turn (it may be called more than once), or to undefined if `gone` came first. */
+  enter(source: string, gone: Promise<void>): Promise<(() => void) | undefined> {
+    let entry = this.sources.get(source);
+    if (entry === undefined) {
+      entry = { running: 0, waiting: [] };
+      this.sources.set(source, entry);
+    }
+    const turn = this.turn(source, entry);
+    if (entry.running < this.perSource) {
+      entry.running++;
+      return Promise.resolve(turn);
+    }
+    const queued = entry;
+    return new Promise((resolve) => {
+      const start = (): void => {
+        queued.running++;
+        resolve(turn);
+      };
+      queued.waiting.push(start);
+      void gone.then(() => {
+        const at = queued.waiting.indexOf(start);
+        if (at < 0) return;
+        queued.waiting.splice(at, 1);
+        resolve(undefined);
+      });
+    });
+  }
+
+  private turn(source: string, entry: Source): () => void {
+    let ended = false;
+    return () => {
+      if (ended) return;
+      ended = true;
+      entry.running--;
+      const next = entry.waiting.shift();
+      if (next !== undefined) next();
+      else if (entry.running === 0) this.sources.delete(source);
+    };
+  }
+}
