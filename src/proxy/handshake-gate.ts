@@ -56,7 +56,10 @@ export class HandshakeGate {
       ended = true;
       entry.running--;
       const next = entry.waiting.shift();
-      if (next !== undefined) next();
+      // The next turn starts on the event loop's next round, not in this one: handshakes run
+      // synchronously where they start, and a burst of ends (a flood that resets after each
+      // ServerHello) would otherwise run as many handshakes back to back as there are waiting.
+      if (next !== undefined) setImmediate(next);
       else if (entry.running === 0) this.sources.delete(source);
     };
   }

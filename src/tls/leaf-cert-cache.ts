@@ -128,9 +128,9 @@ export class LeafCertCache {
       if (leafSignedChannel.hasSubscribers) leafSignedChannel.publish({ name });
       // Most of a new leaf's cost is this call, not the signature: OpenSSL 3.0 parses the key PEM
       // (~0.5 ms) and the certificate for every context, and Node has no way to share a parsed key
-      // between contexts. Skipping the root store (`ca: []`) measured no faster.
-      // No renegotiation (TLS 1.2): each costs a key exchange and a signature on a connection
-      // already paid for, and Node's own limit let a guest run hundreds a second.
+      // between contexts. Skipping the root store (`ca: []`) measured no faster. No renegotiation
+      // (TLS 1.2): each costs a key exchange and a signature on a connection already paid for,
+      // and Node's own limit let a guest run hundreds a second.
       const context = createSecureContext({ key: this.signer.leafKey.privateKeyPem, cert: certPem, secureOptions: constants.SSL_OP_NO_RENEGOTIATION });
       // A renewal replaces the name's entry wherever it was; the pool is decided now, once every
       // caller that joined this signing has said whether it was refused.
