@@ -167,3 +167,13 @@ export function loggableTarget(target: string, maxLength = 512): string {
   const bare = (cut < 0 ? target : target.slice(0, cut)).replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/@]*@/i, "$1");
   return bare.length > maxLength ? `${bare.slice(0, maxLength)}…` : bare;
 }
+
+/**
+ * The URL for the decision log: no query (it can carry credentials), and the path cut like {@link loggableTarget} cuts a
+ * raw target, so a crafted 60 KB path cannot make every line that long. Redacted before the
+ * cut, which could otherwise leave part of a value that the logger's redaction no longer sees.
+ */
+export function loggableUrl(url: URL, redact: (text: string) => string, maxLength = 512): string {
+  const path = redact(url.pathname);
+  return `${url.origin}${path.length > maxLength ? `${path.slice(0, maxLength)}…` : path}`;
+}

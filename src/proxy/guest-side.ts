@@ -12,7 +12,7 @@ import { authenticationRequired } from "./auth.js";
 import { parseAuthority } from "./authority.js";
 import type { ConnectionLimits } from "./connection-limits.js";
 import type { DecisionLog } from "./decision-log.js";
-import { loggableTarget, toOutboundRequest } from "./guest-request.js";
+import { loggableTarget, loggableUrl, toOutboundRequest } from "./guest-request.js";
 import type { Guest, GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, type LaneRequest } from "./lanes.js";
@@ -411,16 +411,6 @@ function once(fn: () => void): () => void {
     done = true;
     fn();
   };
-}
-
-/**
- * The URL for the decision log: no query (it can carry credentials), and the path cut like {@link loggableTarget} cuts a
- * raw target, so a crafted 60 KB path cannot make every line that long. Redacted before the
- * cut, which could otherwise leave part of a value that the logger's redaction no longer sees.
- */
-function loggableUrl(url: URL, redact: (text: string) => string, maxLength = 512): string {
-  const path = redact(url.pathname);
-  return `${url.origin}${path.length > maxLength ? `${path.slice(0, maxLength)}…` : path}`;
 }
 
 function asEgressError(error: unknown): EgressError {

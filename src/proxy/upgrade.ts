@@ -5,7 +5,7 @@ import type { DecisionLog } from "./decision-log.js";
 import type { Pipeline } from "../pipeline/pipeline.js";
 import { connectPinned, type PinnedSocketOptions } from "../upstream/pinned-socket.js";
 import type { ResolvedAddress } from "../upstream/resolve.js";
-import { loggableTarget, toOutboundRequest } from "./guest-request.js";
+import { loggableTarget, loggableUrl, toOutboundRequest } from "./guest-request.js";
 import { errorBody, writeRawError } from "./respond.js";
 import type { TraceEntry } from "../pipeline/exchange.js";
 import type { Decision } from "../policy/decision.js";
@@ -31,6 +31,8 @@ const maxResponseHead = 64 * 1024;
 const maxEarlyBytes = 64 * 1024;
 
 const guestLeft = (): EgressError => new EgressError("EG_UPSTREAM", 502, "the guest left before the upgrade completed");
+const tooEarly = (): EgressError =>
+  new EgressError("EG_BAD_REQUEST", 400, `the guest sent more than ${maxEarlyBytes / 1024} KiB before the upgrade completed; the proxy closed the connection`);
 
 /**
  * A WebSocket (or other) upgrade is checked like any request: head validation, onRequest,
@@ -41,7 +43,8 @@ const guestLeft = (): EgressError => new EgressError("EG_UPSTREAM", 502, "the gu
  */
 export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: Buffer, deps: UpgradeDeps): Promise<void> {
   const started = performance.now();
-  const target = `${req.method ?? ""} ${loggableTarget(req.url ?? "")}`;
+  // The request's URL once it is known (a target inside a tunnel is only a path), as other requests log it.
+  let target = `${req.method ?? ""} ${loggableTarget(req.url ?? "")}`;
   let upstream: Socket | undefined;
   let switched: Buffer;
   // With an audit log or onDecision: each source's say, and the decision that let it out.
@@ -51,9 +54,11 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
   // Until the upstream switches, nothing else ties the two sockets together: a guest that leaves
   // (or a proxy that closes, which destroys guest sockets) must take the upstream connection too.
   let guestGone = false;
+  let overflowed = false;
+  const gone = (): EgressError => (overflowed ? tooEarly() : guestLeft());
   const onGuestClose = (): void => {
     guestGone = true;
-    upstream?.destroy(guestLeft());
+    upstream?.destroy(gone());
   };
   // The guest's socket is half-open after the upgrade event: a guest that leaves is seen as "end",
   // which a socket only emits while it is read. Bytes the guest sends early are kept for the
@@ -62,8 +67,9 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
   let earlyBytes = 0;
   const onEarly = (chunk: Buffer): void => {
     earlyBytes += chunk.length;
-    if (earlyBytes > maxEarlyBytes) socket.destroy();
-    else early.push(chunk);
+    if (earlyBytes <= maxEarlyBytes) return void early.push(chunk);
+    overflowed = true;
+    socket.destroy();
   };
   socket.on("data", onEarly);
   socket.once("end", onGuestClose);
@@ -72,6 +78,7 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
     const guestRequest = toOutboundRequest(req, tunnelOf(socket));
     // No query: it can carry credentials (as the decision log's target has none).
     url = `${guestRequest.url.origin}${guestRequest.url.pathname}`;
+    target = `${req.method ?? ""} ${loggableUrl(guestRequest.url, deps.redact ?? ((text) => text))}`;
     const upgrade = req.headers.upgrade;
     if (upgrade === undefined || upgrade === "") throw new EgressError("EG_BAD_REQUEST", 400, "Upgrade header missing");
     // After a 101 the connection carries whatever the new protocol does, unseen by any tier. For
@@ -84,15 +91,15 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
     const authorized = await deps.pipeline.authorizeUpgrade(guestRequest, trace);
     const { request, addresses } = authorized;
     decision = authorized.decision;
-    if (guestGone) throw guestLeft();
+    if (guestGone) throw gone();
     upstream = await connectFirst(request.url, addresses, deps);
-    if (guestGone) throw guestLeft();
+    if (guestGone) throw gone();
     const lines = [`${request.method} ${request.url.pathname}${request.url.search} HTTP/1.1`, `host: ${request.url.host}`];
     for (let i = 0; i < request.headers.length; i += 2) lines.push(`${request.headers[i]}: ${request.headers[i + 1]}`);
     lines.push("connection: Upgrade", "upgrade: websocket");
     upstream.write(`${lines.join("\r\n")}\r\n\r\n`);
     switched = await awaitSwitch(upstream, request.url.host, deps.headersMs);
-    if (guestGone || socket.destroyed) throw guestLeft();
+    if (guestGone || socket.destroyed) throw gone();
   } catch (error) {
     socket.off("data", onEarly);
     socket.off("end", onGuestClose);

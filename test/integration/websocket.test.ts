@@ -63,7 +63,8 @@ describe("WebSocket upgrades", () => {
     const echoed = new Promise<string>((resolve) => ws.addEventListener("message", (e) => resolve(String(e.data))));
     ws.send("hello through egressgate");
     expect(await echoed).toBe("hello through egressgate");
-    expect(proxy.logs.some((l) => l["msg"] === "request" && l["status"] === 101)).toBe(true);
+    // Logged with the URL, as other requests in a tunnel are, not with the path alone.
+    expect(proxy.logs.find((l) => l["msg"] === "request" && l["status"] === 101)).toMatchObject({ target: `GET https://api.test:${server.port}/socket` });
   });
 
   it("an upgrade refused by isRequestAllowed never reaches the upstream", async () => {
@@ -285,6 +286,21 @@ describe("upgrades an upstream never answers", () => {
     await tarpit.headReceived;
     guest.end("early frame bytes");
     expect(await closedWithin(tarpit.upstreamClosed, 3_000)).toBe("closed");
+  });
+
+  it("a guest that sends more than 64 KiB before the 101 is cut, the upstream connection with it, and the log says why", async () => {
+    const tarpit = await startTarpit();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const { guest, guestClosed } = sendUpgrade(proxy.port, tarpit.port);
+    await tarpit.headReceived;
+    guest.write(Buffer.alloc(70 * 1024, 0x61));
+    await guestClosed;
+    expect(await closedWithin(tarpit.upstreamClosed, 3_000)).toBe("closed");
+    await expect.poll(() => proxy.logs.find((l) => l["msg"] === "request" && l["upgrade"] === true)).toMatchObject({
+      status: 400,
+      reason: expect.stringMatching(/sent more than 64 KiB before the upgrade completed; the proxy closed the connection/),
+      target: `GET http://api.test:${tarpit.port}/ws`,
+    });
   });
 
   it("closing the proxy closes the upstream connection of a pending upgrade", async () => {
