@@ -1,3 +1,5 @@
+import { lookup } from "node:dns/promises";
+import { isIP } from "node:net";
 import { createSecureContext } from "node:tls";
 import { Readable } from "node:stream";
 import { EgressError, badRequest } from "../errors.js";
@@ -6,9 +8,10 @@ import type { BuiltProxyOptions } from "../config/build.js";
 import { GuestGone, type Executor, type ExecutorResponse, type TraceEntry } from "../pipeline/exchange.js";
 import { hookSources } from "../pipeline/hook-source.js";
 import { Pipeline } from "../pipeline/pipeline.js";
-import { DeclarativePolicy } from "../policy/declarative-policy.js";
+import { DeclarativePolicy, type ListenAddress } from "../policy/declarative-policy.js";
 import { checkMethod, token } from "../proxy/guest-request.js";
-import { resolveProxyOptions } from "../proxy/options.js";
+import { listenAddresses } from "../proxy/listen-addresses.js";
+import { resolveProxyOptions, type ResolvedProxyOptions } from "../proxy/options.js";
 import { PinnedPools } from "../upstream/pinned-pools.js";
 import { Resolver, type ResolvedAddress } from "../upstream/resolve.js";
 import { UsageError } from "./usage-error.js";
@@ -68,6 +71,33 @@ function checkHeaderFields(headers: readonly string[]): void {
   }
 }
 
+/**
+ * The addresses the proxy of this configuration would listen on, which it refuses as
+ * destinations (DESIGN §4): its listener and its metrics listener, a wildcard one on every
+ * interface of this machine. Port 0 is picked when the proxy starts, so there is no port to
+ * refuse: such a listener adds nothing. A listener named by a host name binds where
+ * `dns.lookup` says, as `server.listen` does; with `--no-dns` it is not looked up, and adds
+ * nothing.
+ */
+async function ownAddresses(config: ResolvedProxyOptions, dns: boolean): Promise<ListenAddress[]> {
+  const own: ListenAddress[] = [];
+  for (const listener of [config.listen, config.metricsListen]) {
+    if (listener === undefined || listener.port === 0) continue;
+    let bound = listener.host;
+    if (isIP(bound) === 0) {
+      if (!dns) continue;
+      try {
+        bound = (await lookup(bound)).address;
+      } catch {
+        // The proxy could not listen there at all: nothing of its own to refuse.
+        continue;
+      }
+    }
+    own.push(...listenAddresses(bound, listener.port));
+  }
+  return own;
+}
+
 /** Runs the check; resolves with the exit code (0 allowed, 1 denied), having printed the report. */
 export async function runCheck(command: CheckCommand, print: (text: string) => void): Promise<number> {
   let url: URL;
@@ -84,7 +114,8 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
   const guest = config.guests.find((entry) => entry.name === guestName);
   if (guest === undefined) throw new UsageError(`check: no guest named "${guestName}" (served: ${names.join(", ")})`);
 
-  const policy = new DeclarativePolicy(guest.declarative, () => []);
+  const own = await ownAddresses(config, command.dns);
+  const policy = new DeclarativePolicy(guest.declarative, () => own);
   const secrets = policy.config.secrets;
   const redact = (text: string): string => secrets?.redact(text) ?? text;
   const headers: string[] = [];

@@ -1,6 +1,5 @@
 import type { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
-import { networkInterfaces } from "node:os";
 import { EgressError } from "../errors.js";
 import { makeIssue, OptionError } from "../option-error.js";
 import { createLogger } from "../log.js";
@@ -19,6 +18,7 @@ import { guestEnvironment, writeGuestEnvFile } from "./guest-env.js";
 import { resolveGuestOptions, type GuestOptions } from "./guest-options.js";
 import { GuestSide } from "./guest-side.js";
 import { GuestRegistry } from "./guests.js";
+import { listenAddresses } from "./listen-addresses.js";
 import { checkGuestOptions, checkSourcesApart, connectionsWithin, openFileLimit, resolveProxyOptions, type ProxyOptions } from "./options.js";
 import { writeRawError } from "./respond.js";
 import { GuestRedactor } from "./redactor.js";
@@ -333,12 +333,4 @@ function warnPastFileLimit(connections: number, log: ReturnType<typeof createLog
     carries: connectionsWithin(fds),
     consequence: "past it, new guests are reset without an answer or a log line; raise the limit (ulimit -n, LimitNOFILE) or lower limits.connections",
   });
-}
-
-/** The loopback and interface addresses a wildcard listener answers on, or the bound one. */
-function listenAddresses(bound: string, port: number): ListenAddress[] {
-  if (bound !== "0.0.0.0" && bound !== "::") return [{ ip: bound, port }];
-  const ips = new Set<string>(["127.0.0.1", "::1", bound]);
-  for (const list of Object.values(networkInterfaces())) for (const nic of list ?? []) ips.add(nic.address);
-  return [...ips].map((ip) => ({ ip, port }));
 }

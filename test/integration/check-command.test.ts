@@ -96,6 +96,34 @@ function onResponse(response) { if (response.headers.get("x-bad") === "1") retur
     expect(report.wouldSend).toEqual([]);
   });
 
+  it("refuses the proxy's own listening address, as the proxy started with the same flags does", async () => {
+    const flags = ["--allow-internal-host", "127.0.0.1", "--allow-internal-host", "self.test", "--resolve", "self.test=127.0.0.2"];
+    const own = await checkJson(["GET", "http://127.0.0.1:8080/", "--listen", "127.0.0.1:8080", ...flags]);
+    expect(own.code).toBe(1);
+    expect(own.report.addresses).toEqual([expect.objectContaining({ ip: "127.0.0.1", allowed: false, rule: "self" })]);
+    expect(own.report.answer).toMatchObject({ allowed: false, status: 403, code: "EG_DENIED" });
+    expect(own.report.answer.reason).toContain("egressgate's own listening address (port 8080)");
+    // Any loopback address reaches a loopback listener, by name too.
+    const named = await checkJson(["GET", "http://self.test:8080/", "--listen", "127.0.0.1:8080", ...flags]);
+    expect(named.report.answer).toMatchObject({ allowed: false, status: 403 });
+    expect(named.report.answer.reason).toContain('host "self.test" resolves to egressgate\'s own listening address');
+    // Another port is not the proxy's; nor is any with port 0, which the proxy picks when it starts.
+    expect((await checkJson(["GET", "http://127.0.0.1:8081/", "--listen", "127.0.0.1:8080", ...flags])).report.answer.allowed).toBe(true);
+    expect((await checkJson(["GET", "http://127.0.0.1:8080/", "--listen", "127.0.0.1:0", ...flags])).report.answer.allowed).toBe(true);
+  });
+
+  it("refuses a config file's listen and metricsListen addresses as the proxy's own", async () => {
+    const file = join(tempDir(), "egressgate.yaml");
+    writeFileSync(file, "listen: 127.0.0.1:3128\nmetricsListen: 127.0.0.1:9464\nallowInternalHosts: [127.0.0.1]\n");
+    for (const port of [3128, 9464]) {
+      const { code, report } = await checkJson(["--config", file, "GET", `http://127.0.0.1:${port}/`]);
+      expect(code).toBe(1);
+      expect(report.answer.reason).toContain(`egressgate's own listening address (port ${port})`);
+    }
+    // --listen overrides the file's, as when serving.
+    expect((await checkJson(["--config", file, "--listen", "127.0.0.1:3129", "GET", "http://127.0.0.1:3128/"])).report.answer.allowed).toBe(true);
+  });
+
   // What the proxy answers before any tier runs: check must answer the same, not run the pipeline.
   it.each([
     ["CONNECT", 405, "EG_METHOD_NOT_ALLOWED", "CONNECT inside a tunnel is not allowed"],
