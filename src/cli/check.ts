@@ -9,6 +9,7 @@ import { GuestGone, type Executor, type ExecutorResponse, type TraceEntry } from
 import { hookSources } from "../pipeline/hook-source.js";
 import { Pipeline } from "../pipeline/pipeline.js";
 import { DeclarativePolicy, type ListenAddress } from "../policy/declarative-policy.js";
+import { foreignSecret } from "../proxy/foreign-secret.js";
 import { checkMethod, token } from "../proxy/guest-request.js";
 import { listenAddresses } from "../proxy/listen-addresses.js";
 import { resolveProxyOptions, type ResolvedProxyOptions } from "../proxy/options.js";
@@ -117,6 +118,7 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
   const own = await ownAddresses(config, command.dns);
   const policy = new DeclarativePolicy(guest.declarative, () => own);
   const secrets = policy.config.secrets;
+  const neighbours = config.guests.filter((entry) => entry !== guest).map((entry) => entry.declarative.secrets);
   const redact = (text: string): string => secrets?.redact(text) ?? text;
   const headers: string[] = [];
   for (const line of command.headers) {
@@ -189,6 +191,8 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
     maxRedirects: config.maxRedirects,
     limits: { requestBodyBytes: config.maxHttpBodyBytes, responseBodyBytes: config.maxHttpResponseBodyBytes, hookMs: config.timeouts.hookMs },
     requestMs: config.timeouts.requestMs,
+    // Another guest's placeholder is refused, as the proxy that serves them all refuses it.
+    foreignSecret: (request) => foreignSecret(request, neighbours),
     // Nothing leaves: the innermost executor records where the request would go.
     executor: () => offline,
   });

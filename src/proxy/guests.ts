@@ -10,6 +10,7 @@ import type { TlsAuthority } from "../tls/authority.js";
 import { PinnedPools, type UpstreamConnection } from "../upstream/pinned-pools.js";
 import { Resolver, type ResolvedAddress } from "../upstream/resolve.js";
 import { guestToken, parseBasic, tokenDigest, tokenMatches } from "./auth.js";
+import { foreignSecret } from "./foreign-secret.js";
 import type { ResolvedGuest } from "./guest-options.js";
 import type { ResolvedProxyOptions } from "./options.js";
 import type { UpgradeDeps } from "./upgrade.js";
@@ -272,37 +273,14 @@ export class GuestRegistry {
   foreignSecret(self: Guest, request: SecretTarget): string | undefined {
     // One guest has no neighbours: nothing to scan on the single-guest path.
     if (this.guests.size <= 1) return undefined;
-    const found = placeholdersIn(request);
-    if (found.size === 0) return undefined;
-    for (const guest of this.guests.values()) {
-      if (guest === self) continue;
-      for (const info of guest.policy.config.secrets?.list() ?? []) if (found.has(info.placeholder)) return info.name;
-    }
-    return undefined;
+    return foreignSecret(request, this.neighbourSecrets(self));
+  }
+
+  private *neighbourSecrets(self: Guest): Generator<SecretStore | undefined> {
+    for (const guest of this.guests.values()) if (guest !== self) yield guest.policy.config.secrets;
   }
 
   async closeAll(): Promise<void> {
     await Promise.all([...this.guests.values()].map((guest) => guest.close()));
   }
-}
-
-const placeholderPattern = /EGRESSGATE_SECRET_[0-9a-f]{48}/g;
-const basicValue = /^basic[ \t]+([A-Za-z0-9+/=_-]+)/i;
-
-/** Every placeholder-shaped string in the URL and headers, Basic credentials decoded too. */
-function placeholdersIn(request: SecretTarget): Set<string> {
-  const found = new Set<string>();
-  const scan = (text: string): void => {
-    if (!text.includes("EGRESSGATE_SECRET_")) return;
-    for (const match of text.matchAll(placeholderPattern)) found.add(match[0]);
-  };
-  scan(request.url.href);
-  const headers = request.headers;
-  for (let i = 0; i < headers.length; i += 2) {
-    const value = headers[i + 1]!;
-    scan(value);
-    const basic = basicValue.exec(value);
-    if (basic !== null) scan(Buffer.from(basic[1]!, "base64").toString("latin1"));
-  }
-  return found;
 }

@@ -5,6 +5,8 @@ import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import { tempDir } from "../helpers/proxy.js";
 import type { CheckReport } from "../../src/cli/check.js";
+import { guestPlaceholderKey } from "../../src/config/build.js";
+import { createHttpHooks } from "../../src/hooks/http-hooks.js";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 
@@ -85,6 +87,37 @@ function onResponse(response) { if (response.headers.get("x-bad") === "1") retur
     expect(report.steps).toContainEqual(expect.objectContaining({ source: "declarative", phase: "secrets", decision: "block" }));
     expect(report.answer.reason).toContain("GH_TOKEN");
     expect(JSON.stringify(report)).not.toContain("ghp_realvalue123456");
+  });
+
+  it("refuses another guest's placeholder, as the proxy serving both guests does", async () => {
+    const key = "k".repeat(40);
+    const file = join(tempDir(), "egressgate.yaml");
+    writeFileSync(
+      file,
+      `resolve: { api.test: [127.0.0.1] }
+guests:
+  a:
+    allowInternalHosts: [api.test]
+    secrets: { A_TOKEN: { hosts: [api.test], value: env:A_TOKEN } }
+  b:
+    allowInternalHosts: [api.test]
+    secrets: { B_TOKEN: { hosts: [api.test], value: env:B_TOKEN } }
+`,
+    );
+    // b's placeholder as b's environment has it: the CLI derives each guest's from the key.
+    const placeholderOfB = createHttpHooks({ secrets: { B_TOKEN: { hosts: ["api.test"], value: "unused" } }, secretPlaceholderKey: guestPlaceholderKey(key, "b") }).env["B_TOKEN"]!;
+    const env = { EGRESSGATE_PLACEHOLDER_KEY: key, A_TOKEN: "a-real-value-1234", B_TOKEN: "b-real-value-5678" };
+    const own = await checkJson(["--config", file, "--guest", "b", "GET", "https://api.test/", "-H", "Authorization: Bearer {{B_TOKEN}}"], env);
+    expect(own.code).toBe(0);
+    expect(own.report.wouldSend).toHaveLength(1);
+    for (const where of [["GET", "https://api.test/", "-H", `Authorization: Bearer ${placeholderOfB}`], ["GET", `https://api.test/x?t=${placeholderOfB}`]]) {
+      const { code, report } = await checkJson(["--config", file, "--guest", "a", ...where], env);
+      expect(code).toBe(1);
+      expect(report.steps).toContainEqual(expect.objectContaining({ source: "declarative", phase: "secrets", decision: "block" }));
+      expect(report.answer).toMatchObject({ allowed: false, status: 403 });
+      expect(report.answer.reason).toContain('the request carries the placeholder of secret "B_TOKEN", which this guest does not hold');
+      expect(report.wouldSend).toEqual([]);
+    }
   });
 
   it("refuses an internal address after resolution, with the address verdict", async () => {
