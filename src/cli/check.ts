@@ -10,7 +10,7 @@ import { hookSources } from "../pipeline/hook-source.js";
 import { Pipeline } from "../pipeline/pipeline.js";
 import { DeclarativePolicy, type ListenAddress } from "../policy/declarative-policy.js";
 import { foreignSecret } from "../proxy/foreign-secret.js";
-import { checkMethod, token } from "../proxy/guest-request.js";
+import { absoluteFormUrl, checkMethod, token } from "../proxy/guest-request.js";
 import { listenAddresses } from "../proxy/listen-addresses.js";
 import { resolveProxyOptions, type ResolvedProxyOptions } from "../proxy/options.js";
 import { PinnedPools } from "../upstream/pinned-pools.js";
@@ -203,6 +203,9 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
     // What every guest side refuses before any tier runs (its parser, or the proxy's own checks).
     checkMethod(method);
     checkHeaderFields(headers);
+    // The destination as the proxy takes it: `api.test.` is `api.test`, `2130706433` is
+    // `127.0.0.1`, and a host it cannot normalise (`a..b`, `a$b`) is 400 before any tier.
+    url = absoluteFormUrl(command.url);
     const response = await pipeline.handle({ method, url, headers, body: null }, { id: "check", signal: new GuestGone(), trace });
     response.body?.resume();
     response.cleanup?.();

@@ -97,24 +97,31 @@ export function checkContentLength(value: string): void {
 /** An RFC 9110 token: a method, or a field name. */
 export const token = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 
-function destinationUrl(target: string, hostHeader: string | undefined, tunnel: TunnelTarget | undefined): URL {
-  if (tunnel === undefined) {
-    // A plain forward-proxy request must be absolute-form; its URL names the destination and
-    // the Host header is replaced (RFC 9112 §3.2.2).
-    if (!/^https?:\/\//i.test(target)) {
-      throw badRequest("egressgate is a forward proxy: send absolute-form requests (GET http://host/path) or CONNECT");
-    }
-    let url: URL;
-    try {
-      url = new URL(target);
-    } catch {
-      throw badRequest(`invalid request target ${JSON.stringify(loggableTarget(target, 200))}`);
-    }
-    const authority = /^https?:\/\/([^/?#]*)/i.exec(target)![1]!;
-    const hostPart = authority.includes("@") ? authority.slice(authority.lastIndexOf("@") + 1) : authority;
-    const { hostname, port } = parseAuthority(hostPart, "request target", url.protocol === "https:" ? 443 : 80);
-    return build(url.protocol, hostname, port, `${url.pathname}${url.search}`);
+/**
+ * The destination of an absolute-form request target (`GET http://host/path`), as the proxy
+ * takes it (and `egressgate check` with it): the host as written, normalised (normalizeHost),
+ * the port checked, no userinfo or fragment. Throws a 400 EgressError otherwise.
+ */
+export function absoluteFormUrl(target: string): URL {
+  // A plain forward-proxy request must be absolute-form; its URL names the destination and
+  // the Host header is replaced (RFC 9112 §3.2.2).
+  if (!/^https?:\/\//i.test(target)) {
+    throw badRequest("egressgate is a forward proxy: send absolute-form requests (GET http://host/path) or CONNECT");
   }
+  let url: URL;
+  try {
+    url = new URL(target);
+  } catch {
+    throw badRequest(`invalid request target ${JSON.stringify(loggableTarget(target, 200))}`);
+  }
+  const authority = /^https?:\/\/([^/?#]*)/i.exec(target)![1]!;
+  const hostPart = authority.includes("@") ? authority.slice(authority.lastIndexOf("@") + 1) : authority;
+  const { hostname, port } = parseAuthority(hostPart, "request target", url.protocol === "https:" ? 443 : 80);
+  return build(url.protocol, hostname, port, `${url.pathname}${url.search}`);
+}
+
+function destinationUrl(target: string, hostHeader: string | undefined, tunnel: TunnelTarget | undefined): URL {
+  if (tunnel === undefined) return absoluteFormUrl(target);
 
   let path = target;
   if (!target.startsWith("/")) {

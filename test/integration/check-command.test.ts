@@ -185,6 +185,33 @@ guests:
     expect(report.wouldSend).toEqual([]);
   });
 
+  // The proxy normalises the host as the guest wrote it (normalizeHost) before any tier runs.
+  it.each([
+    ["a character no host name has", "https://api.exa$mple.test/", 'invalid host "api.exa$mple.test"'],
+    ["an empty label", "https://api.test../", 'invalid host "api.test.."'],
+    ["a percent-encoded dot", "https://api%2etest/", 'invalid host "api%2etest"'],
+    ["port 0", "https://api.test:0/", "invalid port 0 in request target"],
+  ])("answers 400 for a host with %s, as the proxy does", async (_name, url, reason) => {
+    // --no-dns: nothing is looked up even where the host would not be refused.
+    const { code, report } = await checkJson(["GET", url, "--allow-host", "*", "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--no-dns"]);
+    expect(code).toBe(1);
+    expect(report.answer).toMatchObject({ allowed: false, status: 400, code: "EG_BAD_REQUEST" });
+    expect(report.answer.reason).toContain(reason);
+    expect(report.steps).toEqual([]);
+    expect(report.wouldSend).toEqual([]);
+  });
+
+  it("judges and sends a host the proxy normalises in its normal form (trailing dot, integer IPv4)", async () => {
+    const flags = ["--allow-internal-host", "api.test", "--allow-internal-host", "127.0.0.1", "--resolve", "api.test=127.0.0.1"];
+    const dotted = await checkJson(["GET", "https://API.test./x", ...flags]);
+    expect(dotted.code).toBe(0);
+    expect(dotted.report.request.url).toBe("https://api.test/x");
+    expect(dotted.report.steps).toEqual([expect.objectContaining({ phase: "allowlist", decision: "allow", reason: 'host "api.test" matches "api.test"' })]);
+    expect(dotted.report.wouldSend).toEqual([{ method: "GET", url: "https://api.test/x", address: "127.0.0.1" }]);
+    const integer = await checkJson(["GET", "http://2130706433/", ...flags]);
+    expect(integer.report.wouldSend).toEqual([{ method: "GET", url: "http://127.0.0.1/", address: "127.0.0.1" }]);
+  });
+
   it("takes one value per flag, so the method and URL may follow the flags (the synopsis's order)", async () => {
     const { code, report } = await checkJson([
       "-H", "x-one: 1", "-H", "x-two: 2", "--response", "200", "-R", "x-up: 1",
