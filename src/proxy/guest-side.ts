@@ -17,7 +17,7 @@ import type { Guest, GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, type LaneRequest } from "./lanes.js";
 import type { ResolvedProxyOptions } from "./options.js";
-import { errorBody, GuestLeftFirst, isLingering, sendError, sendResponse, writeRawError } from "./respond.js";
+import { errorBody, GuestClosedMidResponse, GuestLeftFirst, isLingering, sendError, sendResponse, writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
 import { serveUpgrade } from "./upgrade.js";
 import { H2Guests } from "./h2-guest.js";
@@ -51,6 +51,7 @@ export class GuestSide {
   private inFlight = 0;
   private idle: (() => void) | undefined;
   private draining = false;
+  private drainEnded = false;
   private nextId = 1;
 
   private readonly h2: H2Guests;
@@ -357,7 +358,18 @@ export class GuestSide {
   private explainCut(error: Error): Error | string {
     const code = (error as NodeJS.ErrnoException).code;
     if (code === "UND_ERR_BODY_TIMEOUT") return `upstream body timed out after ${this.deps.config.timeouts.upstreamBodyMs} ms of silence; the guest connection was cut`;
+    // After the drain the proxy closes what is left, guest connections and upstream pools alike:
+    // either may be what the response saw first.
+    if (this.drainEnded) {
+      const seen = error instanceof GuestClosedMidResponse ? "" : ` (${error.message})`;
+      return `the proxy closed the connection at the end of its drain (timeouts.drainMs, ${this.deps.config.timeouts.drainMs} ms) before the response was complete${seen}`;
+    }
     return error;
+  }
+
+  /** The drain is over: the connections still open are the proxy's to close, and a cut response is logged as its doing. */
+  endDrain(): void {
+    this.drainEnded = true;
   }
 
   /** Resolves once no request is in flight, or after `ms`. */

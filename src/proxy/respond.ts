@@ -83,6 +83,9 @@ export function sendError(res: ServerResponse, error: EgressError, closeConnecti
 /** The guest left before its response began: the log says 499, as for a guest gone sooner. */
 export class GuestLeftFirst extends Error {}
 
+/** The guest's connection closed before its response was whole (the guest left, or the proxy's drain ended). */
+export class GuestClosedMidResponse extends Error {}
+
 /**
  * Streams the pipeline's response to the guest with backpressure. `pipe()` plus two listeners
  * rather than `stream.pipeline()`: on Node 20 pipeline() allocates an AbortController per call
@@ -150,7 +153,7 @@ export function sendResponse(
     else {
       // The guest went away: stop reading the upstream instead of leaving it paused until its timeout.
       discardBody(body);
-      settle(new Error("guest closed the connection before the response was complete"));
+      settle(new GuestClosedMidResponse("guest closed the connection before the response was complete"));
     }
   });
   const trailers = response.trailers;

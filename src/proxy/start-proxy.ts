@@ -207,6 +207,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       await side.drain(config.timeouts.drainMs);
       // In the same turn as the drain's end: no guest connection may start a request after it
       // (which the pools' close below would cut).
+      side.endDrain();
       outer.closeAllConnections();
       limits.destroyAll();
       await metricsServer?.close();

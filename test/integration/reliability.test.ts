@@ -353,6 +353,21 @@ describe("a connection busy when close() starts its drain", () => {
     expect(proxy.logs.filter((l) => l["msg"] === "request").map((l) => l["status"])).toEqual([200]);
   });
 
+  it("a download still under way when the drain ends is cut, and logged as cut by the proxy, not as left by the guest", async () => {
+    const upstream = await startUpstream({ routes: { "/slow": (_req, res) => void res.writeHead(200, { "content-length": "100" }).write("part of it") } });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { drainMs: 200 } });
+    const authority = `api.test:${upstream.port}`;
+    const guest = await openRaw(proxy.port);
+    guest.write(`GET https://${authority}/slow HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+    await waitFor(() => upstream.seen.length === 1);
+    await proxy.close();
+    expect(await guest.closesWithin(5_000)).toBe(true);
+    await expect.poll(() => proxy.logs.find((l) => l["msg"] === "request")).toMatchObject({
+      status: 200,
+      error: expect.stringMatching(/the proxy closed the connection at the end of its drain \(timeouts\.drainMs, 200 ms\) before the response was complete/),
+    });
+  });
+
   it("a keep-alive connection answered during the drain is closed, so its next request is never half served", async () => {
     let held: (() => void) | undefined;
     const upstream = await startUpstream({ routes: { "/hold": (_req, res) => (held = () => res.end("held")) } });
