@@ -6,8 +6,13 @@ import { goawayLastStream, sessionStreams } from "./h2-exchange.js";
 import type { ResolvedAddress } from "./resolve.js";
 
 export interface H2SessionsOptions extends AlpnConnectOptions {
-  /** Sessions per origin and pinned IP; streams beyond them share the least busy one. */
+  /** Sessions per origin and pinned IP at least; streams beyond them share the least busy one. */
   readonly sessionsPerOrigin: number;
+  /**
+   * Streams per origin and pinned IP that may run before a stream waits for a slot: more sessions
+   * open, past `sessionsPerOrigin`, while the ones there are full (the HTTP/1.1 pool's connection cap).
+   */
+  readonly streamsPerOrigin: number;
   /** Origins whose ALPN answer is remembered (least recently used first out). */
   readonly maxOrigins: number;
   /** A session with no stream for this long is closed. */
@@ -67,7 +72,9 @@ export class H2Sessions {
     const entries = this.live(key);
     let best: Entry | undefined;
     for (const entry of entries) if (best === undefined || entry.active < best.active) best = entry;
-    if (best !== undefined && (best.active < peerStreams(best.session) || entries.length >= this.options.sessionsPerOrigin)) {
+    // Downloads nobody reads hold their streams: with a fixed 4 sessions, 4 × the upstream's
+    // SETTINGS_MAX_CONCURRENT_STREAMS of them made every other request to the origin wait.
+    if (best !== undefined && (best.active < peerStreams(best.session) || entries.length >= this.sessionCap(best.session))) {
       return { protocol: "h2", session: this.claim(best) };
     }
     // Concurrent first requests share one connection attempt.
@@ -84,6 +91,11 @@ export class H2Sessions {
     // The socket of an HTTP/1.1 answer belongs to the caller that asked; the others go to undici.
     if (negotiated.protocol === "h1") return { protocol: "h1", socket: undefined };
     return this.acquire(key, origin, address);
+  }
+
+  /** Sessions an origin may have: enough for `streamsPerOrigin` streams at the upstream's limit, and at least `sessionsPerOrigin`. */
+  private sessionCap(session: ClientHttp2Session): number {
+    return Math.max(this.options.sessionsPerOrigin, Math.ceil(this.options.streamsPerOrigin / Math.max(1, peerStreams(session))));
   }
 
   /** Marks a stream as ended on its session: an idle session may then close. */

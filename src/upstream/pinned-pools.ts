@@ -75,6 +75,7 @@ export class PinnedPools {
       timeoutMs: options.connectTimeoutMs,
       check: (remote, family, hostname, port, approved) => this.check(remote, family, hostname, port, approved),
       sessionsPerOrigin: 4,
+      streamsPerOrigin: options.connectionsPerPool,
       maxOrigins: options.maxPools * 2,
       idleMs: options.keepAliveTimeoutMs,
     });

@@ -115,6 +115,36 @@ describe("HTTP/2 upstreams", () => {
   });
 });
 
+describe("streams an upstream holds", () => {
+  // Downloads nobody reads hold their streams; with 4 sessions a guest's other requests to the
+  // origin waited behind them (as the HTTP/1.1 pool's did when its cap was 64).
+  it("past 4 sessions' worth of held streams, the next request opens another session rather than wait", async () => {
+    const held: (() => void)[] = [];
+    const upstream = await startH2Upstream({
+      "/hold": (stream) => {
+        stream.respond({ ":status": 200 });
+        stream.write("part");
+        held.push(() => stream.end());
+      },
+    });
+    upstream.server.updateSettings({ maxConcurrentStreams: 5 });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const base = `https://api.test:${upstream.port}`;
+    // One at a time, so each session has the upstream's SETTINGS before it is filled.
+    const holding: Promise<{ text: string }>[] = [];
+    for (let i = 1; i <= 20; i++) {
+      holding.push(fetchVia(proxy, `${base}/hold`));
+      await vi.waitFor(() => expect(held.length).toBe(i), { timeout: 10_000 });
+    }
+    expect(upstream.connections()).toBe(4);
+    const res = await fetchVia(proxy, `${base}/echo`);
+    expect(res.status).toBe(200);
+    expect(upstream.connections()).toBe(5);
+    for (const release of held) release();
+    for (const done of await Promise.all(holding)) expect(done.text).toBe("part");
+  });
+});
+
 describe("trailers", () => {
   it("h2 upstream to h2 guest: the trailers (grpc-status) arrive after the body", async () => {
     const upstream = await startH2Upstream();
