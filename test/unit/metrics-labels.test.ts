@@ -94,11 +94,20 @@ describe("metric labels", () => {
     metrics.observe({
       ...base,
       status: 403,
-      sources: [{ source: "declarative", tier: "declarative", phase: "secrets", decision: "block", reason: 'header authorization carries the placeholder of secret GH_TOKEN to host "x.test", which is not in its hosts', ms: 0.1 }],
+      sources: [
+        { source: "declarative", tier: "declarative", phase: "secrets", decision: "block", reason: 'header authorization carries the placeholder of secret GH_TOKEN to host "x.test", which is not in its hosts', secret: "GH_TOKEN", ms: 0.1 },
+      ],
+    });
+    // The name comes from the refusal's own field: a reason that reads like another name counts nothing.
+    metrics.observe({
+      ...base,
+      status: 403,
+      sources: [{ source: "declarative", tier: "declarative", phase: "secrets", decision: "block", reason: "header x-secret carries the value of secret GH_TOKEN", ms: 0.1 }],
     });
     const text = await metrics.text();
     expect(text).toContain('egressgate_secret_refusals_total{secret="GH_TOKEN"} 1');
-    expect(text).toContain('egressgate_requests_total{guest="g",decision="deny",status_class="4xx",rule="declarative:secrets"} 1');
+    expect(text).not.toContain('secret="carries"');
+    expect(text).toContain('egressgate_requests_total{guest="g",decision="deny",status_class="4xx",rule="declarative:secrets"} 2');
     expect(text).not.toContain("x.test");
   });
 });
