@@ -4,7 +4,8 @@ import { defaultCaDir, loadOrCreateCa } from "../tls/ca-store.js";
 import { startProxy } from "../proxy/start-proxy.js";
 import { resolveProxyOptions, type ProxyOptions } from "../proxy/options.js";
 import { parseCli, placeholderKeyEnv, UsageError } from "./args.js";
-import { isClusterWorker, isFirstWorker, reportListening, runPrimary, siblingPort } from "./cluster.js";
+import { isClusterWorker, isFirstWorker, metricsAddressEnv, primaryMetricsAddress, reportListening, runPrimary, siblingPort } from "./cluster.js";
+import { isIP } from "node:net";
 import { serveClusterMetrics } from "../metrics/cluster-metrics.js";
 import { createLogger, type Logger } from "../log.js";
 import { watchConfiguration } from "./watch.js";
@@ -65,11 +66,14 @@ async function main(argv: readonly string[]): Promise<number> {
       await built.close();
       await loadOrCreateCa(options.caDir ?? defaultCaDir());
       // One placeholder key for all workers, so a guest's placeholders work whichever one serves it.
-      const env = { [placeholderKeyEnv]: process.env[placeholderKeyEnv] ?? randomBytes(32).toString("hex") };
+      const env: Record<string, string> = { [placeholderKeyEnv]: process.env[placeholderKeyEnv] ?? randomBytes(32).toString("hex") };
       // The primary serves the sum over its workers; the workers listen for no metrics themselves.
       let serving = false;
       const metrics = metricsListen === undefined ? undefined : await serveClusterMetrics(metricsListen, createLogger("info"), () => serving);
-      if (metrics !== undefined) process.stderr.write(`egressgate metrics on ${metrics.url}\n`);
+      if (metrics !== undefined) {
+        process.stderr.write(`egressgate metrics on ${metrics.url}\n`);
+        env[metricsAddressEnv] = isIP(metrics.host) === 6 ? `[${metrics.host}]:${metrics.port}` : `${metrics.host}:${metrics.port}`;
+      }
       // --watch: only the primary watches; a change is a SIGHUP to itself, which it passes to every
       // worker. Listened for from now on: before runPrimary forwards it, a SIGHUP's default would end the primary.
       if (command.config.watch === true) process.on("SIGHUP", () => undefined);
@@ -94,8 +98,11 @@ async function main(argv: readonly string[]): Promise<number> {
     const pretty = command.logFormat === "pretty" || (command.logFormat === undefined && process.stderr.isTTY === true);
     // A worker counts, and the primary serves the sum (see serveClusterMetrics).
     const { metricsListen, ...unlistened } = worker && !isFirstWorker() ? rest : options;
+    // The primary's metrics listener is one of this deployment's addresses: refused as a target.
+    const primaryMetrics = worker ? primaryMetricsAddress() : undefined;
     const proxy = await startProxy({
       ...(worker ? { ...unlistened, ...(metricsListen !== undefined ? { metrics: true } : {}) } : options),
+      ...(primaryMetrics !== undefined ? { ownAddresses: [...(options.ownAddresses ?? []), primaryMetrics] } : {}),
       ...(port !== undefined ? { listen: { ...options.listen, port } } : {}),
       ...(pretty
         ? { logSink: createPrettySink((text) => void process.stderr.write(text), worker ? { prefix: `[${process.pid}] ` } : {}) }

@@ -27,6 +27,13 @@ const firstWorkerEnv = "EGRESSGATE_FIRST_WORKER";
  */
 const portEnv = "EGRESSGATE_WORKER_PORT";
 
+/**
+ * Set by the primary on every worker when it serves the cluster's metrics: the listener's
+ * `IP:PORT`, which the workers refuse as a target like their own (they listen for no metrics
+ * themselves, so they would not know it).
+ */
+export const metricsAddressEnv = "EGRESSGATE_CLUSTER_METRICS";
+
 /** Workers that may die within a minute before the primary gives up and stops them all. */
 const maxRestartsPerMinute = 5;
 
@@ -37,6 +44,11 @@ export function isClusterWorker(): boolean {
 /** In a worker: whether it is the one that writes the guest environment file. */
 export function isFirstWorker(): boolean {
   return process.env[firstWorkerEnv] === "1";
+}
+
+/** In a worker: the primary's metrics listener, as `IP:PORT`, if it serves one. */
+export function primaryMetricsAddress(): string | undefined {
+  return process.env[metricsAddressEnv] || undefined;
 }
 
 /** In a worker: the port the primary picked for `--listen HOST:0`, if it did. */
@@ -113,6 +125,8 @@ export async function runPrimary(
   let stopping = false;
   let exitCode = 0;
   let restarts: number[] = [];
+  /** A replacement to try again (see replace). */
+  let retry: NodeJS.Timeout | undefined;
   let finish: (code: number) => void = () => undefined;
   const done = new Promise<number>((resolve) => (finish = resolve));
 
@@ -120,6 +134,7 @@ export async function runPrimary(
     if (stopping) return;
     stopping = true;
     exitCode = code;
+    if (retry !== undefined) clearTimeout(retry);
     onStopping();
     const order: PrimaryOrder = { kind: "stop" };
     for (const worker of live) {
@@ -177,18 +192,37 @@ export async function runPrimary(
           return;
         }
         process.stderr.write(`egressgate: worker ${pid} exited (${how(code, signal)}); starting another\n`);
-        fork(false).then(
-          (next) => process.stderr.write(`egressgate: worker ${next.worker.process.pid} serves in place of ${pid}\n`),
-          (error: unknown) => {
-            if (stopping) return;
-            // Not 2 even if the new worker refused its flags: those were fine at start (a
-            // policy file edited since, say); the exit code says the proxy failed.
-            process.stderr.write(`egressgate: ${(error as Error).message}; stopping\n`);
-            void stopAll(1);
-          },
-        );
+        replace(pid, 0);
       });
     });
+
+  /**
+   * Starts a worker in place of `pid`. A replacement reads the configuration as it is now: one
+   * that fails to start (a config file broken since the last reload, say) is tried again later,
+   * 5 s then up to a minute apart, while the other workers go on serving; with none left, the
+   * primary stops. (It stopped them all: a bad file on disk took down a cluster serving fine.)
+   */
+  const replace = (pid: number | undefined, attempt: number): void => {
+    fork(false).then(
+      (next) => process.stderr.write(`egressgate: worker ${next.worker.process.pid} serves in place of ${pid}\n`),
+      (error: unknown) => {
+        if (stopping) return;
+        // Not 2 even if the new worker refused its flags: those were fine at start (a policy
+        // file edited since, say); the exit code says the proxy failed.
+        if (live.size === 0) {
+          process.stderr.write(`egressgate: ${(error as Error).message}, and no worker is left; stopping\n`);
+          void stopAll(1);
+          return;
+        }
+        const seconds = Math.min(60, 5 * 2 ** attempt);
+        process.stderr.write(`egressgate: ${(error as Error).message}; ${live.size} of ${count} workers go on serving; trying again in ${seconds} s\n`);
+        retry = setTimeout(() => {
+          retry = undefined;
+          if (!stopping) replace(pid, attempt + 1);
+        }, seconds * 1000);
+      },
+    );
+  };
 
   let signals = 0;
   const onSignal = (signal: NodeJS.Signals): void => {

@@ -1,3 +1,4 @@
+import { isIP } from "node:net";
 import { logLevels } from "../log.js";
 import { secretRedirectModes } from "../policy/secrets.js";
 import { defaults } from "./defaults.js";
@@ -185,6 +186,16 @@ export const apiOptionsSchema: ObjectNode = object(
     logSink: { kind: "function", doc: "Where log lines go. Default: stderr." },
     onDecision: { kind: "function", doc: "Called with every decision's audit record (the audit log's line as an object)." },
     metrics: boolean("Collect Prometheus metrics for proxy.metrics() (metricsListen implies it)."),
+    ownAddresses: list(
+      string("IP:PORT", "A listener of the same deployment.", {
+        check(value) {
+          const parsed = parseHostPort(value, defaults.listen.host);
+          return parsed === undefined || isIP(parsed.host) === 0 ? `must be IP:PORT (got ${JSON.stringify(value)})` : undefined;
+        },
+      }),
+      "a list of IP:PORT",
+      "Other listeners of this deployment (an admin server, a cluster primary's metrics): refused as targets, like the proxy's own listen and metrics addresses.",
+    ),
   },
   "startProxy options",
   {

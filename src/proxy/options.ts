@@ -109,6 +109,11 @@ export interface ProxyOptions {
   /** Collect the Prometheus series (for `proxy.metrics()`) without a listener. Default: false, which costs nothing per request. */
   readonly metrics?: boolean;
   /**
+   * `HOST:PORT` of other listeners of this deployment (an admin server, a cluster primary's
+   * metrics): refused as targets, like the proxy's own listen and metrics addresses.
+   */
+  readonly ownAddresses?: readonly string[];
+  /**
    * Several guests, each with its own allowlist, secrets, policy and names, each known by its
    * credentials (`Proxy-Authorization: Basic`, from the proxy URL that `guestEnv(name)` gives)
    * or its source addresses. Not together with the top-level `httpHooks`/`env`.
@@ -173,6 +178,7 @@ export interface ResolvedProxyOptions {
   readonly guestEnvFile: string | undefined;
   readonly metricsListen: { readonly host: string; readonly port: number } | undefined;
   readonly metrics: boolean;
+  readonly ownAddresses: readonly { readonly host: string; readonly port: number }[];
   readonly upstream: UpstreamOptions | undefined;
   readonly auditLog: string | undefined;
   readonly onDecision: ((record: AuditRecord) => unknown) | undefined;
@@ -286,6 +292,7 @@ export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOp
     guestEnvFile: options.guestEnvFile,
     metricsListen: options.metricsListen === undefined ? undefined : parseHostPort(options.metricsListen, defaults.listen.host),
     metrics: options.metrics === true || options.metricsListen !== undefined,
+    ownAddresses: (options.ownAddresses ?? []).map((address) => parseHostPort(address, defaults.listen.host)!),
     upstream: options.upstream,
     auditLog: options.auditLog,
     onDecision: options.onDecision,

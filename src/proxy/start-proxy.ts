@@ -179,6 +179,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   const address = outer.address();
   if (address === null || typeof address === "string") throw new Error("unexpected listen address");
   selfAddresses.push(...listenAddresses(address.address, address.port));
+  for (const own of config.ownAddresses) selfAddresses.push(...listenAddresses(own.host, own.port));
   const host = address.family === "IPv6" ? `[${address.address}]` : address.address;
   const url = `http://${host}:${address.port}`;
   let metricsServer: MetricsServer | undefined;

@@ -402,6 +402,43 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     expect(cli.stderr()).toContain("SIGTERM, closing 2 workers");
   });
 
+  it("every worker refuses the primary's metrics listener as a target, as one process refuses its own", async () => {
+    const dir = tempDir();
+    const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", join(dir, "ca"), "--metrics-listen", "127.0.0.1:0", "--allow-internal-host", "127.0.0.1"]);
+    const metricsUrl = /egressgate metrics on (http:\/\/127\.0\.0\.1:\d+)\n/.exec(cli.stderr())?.[1];
+    expect(metricsUrl).toBeDefined();
+    // A new connection per request, which the primary hands to the workers in turn. Before, every
+    // worker answered 200 with the metrics: only the primary knew the listener's address.
+    for (let i = 0; i < 4; i++) {
+      const result = await curl(["-sS", "-x", url, "-o", "/dev/null", "-w", "%{http_code}", `${metricsUrl!}/metrics`]);
+      expect(result.stdout).toBe("403");
+    }
+    const refusals = cli.stderr().split("\n").filter((line) => line.includes('"msg":"request"') && line.includes("own listening address"));
+    expect(new Set(refusals.map((line) => (JSON.parse(line) as { worker: number }).worker)).size).toBe(2);
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+  });
+
+  it("a replacement that cannot start on a config file broken since the last reload is tried again while the other worker serves", async () => {
+    const dir = tempDir();
+    const file = join(dir, "egressgate.yaml");
+    writeFileSync(file, "allowHosts: [nope.test]\n");
+    const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", join(dir, "ca"), "--config", file]);
+    const workers = childPids(cli.process.pid!);
+    expect(workers).toHaveLength(2);
+    writeFileSync(file, "allowHosts: [nope.test\n");
+    process.kill(workers[0]!, "SIGKILL");
+    // Before, the primary stopped the worker still serving, and exited 1.
+    await until(() => /1 of 2 workers go on serving; trying again in 5 s\n/.test(cli.stderr()), 30_000, "the replacement's failure");
+    const refused = await curl(["-sS", "-x", url, "-o", "/dev/null", "-w", "%{http_code}", "http://elsewhere.test/"]);
+    expect(refused.stdout).toBe("403");
+    writeFileSync(file, "allowHosts: [nope.test]\n");
+    await until(() => new RegExp(`serves in place of ${workers[0]!}\n`).test(cli.stderr()), 30_000, "a replacement worker");
+    expect(childPids(cli.process.pid!)).toHaveLength(2);
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+  });
+
   it("workers leave SIGINT to the primary: signalled alone they go on serving", async () => {
     const dir = tempDir();
     const { cli, url } = await serve(["--workers", "2", "--ca-dir", join(dir, "ca"), "--allow-host", "nope.test"]);
