@@ -1,4 +1,5 @@
 #!/usr/bin/env node
+import { readFileSync } from "node:fs";
 import { randomBytes } from "node:crypto";
 import { defaultCaDir, loadOrCreateCa } from "../tls/ca-store.js";
 import { startProxy } from "../proxy/start-proxy.js";
@@ -147,6 +148,11 @@ async function main(argv: readonly string[]): Promise<number> {
         // The dry run that finds the policies and the parse that builds read each file once.
         const stopReusing = reuseParses();
         try {
+          // An emptied file is the default configuration (deny-all) at start, and a truncate
+          // half-way through an edit on a reload: refused, as a broken file is.
+          if (source !== undefined && source !== "flags" && blankConfig(source)) {
+            throw new Error(`${source} is empty (or comments only); write {} for the default configuration`);
+          }
           // Every policy loads ahead, off the event loop: parsing below then takes each loaded
           // worker (or its error) at once. Loaded in parseCli itself, a policy that takes long to
           // load (a loop at its top level: up to 30 s) held every guest meanwhile.
@@ -273,3 +279,14 @@ main(process.argv.slice(2)).then(
   // waiting for it to listen or to exit.
   if (isClusterWorker() && process.exitCode !== 0 && process.exitCode !== undefined) process.exit(process.exitCode);
 });
+
+/** Whether the config file holds nothing but blank lines and comments (unreadable: no, the parse reports it). */
+function blankConfig(file: string): boolean {
+  let text: string;
+  try {
+    text = readFileSync(file, "utf8");
+  } catch {
+    return false;
+  }
+  return text.split("\n").every((line) => /^\s*(#.*)?$/.test(line));
+}

@@ -257,6 +257,17 @@ describe("SIGHUP", () => {
     expect(await ask("b.test")).toBe(200);
     expect(await ask("a.test")).toBe(403);
 
+    // A file emptied (an editor's truncate before it writes, or a mistake) is refused too: it
+    // used to reload as the default configuration, deny-all.
+    writeFileSync(policy, "function isRequestAllowed(request) { return true; }\n");
+    writeFileSync(config, "# nothing yet\n\n");
+    mark = out.length;
+    child.kill("SIGHUP");
+    const [emptied] = await waitFor(/.*"msg":"reload failed; the old configuration keeps serving".*/, mark);
+    expect(emptied).toContain("is empty");
+    expect(await ask("b.test")).toBe(200);
+    write("a.test");
+
     // A policy whose top level never ends: the load gives up after 30 s. Meanwhile every guest
     // is served (the load once held the event loop for all of it).
     writeFileSync(policy, "for (;;) {}\n");
