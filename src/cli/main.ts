@@ -1,0 +1,298 @@
+import { earlyHup, onEarlyHup } from "./early-hup.js";
+import { readFileSync } from "node:fs";
+import { randomBytes } from "node:crypto";
+import { defaultCaDir, loadOrCreateCa } from "../tls/ca-store.js";
+import { startProxy } from "../proxy/start-proxy.js";
+import { resolveProxyOptions, type ProxyOptions } from "../proxy/options.js";
+import { parseCli, placeholderKeyEnv, UsageError } from "./args.js";
+import { isClusterWorker, isFirstWorker, metricsAddressEnv, primaryMetricsAddress, reportListening, runPrimary, siblingPort } from "./cluster.js";
+import { isIP } from "node:net";
+import { serveClusterMetrics } from "../metrics/cluster-metrics.js";
+import { createLogger, type Logger } from "../log.js";
+import { watchConfiguration } from "./watch.js";
+import { runCheck } from "./check.js";
+import { createPrettySink } from "../log-pretty.js";
+import { checkConfig, checkHar, failureText, printCa, printEnv } from "./commands.js";
+import { DjsEngine } from "../djs/engine.js";
+import { reuseParses } from "../config/file.js";
+
+/** `flags`, or the config file in use, once known: how an option error from startProxy is worded. */
+let source: string | undefined;
+
+/** Commands that serve nothing: the default command (serve) is any other first word. */
+const offlineCommands = new Set(["ca", "env", "har", "check", "check-config", "--help", "-h", "--version"]);
+
+async function main(argv: readonly string[]): Promise<number> {
+  // Placeholders and guest tokens derive from this key. One made here lasts as long as the
+  // process, so a reload (SIGHUP) gives unchanged names the same placeholders and tokens.
+  if (!offlineCommands.has(argv[0] ?? "") && (process.env[placeholderKeyEnv] ?? "") === "") process.env[placeholderKeyEnv] = randomBytes(32).toString("hex");
+  if (offlineCommands.has(argv[0] ?? "")) process.off("SIGHUP", onEarlyHup);
+  const command = parseCli(argv);
+  if (command.kind === "help") return 0;
+  if (command.kind === "ca") return printCa(command.caDir);
+  if (command.kind === "env") return printEnv(command, process.env);
+  if (command.kind === "har-check") return checkHar(command.file);
+  if (command.kind === "check") {
+    source = command.source;
+    try {
+      return await runCheck(command.check, (text) => process.stdout.write(text));
+    } finally {
+      await command.built.close();
+    }
+  }
+  if (command.kind === "check-config") {
+    source = command.file;
+    return checkConfig(command.file, process.env);
+  }
+  source = command.source;
+  const worker = isClusterWorker();
+  // Ctrl-C reaches every process of the group. In a cluster the primary orders the drain, so a
+  // worker ignores SIGINT from its very start: one that closed on its own would look to the
+  // primary like one that chose to stop, and one still starting would die of it.
+  if (worker) process.on("SIGINT", () => undefined);
+  const built = command.built;
+  /** The configuration serving now: a reload replaces it. */
+  let current = built;
+  /** Replaced configurations whose policies may still serve requests in flight. */
+  const retired = new Set<typeof built>();
+  redactFatal = (text) => current.redact(text);
+  const options: ProxyOptions = command.options;
+  try {
+    if (command.workers > 1 && !worker) {
+      // The configuration is valid and its policies load (parseCli loaded them); startProxy's
+      // own checks run here too, so a bad option exits 2 before any worker starts. The workers
+      // load their own policies (a --config file, each worker reading it again). The CA is made
+      // here, once, so that no two workers race to create it.
+      const { listen, metricsListen } = resolveProxyOptions(options);
+      const auditLog = (options as { readonly auditLog?: string }).auditLog;
+      await built.close();
+      await loadOrCreateCa(options.caDir ?? defaultCaDir());
+      // One placeholder key for all workers, so a guest's placeholders work whichever one serves it.
+      const env: Record<string, string> = { [placeholderKeyEnv]: process.env[placeholderKeyEnv] ?? randomBytes(32).toString("hex") };
+      // The primary serves the sum over its workers; the workers listen for no metrics themselves.
+      let serving = false;
+      const metrics = metricsListen === undefined ? undefined : await serveClusterMetrics(metricsListen, createLogger("info"), () => serving);
+      if (metrics !== undefined) {
+        process.stderr.write(`egressgate metrics on ${metrics.url}\n`);
+        env[metricsAddressEnv] = isIP(metrics.host) === 6 ? `[${metrics.host}]:${metrics.port}` : `${metrics.host}:${metrics.port}`;
+      }
+      // --watch: only the primary watches; a change is a SIGHUP to itself, which it passes to every
+      // worker. Listened for from now on: before runPrimary forwards it, a SIGHUP's default would end the primary.
+      if (command.config.watch === true) process.on("SIGHUP", () => undefined);
+      const watching = command.config.watch === true ? watchConfiguration(command.config, process.env, async () => void process.kill(process.pid, "SIGHUP"), cliLogger(command)) : undefined;
+      try {
+        // SIGUSR1 reopens each worker's audit log; without one it would open a worker's inspector.
+        return await runPrimary(argv, command.workers, listen, env, (line) => {
+          serving = true;
+          process.stdout.write(`${line}\n`);
+        }, ["SIGHUP", ...(auditLog !== undefined ? (["SIGUSR1"] as const) : [])], () => (serving = false));
+      } finally {
+        watching?.close();
+        await metrics?.close();
+      }
+    }
+    // In a cluster, only the first worker writes the guest environment file, every worker's log
+    // lines name it, and for `--listen HOST:0` every worker listens on the port the primary picked.
+    const { guestEnvFile, ...rest } = options;
+    void guestEnvFile;
+    const port = worker ? siblingPort() : undefined;
+    // A person at a terminal reads one line per request; a pipe or a file gets the JSON lines.
+    const pretty = command.logFormat === "pretty" || (command.logFormat === undefined && process.stderr.isTTY === true);
+    // A worker counts, and the primary serves the sum (see serveClusterMetrics).
+    const { metricsListen, ...unlistened } = worker && !isFirstWorker() ? rest : options;
+    // The primary's metrics listener is one of this deployment's addresses: refused as a target.
+    const primaryMetrics = worker ? primaryMetricsAddress() : undefined;
+    const proxy = await startProxy({
+      ...(worker ? { ...unlistened, ...(metricsListen !== undefined ? { metrics: true } : {}) } : options),
+      ...(primaryMetrics !== undefined ? { ownAddresses: [...(options.ownAddresses ?? []), primaryMetrics] } : {}),
+      ...(port !== undefined ? { listen: { ...options.listen, port } } : {}),
+      ...(pretty
+        ? { logSink: createPrettySink((text) => void process.stderr.write(text), worker ? { prefix: `[${process.pid}] ` } : {}) }
+        : worker
+          ? { logSink: workerLogSink(process.pid) }
+          : {}),
+    });
+    await new Promise<void>((resolve) => {
+      let closing = false;
+      let watching: { close(): void } | undefined;
+      const close = (): void => {
+        if (closing) return;
+        closing = true;
+        watching?.close();
+        void proxy.close().then(async () => {
+          await Promise.all([current, ...retired].map((config) => config.close()));
+          // A worker's IPC channel would keep it alive after the drain.
+          if (worker) process.disconnect?.();
+          resolve();
+        });
+      };
+      let signalled = false;
+      const stop = (signal: NodeJS.Signals): void => {
+        if (signalled) process.exit(130); // a second signal: stop waiting for the drain
+        signalled = true;
+        if (!worker) process.stderr.write(`egressgate: ${signal}, closing\n`);
+        // What is recorded so far is on disk before the drain, which a second signal may cut short.
+        if (signal === "SIGTERM") void proxy.flushRecording();
+        close();
+      };
+      if (!worker) process.on("SIGINT", stop);
+      process.on("SIGTERM", stop);
+      // SIGHUP: read the flags' files (--config, --hooks-script, file: secrets) again and swap the
+      // configuration whole; anything that fails leaves the old one serving, with the reason logged.
+      let reloading = Promise.resolve();
+      const reloadLog = cliLogger(command);
+      const reload = async (): Promise<void> => {
+        // A reload queued before SIGTERM does not apply during the drain.
+        if (closing) return;
+        let next: ReturnType<typeof parseCli>;
+        reloadLog("info", "reloading the configuration", {});
+        // The dry run that finds the policies and the parse that builds read each file once.
+        const stopReusing = reuseParses();
+        try {
+          // An emptied file is the default configuration (deny-all) at start, and a truncate
+          // half-way through an edit on a reload: refused, as a broken file is.
+          if (source !== undefined && source !== "flags" && blankConfig(source)) {
+            throw new Error(`${source} is empty (or comments only); write {} for the default configuration`);
+          }
+          // Every policy loads ahead, off the event loop: parsing below then takes each loaded
+          // worker (or its error) at once. Loaded in parseCli itself, a policy that takes long to
+          // load (a loop at its top level: up to 30 s) held every guest meanwhile.
+          await preloadPolicies(argv);
+          // SIGTERM while the policies loaded (up to 30 s): the drain has begun.
+          if (closing) return;
+          next = parseCli(argv);
+          if (next.kind !== "serve") return;
+          await proxy.reload(next.options).catch(async (error: unknown) => {
+            if (next.kind === "serve") await next.built.close();
+            throw error;
+          });
+        } catch (error) {
+          logLine("error", "reload failed; the old configuration keeps serving", { error: redactFatal(failureText(error, source)) });
+          return;
+        } finally {
+          stopReusing();
+          DjsEngine.discardPreloaded();
+        }
+        const old = current;
+        current = next.built;
+        retired.add(old);
+        // Requests in flight may still call the old policies: they close once the longest request
+        // could have ended (or with the proxy, whichever comes first).
+        setTimeout(() => {
+          if (retired.delete(old)) void old.close();
+        }, 60_000).unref();
+      };
+      process.on("SIGHUP", () => {
+        if (closing) return;
+        reloading = reloading.then(reload);
+      });
+      process.off("SIGHUP", onEarlyHup);
+      if (earlyHup()) {
+        reloadLog("info", "a SIGHUP came while the proxy started: reloading now", {});
+        reloading = reloading.then(reload);
+      }
+      // --watch: the same reload when a file changes. In a cluster the primary watches, not the workers.
+      if (command.config.watch === true && !worker) {
+        watching = watchConfiguration(command.config, process.env, () => (closing ? Promise.resolve() : (reloading = reloading.then(reload))), cliLogger(command));
+      }
+      if (worker) reportListening(proxy.url, close);
+      else process.stdout.write(`egressgate listening on ${proxy.url}\n`);
+    });
+  } catch (error) {
+    // The policies' worker threads would otherwise keep a failed start alive.
+    await built.close();
+    throw error;
+  }
+  return 0;
+}
+
+/**
+ * Loads, off the event loop, every policy that parsing `argv` would load (see
+ * DjsEngine.preload). A configuration that does not parse is left for parseCli to report.
+ */
+async function preloadPolicies(argv: readonly string[]): Promise<void> {
+  const policies = DjsEngine.collectLoads(() => {
+    try {
+      const dry = parseCli(argv);
+      // Nothing in a dry build holds a worker or a file: it is only dropped.
+      if (dry.kind === "serve") void dry.built.close().catch(() => undefined);
+    } catch {
+      // Reported by the real parse.
+    }
+  });
+  // Settled, every one: the reload discards what is left once it is done, and a preload still
+  // under way then would leave its worker behind.
+  const settled = await Promise.allSettled(policies.map(({ policy, limits }) => DjsEngine.preload(policy, limits)));
+  for (const outcome of settled) if (outcome.status === "rejected") throw outcome.reason;
+}
+
+/** A line in the proxy's JSON log format, for what the CLI itself reports. */
+function logLine(level: string, msg: string, fields: Record<string, unknown>): void {
+  // A worker's lines name it, as its proxy's do (workerLogSink).
+  const worker = isClusterWorker() ? { worker: process.pid } : {};
+  process.stderr.write(`${JSON.stringify({ ...worker, time: new Date().toISOString(), level, msg, ...fields })}\n`);
+}
+
+/** The CLI's own log lines (the file watch's), at --log-level and in --log-format, like the proxy's. */
+function cliLogger(command: { readonly config: { readonly proxy: { readonly logLevel?: Parameters<typeof createLogger>[0] } }; readonly logFormat?: string }): (level: string, msg: string, fields: Record<string, unknown>) => void {
+  const pretty = command.logFormat === "pretty" || (command.logFormat === undefined && process.stderr.isTTY === true);
+  const logger: Logger = createLogger(command.config.proxy.logLevel ?? "info", pretty ? createPrettySink((text) => void process.stderr.write(text)) : undefined);
+  return (level, msg, fields) => (level === "error" ? logger.error(msg, fields) : level === "warn" ? logger.warn(msg, fields) : logger.info(msg, fields));
+}
+
+/** A worker's log lines carry its pid, so an operator can tell which process served what. */
+function workerLogSink(pid: number): (line: string) => void {
+  return (line) => void process.stderr.write(line.startsWith("{") ? `{"worker":${pid},${line.slice(1)}` : line);
+}
+
+/**
+ * The last line of defence: an error nothing caught means the process's state is unknown, and
+ * every guest depends on it. One JSON line with the stack (what a log pipeline can parse), then
+ * a non-zero exit, so a supervisor (systemd's Restart=on-failure, or the --workers primary)
+ * starts a clean one instead of leaving a half-broken proxy serving.
+ */
+let redactFatal: (text: string) => string = (text) => text;
+
+function dieLoudly(kind: string, error: unknown): void {
+  const err = error instanceof Error ? error : new Error(String(error));
+  // The message and stack can quote a request (a URL, a header): redacted like every log line.
+  const line = { time: new Date().toISOString(), level: "fatal", msg: kind, pid: process.pid, error: redactFatal(err.message), stack: redactFatal(err.stack ?? "") };
+  try {
+    process.stderr.write(`${JSON.stringify(line)}\n`);
+  } finally {
+    process.exit(70); // EX_SOFTWARE
+  }
+}
+process.on("uncaughtException", (error) => dieLoudly("uncaught exception", error));
+process.on("unhandledRejection", (reason) => dieLoudly("unhandled rejection", reason));
+
+main(process.argv.slice(2)).then(
+  (code) => {
+    process.exitCode = code;
+  },
+  (error: unknown) => {
+    // Bad usage, a bad option or config file, a policy that does not load: the input's fault, exit 2.
+    if (error instanceof UsageError || error instanceof TypeError || error instanceof RangeError || (error as { code?: unknown })?.code === "EG_POLICY_LOAD") {
+      process.stderr.write(`egressgate: ${failureText(error, source)}\nRun "egressgate --help" for usage.\n`);
+      process.exitCode = 2;
+      return;
+    }
+    process.stderr.write(`egressgate: ${failureText(error, source)}\n`);
+    process.exitCode = 1;
+  },
+).finally(() => {
+  // A cluster worker that failed to start would stay alive on its IPC channel: the primary is
+  // waiting for it to listen or to exit.
+  if (isClusterWorker() && process.exitCode !== 0 && process.exitCode !== undefined) process.exit(process.exitCode);
+});
+
+/** Whether the config file holds nothing but blank lines and comments (unreadable: no, the parse reports it). */
+function blankConfig(file: string): boolean {
+  let text: string;
+  try {
+    text = readFileSync(file, "utf8");
+  } catch {
+    return false;
+  }
+  return text.split("\n").every((line) => /^\s*(#.*)?$/.test(line));
+}
