@@ -4,7 +4,7 @@ import { EgressError } from "../errors.js";
 import { makeIssue, OptionError } from "../option-error.js";
 import { createLogger } from "../log.js";
 import type { ListenAddress } from "../policy/declarative-policy.js";
-import { createTlsAuthority } from "../tls/authority.js";
+import { createTlsAuthority, type TlsAuthority } from "../tls/authority.js";
 import { AuditLogFile } from "../metrics/audit-log.js";
 import { createAuditSink } from "../metrics/audit-sink.js";
 import { createProxyMetrics } from "../metrics/metrics.js";
@@ -93,11 +93,13 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   const redact = (text: string): string => redactor.redact(text);
   const log = createLogger(config.logLevel, config.logSink, redact);
   // Only when asked for: without metrics the request path traces nothing for them.
+  // A scrape can come while the proxy starts (a cluster's primary asks every worker): what it
+  // reads is there once made, and empty before.
+  const made: { authority?: TlsAuthority; guests?: GuestRegistry } = {};
   const metrics = config.metrics
     ? createProxyMetrics({
-        certificates: () => ({ hits: authority.leaves.hits, misses: authority.leaves.signed }),
-        // Read at a scrape, long after `guests` below exists.
-        guests: () => guests.names(),
+        certificates: () => ({ hits: made.authority?.leaves.hits ?? 0, misses: made.authority?.leaves.signed ?? 0 }),
+        guests: () => made.guests?.names() ?? [],
       })
     : undefined;
   const network = config.upstream === undefined ? undefined : await startRecordedNetwork(config.upstream, log);
@@ -129,6 +131,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     leafValidityDays: 365,
     upstreamCaPems: config.upstreamCaPems,
   }).catch(abandon);
+  made.authority = authority;
   const selfAddresses: ListenAddress[] = [];
   const guests: GuestRegistry = new GuestRegistry(config.deploymentKey ?? randomKey(), config.open, {
     config,
@@ -141,6 +144,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     network,
     upstreamConnection: metrics?.upstreamConnection,
   });
+  made.guests = guests;
   try {
     for (const guest of config.guests) guests.add(guest);
   } catch (error) {
