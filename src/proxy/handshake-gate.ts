@@ -6,15 +6,21 @@
  */
 export const handshakesPerSource = 16;
 
+interface Waiter {
+  readonly start: () => void;
+  /** Its guest left after the turn was handed to it, before it started: the turn goes on. */
+  gone: boolean;
+}
+
 interface Source {
   running: number;
-  readonly waiting: (() => void)[];
+  readonly waiting: Waiter[];
 }
 
 /**
  * Turns for TLS handshakes, per guest address: at most `perSource` run at once, the rest wait in
  * order. A turn is taken with `enter()` and given back with the function it resolves to; a wait
- * is dropped with the signal it was given (the guest left, or its deadline came).
+ * is dropped with the promise it was given (the guest left, or its deadline came).
  */
 export class HandshakeGate {
   private readonly sources = new Map<string, Source>();
@@ -28,22 +34,18 @@ export class HandshakeGate {
       entry = { running: 0, waiting: [] };
       this.sources.set(source, entry);
     }
-    const turn = this.turn(source, entry);
     if (entry.running < this.perSource) {
       entry.running++;
-      return Promise.resolve(turn);
+      return Promise.resolve(this.turn(source, entry));
     }
     const queued = entry;
     return new Promise((resolve) => {
-      const start = (): void => {
-        queued.running++;
-        resolve(turn);
-      };
-      queued.waiting.push(start);
+      const waiter: Waiter = { start: () => resolve(this.turn(source, queued)), gone: false };
+      queued.waiting.push(waiter);
       void gone.then(() => {
-        const at = queued.waiting.indexOf(start);
-        if (at < 0) return;
-        queued.waiting.splice(at, 1);
+        const at = queued.waiting.indexOf(waiter);
+        if (at >= 0) queued.waiting.splice(at, 1);
+        else waiter.gone = true;
         resolve(undefined);
       });
     });
@@ -54,13 +56,26 @@ export class HandshakeGate {
     return () => {
       if (ended) return;
       ended = true;
-      entry.running--;
-      const next = entry.waiting.shift();
-      // The next turn starts on the event loop's next round, not in this one: handshakes run
-      // synchronously where they start, and a burst of ends (a flood that resets after each
-      // ServerHello) would otherwise run as many handshakes back to back as there are waiting.
-      if (next !== undefined) setImmediate(next);
-      else if (entry.running === 0) this.sources.delete(source);
+      this.pass(source, entry);
     };
+  }
+
+  /**
+   * An ended turn goes straight to the next waiter (`running` stays as it is, so nobody arriving
+   * meanwhile takes it out of order), on the event loop's next round: handshakes run
+   * synchronously where they start, and a burst of ends (a flood that resets after each
+   * ServerHello) would otherwise run as many back to back as there are waiting.
+   */
+  private pass(source: string, entry: Source): void {
+    const next = entry.waiting.shift();
+    if (next === undefined) {
+      entry.running--;
+      if (entry.running === 0) this.sources.delete(source);
+      return;
+    }
+    setImmediate(() => {
+      if (next.gone) this.pass(source, entry);
+      else next.start();
+    });
   }
 }

@@ -177,6 +177,8 @@ async function terminateTls(
   // This address's turn first: its signing and handshake then run beside at most a few of its own.
   const leave = await deps.handshakes.enter(socket.remoteAddress ?? "", new Promise((resolve) => socket.once("close", () => resolve())));
   if (leave === undefined) return;
+  // Closed as its turn came: the turn goes on at once (a close listener added now would never run).
+  if (socket.destroyed) return leave();
   socket.once("close", leave);
   let context: SecureContext;
   try {
