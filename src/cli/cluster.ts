@@ -46,6 +46,18 @@ export function isFirstWorker(): boolean {
   return process.env[firstWorkerEnv] === "1";
 }
 
+/**
+ * Set by the primary on a worker that replaces one that died: it refuses a config file that is
+ * empty, as a reload does (at the first start an empty file is the default configuration; here
+ * it would be a truncate half-way through a save, and this worker alone would serve deny-all).
+ */
+const replacementEnv = "EGRESSGATE_REPLACEMENT";
+
+/** In a worker: whether it replaces one that died (see replacementEnv). */
+export function isReplacement(): boolean {
+  return process.env[replacementEnv] === "1";
+}
+
 /** In a worker: the primary's metrics listener, as `IP:PORT`, if it serves one. */
 export function primaryMetricsAddress(): string | undefined {
   return process.env[metricsAddressEnv] || undefined;
@@ -125,8 +137,8 @@ export async function runPrimary(
   let stopping = false;
   let exitCode = 0;
   let restarts: number[] = [];
-  /** A replacement to try again (see replace). */
-  let retry: NodeJS.Timeout | undefined;
+  /** Replacements to try again (see replace). */
+  const retries = new Set<NodeJS.Timeout>();
   let finish: (code: number) => void = () => undefined;
   const done = new Promise<number>((resolve) => (finish = resolve));
 
@@ -134,7 +146,7 @@ export async function runPrimary(
     if (stopping) return;
     stopping = true;
     exitCode = code;
-    if (retry !== undefined) clearTimeout(retry);
+    for (const retry of retries) clearTimeout(retry);
     onStopping();
     const order: PrimaryOrder = { kind: "stop" };
     for (const worker of live) {
@@ -148,9 +160,9 @@ export async function runPrimary(
 
   const how = (code: number | null, signal: NodeJS.Signals | null): string => signal ?? `code ${code}`;
 
-  const fork = (first: boolean): Promise<{ worker: Worker; url: string }> =>
+  const fork = (first: boolean, replacing = false): Promise<{ worker: Worker; url: string }> =>
     new Promise((resolve, reject) => {
-      const worker = cluster.fork({ ...workerEnv, ...(first ? { [firstWorkerEnv]: "1" } : {}) });
+      const worker = cluster.fork({ ...workerEnv, ...(first ? { [firstWorkerEnv]: "1" } : {}), ...(replacing ? { [replacementEnv]: "1" } : {}) });
       live.add(worker);
       // A send to a worker that just died fails with EPIPE as an `error` event on it: unlistened,
       // it would take the primary, and with it every other worker's guests. Its exit is handled below.
@@ -203,7 +215,7 @@ export async function runPrimary(
    * primary stops. (It stopped them all: a bad file on disk took down a cluster serving fine.)
    */
   const replace = (pid: number | undefined, attempt: number): void => {
-    fork(false).then(
+    fork(false, true).then(
       (next) => process.stderr.write(`egressgate: worker ${next.worker.process.pid} serves in place of ${pid}\n`),
       (error: unknown) => {
         if (stopping) return;
@@ -216,10 +228,11 @@ export async function runPrimary(
         }
         const seconds = Math.min(60, 5 * 2 ** attempt);
         process.stderr.write(`egressgate: ${(error as Error).message}; ${live.size} of ${count} workers go on serving; trying again in ${seconds} s\n`);
-        retry = setTimeout(() => {
-          retry = undefined;
+        const retry = setTimeout(() => {
+          retries.delete(retry);
           if (!stopping) replace(pid, attempt + 1);
         }, seconds * 1000);
+        retries.add(retry);
       },
     );
   };
@@ -239,7 +252,9 @@ export async function runPrimary(
   process.on("SIGTERM", onSignal);
   for (const signal of forward) {
     process.on(signal, () => {
-      for (const worker of live) if (serving.has(worker)) worker.process.kill(signal);
+      // A worker still starting keeps a SIGHUP and reloads once it serves (early-hup.ts): it may
+      // have read the file before the change. Other signals wait for its handlers.
+      for (const worker of live) if (serving.has(worker) || signal === "SIGHUP") worker.process.kill(signal);
     });
   }
 

@@ -5,7 +5,7 @@ import { defaultCaDir, loadOrCreateCa } from "../tls/ca-store.js";
 import { startProxy } from "../proxy/start-proxy.js";
 import { resolveProxyOptions, type ProxyOptions } from "../proxy/options.js";
 import { parseCli, placeholderKeyEnv, UsageError } from "./args.js";
-import { isClusterWorker, isFirstWorker, metricsAddressEnv, primaryMetricsAddress, reportListening, runPrimary, siblingPort } from "./cluster.js";
+import { isClusterWorker, isFirstWorker, isReplacement, metricsAddressEnv, primaryMetricsAddress, reportListening, runPrimary, siblingPort } from "./cluster.js";
 import { isIP } from "node:net";
 import { serveClusterMetrics } from "../metrics/cluster-metrics.js";
 import { createLogger, type Logger } from "../log.js";
@@ -46,6 +46,9 @@ async function main(argv: readonly string[]): Promise<number> {
   }
   source = command.source;
   const worker = isClusterWorker();
+  if (worker && isReplacement() && source !== "flags" && blankConfig(source)) {
+    throw new Error(`${source} is empty (or comments only); a replacement worker does not start on it (write {} for the default configuration)`);
+  }
   // Ctrl-C reaches every process of the group. In a cluster the primary orders the drain, so a
   // worker ignores SIGINT from its very start: one that closed on its own would look to the
   // primary like one that chose to stop, and one still starting would die of it.

@@ -461,14 +461,19 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     expect(await cli.exited).toEqual({ code: 0, signal: null });
   });
 
-  it("a replacement that cannot start on a config file broken since the last reload is tried again while the other worker serves", async () => {
+  // An emptied file (a truncate half-way through a save) is the default configuration, deny-all,
+  // at a first start; a replacement would serve it alone, beside workers on the real one.
+  it.each([
+    ["broken", "allowHosts: [nope.test\n"],
+    ["emptied", "# saving…\n"],
+  ])("a replacement that cannot start on a config file %s since the last reload is tried again while the other worker serves", async (_what, text) => {
     const dir = tempDir();
     const file = join(dir, "egressgate.yaml");
     writeFileSync(file, "allowHosts: [nope.test]\n");
     const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", join(dir, "ca"), "--config", file]);
     const workers = childPids(cli.process.pid!);
     expect(workers).toHaveLength(2);
-    writeFileSync(file, "allowHosts: [nope.test\n");
+    writeFileSync(file, text);
     process.kill(workers[0]!, "SIGKILL");
     // Before, the primary stopped the worker still serving, and exited 1.
     await until(() => /1 of 2 workers go on serving; trying again in 5 s\n/.test(cli.stderr()), 30_000, "the replacement's failure");
