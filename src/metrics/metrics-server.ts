@@ -42,10 +42,11 @@ const answerTimeoutMs = 10_000;
 /**
  * After a render of the metrics text, the proxy's thread waits this many times as long before the
  * next, so scrapes, however many and however fast, take at most a tenth of its time (a render of
- * 2 ms delays the next by 18 ms); never more than `renderGapMaxMs`.
+ * 2 ms delays the next by 18 ms); never more than `renderGapMaxMs`, well inside the listener's
+ * own wait (a cluster's render includes waiting on its workers, not only work on this thread).
  */
 const renderGapFactor = 9;
-const renderGapMaxMs = 5_000;
+const renderGapMaxMs = 2_000;
 
 /** Connections the listener holds at once; it closes the ones past this as it takes them. */
 export const metricsMaxConnections = 64;
@@ -153,6 +154,7 @@ export async function startMetricsServer(options: MetricsServerOptions): Promise
   let closing = false;
   // The listener has one scrape out at a time; the next render starts no sooner than this.
   let nextRender = 0;
+  const delayed = new Set<NodeJS.Timeout>();
   const onAsk = (worker: Worker, id: number, what: Ask): void => {
     const reply = (status: number, contentType: string, body: string): void => {
       if (!closing) worker.postMessage({ kind: "answer", id, what, status, contentType, body } satisfies Answer);
@@ -181,8 +183,13 @@ export async function startMetricsServer(options: MetricsServerOptions): Promise
         .finally(() => (nextRender = performance.now() + Math.min(renderGapMaxMs, renderGapFactor * (performance.now() - started))));
     };
     const wait = nextRender - performance.now();
-    if (wait > 0) setTimeout(render, wait);
-    else render();
+    if (wait <= 0) return render();
+    const timer = setTimeout(() => {
+      delayed.delete(timer);
+      if (!closing) render();
+    }, wait);
+    timer.unref();
+    delayed.add(timer);
   };
   let current = await spawnListener(options.host, options.port, onAsk, options.log);
   const host = current.address.family === "IPv6" ? `[${current.address.address}]` : current.address.address;
@@ -222,6 +229,7 @@ export async function startMetricsServer(options: MetricsServerOptions): Promise
     url: `http://${host}:${port}`,
     close: async () => {
       closing = true;
+      for (const timer of delayed) clearTimeout(timer);
       wake?.();
       await restarting;
       await stopListener(current);

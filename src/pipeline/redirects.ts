@@ -34,7 +34,8 @@ export function nextHop(previous: OutboundRequest, status: number, location: str
   // Held to the rules of a guest's own target: the URL parser takes port 0 and empty labels.
   if (url.port === "0") throw new EgressError("EG_UPSTREAM", 502, `redirect from ${previous.url.origin} to port 0`);
   try {
-    normalizeHost(url.hostname);
+    // Judged, sent and named in SNI as a guest's own target is: `api.test.` is `api.test`.
+    url.hostname = normalizeHost(url.hostname);
   } catch (error) {
     throw new EgressError("EG_UPSTREAM", 502, `redirect from ${previous.url.origin} to an invalid host: ${(error as Error).message}`);
   }

@@ -299,7 +299,7 @@ export class GuestSide {
       down = sendResponse(res, response, !req.complete, (error) => {
         response.cleanup?.();
         if (error instanceof GuestLeftFirst) {
-          this.deps.decide({ id, guest: guestName, method: req.method ?? "", target, status: 499, reason: "guest closed the connection", started }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: 0 } : undefined);
+          this.deps.decide({ id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(), started }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: 0 } : undefined);
           return;
         }
         this.deps.decide({
@@ -319,10 +319,12 @@ export class GuestSide {
     } catch (error) {
       // An upstream body left pending and never sent (a hook failed on it, or it broke): timed by its own end.
       if (trace !== undefined) claimUpstreamBody(trace, null);
-      if (abort.aborted) {
+      // At the drain's end the proxy closes guest connections and upstream pools alike: a request
+      // still waiting sees either first, and nobody is left to answer either way.
+      if (abort.aborted || this.drainEnded) {
         // Nobody is left to answer; 499 is nginx's "client closed request", for the log only.
         this.deps.decide(
-          { id, guest: guestName, method: req.method ?? "", target, status: 499, reason: "guest closed the connection", started },
+          { id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(), started },
           auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, ...(trace !== undefined ? { trace } : {}) } : undefined,
         );
         return;
@@ -365,6 +367,11 @@ export class GuestSide {
       return `the proxy closed the connection at the end of its drain (timeouts.drainMs, ${this.deps.config.timeouts.drainMs} ms) before the response was complete${seen}`;
     }
     return error;
+  }
+
+  /** Why a request's connection went before its answer: the guest, or the end of the proxy's drain. */
+  private leftReason(): string {
+    return this.drainEnded ? `the proxy closed the connection at the end of its drain (timeouts.drainMs, ${this.deps.config.timeouts.drainMs} ms)` : "guest closed the connection";
   }
 
   /** The drain is over: the connections still open are the proxy's to close, and a cut response is logged as its doing. */

@@ -353,6 +353,20 @@ describe("a connection busy when close() starts its drain", () => {
     expect(proxy.logs.filter((l) => l["msg"] === "request").map((l) => l["status"])).toEqual([200]);
   });
 
+  it("a request still waiting for its answer when the drain ends is logged as cut by the proxy, not as left by the guest", async () => {
+    const upstream = await startUpstream({ routes: { "/never": () => undefined } });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { drainMs: 200 } });
+    const authority = `api.test:${upstream.port}`;
+    const guest = await openRaw(proxy.port);
+    guest.write(`GET https://${authority}/never HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+    await waitFor(() => upstream.seen.length === 1);
+    await proxy.close();
+    await expect.poll(() => proxy.logs.find((l) => l["msg"] === "request")).toMatchObject({
+      status: 499,
+      reason: "the proxy closed the connection at the end of its drain (timeouts.drainMs, 200 ms)",
+    });
+  });
+
   it("a download still under way when the drain ends is cut, and logged as cut by the proxy, not as left by the guest", async () => {
     const upstream = await startUpstream({ routes: { "/slow": (_req, res) => void res.writeHead(200, { "content-length": "100" }).write("part of it") } });
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { drainMs: 200 } });
@@ -597,6 +611,8 @@ describe("redirect scheme games", () => {
     { location: () => "https://api.test:0/echo", status: 502, reason: /to port 0/ },
     { location: (port) => `https://api.test..:${port}/echo`, status: 502, reason: /to an invalid host: invalid host "api\.test\.\."/ },
     { location: (port) => `https://api..test:${port}/echo`, status: 502, reason: /to an invalid host/ },
+    // One trailing dot is the same name, followed as the guest's own target would be: `api.test`.
+    { location: (port) => `https://api.test.:${port}/echo`, status: 200, reason: /"host":"api\.test:\d+"/ },
     // Scheme-relative and odd-case URLs are still URLs: followed, and judged like any hop.
     { location: (port) => `//other.test:${port}/echo`, status: 403, reason: /other\.test/ },
     { location: (port) => `HTTPS://API.TEST:${port}/echo`, status: 200 },
