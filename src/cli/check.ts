@@ -74,7 +74,7 @@ function checkHeaderFields(headers: readonly string[]): void {
 
 /**
  * The addresses the proxy of this configuration would listen on, which it refuses as
- * destinations (DESIGN §4): its listener and its metrics listener, a wildcard one on every
+ * destinations (DESIGN §4): its listener, its metrics listener and `ownAddresses`, a wildcard one on every
  * interface of this machine. Port 0 is picked when the proxy starts, so there is no port to
  * refuse: such a listener adds nothing. A listener named by a host name binds where
  * `dns.lookup` says, as `server.listen` does; with `--no-dns` it is not looked up, and adds
@@ -82,7 +82,7 @@ function checkHeaderFields(headers: readonly string[]): void {
  */
 async function ownAddresses(config: ResolvedProxyOptions, dns: boolean): Promise<ListenAddress[]> {
   const own: ListenAddress[] = [];
-  for (const listener of [config.listen, config.metricsListen]) {
+  for (const listener of [config.listen, config.metricsListen, ...config.ownAddresses]) {
     if (listener === undefined || listener.port === 0) continue;
     let bound = listener.host;
     if (isIP(bound) === 0) {

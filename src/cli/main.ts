@@ -46,9 +46,9 @@ async function main(argv: readonly string[]): Promise<number> {
   }
   source = command.source;
   const worker = isClusterWorker();
-  if (worker && isReplacement() && source !== "flags" && blankConfig(source)) {
-    throw new Error(`${source} is empty (or comments only); a replacement worker does not start on it (write {} for the default configuration)`);
-  }
+  // At a first start an empty file is the default configuration; a replacement beside workers
+  // on the real one would serve it alone (a truncate half-way through a save).
+  if (worker && isReplacement()) refuseBlankConfig(source);
   // Ctrl-C reaches every process of the group. In a cluster the primary orders the drain, so a
   // worker ignores SIGINT from its very start: one that closed on its own would look to the
   // primary like one that chose to stop, and one still starting would die of it.
@@ -80,8 +80,7 @@ async function main(argv: readonly string[]): Promise<number> {
         env[metricsAddressEnv] = isIP(metrics.host) === 6 ? `[${metrics.host}]:${metrics.port}` : `${metrics.host}:${metrics.port}`;
       }
       // --watch: only the primary watches; a change is a SIGHUP to itself, which it passes to every
-      // worker. Listened for from now on: before runPrimary forwards it, a SIGHUP's default would end the primary.
-      if (command.config.watch === true) process.on("SIGHUP", () => undefined);
+      // worker (early-hup.ts's listener, kept in the primary, stands until runPrimary forwards it).
       const watching = command.config.watch === true ? watchConfiguration(command.config, process.env, async () => void process.kill(process.pid, "SIGHUP"), cliLogger(command)) : undefined;
       try {
         // SIGUSR1 reopens each worker's audit log; without one it would open a worker's inspector.
@@ -154,9 +153,7 @@ async function main(argv: readonly string[]): Promise<number> {
         try {
           // An emptied file is the default configuration (deny-all) at start, and a truncate
           // half-way through an edit on a reload: refused, as a broken file is.
-          if (source !== undefined && source !== "flags" && blankConfig(source)) {
-            throw new Error(`${source} is empty (or comments only); write {} for the default configuration`);
-          }
+          refuseBlankConfig(source);
           // Every policy loads ahead, off the event loop: parsing below then takes each loaded
           // worker (or its error) at once. Loaded in parseCli itself, a policy that takes long to
           // load (a loop at its top level: up to 30 s) held every guest meanwhile.
@@ -289,13 +286,17 @@ main(process.argv.slice(2)).then(
   if (isClusterWorker() && process.exitCode !== 0 && process.exitCode !== undefined) process.exit(process.exitCode);
 });
 
-/** Whether the config file holds nothing but blank lines and comments (unreadable: no, the parse reports it). */
-function blankConfig(file: string): boolean {
+/**
+ * Throws when the config file in use holds nothing but blank lines and comments; flags, or a
+ * file that cannot be read (the parse reports that), pass.
+ */
+function refuseBlankConfig(file: string | undefined): void {
+  if (file === undefined || file === "flags") return;
   let text: string;
   try {
     text = readFileSync(file, "utf8");
   } catch {
-    return false;
+    return;
   }
-  return text.split("\n").every((line) => /^\s*(#.*)?$/.test(line));
+  if (text.split("\n").every((line) => /^\s*(#.*)?$/.test(line))) throw new Error(`${file} is empty (or comments only); write {} for the default configuration`);
 }

@@ -1,4 +1,5 @@
 import { isIP } from "node:net";
+import { normalizeHost } from "../hostname.js";
 
 /**
  * Host patterns for allowlists: `*` matches any run of characters, dots included, so
@@ -36,7 +37,7 @@ function canonicalPattern(pattern: string): string {
   // Only a name or an address is read as one: a URL, a path or a port is refused as it was written.
   if (normalized.includes("*") || !(patternChars.test(normalized) || isIP(normalized) === 6)) return normalized;
   try {
-    return normalizeHostname(new URL(`http://${isIP(normalized) === 6 ? `[${normalized}]` : normalized}/`).hostname);
+    return normalizeHostname(normalizeHost(isIP(normalized) === 6 ? `[${normalized}]` : normalized));
   } catch {
     return normalized;
   }

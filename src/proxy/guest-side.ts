@@ -364,7 +364,7 @@ export class GuestSide {
     // either may be what the response saw first.
     if (this.drainEnded) {
       const seen = error instanceof GuestClosedMidResponse ? "" : ` (${error.message})`;
-      return `the proxy closed the connection at the end of its drain (timeouts.drainMs, ${this.deps.config.timeouts.drainMs} ms) before the response was complete${seen}`;
+      return `${this.leftReason()} before the response was complete${seen}`;
     }
     return error;
   }

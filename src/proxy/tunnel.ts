@@ -6,10 +6,9 @@ import { alertRecord, alerts, ClientHelloReader } from "../tls/client-hello.js";
 import type { LeafCertCache } from "../tls/leaf-cert-cache.js";
 import { SigningLimitError } from "../tls/signing-queue.js";
 import type { Authority } from "./authority.js";
-import { normalizeHost } from "../hostname.js";
 import type { HandshakeGate } from "./handshake-gate.js";
 import type { TunnelTarget } from "./guest-request.js";
-import { bareHostname } from "../hostname.js";
+import { bareHostname, normalizeHost } from "../hostname.js";
 import { withFields } from "../objects.js";
 
 const tunnelKey = Symbol("egressgate.tunnel");

@@ -448,7 +448,7 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     const dir = tempDir();
     const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", join(dir, "ca"), "--metrics-listen", "127.0.0.1:0", "--allow-internal-host", "127.0.0.1"]);
     const metricsUrl = /egressgate metrics on (http:\/\/127\.0\.0\.1:\d+)\n/.exec(cli.stderr())?.[1];
-    expect(metricsUrl).toBeDefined();
+    expect(metricsUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
     // A new connection per request, which the primary hands to the workers in turn. Before, every
     // worker answered 200 with the metrics: only the primary knew the listener's address.
     for (let i = 0; i < 4; i++) {
