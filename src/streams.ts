@@ -14,6 +14,29 @@ export function discardBody(body: Readable | null | undefined, reason?: Error): 
   if (!body.destroyed) body.destroy(reason);
 }
 
+const emptyEnded = new WeakSet<Readable>();
+
+/**
+ * Marks `body` as empty once `source`, which feeds it, has ended without a byte. A request body
+ * of unknown length that turned out empty (an HTTP/2 guest's HEADERS, then a DATA frame with
+ * END_STREAM and no bytes, as Node's own client sends a GET) can then be sent again to a
+ * redirect's next hop. `source` must already be flowing (piped into `body`): this only listens.
+ */
+export function markEmptyEnd(source: Readable, body: Readable): void {
+  let bytes = 0;
+  source.on("data", (chunk: { length: number }) => {
+    bytes += chunk.length;
+  });
+  source.once("end", () => {
+    if (bytes === 0) emptyEnded.add(body);
+  });
+}
+
+/** Whether {@link markEmptyEnd} saw `body`'s source end with no bytes. */
+export function endedEmpty(body: Readable): boolean {
+  return emptyEnded.has(body);
+}
+
 /** The HTTP/2 stream calls {@link resetH2Stream} needs (server and client streams alike). */
 interface ResettableH2Stream {
   readonly destroyed: boolean;

@@ -2,6 +2,8 @@ import { EgressError } from "../errors.js";
 import type { OutboundRequest } from "./exchange.js";
 import { getHeader, withoutHeaders, type HeaderList } from "../headers.js";
 import { normalizeHost } from "../hostname.js";
+import { endedEmpty } from "../streams.js";
+import type { Readable } from "node:stream";
 
 export const redirectStatuses = new Set([301, 302, 303, 307, 308]);
 
@@ -52,7 +54,7 @@ export function nextHop(previous: OutboundRequest, status: number, location: str
     headers = withoutHeaders(headers, bodyHeaders);
     body = null;
   } else if (body !== null && !(body instanceof Uint8Array)) {
-    if (hasBodyBytes(previous)) {
+    if (hasBodyBytes(previous, body)) {
       throw new EgressError(
         "EG_UPSTREAM",
         502,
@@ -66,7 +68,8 @@ export function nextHop(previous: OutboundRequest, status: number, location: str
   return { method, url, headers, body };
 }
 
-function hasBodyBytes(request: OutboundRequest): boolean {
+function hasBodyBytes(request: OutboundRequest, body: Readable): boolean {
   const length = getHeader(request.headers, "content-length");
-  return length === undefined || Number(length) > 0;
+  if (length !== undefined) return Number(length) > 0;
+  return !endedEmpty(body);
 }

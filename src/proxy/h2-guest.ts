@@ -17,7 +17,7 @@ import { sendH2Error, sendH2Response } from "./h2-respond.js";
 import { GuestLeftFirst } from "./respond.js";
 import { h2Codes, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h2-settings.js";
 import { tunnelOf } from "./tunnel.js";
-import { onCutEnd, resetH2Stream } from "../streams.js";
+import { markEmptyEnd, onCutEnd, resetH2Stream } from "../streams.js";
 
 export interface H2GuestDeps {
   readonly log: Logger;
@@ -383,6 +383,7 @@ function requestBodyOf(stream: ServerHttp2Stream): Readable {
   // A reset with CANCEL (or NO_ERROR) mid-upload ends the stream as if whole: cut the body instead.
   onCutEnd(stream, () => body.destroy(new Error("the guest reset the stream during its upload")));
   stream.pipe(body);
+  markEmptyEnd(stream, body);
   stream.once("close", () => {
     if (!stream.readableEnded) body.destroy(new Error("the guest reset the stream during its upload"));
   });

@@ -225,6 +225,24 @@ describe("HTTP/2 guests", () => {
     expect(echo.headers["te"]).toBe("trailers");
   });
 
+  it("a request whose stream ends with an empty DATA frame follows redirects; a body with bytes still cannot be re-sent", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const to = (status: number): string => `/redirect?status=${status}&to=${encodeURIComponent("/echo?done=1")}`;
+    // Node's own client sends a GET this way unless told endStream: HEADERS, then DATA with END_STREAM and no bytes.
+    for (const [method, status] of [["GET", 302], ["PUT", 307], ["POST", 308]] as const) {
+      const res = await h2Request(session, { ":method": method, ":path": to(status) }, "");
+      expect(res.status, `${method} ${status}`).toBe(200);
+      const echo = JSON.parse(res.body.toString()) as { method: string; path: string; bodyBytes: number };
+      expect(echo).toMatchObject({ method, path: "/echo?done=1", bodyBytes: 0 });
+    }
+    const full = await h2Request(session, { ":method": "PUT", ":path": to(307) }, "payload");
+    expect(full.status).toBe(502);
+    expect(full.body.toString()).toMatch(/already streamed and cannot be re-sent/);
+    expect(upstream.seen.filter((s) => s.url.startsWith("/redirect")).map((s) => s.bodyBytes)).toEqual([0, 0, 0, 7]);
+  });
+
   it("backpressure holds per stream: a guest that stops reading stops the upstream, while its other streams go on", async () => {
     const counted = countedBytesRoute();
     const upstream = await startUpstream({ routes: { "/counted": counted.route } });
