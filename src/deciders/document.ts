@@ -41,7 +41,11 @@ export interface DocumentBody {
  * `reach`: how far past a cut a value (in the longest encoding the scan decodes) that starts
  * before it can run, so a body is concealed past its cut and only then cut.
  */
-export type Conceal = ((text: string, header?: string) => string) & { readonly reach?: () => number };
+export type Conceal = ((text: string, header?: string) => string) & {
+  readonly reach?: () => number;
+  /** Whether there is any value to conceal now; a body that cannot be searched is then refused. */
+  readonly active?: () => boolean;
+};
 
 export const revealNothing: Conceal = (text) => text;
 

@@ -2,7 +2,7 @@ import type { Readable } from "node:stream";
 import { discardBody } from "../streams.js";
 import type { PhaseName } from "../djs/protocol.js";
 import { EgressError } from "../errors.js";
-import { withoutHeaders, type HeaderList } from "../headers.js";
+import { contentCodingList, withoutHeaders, type HeaderList } from "../headers.js";
 import { BodyLimitError, BodyTap, contentCodings, readBounded } from "../hooks/body-tap.js";
 import type { Logger } from "../log.js";
 import { allow } from "../policy/decision.js";
@@ -105,6 +105,18 @@ async function decideResponse(
   const response: NonNullable<DecisionDocument["response"]> = { status: upstream.status, headers: headerObject(shownHeaders, conceal) };
   try {
     if (includeBody && upstream.body !== null) {
+      if (!decode && conceal.active?.() === true) {
+        const named = contentCodingList(upstream.headers);
+        if (named.length > 0) {
+          // Compressed or otherwise encoded, a copy of a value cannot be found to conceal (as the
+          // recorder refuses to write such a body): the decider is not shown it.
+          throw new EgressError(
+            "EG_UPSTREAM",
+            502,
+            `the response body is in a content coding the proxy cannot undo (${named.join(", ")}), so it cannot be searched for secret values and is not sent to ${decider.label}`,
+          );
+        }
+      }
       const tap = new BodyTap(upstream.body, { limit: limits.responseBodyBytes, record: true, ...(codings !== undefined ? { encodings: codings } : {}) });
       let bytes: Uint8Array;
       try {

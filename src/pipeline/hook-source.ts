@@ -144,7 +144,7 @@ export function hookSources(
   // Asked each time, not once here: a reload can give an empty store the values it retired
   // (SecretStore.inherit) after this guest's sources were made.
   const conceal: Conceal =
-    secrets === undefined ? revealNothing : Object.assign((text: string, header?: string) => (secrets.size === 0 ? text : secrets.placeholdersFor(text, header)), { reach: () => secrets.reach() });
+    secrets === undefined ? revealNothing : Object.assign((text: string, header?: string) => (secrets.size === 0 ? text : secrets.placeholdersFor(text, header)), { reach: () => secrets.reach(), active: () => secrets.size > 0 });
   for (const entry of chain) {
     if (entry.kind === "policy") sources.push(policySource(entry.djs.engine, log));
     else if (entry.kind === "decider") sources.push(deciderSource(entry.decider, conceal, log));

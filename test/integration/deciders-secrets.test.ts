@@ -1,23 +1,24 @@
 import type { ServerResponse } from "node:http";
 import { join } from "node:path";
+import { gzipSync } from "node:zlib";
 import { ProxyAgent, request } from "undici";
 import { describe, expect, it } from "vitest";
 import { json, loggedDocuments, shellDecider, startDecisionServer } from "../helpers/deciders.js";
 import { startGuestsProxy } from "../helpers/guests.js";
 import { createHttpHooks } from "../../src/index.js";
 import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
-import { startUpstream, type Echo } from "../helpers/upstream.js";
+import { startUpstream, type Echo, type Route } from "../helpers/upstream.js";
 
 const value = "gh-s3cr3t-VALUE-0123456789";
 const rotated = "gh-r0tated-VALUE-9876543210";
 
 /** Every decider kind at once, asked in both phases, each recording the documents it was sent. */
-async function everyKind(extra: { includeBody?: boolean } = {}) {
+async function everyKind(extra: { includeBody?: boolean } = {}, routes?: Record<string, Route>) {
   const log = join(tempDir(), "docs.jsonl");
   const allow = (_doc: unknown, _req: unknown, res: ServerResponse): void => json(res, 200, { decision: "allow" });
   const webhook = await startDecisionServer(allow);
   const opa = await startDecisionServer((_doc, _req, res) => json(res, 200, { result: true }));
-  const upstream = await startUpstream();
+  const upstream = await startUpstream(routes === undefined ? {} : { routes });
   const phases = ["request", "response"] as const;
   const proxy = await startTestProxy({
     allowedInternalHosts: ["api.test"],
@@ -84,6 +85,29 @@ describe("deciders never see a real secret value", () => {
     for (const doc of sent()) expect(doc).not.toContain(value);
     const response = webhook.received.find((d) => d["phase"] === "response") as { response: { body: { data: string } } };
     expect(response.response.body.data).toContain(placeholder);
+  });
+
+  it("with includeBody, a response body in a coding the proxy cannot undo is refused (502), not sent to any decider; one it can undo shows the placeholder", async () => {
+    /** `/coded?codings=a,b`: "you sent <x-token>", gzipped once per `gzip` and labelled with every name given. */
+    const coded: Route = (req, res, _body, url) => {
+      const codings = url.searchParams.get("codings")!.split(",");
+      let body = Buffer.from(`you sent ${String(req.headers["x-token"])}`);
+      for (const coding of codings) if (coding === "gzip") body = gzipSync(body);
+      res.writeHead(200, { "content-type": "text/plain", "content-encoding": codings.join(", "), "content-length": body.length });
+      res.end(body);
+    };
+    const { proxy, placeholder, sent, webhook, base } = await everyKind({ includeBody: true }, { "/coded": coded });
+    for (const codings of ["gzip,gzip,gzip,gzip", "gzip,x-custom", "x-custom"]) {
+      const res = await fetchVia(proxy, `${base}/coded?codings=${codings}`, { headers: { "x-token": placeholder } });
+      expect(res.status, codings).toBe(502);
+      expect(res.text).toMatch(/content coding the proxy cannot undo .*cannot be searched for secret values/);
+    }
+    expect(webhook.received.filter((d) => d["phase"] === "response")).toHaveLength(0);
+    const undone = await fetchVia(proxy, `${base}/coded?codings=gzip,gzip`, { headers: { "x-token": placeholder } });
+    expect(undone.status).toBe(200);
+    const response = webhook.received.find((d) => d["phase"] === "response") as { response: { body: { data: string } } };
+    expect(response.response.body.data).toBe(`you sent ${placeholder}`);
+    for (const doc of sent()) expect(doc).not.toContain(value);
   });
 
   it("a retired value the guest sends is redacted in the document, and the request is refused", async () => {
