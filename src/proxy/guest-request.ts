@@ -3,6 +3,7 @@ import { EgressError, badRequest } from "../errors.js";
 import { forbiddenMethods, forwardedMethods, spellingHint, type OutboundRequest } from "../pipeline/exchange.js";
 import { endToEndHeaders } from "../headers.js";
 import { normalizeHost } from "../hostname.js";
+import { joinSmallPushes } from "../streams.js";
 import { parseAuthority, type Authority } from "./authority.js";
 
 /** What a CONNECT established: every request inside the tunnel must be for this host. */
@@ -57,6 +58,9 @@ export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | u
 
   const url = destinationUrl(req.url ?? "", hostHeader, tunnel);
   const hasBody = chunked || (contentLength !== undefined && contentLength !== "0");
+  // Chunks of any size come one callback each: joined, so a body of tiny chunks is not read,
+  // inspected and sent on a byte at a time. Node's parser pauses the socket the same way.
+  if (chunked) joinSmallPushes(req, () => req.socket?.pause());
   return {
     method,
     url,
