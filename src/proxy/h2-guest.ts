@@ -47,6 +47,8 @@ interface SessionState {
   readonly resets: WindowCounter;
   readonly pings: WindowCounter;
   readonly settings: WindowCounter;
+  /** The guest's TLS socket, which a destroyed session may never close by itself. */
+  readonly socket: TLSSocket | undefined;
 }
 
 /** Events per fixed window: deterministic for a flood (it fills a window at once), cheap otherwise. */
@@ -141,6 +143,7 @@ export class H2Guests {
       resets: new WindowCounter(this.deps.limits.h2ResetsPer10s),
       pings: new WindowCounter(h2Limits.maxPingsPerWindow),
       settings: new WindowCounter(h2Limits.maxSettingsPerWindow),
+      socket: this.arriving,
     };
     session[stateKey] = state;
     this.sessions.add(session);
@@ -149,18 +152,31 @@ export class H2Guests {
     // still in the pipeline are abandoned, as an HTTP/1.1 guest's requests are at its FIN: their
     // upstream requests must not go out once the hooks return. Responses under way still
     // finish; then the session closes the socket.
-    this.arriving?.once("end", () => {
+    const { socket } = state;
+    // Node's session, destroyed, ends its socket and destroys it only once that end has been
+    // written; closed gracefully, it waits until its queued frames are. A guest that is gone
+    // never lets either happen (nothing asks to write, or its window is shut), and the tunnel
+    // stayed open for good: 256 guests that dropped connections with streams open locked their
+    // address out (black-box finding). What ends the session here closes the socket too.
+    const end = (): void => {
+      session.destroy();
+      socket?.destroy();
+    };
+    socket?.once("end", () => {
       for (const [stream, watch] of state.unanswered) {
         watch.ours = true;
         resetH2Stream(stream, h2Codes.cancel, "the guest closed its connection");
       }
       if (!session.closed && !session.destroyed) session.close();
+      // The guest can send nothing more, WINDOW_UPDATE included: what it does not take within a
+      // short spell of silence it never will.
+      session.setTimeout(Math.min(this.deps.idleMs, h2Limits.afterGuestEndMs), end);
     });
     session.once("close", () => this.sessions.delete(session));
     session.on("error", (error) => this.deps.log.debug("guest h2 session error", { error }));
     session.on("frameError", (type: number, code: number, id: number) => this.deps.log.debug("guest h2 frame error", { type, code, stream: id }));
     // The window never opening, or a guest that stops reading, ends here like an idle h1 socket.
-    session.setTimeout(this.deps.idleMs, () => session.destroy());
+    session.setTimeout(this.deps.idleMs, end);
     session.on("ping", () => {
       if (state.pings.over(performance.now())) this.calm(session, "PING flood");
     });
@@ -177,6 +193,9 @@ export class H2Guests {
     this.deps.log.info("guest h2 connection closed", { reason, ...(tunnel !== undefined ? { target: `${tunnel.hostname}:${tunnel.port}`, guest: tunnel.guest } : {}) });
     // destroy(undefined, code) would send GOAWAY(NO_ERROR): Node takes a missing error as code 0.
     session.destroy(new Error(reason), h2Codes.enhanceYourCalm);
+    // The GOAWAY gets a moment to go out; the socket is closed then even if Node's end of it stalls.
+    const socket = (session as TrackedSession)[stateKey]?.socket;
+    if (socket !== undefined) setTimeout(() => socket.destroy(), h2Limits.calmLingerMs).unref();
   }
 
   private onStream(stream: ServerHttp2Stream, raw: string[]): void {

@@ -28,6 +28,10 @@ export const h2Limits = Object.freeze({
   /** PING frames per window. */
   maxPingsPerWindow: 500,
   windowMs: 10_000,
+  /** Silence after the guest's FIN (or at most idleMs) before its session and socket are closed. */
+  afterGuestEndMs: 5_000,
+  /** After GOAWAY(ENHANCE_YOUR_CALM), how long the frame gets to go out before the socket is closed. */
+  calmLingerMs: 1_000,
 });
 
 /** The http2.Server options for these limits. */

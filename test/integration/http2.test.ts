@@ -289,6 +289,38 @@ describe("HTTP/2 guests", () => {
     expect((await h2Request(again, { ":path": "/echo" })).status).toBe(200);
   }, 30_000);
 
+  // A guest that dropped its connection with streams open could leave the tunnel open for good:
+  // the session waited, closing gracefully, to send frames it never sent, and a destroyed session
+  // left its socket open. 256 such drops locked the guest's address out (black-box finding).
+  it("guests that drop their connections with 50 streams open leave no tunnel behind (seconds after, not at the idle timeout)", async () => {
+    const upstream = await startUpstream({
+      routes: {
+        "/later": (_req, res) => {
+          setTimeout(() => res.end("later"), 30);
+        },
+      },
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { idleMs: 600_000 }, metrics: true });
+    const openTunnels = async (): Promise<number> => Number(/^egressgate_open_tunnels (\d+)$/m.exec(await proxy.metrics())?.[1]);
+    for (let round = 0; round < 12; round++) {
+      const { session, plain } = await h2SessionOnSocket(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+      const answered = [];
+      for (let i = 0; i < 50; i++) {
+        const stream = session.request({ ":path": i % 2 === 0 ? "/later" : "/echo" });
+        stream.on("error", () => undefined);
+        answered.push(new Promise<void>((resolve) => stream.once("response", () => resolve())));
+      }
+      // Some answers in, the rest on their way: then the guest is gone, without GOAWAY.
+      await Promise.race(answered);
+      session.destroy();
+      plain.destroy();
+    }
+    // Every drop ends its tunnel, within a few seconds of silence rather than the idle timeout.
+    await vi.waitFor(async () => expect(await openTunnels()).toBe(0), { timeout: 20_000, interval: 250 });
+    const again = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    expect((await h2Request(again, { ":path": "/echo" })).status).toBe(200);
+  }, 30_000);
+
   // At the guest's FIN the session used to close gracefully, letting every stream finish: a
   // request held by a hook went upstream once the hook returned, for a guest long gone.
   it.each(["its FIN", "a reset of its TCP connection"] as const)("a guest that leaves (%s) while a hook holds its request: never sent upstream, logged 499", async (how) => {
