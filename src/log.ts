@@ -18,9 +18,32 @@ export interface Logger {
 
 export type LogSink = (line: string) => void;
 
+const ignore = (): void => undefined;
+
+/**
+ * stderr whose reader went away (`egressgate … 2>&1 | head`, a log shipper restarting) fails
+ * every write with EPIPE, as an `error` event: unlistened, it ended the process, every guest with
+ * it. The lines are lost instead; the proxy goes on.
+ */
+let stderrWatched = false;
 const stderrSink: LogSink = (line) => {
+  if (!stderrWatched) {
+    stderrWatched = true;
+    process.stderr.on("error", ignore);
+  }
   process.stderr.write(line);
 };
+
+/** Writes `line` to `sink`; a sink that throws, or rejects, loses the line and nothing else. */
+function deliver(sink: LogSink, line: string): void {
+  try {
+    const result = sink(line) as unknown;
+    if (result instanceof Promise) result.catch(ignore);
+  } catch {
+    // A log call must never throw: it runs in every error path, and one that threw there became
+    // an unhandled rejection, or an uncaught exception from a socket's close listener.
+  }
+}
 
 /**
  * A logger that drops everything below `level` before building the line. `redact` sees every
@@ -47,7 +70,7 @@ export function createLogger(level: LogLevel = "info", sink: LogSink = stderrSin
       const quoted = JSON.stringify(msg);
       out = JSON.stringify({ time: entry.time, level: lvl, msg: redact!(quoted) === quoted ? msg : out, fields: out });
     }
-    sink(`${out}\n`);
+    deliver(sink, `${out}\n`);
   };
   return {
     level,

@@ -23,6 +23,10 @@ let source: string | undefined;
 const offlineCommands = new Set(["ca", "env", "har", "check", "check-config", "--help", "-h", "--version"]);
 
 async function main(argv: readonly string[]): Promise<number> {
+  // A reader that goes away (`egressgate … | head`, a log shipper restarting) fails each later
+  // write with EPIPE, as an `error` event that, unlistened, would end the proxy for every guest.
+  // Those lines are lost; serving goes on.
+  for (const stream of [process.stdout, process.stderr]) stream.on("error", () => undefined);
   // Placeholders and guest tokens derive from this key. One made here lasts as long as the
   // process, so a reload (SIGHUP) gives unchanged names the same placeholders and tokens.
   if (!offlineCommands.has(argv[0] ?? "") && (process.env[placeholderKeyEnv] ?? "") === "") process.env[placeholderKeyEnv] = randomBytes(32).toString("hex");

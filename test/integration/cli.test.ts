@@ -174,6 +174,23 @@ describe("egressgate serve", () => {
     expect(cli.stdout()).toMatch(listeningLine);
   });
 
+  it("a reader of its log that goes away (`2>&1 | head -c1`) does not end the proxy: it keeps serving", async () => {
+    const dir = tempDir();
+    const caDir = join(dir, "ca");
+    const upstream = await startUpstream();
+    const { cli, url } = await serve(["--log-level", "info", "--ca-dir", caDir, "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--upstream-ca", await upstreamCaFile(dir)]);
+    // The log's reader is gone: every line written from now on meets EPIPE.
+    cli.process.stderr.destroy();
+    for (const n of [1, 2, 3]) {
+      const res = await curl(["-sS", "-x", url, "--cacert", join(caDir, "ca.crt"), `https://api.test:${upstream.port}/echo?n=${n}`]);
+      expect(res.code, res.stderr).toBe(0);
+      expect(JSON.parse(res.stdout)).toMatchObject({ path: `/echo?n=${n}` });
+    }
+    expect(cli.process.exitCode).toBe(null);
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+  });
+
   it("a host that is not allowed gets 403, through CONNECT and as plain HTTP, and never reaches the upstream", async () => {
     const dir = tempDir();
     const caDir = join(dir, "ca");

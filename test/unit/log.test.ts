@@ -24,3 +24,26 @@ describe("a log field that cannot be serialised", () => {
     expect(JSON.parse(lines[0]!)).toMatchObject({ level: "error", msg: "internal error", id: 7, guest: "g", error: "(not serialisable)" });
   });
 });
+
+// One process serves every guest: a log line it cannot write (a sink that throws or rejects, a
+// stderr whose reader went away) is dropped, never fatal (black-box finding: the first request
+// after `egressgate … 2>&1 | head -c1` ended the proxy).
+describe("a sink that fails", () => {
+  it.each([
+    ["throws", (): void => {
+      throw new Error("sink down");
+    }],
+    ["returns a rejected promise", ((): Promise<void> => Promise.reject(new Error("sink down"))) as unknown as (line: string) => void],
+  ])("a sink that %s loses its line, and the logger goes on", async (_what, failing) => {
+    let calls = 0;
+    const log = createLogger("info", (line) => {
+      calls += 1;
+      return (failing as (line: string) => unknown)(line) as void;
+    });
+    expect(() => log.info("request", { status: 200 })).not.toThrow();
+    expect(() => log.error("internal error")).not.toThrow();
+    // A rejection nobody awaits would fail this test run as unhandled.
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(calls).toBe(2);
+  });
+});
