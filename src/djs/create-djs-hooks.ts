@@ -1,10 +1,11 @@
-import { readFileSync } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import path from "node:path";
 import { DjsEngine } from "./engine.js";
 import type { DjsLimits, PhaseName, PolicyKind } from "./protocol.js";
 
 export { PolicyLoadError } from "./bundle.js";
+import { maxPolicyChars, PolicyLoadError, tooBig } from "./bundle.js";
 
 /** Options for {@link createDjsHooks}. */
 export interface DjsHooksOptions {
@@ -130,6 +131,8 @@ export function createDjsHooks(sourceOrOptions: string | DjsHooksOptions): { djs
       if (typeof text !== "string") throw new TypeError(`createDjsHooks: modules["${name}"] must be source text`);
     }
   }
+  const size = options.source.length + Object.values(modules ?? {}).reduce((n, text) => n + text.length, 0);
+  if (size > maxPolicyChars) throw new PolicyLoadError(`${options.filename ?? "the policy"}: ${tooBig(size)}`);
   const workers = options.workers ?? Math.min(2, availableParallelism());
   if (!Number.isInteger(workers) || workers < 1 || workers > 64) {
     throw new RangeError(`createDjsHooks: workers must be an integer from 1 to 64 (got ${String(options.workers)})`);
@@ -165,8 +168,12 @@ export function djsHooksOptionsFromFile(file: string): DjsHooksOptions {
   const filename = path.resolve(file);
   let source: string;
   try {
+    // Measured before it is read: a file of 50 MB ran the proxy out of memory as it loaded.
+    const { size } = statSync(filename);
+    if (size > maxPolicyChars) throw new PolicyLoadError(`${filename}: ${tooBig(size)}`);
     source = readFileSync(filename, "utf8");
   } catch (error) {
+    if (error instanceof PolicyLoadError) throw error;
     throw new TypeError(`cannot read the policy ${filename}: ${(error as Error).message}`, { cause: error });
   }
   if (!/\.(js|mjs|ts|mts)$/.test(filename)) {

@@ -190,3 +190,28 @@ describe("loads done ahead (a reload's preload)", () => {
     expect(DjsEngine.preloadedCount).toBe(0);
   });
 });
+
+// A 50 MB policy ran the proxy out of memory as it loaded, at start and on a reload (black-box
+// finding); past 4 MiB, text and imports together, a policy is refused before it is read.
+describe("a policy larger than 4 MiB", () => {
+  const filler = (bytes: number): string => `// ${"x".repeat(bytes)}\n`;
+
+  it("given as text is refused, naming the limit", () => {
+    expect(() => createDjsHooks(`${filler(4 * 1024 * 1024)}export function isRequestAllowed() { return true; }`)).toThrow(/policy is 4\.0 MiB with its imports; a policy may be at most 4 MiB/);
+    expect(() => createDjsHooks({ source: "export {};", modules: { "big.js": filler(4 * 1024 * 1024) } })).toThrow(PolicyLoadError);
+  });
+
+  it("as a file is refused by its size, and through an import read from disk", () => {
+    const dir = tempDir();
+    const big = path.join(dir, "big.mjs");
+    writeFileSync(big, filler(5 * 1024 * 1024));
+    expect(() => djsHooksOptionsFromFile(big)).toThrow(/big\.mjs: the policy is 5\.0 MiB/);
+    writeFileSync(path.join(dir, "policy.mjs"), `import "./big.mjs";\nexport function isRequestAllowed() { return true; }`);
+    expect(loadError(djsHooksOptionsFromFile(path.join(dir, "policy.mjs"))).message).toMatch(/the policy is 5\.0 MiB with its imports; a policy may be at most 4 MiB/);
+  });
+
+  it("just under the limit loads", () => {
+    const { djsHooks } = createDjsHooks(`${filler(1024 * 1024)}export function isRequestAllowed() { return true; }`);
+    void djsHooks.close();
+  });
+});
