@@ -58,6 +58,14 @@ export function joinSmallPushes(stream: Readable, pause: () => void): void {
     heldBytes += chunk.length;
     return heldBytes >= joinUpTo ? release() : true;
   };
+  // Chunks pushed before this call wait in the buffer one by one, and a pipe hands each on alone
+  // (undici parses a whole socket read before the response is ours: some 10,000 chunks of one
+  // byte). A read in paused mode takes them as one buffer, which goes back in front; what the
+  // read makes the producer push meanwhile has passed through the join, behind it.
+  if (stream.readableLength > 0 && stream.readableFlowing !== true && !stream.readableObjectMode) {
+    const buffered = stream.read() as Buffer | null;
+    if (buffered !== null) stream.unshift(buffered);
+  }
 }
 
 const emptyEnded = new WeakSet<Readable>();

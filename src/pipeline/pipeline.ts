@@ -1,4 +1,4 @@
-import { discardBody } from "../streams.js";
+import { discardBody, joinSmallPushes } from "../streams.js";
 import { errors as undiciErrors } from "undici";
 import type { Readable } from "node:stream";
 import { EgressError, badRequest, denied, secretDenied } from "../errors.js";
@@ -425,6 +425,12 @@ export class Pipeline {
       if (empty) void response.body.dump().catch(() => undefined);
       // Only a chunked body can end in a trailer section; undici fills `trailers` before the body's end.
       const chunked = /chunked/i.test(String(response.headers["transfer-encoding"] ?? ""));
+      // Tiny chunks are joined per turn, as a guest's are. Each push of one that found the guest's
+      // side full paused undici's parser, which on resuming copied the rest of the socket's read
+      // again: a plain-HTTP body of a million 1-byte chunks took 50-60 s of the proxy's CPU
+      // (black-box finding). A join that finds the guest's side full has nothing to pause: the
+      // turn's next push, which goes straight through, tells undici.
+      if (chunked && !empty) joinSmallPushes(response.body, () => undefined);
       return {
         status: response.statusCode,
         headers: upstreamHeaders(response.statusCode, headerObjectToList(response.headers)),

@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto";
+import { connect, createServer, type AddressInfo } from "node:net";
 import { request } from "undici";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, onTestFinished } from "vitest";
 import { curlVia } from "../helpers/curl.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
 import { patternBody, patternSha256, startUpstream, type Echo } from "../helpers/upstream.js";
@@ -129,5 +130,48 @@ describe("bodies stream through byte-exact", () => {
     const echo = (await res.body.json()) as Echo;
     expect(echo.bodyBytes).toBe(size);
     expect(echo.bodySha256).toBe(patternSha256(size));
+  });
+});
+
+// An upstream's body of tiny chunks went on one chunk at a time, each a pause and resume of
+// undici's parser, which re-copied the rest of the socket's read: a million 1-byte chunks took
+// 50-60 s of the proxy's CPU (black-box finding). They are joined per turn, as a guest's are.
+describe("a response body of tiny chunks", () => {
+  it("50,000 one-byte chunks reach the guest whole, joined into few", async () => {
+    const count = 50_000;
+    const server = createServer((socket) => {
+      socket.on("error", () => undefined);
+      socket.once("data", () => {
+        socket.write("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+        const chunks = Array.from({ length: count }, (_, i) => `1\r\n${String.fromCharCode(97 + (i % 26))}\r\n`).join("");
+        socket.end(`${chunks}0\r\n\r\n`);
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    onTestFinished(() => void server.close());
+    const port = (server.address() as AddressInfo).port;
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    // A raw guest, to see the chunks the proxy writes.
+    const guest = connect(proxy.port, "127.0.0.1");
+    onTestFinished(() => void guest.destroy());
+    guest.write(`GET http://api.test:${port}/tiny HTTP/1.1\r\nHost: api.test:${port}\r\nConnection: close\r\n\r\n`);
+    const raw = await new Promise<string>((resolve) => {
+      let text = "";
+      guest.on("data", (c: Buffer) => (text += c.toString("latin1")));
+      guest.on("close", () => resolve(text));
+    });
+    expect(raw).toMatch(/^HTTP\/1\.1 200 /);
+    let body = "";
+    let chunks = 0;
+    for (let at = raw.indexOf("\r\n\r\n") + 4; ; ) {
+      const eol = raw.indexOf("\r\n", at);
+      const size = parseInt(raw.slice(at, eol), 16);
+      if (size === 0) break;
+      body += raw.slice(eol + 2, eol + 2 + size);
+      chunks += 1;
+      at = eol + 2 + size + 2;
+    }
+    expect(body).toBe(Array.from({ length: count }, (_, i) => String.fromCharCode(97 + (i % 26))).join(""));
+    expect(chunks).toBeLessThan(500);
   });
 });

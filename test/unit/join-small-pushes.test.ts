@@ -60,3 +60,20 @@ describe("joinSmallPushes", () => {
     expect(stream.readableLength).toBe(40 * 1024);
   });
 });
+
+describe("joinSmallPushes on a stream that already holds chunks", () => {
+  it("joins what was pushed before it was called, ahead of what comes after, and the end still comes", async () => {
+    const stream = new Readable({ read() {} });
+    for (let i = 0; i < 1000; i++) stream.push(Buffer.from([i % 251]));
+    joinSmallPushes(stream, () => undefined);
+    stream.push(Buffer.from("after"));
+    stream.push(null);
+    const seen: Buffer[] = [];
+    // Flowing, as a pipe reads: each chunk in the buffer is its own `data` event.
+    stream.on("data", (chunk: Buffer) => seen.push(chunk));
+    await new Promise((resolve) => stream.once("end", resolve));
+    expect(seen.length).toBeLessThanOrEqual(2);
+    const expected = Buffer.concat([Buffer.from(Array.from({ length: 1000 }, (_, i) => i % 251)), Buffer.from("after")]);
+    expect(Buffer.concat(seen).equals(expected)).toBe(true);
+  });
+});
