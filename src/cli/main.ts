@@ -275,8 +275,9 @@ main(process.argv.slice(2)).then(
     process.exitCode = code;
   },
   (error: unknown) => {
-    // Bad usage, a bad option or config file, a policy that does not load: the input's fault, exit 2.
-    if (error instanceof UsageError || error instanceof TypeError || error instanceof RangeError || (error as { code?: unknown })?.code === "EG_POLICY_LOAD") {
+    // Bad usage, a bad option or config file, a policy or a CA that does not load: the input's fault, exit 2.
+    const code = (error as { code?: unknown })?.code;
+    if (error instanceof UsageError || error instanceof TypeError || error instanceof RangeError || code === "EG_POLICY_LOAD" || code === "EG_CA") {
       process.stderr.write(`egressgate: ${failureText(error, source)}\nRun "egressgate --help" for usage.\n`);
       process.exitCode = 2;
       return;

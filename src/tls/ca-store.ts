@@ -1,9 +1,11 @@
-import { chmod, mkdir, readFile, writeFile } from "node:fs/promises";
+import { constants } from "node:fs";
+import { chmod, mkdir, open, readFile, writeFile } from "node:fs/promises";
 import { hostname, homedir } from "node:os";
 import { join } from "node:path";
 import { EgressError } from "../errors.js";
 import { systemRootsPem } from "./system-roots.js";
-import { createCaCertificate, importKeyPair, parseCertificate, type CaMaterial } from "./x509.js";
+import { checkCa, type CaFile } from "./ca-check.js";
+import { createCaCertificate, importKeyPair, type CaMaterial } from "./x509.js";
 
 export interface LoadedCa extends CaMaterial {
   readonly dir: string;
@@ -30,6 +32,27 @@ async function readIfExists(path: string): Promise<string | undefined> {
 }
 
 /**
+ * Reads a CA file, or undefined if there is none. Opened non-blocking: a FIFO where ca.key should
+ * be would otherwise hold the start until something wrote to it.
+ */
+async function readCaFile(path: string): Promise<CaFile | undefined> {
+  let handle;
+  try {
+    handle = await open(path, constants.O_RDONLY | constants.O_NONBLOCK);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+    throw new Error(`cannot read ${path}: ${(error as Error).message}`, { cause: error });
+  }
+  try {
+    const stats = await handle.stat();
+    if (!stats.isFile()) throw new Error(`${path} is ${stats.isDirectory() ? "a directory" : stats.isFIFO() ? "a FIFO" : "not a regular file"}, not a PEM file`);
+    return { path, text: await handle.readFile("utf8"), mode: stats.mode, uid: stats.uid };
+  } finally {
+    await handle.close();
+  }
+}
+
+/**
  * Loads the CA from `dir`, creating it on first use. Creation writes the key with `wx`, so two
  * processes starting together cannot overwrite each other's key: the loser re-reads the winner's.
  */
@@ -37,10 +60,10 @@ export async function loadOrCreateCa(dir: string): Promise<LoadedCa> {
   const certPath = join(dir, "ca.crt");
   const keyPath = join(dir, "ca.key");
   try {
-    let certPem = await readIfExists(certPath);
-    let keyPem = await readIfExists(keyPath);
-    if (certPem === undefined || keyPem === undefined) {
-      if (certPem !== undefined || keyPem !== undefined) {
+    let certFile = await readCaFile(certPath);
+    let keyFile = await readCaFile(keyPath);
+    if (certFile === undefined || keyFile === undefined) {
+      if (certFile !== undefined || keyFile !== undefined) {
         throw new Error(`found only one of ca.crt and ca.key in ${dir}; restore the other or remove both`);
       }
       await mkdir(dir, { recursive: true, mode: 0o700 });
@@ -48,21 +71,22 @@ export async function loadOrCreateCa(dir: string): Promise<LoadedCa> {
       try {
         await writeFile(keyPath, created.keyPem, { flag: "wx", mode: 0o600 });
         await writeFile(certPath, created.certPem, { flag: "wx", mode: 0o644 });
-        certPem = created.certPem;
-        keyPem = created.keyPem;
       } catch (error) {
         if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
         await new Promise((r) => setTimeout(r, 100));
-        certPem = await readFile(certPath, "utf8");
-        keyPem = await readFile(keyPath, "utf8");
       }
       // writeFile's mode is filtered by the umask; the key must end up 0600 regardless.
       await chmod(keyPath, 0o600).catch(() => undefined);
+      certFile = await readCaFile(certPath);
+      keyFile = await readCaFile(keyPath);
+      if (certFile === undefined || keyFile === undefined) throw new Error(`ca.crt or ca.key vanished from ${dir} as it was created`);
     }
-    const cert = parseCertificate(certPem);
-    const key = await importKeyPair(keyPem);
-    const bundlePath = await writeBundle(dir, certPem);
-    return { dir, certPath, keyPath, bundlePath, certPem, cert, key };
+    const problems: string[] = [];
+    const cert = checkCa(certFile, keyFile, problems);
+    if (cert === undefined || problems.length > 0) throw new EgressError("EG_CA", 500, `cannot use the CA in ${dir}: ${problems.join("; ")}`);
+    const key = await importKeyPair(keyFile.text);
+    const bundlePath = await writeBundle(dir, certFile.text);
+    return { dir, certPath, keyPath, bundlePath, certPem: certFile.text, cert, key };
   } catch (error) {
     if (error instanceof EgressError) throw error;
     throw new EgressError("EG_CA", 500, `cannot load or create the CA in ${dir}: ${(error as Error).message}`, {

@@ -1,4 +1,5 @@
 import { execFile, execFileSync, spawn, type ChildProcessByStdio } from "node:child_process";
+import { generateKeyPairSync } from "node:crypto";
 import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { open } from "node:fs/promises";
 import { createServer } from "node:net";
@@ -760,6 +761,16 @@ describe("egressgate ca", () => {
     const second = await runCli(["ca", "--ca-dir", caDir]);
     expect(second.code).toBe(0);
     expect(second.stdout).toBe(first.stdout);
+  });
+  it.each([[[]], [["--workers", "2"]]])("a ca.key from another CA stops the start (flags %j) with exit 2 naming the file, before it listens", async (extra) => {
+    const caDir = join(tempDir(), "ca");
+    expect((await runCli(["ca", "--ca-dir", caDir])).code).toBe(0);
+    const keyPath = join(caDir, "ca.key");
+    writeFileSync(keyPath, generateKeyPairSync("ec", { namedCurve: "P-256" }).privateKey.export({ format: "pem", type: "pkcs8" }), { mode: 0o600 });
+    const { code, stdout, stderr } = await runCli(["--listen", "127.0.0.1:0", "--ca-dir", caDir, ...extra]);
+    expect(code).toBe(2);
+    expect(stdout).not.toContain("listening");
+    expect(stderr).toContain(`egressgate: cannot use the CA in ${caDir}: ${keyPath} is not the key of the certificate in ${join(caDir, "ca.crt")}`);
   });
 });
 

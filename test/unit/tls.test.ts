@@ -1,8 +1,8 @@
 // @peculiar/x509 needs the Reflect metadata polyfill before it loads (see src/tls/x509.ts).
 import "reflect-metadata";
 import { execFile, spawnSync } from "node:child_process";
-import { X509Certificate } from "node:crypto";
-import { mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { generateKeyPairSync, X509Certificate } from "node:crypto";
+import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { connect, createServer, type SecureContext } from "node:tls";
@@ -96,6 +96,94 @@ describe("CA store", () => {
     const bundle = await readFile(ca.bundlePath!, "utf8");
     expect(bundle).toContain(ca.certPem.trim());
     expect(bundle.split("BEGIN CERTIFICATE").length - 1).toBeGreaterThan(1);
+  });
+});
+
+interface OperatorCaOptions {
+  readonly notBefore?: Date;
+  readonly notAfter?: Date;
+  readonly extensions?: x509.Extension[];
+}
+
+/** A CA as an operator might bring it, written to a new caDir with ca.key 0600. */
+async function operatorCaDir(options: OperatorCaOptions = {}): Promise<{ dir: string; certPath: string; keyPath: string; keyPem: string }> {
+  const dir = await tempDir();
+  const key = await generateKeyPair("ecdsa");
+  const cert = await x509.X509CertificateGenerator.createSelfSigned({
+    serialNumber: "01",
+    name: "CN=Operator CA",
+    notBefore: options.notBefore ?? new Date(Date.now() - day),
+    notAfter: options.notAfter ?? new Date(Date.now() + day),
+    signingAlgorithm: { name: "ECDSA", hash: "SHA-256" },
+    keys: key.keys,
+    extensions: options.extensions ?? [
+      new x509.BasicConstraintsExtension(true, undefined, true),
+      new x509.KeyUsagesExtension(x509.KeyUsageFlags.keyCertSign | x509.KeyUsageFlags.cRLSign, true),
+    ],
+  });
+  const certPath = join(dir, "ca.crt");
+  const keyPath = join(dir, "ca.key");
+  await writeFile(keyPath, key.privateKeyPem, { mode: 0o600 });
+  await writeFile(certPath, cert.toString("pem"));
+  return { dir, certPath, keyPath, keyPem: key.privateKeyPem };
+}
+
+describe("a CA that cannot sign certificates guests accept is refused at load, naming the file", () => {
+  it("an operator's CA that is valid, CA:TRUE and may sign certificates loads", async () => {
+    const { dir } = await operatorCaDir();
+    await expect(loadOrCreateCa(dir)).resolves.toMatchObject({ dir });
+  });
+
+  it.each<[string, OperatorCaOptions, RegExp]>([
+    ["expired", { notBefore: new Date("2019-01-01T00:00:00Z"), notAfter: new Date("2020-01-02T00:00:00Z") }, /ca\.crt expired on 2020-01-02T00:00:00\.000Z/],
+    ["not valid yet", { notBefore: new Date("2040-01-01T00:00:00Z"), notAfter: new Date("2041-01-01T00:00:00Z") }, /ca\.crt is not valid until 2040-01-01T00:00:00\.000Z/],
+    ["CA:FALSE", { extensions: [new x509.BasicConstraintsExtension(false, undefined, true)] }, /ca\.crt is not a CA certificate \(its basicConstraints lack CA:TRUE\)/],
+    ["without basicConstraints", { extensions: [new x509.KeyUsagesExtension(x509.KeyUsageFlags.keyCertSign, true)] }, /ca\.crt is not a CA certificate/],
+    [
+      "CA:TRUE without keyCertSign",
+      { extensions: [new x509.BasicConstraintsExtension(true, undefined, true), new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature, true)] },
+      /ca\.crt may not sign certificates \(its keyUsage lacks keyCertSign\)/,
+    ],
+  ])("a CA certificate %s", async (_, options, message) => {
+    const { dir } = await operatorCaDir(options);
+    await expect(loadOrCreateCa(dir)).rejects.toMatchObject({ code: "EG_CA", message: expect.stringMatching(message) as unknown });
+  });
+
+  it("a ca.key that is not the certificate's key", async () => {
+    const { dir, keyPath, certPath } = await operatorCaDir();
+    await writeFile(keyPath, (await generateKeyPair("ecdsa")).privateKeyPem, { mode: 0o600 });
+    await expect(loadOrCreateCa(dir)).rejects.toMatchObject({
+      code: "EG_CA",
+      message: `cannot use the CA in ${dir}: ${keyPath} is not the key of the certificate in ${certPath}: they are from different CAs`,
+    });
+  });
+
+  const encryptedKey = (): string =>
+    generateKeyPairSync("ec", { namedCurve: "P-256" }).privateKey.export({ format: "pem", type: "pkcs8", cipher: "aes-256-cbc", passphrase: "secret" }) as string;
+  const pem = (kind: "ed25519" | "P-384"): string =>
+    (kind === "ed25519" ? generateKeyPairSync("ed25519") : generateKeyPairSync("ec", { namedCurve: "P-384" })).privateKey.export({ format: "pem", type: "pkcs8" }) as string;
+
+  it.each<[string, "ca.key" | "ca.crt", () => string, RegExp]>([
+    ["garbage in ca.crt", "ca.crt", () => "junk\n", /ca\.crt is not a PEM certificate \(/],
+    ["garbage in ca.key", "ca.key", () => "-----BEGIN PRIVATE KEY-----\ngarbage\n-----END PRIVATE KEY-----\n", /ca\.key is not a PEM private key \(/],
+    ["an empty ca.key", "ca.key", () => "", /ca\.key is empty$/],
+    ["an encrypted ca.key", "ca.key", encryptedKey, /ca\.key is encrypted with a passphrase, and egressgate takes none/],
+    ["an Ed25519 ca.key", "ca.key", () => pem("ed25519"), /ca\.key is an ed25519 key; the CA key must be EC P-256 or RSA/],
+    ["a P-384 ca.key", "ca.key", () => pem("P-384"), /ca\.key is an EC key on secp384r1; the CA key must be EC P-256 or RSA/],
+  ])("%s", async (_, file, content, message) => {
+    const { dir } = await operatorCaDir();
+    await writeFile(join(dir, file), content(), { mode: 0o600 });
+    await expect(loadOrCreateCa(dir)).rejects.toMatchObject({ code: "EG_CA", message: expect.stringMatching(message) as unknown });
+  });
+
+  it("a ca.key that is a directory, or a FIFO (which would block a read until written), is refused at once", async () => {
+    const { dir, keyPath } = await operatorCaDir();
+    await rm(keyPath);
+    await mkdir(keyPath);
+    await expect(loadOrCreateCa(dir)).rejects.toMatchObject({ code: "EG_CA", message: expect.stringContaining(`${keyPath} is a directory, not a PEM file`) as unknown });
+    await rm(keyPath, { recursive: true });
+    expect(spawnSync("mkfifo", ["-m", "600", keyPath]).status).toBe(0);
+    await expect(loadOrCreateCa(dir)).rejects.toMatchObject({ code: "EG_CA", message: expect.stringContaining(`${keyPath} is a FIFO, not a PEM file`) as unknown });
   });
 });
 
