@@ -12,6 +12,29 @@ export interface CaFile {
   readonly uid: number;
 }
 
+/**
+ * Why ca.key's permissions let another user read or replace it, or undefined if they do not.
+ * Whoever reads ca.key can impersonate any host to every guest that trusts the CA.
+ *
+ * The rule follows PostgreSQL's for its server key, and OpenSSH's for a user's key agrees: a key
+ * the proxy's own user owns must be 0600 or less. A key another user owns (root, handing it to the
+ * service user through the file's group: `root:egressgate 0640` in /etc/egressgate) may also be
+ * read by its group; by everyone, never. Execute bits grant nothing on a file that is only read.
+ */
+export function keyPermissionProblem(key: CaFile, uid: number | undefined): string | undefined {
+  // Windows has no such bits (process.getuid is undefined there).
+  if (uid === undefined) return undefined;
+  const mode = key.mode & 0o777;
+  const octal = mode.toString(8).padStart(4, "0");
+  if (key.uid === uid && (mode & 0o066) !== 0) {
+    return `${key.path} can be read or written by users other than its owner (mode ${octal}), and whoever reads it can impersonate any host to the guests: run "chmod 600 ${key.path}"`;
+  }
+  if (key.uid !== uid && (mode & 0o026) !== 0) {
+    return `${key.path} can be read or written by users other than its owner and group (mode ${octal}), and whoever reads it can impersonate any host to the guests: run "chmod 640 ${key.path}" (or make the proxy's user its owner, mode 0600)`;
+  }
+  return undefined;
+}
+
 function whatFailed(error: unknown): string {
   return (error as Error)?.message ?? String(error);
 }
@@ -65,6 +88,8 @@ function parseCert(cert: CaFile, problems: string[]): { node: X509Certificate; p
  * the certificate if it parsed.
  */
 export function checkCa(cert: CaFile, key: CaFile, problems: string[], now = Date.now()): x509.X509Certificate | undefined {
+  const permissions = keyPermissionProblem(key, process.getuid?.());
+  if (permissions !== undefined) problems.push(permissions);
   const keyObject = parseKey(key, problems);
   const parsed = parseCert(cert, problems);
   if (parsed === undefined) return undefined;

@@ -2,7 +2,7 @@
 import "reflect-metadata";
 import { execFile, spawnSync } from "node:child_process";
 import { generateKeyPairSync, X509Certificate } from "node:crypto";
-import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { chmod, chown, mkdir, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { connect, createServer, type SecureContext } from "node:tls";
@@ -174,6 +174,33 @@ describe("a CA that cannot sign certificates guests accept is refused at load, n
     const { dir } = await operatorCaDir();
     await writeFile(join(dir, file), content(), { mode: 0o600 });
     await expect(loadOrCreateCa(dir)).rejects.toMatchObject({ code: "EG_CA", message: expect.stringMatching(message) as unknown });
+  });
+
+  it("a ca.key others can read is refused with the chmod that fixes it; 0600 and 0400 load", async () => {
+    const { dir, keyPath } = await operatorCaDir();
+    for (const mode of [0o644, 0o640, 0o604, 0o620]) {
+      await chmod(keyPath, mode);
+      await expect(loadOrCreateCa(dir)).rejects.toMatchObject({
+        code: "EG_CA",
+        message: expect.stringContaining(`${keyPath} can be read or written by users other than its owner (mode 0${mode.toString(8)}), and whoever reads it can impersonate any host to the guests: run "chmod 600 ${keyPath}"`) as unknown,
+      });
+    }
+    for (const mode of [0o600, 0o400]) {
+      await chmod(keyPath, mode);
+      await expect(loadOrCreateCa(dir)).resolves.toMatchObject({ keyPath });
+    }
+  });
+
+  it.runIf(process.getuid?.() === 0)("a ca.key another user owns may be read by its group (root:egressgate 0640), not by everyone", async () => {
+    const { dir, keyPath } = await operatorCaDir();
+    await chown(keyPath, 65534, 65534);
+    await chmod(keyPath, 0o640);
+    await expect(loadOrCreateCa(dir)).resolves.toMatchObject({ keyPath });
+    await chmod(keyPath, 0o644);
+    await expect(loadOrCreateCa(dir)).rejects.toMatchObject({
+      code: "EG_CA",
+      message: expect.stringContaining(`${keyPath} can be read or written by users other than its owner and group (mode 0644), and whoever reads it can impersonate any host to the guests: run "chmod 640 ${keyPath}"`) as unknown,
+    });
   });
 
   it("a ca.key that is a directory, or a FIFO (which would block a read until written), is refused at once", async () => {
