@@ -1,5 +1,6 @@
 import { constants } from "node:fs";
-import { chmod, mkdir, open, readFile, writeFile } from "node:fs/promises";
+import { randomBytes } from "node:crypto";
+import { chmod, copyFile, link, mkdir, open, readFile, unlink, writeFile } from "node:fs/promises";
 import { hostname, homedir } from "node:os";
 import { join } from "node:path";
 import { EgressError } from "../errors.js";
@@ -52,35 +53,18 @@ async function readCaFile(path: string): Promise<CaFile | undefined> {
   }
 }
 
+/** How long a load that finds one of ca.crt and ca.key waits for another process to publish the other. */
+const publishWaitMs = 2_000;
+
 /**
- * Loads the CA from `dir`, creating it on first use. Creation writes the key with `wx`, so two
- * processes starting together cannot overwrite each other's key: the loser re-reads the winner's.
+ * Loads the CA from `dir`, creating it on first use. Processes starting together on an empty
+ * directory all end with the same CA: see publishNewCa.
  */
 export async function loadOrCreateCa(dir: string): Promise<LoadedCa> {
   const certPath = join(dir, "ca.crt");
   const keyPath = join(dir, "ca.key");
   try {
-    let certFile = await readCaFile(certPath);
-    let keyFile = await readCaFile(keyPath);
-    if (certFile === undefined || keyFile === undefined) {
-      if (certFile !== undefined || keyFile !== undefined) {
-        throw new Error(`found only one of ca.crt and ca.key in ${dir}; restore the other or remove both`);
-      }
-      await mkdir(dir, { recursive: true, mode: 0o700 });
-      const created = await createCaCertificate(`egressgate CA (${hostname()})`);
-      try {
-        await writeFile(keyPath, created.keyPem, { flag: "wx", mode: 0o600 });
-        await writeFile(certPath, created.certPem, { flag: "wx", mode: 0o644 });
-      } catch (error) {
-        if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
-        await new Promise((r) => setTimeout(r, 100));
-      }
-      // writeFile's mode is filtered by the umask; the key must end up 0600 regardless.
-      await chmod(keyPath, 0o600).catch(() => undefined);
-      certFile = await readCaFile(certPath);
-      keyFile = await readCaFile(keyPath);
-      if (certFile === undefined || keyFile === undefined) throw new Error(`ca.crt or ca.key vanished from ${dir} as it was created`);
-    }
+    const { certFile, keyFile } = await readOrCreate(dir, certPath, keyPath);
     const problems: string[] = [];
     const cert = checkCa(certFile, keyFile, problems);
     if (cert === undefined || problems.length > 0) throw new EgressError("EG_CA", 500, `cannot use the CA in ${dir}: ${problems.join("; ")}`);
@@ -92,6 +76,83 @@ export async function loadOrCreateCa(dir: string): Promise<LoadedCa> {
     throw new EgressError("EG_CA", 500, `cannot load or create the CA in ${dir}: ${(error as Error).message}`, {
       cause: error,
     });
+  }
+}
+
+/** Both CA files, read whole; the CA is created first if neither exists. */
+async function readOrCreate(dir: string, certPath: string, keyPath: string): Promise<{ certFile: CaFile; keyFile: CaFile }> {
+  let created = false;
+  let waitingSince: number | undefined;
+  for (;;) {
+    const certFile = await readCaFile(certPath);
+    const keyFile = await readCaFile(keyPath);
+    if (certFile !== undefined && keyFile !== undefined) return { certFile, keyFile };
+    if (certFile === undefined && keyFile === undefined && !created) {
+      await mkdir(dir, { recursive: true, mode: 0o700 });
+      await publishNewCa(dir, certPath, keyPath);
+      created = true;
+      continue;
+    }
+    // Another process publishes ca.key, then ca.crt: finding one alone may be the moment between.
+    waitingSince ??= Date.now();
+    if (Date.now() - waitingSince >= publishWaitMs) {
+      if (certFile !== undefined || keyFile !== undefined) throw new Error(`found only one of ca.crt and ca.key in ${dir}; restore the other or remove both`);
+      throw new Error(`ca.crt and ca.key were removed from ${dir} while the CA was being created`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+}
+
+/**
+ * Creates a CA and publishes it as ca.key and ca.crt, unless another process has published its
+ * own. Both are written whole under temporary names and then hard-linked into place: link() fails
+ * if the name exists, so one process's ca.key wins, and no reader sees half a file. The key goes
+ * first and only its publisher links ca.crt, so a reader that finds ca.key alone waits for the
+ * certificate (readOrCreate) rather than telling the operator to delete a good CA.
+ */
+async function publishNewCa(dir: string, certPath: string, keyPath: string): Promise<void> {
+  const created = await createCaCertificate(`egressgate CA (${hostname()})`);
+  const tag = `${process.pid}-${randomBytes(6).toString("hex")}`;
+  const keyTemp = join(dir, `.ca.key.${tag}.tmp`);
+  const certTemp = join(dir, `.ca.crt.${tag}.tmp`);
+  try {
+    await writeFile(keyTemp, created.keyPem, { flag: "wx", mode: 0o600 });
+    // writeFile's mode is filtered by the umask; the key must end up 0600 regardless. Where chmod
+    // cannot (some mounts), the permission check names the mode the key has.
+    await chmod(keyTemp, 0o600).catch(() => undefined);
+    await writeFile(certTemp, created.certPem, { flag: "wx", mode: 0o644 });
+    if (!(await publishExclusive(keyTemp, keyPath))) return;
+    try {
+      // A ca.crt already here (put there by hand) is kept, and the check reports the mismatch.
+      await publishExclusive(certTemp, certPath);
+    } catch (error) {
+      // A key without its certificate would stop every later start: nobody can have used it yet.
+      await unlink(keyPath).catch(() => undefined);
+      throw error;
+    }
+  } finally {
+    await Promise.all([keyTemp, certTemp].map((temp) => unlink(temp).catch(() => undefined)));
+  }
+}
+
+/** Gives `temp`'s file the name `path` too, unless `path` exists: then false. */
+async function publishExclusive(temp: string, path: string): Promise<boolean> {
+  try {
+    await link(temp, path);
+    return true;
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "EEXIST") return false;
+    if (code !== "EPERM" && code !== "ENOTSUP" && code !== "ENOSYS") throw error;
+  }
+  // A filesystem without hard links (FAT, some network and FUSE mounts): an exclusive copy still
+  // publishes one process's file, though a reader may find it part-written for the copy's moment.
+  try {
+    await copyFile(temp, path, constants.COPYFILE_EXCL);
+    return true;
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "EEXIST") return false;
+    throw error;
   }
 }
 

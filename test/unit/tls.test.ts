@@ -1,10 +1,12 @@
 // @peculiar/x509 needs the Reflect metadata polyfill before it loads (see src/tls/x509.ts).
 import "reflect-metadata";
-import { execFile, spawnSync } from "node:child_process";
-import { generateKeyPairSync, X509Certificate } from "node:crypto";
-import { chmod, chown, mkdir, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { execFile, fork, spawnSync } from "node:child_process";
+import { createPrivateKey, generateKeyPairSync, X509Certificate } from "node:crypto";
+import { once } from "node:events";
+import { chmod, chown, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { connect, createServer, type SecureContext } from "node:tls";
 import { promisify } from "node:util";
 import * as x509 from "@peculiar/x509";
@@ -16,6 +18,7 @@ import { LeafSigner, generateKeyPair, importKeyPair, parseCertificate, type CaMa
 const day = 24 * 60 * 60 * 1000;
 const run = promisify(execFile);
 const hasPython = spawnSync("python3", ["--version"]).status === 0;
+const firstRunChild = fileURLToPath(new URL("../fixtures/ca-first-run.ts", import.meta.url));
 
 async function tempDir(): Promise<string> {
   const dir = await mkdtemp(join(tmpdir(), "egressgate-tls-"));
@@ -88,6 +91,28 @@ describe("CA store", () => {
     const second = await loadOrCreateCa(dir);
     expect(second.certPem).toBe(first.certPem);
     expect(await readFile(second.keyPath, "utf8")).toBe(keyPem);
+  });
+
+  // Starting three processes under tsx takes seconds on a busy machine.
+  it("several processes doing their first run on one empty directory at once all load the same CA, which works", { timeout: 90_000 }, async () => {
+    const dir = join(await tempDir(), "ca");
+    const children = Array.from({ length: 3 }, () => {
+      const child = fork(firstRunChild, [dir], { execArgv: ["--import", "tsx"], stdio: ["ignore", "ignore", "inherit", "ipc"] });
+      onTestFinished(() => void child.kill("SIGKILL"));
+      return child;
+    });
+    await Promise.all(children.map((child) => once(child, "message")));
+    const answers = children.map((child) => once(child, "message").then(([loads]) => loads as Array<{ certPem?: string; error?: string }>));
+    for (const child of children) child.send("go");
+    const loads = (await Promise.all(answers)).flat();
+    expect(loads.filter((load) => load.error !== undefined)).toEqual([]);
+    const certPem = await readFile(join(dir, "ca.crt"), "utf8");
+    expect(new Set(loads.map((load) => load.certPem))).toEqual(new Set([certPem]));
+    const cert = new X509Certificate(certPem);
+    expect(cert.checkPrivateKey(createPrivateKey(await readFile(join(dir, "ca.key"), "utf8")))).toBe(true);
+    expect((await stat(join(dir, "ca.key"))).mode & 0o777).toBe(0o600);
+    // No temporary file of any process is left beside them.
+    expect((await readdir(dir)).sort()).toEqual(["ca-bundle.crt", "ca.crt", "ca.key"]);
   });
 
   it("writes ca-bundle.crt holding the system roots and the CA, for a guest's SSL_CERT_FILE", async () => {
