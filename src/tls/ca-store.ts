@@ -2,7 +2,7 @@ import { constants } from "node:fs";
 import { randomBytes } from "node:crypto";
 import { chmod, copyFile, link, mkdir, open, readFile, unlink, writeFile } from "node:fs/promises";
 import { hostname, homedir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { EgressError } from "../errors.js";
 import { systemRootsPem } from "./system-roots.js";
 import { checkCa, type CaFile } from "./ca-check.js";
@@ -79,6 +79,25 @@ export async function loadOrCreateCa(dir: string): Promise<LoadedCa> {
   }
 }
 
+/**
+ * `mkdir -p`, each directory it makes 0700. Node 20's recursive mkdir never settles for a path
+ * under /proc: mkdir there fails with ENOENT although the parent exists, and Node goes back to the
+ * parent and tries again, forever. Here a second ENOENT, with the parent there, is the answer.
+ */
+async function makeDirectory(dir: string): Promise<void> {
+  const made = (error: unknown): void => {
+    if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
+  };
+  try {
+    await mkdir(dir, { mode: 0o700 });
+  } catch (error) {
+    const parent = dirname(dir);
+    if ((error as NodeJS.ErrnoException).code !== "ENOENT" || parent === dir) return made(error);
+    await makeDirectory(parent);
+    await mkdir(dir, { mode: 0o700 }).catch(made);
+  }
+}
+
 /** Both CA files, read whole; the CA is created first if neither exists. */
 async function readOrCreate(dir: string, certPath: string, keyPath: string): Promise<{ certFile: CaFile; keyFile: CaFile }> {
   let created = false;
@@ -88,7 +107,7 @@ async function readOrCreate(dir: string, certPath: string, keyPath: string): Pro
     const keyFile = await readCaFile(keyPath);
     if (certFile !== undefined && keyFile !== undefined) return { certFile, keyFile };
     if (certFile === undefined && keyFile === undefined && !created) {
-      await mkdir(dir, { recursive: true, mode: 0o700 });
+      await makeDirectory(dir);
       await publishNewCa(dir, certPath, keyPath);
       created = true;
       continue;

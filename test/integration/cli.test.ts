@@ -762,6 +762,12 @@ describe("egressgate ca", () => {
     expect(second.code).toBe(0);
     expect(second.stdout).toBe(first.stdout);
   });
+  it.runIf(existsSync("/proc/self"))("a --ca-dir under /proc, where no directory can be made, exits 2 with the reason", async () => {
+    const { code, stderr } = await runCli(["ca", "--ca-dir", "/proc/self/egressgate"]);
+    expect(code).toBe(2);
+    expect(stderr).toContain("egressgate: cannot load or create the CA in /proc/self/egressgate: ENOENT: no such file or directory, mkdir '/proc/self/egressgate'");
+  });
+
   it.each([[[]], [["--workers", "2"]]])("a ca.key from another CA stops the start (flags %j) with exit 2 naming the file, before it listens", async (extra) => {
     const caDir = join(tempDir(), "ca");
     expect((await runCli(["ca", "--ca-dir", caDir])).code).toBe(0);

@@ -3,6 +3,7 @@ import "reflect-metadata";
 import { execFile, fork, spawnSync } from "node:child_process";
 import { createPrivateKey, generateKeyPairSync, X509Certificate } from "node:crypto";
 import { once } from "node:events";
+import { existsSync } from "node:fs";
 import { chmod, chown, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -113,6 +114,23 @@ describe("CA store", () => {
     expect((await stat(join(dir, "ca.key"))).mode & 0o777).toBe(0o600);
     // No temporary file of any process is left beside them.
     expect((await readdir(dir)).sort()).toEqual(["ca-bundle.crt", "ca.crt", "ca.key"]);
+  });
+
+  it("makes every missing directory of the caDir 0700", async () => {
+    const top = await tempDir();
+    await loadOrCreateCa(join(top, "a", "b", "c"));
+    for (const dir of ["a", "a/b", "a/b/c"]) expect((await stat(join(top, dir))).mode & 0o777).toBe(0o700);
+  });
+
+  it.runIf(existsSync("/proc/self"))("a caDir under /proc, where no directory can be made, fails with the reason instead of never settling", async () => {
+    // Node 20's recursive mkdir retried ENOENT there forever.
+    for (const dir of ["/proc/nonexistent", "/proc/self/egressgate/ca"]) {
+      const deadline = new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`loading ${dir} did not settle within 10 s`)), 10_000).unref());
+      await expect(Promise.race([loadOrCreateCa(dir), deadline])).rejects.toMatchObject({
+        code: "EG_CA",
+        message: expect.stringMatching(new RegExp(`^cannot load or create the CA in ${dir}: ENOENT: no such file or directory, mkdir '/proc/`)) as unknown,
+      });
+    }
   });
 
   it("writes ca-bundle.crt holding the system roots and the CA, for a guest's SSL_CERT_FILE", async () => {
