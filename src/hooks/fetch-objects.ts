@@ -2,7 +2,6 @@ import { Readable } from "node:stream";
 import type { ReadableStream as NodeReadableStream } from "node:stream/web";
 import { EgressError, badRequest } from "../errors.js";
 import { endToEndHeaders, type HeaderList } from "../headers.js";
-import { BodyLimitError, readBounded } from "./body-tap.js";
 import { discardBody } from "../streams.js";
 
 /**
@@ -116,13 +115,93 @@ export function nodeBody(body: ReadableStream<Uint8Array>): Readable {
 
 /**
  * Reads a body a hook built itself (a rewrite), so it can be sent with an exact
- * Content-Length. Bounded by the hook body limit.
+ * Content-Length. Bounded by the hook body limit, and by `deadline` when given: the body is part
+ * of the hook's answer, and one that never ends (a stream the hook never closes) otherwise held
+ * the guest, with nothing sent and nothing logged, until the guest's connection timed out.
  */
-export async function readHookBody(body: ReadableStream<Uint8Array>, limit: number): Promise<Buffer> {
+export async function readHookBody(
+  body: ReadableStream<Uint8Array>,
+  limit: number,
+  deadline?: { readonly ms: number; readonly error: () => EgressError },
+): Promise<Buffer> {
+  const reader = body.getReader();
+  let late: EgressError | undefined;
+  // Cancelling resolves the pending read as done: `late` tells that end from a real one.
+  const timer =
+    deadline === undefined
+      ? undefined
+      : setTimeout(() => {
+          late = deadline.error();
+          void reader.cancel(late).catch(() => undefined);
+        }, Math.max(0, deadline.ms));
+  const chunks: Uint8Array[] = [];
+  let size = 0;
   try {
-    return await readBounded(body as unknown as AsyncIterable<Uint8Array>, limit);
+    for (;;) {
+      const next = await reader.read();
+      if (late !== undefined) throw late;
+      if (next.done) return Buffer.concat(chunks);
+      const chunk: unknown = next.value;
+      if (!(chunk instanceof Uint8Array)) throw new TypeError("a body chunk is not a Uint8Array");
+      size += chunk.byteLength;
+      if (size > limit) throw new EgressError("EG_TOO_LARGE", 413, `the request body a hook built is larger than maxHttpBodyBytes (${limit})`);
+      chunks.push(chunk);
+    }
   } catch (error) {
-    if (!(error instanceof BodyLimitError)) throw error;
-    throw new EgressError("EG_TOO_LARGE", 413, `the request body a hook built is larger than maxHttpBodyBytes (${limit})`);
+    if (late === undefined) void reader.cancel().catch(() => undefined);
+    throw error;
+  } finally {
+    clearTimeout(timer);
   }
+}
+
+/**
+ * The body of a Response a hook made, as a Node stream for the guest. Only the hook's code
+ * produces it, and no upstream timer watches it: one that fell silent after the head held the
+ * guest until the guest's connection timed out. Silence of `silenceMs` while the guest waits for
+ * more (as `timeouts.upstreamBodyMs` cuts an upstream's body) fails it, and the guest's response
+ * is cut. A guest that reads slowly starts no timer: only a pending read does.
+ */
+export function hookResponseBody(body: ReadableStream<Uint8Array>, silenceMs: number | undefined, subject: string): Readable {
+  if (silenceMs === undefined) return nodeBody(body);
+  const reader = body.getReader();
+  let timer: NodeJS.Timeout | undefined;
+  const node = new Readable({
+    read() {
+      timer ??= setTimeout(() => {
+        node.destroy(new EgressError("EG_HOOK_TIMEOUT", 504, `${subject} produced nothing for ${silenceMs} ms (timeouts.upstreamBodyMs); the guest's response was cut`, { failure: "time" }));
+      }, silenceMs);
+      pull();
+    },
+    destroy(error, callback) {
+      clearTimeout(timer);
+      void reader.cancel(error ?? undefined).catch(() => undefined);
+      callback(error);
+    },
+  });
+  // Empty chunks are no data: read on, so the stream is never left without a read in flight.
+  const pull = (): void => {
+    reader.read().then(
+      (next) => {
+        if (node.destroyed) return;
+        const chunk: unknown = next.value;
+        if (next.done) {
+          clearTimeout(timer);
+          node.push(null);
+        } else if (!(chunk instanceof Uint8Array)) {
+          node.destroy(new TypeError(`${subject} enqueued a chunk that is not a Uint8Array`));
+        } else if (chunk.byteLength === 0) {
+          pull();
+        } else {
+          clearTimeout(timer);
+          timer = undefined;
+          node.push(chunk);
+        }
+      },
+      (error: unknown) => node.destroy(error instanceof Error ? error : new Error(`${subject} failed`, { cause: error })),
+    );
+  };
+  // As nodeBody: a body can fail before anyone reads it.
+  node.on("error", () => undefined);
+  return node;
 }

@@ -9,6 +9,7 @@ import {
   isResponse,
   makeRequest,
   makeResponse,
+  hookResponseBody,
   nodeBody,
   readHookBody,
   requestUrl,
@@ -22,6 +23,11 @@ export interface HookLimits {
   readonly requestBodyBytes: number;
   readonly responseBodyBytes: number;
   readonly hookMs: number;
+  /**
+   * `timeouts.upstreamBodyMs`: the longest silence inside the body of a Response a hook made,
+   * as inside an upstream's. None when absent (a check that sends nothing).
+   */
+  readonly bodySilenceMs?: number;
 }
 
 /** A response made or passed on by hooks, ready for the guest. */
@@ -48,7 +54,7 @@ export function withExactLength(headers: HeaderList, length: number): HeaderList
  * Node: a Content-Length the hook copied from another response (`new Response(short, response)`)
  * would no longer match.
  */
-export function fromHookResponse(response: Response, hook: string): HookedResponse {
+export function fromHookResponse(response: Response, hook: string, silenceMs: number | undefined): HookedResponse {
   return readReturned(hook, "a Response", () => {
     if (response.bodyUsed) {
       throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned a Response whose body was already read`);
@@ -64,7 +70,7 @@ export function fromHookResponse(response: Response, hook: string): HookedRespon
     return {
       status,
       headers: withoutHeaders(fromHeaders(response.headers), contentLengthHeaders),
-      body: body === null ? null : nodeBody(body),
+      body: body === null ? null : hookResponseBody(body, silenceMs, `the body of the Response ${hook} returned`),
     };
   });
 }
@@ -115,6 +121,7 @@ export async function runOnRequest(
     new EgressError("EG_TOO_LARGE", 413, `the request body is larger than maxHttpBodyBytes (${limits.requestBodyBytes}) for a hook to read`);
   // A hook that hit the limit usually fails with it: the limit, not the hook, is the answer.
   let out: Awaited<ReturnType<typeof onRequest>>;
+  const called = performance.now();
   try {
     out = await runHook("onRequest", limits.hookMs, () => onRequest(seen));
   } catch (error) {
@@ -124,7 +131,7 @@ export async function runOnRequest(
   // One still held by a reader cannot be cancelled, so the limit then stays on.
   if (!releaseClones(clones)) tap?.endHookPhase();
   if (tap?.limitHit === true) throw tooLarge();
-  if (isResponse(out)) return { response: fromHookResponse(out, "onRequest") };
+  if (isResponse(out)) return { response: fromHookResponse(out, "onRequest", limits.bodySilenceMs) };
   if (out !== undefined && !isRequest(out)) {
     throw new EgressError("EG_HOOK_FAILED", 502, "onRequest returned something other than undefined, a Request or a Response");
   }
@@ -146,7 +153,12 @@ export async function runOnRequest(
     } else {
       let bytes: Buffer;
       try {
-        bytes = await readHookBody(read.body, limits.requestBodyBytes);
+        // The body is part of the hook's answer: it ends within the call's timeouts.hookMs.
+        bytes = await readHookBody(read.body, limits.requestBodyBytes, {
+          ms: limits.hookMs - (performance.now() - called),
+          error: () =>
+            new EgressError("EG_HOOK_TIMEOUT", 504, `onRequest hook did not settle within ${limits.hookMs} ms: the body of the Request it returned had not ended`, { failure: "time" }),
+        });
       } catch (error) {
         if (error instanceof EgressError) throw error;
         throw new EgressError("EG_HOOK_FAILED", 502, "the body of the Request onRequest returned failed (see the proxy log)", { cause: error, detail: describeThrown(error) });
@@ -212,7 +224,7 @@ export async function runOnResponse(
     throw new EgressError("EG_HOOK_FAILED", 502, "onResponse returned something other than undefined or a Response");
   }
   try {
-    return withFields(fromHookResponse(out, "onResponse"), { replaced: true, discard });
+    return withFields(fromHookResponse(out, "onResponse", limits.bodySilenceMs), { replaced: true, discard });
   } catch (error) {
     discard();
     throw error;

@@ -100,7 +100,7 @@ export async function runHandle(handle: Layer, request: OutboundRequest, tap: Bo
       kept = passed;
       return sameHeaders(through.headers, passed.headers) && through.status === passed.status ? passed : { status: through.status, headers: through.headers, body: passed.body };
     }
-    return fromHookResponse(answer, "handle");
+    return fromHookResponse(answer, "handle", limits.bodySilenceMs);
   } finally {
     // What the layer did not answer with and holds no reader on goes back: its connection is
     // freed. A body with a reader is the layer's: it may feed the answer (`pipeThrough`, a

@@ -100,6 +100,7 @@ export class Guest {
         requestBodyBytes: config.maxHttpBodyBytes,
         responseBodyBytes: config.maxHttpResponseBodyBytes,
         hookMs: config.timeouts.hookMs,
+        bodySilenceMs: config.timeouts.upstreamBodyMs,
       },
       requestMs: config.timeouts.requestMs,
       foreignSecret: (request) => deps.foreignSecret(this, request),

@@ -227,6 +227,61 @@ describe("hook failures", () => {
     expect(res.text).toMatch(/onRequest hook did not settle within 300 ms/);
   });
 
+  // The body of a Request a hook built was read after the hook's deadline, with none of its own:
+  // one that never ended held the guest, unanswered and unlogged, until its connection timed out
+  // (black-box finding).
+  it("a Request from onRequest whose body never ends gets 504 within the hook deadline, logged, and nothing reaches the upstream", async () => {
+    const never = (): ReadableStream<Uint8Array> => new ReadableStream({ start: (controller) => controller.enqueue(new TextEncoder().encode("start-")) });
+    const { proxy, base, upstream } = await setup(
+      { onRequest: (req) => new Request(req.url, { method: "POST", body: never(), duplex: "half" } as RequestInit) },
+      { timeouts: { hookMs: 300 } },
+    );
+    const started = performance.now();
+    const res = await fetchVia(proxy, `${base}/echo`, { method: "POST", body: "x" });
+    expect(res.status).toBe(504);
+    expect(res.headers["x-egressgate-error"]).toBe("EG_HOOK_TIMEOUT");
+    expect(res.text).toMatch(/onRequest hook did not settle within 300 ms: the body of the Request it returned had not ended/);
+    expect(performance.now() - started).toBeLessThan(5_000);
+    expect(hits(upstream)).toBe(0);
+    expect(proxy.logs.find((line) => line["msg"] === "request")?.["code"]).toBe("EG_HOOK_TIMEOUT");
+  });
+
+  it.each(["HTTP/1.1", "HTTP/2"] as const)(
+    "a hook's Response whose body falls silent after the head is cut after timeouts.upstreamBodyMs (%s guest), as an upstream's would be",
+    async (guest) => {
+      const stalled = (): ReadableStream<Uint8Array> => new ReadableStream({ start: (controller) => controller.enqueue(new TextEncoder().encode("start-")) });
+      const { proxy, upstream, base } = await setup({ onRequest: () => new Response(stalled()) }, { timeouts: { upstreamBodyMs: 300 } });
+      const started = performance.now();
+      if (guest === "HTTP/1.1") {
+        const res = await request(`${base}/echo`, { dispatcher: proxyAgent(proxy) });
+        expect(res.statusCode).toBe(200);
+        await expect(res.body.text()).rejects.toThrow();
+      } else {
+        const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+        await expect(h2Request(session, { ":path": "/echo" })).rejects.toThrow(/INTERNAL_ERROR|code 2/);
+      }
+      expect(performance.now() - started).toBeLessThan(5_000);
+      await vi.waitFor(() => expect(JSON.stringify(proxy.logs.find((line) => line["msg"] === "request"))).toMatch(/produced nothing for 300 ms/));
+    },
+  );
+
+  it("a hook's Response whose body is slow but never silent for timeouts.upstreamBodyMs arrives whole", async () => {
+    const encoder = new TextEncoder();
+    let sent = 0;
+    const slow = (): ReadableStream<Uint8Array> =>
+      new ReadableStream({
+        pull: async (controller) => {
+          await new Promise((resolve) => setTimeout(resolve, 150));
+          if (sent++ === 4) controller.close();
+          else controller.enqueue(encoder.encode(`part${sent} `));
+        },
+      });
+    const { proxy, base } = await setup({ onRequest: () => new Response(slow()) }, { timeouts: { upstreamBodyMs: 400 } });
+    const res = await fetchVia(proxy, `${base}/echo`);
+    expect(res.status).toBe(200);
+    expect(res.text).toBe("part1 part2 part3 part4 ");
+  });
+
   it("HttpRequestBlockedError answers with its own status and message", async () => {
     const { proxy, base, upstream } = await setup({
       onRequest: () => {
