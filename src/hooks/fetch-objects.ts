@@ -1,7 +1,7 @@
 import { Readable } from "node:stream";
 import type { ReadableStream as NodeReadableStream } from "node:stream/web";
 import { EgressError, badRequest } from "../errors.js";
-import { endToEndHeaders, type HeaderList } from "../headers.js";
+import { endToEndHeaders, httpToken, type HeaderList } from "../headers.js";
 import { discardBody } from "../streams.js";
 
 /**
@@ -38,15 +38,47 @@ export function toHeaders(list: HeaderList, host: string | undefined): Headers {
   return headers;
 }
 
-/** WHATWG Headers back to a raw list, hop-by-hop and Host removed; Set-Cookie stays split. */
-export function fromHeaders(headers: Headers): HeaderList {
+/**
+ * A hook's WHATWG Headers back to a raw list, hop-by-hop and Host removed; Set-Cookie stays
+ * split. `subject` names what they came from ("the Response onRequest returned"). They are the
+ * hook's object: a subclass's `headers` getter or a Proxy can yield what Headers itself refuses
+ * (an empty or non-token name, `:status`, CR LF, NUL, a character past U+00FF), and real Headers
+ * take control characters Node will not write. HTTP/1.1 guests then got the proxy's own "internal
+ * error", HTTP/2 guests a reset or the field silently dropped, and an upstream the request before
+ * the refusal. Every field is checked here, as Node's writer checks it: a bad one is the hook's
+ * failure, 502 `EG_HOOK_FAILED`, named in the message (its value is not quoted: it may be a secret).
+ */
+export function fromHeaders(headers: Headers, subject: string): HeaderList {
   const list: HeaderList = [];
   for (const [name, value] of headers) {
     if (name === "set-cookie") continue;
-    list.push(name, value);
+    list.push(checkedName(name, subject), checkedValue(name, value, subject));
   }
-  for (const cookie of headers.getSetCookie()) list.push("set-cookie", cookie);
+  for (const cookie of headers.getSetCookie()) list.push("set-cookie", checkedValue("set-cookie", cookie, subject));
   return endToEndHeaders(list, dropFromHooks);
+}
+
+/** What Node's http writer refuses in a field value (its checkInvalidHeaderChar): HTAB, visible ASCII, obs-text only. */
+const invalidValueChar = /[^\t\x20-\x7e\x80-\xff]/;
+
+function checkedName(name: unknown, subject: string): string {
+  if (typeof name !== "string" || !httpToken.test(name)) {
+    const shown = typeof name === "string" ? JSON.stringify(name.slice(0, 64)) : `a ${typeof name}`;
+    throw new EgressError("EG_HOOK_FAILED", 502, `${subject} has a header name that is not an HTTP token: ${shown}`);
+  }
+  return name;
+}
+
+function checkedValue(name: string, value: unknown, subject: string): string {
+  if (typeof value !== "string") throw new EgressError("EG_HOOK_FAILED", 502, `${subject} has a ${JSON.stringify(name.slice(0, 64))} header whose value is a ${typeof value}, not a string`);
+  if (invalidValueChar.test(value)) {
+    throw new EgressError(
+      "EG_HOOK_FAILED",
+      502,
+      `${subject} has a ${JSON.stringify(name.slice(0, 64))} header whose value holds a character no header may carry (CR, LF, NUL, another control character, or one past U+00FF)`,
+    );
+  }
+  return value;
 }
 
 const dropFromHooks = new Set(["host"]);

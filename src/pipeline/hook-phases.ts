@@ -69,7 +69,7 @@ export function fromHookResponse(response: Response, hook: string, silenceMs: nu
     if (body?.locked === true) throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned a Response whose body a reader holds`);
     return {
       status,
-      headers: withoutHeaders(fromHeaders(response.headers), contentLengthHeaders),
+      headers: withoutHeaders(fromHeaders(response.headers, `the Response ${hook} returned`), contentLengthHeaders),
       body: body === null ? null : hookResponseBody(body, silenceMs, `the body of the Response ${hook} returned`),
     };
   });
@@ -142,7 +142,8 @@ export async function runOnRequest(
     }
     const method: unknown = final.method;
     if (typeof method !== "string") throw new EgressError("EG_HOOK_FAILED", 502, "onRequest returned a Request whose method is not a string");
-    return { method, url: requestUrl(final, "onRequest"), headers: fromHeaders(final.headers), body: final.body };
+    const subject = final === seen ? "the request as onRequest left it" : "the Request onRequest returned";
+    return { method, url: requestUrl(final, "onRequest"), headers: fromHeaders(final.headers, subject), body: final.body };
   });
   let headers = read.headers;
   let forwarded: Readable | Uint8Array | null = null;

@@ -39,7 +39,7 @@ export async function runHandle(handle: Layer, request: OutboundRequest, tap: Bo
       throw new EgressError("EG_HOOK_FAILED", 502, "handle passed next() a Request whose body was already read or sent; pass request.clone() to next() to send a body again");
     }
     const url = requestUrl(input, "handle");
-    let headers = fromHeaders(input.headers);
+    let headers = fromHeaders(input.headers, "the Request handle passed to next()");
     if (input.body === null) return { method: input.method, url, headers, body: null };
     if (input === seen) {
       // The guest's own bytes, untouched, go as the guest's stream (once: see LayerRun).
@@ -94,7 +94,7 @@ export async function runHandle(handle: Layer, request: OutboundRequest, tap: Bo
     const through = readReturned("handle", "a Response", () => {
       if (passed === undefined || answer.bodyUsed || answer.body?.locked === true) return undefined;
       // Passed through: the upstream's own stream and framing; headers the layer set in place count.
-      return { status: answer.status, headers: fromHeaders(answer.headers) };
+      return { status: answer.status, headers: fromHeaders(answer.headers, "the Response handle returned") };
     });
     if (passed !== undefined && through !== undefined) {
       kept = passed;

@@ -806,6 +806,75 @@ describe("hostile values a hook throws or returns are the hook's failure, on bot
   }
 });
 
+// A hook's Response (a subclass whose headers getter yields what WHATWG Headers would refuse, or
+// real Headers with a control character Node will not write) answered HTTP/1.1 guests 502
+// EG_UPSTREAM "internal error", reset HTTP/2 guests' streams or dropped the field with a 200, and
+// under a layer blamed the guest with 400 (black-box finding).
+describe("a header no field may carry, in any hook's answer, is the hook's failure on both guest protocols", () => {
+  /** Headers that iterate as `pairs`, whatever those are: what a hook's own object can yield. */
+  const fakeHeaders = (pairs: readonly (readonly [string, string])[]): Headers =>
+    new Proxy(new Headers(), {
+      get(target, key) {
+        if (key === Symbol.iterator) return pairs[Symbol.iterator].bind(pairs);
+        if (key === "getSetCookie") return () => [];
+        const value: unknown = Reflect.get(target, key, target);
+        return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+      },
+    });
+  const withHeaders = (pairs: readonly (readonly [string, string])[]): Response => {
+    const headers = fakeHeaders(pairs);
+    return Object.defineProperty(new Response("bad headers"), "headers", { get: () => headers });
+  };
+  const shapes: Record<string, { answer: () => Response; named: string }> = {
+    "an empty name": { answer: () => withHeaders([["", "v"]]), named: '""' },
+    "a name with a non-ASCII letter": { answer: () => withHeaders([["x-\u00e9", "v"]]), named: '"x-\u00e9"' },
+    "a pseudo-header name": { answer: () => withHeaders([[":status", "200"], [":path", "/x"]]), named: '":status"' },
+    "a value with CR LF": { answer: () => withHeaders([["x-a", "v\r\nx-injected: 1"]]), named: '"x-a"' },
+    "a value with NUL": { answer: () => withHeaders([["x-n", "a\u0000b"]]), named: '"x-n"' },
+    "a value past U+00FF": { answer: () => withHeaders([["x-u", "\u2603"]]), named: '"x-u"' },
+    "a real Headers value with DEL": { answer: () => new Response("bad headers", { headers: { "x-c": "a\u007fb" } }), named: '"x-c"' },
+  };
+  const bad = (request: Request): boolean => new URL(request.url).pathname === "/bad";
+  const phases: Record<string, { hooks: (answer: () => Response) => HttpHooksOptions; upstreamHit: boolean; says: string }> = {
+    "onRequest's Response": { hooks: (answer) => ({ onRequest: (r) => (bad(r) ? answer() : undefined) }), upstreamHit: false, says: "the Response onRequest returned" },
+    "onResponse's Response": { hooks: (answer) => ({ onResponse: (_s, r) => (bad(r) ? answer() : undefined) }), upstreamHit: true, says: "the Response onResponse returned" },
+    "a layer's Response": { hooks: (answer) => ({ handle: (r, next) => (bad(r) ? answer() : next(r)) }), upstreamHit: false, says: "the Response handle returned" },
+    "onRequest's Response under a layer": {
+      hooks: (answer) => ({ onRequest: (r) => (bad(r) ? answer() : undefined), handle: (r, next) => next(r) }),
+      upstreamHit: false,
+      says: "the Response onRequest returned",
+    },
+  };
+  for (const [phase, { hooks, upstreamHit, says }] of Object.entries(phases)) {
+    for (const [shape, { answer, named }] of Object.entries(shapes)) {
+      for (const guest of ["HTTP/1.1", "HTTP/2"] as const) {
+        it(`${phase} with ${shape} (${guest} guest): 502 EG_HOOK_FAILED naming the header`, async () => {
+          const { upstream, proxy, base } = await setup(hooks(answer));
+          let got: { status: number; code: unknown; text: string };
+          if (guest === "HTTP/1.1") {
+            const res = await fetchVia(proxy, `${base}/bad`);
+            got = { status: res.status, code: res.headers["x-egressgate-error"], text: res.text };
+          } else {
+            const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+            const res = await h2Request(session, { ":path": "/bad" });
+            got = { status: res.status, code: res.headers["x-egressgate-error"], text: res.body.toString() };
+          }
+          expect(got.status, got.text).toBe(502);
+          expect(got.code).toBe("EG_HOOK_FAILED");
+          expect(got.text).toContain(`${says} has a`);
+          expect(got.text).toContain(named);
+          expect(upstream.hits()).toBe(upstreamHit ? 1 : 0);
+          const line = proxy.logs.find((l) => l["msg"] === "request");
+          expect(line?.["status"]).toBe(502);
+          expect(line?.["code"]).toBe("EG_HOOK_FAILED");
+          expect(proxy.logs.some((l) => l["msg"] === "internal error")).toBe(false);
+          expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+        });
+      }
+    }
+  }
+});
+
 // Only the first Content-Encoding line was undone for hooks, and every line then removed: a body
 // gzipped twice reached a body-scanning policy as gzip bytes without the header that said so,
 // and passed it (black-box finding).
