@@ -1,7 +1,7 @@
 import { discardBody } from "../streams.js";
 import type { Readable } from "node:stream";
 import { EgressError, badRequest } from "../errors.js";
-import { withoutHeaders, type HeaderList } from "../headers.js";
+import { getHeader, withoutHeaders, type HeaderList } from "../headers.js";
 import { BodyTap, contentCodings } from "../hooks/body-tap.js";
 import {
   fromHeaders,
@@ -47,6 +47,28 @@ export const encodedBodyHeaders = new Set(["content-encoding", "content-length"]
 /** Headers for a body sent whole: its exact length, and no other framing. */
 export function withExactLength(headers: HeaderList, length: number): HeaderList {
   return [...withoutHeaders(headers, contentLengthHeaders), "content-length", String(length)];
+}
+
+/**
+ * Headers for a body that goes on as it came (the guest's stream, or bytes a hook built on an
+ * earlier hop): the Content-Length it came with, whatever a hook set in place. A hook's
+ * `content-length: 77` on an 18-byte upload reached an HTTP/2 upstream, which reset the stream
+ * (502 blaming the upstream); an HTTP/1.1 upstream would have waited for bytes that never came.
+ */
+export function withFramingOf(headers: HeaderList, original: readonly string[]): HeaderList {
+  const length = getHeader(original, "content-length");
+  // Unchanged, the list stays as it is, in its order: the audit trace compares it to tell a rewrite.
+  let framing = 0;
+  let same = true;
+  for (let i = 0; i < headers.length; i += 2) {
+    const name = headers[i]!.toLowerCase();
+    if (!contentLengthHeaders.has(name)) continue;
+    framing += 1;
+    if (name !== "content-length" || headers[i + 1] !== length) same = false;
+  }
+  if (same && framing === (length === undefined ? 0 : 1)) return headers;
+  const kept = withoutHeaders(headers, contentLengthHeaders);
+  return length === undefined ? kept : [...kept, "content-length", length];
 }
 
 /**
@@ -145,7 +167,8 @@ export async function runOnRequest(
     const subject = final === seen ? "the request as onRequest left it" : "the Request onRequest returned";
     return { method, url: requestUrl(final, "onRequest"), headers: fromHeaders(final.headers, subject), body: final.body };
   });
-  let headers = read.headers;
+  // The framing is the proxy's, as on the response side: the body's own length, never one a hook set.
+  let headers = final === seen ? withFramingOf(read.headers, request.headers) : withoutHeaders(read.headers, contentLengthHeaders);
   let forwarded: Readable | Uint8Array | null = null;
   if (read.body !== null) {
     if (final === seen) {

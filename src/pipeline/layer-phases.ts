@@ -6,8 +6,9 @@ import type { BodyTap } from "../hooks/body-tap.js";
 import type { HttpHooks } from "../hooks/http-hooks.js";
 import { hookFailure } from "../hooks/run-hook.js";
 import { discardBody } from "../streams.js";
+import { withoutHeaders } from "../headers.js";
 import type { OutboundRequest } from "./exchange.js";
-import { fromHookResponse, readReturned, withExactLength, type HookedResponse, type HookLimits } from "./hook-phases.js";
+import { contentLengthHeaders, fromHookResponse, readReturned, withExactLength, withFramingOf, type HookedResponse, type HookLimits } from "./hook-phases.js";
 import type { LayerNext } from "./hook-source.js";
 
 /** A tier-3 layer: `(request, next) => Response`. */
@@ -40,7 +41,9 @@ export async function runHandle(handle: Layer, request: OutboundRequest, tap: Bo
     }
     const url = requestUrl(input, "handle");
     let headers = fromHeaders(input.headers, "the Request handle passed to next()");
-    if (input.body === null) return { method: input.method, url, headers, body: null };
+    // The framing is the proxy's: the body's own length, never one the layer set in place.
+    if (input === seen) headers = withFramingOf(headers, request.headers);
+    if (input.body === null) return { method: input.method, url, headers: input === seen ? headers : withoutHeaders(headers, contentLengthHeaders), body: null };
     if (input === seen) {
       // The guest's own bytes, untouched, go as the guest's stream (once: see LayerRun).
       if (tap !== undefined && !tap.started && input.body === tap.web && request.body instanceof Readable) {

@@ -7,6 +7,7 @@ import { cloneReader, latch } from "../helpers/latch.js";
 import { HttpRequestBlockedError, type HttpHooksOptions, type ProxyOptions } from "../../src/index.js";
 import { curlVia } from "../helpers/curl.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
+import { startH2Upstream } from "../helpers/h2-upstream.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
 import { openTlsTunnel } from "../helpers/raw.js";
@@ -871,6 +872,102 @@ describe("a header no field may carry, in any hook's answer, is the hook's failu
           expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
         });
       }
+    }
+  }
+});
+
+// A hook's request headers were checked only once the upstream had them: `x-u: ☃` reached an
+// HTTP/2 upstream and then got the guest a 400; undici refused it for HTTP/1.1 upstreams with a
+// 502 blaming the upstream. A hook's in-place `content-length: 77` on an 18-byte body went to an
+// HTTP/2 upstream, which reset the stream (black-box finding).
+describe("the request a hook hands on is checked and framed before any upstream is contacted", () => {
+  const onEcho = (request: Request): boolean => new URL(request.url).pathname === "/echo";
+  /** A copy of `request` whose headers iterate as `pairs`. */
+  const withHeaders = (request: Request, pairs: readonly (readonly [string, string])[]): Request => {
+    const headers = new Proxy(new Headers(), {
+      get(target, key) {
+        if (key === Symbol.iterator) return pairs[Symbol.iterator].bind(pairs);
+        if (key === "getSetCookie") return () => [];
+        const value: unknown = Reflect.get(target, key, target);
+        return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+      },
+    });
+    return Object.defineProperty(new Request(request.url), "headers", { get: () => headers });
+  };
+  const upstreams = {
+    "HTTP/1.1": async () => {
+      const upstream = await startUpstream({ names: ["api.test"] });
+      return { port: upstream.port, hits: () => upstream.hits(), echo: (text: string) => JSON.parse(text) as { headers: Record<string, string | undefined>; bodyBytes: number } };
+    },
+    "HTTP/2": async () => {
+      const upstream = await startH2Upstream();
+      return { port: upstream.port, hits: () => upstream.seen.length, echo: (text: string) => JSON.parse(text) as { headers: Record<string, string | undefined>; bodyBytes: number } };
+    },
+  };
+  const refused: Record<string, { hooks: HttpHooksOptions; says: string }> = {
+    "onRequest returns a Request with a value past U+00FF": { hooks: { onRequest: (r) => (onEcho(r) ? withHeaders(r, [["x-u", "\u2603"]]) : undefined) }, says: 'the Request onRequest returned has a "x-u" header' },
+    "onRequest returns a Request with CR LF in a value": { hooks: { onRequest: (r) => (onEcho(r) ? withHeaders(r, [["x-a", "v\r\nx-injected: 1"]]) : undefined) }, says: 'the Request onRequest returned has a "x-a" header' },
+    "onRequest returns a Request with an empty header name": { hooks: { onRequest: (r) => (onEcho(r) ? withHeaders(r, [["", "v"]]) : undefined) }, says: 'the Request onRequest returned has a header name that is not an HTTP token: ""' },
+    "onRequest sets a value with DEL in place": {
+      hooks: {
+        onRequest: (r) => {
+          if (onEcho(r)) r.headers.set("x-c", "a\u007fb");
+        },
+      },
+      says: 'the request as onRequest left it has a "x-c" header',
+    },
+    "a layer passes next() a Request with a pseudo-header name": {
+      hooks: { handle: (r, next) => next(onEcho(r) ? withHeaders(r, [[":path", "/elsewhere"]]) : r) },
+      says: 'the Request handle passed to next() has a header name that is not an HTTP token: ":path"',
+    },
+  };
+  for (const [name, { hooks, says }] of Object.entries(refused)) {
+    for (const [protocol, start] of Object.entries(upstreams)) {
+      it(`${name} (${protocol} upstream): 502 EG_HOOK_FAILED naming the header, and the upstream never has it`, async () => {
+        const upstream = await start();
+        const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hooks });
+        const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`);
+        expect(res.status, res.text).toBe(502);
+        expect(res.headers["x-egressgate-error"]).toBe("EG_HOOK_FAILED");
+        expect(res.text).toContain(says);
+        expect(upstream.hits()).toBe(0);
+        expect(proxy.logs.some((l) => l["msg"] === "internal error")).toBe(false);
+      });
+    }
+  }
+
+  const body = "hello request body";
+  const framing: Record<string, HttpHooksOptions> = {
+    "onRequest sets Content-Length and Transfer-Encoding in place": {
+      onRequest: (r) => {
+        r.headers.set("content-length", "77");
+        r.headers.set("transfer-encoding", "chunked");
+      },
+    },
+    "onRequest deletes Content-Length in place": {
+      onRequest: (r) => {
+        r.headers.delete("content-length");
+      },
+    },
+    "a layer sets Content-Length in place": {
+      handle: (r, next) => {
+        r.headers.set("content-length", "77");
+        return next(r);
+      },
+    },
+  };
+  for (const [name, hooks] of Object.entries(framing)) {
+    for (const [protocol, start] of Object.entries(upstreams)) {
+      it(`${name} (${protocol} upstream): the body goes with its own length`, async () => {
+        const upstream = await start();
+        const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hooks });
+        const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`, { method: "POST", body });
+        expect(res.status, res.text).toBe(200);
+        const echo = upstream.echo(res.text);
+        expect(echo.bodyBytes).toBe(body.length);
+        expect(echo.headers["content-length"]).toBe(String(body.length));
+        expect(echo.headers["transfer-encoding"]).toBeUndefined();
+      });
     }
   }
 });
