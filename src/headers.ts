@@ -93,3 +93,27 @@ export function contentCodingList(headers: readonly string[]): readonly string[]
   }
   return codings;
 }
+
+/**
+ * Statuses whose responses have no content, whatever their framing says: 204, 205 (RFC 9110
+ * §15.3.6: the server MUST NOT generate content) and 304. Node's HTTP/1.1 server suppresses a body
+ * only for 204 and 304, its HTTP/2 server for all three: a 205 with a body reached HTTP/1.1
+ * guests with it and HTTP/2 guests without.
+ */
+export function hasNoContent(status: number): boolean {
+  return status === 204 || status === 205 || status === 304;
+}
+
+/**
+ * The length fields of a response without content: none on a 204 (RFC 9110 §8.6: a server MUST
+ * NOT send it; an HTTP/2 guest's nghttp2 refuses the response, and an HTTP/1.1 client may read it
+ * as framing), `Content-Length: 0` on a 205 (§15.3.6's first way to say it has none). A 304's
+ * describes the representation and stays.
+ */
+export function noContentFraming(status: number, headers: HeaderList): HeaderList {
+  if (status === 204) return withoutHeaders(headers, contentLength);
+  if (status === 205) return [...withoutHeaders(headers, contentLength), "content-length", "0"];
+  return headers;
+}
+
+const contentLength: ReadonlySet<string> = new Set(["content-length"]);

@@ -1,7 +1,7 @@
 import { discardBody } from "../streams.js";
 import type { Readable } from "node:stream";
 import { EgressError, badRequest } from "../errors.js";
-import { getHeader, withoutHeaders, type HeaderList } from "../headers.js";
+import { getHeader, hasNoContent, noContentFraming, withoutHeaders, type HeaderList } from "../headers.js";
 import { BodyTap, contentCodings } from "../hooks/body-tap.js";
 import {
   fromHeaders,
@@ -89,11 +89,13 @@ export function fromHookResponse(response: Response, hook: string, silenceMs: nu
     }
     const body = response.body;
     if (body?.locked === true) throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned a Response whose body a reader holds`);
-    return {
-      status,
-      headers: withoutHeaders(fromHeaders(response.headers, `the Response ${hook} returned`), contentLengthHeaders),
-      body: body === null ? null : hookResponseBody(body, silenceMs, `the body of the Response ${hook} returned`),
-    };
+    const headers = noContentFraming(status, withoutHeaders(fromHeaders(response.headers, `the Response ${hook} returned`), contentLengthHeaders));
+    if (body !== null && hasNoContent(status)) {
+      // A subclass can give any status a body; Node sent a 205's to HTTP/1.1 guests only.
+      void body.cancel().catch(() => undefined);
+      return { status, headers, body: null };
+    }
+    return { status, headers, body: body === null ? null : hookResponseBody(body, silenceMs, `the body of the Response ${hook} returned`) };
   });
 }
 

@@ -22,7 +22,7 @@ import {
   type TraceEntry,
   type SendInfo,
 } from "./exchange.js";
-import { endToEndHeaders, getHeader, headerObjectToList, withoutHeaders, type HeaderList } from "../headers.js";
+import { endToEndHeaders, getHeader, hasNoContent, headerObjectToList, noContentFraming, type HeaderList } from "../headers.js";
 import type { HookLimits } from "./hook-phases.js";
 import { nextHop, redirectStatuses } from "./redirects.js";
 import { bareHostname } from "../hostname.js";
@@ -421,7 +421,7 @@ export class Pipeline {
         throw new EgressError("EG_UPSTREAM", 502, `upstream ${url.host} ${refusal}`);
       }
       const location = response.headers["location"];
-      const empty = noBody || response.statusCode === 204 || response.statusCode === 304;
+      const empty = noBody || hasNoContent(response.statusCode);
       if (empty) void response.body.dump().catch(() => undefined);
       // Only a chunked body can end in a trailer section; undici fills `trailers` before the body's end.
       const chunked = /chunked/i.test(String(response.headers["transfer-encoding"] ?? ""));
@@ -445,16 +445,12 @@ export class Pipeline {
 }
 
 /**
- * An upstream's response header fields as the guest may get them: end to end only, and no
- * Content-Length on a 204, which has no content (RFC 9110 §8.6: a server MUST NOT send it; an
- * HTTP/2 guest's nghttp2 refuses the response, and an HTTP/1.1 client may read it as framing).
+ * An upstream's response header fields as the guest may get them: end to end only, and the
+ * length fields of a response without content as {@link noContentFraming} says.
  */
 function upstreamHeaders(status: number, list: HeaderList): HeaderList {
-  const headers = endToEndHeaders(list);
-  return status === 204 ? withoutHeaders(headers, contentLength) : headers;
+  return noContentFraming(status, endToEndHeaders(list));
 }
-
-const contentLength: ReadonlySet<string> = new Set(["content-length"]);
 
 const connectErrorCodes = new Set(["ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH", "EADDRNOTAVAIL", "UND_ERR_CONNECT_TIMEOUT"]);
 

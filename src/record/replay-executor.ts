@@ -4,6 +4,7 @@ import { stat } from "node:fs/promises";
 import { Readable } from "node:stream";
 import { createBrotliCompress, createDeflate, createGzip } from "node:zlib";
 import { EgressError } from "../errors.js";
+import { hasNoContent, noContentFraming } from "../headers.js";
 import type { Logger } from "../log.js";
 import type { Executor, ExecutorResponse, GuestGone, OutboundRequest } from "../pipeline/exchange.js";
 import { secretToken, type SecretStore } from "../policy/secrets.js";
@@ -109,12 +110,12 @@ async function respond(entry: RecordedEntry, request: OutboundRequest, deps: Rep
     headers.push(name, value);
   }
   const content = response.content;
-  const noBody = methodsWithoutBody.has(request.method) || response.status === 204 || response.status === 304 || (response.status >= 100 && response.status < 200);
+  const noBody = methodsWithoutBody.has(request.method) || hasNoContent(response.status) || (response.status >= 100 && response.status < 200);
   if (noBody) {
     const recordedLength = (response.headers ?? []).find((h) => h.name.toLowerCase() === "content-length");
-    // A 204 has no length (RFC 9110 §8.6); a HAR from before, or from elsewhere, may carry one.
-    if (recordedLength !== undefined && response.status !== 204) headers.push("content-length", recordedLength.value);
-    return { status: response.status, headers, body: null, location };
+    if (recordedLength !== undefined) headers.push("content-length", recordedLength.value);
+    // A 204 has no length and a 205 only 0; a HAR from before, or from elsewhere, may say otherwise.
+    return { status: response.status, headers: noContentFraming(response.status, headers), body: null, location };
   }
   let body: Readable;
   let length: number | undefined;

@@ -2,7 +2,7 @@ import { constants, type ClientHttp2Session, type ClientHttp2Stream, type Client
 import type { EventEmitter } from "node:events";
 import type { Readable } from "node:stream";
 import { EgressError } from "../errors.js";
-import { breaksFieldValue, httpToken, type HeaderList } from "../headers.js";
+import { breaksFieldValue, hasNoContent, httpToken, type HeaderList } from "../headers.js";
 import { requestStream } from "./h2-request-call.js";
 import { onCutEnd, resetH2Stream } from "../streams.js";
 
@@ -189,7 +189,7 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
       // A head that ends the stream stays one: gRPC's Trailers-Only answer (grpc-status in the
       // head) is an error to a client that receives it followed by an empty body.
       const endsStream = (flags & constants.NGHTTP2_FLAG_END_STREAM) !== 0;
-      const empty = noBody || endsStream || status === 204 || status === 304;
+      const empty = noBody || endsStream || hasNoContent(status);
       if (empty) stream.resume();
       else {
         // Silence past the limit ends this stream only: the guest's connection is cut as an h1 body timeout would.

@@ -972,6 +972,50 @@ describe("the request a hook hands on is checked and framed before any upstream 
   }
 });
 
+// A hook's 205 with a body reached HTTP/1.1 guests with it (Node suppresses bodies for 204 and 304
+// only) and HTTP/2 guests without (black-box finding). RFC 9110 §15.3.6: a 205 has no content.
+describe("a hook's Response with a status that has no content reaches both guest protocols without a body", () => {
+  /** A Response with a body whose status getter says `status`: what a subclass can make. */
+  const withStatus = (status: number): Response => Object.defineProperty(new Response("a body the status forbids"), "status", { get: () => status });
+  const on = (request: Request): boolean => new URL(request.url).pathname === "/status";
+  const phases: Record<string, (status: number) => HttpHooksOptions> = {
+    onRequest: (status) => ({ onRequest: (r) => (on(r) ? withStatus(status) : undefined) }),
+    onResponse: (status) => ({ onResponse: (_s, r) => (on(r) ? withStatus(status) : undefined) }),
+    "a layer": (status) => ({ handle: (r, next) => (on(r) ? withStatus(status) : next(r)) }),
+  };
+  // A 204 has no length; a 205 says it has none; a 304's would describe the representation.
+  const lengths: Record<number, string | undefined> = { 204: undefined, 205: "0", 304: undefined };
+  for (const [phase, hooks] of Object.entries(phases)) {
+    for (const status of [204, 205, 304]) {
+      for (const guest of ["HTTP/1.1", "HTTP/2"] as const) {
+        it(`${phase} answers ${status} with a body (${guest} guest): no body, and the connection serves the next request`, async () => {
+          const { upstream, proxy } = await setup(hooks(status));
+          const authority = `api.test:${upstream.port}`;
+          if (guest === "HTTP/1.1") {
+            const tunnel = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+            tunnel.write(`GET /status HTTP/1.1\r\nHost: ${authority}\r\n\r\nGET /echo HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+            const first = await tunnel.readResponse();
+            expect(first.status).toBe(status);
+            expect(first.body).toBe("");
+            expect(first.headers["content-length"]).toBe(lengths[status]);
+            const second = await tunnel.readResponse();
+            expect(second.status).toBe(200);
+            expect(second.body).toMatch(/^\{/);
+          } else {
+            const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+            const res = await h2Request(session, { ":path": "/status" });
+            expect(res.status).toBe(status);
+            expect(res.body.length).toBe(0);
+            expect(res.headers["content-length"]).toBe(lengths[status]);
+            expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+          }
+          expect(proxy.logs.find((l) => l["msg"] === "request")?.["status"]).toBe(status);
+        });
+      }
+    }
+  }
+});
+
 // Only the first Content-Encoding line was undone for hooks, and every line then removed: a body
 // gzipped twice reached a body-scanning policy as gzip bytes without the header that said so,
 // and passed it (black-box finding).

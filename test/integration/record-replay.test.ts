@@ -5,6 +5,7 @@ import { describe, expect, it } from "vitest";
 import type { RecordedHar } from "../../src/record/har.js";
 import { checkHarFile, formatHarReport } from "../../src/record/har-check.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
+import { openTlsTunnel } from "../helpers/raw.js";
 import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { startUpstream, type Route } from "../helpers/upstream.js";
 
@@ -364,6 +365,26 @@ describe("recorded network", () => {
     expect(res.status).toBe(204);
     expect(res.headers["content-length"]).toBeUndefined();
     expect(res.headers["x-kept"]).toBe("yes");
+  });
+
+  it("a recorded 205 with a body is replayed without it, with Content-Length: 0", async () => {
+    const dir = tempDir();
+    const file = join(dir, "reset.har");
+    const e = entry({ status: 205, statusText: "Reset Content", headers: [{ name: "content-length", value: "5" }, { name: "x-kept", value: "yes" }], content: { size: 5, mimeType: "text/plain", text: "hello" } });
+    writeFileSync(file, JSON.stringify({ log: { version: "1.2", creator: { name: "test", version: "1" }, pages: [], entries: [e] } }));
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: file } } });
+    const session = await h2Session(proxy.port, "api.test:443", proxy.caCertPem);
+    const viaH2 = await h2Request(session, { ":path": "/x" });
+    expect(viaH2.status).toBe(205);
+    expect(viaH2.body.length).toBe(0);
+    expect(viaH2.headers["content-length"]).toBe("0");
+    const tunnel = await openTlsTunnel(proxy.port, "api.test:443", { ca: proxy.caCertPem });
+    tunnel.write("GET /x HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    const viaH1 = await tunnel.readResponse();
+    expect(viaH1.status).toBe(205);
+    expect(viaH1.body).toBe("");
+    expect(viaH1.headers["content-length"]).toBe("0");
+    expect(viaH1.headers["x-kept"]).toBe("yes");
   });
 
   it("a recording and a replay together are refused, and a replay file that is not HAR fails the start", async () => {

@@ -352,6 +352,44 @@ describe("a 204 with Content-Length from the upstream", () => {
   }
 });
 
+// Node's HTTP/1.1 server sends a 205's body; its HTTP/2 server does not. A 205 with a body went
+// on to HTTP/1.1 guests as it came (black-box finding); RFC 9110 §15.3.6: a 205 has no content.
+describe("a 205 with a body from the upstream", () => {
+  for (const guest of ["HTTP/1.1", "HTTP/2"] as const) {
+    it(`reaches the ${guest} guest as a 205 without it, with Content-Length: 0, and the connection serves the next request`, async () => {
+      const upstream = await startUpstream({
+        routes: {
+          "/reset": (_req, res) => {
+            res.writeHead(205, { "content-length": "5", "x-kept": "yes" });
+            res.end("hello");
+          },
+        },
+      });
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+      const authority = `api.test:${upstream.port}`;
+      if (guest === "HTTP/1.1") {
+        const tunnel = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+        tunnel.write(`GET /reset HTTP/1.1\r\nHost: ${authority}\r\n\r\nGET /echo HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+        const first = await tunnel.readResponse();
+        expect(first.status).toBe(205);
+        expect(first.body).toBe("");
+        expect(first.headers["content-length"]).toBe("0");
+        expect(first.headers["x-kept"]).toBe("yes");
+        expect((await tunnel.readResponse()).status).toBe(200);
+      } else {
+        const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+        const res = await h2Request(session, { ":path": "/reset" });
+        expect(res.status).toBe(205);
+        expect(res.body.length).toBe(0);
+        expect(res.headers["content-length"]).toBe("0");
+        expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+      }
+      // The upstream connection, its 205's body read and dropped, serves the next request too.
+      expect((await fetchVia(proxy, `https://${authority}/reset`)).status).toBe(205);
+    });
+  }
+});
+
 // With no hook, a status past 599 went on to HTTP/1.1 guests and reset HTTP/2 guests' streams, and
 // `Transfer-Encoding: gzip, chunked` reached the guest de-chunked but still compressed, with
 // nothing to say so (black-box finding).
