@@ -9,7 +9,7 @@ import { busyLimit, type DjsEngine } from "../djs/engine.js";
 import type { BodyRef, CallMessage, CallReply, Outcome, PhaseName } from "../djs/protocol.js";
 import type { Logger } from "../log.js";
 import type { OutboundRequest } from "./exchange.js";
-import { contentLengthHeaders, encodedBodyHeaders, withExactLength, type HookedResponse, type HookLimits, type OnRequestOutcome } from "./hook-phases.js";
+import { contentLengthHeaders, encodedBodyHeaders, withExactLength, withFramingOf, type HookedResponse, type HookLimits, type OnRequestOutcome } from "./hook-phases.js";
 import { withFields } from "../objects.js";
 
 /**
@@ -209,8 +209,11 @@ export async function djsOnRequest(
     // The body, as the guest sent it, for whatever goes on: bytes once the policy has loaded them.
     const original = (): Readable | Uint8Array | null => loaded ?? request.body;
     // A guest stream the policy read goes on as bytes, framed by their exact length.
+    // Otherwise the body goes with the framing it came with, whatever the policy set in place
+    // (its content-length: 77 on an 18-byte upload made an HTTP/1.1 upstream wait, and an HTTP/2
+    // upstream reset the stream).
     const originalHeaders = (headers: HeaderList): HeaderList =>
-      loaded !== undefined && !(request.body instanceof Uint8Array) ? withExactLength(headers, loaded.byteLength) : headers;
+      loaded !== undefined && !(request.body instanceof Uint8Array) ? withExactLength(headers, loaded.byteLength) : withFramingOf(headers, request.headers);
     if (outcome.t === "code" && outcome.v === codeUnchanged) {
       return { request: withFields(request, { headers: originalHeaders(request.headers), body: original() }) };
     }
@@ -235,6 +238,7 @@ export async function djsOnRequest(
       const body = requestBodyOf(outcome.body, bytes, original, "onRequest");
       if (body instanceof Uint8Array) headers = withExactLength(headers, body.byteLength);
       else if (body === null) headers = withoutHeaders(headers, contentLengthHeaders);
+      else headers = withFramingOf(headers, request.headers);
       return { request: { method: outcome.method, url, headers, body } };
     }
     if (outcome.t === "response") {

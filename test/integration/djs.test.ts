@@ -326,3 +326,27 @@ describe("tier 2 failures answer 502 (or the policy's status) and the proxy keep
     expect(upstream.hits()).toBe(0);
   });
 });
+
+// As for tier 3 (hooks.test.ts): a policy's in-place Content-Length on a body it did not read
+// went upstream, where an HTTP/2 upstream resets the stream and an HTTP/1.1 one waits for bytes
+// that never come. The body goes with its own framing.
+describe("a policy's framing headers on a body it passes on unread", () => {
+  const body = "hello request body";
+  const policies: Record<string, string> = {
+    "sets Content-Length and Transfer-Encoding in place": `export function onRequest(r) { r.headers.set("content-length", "77"); r.headers.set("transfer-encoding", "chunked"); }`,
+    "deletes Content-Length in place": `export function onRequest(r) { r.headers.delete("content-length"); }`,
+    "returns a new Request with the guest's body and Content-Length 77": `export function onRequest(r) { const h = new Headers(r.headers); h.set("content-length", "77"); return new Request(r.url, { method: r.method, headers: h, body: r.body, duplex: "half" }); }`,
+  };
+  for (const [name, source] of Object.entries(policies)) {
+    it(`a policy that ${name}: the body goes with its own length`, async () => {
+      const upstream = await startUpstream();
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], djsHooks: loadPolicy(source) });
+      const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`, { method: "POST", body });
+      expect(res.status, res.text).toBe(200);
+      const echo = JSON.parse(res.text) as Echo;
+      expect(echo.bodyBytes).toBe(body.length);
+      expect(echo.headers["content-length"]).toBe(String(body.length));
+      expect(echo.headers["transfer-encoding"]).toBeUndefined();
+    });
+  }
+});
