@@ -1,5 +1,4 @@
 import { earlyHup, onEarlyHup } from "./early-hup.js";
-import { readFileSync } from "node:fs";
 import { randomBytes } from "node:crypto";
 import { defaultCaDir, loadOrCreateCa } from "../tls/ca-store.js";
 import { startProxy } from "../proxy/start-proxy.js";
@@ -14,7 +13,7 @@ import { runCheck } from "./check.js";
 import { createPrettySink } from "../log-pretty.js";
 import { checkConfig, checkHar, failureText, printCa, printEnv } from "./commands.js";
 import { DjsEngine } from "../djs/engine.js";
-import { reuseParses } from "../config/file.js";
+import { readConfigText, reuseParses } from "../config/file.js";
 
 /** `flags`, or the config file in use, once known: how an option error from startProxy is worded. */
 let source: string | undefined;
@@ -299,7 +298,8 @@ function refuseBlankConfig(file: string | undefined): void {
   if (file === undefined || file === "flags") return;
   let text: string;
   try {
-    text = readFileSync(file, "utf8");
+    // Not a plain read: a FIFO put in the file's place would hold the reload, and every guest, until written to.
+    text = readConfigText(file);
   } catch {
     return;
   }

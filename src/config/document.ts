@@ -1,4 +1,4 @@
-import { readFileSync, statSync } from "node:fs";
+import { statSync } from "node:fs";
 import path from "node:path";
 import type { LeafKeyType } from "../tls/x509.js";
 import type { LogLevel } from "../log.js";
@@ -11,6 +11,7 @@ import { readSecret, type InlineSecret } from "./secret-source.js";
 import { resolveHookChain, type HookChainConfig } from "./hook-chain.js";
 import { validate } from "./validate.js";
 import type { UpstreamOptions } from "../record/network.js";
+import { maxTextFileBytes, readFailure, readRegularFileSync } from "../regular-file.js";
 
 /**
  * A config document (a parsed file, or the CLI's flags in the same shape) turned into a
@@ -148,9 +149,9 @@ export function resolveProxyWide(doc: Doc, baseDir: string, at: (segments: reado
       const file = path.resolve(baseDir, entry);
       // Read here as well as at start, so check-config finds a missing file offline.
       try {
-        if (!readFileSync(file, "utf8").includes(pemMarker)) at(["upstreamCa", i], `names ${file}, which holds no PEM certificate`);
+        if (!readRegularFileSync(file, maxTextFileBytes).toString("utf8").includes(pemMarker)) at(["upstreamCa", i], `names ${file}, which holds no PEM certificate`);
       } catch (error) {
-        at(["upstreamCa", i], `cannot read ${file}: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`);
+        at(["upstreamCa", i], `cannot read ${file}: ${readFailure(error)}`);
       }
       return file;
     });

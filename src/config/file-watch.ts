@@ -1,7 +1,8 @@
 import { createHash } from "node:crypto";
-import { lstatSync, readFileSync, readlinkSync, statSync, watch, type FSWatcher } from "node:fs";
+import { lstatSync, readlinkSync, statSync, watch, type FSWatcher } from "node:fs";
 import path from "node:path";
 import type { ProxyConfig } from "./document.js";
+import { readFailure, readRegularFileSync } from "../regular-file.js";
 
 /**
  * `--watch` (`watch: true`): the files a configuration was read from, watched for changes. Each
@@ -50,12 +51,16 @@ export interface FileWatch {
   close(): void;
 }
 
-/** What a file holds, as a digest; "missing" when it cannot be read (a rename in progress, say). */
+/**
+ * What a file holds, as a digest; "missing" when it cannot be read (a rename in progress, say).
+ * A FIFO or a device put in a file's place is not read (it would hold the event loop, and every
+ * guest, until written to, or forever): it counts as a change, and the reload says what it is.
+ */
 function contentOf(file: string): string {
   try {
-    return createHash("sha256").update(readFileSync(file)).digest("hex");
+    return createHash("sha256").update(readRegularFileSync(file, Number.POSITIVE_INFINITY)).digest("hex");
   } catch (error) {
-    return `missing:${(error as NodeJS.ErrnoException).code ?? ""}`;
+    return `missing:${readFailure(error)}`;
   }
 }
 

@@ -1,25 +1,30 @@
-import { readFileSync } from "node:fs";
 import path from "node:path";
 import { isMap, isPair, isScalar, isSeq, LineCounter, parseDocument, type Document, type Node } from "yaml";
 import { resolveDocument, type ProxyConfig } from "./document.js";
 import { ConfigFileError, makeIssue, type OptionIssue, type Segment } from "./option-error.js";
+import { maxTextFileBytes, readFailure, readRegularFileSync } from "../regular-file.js";
 
 /**
  * The config file: YAML 1.2 (so JSON too, as it is), checked whole before anything starts.
  * Every problem is reported at once, each with its option path and line.
  */
 
+/**
+ * The text of the config file in use. A FIFO, a device or a file past
+ * {@link maxTextFileBytes} (4 MiB) is refused before it is read (see regular-file.ts).
+ */
+export function readConfigText(file: string): string {
+  try {
+    return readRegularFileSync(path.resolve(file), maxTextFileBytes).toString("utf8");
+  } catch (error) {
+    throw new ConfigFileError(file, [makeIssue([], `cannot read the config file: ${readFailure(error)}`)], { cause: error });
+  }
+}
+
 /** Reads, parses, checks and resolves `file`; throws ConfigFileError listing every problem. */
 export function loadConfigFile(file: string, env: NodeJS.ProcessEnv = process.env): ProxyConfig {
-  const absolute = path.resolve(file);
-  let text: string;
-  try {
-    text = readFileSync(absolute, "utf8");
-  } catch (error) {
-    const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
-    throw new ConfigFileError(file, [makeIssue([], `cannot read the config file: ${code}`)], { cause: error });
-  }
-  return parseConfigText(text, file, env, path.dirname(absolute));
+  const text = readConfigText(file);
+  return parseConfigText(text, file, env, path.dirname(path.resolve(file)));
 }
 
 /** While a reload runs (see {@link reuseParses}): the configurations parsed, by file, folder, environment and text. */

@@ -1,6 +1,6 @@
-import { readFileSync } from "node:fs";
 import path from "node:path";
 import { breaksFieldValue } from "../headers.js";
+import { readFailure, readRegularFileSync } from "../regular-file.js";
 import type { CustomNode } from "./validate.js";
 
 /**
@@ -65,9 +65,9 @@ export function readSecret(source: string | InlineSecret, baseDir: string, env: 
   const from = `file:${file}`;
   let text: string;
   try {
-    text = readFileSync(file, "utf8");
+    text = readRegularFileSync(file, Number.POSITIVE_INFINITY).toString("utf8");
   } catch (error) {
-    return { from, reason: `cannot read ${file}: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}` };
+    return { from, reason: `cannot read ${file}: ${readFailure(error)}` };
   }
   // Editors and `echo` end a file with a newline that is no part of the token.
   return checked(from, text.replace(/\r?\n$/, ""));

@@ -10,6 +10,7 @@ import { cidrsOverlap } from "../policy/cidr.js";
 import { defaultCaDir } from "../tls/ca-store.js";
 import type { LeafKeyType } from "../tls/x509.js";
 import type { UpstreamOptions } from "../record/network.js";
+import { maxTextFileBytes, readFailure, readRegularFileSync } from "../regular-file.js";
 import type { AuditRecord } from "../metrics/audit-record.js";
 import { plainObject, resolveGuestOptions, type GuestOptions, type ResolvedGuest } from "./guest-options.js";
 
@@ -241,9 +242,10 @@ function readCa(entry: string, path: string): string {
   if (entry.includes("-----BEGIN CERTIFICATE-----")) return entry;
   let text: string;
   try {
-    text = readFileSync(entry, "utf8");
+    // Not a plain read: a FIFO there would hold the start until written to, /dev/zero forever.
+    text = readRegularFileSync(entry, maxTextFileBytes).toString("utf8");
   } catch (error) {
-    throw new OptionError(makeIssue(["upstreamCa", Number(path)], `cannot read ${entry}: ${(error as Error).message}`), { prefix: "startProxy: ", cause: error });
+    throw new OptionError(makeIssue(["upstreamCa", Number(path)], `cannot read ${entry}: ${readFailure(error)}`), { prefix: "startProxy: ", cause: error });
   }
   if (!text.includes("-----BEGIN CERTIFICATE-----")) fail(`upstreamCa[${path}]`, `names ${entry}, which holds no PEM certificate`);
   return text;

@@ -1,6 +1,6 @@
 import { existsSync } from "node:fs";
-import { readFile } from "node:fs/promises";
 import { join } from "node:path";
+import { readFailure, readRegularFile } from "../regular-file.js";
 import { sidecarDir } from "./har.js";
 
 /**
@@ -34,9 +34,9 @@ const secretShapes: readonly [string, RegExp][] = [
 export async function checkHarFile(path: string): Promise<HarReport> {
   let har: unknown;
   try {
-    har = JSON.parse(await readFile(path, "utf8"));
+    har = JSON.parse((await readRegularFile(path)).toString("utf8"));
   } catch (error) {
-    const reason = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
+    const reason = readFailure(error);
     return { problems: [`cannot read it as JSON: ${reason}`], entries: [], suspicious: [], summary: `${path}: not a HAR file` };
   }
   const problems: string[] = [];

@@ -1,6 +1,6 @@
 import { isIP } from "node:net";
-import { readFile } from "node:fs/promises";
 import { EgressError } from "../errors.js";
+import { readRegularFile } from "../regular-file.js";
 import { makeIssue, OptionError } from "../option-error.js";
 import { bareHostname } from "../hostname.js";
 import type { Logger } from "../log.js";
@@ -74,7 +74,7 @@ export class RecordedNetwork {
     let recording: Recording | undefined;
     if (replay.recordMissing === true) {
       // The file grows: what it held is written first, then what the misses add.
-      const har = JSON.parse(await readFile(replay.path, "utf8")) as RecordedHar;
+      const har = JSON.parse((await readRegularFile(replay.path)).toString("utf8")) as RecordedHar;
       recording = await Recording.open(replay.path, log, har.log.entries as RecordedEntry[]);
     }
     log.info("replaying a recorded network", { path: replay.path, entries: source.entries.length, recordMissing: replay.recordMissing === true });

@@ -1,7 +1,7 @@
-import { readFile } from "node:fs/promises";
 import { isIP } from "node:net";
 import { join } from "node:path";
 import { EgressError } from "../errors.js";
+import { readFailure, readRegularFile } from "../regular-file.js";
 import type { ResolvedAddress } from "../upstream/resolve.js";
 import { sidecarDir, type RecordedEntry, type RecordedHar } from "./har.js";
 import { replayProblems } from "./har-check.js";
@@ -51,9 +51,10 @@ export class ReplaySource {
   static async load(path: string, match: MatchOptions, exhausted: Exhausted): Promise<ReplaySource> {
     let har: RecordedHar;
     try {
-      har = JSON.parse(await readFile(path, "utf8")) as RecordedHar;
+      // A FIFO there would hold the start until written to; /dev/zero would never end.
+      har = JSON.parse((await readRegularFile(path)).toString("utf8")) as RecordedHar;
     } catch (error) {
-      throw new Error(`cannot read ${path} as a HAR file: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`, { cause: error });
+      throw new Error(`cannot read ${path} as a HAR file: ${readFailure(error)}`, { cause: error });
     }
     const list: unknown = har?.log?.entries;
     if (!Array.isArray(list)) throw new Error(`${path} is not a HAR file: log.entries is missing`);

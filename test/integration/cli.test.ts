@@ -9,7 +9,6 @@ import { fileURLToPath } from "node:url";
 import { ProxyAgent, request } from "undici";
 import { beforeAll, describe, expect, it, onTestFinished } from "vitest";
 import { tempDir } from "../helpers/proxy.js";
-import { latch } from "../helpers/latch.js";
 import { chainFlags, optionFlags } from "../../src/config/flags.js";
 import { configFileSchema, schemaPaths } from "../../src/config/schema.js";
 import { testCa } from "../helpers/test-ca.js";
@@ -354,40 +353,20 @@ async function until(check: () => boolean, ms: number, what: string): Promise<vo
 describe("a SIGHUP while the proxy starts", () => {
   it("does not end it: once serving, it reloads", async () => {
     const dir = tempDir();
-    const caFile = join(dir, "upstream-ca.pem");
-    execFileSync("mkfifo", [caFile]);
-    const pem = (await testCa()).certPem;
-    const cli = startCli(["--listen", "127.0.0.1:0", "--log-level", "info", "--log-format", "json", "--ca-dir", join(dir, "ca"), "--upstream-ca", caFile]);
-    // Opening a FIFO to write waits for its reader: the first open returns once the CLI reads its
-    // upstream CA, started and not serving. A SIGHUP there ended it (exit 129) before it had a
-    // handler. The CLI reads the file again (at start, at the reload): each read gets the PEM.
-    let reads = 0;
-    let stop = false;
-    const [firstRead, reading] = latch();
-    const feed = (async () => {
-      while (!stop) {
-        const handle = await open(caFile, "w");
-        if (reads++ === 0) {
-          reading();
-          cli.process.kill("SIGHUP");
-        }
-        // An open can meet a reader that is just leaving (it had the last write): EPIPE, and the
-        // next open waits for the next reader.
-        await handle.writeFile(pem).catch(() => undefined);
-        await handle.close().catch(() => undefined);
-      }
-    })();
-    await firstRead;
+    const auditLog = join(dir, "audit.fifo");
+    execFileSync("mkfifo", [auditLog]);
+    const cli = startCli(["--listen", "127.0.0.1:0", "--log-level", "info", "--log-format", "json", "--ca-dir", join(dir, "ca"), "--audit-log", auditLog]);
+    // Opening a FIFO to read waits for its writer: the open returns once the CLI opens its audit
+    // log, inside startProxy, started and not serving. A SIGHUP there ended it (exit 129) before
+    // it had a handler. (A FIFO is a log shipper's usual target; only files read are refused.)
+    const reader = await open(auditLog, "r");
+    cli.process.kill("SIGHUP");
     await cli.waitForStdout(listeningLine);
     await until(() => cli.stderr().includes('"msg":"configuration reloaded"'), 30_000, "the reload");
     expect(cli.stderr()).toContain("a SIGHUP came while the proxy started: reloading now");
-    stop = true;
     cli.process.kill("SIGTERM");
     expect(await cli.exited).toEqual({ code: 0, signal: null });
-    // The feeder's last open waits for a reader that will not come: a reader of its own ends it.
-    const last = await open(caFile, "r");
-    await last.close();
-    await feed.catch(() => undefined);
+    await reader.close();
   });
 });
 

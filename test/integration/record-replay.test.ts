@@ -1,3 +1,4 @@
+import { execFileSync } from "node:child_process";
 import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { brotliCompressSync, gzipSync } from "node:zlib";
@@ -391,6 +392,15 @@ describe("recorded network", () => {
     const dir = tempDir();
     await expect(startTestProxy({}, { upstream: { record: { path: join(dir, "a.har") }, replay: { path: join(dir, "b.har") } } })).rejects.toThrow(/upstream\.record.*cannot be combined with replay/);
     await expect(startTestProxy({}, { upstream: { replay: { path: join(dir, "missing.har") } } })).rejects.toThrow(/upstream\.replay\.path.*cannot read/);
+  });
+
+  // A FIFO with no writer held the start until one came; /dev/zero never ends.
+  it("a replay file, or a file to check, that is a FIFO or a device is refused at once, saying what it is", async () => {
+    const fifo = join(tempDir(), "net.har");
+    execFileSync("mkfifo", [fifo]);
+    await expect(startTestProxy({}, { upstream: { replay: { path: fifo } } })).rejects.toThrow(/cannot read .*net\.har as a HAR file: a FIFO, not a regular file/);
+    await expect(startTestProxy({}, { upstream: { replay: { path: "/dev/zero" } } })).rejects.toThrow(/cannot read \/dev\/zero as a HAR file: a character device, not a regular file/);
+    expect((await checkHarFile(fifo)).problems).toEqual(["cannot read it as JSON: a FIFO, not a regular file"]);
   });
 });
 

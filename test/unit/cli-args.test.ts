@@ -1,3 +1,4 @@
+import { execFileSync } from "node:child_process";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -102,6 +103,10 @@ describe("parseCli: serve flags become startProxy options", () => {
     expect(serveOptions(["--upstream-ca", a, "--upstream-ca", b]).upstreamCa).toEqual([a, b]);
     // Checked while parsing, so a missing file exits 2 before anything starts.
     expect(usageErrorOf(["--upstream-ca", join(dir, "missing.pem")]).message).toMatch(/^--upstream-ca: cannot read .*missing\.pem: ENOENT/);
+    // A FIFO with no writer held the start, silently, until one came.
+    const fifo = join(dir, "fifo.pem");
+    execFileSync("mkfifo", [fifo]);
+    expect(usageErrorOf(["--upstream-ca", fifo]).message).toMatch(/^--upstream-ca: cannot read .*fifo\.pem: a FIFO, not a regular file/);
   });
 
   it("--ca-dir, --guest-env-file, --log-level, --leaf-key and --max-redirects map to their options", () => {

@@ -1,3 +1,4 @@
+import { execFileSync } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -202,6 +203,28 @@ describe("loadConfigFile: errors name the path and the line", () => {
     expect(fileErrorOf(configFile("just words\n")).message).toMatch(/not a single value$/);
     const missing = fileErrorOf(join(tempDir(), "nope.yaml"));
     expect(missing.message).toMatch(/nope\.yaml: cannot read the config file: ENOENT/);
+  });
+
+  // A FIFO with no writer blocked the read (a start, or a reload holding every guest) until
+  // something wrote to it; /dev/zero and /dev/urandom read until memory ran out.
+  it("a FIFO or a device as the config file, a file: secret or an upstreamCa is refused at once, saying what it is", () => {
+    const dir = tempDir();
+    const fifo = join(dir, "fifo");
+    execFileSync("mkfifo", [fifo]);
+    expect(fileErrorOf(fifo).message).toMatch(/fifo: cannot read the config file: a FIFO, not a regular file$/);
+    expect(fileErrorOf("/dev/zero").message).toMatch(/^\/dev\/zero: cannot read the config file: a character device, not a regular file$/);
+    const text = `upstreamCa: [${fifo}]\nsecrets:\n  A: { hosts: [a.test], value: "file:${fifo}" }\n  B: { hosts: [b.test], value: "file:/dev/urandom" }\n`;
+    const error = fileErrorOf(configFile(text));
+    expect(error.issues.map((i) => [i.path, i.reason])).toEqual([
+      ["upstreamCa[0]", `cannot read ${fifo}: a FIFO, not a regular file`],
+      ["secrets.A.value", `cannot read ${fifo}: a FIFO, not a regular file`],
+      ["secrets.B.value", "cannot read /dev/urandom: a character device, not a regular file"],
+    ]);
+  });
+
+  it("a config file over 4 MiB is refused before it is parsed", () => {
+    const file = configFile(`allowHosts: [a.test]\n${"#".repeat(4 * 1024 * 1024)}\n`);
+    expect(fileErrorOf(file).message).toMatch(/cannot read the config file: larger than 4 MiB, the most it may hold$/);
   });
 
   // The YAML parser takes seconds over deep flow nesting (and a reload would hold every guest

@@ -1,3 +1,4 @@
+import { execFileSync } from "node:child_process";
 import { mkdirSync, renameSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it, onTestFinished } from "vitest";
@@ -66,6 +67,23 @@ describe("--watch's files", () => {
     reported = next();
     writeFileSync(watched, "three\n");
     await reported;
+    expect(calls).toEqual([[watched], [watched]]);
+  });
+
+  // Read to be digested, a FIFO held the event loop (every guest) until something wrote to it.
+  it("reports a file replaced by a FIFO without reading it, and the file put back", async () => {
+    const dir = tempDir();
+    const watched = join(dir, "secret.txt");
+    writeFileSync(watched, "one\n");
+    const { calls, after } = recorded([watched]);
+    await after(() => {
+      rmSync(watched);
+      execFileSync("mkfifo", [watched]);
+    });
+    await after(() => {
+      rmSync(watched);
+      writeFileSync(watched, "one\n");
+    });
     expect(calls).toEqual([[watched], [watched]]);
   });
 
