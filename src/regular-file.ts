@@ -19,7 +19,11 @@ export const maxTextFileBytes = 4 * 1024 * 1024;
 
 /** Why a file could not be read: the errno code (`ENOENT`), or what was wrong with it. */
 export class FileReadError extends Error {
-  constructor(readonly reason: string) {
+  /** `limit`: set when the file holds more than the bytes it may. */
+  constructor(
+    readonly reason: string,
+    readonly limit?: number,
+  ) {
     super(reason);
     this.name = "FileReadError";
   }
@@ -59,7 +63,7 @@ function refuseIrregular(stats: Stats): void {
 }
 
 function tooLarge(maxBytes: number): FileReadError {
-  return new FileReadError(`larger than ${byteSize(maxBytes)}, the most it may hold`);
+  return new FileReadError(`larger than ${byteSize(maxBytes)}, the most it may hold`, maxBytes);
 }
 
 /**

@@ -1,6 +1,7 @@
 import path from "node:path";
 import { breaksFieldValue } from "../headers.js";
-import { readFailure, readRegularFileSync } from "../regular-file.js";
+import { maxSecretValueBytes, secretTooLongReason, secretValueTooLong } from "../policy/secrets.js";
+import { FileReadError, readFailure, readRegularFileSync } from "../regular-file.js";
 import type { CustomNode } from "./validate.js";
 
 /**
@@ -65,8 +66,10 @@ export function readSecret(source: string | InlineSecret, baseDir: string, env: 
   const from = `file:${file}`;
   let text: string;
   try {
-    text = readRegularFileSync(file, Number.POSITIVE_INFINITY).toString("utf8");
+    // The longest value, and the line break an editor ends it with; a longer file is not read to its end.
+    text = readRegularFileSync(file, maxSecretValueBytes + 2).toString("utf8");
   } catch (error) {
+    if (error instanceof FileReadError && error.limit !== undefined) return { from, reason: `${secretTooLongReason} (from ${from})` };
     return { from, reason: `cannot read ${file}: ${readFailure(error)}` };
   }
   // Editors and `echo` end a file with a newline that is no part of the token.
@@ -75,6 +78,8 @@ export function readSecret(source: string | InlineSecret, baseDir: string, env: 
 
 function checked(from: string, value: string): ReadSecret {
   if (value === "") return { from, reason: `is empty (from ${from})` };
+  // Never the value, nor a part of it.
+  if (secretValueTooLong(value)) return { from, reason: `${secretTooLongReason} (from ${from})` };
   // A value goes into header fields: CR, LF and NUL would split or truncate them.
   if (breaksFieldValue.test(value)) return { from, reason: `holds a line break or NUL (from ${from}); a value must fit in one header field` };
   return { from, value };

@@ -15,6 +15,22 @@ export type SecretRedirects = "scan" | "refuse";
 
 export const secretRedirectModes: readonly SecretRedirects[] = ["scan", "refuse"];
 
+/**
+ * The longest secret value, in UTF-8 bytes. A value goes into one header field, where servers
+ * take 8 KiB (nginx, Apache) to 16 KiB (Node) by default, so nothing longer can be used. The
+ * scanner's work grows with a value's length: a 1 MB value took 7 s to start, and 133 MB
+ * aborted the process (black-box finding); one at this length costs a few milliseconds.
+ */
+export const maxSecretValueBytes = 16 * 1024;
+
+/** Why a value over {@link maxSecretValueBytes} is refused; it quotes nothing of the value. */
+export const secretTooLongReason = `is longer than ${maxSecretValueBytes / 1024} KiB (${maxSecretValueBytes} bytes), the most a secret's value may hold: it goes into one header field`;
+
+export function secretValueTooLong(value: string): boolean {
+  // Each UTF-16 unit is at least one UTF-8 byte: a longer string is not counted at all.
+  return value.length > maxSecretValueBytes || Buffer.byteLength(value, "utf8") > maxSecretValueBytes;
+}
+
 /** What a secret is, as configured: the hosts it may reach and its real value. */
 export interface SecretOptions {
   readonly hosts: readonly string[];
@@ -582,6 +598,7 @@ function checkValue(value: unknown, path: string): string {
   if (typeof value !== "string" || value === "") throw new TypeError(`${path}: expected a non-empty string`);
   // A value goes into header fields: CR, LF and NUL would split or truncate them.
   if (breaksFieldValue.test(value)) throw new TypeError(`${path}: must not contain CR, LF or NUL`);
+  if (secretValueTooLong(value)) throw new TypeError(`${path}: ${secretTooLongReason}`);
   return value;
 }
 

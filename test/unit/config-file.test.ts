@@ -222,6 +222,19 @@ describe("loadConfigFile: errors name the path and the line", () => {
     ]);
   });
 
+  // 1 MB took 7 s to start, 133 MB aborted the process: no header field takes more than 16 KiB.
+  it("a secret value over 16 KiB, from a file or the environment, is refused without quoting it; 16 KiB and a newline load", () => {
+    const file = configFile("secrets:\n  A: { hosts: [a.test], value: file:a }\n  B: { hosts: [b.test], value: file:b }\n  C: { hosts: [c.test], value: env:LONG }\n");
+    writeFileSync(join(file, "..", "a"), `${"a".repeat(16 * 1024)}\n`);
+    writeFileSync(join(file, "..", "b"), "b".repeat(10 * 1024 * 1024));
+    const error = fileErrorOf(file, { LONG: "c".repeat(16 * 1024 + 1) });
+    expect(error.issues.map((i) => [i.path, i.reason.replace(/\(from .*\)$/, "(from …)")])).toEqual([
+      ["secrets.B.value", "is longer than 16 KiB (16384 bytes), the most a secret's value may hold: it goes into one header field (from …)"],
+      ["secrets.C.value", "is longer than 16 KiB (16384 bytes), the most a secret's value may hold: it goes into one header field (from …)"],
+    ]);
+    expect(error.message).not.toMatch(/bbbb|cccc/);
+  });
+
   it("a config file over 4 MiB is refused before it is parsed", () => {
     const file = configFile(`allowHosts: [a.test]\n${"#".repeat(4 * 1024 * 1024)}\n`);
     expect(fileErrorOf(file).message).toMatch(/cannot read the config file: larger than 4 MiB, the most it may hold$/);

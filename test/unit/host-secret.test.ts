@@ -68,6 +68,12 @@ describe("--host-secret NAME@HOST[,HOST...][=VALUE]", () => {
   });
 });
 
+describe("--host-secret's value length", () => {
+  it("a value over 16 KiB is refused naming the flag and the secret, never quoting it", () => {
+    expect(() => parseCli(["--host-secret", `A@a.test=${"x".repeat(16 * 1024 + 1)}`], {})).toThrow(/^--host-secret A: is longer than 16 KiB \(16384 bytes\)[^x]*$/);
+  });
+});
+
 describe("secretPlaceholderKey", () => {
   const secrets = { GH: { hosts: ["api.test"], value: "v1" }, NPM: { hosts: ["npm.test"], value: "v2" } };
   const key = "a".repeat(32);
