@@ -1,5 +1,5 @@
 import path from "node:path";
-import { isMap, isPair, isScalar, isSeq, LineCounter, parseDocument, type Document, type Node } from "yaml";
+import { isCollection, isMap, isPair, isScalar, isSeq, LineCounter, parseDocument, visit, type Document, type Node } from "yaml";
 import { resolveDocument, type ProxyConfig } from "./document.js";
 import { ConfigFileError, makeIssue, type OptionIssue, type Segment } from "./option-error.js";
 import { maxTextFileBytes, readFailure, readRegularFileSync } from "../regular-file.js";
@@ -69,6 +69,10 @@ function parseAnew(text: string, file: string, env: NodeJS.ProcessEnv, baseDir: 
       doc.errors.map((error) => ({ ...makeIssue([], `not valid YAML: ${firstLine(error.message)}`), line: lines.linePos(error.pos[0]).line })),
     );
   }
+  const complexKey = collectionKey(doc);
+  if (complexKey !== undefined) {
+    throw new ConfigFileError(file, [{ ...makeIssue([], "has a list or mapping as a key; every key here is a name"), line: lines.linePos(complexKey).line }]);
+  }
   let value: unknown;
   try {
     // An alias bomb (a billion laughs) would otherwise expand without bound.
@@ -87,26 +91,80 @@ function parseAnew(text: string, file: string, env: NodeJS.ProcessEnv, baseDir: 
 
 /**
  * Far deeper than any configuration needs (about six levels), and still cheap to parse (about
- * 60 ms at this depth, where 100,000 levels took 3 to 6 s and then overflowed the stack).
+ * 60 ms at 1,000 flow levels, where 100,000 took 3 to 6 s and then overflowed the stack). Block
+ * nesting overflows the parser's stack sooner (about 880 levels of maps, 920 of compact
+ * sequences), so the limit stays well below both.
  */
-const maxNesting = 1_000;
+const maxNesting = 500;
 
 /**
- * The offset where `[` and `{` nest deeper than {@link maxNesting}. A reload (SIGHUP, --watch)
- * would hold every guest while the YAML parser worked through deep flow nesting. Brackets in
- * quoted strings and comments count too: a scan that skipped them could be led to skip the rest
- * of the file, and no real configuration holds a thousand unclosed brackets. Block nesting needs
- * an indent per level, so deep block nesting needs a file too large to matter here.
+ * The offset where the file nests deeper than {@link maxNesting}, counted before the YAML parser
+ * runs: a reload (SIGHUP, --watch) would hold every guest while it worked through deep nesting.
+ * Flow nesting is counted by `[` and `{`. Brackets in quoted strings and comments count too: a
+ * scan that skipped them could be led to skip the rest of the file, and no real configuration
+ * holds a thousand unclosed brackets. Block nesting is counted per line: the block nodes still
+ * open at a line are those indented less than it (a stack of indents), and each `- `, `? ` or
+ * `: ` that begins a line opens one more at its column: a compact sequence (`- - - x`) nests
+ * one level per two characters with no indent and no bracket; a million levels on one line held
+ * every guest 18 s. The count can run high (a block scalar indented ever deeper counts each
+ * indent), never low.
  */
 function tooDeep(text: string): number | undefined {
-  let depth = 0;
+  let flow = 0;
+  /** The columns of the block nodes open at the line being read. */
+  const block: number[] = [];
+  let lineStart = true;
   for (let i = 0; i < text.length; i++) {
+    if (lineStart) {
+      lineStart = false;
+      let at = i;
+      while (text.charCodeAt(at) === 0x20) at++;
+      const first = text.charCodeAt(at);
+      // Blank and comment lines open and close nothing.
+      if (at < text.length && first !== 0x0a && first !== 0x0d && first !== 0x23) {
+        while (block.length > 0 && block[block.length - 1]! >= at - i) block.pop();
+        for (;;) {
+          block.push(at - i);
+          if (block.length + flow > maxNesting) return at;
+          if (!isIndicator(text, at)) break;
+          at++;
+          while (text.charCodeAt(at) === 0x20) at++;
+        }
+        i = at;
+      }
+    }
     const c = text.charCodeAt(i);
-    if (c === 0x5b || c === 0x7b) {
-      if (++depth > maxNesting) return i;
-    } else if ((c === 0x5d || c === 0x7d) && depth > 0) depth--;
+    if (c === 0x0a) lineStart = true;
+    else if (c === 0x5b || c === 0x7b) {
+      if (++flow + block.length > maxNesting) return i;
+    } else if ((c === 0x5d || c === 0x7d) && flow > 0) flow--;
   }
   return undefined;
+}
+
+/** `-`, `?` or `:` followed by a space or the line's end: a block entry, key or value begins. */
+function isIndicator(text: string, at: number): boolean {
+  const c = text.charCodeAt(at);
+  if (c !== 0x2d && c !== 0x3f && c !== 0x3a) return false;
+  const next = text.charCodeAt(at + 1);
+  return next === 0x20 || next === 0x0a || next === 0x0d || Number.isNaN(next);
+}
+
+/**
+ * The offset of the first key that is a list or a mapping (`? - a`, `{[a]: b}`). No option has
+ * one, and turning keys nested in keys into text costs the YAML library time that grows as a
+ * power of their depth: 300 levels of `? ` took 22 s, holding every guest during a reload.
+ */
+function collectionKey(doc: Document): number | undefined {
+  let found: number | undefined;
+  visit(doc, {
+    Pair(_key, pair) {
+      if (!isCollection(pair.key)) return undefined;
+      found = pair.key.range?.[0] ?? 0;
+      return visit.BREAK;
+    },
+  });
+  return found;
 }
 
 function firstLine(message: string): string {
