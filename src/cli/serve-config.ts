@@ -23,7 +23,8 @@ function strings(value: unknown): string[] {
 
 /** `HOST=IP[,IP]` entries into the `resolve` option. */
 export function parseResolve(values: readonly string[]): Record<string, string[]> {
-  const out: Record<string, string[]> = {};
+  // No prototype: a host named __proto__ stays a key, for the schema to refuse by name.
+  const out = Object.create(null) as Record<string, string[]>;
   for (const value of values) {
     const eq = value.indexOf("=");
     if (eq <= 0 || eq === value.length - 1) throw new UsageError(`--resolve: expected HOST=IP[,IP], got ${JSON.stringify(value)}`);
@@ -51,7 +52,7 @@ export function parseHostSecret(spec: string, env: NodeJS.ProcessEnv): { name: s
   const eq = rest.indexOf("=");
   const hosts = (eq < 0 ? rest : rest.slice(0, eq)).split(",").map((h) => h.trim()).filter((h) => h !== "");
   if (hosts.length === 0) throw new UsageError(`--host-secret ${name}: no hosts given (NAME@HOST[,HOST...][=VALUE])`);
-  const value = eq >= 0 ? rest.slice(eq + 1) : env[name];
+  const value = eq >= 0 ? rest.slice(eq + 1) : Object.hasOwn(env, name) ? env[name] : undefined;
   if (value === undefined) throw new UsageError(`--host-secret ${name}: no =VALUE given and the environment variable ${name} is not set`);
   if (value === "") throw new UsageError(`--host-secret ${name}: the value is empty`);
   return { name, hosts, value };
@@ -80,7 +81,8 @@ export function flagDocument(args: Args, env: NodeJS.ProcessEnv, only?: readonly
     if (value === undefined || (only !== undefined && !only.includes(path))) continue;
     if (path === "resolve") doc["resolve"] = parseResolve(strings(value));
     else if (path === "secrets") {
-      const secrets: Record<string, unknown> = {};
+      // No prototype: `constructor` is no secret given already, and __proto__ stays a key for the schema to refuse.
+      const secrets = Object.create(null) as Record<string, unknown>;
       for (const spec of strings(value)) {
         const { name, hosts, value } = parseHostSecret(spec, env);
         if (secrets[name] !== undefined) throw new UsageError(`--host-secret ${name}: given twice`);

@@ -58,7 +58,8 @@ export function readSecret(source: string | InlineSecret, baseDir: string, env: 
   if (source instanceof InlineSecret) return checked("inline", source.value);
   if (source.startsWith("env:")) {
     const name = source.slice(4);
-    const value = env[name];
+    // Own variables only: `env:toString` found a function on the prototype.
+    const value = Object.hasOwn(env, name) ? env[name] : undefined;
     if (value === undefined) return { from: source, reason: `names $${name}, which is not set` };
     return checked(source, value);
   }

@@ -93,6 +93,8 @@ export interface ValidateContext {
   readonly env?: NodeJS.ProcessEnv;
 }
 
+const reservedName = 'the name "__proto__" is reserved (JavaScript objects give it a meaning of their own); choose another';
+
 /** The value as a message may quote it. */
 export function shown(value: unknown): string {
   if (value === undefined) return "undefined";
@@ -140,7 +142,9 @@ export function validate(node: OptionNode, value: unknown, segments: readonly Se
       const entries = Object.entries(value);
       if (node.minEntries !== undefined && entries.length < node.minEntries) return report(`must name at least ${node.minEntries} ${node.keyDoc}`);
       for (const [key, item] of entries) {
-        const reason = node.checkKey(key);
+        // A parser may give it as an own key (YAML, JSON.parse); assigned to an object it would set
+        // the prototype instead, and the entry would vanish without a word.
+        const reason = key === "__proto__" ? reservedName : node.checkKey(key);
         if (reason !== undefined) issues.push(makeIssue([...segments, key], reason, "clause"));
         else validate(node.values, item, [...segments, key], issues, context);
       }
@@ -160,9 +164,11 @@ function validateObject(node: ObjectNode, value: unknown, segments: readonly Seg
   const known = Object.keys(node.fields);
   const before = issues.length;
   for (const [key, item] of Object.entries(value)) {
-    const field = node.fields[key];
+    // Own keys only: `toString` or `constructor` found on the prototype passed as known options.
+    const field = Object.hasOwn(node.fields, key) ? node.fields[key] : undefined;
     if (field === undefined) {
-      issues.push(makeIssue([...segments, key], unknownKeyReason(key, known, node.hints?.[key]), "unknown"));
+      const hint = node.hints !== undefined && Object.hasOwn(node.hints, key) ? node.hints[key] : undefined;
+      issues.push(makeIssue([...segments, key], unknownKeyReason(key, known, hint), "unknown"));
       continue;
     }
     validate(field, item, [...segments, key], issues, context);

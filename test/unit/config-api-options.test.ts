@@ -39,6 +39,15 @@ describe("startProxy's options go through the one schema", () => {
     expect(error.message).toMatch(new RegExp(`^startProxy: ${path.replace(/[[\].]/g, "\\$&")}:? `));
   });
 
+  // Looked up without an own-property check, `toString` and `constructor` passed as known keys.
+  it("a key named after Object.prototype's members is unknown, and a guest named __proto__ is refused by name", () => {
+    expect(errorOf({ toString: 1 }).message).toMatch(/^startProxy: unknown option "toString"/);
+    expect(errorOf({ timeouts: { constructor: 1 } }).message).toMatch(/unknown option "timeouts\.constructor"/);
+    expect(errorOf({ guests: { ci: { hasOwnProperty: 1 } } }).path).toBe("guests.ci.hasOwnProperty");
+    // As JSON.parse gives it: an own key, which an object literal's __proto__ is not.
+    expect(errorOf(JSON.parse('{"guests": {"__proto__": {}}}') as Record<string, unknown>).message).toMatch(/guests\.__proto__: the name "__proto__" is reserved/);
+  });
+
   it("a short deployment key is never quoted", () => {
     expect(errorOf({ deploymentKey: "not-long-enough-secret" }).message).not.toContain("not-long-enough-secret");
   });

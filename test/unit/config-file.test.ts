@@ -223,6 +223,31 @@ describe("loadConfigFile: errors name the path and the line", () => {
   });
 
   // 1 MB took 7 s to start, 133 MB aborted the process: no header field takes more than 16 KiB.
+  // Keys were looked up without an own-property check, so `toString` passed as a known option;
+  // and guests and secrets named __proto__ were assigned to plain objects, and vanished.
+  it.each([
+    ["toString: 1\n", "toString", 'unknown option "toString"'],
+    ["timeouts:\n  constructor: 1\n", "timeouts.constructor", 'unknown option "timeouts.constructor"'],
+    ["guests:\n  ci:\n    hasOwnProperty: 1\n", "guests.ci.hasOwnProperty", 'unknown option "guests.ci.hasOwnProperty"'],
+    ["__proto__:\n  allowHosts: ['*']\n", "__proto__", 'unknown option "__proto__"'],
+    ['{"__proto__": {"allowHosts": ["*"]}}', "__proto__", 'unknown option "__proto__"'],
+    ["guests:\n  __proto__:\n    allowHosts: ['*']\n  ci: {}\n", "guests.__proto__", 'the name "__proto__" is reserved'],
+    ["secrets:\n  __proto__: { hosts: ['*'], value: env:HOME }\n", "secrets.__proto__", 'the name "__proto__" is reserved'],
+    ["resolve:\n  __proto__: [127.0.0.1]\n", "resolve.__proto__", 'the name "__proto__" is reserved'],
+  ])("%j is refused, naming %s", (text, path, reason) => {
+    const error = fileErrorOf(configFile(text), { HOME: "/home/x" });
+    expect(error.path).toBe(path);
+    expect(error.message).toContain(reason);
+  });
+
+  it("a guest and a secret named constructor are kept, and env:toString names no variable it has", () => {
+    const config = loadConfigFile(configFile("guests:\n  constructor:\n    secrets:\n      constructor: { hosts: [a.test], value: env:TOKEN }\n"), { TOKEN: "v" });
+    expect(Object.keys(config.guests)).toEqual(["constructor"]);
+    expect(config.guests["constructor"]?.secrets?.["constructor"]).toMatchObject({ value: "v", from: "env:TOKEN" });
+    const error = fileErrorOf(configFile("secrets:\n  A: { hosts: [a.test], value: env:toString }\n"), {});
+    expect(error.issues[0]?.reason).toBe("names $toString, which is not set");
+  });
+
   it("a secret value over 16 KiB, from a file or the environment, is refused without quoting it; 16 KiB and a newline load", () => {
     const file = configFile("secrets:\n  A: { hosts: [a.test], value: file:a }\n  B: { hosts: [b.test], value: file:b }\n  C: { hosts: [c.test], value: env:LONG }\n");
     writeFileSync(join(file, "..", "a"), `${"a".repeat(16 * 1024)}\n`);

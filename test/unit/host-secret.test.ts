@@ -68,6 +68,20 @@ describe("--host-secret NAME@HOST[,HOST...][=VALUE]", () => {
   });
 });
 
+describe("--host-secret and --resolve names from Object.prototype", () => {
+  it("a secret named constructor is no secret given twice, and takes no value from the prototype", () => {
+    const command = parseCli(["--host-secret", "constructor@a.test=v1", "--host-secret", "toString@a.test"], { toString: "v2" });
+    if (command.kind !== "serve") throw new Error("expected serve");
+    expect(Object.keys(command.config.guests["default"]?.secrets ?? {})).toEqual(["constructor", "toString"]);
+    expect(() => parseCli(["--host-secret", "valueOf@a.test"], {})).toThrow(/environment variable valueOf is not set/);
+  });
+
+  it("a secret or a host named __proto__ is refused by name, not dropped", () => {
+    expect(() => parseCli(["--host-secret", "__proto__@a.test=v"], {})).toThrow(/--host-secret __proto__: the name "__proto__" is reserved/);
+    expect(() => parseCli(["--resolve", "__proto__=127.0.0.1"], {})).toThrow(/the name "__proto__" is reserved/);
+  });
+});
+
 describe("--host-secret's value length", () => {
   it("a value over 16 KiB is refused naming the flag and the secret, never quoting it", () => {
     expect(() => parseCli(["--host-secret", `A@a.test=${"x".repeat(16 * 1024 + 1)}`], {})).toThrow(/^--host-secret A: is longer than 16 KiB \(16384 bytes\)[^x]*$/);
