@@ -44,10 +44,19 @@ function withCredentials(proxyUrl: string, credentials: { readonly user: string;
   return proxyUrl.replace(/^http:\/\//, `http://${credentials.user}:${credentials.password}@`);
 }
 
-/** `KEY=value` lines, the format of `docker run --env-file` and systemd's EnvironmentFile. */
+/**
+ * `KEY=value` lines, the format of `docker run --env-file` and systemd's EnvironmentFile. The two
+ * share no quoting (docker takes a value to the line's end as it is, quotes included), so a line
+ * break or NUL in a value (a CA folder's path, say) cannot be written: it would end the line and
+ * start a variable of its own (`HTTPS_PROXY=` pointing elsewhere). Such a value is refused.
+ */
 export function formatEnvFile(env: Readonly<Record<string, string>>): string {
   return Object.entries(env)
-    .map(([k, v]) => `${k}=${v}\n`)
+    .map(([k, v]) => {
+      if (!/^[^\s=\0]+$/.test(k)) throw new Error(`the variable name ${JSON.stringify(k)} cannot be written as KEY=value`);
+      if (/[\r\n\0]/.test(v)) throw new Error(`the value of ${k} holds a line break or NUL, which a KEY=value line cannot carry`);
+      return `${k}=${v}\n`;
+    })
     .join("");
 }
 

@@ -8,7 +8,7 @@ import type { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import { ProxyAgent, request } from "undici";
 import { beforeAll, describe, expect, it, onTestFinished } from "vitest";
-import { tempDir } from "../helpers/proxy.js";
+import { startTestProxy, tempDir } from "../helpers/proxy.js";
 import { chainFlags, optionFlags } from "../../src/config/flags.js";
 import { configFileSchema, schemaPaths } from "../../src/config/schema.js";
 import { testCa } from "../helpers/test-ca.js";
@@ -238,6 +238,17 @@ describe("egressgate serve", () => {
     for (const name of ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"]) {
       expect(readFileSync(env[name] ?? "", "utf8")).toContain(caPem.trim());
     }
+  });
+
+  // Written as it was, a line break in the CA folder's path started variables of its own.
+  it("a value with a line break is refused, not written: it would inject lines into the file", async () => {
+    const dir = tempDir();
+    const envFile = join(dir, "guest.env");
+    const caDir = join(dir, "ca\nHTTPS_PROXY=http://elsewhere.test:1");
+    await expect(startTestProxy({ allowedHosts: [] }, { caDir, guestEnvFile: envFile })).rejects.toThrow(
+      /guestEnvFile cannot write .*guest\.env \(the value of SSL_CERT_FILE holds a line break or NUL, which a KEY=value line cannot carry\)/,
+    );
+    expect(existsSync(envFile)).toBe(false);
   });
 });
 
