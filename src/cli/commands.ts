@@ -1,3 +1,4 @@
+import path from "node:path";
 import { buildProxyOptions } from "../config/build.js";
 import { describeConfig } from "../config/describe.js";
 import { loadConfigFile } from "../config/file.js";
@@ -12,15 +13,17 @@ import { placeholderKeyEnv, type CliCommand } from "./args.js";
 
 /** The commands other than serve, and how any error reads to a CLI user. */
 
+// The paths printed are absolute, as --guest-env-file writes them: a guest runs elsewhere, and
+// a relative CA path in its environment names nothing there.
 export async function printCa(caDir: string | undefined): Promise<number> {
-  const ca = await loadOrCreateCa(caDir ?? defaultCaDir());
+  const ca = await loadOrCreateCa(path.resolve(caDir ?? defaultCaDir()));
   process.stdout.write(`${ca.certPath}\n${ca.certPem}`);
   return 0;
 }
 
 /** `egressgate env [--guest NAME]`: the guest environment as shell exports, credentials included for a guest. */
 export async function printEnv(command: Extract<CliCommand, { kind: "env" }>, env: NodeJS.ProcessEnv): Promise<number> {
-  const ca = await loadOrCreateCa(command.caDir ?? defaultCaDir());
+  const ca = await loadOrCreateCa(path.resolve(command.caDir ?? defaultCaDir()));
   const host = command.listen.host.includes(":") ? `[${command.listen.host}]` : command.listen.host;
   const key = env[placeholderKeyEnv];
   const credentials = command.guest === undefined || key === undefined ? undefined : { user: command.guest, password: guestToken(key, command.guest) };

@@ -3,7 +3,7 @@ import { generateKeyPairSync } from "node:crypto";
 import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { open } from "node:fs/promises";
 import { createServer } from "node:net";
-import { join } from "node:path";
+import { join, relative } from "node:path";
 import type { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import { ProxyAgent, request } from "undici";
@@ -771,9 +771,10 @@ describe("egressgate ca", () => {
 });
 
 describe("egressgate env", () => {
-  it("prints shell exports for the proxy and every CA variable", async () => {
+  // A relative --ca-dir printed relative paths, which name nothing where the guest runs.
+  it("prints shell exports for the proxy and every CA variable, with absolute paths for a relative --ca-dir", async () => {
     const caDir = join(tempDir(), "ca");
-    const result = await runCli(["env", "--ca-dir", caDir, "--listen", "127.0.0.1:9999"]);
+    const result = await runCli(["env", "--ca-dir", relative(root, caDir), "--listen", "127.0.0.1:9999"]);
     expect(result.code).toBe(0);
     const exports = new Map<string, string>();
     for (const line of result.stdout.trimEnd().split("\n")) {
