@@ -77,8 +77,46 @@ function serveCommand(args: Record<string, unknown>, env: NodeJS.ProcessEnv, arg
   return { kind: "serve", options: built.options, built, config, workers: config.workers, source: file ?? "flags" };
 }
 
+/** The flags that take a value, beyond the option flags: one value each unless `array`. */
+const otherValueFlags: Record<string, { readonly type: string; readonly array?: boolean }> = {
+  config: { type: "string" },
+  "ca-dir": { type: "string" },
+  listen: { type: "string" },
+  guest: { type: "string" },
+  "log-format": { type: "string" },
+  header: { type: "string", array: true },
+  response: { type: "number" },
+  "response-header": { type: "string", array: true },
+};
+
+/**
+ * What yargs lets through on its own: a flag given no value (`--allow-host` last, or before
+ * another flag) served as if it were absent; `--max-redirects ""` became 0; `--config ""` read
+ * the working directory; and a flag of one value given twice was reported as a list.
+ */
+function refuseBadFlagValues(argv: readonly string[]): void {
+  const declared: Record<string, { readonly type?: unknown; readonly array?: unknown }> = { ...optionFlagDeclarations(), ...otherValueFlags };
+  const seen = new Set<string>();
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    if (arg === "--") break;
+    if (!arg.startsWith("--")) continue;
+    const eq = arg.indexOf("=");
+    const name = eq < 0 ? arg.slice(2) : arg.slice(2, eq);
+    const option = Object.hasOwn(declared, name) ? declared[name]! : undefined;
+    if (option === undefined || option.type === "boolean") continue;
+    const flag = `--${name}`;
+    const value = eq >= 0 ? arg.slice(eq + 1) : argv[i + 1];
+    if (value === undefined || (eq < 0 && value.startsWith("--"))) throw new UsageError(`${flag}: needs a value`);
+    if (value.trim() === "") throw new UsageError(option.type === "number" ? `${flag}: must be a number (got an empty value)` : `${flag}: needs a value (got an empty one)`);
+    if (option.array !== true && seen.has(name)) throw new UsageError(`${flag}: given twice; it takes one value`);
+    seen.add(name);
+  }
+}
+
 /** Parses argv (without node and script) into a command. Throws UsageError or an option error on bad input. */
 export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = process.env): CliCommand {
+  refuseBadFlagValues(argv);
   let command: CliCommand | undefined;
   const parser = yargs([...argv])
     .scriptName("egressgate")

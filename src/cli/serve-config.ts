@@ -86,7 +86,9 @@ export function flagDocument(args: Args, env: NodeJS.ProcessEnv, only?: readonly
       for (const spec of strings(value)) {
         const { name, hosts, value } = parseHostSecret(spec, env);
         if (secrets[name] !== undefined) throw new UsageError(`--host-secret ${name}: given twice`);
-        secrets[name] = { hosts, value: new InlineSecret(value) };
+        // Without "=VALUE" after the hosts, the value came from $NAME: messages say so.
+        const fromEnv = !spec.slice(spec.indexOf("@") + 1).includes("=");
+        secrets[name] = { hosts, value: new InlineSecret(value, fromEnv ? `env:${name}` : "inline") };
       }
       doc["secrets"] = secrets;
     } else setPath(doc, path, value);

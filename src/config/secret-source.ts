@@ -13,7 +13,11 @@ import type { CustomNode } from "./validate.js";
 
 /** A value given inline on the command line. YAML and JSON can never produce one. */
 export class InlineSecret {
-  constructor(readonly value: string) {}
+  /** `from`: how a message names where it came from (`inline`, or `env:NAME` for --host-secret's $NAME). */
+  constructor(
+    readonly value: string,
+    readonly from = "inline",
+  ) {}
 
   /** Never the value, whatever prints this. */
   toJSON(): string {
@@ -22,6 +26,7 @@ export class InlineSecret {
 }
 
 const envName = /^[A-Za-z_][A-Za-z0-9_]*$/;
+const conventionalEnvName = /^[A-Z_][A-Z0-9_]{0,63}$/;
 
 const notInline =
   'must be "env:VAR" or "file:PATH", never the value itself: a config file is read, copied and committed by people and tools that must not hold secrets';
@@ -39,7 +44,8 @@ export const secretValueNode: CustomNode = {
     }
     if (typeof value !== "string") return report(notInline);
     if (value.startsWith("env:")) {
-      if (!envName.test(value.slice(4))) report(`names no environment variable: "env:" must be followed by a variable name (got ${JSON.stringify(value)})`);
+      // Not quoted: what follows "env:" may be the value itself, pasted in place of a name.
+      if (!envName.test(value.slice(4))) report('names no environment variable: "env:" must be followed by a variable name ([A-Za-z_][A-Za-z0-9_]*), and what follows is not one (not shown: it may be the value itself)');
       return;
     }
     if (value.startsWith("file:")) {
@@ -55,12 +61,17 @@ export type ReadSecret = { readonly from: string; readonly value: string } | { r
 
 /** Reads a validated source. `file:` paths are taken relative to `baseDir` (the config file's folder). */
 export function readSecret(source: string | InlineSecret, baseDir: string, env: NodeJS.ProcessEnv): ReadSecret {
-  if (source instanceof InlineSecret) return checked("inline", source.value);
+  if (source instanceof InlineSecret) return checked(source.from, source.value);
   if (source.startsWith("env:")) {
     const name = source.slice(4);
     // Own variables only: `env:toString` found a function on the prototype.
     const value = Object.hasOwn(env, name) ? env[name] : undefined;
-    if (value === undefined) return { from: source, reason: `names $${name}, which is not set` };
+    if (value === undefined) {
+      // A token pasted after "env:" (env:ghp_…) is a valid name too: only a name written as
+      // variables are (capitals, digits, "_") is quoted back.
+      if (!conventionalEnvName.test(name)) return { from: "env:(not shown)", reason: "names an environment variable that is not set (its name is not shown: one in lowercase may be a token pasted in place of a name)" };
+      return { from: source, reason: `names $${name}, which is not set` };
+    }
     return checked(source, value);
   }
   const file = path.resolve(baseDir, source.slice(5));

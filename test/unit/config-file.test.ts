@@ -245,7 +245,19 @@ describe("loadConfigFile: errors name the path and the line", () => {
     expect(Object.keys(config.guests)).toEqual(["constructor"]);
     expect(config.guests["constructor"]?.secrets?.["constructor"]).toMatchObject({ value: "v", from: "env:TOKEN" });
     const error = fileErrorOf(configFile("secrets:\n  A: { hosts: [a.test], value: env:toString }\n"), {});
-    expect(error.issues[0]?.reason).toBe("names $toString, which is not set");
+    expect(error.issues[0]?.reason).toMatch(/^names an environment variable that is not set/);
+  });
+
+  // The name after "env:" was quoted back: a token pasted there in place of a name was printed.
+  it("env: followed by a token, or by no variable name, is refused without quoting what follows", () => {
+    const file = configFile('secrets:\n  A: { hosts: [a.test], value: "env:ghp_PASTEDtoken123" }\n  B: { hosts: [b.test], value: "env:$ghp_x9" }\n');
+    const error = fileErrorOf(file, {});
+    // The schema's issue comes first; the sources are read only once the document is valid.
+    expect(error.issues.map((i) => i.path)).toEqual(["secrets.B.value"]);
+    expect(error.message).not.toMatch(/PASTEDtoken|ghp_x9/);
+    const unset = fileErrorOf(configFile('secrets:\n  A: { hosts: [a.test], value: "env:ghp_PASTEDtoken123" }\n'), {});
+    expect(unset.issues[0]?.reason).toMatch(/^names an environment variable that is not set \(its name is not shown/);
+    expect(unset.message).not.toContain("PASTEDtoken");
   });
 
   it("a secret value over 16 KiB, from a file or the environment, is refused without quoting it; 16 KiB and a newline load", () => {

@@ -82,6 +82,34 @@ describe("--host-secret and --resolve names from Object.prototype", () => {
   });
 });
 
+describe("flags given no value, an empty one, or twice", () => {
+  it.each([
+    [["--max-redirects", ""], "--max-redirects: must be a number (got an empty value)"],
+    [["--max-body-bytes="], "--max-body-bytes: must be a number (got an empty value)"],
+    [["--allow-host"], "--allow-host: needs a value"],
+    [["--resolve", "--allow-host", "a.test"], "--resolve: needs a value"],
+    [["--host-secret"], "--host-secret: needs a value"],
+    [["--config"], "--config: needs a value"],
+    [["--config", ""], "--config: needs a value (got an empty one)"],
+    [["--listen", "127.0.0.1:0", "--listen", "127.0.0.1:1"], "--listen: given twice; it takes one value"],
+    [["--workers=1", "--workers", "2"], "--workers: given twice; it takes one value"],
+  ])("%j is refused", (argv, message) => {
+    expect(() => parseCli(argv, {})).toThrow(UsageError);
+    expect(() => parseCli(argv, {})).toThrow(message);
+  });
+
+  it("a repeatable flag given twice passes", () => {
+    expect(() => parseCli(["--allow-host", "a.test", "--allow-host", "b.test"], {})).not.toThrow();
+  });
+});
+
+describe("--host-secret's value from $NAME", () => {
+  it("is named as coming from env:NAME, not inline", () => {
+    expect(() => parseCli(["--host-secret", "TOK@a.test"], { TOK: "a\tb\nc" })).toThrow(/--host-secret TOK: holds a line break or NUL \(from env:TOK\)/);
+    expect(() => parseCli(["--host-secret", "TOK@a.test=a\nb"], {})).toThrow(/\(from inline\)/);
+  });
+});
+
 describe("--host-secret's value length", () => {
   it("a value over 16 KiB is refused naming the flag and the secret, never quoting it", () => {
     expect(() => parseCli(["--host-secret", `A@a.test=${"x".repeat(16 * 1024 + 1)}`], {})).toThrow(/^--host-secret A: is longer than 16 KiB \(16384 bytes\)[^x]*$/);
