@@ -162,6 +162,16 @@ export class H2Guests {
       session.destroy();
       socket?.destroy();
     };
+    // Every other way a session ends (a reset of the guest's connection, an error, a close that
+    // finished) goes through destroy(): its socket is closed a moment later, whatever Node's end
+    // of it is waiting for.
+    if (socket !== undefined) {
+      const destroy = session.destroy.bind(session);
+      session.destroy = ((error?: Error, code?: number) => {
+        destroy(error, code);
+        if (!socket.destroyed) setTimeout(() => socket.destroy(), h2Limits.calmLingerMs).unref();
+      }) as typeof session.destroy;
+    }
     socket?.once("end", () => {
       for (const [stream, watch] of state.unanswered) {
         watch.ours = true;
@@ -192,10 +202,8 @@ export class H2Guests {
     const tunnel = (session as TrackedSession)[stateKey]?.tunnel;
     this.deps.log.info("guest h2 connection closed", { reason, ...(tunnel !== undefined ? { target: `${tunnel.hostname}:${tunnel.port}`, guest: tunnel.guest } : {}) });
     // destroy(undefined, code) would send GOAWAY(NO_ERROR): Node takes a missing error as code 0.
+    // Its GOAWAY gets a moment to go out before the socket is closed (see track()).
     session.destroy(new Error(reason), h2Codes.enhanceYourCalm);
-    // The GOAWAY gets a moment to go out; the socket is closed then even if Node's end of it stalls.
-    const socket = (session as TrackedSession)[stateKey]?.socket;
-    if (socket !== undefined) setTimeout(() => socket.destroy(), h2Limits.calmLingerMs).unref();
   }
 
   private onStream(stream: ServerHttp2Stream, raw: string[]): void {

@@ -30,7 +30,7 @@ export const h2Limits = Object.freeze({
   windowMs: 10_000,
   /** Silence after the guest's FIN (or at most idleMs) before its session and socket are closed. */
   afterGuestEndMs: 5_000,
-  /** After GOAWAY(ENHANCE_YOUR_CALM), how long the frame gets to go out before the socket is closed. */
+  /** After a session is destroyed, how long its last frames (a GOAWAY) get to go out before its socket is closed. */
   calmLingerMs: 1_000,
 });
 

@@ -214,6 +214,8 @@ async function terminateTls(
   tlsSocket.on("error", (error) => {
     deps.log.debug("guest TLS error", { target: `${target.hostname}:${target.port}`, error });
   });
+  // The TLS socket is the tunnel now: its close is the raw socket's too (whatever ended it).
+  tlsSocket.once("close", () => socket.destroy());
   const left = (): void => void tlsSocket.destroy();
   tlsSocket.once("end", left);
   // Routed by the protocol ALPN chose, once known: h2 to the HTTP/2 side, anything else (no

@@ -292,30 +292,40 @@ describe("HTTP/2 guests", () => {
   // A guest that dropped its connection with streams open could leave the tunnel open for good:
   // the session waited, closing gracefully, to send frames it never sent, and a destroyed session
   // left its socket open. 256 such drops locked the guest's address out (black-box finding).
-  it("guests that drop their connections with 50 streams open leave no tunnel behind (seconds after, not at the idle timeout)", async () => {
+  it.each(["FIN", "reset"] as const)("guests that drop their connections (%s) with 50 streams open leave no tunnel behind once their sessions end", async (how) => {
     const upstream = await startUpstream({
       routes: {
         "/later": (_req, res) => {
           setTimeout(() => res.end("later"), 30);
         },
+        "/big": (_req, res) => {
+          res.writeHead(200, { "content-type": "application/octet-stream" });
+          res.end(Buffer.alloc(1024 * 1024, 7));
+        },
       },
     });
-    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { idleMs: 600_000 }, metrics: true });
+    // A session the guest left while the proxy neither reads nor writes it (its streams wait for
+    // a window) is seen only at the idle timeout, short here; what must hold is that its end
+    // closes the tunnel, which a destroyed session never did by itself.
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { idleMs: 3_000 }, metrics: true });
     const openTunnels = async (): Promise<number> => Number(/^egressgate_open_tunnels (\d+)$/m.exec(await proxy.metrics())?.[1]);
     for (let round = 0; round < 12; round++) {
       const { session, plain } = await h2SessionOnSocket(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
       const answered = [];
       for (let i = 0; i < 50; i++) {
-        const stream = session.request({ ":path": i % 2 === 0 ? "/later" : "/echo" });
+        const stream = session.request({ ":path": ["/later", "/echo", "/big"][i % 3]! });
         stream.on("error", () => undefined);
         answered.push(new Promise<void>((resolve) => stream.once("response", () => resolve())));
       }
       // Some answers in, the rest on their way: then the guest is gone, without GOAWAY.
       await Promise.race(answered);
-      session.destroy();
-      plain.destroy();
+      if (how === "reset") plain.resetAndDestroy();
+      else {
+        session.destroy();
+        plain.destroy();
+      }
     }
-    // Every drop ends its tunnel, within a few seconds of silence rather than the idle timeout.
+    // Every drop ends its tunnel.
     await vi.waitFor(async () => expect(await openTunnels()).toBe(0), { timeout: 20_000, interval: 250 });
     const again = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
     expect((await h2Request(again, { ":path": "/echo" })).status).toBe(200);
