@@ -18,6 +18,24 @@ export function discardBody(body: Readable | null | undefined, reason?: Error): 
 const joinUpTo = 16 * 1024;
 
 /**
+ * The event loop's turn, counted by one `setImmediate` for every stream at once, and only in turns
+ * where something was pushed: a stream that gets one push a turn (most bodies) costs no timer.
+ */
+let turn = 0;
+let turnCounted = false;
+const nextTurn = (): void => {
+  turnCounted = false;
+  turn += 1;
+};
+function currentTurn(): number {
+  if (!turnCounted) {
+    turnCounted = true;
+    setImmediate(nextTurn);
+  }
+  return turn;
+}
+
+/**
  * Joins the chunks a producer pushes into `stream` within one turn of the event loop. Node's
  * HTTP/1.1 parser hands each chunk of a chunked body to JavaScript in a callback of its own, and
  * the tick queue runs after each, so every reader got a body of 1-byte chunks one byte at a time:
@@ -32,7 +50,7 @@ export function joinSmallPushes(stream: Readable, pause: () => void): void {
   const push = stream.push;
   let held: Buffer[] = [];
   let heldBytes = 0;
-  let turnStarted = false;
+  let lastTurn = -1;
   const release = (): boolean => {
     const chunk = held.length === 1 ? held[0]! : Buffer.concat(held, heldBytes);
     held = [];
@@ -40,7 +58,6 @@ export function joinSmallPushes(stream: Readable, pause: () => void): void {
     return push.call(stream, chunk);
   };
   const endTurn = (): void => {
-    turnStarted = false;
     if (held.length > 0 && !stream.destroyed && !release()) pause();
   };
   stream.push = function joinedPush(this: Readable, chunk: unknown, encoding?: BufferEncoding): boolean {
@@ -49,23 +66,35 @@ export function joinSmallPushes(stream: Readable, pause: () => void): void {
       if (held.length > 0) release();
       return push.call(this, chunk, encoding);
     }
-    if (!turnStarted) {
-      turnStarted = true;
-      setImmediate(endTurn);
-      return push.call(this, chunk, encoding);
+    const now = currentTurn();
+    if (now !== lastTurn) {
+      lastTurn = now;
+      // The turn counts as new from the global count's setImmediate on, and this stream's
+      // endTurn may not have run yet: what still waits goes first, with this chunk.
+      if (held.length === 0) return push.call(this, chunk, encoding);
+      held.push(chunk);
+      heldBytes += chunk.length;
+      return release();
     }
+    if (held.length === 0) setImmediate(endTurn);
     held.push(chunk);
     heldBytes += chunk.length;
     return heldBytes >= joinUpTo ? release() : true;
   };
-  // Chunks pushed before this call wait in the buffer one by one, and a pipe hands each on alone
-  // (undici parses a whole socket read before the response is ours: some 10,000 chunks of one
-  // byte). A read in paused mode takes them as one buffer, which goes back in front; what the
-  // read makes the producer push meanwhile has passed through the join, behind it.
-  if (stream.readableLength > 0 && stream.readableFlowing !== true && !stream.readableObjectMode) {
-    const buffered = stream.read() as Buffer | null;
-    if (buffered !== null) stream.unshift(buffered);
-  }
+}
+
+/**
+ * Joins the chunks already waiting in `body`'s buffer, which a pipe would hand on one by one:
+ * undici parses a whole socket read before a response is handed over, some 10,000 chunks of one
+ * byte. A read in paused mode takes them as one buffer, which goes back in front; what the read
+ * makes undici push meanwhile passes through {@link joinSmallPushes}, behind it. Only for
+ * undici's bodies: on an IncomingMessage the read marks the body as consumed, and Node then no
+ * longer drains one left unread before the connection's next request.
+ */
+export function joinBuffered(body: Readable): void {
+  if (body.readableLength === 0 || body.readableFlowing === true || body.readableObjectMode) return;
+  const buffered = body.read() as Buffer | null;
+  if (buffered !== null) body.unshift(buffered);
 }
 
 const emptyEnded = new WeakSet<Readable>();

@@ -2,7 +2,7 @@ import { createHash } from "node:crypto";
 import { lstatSync, readlinkSync, statSync, watch, type FSWatcher } from "node:fs";
 import path from "node:path";
 import type { ProxyConfig } from "./document.js";
-import { readFailure, readRegularFileSync } from "../regular-file.js";
+import { maxTextFileBytes, readFailure, readRegularFileSync } from "../regular-file.js";
 
 /**
  * `--watch` (`watch: true`): the files a configuration was read from, watched for changes. Each
@@ -58,7 +58,9 @@ export interface FileWatch {
  */
 function contentOf(file: string): string {
   try {
-    return createHash("sha256").update(readRegularFileSync(file, Number.POSITIVE_INFINITY)).digest("hex");
+    // Capped as the files it watches are (a config file, a policy, a secret): one past the cap is
+    // refused by the reload anyway, and is not read whole on the event loop to be hashed.
+    return createHash("sha256").update(readRegularFileSync(file, maxTextFileBytes)).digest("hex");
   } catch (error) {
     return `missing:${readFailure(error)}`;
   }

@@ -1,5 +1,6 @@
 import { realpathSync, statSync } from "node:fs";
-import { readFile, stat } from "node:fs/promises";
+import { stat } from "node:fs/promises";
+import { readRegularFile } from "../regular-file.js";
 import path from "node:path";
 import { TraceMap, traceSegment } from "@jridgewell/trace-mapping";
 import { build, stop, type Message, type Plugin } from "esbuild";
@@ -20,7 +21,6 @@ export interface BundleInput {
 const virtualNamespace = "egressgate-policy";
 const extensions = ["", ".ts", ".mts", ".js", ".mjs", ".json", "/index.ts", "/index.js", "/index.mjs"];
 
-/** A failure with file, line and message, ready for the operator. */
 /**
  * The most text a policy may have, its imports included. A policy is code run on every request,
  * kilobytes as written; 4 MiB loads in seconds, while 30 MB missed the load deadline and 50 MB
@@ -32,6 +32,7 @@ export function tooBig(size: number): string {
   return `the policy is ${(size / 1024 / 1024).toFixed(1)} MiB with its imports; a policy may be at most ${maxPolicyChars / 1024 / 1024} MiB`;
 }
 
+/** A failure with file, line and message, ready for the operator. */
 export class PolicyLoadError extends Error {
   /** Stable, as every egressgate error's: a tier-2 policy that does not load. */
   readonly code = "EG_POLICY_LOAD";
@@ -106,7 +107,7 @@ function guard(input: BundleInput, root: string): Plugin {
           args.path === entry
             ? input.source
             : input.fromDisk
-              ? await readFile(args.path, "utf8")
+              ? (await readRegularFile(args.path, maxPolicyChars)).toString("utf8")
               : input.modules[rel]!;
         return { contents, loader: loaderFor(args.path, args.path === entry ? input.kind : undefined), resolveDir: path.dirname(args.path) };
       });

@@ -1,11 +1,12 @@
-import { readFileSync, statSync } from "node:fs";
+import { statSync } from "node:fs";
+import { readRegularFileSync } from "../regular-file.js";
 import { availableParallelism } from "node:os";
 import path from "node:path";
 import { DjsEngine } from "./engine.js";
 import type { DjsLimits, PhaseName, PolicyKind } from "./protocol.js";
+import { maxPolicyChars, PolicyLoadError, tooBig } from "./bundle.js";
 
 export { PolicyLoadError } from "./bundle.js";
-import { maxPolicyChars, PolicyLoadError, tooBig } from "./bundle.js";
 
 /** Options for {@link createDjsHooks}. */
 export interface DjsHooksOptions {
@@ -171,7 +172,9 @@ export function djsHooksOptionsFromFile(file: string): DjsHooksOptions {
     // Measured before it is read: a file of 50 MB ran the proxy out of memory as it loaded.
     const { size } = statSync(filename);
     if (size > maxPolicyChars) throw new PolicyLoadError(`${filename}: ${tooBig(size)}`);
-    source = readFileSync(filename, "utf8");
+    // Read as a regular file only: a FIFO put in its place (a stat says 0 bytes) would hold the
+    // start, or a reload with every guest, until written to.
+    source = readRegularFileSync(filename, maxPolicyChars).toString("utf8");
   } catch (error) {
     if (error instanceof PolicyLoadError) throw error;
     throw new TypeError(`cannot read the policy ${filename}: ${(error as Error).message}`, { cause: error });

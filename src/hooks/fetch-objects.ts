@@ -231,7 +231,10 @@ export function hookResponseBody(body: ReadableStream<Uint8Array>, silenceMs: nu
         }
       },
       (error: unknown) => node.destroy(error instanceof Error ? error : new Error(`${subject} failed`, { cause: error })),
-    );
+    )
+      // A push that throws (a consumer's synchronous `data` listener) must not become an
+      // unhandled rejection, which ends the process.
+      .catch((error: unknown) => node.destroy(error instanceof Error ? error : new Error(String(error))));
   };
   // As nodeBody: a body can fail before anyone reads it.
   node.on("error", () => undefined);

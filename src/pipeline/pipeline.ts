@@ -1,4 +1,4 @@
-import { discardBody, joinSmallPushes } from "../streams.js";
+import { discardBody, joinBuffered, joinSmallPushes } from "../streams.js";
 import { errors as undiciErrors } from "undici";
 import type { Readable } from "node:stream";
 import { EgressError, badRequest, denied, secretDenied } from "../errors.js";
@@ -430,7 +430,10 @@ export class Pipeline {
       // again: a plain-HTTP body of a million 1-byte chunks took 50-60 s of the proxy's CPU
       // (black-box finding). A join that finds the guest's side full has nothing to pause: the
       // turn's next push, which goes straight through, tells undici.
-      if (chunked && !empty) joinSmallPushes(response.body, () => undefined);
+      if (chunked && !empty) {
+        joinSmallPushes(response.body, () => undefined);
+        joinBuffered(response.body);
+      }
       return {
         status: response.statusCode,
         headers: upstreamHeaders(response.statusCode, headerObjectToList(response.headers)),
@@ -459,7 +462,6 @@ function isConnectFailure(error: unknown): boolean {
   return cause instanceof undiciErrors.ConnectTimeoutError || connectErrorCodes.has((cause as NodeJS.ErrnoException)?.code ?? "");
 }
 
-/** Turns an undici or socket failure into the status the guest receives. */
 /** RFC 9110 §9.2.2: a request that may be sent twice with the effect of once. */
 const idempotentMethods = new Set(["GET", "HEAD", "OPTIONS", "PUT", "DELETE"]);
 
@@ -486,6 +488,7 @@ function isStaleConnection(error: unknown): boolean {
   return code === "ECONNRESET" || code === "EPIPE";
 }
 
+/** Turns an undici or socket failure into the status the guest receives. */
 export function upstreamError(error: unknown, url: URL): EgressError {
   if (error instanceof EgressError) return error;
   const target = `${url.hostname}:${url.port || (url.protocol === "https:" ? 443 : 80)}`;

@@ -157,21 +157,24 @@ export class H2Guests {
     // written; closed gracefully, it waits until its queued frames are. A guest that is gone
     // never lets either happen (nothing asks to write, or its window is shut), and the tunnel
     // stayed open for good: 256 guests that dropped connections with streams open locked their
-    // address out (black-box finding). What ends the session here closes the socket too.
-    const end = (): void => {
-      session.destroy();
-      socket?.destroy();
-    };
-    // Every other way a session ends (a reset of the guest's connection, an error, a close that
-    // finished) goes through destroy(): its socket is closed a moment later, whatever Node's end
-    // of it is waiting for.
+    // address out (black-box finding). Every way a session ends goes through destroy(). After
+    // one that may leave a live guest reading the last frames (a graceful close that finished, a
+    // drain's GOAWAY), the socket is closed once idleMs has passed; after the timeouts below and
+    // ENHANCE_YOUR_CALM, whose guest is gone or refused, once its GOAWAY has had a moment.
     if (socket !== undefined) {
       const destroy = session.destroy.bind(session);
+      let closing = false;
       session.destroy = ((error?: Error, code?: number) => {
         destroy(error, code);
-        if (!socket.destroyed) setTimeout(() => socket.destroy(), h2Limits.calmLingerMs).unref();
+        if (closing || socket.destroyed) return;
+        closing = true;
+        closeSocketAfter(socket, this.deps.idleMs);
       }) as typeof session.destroy;
     }
+    const end = (): void => {
+      session.destroy();
+      if (socket !== undefined) closeSocketAfter(socket, h2Limits.destroyLingerMs);
+    };
     socket?.once("end", () => {
       for (const [stream, watch] of state.unanswered) {
         watch.ours = true;
@@ -179,8 +182,8 @@ export class H2Guests {
       }
       if (!session.closed && !session.destroyed) session.close();
       // The guest can send nothing more, WINDOW_UPDATE included: what it does not take within a
-      // short spell of silence it never will.
-      session.setTimeout(Math.min(this.deps.idleMs, h2Limits.afterGuestEndMs), end);
+      // short spell of silence it never will. (The idle timeout's listener below is `end`.)
+      session.setTimeout(Math.min(this.deps.idleMs, h2Limits.afterGuestEndMs));
     });
     session.once("close", () => this.sessions.delete(session));
     session.on("error", (error) => this.deps.log.debug("guest h2 session error", { error }));
@@ -202,8 +205,10 @@ export class H2Guests {
     const tunnel = (session as TrackedSession)[stateKey]?.tunnel;
     this.deps.log.info("guest h2 connection closed", { reason, ...(tunnel !== undefined ? { target: `${tunnel.hostname}:${tunnel.port}`, guest: tunnel.guest } : {}) });
     // destroy(undefined, code) would send GOAWAY(NO_ERROR): Node takes a missing error as code 0.
-    // Its GOAWAY gets a moment to go out before the socket is closed (see track()).
     session.destroy(new Error(reason), h2Codes.enhanceYourCalm);
+    // Its GOAWAY gets a moment to go out before the socket is closed.
+    const socket = (session as TrackedSession)[stateKey]?.socket;
+    if (socket !== undefined) closeSocketAfter(socket, h2Limits.destroyLingerMs);
   }
 
   private onStream(stream: ServerHttp2Stream, raw: string[]): void {
@@ -415,6 +420,11 @@ function requestBodyOf(stream: ServerHttp2Stream): Readable {
     if (!stream.readableEnded) body.destroy(new Error("the guest reset the stream during its upload"));
   });
   return body;
+}
+
+/** Closes `socket` after `ms`, whatever Node's end of it still waits for; the timer keeps no process alive. */
+function closeSocketAfter(socket: TLSSocket, ms: number): void {
+  setTimeout(() => socket.destroy(), ms).unref();
 }
 
 /** RFC 9113 §6.5.2: each field counts its name and value octets plus 32. */

@@ -30,8 +30,8 @@ export const h2Limits = Object.freeze({
   windowMs: 10_000,
   /** Silence after the guest's FIN (or at most idleMs) before its session and socket are closed. */
   afterGuestEndMs: 5_000,
-  /** After a session is destroyed, how long its last frames (a GOAWAY) get to go out before its socket is closed. */
-  calmLingerMs: 1_000,
+  /** After the proxy ends a session whose guest is gone or refused, how long its GOAWAY gets to go out before the socket is closed. */
+  destroyLingerMs: 1_000,
 });
 
 /** The http2.Server options for these limits. */

@@ -1,6 +1,7 @@
 import { constants } from "node:fs";
 import { randomBytes } from "node:crypto";
-import { chmod, copyFile, link, mkdir, open, readFile, unlink, writeFile } from "node:fs/promises";
+import { copyFile, link, mkdir, open, unlink, writeFile } from "node:fs/promises";
+import { byteSize, fileKind, maxTextFileBytes, readRegularFile } from "../regular-file.js";
 import { hostname, homedir } from "node:os";
 import { dirname, join } from "node:path";
 import { EgressError } from "../errors.js";
@@ -25,7 +26,8 @@ export function defaultCaDir(env: NodeJS.ProcessEnv = process.env): string {
 
 async function readIfExists(path: string): Promise<string | undefined> {
   try {
-    return await readFile(path, "utf8");
+    // A FIFO in the bundle's place would hold the start until written to, as one at ca.key did.
+    return (await readRegularFile(path, maxTextFileBytes)).toString("utf8");
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code === "ENOENT") return undefined;
     throw error;
@@ -46,7 +48,8 @@ async function readCaFile(path: string): Promise<CaFile | undefined> {
   }
   try {
     const stats = await handle.stat();
-    if (!stats.isFile()) throw new Error(`${path} is ${stats.isDirectory() ? "a directory" : stats.isFIFO() ? "a FIFO" : "not a regular file"}, not a PEM file`);
+    if (!stats.isFile()) throw new Error(`${path} is ${fileKind(stats)}, not a PEM file`);
+    if (stats.size > maxTextFileBytes) throw new Error(`${path} is larger than ${byteSize(maxTextFileBytes)}, not a CA's PEM file`);
     return { path, text: await handle.readFile("utf8"), mode: stats.mode, uid: stats.uid };
   } finally {
     await handle.close();
@@ -135,10 +138,8 @@ async function publishNewCa(dir: string, certPath: string, keyPath: string): Pro
   const keyTemp = join(dir, `.ca.key.${tag}.tmp`);
   const certTemp = join(dir, `.ca.crt.${tag}.tmp`);
   try {
+    // Created 0600 (a umask can only take bits away); the permission check names any other mode.
     await writeFile(keyTemp, created.keyPem, { flag: "wx", mode: 0o600 });
-    // writeFile's mode is filtered by the umask; the key must end up 0600 regardless. Where chmod
-    // cannot (some mounts), the permission check names the mode the key has.
-    await chmod(keyTemp, 0o600).catch(() => undefined);
     await writeFile(certTemp, created.certPem, { flag: "wx", mode: 0o644 });
     if (!(await publishExclusive(keyTemp, keyPath))) return;
     try {

@@ -1,6 +1,6 @@
 import { Readable } from "node:stream";
 import { describe, expect, it } from "vitest";
-import { joinSmallPushes } from "../../src/streams.js";
+import { joinBuffered, joinSmallPushes } from "../../src/streams.js";
 
 /** A readable whose producer pushes each chunk in a callback of its own, with the tick queue run between, as Node's HTTP parser does. */
 function tickedProducer(): { stream: Readable; pushInTicks: (chunks: readonly Buffer[]) => Promise<void>; paused: () => number } {
@@ -61,11 +61,12 @@ describe("joinSmallPushes", () => {
   });
 });
 
-describe("joinSmallPushes on a stream that already holds chunks", () => {
+describe("joinBuffered, after joinSmallPushes, on a stream that already holds chunks", () => {
   it("joins what was pushed before it was called, ahead of what comes after, and the end still comes", async () => {
     const stream = new Readable({ read() {} });
     for (let i = 0; i < 1000; i++) stream.push(Buffer.from([i % 251]));
     joinSmallPushes(stream, () => undefined);
+    joinBuffered(stream);
     stream.push(Buffer.from("after"));
     stream.push(null);
     const seen: Buffer[] = [];
@@ -75,5 +76,23 @@ describe("joinSmallPushes on a stream that already holds chunks", () => {
     expect(seen.length).toBeLessThanOrEqual(2);
     const expected = Buffer.concat([Buffer.from(Array.from({ length: 1000 }, (_, i) => i % 251)), Buffer.from("after")]);
     expect(Buffer.concat(seen).equals(expected)).toBe(true);
+  });
+});
+
+describe("joinSmallPushes keeps the order", () => {
+  it("a push in the next turn, before this stream's turn has ended, goes behind what waits", async () => {
+    const stream = new Readable({ read() {} });
+    joinSmallPushes(stream, () => undefined);
+    stream.push(Buffer.from("A"));
+    // Queued before the stream's own end-of-turn: it runs once the turn counts as new.
+    setImmediate(() => {
+      stream.push(Buffer.from("C"));
+      stream.push(null);
+    });
+    stream.push(Buffer.from("B"));
+    const seen: Buffer[] = [];
+    stream.on("data", (chunk: Buffer) => seen.push(chunk));
+    await new Promise((resolve) => stream.once("end", resolve));
+    expect(Buffer.concat(seen).toString()).toBe("ABC");
   });
 });
