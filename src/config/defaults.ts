@@ -20,6 +20,7 @@ export const defaults = Object.freeze({
     handshakeMs: 10_000,
     headersMs: 30_000,
     idleMs: 120_000,
+    h2PingMs: 10_000,
     dnsMs: 5_000,
     upstreamConnectMs: 10_000,
     upstreamHeadersMs: 60_000,

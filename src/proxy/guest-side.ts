@@ -64,6 +64,7 @@ export class GuestSide {
       guests: deps.guests,
       redact: deps.redact,
       idleMs: deps.config.timeouts.idleMs,
+      pingMs: deps.config.timeouts.h2PingMs,
       limits: deps.config.limits,
       nextId: () => this.nextId++,
       started: () => (this.inFlight += 1),

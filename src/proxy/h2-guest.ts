@@ -25,6 +25,8 @@ export interface H2GuestDeps {
   readonly guests: GuestRegistry;
   readonly redact: (text: string) => string;
   readonly idleMs: number;
+  /** `timeouts.h2PingMs`: silence before a PING, and how long its answer may take. */
+  readonly pingMs: number;
   /** `limits.h2*`: the stream cap, the header list, the session memory, the reset rate. */
   readonly limits: H2ConfiguredLimits;
   /** The decision log's request ids, shared with the HTTP/1.1 side. */
@@ -49,6 +51,12 @@ interface SessionState {
   readonly settings: WindowCounter;
   /** The guest's TLS socket, which a destroyed session may never close by itself. */
   readonly socket: TLSSocket | undefined;
+  /** When `running` last fell to 0 (or the session began): the idle limit counts from here. */
+  idleSince: number;
+  /** A PING of the liveness probe awaits its acknowledgement. */
+  probing: boolean;
+  /** The guest closed its side (FIN): what is still owed goes out, then the session ends. */
+  guestEnded: boolean;
 }
 
 /** Events per fixed window: deterministic for a flood (it fills a window at once), cheap otherwise. */
@@ -144,6 +152,9 @@ export class H2Guests {
       pings: new WindowCounter(h2Limits.maxPingsPerWindow),
       settings: new WindowCounter(h2Limits.maxSettingsPerWindow),
       socket: this.arriving,
+      idleSince: performance.now(),
+      probing: false,
+      guestEnded: false,
     };
     session[stateKey] = state;
     this.sessions.add(session);
@@ -176,20 +187,23 @@ export class H2Guests {
       if (socket !== undefined) closeSocketAfter(socket, h2Limits.destroyLingerMs);
     };
     socket?.once("end", () => {
+      state.guestEnded = true;
       for (const [stream, watch] of state.unanswered) {
         watch.ours = true;
         resetH2Stream(stream, h2Codes.cancel, "the guest closed its connection");
       }
       if (!session.closed && !session.destroyed) session.close();
       // The guest can send nothing more, WINDOW_UPDATE included: what it does not take within a
-      // short spell of silence it never will. (The idle timeout's listener below is `end`.)
+      // short spell of silence it never will (onSilence ends a session whose guest has ended).
       session.setTimeout(Math.min(this.deps.idleMs, h2Limits.afterGuestEndMs));
     });
     session.once("close", () => this.sessions.delete(session));
     session.on("error", (error) => this.deps.log.debug("guest h2 session error", { error }));
     session.on("frameError", (type: number, code: number, id: number) => this.deps.log.debug("guest h2 frame error", { type, code, stream: id }));
-    // The window never opening, or a guest that stops reading, ends here like an idle h1 socket.
-    session.setTimeout(this.deps.idleMs, end);
+    // Silence on the connection: a PING, or the end of an idle or abandoned session (onSilence).
+    // Node's setTimeout(ms, callback) listens once; this listener stays, and each call re-arms.
+    session.on("timeout", () => this.onSilence(session, state, end));
+    session.setTimeout(this.silenceMs());
     session.on("ping", () => {
       if (state.pings.over(performance.now())) this.calm(session, "PING flood");
     });
@@ -197,6 +211,47 @@ export class H2Guests {
       if (state.settings.over(performance.now())) this.calm(session, "SETTINGS flood");
     });
     if (this.closing) this.goAway();
+  }
+
+  private silenceMs(): number {
+    return Math.min(this.deps.idleMs, this.deps.pingMs);
+  }
+
+  /**
+   * The connection has been silent for {@link silenceMs}. A session whose guest has ended, or
+   * with no request for idleMs, is closed, as an idle HTTP/1.1 socket is. Otherwise the guest is
+   * sent a PING, which a live guest answers even while every stream waits for its window, and a
+   * session whose PING goes unanswered is closed. nghttp2 needs this: once it has sent
+   * GOAWAY(PROTOCOL_ERROR) it stops reading and Node never learns, so the guest's FIN goes
+   * unseen, and a guest that vanished without a FIN is heard from no more than a stalled one.
+   * Both held their tunnel until idleMs (2 minutes by default).
+   */
+  private onSilence(session: ServerHttp2Session, state: SessionState, end: () => void): void {
+    if (session.destroyed) return;
+    if (state.guestEnded || (state.running === 0 && performance.now() - state.idleSince >= this.deps.idleMs)) {
+      end();
+      return;
+    }
+    // Node re-arms the timer only on traffic: a session nobody hears from would not be asked again.
+    session.setTimeout(this.silenceMs());
+    if (state.probing) return;
+    state.probing = true;
+    const unanswered = (): void => {
+      this.deps.log.debug("guest h2 connection closed", { reason: "no answer to PING", guest: state.tunnel.guest });
+      end();
+    };
+    const deadline = setTimeout(unanswered, this.silenceMs());
+    deadline.unref();
+    try {
+      session.ping((error) => {
+        clearTimeout(deadline);
+        state.probing = false;
+        if (error !== null && error !== undefined && !session.destroyed) unanswered();
+      });
+    } catch {
+      clearTimeout(deadline);
+      unanswered();
+    }
   }
 
   /** GOAWAY(ENHANCE_YOUR_CALM) and the connection closed, as Go answers rapid reset. */
@@ -256,7 +311,7 @@ export class H2Guests {
         resetH2Stream(stream, h2Codes.internalError, "internal error");
       })
       .finally(() => {
-        state.running -= 1;
+        if (--state.running === 0) state.idleSince = performance.now();
         this.deps.ended();
       });
   }

@@ -21,6 +21,11 @@ export interface TimeoutOptions {
   readonly headersMs?: number;
   /** A guest connection with no traffic either way is closed after this. Default 120 s. */
   readonly idleMs?: number;
+  /**
+   * An HTTP/2 guest connection silent this long is sent a PING, and closed if the answer takes
+   * as long again (each at most `idleMs`). Default 10 s.
+   */
+  readonly h2PingMs?: number;
   /** A DNS lookup (504 after). Default 5 s. */
   readonly dnsMs?: number;
   /** TCP + TLS connect to the upstream. Default 10 s. */

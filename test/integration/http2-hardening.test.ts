@@ -1,5 +1,5 @@
 import { once } from "node:events";
-import { describe, expect, it, onTestFinished } from "vitest";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { flag, frame, frameType, indexed, literal, literalIndexed, ping, rstStream, RawH2, requestBlock, settings } from "../helpers/h2-frames.js";
 import { startTestProxy, type TestProxy } from "../helpers/proxy.js";
@@ -321,4 +321,81 @@ describe("limits.h2*: the configured limits replace the defaults, and each still
       await othersServed(proxy, authority);
     });
   }
+});
+
+describe("timeouts.h2PingMs: a silent connection is asked whether its guest is there", () => {
+  // The idle limit far past the test's own: only the PING (or the guest's FIN) can end these in time.
+  const patient = { idleMs: 600_000, h2PingMs: 400 };
+
+  async function pingSetup(timeouts: { idleMs: number; h2PingMs: number }, routes: Record<string, Route> = {}): Promise<{ proxy: TestProxy; authority: string }> {
+    const upstream = await startUpstream({ routes });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
+    return { proxy, authority: `api.test:${upstream.port}` };
+  }
+
+  // nghttp2 sends GOAWAY(PROTOCOL_ERROR) and stops reading, and Node never learns: the session sat
+  // until idleMs whatever the guest did next, a FIN included.
+  it.each(["keeps its connection open", "sends its FIN", "stops reading"] as const)(
+    "a connection nghttp2 ended with GOAWAY(PROTOCOL_ERROR) is closed, though nghttp2 reads no more, when the guest %s",
+    async (then) => {
+      const { proxy, authority } = await pingSetup(patient);
+      const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+      await guest.until((c) => c.frames.some((f) => f.type === frameType.settings));
+      // DATA on stream 0: a connection error (RFC 9113 §6.1).
+      guest.write(frame(frameType.data, 0, 0, Buffer.alloc(8)));
+      await guest.until((c) => c.goaway() !== undefined);
+      expect(guest.goaway()?.code).toBe(code.protocolError);
+      if (then === "sends its FIN") guest.socket.end();
+      else if (then === "stops reading") guest.socket.pause();
+      await once(guest.socket, "close");
+      await othersServed(proxy, authority);
+    },
+    20_000,
+  );
+
+  it("a guest that answers nothing while its stream waits for a window (gone without a FIN) has its connection closed", async () => {
+    const counted = countedBytesRoute();
+    const { proxy, authority } = await pingSetup(patient, { "/counted": counted.route });
+    const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    guest.write(frame(frameType.headers, flag.endHeaders | flag.endStream, 1, requestBlock(authority, `/counted?n=${16 * 1024 * 1024}`)));
+    await guest.until((c) => c.answered(1));
+    // RawH2 never sends WINDOW_UPDATE, and never answers a PING.
+    await guest.until(() => false);
+    expect(guest.closed).toBe(true);
+    expect(guest.frames.some((f) => f.type === frameType.ping && (f.flags & flag.ack) === 0)).toBe(true);
+    await othersServed(proxy, authority);
+  }, 20_000);
+
+  it("a guest that answers PINGs keeps its connection while a stream waits for its window, and then reads it whole", async () => {
+    const counted = countedBytesRoute();
+    const { proxy, authority } = await pingSetup(patient, { "/counted": counted.route });
+    const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+    let pings = 0;
+    session.on("ping", () => (pings += 1));
+    const total = 4 * 1024 * 1024;
+    const stream = session.request({ ":path": `/counted?n=${total}` });
+    stream.pause();
+    await once(stream, "response");
+    // Three PINGs sent and answered while the paused stream's window stays shut.
+    await vi.waitFor(() => expect(pings).toBeGreaterThanOrEqual(3), { timeout: 15_000, interval: 50 });
+    expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+    let bytes = 0;
+    stream.on("data", (chunk: Buffer) => (bytes += chunk.length));
+    stream.resume();
+    await once(stream, "end");
+    expect(bytes).toBe(total);
+    expect(session.destroyed).toBe(false);
+  }, 20_000);
+
+  it("answered PINGs do not keep a connection with no request open past idleMs", async () => {
+    const { proxy, authority } = await pingSetup({ idleMs: 1_500, h2PingMs: 200 });
+    const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+    let pings = 0;
+    session.on("ping", () => (pings += 1));
+    const closed = once(session, "close");
+    expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+    await closed;
+    expect(pings).toBeGreaterThanOrEqual(2);
+    await othersServed(proxy, authority);
+  }, 20_000);
 });

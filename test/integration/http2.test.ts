@@ -305,9 +305,10 @@ describe("HTTP/2 guests", () => {
       },
     });
     // A session the guest left while the proxy neither reads nor writes it (its streams wait for
-    // a window) is seen only at the idle timeout, short here; what must hold is that its end
-    // closes the tunnel, which a destroyed session never did by itself.
-    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { idleMs: 3_000 }, metrics: true });
+    // a window) is found by the PING that silence brings (h2PingMs); the idle limit is far past
+    // the test's own. What must hold too is that a session's end closes the tunnel, which a
+    // destroyed session never did by itself.
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { idleMs: 600_000, h2PingMs: 1_000 }, metrics: true });
     const openTunnels = async (): Promise<number> => Number(/^egressgate_open_tunnels (\d+)$/m.exec(await proxy.metrics())?.[1]);
     for (let round = 0; round < 12; round++) {
       const { session, plain } = await h2SessionOnSocket(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);

@@ -45,6 +45,7 @@ describe("resolveProxyOptions: defaults", () => {
       handshakeMs: 10_000,
       headersMs: 30_000,
       idleMs: 120_000,
+      h2PingMs: 10_000,
       dnsMs: 5_000,
       hookMs: 30_000,
       requestMs: 300_000,
