@@ -1,6 +1,6 @@
 import { createHmac, randomBytes } from "node:crypto";
 import { withFields } from "../objects.js";
-import { secretDenied } from "../errors.js";
+import { EgressError, secretDenied } from "../errors.js";
 import { breaksFieldValue, type HeaderList } from "../headers.js";
 import { bareHostname } from "../hostname.js";
 import { compileHostPatterns, validateHostPattern, type HostMatcher } from "./host-pattern.js";
@@ -25,6 +25,24 @@ export const maxSecretValueBytes = 16 * 1024;
 
 /** Why a value over {@link maxSecretValueBytes} is refused; it quotes nothing of the value. */
 export const secretTooLongReason = `is longer than ${maxSecretValueBytes / 1024} KiB (${maxSecretValueBytes} bytes), the most a secret's value may hold: it goes into one header field`;
+
+/**
+ * The most a request's head (its URL and header fields) may hold once placeholders are
+ * substituted: twice the 64 KiB a guest may send. A placeholder is 66 characters and a value up
+ * to 16 KiB, so without a bound a 60 KB head that repeats one placeholder became a 15 MB one,
+ * built in memory for each request, and 30 of them on one connection took 700 MB and held every
+ * guest for seconds (black-box finding). No server takes a head that size.
+ */
+export const maxSubstitutedHeadBytes = 128 * 1024;
+
+/** What is left of {@link maxSubstitutedHeadBytes} while one request's head is substituted. */
+interface HeadRoom {
+  left: number;
+}
+
+function headTooLarge(): EgressError {
+  return new EgressError("EG_HEADERS_TOO_LARGE", 431, `the request's head would be larger than ${maxSubstitutedHeadBytes} bytes once its secrets are substituted`);
+}
 
 export function secretValueTooLong(value: string): boolean {
   // Each UTF-16 unit is at least one UTF-8 byte: a longer string is not counted at all.
@@ -242,17 +260,20 @@ export class SecretStore {
     let changed = false;
     const headers: string[] = [];
     const raw = target.headers;
+    // Counted as written: each field's name, value, ": " and CRLF, and the URL.
+    const room: HeadRoom = { left: maxSubstitutedHeadBytes - target.url.href.length };
     for (let i = 0; i < raw.length; i += 2) {
       const name = raw[i]!;
       const value = raw[i + 1]!;
-      let next = this.substitute(value, hostname, secure, `header ${name}`, undefined, substituted);
-      if (credentialHeaders.has(name.toLowerCase())) next = this.substituteBasic(next, hostname, secure, name, substituted);
+      room.left -= name.length + 4;
+      let next = this.substitute(value, hostname, secure, `header ${name}`, undefined, substituted, room);
+      if (credentialHeaders.has(name.toLowerCase())) next = this.substituteBasic(next, hostname, secure, name, substituted, room);
       if (next !== value) changed = true;
       headers.push(name, next);
     }
     let url = target.url;
     if (this.replaceInQuery && url.search.length > 1) {
-      const query = this.substituteQuery(url.search.slice(1), hostname, secure, substituted);
+      const query = this.substituteQuery(url.search.slice(1), hostname, secure, substituted, room);
       if (query !== url.search.slice(1)) {
         url = new URL(url.href);
         url.search = `?${query}`;
@@ -454,6 +475,7 @@ export class SecretStore {
     where: string,
     encode?: (v: string) => string,
     substituted?: Set<string>,
+    room?: HeadRoom,
   ): string {
     let out = text;
     for (const e of this.entries.values()) {
@@ -469,20 +491,36 @@ export class SecretStore {
           throw secretDenied(e.name, `${where} carries the placeholder of secret ${e.name} over plain http://; secrets are only sent over https://`);
         }
         const replacement = encode === undefined ? e.value : encode(e.value);
+        // Measured before it is built: the text grows by this much per placeholder.
+        if (room !== undefined && out.length + occurrences(out, e.placeholder) * (replacement.length - e.placeholder.length) > room.left) {
+          throw headTooLarge();
+        }
         // A function, so that `$&`, `$'`, `` $` `` and `$$` in a value are not replacement patterns.
         out = out.replaceAll(e.placeholder, () => replacement);
         substituted?.add(e.name);
       }
     }
+    if (room !== undefined) {
+      room.left -= out.length;
+      if (room.left < 0) throw headTooLarge();
+    }
     return out;
   }
 
-  private substituteBasic(value: string, hostname: string, secure: boolean, header: string, substituted?: Set<string>): string {
+  private substituteBasic(value: string, hostname: string, secure: boolean, header: string, substituted?: Set<string>, room?: HeadRoom): string {
     const match = basicCredentials.exec(value);
     if (match === null) return value;
     const decoded = Buffer.from(match[3]!, "base64").toString("utf8");
-    const next = this.substitute(decoded, hostname, secure, `${header} Basic credentials`, undefined, substituted);
-    return next === decoded ? value : `${match[1]}${match[2]}${Buffer.from(next, "utf8").toString("base64")}`;
+    // The field's value was counted as it stood; its credentials are counted again as they grow.
+    const inner: HeadRoom | undefined = room === undefined ? undefined : { left: Math.floor(((room.left + value.length) * 3) / 4) };
+    const next = this.substitute(decoded, hostname, secure, `${header} Basic credentials`, undefined, substituted, inner);
+    if (next === decoded) return value;
+    const out = `${match[1]}${match[2]}${Buffer.from(next, "utf8").toString("base64")}`;
+    if (room !== undefined) {
+      room.left -= out.length - value.length;
+      if (room.left < 0) throw headTooLarge();
+    }
+    return out;
   }
 
   /**
@@ -490,15 +528,27 @@ export class SecretStore {
    * value is percent-encoded (`+/=?&` included) so it decodes back to itself. Names and values
    * are also checked decoded, so an encoded real value is refused like a plain one.
    */
-  private substituteQuery(query: string, hostname: string, secure: boolean, substituted?: Set<string>): string {
+  private substituteQuery(query: string, hostname: string, secure: boolean, substituted?: Set<string>, room?: HeadRoom): string {
     for (const part of query.split("&")) {
       for (const piece of part.split("=")) {
         const decoded = decodeQueryComponent(piece);
-        if (decoded !== piece) this.substitute(decoded, hostname, secure, "query");
+        // Checked only: what it would become is not kept, but is bounded all the same.
+        if (decoded !== piece) this.substitute(decoded, hostname, secure, "query", undefined, undefined, { left: maxSubstitutedHeadBytes });
       }
     }
-    return this.substitute(query, hostname, secure, "query", encodeURIComponent, substituted);
+    // The URL was counted whole: only what the query grows by counts again.
+    const grown: HeadRoom | undefined = room === undefined ? undefined : { left: room.left + query.length };
+    const out = this.substitute(query, hostname, secure, "query", encodeURIComponent, substituted, grown);
+    if (room !== undefined) room.left = grown!.left;
+    return out;
   }
+}
+
+/** How many times `needle` occurs in `text`, without overlaps. */
+function occurrences(text: string, needle: string): number {
+  let count = 0;
+  for (let at = text.indexOf(needle); at !== -1; at = text.indexOf(needle, at + needle.length)) count += 1;
+  return count;
 }
 
 /** The stable token a recording holds for secret `name`, in place of its placeholder or value. */

@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { fetchVia, startTestProxy, type TestProxy } from "../helpers/proxy.js";
 import { startUpstream, type Upstream } from "../helpers/upstream.js";
 
@@ -220,6 +221,32 @@ describe("secret placeholders", () => {
     expect(text).not.toContain(JSON.stringify(VALUE).slice(1, -1));
     expect(text).not.toContain(encodeURIComponent(VALUE));
     expect(text).toContain("[REDACTED:GH_TOKEN]");
+  });
+});
+
+// One header repeating a placeholder grew a 60 KB head into 15 MB with a 16 KiB value: a few such
+// requests took hundreds of MB and held every guest for seconds (black-box finding).
+describe("a head that substitution would make too large", () => {
+  it("gets 431 on HTTP/1.1 and HTTP/2 before the upstream sees it, and the next request is served", async () => {
+    // 8 KiB: the test upstream (Node) takes heads of up to 16 KiB.
+    const long = "v".repeat(8 * 1024);
+    const upstream = await startUpstream({ names: ["api.test"] });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], secrets: { K: { hosts: ["api.test"], value: long } } });
+    const placeholder = proxy.guestEnv()["K"]!;
+    const flood = placeholder.repeat(900);
+    const h1 = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`, { headers: { "x-key": flood } });
+    expect(h1.status).toBe(431);
+    expect(h1.text).toMatch(/larger than 131072 bytes once its secrets are substituted/);
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const h2 = await Promise.all(Array.from({ length: 10 }, () => h2Request(session, { ":path": "/echo", "x-key": flood })));
+    expect(h2.map((a) => a.status)).toEqual(Array(10).fill(431));
+    expect(upstream.hits()).toBe(0);
+    // One placeholder still goes out as the value, on both.
+    const fine = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`, { headers: { "x-key": placeholder } });
+    expect(fine.status, fine.text.slice(0, 300)).toBe(200);
+    expect((JSON.parse(fine.text) as Echo).headers["x-key"]).toBe(long);
+    const fine2 = await h2Request(session, { ":path": "/echo", "x-key": placeholder });
+    expect((JSON.parse(fine2.body.toString()) as Echo).headers["x-key"]).toBe(long);
   });
 });
 

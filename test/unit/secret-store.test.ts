@@ -133,6 +133,42 @@ describe("SecretStore substitution", () => {
   });
 });
 
+// A 60 KB head repeating one placeholder became a 15 MB head with a 16 KiB value, built for each
+// request: 30 such requests on one connection took 700 MB (black-box finding).
+describe("SecretStore: the substituted head is bounded", () => {
+  const value = "v".repeat(16 * 1024);
+  const secrets = new SecretStore({ T: { hosts: ["api.test"], value } }, true, (hosts) => hosts as string[]);
+  const placeholder = secrets.env()["T"]!;
+  const url = new URL("https://api.test/");
+  const basic = (n: number): string => `Basic ${Buffer.from(`user:${placeholder.repeat(n)}`).toString("base64")}`;
+  const cases: { name: string; headers: string[]; url?: URL; fits: boolean }[] = [
+    { name: "one header, 900 placeholders (a 60 KB head)", headers: ["x-key", placeholder.repeat(900)], fits: false },
+    { name: "one header, 7 placeholders (112 KiB)", headers: ["x-key", placeholder.repeat(7)], fits: true },
+    { name: "one header, 8 placeholders (128 KiB and more)", headers: ["x-key", placeholder.repeat(8)], fits: false },
+    { name: "8 headers of one placeholder each", headers: Array.from({ length: 8 }, (_, i) => [`x-key-${i}`, placeholder]).flat(), fits: false },
+    { name: "a 60 KB head of other fields and one placeholder", headers: ["x-pad", "p".repeat(60_000), "x-key", placeholder], fits: true },
+    { name: "Basic credentials, 900 placeholders", headers: ["authorization", basic(900)], fits: false },
+    { name: "Basic credentials, 1 placeholder", headers: ["authorization", basic(1)], fits: true },
+    { name: "a query of 900 placeholders (replaceSecretsInQuery)", headers: [], url: new URL(`https://api.test/?k=${placeholder.repeat(900)}`), fits: false },
+    { name: "a query of one placeholder", headers: [], url: new URL(`https://api.test/?k=${placeholder}`), fits: true },
+  ];
+  it.each(cases)("$name: fits $fits", ({ headers, url: target, fits }) => {
+    const apply = (): unknown => secrets.apply({ url: target ?? url, headers }, "api.test");
+    if (fits) {
+      const out = secrets.apply({ url: target ?? url, headers }, "api.test");
+      // Substituted: the value's 16 KiB are in the head (base64 in Basic credentials).
+      expect(out).toBeDefined();
+      expect([...out!.headers, out!.url.href].join("").length).toBeGreaterThan(value.length);
+      return;
+    }
+    const error = thrown(apply);
+    expect(error.status).toBe(431);
+    expect(error.code).toBe("EG_HEADERS_TOO_LARGE");
+    expect(error.message).toMatch(/larger than 131072 bytes once its secrets are substituted/);
+    expect(error.message).not.toContain(value.slice(0, 32));
+  });
+});
+
 // Each character of a value was spread into the scanner's tables: 1 MB took 7 s to start, and
 // 133 MB aborted the process (black-box finding). No header field takes more than 16 KiB.
 describe("SecretStore: a value's length", () => {
