@@ -143,3 +143,12 @@ export function guestError(error: EgressError, redact: ((text: string) => string
   return copy;
 }
 
+
+/**
+ * A string from a hook or an upstream, for an error message: quoted whole when short, otherwise
+ * only counted. Redaction runs on the finished message; a cut copy could hold the first part of
+ * a secret's value, which it no longer recognises.
+ */
+export function quoteShort(text: string, max = 64): string {
+  return text.length <= max ? JSON.stringify(text) : `of ${text.length} characters (not shown)`;
+}

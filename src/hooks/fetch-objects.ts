@@ -1,6 +1,6 @@
 import { Readable } from "node:stream";
 import type { ReadableStream as NodeReadableStream } from "node:stream/web";
-import { EgressError, badRequest } from "../errors.js";
+import { EgressError, badRequest, quoteShort } from "../errors.js";
 import { endToEndHeaders, httpToken, type HeaderList } from "../headers.js";
 import { discardBody } from "../streams.js";
 
@@ -63,19 +63,19 @@ const invalidValueChar = /[^\t\x20-\x7e\x80-\xff]/;
 
 function checkedName(name: unknown, subject: string): string {
   if (typeof name !== "string" || !httpToken.test(name)) {
-    const shown = typeof name === "string" ? JSON.stringify(name.slice(0, 64)) : `a ${typeof name}`;
+    const shown = typeof name === "string" ? quoteShort(name) : `a ${typeof name}`;
     throw new EgressError("EG_HOOK_FAILED", 502, `${subject} has a header name that is not an HTTP token: ${shown}`);
   }
   return name;
 }
 
 function checkedValue(name: string, value: unknown, subject: string): string {
-  if (typeof value !== "string") throw new EgressError("EG_HOOK_FAILED", 502, `${subject} has a ${JSON.stringify(name.slice(0, 64))} header whose value is a ${typeof value}, not a string`);
+  if (typeof value !== "string") throw new EgressError("EG_HOOK_FAILED", 502, `${subject} has a ${quoteShort(name)} header whose value is a ${typeof value}, not a string`);
   if (invalidValueChar.test(value)) {
     throw new EgressError(
       "EG_HOOK_FAILED",
       502,
-      `${subject} has a ${JSON.stringify(name.slice(0, 64))} header whose value holds a character no header may carry (CR, LF, NUL, another control character, or one past U+00FF)`,
+      `${subject} has a ${quoteShort(name)} header whose value holds a character no header may carry (CR, LF, NUL, another control character, or one past U+00FF)`,
     );
   }
   return value;

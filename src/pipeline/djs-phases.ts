@@ -8,6 +8,8 @@ import { hookFailure } from "../hooks/run-hook.js";
 import { busyLimit, type DjsEngine } from "../djs/engine.js";
 import type { BodyRef, CallMessage, CallReply, Outcome, PhaseName } from "../djs/protocol.js";
 import type { Logger } from "../log.js";
+import { unscannedMarker } from "../policy/secret-scan.js";
+import type { SecretStore } from "../policy/secrets.js";
 import type { OutboundRequest } from "./exchange.js";
 import { contentLengthHeaders, encodedBodyHeaders, withExactLength, withFramingOf, type HookedResponse, type HookLimits, type OnRequestOutcome } from "./hook-phases.js";
 import { withFields } from "../objects.js";
@@ -23,7 +25,19 @@ export interface DjsRun {
   readonly engine: DjsEngine;
   readonly log: Logger | undefined;
   readonly requestId: string;
+  /** The guest's secrets, for the policy's console lines (logConsole). */
+  readonly secrets?: Pick<SecretStore, "redact" | "reach" | "size"> | undefined;
 }
+
+/** The characters of a policy's console line the log keeps. */
+export const consoleLineChars = 8192;
+
+/**
+ * Where the sandbox cuts a console line (`maxLineChars` in prelude/console.js): far enough past
+ * {@link consoleLineChars} that a value the log's cut goes through is whole in what arrives,
+ * for values whose longest encoding ({@link SecretStore.reach}) fits in the difference.
+ */
+export const consoleSandboxChars = 65_536;
 
 const codeFalse = 0;
 const codeTrue = 1;
@@ -42,8 +56,22 @@ function logConsole(run: DjsRun, reply: CallReply): void {
   if (lines === undefined || run.log === undefined) return;
   for (const [level, text] of lines) {
     const write = level === "debug" || level === "warn" || level === "error" ? run.log[level] : run.log.info;
-    write("policy console", { id: run.requestId, policy: run.engine.filename, text });
+    write("policy console", { id: run.requestId, policy: run.engine.filename, text: consoleText(text, run.secrets) });
   }
+}
+
+/**
+ * A console line as the log keeps it: redacted, then cut to {@link consoleLineChars}. Cut
+ * first, a value the cut went through lost its end, and redaction no longer knew its first part
+ * (the log showed 40 of a token's 41 characters; black-box finding). A line the sandbox cut
+ * where a value could still run past is not written: that value may be cut.
+ */
+export function consoleText(text: string, secrets: DjsRun["secrets"]): string {
+  if (secrets === undefined || secrets.size === 0) return text.length > consoleLineChars ? text.slice(0, consoleLineChars) : text;
+  if (text.length >= consoleSandboxChars && secrets.reach() > consoleSandboxChars - consoleLineChars) {
+    return `${unscannedMarker} (a console line over ${consoleSandboxChars} characters, too long to redact)`;
+  }
+  return secrets.redact(text, consoleLineChars);
 }
 
 /**

@@ -1,6 +1,6 @@
 import { discardBody } from "../streams.js";
 import type { Readable } from "node:stream";
-import { EgressError, badRequest } from "../errors.js";
+import { EgressError, badRequest, quoteShort } from "../errors.js";
 import { getHeader, hasNoContent, noContentFraming, withoutHeaders, type HeaderList } from "../headers.js";
 import { BodyTap, contentCodings } from "../hooks/body-tap.js";
 import {
@@ -85,7 +85,7 @@ export function fromHookResponse(response: Response, hook: string, silenceMs: nu
     const status: unknown = response.status;
     if (typeof status !== "number" || !Number.isInteger(status) || status < 200 || status > 599) {
       // Response.error() has status 0: there is nothing to send.
-      throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned a Response with status ${JSON.stringify(String(status).slice(0, 64))}`);
+      throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned a Response with status ${quoteShort(String(status))}`);
     }
     const body = response.body;
     if (body?.locked === true) throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned a Response whose body a reader holds`);

@@ -8,7 +8,7 @@ import type { HttpHooks, IpInfo } from "../hooks/http-hooks.js";
 import { runHook } from "../hooks/run-hook.js";
 import type { Logger } from "../log.js";
 import { allow, deny, type Decision } from "../policy/decision.js";
-import { djsIsIpAllowed, djsIsRequestAllowed, djsOnRequest, djsOnResponse } from "./djs-phases.js";
+import { djsIsIpAllowed, djsIsRequestAllowed, djsOnRequest, djsOnResponse, type DjsRun } from "./djs-phases.js";
 import { djsHandle } from "./djs-layer.js";
 import { revealNothing, type Conceal } from "../deciders/document.js";
 import type { SecretStore } from "../policy/secrets.js";
@@ -75,8 +75,8 @@ const tier2Answered = allow("tier2", "onRequest", "answered by the onRequest pol
 const tier3Answered = allow("tier3", "onRequest", "answered by the onRequest hook; no upstream was contacted");
 
 /** A tier-2 policy: its calls cross to the engine's worker threads. */
-export function policySource(engine: DjsEngine, log: Logger | undefined): HookSource {
-  const run = (call: SourceCall): { engine: DjsEngine; log: Logger | undefined; requestId: string } => ({ engine, log, requestId: call.requestId });
+export function policySource(engine: DjsEngine, log: Logger | undefined, secrets?: SecretStore): HookSource {
+  const run = (call: SourceCall): DjsRun => ({ engine, log, requestId: call.requestId, secrets });
   return {
     tier: "tier2",
     label: engine.filename,
@@ -140,13 +140,13 @@ export function hookSources(
   secrets?: SecretStore | undefined,
 ): HookSource[] {
   const sources: HookSource[] = [];
-  if (djs !== undefined) sources.push(policySource(djs, log));
+  if (djs !== undefined) sources.push(policySource(djs, log, secrets));
   // Asked each time, not once here: a reload can give an empty store the values it retired
   // (SecretStore.inherit) after this guest's sources were made.
   const conceal: Conceal =
     secrets === undefined ? revealNothing : Object.assign((text: string, header?: string) => (secrets.size === 0 ? text : secrets.placeholdersFor(text, header)), { reach: () => secrets.reach(), active: () => secrets.size > 0 });
   for (const entry of chain) {
-    if (entry.kind === "policy") sources.push(policySource(entry.djs.engine, log));
+    if (entry.kind === "policy") sources.push(policySource(entry.djs.engine, log, secrets));
     else if (entry.kind === "decider") sources.push(deciderSource(entry.decider, conceal, log));
     else sources.push(callbackSource(entry.hooks, `hooks[${entry.index}]`));
   }

@@ -1,7 +1,7 @@
 import { discardBody, joinBuffered, joinSmallPushes } from "../streams.js";
 import { errors as undiciErrors } from "undici";
 import type { Readable } from "node:stream";
-import { EgressError, badRequest, denied, secretDenied } from "../errors.js";
+import { EgressError, badRequest, denied, quoteShort, secretDenied } from "../errors.js";
 import { BodyTap, declaredLength } from "../hooks/body-tap.js";
 import type { Decision } from "../policy/decision.js";
 import type { DeclarativePolicy } from "../policy/declarative-policy.js";
@@ -291,7 +291,7 @@ export class Pipeline {
     // The guest's own method was checked before any hook; another one here came from a rewrite,
     // held to the same rule (a `patch` passed a check refusing PATCH, and went out as it was).
     if (!forwardedMethods.has(request.method)) {
-      const method = JSON.stringify(request.method.slice(0, 64));
+      const method = quoteShort(request.method);
       const upper = request.method.toUpperCase();
       if (forbiddenMethods.has(upper)) throw new EgressError("EG_HOOK_FAILED", 502, `onRequest rewrote the request to the forbidden method ${method}`);
       throw new EgressError("EG_HOOK_FAILED", 502, `onRequest rewrote the request to the method ${method}, which the proxy does not forward${spellingHint(request.method)}`);
@@ -414,7 +414,7 @@ export class Pipeline {
         response.statusCode > 599
           ? `answered status ${response.statusCode}, which is not an HTTP status`
           : framing !== undefined && !/^[ \t]*chunked[ \t]*$/i.test(String(framing))
-            ? `framed its response with Transfer-Encoding ${JSON.stringify(String(framing).slice(0, 64))}; only chunked can be passed on`
+            ? `framed its response with Transfer-Encoding ${quoteShort(String(framing))}; only chunked can be passed on`
             : undefined;
       if (refusal !== undefined) {
         discardBody(response.body);

@@ -526,23 +526,29 @@ export function findFirst(text: string, needles: NeedleSet, budget?: ScanBudget)
  * `[REDACTED:NAME]`. Overlapping spans are merged and take the first needle's name. A text
  * that could not be scanned within its budget is replaced as a whole by {@link unscannedMarker}.
  */
-export function redactText(text: string, needles: NeedleSet, budget?: ScanBudget): string {
+/**
+ * `text` with every match replaced by `[REDACTED:NAME]`. With `keep`, only what stands before
+ * position `keep` of `text` is kept, a match that starts before it whole (as its marker): a value
+ * cut by `keep` is redacted as a whole, since it was matched before the cut was made.
+ */
+export function redactText(text: string, needles: NeedleSet, budget?: ScanBudget, keep = text.length): string {
   const spans: { start: number; end: number; name: string }[] = [];
   const outcome = scan(text, needles, (match) => {
     spans.push({ start: match.start, end: match.end, name: match.needle.name });
     return false;
   }, budget);
   if (outcome === "unscanned") return unscannedMarker;
-  if (spans.length === 0) return text;
+  if (spans.length === 0) return keep >= text.length ? text : text.slice(0, keep);
   spans.sort((a, b) => a.start - b.start || b.end - a.end);
   let out = "";
   let at = 0;
   for (let i = 0; i < spans.length; ) {
     const { start, name } = spans[i]!;
+    if (start >= keep) break;
     let end = spans[i]!.end;
     for (i++; i < spans.length && spans[i]!.start < end; i++) end = Math.max(end, spans[i]!.end);
     out += `${text.slice(at, start)}[REDACTED:${name}]`;
     at = end;
   }
-  return out + text.slice(at);
+  return at >= keep ? out : out + text.slice(at, keep);
 }

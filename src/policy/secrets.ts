@@ -288,11 +288,13 @@ export class SecretStore {
    * text is decoded before it is searched (percent-encoding, `+` for space, JSON escapes,
    * base64, hex, any letter case; see secret-scan.ts), and the span each match came from is
    * replaced in the original. So `/loop/p@ss%20word|x`, where the URL parser encoded some
-   * characters of a value and left others, is redacted as a whole.
+   * characters of a value and left others, is redacted as a whole. With `keep`, the text is cut
+   * there after it was searched, so that a value the cut goes through is redacted whole: cut
+   * first, its first part would no longer be recognised (see {@link reach}).
    */
-  redact(text: string): string {
+  redact(text: string, keep?: number): string {
     this.redaction ??= valuesOf([...this.entries.values()]);
-    return redactText(text, this.redaction);
+    return redactText(text, this.redaction, undefined, keep);
   }
 
   /**

@@ -1,7 +1,7 @@
 import { constants, type ClientHttp2Session, type ClientHttp2Stream, type ClientSessionRequestOptions, type IncomingHttpHeaders, type OutgoingHttpHeaders } from "node:http2";
 import type { EventEmitter } from "node:events";
 import type { Readable } from "node:stream";
-import { EgressError } from "../errors.js";
+import { EgressError, quoteShort } from "../errors.js";
 import { breaksFieldValue, hasNoContent, httpToken, type HeaderList } from "../headers.js";
 import { requestStream } from "./h2-request-call.js";
 import { onCutEnd, resetH2Stream } from "../streams.js";
@@ -64,7 +64,7 @@ function requestHeaders(request: H2UpstreamRequest): OutgoingHttpHeaders {
     if (notOnH2.has(name) || name.startsWith(":")) continue;
     // Node's client destroys its whole session (shared by every guest) on a name that is not a
     // token, and sends a value with CR, LF or NUL as it is (RFC 9113 §8.2.1 forbids them).
-    if (!httpToken.test(name)) throw new EgressError("EG_UPSTREAM", 502, `the request has a header name HTTP/2 cannot carry: ${JSON.stringify(name.slice(0, 64))}`);
+    if (!httpToken.test(name)) throw new EgressError("EG_UPSTREAM", 502, `the request has a header name HTTP/2 cannot carry: ${quoteShort(name)}`);
     if (breaksFieldValue.test(value)) throw new EgressError("EG_UPSTREAM", 502, `the request's ${name} header has a CR, LF or NUL, which HTTP/2 cannot carry`);
     if (name === "te" && value.trim().toLowerCase() !== "trailers") continue;
     const had = out[name];

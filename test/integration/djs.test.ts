@@ -210,6 +210,23 @@ describe("tier 2 through the proxy", () => {
     expect(String(line?.["policy"])).toMatch(/audit\.mjs$/);
   });
 
+  // The sandbox cut a line to 8192 characters and the log redacted what was left: a value the cut
+  // went through lost its end, and its first 40 of 41 characters were logged (black-box finding).
+  it.each([8, 20, 40])("a console line cut %i characters into a secret's value logs it redacted whole, never a part", async (inside) => {
+    const value = "ghp_s3cr3tV4lueABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    const { proxy, base } = await setup(`export function onResponse(res, req) { console.log(req.headers.get("x-long"), req.headers.get("authorization")); }`, {
+      secrets: { T: { hosts: ["api.test"], value } },
+    });
+    const placeholder = proxy.guestEnv()["T"]!;
+    // "x…x" and a space, then "Bearer ": the value starts at 8192 - inside.
+    const long = "x".repeat(8192 - inside - "Bearer ".length - 1);
+    expect((await fetchVia(proxy, `${base}/echo`, { headers: { "x-long": long, authorization: `Bearer ${placeholder}` } })).status).toBe(200);
+    const text = String(proxy.logs.find((l) => l["msg"] === "policy console")?.["text"]);
+    expect(text.startsWith(long)).toBe(true);
+    expect(text).not.toContain(value.slice(0, inside));
+    expect(text.endsWith("Bearer [REDACTED:T]")).toBe(true);
+  });
+
   it("a spread copy of the hooks keeps the policy: { ...httpHooks, onResponse } is still refused by it", async () => {
     const upstream = await startUpstream({ names: ["api.test"] });
     const djsHooks = loadPolicy(`export function isRequestAllowed(r) { return new URL(r.url).pathname !== "/forbidden"; }`);

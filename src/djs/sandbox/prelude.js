@@ -613,10 +613,13 @@ __name(installClock, "installClock");
 var logs = [];
 function clearLogs() {
   if (logs.length > 0) logs = [];
+  callChars = 0;
 }
 __name(clearLogs, "clearLogs");
 var maxLogLines = 100;
-var maxLogChars = 8192;
+var maxLineChars = 65536;
+var maxCallChars = 1048576;
+var callChars = 0;
 function show(value) {
   if (typeof value === "string") return value;
   if (value instanceof Error) return `${value.name}: ${value.message}`;
@@ -630,8 +633,10 @@ function show(value) {
 __name(show, "show");
 function logger(level) {
   return (...args) => {
-    if (logs.length >= maxLogLines) return;
-    logs.push([level, args.map(show).join(" ").slice(0, maxLogChars)]);
+    if (logs.length >= maxLogLines || callChars >= maxCallChars) return;
+    const line = args.map(show).join(" ").slice(0, maxLineChars);
+    callChars += line.length;
+    logs.push([level, line]);
   };
 }
 __name(logger, "logger");

@@ -8,9 +8,17 @@ export let logs = [];
 /** A call's lines are its own. */
 export function clearLogs() {
   if (logs.length > 0) logs = [];
+  callChars = 0;
 }
 const maxLogLines = 100;
-const maxLogChars = 8192;
+/**
+ * Far more than the log keeps (8192): the proxy redacts a line before it cuts it, so that a
+ * secret's value the cut goes through is redacted whole (consoleSandboxChars in djs-phases.ts).
+ */
+const maxLineChars = 65536;
+/** All of one call's lines together. */
+const maxCallChars = 1048576;
+let callChars = 0;
 /** @param {unknown} value */
 function show(value) {
   if (typeof value === "string") return value;
@@ -25,8 +33,10 @@ function show(value) {
 /** @param {LogLevel} level */
 function logger(level) {
   return (/** @type {unknown[]} */ ...args) => {
-    if (logs.length >= maxLogLines) return;
-    logs.push([level, args.map(show).join(" ").slice(0, maxLogChars)]);
+    if (logs.length >= maxLogLines || callChars >= maxCallChars) return;
+    const line = args.map(show).join(" ").slice(0, maxLineChars);
+    callChars += line.length;
+    logs.push([level, line]);
   };
 }
 export const console = {
