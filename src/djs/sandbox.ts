@@ -14,6 +14,10 @@ const scriptExports = `\n;return { ${phaseNames.map((n) => `${n}: typeof ${n} ==
 /** How much of an error's name, message and stack a failure outside the prelude reports. */
 const failureTextChars = 8192;
 
+function bounded(text: string, what: string): string {
+  return text.length <= failureTextChars ? text : `(${what} of ${text.length} characters, not shown)`;
+}
+
 /** The limit a QuickJS error stands for, if it is one: limits end the call, whatever the policy did. */
 function limitOf(error: unknown, interrupted: boolean): string | undefined {
   if (interrupted) return "time";
@@ -256,12 +260,14 @@ export class Sandbox {
     const limit = limitOf(error, this.interrupted);
     if (limit !== undefined) return { reply: { id, outcome: { t: "limit", what: limit } }, replace: true };
     const e = error as { name?: unknown; message?: unknown; stack?: unknown } | undefined;
-    // What failed outside the prelude's own catch is not held to the return cap: cut it here.
-    const stack = String(e?.stack ?? "").slice(0, failureTextChars);
+    // What failed outside the prelude's own catch is not held to the return cap: bounded here,
+    // whole or not at all (a cut could keep part of a secret's value that redaction, later, no
+    // longer recognises).
+    const stack = bounded(String(e?.stack ?? ""), "a stack");
     const outcome: Outcome = {
       t: "throw",
-      name: String(e?.name ?? "Error").slice(0, failureTextChars),
-      message: String(e?.message ?? error).slice(0, failureTextChars),
+      name: bounded(String(e?.name ?? "Error"), "a name"),
+      message: bounded(String(e?.message ?? error), "a message"),
       stack: this.position(stack) ?? stack,
     };
     // The sandbox's own code failed (not the policy's, which is caught inside): start afresh.
