@@ -92,13 +92,16 @@ export function parseAnswer(value: unknown, phase: DeciderPhase): Verdict {
   for (const key of Object.keys(answer)) {
     if (!answerKeys.has(key)) throw new MalformedAnswer(`the answer has an unknown key ${JSON.stringify(key)} (known: ${[...answerKeys].join(", ")})`);
   }
-  const decision = answer["decision"] ?? "allow";
+  // Only a missing key defaults to allow: `"decision": null` is an answer, and not one of the two.
+  const decision = Object.hasOwn(answer, "decision") ? answer["decision"] : "allow";
   if (decision === "block") {
     if (answer["set_headers"] !== undefined || answer["remove_headers"] !== undefined) throw new MalformedAnswer("a block cannot also rewrite headers");
     return { decision: "block", status: blockStatus(answer["status"]), reason: reasonOf(answer["reason"]) };
   }
   if (decision !== "allow") throw new MalformedAnswer(`decision must be "allow" or "block" (got ${JSON.stringify(decision)})`);
-  if (answer["status"] !== undefined) throw new MalformedAnswer("status belongs to a block");
+  // A status or a reason explains a refusal: without "block" the answer says two things.
+  if (Object.hasOwn(answer, "status")) throw new MalformedAnswer("status belongs to a block");
+  if (Object.hasOwn(answer, "reason")) throw new MalformedAnswer("reason belongs to a block");
   return rewrite(answer["set_headers"], answer["remove_headers"], phase);
 }
 

@@ -241,6 +241,8 @@ async function webhookServer() {
           return;
         case "bad-status":
           return json(res, 200, { decision: "block", status: 200 });
+        case "null-decision":
+          return json(res, 200, { decision: null, reason: "must not pass" });
         default:
           return json(res, 200, { decision: "allow" });
       }
@@ -280,10 +282,10 @@ describe("webhook deciders", () => {
     expect(echo.headers["x-drop"]).toBeUndefined();
   });
 
-  it("500, a malformed answer and a block with a bad status fail closed with 502, and the proxy still serves", async () => {
+  it("500, a malformed answer, a block with a bad status and a null decision fail closed with 502, and the proxy still serves", async () => {
     const hook = await webhookServer();
     const { proxy, upstream, base } = await proxyWith([{ webhook: `${hook.url}/decide` }]);
-    for (const c of ["error500", "malformed", "bad-status"]) expect([c, (await fetchVia(proxy, `${base}/echo?case=${c}`)).status]).toEqual([c, 502]);
+    for (const c of ["error500", "malformed", "bad-status", "null-decision"]) expect([c, (await fetchVia(proxy, `${base}/echo?case=${c}`)).status]).toEqual([c, 502]);
     expect(upstream.hits()).toBe(0);
     expect(JSON.stringify(decisions(proxy.logs)[0])).toContain("answered status 500");
     await stillServes(proxy, base);

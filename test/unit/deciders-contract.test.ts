@@ -104,6 +104,16 @@ describe("the answer contract", () => {
       '{"decision":"allow","remove_headers":"x"}',
       '{"decision":"block","set_headers":{"x":"1"}}',
       '{"decision":"allow","extra":1}',
+      // A decision that is there must be one of the two (null allowed, black-box finding), and a
+      // reason or a status says the answer meant to refuse.
+      '{"decision":null,"reason":"must not pass"}',
+      '{"decision":null}',
+      '{"decision":false}',
+      '{"decision":"ALLOW"}',
+      '{"reason":"must not pass"}',
+      '{"decision":"allow","reason":"fine"}',
+      '{"status":403}',
+      '{"decision":"allow","status":null}',
     ];
     for (const text of bad) expect(() => parseAnswerText(text, "request"), text).toThrow(MalformedAnswer);
     // A rewrite is for requests only.
