@@ -61,6 +61,8 @@ export function buildProxyOptions(config: ProxyConfig, options: BuildOptions = {
   // Checked before anything loads; never quoted, it is a secret.
   if (key !== undefined && key.length < 32) throw new OptionError(makeIssue(["deploymentKey"], "must be at least 32 characters long"));
   const policies: DjsHooks[] = [];
+  /** Closed with the policies: a decider still deciding when the proxy closes would hold the process open for its timeoutMs. */
+  const deciders: Decider[] = [];
   const redactors: Array<(text: string) => string> = [];
   const built: Record<string, BuiltGuest> = {};
   try {
@@ -68,6 +70,7 @@ export function buildProxyOptions(config: ProxyConfig, options: BuildOptions = {
       const base: Segment[] = config.single ? [] : ["guests", name];
       const placeholderKey = key === undefined ? undefined : config.single ? key : guestPlaceholderKey(key, name);
       const loaded = loadPolicies(guest, base, policies);
+      for (const entry of loaded) if (entry instanceof Decider) deciders.push(entry);
       const created = createGuestHooks(guest, loaded, placeholderKey, base);
       const secrets = declarativeConfigOf(created.httpHooks)?.secrets;
       if (secrets !== undefined) redactors.push((text) => secrets.redact(text));
@@ -94,7 +97,7 @@ export function buildProxyOptions(config: ProxyConfig, options: BuildOptions = {
     policies,
     redact: (text) => redactors.reduce((out, redact) => redact(out), text),
     close: async () => {
-      await Promise.all(policies.map((policy) => policy.close()));
+      await Promise.all([...policies, ...deciders].map((closing) => closing.close()));
     },
   };
 }

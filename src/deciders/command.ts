@@ -17,9 +17,14 @@ const ignore = (): void => undefined;
  * (never the proxy's whole environment, which holds secret values), no shell unless configured,
  * and an argv fixed by the configuration: nothing from the request reaches it but stdin.
  */
+const closedReason = "was not asked: the proxy is closing";
+
 export class CommandRunner {
   private running = 0;
   private readonly waiting: (() => void)[] = [];
+  /** The processes running now, each with what ends it: close() ends them all. */
+  private readonly live = new Set<() => void>();
+  private closed = false;
 
   constructor(private readonly options: ResolvedCommandDecider) {}
 
@@ -29,17 +34,31 @@ export class CommandRunner {
   }
 
   async ask(input: string, phase: DeciderPhase): Promise<Verdict> {
+    if (this.closed) throw new DeciderFailure(closedReason);
     if (this.running >= this.options.concurrency) {
       if (this.waiting.length >= this.options.queue) {
         throw new DeciderBusy(`${this.options.concurrency} processes are running and ${this.waiting.length} calls are queued (concurrency, queue)`);
       }
       await new Promise<void>((resolve) => this.waiting.push(resolve));
+      // Woken by close(), which hands over no slot.
+      if (this.closed) throw new DeciderFailure(closedReason);
     } else this.running++;
     // A slot is ours now (handed over by release(), or taken above). It is given back once the
     // process has exited, not when its answer is in: a killed process still counts until it is gone.
     const { verdict, gone } = this.run(input, phase);
     void gone.then(() => this.release());
     return verdict;
+  }
+
+  /**
+   * The proxy is closing: every process still running is killed (its call fails), and calls
+   * waiting for a slot, or made later, fail at once. A decider's timeoutMs (up to 10 minutes)
+   * otherwise held the process open long after the drain had cut their requests.
+   */
+  close(): void {
+    this.closed = true;
+    for (const end of [...this.live]) end();
+    for (const next of this.waiting.splice(0)) next();
   }
 
   private release(): void {
@@ -107,6 +126,11 @@ export class CommandRunner {
       kill();
       fail(`did not answer within ${timeoutMs} ms (timeoutMs); the process was killed`, "time");
     }, timeoutMs);
+    const end = (): void => {
+      kill();
+      fail(closedReason);
+    };
+    this.live.add(end);
     // Every stream gets an error listener: a command that exits without reading its stdin
     // makes the write fail with EPIPE, and an unlistened error would end the proxy.
     child.stdin?.on("error", ignore);
@@ -114,6 +138,7 @@ export class CommandRunner {
     child.stderr?.on("error", ignore);
     child.on("error", (error: NodeJS.ErrnoException) => {
       // spawn failures (ENOENT, EACCES) come here, with no exit to wait for.
+      this.live.delete(end);
       exited = true;
       markGone();
       fail(`could not start: ${error.code ?? error.message}`);
@@ -143,6 +168,7 @@ export class CommandRunner {
     });
     child.on("close", (code, signal) => {
       exited = true;
+      this.live.delete(end);
       markGone();
       if (signal !== null) return fail(`was killed by ${signal}`);
       const errText = (): string => reasonText(Buffer.concat(stderr).toString("utf8"));

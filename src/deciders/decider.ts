@@ -73,9 +73,10 @@ export class Decider {
     return this.transport.ask(document, document.phase);
   }
 
-  /** Closes a webhook's or OPA's keep-alive connections (commands hold nothing between calls). */
+  /** Ends what is under way (a webhook's or OPA's calls and connections, a command's processes): the proxy is closing. */
   async close(): Promise<void> {
     if (this.transport instanceof HttpDecider) await this.transport.close();
+    else this.transport.close();
   }
 }
 

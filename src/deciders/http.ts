@@ -50,11 +50,15 @@ export class HttpDecider {
     return this.pool;
   }
 
-  /** Closes the keep-alive connections; a later call opens a new pool. */
+  /**
+   * The proxy is closing: calls still waiting for an answer fail (a webhook that never answers
+   * held the process open for its whole timeoutMs, long after the drain), and the keep-alive
+   * connections close. A later call opens a new pool.
+   */
   async close(): Promise<void> {
     const pool = this.pool;
     this.pool = undefined;
-    await pool?.close().catch(() => undefined);
+    await pool?.destroy().catch(() => undefined);
   }
 
   async ask(document: unknown, phase: DeciderPhase): Promise<Verdict> {

@@ -1,9 +1,9 @@
 import { spawn } from "node:child_process";
-import { readFileSync, writeFileSync } from "node:fs";
+import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { ProxyAgent, request } from "undici";
-import { describe, expect, it, onTestFinished } from "vitest";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { caseOf, json, shellDecider, startDecisionServer } from "../helpers/deciders.js";
 import { tempDir } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
@@ -15,7 +15,7 @@ const root = fileURLToPath(new URL("../../", import.meta.url));
  * The CLI from its sources (through tsx, so the test needs no build), listening on 127.0.0.1:0;
  * killed when the test ends. Resolves with its proxy URL once it prints it.
  */
-async function startCli(args: readonly string[]): Promise<{ url: string; stderr: () => string }> {
+async function startCli(args: readonly string[]): Promise<{ url: string; stderr: () => string; exited: Promise<void>; signal: (name: NodeJS.Signals) => void; exitCode: () => number | null }> {
   const env: NodeJS.ProcessEnv = { ...process.env, XDG_CONFIG_HOME: tempDir("egressgate-xdg-") };
   for (const name of ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "NO_PROXY", "no_proxy"]) delete env[name];
   const child = spawn(process.execPath, ["--import", "tsx", join(root, "src", "cli", "bin.ts"), "--listen", "127.0.0.1:0", "--log-level", "warn", ...args], {
@@ -39,7 +39,7 @@ async function startCli(args: readonly string[]): Promise<{ url: string; stderr:
     });
     void exited.then(() => reject(new Error(`egressgate exited before listening\nstdout: ${out}\nstderr: ${err}`)));
   });
-  return { url, stderr: () => err };
+  return { url, stderr: () => err, exited, signal: (name) => void child.kill(name), exitCode: () => child.exitCode };
 }
 
 async function via(proxyUrl: string, caDir: string, url: string): Promise<{ status: number; text: string }> {
@@ -82,3 +82,52 @@ describe("CLI: --hook-command and --hook-url", () => {
     expect(upstream.hits()).toBe(1);
   });
 });
+
+// SIGTERM waited for a decider's whole timeoutMs (up to 10 minutes): the drain cut the guest's
+// request, but a webhook that never answered, or a command still running, held the process
+// (black-box finding). The deciders' timeouts here are far past the test's own.
+describe("CLI: SIGTERM while external deciders are deciding", () => {
+  it.each(["a webhook that never answers", "a command that never exits"] as const)("%s: the proxy exits 0 after its drain", async (which) => {
+    const dir = tempDir();
+    const caDir = join(dir, "ca");
+    const caFile = join(dir, "upstream-ca.pem");
+    writeFileSync(caFile, (await testCa()).certPem);
+    const upstream = await startUpstream();
+    const hook = await startDecisionServer((_doc, _req, res) => json(res, 200, { decision: "allow" }), () => true);
+    const decider = which === "a webhook that never answers" ? { webhook: `${hook.url}/decide`, timeoutMs: 600_000 } : { command: `sleep ${sleepFor}`, timeoutMs: 600_000 };
+    const config = join(dir, "egressgate.json");
+    writeFileSync(config, JSON.stringify({ caDir, allowInternalHosts: ["api.test"], resolve: { "api.test": ["127.0.0.1"] }, upstreamCa: [caFile], timeouts: { drainMs: 300 }, hooks: [decider] }));
+    const cli = await startCli(["--config", config]);
+    const answer = via(cli.url, caDir, `https://api.test:${upstream.port}/echo`).then(
+      (res) => res.status,
+      () => "cut",
+    );
+    // The decider has the request in hand.
+    if (which === "a webhook that never answers") await vi.waitFor(() => expect(hook.held()).toBe(1), { timeout: 10_000, interval: 20 });
+    else await vi.waitFor(() => expect(sleepers()).toBeGreaterThan(0), { timeout: 10_000, interval: 20 });
+    cli.signal("SIGTERM");
+    await cli.exited;
+    expect(cli.exitCode()).toBe(0);
+    expect([502, "cut"]).toContain(await answer);
+    expect(upstream.hits()).toBe(0);
+    // A command's process is gone with it.
+    if (which === "a command that never exits") expect(sleepers()).toBe(0);
+  }, 30_000);
+});
+
+/** What the command decider sleeps, in seconds: a fraction no other process on the machine uses. */
+const sleepFor = `600.${process.pid}`;
+
+/** The command decider's `sleep` processes on this machine. */
+function sleepers(): number {
+  let count = 0;
+  for (const pid of readdirSync("/proc")) {
+    if (!/^\d+$/.test(pid)) continue;
+    try {
+      if (readFileSync(`/proc/${pid}/cmdline`, "utf8") === `sleep\u0000${sleepFor}\u0000`) count += 1;
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return count;
+}
