@@ -1,6 +1,6 @@
 import { execFile, execFileSync, spawn, type ChildProcessByStdio } from "node:child_process";
 import { generateKeyPairSync } from "node:crypto";
-import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
 import { open } from "node:fs/promises";
 import { createServer } from "node:net";
 import { join, relative } from "node:path";
@@ -450,6 +450,28 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     for (const pid of replaced) await until(() => !running(pid), 5_000, `worker ${pid} to exit`);
     expect(cli.stdout()).toMatch(listeningLine);
     expect(cli.stderr()).toContain("SIGTERM, closing 2 workers");
+  });
+
+  // The README said the primary did not pass SIGUSR1 on; it does, and logrotate's postrotate
+  // may signal the main process alone.
+  it("SIGUSR1 to the primary makes every worker reopen the audit log at its path", async () => {
+    const dir = tempDir();
+    const audit = join(dir, "audit.jsonl");
+    const { cli } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", join(dir, "ca"), "--audit-log", audit]);
+    const workers = childPids(cli.process.pid!);
+    expect(workers).toHaveLength(2);
+    renameSync(audit, `${audit}.1`);
+    cli.process.kill("SIGUSR1");
+    const reopenedBy = (): Set<number> =>
+      new Set(cli.stderr().split("\n").filter((line) => line.includes('"msg":"audit log reopened"')).map((line) => (JSON.parse(line) as { worker: number }).worker));
+    await until(() => reopenedBy().size === 2, 10_000, "both workers to reopen the audit log");
+    expect([...reopenedBy()].sort()).toEqual([...workers].sort());
+    expect(existsSync(audit)).toBe(true);
+    // The primary kept serving: SIGUSR1 did not open its inspector or end it.
+    expect(running(cli.process.pid!)).toBe(true);
+    expect(cli.stderr()).not.toMatch(/Debugger listening/);
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
   });
 
   it("every worker refuses the primary's metrics listener as a target, as one process refuses its own", async () => {
