@@ -1,3 +1,4 @@
+import { STATUS_CODES } from "node:http";
 /**
  * Stable error codes. Every failure that reaches a guest carries one of these, so log
  * pipelines and tests can match on the code instead of on message text.
@@ -62,7 +63,7 @@ const statusTexts: Record<number, string> = {
 
 /** The reason phrase for a status the proxy itself answers with. */
 export function statusText(status: number): string {
-  return statusTexts[status] ?? "Error";
+  return statusTexts[status] ?? STATUS_CODES[status] ?? "Error";
 }
 
 /**

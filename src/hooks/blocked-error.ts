@@ -1,3 +1,5 @@
+import { statusText as reasonPhrase } from "../errors.js";
+
 /**
  * Thrown from a hook to refuse a request with a chosen status. The message becomes the body of
  * the guest's response and appears in the decision log.
@@ -15,7 +17,8 @@ export class HttpRequestBlockedError extends Error {
   readonly status: number;
   readonly statusText: string;
 
-  constructor(message: string, status = 403, statusText = "Forbidden") {
+  /** Without `statusText`, the status's own reason phrase (`451 Unavailable For Legal Reasons`). */
+  constructor(message: string, status = 403, statusText: string = reasonPhrase(status)) {
     super(message);
     this.name = "HttpRequestBlockedError";
     if (!Number.isInteger(status) || status < 400 || status > 599) {

@@ -10,7 +10,7 @@ import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
-import { openTlsTunnel } from "../helpers/raw.js";
+import { openRaw, openTlsTunnel } from "../helpers/raw.js";
 import { gzipJsonRoute, patternBody, patternSha256, startUpstream, type Upstream, type Echo } from "../helpers/upstream.js";
 
 const MiB = 1024 * 1024;
@@ -1168,3 +1168,30 @@ describe("a guest that leaves while onResponse holds its response", () => {
   });
 });
 
+// A block with its own status but no statusText went out as "451 Forbidden" (black-box finding).
+describe("HttpRequestBlockedError's reason phrase", () => {
+  const cases = [
+    { tier: "tier 2", status: 451, text: undefined, line: "451 Unavailable For Legal Reasons" },
+    { tier: "tier 2", status: 429, text: undefined, line: "429 Too Many Requests" },
+    { tier: "tier 2", status: 403, text: undefined, line: "403 Forbidden" },
+    { tier: "tier 2", status: 451, text: "Blocked Here", line: "451 Blocked Here" },
+    { tier: "tier 3", status: 451, text: undefined, line: "451 Unavailable For Legal Reasons" },
+    { tier: "tier 3", status: 418, text: undefined, line: "418 I'm a Teapot" },
+    { tier: "tier 3", status: 451, text: "Blocked Here", line: "451 Blocked Here" },
+  ] as const;
+  it.each(cases)("$tier, status $status, statusText $text: $line", async ({ tier, status, text, line }) => {
+    const upstream = await startUpstream();
+    const args = text === undefined ? `"no", ${status}` : `"no", ${status}, ${JSON.stringify(text)}`;
+    const proxy = await startTestProxy(
+      tier === "tier 2"
+        ? { allowedInternalHosts: ["api.test"], djsHooks: loadPolicy(`export function onRequest() { throw new HttpRequestBlockedError(${args}); }`) }
+        : { allowedInternalHosts: ["api.test"], onRequest: () => { throw text === undefined ? new HttpRequestBlockedError("no", status) : new HttpRequestBlockedError("no", status, text); } },
+    );
+    const raw = await openRaw(proxy.port);
+    raw.write(`GET http://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test:${upstream.port}\r\n\r\n`);
+    const res = await raw.readResponse();
+    expect(`${res.status} ${res.statusText}`).toBe(line);
+    expect(res.body).toContain("no");
+    expect(upstream.hits()).toBe(0);
+  });
+});

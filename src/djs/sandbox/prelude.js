@@ -14,7 +14,8 @@ var HttpRequestBlockedError = class extends Error {
   static {
     __name(this, "HttpRequestBlockedError");
   }
-  constructor(message = "request blocked by policy", status = 403, statusText = "Forbidden") {
+  // Without a statusText, the proxy sends the status's own reason phrase (451 Unavailable For Legal Reasons).
+  constructor(message = "request blocked by policy", status = 403, statusText = status === 403 ? "Forbidden" : "") {
     super(String(message));
     this.name = "HttpRequestBlockedError";
     if (!Number.isInteger(status) || status < 400 || status > 599) {
