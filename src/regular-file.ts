@@ -1,5 +1,5 @@
 import { closeSync, constants, fstatSync, openSync, readSync, type Stats } from "node:fs";
-import { open } from "node:fs/promises";
+import { open, type FileHandle } from "node:fs/promises";
 
 /**
  * Reading a file the operator named (the config file, a `file:` secret, an upstream CA, a HAR
@@ -91,12 +91,26 @@ export function readRegularFileSync(file: string, maxBytes: number): Buffer {
   }
 }
 
-/** As {@link readRegularFileSync}, off the event loop; `maxBytes` may be left out (no cap but the file's own size). */
-export async function readRegularFile(file: string, maxBytes = Number.POSITIVE_INFINITY): Promise<Buffer> {
+/**
+ * `file` opened for reading, off the event loop, once it is known to be a regular file (else a
+ * FileReadError, and nothing is left open): for a caller that streams it. The caller closes it.
+ */
+export async function openRegularFile(file: string): Promise<{ readonly handle: FileHandle; readonly stats: Stats }> {
   const handle = await open(file, openFlags);
   try {
     const stats = await handle.stat();
     refuseIrregular(stats);
+    return { handle, stats };
+  } catch (error) {
+    await handle.close();
+    throw error;
+  }
+}
+
+/** As {@link readRegularFileSync}, off the event loop; `maxBytes` may be left out (no cap but the file's own size). */
+export async function readRegularFile(file: string, maxBytes = Number.POSITIVE_INFINITY): Promise<Buffer> {
+  const { handle, stats } = await openRegularFile(file);
+  try {
     if (stats.size > maxBytes) throw tooLarge(maxBytes);
     const data = await handle.readFile();
     if (data.length > maxBytes) throw tooLarge(maxBytes);

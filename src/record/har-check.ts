@@ -1,6 +1,6 @@
-import { existsSync } from "node:fs";
+import { statSync } from "node:fs";
 import { join } from "node:path";
-import { readFailure, readRegularFile } from "../regular-file.js";
+import { fileKind, readFailure, readRegularFile } from "../regular-file.js";
 import { sidecarDir } from "./har.js";
 
 /**
@@ -118,12 +118,31 @@ export async function checkHarFile(path: string): Promise<HarReport> {
     const file = holder["_file"];
     if (file === undefined) return;
     if (typeof file !== "string" || !/^[0-9a-f]{64}$/.test(file)) problems.push(`${where}._file: must be the SHA-256 of the body (64 hex digits)`);
-    else if (!existsSync(join(sidecarDir(path), file))) problems.push(`${where}._file: ${join(sidecarDir(path), file)} is missing`);
+    else {
+      const problem = sidecarFileProblem(path, file, where);
+      if (problem !== undefined) problems.push(problem);
+    }
   }
 
   const version = isObject(har) && isObject(har["log"]) ? String(har["log"]["version"]) : "?";
   const made = creator !== undefined ? ` by ${String(creator["name"])} ${String(creator["version"])}` : "";
   return { problems, entries, suspicious, summary: `${path}: HAR ${version}${made}, ${list.length} entries` };
+}
+
+/**
+ * Why the sidecar file `file` (a SHA-256, already checked) of the HAR at `harPath` cannot be
+ * read, if it cannot. Only stat()ed, never opened: opening a FIFO waits for a writer, and a
+ * replay that did held a threadpool thread for good. A symbolic link is judged by its target.
+ */
+export function sidecarFileProblem(harPath: string, file: string, where: string): string | undefined {
+  const full = join(sidecarDir(harPath), file);
+  try {
+    const stats = statSync(full);
+    return stats.isFile() ? undefined : `${where}._file: ${full} is ${fileKind(stats)}, not a regular file`;
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    return `${where}._file: ${full} ${code === "ENOENT" ? "is missing" : `cannot be read (${code ?? (error as Error).message})`}`;
+  }
 }
 
 /** An RFC 9110 field name. */

@@ -1,6 +1,4 @@
 import { createHash } from "node:crypto";
-import { createReadStream } from "node:fs";
-import { stat } from "node:fs/promises";
 import { Readable } from "node:stream";
 import { createBrotliCompress, createDeflate, createGzip } from "node:zlib";
 import { EgressError } from "../errors.js";
@@ -13,6 +11,7 @@ import { inlineBodyLimit, type RecordedEntry } from "./har.js";
 import { fieldsOf, type BodyForKey, type MatchOptions } from "./match.js";
 import { sidecarPath, type ReplaySource } from "./replay-source.js";
 import { withFields } from "../objects.js";
+import { FileReadError, openRegularFile, readFailure } from "../regular-file.js";
 
 export interface ReplayDeps {
   readonly source: ReplaySource;
@@ -121,13 +120,18 @@ async function respond(entry: RecordedEntry, request: OutboundRequest, deps: Rep
   let length: number | undefined;
   if (content?._file !== undefined) {
     const file = sidecarPath(deps.source.path, content._file);
-    const size = await stat(file).then(
-      (s) => s.size,
-      () => undefined,
-    );
-    if (size === undefined) throw new EgressError("EG_REPLAY_MISS", 502, `the recorded response for ${request.method} ${request.url.origin}${request.url.pathname} is in a sidecar file that is missing (${content._file})`);
-    body = createReadStream(file, { highWaterMark: 64 * 1024 });
-    length = size;
+    // Checked at the start, but the folder may change since: a FIFO put there would hold a
+    // threadpool thread in open() for good (four of them stop every fs call), so the file is
+    // opened without blocking and refused unless regular, and the stream reads that descriptor.
+    let opened: Awaited<ReturnType<typeof openRegularFile>>;
+    try {
+      opened = await openRegularFile(file);
+    } catch (error) {
+      const reason = error instanceof FileReadError ? error.reason : (error as NodeJS.ErrnoException).code === "ENOENT" ? "missing" : `unreadable (${readFailure(error)})`;
+      throw new EgressError("EG_REPLAY_MISS", 502, `the recorded response for ${request.method} ${request.url.origin}${request.url.pathname} is in a sidecar file that is ${reason} (${content._file})`);
+    }
+    body = opened.handle.createReadStream({ highWaterMark: 64 * 1024 });
+    length = opened.stats.size;
   } else {
     const text = content?.text ?? "";
     const bytes = Buffer.from(text, content?.encoding === "base64" ? "base64" : "utf8");

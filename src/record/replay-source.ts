@@ -4,7 +4,7 @@ import { EgressError } from "../errors.js";
 import { readFailure, readRegularFile } from "../regular-file.js";
 import type { ResolvedAddress } from "../upstream/resolve.js";
 import { sidecarDir, type RecordedEntry, type RecordedHar } from "./har.js";
-import { replayProblems } from "./har-check.js";
+import { replayProblems, sidecarFileProblem } from "./har-check.js";
 import { fieldsOf, matchKey, nearest, type BodyForKey, type MatchFields, type MatchOptions } from "./match.js";
 
 export interface LoadedEntry {
@@ -61,6 +61,13 @@ export class ReplaySource {
     const entries: LoadedEntry[] = [];
     for (const [index, entry] of (list as RecordedEntry[]).entries()) {
       const problems = replayProblems(entry, `log.entries[${index}]`);
+      // The response's sidecar file is read at each request: one that is not a regular file (a
+      // FIFO would hold a threadpool thread in open()) or is missing fails the start instead.
+      const file = (entry as Partial<RecordedEntry> | null)?.response?.content?._file;
+      if (typeof file === "string" && /^[0-9a-f]{64}$/.test(file)) {
+        const problem = sidecarFileProblem(path, file, `log.entries[${index}].response.content`);
+        if (problem !== undefined) problems.push(problem);
+      }
       if (problems.length > 0) throw new Error(`${path} cannot be replayed: ${problems.join("; ")}`);
       // No response (0, an aborted request in a browser's export) or an informational one (a
       // WebSocket's 101): nothing a request can be answered with.

@@ -1,8 +1,10 @@
 import { execFileSync } from "node:child_process";
-import { readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { createHash } from "node:crypto";
+import { closeSync, constants, mkdirSync, openSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { brotliCompressSync, gzipSync } from "node:zlib";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, onTestFinished } from "vitest";
 import type { RecordedHar } from "../../src/record/har.js";
 import { checkHarFile, formatHarReport } from "../../src/record/har-check.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
@@ -445,3 +447,92 @@ describe("recording a body under several content codings", () => {
   }
 });
 
+
+// A FIFO in FILE.har.d parked a libuv threadpool thread in open() for each replayed request that
+// named it; after four, every fs call of the process waited (the audit log, the exit on SIGTERM),
+// and `har check` passed the file (black-box finding).
+describe("sidecar files that are not regular files", () => {
+  const body = Buffer.from("sidecar body\n");
+  const hash = createHash("sha256").update(body).digest("hex");
+  const sidecarEntry = (path: string): Record<string, unknown> => ({
+    startedDateTime: "2026-12-01T00:00:00.000Z",
+    time: 1,
+    request: { method: "GET", url: `https://api.test/${path}`, httpVersion: "HTTP/1.1", cookies: [], headers: [], queryString: [], headersSize: -1, bodySize: 0 },
+    response: {
+      status: 200,
+      statusText: "OK",
+      httpVersion: "HTTP/1.1",
+      cookies: [],
+      headers: [],
+      redirectURL: "",
+      headersSize: -1,
+      bodySize: body.length,
+      content: path === "inline" ? { size: 2, mimeType: "text/plain", text: "ok" } : { size: body.length, mimeType: "text/plain", _file: hash },
+    },
+    cache: {},
+    timings: { send: 0, wait: 1, receive: 0 },
+  });
+  const writeRecording = (dir: string): string => {
+    const file = join(dir, "side.har");
+    writeFileSync(file, JSON.stringify({ log: { version: "1.2", creator: { name: "test", version: "1" }, pages: [], entries: [sidecarEntry("inline"), sidecarEntry("big")] } }));
+    mkdirSync(`${file}.d`);
+    return file;
+  };
+  /** Opens the FIFO for writing once, so any reader stuck in open() (the bug) is let go. */
+  const releaseReaders = (fifo: string): void => {
+    onTestFinished(() => {
+      try {
+        closeSync(openSync(fifo, constants.O_WRONLY | constants.O_NONBLOCK));
+      } catch {
+        // ENXIO: no reader waits, as it should be
+      }
+    });
+  };
+
+  it.each([
+    ["a FIFO", "a FIFO", (target: string, _dir: string) => execFileSync("mkfifo", [target])],
+    ["a directory", "a directory", (target: string, _dir: string) => mkdirSync(target)],
+    [
+      "a symbolic link to a FIFO",
+      "a FIFO",
+      (target: string, dir: string) => {
+        execFileSync("mkfifo", [join(dir, "pipe")]);
+        symlinkSync(join(dir, "pipe"), target);
+      },
+    ],
+  ])("a sidecar file that is %s fails the start, naming the entry, and har check says so (exit 2)", async (_name, kind, make) => {
+    const dir = tempDir();
+    const file = writeRecording(dir);
+    const target = join(`${file}.d`, hash);
+    make(target, dir);
+    releaseReaders(target);
+    const message = new RegExp(`log\\.entries\\[1\\]\\.response\\.content\\._file: .*${hash} is ${kind}, not a regular file`);
+    await expect(startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: file } } })).rejects.toThrow(message);
+    const report = await checkHarFile(file);
+    expect(report.problems.join("\n")).toMatch(message);
+    expect(formatHarReport(report).status).toBe(2);
+  });
+
+  it("a sidecar file that becomes a FIFO after the start gets 502 at once, and the proxy's file system work goes on", async () => {
+    const dir = tempDir();
+    const file = writeRecording(dir);
+    const target = join(`${file}.d`, hash);
+    writeFileSync(target, body);
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: file } } });
+    expect((await fetchVia(proxy, "https://api.test/big")).text).toBe(body.toString());
+    rmSync(target);
+    execFileSync("mkfifo", [target]);
+    releaseReaders(target);
+    const within = <T>(work: Promise<T>, what: string): Promise<T> =>
+      Promise.race([work, new Promise<never>((_resolve, reject) => setTimeout(() => reject(new Error(`${what} took over 5 s`)), 5_000).unref())]);
+    // More than the threadpool's four threads: each one used to stay in open() for good.
+    const answers = await within(Promise.all(Array.from({ length: 6 }, () => fetchVia(proxy, "https://api.test/big"))), "six requests for the FIFO");
+    for (const res of answers) {
+      expect(res.status).toBe(502);
+      expect(res.headers["x-egressgate-error"]).toBe("EG_REPLAY_MISS");
+      expect(res.text).toMatch(new RegExp(`sidecar file that is a FIFO, not a regular file \\(${hash}\\)`));
+    }
+    expect((await within(fetchVia(proxy, "https://api.test/inline"), "an inline answer")).text).toBe("ok");
+    expect((await within(readFile(file), "a file read")).length).toBeGreaterThan(0);
+  });
+});
