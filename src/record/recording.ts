@@ -1,5 +1,6 @@
-import { mkdir, open, rename, rm, type FileHandle } from "node:fs/promises";
+import { lstat, mkdir, open, rename, rm, stat, type FileHandle } from "node:fs/promises";
 import type { Logger } from "../log.js";
+import { fileKind } from "../regular-file.js";
 import { journalPath, sidecarDir, type RecordedEntry } from "./har.js";
 
 /** The `creator` of every HAR this proxy writes. */
@@ -46,6 +47,10 @@ export class Recording {
   }
 
   static async open(path: string, log: Logger, kept: readonly RecordedEntry[] = []): Promise<Recording> {
+    for (const [at, want] of [[path, "file"], [journalPath(path), "file"], [sidecarDir(path), "directory"]] as const) {
+      const problem = await inTheWay(at, at === path ? "it" : at, want);
+      if (problem !== undefined) throw new Error(`cannot record to ${path}: ${problem}`);
+    }
     await mkdir(sidecarDir(path), { recursive: true, mode: 0o700 });
     const journal = await open(journalPath(path), "w+", 0o600);
     return new Recording(path, journal, log, kept);
@@ -151,5 +156,29 @@ export class Recording {
       await this.journal.close().catch(() => undefined);
       if (!this.failed) await rm(journalPath(this.path), { force: true }).catch(() => undefined);
     })());
+  }
+}
+
+/**
+ * Why a recording may not use what is already at `path` (called `name` in the message), if
+ * anything is there. The HAR is written by renaming a temporary file over it, which would
+ * replace a device node or a FIFO with a regular file, and a symbolic link with a file of its
+ * own (its target left stale); the journal is opened for writing, which would truncate a link's
+ * target. So both must be regular files, not links. The sidecar folder only has files created
+ * in it: a link to a directory is fine, anything else that is not a directory is refused.
+ */
+async function inTheWay(path: string, name: string, want: "file" | "directory"): Promise<string | undefined> {
+  try {
+    const stats = await lstat(path);
+    if (want === "directory") {
+      const target = stats.isSymbolicLink() ? await stat(path).catch(() => undefined) : stats;
+      if (target === undefined) return `${name} is a symbolic link to nothing`;
+      return target.isDirectory() ? undefined : `${name} is ${fileKind(target)}, not a directory`;
+    }
+    if (stats.isSymbolicLink()) return `${name} is a symbolic link; give the path of the file it names`;
+    return stats.isFile() ? undefined : `${name} is ${fileKind(stats)}, not a regular file`;
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+    throw error;
   }
 }

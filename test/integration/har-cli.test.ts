@@ -1,5 +1,5 @@
-import { spawn } from "node:child_process";
-import { existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { execFileSync, spawn } from "node:child_process";
+import { existsSync, lstatSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { gunzipSync } from "node:zlib";
@@ -128,6 +128,17 @@ describe("record and replay flags", () => {
     expect(workers.stderr).toMatch(/--workers 2: a recording has one writer/);
     const orphan = await cli(["--replay-latency", "recorded"]);
     expect(orphan.code).toBe(2);
+  });
+
+  // The recording's rename replaced a device node or a FIFO at the path with a regular file.
+  it("--record onto a FIFO exits 2 naming it, and the FIFO stays", async () => {
+    const dir = tempDir();
+    const fifo = join(dir, "pipe.har");
+    execFileSync("mkfifo", [fifo]);
+    const run = await cli(["--listen", "127.0.0.1:0", "--ca-dir", join(dir, "ca"), "--record", fifo]);
+    expect(run.code).toBe(2);
+    expect(run.stderr).toMatch(/--record: cannot record to .*pipe\.har: it is a FIFO, not a regular file/);
+    expect(lstatSync(fifo).isFIFO()).toBe(true);
   });
 
   it("SIGTERM writes the HAR file, with what was recorded, and removes the journal without an error", async () => {

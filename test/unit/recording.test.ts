@@ -1,4 +1,5 @@
-import { existsSync, readFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { existsSync, lstatSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { createLogger } from "../../src/log.js";
@@ -37,5 +38,48 @@ describe("Recording", () => {
     expect(existsSync(`${path}.journal`)).toBe(false);
     const har = JSON.parse(readFileSync(path, "utf8")) as { log: { entries: RecordedEntry[] } };
     expect(har.log.entries.map((e) => e._egressgate?.seq)).toEqual([1, 2]);
+  });
+});
+
+// `--record PATH` renamed its temporary file over whatever PATH was: a device node or a FIFO was
+// replaced by a regular file (black-box finding). What is already there must be a regular file
+// (the sidecar folder a directory), or the recording does not start and nothing is touched.
+describe("Recording.open refuses a path it would replace or write through", () => {
+  const fifo = (path: string): void => {
+    execFileSync("mkfifo", [path]);
+  };
+  it.each([
+    ["the HAR path is a FIFO", (p: string) => fifo(p), "", /run\.har: it is a FIFO, not a regular file/],
+    ["the HAR path is a directory", (p: string) => mkdirSync(p), "", /run\.har: it is a directory, not a regular file/],
+    ["the HAR path is a symbolic link to a regular file", (p: string) => (writeFileSync(`${p}.real`, "{}"), symlinkSync(`${p}.real`, p)), "", /run\.har: it is a symbolic link/],
+    ["the HAR path is a symbolic link to a FIFO", (p: string) => (fifo(`${p}.real`), symlinkSync(`${p}.real`, p)), "", /run\.har: it is a symbolic link/],
+    ["the sidecar folder is a FIFO", (p: string) => fifo(p), ".d", /run\.har\.d is a FIFO, not a directory/],
+    ["the sidecar folder is a regular file", (p: string) => writeFileSync(p, "x"), ".d", /run\.har\.d is a regular file, not a directory/],
+    ["the journal is a FIFO", (p: string) => fifo(p), ".journal", /run\.har\.journal is a FIFO, not a regular file/],
+    ["the sidecar folder is a symbolic link to nothing", (p: string) => symlinkSync(`${p}.gone`, p), ".d", /run\.har\.d is a symbolic link to nothing/],
+    ["the journal is a symbolic link", (p: string) => (writeFileSync(`${p}.real`, "keep"), symlinkSync(`${p}.real`, p)), ".journal", /run\.har\.journal is a symbolic link/],
+  ])("when %s, it is refused and left as it was", async (_name, make, suffix, message) => {
+    const dir = tempDir();
+    const path = join(dir, "run.har");
+    const target = `${path}${suffix}`;
+    make(target);
+    const before = lstatSync(target);
+    await expect(Recording.open(path, createLogger("error", () => undefined))).rejects.toThrow(message);
+    const after = lstatSync(target);
+    expect([after.ino, after.mode]).toEqual([before.ino, before.mode]);
+    if (suffix !== ".d") expect(existsSync(`${path}.d`)).toBe(false);
+    if (_name === "the journal is a symbolic link") expect(readFileSync(`${target}.real`, "utf8")).toBe("keep");
+  });
+
+  it("an existing regular file, and a symbolic link to a directory for the sidecar folder, are used", async () => {
+    const dir = tempDir();
+    const path = join(dir, "run.har");
+    writeFileSync(path, "old");
+    mkdirSync(join(dir, "bodies"));
+    symlinkSync(join(dir, "bodies"), `${path}.d`);
+    const recording = await Recording.open(path, createLogger("error", () => undefined));
+    recording.append(entry(recording.nextSeq()));
+    await recording.close();
+    expect((JSON.parse(readFileSync(path, "utf8")) as { log: { entries: unknown[] } }).log.entries).toHaveLength(1);
   });
 });
