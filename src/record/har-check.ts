@@ -110,15 +110,16 @@ export async function checkHarFile(path: string): Promise<HarReport> {
       const file = typeof content["_file"] === "string" ? ", sidecar" : "";
       entries.push(`${String(i).padStart(4)}  ${String(request["method"])} ${String(request["url"])} -> ${String(response["status"])} (${type}${size}${file})`);
     }
-    problems.push(...replayProblems(raw, where));
+    // What the HAR checks above said already (a status that is not a number) is said once.
+    for (const problem of replayProblems(raw, where)) if (!problems.includes(problem)) problems.push(problem);
     findSuspicious(raw, where, suspicious);
   });
 
   function sidecar(holder: Json, where: string): void {
     const file = holder["_file"];
     if (file === undefined) return;
-    if (typeof file !== "string" || !/^[0-9a-f]{64}$/.test(file)) problems.push(`${where}._file: must be the SHA-256 of the body (64 hex digits)`);
-    else {
+    // A name that is not a SHA-256 is among replayProblems'.
+    if (typeof file === "string" && /^[0-9a-f]{64}$/.test(file)) {
       const problem = sidecarFileProblem(path, file, where);
       if (problem !== undefined) problems.push(problem);
     }
@@ -149,44 +150,83 @@ export function sidecarFileProblem(harPath: string, file: string, where: string)
 const fieldName = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 
 /**
- * What keeps an entry from being replayed as it stands, beyond HAR's own types: a status no
- * response has, a response header that cannot be sent, a body text that is not text, recorded
- * chunks that are not `[bytes, ms]` pairs. `har check` lists these as problems, and `--replay`
- * refuses a file that has any. Status 0 (no response, as browsers export aborted requests) and
- * 1xx pass here: the replay leaves such entries out.
+ * What keeps an entry from being replayed as it stands: the type of every field the replay reads
+ * (the request's method, URL, headers and body, which make its key; the response's status,
+ * headers and body; `serverIPAddress`), and beyond HAR's own types a status no response has, a
+ * method or response header that cannot be sent, recorded chunks that are not `[bytes, ms]`
+ * pairs. `har check` lists these as problems, and `--replay` refuses a file that has any: a
+ * field of the wrong type once reached the replay as a JavaScript error, a 502 "internal
+ * error" at each request, or an entry silently left out. Fields HAR requires that the replay
+ * never reads (`cache`, `cookies`, the sizes) are `har check`'s alone. Status 0 (no response,
+ * as browsers export aborted requests) and 1xx pass here: the replay leaves such entries out.
  */
 export function replayProblems(entry: unknown, where: string): string[] {
+  if (!isObject(entry)) return [`${where}: must be an object`];
   const problems: string[] = [];
-  if (!isObject(entry)) return problems;
-  const response = isObject(entry["response"]) ? entry["response"] : undefined;
-  if (response !== undefined) {
-    const status = response["status"];
-    if (typeof status === "number" && !(status === 0 || (Number.isInteger(status) && status >= 100 && status <= 599))) {
-      problems.push(`${where}.response.status: must be 0 (no response) or 100-599, not ${status}`);
-    }
-    const headers = Array.isArray(response["headers"]) ? response["headers"] : [];
-    headers.forEach((header: unknown, i) => {
-      if (!isObject(header) || typeof header["name"] !== "string" || typeof header["value"] !== "string") return;
-      const name = header["name"];
-      // HTTP/2 pseudo-headers (Chrome's exports) are left out of the replay.
-      if (!name.startsWith(":") && !fieldName.test(name)) problems.push(`${where}.response.headers[${i}]: the name ${JSON.stringify(name.slice(0, 64))} is not a token`);
-      // What Node refuses to send: a control character other than tab, or one past Latin-1.
-      if (/[^\t\x20-\x7e\x80-\xff]/.test(header["value"])) {
-        problems.push(`${where}.response.headers[${i}]: the value of ${JSON.stringify(name.slice(0, 64))} has a control character (CR, LF, NUL, …) or one a header cannot carry`);
+  const at = new Checker(problems);
+  const request = at.object(entry, "request", where);
+  if (request !== undefined) {
+    const w = `${where}.request`;
+    const method = at.string(request, "method", w);
+    // A method that is not a token no client can send: the entry would never match.
+    if (method !== undefined && !fieldName.test(method)) problems.push(`${w}.method: ${JSON.stringify(method.slice(0, 64))} is not a token`);
+    const url = at.string(request, "url", w);
+    if (url !== undefined && !URL.canParse(url)) problems.push(`${w}.url: not an absolute URL`);
+    at.nameValues(request, "headers", w, { optional: true });
+    if (request["postData"] !== undefined) {
+      const post = at.object(request, "postData", w);
+      if (post !== undefined) {
+        const p = `${w}.postData`;
+        at.string(post, "text", p, true);
+        at.string(post, "_encoding", p, true);
+        // HAR lets a param leave its value out (a file field); Chrome writes form bodies as params only.
+        at.nameValues(post, "params", p, { optional: true, valueOptional: true });
+        sidecarName(post, p, problems);
       }
-    });
-    const content = isObject(response["content"]) ? response["content"] : undefined;
-    if (content !== undefined) {
-      if (content["text"] !== undefined && typeof content["text"] !== "string") problems.push(`${where}.response.content.text: must be a string`);
-      if (content["encoding"] !== undefined && typeof content["encoding"] !== "string") problems.push(`${where}.response.content.encoding: must be a string`);
     }
   }
+  const response = at.object(entry, "response", where);
+  if (response !== undefined) {
+    const w = `${where}.response`;
+    const status = at.number(response, "status", w);
+    if (status !== undefined && !(status === 0 || (Number.isInteger(status) && status >= 100 && status <= 599))) {
+      problems.push(`${w}.status: must be 0 (no response) or 100-599, not ${status}`);
+    }
+    const headers = at.nameValues(response, "headers", w, { optional: true }) ?? [];
+    headers.forEach((header, i) => {
+      if (header === undefined) return;
+      const { name, value } = header;
+      // HTTP/2 pseudo-headers (Chrome's exports) are left out of the replay.
+      if (!name.startsWith(":") && !fieldName.test(name)) problems.push(`${w}.headers[${i}]: the name ${JSON.stringify(name.slice(0, 64))} is not a token`);
+      // What Node refuses to send: a control character other than tab, or one past Latin-1.
+      if (/[^\t\x20-\x7e\x80-\xff]/.test(value)) {
+        problems.push(`${w}.headers[${i}]: the value of ${JSON.stringify(name.slice(0, 64))} has a control character (CR, LF, NUL, …) or one a header cannot carry`);
+      }
+    });
+    if (response["content"] !== undefined) {
+      const content = at.object(response, "content", w);
+      if (content !== undefined) {
+        const c = `${w}.content`;
+        at.string(content, "text", c, true);
+        at.string(content, "encoding", c, true);
+        at.string(content, "_encoded", c, true);
+        sidecarName(content, c, problems);
+      }
+    }
+  }
+  at.string(entry, "serverIPAddress", where, true);
   const own = isObject(entry["_egressgate"]) ? entry["_egressgate"] : undefined;
   const chunks = own?.["chunks"];
   const pair = (c: unknown): boolean =>
     Array.isArray(c) && c.length === 2 && Number.isInteger(c[0]) && (c[0] as number) >= 0 && typeof c[1] === "number" && Number.isFinite(c[1]) && c[1] >= 0;
   if (chunks !== undefined && !(Array.isArray(chunks) && chunks.every(pair))) problems.push(`${where}._egressgate.chunks: must be a list of [bytes, ms]`);
   return problems;
+}
+
+/** A `_file` must be a SHA-256: the name is joined to the sidecar folder, so `../` must never pass. */
+function sidecarName(holder: Json, where: string, problems: string[]): void {
+  const file = holder["_file"];
+  if (file !== undefined && (typeof file !== "string" || !/^[0-9a-f]{64}$/.test(file))) problems.push(`${where}._file: must be the SHA-256 of the body (64 hex digits)`);
 }
 
 function isObject(value: unknown): value is Json {
@@ -223,12 +263,17 @@ class Checker {
     return this.need(holder, key, where, "a number", (v) => typeof v === "number" && Number.isFinite(v)) as number | undefined;
   }
 
-  nameValues(holder: unknown, key: string, where: string): void {
+  /** A list of `{ name, value }`; what it holds, with undefined in place of each bad item. */
+  nameValues(holder: unknown, key: string, where: string, options: { optional?: boolean; valueOptional?: boolean } = {}): ({ name: string; value: string } | undefined)[] | undefined {
+    if (options.optional === true && isObject(holder) && holder[key] === undefined) return undefined;
     const list = this.array(holder, key, where);
-    list?.forEach((item, i) => {
-      if (!isObject(item) || typeof item["name"] !== "string" || typeof item["value"] !== "string") {
-        this.problems.push(`${where}.${key}[${i}]: must be { name, value } with string values`);
+    return list?.map((item, i) => {
+      const value = isObject(item) ? item["value"] : undefined;
+      if (isObject(item) && typeof item["name"] === "string" && (typeof value === "string" || (options.valueOptional === true && value === undefined))) {
+        return { name: item["name"], value: value ?? "" };
       }
+      this.problems.push(`${where}.${key}[${i}]: must be { name, value } with string values`);
+      return undefined;
     });
   }
 }

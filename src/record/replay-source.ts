@@ -16,6 +16,9 @@ export interface LoadedEntry {
 
 export type Exhausted = "repeat-last" | "error";
 
+/** The most problems a refused start names; `har check` lists them all. */
+const maxProblemsShown = 20;
+
 /** The answers a replay has for one request, or why it has none. */
 export type Take = { readonly hit: LoadedEntry } | { readonly miss: string; readonly code: "EG_REPLAY_MISS" | "EG_REPLAY_EXHAUSTED" };
 
@@ -56,29 +59,33 @@ export class ReplaySource {
     } catch (error) {
       throw new Error(`cannot read ${path} as a HAR file: ${readFailure(error)}`, { cause: error });
     }
-    const list: unknown = har?.log?.entries;
+    const list: unknown = (har as { log?: { entries?: unknown } } | null)?.log?.entries;
     if (!Array.isArray(list)) throw new Error(`${path} is not a HAR file: log.entries is missing`);
-    const entries: LoadedEntry[] = [];
-    for (const [index, entry] of (list as RecordedEntry[]).entries()) {
-      const problems = replayProblems(entry, `log.entries[${index}]`);
+    // Every entry is checked before any is used, and every problem named: a field of the wrong
+    // type must never reach the code below as a JavaScript error, or a request as a 502.
+    const problems: string[] = [];
+    for (const [index, entry] of (list as unknown[]).entries()) {
+      const found = replayProblems(entry, `log.entries[${index}]`);
       // The response's sidecar file is read at each request: one that is not a regular file (a
       // FIFO would hold a threadpool thread in open()) or is missing fails the start instead.
-      const file = (entry as Partial<RecordedEntry> | null)?.response?.content?._file;
-      if (typeof file === "string" && /^[0-9a-f]{64}$/.test(file)) {
+      const file = found.length === 0 ? (entry as RecordedEntry).response.content?._file : undefined;
+      if (file !== undefined) {
         const problem = sidecarFileProblem(path, file, `log.entries[${index}].response.content`);
-        if (problem !== undefined) problems.push(problem);
+        if (problem !== undefined) found.push(problem);
       }
-      if (problems.length > 0) throw new Error(`${path} cannot be replayed: ${problems.join("; ")}`);
+      problems.push(...found);
+    }
+    if (problems.length > 0) {
+      const shown = problems.slice(0, maxProblemsShown).join("; ");
+      const more = problems.length > maxProblemsShown ? `; and ${problems.length - maxProblemsShown} more (egressgate har check lists them all)` : "";
+      throw new Error(`${path} cannot be replayed (${problems.length} ${problems.length === 1 ? "problem" : "problems"}): ${shown}${more}`);
+    }
+    const entries: LoadedEntry[] = [];
+    for (const [index, entry] of (list as RecordedEntry[]).entries()) {
       // No response (0, an aborted request in a browser's export) or an informational one (a
       // WebSocket's 101): nothing a request can be answered with.
-      const status = entry.response?.status;
-      if (typeof status !== "number" || status < 200) continue;
-      let url: URL;
-      try {
-        url = new URL(entry.request.url);
-      } catch (error) {
-        throw new Error(`${path}: log.entries[${index}].request.url is not a URL`, { cause: error });
-      }
+      if (entry.response.status < 200) continue;
+      const url = new URL(entry.request.url);
       if (url.protocol !== "http:" && url.protocol !== "https:") continue;
       const headers = (entry.request.headers ?? []).map((h) => [h.name, h.value] as const);
       const body = await requestBodyOf(entry, path);
@@ -122,7 +129,7 @@ export class ReplaySource {
 
 /** `[::1]` as Chrome writes it, `::1`; nothing for an empty or odd value. */
 function recordedIp(value: string | undefined): string | undefined {
-  if (value === undefined || value === "") return undefined;
+  if (typeof value !== "string" || value === "") return undefined;
   const bare = value.startsWith("[") && value.endsWith("]") ? value.slice(1, -1) : value;
   return isIP(bare) === 0 ? undefined : bare;
 }

@@ -308,10 +308,11 @@ describe("recorded network", () => {
 
   // An entry that cannot be replayed as it stands (framing, a status or a header no response can
   // have) once went out broken: a 200 with no body that held the guest, a 101 to a plain GET.
+  const request = (): Record<string, unknown> => ({ method: "GET", url: "https://api.test/x", httpVersion: "HTTP/1.1", cookies: [], headers: [], queryString: [], headersSize: -1, bodySize: 0 });
   const entry = (response: Record<string, unknown>, extra: Record<string, unknown> = {}): Record<string, unknown> => ({
     startedDateTime: "2026-12-01T00:00:00.000Z",
     time: 1,
-    request: { method: "GET", url: "https://api.test/x", httpVersion: "HTTP/1.1", cookies: [], headers: [], queryString: [], headersSize: -1, bodySize: 0 },
+    request: request(),
     response: { status: 200, statusText: "OK", httpVersion: "HTTP/1.1", cookies: [], headers: [], redirectURL: "", headersSize: -1, bodySize: 2, content: { size: 2, mimeType: "text/plain", text: "ok" }, ...response },
     cache: {},
     timings: { send: 0, wait: 1, receive: 0 },
@@ -326,6 +327,30 @@ describe("recorded network", () => {
     ["a header value past Latin-1", entry({ headers: [{ name: "x-a", value: "1 €" }] }), /response\.headers\[0\]: .*cannot carry/],
     ["a header name that is not a token", entry({ headers: [{ name: "x a", value: "1" }] }), /response\.headers\[0\]: .*not a token/],
     ["a body text that is not a string", entry({ content: { size: 2, mimeType: "text/plain", text: 42 } }), /response\.content\.text: must be a string/],
+    // Shapes that reached the replay as raw JavaScript errors, a 502 "internal error", or an
+    // entry silently left out, while har check said otherwise (black-box finding).
+    ["response headers that are an object", entry({ headers: { "content-type": "text/plain" } }), /log\.entries\[0\]\.response\.headers: must be an array/],
+    ["a response header whose value is a number", entry({ headers: [{ name: "x-a", value: 1 }] }), /log\.entries\[0\]\.response\.headers\[0\]: must be \{ name, value \} with string values/],
+    ["a response header that is a string", entry({ headers: ["x-a: 1"] }), /log\.entries\[0\]\.response\.headers\[0\]: must be \{ name, value \} with string values/],
+    ["a serverIPAddress that is a number", entry({}, { serverIPAddress: 12345 }), /log\.entries\[0\]\.serverIPAddress: must be a string/],
+    ["an entry that is null", null, /log\.entries\[0\]: must be an object/],
+    ["an entry that is a string", "x", /log\.entries\[0\]: must be an object/],
+    ["no request", entry({}, { request: undefined }), /log\.entries\[0\]\.request: missing/],
+    ["a response that is a string", entry({}, { response: "200 OK" }), /log\.entries\[0\]\.response: must be an object/],
+    ["a status that is a string", entry({ status: "200" }), /log\.entries\[0\]\.response\.status: must be a number/],
+    ["no status", entry({ status: undefined }), /log\.entries\[0\]\.response\.status: missing/],
+    ["a method that is a number", entry({}, { request: { ...request(), method: 7 } }), /log\.entries\[0\]\.request\.method: must be a string/],
+    ["a method that is not a token", entry({}, { request: { ...request(), method: "GE T" } }), /log\.entries\[0\]\.request\.method: "GE T" is not a token/],
+    ["a URL that is a number", entry({}, { request: { ...request(), url: 7 } }), /log\.entries\[0\]\.request\.url: must be a string/],
+    ["a URL that is not absolute", entry({}, { request: { ...request(), url: "/x" } }), /log\.entries\[0\]\.request\.url: not an absolute URL/],
+    ["request headers that are an object", entry({}, { request: { ...request(), headers: { accept: "*/*" } } }), /log\.entries\[0\]\.request\.headers: must be an array/],
+    ["a request header whose name is missing", entry({}, { request: { ...request(), headers: [{ value: "1" }] } }), /log\.entries\[0\]\.request\.headers\[0\]: must be \{ name, value \} with string values/],
+    ["a request body text that is a number", entry({}, { request: { ...request(), method: "POST", postData: { mimeType: "text/plain", text: 7 } } }), /log\.entries\[0\]\.request\.postData\.text: must be a string/],
+    ["request body params that are not a list", entry({}, { request: { ...request(), method: "POST", postData: { mimeType: "x", params: { a: "1" } } } }), /log\.entries\[0\]\.request\.postData\.params: must be an array/],
+    ["a request body param whose value is a number", entry({}, { request: { ...request(), method: "POST", postData: { mimeType: "x", params: [{ name: "a", value: 1 }] } } }), /log\.entries\[0\]\.request\.postData\.params\[0\]: must be \{ name, value \} with string values/],
+    ["content that is a string", entry({ content: "ok" }), /log\.entries\[0\]\.response\.content: must be an object/],
+    ["a content encoding that is a number", entry({ content: { size: 2, mimeType: "text/plain", text: "ok", encoding: 64 } }), /log\.entries\[0\]\.response\.content\.encoding: must be a string/],
+    ["a sidecar name that is not a SHA-256", entry({ content: { size: 2, mimeType: "text/plain", _file: "../../etc/passwd" } }), /log\.entries\[0\]\.response\.content\._file: must be the SHA-256 of the body \(64 hex digits\)/],
   ])("a file with %s fails the start, naming the entry, and har check says so (exit 2)", async (_name, bad, message) => {
     const dir = tempDir();
     const file = join(dir, "bad.har");
@@ -334,6 +359,16 @@ describe("recorded network", () => {
     const report = await checkHarFile(file);
     expect(report.problems.join("\n")).toMatch(message);
     expect(formatHarReport(report).status).toBe(2);
+    // Said once, though both the HAR checks and the replay checks look at it.
+    expect(new Set(report.problems).size).toBe(report.problems.length);
+  });
+
+  it("--replay names every entry that cannot be replayed, not only the first", async () => {
+    const file = join(tempDir(), "bad.har");
+    const entries = [entry({ status: "200" }), entry({}), null, entry({ headers: { a: "1" } })];
+    writeFileSync(file, JSON.stringify({ log: { version: "1.2", creator: { name: "test", version: "1" }, pages: [], entries } }));
+    const start = startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: file } } });
+    await expect(start).rejects.toThrow(/bad\.har cannot be replayed \(3 problems\): log\.entries\[0\]\.response\.status: must be a number; log\.entries\[2\]: must be an object; log\.entries\[3\]\.response\.headers: must be an array/);
   });
 
   it("entries with no response (status 0) or an informational one (a 101) are not replayed: their requests miss", async () => {
