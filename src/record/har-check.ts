@@ -1,7 +1,7 @@
 import { statSync } from "node:fs";
 import { join } from "node:path";
 import { fileKind, readFailure, readRegularFile } from "../regular-file.js";
-import { sidecarDir } from "./har.js";
+import { maxRecordedMs, sidecarDir } from "./har.js";
 
 /**
  * `egressgate har check FILE`: the HAR 1.2 checks of the spec's required fields and their types
@@ -215,11 +215,26 @@ export function replayProblems(entry: unknown, where: string): string[] {
     }
   }
   at.string(entry, "serverIPAddress", where, true);
+  // `--replay-latency recorded` waits these; HAR's -1 ("not applicable") is no wait.
+  const tooLong = (ms: number, at: string): void => {
+    if (ms > maxRecordedMs) problems.push(`${at}: ${ms} ms is more than ${maxRecordedMs} ms (24.8 days), the longest a replay can wait`);
+  };
+  if (entry["timings"] !== undefined) {
+    const timings = at.object(entry, "timings", where);
+    if (timings !== undefined) {
+      for (const key of ["send", "wait", "receive"]) {
+        if (timings[key] === undefined) continue;
+        const ms = at.number(timings, key, `${where}.timings`);
+        if (ms !== undefined) tooLong(ms, `${where}.timings.${key}`);
+      }
+    }
+  }
   const own = isObject(entry["_egressgate"]) ? entry["_egressgate"] : undefined;
   const chunks = own?.["chunks"];
   const pair = (c: unknown): boolean =>
     Array.isArray(c) && c.length === 2 && Number.isInteger(c[0]) && (c[0] as number) >= 0 && typeof c[1] === "number" && Number.isFinite(c[1]) && c[1] >= 0;
   if (chunks !== undefined && !(Array.isArray(chunks) && chunks.every(pair))) problems.push(`${where}._egressgate.chunks: must be a list of [bytes, ms]`);
+  else if (Array.isArray(chunks)) chunks.forEach((c: [number, number], i) => tooLong(c[1], `${where}._egressgate.chunks[${i}]`));
   return problems;
 }
 

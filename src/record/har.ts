@@ -8,6 +8,13 @@ import type { Content, Entry, Har, Header, PostData, Request, Response } from "h
 /** Bodies larger than this go to a sidecar file `FILE.har.d/<sha256>`, never into the HAR itself. */
 export const inlineBodyLimit = 1024 * 1024;
 
+/**
+ * The longest recorded time (a timing, a chunk's offset) a replay takes: 2^31 - 1 ms, about 24.8
+ * days, the longest one setTimeout waits (past it Node fires after 1 ms, with a warning). No
+ * real exchange comes near it, so a file that says more is refused rather than cut.
+ */
+export const maxRecordedMs = 2 ** 31 - 1;
+
 /** What egressgate adds to each entry it records. */
 export interface EgressgateEntryInfo {
   /** The order the exchange started in, over the whole recording (1, 2, …). */

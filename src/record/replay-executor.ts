@@ -7,7 +7,7 @@ import type { Logger } from "../log.js";
 import type { Executor, ExecutorResponse, GuestGone, OutboundRequest } from "../pipeline/exchange.js";
 import { secretToken, type SecretStore } from "../policy/secrets.js";
 import { tokenizeHeader } from "./entry.js";
-import { inlineBodyLimit, type RecordedEntry } from "./har.js";
+import { inlineBodyLimit, maxRecordedMs, type RecordedEntry } from "./har.js";
 import { fieldsOf, type BodyForKey, type MatchOptions } from "./match.js";
 import { sidecarPath, type ReplaySource } from "./replay-source.js";
 import { withFields } from "../objects.js";
@@ -196,16 +196,27 @@ function delayEnd(body: Readable, ms: number, signal: GuestGone): Readable {
   );
 }
 
-/** A pause that ends early (and quietly) when the guest leaves. */
+/**
+ * A pause that ends early (and quietly) when the guest leaves. Each recorded time is at most
+ * maxRecordedMs (the load refuses more), but `send` + `wait` may add up past what one
+ * setTimeout can wait (it would fire after 1 ms, with a TimeoutOverflowWarning): waited in parts.
+ */
 function sleep(ms: number, signal: GuestGone): Promise<void> {
   if (ms <= 0 || signal.aborted) return Promise.resolve();
   return new Promise((resolve) => {
+    let timer: NodeJS.Timeout;
     const done = (): void => {
       clearTimeout(timer);
       signal.off("abort", done);
       resolve();
     };
-    const timer = setTimeout(done, ms);
+    const end = performance.now() + ms;
+    const wait = (): void => {
+      const left = end - performance.now();
+      if (left <= 0) done();
+      else timer = setTimeout(wait, Math.min(left, maxRecordedMs));
+    };
     signal.once("abort", done);
+    wait();
   });
 }

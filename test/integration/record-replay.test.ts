@@ -350,6 +350,14 @@ describe("recorded network", () => {
     ["a request body param whose value is a number", entry({}, { request: { ...request(), method: "POST", postData: { mimeType: "x", params: [{ name: "a", value: 1 }] } } }), /log\.entries\[0\]\.request\.postData\.params\[0\]: must be \{ name, value \} with string values/],
     ["content that is a string", entry({ content: "ok" }), /log\.entries\[0\]\.response\.content: must be an object/],
     ["a content encoding that is a number", entry({ content: { size: 2, mimeType: "text/plain", text: "ok", encoding: 64 } }), /log\.entries\[0\]\.response\.content\.encoding: must be a string/],
+    // Past 2^31 - 1 ms Node's setTimeout fires after 1 ms and warns (TimeoutOverflowWarning):
+    // `--replay-latency recorded` answered at once what it was told to hold (black-box finding).
+    ["a wait past 24 days", entry({}, { timings: { send: 0, wait: 3e9, receive: 0 } }), /log\.entries\[0\]\.timings\.wait: 3000000000 ms is more than 2147483647 ms \(24\.8 days\)/],
+    ["a send time of 10^15 ms", entry({}, { timings: { send: 1e15, wait: 1, receive: 0 } }), /log\.entries\[0\]\.timings\.send: 1000000000000000 ms is more than 2147483647 ms/],
+    ["a receive time past 24 days", entry({}, { timings: { send: 0, wait: 1, receive: 2147483648 } }), /log\.entries\[0\]\.timings\.receive: 2147483648 ms is more than 2147483647 ms/],
+    ["a wait that is a string", entry({}, { timings: { send: 0, wait: "Infinity", receive: 0 } }), /log\.entries\[0\]\.timings\.wait: must be a number/],
+    ["timings that are a list", entry({}, { timings: [0, 1, 0] }), /log\.entries\[0\]\.timings: must be an object/],
+    ["a chunk time past 24 days", entry({}, { _egressgate: { chunks: [[1, 0], [1, 3e9]] } }), /log\.entries\[0\]\._egressgate\.chunks\[1\]: 3000000000 ms is more than 2147483647 ms/],
     ["a sidecar name that is not a SHA-256", entry({ content: { size: 2, mimeType: "text/plain", _file: "../../etc/passwd" } }), /log\.entries\[0\]\.response\.content\._file: must be the SHA-256 of the body \(64 hex digits\)/],
   ])("a file with %s fails the start, naming the entry, and har check says so (exit 2)", async (_name, bad, message) => {
     const dir = tempDir();
@@ -361,6 +369,25 @@ describe("recorded network", () => {
     expect(formatHarReport(report).status).toBe(2);
     // Said once, though both the HAR checks and the replay checks look at it.
     expect(new Set(report.problems).size).toBe(report.problems.length);
+  });
+
+  it("with --replay-latency recorded, a send and a wait that add up past 2^31 - 1 ms are waited, not cut to 1 ms with a TimeoutOverflowWarning", async () => {
+    const file = join(tempDir(), "slow.har");
+    const slow = entry({}, { timings: { send: 2147483647, wait: 2147483647, receive: 0 } });
+    writeFileSync(file, JSON.stringify({ log: { version: "1.2", creator: { name: "test", version: "1" }, pages: [], entries: [slow] } }));
+    expect(formatHarReport(await checkHarFile(file)).status).toBe(0);
+    const warnings: string[] = [];
+    const onWarning = (warning: Error): void => void warnings.push(warning.name);
+    process.on("warning", onWarning);
+    onTestFinished(() => void process.off("warning", onWarning));
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: file, latency: "recorded" } } });
+    const answered = fetchVia(proxy, "https://api.test/x").then(() => "answered", () => "failed");
+    const early = await Promise.race([answered, new Promise((resolve) => setTimeout(() => resolve("waiting"), 500))]);
+    expect(early).toBe("waiting");
+    expect(warnings).not.toContain("TimeoutOverflowWarning");
+    // The close ends the wait (the guest is gone), so nothing is left running.
+    await proxy.close();
+    await answered;
   });
 
   it("--replay names every entry that cannot be replayed, not only the first", async () => {
