@@ -73,6 +73,8 @@ export class GuestSide {
         if (this.inFlight === 0) this.idle?.();
       },
       explainCut: (error) => this.explainCut(error),
+      drainEnded: () => this.drainEnded,
+      drainCut: `the proxy closed the connection at the end of its drain (timeouts.drainMs, ${deps.config.timeouts.drainMs} ms)`,
     });
   }
 

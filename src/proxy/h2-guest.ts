@@ -13,7 +13,7 @@ import type { DecisionLog } from "./decision-log.js";
 import { loggableTarget, type TunnelTarget } from "./guest-request.js";
 import type { GuestRegistry } from "./guests.js";
 import { h2OutboundRequest } from "./h2-request.js";
-import { sendH2Error, sendH2Response } from "./h2-respond.js";
+import { sendH2Error, sendH2Response, type StallWatch } from "./h2-respond.js";
 import { GuestLeftFirst } from "./respond.js";
 import { h2Codes, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h2-settings.js";
 import { tunnelOf } from "./tunnel.js";
@@ -36,6 +36,10 @@ export interface H2GuestDeps {
   readonly ended: () => void;
   /** Why a response was cut after its head, as the log says it. */
   readonly explainCut: (error: Error) => Error | string;
+  /** The proxy's drain is over: what it cuts from now on is the proxy's doing, not the guest's. */
+  readonly drainEnded: () => boolean;
+  /** What the log says of a request the drain's end cut. */
+  readonly drainCut: string;
 }
 
 /** What one guest connection has done that the limits count. */
@@ -53,6 +57,8 @@ interface SessionState {
   readonly socket: TLSSocket | undefined;
   /** When `running` last fell to 0 (or the session began): the idle limit counts from here. */
   idleSince: number;
+  /** Ends the session once it has had no request for idleMs, whatever else the guest sends. */
+  idleTimer: NodeJS.Timeout | undefined;
   /** A PING of the liveness probe awaits its acknowledgement. */
   probing: boolean;
   /** The guest closed its side (FIN): what is still owed goes out, then the session ends. */
@@ -153,6 +159,7 @@ export class H2Guests {
       settings: new WindowCounter(h2Limits.maxSettingsPerWindow),
       socket: this.arriving,
       idleSince: performance.now(),
+      idleTimer: undefined,
       probing: false,
       guestEnded: false,
     };
@@ -197,13 +204,17 @@ export class H2Guests {
       // short spell of silence it never will (onSilence ends a session whose guest has ended).
       session.setTimeout(Math.min(this.deps.idleMs, h2Limits.afterGuestEndMs));
     });
-    session.once("close", () => this.sessions.delete(session));
+    session.once("close", () => {
+      this.sessions.delete(session);
+      clearTimeout(state.idleTimer);
+    });
     session.on("error", (error) => this.deps.log.debug("guest h2 session error", { error }));
     session.on("frameError", (type: number, code: number, id: number) => this.deps.log.debug("guest h2 frame error", { type, code, stream: id }));
     // Silence on the connection: a PING, or the end of an idle or abandoned session (onSilence).
     // Node's setTimeout(ms, callback) listens once; this listener stays, and each call re-arms.
     session.on("timeout", () => this.onSilence(session, state, end));
     session.setTimeout(this.silenceMs());
+    this.armIdle(session, state, end);
     session.on("ping", () => {
       if (state.pings.over(performance.now())) this.calm(session, "PING flood");
     });
@@ -218,40 +229,53 @@ export class H2Guests {
   }
 
   /**
-   * The connection has been silent for {@link silenceMs}. A session whose guest has ended, or
-   * with no request for idleMs, is closed, as an idle HTTP/1.1 socket is. Otherwise the guest is
-   * sent a PING, which a live guest answers even while every stream waits for its window, and a
-   * session whose PING goes unanswered is closed. nghttp2 needs this: once it has sent
+   * The connection has been silent for {@link silenceMs}: the guest is sent a PING, which a live
+   * guest answers even while every stream waits for its window, and a session whose PING goes
+   * unanswered for as long again is closed. nghttp2 needs this: once it has sent
    * GOAWAY(PROTOCOL_ERROR) it stops reading and Node never learns, so the guest's FIN goes
    * unseen, and a guest that vanished without a FIN is heard from no more than a stalled one.
-   * Both held their tunnel until idleMs (2 minutes by default).
+   * Both held their tunnel until idleMs (2 minutes by default). A session closing gracefully (a
+   * drain's GOAWAY, the guest's FIN) is not asked: its deadline is the drain's, or the FIN's.
    */
   private onSilence(session: ServerHttp2Session, state: SessionState, end: () => void): void {
     if (session.destroyed) return;
-    if (state.guestEnded || (state.running === 0 && performance.now() - state.idleSince >= this.deps.idleMs)) {
+    if (state.guestEnded) {
       end();
       return;
     }
     // Node re-arms the timer only on traffic: a session nobody hears from would not be asked again.
     session.setTimeout(this.silenceMs());
-    if (state.probing) return;
+    if (state.probing || session.closed) return;
     state.probing = true;
-    const unanswered = (): void => {
+    const deadline = setTimeout(() => {
       this.deps.log.debug("guest h2 connection closed", { reason: "no answer to PING", guest: state.tunnel.guest });
       end();
-    };
-    const deadline = setTimeout(unanswered, this.silenceMs());
+    }, this.silenceMs());
     deadline.unref();
     try {
-      session.ping((error) => {
+      // An error is a PING cancelled by the session's own end, which the deadline outlives.
+      session.ping(() => {
         clearTimeout(deadline);
         state.probing = false;
-        if (error !== null && error !== undefined && !session.destroyed) unanswered();
       });
     } catch {
-      clearTimeout(deadline);
-      unanswered();
+      // Too many unanswered already, or the session is going: the deadline decides.
     }
+  }
+
+  /**
+   * The idle limit, on a timer of its own: the session's timeout is refreshed by anything the
+   * guest sends, and a guest sending PING or SETTINGS every few seconds, with no request, held
+   * its connection and its place under connectionsPerSource for good.
+   */
+  private armIdle(session: ServerHttp2Session, state: SessionState, end: () => void): void {
+    const timer = setTimeout(() => {
+      if (session.destroyed || state.running > 0) return;
+      if (performance.now() - state.idleSince >= this.deps.idleMs) end();
+      else timer.refresh();
+    }, this.deps.idleMs);
+    timer.unref();
+    state.idleTimer = timer;
   }
 
   /** GOAWAY(ENHANCE_YOUR_CALM) and the connection closed, as Go answers rapid reset. */
@@ -292,7 +316,7 @@ export class H2Guests {
       return;
     }
     // One close listener per stream, for the reset count and the request's own (watch.onClose).
-    const watch: StreamWatch = { ours: false, onClose: undefined };
+    const watch: StreamWatch = { ours: false, onClose: undefined, cut: undefined };
     stream.once("close", () => {
       // `aborted`: closed before the proxy ended its response, whatever the code (a reset with
       // NO_ERROR counts too). Node ends a reset stream's writable side itself, so writableFinished
@@ -311,7 +335,11 @@ export class H2Guests {
         resetH2Stream(stream, h2Codes.internalError, "internal error");
       })
       .finally(() => {
-        if (--state.running === 0) state.idleSince = performance.now();
+        if (--state.running === 0) {
+          state.idleSince = performance.now();
+          // From now: refresh() re-arms the one timer for idleMs (no new timer per request).
+          state.idleTimer?.refresh();
+        }
         this.deps.ended();
       });
   }
@@ -349,7 +377,12 @@ export class H2Guests {
       const guest = this.deps.guests.get(tunnel.guest);
       if (guest === undefined || guest.removed) throw authenticationRequired();
       guestName = guest.name;
-      const request = h2OutboundRequest(raw, tunnel, stream.endAfterHeaders ? null : requestBodyOf(stream));
+      const uploadStalled = (): void => {
+        watch.cut = `the guest sent nothing of its request body for timeouts.idleMs (${this.deps.idleMs} ms)`;
+        resetByUs();
+        resetH2Stream(stream, h2Codes.cancel, watch.cut);
+      };
+      const request = h2OutboundRequest(raw, tunnel, stream.endAfterHeaders ? null : requestBodyOf(stream, { ms: this.deps.idleMs, onStall: uploadStalled }));
       target = `${request.url.origin}${cutPath(this.deps.redact(request.url.pathname))}`;
       if (requestStart.hasSubscribers) requestStart.publish({ id, guest: guestName, method, url: target, time: new Date().toISOString() } satisfies RequestStartMessage);
       state.unanswered.set(stream, watch);
@@ -369,10 +402,14 @@ export class H2Guests {
       if (auditing && response.body !== null) down = countFlowing(response.body);
       // A window that never opens (or a guest that stops reading) stalls only this stream's
       // writes; past the idle limit the stream is reset and its upstream body let go.
-      stream.setTimeout(this.deps.idleMs, () => {
-        resetByUs();
-        resetH2Stream(stream, h2Codes.cancel, "the guest read nothing for the idle limit");
-      });
+      const stall: StallWatch = {
+        ms: this.deps.idleMs,
+        onStall: () => {
+          watch.cut = `the guest read nothing for timeouts.idleMs (${this.deps.idleMs} ms)`;
+          resetByUs();
+          resetH2Stream(stream, h2Codes.cancel, watch.cut);
+        },
+      };
       await new Promise<void>((resolve) => {
         sendH2Response(stream, response, (error) => {
           finished = true;
@@ -380,7 +417,7 @@ export class H2Guests {
           if (error !== undefined) resetByUs();
           this.finishRequestBody(stream, resetByUs);
           if (error instanceof GuestLeftFirst) {
-            decide({ id, guest: guestName, method, target, status: 499, reason: "guest reset the stream", http: "2", started }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: 0, ...(trace !== undefined ? { trace } : {}) } : undefined);
+            decide({ id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch), http: "2", started }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: 0, ...(trace !== undefined ? { trace } : {}) } : undefined);
             resolve();
             return;
           }
@@ -396,15 +433,17 @@ export class H2Guests {
             redirects: response.redirects,
             http: "2",
             started,
-            ...(error ? { error: this.deps.explainCut(error) } : {}),
+            ...(error ? { error: this.cutReason(watch, error) } : {}),
           }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision, ...(trace !== undefined ? { trace } : {}) } : undefined);
           resolve();
-        });
+        }, stall);
       });
     } catch (error) {
-      if (abort.aborted) {
+      // Gone before its answer: the guest's reset, or the proxy's own cut (an upload that stalled,
+      // the end of the drain, whose closing of the upstream pools fails what is still waiting).
+      if (abort.aborted || this.deps.drainEnded()) {
         decide(
-          { id, guest: guestName, method, target, status: 499, reason: "guest reset the stream", http: "2", started },
+          { id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch), http: "2", started },
           auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, ...(trace !== undefined ? { trace } : {}) } : undefined,
         );
         return;
@@ -434,6 +473,17 @@ export class H2Guests {
     }
   }
 
+  /** Why a stream went before its answer, as the log says it. */
+  private leftReason(watch: StreamWatch): string {
+    return watch.cut ?? (this.deps.drainEnded() ? this.deps.drainCut : "guest reset the stream");
+  }
+
+  /** Why a response was cut after its head: the proxy's own reason when it cut it. */
+  private cutReason(watch: StreamWatch, error: Error): Error | string {
+    if (watch.cut !== undefined) return watch.cut;
+    return this.deps.drainEnded() ? `${this.deps.drainCut} before the response was complete` : this.deps.explainCut(error);
+  }
+
   /**
    * A request body nobody read (a refusal, a hook that answered) must not keep coming: once the
    * answer is out, RST_STREAM(NO_ERROR) tells the guest to stop sending (RFC 9113 §8.1).
@@ -455,6 +505,8 @@ interface StreamWatch {
   /** Set before the proxy itself resets the stream: such a reset does not count against the guest. */
   ours: boolean;
   onClose: (() => void) | undefined;
+  /** Why the proxy cut the stream, when it did (an upload or a download that stalled). */
+  cut: string | undefined;
 }
 
 /**
@@ -462,7 +514,7 @@ interface StreamWatch {
  * consumers destroy a body once they are done with it (undici does after writing it), and
  * destroying an Http2Stream ends the response half too.
  */
-function requestBodyOf(stream: ServerHttp2Stream): Readable {
+function requestBodyOf(stream: ServerHttp2Stream, stall: StallWatch): Readable {
   const body = new PassThrough();
   // Its consumers (a hook's read, the upstream upload) come and go, and each listens for itself;
   // a cut while none is listening must not be an uncaught 'error'.
@@ -470,11 +522,37 @@ function requestBodyOf(stream: ServerHttp2Stream): Readable {
   // A reset with CANCEL (or NO_ERROR) mid-upload ends the stream as if whole: cut the body instead.
   onCutEnd(stream, () => body.destroy(new Error("the guest reset the stream during its upload")));
   stream.pipe(body);
+  watchUpload(stream, stall);
   markEmptyEnd(stream, body);
   stream.once("close", () => {
     if (!stream.readableEnded) body.destroy(new Error("the guest reset the stream during its upload"));
   });
   return body;
+}
+
+/**
+ * An upload the guest stops sending: while the proxy is ready for more (the stream flows), no
+ * byte for `stall.ms` runs `stall.onStall`. A guest answering PINGs kept such a stream, and the
+ * pipeline and upstream request behind it, for good: undici's header timeout starts only once
+ * the body is sent. Time the proxy held the stream paused (its consumer was slow) does not count.
+ */
+function watchUpload(stream: ServerHttp2Stream, stall: StallWatch): void {
+  let last = performance.now();
+  const moved = (): void => {
+    last = performance.now();
+  };
+  stream.on("data", moved);
+  stream.on("resume", moved);
+  const timer = setInterval(() => {
+    if (stream.readableEnded || stream.destroyed) return void clearInterval(timer);
+    if (stream.readableFlowing !== false && performance.now() - last >= stall.ms) {
+      clearInterval(timer);
+      stall.onStall();
+    }
+  }, Math.max(1, Math.floor(stall.ms / 4)));
+  timer.unref();
+  stream.once("end", () => clearInterval(timer));
+  stream.once("close", () => clearInterval(timer));
 }
 
 /** Closes `socket` after `ms`, whatever Node's end of it still waits for; the timer keeps no process alive. */

@@ -42,7 +42,7 @@ export function h2TrailerObject(list: HeaderList | undefined): OutgoingHttpHeade
  * stops reading the upstream body meanwhile, so one stalled stream holds a buffer, never the
  * whole download, and never another stream.
  */
-export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResponse, onDone: (error?: Error) => void): void {
+export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResponse, onDone: (error?: Error) => void, stall?: StallWatch): void {
   const body = response.body;
   if (stream.destroyed || stream.closed) {
     discardBody(body);
@@ -78,6 +78,7 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
   const settle = (error?: Error): void => {
     if (settled) return;
     settled = true;
+    if (watchdog !== undefined) clearInterval(watchdog);
     onDone(error);
   };
   body.once("error", (error: Error) => {
@@ -102,16 +103,48 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
   // A pump of its own rather than pipe(): pipe() puts six listeners on the two streams per
   // response and takes them off again, a share of a small response's cost. Backpressure is the
   // same: the body pauses while the stream's buffer is full and resumes on its drain.
-  const resume = (): void => void body.resume();
+  /** Since when the body has waited on the guest's window; undefined while it flows or waits on the upstream. */
+  let waitingSince: number | undefined;
+  const resume = (): void => {
+    waitingSince = undefined;
+    body.resume();
+  };
+  // Armed the first time the guest's window holds the body back; a response that never waits
+  // (most of them) costs no timer. A silent upstream is upstreamBodyMs's to judge, not this.
+  let watchdog: NodeJS.Timeout | undefined;
+  const watch = (): void => {
+    if (stall === undefined || watchdog !== undefined) return;
+    watchdog = setInterval(() => {
+      if (settled) return void clearInterval(watchdog);
+      if (waitingSince !== undefined && performance.now() - waitingSince >= stall.ms) {
+        clearInterval(watchdog);
+        stall.onStall();
+      }
+    }, Math.max(1, Math.floor(stall.ms / 4)));
+    watchdog.unref();
+  };
   body.on("data", (chunk: Buffer) => {
     if (!stream.write(chunk)) {
       body.pause();
+      waitingSince = performance.now();
       stream.once("drain", resume);
+      watch();
     }
   });
   body.once("end", () => {
     if (!stream.destroyed) stream.end();
   });
+}
+
+/**
+ * A response the guest stops taking: once the body has waited on the guest's window for `ms`
+ * with no drain, `onStall` runs (the caller resets the stream). Node's own
+ * `Http2Stream#setTimeout` cannot tell: it counts the chunks the whole session sends, so one
+ * stalled stream among busy ones was never let go, and it fires on a silent upstream too.
+ */
+export interface StallWatch {
+  readonly ms: number;
+  readonly onStall: () => void;
 }
 
 /** gRPC status codes for the proxy's own refusals (gRPC's "HTTP to gRPC status code mapping"). */
