@@ -10,6 +10,9 @@ const blockExitCode = 2;
 
 const ignore = (): void => undefined;
 
+/** Why a call fails when its decider is closed while it runs or waits. */
+const closedReason = "was cut: the decider was closed (the proxy closing, or a reload retiring it)";
+
 /**
  * Runs a command per decision: the document on stdin, the exit code and stdout as the answer.
  * At most `concurrency` processes run at once, `queue` calls wait in order, and beyond that a
@@ -17,14 +20,12 @@ const ignore = (): void => undefined;
  * (never the proxy's whole environment, which holds secret values), no shell unless configured,
  * and an argv fixed by the configuration: nothing from the request reaches it but stdin.
  */
-const closedReason = "was not asked: the proxy is closing";
-
 export class CommandRunner {
   private running = 0;
-  private readonly waiting: (() => void)[] = [];
+  /** Calls waiting for a slot: `true` hands one over, `false` (close()) does not. */
+  private readonly waiting: ((slot: boolean) => void)[] = [];
   /** The processes running now, each with what ends it: close() ends them all. */
   private readonly live = new Set<() => void>();
-  private closed = false;
 
   constructor(private readonly options: ResolvedCommandDecider) {}
 
@@ -34,14 +35,11 @@ export class CommandRunner {
   }
 
   async ask(input: string, phase: DeciderPhase): Promise<Verdict> {
-    if (this.closed) throw new DeciderFailure(closedReason);
     if (this.running >= this.options.concurrency) {
       if (this.waiting.length >= this.options.queue) {
         throw new DeciderBusy(`${this.options.concurrency} processes are running and ${this.waiting.length} calls are queued (concurrency, queue)`);
       }
-      await new Promise<void>((resolve) => this.waiting.push(resolve));
-      // Woken by close(), which hands over no slot.
-      if (this.closed) throw new DeciderFailure(closedReason);
+      if (!(await new Promise<boolean>((resolve) => this.waiting.push(resolve)))) throw new DeciderFailure(closedReason);
     } else this.running++;
     // A slot is ours now (handed over by release(), or taken above). It is given back once the
     // process has exited, not when its answer is in: a killed process still counts until it is gone.
@@ -51,19 +49,19 @@ export class CommandRunner {
   }
 
   /**
-   * The proxy is closing: every process still running is killed (its call fails), and calls
-   * waiting for a slot, or made later, fail at once. A decider's timeoutMs (up to 10 minutes)
-   * otherwise held the process open long after the drain had cut their requests.
+   * Ends what is under way: every process still running is killed (its call fails), and calls
+   * waiting for a slot fail. The proxy closing, or a reload retiring this decider, calls it: a
+   * decider's timeoutMs (up to 10 minutes) otherwise held the process open long after the drain
+   * had cut its requests. Later calls run as before.
    */
   close(): void {
-    this.closed = true;
     for (const end of [...this.live]) end();
-    for (const next of this.waiting.splice(0)) next();
+    for (const next of this.waiting.splice(0)) next(false);
   }
 
   private release(): void {
     const next = this.waiting.shift();
-    if (next !== undefined) next();
+    if (next !== undefined) next(true);
     else this.running--;
   }
 

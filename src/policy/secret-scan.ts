@@ -525,11 +525,9 @@ export function findFirst(text: string, needles: NeedleSet, budget?: ScanBudget)
  * `text` with every span where a needle was found, in any view, replaced by
  * `[REDACTED:NAME]`. Overlapping spans are merged and take the first needle's name. A text
  * that could not be scanned within its budget is replaced as a whole by {@link unscannedMarker}.
- */
-/**
- * `text` with every match replaced by `[REDACTED:NAME]`. With `keep`, only what stands before
- * position `keep` of `text` is kept, a match that starts before it whole (as its marker): a value
- * cut by `keep` is redacted as a whole, since it was matched before the cut was made.
+ * With `keep`, only what stands before position `keep` of `text` is kept, a match that starts
+ * before it whole (as its marker): a value cut by `keep` is redacted as a whole, since it was
+ * matched before the cut was made.
  */
 export function redactText(text: string, needles: NeedleSet, budget?: ScanBudget, keep = text.length): string {
   const spans: { start: number; end: number; name: string }[] = [];

@@ -52,6 +52,8 @@ export class Guest {
   removed = false;
   private readonly digest: Buffer;
   private readonly pools: PinnedPools;
+  /** The external deciders of the guest's chain: ended with the guest (their calls and processes). */
+  private readonly deciders: readonly { close(): Promise<void> }[];
 
   constructor(resolved: ResolvedGuest, key: string, deps: GuestDeps) {
     const { config, log, authority } = deps;
@@ -60,6 +62,7 @@ export class Guest {
     this.digest = tokenDigest(this.token);
     this.env = resolved.env;
     this.sources = resolved.sources;
+    this.deciders = resolved.chain.flatMap((entry) => (entry.kind === "decider" ? [entry.decider] : []));
     const policy = new DeclarativePolicy(resolved.declarative, deps.selfAddresses);
     this.policy = policy;
     // A spread copy of createHttpHooks' hooks delegates the allowlist to its generated
@@ -148,11 +151,15 @@ export class Guest {
     await this.pools.close();
   }
 
-  /** Closes what this guest holds: its bound connections and its upstream pools. */
+  /**
+   * Closes what this guest holds: its bound connections, its upstream pools, and what its
+   * external deciders have under way (a command still running, a webhook call unanswered), which
+   * held `close()` for the decider's timeoutMs.
+   */
   async close(): Promise<void> {
     this.removed = true;
     for (const socket of this.connections) socket.destroy();
-    await this.pools.destroy();
+    await Promise.all([this.pools.destroy(), ...this.deciders.map((decider) => decider.close())]);
   }
 }
 

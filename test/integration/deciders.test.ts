@@ -3,7 +3,7 @@ import { createServer, type Socket } from "node:net";
 import { spawnSync } from "node:child_process";
 import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { describe, expect, it, onTestFinished } from "vitest";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { request } from "undici";
 import { createHttpHooks, type HttpHooksOptions } from "../../src/index.js";
 import { caseOf, gateDecider, json, loggedDocuments, pythonDecider, shellDecider, startDecisionServer, text, until } from "../helpers/deciders.js";
@@ -563,3 +563,40 @@ describe("deciders in a chain", () => {
     expect(upstream.hits()).toBe(0);
   });
 });
+
+// proxy.close() left a command decider's process running, and waited out a webhook's call, for
+// the decider's timeoutMs (up to 10 minutes): nothing closed the deciders a guest's chain held.
+describe("proxy.close() ends what the guests' deciders have under way", () => {
+  // (A webhook's call left open does not hold close(); the CLI's exit, which it did hold, is
+  // tested in deciders-cli.test.ts.)
+  it("a command decider still deciding: its process is killed by close(), not left for its timeoutMs", async () => {
+    const marker = `600.${process.pid}1`;
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], hooks: [{ command: ["sleep", marker], timeoutMs: 600_000 }] }, { timeouts: { drainMs: 300 } });
+    const answer = fetchVia(proxy, `https://api.test:${upstream.port}/echo`).then(
+      (res) => res.status,
+      () => "cut",
+    );
+    const sleeping = (): number => processesWith(["sleep", marker]);
+    await vi.waitFor(() => expect(sleeping()).toBe(1), { timeout: 10_000, interval: 20 });
+    await proxy.close();
+    expect([502, "cut"]).toContain(await answer);
+    expect(upstream.hits()).toBe(0);
+    await vi.waitFor(() => expect(sleeping()).toBe(0), { timeout: 5_000, interval: 20 });
+  }, 30_000);
+});
+
+/** Processes on this machine whose argv is exactly `argv`. */
+function processesWith(argv: readonly string[]): number {
+  const wanted = `${argv.join("\u0000")}\u0000`;
+  let count = 0;
+  for (const pid of readdirSync("/proc")) {
+    if (!/^\d+$/.test(pid)) continue;
+    try {
+      if (readFileSync(`/proc/${pid}/cmdline`, "utf8") === wanted) count += 1;
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return count;
+}
