@@ -79,7 +79,7 @@ export function checkMethod(method: string): void {
   if (forwardedMethods.has(method)) return;
   const upper = method.toUpperCase();
   // RFC 8441 (WebSocket over HTTP/2) is not offered: SETTINGS_ENABLE_CONNECT_PROTOCOL stays 0.
-  if (upper === "CONNECT") throw new EgressError("EG_METHOD_NOT_ALLOWED", 405, "CONNECT inside a tunnel is not allowed");
+  if (upper === "CONNECT") throw connectInTunnel();
   if (forbiddenMethods.has(upper)) {
     throw new EgressError("EG_METHOD_NOT_ALLOWED", 405, `method ${method} is not allowed: it would echo credentials back`);
   }
@@ -88,6 +88,11 @@ export function checkMethod(method: string): void {
   // would carry any token: `delete` passed a policy that refuses `DELETE` (methods are
   // case-sensitive), and reached servers that read it as DELETE.
   throw badRequest(`method ${JSON.stringify(method.slice(0, 64))} is not one the proxy forwards${spellingHint(method)}`);
+}
+
+/** The refusal of a CONNECT sent inside a tunnel: a tunnel in a tunnel would escape every check. */
+export function connectInTunnel(): EgressError {
+  return new EgressError("EG_METHOD_NOT_ALLOWED", 405, "CONNECT inside a tunnel is not allowed");
 }
 
 /**

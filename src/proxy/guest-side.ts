@@ -12,7 +12,7 @@ import { authenticationRequired } from "./auth.js";
 import { parseAuthority } from "./authority.js";
 import type { ConnectionLimits } from "./connection-limits.js";
 import type { DecisionLog } from "./decision-log.js";
-import { loggableTarget, loggableUrl, toOutboundRequest } from "./guest-request.js";
+import { connectInTunnel, loggableTarget, loggableUrl, toOutboundRequest } from "./guest-request.js";
 import type { Guest, GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, type LaneRequest } from "./lanes.js";
@@ -194,6 +194,31 @@ export class GuestSide {
     socket.write("HTTP/1.1 200 Connection Established\r\n\r\n");
     this.deps.log.debug("tunnel opened", { guest: guest.name, target: `${target.hostname}:${target.port}` });
     serve(withFields(target, { guest: guest.name, refusedHost }), head);
+  }
+
+  /**
+   * A CONNECT inside a tunnel is refused (405) as TRACE is: in its turn behind the requests
+   * before it, logged and audited. Node's parser lets go of the connection at a CONNECT, so
+   * nothing after it can be read as HTTP: the answer closes the connection.
+   */
+  refuseConnect(req: IncomingMessage, socket: Socket, head: Buffer): void {
+    if (this.deps.limits.refused(socket)) return;
+    const started = performance.now();
+    const id = this.nextId++;
+    const guest = tunnelOf(socket)?.guest;
+    this.guard(
+      this.lanes.takeOver(socket, head).then((early) => {
+        // Behind an answer that closed the connection: never processed, as a request is not.
+        if (early === undefined || isLingering(socket) || socket.writableEnded) return;
+        const err = connectInTunnel();
+        writeRawError(socket, err);
+        this.deps.decide(
+          { id, guest, method: "CONNECT", target: loggableTarget(req.url ?? ""), status: err.status, reason: err.message, code: err.code, started },
+          this.deps.decide.auditing ? { bytesDown: Buffer.byteLength(errorBody(err)) } : undefined,
+        );
+      }),
+      socket,
+    );
   }
 
   /** An upgrade waits its turn behind the requests before it on the connection. */

@@ -1,6 +1,5 @@
 import type { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
-import { EgressError } from "../errors.js";
 import { makeIssue, OptionError } from "../option-error.js";
 import { createLogger } from "../log.js";
 import type { ListenAddress } from "../policy/declarative-policy.js";
@@ -20,7 +19,6 @@ import { GuestSide } from "./guest-side.js";
 import { GuestRegistry } from "./guests.js";
 import { listenAddresses } from "./listen-addresses.js";
 import { checkGuestOptions, checkSourcesApart, connectionsWithin, openFileLimit, resolveProxyOptions, type ProxyOptions } from "./options.js";
-import { writeRawError } from "./respond.js";
 import { GuestRedactor } from "./redactor.js";
 import { ThrottledWarning } from "./throttled-log.js";
 import { serveTunnel } from "./tunnel.js";
@@ -164,9 +162,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       serveTunnel(socket, early, target, { inner, h2: (tls) => side.serveH2(tls), leaves: authority.leaves, handshakes, log, handshakeMs: config.timeouts.handshakeMs });
     });
   });
-  inner.on("connect", (_req: IncomingMessage, socket: Socket) => {
-    writeRawError(socket, new EgressError("EG_METHOD_NOT_ALLOWED", 405, "CONNECT inside a tunnel is not allowed"));
-  });
+  inner.on("connect", (req: IncomingMessage, socket: Socket, head: Buffer) => side.refuseConnect(req, socket, head));
   // An unlistened server never starts its header/request timeout checks; "listening" does it.
   inner.emit("listening");
 

@@ -1,7 +1,7 @@
 import type { ServerResponse } from "node:http";
 import { describe, expect, it, vi } from "vitest";
 import { latch } from "../helpers/latch.js";
-import type { ProxyOptions } from "../../src/index.js";
+import type { AuditRecord, ProxyOptions } from "../../src/index.js";
 import { fetchVia, startTestProxy, type TestProxy } from "../helpers/proxy.js";
 import { openRaw, openTlsTunnel, openTunnel, type RawClient, type RawResponse } from "../helpers/raw.js";
 import { startUpstream, type Upstream } from "../helpers/upstream.js";
@@ -300,6 +300,42 @@ describe("methods and request forms", () => {
     const tunnel = await openTlsTunnel(s.proxy.port, `api.test:${s.https.port}`, { ca: s.proxy.caCertPem });
     const res = await send(tunnel, `CONNECT api.test:${s.https.port} HTTP/1.1\r\nHost: api.test:${s.https.port}\r\n\r\n`);
     expectRefusal(res, 405, "Method Not Allowed", /CONNECT inside a tunnel is not allowed/);
+    await expectStillServing(s);
+  });
+});
+
+describe("CONNECT inside a tunnel, pipelined", () => {
+  // Black-box finding: the 405 was written at once, over the answers to the requests before it
+  // (a GET sent in the same write was never answered nor forwarded), and nothing was logged.
+  it.each([
+    ["plain", false],
+    ["TLS", true],
+  ])("inside a %s tunnel, a GET then a CONNECT in one write get 200 then 405, in order, each logged and audited", async (_kind, tls) => {
+    const records: AuditRecord[] = [];
+    const s = await setup({ onDecision: (record) => records.push(record) });
+    const upstream = tls ? s.https : s.http;
+    const host = `api.test:${upstream.port}`;
+    const tunnel = tls ? await openTlsTunnel(s.proxy.port, host, { ca: s.proxy.caCertPem }) : await openTunnel(s.proxy.port, host);
+    tunnel.write(`${getEcho(host)}CONNECT evil.test:443 HTTP/1.1\r\nHost: evil.test:443\r\n\r\n`);
+    const first = await tunnel.readResponse();
+    expect(first.status, first.body).toBe(200);
+    expect((JSON.parse(first.body) as { path: string }).path).toBe("/echo");
+    expectRefusal(await tunnel.readResponse(), 405, "Method Not Allowed", /CONNECT inside a tunnel is not allowed/);
+    // Node's parser lets go of the connection at a CONNECT: nothing after it could be read.
+    expect(await tunnel.closesWithin(5_000)).toBe(true);
+    expect(upstream.hits()).toBe(1);
+    await vi.waitFor(() => expect(records).toHaveLength(2));
+    const origin = `${tls ? "https" : "http"}://${host}`;
+    expect(records.map((r) => [r.method, r.url, r.status])).toEqual([
+      ["GET", `${origin}/echo`, 200],
+      ["CONNECT", "evil.test:443", 405],
+    ]);
+    expect(records[1]).toMatchObject({ guest: "default", reason: "CONNECT inside a tunnel is not allowed", code: "EG_METHOD_NOT_ALLOWED" });
+    const lines = s.proxy.logs.filter((l) => l["msg"] === "request");
+    expect(lines.map((l) => [l["method"], l["target"], l["status"]])).toEqual([
+      ["GET", `${origin}/echo`, 200],
+      ["CONNECT", "evil.test:443", 405],
+    ]);
     await expectStillServing(s);
   });
 });
