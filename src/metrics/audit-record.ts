@@ -89,8 +89,6 @@ export interface AuditRecord {
 
 /** What a decision site knows, beyond the decision log's fields, for the audit record. */
 export interface AuditFacts {
-  /** The URL, when the decision log's target is not one (an upgrade's line has the raw request target). */
-  readonly url?: string;
   readonly trace?: readonly TraceEntry[];
   readonly bytesUp?: number;
   readonly bytesDown?: number;
@@ -128,7 +126,7 @@ export function buildAuditRecord(input: AuditInput, facts: AuditFacts | undefine
     ...(typeof input.id === "number" ? { id: input.id } : {}),
     guest: input.guest ?? null,
     method: typeof input.method === "string" ? input.method : "",
-    url: cut(text(facts?.url ?? input.target ?? "")),
+    url: cut(text(input.target ?? "")),
     status: typeof input.status === "number" ? input.status : 0,
     reason: text(input.reason ?? ""),
     ...(input.code !== undefined ? { code: String(input.code) } : {}),

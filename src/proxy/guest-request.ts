@@ -185,6 +185,18 @@ export function loggableTarget(target: string, maxLength = 512): string {
 }
 
 /**
+ * The target a decision line names for a request that may not have passed the checks, in the form
+ * a request that passed has ({@link loggableUrl}): inside a tunnel an origin-form target is put
+ * on the tunnel's origin, since the path alone does not say where the request was for.
+ * Otherwise the raw target, as {@link loggableTarget} shows it.
+ */
+export function loggableRequestTarget(target: string, tunnel: TunnelTarget | undefined): string {
+  if (tunnel === undefined || !target.startsWith("/")) return loggableTarget(target);
+  const defaultPort = tunnel.protocol === "https:" ? 443 : 80;
+  return `${tunnel.protocol}//${tunnel.hostname}${tunnel.port === defaultPort ? "" : `:${tunnel.port}`}${loggableTarget(target)}`;
+}
+
+/**
  * The URL for the decision log: no query (it can carry credentials), and the path cut like {@link loggableTarget} cuts a
  * raw target, so a crafted 60 KB path cannot make every line that long. Redacted before the
  * cut, which could otherwise leave part of a value that the logger's redaction no longer sees.

@@ -12,7 +12,7 @@ import { authenticationRequired } from "./auth.js";
 import { parseAuthority } from "./authority.js";
 import type { ConnectionLimits } from "./connection-limits.js";
 import type { DecisionLog } from "./decision-log.js";
-import { connectInTunnel, loggableTarget, loggableUrl, toOutboundRequest } from "./guest-request.js";
+import { connectInTunnel, loggableRequestTarget, loggableTarget, loggableUrl, toOutboundRequest } from "./guest-request.js";
 import type { Guest, GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, type LaneRequest } from "./lanes.js";
@@ -260,7 +260,7 @@ export class GuestSide {
     const up: ByteCount | undefined = auditing && hasBodyFraming(req) ? countPushed(req) : undefined;
     let down: ByteCount | undefined;
     this.inFlight += 1;
-    let target = loggableTarget(req.url ?? "");
+    let target = loggableRequestTarget(req.url ?? "", tunnelOf(req.socket));
     const abort = new GuestGone();
     const socket = req.socket;
     const lane = this.lanes.of(socket);

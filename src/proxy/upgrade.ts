@@ -5,7 +5,7 @@ import type { DecisionLog } from "./decision-log.js";
 import type { Pipeline } from "../pipeline/pipeline.js";
 import { connectPinned, type PinnedSocketOptions } from "../upstream/pinned-socket.js";
 import type { ResolvedAddress } from "../upstream/resolve.js";
-import { loggableTarget, loggableUrl, toOutboundRequest } from "./guest-request.js";
+import { loggableRequestTarget, loggableUrl, toOutboundRequest } from "./guest-request.js";
 import { errorBody, writeRawError } from "./respond.js";
 import type { TraceEntry } from "../pipeline/exchange.js";
 import type { Decision } from "../policy/decision.js";
@@ -43,14 +43,13 @@ const tooEarly = (): EgressError =>
  */
 export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: Buffer, deps: UpgradeDeps): Promise<void> {
   const started = performance.now();
-  // The request's URL once it is known (a target inside a tunnel is only a path), as other requests log it.
-  let target = `${req.method ?? ""} ${loggableTarget(req.url ?? "")}`;
+  // As other requests log it: the URL, the method apart (a target inside a tunnel is only a path).
+  let target = loggableRequestTarget(req.url ?? "", tunnelOf(socket));
   let upstream: Socket | undefined;
   let switched: Buffer;
   // With an audit log or onDecision: each source's say, and the decision that let it out.
   const trace: TraceEntry[] | undefined = deps.decide.auditing ? [] : undefined;
   let decision: Decision | undefined;
-  let url: string | undefined;
   // Until the upstream switches, nothing else ties the two sockets together: a guest that leaves
   // (or a proxy that closes, which destroys guest sockets) must take the upstream connection too.
   let guestGone = false;
@@ -76,9 +75,7 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
   socket.once("close", onGuestClose);
   try {
     const guestRequest = toOutboundRequest(req, tunnelOf(socket));
-    // No query: it can carry credentials (as the decision log's target has none).
-    url = `${guestRequest.url.origin}${guestRequest.url.pathname}`;
-    target = `${req.method ?? ""} ${loggableUrl(guestRequest.url, deps.redact ?? ((text) => text))}`;
+    target = loggableUrl(guestRequest.url, deps.redact ?? ((text) => text));
     const upgrade = req.headers.upgrade;
     if (upgrade === undefined || upgrade === "") throw new EgressError("EG_BAD_REQUEST", 400, "Upgrade header missing");
     // After a 101 the connection carries whatever the new protocol does, unseen by any tier. For
@@ -113,7 +110,7 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
     );
     deps.decide(
       { started, guest: deps.guest, method: req.method, target, status: err.status, reason: err.message, code: err.code, upgrade: true },
-      trace !== undefined ? { trace, bytesDown: Buffer.byteLength(errorBody(err)), ...(url !== undefined ? { url } : {}) } : undefined,
+      trace !== undefined ? { trace, bytesDown: Buffer.byteLength(errorBody(err)) } : undefined,
     );
     writeRawError(socket, err);
     return;
@@ -125,7 +122,7 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
   socket.off("close", onGuestClose);
   deps.decide(
     { started, guest: deps.guest, method: req.method, target, status: 101, reason: "upgrade relayed", upgrade: true },
-    trace !== undefined ? { trace, ...(url !== undefined ? { url } : {}), ...(decision !== undefined ? { rule: decision } : {}) } : undefined,
+    trace !== undefined ? { trace, ...(decision !== undefined ? { rule: decision } : {}) } : undefined,
   );
   const up = upstream;
   const closeBoth = (): void => {

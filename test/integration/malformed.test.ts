@@ -206,6 +206,35 @@ describe("addressing inside a tunnel", () => {
   });
 });
 
+describe("refusals inside a tunnel", () => {
+  const upgrade = (host: string, value = "websocket"): string =>
+    `GET /echo HTTP/1.1\r\nHost: ${host}\r\nUpgrade: ${value}\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n`;
+  // Black-box finding: these were logged as "/echo", or as "GET /echo" and "GET https://…" for
+  // upgrades, where every other decision line has the absolute URL and the method apart.
+  // Each row: tunnel kind, request (HOST is the tunnel's host:port, OTHER another host's), status.
+  it.each([
+    ["TRACE in a TLS tunnel", true, "TRACE /echo HTTP/1.1\r\nHost: HOST\r\n\r\n", 405],
+    ["TRACE in a plain tunnel", false, "TRACE /echo HTTP/1.1\r\nHost: HOST\r\n\r\n", 405],
+    ["a Host naming another host in a TLS tunnel", true, getEcho("OTHER"), 421],
+    ["an upgrade whose Host names another host in a TLS tunnel", true, upgrade("OTHER"), 421],
+    ["an upgrade to h2c in a TLS tunnel", true, upgrade("HOST", "h2c"), 400],
+    ["an upgrade whose Host names another host in a plain tunnel", false, upgrade("OTHER"), 421],
+  ])("%s is logged and audited with the absolute URL as its target, the method apart", async (_what, tls, request, status) => {
+    const records: AuditRecord[] = [];
+    const s = await setup({ onDecision: (record) => records.push(record) });
+    const upstream = tls ? s.https : s.http;
+    const host = `api.test:${upstream.port}`;
+    const tunnel = tls ? await openTlsTunnel(s.proxy.port, host, { ca: s.proxy.caCertPem }) : await openTunnel(s.proxy.port, host);
+    const res = await send(tunnel, request.replaceAll("HOST", host).replaceAll("OTHER", `other.test:${upstream.port}`));
+    expect(res.status, res.body).toBe(status);
+    const url = `${tls ? "https" : "http"}://${host}/echo`;
+    await vi.waitFor(() => expect(records).toHaveLength(1));
+    expect(records[0]).toMatchObject({ url, status });
+    expect(s.proxy.logs.find((l) => l["msg"] === "request")).toMatchObject({ method: request.slice(0, request.indexOf(" ")), target: url, status });
+    expect(upstream.hits()).toBe(0);
+  });
+});
+
 describe("CONNECT targets", () => {
   it.each([
     ["a port above 65535", "api.test:99999", /invalid port 99999/],

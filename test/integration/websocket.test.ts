@@ -64,7 +64,7 @@ describe("WebSocket upgrades", () => {
     ws.send("hello through egressgate");
     expect(await echoed).toBe("hello through egressgate");
     // Logged with the URL, as other requests in a tunnel are, not with the path alone.
-    expect(proxy.logs.find((l) => l["msg"] === "request" && l["status"] === 101)).toMatchObject({ target: `GET https://api.test:${server.port}/socket` });
+    expect(proxy.logs.find((l) => l["msg"] === "request" && l["status"] === 101)).toMatchObject({ target: `https://api.test:${server.port}/socket` });
   });
 
   it("an upgrade refused by isRequestAllowed never reaches the upstream", async () => {
@@ -299,7 +299,7 @@ describe("upgrades an upstream never answers", () => {
     await expect.poll(() => proxy.logs.find((l) => l["msg"] === "request" && l["upgrade"] === true)).toMatchObject({
       status: 400,
       reason: expect.stringMatching(/sent more than 64 KiB before the upgrade completed; the proxy closed the connection/),
-      target: `GET http://api.test:${tarpit.port}/ws`,
+      target: `http://api.test:${tarpit.port}/ws`,
     });
   });
 
