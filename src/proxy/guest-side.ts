@@ -53,6 +53,8 @@ export class GuestSide {
   private draining = false;
   private drainEnded = false;
   private nextId = 1;
+  /** Connections the proxy cut for idleness with a request on them: why, for that request's line. */
+  private readonly idleCuts = new WeakMap<Socket, string>();
 
   private readonly h2: H2Guests;
 
@@ -98,7 +100,7 @@ export class GuestSide {
       // toOutboundRequest and answered in the proxy's own error format.
       requireHostHeader: false,
     });
-    server.setTimeout(timeouts.idleMs, (socket: Socket) => socket.destroy());
+    server.setTimeout(timeouts.idleMs, (socket: Socket) => this.onIdle(socket));
     server.on("request", (req: IncomingMessage, res: ServerResponse) => this.guard(this.handle(req, res, false), req.socket));
     // With this listener Node no longer answers `Expect: 100-continue` by itself: we send 100
     // only once the checks pass, so a refused upload never starts.
@@ -109,6 +111,31 @@ export class GuestSide {
     server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => answerClientError(error, socket, this.deps.log, (answer) => this.lanes.placeParseError(socket, answer)));
     server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => this.guard(this.upgrade(req, socket, head), socket));
     return server;
+  }
+
+  /**
+   * timeouts.idleMs with no byte either way. While every request on the connection has been read
+   * and nothing waits to be written to the guest, the proxy is the one waiting, on the upstream:
+   * a long-poll or an SSE stream with a silent upstream is for upstreamHeadersMs and
+   * upstreamBodyMs to end, not for this. A guest that stops reading leaves bytes queued, and one
+   * that stops mid-upload leaves its request unread: those are cut, and their line says the
+   * proxy cut them (it said "guest closed the connection").
+   */
+  private onIdle(socket: Socket): void {
+    const lane = this.lanes.find(socket);
+    const inFlight = lane !== undefined && lane.ends.size > 0;
+    const unread = lane?.last?.req.complete === false;
+    const idleMs = this.deps.config.timeouts.idleMs;
+    if (inFlight && !unread && socket.writableLength === 0) {
+      // Node's socket timeout fires once; re-armed, it counts idleMs again from now.
+      socket.setTimeout(idleMs);
+      return;
+    }
+    if (inFlight) {
+      const what = unread ? "sent nothing of its request" : "read nothing";
+      this.idleCuts.set(socket, `the proxy closed the connection: the guest ${what} for timeouts.idleMs (${idleMs} ms)`);
+    }
+    socket.destroy();
   }
 
   /**
@@ -327,7 +354,7 @@ export class GuestSide {
       down = sendResponse(res, response, !req.complete, (error) => {
         response.cleanup?.();
         if (error instanceof GuestLeftFirst) {
-          this.deps.decide({ id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(), started }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: 0 } : undefined);
+          this.deps.decide({ id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(socket), started }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: 0 } : undefined);
           return;
         }
         this.deps.decide({
@@ -341,7 +368,7 @@ export class GuestSide {
           ...(response.decision.source !== undefined ? { source: response.decision.source } : {}),
           redirects: response.redirects,
           started,
-          ...(error ? { error: this.explainCut(error) } : {}),
+          ...(error ? { error: this.explainCut(error, socket) } : {}),
         }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision } : undefined);
       }, auditing, claimed ? trace : undefined);
     } catch (error) {
@@ -352,7 +379,7 @@ export class GuestSide {
       if (abort.aborted || this.drainEnded) {
         // Nobody is left to answer; 499 is nginx's "client closed request", for the log only.
         this.deps.decide(
-          { id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(), started },
+          { id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(socket), started },
           auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, ...(trace !== undefined ? { trace } : {}) } : undefined,
         );
         return;
@@ -385,7 +412,9 @@ export class GuestSide {
   }
 
   /** Why a response was cut after its head, in words an operator reads in the log. */
-  private explainCut(error: Error): Error | string {
+  private explainCut(error: Error, socket?: Socket): Error | string {
+    const idle = socket === undefined ? undefined : this.idleCuts.get(socket);
+    if (idle !== undefined) return `${idle} before the response was complete`;
     const code = (error as NodeJS.ErrnoException).code;
     if (code === "UND_ERR_BODY_TIMEOUT") return `upstream body timed out after ${this.deps.config.timeouts.upstreamBodyMs} ms of silence; the guest connection was cut`;
     // After the drain the proxy closes what is left, guest connections and upstream pools alike:
@@ -397,9 +426,10 @@ export class GuestSide {
     return error;
   }
 
-  /** Why a request's connection went before its answer: the guest, or the end of the proxy's drain. */
-  private leftReason(): string {
-    return this.drainEnded ? `the proxy closed the connection at the end of its drain (timeouts.drainMs, ${this.deps.config.timeouts.drainMs} ms)` : "guest closed the connection";
+  /** Why a request's connection went before its answer: the guest, the proxy's idle timeout, or the end of its drain. */
+  private leftReason(socket?: Socket): string {
+    if (this.drainEnded) return `the proxy closed the connection at the end of its drain (timeouts.drainMs, ${this.deps.config.timeouts.drainMs} ms)`;
+    return (socket !== undefined ? this.idleCuts.get(socket) : undefined) ?? "guest closed the connection";
   }
 
   /** The drain is over: the connections still open are the proxy's to close, and a cut response is logged as its doing. */

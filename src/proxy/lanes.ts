@@ -105,6 +105,11 @@ export class Lanes {
     return last.res.headersSent ? { answer: "none" } : { answer: "now" };
   }
 
+  /** The connection's lane, if it has one: requests parsed on it and not yet ended. */
+  find(socket: Socket): Lane | undefined {
+    return this.lanes.get(socket);
+  }
+
   leave(lane: Lane, socket: Socket): void {
     lane.waiting -= 1;
     if (!lane.paused || lane.waiting > Math.floor(this.pipelinedRequests / 2)) return;

@@ -19,7 +19,12 @@ export interface TimeoutOptions {
   readonly handshakeMs?: number;
   /** For the guest to send a complete request head. Default 30 s. */
   readonly headersMs?: number;
-  /** A guest connection with no traffic either way is closed after this. Default 120 s. */
+  /**
+   * A guest connection with no traffic either way is closed after this. Default 120 s. An
+   * HTTP/1.1 connection whose request is read whole and whose answer has nothing left to write
+   * is waiting on its upstream (a long-poll, an SSE stream): `upstreamHeadersMs` and
+   * `upstreamBodyMs` end that, not this.
+   */
   readonly idleMs?: number;
   /**
    * An HTTP/2 guest connection silent this long is sent a PING, and closed if the answer takes

@@ -296,6 +296,68 @@ describe("pipelined requests on one connection", () => {
   });
 });
 
+describe("the guest idle timeout (timeouts.idleMs) on HTTP/1.1", () => {
+  // Black-box finding: a long-poll whose upstream was silent past idleMs (well inside
+  // upstreamBodyMs) was cut at idleMs, and logged as "guest closed the connection".
+  const quiet = {
+    "a long-poll whose body pauses": { path: "/poll", body: "ab" },
+    "a response whose head comes late": { path: "/late", body: "late" },
+  };
+  const quietRoutes: Record<string, Route> = {
+    "/poll": (_req, res) => {
+      res.writeHead(200, { "content-type": "text/plain" });
+      res.write("a");
+      setTimeout(() => res.end("b"), 1_200);
+    },
+    "/late": (_req, res) => void setTimeout(() => res.end("late"), 1_200),
+  };
+  const rows = Object.entries(openers).flatMap(([where, open]) => Object.entries(quiet).map(([what, shape]) => [what, where, open, shape] as const));
+
+  it.each(rows)("%s (%s), the upstream silent past idleMs, is answered whole: upstreamHeadersMs and upstreamBodyMs govern it", async (_what, where, open, { path, body }) => {
+    const upstream = await startUpstream({ names: ["api.test"], routes: quietRoutes });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { idleMs: 400, upstreamBodyMs: 60_000 } });
+    const authority = `api.test:${upstream.port}`;
+    const guest = await open(proxy.port, authority, proxy.caCertPem);
+    const prefix = where.startsWith("plain") ? `https://${authority}` : "";
+    guest.write(`GET ${prefix}${path} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+    const res = await guest.readResponse();
+    expect(res.status).toBe(200);
+    expect(res.body).toBe(body);
+    const line = proxy.logs.find((l) => l["msg"] === "request");
+    expect(line).toMatchObject({ status: 200 });
+    expect(line?.["error"]).toBeUndefined();
+  });
+
+  it.each(Object.entries(openers))("a guest that stops reading (%s) is cut at idleMs, and the log says the proxy cut it", async (where, open) => {
+    const upstream = await startUpstream({ names: ["api.test"] });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { idleMs: 400, upstreamBodyMs: 60_000 } });
+    const authority = `api.test:${upstream.port}`;
+    const guest = await open(proxy.port, authority, proxy.caCertPem);
+    guest.socket.pause();
+    const prefix = where.startsWith("plain") ? `https://${authority}` : "";
+    // More than every buffer between the two holds: the proxy is left with bytes it cannot write.
+    guest.write(`GET ${prefix}/bytes?n=${64 * 1024 * 1024} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+    await expect.poll(() => proxy.logs.find((l) => l["msg"] === "request"), { timeout: 10_000 }).toMatchObject({
+      status: 200,
+      error: "the proxy closed the connection: the guest read nothing for timeouts.idleMs (400 ms) before the response was complete",
+    });
+  });
+
+  it.each(Object.entries(openers))("a guest that stops sending its upload (%s) is cut at idleMs, and the log says the proxy cut it", async (where, open) => {
+    const upstream = await startUpstream({ names: ["api.test"] });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { idleMs: 400, upstreamBodyMs: 60_000 } });
+    const authority = `api.test:${upstream.port}`;
+    const guest = await open(proxy.port, authority, proxy.caCertPem);
+    const prefix = where.startsWith("plain") ? `https://${authority}` : "";
+    guest.write(`POST ${prefix}/echo HTTP/1.1\r\nHost: ${authority}\r\nContent-Length: 1000\r\n\r\n${"x".repeat(10)}`);
+    expect(await guest.closesWithin(5_000)).toBe(true);
+    await expect.poll(() => proxy.logs.find((l) => l["msg"] === "request")).toMatchObject({
+      status: 499,
+      reason: "the proxy closed the connection: the guest sent nothing of its request for timeouts.idleMs (400 ms)",
+    });
+  });
+});
+
 describe("a connection busy when close() starts its drain", () => {
   // Go's Shutdown and nginx's graceful stop do the same: the request in flight finishes, its
   // answer says the connection closes, and nothing behind it is processed. A keep-alive answer
