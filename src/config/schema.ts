@@ -35,7 +35,7 @@ const day = 24 * 3600_000;
 const timeoutDocs: Record<keyof typeof defaults.timeouts, string> = {
   handshakeMs: "From CONNECT until the guest's TLS handshake (or first plain byte) completes.",
   headersMs: "For the guest to send a complete request head.",
-  idleMs: "A guest connection with no traffic either way is closed after this; an HTTP/1.1 connection waiting on its upstream with nothing to write is left to upstreamHeadersMs and upstreamBodyMs.",
+  idleMs: "A guest connection with no traffic either way is closed after this; a connection (HTTP/1.1) or stream (HTTP/2) waiting on its upstream with nothing to write is left to upstreamHeadersMs and upstreamBodyMs.",
   h2PingMs: "An HTTP/2 guest connection silent this long is sent a PING, and closed if the answer takes as long again (each at most idleMs).",
   dnsMs: "A DNS lookup (504 after).",
   upstreamConnectMs: "TCP and TLS connect to the upstream.",

@@ -23,7 +23,8 @@ export interface TimeoutOptions {
    * A guest connection with no traffic either way is closed after this. Default 120 s. An
    * HTTP/1.1 connection whose request is read whole and whose answer has nothing left to write
    * is waiting on its upstream (a long-poll, an SSE stream): `upstreamHeadersMs` and
-   * `upstreamBodyMs` end that, not this.
+   * `upstreamBodyMs` end that, not this; so is an HTTP/2 stream whose response does not wait on
+   * the guest's window.
    */
   readonly idleMs?: number;
   /**
