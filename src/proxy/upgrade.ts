@@ -1,6 +1,6 @@
 import type { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
-import { EgressError, guestError } from "../errors.js";
+import { EgressError, guestError, quoteShort } from "../errors.js";
 import type { DecisionLog } from "./decision-log.js";
 import type { Pipeline } from "../pipeline/pipeline.js";
 import { connectPinned, type PinnedSocketOptions } from "../upstream/pinned-socket.js";
@@ -188,7 +188,7 @@ function awaitSwitch(upstream: Socket, host: string, timeoutMs: number): Promise
       // The guest asked for WebSocket only; a switch to anything else would be a tunnel no tier sees.
       const upgrades = [...head.matchAll(/\r\nupgrade:([^\r]*)/gi)].flatMap((m) => m[1]!.split(",").map((v) => v.trim().toLowerCase()));
       if (upgrades.length !== 1 || upgrades[0] !== "websocket") {
-        const named = upgrades.length === 0 ? "an unnamed protocol" : JSON.stringify(upgrades.join(", ").slice(0, 64));
+        const named = upgrades.length === 0 ? "an unnamed protocol" : quoteShort(upgrades.join(", "));
         reject(new EgressError("EG_UPSTREAM", 502, `upstream ${host} switched to ${named}, not to WebSocket`));
         return;
       }

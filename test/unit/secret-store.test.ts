@@ -151,7 +151,12 @@ describe("SecretStore: the substituted head is bounded", () => {
     { name: "Basic credentials, 1 placeholder", headers: ["authorization", basic(1)], fits: true },
     { name: "a query of 900 placeholders (replaceSecretsInQuery)", headers: [], url: new URL(`https://api.test/?k=${placeholder.repeat(900)}`), fits: false },
     { name: "a query of one placeholder", headers: [], url: new URL(`https://api.test/?k=${placeholder}`), fits: true },
+    // A head large by itself (a hook's header) is not substitution's doing: only what grows is refused.
+    { name: "a 200 KB header with no placeholder, then one placeholder", headers: ["x-big", "b".repeat(200_000), "x-key", placeholder], fits: false },
   ];
+  it("a head over 128 KiB with no placeholder in it is left alone", () => {
+    expect(secrets.apply({ url, headers: ["x-big", "b".repeat(200_000)] }, "api.test")).toBeUndefined();
+  });
   it.each(cases)("$name: fits $fits", ({ headers, url: target, fits }) => {
     const apply = (): unknown => secrets.apply({ url: target ?? url, headers }, "api.test");
     if (fits) {
