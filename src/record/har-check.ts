@@ -54,6 +54,7 @@ export async function checkHarFile(path: string): Promise<HarReport> {
   const list = at.array(log, "entries", "log") ?? [];
   list.forEach((raw, i) => {
     const where = `log.entries[${i}]`;
+    const entryProblemsFrom = problems.length;
     if (!isObject(raw)) {
       problems.push(`${where}: must be an object`);
       return;
@@ -110,8 +111,10 @@ export async function checkHarFile(path: string): Promise<HarReport> {
       const file = typeof content["_file"] === "string" ? ", sidecar" : "";
       entries.push(`${String(i).padStart(4)}  ${String(request["method"])} ${String(request["url"])} -> ${String(response["status"])} (${type}${size}${file})`);
     }
-    // What the HAR checks above said already (a status that is not a number) is said once.
-    for (const problem of replayProblems(raw, where)) if (!problems.includes(problem)) problems.push(problem);
+    // What the HAR checks above said already (a status that is not a number) is said once. Only
+    // this entry's own problems can repeat it: they all name `where`.
+    const said = new Set(problems.slice(entryProblemsFrom));
+    for (const problem of replayProblems(raw, where)) if (!said.has(problem)) problems.push(problem);
     findSuspicious(raw, where, suspicious);
   });
 
