@@ -227,6 +227,18 @@ describe("tier 2 through the proxy", () => {
     expect(text.endsWith("Bearer [REDACTED:T]")).toBe(true);
   });
 
+  // The sandbox's cut and the proxy's consoleSandboxChars must agree: were the sandbox to cut
+  // sooner, a line it cut would not be known as cut, and a value the cut went through would be
+  // logged in part.
+  it("a console line the sandbox cut, where a long value's encodings could run past the cut, is not written", async () => {
+    const { proxy, base } = await setup(`export function onRequest() { console.log("q".repeat(100000)); }`, {
+      secrets: { LONG: { hosts: ["api.test"], value: "L".repeat(16 * 1024) } },
+    });
+    expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    const text = String(proxy.logs.find((l) => l["msg"] === "policy console")?.["text"]);
+    expect(text).toBe("[REDACTED:UNSCANNED] (a console line over 65536 characters, too long to redact)");
+  });
+
   it("a spread copy of the hooks keeps the policy: { ...httpHooks, onResponse } is still refused by it", async () => {
     const upstream = await startUpstream({ names: ["api.test"] });
     const djsHooks = loadPolicy(`export function isRequestAllowed(r) { return new URL(r.url).pathname !== "/forbidden"; }`);
