@@ -374,15 +374,18 @@ describe("recorded network", () => {
   it("with --replay-latency recorded, a send and a wait that add up past 2^31 - 1 ms are waited, not cut to 1 ms with a TimeoutOverflowWarning", async () => {
     const file = join(tempDir(), "slow.har");
     const slow = entry({}, { timings: { send: 2147483647, wait: 2147483647, receive: 0 } });
-    writeFileSync(file, JSON.stringify({ log: { version: "1.2", creator: { name: "test", version: "1" }, pages: [], entries: [slow] } }));
+    const quick = { ...entry({}), request: { ...request(), url: "https://api.test/warm" } };
+    writeFileSync(file, JSON.stringify({ log: { version: "1.2", creator: { name: "test", version: "1" }, pages: [], entries: [slow, quick] } }));
     expect(formatHarReport(await checkHarFile(file)).status).toBe(0);
     const warnings: string[] = [];
     const onWarning = (warning: Error): void => void warnings.push(warning.name);
     process.on("warning", onWarning);
     onTestFinished(() => void process.off("warning", onWarning));
-    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: file, latency: "recorded" } } });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: file, latency: "recorded" } }, timeouts: { drainMs: 300 } });
+    // The tunnel and its handshakes first, so that a wait cut to 1 ms would answer at once.
+    expect((await fetchVia(proxy, "https://api.test/warm")).status).toBe(200);
     const answered = fetchVia(proxy, "https://api.test/x").then(() => "answered", () => "failed");
-    const early = await Promise.race([answered, new Promise((resolve) => setTimeout(() => resolve("waiting"), 500))]);
+    const early = await Promise.race([answered, new Promise((resolve) => setTimeout(() => resolve("waiting"), 1_000))]);
     expect(early).toBe("waiting");
     expect(warnings).not.toContain("TimeoutOverflowWarning");
     // The close ends the wait (the guest is gone), so nothing is left running.
