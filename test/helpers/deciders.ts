@@ -1,4 +1,4 @@
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -104,4 +104,19 @@ export async function until(condition: () => boolean, what: string, turns = 20_0
     if (i > 1000) await new Promise((resolve) => setTimeout(resolve, 1));
   }
   throw new Error(`gave up waiting until ${what}`);
+}
+
+/** Processes on this machine whose argv is exactly `argv` (a decider's, by a marker argument no other process uses). */
+export function processesWith(argv: readonly string[]): number {
+  const wanted = `${argv.join("\u0000")}\u0000`;
+  let count = 0;
+  for (const pid of readdirSync("/proc")) {
+    if (!/^\d+$/.test(pid)) continue;
+    try {
+      if (readFileSync(`/proc/${pid}/cmdline`, "utf8") === wanted) count += 1;
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return count;
 }

@@ -1,10 +1,10 @@
 import { spawn } from "node:child_process";
-import { readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { ProxyAgent, request } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
-import { caseOf, json, shellDecider, startDecisionServer } from "../helpers/deciders.js";
+import { caseOf, json, processesWith, shellDecider, startDecisionServer } from "../helpers/deciders.js";
 import { tempDir } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
 import { startUpstream, type Echo } from "../helpers/upstream.js";
@@ -120,14 +120,5 @@ const sleepFor = `600.${process.pid}`;
 
 /** The command decider's `sleep` processes on this machine. */
 function sleepers(): number {
-  let count = 0;
-  for (const pid of readdirSync("/proc")) {
-    if (!/^\d+$/.test(pid)) continue;
-    try {
-      if (readFileSync(`/proc/${pid}/cmdline`, "utf8") === `sleep\u0000${sleepFor}\u0000`) count += 1;
-    } catch {
-      // gone meanwhile
-    }
-  }
-  return count;
+  return processesWith(["sleep", sleepFor]);
 }

@@ -1,12 +1,12 @@
 import type { Server as HttpServer } from "node:http";
 import { createServer, type Socket } from "node:net";
 import { spawnSync } from "node:child_process";
-import { readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { request } from "undici";
 import { createHttpHooks, type HttpHooksOptions } from "../../src/index.js";
-import { caseOf, gateDecider, json, loggedDocuments, pythonDecider, shellDecider, startDecisionServer, text, until } from "../helpers/deciders.js";
+import { caseOf, gateDecider, json, loggedDocuments, processesWith, pythonDecider, shellDecider, startDecisionServer, text, until } from "../helpers/deciders.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, proxyAgent, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { gzipJsonRoute, listenForTest, startUpstream, type Echo, type Upstream } from "../helpers/upstream.js";
@@ -171,14 +171,7 @@ describe("command deciders: processes", () => {
     ["holding the answer's pipe open", ""],
   ])("a process the command leaves running (%s) is killed when the command exits, and the answer is read at once", async (_name, redirect) => {
     const marker = `41.${process.pid}${Math.floor(Math.random() * 1e6)}`;
-    const leftovers = (): number =>
-      readdirSync("/proc").filter((pid) => /^\d+$/.test(pid) && (() => {
-        try {
-          return readFileSync(`/proc/${pid}/cmdline`, "latin1").includes(marker);
-        } catch {
-          return false;
-        }
-      })()).length;
+    const leftovers = (): number => processesWith(["sleep", marker]);
     onTestFinished(() => void spawnSync("pkill", ["-KILL", "-f", marker]));
     const { proxy, base } = await proxyWith([{ command: `sleep ${marker} ${redirect} & cat > /dev/null; echo '{"decision":"allow"}'`, shell: true, timeoutMs: 20_000 }]);
     for (let i = 0; i < 3; i++) expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
@@ -585,18 +578,3 @@ describe("proxy.close() ends what the guests' deciders have under way", () => {
     await vi.waitFor(() => expect(sleeping()).toBe(0), { timeout: 5_000, interval: 20 });
   }, 30_000);
 });
-
-/** Processes on this machine whose argv is exactly `argv`. */
-function processesWith(argv: readonly string[]): number {
-  const wanted = `${argv.join("\u0000")}\u0000`;
-  let count = 0;
-  for (const pid of readdirSync("/proc")) {
-    if (!/^\d+$/.test(pid)) continue;
-    try {
-      if (readFileSync(`/proc/${pid}/cmdline`, "utf8") === wanted) count += 1;
-    } catch {
-      // gone meanwhile
-    }
-  }
-  return count;
-}
