@@ -53,6 +53,8 @@ export class GuestSide {
   private draining = false;
   private drainEnded = false;
   private nextId = 1;
+  /** What the log says of a request the end of the drain cut, on either protocol. */
+  private readonly drainCut: string;
   /** Connections the proxy cut for idleness with a request on them: why, for that request's line. */
   private readonly idleCuts = new WeakMap<Socket, string>();
 
@@ -60,6 +62,7 @@ export class GuestSide {
 
   constructor(private readonly deps: GuestSideDeps) {
     this.lanes = new Lanes(deps.config.limits.pipelinedRequests);
+    this.drainCut = `the proxy closed the connection at the end of its drain (timeouts.drainMs, ${deps.config.timeouts.drainMs} ms)`;
     this.h2 = new H2Guests({
       log: deps.log,
       decide: deps.decide,
@@ -76,7 +79,7 @@ export class GuestSide {
       },
       explainCut: (error) => this.explainCut(error),
       drainEnded: () => this.drainEnded,
-      drainCut: `the proxy closed the connection at the end of its drain (timeouts.drainMs, ${deps.config.timeouts.drainMs} ms)`,
+      drainCut: this.drainCut,
     });
   }
 
@@ -428,7 +431,7 @@ export class GuestSide {
 
   /** Why a request's connection went before its answer: the guest, the proxy's idle timeout, or the end of its drain. */
   private leftReason(socket?: Socket): string {
-    if (this.drainEnded) return `the proxy closed the connection at the end of its drain (timeouts.drainMs, ${this.deps.config.timeouts.drainMs} ms)`;
+    if (this.drainEnded) return this.drainCut;
     return (socket !== undefined ? this.idleCuts.get(socket) : undefined) ?? "guest closed the connection";
   }
 

@@ -377,12 +377,16 @@ export class H2Guests {
       const guest = this.deps.guests.get(tunnel.guest);
       if (guest === undefined || guest.removed) throw authenticationRequired();
       guestName = guest.name;
-      const uploadStalled = (): void => {
-        watch.cut = `the guest sent nothing of its request body for timeouts.idleMs (${this.deps.idleMs} ms)`;
-        resetByUs();
-        resetH2Stream(stream, h2Codes.cancel, watch.cut);
-      };
-      const request = h2OutboundRequest(raw, tunnel, stream.endAfterHeaders ? null : requestBodyOf(stream, { ms: this.deps.idleMs, onStall: uploadStalled }));
+      // The proxy's own cut of a stream the guest stopped moving: logged as the proxy's.
+      const cutStalled = (what: string): StallWatch => ({
+        ms: this.deps.idleMs,
+        onStall: () => {
+          watch.cut = `the guest ${what} for timeouts.idleMs (${this.deps.idleMs} ms)`;
+          resetByUs();
+          resetH2Stream(stream, h2Codes.cancel, watch.cut);
+        },
+      });
+      const request = h2OutboundRequest(raw, tunnel, stream.endAfterHeaders ? null : requestBodyOf(stream, cutStalled("sent nothing of its request body")));
       target = `${request.url.origin}${cutPath(this.deps.redact(request.url.pathname))}`;
       if (requestStart.hasSubscribers) requestStart.publish({ id, guest: guestName, method, url: target, time: new Date().toISOString() } satisfies RequestStartMessage);
       state.unanswered.set(stream, watch);
@@ -402,14 +406,6 @@ export class H2Guests {
       if (auditing && response.body !== null) down = countFlowing(response.body);
       // A window that never opens (or a guest that stops reading) stalls only this stream's
       // writes; past the idle limit the stream is reset and its upstream body let go.
-      const stall: StallWatch = {
-        ms: this.deps.idleMs,
-        onStall: () => {
-          watch.cut = `the guest read nothing for timeouts.idleMs (${this.deps.idleMs} ms)`;
-          resetByUs();
-          resetH2Stream(stream, h2Codes.cancel, watch.cut);
-        },
-      };
       await new Promise<void>((resolve) => {
         sendH2Response(stream, response, (error) => {
           finished = true;
@@ -436,7 +432,7 @@ export class H2Guests {
             ...(error ? { error: this.cutReason(watch, error) } : {}),
           }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision, ...(trace !== undefined ? { trace } : {}) } : undefined);
           resolve();
-        }, stall);
+        }, cutStalled("read nothing"));
       });
     } catch (error) {
       // Gone before its answer: the guest's reset, or the proxy's own cut (an upload that stalled,
@@ -478,10 +474,9 @@ export class H2Guests {
     return watch.cut ?? (this.deps.drainEnded() ? this.deps.drainCut : "guest reset the stream");
   }
 
-  /** Why a response was cut after its head: the proxy's own reason when it cut it. */
+  /** Why a response was cut after its head: the proxy's own reason when it cut it (explainCut knows the drain's). */
   private cutReason(watch: StreamWatch, error: Error): Error | string {
-    if (watch.cut !== undefined) return watch.cut;
-    return this.deps.drainEnded() ? `${this.deps.drainCut} before the response was complete` : this.deps.explainCut(error);
+    return watch.cut ?? this.deps.explainCut(error);
   }
 
   /**
@@ -544,7 +539,6 @@ function watchUpload(stream: ServerHttp2Stream, stall: StallWatch): void {
   stream.on("data", moved);
   stream.on("resume", moved);
   const timer = setInterval(() => {
-    if (stream.readableEnded || stream.destroyed) return void clearInterval(timer);
     if (stream.readableFlowing !== false && performance.now() - last >= stall.ms) {
       clearInterval(timer);
       stall.onStall();

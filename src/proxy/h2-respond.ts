@@ -114,8 +114,8 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
   let watchdog: NodeJS.Timeout | undefined;
   const watch = (): void => {
     if (stall === undefined || watchdog !== undefined) return;
+    // Cleared by settle(), however the response ends.
     watchdog = setInterval(() => {
-      if (settled) return void clearInterval(watchdog);
       if (waitingSince !== undefined && performance.now() - waitingSince >= stall.ms) {
         clearInterval(watchdog);
         stall.onStall();

@@ -161,9 +161,10 @@ describe("SecretStore: the substituted head is bounded", () => {
     const apply = (): unknown => secrets.apply({ url: target ?? url, headers }, "api.test");
     if (fits) {
       const out = secrets.apply({ url: target ?? url, headers }, "api.test");
-      // Substituted: the value's 16 KiB are in the head (base64 in Basic credentials).
-      expect(out).toBeDefined();
-      expect([...out!.headers, out!.url.href].join("").length).toBeGreaterThan(value.length);
+      // Substituted: the placeholder is gone and the value's 16 KiB are in the head (base64 in Basic credentials).
+      const sent = out === undefined ? "" : [...out.headers, out.url.href].join("\n");
+      expect(sent).not.toContain(placeholder);
+      expect(sent.length).toBeGreaterThan(value.length);
       return;
     }
     const error = thrown(apply);
