@@ -185,7 +185,7 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
   const pipeline = new Pipeline({
     guest: guest.name,
     policy,
-    sources: hookSources(guest.djs, guest.chain, guest.checkHooks, log, secrets),
+    sources: hookSources(guest.djs, guest.chain, guest.checkHooks, log, secrets, () => neighbours),
     resolver,
     pools,
     maxRedirects: config.maxRedirects,

@@ -8,7 +8,7 @@ import { hookFailure } from "../hooks/run-hook.js";
 import { busyLimit, type DjsEngine } from "../djs/engine.js";
 import type { BodyRef, CallMessage, CallReply, Outcome, PhaseName } from "../djs/protocol.js";
 import type { Logger } from "../log.js";
-import { unscannedMarker } from "../policy/secret-scan.js";
+import { NeedleSet, redactText, unscannedMarker } from "../policy/secret-scan.js";
 import type { SecretStore } from "../policy/secrets.js";
 import type { OutboundRequest } from "./exchange.js";
 import { contentLengthHeaders, encodedBodyHeaders, withExactLength, withFramingOf, type HookedResponse, type HookLimits, type OnRequestOutcome } from "./hook-phases.js";
@@ -26,8 +26,13 @@ export interface DjsRun {
   readonly log: Logger | undefined;
   readonly requestId: string;
   /** The guest's secrets, for the policy's console lines (logConsole). */
-  readonly secrets?: Pick<SecretStore, "redact" | "reach" | "size"> | undefined;
+  readonly secrets?: ConsoleSecrets | undefined;
+  /** The other guests' secrets, for a console line the log cuts (see {@link consoleText}). */
+  readonly neighbours?: (() => Iterable<ConsoleSecrets | undefined>) | undefined;
 }
+
+/** What a console line is redacted with: one guest's secrets. */
+export type ConsoleSecrets = Pick<SecretStore, "redact" | "reach" | "size" | "needles">;
 
 /** The characters of a policy's console line the log keeps. */
 export const consoleLineChars = 8192;
@@ -56,7 +61,7 @@ function logConsole(run: DjsRun, reply: CallReply): void {
   if (lines === undefined || run.log === undefined) return;
   for (const [level, text] of lines) {
     const write = level === "debug" || level === "warn" || level === "error" ? run.log[level] : run.log.info;
-    write("policy console", { id: run.requestId, policy: run.engine.filename, text: consoleText(text, run.secrets) });
+    write("policy console", { id: run.requestId, policy: run.engine.filename, text: consoleText(text, run.secrets, run.neighbours?.()) });
   }
 }
 
@@ -65,13 +70,22 @@ function logConsole(run: DjsRun, reply: CallReply): void {
  * first, a value the cut went through lost its end, and redaction no longer knew its first part
  * (the log showed 40 of a token's 41 characters; black-box finding). A line the sandbox cut
  * where a value could still run past is not written: that value may be cut.
+ *
+ * A line the log cuts is redacted with every guest's values (`neighbours`), not only with the
+ * calling guest's: the log's own pass over every guest comes after the cut, and would no longer
+ * know another guest's value the cut went through (review finding). A line the log keeps whole
+ * is left to that pass for the other guests.
  */
-export function consoleText(text: string, secrets: DjsRun["secrets"]): string {
-  if (secrets === undefined || secrets.size === 0) return text.length > consoleLineChars ? text.slice(0, consoleLineChars) : text;
-  if (text.length >= consoleSandboxChars && secrets.reach() > consoleSandboxChars - consoleLineChars) {
+export function consoleText(text: string, secrets: ConsoleSecrets | undefined, neighbours?: Iterable<ConsoleSecrets | undefined>): string {
+  const cut = text.length > consoleLineChars;
+  const stores: ConsoleSecrets[] = [];
+  for (const store of cut ? [secrets, ...(neighbours ?? [])] : [secrets]) if (store !== undefined && store.size > 0) stores.push(store);
+  if (stores.length === 0) return cut ? text.slice(0, consoleLineChars) : text;
+  if (text.length >= consoleSandboxChars && Math.max(...stores.map((s) => s.reach())) > consoleSandboxChars - consoleLineChars) {
     return `${unscannedMarker} (a console line over ${consoleSandboxChars} characters, too long to redact)`;
   }
-  return secrets.redact(text, consoleLineChars);
+  if (stores.length === 1) return stores[0]!.redact(text, consoleLineChars);
+  return redactText(text, new NeedleSet(stores.flatMap((s) => s.needles())), undefined, consoleLineChars);
 }
 
 /**

@@ -75,8 +75,8 @@ const tier2Answered = allow("tier2", "onRequest", "answered by the onRequest pol
 const tier3Answered = allow("tier3", "onRequest", "answered by the onRequest hook; no upstream was contacted");
 
 /** A tier-2 policy: its calls cross to the engine's worker threads. */
-export function policySource(engine: DjsEngine, log: Logger | undefined, secrets?: SecretStore): HookSource {
-  const run = (call: SourceCall): DjsRun => ({ engine, log, requestId: call.requestId, secrets });
+export function policySource(engine: DjsEngine, log: Logger | undefined, secrets?: SecretStore, neighbours?: DjsRun["neighbours"]): HookSource {
+  const run = (call: SourceCall): DjsRun => ({ engine, log, requestId: call.requestId, secrets, neighbours });
   return {
     tier: "tier2",
     label: engine.filename,
@@ -138,15 +138,16 @@ export function hookSources(
   hooks: HttpHooks,
   log: Logger | undefined,
   secrets?: SecretStore | undefined,
+  neighbours?: DjsRun["neighbours"],
 ): HookSource[] {
   const sources: HookSource[] = [];
-  if (djs !== undefined) sources.push(policySource(djs, log, secrets));
+  if (djs !== undefined) sources.push(policySource(djs, log, secrets, neighbours));
   // Asked each time, not once here: a reload can give an empty store the values it retired
   // (SecretStore.inherit) after this guest's sources were made.
   const conceal: Conceal =
     secrets === undefined ? revealNothing : Object.assign((text: string, header?: string) => (secrets.size === 0 ? text : secrets.placeholdersFor(text, header)), { reach: () => secrets.reach(), active: () => secrets.size > 0 });
   for (const entry of chain) {
-    if (entry.kind === "policy") sources.push(policySource(entry.djs.engine, log, secrets));
+    if (entry.kind === "policy") sources.push(policySource(entry.djs.engine, log, secrets, neighbours));
     else if (entry.kind === "decider") sources.push(deciderSource(entry.decider, conceal, log));
     else sources.push(callbackSource(entry.hooks, `hooks[${entry.index}]`));
   }

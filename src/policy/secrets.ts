@@ -4,7 +4,7 @@ import { EgressError, secretDenied } from "../errors.js";
 import { breaksFieldValue, type HeaderList } from "../headers.js";
 import { bareHostname } from "../hostname.js";
 import { compileHostPatterns, validateHostPattern, type HostMatcher } from "./host-pattern.js";
-import { findFirst, maxExpansion, needle, NeedleSet, redactText, scan, ScanBudget, UnscannableError, type Match } from "./secret-scan.js";
+import { findFirst, maxExpansion, needle, NeedleSet, redactText, scan, ScanBudget, UnscannableError, type Match, type Needle } from "./secret-scan.js";
 
 /**
  * What happens to a redirect hop that leaves the hosts of a secret the request carried:
@@ -295,6 +295,12 @@ export class SecretStore {
   redact(text: string, keep?: number): string {
     this.redaction ??= valuesOf([...this.entries.values()]);
     return redactText(text, this.redaction, undefined, keep);
+  }
+
+  /** What {@link redact} looks for: every value, current and retired, as scan needles. */
+  needles(): readonly Needle[] {
+    this.redaction ??= valuesOf([...this.entries.values()]);
+    return this.redaction.needles;
   }
 
   /**

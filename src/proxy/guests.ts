@@ -27,6 +27,8 @@ export interface GuestDeps {
   readonly decide: DecisionLog;
   /** The placeholder of another guest's secret in a request, by secret name. */
   readonly foreignSecret: (self: Guest, request: SecretTarget) => string | undefined;
+  /** The secrets of every other guest: a policy's console line is redacted with them too. */
+  readonly neighbourSecrets: (self: Guest) => Iterable<SecretStore | undefined>;
   /** `upstream.record`/`upstream.replay`: the recorded network every guest's pipeline ends in. */
   readonly network?: RecordedNetwork | undefined;
   /** With metrics: each upstream connection a guest's pools open, until it closes. */
@@ -95,7 +97,7 @@ export class Guest {
     this.pipeline = new Pipeline({
       guest: this.name,
       policy,
-      sources: hookSources(resolved.djs, resolved.chain, resolved.checkHooks, log, policy.config.secrets),
+      sources: hookSources(resolved.djs, resolved.chain, resolved.checkHooks, log, policy.config.secrets, () => deps.neighbourSecrets(this)),
       resolver: deps.network?.resolver(resolved.staticHosts, config.timeouts.dnsMs) ?? new Resolver(resolved.staticHosts, config.timeouts.dnsMs),
       pools: this.pools,
       maxRedirects: config.maxRedirects,
@@ -284,7 +286,8 @@ export class GuestRegistry {
     return foreignSecret(request, this.neighbourSecrets(self));
   }
 
-  private *neighbourSecrets(self: Guest): Generator<SecretStore | undefined> {
+  /** The secrets of every guest but `self`. */
+  *neighbourSecrets(self: Guest): Generator<SecretStore | undefined> {
     for (const guest of this.guests.values()) if (guest !== self) yield guest.policy.config.secrets;
   }
 

@@ -139,6 +139,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     redact,
     decide,
     foreignSecret: (self, request) => guests.foreignSecret(self, request),
+    neighbourSecrets: (self) => guests.neighbourSecrets(self),
     network,
     upstreamConnection: metrics?.upstreamConnection,
   });

@@ -3,6 +3,7 @@ import { describe, expect, it } from "vitest";
 import { request, ProxyAgent } from "undici";
 import { createHttpHooks, startProxy } from "../../src/index.js";
 import { curlVia } from "../helpers/curl.js";
+import { loadPolicy } from "../helpers/djs.js";
 import { basic, credentialsOf, startGuestsProxy, type GuestsProxy } from "../helpers/guests.js";
 import { tempDir } from "../helpers/proxy.js";
 import { openRaw } from "../helpers/raw.js";
@@ -255,6 +256,31 @@ describe("guests: source binding", () => {
 
   it("overlapping source ranges of two guests are refused at start", async () => {
     await expect(startGuestsProxy({ x: { sources: ["10.88.0.0/24"] }, y: { sources: ["10.88.0.7/32"] } })).rejects.toThrow(/guests\.y\.sources.*overlaps guests\.x\.sources/);
+  });
+});
+
+// A policy's console line was redacted with its own guest's values before the log cut it; another
+// guest's value the cut went through was left to the log's own pass, which came after the cut and
+// no longer recognised what was left of it (review finding).
+describe("guests: a policy's console line and another guest's value", () => {
+  it.each([8, 20])("a line cut %i characters into guest b's value, logged by guest a's policy, shows none of it", async (inside) => {
+    const upstream = await startUpstream({ names: ["a.test", "b.test"] });
+    const proxy = await startGuestsProxy({
+      a: {
+        djsHooks: loadPolicy(`export function onRequest(r) { console.log(r.headers.get("x-long"), r.headers.get("x-other")); }`),
+        allowedInternalHosts: ["a.test"],
+        secrets: { A_TOKEN: { hosts: ["a.test"], value: A_VALUE } },
+      },
+      b: { allowedInternalHosts: ["b.test"], secrets: { B_TOKEN: { hosts: ["b.test"], value: B_VALUE } } },
+    });
+    // "x…x" and a space: b's value starts at 8192 - inside.
+    const long = "x".repeat(8192 - inside - 1);
+    const res = await getAs(credentialsOf(proxy, "a").proxyUrl, proxy.caCertPem, `https://a.test:${upstream.port}/echo`, { "x-long": long, "x-other": B_VALUE });
+    expect(res.status).toBe(200);
+    const line = proxy.rawLog.find((l) => l.includes('"policy console"'));
+    expect(line).toBeDefined();
+    expect(line).toContain(`${long} [REDACTED:B_TOKEN]`);
+    expect(line).not.toContain(B_VALUE.slice(0, inside));
   });
 });
 

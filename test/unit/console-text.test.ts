@@ -42,6 +42,35 @@ describe("consoleText: a policy's console line is redacted, then cut", () => {
   });
 });
 
+// The line was redacted with the calling guest's values before the cut; another guest's value the
+// cut went through was left for the log's own pass over every guest, which came after the cut and
+// no longer knew the value's first part (review finding).
+describe("consoleText: a line the log cuts is redacted with every guest's values", () => {
+  const own = store("own-guest-value-0123456789");
+  const other = "other-guest-value-ABCDEFGHIJKLMNO"; // 33 bytes: base64 with no padding
+  const neighbour = new SecretStore({ B: { hosts: ["b.test"], value: other } }, false, (hosts) => hosts as string[]);
+  const forms: Record<string, string> = { raw: other, base64: Buffer.from(other).toString("base64"), hex: Buffer.from(other).toString("hex") };
+  for (const [name, form] of Object.entries(forms)) {
+    it(`${name}: another guest's value the cut goes through is redacted whole`, () => {
+      for (let inside = 1; inside < form.length; inside++) {
+        const pad = "x".repeat(consoleLineChars - inside);
+        expect(consoleText(`${pad}${form} and more`, own, [undefined, neighbour]), `${inside} characters inside`).toBe(`${pad}[REDACTED:B]`);
+      }
+    });
+  }
+
+  it("with no secrets of its own, the neighbours' still count; a line kept whole is left to the log's pass", () => {
+    const pad = "x".repeat(consoleLineChars - 5);
+    expect(consoleText(`${pad}${other}`, undefined, [neighbour])).toBe(`${pad}[REDACTED:B]`);
+    expect(consoleText(`short ${other}`, own, [neighbour])).toBe(`short ${other}`);
+  });
+
+  it("a neighbour's long value makes a line the sandbox cut too long to redact", () => {
+    const long = new SecretStore({ L: { hosts: ["l.test"], value: "L".repeat(16 * 1024) } }, false, (hosts) => hosts as string[]);
+    expect(consoleText("q".repeat(consoleSandboxChars), own, [long])).toMatch(/^\[REDACTED:UNSCANNED\] /);
+  });
+});
+
 describe("quoteShort: strings from hooks and upstreams in error messages", () => {
   it("quotes a short string whole, and only counts a long one, so no part of a value is shown", () => {
     expect(quoteShort("x-bad name")).toBe('"x-bad name"');
