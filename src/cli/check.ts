@@ -120,11 +120,20 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
   const secrets = policy.config.secrets;
   const neighbours = config.guests.filter((entry) => entry !== guest).map((entry) => entry.declarative.secrets);
   const redact = (text: string): string => secrets?.redact(text) ?? text;
+  const held = (secrets?.list() ?? []).filter((info) => !info.deleted).map((info) => info.name);
+  const placeholderOf = (secret: string, line: string): string => {
+    const placeholder = held.includes(secret) ? guest.env[secret] : undefined;
+    if (placeholder !== undefined) return placeholder;
+    const holds = held.length === 0 ? "it holds none" : `it holds ${held.join(", ")}`;
+    throw new UsageError(`-H ${JSON.stringify(line)}: {{${secret}}} names no secret of guest "${guest.name}" (${holds})`);
+  };
   const headers: string[] = [];
   for (const line of command.headers) {
     const [name, value] = parseHeader(line, "-H");
-    // {{NAME}} is the guest's placeholder for secret NAME, as the guest's environment has it.
-    headers.push(name, value.replace(/\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}/g, (whole, secret: string) => guest.env[secret] ?? whole));
+    // {{NAME}} is the guest's placeholder for secret NAME, as the guest's environment has it. A
+    // name the guest holds no secret by is a mistake, not text to send: left as it was, a typo
+    // checked a request with no placeholder in it, and the answer said the secret could go.
+    headers.push(name, value.replace(/\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}/g, (_whole, secret: string) => placeholderOf(secret, line)));
   }
   const responseHeaders: string[] = [];
   for (const line of command.response?.headers ?? []) responseHeaders.push(...parseHeader(line, "-R"));

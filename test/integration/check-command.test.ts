@@ -89,6 +89,20 @@ function onResponse(response) { if (response.headers.get("x-bad") === "1") retur
     expect(JSON.stringify(report)).not.toContain("ghp_realvalue123456");
   });
 
+  // A typo in {{NAME}} was sent as the literal text: the check then had no placeholder in it, and
+  // answered that the request could go.
+  it.each([
+    ["a name the guest holds no secret by", ["--host-secret", "GH_TOKEN@api.github.com"], "{{GH_TOKN}}", /\{\{GH_TOKN\}\} names no secret of guest "default" \(it holds GH_TOKEN\)/],
+    ["a guest with no secrets", [], "{{GH_TOKEN}}", /\{\{GH_TOKEN\}\} names no secret of guest "default" \(it holds none\)/],
+    ["an environment variable that is not a secret", ["--host-secret", "GH_TOKEN@api.github.com"], "{{HTTPS_PROXY}}", /\{\{HTTPS_PROXY\}\} names no secret/],
+  ])("-H with {{NAME}} for %s is a usage error (exit 2), not text to send", async (_label, flags, reference, message) => {
+    const run = await check(["GET", "https://api.test/", "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", ...flags, "-H", `Authorization: Bearer ${reference}`], { GH_TOKEN: "ghp_realvalue123456" });
+    expect(run.code).toBe(2);
+    expect(run.stdout).toBe("");
+    expect(run.stderr).toMatch(message);
+    expect(run.stderr).not.toContain("ghp_realvalue123456");
+  });
+
   it("refuses another guest's placeholder, as the proxy serving both guests does", async () => {
     const key = "k".repeat(40);
     const file = join(tempDir(), "egressgate.yaml");
