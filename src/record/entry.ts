@@ -3,7 +3,7 @@ import type { Header } from "har-format";
 import { contentCodingList, getHeader } from "../headers.js";
 import type { OutboundRequest } from "../pipeline/exchange.js";
 import type { SecretStore } from "../policy/secrets.js";
-import { UnscannableError } from "../policy/secret-scan.js";
+import { UnscannableError, unscannedMarker } from "../policy/secret-scan.js";
 import type { CapturedBody } from "./body-capture.js";
 import { inlineBodyLimit, isText, type RecordedContent, type RecordedEntry, type RecordedPostData } from "./har.js";
 import { fullScanLimit, LiteralScanner } from "./leak-scan.js";
@@ -222,14 +222,20 @@ function contentOf(body: CapturedBody | null, mimeType: string, codings: readonl
   return { size: bytes.length, ...compression, mimeType, text: bytes.toString("base64"), encoding: "base64", ...(encoded !== undefined ? { _encoded: encoded } : {}) };
 }
 
-/** A text body redacted: decoded and searched in full when small, else searched for the common spellings first. */
+/**
+ * A text body redacted: decoded and searched in full when small, else searched for the common
+ * spellings first. A small body the full scan cannot finish within its budget is searched as a
+ * large one is: a JSON document with a large base64 field, with a short value to look for, ran
+ * out of budget at about 25 KB, and was written as the marker alone (and replayed so).
+ */
 function redactBody(text: string, secrets: SecretStore): string {
-  if (text.length > fullScanLimit) {
-    const scanner = new LiteralScanner(secrets.valuesToFind());
-    scanner.push(Buffer.from(text, "utf8"));
-    if (scanner.found === undefined) return text;
+  if (text.length <= fullScanLimit) {
+    const out = secrets.redact(text);
+    if (out !== unscannedMarker) return out;
   }
-  return secrets.redact(text);
+  const scanner = new LiteralScanner(secrets.valuesToFind());
+  scanner.push(Buffer.from(text, "utf8"));
+  return scanner.found === undefined ? text : secrets.redact(text);
 }
 
 /**
@@ -237,20 +243,22 @@ function redactBody(text: string, secrets: SecretStore): string {
  * full; bodies searched as they are stored (decoded from base64 first), in full when small.
  */
 function finalCheck(entry: RecordedEntry, secrets: SecretStore): void {
-  const find = (text: string, where: string): void => {
+  const scanBytes = (bytes: Buffer, where: string): void => {
+    const scanner = new LiteralScanner(secrets.valuesToFind());
+    scanner.push(bytes);
+    if (scanner.found !== undefined) throw new LeakFound({ secret: scanner.found, where });
+  };
+  /** With `orAsLarge`, a text the full scan cannot finish is searched as a large body is (see redactBody). */
+  const find = (text: string, where: string, orAsLarge = false): void => {
     let secret: string | undefined;
     try {
       secret = secrets.findValue(text);
     } catch (error) {
       if (!(error instanceof UnscannableError)) throw error;
+      if (orAsLarge) return scanBytes(Buffer.from(text, "utf8"), where);
       secret = "(unscannable)";
     }
     if (secret !== undefined) throw new LeakFound({ secret, where });
-  };
-  const scanBytes = (bytes: Buffer, where: string): void => {
-    const scanner = new LiteralScanner(secrets.valuesToFind());
-    scanner.push(bytes);
-    if (scanner.found !== undefined) throw new LeakFound({ secret: scanner.found, where });
   };
   const { postData, ...request } = entry.request;
   const { content, ...response } = entry.response;
@@ -261,7 +269,7 @@ function finalCheck(entry: RecordedEntry, secrets: SecretStore): void {
     [contentText, content.encoding === "base64", "the response body"],
   ] as const) {
     if (text === undefined || text === "") continue;
-    if (!isBase64 && text.length <= fullScanLimit) find(text, where);
+    if (!isBase64 && text.length <= fullScanLimit) find(text, where, true);
     else scanBytes(isBase64 ? Buffer.from(text, "base64") : Buffer.from(text, "utf8"), where);
   }
 }

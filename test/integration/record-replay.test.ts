@@ -169,6 +169,38 @@ describe("recorded network", () => {
     expect(everything(har)).not.toContain(VALUE);
   });
 
+  // A text body up to 64 KiB gets the full decoding scan. With a short value (13 bytes here), the
+  // random bytes a large base64 field decodes to hold stretches of text that are decoded again,
+  // and the scan's budget ran out on any such body over about 25 KB: it was recorded as
+  // "[REDACTED:UNSCANNED]" and replayed so, where a body over 64 KiB, searched for the common
+  // spellings only, was recorded whole.
+  it("a JSON body under 64 KiB with a large base64 field is recorded whole; one that holds a value is not written as it came", async () => {
+    const har = join(tempDir(), "run.har");
+    const value = "p4ssw0rd-1234";
+    const seed = createHash("sha512").update("seed").digest();
+    const field = Buffer.concat(Array.from({ length: 600 }, (_, i) => createHash("sha512").update(seed).update(String(i)).digest())).toString("base64");
+    const body = JSON.stringify({ data: field });
+    const withValue = JSON.stringify({ data: `${field.slice(0, 30_000)}${Buffer.from(value).toString("base64")}${field.slice(30_000)}` });
+    const json = (text: string): Route => (_req, res) => {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(text);
+    };
+    const upstream = await startUpstream({ routes: { "/blob": json(body), "/blob-with-value": json(withValue) } });
+    const base = `https://api.test:${upstream.port}`;
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"], secrets: { PW: { hosts: ["api.test"], value } } }, { upstream: { record: { path: har } } });
+    expect(body.length).toBeLessThan(64 * 1024);
+    expect((await fetchVia(recorder, `${base}/blob`)).text).toBe(body);
+    expect((await fetchVia(recorder, `${base}/blob-with-value`)).status).toBe(200);
+    await recorder.close();
+    const entries = readHar(har).log.entries;
+    expect(entries).toHaveLength(2);
+    expect(entries.find((e) => e.request.url.endsWith("/blob"))!.response.content.text).toBe(body);
+    // The copy of the value is found (base64 at its alignment) and that body is not written whole.
+    const other = entries.find((e) => e.request.url.endsWith("/blob-with-value"))!.response.content.text;
+    expect(other).not.toBe(withValue);
+    expect(everything(har)).not.toContain(Buffer.from(value).toString("base64").slice(0, 16));
+  });
+
   it("in replay, a redirect hop that leaves the allowlist gets 403 and a hook's deny holds", async () => {
     const dir = tempDir();
     const har = join(dir, "run.har");
