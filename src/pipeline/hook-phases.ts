@@ -173,7 +173,13 @@ export async function runOnRequest(
   let headers = final === seen ? withFramingOf(read.headers, request.headers) : withoutHeaders(read.headers, contentLengthHeaders);
   let forwarded: Readable | Uint8Array | null = null;
   if (read.body !== null) {
-    if (final === seen) {
+    if (final === seen && request.body instanceof Uint8Array) {
+      // Bytes an earlier entry built go on as bytes, whatever the hook read of its clone: as a
+      // stream, the next entry saw no body (the request went out empty), and a 307 or 308 could
+      // no longer send them again (black-box finding).
+      forwarded = request.body;
+      if (!read.body.locked) void read.body.cancel().catch(() => undefined);
+    } else if (final === seen) {
       // The guest's own bytes: untouched (fast path) or through the tee that clone() made.
       forwarded = tap !== undefined && !tap.started && read.body === tap.web ? tap.source : nodeBody(read.body);
     } else {

@@ -1,5 +1,7 @@
 import { describe, expect, it } from "vitest";
-import { createHttpHooks, HttpRequestBlockedError } from "../../src/index.js";
+import { createHttpHooks, HttpRequestBlockedError, type HttpHooksOptions } from "../../src/index.js";
+import { json, startDecisionServer } from "../helpers/deciders.js";
+import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, startTestProxy } from "../helpers/proxy.js";
 import { startUpstream } from "../helpers/upstream.js";
@@ -126,6 +128,42 @@ describe("hook chains: sources run in list order", () => {
     expect(res.status).toBe(200);
     expect(res.text).toMatch(/^first:\d+\+policy$/);
   });
+});
+
+// A body one entry built (a new Request, a layer's next(request.clone()), a decider's
+// includeBody) became a one-shot stream when the next entry returned undefined: the entry after
+// that saw no body, and the request went out empty with a 200 (an h2 upstream: a stale length and
+// a reset); with one entry after it, a 307 could no longer send it again (black-box finding).
+describe("hook chains: a body an entry built survives the entries after it", () => {
+  const tag = (n: number) => ({ onRequest: (r: Request) => void r.headers.set(`x-tag-${n}`, "1") });
+  const builders: Record<string, () => Promise<NonNullable<HttpHooksOptions["hooks"]>>> = {
+    "onRequest returns a new Request": async () => [{ onRequest: (r: Request) => new Request(r.url, { method: "POST", body: "built-body", headers: r.headers }) }],
+    "a layer calls next(request.clone())": async () => [{ handle: (r: Request, next: (r: Request) => Promise<Response>) => next(r.clone()) }],
+    "a decider with includeBody": async () => [{ webhook: (await startDecisionServer((_doc, _req, res) => json(res, 200, { decision: "allow" }))).url, includeBody: true }],
+  };
+  const built = (name: string): string => (name.startsWith("onRequest") ? "built-body" : "guest-body");
+  for (const [name, builder] of Object.entries(builders)) {
+    for (const followers of [1, 2, 3]) {
+      it(`${name}, then ${followers} entr${followers === 1 ? "y" : "ies"} editing headers: the upstream gets the body, and again after a 307, from either guest protocol`, async () => {
+        const upstream = await startUpstream();
+        const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], hooks: [...(await builder()), ...Array.from({ length: followers }, (_, i) => tag(i))] });
+        const target = `api.test:${upstream.port}`;
+        const session = await h2Session(proxy.port, target, proxy.caCertPem);
+        for (const path of ["/echo", `/redirect?status=307&to=${encodeURIComponent("/echo?hop=2")}`]) {
+          const h1 = await fetchVia(proxy, `https://${target}${path}`, { method: "POST", body: "guest-body" });
+          const h2 = await h2Request(session, { ":method": "POST", ":path": path }, "guest-body");
+          for (const [protocol, status, text] of [["HTTP/1.1", h1.status, h1.text], ["HTTP/2", h2.status, h2.body.toString()]] as const) {
+            const where = `${protocol} ${path}`;
+            expect(status, where).toBe(200);
+            const echo = JSON.parse(text) as Echo & { bodyBytes: number; method: string };
+            expect(echo.method, where).toBe("POST");
+            expect(echo.bodyBytes, where).toBe(built(name).length);
+            expect(echo.headers[`x-tag-${followers - 1}`], where).toBe("1");
+          }
+        }
+      });
+    }
+  }
 });
 
 describe("hook chains: options", () => {
