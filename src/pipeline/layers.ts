@@ -34,6 +34,10 @@ export class LayerRun {
   private readonly deadline: number;
   private timer: NodeJS.Timeout | undefined;
   private ended = false;
+  /** Descents waiting on steps 2–7 (the upstream among them). */
+  private descending = 0;
+  /** Layers (by index) whose handle has yet to settle. */
+  private readonly unsettled = new Set<number>();
 
   constructor(
     private readonly layers: readonly HookSource[],
@@ -126,7 +130,8 @@ export class LayerRun {
       entry = { source: source.label, tier: source.tier, phase: "handle", decision: "error", reason: "did not settle", ms: 0 };
       trace.push(entry);
     }
-    return source.handle!(request, tap, inner, this.limits, call).then(
+    this.unsettled.add(index);
+    return source.handle!(request, tap, inner, this.limits, call).finally(() => this.unsettled.delete(index)).then(
       (response) => {
         const descended = this.responses.includes(response as PipelineResponse);
         // What a descent or an inner layer gave back, passed on as it is, is no answer of this layer's.
@@ -160,7 +165,13 @@ export class LayerRun {
       }
       this.streamed.add(request.body);
     }
-    const response = await this.descend(request, withFields(this.context, { signal: this.gone }));
+    this.descending++;
+    let response: PipelineResponse;
+    try {
+      response = await this.descend(request, withFields(this.context, { signal: this.gone }));
+    } finally {
+      this.descending--;
+    }
     if (this.ended || this.failure !== undefined) {
       // Too late: the request already ended (its deadline passed).
       discardBody(response.body);
@@ -190,7 +201,20 @@ export class LayerRun {
     });
   }
 
+  /**
+   * The deadline's error: the upstream's when a descent was under way, else the layer's that had
+   * yet to settle, the innermost (it waited on nothing of the proxy's: its own timer, a sleep()
+   * past the deadline, a promise that never settles). Named as the upstream's, a hanging layer
+   * sent operators to the network (black-box finding).
+   */
   private timeout(): EgressError {
+    if (this.descending === 0 && this.unsettled.size > 0) {
+      const source = this.layers[Math.max(...this.unsettled)]!;
+      const who = `${source.describe("handle")}${source.tier === "tier3" ? " hook" : ""} (${source.label})`;
+      return new EgressError("EG_HOOK_TIMEOUT", 504, `${who} did not settle within timeouts.requestMs (${this.requestMs} ms) while no descent was under way`, {
+        failure: "time",
+      });
+    }
     return new EgressError("EG_UPSTREAM_TIMEOUT", 504, `the request did not complete within timeouts.requestMs (${this.requestMs} ms) over all its layers' descents`);
   }
 

@@ -251,6 +251,31 @@ describe("tier-3 layers: handle(request, next)", () => {
     expect(upstream.hits()).toBeLessThan(10);
   });
 
+  // A layer that never settled got EG_UPSTREAM_TIMEOUT at the deadline, with no upstream contacted
+  // (black-box finding): the deadline now names what was waited on.
+  it.each([
+    ["a layer that never settles", "/echo", 0, "EG_HOOK_TIMEOUT", /handle hook \(hooks\) did not settle within timeouts\.requestMs \(300 ms\) while no descent was under way/],
+    ["a layer that waits on a timer of its own past the deadline", "/echo", 1, "EG_HOOK_TIMEOUT", /handle hook \(hooks\) did not settle within timeouts\.requestMs \(300 ms\) while no descent was under way/],
+    ["a layer waiting on an upstream that never answers", "/hang", 2, "EG_UPSTREAM_TIMEOUT", /did not complete within timeouts\.requestMs \(300 ms\) over all its layers' descents/],
+  ])("timeouts.requestMs: %s gets 504 %s", async (_label, path, how, code, message) => {
+    const upstream = await startUpstream({ routes: { "/hang": () => undefined } });
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        layers: [
+          (request, next) =>
+            how === 0 ? new Promise<Response>(() => undefined) : how === 1 ? new Promise<void>((resolve) => setTimeout(resolve, 2_000).unref()).then(() => next(request)) : next(request),
+        ],
+      },
+      { timeouts: { requestMs: 300, upstreamHeadersMs: 60_000 } },
+    );
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}${path}`);
+    expect(res.status, res.text).toBe(504);
+    expect(res.headers["x-egressgate-error"]).toBe(code);
+    expect(res.text).toMatch(message);
+    expect(upstream.hits()).toBe(how === 2 ? 1 : 0);
+  });
+
   it("a guest that leaves ends its request at once, even while a layer has yet to settle", async () => {
     const upstream = await startUpstream();
     let entered!: () => void;
