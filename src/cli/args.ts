@@ -1,6 +1,7 @@
 import yargs from "yargs";
 import { buildProxyOptions, type BuiltConfig, type BuiltProxyOptions } from "../config/build.js";
 import { computedDefaults, defaults } from "../config/defaults.js";
+import { configOverrides, optionFlags } from "../config/flags.js";
 import type { ProxyConfig } from "../config/document.js";
 import { checkGuestName, parseHostPort } from "../config/nodes.js";
 import { optionFlagDeclarations } from "./flag-options.js";
@@ -80,6 +81,8 @@ function serveCommand(args: Record<string, unknown>, env: NodeJS.ProcessEnv, arg
 /** The flags that take a value, beyond the option flags: one value each unless `array`. */
 const otherValueFlags: Record<string, { readonly type: string; readonly array?: boolean }> = {
   config: { type: "string" },
+  json: { type: "boolean" },
+  dns: { type: "boolean" },
   "ca-dir": { type: "string" },
   listen: { type: "string" },
   guest: { type: "string" },
@@ -104,8 +107,16 @@ function refuseBadFlagValues(argv: readonly string[]): void {
     const eq = arg.indexOf("=");
     const name = eq < 0 ? arg.slice(2) : arg.slice(2, eq);
     const option = Object.hasOwn(declared, name) ? declared[name]! : undefined;
-    if (option === undefined || option.type === "boolean") continue;
     const flag = `--${name}`;
+    const negated = name.startsWith("no-") && Object.hasOwn(declared, name.slice(3)) && declared[name.slice(3)]!.type === "boolean";
+    if (option?.type === "boolean" || negated) {
+      // yargs reads any value but "true" as false: --block-internal-ranges=yes turned the block
+      // off, with no word (black-box finding). As in a config file: true or false, or no value.
+      const value = eq < 0 ? undefined : arg.slice(eq + 1);
+      if (value !== undefined && value !== "true" && value !== "false") throw new UsageError(`${flag}: takes no value, or true or false (got ${JSON.stringify(value)})`);
+      continue;
+    }
+    if (option === undefined) continue;
     const value = eq >= 0 ? arg.slice(eq + 1) : argv[i + 1];
     if (value === undefined || (eq < 0 && value.startsWith("--"))) throw new UsageError(`${flag}: needs a value`);
     if (value.trim() === "") throw new UsageError(option.type === "number" ? `${flag}: must be a number (got an empty value)` : `${flag}: needs a value (got an empty one)`);
@@ -128,7 +139,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
       "run the proxy",
       (y) =>
         y
-          .option("config", { type: "string", group: flagGroups.listening, describe: "run from a config file (YAML or JSON; docs/config.md); --listen, --ca-dir, --guest-env-file, --upstream-ca, --log-level, --workers, --watch, --audit-log and --metrics-listen override it" })
+          .option("config", { type: "string", group: flagGroups.listening, describe: `run from a config file (YAML or JSON; docs/config.md); ${configOverrides.map((path) => optionFlags[path]).join(", ")} override it` })
           .options(optionFlagDeclarations())
           .option("log-format", { type: "string", choices: logFormats, group: flagGroups.logs, describe: "json (one object per line) or pretty (one coloured line per request)", defaultDescription: "pretty when stderr is a terminal, else json" }),
       (args) => {

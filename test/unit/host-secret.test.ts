@@ -98,6 +98,31 @@ describe("flags given no value, an empty one, or twice", () => {
     expect(() => parseCli(argv, {})).toThrow(message);
   });
 
+  // yargs reads any value of a boolean flag but "true" as false: --block-internal-ranges=yes
+  // turned the block off and started with no word (black-box finding).
+  it.each(["block-internal-ranges", "auth", "watch", "refuse-in-tunnel", "replace-secrets-in-query", "record-cookies", "record-missing"])("--%s=VALUE takes true or false only, and --no-%s none other either", (name) => {
+    for (const value of ["yes", "1", "on", "TRUE", "no", ""]) {
+      expect(() => parseCli([`--${name}=${value}`], {}), value).toThrow(new UsageError(`--${name}: takes no value, or true or false (got ${JSON.stringify(value)})`));
+      expect(() => parseCli([`--no-${name}=${value}`], {}), value).toThrow(UsageError);
+    }
+  });
+
+  it("--block-internal-ranges with no value, =true or =false is read as said", () => {
+    const blocks = (argv: string[]): boolean | undefined => {
+      const command = parseCli([...argv, "--allow-host", "a.test"], {});
+      return command.kind === "serve" ? command.config.guests["default"]?.blockInternalRanges : undefined;
+    };
+    expect(blocks(["--block-internal-ranges"])).toBe(true);
+    expect(blocks(["--block-internal-ranges=true"])).toBe(true);
+    expect(blocks(["--block-internal-ranges=false"])).toBe(false);
+    expect(blocks(["--no-block-internal-ranges"])).toBe(false);
+  });
+
+  it("check's --json and --dns take true or false only too", () => {
+    expect(() => parseCli(["check", "GET", "https://a.test/", "--json=yes"], {})).toThrow(/--json: takes no value, or true or false \(got "yes"\)/);
+    expect(() => parseCli(["check", "GET", "https://a.test/", "--no-dns=1"], {})).toThrow(/--no-dns: takes no value/);
+  });
+
   it("a repeatable flag given twice passes", () => {
     expect(() => parseCli(["--allow-host", "a.test", "--allow-host", "b.test"], {})).not.toThrow();
   });
