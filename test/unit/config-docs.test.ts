@@ -1,7 +1,7 @@
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
-import { optionFlags } from "../../src/config/flags.js";
+import { configOverrides, optionFlags } from "../../src/config/flags.js";
 import { configFileSchema, schemaPaths } from "../../src/config/schema.js";
 
 const docs = readFileSync(fileURLToPath(new URL("../../docs/config.md", import.meta.url)), "utf8");
@@ -15,6 +15,17 @@ function rowOf(key: string): string | undefined {
 function documentedKey(path: string): string {
   return path.replace(/^guests\.\*\./, "").replace(/^secrets\.\*/, "secrets.NAME");
 }
+
+// The lists named 9 flags; the recording's and replay's override the file too (black-box finding).
+describe("the flags that may go with --config", () => {
+  const readme = readFileSync(fileURLToPath(new URL("../../README.md", import.meta.url)), "utf8");
+  const section = docs.slice(docs.indexOf("## Flags with `--config`"), docs.indexOf("## Keys"));
+  const row = readme.split("\n").find((line) => line.startsWith("| `--config FILE` |"))!;
+  it.each(configOverrides.map((path) => optionFlags[path]))("%s is named in docs/config.md and in the README's --config row", (flag) => {
+    expect(section).toContain(`\`${flag}\``);
+    expect(row).toContain(`\`${flag}\``);
+  });
+});
 
 describe("docs/config.md", () => {
   const keys = [...new Set(schemaPaths(configFileSchema).map((p) => documentedKey(p.path)))].filter((key) => !key.includes("*") && key !== "secrets.NAME");
