@@ -3,6 +3,7 @@ import { withFields } from "../objects.js";
 import { EgressError, secretDenied } from "../errors.js";
 import { breaksFieldValue, type HeaderList } from "../headers.js";
 import { bareHostname } from "../hostname.js";
+import { OptionError } from "../option-error.js";
 import { compileHostPatterns, validateHostPattern, type HostMatcher } from "./host-pattern.js";
 import { findFirst, maxExpansion, needle, NeedleSet, redactText, scan, ScanBudget, UnscannableError, type Match, type Needle } from "./secret-scan.js";
 
@@ -204,7 +205,7 @@ export class SecretStore {
       if (key !== "hosts" && key !== "value") throw new TypeError(`updateSecret: unknown option "${key}" (known: hosts, value)`);
     }
     // Validate everything before changing anything, so a bad call leaves the secret as it was.
-    const hosts = change.hosts === undefined ? undefined : this.validateHosts(change.hosts, "updateSecret: hosts");
+    const hosts = change.hosts === undefined ? undefined : this.updatedHosts(name, change.hosts);
     const value = change.value === undefined ? undefined : checkValue(change.value, "updateSecret: value");
     if (hosts !== undefined) {
       entry.hosts = hosts;
@@ -215,6 +216,23 @@ export class SecretStore {
       entry.value = value;
       this.redaction = undefined;
     }
+  }
+
+  /**
+   * updateSecret's hosts, checked as createHttpHooks checks a secret's: a bad pattern is named by
+   * its place in `secrets.NAME.hosts`, and an empty list is refused (it was taken, leaving a
+   * secret no host could get, where createHttpHooks refuses one; black-box finding).
+   */
+  private updatedHosts(name: string, hosts: unknown): readonly string[] {
+    let list: readonly string[];
+    try {
+      list = this.validateHosts(hosts, `secrets.${name}.hosts`);
+    } catch (error) {
+      if (error instanceof OptionError) throw new TypeError(`updateSecret: ${error.path}: ${error.reason}`, { cause: error });
+      throw error;
+    }
+    if (list.length === 0) throw new TypeError(`updateSecret: secrets.${name}.hosts: a secret needs at least one host`);
+    return list;
   }
 
   delete(name: string): void {

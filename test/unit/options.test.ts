@@ -291,6 +291,16 @@ describe("createHttpHooks without the proxy: the returned functions are complete
     await expect(httpHooks.onRequest!(new Request("https://api.test/x", { headers: { authorization: "Bearer s3cret-value" } }))).rejects.toMatchObject({ status: 403 });
   });
 
+  // A bad pattern was named as `["updateSecret: hosts"][1]` under createHttpHooks, and an empty list
+  // was taken, where createHttpHooks refuses one (black-box finding).
+  it("updateSecret's hosts are checked as createHttpHooks checks them, named by their place, and the secret is left as it was", async () => {
+    const { httpHooks, env, secretManager } = withSecrets();
+    expect(() => secretManager.updateSecret("TOKEN", { hosts: ["api.test", "a b"] })).toThrow(/^updateSecret: secrets\.TOKEN\.hosts\[1\]: /);
+    expect(() => secretManager.updateSecret("TOKEN", { hosts: [] })).toThrow(new TypeError("updateSecret: secrets.TOKEN.hosts: a secret needs at least one host"));
+    const out = (await httpHooks.onRequest!(new Request("https://api.test/x", { headers: { authorization: `Bearer ${env["TOKEN"]}` } }))) as Request;
+    expect(out.headers.get("authorization")).toBe("Bearer s3cret-value");
+  });
+
   it("onRequest runs the user's hooks first, on placeholders, then substitutes what they produced", async () => {
     const seen: string[] = [];
     const { httpHooks, env } = withSecrets({
