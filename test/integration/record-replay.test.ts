@@ -11,6 +11,7 @@ import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { openTlsTunnel } from "../helpers/raw.js";
 import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { startUpstream, type Route } from "../helpers/upstream.js";
+import { craftedText } from "../helpers/crafted-text.js";
 
 const VALUE = "ghp_realRecordedValue0123456789abcdef";
 
@@ -169,35 +170,42 @@ describe("recorded network", () => {
     expect(everything(har)).not.toContain(VALUE);
   });
 
-  // A text body up to 64 KiB gets the full decoding scan. With a short value (13 bytes here), the
-  // random bytes a large base64 field decodes to hold stretches of text that are decoded again,
-  // and the scan's budget ran out on any such body over about 25 KB: it was recorded as
-  // "[REDACTED:UNSCANNED]" and replayed so, where a body over 64 KiB, searched for the common
-  // spellings only, was recorded whole.
-  it("a JSON body under 64 KiB with a large base64 field is recorded whole; one that holds a value is not written as it came", async () => {
+  // A text body up to 64 KiB gets the full decoding scan. A body it could not finish within its
+  // budget was recorded as "[REDACTED:UNSCANNED]" and replayed so, where a body over 64 KiB,
+  // searched for the common spellings only, was recorded whole. With a short value, a JSON
+  // document with a large base64 field was such a body (the scan now finishes it).
+  it("a text body under 64 KiB that the full scan cannot finish is searched as a larger one and recorded whole; one that holds a value is not written as it came", async () => {
     const har = join(tempDir(), "run.har");
     const value = "p4ssw0rd-1234";
-    const seed = createHash("sha512").update("seed").digest();
-    const field = Buffer.concat(Array.from({ length: 600 }, (_, i) => createHash("sha512").update(seed).update(String(i)).digest())).toString("base64");
-    const body = JSON.stringify({ data: field });
-    const withValue = JSON.stringify({ data: `${field.slice(0, 30_000)}${Buffer.from(value).toString("base64")}${field.slice(30_000)}` });
-    const json = (text: string): Route => (_req, res) => {
-      res.writeHead(200, { "content-type": "application/json" });
-      res.end(text);
+    let field = "";
+    for (let i = 0; field.length < 58_000; i++) field += createHash("sha512").update(String(i)).digest("base64");
+    const bodies: Record<string, string> = {
+      "/blob": JSON.stringify({ data: field }),
+      "/crafted": JSON.stringify({ data: craftedText(50_000) }),
+      "/crafted-with-value": JSON.stringify({ data: `${craftedText(25_000)}${Buffer.from(value).toString("base64")}${craftedText(25_000)}` }),
     };
-    const upstream = await startUpstream({ routes: { "/blob": json(body), "/blob-with-value": json(withValue) } });
+    const routes = Object.fromEntries(
+      Object.entries(bodies).map(([path, text]): [string, Route] => [
+        path,
+        (_req, res) => {
+          res.writeHead(200, { "content-type": "application/json" });
+          res.end(text);
+        },
+      ]),
+    );
+    const upstream = await startUpstream({ routes });
     const base = `https://api.test:${upstream.port}`;
     const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"], secrets: { PW: { hosts: ["api.test"], value } } }, { upstream: { record: { path: har } } });
-    expect(body.length).toBeLessThan(64 * 1024);
-    expect((await fetchVia(recorder, `${base}/blob`)).text).toBe(body);
-    expect((await fetchVia(recorder, `${base}/blob-with-value`)).status).toBe(200);
+    for (const [path, text] of Object.entries(bodies)) {
+      expect(text.length, path).toBeLessThan(64 * 1024);
+      expect((await fetchVia(recorder, `${base}${path}`)).text, path).toBe(text);
+    }
     await recorder.close();
-    const entries = readHar(har).log.entries;
-    expect(entries).toHaveLength(2);
-    expect(entries.find((e) => e.request.url.endsWith("/blob"))!.response.content.text).toBe(body);
-    // The copy of the value is found (base64 at its alignment) and that body is not written whole.
-    const other = entries.find((e) => e.request.url.endsWith("/blob-with-value"))!.response.content.text;
-    expect(other).not.toBe(withValue);
+    const recorded = new Map(readHar(har).log.entries.map((e) => [new URL(e.request.url).pathname, e.response.content.text]));
+    expect(recorded.get("/blob")).toBe(bodies["/blob"]);
+    expect(recorded.get("/crafted")).toBe(bodies["/crafted"]);
+    // The copy of the value is found (base64 at its alignment), and that body is not written whole.
+    expect(recorded.get("/crafted-with-value")).not.toBe(bodies["/crafted-with-value"]);
     expect(everything(har)).not.toContain(Buffer.from(value).toString("base64").slice(0, 16));
   });
 

@@ -1,4 +1,6 @@
+import { createHash } from "node:crypto";
 import { describe, expect, it } from "vitest";
+import { craftedText } from "../helpers/crafted-text.js";
 import {
   budgetFloor,
   budgetPerChar,
@@ -18,23 +20,6 @@ const set = new NeedleSet([needle("T", VALUE)]);
 
 function b64(text: string): string {
   return Buffer.from(text).toString("base64");
-}
-
-/**
- * `length` characters whose every decoder view holds printable text again (base64 at each
- * alignment, hex, percent, +), so without a budget the views multiply to 9³ (review of issue 14).
- */
-function crafted(length: number): string {
-  const printable = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789%+-_";
-  const parts: string[] = [];
-  for (let k = 0, size = 0; size < length; k++) {
-    const text = Array.from({ length: 60 }, (_, i) => printable[(i * 7 + k) % printable.length]).join("") + "%41%2541+";
-    for (const part of [b64(text), `x${b64(text)}`, `xy${b64(text)}`, `xyz${b64(text)}`, Buffer.from(text).toString("hex"), encodeURIComponent(text), text.replaceAll("%", "+")]) {
-      parts.push(part, "~");
-      size += part.length + 1;
-    }
-  }
-  return parts.join("").slice(0, length);
 }
 
 describe("the secret scan decodes, then searches", () => {
@@ -73,6 +58,42 @@ describe("the secret scan decodes, then searches", () => {
     expect(findFirst(text, set)).toBeUndefined();
   });
 
+  // Decoded bytes are decoded again only where they hold text; another encoding inside binary
+  // bytes is text, so it is still found.
+  it.each([
+    ["base64 inside binary bytes, all base64", (v: string) => b64(v), ["base64", "base64"]],
+    ["percent-encoding inside binary bytes, all base64", (v: string) => encodeURIComponent(v), ["base64", "percent"]],
+    ["hex inside binary bytes, all base64", (v: string) => Buffer.from(v).toString("hex"), ["base64", "hex"]],
+  ])("finds the value as %s", (_what, inner, via) => {
+    const noise = (n: number): Buffer => Buffer.from(Array.from({ length: n }, (_, i) => (i * 151 + 7) % 256));
+    const text = b64(Buffer.concat([noise(3000), Buffer.from(inner(VALUE)), noise(3000)]).toString("latin1"));
+    const match = findFirst(text, set);
+    expect(match?.needle.name).toBe("T");
+    // VALUE holds a space, so the `plus` view of the text may come first.
+    expect(match?.via.filter((name) => name !== "plus")).toEqual(via);
+  });
+
+  // A long base64 field (an image or a file in a JSON document) cost a scan about 8 times its
+  // length: the `plus` view copied it for its `+` characters, and the bytes it decoded to, which
+  // hold a few printable stretches by chance, were decoded again whole. With a short value, a
+  // 25 KB body ran out of the budget.
+  it.each([
+    ["an 8-byte value", "hunter22"],
+    ["a 13-byte value", "p4ssw0rd-1234"],
+    ["a 37-byte value", "ghp_realRecordedValue0123456789abcdef"],
+  ])("a 60 KB JSON document with a base64 field costs at most 5 times its length to scan for %s", (_what, value) => {
+    let field = "";
+    for (let i = 0; field.length < 58_000; i++) field += createHash("sha512").update(String(i)).digest("base64");
+    const text = JSON.stringify({ data: field });
+    const needles = new NeedleSet([needle("V", value)]);
+    const budget = ScanBudget.forLength(text.length);
+    expect(eachView(text, needles.context, () => false, budget)).toBe("done");
+    expect(budget.decoded).toBeLessThanOrEqual(5 * text.length);
+    // And a copy of the value in it is still found.
+    const withValue = JSON.stringify({ data: `${field.slice(0, 30_000)}${Buffer.from(value).toString("base64")}${field.slice(30_000)}` });
+    expect(findFirst(withValue, needles)?.needle.name).toBe("V");
+  });
+
   it("finds a non-ASCII value as characters and as its UTF-8 bytes, percent-encoded or base64", () => {
     const s = new NeedleSet([needle("U", "pässwörd-ünïcode")]);
     expect(findFirst("x pässwörd-ünïcode y", s)).toMatchObject({ needle: { name: "U" }, start: 2, end: 18, via: [] });
@@ -109,7 +130,7 @@ describe("the secret scan decodes, then searches", () => {
 
 describe("the scan's budget", () => {
   it("bounds the characters decoded from a crafted text to 8 times its length plus a floor, and says it stopped", () => {
-    const text = crafted(20_000);
+    const text = craftedText(20_000);
     const budget = ScanBudget.forLength(text.length);
     let decoded = 0;
     const outcome = eachView(text, set.context, (view) => {
@@ -125,7 +146,7 @@ describe("the scan's budget", () => {
   });
 
   it("redacts a crafted 60 KB URL path in a log line within a bounded number of decoded characters: the whole line becomes the marker", () => {
-    const line = JSON.stringify({ msg: "request", target: `https://denied.example/${crafted(60_000)}` });
+    const line = JSON.stringify({ msg: "request", target: `https://denied.example/${craftedText(60_000)}` });
     const budget = ScanBudget.forLength(line.length);
     expect(redactText(line, set, budget)).toBe(unscannedMarker);
     expect(budget.decoded).toBeLessThanOrEqual(budgetPerChar * line.length + budgetFloor);
