@@ -154,13 +154,12 @@ class ViewBuilder {
 
   /**
    * Decoded bytes, as Latin-1 characters, standing for groups of the view's characters: byte k
-   * (of the run, whose bytes from `first` on these are) for
-   * `[from + ⌊k / groupBytes⌋ · groupChars, … + groupChars)`, cut at `limit`.
+   * for `[from + ⌊k / groupBytes⌋ · groupChars, … + groupChars)`, cut at `limit`.
    */
-  bytes(bytes: Buffer, from: number, groupChars: number, groupBytes: number, limit: number, first = 0): void {
+  bytes(bytes: Buffer, from: number, groupChars: number, groupBytes: number, limit: number): void {
     this.parts.push(bytes.toString("latin1"));
     for (let k = 0; k < bytes.length; k++, this.length++) {
-      const group = from + Math.floor((first + k) / groupBytes) * groupChars;
+      const group = from + Math.floor(k / groupBytes) * groupChars;
       this.starts[this.length] = spanStart(this.from, group);
       this.ends[this.length] = spanEnd(this.from, Math.min(group + groupChars, limit) - 1);
     }
@@ -327,18 +326,14 @@ function runDecoder(
         if (!runs.some((m) => usable(m[0].length - align) >= minRun)) continue;
         if (!budget.take(capacity)) break;
         const decoded: DecodedRun[] = [];
-        const minText = Math.max(4, minBytes);
         for (const m of runs) {
           const from = m.index + align;
           const chars = usable(m[0].length - align);
           if (chars < minRun) continue;
           const bytes = decodeRun(view.text.slice(from, from + chars));
-          decoded.push({ from, chars, bytes, textual: hasText(bytes, minText) });
+          decoded.push({ from, chars, bytes, textual: hasText(bytes, Math.max(4, minBytes)) });
         }
-        // Searched whole, decoded again only where it holds text (see textOnly).
-        views.push(withFields(build(view, decoded, name, groupChars, groupBytes, capacity), { opaque: true }));
-        const text = textOnly(view, decoded, name, groupChars, groupBytes, minText, budget);
-        if (text !== undefined) views.push(text);
+        views.push(withFields(build(view, decoded, name, groupChars, groupBytes, capacity), { opaque: !decoded.some((r) => r.textual) }));
       }
       return views;
     },
@@ -373,50 +368,6 @@ function build(view: View, runs: readonly DecodedRun[], name: string, groupChars
     copied = from + chars;
   }
   if (view.text.length > copied) out.char(0, copied, view.text.length);
-  return out.finish(name);
-}
-
-/** Printable ASCII, tab and line breaks: what another encoding is written in. */
-function isTextByte(b: number): boolean {
-  return (b >= 0x20 && b < 0x7f) || b === 0x09 || b === 0x0a || b === 0x0d;
-}
-
-/**
- * The stretches of text (at least `min` characters) in the runs that hold one, each gap standing
- * as one NUL: the view that is decoded again. Another encoding is written in text, so nothing
- * is lost; decoding the whole run again cost as much as the run, at every alignment, and the
- * bytes of a long base64 field (an image, a file in a JSON document) hold such stretches by
- * chance when a value is short (a stretch of 8 printable bytes every few kilobytes): a 25 KB
- * body then ran out of the scan's budget. Undefined when no run holds text, or past the budget.
- */
-function textOnly(view: View, runs: readonly DecodedRun[], name: string, groupChars: number, groupBytes: number, min: number, budget: ScanBudget): View | undefined {
-  const pieces: { from: number; chars: number; bytes: Buffer; first: number }[] = [];
-  let size = 1;
-  for (const run of runs) {
-    if (!run.textual) continue;
-    const { bytes } = run;
-    for (let i = 0; i < bytes.length; ) {
-      if (!isTextByte(bytes[i]!)) {
-        i++;
-        continue;
-      }
-      let end = i + 1;
-      while (end < bytes.length && isTextByte(bytes[end]!)) end++;
-      if (end - i >= min) {
-        pieces.push({ from: run.from, chars: run.chars, bytes: bytes.subarray(i, end), first: i });
-        size += end - i + 1;
-      }
-      i = end;
-    }
-  }
-  if (pieces.length === 0 || !budget.take(size)) return undefined;
-  const out = new ViewBuilder(view, size);
-  for (const { from, chars, bytes, first } of pieces) {
-    // The gap before the stretch: no value holds a NUL, so where it points is never reported.
-    out.char(0, from, from + 1);
-    out.bytes(bytes, from, groupChars, groupBytes, from + chars, first);
-  }
-  out.char(0, view.text.length - 1, view.text.length);
   return out.finish(name);
 }
 
