@@ -65,14 +65,22 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     onDone();
     return;
   }
+  // The guest may still be sending its request (an upstream that answered before the end of the
+  // upload): the stream then stays open once the response is out, and its close never comes. The
+  // response's end is this response's end; onDone then closes the stream (RST_STREAM(NO_ERROR),
+  // RFC 9113 §8.1). Held open before, with its place under the stream limit (black-box finding).
+  const uploading = !stream.endAfterHeaders && !stream.readableEnded;
   if (trailers !== undefined) {
     stream.once("wantTrailers", () => {
       try {
         stream.sendTrailers(h2TrailerObject(trailers()));
+        if (uploading) setImmediate(() => settle());
       } catch {
         resetH2Stream(stream, h2Codes.internalError, "the trailers could not be encoded");
       }
     });
+  } else if (uploading) {
+    stream.once("finish", () => setImmediate(() => settle()));
   }
   let settled = false;
   const settle = (error?: Error): void => {

@@ -1,5 +1,9 @@
 import { createHash } from "node:crypto";
-import { describe, expect, it, vi } from "vitest";
+import { constants as h2constants, createSecureServer, type ServerHttp2Stream } from "node:http2";
+import { createServer as createHttpsServer } from "node:https";
+import type { AddressInfo } from "node:net";
+import { testCa } from "../helpers/test-ca.js";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { cloneReader, latch } from "../helpers/latch.js";
 import { curlVia } from "../helpers/curl.js";
 import { loadPolicy } from "../helpers/djs.js";
@@ -390,6 +394,49 @@ describe("HTTP/2 guests", () => {
     expect(upstream.seen.map((seen) => seen.url)).not.toContain("/upload");
     expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
   });
+
+  // An upstream that answered before the end of the upload (a 413 with END_STREAM, then its
+  // connection closed, or its stream reset with NO_ERROR) had its answer reach the guest whole,
+  // but the guest's stream was never closed: held open for good, with its place under the
+  // stream limit and no log line (black-box finding). RFC 9113 §8.1: RST_STREAM(NO_ERROR).
+  it.each(["HTTP/1.1, closing its connection", "HTTP/2, resetting its stream with NO_ERROR"] as const)(
+    "an upstream (%s) that answers before the upload ends: the guest gets the answer, then its stream is closed with NO_ERROR, and it is logged",
+    async (shape) => {
+      const ca = await testCa();
+      const context = (await ca.serverContexts(["api.test"])).get("api.test")!;
+      const answer = "too big, stop sending";
+      const server =
+        shape === "HTTP/2, resetting its stream with NO_ERROR"
+          ? createSecureServer({ SNICallback: (_name, cb) => cb(null, context), allowHTTP1: false } as Parameters<typeof createSecureServer>[0]).on("stream", (stream: ServerHttp2Stream) => {
+              stream.on("error", () => undefined);
+              stream.respond({ ":status": 413, "content-length": answer.length });
+              stream.end(answer, () => stream.close(h2constants.NGHTTP2_NO_ERROR));
+            })
+          : createHttpsServer({ SNICallback: (_name, cb) => cb(null, context) } as Parameters<typeof createHttpsServer>[0], (_req, res) => {
+              res.writeHead(413, { "content-length": answer.length, connection: "close" });
+              res.end(answer);
+            });
+      await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+      onTestFinished(() => new Promise<void>((resolve) => server.close(() => resolve())));
+      const port = (server.address() as AddressInfo).port;
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { idleMs: 60_000, upstreamBodyMs: 60_000 } });
+      const session = await h2Session(proxy.port, `api.test:${port}`, proxy.caCertPem);
+      const seen = await new Promise<{ status: unknown; body: string; rstCode: number | undefined }>((resolve) => {
+        const stream = session.request({ ":method": "POST", ":path": "/upload" }, { endStream: false });
+        stream.write(Buffer.alloc(1000, 120));
+        let status: unknown;
+        let body = "";
+        stream.on("response", (head) => (status = head[":status"]));
+        stream.on("data", (chunk: Buffer) => (body += chunk.toString()));
+        stream.on("error", () => undefined);
+        stream.on("close", () => resolve({ status, body, rstCode: stream.rstCode }));
+      });
+      expect(seen).toEqual({ status: 413, body: answer, rstCode: h2constants.NGHTTP2_NO_ERROR });
+      await vi.waitFor(() => expect(proxy.logs.some((l) => l["msg"] === "request" && l["status"] === 413)).toBe(true));
+      // The connection goes on serving: the next stream gets the upstream's answer too.
+      expect((await h2Request(session, { ":path": "/next" })).status).toBe(413);
+    },
+  );
 
   it("close() sends GOAWAY: the stream in flight finishes, and the proxy closes after it", async () => {
     const held = heldRoute();
