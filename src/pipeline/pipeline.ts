@@ -380,7 +380,9 @@ export class Pipeline {
         throw upstreamError(error, url);
       }
       if (h2 !== undefined) {
-        if (h2.status > 599) {
+        // Statuses run from 100 to 599 (RFC 9110 §15): below, Node's writers refuse them (an
+        // HTTP/2 guest's stream was reset, an HTTP/1.1 guest got "internal error").
+        if (h2.status < 100 || h2.status > 599) {
           discardBody(h2.body);
           throw new EgressError("EG_UPSTREAM", 502, `upstream ${url.host} answered status ${h2.status}, which is not an HTTP status`);
         }
@@ -506,6 +508,9 @@ export function upstreamError(error: unknown, url: URL): EgressError {
   const tlsProblem = code.startsWith("ERR_TLS") || code.includes("CERT") || code.startsWith("ERR_SSL") || /certificate/i.test(err.message);
   const detail = `${code ? `${code}: ` : ""}${err.message}`;
   if (tlsProblem) return new EgressError("EG_UPSTREAM", 502, `upstream TLS failed for ${target}: ${detail}`, { cause: error, detail });
+  // undici's parser asserts what it cannot take (a status under 100): its assertion's text is for
+  // the log, not the guest.
+  if (code === "ERR_ASSERTION") return new EgressError("EG_UPSTREAM", 502, `upstream ${target} sent a response the proxy could not read (see the proxy log)`, { cause: error, detail });
   // Socket errors (ECONNREFUSED 10.0.0.5:443) name the pinned address: the guest gets the code only.
   const shown = /^E[A-Z]+$/.test(code) ? code : detail;
   return new EgressError("EG_UPSTREAM", 502, `upstream request failed for ${target}: ${shown}`, { cause: error, detail });

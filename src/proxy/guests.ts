@@ -91,6 +91,7 @@ export class Guest {
       headersTimeoutMs: config.timeouts.upstreamHeadersMs,
       bodyTimeoutMs: config.timeouts.upstreamBodyMs,
       keepAliveTimeoutMs: 4_000,
+      h2PingMs: config.timeouts.h2PingMs,
       recheck,
       ...(deps.upstreamConnection !== undefined ? { onConnection: (protocol: "h1" | "h2", connection: UpstreamConnection) => deps.upstreamConnection!(this.name, protocol, connection) } : {}),
     });

@@ -15,8 +15,10 @@ export interface H2SessionsOptions extends AlpnConnectOptions {
   readonly streamsPerOrigin: number;
   /** Origins whose ALPN answer is remembered (least recently used first out). */
   readonly maxOrigins: number;
-  /** A session with no stream for this long is closed. */
+  /** A session silent this long is closed if it has no stream, else sent a PING. */
   readonly idleMs: number;
+  /** `timeouts.h2PingMs`: how long the answer to that PING may take before the session is given up. */
+  readonly pingMs: number;
 }
 
 /** What a first connection to an origin found out: h2 (a session), or HTTP/1.1 (the connected socket, for undici). */
@@ -33,8 +35,11 @@ interface Entry {
 /** How long after the upstream's FIN a session's streams are judged (see H2Sessions.upstreamEnded). */
 const finGraceMs = 100;
 
-/** Sessions whose connection the upstream ended: they take no new streams. */
+/** Sessions whose connection the upstream ended, or that stopped answering: they take no new streams. */
 const ended = new WeakSet<ClientHttp2Session>();
+
+/** Sessions sent a PING not answered yet (see H2Sessions.onSilence). */
+const probing = new WeakSet<ClientHttp2Session>();
 
 /** Node's default when the peer has not said: RFC 9113 §6.5.2 recommends at least 100. */
 const defaultPeerStreams = 100;
@@ -152,14 +157,51 @@ export class H2Sessions {
       this.unclosed.delete(session);
       this.live(key);
     });
-    session.setTimeout(this.options.idleMs, () => {
-      const entry = this.sessions.get(key)?.find((e) => e.session === session);
-      if (entry === undefined || entry.active === 0) session.close();
-    });
+    // Node's setTimeout(ms, callback) listens once: this listener stays, and each call re-arms.
+    session.on("timeout", () => this.onSilence(key, session));
+    session.setTimeout(this.options.idleMs);
     const entries = this.sessions.get(key) ?? [];
     entries.push({ session, active: 0 });
     this.sessions.set(key, entries);
     return { protocol: "h2", session };
+  }
+
+  /**
+   * The session has been silent for `idleMs`. With no stream it closes (idle). With
+   * streams it is sent a PING, which a live upstream answers however long its responses take,
+   * and given up if the answer takes `pingMs`: once nghttp2 has found a frame it cannot take (a
+   * DATA frame over the frame size, DATA before HEADERS, a broken header block) it sends GOAWAY
+   * and stops reading, and Node never learns. The response under way waited for upstreamBodyMs
+   * (2 minutes by default), and every request to the origin went to the same dead session
+   * (black-box finding).
+   */
+  private onSilence(key: string, session: ClientHttp2Session): void {
+    if (session.destroyed) return;
+    // Node re-arms the timer only on traffic: a session nobody hears from would not be asked again.
+    session.setTimeout(this.options.idleMs);
+    const entry = this.sessions.get(key)?.find((e) => e.session === session);
+    if (entry === undefined || entry.active === 0) {
+      if (!ended.has(session)) session.close();
+      return;
+    }
+    if (probing.has(session) || session.closed) return;
+    probing.add(session);
+    const deadline = setTimeout(() => {
+      ended.add(session);
+      this.live(key);
+      this.settleEnded(session, "the upstream's HTTP/2 connection stopped answering (no answer to a PING)");
+    }, this.options.pingMs);
+    deadline.unref();
+    session.once("close", () => clearTimeout(deadline));
+    try {
+      // An error is a PING cancelled by the session's own end, which the deadline outlives.
+      session.ping(() => {
+        clearTimeout(deadline);
+        probing.delete(session);
+      });
+    } catch {
+      // Too many unanswered already, or the session is going: the deadline decides.
+    }
   }
 
   /**
@@ -171,7 +213,7 @@ export class H2Sessions {
   private upstreamEnded(key: string, session: ClientHttp2Session): void {
     ended.add(session);
     this.live(key);
-    const timer = setTimeout(() => setImmediate(() => this.settleEnded(session)), finGraceMs);
+    const timer = setTimeout(() => setImmediate(() => this.settleEnded(session, "the upstream closed the connection before the end of the response")), finGraceMs);
     session.once("close", () => clearTimeout(timer));
   }
 
@@ -181,12 +223,12 @@ export class H2Sessions {
    * readable, and the session is destroyed once the last of those is read (or its reader goes:
    * the guest's idleMs and the hooks' limits bound that).
    */
-  private settleEnded(session: ClientHttp2Session): void {
+  private settleEnded(session: ClientHttp2Session, reason: string): void {
     if (session.destroyed) return;
     const whole: ClientHttp2Stream[] = [];
     for (const stream of sessionStreams.get(session) ?? []) {
       if (stream.closed && stream.rstCode === 0) whole.push(stream);
-      else stream.destroy(Object.assign(new Error("the upstream closed the connection before the end of the response"), { code: "UND_ERR_SOCKET" }));
+      else stream.destroy(Object.assign(new Error(reason), { code: "UND_ERR_SOCKET" }));
     }
     let left = whole.length;
     if (left === 0) session.destroy();

@@ -4,7 +4,7 @@ import { request } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { latch } from "../helpers/latch.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
-import { clientPreface, flag, frame, frameType, indexed, settings } from "../helpers/h2-frames.js";
+import { clientPreface, flag, frame, frameType, indexed, literal, settings } from "../helpers/h2-frames.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
@@ -273,8 +273,10 @@ async function rawH2Upstream(onHeaders: (socket: TLSSocket, stream: number, conn
         const type = buffered[3]!;
         const flags = buffered[4]!;
         const stream = buffered.readUInt32BE(5) & 0x7fffffff;
+        const pingData = buffered.subarray(9, 9 + length);
         buffered = buffered.subarray(9 + length);
         if (type === frameType.settings && (flags & flag.ack) === 0) socket.write(frame(frameType.settings, flag.ack, 0));
+        if (type === frameType.ping && (flags & flag.ack) === 0) socket.write(frame(frameType.ping, flag.ack, 0, pingData));
         if (type === frameType.headers) onHeaders(socket, stream, index);
       }
     });
@@ -312,6 +314,85 @@ function goAwayFirst(): Promise<{ port: number; connections: () => number }> {
     socket.write(frame(frameType.headers, flag.endStream | flag.endHeaders, stream, indexed(8)));
   });
 }
+
+// Once nghttp2 finds a frame it cannot take, it sends GOAWAY and stops reading, and Node never
+// learns: the response under way waited for upstreamBodyMs, and every request to the origin went
+// to the same dead session and got 504 (black-box finding). A PING now finds it out.
+describe("an h2 upstream that sends a frame the proxy cannot take", () => {
+  const ok = (socket: TLSSocket, stream: number): void => void socket.write(frame(frameType.headers, flag.endStream | flag.endHeaders, stream, indexed(8)));
+  const shapes: Record<string, (socket: TLSSocket, stream: number) => void> = {
+    "a DATA frame over the frame size": (socket, stream) => {
+      socket.write(Buffer.concat([frame(frameType.headers, flag.endHeaders, stream, indexed(8)), frame(frameType.data, 0, stream, Buffer.from("part-"))]));
+      setTimeout(() => socket.write(frame(frameType.data, flag.endStream, stream, Buffer.alloc(20_000, 97))), 50);
+    },
+    "DATA before HEADERS": (socket, stream) => void socket.write(frame(frameType.data, flag.endStream, stream, Buffer.from("before"))),
+    "a broken header block": (socket, stream) => void socket.write(frame(frameType.headers, flag.endHeaders, stream, Buffer.from([0xff, 0xff, 0xff, 0xff, 0x0f]))),
+  };
+  for (const [shape, bad] of Object.entries(shapes)) {
+    it(`${shape}: that request fails, and the next one, sent on the dead session, is answered within h2PingMs twice`, async () => {
+      const upstream = await rawH2Upstream((socket, stream, connection) => (connection === 1 && stream === 1 ? bad(socket, stream) : ok(socket, stream)));
+      // Far above what the test waits for: a 504 here would mean the dead session was not found out.
+      const timeouts = { upstreamHeadersMs: 20_000, upstreamBodyMs: 20_000, h2PingMs: 300 };
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
+      const base = `https://api.test:${upstream.port}`;
+      const started = performance.now();
+      const first = fetchVia(proxy, `${base}/first`).then(
+        (res) => res.status,
+        () => "cut",
+      );
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      // Never sent on the dead session (nghttp2 sends nothing after its GOAWAY): sent again on a new one.
+      const second = await fetchVia(proxy, `${base}/second`);
+      expect(second.status, second.text).toBe(200);
+      expect(["cut", 502]).toContain(await first);
+      expect(performance.now() - started).toBeLessThan(timeouts.upstreamHeadersMs / 2);
+      expect((await fetchVia(proxy, `${base}/third`)).status).toBe(200);
+      expect(upstream.connections()).toBe(2);
+    });
+  }
+});
+
+// A status under 100 was not refused: HTTP/2 guests had their stream reset and HTTP/1.1 guests got
+// "internal error"; from an HTTP/1.1 upstream, the 502 quoted undici's assertion (black-box finding).
+describe("an upstream status under 100", () => {
+  async function rawH1Upstream(status: string): Promise<{ port: number }> {
+    const ca = await testCa();
+    const context = (await ca.serverContexts(["api.test"])).get("api.test")!;
+    const server = createTlsServer({ SNICallback: (_name, cb) => cb(null, context), ALPNProtocols: ["http/1.1"] }, (socket) => {
+      socket.on("error", () => undefined);
+      socket.once("data", () => socket.end(`HTTP/1.1 ${status} Odd\r\ncontent-length: 2\r\n\r\nok`));
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    onTestFinished(() => new Promise<void>((resolve) => server.close(() => resolve())));
+    return { port: (server.address() as AddressInfo).port };
+  }
+  for (const status of ["099", "001"]) {
+    for (const upstreamProtocol of ["HTTP/1.1", "HTTP/2"] as const) {
+      for (const guest of ["HTTP/1.1", "HTTP/2"] as const) {
+        it(`${status} from an ${upstreamProtocol} upstream: a plain 502 to the ${guest} guest, and the proxy keeps serving`, async () => {
+          const upstream =
+            upstreamProtocol === "HTTP/2"
+              ? await rawH2Upstream((socket, stream) => void socket.write(frame(frameType.headers, flag.endStream | flag.endHeaders, stream, literal(":status", status))))
+              : await rawH1Upstream(status);
+          const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+          const authority = `api.test:${upstream.port}`;
+          let answer: { status: number; text: string };
+          if (guest === "HTTP/1.1") answer = await fetchVia(proxy, `https://${authority}/odd`);
+          else {
+            const res = await h2Request(await h2Session(proxy.port, authority, proxy.caCertPem), { ":path": "/odd" });
+            answer = { status: res.status, text: res.body.toString() };
+          }
+          expect(answer.status).toBe(502);
+          expect(answer.text).toMatch(upstreamProtocol === "HTTP/2" ? /answered status \d+, which is not an HTTP status/ : /sent a response the proxy could not read/);
+          expect(answer.text).not.toMatch(/assert|internal error/i);
+          expect(proxy.logs.some((l) => l["level"] === "error")).toBe(false);
+          const good = await startUpstream();
+          expect((await fetchVia(proxy, `https://api.test:${good.port}/echo`)).status).toBe(200);
+        });
+      }
+    }
+  }
+});
 
 describe("an upstream connection that ends under the proxy", () => {
   // Far above anything the tests wait for: a 504 here would mean the proxy missed the close.
