@@ -105,11 +105,23 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
     const err = guestError(
       error instanceof EgressError
         ? error
-        : new EgressError("EG_UPSTREAM", 502, `upgrade failed: ${(error as NodeJS.ErrnoException).code ?? "error"}`, { cause: error }),
+        : new EgressError("EG_UPSTREAM", 502, `upgrade failed: ${(error as NodeJS.ErrnoException).code ?? "error"}`, { cause: error, detail: (error as Error)?.message ?? String(error) }),
       deps.redact,
     );
     deps.decide(
-      { started, guest: deps.guest, method: req.method, target, status: err.status, reason: err.message, code: err.code, upgrade: true },
+      {
+        started,
+        guest: deps.guest,
+        method: req.method,
+        target,
+        status: err.status,
+        reason: err.message,
+        code: err.code,
+        // The guest is told to see the proxy log: the hook that failed, and its error, are there.
+        ...(err.source !== undefined ? { source: err.source } : {}),
+        ...(err.detail !== undefined ? { detail: err.detail } : {}),
+        upgrade: true,
+      },
       trace !== undefined ? { trace, bytesDown: Buffer.byteLength(errorBody(err)) } : undefined,
     );
     writeRawError(socket, err);

@@ -312,3 +312,29 @@ describe("upgrades an upstream never answers", () => {
     expect(await closedWithin(tarpit.upstreamClosed, 3_000)).toBe("closed");
   });
 });
+
+describe("upgrades a hook fails", () => {
+  // The guest is told "see the proxy log": the upgrade's line must carry what a plain request's does.
+  it("an upgrade whose onRequest throws gets 502, and its log line names the hook and carries its error, as a plain request's does", async () => {
+    const { port } = await startRawUpstream(() => undefined);
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      onRequest: (request) => {
+        if (new URL(request.url).pathname !== "/echo") throw new Error("boom from the hook");
+      },
+    });
+    const { answer, guestClosed } = sendUpgrade(proxy.port, port);
+    await guestClosed;
+    expect(answer()).toMatch(/^HTTP\/1\.1 502 /);
+    expect(answer()).toContain("see the proxy log");
+    const upstream = await startUpstream({ tls: false });
+    expect((await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/plain`)).status).toBe(502);
+    const lines = proxy.logs.filter((l) => l["msg"] === "request" && l["status"] === 502);
+    const upgradeLine = lines.find((l) => l["upgrade"] === true);
+    const plainLine = lines.find((l) => l["upgrade"] === undefined);
+    expect(plainLine).toMatchObject({ source: expect.any(String), detail: expect.stringContaining("boom from the hook") });
+    expect(upgradeLine).toMatchObject({ source: plainLine!["source"], detail: plainLine!["detail"] });
+    // The proxy keeps serving.
+    expect((await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+});
