@@ -192,9 +192,11 @@ function awaitSwitch(upstream: Socket, host: string, timeoutMs: number): Promise
       }
       cleanup();
       const head = buffered.subarray(0, end).toString("latin1");
-      const status = /^HTTP\/1\.[01] (\d{3})/.exec(head)?.[1];
+      // Exactly three digits, then the reason phrase's SP or the line's end (RFC 9112 §4):
+      // "1010" is no 101.
+      const status = /^HTTP\/1\.[01] (\d{3})(?=[ \r]|$)/.exec(head)?.[1];
       if (status !== "101") {
-        reject(new EgressError("EG_UPSTREAM", 502, `upstream ${host} did not switch protocols (answered ${status ?? "garbage"})`));
+        reject(new EgressError("EG_UPSTREAM", 502, `upstream ${host} did not switch protocols (answered ${status ?? "a malformed status line"})`));
         return;
       }
       // The guest asked for WebSocket only; a switch to anything else would be a tunnel no tier sees.

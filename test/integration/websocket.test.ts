@@ -338,3 +338,41 @@ describe("upgrades a hook fails", () => {
     expect((await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`)).status).toBe(200);
   });
 });
+
+describe("an upstream's status line that is not a 101", () => {
+  // RFC 9112 §4: status-code is exactly three digits, then SP (the reason phrase may be empty,
+  // and some servers leave the SP out too). "1010" read as "101" opened the relay.
+  it.each([
+    ["HTTP/1.1 1010 Nonsense", 502],
+    ["HTTP/1.1 10 Short", 502],
+    ["HTTP/1.1 101x Switching Protocols", 502],
+    ["HTTP/1.1 099 Early", 502],
+    ["HTTP/1.1 1011", 502],
+    ["HTTP/1.1 101", 101],
+    ["HTTP/1.1 101 ", 101],
+  ])("%j is answered %i; the proxy keeps serving", async (statusLine, expected) => {
+    let received = "";
+    const { port } = await startRawUpstream((s) =>
+      s.on("data", (c: Buffer) => {
+        if (received === "") s.write(`${statusLine}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n`);
+        received += c.toString("latin1");
+      }),
+    );
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const { guest, answer, guestClosed } = sendUpgrade(proxy.port, port);
+    await expect.poll(() => answer()).toContain("\r\n\r\n");
+    guest.write("after-switch");
+    if (expected === 502) {
+      expect(answer()).toMatch(/^HTTP\/1\.1 502 /);
+      expect(answer()).toMatch(/did not switch protocols/);
+      await guestClosed;
+      expect(received).not.toContain("after-switch");
+    } else {
+      expect(answer()).toMatch(/^HTTP\/1\.1 101/);
+      await expect.poll(() => received).toContain("after-switch");
+    }
+    await expect.poll(() => proxy.logs.find((l) => l["msg"] === "request" && l["upgrade"] === true)?.["status"]).toBe(expected);
+    const upstream = await startUpstream({ tls: false });
+    expect((await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+});
