@@ -57,6 +57,8 @@ export class GuestSide {
   private readonly drainCut: string;
   /** Connections the proxy cut for idleness with a request on them: why, for that request's line. */
   private readonly idleCuts = new WeakMap<Socket, string>();
+  /** Upgrades not yet relayed or refused: their lines must be written before close() closes the audit log. */
+  private readonly upgrading = new Set<Promise<void>>();
 
   private readonly h2: H2Guests;
 
@@ -264,7 +266,13 @@ export class GuestSide {
     }
     // Until the 101 the upgrade's own handler holds the socket; after it, the relay is the guest's.
     if (tunnelOf(socket) === undefined) guest.bind(socket);
-    await serveUpgrade(req, socket, early, guest.upgradeDeps);
+    const serving = serveUpgrade(req, socket, early, guest.upgradeDeps, () => this.leftReason(socket));
+    this.upgrading.add(serving);
+    try {
+      await serving;
+    } finally {
+      this.upgrading.delete(serving);
+    }
   }
 
   private async handle(req: IncomingMessage, res: ServerResponse, expectsContinue: boolean): Promise<void> {
@@ -438,6 +446,23 @@ export class GuestSide {
   /** The drain is over: the connections still open are the proxy's to close, and a cut response is logged as its doing. */
   endDrain(): void {
     this.drainEnded = true;
+  }
+
+  /**
+   * Resolves once every upgrade still waiting for its 101 has been decided, or after `ms`. Once
+   * the drain has ended their connections are closed, and their lines (499, the drain's cut) come
+   * a few turns later: the audit log must still take them.
+   */
+  upgradesSettled(ms: number): Promise<void> {
+    if (this.upgrading.size === 0) return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      timer.unref();
+      void Promise.allSettled(this.upgrading).then(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
   }
 
   /** Resolves once no request is in flight, or after `ms`. */

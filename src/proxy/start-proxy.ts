@@ -220,6 +220,8 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       await guests.closeAll();
       // Once every exchange that drained is in it.
       await network?.close();
+      // An upgrade cut while it waited for its 101 is decided once its upstream socket is gone.
+      await side.upgradesSettled(config.timeouts.drainMs);
       // Last, so the records of the requests that drained are in it.
       process.off("SIGUSR1", onRotate);
       await auditFile?.close(config.timeouts.drainMs);

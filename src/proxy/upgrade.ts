@@ -30,8 +30,14 @@ const maxResponseHead = 64 * 1024;
 /** What a guest may send after its upgrade request and before the 101 (WebSocket frames, say). */
 const maxEarlyBytes = 64 * 1024;
 
-const guestLeft = (): EgressError => new EgressError("EG_UPSTREAM", 502, "the guest left before the upgrade completed");
-const tooEarly = (): EgressError =>
+/** The guest's connection went before the 101 (the guest, or the proxy's own close): nobody is left to answer. */
+class GuestLeft extends Error {
+  constructor() {
+    super("the guest left before the upgrade completed");
+  }
+}
+/** The answer to a guest that sent too much before its upgrade completed (also while it waited its turn). */
+export const tooEarly = (): EgressError =>
   new EgressError("EG_BAD_REQUEST", 400, `the guest sent more than ${maxEarlyBytes / 1024} KiB before the upgrade completed; the proxy closed the connection`);
 
 /**
@@ -41,7 +47,14 @@ const tooEarly = (): EgressError =>
  * `101 Switching Protocols`: an upstream that ignores the Upgrade must never receive further
  * unchecked requests on the same connection.
  */
-export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: Buffer, deps: UpgradeDeps): Promise<void> {
+export async function serveUpgrade(
+  req: IncomingMessage,
+  socket: Socket,
+  head: Buffer,
+  deps: UpgradeDeps,
+  /** Why the guest's connection went, when it goes first: the guest, or the end of the proxy's drain. */
+  leftReason: () => string = () => "guest closed the connection",
+): Promise<void> {
   const started = performance.now();
   // As other requests log it: the URL, the method apart (a target inside a tunnel is only a path).
   let target = loggableRequestTarget(req.url ?? "", tunnelOf(socket));
@@ -54,7 +67,7 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
   // (or a proxy that closes, which destroys guest sockets) must take the upstream connection too.
   let guestGone = false;
   let overflowed = false;
-  const gone = (): EgressError => (overflowed ? tooEarly() : guestLeft());
+  const gone = (): Error => (overflowed ? tooEarly() : new GuestLeft());
   const onGuestClose = (): void => {
     guestGone = true;
     upstream?.destroy(gone());
@@ -102,6 +115,17 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
     socket.off("end", onGuestClose);
     socket.off("close", onGuestClose);
     upstream?.destroy();
+    // Gone: seen as an end or a close, or destroyed by the proxy's close in this same turn.
+    if (!overflowed && (guestGone || socket.destroyed)) {
+      // Nobody is left to answer, and the upstream did not fail: 499, as a plain request whose
+      // guest leaves first (nginx's "client closed request"), for the log only.
+      socket.destroy();
+      deps.decide(
+        { started, guest: deps.guest, method: req.method, target, status: 499, reason: leftReason(), upgrade: true },
+        trace !== undefined ? { trace, bytesDown: 0 } : undefined,
+      );
+      return;
+    }
     const err = guestError(
       error instanceof EgressError
         ? error
@@ -122,7 +146,8 @@ export async function serveUpgrade(req: IncomingMessage, socket: Socket, head: B
         ...(err.detail !== undefined ? { detail: err.detail } : {}),
         upgrade: true,
       },
-      trace !== undefined ? { trace, bytesDown: Buffer.byteLength(errorBody(err)) } : undefined,
+      // A guest cut for sending too much gets no answer.
+      trace !== undefined ? { trace, bytesDown: socket.writable ? Buffer.byteLength(errorBody(err)) : 0 } : undefined,
     );
     writeRawError(socket, err);
     return;

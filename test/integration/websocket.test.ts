@@ -1,11 +1,13 @@
 import { createHash } from "node:crypto";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { createServer as createHttpsServer } from "node:https";
 import { connect, createServer as createNetServer, type AddressInfo, type Socket } from "node:net";
 import { ProxyAgent, WebSocket } from "undici";
 import { describe, expect, it, onTestFinished } from "vitest";
-import { HttpRequestBlockedError } from "../../src/index.js";
+import { HttpRequestBlockedError, type AuditRecord } from "../../src/index.js";
 import { curlVia } from "../helpers/curl.js";
-import { startTestProxy } from "../helpers/proxy.js";
+import { startTestProxy, tempDir } from "../helpers/proxy.js";
 import { startUpstream } from "../helpers/upstream.js";
 import { openTlsTunnel } from "../helpers/raw.js";
 import { testCa } from "../helpers/test-ca.js";
@@ -374,5 +376,63 @@ describe("an upstream's status line that is not a 101", () => {
     await expect.poll(() => proxy.logs.find((l) => l["msg"] === "request" && l["upgrade"] === true)?.["status"]).toBe(expected);
     const upstream = await startUpstream({ tls: false });
     expect((await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+});
+
+describe("upgrades abandoned before their 101", () => {
+  /** The decision lines of upgrades, as the log has them. */
+  const upgradeLines = (logs: Record<string, unknown>[]): Record<string, unknown>[] => logs.filter((l) => l["msg"] === "request" && l["upgrade"] === true);
+
+  // As a plain request whose guest leaves: the upstream did not fail, and nobody is left to answer.
+  it.each(["an onRequest hook is deciding", "the upstream has not answered"])(
+    "a guest that leaves while %s is logged and audited 499, as a plain request is, with no error body counted",
+    async (phase) => {
+      let headSeen!: () => void;
+      const headReceived = new Promise<void>((resolve) => (headSeen = resolve));
+      const { port } = await startRawUpstream((s) => s.on("data", () => headSeen()));
+      let hookCalled!: () => void;
+      const inHook = new Promise<void>((resolve) => (hookCalled = resolve));
+      const records: AuditRecord[] = [];
+      const proxy = await startTestProxy(
+        {
+          allowedInternalHosts: ["api.test"],
+          onRequest: async (request) => {
+            if (phase.startsWith("an onRequest") && new URL(request.url).pathname === "/ws") {
+              hookCalled();
+              await new Promise((resolve) => setTimeout(resolve, 300));
+            }
+          },
+        },
+        { onDecision: (record) => void records.push(record) },
+      );
+      const { guest } = sendUpgrade(proxy.port, port);
+      await (phase.startsWith("an onRequest") ? inHook : headReceived);
+      guest.destroy();
+      await expect.poll(() => upgradeLines(proxy.logs).length).toBe(1);
+      expect(upgradeLines(proxy.logs)[0]).toMatchObject({ status: 499, reason: "guest closed the connection" });
+      expect(upgradeLines(proxy.logs)[0]).not.toHaveProperty("code");
+      expect(records).toHaveLength(1);
+      expect(records[0]).toMatchObject({ status: 499, reason: "guest closed the connection", bytesDown: 0 });
+      expect(records[0]).not.toHaveProperty("code");
+      const upstream = await startUpstream({ tls: false });
+      expect((await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`)).status).toBe(200);
+    },
+  );
+
+  it("an upgrade the end of the drain cuts is logged as the proxy's doing, and audited like every decision line", async () => {
+    let headSeen!: () => void;
+    const headReceived = new Promise<void>((resolve) => (headSeen = resolve));
+    const { port } = await startRawUpstream((s) => s.on("data", () => headSeen()));
+    const auditLog = join(tempDir(), "audit.jsonl");
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { auditLog, timeouts: { drainMs: 300 } });
+    sendUpgrade(proxy.port, port);
+    await headReceived;
+    await proxy.close();
+    const lines = proxy.logs.filter((l) => l["msg"] === "request");
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatchObject({ upgrade: true, status: 499, reason: expect.stringMatching(/^the proxy closed the connection at the end of its drain/) });
+    const records = readFileSync(auditLog, "utf8").trim().split("\n").filter((l) => l !== "").map((l) => JSON.parse(l) as AuditRecord);
+    expect(records).toHaveLength(1);
+    expect(records[0]).toMatchObject({ status: 499, reason: lines[0]!["reason"], bytesDown: 0 });
   });
 });
