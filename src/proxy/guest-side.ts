@@ -15,11 +15,11 @@ import type { DecisionLog } from "./decision-log.js";
 import { connectInTunnel, loggableRequestTarget, loggableTarget, loggableUrl, toOutboundRequest } from "./guest-request.js";
 import type { Guest, GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
-import { Lanes, type LaneRequest } from "./lanes.js";
+import { Lanes, maxEarlyBytes, type LaneRequest } from "./lanes.js";
 import type { ResolvedProxyOptions } from "./options.js";
 import { errorBody, GuestClosedMidResponse, GuestLeftFirst, isLingering, sendError, sendResponse, writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
-import { serveUpgrade } from "./upgrade.js";
+import { serveUpgrade, tooEarly } from "./upgrade.js";
 import { H2Guests } from "./h2-guest.js";
 import type { TLSSocket } from "node:tls";
 import { withFields } from "../objects.js";
@@ -55,8 +55,11 @@ export class GuestSide {
   private nextId = 1;
   /** What the log says of a request the end of the drain cut, on either protocol. */
   private readonly drainCut: string;
-  /** Connections the proxy cut for idleness with a request on them: why, for that request's line. */
-  private readonly idleCuts = new WeakMap<Socket, string>();
+  /**
+   * Connections the proxy cut with a request on them, for idleness or for the bytes behind a
+   * CONNECT or an upgrade waiting its turn: why, for that request's line.
+   */
+  private readonly cuts = new WeakMap<Socket, string>();
   /** Upgrades not yet relayed or refused: their lines must be written before close() closes the audit log. */
   private readonly upgrading = new Set<Promise<void>>();
 
@@ -138,7 +141,7 @@ export class GuestSide {
     }
     if (inFlight) {
       const what = unread ? "sent nothing of its request" : "read nothing";
-      this.idleCuts.set(socket, `the proxy closed the connection: the guest ${what} for timeouts.idleMs (${idleMs} ms)`);
+      this.cuts.set(socket, `the proxy closed the connection: the guest ${what} for timeouts.idleMs (${idleMs} ms)`);
     }
     socket.destroy();
   }
@@ -170,12 +173,38 @@ export class GuestSide {
   /** A CONNECT waits its turn behind the requests before it on its connection, as an upgrade does. */
   connect(req: IncomingMessage, socket: Socket, head: Buffer, serve: ServeTunnel): void {
     if (this.deps.limits.refused(socket)) return;
+    const started = performance.now();
+    let overflowed = false;
     this.guard(
-      this.lanes.takeOver(socket, head).then((early) => {
+      this.lanes.takeOver(socket, head, () => (overflowed = this.cutWhileWaiting(socket, "a CONNECT"))).then((early) => {
+        if (overflowed) {
+          const err = new EgressError("EG_BAD_REQUEST", 400, `the guest sent more than ${maxEarlyBytes / 1024} KiB before the tunnel opened; the proxy closed the connection`);
+          this.decideCut(this.deps.auth.identify(req.headers["proxy-authorization"], socket), { id: this.nextId++, method: "CONNECT", target: loggableTarget(req.url ?? "") }, err, started);
+          return;
+        }
         // Behind an answer that closed the connection: never processed, as a request is not.
         if (early !== undefined && !isLingering(socket) && !socket.writableEnded) this.onConnect(req, socket, early, serve);
       }),
       socket,
+    );
+  }
+
+  /**
+   * The guest sent more than 64 KiB behind a CONNECT or an upgrade waiting its turn, and the
+   * connection is about to be cut: the requests in front were cut by the proxy, not left by the guest.
+   */
+  private cutWhileWaiting(socket: Socket, what: string): true {
+    this.cuts.set(socket, `the proxy closed the connection: the guest sent more than ${maxEarlyBytes / 1024} KiB behind ${what} waiting its turn`);
+    return true;
+  }
+
+  /** The line of a CONNECT or an upgrade cut while it waited its turn: the guest gets no answer, so nothing counts as sent. */
+  private decideCut(guest: Guest | EgressError, fields: { id?: number; method: string; target: string; upgrade?: true }, err: EgressError, started: number): void {
+    // Logged by the gate (see onConnect).
+    if (guest instanceof EgressError) return;
+    this.deps.decide(
+      withFields(fields, { guest: guest.name, status: err.status, reason: err.message, code: err.code, started }),
+      this.deps.decide.auditing ? { bytesDown: 0 } : undefined,
     );
   }
 
@@ -239,7 +268,7 @@ export class GuestSide {
     const id = this.nextId++;
     const guest = tunnelOf(socket)?.guest;
     this.guard(
-      this.lanes.takeOver(socket, head).then((early) => {
+      this.lanes.takeOver(socket, head, () => this.cutWhileWaiting(socket, "a CONNECT")).then((early) => {
         // Behind an answer that closed the connection: never processed, as a request is not.
         if (early === undefined || isLingering(socket) || socket.writableEnded) return;
         const err = connectInTunnel();
@@ -256,7 +285,13 @@ export class GuestSide {
   /** An upgrade waits its turn behind the requests before it on the connection. */
   private async upgrade(req: IncomingMessage, socket: Socket, head: Buffer): Promise<void> {
     if (this.deps.limits.refused(socket)) return;
-    const early = await this.lanes.takeOver(socket, head);
+    const started = performance.now();
+    let overflowed = false;
+    const early = await this.lanes.takeOver(socket, head, () => (overflowed = this.cutWhileWaiting(socket, "an upgrade")));
+    if (overflowed) {
+      this.decideCut(this.guestOf(req), { method: req.method ?? "", target: loggableRequestTarget(req.url ?? "", tunnelOf(socket)), upgrade: true }, tooEarly(), started);
+      return;
+    }
     if (early === undefined || isLingering(socket) || socket.writableEnded) return;
     const guest = this.guestOf(req);
     if (guest instanceof EgressError) {
@@ -424,8 +459,8 @@ export class GuestSide {
 
   /** Why a response was cut after its head, in words an operator reads in the log. */
   private explainCut(error: Error, socket?: Socket): Error | string {
-    const idle = socket === undefined ? undefined : this.idleCuts.get(socket);
-    if (idle !== undefined) return `${idle} before the response was complete`;
+    const cut = socket === undefined ? undefined : this.cuts.get(socket);
+    if (cut !== undefined) return `${cut} before the response was complete`;
     const code = (error as NodeJS.ErrnoException).code;
     if (code === "UND_ERR_BODY_TIMEOUT") return `upstream body timed out after ${this.deps.config.timeouts.upstreamBodyMs} ms of silence; the guest connection was cut`;
     // After the drain the proxy closes what is left, guest connections and upstream pools alike:
@@ -440,7 +475,7 @@ export class GuestSide {
   /** Why a request's connection went before its answer: the guest, the proxy's idle timeout, or the end of its drain. */
   private leftReason(socket?: Socket): string {
     if (this.drainEnded) return this.drainCut;
-    return (socket !== undefined ? this.idleCuts.get(socket) : undefined) ?? "guest closed the connection";
+    return (socket !== undefined ? this.cuts.get(socket) : undefined) ?? "guest closed the connection";
   }
 
   /** The drain is over: the connections still open are the proxy's to close, and a cut response is logged as its doing. */

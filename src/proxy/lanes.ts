@@ -1,7 +1,7 @@
 import type { Socket } from "node:net";
 
 /** What a guest may send after a CONNECT or an upgrade while it waits its turn. */
-const maxEarlyBytes = 64 * 1024;
+export const maxEarlyBytes = 64 * 1024;
 
 /**
  * The requests of one guest connection. Pipelined requests are served one at a time, in order:
@@ -126,9 +126,11 @@ export class Lanes {
    * For an upgrade or a CONNECT, which take the connection over once the requests before it are
    * answered: their responses must reach the guest before the 101 or the 200, never inside the
    * new stream. Until then the guest's bytes (frames, a ClientHello) are kept, up to 64 KiB, and
-   * returned after `head`; undefined when the connection closed meanwhile.
+   * returned after `head`; undefined when the connection closed meanwhile. Past 64 KiB the
+   * connection is cut, `overflowed` called first: the requests in front and the one taking over
+   * lose their connection to the proxy, not to the guest, and their lines must say so.
    */
-  async takeOver(socket: Socket, head: Buffer): Promise<Buffer | undefined> {
+  async takeOver(socket: Socket, head: Buffer, overflowed: () => void): Promise<Buffer | undefined> {
     const lane = this.of(socket);
     const previous = lane.tail;
     // Nothing follows on this connection.
@@ -146,8 +148,10 @@ export class Lanes {
     let bytes = head.length;
     const keep = (chunk: Buffer): void => {
       bytes += chunk.length;
-      if (bytes > maxEarlyBytes) socket.destroy();
-      else early.push(chunk);
+      if (bytes <= maxEarlyBytes) return void early.push(chunk);
+      socket.off("data", keep);
+      overflowed();
+      socket.destroy();
     };
     socket.on("data", keep);
     await previous;

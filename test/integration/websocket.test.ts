@@ -436,3 +436,46 @@ describe("upgrades abandoned before their 101", () => {
     expect(records[0]).toMatchObject({ status: 499, reason: lines[0]!["reason"], bytesDown: 0 });
   });
 });
+
+describe("an upgrade or a CONNECT pipelined behind a request", () => {
+  // Kept up to 64 KiB while it waits its turn; past that the proxy cuts the connection, and the
+  // lines say so: the request in front did not lose its guest, and the one waiting was not dropped unseen.
+  it.each([
+    {
+      what: "an upgrade",
+      head: (host: string) => `GET http://${host}/ws HTTP/1.1\r\nHost: ${host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n`,
+      line: (host: string) => ({ upgrade: true, method: "GET", target: `http://${host}/ws`, reason: expect.stringMatching(/sent more than 64 KiB before the upgrade completed; the proxy closed the connection/) }),
+    },
+    {
+      what: "a CONNECT",
+      head: (host: string) => `CONNECT ${host} HTTP/1.1\r\nHost: ${host}\r\n\r\n`,
+      line: (host: string) => ({ method: "CONNECT", target: host, reason: expect.stringMatching(/sent more than 64 KiB before the tunnel opened; the proxy closed the connection/) }),
+    },
+  ])("$what followed by more than 64 KiB before its turn is cut and logged as the proxy's cut, and the request in front is not blamed on the guest", async ({ what, head, line }) => {
+    // Never answers: the GET in front stays in flight.
+    const { port } = await startRawUpstream((s) => s.resume());
+    const records: AuditRecord[] = [];
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { onDecision: (record) => void records.push(record) });
+    const guest = connect(proxy.port, "127.0.0.1");
+    onTestFinished(() => void guest.destroy());
+    guest.on("error", () => undefined);
+    let answer = "";
+    guest.on("data", (c: Buffer) => (answer += c.toString("latin1")));
+    const guestClosed = new Promise((resolve) => guest.on("close", resolve));
+    const host = `api.test:${port}`;
+    guest.write(Buffer.concat([Buffer.from(`GET http://${host}/slow HTTP/1.1\r\nHost: ${host}\r\n\r\n${head(host)}`), Buffer.alloc(100_000, 0x61)]));
+    await guestClosed;
+    expect(answer).toBe("");
+    await expect.poll(() => proxy.logs.filter((l) => l["msg"] === "request").length).toBe(2);
+    const lines = proxy.logs.filter((l) => l["msg"] === "request");
+    expect(lines.find((l) => l["target"] === `http://${host}/slow`)).toMatchObject({
+      status: 499,
+      reason: `the proxy closed the connection: the guest sent more than 64 KiB behind ${what} waiting its turn`,
+    });
+    expect(lines.find((l) => l["target"] !== `http://${host}/slow`)).toMatchObject({ status: 400, code: "EG_BAD_REQUEST", ...line(host) });
+    expect(records.map((r) => r.status).sort()).toEqual([400, 499]);
+    expect(records.find((r) => r.status === 400)).toMatchObject({ bytesDown: 0 });
+    const upstream = await startUpstream({ tls: false });
+    expect((await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+});
