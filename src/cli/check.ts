@@ -189,6 +189,7 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
     headersTimeoutMs: 1,
     bodyTimeoutMs: 1,
     keepAliveTimeoutMs: 1,
+    h2PingMs: config.timeouts.h2PingMs,
     recheck: () => "offline",
   });
   const pipeline = new Pipeline({

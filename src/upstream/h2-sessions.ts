@@ -15,7 +15,7 @@ export interface H2SessionsOptions extends AlpnConnectOptions {
   readonly streamsPerOrigin: number;
   /** Origins whose ALPN answer is remembered (least recently used first out). */
   readonly maxOrigins: number;
-  /** A session silent this long is closed if it has no stream, else sent a PING. */
+  /** A session silent this long with no stream is closed; one with streams is sent a PING this often. */
   readonly idleMs: number;
   /** `timeouts.h2PingMs`: how long the answer to that PING may take before the session is given up. */
   readonly pingMs: number;
@@ -38,8 +38,8 @@ const finGraceMs = 100;
 /** Sessions whose connection the upstream ended, or that stopped answering: they take no new streams. */
 const ended = new WeakSet<ClientHttp2Session>();
 
-/** Sessions sent a PING not answered yet (see H2Sessions.onSilence). */
-const probing = new WeakSet<ClientHttp2Session>();
+/** Each session's stream count, whether or not its origin's list still holds it (a GOAWAY, a reload's close()). */
+const entryOf = new WeakMap<ClientHttp2Session, Entry>();
 
 /** Node's default when the peer has not said: RFC 9113 §6.5.2 recommends at least 100. */
 const defaultPeerStreams = 100;
@@ -104,8 +104,8 @@ export class H2Sessions {
   }
 
   /** Marks a stream as ended on its session: an idle session may then close. */
-  release(session: ClientHttp2Session, key: string): void {
-    const entry = this.sessions.get(key)?.find((e) => e.session === session);
+  release(session: ClientHttp2Session, _key: string): void {
+    const entry = entryOf.get(session);
     if (entry !== undefined && entry.active > 0) entry.active -= 1;
   }
 
@@ -157,51 +157,60 @@ export class H2Sessions {
       this.unclosed.delete(session);
       this.live(key);
     });
-    // Node's setTimeout(ms, callback) listens once: this listener stays, and each call re-arms.
-    session.on("timeout", () => this.onSilence(key, session));
+    const entry: Entry = { session, active: 0 };
+    entryOf.set(session, entry);
+    // Idle: closed once silent for idleMs with no stream. Node's setTimeout(ms, callback) listens
+    // once: this listener stays, and each call re-arms.
+    session.on("timeout", () => {
+      if (session.destroyed) return;
+      session.setTimeout(this.options.idleMs);
+      if (entry.active === 0 && !ended.has(session)) session.close();
+    });
     session.setTimeout(this.options.idleMs);
+    this.watchLiveness(key, session, entry);
     const entries = this.sessions.get(key) ?? [];
-    entries.push({ session, active: 0 });
+    entries.push(entry);
     this.sessions.set(key, entries);
     return { protocol: "h2", session };
   }
 
   /**
-   * The session has been silent for `idleMs`. With no stream it closes (idle). With
-   * streams it is sent a PING, which a live upstream answers however long its responses take,
-   * and given up if the answer takes `pingMs`: once nghttp2 has found a frame it cannot take (a
-   * DATA frame over the frame size, DATA before HEADERS, a broken header block) it sends GOAWAY
-   * and stops reading, and Node never learns. The response under way waited for upstreamBodyMs
-   * (2 minutes by default), and every request to the origin went to the same dead session
-   * (black-box finding).
+   * While the session has streams, it is sent a PING every `idleMs`, and given up if an answer
+   * takes `pingMs`: once nghttp2 has found a frame it cannot take (a DATA frame over the frame
+   * size, DATA before HEADERS, a broken header block) it sends GOAWAY and stops reading, and Node
+   * never learns. The response under way waited for upstreamBodyMs (2 minutes by default), and
+   * every request to the origin went to the same dead session (black-box finding). A timer of
+   * its own, not the session's: Node refreshes that one on what the proxy sends too, so steady
+   * requests to a dead session kept it from ever being asked (review finding). A live upstream
+   * answers a PING however long its responses take; the cost is one PING per busy session every
+   * `idleMs`.
    */
-  private onSilence(key: string, session: ClientHttp2Session): void {
-    if (session.destroyed) return;
-    // Node re-arms the timer only on traffic: a session nobody hears from would not be asked again.
-    session.setTimeout(this.options.idleMs);
-    const entry = this.sessions.get(key)?.find((e) => e.session === session);
-    if (entry === undefined || entry.active === 0) {
-      if (!ended.has(session)) session.close();
-      return;
-    }
-    if (probing.has(session) || session.closed) return;
-    probing.add(session);
-    const deadline = setTimeout(() => {
-      ended.add(session);
-      this.live(key);
-      this.settleEnded(session, "the upstream's HTTP/2 connection stopped answering (no answer to a PING)");
-    }, this.options.pingMs);
-    deadline.unref();
-    session.once("close", () => clearTimeout(deadline));
-    try {
-      // An error is a PING cancelled by the session's own end, which the deadline outlives.
-      session.ping(() => {
-        clearTimeout(deadline);
-        probing.delete(session);
-      });
-    } catch {
-      // Too many unanswered already, or the session is going: the deadline decides.
-    }
+  private watchLiveness(key: string, session: ClientHttp2Session, entry: Entry): void {
+    let deadline: NodeJS.Timeout | undefined;
+    const probe = setInterval(() => {
+      if (session.destroyed || entry.active === 0 || deadline !== undefined) return;
+      deadline = setTimeout(() => {
+        ended.add(session);
+        this.live(key);
+        this.settleEnded(session, "the upstream's HTTP/2 connection stopped answering (no answer to a PING)");
+      }, this.options.pingMs);
+      deadline.unref();
+      try {
+        // An error is a PING cancelled by the session's own end, which the deadline outlives.
+        session.ping((error) => {
+          if (error !== null) return;
+          clearTimeout(deadline);
+          deadline = undefined;
+        });
+      } catch {
+        // Too many unanswered already, or the session is going: the deadline decides.
+      }
+    }, this.options.idleMs);
+    probe.unref();
+    session.once("close", () => {
+      clearInterval(probe);
+      clearTimeout(deadline);
+    });
   }
 
   /**

@@ -8,7 +8,6 @@ import { bareHostname } from "../hostname.js";
 import { H2Sessions } from "./h2-sessions.js";
 import { H2Refused, sendOnSession, type H2ExchangeOptions, type H2UpstreamRequest, type H2UpstreamResponse } from "./h2-exchange.js";
 import { withFields } from "../objects.js";
-import { defaults } from "../config/defaults.js";
 
 export interface PinnedPoolsOptions {
   readonly upstreamContext: SecureContext;
@@ -18,8 +17,8 @@ export interface PinnedPoolsOptions {
   readonly headersTimeoutMs: number;
   readonly bodyTimeoutMs: number;
   readonly keepAliveTimeoutMs: number;
-  /** `timeouts.h2PingMs`: an HTTP/2 session with streams silent this long is sent a PING (see H2Sessions). */
-  readonly h2PingMs?: number | undefined;
+  /** `timeouts.h2PingMs`: how long the answer to the PING a busy HTTP/2 session is sent every keepAliveTimeoutMs may take (see H2Sessions). */
+  readonly h2PingMs: number;
   /** Judges the connected socket's remote address again; returns a reason to refuse it. */
   readonly recheck: (hostname: string, remote: ResolvedAddress, port: number) => string | undefined;
   /**
@@ -81,7 +80,7 @@ export class PinnedPools {
       streamsPerOrigin: options.connectionsPerPool,
       maxOrigins: options.maxPools * 2,
       idleMs: options.keepAliveTimeoutMs,
-      pingMs: options.h2PingMs ?? defaults.timeouts.h2PingMs,
+      pingMs: options.h2PingMs,
     });
   }
 

@@ -329,26 +329,33 @@ describe("an h2 upstream that sends a frame the proxy cannot take", () => {
     "a broken header block": (socket, stream) => void socket.write(frame(frameType.headers, flag.endHeaders, stream, Buffer.from([0xff, 0xff, 0xff, 0xff, 0x0f]))),
   };
   for (const [shape, bad] of Object.entries(shapes)) {
-    it(`${shape}: that request fails, and the next one, sent on the dead session, is answered within h2PingMs twice`, async () => {
+    it(`${shape}: that request fails, and the requests sent on the dead session meanwhile are answered, each within the 4 s keep-alive plus h2PingMs`, async () => {
       const upstream = await rawH2Upstream((socket, stream, connection) => (connection === 1 && stream === 1 ? bad(socket, stream) : ok(socket, stream)));
       // Far above what the test waits for: a 504 here would mean the dead session was not found out.
-      const timeouts = { upstreamHeadersMs: 20_000, upstreamBodyMs: 20_000, h2PingMs: 300 };
+      const timeouts = { upstreamHeadersMs: 30_000, upstreamBodyMs: 30_000, h2PingMs: 300 };
       const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
       const base = `https://api.test:${upstream.port}`;
-      const started = performance.now();
       const first = fetchVia(proxy, `${base}/first`).then(
         (res) => res.status,
         () => "cut",
       );
-      await new Promise((resolve) => setTimeout(resolve, 100));
-      // Never sent on the dead session (nghttp2 sends nothing after its GOAWAY): sent again on a new one.
-      const second = await fetchVia(proxy, `${base}/second`);
-      expect(second.status, second.text).toBe(200);
+      // Requests keep coming for longer than the keep-alive: a liveness check timed by the
+      // session's own timer, which what the proxy sends refreshes, never asked (review finding).
+      const answers: Promise<{ status: number; ms: number }>[] = [];
+      for (let i = 0; i < 8; i++) {
+        await new Promise((resolve) => setTimeout(resolve, 600));
+        const sent = performance.now();
+        // Never sent on the dead session (nghttp2 sends nothing after its GOAWAY): a GET goes once
+        // more on a new connection, as after a stale keep-alive connection.
+        answers.push(fetchVia(proxy, `${base}/next-${i}`).then((res) => ({ status: res.status, ms: performance.now() - sent })));
+      }
+      for (const answer of await Promise.all(answers)) {
+        expect(answer.status).toBe(200);
+        expect(answer.ms).toBeLessThan(7_500);
+      }
       expect(["cut", 502]).toContain(await first);
-      expect(performance.now() - started).toBeLessThan(timeouts.upstreamHeadersMs / 2);
-      expect((await fetchVia(proxy, `${base}/third`)).status).toBe(200);
       expect(upstream.connections()).toBe(2);
-    });
+    }, 40_000);
   }
 });
 

@@ -25,6 +25,7 @@ function pools(recheck: (hostname: string, remote: { ip: string }, port: number)
     headersTimeoutMs: 2_000,
     bodyTimeoutMs: 2_000,
     keepAliveTimeoutMs: 1_000,
+    h2PingMs: 10_000,
     recheck,
   });
   onTestFinished(() => p.close());
