@@ -74,13 +74,13 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     stream.once("wantTrailers", () => {
       try {
         stream.sendTrailers(h2TrailerObject(trailers()));
-        if (uploading) setImmediate(() => settle());
+        if (uploading) setImmediate(() => settleSent());
       } catch {
         resetH2Stream(stream, h2Codes.internalError, "the trailers could not be encoded");
       }
     });
   } else if (uploading) {
-    stream.once("finish", () => setImmediate(() => settle()));
+    stream.once("finish", () => setImmediate(() => settleSent()));
   }
   let settled = false;
   const settle = (error?: Error): void => {
@@ -88,6 +88,10 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     settled = true;
     if (watchdog !== undefined) clearInterval(watchdog);
     onDone(error);
+  };
+  /** The response went out whole: only when its body ended and the guest did not reset the stream (Node ends the writable side of a reset stream too). */
+  const settleSent = (): void => {
+    if (body.readableEnded && !stream.aborted && !stream.destroyed) settle();
   };
   body.once("error", (error: Error) => {
     // Mid-body the status is sent: resetting this stream is the only honest signal, and it
