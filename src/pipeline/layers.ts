@@ -36,8 +36,8 @@ export class LayerRun {
   private ended = false;
   /** Descents waiting on steps 2–7 (the upstream among them). */
   private descending = 0;
-  /** Layers (by index) whose handle has yet to settle. */
-  private readonly unsettled = new Set<number>();
+  /** Calls (by layer index) whose handle has yet to settle: concurrent next() calls run a layer more than once. */
+  private readonly unsettled = new Map<number, number>();
 
   constructor(
     private readonly layers: readonly HookSource[],
@@ -130,8 +130,13 @@ export class LayerRun {
       entry = { source: source.label, tier: source.tier, phase: "handle", decision: "error", reason: "did not settle", ms: 0 };
       trace.push(entry);
     }
-    this.unsettled.add(index);
-    return source.handle!(request, tap, inner, this.limits, call).finally(() => this.unsettled.delete(index)).then(
+    this.unsettled.set(index, (this.unsettled.get(index) ?? 0) + 1);
+    const settled = (): void => {
+      const left = this.unsettled.get(index)! - 1;
+      if (left === 0) this.unsettled.delete(index);
+      else this.unsettled.set(index, left);
+    };
+    return source.handle!(request, tap, inner, this.limits, call).finally(settled).then(
       (response) => {
         const descended = this.responses.includes(response as PipelineResponse);
         // What a descent or an inner layer gave back, passed on as it is, is no answer of this layer's.
@@ -185,7 +190,9 @@ export class LayerRun {
   private sleep(ms: number): Promise<void> {
     if (this.failure !== undefined) return Promise.reject(this.failure);
     if (!Number.isFinite(ms) || ms < 0) return Promise.reject(new EgressError("EG_HOOK_FAILED", 502, `sleep() takes a number of milliseconds, not ${String(ms)}`));
-    if (performance.now() + ms > this.deadline) return Promise.reject(this.stick(this.timeout()));
+    if (performance.now() + ms > this.deadline) {
+      return Promise.reject(this.stick(new EgressError("EG_HOOK_TIMEOUT", 504, `a handle layer asked to sleep ${ms} ms, past timeouts.requestMs (${this.requestMs} ms)`, { failure: "time" })));
+    }
     if (this.gone.aborted) return Promise.reject(this.gone.reason);
     // Ends early, rejected, when the request does (the guest left, or the deadline passed).
     return new Promise((resolve, reject) => {
@@ -208,8 +215,12 @@ export class LayerRun {
    * sent operators to the network (black-box finding).
    */
   private timeout(): EgressError {
-    if (this.descending === 0 && this.unsettled.size > 0) {
-      const source = this.layers[Math.max(...this.unsettled)]!;
+    // A descent is under way until its response body is in: a layer reading a body the upstream
+    // trickles waits on the upstream, not on itself (review finding). Bytes waiting unread are
+    // the layer's to take.
+    const upstreamBusy = this.descending > 0 || this.responses.some((r) => r.body !== null && !r.body.readableEnded && !r.body.destroyed && r.body.readableLength === 0);
+    if (!upstreamBusy && this.unsettled.size > 0) {
+      const source = this.layers[Math.max(...this.unsettled.keys())]!;
       const who = `${source.describe("handle")}${source.tier === "tier3" ? " hook" : ""} (${source.label})`;
       return new EgressError("EG_HOOK_TIMEOUT", 504, `${who} did not settle within timeouts.requestMs (${this.requestMs} ms) while no descent was under way`, {
         failure: "time",

@@ -375,7 +375,9 @@ describe("tier-2 layers: bounds", () => {
     const { upstream, proxy, base } = await layerProxy(layer(`await sleep(60_000); return next(request);`), { requestMs: 5_000 });
     const res = await fetchVia(proxy, `${base}/echo`);
     expect(res.status).toBe(504);
-    expect(res.text).toMatch(/timeouts\.requestMs/);
+    // The layer's own wait, named as such: no upstream was asked (review finding).
+    expect(res.headers["x-egressgate-error"]).toBe("EG_HOOK_TIMEOUT");
+    expect(res.text).toMatch(/a handle layer asked to sleep 60000 ms, past timeouts\.requestMs \(5000 ms\)/);
     expect(upstream.hits()).toBe(0);
     await stillServes(proxy, base);
   });

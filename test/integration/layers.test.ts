@@ -257,14 +257,32 @@ describe("tier-3 layers: handle(request, next)", () => {
     ["a layer that never settles", "/echo", 0, "EG_HOOK_TIMEOUT", /handle hook \(hooks\) did not settle within timeouts\.requestMs \(300 ms\) while no descent was under way/],
     ["a layer that waits on a timer of its own past the deadline", "/echo", 1, "EG_HOOK_TIMEOUT", /handle hook \(hooks\) did not settle within timeouts\.requestMs \(300 ms\) while no descent was under way/],
     ["a layer waiting on an upstream that never answers", "/hang", 2, "EG_UPSTREAM_TIMEOUT", /did not complete within timeouts\.requestMs \(300 ms\) over all its layers' descents/],
+    // The head arrives, then the body trickles: the layer reading it waits on the upstream (review finding).
+    ["a layer reading a body the upstream trickles", "/trickle", 3, "EG_UPSTREAM_TIMEOUT", /did not complete within timeouts\.requestMs \(300 ms\) over all its layers' descents/],
   ])("timeouts.requestMs: %s gets 504 %s", async (_label, path, how, code, message) => {
-    const upstream = await startUpstream({ routes: { "/hang": () => undefined } });
+    const upstream = await startUpstream({
+      routes: {
+        "/hang": () => undefined,
+        "/trickle": (_req, res) => {
+          res.writeHead(200, { "content-type": "text/plain" });
+          res.write("a");
+          const drip = setInterval(() => res.write("b"), 50);
+          res.once("close", () => clearInterval(drip));
+        },
+      },
+    });
     const proxy = await startTestProxy(
       {
         allowedInternalHosts: ["api.test"],
         layers: [
           (request, next) =>
-            how === 0 ? new Promise<Response>(() => undefined) : how === 1 ? new Promise<void>((resolve) => setTimeout(resolve, 2_000).unref()).then(() => next(request)) : next(request),
+            how === 0
+              ? new Promise<Response>(() => undefined)
+              : how === 1
+                ? new Promise<void>((resolve) => setTimeout(resolve, 2_000).unref()).then(() => next(request))
+                : how === 3
+                  ? next(request).then(async (response) => new Response(await response.text()))
+                  : next(request),
         ],
       },
       { timeouts: { requestMs: 300, upstreamHeadersMs: 60_000 } },
@@ -273,7 +291,7 @@ describe("tier-3 layers: handle(request, next)", () => {
     expect(res.status, res.text).toBe(504);
     expect(res.headers["x-egressgate-error"]).toBe(code);
     expect(res.text).toMatch(message);
-    expect(upstream.hits()).toBe(how === 2 ? 1 : 0);
+    expect(upstream.hits()).toBe(how >= 2 ? 1 : 0);
   });
 
   it("a guest that leaves ends its request at once, even while a layer has yet to settle", async () => {
