@@ -105,14 +105,17 @@ function refuseBadFlagValues(argv: readonly string[]): void {
     if (arg === "--") break;
     if (!arg.startsWith("--")) continue;
     const eq = arg.indexOf("=");
-    const name = eq < 0 ? arg.slice(2) : arg.slice(2, eq);
+    // yargs takes camelCase spellings too (--blockInternalRanges): judged as the flag they stand for.
+    const name = (eq < 0 ? arg.slice(2) : arg.slice(2, eq)).replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`);
     const option = Object.hasOwn(declared, name) ? declared[name]! : undefined;
     const flag = `--${name}`;
     const negated = name.startsWith("no-") && Object.hasOwn(declared, name.slice(3)) && declared[name.slice(3)]!.type === "boolean";
     if (option?.type === "boolean" || negated) {
       // yargs reads any value but "true" as false: --block-internal-ranges=yes turned the block
-      // off, with no word (black-box finding). As in a config file: true or false, or no value.
+      // off, with no word (black-box finding). As in a config file: true or false, or no value;
+      // the --no- form takes none.
       const value = eq < 0 ? undefined : arg.slice(eq + 1);
+      if (negated && value !== undefined) throw new UsageError(`${flag}: takes no value (got ${JSON.stringify(value)})`);
       if (value !== undefined && value !== "true" && value !== "false") throw new UsageError(`${flag}: takes no value, or true or false (got ${JSON.stringify(value)})`);
       continue;
     }

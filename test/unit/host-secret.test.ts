@@ -100,11 +100,14 @@ describe("flags given no value, an empty one, or twice", () => {
 
   // yargs reads any value of a boolean flag but "true" as false: --block-internal-ranges=yes
   // turned the block off and started with no word (black-box finding).
-  it.each(["block-internal-ranges", "auth", "watch", "refuse-in-tunnel", "replace-secrets-in-query", "record-cookies", "record-missing"])("--%s=VALUE takes true or false only, and --no-%s none other either", (name) => {
+  it.each(["block-internal-ranges", "auth", "watch", "refuse-in-tunnel", "replace-secrets-in-query", "record-cookies", "record-missing"])("--%s=VALUE (or its camelCase spelling) takes true or false only, and --no-%s no value", (name) => {
+    const camel = name.replace(/-([a-z])/g, (_m, c: string) => c.toUpperCase());
     for (const value of ["yes", "1", "on", "TRUE", "no", ""]) {
       expect(() => parseCli([`--${name}=${value}`], {}), value).toThrow(new UsageError(`--${name}: takes no value, or true or false (got ${JSON.stringify(value)})`));
-      expect(() => parseCli([`--no-${name}=${value}`], {}), value).toThrow(UsageError);
+      // The camelCase spelling yargs also takes is the same flag (review finding).
+      expect(() => parseCli([`--${camel}=${value}`], {}), value).toThrow(new UsageError(`--${name}: takes no value, or true or false (got ${JSON.stringify(value)})`));
     }
+    for (const value of ["true", "false", "yes"]) expect(() => parseCli([`--no-${name}=${value}`], {}), value).toThrow(new UsageError(`--no-${name}: takes no value (got ${JSON.stringify(value)})`));
   });
 
   it("--block-internal-ranges with no value, =true or =false is read as said", () => {
@@ -121,6 +124,10 @@ describe("flags given no value, an empty one, or twice", () => {
   it("check's --json and --dns take true or false only too", () => {
     expect(() => parseCli(["check", "GET", "https://a.test/", "--json=yes"], {})).toThrow(/--json: takes no value, or true or false \(got "yes"\)/);
     expect(() => parseCli(["check", "GET", "https://a.test/", "--no-dns=1"], {})).toThrow(/--no-dns: takes no value/);
+  });
+
+  it("a value flag's camelCase spelling is held to the same checks", () => {
+    expect(() => parseCli(["--maxRedirects", ""], {})).toThrow(new UsageError("--max-redirects: must be a number (got an empty value)"));
   });
 
   it("a repeatable flag given twice passes", () => {
