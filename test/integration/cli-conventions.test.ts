@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { prettyLine } from "../../src/log-pretty.js";
+import { descendantPids } from "../helpers/processes.js";
 import { tempDir } from "../helpers/proxy.js";
 
 // SGR sequences, as the pretty log colours with them.
@@ -44,10 +45,14 @@ function run(args: readonly string[]): Promise<{ code: number | null; stdout: st
 function spawnGroup(command: string, args: readonly string[]): { child: ChildProcess; output: () => string; waitFor: (pattern: RegExp) => Promise<RegExpExecArray> } {
   const child = spawn(command, args, { cwd: root, stdio: ["ignore", "pipe", "pipe"], detached: true, env: { ...process.env, TERM: "xterm" } });
   onTestFinished(() => {
-    try {
-      process.kill(-child.pid!, "SIGKILL");
-    } catch {
-      // Gone already.
+    // `script` gives the proxy a terminal in a session of its own, out of this group: killing the
+    // group left it running (it takes the SIGHUP of the closed terminal as a reload).
+    for (const pid of [...descendantPids(child.pid!), -child.pid!]) {
+      try {
+        process.kill(pid, "SIGKILL");
+      } catch {
+        // Gone already.
+      }
     }
   });
   let out = "";

@@ -1,6 +1,6 @@
 import { execFile, execFileSync, spawn, type ChildProcessByStdio } from "node:child_process";
 import { generateKeyPairSync } from "node:crypto";
-import { existsSync, readdirSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
 import { open } from "node:fs/promises";
 import { createServer } from "node:net";
 import { join, relative } from "node:path";
@@ -13,6 +13,7 @@ import { chainFlags, optionFlags } from "../../src/config/flags.js";
 import { configFileSchema, schemaPaths } from "../../src/config/schema.js";
 import { testCa } from "../helpers/test-ca.js";
 import { startUpstream } from "../helpers/upstream.js";
+import { childPids } from "../helpers/processes.js";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 const bin = join(root, "dist", "cli", "bin.js");
@@ -325,22 +326,6 @@ describe("egressgate shutdown", () => {
     expect(cli.stdout()).toBe(`egressgate listening on http://127.0.0.1:${port}\n`);
   });
 });
-
-/** The live child processes of `pid` (zombies excluded), from /proc. */
-function childPids(pid: number): number[] {
-  const out: number[] = [];
-  for (const entry of readdirSync("/proc")) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
-      const [state, ppid] = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-      if (Number(ppid) === pid && state !== "Z") out.push(Number(entry));
-    } catch {
-      // Gone between the listing and the read.
-    }
-  }
-  return out;
-}
 
 /** Whether a process is still running (a zombie is not). */
 function running(pid: number): boolean {
