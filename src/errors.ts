@@ -121,6 +121,13 @@ export function badRequest(message: string): EgressError {
   return new EgressError("EG_BAD_REQUEST", 400, message);
 }
 
+/** What the proxy's own code threw, as an error a guest may be answered with: 502, the message kept for the log. */
+export function asEgressError(error: unknown): EgressError {
+  if (error instanceof EgressError) return error;
+  const detail = (error as Error)?.message ?? String(error);
+  return new EgressError("EG_UPSTREAM", 502, "internal error (see the proxy log)", { cause: error, detail });
+}
+
 /** The longest reason phrase a guest is sent. */
 const maxStatusText = 100;
 
@@ -139,6 +146,7 @@ export function guestError(error: EgressError, redact: ((text: string) => string
     ...(error.cause === undefined ? {} : { cause: error.cause }),
     ...(error.headers === undefined ? {} : { headers: error.headers }),
     ...(error.failure === undefined ? {} : { failure: error.failure }),
+    ...(error.secret === undefined ? {} : { secret: error.secret }),
   });
   copy.source = error.source;
   return copy;

@@ -1,3 +1,4 @@
+import type { EgressError } from "../errors.js";
 import type { Logger } from "../log.js";
 import { buildAuditRecord, type AuditFacts, type AuditRecord } from "../metrics/audit-record.js";
 import { requestEnd } from "../metrics/channels.js";
@@ -31,6 +32,27 @@ export interface DecisionObserver {
   /** The metrics: they count from the record when one is built anyway, else from its facts (building one costs a share of a small request). */
   readonly metrics?: Pick<ProxyMetrics, "observe" | "observeDecision"> | undefined;
   readonly redact: (text: string) => string;
+}
+
+/** What a decision line says of an error answer: the status, the reason and the code; the hook source and the operator's detail when known. */
+export interface ErrorFields {
+  readonly status: number;
+  readonly reason: string;
+  readonly code: string;
+  readonly source?: string;
+  readonly detail?: string;
+}
+
+/** The error answer's fields of a decision line, the same for requests, streams, CONNECTs and upgrades. */
+export function errorFields(err: EgressError): ErrorFields {
+  if (err.source === undefined && err.detail === undefined) return { status: err.status, reason: err.message, code: err.code };
+  return {
+    status: err.status,
+    reason: err.message,
+    code: err.code,
+    ...(err.source !== undefined ? { source: err.source } : {}),
+    ...(err.detail !== undefined ? { detail: err.detail } : {}),
+  };
 }
 
 export function createDecisionLog(

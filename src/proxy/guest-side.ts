@@ -1,7 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { requestStart, type RequestStartMessage } from "../metrics/channels.js";
 import { isIP, type Socket } from "node:net";
-import { EgressError, denied, guestError } from "../errors.js";
+import { EgressError, asEgressError, denied, guestError } from "../errors.js";
 import type { Logger } from "../log.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
 import { countPushed, type ByteCount } from "../metrics/byte-counter.js";
@@ -11,7 +11,7 @@ import type { AuthGate } from "./auth-gate.js";
 import { authenticationRequired } from "./auth.js";
 import { parseAuthority } from "./authority.js";
 import type { ConnectionLimits } from "./connection-limits.js";
-import type { DecisionLog } from "./decision-log.js";
+import { errorFields, type DecisionLog } from "./decision-log.js";
 import { connectInTunnel, loggableRequestTarget, loggableTarget, loggableUrl, toOutboundRequest } from "./guest-request.js";
 import type { Guest, GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
@@ -203,7 +203,7 @@ export class GuestSide {
     // Logged by the gate (see onConnect).
     if (guest instanceof EgressError) return;
     this.deps.decide(
-      withFields(fields, { guest: guest.name, status: err.status, reason: err.message, code: err.code, started }),
+      withFields(fields, { guest: guest.name, ...errorFields(err), started }),
       this.deps.decide.auditing ? { bytesDown: 0 } : undefined,
     );
   }
@@ -243,10 +243,7 @@ export class GuestSide {
         guest: guest instanceof EgressError ? undefined : guest.name,
         method: "CONNECT",
         target: loggableTarget(req.url ?? ""),
-        status: err.status,
-        reason: err.message,
-        code: err.code,
-        ...(err.detail !== undefined ? { detail: err.detail } : {}),
+        ...errorFields(err),
         started,
       }, this.deps.decide.auditing ? { bytesDown: Buffer.byteLength(errorBody(err)), ...(refusal !== undefined ? { trace: [refusal] } : {}) } : undefined);
       return;
@@ -274,7 +271,7 @@ export class GuestSide {
         const err = connectInTunnel();
         writeRawError(socket, err);
         this.deps.decide(
-          { id, guest, method: "CONNECT", target: loggableTarget(req.url ?? ""), status: err.status, reason: err.message, code: err.code, started },
+          { id, guest, method: "CONNECT", target: loggableTarget(req.url ?? ""), ...errorFields(err), started },
           this.deps.decide.auditing ? { bytesDown: Buffer.byteLength(errorBody(err)) } : undefined,
         );
       }),
@@ -447,11 +444,7 @@ export class GuestSide {
         guest: guestName,
         method: req.method ?? "",
         target,
-        status: err.status,
-        reason: err.message,
-        code: err.code,
-        ...(err.source !== undefined ? { source: err.source } : {}),
-        ...(err.detail !== undefined ? { detail: err.detail } : {}),
+        ...errorFields(err),
         started,
       }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: errorBytes, ...(trace !== undefined ? { trace } : {}) } : undefined);
     }
@@ -551,12 +544,6 @@ function once(fn: () => void): () => void {
     done = true;
     fn();
   };
-}
-
-function asEgressError(error: unknown): EgressError {
-  if (error instanceof EgressError) return error;
-  const detail = (error as Error)?.message ?? String(error);
-  return new EgressError("EG_UPSTREAM", 502, "internal error (see the proxy log)", { cause: error, detail });
 }
 
 /** Whether the request's head announces a body: a Content-Length other than 0, or a Transfer-Encoding. */

@@ -3,13 +3,13 @@ import { requestStart, type RequestStartMessage } from "../metrics/channels.js";
 import type { Socket } from "node:net";
 import { PassThrough, type Readable } from "node:stream";
 import type { TLSSocket } from "node:tls";
-import { EgressError, guestError } from "../errors.js";
+import { EgressError, asEgressError, guestError } from "../errors.js";
 import { getHeader } from "../headers.js";
 import type { Logger } from "../log.js";
 import { countFlowing, countPushed, type ByteCount } from "../metrics/byte-counter.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
 import { authenticationRequired } from "./auth.js";
-import type { DecisionLog } from "./decision-log.js";
+import { errorFields, type DecisionLog } from "./decision-log.js";
 import { loggableTarget, type TunnelTarget } from "./guest-request.js";
 import type { GuestRegistry } from "./guests.js";
 import { h2OutboundRequest } from "./h2-request.js";
@@ -458,12 +458,8 @@ export class H2Guests {
         guest: guestName,
         method,
         target,
-        status: err.status,
-        reason: err.message,
-        code: err.code,
+        ...errorFields(err),
         http: "2",
-        ...(err.source !== undefined ? { source: err.source } : {}),
-        ...(err.detail !== undefined ? { detail: err.detail } : {}),
         started,
       }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: errorBytes, ...(trace !== undefined ? { trace } : {}) } : undefined);
     }
@@ -567,10 +563,4 @@ function rawHeader(raw: readonly string[], name: string): string | undefined {
 
 function cutPath(path: string, max = 512): string {
   return path.length > max ? `${path.slice(0, max)}…` : path;
-}
-
-function asEgressError(error: unknown): EgressError {
-  if (error instanceof EgressError) return error;
-  const detail = (error as Error)?.message ?? String(error);
-  return new EgressError("EG_UPSTREAM", 502, "internal error (see the proxy log)", { cause: error, detail });
 }

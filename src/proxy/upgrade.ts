@@ -1,7 +1,7 @@
 import type { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
 import { EgressError, guestError, quoteShort } from "../errors.js";
-import type { DecisionLog } from "./decision-log.js";
+import { errorFields, type DecisionLog } from "./decision-log.js";
 import type { Pipeline } from "../pipeline/pipeline.js";
 import { connectPinned, type PinnedSocketOptions } from "../upstream/pinned-socket.js";
 import type { ResolvedAddress } from "../upstream/resolve.js";
@@ -138,12 +138,8 @@ export async function serveUpgrade(
         guest: deps.guest,
         method: req.method,
         target,
-        status: err.status,
-        reason: err.message,
-        code: err.code,
         // The guest is told to see the proxy log: the hook that failed, and its error, are there.
-        ...(err.source !== undefined ? { source: err.source } : {}),
-        ...(err.detail !== undefined ? { detail: err.detail } : {}),
+        ...errorFields(err),
         upgrade: true,
       },
       // A guest cut for sending too much gets no answer.
