@@ -189,6 +189,68 @@ describe("trailers", () => {
     expect(replaced.body.toString()).toBe("replaced");
     expect(replaced.trailers?.["grpc-status"]).toBeUndefined();
   });
+
+  // A trailer section the proxy cannot take (over undici's 16 KiB from an HTTP/1.1 upstream, over
+  // the session's 64 KiB header list from an HTTP/2 one) cuts the response after its head, and
+  // the decision line says so; one it takes reaches both guests whole. What the proxy takes from
+  // an upstream is within what it can send an HTTP/2 guest, so a trailer section is never lost
+  // on the guest side with a clean line.
+  const sizes = [
+    { upstream: "h1", bytes: 12_000, passes: true },
+    { upstream: "h1", bytes: 20_000, passes: false },
+    { upstream: "h2", bytes: 60_000, passes: true },
+    { upstream: "h2", bytes: 70_000, passes: false },
+  ] as const;
+  for (const { upstream: kind, bytes, passes } of sizes) {
+    it(`a ${bytes}-byte trailer from an ${kind === "h1" ? "HTTP/1.1" : "HTTP/2"} upstream ${passes ? "reaches" : "is refused for"} both guests, and the line says so`, async () => {
+      const value = "t".repeat(bytes);
+      const upstream =
+        kind === "h1"
+          ? await startUpstream({
+              routes: {
+                "/big": (_req, res) => {
+                  res.writeHead(200, { "content-type": "text/plain", trailer: "x-big" });
+                  res.write("body");
+                  res.addTrailers({ "x-big": value });
+                  res.end();
+                },
+              },
+            })
+          : await startH2Upstream({
+              "/big": (stream) => {
+                stream.respond({ ":status": 200 }, { waitForTrailers: true });
+                stream.once("wantTrailers", () => stream.sendTrailers({ "x-big": value }));
+                stream.end("body");
+              },
+            });
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+      const authority = `api.test:${upstream.port}`;
+      const session = await h2Session(proxy.port, authority, proxy.caCertPem, { maxHeaderListSize: 128 * 1024 });
+      // Settled either way before the HTTP/1.1 guest's turn, so a reset is not an unhandled rejection meanwhile.
+      const viaH2 = h2Request(session, { ":path": "/big", te: "trailers" }).then((answer) => ({ answer }), (error: Error) => ({ error }));
+      const raw = await rawH1(proxy.port, authority, proxy.caCertPem, "/big");
+      const lines = (): Record<string, unknown>[] => proxy.logs.filter((line) => line["msg"] === "request");
+      if (passes) {
+        const got = await viaH2;
+        expect("answer" in got && got.answer.trailers?.["x-big"]).toBe(value);
+        expect(raw).toContain(`\r\n0\r\nx-big: ${value}\r\n\r\n`);
+        await vi.waitFor(() => expect(lines()).toHaveLength(2));
+        for (const line of lines()) {
+          expect(line["status"]).toBe(200);
+          expect(line["error"]).toBeUndefined();
+        }
+      } else {
+        const got = await viaH2;
+        expect("error" in got && got.error.message).toMatch(/reset with code|NGHTTP2_INTERNAL_ERROR/);
+        expect(raw).not.toContain("x-big");
+        expect(raw).not.toMatch(/\r\n0\r\n\r\n$/);
+        await vi.waitFor(() => expect(lines()).toHaveLength(2));
+        for (const line of lines()) expect(String(line["error"])).toMatch(kind === "h1" ? /UND_ERR_HEADERS_OVERFLOW/ : /FRAME_SIZE_ERROR/);
+      }
+      // The proxy serves on.
+      expect((await fetchVia(proxy, `https://${authority}/`)).status).toBeLessThan(500);
+    });
+  }
 });
 
 /**
