@@ -1,5 +1,6 @@
 import cluster, { type Worker } from "node:cluster";
 import { createServer } from "node:net";
+import type { CliLog } from "./cli-log.js";
 
 /**
  * `--workers N`: N processes serve one listening port through node:cluster, each with the whole
@@ -121,6 +122,8 @@ export async function runPrimary(
   listen: { host: string; port: number },
   env: Readonly<Record<string, string>>,
   print: (line: string) => void,
+  /** The primary's own lines (workers that exit, start or fail), in the CLI's --log-format. */
+  log: CliLog,
   /** Signals passed on to every worker (SIGUSR1: reopen the audit log; SIGHUP: reload). */
   forward: readonly NodeJS.Signals[] = [],
   /** Called once when the workers are told to stop: the primary's /readyz answers 503 from then on. */
@@ -166,7 +169,7 @@ export async function runPrimary(
       live.add(worker);
       // A send to a worker that just died fails with EPIPE as an `error` event on it: unlistened,
       // it would take the primary, and with it every other worker's guests. Its exit is handled below.
-      worker.on("error", (error: Error) => process.stderr.write(`egressgate: worker ${worker.process.pid}: ${error.message}\n`));
+      worker.on("error", (error: Error) => log("warn", "worker channel error", { worker: worker.process.pid, error: error.message }));
       worker.on("message", (report: WorkerReport) => {
         if (report?.kind !== "listening") return;
         serving.add(worker);
@@ -179,7 +182,7 @@ export async function runPrimary(
           // Draining ends in a clean exit; a worker stopped before it served ends by the signal.
           const expected = code === 0 || ((signal === "SIGTERM" || signal === "SIGINT") && !serving.has(worker));
           if (!expected) {
-            process.stderr.write(`egressgate: worker ${pid} failed while closing (${how(code, signal)})\n`);
+            log("error", "worker failed while closing", { worker: pid, exit: how(code, signal) });
             exitCode = Math.max(exitCode, 1);
           }
           return;
@@ -190,7 +193,7 @@ export async function runPrimary(
         }
         if (code === 0) {
           // Closed on purpose (a SIGTERM of its own, say): not replaced. The last one ends the primary.
-          process.stderr.write(`egressgate: worker ${pid} closed\n`);
+          log("info", "worker closed", { worker: pid });
           if (live.size === 0) void stopAll(0);
           return;
         }
@@ -199,11 +202,11 @@ export async function runPrimary(
         const now = Date.now();
         restarts = [...restarts.filter((t) => now - t < 60_000), now];
         if (restarts.length >= maxRestartsPerMinute) {
-          process.stderr.write(`egressgate: worker ${pid} exited (${how(code, signal)}), the ${restarts.length}th within a minute; stopping\n`);
+          log("error", "worker exited, too often to replace; stopping", { worker: pid, exit: how(code, signal), exitsInLastMinute: restarts.length });
           void stopAll(1);
           return;
         }
-        process.stderr.write(`egressgate: worker ${pid} exited (${how(code, signal)}); starting another\n`);
+        log("warn", "worker exited; starting another", { worker: pid, exit: how(code, signal) });
         replace(pid, 0);
       });
     });
@@ -216,18 +219,18 @@ export async function runPrimary(
    */
   const replace = (pid: number | undefined, attempt: number): void => {
     fork(false, true).then(
-      (next) => process.stderr.write(`egressgate: worker ${next.worker.process.pid} serves in place of ${pid}\n`),
+      (next) => log("info", "worker replaced", { worker: next.worker.process.pid, replaces: pid }),
       (error: unknown) => {
         if (stopping) return;
         // Not 2 even if the new worker refused its flags: those were fine at start (a policy
         // file edited since, say); the exit code says the proxy failed.
         if (live.size === 0) {
-          process.stderr.write(`egressgate: ${(error as Error).message}, and no worker is left; stopping\n`);
+          log("error", "no worker could be started and none is left; stopping", { error: (error as Error).message });
           void stopAll(1);
           return;
         }
         const seconds = Math.min(60, 5 * 2 ** attempt);
-        process.stderr.write(`egressgate: ${(error as Error).message}; ${live.size} of ${count} workers go on serving; trying again in ${seconds} s\n`);
+        log("warn", "a replacement worker could not start; trying again", { error: (error as Error).message, serving: live.size, workers: count, retryInS: seconds });
         const retry = setTimeout(() => {
           retries.delete(retry);
           if (!stopping) replace(pid, attempt + 1);
@@ -245,7 +248,7 @@ export async function runPrimary(
       for (const worker of live) worker.process.kill("SIGKILL");
       process.exit(130);
     }
-    process.stderr.write(`egressgate: ${signal}, closing ${live.size} workers\n`);
+    log("info", "closing", { signal, workers: live.size });
     void stopAll(0);
   };
   process.on("SIGINT", onSignal);
@@ -263,11 +266,11 @@ export async function runPrimary(
     (started) => {
       if (stopping) return;
       print(`egressgate listening on ${started[0]!.url}`);
-      process.stderr.write(`egressgate: ${count} worker processes share the port\n`);
+      log("info", "workers listening", { workers: count });
     },
     (error: unknown) => {
       if (stopping) return;
-      process.stderr.write(`egressgate: ${(error as Error).message}\n`);
+      log("error", "the workers could not start", { error: (error as Error).message });
       void stopAll(error instanceof WorkerStartError ? error.code : 1);
     },
   );

@@ -7,10 +7,10 @@ import { parseCli, placeholderKeyEnv, UsageError } from "./args.js";
 import { isClusterWorker, isFirstWorker, isReplacement, metricsAddressEnv, primaryMetricsAddress, reportListening, runPrimary, siblingPort } from "./cluster.js";
 import { isIP } from "node:net";
 import { serveClusterMetrics } from "../metrics/cluster-metrics.js";
-import { createLogger, type Logger } from "../log.js";
+import { createLogger } from "../log.js";
+import { cliSink, createCliLog } from "./cli-log.js";
 import { watchConfiguration } from "./watch.js";
 import { runCheck } from "./check.js";
-import { createPrettySink } from "../log-pretty.js";
 import { checkConfig, checkHar, failureText, printCa, printEnv } from "./commands.js";
 import { DjsEngine } from "../djs/engine.js";
 import { readConfigText, reuseParses } from "../config/file.js";
@@ -77,20 +77,22 @@ async function main(argv: readonly string[]): Promise<number> {
       const env: Record<string, string> = { [placeholderKeyEnv]: process.env[placeholderKeyEnv] ?? randomBytes(32).toString("hex") };
       // The primary serves the sum over its workers; the workers listen for no metrics themselves.
       let serving = false;
-      const metrics = metricsListen === undefined ? undefined : await serveClusterMetrics(metricsListen, createLogger("info"), () => serving);
+      const say = createCliLog({ logLevel: command.config.proxy.logLevel, logFormat: command.logFormat });
+      const metrics =
+        metricsListen === undefined ? undefined : await serveClusterMetrics(metricsListen, createLogger(command.config.proxy.logLevel ?? "info", cliSink(command.logFormat, undefined)), () => serving);
       if (metrics !== undefined) {
-        process.stderr.write(`egressgate metrics on ${metrics.url}\n`);
+        say("info", "metrics listening", { url: metrics.url });
         env[metricsAddressEnv] = isIP(metrics.host) === 6 ? `[${metrics.host}]:${metrics.port}` : `${metrics.host}:${metrics.port}`;
       }
       // --watch: only the primary watches; a change is a SIGHUP to itself, which it passes to every
       // worker (early-hup.ts's listener, kept in the primary, stands until runPrimary forwards it).
-      const watching = command.config.watch === true ? watchConfiguration(command.config, process.env, async () => void process.kill(process.pid, "SIGHUP"), cliLogger(command)) : undefined;
+      const watching = command.config.watch === true ? watchConfiguration(command.config, process.env, async () => void process.kill(process.pid, "SIGHUP"), say) : undefined;
       try {
         // SIGUSR1 reopens each worker's audit log; without one it would open a worker's inspector.
         return await runPrimary(argv, command.workers, listen, env, (line) => {
           serving = true;
           process.stdout.write(`${line}\n`);
-        }, ["SIGHUP", ...(auditLog !== undefined ? (["SIGUSR1"] as const) : [])], () => (serving = false));
+        }, say, ["SIGHUP", ...(auditLog !== undefined ? (["SIGUSR1"] as const) : [])], () => (serving = false));
       } finally {
         watching?.close();
         await metrics?.close();
@@ -102,7 +104,8 @@ async function main(argv: readonly string[]): Promise<number> {
     void guestEnvFile;
     const port = worker ? siblingPort() : undefined;
     // A person at a terminal reads one line per request; a pipe or a file gets the JSON lines.
-    const pretty = command.logFormat === "pretty" || (command.logFormat === undefined && process.stderr.isTTY === true);
+    const sink = cliSink(command.logFormat, worker ? process.pid : undefined);
+    const say = createCliLog({ logLevel: command.config.proxy.logLevel, logFormat: command.logFormat, workerPid: worker ? process.pid : undefined });
     // A worker counts, and the primary serves the sum (see serveClusterMetrics).
     const { metricsListen, ...unlistened } = worker && !isFirstWorker() ? rest : options;
     // The primary's metrics listener is one of this deployment's addresses: refused as a target.
@@ -111,11 +114,7 @@ async function main(argv: readonly string[]): Promise<number> {
       ...(worker ? { ...unlistened, ...(metricsListen !== undefined ? { metrics: true } : {}) } : options),
       ...(primaryMetrics !== undefined ? { ownAddresses: [...(options.ownAddresses ?? []), primaryMetrics] } : {}),
       ...(port !== undefined ? { listen: { ...options.listen, port } } : {}),
-      ...(pretty
-        ? { logSink: createPrettySink((text) => void process.stderr.write(text), worker ? { prefix: `[${process.pid}] ` } : {}) }
-        : worker
-          ? { logSink: workerLogSink(process.pid) }
-          : {}),
+      ...(sink !== undefined ? { logSink: sink } : {}),
     });
     await new Promise<void>((resolve) => {
       let closing = false;
@@ -135,7 +134,7 @@ async function main(argv: readonly string[]): Promise<number> {
       const stop = (signal: NodeJS.Signals): void => {
         if (signalled) process.exit(130); // a second signal: stop waiting for the drain
         signalled = true;
-        if (!worker) process.stderr.write(`egressgate: ${signal}, closing\n`);
+        if (!worker) say("info", "closing", { signal });
         // What is recorded so far is on disk before the drain, which a second signal may cut short.
         if (signal === "SIGTERM") void proxy.flushRecording();
         close();
@@ -145,12 +144,11 @@ async function main(argv: readonly string[]): Promise<number> {
       // SIGHUP: read the flags' files (--config, --hooks-script, file: secrets) again and swap the
       // configuration whole; anything that fails leaves the old one serving, with the reason logged.
       let reloading = Promise.resolve();
-      const reloadLog = cliLogger(command);
       const reload = async (): Promise<void> => {
         // A reload queued before SIGTERM does not apply during the drain.
         if (closing) return;
         let next: ReturnType<typeof parseCli>;
-        reloadLog("info", "reloading the configuration", {});
+        say("info", "reloading the configuration");
         // The dry run that finds the policies and the parse that builds read each file once.
         const stopReusing = reuseParses();
         try {
@@ -170,7 +168,7 @@ async function main(argv: readonly string[]): Promise<number> {
             throw error;
           });
         } catch (error) {
-          logLine("error", "reload failed; the old configuration keeps serving", { error: redactFatal(failureText(error, source)) });
+          say("error", "reload failed; the old configuration keeps serving", { error: redactFatal(failureText(error, source)) });
           return;
         } finally {
           stopReusing();
@@ -191,12 +189,12 @@ async function main(argv: readonly string[]): Promise<number> {
       });
       process.off("SIGHUP", onEarlyHup);
       if (earlyHup()) {
-        reloadLog("info", "a SIGHUP came while the proxy started: reloading now", {});
+        say("info", "a SIGHUP came while the proxy started: reloading now");
         reloading = reloading.then(reload);
       }
       // --watch: the same reload when a file changes. In a cluster the primary watches, not the workers.
       if (command.config.watch === true && !worker) {
-        watching = watchConfiguration(command.config, process.env, () => (closing ? Promise.resolve() : (reloading = reloading.then(reload))), cliLogger(command));
+        watching = watchConfiguration(command.config, process.env, () => (closing ? Promise.resolve() : (reloading = reloading.then(reload))), say);
       }
       if (worker) reportListening(proxy.url, close);
       else process.stdout.write(`egressgate listening on ${proxy.url}\n`);
@@ -227,25 +225,6 @@ async function preloadPolicies(argv: readonly string[]): Promise<void> {
   // under way then would leave its worker behind.
   const settled = await Promise.allSettled(policies.map(({ policy, limits }) => DjsEngine.preload(policy, limits)));
   for (const outcome of settled) if (outcome.status === "rejected") throw outcome.reason;
-}
-
-/** A line in the proxy's JSON log format, for what the CLI itself reports. */
-function logLine(level: string, msg: string, fields: Record<string, unknown>): void {
-  // A worker's lines name it, as its proxy's do (workerLogSink).
-  const worker = isClusterWorker() ? { worker: process.pid } : {};
-  process.stderr.write(`${JSON.stringify({ ...worker, time: new Date().toISOString(), level, msg, ...fields })}\n`);
-}
-
-/** The CLI's own log lines (the file watch's), at --log-level and in --log-format, like the proxy's. */
-function cliLogger(command: { readonly config: { readonly proxy: { readonly logLevel?: Parameters<typeof createLogger>[0] } }; readonly logFormat?: string }): (level: string, msg: string, fields: Record<string, unknown>) => void {
-  const pretty = command.logFormat === "pretty" || (command.logFormat === undefined && process.stderr.isTTY === true);
-  const logger: Logger = createLogger(command.config.proxy.logLevel ?? "info", pretty ? createPrettySink((text) => void process.stderr.write(text)) : undefined);
-  return (level, msg, fields) => (level === "error" ? logger.error(msg, fields) : level === "warn" ? logger.warn(msg, fields) : logger.info(msg, fields));
-}
-
-/** A worker's log lines carry its pid, so an operator can tell which process served what. */
-function workerLogSink(pid: number): (line: string) => void {
-  return (line) => void process.stderr.write(line.startsWith("{") ? `{"worker":${pid},${line.slice(1)}` : line);
 }
 
 /**

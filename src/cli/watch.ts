@@ -1,4 +1,5 @@
 import type { ProxyConfig } from "../config/document.js";
+import type { CliLog } from "./cli-log.js";
 import { loadConfigFile } from "../config/file.js";
 import { watchedFiles, watchFiles, type FileWatch } from "../config/file-watch.js";
 
@@ -11,7 +12,7 @@ const debounceMs = 300;
  * reload the list is read again from the config file, which may name other policies or secret
  * files now; flags name the same files for the life of the process.
  */
-export function watchConfiguration(config: ProxyConfig, env: NodeJS.ProcessEnv, reload: () => Promise<void>, log: (level: string, msg: string, fields: Record<string, unknown>) => void): FileWatch {
+export function watchConfiguration(config: ProxyConfig, env: NodeJS.ProcessEnv, reload: () => Promise<void>, log: CliLog): FileWatch {
   const current = (): string[] | undefined => {
     if (config.source === "flags") return undefined;
     try {

@@ -118,6 +118,20 @@ async function serve(args: readonly string[], extraEnv: NodeJS.ProcessEnv = {}):
 }
 
 /** The test upstream CA, as a file for --upstream-ca. */
+/** The JSON lines on `stderr` whose `msg` is `msg`. */
+function linesOf(stderr: string, msg: string): Record<string, unknown>[] {
+  return stderr
+    .split("\n")
+    .filter((line) => line.startsWith("{"))
+    .map((line) => JSON.parse(line) as Record<string, unknown>)
+    .filter((line) => line["msg"] === msg);
+}
+
+/** Every line of `stderr` is one JSON object (`--log-format json`, the default off a terminal). */
+function expectAllJson(stderr: string): void {
+  for (const line of stderr.split("\n").filter((l) => l !== "")) expect(() => JSON.parse(line) as unknown, line).not.toThrow();
+}
+
 async function upstreamCaFile(dir: string): Promise<string> {
   const file = join(dir, "upstream-ca.pem");
   writeFileSync(file, (await testCa()).certPem);
@@ -304,6 +318,8 @@ describe("egressgate shutdown", () => {
     const caDir = join(dir, "ca");
     const upstream = await startUpstream();
     const { cli, url, port } = await serve([
+      "--log-level",
+      "info",
       "--ca-dir",
       caDir,
       "--allow-internal-host",
@@ -322,7 +338,8 @@ describe("egressgate shutdown", () => {
     expect(await cli.exited).toEqual({ code: 0, signal: null });
     // Nothing was in flight, so there is nothing to drain for.
     expect(Date.now() - started).toBeLessThan(5_000);
-    expect(cli.stderr()).toContain(`${signal}, closing`);
+    expect(linesOf(cli.stderr(), "closing")).toEqual([expect.objectContaining({ level: "info", signal })]);
+    expectAllJson(cli.stderr());
     expect(cli.stdout()).toBe(`egressgate listening on http://127.0.0.1:${port}\n`);
   });
 });
@@ -417,8 +434,8 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
 
     // A worker that dies is replaced, and the port goes on answering meanwhile.
     process.kill(workers[0]!, "SIGKILL");
-    await until(() => new RegExp(`serves in place of ${workers[0]!}\n`).test(cli.stderr()), 15_000, "a replacement worker");
-    expect(cli.stderr()).toContain(`worker ${workers[0]!} exited (SIGKILL); starting another`);
+    await until(() => linesOf(cli.stderr(), "worker replaced").some((line) => line["replaces"] === workers[0]), 15_000, "a replacement worker");
+    expect(linesOf(cli.stderr(), "worker exited; starting another")).toEqual([expect.objectContaining({ level: "warn", worker: workers[0], exit: "SIGKILL" })]);
     const replaced = childPids(primary);
     expect(replaced).toHaveLength(2);
     expect(replaced).not.toContain(workers[0]);
@@ -434,7 +451,10 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     expect(await cli.exited).toEqual({ code: 0, signal: null });
     for (const pid of replaced) await until(() => !running(pid), 5_000, `worker ${pid} to exit`);
     expect(cli.stdout()).toMatch(listeningLine);
-    expect(cli.stderr()).toContain("SIGTERM, closing 2 workers");
+    expect(linesOf(cli.stderr(), "closing")).toEqual([expect.objectContaining({ signal: "SIGTERM", workers: 2 })]);
+    // The primary's lines as much as the workers': one JSON object each.
+    expectAllJson(cli.stderr());
+    expect(linesOf(cli.stderr(), "workers listening")).toEqual([expect.objectContaining({ workers: 2 })]);
   });
 
   // The README said the primary did not pass SIGUSR1 on; it does, and logrotate's postrotate
@@ -462,7 +482,7 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
   it("every worker refuses the primary's metrics listener as a target, as one process refuses its own", async () => {
     const dir = tempDir();
     const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", join(dir, "ca"), "--metrics-listen", "127.0.0.1:0", "--allow-internal-host", "127.0.0.1"]);
-    const metricsUrl = /egressgate metrics on (http:\/\/127\.0\.0\.1:\d+)\n/.exec(cli.stderr())?.[1];
+    const metricsUrl = linesOf(cli.stderr(), "metrics listening")[0]?.["url"] as string | undefined;
     expect(metricsUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
     // A new connection per request, which the primary hands to the workers in turn. Before, every
     // worker answered 200 with the metrics: only the primary knew the listener's address.
@@ -491,11 +511,13 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     writeFileSync(file, text);
     process.kill(workers[0]!, "SIGKILL");
     // Before, the primary stopped the worker still serving, and exited 1.
-    await until(() => /1 of 2 workers go on serving; trying again in 5 s\n/.test(cli.stderr()), 30_000, "the replacement's failure");
+    const failed = (): Record<string, unknown>[] => linesOf(cli.stderr(), "a replacement worker could not start; trying again");
+    await until(() => failed().length > 0, 30_000, "the replacement's failure");
+    expect(failed()[0]).toMatchObject({ level: "warn", serving: 1, workers: 2, retryInS: 5 });
     const refused = await curl(["-sS", "-x", url, "-o", "/dev/null", "-w", "%{http_code}", "http://elsewhere.test/"]);
     expect(refused.stdout).toBe("403");
     writeFileSync(file, "allowHosts: [nope.test]\n");
-    await until(() => new RegExp(`serves in place of ${workers[0]!}\n`).test(cli.stderr()), 30_000, "a replacement worker");
+    await until(() => linesOf(cli.stderr(), "worker replaced").some((line) => line["replaces"] === workers[0]), 30_000, "a replacement worker");
     expect(childPids(cli.process.pid!)).toHaveLength(2);
     cli.process.kill("SIGTERM");
     expect(await cli.exited).toEqual({ code: 0, signal: null });
@@ -503,7 +525,7 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
 
   it("workers leave SIGINT to the primary: signalled alone they go on serving", async () => {
     const dir = tempDir();
-    const { cli, url } = await serve(["--workers", "2", "--ca-dir", join(dir, "ca"), "--allow-host", "nope.test"]);
+    const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", join(dir, "ca"), "--allow-host", "nope.test"]);
     const workers = childPids(cli.process.pid!);
     for (const pid of workers) process.kill(pid, "SIGINT");
     await new Promise((resolve) => setTimeout(resolve, 500));
@@ -513,21 +535,21 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
       const result = await curl(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "-x", url, "http://denied.test/"]);
       expect(result.stdout).toBe("403");
     }
-    expect(cli.stderr()).not.toMatch(/closed\n|starting another/);
+    expect(cli.stderr()).not.toMatch(/"msg":"worker closed"|starting another/);
     cli.process.kill("SIGTERM");
     expect(await cli.exited).toEqual({ code: 0, signal: null });
   });
 
   it("SIGINT to the whole process group (Ctrl-C) drains once: no worker is replaced", async () => {
     const dir = tempDir();
-    const cli = startCli(["--workers", "2", "--listen", "127.0.0.1:0", "--log-level", "warn", "--ca-dir", join(dir, "ca")]);
+    const cli = startCli(["--workers", "2", "--listen", "127.0.0.1:0", "--log-level", "info", "--ca-dir", join(dir, "ca")]);
     await cli.waitForStdout(listeningLine);
     const workers = childPids(cli.process.pid!);
     expect(workers).toHaveLength(2);
     // What a terminal does: the signal reaches the primary and every worker at once.
     for (const pid of [...workers, cli.process.pid!]) process.kill(pid, "SIGINT");
     expect(await cli.exited).toEqual({ code: 0, signal: null });
-    expect(cli.stderr()).not.toMatch(/starting another|closed\n/);
+    expect(cli.stderr()).not.toMatch(/starting another|"msg":"worker closed"/);
     for (const pid of workers) await until(() => !running(pid), 5_000, `worker ${pid} to exit`);
   });
 

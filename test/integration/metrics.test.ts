@@ -429,7 +429,7 @@ describe("metrics", () => {
     const upstream = await startUpstream({ tls: false });
     const child = spawn(
       process.execPath,
-      ["--import", "tsx", "src/cli/bin.ts", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--workers", "2", "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--log-level", "warn", "--ca-dir", tempDir()],
+      ["--import", "tsx", "src/cli/bin.ts", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--workers", "2", "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--log-level", "info", "--ca-dir", tempDir()],
       { cwd: root, stdio: ["ignore", "pipe", "pipe"] },
     );
     onTestFinished(() => {
@@ -499,7 +499,7 @@ describe("metrics", () => {
 
 async function primaryMetricsPort(_initial: string, read: () => string): Promise<number> {
   for (let i = 0; i < 400; i++) {
-    const match = /egressgate metrics on http:\/\/[^:]+:(\d+)/.exec(read());
+    const match = /"msg":"metrics listening","url":"http:\/\/[^:]+:(\d+)"/.exec(read());
     if (match !== null) return Number(match[1]);
     await new Promise((resolve) => setTimeout(resolve, 25));
   }
