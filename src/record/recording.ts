@@ -1,3 +1,4 @@
+import { constants } from "node:fs";
 import { lstat, mkdir, open, rename, rm, stat, type FileHandle } from "node:fs/promises";
 import type { Logger } from "../log.js";
 import { fileKind } from "../regular-file.js";
@@ -110,7 +111,11 @@ export class Recording {
     const tmp = `${this.path}.${process.pid}.tmp`;
     let out: FileHandle | undefined;
     try {
-      out = await open(tmp, "w", 0o600);
+      // Whatever stands at the temporary name (a link, a FIFO, what a crash left) goes, and the file
+      // is created anew, never opened through a link: a link was written through, and a FIFO held
+      // the flush in open() for good. Something put back there meanwhile fails the write (EEXIST).
+      await rm(tmp, { force: true });
+      out = await open(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
       let position = 0;
       const put = async (text: string): Promise<void> => {
         const bytes = Buffer.from(text, "utf8");

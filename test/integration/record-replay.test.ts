@@ -1,6 +1,6 @@
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { closeSync, constants, mkdirSync, openSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { closeSync, constants, existsSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { brotliCompressSync, gzipSync } from "node:zlib";
@@ -514,6 +514,44 @@ describe("recorded network", () => {
 // Only the first Content-Encoding line was read: a body gzipped twice was stored decoded once, and
 // one in a coding the proxy cannot undo was stored as it came, its copy of a secret searched for
 // compressed and written to disk (review).
+// The HAR is written to FILE.PID.tmp, then renamed over FILE. Whatever stood at that name was
+// opened as it was: a symbolic link was written through (a file elsewhere truncated and
+// overwritten, and the link then renamed to FILE), and a FIFO held every flush in open().
+describe("what stands at the recording's temporary name", () => {
+  it.each([
+    [
+      "a symbolic link to another file",
+      (tmp: string, dir: string): (() => void) => {
+        const victim = join(dir, "victim.txt");
+        writeFileSync(victim, "untouched");
+        symlinkSync(victim, tmp);
+        return () => expect(readFileSync(victim, "utf8")).toBe("untouched");
+      },
+    ],
+    [
+      "a FIFO",
+      (tmp: string): (() => void) => {
+        execFileSync("mkfifo", [tmp]);
+        return () => undefined;
+      },
+    ],
+  ])("%s is replaced, never written through, and the HAR is a regular file", async (_what, make) => {
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    const upstream = await startUpstream();
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    const check = make(`${har}.${process.pid}.tmp`, dir);
+    expect((await fetchVia(recorder, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+    // Before, the FIFO held this flush in open() for good.
+    await Promise.race([recorder.flushRecording(), new Promise((_resolve, reject) => setTimeout(() => reject(new Error("the flush took over 5 s")), 5_000).unref())]);
+    check();
+    expect(lstatSync(har).isFile()).toBe(true);
+    expect(readHar(har).log.entries).toHaveLength(1);
+    expect(existsSync(`${har}.${process.pid}.tmp`)).toBe(false);
+    expect(recorder.logs.filter((line) => line["code"] === "EG_RECORD_FAILED")).toEqual([]);
+  });
+});
+
 describe("recording a body under several content codings", () => {
   const cases: Record<string, { lines: string[]; encode: (text: string) => Buffer; recorded: boolean }> = {
     "gzip on two lines, applied twice": { lines: ["gzip", "gzip"], encode: (t) => gzipSync(gzipSync(t)), recorded: true },
