@@ -1,5 +1,4 @@
 import { discardBody, joinBuffered, joinSmallPushes } from "../streams.js";
-import { errors as undiciErrors } from "undici";
 import type { Readable } from "node:stream";
 import { EgressError, badRequest, denied, quoteShort, secretDenied } from "../errors.js";
 import { BodyTap, declaredLength } from "../hooks/body-tap.js";
@@ -18,7 +17,6 @@ import {
   type GuestGone,
   type OutboundRequest,
   type PipelineResponse,
-  type SourceVerdict,
   type TraceEntry,
   type SendInfo,
 } from "./exchange.js";
@@ -29,8 +27,10 @@ import { bareHostname } from "../hostname.js";
 import type { PhaseName } from "../djs/protocol.js";
 import type { HookSource, SourceCall } from "./hook-source.js";
 import { LayerRun, type Descend } from "./layers.js";
-import { elapsed, failedEntry, timeUpstream } from "./trace.js";
+import { failedEntry, timeUpstream } from "./trace.js";
 import { withFields } from "../objects.js";
+import { isConnectFailure, resendOnceIfStale, upstreamError } from "./upstream-errors.js";
+import { attributed, declarativeEntry, declarativeSource, ipVerdict, onRequestVerdict, onResponseVerdict } from "./verdicts.js";
 
 export interface PipelineOptions {
   /** The guest this pipeline serves, as hook sources are told. */
@@ -455,147 +455,6 @@ export class Pipeline {
  */
 function upstreamHeaders(status: number, list: HeaderList): HeaderList {
   return noContentFraming(status, endToEndHeaders(list));
-}
-
-const connectErrorCodes = new Set(["ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH", "EADDRNOTAVAIL", "UND_ERR_CONNECT_TIMEOUT"]);
-
-function isConnectFailure(error: unknown): boolean {
-  const cause = error instanceof EgressError ? error.cause : error;
-  return cause instanceof undiciErrors.ConnectTimeoutError || connectErrorCodes.has((cause as NodeJS.ErrnoException)?.code ?? "");
-}
-
-/** RFC 9110 §9.2.2: a request that may be sent twice with the effect of once. */
-const idempotentMethods = new Set(["GET", "HEAD", "OPTIONS", "PUT", "DELETE"]);
-
-/**
- * Sends, and once more when a pooled connection turned out closed before any answer came: an
- * upstream's keep-alive close that crosses the next request on the wire, which undici reports
- * as "other side closed" (or a reset). Only an idempotent request whose body can be sent again
- * (none, or bytes) is resent, as Go's Transport and nginx do; 0.9% of GETs got 502 when an
- * upstream closed idle connections 50 ms after each answer (black-box finding).
- */
-async function resendOnceIfStale<T>(request: OutboundRequest, signal: GuestGone, send: () => Promise<T>): Promise<T> {
-  try {
-    return await send();
-  } catch (error) {
-    const replayable = request.body === null || request.body instanceof Uint8Array;
-    if (!replayable || !idempotentMethods.has(request.method) || signal.aborted || !isStaleConnection(error)) throw error;
-    return await send();
-  }
-}
-
-function isStaleConnection(error: unknown): boolean {
-  if (error instanceof undiciErrors.SocketError) return true;
-  const code = (error as NodeJS.ErrnoException | undefined)?.code;
-  return code === "ECONNRESET" || code === "EPIPE";
-}
-
-/** Turns an undici or socket failure into the status the guest receives. */
-export function upstreamError(error: unknown, url: URL): EgressError {
-  if (error instanceof EgressError) return error;
-  const target = `${url.hostname}:${url.port || (url.protocol === "https:" ? 443 : 80)}`;
-  if (
-    error instanceof undiciErrors.ConnectTimeoutError ||
-    error instanceof undiciErrors.HeadersTimeoutError ||
-    error instanceof undiciErrors.BodyTimeoutError
-  ) {
-    return new EgressError("EG_UPSTREAM_TIMEOUT", 504, `upstream ${target} timed out: ${(error as Error).message}`, {
-      cause: error,
-    });
-  }
-  const err = error as NodeJS.ErrnoException;
-  const code = err.code ?? "";
-  const tlsProblem = code.startsWith("ERR_TLS") || code.includes("CERT") || code.startsWith("ERR_SSL") || /certificate/i.test(err.message);
-  const detail = `${code ? `${code}: ` : ""}${err.message}`;
-  if (tlsProblem) return new EgressError("EG_UPSTREAM", 502, `upstream TLS failed for ${target}: ${detail}`, { cause: error, detail });
-  // undici's parser asserts what it cannot take (a status under 100): its assertion's text is for
-  // the log, not the guest.
-  if (code === "ERR_ASSERTION") return new EgressError("EG_UPSTREAM", 502, `upstream ${target} sent a response the proxy could not read (see the proxy log)`, { cause: error, detail });
-  // Socket errors (ECONNREFUSED 10.0.0.5:443) name the pinned address: the guest gets the code only.
-  const shown = /^E[A-Z]+$/.test(code) ? code : detail;
-  return new EgressError("EG_UPSTREAM", 502, `upstream request failed for ${target}: ${shown}`, { cause: error, detail });
-}
-
-/** What a call's result says, for the trace: allow unless the phase's verdict function says more. */
-type Verdict<T> = (value: T) => { decision: SourceVerdict; reason?: string; detail?: string; status?: number };
-
-/**
- * A source's phase, with any refusal or failure it throws marked as that source's, for the log.
- * With a trace (an audit log is configured), the call is also timed and its verdict pushed.
- */
-async function attributed<T>(source: HookSource, work: () => Promise<T>, trace?: TraceEntry[], phase?: string, verdict?: Verdict<T>): Promise<T> {
-  if (trace === undefined) {
-    try {
-      return await work();
-    } catch (error) {
-      if (error instanceof EgressError && error.source === undefined) error.source = source.label;
-      throw error;
-    }
-  }
-  // Pushed when the call starts, so entries keep call order; a call that never settles stays an error.
-  const entry: TraceEntry = { source: source.label, tier: source.tier, phase: phase ?? "", decision: "error", reason: "did not settle", ms: 0 };
-  trace.push(entry);
-  const started = performance.now();
-  try {
-    const value = await work();
-    entry.ms = elapsed(started);
-    delete entry.reason;
-    Object.assign(entry, verdict === undefined ? { decision: "allow" } : verdict(value));
-    return value;
-  } catch (error) {
-    if (error instanceof EgressError && error.source === undefined) error.source = source.label;
-    Object.assign(entry, failedEntry(source.label, source.tier, entry.phase, error, started));
-    throw error;
-  }
-}
-
-const declarativeSource = "declarative";
-
-function declarativeEntry(phase: string, decision: Decision, started: number): TraceEntry {
-  // The allowlist's allow, on every traced request: one literal, without the spreads' temporaries.
-  if (decision.allowed && decision.detail === undefined) {
-    return { source: declarativeSource, tier: decision.tier, phase, decision: "allow", reason: decision.reason, ms: elapsed(started) };
-  }
-  return {
-    source: declarativeSource,
-    tier: decision.tier,
-    phase,
-    decision: decision.allowed ? "allow" : "block",
-    reason: decision.reason,
-    ...(decision.detail !== undefined ? { detail: decision.detail } : {}),
-    ...(decision.allowed ? {} : { status: 403 }),
-    ms: elapsed(started),
-  };
-}
-
-/** An onRequest that answered, changed the request, or let it go on as it was. */
-function onRequestVerdict(before: OutboundRequest, outcome: { request: OutboundRequest } | { response: unknown }): { decision: SourceVerdict } {
-  if ("response" in outcome) return { decision: "answer" };
-  return { decision: rewrote(before, outcome.request) ? "rewrite" : "allow" };
-}
-
-function onResponseVerdict(hooked: { replaced: boolean }): { decision: SourceVerdict } {
-  return { decision: hooked.replaced ? "rewrite" : "allow" };
-}
-
-function ipVerdict(refusal: Decision | undefined): ReturnType<Verdict<Decision | undefined>> {
-  if (refusal === undefined) return { decision: "allow" };
-  return { decision: "block", reason: refusal.reason, status: 403, ...(refusal.detail !== undefined ? { detail: refusal.detail } : {}) };
-}
-
-/**
- * Whether onRequest changed what leaves. A source hands back a new object even when it changed
- * nothing (tier 3 builds one from the Request it showed), so the parts are compared; a body is
- * changed only when a hook built new bytes (a clone's tee of the guest's stream is the same body).
- */
-function rewrote(before: OutboundRequest, after: OutboundRequest): boolean {
-  if (before === after) return false;
-  if (before.method !== after.method || before.url.href !== after.url.href) return true;
-  if ((before.body === null) !== (after.body === null)) return true;
-  if (after.body instanceof Uint8Array && after.body !== before.body) return true;
-  if (before.headers.length !== after.headers.length) return true;
-  for (let i = 0; i < before.headers.length; i++) if (before.headers[i] !== after.headers[i]) return true;
-  return false;
 }
 
 /** How much of a path an error message quotes. */

@@ -1,7 +1,6 @@
 import { createServer, type Http2Server, type ServerHttp2Session, type ServerHttp2Stream } from "node:http2";
 import { requestStart, type RequestStartMessage } from "../metrics/channels.js";
 import type { Socket } from "node:net";
-import { PassThrough, type Readable } from "node:stream";
 import type { TLSSocket } from "node:tls";
 import { EgressError, asEgressError, guestError } from "../errors.js";
 import { getHeader } from "../headers.js";
@@ -17,7 +16,8 @@ import { sendH2Error, sendH2Response, type StallWatch } from "./h2-respond.js";
 import { GuestLeftFirst } from "./respond.js";
 import { h2Codes, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h2-settings.js";
 import { tunnelOf } from "./tunnel.js";
-import { markEmptyEnd, onCutEnd, resetH2Stream } from "../streams.js";
+import { resetH2Stream } from "../streams.js";
+import { requestBodyOf } from "./h2-upload.js";
 
 export interface H2GuestDeps {
   readonly log: Logger;
@@ -498,51 +498,6 @@ interface StreamWatch {
   onClose: (() => void) | undefined;
   /** Why the proxy cut the stream, when it did (an upload or a download that stalled). */
   cut: string | undefined;
-}
-
-/**
- * The stream's readable side as a body of its own. The stream itself cannot be handed on: its
- * consumers destroy a body once they are done with it (undici does after writing it), and
- * destroying an Http2Stream ends the response half too.
- */
-function requestBodyOf(stream: ServerHttp2Stream, stall: StallWatch): Readable {
-  const body = new PassThrough();
-  // Its consumers (a hook's read, the upstream upload) come and go, and each listens for itself;
-  // a cut while none is listening must not be an uncaught 'error'.
-  body.on("error", () => undefined);
-  // A reset with CANCEL (or NO_ERROR) mid-upload ends the stream as if whole: cut the body instead.
-  onCutEnd(stream, () => body.destroy(new Error("the guest reset the stream during its upload")));
-  stream.pipe(body);
-  watchUpload(stream, stall);
-  markEmptyEnd(stream, body);
-  stream.once("close", () => {
-    if (!stream.readableEnded) body.destroy(new Error("the guest reset the stream during its upload"));
-  });
-  return body;
-}
-
-/**
- * An upload the guest stops sending: while the proxy is ready for more (the stream flows), no
- * byte for `stall.ms` runs `stall.onStall`. A guest answering PINGs kept such a stream, and the
- * pipeline and upstream request behind it, for good: undici's header timeout starts only once
- * the body is sent. Time the proxy held the stream paused (its consumer was slow) does not count.
- */
-function watchUpload(stream: ServerHttp2Stream, stall: StallWatch): void {
-  let last = performance.now();
-  const moved = (): void => {
-    last = performance.now();
-  };
-  stream.on("data", moved);
-  stream.on("resume", moved);
-  const timer = setInterval(() => {
-    if (stream.readableFlowing !== false && performance.now() - last >= stall.ms) {
-      clearInterval(timer);
-      stall.onStall();
-    }
-  }, Math.max(1, Math.floor(stall.ms / 4)));
-  timer.unref();
-  stream.once("end", () => clearInterval(timer));
-  stream.once("close", () => clearInterval(timer));
 }
 
 /** Closes `socket` after `ms`, whatever Node's end of it still waits for; the timer keeps no process alive. */

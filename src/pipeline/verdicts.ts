@@ -1,0 +1,88 @@
+// What each source's call decided, for the audit trace, and whose a refusal or failure was.
+import { EgressError } from "../errors.js";
+import type { Decision } from "../policy/decision.js";
+import type { OutboundRequest, SourceVerdict, TraceEntry } from "./exchange.js";
+import type { HookSource } from "./hook-source.js";
+import { elapsed, failedEntry } from "./trace.js";
+
+/** What a call's result says, for the trace: allow unless the phase's verdict function says more. */
+export type Verdict<T> = (value: T) => { decision: SourceVerdict; reason?: string; detail?: string; status?: number };
+
+/**
+ * A source's phase, with any refusal or failure it throws marked as that source's, for the log.
+ * With a trace (an audit log is configured), the call is also timed and its verdict pushed.
+ */
+export async function attributed<T>(source: HookSource, work: () => Promise<T>, trace?: TraceEntry[], phase?: string, verdict?: Verdict<T>): Promise<T> {
+  if (trace === undefined) {
+    try {
+      return await work();
+    } catch (error) {
+      if (error instanceof EgressError && error.source === undefined) error.source = source.label;
+      throw error;
+    }
+  }
+  // Pushed when the call starts, so entries keep call order; a call that never settles stays an error.
+  const entry: TraceEntry = { source: source.label, tier: source.tier, phase: phase ?? "", decision: "error", reason: "did not settle", ms: 0 };
+  trace.push(entry);
+  const started = performance.now();
+  try {
+    const value = await work();
+    entry.ms = elapsed(started);
+    delete entry.reason;
+    Object.assign(entry, verdict === undefined ? { decision: "allow" } : verdict(value));
+    return value;
+  } catch (error) {
+    if (error instanceof EgressError && error.source === undefined) error.source = source.label;
+    Object.assign(entry, failedEntry(source.label, source.tier, entry.phase, error, started));
+    throw error;
+  }
+}
+
+export const declarativeSource = "declarative";
+
+export function declarativeEntry(phase: string, decision: Decision, started: number): TraceEntry {
+  // The allowlist's allow, on every traced request: one literal, without the spreads' temporaries.
+  if (decision.allowed && decision.detail === undefined) {
+    return { source: declarativeSource, tier: decision.tier, phase, decision: "allow", reason: decision.reason, ms: elapsed(started) };
+  }
+  return {
+    source: declarativeSource,
+    tier: decision.tier,
+    phase,
+    decision: decision.allowed ? "allow" : "block",
+    reason: decision.reason,
+    ...(decision.detail !== undefined ? { detail: decision.detail } : {}),
+    ...(decision.allowed ? {} : { status: 403 }),
+    ms: elapsed(started),
+  };
+}
+
+/** An onRequest that answered, changed the request, or let it go on as it was. */
+export function onRequestVerdict(before: OutboundRequest, outcome: { request: OutboundRequest } | { response: unknown }): { decision: SourceVerdict } {
+  if ("response" in outcome) return { decision: "answer" };
+  return { decision: rewrote(before, outcome.request) ? "rewrite" : "allow" };
+}
+
+export function onResponseVerdict(hooked: { replaced: boolean }): { decision: SourceVerdict } {
+  return { decision: hooked.replaced ? "rewrite" : "allow" };
+}
+
+export function ipVerdict(refusal: Decision | undefined): ReturnType<Verdict<Decision | undefined>> {
+  if (refusal === undefined) return { decision: "allow" };
+  return { decision: "block", reason: refusal.reason, status: 403, ...(refusal.detail !== undefined ? { detail: refusal.detail } : {}) };
+}
+
+/**
+ * Whether onRequest changed what leaves. A source hands back a new object even when it changed
+ * nothing (tier 3 builds one from the Request it showed), so the parts are compared; a body is
+ * changed only when a hook built new bytes (a clone's tee of the guest's stream is the same body).
+ */
+function rewrote(before: OutboundRequest, after: OutboundRequest): boolean {
+  if (before === after) return false;
+  if (before.method !== after.method || before.url.href !== after.url.href) return true;
+  if ((before.body === null) !== (after.body === null)) return true;
+  if (after.body instanceof Uint8Array && after.body !== before.body) return true;
+  if (before.headers.length !== after.headers.length) return true;
+  for (let i = 0; i < before.headers.length; i++) if (before.headers[i] !== after.headers[i]) return true;
+  return false;
+}
