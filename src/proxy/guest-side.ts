@@ -13,7 +13,7 @@ import { parseAuthority } from "./authority.js";
 import type { ConnectionLimits } from "./connection-limits.js";
 import { errorFields, type DecisionLog } from "./decision-log.js";
 import { connectInTunnel, loggableRequestTarget, loggableTarget, loggableUrl, toOutboundRequest } from "./guest-request.js";
-import type { Guest, GuestRegistry } from "./guests.js";
+import { removedCut, removedError, wasRemoved, type Guest, type GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, maxEarlyBytes, type LaneRequest } from "./lanes.js";
 import type { ResolvedProxyOptions } from "./options.js";
@@ -353,6 +353,8 @@ export class GuestSide {
     lane.ends.add(end);
     res.once("close", end);
     let guestName: string | undefined;
+    /** The guest served, once known: a removal under way is the reason the log gives for what it cut. */
+    let served: Guest | undefined;
     try {
       await previous;
       // Pipelined behind an answer that closed the connection (Connection: close, a drain):
@@ -370,6 +372,7 @@ export class GuestSide {
       const guest = this.guestOf(req);
       if (guest instanceof EgressError) throw guest;
       guestName = guest.name;
+      served = guest;
       const request = toOutboundRequest(req, tunnelOf(req.socket));
       target = loggableUrl(request.url, this.deps.redact);
       if (requestStart.hasSubscribers) requestStart.publish({ id, guest: guestName, method: req.method ?? "", url: target, time: new Date().toISOString() } satisfies RequestStartMessage);
@@ -397,7 +400,7 @@ export class GuestSide {
       down = sendResponse(res, response, !req.complete, (error) => {
         response.cleanup?.();
         if (error instanceof GuestLeftFirst) {
-          this.deps.decide({ id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(socket), started }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: 0 } : undefined);
+          this.deps.decide({ id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(socket, served), started }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: 0 } : undefined);
           return;
         }
         this.deps.decide({
@@ -411,7 +414,7 @@ export class GuestSide {
           ...(response.decision.source !== undefined ? { source: response.decision.source } : {}),
           redirects: response.redirects,
           started,
-          ...(error ? { error: this.explainCut(error, socket) } : {}),
+          ...(error ? { error: this.explainCut(error, socket, served) } : {}),
         }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision } : undefined);
       }, auditing, claimed ? trace : undefined);
     } catch (error) {
@@ -419,15 +422,17 @@ export class GuestSide {
       if (trace !== undefined) claimUpstreamBody(trace, null);
       // At the drain's end the proxy closes guest connections and upstream pools alike: a request
       // still waiting sees either first, and nobody is left to answer either way.
-      if (abort.aborted || this.drainEnded) {
+      // A removed guest's tunnels are closed with it (their close events may come a turn later).
+      if (abort.aborted || this.drainEnded || (wasRemoved(served) && tunnelOf(socket) !== undefined)) {
         // Nobody is left to answer; 499 is nginx's "client closed request", for the log only.
         this.deps.decide(
-          { id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(socket), started },
+          { id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(socket, served), started },
           auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, ...(trace !== undefined ? { trace } : {}) } : undefined,
         );
         return;
       }
-      const raw = asEgressError(error);
+      // The removal of its guest closed its upstream connections under it: the removal is the reason.
+      const raw = wasRemoved(served) && !(error instanceof EgressError) ? removedError(served.name, error) : asEgressError(error);
       if (raw.status >= 500 && !(error instanceof EgressError)) this.deps.log.error("internal error", { id, error });
       // Error bodies are built from messages that may quote upstream errors: never let a value through.
       const err = guestError(raw, this.deps.redact);
@@ -451,8 +456,8 @@ export class GuestSide {
   }
 
   /** Why a response was cut after its head, in words an operator reads in the log. */
-  private explainCut(error: Error, socket?: Socket): Error | string {
-    const cut = socket === undefined ? undefined : this.cuts.get(socket);
+  private explainCut(error: Error, socket?: Socket, guest?: Guest): Error | string {
+    const cut = (socket === undefined ? undefined : this.cuts.get(socket)) ?? (wasRemoved(guest) ? removedCut(guest.name) : undefined);
     if (cut !== undefined) return `${cut} before the response was complete`;
     const code = (error as NodeJS.ErrnoException).code;
     if (code === "UND_ERR_BODY_TIMEOUT") return `upstream body timed out after ${this.deps.config.timeouts.upstreamBodyMs} ms of silence; the guest connection was cut`;
@@ -466,9 +471,9 @@ export class GuestSide {
   }
 
   /** Why a request's connection went before its answer: the guest, the proxy's idle timeout, or the end of its drain. */
-  private leftReason(socket?: Socket): string {
+  private leftReason(socket?: Socket, guest?: Guest): string {
     if (this.drainEnded) return this.drainCut;
-    return (socket !== undefined ? this.cuts.get(socket) : undefined) ?? "guest closed the connection";
+    return (socket !== undefined ? this.cuts.get(socket) : undefined) ?? (wasRemoved(guest) ? removedCut(guest.name) : "guest closed the connection");
   }
 
   /** The drain is over: the connections still open are the proxy's to close, and a cut response is logged as its doing. */

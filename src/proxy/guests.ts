@@ -1,4 +1,5 @@
 import type { Socket } from "node:net";
+import { EgressError } from "../errors.js";
 import { declarativeConfigOf } from "../hooks/http-hooks.js";
 import type { Logger } from "../log.js";
 import { hookSources } from "../pipeline/hook-source.js";
@@ -137,7 +138,10 @@ export class Guest {
   /** Binds a tunnel or upgraded connection: it ends when the guest is removed. */
   bind(socket: Socket): void {
     this.connections.add(socket);
-    socket.once("close", () => this.connections.delete(socket));
+    // One listener per socket, whichever guest holds it now: one per reload held every replaced
+    // guest (its pipeline, pools and secrets) for the tunnel's life, and Node warned at the 11th.
+    if (!ownerOf.has(socket)) socket.once("close", () => ownerOf.get(socket)?.connections.delete(socket));
+    ownerOf.set(socket, this);
   }
 
   /** Takes over another guest's bound connections (the same name, after a reload): its removal closes them from now on. */
@@ -159,12 +163,37 @@ export class Guest {
    * external deciders have under way (a command still running, a webhook call unanswered), which
    * held `close()` for the decider's timeoutMs.
    */
-  async close(): Promise<void> {
+  async close(why: "removed" | "proxy closing" = "removed"): Promise<void> {
     this.removed = true;
     for (const socket of this.connections) socket.destroy();
-    await Promise.all([this.pools.destroy(), ...this.deciders.map((decider) => decider.close())]);
+    // At the proxy's close, what is still under way is the drain's to report.
+    const refusal = why === "removed" ? removedRefusal(this.name) : undefined;
+    await Promise.all([this.pools.destroy(refusal), ...this.deciders.map((decider) => decider.close())]);
   }
 }
+
+/** The answer to a request whose guest was removed (removeGuest, a reload) before it went out. */
+export function removedRefusal(name: string): string {
+  return `guest "${name}" was removed while its request was under way`;
+}
+
+/** Whether `guest` (the one a request started with, if known) has been removed since. */
+export function wasRemoved(guest: Guest | undefined): guest is Guest {
+  return guest?.removed === true;
+}
+
+/** The same answer for a request whose upstream connection the removal closed under it. */
+export function removedError(name: string, cause: unknown): EgressError {
+  return new EgressError("EG_DENIED", 403, removedRefusal(name), { cause, detail: (cause as Error)?.message ?? String(cause) });
+}
+
+/** The log's reason for a request of a removed guest whose connection the removal closed. */
+export function removedCut(name: string): string {
+  return `the proxy closed the connection: the guest "${name}" was removed`;
+}
+
+/** The guest a bound connection belongs to now (a reload hands it to the guest's successor). */
+const ownerOf = new WeakMap<Socket, Guest>();
 
 /** Why a connection has no guest; the guest itself only ever hears 407 (see GuestRegistry.identify). */
 export type AuthFailure = "missing" | "malformed" | "unknown guest" | "wrong token" | "removed";
@@ -293,6 +322,6 @@ export class GuestRegistry {
   }
 
   async closeAll(): Promise<void> {
-    await Promise.all([...this.guests.values()].map((guest) => guest.close()));
+    await Promise.all([...this.guests.values()].map((guest) => guest.close("proxy closing")));
   }
 }

@@ -10,7 +10,7 @@ import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
 import { authenticationRequired } from "./auth.js";
 import { errorFields, type DecisionLog } from "./decision-log.js";
 import { loggableTarget, type TunnelTarget } from "./guest-request.js";
-import type { GuestRegistry } from "./guests.js";
+import { removedCut, wasRemoved, type Guest, type GuestRegistry } from "./guests.js";
 import { h2OutboundRequest } from "./h2-request.js";
 import { sendH2Error, sendH2Response, type StallWatch } from "./h2-respond.js";
 import { GuestLeftFirst } from "./respond.js";
@@ -373,10 +373,13 @@ export class H2Guests {
       if (!finished && !(stream.writableFinished && stream.rstCode === h2Codes.noError && !stream.aborted)) abort.abort();
     };
     let guestName: string | undefined;
+    /** The guest served, once known: a removal under way is the reason the log gives for what it cut. */
+    let served: Guest | undefined;
     try {
       const guest = this.deps.guests.get(tunnel.guest);
       if (guest === undefined || guest.removed) throw authenticationRequired();
       guestName = guest.name;
+      served = guest;
       // The proxy's own cut of a stream the guest stopped moving: logged as the proxy's.
       const cutStalled = (what: string): StallWatch => ({
         ms: this.deps.idleMs,
@@ -413,7 +416,7 @@ export class H2Guests {
           if (error !== undefined) resetByUs();
           this.finishRequestBody(stream, resetByUs);
           if (error instanceof GuestLeftFirst) {
-            decide({ id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch), http: "2", started }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: 0, ...(trace !== undefined ? { trace } : {}) } : undefined);
+            decide({ id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served), http: "2", started }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: 0, ...(trace !== undefined ? { trace } : {}) } : undefined);
             resolve();
             return;
           }
@@ -429,7 +432,7 @@ export class H2Guests {
             redirects: response.redirects,
             http: "2",
             started,
-            ...(error ? { error: this.cutReason(watch, error) } : {}),
+            ...(error ? { error: this.cutReason(watch, error, served) } : {}),
           }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision, ...(trace !== undefined ? { trace } : {}) } : undefined);
           resolve();
         }, cutStalled("read nothing"));
@@ -437,13 +440,15 @@ export class H2Guests {
     } catch (error) {
       // Gone before its answer: the guest's reset, or the proxy's own cut (an upload that stalled,
       // the end of the drain, whose closing of the upstream pools fails what is still waiting).
-      if (abort.aborted || this.deps.drainEnded()) {
+      // A removed guest's tunnels are closed with it (their close events may come a turn later).
+      if (abort.aborted || this.deps.drainEnded() || wasRemoved(served)) {
         decide(
-          { id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch), http: "2", started },
+          { id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served), http: "2", started },
           auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, ...(trace !== undefined ? { trace } : {}) } : undefined,
         );
         return;
       }
+      // The removal of its guest closed its upstream connections under it: the removal is the reason.
       const raw502 = asEgressError(error);
       if (raw502.status >= 500 && !(error instanceof EgressError)) this.deps.log.error("internal error", { id, error });
       const err = guestError(raw502, this.deps.redact);
@@ -466,12 +471,13 @@ export class H2Guests {
   }
 
   /** Why a stream went before its answer, as the log says it. */
-  private leftReason(watch: StreamWatch): string {
-    return watch.cut ?? (this.deps.drainEnded() ? this.deps.drainCut : "guest reset the stream");
+  private leftReason(watch: StreamWatch, guest: Guest | undefined): string {
+    return watch.cut ?? (this.deps.drainEnded() ? this.deps.drainCut : wasRemoved(guest) ? removedCut(guest.name) : "guest reset the stream");
   }
 
   /** Why a response was cut after its head: the proxy's own reason when it cut it (explainCut knows the drain's). */
-  private cutReason(watch: StreamWatch, error: Error): Error | string {
+  private cutReason(watch: StreamWatch, error: Error, guest: Guest | undefined): Error | string {
+    if (watch.cut === undefined && wasRemoved(guest)) return `${removedCut(guest.name)} before the response was complete`;
     return watch.cut ?? this.deps.explainCut(error);
   }
 

@@ -301,6 +301,8 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       for (const guest of replaced) void guest.retire().catch((error: unknown) => log.warn("closing a replaced guest's pools failed", { guest: guest.name, error }));
     },
     removeGuest: async (name) => {
+      // Its only guest gone, such a proxy would answer 407 to everything, with no credentials that could work.
+      if (guests.open) throw new TypeError("removeGuest: this proxy serves one guest without credentials; close it instead, or start it with guests, or with auth: true");
       await guests.remove(name);
       redactor.update(guests);
       log.info("guest removed", { guest: name });

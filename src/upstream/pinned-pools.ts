@@ -62,6 +62,8 @@ export class PinnedPools {
   private readonly pools = new Map<string, Pool>();
   /** close() was called: see get(). */
   private retired = false;
+  /** destroy() was called with a refusal: every request from now on gets it, and no connection opens. */
+  private refusal: string | undefined;
   private readonly base: buildConnector.connector;
   /** HTTP/2 sessions, and every https origin's ALPN answer (see {@link PinnedPools.h2Session}). */
   private readonly h2: H2Sessions;
@@ -134,6 +136,7 @@ export class PinnedPools {
     const { url } = request;
     const key = keyOf(url, address);
     for (let attempt = 0; ; attempt++) {
+      this.refuseIfDestroyed();
       const session = await this.h2Session(url, address);
       if (session === undefined) return undefined;
       try {
@@ -168,6 +171,7 @@ export class PinnedPools {
   }
 
   get(origin: URL, address: ResolvedAddress): Pool {
+    this.refuseIfDestroyed();
     const key = keyOf(origin, address);
     if (this.retired) {
       // A request under way at a reload (a redirect hop, a retry) still goes out on the
@@ -264,12 +268,21 @@ export class PinnedPools {
     await Promise.all(pools.map((p) => p.close().catch(() => undefined)));
   }
 
-  async destroy(): Promise<void> {
+  /**
+   * Ends every connection now. With a `refusal` (the guest was removed), a request still under
+   * way that asks for a connection afterwards gets it as a 403 rather than a pool made anew.
+   */
+  async destroy(refusal?: string): Promise<void> {
+    this.refusal ??= refusal;
     this.h2.destroy();
     this.dropSpares();
     const pools = [...this.pools.values()];
     this.pools.clear();
     await Promise.all(pools.map((p) => p.destroy().catch(() => undefined)));
+  }
+
+  private refuseIfDestroyed(): void {
+    if (this.refusal !== undefined) throw new EgressError("EG_DENIED", 403, this.refusal);
   }
 
   private dropSpares(): void {

@@ -1,12 +1,15 @@
 import { createHmac } from "node:crypto";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { request, ProxyAgent } from "undici";
-import { createHttpHooks, startProxy } from "../../src/index.js";
+import { createHttpHooks, HttpRequestBlockedError, startProxy, type AuditRecord } from "../../src/index.js";
+import type { Socket } from "node:net";
+import { connect as tlsConnect, type TLSSocket } from "node:tls";
+import { testCa } from "../helpers/test-ca.js";
 import { curlVia } from "../helpers/curl.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { basic, credentialsOf, startGuestsProxy, type GuestsProxy } from "../helpers/guests.js";
-import { tempDir } from "../helpers/proxy.js";
-import { openRaw } from "../helpers/raw.js";
+import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
+import { openRaw, type RawResponse } from "../helpers/raw.js";
 import { startUpstream, type Upstream } from "../helpers/upstream.js";
 
 const A_VALUE = "a-secret-value-0123456789";
@@ -308,6 +311,127 @@ describe("guests: added and removed while running", () => {
   });
 });
 
+// A guest removed (removeGuest, or a reload without it) while a request of its own was under way
+// on a connection not bound to it (an absolute-form request on the listener): the log, the audit
+// record and the error body lost its values' redaction, and the request still went out, with its
+// secret, on a pool made anew after removeGuest had resolved (black-box findings).
+describe("guests: removed while their requests are under way", () => {
+  /** Guest `a`, whose requests wait in isRequestAllowed until released; `/quote` is then refused quoting its Authorization. */
+  async function heldGuest(): Promise<{ proxy: GuestsProxy; upstream: Upstream; records: AuditRecord[]; arrived: Promise<void>; release: () => void; send: (path: string) => Promise<RawResponse> }> {
+    const upstream = await startUpstream({ names: ["a.test", "b.test"] });
+    let arrive!: () => void;
+    const arrived = new Promise<void>((resolve) => (arrive = resolve));
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    const records: AuditRecord[] = [];
+    const proxy = await startGuestsProxy(
+      {
+        a: {
+          allowedInternalHosts: ["a.test"],
+          secrets: { A_TOKEN: { hosts: ["a.test"], value: A_VALUE } },
+          isRequestAllowed: async (request) => {
+            arrive();
+            await released;
+            if (new URL(request.url).pathname === "/quote") throw new HttpRequestBlockedError(`refused: ${request.headers.get("authorization") ?? ""}`);
+            return true;
+          },
+        },
+        b: { allowedInternalHosts: ["b.test"] },
+      },
+      { onDecision: (record) => void records.push(record) },
+    );
+    const placeholder = proxy.guestEnv("a")["A_TOKEN"]!;
+    const send = async (path: string): Promise<RawResponse> => {
+      // Absolute-form on the listener: the connection is not bound to the guest, so removing it does not close it.
+      const raw = await openRaw(proxy.port);
+      const target = `a.test:${upstream.port}`;
+      raw.write(`GET https://${target}${path} HTTP/1.1\r\nHost: ${target}\r\nProxy-Authorization: ${basic("a", credentialsOf(proxy, "a").token)}\r\nAuthorization: Bearer ${placeholder}\r\n\r\n`);
+      return raw.readResponse();
+    };
+    return { proxy, upstream, records, arrived, release, send };
+  }
+
+  it("a refusal that quotes the secret after its guest was removed is still redacted, in the body, the log and the audit record", async () => {
+    const { proxy, records, arrived, release, send } = await heldGuest();
+    const answer = send("/quote");
+    await arrived;
+    await proxy.removeGuest("a");
+    release();
+    const res = await answer;
+    expect(res.status).toBe(403);
+    expect(res.body).toContain("[REDACTED:A_TOKEN]");
+    expect(res.body).not.toContain(A_VALUE);
+    await vi.waitFor(() => expect(records).toHaveLength(1));
+    expect(JSON.stringify(records)).not.toContain(A_VALUE);
+    expect(JSON.stringify(records)).toContain("[REDACTED:A_TOKEN]");
+    expect(proxy.rawLog.join("")).not.toContain(A_VALUE);
+    expect(proxy.logs.find((line) => line["msg"] === "request")?.["reason"]).toContain("[REDACTED:A_TOKEN]");
+  });
+
+  it("a request whose guest was removed before it went out never reaches the upstream: 403 naming the removal", async () => {
+    const { proxy, upstream, arrived, release, send } = await heldGuest();
+    const answer = send("/echo");
+    await arrived;
+    await proxy.removeGuest("a");
+    release();
+    const res = await answer;
+    expect(res.status).toBe(403);
+    expect(res.body).toMatch(/guest "a" was removed/);
+    expect(upstream.hits()).toBe(0);
+    expect(proxy.logs.find((line) => line["msg"] === "request")).toMatchObject({ guest: "a", status: 403, code: "EG_DENIED" });
+    // The other guest is served.
+    expect((await getAs(credentialsOf(proxy, "b").proxyUrl, proxy.caCertPem, `https://b.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+
+  it("a request cut in a removed guest's tunnel is logged as the proxy's cut, not as the upstream's failure or the guest's", async () => {
+    const { proxy, upstream, arrived, release } = await heldGuest();
+    const tunnel = await openTunnelAs(proxy.port, `a.test:${upstream.port}`, basic("a", credentialsOf(proxy, "a").token));
+    const tls = await tlsInside(tunnel, "a.test");
+    tls.write(`GET /echo HTTP/1.1\r\nHost: a.test:${upstream.port}\r\n\r\n`);
+    await arrived;
+    await proxy.removeGuest("a");
+    release();
+    await vi.waitFor(() => expect(proxy.logs.filter((line) => line["msg"] === "request" && line["method"] === "GET")).toHaveLength(1));
+    const line = proxy.logs.find((l) => l["msg"] === "request" && l["method"] === "GET")!;
+    expect(line).toMatchObject({ guest: "a", status: 499 });
+    expect(line["reason"]).toMatch(/the proxy closed the connection: the guest "a" was removed/);
+    expect(upstream.hits()).toBe(0);
+  });
+});
+
+describe("guests: reloaded with a tunnel open", () => {
+  it("each reload leaves one close listener on the tunnel, not one more per reload (the replaced guests were kept alive by them)", async () => {
+    const upstream = await startUpstream();
+    const options = { allowedInternalHosts: ["api.test"] };
+    const proxy = await startGuestsProxy({ a: options });
+    const tunnel = await openTunnelAs(proxy.port, `api.test:${upstream.port}`, basic("a", credentialsOf(proxy, "a").token));
+    const warnings: string[] = [];
+    const onWarning = (warning: Error): void => void warnings.push(warning.name);
+    process.on("warning", onWarning);
+    try {
+      const ca = await testCa();
+      for (let i = 0; i < 15; i++) {
+        const { httpHooks, env } = createHttpHooks(options);
+        await proxy.reload({ guests: { a: { httpHooks, env } }, listen: { host: "127.0.0.1", port: 0 }, upstreamCa: [ca.certPem], resolve: { "api.test": ["127.0.0.1"] } });
+      }
+      // Node warns at the eleventh listener of one event; warnings are emitted on the next tick.
+      await new Promise((resolve) => setImmediate(resolve));
+    } finally {
+      process.off("warning", onWarning);
+    }
+    expect(warnings).not.toContain("MaxListenersExceededWarning");
+    // The tunnel still serves, as the reloaded guest's.
+    const tls = await tlsInside(tunnel, "api.test");
+    tls.write(`GET /echo HTTP/1.1\r\nHost: api.test:${upstream.port}\r\nConnection: close\r\n\r\n`);
+    const text = await new Promise<string>((resolve) => {
+      let got = "";
+      tls.on("data", (c: Buffer) => (got += c.toString()));
+      tls.on("close", () => resolve(got));
+    });
+    expect(text).toMatch(/^HTTP\/1\.1 200 /);
+  });
+});
+
 describe("guests: no accidental open proxy", () => {
   it("listening beyond loopback without guests is refused unless auth is said either way", async () => {
     const caDir = tempDir();
@@ -335,6 +459,14 @@ describe("guests: no accidental open proxy", () => {
     }
   });
 
+  it("removeGuest is refused on the single-guest form without credentials, as addGuest is, and it goes on serving", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    await expect(proxy.removeGuest("default")).rejects.toThrow(/removeGuest: this proxy serves one guest without credentials/);
+    expect(proxy.guestNames()).toEqual(["default"]);
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+
   it("the single-guest form on loopback asks for nothing, as before", async () => {
     const upstream = await startUpstream({ tls: false, names: ["api.test"] });
     const { httpHooks } = createHttpHooks({ allowedInternalHosts: ["api.test"] });
@@ -348,3 +480,12 @@ describe("guests: no accidental open proxy", () => {
     }
   });
 });
+
+/** TLS inside a CONNECT tunnel, trusting the proxy's CA (read from its leaf chain). */
+async function tlsInside(tunnel: Awaited<ReturnType<typeof openRaw>>, servername: string): Promise<TLSSocket> {
+  const socket = tlsConnect({ socket: tunnel.detach() as Socket, servername, rejectUnauthorized: false });
+  socket.on("error", () => undefined);
+  onTestFinished(() => void socket.destroy());
+  await new Promise<void>((resolve) => socket.once("secureConnect", () => resolve()));
+  return socket;
+}
