@@ -1,6 +1,6 @@
 import { isIP } from "node:net";
 import { hookNames } from "../hooks/http-hooks.js";
-import { parseCidr } from "../policy/cidr.js";
+import { cidrProblem } from "../policy/cidr.js";
 import { validateHostPattern } from "../policy/host-pattern.js";
 import type { BooleanNode, IntegerNode, ListNode, MapNode, ObjectNode, OptionNode, StringNode } from "./validate.js";
 
@@ -69,12 +69,7 @@ export function checkHostPattern(value: string): string | undefined {
 
 /** `10.88.0.2/32`, `fd00::/64`, or a bare address (one host): what the proxy's own parser takes. */
 export function checkCidr(value: string): string | undefined {
-  try {
-    parseCidr(value, "source");
-    return undefined;
-  } catch {
-    return `is not an address range such as 10.88.0.2/32 or fd00::/64 (got ${JSON.stringify(value)})`;
-  }
+  return cidrProblem(value);
 }
 
 /** `HOST:PORT`, `[v6]:PORT` or a bare `PORT` (on 127.0.0.1); undefined when it is none of them. */

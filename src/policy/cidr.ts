@@ -1,6 +1,9 @@
 import { isIP } from "node:net";
 
-/** One address range from `10.88.0.2/32` or `fd00::/64`: its family, first address and prefix length. */
+/**
+ * One address range from `10.88.0.2/32` or `fd00::/64`: its family, first address and prefix length.
+ * `text` is as written; an IPv4-mapped range (`::ffff:10.88.0.2/128`) is family 4 (`10.88.0.2/32`).
+ */
 export interface Cidr {
   readonly text: string;
   readonly family: 4 | 6;
@@ -27,19 +30,52 @@ function toBigInt(address: string, family: 4 | 6): bigint {
   return groups.reduce((n, g) => (n << 16n) | BigInt(parseInt(g, 16)), 0n);
 }
 
-/** Parses `IP/PREFIX` (or a bare IP, a single address); throws a TypeError naming `path`. */
-export function parseCidr(text: string, path: string): Cidr {
+/** The range `text` spells, or why it spells none; messages read after an option's path. */
+function readCidr(text: string): Cidr | string {
   const slash = text.indexOf("/");
   const ip = slash < 0 ? text : text.slice(0, slash);
   const family = isIP(ip) as 0 | 4 | 6;
-  if (family === 0) throw new TypeError(`${path}: expected an address range such as 10.88.0.2/32, got ${JSON.stringify(text)}`);
+  if (family === 0) return `is not an address range such as 10.88.0.2/32 or fd00::/64 (got ${JSON.stringify(text)})`;
   const bits = family === 4 ? 32 : 128;
   const prefixText = slash < 0 ? String(bits) : text.slice(slash + 1);
   const prefix = /^\d{1,3}$/.test(prefixText) ? Number(prefixText) : NaN;
-  if (!(prefix >= 0 && prefix <= bits)) throw new TypeError(`${path}: the prefix length of ${JSON.stringify(text)} must be 0 to ${bits}`);
+  if (!(prefix >= 0 && prefix <= bits)) return `the prefix length of ${JSON.stringify(text)} must be 0 to ${bits}`;
+  const n = toBigInt(ip, family);
+  // A connection's address is matched as the family it really is (plainAddress), so an IPv4 guest
+  // never meets an IPv6 range: an IPv4-mapped range is read as the IPv4 range it spells, or it
+  // would pass every check and never match, nor be seen to overlap its IPv4 spelling. The mapped
+  // block is ::ffff:0:0/96 (RFC 4291 §2.5.5.2).
+  if (family === 6 && n >> 32n === 0xffffn) {
+    if (prefix < 96) {
+      return `${JSON.stringify(text)} is IPv4-mapped with a prefix under 96, so it reaches past ::ffff:0:0/96 into IPv6 addresses: write the IPv4 range it means (::ffff:a.b.c.d/N is a.b.c.d/N-96), or an IPv6 range`;
+    }
+    return range(text, n & 0xffffffffn, 4, prefix - 96);
+  }
+  return range(text, n, family, prefix);
+}
+
+function range(text: string, address: bigint, family: 4 | 6, prefix: number): Cidr {
+  const bits = family === 4 ? 32 : 128;
   const host = (1n << BigInt(bits - prefix)) - 1n;
-  const first = toBigInt(ip, family) & ~host & ((1n << BigInt(bits)) - 1n);
+  const first = address & ~host & ((1n << BigInt(bits)) - 1n);
   return { text, family, first, last: first | host, prefix };
+}
+
+/**
+ * Parses `IP/PREFIX` (or a bare IP, a single address); throws a TypeError naming `path`. An
+ * IPv4-mapped range (`::ffff:a.b.c.d/N`, N of 96 or more) is the IPv4 range `a.b.c.d/(N-96)`;
+ * one under /96 is refused, since it spans IPv6 addresses too.
+ */
+export function parseCidr(text: string, path: string): Cidr {
+  const parsed = readCidr(text);
+  if (typeof parsed === "string") throw new TypeError(`${path}: ${parsed}`);
+  return parsed;
+}
+
+/** Why `text` is no address range parseCidr takes, or undefined when it is one. */
+export function cidrProblem(text: string): string | undefined {
+  const parsed = readCidr(text);
+  return typeof parsed === "string" ? parsed : undefined;
 }
 
 /**

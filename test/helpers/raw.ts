@@ -125,9 +125,9 @@ export class RawClient {
   }
 }
 
-/** A plain TCP connection to 127.0.0.1:`port` (the proxy). */
-export async function openRaw(port: number): Promise<RawClient> {
-  const socket = netConnect({ host: "127.0.0.1", port });
+/** A plain TCP connection to 127.0.0.1:`port` (the proxy), from `localAddress` (127.0.0.x) when given. */
+export async function openRaw(port: number, options: { readonly localAddress?: string } = {}): Promise<RawClient> {
+  const socket = netConnect({ host: "127.0.0.1", port, ...options });
   const client = new RawClient(socket);
   await new Promise<void>((resolve, reject) => {
     socket.once("connect", resolve);

@@ -260,6 +260,30 @@ describe("guests: source binding", () => {
   it("overlapping source ranges of two guests are refused at start", async () => {
     await expect(startGuestsProxy({ x: { sources: ["10.88.0.0/24"] }, y: { sources: ["10.88.0.7/32"] } })).rejects.toThrow(/guests\.y\.sources.*overlaps guests\.x\.sources/);
   });
+
+  // The connection's address is IPv4 (plainAddress turns ::ffff:a.b.c.d into a.b.c.d), and an
+  // IPv4-mapped range was kept as IPv6: it passed every check and never matched (black-box run).
+  it.each(["::ffff:127.0.0.6/128", "::ffff:127.0.0.0/104"])("a guest bound to the IPv4-mapped range %s is known by a connection from 127.0.0.6", async (range) => {
+    const upstream = await startUpstream({ tls: false, names: ["a.test"] });
+    const proxy = await startGuestsProxy({ vm: { allowedInternalHosts: ["a.test"], sources: [range] }, other: { allowedHosts: [] } });
+    const statusFrom = async (localAddress: string): Promise<number> => {
+      const raw = await openRaw(proxy.port, { localAddress });
+      raw.write(`GET http://a.test:${upstream.port}/echo HTTP/1.1\r\nHost: a.test:${upstream.port}\r\nConnection: close\r\n\r\n`);
+      return (await raw.readResponse()).status;
+    };
+    expect(await statusFrom("127.0.0.6")).toBe(200);
+    expect(proxy.logs.find((l) => l["msg"] === "request" && l["status"] === 200)?.["guest"]).toBe("vm");
+    if (range.endsWith("/128")) expect(await statusFrom("127.0.0.7")).toBe(407);
+  });
+
+  it("a mapped range in one guest and the IPv4 range it maps in another are refused as overlapping", async () => {
+    await expect(startGuestsProxy({ x: { sources: ["::ffff:127.0.0.6/128"] }, y: { sources: ["127.0.0.6/32"] } })).rejects.toThrow(/guests\.y\.sources.*overlaps guests\.x\.sources/);
+    await expect(startGuestsProxy({ x: { sources: ["127.0.0.0/29"] }, y: { sources: ["::ffff:127.0.0.0/104"] } })).rejects.toThrow(/guests\.y\.sources.*overlaps guests\.x\.sources/);
+  });
+
+  it("a mapped range with a prefix under 96 is refused at start, saying why", async () => {
+    await expect(startGuestsProxy({ x: { sources: ["::ffff:127.0.0.0/64"] } })).rejects.toThrow(/guests\.x\.sources\[0\].*IPv4-mapped.*prefix under 96/);
+  });
 });
 
 // A policy's console line was redacted with its own guest's values before the log cut it; another
