@@ -110,6 +110,11 @@ export class Pipeline {
   /** One guest request: through the layers when there are any (each `next()` is steps 2–7), else steps 2–7 once. */
   handle(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
     if (this.phase.handle.length === 0) return this.steps(initial, context);
+    // A layer is shown the request as a WHATWG Request, which cannot hold a GET's or HEAD's body:
+    // refused as onRequest refuses it, rather than a 502 "internal error" logged at level error.
+    if (initial.body !== null && (initial.method === "GET" || initial.method === "HEAD")) {
+      return Promise.reject(badRequest(`${initial.method} with a body is refused while a layer is registered`));
+    }
     return new LayerRun(this.phase.handle, this.descend, context, this.options.limits, this.options.requestMs, this.options.guest).run(initial);
   }
 

@@ -165,6 +165,34 @@ describe("onRequest", () => {
     expect(hits(upstream)).toBe(0);
   });
 
+  // A layer is shown a WHATWG Request, which cannot hold a GET's body: a tier-3 layer's got 502
+  // "internal error", logged at level error, and a tier-2 layer's passed (differential run).
+  const shownAsRequest: Record<string, () => HttpHooksOptions> = {
+    "a tier-3 onRequest hook": () => ({ onRequest: () => undefined }),
+    "a tier-3 layer": () => ({ layers: [(request, next) => next(request)] }),
+    "a tier-2 onRequest hook": () => ({ djsHooks: loadPolicy({ source: "export function onRequest() {}", filename: "on-request.mjs" }) }),
+    "a tier-2 layer": () => ({ djsHooks: loadPolicy({ source: "export function handle(request, next) { return next(request); }", filename: "layer.mjs" }) }),
+  };
+  for (const [what, hooks] of Object.entries(shownAsRequest)) {
+    for (const method of ["GET", "HEAD"]) {
+      it(`${method} with a body gets 400 with ${what}, nothing leaves, and no internal error is logged`, async () => {
+        const upstream = await startUpstream({ tls: false });
+        const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hooks() });
+        const answer = await rawExchange(proxy.port, `${method} http://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc`);
+        expect(answer).toMatch(/^HTTP\/1\.1 400 /);
+        if (method === "GET") expect(answer).toMatch(/GET with a body is refused while (an onRequest hook|a layer) is registered/);
+        expect(hits(upstream)).toBe(0);
+        expect(proxy.logs.filter((line) => line["level"] === "error")).toEqual([]);
+        expect(proxy.logs.find((line) => line["msg"] === "request")).toMatchObject({ status: 400, code: "EG_BAD_REQUEST" });
+        // Without hooks that show it as a Request, the same request goes out as it came.
+        const plain = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+        const passed = await rawExchange(plain.port, `${method} http://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc`);
+        expect(passed).toMatch(/^HTTP\/1\.1 200 /);
+        expect(hits(upstream)).toBe(1);
+      });
+    }
+  }
+
   it("GET with a body gets 400 while an onRequest hook is registered", async () => {
     const { proxy, base, upstream } = await setup({ onRequest: () => undefined });
     const answer = await rawExchange(proxy.port, `GET http://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc`);
