@@ -4,7 +4,6 @@ import { craftedText } from "../helpers/crafted-text.js";
 import {
   budgetFloor,
   budgetPerChar,
-  decoders,
   eachView,
   findFirst,
   needle,
@@ -14,6 +13,7 @@ import {
   UnscannableError,
   unscannedMarker,
 } from "../../src/policy/secret-scan.js";
+import { decoders } from "../../src/policy/scan-decoders.js";
 
 const VALUE = "S3cr3t V4lue_abc-XYZ.123";
 const set = new NeedleSet([needle("T", VALUE)]);
