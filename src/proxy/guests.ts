@@ -53,6 +53,8 @@ export class Guest {
   /** Tunnels and upgraded connections of this guest: closed when it is removed. */
   readonly connections = new Set<Socket>();
   removed = false;
+  /** Removed by removeGuest or a reload, not by the proxy's close (whose drain reports its own cuts). */
+  dropped = false;
   private readonly digest: Buffer;
   private readonly pools: PinnedPools;
   /** The external deciders of the guest's chain: ended with the guest (their calls and processes). */
@@ -165,6 +167,7 @@ export class Guest {
    */
   async close(why: "removed" | "proxy closing" = "removed"): Promise<void> {
     this.removed = true;
+    this.dropped = why === "removed";
     for (const socket of this.connections) socket.destroy();
     // At the proxy's close, what is still under way is the drain's to report.
     const refusal = why === "removed" ? removedRefusal(this.name) : undefined;
@@ -177,9 +180,9 @@ export function removedRefusal(name: string): string {
   return `guest "${name}" was removed while its request was under way`;
 }
 
-/** Whether `guest` (the one a request started with, if known) has been removed since. */
+/** Whether `guest` (the one a request started with, if known) has been removed since, by removeGuest or a reload. */
 export function wasRemoved(guest: Guest | undefined): guest is Guest {
-  return guest?.removed === true;
+  return guest?.dropped === true;
 }
 
 /** The same answer for a request whose upstream connection the removal closed under it. */
