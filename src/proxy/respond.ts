@@ -61,7 +61,7 @@ export function isLingering(socket: Socket): boolean {
  */
 export function sendError(res: ServerResponse, error: EgressError, closeConnection: boolean): void {
   if (res.headersSent) {
-    res.destroy(error);
+    cutAfterHead(res);
     return;
   }
   const body = errorBody(error);
@@ -78,6 +78,16 @@ export function sendError(res: ServerResponse, error: EgressError, closeConnecti
   res.shouldKeepAlive = res.shouldKeepAlive && !closeConnection;
   res.writeHead(error.status, error.statusText, headers);
   res.end(body);
+}
+
+/**
+ * Cuts a response whose head has gone out: closing the connection is the only signal left. The
+ * socket is destroyed without the error, which the request's decision line carries: given to
+ * `destroy()`, Node's server reported it as the guest's `clientError`, logged as a "bad request"
+ * (and, in a TLS tunnel, a "guest TLS error" too) that blamed the guest for the upstream's failure.
+ */
+function cutAfterHead(res: ServerResponse): void {
+  res.destroy();
 }
 
 /** The guest left before its response began: the log says 499, as for a guest gone sooner. */
@@ -135,7 +145,7 @@ export function sendResponse(
   };
   body.once("error", (error: Error) => {
     // Mid-body the status is already sent: cutting the connection is the only honest signal.
-    res.destroy(error);
+    cutAfterHead(res);
     settle(error);
   });
   // A body that closes before its end without an error (a source destroyed quietly) would leave
@@ -144,9 +154,8 @@ export function sendResponse(
     // After its end or its failure: the last of what came from upstream.
     if (upstreamTrace !== undefined) upstreamBodyEnded(upstreamTrace);
     if (body.readableEnded || settled) return;
-    const error = new Error("the upstream body closed before its end");
-    res.destroy(error);
-    settle(error);
+    cutAfterHead(res);
+    settle(new Error("the upstream body closed before its end"));
   });
   res.once("close", () => {
     if (res.writableFinished) settle();

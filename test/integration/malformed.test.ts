@@ -146,6 +146,22 @@ describe("request framing", () => {
     expect(s.http.hits()).toBe(0);
     await expectStillServing(s);
   });
+
+  // The proxy's own cut of a response (an upstream failing mid-body) is no longer logged as a
+  // "bad request"; a guest's malformed request still is, wherever it arrives.
+  for (const way of ["listener", "TLS tunnel"] as const) {
+    it(`a malformed request (${way}) is logged as the guest's "bad request", with the parser's code`, async () => {
+      const s = await setup();
+      const host = `api.test:${way === "listener" ? s.http.port : s.https.port}`;
+      const client = way === "listener" ? await openRaw(s.proxy.port) : await openTlsTunnel(s.proxy.port, host, { ca: s.proxy.caCertPem });
+      const target = way === "listener" ? `http://${host}/echo` : "/echo";
+      const res = await send(client, `GET ${target} HTTP/1.1\r\nHost: ${host}\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n`);
+      expectRefusal(res, 400, "Bad Request", clAndTe);
+      const bad = s.proxy.logs.filter((line) => line["msg"] === "bad request");
+      expect(bad).toEqual([expect.objectContaining({ level: "info", error: expect.stringMatching(/HPE_(INVALID_TRANSFER_ENCODING|UNEXPECTED_CONTENT_LENGTH)/) })]);
+      await expectStillServing(s);
+    });
+  }
 });
 
 describe("addressing inside a tunnel", () => {

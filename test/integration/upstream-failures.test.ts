@@ -481,3 +481,45 @@ describe("a pooled connection the upstream closed as the next request went out",
     expect((await fetchVia(proxy, url)).status).toBe(200);
   });
 });
+
+// The proxy cuts the guest's connection when the upstream fails after the head: its decision line
+// says so (status 200 with the error). The cut was logged a second time as the guest's
+// "bad request" (UND_ERR_SOCKET), from Node's clientError for the socket the proxy destroyed,
+// on HTTP/1.1 guests only (black-box finding, HTTP/1.1 against HTTP/2 guests).
+describe("an upstream that closes before its Content-Length is sent", () => {
+  const short: Route = (_req, res) => {
+    res.writeHead(200, { "content-type": "text/plain", "content-length": "100" });
+    res.write("0123456789", () => res.socket?.destroy());
+  };
+  for (const way of ["absolute-form", "TLS tunnel"] as const) {
+    it(`an HTTP/1.1 guest (${way}) gets the head and 10 bytes, and the log has one line for it: the decision with the error, no "bad request"`, async () => {
+      const upstream = await startUpstream(way === "TLS tunnel" ? { routes: { "/short": short } } : { tls: false, routes: { "/short": short } });
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+      const authority = `api.test:${upstream.port}`;
+      const guest = way === "TLS tunnel" ? await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem }) : await openRaw(proxy.port);
+      guest.write(`GET ${way === "TLS tunnel" ? "" : `http://${authority}`}/short HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+      expect(await guest.closesWithin(5_000)).toBe(true);
+      expect(guest.pending()).toMatch(/^HTTP\/1\.1 200 OK\r\n[\s\S]*\r\n\r\n0123456789$/);
+      await expect.poll(() => proxy.logs.filter((l) => l["msg"] === "request")).toEqual([
+        expect.objectContaining({ status: 200, target: expect.stringMatching(/\/short$/), error: expect.stringMatching(/other side closed|UND_ERR_SOCKET/) }),
+      ]);
+      // Whatever comes of the cut comes within a few turns; give it the time to show.
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      const about = proxy.logs.filter((l) => l["msg"] === "bad request" || JSON.stringify(l).includes("other side closed"));
+      expect(about.map((l) => l["msg"])).toEqual(["request"]);
+    });
+  }
+
+  it("an HTTP/2 guest gets its stream reset, and the log has the same one line", async () => {
+    const upstream = await startUpstream({ routes: { "/short": short } });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    await expect(h2Request(session, { ":path": "/short" })).rejects.toThrow(/INTERNAL_ERROR/);
+    await expect.poll(() => proxy.logs.filter((l) => l["msg"] === "request")).toEqual([
+      expect.objectContaining({ status: 200, http: "2", error: expect.stringMatching(/other side closed|UND_ERR_SOCKET/) }),
+    ]);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    const about = proxy.logs.filter((l) => l["msg"] === "bad request" || JSON.stringify(l).includes("other side closed"));
+    expect(about.map((l) => l["msg"])).toEqual(["request"]);
+  });
+});
