@@ -5,7 +5,7 @@ import type { TLSSocket } from "node:tls";
 import { EgressError, asEgressError, guestError } from "../errors.js";
 import { getHeader } from "../headers.js";
 import type { Logger } from "../log.js";
-import { countFlowing, countPushed, type ByteCount } from "../metrics/byte-counter.js";
+import { countPushed, type ByteCount } from "../metrics/byte-counter.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
 import { authenticationRequired } from "./auth.js";
 import { errorFields, type DecisionLog } from "./decision-log.js";
@@ -406,11 +406,10 @@ export class H2Guests {
           ...(cause !== null ? { cause, detail: cause.message } : {}),
         });
       }
-      if (auditing && response.body !== null) down = countFlowing(response.body);
       // A window that never opens (or a guest that stops reading) stalls only this stream's
       // writes; past the idle limit the stream is reset and its upstream body let go.
       await new Promise<void>((resolve) => {
-        sendH2Response(stream, response, (error) => {
+        down = sendH2Response(stream, response, (error) => {
           finished = true;
           response.cleanup?.();
           if (error !== undefined) resetByUs();
@@ -435,7 +434,7 @@ export class H2Guests {
             ...(error ? { error: this.cutReason(watch, error, served) } : {}),
           }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision, ...(trace !== undefined ? { trace } : {}) } : undefined);
           resolve();
-        }, cutStalled("read nothing"));
+        }, cutStalled("read nothing"), auditing);
       });
     } catch (error) {
       // Gone before its answer: the guest's reset, or the proxy's own cut (an upload that stalled,

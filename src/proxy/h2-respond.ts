@@ -2,6 +2,8 @@ import type { OutgoingHttpHeaders, ServerHttp2Stream } from "node:http2";
 import type { EgressError } from "../errors.js";
 import type { HeaderList } from "../headers.js";
 import type { PipelineResponse } from "../pipeline/exchange.js";
+import type { Readable } from "node:stream";
+import { countFlowing, type ByteCount } from "../metrics/byte-counter.js";
 import { discardBody, resetH2Stream } from "../streams.js";
 import { errorBody, GuestLeftFirst } from "./respond.js";
 import { h2Codes, h2ConnectionHeaders } from "./h2-settings.js";
@@ -41,14 +43,20 @@ export function h2TrailerObject(list: HeaderList | undefined): OutgoingHttpHeade
  * writable side stops taking bytes while the guest's flow-control window is shut, and `pipe()`
  * stops reading the upstream body meanwhile, so one stalled stream holds a buffer, never the
  * whole download, and never another stream.
+ *
+ * For the decision record: with `countBytes` it returns the count of body bytes sent (read when
+ * the record is made).
  */
-export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResponse, onDone: (error?: Error) => void, stall?: StallWatch): void {
-  const body = response.body;
+export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResponse, onDone: (error?: Error) => void, stall?: StallWatch, countBytes = false): ByteCount | undefined {
   if (stream.destroyed || stream.closed) {
-    discardBody(body);
+    discardBody(response.body);
     onDone(new GuestLeftFirst("guest reset the stream before the response started"));
-    return;
+    return undefined;
   }
+  // A HEAD's answer has no body (RFC 9110 §9.3.2), and Node ended the stream's writable side when
+  // the request came: a body a hook made for it is released unread. It was pumped into the ended
+  // stream, and counted in bytesDown as though the guest had had it (black-box finding).
+  const body = (stream as HeadAware).headRequest === true ? released(response.body) : response.body;
   const headers = h2HeaderObject(response.headers);
   headers[":status"] = response.status;
   const trailers = body === null ? undefined : response.trailers;
@@ -59,11 +67,11 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     discardBody(body);
     resetH2Stream(stream, h2Codes.internalError, "the response head could not be encoded");
     onDone(error as Error);
-    return;
+    return undefined;
   }
   if (body === null) {
     onDone();
-    return;
+    return undefined;
   }
   // The guest may still be sending its request (an upstream that answered before the end of the
   // upload): the stream then stays open once the response is out, and its close never comes. The
@@ -135,6 +143,8 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     }, Math.max(1, Math.floor(stall.ms / 4)));
     watchdog.unref();
   };
+  // In the same turn as the pump's own listener: counting changes nothing about the flow.
+  const sent = countBytes ? countFlowing(body) : undefined;
   body.on("data", (chunk: Buffer) => {
     if (!stream.write(chunk)) {
       body.pause();
@@ -146,6 +156,18 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
   body.once("end", () => {
     if (!stream.destroyed) stream.end();
   });
+  return sent;
+}
+
+/** A ServerHttp2Stream's `headRequest`: Node's own (it ends a HEAD stream's writable side), not in @types/node 20. */
+interface HeadAware {
+  readonly headRequest?: boolean;
+}
+
+/** Lets a body go unread: null, for a response sent without one. */
+function released(body: Readable | null): null {
+  discardBody(body);
+  return null;
 }
 
 /**
