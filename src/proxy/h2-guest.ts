@@ -9,7 +9,7 @@ import { countPushed, type ByteCount } from "../metrics/byte-counter.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
 import { authenticationRequired } from "./auth.js";
 import { errorFields, type DecisionLog } from "./decision-log.js";
-import { loggableTarget, type TunnelTarget } from "./guest-request.js";
+import { loggableRequestTarget, type TunnelTarget } from "./guest-request.js";
 import { removedCut, wasRemoved, type Guest, type GuestRegistry } from "./guests.js";
 import { h2OutboundRequest } from "./h2-request.js";
 import { sendH2Error, sendH2Response, type StallWatch } from "./h2-respond.js";
@@ -363,7 +363,9 @@ export class H2Guests {
       if (raw[i] === ":method") method = raw[i + 1]!;
       else if (raw[i] === ":path") path = raw[i + 1]!;
     }
-    let target = `https://${tunnel.hostname}:${tunnel.port}${loggableTarget(path)}`;
+    // As an HTTP/1.1 guest's line says it in a tunnel: a path on the tunnel's origin, anything
+    // else (`OPTIONS *`) as sent, never glued to the origin ("https://host:443*").
+    let target = loggableRequestTarget(path, tunnel);
     const grpc = /^application\/grpc/i.test(rawHeader(raw, "content-type") ?? "");
     const abort = new GuestGone();
     let finished = false;

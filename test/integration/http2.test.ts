@@ -9,6 +9,7 @@ import { curlVia } from "../helpers/curl.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { h2Request, h2Session, h2SessionOnSocket, openH2Tls } from "../helpers/h2-client.js";
 import { startTestProxy } from "../helpers/proxy.js";
+import { openTlsTunnel } from "../helpers/raw.js";
 import { patternChunk, patternSha256, startUpstream, type Route } from "../helpers/upstream.js";
 
 /** A route that answers only when the test says so; `arrived` settles when the request is in. */
@@ -502,4 +503,33 @@ describe("HTTP/2 guests", () => {
       }
     }
   });
+});
+
+// The decision line of a request that never passed names its target as the guest sent it. For
+// `OPTIONS *` an HTTP/1.1 guest's said "*", an HTTP/2 guest's "https://api.test:PORT*", the
+// tunnel's origin glued to a target that is no path (black-box finding).
+describe("a target that is no path, on both guest protocols", () => {
+  for (const guest of ["HTTP/1.1", "HTTP/2"] as const) {
+    it(`OPTIONS * (${guest} guest) gets 400, and its line names the target "*"`, async () => {
+      const upstream = await startUpstream();
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+      const authority = `api.test:${upstream.port}`;
+      let status: number;
+      let body: string;
+      if (guest === "HTTP/1.1") {
+        const tunnel = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+        tunnel.write(`OPTIONS * HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+        ({ status, body } = await tunnel.readResponse());
+      } else {
+        const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+        const res = await h2Request(session, { ":method": "OPTIONS", ":path": "*" });
+        ({ status } = res);
+        body = res.body.toString();
+      }
+      expect(status).toBe(400);
+      expect(body).toMatch(/OPTIONS \* cannot be proxied/);
+      await vi.waitFor(() => expect(proxy.logs.filter((l) => l["msg"] === "request")).toEqual([expect.objectContaining({ method: "OPTIONS", target: "*", status: 400 })]));
+      expect(upstream.hits()).toBe(0);
+    });
+  }
 });
