@@ -130,7 +130,14 @@ export function sendResponse(
     lingerBeforeClose(res);
   }
   res.writeHead(response.status, headers);
-  if (body === null) {
+  if (body === null || res.req.method === "HEAD") {
+    // A HEAD's answer has no body (RFC 9110 §9.3.2): Node drops what is written to it, yet sends
+    // the head only at end(), so a hook's body for it was read whole, unseen, before the guest had
+    // its head, and one that never ended held the guest and the proxy's drain for good. It goes unread.
+    if (body !== null) {
+      discardBody(body);
+      if (upstreamTrace !== undefined) upstreamBodyEnded(upstreamTrace);
+    }
     res.end();
     onDone();
     return undefined;

@@ -1048,18 +1048,27 @@ describe("a hook's Response with a status that has no content reaches both guest
 // ended by Node, and a hook's body was pumped into it anyway: read whole (for ever, if it never
 // ended) and counted in bytesDown (black-box finding).
 describe("a hook's Response with a body, for a HEAD, is a head only, and its body is let go unread", () => {
-  for (const guest of ["HTTP/2"] as const) {
+  for (const guest of ["HTTP/1.1", "HTTP/2"] as const) {
     it(`a body that never ends (${guest} guest): the head arrives, the body is cancelled, and the connection serves the next request`, async () => {
       let cancelled = false;
       const endless = (): Response => new Response(new ReadableStream({ pull: () => new Promise<void>(() => undefined), cancel: () => void (cancelled = true) }), { headers: { "x-answered": "hook" } });
       const { upstream, proxy } = await setup({ onRequest: (r) => (r.method === "HEAD" ? endless() : undefined) });
       const authority = `api.test:${upstream.port}`;
-      const session = await h2Session(proxy.port, authority, proxy.caCertPem);
-      const res = await h2Request(session, { ":method": "HEAD", ":path": "/echo" });
-      expect(res.status).toBe(200);
-      expect(res.headers["x-answered"]).toBe("hook");
-      expect(res.body.length).toBe(0);
-      expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+      if (guest === "HTTP/1.1") {
+        const agent = proxyAgent(proxy);
+        const res = await request(`https://${authority}/echo`, { dispatcher: agent, method: "HEAD" });
+        expect(res.statusCode).toBe(200);
+        expect(res.headers["x-answered"]).toBe("hook");
+        expect(await res.body.text()).toBe("");
+        expect((await request(`https://${authority}/echo`, { dispatcher: agent })).statusCode).toBe(200);
+      } else {
+        const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+        const res = await h2Request(session, { ":method": "HEAD", ":path": "/echo" });
+        expect(res.status).toBe(200);
+        expect(res.headers["x-answered"]).toBe("hook");
+        expect(res.body.length).toBe(0);
+        expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+      }
       await vi.waitFor(() => expect(cancelled).toBe(true), { timeout: 5_000 });
       expect(proxy.logs.filter((l) => l["msg"] === "request").map((l) => [l["method"], l["status"], l["error"]])).toEqual([
         ["HEAD", 200, undefined],
