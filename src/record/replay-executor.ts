@@ -55,9 +55,12 @@ export function replayExecutor(deps: ReplayDeps): Executor {
           if (body !== null && !("bytes" in body)) throw new EgressError("EG_REPLAY_MISS", 502, `no recorded response matches ${request.method} ${request.url.origin}${request.url.pathname}, and a request body over 1 MiB cannot be sent on with --record-missing`);
           return deps.missing.send(withFields(request, { body: body === null ? null : body.bytes }), address, signal, info);
         }
-        const message = `${taken.code === "EG_REPLAY_MISS" ? "no recorded response matches" : "no recorded response is left for"} ${request.method} ${request.url.origin}${request.url.pathname} in ${deps.source.path}; ${taken.miss}`;
-        deps.log.warn("replay miss", { code: taken.code, guest: deps.guest, id: info.id, hop: info.hop, method: request.method, url: `${request.url.origin}${request.url.pathname}`, reason: taken.miss });
-        throw new EgressError(taken.code, 502, message, { detail: taken.miss });
+        // The guest is told what missed; the recording's path and its nearest entry (which another
+        // guest may have made, and whose path can say whose it is) are for the operator's log.
+        const message = `${taken.code === "EG_REPLAY_MISS" ? "no recorded response matches" : "no recorded response is left for"} ${request.method} ${request.url.origin}${request.url.pathname}`;
+        const detail = `${deps.source.path}: ${taken.miss}`;
+        deps.log.warn("replay miss", { code: taken.code, guest: deps.guest, id: info.id, hop: info.hop, method: request.method, url: `${request.url.origin}${request.url.pathname}`, reason: taken.miss, recording: deps.source.path });
+        throw new EgressError(taken.code, 502, `${message} (see the proxy log)`, { detail });
       }
       const entry = taken.hit.entry;
       if (deps.latency === "recorded") await sleep(positive(entry.timings?.send) + positive(entry.timings?.wait), signal);

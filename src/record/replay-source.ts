@@ -121,9 +121,22 @@ export class ReplaySource {
       this.entries.map((e) => e.fields),
       fields,
     );
-    if (near === undefined) return `${this.path} has no entries`;
+    if (near === undefined) return "the recording has no entries";
     const entry = this.entries[near.index]!;
-    return `nearest is entry ${entry.index} (${entry.entry.request.method} ${entry.entry.request.url}), which differs in ${near.field}`;
+    return `nearest is entry ${entry.index} (${entry.entry.request.method} ${withoutQuery(entry.entry.request.url)}), which differs in ${near.field}`;
+  }
+}
+
+/**
+ * A recorded URL as a miss may name it: without its query, userinfo or fragment, which can carry
+ * credentials (another guest's, in a recording several guests made), as the log leaves them out.
+ */
+function withoutQuery(recorded: string): string {
+  try {
+    const url = new URL(recorded);
+    return `${url.origin}${url.pathname}${url.search !== "" ? "?…" : ""}`;
+  } catch {
+    return "(a URL that does not parse)";
   }
 }
 

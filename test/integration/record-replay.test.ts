@@ -4,7 +4,8 @@ import { closeSync, constants, existsSync, lstatSync, mkdirSync, openSync, readd
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { brotliCompressSync, gzipSync } from "node:zlib";
-import { describe, expect, it, onTestFinished } from "vitest";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
+import type { AuditRecord } from "../../src/index.js";
 import type { RecordedHar } from "../../src/record/har.js";
 import { checkHarFile, formatHarReport } from "../../src/record/har-check.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
@@ -76,14 +77,25 @@ describe("recorded network", () => {
     const upstream = await startUpstream();
     const base = `https://api.test:${upstream.port}`;
     const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
-    await fetchVia(recorder, `${base}/echo?x=1`);
+    await fetchVia(recorder, `${base}/echo?token=RECORDED-QUERY-TOKEN`);
     await recorder.close();
-    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har } } });
+    const records: AuditRecord[] = [];
+    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har } }, onDecision: (record) => void records.push(record) });
     const missed = await fetchVia(replayer, `${base}/echo?x=2`);
     expect(missed.status).toBe(502);
-    expect(missed.text).toMatch(/no recorded response matches GET/);
+    expect(missed.text).toMatch(/no recorded response matches GET https:\/\/api\.test:\d+\/echo \(see the proxy log\)/);
     const line = replayer.logs.find((l) => l["code"] === "EG_REPLAY_MISS" && l["msg"] === "replay miss");
-    expect(String(line?.["reason"])).toMatch(/nearest is entry 0 .*differs in query/);
+    expect(String(line?.["reason"])).toMatch(/nearest is entry 0 \(GET https:\/\/api\.test:\d+\/echo\?…\), which differs in query/);
+    expect(line?.["recording"]).toBe(har);
+    // A recorded query can carry credentials (another guest's, in a shared recording): never quoted.
+    // Nor is the recording's path or its entries shown to the guest.
+    expect(missed.text).not.toContain("RECORDED-QUERY-TOKEN");
+    expect(missed.text).not.toContain(har);
+    expect(missed.text).not.toContain("nearest");
+    expect(JSON.stringify(replayer.logs)).not.toContain("RECORDED-QUERY-TOKEN");
+    await vi.waitFor(() => expect(records).toHaveLength(1));
+    expect(JSON.stringify(records)).not.toContain("RECORDED-QUERY-TOKEN");
+    expect(records[0]!.detail).toMatch(/nearest is entry 0/);
     expect(upstream.hits()).toBe(1);
   });
 
