@@ -17,7 +17,7 @@ import { removedCut, removedError, wasRemoved, type Guest, type GuestRegistry } 
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, maxEarlyBytes, type LaneRequest } from "./lanes.js";
 import type { ResolvedProxyOptions } from "./options.js";
-import { errorBody, GuestClosedMidResponse, GuestLeftFirst, isLingering, sendError, sendResponse, writeRawError } from "./respond.js";
+import { errorBody, GuestClosedMidResponse, GuestLeftFirst, isLingering, sendError, sendResponse, sentWhole, writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
 import { serveUpgrade, tooEarly } from "./upgrade.js";
 import { H2Guests } from "./h2-guest.js";
@@ -348,7 +348,7 @@ export class GuestSide {
       this.inFlight -= 1;
       if (this.inFlight === 0) this.idle?.();
       // The guest left before the response finished: cancel the upstream side too.
-      if (!res.writableFinished) abort.abort();
+      if (!sentWhole(res)) abort.abort();
     };
     lane.ends.add(end);
     res.once("close", end);
