@@ -2,7 +2,7 @@ import { createHash } from "node:crypto";
 import { Readable } from "node:stream";
 import { createBrotliCompress, createDeflate, createGzip } from "node:zlib";
 import { EgressError } from "../errors.js";
-import { hasNoContent, noContentFraming } from "../headers.js";
+import { contentCodingList, hasNoContent, noContentFraming } from "../headers.js";
 import type { Logger } from "../log.js";
 import type { Executor, ExecutorResponse, GuestGone, OutboundRequest } from "../pipeline/exchange.js";
 import { secretToken, type SecretStore } from "../policy/secrets.js";
@@ -102,13 +102,11 @@ async function respond(entry: RecordedEntry, request: OutboundRequest, deps: Rep
   const { response } = entry;
   const headers: string[] = [];
   let location: string | undefined;
-  let encoding = "";
   for (const { name, value } of response.headers ?? []) {
     const lower = name.toLowerCase();
     // HTTP/2 pseudo-headers, as Chrome exports them, and per-connection fields.
     if (lower.startsWith(":") || notReplayed.has(lower)) continue;
     if (lower === "location") location = location === undefined ? value : location;
-    if (lower === "content-encoding") encoding = value.trim().toLowerCase();
     headers.push(name, value);
   }
   const content = response.content;
@@ -141,19 +139,25 @@ async function respond(entry: RecordedEntry, request: OutboundRequest, deps: Rep
     body = chunked(bytes, entry._egressgate?.chunks, deps.latency === "recorded", signal);
     length = bytes.length;
   }
-  const stored = content?._encoded;
-  const encoder = stored === undefined && encoding !== "" && encoding !== "identity" ? encoders[encoding] : undefined;
-  if (encoder !== undefined) {
+  // Every coding the header lines name, in the order applied (the recorder undid them all, the
+  // last first): a body stored decoded is encoded again by each in turn. Only the last line's
+  // value was read, as one coding, so codings on two lines got a body in the last alone, and a
+  // line naming several went out decoded.
+  const codings = content?._encoded === undefined ? contentCodingList(headers) : [];
+  const encodersFor = codings.map((coding) => (Object.hasOwn(encoders, coding) ? encoders[coding] : undefined));
+  if (codings.length > 0 && encodersFor.every((encoder) => encoder !== undefined)) {
     // Stored decoded; sent encoded again, as the header says (the bytes differ, the content does not).
-    const encoded = encoder();
-    body.on("error", (error) => (encoded as unknown as Readable).destroy(error));
-    body = body.pipe(encoded) as unknown as Readable;
-  } else if (stored === undefined && encoding !== "" && encoding !== "identity") {
-    // An encoding this proxy cannot apply: the decoded body goes out as it is.
-    const at = headers.findIndex((h, i) => i % 2 === 0 && h.toLowerCase() === "content-encoding");
-    headers.splice(at, 2);
-    headers.push("content-length", String(length));
+    for (const encoder of encodersFor) {
+      const encoded = encoder!();
+      body.on("error", (error) => (encoded as unknown as Readable).destroy(error));
+      body = body.pipe(encoded) as unknown as Readable;
+    }
   } else {
+    // A coding this proxy cannot apply (a HAR from elsewhere holds content decoded whatever its
+    // header says): the decoded body goes out as it is, without Content-Encoding.
+    if (codings.length > 0) {
+      for (let at = headers.length - 2; at >= 0; at -= 2) if (headers[at]!.toLowerCase() === "content-encoding") headers.splice(at, 2);
+    }
     headers.push("content-length", String(length));
   }
   if (deps.latency === "recorded" && entry._egressgate?.chunks === undefined) body = delayEnd(body, positive(entry.timings?.receive), signal);

@@ -3,14 +3,15 @@ import { createHash } from "node:crypto";
 import { closeSync, constants, existsSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import { brotliCompressSync, gzipSync } from "node:zlib";
+import { brotliCompressSync, brotliDecompressSync, gunzipSync, gzipSync } from "node:zlib";
+import { request } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import type { AuditRecord } from "../../src/index.js";
 import type { RecordedHar } from "../../src/record/har.js";
 import { checkHarFile, formatHarReport } from "../../src/record/har-check.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { openTlsTunnel } from "../helpers/raw.js";
-import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
+import { fetchVia, proxyAgent, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { startUpstream, type Route } from "../helpers/upstream.js";
 import { craftedText } from "../helpers/crafted-text.js";
 
@@ -598,6 +599,56 @@ describe("recording a body under several content codings", () => {
         expect(entries).toHaveLength(0);
       }
       expect(everything(har)).not.toContain(VALUE);
+    });
+  }
+});
+
+// The replay kept only the last Content-Encoding line and looked the whole value up as one
+// coding: codings on two lines (gzip, then br) went out with both lines but a br-only body, which
+// the guest could not decode, and one line naming several ("gzip, br") went out decoded, without
+// the header (black-box finding).
+describe("replaying a body under several content codings", () => {
+  const text = `stacked ${"w".repeat(200)}`;
+  const cases: Record<string, { lines: string[]; encode: (t: string) => Buffer }> = {
+    "gzip, then br, on two lines": { lines: ["gzip", "br"], encode: (t) => brotliCompressSync(gzipSync(t)) },
+    "gzip, br on one line": { lines: ["gzip, br"], encode: (t) => brotliCompressSync(gzipSync(t)) },
+    "gzip, gzip on one line": { lines: ["gzip, gzip"], encode: (t) => gzipSync(gzipSync(t)) },
+  };
+  /** The body as a client undoes it: the codings in order of the header lines, the last applied undone first. */
+  const decode = (header: string | string[] | undefined, body: Buffer): Buffer => {
+    const codings = [header ?? []].flat().join(",").split(",").map((c) => c.trim()).filter((c) => c !== "");
+    for (const coding of codings.reverse()) body = coding === "gzip" ? gunzipSync(body) : coding === "br" ? brotliDecompressSync(body) : body;
+    return body;
+  };
+  for (const [name, { lines, encode }] of Object.entries(cases)) {
+    it(`${name}: the replay sends the same Content-Encoding lines and a body that decodes to what the live run did`, async () => {
+      const dir = tempDir();
+      const har = join(dir, "run.har");
+      const upstream = await startUpstream({
+        routes: {
+          "/coded": (_req, res) => {
+            res.writeHead(200, [["content-type", "text/plain"], ...lines.map((line) => ["content-encoding", line])].flat());
+            res.end(encode(text));
+          },
+        },
+      });
+      const url = `https://api.test:${upstream.port}/coded`;
+      const get = async (proxy: TestProxy): Promise<{ encoding: string | string[] | undefined; decoded: string }> => {
+        const res = await request(url, { dispatcher: proxyAgent(proxy) });
+        expect(res.statusCode).toBe(200);
+        const encoding = res.headers["content-encoding"];
+        return { encoding, decoded: decode(encoding, Buffer.from(await res.body.arrayBuffer())).toString("utf8") };
+      };
+      const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+      const live = await get(recorder);
+      await recorder.close();
+      expect(live.decoded).toBe(text);
+      expect(readHar(har).log.entries[0]!.response.content.text).toBe(text);
+      const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har } } });
+      const again = await get(replayer);
+      expect(again.encoding).toEqual(live.encoding);
+      expect(again.decoded).toBe(text);
+      expect(upstream.hits()).toBe(1);
     });
   }
 });
