@@ -51,7 +51,7 @@ export class Decider {
       verdict = await this.ask(document);
     } catch (error) {
       if (error instanceof DeciderBusy) {
-        throw new EgressError("EG_LIMIT", 503, `${this.label} is busy: ${error.message}`, { headers: { "retry-after": "1" } });
+        throw new EgressError("EG_LIMIT", 503, `${this.label} is busy: ${error.message}`, { headers: { "retry-after": "1" }, failure: "busy" });
       }
       const reason = error instanceof DeciderFailure ? error.message : `failed: ${(error as Error)?.message ?? String(error)}`;
       if (this.options.failOpen) {

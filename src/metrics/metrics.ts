@@ -170,7 +170,7 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
     duration.observe(byDecision[decision], ms / 1000);
     for (const source of sources) {
       hookDuration.observe([source.source, source.phase], source.ms / 1000);
-      if (source.decision === "error") hookFailures.inc([source.source, source.failure ?? failureKind(source)]);
+      if (source.decision === "error") hookFailures.inc([source.source, failureKind(source)]);
       const secret = secretOf(source);
       if (secret !== undefined) secretRefusals.inc([secret]);
     }
@@ -287,16 +287,13 @@ function ruleFrom(rule: CountedRule | undefined, sources: readonly CountedSource
 }
 
 /**
- * The fallback for a failed call whose record carries no `failure` (a record built elsewhere, or
- * a call that never settled before its request ended): the kind read from its message.
+ * The kind a failed call is counted under: the `failure` its runner carried, never read from
+ * its message (the README's promise; a decider's "busy" reason was read as "throw"). A record
+ * without one (a failure past the hook, such as the upstream under a layer's next(), or a record
+ * built elsewhere) counts as a throw.
  */
 export function failureKind(source: CountedSource | AuditSource): string {
-  const reason = source.reason ?? "";
-  if (/time ?limit|timed out|timeout|deadline|did not settle|never settles/i.test(reason)) return "time";
-  if (/memory/i.test(reason)) return "memory";
-  if (/stack/i.test(reason)) return "stack";
-  if (/invalid|malformed|must be|not a valid|returned/i.test(reason)) return "invalid";
-  return "throw";
+  return source.failure ?? "throw";
 }
 
 /** The secret a secrets-phase refusal is about, as the refusal carried it: a configured name, so bounded. */

@@ -127,7 +127,7 @@ export class LayerRun {
     let entry: TraceEntry | undefined;
     const started = trace === undefined ? 0 : performance.now();
     if (trace !== undefined) {
-      entry = { source: source.label, tier: source.tier, phase: "handle", decision: "error", reason: "did not settle", ms: 0 };
+      entry = { source: source.label, tier: source.tier, phase: "handle", decision: "error", reason: "did not settle", failure: "time", ms: 0 };
       trace.push(entry);
     }
     this.unsettled.set(index, (this.unsettled.get(index) ?? 0) + 1);
@@ -146,12 +146,16 @@ export class LayerRun {
           entry.ms = elapsed(started);
           entry.decision = passedOn ? "allow" : "answer";
           delete entry.reason;
+          delete entry.failure;
         }
         return response;
       },
       (error: unknown) => {
         if (error instanceof EgressError && error.source === undefined) error.source = source.label;
-        if (entry !== undefined) Object.assign(entry, failedEntry(source.label, source.tier, "handle", error, started));
+        if (entry !== undefined) {
+          delete entry.failure;
+          Object.assign(entry, failedEntry(source.label, source.tier, "handle", error, started));
+        }
         throw error;
       },
     );

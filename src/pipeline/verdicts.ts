@@ -21,18 +21,21 @@ export async function attributed<T>(source: HookSource, work: () => Promise<T>, 
       throw error;
     }
   }
-  // Pushed when the call starts, so entries keep call order; a call that never settles stays an error.
-  const entry: TraceEntry = { source: source.label, tier: source.tier, phase: phase ?? "", decision: "error", reason: "did not settle", ms: 0 };
+  // Pushed when the call starts, so entries keep call order; a call that never settles stays an
+  // error, of kind time (the kind is carried, never read from the reason).
+  const entry: TraceEntry = { source: source.label, tier: source.tier, phase: phase ?? "", decision: "error", reason: "did not settle", failure: "time", ms: 0 };
   trace.push(entry);
   const started = performance.now();
   try {
     const value = await work();
     entry.ms = elapsed(started);
     delete entry.reason;
+    delete entry.failure;
     Object.assign(entry, verdict === undefined ? { decision: "allow" } : verdict(value));
     return value;
   } catch (error) {
     if (error instanceof EgressError && error.source === undefined) error.source = source.label;
+    delete entry.failure;
     Object.assign(entry, failedEntry(source.label, source.tier, entry.phase, error, started));
     throw error;
   }

@@ -17,9 +17,13 @@ function decisions(logs: Record<string, unknown>[]): Record<string, unknown>[] {
 }
 
 /** A proxy that lets api.test through, with `hooks` as its chain. */
-async function proxyWith(hooks: NonNullable<HttpHooksOptions["hooks"]>, extra: HttpHooksOptions = {}): Promise<{ proxy: TestProxy; upstream: Upstream; base: string }> {
+async function proxyWith(
+  hooks: NonNullable<HttpHooksOptions["hooks"]>,
+  extra: HttpHooksOptions = {},
+  options: Parameters<typeof startTestProxy>[1] = {},
+): Promise<{ proxy: TestProxy; upstream: Upstream; base: string }> {
   const upstream = await startUpstream();
-  const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], hooks, ...extra });
+  const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], hooks, ...extra }, options);
   return { proxy, upstream, base: `https://api.test:${upstream.port}` };
 }
 
@@ -178,14 +182,17 @@ describe("command deciders: processes", () => {
     await expect.poll(leftovers, { timeout: 5_000 }).toBe(0);
   });
 
-  it("a flood beyond concurrency queues, a full queue answers 503 at once, and the queued ones are served once processes free up", async () => {
+  // The 503 was audited with decision "error" and no `failure`, and the metric read the kind
+  // from its message: "throw" (black-box finding).
+  it("a flood beyond concurrency queues, a full queue answers 503 at once (audited and counted as kind busy), and the queued ones are served once processes free up", async () => {
     const sockets: Socket[] = [];
     const gate = createServer((socket) => {
       socket.on("error", () => undefined);
       sockets.push(socket);
     });
     const gatePort = await listenForTest(gate as unknown as HttpServer);
-    const { proxy, upstream, base } = await proxyWith([{ command: [gateDecider, String(gatePort)], concurrency: 2, queue: 1 }]);
+    const audit = join(tempDir(), "audit.jsonl");
+    const { proxy, upstream, base } = await proxyWith([{ command: [gateDecider, String(gatePort)], concurrency: 2, queue: 1 }], {}, { auditLog: audit, metricsListen: "127.0.0.1:0" });
     const first = [fetchVia(proxy, `${base}/echo?n=1`), fetchVia(proxy, `${base}/echo?n=2`)];
     // Both processes are running (each holds a connection to the gate).
     await until(() => sockets.length === 2, "two processes reach the gate");
@@ -201,6 +208,13 @@ describe("command deciders: processes", () => {
     const statuses = (await Promise.all([...first, ...more])).map((r) => r.status).sort();
     expect(statuses).toEqual([200, 200, 200, 503]);
     expect(upstream.hits()).toBe(3);
+    const records = (): Record<string, unknown>[] => readFileSync(audit, "utf8").split("\n").filter((line) => line !== "").map((line) => JSON.parse(line) as Record<string, unknown>);
+    await until(() => records().length === 4, "four audit records");
+    const busy = records().find((record) => record["status"] === 503)!;
+    expect(busy["sources"]).toEqual([expect.objectContaining({ source: `command:${gateDecider}`, decision: "error", status: 503, failure: "busy" })]);
+    const metrics = await (await request(`${proxy.metricsUrl!}/metrics`)).body.text();
+    expect(metrics).toContain(`egressgate_hook_failures_total{source="command:${gateDecider}",kind="busy"} 1`);
+    expect(metrics).not.toMatch(/egressgate_hook_failures_total\{[^}]*kind="throw"/);
     // The proxy still serves, with the gate open.
     const last = fetchVia(proxy, `${base}/echo?case=allow`);
     await until(() => sockets.length === 4, "the next process reaches the gate");

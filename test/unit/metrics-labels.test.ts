@@ -3,6 +3,7 @@ import { buildAuditRecord, type AuditRecord } from "../../src/metrics/audit-reco
 import { Counter, Histogram, Registry } from "prom-client";
 import { createProxyMetrics, decisionOf, failureKind, ruleOf } from "../../src/metrics/metrics.js";
 import { tallyCounter, tallyHistogram } from "../../src/metrics/tally.js";
+import type { HookFailureKind } from "../../src/errors.js";
 
 const base: AuditRecord = { time: "2026-01-01T00:00:00.000Z", guest: "g", method: "GET", url: "https://a.test/", status: 200, reason: "", sources: [], redirects: 0, bytesUp: 0, bytesDown: 0, ms: 1 };
 
@@ -25,13 +26,13 @@ describe("metric labels", () => {
     expect(decisionOf({ ...base, status: 499 })).toBe("gone");
   });
 
-  it("sorts hook failures into time, memory, stack, invalid and throw", () => {
-    const entry = (reason: string) => ({ source: "p.ts", tier: "tier2", phase: "onRequest", decision: "error" as const, reason, ms: 0 });
-    expect(failureKind(entry("policy p.ts onRequest exceeded its time limit (50 ms)"))).toBe("time");
-    expect(failureKind(entry("policy p.ts ran out of memory"))).toBe("memory");
-    expect(failureKind(entry("Maximum call stack size exceeded"))).toBe("stack");
-    expect(failureKind(entry("onRequest returned an invalid header"))).toBe("invalid");
-    expect(failureKind(entry("TypeError: x is undefined"))).toBe("throw");
+  it("takes a hook failure's kind from the failure it carries, never from its message", () => {
+    const entry = (reason: string, failure?: HookFailureKind) => ({ source: "p.ts", tier: "tier2", phase: "onRequest", decision: "error" as const, reason, ...(failure !== undefined ? { failure } : {}), ms: 0 });
+    for (const kind of ["time", "memory", "stack", "invalid", "throw", "busy"] as const) expect(failureKind(entry("TypeError: x is undefined", kind))).toBe(kind);
+    // A message that names a kind is no kind: one without a carried failure counts as a throw.
+    expect(failureKind(entry("policy p.ts onRequest exceeded its time limit (50 ms)"))).toBe("throw");
+    expect(failureKind(entry("onRequest returned an invalid header"))).toBe("throw");
+    expect(failureKind(entry("command:x is busy: 2 processes are running", "busy"))).toBe("busy");
   });
 
   it("exposes the tallied series exactly as prom-client's own counter and histogram would", async () => {
@@ -78,15 +79,16 @@ describe("metric labels", () => {
     expect(b).toEqual(a);
   });
 
-  it("takes a failure's kind from the record's failure field over its message", async () => {
+  it("takes a failure's kind from the record's failure field, never from its message", async () => {
     const metrics = createProxyMetrics({}, { defaultMetrics: false });
     const failed = { source: "p.ts", tier: "tier2", phase: "onRequest", decision: "error" as const, reason: "the call timed out", ms: 0 };
     metrics.observe({ ...base, status: 502, sources: [{ ...failed, failure: "memory" }] });
     metrics.observe({ ...base, status: 502, sources: [failed] });
     const text = await metrics.text();
     expect(text).toContain('egressgate_hook_failures_total{source="p.ts",kind="memory"} 1');
-    // Without the field (a record made elsewhere), the message is the fallback.
-    expect(text).toContain('egressgate_hook_failures_total{source="p.ts",kind="time"} 1');
+    // Without the field (a record made elsewhere), a throw: the message is never read.
+    expect(text).toContain('egressgate_hook_failures_total{source="p.ts",kind="throw"} 1');
+    expect(text).not.toContain('kind="time"');
   });
 
   it("counts a secret refusal by the secret's name", async () => {
