@@ -146,7 +146,12 @@ export function buildAuditRecord(input: AuditInput, facts: AuditFacts | undefine
   };
 }
 
-/** A crafted 60 KB path must not make every record that long; cut after redaction, which a cut could defeat. */
+/**
+ * A crafted 60 KB path must not make every record that long; cut after redaction, which a cut
+ * could defeat. The proxy hands over the decision line's target, its path already cut at 512
+ * (loggableUrl, loggableTarget): the README documents that cut. This one bounds a target given
+ * some other way, past any origin plus that path.
+ */
 function cut(url: string, max = 1024): string {
   return url.length > max ? `${url.slice(0, max)}…` : url;
 }

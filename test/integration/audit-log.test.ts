@@ -152,6 +152,27 @@ describe("the audit log", () => {
     expect(connect).toMatchObject({ method: "CONNECT", url: "other.test:9", status: 403, sources: [{ source: "declarative", phase: "allowlist", decision: "block" }] });
   });
 
+  // The README said "cut at 1024 characters", yet the record's url is the decision line's
+  // target, whose path was already cut at 512 (black-box finding): one cut, documented once.
+  it("cuts a 3000-character URL's path at 512 characters, as the decision line does, for a request that passed and one refused", async () => {
+    const upstream = await startUpstream();
+    const plain = await startUpstream({ tls: false });
+    const { proxy, seen } = await audited({ allowedInternalHosts: ["api.test"] }, { logLevel: "info" });
+    const path = `/${"a".repeat(2999)}`;
+    const passed = `https://api.test:${upstream.port}`;
+    expect((await fetchVia(proxy, `${passed}${path}?q=1`)).status).toBe(404);
+    const refused = `http://other.test:${plain.port}`;
+    expect(await plainVia(proxy, `${refused}${path}?q=1`)).toBe(403);
+    const records = await seen.count(2);
+    const cutPath = `${path.slice(0, 512)}…`;
+    expect(records.map((record) => record.url)).toEqual([`${passed}${cutPath}`, `${refused}${cutPath}`]);
+    const targets = proxy.logs.filter((line) => line["msg"] === "request").map((line) => line["target"]);
+    expect(targets).toEqual(records.map((record) => record.url));
+    // The README's audit record table says the same.
+    const row = readFileSync(join(root, "README.md"), "utf8").split("\n").find((line) => line.startsWith("| `method`, `url` |"));
+    expect(row?.match(/cut at (\d+) characters/)?.[1]).toBe("512");
+  });
+
   it("names every tier-3 source that spoke, with its verdict: a rewrite, a pass, a replaced response and a block with its own status", async () => {
     const upstream = await startUpstream();
     const { proxy, seen } = await audited({
