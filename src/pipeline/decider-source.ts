@@ -53,7 +53,7 @@ async function decideRequest(
   limits: HookLimits,
   context: { log: Logger | undefined; requestId: string },
   call: SourceCall,
-): Promise<{ request: OutboundRequest }> {
+): Promise<{ request: OutboundRequest; asSent?: true }> {
   const { includeBody, maxBodyBytes } = decider.options;
   let outgoing = request;
   const part = requestPart(request.method, request.url, request.headers, conceal);
@@ -65,7 +65,8 @@ async function decideRequest(
   }
   const document: DecisionDocument = { phase: "request", guest: call.guest, request: part };
   const verdict = await decider.decide(document, context);
-  if (verdict.decision === "allow") return { request: outgoing };
+  // Read whole for the document, the body is still the guest's: an allow changed nothing.
+  if (verdict.decision === "allow") return outgoing === request ? { request } : { request: outgoing, asSent: true };
   if (verdict.decision === "block") throw blockError(verdict, decider.label, "request");
   const drop = new Set([...verdict.removeHeaders, ...verdict.setHeaders.map(([name]) => name)]);
   const headers: HeaderList = withoutHeaders(outgoing.headers, drop);

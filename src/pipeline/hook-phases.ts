@@ -37,7 +37,13 @@ export interface HookedResponse {
   readonly body: Readable | null;
 }
 
-export type OnRequestOutcome = { readonly request: OutboundRequest } | { readonly response: HookedResponse };
+export type OnRequestOutcome =
+  | {
+      readonly request: OutboundRequest;
+      /** The request goes on as the guest sent it, only its body read whole (a decider's includeBody): the trace says allow, not rewrite. */
+      readonly asSent?: true;
+    }
+  | { readonly response: HookedResponse };
 
 /** The framing of a body the proxy re-frames itself. */
 export const contentLengthHeaders = new Set(["content-length", "transfer-encoding"]);

@@ -61,8 +61,9 @@ export function declarativeEntry(phase: string, decision: Decision, started: num
 }
 
 /** An onRequest that answered, changed the request, or let it go on as it was. */
-export function onRequestVerdict(before: OutboundRequest, outcome: { request: OutboundRequest } | { response: unknown }): { decision: SourceVerdict } {
+export function onRequestVerdict(before: OutboundRequest, outcome: { request: OutboundRequest; asSent?: true } | { response: unknown }): { decision: SourceVerdict } {
   if ("response" in outcome) return { decision: "answer" };
+  if (outcome.asSent === true) return { decision: "allow" };
   return { decision: rewrote(before, outcome.request) ? "rewrite" : "allow" };
 }
 

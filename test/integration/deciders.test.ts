@@ -5,7 +5,7 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { request } from "undici";
-import { createHttpHooks, type HttpHooksOptions } from "../../src/index.js";
+import { createHttpHooks, type AuditRecord, type HttpHooksOptions } from "../../src/index.js";
 import { caseOf, gateDecider, json, loggedDocuments, processesWith, pythonDecider, shellDecider, startDecisionServer, text, until } from "../helpers/deciders.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, proxyAgent, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
@@ -391,6 +391,22 @@ describe("webhook deciders", () => {
     const binary = Buffer.from([0xff, 0xfe, 0x00, 0x80, 0x41]);
     expect((await fetchVia(proxy, `${base}/echo`, { method: "POST", body: binary })).status).toBe(200);
     expect(hook.received[1]).toMatchObject({ request: { body: { encoding: "base64", data: binary.toString("base64"), size: 5, truncated: false } } });
+  });
+});
+
+// A decider that read the body (includeBody) and allowed was traced as "rewrite" whenever the
+// request had a body: the body read whole went on as bytes, which the trace took for new ones.
+describe("the trace of an includeBody decider", () => {
+  it("says allow for an allow, with or without a body, and rewrite for a header change", async () => {
+    const hook = await webhookServer();
+    const records: AuditRecord[] = [];
+    const { proxy, base } = await proxyWith([{ webhook: hook.url, includeBody: true }], {}, { onDecision: (record) => void records.push(record) });
+    expect((await fetchVia(proxy, `${base}/echo?case=allow`, { method: "POST", body: "hello" })).status).toBe(200);
+    expect((await fetchVia(proxy, `${base}/echo?case=allow`)).status).toBe(200);
+    expect((await fetchVia(proxy, `${base}/echo?case=rewrite`, { method: "POST", body: "hello" })).status).toBe(200);
+    await vi.waitFor(() => expect(records).toHaveLength(3));
+    const deciderVerdicts = records.map((record) => record.sources?.find((source) => source.tier === "decider")?.decision);
+    expect(deciderVerdicts).toEqual(["allow", "allow", "rewrite"]);
   });
 });
 
