@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { MalformedAnswer, parseAnswerText, reasonText, maxReasonBytes, type Verdict } from "./answer.js";
 import type { DeciderPhase, ResolvedCommandDecider } from "./options.js";
-import { DeciderBusy, DeciderFailure } from "./failure.js";
+import { DeciderBusy, DeciderFailure, guestLeftReason, type CallSignal } from "./failure.js";
 
 /** The most of a command's stdout that is read as its answer; more is a failure. */
 const maxAnswerBytes = 1024 * 1024;
@@ -34,16 +34,30 @@ export class CommandRunner {
     return { running: this.running, queued: this.waiting.length };
   }
 
-  async ask(input: string, phase: DeciderPhase): Promise<Verdict> {
+  async ask(input: string, phase: DeciderPhase, signal?: CallSignal): Promise<Verdict> {
+    if (signal?.aborted === true) throw new DeciderFailure(guestLeftReason);
     if (this.running >= this.options.concurrency) {
       if (this.waiting.length >= this.options.queue) {
         throw new DeciderBusy(`${this.options.concurrency} processes are running and ${this.waiting.length} calls are queued (concurrency, queue)`);
       }
-      if (!(await new Promise<boolean>((resolve) => this.waiting.push(resolve)))) throw new DeciderFailure(closedReason);
+      // A call whose guest leaves while it waits gives up its place: guests that hung up held the
+      // queue, each later ran a process to its timeout, and live requests got 503 meanwhile.
+      let leave: (() => void) | undefined;
+      const slot = await new Promise<boolean>((resolve) => {
+        this.waiting.push(resolve);
+        leave = (): void => {
+          const at = this.waiting.indexOf(resolve);
+          if (at >= 0) this.waiting.splice(at, 1);
+          resolve(false);
+        };
+        signal?.once("abort", leave);
+      });
+      if (leave !== undefined) signal?.off("abort", leave);
+      if (!slot) throw new DeciderFailure(hasLeft(signal) ? guestLeftReason : closedReason);
     } else this.running++;
     // A slot is ours now (handed over by release(), or taken above). It is given back once the
     // process has exited, not when its answer is in: a killed process still counts until it is gone.
-    const { verdict, gone } = this.run(input, phase);
+    const { verdict, gone } = this.run(input, phase, signal);
     void gone.then(() => this.release());
     return verdict;
   }
@@ -65,14 +79,14 @@ export class CommandRunner {
     else this.running--;
   }
 
-  private run(input: string, phase: DeciderPhase): { verdict: Promise<Verdict>; gone: Promise<void> } {
+  private run(input: string, phase: DeciderPhase, signal: CallSignal | undefined): { verdict: Promise<Verdict>; gone: Promise<void> } {
     let markGone!: () => void;
     const gone = new Promise<void>((resolve) => (markGone = resolve));
-    const verdict = new Promise<Verdict>((resolve, reject) => this.spawnOne(input, phase, resolve, reject, markGone));
+    const verdict = new Promise<Verdict>((resolve, reject) => this.spawnOne(input, phase, resolve, reject, markGone, signal));
     return { verdict, gone };
   }
 
-  private spawnOne(input: string, phase: DeciderPhase, resolve: (verdict: Verdict) => void, reject: (error: unknown) => void, markGone: () => void): void {
+  private spawnOne(input: string, phase: DeciderPhase, resolve: (verdict: Verdict) => void, reject: (error: unknown) => void, markGone: () => void, signal: CallSignal | undefined): void {
     const { argv, shell, env, timeoutMs } = this.options;
     let child: ChildProcess;
     try {
@@ -87,6 +101,8 @@ export class CommandRunner {
     }
     let settled = false;
     let exited = false;
+    /** Ends the call when the guest leaves (set below, once there is a process to kill). */
+    let left: () => void = () => undefined;
     const stdout: Buffer[] = [];
     let stdoutBytes = 0;
     const stderr: Buffer[] = [];
@@ -95,6 +111,7 @@ export class CommandRunner {
       if (settled) return;
       settled = true;
       clearTimeout(timer);
+      signal?.off("abort", left);
       try {
         resolve(outcome());
       } catch (error) {
@@ -129,6 +146,12 @@ export class CommandRunner {
       fail(closedReason);
     };
     this.live.add(end);
+    // The guest left: its process is killed (its slot comes back at its exit), as at a timeout.
+    left = (): void => {
+      kill();
+      fail(guestLeftReason);
+    };
+    signal?.once("abort", left);
     // Every stream gets an error listener: a command that exits without reading its stdin
     // makes the write fail with EPIPE, and an unlistened error would end the proxy.
     child.stdin?.on("error", ignore);
@@ -187,4 +210,9 @@ export class CommandRunner {
     });
     child.stdin?.end(input);
   }
+}
+
+/** Whether the call's guest has left (read afresh: a wait may have passed since the last look). */
+function hasLeft(signal: CallSignal | undefined): boolean {
+  return signal?.aborted === true;
 }

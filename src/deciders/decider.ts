@@ -4,7 +4,7 @@ import type { Verdict } from "./answer.js";
 import { DecisionCache, cacheKey } from "./cache.js";
 import { CommandRunner } from "./command.js";
 import type { DecisionDocument } from "./document.js";
-import { DeciderBusy, DeciderFailure } from "./failure.js";
+import { DeciderBusy, DeciderFailure, type CallSignal } from "./failure.js";
 import { HttpDecider } from "./http.js";
 import { deciderDefaults, type DeciderPhase, type ResolvedDecider } from "./options.js";
 
@@ -12,6 +12,8 @@ import { deciderDefaults, type DeciderPhase, type ResolvedDecider } from "./opti
 export interface DecideContext {
   readonly log: Logger | undefined;
   readonly requestId: string;
+  /** The request's end: a call still queued or running for it is ended then. */
+  readonly signal?: CallSignal | undefined;
 }
 
 /**
@@ -48,7 +50,7 @@ export class Decider {
     }
     let verdict: Verdict;
     try {
-      verdict = await this.ask(document);
+      verdict = await this.ask(document, context.signal);
     } catch (error) {
       if (error instanceof DeciderBusy) {
         throw new EgressError("EG_LIMIT", 503, `${this.label} is busy: ${error.message}`, { headers: { "retry-after": "1" }, failure: "busy" });
@@ -68,9 +70,9 @@ export class Decider {
     return verdict;
   }
 
-  private ask(document: DecisionDocument): Promise<Verdict> {
-    if (this.transport instanceof CommandRunner) return this.transport.ask(JSON.stringify(document), document.phase);
-    return this.transport.ask(document, document.phase);
+  private ask(document: DecisionDocument, signal: CallSignal | undefined): Promise<Verdict> {
+    if (this.transport instanceof CommandRunner) return this.transport.ask(JSON.stringify(document), document.phase, signal);
+    return this.transport.ask(document, document.phase, signal);
   }
 
   /** Ends what is under way (a webhook's or OPA's calls and connections, a command's processes): the proxy is closing. */

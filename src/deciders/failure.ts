@@ -15,6 +15,20 @@ export class DeciderFailure extends Error {
   }
 }
 
+/**
+ * The request a call is for has ended (its guest left): what a decider has queued or running for
+ * it ends too, so that guests that leave do not hold its queue, processes or connections. A
+ * GuestGone, seen through what a decider needs of it.
+ */
+export interface CallSignal {
+  readonly aborted: boolean;
+  once(event: "abort", listener: () => void): unknown;
+  off(event: "abort", listener: () => void): unknown;
+}
+
+/** Why such a call ended. */
+export const guestLeftReason = "was not asked: the guest left before the answer";
+
 export class DeciderBusy extends Error {
   override readonly name = "DeciderBusy";
 }

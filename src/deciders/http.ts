@@ -2,7 +2,7 @@ import { EventEmitter } from "node:events";
 import { Pool, type Dispatcher } from "undici";
 import { MalformedAnswer, opaVerdict, parseAnswer, parseAnswerText, reasonText, type Verdict } from "./answer.js";
 import type { DeciderPhase, ResolvedHttpDecider } from "./options.js";
-import { DeciderFailure } from "./failure.js";
+import { DeciderFailure, guestLeftReason, type CallSignal } from "./failure.js";
 
 /** The most of an answer body that is read; more is a failure. */
 const maxAnswerBytes = 1024 * 1024;
@@ -61,11 +61,15 @@ export class HttpDecider {
     await pool?.destroy().catch(() => undefined);
   }
 
-  async ask(document: unknown, phase: DeciderPhase): Promise<Verdict> {
+  async ask(document: unknown, phase: DeciderPhase, signal?: CallSignal): Promise<Verdict> {
     const { kind, timeoutMs } = this.options;
+    if (signal?.aborted === true) throw new DeciderFailure(guestLeftReason);
     const body = JSON.stringify(kind === "opa" ? { input: document } : document);
     const deadline = new Deadline();
     const timer = setTimeout(() => deadline.abort(new DeciderFailure(`did not answer within ${timeoutMs} ms (timeoutMs)`, "time")), timeoutMs);
+    // A call whose guest left is ended, its connection freed for the others (the pool is bounded).
+    const left = (): void => deadline.abort(new DeciderFailure(guestLeftReason));
+    signal?.once("abort", left);
     let status: number;
     let text: string;
     let contentType: string;
@@ -84,6 +88,7 @@ export class HttpDecider {
       throw new DeciderFailure(`request failed: ${e.code ?? e.name}${e.message ? `: ${e.message}` : ""}`);
     } finally {
       clearTimeout(timer);
+      signal?.off("abort", left);
     }
     return kind === "opa" ? this.opaAnswer(status, text, phase) : this.webhookAnswer(status, text, contentType, phase);
   }

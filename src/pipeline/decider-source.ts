@@ -6,7 +6,7 @@ import { contentCodingList, withoutHeaders, type HeaderList } from "../headers.j
 import { BodyLimitError, BodyTap, contentCodings, readBounded } from "../hooks/body-tap.js";
 import type { Logger } from "../log.js";
 import { allow } from "../policy/decision.js";
-import { blockError, type Decider } from "../deciders/decider.js";
+import { blockError, type DecideContext, type Decider } from "../deciders/decider.js";
 import { documentBody, headerObject, requestPart, type Conceal, type DecisionDocument } from "../deciders/document.js";
 import type { OutboundRequest } from "./exchange.js";
 import { encodedBodyHeaders, withExactLength, type HookedResponse, type HookLimits } from "./hook-phases.js";
@@ -38,10 +38,10 @@ export function deciderSource(decider: Decider, conceal: Conceal, log: Logger | 
     phases,
     describe: (phase) => `${label} (${phase})`,
     answered: allow("decider", "onRequest", `answered by ${label}`),
-    onRequest: (request, tap, limits, call) => decideRequest(decider, conceal, request, tap, limits, { log, requestId: call.requestId }, call),
+    onRequest: (request, tap, limits, call) => decideRequest(decider, conceal, request, tap, limits, { log, requestId: call.requestId, signal: call.signal }, call),
     isRequestAllowed: unregistered("isRequestAllowed"),
     isIpAllowed: unregistered("isIpAllowed"),
-    onResponse: (response, request, limits, call) => decideResponse(decider, conceal, response, request, limits, { log, requestId: call.requestId }, call),
+    onResponse: (response, request, limits, call) => decideResponse(decider, conceal, response, request, limits, { log, requestId: call.requestId, signal: call.signal }, call),
   };
 }
 
@@ -51,7 +51,7 @@ async function decideRequest(
   request: OutboundRequest,
   tap: BodyTap | undefined,
   limits: HookLimits,
-  context: { log: Logger | undefined; requestId: string },
+  context: DecideContext,
   call: SourceCall,
 ): Promise<{ request: OutboundRequest; asSent?: true }> {
   const { includeBody, maxBodyBytes } = decider.options;
@@ -93,7 +93,7 @@ async function decideResponse(
   upstream: HookedResponse,
   request: OutboundRequest,
   limits: HookLimits,
-  context: { log: Logger | undefined; requestId: string },
+  context: DecideContext,
   call: SourceCall,
 ): Promise<HookedOnResponse> {
   const discard = (): void => discardBody(upstream.body);

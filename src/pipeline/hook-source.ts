@@ -14,7 +14,7 @@ import { revealNothing, type Conceal } from "../deciders/document.js";
 import type { SecretStore } from "../policy/secrets.js";
 import { deciderSource } from "./decider-source.js";
 import { runHandle } from "./layer-phases.js";
-import type { OutboundRequest } from "./exchange.js";
+import type { GuestGone, OutboundRequest } from "./exchange.js";
 import { runOnRequest, runOnResponse, type HookedResponse, type HookLimits, type OnRequestOutcome } from "./hook-phases.js";
 
 /** What a call is for: the request id its console lines carry, and the guest it serves. */
@@ -22,6 +22,8 @@ export interface SourceCall {
   readonly requestId: string;
   /** The guest's name (`default` when there is one guest). */
   readonly guest: string;
+  /** Aborts when the guest leaves: what an external decider has queued or running for it ends then. */
+  readonly signal?: GuestGone | undefined;
 }
 
 /**

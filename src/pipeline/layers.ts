@@ -121,7 +121,7 @@ export class LayerRun {
       next: (next) => this.layer(index + 1, next),
       sleep: (ms) => this.sleep(ms),
     };
-    const call: SourceCall = { requestId: this.context.id, guest: this.guest };
+    const call: SourceCall = { requestId: this.context.id, guest: this.guest, signal: this.context.signal };
     // With a trace, the layer's entry goes in before the entries of its descents, and its time includes theirs.
     const trace = this.context.trace;
     let entry: TraceEntry | undefined;

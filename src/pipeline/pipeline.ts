@@ -121,7 +121,7 @@ export class Pipeline {
   /** DESIGN §3 steps 2–7 for one request: onRequest, secrets, the checks, the upstream and its redirects, onResponse. */
   private async steps(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
     const { limits } = this.options;
-    const call: SourceCall = { requestId: context.id, guest: this.options.guest };
+    const call: SourceCall = { requestId: context.id, guest: this.options.guest, signal: context.signal };
     const trace = context.trace;
     let request = initial;
     // The secrets substituted into any hop so far: a later hop that leaves their hosts is checked for their values.

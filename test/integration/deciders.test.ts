@@ -1,6 +1,7 @@
-import type { Server as HttpServer } from "node:http";
-import { createServer, type Socket } from "node:net";
+import { createServer as createHttpServer, type Server as HttpServer } from "node:http";
+import { createServer, type AddressInfo, type Socket } from "node:net";
 import { spawnSync } from "node:child_process";
+import { subscribe, unsubscribe } from "node:diagnostics_channel";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
@@ -584,6 +585,74 @@ describe("deciders in a chain", () => {
     expect(res.status).toBe(403);
     expect(res.text).toContain("placeholder of secret OTHER");
     expect(upstream.hits()).toBe(0);
+  });
+});
+
+// Guests that hung up kept their decider calls: queued ones held the queue (each later ran a
+// process to its timeoutMs) and a live request got 503; running ones kept their process, and a
+// webhook's call its pooled connection (black-box finding).
+describe("a guest that leaves ends what a decider has queued or running for it", () => {
+  it("its running process is killed and its queued calls give up their places: a live request is decided, not refused busy", async () => {
+    const marker = `700.${process.pid}${Math.floor(Math.random() * 1e6)}`;
+    onTestFinished(() => void spawnSync("pkill", ["-KILL", "-f", marker]));
+    const sleeping = (): number => processesWith(["/bin/sh", "-c", `sleep ${marker}; echo '{"decision":"allow"}'`]);
+    const { proxy, base, upstream } = await proxyWith([{ command: `sleep ${marker}; echo '{"decision":"allow"}'`, shell: true, concurrency: 1, queue: 2, timeoutMs: 600_000 }]);
+    // Three guests: one call runs (its process sleeps), two wait in the queue of 2; then all leave.
+    let started = 0;
+    const onStart = (): void => void (started += 1);
+    subscribe("egressgate:request:start", onStart);
+    onTestFinished(() => void unsubscribe("egressgate:request:start", onStart));
+    const leaving = Array.from({ length: 3 }, () => {
+      const controller = new AbortController();
+      const answer = request(`${base}/echo`, { dispatcher: proxyAgent(proxy), signal: controller.signal }).then(
+        () => "answered",
+        () => "left",
+      );
+      return { controller, answer };
+    });
+    await vi.waitFor(() => expect(sleeping()).toBe(1), { timeout: 10_000, interval: 20 });
+    // All three are in; from a request's start to its place in the decider's queue is promises only.
+    await vi.waitFor(() => expect(started).toBe(3), { timeout: 10_000, interval: 20 });
+    await new Promise((resolve) => setImmediate(resolve));
+    for (const { controller } of leaving) controller.abort();
+    expect(await Promise.all(leaving.map(({ answer }) => answer))).toEqual(["left", "left", "left"]);
+    // The running process is killed, and no queued call starts one of its own.
+    await vi.waitFor(() => expect(sleeping()).toBe(0), { timeout: 5_000, interval: 20 });
+    await vi.waitFor(() => expect(decisions(proxy.logs).map((line) => line["status"])).toEqual([499, 499, 499]));
+    expect(sleeping()).toBe(0);
+    expect(upstream.hits()).toBe(0);
+    // The queue is free: a live request waits its turn (its own process sleeps), it is not refused with 503.
+    const live = fetchVia(proxy, `${base}/echo`).then((res) => res.status, () => "cut");
+    await vi.waitFor(() => expect(sleeping()).toBe(1), { timeout: 10_000, interval: 20 });
+    expect(decisions(proxy.logs).filter((line) => line["status"] === 503)).toEqual([]);
+    void spawnSync("pkill", ["-KILL", "-f", marker]);
+    expect(await live).toBe(502);
+  }, 30_000);
+
+  it("its webhook call is ended, and the connection it held closes", async () => {
+    let calls = 0;
+    let closed = 0;
+    // A webhook that never answers: only the proxy can end the call.
+    const hook = createHttpServer((req) => {
+      calls += 1;
+      req.socket.once("close", () => (closed += 1));
+    });
+    await new Promise<void>((resolve) => hook.listen(0, "127.0.0.1", resolve));
+    onTestFinished(() => {
+      hook.closeAllConnections();
+      hook.close();
+    });
+    const { proxy, base } = await proxyWith([{ webhook: `http://127.0.0.1:${(hook.address() as AddressInfo).port}/decide`, timeoutMs: 600_000 }]);
+    const controller = new AbortController();
+    const answer = request(`${base}/echo`, { dispatcher: proxyAgent(proxy), signal: controller.signal }).then(
+      () => "answered",
+      () => "left",
+    );
+    await vi.waitFor(() => expect(calls).toBe(1), { timeout: 10_000, interval: 20 });
+    controller.abort();
+    expect(await answer).toBe("left");
+    await vi.waitFor(() => expect(closed).toBe(1), { timeout: 5_000, interval: 20 });
+    await vi.waitFor(() => expect(decisions(proxy.logs).map((line) => line["status"])).toEqual([499]));
   });
 });
 
