@@ -53,6 +53,7 @@ export class Recording {
       if (problem !== undefined) throw new Error(`cannot record to ${path}: ${problem}`);
     }
     await mkdir(sidecarDir(path), { recursive: true, mode: 0o700 });
+    await keepCrashedJournal(path, log);
     const journal = await open(journalPath(path), "w+", 0o600);
     return new Recording(path, journal, log, kept);
   }
@@ -162,6 +163,21 @@ export class Recording {
       if (!this.failed) await rm(journalPath(this.path), { force: true }).catch(() => undefined);
     })());
   }
+}
+
+/**
+ * A journal with entries in it is what a recording that crashed left (a clean close removes it):
+ * opening it for this recording would empty it, silently. It is kept beside, under a name of its
+ * own, and the log says where; each line is a HAR entry (docs/record-replay.md says how to
+ * make a HAR of it).
+ */
+async function keepCrashedJournal(path: string, log: Logger): Promise<void> {
+  const journal = journalPath(path);
+  const size = await stat(journal).then((s) => s.size, () => 0);
+  if (size === 0) return;
+  const kept = `${journal}.${new Date().toISOString().replace(/[:.]/g, "-")}.crashed`;
+  await rename(journal, kept);
+  log.warn("a recording's journal was left by an earlier run (a crash?): kept, not overwritten", { code: "EG_RECORD_JOURNAL_KEPT", journal: kept, bytes: size });
 }
 
 /**

@@ -527,6 +527,31 @@ describe("recorded network", () => {
 // Only the first Content-Encoding line was read: a body gzipped twice was stored decoded once, and
 // one in a coding the proxy cannot undo was stored as it came, its copy of a secret searched for
 // compressed and written to disk (review).
+// A crash leaves FILE.har.journal, the only copy of what was recorded: the next --record on the
+// same path opened it for writing and emptied it, without a word (black-box finding).
+describe("a journal an earlier run left", () => {
+  it("is kept beside under a name of its own, the log says where, and the new recording starts empty", async () => {
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    const crashed = `${JSON.stringify({ request: { method: "GET", url: "https://api.test/left-by-a-crash" } })}\n`;
+    writeFileSync(`${har}.journal`, crashed);
+    const upstream = await startUpstream();
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    const kept = readdirSync(dir).filter((name) => name.startsWith("run.har.journal.") && name.endsWith(".crashed"));
+    expect(kept).toHaveLength(1);
+    expect(readFileSync(join(dir, kept[0]!), "utf8")).toBe(crashed);
+    expect(recorder.logs.find((line) => line["code"] === "EG_RECORD_JOURNAL_KEPT")).toMatchObject({ level: "warn", journal: join(dir, kept[0]!) });
+    await fetchVia(recorder, `https://api.test:${upstream.port}/echo`);
+    await recordAndClose(recorder);
+    expect(readHar(har).log.entries.map((entry) => new URL(entry.request.url).pathname)).toEqual(["/echo"]);
+    // An empty journal (a clean run's, just opened) is no crash's: nothing is kept, nothing said.
+    writeFileSync(`${har}.journal`, "");
+    const again = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    expect(again.logs.filter((line) => line["code"] === "EG_RECORD_JOURNAL_KEPT")).toEqual([]);
+    expect(readdirSync(dir).filter((name) => name.endsWith(".crashed"))).toHaveLength(1);
+  });
+});
+
 // The HAR is written to FILE.PID.tmp, then renamed over FILE. Whatever stood at that name was
 // opened as it was: a symbolic link was written through (a file elsewhere truncated and
 // overwritten, and the link then renamed to FILE), and a FIFO held every flush in open().
