@@ -38,6 +38,8 @@ interface Answer {
 
 /** How long the listener waits for the proxy's thread before answering 503 itself. */
 const answerTimeoutMs = 10_000;
+/** How long a connection to the listener may take to send a request's head. */
+export const metricsHeadersMs = 5_000;
 
 /**
  * After a render of the metrics text, the proxy's thread waits this many times as long before the
@@ -101,7 +103,9 @@ function settle(what, id, status, contentType, body) {
   for (const res of waiting) answer(res, status, contentType, body);
   send(what);
 }
-const server = createServer((req, res) => {
+// A connection that sends no head (or one a byte at a time) is closed within seconds: with Node's
+// defaults (60 s, checked every 30 s) 64 silent ones held every place for 90 s, /healthz included.
+const server = createServer({ headersTimeout: ${metricsHeadersMs}, requestTimeout: ${metricsHeadersMs * 3}, connectionsCheckingInterval: 1000 }, (req, res) => {
   res.on("error", () => undefined);
   const socket = req.socket;
   socket.egWaiting = (socket.egWaiting || 0) + 1;

@@ -1,8 +1,8 @@
 import { connect } from "node:net";
 import { request } from "node:http";
 import { once } from "node:events";
-import { describe, expect, it, onTestFinished } from "vitest";
-import { startMetricsServer } from "../../src/metrics/metrics-server.js";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
+import { metricsHeadersMs, startMetricsServer } from "../../src/metrics/metrics-server.js";
 import { createLogger } from "../../src/log.js";
 import { plainGet as get } from "../helpers/upstream.js";
 import { latch } from "../helpers/latch.js";
@@ -128,5 +128,30 @@ describe("the metrics listener's thread", () => {
     // The listener counts a connection gone at its own close, a moment after ours: a few tries.
     await expect.poll(() => get(`${server.url}/healthz`).then((r) => r.status, () => 0), { timeout: 10_000 }).toBe(200);
   });
-});
 
+  // With Node's defaults (a head within 60 s, checked every 30 s), 64 connections that sent
+  // nothing held every place for 90 s, and /healthz failed all that time (black-box finding).
+  it("closes a connection that sends no head, or one a byte at a time, within seconds, and /healthz is served again", async () => {
+    const { server } = await countingServer();
+    const sockets = await Promise.all(
+      Array.from({ length: 64 }, async () => {
+        const socket = connect(server.port, "127.0.0.1");
+        socket.on("error", () => undefined);
+        await once(socket, "connect");
+        return socket;
+      }),
+    );
+    // One of them sends its head a byte at a time, never finishing it.
+    const trickle = setInterval(() => sockets[0]!.write("G"), 200);
+    onTestFinished(() => {
+      clearInterval(trickle);
+      for (const socket of sockets) socket.destroy();
+    });
+    let closed = 0;
+    for (const socket of sockets) socket.once("close", () => (closed += 1));
+    // Closed by the listener after metricsHeadersMs (5 s), checked every second; before, 60 to 90 s.
+    await vi.waitFor(() => expect(closed).toBe(64), { timeout: metricsHeadersMs * 4, interval: 100 });
+    clearInterval(trickle);
+    await expect.poll(() => get(`${server.url}/healthz`).then((r) => r.status, () => 0), { timeout: 10_000 }).toBe(200);
+  }, 30_000);
+});
