@@ -182,6 +182,16 @@ async function main(argv: readonly string[]): Promise<number> {
         setTimeout(() => {
           if (retired.delete(old)) void old.close();
         }, 60_000).unref();
+        // Each set of policies holds its workers (about 24 MiB): without a bound, frequent reloads
+        // (a --watch on a file rewritten often, a supervisor's SIGHUPs) held one per reload for
+        // 60 s, 1 GiB after 40 in 16 s. Past the bound the oldest closes now; a request still
+        // calling its policies then fails closed (502).
+        for (const oldest of retired) {
+          if (retired.size <= maxRetiredConfigurations) break;
+          retired.delete(oldest);
+          void oldest.close();
+          say("info", "a replaced configuration closed early: more were loaded than are kept", { kept: maxRetiredConfigurations });
+        }
       };
       process.on("SIGHUP", () => {
         if (closing) return;
@@ -226,6 +236,9 @@ async function preloadPolicies(argv: readonly string[]): Promise<void> {
   const settled = await Promise.allSettled(policies.map(({ policy, limits }) => DjsEngine.preload(policy, limits)));
   for (const outcome of settled) if (outcome.status === "rejected") throw outcome.reason;
 }
+
+/** Replaced configurations kept loaded, for requests still under way, after a reload. */
+const maxRetiredConfigurations = 3;
 
 /**
  * The last line of defence: an error nothing caught means the process's state is unknown, and
