@@ -185,7 +185,8 @@ async function main(argv: readonly string[]): Promise<number> {
         // Each set of policies holds its workers (about 24 MiB): without a bound, frequent reloads
         // (a --watch on a file rewritten often, a supervisor's SIGHUPs) held one per reload for
         // 60 s, 1 GiB after 40 in 16 s. Past the bound the oldest closes now; a request still
-        // calling its policies then fails closed (502).
+        // calling its policies or deciders then fails (502), or, past a failOpen decider, goes on
+        // as that decider's failure allows.
         for (const oldest of retired) {
           if (retired.size <= maxRetiredConfigurations) break;
           retired.delete(oldest);

@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { MalformedAnswer, parseAnswerText, reasonText, maxReasonBytes, type Verdict } from "./answer.js";
 import type { DeciderPhase, ResolvedCommandDecider } from "./options.js";
-import { DeciderBusy, DeciderFailure, guestLeftReason, type CallSignal } from "./failure.js";
+import { DeciderBusy, DeciderFailure, DeciderCancelled, type CallSignal } from "./failure.js";
 
 /** The most of a command's stdout that is read as its answer; more is a failure. */
 const maxAnswerBytes = 1024 * 1024;
@@ -35,7 +35,7 @@ export class CommandRunner {
   }
 
   async ask(input: string, phase: DeciderPhase, signal?: CallSignal): Promise<Verdict> {
-    if (signal?.aborted === true) throw new DeciderFailure(guestLeftReason);
+    if (signal?.aborted === true) throw new DeciderCancelled();
     if (this.running >= this.options.concurrency) {
       if (this.waiting.length >= this.options.queue) {
         throw new DeciderBusy(`${this.options.concurrency} processes are running and ${this.waiting.length} calls are queued (concurrency, queue)`);
@@ -53,7 +53,7 @@ export class CommandRunner {
         signal?.once("abort", leave);
       });
       if (leave !== undefined) signal?.off("abort", leave);
-      if (!slot) throw new DeciderFailure(hasLeft(signal) ? guestLeftReason : closedReason);
+      if (!slot) throw hasLeft(signal) ? new DeciderCancelled() : new DeciderFailure(closedReason);
     } else this.running++;
     // A slot is ours now (handed over by release(), or taken above). It is given back once the
     // process has exited, not when its answer is in: a killed process still counts until it is gone.
@@ -88,6 +88,12 @@ export class CommandRunner {
 
   private spawnOne(input: string, phase: DeciderPhase, resolve: (verdict: Verdict) => void, reject: (error: unknown) => void, markGone: () => void, signal: CallSignal | undefined): void {
     const { argv, shell, env, timeoutMs } = this.options;
+    // The guest left as its slot was handed over: no process for it.
+    if (hasLeft(signal)) {
+      markGone();
+      reject(new DeciderCancelled());
+      return;
+    }
     let child: ChildProcess;
     try {
       // detached: the process leads a group of its own, so a timeout can kill what it started too.
@@ -149,7 +155,9 @@ export class CommandRunner {
     // The guest left: its process is killed (its slot comes back at its exit), as at a timeout.
     left = (): void => {
       kill();
-      fail(guestLeftReason);
+      finish(() => {
+        throw new DeciderCancelled();
+      });
     };
     signal?.once("abort", left);
     // Every stream gets an error listener: a command that exits without reading its stdin

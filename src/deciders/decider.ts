@@ -4,7 +4,7 @@ import type { Verdict } from "./answer.js";
 import { DecisionCache, cacheKey } from "./cache.js";
 import { CommandRunner } from "./command.js";
 import type { DecisionDocument } from "./document.js";
-import { DeciderBusy, DeciderFailure, type CallSignal } from "./failure.js";
+import { DeciderBusy, DeciderCancelled, DeciderFailure, type CallSignal } from "./failure.js";
 import { HttpDecider } from "./http.js";
 import { deciderDefaults, type DeciderPhase, type ResolvedDecider } from "./options.js";
 
@@ -52,6 +52,9 @@ export class Decider {
     try {
       verdict = await this.ask(document, context.signal);
     } catch (error) {
+      // Its guest left: the request is over, and no failure of the decider's (no failOpen allow,
+      // no failure counted). A block with nginx's 499 ends the phase; the line says 499 anyway.
+      if (error instanceof DeciderCancelled) return { decision: "block", status: 499, reason: error.message };
       if (error instanceof DeciderBusy) {
         throw new EgressError("EG_LIMIT", 503, `${this.label} is busy: ${error.message}`, { headers: { "retry-after": "1" }, failure: "busy" });
       }

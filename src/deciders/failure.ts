@@ -27,7 +27,16 @@ export interface CallSignal {
 }
 
 /** Why such a call ended. */
-export const guestLeftReason = "was not asked: the guest left before the answer";
+export const guestLeftReason = "the guest left before the decider answered";
+
+/** A call ended because its guest left: not the decider's failure (no failOpen, no failure metric). */
+export class DeciderCancelled extends Error {
+  override readonly name = "DeciderCancelled";
+
+  constructor() {
+    super(guestLeftReason);
+  }
+}
 
 export class DeciderBusy extends Error {
   override readonly name = "DeciderBusy";

@@ -2,7 +2,7 @@ import { EventEmitter } from "node:events";
 import { Pool, type Dispatcher } from "undici";
 import { MalformedAnswer, opaVerdict, parseAnswer, parseAnswerText, reasonText, type Verdict } from "./answer.js";
 import type { DeciderPhase, ResolvedHttpDecider } from "./options.js";
-import { DeciderFailure, guestLeftReason, type CallSignal } from "./failure.js";
+import { DeciderFailure, DeciderCancelled, type CallSignal } from "./failure.js";
 
 /** The most of an answer body that is read; more is a failure. */
 const maxAnswerBytes = 1024 * 1024;
@@ -63,12 +63,12 @@ export class HttpDecider {
 
   async ask(document: unknown, phase: DeciderPhase, signal?: CallSignal): Promise<Verdict> {
     const { kind, timeoutMs } = this.options;
-    if (signal?.aborted === true) throw new DeciderFailure(guestLeftReason);
+    if (signal?.aborted === true) throw new DeciderCancelled();
     const body = JSON.stringify(kind === "opa" ? { input: document } : document);
     const deadline = new Deadline();
     const timer = setTimeout(() => deadline.abort(new DeciderFailure(`did not answer within ${timeoutMs} ms (timeoutMs)`, "time")), timeoutMs);
     // A call whose guest left is ended, its connection freed for the others (the pool is bounded).
-    const left = (): void => deadline.abort(new DeciderFailure(guestLeftReason));
+    const left = (): void => deadline.abort(new DeciderCancelled());
     signal?.once("abort", left);
     let status: number;
     let text: string;

@@ -449,7 +449,6 @@ export class H2Guests {
         );
         return;
       }
-      // The removal of its guest closed its upstream connections under it: the removal is the reason.
       const raw502 = asEgressError(error);
       if (raw502.status >= 500 && !(error instanceof EgressError)) this.deps.log.error("internal error", { id, error });
       const err = guestError(raw502, this.deps.redact);

@@ -147,11 +147,7 @@ export function sendResponse(
   // What a response framed by its length has sent, to tell a guest that closed once it had every
   // byte from one that left early (below); counted off the socket, at no cost per chunk.
   const declared = res.chunkedEncoding ? undefined : declaredLength(headers);
-  if (declared !== undefined) {
-    const progress = sent ?? countSent(res, body);
-    const socket = res.socket;
-    allSent.set(res, () => progress.bytes >= declared && socket?.writableLength === 0);
-  }
+  const watchSent = declared === undefined ? undefined : (): void => watchAllSent(res, declared, sent ?? countSent(res, body));
   let settled = false;
   const settle = (error?: Error): void => {
     if (settled) return;
@@ -191,11 +187,13 @@ export function sendResponse(
   const trailers = response.trailers;
   if (trailers === undefined) {
     body.pipe(res);
+    watchSent?.();
     return sent;
   }
   // The trailer section goes after the last chunk, so the end is ours to write. Node sends
   // trailers only on a chunked response: one with Content-Length (or to an HTTP/1.0 guest) ends without them.
   body.pipe(res, { end: false });
+  watchSent?.();
   body.once("end", () => {
     try {
       const fields = trailerFields(trailers());
@@ -208,8 +206,18 @@ export function sendResponse(
   return sent;
 }
 
-/** For a response framed by its Content-Length: whether every byte it announced has gone out. */
+/** For a response framed by its Content-Length: whether every byte it announced reached the kernel. */
 const allSent = new WeakMap<ServerResponse, () => boolean>();
+
+/**
+ * Every byte the Content-Length announced was handed to the socket, and the socket finished: its
+ * writes all completed, and its end was written (the server ends it at the guest's FIN). A socket
+ * destroyed (a reset, the proxy's own cut) before its writes completed never finishes.
+ */
+function watchAllSent(res: ServerResponse, declared: number, progress: ByteCount): void {
+  const socket = res.socket;
+  if (socket !== null) allSent.set(res, () => progress.bytes >= declared && socket.writableFinished);
+}
 
 /**
  * Whether the guest has had the whole response: Node finished writing it, or, framed by its

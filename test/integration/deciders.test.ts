@@ -642,7 +642,9 @@ describe("a guest that leaves ends what a decider has queued or running for it",
       hook.closeAllConnections();
       hook.close();
     });
-    const { proxy, base } = await proxyWith([{ webhook: `http://127.0.0.1:${(hook.address() as AddressInfo).port}/decide`, timeoutMs: 600_000 }]);
+    // failOpen: a guest that leaves is no failure of the decider's, to wave through or to count.
+    const records: AuditRecord[] = [];
+    const { proxy, base } = await proxyWith([{ webhook: `http://127.0.0.1:${(hook.address() as AddressInfo).port}/decide`, timeoutMs: 600_000, failOpen: true }], {}, { onDecision: (record) => void records.push(record) });
     const controller = new AbortController();
     const answer = request(`${base}/echo`, { dispatcher: proxyAgent(proxy), signal: controller.signal }).then(
       () => "answered",
@@ -653,6 +655,9 @@ describe("a guest that leaves ends what a decider has queued or running for it",
     expect(await answer).toBe("left");
     await vi.waitFor(() => expect(closed).toBe(1), { timeout: 5_000, interval: 20 });
     await vi.waitFor(() => expect(decisions(proxy.logs).map((line) => line["status"])).toEqual([499]));
+    expect(proxy.logs.filter((line) => line["msg"] === "decider failed open")).toEqual([]);
+    await vi.waitFor(() => expect(records).toHaveLength(1));
+    expect(records[0]!.sources?.filter((source) => source.decision === "error")).toEqual([]);
   });
 });
 
