@@ -174,13 +174,17 @@ async function main(argv: readonly string[]): Promise<number> {
           stopReusing();
           DjsEngine.discardPreloaded();
         }
+        // A close that rejects (a policy's worker that would not stop) must not be an unhandled
+        // rejection, which ends the process and every guest's connections with it.
+        const closeReplaced = (config: typeof built): void =>
+          void config.close().catch((error: unknown) => say("warn", "closing a replaced configuration failed", { error: redactFatal((error as Error)?.message ?? String(error)) }));
         const old = current;
         current = next.built;
         retired.add(old);
         // Requests in flight may still call the old policies: they close once the longest request
         // could have ended (or with the proxy, whichever comes first).
         setTimeout(() => {
-          if (retired.delete(old)) void old.close();
+          if (retired.delete(old)) closeReplaced(old);
         }, 60_000).unref();
         // Each set of policies holds its workers (about 24 MiB): without a bound, frequent reloads
         // (a --watch on a file rewritten often, a supervisor's SIGHUPs) held one per reload for
@@ -190,7 +194,7 @@ async function main(argv: readonly string[]): Promise<number> {
         for (const oldest of retired) {
           if (retired.size <= maxRetiredConfigurations) break;
           retired.delete(oldest);
-          void oldest.close();
+          closeReplaced(oldest);
           say("info", "a replaced configuration closed early: more were loaded than are kept", { kept: maxRetiredConfigurations });
         }
       };
