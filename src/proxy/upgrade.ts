@@ -11,6 +11,7 @@ import type { TraceEntry } from "../pipeline/exchange.js";
 import type { Decision } from "../policy/decision.js";
 import { tunnelOf } from "./tunnel.js";
 import { withFields } from "../objects.js";
+import { relay } from "./relay.js";
 
 export interface UpgradeDeps {
   /** The guest the upgrade is for: its pipeline, and its name in the decision log. */
@@ -157,21 +158,10 @@ export async function serveUpgrade(
     { started, guest: deps.guest, method: req.method, target, status: 101, reason: "upgrade relayed", upgrade: true },
     trace !== undefined ? { trace, ...(decision !== undefined ? { rule: decision } : {}) } : undefined,
   );
-  const up = upstream;
-  const closeBoth = (): void => {
-    socket.destroy();
-    up.destroy();
-  };
-  for (const s of [socket, up]) {
-    s.setTimeout(deps.idleMs, closeBoth);
-    s.on("error", closeBoth);
-    s.on("close", closeBoth);
-  }
   socket.write(switched);
-  if (head.length > 0) up.write(head);
-  for (const chunk of early) up.write(chunk);
-  socket.pipe(up);
-  up.pipe(socket);
+  if (head.length > 0) upstream.write(head);
+  for (const chunk of early) upstream.write(chunk);
+  relay(socket, upstream, deps.idleMs);
 }
 
 async function connectFirst(url: URL, addresses: readonly ResolvedAddress[], deps: UpgradeDeps): Promise<Socket> {

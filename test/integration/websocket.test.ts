@@ -479,3 +479,44 @@ describe("an upgrade or a CONNECT pipelined behind a request", () => {
     expect((await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`)).status).toBe(200);
   });
 });
+
+describe("the end of a relayed upgrade", () => {
+  // The upstream sends its last bytes and closes before the guest has read them: the guest still
+  // gets them all, then its end (test/unit/relay.test.ts holds the relay to this when the bytes
+  // are still in the proxy's own buffers, which loopback's socket buffers make rare here).
+  it("an upstream that sends 2 MiB and closes before the guest reads any: the guest receives every byte, then the end", async () => {
+    const tail = 2 * 1024 * 1024;
+    let upstreamClosed!: () => void;
+    const closedUp = new Promise<void>((resolve) => (upstreamClosed = resolve));
+    const { port } = await startRawUpstream((s) =>
+      s.once("data", () => {
+        s.on("close", () => upstreamClosed());
+        s.write("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n");
+        s.end(Buffer.alloc(tail, 0x61));
+      }),
+    );
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const guest = connect(proxy.port, "127.0.0.1");
+    onTestFinished(() => void guest.destroy());
+    guest.on("error", () => undefined);
+    let received = 0;
+    let head = "";
+    guest.on("data", (chunk: Buffer) => {
+      if (head.includes("\r\n\r\n")) return void (received += chunk.length);
+      head += chunk.toString("latin1");
+      const at = head.indexOf("\r\n\r\n");
+      if (at < 0) return;
+      received += Buffer.byteLength(head.slice(at + 4), "latin1");
+      guest.pause();
+    });
+    const ended = new Promise<void>((resolve) => guest.on("end", () => resolve()));
+    guest.write(`GET http://api.test:${port}/ws HTTP/1.1\r\nHost: api.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n`);
+    await closedUp;
+    guest.resume();
+    await ended;
+    expect(head).toMatch(/^HTTP\/1\.1 101 /);
+    expect(received).toBe(tail);
+    const upstream = await startUpstream({ tls: false });
+    expect((await curlVia(proxy.url, "/dev/null", `http://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+});
