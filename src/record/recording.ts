@@ -1,4 +1,4 @@
-import { constants } from "node:fs";
+import { constants, rmSync } from "node:fs";
 import { lstat, mkdir, open, rename, rm, stat, type FileHandle } from "node:fs/promises";
 import type { Logger } from "../log.js";
 import { fileKind } from "../regular-file.js";
@@ -111,6 +111,10 @@ export class Recording {
     await this.queue;
     const tmp = `${this.path}.${process.pid}.tmp`;
     let out: FileHandle | undefined;
+    // A process that exits while the file is written (the CLI's second SIGTERM stops waiting for
+    // the drain) leaves no half-written temporary file behind; the journal stays for the next run.
+    const leftBehind = (): void => rmSync(tmp, { force: true });
+    process.once("exit", leftBehind);
     try {
       // Whatever stands at the temporary name (a link, a FIFO, what a crash left) goes, and the file
       // is created anew, never opened through a link: a link was written through, and a FIFO held
@@ -146,6 +150,8 @@ export class Recording {
       await out?.close().catch(() => undefined);
       await rm(tmp, { force: true }).catch(() => undefined);
       this.fail(`cannot write ${this.path}`, error);
+    } finally {
+      process.off("exit", leftBehind);
     }
   }
 

@@ -1,5 +1,5 @@
 import { execFileSync } from "node:child_process";
-import { existsSync, lstatSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
+import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { createLogger } from "../../src/log.js";
@@ -81,5 +81,24 @@ describe("Recording.open refuses a path it would replace or write through", () =
     recording.append(entry(recording.nextSeq()));
     await recording.close();
     expect((JSON.parse(readFileSync(path, "utf8")) as { log: { entries: unknown[] } }).log.entries).toHaveLength(1);
+  });
+});
+
+describe("Recording, when the process exits during a write", () => {
+  // The CLI's second SIGTERM exits at once (130); a write under way left FILE.PID.tmp behind.
+  it("leaves no temporary file, and keeps the journal for the next run", () => {
+    const dir = tempDir();
+    const path = join(dir, "run.har");
+    const fixture = join(import.meta.dirname, "..", "fixtures", "recording-exit.ts");
+    let status: number | null;
+    try {
+      execFileSync(process.execPath, ["--import", "tsx", fixture, path], { stdio: "pipe", timeout: 30_000 });
+      status = 0;
+    } catch (error) {
+      status = (error as { status: number | null }).status;
+    }
+    expect(status).toBe(130);
+    expect(readdirSync(dir).filter((name) => name.endsWith(".tmp"))).toEqual([]);
+    expect(existsSync(`${path}.journal`)).toBe(true);
   });
 });
