@@ -130,6 +130,8 @@ export interface ExecutorResponse {
   readonly location: string | undefined;
   /** The trailer fields, read once `body` has ended (see {@link PipelineResponse.trailers}). */
   readonly trailers?: () => HeaderList | undefined;
+  /** Set when the upstream spoke HTTP/2; HTTP/1.1 otherwise (a recording's `httpVersion`). */
+  readonly httpVersion?: "HTTP/2";
 }
 
 /** Where in its request one send is: the request's id and its redirect hop (0 first). */

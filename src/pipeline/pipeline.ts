@@ -393,7 +393,7 @@ export class Pipeline {
         }
         const headers = upstreamHeaders(h2.status, h2.headers);
         const locations = headers.filter((_, i) => i % 2 === 0 && headers[i]!.toLowerCase() === "location");
-        return { status: h2.status, headers, body: h2.body, location: locations.length === 1 ? getHeader(headers, "location") : undefined, trailers: h2.trailers };
+        return { status: h2.status, headers, body: h2.body, location: locations.length === 1 ? getHeader(headers, "location") : undefined, trailers: h2.trailers, httpVersion: "HTTP/2" };
       }
     }
     const pool = this.options.pools.get(url, address);

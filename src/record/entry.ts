@@ -29,6 +29,8 @@ export interface Exchange {
   readonly request: OutboundRequest;
   readonly requestBody: CapturedBody | null;
   readonly serverIPAddress: string;
+  /** The protocol the upstream spoke: `HTTP/1.1`, or `HTTP/2`. */
+  readonly httpVersion: string;
   readonly status: number;
   readonly headers: readonly string[];
   readonly responseBody: CapturedBody | null;
@@ -116,7 +118,7 @@ function build(x: Exchange, active: SecretStore | undefined, secrets: SecretStor
     request: {
       method: x.request.method,
       url,
-      httpVersion: "HTTP/1.1",
+      httpVersion: x.httpVersion,
       cookies: [],
       headers: requestHeaders,
       queryString: [...parsed.searchParams].map(([name, value]) => ({ name, value })),
@@ -127,7 +129,7 @@ function build(x: Exchange, active: SecretStore | undefined, secrets: SecretStor
     response: {
       status: x.status,
       statusText: "",
-      httpVersion: "HTTP/1.1",
+      httpVersion: x.httpVersion,
       cookies: [],
       headers: responseHeaders,
       content,

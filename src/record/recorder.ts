@@ -78,6 +78,7 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
           request,
           requestBody: requestCaptured,
           serverIPAddress: address.ip,
+          httpVersion: response.httpVersion ?? "HTTP/1.1",
           status: response.status,
           headers: response.headers,
           responseBody: body,

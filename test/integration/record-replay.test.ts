@@ -10,6 +10,7 @@ import type { AuditRecord } from "../../src/index.js";
 import type { RecordedHar } from "../../src/record/har.js";
 import { checkHarFile, formatHarReport } from "../../src/record/har-check.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
+import { startH2Upstream } from "../helpers/h2-upstream.js";
 import { openTlsTunnel } from "../helpers/raw.js";
 import { fetchVia, proxyAgent, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { startUpstream, type Route } from "../helpers/upstream.js";
@@ -70,6 +71,28 @@ describe("recorded network", () => {
     const echoAgain = await fetchVia(replayer, `${base}/echo`, { method: "POST", body: "hello", headers: { "content-type": "text/plain" } });
     expect(echoAgain.text).toBe(echoed.text);
     expect(upstream.hits()).toBe(hits);
+  });
+
+  // An entry said HTTP/1.1 whatever the upstream spoke; it is the upstream exchange that is recorded.
+  it("an entry's httpVersion is the protocol the upstream spoke: HTTP/2 from an h2-only upstream, HTTP/1.1 from an HTTP/1.1 one; both replay", async () => {
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    const h1 = await startUpstream();
+    const h2 = await startH2Upstream();
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    const viaH2 = await fetchVia(recorder, `https://api.test:${h2.port}/echo`);
+    const viaH1 = await fetchVia(recorder, `https://api.test:${h1.port}/echo`);
+    expect([viaH2.status, viaH1.status]).toEqual([200, 200]);
+    await recordAndClose(recorder);
+    const entries = readHar(har).log.entries;
+    expect(entries.map((e) => [new URL(e.request.url).port, e.request.httpVersion, e.response.httpVersion])).toEqual([
+      [String(h2.port), "HTTP/2", "HTTP/2"],
+      [String(h1.port), "HTTP/1.1", "HTTP/1.1"],
+    ]);
+    expect(formatHarReport(await checkHarFile(har)).status).toBe(0);
+    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har } } });
+    expect((await fetchVia(replayer, `https://api.test:${h2.port}/echo`)).text).toBe(viaH2.text);
+    expect((await fetchVia(replayer, `https://api.test:${h1.port}/echo`)).text).toBe(viaH1.text);
   });
 
   it("a miss gets 502 EG_REPLAY_MISS naming the nearest entry and the field, and opens no socket", async () => {
