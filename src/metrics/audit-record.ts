@@ -1,3 +1,4 @@
+import cluster from "node:cluster";
 import type { HookFailureKind } from "../errors.js";
 import type { SourceVerdict, TraceEntry } from "../pipeline/exchange.js";
 import { upstreamTimeOf } from "../pipeline/trace.js";
@@ -48,6 +49,11 @@ export interface AuditRecord {
   readonly time: string;
   /** The decision log line's id, to find the line for the record; absent for upgrades, as in the log. */
   readonly id?: number;
+  /**
+   * In a cluster worker (`--workers N`): its process id, as on its log lines. Each worker counts
+   * `id` from 1, so `worker` and `id` together name one decision.
+   */
+  readonly worker?: number;
   /** The guest's name; null when the guest was not known (a failed authentication is not recorded). */
   readonly guest: string | null;
   readonly method: string;
@@ -117,6 +123,9 @@ export interface AuditInput {
  * URL, the reasons (a hook's HttpRequestBlockedError message is the hook's own text), the
  * details and the cut's error.
  */
+/** Set in a cluster worker: each worker counts request ids on its own. */
+const workerPid = cluster.isWorker ? process.pid : undefined;
+
 export function buildAuditRecord(input: AuditInput, facts: AuditFacts | undefined, redact: (text: string) => string): AuditRecord {
   const text = (value: unknown): string => redact(value instanceof Error ? value.message : String(value));
   const rule = facts?.rule;
@@ -124,6 +133,7 @@ export function buildAuditRecord(input: AuditInput, facts: AuditFacts | undefine
   return {
     time: new Date(performance.timeOrigin + input.started).toISOString(),
     ...(typeof input.id === "number" ? { id: input.id } : {}),
+    ...(workerPid !== undefined ? { worker: workerPid } : {}),
     guest: input.guest ?? null,
     method: typeof input.method === "string" ? input.method : "",
     url: cut(text(input.target ?? "")),

@@ -479,6 +479,29 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     expect(await cli.exited).toEqual({ code: 0, signal: null });
   });
 
+  // Each worker counts request ids from 1: records without the worker's pid collided, and named
+  // no log line for sure.
+  it("every worker's audit records carry its pid, as its log lines do: worker and id name one decision line", async () => {
+    const dir = tempDir();
+    const audit = join(dir, "audit.jsonl");
+    const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", join(dir, "ca"), "--audit-log", audit]);
+    const workers = childPids(cli.process.pid!);
+    expect(workers).toHaveLength(2);
+    // A new connection each (the primary hands them to the workers in turn); refused, deny-all.
+    for (let i = 0; i < 4; i++) expect((await curl(["-sS", "-x", url, "-o", "/dev/null", "-w", "%{http_code}", `http://api.test/${i}`])).stdout).toBe("403");
+    const records = (): { worker?: number; id?: number; url: string }[] =>
+      existsSync(audit) ? readFileSync(audit, "utf8").split("\n").filter((l) => l !== "").map((l) => JSON.parse(l) as { worker?: number; id?: number; url: string }) : [];
+    await until(() => records().length === 4, 10_000, "four audit records");
+    expect(new Set(records().map((r) => r.worker))).toEqual(new Set(workers));
+    expect(new Set(records().map((r) => `${r.worker}:${r.id}`)).size).toBe(4);
+    const lines = linesOf(cli.stderr(), "request");
+    for (const record of records()) {
+      expect(lines.filter((line) => line["worker"] === record.worker && line["id"] === record.id).map((line) => line["target"])).toEqual([record.url]);
+    }
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+  });
+
   it("every worker refuses the primary's metrics listener as a target, as one process refuses its own", async () => {
     const dir = tempDir();
     const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", join(dir, "ca"), "--metrics-listen", "127.0.0.1:0", "--allow-internal-host", "127.0.0.1"]);
