@@ -339,12 +339,32 @@ export class SecretStore {
    * A text too complex to scan comes back undefined: the caller must not write it.
    */
   tokenize(text: string): string | undefined {
+    const out = this.tokenizePlaceholders(text);
+    this.redaction ??= valuesOf([...this.entries.values()]);
+    return replaceMatches(out, this.redaction, secretToken);
+  }
+
+  /**
+   * `text` with this store's placeholders, and nothing else, turned into their tokens: for what
+   * went out or came back as it was (a body), where a value would be a leak, not a token.
+   */
+  tokenizePlaceholders(text: string): string {
     let out = text;
     for (const e of this.entries.values()) {
       if (e.placeholder !== "" && out.includes(e.placeholder)) out = out.replaceAll(e.placeholder, secretToken(e.name));
     }
-    this.redaction ??= valuesOf([...this.entries.values()]);
-    return replaceMatches(out, this.redaction, secretToken);
+    return out;
+  }
+
+  /**
+   * The reverse, for a replayed response: each token of a secret of this store becomes this
+   * run's placeholder for it, so a guest reads back what it sent, as from the live upstream.
+   */
+  placeholdersForTokens(text: string): string {
+    if (!text.includes(tokenPrefix)) return text;
+    let out = text;
+    for (const e of this.entries.values()) if (e.placeholder !== "") out = out.replaceAll(secretToken(e.name), e.placeholder);
+    return out;
   }
 
   /**
@@ -579,8 +599,10 @@ function occurrences(text: string, needle: string): number {
 }
 
 /** The stable token a recording holds for secret `name`, in place of its placeholder or value. */
+const tokenPrefix = "EGRESSGATE_SECRET{";
+
 export function secretToken(name: string): string {
-  return `EGRESSGATE_SECRET{${name}}`;
+  return `${tokenPrefix}${name}}`;
 }
 
 /** `text` with every span where a needle was found replaced by `label(name)`; undefined when it could not be scanned. */

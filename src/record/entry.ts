@@ -107,7 +107,7 @@ function build(x: Exchange, active: SecretStore | undefined, secrets: SecretStor
     const value = x.headers[i + 1]!;
     if (lower === "set-cookie" && !options.cookies) responseHeaders.push({ name, value: maskCookie(value) });
     else if (tokenizedResponseHeaders.has(lower)) responseHeaders.push({ name, value: tokenize(value, `response header ${name}`) });
-    else responseHeaders.push({ name, value: active === undefined ? value : active.redact(value) });
+    else responseHeaders.push({ name, value: active === undefined ? value : active.tokenizePlaceholders(active.redact(value)) });
   }
   const content = contentOf(x.responseBody, contentType, codings, active, x.sidecarLeak);
   const location = getHeader(x.headers, "location");
@@ -179,10 +179,9 @@ function postDataOf(body: CapturedBody, mimeType: string, secrets: SecretStore |
   if (body.file !== undefined) return { mimeType, text: "", _file: body.file };
   const bytes = body.bytes!;
   if (isText(bytes, mimeType)) {
-    let text = bytes.toString("utf8");
+    const text = bytes.toString("utf8");
     // Placeholders only: a value here was not put by the proxy, and fails the final check.
-    for (const info of secrets?.list() ?? []) if (info.placeholder !== "") text = text.replaceAll(info.placeholder, `EGRESSGATE_SECRET{${info.name}}`);
-    return { mimeType, text };
+    return { mimeType, text: secrets?.tokenizePlaceholders(text) ?? text };
   }
   return { mimeType, text: bytes.toString("base64"), _encoding: "base64" };
 }
@@ -213,7 +212,10 @@ function contentOf(body: CapturedBody | null, mimeType: string, codings: readonl
   const compression = encoded === undefined ? { compression: bytes.length - body.size } : {};
   if (encoded === undefined && isText(bytes, mimeType)) {
     let text = bytes.toString("utf8");
-    if (secrets !== undefined) text = redactBody(text, secrets);
+    // A placeholder the upstream echoed (a body goes out as it is) is kept as its token, as the
+    // request's is: the file means the same whatever the run's placeholders, and replay puts
+    // the replaying run's back.
+    if (secrets !== undefined) text = secrets.tokenizePlaceholders(redactBody(text, secrets));
     return { size: Buffer.byteLength(text), ...compression, mimeType, text };
   }
   if (secrets !== undefined) {

@@ -5,7 +5,7 @@ import { EgressError } from "../errors.js";
 import { contentCodingList, hasNoContent, noContentFraming } from "../headers.js";
 import type { Logger } from "../log.js";
 import type { Executor, ExecutorResponse, GuestGone, OutboundRequest } from "../pipeline/exchange.js";
-import { secretToken, type SecretStore } from "../policy/secrets.js";
+import type { SecretStore } from "../policy/secrets.js";
 import { tokenizeHeader } from "./entry.js";
 import { inlineBodyLimit, maxRecordedMs, type RecordedEntry } from "./har.js";
 import { fieldsOf, type BodyForKey, type MatchOptions } from "./match.js";
@@ -90,24 +90,26 @@ async function readBody(body: OutboundRequest["body"]): Promise<ReadBody> {
 /** Placeholders in a text body become tokens, as the recorder wrote them. */
 function keyBody(body: ReadBody, secrets: SecretStore | undefined): BodyForKey {
   if (body === null || !("bytes" in body)) return body === null ? null : { sha256: body.sha256 };
-  const infos = secrets?.list() ?? [];
-  if (infos.length === 0) return body;
-  let text = body.bytes.toString("utf8");
+  if (secrets === undefined || secrets.list().length === 0) return body;
+  const text = body.bytes.toString("utf8");
   if (!Buffer.from(text, "utf8").equals(body.bytes)) return body;
-  for (const info of infos) if (info.placeholder !== "") text = text.replaceAll(info.placeholder, secretToken(info.name));
-  return { bytes: Buffer.from(text, "utf8") };
+  return { bytes: Buffer.from(secrets.tokenizePlaceholders(text), "utf8") };
 }
 
 async function respond(entry: RecordedEntry, request: OutboundRequest, deps: ReplayDeps, signal: GuestGone): Promise<ExecutorResponse> {
   const { response } = entry;
   const headers: string[] = [];
   let location: string | undefined;
+  // Tokens of echoed placeholders become this run's (the recorder wrote them so); not in the
+  // Location fields, whose tokens name the recorded hop the next request must match.
+  const secrets = deps.secrets();
+  const placeholders = (text: string): string => secrets?.placeholdersForTokens(text) ?? text;
   for (const { name, value } of response.headers ?? []) {
     const lower = name.toLowerCase();
     // HTTP/2 pseudo-headers, as Chrome exports them, and per-connection fields.
     if (lower.startsWith(":") || notReplayed.has(lower)) continue;
     if (lower === "location") location = location === undefined ? value : location;
-    headers.push(name, value);
+    headers.push(name, lower === "location" || lower === "content-location" ? value : placeholders(value));
   }
   const content = response.content;
   const noBody = methodsWithoutBody.has(request.method) || hasNoContent(response.status) || (response.status >= 100 && response.status < 200);
@@ -135,7 +137,7 @@ async function respond(entry: RecordedEntry, request: OutboundRequest, deps: Rep
     length = opened.stats.size;
   } else {
     const text = content?.text ?? "";
-    const bytes = Buffer.from(text, content?.encoding === "base64" ? "base64" : "utf8");
+    const bytes = content?.encoding === "base64" ? Buffer.from(text, "base64") : Buffer.from(placeholders(text), "utf8");
     body = chunked(bytes, entry._egressgate?.chunks, deps.latency === "recorded", signal);
     length = bytes.length;
   }

@@ -183,6 +183,45 @@ describe("recorded network", () => {
     expect(upstream.hits()).toBe(2);
   });
 
+  // A body goes out as it is, placeholders and all, and an upstream may send one back. The
+  // response kept this run's placeholder raw, so `har check` flagged the proxy's own file and a
+  // replaying run (with placeholders of its own) read back a stranger's.
+  it("a placeholder an upstream echoes in a body and a header is recorded as its token, passes `har check`, and replays as the replaying run's placeholder", async () => {
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    const upstream = await startUpstream({
+      routes: {
+        "/reflect": (_req, res, body) => {
+          res.writeHead(200, { "content-type": "text/plain", "x-reflect": body.toString("utf8") });
+          res.end(`you sent: ${body.toString("utf8")}`);
+        },
+      },
+    });
+    const base = `https://api.test:${upstream.port}`;
+    const secrets = (value: string) => ({ GH_TOKEN: { hosts: ["api.test"], value } });
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"], secrets: secrets(VALUE) }, { upstream: { record: { path: har } } });
+    const placeholder = recorder.guestEnv()["GH_TOKEN"]!;
+    const live = await fetchVia(recorder, `${base}/reflect`, { method: "POST", body: placeholder, headers: { "content-type": "text/plain" } });
+    expect(live.text).toBe(`you sent: ${placeholder}`);
+    expect(live.headers["x-reflect"]).toBe(placeholder);
+    await recorder.close();
+    const disk = everything(har);
+    expect(disk).not.toContain(placeholder);
+    const [entry] = readHar(har).log.entries;
+    expect(entry!.response.content.text).toBe("you sent: EGRESSGATE_SECRET{GH_TOKEN}");
+    expect(entry!.response.headers.find((h) => h.name === "x-reflect")?.value).toBe("EGRESSGATE_SECRET{GH_TOKEN}");
+    expect(formatHarReport(await checkHarFile(har)).status).toBe(0);
+
+    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"], secrets: secrets("dummy-value-xyz") }, { upstream: { replay: { path: har } } });
+    const newPlaceholder = replayer.guestEnv()["GH_TOKEN"]!;
+    expect(newPlaceholder).not.toBe(placeholder);
+    const replayed = await fetchVia(replayer, `${base}/reflect`, { method: "POST", body: newPlaceholder, headers: { "content-type": "text/plain" } });
+    expect(replayed.status).toBe(200);
+    expect(replayed.text).toBe(`you sent: ${newPlaceholder}`);
+    expect(replayed.headers["x-reflect"]).toBe(newPlaceholder);
+    expect(upstream.hits()).toBe(1);
+  });
+
   it("a value a hook puts into a request body drops the entry with EG_RECORD_LEAK", async () => {
     const dir = tempDir();
     const har = join(dir, "run.har");
