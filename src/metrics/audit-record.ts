@@ -118,14 +118,14 @@ export interface AuditInput {
   readonly error?: unknown;
 }
 
+/** Set in a cluster worker: each worker counts request ids on its own. */
+const workerPid = cluster.isWorker ? process.pid : undefined;
+
 /**
  * Builds the record. Every string that could carry a secret's value goes through `redact`: the
  * URL, the reasons (a hook's HttpRequestBlockedError message is the hook's own text), the
  * details and the cut's error.
  */
-/** Set in a cluster worker: each worker counts request ids on its own. */
-const workerPid = cluster.isWorker ? process.pid : undefined;
-
 export function buildAuditRecord(input: AuditInput, facts: AuditFacts | undefined, redact: (text: string) => string): AuditRecord {
   const text = (value: unknown): string => redact(value instanceof Error ? value.message : String(value));
   const rule = facts?.rule;

@@ -598,9 +598,9 @@ function occurrences(text: string, needle: string): number {
   return count;
 }
 
-/** The stable token a recording holds for secret `name`, in place of its placeholder or value. */
 const tokenPrefix = "EGRESSGATE_SECRET{";
 
+/** The stable token a recording holds for secret `name`, in place of its placeholder or value. */
 export function secretToken(name: string): string {
   return `${tokenPrefix}${name}}`;
 }

@@ -113,7 +113,13 @@ export class Recording {
     let out: FileHandle | undefined;
     // A process that exits while the file is written (the CLI's second SIGTERM stops waiting for
     // the drain) leaves no half-written temporary file behind; the journal stays for the next run.
-    const leftBehind = (): void => rmSync(tmp, { force: true });
+    const leftBehind = (): void => {
+      try {
+        rmSync(tmp, { force: true });
+      } catch {
+        // Exiting anyway: a file that cannot be removed stays, as before.
+      }
+    };
     process.once("exit", leftBehind);
     try {
       // Whatever stands at the temporary name (a link, a FIFO, what a crash left) goes, and the file
