@@ -24,6 +24,11 @@ export function relay(a: RelayEnd, b: RelayEnd, idleMs: number): void {
   ] as const) {
     self.setTimeout(idleMs, closeBoth);
     self.on("error", closeBoth);
+    // A socket that is not half-open ends its own writing at its peer's FIN: what the other side
+    // still sends has nowhere to go, and writing it would fail both (EPIPE), held bytes and all.
+    self.once("end", () => {
+      if (!self.allowHalfOpen) other.unpipe(self);
+    });
     self.on("close", () => {
       if (self.readableEnded) other.end();
       else closeBoth();

@@ -13,8 +13,8 @@ class End extends Duplex {
   private flowing = false;
   onIdle: (() => void) | undefined;
 
-  constructor() {
-    super({ highWaterMark: 1024, allowHalfOpen: true });
+  constructor(allowHalfOpen = true) {
+    super({ highWaterMark: 1024, allowHalfOpen });
   }
 
   override _read(): void {}
@@ -79,6 +79,26 @@ describe("relay: the end of an upgraded connection", () => {
     await settle([receiver]);
     expect(receiver.bytesHandedOver()).toBe(64 * 1024);
     expect(receiver.writableFinished).toBe(true);
+  });
+
+  // An upstream connection is not half-open: at its peer's FIN it ends its own side too, and a
+  // write the guest's bytes made after that failed it, and took the guest's side down with it.
+  it("an upstream that ends at its peer's FIN: the guest's later bytes are not written to it, and the guest still gets the tail", async () => {
+    const guest = new End();
+    const upstream = new End(false);
+    relay(guest, upstream, 60_000);
+    upstream.arrive(8 * 1024);
+    upstream.push(null);
+    await turn();
+    guest.arrive(100);
+    upstream.flow();
+    await settle([upstream]);
+    expect(guest.destroyed).toBe(false);
+    expect(upstream.bytesHandedOver()).toBe(0);
+    guest.flow();
+    await settle([guest]);
+    expect(guest.bytesHandedOver()).toBe(8 * 1024);
+    expect(guest.writableFinished).toBe(true);
   });
 
   // Table: how one side goes × what becomes of the other.
