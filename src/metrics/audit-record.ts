@@ -56,6 +56,7 @@ export interface AuditRecord {
   readonly worker?: number;
   /** The guest's name; null when the guest was not known (a failed authentication is not recorded). */
   readonly guest: string | null;
+  /** As the guest sent it, cut after 32 characters (then `…`): only a refused method is longer. */
   readonly method: string;
   /** The destination as the guest asked for it, without the query (as the decision log has it), redacted; `host:port` for CONNECT. */
   readonly url: string;

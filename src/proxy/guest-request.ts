@@ -74,6 +74,18 @@ export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | u
  * runs (and `egressgate check` with it): CONNECT inside a tunnel, TRACE and TRACK (405), and a
  * method that is not an RFC 9110 token (400).
  */
+/**
+ * The longest method a log line or an audit record carries. Every method the proxy forwards is
+ * far shorter (Node's parser takes none over 12 characters); HTTP/2 carries any token up to the
+ * header list's limit, and a 60 KB one, refused, was logged whole, and its lines' redaction held
+ * every guest (~35 ms each).
+ */
+const maxLoggedMethod = 32;
+
+export function loggableMethod(method: string): string {
+  return method.length <= maxLoggedMethod ? method : `${method.slice(0, maxLoggedMethod)}…`;
+}
+
 export function checkMethod(method: string): void {
   // Every request comes this way: the usual method costs one lookup.
   if (forwardedMethods.has(method)) return;

@@ -9,7 +9,7 @@ import { countPushed, type ByteCount } from "../metrics/byte-counter.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
 import { authenticationRequired } from "./auth.js";
 import { errorFields, type DecisionLog } from "./decision-log.js";
-import { loggableRequestTarget, type TunnelTarget } from "./guest-request.js";
+import { loggableMethod, loggableRequestTarget, type TunnelTarget } from "./guest-request.js";
 import { removedCut, wasRemoved, type Guest, type GuestRegistry } from "./guests.js";
 import { h2OutboundRequest } from "./h2-request.js";
 import { sendH2Error, sendH2Response, type StallWatch } from "./h2-respond.js";
@@ -360,7 +360,7 @@ export class H2Guests {
     let method = "";
     let path = "/";
     for (let i = 0; i < raw.length; i += 2) {
-      if (raw[i] === ":method") method = raw[i + 1]!;
+      if (raw[i] === ":method") method = loggableMethod(raw[i + 1]!);
       else if (raw[i] === ":path") path = raw[i + 1]!;
     }
     // As an HTTP/1.1 guest's line says it in a tunnel: a path on the tunnel's origin, anything

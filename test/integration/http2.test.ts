@@ -9,6 +9,7 @@ import { curlVia } from "../helpers/curl.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { h2Request, h2Session, h2SessionOnSocket, openH2Tls } from "../helpers/h2-client.js";
 import { startTestProxy } from "../helpers/proxy.js";
+import type { AuditRecord } from "../../src/index.js";
 import { openTlsTunnel } from "../helpers/raw.js";
 import { patternChunk, patternSha256, startUpstream, type Route } from "../helpers/upstream.js";
 
@@ -139,6 +140,23 @@ describe("HTTP/2 guests", () => {
     ]);
     expect([lower.status, mixed.status, upper.status, get.status]).toEqual([400, 400, 403, 200]);
     expect(lower.body.toString()).toContain("spell it DELETE");
+    expect(upstream.seen.map((r) => r.method)).toEqual(["GET"]);
+  });
+
+  // Any token up to the header list's limit: a 60 KB method, refused, was logged and audited whole.
+  it("a 60,000-character method is refused with 400, and its decision line and audit record carry 32 characters of it", async () => {
+    const upstream = await startUpstream();
+    const records: AuditRecord[] = [];
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { onDecision: (record) => void records.push(record) });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const method = "X".repeat(60_000);
+    const refused = await h2Request(session, { ":method": method, ":path": "/echo" });
+    expect(refused.status).toBe(400);
+    const line = proxy.logs.find((l) => l["msg"] === "request" && l["status"] === 400);
+    expect(line?.["method"]).toBe(`${"X".repeat(32)}…`);
+    expect(records.map((r) => r.method)).toEqual([`${"X".repeat(32)}…`]);
+    expect(JSON.stringify(proxy.logs).length).toBeLessThan(20_000);
+    expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
     expect(upstream.seen.map((r) => r.method)).toEqual(["GET"]);
   });
 
