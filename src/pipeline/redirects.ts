@@ -23,7 +23,8 @@ export type HopCheck = (hop: { readonly from: URL; readonly url: URL; readonly l
  * hop as the upstream wrote it, fragment included, and may throw to refuse it (the secrets'
  * redirect scan).
  */
-export function nextHop(previous: OutboundRequest, status: number, location: string, check?: HopCheck): OutboundRequest {
+export function nextHop(previous: OutboundRequest, status: number, written: string, check?: HopCheck): OutboundRequest {
+  const location = locationText(written);
   let url: URL;
   try {
     url = new URL(location, previous.url);
@@ -41,9 +42,13 @@ export function nextHop(previous: OutboundRequest, status: number, location: str
   } catch (error) {
     throw new EgressError("EG_UPSTREAM", 502, `redirect from ${previous.url.origin} to an invalid host: ${(error as Error).message}`);
   }
-  // The hop as written, fragment included, for the check only: a copy costs a parse per hop.
-  const written = check === undefined ? undefined : new URL(url.href);
+  // The hop as written, fragment and userinfo included, for the check only: a copy costs a parse per hop.
+  const asWritten = check === undefined ? undefined : new URL(url.href);
   url.hash = "";
+  // Credentials in a Location (`https://user:pw@host/`) are the upstream's, not the guest's: not
+  // sent on (undici ignored them; a WHATWG Request, which hooks get, refuses such a URL).
+  url.username = "";
+  url.password = "";
   let method = previous.method;
   if ((status === 303 && method !== "HEAD") || ((status === 301 || status === 302) && method === "POST")) {
     method = "GET";
@@ -64,8 +69,25 @@ export function nextHop(previous: OutboundRequest, status: number, location: str
     body = null; // an empty body was consumed; the next hop sends Content-Length: 0 again
   }
   if (url.origin !== previous.url.origin) headers = withoutHeaders(headers, credentialHeaders);
-  if (check !== undefined) check({ from: previous.url, url: written!, location, headers });
+  if (check !== undefined) check({ from: previous.url, url: asWritten!, location, headers });
   return { method, url, headers, body };
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
+/**
+ * A Location as its bytes say it. Header values reach the proxy one character per byte (Latin-1),
+ * so `/résumé` sent as UTF-8 arrived as `/rÃ©sumÃ©` and the hop went to `/r%C3%83%C2%A9…`; curl,
+ * browsers and fetch read the bytes as UTF-8. Bytes that are not UTF-8 stay as they came.
+ */
+function locationText(value: string): string {
+  // Only a string of bytes with one past ASCII: a hook's Location may hold any character.
+  if (!/[\x80-\xff]/.test(value) || /[\u0100-\uffff]/.test(value)) return value;
+  try {
+    return utf8.decode(Buffer.from(value, "latin1"));
+  } catch {
+    return value;
+  }
 }
 
 function hasBodyBytes(request: OutboundRequest, body: Readable): boolean {
