@@ -127,6 +127,9 @@ export function absoluteFormUrl(target: string): URL {
   // A plain forward-proxy request must be absolute-form; its URL names the destination and
   // the Host header is replaced (RFC 9112 §3.2.2).
   if (!/^https?:\/\//i.test(target)) {
+    // `ws://` or `ftp://` is absolute-form too: the scheme is what is refused.
+    const scheme = /^([a-z][a-z0-9+.-]*):\/\//i.exec(target)?.[1];
+    if (scheme !== undefined) throw badRequest(`egressgate forwards http:// and https:// requests, not ${scheme.toLowerCase()}:// (ws:// goes as an Upgrade of an http:// request)`);
     throw badRequest("egressgate is a forward proxy: send absolute-form requests (GET http://host/path) or CONNECT");
   }
   let url: URL;

@@ -164,6 +164,17 @@ describe("request framing", () => {
   }
 });
 
+describe("absolute-form targets of other schemes", () => {
+  // Absolute-form already: the old answer told the guest to send absolute-form requests.
+  it.each(["ws", "wss", "ftp"])("GET %s://… gets 400 naming the scheme, is never forwarded, and the proxy keeps serving", async (scheme) => {
+    const s = await setup();
+    const res = await sendToProxy(s.proxy, `GET ${scheme}://api.test:${s.http.port}/echo HTTP/1.1\r\nHost: api.test:${s.http.port}\r\n\r\n`);
+    expectRefusal(res, 400, "Bad Request", new RegExp(`forwards http:// and https:// requests, not ${scheme}://`));
+    expect(s.http.hits()).toBe(0);
+    expect((await sendToProxy(s.proxy, `GET http://api.test:${s.http.port}/echo HTTP/1.1\r\nHost: api.test:${s.http.port}\r\n\r\n`)).status).toBe(200);
+  });
+});
+
 describe("addressing inside a tunnel", () => {
   it("a plain-HTTP request line that arrives in pieces inside a tunnel is still served", async () => {
     const s = await setup();
