@@ -1,4 +1,5 @@
 import { readFileSync } from "node:fs";
+import { isDeepStrictEqual } from "node:util";
 import { defaults } from "../config/defaults.js";
 import { makeIssue, OptionError, optionError, type OptionIssue } from "../config/option-error.js";
 import { apiOptionsSchema } from "../config/schema.js";
@@ -267,6 +268,24 @@ function overDefaults<T extends Record<string, number>>(table: T, given: Partial
   const out: Record<string, number> = { ...table };
   for (const [key, value] of Object.entries(given ?? {})) if (value !== undefined) out[key] = value;
   return out as T;
+}
+
+/**
+ * What a reload does not apply: every option outside the guests, read once at the start. The
+ * ones that `next` changes, named as the options name them, for the reload's warning (a changed
+ * `logLevel` or `timeouts` was accepted in silence, and kept its old value).
+ */
+const notReloaded = ["listen", "caDir", "upstreamCaPems", "leafKeyType", "leafCacheSize", "maxRedirects", "refuseInTunnel", "maxHttpBodyBytes", "maxHttpResponseBodyBytes", "timeouts", "limits", "logLevel", "guestEnvFile", "metricsListen", "metrics", "upstream", "auditLog", "deploymentKey"] as const;
+
+export function settingsNotReloaded(current: ResolvedProxyOptions, next: ResolvedProxyOptions): string[] {
+  return notReloaded
+    .filter((key) => (key === "listen" ? !sameListen(current.listen, next.listen) : !isDeepStrictEqual(current[key], next[key])))
+    .map((key) => (key === "upstreamCaPems" ? "upstreamCa" : key));
+}
+
+/** Port 0 asks for any free port: the one the proxy (or a `--workers` primary) took is that. */
+function sameListen(current: ResolvedProxyOptions["listen"], next: ResolvedProxyOptions["listen"]): boolean {
+  return current.host === next.host && (next.port === 0 || current.port === next.port);
 }
 
 /** Validates startProxy options once, through the one schema; errors carry the option's path and code. */

@@ -18,7 +18,7 @@ import { resolveGuestOptions, type GuestOptions } from "./guest-options.js";
 import { GuestSide } from "./guest-side.js";
 import { GuestRegistry } from "./guests.js";
 import { listenAddresses } from "./listen-addresses.js";
-import { checkGuestOptions, checkSourcesApart, connectionsWithin, openFileLimit, resolveProxyOptions, type ProxyOptions } from "./options.js";
+import { checkGuestOptions, checkSourcesApart, connectionsWithin, openFileLimit, resolveProxyOptions, settingsNotReloaded, type ProxyOptions } from "./options.js";
 import { GuestRedactor } from "./redactor.js";
 import { ThrottledWarning } from "./throttled-log.js";
 import { serveTunnel } from "./tunnel.js";
@@ -293,9 +293,11 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
         throw new TypeError("reload: a proxy that serves one guest without credentials stays that way (and one with credentials too); restart it to change");
       }
       checkSourcesApart(resolved.guests);
+      const ignored = settingsNotReloaded(config, resolved);
       const { replaced, removed } = guests.replaceAll(resolved.guests);
       redactor.update(guests);
       log.info("configuration reloaded", { guests: guests.names(), ...(removed.length > 0 ? { removed: removed.map((guest) => guest.name) } : {}) });
+      if (ignored.length > 0) log.warn("reload: these settings apply only at a restart, and keep their values until then", { settings: ignored });
       await Promise.all(removed.map((guest) => guest.close()));
       // Not awaited: an old pool closes once its last in-flight request has finished.
       for (const guest of replaced) void guest.retire().catch((error: unknown) => log.warn("closing a replaced guest's pools failed", { guest: guest.name, error }));

@@ -184,6 +184,26 @@ describe("proxy.reload", () => {
     await closed;
   });
 
+  // Everything outside the guests is read once, at the start: a changed logLevel or timeout was
+  // accepted without a word and kept its old value.
+  it("warns, naming them, when a reload changes settings that apply only at a restart; a reload that changes none does not", async () => {
+    const caDir = tempDir();
+    const ca = await testCa();
+    const same = { listen: { host: "127.0.0.1", port: 0 }, caDir, upstreamCa: [ca.certPem], resolve: { "api.test": ["127.0.0.1"] } };
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { caDir });
+    const warnings = (): unknown[] => proxy.logs.filter((l) => String(l["msg"]).startsWith("reload: these settings")).map((l) => l["settings"]);
+    const next = (): Pick<ReturnType<typeof createHttpHooks>, "httpHooks" | "env"> => {
+      const { httpHooks, env } = createHttpHooks({ allowedInternalHosts: ["api.test"] });
+      return { httpHooks, env };
+    };
+    await proxy.reload({ ...same, logLevel: "debug", ...next() });
+    expect(warnings()).toEqual([]);
+    await proxy.reload({ ...same, logLevel: "warn", maxRedirects: 3, timeouts: { upstreamHeadersMs: 500 }, ...next() });
+    expect(warnings()).toEqual([["maxRedirects", "timeouts", "logLevel"]]);
+    const upstream = await startUpstream();
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+
   it("rejects invalid options whole and keeps the old configuration serving", async () => {
     const upstream = await startUpstream();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { logLevel: "warn", caDir: tempDir() });
