@@ -29,7 +29,10 @@ export type Negotiated =
 
 interface Entry {
   readonly session: ClientHttp2Session;
+  /** Streams handed out (acquire) and not yet ended (release), whether or not Node has sent them. */
   active: number;
+  /** close() retired the session while it had streams: it closes when the last one ends. */
+  retiring: boolean;
 }
 
 /** How long after the upstream's FIN a session's streams are judged (see H2Sessions.upstreamEnded). */
@@ -103,10 +106,12 @@ export class H2Sessions {
     return Math.max(this.options.sessionsPerOrigin, Math.ceil(this.options.streamsPerOrigin / Math.max(1, peerStreams(session))));
   }
 
-  /** Marks a stream as ended on its session: an idle session may then close. */
+  /** Marks a stream as ended on its session: an idle session may then close, and a retired one does. */
   release(session: ClientHttp2Session, _key: string): void {
     const entry = entryOf.get(session);
-    if (entry !== undefined && entry.active > 0) entry.active -= 1;
+    if (entry === undefined || entry.active === 0) return;
+    entry.active -= 1;
+    if (entry.active === 0 && entry.retiring && !session.closed && !session.destroyed) session.close();
   }
 
   private claim(entry: Entry): ClientHttp2Session {
@@ -157,7 +162,7 @@ export class H2Sessions {
       this.unclosed.delete(session);
       this.live(key);
     });
-    const entry: Entry = { session, active: 0 };
+    const entry: Entry = { session, active: 0, retiring: false };
     entryOf.set(session, entry);
     // Idle: closed once silent for idleMs with no stream. Node's setTimeout(ms, callback) listens
     // once: this listener stays, and each call re-arms.
@@ -259,9 +264,21 @@ export class H2Sessions {
    * pools: requests under way keep the configuration they started with). Those requests may
    * still need sessions (a redirect, a retry): one opened from now on closes when idle, as any
    * session does.
+   *
+   * A session with streams handed out is closed only when the last of them ends (release), not
+   * now: a stream given its session a few microtasks ago may not be open yet (Node refuses it on
+   * a closed session), or open with its HEADERS still unsent (Node sends them in its next write,
+   * after the GOAWAY a close() queues, and nghttp2 then refuses a new stream on a session with no
+   * other active one: REFUSED_STREAM). A bodiless request went again on another session; an
+   * upload, its body already streaming in, failed with 502 (black-box finding: SIGHUPs under
+   * small POSTs to an h2 upstream).
    */
   close(): void {
-    for (const session of this.unclosed) if (!session.closed) session.close();
+    for (const session of this.unclosed) {
+      const entry = entryOf.get(session);
+      if (entry !== undefined && entry.active > 0) entry.retiring = true;
+      else if (!session.closed) session.close();
+    }
     this.sessions.clear();
   }
 

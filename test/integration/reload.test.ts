@@ -1,7 +1,9 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { readFileSync, renameSync, writeFileSync } from "node:fs";
 import { request as httpRequest } from "node:http";
+import { connect as http2Connect, type ClientHttp2Session } from "node:http2";
 import { join } from "node:path";
+import { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { ProxyAgent, request as undiciRequest } from "undici";
@@ -104,6 +106,45 @@ describe("proxy.reload", () => {
     await proxy.reload({ httpHooks: next.httpHooks, env: next.env, resolve: { "api.test": ["127.0.0.1"], "other.test": ["127.0.0.1"] } });
     finish();
     expect(await answer).toEqual({ status: 200, body: `${"a".repeat(50)}${"b".repeat(50)}` });
+  });
+
+  // A reload retires the HTTP/2 sessions. One closed just after the proxy opened a stream on it,
+  // before Node had sent that stream's HEADERS, had nghttp2 send the GOAWAY first and then refuse
+  // the stream itself (REFUSED_STREAM); an upload's body was already piped in and could not go
+  // again: 502 "refused the stream" (black-box finding: SIGHUPs under small POSTs). The reload
+  // here runs inside the upload's session.request() call, so the HEADERS are still unsent.
+  it("an upload whose HTTP/2 stream opens as the reload retires its session goes out on it, not refused", async () => {
+    const upstream = await startH2Upstream();
+    const hooks = { allowedInternalHosts: ["api.test"] };
+    const proxy = await startTestProxy(hooks, { logLevel: "warn" });
+    const url = `https://api.test:${upstream.port}/echo`;
+    expect((await fetchVia(proxy, url)).status).toBe(200);
+    // Any client session has the prototype the proxy's sessions share; this one never connects.
+    const probe = http2Connect("https://127.0.0.1:1");
+    probe.on("error", () => undefined);
+    probe.destroy();
+    const sessionPrototype = Object.getPrototypeOf(probe) as { request: ClientHttp2Session["request"] };
+    const request = sessionPrototype.request;
+    onTestFinished(() => void (sessionPrototype.request = request));
+    let reloaded: Promise<void> | undefined;
+    sessionPrototype.request = function (this: ClientHttp2Session, ...args: Parameters<ClientHttp2Session["request"]>) {
+      const stream = request.apply(this, args);
+      if (reloaded === undefined && args[0]?.[":method"] === "POST") {
+        sessionPrototype.request = request;
+        const next = createHttpHooks(hooks);
+        reloaded = proxy.reload({ httpHooks: next.httpHooks, env: next.env, resolve: { "api.test": ["127.0.0.1"], "other.test": ["127.0.0.1"] } });
+      }
+      return stream;
+    };
+    const res = await fetchVia(proxy, url, { method: "POST", body: Readable.from([Buffer.from("hello")]) });
+    expect(reloaded).toBeDefined();
+    await reloaded;
+    expect(res.status, res.text).toBe(200);
+    expect(JSON.parse(res.text)).toMatchObject({ headers: { ":method": "POST" }, bodyBytes: 5 });
+    // It went on the session the reload retired (no second connection); the next request opens one.
+    expect(upstream.connections()).toBe(1);
+    expect((await fetchVia(proxy, url, { method: "POST", body: Readable.from([Buffer.from("again")]) })).status).toBe(200);
+    expect(upstream.connections()).toBe(2);
   });
 
   // A request under way keeps the configuration it started with, redirects included: its retired

@@ -1,10 +1,13 @@
-import { once } from "node:events";
+import { EventEmitter, once } from "node:events";
 import { createServer } from "node:http";
 import { createServer as createNetServer, type AddressInfo, type Socket } from "node:net";
+import { Readable } from "node:stream";
 import { createSecureContext } from "node:tls";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { EgressError } from "../../src/errors.js";
 import { PinnedPools, sameAddress } from "../../src/upstream/pinned-pools.js";
+import { startH2Upstream } from "../helpers/h2-upstream.js";
+import { testCa } from "../helpers/test-ca.js";
 
 async function loopbackServer(): Promise<number> {
   const server = createServer((_req, res) => res.end("ok"));
@@ -71,6 +74,48 @@ describe("pinned pools", () => {
     p.get(new URL("http://b.test"), { ip: "127.0.0.1", family: 4 });
     expect(p.size).toBe(2);
     expect(p.get(new URL("http://a.test"), { ip: "127.0.0.1", family: 4 })).not.toBe(a);
+  });
+});
+
+describe("retired HTTP/2 sessions (a reload)", () => {
+  // close() once closed every session at once: an upload that had been given a session but not
+  // yet opened its stream on it was then refused by Node ("session is closing") and, its body
+  // streamed, could not go again (502). A session with streams handed out closes after them.
+  it("send an upload given a session just before close() on that session, then close it", async () => {
+    const upstream = await startH2Upstream();
+    const ca = await testCa();
+    let closed = 0;
+    const p = new PinnedPools({
+      upstreamContext: createSecureContext({ ca: ca.certPem }),
+      maxPools: 2,
+      connectionsPerPool: 2,
+      connectTimeoutMs: 2_000,
+      headersTimeoutMs: 2_000,
+      bodyTimeoutMs: 2_000,
+      keepAliveTimeoutMs: 10_000,
+      h2PingMs: 10_000,
+      recheck: () => undefined,
+      onConnection: (_protocol, connection) => connection.once("close", () => (closed += 1)),
+    });
+    onTestFinished(() => p.destroy());
+    const address = { ip: "127.0.0.1", family: 4 } as const;
+    const url = new URL(`https://api.test:${upstream.port}/echo`);
+    const signal = Object.assign(new EventEmitter(), { aborted: false });
+    const send = (body: Readable | null) => p.sendH2({ method: body === null ? "GET" : "POST", url, headers: [], body }, address, signal, false, 10);
+    const warm = await send(null);
+    expect(warm?.status).toBe(200);
+    for await (const _ of warm!.body!);
+    // sendH2 takes the open session in this turn, and opens its stream on it a few microtasks on.
+    const upload = send(Readable.from([Buffer.from("hello")]));
+    void p.close();
+    const res = await upload;
+    expect(res?.status).toBe(200);
+    let text = "";
+    for await (const chunk of res!.body!) text += String(chunk);
+    expect(JSON.parse(text)).toMatchObject({ headers: { ":method": "POST" }, bodyBytes: 5 });
+    expect(upstream.connections()).toBe(1);
+    // And the retired session closes once that stream is done.
+    await expect.poll(() => closed).toBe(1);
   });
 });
 
