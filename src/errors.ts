@@ -161,3 +161,12 @@ export function guestError(error: EgressError, redact: ((text: string) => string
 export function quoteShort(text: string, max = 64): string {
   return text.length <= max ? JSON.stringify(text) : `of ${text.length} characters (not shown)`;
 }
+
+/** A thrown value as text for the log, whatever it is (reading its fields may throw too). */
+export function describeThrown(error: unknown): string {
+  try {
+    return error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+  } catch {
+    return "a value that could not be read";
+  }
+}

@@ -1,3 +1,4 @@
+import { describeThrown } from "../errors.js";
 import type { AuditLogFile, AuditWarn } from "./audit-log.js";
 import type { AuditRecord } from "./audit-record.js";
 
@@ -11,8 +12,10 @@ export type DecisionCallback = (record: AuditRecord) => unknown;
  * the guest's answer is already decided, and the proxy keeps serving.
  */
 export function createAuditSink(file: AuditLogFile | undefined, onDecision: DecisionCallback | undefined, warn: AuditWarn): (record: AuditRecord) => void {
+  // What it throws is the embedder's: a value with no toString, or a message that throws when
+  // read, must not throw here (in a rejection's handler, that ended the process).
   const failed = (error: unknown): void =>
-    warn("audit:onDecision", "onDecision threw; the record is written and the proxy carries on", { error: error instanceof Error ? error.message : String(error) });
+    warn("audit:onDecision", "onDecision threw; the record is written and the proxy carries on", { error: describeThrown(error) });
   return (record) => {
     if (file !== undefined) {
       try {

@@ -1,6 +1,6 @@
 import { discardBody } from "../streams.js";
 import type { Readable } from "node:stream";
-import { EgressError, badRequest, quoteShort } from "../errors.js";
+import { EgressError, badRequest, describeThrown, quoteShort } from "../errors.js";
 import { getHeader, hasNoContent, noContentFraming, withoutHeaders, type HeaderList } from "../headers.js";
 import { BodyTap, contentCodings } from "../hooks/body-tap.js";
 import {
@@ -115,15 +115,6 @@ export function readReturned<T>(hook: string, what: string, read: () => T): T {
   } catch (error) {
     if (error instanceof EgressError) throw error;
     throw new EgressError("EG_HOOK_FAILED", 502, `${hook} returned ${what} that could not be read (see the proxy log)`, { cause: error, detail: describeThrown(error) });
-  }
-}
-
-/** A thrown value as text for the log, whatever it is (reading its fields may throw too). */
-export function describeThrown(error: unknown): string {
-  try {
-    return error instanceof Error ? `${error.name}: ${error.message}` : String(error);
-  } catch {
-    return "a value that could not be read";
   }
 }
 

@@ -66,9 +66,11 @@ export function createDecisionLog(
     // the metrics listening, they count from the same facts without it.
     if (redact !== undefined && (audit !== undefined || requestEnd.hasSubscribers)) {
       const record = buildAuditRecord(fields, facts, redact);
-      audit?.write(record);
+      // The embedder's onDecision (in audit.write, after the file's line) comes last: what it
+      // does to the record (a status set to 999, a getter that throws) reaches nothing of ours.
       observer?.metrics?.observe(record);
       if (requestEnd.hasSubscribers) requestEnd.publish(record);
+      audit?.write(record);
     } else observer?.metrics?.observeDecision(fields, facts);
     if (!log.enabled("info")) return;
     // Copied key by key: a leading spread would give every line's object a hidden class of its

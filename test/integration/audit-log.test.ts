@@ -315,6 +315,40 @@ describe("the audit log", () => {
     expect(proxy.logs.filter((line) => line["level"] === "warn" && String(line["msg"]).startsWith("onDecision threw")).length).toBeGreaterThan(0);
   });
 
+  // An embedder's callback may throw anything. Describing a value with no toString threw in the
+  // proxy's own handler (a rejection's: the process ended); a record the callback changed was
+  // what the metrics then counted.
+  const hostile: [string, (record: AuditRecord) => unknown][] = [
+    ["throws an object with no prototype", () => {
+      throw Object.create(null);
+    }],
+    ["rejects with an object with no prototype", () => Promise.reject(Object.create(null) as Error)],
+    ["throws an object whose toString throws", () => {
+      throw { toString: () => { throw new Error("no"); } };
+    }],
+    ["throws an Error whose message throws when read", () => {
+      throw Object.defineProperty(new Error(), "message", { get: () => { throw new Error("no"); } });
+    }],
+    ["changes the record's status", (record) => {
+      (record as { status: number }).status = 999;
+    }],
+    ["makes the record's status a getter that throws", (record) => {
+      Object.defineProperty(record, "status", { get: () => { throw new Error("no"); } });
+    }],
+  ];
+  it.each(hostile)("an onDecision that %s: the guest is answered, the file and the metrics hold the real decision, and the proxy keeps serving", async (_name, onDecision) => {
+    const upstream = await startUpstream();
+    const file = join(tempDir(), "audit.jsonl");
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { auditLog: file, onDecision, metrics: true });
+    const base = `https://api.test:${upstream.port}`;
+    for (let i = 0; i < 2; i++) expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    const text = await proxy.metrics();
+    expect(text).toMatch(/egressgate_requests_total\{[^}]*status_class="2xx"[^}]*\} 2\n/);
+    expect(text).not.toContain('status_class="9xx"');
+    await proxy.close();
+    expect(lines(file).map((record) => record.status)).toEqual([200, 200]);
+  });
+
   it("close() resolves with every record in the file", async () => {
     const upstream = await startUpstream();
     const { proxy, file, seen } = await audited({ allowedInternalHosts: ["api.test"] });
