@@ -2,6 +2,7 @@ import { isIP } from "node:net";
 import { hookNames } from "../hooks/http-hooks.js";
 import { cidrProblem } from "../policy/cidr.js";
 import { validateHostPattern } from "../policy/host-pattern.js";
+import { reservedVariableReason } from "../proxy/guest-env.js";
 import type { BooleanNode, IntegerNode, ListNode, MapNode, ObjectNode, OptionNode, StringNode } from "./validate.js";
 
 /** Small constructors for schema nodes, and the value kinds that several options share. */
@@ -41,7 +42,7 @@ export function checkGuestName(name: string): string | undefined {
 /** Secret names become environment variables in the guest. */
 export function checkSecretName(name: string): string | undefined {
   if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) return "a secret name must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)";
-  return undefined;
+  return reservedVariableReason(name);
 }
 
 /** What buildStaticHosts takes as a name: letters, digits, ".", "-" and "_", one trailing dot. */

@@ -9,6 +9,7 @@ import { isRequest, isResponse } from "./fetch-objects.js";
 import { EgressError, statusText } from "../errors.js";
 import { bareHostname } from "../hostname.js";
 import { breaksFieldValue } from "../headers.js";
+import { reservedVariableReason } from "../proxy/guest-env.js";
 import { Decider } from "../deciders/decider.js";
 import { isDeciderEntry, resolveDecider, type DeciderOptions } from "../deciders/options.js";
 
@@ -188,6 +189,8 @@ function checkSecrets(options: HttpHooksOptions): void {
   let anyRefuses = mode === "refuse";
   for (const [name, secret] of Object.entries(options.secrets ?? {})) {
     if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) throw invalid(["secrets", name], "a secret name must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)", "clause");
+    const reserved = reservedVariableReason(name);
+    if (reserved !== undefined) throw invalid(["secrets", name], reserved, "clause");
     const at = `secrets.${name}`;
     if (typeof secret !== "object" || secret === null || Array.isArray(secret)) throw invalid(at, "must be an object { hosts, value }");
     for (const key of Object.keys(secret)) {

@@ -5,6 +5,7 @@ import type { DeclarativeConfig } from "../policy/declarative-policy.js";
 import { parseCidr, type Cidr } from "../policy/cidr.js";
 import { buildStaticHosts, type StaticHosts } from "../upstream/resolve.js";
 import { guestNamePattern } from "./auth.js";
+import { reservedVariableReason } from "./guest-env.js";
 
 /** One guest of a proxy that serves several: its own allowlist, secrets, policy and names. */
 export interface GuestOptions {
@@ -73,6 +74,8 @@ function envOf(value: unknown, path: string): Record<string, string> {
   if (value === undefined) return env;
   for (const [k, v] of Object.entries(plainObject(value, path))) {
     if (typeof v !== "string") fail(`${path}.${k}`, "must be a string", v);
+    const reserved = reservedVariableReason(k);
+    if (reserved !== undefined) throw new TypeError(`startProxy: ${path}.${k}: ${reserved}`);
     env[k] = v;
   }
   return env;

@@ -91,12 +91,21 @@ describe("createHttpHooks' options carry a code and a path too", () => {
     { options: { secrets: { T: { hosts: [], value: "v" } } }, path: "secrets.T.hosts" },
     { options: { secrets: { T: { hosts: ["a.test"], value: "a\nb" } } }, path: "secrets.T.value" },
     { options: { secrets: { "a-b": { hosts: ["a.test"], value: "v" } } }, path: "secrets.a-b" },
+    // A secret of that name replaced the guest's own HTTPS_PROXY (or its CA variable).
+    { options: { secrets: { HTTPS_PROXY: { hosts: ["a.test"], value: "v" } } }, path: "secrets.HTTPS_PROXY" },
+    { options: { secrets: { NODE_EXTRA_CA_CERTS: { hosts: ["a.test"], value: "v" } } }, path: "secrets.NODE_EXTRA_CA_CERTS" },
     { options: { secrets: { T: { hosts: ["a.test"], value: "v", followRedirectsTo: ["b.test"] } } }, path: "secrets.T.followRedirectsTo" },
     { options: { secretRedirects: "sometimes" }, path: "secretRedirects" },
   ])("$path", ({ options, path }) => {
     const error = hooksErrorOf(options);
     expect([error.code, error.path]).toEqual(["EG_INVALID_OPTION", path]);
     expect(error.message.startsWith(`createHttpHooks: `)).toBe(true);
+  });
+
+  it("an env entry named like a variable the proxy sets is refused by startProxy, for one guest and for each of several", () => {
+    expect(() => resolveProxyOptions({ env: { https_proxy: "http://elsewhere:1" } })).toThrow(/env\.https_proxy: https_proxy is a variable the proxy sets/);
+    expect(() => resolveProxyOptions({ guests: { ci: { env: { SSL_CERT_FILE: "/x" } } } })).toThrow(/guests\.ci\.env\.SSL_CERT_FILE: SSL_CERT_FILE is a variable the proxy sets/);
+    expect(() => resolveProxyOptions({ env: { GH_TOKEN: "EGRESSGATE_SECRET_x" } })).not.toThrow();
   });
 
   it("an unknown option gets a did-you-mean; a secret's value and the placeholder key are never quoted", () => {

@@ -62,6 +62,7 @@ describe("--host-secret NAME@HOST[,HOST...][=VALUE]", () => {
   it.each([
     [["--host-secret", "A@a.test=1", "--host-secret", "A@b.test=2"], /given twice/],
     [["--host-secret", "a-b@a.test=1"], /--host-secret a-b: a secret name must be an environment variable name/],
+    [["--host-secret", "HTTPS_PROXY@a.test=1"], /--host-secret HTTPS_PROXY: HTTPS_PROXY is a variable the proxy sets/],
     [["--host-secret", "A@https://a.test=1"], /--host-secret A.*not a host pattern/],
   ])("%j is refused naming --host-secret", (argv, message) => {
     expect(() => parseCli(argv, {})).toThrow(message);
