@@ -69,6 +69,19 @@ export function getHeader(list: readonly string[], name: string): string | undef
   return undefined;
 }
 
+/**
+ * A response's fields without `te`: it speaks of what the sender of a request accepts (RFC 9110
+ * §10.1.4), and is kept on requests (as `trailers`, for gRPC), so it rode along on responses too.
+ */
+export function responseFields(list: HeaderList): HeaderList {
+  for (let i = 0; i < list.length; i += 2) {
+    if (list[i]!.length === 2 && list[i]!.toLowerCase() === "te") return withoutHeaders(list, requestOnly);
+  }
+  return list;
+}
+
+const requestOnly: ReadonlySet<string> = new Set(["te"]);
+
 export function withoutHeaders(list: readonly string[], names: ReadonlySet<string>): HeaderList {
   const out: HeaderList = [];
   for (let i = 0; i < list.length; i += 2) {

@@ -22,8 +22,8 @@ export function h2HeaderObject(list: HeaderList, skip: ReadonlySet<string> = h2C
   for (let i = 0; i < list.length; i += 2) {
     const name = list[i]!.toLowerCase();
     if (name.startsWith(":") || skip.has(name)) continue;
-    // HTTP/2 allows `te` only as `trailers` (RFC 9113 §8.2.2).
-    if (name === "te" && list[i + 1]!.trim().toLowerCase() !== "trailers") continue;
+    // A request's field (RFC 9110 §10.1.4), which HTTP/2 allows only as `trailers` (RFC 9113 §8.2.2).
+    if (name === "te") continue;
     const value = list[i + 1]!;
     const had = out[name];
     if (had === undefined) out[name] = name === "set-cookie" ? [value] : value;

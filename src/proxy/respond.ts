@@ -1,3 +1,4 @@
+import { responseFields } from "../headers.js";
 import { discardBody } from "../streams.js";
 import type { ServerResponse } from "node:http";
 import type { Socket } from "node:net";
@@ -124,7 +125,8 @@ export function sendResponse(
   }
   // A guest body that was only partly read (a hook answered, or read a clone and rewrote) would
   // otherwise sit in front of the next request on this connection.
-  const headers = closeConnection ? [...response.headers, "connection", "close"] : response.headers;
+  const fields = responseFields(response.headers);
+  const headers = closeConnection ? [...fields, "connection", "close"] : fields;
   if (closeConnection) {
     res.shouldKeepAlive = false;
     lingerBeforeClose(res);

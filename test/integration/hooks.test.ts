@@ -1258,3 +1258,30 @@ describe("HttpRequestBlockedError's reason phrase", () => {
     expect(upstream.hits()).toBe(0);
   });
 });
+
+// `te` speaks of what a request's sender accepts; kept on requests (as `trailers`, for gRPC), it
+// rode along on responses, a hook's and an upstream's alike.
+describe("te on a response", () => {
+  it.each([
+    ["a tier-3 onRequest's Response", "/hooked"],
+    ["an upstream's response", "/upstream"],
+  ])("%s carrying te: trailers reaches neither an HTTP/1.1 nor an HTTP/2 guest with it", async (_name, path) => {
+    const upstream = await startUpstream({
+      routes: {
+        "/upstream": (_req, res) => {
+          res.writeHead(200, { "content-type": "text/plain", te: "trailers", "x-kept": "yes" });
+          res.end("from the upstream");
+        },
+      },
+    });
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      onRequest: (req) => (new URL(req.url).pathname === "/hooked" ? new Response("from the hook", { headers: { te: "trailers", "x-kept": "yes" } }) : undefined),
+    });
+    const viaH1 = await fetchVia(proxy, `https://api.test:${upstream.port}${path}`);
+    expect([viaH1.status, viaH1.headers["x-kept"], viaH1.headers["te"]]).toEqual([200, "yes", undefined]);
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const viaH2 = await h2Request(session, { ":path": path });
+    expect([viaH2.status, viaH2.headers["x-kept"], viaH2.headers["te"]]).toEqual([200, "yes", undefined]);
+  });
+});
