@@ -273,19 +273,31 @@ main(process.argv.slice(2)).then(
   (error: unknown) => {
     // Bad usage, a bad option or config file, a policy or a CA that does not load: the input's fault, exit 2.
     const code = (error as { code?: unknown })?.code;
-    if (error instanceof UsageError || error instanceof TypeError || error instanceof RangeError || code === "EG_POLICY_LOAD" || code === "EG_CA") {
-      process.stderr.write(`egressgate: ${failureText(error, source)}\nRun "egressgate --help" for usage.\n`);
-      process.exitCode = 2;
+    const input = error instanceof UsageError || error instanceof TypeError || error instanceof RangeError || code === "EG_POLICY_LOAD" || code === "EG_CA";
+    process.exitCode = input ? 2 : 1;
+    const text = failureText(error, source);
+    // With --log-format json every line on stderr is one JSON object, this last one too (a
+    // --workers replacement's, or an audit log that cannot be opened, came out as plain text).
+    if (explicitJson(process.argv.slice(2))) {
+      const line = { ...(isClusterWorker() ? { worker: process.pid } : {}), time: new Date().toISOString(), level: "error", msg: "egressgate could not start", error: text, exit: process.exitCode };
+      process.stderr.write(`${JSON.stringify(line)}\n`);
       return;
     }
-    process.stderr.write(`egressgate: ${failureText(error, source)}\n`);
-    process.exitCode = 1;
+    // The hint is for a command line that was wrong, not for a file or a policy that was.
+    process.stderr.write(`egressgate: ${text}\n${error instanceof UsageError ? 'Run "egressgate --help" for usage.\n' : ""}`);
   },
 ).finally(() => {
   // A cluster worker that failed to start would stay alive on its IPC channel: the primary is
   // waiting for it to listen or to exit.
   if (isClusterWorker() && process.exitCode !== 0 && process.exitCode !== undefined) process.exit(process.exitCode);
 });
+
+/** Whether the command line asks for `--log-format json` (read from argv: the parse may be what failed). */
+function explicitJson(argv: readonly string[]): boolean {
+  const at = argv.lastIndexOf("--log-format");
+  const inline = argv.filter((arg) => arg.startsWith("--log-format=")).at(-1);
+  return inline !== undefined ? inline === "--log-format=json" : at >= 0 && argv[at + 1] === "json";
+}
 
 /**
  * Throws when the config file in use holds nothing but blank lines and comments; flags, or a

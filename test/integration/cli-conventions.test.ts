@@ -1,5 +1,5 @@
 import { execFileSync, spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import { request } from "node:http";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -107,6 +107,30 @@ describe("CLI conventions", () => {
     expect(section("Logs and metrics:")).toContain("--log-format");
     expect(section("Logs and metrics:")).toContain("--metrics-listen");
     expect(section("Limits:")).toContain("--max-connections");
+  });
+
+  // A start that failed wrote plain text and a "--help" hint whatever --log-format said, and the
+  // hint whatever failed (a file, not the command line).
+  it.each([
+    ["an audit log path that is a folder", (dir: string) => ["--audit-log", dir], /cannot open .* for appending \(EISDIR\)/],
+    ["a config file that does not parse", (dir: string) => ["--config", join(dir, "broken.yaml")], /broken\.yaml/],
+  ])("a start that fails on %s: with --log-format json, one JSON line; without, plain text and no --help hint", async (_name, flags, reason) => {
+    const dir = tempDir();
+    writeFileSync(join(dir, "broken.yaml"), "allowHosts: [unclosed\n");
+    const args = ["--listen", "127.0.0.1:0", "--ca-dir", join(dir, "ca"), ...flags(dir)];
+    const json = await run([...args, "--log-format", "json"]);
+    expect(json.code).toBe(2);
+    const lines = json.stderr.trim().split("\n");
+    expect(lines).toHaveLength(1);
+    const line = JSON.parse(lines[0]!) as Record<string, unknown>;
+    expect(line).toMatchObject({ level: "error", msg: "egressgate could not start", exit: 2 });
+    expect(String(line["error"])).toMatch(reason);
+    const plain = await run(args);
+    expect(plain.code).toBe(2);
+    expect(plain.stderr).toMatch(/^egressgate: /);
+    expect(plain.stderr).not.toContain("--help");
+    // A command line that was wrong still gets the hint.
+    expect((await run(["--no-such-flag"])).stderr).toContain('Run "egressgate --help" for usage.');
   });
 
   it("formats a pretty line for a request and for a refusal with its reason", () => {
