@@ -11,8 +11,8 @@ import { authenticationRequired } from "./auth.js";
 import { errorFields, type DecisionLog } from "./decision-log.js";
 import { loggableMethod, loggableRequestTarget, type TunnelTarget } from "./guest-request.js";
 import { removedCut, wasRemoved, type Guest, type GuestRegistry } from "./guests.js";
-import { h2OutboundRequest } from "./h2-request.js";
-import { sendH2Error, sendH2Response, type StallWatch } from "./h2-respond.js";
+import { h2ExpectsContinue, h2OutboundRequest } from "./h2-request.js";
+import { h2ContinueOnce, sendH2Error, sendH2Response, type StallWatch } from "./h2-respond.js";
 import { GuestLeftFirst } from "./respond.js";
 import { h2Codes, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h2-settings.js";
 import { tunnelOf } from "./tunnel.js";
@@ -391,13 +391,22 @@ export class H2Guests {
           resetH2Stream(stream, h2Codes.cancel, watch.cut);
         },
       });
+      // An Expect the proxy cannot meet is refused before anything else, as Node's HTTP/1.1 server refuses it.
+      const expectsContinue = h2ExpectsContinue(raw);
       const request = h2OutboundRequest(raw, tunnel, stream.endAfterHeaders ? null : requestBodyOf(stream, cutStalled("sent nothing of its request body")));
       target = `${request.url.origin}${cutPath(this.deps.redact(request.url.pathname))}`;
       if (requestStart.hasSubscribers) requestStart.publish({ id, guest: guestName, method, url: target, time: new Date().toISOString() } satisfies RequestStartMessage);
       state.unanswered.set(stream, watch);
       let response: Awaited<ReturnType<typeof guest.pipeline.handle>>;
       try {
-        response = await guest.pipeline.handle(request, { id: String(id), signal: abort, ...(trace !== undefined ? { trace } : {}) });
+        response = await guest.pipeline.handle(request, {
+          id: String(id),
+          signal: abort,
+          // A guest that waits for 100 before its body (curl waits 1 s, Node's client for good) and
+          // a proxy that waits for the body deadlocked until hookMs or idleMs (black-box finding).
+          ...(expectsContinue && request.body !== null ? { beforeBody: h2ContinueOnce(stream) } : {}),
+          ...(trace !== undefined ? { trace } : {}),
+        });
       } finally {
         state.unanswered.delete(stream);
       }

@@ -9,6 +9,28 @@ import { h2ConnectionHeaders } from "./h2-settings.js";
 // The proxy sets the authority from the URL on every hop, and answers Expect itself.
 const dropOnForward = new Set([...h2ConnectionHeaders, "expect"]);
 
+/** RFC 9110 §10.1.1's one expectation, found as Node's HTTP/1.1 server finds it: anywhere in the field, in any case. */
+const continueExpectation = /(?:^|\W)100-continue(?:$|\W)/i;
+
+/**
+ * What a stream's `expect` asks, judged as the HTTP/1.1 side judges it (guest-side.ts, with Node's
+ * checkContinue and checkExpectation): true for `100-continue`, whose guest may hold its body
+ * until a `100 Continue`; false with no `expect`. Any other expectation gets 417: dropped, the
+ * request was served as if it had been met.
+ *
+ * @param raw the stream's raw header list, `[name, value, …]`.
+ */
+export function h2ExpectsContinue(raw: readonly string[]): boolean {
+  let expectation: string | undefined;
+  for (let i = 0; i < raw.length; i += 2) {
+    // Repeated fields joined, as Node's HTTP/1.1 parser joins a repeated Expect.
+    if (raw[i] === "expect") expectation = expectation === undefined ? raw[i + 1]! : `${expectation}, ${raw[i + 1]!}`;
+  }
+  if (expectation === undefined) return false;
+  if (continueExpectation.test(expectation)) return true;
+  throw new EgressError("EG_BAD_REQUEST", 417, `unsupported Expect: ${JSON.stringify(expectation)}`);
+}
+
 /**
  * The last `:authority` (or Host) that passed on each tunnel: a client names the same one on
  * every stream, and parsing it again per stream was a share of the stream's CPU. A tunnel's

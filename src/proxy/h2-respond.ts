@@ -39,6 +39,26 @@ export function h2TrailerObject(list: HeaderList | undefined): OutgoingHttpHeade
 }
 
 /**
+ * The pipeline's `beforeBody` for a stream whose guest asked for `100 Continue` (RFC 9110
+ * §10.1.1): the proxy is about to read the body (a hook reads it, or the upload starts), so the
+ * guest may send it. One 100 at most, and never once the final head is out or the stream is gone.
+ * A refusal before the read sends its answer alone: the guest is not asked for a body that could
+ * only be refused.
+ */
+export function h2ContinueOnce(stream: ServerHttp2Stream): () => void {
+  let sent = false;
+  return () => {
+    if (sent || stream.headersSent || stream.destroyed || stream.closed) return;
+    sent = true;
+    try {
+      stream.additionalHeaders({ ":status": 100 });
+    } catch {
+      // The stream is closing under a reset: its close decides what comes next.
+    }
+  };
+}
+
+/**
  * Streams the pipeline's response on one guest stream. Backpressure is the stream's own: its
  * writable side stops taking bytes while the guest's flow-control window is shut, and `pipe()`
  * stops reading the upstream body meanwhile, so one stalled stream holds a buffer, never the
