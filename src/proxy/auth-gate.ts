@@ -1,7 +1,8 @@
+import type { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
 import type { EgressError } from "../errors.js";
 import { authenticationRequired, FailureLimiter, tooManyFailures } from "./auth.js";
-import type { Guest, GuestRegistry } from "./guests.js";
+import type { GuestRegistry, Identified } from "./guests.js";
 import type { ThrottledWarning } from "./throttled-log.js";
 
 /**
@@ -18,8 +19,9 @@ export class AuthGate {
     private readonly warnings: ThrottledWarning,
   ) {}
 
-  identify(authorization: string | undefined, socket: Socket): Guest | EgressError {
-    const found = this.guests.identify(authorization, socket.remoteAddress);
+  /** The guest of a request on the listener (a CONNECT, an absolute-form request, an upgrade), from its head and its connection. */
+  identify(req: IncomingMessage, socket: Socket): Identified | EgressError {
+    const found = this.guests.identify(req.headers["proxy-authorization"], socket.remoteAddress);
     if (typeof found !== "string") return found;
     const source = socket.remoteAddress ?? "";
     this.warnings.warn(`auth:${source}`, "proxy authentication failed", { client: source, reason: found });

@@ -1,4 +1,5 @@
 import type { IncomingMessage } from "node:http";
+import type { Socket } from "node:net";
 import { EgressError, badRequest } from "../errors.js";
 import { forbiddenMethods, forwardedMethods, spellingHint, type OutboundRequest } from "../pipeline/exchange.js";
 import { endToEndHeaders } from "../headers.js";
@@ -13,6 +14,8 @@ export interface TunnelTarget extends Authority {
   readonly protocol: "http:" | "https:";
   /** The TLS SNI the guest sent, already stripped of a `:port` suffix. */
   readonly sni?: string;
+  /** The CONNECT's own connection, the one bound to the guest: whose it is now (see boundGuest). */
+  readonly connection: Socket;
 }
 
 // The proxy sets Host from the URL on every hop, and answers Expect itself.

@@ -13,7 +13,7 @@ import { parseAuthority } from "./authority.js";
 import type { ConnectionLimits } from "./connection-limits.js";
 import { errorFields, type DecisionLog } from "./decision-log.js";
 import { connectInTunnel, loggableRequestTarget, loggableTarget, loggableUrl, toOutboundRequest } from "./guest-request.js";
-import { removedCut, removedError, wasRemoved, type Guest, type GuestRegistry } from "./guests.js";
+import { boundGuest, removedCut, removedError, unboundCut, wasRemoved, type Guest, type Binding, type GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, maxEarlyBytes, type LaneRequest } from "./lanes.js";
 import type { ResolvedProxyOptions } from "./options.js";
@@ -160,14 +160,15 @@ export class GuestSide {
   /**
    * The guest of a request: the tunnel's (fixed when the CONNECT authenticated; any
    * `Proxy-Authorization` inside is ignored, and stripped as hop-by-hop), or, on the listener
-   * itself, the one its own credentials or source address name.
+   * itself, the one its own credentials or source address name (with how: `binding`).
    */
-  private guestOf(req: IncomingMessage): Guest | EgressError {
+  private guestOf(req: IncomingMessage): { readonly guest: Guest; readonly binding?: Binding } | EgressError {
     const tunnel = tunnelOf(req.socket);
-    if (tunnel === undefined) return this.deps.auth.identify(req.headers["proxy-authorization"], req.socket);
-    const guest = this.deps.guests.get(tunnel.guest);
-    // Removal closes a guest's tunnels; a request parsed in the same turn still finds it gone.
-    return guest === undefined || guest.removed ? authenticationRequired() : guest;
+    if (tunnel === undefined) return this.deps.auth.identify(req, req.socket);
+    // Removal, or a reload that takes the tunnel from its guest, closes it; a request parsed in
+    // the same turn still finds it gone.
+    const guest = boundGuest(tunnel.connection);
+    return guest === undefined ? authenticationRequired() : { guest };
   }
 
   /** A CONNECT waits its turn behind the requests before it on its connection, as an upgrade does. */
@@ -179,7 +180,7 @@ export class GuestSide {
       this.lanes.takeOver(socket, head, () => (overflowed = this.cutWhileWaiting(socket, "a CONNECT"))).then((early) => {
         if (overflowed) {
           const err = new EgressError("EG_BAD_REQUEST", 400, `the guest sent more than ${maxEarlyBytes / 1024} KiB before the tunnel opened; the proxy closed the connection`);
-          this.decideCut(this.deps.auth.identify(req.headers["proxy-authorization"], socket), { id: this.nextId++, method: "CONNECT", target: loggableTarget(req.url ?? "") }, err, started);
+          this.decideCut(this.deps.auth.identify(req, socket), { id: this.nextId++, method: "CONNECT", target: loggableTarget(req.url ?? "") }, err, started);
           return;
         }
         // Behind an answer that closed the connection: never processed, as a request is not.
@@ -199,11 +200,11 @@ export class GuestSide {
   }
 
   /** The line of a CONNECT or an upgrade cut while it waited its turn: the guest gets no answer, so nothing counts as sent. */
-  private decideCut(guest: Guest | EgressError, fields: { id?: number; method: string; target: string; upgrade?: true }, err: EgressError, started: number): void {
+  private decideCut(found: { readonly guest: Guest } | EgressError, fields: { id?: number; method: string; target: string; upgrade?: true }, err: EgressError, started: number): void {
     // Logged by the gate (see onConnect).
-    if (guest instanceof EgressError) return;
+    if (found instanceof EgressError) return;
     this.deps.decide(
-      withFields(fields, { guest: guest.name, ...errorFields(err), started }),
+      withFields(fields, { guest: found.guest.name, ...errorFields(err), started }),
       this.deps.decide.auditing ? { bytesDown: 0 } : undefined,
     );
   }
@@ -214,9 +215,10 @@ export class GuestSide {
     // The early check's refusal, for the audit record's sources.
     let refusal: TraceEntry | undefined;
     let refusedHost: boolean;
-    const guest = this.deps.auth.identify(req.headers["proxy-authorization"], socket);
+    const found = this.deps.auth.identify(req, socket);
     try {
-      if (guest instanceof EgressError) throw guest;
+      if (found instanceof EgressError) throw found;
+      const { guest } = found;
       target = parseAuthority(req.url ?? "", "CONNECT target");
       // While no onRequest hook (of either tier) could answer or rewrite the request, a host the
       // allowlist refuses (or an internal IP literal) is refused before any TLS work, unless
@@ -240,7 +242,7 @@ export class GuestSide {
       if (err.code === "EG_AUTH") return;
       this.deps.decide({
         id: this.nextId++,
-        guest: guest instanceof EgressError ? undefined : guest.name,
+        guest: found instanceof EgressError ? undefined : found.guest.name,
         method: "CONNECT",
         target: loggableTarget(req.url ?? ""),
         ...errorFields(err),
@@ -248,7 +250,9 @@ export class GuestSide {
       }, this.deps.decide.auditing ? { bytesDown: Buffer.byteLength(errorBody(err)), ...(refusal !== undefined ? { trace: [refusal] } : {}) } : undefined);
       return;
     }
-    guest.bind(socket);
+    const { guest, binding } = found;
+    // The tunnel's guest is fixed for its life, while what identified it holds (see GuestRegistry.replaceAll).
+    guest.bind(socket, binding);
     socket.write("HTTP/1.1 200 Connection Established\r\n\r\n");
     this.deps.log.debug("tunnel opened", { guest: guest.name, target: `${target.hostname}:${target.port}` });
     serve(withFields(target, { guest: guest.name, refusedHost }), head);
@@ -290,14 +294,16 @@ export class GuestSide {
       return;
     }
     if (early === undefined || isLingering(socket) || socket.writableEnded) return;
-    const guest = this.guestOf(req);
-    if (guest instanceof EgressError) {
+    const found = this.guestOf(req);
+    if (found instanceof EgressError) {
       // Logged by the gate (see onConnect).
-      writeRawError(socket, guest);
+      writeRawError(socket, found);
       return;
     }
+    const { guest } = found;
     // Until the 101 the upgrade's own handler holds the socket; after it, the relay is the guest's.
-    if (tunnelOf(socket) === undefined) guest.bind(socket);
+    // Inside a tunnel (no binding of its own), the CONNECT's connection is the one bound.
+    if (found.binding !== undefined) guest.bind(socket, found.binding);
     const serving = serveUpgrade(req, socket, early, guest.upgradeDeps, () => this.leftReason(socket));
     this.upgrading.add(serving);
     try {
@@ -369,8 +375,9 @@ export class GuestSide {
       if (inLane.broken !== undefined) throw inLane.broken;
       // The connection closed while an earlier request on it was served: answered below as 499.
       if (abort.aborted) throw abort.reason;
-      const guest = this.guestOf(req);
-      if (guest instanceof EgressError) throw guest;
+      const found = this.guestOf(req);
+      if (found instanceof EgressError) throw found;
+      const { guest } = found;
       guestName = guest.name;
       served = guest;
       const request = toOutboundRequest(req, tunnelOf(req.socket));
@@ -457,7 +464,7 @@ export class GuestSide {
 
   /** Why a response was cut after its head, in words an operator reads in the log. */
   private explainCut(error: Error, socket?: Socket, guest?: Guest): Error | string {
-    const cut = (socket === undefined ? undefined : this.cuts.get(socket)) ?? (wasRemoved(guest) ? removedCut(guest.name) : undefined);
+    const cut = (socket === undefined ? undefined : (this.cuts.get(socket) ?? unboundCutOf(socket))) ?? (wasRemoved(guest) ? removedCut(guest.name) : undefined);
     if (cut !== undefined) return `${cut} before the response was complete`;
     const code = (error as NodeJS.ErrnoException).code;
     if (code === "UND_ERR_BODY_TIMEOUT") return `upstream body timed out after ${this.deps.config.timeouts.upstreamBodyMs} ms of silence; the guest connection was cut`;
@@ -473,7 +480,7 @@ export class GuestSide {
   /** Why a request's connection went before its answer: the guest, the proxy's idle timeout, or the end of its drain. */
   private leftReason(socket?: Socket, guest?: Guest): string {
     if (this.drainEnded) return this.drainCut;
-    return (socket !== undefined ? this.cuts.get(socket) : undefined) ?? (wasRemoved(guest) ? removedCut(guest.name) : "guest closed the connection");
+    return (socket !== undefined ? (this.cuts.get(socket) ?? unboundCutOf(socket)) : undefined) ?? (wasRemoved(guest) ? removedCut(guest.name) : "guest closed the connection");
   }
 
   /** The drain is over: the connections still open are the proxy's to close, and a cut response is logged as its doing. */
@@ -540,6 +547,11 @@ function connectRefusal(phase: string, decision: { tier: string; reason: string;
     status: 403,
     ms: Math.round((performance.now() - started) * 1000) / 1000,
   };
+}
+
+/** Why the proxy closed a connection (or the tunnel it is inside) that a reload took from its guest. */
+function unboundCutOf(socket: Socket): string | undefined {
+  return unboundCut(tunnelOf(socket)?.connection ?? socket);
 }
 
 function once(fn: () => void): () => void {

@@ -50,8 +50,8 @@ export class Guest {
   readonly upgradeDeps: UpgradeDeps;
   readonly env: Readonly<Record<string, string>>;
   readonly sources: readonly Cidr[];
-  /** Tunnels and upgraded connections of this guest: closed when it is removed. */
-  readonly connections = new Set<Socket>();
+  /** Tunnels and upgraded connections of this guest, with how each was known as it: closed when it is removed. */
+  readonly connections = new Map<Socket, Binding>();
   removed = false;
   /** Removed by removeGuest or a reload, not by the proxy's close (whose drain reports its own cuts). */
   dropped = false;
@@ -137,22 +137,51 @@ export class Guest {
     return this.sources.some((range) => cidrContains(range, address));
   }
 
-  /** Binds a tunnel or upgraded connection: it ends when the guest is removed. */
-  bind(socket: Socket): void {
-    this.connections.add(socket);
+  /**
+   * Whether a connection this guest's predecessor (the same name, before a reload) knew as
+   * `binding` is still this guest's: credentials it accepts, or an address its `sources` hold.
+   */
+  holds(binding: Binding, previous: Guest): boolean {
+    switch (binding.by) {
+      case "open":
+        return true;
+      // The token derives from the deployment key and the name, which a reload keeps: checked
+      // all the same, as what the connection sent was the predecessor's token.
+      case "credentials":
+        return this.accepts(previous.token);
+      case "source":
+        return this.owns(binding.address);
+    }
+  }
+
+  /** Binds a tunnel or upgraded connection, known as this guest by `binding`: it ends when the guest is removed. */
+  bind(socket: Socket, binding: Binding): void {
+    this.connections.set(socket, binding);
     // One listener per socket, whichever guest holds it now: one per reload held every replaced
     // guest (its pipeline, pools and secrets) for the tunnel's life, and Node warned at the 11th.
     if (!ownerOf.has(socket)) socket.once("close", () => ownerOf.get(socket)?.connections.delete(socket));
     ownerOf.set(socket, this);
   }
 
-  /** Takes over another guest's bound connections (the same name, after a reload): its removal closes them from now on. */
-  adopt(previous: Guest): void {
-    for (const socket of previous.connections) this.bind(socket);
+  /**
+   * Takes over another guest's bound connections (the same name, after a reload): its removal
+   * closes them from now on. A connection that no longer identifies as this guest (its address
+   * left the guest's `sources`) is not taken: it is returned, for the reload to close.
+   */
+  adopt(previous: Guest): Unbound[] {
+    const unbound: Unbound[] = [];
+    for (const [socket, binding] of previous.connections) {
+      if (this.holds(binding, previous)) this.bind(socket, binding);
+      else {
+        ownerOf.delete(socket);
+        unbound.push({ socket, binding });
+      }
+    }
     previous.connections.clear();
     // The values the reload rotated or removed stay refused and redacted.
     const before = previous.policy.config.secrets;
     if (before !== undefined) this.policy.config.secrets?.inherit(before);
+    return unbound;
   }
 
   /** After a reload replaced it: its upstream pools close once their in-flight requests finish. */
@@ -168,7 +197,7 @@ export class Guest {
   async close(why: "removed" | "proxy closing" = "removed"): Promise<void> {
     this.removed = true;
     this.dropped = why === "removed";
-    for (const socket of this.connections) socket.destroy();
+    for (const socket of this.connections.keys()) socket.destroy();
     // At the proxy's close, what is still under way is the drain's to report.
     const refusal = why === "removed" ? removedRefusal(this.name) : undefined;
     await Promise.all([this.pools.destroy(refusal), ...this.deciders.map((decider) => decider.close())]);
@@ -197,6 +226,60 @@ export function removedCut(name: string): string {
 
 /** The guest a bound connection belongs to now (a reload hands it to the guest's successor). */
 const ownerOf = new WeakMap<Socket, Guest>();
+
+/**
+ * How a connection was known as its guest when it was bound, which a reload checks again before
+ * it hands the connection to the guest's successor: the credentials it sent, the source address
+ * that a guest's `sources` held, or the single guest without credentials.
+ */
+export type Binding =
+  | { readonly by: "open" | "credentials" }
+  | { readonly by: "source"; readonly address: { readonly ip: string; readonly family: 4 | 6 } };
+
+/** A guest and how the connection was known as it (see GuestRegistry.identify). */
+export interface Identified {
+  readonly guest: Guest;
+  readonly binding: Binding;
+}
+
+/** A connection a reload took from its guest: its binding no longer holds under the new configuration. */
+export interface Unbound {
+  readonly socket: Socket;
+  readonly binding: Binding;
+}
+
+/** Why the proxy closed the connections a reload took from their guest, by connection. */
+const unboundCuts = new WeakMap<Socket, string>();
+
+/**
+ * The guest a tunnel's CONNECT connection is bound to now: undefined once the guest was removed,
+ * or once a reload took the connection from it. Its name alone would find the guest's successor
+ * for a request parsed in the same turn as the reload that closed the tunnel.
+ */
+export function boundGuest(connection: Socket): Guest | undefined {
+  const guest = ownerOf.get(connection);
+  return guest === undefined || guest.removed ? undefined : guest;
+}
+
+/** The log's reason for a request on a connection that a reload took from its guest; undefined for any other. */
+export function unboundCut(connection: Socket | undefined): string | undefined {
+  return connection === undefined ? undefined : unboundCuts.get(connection);
+}
+
+/**
+ * Closes connections a reload took from `guest`, recording why for the lines of their requests
+ * under way (499, as a removed guest's). Returns the distinct reasons, for the reload's log line.
+ */
+export function closeUnbound(guest: string, unbound: readonly Unbound[]): string[] {
+  const reasons = new Set<string>();
+  for (const { socket, binding } of unbound) {
+    const why = binding.by === "source" ? `a reload took ${binding.address.ip} out of the guest "${guest}"'s sources` : `a reload left the guest "${guest}" without the credentials it was opened with`;
+    reasons.add(why);
+    unboundCuts.set(socket, `the proxy closed the connection: ${why}`);
+    socket.destroy();
+  }
+  return [...reasons];
+}
 
 /** Why a connection has no guest; the guest itself only ever hears 407 (see GuestRegistry.identify). */
 export type AuthFailure = "missing" | "malformed" | "unknown guest" | "wrong token" | "removed";
@@ -242,9 +325,13 @@ export class GuestRegistry {
    * Swaps every guest at once (a reload). Every new guest is built before anything changes, so a
    * failure leaves the old set serving. A kept name's tunnels move to its new guest and take the
    * new configuration from their next request; requests in flight keep the guest they started
-   * with. Returns the guests that were replaced (their pools to retire) and removed (to close).
+   * with. A tunnel known by its source address alone stays only while the guest's new `sources`
+   * hold that address: one they no longer hold has no claim on the guest (nor on the address's
+   * new guest, if any: a tunnel's guest is fixed for its life). Returns the guests that were
+   * replaced (their pools to retire) and removed (to close), and the connections no longer
+   * their guest's (to close), by guest name.
    */
-  replaceAll(resolved: readonly ResolvedGuest[]): { readonly replaced: Guest[]; readonly removed: Guest[] } {
+  replaceAll(resolved: readonly ResolvedGuest[]): { readonly replaced: Guest[]; readonly removed: Guest[]; readonly unbound: Map<string, Unbound[]> } {
     const next = new Map<string, Guest>();
     for (const entry of resolved) {
       // A reload that removed every secret of a guest that had some still needs a store: the
@@ -257,17 +344,19 @@ export class GuestRegistry {
     }
     const replaced: Guest[] = [];
     const removed: Guest[] = [];
+    const unbound = new Map<string, Unbound[]>();
     for (const [name, previous] of this.guests) {
       const successor = next.get(name);
       if (successor === undefined) removed.push(previous);
       else {
-        successor.adopt(previous);
+        const lost = successor.adopt(previous);
+        if (lost.length > 0) unbound.set(name, lost);
         replaced.push(previous);
       }
     }
     this.guests.clear();
     for (const [name, guest] of next) this.guests.set(name, guest);
-    return { replaced, removed };
+    return { replaced, removed, unbound };
   }
 
   /** Removes a guest: from now on its credentials get 407, and its open tunnels are closed. */
@@ -283,8 +372,11 @@ export class GuestRegistry {
    * or why not. Credentials, when sent, decide (a wrong one is never rescued by a source
    * binding); without them, the source binding does.
    */
-  identify(authorization: string | undefined, remoteAddress: string | undefined): Guest | AuthFailure {
-    if (this.open) return this.guests.values().next().value ?? "removed";
+  identify(authorization: string | undefined, remoteAddress: string | undefined): Identified | AuthFailure {
+    if (this.open) {
+      const only = this.guests.values().next().value;
+      return only === undefined ? "removed" : { guest: only, binding: { by: "open" } };
+    }
     if (authorization !== undefined) {
       const credentials = parseBasic(authorization);
       if (credentials === undefined) return "malformed";
@@ -294,11 +386,11 @@ export class GuestRegistry {
         tokenMatches(credentials.password, tokenDigest(""));
         return "unknown guest";
       }
-      return guest.accepts(credentials.password) ? guest : "wrong token";
+      return guest.accepts(credentials.password) ? { guest, binding: { by: "credentials" } } : "wrong token";
     }
     const address = remoteAddress === undefined ? undefined : plainAddress(remoteAddress);
     if (address !== undefined) {
-      for (const guest of this.guests.values()) if (guest.owns(address)) return guest;
+      for (const guest of this.guests.values()) if (guest.owns(address)) return { guest, binding: { by: "source", address } };
     }
     return "missing";
   }

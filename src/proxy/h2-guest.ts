@@ -10,7 +10,7 @@ import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
 import { authenticationRequired } from "./auth.js";
 import { errorFields, type DecisionLog } from "./decision-log.js";
 import { loggableMethod, loggableRequestTarget, type TunnelTarget } from "./guest-request.js";
-import { removedCut, wasRemoved, type Guest, type GuestRegistry } from "./guests.js";
+import { boundGuest, removedCut, unboundCut, wasRemoved, type Guest, type GuestRegistry } from "./guests.js";
 import { h2ExpectsContinue, h2OutboundRequest } from "./h2-request.js";
 import { h2ContinueOnce, sendH2Error, sendH2Response, type StallWatch } from "./h2-respond.js";
 import { GuestLeftFirst } from "./respond.js";
@@ -378,8 +378,9 @@ export class H2Guests {
     /** The guest served, once known: a removal under way is the reason the log gives for what it cut. */
     let served: Guest | undefined;
     try {
-      const guest = this.deps.guests.get(tunnel.guest);
-      if (guest === undefined || guest.removed) throw authenticationRequired();
+      // Removal, or a reload that takes the tunnel from its guest, closes it: a stream already read finds it gone.
+      const guest = boundGuest(tunnel.connection);
+      if (guest === undefined) throw authenticationRequired();
       guestName = guest.name;
       served = guest;
       // The proxy's own cut of a stream the guest stopped moving: logged as the proxy's.
@@ -426,7 +427,7 @@ export class H2Guests {
           if (error !== undefined) resetByUs();
           this.finishRequestBody(stream, resetByUs);
           if (error instanceof GuestLeftFirst) {
-            decide({ id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served), http: "2", started }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: 0, ...(trace !== undefined ? { trace } : {}) } : undefined);
+            decide({ id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served, tunnel), http: "2", started }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: 0, ...(trace !== undefined ? { trace } : {}) } : undefined);
             resolve();
             return;
           }
@@ -442,7 +443,7 @@ export class H2Guests {
             redirects: response.redirects,
             http: "2",
             started,
-            ...(error ? { error: this.cutReason(watch, error, served) } : {}),
+            ...(error ? { error: this.cutReason(watch, error, served, tunnel) } : {}),
           }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision, ...(trace !== undefined ? { trace } : {}) } : undefined);
           resolve();
         }, cutStalled("read nothing"), auditing);
@@ -453,7 +454,7 @@ export class H2Guests {
       // A removed guest's tunnels are closed with it (their close events may come a turn later).
       if (abort.aborted || this.deps.drainEnded() || wasRemoved(served)) {
         decide(
-          { id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served), http: "2", started },
+          { id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served, tunnel), http: "2", started },
           auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, ...(trace !== undefined ? { trace } : {}) } : undefined,
         );
         return;
@@ -480,13 +481,16 @@ export class H2Guests {
   }
 
   /** Why a stream went before its answer, as the log says it. */
-  private leftReason(watch: StreamWatch, guest: Guest | undefined): string {
-    return watch.cut ?? (this.deps.drainEnded() ? this.deps.drainCut : wasRemoved(guest) ? removedCut(guest.name) : "guest reset the stream");
+  private leftReason(watch: StreamWatch, guest: Guest | undefined, tunnel: TunnelTarget): string {
+    return watch.cut ?? (this.deps.drainEnded() ? this.deps.drainCut : (unboundCut(tunnel.connection) ?? (wasRemoved(guest) ? removedCut(guest.name) : "guest reset the stream")));
   }
 
   /** Why a response was cut after its head: the proxy's own reason when it cut it (explainCut knows the drain's). */
-  private cutReason(watch: StreamWatch, error: Error, guest: Guest | undefined): Error | string {
-    if (watch.cut === undefined && wasRemoved(guest)) return `${removedCut(guest.name)} before the response was complete`;
+  private cutReason(watch: StreamWatch, error: Error, guest: Guest | undefined, tunnel: TunnelTarget): Error | string {
+    if (watch.cut === undefined) {
+      const cut = unboundCut(tunnel.connection) ?? (wasRemoved(guest) ? removedCut(guest.name) : undefined);
+      if (cut !== undefined) return `${cut} before the response was complete`;
+    }
     return watch.cut ?? this.deps.explainCut(error);
   }
 

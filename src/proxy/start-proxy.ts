@@ -16,7 +16,7 @@ import { createDecisionLog } from "./decision-log.js";
 import { guestEnvironment, writeGuestEnvFile } from "./guest-env.js";
 import { resolveGuestOptions, type GuestOptions } from "./guest-options.js";
 import { GuestSide } from "./guest-side.js";
-import { GuestRegistry } from "./guests.js";
+import { closeUnbound, GuestRegistry } from "./guests.js";
 import { listenAddresses } from "./listen-addresses.js";
 import { checkGuestOptions, checkSourcesApart, connectionsWithin, openFileLimit, resolveProxyOptions, settingsNotReloaded, type ProxyOptions } from "./options.js";
 import { GuestRedactor } from "./redactor.js";
@@ -294,10 +294,15 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
       }
       checkSourcesApart(resolved.guests);
       const ignored = settingsNotReloaded(config, resolved);
-      const { replaced, removed } = guests.replaceAll(resolved.guests);
+      const { replaced, removed, unbound } = guests.replaceAll(resolved.guests);
       redactor.update(guests);
       log.info("configuration reloaded", { guests: guests.names(), ...(removed.length > 0 ? { removed: removed.map((guest) => guest.name) } : {}) });
       if (ignored.length > 0) log.warn("reload: these settings apply only at a restart, and keep their values until then", { settings: ignored });
+      // A tunnel known by an address the guest's sources no longer hold is closed, as a removed guest's are.
+      for (const [guest, connections] of unbound) {
+        const reasons = closeUnbound(guest, connections);
+        log.info("tunnels closed", { guest, tunnels: connections.length, reason: reasons.join("; ") });
+      }
       await Promise.all(removed.map((guest) => guest.close()));
       // Not awaited: an old pool closes once its last in-flight request has finished.
       for (const guest of replaced) void guest.retire().catch((error: unknown) => log.warn("closing a replaced guest's pools failed", { guest: guest.name, error }));

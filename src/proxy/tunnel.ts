@@ -121,7 +121,7 @@ function sniff(bytes: Buffer): "tls" | "http" | "other" | "more" {
 
 function servePlain(socket: Socket, target: Authority & { readonly guest: string }, deps: TunnelDeps, deadline: NodeJS.Timeout): void {
   clearTimeout(deadline);
-  (socket as TunnelSocket)[tunnelKey] = withFields(target, { protocol: "http:" as const });
+  (socket as TunnelSocket)[tunnelKey] = withFields(target, { protocol: "http:" as const, connection: socket });
   // The HTTP server reads straight from the socket's handle when it can, which would skip the
   // bytes we unshifted while sniffing. Marking the handle consumed keeps it on the stream path.
   const handle = (socket as unknown as { _handle?: { _consumed?: boolean } })._handle;
@@ -198,7 +198,7 @@ async function terminateTls(
     return;
   }
   if (socket.destroyed) return;
-  const tunnel: TunnelTarget = withFields(target, sni === undefined ? { protocol: "https:" as const } : { protocol: "https:" as const, sni });
+  const tunnel: TunnelTarget = withFields(target, sni === undefined ? { protocol: "https:" as const, connection: socket } : { protocol: "https:" as const, sni, connection: socket });
   const tlsSocket = new TLSSocket(socket, {
     isServer: true,
     secureContext: context,

@@ -1,10 +1,11 @@
+import { Socket } from "node:net";
 import { describe, expect, it } from "vitest";
 import { EgressError } from "../../src/errors.js";
 import { h2OutboundRequest } from "../../src/proxy/h2-request.js";
 import { grpcStatusFor, h2HeaderObject } from "../../src/proxy/h2-respond.js";
 import type { TunnelTarget } from "../../src/proxy/guest-request.js";
 
-const tunnel: TunnelTarget = { hostname: "api.test", port: 8443, guest: "default", protocol: "https:" };
+const tunnel: TunnelTarget = { hostname: "api.test", port: 8443, guest: "default", protocol: "https:", connection: new Socket() };
 const head = (extra: string[] = [], authority = "api.test:8443"): string[] => [":method", "GET", ":scheme", "https", ":authority", authority, ":path", "/a?b=1", ...extra];
 
 function failure(fn: () => unknown): EgressError {
