@@ -1,6 +1,6 @@
 import type { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
-import type { EgressError } from "../errors.js";
+import { badRequest, type EgressError } from "../errors.js";
 import { authenticationRequired, FailureLimiter, tooManyFailures } from "./auth.js";
 import type { GuestRegistry, Identified } from "./guests.js";
 import type { ThrottledWarning } from "./throttled-log.js";
@@ -21,6 +21,12 @@ export class AuthGate {
 
   /** The guest of a request on the listener (a CONNECT, an absolute-form request, an upgrade), from its head and its connection. */
   identify(req: IncomingMessage, socket: Socket): Identified | EgressError {
+    // Node keeps the first Proxy-Authorization of several and drops the rest, so two guests'
+    // credentials on one request passed as the first's, unseen. A singleton field sent twice
+    // (RFC 9110 §5.3) is refused as a duplicate Host is; the single guest without credentials
+    // reads none, so it has nothing to choose between.
+    const sent = this.guests.open || req.headers["proxy-authorization"] === undefined ? 0 : countHeader(req.rawHeaders, "proxy-authorization");
+    if (sent > 1) return badRequest(`the request carries ${sent} Proxy-Authorization headers: send one, with the credentials of one guest`);
     const found = this.guests.identify(req.headers["proxy-authorization"], socket.remoteAddress);
     if (typeof found !== "string") return found;
     const source = socket.remoteAddress ?? "";
@@ -35,4 +41,11 @@ export class AuthGate {
   clear(): void {
     this.limiter.clear();
   }
+}
+
+/** How many field lines named `name` (lowercase) the head holds. */
+function countHeader(rawHeaders: readonly string[], name: string): number {
+  let count = 0;
+  for (let i = 0; i < rawHeaders.length; i += 2) if (rawHeaders[i]!.toLowerCase() === name) count += 1;
+  return count;
 }

@@ -296,8 +296,15 @@ export class GuestSide {
     if (early === undefined || isLingering(socket) || socket.writableEnded) return;
     const found = this.guestOf(req);
     if (found instanceof EgressError) {
-      // Logged by the gate (see onConnect).
       writeRawError(socket, found);
+      // Failed authentications are logged by the gate (see onConnect); a request it refuses
+      // before asking who it is from (two Proxy-Authorization headers) is logged here.
+      if (found.code !== "EG_AUTH") {
+        this.deps.decide(
+          { id: this.nextId++, guest: undefined, method: req.method ?? "", target: loggableRequestTarget(req.url ?? "", tunnelOf(socket)), upgrade: true, ...errorFields(found), started },
+          this.deps.decide.auditing ? { bytesDown: Buffer.byteLength(errorBody(found)) } : undefined,
+        );
+      }
       return;
     }
     const { guest } = found;

@@ -114,6 +114,41 @@ describe("guests: credentials", () => {
     });
   }
 
+  // Node keeps the first of several Proxy-Authorization headers and drops the rest: a's and then
+  // b's passed as a's, and nothing said so (black-box finding).
+  for (const form of ["CONNECT", "absolute-form", "upgrade"] as const) {
+    it(`${form}: two Proxy-Authorization headers, whichever guests they name, get 400 saying so, in the body and the log`, async () => {
+      const { proxy, upstream } = await twoGuests();
+      const a = basic("a", credentialsOf(proxy, "a").token);
+      const b = basic("b", credentialsOf(proxy, "b").token);
+      for (const [first, second] of [[a, b], [b, a], [a, a]] as const) {
+        const raw = await openRaw(proxy.port);
+        // The second in lower case: field names are case-insensitive.
+        const auth = `Proxy-Authorization: ${first}\r\nproxy-authorization: ${second}\r\n`;
+        const upgrade = form === "upgrade" ? "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n" : "";
+        raw.write(
+          form === "CONNECT"
+            ? `CONNECT a.test:${upstream.port} HTTP/1.1\r\nHost: a.test:${upstream.port}\r\n${auth}\r\n`
+            : `GET https://a.test:${upstream.port}/echo HTTP/1.1\r\nHost: a.test:${upstream.port}\r\n${upgrade}${auth}\r\n`,
+        );
+        const res = await raw.readResponse({ forConnect: form === "CONNECT" });
+        expect(res.status).toBe(400);
+        expect(res.body).toContain("2 Proxy-Authorization headers");
+        raw.socket.destroy();
+      }
+      expect(upstream.hits()).toBe(0);
+      const lines = proxy.logs.filter((l) => l["msg"] === "request");
+      expect(lines).toHaveLength(3);
+      for (const line of lines) {
+        expect(line).toMatchObject({ status: 400, code: "EG_BAD_REQUEST", method: form === "CONNECT" ? "CONNECT" : "GET" });
+        expect(line["guest"]).toBeUndefined();
+        expect(line["reason"]).toMatch(/2 Proxy-Authorization headers/);
+      }
+      // One header still passes.
+      expect((await getAs(credentialsOf(proxy, "a").proxyUrl, proxy.caCertPem, `https://a.test:${upstream.port}/echo`)).status).toBe(200);
+    });
+  }
+
   it("curl with no credentials, or another guest's name with its own token, exits 56 after the 407", async () => {
     const { proxy, a } = await twoGuests();
     const url = new URL(proxy.url);
