@@ -1,6 +1,9 @@
 import cluster, { type Worker } from "node:cluster";
 import { createServer } from "node:net";
 import type { CliLog } from "./cli-log.js";
+import type { RetiredGuestSecrets } from "../proxy/guests.js";
+import type { RetiredSecretsExchange } from "../proxy/start-proxy.js";
+import { maxRetired } from "../policy/secrets.js";
 
 /**
  * `--workers N`: N processes serve one listening port through node:cluster, each with the whole
@@ -8,12 +11,27 @@ import type { CliLog } from "./cli-log.js";
  * primary creates before it forks, so no two workers race to create it. The primary serves no
  * traffic: it starts the workers, prints the one listening line, replaces a worker that dies,
  * and on SIGINT or SIGTERM asks every worker to drain and close.
+ *
+ * Retired secret values (rotated or removed by a reload) live in each worker's memory, and a
+ * worker started later builds its stores from the files, which hold only current values: the
+ * old value then went upstream, and into the log in clear, from that worker alone. So each
+ * worker reports its retired values once it serves and after each reload; the primary keeps
+ * each worker's latest report (one that exited, until its replacement reports), hands their union
+ * to a worker before it builds its proxy and again once it listens, and passes each new report
+ * on to the other workers (a worker that read a rotated file at its start, a SIGHUP pending,
+ * never saw the old value). Only over the IPC channel: the environment and argv of a process
+ * are readable in /proc. Nothing persists them: a full restart forgets them.
  */
 
 /** What a worker tells the primary. */
-type WorkerReport = { readonly kind: "listening"; readonly url: string };
+type WorkerReport =
+  | { readonly kind: "listening"; readonly url: string }
+  /** At its start, before it builds its proxy: the values the others retired. */
+  | { readonly kind: "retired-wanted" }
+  /** Its retired values, all of them: once it serves, and after each reload. */
+  | { readonly kind: "retired"; readonly secrets: readonly RetiredGuestSecrets[] };
 /** What the primary tells a worker. */
-type PrimaryOrder = { readonly kind: "stop" };
+type PrimaryOrder = { readonly kind: "stop" } | { readonly kind: "retired"; readonly secrets: readonly RetiredGuestSecrets[] };
 
 /**
  * Set by the primary on the first worker it starts: that one writes `--guest-env-file`. A
@@ -71,15 +89,87 @@ export function siblingPort(): number | undefined {
 }
 
 /**
- * In a worker: reports the listening URL, and runs `stop` when the primary says so. (A worker
- * whose primary dies exits at once: node:cluster does that on the IPC channel's unexpected end.)
+ * In a worker, before it builds its proxy: the values the other workers retired (its guests'
+ * stores hold them before it takes a connection). No deadline: the primary answers at once,
+ * and a worker whose primary died exits.
  */
-export function reportListening(url: string, stop: () => void): void {
+export function retiredFromPrimary(): Promise<readonly RetiredGuestSecrets[]> {
+  return new Promise((resolve) => {
+    const onOrder = (order: PrimaryOrder): void => {
+      if (order?.kind !== "retired") return;
+      process.off("message", onOrder);
+      resolve(order.secrets);
+    };
+    process.on("message", onOrder);
+    const ask: WorkerReport = { kind: "retired-wanted" };
+    process.send?.(ask);
+  });
+}
+
+/** In a worker: tells the primary every value it holds as retired now (after a reload, say). */
+export function reportRetired(retired: RetiredSecretsExchange): void {
+  const report: WorkerReport = { kind: "retired", secrets: retired.current() };
+  process.send?.(report);
+}
+
+/**
+ * In a worker: reports the listening URL and its retired values, runs `stop` when the primary
+ * says so, and takes the values other workers retire from now on. (A worker whose primary dies
+ * exits at once: node:cluster does that on the IPC channel's unexpected end.)
+ */
+export function reportListening(url: string, stop: () => void, retired: RetiredSecretsExchange, log: CliLog): void {
   const report: WorkerReport = { kind: "listening", url };
   process.send?.(report);
+  reportRetired(retired);
   process.on("message", (order: PrimaryOrder) => {
     if (order?.kind === "stop") stop();
+    else if (order?.kind === "retired") {
+      try {
+        const guests = retired.adopt(order.secrets);
+        if (guests.length > 0) log("info", "took the secret values other workers retired", { guests });
+      } catch (error) {
+        // Never quoted: the list holds secret values.
+        log("warn", "retired secret values from the primary were refused", { error: (error as Error).name });
+      }
+    }
   });
+}
+
+/** Whether a worker's report of retired values has the shape the primary merges. */
+function wellFormed(secrets: unknown): secrets is readonly RetiredGuestSecrets[] {
+  return (
+    Array.isArray(secrets) &&
+    secrets.every(
+      (entry: Partial<RetiredGuestSecrets> | null) =>
+        typeof entry?.guest === "string" &&
+        Array.isArray(entry.secrets) &&
+        entry.secrets.every((secret) => typeof secret?.name === "string" && Array.isArray(secret.values) && secret.values.every((value: unknown) => typeof value === "string")),
+    )
+  );
+}
+
+/**
+ * The union of the workers' reports, per guest and secret, each secret's newest
+ * {@link maxRetired} values (a store keeps no more).
+ */
+function mergeRetired(reports: Iterable<readonly RetiredGuestSecrets[]>): RetiredGuestSecrets[] {
+  const guests = new Map<string, Map<string, Set<string>>>();
+  for (const report of reports) {
+    for (const { guest, secrets } of report) {
+      const byName = guests.get(guest) ?? new Map<string, Set<string>>();
+      guests.set(guest, byName);
+      for (const { name, values } of secrets) {
+        const known = byName.get(name) ?? new Set<string>();
+        byName.set(name, known);
+        for (const value of values) {
+          // Moved to the end: seen again, it is among the newest.
+          known.delete(value);
+          known.add(value);
+        }
+      }
+    }
+  }
+  return [...guests].map(([guest, byName]) => ({ guest, secrets: [...byName].map(([name, values]) => ({ name, values: [...values].slice(-maxRetired) })) }));
 }
 
 function onceExit(worker: Worker): Promise<void> {
@@ -137,6 +227,17 @@ export async function runPrimary(
   const live = new Set<Worker>();
   /** Workers that have reported listening: they take a stop order; the others a SIGTERM. */
   const serving = new WeakSet<Worker>();
+  /**
+   * Each worker's latest report of its retired values. One that exited keeps its own until its
+   * replacement, given them at its start, reports (and for good when it closed and is not
+   * replaced): the others took its values when it reported them, but report only what they
+   * retired themselves, so a value it alone had reported would be lost with it.
+   */
+  const retiredBy = new Map<Worker, readonly RetiredGuestSecrets[]>();
+  /** A send to a worker whose channel is gone is dropped (its exit is handled on its own). */
+  const tell = (worker: Worker, message: PrimaryOrder): void => {
+    if (worker.isConnected()) worker.send(message);
+  };
   let stopping = false;
   let exitCode = 0;
   let restarts: number[] = [];
@@ -163,16 +264,35 @@ export async function runPrimary(
 
   const how = (code: number | null, signal: NodeJS.Signals | null): string => signal ?? `code ${code}`;
 
-  const fork = (first: boolean, replacing = false): Promise<{ worker: Worker; url: string }> =>
+  const fork = (first: boolean, replacing?: Worker): Promise<{ worker: Worker; url: string }> =>
     new Promise((resolve, reject) => {
-      const worker = cluster.fork({ ...workerEnv, ...(first ? { [firstWorkerEnv]: "1" } : {}), ...(replacing ? { [replacementEnv]: "1" } : {}) });
+      const worker = cluster.fork({ ...workerEnv, ...(first ? { [firstWorkerEnv]: "1" } : {}), ...(replacing !== undefined ? { [replacementEnv]: "1" } : {}) });
       live.add(worker);
       // A send to a worker that just died fails with EPIPE as an `error` event on it: unlistened,
       // it would take the primary, and with it every other worker's guests. Its exit is handled below.
       worker.on("error", (error: Error) => log("warn", "worker channel error", { worker: worker.process.pid, error: error.message }));
       worker.on("message", (report: WorkerReport) => {
+        if (report?.kind === "retired-wanted") {
+          tell(worker, { kind: "retired", secrets: mergeRetired(retiredBy.values()) });
+          return;
+        }
+        if (report?.kind === "retired") {
+          if (!wellFormed(report.secrets)) {
+            log("warn", "a worker's retired secret values were malformed; ignored", { worker: worker.process.pid });
+            return;
+          }
+          const before = retiredBy.get(worker);
+          retiredBy.set(worker, report.secrets);
+          if (replacing !== undefined) retiredBy.delete(replacing);
+          if (report.secrets.length === 0 || JSON.stringify(before) === JSON.stringify(report.secrets)) return;
+          for (const other of live) if (other !== worker && serving.has(other)) tell(other, { kind: "retired", secrets: report.secrets });
+          return;
+        }
         if (report?.kind !== "listening") return;
         serving.add(worker);
+        // What others reported while it started, since it asked.
+        const known = mergeRetired(retiredBy.values());
+        if (known.length > 0) tell(worker, { kind: "retired", secrets: known });
         resolve({ worker, url: report.url });
       });
       worker.process.once("exit", (code, signal) => {
@@ -207,7 +327,7 @@ export async function runPrimary(
           return;
         }
         log("warn", "worker exited; starting another", { worker: pid, exit: how(code, signal) });
-        replace(pid, 0);
+        replace(worker, 0);
       });
     });
 
@@ -217,8 +337,9 @@ export async function runPrimary(
    * 5 s then up to a minute apart, while the other workers go on serving; with none left, the
    * primary stops. (It stopped them all: a bad file on disk took down a cluster serving fine.)
    */
-  const replace = (pid: number | undefined, attempt: number): void => {
-    fork(false, true).then(
+  const replace = (dead: Worker, attempt: number): void => {
+    const pid = dead.process.pid;
+    fork(false, dead).then(
       (next) => log("info", "worker replaced", { worker: next.worker.process.pid, replaces: pid }),
       (error: unknown) => {
         if (stopping) return;
@@ -233,7 +354,7 @@ export async function runPrimary(
         log("warn", "a replacement worker could not start; trying again", { error: (error as Error).message, serving: live.size, workers: count, retryInS: seconds });
         const retry = setTimeout(() => {
           retries.delete(retry);
-          if (!stopping) replace(pid, attempt + 1);
+          if (!stopping) replace(dead, attempt + 1);
         }, seconds * 1000);
         retries.add(retry);
       },

@@ -1,10 +1,21 @@
 import { earlyHup, onEarlyHup } from "./early-hup.js";
 import { randomBytes } from "node:crypto";
 import { defaultCaDir, loadOrCreateCa } from "../tls/ca-store.js";
-import { startProxy } from "../proxy/start-proxy.js";
+import { launchProxy } from "../proxy/start-proxy.js";
 import { resolveProxyOptions, type ProxyOptions } from "../proxy/options.js";
 import { parseCli, placeholderKeyEnv, UsageError } from "./args.js";
-import { isClusterWorker, isFirstWorker, isReplacement, metricsAddressEnv, primaryMetricsAddress, reportListening, runPrimary, siblingPort } from "./cluster.js";
+import {
+  isClusterWorker,
+  isFirstWorker,
+  isReplacement,
+  metricsAddressEnv,
+  primaryMetricsAddress,
+  reportListening,
+  reportRetired,
+  retiredFromPrimary,
+  runPrimary,
+  siblingPort,
+} from "./cluster.js";
 import { isIP } from "node:net";
 import { serveClusterMetrics } from "../metrics/cluster-metrics.js";
 import { createLogger } from "../log.js";
@@ -110,12 +121,14 @@ async function main(argv: readonly string[]): Promise<number> {
     const { metricsListen, ...unlistened } = worker && !isFirstWorker() ? rest : options;
     // The primary's metrics listener is one of this deployment's addresses: refused as a target.
     const primaryMetrics = worker ? primaryMetricsAddress() : undefined;
-    const proxy = await startProxy({
+    // Values the other workers retired at reloads: this one's files hold only the current ones.
+    const retiredElsewhere = worker ? await retiredFromPrimary() : [];
+    const { proxy, retiredSecrets } = await launchProxy({
       ...(worker ? { ...unlistened, ...(metricsListen !== undefined ? { metrics: true } : {}) } : options),
       ...(primaryMetrics !== undefined ? { ownAddresses: [...(options.ownAddresses ?? []), primaryMetrics] } : {}),
       ...(port !== undefined ? { listen: { ...options.listen, port } } : {}),
       ...(sink !== undefined ? { logSink: sink } : {}),
-    });
+    }, retiredElsewhere);
     await new Promise<void>((resolve) => {
       let closing = false;
       let watching: { close(): void } | undefined;
@@ -197,6 +210,8 @@ async function main(argv: readonly string[]): Promise<number> {
           closeReplaced(oldest);
           say("info", "a replaced configuration closed early: more were loaded than are kept", { kept: maxRetiredConfigurations });
         }
+        // The values this reload rotated out, for the other workers and the next replacement.
+        if (worker) reportRetired(retiredSecrets);
       };
       process.on("SIGHUP", () => {
         if (closing) return;
@@ -211,7 +226,7 @@ async function main(argv: readonly string[]): Promise<number> {
       if (command.config.watch === true && !worker) {
         watching = watchConfiguration(command.config, process.env, () => (closing ? Promise.resolve() : (reloading = reloading.then(reload))), say);
       }
-      if (worker) reportListening(proxy.url, close);
+      if (worker) reportListening(proxy.url, close, retiredSecrets, say);
       else process.stdout.write(`egressgate listening on ${proxy.url}\n`);
     });
   } catch (error) {

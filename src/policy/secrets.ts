@@ -80,6 +80,12 @@ export interface RedirectHop {
 
 const secretKeys = ["hosts", "value", "secretRedirects", "followRedirectsTo"];
 
+/** The values one secret had before its rotations or its delete, oldest first. */
+export interface RetiredValues {
+  readonly name: string;
+  readonly values: readonly string[];
+}
+
 /** A secret as `listSecrets()` shows it: never the value. */
 export interface SecretInfo {
   readonly name: string;
@@ -252,7 +258,7 @@ export class SecretStore {
    * refuse. So a rotation by reload is refused and redacted as one by updateSecret() is.
    */
   inherit(previous: SecretStore): void {
-    const live = new Set([...this.entries.values()].filter((e) => !e.deleted).map((e) => e.value));
+    const live = this.liveValues();
     for (const old of previous.entries.values()) {
       const values = [...old.retired, ...(old.deleted ? [] : [old.value])].filter((v) => v !== "" && !live.has(v));
       const entry = this.entries.get(old.name);
@@ -263,6 +269,57 @@ export class SecretStore {
       for (const value of values) if (!entry.retired.includes(value)) retire(entry, value);
     }
     this.redaction = undefined;
+  }
+
+  /**
+   * The values this store holds only as retired (rotated or deleted), by secret, oldest first:
+   * what another process serving the same guest must refuse and redact too (`--workers N`: a
+   * replacement worker builds its stores from the files, which hold only current values).
+   */
+  retiredValues(): RetiredValues[] {
+    const live = this.liveValues();
+    return [...this.entries.values()].flatMap((e) => {
+      const values = e.retired.filter((v) => v !== "" && !live.has(v));
+      return values.length === 0 ? [] : [{ name: e.name, values }];
+    });
+  }
+
+  /**
+   * Retires here too what another process's store retired ({@link retiredValues}), unless a
+   * secret of this store holds it now (rotated back, or renamed). A secret this store lacks
+   * stays as a deleted one, with nothing but those values to refuse, as after a reload that
+   * removed it ({@link inherit}). Returns whether anything was added.
+   */
+  adoptRetired(carried: readonly RetiredValues[]): boolean {
+    // Checked whole before anything changes: a bad list leaves the store as it was.
+    for (const { name, values } of carried) {
+      if (typeof name !== "string" || !/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) throw new TypeError("retired values: not a secret name");
+      if (!Array.isArray(values)) throw new TypeError(`retired values of ${name}: expected an array`);
+      for (const value of values) checkValue(value, `retired values of ${name}`);
+    }
+    const live = this.liveValues();
+    let added = false;
+    for (const { name, values } of carried) {
+      const fresh = values.filter((v) => !live.has(v));
+      if (fresh.length === 0) continue;
+      let entry = this.entries.get(name);
+      if (entry === undefined) {
+        entry = { name, placeholder: "", hosts: [], matcher: compileHostPatterns([]), value: "", deleted: true, retired: [], redirects: "scan", followRedirectsTo: compileHostPatterns([]) };
+        this.entries.set(name, entry);
+      }
+      for (const value of fresh.slice(-maxRetired)) {
+        if (entry.retired.includes(value)) continue;
+        retire(entry, value);
+        added = true;
+      }
+    }
+    if (added) this.redaction = undefined;
+    return added;
+  }
+
+  /** Every current value: not retired, whatever another store says of it. */
+  private liveValues(): Set<string> {
+    return new Set([...this.entries.values()].filter((e) => !e.deleted).map((e) => e.value));
   }
 
   /**
@@ -632,7 +689,7 @@ function replaceMatches(text: string, needles: NeedleSet, label: (name: string) 
  * token a `file:` source refreshes hourly under --watch would otherwise add one an hour for the
  * life of the process. The oldest goes first.
  */
-const maxRetired = 64;
+export const maxRetired = 64;
 
 function retire(entry: Entry, value: string): void {
   entry.retired.push(value);

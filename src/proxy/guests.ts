@@ -6,7 +6,7 @@ import { hookSources } from "../pipeline/hook-source.js";
 import { Pipeline } from "../pipeline/pipeline.js";
 import { cidrContains, plainAddress, type Cidr } from "../policy/cidr.js";
 import { DeclarativePolicy, type ListenAddress } from "../policy/declarative-policy.js";
-import { SecretStore, type SecretTarget } from "../policy/secrets.js";
+import { SecretStore, type RetiredValues, type SecretTarget } from "../policy/secrets.js";
 import type { TlsAuthority } from "../tls/authority.js";
 import { PinnedPools, type UpstreamConnection } from "../upstream/pinned-pools.js";
 import { Resolver, type ResolvedAddress } from "../upstream/resolve.js";
@@ -37,6 +37,15 @@ export interface GuestDeps {
 }
 
 /**
+ * One guest's retired secret values ({@link SecretStore.retiredValues}): what the workers of a
+ * cluster pass on to each other through the primary (src/cli/cluster.ts).
+ */
+export interface RetiredGuestSecrets {
+  readonly guest: string;
+  readonly secrets: readonly RetiredValues[];
+}
+
+/**
  * One guest at run time: its own policy, pipeline and upstream pools (a keep-alive connection
  * opened for one guest is never lent to another), its token, and the connections bound to it.
  */
@@ -50,6 +59,8 @@ export class Guest {
   readonly upgradeDeps: UpgradeDeps;
   readonly env: Readonly<Record<string, string>>;
   readonly sources: readonly Cidr[];
+  /** What it was built from: rebuilt with a secret store when it takes retired values without one. */
+  readonly resolved: ResolvedGuest;
   /** Tunnels and upgraded connections of this guest, with how each was known as it: closed when it is removed. */
   readonly connections = new Map<Socket, Binding>();
   removed = false;
@@ -63,6 +74,7 @@ export class Guest {
   constructor(resolved: ResolvedGuest, key: string, deps: GuestDeps) {
     const { config, log, authority } = deps;
     this.name = resolved.name;
+    this.resolved = resolved;
     this.token = guestToken(key, resolved.name);
     this.digest = tokenDigest(this.token);
     this.env = resolved.env;
@@ -224,6 +236,11 @@ export function removedCut(name: string): string {
   return `the proxy closed the connection: the guest "${name}" was removed`;
 }
 
+/** `resolved` with an empty secret store: one to hold the values a predecessor or another worker retired. */
+function withEmptyStore(resolved: ResolvedGuest): ResolvedGuest {
+  return withFields(resolved, { declarative: withFields(resolved.declarative, { secrets: new SecretStore({}, false, () => []) }) });
+}
+
 /** The guest a bound connection belongs to now (a reload hands it to the guest's successor). */
 const ownerOf = new WeakMap<Socket, Guest>();
 
@@ -314,11 +331,61 @@ export class GuestRegistry {
     return this.guests.values();
   }
 
-  add(resolved: ResolvedGuest): Guest {
+  /** `retired`: values another process retired for this guest, refused and redacted here too. */
+  add(resolved: ResolvedGuest, retired: readonly RetiredValues[] = []): Guest {
     if (this.guests.has(resolved.name)) throw new TypeError(`addGuest: a guest named "${resolved.name}" is already served`);
-    const guest = new Guest(resolved, this.key, this.deps);
+    const guest = this.build(resolved, retired);
     this.guests.set(guest.name, guest);
     return guest;
+  }
+
+  /** A guest whose store holds `retired` too; one without secrets gets an empty store to hold them. */
+  private build(resolved: ResolvedGuest, retired: readonly RetiredValues[]): Guest {
+    const holds = retired.some((secret) => secret.values.length > 0);
+    const guest = new Guest(holds && resolved.declarative.secrets === undefined ? withEmptyStore(resolved) : resolved, this.key, this.deps);
+    if (holds) guest.policy.config.secrets?.adoptRetired(retired);
+    return guest;
+  }
+
+  /** Every guest's retired secret values, for the other workers of a cluster. */
+  retiredSecrets(): RetiredGuestSecrets[] {
+    return [...this.guests.values()].flatMap((guest) => {
+      const secrets = guest.policy.config.secrets?.retiredValues() ?? [];
+      return secrets.length === 0 ? [] : [{ guest: guest.name, secrets }];
+    });
+  }
+
+  /**
+   * Takes the values another worker retired, guest by guest; those of a guest not served here
+   * are left (a removed guest's values are not kept by a reload either). A guest without a
+   * secret store is rebuilt with one, as a reload that removed its last secret does: the
+   * guests replaced so are returned, for their pools to retire, with the names of the guests
+   * that took a value. Every list is checked before anything changes.
+   */
+  adoptRetired(retired: readonly RetiredGuestSecrets[]): { readonly replaced: Guest[]; readonly changed: string[] } {
+    for (const entry of retired) {
+      if (typeof entry?.guest !== "string" || !Array.isArray(entry.secrets)) throw new TypeError("retired values: expected { guest, secrets }");
+      // A dry run on an empty store: the same checks, and nothing to change.
+      new SecretStore({}, false, () => []).adoptRetired(entry.secrets);
+    }
+    const replaced: Guest[] = [];
+    const changed = new Set<string>();
+    for (const { guest: name, secrets } of retired) {
+      const guest = this.guests.get(name);
+      if (guest === undefined) continue;
+      const store = guest.policy.config.secrets;
+      if (store !== undefined) {
+        if (store.adoptRetired(secrets)) changed.add(name);
+        continue;
+      }
+      if (!secrets.some((secret) => secret.values.length > 0)) continue;
+      const successor = this.build(guest.resolved, secrets);
+      successor.adopt(guest);
+      this.guests.set(name, successor);
+      replaced.push(guest);
+      changed.add(name);
+    }
+    return { replaced, changed: [...changed] };
   }
 
   /**
@@ -337,9 +404,7 @@ export class GuestRegistry {
       // A reload that removed every secret of a guest that had some still needs a store: the
       // old values stay refused and redacted (see Guest.adopt).
       const carried = this.guests.get(entry.name)?.policy.config.secrets;
-      const kept = carried !== undefined && carried.size > 0 && entry.declarative.secrets === undefined
-        ? withFields(entry, { declarative: withFields(entry.declarative, { secrets: new SecretStore({}, false, () => []) }) })
-        : entry;
+      const kept = carried !== undefined && carried.size > 0 && entry.declarative.secrets === undefined ? withEmptyStore(entry) : entry;
       next.set(entry.name, new Guest(kept, this.key, this.deps));
     }
     const replaced: Guest[] = [];

@@ -16,7 +16,7 @@ import { createDecisionLog } from "./decision-log.js";
 import { guestEnvironment, writeGuestEnvFile } from "./guest-env.js";
 import { resolveGuestOptions, type GuestOptions } from "./guest-options.js";
 import { GuestSide } from "./guest-side.js";
-import { closeUnbound, GuestRegistry } from "./guests.js";
+import { closeUnbound, GuestRegistry, type RetiredGuestSecrets } from "./guests.js";
 import { listenAddresses } from "./listen-addresses.js";
 import { checkGuestOptions, checkSourcesApart, connectionsWithin, openFileLimit, resolveProxyOptions, settingsNotReloaded, type ProxyOptions } from "./options.js";
 import { GuestRedactor } from "./redactor.js";
@@ -86,6 +86,32 @@ export interface RunningProxy {
  * ```
  */
 export async function startProxy(options: ProxyOptions = {}): Promise<RunningProxy> {
+  return (await launchProxy(options)).proxy;
+}
+
+/**
+ * A cluster worker's hold on its proxy's retired secret values (src/cli/cluster.ts): the
+ * values it retired, for the other workers, and theirs, taken in. Not public.
+ */
+export interface RetiredSecretsExchange {
+  /** Every guest's values retired by a rotation or delete, and not current again. */
+  current(): RetiredGuestSecrets[];
+  /**
+   * Refuses and redacts another worker's retired values from now on (nothing once closing).
+   * Returns the guests that took a value they did not hold; a bad list throws, and changes nothing.
+   */
+  adopt(retired: readonly RetiredGuestSecrets[]): string[];
+}
+
+/**
+ * startProxy for the CLI's `--workers` workers: `retired` are the values the other workers
+ * retired, which the guests' stores hold before the proxy listens (a replacement must not
+ * serve a request with a value the others refuse). Not public.
+ */
+export async function launchProxy(
+  options: ProxyOptions = {},
+  retired: readonly RetiredGuestSecrets[] = [],
+): Promise<{ readonly proxy: RunningProxy; readonly retiredSecrets: RetiredSecretsExchange }> {
   const config = resolveProxyOptions(options);
   const redactor = new GuestRedactor();
   const redact = (text: string): string => redactor.redact(text);
@@ -145,7 +171,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   });
   made.guests = guests;
   try {
-    for (const guest of config.guests) guests.add(guest);
+    for (const guest of config.guests) guests.add(guest, retired.filter((entry) => entry.guest === guest.name).flatMap((entry) => entry.secrets));
   } catch (error) {
     await abandon(error);
   }
@@ -267,7 +293,17 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
   });
   warnPastFileLimit(config.limits.connections, log);
 
-  return {
+  const retiredSecrets: RetiredSecretsExchange = {
+    current: () => guests.retiredSecrets(),
+    adopt: (others) => {
+      if (closing !== undefined) return [];
+      const { replaced, changed } = guests.adoptRetired(others);
+      if (replaced.length > 0) redactor.update(guests);
+      for (const guest of replaced) void guest.retire().catch((error: unknown) => log.warn("closing a replaced guest's pools failed", { guest: guest.name, error }));
+      return changed;
+    },
+  };
+  const proxy: RunningProxy = {
     url,
     host: address.address,
     port: address.port,
@@ -324,6 +360,7 @@ export async function startProxy(options: ProxyOptions = {}): Promise<RunningPro
     metricsUrl: metricsServer?.url,
     close,
   };
+  return { proxy, retiredSecrets };
 }
 
 /** Opened before anything listens: a path that cannot be written fails the start, naming the option. */

@@ -546,6 +546,101 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     expect(await cli.exited).toEqual({ code: 0, signal: null });
   });
 
+  // Retired values lived only in each worker's memory: a replacement built its guests from the
+  // file and sent a rotated-out value upstream, writing it in clear into the log and the audit log.
+  it("a replacement worker refuses and redacts the values the other workers retired at a reload", async () => {
+    const dir = tempDir();
+    const caDir = join(dir, "ca");
+    const audit = join(dir, "audit.jsonl");
+    const tokenFile = join(dir, "token");
+    const file = join(dir, "egressgate.yaml");
+    const upstream = await startUpstream();
+    const old = "old-value-for-workers-7f3a";
+    writeFileSync(tokenFile, old);
+    writeFileSync(
+      file,
+      [
+        "allowInternalHosts: [api.test]",
+        "resolve: { api.test: [127.0.0.1] }",
+        `upstreamCa: [${JSON.stringify(await upstreamCaFile(dir))}]`,
+        `secrets: { TOK: { hosts: [api.test], value: ${JSON.stringify(`file:${tokenFile}`)} } }`,
+        "",
+      ].join("\n"),
+    );
+    const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", caDir, "--config", file, "--audit-log", audit]);
+    const primary = cli.process.pid!;
+    const workers = childPids(primary);
+    expect(workers).toHaveLength(2);
+    writeFileSync(tokenFile, "new-value-for-workers-9c1d");
+    cli.process.kill("SIGHUP");
+    await until(() => linesOf(cli.stderr(), "configuration reloaded").length === 2, 30_000, "both workers to reload");
+
+    // A new connection per request, which the primary hands to the workers in turn.
+    const send = async (tag: string): Promise<string> =>
+      (await curl(["-sS", "-x", url, "--cacert", join(caDir, "ca.crt"), "-o", "/dev/null", "-w", "%{http_code}", `https://api.test:${upstream.port}/echo/${tag}/${old}`])).stdout;
+    for (let i = 0; i < 2; i++) expect(await send(`a${i}`)).toBe("403");
+    process.kill(workers[0]!, "SIGKILL");
+    await until(() => linesOf(cli.stderr(), "worker replaced").some((line) => line["replaces"] === workers[0]), 30_000, "a replacement worker");
+    const replacement = childPids(primary).find((pid) => !workers.includes(pid));
+    expect(replacement).toBeDefined();
+    for (let i = 0; i < 4; i++) expect(await send(`b${i}`)).toBe("403");
+    expect(upstream.hits()).toBe(0);
+    const refusals = (): Record<string, unknown>[] => linesOf(cli.stderr(), "request").filter((line) => String(line["target"]).includes("/echo/b"));
+    await until(() => refusals().length === 4, 10_000, "four request lines");
+    // Both workers answered, the replacement among them, each for the same reason.
+    expect(new Set(refusals().map((line) => line["worker"]))).toEqual(new Set([workers[1], replacement]));
+    for (const line of refusals()) expect(String(line["reason"])).toMatch(/retired value of secret TOK/);
+    await until(() => existsSync(audit) && readFileSync(audit, "utf8").split("\n").filter((l) => l !== "").length === 6, 10_000, "six audit records");
+    expect(cli.stderr()).not.toContain(old);
+    expect(readFileSync(audit, "utf8")).not.toContain(old);
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+  });
+
+  // A worker that started after a file: secret changed, before the SIGHUP, never held the old
+  // value: it learns that the others retired it from their reports, passed on by the primary.
+  it("a worker that read a rotated file before the reload refuses the value the other workers retired at it", async () => {
+    const dir = tempDir();
+    const caDir = join(dir, "ca");
+    const tokenFile = join(dir, "token");
+    const file = join(dir, "egressgate.yaml");
+    const upstream = await startUpstream();
+    const old = "old-value-for-workers-5b2e";
+    writeFileSync(tokenFile, old);
+    writeFileSync(
+      file,
+      [
+        "allowInternalHosts: [api.test]",
+        "resolve: { api.test: [127.0.0.1] }",
+        `upstreamCa: [${JSON.stringify(await upstreamCaFile(dir))}]`,
+        `secrets: { TOK: { hosts: [api.test], value: ${JSON.stringify(`file:${tokenFile}`)} } }`,
+        "",
+      ].join("\n"),
+    );
+    const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", caDir, "--config", file]);
+    const primary = cli.process.pid!;
+    const workers = childPids(primary);
+    expect(workers).toHaveLength(2);
+    writeFileSync(tokenFile, "new-value-for-workers-0e4c");
+    process.kill(workers[0]!, "SIGKILL");
+    await until(() => linesOf(cli.stderr(), "worker replaced").some((line) => line["replaces"] === workers[0]), 30_000, "a replacement worker");
+    const replacement = childPids(primary).find((pid) => !workers.includes(pid));
+    cli.process.kill("SIGHUP");
+    await until(() => linesOf(cli.stderr(), "configuration reloaded").length === 2, 30_000, "both workers to reload");
+    // The report that follows the other worker's reload reaches it a moment later.
+    await until(() => linesOf(cli.stderr(), "took the secret values other workers retired").some((line) => line["worker"] === replacement), 10_000, "the replacement to take the retired value");
+    const send = async (tag: string): Promise<string> =>
+      (await curl(["-sS", "-x", url, "--cacert", join(caDir, "ca.crt"), "-o", "/dev/null", "-w", "%{http_code}", `https://api.test:${upstream.port}/echo/${tag}/${old}`])).stdout;
+    for (let i = 0; i < 4; i++) expect(await send(`c${i}`)).toBe("403");
+    expect(upstream.hits()).toBe(0);
+    const refusals = (): Record<string, unknown>[] => linesOf(cli.stderr(), "request").filter((line) => String(line["target"]).includes("/echo/c"));
+    await until(() => refusals().length === 4, 10_000, "four request lines");
+    expect(new Set(refusals().map((line) => line["worker"]))).toEqual(new Set([workers[1], replacement]));
+    expect(cli.stderr()).not.toContain(old);
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+  });
+
   it("workers leave SIGINT to the primary: signalled alone they go on serving", async () => {
     const dir = tempDir();
     const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", join(dir, "ca"), "--allow-host", "nope.test"]);

@@ -8,6 +8,7 @@ import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { ProxyAgent, request as undiciRequest } from "undici";
 import { createHttpHooks } from "../../src/index.js";
+import { launchProxy } from "../../src/proxy/start-proxy.js";
 import { testCa } from "../helpers/test-ca.js";
 import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
 import { basic, credentialsOf, startGuestsProxy } from "../helpers/guests.js";
@@ -210,6 +211,56 @@ describe("proxy.reload", () => {
     expect(upstream.seen.length).toBe(seen);
     expect(JSON.stringify(proxy.logs)).toContain("[REDACTED:TOKEN]");
     expect(JSON.stringify(proxy.logs)).not.toContain(old);
+  });
+
+  // --workers: a worker started after a rotation builds its stores from the files, which hold
+  // only current values; the values the others retired reach it through the primary.
+  it("retired values from another worker are refused and redacted from before the proxy listens, and taken at run time by a guest without secrets; a value current here stays current", async () => {
+    const upstream = await startUpstream({ names: ["api.test"] });
+    const ca = await testCa();
+    const started = async (secrets: Record<string, { hosts: string[]; value: string }>, retired: Parameters<typeof launchProxy>[1]) => {
+      const logs: string[] = [];
+      const { httpHooks, env } = createHttpHooks({ allowedInternalHosts: ["api.test"], secrets });
+      const launched = await launchProxy(
+        { httpHooks, env, listen: { host: "127.0.0.1", port: 0 }, caDir: tempDir(), upstreamCa: [ca.certPem], logLevel: "info", logSink: (line) => logs.push(line), resolve: { "api.test": ["127.0.0.1"] } },
+        retired,
+      );
+      onTestFinished(() => launched.proxy.close());
+      return { ...launched, logs };
+    };
+    const base = `https://api.test:${upstream.port}/echo`;
+
+    const seeded = await started({ TOKEN: { hosts: ["api.test"], value: "Current-Value-5151" } }, [
+      { guest: "default", secrets: [{ name: "TOKEN", values: ["Seeded-0ld-Value-4242", "Current-Value-5151"] }, { name: "GONE", values: ["Removed-0ld-Value-6363"] }] },
+    ]);
+    const refused = await fetchVia(seeded.proxy, `${base}/Seeded-0ld-Value-4242`);
+    expect(refused.status).toBe(403);
+    expect(refused.text).toContain("retired value of secret TOKEN");
+    expect((await fetchVia(seeded.proxy, base, { headers: { "x-old": "Removed-0ld-Value-6363" } })).text).toContain("retired value of secret GONE");
+    // Another worker's stale report named this value; here it is the current one.
+    const sent = await fetchVia(seeded.proxy, base, { headers: { authorization: `Bearer ${seeded.proxy.guestEnv()["TOKEN"]!}` } });
+    expect(sent.status).toBe(200);
+    expect(JSON.parse(sent.text)).toMatchObject({ headers: { authorization: "Bearer Current-Value-5151" } });
+    expect(seeded.retiredSecrets.current()).toEqual([
+      { guest: "default", secrets: [{ name: "TOKEN", values: ["Seeded-0ld-Value-4242"] }, { name: "GONE", values: ["Removed-0ld-Value-6363"] }] },
+    ]);
+
+    const bare = await started({}, []);
+    expect((await fetchVia(bare.proxy, `${base}/Adopted-0ld-Value-7474`)).status).toBe(404);
+    // A list with one bad entry is refused whole: nothing of it is taken.
+    expect(() => bare.retiredSecrets.adopt([{ guest: "default", secrets: [{ name: "T", values: ["Adopted-0ld-Value-7474"] }, { name: "not a name", values: ["x"] }] }])).toThrow(TypeError);
+    expect(bare.retiredSecrets.current()).toEqual([]);
+    const loggedBefore = bare.logs.length;
+    bare.retiredSecrets.adopt([{ guest: "default", secrets: [{ name: "T", values: ["Adopted-0ld-Value-7474"] }] }]);
+    const adopted = await fetchVia(bare.proxy, `${base}/Adopted-0ld-Value-7474`);
+    expect(adopted.status).toBe(403);
+    expect(adopted.text).toContain("retired value of secret T");
+    expect(upstream.seen.map((seen) => seen.url)).toEqual(["/echo", "/echo/Adopted-0ld-Value-7474"]);
+    // The request before the adoption was logged as it came: nothing hid that value then.
+    const logged = [...seeded.logs, ...bare.logs.slice(loggedBefore)].join("\n");
+    expect(logged).toContain("[REDACTED:TOKEN]");
+    expect(logged).toContain("[REDACTED:T]");
+    for (const old of ["Seeded-0ld-Value-4242", "Removed-0ld-Value-6363", "Adopted-0ld-Value-7474"]) expect(logged).not.toContain(old);
   });
 
   it("a reload once close() has begun is refused: the requests draining keep their configuration", async () => {
