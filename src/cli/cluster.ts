@@ -227,6 +227,8 @@ export async function runPrimary(
   const live = new Set<Worker>();
   /** Workers that have reported listening: they take a stop order; the others a SIGTERM. */
   const serving = new WeakSet<Worker>();
+  /** Workers a SIGHUP came for while they started: a signal before their handler ended them. */
+  const owedReload = new WeakSet<Worker>();
   /**
    * Each worker's latest report of its retired values. One that exited keeps its own until its
    * replacement, given them at its start, reports (and for good when it closed and is not
@@ -290,6 +292,8 @@ export async function runPrimary(
         }
         if (report?.kind !== "listening") return;
         serving.add(worker);
+        // A SIGHUP that came while it started: it serves now, with its handler in place.
+        if (owedReload.delete(worker)) worker.process.kill("SIGHUP");
         // What others reported while it started, since it asked.
         const known = mergeRetired(retiredBy.values());
         if (known.length > 0) tell(worker, { kind: "retired", secrets: known });
@@ -376,9 +380,13 @@ export async function runPrimary(
   process.on("SIGTERM", onSignal);
   for (const signal of forward) {
     process.on(signal, () => {
-      // A worker still starting keeps a SIGHUP and reloads once it serves (early-hup.ts): it may
-      // have read the file before the change. Other signals wait for its handlers.
-      for (const worker of live) if (serving.has(worker) || signal === "SIGHUP") worker.process.kill(signal);
+      // A worker still starting gets its SIGHUP once it serves: it may have read the file before
+      // the change, and a signal before its first module ran (early-hup.ts) ended it ("a worker
+      // exited while starting (SIGHUP)": the whole cluster stopped). Other signals wait for its handlers.
+      for (const worker of live) {
+        if (serving.has(worker)) worker.process.kill(signal);
+        else if (signal === "SIGHUP") owedReload.add(worker);
+      }
     });
   }
 

@@ -383,6 +383,31 @@ describe("a SIGHUP while the proxy starts", () => {
   });
 });
 
+describe("a SIGHUP while --workers workers start", { timeout: 180_000 }, () => {
+  // The primary passed it on to workers still starting; one still loading (no handler yet) died
+  // of it, "a worker exited while starting (SIGHUP)", and the whole cluster stopped.
+  it("reaches each worker once it serves: none exits, and each reloads once", async () => {
+    const dir = tempDir();
+    const auditLog = join(dir, "audit.fifo");
+    execFileSync("mkfifo", [auditLog]);
+    const cli = startCli(["--workers", "2", "--listen", "127.0.0.1:0", "--log-level", "info", "--log-format", "json", "--ca-dir", join(dir, "ca"), "--audit-log", auditLog]);
+    // Returns once a worker opens its audit log: inside startProxy, started and not serving.
+    const reader = await open(auditLog, "r");
+    const workers = childPids(cli.process.pid!);
+    cli.process.kill("SIGHUP");
+    await cli.waitForStdout(listeningLine);
+    await until(() => linesOf(cli.stderr(), "configuration reloaded").length === 2, 60_000, "both workers' reloads");
+    expect(linesOf(cli.stderr(), "configuration reloaded").map((line) => line["worker"]).sort()).toEqual(childPids(cli.process.pid!).sort());
+    // Sent once each served: not taken as one that came while it started.
+    expect(cli.stderr()).not.toContain("a SIGHUP came while the proxy started");
+    expect(cli.stderr()).not.toMatch(/worker exited|could not start/);
+    for (const pid of workers) expect(running(pid)).toBe(true);
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+    await reader.close();
+  });
+});
+
 describe("egressgate --workers", { timeout: 180_000 }, () => {
   it("two worker processes serve one port with the same secret placeholders; a killed worker is replaced; SIGTERM stops them all", async () => {
     const dir = tempDir();
