@@ -86,6 +86,8 @@ interface Slot {
   loaded: boolean;
   /** Set once the worker is being replaced: nothing more is posted to it. */
   retired: boolean;
+  /** Whether the worker holds the process: only while it has calls to answer (see {@link holdWhileBusy}). */
+  held: boolean;
 }
 
 interface Spawned {
@@ -115,13 +117,30 @@ function spawn(policy: PolicySource, limits: DjsLimits): Spawned {
     // QuickJS recursion runs on this thread's stack: 8 MiB leaves room under a 1 MiB QuickJS limit.
     resourceLimits: { stackSizeMb: 8, maxOldGenerationSizeMb: 64 },
   });
-  // Idle workers must not keep the embedding process alive.
+  // Idle workers must not keep the embedding process alive (attach() says it again, after its
+  // 'message' listener: see holdWhileBusy).
   worker.unref();
   // From its first moment: a worker that dies while loading (or after load() gave up on it)
   // raises `error` on this thread, and an unlistened one would end the embedding process.
   // Its `exit` is what replaces it.
   worker.on("error", () => undefined);
   return { worker, heartbeat: new Float64Array(heartbeat), wake: new Int32Array(wake), ready, initPort: channel.port1 };
+}
+
+/**
+ * A worker holds the embedding process only while it has calls to answer: an idle one must not
+ * keep the process alive (README), and a call under way must not see the process end under it
+ * (an embedder awaiting it, with nothing else to do, is owed its answer, as by a socket). Node 20
+ * refs a Worker's port again when its first 'message' listener is added, after unref(), so this
+ * runs once the listeners are on, and again as calls come and go. A retired worker is left to
+ * terminate(), which refs it until it has stopped.
+ */
+function holdWhileBusy(slot: Slot): void {
+  const busy = slot.pending.size + slot.queued.length > 0;
+  if (busy === slot.held || slot.retired) return;
+  slot.held = busy;
+  if (busy) slot.worker.ref();
+  else slot.worker.unref();
 }
 
 /**
@@ -234,7 +253,7 @@ export class DjsEngine {
   }
 
   private attach(spawned: Spawned, loaded: boolean): Slot {
-    const slot: Slot = { worker: spawned.worker, heartbeat: spawned.heartbeat, wake: spawned.wake, pending: new Map(), queued: [], outbox: [], loaded, retired: false };
+    const slot: Slot = { worker: spawned.worker, heartbeat: spawned.heartbeat, wake: spawned.wake, pending: new Map(), queued: [], outbox: [], loaded, retired: false, held: true };
     if (!loaded) {
       spawned.initPort.once("message", (message: { init: InitReply }) => {
         spawned.initPort.close();
@@ -261,19 +280,23 @@ export class DjsEngine {
         this.settled();
         call.resolve(reply);
       }
+      holdWhileBusy(slot);
     });
     spawned.worker.on("exit", () => {
       if (!slot.retired) this.replace(slot, "the sandbox worker stopped");
     });
+    holdWhileBusy(slot);
     return slot;
   }
 
   private post(slot: Slot, call: Pending): void {
     if (!slot.loaded) {
       slot.queued.push(call);
+      holdWhileBusy(slot);
       return;
     }
     slot.pending.set(call.message.id, call);
+    holdWhileBusy(slot);
     // One message per worker per turn of the event loop: a message costs the proxy's thread
     // more than a no-op call costs the worker. Waiting for the end of the turn costs little, even
     // when idle. Bodies are copied, not transferred: a call may have to move to another worker.
