@@ -3,7 +3,8 @@ import { isDeepStrictEqual } from "node:util";
 import { defaults } from "../config/defaults.js";
 import { makeIssue, OptionError, optionError, type OptionIssue } from "../config/option-error.js";
 import { apiOptionsSchema } from "../config/schema.js";
-import { validate } from "../config/validate.js";
+import { snapshotOptions } from "../config/snapshot.js";
+import { validate, type MapNode } from "../config/validate.js";
 import { parseHostPort } from "../config/nodes.js";
 import type { HttpHooks } from "../hooks/http-hooks.js";
 import type { LogLevel, LogSink } from "../log.js";
@@ -242,12 +243,16 @@ function checkOptions(options: unknown): asserts options is ProxyOptions {
 
 /**
  * Checks one guest's options through the same schema, for `addGuest` at run time: an error names
- * `guests.NAME.…`, with code EG_INVALID_OPTION, as it would at start.
+ * `guests.NAME.…`, with code EG_INVALID_OPTION, as it would at start. Returns what was checked,
+ * read once (see resolveProxyOptions), for the caller to use instead of `options`.
  */
-export function checkGuestOptions(name: string, options: unknown, caller = "addGuest"): void {
+export function checkGuestOptions(name: string, options: unknown, caller = "addGuest"): GuestOptions {
+  const guestNode = (apiOptionsSchema.fields["guests"] as MapNode).values;
+  const guest = snapshotOptions(guestNode, options, ["guests", name], `${caller}: `);
   const issues: OptionIssue[] = [];
-  validate(apiOptionsSchema, { guests: { [name]: options } }, [], issues);
+  validate(apiOptionsSchema, { guests: { [name]: guest } }, [], issues);
   if (issues.length > 0) throw optionError(issues[0]!, { prefix: `${caller}: ` });
+  return guest as GuestOptions;
 }
 
 function readCa(entry: string, path: string): string {
@@ -288,8 +293,13 @@ function sameListen(current: ResolvedProxyOptions["listen"], next: ResolvedProxy
   return current.host === next.host && (next.port === 0 || current.port === next.port);
 }
 
-/** Validates startProxy options once, through the one schema; errors carry the option's path and code. */
-export function resolveProxyOptions(options: ProxyOptions = {}): ResolvedProxyOptions {
+/**
+ * Validates startProxy options once, through the one schema; errors carry the option's path and
+ * code. The options are read once first, own data only, and only that copy is checked and used:
+ * an inherited option or a getter's next value would have passed unchecked (config/snapshot.ts).
+ */
+export function resolveProxyOptions(given: ProxyOptions = {}): ResolvedProxyOptions {
+  const options = snapshotOptions(apiOptionsSchema, given, [], "startProxy: ") as ProxyOptions;
   checkOptions(options);
   const resolveIn = options.resolve ?? {};
   const guests = resolveGuests(options as Record<string, unknown>, resolveIn);

@@ -314,8 +314,9 @@ export async function launchProxy(
     guestNames: () => guests.names(),
     addGuest: (name, guestOptions) => {
       if (guests.open) throw new TypeError("addGuest: this proxy serves one guest without credentials; start it with guests, or with auth: true");
-      checkGuestOptions(name, guestOptions);
-      const resolved = resolveGuestOptions(name, guestOptions, `guests.${name}`, config.resolve);
+      // What was checked, read once, is what is used.
+      const checked = checkGuestOptions(name, guestOptions);
+      const resolved = resolveGuestOptions(name, checked, `guests.${name}`, config.resolve);
       checkSourcesApart([...guests.all(), resolved]);
       guests.add(resolved);
       redactor.update(guests);
