@@ -65,7 +65,7 @@ describe("the audit sink", () => {
     await new Promise((resolve) => setImmediate(resolve));
     await log.close();
     expect(readFileSync(file, "utf8").trim().split("\n").map((l) => (JSON.parse(l) as AuditRecord).status)).toEqual([200, 200]);
-    expect(warned.list.filter((w) => w.kind === "audit:onDecision").map((w) => w.fields?.["error"])).toEqual(["sync", "async"]);
+    expect(warned.list.filter((w) => w.kind === "audit:onDecision").map((w) => w.fields?.["error"])).toEqual(["Error: sync", "Error: async"]);
   });
 
   it("redacts the URL, the reasons and every source's reason", () => {
