@@ -21,6 +21,7 @@ import { errorBody, GuestClosedMidResponse, GuestLeftFirst, isLingering, sendErr
 import { tunnelOf } from "./tunnel.js";
 import { serveUpgrade, tooEarly } from "./upgrade.js";
 import { H2Guests } from "./h2-guest.js";
+import { DrainCuts } from "./drain-cut.js";
 import type { TLSSocket } from "node:tls";
 import { withFields } from "../objects.js";
 
@@ -62,6 +63,15 @@ export class GuestSide {
   private readonly cuts = new WeakMap<Socket, string>();
   /** Upgrades not yet relayed or refused: their lines must be written before close() closes the audit log. */
   private readonly upgrading = new Set<Promise<void>>();
+  /**
+   * Requests (either protocol) not yet decided: their lines must be written before close()
+   * closes the audit log too. Unlike `inFlight`, an HTTP/1.1 request counts until its line is
+   * written, which comes after its connection's close when the drain's end cut it.
+   */
+  private undecided = 0;
+  private allDecided: (() => void) | undefined;
+  /** Requests still in their pipeline, for the drain's end to cut. */
+  private readonly pipelineCuts = new DrainCuts();
 
   private readonly h2: H2Guests;
 
@@ -77,11 +87,16 @@ export class GuestSide {
       pingMs: deps.config.timeouts.h2PingMs,
       limits: deps.config.limits,
       nextId: () => this.nextId++,
-      started: () => (this.inFlight += 1),
+      started: () => {
+        this.inFlight += 1;
+        this.undecided += 1;
+      },
       ended: () => {
         this.inFlight -= 1;
         if (this.inFlight === 0) this.idle?.();
+        this.decided();
       },
+      pipelineCuts: this.pipelineCuts,
       explainCut: (error) => this.explainCut(error),
       drainEnded: () => this.drainEnded,
       drainCut: this.drainCut,
@@ -368,6 +383,7 @@ export class GuestSide {
     let guestName: string | undefined;
     /** The guest served, once known: a removal under way is the reason the log gives for what it cut. */
     let served: Guest | undefined;
+    this.undecided += 1;
     try {
       await previous;
       // Pipelined behind an answer that closed the connection (Connection: close, a drain):
@@ -390,12 +406,15 @@ export class GuestSide {
       const request = toOutboundRequest(req, tunnelOf(req.socket));
       target = loggableUrl(request.url, this.deps.redact);
       if (requestStart.hasSubscribers) requestStart.publish({ id, guest: guestName, method: req.method ?? "", url: target, time: new Date().toISOString() } satisfies RequestStartMessage);
-      const response = await guest.pipeline.handle(request, {
-        id: String(id),
-        signal: abort,
-        ...(expectsContinue ? { beforeBody: once(() => res.writeContinue()) } : {}),
-        ...(trace !== undefined ? { trace } : {}),
-      });
+      const response = await this.pipelineCuts.until(
+        guest.pipeline.handle(request, {
+          id: String(id),
+          signal: abort,
+          ...(expectsContinue ? { beforeBody: once(() => res.writeContinue()) } : {}),
+          ...(trace !== undefined ? { trace } : {}),
+        }),
+        abort,
+      );
       if (response.body?.destroyed === true) {
         // The upstream body broke while hooks ran (a reset during an onResponse call): undici has
         // already reported the error to its own listener, so a pipe would wait for ever for an
@@ -411,26 +430,33 @@ export class GuestSide {
       if (this.draining) res.shouldKeepAlive = false;
       // A guest already gone gets no body: the upstream's is then timed by its own end.
       const claimed = trace !== undefined && claimUpstreamBody(trace, res.destroyed ? null : response.body);
-      down = sendResponse(res, response, !req.complete, (error) => {
-        response.cleanup?.();
-        if (error instanceof GuestLeftFirst) {
-          this.deps.decide({ id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(socket, served), started }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: 0 } : undefined);
-          return;
-        }
-        this.deps.decide({
-          id,
-          guest: guestName,
-          method: req.method ?? "",
-          target,
-          status: response.status,
-          reason: response.decision.reason,
-          rule: response.decision.rule,
-          ...(response.decision.source !== undefined ? { source: response.decision.source } : {}),
-          redirects: response.redirects,
-          started,
-          ...(error ? { error: this.explainCut(error, socket, served) } : {}),
-        }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision } : undefined);
-      }, auditing, claimed ? trace : undefined);
+      // Settles once its line is written: until then the request counts as undecided.
+      await new Promise<void>((decided) => {
+        down = sendResponse(res, response, !req.complete, (error) => {
+          try {
+            response.cleanup?.();
+            if (error instanceof GuestLeftFirst) {
+              this.deps.decide({ id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(socket, served), started }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: 0 } : undefined);
+              return;
+            }
+            this.deps.decide({
+              id,
+              guest: guestName,
+              method: req.method ?? "",
+              target,
+              status: response.status,
+              reason: response.decision.reason,
+              rule: response.decision.rule,
+              ...(response.decision.source !== undefined ? { source: response.decision.source } : {}),
+              redirects: response.redirects,
+              started,
+              ...(error ? { error: this.explainCut(error, socket, served) } : {}),
+            }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision } : undefined);
+          } finally {
+            decided();
+          }
+        }, auditing, claimed ? trace : undefined);
+      });
     } catch (error) {
       // An upstream body left pending and never sent (a hook failed on it, or it broke): timed by its own end.
       if (trace !== undefined) claimUpstreamBody(trace, null);
@@ -466,7 +492,15 @@ export class GuestSide {
         ...errorFields(err),
         started,
       }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: errorBytes, ...(trace !== undefined ? { trace } : {}) } : undefined);
+    } finally {
+      this.decided();
     }
+  }
+
+  /** One request's line is written (or it had none to write: never processed, or logged by the gate). */
+  private decided(): void {
+    this.undecided -= 1;
+    if (this.undecided === 0) this.allDecided?.();
   }
 
   /** Why a response was cut after its head, in words an operator reads in the log. */
@@ -490,22 +524,29 @@ export class GuestSide {
     return (socket !== undefined ? (this.cuts.get(socket) ?? unboundCutOf(socket)) : undefined) ?? (wasRemoved(guest) ? removedCut(guest.name) : "guest closed the connection");
   }
 
-  /** The drain is over: the connections still open are the proxy's to close, and a cut response is logged as its doing. */
+  /**
+   * The drain is over: the connections still open are the proxy's to close, and a cut response is
+   * logged as its doing. A request still in its pipeline (a hook, a policy call, an upstream yet
+   * to answer) is ended now, and decided as the drain's cut.
+   */
   endDrain(): void {
     this.drainEnded = true;
+    this.pipelineCuts.end(new Error(this.drainCut));
   }
 
   /**
-   * Resolves once every upgrade still waiting for its 101 has been decided, or after `ms`. Once
-   * the drain has ended their connections are closed, and their lines (499, the drain's cut) come
-   * a few turns later: the audit log must still take them.
+   * Resolves once every request and every upgrade still waiting for its 101 has been decided, or
+   * after `ms`. Once the drain has ended their connections are closed, and the lines of what it
+   * cut (a response still streaming, an upgrade's 499) come a few turns later, once the guest's
+   * connection and the upstream's are gone: the audit log must still take them.
    */
-  upgradesSettled(ms: number): Promise<void> {
-    if (this.upgrading.size === 0) return Promise.resolve();
+  settled(ms: number): Promise<void> {
+    if (this.upgrading.size === 0 && this.undecided === 0) return Promise.resolve();
+    const decisions = this.undecided === 0 ? undefined : new Promise<void>((resolve) => (this.allDecided = resolve));
     return new Promise((resolve) => {
       const timer = setTimeout(resolve, ms);
       timer.unref();
-      void Promise.allSettled(this.upgrading).then(() => {
+      void Promise.all([Promise.allSettled(this.upgrading), decisions]).then(() => {
         clearTimeout(timer);
         resolve();
       });

@@ -18,6 +18,7 @@ import { h2Codes, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h
 import { tunnelOf } from "./tunnel.js";
 import { resetH2Stream } from "../streams.js";
 import { requestBodyOf } from "./h2-upload.js";
+import type { DrainCuts } from "./drain-cut.js";
 
 export interface H2GuestDeps {
   readonly log: Logger;
@@ -31,9 +32,11 @@ export interface H2GuestDeps {
   readonly limits: H2ConfiguredLimits;
   /** The decision log's request ids, shared with the HTTP/1.1 side. */
   readonly nextId: () => number;
-  /** A stream's pipeline work started and ended: the proxy's drain waits for these too. */
+  /** A stream's pipeline work started and ended (its line written): the proxy's drain waits for these too. */
   readonly started: () => void;
   readonly ended: () => void;
+  /** Ends the pipeline wait of a stream still in it when the drain ends. */
+  readonly pipelineCuts: DrainCuts;
   /** Why a response was cut after its head, as the log says it. */
   readonly explainCut: (error: Error) => Error | string;
   /** The proxy's drain is over: what it cuts from now on is the proxy's doing, not the guest's. */
@@ -400,14 +403,17 @@ export class H2Guests {
       state.unanswered.set(stream, watch);
       let response: Awaited<ReturnType<typeof guest.pipeline.handle>>;
       try {
-        response = await guest.pipeline.handle(request, {
-          id: String(id),
-          signal: abort,
-          // A guest that waits for 100 before its body (curl waits 1 s, Node's client for good) and
-          // a proxy that waits for the body deadlocked until hookMs or idleMs (black-box finding).
-          ...(expectsContinue && request.body !== null ? { beforeBody: h2ContinueOnce(stream) } : {}),
-          ...(trace !== undefined ? { trace } : {}),
-        });
+        response = await this.deps.pipelineCuts.until(
+          guest.pipeline.handle(request, {
+            id: String(id),
+            signal: abort,
+            // A guest that waits for 100 before its body (curl waits 1 s, Node's client for good) and
+            // a proxy that waits for the body deadlocked until hookMs or idleMs (black-box finding).
+            ...(expectsContinue && request.body !== null ? { beforeBody: h2ContinueOnce(stream) } : {}),
+            ...(trace !== undefined ? { trace } : {}),
+          }),
+          abort,
+        );
       } finally {
         state.unanswered.delete(stream);
       }

@@ -246,8 +246,9 @@ export async function launchProxy(
       await guests.closeAll();
       // Once every exchange that drained is in it.
       await network?.close();
-      // An upgrade cut while it waited for its 101 is decided once its upstream socket is gone.
-      await side.upgradesSettled(config.timeouts.drainMs);
+      // A response the drain's end cut is decided once its guest connection or its upstream is
+      // gone, and an upgrade cut while it waited for its 101 once its upstream socket is.
+      await side.settled(config.timeouts.drainMs);
       // Last, so the records of the requests that drained are in it.
       process.off("SIGUSR1", onRotate);
       await auditFile?.close(config.timeouts.drainMs);

@@ -1,4 +1,5 @@
 import { spawn } from "node:child_process";
+import { subscribe, unsubscribe } from "node:diagnostics_channel";
 import { request as httpRequest } from "node:http";
 import { mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -6,12 +7,13 @@ import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { HttpRequestBlockedError, type AuditRecord, type HttpHooksOptions, type ProxyOptions } from "../../src/index.js";
 import { loadPolicy } from "../helpers/djs.js";
+import { latch } from "../helpers/latch.js";
 import { request } from "undici";
 import { fetchVia, proxyAgent, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
-import { openRaw } from "../helpers/raw.js";
+import { openRaw, openTlsTunnel } from "../helpers/raw.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
-import { startUpstream } from "../helpers/upstream.js";
+import { startUpstream, type Route } from "../helpers/upstream.js";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 
@@ -456,6 +458,101 @@ describe("the audit log", () => {
       ]);
       expect(records.every((record) => record.code === undefined)).toBe(true);
     });
+  }
+});
+
+describe("close() and the requests its drain's end cuts", () => {
+  // README: close() closes the audit log "last, so the records of the requests that drained are
+  // in it". A response still streaming at the drain's end was decided only once its connection
+  // and upstream had gone, after the file was closed ("audit log: records were lost"); a request
+  // still in a hook or a policy call was decided when that call settled (up to hookMs or the
+  // policy's timeoutMs), long after close() had resolved, and its record was lost without a word.
+  const drainMs = 100;
+  const drainCut = `the proxy closed the connection at the end of its drain (timeouts.drainMs, ${drainMs} ms)`;
+
+  /** Where one request is when close() starts, and how the test knows it is there. */
+  interface InFlight {
+    readonly hooks: HttpHooksOptions;
+    readonly path: string;
+    /** The upstream's answer to `path`, when the default routes' is not the one. */
+    readonly route?: Route;
+    /** Settles once the request is there; `received` settles once the guest has the first bytes of its response's body. */
+    reached(received: Promise<void>): Promise<void>;
+    readonly expected: Record<string, unknown>;
+  }
+  const cut = { status: 499, reason: drainCut };
+  const states: Record<string, () => InFlight> = {
+    "its response still streaming": () => ({
+      hooks: {},
+      path: "/part",
+      route: (_req, res) => void res.writeHead(200, { "content-length": "100" }).write("part of it"),
+      reached: (received) => received,
+      expected: { status: 200, error: expect.stringContaining(`${drainCut} before the response was complete`) },
+    }),
+    "a tier-3 hook still running": () => {
+      const [inHook, hookHas] = latch();
+      const [never, release] = latch();
+      onTestFinished(() => release());
+      const onRequest = async (): Promise<void> => {
+        hookHas();
+        await never;
+      };
+      return { hooks: { onRequest }, path: "/echo", reached: () => inHook, expected: cut };
+    },
+    "a tier-2 policy call still running": () => {
+      // The call runs until its time limit (unhurriedMs): the request is in it from its start on,
+      // which the start channel tells.
+      const djsHooks = loadPolicy({ source: "export function onRequest() { for (;;) {} }", filename: "spin.mjs" });
+      const [started, start] = latch();
+      const onStart = (): void => start();
+      subscribe("egressgate:request:start", onStart);
+      onTestFinished(() => void unsubscribe("egressgate:request:start", onStart));
+      return { hooks: { djsHooks }, path: "/echo", reached: () => started, expected: cut };
+    },
+    "its upstream not answered yet": () => {
+      const [arrived, arrive] = latch();
+      return { hooks: {}, path: "/never", route: () => arrive(), reached: () => arrived, expected: cut };
+    },
+  };
+
+  /** Sends GET `path` on a guest of its kind; `received` settles once it has the first bytes of the response's body. */
+  const guests: Record<string, (proxy: TestProxy, authority: string, path: string) => Promise<{ received: Promise<void> }>> = {
+    "HTTP/1.1": async (proxy, authority, path) => {
+      const guest = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+      const [received, receive] = latch();
+      guest.socket.on("data", () => {
+        if (guest.pending().includes("part of it")) receive();
+      });
+      guest.write(`GET ${path} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+      return { received };
+    },
+    "HTTP/2": async (proxy, authority, path) => {
+      const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+      const stream = session.request({ ":method": "GET", ":path": path });
+      stream.on("error", () => undefined);
+      const [received, receive] = latch();
+      stream.on("data", () => receive());
+      return { received };
+    },
+  };
+
+  for (const [guest, send] of Object.entries(guests)) {
+    for (const [state, make] of Object.entries(states)) {
+      it(`an ${guest} request with ${state} has its record in the file and its onDecision call once close() resolves`, async () => {
+        const inFlight = make();
+        const upstream = await startUpstream(inFlight.route === undefined ? {} : { routes: { [inFlight.path]: inFlight.route } });
+        const { proxy, file, seen } = await audited({ allowedInternalHosts: ["api.test"], ...inFlight.hooks }, { timeouts: { drainMs } });
+        const { received } = await send(proxy, `api.test:${upstream.port}`, inFlight.path);
+        await inFlight.reached(received);
+        await proxy.close();
+        const records = lines(file);
+        expect(records).toHaveLength(1);
+        expect(records[0]).toMatchObject({ url: `https://api.test:${upstream.port}${inFlight.path}`, ...inFlight.expected });
+        expect(seen.records).toHaveLength(1);
+        expect(seen.records[0]).toMatchObject(inFlight.expected);
+        expect(proxy.logs.filter((line) => String(line["msg"]).startsWith("audit log:"))).toEqual([]);
+      });
+    }
   }
 });
 
