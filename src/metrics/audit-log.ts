@@ -99,11 +99,16 @@ export class AuditLogFile {
   }
 
   /** For logrotate (SIGUSR1): what is queued goes to the file as it was; new lines go to a new file at the path. */
-  reopen(): void {
+  /**
+   * `opened` runs once the new file is open: one that cannot be opened is the write failure's
+   * warning instead (a reopen onto a folder was logged "reopened", then failed).
+   */
+  reopen(opened?: () => void): void {
     if (this.closed) return;
     const old = this.stream;
     this.retryAt = 0;
-    this.adopt(this.createStream());
+    const stream = this.adopt(this.createStream());
+    if (opened !== undefined) stream.once("open", opened);
     if (old !== undefined) this.finish(old);
   }
 

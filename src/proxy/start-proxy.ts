@@ -138,8 +138,7 @@ export async function launchProxy(
   // logrotate's postrotate sends SIGUSR1: each proxy in the process reopens its own file. Only
   // with an audit log: without one the signal keeps Node's own meaning (open the inspector).
   const onRotate = (): void => {
-    auditFile?.reopen();
-    log.info("audit log reopened", { file: config.auditLog });
+    auditFile?.reopen(() => log.info("audit log reopened", { file: config.auditLog }));
   };
   if (auditFile !== undefined) process.on("SIGUSR1", onRotate);
   /** A start that fails must not keep the file open, nor its handler on the process. */

@@ -408,7 +408,7 @@ describe("the audit log", () => {
   it("a reopen that fails (the path became a directory) is warned about, and the proxy keeps serving", async () => {
     const upstream = await startUpstream();
     const base = `https://api.test:${upstream.port}`;
-    const { proxy, file, seen } = await audited({ allowedInternalHosts: ["api.test"] });
+    const { proxy, file, seen } = await audited({ allowedInternalHosts: ["api.test"] }, { logLevel: "info" });
     renameSync(file, `${file}.1`);
     mkdirSync(file);
     process.emit("SIGUSR1", "SIGUSR1");
@@ -416,6 +416,8 @@ describe("the audit log", () => {
     await seen.count(1);
     await proxy.close();
     expect(proxy.logs.some((line) => line["level"] === "warn" && String(line["msg"]).startsWith("audit log: a write failed") && line["error"] === "EISDIR")).toBe(true);
+    // It was logged "reopened" as well, at once, whatever came of it.
+    expect(proxy.logs.filter((line) => line["msg"] === "audit log reopened")).toEqual([]);
   });
 
   // README: bytesDown is the body bytes as sent. An HTTP/2 guest's HEAD got no body, yet its
