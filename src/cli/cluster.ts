@@ -108,8 +108,11 @@ export function retiredFromPrimary(): Promise<readonly RetiredGuestSecrets[]> {
 
 /** In a worker: tells the primary every value it holds as retired now (after a reload, say). */
 export function reportRetired(retired: RetiredSecretsExchange): void {
+  // A reload that ends after the close disconnected the channel: a send then would be an
+  // 'error' on process with no listener, which ends the worker.
+  if (process.connected !== true) return;
   const report: WorkerReport = { kind: "retired", secrets: retired.current() };
-  process.send?.(report);
+  process.send?.(report, undefined, undefined, () => undefined);
 }
 
 /**

@@ -111,24 +111,31 @@ async function main(argv: readonly string[]): Promise<number> {
     }
     // In a cluster, only the first worker writes the guest environment file, every worker's log
     // lines name it, and for `--listen HOST:0` every worker listens on the port the primary picked.
-    const { guestEnvFile, ...rest } = options;
-    void guestEnvFile;
     const port = worker ? siblingPort() : undefined;
     // A person at a terminal reads one line per request; a pipe or a file gets the JSON lines.
     const sink = cliSink(command.logFormat, worker ? process.pid : undefined);
     const say = createCliLog({ logLevel: command.config.proxy.logLevel, logFormat: command.logFormat, workerPid: worker ? process.pid : undefined });
-    // A worker counts, and the primary serves the sum (see serveClusterMetrics).
-    const { metricsListen, ...unlistened } = worker && !isFirstWorker() ? rest : options;
     // The primary's metrics listener is one of this deployment's addresses: refused as a target.
     const primaryMetrics = worker ? primaryMetricsAddress() : undefined;
+    // The options as this process runs them, at the start and at each reload alike (a reload
+    // given the file's own compared metricsListen and guestEnvFile with a worker's, and warned
+    // on every SIGHUP that they needed a restart).
+    const forThisProcess = (given: ProxyOptions): ProxyOptions => {
+      // A worker counts, and the primary serves the sum (see serveClusterMetrics); only the first
+      // worker writes the guest environment file.
+      const { guestEnvFile, metricsListen, ...rest } = given;
+      return {
+        ...(worker ? rest : given),
+        ...(worker && isFirstWorker() && guestEnvFile !== undefined ? { guestEnvFile } : {}),
+        ...(worker && metricsListen !== undefined ? { metrics: true } : {}),
+        ...(primaryMetrics !== undefined ? { ownAddresses: [...(given.ownAddresses ?? []), primaryMetrics] } : {}),
+        ...(port !== undefined ? { listen: { ...given.listen, port } } : {}),
+        ...(sink !== undefined ? { logSink: sink } : {}),
+      };
+    };
     // Values the other workers retired at reloads: this one's files hold only the current ones.
     const retiredElsewhere = worker ? await retiredFromPrimary() : [];
-    const { proxy, retiredSecrets } = await launchProxy({
-      ...(worker ? { ...unlistened, ...(metricsListen !== undefined ? { metrics: true } : {}) } : options),
-      ...(primaryMetrics !== undefined ? { ownAddresses: [...(options.ownAddresses ?? []), primaryMetrics] } : {}),
-      ...(port !== undefined ? { listen: { ...options.listen, port } } : {}),
-      ...(sink !== undefined ? { logSink: sink } : {}),
-    }, retiredElsewhere);
+    const { proxy, retiredSecrets } = await launchProxy(forThisProcess(options), retiredElsewhere);
     await new Promise<void>((resolve) => {
       let closing = false;
       let watching: { close(): void } | undefined;
@@ -176,7 +183,7 @@ async function main(argv: readonly string[]): Promise<number> {
           if (closing) return;
           next = parseCli(argv);
           if (next.kind !== "serve") return;
-          await proxy.reload(next.options).catch(async (error: unknown) => {
+          await proxy.reload(forThisProcess(next.options)).catch(async (error: unknown) => {
             if (next.kind === "serve") await next.built.close();
             throw error;
           });
@@ -211,7 +218,7 @@ async function main(argv: readonly string[]): Promise<number> {
           say("info", "a replaced configuration closed early: more were loaded than are kept", { kept: maxRetiredConfigurations });
         }
         // The values this reload rotated out, for the other workers and the next replacement.
-        if (worker) reportRetired(retiredSecrets);
+        if (worker && !closing) reportRetired(retiredSecrets);
       };
       process.on("SIGHUP", () => {
         if (closing) return;

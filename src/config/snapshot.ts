@@ -10,7 +10,7 @@ import type { OptionNode } from "./validate.js";
  * but used (`timeouts.hookMs: "abc"` answered every hooked request 504 "within abc ms"), and a
  * getter was checked with its first value and used with the next (NaN). Here each object the
  * schema describes becomes a new one with no prototype holding its own enumerable properties,
- * each getter called once; inherited properties are left out, as the schema never saw them.
+ * each getter called once; an option the object only inherits is refused (refuseInherited).
  * A read that throws is an option error naming the path, not the caller's raw error.
  *
  * Only what the schema describes is copied, following it: functions (hooks, `logSink`) stay
@@ -26,6 +26,24 @@ export function snapshotOptions(node: OptionNode, value: unknown, segments: read
     if (error instanceof OptionError) throw error;
     throw unreadable(segments, error, prefix);
   }
+}
+
+/**
+ * An option the schema knows, or a map's entry, that the object only inherits is refused, not
+ * left out: a class's method as `httpHooks.onRequest`, or `Object.create(defaults)`, would
+ * otherwise start without it, silently (a hook that refused POSTs let them out).
+ */
+function refuseInherited(node: OptionNode, value: object, segments: readonly Segment[], prefix: string): void {
+  const names = node.kind === "object" ? Object.keys(node.fields).filter((key) => key in value) : inheritedEnumerable(value);
+  for (const key of names) {
+    if (!Object.hasOwn(value, key)) throw new OptionError(makeIssue([...segments, key], "is inherited from a prototype: give it as the object's own property"), { prefix });
+  }
+}
+
+function inheritedEnumerable(value: object): string[] {
+  const keys: string[] = [];
+  for (const key in value) keys.push(key);
+  return keys;
 }
 
 function unreadable(segments: readonly Segment[], error: unknown, prefix: string): OptionError {
@@ -65,6 +83,7 @@ function copy(node: OptionNode, value: unknown, segments: readonly Segment[], pr
     return out;
   }
   if ((node.kind !== "object" && node.kind !== "map") || Array.isArray(value)) return value;
+  refuseInherited(node, value, segments, prefix);
   const out: Record<string, unknown> = Object.create(null) as Record<string, unknown>;
   for (const key of Object.keys(value)) {
     const read = readOwn(value, key, [...segments, key], prefix);

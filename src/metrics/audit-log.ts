@@ -98,10 +98,10 @@ export class AuditLogFile {
     stream.write(line, this.onWritten);
   }
 
-  /** For logrotate (SIGUSR1): what is queued goes to the file as it was; new lines go to a new file at the path. */
   /**
-   * `opened` runs once the new file is open: one that cannot be opened is the write failure's
-   * warning instead (a reopen onto a folder was logged "reopened", then failed).
+   * For logrotate (SIGUSR1): what is queued goes to the file as it was; new lines go to a new file
+   * at the path. `opened` runs once the new file is open: one that cannot be opened is the write
+   * failure's warning instead (a reopen onto a folder was logged "reopened", then failed).
    */
   reopen(opened?: () => void): void {
     if (this.closed) return;

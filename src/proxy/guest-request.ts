@@ -73,11 +73,6 @@ export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | u
 }
 
 /**
- * Refuses a method no request may be forwarded with, as every guest side does before any tier
- * runs (and `egressgate check` with it): CONNECT inside a tunnel, TRACE and TRACK (405), and a
- * method that is not an RFC 9110 token (400).
- */
-/**
  * The longest method a log line or an audit record carries. Every method the proxy forwards is
  * far shorter (Node's parser takes none over 12 characters); HTTP/2 carries any token up to the
  * header list's limit, and a 60 KB one, refused, was logged whole, and its lines' redaction held
@@ -85,10 +80,16 @@ export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | u
  */
 const maxLoggedMethod = 32;
 
+/** A method as log lines and audit records carry it: cut past {@link maxLoggedMethod}, then `…`. */
 export function loggableMethod(method: string): string {
   return method.length <= maxLoggedMethod ? method : `${method.slice(0, maxLoggedMethod)}…`;
 }
 
+/**
+ * Refuses a method no request may be forwarded with, as every guest side does before any tier
+ * runs (and `egressgate check` with it): CONNECT inside a tunnel, TRACE and TRACK (405), and a
+ * method that is not an RFC 9110 token (400).
+ */
 export function checkMethod(method: string): void {
   // Every request comes this way: the usual method costs one lookup.
   if (forwardedMethods.has(method)) return;
@@ -132,7 +133,8 @@ export function absoluteFormUrl(target: string): URL {
   if (!/^https?:\/\//i.test(target)) {
     // `ws://` or `ftp://` is absolute-form too: the scheme is what is refused.
     const scheme = /^([a-z][a-z0-9+.-]*):\/\//i.exec(target)?.[1];
-    if (scheme !== undefined) throw badRequest(`egressgate forwards http:// and https:// requests, not ${scheme.toLowerCase()}:// (ws:// goes as an Upgrade of an http:// request)`);
+    if (scheme !== undefined && scheme.length <= 32) throw badRequest(`egressgate forwards http:// and https:// requests, not ${scheme.toLowerCase()}:// (ws:// goes as an Upgrade of an http:// request)`);
+    if (scheme !== undefined) throw badRequest("egressgate forwards http:// and https:// requests only");
     throw badRequest("egressgate is a forward proxy: send absolute-form requests (GET http://host/path) or CONNECT");
   }
   let url: URL;

@@ -1,5 +1,5 @@
 import type { Readable } from "node:stream";
-import { EgressError, badRequest } from "../errors.js";
+import { EgressError, badRequest, quoteShort } from "../errors.js";
 import type { OutboundRequest } from "../pipeline/exchange.js";
 import { endToEndHeaders, type HeaderList } from "../headers.js";
 import { parseAuthority } from "./authority.js";
@@ -28,7 +28,7 @@ export function h2ExpectsContinue(raw: readonly string[]): boolean {
   }
   if (expectation === undefined) return false;
   if (continueExpectation.test(expectation)) return true;
-  throw new EgressError("EG_BAD_REQUEST", 417, `unsupported Expect: ${JSON.stringify(expectation)}`);
+  throw new EgressError("EG_BAD_REQUEST", 417, `unsupported Expect: ${quoteShort(expectation)}`);
 }
 
 /**

@@ -280,7 +280,7 @@ function overDefaults<T extends Record<string, number>>(table: T, given: Partial
  * ones that `next` changes, named as the options name them, for the reload's warning (a changed
  * `logLevel` or `timeouts` was accepted in silence, and kept its old value).
  */
-const notReloaded = ["listen", "caDir", "upstreamCaPems", "leafKeyType", "leafCacheSize", "maxRedirects", "refuseInTunnel", "maxHttpBodyBytes", "maxHttpResponseBodyBytes", "timeouts", "limits", "logLevel", "guestEnvFile", "metricsListen", "metrics", "upstream", "auditLog", "deploymentKey"] as const;
+const notReloaded = ["listen", "caDir", "upstreamCaPems", "leafKeyType", "leafCacheSize", "maxRedirects", "refuseInTunnel", "maxHttpBodyBytes", "maxHttpResponseBodyBytes", "timeouts", "limits", "logLevel", "guestEnvFile", "metricsListen", "metrics", "ownAddresses", "upstream", "auditLog", "deploymentKey"] as const;
 
 export function settingsNotReloaded(current: ResolvedProxyOptions, next: ResolvedProxyOptions): string[] {
   return notReloaded

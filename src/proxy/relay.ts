@@ -26,8 +26,12 @@ export function relay(a: RelayEnd, b: RelayEnd, idleMs: number): void {
     self.on("error", closeBoth);
     // A socket that is not half-open ends its own writing at its peer's FIN: what the other side
     // still sends has nowhere to go, and writing it would fail both (EPIPE), held bytes and all.
+    // The other side's later bytes (a WebSocket client's Close frame) are read and let go, so
+    // its own FIN is seen and it closes once its end is written, not at idleMs.
     self.once("end", () => {
-      if (!self.allowHalfOpen) other.unpipe(self);
+      if (self.allowHalfOpen) return;
+      other.unpipe(self);
+      other.resume();
     });
     self.on("close", () => {
       if (self.readableEnded) other.end();

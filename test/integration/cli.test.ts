@@ -408,6 +408,21 @@ describe("a SIGHUP while --workers workers start", { timeout: 180_000 }, () => {
   });
 });
 
+describe("a SIGHUP to --workers with a metrics listener and a guest env file", { timeout: 180_000 }, () => {
+  // Each worker ran without the file's metricsListen (the primary serves it), the later ones
+  // without its guestEnvFile; a reload compared the file's own with those, and every worker
+  // warned on every SIGHUP that settings nobody changed needed a restart.
+  it("reloads every worker without a warning about settings nobody changed", async () => {
+    const dir = tempDir();
+    const { cli } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", join(dir, "ca"), "--metrics-listen", "127.0.0.1:0", "--guest-env-file", join(dir, "guest.env")]);
+    cli.process.kill("SIGHUP");
+    await until(() => linesOf(cli.stderr(), "configuration reloaded").length === 2, 60_000, "both workers' reloads");
+    expect(cli.stderr()).not.toContain("these settings apply only at a restart");
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+  });
+});
+
 describe("egressgate --workers", { timeout: 180_000 }, () => {
   it("two worker processes serve one port with the same secret placeholders; a killed worker is replaced; SIGTERM stops them all", async () => {
     const dir = tempDir();

@@ -95,6 +95,11 @@ describe("relay: the end of an upgraded connection", () => {
     await settle([upstream]);
     expect(guest.destroyed).toBe(false);
     expect(upstream.bytesHandedOver()).toBe(0);
+    // Read and let go, so the guest's FIN behind them is seen (not held until idleMs).
+    expect(guest.readableLength).toBe(0);
+    guest.push(null);
+    await turn();
+    expect(guest.readableEnded).toBe(true);
     guest.flow();
     await settle([guest]);
     expect(guest.bytesHandedOver()).toBe(8 * 1024);
