@@ -5,6 +5,7 @@ import path from "node:path";
 import { DjsEngine } from "./engine.js";
 import type { DjsLimits, PhaseName, PolicyKind } from "./protocol.js";
 import { maxPolicyChars, PolicyLoadError, tooBig } from "./bundle.js";
+import { makeIssue, optionError, unknownKeyReason, type OptionError, type OptionIssueKind, type OptionRangeError, type Segment } from "../option-error.js";
 
 export { PolicyLoadError } from "./bundle.js";
 
@@ -78,16 +79,21 @@ function kindOf(filename: string | undefined, source: string): PolicyKind {
   return /^\s*export\s/m.test(source) ? "module" : "script";
 }
 
+/** An option error of createDjsHooks: code EG_INVALID_OPTION and the option's path, as createHttpHooks's. */
+function invalid(path: readonly Segment[], reason: string, kind: OptionIssueKind = "invalid"): OptionError | OptionRangeError {
+  return optionError(makeIssue(path, reason, kind), { prefix: "createDjsHooks: " });
+}
+
 function resolveLimits(limits: unknown): DjsLimits {
   if (limits === undefined) return defaultDjsLimits;
-  if (typeof limits !== "object" || limits === null) throw new TypeError("createDjsHooks: limits must be an object");
+  if (typeof limits !== "object" || limits === null) throw invalid(["limits"], "must be an object");
   const out: Record<string, number> = { ...defaultDjsLimits };
   for (const [key, value] of Object.entries(limits)) {
     const range = limitRanges[key as keyof DjsLimits];
-    if (range === undefined) throw new TypeError(`createDjsHooks: unknown limit "${key}" (known: ${Object.keys(limitRanges).join(", ")})`);
+    if (range === undefined) throw invalid(["limits", key], unknownKeyReason(key, Object.keys(limitRanges)), "unknown");
     if (value === undefined) continue;
     if (typeof value !== "number" || !Number.isInteger(value) || value < range[0] || value > range[1]) {
-      throw new RangeError(`createDjsHooks: limits.${key} must be an integer from ${range[0]} to ${range[1]} (got ${String(value)})`);
+      throw invalid(["limits", key], `must be an integer from ${range[0]} to ${range[1]} (got ${String(value)})`, "range");
     }
     out[key] = value;
   }
@@ -112,31 +118,31 @@ function resolveLimits(limits: unknown): DjsLimits {
  */
 export function createDjsHooks(sourceOrOptions: string | DjsHooksOptions): { djsHooks: DjsHooks } {
   const options: DjsHooksOptions = typeof sourceOrOptions === "string" ? { source: sourceOrOptions } : sourceOrOptions;
-  if (typeof options !== "object" || options === null) throw new TypeError("createDjsHooks: expected policy source text or options");
+  if (typeof options !== "object" || options === null) throw invalid([], "must be the policy's source text or an options object");
   for (const key of Object.keys(options)) {
-    if (!knownOptions.has(key)) throw new TypeError(`createDjsHooks: unknown option "${key}" (known: ${[...knownOptions].join(", ")})`);
+    if (!knownOptions.has(key)) throw invalid([key], unknownKeyReason(key, [...knownOptions]), "unknown");
   }
-  if (typeof options.source !== "string") throw new TypeError("createDjsHooks: source must be the policy's text");
+  if (typeof options.source !== "string") throw invalid(["source"], "must be the policy's text");
   if (options.kind !== undefined && !["script", "module", "typescript"].includes(options.kind)) {
-    throw new TypeError(`createDjsHooks: kind must be "script", "module" or "typescript" (got ${JSON.stringify(options.kind)})`);
+    throw invalid(["kind"], `must be "script", "module" or "typescript" (got ${JSON.stringify(options.kind)})`);
   }
   if (options.filename !== undefined && (typeof options.filename !== "string" || options.filename === "")) {
-    throw new TypeError("createDjsHooks: filename must be a non-empty string");
+    throw invalid(["filename"], "must be a non-empty string");
   }
   const modules = options.modules;
   if (modules !== undefined) {
     if (typeof modules !== "object" || modules === null || Array.isArray(modules)) {
-      throw new TypeError("createDjsHooks: modules must be an object of { \"relative/path.ts\": source }");
+      throw invalid(["modules"], 'must be an object of { "relative/path.ts": source }');
     }
     for (const [name, text] of Object.entries(modules)) {
-      if (typeof text !== "string") throw new TypeError(`createDjsHooks: modules["${name}"] must be source text`);
+      if (typeof text !== "string") throw invalid(["modules", name], "must be source text");
     }
   }
   const size = options.source.length + Object.values(modules ?? {}).reduce((n, text) => n + text.length, 0);
   if (size > maxPolicyChars) throw new PolicyLoadError(`${options.filename ?? "the policy"}: ${tooBig(size)}`);
   const workers = options.workers ?? Math.min(2, availableParallelism());
   if (!Number.isInteger(workers) || workers < 1 || workers > 64) {
-    throw new RangeError(`createDjsHooks: workers must be an integer from 1 to 64 (got ${String(options.workers)})`);
+    throw invalid(["workers"], `must be an integer from 1 to 64 (got ${String(options.workers)})`, "range");
   }
   const kind = options.kind ?? kindOf(options.filename, options.source);
   const extension = kind === "typescript" ? "ts" : kind === "module" ? "mjs" : "js";

@@ -18,6 +18,7 @@ import type { UpgradeDeps } from "./upgrade.js";
 import type { DecisionLog } from "./decision-log.js";
 import type { RecordedNetwork } from "../record/network.js";
 import { withFields } from "../objects.js";
+import { makeIssue, OptionError } from "../option-error.js";
 
 export interface GuestDeps {
   readonly config: ResolvedProxyOptions;
@@ -298,6 +299,21 @@ export function closeUnbound(guest: string, unbound: readonly Unbound[]): string
   return [...reasons];
 }
 
+/**
+ * A call that names a guest (`addGuest`, `removeGuest`, `guestEnv`) with what cannot name one,
+ * or one that is not (or already) served: code EG_INVALID_OPTION, at the guest's path.
+ */
+export function guestNameError(caller: string, name: unknown, reason: string): OptionError {
+  const segments = typeof name === "string" ? ["guests", name] : ["guests"];
+  return new OptionError(makeIssue(segments, reason, "clause"), { prefix: `${caller}: ` });
+}
+
+/** `name`, if it is a string; otherwise the caller's OptionError. */
+export function checkGuestName(caller: string, name: unknown): string {
+  if (typeof name !== "string") throw guestNameError(caller, name, `a guest name must be a string (got ${name === null ? "null" : typeof name})`);
+  return name;
+}
+
 /** Why a connection has no guest; the guest itself only ever hears 407 (see GuestRegistry.identify). */
 export type AuthFailure = "missing" | "malformed" | "unknown guest" | "wrong token" | "removed";
 
@@ -333,7 +349,7 @@ export class GuestRegistry {
 
   /** `retired`: values another process retired for this guest, refused and redacted here too. */
   add(resolved: ResolvedGuest, retired: readonly RetiredValues[] = []): Guest {
-    if (this.guests.has(resolved.name)) throw new TypeError(`addGuest: a guest named "${resolved.name}" is already served`);
+    if (this.guests.has(resolved.name)) throw guestNameError("addGuest", resolved.name, `a guest named "${resolved.name}" is already served`);
     const guest = this.build(resolved, retired);
     this.guests.set(guest.name, guest);
     return guest;
@@ -426,8 +442,8 @@ export class GuestRegistry {
 
   /** Removes a guest: from now on its credentials get 407, and its open tunnels are closed. */
   async remove(name: string): Promise<void> {
-    const guest = this.guests.get(name);
-    if (guest === undefined) throw new TypeError(`removeGuest: no guest named "${name}"`);
+    const guest = this.guests.get(checkGuestName("removeGuest", name));
+    if (guest === undefined) throw guestNameError("removeGuest", name, `no guest named "${name}" (served: ${this.names().join(", ") || "none"})`);
     this.guests.delete(name);
     await guest.close();
   }

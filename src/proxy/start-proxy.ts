@@ -16,7 +16,8 @@ import { createDecisionLog } from "./decision-log.js";
 import { guestEnvironment, writeGuestEnvFile } from "./guest-env.js";
 import { resolveGuestOptions, type GuestOptions } from "./guest-options.js";
 import { GuestSide } from "./guest-side.js";
-import { closeUnbound, GuestRegistry, type RetiredGuestSecrets } from "./guests.js";
+import { checkGuestName, closeUnbound, guestNameError, GuestRegistry, type RetiredGuestSecrets } from "./guests.js";
+import { ProxyClosedError } from "./closed-error.js";
 import { listenAddresses } from "./listen-addresses.js";
 import { checkGuestOptions, checkSourcesApart, connectionsWithin, openFileLimit, resolveProxyOptions, settingsNotReloaded, type ProxyOptions } from "./options.js";
 import { GuestRedactor } from "./redactor.js";
@@ -212,9 +213,9 @@ export async function launchProxy(
 
   const guestEnv = (name?: string): Record<string, string> => {
     const names = guests.names();
-    if (name === undefined && names.length !== 1) throw new TypeError(`guestEnv: name a guest (served: ${names.join(", ") || "none"})`);
-    const guest = guests.get(name ?? names[0]!);
-    if (guest === undefined) throw new TypeError(`guestEnv: no guest named "${name}" (served: ${names.join(", ") || "none"})`);
+    if (name === undefined && names.length !== 1) throw guestNameError("guestEnv", undefined, `name a guest (served: ${names.join(", ") || "none"})`);
+    const guest = guests.get(name === undefined ? names[0]! : checkGuestName("guestEnv", name));
+    if (guest === undefined) throw guestNameError("guestEnv", name, `no guest named "${name}" (served: ${names.join(", ") || "none"})`);
     return guestEnvironment({
       proxyUrl: url,
       ...(guests.open ? {} : { credentials: { user: guest.name, password: guest.token } }),
@@ -313,9 +314,10 @@ export async function launchProxy(
     guestEnv,
     guestNames: () => guests.names(),
     addGuest: (name, guestOptions) => {
+      if (closing !== undefined) throw new ProxyClosedError("addGuest");
       if (guests.open) throw new TypeError("addGuest: this proxy serves one guest without credentials; start it with guests, or with auth: true");
       // What was checked, read once, is what is used.
-      const checked = checkGuestOptions(name, guestOptions);
+      const checked = checkGuestOptions(checkGuestName("addGuest", name), guestOptions);
       const resolved = resolveGuestOptions(name, checked, `guests.${name}`, config.resolve);
       checkSourcesApart([...guests.all(), resolved]);
       guests.add(resolved);
@@ -324,7 +326,7 @@ export async function launchProxy(
     },
     reload: async (next) => {
       // Requests draining keep the configuration they started with; so do the guests.
-      if (closing !== undefined) throw new TypeError("reload: the proxy is closing");
+      if (closing !== undefined) throw new ProxyClosedError("reload");
       const resolved = resolveProxyOptions(next);
       if (resolved.open !== guests.open) {
         throw new TypeError("reload: a proxy that serves one guest without credentials stays that way (and one with credentials too); restart it to change");
@@ -345,6 +347,7 @@ export async function launchProxy(
       for (const guest of replaced) void guest.retire().catch((error: unknown) => log.warn("closing a replaced guest's pools failed", { guest: guest.name, error }));
     },
     removeGuest: async (name) => {
+      if (closing !== undefined) throw new ProxyClosedError("removeGuest");
       // Its only guest gone, such a proxy would answer 407 to everything, with no credentials that could work.
       if (guests.open) throw new TypeError("removeGuest: this proxy serves one guest without credentials; close it instead, or start it with guests, or with auth: true");
       await guests.remove(name);

@@ -1,7 +1,7 @@
 import { createHmac } from "node:crypto";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { request, ProxyAgent } from "undici";
-import { createHttpHooks, HttpRequestBlockedError, startProxy, type AuditRecord } from "../../src/index.js";
+import { createHttpHooks, HttpRequestBlockedError, OptionError, ProxyClosedError, startProxy, type AuditRecord } from "../../src/index.js";
 import type { Socket } from "node:net";
 import { connect as tlsConnect, type TLSSocket } from "node:tls";
 import { testCa } from "../helpers/test-ca.js";
@@ -367,6 +367,62 @@ describe("guests: added and removed while running", () => {
     await expect(proxy.removeGuest("late")).rejects.toThrow(/no guest named "late"/);
     // The others are untouched.
     expect((await getAs(credentialsOf(proxy, "a").proxyUrl, proxy.caCertPem, `https://a.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+});
+
+// addGuest(5) failed with Node's ERR_INVALID_ARG_TYPE from inside the token derivation, a name
+// already served or not served threw a TypeError without a code, and a proxy whose close() had
+// begun took a new guest, or removed one, without a word (an embedding hunt).
+describe("guests: calls that name a guest, and calls on a closing proxy", () => {
+  const { httpHooks, env } = createHttpHooks({ allowedInternalHosts: ["a.test"] });
+  const named: Array<[string, (proxy: GuestsProxy) => unknown, RegExp]> = [
+    ["addGuest(5)", (proxy) => proxy.addGuest(5 as unknown as string, { httpHooks, env }), /^addGuest: guests: a guest name must be a string \(got number\)$/],
+    ["addGuest(null)", (proxy) => proxy.addGuest(null as unknown as string, { httpHooks, env }), /^addGuest: guests: a guest name must be a string \(got null\)$/],
+    ['addGuest("a"), already served', (proxy) => proxy.addGuest("a", { httpHooks, env }), /^addGuest: guests\.a: a guest named "a" is already served$/],
+    ['removeGuest("zz")', (proxy) => proxy.removeGuest("zz"), /^removeGuest: guests\.zz: no guest named "zz" \(served: a, b\)$/],
+    ["removeGuest(5)", (proxy) => proxy.removeGuest(5 as unknown as string), /^removeGuest: guests: a guest name must be a string \(got number\)$/],
+    ['guestEnv("zz")', (proxy) => proxy.guestEnv("zz"), /^guestEnv: guests\.zz: no guest named "zz" \(served: a, b\)$/],
+    ["guestEnv(5)", (proxy) => proxy.guestEnv(5 as unknown as string), /^guestEnv: guests: a guest name must be a string \(got number\)$/],
+    ["guestEnv() of two", (proxy) => proxy.guestEnv(), /^guestEnv: guests: name a guest \(served: a, b\)$/],
+  ];
+
+  it.each(named)("%s: EG_INVALID_OPTION at the guest's path; the guests are unchanged", async (_label, call, message) => {
+    const { proxy, upstream } = await twoGuests();
+    let thrown: unknown;
+    try {
+      await call(proxy);
+    } catch (error) {
+      thrown = error;
+    }
+    expect(thrown).toBeInstanceOf(OptionError);
+    expect((thrown as OptionError).code).toBe("EG_INVALID_OPTION");
+    expect((thrown as Error).message).toMatch(message);
+    expect(proxy.guestNames()).toEqual(["a", "b"]);
+    expect((await getAs(credentialsOf(proxy, "a").proxyUrl, proxy.caCertPem, `https://a.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+
+  const changes: Array<[string, (proxy: GuestsProxy) => unknown]> = [
+    ["addGuest", (proxy) => proxy.addGuest("late", { httpHooks, env })],
+    ["removeGuest", (proxy) => proxy.removeGuest("b")],
+    ["reload", (proxy) => proxy.reload({ guests: { a: { httpHooks, env } } })],
+  ];
+
+  it.each(changes)("%s once close() has begun, and after it ended: EG_CLOSED, and the guests are unchanged", async (method, call) => {
+    const { proxy } = await twoGuests();
+    const closed = proxy.close();
+    for (const when of ["closing", "closed"]) {
+      if (when === "closed") await closed;
+      let thrown: unknown;
+      try {
+        await call(proxy);
+      } catch (error) {
+        thrown = error;
+      }
+      expect(thrown, when).toBeInstanceOf(ProxyClosedError);
+      expect((thrown as ProxyClosedError).code).toBe("EG_CLOSED");
+      expect((thrown as Error).message).toBe(`${method}: the proxy is closing`);
+      expect(proxy.guestNames(), when).toEqual(["a", "b"]);
+    }
   });
 });
 

@@ -1,7 +1,7 @@
 import { mkdirSync, symlinkSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { describe, expect, it } from "vitest";
-import { createDjsHooks, djsHooksOptionsFromFile, PolicyLoadError, type DjsHooksOptions } from "../../src/index.js";
+import { createDjsHooks, djsHooksOptionsFromFile, OptionError, OptionRangeError, PolicyLoadError, type DjsHooksOptions } from "../../src/index.js";
 import { DjsEngine } from "../../src/djs/engine.js";
 import { callPhase, loadPolicy } from "../helpers/djs.js";
 import { tempDir } from "../helpers/proxy.js";
@@ -139,6 +139,33 @@ describe("tier-2 policies that cannot load fail at once, naming file, line and r
     expect(() => createDjsHooks({ source: "", limits: { stackBytes: 8 * 1024 * 1024 } })).toThrow(/limits\.stackBytes/);
     expect(() => createDjsHooks({ source: "", nope: 1 } as unknown as DjsHooksOptions)).toThrow(/unknown option "nope"/);
     expect(() => djsHooksOptionsFromFile("/srv/policy.py")).toThrow(/cannot read the policy|must end in/);
+  });
+
+  // They were plain TypeErrors and RangeErrors without a code, where createHttpHooks's and
+  // startProxy's carry EG_INVALID_OPTION and the option's path (an embedding hunt).
+  const bad: Array<[unknown, string, string, typeof OptionError | typeof OptionRangeError]> = [
+    [undefined, "options", "createDjsHooks: options must be the policy's source text or an options object", OptionError],
+    [5, "options", "createDjsHooks: options must be the policy's source text or an options object", OptionError],
+    [{}, "source", "createDjsHooks: source must be the policy's text", OptionError],
+    [{ source: "", nope: 1 }, "nope", 'createDjsHooks: unknown option "nope" (known: kind, filename, source, modules, limits, workers)', OptionError],
+    [{ source: "", kind: "py" }, "kind", 'createDjsHooks: kind must be "script", "module" or "typescript" (got "py")', OptionError],
+    [{ source: "", filename: "" }, "filename", "createDjsHooks: filename must be a non-empty string", OptionError],
+    [{ source: "", modules: [] }, "modules", 'createDjsHooks: modules must be an object of { "relative/path.ts": source }', OptionError],
+    [{ source: "", modules: { "a b.ts": 1 } }, 'modules["a b.ts"]', 'createDjsHooks: modules["a b.ts"] must be source text', OptionError],
+    [{ source: "", limits: "x" }, "limits", "createDjsHooks: limits must be an object", OptionError],
+    [{ source: "", limits: { memryBytes: 1 } }, "limits.memryBytes", 'createDjsHooks: unknown option "limits.memryBytes"; did you mean "memoryBytes"? (known: timeoutMs, memoryBytes, stackBytes, returnBytes, maxCalls)', OptionError],
+    [{ source: "", limits: { timeoutMs: 0 } }, "limits.timeoutMs", "createDjsHooks: limits.timeoutMs must be an integer from 1 to 60000 (got 0)", OptionRangeError],
+    [{ source: "", workers: 0 }, "workers", "createDjsHooks: workers must be an integer from 1 to 64 (got 0)", OptionRangeError],
+  ];
+  it.each(bad)("%j: EG_INVALID_OPTION at %s", (options, path, message, type) => {
+    let thrown: unknown;
+    try {
+      createDjsHooks(options as DjsHooksOptions);
+    } catch (error) {
+      thrown = error;
+    }
+    expect(thrown).toBeInstanceOf(type);
+    expect(thrown).toMatchObject({ code: "EG_INVALID_OPTION", path, message });
   });
 });
 
