@@ -183,10 +183,10 @@ export function djsHooksOptionsFromFile(file: string): DjsHooksOptions {
     source = readRegularFileSync(filename, maxPolicyChars).toString("utf8");
   } catch (error) {
     if (error instanceof PolicyLoadError) throw error;
-    throw new TypeError(`cannot read the policy ${filename}: ${(error as Error).message}`, { cause: error });
+    throw new PolicyLoadError(`cannot read the policy ${filename}: ${(error as Error).message}`);
   }
   if (!/\.(js|mjs|ts|mts)$/.test(filename)) {
-    throw new TypeError(`${filename}: a policy file must end in .js (script), .mjs (module), or .ts/.mts (TypeScript)`);
+    throw new PolicyLoadError(`${filename}: a policy file must end in .js (script), .mjs (module), or .ts/.mts (TypeScript)`);
   }
   return { filename, source, kind: kindOf(filename, source) };
 }

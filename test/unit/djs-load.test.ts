@@ -141,6 +141,26 @@ describe("tier-2 policies that cannot load fail at once, naming file, line and r
     expect(() => djsHooksOptionsFromFile("/srv/policy.py")).toThrow(/cannot read the policy|must end in/);
   });
 
+  it("a policy file that cannot be read, or is not a policy's kind, is a PolicyLoadError (EG_POLICY_LOAD)", () => {
+    const dir = tempDir();
+    writeFileSync(path.join(dir, "policy.py"), "print(1)\n");
+    for (const [file, message] of [
+      [path.join(dir, "absent.ts"), /^cannot read the policy .*absent\.ts: ENOENT/],
+      [dir, /^cannot read the policy /],
+      [path.join(dir, "policy.py"), /policy\.py: a policy file must end in \.js \(script\)/],
+    ] as const) {
+      let thrown: unknown;
+      try {
+        djsHooksOptionsFromFile(file);
+      } catch (error) {
+        thrown = error;
+      }
+      expect(thrown, file).toBeInstanceOf(PolicyLoadError);
+      expect((thrown as PolicyLoadError).code).toBe("EG_POLICY_LOAD");
+      expect((thrown as Error).message).toMatch(message);
+    }
+  });
+
   // They were plain TypeErrors and RangeErrors without a code, where createHttpHooks's and
   // startProxy's carry EG_INVALID_OPTION and the option's path (an embedding hunt).
   const bad: Array<[unknown, string, string, typeof OptionError | typeof OptionRangeError]> = [
