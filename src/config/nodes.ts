@@ -2,7 +2,7 @@ import { isIP } from "node:net";
 import { hookNames } from "../hooks/http-hooks.js";
 import { cidrProblem } from "../policy/cidr.js";
 import { validateHostPattern } from "../policy/host-pattern.js";
-import { reservedVariableReason } from "../proxy/guest-env.js";
+import { reservedVariableReason } from "../guest-variables.js";
 import type { BooleanNode, IntegerNode, ListNode, MapNode, ObjectNode, OptionNode, StringNode } from "./validate.js";
 
 /** Small constructors for schema nodes, and the value kinds that several options share. */

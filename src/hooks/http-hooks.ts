@@ -9,7 +9,7 @@ import { isRequest, isResponse } from "./fetch-objects.js";
 import { EgressError, statusText } from "../errors.js";
 import { bareHostname } from "../hostname.js";
 import { breaksFieldValue } from "../headers.js";
-import { reservedVariableReason } from "../proxy/guest-env.js";
+import { reservedVariableReason } from "../guest-variables.js";
 import { Decider } from "../deciders/decider.js";
 import { isDeciderEntry, resolveDecider, type DeciderOptions } from "../deciders/options.js";
 

@@ -5,7 +5,7 @@ import type { DeclarativeConfig } from "../policy/declarative-policy.js";
 import { parseCidr, type Cidr } from "../policy/cidr.js";
 import { buildStaticHosts, type StaticHosts } from "../upstream/resolve.js";
 import { guestNamePattern } from "./auth.js";
-import { reservedVariableReason } from "./guest-env.js";
+import { reservedVariableReason } from "../guest-variables.js";
 
 /** One guest of a proxy that serves several: its own allowlist, secrets, policy and names. */
 export interface GuestOptions {
