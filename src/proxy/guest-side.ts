@@ -147,7 +147,9 @@ export class GuestSide {
   private onIdle(socket: Socket): void {
     const lane = this.lanes.find(socket);
     const inFlight = lane !== undefined && lane.ends.size > 0;
-    const unread = lane?.last?.req.complete === false;
+    // A guest waiting for the `100 Continue` it asked for sends nothing until it comes, however
+    // long the hooks before it take: the proxy is the one waiting (a chain slower than idleMs cut it).
+    const unread = lane?.last?.req.complete === false && lane.last.awaitingContinue !== true;
     const idleMs = this.deps.config.timeouts.idleMs;
     if (inFlight && !unread && socket.writableLength === 0) {
       // Node's socket timeout fires once; re-armed, it counts idleMs again from now.
@@ -362,7 +364,7 @@ export class GuestSide {
     const abort = new GuestGone();
     const socket = req.socket;
     const lane = this.lanes.of(socket);
-    const inLane: LaneRequest = { req, res, started: false };
+    const inLane: LaneRequest = expectsContinue ? { req, res, started: false, awaitingContinue: true } : { req, res, started: false };
     lane.last = inLane;
     const previous = lane.tail;
     let release!: () => void;
@@ -410,7 +412,15 @@ export class GuestSide {
         guest.pipeline.handle(request, {
           id: String(id),
           signal: abort,
-          ...(expectsContinue ? { beforeBody: once(() => res.writeContinue()) } : {}),
+          ...(expectsContinue
+            ? {
+                beforeBody: once(() => {
+                  res.writeContinue();
+                  // The guest's silence is its own from now (onIdle); the write restarted idleMs.
+                  inLane.awaitingContinue = false;
+                }),
+              }
+            : {}),
           ...(trace !== undefined ? { trace } : {}),
         }),
         abort,

@@ -397,7 +397,8 @@ export class H2Guests {
       });
       // An Expect the proxy cannot meet is refused before anything else, as Node's HTTP/1.1 server refuses it.
       const expectsContinue = h2ExpectsContinue(raw);
-      const request = h2OutboundRequest(raw, tunnel, stream.endAfterHeaders ? null : requestBodyOf(stream, cutStalled("sent nothing of its request body")));
+      const continued = expectsContinue && !stream.endAfterHeaders ? h2ContinueOnce(stream) : undefined;
+      const request = h2OutboundRequest(raw, tunnel, stream.endAfterHeaders ? null : requestBodyOf(stream, cutStalled("sent nothing of its request body"), continued?.sent));
       target = `${request.url.origin}${cutPath(this.deps.redact(request.url.pathname))}`;
       if (requestStart.hasSubscribers) requestStart.publish({ id, guest: guestName, method, url: target, time: new Date().toISOString() } satisfies RequestStartMessage);
       state.unanswered.set(stream, watch);
@@ -409,7 +410,7 @@ export class H2Guests {
             signal: abort,
             // A guest that waits for 100 before its body (curl waits 1 s, Node's client for good) and
             // a proxy that waits for the body deadlocked until hookMs or idleMs (black-box finding).
-            ...(expectsContinue && request.body !== null ? { beforeBody: h2ContinueOnce(stream) } : {}),
+            ...(continued !== undefined && request.body !== null ? { beforeBody: continued.send } : {}),
             ...(trace !== undefined ? { trace } : {}),
           }),
           abort,

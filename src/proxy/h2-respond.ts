@@ -43,19 +43,23 @@ export function h2TrailerObject(list: HeaderList | undefined): OutgoingHttpHeade
  * §10.1.1): the proxy is about to read the body (a hook reads it, or the upload starts), so the
  * guest may send it. One 100 at most, and never once the final head is out or the stream is gone.
  * A refusal before the read sends its answer alone: the guest is not asked for a body that could
- * only be refused.
+ * only be refused. `send` is the `beforeBody`; `sent` resolves once the 100 is out (never, if none is).
  */
-export function h2ContinueOnce(stream: ServerHttp2Stream): () => void {
-  let sent = false;
-  return () => {
-    if (sent || stream.headersSent || stream.destroyed || stream.closed) return;
-    sent = true;
+export function h2ContinueOnce(stream: ServerHttp2Stream): { readonly send: () => void; readonly sent: Promise<void> } {
+  let done = false;
+  let sentNow: () => void = () => undefined;
+  const sent = new Promise<void>((resolve) => (sentNow = resolve));
+  const send = (): void => {
+    if (done || stream.headersSent || stream.destroyed || stream.closed) return;
+    done = true;
     try {
       stream.additionalHeaders({ ":status": 100 });
+      sentNow();
     } catch {
       // The stream is closing under a reset: its close decides what comes next.
     }
   };
+  return { send, sent };
 }
 
 /**

@@ -8,7 +8,7 @@ import type { StallWatch } from "./h2-respond.js";
  * consumers destroy a body once they are done with it (undici does after writing it), and
  * destroying an Http2Stream ends the response half too.
  */
-export function requestBodyOf(stream: ServerHttp2Stream, stall: StallWatch): Readable {
+export function requestBodyOf(stream: ServerHttp2Stream, stall: StallWatch, heldUntil?: Promise<void>): Readable {
   const body = new PassThrough();
   // Its consumers (a hook's read, the upstream upload) come and go, and each listens for itself;
   // a cut while none is listening must not be an uncaught 'error'.
@@ -16,7 +16,10 @@ export function requestBodyOf(stream: ServerHttp2Stream, stall: StallWatch): Rea
   // A reset with CANCEL (or NO_ERROR) mid-upload ends the stream as if whole: cut the body instead.
   onCutEnd(stream, () => body.destroy(new Error("the guest reset the stream during its upload")));
   stream.pipe(body);
-  watchUpload(stream, stall);
+  // A guest that waits for `100 Continue` sends nothing until it comes, however long the hooks
+  // before it take: its silence is the proxy's until then (a chain slower than idleMs cut it).
+  if (heldUntil === undefined) watchUpload(stream, stall);
+  else void heldUntil.then(() => watchUpload(stream, stall));
   markEmptyEnd(stream, body);
   stream.once("close", () => {
     if (!stream.readableEnded) body.destroy(new Error("the guest reset the stream during its upload"));
@@ -28,9 +31,11 @@ export function requestBodyOf(stream: ServerHttp2Stream, stall: StallWatch): Rea
  * An upload the guest stops sending: while the proxy is ready for more (the stream flows), no
  * byte for `stall.ms` runs `stall.onStall`. A guest answering PINGs kept such a stream, and the
  * pipeline and upstream request behind it, for good: undici's header timeout starts only once
- * the body is sent. Time the proxy held the stream paused (its consumer was slow) does not count.
+ * the body is sent. Time the proxy held the stream paused (its consumer was slow) does not count,
+ * nor time before a `100 Continue` the guest waits for.
  */
 function watchUpload(stream: ServerHttp2Stream, stall: StallWatch): void {
+  if (stream.closed || stream.destroyed || stream.readableEnded) return;
   let last = performance.now();
   const moved = (): void => {
     last = performance.now();

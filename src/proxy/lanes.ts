@@ -28,6 +28,8 @@ export interface LaneRequest {
   started: boolean;
   /** Its body broke in the parser before its turn: it answers this instead, in order. */
   broken?: Error;
+  /** Its guest asked for `100 Continue` and has not had it: the silence is the proxy's. */
+  awaitingContinue?: boolean;
 }
 
 /** Where the answer to a parse error goes (see {@link Lanes.placeParseError}). */

@@ -124,6 +124,42 @@ describe("HTTP/2 guests and Expect: 100-continue", () => {
     expect(upstream.hits()).toBe(1);
   });
 
+  // The upload's stall clock started with the stream, so a guest waiting for its 100 behind
+  // hooks slower than idleMs was cut as "sent nothing of its request body" (last session's
+  // "left alone"). Its silence counts from the 100 now.
+  it("hooks slower than idleMs before the 100: the upload is not cut as stalled, and one stalled after its 100 still is", async () => {
+    const upstream = await startUpstream();
+    const slowMs = 2_000;
+    const idleMs = 700;
+    const proxy = await startTestProxy(
+      { allowedInternalHosts: ["api.test"], isRequestAllowed: async () => (await new Promise((resolve) => setTimeout(resolve, slowMs)), true) },
+      { timeouts: { hookMs: 10_000, idleMs } },
+    );
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const started = performance.now();
+    const answer = await continuedPost(session, "/echo", "hello", undefined, 20_000);
+    expect(performance.now() - started).toBeGreaterThanOrEqual(slowMs - 50);
+    expect(answer).toMatchObject({ status: 200, continues: 1, gaveUp: false });
+    expect(JSON.parse(answer.body)).toMatchObject({ method: "POST", bodyBytes: 5 });
+
+    // A guest that gets its 100 and then sends nothing is still cut, idleMs after the 100.
+    const silent = session.request({ ":method": "POST", ":path": "/echo", "content-length": "5", expect: "100-continue" }, { endStream: false });
+    silent.on("error", () => undefined);
+    let continuedAt: number | undefined;
+    silent.on("continue", () => (continuedAt = performance.now()));
+    await new Promise((resolve) => silent.on("close", resolve));
+    expect(continuedAt).toBeDefined();
+    expect(performance.now() - continuedAt!).toBeGreaterThanOrEqual(idleMs - 50);
+    const cut = await vi.waitFor(() => {
+      const line = proxy.logs.find((l) => l["msg"] === "request" && l["id"] === 2);
+      expect(line).toBeDefined();
+      return line!;
+    });
+    expect(cut).toMatchObject({ status: 499, reason: `the guest sent nothing of its request body for timeouts.idleMs (${idleMs} ms)` });
+    expect(cut["ms"]).toBeGreaterThanOrEqual(slowMs + idleMs - 50);
+    expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+  });
+
   it("a request with Expect: 100-continue and no body gets its answer and no 100", async () => {
     const upstream = await startUpstream();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
