@@ -69,9 +69,16 @@ export async function serveUpgrade(
   let guestGone = false;
   let overflowed = false;
   const gone = (): Error => (overflowed ? tooEarly() : new GuestLeft());
+  // Settles when the guest's connection goes: a hook or a policy still deciding is not waited
+  // for (it has no signal to stop on), so the end of a drain, which closes that connection, is
+  // decided then, while the audit log is open; what the hook answers later is let go.
+  let departed!: () => void;
+  const departure = new Promise<never>((_resolve, reject) => (departed = () => reject(gone())));
+  departure.catch(() => undefined);
   const onGuestClose = (): void => {
     guestGone = true;
     upstream?.destroy(gone());
+    departed();
   };
   // The guest's socket is half-open after the upgrade event: a guest that leaves is seen as "end",
   // which a socket only emits while it is read. Bytes the guest sends early are kept for the
@@ -99,7 +106,9 @@ export async function serveUpgrade(
       throw new EgressError("EG_BAD_REQUEST", 400, `only WebSocket upgrades are relayed, not ${JSON.stringify(upgrade.slice(0, 64))}: the requests after the switch would not be judged`);
     }
     if (guestRequest.body !== null) throw new EgressError("EG_BAD_REQUEST", 400, "an upgrade request must not have a body");
-    const authorized = await deps.pipeline.authorizeUpgrade(guestRequest, trace);
+    const authorizing = deps.pipeline.authorizeUpgrade(guestRequest, trace);
+    authorizing.catch(() => undefined);
+    const authorized = await Promise.race([authorizing, departure]);
     const { request, addresses } = authorized;
     decision = authorized.decision;
     if (guestGone) throw gone();

@@ -419,22 +419,41 @@ describe("upgrades abandoned before their 101", () => {
     },
   );
 
-  it("an upgrade the end of the drain cuts is logged as the proxy's doing, and audited like every decision line", async () => {
-    let headSeen!: () => void;
-    const headReceived = new Promise<void>((resolve) => (headSeen = resolve));
-    const { port } = await startRawUpstream((s) => s.on("data", () => headSeen()));
-    const auditLog = join(tempDir(), "audit.jsonl");
-    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { auditLog, timeouts: { drainMs: 300 } });
-    sendUpgrade(proxy.port, port);
-    await headReceived;
-    await proxy.close();
-    const lines = proxy.logs.filter((l) => l["msg"] === "request");
-    expect(lines).toHaveLength(1);
-    expect(lines[0]).toMatchObject({ upgrade: true, status: 499, reason: expect.stringMatching(/^the proxy closed the connection at the end of its drain/) });
-    const records = readFileSync(auditLog, "utf8").trim().split("\n").filter((l) => l !== "").map((l) => JSON.parse(l) as AuditRecord);
-    expect(records).toHaveLength(1);
-    expect(records[0]).toMatchObject({ status: 499, reason: lines[0]!["reason"], bytesDown: 0 });
-  });
+  // An upgrade still in a hook at the drain's end was decided only once the hook settled (up to
+  // hookMs), after close() had closed the audit log: its record was lost (last session's "left
+  // alone"). It is decided when its connection goes now.
+  it.each(["the upstream has not answered", "an onRequest hook is deciding"])(
+    "an upgrade the end of the drain cuts while %s is logged as the proxy's doing, and audited like every decision line",
+    async (phase) => {
+      let headSeen!: () => void;
+      const headReceived = new Promise<void>((resolve) => (headSeen = resolve));
+      const { port } = await startRawUpstream((s) => s.on("data", () => headSeen()));
+      let hookCalled!: () => void;
+      const inHook = new Promise<void>((resolve) => (hookCalled = resolve));
+      const hookMs = 10_000;
+      const auditLog = join(tempDir(), "audit.jsonl");
+      const proxy = await startTestProxy(
+        {
+          allowedInternalHosts: ["api.test"],
+          onRequest: async () => {
+            if (!phase.startsWith("an onRequest")) return;
+            hookCalled();
+            await new Promise((resolve) => setTimeout(resolve, hookMs - 1_000));
+          },
+        },
+        { auditLog, timeouts: { drainMs: 300, hookMs } },
+      );
+      sendUpgrade(proxy.port, port);
+      await (phase.startsWith("an onRequest") ? inHook : headReceived);
+      await proxy.close();
+      const lines = proxy.logs.filter((l) => l["msg"] === "request");
+      expect(lines).toHaveLength(1);
+      expect(lines[0]).toMatchObject({ upgrade: true, status: 499, reason: expect.stringMatching(/^the proxy closed the connection at the end of its drain/) });
+      const records = readFileSync(auditLog, "utf8").trim().split("\n").filter((l) => l !== "").map((l) => JSON.parse(l) as AuditRecord);
+      expect(records).toHaveLength(1);
+      expect(records[0]).toMatchObject({ status: 499, reason: lines[0]!["reason"], bytesDown: 0 });
+    },
+  );
 });
 
 describe("an upgrade or a CONNECT pipelined behind a request", () => {
