@@ -142,6 +142,26 @@ describe("CLI conventions", () => {
     ).toBe('12:00:00.123 g GET http://b.test/ 403 1ms — host "b.test" is not in allowedHosts [EG_DENIED]');
   });
 
+  // The pretty line printed parsed strings raw: a policy's reason or console line quoting a
+  // guest's CR LF and ANSI escapes forged a coloured request line of its own (a hunt).
+  const forged = "\r\n\u001b[32m12:00:00.000 default GET https://forged.test/ 200 1ms\u001b[0m";
+  it.each([
+    ["a refusal's reason", { msg: "request", guest: "g", method: "POST", target: "https://a.test/", status: 422, reason: `not JSON: ${forged}`, ms: 1 }],
+    ["a request's target and method", { msg: "request", guest: "g", method: `GET${forged}`, target: `https://a.test/${forged}`, status: 200, ms: 1 }],
+    ["another line's field", { msg: "policy console", line: `quoted ${forged}` }],
+    ["another line's message and a key", { msg: `policy console${forged}`, [`key${forged}`]: { nested: forged } }],
+    ["C1 controls and line separators", { msg: "policy console", line: "csi\u009b31m nel\u0085 ls\u2028 ps\u2029 del\u007f" }],
+  ])("a pretty line escapes the control characters in %s: one line, no escape sequence of its own", (_what, fields) => {
+    const line = prettyLine({ time: "2026-06-01T12:00:00.123Z", level: "info", ...fields });
+    // eslint-disable-next-line no-control-regex
+    expect(line).not.toMatch(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]/);
+    expect(line).toMatch(/\\u001b\[32m|\\u009b|\\u2028/);
+  });
+
+  it("a pretty line keeps what JSON would show: CR LF as \\r\\n", () => {
+    expect(prettyLine({ time: "2026-06-01T12:00:00.123Z", level: "warn", msg: "x", reason: "a\r\nb\tc" })).toBe("12:00:00.123 WARN  x reason=a\\r\\nb\\tc");
+  });
+
   it.skipIf(!hasScript)("under a terminal the log is one compact coloured line per request, with a refusal's reason", async () => {
     const caDir = tempDir();
     const command = `exec ${process.execPath} --import tsx src/cli/bin.ts --listen 127.0.0.1:0 --ca-dir ${caDir} --allow-host allowed.test`;
