@@ -80,12 +80,23 @@ export function hookFailure(name: string, error: unknown): EgressError {
   }
 }
 
+/**
+ * The most of a hook's own words (a block's message, a throw's) that its answer, the log and the
+ * audit record carry: a policy that quoted a 6 MB upload in its error wrote a 6 MB log line and
+ * a 12 MB audit record for every such request. Console lines are cut at the same length.
+ */
+export const maxHookTextChars = 8192;
+
+function capped(text: string): string {
+  return text.length <= maxHookTextChars ? text : `${text.slice(0, maxHookTextChars)}… (${text.length} characters, cut)`;
+}
+
 function describeFailure(name: string, error: unknown): EgressError {
   if (error instanceof EgressError) return error;
   const blocked = asBlocked(error);
   if (blocked !== undefined) {
     const text = safeStatusText(blocked.statusText);
-    return new EgressError("EG_HOOK_BLOCKED", blocked.status, blocked.message, {
+    return new EgressError("EG_HOOK_BLOCKED", blocked.status, capped(blocked.message), {
       detail: `${name} blocked the request`,
       ...(text !== undefined ? { statusText: text } : {}),
     });
@@ -96,8 +107,8 @@ function describeFailure(name: string, error: unknown): EgressError {
     shaped?.name === "HttpRequestBlockedError"
       ? `HttpRequestBlockedError with status ${String(shaped.status)}, not an integer from 400 to 599`
       : typeof shaped?.message === "string"
-        ? `${String(shaped.name ?? "Error")}: ${shaped.message}`
-        : String(error);
+        ? capped(`${String(shaped.name ?? "Error")}: ${shaped.message}`)
+        : capped(String(error));
   // A block with a status that is none is a return the phase cannot use; V8's own stack overflow
   // (a RangeError it makes, not one a hook threw with its own words) is the stack; anything else a throw.
   const failure = shaped?.name === "HttpRequestBlockedError" ? "invalid" : isStackOverflow(error) ? "stack" : "throw";

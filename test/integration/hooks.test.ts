@@ -249,6 +249,35 @@ describe("hook failures", () => {
     expect(JSON.stringify(line)).toMatch(/boom in hook|something other than undefined/);
   });
 
+  // A policy that quoted a 6 MB upload in its error wrote a 6 MB log line and a 12 MB audit
+  // record for every such request (a hunt of tier-2 policies); tier 3 did the same.
+  const long = (letter: string): string => `${letter.repeat(3 * 1024 * 1024)}-end`;
+  it.each([
+    ["a tier-3 block", (): HttpHooksOptions => ({ onRequest: () => { throw new HttpRequestBlockedError(long("b"), 422); } }), 422, "b"],
+    ["a tier-3 throw", (): HttpHooksOptions => ({ onRequest: () => { throw new Error(long("t")); } }), 502, "t"],
+    ["a tier-2 block", (): HttpHooksOptions => ({ djsHooks: loadPolicy(`export function onRequest() { throw new HttpRequestBlockedError("b".repeat(${3 * 1024 * 1024}) + "-end", 422); }`) }), 422, "b"],
+    ["a tier-2 throw", (): HttpHooksOptions => ({ djsHooks: loadPolicy(`export function onRequest() { throw new Error("t".repeat(${3 * 1024 * 1024}) + "-end"); }`) }), 502, "t"],
+  ] as const)("%s with a 3 MiB message: cut to 8192 characters in the answer, the log and the audit record", async (_what, hooks, status, letter) => {
+    const records: string[] = [];
+    const { proxy, base, upstream } = await setup(hooks(), { onDecision: (record) => void records.push(JSON.stringify(record)) });
+    const res = await fetchVia(proxy, `${base}/echo`);
+    expect(res.status).toBe(status);
+    expect(hits(upstream)).toBe(0);
+    // A block's message is its answer; a throw's stays in the log.
+    if (status === 422) expect(res.text).toContain(`${letter.repeat(8192)}… (${3 * 1024 * 1024 + 4} characters, cut)`);
+    expect(res.text.length).toBeLessThan(20_000);
+    const line = proxy.logs.map((l) => JSON.stringify(l)).find((l) => l.includes('"msg":"request"'));
+    expect(line).toBeDefined();
+    expect(line!.length).toBeLessThan(40_000);
+    // The throw's detail is "Error: " and the message, 8192 characters in all.
+    expect(/(b+|t+)… \((\d+) characters, cut\)/.exec(line!)?.slice(1)).toEqual([expect.stringMatching(new RegExp(`^${letter}{8000,8192}$`)), expect.stringMatching(/^31457\d\d$/)]);
+    await vi.waitFor(() => expect(records).toHaveLength(1));
+    expect(records[0]!.length).toBeLessThan(40_000);
+    expect(records[0]).not.toContain("-end");
+    // The proxy serves on.
+    expect((await fetchVia(proxy, `https://other.test:${upstream.port}/echo`)).status).toBe(status);
+  });
+
   it("a hook that never settles gets 504 after the hook deadline", async () => {
     const { proxy, base } = await setup({ onRequest: () => new Promise<undefined>(() => undefined) }, { timeouts: { hookMs: 300 } });
     const res = await fetchVia(proxy, `${base}/echo`);
