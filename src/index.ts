@@ -7,7 +7,7 @@ export type { DjsHooksOptions } from "./djs/create-djs-hooks.js";
 export type { DjsLimits, PolicyKind } from "./djs/protocol.js";
 export { startProxy } from "./proxy/start-proxy.js";
 export { ProxyClosedError } from "./proxy/closed-error.js";
-export type { RunningProxy } from "./proxy/start-proxy.js";
+export type { ReloadResult, RunningProxy } from "./proxy/start-proxy.js";
 export type { ConnectionLimitOptions, ProxyOptions, TimeoutOptions } from "./proxy/options.js";
 export type { GuestOptions } from "./proxy/guest-options.js";
 export type { AuditRecord, AuditRule, AuditSource } from "./metrics/audit-record.js";

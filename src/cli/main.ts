@@ -168,6 +168,7 @@ async function main(argv: readonly string[]): Promise<number> {
         // A reload queued before SIGTERM does not apply during the drain.
         if (closing) return;
         let next: ReturnType<typeof parseCli>;
+        let replacedIdle: Promise<void>;
         say("info", "reloading the configuration");
         // The dry run that finds the policies and the parse that builds read each file once.
         const stopReusing = reuseParses();
@@ -183,10 +184,10 @@ async function main(argv: readonly string[]): Promise<number> {
           if (closing) return;
           next = parseCli(argv);
           if (next.kind !== "serve") return;
-          await proxy.reload(forThisProcess(next.options)).catch(async (error: unknown) => {
+          ({ idle: replacedIdle } = await proxy.reload(forThisProcess(next.options)).catch(async (error: unknown) => {
             if (next.kind === "serve") await next.built.close();
             throw error;
-          });
+          }));
         } catch (error) {
           say("error", "reload failed; the old configuration keeps serving", { error: redactFatal(failureText(error, source)) });
           return;
@@ -201,14 +202,18 @@ async function main(argv: readonly string[]): Promise<number> {
         const old = current;
         current = next.built;
         retired.add(old);
-        // Requests in flight may still call the old policies: they close once the longest request
-        // could have ended (or with the proxy, whichever comes first).
-        setTimeout(() => {
-          if (retired.delete(old)) closeReplaced(old);
-        }, 60_000).unref();
+        // Requests in flight may still call the old policies: they close once the last request
+        // that began under them has left its pipeline (or with the proxy, whichever comes first).
+        // At a fixed 60 s, a layer still sleeping (up to requestMs, 300 s) or an onResponse after
+        // a slow upstream failed 502 "closed policy".
+        void replacedIdle.then(() => {
+          if (!retired.delete(old)) return;
+          closeReplaced(old);
+          say("info", "a replaced configuration closed: no request begun under it is left");
+        });
         // Each set of policies holds its workers (about 24 MiB): without a bound, frequent reloads
-        // (a --watch on a file rewritten often, a supervisor's SIGHUPs) held one per reload for
-        // 60 s, 1 GiB after 40 in 16 s. Past the bound the oldest closes now; a request still
+        // (a --watch on a file rewritten often, a supervisor's SIGHUPs) held one per reload until
+        // its requests ended, 1 GiB after 40 in 16 s. Past the bound the oldest closes now; a request still
         // calling its policies or deciders then fails (502), or, past a failOpen decider, goes on
         // as that decider's failure allows.
         for (const oldest of retired) {

@@ -107,8 +107,37 @@ export class Pipeline {
     return this.phase.onRequest.length > 0 || this.phase.handle.length > 0;
   }
 
+  /** Requests and upgrades under way here, counted only when a source could still be called. */
+  private active = 0;
+  private idleWaiters: Array<() => void> = [];
+  private readonly settle = (): void => {
+    this.active -= 1;
+    if (this.active === 0) for (const wake of this.idleWaiters.splice(0)) wake();
+  };
+
+  /** `work`, counted until it settles (with no source to call, nothing is counted). */
+  private tracked<T>(work: Promise<T>): Promise<T> {
+    if (this.options.sources.length === 0) return work;
+    this.active += 1;
+    void work.then(this.settle, this.settle);
+    return work;
+  }
+
+  /**
+   * Resolves once no request or upgrade that began here is still in its pipeline, where its
+   * hooks, policies and deciders may be called: after a reload, the replaced configuration's
+   * policies can close then.
+   */
+  idle(): Promise<void> {
+    return this.active === 0 ? Promise.resolve() : new Promise((resolve) => this.idleWaiters.push(resolve));
+  }
+
   /** One guest request: through the layers when there are any (each `next()` is steps 2–7), else steps 2–7 once. */
   handle(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
+    return this.tracked(this.layersOrSteps(initial, context));
+  }
+
+  private layersOrSteps(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
     if (this.phase.handle.length === 0) return this.steps(initial, context);
     // A layer is shown the request as a WHATWG Request, which cannot hold a GET's or HEAD's body:
     // refused as onRequest refuses it, rather than a 502 "internal error" logged at level error.
@@ -231,7 +260,11 @@ export class Pipeline {
    * §3 step 4, like any request.
    * The caller connects to one of the returned addresses and tunnels the rest.
    */
-  async authorizeUpgrade(initial: OutboundRequest, trace?: TraceEntry[]): Promise<{ request: OutboundRequest; addresses: readonly ResolvedAddress[]; decision: Decision }> {
+  authorizeUpgrade(initial: OutboundRequest, trace?: TraceEntry[]): Promise<{ request: OutboundRequest; addresses: readonly ResolvedAddress[]; decision: Decision }> {
+    return this.tracked(this.upgradeSteps(initial, trace));
+  }
+
+  private async upgradeSteps(initial: OutboundRequest, trace?: TraceEntry[]): Promise<{ request: OutboundRequest; addresses: readonly ResolvedAddress[]; decision: Decision }> {
     let rewritten = initial;
     const call: SourceCall = { requestId: "", guest: this.options.guest };
     for (const source of this.phase.onRequest) {

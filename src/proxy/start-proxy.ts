@@ -27,6 +27,12 @@ import { startRecordedNetwork } from "../record/network.js";
 import { withFields } from "../objects.js";
 
 /** A running proxy, as returned by {@link startProxy}. */
+/** What `reload` resolves to. */
+export interface ReloadResult {
+  /** Resolves once no request that began under the replaced configuration is still in its pipeline. */
+  readonly idle: Promise<void>;
+}
+
 export interface RunningProxy {
   /** `http://HOST:PORT`, the value for a guest's HTTPS_PROXY (without credentials). */
   readonly url: string;
@@ -56,8 +62,12 @@ export interface RunningProxy {
    * started with; open tunnels take the new one from their next request; a removed guest's
    * tunnels are closed. Invalid options throw, and the old configuration keeps serving. Guest
    * tokens stay the same for unchanged names (they derive from the deployment key).
+   *
+   * Resolves to `{ idle }`: a promise that resolves once no request or upgrade that began under
+   * the replaced configuration is still in its pipeline, where its hooks, policies and deciders
+   * may be called. Close the replaced `createDjsHooks()` results then, not before.
    */
-  reload(options: ProxyOptions): Promise<void>;
+  reload(options: ProxyOptions): Promise<ReloadResult>;
   /**
    * With `upstream.record` (or `upstream.replay.recordMissing`): writes the HAR file from what is
    * recorded so far, atomically (the CLI does on SIGTERM, before the drain). `close()` writes it
@@ -345,6 +355,8 @@ export async function launchProxy(
       await Promise.all(removed.map((guest) => guest.close()));
       // Not awaited: an old pool closes once its last in-flight request has finished.
       for (const guest of replaced) void guest.retire().catch((error: unknown) => log.warn("closing a replaced guest's pools failed", { guest: guest.name, error }));
+      const idle = Promise.all([...replaced, ...removed].map((guest) => guest.pipeline.idle())).then(() => undefined);
+      return { idle };
     },
     removeGuest: async (name) => {
       if (closing !== undefined) throw new ProxyClosedError("removeGuest");

@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { readFileSync, renameSync, writeFileSync } from "node:fs";
-import { request as httpRequest } from "node:http";
+import { createServer, request as httpRequest, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
 import { connect as http2Connect, type ClientHttp2Session } from "node:http2";
 import { join } from "node:path";
 import { Readable } from "node:stream";
@@ -127,7 +128,7 @@ describe("proxy.reload", () => {
     const sessionPrototype = Object.getPrototypeOf(probe) as { request: ClientHttp2Session["request"] };
     const request = sessionPrototype.request;
     onTestFinished(() => void (sessionPrototype.request = request));
-    let reloaded: Promise<void> | undefined;
+    let reloaded: Promise<unknown> | undefined;
     sessionPrototype.request = function (this: ClientHttp2Session, ...args: Parameters<ClientHttp2Session["request"]>) {
       const stream = request.apply(this, args);
       if (reloaded === undefined && args[0]?.[":method"] === "POST") {
@@ -261,6 +262,56 @@ describe("proxy.reload", () => {
     expect(logged).toContain("[REDACTED:TOKEN]");
     expect(logged).toContain("[REDACTED:T]");
     for (const old of ["Seeded-0ld-Value-4242", "Removed-0ld-Value-6363", "Adopted-0ld-Value-7474"]) expect(logged).not.toContain(old);
+  });
+
+  // The CLI closed a replaced configuration's policies at a fixed 60 s: a layer still sleeping
+  // (up to requestMs, 300 s) or an onResponse after a slow upstream then failed 502 "closed
+  // policy" (a hunt). reload() tells when the requests begun under the old one are done.
+  it.each([
+    ["an onRequest hook deciding", "hook"],
+    ["an upstream yet to answer, with an onResponse hook to come", "upstream"],
+  ] as const)("reload resolves to { idle }, which waits for the request still in %s, and resolves at once without one", async (_what, where) => {
+    const held = await heldHttpUpstream();
+    let hookEntered!: () => void;
+    const entered = new Promise<void>((resolve) => (hookEntered = resolve));
+    let releaseHook!: () => void;
+    const hookHeld = new Promise<void>((resolve) => (releaseHook = resolve));
+    let responses = 0;
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        onRequest: async () => {
+          if (where !== "hook") return;
+          hookEntered();
+          await hookHeld;
+        },
+        onResponse: () => void (responses += 1),
+      },
+      { logLevel: "warn" },
+    );
+    const inFlight = fetchVia(proxy, `http://api.test:${held.port}/held`);
+    await (where === "hook" ? entered : held.arrived);
+    const next = createHttpHooks({ allowedInternalHosts: ["api.test"] });
+    const { idle } = await proxy.reload({ httpHooks: next.httpHooks, env: next.env });
+    let idleNow = false;
+    void idle.then(() => (idleNow = true));
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(idleNow).toBe(false);
+    if (where === "hook") releaseHook();
+    else held.release();
+    if (where === "hook") {
+      await held.arrived;
+      expect(idleNow).toBe(false);
+      held.release();
+    }
+    expect((await inFlight).status).toBe(200);
+    await idle;
+    expect(idleNow).toBe(true);
+    expect(responses).toBe(1);
+    // Nothing in flight: idle at once.
+    const again = createHttpHooks({ allowedInternalHosts: ["api.test"] });
+    const second = await proxy.reload({ httpHooks: again.httpHooks, env: again.env });
+    await expect(Promise.race([second.idle.then(() => "idle"), new Promise((resolve) => setImmediate(() => resolve("pending")))])).resolves.toBe("idle");
   });
 
   it("a reload once close() has begun is refused: the requests draining keep their configuration", async () => {
@@ -451,28 +502,56 @@ async function until(what: string, condition: () => Promise<boolean>, deadlineMs
 // Each reload kept its replaced policies (their workers, about 24 MiB) for 60 s with no bound:
 // 40 SIGHUPs in 16 s held 1 GiB and 80 more threads (black-box finding).
 describe("SIGHUP, often", () => {
-  it("keeps at most three replaced configurations: past them the oldest closes at once, and the newest policy serves", async () => {
+  // A replaced configuration closes once no request begun under it is left: at once with none in
+  // flight. At a fixed 60 s, a layer still sleeping (up to requestMs) or an onResponse after a
+  // slow upstream failed 502 "closed policy" (a hunt of tier-2 policies).
+  it("a replaced configuration closes once its requests are done; at most three are kept, past them the oldest closes at once, and the newest policy serves", async () => {
     const upstream = await startUpstream({ tls: false });
+    const held: ServerResponse[] = [];
+    const slow = createServer((_req, res) => void held.push(res));
+    await new Promise<void>((resolve) => slow.listen(0, "127.0.0.1", resolve));
+    onTestFinished(() => {
+      for (const res of held) res.destroy();
+      slow.close();
+    });
+    const slowPort = (slow.address() as AddressInfo).port;
     const dir = tempDir();
     const config = join(dir, "egressgate.yaml");
     writeFileSync(join(dir, "policy.js"), "function isRequestAllowed(request) { return true; }\n");
     writeFileSync(config, "listen: 127.0.0.1:0\nallowInternalHosts: [a.test]\nresolve: { a.test: [127.0.0.1] }\nhooksScript: policy.js\nhooksTimeoutMs: 30000\n");
     const cli = startCli(["--config", config, "--ca-dir", dir, "--log-format", "json", "--log-level", "info"]);
     const port = Number((await cli.waitFor(/listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]);
-    const reloads = (): number => (cli.output().match(/"msg":"configuration reloaded"/g) ?? []).length;
-    const closedEarly = (): number => (cli.output().match(/"msg":"a replaced configuration closed early: more were loaded than are kept","kept":3/g) ?? []).length;
-    for (let i = 1; i <= 6; i++) {
+    const count = (pattern: RegExp): number => (cli.output().match(pattern) ?? []).length;
+    const reloads = (): number => count(/"msg":"configuration reloaded"/g);
+    const closedIdle = (): number => count(/"msg":"a replaced configuration closed: no request begun under it is left"/g);
+    const closedEarly = (): number => count(/"msg":"a replaced configuration closed early: more were loaded than are kept","kept":3/g);
+    // Nothing in flight: each replaced configuration closes as soon as it is replaced.
+    for (let i = 1; i <= 4; i++) {
       cli.child.kill("SIGHUP");
-      await until(`reload ${i}`, () => Promise.resolve(reloads() === i));
+      await until(`reload ${i}`, () => Promise.resolve(reloads() === i && closedIdle() === i));
+    }
+    expect(closedEarly()).toBe(0);
+    // A request held by its upstream across each reload keeps its configuration loaded.
+    const inFlight: Promise<number>[] = [];
+    for (let i = 1; i <= 5; i++) {
+      inFlight.push(askVia(port, "a.test", slowPort));
+      await until(`request ${i} at the upstream`, () => Promise.resolve(held.length === i));
+      cli.child.kill("SIGHUP");
+      await until(`reload ${4 + i}`, () => Promise.resolve(reloads() === 4 + i));
       // The early close is written just after the reload's own line (a loaded machine can show
       // one without the other): waited for, then counted exactly.
-      await until(`the early closes after reload ${i}`, () => Promise.resolve(closedEarly() >= Math.max(0, i - 3)));
+      await until(`the early closes after reload ${4 + i}`, () => Promise.resolve(closedEarly() >= Math.max(0, i - 3)));
       expect(closedEarly()).toBe(Math.max(0, i - 3));
+      expect(closedIdle()).toBe(4);
     }
+    for (const res of held) res.end("late");
+    expect(await Promise.all(inFlight)).toEqual([200, 200, 200, 200, 200]);
+    // The three kept are closed once their requests are done.
+    await until("the kept configurations closed", () => Promise.resolve(closedIdle() === 7));
     writeFileSync(join(dir, "policy.js"), "function isRequestAllowed(request) { return false; }\n");
     cli.child.kill("SIGHUP");
-    await until("reload 7", () => Promise.resolve(reloads() === 7 && closedEarly() >= 4));
-    expect(closedEarly()).toBe(4);
+    await until("reload 10", () => Promise.resolve(reloads() === 10 && closedIdle() === 8));
+    expect(closedEarly()).toBe(2);
     expect(await askVia(port, "a.test", upstream.port)).toBe(403);
   }, 60_000);
 });
