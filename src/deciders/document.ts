@@ -1,4 +1,8 @@
+import type { ConcealTally } from "../policy/secret-scan.js";
+import type { SecretStore } from "../policy/secrets.js";
 import type { DeciderPhase } from "./options.js";
+
+export type { ConcealTally };
 
 /**
  * The input document every external decider gets (README "External deciders"):
@@ -39,9 +43,11 @@ export interface DocumentBody {
 /**
  * What maps secret values back out of a text; the identity when the guest has no secrets.
  * `reach`: how far past a cut a value (in the longest encoding the scan decodes) that starts
- * before it can run, so a body is concealed past its cut and only then cut.
+ * before it can run, so a body is concealed past its cut and only then cut. A conceal with a
+ * reach adds to `tally` what its replacements took out of the text, which is how far they can
+ * have pulled what lay past the concealed window before the cut.
  */
-export type Conceal = ((text: string, header?: string) => string) & {
+export type Conceal = ((text: string, header?: string, tally?: ConcealTally) => string) & {
   readonly reach?: () => number;
   /** Whether there is any value to conceal now; a body that cannot be searched is then refused. */
   readonly active?: () => boolean;
@@ -49,9 +55,23 @@ export type Conceal = ((text: string, header?: string) => string) & {
 
 export const revealNothing: Conceal = (text) => text;
 
+/**
+ * The conceal for a guest's secrets. The store is asked on each call, not once: a reload can
+ * give an empty store the values it retired (SecretStore.inherit) after the guest's sources
+ * were made.
+ */
+export function concealFor(secrets: SecretStore): Conceal {
+  return Object.assign((text: string, header?: string, tally?: ConcealTally) => (secrets.size === 0 ? text : secrets.placeholdersFor(text, header, tally)), {
+    reach: () => secrets.reach(),
+    active: () => secrets.size > 0,
+  });
+}
+
 /** A header list ([name, value, …]) as the document's object. */
 export function headerObject(list: readonly string[], conceal: Conceal): Record<string, string> {
-  const out: Record<string, string> = {};
+  // No prototype: a field named "__proto__" was a prototype to set, not a key, and went unseen
+  // by the decider while the upstream got it; "constructor" started from Object's function.
+  const out = Object.create(null) as Record<string, string>;
   for (let i = 0; i < list.length; i += 2) {
     const name = list[i]!.toLowerCase();
     const value = conceal(list[i + 1]!, name);
@@ -92,26 +112,23 @@ export function documentBody(bytes: Uint8Array, maxBytes: number, conceal: Conce
   const encoding = textual ? "utf8" : "latin1";
   // A value the cut falls inside would not be recognised in what is left of it: the text is
   // mapped past the cut, then cut. A copy that starts `reach` bytes or more before the window's
-  // end lies in it whole; each value mapped out can shorten the text by up to `reach`, pulling
-  // what lay further on before the cut, so the window grows until those cannot reach the cut.
+  // end lies in it whole; the values mapped out shorten the text by what the conceal tallies,
+  // pulling what lay further on before the cut, so the window grows until that cannot reach the
+  // cut. The tally, not a count of placeholders and markers in the result: those a body can
+  // hold by the million, and each grew the window and mapped it again from byte 0 (a 32 MiB
+  // body of "EGRESSGATE_SECRET_ " held the event loop for 9 s).
   const reach = truncated ? (conceal.reach?.() ?? 0) : 0;
   let end = Math.min(buffer.length, maxBytes + reach);
   for (;;) {
-    const concealed = Buffer.from(conceal(buffer.subarray(0, end).toString(encoding)), encoding);
-    const mapped = occurrences(concealed, "EGRESSGATE_SECRET_") + occurrences(concealed, "[REDACTED");
-    if (end === buffer.length || maxBytes + (mapped + 1) * reach <= end) {
+    const tally: ConcealTally = { shortened: 0 };
+    const concealed = Buffer.from(conceal(buffer.subarray(0, end).toString(encoding), undefined, tally), encoding);
+    if (end === buffer.length || maxBytes + reach + tally.shortened <= end) {
       const kept = concealed.subarray(0, maxBytes);
       const data = textual ? kept.subarray(0, utf8Length(kept, true) ?? 0).toString("utf8") : kept.toString("base64");
       return { encoding: textual ? "utf8" : "base64", data, size: buffer.length, truncated };
     }
-    end = Math.min(buffer.length, Math.max(2 * end, maxBytes + (mapped + 2) * reach));
+    end = Math.min(buffer.length, Math.max(2 * end, maxBytes + 2 * reach + tally.shortened));
   }
-}
-
-function occurrences(buffer: Buffer, needle: string): number {
-  let n = 0;
-  for (let at = buffer.indexOf(needle); at !== -1; at = buffer.indexOf(needle, at + needle.length)) n++;
-  return n;
 }
 
 /**

@@ -10,7 +10,7 @@ import type { Logger } from "../log.js";
 import { allow, deny, type Decision } from "../policy/decision.js";
 import { djsIsIpAllowed, djsIsRequestAllowed, djsOnRequest, djsOnResponse, type DjsRun } from "./djs-phases.js";
 import { djsHandle } from "./djs-layer.js";
-import { revealNothing, type Conceal } from "../deciders/document.js";
+import { concealFor, revealNothing, type Conceal } from "../deciders/document.js";
 import type { SecretStore } from "../policy/secrets.js";
 import { deciderSource } from "./decider-source.js";
 import { runHandle } from "./layer-phases.js";
@@ -144,10 +144,7 @@ export function hookSources(
 ): HookSource[] {
   const sources: HookSource[] = [];
   if (djs !== undefined) sources.push(policySource(djs, log, secrets, neighbours));
-  // Asked each time, not once here: a reload can give an empty store the values it retired
-  // (SecretStore.inherit) after this guest's sources were made.
-  const conceal: Conceal =
-    secrets === undefined ? revealNothing : Object.assign((text: string, header?: string) => (secrets.size === 0 ? text : secrets.placeholdersFor(text, header)), { reach: () => secrets.reach(), active: () => secrets.size > 0 });
+  const conceal: Conceal = secrets === undefined ? revealNothing : concealFor(secrets);
   for (const entry of chain) {
     if (entry.kind === "policy") sources.push(policySource(entry.djs.engine, log, secrets, neighbours));
     else if (entry.kind === "decider") sources.push(deciderSource(entry.decider, conceal, log));

@@ -200,20 +200,41 @@ export function findFirst(text: string, needles: NeedleSet, budget?: ScanBudget)
 }
 
 /**
+ * How far, at most, replacing values in a text moved what follows them towards its start, in
+ * UTF-8 bytes (never fewer than its characters): the sum, over every replacement, of what it
+ * took out less what it put in, where that is positive. For a caller that cuts the result and
+ * must know how much of the text beyond a window can have been pulled before the cut
+ * (src/deciders/document.ts). Counting what the result holds instead (markers, placeholders)
+ * would count what the text held already: a text is anyone's to write.
+ */
+export interface ConcealTally {
+  shortened: number;
+}
+
+/** Adds to `tally` what replacing `removed` by `inserted` took out of a text, if anything. */
+export function tallyReplacement(tally: ConcealTally, removed: string, inserted: string): void {
+  tally.shortened += Math.max(0, Buffer.byteLength(removed) - Buffer.byteLength(inserted));
+}
+
+/**
  * `text` with every span where a needle was found, in any view, replaced by
  * `[REDACTED:NAME]`. Overlapping spans are merged and take the first needle's name. A text
  * that could not be scanned within its budget is replaced as a whole by {@link unscannedMarker}.
  * With `keep`, only what stands before position `keep` of `text` is kept, a match that starts
  * before it whole (as its marker): a value cut by `keep` is redacted as a whole, since it was
- * matched before the cut was made.
+ * matched before the cut was made. With `tally`, adds what each replacement took out; the
+ * marker for a text too complex to scan sets it to 0, as nothing of the text is left to move.
  */
-export function redactText(text: string, needles: NeedleSet, budget?: ScanBudget, keep = text.length): string {
+export function redactText(text: string, needles: NeedleSet, budget?: ScanBudget, keep = text.length, tally?: ConcealTally): string {
   const spans: { start: number; end: number; name: string }[] = [];
   const outcome = scan(text, needles, (match) => {
     spans.push({ start: match.start, end: match.end, name: match.needle.name });
     return false;
   }, budget);
-  if (outcome === "unscanned") return unscannedMarker;
+  if (outcome === "unscanned") {
+    if (tally !== undefined) tally.shortened = 0;
+    return unscannedMarker;
+  }
   if (spans.length === 0) return keep >= text.length ? text : text.slice(0, keep);
   spans.sort((a, b) => a.start - b.start || b.end - a.end);
   let out = "";
@@ -223,7 +244,9 @@ export function redactText(text: string, needles: NeedleSet, budget?: ScanBudget
     if (start >= keep) break;
     let end = spans[i]!.end;
     for (i++; i < spans.length && spans[i]!.start < end; i++) end = Math.max(end, spans[i]!.end);
-    out += `${text.slice(at, start)}[REDACTED:${name}]`;
+    const marker = `[REDACTED:${name}]`;
+    if (tally !== undefined) tallyReplacement(tally, text.slice(start, end), marker);
+    out += `${text.slice(at, start)}${marker}`;
     at = end;
   }
   return at >= keep ? out : out + text.slice(at, keep);

@@ -5,7 +5,7 @@ import { breaksFieldValue, type HeaderList } from "../headers.js";
 import { bareHostname } from "../hostname.js";
 import { OptionError } from "../option-error.js";
 import { compileHostPatterns, validateHostPattern, type HostMatcher } from "./host-pattern.js";
-import { findFirst, maxExpansion, needle, NeedleSet, redactText, scan, ScanBudget, UnscannableError, type Match, type Needle } from "./secret-scan.js";
+import { findFirst, maxExpansion, needle, NeedleSet, redactText, scan, ScanBudget, tallyReplacement, UnscannableError, type ConcealTally, type Match, type Needle } from "./secret-scan.js";
 
 /**
  * What happens to a redirect hop that leaves the hosts of a secret the request carried:
@@ -365,11 +365,12 @@ export class SecretStore {
    * replaced in the original. So `/loop/p@ss%20word|x`, where the URL parser encoded some
    * characters of a value and left others, is redacted as a whole. With `keep`, the text is cut
    * there after it was searched, so that a value the cut goes through is redacted whole: cut
-   * first, its first part would no longer be recognised (see {@link reach}).
+   * first, its first part would no longer be recognised (see {@link reach}). With `tally`, adds
+   * what the redactions took out of the text ({@link ConcealTally}).
    */
-  redact(text: string, keep?: number): string {
+  redact(text: string, keep?: number, tally?: ConcealTally): string {
     this.redaction ??= valuesOf([...this.entries.values()]);
-    return redactText(text, this.redaction, undefined, keep);
+    return redactText(text, this.redaction, undefined, keep, tally);
   }
 
   /** What {@link redact} looks for: every value, current and retired, as scan needles. */
@@ -447,27 +448,39 @@ export class SecretStore {
    * back to its placeholder, in `Basic` credentials too when `header` is Authorization or
    * Proxy-Authorization, and anything left of any value, current or retired, in any encoding,
    * redacted to `[REDACTED:NAME]` ({@link redact}). On a redirect hop, or after substitution, a
-   * request carries real values; what leaves the proxy for a decider must not.
+   * request carries real values; what leaves the proxy for a decider must not. With `tally`,
+   * adds what the replacements took out of the text, for a caller that cuts the result
+   * ({@link ConcealTally}).
    */
-  placeholdersFor(text: string, header?: string): string {
+  placeholdersFor(text: string, header?: string, tally?: ConcealTally): string {
     if (this.entries.size === 0) return text;
-    let out = this.toPlaceholders(text);
+    let out = this.toPlaceholders(text, tally);
     if (header !== undefined && credentialHeaders.has(header.toLowerCase())) {
       const match = basicCredentials.exec(out);
       if (match !== null) {
         const decoded = Buffer.from(match[3]!, "base64").toString("utf8");
         const mapped = this.toPlaceholders(decoded);
-        if (mapped !== decoded) out = `${match[1]}${match[2]}${Buffer.from(mapped, "utf8").toString("base64")}`;
+        if (mapped !== decoded) {
+          const encoded = Buffer.from(mapped, "utf8").toString("base64");
+          if (tally !== undefined) tallyReplacement(tally, out.slice(match[1]!.length + match[2]!.length), encoded);
+          out = `${match[1]}${match[2]}${encoded}`;
+        }
       }
     }
-    return this.redact(out);
+    return this.redact(out, undefined, tally);
   }
 
   /** Current values replaced by their placeholders, longest value first (one value may hold another). */
-  private toPlaceholders(text: string): string {
+  private toPlaceholders(text: string, tally?: ConcealTally): string {
     let out = text;
     const live = [...this.entries.values()].filter((e) => !e.deleted).sort((a, b) => b.value.length - a.value.length);
-    for (const e of live) if (out.includes(e.value)) out = out.replaceAll(e.value, () => e.placeholder);
+    for (const e of live) {
+      if (!out.includes(e.value)) continue;
+      out = out.replaceAll(e.value, () => {
+        if (tally !== undefined) tallyReplacement(tally, e.value, e.placeholder);
+        return e.placeholder;
+      });
+    }
     return out;
   }
 

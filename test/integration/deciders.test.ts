@@ -9,6 +9,7 @@ import { request } from "undici";
 import { createHttpHooks, type AuditRecord, type HttpHooksOptions } from "../../src/index.js";
 import { caseOf, gateDecider, json, loggedDocuments, processesWith, pythonDecider, shellDecider, startDecisionServer, text, until } from "../helpers/deciders.js";
 import { loadPolicy } from "../helpers/djs.js";
+import { openRaw } from "../helpers/raw.js";
 import { fetchVia, proxyAgent, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { gzipJsonRoute, listenForTest, startUpstream, type Echo, type Upstream } from "../helpers/upstream.js";
 
@@ -439,6 +440,69 @@ describe("decider bodies", () => {
   it("called on its own, httpHooks.onRequest of a chain with a request-phase decider refuses with 502", async () => {
     const { httpHooks } = createHttpHooks({ allowedHosts: ["api.test"], hooks: [{ webhook: "http://127.0.0.1:9/decide" }] });
     await expect(httpHooks.onRequest!(new Request("https://api.test/"))).rejects.toMatchObject({ name: "HttpRequestBlockedError", status: 502 });
+  });
+});
+
+// The document's headers were a plain object: a field named "__proto__" set its prototype and
+// was not in the JSON, so a decider checking header values never saw it while the upstream (or
+// the guest) got it, and "constructor" came out as "function Object() { [native code] }, c".
+describe("header names that Object.prototype has", () => {
+  /** A decider that blocks (451) whatever carries "exfil" in a request or response header value. */
+  async function headerCheckingDecider(): Promise<Awaited<ReturnType<typeof startDecisionServer>>> {
+    return startDecisionServer((doc, _req, res) => {
+      const part = (doc["response"] ?? doc["request"]) as { headers: Record<string, string> };
+      if (Object.values(part.headers).some((value) => value.includes("exfil"))) return json(res, 200, { decision: "block", reason: "a header carries exfil", status: 451 });
+      json(res, 200, { decision: "allow" });
+    });
+  }
+
+  /** The headers of the `index`th document a decider got, parsed from its raw JSON (own keys only). */
+  function documentHeaders(hook: Awaited<ReturnType<typeof startDecisionServer>>, index: number, phase: "request" | "response"): Record<string, string> {
+    return (JSON.parse(hook.raw[index]!) as Record<typeof phase, { headers: Record<string, string> }>)[phase].headers;
+  }
+
+  async function plainGet(port: number, target: string, field: string): Promise<number> {
+    const client = await openRaw(port);
+    client.write(`GET ${target} HTTP/1.1\r\nHost: ${new URL(target).host}\r\n${field}x-normal: n\r\nConnection: close\r\n\r\n`);
+    return (await client.readResponse()).status;
+  }
+
+  const names = ["__proto__", "constructor", "toString", "hasOwnProperty", "valueOf"];
+
+  it.each(names)("a request header %s is in the request document as sent, so a decider can refuse on it", async (name) => {
+    const upstream = await startUpstream({ tls: false });
+    const hook = await headerCheckingDecider();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], hooks: [{ webhook: hook.url }] });
+    const target = `http://api.test:${upstream.port}/echo`;
+    expect(await plainGet(proxy.port, target, `${name}: harmless\r\n`)).toBe(200);
+    expect(upstream.seen[0]!.rawHeaders).toEqual(expect.arrayContaining([name, "harmless"]));
+    const headers = documentHeaders(hook, 0, "request");
+    expect(Object.hasOwn(headers, name.toLowerCase())).toBe(true);
+    expect(headers[name.toLowerCase()]).toBe("harmless");
+    expect(headers["x-normal"]).toBe("n");
+    expect(await plainGet(proxy.port, target, `${name}: exfiltrated-data-here\r\n`)).toBe(451);
+    expect(upstream.hits()).toBe(1);
+  });
+
+  it.each(names)("a response header %s is in the response document as the upstream sent it, so a decider can refuse on it", async (name) => {
+    const upstream = await startUpstream({
+      tls: false,
+      routes: {
+        "/named": (_req, res, _body, url) => {
+          res.writeHead(200, [name, url.searchParams.get("value") ?? "", "x-normal", "n", "content-length", "2"]);
+          res.end("ok");
+        },
+      },
+    });
+    const hook = await headerCheckingDecider();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], hooks: [{ webhook: hook.url, phases: ["response"] }] });
+    expect(await plainGet(proxy.port, `http://api.test:${upstream.port}/named?value=harmless`, "")).toBe(200);
+    const headers = documentHeaders(hook, 0, "response");
+    expect(Object.hasOwn(headers, name.toLowerCase())).toBe(true);
+    expect(headers[name.toLowerCase()]).toBe("harmless");
+    expect(headers["x-normal"]).toBe("n");
+    expect(await plainGet(proxy.port, `http://api.test:${upstream.port}/named?value=exfiltrated-data-here`, "")).toBe(451);
+    expect(upstream.hits()).toBe(2);
   });
 });
 

@@ -1,11 +1,12 @@
 import { describe, expect, it } from "vitest";
 import { MalformedAnswer, opaVerdict, parseAnswerText } from "../../src/deciders/answer.js";
 import { DecisionCache, cacheKey } from "../../src/deciders/cache.js";
-import { documentBody, requestPart, revealNothing, type Conceal } from "../../src/deciders/document.js";
+import { concealFor, documentBody, requestPart, revealNothing, type Conceal, type ConcealTally } from "../../src/deciders/document.js";
 import { resolveDecider } from "../../src/deciders/options.js";
 import { splitCommand } from "../../src/deciders/split-command.js";
 import { createHttpHooks } from "../../src/index.js";
 import { SecretStore } from "../../src/policy/secrets.js";
+import { craftedText } from "../helpers/crafted-text.js";
 
 /** The problems resolveDecider reports for `entry`, as [path, reason]. */
 function problems(entry: unknown, env: NodeJS.ProcessEnv = {}): [string, string][] {
@@ -163,7 +164,7 @@ describe("documentBody: a body cut at maxBodyBytes", () => {
   // Shares no four characters with a placeholder, which may itself be left cut at the end.
   const value = "Tok3n-VALUE-abcdef0123456789-xyz";
   const store = new SecretStore({ T: { hosts: ["api.test"], value } }, false, (hosts) => hosts as string[]);
-  const conceal: Conceal = Object.assign((text: string, header?: string) => store.placeholdersFor(text, header), { reach: () => store.reach() });
+  const conceal = concealFor(store);
   const percent = [...value].map((c) => `%${c.charCodeAt(0).toString(16).padStart(2, "0")}`).join("");
   const forms: Record<string, string> = {
     raw: value,
@@ -198,13 +199,81 @@ describe("documentBody: many values before the cut", () => {
   it("a copy split by the mapped window's end is never pulled before the cut", () => {
     const value = `Tok3n-${"0123456789abcdef".repeat(62)}-end`;
     const store = new SecretStore({ T: { hosts: ["api.test"], value } }, false, (hosts) => hosts as string[]);
-    const conceal: Conceal = Object.assign((text: string, header?: string) => store.placeholdersFor(text, header), { reach: () => store.reach() });
+    const conceal = concealFor(store);
     const body = Buffer.from(`${value}\n`.repeat(400));
     for (const cut of [5_000, 20_000, 60_000]) {
       const doc = documentBody(body, cut, conceal);
       expect(doc.encoding).toBe("utf8");
       expect(Buffer.byteLength(doc.data)).toBeLessThanOrEqual(cut);
       for (let k = 4; k <= value.length; k++) expect(doc.data.endsWith(value.slice(0, k)), `${k} characters at ${cut}`).toBe(false);
+    }
+  });
+});
+
+describe("documentBody: strings a body holds that only look like what conceal puts in", () => {
+  // The window mapped past the cut grew by `reach` for every "EGRESSGATE_SECRET_" or
+  // "[REDACTED" in the concealed text, the guest's own included, and was mapped again from
+  // byte 0 each time it doubled: a 32 MiB body of "EGRESSGATE_SECRET_ " held the event loop
+  // for 9 s. Only what the conceal itself took out of the text may grow the window.
+  const value = "S3cr3tValueABCDEFGHIJ0123456789xyz";
+  const store = new SecretStore({ T: { hosts: ["api.test"], value } }, false, (hosts) => hosts as string[]);
+  const placeholder = store.env()["T"]!;
+  /** The store's conceal, counting how often it ran and how many characters it was given. */
+  const counting = (): { conceal: Conceal; passes: () => number; scanned: () => number } => {
+    const inner = concealFor(store);
+    let passes = 0;
+    let scanned = 0;
+    const conceal: Conceal = Object.assign(
+      (text: string, header?: string, tally?: ConcealTally) => {
+        passes++;
+        scanned += text.length;
+        return inner(text, header, tally);
+      },
+      { reach: () => store.reach() },
+    );
+    return { conceal, passes: () => passes, scanned: () => scanned };
+  };
+  const lookAlikes = ["EGRESSGATE_SECRET_ ", `${placeholder} `, "[REDACTED:T] ", "[REDACTED "];
+  const named: [string, string][] = [
+    ["the placeholders' prefix", lookAlikes[0]!],
+    ["the guest's own placeholder", lookAlikes[1]!],
+    ["a redaction marker", lookAlikes[2]!],
+    ["a redaction marker's opening", lookAlikes[3]!],
+  ];
+  const percent = [...value].map((c) => `%${c.charCodeAt(0).toString(16).padStart(2, "0")}`).join("");
+  const copies = [value, Buffer.from(value).toString("base64"), percent];
+
+  it.each(named)("a 2 MiB body that repeats %s is concealed once, over the cut and reach only", (_, fill) => {
+    const { conceal, passes, scanned } = counting();
+    const cut = 64 * 1024;
+    const body = Buffer.alloc(2 * 1024 * 1024, fill);
+    const doc = documentBody(body, cut, conceal);
+    expect(doc).toMatchObject({ encoding: "utf8", size: body.length, truncated: true });
+    expect(doc.data).toBe(body.subarray(0, cut).toString("utf8"));
+    expect(passes()).toBe(1);
+    expect(scanned()).toBe(cut + store.reach());
+  });
+
+  it("values among many look-alikes are still concealed, a copy the cut splits too, and the look-alikes stay as written", () => {
+    const { conceal } = counting();
+    // Before the cut: look-alikes, each followed by a copy of the value in some encoding (and
+    // some prose: packed tighter, the copies make a text too complex to scan, all redacted).
+    const unit = (i: number): string => `${lookAlikes[i % lookAlikes.length]!}${copies[i % copies.length]!}\n${"and some prose. ".repeat(8)}`;
+    let head = "";
+    for (let i = 0; head.length < 24_000; i++) head += unit(i);
+    for (const copy of copies) {
+      for (const kept of [1, 4, Math.floor(copy.length / 2), copy.length - 1]) {
+        const body = Buffer.from(`${head}${copy} ${lookAlikes.join("").repeat(100)}`);
+        const doc = documentBody(body, head.length + kept, conceal);
+        expect(doc.truncated).toBe(true);
+        expect(doc.data).not.toContain(value);
+        for (const c of copies) expect(doc.data).not.toContain(c);
+        for (let k = 4; k <= copy.length; k++) expect(doc.data.endsWith(copy.slice(0, k)), `${k} characters of ${copy}`).toBe(false);
+        expect(doc.data).toContain(`EGRESSGATE_SECRET_ ${placeholder}`);
+        expect(doc.data).toContain(`${placeholder} [REDACTED:T]`);
+        expect(doc.data).toContain("[REDACTED:T] [REDACTED:T]");
+        expect(doc.data).toContain("[REDACTED [REDACTED:T]");
+      }
     }
   });
 });
@@ -223,6 +292,31 @@ describe("SecretStore.placeholdersFor", () => {
     secrets.update("TOKEN", { value: "new-value-22" });
     expect(secrets.placeholdersFor("old s3cret-value-1, new new-value-22")).toBe(`old [REDACTED:TOKEN], new ${placeholder}`);
     expect(secrets.placeholdersFor("nothing here")).toBe("nothing here");
+  });
+
+  it("tallies what its replacements took out of the text, in UTF-8 bytes, and nothing for what the text held already", () => {
+    const secrets = store();
+    const placeholder = secrets.env()["TOKEN"]!;
+    const tallied = (text: string): number => {
+      const tally: ConcealTally = { shortened: 0 };
+      secrets.placeholdersFor(text, undefined, tally);
+      return tally.shortened;
+    };
+    // The value becomes a longer placeholder: nothing is taken out.
+    expect(tallied("a s3cret-value-1 b")).toBe(0);
+    const percent = encodeURIComponent("s3cret-value-1").replaceAll("-", "%2D");
+    expect(tallied(`a ${percent} b ${percent}`)).toBe(2 * (percent.length - "[REDACTED:TOKEN]".length));
+    expect(tallied(`${placeholder} [REDACTED:TOKEN] EGRESSGATE_SECRET_ [REDACTED `.repeat(100))).toBe(0);
+    // Bytes, not characters: a retired value of 20 two-byte characters is redacted to 12.
+    const wide = new SecretStore({ U: { hosts: ["api.test"], value: "ü".repeat(20) } }, false, (hosts) => hosts as string[]);
+    wide.update("U", { value: "new-value-22" });
+    const tally: ConcealTally = { shortened: 0 };
+    expect(wide.placeholdersFor(`a ${"ü".repeat(20)} b`, undefined, tally)).toBe("a [REDACTED:U] b");
+    expect(tally.shortened).toBe(40 - "[REDACTED:U]".length);
+    // Nothing of a text too complex to scan is left to move: it is one marker.
+    const crafted = `${percent} ${craftedText(20_000)}`;
+    expect(secrets.placeholdersFor(crafted)).toBe("[REDACTED:UNSCANNED]");
+    expect(tallied(crafted)).toBe(0);
   });
 });
 
