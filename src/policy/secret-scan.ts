@@ -133,6 +133,14 @@ export type ScanOutcome = "stopped" | "done" | "unscanned";
  * are decoded again, to {@link maxDepth}. A text crafted so that every view holds text still
  * makes 9³ views, so the decoded characters are also bounded by `budget` (by default
  * {@link ScanBudget.forLength} of the text).
+ *
+ * Two paths can decode to the same text: base64 of a query, and base64 of its percent-decoded,
+ * unwrapped copy, are the same bytes when the only `%20` was outside the base64 run (as is a
+ * JSON view's base64 when the only escape was). Depth-first meets it first at the end of the
+ * longer path, where no pass is left; a text met again with more passes left is decoded again
+ * (not searched again), or one `%41` in a URL hid every copy that needs the full three passes.
+ * A text is decoded at most {@link maxDepth} times, each time with more passes left, and the
+ * budget bounds all of it.
  */
 export function eachView(
   text: string,
@@ -140,12 +148,15 @@ export function eachView(
   visit: (view: View) => boolean,
   budget: ScanBudget = ScanBudget.forLength(text.length),
 ): ScanOutcome {
-  const seen = new Set<string>();
+  // For each text met, the most decoding passes that were left below it.
+  const passesLeft = new Map<string, number>();
   const walk = (view: View, depth: number): ScanOutcome => {
-    if (seen.has(view.text)) return "done";
-    seen.add(view.text);
-    if (visit(view)) return "stopped";
-    if (depth >= maxDepth || view.opaque === true) return "done";
+    const left = view.opaque === true ? 0 : maxDepth - depth;
+    const before = passesLeft.get(view.text);
+    if (before !== undefined && before >= left) return "done";
+    passesLeft.set(view.text, left);
+    if (before === undefined && visit(view)) return "stopped";
+    if (left === 0) return "done";
     for (const decoder of decoders) {
       for (const next of decoder.decode(view, context, budget)) {
         const outcome = walk(next, depth + 1);

@@ -73,6 +73,38 @@ describe("the secret scan decodes, then searches", () => {
     expect(match?.via).toEqual(via);
   });
 
+  // A black-box run (fifth session): two decoder paths can make the same text, and depth-first
+  // met it first at the end of the longer one, with no pass left to decode it; met again by the
+  // shorter path it was skipped as seen. So one `%20` in a base64-looking run elsewhere in a URL
+  // (percent, wrapped, base64 makes the same bytes as base64 alone), one `\u0041` in a JSON
+  // document (json, base64) or one `%41` (percent, base64, base64) hid a copy that needs every
+  // pass of the shorter path. Each spelling is tried for a value with a space (which brings in
+  // the `plus` decoder) and for one without.
+  const gapRun = "QUFBQUFBQUFBQUFBQUFBQUFB%20QUFB";
+  const hex = (text: string): string => Buffer.from(text).toString("hex");
+  const inUrl = (copy: string): string => `https://other.test/cb?a=${gapRun}&state=${copy}`;
+  const inJson = (copy: string): string => `{"a":"\\u0041","state":"${copy}"}`;
+  const withPercent = (copy: string): string => `https://other.test/cb?x=%41&state=${copy}`;
+  it.each([
+    ["base64 twice, next to a base64 run with a %20 in it", (v: string) => b64(b64(v)), inUrl],
+    ["hex of base64, next to a base64 run with a %20 in it", (v: string) => hex(b64(v)), inUrl],
+    ["base64 of the percent-encoded value, next to a base64 run with a %20 in it", (v: string) => b64(encodeURIComponent(v)), inUrl],
+    ["hex of the percent-encoded value, next to a base64 run with a %20 in it", (v: string) => hex(encodeURIComponent(v)), inUrl],
+    ["base64 three times, in JSON with a \\u escape elsewhere", (v: string) => b64(b64(b64(v))), inJson],
+    ["base64 of hex of base64, in JSON with a \\u escape elsewhere", (v: string) => b64(hex(b64(v))), inJson],
+    ["base64 twice of the percent-encoded value, with a %41 elsewhere", (v: string) => b64(b64(encodeURIComponent(v))), withPercent],
+  ])("finds and redacts a value spelled as %s, a text that a longer path reaches first", (_what, encode, around) => {
+    for (const value of [VALUE, "S3cr3tValueABCDEFGHIJ0123456789xyz"]) {
+      const needles = new NeedleSet([needle("D", value)]);
+      const copy = encode(value);
+      const text = around(copy);
+      expect(findFirst(text, needles)?.needle.name, value).toBe("D");
+      const redacted = redactText(text, needles);
+      expect(redacted, value).toContain("[REDACTED:D]");
+      expect(redacted, value).not.toContain(copy.slice(8, 40));
+    }
+  });
+
   // A long base64 field (an image or a file in a JSON document) cost a scan about 8 times its
   // length, whatever the value: the `plus` view copied it for its `+` characters, and that copy
   // was decoded again. A value held a space or not, a 60 KB body was at the budget's edge, and
@@ -163,6 +195,16 @@ describe("the scan's budget", () => {
     expect(budget.decoded).toBeLessThanOrEqual(2 * line.length);
     const split = new NeedleSet([needle("S", "hunter2hunter2")]);
     expect(findFirst("/echo?x=hunter2%20hunter2", split)).toBeUndefined();
+  });
+
+  // Decoding a text again when a shorter path reaches it (above) adds passes, at most
+  // maxDepth per text: a text crafted so that many paths meet the same views stays within its budget.
+  it("a text whose views are reached by many paths is scanned within its budget, and a copy in it found", () => {
+    const text = `${"%41".repeat(50)}\\u0041${"QUFBQUFBQUFBQUFBQUFBQUFB%20QUFB&".repeat(200)}${b64(b64(b64(VALUE)))}`;
+    const budget = ScanBudget.forLength(text.length);
+    expect(eachView(text, set.context, () => false, budget)).toBe("done");
+    expect(budget.decoded).toBeLessThanOrEqual(budgetPerChar * text.length);
+    expect(findFirst(text, set)?.via).toEqual(["base64", "base64", "base64"]);
   });
 
   it("a long ordinary path is scanned in full, and a copy in it still redacted", () => {
