@@ -1,4 +1,4 @@
-import { createWriteStream, type WriteStream } from "node:fs";
+import { close as closeFd, constants, open as openFd, stat, writev } from "node:fs";
 
 /** A warning that may repeat per record: the caller rate-limits it by `kind`. */
 export type AuditWarn = (kind: string, msg: string, fields?: Record<string, unknown>) => void;
@@ -18,25 +18,248 @@ export interface AuditLogFileOptions {
 const defaultMaxQueuedBytes = 16 * 1024 * 1024;
 const defaultRetryMs = 1_000;
 
+// O_NONBLOCK: opening a FIFO for writing waits in open() until it has a reader, and a write to
+// one whose reader stopped reading waits for room. Either held a libuv threadpool thread: a
+// logrotate reopen each, until DNS lookups (on the same four threads) timed out, and the process
+// never exited (a request still in the threadpool keeps the event loop alive). Non-blocking, the
+// open fails with ENXIO (a failed write: dropped, counted, tried again after retryMs) and a full
+// pipe answers EAGAIN; on a regular file the flag changes nothing.
+const appendFlags = constants.O_WRONLY | constants.O_APPEND | constants.O_CREAT | (constants.O_NONBLOCK ?? 0);
+/** How often the start looks again for a FIFO's reader. */
+const readerPollMs = 100;
+/** Waits between writes a full pipe refused (EAGAIN): short while it drains, longer while it stays full. */
+const firstFullWaitMs = 1;
+const longestFullWaitMs = 64;
+/** Records per write: Linux's IOV_MAX, so each batch is one write(2) (one O_APPEND append). */
+const maxBatch = 1_024;
+
+/** Errors that mean a FIFO at the path has no reader: none opened it (ENXIO), or it went away (EPIPE). */
+const noReader = new Set(["ENXIO", "EPIPE"]);
+
+interface TargetEvents {
+  readonly opened: (target: AppendTarget) => void;
+  /** `lost`: records that were queued or in flight for it. */
+  readonly failed: (target: AppendTarget, error: NodeJS.ErrnoException, lost: number) => void;
+}
+
 /**
- * The audit log's file: lines appended through a buffered stream (`flags: "a"`), so no write
- * blocks the event loop and lines that arrive while one write is in flight go out together in
- * the next (fs.WriteStream's writev). A failed write never reaches the proxy: it is counted and
- * warned about, and the file is opened again on the next record after `retryMs`. `reopen()` is
- * for logrotate: lines already queued go to the old file, new ones to a new file at the path.
+ * One open of the file and the records waiting for it: a queue written in batches with writev,
+ * one batch in flight at a time, so records that arrive meanwhile go out together in the next.
+ * Never blocks a thread on a FIFO: a full pipe is tried again after a short wait rather than in
+ * a write that waits for room.
+ */
+class AppendTarget {
+  private fd: number | undefined;
+  private readonly queue: Buffer[] = [];
+  private inFlight: Buffer[] | undefined;
+  private fullTimer: NodeJS.Timeout | undefined;
+  private fullWaitMs = firstFullWaitMs;
+  private ending = false;
+  private gone = false;
+  private bytes = 0;
+  private settle!: () => void;
+  /** Settles once its descriptor is closed, or it never had one. */
+  readonly done = new Promise<void>((resolve) => (this.settle = resolve));
+
+  constructor(
+    file: string,
+    private readonly events: TargetEvents,
+    fd?: number,
+  ) {
+    if (fd !== undefined) {
+      this.fd = fd;
+      return;
+    }
+    openFd(file, appendFlags, 0o640, (error, opened) => {
+      if (this.gone) {
+        // Abandoned while it opened (a close() that timed out): nothing is owed to anyone.
+        if (error) this.settle();
+        else closeFd(opened, () => this.settle());
+        return;
+      }
+      if (error) {
+        this.fail(error, 0);
+        return;
+      }
+      this.fd = opened;
+      this.events.opened(this);
+      this.pump();
+    });
+  }
+
+  /** Bytes queued or in flight. */
+  get queuedBytes(): number {
+    return this.bytes;
+  }
+
+  write(line: string): void {
+    const chunk = Buffer.from(line);
+    this.queue.push(chunk);
+    this.bytes += chunk.length;
+    this.pump();
+  }
+
+  /** Writes what is queued, then closes. */
+  end(): void {
+    this.ending = true;
+    this.pump();
+  }
+
+  /** Gives up on what is queued (closing without it): returns the records lost. */
+  abandon(): number {
+    if (this.gone) return 0;
+    const lost = this.queue.length + (this.inFlight?.length ?? 0);
+    this.drop();
+    // A write still in flight (a stalled disk) closes the descriptor when it returns: closed
+    // now, its number could be reused by another file the write would then land in.
+    if (this.inFlight === undefined) this.closeNow();
+    return lost;
+  }
+
+  private pump(): void {
+    if (this.gone || this.fd === undefined || this.inFlight !== undefined || this.fullTimer !== undefined) return;
+    if (this.queue.length === 0) {
+      if (this.ending) {
+        this.gone = true;
+        this.closeNow();
+      }
+      return;
+    }
+    const batch = this.queue.splice(0, maxBatch);
+    this.inFlight = batch;
+    writev(this.fd, batch, (error, written) => {
+      this.inFlight = undefined;
+      if (this.gone) {
+        this.closeNow();
+        return;
+      }
+      if (error?.code === "EAGAIN") {
+        this.queue.unshift(...batch);
+        this.waitForRoom();
+        return;
+      }
+      if (error) {
+        this.fail(error, batch.length);
+        return;
+      }
+      this.bytes -= written;
+      // A FIFO takes what fits: the rest of a record written in part goes first next time.
+      let rest = written;
+      let whole = 0;
+      while (whole < batch.length && rest >= batch[whole]!.length) rest -= batch[whole++]!.length;
+      if (whole < batch.length) {
+        const unwritten = batch.slice(whole);
+        unwritten[0] = unwritten[0]!.subarray(rest);
+        this.queue.unshift(...unwritten);
+        if (written === 0) {
+          this.waitForRoom();
+          return;
+        }
+      }
+      this.fullWaitMs = firstFullWaitMs;
+      this.pump();
+    });
+  }
+
+  /** A full pipe: try again shortly, more slowly while it stays full. Ref'd: a close() waits for it. */
+  private waitForRoom(): void {
+    this.fullTimer = setTimeout(() => {
+      this.fullTimer = undefined;
+      this.pump();
+    }, this.fullWaitMs);
+    this.fullWaitMs = Math.min(this.fullWaitMs * 2, longestFullWaitMs);
+  }
+
+  /** `inFlight`: the records of the write that failed, on top of those queued. */
+  private fail(error: NodeJS.ErrnoException, inFlight: number): void {
+    const lost = inFlight + this.queue.length;
+    this.drop();
+    this.closeNow();
+    this.events.failed(this, error, lost);
+  }
+
+  private drop(): void {
+    this.gone = true;
+    this.queue.length = 0;
+    this.bytes = 0;
+    clearTimeout(this.fullTimer);
+    this.fullTimer = undefined;
+  }
+
+  private closeNow(): void {
+    const fd = this.fd;
+    this.fd = undefined;
+    if (fd === undefined) {
+      this.settle();
+      return;
+    }
+    closeFd(fd, () => this.settle());
+  }
+}
+
+/**
+ * Opens `file` for appending without blocking. A FIFO with no reader yet (ENXIO) is waited for,
+ * looking again every {@link readerPollMs}, with `waiting` called once: the start of a proxy
+ * whose log shipper is not up yet waits for it, as any writer of a FIFO does, without holding a
+ * thread meanwhile.
+ */
+async function openWaitingForReader(file: string, waiting: () => void): Promise<number> {
+  let warned = false;
+  for (;;) {
+    try {
+      return await new Promise<number>((resolve, reject) => openFd(file, appendFlags, 0o640, (error, fd) => (error ? reject(error) : resolve(fd))));
+    } catch (error) {
+      // ENXIO is also what a socket or a device without its driver answers: only a FIFO waits.
+      if ((error as NodeJS.ErrnoException).code !== "ENXIO" || !(await isFifo(file))) throw error;
+      if (!warned) waiting();
+      warned = true;
+      await new Promise((resolve) => setTimeout(resolve, readerPollMs));
+    }
+  }
+}
+
+function isFifo(file: string): Promise<boolean> {
+  return new Promise((resolve) => stat(file, (error, stats) => resolve(error === null && stats.isFIFO())));
+}
+
+/**
+ * The audit log's file: lines appended in batches (one writev of the records that arrived while
+ * the last write was in flight), opened `O_APPEND|O_NONBLOCK`, so no write blocks the event loop
+ * and none holds a threadpool thread on a FIFO. A failed write never reaches the proxy: it is
+ * counted and warned about, and the file is opened again on the next record after `retryMs`.
+ * A FIFO whose reader went away is such a failure (EPIPE, then ENXIO at each open until a reader
+ * comes back). `reopen()` is for logrotate: lines already queued go to the old file, new ones to
+ * a new file at the path.
  */
 export class AuditLogFile {
-  private stream: WriteStream | undefined;
-  /** Streams ending (after a reopen or close): close() waits for them to flush. */
-  private readonly ending = new Map<WriteStream, Promise<void>>();
+  private target: AppendTarget | undefined;
+  /** Targets ending (after a reopen or close): close() waits for them to flush. */
+  private readonly ending = new Set<AppendTarget>();
+  /** reopen()'s callbacks, run once their target is open. */
+  private readonly onOpened = new Map<AppendTarget, () => void>();
   private retryAt = 0;
   private closed = false;
   private droppedCount = 0;
   private readonly maxQueuedBytes: number;
   private readonly retryMs: number;
-  /** One callback for every write, rather than a closure per record: a write that failed is a record lost. */
-  private readonly onWritten = (error: Error | null | undefined): void => {
-    if (error) this.droppedCount += 1;
+  private readonly events: TargetEvents = {
+    opened: (target) => {
+      const opened = this.onOpened.get(target);
+      this.onOpened.delete(target);
+      opened?.();
+    },
+    failed: (target, error, lost) => {
+      this.onOpened.delete(target);
+      this.droppedCount += lost;
+      if (this.target === target) {
+        this.target = undefined;
+        this.retryAt = performance.now() + this.retryMs;
+      }
+      const code = error.code ?? error.message;
+      const fields = { file: this.options.file, error: code, retryMs: this.retryMs };
+      if (noReader.has(code)) this.options.warn("audit:reader", "audit log: the FIFO has no reader; records are dropped until one opens it", fields);
+      else this.options.warn("audit:error", "audit log: a write failed; records are dropped until the file can be written again", fields);
+    },
   };
 
   private constructor(private readonly options: AuditLogFileOptions) {
@@ -47,19 +270,14 @@ export class AuditLogFile {
   /**
    * Opens the file for appending, creating it (mode 0640) when missing. Rejects when it cannot
    * be opened at all (a directory, a missing folder, no permission), so a bad path fails the
-   * start rather than every record.
+   * start rather than every record. A FIFO is waited for until it has a reader.
    */
   static async open(options: AuditLogFileOptions): Promise<AuditLogFile> {
     const log = new AuditLogFile(options);
-    const stream = createWriteStream(options.file, { flags: "a", mode: 0o640 });
-    await new Promise<void>((resolve, reject) => {
-      stream.once("ready", () => {
-        stream.off("error", reject);
-        resolve();
-      });
-      stream.once("error", reject);
-    });
-    log.adopt(stream);
+    const fd = await openWaitingForReader(options.file, () =>
+      options.warn("audit:reader", "audit log: the FIFO has no reader; the start waits for one to open it", { file: options.file }),
+    );
+    log.target = new AppendTarget(options.file, log.events, fd);
     return log;
   }
 
@@ -78,48 +296,52 @@ export class AuditLogFile {
       this.droppedCount += 1;
       return;
     }
-    let stream = this.stream;
-    if (stream === undefined) {
+    let target = this.target;
+    if (target === undefined) {
       if (performance.now() < this.retryAt) {
         this.droppedCount += 1;
         return;
       }
-      stream = this.adopt(this.createStream());
+      target = this.target = new AppendTarget(this.options.file, this.events);
     }
-    if (stream.writableLength >= this.maxQueuedBytes) {
+    if (target.queuedBytes >= this.maxQueuedBytes) {
       this.droppedCount += 1;
-      this.options.warn("audit:queue", "audit log: the disk is not keeping up; records are dropped while the queue is full", {
+      this.options.warn("audit:queue", "audit log: the disk (or the FIFO's reader) is not keeping up; records are dropped while the queue is full", {
         file: this.options.file,
-        queuedBytes: stream.writableLength,
+        queuedBytes: target.queuedBytes,
         dropped: this.droppedCount,
       });
       return;
     }
-    stream.write(line, this.onWritten);
+    target.write(line);
   }
 
   /**
    * For logrotate (SIGUSR1): what is queued goes to the file as it was; new lines go to a new file
-   * at the path. `opened` runs once the new file is open: one that cannot be opened is the write
-   * failure's warning instead (a reopen onto a folder was logged "reopened", then failed).
+   * at the path. `opened` runs once the new file is open: one that cannot be opened (a folder, a
+   * FIFO without a reader) is the write failure's warning instead.
    */
   reopen(opened?: () => void): void {
     if (this.closed) return;
-    const old = this.stream;
+    const old = this.target;
     this.retryAt = 0;
-    const stream = this.adopt(this.createStream());
-    if (opened !== undefined) stream.once("open", opened);
+    const target = (this.target = new AppendTarget(this.options.file, this.events));
+    if (opened !== undefined) this.onOpened.set(target, opened);
     if (old !== undefined) this.finish(old);
   }
 
-  /** Flushes what is queued and closes the file; waits at most `timeoutMs` for a stalled disk. */
+  /**
+   * Flushes what is queued and closes the file; waits at most `timeoutMs` for a stalled disk or a
+   * FIFO's reader that stopped reading, then closes without those records (counted as lost).
+   */
   async close(timeoutMs = 10_000): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    if (this.stream !== undefined) this.finish(this.stream);
-    this.stream = undefined;
+    this.onOpened.clear();
+    if (this.target !== undefined) this.finish(this.target);
+    this.target = undefined;
     let timer: NodeJS.Timeout | undefined;
-    const flushed = Promise.all(this.ending.values()).then(() => true);
+    const flushed = Promise.all([...this.ending].map((target) => target.done)).then(() => true);
     const late = new Promise<boolean>((resolve) => {
       timer = setTimeout(() => resolve(false), timeoutMs);
       timer.unref();
@@ -127,38 +349,16 @@ export class AuditLogFile {
     const inTime = await Promise.race([flushed, late]);
     clearTimeout(timer);
     if (!inTime) {
-      for (const stream of this.ending.keys()) stream.destroy();
+      for (const target of this.ending) this.droppedCount += target.abandon();
       this.options.warn("audit:close", "audit log: the disk did not take the last records in time; closing without them", { file: this.options.file, timeoutMs });
     }
     if (this.droppedCount > 0) this.options.warn("audit:dropped", "audit log: records were lost while it ran", { file: this.options.file, dropped: this.droppedCount });
   }
 
-  private createStream(): WriteStream {
-    return createWriteStream(this.options.file, { flags: "a", mode: 0o640 });
-  }
-
-  private adopt(stream: WriteStream): WriteStream {
-    this.stream = stream;
-    stream.on("error", (error: NodeJS.ErrnoException) => {
-      if (this.stream === stream) {
-        this.stream = undefined;
-        this.retryAt = performance.now() + this.retryMs;
-      }
-      this.options.warn("audit:error", "audit log: a write failed; records are dropped until the file can be written again", {
-        file: this.options.file,
-        error: error.code ?? error.message,
-        retryMs: this.retryMs,
-      });
-    });
-    return stream;
-  }
-
-  /** Ends a stream; its queued lines are written first. Settles when it has closed, failed or not. */
-  private finish(stream: WriteStream): void {
-    if (stream.closed) return;
-    const done = new Promise<void>((resolve) => stream.once("close", resolve));
-    this.ending.set(stream, done);
-    void done.then(() => this.ending.delete(stream));
-    if (!stream.destroyed) stream.end();
+  /** Ends a target; its queued lines are written first. */
+  private finish(target: AppendTarget): void {
+    this.ending.add(target);
+    void target.done.then(() => this.ending.delete(target));
+    target.end();
   }
 }

@@ -1,4 +1,4 @@
-import { spawn } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { subscribe, unsubscribe } from "node:diagnostics_channel";
 import { request as httpRequest } from "node:http";
 import { mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
@@ -14,6 +14,7 @@ import { testCa } from "../helpers/test-ca.js";
 import { openRaw, openTlsTunnel } from "../helpers/raw.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { startUpstream, type Route } from "../helpers/upstream.js";
+import { eventually, FifoReader, makeFifo, within } from "../helpers/fifo.js";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 
@@ -558,6 +559,41 @@ describe("close() and the requests its drain's end cuts", () => {
   }
 });
 
+/** The CLI under tsx, with its output kept; killed when the test finishes if it still runs. */
+function startCli(args: readonly string[]): {
+  child: ChildProcess;
+  out: () => string;
+  err: () => string;
+  until: (check: () => boolean, what: string) => Promise<void>;
+  exited: Promise<number | null>;
+} {
+  const child = spawn(process.execPath, ["--import", "tsx", "src/cli/bin.ts", ...args], {
+    cwd: root,
+    env: { ...process.env, HTTPS_PROXY: "", HTTP_PROXY: "", https_proxy: "", http_proxy: "" },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let out = "";
+  let err = "";
+  const waiters: Array<() => void> = [];
+  const wake = (): void => waiters.splice(0).forEach((w) => w());
+  child.stdout.setEncoding("utf8").on("data", (chunk: string) => ((out += chunk), wake()));
+  child.stderr.setEncoding("utf8").on("data", (chunk: string) => ((err += chunk), wake()));
+  const exited = new Promise<number | null>((resolve) => child.once("close", (code) => (wake(), resolve(code))));
+  onTestFinished(async () => {
+    if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+    await exited;
+  });
+  const until = async (check: () => boolean, what: string): Promise<void> => {
+    while (!check()) {
+      if (child.exitCode !== null) throw new Error(`egressgate exited while waiting for ${what}\n${err}`);
+      await new Promise<void>((resolve) => waiters.push(resolve));
+    }
+  };
+  return { child, out: () => out, err: () => err, until, exited };
+}
+
+const listeningLine = /listening on (http:\/\/127\.0\.0\.1:\d+)/;
+
 describe("--audit-log", () => {
   it("the CLI appends records to the file, and SIGUSR1 after a rename sends new lines to a fresh file at the path", async () => {
     const upstream = await startUpstream();
@@ -566,31 +602,12 @@ describe("--audit-log", () => {
     const caFile = join(dir, "upstream-ca.pem");
     writeFileSync(caFile, (await testCa()).certPem);
     const caDir = join(dir, "ca");
-    const child = spawn(
-      process.execPath,
-      ["--import", "tsx", "src/cli/bin.ts", "--listen", "127.0.0.1:0", "--ca-dir", caDir, "--upstream-ca", caFile, "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--audit-log", file, "--log-level", "info"],
-      { cwd: root, env: { ...process.env, HTTPS_PROXY: "", HTTP_PROXY: "", https_proxy: "", http_proxy: "" }, stdio: ["ignore", "pipe", "pipe"] },
-    );
-    let out = "";
-    let err = "";
-    const waiters: Array<() => void> = [];
-    const wake = (): void => waiters.splice(0).forEach((w) => w());
-    child.stdout.setEncoding("utf8").on("data", (chunk: string) => ((out += chunk), wake()));
-    child.stderr.setEncoding("utf8").on("data", (chunk: string) => ((err += chunk), wake()));
-    const exited = new Promise<number | null>((resolve) => child.once("close", (code) => (wake(), resolve(code))));
-    onTestFinished(async () => {
-      if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
-      await exited;
-    });
-    const until = async (check: () => boolean, what: string): Promise<void> => {
-      while (!check()) {
-        if (child.exitCode !== null) throw new Error(`egressgate exited while waiting for ${what}\n${err}`);
-        await new Promise<void>((resolve) => waiters.push(resolve));
-      }
-    };
-    const count = (pattern: RegExp): number => err.split("\n").filter((line) => pattern.test(line)).length;
-    await until(() => /listening on (http:\/\/127\.0\.0\.1:\d+)/.test(out), "the listening line");
-    const url = /listening on (http:\/\/127\.0\.0\.1:\d+)/.exec(out)![1]!;
+    const { child, out, err, until, exited } = startCli([
+      "--listen", "127.0.0.1:0", "--ca-dir", caDir, "--upstream-ca", caFile, "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--audit-log", file, "--log-level", "info",
+    ]);
+    const count = (pattern: RegExp): number => err().split("\n").filter((line) => pattern.test(line)).length;
+    await until(() => listeningLine.test(out()), "the listening line");
+    const url = listeningLine.exec(out())![1]!;
     const via = { url, caCertPem: readFileSync(join(caDir, "ca.crt"), "utf8") } as TestProxy;
     const base = `https://api.test:${upstream.port}`;
     expect((await fetchVia(via, `${base}/echo?first`)).status).toBe(200);
@@ -605,5 +622,115 @@ describe("--audit-log", () => {
     expect(await exited).toBe(0);
     expect(lines(`${file}.1`)).toMatchObject([{ method: "GET", url: `${base}/echo`, status: 200 }]);
     expect(lines(file)).toMatchObject([{ method: "GET", url: `${base}/echo`, status: 200 }]);
+  });
+});
+
+// The README calls a FIFO a valid target (a log shipper's). Opened with a blocking open(), the
+// retry after the shipper went away, and each logrotate SIGUSR1 after it, held a libuv threadpool
+// thread in open(); after four, every lookup through the system resolver (on those threads) got
+// 504 "DNS lookup … took longer than 5000 ms", and SIGTERM never ended the process (black-box
+// finding). A blocking write to a shipper that stopped reading held the exit the same way.
+describe("--audit-log on a FIFO", { timeout: 60_000 }, () => {
+  const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+  const drainMs = 2_000;
+  const ok: Route = (_req, res) => void res.end("ok\n");
+
+  /** The CLI writing its audit log to a FIFO that a FifoReader of this test reads. */
+  async function auditedByFifo(): Promise<{
+    fifo: string;
+    reader: FifoReader;
+    cli: ReturnType<typeof startCli>;
+    via: TestProxy;
+    base: string;
+    upstreamPort: number;
+  }> {
+    const upstream = await startUpstream({ tls: false, routes: { "/one": ok, "/two": ok, "/three": ok, "/four": ok, "/five": ok, "/back": ok } });
+    const dir = tempDir();
+    const fifo = makeFifo();
+    // The shipper first, as the README says: the start waits for a reader.
+    const reader = new FifoReader(fifo);
+    const config = join(dir, "egressgate.json");
+    // localhost is left to the system resolver (its hosts file): the lookup runs on the threadpool.
+    writeFileSync(config, JSON.stringify({ caDir: join(dir, "ca"), allowInternalHosts: ["api.test", "localhost"], resolve: { "api.test": ["127.0.0.1"] }, auditLog: fifo, timeouts: { drainMs } }));
+    const cli = startCli(["--listen", "127.0.0.1:0", "--config", config, "--log-level", "info"]);
+    await cli.until(() => listeningLine.test(cli.out()), "the listening line");
+    const via = { port: Number(new URL(listeningLine.exec(cli.out())![1]!).port) } as TestProxy;
+    return { fifo, reader, cli, via, base: `http://api.test:${upstream.port}`, upstreamPort: upstream.port };
+  }
+
+  /** The shipper goes away; the next record fails, one more after the retry delay reopens, and four SIGUSR1 reopen again. */
+  async function shipperGone(setup: Awaited<ReturnType<typeof auditedByFifo>>): Promise<void> {
+    const { reader, cli, via, base } = setup;
+    expect(await plainVia(via, `${base}/one`)).toBe(200);
+    await eventually(() => reader.records().length === 1, "the first record at the shipper");
+    reader.close();
+    expect(await plainVia(via, `${base}/two`)).toBe(200);
+    // Past the retry delay (1 s): this record opens the FIFO again.
+    await sleep(1_100);
+    expect(await plainVia(via, `${base}/three`)).toBe(200);
+    // Apart: signals sent together merge into one.
+    for (let i = 0; i < 4; i++) {
+      cli.child.kill("SIGUSR1");
+      await sleep(200);
+    }
+  }
+
+  it("whose reader went away: the proxy keeps answering through logrotate reopens, and a reader that comes back gets the records made after it came", async () => {
+    const setup = await auditedByFifo();
+    const { fifo, cli, via, base, upstreamPort } = setup;
+    await shipperGone(setup);
+    expect(await within(plainVia(via, `${base}/four`), "a request to a name from resolve")).toBe(200);
+    // Through the system resolver: it waited for a threadpool thread, and got 504 after 5 s.
+    expect(await within(plainVia(via, `http://localhost:${upstreamPort}/five`), "a request to localhost", 4_500)).toBe(200);
+    expect(cli.err()).toContain('"msg":"audit log: the FIFO has no reader; records are dropped until one opens it"');
+    expect(cli.err()).toContain('"error":"EPIPE"');
+    // Every record so far is made (its decision line follows the append) and dropped before the reader comes back.
+    await cli.until(() => cli.err().split("\n").filter((line) => line.includes('"msg":"request"')).length === 5, "the fifth decision line");
+    await sleep(300);
+    const back = new FifoReader(fifo);
+    // The first record a second after the last failed open opens the FIFO again.
+    for (let tries = 0; back.records().length === 0; tries++) {
+      if (tries === 25) throw new Error("no record reached the reader that came back in 5 s");
+      expect(await plainVia(via, `${base}/back`)).toBe(200);
+      await sleep(200);
+    }
+    const urls = back.records<AuditRecord>().map((record) => record.url);
+    expect(urls.length).toBeGreaterThan(0);
+    expect(new Set(urls)).toEqual(new Set([`${base}/back`]));
+    cli.child.kill("SIGTERM");
+    expect(await within(cli.exited, "the exit after SIGTERM", drainMs + 3_000)).toBe(0);
+  });
+
+  it("whose reader went away: SIGTERM ends the process without waiting out drainMs, counting the records lost", async () => {
+    const setup = await auditedByFifo();
+    const { cli } = setup;
+    await shipperGone(setup);
+    cli.child.kill("SIGTERM");
+    // It stayed up for good: each reopen's open() was still waiting for a reader.
+    expect(await within(cli.exited, "the exit after SIGTERM", drainMs + 3_000)).toBe(0);
+    // Nothing waited for drainMs: no record was left to hand over.
+    expect(cli.err()).not.toContain("closing without them");
+    const lost = cli.err().split("\n").filter((line) => line.includes('"msg":"audit log: records were lost while it ran"'));
+    expect(lost).toHaveLength(1);
+    expect((JSON.parse(lost[0]!) as { dropped: number }).dropped).toBe(2);
+  });
+
+  it("whose reader stopped reading: SIGTERM ends the process within drainMs, counting each record not handed over", async () => {
+    const { reader, cli, via, base } = await auditedByFifo();
+    // Over 1 KiB a record (the URL is cut at 1024 characters), 150 KiB in all: more than the
+    // pipe's 64 KiB, which the reader never empties.
+    const requests = 120;
+    for (let i = 0; i < requests; i++) expect(await plainVia(via, `${base}/${"x".repeat(1_100)}${i}`)).toBe(404);
+    await cli.until(() => cli.err().split("\n").filter((line) => line.includes('"msg":"request"')).length === requests, "every decision line");
+    const started = performance.now();
+    cli.child.kill("SIGTERM");
+    // A write waiting for room in the pipe held the exit for good.
+    expect(await within(cli.exited, "the exit after SIGTERM", drainMs + 3_000)).toBe(0);
+    expect(performance.now() - started).toBeGreaterThan(drainMs - 500);
+    expect(cli.err()).toContain('"msg":"audit log: the disk did not take the last records in time; closing without them"');
+    const lost = cli.err().split("\n").find((line) => line.includes('"msg":"audit log: records were lost while it ran"'));
+    const handedOver = reader.read().split("\n").length - 1;
+    expect(handedOver).toBeGreaterThan(0);
+    expect((JSON.parse(lost!) as { dropped: number }).dropped).toBe(requests - handedOver);
   });
 });

@@ -1,10 +1,13 @@
 import { readFileSync } from "node:fs";
+import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import { describe, expect, it } from "vitest";
+import { fileURLToPath } from "node:url";
+import { describe, expect, it, onTestFinished } from "vitest";
 import { AuditLogFile } from "../../src/metrics/audit-log.js";
 import { createAuditSink } from "../../src/metrics/audit-sink.js";
 import { buildAuditRecord, type AuditRecord } from "../../src/metrics/audit-record.js";
 import { tempDir } from "../helpers/proxy.js";
+import { eventually, FifoReader, makeFifo, within } from "../helpers/fifo.js";
 
 function warnings(): { list: Array<{ kind: string; msg: string; fields?: Record<string, unknown> }>; warn: (kind: string, msg: string, fields?: Record<string, unknown>) => void } {
   const list: Array<{ kind: string; msg: string; fields?: Record<string, unknown> }> = [];
@@ -43,6 +46,97 @@ describe("AuditLogFile", () => {
     log.append("three\n");
     await log.close();
     expect(log.dropped).toBe(3);
+  });
+});
+
+// A log shipper's FIFO: the file was opened with a blocking open(), so once the reader went away,
+// each reopen (the retry after a failed write, every logrotate SIGUSR1) held a libuv threadpool
+// thread in open() until a reader came; after four, every DNS lookup and file operation of the
+// process waited, and it never exited (black-box finding).
+describe("AuditLogFile on a FIFO", () => {
+  const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+  const ofKind = (warned: ReturnType<typeof warnings>, kind: string): Array<Record<string, unknown> | undefined> =>
+    warned.list.filter((w) => w.kind === kind).map((w) => w.fields);
+  /** Failed writes and opens, whatever their warning says. */
+  const failures = (warned: ReturnType<typeof warnings>): number => warned.list.filter((w) => w.kind === "audit:reader" || w.kind === "audit:error").length;
+  /** Opened as the proxy opens it, and closed (briefly) if a test fails half-way. */
+  const openLog = async (file: string, warn: ReturnType<typeof warnings>["warn"], retryMs: number): Promise<AuditLogFile> => {
+    const log = await AuditLogFile.open({ file, warn, retryMs });
+    onTestFinished(() => log.close(100));
+    return log;
+  };
+
+  it("whose reader went away holds no threadpool thread: each reopen fails at once, the records meanwhile are dropped and counted, and close() does not wait out its bound", async () => {
+    const fifo = makeFifo();
+    const reader = new FifoReader(fifo);
+    const warned = warnings();
+    const log = await openLog(fifo, warned.warn, 60_000);
+    log.append("one\n");
+    await eventually(() => reader.read() === "one\n", "the first record at the reader");
+    reader.close();
+    log.append("two\n");
+    await eventually(() => failures(warned) === 1, "the warning of the failed write");
+    let opened = 0;
+    // More than the threadpool's four threads: each used to stay in open() for good.
+    for (let i = 0; i < 6; i++) log.reopen(() => (opened += 1));
+    // The threadpool is free: a file read (on it) goes through.
+    expect(await within(readFile(fileURLToPath(import.meta.url), "utf8"), "a file read after six reopens")).toContain("AuditLogFile on a FIFO");
+    await eventually(() => failures(warned) === 7, "a warning for each reopen");
+    expect(ofKind(warned, "audit:reader")[0]).toMatchObject({ file: fifo, error: "EPIPE" });
+    expect(ofKind(warned, "audit:reader").slice(1)).toEqual(Array.from({ length: 6 }, () => ({ file: fifo, error: "ENXIO", retryMs: 60_000 })));
+    log.append("three\n");
+    expect(opened).toBe(0);
+    expect(log.dropped).toBe(2);
+    const started = performance.now();
+    await log.close(10_000);
+    expect(performance.now() - started).toBeLessThan(1_000);
+    expect(ofKind(warned, "audit:close")).toEqual([]);
+    expect(ofKind(warned, "audit:dropped")).toEqual([{ file: fifo, dropped: 2 }]);
+  });
+
+  it("a reader that comes back gets the records made after it came, none of those made while no reader had it", async () => {
+    const fifo = makeFifo();
+    const first = new FifoReader(fifo);
+    const warned = warnings();
+    const log = await openLog(fifo, warned.warn, 50);
+    log.append("one\n");
+    await eventually(() => first.read() === "one\n", "the first record at the reader");
+    first.close();
+    log.append("two\n");
+    await eventually(() => failures(warned) === 1, "the warning of the failed write");
+    await sleep(60);
+    // Past retryMs: this record opens the FIFO again, which has no reader. It failed at once;
+    // it waited in open() instead, and the record went to the next reader.
+    log.append("three\n");
+    await eventually(() => failures(warned) === 2, "the open without a reader to fail");
+    expect(ofKind(warned, "audit:reader")).toMatchObject([{ error: "EPIPE" }, { error: "ENXIO" }]);
+    const second = new FifoReader(fifo);
+    await sleep(60);
+    log.append("four\n");
+    await eventually(() => second.read() !== "", "a record at the reader that came back");
+    await log.close();
+    expect(second.read()).toBe("four\n");
+    expect(log.dropped).toBe(2);
+  });
+
+  it("whose reader stopped reading: close() gives up within its bound and counts each record it did not hand over", async () => {
+    const fifo = makeFifo();
+    // Open, never read: a shipper that hangs. The pipe holds 64 KiB; the records are 400 KiB.
+    const reader = new FifoReader(fifo);
+    const warned = warnings();
+    const log = await openLog(fifo, warned.warn, 60_000);
+    const record = `${"x".repeat(1_023)}\n`;
+    for (let i = 0; i < 400; i++) log.append(record);
+    await sleep(100);
+    const started = performance.now();
+    await log.close(300);
+    expect(performance.now() - started).toBeLessThan(1_000);
+    const handedOver = reader.read().split("\n").length - 1;
+    expect(handedOver).toBeGreaterThan(0);
+    expect(handedOver).toBeLessThan(400);
+    expect(log.dropped).toBe(400 - handedOver);
+    expect(ofKind(warned, "audit:close")).toEqual([{ file: fifo, timeoutMs: 300 }]);
+    expect(ofKind(warned, "audit:dropped")).toEqual([{ file: fifo, dropped: 400 - handedOver }]);
   });
 });
 
