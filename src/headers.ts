@@ -49,6 +49,19 @@ export function endToEndHeaders(raw: readonly string[], drop: ReadonlySet<string
 
 const emptySet: ReadonlySet<string> = new Set();
 
+/**
+ * Whether a request's headers hold `Expect`. The proxy answers a guest's Expect itself (its 100
+ * Continue) and never sends one upstream; undici refuses to (UND_ERR_NOT_SUPPORTED). One a hook
+ * or a decider set reached undici, and the guest got 502 `EG_UPSTREAM` blaming the upstream.
+ */
+export function hasExpect(list: readonly string[]): boolean {
+  for (let i = 0; i < list.length; i += 2) if (list[i]!.toLowerCase() === "expect") return true;
+  return false;
+}
+
+/** Why a hook's request may not carry `Expect`, after what names it. */
+export const expectRefused = 'has an "expect" header, which the proxy answers itself and never sends upstream';
+
 function isTrailersOnly(value: string): boolean {
   return value.trim().toLowerCase() === "trailers";
 }

@@ -32,6 +32,11 @@ export function reasonText(text: string): string {
 
 /** Headers a rewrite may not touch: the destination and the framing are the proxy's. */
 const untouchable = new Set(["host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer", "keep-alive", "proxy-connection", "proxy-authorization"]);
+/**
+ * Nor `Expect`: the proxy answers the guest's itself and never sends one upstream (undici refuses
+ * to). Set by a rewrite, it reached undici, and the guest got 502 `EG_UPSTREAM` blaming the upstream.
+ */
+const proxyAnswersExpect = "expect";
 
 function blockStatus(value: unknown): number {
   if (value === undefined) return 403;
@@ -82,7 +87,9 @@ function checkName(name: string, where: string): void {
   } catch {
     throw new MalformedAnswer(`${where} names an invalid header ${JSON.stringify(name)}`);
   }
-  if (untouchable.has(name.toLowerCase())) throw new MalformedAnswer(`${where} may not change ${name.toLowerCase()}: the destination and the framing are the proxy's`);
+  const lower = name.toLowerCase();
+  if (untouchable.has(lower)) throw new MalformedAnswer(`${where} may not change ${lower}: the destination and the framing are the proxy's`);
+  if (lower === proxyAnswersExpect) throw new MalformedAnswer(`${where} may not change expect: the proxy answers Expect itself and never sends it upstream`);
 }
 
 /** The answer object of a command or a webhook. */

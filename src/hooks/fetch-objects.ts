@@ -1,8 +1,9 @@
 import { Readable } from "node:stream";
 import type { ReadableStream as NodeReadableStream } from "node:stream/web";
 import { EgressError, badRequest, quoteShort } from "../errors.js";
-import { endToEndHeaders, httpToken, type HeaderList } from "../headers.js";
+import { endToEndHeaders, expectRefused, hasExpect, httpToken, type HeaderList } from "../headers.js";
 import { discardBody } from "../streams.js";
+import { markMadeBody } from "./made-bodies.js";
 
 /**
  * Conversions between the proxy's own request/response shapes and the WHATWG `Request` and
@@ -56,6 +57,16 @@ export function fromHeaders(headers: Headers, subject: string): HeaderList {
   }
   for (const cookie of headers.getSetCookie()) list.push("set-cookie", checkedValue("set-cookie", cookie, subject));
   return endToEndHeaders(list, dropFromHooks);
+}
+
+/**
+ * The headers of a Request a hook hands back to be sent (its onRequest's, or one it passes to
+ * next()), as {@link fromHeaders}; one with `Expect` is the hook's failure, 502 `EG_HOOK_FAILED`.
+ */
+export function fromRequestHeaders(headers: Headers, subject: string): HeaderList {
+  const list = fromHeaders(headers, subject);
+  if (hasExpect(list)) throw new EgressError("EG_HOOK_FAILED", 502, `${subject} ${expectRefused}`);
+  return list;
 }
 
 /** What Node's http writer refuses in a field value (its checkInvalidHeaderChar): HTAB, visible ASCII, obs-text only. */
@@ -195,7 +206,7 @@ export async function readHookBody(
  * is cut. A guest that reads slowly starts no timer: only a pending read does.
  */
 export function hookResponseBody(body: ReadableStream<Uint8Array>, silenceMs: number | undefined, subject: string): Readable {
-  if (silenceMs === undefined) return nodeBody(body);
+  if (silenceMs === undefined) return markMadeBody(nodeBody(body), subject, silenceMs);
   const reader = body.getReader();
   let timer: NodeJS.Timeout | undefined;
   const node = new Readable({
@@ -238,5 +249,5 @@ export function hookResponseBody(body: ReadableStream<Uint8Array>, silenceMs: nu
   };
   // As nodeBody: a body can fail before anyone reads it.
   node.on("error", () => undefined);
-  return node;
+  return markMadeBody(node, subject, silenceMs);
 }

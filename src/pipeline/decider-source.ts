@@ -3,11 +3,12 @@ import { discardBody } from "../streams.js";
 import type { PhaseName } from "../djs/protocol.js";
 import { EgressError } from "../errors.js";
 import { contentCodingList, withoutHeaders, type HeaderList } from "../headers.js";
-import { BodyLimitError, BodyTap, contentCodings, readBounded } from "../hooks/body-tap.js";
+import { BodyLimitError, BodyTap, contentCodings, readBounded, type ReadDeadline } from "../hooks/body-tap.js";
 import type { Logger } from "../log.js";
 import { allow } from "../policy/decision.js";
 import { blockError, type DecideContext, type Decider } from "../deciders/decider.js";
 import { documentBody, headerObject, requestPart, type Conceal, type DecisionDocument } from "../deciders/document.js";
+import { bodyDeadline, madeBodyFailure } from "./body-reads.js";
 import type { OutboundRequest } from "./exchange.js";
 import { encodedBodyHeaders, withExactLength, type HookedResponse, type HookLimits } from "./hook-phases.js";
 import type { HookedOnResponse, HookSource, SourceCall } from "./hook-source.js";
@@ -58,7 +59,8 @@ async function decideRequest(
   let outgoing = request;
   const part = requestPart(request.method, request.url, request.headers, conceal);
   if (includeBody && request.body !== null) {
-    const bytes = request.body instanceof Uint8Array ? request.body : await loadRequestBody(request.body, tap, limits.requestBodyBytes);
+    const bytes =
+      request.body instanceof Uint8Array ? request.body : await loadRequestBody(request.body, tap, limits.requestBodyBytes, bodyDeadline(decider.label, "request", limits.hookMs, null));
     // Read whole, the body goes on as bytes with its exact length (as when a policy reads it).
     if (!(request.body instanceof Uint8Array)) outgoing = withFields(request, { headers: withExactLength(request.headers, bytes.byteLength), body: bytes });
     part.body = documentBody(bytes, maxBodyBytes, conceal);
@@ -74,13 +76,15 @@ async function decideRequest(
   return { request: withFields(outgoing, { headers }) };
 }
 
-async function loadRequestBody(body: Readable, tap: BodyTap | undefined, limit: number): Promise<Uint8Array> {
+async function loadRequestBody(body: Readable, tap: BodyTap | undefined, limit: number, deadline: ReadDeadline): Promise<Uint8Array> {
   try {
-    return await readBounded(tap !== undefined ? tap.web : body, limit);
+    return await readBounded(tap !== undefined ? tap.web : body, limit, deadline);
   } catch (error) {
     if (error instanceof BodyLimitError || tap?.limitHit === true) {
       throw new EgressError("EG_TOO_LARGE", 413, `the request body is larger than maxHttpBodyBytes (${limit}) for a decider to read`);
     }
+    // The deadline's: the guest sent a byte now and then, never enough to end its body.
+    if (error instanceof EgressError) throw error;
     throw new EgressError("EG_BAD_REQUEST", 400, `the request body could not be read for a decider: ${(error as Error).message}`);
   } finally {
     tap?.endHookPhase();
@@ -121,12 +125,18 @@ async function decideResponse(
       const tap = new BodyTap(upstream.body, { limit: limits.responseBodyBytes, record: true, ...(codings !== undefined ? { encodings: codings } : {}) });
       let bytes: Uint8Array;
       try {
-        bytes = await readBounded(tap.web, limits.responseBodyBytes);
+        bytes = await readBounded(tap.web, limits.responseBodyBytes, bodyDeadline(decider.label, "response", limits.hookMs, upstream.body));
       } catch (error) {
         if (error instanceof BodyLimitError || tap.limitHit) {
           throw new EgressError("EG_UPSTREAM", 502, `the response body is larger than maxHttpResponseBodyBytes (${limits.responseBodyBytes}) for a decider to read`);
         }
-        throw new EgressError("EG_UPSTREAM", 502, `the upstream response body failed while a decider read it: ${(error as Error).message}`);
+        // The deadline's (a body trickling in, never silent for long): nothing failed under the read.
+        if (tap.failure === undefined && error instanceof EgressError) throw error;
+        const failure = tap.failure ?? error;
+        throw (
+          madeBodyFailure(upstream.body, failure, decider.label) ??
+          new EgressError("EG_UPSTREAM", 502, `the upstream response body failed while a decider read it: ${(failure as Error).message}`)
+        );
       }
       tap.endHookPhase();
       // The guest gets the original bytes, still compressed.

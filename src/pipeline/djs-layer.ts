@@ -4,7 +4,7 @@ import { httpToken, withoutHeaders, type HeaderList } from "../headers.js";
 import { BodyLimitError, readBounded, type BodyTap } from "../hooks/body-tap.js";
 import type { CallMessage, EffectRejection, JournalEntry, NeededBody, Outcome } from "../djs/protocol.js";
 import { discardBody } from "../streams.js";
-import { bytesBody, call, failure, joinHeaders, newSeed, policyBodyCap, policyHeaders, policyResponse, type DjsRun } from "./djs-phases.js";
+import { bytesBody, call, failure, joinHeaders, newSeed, policyBodyCap, policyRequestHeaders, policyResponse, type DjsRun } from "./djs-phases.js";
 import type { OutboundRequest } from "./exchange.js";
 import { contentLengthHeaders, withExactLength, type HookedResponse, type HookLimits } from "./hook-phases.js";
 import type { LayerNext } from "./hook-source.js";
@@ -139,7 +139,7 @@ export async function djsHandle(run: DjsRun, request: OutboundRequest, tap: Body
     }
     url.hash = "";
     if (!httpToken.test(effect.method)) throw new EgressError("EG_HOOK_FAILED", 502, "handle policy passed next() a Request with an invalid method");
-    const headers = policyHeaders(effect.headers, "handle");
+    const headers = policyRequestHeaders(effect.headers, "handle", "the Request the handle policy passed to next()");
     const ref = effect.body;
     const sized = (body: Uint8Array): OutboundRequest => ({ method: effect.method, url, headers: withExactLength(headers, body.byteLength), body });
     if (ref === null) return { method: effect.method, url, headers: withoutHeaders(headers, contentLengthHeaders), body: null };

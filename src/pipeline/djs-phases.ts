@@ -2,7 +2,7 @@ import { discardBody } from "../streams.js";
 import { Readable } from "node:stream";
 import { validateHeaderName, validateHeaderValue } from "node:http";
 import { EgressError, badRequest, type HookFailureKind } from "../errors.js";
-import { endToEndHeaders, httpToken, withoutHeaders, type HeaderList } from "../headers.js";
+import { endToEndHeaders, expectRefused, hasExpect, httpToken, withoutHeaders, type HeaderList } from "../headers.js";
 import { BodyLimitError, BodyTap, contentCodings, readBounded } from "../hooks/body-tap.js";
 import { hookFailure } from "../hooks/run-hook.js";
 import { busyLimit, type DjsEngine } from "../djs/engine.js";
@@ -10,6 +10,7 @@ import type { BodyRef, CallMessage, CallReply, Outcome, PhaseName } from "../djs
 import type { Logger } from "../log.js";
 import { NeedleSet, redactText, unscannedMarker } from "../policy/secret-scan.js";
 import type { SecretStore } from "../policy/secrets.js";
+import { bodyDeadline, madeBodyFailure } from "./body-reads.js";
 import type { OutboundRequest } from "./exchange.js";
 import { contentLengthHeaders, encodedBodyHeaders, withExactLength, withFramingOf, type HookedResponse, type HookLimits, type OnRequestOutcome } from "./hook-phases.js";
 import { withFields } from "../objects.js";
@@ -190,6 +191,13 @@ export function policyHeaders(list: readonly string[], phase: PhaseName): Header
   return endToEndHeaders([...list], new Set(["host"]));
 }
 
+/** The headers of a request the policy hands back to be sent, as {@link policyHeaders}; `Expect` is refused. */
+export function policyRequestHeaders(list: readonly string[], phase: PhaseName, subject: string): HeaderList {
+  const headers = policyHeaders(list, phase);
+  if (hasExpect(headers)) throw new EgressError("EG_HOOK_FAILED", 502, `${subject} ${expectRefused}`);
+  return headers;
+}
+
 /**
  * The most a policy may read of a body: the proxy's hook body limit, and no more than a quarter
  * of the policy's heap, which must also hold the text decoded from it and whatever the policy
@@ -238,10 +246,14 @@ export async function djsOnRequest(
       }
       try {
         loaded =
-          request.body instanceof Uint8Array ? request.body : await readBounded(tap !== undefined ? tap.web : request.body, cap);
+          request.body instanceof Uint8Array
+            ? request.body
+            : await readBounded(tap !== undefined ? tap.web : request.body, cap, bodyDeadline("the onRequest policy", "request", limits.hookMs, null));
         if (loaded.byteLength > cap) throw new BodyLimitError(cap);
       } catch (error) {
         if (error instanceof BodyLimitError || tap?.limitHit === true) throw tooLarge();
+        // The deadline's: the guest sent a byte now and then, never enough to end its body.
+        if (error instanceof EgressError) throw error;
         throw new EgressError("EG_BAD_REQUEST", 400, `the request body could not be read for the policy: ${(error as Error).message}`);
       } finally {
         tap?.endHookPhase();
@@ -261,7 +273,10 @@ export async function djsOnRequest(
     }
     if (outcome.t === "continue") {
       if (outcome.consumed === true) throw badRequest("onRequest read the request body and then forwarded it; read request.clone() instead");
-      const headers = outcome.headers === null || outcome.headers === undefined ? request.headers : policyHeaders(outcome.headers, "onRequest");
+      const headers =
+        outcome.headers === null || outcome.headers === undefined
+          ? request.headers
+          : policyRequestHeaders(outcome.headers, "onRequest", "the request as the onRequest policy left it");
       return { request: withFields(request, { headers: originalHeaders(headers), body: original() }) };
     }
     if (outcome.t === "request") {
@@ -276,7 +291,7 @@ export async function djsOnRequest(
       }
       url.hash = "";
       if (!httpToken.test(outcome.method)) throw new EgressError("EG_HOOK_FAILED", 502, "onRequest policy returned an invalid method");
-      let headers = policyHeaders(outcome.headers, "onRequest");
+      let headers = policyRequestHeaders(outcome.headers, "onRequest", "the Request the onRequest policy returned");
       const body = requestBodyOf(outcome.body, bytes, original, "onRequest");
       if (body instanceof Uint8Array) headers = withExactLength(headers, body.byteLength);
       else if (body === null) headers = withoutHeaders(headers, contentLengthHeaders);
@@ -361,11 +376,17 @@ export async function djsOnResponse(
     if (outcome.t === "need" && attempt === 0 && upstream.body !== null && outcome.which.every((w) => w === "response")) {
       tap = new BodyTap(upstream.body, { limit: limits.responseBodyBytes, record: true, ...(codings !== undefined ? { encodings: codings } : {}) });
       try {
-        loaded = await readBounded(tap.web, cap);
+        loaded = await readBounded(tap.web, cap, bodyDeadline("the onResponse policy", "response", limits.hookMs, upstream.body));
       } catch (error) {
         if (error instanceof BodyLimitError || tap.limitHit) throw tooLarge();
         discard();
-        throw new EgressError("EG_UPSTREAM", 502, `the upstream response body failed while the policy read it: ${(error as Error).message}`);
+        // The deadline's (a body trickling in, never silent for long): nothing failed under the read.
+        if (tap.failure === undefined && error instanceof EgressError) throw error;
+        const failure = tap.failure ?? error;
+        throw (
+          madeBodyFailure(upstream.body, failure, "the onResponse policy") ??
+          new EgressError("EG_UPSTREAM", 502, `the upstream response body failed while the policy read it: ${(failure as Error).message}`)
+        );
       }
       tap.endHookPhase();
       continue;

@@ -5,6 +5,7 @@ import { getHeader, hasNoContent, noContentFraming, withoutHeaders, type HeaderL
 import { BodyTap, contentCodings } from "../hooks/body-tap.js";
 import {
   fromHeaders,
+  fromRequestHeaders,
   isRequest,
   isResponse,
   makeRequest,
@@ -15,7 +16,9 @@ import {
   requestUrl,
 } from "../hooks/fetch-objects.js";
 import type { HttpHooks } from "../hooks/http-hooks.js";
+import { carryMadeBody } from "../hooks/made-bodies.js";
 import { hookFailure, runHook } from "../hooks/run-hook.js";
+import { madeBodyFailure } from "./body-reads.js";
 import type { OutboundRequest } from "./exchange.js";
 import { withFields } from "../objects.js";
 
@@ -164,7 +167,7 @@ export async function runOnRequest(
     const method: unknown = final.method;
     if (typeof method !== "string") throw new EgressError("EG_HOOK_FAILED", 502, "onRequest returned a Request whose method is not a string");
     const subject = final === seen ? "the request as onRequest left it" : "the Request onRequest returned";
-    return { method, url: requestUrl(final, "onRequest"), headers: fromHeaders(final.headers, subject), body: final.body };
+    return { method, url: requestUrl(final, "onRequest"), headers: fromRequestHeaders(final.headers, subject), body: final.body };
   });
   // The framing is the proxy's, as on the response side: the body's own length, never one a hook set.
   let headers = final === seen ? withFramingOf(read.headers, request.headers) : withoutHeaders(read.headers, contentLengthHeaders);
@@ -236,17 +239,26 @@ export async function runOnResponse(
     if (tap?.limitHit === true) throw tooLarge();
     discard();
     // The body failed under the hook's read (the upstream cut it, fell silent, or its coding was
-    // corrupt): the upstream's failure, as tier 2 reports it, whatever the hook made of it.
-    // A refusal the hook made of it stays the hook's answer.
+    // corrupt): the upstream's failure, as tier 2 reports it, whatever the hook made of it; or,
+    // when an earlier hook's Response made the body, that hook's. A refusal the hook made of it
+    // stays the hook's answer.
     const failed = hookFailure("onResponse", error);
     const failure = tap?.failure;
-    if (failure !== undefined && failed.code !== "EG_HOOK_BLOCKED") throw new EgressError("EG_UPSTREAM", 502, `the upstream response body failed while the hook read it: ${failure.message}`, { cause: failure, detail: failure.message });
+    if (failure !== undefined && failed.code !== "EG_HOOK_BLOCKED") {
+      throw (
+        madeBodyFailure(upstream.body, failure, "the onResponse hook") ??
+        new EgressError("EG_UPSTREAM", 502, `the upstream response body failed while the hook read it: ${failure.message}`, { cause: failure, detail: failure.message })
+      );
+    }
     throw failed;
   }
   tap?.endHookPhase();
   if (tap?.limitHit === true) throw tooLarge();
   if (out === undefined) {
-    return withFields(upstream, { body: tap === undefined ? null : tap.replay(), replaced: false, discard });
+    const body = tap === undefined ? null : tap.replay();
+    // What the hook left unread of an earlier hook's body is still that hook's.
+    carryMadeBody(upstream.body, body);
+    return withFields(upstream, { body, replaced: false, discard });
   }
   if (!isResponse(out)) {
     discard();

@@ -1,6 +1,6 @@
 import { Readable } from "node:stream";
 import { EgressError } from "../errors.js";
-import { fromHeaders, isRequest, isResponse, makeRequest, makeResponse, readHookBody, requestUrl, webBody } from "../hooks/fetch-objects.js";
+import { fromHeaders, fromRequestHeaders, isRequest, isResponse, makeRequest, makeResponse, readHookBody, requestUrl, webBody } from "../hooks/fetch-objects.js";
 import { HttpRequestBlockedError } from "../hooks/blocked-error.js";
 import type { BodyTap } from "../hooks/body-tap.js";
 import type { HttpHooks } from "../hooks/http-hooks.js";
@@ -40,7 +40,7 @@ export async function runHandle(handle: Layer, request: OutboundRequest, tap: Bo
       throw new EgressError("EG_HOOK_FAILED", 502, "handle passed next() a Request whose body was already read or sent; pass request.clone() to next() to send a body again");
     }
     const url = requestUrl(input, "handle");
-    let headers = fromHeaders(input.headers, "the Request handle passed to next()");
+    let headers = fromRequestHeaders(input.headers, "the Request handle passed to next()");
     // The framing is the proxy's: the body's own length, never one the layer set in place.
     if (input === seen) headers = withFramingOf(headers, request.headers);
     if (input.body === null) return { method: input.method, url, headers: input === seen ? headers : withoutHeaders(headers, contentLengthHeaders), body: null };

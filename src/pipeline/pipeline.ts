@@ -2,6 +2,7 @@ import { discardBody, joinBuffered, joinSmallPushes } from "../streams.js";
 import type { Readable } from "node:stream";
 import { EgressError, badRequest, denied, quoteShort, secretDenied } from "../errors.js";
 import { BodyTap, declaredLength } from "../hooks/body-tap.js";
+import { claimMadeBody } from "../hooks/made-bodies.js";
 import type { Decision } from "../policy/decision.js";
 import type { DeclarativePolicy } from "../policy/declarative-policy.js";
 import type { RedirectHop, SecretStore, SecretTarget } from "../policy/secrets.js";
@@ -30,7 +31,7 @@ import { LayerRun, type Descend } from "./layers.js";
 import { failedEntry, timeUpstream } from "./trace.js";
 import { withFields } from "../objects.js";
 import { isConnectFailure, resendOnceIfStale, upstreamError } from "./upstream-errors.js";
-import { attributed, declarativeEntry, declarativeSource, ipVerdict, onRequestVerdict, onResponseVerdict } from "./verdicts.js";
+import { attributed, blameMaker, declarativeEntry, declarativeSource, ipVerdict, onRequestVerdict, onResponseVerdict } from "./verdicts.js";
 
 export interface PipelineOptions {
   /** The guest this pipeline serves, as hook sources are told. */
@@ -215,8 +216,11 @@ export class Pipeline {
             hooked = await attributed(source, () => source.onResponse(seen, request, limits, call), trace, "onResponse", onResponseVerdict);
           } catch (error) {
             for (const cleanup of cleanups) cleanup();
+            if (trace !== undefined) blameMaker(trace, error, source.label, "onResponse");
             throw error;
           }
+          // A body its hook made is that hook's when it fails under a later source's read.
+          claimMadeBody(hooked.body, source.label);
           if (hooked.replaced) {
             replaced = true;
             cleanups.push(hooked.discard);

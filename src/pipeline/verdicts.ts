@@ -3,6 +3,7 @@ import { EgressError } from "../errors.js";
 import type { Decision } from "../policy/decision.js";
 import type { OutboundRequest, SourceVerdict, TraceEntry } from "./exchange.js";
 import type { HookSource } from "./hook-source.js";
+import { withFields } from "../objects.js";
 import { elapsed, failedEntry } from "./trace.js";
 
 /** What a call's result says, for the trace: allow unless the phase's verdict function says more. */
@@ -39,6 +40,27 @@ export async function attributed<T>(source: HookSource, work: () => Promise<T>, 
     Object.assign(entry, failedEntry(source.label, source.tier, entry.phase, error, started));
     throw error;
   }
+}
+
+/**
+ * A call that failed with another source's failure (the body of a Response an earlier hook made
+ * broke while this source read it): the error goes on the entry of the source it names, and the
+ * reader's entry, which decided nothing, leaves the trace. The record said the maker had
+ * rewritten the response and the reader had failed, and the metrics counted the reader's failure.
+ */
+export function blameMaker(trace: TraceEntry[], error: unknown, reader: string, phase: string): void {
+  if (!(error instanceof EgressError) || error.source === undefined || error.source === reader) return;
+  const readerAt = lastEntry(trace, reader, phase, trace.length - 1);
+  const makerAt = readerAt < 0 ? -1 : lastEntry(trace, error.source, phase, readerAt - 1);
+  if (makerAt < 0) return;
+  const maker = trace[makerAt]!;
+  trace[makerAt] = withFields(failedEntry(maker.source, maker.tier, phase, error, 0), { ms: maker.ms });
+  trace.splice(readerAt, 1);
+}
+
+function lastEntry(trace: readonly TraceEntry[], source: string, phase: string, from: number): number {
+  for (let i = from; i >= 0; i--) if (trace[i]!.source === source && trace[i]!.phase === phase) return i;
+  return -1;
 }
 
 export const declarativeSource = "declarative";
