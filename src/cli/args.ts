@@ -7,6 +7,7 @@ import { checkGuestName, parseHostPort } from "../config/nodes.js";
 import { optionFlagDeclarations } from "./flag-options.js";
 import { asFlagError, configFromFile, configFromFlags, inFile } from "./serve-config.js";
 import { UsageError } from "./usage-error.js";
+import { makeIssue, OptionError } from "../option-error.js";
 import type { CheckCommand } from "./check.js";
 import { flagGroups } from "./flag-groups.js";
 import { packageVersion } from "./version.js";
@@ -56,6 +57,17 @@ function optionalString(value: unknown): string | undefined {
 }
 
 /**
+ * A recording has one writer: with several workers each would write its own file over the
+ * others'. Said in the words of where the setting came from (`--workers`, or the file's key).
+ */
+export function checkRecordingWriters(config: ProxyConfig, file: string | undefined): void {
+  const upstream = config.proxy.upstream;
+  if (config.workers <= 1 || (upstream?.record === undefined && upstream?.replay?.recordMissing !== true)) return;
+  if (file === undefined) throw new UsageError(`--workers ${config.workers}: a recording has one writer; record with --workers 1`);
+  throw new OptionError(makeIssue(["workers"], `is ${config.workers} with a recording (upstream.record or upstream.replay.recordMissing): a recording has one writer; record with workers: 1 (or --workers 1)`));
+}
+
+/**
  * The serve command: the configuration (from flags, or `--config FILE` with its overrides),
  * checked whole, then built, which loads the policies. Everything is checked before a policy
  * loads: a loaded policy has worker threads to stop again when something turns out bad.
@@ -64,13 +76,9 @@ function serveCommand(args: Record<string, unknown>, env: NodeJS.ProcessEnv, arg
   const file = optionalString(args["config"]);
   // argv gives the order of the chain flags (--hooks-script, --hook-command, --hook-url, --hook-opa).
   const config = file === undefined ? configFromFlags(args, env, process.cwd(), argv) : configFromFile(file, args, env, process.cwd());
-  const upstream = config.proxy.upstream;
-  if (config.workers > 1 && (upstream?.record !== undefined || upstream?.replay?.recordMissing === true)) {
-    // Each worker would write its own file over the others'.
-    throw new UsageError(`--workers ${config.workers}: a recording has one writer; record with --workers 1`);
-  }
   let built: BuiltConfig;
   try {
+    checkRecordingWriters(config, file);
     built = buildProxyOptions(config, { deploymentKey: env[placeholderKeyEnv] });
   } catch (error) {
     throw file === undefined ? asFlagError(error) : inFile(error, file);

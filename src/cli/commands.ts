@@ -7,6 +7,7 @@ import { isOptionError, issueOf, issueText, makeIssue, type OptionIssue } from "
 import { guestToken } from "../proxy/auth.js";
 import { formatShellExports, guestEnvironment } from "../proxy/guest-env.js";
 import { resolveProxyOptions } from "../proxy/options.js";
+import { checkRecordingWriters } from "./args.js";
 import { defaultCaDir, loadOrCreateCa } from "../tls/ca-store.js";
 import { checkHarFile, formatHarReport } from "../record/har-check.js";
 import { placeholderKeyEnv, type CliCommand } from "./args.js";
@@ -45,6 +46,7 @@ export async function printEnv(command: Extract<CliCommand, { kind: "env" }>, en
  */
 export async function checkConfig(file: string, env: NodeJS.ProcessEnv): Promise<number> {
   const config = loadConfigFile(file, env);
+  checkRecordingWriters(config, file);
   const built = buildProxyOptions(config, { deploymentKey: env[placeholderKeyEnv] });
   try {
     resolveProxyOptions(built.options);

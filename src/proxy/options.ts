@@ -312,13 +312,18 @@ export function resolveProxyOptions(given: ProxyOptions = {}): ResolvedProxyOpti
       `is needed to listen on ${host}: without guests, anyone who can reach the port could use the proxy with its allowlist and secrets; set auth: true (CLI --auth) to require credentials, or auth: false (CLI --no-auth) to run an open proxy on purpose`,
     );
   }
+  const listen = { host, port: options.listen?.port ?? defaults.listen.port };
+  const metricsListen = options.metricsListen === undefined ? undefined : parseHostPort(options.metricsListen, defaults.listen.host);
+  if (metricsListen !== undefined && sharePort(listen, metricsListen)) {
+    fail("metricsListen", `is ${options.metricsListen}, the proxy's own listen address (${host}:${listen.port}): the metrics listener needs a port of its own`);
+  }
   return {
     guests,
     open: options.guests === undefined && options.auth !== true,
     form: options.guests === undefined ? "single" : "guests",
     resolve: resolveIn,
     deploymentKey: options.deploymentKey,
-    listen: { host, port: options.listen?.port ?? defaults.listen.port },
+    listen,
     caDir: options.caDir ?? defaultCaDir(),
     upstreamCaPems: (options.upstreamCa ?? []).map((entry, i) => readCa(entry, String(i))),
     leafKeyType: options.leafKeyType ?? defaults.leafKeyType,
@@ -332,13 +337,20 @@ export function resolveProxyOptions(given: ProxyOptions = {}): ResolvedProxyOpti
     logLevel: options.logLevel ?? defaults.logLevel,
     logSink: options.logSink,
     guestEnvFile: options.guestEnvFile,
-    metricsListen: options.metricsListen === undefined ? undefined : parseHostPort(options.metricsListen, defaults.listen.host),
+    metricsListen,
     metrics: options.metrics === true || options.metricsListen !== undefined,
     ownAddresses: (options.ownAddresses ?? []).map((address) => parseHostPort(address, defaults.listen.host)!),
     upstream: options.upstream,
     auditLog: options.auditLog,
     onDecision: options.onDecision,
   };
+}
+
+/** Whether two listeners would take the same port: a fixed port on the same host, or on a wildcard address. */
+function sharePort(a: { readonly host: string; readonly port: number }, b: { readonly host: string; readonly port: number }): boolean {
+  if (a.port === 0 || a.port !== b.port) return false;
+  const wildcard = (host: string): boolean => host === "0.0.0.0" || host === "::" || host === "[::]";
+  return a.host === b.host || wildcard(a.host) || wildcard(b.host);
 }
 
 /** The guests of either form: `guests`, or the top-level `httpHooks`/`env` as the one named `default`. */

@@ -173,6 +173,26 @@ describe("examples/egressgate.yaml through the CLI", () => {
     expect(cli.stdout()).toBe("");
   });
 
+  // check-config said 0 for files that start refused with exit 2: the listen address taken
+  // twice, and a recording with several workers (a hunt); and the workers' refusal named
+  // `--workers` and "Run egressgate --help" for a key of the file.
+  it.each([
+    ["metricsListen on the listen address", "listen: 127.0.0.1:18999\nmetricsListen: 127.0.0.1:18999\n", /bad\.yaml: metricsListen is 127\.0\.0\.1:18999, the proxy's own listen address \(127\.0\.0\.1:18999\): the metrics listener needs a port of its own/],
+    ["metricsListen on the port of a wildcard listen", "listen: 0.0.0.0:18998\nauth: false\nmetricsListen: 127.0.0.1:18998\n", /metricsListen is 127\.0\.0\.1:18998, the proxy's own listen address \(0\.0\.0\.0:18998\)/],
+    ["workers: 2 with a recording", "listen: 127.0.0.1:0\nworkers: 2\nupstream:\n  record: { path: DIR/run.har }\n", /bad\.yaml: workers is 2 with a recording \(upstream\.record or upstream\.replay\.recordMissing\): a recording has one writer; record with workers: 1/],
+  ])("%s: check-config exits 2, and so does a start, with the same words and no --help hint", async (_what, text, message) => {
+    const dir = tempDir("egressgate-bad-config-");
+    const file = join(dir, "bad.yaml");
+    writeFileSync(file, text.replace("DIR", dir));
+    const check = startCli(["check-config", file], cleanEnv({}));
+    expect(await check.exited).toBe(2);
+    expect(check.stderr()).toMatch(message);
+    const start = startCli(["--config", file, "--ca-dir", join(dir, "ca")], cleanEnv({}));
+    expect(await start.exited).toBe(2);
+    expect(start.stderr()).toMatch(message);
+    expect(start.stderr()).not.toContain("--help");
+  });
+
   it("with --workers 2, both workers load the file and accept the same guest token", async () => {
     const dir = tempDir("egressgate-example-");
     const upstream = await startUpstream({ names: ["registry.npmjs.org"] });
