@@ -216,7 +216,7 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
     // The destination as the proxy takes it: `api.test.` is `api.test`, `2130706433` is
     // `127.0.0.1`, and a host it cannot normalise (`a..b`, `a$b`) is 400 before any tier.
     url = absoluteFormUrl(command.url);
-    const response = await pipeline.handle({ method, url, headers, body: null }, { id: "check", signal: new GuestGone(), trace });
+    const response = await pipeline.handle({ method, url, headers, body: null }, { id: undefined, signal: new GuestGone(), trace });
     response.body?.resume();
     response.cleanup?.();
     answer = {

@@ -4,14 +4,15 @@ import type { Verdict } from "./answer.js";
 import { DecisionCache, cacheKey } from "./cache.js";
 import { CommandRunner } from "./command.js";
 import type { DecisionDocument } from "./document.js";
-import { DeciderBusy, DeciderCancelled, DeciderFailure, type CallSignal } from "./failure.js";
+import { DeciderBusy, DeciderCancelled, DeciderFailure, type CallSignal, type FailedOpen } from "./failure.js";
 import { HttpDecider } from "./http.js";
 import { deciderDefaults, type DeciderPhase, type ResolvedDecider } from "./options.js";
 
 /** Who is asking, for the log line of a decider that failed open. */
 export interface DecideContext {
   readonly log: Logger | undefined;
-  readonly requestId: string;
+  /** The decision line's id, which the warning carries (undefined: the line has none). */
+  readonly requestId: number | undefined;
   /** The request's end: a call still queued or running for it is ended then. */
   readonly signal?: CallSignal | undefined;
 }
@@ -42,7 +43,8 @@ export class Decider {
     return this.transport instanceof CommandRunner ? this.transport.load : undefined;
   }
 
-  async decide(document: DecisionDocument, context: DecideContext): Promise<Verdict> {
+  /** The answer; with `failOpen`, a failure is an allow that says how it failed ({@link FailedOpen}). */
+  async decide(document: DecisionDocument, context: DecideContext): Promise<Verdict | FailedOpen> {
     const key = this.cache === undefined ? undefined : keyOf(document);
     if (key !== undefined) {
       const hit = this.cache!.get(key);
@@ -59,14 +61,15 @@ export class Decider {
         throw new EgressError("EG_LIMIT", 503, `${this.label} is busy: ${error.message}`, { headers: { "retry-after": "1" }, failure: "busy" });
       }
       const reason = error instanceof DeciderFailure ? error.message : `failed: ${(error as Error)?.message ?? String(error)}`;
+      const failure = error instanceof DeciderFailure ? error.kind : "throw";
       if (this.options.failOpen) {
         context.log?.warn("decider failed open", { id: context.requestId, source: this.label, reason });
-        return { decision: "allow" };
+        return { decision: "allow", failedOpen: { failure, reason } };
       }
       throw new EgressError("EG_HOOK_FAILED", 502, `${this.label} could not decide (see the proxy log)`, {
         detail: `${this.label} ${reason}`,
         cause: error,
-        failure: error instanceof DeciderFailure ? error.kind : "throw",
+        failure,
       });
     }
     if (key !== undefined) this.cache!.set(key, verdict);

@@ -38,6 +38,22 @@ export class DeciderCancelled extends Error {
   }
 }
 
+/**
+ * A failOpen decider's allow after it failed: how it failed and why, so that the request it let
+ * through is audited (`failure`, `failOpen`) and counted in `egressgate_hook_failures_total`, not
+ * only warned about in a log line a log level can hide.
+ */
+export interface FailedOpen {
+  readonly decision: "allow";
+  readonly failedOpen: OpenFailure;
+}
+
+/** How a failOpen decider failed: the failure's kind and its reason (for the operator, as the 502's log detail). */
+export interface OpenFailure {
+  readonly failure: DeciderFailure["kind"];
+  readonly reason: string;
+}
+
 export class DeciderBusy extends Error {
   override readonly name = "DeciderBusy";
 }

@@ -3,6 +3,7 @@ import { Pool, type Dispatcher } from "undici";
 import { MalformedAnswer, opaVerdict, parseAnswer, parseAnswerText, reasonText, type Verdict } from "./answer.js";
 import type { DeciderPhase, ResolvedHttpDecider } from "./options.js";
 import { DeciderFailure, DeciderCancelled, type CallSignal } from "./failure.js";
+import { isStaleConnection } from "../upstream/stale-connection.js";
 
 /** The most of an answer body that is read; more is a failure. */
 const maxAnswerBytes = 1024 * 1024;
@@ -74,7 +75,20 @@ export class HttpDecider {
     let text: string;
     let contentType: string;
     try {
-      const response = await this.connect().request({ method: "POST", path: this.path, headers: this.headers, body, signal: deadline });
+      const pool = this.connect();
+      const call = { method: "POST", path: this.path, headers: this.headers, body, signal: deadline } as const;
+      let response: Dispatcher.ResponseData;
+      try {
+        response = await pool.request(call);
+      } catch (error) {
+        // The decider's keep-alive close crossed this call on a pooled connection (gunicorn closes
+        // idle ones after 2 s, before this pool's 4): 1 in 40 calls a second apart got 502
+        // (black-box finding). The same document asked twice decides once, so it goes again on a
+        // new connection, once, as the upstream side resends an idempotent request; the
+        // deadline above still bounds both.
+        if (deadline.aborted || !isStaleConnection(error)) throw error;
+        response = await pool.request(call);
+      }
       status = response.statusCode;
       const type = response.headers["content-type"];
       contentType = (Array.isArray(type) ? type[0] : type) ?? "";

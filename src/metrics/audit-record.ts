@@ -18,8 +18,16 @@ export interface AuditSource {
   readonly detail?: string;
   /** The status its refusal or failure answered with. */
   readonly status?: number;
-  /** For a failed call: `time`, `memory`, `stack`, `throw`, `invalid` or `busy` (what `egressgate_hook_failures_total{kind}` counts). */
+  /**
+   * For a failed call: `time`, `memory`, `stack`, `throw`, `invalid` or `busy` (what
+   * `egressgate_hook_failures_total{kind}` counts). Also on an `allow` with `failOpen`.
+   */
   readonly failure?: HookFailureKind;
+  /**
+   * A decider with `failOpen: true` failed and let the request (or response) go on: decision
+   * `allow`, with `failure` and a reason `failed open: …` saying what went wrong.
+   */
+  readonly failOpen?: true;
   /** For a refusal by the secrets: the secret it is about, by its configured name (what `egressgate_secret_refusals_total{secret}` counts). */
   readonly secret?: string;
   /** How long the call took; a layer's includes its `next()` descents. */
@@ -177,6 +185,7 @@ function sourceOf(entry: TraceEntry, redact: (text: string) => string): AuditSou
     ...(entry.detail !== undefined ? { detail: redact(entry.detail) } : {}),
     ...(entry.status !== undefined ? { status: entry.status } : {}),
     ...(entry.failure !== undefined ? { failure: entry.failure } : {}),
+    ...(entry.failOpen === true ? { failOpen: true as const } : {}),
     ...(entry.secret !== undefined ? { secret: entry.secret } : {}),
     ms: entry.ms,
   };

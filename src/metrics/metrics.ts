@@ -85,7 +85,7 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
   });
   const hookFailures = tallyCounter({
     name: "egressgate_hook_failures_total",
-    help: "Hook calls that failed (502), by source and kind: time, memory, stack, throw, invalid, busy.",
+    help: "Hook calls that failed (502, or an allow from a failOpen decider), by source and kind: time, memory, stack, throw, invalid, busy.",
     labelNames: ["source", "kind"],
     registry,
   });
@@ -170,7 +170,8 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
     duration.observe(byDecision[decision], ms / 1000);
     for (const source of sources) {
       hookDuration.observe([source.source, source.phase], source.ms / 1000);
-      if (source.decision === "error") hookFailures.inc([source.source, failureKind(source)]);
+      // A failOpen decider's failure allowed, and is counted all the same: the metric is where an operator finds a decider that is down.
+      if (source.decision === "error" || source.failOpen === true) hookFailures.inc([source.source, failureKind(source)]);
       const secret = secretOf(source);
       if (secret !== undefined) secretRefusals.inc([secret]);
     }
@@ -232,6 +233,7 @@ interface CountedSource {
   readonly decision: string;
   readonly reason?: string | undefined;
   readonly failure?: string | undefined;
+  readonly failOpen?: true | undefined;
   readonly secret?: string | undefined;
   readonly ms: number;
 }

@@ -10,7 +10,7 @@ import { blockError, type DecideContext, type Decider } from "../deciders/decide
 import { documentBody, headerObject, requestPart, type Conceal, type DecisionDocument } from "../deciders/document.js";
 import { bodyDeadline, madeBodyFailure } from "./body-reads.js";
 import type { OutboundRequest } from "./exchange.js";
-import { encodedBodyHeaders, withExactLength, type HookedResponse, type HookLimits } from "./hook-phases.js";
+import { encodedBodyHeaders, withExactLength, type HookedResponse, type HookLimits, type OnRequestOutcome } from "./hook-phases.js";
 import type { HookedOnResponse, HookSource, SourceCall } from "./hook-source.js";
 import { withFields } from "../objects.js";
 
@@ -54,7 +54,7 @@ async function decideRequest(
   limits: HookLimits,
   context: DecideContext,
   call: SourceCall,
-): Promise<{ request: OutboundRequest; asSent?: true }> {
+): Promise<OnRequestOutcome> {
   const { includeBody, maxBodyBytes } = decider.options;
   let outgoing = request;
   const part = requestPart(request.method, request.url, request.headers, conceal);
@@ -67,6 +67,8 @@ async function decideRequest(
   }
   const document: DecisionDocument = { phase: "request", guest: call.guest, request: part };
   const verdict = await decider.decide(document, context);
+  // A failOpen decider that failed: on as an allow goes, and marked for the trace.
+  if ("failedOpen" in verdict) return outgoing === request ? { request, failedOpen: verdict.failedOpen } : { request: outgoing, asSent: true, failedOpen: verdict.failedOpen };
   // Read whole for the document, the body is still the guest's: an allow changed nothing.
   if (verdict.decision === "allow") return outgoing === request ? { request } : { request: outgoing, asSent: true };
   if (verdict.decision === "block") throw blockError(verdict, decider.label, "request");
@@ -146,6 +148,8 @@ async function decideResponse(
     const document: DecisionDocument = { phase: "response", guest: call.guest, request: requestPart(request.method, request.url, request.headers, conceal), response };
     const verdict = await decider.decide(document, context);
     if (verdict.decision === "block") throw blockError(verdict, decider.label, "response");
+    // Passed on as an allow is, and marked for the trace.
+    if ("failedOpen" in verdict) return withFields(upstream, { body: passOn, replaced: false, discard, failedOpen: verdict.failedOpen });
     // A rewrite cannot come back for a response: the answer's parser refuses one there.
     return withFields(upstream, { body: passOn, replaced: false, discard });
   } catch (error) {

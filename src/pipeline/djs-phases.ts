@@ -25,7 +25,7 @@ import { withFields } from "../objects.js";
 export interface DjsRun {
   readonly engine: DjsEngine;
   readonly log: Logger | undefined;
-  readonly requestId: string;
+  readonly requestId: number | undefined;
   /** The guest's secrets, for the policy's console lines (logConsole). */
   readonly secrets?: ConsoleSecrets | undefined;
   /** The other guests' secrets, for a console line the log cuts (see {@link consoleText}). */

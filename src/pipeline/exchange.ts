@@ -101,6 +101,8 @@ export interface TraceEntry {
   status?: number;
   /** How a failed call failed (time, memory, stack, throw, invalid, busy), from the error's own data. */
   failure?: HookFailureKind;
+  /** A failOpen decider failed and allowed: decision `allow`, with its `failure` and reason. */
+  failOpen?: true;
   /** For a refusal by the secrets: the secret it is about. */
   secret?: string;
   ms: number;
@@ -108,7 +110,11 @@ export interface TraceEntry {
 
 /** Per-request context the proxy layer hands to the pipeline. */
 export interface ExchangeContext {
-  readonly id: string;
+  /**
+   * The decision line's id, which the request's other log lines carry too (a number, as there);
+   * undefined where no decision line is written (`egressgate check`).
+   */
+  readonly id: number | undefined;
   /**
    * Present only when an audit log or onDecision wants records: each source's call is pushed
    * here. Absent, the pipeline measures nothing, so the hot path costs nothing extra.
@@ -136,7 +142,7 @@ export interface ExecutorResponse {
 
 /** Where in its request one send is: the request's id and its redirect hop (0 first). */
 export interface SendInfo {
-  readonly id: string;
+  readonly id: number | undefined;
   readonly hop: number;
 }
 

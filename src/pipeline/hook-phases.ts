@@ -19,6 +19,7 @@ import type { HttpHooks } from "../hooks/http-hooks.js";
 import { carryMadeBody } from "../hooks/made-bodies.js";
 import { hookFailure, runHook } from "../hooks/run-hook.js";
 import { madeBodyFailure } from "./body-reads.js";
+import type { OpenFailure } from "../deciders/failure.js";
 import type { OutboundRequest } from "./exchange.js";
 import { withFields } from "../objects.js";
 
@@ -45,6 +46,8 @@ export type OnRequestOutcome =
       readonly request: OutboundRequest;
       /** The request goes on as the guest sent it, only its body read whole (a decider's includeBody): the trace says allow, not rewrite. */
       readonly asSent?: true;
+      /** A failOpen decider failed and let the request go on: the trace says so. */
+      readonly failedOpen?: OpenFailure;
     }
   | { readonly response: HookedResponse };
 

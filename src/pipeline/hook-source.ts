@@ -11,6 +11,7 @@ import { allow, deny, type Decision } from "../policy/decision.js";
 import { djsIsIpAllowed, djsIsRequestAllowed, djsOnRequest, djsOnResponse, type DjsRun } from "./djs-phases.js";
 import { djsHandle } from "./djs-layer.js";
 import { concealFor, revealNothing, type Conceal } from "../deciders/document.js";
+import type { OpenFailure } from "../deciders/failure.js";
 import type { SecretStore } from "../policy/secrets.js";
 import { deciderSource } from "./decider-source.js";
 import { runHandle } from "./layer-phases.js";
@@ -19,7 +20,8 @@ import { runOnRequest, runOnResponse, type HookedResponse, type HookLimits, type
 
 /** What a call is for: the request id its console lines carry, and the guest it serves. */
 export interface SourceCall {
-  readonly requestId: string;
+  /** The decision line's id (ExchangeContext.id); undefined for a protocol upgrade's, whose line has none. */
+  readonly requestId: number | undefined;
   /** The guest's name (`default` when there is one guest). */
   readonly guest: string;
   /** Aborts when the guest leaves: what an external decider has queued or running for it ends then. */
@@ -40,7 +42,12 @@ export interface LayerNext {
 }
 
 /** What onResponse gives back: the response for the guest, and how to drop the one it replaced. */
-export type HookedOnResponse = HookedResponse & { readonly replaced: boolean; readonly discard: () => void };
+export type HookedOnResponse = HookedResponse & {
+  readonly replaced: boolean;
+  readonly discard: () => void;
+  /** A failOpen decider failed and let the response go on: the trace says so. */
+  readonly failedOpen?: OpenFailure;
+};
 
 /**
  * One source of hooks, whatever runs it: a QuickJS policy (tier 2) or callbacks in this process

@@ -270,7 +270,7 @@ export class Pipeline {
 
   private async upgradeSteps(initial: OutboundRequest, trace?: TraceEntry[]): Promise<{ request: OutboundRequest; addresses: readonly ResolvedAddress[]; decision: Decision }> {
     let rewritten = initial;
-    const call: SourceCall = { requestId: "", guest: this.options.guest };
+    const call: SourceCall = { requestId: undefined, guest: this.options.guest };
     for (const source of this.phase.onRequest) {
       const before = rewritten;
       const outcome = await attributed(source, () => source.onRequest(before, undefined, this.options.limits, call), trace, "onRequest", (o) => onRequestVerdict(before, o));

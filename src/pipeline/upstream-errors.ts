@@ -1,6 +1,7 @@
 // How an upstream's failure reads to the guest, and which failures a request is sent again after.
 import { errors as undiciErrors } from "undici";
 import { EgressError } from "../errors.js";
+import { isStaleConnection } from "../upstream/stale-connection.js";
 import type { GuestGone, OutboundRequest } from "./exchange.js";
 
 const connectErrorCodes = new Set(["ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH", "EADDRNOTAVAIL", "UND_ERR_CONNECT_TIMEOUT"]);
@@ -28,12 +29,6 @@ export async function resendOnceIfStale<T>(request: OutboundRequest, signal: Gue
     if (!replayable || !idempotentMethods.has(request.method) || signal.aborted || !isStaleConnection(error)) throw error;
     return await send();
   }
-}
-
-function isStaleConnection(error: unknown): boolean {
-  if (error instanceof undiciErrors.SocketError) return true;
-  const code = (error as NodeJS.ErrnoException | undefined)?.code;
-  return code === "ECONNRESET" || code === "EPIPE";
 }
 
 /** Turns an undici or socket failure into the status the guest receives. */

@@ -1,13 +1,27 @@
 // What each source's call decided, for the audit trace, and whose a refusal or failure was.
-import { EgressError } from "../errors.js";
+import { EgressError, type HookFailureKind } from "../errors.js";
+import type { OpenFailure } from "../deciders/failure.js";
 import type { Decision } from "../policy/decision.js";
 import type { OutboundRequest, SourceVerdict, TraceEntry } from "./exchange.js";
+import type { OnRequestOutcome } from "./hook-phases.js";
 import type { HookSource } from "./hook-source.js";
 import { withFields } from "../objects.js";
 import { elapsed, failedEntry } from "./trace.js";
 
 /** What a call's result says, for the trace: allow unless the phase's verdict function says more. */
-export type Verdict<T> = (value: T) => { decision: SourceVerdict; reason?: string; detail?: string; status?: number };
+export type Verdict<T> = (value: T) => { decision: SourceVerdict; reason?: string; detail?: string; status?: number } | FailedOpenEntry;
+
+/** The trace's part of a failOpen decider's allow after a failure: an allow, with the failure's kind and reason. */
+export interface FailedOpenEntry {
+  decision: "allow";
+  reason: string;
+  failure: HookFailureKind;
+  failOpen: true;
+}
+
+function failedOpenEntry(failed: OpenFailure): FailedOpenEntry {
+  return { decision: "allow", reason: `failed open: ${failed.reason}`, failure: failed.failure, failOpen: true };
+}
 
 /**
  * A source's phase, with any refusal or failure it throws marked as that source's, for the log.
@@ -82,14 +96,16 @@ export function declarativeEntry(phase: string, decision: Decision, started: num
   };
 }
 
-/** An onRequest that answered, changed the request, or let it go on as it was. */
-export function onRequestVerdict(before: OutboundRequest, outcome: { request: OutboundRequest; asSent?: true } | { response: unknown }): { decision: SourceVerdict } {
+/** An onRequest that answered, changed the request, or let it go on as it was (a failOpen decider's failure included). */
+export function onRequestVerdict(before: OutboundRequest, outcome: OnRequestOutcome): { decision: SourceVerdict } | FailedOpenEntry {
   if ("response" in outcome) return { decision: "answer" };
+  if (outcome.failedOpen !== undefined) return failedOpenEntry(outcome.failedOpen);
   if (outcome.asSent === true) return { decision: "allow" };
   return { decision: rewrote(before, outcome.request) ? "rewrite" : "allow" };
 }
 
-export function onResponseVerdict(hooked: { replaced: boolean }): { decision: SourceVerdict } {
+export function onResponseVerdict(hooked: { replaced: boolean; failedOpen?: OpenFailure }): { decision: SourceVerdict } | FailedOpenEntry {
+  if (hooked.failedOpen !== undefined) return failedOpenEntry(hooked.failedOpen);
   return { decision: hooked.replaced ? "rewrite" : "allow" };
 }
 

@@ -410,7 +410,7 @@ export class GuestSide {
       if (requestStart.hasSubscribers) requestStart.publish({ id, guest: guestName, method: req.method ?? "", url: target, time: new Date().toISOString() } satisfies RequestStartMessage);
       const response = await this.pipelineCuts.until(
         guest.pipeline.handle(request, {
-          id: String(id),
+          id,
           signal: abort,
           ...(expectsContinue
             ? {

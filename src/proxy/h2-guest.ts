@@ -406,7 +406,7 @@ export class H2Guests {
       try {
         response = await this.deps.pipelineCuts.until(
           guest.pipeline.handle(request, {
-            id: String(id),
+            id,
             signal: abort,
             // A guest that waits for 100 before its body (curl waits 1 s, Node's client for good) and
             // a proxy that waits for the body deadlocked until hookMs or idleMs (black-box finding).

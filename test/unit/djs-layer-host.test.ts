@@ -49,7 +49,7 @@ describe("the proxy's side of a tier-2 layer", () => {
       return done < 2 ? nextEffect(done) : { t: "passed", i: 1 };
     });
     const { layer, given } = descents();
-    const answer = await djsHandle({ engine, log: undefined, requestId: "r1" }, request, undefined, layer, limits);
+    const answer = await djsHandle({ engine, log: undefined, requestId: 1 }, request, undefined, layer, limits);
     expect(given).toHaveLength(2);
     expect(answer).toBe(given[1]);
     expect(calls.map((c) => c.journal?.map((e) => e.sig) ?? [])).toEqual([[], ["next 0"], ["next 0", "next 1"]]);
@@ -63,7 +63,7 @@ describe("the proxy's side of a tier-2 layer", () => {
   it("a rerun that diverged fails closed with 502, and discards what next() brought back", async () => {
     const { engine } = scripted((message) => (message.journal === undefined ? nextEffect(0) : { t: "diverged", what: "its effect number 0 was a and is b now" }));
     const { layer, given } = descents();
-    const failure = djsHandle({ engine, log: undefined, requestId: "r2" }, request, undefined, layer, limits);
+    const failure = djsHandle({ engine, log: undefined, requestId: 2 }, request, undefined, layer, limits);
     await expect(failure).rejects.toMatchObject({ status: 502, message: "the policy's rerun diverged from its first run" });
     expect(given[0]!.body!.destroyed).toBe(true);
   });
@@ -74,7 +74,7 @@ describe("the proxy's side of a tier-2 layer", () => {
       return { t: "effect", k: "sleep", i, sig: `sleep ${i}`, ms: 0 };
     });
     const { layer, sleeps } = descents();
-    await expect(djsHandle({ engine, log: undefined, requestId: "r3" }, request, undefined, layer, limits)).rejects.toMatchObject({
+    await expect(djsHandle({ engine, log: undefined, requestId: 3 }, request, undefined, layer, limits)).rejects.toMatchObject({
       status: 502,
       message: expect.stringMatching(/more than 32 times/),
     });
@@ -88,7 +88,7 @@ describe("the proxy's side of a tier-2 layer", () => {
       return { t: "blocked", status: 403, message: refusal.message, statusText: "Forbidden", from: 0 };
     });
     const layer: LayerNext = { next: () => Promise.reject(refusal), sleep: async () => undefined };
-    await expect(djsHandle({ engine, log: undefined, requestId: "r4" }, request, undefined, layer, limits)).rejects.toBe(refusal);
+    await expect(djsHandle({ engine, log: undefined, requestId: 4 }, request, undefined, layer, limits)).rejects.toBe(refusal);
     expect(calls[1]!.journal![0]!.rej).toMatchObject({ blocked: true, status: 403, name: "HttpRequestBlockedError" });
   });
 
@@ -97,7 +97,7 @@ describe("the proxy's side of a tier-2 layer", () => {
       message.journal === undefined ? nextEffect(0) : { t: "response", status: 203, statusText: "", headers: ["x-layer", "1"], body: { n: 0 } },
     );
     const { layer, given } = descents();
-    const answer = await djsHandle({ engine, log: undefined, requestId: "r5" }, request, undefined, layer, limits);
+    const answer = await djsHandle({ engine, log: undefined, requestId: 5 }, request, undefined, layer, limits);
     expect(answer).not.toBe(given[0]);
     expect(answer).toMatchObject({ status: 203, headers: ["x-layer", "1"] });
     expect(answer.body).toBe(given[0]!.body);
