@@ -1,10 +1,11 @@
-import { createHash, randomBytes, type Hash } from "node:crypto";
+import { createCipheriv, createDecipheriv, createHash, randomBytes, type Cipher, type Hash } from "node:crypto";
 import { createWriteStream, type WriteStream } from "node:fs";
-import { rename, rm, stat } from "node:fs/promises";
+import { open, rename, rm, stat } from "node:fs/promises";
 import { once } from "node:events";
 import { join } from "node:path";
 import { pipeline, Transform, type Readable } from "node:stream";
-import { inlineBodyLimit } from "./har.js";
+import { removeAtExit } from "./exit-cleanup.js";
+import { inlineBodyLimit, partialBodyName } from "./har.js";
 import type { LiteralScanner } from "./leak-scan.js";
 
 /** A body as the recorder kept it: its bytes when small, else the sidecar file that holds them. */
@@ -17,16 +18,32 @@ export interface CapturedBody {
   readonly file?: string;
   /** `[bytes, ms since the capture began]` per chunk, when asked for. */
   readonly chunks?: [number, number][];
+  /**
+   * Set when the bytes were not kept: the capture's search found a secret's value in them (or
+   * the caller withheld them). `file` names no file then; the entry is not written.
+   */
+  readonly withheld?: true;
 }
 
 /** More chunk timings than this are not kept: the body still replays, in larger pieces. */
 const maxChunkTimings = 10_000;
+
+/** How much of a partial sidecar file is turned back into plaintext at a time. */
+const decryptChunkBytes = 1024 * 1024;
 
 /**
  * Keeps a copy of a body as it streams past: in memory up to {@link inlineBodyLimit}, then in a
  * sidecar file written with backpressure (the stream waits for the disk, so a 256 MiB download
  * costs constant memory). The file is named by the SHA-256 of its bytes once complete. A
  * capture that fails (a full disk) stops capturing; the stream it watches carries on.
+ *
+ * The partial file (`.<hex>.part`) holds the bytes encrypted (AES-256-CTR, with a key only this
+ * capture's memory holds): they have not been searched for secrets until the body has ended,
+ * and a process killed meanwhile (SIGKILL, out of memory) left them in clear, in the folder
+ * that gets committed (black-box finding: an upstream that echoed a token held it 61,278 times).
+ * Once complete and found clean, the file is decrypted in place and renamed to its SHA-256; a
+ * body in which the search found a value is never written in clear. The file is also removed
+ * at the process's exit (exit-cleanup.ts) and by the next recording on the path.
  */
 export class BodyCapture {
   private readonly hash: Hash = createHash("sha256");
@@ -34,6 +51,11 @@ export class BodyCapture {
   private size = 0;
   private file: WriteStream | undefined;
   private tmp: string | undefined;
+  /** Lets go of the temporary file's removal at exit, once it is renamed or removed. */
+  private release: (() => void) | undefined;
+  private readonly key = randomBytes(32);
+  private readonly iv = randomBytes(16);
+  private cipher: Cipher | undefined;
   private readonly started = performance.now();
   private readonly chunks: [number, number][] | undefined;
   /** Why the copy is incomplete, once it is. */
@@ -67,14 +89,17 @@ export class BodyCapture {
 
   private async spill(chunk: Buffer): Promise<void> {
     if (this.file === undefined) {
-      this.tmp = join(this.dir, `.${randomBytes(8).toString("hex")}.part`);
+      this.tmp = join(this.dir, partialBodyName(randomBytes(8).toString("hex")));
+      this.release = removeAtExit(this.tmp);
+      this.cipher = createCipheriv("aes-256-ctr", this.key, this.iv);
       const file = createWriteStream(this.tmp, { flags: "wx", mode: 0o600 });
       // An error is taken by whoever waits next (write or end); never an unhandled event.
       file.on("error", (error) => this.fail(error));
       this.file = file;
-      for (const held of this.memory.splice(0)) if (!file.write(held)) await this.drain(file);
+      // CTR turns each chunk into as many bytes at once: nothing is held back.
+      for (const held of this.memory.splice(0)) if (!file.write(this.cipher.update(held))) await this.drain(file);
     }
-    if (!this.file.write(chunk)) await this.drain(this.file);
+    if (!this.file.write(this.cipher!.update(chunk))) await this.drain(this.file);
   }
 
   private async drain(file: WriteStream): Promise<void> {
@@ -89,8 +114,12 @@ export class BodyCapture {
     this.file?.destroy();
   }
 
-  /** The body as kept; throws when the copy failed (the file, if any, is removed). */
-  async finish(): Promise<CapturedBody> {
+  /**
+   * The body as kept; throws when the copy failed (the file, if any, is removed). A sidecar body
+   * in which the capture's search found a value, or one the caller `withhold`s (it cannot be
+   * searched), is removed instead of decrypted: it comes back `withheld`.
+   */
+  async finish(options: { readonly withhold?: boolean } = {}): Promise<CapturedBody> {
     const sha256 = this.hash.digest("hex");
     const chunks = this.chunks === undefined ? {} : { chunks: this.chunks };
     if (this.failure === undefined && this.file === undefined) {
@@ -102,8 +131,14 @@ export class BodyCapture {
       file.end();
       await once(file, "close");
       if (this.failure !== undefined) throw this.failure;
+      if (options.withhold === true || this.scanner?.found !== undefined) {
+        await this.discard();
+        return { size: this.size, sha256, file: sha256, withheld: true, ...chunks };
+      }
+      await this.decrypt(this.tmp!);
       // Content-addressed: the same body recorded twice is one file.
       await rename(this.tmp!, join(this.dir, sha256));
+      this.release?.();
       return { size: this.size, sha256, file: sha256, ...chunks };
     } catch (error) {
       await this.discard();
@@ -111,10 +146,29 @@ export class BodyCapture {
     }
   }
 
+  /** The partial file turned back into the body's bytes, in place (CTR keeps every byte where it was). */
+  private async decrypt(path: string): Promise<void> {
+    const decipher = createDecipheriv("aes-256-ctr", this.key, this.iv);
+    const handle = await open(path, "r+");
+    try {
+      const buffer = Buffer.alloc(decryptChunkBytes);
+      for (let position = 0; ; ) {
+        const { bytesRead } = await handle.read(buffer, 0, buffer.length, position);
+        if (bytesRead === 0) break;
+        const plain = decipher.update(buffer.subarray(0, bytesRead));
+        await handle.write(plain, 0, plain.length, position);
+        position += bytesRead;
+      }
+    } finally {
+      await handle.close();
+    }
+  }
+
   /** Gives up on the copy and removes a partial file. */
   async discard(): Promise<void> {
     this.fail(new Error("discarded"));
     if (this.tmp !== undefined) await rm(this.tmp, { force: true }).catch(() => undefined);
+    this.release?.();
   }
 }
 

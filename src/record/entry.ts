@@ -176,6 +176,7 @@ function maskCookie(value: string): string {
  * tokenized, binary as base64, a large one in its sidecar. A value in it is a leak.
  */
 function postDataOf(body: CapturedBody, mimeType: string, secrets: SecretStore | undefined): RecordedPostData {
+  if (body.withheld === true) throw new LeakFound({ secret: "(a body that was not kept)", where: "the request body" });
   if (body.file !== undefined) return { mimeType, text: "", _file: body.file };
   const bytes = body.bytes!;
   if (isText(bytes, mimeType)) {
@@ -191,6 +192,7 @@ function contentOf(body: CapturedBody | null, mimeType: string, codings: readonl
   const encoding = codings.join(", ");
   if (body.file !== undefined) {
     if (sidecarLeak !== undefined) throw new LeakFound({ secret: sidecarLeak, where: "the response body" });
+    if (body.withheld === true) throw new LeakFound({ secret: "(a body that was not kept)", where: "the response body" });
     return { size: body.size, mimeType, _file: body.file, ...(encoding !== "" ? { _encoded: encoding } : {}) };
   }
   let bytes = body.bytes!;

@@ -62,6 +62,16 @@ export function sidecarDir(harPath: string): string {
   return `${harPath}.d`;
 }
 
+/** A body's sidecar file while it streams (`.<hex>.part`), before it is complete and named by its SHA-256. */
+export function partialBodyName(id: string): string {
+  return `.${id}.part`;
+}
+
+/** Whether a name in the sidecar folder is a partial body's ({@link partialBodyName}). */
+export function isPartialBodyName(name: string): boolean {
+  return /^\.[0-9a-f]+\.part$/.test(name);
+}
+
 /** The journal a recording appends to while it runs: one entry per line. */
 export function journalPath(harPath: string): string {
   return `${harPath}.journal`;

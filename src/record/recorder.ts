@@ -107,8 +107,11 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
             deps.log.debug("exchange not recorded: its body did not arrive whole", { code: "EG_RECORD_INCOMPLETE", seq, guest: deps.guest });
             return;
           }
-          const body = await capture.finish();
-          if (body.file !== undefined && encoding !== "" && store !== undefined && store.valuesToFind().length > 0) {
+          // Still compressed on disk, a sidecar body cannot be searched: with values to look for, its
+          // bytes are never decrypted to disk.
+          const unsearchable = encoding !== "" && store !== undefined && store.valuesToFind().length > 0;
+          const body = await capture.finish({ withhold: unsearchable });
+          if (body.file !== undefined && unsearchable) {
             // Still compressed on disk, so it cannot be searched: not written (fail closed).
             await finish(body, { found: "(compressed sidecar body, not searchable)" } as LiteralScanner);
             return;

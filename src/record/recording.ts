@@ -1,8 +1,10 @@
-import { constants, rmSync } from "node:fs";
-import { lstat, mkdir, open, rename, rm, stat, type FileHandle } from "node:fs/promises";
+import { constants } from "node:fs";
+import { lstat, mkdir, open, readdir, rename, rm, stat, type FileHandle } from "node:fs/promises";
+import { join } from "node:path";
 import type { Logger } from "../log.js";
 import { fileKind } from "../regular-file.js";
-import { journalPath, sidecarDir, type RecordedEntry } from "./har.js";
+import { isRemovedAtExit, removeAtExit } from "./exit-cleanup.js";
+import { isPartialBodyName, journalPath, sidecarDir, type RecordedEntry } from "./har.js";
 
 /** The `creator` of every HAR this proxy writes. */
 const creator = { name: "egressgate", version: "1", comment: "recorded network (issue 18); secrets appear only as EGRESSGATE_SECRET{NAME} or [REDACTED:NAME]" };
@@ -53,6 +55,7 @@ export class Recording {
       if (problem !== undefined) throw new Error(`cannot record to ${path}: ${problem}`);
     }
     await mkdir(sidecarDir(path), { recursive: true, mode: 0o700 });
+    await removePartialBodies(path, log);
     await keepCrashedJournal(path, log);
     const journal = await open(journalPath(path), "w+", 0o600);
     return new Recording(path, journal, log, kept);
@@ -113,14 +116,7 @@ export class Recording {
     let out: FileHandle | undefined;
     // A process that exits while the file is written (the CLI's second SIGTERM stops waiting for
     // the drain) leaves no half-written temporary file behind; the journal stays for the next run.
-    const leftBehind = (): void => {
-      try {
-        rmSync(tmp, { force: true });
-      } catch {
-        // Exiting anyway: a file that cannot be removed stays, as before.
-      }
-    };
-    process.once("exit", leftBehind);
+    const release = removeAtExit(tmp);
     try {
       // Whatever stands at the temporary name (a link, a FIFO, what a crash left) goes, and the file
       // is created anew, never opened through a link: a link was written through, and a FIFO held
@@ -157,7 +153,7 @@ export class Recording {
       await rm(tmp, { force: true }).catch(() => undefined);
       this.fail(`cannot write ${this.path}`, error);
     } finally {
-      process.off("exit", leftBehind);
+      release();
     }
   }
 
@@ -174,6 +170,32 @@ export class Recording {
       await this.journal.close().catch(() => undefined);
       if (!this.failed) await rm(journalPath(this.path), { force: true }).catch(() => undefined);
     })());
+  }
+}
+
+/**
+ * The partial bodies (`.<hex>.part`) a recording killed outright (SIGKILL, out of memory) left in
+ * the sidecar folder: nothing else removes them, and a body's bytes were kept there before it
+ * was searched for secrets (an earlier version kept them in clear, and `git add FILE.har.d`
+ * commits dotfiles). A file a capture of this process still writes (another proxy recording to
+ * the same path) is left to it.
+ */
+async function removePartialBodies(path: string, log: Logger): Promise<void> {
+  const dir = sidecarDir(path);
+  const removed: string[] = [];
+  const kept: string[] = [];
+  for (const name of await readdir(dir)) {
+    const file = join(dir, name);
+    if (!isPartialBodyName(name) || isRemovedAtExit(file)) continue;
+    // Something that cannot be removed this way (a directory by that name) is left, and said:
+    // `har check` lists it too.
+    await rm(file, { force: true }).then(
+      () => removed.push(name),
+      () => kept.push(name),
+    );
+  }
+  if (removed.length > 0 || kept.length > 0) {
+    log.warn("partial bodies an interrupted recording left were removed", { code: "EG_RECORD_PARTIAL_REMOVED", dir, files: removed, ...(kept.length > 0 ? { notRemoved: kept } : {}) });
   }
 }
 

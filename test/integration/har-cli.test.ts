@@ -1,10 +1,10 @@
 import { execFileSync, spawn } from "node:child_process";
-import { existsSync, lstatSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, lstatSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { gunzipSync } from "node:zlib";
 import { ProxyAgent, request } from "undici";
-import { describe, expect, it, onTestFinished } from "vitest";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
 import type { RecordedHar } from "../../src/record/har.js";
 import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
@@ -173,5 +173,76 @@ describe("record and replay flags", () => {
     expect(exit.stderr).not.toContain("EG_RECORD_FAILED");
     expect(existsSync(`${har}.journal`)).toBe(false);
     expect(readdirSync(dir).filter((name) => name.endsWith(".tmp"))).toEqual([]);
+  });
+});
+
+// A body over 1 MiB streams to FILE.har.d/.<hex>.part before it is searched for secrets. A
+// recording killed outright (SIGKILL, out of memory) left it there with the raw bytes, here an
+// upstream echoing the real token into an 8 MiB body, in the folder the README's workflow
+// commits; neither the next --record nor `har check` said a word (black-box finding).
+describe("a recording killed while a large body streams", () => {
+  it("leaves its partial body encrypted, har check lists it (exit 1), and the next --record on the path removes it", async () => {
+    const dir = tempDir();
+    const har = join(dir, "killed.har");
+    const envFile = join(dir, "guest.env");
+    const value = "ghp_KilledRecordingValue0123456789abcdefgh";
+    const caFile = join(dir, "upstream-ca.pem");
+    writeFileSync(caFile, (await testCa()).certPem);
+    // A HAR already at the path (a recording from before), valid and clean on its own.
+    writeFileSync(har, JSON.stringify({ log: { version: "1.2", creator: { name: "egressgate", version: "1" }, pages: [], entries: [] } }));
+    const upstream = await startUpstream({
+      routes: {
+        // 2 MiB of the token the proxy put in, then silence: the body never ends.
+        "/echo-token": (req, res) => {
+          res.writeHead(200, { "content-type": "text/plain" });
+          const line = Buffer.from(`token seen: ${String(req.headers.authorization)}\n`);
+          res.write(Buffer.concat(Array.from({ length: Math.ceil((2 * 1024 * 1024) / line.length) }, () => line)));
+        },
+      },
+    });
+    const flags = ["--listen", "127.0.0.1:0", "--ca-dir", join(dir, "ca"), "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--upstream-ca", caFile];
+    flags.push("--host-secret", `GH_TOKEN@api.test=${value}`, "--guest-env-file", envFile, "--record", har, "--log-level", "warn");
+    const partial = (): string[] => (existsSync(`${har}.d`) ? readdirSync(`${har}.d`).filter((name) => name.endsWith(".part")) : []);
+    let streaming: Promise<void> | undefined;
+    const killed = cli(flags, (stdout, child) => {
+      const port = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(stdout)?.[1];
+      if (port === undefined || streaming !== undefined) return;
+      streaming = (async () => {
+        const placeholder = /^GH_TOKEN=(.+)$/m.exec(readFileSync(envFile, "utf8"))![1]!;
+        const agent = new ProxyAgent({ uri: `http://127.0.0.1:${port}`, requestTls: { ca: readFileSync(join(dir, "ca", "ca.crt"), "utf8") } });
+        onTestFinished(() => agent.destroy());
+        const res = await request(`https://api.test:${upstream.port}/echo-token`, { dispatcher: agent, headers: { authorization: `Bearer ${placeholder}` } });
+        res.body.on("data", () => undefined).on("error", () => undefined);
+        // Past the 1 MiB kept in memory, the body is in its partial file: killed there.
+        await vi.waitFor(() => expect(partial().map((name) => statSync(join(`${har}.d`, name)).size)).toEqual([expect.any(Number)]), { timeout: 20_000, interval: 50 });
+        await vi.waitFor(() => expect(statSync(join(`${har}.d`, partial()[0]!)).size).toBeGreaterThan(1024 * 1024), { timeout: 20_000, interval: 50 });
+        child.kill("SIGKILL");
+      })();
+    });
+    await killed;
+    await streaming;
+    const left = partial();
+    expect(left).toHaveLength(1);
+    // Encrypted with a key that died with the process: neither the value nor its base64 is there.
+    const bytes = readFileSync(join(`${har}.d`, left[0]!), "latin1");
+    expect(bytes).not.toContain(value);
+    expect(bytes).not.toContain("token seen");
+    const checked = await cli(["har", "check", har]);
+    expect(checked.stdout).toMatch(/secret-looking strings: none/);
+    expect(checked.stdout).toContain(`partial bodies an interrupted recording left (1)`);
+    expect(checked.stdout).toContain(join(`${har}.d`, left[0]!));
+    expect(checked.code).toBe(1);
+    // The next recording on the path removes it as it opens, and says so.
+    const next = cli(flags, (stdout, child) => {
+      if (/listening on/.test(stdout)) child.kill("SIGTERM");
+    });
+    const exit = await next;
+    expect(exit.code).toBe(0);
+    expect(partial()).toEqual([]);
+    expect(exit.stderr).toContain("EG_RECORD_PARTIAL_REMOVED");
+    expect(exit.stderr).toContain(left[0]!);
+    const after = await cli(["har", "check", har]);
+    expect(after.stdout).not.toMatch(/partial bodies/);
+    expect(after.code).toBe(0);
   });
 });

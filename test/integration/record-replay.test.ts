@@ -1,5 +1,5 @@
 import { execFileSync } from "node:child_process";
-import { createHash } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import { closeSync, constants, existsSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
@@ -376,6 +376,40 @@ describe("recorded network", () => {
     const replayed = await fetchVia(replayer, `${base}/bytes?n=${size}`);
     expect(replayed.text.length).toBe(recorded.text.length);
     expect(replayed.text === recorded.text).toBe(true);
+    // The partial file is kept encrypted while it streams and decrypted once found clean.
+    expect(createHash("sha256").update(readFileSync(join(`${har}.d`, entry.response.content._file!))).digest("hex")).toBe(entry.response.content._file);
+    expect(readdirSync(`${har}.d`)).toEqual([entry.response.content._file]);
+  });
+
+  it("a sidecar body that holds a value, and a compressed one that cannot be searched, are dropped and never written to disk in clear", async () => {
+    const dir = tempDir();
+    const har = join(dir, "run.har");
+    const noise = gzipSync(randomBytes(2 * 1024 * 1024), { level: 0 });
+    const upstream = await startUpstream({
+      routes: {
+        "/echo-big": (req, res) => {
+          res.writeHead(200, { "content-type": "text/plain" });
+          const line = `token seen: ${String(req.headers["authorization"])}\n`;
+          res.end(line.repeat(Math.ceil((2 * 1024 * 1024) / line.length)));
+        },
+        "/gz-big": (_req, res) => {
+          res.writeHead(200, { "content-type": "application/octet-stream", "content-encoding": "gzip", "content-length": noise.length });
+          res.end(noise);
+        },
+      },
+    });
+    const recorder = await startTestProxy(
+      { allowedInternalHosts: ["api.test"], secrets: { GH_TOKEN: { hosts: ["api.test"], value: VALUE } } },
+      { upstream: { record: { path: har } } },
+    );
+    const placeholder = recorder.guestEnv()["GH_TOKEN"]!;
+    expect((await fetchVia(recorder, `https://api.test:${upstream.port}/echo-big`, { headers: { authorization: `Bearer ${placeholder}` } })).status).toBe(200);
+    expect((await fetchVia(recorder, `https://api.test:${upstream.port}/gz-big`)).status).toBe(200);
+    await recorder.close();
+    expect(readHar(har).log.entries).toEqual([]);
+    expect(recorder.logs.filter((l) => l["code"] === "EG_RECORD_LEAK").map((l) => l["where"])).toEqual(["the response body", "the response body"]);
+    expect(readdirSync(`${har}.d`)).toEqual([]);
+    expect(everything(har)).not.toContain(VALUE);
   });
 
   it("concurrent requests record in the order they started, not the order they finished", async () => {

@@ -101,4 +101,37 @@ describe("Recording, when the process exits during a write", () => {
     expect(readdirSync(dir).filter((name) => name.endsWith(".tmp"))).toEqual([]);
     expect(existsSync(`${path}.journal`)).toBe(true);
   });
+  // The second SIGTERM's exit left a body's partial sidecar file, its bytes not yet searched for
+  // secrets, in the folder that gets committed (black-box finding).
+  it("leaves no partial body of a capture under way", () => {
+    const dir = tempDir();
+    const fixture = join(import.meta.dirname, "..", "fixtures", "body-capture-exit.ts");
+    let status: number | null;
+    try {
+      execFileSync(process.execPath, ["--import", "tsx", fixture, dir], { stdio: "pipe", timeout: 30_000 });
+      status = 0;
+    } catch (error) {
+      status = (error as { status: number | null }).status;
+    }
+    expect(status).toBe(130);
+    expect(readdirSync(dir)).toEqual([]);
+  });
+});
+
+describe("Recording.open", () => {
+  // A SIGKILL runs no exit listener: what it left is removed as the next recording opens.
+  it("removes the partial bodies an earlier run left in the sidecar folder, and nothing else there", async () => {
+    const dir = tempDir();
+    const path = join(dir, "run.har");
+    mkdirSync(`${path}.d`);
+    writeFileSync(join(`${path}.d`, ".0123456789abcdef.part"), "raw bytes");
+    writeFileSync(join(`${path}.d`, "a".repeat(64)), "a finished body");
+    const lines: string[] = [];
+    const recording = await Recording.open(path, createLogger("debug", (line) => lines.push(line)));
+    await recording.close();
+    expect(readdirSync(`${path}.d`)).toEqual(["a".repeat(64)]);
+    expect(lines.map((line) => JSON.parse(line) as Record<string, unknown>).filter((line) => line["code"] === "EG_RECORD_PARTIAL_REMOVED")).toEqual([
+      expect.objectContaining({ level: "warn", files: [".0123456789abcdef.part"] }),
+    ]);
+  });
 });
