@@ -126,7 +126,8 @@ export class Guest {
       },
       requestMs: config.timeouts.requestMs,
       foreignSecret: (request) => deps.foreignSecret(this, request),
-      executor: deps.network?.executor(this.name, () => policy.config.secrets),
+      // Another guest's values are searched for too: one file holds every guest's entries.
+      executor: deps.network?.executor(this.name, () => policy.config.secrets, () => deps.neighbourSecrets(this)),
     });
     this.upgradeDeps = {
       guest: this.name,

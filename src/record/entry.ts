@@ -7,6 +7,7 @@ import { UnscannableError, unscannedMarker } from "../policy/secret-scan.js";
 import type { CapturedBody } from "./body-capture.js";
 import { inlineBodyLimit, isText, type RecordedContent, type RecordedEntry, type RecordedPostData } from "./har.js";
 import { fullScanLimit, LiteralScanner } from "./leak-scan.js";
+import type { RecordedValues } from "./recorded-values.js";
 import { withFields } from "../objects.js";
 
 /**
@@ -18,6 +19,8 @@ import { withFields } from "../objects.js";
  *   Set-Cookie values masked unless cookies are kept;
  * - then the whole entry searched for every current and retired value: if one survives (a hook
  *   put it into a request body, say), the entry is not written at all.
+ * Redaction and the last search use every guest's values ({@link RecordedValues}): one file
+ * holds every guest's entries.
  */
 
 export interface Exchange {
@@ -68,11 +71,14 @@ class LeakFound extends Error {
   }
 }
 
-export function buildEntry(exchange: Exchange, secrets: SecretStore | undefined, options: EntryOptions): { entry: RecordedEntry } | { leak: Leak } {
-  const active = secrets !== undefined && secrets.valuesToFind().length > 0 ? secrets : undefined;
+/**
+ * `secrets` is the exchange's guest's store (its placeholders and values become tokens), and
+ * `values` every guest's values, this one's included (redacted in responses, searched for last).
+ */
+export function buildEntry(exchange: Exchange, secrets: SecretStore | undefined, values: RecordedValues | undefined, options: EntryOptions): { entry: RecordedEntry } | { leak: Leak } {
   try {
-    const entry = build(exchange, active, secrets, options);
-    if (active !== undefined) finalCheck(entry, active);
+    const entry = build(exchange, values, secrets, options);
+    if (values !== undefined) finalCheck(entry, values);
     return { entry };
   } catch (error) {
     if (error instanceof LeakFound) return { leak: error.leak };
@@ -80,7 +86,7 @@ export function buildEntry(exchange: Exchange, secrets: SecretStore | undefined,
   }
 }
 
-function build(x: Exchange, active: SecretStore | undefined, secrets: SecretStore | undefined, options: EntryOptions): RecordedEntry {
+function build(x: Exchange, values: RecordedValues | undefined, secrets: SecretStore | undefined, options: EntryOptions): RecordedEntry {
   const tokenize = (text: string, where: string): string => {
     if (secrets === undefined) return text;
     const out = secrets.tokenize(text);
@@ -107,9 +113,9 @@ function build(x: Exchange, active: SecretStore | undefined, secrets: SecretStor
     const value = x.headers[i + 1]!;
     if (lower === "set-cookie" && !options.cookies) responseHeaders.push({ name, value: maskCookie(value) });
     else if (tokenizedResponseHeaders.has(lower)) responseHeaders.push({ name, value: tokenize(value, `response header ${name}`) });
-    else responseHeaders.push({ name, value: active === undefined ? value : active.tokenizePlaceholders(active.redact(value)) });
+    else responseHeaders.push({ name, value: values === undefined ? value : placeholdersAsTokens(values.redact(value), secrets) });
   }
-  const content = contentOf(x.responseBody, contentType, codings, active, x.sidecarLeak);
+  const content = contentOf(x.responseBody, contentType, codings, values, secrets, x.sidecarLeak);
   const location = getHeader(x.headers, "location");
   const { send, wait, receive } = x.timings;
   return {
@@ -187,7 +193,12 @@ function postDataOf(body: CapturedBody, mimeType: string, secrets: SecretStore |
   return { mimeType, text: bytes.toString("base64"), _encoding: "base64" };
 }
 
-function contentOf(body: CapturedBody | null, mimeType: string, codings: readonly string[], secrets: SecretStore | undefined, sidecarLeak: string | undefined): RecordedContent {
+/** This guest's placeholders in a text turned into their tokens (another guest's are not its to name). */
+function placeholdersAsTokens(text: string, secrets: SecretStore | undefined): string {
+  return secrets === undefined ? text : secrets.tokenizePlaceholders(text);
+}
+
+function contentOf(body: CapturedBody | null, mimeType: string, codings: readonly string[], values: RecordedValues | undefined, secrets: SecretStore | undefined, sidecarLeak: string | undefined): RecordedContent {
   if (body === null || body.size === 0) return { size: 0, mimeType, text: "" };
   const encoding = codings.join(", ");
   if (body.file !== undefined) {
@@ -210,18 +221,18 @@ function contentOf(body: CapturedBody | null, mimeType: string, codings: readonl
     encoded = encoding;
   }
   // Bytes in a coding the proxy cannot undo cannot be searched for a secret's value: not written.
-  if (encoded !== undefined && secrets !== undefined) throw new LeakFound({ secret: "(a body in a coding the proxy cannot undo, not searchable)", where: "the response body" });
+  if (encoded !== undefined && values !== undefined) throw new LeakFound({ secret: "(a body in a coding the proxy cannot undo, not searchable)", where: "the response body" });
   const compression = encoded === undefined ? { compression: bytes.length - body.size } : {};
   if (encoded === undefined && isText(bytes, mimeType)) {
     let text = bytes.toString("utf8");
     // A placeholder the upstream echoed (a body goes out as it is) is kept as its token, as the
     // request's is: the file means the same whatever the run's placeholders, and replay puts
     // the replaying run's back.
-    if (secrets !== undefined) text = secrets.tokenizePlaceholders(redactBody(text, secrets));
+    if (values !== undefined) text = placeholdersAsTokens(redactBody(text, values), secrets);
     return { size: Buffer.byteLength(text), ...compression, mimeType, text };
   }
-  if (secrets !== undefined) {
-    const scanner = new LiteralScanner(secrets.valuesToFind());
+  if (values !== undefined) {
+    const scanner = new LiteralScanner(values.valuesToFind());
     scanner.push(bytes);
     if (scanner.found !== undefined) throw new LeakFound({ secret: scanner.found, where: "the binary response body" });
   }
@@ -234,21 +245,21 @@ function contentOf(body: CapturedBody | null, mimeType: string, codings: readonl
  * large one is: a JSON document with a large base64 field, with a short value to look for, ran
  * out of budget at about 25 KB, and was written as the marker alone (and replayed so).
  */
-function redactBody(text: string, secrets: SecretStore): string {
+function redactBody(text: string, values: RecordedValues): string {
   if (text.length <= fullScanLimit) {
-    const out = secrets.redact(text);
+    const out = values.redact(text);
     if (out !== unscannedMarker) return out;
   }
-  const scanner = new LiteralScanner(secrets.valuesToFind());
+  const scanner = new LiteralScanner(values.valuesToFind());
   scanner.push(Buffer.from(text, "utf8"));
-  return scanner.found === undefined ? text : secrets.redact(text);
+  return scanner.found === undefined ? text : values.redact(text);
 }
 
 /**
  * The last look before the entry is written: everything but the bodies decoded and searched in
  * full; bodies searched as they are stored (decoded from base64 first), in full when small.
  */
-function finalCheck(entry: RecordedEntry, secrets: SecretStore): void {
+function finalCheck(entry: RecordedEntry, secrets: RecordedValues): void {
   const scanBytes = (bytes: Buffer, where: string): void => {
     const scanner = new LiteralScanner(secrets.valuesToFind());
     scanner.push(bytes);

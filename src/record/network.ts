@@ -91,11 +91,15 @@ export class RecordedNetwork {
     return new ReplayResolver(this.replay.source, staticHosts, dnsMs, this.recording !== undefined);
   }
 
-  /** The guest's executor, wrapping (record) or replacing (replay) the upstream. */
-  executor(guest: string, secrets: () => SecretStore | undefined): (upstream: Executor) => Executor {
+  /**
+   * The guest's executor, wrapping (record) or replacing (replay) the upstream. `neighbours` are
+   * the other guests' secrets: the file holds every guest's entries, so each is kept free of
+   * every guest's values.
+   */
+  executor(guest: string, secrets: () => SecretStore | undefined, neighbours: () => Iterable<SecretStore | undefined>): (upstream: Executor) => Executor {
     return (upstream) => {
       const recorder =
-        this.recording === undefined ? undefined : recordingExecutor(upstream, { recording: this.recording, guest, secrets, cookies: this.cookies, log: this.log });
+        this.recording === undefined ? undefined : recordingExecutor(upstream, { recording: this.recording, guest, secrets, neighbours, cookies: this.cookies, log: this.log });
       if (this.replay === undefined) return recorder!;
       const { source, options } = this.replay;
       return replayExecutor({

@@ -6,6 +6,7 @@ import { BodyCapture, teeBody, type CapturedBody } from "./body-capture.js";
 import { buildEntry, type Exchange } from "./entry.js";
 import { sidecarDir } from "./har.js";
 import { LiteralScanner } from "./leak-scan.js";
+import { RecordedValues } from "./recorded-values.js";
 import type { Recording } from "./recording.js";
 import { rm } from "node:fs/promises";
 import { join } from "node:path";
@@ -17,6 +18,8 @@ export interface RecorderDeps {
   readonly guest: string;
   /** The guest's secrets, asked at each exchange (they can rotate). */
   readonly secrets: () => SecretStore | undefined;
+  /** Every other guest's secrets, asked at each exchange: their values are kept out of this guest's entries too. */
+  readonly neighbours: () => Iterable<SecretStore | undefined>;
   readonly cookies: boolean;
   readonly log: Logger;
 }
@@ -35,10 +38,8 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
       const started = new Date();
       const t0 = performance.now();
       const store = deps.secrets();
-      const scanner = (): LiteralScanner | undefined => {
-        const values = store?.valuesToFind() ?? [];
-        return values.length === 0 ? undefined : new LiteralScanner(values);
-      };
+      const values = RecordedValues.of(store, deps.neighbours());
+      const scanner = (): LiteralScanner | undefined => (values === undefined ? undefined : new LiteralScanner(values.valuesToFind()));
       let requestBody: { capture: BodyCapture; done: Promise<boolean>; scanner: LiteralScanner | undefined } | undefined;
       let sent: OutboundRequest = request;
       if (request.body !== null) {
@@ -86,7 +87,7 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
           requestLeak: requestBody?.scanner?.found,
           timings: { send: 0, wait: Math.round(head - t0), receive: Math.round(performance.now() - head) },
         };
-        write(exchange, deps, info);
+        write(exchange, store, values, deps, info);
       };
       const location = redirectStatuses.has(response.status) ? response.location : undefined;
       if (response.body === null || location !== undefined) {
@@ -109,7 +110,7 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
           }
           // Still compressed on disk, a sidecar body cannot be searched: with values to look for, its
           // bytes are never decrypted to disk.
-          const unsearchable = encoding !== "" && store !== undefined && store.valuesToFind().length > 0;
+          const unsearchable = encoding !== "" && values !== undefined;
           const body = await capture.finish({ withhold: unsearchable });
           if (body.file !== undefined && unsearchable) {
             // Still compressed on disk, so it cannot be searched: not written (fail closed).
@@ -124,8 +125,8 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
   };
 }
 
-function write(exchange: Exchange, deps: RecorderDeps, info: SendInfo): void {
-  const built = buildEntry(exchange, deps.secrets(), { cookies: deps.cookies });
+function write(exchange: Exchange, store: SecretStore | undefined, values: RecordedValues | undefined, deps: RecorderDeps, info: SendInfo): void {
+  const built = buildEntry(exchange, store, values, { cookies: deps.cookies });
   if ("leak" in built) {
     deps.log.error("exchange not recorded: it holds a secret's value", {
       code: "EG_RECORD_LEAK",

@@ -4,9 +4,9 @@ import { closeSync, constants, existsSync, lstatSync, mkdirSync, openSync, readd
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { brotliCompressSync, brotliDecompressSync, gunzipSync, gzipSync } from "node:zlib";
-import { request } from "undici";
+import { ProxyAgent, request } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
-import type { AuditRecord } from "../../src/index.js";
+import { createHttpHooks, startProxy, type AuditRecord } from "../../src/index.js";
 import type { RecordedHar } from "../../src/record/har.js";
 import { checkHarFile, formatHarReport } from "../../src/record/har-check.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
@@ -15,6 +15,7 @@ import { openTlsTunnel } from "../helpers/raw.js";
 import { fetchVia, proxyAgent, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { startUpstream, type Route } from "../helpers/upstream.js";
 import { craftedText } from "../helpers/crafted-text.js";
+import { testCa } from "../helpers/test-ca.js";
 
 const VALUE = "ghp_realRecordedValue0123456789abcdef";
 
@@ -861,5 +862,86 @@ describe("sidecar files that are not regular files", () => {
     }
     expect((await within(fetchVia(proxy, "https://api.test/inline"), "an inline answer")).text).toBe("ok");
     expect((await within(readFile(file), "a file read")).length).toBeGreaterThan(0);
+  });
+});
+
+// Guests a and b record into one file, and an upstream they share (a cache, an activity feed, a
+// debug page) shows one guest's credential to the other: guest a's entry held guest b's real
+// token in clear, in a response header and its body. Only a's own values were searched for.
+describe("a recording several guests make", () => {
+  const A_VALUE = "tokA_realvalue_aaaaaaaaaaaaaaaaaaaaaaaaa";
+  const B_FIRST = "tokB_realvalue_bbbbbbbbbbbbbbbbbbbbbbbbb";
+  const B_NEXT = "tokB_rotatedvalue_ccccccccccccccccccccccc";
+
+  it("keeps every guest's current and retired values out of each guest's entries: redacted in responses, or the entry is not written", async () => {
+    const dir = tempDir();
+    const har = join(dir, "shared.har");
+    let last = "";
+    const upstream = await startUpstream({
+      names: ["shared.test"],
+      routes: {
+        // What the previous caller sent, in a header and in the body.
+        "/last-auth": (req, res) => {
+          const seen = last;
+          last = String(req.headers["authorization"] ?? last);
+          res.writeHead(200, { "content-type": "text/plain", "x-last-auth": seen });
+          res.end(`last caller's auth: ${seen}\n`);
+        },
+        // The same in a 2 MiB body: a sidecar file, searched as it streams.
+        "/last-auth-big": (_req, res) => {
+          res.writeHead(200, { "content-type": "text/plain" });
+          const line = `last caller's auth: ${last}\n`;
+          res.end(line.repeat(Math.ceil((2 * 1024 * 1024) / line.length)));
+        },
+      },
+    });
+    const guest = (name: string, value: string): ReturnType<typeof createHttpHooks> =>
+      createHttpHooks({ allowedInternalHosts: ["shared.test"], secrets: { [`${name.toUpperCase()}_TOKEN`]: { hosts: ["shared.test"], value } } });
+    const a = guest("a", A_VALUE);
+    const b = guest("b", B_FIRST);
+    const logs: Record<string, unknown>[] = [];
+    const proxy = await startProxy({
+      guests: { a: { httpHooks: a.httpHooks, env: a.env }, b: { httpHooks: b.httpHooks, env: b.env } },
+      listen: { host: "127.0.0.1", port: 0 },
+      caDir: join(dir, "ca"),
+      upstreamCa: [(await testCa()).certPem],
+      resolve: { "shared.test": ["127.0.0.1"] },
+      logLevel: "debug",
+      logSink: (line) => logs.push(JSON.parse(line) as Record<string, unknown>),
+      upstream: { record: { path: har } },
+    });
+    onTestFinished(() => proxy.close());
+    const as = async (name: "a" | "b", path: string): Promise<string> => {
+      const env = proxy.guestEnv(name);
+      const agent = new ProxyAgent({ uri: env["HTTPS_PROXY"]!, requestTls: { ca: proxy.caCertPem } });
+      try {
+        const res = await request(`https://shared.test:${upstream.port}${path}`, { dispatcher: agent, headers: { authorization: `Bearer ${env[`${name.toUpperCase()}_TOKEN`]!}` } });
+        expect(res.statusCode).toBe(200);
+        return await res.body.text();
+      } finally {
+        await agent.close();
+      }
+    };
+    await as("b", "/last-auth");
+    // b's first value is retired by the rotation, and still echoed to a.
+    b.secretManager.updateSecret("B_TOKEN", { value: B_NEXT });
+    expect(await as("a", "/last-auth")).toContain(B_FIRST);
+    await as("b", "/last-auth");
+    expect((await as("a", "/last-auth-big")).length).toBeGreaterThan(1024 * 1024);
+    expect(await as("a", "/last-auth")).toContain(B_NEXT);
+    await proxy.close();
+
+    const entries = readHar(har).log.entries;
+    const ofA = entries.filter((e) => e._egressgate?.guest === "a");
+    expect(ofA.map((e) => [new URL(e.request.url).pathname, e.response.headers.find((h) => h.name === "x-last-auth")?.value, e.response.content.text])).toEqual([
+      ["/last-auth", "Bearer [REDACTED:B_TOKEN]", "last caller's auth: Bearer [REDACTED:B_TOKEN]\n"],
+      ["/last-auth", "Bearer [REDACTED:B_TOKEN]", "last caller's auth: Bearer [REDACTED:B_TOKEN]\n"],
+    ]);
+    // The large body cannot be redacted as it streams: it is not written, and neither is its file.
+    expect(logs.filter((l) => l["code"] === "EG_RECORD_LEAK")).toEqual([expect.objectContaining({ guest: "a", secret: "B_TOKEN", where: "the response body" })]);
+    expect(readdirSync(`${har}.d`)).toEqual([]);
+    const disk = everything(har);
+    for (const value of [A_VALUE, B_FIRST, B_NEXT]) expect(disk).not.toContain(value);
+    expect(formatHarReport(await checkHarFile(har)).status).toBe(0);
   });
 });
