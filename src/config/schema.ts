@@ -84,7 +84,7 @@ const upstreamNode = object(
     record: object(
       {
         path: string("a file path", "Write every exchange to this HAR 1.2 file (bodies over 1 MiB to FILE.d/), secrets never in it.", { required: true }),
-        cookies: boolean("Keep Set-Cookie values in the recording; masked by default.", { default: defaults.upstream.record.cookies }),
+        cookies: boolean("Keep cookie values (Set-Cookie and Cookie) in the recording; masked by default.", { default: defaults.upstream.record.cookies }),
       },
       "Record the network to a HAR file.",
     ),

@@ -7,13 +7,15 @@ import { UnscannableError, unscannedMarker } from "../policy/secret-scan.js";
 import type { CapturedBody } from "./body-capture.js";
 import { inlineBodyLimit, isText, type RecordedContent, type RecordedEntry, type RecordedPostData } from "./har.js";
 import { fullScanLimit, LiteralScanner } from "./leak-scan.js";
+import { maskCookieHeader, maskSetCookie } from "./cookies.js";
 import type { RecordedValues } from "./recorded-values.js";
 import { withFields } from "../objects.js";
 
 /**
  * One exchange made into a HAR entry with no real secret left in it (issue 18):
  * - the request as it left, with every value the proxy put in (headers, Basic credentials, the
- *   query, a redirect hop's URL) and every placeholder turned into `EGRESSGATE_SECRET{NAME}`;
+ *   query, a redirect hop's URL) and every placeholder turned into `EGRESSGATE_SECRET{NAME}`,
+ *   and Cookie values masked unless cookies are kept;
  * - response headers and text bodies with any value replaced by `[REDACTED:NAME]` (Location
  *   tokenized instead, so a replayed redirect leads to the hop that was recorded), and
  *   Set-Cookie values masked unless cookies are kept;
@@ -45,7 +47,7 @@ export interface Exchange {
 }
 
 export interface EntryOptions {
-  /** Keep Set-Cookie values (`--record-cookies`). */
+  /** Keep cookie values, of Set-Cookie and of Cookie (`--record-cookies`). */
   readonly cookies: boolean;
 }
 
@@ -97,7 +99,9 @@ function build(x: Exchange, values: RecordedValues | undefined, secrets: SecretS
   const requestHeaders: Header[] = [{ name: "host", value: tokenize(x.request.url.host, "the request host") }];
   for (let i = 0; i < x.request.headers.length; i += 2) {
     const name = x.request.headers[i]!;
-    requestHeaders.push({ name, value: tokenizeHeader(x.request.headers[i + 1]!, (text) => tokenize(text, `request header ${name}`)) });
+    const value = x.request.headers[i + 1]!;
+    if (name.toLowerCase() === "cookie" && !options.cookies) requestHeaders.push({ name, value: maskCookieHeader(value) });
+    else requestHeaders.push({ name, value: tokenizeHeader(value, (text) => tokenize(text, `request header ${name}`)) });
   }
   const parsed = new URL(url);
   const requestType = getHeader(x.request.headers, "content-type") ?? "";
@@ -111,7 +115,7 @@ function build(x: Exchange, values: RecordedValues | undefined, secrets: SecretS
     const name = x.headers[i]!;
     const lower = name.toLowerCase();
     const value = x.headers[i + 1]!;
-    if (lower === "set-cookie" && !options.cookies) responseHeaders.push({ name, value: maskCookie(value) });
+    if (lower === "set-cookie" && !options.cookies) responseHeaders.push({ name, value: maskSetCookie(value) });
     else if (tokenizedResponseHeaders.has(lower)) responseHeaders.push({ name, value: tokenize(value, `response header ${name}`) });
     else responseHeaders.push({ name, value: values === undefined ? value : placeholdersAsTokens(values.redact(value), secrets) });
   }
@@ -167,14 +171,6 @@ export function tokenizeHeader(value: string, tokenize: (text: string) => string
     if (tokenized !== decoded) value = `${basic[1]}${Buffer.from(tokenized, "utf8").toString("base64")}`;
   }
   return tokenize(value);
-}
-
-/** `name=value; attrs` with the value masked: a session cookie is a credential of its own. */
-function maskCookie(value: string): string {
-  const eq = value.indexOf("=");
-  if (eq < 0) return value;
-  const end = value.indexOf(";", eq);
-  return `${value.slice(0, eq)}=[MASKED]${end < 0 ? "" : value.slice(end)}`;
 }
 
 /**

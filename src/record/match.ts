@@ -1,5 +1,6 @@
 import { createHash } from "node:crypto";
 import { bareHostname } from "../hostname.js";
+import { maskCookieHeader } from "./cookies.js";
 
 /**
  * The match key of a replay (issue 18): method, scheme, host, port, path, the query sorted, and
@@ -36,7 +37,8 @@ export function fieldsOf(method: string, url: URL, headers: readonly (readonly [
     .join("&");
   const wanted: string[] = [];
   for (const name of options.matchHeaders) {
-    const values = headers.filter(([n]) => n.toLowerCase() === name).map(([, v]) => v);
+    // Cookie values are masked in a recording (unless --record-cookies): names are what both sides still have.
+    const values = headers.filter(([n]) => n.toLowerCase() === name).map(([, v]) => (name === "cookie" ? maskCookieHeader(v) : v));
     wanted.push(`${name}: ${values.join(", ")}`);
   }
   return {

@@ -18,7 +18,7 @@ import { withFields } from "../objects.js";
 export interface RecordOptions {
   /** The HAR file (`--record FILE.har`); bodies over 1 MiB go to `FILE.har.d/`. */
   readonly path: string;
-  /** Keep Set-Cookie values (`--record-cookies`); masked by default. */
+  /** Keep cookie values, of Set-Cookie and of Cookie (`--record-cookies`); masked by default. */
   readonly cookies?: boolean;
 }
 
@@ -36,7 +36,7 @@ export interface ReplayOptions {
   readonly exhausted?: Exhausted;
   /** `recorded` waits as the recording did; `none` (default) answers at once. */
   readonly latency?: "none" | "recorded";
-  /** Misses go to the real network and are recorded into the same file (`--record-missing`); Set-Cookie values stay masked. */
+  /** Misses go to the real network and are recorded into the same file (`--record-missing`); cookie values stay masked. */
   readonly recordMissing?: boolean;
 }
 

@@ -223,6 +223,51 @@ describe("recorded network", () => {
     expect(upstream.hits()).toBe(1);
   });
 
+  // Set-Cookie was masked, as a session cookie is a credential of its own, while the next
+  // request's Cookie header carried the same session into the file in clear (black-box finding).
+  it("Cookie values are masked as Set-Cookie values are (kept with cookies: true), and a replay matches them by name", async () => {
+    const dir = tempDir();
+    const upstream = await startUpstream({
+      routes: {
+        "/login": (_req, res) => {
+          res.writeHead(200, [["set-cookie", "sid=SECRETSESSION123; Path=/; HttpOnly"], ["set-cookie", "theme=dark"], ["content-type", "text/plain"]].flat());
+          res.end("in");
+        },
+        "/me": (_req, res) => {
+          res.writeHead(200, { "content-type": "text/plain" });
+          res.end("me");
+        },
+      },
+    });
+    const base = `https://api.test:${upstream.port}`;
+    const session = { cookie: "sid=SECRETSESSION123; theme=dark" };
+    const record = async (path: string, cookies: boolean): Promise<RecordedHar> => {
+      const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path, cookies } } });
+      expect((await fetchVia(recorder, `${base}/login`)).status).toBe(200);
+      expect((await fetchVia(recorder, `${base}/me`, { headers: session })).status).toBe(200);
+      await recorder.close();
+      return readHar(path);
+    };
+    const cookiesOf = (file: RecordedHar): (string | undefined)[][] =>
+      file.log.entries.map((e) => [e.request.headers.find((h) => h.name === "cookie")?.value, ...e.response.headers.filter((h) => h.name === "set-cookie").map((h) => h.value)]);
+    const masked = join(dir, "masked.har");
+    expect(cookiesOf(await record(masked, false))).toEqual([
+      [undefined, "sid=[MASKED]; Path=/; HttpOnly", "theme=[MASKED]"],
+      ["sid=[MASKED]; theme=[MASKED]"],
+    ]);
+    expect(everything(masked)).not.toContain("SECRETSESSION123");
+    expect(cookiesOf(await record(join(dir, "kept.har"), true))).toEqual([
+      [undefined, "sid=SECRETSESSION123; Path=/; HttpOnly", "theme=dark"],
+      ["sid=SECRETSESSION123; theme=dark"],
+    ]);
+    // Headers are not part of the key by default; named, a Cookie header matches by its cookies' names.
+    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: masked } } });
+    expect((await fetchVia(replayer, `${base}/me`, { headers: { cookie: "sid=ANOTHERSESSION" } })).text).toBe("me");
+    const byCookie = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: masked, matchHeaders: ["Cookie"] } } });
+    expect((await fetchVia(byCookie, `${base}/me`, { headers: { cookie: "sid=ANOTHERSESSION; theme=light" } })).text).toBe("me");
+    expect((await fetchVia(byCookie, `${base}/me`, { headers: { cookie: "other=1" } })).status).toBe(502);
+  });
+
   it("a value a hook puts into a request body drops the entry with EG_RECORD_LEAK", async () => {
     const dir = tempDir();
     const har = join(dir, "run.har");
