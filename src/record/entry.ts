@@ -8,6 +8,7 @@ import type { CapturedBody } from "./body-capture.js";
 import { inlineBodyLimit, isText, type RecordedContent, type RecordedEntry, type RecordedPostData } from "./har.js";
 import { fullScanLimit, LiteralScanner } from "./leak-scan.js";
 import { maskCookieHeader, maskSetCookie } from "./cookies.js";
+import { bodyWithTokens } from "./match.js";
 import type { RecordedValues } from "./recorded-values.js";
 import { withFields } from "../objects.js";
 
@@ -174,18 +175,16 @@ export function tokenizeHeader(value: string, tokenize: (text: string) => string
 }
 
 /**
- * The request body, kept as it was sent (it is half of the match key): text with placeholders
- * tokenized, binary as base64, a large one in its sidecar. A value in it is a leak.
+ * The request body, kept as it was sent (it is half of the match key) with placeholders
+ * tokenized whatever its type, as the replay's key has them ({@link bodyWithTokens}): text as
+ * text, binary as base64, a large one in its sidecar. A value in it is a leak.
  */
 function postDataOf(body: CapturedBody, mimeType: string, secrets: SecretStore | undefined): RecordedPostData {
   if (body.withheld === true) throw new LeakFound({ secret: "(a body that was not kept)", where: "the request body" });
   if (body.file !== undefined) return { mimeType, text: "", _file: body.file };
-  const bytes = body.bytes!;
-  if (isText(bytes, mimeType)) {
-    const text = bytes.toString("utf8");
-    // Placeholders only: a value here was not put by the proxy, and fails the final check.
-    return { mimeType, text: secrets?.tokenizePlaceholders(text) ?? text };
-  }
+  // Placeholders only: a value here was not put by the proxy, and fails the final check.
+  const bytes = bodyWithTokens(body.bytes!, secrets);
+  if (isText(bytes, mimeType)) return { mimeType, text: bytes.toString("utf8") };
   return { mimeType, text: bytes.toString("base64"), _encoding: "base64" };
 }
 

@@ -1,5 +1,6 @@
 import { createHash } from "node:crypto";
 import { bareHostname } from "../hostname.js";
+import type { SecretStore } from "../policy/secrets.js";
 import { maskCookieHeader } from "./cookies.js";
 
 /**
@@ -27,6 +28,23 @@ export function matchKey(fields: MatchFields): string {
 
 /** A body for the key: its bytes when small, else only its SHA-256. */
 export type BodyForKey = { readonly bytes: Buffer } | { readonly sha256: string } | null;
+
+/**
+ * A request body as the recorder keeps it and the replay matches it: the guest's placeholders
+ * turned into their tokens, whatever the body's type or bytes. The recorder did this only for a
+ * body it stored as text (by its Content-Type), the replay for any valid UTF-8, so a
+ * placeholder in an `application/octet-stream` body never matched, even with the same
+ * placeholders (black-box finding); one rule on both sides now. Placeholders and tokens are
+ * ASCII, and Latin-1 maps each byte to one character and back, so bytes that are not text
+ * (a protobuf, a gRPC frame) come back unchanged around them.
+ */
+export function bodyWithTokens(bytes: Buffer, secrets: SecretStore | undefined): Buffer {
+  // Every placeholder starts so: a body without it is left as it is, undecoded.
+  if (secrets === undefined || !bytes.includes("EGRESSGATE_SECRET_")) return bytes;
+  const text = bytes.toString("latin1");
+  const tokenized = secrets.tokenizePlaceholders(text);
+  return tokenized === text ? bytes : Buffer.from(tokenized, "latin1");
+}
 
 export function fieldsOf(method: string, url: URL, headers: readonly (readonly [string, string])[], body: BodyForKey, options: MatchOptions): MatchFields {
   const ignored = new Set(options.ignoreQuery);

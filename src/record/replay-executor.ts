@@ -8,7 +8,7 @@ import type { Executor, ExecutorResponse, GuestGone, OutboundRequest } from "../
 import type { SecretStore } from "../policy/secrets.js";
 import { tokenizeHeader } from "./entry.js";
 import { inlineBodyLimit, maxRecordedMs, type RecordedEntry } from "./har.js";
-import { fieldsOf, type BodyForKey, type MatchOptions } from "./match.js";
+import { bodyWithTokens, fieldsOf, type BodyForKey, type MatchOptions } from "./match.js";
 import { sidecarPath, type ReplaySource } from "./replay-source.js";
 import { withFields } from "../objects.js";
 import { FileReadError, openRegularFile, readFailure } from "../regular-file.js";
@@ -87,13 +87,10 @@ async function readBody(body: OutboundRequest["body"]): Promise<ReadBody> {
   return size <= inlineBodyLimit ? { bytes: Buffer.concat(held) } : { sha256: hash.digest("hex"), size };
 }
 
-/** Placeholders in a text body become tokens, as the recorder wrote them. */
+/** Placeholders in the body become tokens, as the recorder wrote them (one rule for both: {@link bodyWithTokens}). */
 function keyBody(body: ReadBody, secrets: SecretStore | undefined): BodyForKey {
   if (body === null || !("bytes" in body)) return body === null ? null : { sha256: body.sha256 };
-  if (secrets === undefined || secrets.list().length === 0) return body;
-  const text = body.bytes.toString("utf8");
-  if (!Buffer.from(text, "utf8").equals(body.bytes)) return body;
-  return { bytes: Buffer.from(secrets.tokenizePlaceholders(text), "utf8") };
+  return { bytes: bodyWithTokens(body.bytes, secrets) };
 }
 
 async function respond(entry: RecordedEntry, request: OutboundRequest, deps: ReplayDeps, signal: GuestGone): Promise<ExecutorResponse> {

@@ -389,6 +389,55 @@ describe("recorded network", () => {
     expect(other.status).toBe(502);
   });
 
+  // The recorder tokenized a request body's placeholders only when it stored the body as text
+  // (by its Content-Type), the replay in any valid UTF-8 body: an application/octet-stream body
+  // carrying a placeholder was recorded raw and could never be replayed, even with the same
+  // placeholders (black-box finding). One rule on both sides now, whatever the type or bytes.
+  describe("a request body that carries a placeholder replays in a run with other placeholders, whatever its type", () => {
+    const grpcFrame = (payload: string): Buffer => {
+      const bytes = Buffer.from(payload, "latin1");
+      const head = Buffer.alloc(5);
+      head.writeUInt32BE(bytes.length, 1);
+      return Buffer.concat([head, bytes]);
+    };
+    const cases: [string, string, (placeholder: string) => Buffer, boolean][] = [
+      ["application/octet-stream", "application/octet-stream", (p) => Buffer.from(`upload=${p}`), true],
+      ["application/x-protobuf, bytes that are not UTF-8", "application/x-protobuf", (p) => Buffer.concat([Buffer.from([0x0a, 0xff, 0xfe]), Buffer.from(p), Buffer.from([0x80, 0x00])]), true],
+      ["application/protobuf", "application/protobuf", (p) => Buffer.from(`\x0a\x42${p}`), true],
+      ["application/grpc", "application/grpc", (p) => grpcFrame(`\x0a\x42${p}`), true],
+      ["application/json", "application/json", (p) => Buffer.from(JSON.stringify({ token: p, n: 1 })), false],
+      ["text/plain", "text/plain", (p) => Buffer.from(`upload=${p}`), false],
+    ];
+    it.each(cases)("%s", async (_name, type, body, binary) => {
+      const dir = tempDir();
+      const har = join(dir, "run.har");
+      const upstream = await startUpstream({
+        routes: {
+          "/upload": (req, res, bytes) => {
+            res.writeHead(200, { "content-type": "text/plain" });
+            res.end(`${String(req.headers["content-type"])}: ${bytes.length} bytes`);
+          },
+        },
+      });
+      const url = `https://api.test:${upstream.port}/upload`;
+      const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"], secrets: { GH_TOKEN: { hosts: ["api.test"], value: VALUE } } }, { upstream: { record: { path: har } } });
+      const sent = body(recorder.guestEnv()["GH_TOKEN"]!);
+      const live = await fetchVia(recorder, url, { method: "POST", body: sent, headers: { "content-type": type } });
+      expect(live.status).toBe(200);
+      await recorder.close();
+      const post = readHar(har).log.entries[0]!.request.postData!;
+      expect(post._encoding === "base64").toBe(binary);
+      const stored = Buffer.from(post.text!, binary ? "base64" : "utf8").toString("latin1");
+      expect(stored).toContain("EGRESSGATE_SECRET{GH_TOKEN}");
+      expect(stored).not.toContain(recorder.guestEnv()["GH_TOKEN"]!);
+      const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"], secrets: { GH_TOKEN: { hosts: ["api.test"], value: "dummy-value-for-ci" } } }, { upstream: { replay: { path: har } } });
+      const placeholder = replayer.guestEnv()["GH_TOKEN"]!;
+      expect(placeholder).not.toBe(recorder.guestEnv()["GH_TOKEN"]);
+      const again = await fetchVia(replayer, url, { method: "POST", body: body(placeholder), headers: { "content-type": type } });
+      expect([again.status, again.text]).toEqual([200, live.text]);
+    });
+  });
+
   it("a body nonce misses unless its path is ignored", async () => {
     const dir = tempDir();
     const har = join(dir, "run.har");
