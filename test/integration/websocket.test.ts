@@ -380,6 +380,33 @@ describe("an upstream's status line that is not a 101", () => {
 });
 
 describe("upgrades abandoned before their 101", () => {
+  /**
+   * An upgrade sent to a proxy and held where `phase` says: in its onRequest hook for `holdMs`,
+   * or at an upstream that never answers. Resolves once it is held there.
+   */
+  async function heldUpgrade(phase: string, holdMs: number, options: Parameters<typeof startTestProxy>[1]): Promise<{ proxy: Awaited<ReturnType<typeof startTestProxy>>; guest: ReturnType<typeof sendUpgrade>["guest"] }> {
+    let headSeen!: () => void;
+    const headReceived = new Promise<void>((resolve) => (headSeen = resolve));
+    const { port } = await startRawUpstream((s) => s.on("data", () => headSeen()));
+    let hookCalled!: () => void;
+    const inHook = new Promise<void>((resolve) => (hookCalled = resolve));
+    const inHookPhase = phase.startsWith("an onRequest");
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        onRequest: async (request) => {
+          if (!inHookPhase || new URL(request.url).pathname !== "/ws") return;
+          hookCalled();
+          await new Promise((resolve) => setTimeout(resolve, holdMs));
+        },
+      },
+      options,
+    );
+    const { guest } = sendUpgrade(proxy.port, port);
+    await (inHookPhase ? inHook : headReceived);
+    return { proxy, guest };
+  }
+
   /** The decision lines of upgrades, as the log has them. */
   const upgradeLines = (logs: Record<string, unknown>[]): Record<string, unknown>[] => logs.filter((l) => l["msg"] === "request" && l["upgrade"] === true);
 
@@ -387,26 +414,8 @@ describe("upgrades abandoned before their 101", () => {
   it.each(["an onRequest hook is deciding", "the upstream has not answered"])(
     "a guest that leaves while %s is logged and audited 499, as a plain request is, with no error body counted",
     async (phase) => {
-      let headSeen!: () => void;
-      const headReceived = new Promise<void>((resolve) => (headSeen = resolve));
-      const { port } = await startRawUpstream((s) => s.on("data", () => headSeen()));
-      let hookCalled!: () => void;
-      const inHook = new Promise<void>((resolve) => (hookCalled = resolve));
       const records: AuditRecord[] = [];
-      const proxy = await startTestProxy(
-        {
-          allowedInternalHosts: ["api.test"],
-          onRequest: async (request) => {
-            if (phase.startsWith("an onRequest") && new URL(request.url).pathname === "/ws") {
-              hookCalled();
-              await new Promise((resolve) => setTimeout(resolve, 300));
-            }
-          },
-        },
-        { onDecision: (record) => void records.push(record) },
-      );
-      const { guest } = sendUpgrade(proxy.port, port);
-      await (phase.startsWith("an onRequest") ? inHook : headReceived);
+      const { proxy, guest } = await heldUpgrade(phase, 300, { onDecision: (record) => void records.push(record) });
       guest.destroy();
       await expect.poll(() => upgradeLines(proxy.logs).length).toBe(1);
       expect(upgradeLines(proxy.logs)[0]).toMatchObject({ status: 499, reason: "guest closed the connection" });
@@ -425,26 +434,9 @@ describe("upgrades abandoned before their 101", () => {
   it.each(["the upstream has not answered", "an onRequest hook is deciding"])(
     "an upgrade the end of the drain cuts while %s is logged as the proxy's doing, and audited like every decision line",
     async (phase) => {
-      let headSeen!: () => void;
-      const headReceived = new Promise<void>((resolve) => (headSeen = resolve));
-      const { port } = await startRawUpstream((s) => s.on("data", () => headSeen()));
-      let hookCalled!: () => void;
-      const inHook = new Promise<void>((resolve) => (hookCalled = resolve));
       const hookMs = 10_000;
       const auditLog = join(tempDir(), "audit.jsonl");
-      const proxy = await startTestProxy(
-        {
-          allowedInternalHosts: ["api.test"],
-          onRequest: async () => {
-            if (!phase.startsWith("an onRequest")) return;
-            hookCalled();
-            await new Promise((resolve) => setTimeout(resolve, hookMs - 1_000));
-          },
-        },
-        { auditLog, timeouts: { drainMs: 300, hookMs } },
-      );
-      sendUpgrade(proxy.port, port);
-      await (phase.startsWith("an onRequest") ? inHook : headReceived);
+      const { proxy } = await heldUpgrade(phase, hookMs - 1_000, { auditLog, timeouts: { drainMs: 300, hookMs } });
       await proxy.close();
       const lines = proxy.logs.filter((l) => l["msg"] === "request");
       expect(lines).toHaveLength(1);
