@@ -211,6 +211,34 @@ export async function bundlePolicy(input: BundleInput): Promise<BundledPolicy> {
 }
 
 /**
+ * Whether a policy given as text is an ES module: esbuild parses it (nothing is bundled) and
+ * says whether it met `import`, `export`, `import.meta` or a top-level `await`. A line scan
+ * took a script with a comment or string line starting "export" for a module that exports
+ * nothing, and `import x from "./a.js"; export …` on one line, or `export{x}`, for a script.
+ * Text that does not parse fails here with esbuild's file, line and message. `filename` must
+ * not end in `.mjs` or `.mts`: esbuild takes such a file for a module whatever it holds.
+ */
+export async function hasModuleSyntax(source: string, filename: string): Promise<boolean> {
+  try {
+    const result = await build({
+      stdin: { contents: source, loader: "js", sourcefile: filename },
+      write: false,
+      bundle: false,
+      metafile: true,
+      platform: "neutral",
+      logLevel: "silent",
+    });
+    return Object.values(result.metafile.inputs).some((input) => input.format === "esm");
+  } catch (error) {
+    const failure = error as { errors?: Message[] };
+    if (Array.isArray(failure.errors) && failure.errors.length > 0) {
+      throw new PolicyLoadError(failure.errors.map(describe).join("\n"));
+    }
+    throw new PolicyLoadError(`${filename}: ${(error as Error).message}`);
+  }
+}
+
+/**
  * Stops esbuild's service process. A worker thread that bundled the policy calls it once it has
  * the code: the service would otherwise stay a child of the proxy for its whole life (about
  * 12 MiB of RSS) with nothing more to bundle. A later bundle starts a new one.

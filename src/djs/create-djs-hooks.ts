@@ -11,7 +11,7 @@ export { PolicyLoadError } from "./bundle.js";
 
 /** Options for {@link createDjsHooks}. */
 export interface DjsHooksOptions {
-  /** `script` defines global functions; `module` and `typescript` export them. Default: from the file extension. */
+  /** `script` defines global functions; `module` and `typescript` export them. Default: from the file extension, else `module` if the text has ES module syntax, else `script`. */
   readonly kind?: PolicyKind;
   /** The policy's file name, for errors and logs; its folder bounds relative imports. */
   readonly filename?: string;
@@ -69,14 +69,17 @@ export class DjsHooks {
   }
 }
 
-function kindOf(filename: string | undefined, source: string): PolicyKind {
-  if (filename !== undefined) {
-    if (/\.(ts|mts)$/.test(filename)) return "typescript";
-    if (filename.endsWith(".mjs")) return "module";
-    if (filename.endsWith(".js") || filename.endsWith(".cjs")) return "script";
-  }
-  // A bare source: a module if it exports anything, else a script of global functions.
-  return /^\s*export\s/m.test(source) ? "module" : "script";
+/**
+ * The kind a file name tells. Otherwise it is not known until the first worker has parsed the
+ * source: a module if it has ES module syntax, else a script of global functions (protocol.ts's
+ * `detect`).
+ */
+function kindOf(filename: string | undefined): PolicyKind | undefined {
+  if (filename === undefined) return undefined;
+  if (/\.(ts|mts)$/.test(filename)) return "typescript";
+  if (filename.endsWith(".mjs")) return "module";
+  if (filename.endsWith(".js") || filename.endsWith(".cjs")) return "script";
+  return undefined;
 }
 
 /** An option error of createDjsHooks: code EG_INVALID_OPTION and the option's path, as createHttpHooks's. */
@@ -103,7 +106,8 @@ function resolveLimits(limits: unknown): DjsLimits {
 /**
  * Loads a tier-2 policy into QuickJS sandboxes on worker threads. The policy is bundled and
  * compiled once, here: a syntax error, a refused or missing import, or a top-level throw
- * throws a `PolicyLoadError` naming the file, line and message.
+ * throws a `PolicyLoadError` naming the file, line and message; so does a policy that defines
+ * no phase, or a name that looks meant as a phase but would never be called (src/djs/phase-check.ts).
  *
  * Every call starts from the compiled state: module variables and globals a call changes are
  * gone in the next one, builtins are frozen, and `Date.now()` is the clock at the call's start.
@@ -144,9 +148,10 @@ export function createDjsHooks(sourceOrOptions: string | DjsHooksOptions): { djs
   if (!Number.isInteger(workers) || workers < 1 || workers > 64) {
     throw invalid(["workers"], `must be an integer from 1 to 64 (got ${String(options.workers)})`, "range");
   }
-  const kind = options.kind ?? kindOf(options.filename, options.source);
-  const extension = kind === "typescript" ? "ts" : kind === "module" ? "mjs" : "js";
-  const filename = path.resolve(options.filename ?? `policy.${extension}`);
+  const known = options.kind ?? kindOf(options.filename);
+  const kind = known ?? "module";
+  const named = (extension: string): string => path.resolve(options.filename ?? `policy.${extension}`);
+  const filename = named(kind === "typescript" ? "ts" : kind === "module" ? "mjs" : "js");
   const engine = DjsEngine.load(
     {
       kind,
@@ -155,6 +160,7 @@ export function createDjsHooks(sourceOrOptions: string | DjsHooksOptions): { djs
       modules: Object.freeze({ ...(modules ?? {}) }),
       // A policy named by a file imports its neighbours from disk; given as text, only `modules`.
       fromDisk: modules === undefined && options.filename !== undefined,
+      ...(known === undefined ? { detect: { scriptFilename: named("js") } } : {}),
     },
     resolveLimits(options.limits),
     workers,
@@ -188,5 +194,5 @@ export function djsHooksOptionsFromFile(file: string): DjsHooksOptions {
   if (!/\.(js|mjs|ts|mts)$/.test(filename)) {
     throw new PolicyLoadError(`${filename}: a policy file must end in .js (script), .mjs (module), or .ts/.mts (TypeScript)`);
   }
-  return { filename, source, kind: kindOf(filename, source) };
+  return { filename, source, kind: kindOf(filename)! };
 }

@@ -261,13 +261,13 @@ export class DjsEngine {
     if (list?.length === 0) preloaded.delete(key);
     if (ahead !== undefined) {
       if ("error" in ahead) throw ahead.error;
-      return new DjsEngine({ kind: policy.kind, filename: policy.filename, code: ahead.reply.code, map: ahead.reply.map }, ahead.reply.phases, limits, ahead.spawned, poolSize);
+      return new DjsEngine({ kind: ahead.reply.kind, filename: ahead.reply.filename, code: ahead.reply.code, map: ahead.reply.map }, ahead.reply.phases, limits, ahead.spawned, poolSize);
     }
     const started = spawn(policy, limits);
     const waited = Atomics.wait(new Int32Array(started.ready), 0, 0, loadTimeoutMs);
     const loaded = settleLoad(started, policy.filename, waited);
     if ("error" in loaded) throw loaded.error;
-    return new DjsEngine({ kind: policy.kind, filename: policy.filename, code: loaded.reply.code, map: loaded.reply.map }, loaded.reply.phases, limits, started, poolSize);
+    return new DjsEngine({ kind: loaded.reply.kind, filename: loaded.reply.filename, code: loaded.reply.code, map: loaded.reply.map }, loaded.reply.phases, limits, started, poolSize);
   }
 
   private attach(spawned: Spawned, loaded: boolean): Slot {

@@ -32,6 +32,12 @@ export type PolicySource =
       readonly source: string;
       readonly modules: Readonly<Record<string, string>>;
       readonly fromDisk: boolean;
+      /**
+       * Given as text, with neither a kind nor a telling extension: `kind` is "module" if the
+       * source has ES module syntax (esbuild parses it to tell), else it is a script, named
+       * `scriptFilename`.
+       */
+      readonly detect?: { readonly scriptFilename: string };
     }
   | { readonly kind: PolicyKind; readonly filename: string; readonly code: string; readonly map: string | undefined };
 
@@ -57,7 +63,15 @@ export interface WorkerInit {
 }
 
 export type InitReply =
-  | { readonly ok: true; readonly code: string; readonly map: string | undefined; readonly phases: PhaseName[] }
+  | {
+      readonly ok: true;
+      /** The kind and file name the policy loaded as: a `detect` source's are known only now. */
+      readonly kind: PolicyKind;
+      readonly filename: string;
+      readonly code: string;
+      readonly map: string | undefined;
+      readonly phases: PhaseName[];
+    }
   | { readonly ok: false; readonly message: string };
 
 /** The address `isIpAllowed` is asked about. */

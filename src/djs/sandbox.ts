@@ -5,11 +5,27 @@ import { newHostFunctions } from "./host-functions.js";
 import { phaseNames, type CallMessage, type CallReply, type DjsLimits, type Outcome, type PhaseName, type PolicyKind } from "./protocol.js";
 import { RawCall, ScratchMemoryError, type CallArgument } from "./raw-call.js";
 import { QuickJSInstance } from "./wasm-instance.js";
+import { nearPhase, type LoadedNames } from "./phase-check.js";
 import { withFields } from "../objects.js";
 
 const preludeSource = readFileSync(new URL("./sandbox/prelude.js", import.meta.url), "utf8");
 
 const scriptExports = `\n;return { ${phaseNames.map((n) => `${n}: typeof ${n} === "function" ? ${n} : undefined`).join(", ")} };`;
+
+/**
+ * A script's top level once more, answering the values of its phase names and of the names in
+ * its text that look like phase names, whatever they hold (`typeof` tells a top-level binding
+ * from a name that is only a property or a nested local), for load() to report what it found.
+ */
+function scriptInspection(code: string): string {
+  const candidates = new Set<string>();
+  for (const word of code.match(/[A-Za-z_$][\w$]*/g) ?? []) {
+    if (candidates.size >= 50) break;
+    if (nearPhase(word) !== undefined) candidates.add(word);
+  }
+  const names = [...phaseNames, ...candidates];
+  return `\n;return { ${names.map((n) => `${n}: typeof ${n} === "undefined" ? undefined : ${n}`).join(", ")} };`;
+}
 
 /** How much of an error's name, message and stack a failure outside the prelude reports. */
 const failureTextChars = 8192;
@@ -41,6 +57,8 @@ export class Sandbox {
   private finishFn!: QuickJSHandle;
   private takeBytesFn!: QuickJSHandle;
   phases: PhaseName[] = [];
+  /** What the policy's top level defined, for phase-check.ts to judge. */
+  loaded: LoadedNames = { phases: [], found: [] };
   private readonly runtime: QuickJSRuntime;
   private readonly ctx: QuickJSContext;
   private readonly rawCall: RawCall;
@@ -121,15 +139,26 @@ export class Sandbox {
     }
     const factorySource = kind === "script" ? `new Function("globalThis", ${JSON.stringify(code + scriptExports)})` : code;
     const factory = this.unwrap(ctx.evalCode(factorySource, filename), filename);
+    const inspection = kind === "script" ? this.inspectionFactory(code, filename) : undefined;
     const load = ctx.getProp(this.api, "load");
     this.deadline = performance.now() + this.limits.timeoutMs * 10;
-    const loaded = ctx.callFunction(load, this.api, factory);
+    const loaded = ctx.callFunction(load, this.api, factory, ...(inspection === undefined ? [] : [inspection]));
     this.deadline = Infinity;
     load.dispose();
     factory.dispose();
-    const phases = this.unwrap(loaded, filename);
-    this.phases = JSON.parse(ctx.getString(phases)) as PhaseName[];
-    phases.dispose();
+    inspection?.dispose();
+    const answer = this.unwrap(loaded, filename);
+    this.loaded = JSON.parse(ctx.getString(answer)) as LoadedNames;
+    this.phases = this.loaded.phases;
+    answer.dispose();
+  }
+
+  /** A script's {@link scriptInspection} factory; none if it will not compile (the names it tried are not identifiers there). */
+  private inspectionFactory(code: string, filename: string): QuickJSHandle | undefined {
+    const result = this.ctx.evalCode(`new Function("globalThis", ${JSON.stringify(code + scriptInspection(code))})`, filename);
+    if (result.error === undefined) return result.value;
+    result.error.dispose();
+    return undefined;
   }
 
   private invoke(name: string, what: string): void {

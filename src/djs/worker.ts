@@ -1,8 +1,9 @@
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
 import { parentPort, receiveMessageOnPort, workerData, type MessagePort } from "node:worker_threads";
-import { bundlePolicy, PolicyLoadError, stopBundler } from "./bundle.js";
-import type { CallMessage, CallReply, InitReply, WorkerInit } from "./protocol.js";
+import { bundlePolicy, hasModuleSyntax, PolicyLoadError, stopBundler } from "./bundle.js";
+import { phaseProblem } from "./phase-check.js";
+import type { CallMessage, CallReply, InitReply, PolicyKind, WorkerInit } from "./protocol.js";
 import { decodeCalls, encodeReplies, type WireBatch } from "./wire.js";
 import { Sandbox } from "./sandbox.js";
 
@@ -15,15 +16,30 @@ const init = workerData as WorkerInit & { initPort: MessagePort };
 const heartbeat = new Float64Array(init.heartbeat);
 const port = parentPort!;
 
+/** The kind and file name the policy loaded as (a `detect` source's are decided in load()). */
+let kind: PolicyKind = init.policy.kind;
+let filename = init.policy.filename;
+
 async function load(): Promise<{ sandbox: Sandbox; code: string; map: string | undefined }> {
   const { policy } = init;
-  const { code, map } = "code" in policy ? policy : policy.kind === "script" ? { code: policy.source, map: undefined } : await bundle(policy);
-  return { sandbox: await Sandbox.create(policy.kind, policy.filename, code, map, init.limits), code, map };
+  const { code, map } = "code" in policy ? policy : await compile(policy);
+  const sandbox = await Sandbox.create(kind, filename, code, map, init.limits);
+  // A policy that defines no phase would decide nothing: an emptied file, a misspelt hook, a
+  // hook on globalThis or in a default export would each let everything through in silence.
+  const problem = phaseProblem(filename, kind, sandbox.loaded, !("code" in policy) && policy.source.trim() === "");
+  if (problem !== undefined) throw new PolicyLoadError(problem);
+  return { sandbox, code, map };
 }
 
-async function bundle(policy: Exclude<WorkerInit["policy"], { code: string }>): Promise<{ code: string; map: string | undefined }> {
+async function compile(policy: Exclude<WorkerInit["policy"], { code: string }>): Promise<{ code: string; map: string | undefined }> {
   try {
-    return await bundlePolicy({ kind: policy.kind, filename: policy.filename, source: policy.source, modules: policy.modules, fromDisk: policy.fromDisk });
+    // Parsed under the script's name: esbuild takes a `.mjs` name (the module's) for a module.
+    if (policy.detect !== undefined && !(await hasModuleSyntax(policy.source, policy.detect.scriptFilename))) {
+      kind = "script";
+      filename = policy.detect.scriptFilename;
+    }
+    if (kind === "script") return { code: policy.source, map: undefined };
+    return await bundlePolicy({ kind, filename, source: policy.source, modules: policy.modules, fromDisk: policy.fromDisk });
   } finally {
     await stopBundler();
   }
@@ -41,9 +57,9 @@ let code: string;
 let map: string | undefined;
 try {
   ({ sandbox, code, map } = await load());
-  signalReady({ ok: true, code, map, phases: sandbox.phases });
+  signalReady({ ok: true, kind, filename, code, map, phases: sandbox.phases });
 } catch (error) {
-  const message = error instanceof PolicyLoadError ? error.message : `${init.policy.filename}: ${(error as Error).message}`;
+  const message = error instanceof PolicyLoadError ? error.message : `${filename}: ${(error as Error).message}`;
   signalReady({ ok: false, message });
   process.exit(0);
 }
@@ -138,7 +154,7 @@ async function renewed(): Promise<Sandbox> {
   sandbox = undefined as unknown as Sandbox;
   await collectGarbage();
   try {
-    return await Sandbox.create(init.policy.kind, init.policy.filename, code, map, init.limits);
+    return await Sandbox.create(kind, filename, code, map, init.limits);
   } catch {
     process.exit(1);
   }

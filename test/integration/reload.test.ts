@@ -628,6 +628,48 @@ describe("--watch", () => {
     expect(cli.child.exitCode).toBe(0);
   }, 180_000);
 
+  // An emptied policy file loaded as a policy with no phase, and the reload dropped the policy:
+  // a POST it refused went through, with "configuration reloaded" and nothing else in the log
+  // (black-box finding).
+  it("an emptied policy file, or one whose hook is misspelt, fails the reload (watch and SIGHUP) and the old policy keeps deciding", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const dir = tempDir();
+    const policy = join(dir, "policy.ts");
+    writeFileSync(policy, `export function isRequestAllowed(request: Request): boolean { return request.headers.get("x-ok") === "1"; }\n`);
+    const cli = startCli([
+      "--listen", "127.0.0.1:0", "--allow-internal-host", "a.test", "--resolve", "a.test=127.0.0.1", "--hooks-script", policy,
+      "--hooks-timeout-ms", "30000", "--watch", "--ca-dir", dir, "--log-format", "json",
+    ]);
+    const port = Number((await cli.waitFor(/listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]);
+    await cli.waitFor(/"msg":"watching for changes"/);
+    expect(await askVia(port, "a.test", upstream.port, { "x-ok": "1" })).toBe(200);
+    expect(await askVia(port, "a.test", upstream.port)).toBe(403);
+    const outcome = async (mark: number): Promise<string> => (await cli.waitFor(/.*"msg":"(reload failed; the old configuration keeps serving|configuration reloaded)".*/, mark))[0];
+
+    let mark = cli.output().length;
+    writeFileSync(policy, "");
+    let line = await outcome(mark);
+    expect(line).toContain("reload failed");
+    expect(line).toContain("the policy defines no phase");
+    expect(line).toContain("the file is empty");
+    expect(await askVia(port, "a.test", upstream.port)).toBe(403);
+
+    mark = cli.output().length;
+    writeFileSync(policy, `export function isRequestAlowed(request: Request): boolean { return request.method === "GET"; }\n`);
+    line = await outcome(mark);
+    expect(line).toContain("reload failed");
+    expect(line).toContain(String.raw`isRequestAlowed is not a phase and would never be called; did you mean \"isRequestAllowed\"?`);
+    expect(await askVia(port, "a.test", upstream.port)).toBe(403);
+
+    mark = cli.output().length;
+    cli.child.kill("SIGHUP");
+    expect(await outcome(mark)).toContain("reload failed");
+    expect(await askVia(port, "a.test", upstream.port)).toBe(403);
+
+    writeFileSync(policy, `export function isRequestAllowed(): boolean { return true; }\n`);
+    await until("the fixed policy allows", async () => (await askVia(port, "a.test", upstream.port)) === 200);
+  }, 120_000);
+
   it("with --workers 2, the primary watches and every worker takes the new configuration", async () => {
     const upstream = await startUpstream({ tls: false });
     const dir = tempDir();

@@ -78,7 +78,84 @@ describe("tier-2 policies load as script, module or TypeScript", () => {
 
   it("only the phases a policy defines are registered", () => {
     expect(loadPolicy(`export function onResponse() {}`).phases).toEqual(["onResponse"]);
-    expect(loadPolicy(`function isIpAllowed() { return true } var onRequest = 1;`).phases).toEqual(["isIpAllowed"]);
+    expect(loadPolicy(`function isIpAllowed() { return true } var allowed = 1;`).phases).toEqual(["isIpAllowed"]);
+  });
+
+  // The kind was read off a line scan (/^\s*export\s/m): a script with a comment or a template
+  // line starting "export" became a module with no exports, and `import …; export …` on one
+  // line, or `export{x}`, a script with a misleading syntax error (black-box finding).
+  it("a policy given as text is a module when it has ES module syntax, whatever its lines start with", () => {
+    const modules = { "a.js": "export default 1" };
+    expect(loadPolicy({ source: `import x from "./a.js"; export function onRequest() { return x === 1 ? undefined : undefined; }`, modules }).phases).toEqual(["onRequest"]);
+    expect(loadPolicy({ source: `function onRequest() {}\nexport{onRequest}`, modules }).phases).toEqual(["onRequest"]);
+    const comment = loadPolicy({ source: `function isRequestAllowed(r) { return r.method === "GET"; }\n/*\nexport rules: only GETs\n*/`, modules });
+    expect([comment.phases, path.basename(comment.filename)]).toEqual([["isRequestAllowed"], "policy.js"]);
+    const template = loadPolicy({ source: `function isRequestAllowed(r) { return r.method === "GET"; }\nconst help = \`\nexport this policy with care\`;`, modules });
+    expect([template.phases, path.basename(template.filename)]).toEqual([["isRequestAllowed"], "policy.js"]);
+    // A script keeps what only a script may do.
+    expect(loadPolicy(`with ({}) {}\nfunction onRequest() {}`).phases).toEqual(["onRequest"]);
+  });
+
+  it("a script detected from its text decides as a script, and text that does not parse names its line", async () => {
+    const policy = loadPolicy(`// export: nothing; this is a script\nfunction isRequestAllowed(r) { return r.method === "GET"; }`);
+    expect(await callPhase(policy, "isRequestAllowed", { method: "POST" })).toMatchObject({ t: "code", v: 0 });
+    expect(await callPhase(policy, "isRequestAllowed", { method: "GET" })).toMatchObject({ t: "code", v: 1 });
+    expect(loadError(`import x from "./a.js"; export function (r) {}`).message).toMatch(/policy\.js:1:\d+: Expected/);
+  });
+});
+
+describe("a policy whose hooks would never run is refused, naming what it found", () => {
+  const noPhase = "the policy defines no phase (isRequestAllowed, isIpAllowed, onRequest, onResponse, handle), so it would decide nothing";
+  const refused = (filename: string, source: string): string => loadError({ filename, source, modules: {} }).message;
+
+  // Each of these loaded with no phase and let everything through without a word (black-box finding).
+  it("a misspelt hook, in a module, in TypeScript and in a script, with the phase it looks like", () => {
+    expect(refused("/srv/p.ts", `export function isRequestAlowed(r: Request): boolean { return r.method === "GET"; }`)).toBe(
+      `/srv/p.ts: ${noPhase}: isRequestAlowed is not a phase and would never be called; did you mean "isRequestAllowed"?`,
+    );
+    expect(refused("/srv/p.mjs", `export const onrequest = () => {};`)).toContain(`onrequest is not a phase and would never be called; did you mean "onRequest"?`);
+    expect(refused("/srv/p.js", `function onResponce(response) { return undefined; }`)).toContain(`onResponce is not a phase and would never be called; did you mean "onResponse"?`);
+    expect(refused("/srv/p.js", `const handel = (request, next) => next(request);`)).toContain(`did you mean "handle"?`);
+  });
+
+  it("a default export holding phases, a hook set on globalThis, a phase that is not a function or is a class", () => {
+    expect(refused("/srv/p.ts", `export default { isRequestAllowed: (r: Request) => r.method === "GET" };`)).toBe(
+      `/srv/p.ts: ${noPhase}: its default export holds isRequestAllowed, which no call ever reads; export each phase by name: export function isRequestAllowed(…) { … }`,
+    );
+    expect(refused("/srv/p.mjs", `export default function onRequest() {}`)).toContain("its default export is a function; a phase is a named export");
+    expect(refused("/srv/p.js", `globalThis.isRequestAllowed = (r) => r.method === "GET";`)).toBe(
+      `/srv/p.js: ${noPhase}: isRequestAllowed is set on globalThis, where no call ever looks for it; define it as function isRequestAllowed(…) { … }`,
+    );
+    expect(refused("/srv/p.js", `this.onRequest = function () {};`)).toContain("onRequest is set on globalThis");
+    expect(refused("/srv/p.ts", `export const isRequestAllowed = new Set(["GET"]);`)).toBe(`/srv/p.ts: ${noPhase}: isRequestAllowed is a Set, not a function`);
+    expect(refused("/srv/p.js", `var onRequest = "GET only";`)).toContain("onRequest is a string, not a function");
+    expect(refused("/srv/p.ts", `export class onRequest {}`)).toContain("onRequest is a class, not a function");
+  });
+
+  it("an empty file, one of comments only, type-only TypeScript, and a module exporting no phase", () => {
+    expect(refused("/srv/p.ts", "")).toBe(`/srv/p.ts: ${noPhase}: the file is empty (a save caught half-way?)`);
+    expect(refused("/srv/p.js", " \n\t\n")).toContain("the file is empty");
+    expect(refused("/srv/p.js", "// allow GETs only\n")).toBe(`/srv/p.js: ${noPhase}: a script defines a phase as a top-level function`);
+    for (const source of [`export type Decision = boolean;`, `export declare function onRequest(request: Request): void;`]) {
+      expect(refused("/srv/p.ts", source)).toBe(`/srv/p.ts: ${noPhase}: it exports nothing that exists when it runs (types and \`declare\`s are erased)`);
+    }
+    expect(refused("/srv/p.mjs", `export const hosts = ["a.test"]; export function allowed() { return true; }`)).toBe(`/srv/p.mjs: ${noPhase}: it exports only allowed, hosts`);
+  });
+
+  it("a misspelt hook next to real phases is refused too; other helpers, and near names that are no functions or not top-level, are not", () => {
+    expect(refused("/srv/p.ts", `export function onRequest() {}\nexport function isRequestAlowed(r: Request) { return r.method === "GET"; }`)).toBe(
+      `/srv/p.ts: isRequestAlowed is not a phase and would never be called; did you mean "isRequestAllowed"?`,
+    );
+    expect(refused("/srv/p.js", `function onRequest() {}\nfunction onResponce() {}`)).toBe(`/srv/p.js: onResponce is not a phase and would never be called; did you mean "onResponse"?`);
+    expect(refused("/srv/p.mjs", `export function onRequest() {}\nexport const isRequestAllowed = true;`)).toBe(`/srv/p.mjs: isRequestAllowed is a boolean, not a function`);
+    expect(refused("/srv/p.mjs", `export function onRequest() {}\nexport default { onResponse() {} };`)).toContain("its default export holds onResponse");
+    expect(
+      loadPolicy({
+        filename: "/srv/p.js",
+        source: `var onRequests = 3;\nfunction onRequest(r) { function onResponce() {} const h = { handel: 1 }; r.headers.set("x", String(onRequests + h.handel)); }\nfunction bundle() {}\nfunction isAllowed() {}`,
+      }).phases,
+    ).toEqual(["onRequest"]);
+    expect(loadPolicy({ filename: "/srv/p.mjs", source: `export function onRequest() {}\nexport const onRequests = 3;\nexport default 1;` }).phases).toEqual(["onRequest"]);
   });
 });
 

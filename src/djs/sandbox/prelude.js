@@ -1383,6 +1383,51 @@ function encode(settled) {
 }
 __name(encode, "encode");
 var phases = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse", "handle"];
+var maxFound = 200;
+function isPhaseFunction(value) {
+  return typeof value === "function" && kindOfValue(value) === "function";
+}
+__name(isPhaseFunction, "isPhaseFunction");
+function kindOfValue(value) {
+  try {
+    if (typeof value === "function") return /^class\b/.test(Function.prototype.toString.call(value)) ? "class" : "function";
+    if (value === null) return "null";
+    if (typeof value !== "object") return typeof value;
+    return Object.prototype.toString.call(value).slice(8, -1);
+  } catch {
+    return typeof value;
+  }
+}
+__name(kindOfValue, "kindOfValue");
+function inspect(names, globals) {
+  const found = [];
+  const collect = /* @__PURE__ */ __name((from, where) => {
+    for (const name of Object.getOwnPropertyNames(from)) {
+      if (found.length >= maxFound) return;
+      const desc = Object.getOwnPropertyDescriptor(from, name);
+      if (desc === void 0) continue;
+      const value = desc.value;
+      if (where === "export" && value === void 0 && !("get" in desc && desc.get !== void 0)) continue;
+      const entry = { name, what: "get" in desc && desc.get !== void 0 ? "accessor" : kindOfValue(value), from: where };
+      if (name === "default" && value !== null && typeof value === "object") {
+        try {
+          entry.holds = Object.getOwnPropertyNames(value).slice(0, maxFound);
+        } catch {
+          entry.holds = [];
+        }
+      }
+      found.push(entry);
+    }
+  }, "collect");
+  try {
+    if (names !== null && typeof names === "object") collect(names, "export");
+    collect(globals, "global");
+    return found;
+  } catch {
+    return found;
+  }
+}
+__name(inspect, "inspect");
 function install(host) {
   setHost(host);
   installClock();
@@ -1391,16 +1436,26 @@ function install(host) {
     freeze,
     /**
      * Takes the policy's factory (its top level, wrapped in a function of `globalThis`), runs it
-     * once to catch a top-level throw, and answers which phases it defines.
+     * once to catch a top-level throw, and answers which phases it defines and what else it
+     * found (src/djs/phase-check.ts judges it).
      * @param {PolicyFactory} policyFactory
+     * @param {PolicyFactory} [inspectFactory] a script's top level again, answering more names
      */
-    load(policyFactory) {
+    load(policyFactory, inspectFactory) {
       Object.freeze(policyFactory.prototype);
       Object.freeze(policyFactory);
       factory = policyFactory;
       const scope = Object.create(globalThis);
       const exported = factory.call(scope, scope);
-      return JSON.stringify(phases.filter((name) => typeof exported?.[name] === "function"));
+      let names = exported;
+      let globals = scope;
+      if (inspectFactory !== void 0) {
+        Object.freeze(inspectFactory.prototype);
+        Object.freeze(inspectFactory);
+        globals = Object.create(globalThis);
+        names = inspectFactory.call(globals, globals);
+      }
+      return JSON.stringify({ phases: phases.filter((name) => isPhaseFunction(exported?.[name])), found: inspect(names, globals) });
     },
     /**
      * One call from the compiled state: the factory runs again with a fresh `globalThis`, so

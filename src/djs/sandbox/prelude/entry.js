@@ -163,6 +163,80 @@ function encode(settled) {
 /** @type {Phase[]} In src/djs/protocol.ts's order: a call names its phase by index. */
 const phases = ["isRequestAllowed", "isIpAllowed", "onRequest", "onResponse", "handle"];
 
+/** The most names a load reports: a policy that exports thousands gets the first ones named. */
+const maxFound = 200;
+
+/**
+ * Whether a value can serve as a phase: a function that is not a class (calling a class throws
+ * on every call).
+ * @param {unknown} value
+ */
+function isPhaseFunction(value) {
+  return typeof value === "function" && kindOfValue(value) === "function";
+}
+/**
+ * What a value is, in a word the host can put in a sentence: `function`, `class`, `null`, a
+ * `typeof`, or an object's tag (`Object`, `Array`, `Set`, …). Never throws: a hostile getter
+ * answers `object`.
+ * @param {unknown} value
+ * @returns {string}
+ */
+function kindOfValue(value) {
+  try {
+    if (typeof value === "function") return /^class\b/.test(Function.prototype.toString.call(value)) ? "class" : "function";
+    if (value === null) return "null";
+    if (typeof value !== "object") return typeof value;
+    return Object.prototype.toString.call(value).slice(8, -1);
+  } catch {
+    return typeof value;
+  }
+}
+/**
+ * What a policy's top level defined, for the host to judge (src/djs/phase-check.ts): its exports
+ * (a script: its phase names and the top-level names the host asked about), with the own keys of
+ * an object default export, and the names its top level set on `globalThis` (or `this`), which
+ * no call ever reads. Read through descriptors: no getter of the policy runs.
+ * @param {unknown} names
+ * @param {object} globals
+ * @returns {{ name: string, what: string, from: "export" | "global", holds?: string[] }[]}
+ */
+function inspect(names, globals) {
+  /** @type {{ name: string, what: string, from: "export" | "global", holds?: string[] }[]} */
+  const found = [];
+  /**
+   * @param {object} from
+   * @param {"export" | "global"} where
+   */
+  const collect = (from, where) => {
+    for (const name of Object.getOwnPropertyNames(from)) {
+      if (found.length >= maxFound) return;
+      const desc = Object.getOwnPropertyDescriptor(from, name);
+      if (desc === undefined) continue;
+      const value = desc.value;
+      if (where === "export" && value === undefined && !("get" in desc && desc.get !== undefined)) continue;
+      /** @type {{ name: string, what: string, from: "export" | "global", holds?: string[] }} */
+      const entry = { name, what: "get" in desc && desc.get !== undefined ? "accessor" : kindOfValue(value), from: where };
+      if (name === "default" && value !== null && typeof value === "object") {
+        try {
+          entry.holds = Object.getOwnPropertyNames(value).slice(0, maxFound);
+        } catch {
+          entry.holds = [];
+        }
+      }
+      found.push(entry);
+    }
+  };
+  // A Proxy's traps are the policy's own code: when one throws, what was gathered so far is what
+  // is reported.
+  try {
+    if (names !== null && typeof names === "object") collect(names, "export");
+    collect(globals, "global");
+    return found;
+  } catch {
+    return found;
+  }
+}
+
 /**
  * Installs the sandbox's API in this realm and answers the functions the worker calls.
  * @param {Host} host
@@ -175,10 +249,12 @@ export function install(host) {
     freeze,
     /**
      * Takes the policy's factory (its top level, wrapped in a function of `globalThis`), runs it
-     * once to catch a top-level throw, and answers which phases it defines.
+     * once to catch a top-level throw, and answers which phases it defines and what else it
+     * found (src/djs/phase-check.ts judges it).
      * @param {PolicyFactory} policyFactory
+     * @param {PolicyFactory} [inspectFactory] a script's top level again, answering more names
      */
-    load(policyFactory) {
+    load(policyFactory, inspectFactory) {
       // Made after the realm was frozen, and shared by every call: a script reaches it as
       // `arguments.callee`.
       Object.freeze(policyFactory.prototype);
@@ -186,7 +262,17 @@ export function install(host) {
       factory = policyFactory;
       const scope = Object.create(globalThis);
       const exported = factory.call(scope, scope);
-      return JSON.stringify(phases.filter((name) => typeof exported?.[name] === "function"));
+      // A script's factory answers its phases only; its inspection twin also answers the
+      // top-level names that look like phase names, for the host to name what it found.
+      let names = exported;
+      let globals = scope;
+      if (inspectFactory !== undefined) {
+        Object.freeze(inspectFactory.prototype);
+        Object.freeze(inspectFactory);
+        globals = Object.create(globalThis);
+        names = inspectFactory.call(globals, globals);
+      }
+      return JSON.stringify({ phases: phases.filter((name) => isPhaseFunction(exported?.[name])), found: inspect(names, globals) });
     },
     /**
      * One call from the compiled state: the factory runs again with a fresh `globalThis`, so
