@@ -26,6 +26,8 @@ function sourceBootstrap(): string {
 }
 /** New workers that may fail to load in a row before the policy stops serving. */
 const maxLoadFailures = 3;
+/** Workers that may stop under a call, with no call known to be running, before that call fails. */
+const maxBlindMoves = 2;
 /** How long the first worker may take to bundle and load a policy before createDjsHooks gives up. */
 const loadTimeoutMs = 30_000;
 
@@ -68,7 +70,11 @@ function settleLoad(started: Spawned, filename: string, waited: "ok" | "not-equa
 interface Pending {
   readonly message: CallMessage;
   readonly resolve: (reply: CallReply) => void;
-  /** How many times a stopped worker handed this call on; a call that keeps going with its workers fails. */
+  /**
+   * How many times a worker stopped while this call may have been what stopped it (no call was
+   * known to be running); past {@link maxBlindMoves} it fails rather than take worker after
+   * worker down with it. A call a stopped worker had not started, or had finished, moves free.
+   */
   moves: number;
 }
 
@@ -166,7 +172,7 @@ function releaseIfIdle(slot: Slot): void {
  * own QuickJS sandbox. Calls are pipelined (posted without waiting for the previous answer) to
  * the worker with the fewest calls in flight. A watchdog terminates a worker whose call outlives
  * the time limit (a long native builtin that the interrupt handler cannot stop) and starts a new
- * one; that call fails with a limit outcome, and the calls queued behind it move on.
+ * one; that call fails with a limit outcome, and the calls queued behind it move on, free.
  */
 export class DjsEngine {
   readonly phases: ReadonlySet<PhaseName>;
@@ -374,30 +380,34 @@ export class DjsEngine {
     const now = performance.timeOrigin + performance.now();
     const grace = Math.max(50, this.limits.timeoutMs / 2);
     for (const slot of [...this.slots]) {
+      // The id first: the worker writes it before the start, so a start this old was written
+      // after the id read here, by the same call.
+      const id = slot.heartbeat[1]!;
       const started = slot.heartbeat[0]!;
-      if (started > 0 && now - started > this.limits.timeoutMs + grace) this.replace(slot, "time");
+      if (started > 0 && now - started > this.limits.timeoutMs + grace) this.replace(slot, "time", id);
     }
   }
 
   /**
-   * Retires a worker: its running call fails with `reason`, and the calls behind it go to the
-   * new worker in its place.
+   * Retires a worker: its running call fails with `reason`, and the calls it had not answered
+   * go on, to whichever worker {@link pick} chooses (the new one in its place, or another).
+   * `runningId` is the call the watchdog found stuck; a worker that stopped by itself is read
+   * here (it can no longer move on).
    */
-  private replace(slot: Slot, reason: string): void {
+  private replace(slot: Slot, reason: string, runningId = slot.heartbeat[0]! > 0 ? slot.heartbeat[1]! : undefined): void {
     if (slot.retired) return;
     slot.retired = true;
-    // Read before the worker is stopped, so it cannot have moved on to another call meanwhile.
-    const runningId = slot.heartbeat[0]! > 0 ? slot.heartbeat[1]! : undefined;
     void slot.worker.terminate();
     const index = this.slots.indexOf(slot);
-    const calls = [...slot.pending.values(), ...slot.queued];
+    const posted = [...slot.pending.values()];
+    const waiting = [...slot.queued];
     slot.pending.clear();
     slot.queued.length = 0;
     slot.outbox = [];
     if (this.closed || this.loadFailures >= maxLoadFailures) {
       const what = this.closed ? "closed policy" : "policy whose workers no longer start";
       this.closed = true;
-      for (const call of calls) {
+      for (const call of [...posted, ...waiting]) {
         this.settled();
         call.resolve({ id: call.message.id, outcome: { t: "limit", what } });
       }
@@ -405,19 +415,26 @@ export class DjsEngine {
       for (const other of this.slots) if (!other.retired) this.replace(other, what);
       return;
     }
-    const next = this.attach(spawn(this.policy, this.limits), false);
-    this.slots[index] = next;
-    // The call the worker was running (it may be what stopped it) fails; the others, which it
-    // had not started or had not answered yet, run again on the new worker from a fresh state.
-    for (const call of calls) {
-      call.moves++;
-      if (call.message.id === runningId || call.moves > 2) {
+    this.slots[index] = this.attach(spawn(this.policy, this.limits), false);
+    // Only the call the worker was running fails: it may be what stopped it. The worker ran its
+    // calls one at a time in posting order, so those posted before it had finished (their
+    // answers were lost with the worker) and those after it, like the ones waiting for it to
+    // load, had not started; they all run again from a fresh state, and no stop counts against
+    // them. Counted against every call, three watchdog kills in a row failed a cheap call that
+    // had waited behind them, as "time" (black-box finding). With no call known to be running
+    // (the worker stopped between calls), any posted call may be the cause: those are counted,
+    // so one that takes every worker down with it ends.
+    const blind = !posted.some((call) => call.message.id === runningId);
+    for (const call of posted) {
+      if (blind) call.moves++;
+      if (call.message.id === runningId || call.moves > maxBlindMoves) {
         this.settled();
         call.resolve({ id: call.message.id, outcome: { t: "limit", what: reason } });
       } else {
-        this.post(next, call);
+        this.post(this.pick(), call);
       }
     }
+    for (const call of waiting) this.post(this.pick(), call);
   }
 
   /** Stops every worker. Calls still in flight fail closed. */

@@ -298,6 +298,36 @@ describe("tier-2 sandbox: limits fail closed and the policy keeps serving", () =
     expect(results.map((r) => (r.t === "code" ? r.v : r.t))).toEqual([1, 1, "limit", 1]);
   });
 
+  // Every call a stopped worker handed on counted a move, and failed with the stop's reason at the
+  // third: six requests stuck in a native builtin failed a cheap one sent with them, as "time"
+  // (3 of 3 runs), and 30 of 40 cheap ones sent among 10 stuck ones (black-box finding).
+  it("calls queued behind several watchdog stops are answered, however many stops they waited behind; only the stuck calls fail", async () => {
+    const policy = loadPolicy({
+      source: `export function isIpAllowed(info) { if (info.ip === "9.9.9.9") for (;;) new Array(1e6).fill(0); return info.port === 443; }`,
+      // Wide enough that a cheap call waiting for a core on a busy machine never reaches it.
+      limits: { timeoutMs: 1_000 },
+      workers: 1,
+    });
+    const info = (ip: string, port = 443) => ({ info: { hostname: "api.test", ip, family: 4, port, protocol: "https" } });
+    // One worker runs them in this order: each stuck call is stopped with the cheap ones behind it.
+    const ips = ["1.1.1.1", "9.9.9.9", "2.2.2.2", "9.9.9.9", "3.3.3.3", "9.9.9.9", "9.9.9.9", "4.4.4.4"];
+    const results = await Promise.all(ips.map((ip, i) => callPhase(policy, "isIpAllowed", info(ip, i % 2 === 0 ? 443 : 80))));
+    expect(results.map((r) => (r.t === "code" ? r.v : r.t === "limit" ? r.what : r.t))).toEqual([1, "time", 1, "time", 1, "time", "time", 0]);
+    expect(await callPhase(policy, "isIpAllowed", info("5.5.5.5"))).toMatchObject({ t: "code", v: 1 });
+  });
+
+  it("with two workers, six stuck calls sent at once with a cheap one fail alone", async () => {
+    const policy = loadPolicy({
+      source: `export function onRequest(request) { if (new URL(request.url).pathname === "/native") for (;;) new Array(1e6).fill(0); request.headers.set("x-ok", "1"); }`,
+      limits: { timeoutMs: 1_000 },
+      workers: 2,
+    });
+    const calls = [...Array.from({ length: 6 }, () => "/native"), "/ok"].map((path) => callPhase(policy, "onRequest", { url: `https://api.test${path}` }));
+    const results = await Promise.all(calls);
+    expect(results.slice(0, 6).map((r) => (r.t === "limit" ? r.what : r.t))).toEqual(Array.from({ length: 6 }, () => "time"));
+    expect(headersOf(results[6]!)["x-ok"]).toBe("1");
+  });
+
   it("calls that arrive while the worker renews its sandbox after a limit, and after it went to sleep, are all answered", async () => {
     const policy = loadPolicy({
       source: `export function isIpAllowed(info) { if (info.ip === "9.9.9.9") { const a = []; for (;;) a.push(new Uint8Array(1 << 20)); } return info.port === 443; }`,
