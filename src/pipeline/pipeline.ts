@@ -7,6 +7,7 @@ import type { Decision } from "../policy/decision.js";
 import type { DeclarativePolicy } from "../policy/declarative-policy.js";
 import type { RedirectHop, SecretStore, SecretTarget } from "../policy/secrets.js";
 import type { PinnedPools } from "../upstream/pinned-pools.js";
+import { refusedAlpn } from "../upstream/h2-connect.js";
 import type { ResolvedAddress, Resolver } from "../upstream/resolve.js";
 import {
   forbiddenMethods,
@@ -410,6 +411,7 @@ export class Pipeline {
     request: OutboundRequest,
     address: ResolvedAddress,
     signal: GuestGone,
+    askedAgain = false,
   ): Promise<ExecutorResponse> {
     const { url } = request;
     const noBody = methodsWithoutResponseBody.has(request.method);
@@ -486,6 +488,14 @@ export class Pipeline {
         ...(chunked && !empty ? { trailers: () => headerObjectToList(response.trailers) } : {}),
       };
     } catch (error) {
+      // An origin remembered as HTTP/1.1 refused it in the TLS handshake (an h2-only server now
+      // on its port): the pool's connector forgot that answer, and a handshake sends nothing, so
+      // a request whose body can go again asks ALPN once. A streamed body undici has destroyed
+      // by then: that request fails, and the next one asks.
+      const replayable = request.body === null || request.body instanceof Uint8Array;
+      if (!askedAgain && replayable && !signal.aborted && refusedAlpn(error) && this.options.pools.protocolOf(url, address) !== "h1") {
+        return await this.send(request, address, signal, true);
+      }
       throw upstreamError(error, url);
     }
   }

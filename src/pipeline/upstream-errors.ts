@@ -47,8 +47,14 @@ export function upstreamError(error: unknown, url: URL): EgressError {
   const err = error as NodeJS.ErrnoException;
   const code = err.code ?? "";
   const tlsProblem = code.startsWith("ERR_TLS") || code.includes("CERT") || code.startsWith("ERR_SSL") || /certificate/i.test(err.message);
-  const detail = `${code ? `${code}: ` : ""}${err.message}`;
-  if (tlsProblem) return new EgressError("EG_UPSTREAM", 502, `upstream TLS failed for ${target}: ${detail}`, { cause: error, detail });
+  const detail = `${code ? `${code}: ` : ""}${err.message.trimEnd()}`;
+  if (tlsProblem) {
+    // OpenSSL's own errors read "<addr>:error:0A000460:SSL routines:<function>:<reason>:<source
+    // path>:<line>:SSL alert number 120\n": the guest gets the reason (the alert's name), the log the whole text.
+    const reason = (err as { reason?: unknown }).reason;
+    const shown = code.startsWith("ERR_SSL") && typeof reason === "string" && reason !== "" ? `${code}: ${reason}` : detail;
+    return new EgressError("EG_UPSTREAM", 502, `upstream TLS failed for ${target}: ${shown}`, { cause: error, detail });
+  }
   // undici's parser asserts what it cannot take (a status under 100): its assertion's text is for
   // the log, not the guest.
   if (code === "ERR_ASSERTION") return new EgressError("EG_UPSTREAM", 502, `upstream ${target} sent a response the proxy could not read (see the proxy log)`, { cause: error, detail });

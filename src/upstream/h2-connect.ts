@@ -15,6 +15,14 @@ export interface AlpnConnectOptions {
 }
 
 /**
+ * Whether a TLS connection failed because the server accepts none of the protocols offered in
+ * ALPN (RFC 7301 §3.2, the no_application_protocol alert): nothing was sent over it.
+ */
+export function refusedAlpn(error: unknown): boolean {
+  return (error as NodeJS.ErrnoException | null | undefined)?.code === "ERR_SSL_TLSV1_ALERT_NO_APPLICATION_PROTOCOL";
+}
+
+/**
  * One TLS connection to an approved address offering ALPN `h2, http/1.1`, under the same rules
  * as the pools' connector (pinned-pools.ts): only the pinned IP is dialled, SNI and the
  * certificate check use the hostname, the upstream CA is the pools' own, and the remote address

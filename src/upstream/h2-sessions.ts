@@ -253,6 +253,17 @@ export class H2Sessions {
     }
   }
 
+  /**
+   * Forgets an "h1" answer once the origin refused HTTP/1.1 in a later handshake (TLS alert
+   * no_application_protocol): its server was replaced on the same port by one that speaks only
+   * h2, a gRPC server say. The answer had no expiry, and the pool's connector offers only
+   * http/1.1, so every request got 502 until a reload (black-box finding). The next request asks
+   * ALPN again.
+   */
+  forgetHttp1(key: string): void {
+    if (this.alpn.get(key) === "h1") this.alpn.delete(key);
+  }
+
   private remember(key: string, protocol: "h1" | "h2"): void {
     this.alpn.delete(key);
     this.alpn.set(key, protocol);

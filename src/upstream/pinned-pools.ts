@@ -5,6 +5,7 @@ import { Pool, buildConnector } from "undici";
 import { EgressError } from "../errors.js";
 import type { ResolvedAddress } from "./resolve.js";
 import { bareHostname } from "../hostname.js";
+import { refusedAlpn } from "./h2-connect.js";
 import { H2Sessions } from "./h2-sessions.js";
 import { H2Refused, sendOnSession, type H2ExchangeOptions, type H2UpstreamRequest, type H2UpstreamResponse } from "./h2-exchange.js";
 import { withFields } from "../objects.js";
@@ -222,6 +223,7 @@ export class PinnedPools {
       if (servername !== undefined) pinned.servername = servername;
       base(pinned, (error, socket) => {
         if (error !== null) {
+          if (refusedAlpn(error)) this.h2.forgetHttp1(key);
           callback(error, null);
           return;
         }

@@ -24,9 +24,10 @@ export interface H2Upstream {
 
 /**
  * An upstream that speaks only HTTP/2 (ALPN `h2`, no HTTP/1.1 fallback), like a gRPC server.
- * `/echo` answers the request head as JSON; `/trailers` answers a body and trailers.
+ * `/echo` answers the request head as JSON; `/trailers` answers a body and trailers. It listens
+ * on `port` (0: any free one).
  */
-export async function startH2Upstream(routes: Record<string, H2Route> = {}, names: readonly string[] = ["api.test"]): Promise<H2Upstream> {
+export async function startH2Upstream(routes: Record<string, H2Route> = {}, names: readonly string[] = ["api.test"], port = 0): Promise<H2Upstream> {
   const ca = await testCa();
   const contexts = await ca.serverContexts(names);
   const fallback = contexts.get(names[0]!)!;
@@ -77,7 +78,7 @@ export async function startH2Upstream(routes: Record<string, H2Route> = {}, name
       route(stream, headers, Buffer.concat(chunks));
     });
   });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  await new Promise<void>((resolve) => server.listen(port, "127.0.0.1", resolve));
   onTestFinished(async () => {
     for (const session of sessions) session.destroy();
     await new Promise<void>((resolve) => server.close(() => resolve()));

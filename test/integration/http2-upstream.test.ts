@@ -1,5 +1,6 @@
+import { createServer as createHttpsServer } from "node:https";
 import { connect as netConnect, createServer as createNetServer, type AddressInfo, type Socket } from "node:net";
-import { createServer as createTlsServer, type TLSSocket } from "node:tls";
+import { createServer as createTlsServer, type SecureContext, type TLSSocket } from "node:tls";
 import { request } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { latch } from "../helpers/latch.js";
@@ -112,6 +113,54 @@ describe("HTTP/2 upstreams", () => {
       ports.add(res.text);
     }
     expect(ports.size).toBe(1);
+  });
+});
+
+/** An HTTPS server answering "h1" that offers only HTTP/1.1; close() takes it off its port. */
+async function startHttp1Only(): Promise<{ port: number; close: () => Promise<void> }> {
+  const context = (await (await testCa()).serverContexts(["api.test"])).get("api.test")!;
+  const server = createHttpsServer({ SNICallback: (_name: string, cb: (err: Error | null, ctx?: SecureContext) => void) => cb(null, context) }, (_req, res) => res.end("h1"));
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const close = async (): Promise<void> => {
+    server.closeAllConnections();
+    if (server.listening) await new Promise<void>((resolve) => server.close(() => resolve()));
+  };
+  onTestFinished(close);
+  return { port: (server.address() as AddressInfo).port, close };
+}
+
+describe("an origin whose protocol changes", () => {
+  it("an HTTP/1.1 origin replaced on its port by an h2-only server is asked ALPN again: 200, not 502 until a reload", async () => {
+    const { port, close } = await startHttp1Only();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const before = await fetchVia(proxy, `https://api.test:${port}/`);
+    expect(before.text).toBe("h1");
+    await close();
+    const h2 = await startH2Upstream({}, ["api.test"], port);
+    // The "HTTP/1.1" answer was kept for good, and the pool offers only http/1.1 in ALPN: the
+    // h2-only server refused every handshake (no_application_protocol) until a reload.
+    const after = await fetchVia(proxy, `https://api.test:${port}/echo`);
+    expect(after.status).toBe(200);
+    expect((JSON.parse(after.text) as { headers: Record<string, string> }).headers[":path"]).toBe("/echo");
+    expect(h2.connections()).toBe(1);
+  });
+
+  it("an upload streamed to an HTTP/1.1 origin now speaking only h2 fails once, with the TLS alert's name; the next request reaches it", async () => {
+    const { port, close } = await startHttp1Only();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    expect((await fetchVia(proxy, `https://api.test:${port}/`)).text).toBe("h1");
+    await close();
+    await startH2Upstream({}, ["api.test"], port);
+    // undici destroys a streamed body when its connection fails, so this one cannot go again.
+    const upload = await fetchVia(proxy, `https://api.test:${port}/echo`, { method: "POST", body: "payload" });
+    expect(upload.status).toBe(502);
+    // OpenSSL's whole text ended in its source path and a newline.
+    expect(upload.text).toMatch(/^502 Bad Gateway: upstream TLS failed for api\.test:\d+: ERR_SSL_TLSV1_ALERT_NO_APPLICATION_PROTOCOL: tlsv1 alert no application protocol\n$/);
+    const line = proxy.logs.find((l) => l["msg"] === "request" && l["status"] === 502);
+    expect(line?.["reason"]).toMatch(/: tlsv1 alert no application protocol$/);
+    const next = await fetchVia(proxy, `https://api.test:${port}/echo`, { method: "POST", body: "payload" });
+    expect(next.status).toBe(200);
+    expect((JSON.parse(next.text) as { bodyBytes: number }).bodyBytes).toBe(7);
   });
 });
 
