@@ -1,5 +1,6 @@
 import { connect as h2Connect, type ClientHttp2Session, type ClientHttp2Stream } from "node:http2";
 import type { TLSSocket } from "node:tls";
+import { EgressError } from "../errors.js";
 import type { AlpnConnectOptions } from "./h2-connect.js";
 import { connectAlpn } from "./h2-connect.js";
 import { goawayLastStream, sessionStreams } from "./h2-exchange.js";
@@ -78,12 +79,21 @@ export class H2Sessions {
    */
   async acquire(key: string, origin: URL, address: ResolvedAddress): Promise<Negotiated> {
     const entries = this.live(key);
+    // A session whose upstream says SETTINGS_MAX_CONCURRENT_STREAMS 0 takes no new stream (RFC
+    // 9113 §5.1.2): Node would hold one unsent until the limit rises, its request waiting for its
+    // head timeout.
     let best: Entry | undefined;
-    for (const entry of entries) if (best === undefined || entry.active < best.active) best = entry;
+    for (const entry of entries) if (peerStreams(entry.session) > 0 && (best === undefined || entry.active < best.active)) best = entry;
     // Downloads nobody reads hold their streams: with a fixed 4 sessions, 4 × the upstream's
     // SETTINGS_MAX_CONCURRENT_STREAMS of them made every other request to the origin wait.
     if (best !== undefined && (best.active < peerStreams(best.session) || entries.length >= this.sessionCap(best.session))) {
       return { protocol: "h2", session: this.claim(best) };
+    }
+    // Every session says 0. New ones would too (a request each got a connection of its own, to
+    // 1,024 of them, only the stream sent before the upstream's SETTINGS arrived getting
+    // through): `sessionsPerOrigin` of them, then 502 until the upstream raises its limit.
+    if (best === undefined && entries.length >= this.options.sessionsPerOrigin) {
+      throw new EgressError("EG_UPSTREAM", 502, `upstream ${origin.host} accepts no streams: its HTTP/2 connections say SETTINGS_MAX_CONCURRENT_STREAMS 0`);
     }
     // Concurrent first requests share one connection attempt.
     let pending = this.connecting.get(key);

@@ -1,3 +1,4 @@
+import type { ServerHttp2Session } from "node:http2";
 import { createServer as createHttpsServer } from "node:https";
 import { connect as netConnect, createServer as createNetServer, type AddressInfo, type Socket } from "node:net";
 import { createServer as createTlsServer, type SecureContext, type TLSSocket } from "node:tls";
@@ -191,6 +192,31 @@ describe("streams an upstream holds", () => {
     expect(upstream.connections()).toBe(5);
     for (const release of held) release();
     for (const done of await Promise.all(holding)) expect(done.text).toBe("part");
+  });
+});
+
+describe("an upstream that allows no streams", () => {
+  // RFC 9113 §5.1.2: SETTINGS_MAX_CONCURRENT_STREAMS 0 lets no stream open. Each request opened a
+  // connection of its own (three, with the two goes a refused stream gets), to 1,024 of them.
+  it("SETTINGS_MAX_CONCURRENT_STREAMS 0: 4 connections at most, 502 past them, and served on them once the limit rises", async () => {
+    const upstream = await startH2Upstream();
+    upstream.server.updateSettings({ maxConcurrentStreams: 0 });
+    const sessions: ServerHttp2Session[] = [];
+    upstream.server.on("session", (session: ServerHttp2Session) => sessions.push(session));
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const url = `https://api.test:${upstream.port}/echo`;
+    let last = { status: 0, text: "" };
+    for (let i = 0; i < 8; i++) {
+      last = await fetchVia(proxy, url);
+      expect(last.status).toBe(502);
+    }
+    expect(upstream.connections()).toBeLessThanOrEqual(4);
+    expect(last.text).toBe(`502 Bad Gateway: upstream api.test:${upstream.port} accepts no streams: its HTTP/2 connections say SETTINGS_MAX_CONCURRENT_STREAMS 0\n`);
+    const opened = upstream.connections();
+    await Promise.all(sessions.filter((session) => !session.closed).map((session) => new Promise<void>((resolve) => session.settings({ maxConcurrentStreams: 100 }, () => resolve()))));
+    const served = await fetchVia(proxy, url);
+    expect(served.status).toBe(200);
+    expect(upstream.connections()).toBe(opened);
   });
 });
 
