@@ -1,4 +1,4 @@
-import type { Readable } from "node:stream";
+import type { Readable, Writable } from "node:stream";
 
 const ignore = (): void => undefined;
 
@@ -141,6 +141,19 @@ export function resetH2Stream(stream: ResettableH2Stream, code: number, why: str
   if (stream.destroyed) return;
   if (stream.writableFinished) stream.close(code);
   else stream.destroy(new Error(why));
+}
+
+/**
+ * `body.pipe(stream)` for a request body going out on an HTTP/2 stream, unpiped the moment the
+ * stream closes with its writable side still open. Node then ends that side itself, right after
+ * `aborted` (an upstream that answered early, ending its response, and reset the stream with
+ * NO_ERROR to stop the upload: RFC 9113 §8.1). The pipe went on writing the rest of the upload
+ * into the ended stream, and "write after end" destroyed it with an error, though it is also the
+ * response body: a whole early answer was logged with ERR_STREAM_WRITE_AFTER_END.
+ */
+export function pipeToH2Stream(body: Readable, stream: Writable): void {
+  stream.once("aborted", () => body.unpipe(stream));
+  body.pipe(stream);
 }
 
 /** What {@link onCutEnd} needs of an HTTP/2 stream's readable side. */

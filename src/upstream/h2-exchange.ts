@@ -4,7 +4,7 @@ import type { Readable } from "node:stream";
 import { EgressError, quoteShort } from "../errors.js";
 import { breaksFieldValue, hasNoContent, httpToken, type HeaderList } from "../headers.js";
 import { requestStream } from "./h2-request-call.js";
-import { onCutEnd, resetH2Stream } from "../streams.js";
+import { onCutEnd, pipeToH2Stream, resetH2Stream } from "../streams.js";
 
 /** The request as the upstream layer needs it (the pipeline's OutboundRequest fits). */
 export interface H2UpstreamRequest {
@@ -148,7 +148,7 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
   if (body instanceof Uint8Array) stream.end(body);
   else if (body !== null) {
     body.once("error", () => resetH2Stream(stream, constants.NGHTTP2_CANCEL, "the request body failed"));
-    body.pipe(stream);
+    pipeToH2Stream(body, stream);
   }
 
   return new Promise<H2UpstreamResponse>((resolve, reject) => {

@@ -6,7 +6,7 @@ import { request } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { latch } from "../helpers/latch.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
-import { clientPreface, flag, frame, frameType, indexed, literal, settings } from "../helpers/h2-frames.js";
+import { clientPreface, flag, frame, frameType, indexed, literal, rstStream, settings } from "../helpers/h2-frames.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
@@ -498,6 +498,37 @@ describe("an h2 upstream that sends a frame the proxy cannot take", () => {
 
 // A status under 100 was not refused: HTTP/2 guests had their stream reset and HTTP/1.1 guests got
 // "internal error"; from an HTTP/1.1 upstream, the 502 quoted undici's assertion (black-box finding).
+// RFC 9113 §8.1: a server may answer before the request body is done, ending the stream and
+// then resetting it with NO_ERROR to stop the upload.
+describe("an h2 upstream that answers before the upload is done", () => {
+  it("a 413 with END_STREAM and RST_STREAM(NO_ERROR) in one write reaches an HTTP/1.1 guest whole, and its log line records no error", async () => {
+    const answer = "complete response body\n";
+    const upstream = await rawH2Upstream((socket, stream) => {
+      const head = Buffer.concat([literal(":status", "413"), literal("content-length", String(answer.length))]);
+      // No WINDOW_UPDATE is ever sent: the upload is still under way when the answer comes.
+      socket.write(Buffer.concat([frame(frameType.headers, flag.endHeaders, stream, head), frame(frameType.data, flag.endStream, stream, Buffer.from(answer)), rstStream(stream, 0)]));
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const authority = `api.test:${upstream.port}`;
+    const client = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+    const upload = 1024 * 1024;
+    client.write(`POST /upload HTTP/1.1\r\nHost: ${authority}\r\nContent-Length: ${upload}\r\n\r\n`);
+    client.write(Buffer.alloc(upload, 97));
+    const res = await client.readResponse();
+    expect(res.status).toBe(413);
+    expect(res.body).toBe(answer);
+    // The request body was still piped into the stream Node had ended: "write after end", on the
+    // stream that is also the response body, logged as the response's error.
+    const line = await vi.waitFor(() => {
+      const found = proxy.logs.find((l) => l["msg"] === "request");
+      expect(found).toBeDefined();
+      return found!;
+    });
+    expect(line["status"]).toBe(413);
+    expect(line["error"]).toBeUndefined();
+  });
+});
+
 describe("an upstream status under 100", () => {
   async function rawH1Upstream(status: string): Promise<{ port: number }> {
     const ca = await testCa();
