@@ -1,8 +1,8 @@
 import { constants } from "node:fs";
 import { lstat, mkdir, open, readdir, rename, rm, stat, type FileHandle } from "node:fs/promises";
-import { join } from "node:path";
+import { dirname, join, resolve } from "node:path";
 import type { Logger } from "../log.js";
-import { fileKind } from "../regular-file.js";
+import { fileKind, readFailure } from "../regular-file.js";
 import { isRemovedAtExit, removeAtExit } from "./exit-cleanup.js";
 import { isPartialBodyName, journalPath, sidecarDir, type RecordedEntry } from "./har.js";
 
@@ -54,7 +54,9 @@ export class Recording {
       const problem = await inTheWay(at, at === path ? "it" : at, want);
       if (problem !== undefined) throw new Error(`cannot record to ${path}: ${problem}`);
     }
-    await mkdir(sidecarDir(path), { recursive: true, mode: 0o700 });
+    await makeFolder(sidecarDir(path)).catch((error: unknown) => {
+      throw new Error(`cannot record to ${path}: ${(error as Error).message}`, { cause: error });
+    });
     await removePartialBodies(path, log);
     await keepCrashedJournal(path, log);
     const journal = await open(journalPath(path), "w+", 0o600);
@@ -215,6 +217,38 @@ async function keepCrashedJournal(path: string, log: Logger): Promise<void> {
 }
 
 /**
+ * `dir` made, with any folder above it that is missing (`--record runs/today.har`), one level at
+ * a time. Not `mkdir(dir, { recursive: true })`: where mkdir fails with ENOENT under a parent
+ * that exists (anywhere in /proc), Node's recursive mkdir makes the parent again and retries,
+ * for ever, and `--record /proc/x.har` held the start at 100% CPU. Here that failure is the
+ * answer.
+ */
+async function makeFolder(dir: string): Promise<void> {
+  const missing: string[] = [];
+  for (let at = resolve(dir); ; at = dirname(at)) {
+    const stats = await stat(at).catch((error: unknown) => {
+      if ((error as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+      throw new Error(`cannot make the folder ${dir}: ${at} cannot be read (${readFailure(error)})`, { cause: error });
+    });
+    if (stats !== undefined) {
+      if (!stats.isDirectory()) throw new Error(`cannot make the folder ${dir}: ${at} is ${fileKind(stats)}, not a directory`);
+      break;
+    }
+    if (dirname(at) === at) break;
+    missing.push(at);
+  }
+  for (const at of missing.reverse()) {
+    try {
+      await mkdir(at, { mode: 0o700 });
+    } catch (error) {
+      // Made meanwhile (two recordings starting at once) is as good as made here.
+      if ((error as NodeJS.ErrnoException).code === "EEXIST" && (await stat(at).catch(() => undefined))?.isDirectory() === true) continue;
+      throw new Error(`cannot make the folder ${at} (${readFailure(error)})`, { cause: error });
+    }
+  }
+}
+
+/**
  * Why a recording may not use what is already at `path` (called `name` in the message), if
  * anything is there. The HAR is written by renaming a temporary file over it, which would
  * replace a device node or a FIFO with a regular file, and a symbolic link with a file of its
@@ -234,6 +268,7 @@ async function inTheWay(path: string, name: string, want: "file" | "directory"):
     return stats.isFile() ? undefined : `${name} is ${fileKind(stats)}, not a regular file`;
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+    if ((error as NodeJS.ErrnoException).code === "ENOTDIR") return `${name} cannot be made: something above it is not a directory`;
     throw error;
   }
 }

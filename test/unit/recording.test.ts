@@ -84,6 +84,26 @@ describe("Recording.open refuses a path it would replace or write through", () =
   });
 });
 
+// Node's recursive mkdir retries for ever where mkdir fails with ENOENT under a parent that
+// exists: `--record /proc/x.har` held the start at 100% CPU (black-box finding).
+describe("Recording.open makes the sidecar folder one level at a time", () => {
+  it("a path under /proc is refused at once, naming the folder it could not make", async () => {
+    await expect(Recording.open("/proc/x.har", createLogger("error", () => undefined))).rejects.toThrow(/cannot record to \/proc\/x\.har: cannot make the folder \/proc\/x\.har\.d \(ENOENT\)/);
+  }, 2_000);
+
+  it("missing folders above the HAR are made; a regular file in the way is named", async () => {
+    const dir = tempDir();
+    const path = join(dir, "runs", "today", "run.har");
+    const recording = await Recording.open(path, createLogger("error", () => undefined));
+    recording.append(entry(recording.nextSeq()));
+    await recording.close();
+    expect(lstatSync(`${path}.d`).isDirectory()).toBe(true);
+    expect((JSON.parse(readFileSync(path, "utf8")) as { log: { entries: unknown[] } }).log.entries).toHaveLength(1);
+    writeFileSync(join(dir, "file"), "x");
+    await expect(Recording.open(join(dir, "file", "run.har"), createLogger("error", () => undefined))).rejects.toThrow(/run\.har: it cannot be made: something above it is not a directory/);
+  });
+});
+
 describe("Recording, when the process exits during a write", () => {
   // The CLI's second SIGTERM exits at once (130); a write under way left FILE.PID.tmp behind.
   it("leaves no temporary file, and keeps the journal for the next run", () => {
