@@ -186,6 +186,9 @@ const fieldName = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 export function replayProblems(entry: unknown, where: string): string[] {
   if (!isObject(entry)) return [`${where}: must be an object`];
   const problems: string[] = [];
+  // JSON.parse takes any depth, JSON.stringify does not: `--record-missing` writes each entry
+  // back, and one nested 100,000 levels deep failed every write of the file it extends.
+  if (nestsDeeperThan(entry, maxDepth)) problems.push(`${where}: nested more than ${maxDepth} levels deep`);
   const at = new Checker(problems);
   const request = at.object(entry, "request", where);
   if (request !== undefined) {
@@ -200,8 +203,10 @@ export function replayProblems(entry: unknown, where: string): string[] {
       const post = at.object(request, "postData", w);
       if (post !== undefined) {
         const p = `${w}.postData`;
-        at.string(post, "text", p, true);
-        at.string(post, "_encoding", p, true);
+        const text = at.string(post, "text", p, true);
+        const encoding = at.string(post, "_encoding", p, true);
+        const notBase64 = text !== undefined && encoding === "base64" ? base64Problem(text) : undefined;
+        if (notBase64 !== undefined) problems.push(`${p}.text ${notBase64}`);
         // HAR lets a param leave its value out (a file field); Chrome writes form bodies as params only.
         at.nameValues(post, "params", p, { optional: true, valueOptional: true });
         sidecarName(post, p, problems);
@@ -230,8 +235,10 @@ export function replayProblems(entry: unknown, where: string): string[] {
       const content = at.object(response, "content", w);
       if (content !== undefined) {
         const c = `${w}.content`;
-        at.string(content, "text", c, true);
-        at.string(content, "encoding", c, true);
+        const text = at.string(content, "text", c, true);
+        const encoding = at.string(content, "encoding", c, true);
+        const notBase64 = text !== undefined && encoding === "base64" ? base64Problem(text) : undefined;
+        if (notBase64 !== undefined) problems.push(`${c}.text ${notBase64}`);
         at.string(content, "_encoded", c, true);
         sidecarName(content, c, problems);
       }
@@ -259,6 +266,22 @@ export function replayProblems(entry: unknown, where: string): string[] {
   if (chunks !== undefined && !(Array.isArray(chunks) && chunks.every(pair))) problems.push(`${where}._egressgate.chunks: must be a list of [bytes, ms]`);
   else if (Array.isArray(chunks)) chunks.forEach((c: [number, number], i) => tooLong(c[1], `${where}._egressgate.chunks[${i}]`));
   return problems;
+}
+
+/** Deeper than any HAR a tool writes (Chrome's go about 6 levels down), far below the stack's limit. */
+const maxDepth = 1000;
+
+/** Whether objects and arrays in `value` nest more than `limit` deep, found without recursion. */
+function nestsDeeperThan(value: unknown, limit: number): boolean {
+  const todo: [unknown, number][] = [[value, 0]];
+  for (let next = todo.pop(); next !== undefined; next = todo.pop()) {
+    const [item, depth] = next;
+    if (depth > limit) return true;
+    for (const child of Array.isArray(item) ? item : isObject(item) ? Object.values(item) : []) {
+      if (typeof child === "object" && child !== null) todo.push([child, depth + 1]);
+    }
+  }
+  return false;
 }
 
 /** A `_file` must be a SHA-256: the name is joined to the sidecar folder, so `../` must never pass. */
@@ -316,25 +339,50 @@ class Checker {
   }
 }
 
-/** Every string in the entry, bodies decoded from base64 when they are text. */
+/**
+ * Every string in the entry, bodies decoded from base64 when they are text. Walked with a list of
+ * its own, not by recursion: JSON.parse takes any depth, and an extra field nested 100,000
+ * levels deep overflowed the stack, so `har check` said only "Maximum call stack size exceeded".
+ */
 function findSuspicious(entry: Json, where: string, out: string[]): void {
   const visit = (value: unknown, path: string): void => {
-    if (typeof value === "string") {
-      for (const [what, shape] of secretShapes) {
-        for (const match of value.matchAll(shape)) {
-          out.push(`${where}${path}: ${what}: ${match[0].slice(0, 10)}… (${match[0].length} characters)`);
+    // Last in, first out: children are pushed in reverse to be visited in document order.
+    const todo: [unknown, string][] = [[value, path]];
+    for (let next = todo.pop(); next !== undefined; next = todo.pop()) {
+      const [item, at] = next;
+      if (typeof item === "string") {
+        for (const [what, shape] of secretShapes) {
+          for (const match of item.matchAll(shape)) {
+            out.push(`${where}${at}: ${what}: ${match[0].slice(0, 10)}… (${match[0].length} characters)`);
+          }
         }
+      } else if (Array.isArray(item)) {
+        for (let i = item.length - 1; i >= 0; i--) todo.push([item[i], `${at}[${i}]`]);
+      } else if (isObject(item)) {
+        const fields = Object.entries(item);
+        for (let i = fields.length - 1; i >= 0; i--) todo.push([fields[i]![1], `${at}.${fields[i]![0]}`]);
       }
-      return;
     }
-    if (Array.isArray(value)) value.forEach((item, i) => visit(item, `${path}[${i}]`));
-    else if (isObject(value)) for (const [key, item] of Object.entries(value)) visit(item, `${path}.${key}`);
   };
   visit(entry, "");
   const content = isObject(entry["response"]) && isObject(entry["response"]["content"]) ? entry["response"]["content"] : undefined;
   if (content?.["encoding"] === "base64" && typeof content["text"] === "string") {
     visit(Buffer.from(content["text"], "base64").toString("latin1"), ".response.content.text (decoded)");
   }
+}
+
+/**
+ * Why `text` is not base64 as RFC 4648 §4 spells it, if it is not. Node's decoder skips what it
+ * does not know and stops at the first `=`, so a body that is not base64 was served as garbage
+ * bytes, without a word, where the file should have been refused.
+ */
+function base64Problem(text: string): string | undefined {
+  const bad = /[^A-Za-z0-9+/=]/.exec(text);
+  if (bad !== null) return `is not base64: ${JSON.stringify(bad[0])} at ${bad.index} is not in its alphabet`;
+  const padding = text.indexOf("=");
+  if (padding >= 0 && !(padding >= text.length - 2 && /^=+$/.test(text.slice(padding)))) return `is not base64: "=" at ${padding} is not padding at its end`;
+  if (text.length % 4 !== 0) return `is not base64: its length, ${text.length}, is not a multiple of 4`;
+  return undefined;
 }
 
 /**

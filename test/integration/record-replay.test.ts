@@ -4,7 +4,7 @@ import { closeSync, constants, existsSync, lstatSync, mkdirSync, openSync, readd
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { brotliCompressSync, brotliDecompressSync, gunzipSync, gzipSync } from "node:zlib";
-import { ProxyAgent, request } from "undici";
+import { ProxyAgent, request, request as undiciRequest } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { createHttpHooks, startProxy, type AuditRecord } from "../../src/index.js";
 import type { RecordedHar } from "../../src/record/har.js";
@@ -603,6 +603,13 @@ describe("recorded network", () => {
     ["timings that are a list", entry({}, { timings: [0, 1, 0] }), /log\.entries\[0\]\.timings: must be an object/],
     ["a chunk time past 24 days", entry({}, { _egressgate: { chunks: [[1, 0], [1, 3e9]] } }), /log\.entries\[0\]\._egressgate\.chunks\[1\]: 3000000000 ms is more than 2147483647 ms/],
     ["a sidecar name that is not a SHA-256", entry({ content: { size: 2, mimeType: "text/plain", _file: "../../etc/passwd" } }), /log\.entries\[0\]\.response\.content\._file: must be the SHA-256 of the body \(64 hex digits\)/],
+    // Node's decoder skips what is not base64 and stops at the first "=": such a body was
+    // replayed as garbage bytes, and passed har check (black-box finding).
+    ["a base64 body with a character outside the alphabet", entry({ content: { size: 3, mimeType: "image/png", text: "AAA*", encoding: "base64" } }), /log\.entries\[0\]\.response\.content\.text is not base64: "\*" at 3 is not in its alphabet/],
+    ["a base64 body with \"=\" before its end", entry({ content: { size: 3, mimeType: "image/png", text: "AA==AAAA", encoding: "base64" } }), /response\.content\.text is not base64: "=" at 2 is not padding at its end/],
+    ["a base64 body with three \"=\"", entry({ content: { size: 3, mimeType: "image/png", text: "A===", encoding: "base64" } }), /response\.content\.text is not base64: "=" at 1 is not padding/],
+    ["a base64 body without its padding", entry({ content: { size: 3, mimeType: "image/png", text: "AAAAAA", encoding: "base64" } }), /response\.content\.text is not base64: its length, 6, is not a multiple of 4/],
+    ["a base64 request body with a line break", entry({}, { request: { ...request(), method: "POST", postData: { mimeType: "application/octet-stream", text: "AAAA\nAAAA", _encoding: "base64" } } }), /log\.entries\[0\]\.request\.postData\.text is not base64: "\\n" at 4 is not in its alphabet/],
   ])("a file with %s fails the start, naming the entry, and har check says so (exit 2)", async (_name, bad, message) => {
     const dir = tempDir();
     const file = join(dir, "bad.har");
@@ -613,6 +620,36 @@ describe("recorded network", () => {
     expect(formatHarReport(report).status).toBe(2);
     // Said once, though both the HAR checks and the replay checks look at it.
     expect(new Set(report.problems).size).toBe(report.problems.length);
+  });
+
+  it("base64 bodies as RFC 4648 spells them pass har check and replay as their bytes", async () => {
+    const file = join(tempDir(), "bytes.har");
+    const e = entry({ content: { size: 5, mimeType: "application/octet-stream", text: Buffer.from([0, 1, 2, 255, 254]).toString("base64"), encoding: "base64" } });
+    writeFileSync(file, JSON.stringify({ log: { version: "1.2", creator: { name: "test", version: "1" }, pages: [], entries: [e] } }));
+    expect(formatHarReport(await checkHarFile(file)).status).toBe(0);
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: file } } });
+    const res = await undiciRequest("https://api.test/x", { dispatcher: proxyAgent(proxy) });
+    expect([...Buffer.from(await res.body.arrayBuffer())]).toEqual([0, 1, 2, 255, 254]);
+  });
+
+  // JSON.parse takes any depth; har check's walk for secret-looking strings recursed, and said
+  // only "egressgate: Maximum call stack size exceeded", exit 2, while --replay took the file
+  // (and --record-missing failed every write of it, JSON.stringify recursing too) (black-box finding).
+  it("an entry with an extra field nested 100,000 levels deep: har check reports in full, the depth a problem, and --replay refuses it", async () => {
+    const file = join(tempDir(), "deep.har");
+    const depth = 100_000;
+    const deep = `${'{"a":'.repeat(depth)}"ghp_0123456789abcdefghijklmnopqrstuvwxyzAB"${"}".repeat(depth)}`;
+    const text = JSON.stringify({ log: { version: "1.2", creator: { name: "test", version: "1" }, pages: [], entries: [{ ...entry({}), _extra: "DEEP" }] } }).replace('"DEEP"', deep);
+    writeFileSync(file, text);
+    const report = await checkHarFile(file);
+    expect(report.problems).toEqual(["log.entries[0]: nested more than 1000 levels deep"]);
+    await expect(startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: file } } })).rejects.toThrow(/deep\.har cannot be replayed \(1 problem\): log\.entries\[0\]: nested more than 1000 levels deep/);
+    expect(report.suspicious).toEqual([`log.entries[0]._extra${".a".repeat(depth)}: a GitHub token: ghp_012345… (42 characters)`]);
+    expect(formatHarReport(report).status).toBe(2);
+    // As deep as JSON.stringify writes back without trouble: taken.
+    const within = `${'{"a":'.repeat(998)}1${"}".repeat(998)}`;
+    writeFileSync(file, text.replace(deep, within));
+    expect((await checkHarFile(file)).problems).toEqual([]);
   });
 
   it("with --replay-latency recorded, a send and a wait that add up past 2^31 - 1 ms are waited, not cut to 1 ms with a TimeoutOverflowWarning", async () => {
