@@ -1,11 +1,10 @@
-import { brotliDecompressSync, gunzipSync, inflateSync } from "node:zlib";
 import type { Header } from "har-format";
 import { contentCodingList, getHeader } from "../headers.js";
 import type { OutboundRequest } from "../pipeline/exchange.js";
 import type { SecretStore } from "../policy/secrets.js";
 import { UnscannableError, unscannedMarker } from "../policy/secret-scan.js";
 import type { CapturedBody } from "./body-capture.js";
-import { inlineBodyLimit, isText, type RecordedContent, type RecordedEntry, type RecordedPostData } from "./har.js";
+import { isText, type RecordedContent, type RecordedEntry, type RecordedPostData } from "./har.js";
 import { fullScanLimit, LiteralScanner } from "./leak-scan.js";
 import { maskCookieHeader, maskSetCookie } from "./cookies.js";
 import { bodyWithTokens } from "./match.js";
@@ -40,7 +39,13 @@ export interface Exchange {
   readonly status: number;
   readonly headers: readonly string[];
   readonly responseBody: CapturedBody | null;
-  /** A secret the streaming search found in the response's sidecar body. */
+  /**
+   * An encoded response body kept inline, with its codings undone by the recorder (decode-body.ts):
+   * in memory, or in a sidecar file when it decodes to more than the inline limit. Undefined when
+   * it could not be decoded: it is stored as it came.
+   */
+  readonly decodedBody?: CapturedBody | undefined;
+  /** A secret the streaming search found in the response's sidecar body (the decoded one's, if any). */
   readonly sidecarLeak?: string | undefined;
   /** A secret the streaming search found in the request body. */
   readonly requestLeak?: string | undefined;
@@ -60,12 +65,6 @@ export interface Leak {
 
 const basicCredentials = /^(basic[ \t]+)([A-Za-z0-9+/=_-]+)[ \t]*$/i;
 const tokenizedResponseHeaders = new Set(["location", "content-location"]);
-const decoders: Record<string, (bytes: Buffer) => Buffer> = {
-  gzip: (b) => gunzipSync(b, { maxOutputLength: 16 * inlineBodyLimit }),
-  "x-gzip": (b) => gunzipSync(b, { maxOutputLength: 16 * inlineBodyLimit }),
-  deflate: (b) => inflateSync(b, { maxOutputLength: 16 * inlineBodyLimit }),
-  br: (b) => brotliDecompressSync(b, { maxOutputLength: 16 * inlineBodyLimit }),
-};
 
 /** Thrown inside the builder when something cannot be made safe: the entry is dropped. */
 class LeakFound extends Error {
@@ -120,7 +119,7 @@ function build(x: Exchange, values: RecordedValues | undefined, secrets: SecretS
     else if (tokenizedResponseHeaders.has(lower)) responseHeaders.push({ name, value: tokenize(value, `response header ${name}`) });
     else responseHeaders.push({ name, value: values === undefined ? value : placeholdersAsTokens(values.redact(value), secrets) });
   }
-  const content = contentOf(x.responseBody, contentType, codings, values, secrets, x.sidecarLeak);
+  const content = contentOf(x.responseBody, x.decodedBody, contentType, codings, values, secrets, x.sidecarLeak);
   const location = getHeader(x.headers, "location");
   const { send, wait, receive } = x.timings;
   return {
@@ -193,7 +192,15 @@ function placeholdersAsTokens(text: string, secrets: SecretStore | undefined): s
   return secrets === undefined ? text : secrets.tokenizePlaceholders(text);
 }
 
-function contentOf(body: CapturedBody | null, mimeType: string, codings: readonly string[], values: RecordedValues | undefined, secrets: SecretStore | undefined, sidecarLeak: string | undefined): RecordedContent {
+function contentOf(
+  body: CapturedBody | null,
+  decoded: CapturedBody | undefined,
+  mimeType: string,
+  codings: readonly string[],
+  values: RecordedValues | undefined,
+  secrets: SecretStore | undefined,
+  sidecarLeak: string | undefined,
+): RecordedContent {
   if (body === null || body.size === 0) return { size: 0, mimeType, text: "" };
   const encoding = codings.join(", ");
   if (body.file !== undefined) {
@@ -201,22 +208,20 @@ function contentOf(body: CapturedBody | null, mimeType: string, codings: readonl
     if (body.withheld === true) throw new LeakFound({ secret: "(a body that was not kept)", where: "the response body" });
     return { size: body.size, mimeType, _file: body.file, ...(encoding !== "" ? { _encoded: encoding } : {}) };
   }
-  let bytes = body.bytes!;
-  let encoded: string | undefined;
-  try {
-    // The last coding applied is undone first.
-    for (const coding of [...codings].reverse()) {
-      const decode = Object.hasOwn(decoders, coding) ? decoders[coding] : undefined;
-      if (decode === undefined) throw new Error(`no decoder for ${coding}`);
-      bytes = decode(bytes);
-    }
-  } catch {
-    // Stored as it came; replayed as it came.
-    bytes = body.bytes!;
-    encoded = encoding;
+  // Decoded by the recorder, off the event loop and bounded; one that did not decode is stored
+  // as it came, and replayed as it came.
+  const plain = codings.length === 0 ? body : decoded;
+  if (plain?.file !== undefined) {
+    // It decoded to more than the inline limit: kept decoded in its sidecar, as any large body
+    // is, and encoded again on replay as its header says.
+    if (sidecarLeak !== undefined) throw new LeakFound({ secret: sidecarLeak, where: "the response body" });
+    if (plain.withheld === true) throw new LeakFound({ secret: "(a body that was not kept)", where: "the response body" });
+    return { size: plain.size, compression: plain.size - body.size, mimeType, _file: plain.file };
   }
-  // Bytes in a coding the proxy cannot undo cannot be searched for a secret's value: not written.
-  if (encoded !== undefined && values !== undefined) throw new LeakFound({ secret: "(a body in a coding the proxy cannot undo, not searchable)", where: "the response body" });
+  const bytes = plain?.bytes ?? body.bytes!;
+  const encoded = plain === undefined ? encoding : undefined;
+  // Bytes the proxy could not decode cannot be searched for a secret's value: not written.
+  if (encoded !== undefined && values !== undefined) throw new LeakFound({ secret: "(a body in a coding the proxy cannot undo, or that decodes past 16 MiB: not searchable)", where: "the response body" });
   const compression = encoded === undefined ? { compression: bytes.length - body.size } : {};
   if (encoded === undefined && isText(bytes, mimeType)) {
     let text = bytes.toString("utf8");

@@ -1,6 +1,7 @@
 import { readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
-import { fileKind, readFailure, readRegularFile } from "../regular-file.js";
+import { fileKind, readFailure } from "../regular-file.js";
+import { readHarJson } from "./har-file.js";
 import { isPartialBodyName, maxRecordedMs, sidecarDir } from "./har.js";
 
 /**
@@ -38,7 +39,7 @@ export async function checkHarFile(path: string): Promise<HarReport> {
   const partial = partialBodies(path);
   let har: unknown;
   try {
-    har = JSON.parse((await readRegularFile(path)).toString("utf8"));
+    har = await readHarJson(path);
   } catch (error) {
     const reason = readFailure(error);
     return { problems: [`cannot read it as JSON: ${reason}`], entries: [], suspicious: [], partial, summary: `${path}: not a HAR file` };

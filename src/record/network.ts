@@ -1,6 +1,5 @@
 import { isIP } from "node:net";
 import { EgressError } from "../errors.js";
-import { readRegularFile } from "../regular-file.js";
 import { makeIssue, OptionError } from "../option-error.js";
 import { bareHostname } from "../hostname.js";
 import type { Logger } from "../log.js";
@@ -8,6 +7,7 @@ import type { Executor } from "../pipeline/exchange.js";
 import type { SecretStore } from "../policy/secrets.js";
 import { Resolver, type ResolvedAddress, type StaticHosts } from "../upstream/resolve.js";
 import type { RecordedEntry, RecordedHar } from "./har.js";
+import { readHarJson } from "./har-file.js";
 import { recordingExecutor } from "./recorder.js";
 import { Recording } from "./recording.js";
 import { replayExecutor } from "./replay-executor.js";
@@ -74,7 +74,7 @@ export class RecordedNetwork {
     let recording: Recording | undefined;
     if (replay.recordMissing === true) {
       // The file grows: what it held is written first, then what the misses add.
-      const har = JSON.parse((await readRegularFile(replay.path)).toString("utf8")) as RecordedHar;
+      const har = (await readHarJson(replay.path)) as RecordedHar;
       recording = await Recording.open(replay.path, log, har.log.entries as RecordedEntry[]);
     }
     log.info("replaying a recorded network", { path: replay.path, entries: source.entries.length, recordMissing: replay.recordMissing === true });

@@ -3,6 +3,7 @@ import type { Logger } from "../log.js";
 import type { Executor, ExecutorResponse, OutboundRequest, SendInfo } from "../pipeline/exchange.js";
 import type { SecretStore } from "../policy/secrets.js";
 import { BodyCapture, teeBody, type CapturedBody } from "./body-capture.js";
+import { decodeBody } from "./decode-body.js";
 import { buildEntry, type Exchange } from "./entry.js";
 import { sidecarDir } from "./har.js";
 import { LiteralScanner } from "./leak-scan.js";
@@ -62,7 +63,7 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
         throw error;
       }
       const head = performance.now();
-      const finish = async (body: CapturedBody | null, responseScanner: LiteralScanner | undefined): Promise<void> => {
+      const finish = async (body: CapturedBody | null, responseScanner: LiteralScanner | undefined, decodedBody?: CapturedBody): Promise<void> => {
         let requestCaptured: CapturedBody | null = null;
         if (requestBody !== undefined) {
           if (!(await requestBody.done)) {
@@ -83,6 +84,7 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
           status: response.status,
           headers: response.headers,
           responseBody: body,
+          decodedBody,
           sidecarLeak: responseScanner?.found,
           requestLeak: requestBody?.scanner?.found,
           timings: { send: 0, wait: Math.round(head - t0), receive: Math.round(performance.now() - head) },
@@ -97,7 +99,8 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
       }
       const encoding = contentCodingList(response.headers).join(", ");
       const framed = getHeader(response.headers, "content-length") !== undefined;
-      // A sidecar body is searched as it streams; an encoded one is searched after decoding, whole, when small.
+      // A sidecar body is searched as it streams; an encoded one kept inline is searched as it is
+      // decoded, and whole when it decodes small enough to stay inline (entry.ts).
       const responseScanner = encoding === "" || encoding === "identity" ? scanner() : undefined;
       const capture = new BodyCapture(sidecarDir(deps.recording.path), { chunks: !framed && encoding === "", scanner: responseScanner });
       const tee = teeBody(response.body as Readable, capture);
@@ -115,6 +118,12 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
           if (body.file !== undefined && unsearchable) {
             // Still compressed on disk, so it cannot be searched: not written (fail closed).
             await finish(body, { found: "(compressed sidecar body, not searchable)" } as LiteralScanner);
+            return;
+          }
+          if (body.bytes !== undefined && encoding !== "") {
+            const decodedScanner = scanner();
+            const decoded = await decodeBody(body.bytes, contentCodingList(response.headers), sidecarDir(deps.recording.path), decodedScanner);
+            await finish(body, decodedScanner, decoded);
             return;
           }
           await finish(body, responseScanner);
@@ -137,7 +146,7 @@ function write(exchange: Exchange, store: SecretStore | undefined, values: Recor
       where: built.leak.where,
     });
     // Its sidecar files are what may hold the value: they go too.
-    for (const file of [exchange.requestBody?.file, exchange.responseBody?.file]) {
+    for (const file of [exchange.requestBody?.file, exchange.responseBody?.file, exchange.decodedBody?.file]) {
       if (file !== undefined) void rm(join(sidecarDir(deps.recording.path), file), { force: true }).catch(() => undefined);
     }
     return;

@@ -131,6 +131,7 @@ export class Recording {
         await out!.write(bytes, 0, bytes.length, position);
         position += bytes.length;
       };
+      // An entry a line: a file past the longest string JSON.parse takes is read so (har-file.ts).
       await put(`{"log":{"version":"1.2","creator":${JSON.stringify(creator)},"pages":[],"entries":[`);
       let first = true;
       for (const entry of this.kept) {

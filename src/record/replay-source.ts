@@ -1,7 +1,8 @@
 import { isIP } from "node:net";
 import { join } from "node:path";
 import { EgressError } from "../errors.js";
-import { readFailure, readRegularFile } from "../regular-file.js";
+import { readFailure } from "../regular-file.js";
+import { readHarJson } from "./har-file.js";
 import type { ResolvedAddress } from "../upstream/resolve.js";
 import { sidecarDir, type RecordedEntry, type RecordedHar } from "./har.js";
 import { replayProblems, sidecarFileProblem } from "./har-check.js";
@@ -55,7 +56,7 @@ export class ReplaySource {
     let har: RecordedHar;
     try {
       // A FIFO there would hold the start until written to; /dev/zero would never end.
-      har = JSON.parse((await readRegularFile(path)).toString("utf8")) as RecordedHar;
+      har = (await readHarJson(path)) as RecordedHar;
     } catch (error) {
       throw new Error(`cannot read ${path} as a HAR file: ${readFailure(error)}`, { cause: error });
     }

@@ -1076,3 +1076,84 @@ describe("a recording several guests make", () => {
     expect(formatHarReport(await checkHarFile(har)).status).toBe(0);
   });
 });
+
+// 16 KB of gzip decoding to 16 MiB was decoded whole on the event loop and stored inline: twenty
+// such responses stalled every guest for seconds, and 34 made a 570 MB HAR that neither
+// `har check` nor `--replay` could read (ERR_STRING_TOO_LONG) (black-box finding).
+describe("a small compressed body that decodes to much more", () => {
+  const decodedSize = 16 * 1024 * 1024 - 1024;
+  const bomb = gzipSync(Buffer.alloc(decodedSize, "a"), { level: 9 });
+  const gzipRoute =
+    (body: Buffer): Route =>
+    (_req, res) => {
+      res.writeHead(200, { "content-type": "text/plain", "content-encoding": "gzip", "content-length": body.length });
+      res.end(body);
+    };
+  const bytesVia = async (proxy: TestProxy, url: string): Promise<{ status: number; encoding: unknown; body: Buffer }> => {
+    const res = await undiciRequest(url, { dispatcher: proxyAgent(proxy), headers: { "accept-encoding": "gzip" } });
+    return { status: res.statusCode, encoding: res.headers["content-encoding"], body: Buffer.from(await res.body.arrayBuffer()) };
+  };
+
+  it("goes to a sidecar file, decoded, as any large body does; the HAR stays small and replays it gzipped again", async () => {
+    const har = join(tempDir(), "run.har");
+    const upstream = await startUpstream({ routes: { "/bomb": gzipRoute(bomb) } });
+    const url = `https://api.test:${upstream.port}/bomb`;
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    const got = await Promise.all([1, 2, 3].map(() => bytesVia(recorder, url)));
+    // The guest gets the bytes as they came.
+    for (const g of got) expect(g.body.equals(bomb)).toBe(true);
+    await recorder.close();
+    expect(lstatSync(har).size).toBeLessThan(64 * 1024);
+    const entries = readHar(har).log.entries;
+    expect(entries).toHaveLength(3);
+    const sha = createHash("sha256").update(Buffer.alloc(decodedSize, "a")).digest("hex");
+    for (const e of entries) {
+      expect(e.response.content).toEqual({ size: decodedSize, compression: decodedSize - bomb.length, mimeType: "text/plain", _file: sha });
+    }
+    // One file for the three (content-addressed), and nothing left half-written.
+    expect(readdirSync(`${har}.d`)).toEqual([sha]);
+    expect(lstatSync(join(`${har}.d`, sha)).size).toBe(decodedSize);
+    expect(formatHarReport(await checkHarFile(har)).status).toBe(0);
+    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har } } });
+    const again = await bytesVia(replayer, url);
+    expect(again.status).toBe(200);
+    expect(again.encoding).toBe("gzip");
+    expect(gunzipSync(again.body).equals(Buffer.alloc(decodedSize, "a"))).toBe(true);
+  });
+
+  it("one that decodes past 16 MiB is stored as it came and replayed byte for byte", async () => {
+    const har = join(tempDir(), "run.har");
+    const bigger = gzipSync(Buffer.alloc(16 * 1024 * 1024 + 1, "a"), { level: 9 });
+    const upstream = await startUpstream({ routes: { "/bigger": gzipRoute(bigger) } });
+    const url = `https://api.test:${upstream.port}/bigger`;
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    expect((await bytesVia(recorder, url)).status).toBe(200);
+    await recorder.close();
+    const [entry] = readHar(har).log.entries;
+    expect(entry!.response.content).toEqual({ size: bigger.length, mimeType: "text/plain", text: bigger.toString("base64"), encoding: "base64", _encoded: "gzip" });
+    expect(readdirSync(`${har}.d`)).toEqual([]);
+    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har } } });
+    const again = await bytesVia(replayer, url);
+    expect(again.encoding).toBe("gzip");
+    expect(again.body.equals(bigger)).toBe(true);
+  });
+
+  it("with secrets set, it is searched as it is decoded: a clean one is recorded to its sidecar, one holding a value is not recorded and leaves no file", async () => {
+    const har = join(tempDir(), "run.har");
+    const holding = gzipSync(Buffer.concat([Buffer.alloc(2 * 1024 * 1024, "a"), Buffer.from(` token=${VALUE} `)]));
+    const upstream = await startUpstream({ routes: { "/bomb": gzipRoute(bomb), "/holding": gzipRoute(holding) } });
+    const recorder = await startTestProxy(
+      { allowedInternalHosts: ["api.test"], secrets: { GH_TOKEN: { hosts: ["api.test"], value: VALUE } } },
+      { upstream: { record: { path: har } } },
+    );
+    expect((await bytesVia(recorder, `https://api.test:${upstream.port}/bomb`)).status).toBe(200);
+    expect((await bytesVia(recorder, `https://api.test:${upstream.port}/holding`)).status).toBe(200);
+    await recorder.close();
+    const entries = readHar(har).log.entries;
+    expect(entries.map((e) => new URL(e.request.url).pathname)).toEqual(["/bomb"]);
+    expect(entries[0]!.response.content._file).toMatch(/^[0-9a-f]{64}$/);
+    expect(recorder.logs.find((l) => l["code"] === "EG_RECORD_LEAK")).toMatchObject({ secret: "GH_TOKEN", where: "the response body" });
+    expect(readdirSync(`${har}.d`)).toEqual([entries[0]!.response.content._file]);
+    expect(everything(har)).not.toContain(VALUE);
+  });
+});
