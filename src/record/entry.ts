@@ -38,6 +38,8 @@ export interface Exchange {
   readonly httpVersion: string;
   readonly status: number;
   readonly headers: readonly string[];
+  /** The response's trailer fields, when it had any. */
+  readonly trailers?: readonly string[] | undefined;
   readonly responseBody: CapturedBody | null;
   /**
    * An encoded response body kept inline, with its codings undone by the recorder (decode-body.ts):
@@ -120,6 +122,7 @@ function build(x: Exchange, values: RecordedValues | undefined, secrets: SecretS
     else responseHeaders.push({ name, value: values === undefined ? value : placeholdersAsTokens(values.redact(value), secrets) });
   }
   const content = contentOf(x.responseBody, x.decodedBody, contentType, codings, values, secrets, x.sidecarLeak);
+  const trailers = x.trailers === undefined || x.trailers.length === 0 ? undefined : trailersOf(x.trailers, values, secrets, options);
   const location = getHeader(x.headers, "location");
   const { send, wait, receive } = x.timings;
   return {
@@ -146,6 +149,7 @@ function build(x: Exchange, values: RecordedValues | undefined, secrets: SecretS
       redirectURL: location === undefined ? "" : tokenize(location, "the Location header"),
       headersSize: -1,
       bodySize: x.responseBody?.size ?? 0,
+      ...(trailers !== undefined ? { _trailers: trailers } : {}),
     },
     cache: {},
     timings: { send, wait, receive },
@@ -237,6 +241,18 @@ function contentOf(
     if (scanner.found !== undefined) throw new LeakFound({ secret: scanner.found, where: "the binary response body" });
   }
   return { size: bytes.length, ...compression, mimeType, text: bytes.toString("base64"), encoding: "base64", ...(encoded !== undefined ? { _encoded: encoded } : {}) };
+}
+
+/** Trailer fields as the response headers are recorded: values redacted, cookies masked. */
+function trailersOf(list: readonly string[], values: RecordedValues | undefined, secrets: SecretStore | undefined, options: EntryOptions): Header[] {
+  const out: Header[] = [];
+  for (let i = 0; i < list.length; i += 2) {
+    const name = list[i]!;
+    const value = list[i + 1]!;
+    if (name.toLowerCase() === "set-cookie" && !options.cookies) out.push({ name, value: maskSetCookie(value) });
+    else out.push({ name, value: values === undefined ? value : placeholdersAsTokens(values.redact(value), secrets) });
+  }
+  return out;
 }
 
 /**

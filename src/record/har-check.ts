@@ -221,17 +221,19 @@ export function replayProblems(entry: unknown, where: string): string[] {
     if (status !== undefined && !(status === 0 || (Number.isInteger(status) && status >= 100 && status <= 599))) {
       problems.push(`${w}.status: must be 0 (no response) or 100-599, not ${status}`);
     }
-    const headers = at.nameValues(response, "headers", w, { optional: true }) ?? [];
-    headers.forEach((header, i) => {
-      if (header === undefined) return;
-      const { name, value } = header;
-      // HTTP/2 pseudo-headers (Chrome's exports) are left out of the replay.
-      if (!name.startsWith(":") && !fieldName.test(name)) problems.push(`${w}.headers[${i}]: the name ${JSON.stringify(name.slice(0, 64))} is not a token`);
-      // What Node refuses to send: a control character other than tab, or one past Latin-1.
-      if (/[^\t\x20-\x7e\x80-\xff]/.test(value)) {
-        problems.push(`${w}.headers[${i}]: the value of ${JSON.stringify(name.slice(0, 64))} has a control character (CR, LF, NUL, …) or one a header cannot carry`);
-      }
-    });
+    for (const list of ["headers", "_trailers"]) {
+      const fields = at.nameValues(response, list, w, { optional: true }) ?? [];
+      fields.forEach((field, i) => {
+        if (field === undefined) return;
+        const { name, value } = field;
+        // HTTP/2 pseudo-headers (Chrome's exports) are left out of the replay.
+        if (!name.startsWith(":") && !fieldName.test(name)) problems.push(`${w}.${list}[${i}]: the name ${JSON.stringify(name.slice(0, 64))} is not a token`);
+        // What Node refuses to send: a control character other than tab, or one past Latin-1.
+        if (/[^\t\x20-\x7e\x80-\xff]/.test(value)) {
+          problems.push(`${w}.${list}[${i}]: the value of ${JSON.stringify(name.slice(0, 64))} has a control character (CR, LF, NUL, …) or one a header cannot carry`);
+        }
+      });
+    }
     if (response["content"] !== undefined) {
       const content = at.object(response, "content", w);
       if (content !== undefined) {

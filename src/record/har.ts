@@ -42,7 +42,12 @@ export type RecordedContent = Content & SidecarFields;
 /** The request body: HAR's postData has no encoding, so `_encoding: "base64"` marks a binary one. */
 export type RecordedPostData = PostData & SidecarFields & { _encoding?: string };
 export type RecordedRequest = Omit<Request, "postData"> & { postData?: RecordedPostData };
-export type RecordedResponse = Omit<Response, "content"> & { content: RecordedContent };
+/**
+ * The response: `_trailers` holds its trailer fields (an HTTP/2 upstream's trailing HEADERS, as
+ * gRPC sends grpc-status in; an HTTP/1.1 chunked response's trailer section), which HAR has no
+ * field for. Redacted as the headers are, and sent again after the body on replay.
+ */
+export type RecordedResponse = Omit<Response, "content"> & { content: RecordedContent; _trailers?: Header[] };
 export type RecordedEntry = Omit<Entry, "request" | "response"> & {
   request: RecordedRequest;
   response: RecordedResponse;

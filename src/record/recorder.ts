@@ -64,6 +64,8 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
       }
       const head = performance.now();
       const finish = async (body: CapturedBody | null, responseScanner: LiteralScanner | undefined, decodedBody?: CapturedBody): Promise<void> => {
+        // Read once the body has ended, as the guest's side reads them.
+        const trailers = body === null ? undefined : response.trailers?.();
         let requestCaptured: CapturedBody | null = null;
         if (requestBody !== undefined) {
           if (!(await requestBody.done)) {
@@ -83,6 +85,7 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
           httpVersion: response.httpVersion ?? "HTTP/1.1",
           status: response.status,
           headers: response.headers,
+          trailers,
           responseBody: body,
           decodedBody,
           sidecarLeak: responseScanner?.found,

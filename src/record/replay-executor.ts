@@ -116,6 +116,10 @@ async function respond(entry: RecordedEntry, request: OutboundRequest, deps: Rep
     // A 204 has no length and a 205 only 0; a HAR from before, or from elsewhere, may say otherwise.
     return { status: response.status, headers: noContentFraming(response.status, headers), body: null, location };
   }
+  // Recorded trailer fields go after the body again (the guest's side leaves out what may not
+  // be one); placeholders as in the headers.
+  const recordedTrailers = response._trailers?.flatMap(({ name, value }) => [name, placeholders(value)]);
+  const trailers = recordedTrailers !== undefined && recordedTrailers.length > 0 ? recordedTrailers : undefined;
   let body: Readable;
   let length: number | undefined;
   if (content?._file !== undefined) {
@@ -157,10 +161,11 @@ async function respond(entry: RecordedEntry, request: OutboundRequest, deps: Rep
     if (codings.length > 0) {
       for (let at = headers.length - 2; at >= 0; at -= 2) if (headers[at]!.toLowerCase() === "content-encoding") headers.splice(at, 2);
     }
-    headers.push("content-length", String(length));
+    // Trailers go to an HTTP/1.1 guest only on a chunked response: no length then.
+    if (trailers === undefined) headers.push("content-length", String(length));
   }
   if (deps.latency === "recorded" && entry._egressgate?.chunks === undefined) body = delayEnd(body, positive(entry.timings?.receive), signal);
-  return { status: response.status, headers, body, location };
+  return trailers === undefined ? { status: response.status, headers, body, location } : { status: response.status, headers, body, location, trailers: () => trailers };
 }
 
 function positive(value: number | undefined | null): number {

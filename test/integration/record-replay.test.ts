@@ -1157,3 +1157,78 @@ describe("a small compressed body that decodes to much more", () => {
     expect(everything(har)).not.toContain(VALUE);
   });
 });
+
+// HAR has no field for trailers: a recorded gRPC call replayed without its grpc-status, which a
+// gRPC client takes for a failed call (black-box finding). They are kept in `_trailers`.
+describe("response trailers", () => {
+  it("an HTTP/2 upstream's trailers are recorded redacted, and replayed after the body to HTTP/2 and HTTP/1.1 guests", async () => {
+    const har = join(tempDir(), "run.har");
+    const upstream = await startH2Upstream({
+      "/pkg.Svc/Call": (stream, headers) => {
+        stream.respond({ ":status": 200, "content-type": "application/grpc" }, { waitForTrailers: true });
+        stream.once("wantTrailers", () => stream.sendTrailers({ "grpc-status": "7", "grpc-message": "denied by upstream", "x-echo": `token=${String(headers["authorization"]).slice("Bearer ".length)}` }));
+        stream.end(Buffer.from([0, 0, 0, 0, 2, 8, 1]));
+      },
+    });
+    const authority = `api.test:${upstream.port}`;
+    const recorder = await startTestProxy(
+      { allowedInternalHosts: ["api.test"], secrets: { GH_TOKEN: { hosts: ["api.test"], value: VALUE } } },
+      { upstream: { record: { path: har } } },
+    );
+    const placeholder = recorder.guestEnv()["GH_TOKEN"]!;
+    const call = { ":method": "POST", ":path": "/pkg.Svc/Call", "content-type": "application/grpc", te: "trailers", authorization: `Bearer ${placeholder}` };
+    const live = await h2Request(await h2Session(recorder.port, authority, recorder.caCertPem), call, Buffer.from([0, 0, 0, 0, 0]));
+    expect(live.trailers?.["grpc-status"]).toBe("7");
+    await recorder.close();
+    const [entry] = readHar(har).log.entries;
+    expect(entry!.response._trailers).toEqual([
+      { name: "grpc-status", value: "7" },
+      { name: "grpc-message", value: "denied by upstream" },
+      { name: "x-echo", value: "token=[REDACTED:GH_TOKEN]" },
+    ]);
+    expect(everything(har)).not.toContain(VALUE);
+    expect(formatHarReport(await checkHarFile(har)).status).toBe(0);
+
+    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"], secrets: { GH_TOKEN: { hosts: ["api.test"], value: "dummy" } } }, { upstream: { replay: { path: har } } });
+    const again = { ...call, authorization: `Bearer ${replayer.guestEnv()["GH_TOKEN"]!}` };
+    const viaH2 = await h2Request(await h2Session(replayer.port, authority, replayer.caCertPem), again, Buffer.from([0, 0, 0, 0, 0]));
+    expect(viaH2.status).toBe(200);
+    expect(viaH2.body.toString("hex")).toBe("00000000020801");
+    expect(viaH2.trailers).toMatchObject({ "grpc-status": "7", "grpc-message": "denied by upstream", "x-echo": "token=[REDACTED:GH_TOKEN]" });
+    const tunnel = await openTlsTunnel(replayer.port, authority, { ca: replayer.caCertPem });
+    tunnel.write(`POST /pkg.Svc/Call HTTP/1.1\r\nHost: ${authority}\r\nContent-Type: application/grpc\r\nTE: trailers\r\nAuthorization: ${again.authorization}\r\nContent-Length: 5\r\nConnection: close\r\n\r\n`);
+    tunnel.write(Buffer.from([0, 0, 0, 0, 0]));
+    await tunnel.closed;
+    const raw = tunnel.pending();
+    expect(raw).toMatch(/^HTTP\/1\.1 200 /);
+    expect(raw).toMatch(/transfer-encoding: chunked/i);
+    expect(raw).toMatch(/\r\n0\r\ngrpc-status: 7\r\ngrpc-message: denied by upstream\r\nx-echo: token=\[REDACTED:GH_TOKEN\]\r\n\r\n$/i);
+  });
+
+  it("an HTTP/1.1 chunked upstream's trailer section is recorded and replayed; a file whose trailer cannot be sent is refused", async () => {
+    const har = join(tempDir(), "run.har");
+    const upstream = await startUpstream({
+      routes: {
+        "/sum": (_req, res) => {
+          res.writeHead(200, { "content-type": "text/plain", trailer: "x-checksum" });
+          res.write("chunked body");
+          res.addTrailers({ "x-checksum": "h1-sum" });
+          res.end();
+        },
+      },
+    });
+    const url = `https://api.test:${upstream.port}/sum`;
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    expect((await fetchVia(recorder, url)).text).toBe("chunked body");
+    await recorder.close();
+    const recorded = readHar(har);
+    expect(recorded.log.entries[0]!.response._trailers).toEqual([{ name: "x-checksum", value: "h1-sum" }]);
+    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har } } });
+    const res = await h2Request(await h2Session(replayer.port, `api.test:${upstream.port}`, replayer.caCertPem), { ":path": "/sum" });
+    expect(res.body.toString()).toBe("chunked body");
+    expect(res.trailers?.["x-checksum"]).toBe("h1-sum");
+    recorded.log.entries[0]!.response._trailers = [{ name: "x-checksum", value: "a\r\nb" }];
+    writeFileSync(har, JSON.stringify(recorded));
+    await expect(startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har } } })).rejects.toThrow(/log\.entries\[0\]\.response\._trailers\[0\]: the value of "x-checksum" has a control character/);
+  });
+});
