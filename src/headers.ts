@@ -59,6 +59,16 @@ export function hasExpect(list: readonly string[]): boolean {
   return false;
 }
 
+/**
+ * The bytes a head's fields take as HTTP/1.1 writes them: each name and value, ": " and CRLF, as
+ * secret substitution counts a request's (a field's characters are Latin-1, one byte each).
+ */
+export function fieldBytes(list: readonly string[]): number {
+  let bytes = 0;
+  for (let i = 0; i < list.length; i += 2) bytes += list[i]!.length + list[i + 1]!.length + 4;
+  return bytes;
+}
+
 /** Why a hook's request may not carry `Expect`, after what names it. */
 export const expectRefused = 'has an "expect" header, which the proxy answers itself and never sends upstream';
 

@@ -168,7 +168,8 @@ export type BodyRef = null | { readonly h: "request" | "response" } | { readonly
 export type NeededBody = "request" | "response" | number | "held";
 
 export type Outcome = (
-  | { readonly t: "value"; readonly v: boolean | string }
+  /** `shown`: what was returned, for the log ({@link Outcome} "bad"'s). */
+  | { readonly t: "value"; readonly v: boolean | string; readonly shown?: string }
   | { readonly t: "code"; readonly v: number }
   | { readonly t: "continue"; readonly headers?: string[] | null; readonly consumed?: boolean }
   | { readonly t: "request"; readonly method: string; readonly url: string; readonly headers: string[]; readonly body: BodyRef }
@@ -176,7 +177,12 @@ export type Outcome = (
   /** `from`: the error is the rejection of effect number `from`, thrown on as it was. */
   | { readonly t: "blocked"; readonly status: number; readonly message: string; readonly statusText: string; readonly from?: number }
   | { readonly t: "throw"; readonly name: string; readonly message: string; readonly stack: string; readonly from?: number }
-  | { readonly t: "bad"; readonly what: string }
+  /**
+   * The phase returned what it cannot use: `what` says what, and for a value of the wrong type
+   * (`what` is its typeof) `shown` shows it, up to 65536 characters (a string's text, a symbol's
+   * description, a number, an object's kind and first keys), for the proxy to redact and cut.
+   */
+  | { readonly t: "bad"; readonly what: string; readonly shown?: string }
   | { readonly t: "need"; readonly which: NeededBody[] }
   /** handle: the call stopped at effect `i`, which the journal does not hold yet; the proxy performs it and runs the call again. */
   | { readonly t: "effect"; readonly k: "next"; readonly i: number; readonly sig: string; readonly method: string; readonly url: string; readonly headers: string[]; readonly body: BodyRef }

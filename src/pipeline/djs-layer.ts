@@ -4,7 +4,7 @@ import { httpToken, withoutHeaders, type HeaderList } from "../headers.js";
 import { BodyLimitError, readBounded, type BodyTap } from "../hooks/body-tap.js";
 import type { CallMessage, EffectRejection, JournalEntry, NeededBody, Outcome } from "../djs/protocol.js";
 import { discardBody } from "../streams.js";
-import { bytesBody, call, failure, joinHeaders, newSeed, policyBodyCap, policyRequestHeaders, policyResponse, type DjsRun } from "./djs-phases.js";
+import { bytesBody, call, failure, returnedDetail, joinHeaders, newSeed, policyBodyCap, policyRequestHeaders, policyResponse, type DjsRun } from "./djs-phases.js";
 import type { OutboundRequest } from "./exchange.js";
 import { contentLengthHeaders, withExactLength, type HookedResponse, type HookLimits } from "./hook-phases.js";
 import type { LayerNext } from "./hook-source.js";
@@ -247,16 +247,16 @@ export async function djsHandle(run: DjsRun, request: OutboundRequest, tap: Body
             detail: `${filename}: handle ran again from the start and ${outcome.what}; a layer must make the same next() and sleep() calls every time it runs`,
           });
         case "bad":
-          throw new EgressError("EG_HOOK_FAILED", 502, `handle policy returned ${outcome.what}, not a Response; a layer must answer with next()'s Response or its own`, { detail: filename });
+          throw new EgressError("EG_HOOK_FAILED", 502, `handle policy returned ${outcome.what}, not a Response; a layer must answer with next()'s Response or its own`, { detail: returnedDetail(run, outcome.what, outcome.shown) });
         case "throw":
         case "blocked": {
           // next()'s own failure, thrown on as it came: the guest gets what ended the descent.
           const original = outcome.from === undefined ? undefined : performed[outcome.from]?.error;
           if (original !== undefined) throw original;
-          throw failure("handle", outcome, filename);
+          throw failure("handle", outcome, run);
         }
         default:
-          throw failure("handle", outcome, filename);
+          throw failure("handle", outcome, run);
       }
     }
   } finally {

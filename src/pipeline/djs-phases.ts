@@ -79,15 +79,54 @@ function logConsole(run: DjsRun, reply: CallReply): void {
  */
 export function consoleText(text: string, secrets: ConsoleSecrets | undefined, neighbours?: Iterable<ConsoleSecrets | undefined>): string {
   const cut = text.length > consoleLineChars;
-  const stores: ConsoleSecrets[] = [];
-  for (const store of cut ? [secrets, ...(neighbours ?? [])] : [secrets]) if (store !== undefined && store.size > 0) stores.push(store);
-  if (stores.length === 0) return cut ? text.slice(0, consoleLineChars) : text;
-  if (text.length >= consoleSandboxChars && Math.max(...stores.map((s) => s.reach())) > consoleSandboxChars - consoleLineChars) {
-    return `${unscannedMarker} (a console line over ${consoleSandboxChars} characters, too long to redact)`;
-  }
-  if (stores.length === 1) return stores[0]!.redact(text, consoleLineChars);
-  return redactText(text, new NeedleSet(stores.flatMap((s) => s.needles())), undefined, consoleLineChars);
+  return redactThenCut(text, cut ? [secrets, ...(neighbours ?? [])] : [secrets], consoleLineChars, "a console line");
 }
+
+/**
+ * `text` redacted with `stores`, then cut to `keep` characters; a text the sandbox may have cut
+ * through a value that reaches past `keep` once redacted is not shown at all.
+ */
+function redactThenCut(text: string, from: Iterable<ConsoleSecrets | undefined>, keep: number, what: string): string {
+  const stores: ConsoleSecrets[] = [];
+  for (const store of from) if (store !== undefined && store.size > 0) stores.push(store);
+  if (stores.length === 0) return text.length > keep ? text.slice(0, keep) : text;
+  if (text.length >= consoleSandboxChars && Math.max(...stores.map((s) => s.reach())) > consoleSandboxChars - keep) {
+    return `${unscannedMarker} (${what} over ${consoleSandboxChars} characters, too long to redact)`;
+  }
+  if (stores.length === 1) return stores[0]!.redact(text, keep);
+  return redactText(text, new NeedleSet(stores.flatMap((s) => s.needles())), undefined, keep);
+}
+
+/** The characters of a value a phase returned that the log's detail shows (see {@link shownValue}). */
+export const shownValueChars = 100;
+
+/**
+ * What a phase returned that it cannot use, as the log's detail shows it after the policy's file:
+ * its type and a short view of it (a string's first characters, quoted; a number; an object's
+ * kind and first keys), with "…" when it is longer than {@link shownValueChars}. The sandbox
+ * sends up to {@link consoleSandboxChars} of it, which is redacted before it is cut, as a console
+ * line is ({@link consoleText}): the text is the policy's, and may hold a value (isRequestAllowed
+ * sees the request with its secrets).
+ */
+function shownValue(type: string, shown: string | undefined, run: ShownRun): string {
+  if (shown === undefined) return `returned ${type}`;
+  // Every guest's values, whether cut or not: the log's own pass over them comes after the
+  // quoting below, which escapes a value's `"` or `\` where that pass would not know it.
+  const kept = redactThenCut(shown, [run.secrets, ...(run.neighbours?.() ?? [])], shownValueChars, "a returned value");
+  const text = shown.length > shownValueChars && !kept.startsWith(unscannedMarker) ? `${kept}…` : kept;
+  if (type === "string") return `returned string ${JSON.stringify(text)}`;
+  if (type === "symbol") return `returned symbol Symbol(${JSON.stringify(text)})`;
+  // The rest is the sandbox's description, with names the policy chose in it: no control characters.
+  return `returned ${type} ${JSON.stringify(text).slice(1, -1)}`;
+}
+
+/** The detail of a failure for a value a phase returned: the policy's file, and the value when the sandbox showed it. */
+export function returnedDetail(run: ShownRun, type: string, shown: string | undefined): string {
+  return shown === undefined ? run.engine.filename : `${run.engine.filename}: ${shownValue(type, shown, run)}`;
+}
+
+/** What {@link failure} needs of a run to name and show what a policy returned. */
+export type ShownRun = Pick<DjsRun, "secrets" | "neighbours"> & { readonly engine: Pick<DjsEngine, "filename"> };
 
 /**
  * A seed for the policy's Math.random; each phase call gets its own, and keeps it when run again.
@@ -106,7 +145,8 @@ export async function call(run: DjsRun, message: Omit<CallMessage, "id">): Promi
 }
 
 /** Every outcome that is not an answer: the guest gets 502, or the policy's own block status. */
-export function failure(phase: PhaseName, outcome: Outcome, filename: string): EgressError {
+export function failure(phase: PhaseName, outcome: Outcome, run: ShownRun): EgressError {
+  const filename = run.engine.filename;
   switch (outcome.t) {
     case "blocked":
       return hookFailure(phase, { name: "HttpRequestBlockedError", status: outcome.status, message: outcome.message, statusText: outcome.statusText });
@@ -130,9 +170,15 @@ export function failure(phase: PhaseName, outcome: Outcome, filename: string): E
       // tier-3 hook past its deadline; the same kind.
       return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned a promise that never settles`, { detail: filename, failure: "time" });
     case "bad":
-      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned ${outcome.what}`, { detail: filename, failure: "invalid" });
+      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned ${outcome.what}`, {
+        detail: returnedDetail(run, outcome.what, outcome.shown),
+        failure: "invalid",
+      });
     case "value":
-      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned ${String(outcome.v)}, not a boolean`, { detail: filename, failure: "invalid" });
+      return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy returned ${String(outcome.v)}, not a boolean`, {
+        detail: returnedDetail(run, String(outcome.v), outcome.shown),
+        failure: "invalid",
+      });
     default:
       return new EgressError("EG_HOOK_FAILED", 502, `${phase} policy answered with something this phase cannot use (${outcome.t})`, { detail: filename, failure: "invalid" });
   }
@@ -150,9 +196,9 @@ function limitKind(what: string): HookFailureKind {
 }
 
 /** A boolean check (`isRequestAllowed`, `isIpAllowed`): true or false, anything else throws. */
-function checkResult(phase: PhaseName, outcome: Outcome, filename: string): boolean {
+function checkResult(phase: PhaseName, outcome: Outcome, run: ShownRun): boolean {
   if (outcome.t === "code" && (outcome.v === codeTrue || outcome.v === codeFalse)) return outcome.v === codeTrue;
-  throw failure(phase, outcome, filename);
+  throw failure(phase, outcome, run);
 }
 
 /** `isRequestAllowed` in the policy: the request as it will leave, without its body. */
@@ -166,7 +212,7 @@ export async function djsIsRequestAllowed(run: DjsRun, request: OutboundRequest)
     headers: joinHeaders(request.headers, request.url.host),
     hasBody: false,
   });
-  return checkResult("isRequestAllowed", outcome, run.engine.filename);
+  return checkResult("isRequestAllowed", outcome, run);
 }
 
 export async function djsIsIpAllowed(
@@ -174,7 +220,7 @@ export async function djsIsIpAllowed(
   info: { hostname: string; ip: string; family: number; port: number; protocol: string },
 ): Promise<boolean> {
   const { outcome } = await call(run, { phase: "isIpAllowed", now: Date.now(), seed: newSeed(), method: "", url: "", headers: "", hasBody: false, info });
-  return checkResult("isIpAllowed", outcome, run.engine.filename);
+  return checkResult("isIpAllowed", outcome, run);
 }
 
 /** A header list from the policy, checked as Node would check it before sending. */
@@ -221,7 +267,6 @@ export async function djsOnRequest(
   tap: BodyTap | undefined,
   limits: HookLimits,
 ): Promise<OnRequestOutcome> {
-  const filename = run.engine.filename;
   const now = Date.now();
   const seed = newSeed();
   // Bytes cross to the worker only once the policy asks for them, even when already in memory.
@@ -242,7 +287,7 @@ export async function djsOnRequest(
     });
     if (outcome.t === "need") {
       if (attempt > 0 || loaded !== undefined || request.body === null || !outcome.which.every((w) => w === "request")) {
-        throw failure("onRequest", outcome, filename);
+        throw failure("onRequest", outcome, run);
       }
       try {
         loaded =
@@ -302,7 +347,7 @@ export async function djsOnRequest(
       const body = requestBodyOf(outcome.body, bytes, original, "onRequest");
       return { response: policyResponse(outcome, body instanceof Uint8Array ? bytesBody(body) : body, "onRequest") };
     }
-    throw failure("onRequest", outcome, filename);
+    throw failure("onRequest", outcome, run);
   }
 }
 
@@ -335,7 +380,6 @@ export async function djsOnResponse(
   request: OutboundRequest,
   limits: HookLimits,
 ): Promise<HookedResponse & { readonly replaced: boolean; readonly discard: () => void }> {
-  const filename = run.engine.filename;
   if (upstream.status < 200 || upstream.status > 599) {
     throw new EgressError("EG_UPSTREAM", 502, `upstream answered status ${upstream.status}, which policies cannot represent`);
   }
@@ -416,6 +460,6 @@ export async function djsOnResponse(
       }
     }
     discard();
-    throw failure("onResponse", outcome, filename);
+    throw failure("onResponse", outcome, run);
   }
 }

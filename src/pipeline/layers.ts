@@ -6,6 +6,7 @@ import { discardBody } from "../streams.js";
 import { GuestGone, type ExchangeContext, type OutboundRequest, type PipelineResponse, type TraceEntry } from "./exchange.js";
 import type { HookedResponse, HookLimits } from "./hook-phases.js";
 import type { HookSource, LayerNext, SourceCall } from "./hook-source.js";
+import { checkHandedRequest, checkMadeResponse } from "./head-bounds.js";
 import { elapsed, failedEntry } from "./trace.js";
 import { withFields } from "../objects.js";
 
@@ -118,7 +119,15 @@ export class LayerRun {
         ? new BodyTap(request.body, { limit: this.limits.requestBodyBytes, record: false, ...(this.context.beforeBody !== undefined ? { onStart: this.context.beforeBody } : {}), ...declaredLength(request.headers) })
         : undefined;
     const inner: LayerNext = {
-      next: (next) => this.layer(index + 1, next),
+      next: (next) => {
+        try {
+          checkHandedRequest(request, next, `${source.describe("handle")} passed next()`);
+        } catch (error) {
+          (error as EgressError).source = source.label;
+          return Promise.reject(error);
+        }
+        return this.layer(index + 1, next);
+      },
       sleep: (ms) => this.sleep(ms),
     };
     const call: SourceCall = { requestId: this.context.id, guest: this.guest, signal: this.context.signal };
@@ -141,6 +150,19 @@ export class LayerRun {
         const descended = this.responses.includes(response as PipelineResponse);
         // What a descent or an inner layer gave back, passed on as it is, is no answer of this layer's.
         const passedOn = descended || this.madeBy.has(response);
+        if (!passedOn) {
+          try {
+            // A descent's body it answered with is released with the descents'.
+            checkMadeResponse(response, `${source.describe("handle")} answered with`, this.responses.some((r) => r.body !== null && r.body === response.body));
+          } catch (error) {
+            (error as EgressError).source = source.label;
+            if (entry !== undefined) {
+              delete entry.failure;
+              Object.assign(entry, failedEntry(source.label, source.tier, "handle", error, started));
+            }
+            throw error;
+          }
+        }
         if (!descended) this.madeBy.set(response, source);
         if (entry !== undefined) {
           entry.ms = elapsed(started);

@@ -23,11 +23,12 @@ import {
   type SendInfo,
 } from "./exchange.js";
 import { endToEndHeaders, getHeader, hasNoContent, headerObjectToList, noContentFraming, type HeaderList } from "../headers.js";
-import type { HookLimits } from "./hook-phases.js";
+import type { HookLimits, OnRequestOutcome } from "./hook-phases.js";
+import { checkHandedRequest, checkMadeResponse } from "./head-bounds.js";
 import { nextHop, redirectStatuses } from "./redirects.js";
 import { bareHostname } from "../hostname.js";
 import type { PhaseName } from "../djs/protocol.js";
-import type { HookSource, SourceCall } from "./hook-source.js";
+import type { HookedOnResponse, HookSource, SourceCall } from "./hook-source.js";
 import { LayerRun, type Descend } from "./layers.js";
 import { failedEntry, timeUpstream } from "./trace.js";
 import { withFields } from "../objects.js";
@@ -175,7 +176,7 @@ export class Pipeline {
       for (const source of this.phase.onRequest) {
         const unread = redirects === 0 && request.body === initial.body;
         const before = request;
-        const outcome = await attributed(source, () => source.onRequest(before, unread ? tap : undefined, limits, call), trace, "onRequest", (o) => onRequestVerdict(before, o));
+        const outcome = await attributed(source, () => source.onRequest(before, unread ? tap : undefined, limits, call).then((o) => handedOn(source, before, o)), trace, "onRequest", (o) => onRequestVerdict(before, o));
         if ("response" in outcome) {
           return withFields(outcome.response, { decision: withFields(source.answered, { source: source.label }), url: request.url, redirects });
         }
@@ -214,7 +215,7 @@ export class Pipeline {
           let hooked;
           try {
             const seen = response;
-            hooked = await attributed(source, () => source.onResponse(seen, request, limits, call), trace, "onResponse", onResponseVerdict);
+            hooked = await attributed(source, () => source.onResponse(seen, request, limits, call).then((made) => madeResponse(source, made)), trace, "onResponse", onResponseVerdict);
           } catch (error) {
             for (const cleanup of cleanups) cleanup();
             if (trace !== undefined) blameMaker(trace, error, source.label, "onResponse");
@@ -274,7 +275,7 @@ export class Pipeline {
     const call: SourceCall = { requestId: undefined, guest: this.options.guest };
     for (const source of this.phase.onRequest) {
       const before = rewritten;
-      const outcome = await attributed(source, () => source.onRequest(before, undefined, this.options.limits, call), trace, "onRequest", (o) => onRequestVerdict(before, o));
+      const outcome = await attributed(source, () => source.onRequest(before, undefined, this.options.limits, call).then((o) => handedOn(source, before, o)), trace, "onRequest", (o) => onRequestVerdict(before, o));
       if ("response" in outcome) {
         discardBody(outcome.response.body);
         throw new EgressError("EG_HOOK_FAILED", 502, `${source.describe("onRequest")} answered a protocol upgrade; upgrades can be continued, rewritten or blocked`);
@@ -499,6 +500,25 @@ export class Pipeline {
       throw upstreamError(error, url);
     }
   }
+}
+
+/** What a source's onRequest gave back, held to the bounds on a head it built (src/pipeline/head-bounds.ts). */
+function handedOn(source: HookSource, before: OutboundRequest, outcome: OnRequestOutcome): OnRequestOutcome {
+  if ("response" in outcome) checkMadeResponse(outcome.response, `${source.describe("onRequest")} answered with`);
+  else checkHandedRequest(before, outcome.request, `${source.describe("onRequest")} handed on`);
+  return outcome;
+}
+
+/** A Response a source's onResponse replaced the response with, held to the same bounds; the one it replaced is released with it. */
+function madeResponse(source: HookSource, hooked: HookedOnResponse): HookedOnResponse {
+  if (!hooked.replaced) return hooked;
+  try {
+    checkMadeResponse(hooked, `${source.describe("onResponse")} replaced the response with`);
+  } catch (error) {
+    hooked.discard();
+    throw error;
+  }
+  return hooked;
 }
 
 /**

@@ -1308,7 +1308,7 @@ var pending = -1;
 function settle(phase, value, request) {
   if (phase === "handle") return settleLayer(value);
   if (phase === "isRequestAllowed" || phase === "isIpAllowed") {
-    return typeof value === "boolean" ? value ? codes.true : codes.false : { t: "value", v: typeof value };
+    return typeof value === "boolean" ? value ? codes.true : codes.false : withShown({ t: "value", v: typeof value }, value);
   }
   if (phase === "onResponse" && value === void 0) return codes.unchanged;
   if (phase === "onRequest" && (value === void 0 || value === request)) {
@@ -1344,7 +1344,7 @@ function settle(phase, value, request) {
       body: serialiseBody(bodyState(value))
     };
   }
-  return { t: "bad", what: value === null ? "null" : typeof value };
+  return value === null ? { t: "bad", what: "null" } : withShown({ t: "bad", what: typeof value }, value);
 }
 __name(settle, "settle");
 function settleLayer(value) {
@@ -1354,9 +1354,49 @@ function settleLayer(value) {
     /** @type {Outcome} */
     settle("onResponse", value, void 0)
   );
-  return { t: "bad", what: value === null ? "null" : value instanceof Request ? "a Request" : typeof value };
+  if (value === null) return { t: "bad", what: "null" };
+  if (value instanceof Request) return { t: "bad", what: "a Request" };
+  return withShown({ t: "bad", what: typeof value }, value);
 }
 __name(settleLayer, "settleLayer");
+var maxShownChars = 65536;
+var maxShownKeys = 5;
+function withShown(outcome2, value) {
+  try {
+    const shown = view(value);
+    return shown === void 0 ? outcome2 : { ...outcome2, shown: shown.slice(0, maxShownChars) };
+  } catch {
+    return outcome2;
+  }
+}
+__name(withShown, "withShown");
+function view(value) {
+  switch (typeof value) {
+    case "string":
+      return value;
+    case "symbol":
+      return value.description ?? "";
+    case "number":
+    case "boolean":
+      return String(value);
+    case "bigint":
+      return `${value}n`;
+    case "function":
+      return String(value.name) || "(anonymous)";
+    case "object": {
+      if (value === null) return void 0;
+      if (Array.isArray(value)) return `an array of ${value.length}`;
+      const proto = Object.getPrototypeOf(value);
+      const kind = proto === null ? "null-prototype object" : String(proto.constructor?.name ?? "object");
+      const keys = Object.keys(value);
+      const listed = keys.slice(0, maxShownKeys).join(", ") + (keys.length > maxShownKeys ? ", …" : "");
+      return keys.length === 0 ? kind : `${kind} { ${listed} }`;
+    }
+    default:
+      return void 0;
+  }
+}
+__name(view, "view");
 function layerUnsettled() {
   const stop = layerStop();
   if (stop === null || stop.t === "diverged") return stop ?? void 0;

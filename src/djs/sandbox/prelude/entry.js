@@ -74,7 +74,7 @@ const pending = -1;
 function settle(phase, value, request) {
   if (phase === "handle") return settleLayer(value);
   if (phase === "isRequestAllowed" || phase === "isIpAllowed") {
-    return typeof value === "boolean" ? (value ? codes.true : codes.false) : { t: "value", v: typeof value };
+    return typeof value === "boolean" ? (value ? codes.true : codes.false) : withShown({ t: "value", v: typeof value }, value);
   }
   if (phase === "onResponse" && value === undefined) return codes.unchanged;
   if (phase === "onRequest" && (value === undefined || value === request)) {
@@ -105,7 +105,7 @@ function settle(phase, value, request) {
       body: serialiseBody(bodyState(value)),
     };
   }
-  return { t: "bad", what: value === null ? "null" : typeof value };
+  return value === null ? { t: "bad", what: "null" } : withShown({ t: "bad", what: typeof value }, value);
 }
 
 /**
@@ -118,7 +118,63 @@ function settleLayer(value) {
   const passed = passedIndex(value, (response) => !response.bodyUsed && !headersDirty(response.headers));
   if (passed >= 0) return { t: "passed", i: passed };
   if (value instanceof Response) return /** @type {Outcome} */ (settle("onResponse", value, undefined));
-  return { t: "bad", what: value === null ? "null" : value instanceof Request ? "a Request" : typeof value };
+  if (value === null) return { t: "bad", what: "null" };
+  if (value instanceof Request) return { t: "bad", what: "a Request" };
+  return withShown({ t: "bad", what: typeof value }, value);
+}
+
+/**
+ * The most of a value's view that travels: far past what the log shows (100 characters), since
+ * the proxy redacts the text before it cuts it (shownValue in src/pipeline/djs-phases.ts).
+ */
+const maxShownChars = 65536;
+/** Keys of an object shown. */
+const maxShownKeys = 5;
+/**
+ * An outcome for a value its phase cannot use, with `shown`: what the log's detail shows of it.
+ * Reading it can run the policy's own code (a getter, a Proxy's trap): a throw there, or a
+ * value with nothing to show (undefined), leaves it out.
+ * @param {Outcome} outcome
+ * @param {unknown} value
+ * @returns {Outcome}
+ */
+function withShown(outcome, value) {
+  try {
+    const shown = view(value);
+    return shown === undefined ? outcome : { ...outcome, shown: shown.slice(0, maxShownChars) };
+  } catch {
+    return outcome;
+  }
+}
+/**
+ * @param {unknown} value
+ * @returns {string | undefined}
+ */
+function view(value) {
+  switch (typeof value) {
+    case "string":
+      return value;
+    case "symbol":
+      return value.description ?? "";
+    case "number":
+    case "boolean":
+      return String(value);
+    case "bigint":
+      return `${value}n`;
+    case "function":
+      return String(value.name) || "(anonymous)";
+    case "object": {
+      if (value === null) return undefined;
+      if (Array.isArray(value)) return `an array of ${value.length}`;
+      const proto = Object.getPrototypeOf(value);
+      const kind = proto === null ? "null-prototype object" : String(proto.constructor?.name ?? "object");
+      const keys = Object.keys(value);
+      const listed = keys.slice(0, maxShownKeys).join(", ") + (keys.length > maxShownKeys ? ", …" : "");
+      return keys.length === 0 ? kind : `${kind} { ${listed} }`;
+    }
+    default:
+      return undefined;
+  }
 }
 /**
  * A handle call's outcome when its promise never settled in this run: it diverged, or stopped

@@ -1,0 +1,84 @@
+import { EgressError } from "../errors.js";
+import { fieldBytes, type HeaderList } from "../headers.js";
+import { maxSubstitutedHeadBytes } from "../policy/secrets.js";
+import { discardBody } from "../streams.js";
+import type { OutboundRequest } from "./exchange.js";
+import type { HookedResponse } from "./hook-phases.js";
+
+/**
+ * Bounds on the heads a source builds: a Response it answers with, and a request it hands on to
+ * be sent. The guest's own request head is bounded where it is parsed (64 KiB, 431), and an
+ * upstream's response head by undici (16 KiB, `UND_ERR_HEADERS_OVERFLOW`); what a hook, a policy
+ * or a decider built went out whatever its size. A policy Response with a 70 KB field, or 20,000
+ * fields, was logged and audited 200 "answered by the policy" while HTTP/1.1 guests failed with
+ * "Header overflow" and HTTP/2 guests had the stream reset; a rewrite with a 3 MB field went
+ * upstream (black-box findings). Past these bounds the head is its maker's failure, 502
+ * `EG_HOOK_FAILED` naming the size, and nothing is sent.
+ */
+
+/**
+ * The most a response head a source made may hold, its fields counted as HTTP/1.1 writes them
+ * ({@link fieldBytes}): the 64 KiB the proxy takes in a guest's request head
+ * (`maxHeaderBytes`, and `limits.h2HeaderListBytes` by default), so what the proxy would refuse
+ * to read it does not send. Not the 16 KiB of Node's and undici's clients
+ * (`--max-http-header-size`): a hook that passes on an upstream's head, itself up to 16 KiB,
+ * with fields of its own added must not fail. curl takes 100 KiB a field, browsers about 256 KiB.
+ */
+export const maxMadeResponseHeadBytes = 64 * 1024;
+
+/**
+ * The most fields such a head may have: Node's HTTP/1.1 parser keeps 2000 (`maxHeadersCount`,
+ * server and client) and drops the rest without a word, so a Node guest would get the response
+ * without them. Node's HTTP/2 client resets a stream past 128 by default, and Python's
+ * `http.client` refuses more than 100: clients that low are their own setting.
+ */
+export const maxMadeResponseFields = 2000;
+
+/**
+ * The most a request head a source hands on may hold, URL and fields counted as secret
+ * substitution counts them: the 128 KiB a head may grow to once its secrets are substituted
+ * (`maxSubstitutedHeadBytes`), which applied only when there were secrets to substitute. A head
+ * over it that the source did not grow (the guest's own, under a raised
+ * `limits.h2HeaderListBytes`, passed on) is not the source's doing, and is not refused here.
+ */
+export const maxHandedRequestHeadBytes = maxSubstitutedHeadBytes;
+
+/** A request's head as {@link maxHandedRequestHeadBytes} counts it. */
+function requestHeadBytes(request: OutboundRequest): number {
+  return request.url.href.length + fieldBytes(request.headers);
+}
+
+/**
+ * Throws 502 `EG_HOOK_FAILED` when `after`, the request `who` hands on (`"the onRequest policy
+ * handed on"`), has a head over {@link maxHandedRequestHeadBytes} that is larger than the head of
+ * `before`, the request it was given.
+ */
+export function checkHandedRequest(before: OutboundRequest, after: OutboundRequest, who: string): void {
+  if (after === before) return;
+  const bytes = requestHeadBytes(after);
+  if (bytes <= maxHandedRequestHeadBytes || bytes <= requestHeadBytes(before)) return;
+  throw new EgressError("EG_HOOK_FAILED", 502, `${who} a request whose head (URL and header fields) is ${bytes} bytes, over the ${maxHandedRequestHeadBytes} a request sent upstream may have`);
+}
+
+/** Why a response head `who` made (`"the onRequest policy answered with"`) cannot be sent, or undefined when it can. */
+function responseHeadRefusal(headers: HeaderList, who: string): EgressError | undefined {
+  const fields = headers.length / 2;
+  if (fields > maxMadeResponseFields) {
+    return new EgressError("EG_HOOK_FAILED", 502, `${who} a response of ${fields} header fields, over the ${maxMadeResponseFields} the proxy sends a guest`);
+  }
+  const bytes = fieldBytes(headers);
+  if (bytes <= maxMadeResponseHeadBytes) return undefined;
+  return new EgressError("EG_HOOK_FAILED", 502, `${who} a response whose header fields are ${bytes} bytes, over the ${maxMadeResponseHeadBytes} the proxy sends a guest`);
+}
+
+/**
+ * Throws 502 `EG_HOOK_FAILED` when the head of `response`, which `who` made, is over
+ * {@link maxMadeResponseHeadBytes} or {@link maxMadeResponseFields}; its body is released first
+ * unless `keepBody` says it is another's to release.
+ */
+export function checkMadeResponse(response: HookedResponse, who: string, keepBody = false): void {
+  const refusal = responseHeadRefusal(response.headers, who);
+  if (refusal === undefined) return;
+  if (!keepBody) discardBody(response.body);
+  throw refusal;
+}

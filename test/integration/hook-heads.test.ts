@@ -1,0 +1,223 @@
+import { createServer } from "node:https";
+import type { SecureContext } from "node:tls";
+import { describe, expect, it, vi } from "vitest";
+import type { AuditRecord, HttpHooksOptions } from "../../src/index.js";
+import { json, startDecisionServer } from "../helpers/deciders.js";
+import { loadPolicy } from "../helpers/djs.js";
+import { h2Request, h2Session } from "../helpers/h2-client.js";
+import { fetchVia, startTestProxy, type TestProxy } from "../helpers/proxy.js";
+import { testCa } from "../helpers/test-ca.js";
+import { listenForTest } from "../helpers/upstream.js";
+
+/**
+ * Heads a source builds are held to the proxy's bounds (src/pipeline/head-bounds.ts). A Response
+ * whose fields were 70 KB, or 20,000 fields, was logged and audited 200 "answered by the policy"
+ * while HTTP/1.1 guests failed with "Header overflow" and HTTP/2 guests had the stream reset; a
+ * request rewritten with a header of megabytes went upstream, where the 128 KiB bound on a head
+ * held only while secrets were substituted. Both are the maker's failure now: 502
+ * `EG_HOOK_FAILED` naming the size, logged and audited so, with nothing sent, in every tier and
+ * on both guest protocols, and the proxy goes on serving.
+ */
+
+type Source = NonNullable<HttpHooksOptions["hooks"]>[number];
+type Protocol = "HTTP/1.1" | "HTTP/2";
+
+/** An upstream that takes heads of any size, so that a head the proxy let through is seen arriving, not refused by the upstream's parser. */
+async function roomyUpstream(): Promise<{ port: number; arrived: string[] }> {
+  const context = (await (await testCa()).serverContexts(["api.test"])).get("api.test")!;
+  const arrived: string[] = [];
+  const tls = { SNICallback: (_name: string, done: (error: Error | null, context: SecureContext) => void) => done(null, context) };
+  const server = createServer({ ...tls, maxHeaderSize: 16 * 1024 * 1024 }, (req, res) => {
+    arrived.push(req.url ?? "");
+    req.resume();
+    res.end("from upstream");
+  });
+  server.on("clientError", (_error, socket) => {
+    arrived.push("(a head the upstream refused)");
+    socket.destroy();
+  });
+  return { port: await listenForTest(server), arrived };
+}
+
+/** One GET to `path` on api.test as a guest speaking `protocol` would send it, through `proxy`. */
+type Guest = (path: string) => Promise<{ status: number; text: string; headers: Record<string, unknown> }>;
+
+async function guestFor(protocol: Protocol, proxy: TestProxy, port: number): Promise<Guest> {
+  if (protocol === "HTTP/1.1") return (path) => fetchVia(proxy, `https://api.test:${port}${path}`);
+  const session = await h2Session(proxy.port, `api.test:${port}`, proxy.caCertPem);
+  return async (path) => {
+    const answer = await h2Request(session, { ":path": path });
+    return { status: answer.status, text: answer.body.toString(), headers: answer.headers };
+  };
+}
+
+function decisionFor(proxy: TestProxy, path: string): Record<string, unknown> | undefined {
+  return proxy.logs.find((line) => line["msg"] === "request" && String(line["target"]).endsWith(path));
+}
+
+// -- Response heads a source made --------------------------------------------------------------
+
+/** Builds `h`, a Headers of the row's kind; the same text runs in the sandbox (tier 2) and here (tier 3). */
+const responseHeadersCode = `
+  const h = new Headers();
+  if (kind === "one 70 KB field") h.set("x-big", "v".repeat(70 * 1024));
+  else if (kind === "20,000 fields") for (let i = 0; i < 20000; i++) h.append("x-f" + i, "v");
+  else if (kind === "2,500 small fields") for (let i = 0; i < 2500; i++) h.append("f" + i, "v");
+  else h.set("x-fine", "v".repeat(12 * 1024));
+  return h;`;
+const responseHeaders = new Function("kind", responseHeadersCode) as (kind: string) => Headers;
+
+type ResponsePhase = "onRequest" | "onResponse" | "handle";
+
+/** A source whose `phase` answers /made with a Response whose head is of `kind`, and lets anything else through. */
+function responseMaker(tier: "tier2" | "tier3", phase: ResponsePhase, kind: string): { source: Source; label: string } {
+  if (tier === "tier2") {
+    const made = `new Response("made", { headers: heads(${JSON.stringify(kind)}) })`;
+    const body = {
+      onRequest: `export function onRequest(r) { if (new URL(r.url).pathname === "/made") return ${made}; }`,
+      onResponse: `export function onResponse(res, r) { if (new URL(r.url).pathname === "/made") return ${made}; }`,
+      handle: `export function handle(r, next) { return new URL(r.url).pathname === "/made" ? ${made} : next(r); }`,
+    }[phase];
+    const policy = loadPolicy({ source: `function heads(kind) {${responseHeadersCode}}\n${body}`, filename: "makes-heads.mjs", workers: 1 });
+    return { source: policy, label: policy.engine.filename };
+  }
+  const made = (): Response => new Response("made", { headers: responseHeaders(kind) });
+  const isMade = (r: Request): boolean => new URL(r.url).pathname === "/made";
+  const source = {
+    onRequest: { onRequest: (r: Request) => (isMade(r) ? made() : undefined) },
+    onResponse: { onResponse: (_res: Response, r: Request) => (isMade(r) ? made() : undefined) },
+    handle: { handle: (r: Request, next: (r: Request) => Promise<Response>) => (isMade(r) ? made() : next(r)) },
+  }[phase];
+  return { source, label: "hooks[0]" };
+}
+
+const overBounds = [
+  { kind: "one 70 KB field", reason: /header fields are 7\d{4} bytes, over the 65536/ },
+  { kind: "20,000 fields", reason: /a response of 2000[01] header fields, over the 2000 / },
+  { kind: "2,500 small fields", reason: /a response of 250[01] header fields, over the 2000 / },
+];
+
+const responseRows = (["tier2", "tier3"] as const).flatMap((tier) =>
+  (["onRequest", "onResponse", "handle"] as const).flatMap((phase) =>
+    (["HTTP/1.1", "HTTP/2"] as const).flatMap((protocol) => overBounds.map((over) => ({ tier, phase, protocol, ...over }))),
+  ),
+);
+
+describe("a response head a source made past the proxy's bounds", () => {
+  it.each(responseRows)("$tier $phase, $kind, to an $protocol guest: 502 EG_HOOK_FAILED naming the size, logged and audited so", async ({ tier, phase, protocol, kind, reason }) => {
+    const upstream = await roomyUpstream();
+    const { source, label } = responseMaker(tier, phase, kind);
+    const records: AuditRecord[] = [];
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], hooks: [source] }, { onDecision: (record) => records.push(record) });
+    const guest = await guestFor(protocol, proxy, upstream.port);
+
+    const made = await guest("/made");
+    expect(made.status).toBe(502);
+    expect(made.text).toMatch(reason);
+    await vi.waitFor(() => expect(decisionFor(proxy, "/made")).toMatchObject({ status: 502, code: "EG_HOOK_FAILED", source: label }));
+    expect(String(decisionFor(proxy, "/made")!["reason"])).toMatch(reason);
+    await vi.waitFor(() => expect(records).toHaveLength(1));
+    expect(records[0]).toMatchObject({ status: 502, code: "EG_HOOK_FAILED", source: label });
+    expect(records[0]!.sources).toContainEqual(expect.objectContaining({ source: label, phase, decision: "error", failure: "invalid" }));
+
+    // The same guest connection goes on being served.
+    const next = await guest("/next");
+    expect(next).toMatchObject({ status: 200, text: "from upstream" });
+  });
+
+  it.each(
+    (["tier2", "tier3"] as const).flatMap((tier) => (["onRequest", "onResponse", "handle"] as const).flatMap((phase) => (["HTTP/1.1", "HTTP/2"] as const).map((protocol) => ({ tier, phase, protocol })))),
+  )("$tier $phase, one 12 KB field, to an $protocol guest: within the bounds, delivered", async ({ tier, phase, protocol }) => {
+    const upstream = await roomyUpstream();
+    const { source } = responseMaker(tier, phase, "one 12 KB field");
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], hooks: [source] });
+    const guest = await guestFor(protocol, proxy, upstream.port);
+    const made = await guest("/made");
+    expect(made).toMatchObject({ status: 200, text: "made" });
+    expect(made.headers["x-fine"]).toBe("v".repeat(12 * 1024));
+  });
+});
+
+// -- Request heads a source handed on ----------------------------------------------------------
+
+/** Sets the row's fields on `h`, a Headers; the same text runs in the sandbox and here. */
+const requestFieldsCode = `
+  if (kind === "one 200 KB field") h.set("x-big", "v".repeat(200 * 1024));
+  else for (let i = 0; i < 20000; i++) h.append("x-f" + i, "v");
+  return h;`;
+const requestFields = new Function("h", "kind", requestFieldsCode) as (h: Headers, kind: string) => Headers;
+
+type RequestWay = "tier2 onRequest's new Request" | "tier2 onRequest, in place" | "tier2 handle's next()" | "tier3 onRequest's new Request" | "tier3 onRequest, in place" | "tier3 handle's next()" | "a decider's set_headers";
+
+/** A source that hands on the request to /grown with fields of `kind` added, the way `way` says, and any other as it came. */
+async function requestGrower(way: RequestWay, kind: string): Promise<{ source: Source; label: string }> {
+  const grown = (r: Request): boolean => new URL(r.url).pathname === "/grown";
+  if (way.startsWith("tier2")) {
+    const body = {
+      "tier2 onRequest's new Request": `export function onRequest(r) { if (new URL(r.url).pathname === "/grown") return new Request(r.url, { headers: fields(new Headers(), K) }); }`,
+      "tier2 onRequest, in place": `export function onRequest(r) { if (new URL(r.url).pathname === "/grown") fields(r.headers, K); }`,
+      "tier2 handle's next()": `export function handle(r, next) { return next(new URL(r.url).pathname === "/grown" ? new Request(r.url, { headers: fields(new Headers(), K) }) : r); }`,
+    }[way as "tier2 onRequest, in place"];
+    const policy = loadPolicy({ source: `const K = ${JSON.stringify(kind)};\nfunction fields(h, kind) {${requestFieldsCode}}\n${body}`, filename: "grows-heads.mjs", workers: 1 });
+    return { source: policy, label: policy.engine.filename };
+  }
+  if (way === "a decider's set_headers") {
+    const set: Record<string, string> = {};
+    if (kind === "one 200 KB field") set["x-big"] = "v".repeat(200 * 1024);
+    else for (let i = 0; i < 20000; i++) set[`x-f${i}`] = "v";
+    const server = await startDecisionServer((body, _req, res) => {
+      const url = String((body["request"] as Record<string, unknown>)["url"]);
+      json(res, 200, url.endsWith("/grown") ? { decision: "allow", set_headers: set } : { decision: "allow" });
+    });
+    const url = `${server.url}/decide`;
+    return { source: { webhook: url }, label: `webhook:${url}` };
+  }
+  const source = {
+    "tier3 onRequest's new Request": { onRequest: (r: Request) => (grown(r) ? new Request(r.url, { headers: requestFields(new Headers(), kind) }) : undefined) },
+    "tier3 onRequest, in place": { onRequest: (r: Request) => void (grown(r) ? requestFields(r.headers, kind) : undefined) },
+    "tier3 handle's next()": { handle: (r: Request, next: (r: Request) => Promise<Response>) => next(grown(r) ? new Request(r.url, { headers: requestFields(new Headers(), kind) }) : r) },
+  }[way as "tier3 onRequest, in place"];
+  return { source, label: "hooks[0]" };
+}
+
+const ways: RequestWay[] = [
+  "tier2 onRequest's new Request",
+  "tier2 onRequest, in place",
+  "tier2 handle's next()",
+  "tier3 onRequest's new Request",
+  "tier3 onRequest, in place",
+  "tier3 handle's next()",
+  "a decider's set_headers",
+];
+
+const requestRows = ways.flatMap((way) =>
+  (["HTTP/1.1", "HTTP/2"] as const).flatMap((protocol) =>
+    [
+      { kind: "one 200 KB field", reason: /head \(URL and header fields\) is 20\d{4} bytes, over the 131072/ },
+      { kind: "20,000 fields", reason: /head \(URL and header fields\) is \d{6} bytes, over the 131072/ },
+    ].map((over) => ({ way, protocol, ...over })),
+  ),
+);
+
+describe("a request head a source handed on past 128 KiB", () => {
+  it.each(requestRows)("$way, $kind, from an $protocol guest: 502 EG_HOOK_FAILED naming the size, and nothing goes upstream", async ({ way, protocol, kind, reason }) => {
+    const upstream = await roomyUpstream();
+    const { source, label } = await requestGrower(way, kind);
+    const records: AuditRecord[] = [];
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], hooks: [source] }, { onDecision: (record) => records.push(record) });
+    const guest = await guestFor(protocol, proxy, upstream.port);
+
+    const grown = await guest("/grown");
+    expect(grown.status).toBe(502);
+    expect(upstream.arrived).toEqual([]);
+    await vi.waitFor(() => expect(decisionFor(proxy, "/grown")).toMatchObject({ status: 502, code: "EG_HOOK_FAILED", source: label }));
+    expect(String(decisionFor(proxy, "/grown")!["reason"])).toMatch(reason);
+    await vi.waitFor(() => expect(records).toHaveLength(1));
+    expect(records[0]).toMatchObject({ status: 502, code: "EG_HOOK_FAILED", source: label });
+    expect(records[0]!.sources).toContainEqual(expect.objectContaining({ source: label, decision: "error", failure: "invalid" }));
+
+    const next = await guest("/next");
+    expect(next).toMatchObject({ status: 200, text: "from upstream" });
+    expect(upstream.arrived).toEqual(["/next"]);
+  });
+});
