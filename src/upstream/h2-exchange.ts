@@ -145,11 +145,18 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
   stream.once("close", () => options.signal.off("abort", onAbort));
 
   const body = request.body;
-  if (body instanceof Uint8Array) stream.end(body);
-  else if (body !== null) {
+  /** Request body bytes handed to the stream: less its writableLength, what the upstream took. */
+  let handed = 0;
+  if (body instanceof Uint8Array) {
+    handed = body.byteLength;
+    stream.end(body);
+  } else if (body !== null) {
     body.once("error", () => resetH2Stream(stream, constants.NGHTTP2_CANCEL, "the request body failed"));
+    body.on("data", (chunk: Uint8Array) => (handed += chunk.byteLength));
     pipeToH2Stream(body, stream);
   }
+  // The request is sent once its writable side has finished (END_STREAM written).
+  let uploading = body !== null && !stream.writableFinished;
 
   return new Promise<H2UpstreamResponse>((resolve, reject) => {
     let settled = false;
@@ -159,10 +166,35 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
       clearTimeout(timer);
       reject(error);
     };
-    const timer = setTimeout(() => {
+    // upstreamHeadersMs counts from the end of the request, as undici's headersTimeout does on
+    // HTTP/1.1: counted from the stream's opening, an 8 MiB upload at 1 MiB/s got 504 from an h2
+    // upstream and 200 from an h1 one, and a gRPC client stream longer than a minute was cut
+    // (black-box finding). While the body goes out the same timer bounds an upload the upstream
+    // stops taking (its flow-control window shut), as undici's does one whose socket stays full;
+    // one the guest stops sending is the guest side's idleMs.
+    let taken = 0;
+    const onTimer = (): void => {
+      if (uploading) {
+        const now = handed - stream.writableLength;
+        if (now !== taken || stream.writableLength === 0) {
+          taken = now;
+          timer.refresh();
+          return;
+        }
+        fail(new EgressError("EG_UPSTREAM_TIMEOUT", 504, `upstream ${url.host} timed out: it took none of the request body for ${options.headersTimeoutMs} ms`));
+        resetH2Stream(stream, constants.NGHTTP2_CANCEL, "the upload stalled");
+        return;
+      }
       fail(new EgressError("EG_UPSTREAM_TIMEOUT", 504, `upstream ${url.host} timed out: no response head within ${options.headersTimeoutMs} ms`));
       resetH2Stream(stream, constants.NGHTTP2_CANCEL, "no response head in time");
-    }, options.headersTimeoutMs);
+    };
+    const timer = setTimeout(onTimer, options.headersTimeoutMs);
+    if (uploading) {
+      stream.once("finish", () => {
+        uploading = false;
+        if (!settled) timer.refresh();
+      });
+    }
     let informational = 0;
     stream.on("headers", () => {
       // 1xx heads: nobody reads them, and an upstream sending them for ever must not hold the request.
