@@ -46,6 +46,9 @@ export const goawayLastStream = new WeakMap<ClientHttp2Session, number>();
 /** The streams open on each session, for what the session pool does when the upstream's connection ends. */
 export const sessionStreams = new WeakMap<ClientHttp2Session, Set<ClientHttp2Stream>>();
 
+/** Request body bytes handed to each session's streams so far, for the session pool's liveness PING. */
+export const sessionBodyBytes = new WeakMap<ClientHttp2Session, { sent: number }>();
+
 // RFC 9113 §8.2.2, plus Host: HTTP/2 carries it as :authority.
 const notOnH2 = new Set(["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "host"]);
 
@@ -147,13 +150,22 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
   const body = request.body;
   /** Request body bytes handed to the stream: less its writableLength, what the upstream took. */
   let handed = 0;
-  if (body instanceof Uint8Array) {
-    handed = body.byteLength;
-    stream.end(body);
-  } else if (body !== null) {
-    body.once("error", () => resetH2Stream(stream, constants.NGHTTP2_CANCEL, "the request body failed"));
-    body.on("data", (chunk: Uint8Array) => (handed += chunk.byteLength));
-    pipeToH2Stream(body, stream);
+  if (body !== null) {
+    let counted = sessionBodyBytes.get(session);
+    if (counted === undefined) sessionBodyBytes.set(session, (counted = { sent: 0 }));
+    const count = counted;
+    if (body instanceof Uint8Array) {
+      handed = body.byteLength;
+      count.sent += handed;
+      stream.end(body);
+    } else {
+      body.once("error", () => resetH2Stream(stream, constants.NGHTTP2_CANCEL, "the request body failed"));
+      body.on("data", (chunk: Uint8Array) => {
+        handed += chunk.byteLength;
+        count.sent += chunk.byteLength;
+      });
+      pipeToH2Stream(body, stream);
+    }
   }
   // The request is sent once its writable side has finished (END_STREAM written).
   let uploading = body !== null && !stream.writableFinished;

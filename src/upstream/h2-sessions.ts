@@ -3,7 +3,7 @@ import type { TLSSocket } from "node:tls";
 import { EgressError } from "../errors.js";
 import type { AlpnConnectOptions } from "./h2-connect.js";
 import { connectAlpn } from "./h2-connect.js";
-import { goawayLastStream, sessionStreams } from "./h2-exchange.js";
+import { goawayLastStream, sessionBodyBytes, sessionStreams } from "./h2-exchange.js";
 import type { ResolvedAddress } from "./resolve.js";
 
 export interface H2SessionsOptions extends AlpnConnectOptions {
@@ -20,6 +20,12 @@ export interface H2SessionsOptions extends AlpnConnectOptions {
   readonly idleMs: number;
   /** `timeouts.h2PingMs`: how long the answer to that PING may take before the session is given up. */
   readonly pingMs: number;
+  /**
+   * How long the answer may take, from the proxy's last write to the session, once more request
+   * body than an upstream's default window has gone out since the upstream last answered one
+   * (`timeouts.upstreamHeadersMs`: see watchLiveness).
+   */
+  readonly drainMs: number;
 }
 
 /** What a first connection to an origin found out: h2 (a session), or HTTP/1.1 (the connected socket, for undici). */
@@ -44,6 +50,9 @@ const ended = new WeakSet<ClientHttp2Session>();
 
 /** Each session's stream count, whether or not its origin's list still holds it (a GOAWAY, a reload's close()). */
 const entryOf = new WeakMap<ClientHttp2Session, Entry>();
+
+/** RFC 9113 §6.9.2: the flow-control window a peer has until it says otherwise. */
+const defaultWindow = 65_535;
 
 /** Node's default when the peer has not said: RFC 9113 §6.5.2 recommends at least 100. */
 const defaultPeerStreams = 100;
@@ -182,7 +191,7 @@ export class H2Sessions {
       if (entry.active === 0 && !ended.has(session)) session.close();
     });
     session.setTimeout(this.options.idleMs);
-    this.watchLiveness(key, session, entry);
+    this.watchLiveness(key, session, socket, entry);
     const entries = this.sessions.get(key) ?? [];
     entries.push(entry);
     this.sessions.set(key, entries);
@@ -196,26 +205,63 @@ export class H2Sessions {
    * never learns. The response under way waited for upstreamBodyMs (2 minutes by default), and
    * every request to the origin went to the same dead session (black-box finding). A timer of
    * its own, not the session's: Node refreshes that one on what the proxy sends too, so steady
-   * requests to a dead session kept it from ever being asked (review finding). A live upstream
-   * answers a PING however long its responses take; the cost is one PING per busy session every
-   * `idleMs`.
+   * requests to a dead session kept it from ever being asked (review finding). The cost is one
+   * PING per busy session every `idleMs`.
+   *
+   * The PING goes out behind what the proxy wrote before it: an upload's DATA, in nghttp2's queue,
+   * the socket's and the kernel's buffers. Over a slow uplink to an upstream with large
+   * flow-control windows (nothing comes back while it reads), the answer took longer than
+   * `pingMs`, and a healthy upload was given up (black-box finding: 4 MiB at 200 KiB/s, 502 at
+   * 14 s; HTTP/1.1 took it in 21 s). A peer that takes our DATA is alive, so the wait counts only
+   * while nothing moves: any byte read from the upstream is an answer, and the proxy's own writes
+   * going out (the PING still queued behind them) restart it. What sits in the kernel's buffers
+   * drains unseen; so once more request body than an upstream's default window has gone out
+   * since the upstream last answered a PING (with the default window, the upstream's
+   * WINDOW_UPDATEs would have been answers), the wait is `drainMs` from the last write: the bound
+   * an upload's own stream has anyway (upstreamHeadersMs).
    */
-  private watchLiveness(key: string, session: ClientHttp2Session, entry: Entry): void {
-    let deadline: NodeJS.Timeout | undefined;
+  private watchLiveness(key: string, session: ClientHttp2Session, socket: TLSSocket, entry: Entry): void {
+    /** The PING waiting for its answer, if any. */
+    let round: { deadline: NodeJS.Timeout | undefined } | undefined;
+    /** Request body bytes sent on the session before the last PING the upstream answered. */
+    let confirmed = 0;
+    const bodySent = (): number => sessionBodyBytes.get(session)?.sent ?? 0;
     const probe = setInterval(() => {
-      if (session.destroyed || entry.active === 0 || deadline !== undefined) return;
-      deadline = setTimeout(() => {
+      if (session.destroyed || entry.active === 0 || round !== undefined) return;
+      const current: { deadline: NodeJS.Timeout | undefined } = { deadline: undefined };
+      round = current;
+      const sentBefore = bodySent();
+      const read = socket.bytesRead;
+      const sent = performance.now();
+      const answered = (): void => {
+        clearTimeout(current.deadline);
+        if (round === current) round = undefined;
+      };
+      const check = (): void => {
+        if (session.destroyed || round !== current) return;
+        if (socket.bytesRead !== read) {
+          answered();
+          return;
+        }
+        const allowed = bodySent() - confirmed > defaultWindow ? Math.max(this.options.drainMs, this.options.pingMs) : this.options.pingMs;
+        const left = sent + allowed - performance.now();
+        if (left > 0) {
+          current.deadline = setTimeout(check, Math.min(left, this.options.pingMs));
+          current.deadline.unref();
+          return;
+        }
         ended.add(session);
         this.live(key);
         this.settleEnded(session, "the upstream's HTTP/2 connection stopped answering (no answer to a PING)");
-      }, this.options.pingMs);
-      deadline.unref();
+      };
+      current.deadline = setTimeout(check, this.options.pingMs);
+      current.deadline.unref();
       try {
         // An error is a PING cancelled by the session's own end, which the deadline outlives.
         session.ping((error) => {
           if (error !== null) return;
-          clearTimeout(deadline);
-          deadline = undefined;
+          confirmed = Math.max(confirmed, sentBefore);
+          answered();
         });
       } catch {
         // Too many unanswered already, or the session is going: the deadline decides.
@@ -224,7 +270,7 @@ export class H2Sessions {
     probe.unref();
     session.once("close", () => {
       clearInterval(probe);
-      clearTimeout(deadline);
+      clearTimeout(round?.deadline);
     });
   }
 

@@ -84,6 +84,7 @@ export class PinnedPools {
       maxOrigins: options.maxPools * 2,
       idleMs: options.keepAliveTimeoutMs,
       pingMs: options.h2PingMs,
+      drainMs: options.headersTimeoutMs,
     });
   }
 

@@ -1,6 +1,6 @@
 import { EventEmitter, once } from "node:events";
 import { createServer } from "node:http";
-import { createServer as createNetServer, type AddressInfo, type Socket } from "node:net";
+import { connect as netConnect, createServer as createNetServer, type AddressInfo, type Socket } from "node:net";
 import { Readable } from "node:stream";
 import { createSecureContext } from "node:tls";
 import { describe, expect, it, onTestFinished } from "vitest";
@@ -156,5 +156,125 @@ describe("sameAddress", () => {
     ["::1", "127.0.0.1", false],
   ])("%s and %s are the same address: %s", (a, b, same) => {
     expect(sameAddress(a, b)).toBe(same);
+  });
+});
+
+/**
+ * A TCP relay to 127.0.0.1:`port` that passes the client's bytes on at `bytesPerSecond` (a slow
+ * uplink) and the upstream's at once; after `blackHole()` it passes nothing either way (a peer
+ * gone without a FIN).
+ */
+async function slowUplink(port: number, bytesPerSecond: number): Promise<{ port: number; blackHole: () => void }> {
+  const sockets = new Set<Socket>();
+  let dropping = false;
+  const server = createNetServer((client) => {
+    const up = netConnect(port, "127.0.0.1");
+    for (const s of [client, up]) {
+      sockets.add(s);
+      s.on("error", () => undefined);
+      s.once("close", () => sockets.delete(s));
+    }
+    up.on("data", (chunk: Buffer) => {
+      if (!dropping) client.write(chunk);
+    });
+    const queue: Buffer[] = [];
+    let queued = 0;
+    client.on("data", (chunk: Buffer) => {
+      queue.push(chunk);
+      queued += chunk.length;
+      if (queued > 64 * 1024) client.pause();
+    });
+    const tick = setInterval(() => {
+      let budget = Math.floor(bytesPerSecond / 20);
+      while (budget > 0 && queue.length > 0) {
+        const head = queue[0]!;
+        const part = head.subarray(0, budget);
+        if (!dropping) up.write(part);
+        budget -= part.length;
+        queued -= part.length;
+        if (part.length === head.length) queue.shift();
+        else queue[0] = head.subarray(part.length);
+      }
+      if (queued <= 64 * 1024) client.resume();
+    }, 50);
+    client.once("close", () => {
+      clearInterval(tick);
+      up.destroy();
+    });
+    up.once("close", () => client.destroy());
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(async () => {
+    for (const socket of sockets) socket.destroy();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  });
+  return { port: (server.address() as AddressInfo).port, blackHole: () => (dropping = true) };
+}
+
+// The PING a busy session is sent queues behind the upload's own DATA; over a slow uplink to an
+// upstream with large flow-control windows (nothing comes back while it reads), its answer took
+// longer than h2PingMs and the proxy gave up a healthy upload (black-box finding: 4 MiB at
+// 200 KiB/s, 502 at 14 s where HTTP/1.1 took 21 s).
+describe("the liveness PING of an HTTP/2 session", () => {
+  async function setUp(): Promise<{ send: (body: Readable | null, path?: string) => ReturnType<PinnedPools["sendH2"]>; blackHole: () => void }> {
+    const upstream = await startH2Upstream({
+      "/hold": (stream) => {
+        stream.respond({ ":status": 200 });
+        stream.write("part");
+      },
+    });
+    // Large windows, as gRPC servers and CDNs set them: the upstream sends no WINDOW_UPDATE while it reads.
+    upstream.server.on("session", (session) => session.setLocalWindowSize(32 * 1024 * 1024));
+    upstream.server.updateSettings({ initialWindowSize: 16 * 1024 * 1024 });
+    const link = await slowUplink(upstream.port, 256 * 1024);
+    const ca = await testCa();
+    const p = new PinnedPools({
+      upstreamContext: createSecureContext({ ca: ca.certPem }),
+      maxPools: 2,
+      connectionsPerPool: 2,
+      connectTimeoutMs: 2_000,
+      headersTimeoutMs: 10_000,
+      bodyTimeoutMs: 10_000,
+      // A PING every 100 ms, given up after 300 ms without an answer.
+      keepAliveTimeoutMs: 100,
+      h2PingMs: 300,
+      recheck: () => undefined,
+    });
+    onTestFinished(() => p.destroy());
+    const signal = Object.assign(new EventEmitter(), { aborted: false });
+    const send = (body: Readable | null, path = "/echo"): ReturnType<PinnedPools["sendH2"]> =>
+      p.sendH2({ method: body === null ? "GET" : "POST", url: new URL(`https://api.test:${link.port}${path}`), headers: [], body }, { ip: "127.0.0.1", family: 4 }, signal, false, 10);
+    return { send, blackHole: link.blackHole };
+  }
+  const size = 640 * 1024;
+  const upload = (): Readable => Readable.from(Array.from({ length: 10 }, () => Buffer.alloc(size / 10, 117)));
+
+  it("does not give up an upload going out over a slow link whose PING answer waits behind the upload's DATA", async () => {
+    const { send } = await setUp();
+    const started = performance.now();
+    const res = await send(upload());
+    // The link takes about 2.5 s: many times the 300 ms a PING's answer may take on an idle link.
+    expect(performance.now() - started).toBeGreaterThan(1_500);
+    expect(res?.status).toBe(200);
+    let text = "";
+    for await (const chunk of res!.body!) text += String(chunk);
+    expect(JSON.parse(text)).toMatchObject({ bodyBytes: size });
+  });
+
+  it("still gives up within h2PingMs a session that goes silent once a PING has answered for its upload", async () => {
+    const { send, blackHole } = await setUp();
+    // A response under way keeps the session busy, and so sent PINGs.
+    const held = await send(null, "/hold");
+    const body = held!.body![Symbol.asyncIterator]();
+    expect(String((await body.next()).value)).toBe("part");
+    const res = await send(upload());
+    for await (const _ of res!.body!);
+    // A PING answered after the upload confirms its bytes arrived.
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    blackHole();
+    const started = performance.now();
+    await expect(body.next()).rejects.toThrow(/stopped answering/);
+    // Not upstreamBodyMs (10 s), nor the wait an upload not yet confirmed gets (upstreamHeadersMs, 10 s).
+    expect(performance.now() - started).toBeLessThan(2_000);
   });
 });
