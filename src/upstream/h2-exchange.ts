@@ -3,6 +3,7 @@ import type { EventEmitter } from "node:events";
 import type { Readable } from "node:stream";
 import { EgressError, quoteShort } from "../errors.js";
 import { breaksFieldValue, hasNoContent, httpToken, type HeaderList } from "../headers.js";
+import { closedBeforeResponse } from "./h2-close-reason.js";
 import { requestStream } from "./h2-request-call.js";
 import { onCutEnd, pipeToH2Stream, resetH2Stream } from "../streams.js";
 
@@ -134,7 +135,9 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
     released = true;
     options.done();
   };
-  stream.on("error", () => undefined);
+  /** The error the stream was destroyed with: why it closed, which its close code alone does not say. */
+  let failure: Error | undefined;
+  stream.on("error", (error: Error) => (failure ??= error));
   stream.once("close", release);
   let open = sessionStreams.get(session);
   if (open === undefined) sessionStreams.set(session, (open = new Set()));
@@ -221,7 +224,7 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
       const last = goawayLastStream.get(session);
       if (code === constants.NGHTTP2_REFUSED_STREAM) fail(new H2Refused(`upstream ${url.host} refused the stream`));
       else if (last !== undefined && (stream.id === undefined || stream.id > last)) fail(new H2Refused(`upstream ${url.host} went away (GOAWAY) before processing the stream`));
-      else fail(Object.assign(new Error(`upstream ${url.host} closed the HTTP/2 stream (code ${code}) before its response`), { code: "UND_ERR_SOCKET" }));
+      else fail(closedBeforeResponse(url.host, code, failure));
     });
     stream.once("response", (head: IncomingHttpHeaders, flags: number) => {
       if (settled) return;

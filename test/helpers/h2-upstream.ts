@@ -1,7 +1,8 @@
 import { createSecureServer, type Http2SecureServer, type IncomingHttpHeaders, type ServerHttp2Session, type ServerHttp2Stream } from "node:http2";
 import type { AddressInfo } from "node:net";
-import type { SecureContext, TLSSocket } from "node:tls";
+import { createServer as createTlsServer, type SecureContext, type TLSSocket } from "node:tls";
 import { onTestFinished } from "vitest";
+import { clientPreface, flag, frame, frameType, settings } from "./h2-frames.js";
 import { testCa } from "./test-ca.js";
 
 export type H2Route = (stream: ServerHttp2Stream, headers: IncomingHttpHeaders, body: Buffer) => void;
@@ -93,4 +94,61 @@ export async function startH2Upstream(routes: Record<string, H2Route> = {}, name
     await Promise.all([...sockets].map((socket) => new Promise<void>((resolve) => socket.end(resolve))));
   };
   return { port: (server.address() as AddressInfo).port, server, seen, connections: () => connections, cut, end };
+}
+
+export interface RawH2UpstreamOptions {
+  /** Written once each TLS connection is up: by default an empty SETTINGS frame. */
+  readonly greet?: (socket: TLSSocket) => void;
+  /** Whether PINGs are answered (by default they are): a peer that stops answering when false. */
+  readonly answerPings?: boolean;
+  /** Each HEADERS frame's stream id and its connection's number (from 1): the answer is written here, if any. */
+  readonly onHeaders?: (socket: TLSSocket, stream: number, connection: number) => void;
+}
+
+/**
+ * An h2-only upstream (ALPN `h2`) written frame by frame, for what no well-behaved server sends:
+ * it acknowledges SETTINGS, answers PINGs, and hands each request's HEADERS to `onHeaders`. It
+ * never sends WINDOW_UPDATE, so an upload stops at the initial window (65,535 bytes).
+ */
+export async function startRawH2Upstream(options: RawH2UpstreamOptions = {}): Promise<{ port: number; connections: () => number }> {
+  const ca = await testCa();
+  const context = (await ca.serverContexts(["api.test"])).get("api.test")!;
+  let connections = 0;
+  const sockets = new Set<TLSSocket>();
+  const server = createTlsServer({ SNICallback: (_name, cb) => cb(null, context), ALPNProtocols: ["h2"] }, (socket) => {
+    const index = ++connections;
+    sockets.add(socket);
+    socket.once("close", () => sockets.delete(socket));
+    socket.on("error", () => undefined);
+    if (options.greet === undefined) socket.write(settings());
+    else options.greet(socket);
+    let buffered = Buffer.alloc(0);
+    let prefaceSeen = false;
+    socket.on("data", (chunk: Buffer) => {
+      buffered = Buffer.concat([buffered, chunk]);
+      if (!prefaceSeen) {
+        if (buffered.length < clientPreface.length) return;
+        buffered = buffered.subarray(clientPreface.length);
+        prefaceSeen = true;
+      }
+      while (buffered.length >= 9 && !socket.writableEnded) {
+        const length = buffered.readUIntBE(0, 3);
+        if (buffered.length < 9 + length) return;
+        const type = buffered[3]!;
+        const flags = buffered[4]!;
+        const stream = buffered.readUInt32BE(5) & 0x7fffffff;
+        const payload = buffered.subarray(9, 9 + length);
+        buffered = buffered.subarray(9 + length);
+        if (type === frameType.settings && (flags & flag.ack) === 0) socket.write(frame(frameType.settings, flag.ack, 0));
+        if (type === frameType.ping && (flags & flag.ack) === 0 && options.answerPings !== false) socket.write(frame(frameType.ping, flag.ack, 0, payload));
+        if (type === frameType.headers) options.onHeaders?.(socket, stream, index);
+      }
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(async () => {
+    for (const socket of sockets) socket.destroy();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  });
+  return { port: (server.address() as AddressInfo).port, connections: () => connections };
 }

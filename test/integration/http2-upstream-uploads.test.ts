@@ -1,11 +1,7 @@
-import type { AddressInfo } from "node:net";
 import { Readable } from "node:stream";
-import { createServer as createTlsServer } from "node:tls";
-import { describe, expect, it, onTestFinished } from "vitest";
-import { clientPreface, flag, frame, frameType, settings } from "../helpers/h2-frames.js";
-import { startH2Upstream } from "../helpers/h2-upstream.js";
+import { describe, expect, it } from "vitest";
+import { startH2Upstream, startRawH2Upstream } from "../helpers/h2-upstream.js";
 import { fetchVia, startTestProxy } from "../helpers/proxy.js";
-import { testCa } from "../helpers/test-ca.js";
 
 /** `count` chunks of `size` bytes, one every `everyMs`: a guest uploading over a slow link. */
 function slowBody(count: number, size: number, everyMs: number): Readable {
@@ -17,42 +13,6 @@ function slowBody(count: number, size: number, everyMs: number): Readable {
       }
     })(),
   );
-}
-
-/**
- * An h2-only upstream that answers SETTINGS and PINGs and nothing else: it never opens a stream's
- * flow-control window (no WINDOW_UPDATE), so an upload stops at the initial 65,535 bytes.
- */
-async function windowShutUpstream(): Promise<{ port: number }> {
-  const ca = await testCa();
-  const context = (await ca.serverContexts(["api.test"])).get("api.test")!;
-  const server = createTlsServer({ SNICallback: (_name, cb) => cb(null, context), ALPNProtocols: ["h2"] }, (socket) => {
-    socket.on("error", () => undefined);
-    socket.write(settings());
-    let buffered = Buffer.alloc(0);
-    let prefaceSeen = false;
-    socket.on("data", (chunk: Buffer) => {
-      buffered = Buffer.concat([buffered, chunk]);
-      if (!prefaceSeen) {
-        if (buffered.length < clientPreface.length) return;
-        buffered = buffered.subarray(clientPreface.length);
-        prefaceSeen = true;
-      }
-      while (buffered.length >= 9) {
-        const length = buffered.readUIntBE(0, 3);
-        if (buffered.length < 9 + length) return;
-        const type = buffered[3]!;
-        const flags = buffered[4]!;
-        const payload = buffered.subarray(9, 9 + length);
-        buffered = buffered.subarray(9 + length);
-        if (type === frameType.settings && (flags & flag.ack) === 0) socket.write(frame(frameType.settings, flag.ack, 0));
-        if (type === frameType.ping && (flags & flag.ack) === 0) socket.write(frame(frameType.ping, flag.ack, 0, payload));
-      }
-    });
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  onTestFinished(() => new Promise<void>((resolve) => server.close(() => resolve())));
-  return { port: (server.address() as AddressInfo).port };
 }
 
 // upstreamHeadersMs ran from the opening of an HTTP/2 upstream stream, so it counted the upload:
@@ -84,7 +44,8 @@ describe("upstreamHeadersMs and an upload to an h2 upstream", () => {
   });
 
   it("an upload the h2 upstream stops taking (its window shut) still gets 504 after upstreamHeadersMs without progress", async () => {
-    const upstream = await windowShutUpstream();
+    // It never answers, and never opens the stream's window past the initial 65,535 bytes.
+    const upstream = await startRawH2Upstream();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
     const started = performance.now();
     const res = await fetchVia(proxy, `https://api.test:${upstream.port}/stuck`, { method: "POST", body: Buffer.alloc(1_000_000, 117) });
