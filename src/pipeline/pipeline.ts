@@ -420,7 +420,7 @@ export class Pipeline {
     if (url.protocol === "https:" && this.options.pools.protocolOf(url, address) !== "h1") {
       let h2;
       try {
-        h2 = await this.options.pools.sendH2(request, address, signal, noBody, maxInformational);
+        h2 = await resendOnceIfStale(request, signal, () => this.options.pools.sendH2(request, address, signal, noBody, maxInformational));
       } catch (error) {
         throw upstreamError(error, url);
       }

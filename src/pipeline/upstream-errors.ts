@@ -17,7 +17,8 @@ const idempotentMethods = new Set(["GET", "HEAD", "OPTIONS", "PUT", "DELETE"]);
 /**
  * Sends, and once more when a pooled connection turned out closed before any answer came: an
  * upstream's keep-alive close that crosses the next request on the wire, which undici reports
- * as "other side closed" (or a reset). Only an idempotent request whose body can be sent again
+ * as "other side closed" (or a reset), or an HTTP/2 session that stopped answering PINGs before
+ * any of the response came. Only an idempotent request whose body can be sent again
  * (none, or bytes) is resent, as Go's Transport and nginx do; 0.9% of GETs got 502 when an
  * upstream closed idle connections 50 ms after each answer (black-box finding).
  */

@@ -16,6 +16,28 @@ const codeNames = [
   "HTTP_1_1_REQUIRED",
 ] as const;
 
+/** What the session pool destroys a session's unfinished streams with when it gives the session up. */
+export class H2SessionLost extends Error {
+  readonly code = "UND_ERR_SOCKET";
+  /** @param unanswered the session stopped answering PINGs (rather than the upstream ending it). */
+  constructor(
+    message: string,
+    readonly unanswered: boolean,
+  ) {
+    super(message);
+  }
+}
+
+/**
+ * A stream that got nothing of its response (not even a 1xx) before its session was given up
+ * for not answering a PING that went out (a session whose own HTTP/2 client had stopped, on a
+ * frame it could not take, may have refused the stream's response): an idempotent request may go once more on another
+ * connection, as after a stale keep-alive connection (README, `timeouts.h2PingMs`).
+ */
+export class H2Unanswered extends Error {
+  readonly code = "UND_ERR_SOCKET";
+}
+
 /** `PROTOCOL_ERROR, code 1`, or just the number for a code RFC 9113 does not name. */
 export function h2CodeName(code: number): string {
   const name = codeNames[code];
@@ -38,14 +60,16 @@ const ownResets: Readonly<Record<number, string>> = {
  * error it was destroyed with (`failure`, if any) and its close code. The close code alone blamed
  * the upstream for the proxy's own resets: a PING left unanswered, the upstream's FIN, the
  * proxy's HTTP/2 client ending a connection whose frames it could not take, each logged
- * "upstream closed the HTTP/2 stream (code 2)" (black-box finding).
+ * "upstream closed the HTTP/2 stream (code 2)" (black-box finding). `informational`: the 1xx
+ * heads the stream got.
  */
-export function closedBeforeResponse(host: string, rstCode: number, failure: (Error & { code?: unknown }) | undefined): Error {
+export function closedBeforeResponse(host: string, rstCode: number, failure: (Error & { code?: unknown }) | undefined, informational: number): Error {
   let message: string;
   const code = typeof failure?.code === "string" ? failure.code : undefined;
-  if (failure !== undefined && code === "UND_ERR_SOCKET") {
+  if (failure instanceof H2SessionLost) {
     // The session pool's reasons: no answer to a PING, the upstream's FIN.
     message = `no response from upstream ${host}: ${failure.message}`;
+    if (failure.unanswered && informational === 0) return new H2Unanswered(message, { cause: failure });
   } else if (failure !== undefined && code === "ERR_HTTP2_ERROR") {
     // nghttp2 found a connection error in what the upstream sent (a frame it cannot take, bytes
     // that are not HTTP/2 at all, a SETTINGS value out of range) and ended the session.

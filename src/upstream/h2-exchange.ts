@@ -224,7 +224,7 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
       const last = goawayLastStream.get(session);
       if (code === constants.NGHTTP2_REFUSED_STREAM) fail(new H2Refused(`upstream ${url.host} refused the stream`));
       else if (last !== undefined && (stream.id === undefined || stream.id > last)) fail(new H2Refused(`upstream ${url.host} went away (GOAWAY) before processing the stream`));
-      else fail(closedBeforeResponse(url.host, code, failure));
+      else fail(closedBeforeResponse(url.host, code, failure, informational));
     });
     stream.once("response", (head: IncomingHttpHeaders, flags: number) => {
       if (settled) return;

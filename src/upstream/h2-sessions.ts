@@ -2,6 +2,7 @@ import { connect as h2Connect, type ClientHttp2Session, type ClientHttp2Stream }
 import type { TLSSocket } from "node:tls";
 import { EgressError } from "../errors.js";
 import type { AlpnConnectOptions } from "./h2-connect.js";
+import { H2SessionLost } from "./h2-close-reason.js";
 import { connectAlpn } from "./h2-connect.js";
 import { goawayLastStream, sessionBodyBytes, sessionStreams } from "./h2-exchange.js";
 import type { ResolvedAddress } from "./resolve.js";
@@ -232,6 +233,7 @@ export class H2Sessions {
       round = current;
       const sentBefore = bodySent();
       const read = socket.bytesRead;
+      const written = socket.bytesWritten;
       const sent = performance.now();
       const answered = (): void => {
         clearTimeout(current.deadline);
@@ -252,7 +254,10 @@ export class H2Sessions {
         }
         ended.add(session);
         this.live(key);
-        this.settleEnded(session, "the upstream's HTTP/2 connection stopped answering (no answer to a PING)");
+        // nghttp2 writes nothing more once it has ended the session on a frame it could not take:
+        // then the PING never left, and what the upstream sent may have been a stream's response.
+        if (socket.bytesWritten === written) this.settleEnded(session, "the upstream's HTTP/2 connection stopped (the proxy's PING never went out: its HTTP/2 client had refused a frame from the upstream, or the connection took no more bytes)", false);
+        else this.settleEnded(session, "the upstream's HTTP/2 connection stopped answering (no answer to a PING)", true);
       };
       current.deadline = setTimeout(check, this.options.pingMs);
       current.deadline.unref();
@@ -283,7 +288,7 @@ export class H2Sessions {
   private upstreamEnded(key: string, session: ClientHttp2Session): void {
     ended.add(session);
     this.live(key);
-    const timer = setTimeout(() => setImmediate(() => this.settleEnded(session, "the upstream closed the connection before the end of the response")), finGraceMs);
+    const timer = setTimeout(() => setImmediate(() => this.settleEnded(session, "the upstream closed the connection before the end of the response", false)), finGraceMs);
     session.once("close", () => clearTimeout(timer));
   }
 
@@ -291,14 +296,16 @@ export class H2Sessions {
    * A stream still waiting for its head (502) or for the end of its body (cut) fails; one that
    * has closed cleanly (END_STREAM both ways: its whole response is in its buffer) stays
    * readable, and the session is destroyed once the last of those is read (or its reader goes:
-   * the guest's idleMs and the hooks' limits bound that).
+   * the guest's idleMs and the hooks' limits bound that). `unanswered`: the session stopped
+   * answering PINGs, so a stream that got nothing of its response may go again elsewhere
+   * ({@link H2Unanswered}); after the upstream's FIN it is not, as it may have been processed.
    */
-  private settleEnded(session: ClientHttp2Session, reason: string): void {
+  private settleEnded(session: ClientHttp2Session, reason: string, unanswered: boolean): void {
     if (session.destroyed) return;
     const whole: ClientHttp2Stream[] = [];
     for (const stream of sessionStreams.get(session) ?? []) {
       if (stream.closed && stream.rstCode === 0) whole.push(stream);
-      else stream.destroy(Object.assign(new Error(reason), { code: "UND_ERR_SOCKET" }));
+      else stream.destroy(new H2SessionLost(reason, unanswered));
     }
     let left = whole.length;
     if (left === 0) session.destroy();

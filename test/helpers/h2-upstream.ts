@@ -99,8 +99,8 @@ export async function startH2Upstream(routes: Record<string, H2Route> = {}, name
 export interface RawH2UpstreamOptions {
   /** Written once each TLS connection is up: by default an empty SETTINGS frame. */
   readonly greet?: (socket: TLSSocket) => void;
-  /** Whether PINGs are answered (by default they are): a peer that stops answering when false. */
-  readonly answerPings?: boolean;
+  /** Whether PINGs are answered (by default they are), or a connection's (by its number) are now: a peer that stops answering. */
+  readonly answerPings?: boolean | ((connection: number) => boolean);
   /** Each HEADERS frame's stream id and its connection's number (from 1): the answer is written here, if any. */
   readonly onHeaders?: (socket: TLSSocket, stream: number, connection: number) => void;
 }
@@ -140,7 +140,8 @@ export async function startRawH2Upstream(options: RawH2UpstreamOptions = {}): Pr
         const payload = buffered.subarray(9, 9 + length);
         buffered = buffered.subarray(9 + length);
         if (type === frameType.settings && (flags & flag.ack) === 0) socket.write(frame(frameType.settings, flag.ack, 0));
-        if (type === frameType.ping && (flags & flag.ack) === 0 && options.answerPings !== false) socket.write(frame(frameType.ping, flag.ack, 0, payload));
+        const answerPings = typeof options.answerPings === "function" ? options.answerPings(index) : options.answerPings !== false;
+        if (type === frameType.ping && (flags & flag.ack) === 0 && answerPings) socket.write(frame(frameType.ping, flag.ack, 0, payload));
         if (type === frameType.headers) options.onHeaders?.(socket, stream, index);
       }
     });

@@ -1,6 +1,6 @@
 import type { TLSSocket } from "node:tls";
 import { describe, expect, it, vi } from "vitest";
-import { flag, frame, frameType, indexed, literalIndexed, settings } from "../helpers/h2-frames.js";
+import { flag, frame, frameType, indexed, literal, literalIndexed, settings } from "../helpers/h2-frames.js";
 import { startRawH2Upstream, type RawH2UpstreamOptions } from "../helpers/h2-upstream.js";
 import { fetchVia, startTestProxy } from "../helpers/proxy.js";
 
@@ -58,5 +58,62 @@ describe("why a request to an h2 upstream failed before its response, in the log
     expect(String(line["reason"])).toMatch(reason);
     // The close code alone said the upstream closed the stream, with the proxy's own code.
     expect(String(line["reason"])).not.toMatch(/closed the HTTP\/2 stream \(code/);
+  }, 15_000);
+});
+
+// The README (timeouts.h2PingMs) and docs/reliability.md said an idempotent request that can be
+// sent again goes out once more on a new connection when the PING fails; the GET got 502 after
+// 14 s and no second connection was opened (black-box finding).
+describe("a request on an h2 session that stopped answering PINGs", () => {
+  /** Connection 1 goes silent at its first stream (after `first`, if given); later ones answer 200. */
+  async function deadFirstConnection(first?: Buffer): Promise<{ port: number; connections: () => number }> {
+    let dead = false;
+    return startRawH2Upstream({
+      answerPings: (connection) => connection !== 1 || !dead,
+      onHeaders: (socket, stream, connection) => {
+        if (connection === 1) {
+          dead = true;
+          if (first !== undefined) socket.write(frame(frameType.headers, flag.endHeaders, stream, first));
+          return;
+        }
+        socket.write(frame(frameType.headers, flag.endStream | flag.endHeaders, stream, status200));
+      },
+    });
+  }
+  const timeouts = { h2PingMs: 300, upstreamHeadersMs: 20_000 };
+
+  it("an idempotent request with no body goes once more on a new connection, and is answered", async () => {
+    const upstream = await deadFirstConnection();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/again`);
+    expect(res.status, res.text).toBe(200);
+    expect(upstream.connections()).toBe(2);
+  }, 15_000);
+
+  it("an idempotent PUT whose body a hook built (held as bytes) goes once more", async () => {
+    const upstream = await deadFirstConnection();
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        onRequest: async (request) => new Request(request.url, { method: request.method, headers: request.headers, body: `${await request.text()}, rebuilt` }),
+      },
+      { timeouts },
+    );
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/put`, { method: "PUT", body: "put me" });
+    expect(res.status, res.text).toBe(200);
+    expect(upstream.connections()).toBe(2);
+  }, 15_000);
+
+  it.each([
+    ["a POST (not idempotent)", "POST", undefined],
+    ["a PUT whose body streamed through (it cannot be sent again)", "PUT", undefined],
+    ["a GET whose upstream had sent a 103 (a byte of its response)", "GET", literal(":status", "103")],
+  ] as const)("%s is not sent again: 502 with the reason", async (_row, method, first) => {
+    const upstream = await deadFirstConnection(first);
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/once`, method === "GET" ? {} : { method, body: "x" });
+    expect(res.status).toBe(502);
+    expect(res.text).toMatch(/stopped answering \(no answer to a PING\)/);
+    expect(upstream.connections()).toBe(1);
   }, 15_000);
 });
