@@ -53,8 +53,9 @@ export class BodyCapture {
   private tmp: string | undefined;
   /** Lets go of the temporary file's removal at exit, once it is renamed or removed. */
   private release: (() => void) | undefined;
-  private readonly key = randomBytes(32);
-  private readonly iv = randomBytes(16);
+  /** The partial file's key and IV, made when a body first spills (most bodies never do). */
+  private key: Buffer | undefined;
+  private iv: Buffer | undefined;
   private cipher: Cipher | undefined;
   private readonly started = performance.now();
   private readonly chunks: [number, number][] | undefined;
@@ -91,6 +92,8 @@ export class BodyCapture {
     if (this.file === undefined) {
       this.tmp = join(this.dir, partialBodyName(randomBytes(8).toString("hex")));
       this.release = removeAtExit(this.tmp);
+      this.key = randomBytes(32);
+      this.iv = randomBytes(16);
       this.cipher = createCipheriv("aes-256-ctr", this.key, this.iv);
       const file = createWriteStream(this.tmp, { flags: "wx", mode: 0o600 });
       // An error is taken by whoever waits next (write or end); never an unhandled event.
@@ -148,7 +151,7 @@ export class BodyCapture {
 
   /** The partial file turned back into the body's bytes, in place (CTR keeps every byte where it was). */
   private async decrypt(path: string): Promise<void> {
-    const decipher = createDecipheriv("aes-256-ctr", this.key, this.iv);
+    const decipher = createDecipheriv("aes-256-ctr", this.key!, this.iv!);
     const handle = await open(path, "r+");
     try {
       const buffer = Buffer.alloc(decryptChunkBytes);

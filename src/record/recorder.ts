@@ -148,9 +148,11 @@ function write(exchange: Exchange, store: SecretStore | undefined, values: Recor
       secret: built.leak.secret,
       where: built.leak.where,
     });
-    // Its sidecar files are what may hold the value: they go too.
-    for (const file of [exchange.requestBody?.file, exchange.responseBody?.file, exchange.decodedBody?.file]) {
-      if (file !== undefined) void rm(join(sidecarDir(deps.recording.path), file), { force: true }).catch(() => undefined);
+    // Its sidecar files are what may hold the value: they go too. A withheld body was never
+    // written, and its name (its bytes' SHA-256) can only be a file an earlier, clean entry
+    // wrote and still points at: that one stays.
+    for (const body of [exchange.requestBody, exchange.responseBody, exchange.decodedBody]) {
+      if (body?.file !== undefined && body.withheld !== true) void rm(join(sidecarDir(deps.recording.path), body.file), { force: true }).catch(() => undefined);
     }
     return;
   }

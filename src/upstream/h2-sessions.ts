@@ -213,13 +213,13 @@ export class H2Sessions {
    * the socket's and the kernel's buffers. Over a slow uplink to an upstream with large
    * flow-control windows (nothing comes back while it reads), the answer took longer than
    * `pingMs`, and a healthy upload was given up (black-box finding: 4 MiB at 200 KiB/s, 502 at
-   * 14 s; HTTP/1.1 took it in 21 s). A peer that takes our DATA is alive, so the wait counts only
-   * while nothing moves: any byte read from the upstream is an answer, and the proxy's own writes
-   * going out (the PING still queued behind them) restart it. What sits in the kernel's buffers
-   * drains unseen; so once more request body than an upstream's default window has gone out
-   * since the upstream last answered a PING (with the default window, the upstream's
-   * WINDOW_UPDATEs would have been answers), the wait is `drainMs` from the last write: the bound
-   * an upload's own stream has anyway (upstreamHeadersMs).
+   * 14 s; HTTP/1.1 took it in 21 s). So any byte read from the upstream is an answer; and since
+   * what sits in the kernel's buffers drains unseen (counting the proxy's own writes was tried:
+   * a whole upload leaves the process within seconds), once more request body than an upstream's
+   * default window has gone out since the upstream last answered a PING (with the default
+   * window, its WINDOW_UPDATEs would have been answers), the wait from the PING is `drainMs`: the
+   * bound an upload's own stream has anyway (upstreamHeadersMs). An upload whose kernel buffers
+   * take longer than that to drain, to an upstream that sends nothing back, is still given up.
    */
   private watchLiveness(key: string, session: ClientHttp2Session, socket: TLSSocket, entry: Entry): void {
     /** The PING waiting for its answer, if any. */
