@@ -57,6 +57,19 @@ function optionalString(value: unknown): string | undefined {
 }
 
 /**
+ * `check` sends nothing and writes nothing, so a recording or a replay named by a flag would be
+ * ignored: refused instead, pointing at `--response`. (A config file's `upstream.record` and
+ * `upstream.replay` are ignored, so that the file the proxy serves can be checked as it is.)
+ */
+function refuseNetworkFlags(args: Record<string, unknown>): void {
+  for (const [path, flag] of Object.entries(optionFlags)) {
+    if (path.startsWith("upstream.") && args[flag.slice(2)] !== undefined) {
+      throw new UsageError(`check: ${flag} has no effect: check sends nothing and records nothing; give the upstream's answer with --response STATUS [-R 'Name: v']...`);
+    }
+  }
+}
+
+/**
  * A recording has one writer: with several workers each would write its own file over the
  * others'. Said in the words of where the setting came from (`--workers`, or the file's key).
  */
@@ -207,6 +220,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
           .option("response", { type: "number", describe: "also run the response phase on an upstream answer with this status" })
           .option("response-header", { alias: "R", type: "string", array: true, describe: "'Name: value' header of that answer, repeatable" }),
       (args) => {
+        refuseNetworkFlags(args);
         const serve = serveCommand(args, env, argv);
         if (serve.kind !== "serve") throw new UsageError("check: no configuration");
         const status = args["response"] as number | undefined;

@@ -325,6 +325,18 @@ describe("parseCli: --auth, env --guest and check-config", () => {
     expect(declarativeOf(serveOptions(["--allow-host", "a.test", "b.test"]))?.allowedHosts).toEqual(["a.test", "b.test"]);
   });
 
+  it.each([
+    ["--replay", "x.har"],
+    ["--record", "x.har"],
+    ["--record-missing"],
+    ["--replay-exhausted", "error"],
+    ["--replay-ignore-query", "ts"],
+    ["--record-cookies"],
+  ])("check refuses %s, which it would ignore (it sends and records nothing)", (...flag) => {
+    const error = usageErrorOf(["check", ...flag, "--allow-host", "a.test", "GET", "https://a.test/"]);
+    expect(error.message).toBe(`check: ${flag[0]} has no effect: check sends nothing and records nothing; give the upstream's answer with --response STATUS [-R 'Name: v']...`);
+  });
+
   it("check-config takes the file to check", () => {
     expect(parseCli(["check-config", "egressgate.yaml"])).toEqual({ kind: "check-config", file: "egressgate.yaml" });
     expect(usageErrorOf(["check-config"]).message).toMatch(/Not enough non-option arguments/);
