@@ -48,7 +48,11 @@ export interface CheckReport {
     readonly rule?: string;
     readonly source?: string;
     readonly code?: string;
+    /** For the operator: what the proxy's decision line would carry as `detail` (redacted). */
+    readonly detail?: string;
   };
+  /** What the policies and hooks logged while the request ran (their console lines), redacted. */
+  readonly log: ReadonlyArray<Record<string, unknown>>;
 }
 
 /** Thrown by the executor when no `--response` was given: the request got as far as the upstream. */
@@ -241,6 +245,9 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
         reason: redact(err?.message ?? String(error)),
         ...(err?.code !== undefined ? { code: err.code } : {}),
         ...(err?.source !== undefined ? { source: err.source } : {}),
+        // What the proxy's decision line would carry (a hook's throw, a refused address's why):
+        // `check` has no proxy log for the reason's "see the proxy log" to send the reader to.
+        ...(err?.detail !== undefined ? { detail: redact(err.detail) } : {}),
       };
     }
   } finally {
@@ -257,6 +264,7 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
     }),
     wouldSend,
     answer,
+    log: logs.map((line) => JSON.parse(line) as Record<string, unknown>),
   };
   print(command.json ? `${JSON.stringify(report, null, 2)}\n` : textReport(report));
   return answer.allowed ? 0 : 1;
@@ -281,5 +289,10 @@ function textReport(report: CheckReport): string {
     "",
     `answer: ${a.allowed ? "ALLOWED" : "DENIED"}${a.status !== 0 ? ` ${a.status}` : ""}${a.rule !== undefined ? ` by ${a.rule}` : ""}${a.source !== undefined ? ` (source ${a.source})` : ""}${a.code !== undefined ? ` [${a.code}]` : ""}: ${a.reason}`,
   );
+  if (a.detail !== undefined) lines.push(`  detail: ${a.detail}`);
+  if (report.log.length > 0) {
+    lines.push("log:");
+    for (const entry of report.log) lines.push(`  ${JSON.stringify(entry)}`);
+  }
   return `${lines.join("\n")}\n`;
 }

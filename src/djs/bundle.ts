@@ -126,7 +126,19 @@ function describe(message: Message): string {
   const at = message.location;
   if (at === null) return message.text;
   const file = at.file.startsWith(`${virtualNamespace}:`) ? at.file.slice(virtualNamespace.length + 1) : at.file;
-  return `${file}:${at.line}:${at.column + 1}: ${message.text}`;
+  const text = message.text.startsWith("Top-level await is not available")
+    ? "top-level await is not supported in a policy: its top level runs again, and synchronously, for every call (await inside the hook instead)"
+    : message.text;
+  return `${file}:${at.line}:${at.column + 1}: ${text}`;
+}
+
+/**
+ * A `#!` line is allowed only at the very start of a script or module, and the bundler keeps a
+ * policy's at the start of its output: inside the factory's function it was a syntax error
+ * ("invalid first character of private name"). Made a comment, so lines and columns stay.
+ */
+export function hashbangAsComment(code: string): string {
+  return code.startsWith("#!") ? `//${code.slice(2)}` : code;
 }
 
 /**
@@ -186,6 +198,9 @@ export async function bundlePolicy(input: BundleInput): Promise<BundledPolicy> {
       format: "esm",
       platform: "neutral",
       target: "es2022",
+      // The factory is a plain function, run again for every call: a top-level `await` cannot be
+      // in it, and QuickJS's "expecting ';'" at the await said nothing of why.
+      supported: { "top-level-await": false },
       mainFields: [],
       conditions: [],
       charset: "utf8",
@@ -198,7 +213,7 @@ export async function bundlePolicy(input: BundleInput): Promise<BundledPolicy> {
     const files = result.outputFiles ?? [];
     const code = files.find((f) => f.path.endsWith(".js"))?.text ?? "";
     const map = files.find((f) => f.path.endsWith(".map"))?.text;
-    const { body, exported } = splitExports(code);
+    const { body, exported } = splitExports(hashbangAsComment(code));
     // ES modules are strict, and the wrapper keeps them so.
     return { code: `(function (globalThis) { "use strict";\n${body}\nreturn { ${exported} };\n})`, map };
   } catch (error) {

@@ -1,7 +1,7 @@
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
 import { parentPort, receiveMessageOnPort, workerData, type MessagePort } from "node:worker_threads";
-import { bundlePolicy, hasModuleSyntax, PolicyLoadError, stopBundler } from "./bundle.js";
+import { bundlePolicy, hashbangAsComment, hasModuleSyntax, PolicyLoadError, stopBundler } from "./bundle.js";
 import { phaseProblem } from "./phase-check.js";
 import type { CallMessage, CallReply, InitReply, PolicyKind, WorkerInit } from "./protocol.js";
 import { decodeCalls, encodeReplies, type WireBatch } from "./wire.js";
@@ -38,7 +38,7 @@ async function compile(policy: Exclude<WorkerInit["policy"], { code: string }>):
       kind = "script";
       filename = policy.detect.scriptFilename;
     }
-    if (kind === "script") return { code: policy.source, map: undefined };
+    if (kind === "script") return { code: hashbangAsComment(policy.source), map: undefined };
     return await bundlePolicy({ kind, filename, source: policy.source, modules: policy.modules, fromDisk: policy.fromDisk });
   } finally {
     await stopBundler();

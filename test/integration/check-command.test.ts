@@ -78,6 +78,30 @@ function onResponse(response) { if (response.headers.get("x-bad") === "1") retur
     expect(answered.report.answer).toMatchObject({ allowed: true, status: 451 });
   });
 
+  // The answer said "see the proxy log", and check has none: a policy author saw no cause.
+  it("shows a failing policy's error and its console lines, redacted, where the proxy would log them", async () => {
+    const dir = tempDir();
+    const policy = join(dir, "policy.mjs");
+    writeFileSync(
+      policy,
+      `export function isRequestAllowed(request) {
+  console.log("saw", request.headers.get("authorization"));
+  throw new TypeError("no rule for " + request.headers.get("authorization"));
+}
+`,
+    );
+    const flags = ["--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--host-secret", "GH_TOKEN@api.test", "--hooks-script", policy, "--no-dns", "-H", "Authorization: Bearer {{GH_TOKEN}}"];
+    const env = { GH_TOKEN: "ghp_realvalue123456" };
+    const { code, report } = await checkJson(["GET", "https://api.test/", ...flags], env);
+    expect(code).toBe(1);
+    expect(report.answer).toMatchObject({ allowed: false, status: 502, code: "EG_HOOK_FAILED" });
+    expect(report.answer.detail).toMatch(/^TypeError \(.*policy\.mjs\): no rule for Bearer \[REDACTED:GH_TOKEN\]$/);
+    expect(report.log).toEqual([expect.objectContaining({ msg: "policy console", text: "saw Bearer [REDACTED:GH_TOKEN]" })]);
+    const text = await check(["GET", "https://api.test/", ...flags], env);
+    expect(text.stdout).toMatch(/\n {2}detail: TypeError \(.*policy\.mjs\): no rule for Bearer \[REDACTED:GH_TOKEN\]\nlog:\n {2}\{.*"text":"saw Bearer \[REDACTED:GH_TOKEN\]"\}\n$/);
+    for (const printed of [JSON.stringify(report), text.stdout]) expect(printed).not.toContain("ghp_realvalue123456");
+  });
+
   it("refuses a secret's placeholder sent to a host outside its hosts, and never prints the value", async () => {
     const { code, report } = await checkJson(
       ["GET", "https://api.test/", "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--host-secret", "GH_TOKEN@api.github.com", "-H", "Authorization: Bearer {{GH_TOKEN}}"],

@@ -104,6 +104,49 @@ describe("tier-2 policies load as script, module or TypeScript", () => {
   });
 });
 
+describe("what a policy file may start with and hold", () => {
+  const hashbang = "#!/usr/bin/env node\n";
+  it.each([
+    ["a script", { filename: "/srv/p.js", source: `${hashbang}function isRequestAllowed(r) { return r.method === "GET"; }` }],
+    ["a module", { filename: "/srv/p.mjs", source: `${hashbang}export function isRequestAllowed(r) { return r.method === "GET"; }` }],
+    ["TypeScript", { filename: "/srv/p.ts", source: `${hashbang}export function isRequestAllowed(r: Request): boolean { return r.method === "GET"; }` }],
+    ["a module given as text", { source: `${hashbang}export function isRequestAllowed(r) { return r.method === "GET"; }` }],
+    ["a script given as text", { source: `${hashbang}function isRequestAllowed(r) { return r.method === "GET"; }` }],
+  ])("a #! line loads in %s, and its errors keep their lines", async (_kind, options: DjsHooksOptions) => {
+    const policy = loadPolicy(options);
+    expect(await callPhase(policy, "isRequestAllowed", { method: "POST" })).toMatchObject({ t: "code", v: 0 });
+    expect(await callPhase(policy, "isRequestAllowed", { method: "GET" })).toMatchObject({ t: "code", v: 1 });
+    const broken = loadError({ ...options, source: `${options.source}\nthrow new Error("line 3");` });
+    expect(broken.message).toMatch(/:3:\d+: Error: line 3$/);
+  });
+
+  it.each([
+    ["a module", "/srv/p.mjs", "const n = await Promise.resolve(1);\nexport function onRequest() {}"],
+    ["TypeScript", "/srv/p.ts", "const n: number = await Promise.resolve(1);\nexport function onRequest() {}"],
+    ["a for await", "/srv/p.mjs", "for await (const x of []) {}\nexport function onRequest() {}"],
+  ])("a top-level await in %s is refused, saying why", (_kind, filename, source) => {
+    expect(loadError({ filename, source }).message).toBe(
+      `${filename}:1:${source.indexOf("await") + 1}: top-level await is not supported in a policy: its top level runs again, and synchronously, for every call (await inside the hook instead)`,
+    );
+  });
+
+  it.each([
+    ["using", "using", "dispose", "() { disposed.push(this.n); }"],
+    ["await using", "await using", "asyncDispose", "() { disposed.push(this.n); return Promise.resolve(); }"],
+  ])("%s disposes at the end of the block, with the symbols the bundler's helpers look for", async (_kind, declare, symbol, method) => {
+    const policy = loadPolicy({
+      filename: "/srv/p.ts",
+      source: `const disposed: number[] = [];
+        class Handle { constructor(public n: number) {} [Symbol.${symbol}]${method} }
+        export async function isRequestAllowed(r: Request): Promise<boolean> {
+          { ${declare} a = new Handle(1); ${declare} b = new Handle(2); }
+          return disposed.join() === "2,1" && Symbol.${symbol} === Symbol.for("Symbol.${symbol}");
+        }`,
+    });
+    expect(await callPhase(policy, "isRequestAllowed")).toMatchObject({ t: "code", v: 1 });
+  });
+});
+
 describe("a policy whose hooks would never run is refused, naming what it found", () => {
   const noPhase = "the policy defines no phase (isRequestAllowed, isIpAllowed, onRequest, onResponse, handle), so it would decide nothing";
   const refused = (filename: string, source: string): string => loadError({ filename, source, modules: {} }).message;

@@ -1197,6 +1197,9 @@ function installGlobals() {
   for (const name of Object.keys(installed)) {
     Object.defineProperty(globalThis, name, { value: installed[name], writable: true, configurable: true, enumerable: false });
   }
+  for (const name of ["dispose", "asyncDispose"]) {
+    if (!hasOwn.call(Symbol, name)) Object.defineProperty(Symbol, name, { value: /* @__PURE__ */ Symbol.for(`Symbol.${name}`), writable: false, enumerable: false, configurable: false });
+  }
   delete globalThis.FinalizationRegistry;
 }
 __name(installGlobals, "installGlobals");

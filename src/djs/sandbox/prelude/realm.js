@@ -34,6 +34,13 @@ export function installGlobals() {
   for (const name of Object.keys(installed)) {
     Object.defineProperty(globalThis, name, { value: installed[name], writable: true, configurable: true, enumerable: false });
   }
+  // `using` and `await using` (lowered by the bundler, whose helpers look the symbols up as
+  // `Symbol.dispose` or else `Symbol.for("Symbol.dispose")`): QuickJS has neither symbol, so a
+  // class's `[Symbol.dispose]()` method was keyed "undefined" and every `using` threw "Object not
+  // disposable". The registered symbols are the ones those helpers fall back on.
+  for (const name of ["dispose", "asyncDispose"]) {
+    if (!hasOwn.call(Symbol, name)) Object.defineProperty(Symbol, name, { value: Symbol.for(`Symbol.${name}`), writable: false, enumerable: false, configurable: false });
+  }
   // A FinalizationRegistry's callback runs whenever the collector gets round to it: in a later
   // call, as code of an earlier one. Nothing else lets a policy's code outlive its call.
   // @ts-expect-error: the ECMAScript library declares it as always there.
