@@ -6,8 +6,8 @@ import { request } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { latch } from "../helpers/latch.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
-import { clientPreface, flag, frame, frameType, indexed, literal, rstStream, settings } from "../helpers/h2-frames.js";
-import { startH2Upstream } from "../helpers/h2-upstream.js";
+import { flag, frame, frameType, indexed, literal, rstStream } from "../helpers/h2-frames.js";
+import { startH2Upstream, startRawH2Upstream, type RawH2UpstreamOptions } from "../helpers/h2-upstream.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
 import { openTlsTunnel } from "../helpers/raw.js";
@@ -383,44 +383,9 @@ async function burstRelay(port: number): Promise<{ port: number; hold: () => voi
   };
 }
 
-/**
- * An h2-only upstream written frame by frame: it answers SETTINGS, and hands each HEADERS frame's
- * stream id (and its connection's number, from 1) to `onHeaders`, which writes the answer.
- */
-async function rawH2Upstream(onHeaders: (socket: TLSSocket, stream: number, connection: number) => void): Promise<{ port: number; connections: () => number }> {
-  const ca = await testCa();
-  const context = (await ca.serverContexts(["api.test"])).get("api.test")!;
-  let connections = 0;
-  const server = createTlsServer({ SNICallback: (_name, cb) => cb(null, context), ALPNProtocols: ["h2"] }, (socket) => {
-    const index = ++connections;
-    socket.on("error", () => undefined);
-    socket.write(settings());
-    let buffered = Buffer.alloc(0);
-    let prefaceSeen = false;
-    socket.on("data", (chunk: Buffer) => {
-      buffered = Buffer.concat([buffered, chunk]);
-      if (!prefaceSeen) {
-        if (buffered.length < clientPreface.length) return;
-        buffered = buffered.subarray(clientPreface.length);
-        prefaceSeen = true;
-      }
-      while (buffered.length >= 9 && !socket.writableEnded) {
-        const length = buffered.readUIntBE(0, 3);
-        if (buffered.length < 9 + length) return;
-        const type = buffered[3]!;
-        const flags = buffered[4]!;
-        const stream = buffered.readUInt32BE(5) & 0x7fffffff;
-        const pingData = buffered.subarray(9, 9 + length);
-        buffered = buffered.subarray(9 + length);
-        if (type === frameType.settings && (flags & flag.ack) === 0) socket.write(frame(frameType.settings, flag.ack, 0));
-        if (type === frameType.ping && (flags & flag.ack) === 0) socket.write(frame(frameType.ping, flag.ack, 0, pingData));
-        if (type === frameType.headers) onHeaders(socket, stream, index);
-      }
-    });
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  onTestFinished(() => new Promise<void>((resolve) => server.close(() => resolve())));
-  return { port: (server.address() as AddressInfo).port, connections: () => connections };
+/** An h2-only upstream written frame by frame, each request's HEADERS answered by `onHeaders`. */
+function rawH2Upstream(onHeaders: NonNullable<RawH2UpstreamOptions["onHeaders"]>): Promise<{ port: number; connections: () => number }> {
+  return startRawH2Upstream({ onHeaders });
 }
 
 /**
