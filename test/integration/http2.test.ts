@@ -248,6 +248,39 @@ describe("HTTP/2 guests", () => {
     expect(echo.headers["te"]).toBe("trailers");
   });
 
+  // The README's table: response trailers pass; a request's are dropped, and the request is whole.
+  it.each(["HTTP/1.1", "HTTP/2"] as const)("a request's trailers (%s guest) are dropped, and its body arrives whole", async (guest) => {
+    const arrived: Array<{ trailers: Record<string, string>; body: string }> = [];
+    const upstream = await startUpstream({
+      routes: {
+        "/upload": (req, res, body) => {
+          arrived.push({ trailers: { ...req.trailers }, body: body.toString() });
+          res.writeHead(200, { "content-type": "text/plain" }).end("ok");
+        },
+      },
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const authority = `api.test:${upstream.port}`;
+    let status: number;
+    if (guest === "HTTP/1.1") {
+      const tunnel = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+      tunnel.write(`POST /upload HTTP/1.1\r\nHost: ${authority}\r\nTransfer-Encoding: chunked\r\nTrailer: x-sum\r\n\r\n5\r\nhello\r\n0\r\nx-sum: 42\r\n\r\n`);
+      ({ status } = await tunnel.readResponse());
+    } else {
+      const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+      status = await new Promise<number>((resolve, reject) => {
+        const stream = session.request({ ":method": "POST", ":path": "/upload" }, { waitForTrailers: true });
+        stream.once("wantTrailers", () => stream.sendTrailers({ "x-sum": "42" }));
+        stream.once("response", (head) => resolve(Number(head[":status"])));
+        stream.once("error", reject);
+        stream.resume();
+        stream.end("hello");
+      });
+    }
+    expect(status).toBe(200);
+    expect(arrived).toEqual([{ trailers: {}, body: "hello" }]);
+  });
+
   it("a request whose stream ends with an empty DATA frame follows redirects; a body with bytes still cannot be re-sent", async () => {
     const upstream = await startUpstream();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
