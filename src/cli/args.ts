@@ -144,6 +144,8 @@ function refuseBadFlagValues(argv: readonly string[]): void {
     const value = eq >= 0 ? arg.slice(eq + 1) : argv[i + 1];
     if (value === undefined || (eq < 0 && value.startsWith("--"))) throw new UsageError(`${flag}: needs a value`);
     if (value.trim() === "") throw new UsageError(option.type === "number" ? `${flag}: must be a number (got an empty value)` : `${flag}: needs a value (got an empty one)`);
+    // yargs makes "abc" NaN, and the range check then said "(got NaN)" instead of what was given.
+    if (option.type === "number" && Number.isNaN(Number(value))) throw new UsageError(`${flag}: must be a number (got ${JSON.stringify(value)})`);
     if (option.array !== true && seen.has(name)) throw new UsageError(`${flag}: given twice; it takes one value`);
     seen.add(name);
   }

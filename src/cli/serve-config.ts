@@ -149,7 +149,8 @@ export function configFromFile(file: string, args: Args, env: NodeJS.ProcessEnv,
   if (deciders.length > 0) throw new UsageError(`${deciders.join(", ")}: cannot be combined with --config; list the deciders in ${file}'s hooks`);
   const refused = givenFlags(args).filter((path) => !configOverrides.includes(path));
   if (refused.length > 0) {
-    const allowed = configOverrides.map((path) => optionFlags[path]).join(", ");
+    // --log-format is no option of the file (it is how the CLI prints), so it goes with any.
+    const allowed = [...configOverrides.map((path) => optionFlags[path]), "--log-format"].join(", ");
     throw new UsageError(`${refused.map((path) => optionFlags[path]).join(", ")}: cannot be combined with --config; set ${refused.join(", ")} in ${file} (only ${allowed} override the file)`);
   }
   const config = loadConfigFile(file, env);

@@ -250,7 +250,7 @@ describe("HTTP/2 guests", () => {
 
   // The README's table: response trailers pass; a request's are dropped, and the request is whole.
   it.each(["HTTP/1.1", "HTTP/2"] as const)("a request's trailers (%s guest) are dropped, and its body arrives whole", async (guest) => {
-    const arrived: Array<{ trailers: Record<string, string>; body: string }> = [];
+    const arrived: Array<{ trailers: Record<string, string | undefined>; body: string }> = [];
     const upstream = await startUpstream({
       routes: {
         "/upload": (req, res, body) => {

@@ -274,7 +274,11 @@ describe("parseCli: --config FILE", () => {
       expect(error.code).toBe("EG_USAGE");
       expect(error.message).toContain(`${argv[0]}: cannot be combined with --config`);
       expect(error.message).toContain(file);
+      // The list of what may go with it names every flag that does.
+      expect(error.message).toMatch(/\(only .*--metrics-listen.*, --log-format override the file\)$/);
     }
+    const command = parseCli(["--config", file, "--log-format", "pretty"], {});
+    expect(command).toMatchObject({ kind: "serve", logFormat: "pretty" });
   });
 
   it("a bad override names the flag; a bad file names its line", () => {

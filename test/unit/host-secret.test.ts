@@ -83,10 +83,12 @@ describe("--host-secret and --resolve names from Object.prototype", () => {
   });
 });
 
-describe("flags given no value, an empty one, or twice", () => {
+describe("flags given no value, an empty one, one that is no number, or twice", () => {
   it.each([
     [["--max-redirects", ""], "--max-redirects: must be a number (got an empty value)"],
     [["--max-body-bytes="], "--max-body-bytes: must be a number (got an empty value)"],
+    [["--max-redirects", "abc"], '--max-redirects: must be a number (got "abc")'],
+    [["--workers=2x"], '--workers: must be a number (got "2x")'],
     [["--allow-host"], "--allow-host: needs a value"],
     [["--resolve", "--allow-host", "a.test"], "--resolve: needs a value"],
     [["--host-secret"], "--host-secret: needs a value"],
