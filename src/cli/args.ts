@@ -56,16 +56,22 @@ function optionalString(value: unknown): string | undefined {
   return value === undefined ? undefined : String(value);
 }
 
+/** Flags of a running proxy that `check`, which starts none, would ignore. */
+const serveOnlyPaths = new Set<string>(["workers", "watch", "auditLog", "guestEnvFile"]);
+
 /**
- * `check` sends nothing and writes nothing, so a recording or a replay named by a flag would be
- * ignored: refused instead, pointing at `--response`. (A config file's `upstream.record` and
- * `upstream.replay` are ignored, so that the file the proxy serves can be checked as it is.)
+ * `check` sends nothing, writes nothing and starts no proxy, so a recording, a replay, workers,
+ * a watch, an audit log or a guest env file named by a flag would be ignored: refused instead.
+ * (A config file's values for them are ignored, so that the file the proxy serves can be
+ * checked as it is.)
  */
-function refuseNetworkFlags(args: Record<string, unknown>): void {
+function refuseServeOnlyFlags(args: Record<string, unknown>): void {
   for (const [path, flag] of Object.entries(optionFlags)) {
-    if (path.startsWith("upstream.") && args[flag.slice(2)] !== undefined) {
+    if (args[flag.slice(2)] === undefined) continue;
+    if (path.startsWith("upstream.")) {
       throw new UsageError(`check: ${flag} has no effect: check sends nothing and records nothing; give the upstream's answer with --response STATUS [-R 'Name: v']...`);
     }
+    if (serveOnlyPaths.has(path)) throw new UsageError(`check: ${flag} has no effect: check starts no proxy and writes no file`);
   }
 }
 
@@ -222,7 +228,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
           .option("response", { type: "number", describe: "also run the response phase on an upstream answer with this status" })
           .option("response-header", { alias: "R", type: "string", array: true, describe: "'Name: value' header of that answer, repeatable" }),
       (args) => {
-        refuseNetworkFlags(args);
+        refuseServeOnlyFlags(args);
         const serve = serveCommand(args, env, argv);
         if (serve.kind !== "serve") throw new UsageError("check: no configuration");
         const status = args["response"] as number | undefined;

@@ -183,7 +183,7 @@ describe("parseCli: bad flags and values throw a UsageError naming the flag", ()
     { argv: ["env", "--allow-host", "x.test"], names: /allow-host/ },
     { argv: ["--hooks-timeout-ms", "50"], names: /^--hooks-timeout-ms: only applies with --hooks-script$/ },
     { argv: ["--workers", "0"], names: /^--workers: must be an integer from 1 to 64 \(got 0\)$/ },
-    { argv: ["--max-redirects", "many"], names: /^--max-redirects: must be an integer \(got NaN\)$/ },
+    { argv: ["--max-redirects", "many"], names: /^--max-redirects: must be a number \(got "many"\)$/ },
   ])("$argv", ({ argv, names }) => {
     expect(usageErrorOf(argv).message).toMatch(names);
   });
@@ -339,6 +339,11 @@ describe("parseCli: --auth, env --guest and check-config", () => {
   ])("check refuses %s, which it would ignore (it sends and records nothing)", (...flag) => {
     const error = usageErrorOf(["check", ...flag, "--allow-host", "a.test", "GET", "https://a.test/"]);
     expect(error.message).toBe(`check: ${flag[0]} has no effect: check sends nothing and records nothing; give the upstream's answer with --response STATUS [-R 'Name: v']...`);
+  });
+
+  it.each([["--workers", "2"], ["--watch"], ["--audit-log", "/tmp/a.log"], ["--guest-env-file", "/tmp/g.env"]])("check refuses %s, which only a running proxy uses", (...flag) => {
+    const error = usageErrorOf(["check", ...flag, "--allow-host", "a.test", "GET", "https://a.test/"]);
+    expect(error.message).toBe(`check: ${flag[0]} has no effect: check starts no proxy and writes no file`);
   });
 
   it("check-config takes the file to check", () => {
