@@ -1,6 +1,6 @@
 import type { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
-import { EgressError, guestError, quoteShort } from "../errors.js";
+import { EgressError, guestError } from "../errors.js";
 import { errorFields, type DecisionLog } from "./decision-log.js";
 import type { Pipeline } from "../pipeline/pipeline.js";
 import { connectPinned, type PinnedSocketOptions } from "../upstream/pinned-socket.js";
@@ -12,6 +12,7 @@ import type { Decision } from "../policy/decision.js";
 import { tunnelOf } from "./tunnel.js";
 import { withFields } from "../objects.js";
 import { relay } from "./relay.js";
+import { SwitchReader, type Switched } from "./switch-head.js";
 
 export interface UpgradeDeps {
   /** The guest the upgrade is for: its pipeline, and its name in the decision log. */
@@ -27,7 +28,6 @@ export interface UpgradeDeps {
   readonly offline?: string | undefined;
 }
 
-const maxResponseHead = 64 * 1024;
 /** What a guest may send after its upgrade request and before the 101 (WebSocket frames, say). */
 const maxEarlyBytes = 64 * 1024;
 
@@ -60,7 +60,7 @@ export async function serveUpgrade(
   // As other requests log it: the URL, the method apart (a target inside a tunnel is only a path).
   let target = loggableRequestTarget(req.url ?? "", tunnelOf(socket));
   let upstream: Socket | undefined;
-  let switched: Buffer;
+  let switched: Switched;
   // With an audit log or onDecision: each source's say, and the decision that let it out.
   const trace: TraceEntry[] | undefined = deps.decide.auditing ? [] : undefined;
   let decision: Decision | undefined;
@@ -167,7 +167,8 @@ export async function serveUpgrade(
     { started, guest: deps.guest, method: req.method, target, status: 101, reason: "upgrade relayed", upgrade: true },
     trace !== undefined ? { trace, ...(decision !== undefined ? { rule: decision } : {}) } : undefined,
   );
-  socket.write(switched);
+  socket.write(switched.head);
+  if (switched.rest.length > 0) socket.write(switched.rest);
   if (head.length > 0) upstream.write(head);
   for (const chunk of early) upstream.write(chunk);
   relay(socket, upstream, deps.idleMs);
@@ -189,12 +190,13 @@ async function connectFirst(url: URL, addresses: readonly ResolvedAddress[], dep
 }
 
 /**
- * Reads the upstream's response head, for at most `timeoutMs`. Resolves with the head (and any
- * bytes after it) on 101; anything else is refused, and the connection is dropped, never reused.
+ * Reads the upstream's answer, for at most `timeoutMs` (interim responses included). Resolves
+ * with the 101 the guest gets (and any bytes after it); anything else is refused, and the
+ * connection is dropped, never reused.
  */
-function awaitSwitch(upstream: Socket, host: string, timeoutMs: number): Promise<Buffer> {
+function awaitSwitch(upstream: Socket, host: string, timeoutMs: number): Promise<Switched> {
   return new Promise((resolve, reject) => {
-    let buffered = Buffer.alloc(0);
+    const reader = new SwitchReader(host);
     const timer = setTimeout(
       () => fail(new EgressError("EG_UPSTREAM_TIMEOUT", 504, `upstream ${host} did not answer the upgrade within ${timeoutMs} ms`)),
       timeoutMs,
@@ -204,30 +206,17 @@ function awaitSwitch(upstream: Socket, host: string, timeoutMs: number): Promise
       reject(error);
     };
     const onData = (chunk: Buffer): void => {
-      buffered = Buffer.concat([buffered, chunk]);
-      const end = buffered.indexOf("\r\n\r\n");
-      if (end < 0) {
-        if (buffered.length > maxResponseHead) fail(new EgressError("EG_UPSTREAM", 502, `upstream ${host} sent an oversized response head`));
+      let switched: Switched | undefined;
+      try {
+        switched = reader.push(chunk);
+      } catch (error) {
+        fail(error as Error);
         return;
       }
+      if (switched === undefined) return;
       cleanup();
-      const head = buffered.subarray(0, end).toString("latin1");
-      // Exactly three digits, then the reason phrase's SP or the line's end (RFC 9112 §4):
-      // "1010" is no 101.
-      const status = /^HTTP\/1\.[01] (\d{3})(?=[ \r]|$)/.exec(head)?.[1];
-      if (status !== "101") {
-        reject(new EgressError("EG_UPSTREAM", 502, `upstream ${host} did not switch protocols (answered ${status ?? "a malformed status line"})`));
-        return;
-      }
-      // The guest asked for WebSocket only; a switch to anything else would be a tunnel no tier sees.
-      const upgrades = [...head.matchAll(/\r\nupgrade:([^\r]*)/gi)].flatMap((m) => m[1]!.split(",").map((v) => v.trim().toLowerCase()));
-      if (upgrades.length !== 1 || upgrades[0] !== "websocket") {
-        const named = upgrades.length === 0 ? "an unnamed protocol" : quoteShort(upgrades.join(", "));
-        reject(new EgressError("EG_UPSTREAM", 502, `upstream ${host} switched to ${named}, not to WebSocket`));
-        return;
-      }
       upstream.pause();
-      resolve(buffered);
+      resolve(switched);
     };
     const onEnd = (): void => fail(new EgressError("EG_UPSTREAM", 502, `upstream ${host} closed before answering the upgrade`));
     const cleanup = (): void => {
