@@ -10,7 +10,8 @@ import { hookSources } from "../pipeline/hook-source.js";
 import { Pipeline } from "../pipeline/pipeline.js";
 import { DeclarativePolicy, type ListenAddress } from "../policy/declarative-policy.js";
 import { foreignSecret } from "../proxy/foreign-secret.js";
-import { absoluteFormUrl, checkMethod, token } from "../proxy/guest-request.js";
+import { absoluteFormUrl, checkMethod, checkRequestHead, checkTunnelHostHeader, forwardedFields, token } from "../proxy/guest-request.js";
+import { h2ExpectsContinue } from "../proxy/h2-request.js";
 import { listenAddresses } from "../proxy/listen-addresses.js";
 import { resolveProxyOptions, type ResolvedProxyOptions } from "../proxy/options.js";
 import { PinnedPools } from "../upstream/pinned-pools.js";
@@ -217,10 +218,19 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
     // What every guest side refuses before any tier runs (its parser, or the proxy's own checks).
     checkMethod(method);
     checkHeaderFields(headers);
+    // The guest side's own checks of a head, from the same functions: too many fields (431), a
+    // Transfer-Encoding other than chunked (501), a Content-Length such as `010`, a second Host
+    // (400); and an Expect other than 100-continue (417), as Node's server and the HTTP/2 side
+    // answer it. They said ALLOWED where the proxy refuses.
+    const { hostHeader } = checkRequestHead(headers, "1.1");
+    h2ExpectsContinue(headers);
     // The destination as the proxy takes it: `api.test.` is `api.test`, `2130706433` is
     // `127.0.0.1`, and a host it cannot normalise (`a..b`, `a$b`) is 400 before any tier.
     url = absoluteFormUrl(command.url);
-    const response = await pipeline.handle({ method, url, headers, body: null }, { id: undefined, signal: new GuestGone(), trace });
+    // An https:// request goes through a tunnel, whose Host must name the CONNECT target (421).
+    if (url.protocol === "https:" && hostHeader !== undefined) checkTunnelHostHeader(hostHeader, { hostname: url.hostname, port: Number(url.port || 443) });
+    // The tiers see what the proxy hands on: no hop-by-hop field, no Host, no Expect.
+    const response = await pipeline.handle({ method, url, headers: forwardedFields(headers), body: null }, { id: undefined, signal: new GuestGone(), trace });
     response.body?.resume();
     response.cleanup?.();
     answer = {

@@ -16,6 +16,10 @@ export function parsePort(raw: string, what: string): number {
 
 /** Splits `host:port` (or `[v6]:port`); the port is optional only when `defaultPort` is given. */
 export function parseAuthority(raw: string, what: string, defaultPort?: number): Authority {
+  // No host name holds "@" (RFC 3986 reg-name): what comes before it is userinfo, credentials
+  // that the answer and the log line would have quoted (`CONNECT user:pw@api.test:443`).
+  const at = raw.lastIndexOf("@");
+  if (at >= 0) throw badRequest(`${what} ${JSON.stringify(`…@${raw.slice(at + 1)}`)} has userinfo, which is not allowed (proxy credentials go in Proxy-Authorization)`);
   const match = /^(\[[^\]]*\]|[^:[\]]*)(?::([^:]*))?$/.exec(raw);
   if (match === null) throw badRequest(`invalid ${what} ${JSON.stringify(raw)}`);
   const host = match[1]!;

@@ -1,4 +1,4 @@
-import type { IncomingMessage } from "node:http";
+import { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
 import { EgressError, badRequest } from "../errors.js";
 import { forbiddenMethods, forwardedMethods, spellingHint, type OutboundRequest } from "../pipeline/exchange.js";
@@ -22,17 +22,40 @@ export interface TunnelTarget extends Authority {
 const dropOnForward = new Set(["host", "expect"]);
 
 /**
- * Validates a guest request head and turns it into the pipeline's request (DESIGN §3 step 1,
- * §5 strict parsing). Node's parser already rejects CL+TE together, bad chunking and oversized
- * heads; what it lets through and we refuse here is a duplicate Host, a non-canonical
- * Content-Length (`010`) and hostnames it does not check at all.
+ * The most header fields a guest's request head may have, on both guest protocols; 431 past it.
+ * Node's HTTP/1.1 parser keeps about 1,000 (`maxHeadersCount`) and drops the rest without a word:
+ * a POST whose Content-Length came past them went upstream as `content-length: 0` without its
+ * body, and was logged 200 (black-box finding). The HTTP/1.1 servers keep one field more than
+ * this (GuestSide.createServer), so a head past it is always seen as one. Apache takes 100 by
+ * default; HTTP/2 header blocks are held to the same count (h2-settings.ts).
  */
-export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | undefined): OutboundRequest {
-  const method = req.method ?? "";
-  // Node hands CONNECT to the tunnel and refuses a method that is not a token, so what this
-  // refuses here is TRACE or TRACK.
-  checkMethod(method);
-  const raw = req.rawHeaders;
+export const maxRequestFields = 256;
+
+/** The refusal of a head with more than {@link maxRequestFields} fields, or undefined. `raw` may be cut just past the limit. */
+export function fieldCountRefusal(raw: readonly string[]): EgressError | undefined {
+  if (raw.length <= maxRequestFields * 2) return undefined;
+  return new EgressError("EG_HEADERS_TOO_LARGE", 431, `request head has more than ${maxRequestFields} header fields`);
+}
+
+/** What a request head says of its own framing and destination, once {@link checkRequestHead} has passed it. */
+export interface RequestHead {
+  readonly hostHeader: string | undefined;
+  /** A Content-Length other than 0, or any Transfer-Encoding. */
+  readonly hasBody: boolean;
+  readonly chunked: boolean;
+}
+
+/**
+ * The checks every HTTP/1.1 request head gets before any tier, and `egressgate check` with them:
+ * the field count, a duplicate Host or Content-Length, a non-canonical Content-Length (`010`), both
+ * Content-Length and Transfer-Encoding (Node's parser refuses that first on the wire), a
+ * Transfer-Encoding in HTTP/1.0, and a coding other than `chunked`.
+ *
+ * @param raw the head's fields, `[name, value, …]`.
+ */
+export function checkRequestHead(raw: readonly string[], httpVersion: string): RequestHead {
+  const tooMany = fieldCountRefusal(raw);
+  if (tooMany !== undefined) throw tooMany;
   let hostHeader: string | undefined;
   let contentLength: string | undefined;
   const codings: string[] = [];
@@ -50,27 +73,76 @@ export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | u
     }
   }
   const chunked = codings.length > 0;
+  // RFC 9112 §6.1: a sender must not send both; a proxy that forwarded one of them would frame the
+  // body otherwise than a server reading the other.
+  if (chunked && contentLength !== undefined) throw badRequest("both Content-Length and Transfer-Encoding");
   // RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing (an HTTP/1.0
   // hop before this one may have framed it otherwise), and the connection closes after it.
-  if (chunked && req.httpVersion === "1.0") throw badRequest("Transfer-Encoding in an HTTP/1.0 request: its framing cannot be trusted");
+  if (chunked && httpVersion === "1.0") throw badRequest("Transfer-Encoding in an HTTP/1.0 request: its framing cannot be trusted");
   // Node's parser undoes only the final chunked coding. A request body with another coding would
   // leave without its Transfer-Encoding, its bytes still coded: RFC 9112 §6.1 answers 501.
   if (chunked && (codings.length !== 1 || codings[0] !== "chunked")) {
     throw new EgressError("EG_BAD_REQUEST", 501, `unsupported Transfer-Encoding ${JSON.stringify(codings.join(", "))}: only chunked is accepted`);
   }
+  return { hostHeader, hasBody: chunked || (contentLength !== undefined && contentLength !== "0"), chunked };
+}
 
+/** A guest request's fields as they go on: no hop-by-hop field, no Host (set from the URL), no Expect (answered by the proxy). */
+export function forwardedFields(raw: readonly string[]): string[] {
+  return endToEndHeaders(raw, dropOnForward);
+}
+
+/**
+ * Validates a guest request head and turns it into the pipeline's request (DESIGN §3 step 1,
+ * §5 strict parsing). Node's parser already rejects CL+TE together, bad chunking and oversized
+ * heads; what it lets through and we refuse here is in {@link checkRequestHead}, and hostnames
+ * it does not check at all.
+ */
+export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | undefined): OutboundRequest {
+  const method = req.method ?? "";
+  // Node hands CONNECT to the tunnel and refuses a method that is not a token, so what this
+  // refuses here is TRACE or TRACK.
+  checkMethod(method);
+  const raw = req.rawHeaders;
+  const { hostHeader, hasBody, chunked } = checkRequestHead(raw, req.httpVersion);
   const url = destinationUrl(req.url ?? "", hostHeader, tunnel);
-  const hasBody = chunked || (contentLength !== undefined && contentLength !== "0");
   // Chunks of any size come one callback each: joined, so a body of tiny chunks is not read,
   // inspected and sent on a byte at a time. Node's parser pauses the socket the same way.
   if (chunked) joinSmallPushes(req, () => req.socket?.pause());
   return {
     method,
     url,
-    headers: endToEndHeaders(raw, dropOnForward),
+    headers: forwardedFields(raw),
     body: hasBody ? req : null,
   };
 }
+
+/** Where the HTTP/1.1 parser's verdict that a request is an upgrade is kept (see {@link GuestMessage}). */
+const parsedUpgrade = Symbol("egressgate.parsedUpgrade");
+
+/**
+ * The HTTP/1.1 guest servers' request: an Upgrade in an HTTP/1.0 request is ignored, as RFC 9110
+ * §7.8 says it must be (an HTTP/1.0 hop may have passed on a Connection it did not understand).
+ * llhttp flags any request with `Connection: upgrade` and Upgrade as one, whatever its version,
+ * and Node then hands the socket to the upgrade handler: a WebSocket was relayed for an HTTP/1.0
+ * GET (black-box finding). Read as no upgrade, it is served as a plain request, as Node serves
+ * any Upgrade nobody listens for: its Upgrade and Connection are dropped as hop-by-hop, and the
+ * connection closes after it. A CONNECT stays one in any version.
+ */
+export class GuestMessage extends IncomingMessage {}
+
+// An accessor, read when Node asks (by then the method is known; it is not yet when Node sets
+// the flag). TypeScript has `upgrade` as a plain property, hence no class accessor.
+Object.defineProperty(GuestMessage.prototype, "upgrade", {
+  configurable: true,
+  get(this: { [parsedUpgrade]?: boolean | null; httpVersion: string; method?: string }): boolean | null | undefined {
+    const flagged = this[parsedUpgrade];
+    return flagged === true && this.httpVersion === "1.0" && this.method !== "CONNECT" ? false : flagged;
+  },
+  set(this: { [parsedUpgrade]?: boolean | null }, value: boolean | null) {
+    this[parsedUpgrade] = value;
+  },
+});
 
 /**
  * The longest method a log line or an audit record carries. Every method the proxy forwards is
@@ -165,14 +237,17 @@ function destinationUrl(target: string, hostHeader: string | undefined, tunnel: 
     checkSameHost(normalizeHost(url.hostname), tunnel, "request target");
     path = `${url.pathname}${url.search}`;
   }
-  if (hostHeader !== undefined) {
-    checkSameHost(parseAuthority(hostHeader, "Host header", tunnel.port).hostname, tunnel, "Host header");
-  }
+  if (hostHeader !== undefined) checkTunnelHostHeader(hostHeader, tunnel);
   if (tunnel.sni !== undefined) checkSameHost(tunnel.sni, tunnel, "TLS SNI");
   return build(tunnel.protocol, tunnel.hostname, tunnel.port, path);
 }
 
-function checkSameHost(hostname: string, tunnel: TunnelTarget, what: string): void {
+/** Refuses (421) a Host header inside a tunnel that names another host than the CONNECT target. */
+export function checkTunnelHostHeader(hostHeader: string, tunnel: Authority): void {
+  checkSameHost(parseAuthority(hostHeader, "Host header", tunnel.port).hostname, tunnel, "Host header");
+}
+
+function checkSameHost(hostname: string, tunnel: Authority, what: string): void {
   if (hostname !== tunnel.hostname) {
     throw new EgressError(
       "EG_MISDIRECTED",
@@ -202,6 +277,15 @@ export function loggableTarget(target: string, maxLength = 512): string {
   const cut = target.search(/[?#]/);
   const bare = (cut < 0 ? target : target.slice(0, cut)).replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/@]*@/i, "$1");
   return bare.length > maxLength ? `${bare.slice(0, maxLength)}…` : bare;
+}
+
+/**
+ * A CONNECT target (authority-form) as logs may show it: whatever comes before an `@` is
+ * userinfo (no host name holds one), dropped as {@link loggableTarget} drops it from a URL, and
+ * before the cut at `?`, which a password may hold.
+ */
+export function loggableAuthority(target: string): string {
+  return loggableTarget(target.slice(target.lastIndexOf("@") + 1));
 }
 
 /**

@@ -12,7 +12,7 @@ import { authenticationRequired } from "./auth.js";
 import { parseAuthority } from "./authority.js";
 import type { ConnectionLimits } from "./connection-limits.js";
 import { errorFields, type DecisionLog } from "./decision-log.js";
-import { connectInTunnel, loggableRequestTarget, loggableTarget, loggableUrl, toOutboundRequest } from "./guest-request.js";
+import { connectInTunnel, fieldCountRefusal, GuestMessage, loggableAuthority, loggableRequestTarget, loggableUrl, maxRequestFields, toOutboundRequest } from "./guest-request.js";
 import { boundGuest, removedCut, removedError, unboundCut, wasRemoved, type Guest, type Binding, type GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, maxEarlyBytes, type LaneRequest } from "./lanes.js";
@@ -112,6 +112,8 @@ export class GuestSide {
     const { timeouts } = this.deps.config;
     const server = createServer({
       maxHeaderSize: maxHeaderBytes,
+      // An HTTP/1.0 request's Upgrade is not an upgrade (RFC 9110 §7.8).
+      IncomingMessage: GuestMessage,
       headersTimeout: timeouts.headersMs,
       // Node enforces headersTimeout only when it sweeps its connections, every 30 s by default,
       // which let a slow head run up to 30 s past the limit.
@@ -123,6 +125,9 @@ export class GuestSide {
       // toOutboundRequest and answered in the proxy's own error format.
       requireHostHeader: false,
     });
+    // One field past the proxy's limit: a head over it is seen as one and refused (431), where
+    // Node's own cut (about 1,000) dropped the rest without a word (see maxRequestFields).
+    server.maxHeadersCount = maxRequestFields + 1;
     server.setTimeout(timeouts.idleMs, (socket: Socket) => this.onIdle(socket));
     server.on("request", (req: IncomingMessage, res: ServerResponse) => this.guard(this.handle(req, res, false), req.socket));
     // With this listener Node no longer answers `Expect: 100-continue` by itself: we send 100
@@ -177,11 +182,13 @@ export class GuestSide {
   /**
    * The guest of a request: the tunnel's (fixed when the CONNECT authenticated; any
    * `Proxy-Authorization` inside is ignored, and stripped as hop-by-hop), or, on the listener
-   * itself, the one its own credentials or source address name (with how: `binding`).
+   * itself, the one its own credentials or source address name (with how: `binding`). A head
+   * with more fields than the proxy takes is refused (431) before its credentials are read: the
+   * ones past the fields Node kept were never seen. Inside a tunnel, toOutboundRequest refuses it.
    */
   private guestOf(req: IncomingMessage): { readonly guest: Guest; readonly binding?: Binding } | EgressError {
     const tunnel = tunnelOf(req.socket);
-    if (tunnel === undefined) return this.deps.auth.identify(req, req.socket);
+    if (tunnel === undefined) return fieldCountRefusal(req.rawHeaders) ?? this.deps.auth.identify(req, req.socket);
     // Removal, or a reload that takes the tunnel from its guest, closes it; a request parsed in
     // the same turn still finds it gone.
     const guest = boundGuest(tunnel.connection);
@@ -197,7 +204,7 @@ export class GuestSide {
       this.lanes.takeOver(socket, head, () => (overflowed = this.cutWhileWaiting(socket, "a CONNECT"))).then((early) => {
         if (overflowed) {
           const err = new EgressError("EG_BAD_REQUEST", 400, `the guest sent more than ${maxEarlyBytes / 1024} KiB before the tunnel opened; the proxy closed the connection`);
-          this.decideCut(this.deps.auth.identify(req, socket), { id: this.nextId++, method: "CONNECT", target: loggableTarget(req.url ?? "") }, err, started);
+          this.decideCut(this.deps.auth.identify(req, socket), { id: this.nextId++, method: "CONNECT", target: loggableAuthority(req.url ?? "") }, err, started);
           return;
         }
         // Behind an answer that closed the connection: never processed, as a request is not.
@@ -232,7 +239,8 @@ export class GuestSide {
     // The early check's refusal, for the audit record's sources.
     let refusal: TraceEntry | undefined;
     let refusedHost: boolean;
-    const found = this.deps.auth.identify(req, socket);
+    // Before the credentials are read: the ones past the fields Node kept were never seen.
+    const found = fieldCountRefusal(req.rawHeaders) ?? this.deps.auth.identify(req, socket);
     try {
       if (found instanceof EgressError) throw found;
       const { guest } = found;
@@ -261,7 +269,7 @@ export class GuestSide {
         id: this.nextId++,
         guest: found instanceof EgressError ? undefined : found.guest.name,
         method: "CONNECT",
-        target: loggableTarget(req.url ?? ""),
+        target: loggableAuthority(req.url ?? ""),
         ...errorFields(err),
         started,
       }, this.deps.decide.auditing ? { bytesDown: Buffer.byteLength(errorBody(err)), ...(refusal !== undefined ? { trace: [refusal] } : {}) } : undefined);
@@ -292,7 +300,7 @@ export class GuestSide {
         const err = connectInTunnel();
         writeRawError(socket, err);
         this.deps.decide(
-          { id, guest, method: "CONNECT", target: loggableTarget(req.url ?? ""), ...errorFields(err), started },
+          { id, guest, method: "CONNECT", target: loggableAuthority(req.url ?? ""), ...errorFields(err), started },
           this.deps.decide.auditing ? { bytesDown: Buffer.byteLength(errorBody(err)) } : undefined,
         );
       }),

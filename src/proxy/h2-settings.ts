@@ -1,4 +1,5 @@
 import { constants, type ServerOptions } from "node:http2";
+import { maxRequestFields } from "./guest-request.js";
 
 /** The guest-side HTTP/2 limits that `limits.h2*` sets (README "HTTP/2 and gRPC"). */
 export interface H2ConfiguredLimits {
@@ -19,8 +20,12 @@ export interface H2ConfiguredLimits {
  * {@link H2ConfiguredLimits}; these are fixed.
  */
 export const h2Limits = Object.freeze({
-  /** Header fields in one block (Node's own default is 128). */
-  maxHeaderListPairs: 256,
+  /**
+   * Entries in one header block, its pseudo-headers counted (Node's own default is 128): the
+   * {@link maxRequestFields} an HTTP/1.1 head may have, and a request's 4 pseudo-headers. Past it
+   * nghttp2 resets the stream as the block is decoded, where HTTP/1.1 answers 431.
+   */
+  maxHeaderListPairs: maxRequestFields + 4,
   /** Streams refused because the running work was at its cap, before the session gets GOAWAY. */
   maxRefusedStreams: 100,
   /** SETTINGS frames per window. */

@@ -223,6 +223,42 @@ guests:
     expect(report.wouldSend).toEqual([]);
   });
 
+  // These said ALLOWED where the proxy answers before any tier (guest-request.ts checkRequestHead).
+  it.each([
+    ["a Transfer-Encoding other than chunked", ["-H", "Transfer-Encoding: gzip"], 501, 'unsupported Transfer-Encoding "gzip"'],
+    ["a Transfer-Encoding with a coding before chunked", ["-H", "Transfer-Encoding: gzip, chunked"], 501, "only chunked is accepted"],
+    ["a Content-Length with a leading zero", ["-H", "Content-Length: 010"], 400, 'invalid Content-Length "010"'],
+    ["two Content-Lengths", ["-H", "Content-Length: 1", "-H", "Content-Length: 1"], 400, "duplicate Content-Length header"],
+    ["both Content-Length and Transfer-Encoding", ["-H", "Content-Length: 3", "-H", "Transfer-Encoding: chunked"], 400, "both Content-Length and Transfer-Encoding"],
+    ["two Host headers", ["-H", "Host: api.example.test", "-H", "Host: api.example.test"], 400, "duplicate Host header"],
+    ["a Host naming another host than an https URL's", ["-H", "Host: other.test"], 421, 'Host header names "other.test" but the tunnel was opened with CONNECT api.example.test:443'],
+    ["an Expect other than 100-continue", ["-H", "Expect: fancy"], 417, 'unsupported Expect: "fancy"'],
+    ["more header fields than the proxy takes", Array.from({ length: 257 }, (_, i) => ["-H", `x-f${i}: v`]).flat(), 431, "request head has more than 256 header fields"],
+  ])("answers a head with %s as the proxy does", async (_name, flags, status, reason) => {
+    const { code, report } = await checkJson(["POST", "https://api.example.test/", ...flags, "--allow-internal-host", "api.example.test", "--resolve", "api.example.test=10.1.2.3"]);
+    expect(code).toBe(1);
+    expect(report.answer).toMatchObject({ allowed: false, status });
+    expect(report.answer.reason).toContain(reason);
+    expect(report.steps).toEqual([]);
+    expect(report.wouldSend).toEqual([]);
+  });
+
+  it("allows the framing and Host the proxy takes, and hands the tiers the fields the proxy hands on", async () => {
+    const dir = tempDir();
+    const policy = join(dir, "policy.js");
+    // The guest's hop-by-hop fields and Expect never reach a tier behind the proxy; Host is the URL's.
+    writeFileSync(policy, `function isRequestAllowed(request) { return ["connection", "x-hop", "upgrade", "expect", "proxy-authorization", "transfer-encoding"].every((name) => !request.headers.has(name)) && request.headers.get("x-kept") === "1" && request.headers.get("host") === "api.example.test"; }\n`);
+    const { code, report } = await checkJson([
+      "POST", "https://API.example.test./",
+      "-H", "Transfer-Encoding: chunked", "-H", "Host: api.example.test:443", "-H", "Expect: 100-continue",
+      "-H", "Connection: x-hop", "-H", "x-hop: 1", "-H", "Upgrade: websocket", "-H", "Proxy-Authorization: Basic eDp5", "-H", "x-kept: 1",
+      "--hooks-script", policy, "--allow-internal-host", "api.example.test", "--resolve", "api.example.test=10.1.2.3",
+    ]);
+    expect(report.answer.reason).toContain("would be sent upstream");
+    expect(code).toBe(0);
+    expect((await checkJson(["POST", "https://api.example.test/", "-H", "Content-Length: 10", "--allow-internal-host", "api.example.test", "--resolve", "api.example.test=10.1.2.3"])).code).toBe(0);
+  });
+
   // The proxy normalises the host as the guest wrote it (normalizeHost) before any tier runs.
   it.each([
     ["a character no host name has", "https://api.exa$mple.test/", 'invalid host "api.exa$mple.test"'],
