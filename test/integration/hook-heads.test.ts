@@ -62,7 +62,7 @@ const responseHeadersCode = `
   const h = new Headers();
   if (kind === "one 70 KB field") h.set("x-big", "v".repeat(70 * 1024));
   else if (kind === "20,000 fields") for (let i = 0; i < 20000; i++) h.append("x-f" + i, "v");
-  else if (kind === "2,500 small fields") for (let i = 0; i < 2500; i++) h.append("f" + i, "v");
+  else if (kind === "1,100 small fields") for (let i = 0; i < 1100; i++) h.append("f" + i, "v");
   else h.set("x-fine", "v".repeat(12 * 1024));
   return h;`;
 const responseHeaders = new Function("kind", responseHeadersCode) as (kind: string) => Headers;
@@ -93,8 +93,9 @@ function responseMaker(tier: "tier2" | "tier3", phase: ResponsePhase, kind: stri
 
 const overBounds = [
   { kind: "one 70 KB field", reason: /header fields are 7\d{4} bytes, over the 65536/ },
-  { kind: "20,000 fields", reason: /a response of 2000[01] header fields, over the 2000 / },
-  { kind: "2,500 small fields", reason: /a response of 250[01] header fields, over the 2000 / },
+  { kind: "20,000 fields", reason: /a response of 2000[01] header fields, over the 1000 / },
+  // Over what a Node guest keeps (1,023 fields: the rest, Content-Length among them, go unseen).
+  { kind: "1,100 small fields", reason: /a response of 110[01] header fields, over the 1000 / },
 ];
 
 const responseRows = (["tier2", "tier3"] as const).flatMap((tier) =>
