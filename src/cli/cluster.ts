@@ -53,6 +53,13 @@ const portEnv = "EGRESSGATE_WORKER_PORT";
  */
 export const metricsAddressEnv = "EGRESSGATE_CLUSTER_METRICS";
 
+/**
+ * Set by the primary on every worker when its own inspector is open (node --inspect): its
+ * `IP:PORT`, which the workers refuse as a target like their own inspector (see
+ * src/proxy/inspector-address.ts).
+ */
+export const primaryInspectorEnv = "EGRESSGATE_PRIMARY_INSPECTOR";
+
 /** Workers that may die within a minute before the primary gives up and stops them all. */
 const maxRestartsPerMinute = 5;
 
@@ -80,6 +87,11 @@ export function isReplacement(): boolean {
 /** In a worker: the primary's metrics listener, as `IP:PORT`, if it serves one. */
 export function primaryMetricsAddress(): string | undefined {
   return process.env[metricsAddressEnv] || undefined;
+}
+
+/** In a worker: the primary's inspector, as `IP:PORT`, if it was open when the worker started. */
+export function primaryInspectorAddress(): string | undefined {
+  return process.env[primaryInspectorEnv] || undefined;
 }
 
 /** In a worker: the port the primary picked for `--listen HOST:0`, if it did. */
@@ -217,7 +229,10 @@ export async function runPrimary(
   print: (line: string) => void,
   /** The primary's own lines (workers that exit, start or fail), in the CLI's --log-format. */
   log: CliLog,
-  /** Signals passed on to every worker (SIGUSR1: reopen the audit log; SIGHUP: reload). */
+  /**
+   * Signals passed on to every worker (SIGUSR1: reopen the audit log; SIGHUP: reload). Whatever
+   * is not passed on stays the caller's: SIGUSR1 never keeps Node's meaning (src/cli/sigusr1.ts).
+   */
   forward: readonly NodeJS.Signals[] = [],
   /** Called once when the workers are told to stop: the primary's /readyz answers 503 from then on. */
   onStopping: () => void = () => undefined,

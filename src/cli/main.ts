@@ -1,3 +1,5 @@
+// First: run as dist/cli/main.js too, the process takes SIGUSR1 before anything else loads.
+import "./sigusr1.js";
 import { earlyHup, onEarlyHup } from "./early-hup.js";
 import { randomBytes } from "node:crypto";
 import { defaultCaDir, loadOrCreateCa } from "../tls/ca-store.js";
@@ -9,6 +11,8 @@ import {
   isFirstWorker,
   isReplacement,
   metricsAddressEnv,
+  primaryInspectorAddress,
+  primaryInspectorEnv,
   primaryMetricsAddress,
   reportListening,
   reportRetired,
@@ -25,6 +29,7 @@ import { runCheck } from "./check.js";
 import { checkConfig, checkHar, failureText, printCa, printEnv } from "./commands.js";
 import { DjsEngine } from "../djs/engine.js";
 import { readConfigText, reuseParses } from "../config/file.js";
+import { inspectorListen } from "../proxy/inspector-address.js";
 
 /** `flags`, or the config file in use, once known: how an option error from startProxy is worded. */
 let source: string | undefined;
@@ -80,8 +85,7 @@ async function main(argv: readonly string[]): Promise<number> {
       // own checks run here too, so a bad option exits 2 before any worker starts. The workers
       // load their own policies (a --config file, each worker reading it again). The CA is made
       // here, once, so that no two workers race to create it.
-      const { listen, metricsListen } = resolveProxyOptions(options);
-      const auditLog = (options as { readonly auditLog?: string }).auditLog;
+      const { listen, metricsListen, auditLog } = resolveProxyOptions(options);
       await built.close();
       await loadOrCreateCa(options.caDir ?? defaultCaDir());
       // One placeholder key for all workers, so a guest's placeholders work whichever one serves it.
@@ -93,13 +97,18 @@ async function main(argv: readonly string[]): Promise<number> {
         metricsListen === undefined ? undefined : await serveClusterMetrics(metricsListen, createLogger(command.config.proxy.logLevel ?? "info", cliSink(command.logFormat, undefined)), () => serving);
       if (metrics !== undefined) {
         say("info", "metrics listening", { url: metrics.url });
-        env[metricsAddressEnv] = isIP(metrics.host) === 6 ? `[${metrics.host}]:${metrics.port}` : `${metrics.host}:${metrics.port}`;
+        env[metricsAddressEnv] = hostPort(metrics.host, metrics.port);
       }
+      // The primary's inspector (node --inspect) runs code in the process that holds every
+      // secret: the workers refuse it as a target, as each refuses its own (they would not know it).
+      const inspector = inspectorListen();
+      if (inspector !== undefined) env[primaryInspectorEnv] = hostPort(inspector.host, inspector.port);
+      if (auditLog === undefined) process.on("SIGUSR1", () => say("info", noAuditLog));
       // --watch: only the primary watches; a change is a SIGHUP to itself, which it passes to every
       // worker (early-hup.ts's listener, kept in the primary, stands until runPrimary forwards it).
       const watching = command.config.watch === true ? watchConfiguration(command.config, process.env, async () => void process.kill(process.pid, "SIGHUP"), say) : undefined;
       try {
-        // SIGUSR1 reopens each worker's audit log; without one it would open a worker's inspector.
+        // SIGUSR1 reopens each worker's audit log; without one the primary says so, once.
         return await runPrimary(argv, command.workers, listen, env, (line) => {
           serving = true;
           process.stdout.write(`${line}\n`);
@@ -115,8 +124,8 @@ async function main(argv: readonly string[]): Promise<number> {
     // A person at a terminal reads one line per request; a pipe or a file gets the JSON lines.
     const sink = cliSink(command.logFormat, worker ? process.pid : undefined);
     const say = createCliLog({ logLevel: command.config.proxy.logLevel, logFormat: command.logFormat, workerPid: worker ? process.pid : undefined });
-    // The primary's metrics listener is one of this deployment's addresses: refused as a target.
-    const primaryMetrics = worker ? primaryMetricsAddress() : undefined;
+    // The primary's metrics listener and inspector are this deployment's addresses: refused as targets.
+    const primaryAddresses = worker ? [primaryMetricsAddress(), primaryInspectorAddress()].filter((address) => address !== undefined) : [];
     // The options as this process runs them, at the start and at each reload alike (a reload
     // given the file's own compared metricsListen and guestEnvFile with a worker's, and warned
     // on every SIGHUP that they needed a restart).
@@ -128,7 +137,7 @@ async function main(argv: readonly string[]): Promise<number> {
         ...(worker ? rest : given),
         ...(worker && isFirstWorker() && guestEnvFile !== undefined ? { guestEnvFile } : {}),
         ...(worker && metricsListen !== undefined ? { metrics: true } : {}),
-        ...(primaryMetrics !== undefined ? { ownAddresses: [...(given.ownAddresses ?? []), primaryMetrics] } : {}),
+        ...(primaryAddresses.length > 0 ? { ownAddresses: [...(given.ownAddresses ?? []), ...primaryAddresses] } : {}),
         ...(port !== undefined ? { listen: { ...given.listen, port } } : {}),
         ...(sink !== undefined ? { logSink: sink } : {}),
       };
@@ -136,6 +145,8 @@ async function main(argv: readonly string[]): Promise<number> {
     // Values the other workers retired at reloads: this one's files hold only the current ones.
     const retiredElsewhere = worker ? await retiredFromPrimary() : [];
     const { proxy, retiredSecrets } = await launchProxy(forThisProcess(options), retiredElsewhere);
+    // With an audit log the proxy reopens it (and says so); without, SIGUSR1 is only logged.
+    if (options.auditLog === undefined) process.on("SIGUSR1", () => say("info", noAuditLog));
     await new Promise<void>((resolve) => {
       let closing = false;
       let watching: { close(): void } | undefined;
@@ -267,6 +278,14 @@ async function preloadPolicies(argv: readonly string[]): Promise<void> {
   // under way then would leave its worker behind.
   const settled = await Promise.allSettled(policies.map(({ policy, limits }) => DjsEngine.preload(policy, limits)));
   for (const outcome of settled) if (outcome.status === "rejected") throw outcome.reason;
+}
+
+/** What SIGUSR1 (logrotate's postrotate) is logged as without --audit-log: sigusr1.ts took it from Node. */
+const noAuditLog = "SIGUSR1: no audit log to reopen";
+
+/** `HOST:PORT`, an IPv6 host in brackets. */
+function hostPort(host: string, port: number): string {
+  return isIP(host) === 6 ? `[${host}]:${port}` : `${host}:${port}`;
 }
 
 /** Replaced configurations kept loaded, for requests still under way, after a reload. */

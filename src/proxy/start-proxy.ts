@@ -19,6 +19,7 @@ import { GuestSide } from "./guest-side.js";
 import { checkGuestName, closeUnbound, guestNameError, GuestRegistry, type RetiredGuestSecrets } from "./guests.js";
 import { ProxyClosedError } from "./closed-error.js";
 import { listenAddresses } from "./listen-addresses.js";
+import { withInspector } from "./inspector-address.js";
 import { checkGuestOptions, checkSourcesApart, connectionsWithin, openFileLimit, resolveProxyOptions, settingsNotReloaded, type ProxyOptions } from "./options.js";
 import { GuestRedactor } from "./redactor.js";
 import { ThrottledWarning } from "./throttled-log.js";
@@ -147,7 +148,9 @@ export async function launchProxy(
     { metrics, redact },
   );
   // logrotate's postrotate sends SIGUSR1: each proxy in the process reopens its own file. Only
-  // with an audit log: without one the signal keeps Node's own meaning (open the inspector).
+  // with an audit log: an embedder owns its process's signals, and without one the signal keeps
+  // whatever meaning the process gives it (Node's own: open the inspector). The CLI takes it
+  // always (src/cli/sigusr1.ts); an inspector that is open is refused as a target either way.
   const onRotate = (): void => {
     auditFile?.reopen(() => log.info("audit log reopened", { file: config.auditLog }));
   };
@@ -171,7 +174,7 @@ export async function launchProxy(
     config,
     log,
     authority,
-    selfAddresses: () => selfAddresses,
+    selfAddresses: withInspector(selfAddresses),
     redact,
     decide,
     foreignSecret: (self, request) => guests.foreignSecret(self, request),
