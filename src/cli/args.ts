@@ -127,6 +127,8 @@ const otherValueFlags: Record<string, { readonly type: string; readonly array?: 
 function refuseBadFlagValues(argv: readonly string[]): void {
   const declared: Record<string, { readonly type?: unknown; readonly array?: unknown }> = { ...optionFlagDeclarations(), ...otherValueFlags };
   const seen = new Set<string>();
+  /** Each on/off flag's value so far, and how it was spelled. */
+  const switches = new Map<string, { readonly on: boolean; readonly flag: string }>();
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
     if (arg === "--") break;
@@ -144,6 +146,13 @@ function refuseBadFlagValues(argv: readonly string[]): void {
       const value = eq < 0 ? undefined : arg.slice(eq + 1);
       if (negated && value !== undefined) throw new UsageError(`${flag}: takes no value (got ${JSON.stringify(value)})`);
       if (value !== undefined && value !== "true" && value !== "false") throw new UsageError(`${flag}: takes no value, or true or false (got ${JSON.stringify(value)})`);
+      // `--auth --no-auth` served an open proxy, the last one winning without a word (black-box
+      // finding): a switch set both ways is a mistake in the command line, not a choice.
+      const key = negated ? name.slice(3) : name;
+      const on = !negated && value !== "false";
+      const before = switches.get(key);
+      if (before !== undefined && before.on !== on) throw new UsageError(`${before.flag} and ${arg}: given both ways; give one`);
+      switches.set(key, { on, flag: arg });
       continue;
     }
     if (option === undefined) continue;

@@ -20,7 +20,7 @@ import { checkGuestName, closeUnbound, guestNameError, GuestRegistry, type Retir
 import { ProxyClosedError } from "./closed-error.js";
 import { listenAddresses } from "./listen-addresses.js";
 import { withInspector } from "./inspector-address.js";
-import { checkGuestOptions, checkSourcesApart, connectionsWithin, openFileLimit, resolveProxyOptions, settingsNotReloaded, type ProxyOptions } from "./options.js";
+import { checkGuestOptions, checkSourcesApart, connectionsWithin, isLoopback, openFileLimit, resolveProxyOptions, settingsNotReloaded, type ProxyOptions } from "./options.js";
 import { GuestRedactor } from "./redactor.js";
 import { ThrottledWarning } from "./throttled-log.js";
 import { serveTunnel } from "./tunnel.js";
@@ -301,9 +301,9 @@ export async function launchProxy(
     url,
     caDir: config.caDir,
     guests: guests.names(),
-    authentication: guests.open ? "none (single guest on loopback)" : "required",
+    authentication: authenticationText(guests.open, address.address, address.port),
     ...(metricsServer !== undefined ? { metrics: metricsServer.url } : {}),
-    ...(guests.size === 1 ? { allowedHosts: guests.get(guests.names()[0]!)!.policy.config.allowedHosts } : {}),
+    ...(guests.size === 1 ? allowedHostsFields(guests.get(guests.names()[0]!)!.policy.config) : {}),
   });
   warnPastFileLimit(config.limits.connections, log);
 
@@ -380,6 +380,29 @@ export async function launchProxy(
     close,
   };
   return { proxy, retiredSecrets };
+}
+
+/**
+ * The listening line's word on who may use the proxy. An open proxy on every interface (auth:
+ * false, --no-auth) was logged "single guest on loopback" (black-box finding).
+ */
+function authenticationText(open: boolean, bound: string, port: number): string {
+  if (!open) return "required";
+  if (isLoopback(bound)) return "none (single guest on loopback)";
+  const where = bound === "0.0.0.0" || bound === "::" ? "every interface" : bound;
+  return `none (open proxy on ${where}: auth is off, so anyone who can reach port ${port} can use it)`;
+}
+
+/**
+ * The one guest's allowed hosts as the listening line shows them: allowedInternalHosts count
+ * too, and `--allow-internal-host '*'` (every host, internal addresses included) was logged
+ * `allowedHosts: []`.
+ */
+function allowedHostsFields(declarative: { readonly allowedHosts: readonly string[]; readonly allowedInternalHosts: readonly string[] }): Record<string, readonly string[]> {
+  return {
+    allowedHosts: declarative.allowedHosts,
+    ...(declarative.allowedInternalHosts.length > 0 ? { allowedInternalHosts: declarative.allowedInternalHosts } : {}),
+  };
 }
 
 /** Opened before anything listens: a path that cannot be written fails the start, naming the option. */

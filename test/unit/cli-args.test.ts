@@ -184,6 +184,8 @@ describe("parseCli: bad flags and values throw a UsageError naming the flag", ()
     { argv: ["--hooks-timeout-ms", "50"], names: /^--hooks-timeout-ms: only applies with --hooks-script$/ },
     { argv: ["--workers", "0"], names: /^--workers: must be an integer from 1 to 64 \(got 0\)$/ },
     { argv: ["--max-redirects", "many"], names: /^--max-redirects: must be a number \(got "many"\)$/ },
+    { argv: ["--auth", "--no-auth"], names: /^--auth and --no-auth: given both ways; give one$/ },
+    { argv: ["--noAuth", "--auth=true"], names: /^--noAuth and --auth=true: given both ways; give one$/ },
   ])("$argv", ({ argv, names }) => {
     expect(usageErrorOf(argv).message).toMatch(names);
   });
