@@ -319,7 +319,10 @@ main(process.argv.slice(2)).then(
   (error: unknown) => {
     // Bad usage, a bad option or config file, a policy or a CA that does not load: the input's fault, exit 2.
     const code = (error as { code?: unknown })?.code;
-    const input = error instanceof UsageError || error instanceof TypeError || error instanceof RangeError || code === "EG_POLICY_LOAD" || code === "EG_CA";
+    // A port someone else holds is the machine's state, not the input's: exit 1 for the metrics
+    // listener as for the listener (an option error names it, and it said exit 2).
+    const portTaken = (error as { cause?: { code?: unknown } })?.cause?.code === "EADDRINUSE";
+    const input = !portTaken && (error instanceof UsageError || error instanceof TypeError || error instanceof RangeError || code === "EG_POLICY_LOAD" || code === "EG_CA");
     process.exitCode = input ? 2 : 1;
     const text = failureText(error, source);
     // With --log-format json every line on stderr is one JSON object, this last one too (a

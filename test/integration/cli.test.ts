@@ -727,6 +727,17 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     await until(() => childPids(primary).length === 0, 5_000, "no workers left");
   });
 
+  it.each(["--listen", "--metrics-listen"])("a port in use (%s) exits 1, as the machine's state and not a bad option", async (flag) => {
+    const busy = createServer();
+    await new Promise<void>((resolve) => busy.listen(0, "127.0.0.1", () => resolve()));
+    onTestFinished(() => void busy.close());
+    const taken = `127.0.0.1:${(busy.address() as { port: number }).port}`;
+    const flags = flag === "--listen" ? ["--listen", taken] : ["--listen", "127.0.0.1:0", "--metrics-listen", taken];
+    const result = await runCli([...flags, "--ca-dir", join(tempDir(), "ca")]);
+    expect(result.code).toBe(1);
+    expect(result.stderr).toMatch(flag === "--listen" ? /EADDRINUSE/ : /--metrics-listen: cannot listen on 127\.0\.0\.1:\d+ \(EADDRINUSE\)/);
+  });
+
   it.each([["--workers", "2"], ["--workers", "1"]])("a bad option with a policy loaded (%s %s) exits 2 at once", async (...workers) => {
     const result = await runCli([...workers, "--listen", "127.0.0.1:0", "--hooks-script", join(root, "policies", "strip-tracking.js"), "--upstream-ca", "/nonexistent/ca.pem"]);
     expect(result.code).toBe(2);
