@@ -23,7 +23,7 @@ const flagDocs: Partial<Record<FlagPath, string>> = {
   allowHosts: "host pattern that may be reached (* matches any run); repeatable",
   allowInternalHosts: "host pattern that may resolve to internal addresses; repeatable",
   blockInternalRanges: "refuse internal addresses (--no-block-internal-ranges to allow)",
-  followRedirectsTo: "host pattern that redirects may still reach with --secret-redirects refuse; repeatable",
+  followRedirectsTo: "host pattern that redirects may still reach over https:// with --secret-redirects refuse; repeatable",
   auth: 'the guest (named "default") must send credentials (egressgate env --guest default); --no-auth serves without them even beyond loopback',
   guestEnvFile: "write the guest environment (KEY=value lines) to FILE; with several guests, FILE.<guest> each",
   hooksTimeoutMs: "time limit for one policy call, 1 to 60000 (502 beyond); needs --hooks-script",

@@ -217,7 +217,7 @@ const secretNode = object(
     hosts: { ...hostPatterns("The hosts the value may be sent to; the placeholder is refused anywhere else."), minItems: 1, required: true },
     value: secretValueNode,
     secretRedirects: redirectMode("This secret's redirect mode, over the guest's."),
-    followRedirectsTo: hostPatterns('Hosts this secret\'s redirects may still reach in "refuse" mode.'),
+    followRedirectsTo: hostPatterns('Hosts this secret\'s redirects may still reach over https:// in "refuse" mode.'),
   },
   "One secret: the guest holds a placeholder, the proxy puts the value in on the way out.",
 );
@@ -229,8 +229,8 @@ const guestFields = {
   blockInternalRanges: boolean("Refuse loopback, private, link-local and other internal addresses.", { default: defaults.guest.blockInternalRanges }),
   secrets: map("secret name", checkSecretName, secretNode, "Secrets the guest holds only as placeholders."),
   replaceSecretsInQuery: boolean("Also substitute placeholders in query strings.", { default: defaults.guest.replaceSecretsInQuery }),
-  secretRedirects: redirectMode('A redirect leaving a sent secret\'s hosts: "scan" it for the value, or "refuse" it.'),
-  followRedirectsTo: hostPatterns('Hosts that redirects may still reach with secretRedirects: "refuse".'),
+  secretRedirects: redirectMode('A redirect leaving a sent secret\'s hosts, or going to plain http://: "scan" it for the value, or "refuse" it.'),
+  followRedirectsTo: hostPatterns('Hosts that redirects may still reach over https:// with secretRedirects: "refuse".'),
   hooksScript: list(
     string("a file path", "A tier-2 policy file."),
     "a file path or a list of them",

@@ -73,12 +73,13 @@ export interface HttpHooksOptions extends HttpHooks {
   /** Also substitute placeholders in the query string (names and values). Default: false. */
   readonly replaceSecretsInQuery?: boolean;
   /**
-   * A redirect hop that leaves the hosts of a secret the request carried: `"scan"` (default)
-   * follows it unless its URL or headers hold the value in any common encoding; `"refuse"`
-   * refuses it unless its host is in `followRedirectsTo`. A secret may set its own.
+   * A redirect hop that leaves the hosts of a secret the request carried, or goes to plain
+   * http://: `"scan"` (default) follows it unless its URL or headers hold the value in any
+   * common encoding; `"refuse"` refuses it unless it goes over https:// to a host in
+   * `followRedirectsTo`. A secret may set its own.
    */
   readonly secretRedirects?: SecretRedirects;
-  /** Host patterns that redirects may reach after all, for secrets in `"refuse"` mode. A secret may set its own. */
+  /** Host patterns that redirects may reach after all over https://, for secrets in `"refuse"` mode. A secret may set its own. */
   readonly followRedirectsTo?: readonly string[];
   /**
    * Derive secret placeholders from this key (at least 32 characters) instead of at random, so

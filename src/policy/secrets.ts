@@ -10,7 +10,8 @@ import { findFirst, maxExpansion, needle, NeedleSet, redactText, scan, ScanBudge
 /**
  * What happens to a redirect hop that leaves the hosts of a secret the request carried:
  * `"scan"` follows it unless the hop's URL or headers hold the value in some encoding;
- * `"refuse"` refuses it whatever it holds, unless its host is in `followRedirectsTo`.
+ * `"refuse"` refuses it whatever it holds, unless its host is in `followRedirectsTo` and it
+ * stays on https://. A hop to plain http://, even to the secret's own hosts, is such a hop.
  */
 export type SecretRedirects = "scan" | "refuse";
 
@@ -488,7 +489,8 @@ export class SecretStore {
    * Called before a redirect hop is followed (issue 14). `substituted` names the secrets whose
    * values this request carried on an earlier hop. For each whose hosts the hop leaves (or
    * that the hop would send over plain http://):
-   * - `"refuse"`: the hop is refused, unless its host matches the secret's `followRedirectsTo`;
+   * - `"refuse"`: the hop is refused, unless it goes over https:// to a host that matches the
+ *   secret's `followRedirectsTo` (a hop to plain http:// is refused even to the secret's hosts);
    * - then, in both modes, the hop's URL (userinfo, host, path, query and fragment, and the
    *   Location as sent) and every header are decoded and searched for the value, and a match
    *   refuses the hop. So does a hop too complex to search within the scan's budget.
@@ -508,6 +510,17 @@ export class SecretStore {
       if (e === undefined) continue;
       const inScope = !e.deleted && e.matcher.match(hostname) !== undefined;
       if (inScope && secure) continue;
+      if (e.redirects === "refuse" && !secure) {
+        // Even to its own hosts, or to followRedirectsTo (which admits hosts, not cleartext): a
+        // copy the scan cannot see (split over two parameters) would cross the network readable
+        // by anyone on the path (black-box finding, sixth session).
+        throw secretDenied(
+          e.name,
+          `a redirect goes to plain http:// after this request carried secret ${e.name}; ` +
+            `with secretRedirects "refuse" a hop over plain http:// is never followed, whatever its host`,
+          `redirect over plain http:// to ${hostIsClean(hop, valuesOf([e])) ? `host "${hostname}"` : "a host that holds a copy of the value"}`,
+        );
+      }
       if (!inScope && e.redirects === "refuse" && e.followRedirectsTo.match(hostname) === undefined) {
         const to = hostIsClean(hop, valuesOf([e])) ? `host "${hostname}"` : "a host that holds a copy of the value";
         throw secretDenied(

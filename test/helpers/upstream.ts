@@ -168,11 +168,14 @@ export async function startUpstream(
     const names = options.names ?? ["api.test"];
     const contexts = await ca.serverContexts(names);
     const fallback = contexts.get(names[0]!)!;
+    // A connection without SNI (to an IP literal) gets the first name's key and certificate.
+    const defaults = (await ca.serverCredentials([names[0]!])).get(names[0]!)!;
     server = createHttpsServer(
       {
         SNICallback: (name: string, cb: (err: Error | null, ctx?: SecureContext) => void) => cb(null, contexts.get(name) ?? fallback),
-        secureContext: fallback,
-      } as Parameters<typeof createHttpsServer>[0],
+        key: defaults.key,
+        cert: defaults.cert,
+      },
       handler,
     );
   }

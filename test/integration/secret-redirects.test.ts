@@ -184,3 +184,100 @@ describe("secretRedirects: refuse", () => {
     expect(s.foreignHits()).toBe(1);
   });
 });
+
+/**
+ * Where a hop from the secret's host goes, and what its URL holds. A black-box run (sixth
+ * session) found `refuse` following a hop to plain http:// on the secret's own host, where a
+ * copy split over two parameters (which no scan sees) then crossed the network in cleartext.
+ */
+type HopKind = "same host, https" | "same host, http" | "other host, https" | "other host, http" | "IP literal, https";
+type Content = "nothing of the value" | "a copy" | "a copy split in two";
+
+const contents: Record<Content, (value: string) => string> = {
+  "nothing of the value": () => "?x=1",
+  "a copy": (v) => `?state=${encodeURIComponent(v)}`,
+  "a copy split in two": (v) => `?a=${encodeURIComponent(v.slice(0, 10))}&b=${encodeURIComponent(v.slice(10))}`,
+};
+
+/** Expected status per hop kind, for [nothing, a copy, a split copy]. */
+const matrix: { mode: string; hooks: Partial<HttpHooksOptions>; expect: Record<HopKind, [number, number, number]> }[] = [
+  {
+    mode: "scan",
+    hooks: {},
+    expect: {
+      // Within the secret's hosts over https:// is followed whatever it carries.
+      "same host, https": [200, 200, 200],
+      // Everything else is scanned: a copy is refused, a split copy is what scan cannot see (the README's trade).
+      "same host, http": [200, 403, 200],
+      "other host, https": [200, 403, 200],
+      "other host, http": [200, 403, 200],
+      "IP literal, https": [200, 403, 200],
+    },
+  },
+  {
+    mode: "refuse",
+    hooks: { secretRedirects: "refuse" },
+    expect: {
+      "same host, https": [200, 200, 200],
+      "same host, http": [403, 403, 403],
+      "other host, https": [403, 403, 403],
+      "other host, http": [403, 403, 403],
+      "IP literal, https": [403, 403, 403],
+    },
+  },
+  {
+    mode: "refuse, with every host in followRedirectsTo",
+    hooks: { secretRedirects: "refuse", followRedirectsTo: ["api.test", "other.test", "127.0.0.1"] },
+    expect: {
+      "same host, https": [200, 200, 200],
+      // followRedirectsTo admits hosts, not cleartext: plain http:// is refused whatever the host.
+      "same host, http": [403, 403, 403],
+      "other host, https": [200, 403, 200],
+      "other host, http": [403, 403, 403],
+      "IP literal, https": [200, 403, 200],
+    },
+  },
+];
+
+describe("secretRedirects: every mode against every kind of hop", () => {
+  it.each(matrix)("with secretRedirects $mode, each hop is followed or refused as the table says, and a refused one reaches nothing", async ({ hooks, expect: expected }) => {
+    const tls = await startUpstream({ names: ["api.test", "other.test"] });
+    const plain = await startUpstream({ tls: false });
+    const ip = await startUpstream({ names: ["127.0.0.1"] });
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test", "other.test", "127.0.0.1"],
+      secrets: { TOKEN: { hosts: ["api.test"], value: VALUE } },
+      ...hooks,
+    });
+    const placeholder = proxy.guestEnv()["TOKEN"]!;
+    const hops: Record<HopKind, { origin: string; upstream: Upstream }> = {
+      "same host, https": { origin: `https://api.test:${tls.port}`, upstream: tls },
+      "same host, http": { origin: `http://api.test:${plain.port}`, upstream: plain },
+      "other host, https": { origin: `https://other.test:${tls.port}`, upstream: tls },
+      "other host, http": { origin: `http://other.test:${plain.port}`, upstream: plain },
+      "IP literal, https": { origin: `https://127.0.0.1:${ip.port}`, upstream: ip },
+    };
+    const got: string[] = [];
+    const want: string[] = [];
+    for (const [kind, { origin, upstream }] of Object.entries(hops) as [HopKind, { origin: string; upstream: Upstream }][]) {
+      for (const [i, content] of (Object.keys(contents) as Content[]).entries()) {
+        const location = `${origin}/echo${contents[content](VALUE)}`;
+        const before = upstream.hits();
+        const res = await fetchVia(proxy, `https://api.test:${tls.port}/redirect?to=${encodeURIComponent(location)}`, {
+          headers: { authorization: `Bearer ${placeholder}` },
+        });
+        // The hop's upstream is reached exactly when the hop is followed (the first hop is counted on tls).
+        const reached = upstream.hits() - before - (upstream === tls ? 1 : 0);
+        got.push(`${kind} carrying ${content}: ${res.status}, reached ${reached}`);
+        const status = expected[kind][i]!;
+        want.push(`${kind} carrying ${content}: ${status}, reached ${status === 200 ? 1 : 0}`);
+        if (res.status === 403) expect(res.text, `${kind} carrying ${content}`).toMatch(/secret TOKEN/);
+      }
+    }
+    expect(got).toEqual(want);
+    // Nothing of the value reached a plain-http upstream, nor any other host, in any form the echo shows.
+    for (const seen of [...plain.seen, ...ip.seen, ...tls.seen.filter((s) => String(s.headers["host"]).startsWith("other.test"))]) {
+      expect(JSON.stringify(seen.headers)).not.toContain("S3cr3t");
+    }
+  });
+});

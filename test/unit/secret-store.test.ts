@@ -72,6 +72,17 @@ describe("SecretStore.checkRedirect", () => {
     expect(thrown(() => strict.checkRedirect(hop("https://cdn.other.test/blob"), sent)).detail).toBe('redirect to host "cdn.other.test"');
   });
 
+  it('in "refuse" mode a hop to plain http:// is refused even to its own hosts, naming the host only when it holds no copy', () => {
+    const strict = store({ T: { hosts: ["*.api.test"], value: VALUE, secretRedirects: "refuse", followRedirectsTo: ["*.test"] } });
+    const clean = thrown(() => strict.checkRedirect(hop("http://api.test/blob"), sent));
+    expect(clean.message).toMatch(/plain http:\/\/ .*secretRedirects "refuse"/);
+    expect(clean.detail).toBe('redirect over plain http:// to host "api.test"');
+    const label = Buffer.from(VALUE).toString("base64url");
+    const to = `http://${label}.api.test/`;
+    const copy = thrown(() => strict.checkRedirect(hop(to.toLowerCase(), [], to), sent));
+    expect(`${copy.message} ${copy.detail ?? ""}`).not.toContain(label.toLowerCase());
+  });
+
   it("never quotes the host the redirect came from: an earlier hop's host may hold a lowercased copy", () => {
     const wild = store({ T: { hosts: ["*.api.test"], value: VALUE } });
     const label = Buffer.from(VALUE).toString("base64url").toLowerCase();
