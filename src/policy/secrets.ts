@@ -341,6 +341,7 @@ export class SecretStore {
     for (let i = 0; i < raw.length; i += 2) {
       const name = raw[i]!;
       const value = raw[i + 1]!;
+      this.checkName(name, hostname, secure);
       room.left -= name.length + 4;
       let next = this.substitute(value, hostname, secure, `header ${name}`, undefined, substituted, room);
       if (credentialHeaders.has(name.toLowerCase())) next = this.substituteBasic(next, hostname, secure, name, substituted, room);
@@ -596,6 +597,36 @@ export class SecretStore {
     }
   }
 
+  /**
+   * A header name is never substituted, so a placeholder in one is refused whatever the host (on
+   * the secret's own host it would go out as the placeholder, a mistake better reported; to any
+   * other it would hand the placeholder to a host outside the secret's hosts: a black-box
+   * finding). A real value in a name is refused where it would be in a value. Names are
+   * case-insensitive (HTTP/2 lowercases them), so both are compared case-folded.
+   */
+  private checkName(name: string, hostname: string, secure: boolean): void {
+    // A placeholder is 66 characters: most names are shorter than it and than any value.
+    let folded: string | undefined;
+    for (const e of this.entries.values()) {
+      const inScope = !e.deleted && e.matcher.match(hostname) !== undefined;
+      if (!e.deleted && name.length >= e.placeholder.length) {
+        folded ??= name.toLowerCase();
+        if (folded.includes(e.placeholder.toLowerCase())) {
+          throw secretDenied(
+            e.name,
+            inScope
+              ? `a header name carries the placeholder of secret ${e.name}; a placeholder is substituted in header values, never in names`
+              : `a header name carries the placeholder of secret ${e.name} to host "${hostname}", which is not in its hosts`,
+          );
+        }
+      }
+      if (holdsAValueOfLength(e, name.length)) {
+        folded ??= name.toLowerCase();
+        refuseValues(e, folded, hostname, inScope, secure, "a header name", true);
+      }
+    }
+  }
+
   /** Checks and substitutes one piece of text; `encode` wraps the value (the query escapes it). */
   private substitute(
     text: string,
@@ -720,6 +751,13 @@ export const maxRetired = 64;
 function retire(entry: Entry, value: string): void {
   entry.retired.push(value);
   if (entry.retired.length > maxRetired) entry.retired.shift();
+}
+
+/** Whether `e` has a value, current or retired, no longer than `length`: one a text that long could hold. */
+function holdsAValueOfLength(e: Entry, length: number): boolean {
+  if (e.value !== "" && e.value.length <= length) return true;
+  for (const old of e.retired) if (old !== "" && old.length <= length) return true;
+  return false;
 }
 
 /** Every value, current and retired, of the entries. */

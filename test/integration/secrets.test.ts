@@ -272,3 +272,50 @@ describe("secrets and redirects to plain HTTP", () => {
     expect(plain.hits()).toBe(0);
   });
 });
+
+/**
+ * A header name is never substituted, and the README has every placeholder "in a header or URL"
+ * refused: a black-box run (sixth session) sent `EGRESSGATE_SECRET_…: x` to a host outside the
+ * secret's hosts, and it arrived there (lowercased). The real value in a name is refused where
+ * it would be in a value.
+ */
+describe("a secret in a header name", () => {
+  const NAME_SAFE = "tok3n-Value-0123456789abcdef";
+  type Name = (placeholder: string) => string;
+  const names: Record<string, Name> = {
+    "the placeholder as issued": (p) => p,
+    "the placeholder in upper case": (p) => p.toUpperCase(),
+    "the placeholder inside a longer name": (p) => `x-${p}-y`,
+  };
+  const rows: { guest: "HTTP/1.1" | "HTTP/2"; host: "its own host" | "another host"; what: string; status: number; reason?: RegExp }[] = [];
+  for (const guest of ["HTTP/1.1", "HTTP/2"] as const) {
+    for (const what of Object.keys(names)) {
+      rows.push({ guest, host: "another host", what, status: 403, reason: /header name carries the placeholder of secret GH_TOKEN to host "other.test"/ });
+      rows.push({ guest, host: "its own host", what, status: 403, reason: /header name carries the placeholder of secret GH_TOKEN; a placeholder is substituted in header values, never in names/ });
+    }
+    rows.push({ guest, host: "another host", what: "the real value", status: 403, reason: /header name carries the value of secret NAMED to host "other.test"/ });
+    // A value the guest knows may go to the secret's own host, in a name as in a value.
+    rows.push({ guest, host: "its own host", what: "the real value", status: 200 });
+  }
+
+  it.each(rows)("$what as a header name to $host over an $guest guest gets $status", async ({ guest, host, what, status, reason }) => {
+    const upstream = await startUpstream({ names: ["api.test", "other.test"] });
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test", "other.test"],
+      secrets: { GH_TOKEN: { hosts: ["api.test"], value: VALUE }, NAMED: { hosts: ["api.test"], value: NAME_SAFE } },
+    });
+    const name = what === "the real value" ? NAME_SAFE : names[what]!(proxy.guestEnv()["GH_TOKEN"]!);
+    const authority = `${host === "its own host" ? "api.test" : "other.test"}:${upstream.port}`;
+    let answer: { status: number; text: string };
+    if (guest === "HTTP/1.1") answer = await fetchVia(proxy, `https://${authority}/echo`, { headers: { [name]: "x" } });
+    else {
+      const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+      const res = await h2Request(session, { ":path": "/echo", [name]: "x" });
+      answer = { status: res.status, text: res.body.toString() };
+    }
+    expect(answer.status, answer.text).toBe(status);
+    if (reason !== undefined) expect(answer.text).toMatch(reason);
+    else expect((JSON.parse(answer.text) as Echo).headers[name.toLowerCase()]).toBe("x");
+    expect(upstream.hits()).toBe(status === 200 ? 1 : 0);
+  });
+});
