@@ -12,7 +12,10 @@
  * from, so a match can be cut out of the original (redaction) as well as reported.
  *
  * Decoded bytes are held as Latin-1 characters (one character per byte), so each value is also
- * looked for as its UTF-8 bytes in that form; for ASCII values the two are the same.
+ * looked for as its UTF-8 bytes in that form, which is also how a header holds it once
+ * substituted; for ASCII values the forms are the same. A server that reads that header (as
+ * Latin-1, as Node does) and writes it out again as UTF-8 (a JSON echo, `Buffer.from(header)` into
+ * base64) makes its bytes UTF-8 twice, the third form looked for.
  */
 import { decoders, spanEnd, spanStart, type DecodeContext, type View } from "./scan-decoders.js";
 
@@ -78,16 +81,20 @@ export const maxExpansion = 6 ** maxDepth;
 /** A value to look for, under the name reported with it. */
 export interface Needle {
   readonly name: string;
-  /** The value as text, and as its UTF-8 bytes in Latin-1 form: both lowercased by {@link fold}. */
+  /**
+   * The value as text, as its UTF-8 bytes in Latin-1 form, and as those bytes' Latin-1 characters
+   * encoded in UTF-8 again (in Latin-1 form): all lowercased by {@link fold}, each once.
+   */
   readonly forms: readonly string[];
   /** Length in bytes of the shortest form. */
   readonly bytes: number;
 }
 
 export function needle(name: string, value: string): Needle {
-  const text = fold(value);
-  const bytes = fold(Buffer.from(value, "utf8").toString("latin1"));
-  return { name, forms: text === bytes ? [text] : [text, bytes], bytes: Math.min(text.length, bytes.length) };
+  const utf8 = Buffer.from(value, "utf8").toString("latin1");
+  const twice = Buffer.from(utf8, "utf8").toString("latin1");
+  const forms = [...new Set([value, utf8, twice].map(fold))];
+  return { name, forms, bytes: Math.min(...forms.map((form) => form.length)) };
 }
 
 /** Needles with what decoders need to know of them, worked out once. */

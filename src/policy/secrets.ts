@@ -343,7 +343,7 @@ export class SecretStore {
       const value = raw[i + 1]!;
       this.checkName(name, hostname, secure);
       room.left -= name.length + 4;
-      let next = this.substitute(value, hostname, secure, `header ${name}`, undefined, substituted, room);
+      let next = this.substitute(value, hostname, secure, `header ${name}`, headerForm, substituted, room);
       if (credentialHeaders.has(name.toLowerCase())) next = this.substituteBasic(next, hostname, secure, name, substituted, room);
       if (next !== value) changed = true;
       headers.push(name, next);
@@ -384,11 +384,12 @@ export class SecretStore {
   /**
    * How long, in bytes, a copy of a value the scan recognises can be: the longest value, current
    * or retired, in its longest encoding ({@link maxExpansion}), and a little more. 0 without
-   * values.
+   * values. A value is counted as its UTF-8 bytes encoded in UTF-8 again, the longest form the
+   * scan looks for (see secret-scan.ts).
    */
   reach(): number {
     let longest = 0;
-    for (const e of this.entries.values()) for (const v of [e.value, ...e.retired]) longest = Math.max(longest, Buffer.byteLength(v));
+    for (const e of this.entries.values()) for (const v of [e.value, ...e.retired]) longest = Math.max(longest, Buffer.byteLength(headerForm(v)));
     return longest === 0 ? 0 : maxExpansion * longest + 16;
   }
 
@@ -472,15 +473,21 @@ export class SecretStore {
     return this.redact(out, undefined, tally);
   }
 
-  /** Current values replaced by their placeholders, longest value first (one value may hold another). */
+  /**
+   * Current values replaced by their placeholders, longest value first (one value may hold
+   * another): as text, and as a header holds them once substituted ({@link headerForm}).
+   */
   private toPlaceholders(text: string, tally?: ConcealTally): string {
     let out = text;
-    const live = [...this.entries.values()].filter((e) => !e.deleted).sort((a, b) => b.value.length - a.value.length);
-    for (const e of live) {
-      if (!out.includes(e.value)) continue;
-      out = out.replaceAll(e.value, () => {
-        if (tally !== undefined) tallyReplacement(tally, e.value, e.placeholder);
-        return e.placeholder;
+    const forms = [...this.entries.values()]
+      .filter((e) => !e.deleted)
+      .flatMap((e) => [...new Set([e.value, headerForm(e.value)])].map((form) => ({ form, placeholder: e.placeholder })))
+      .sort((a, b) => b.form.length - a.form.length);
+    for (const { form, placeholder } of forms) {
+      if (!out.includes(form)) continue;
+      out = out.replaceAll(form, () => {
+        if (tally !== undefined) tallyReplacement(tally, form, placeholder);
+        return placeholder;
       });
     }
     return out;
@@ -782,20 +789,40 @@ function hostIsClean(hop: RedirectHop, needles: NeedleSet): boolean {
 /**
  * Refuses `text` if it holds a retired value of `e` anywhere, or its current value bound for a
  * host outside its hosts or over plain http://. `fold` compares case-insensitively (`text` is
- * already lowercased).
+ * already lowercased). Each value is looked for as text and in {@link headerForm} (its UTF-8
+ * bytes as Latin-1 characters): a header holds it that way once substituted, and so reads a
+ * value a guest sent as UTF-8.
  */
 function refuseValues(e: Entry, text: string, hostname: string, inScope: boolean, secure: boolean, where: string, fold: boolean): void {
-  const current = fold ? e.value.toLowerCase() : e.value;
+  const spellings = (v: string): string[] => {
+    const wire = headerForm(v);
+    const forms = wire === v ? [v] : [v, wire];
+    return fold ? forms.map((form) => form.toLowerCase()) : forms;
+  };
+  const current = spellings(e.value);
   for (const retired of e.retired) {
-    const old = fold ? retired.toLowerCase() : retired;
-    if (old !== "" && text.includes(old) && !onlyInside(text, old, current)) {
-      throw secretDenied(e.name, `${where} carries a retired value of secret ${e.name}; rotated and deleted values are refused everywhere`);
+    if (retired === "") continue;
+    for (const [i, old] of spellings(retired).entries()) {
+      if (text.includes(old) && !onlyInside(text, old, current[i] ?? current[0]!)) {
+        throw secretDenied(e.name, `${where} carries a retired value of secret ${e.name}; rotated and deleted values are refused everywhere`);
+      }
     }
   }
-  if (e.deleted || !text.includes(current)) return;
+  if (e.deleted || !current.some((form) => text.includes(form))) return;
   if (!inScope) throw secretDenied(e.name, `${where} carries the value of secret ${e.name} to host "${hostname}", which is not in its hosts`);
   // A redirect to http:// carries the values substituted for the previous hop.
   if (!secure) throw secretDenied(e.name, `${where} carries the value of secret ${e.name} over plain http://; secrets are only sent over https://`);
+}
+
+/**
+ * A value as it travels in a header field: its UTF-8 bytes, one Latin-1 character each. Node
+ * writes a header's string as Latin-1 on both HTTP/1.1 and HTTP/2 (undici refuses a character
+ * past U+00FF on HTTP/1.1; HTTP/2 kept its low byte), and reads one back the same way, so the
+ * JavaScript string sent `pässwörd` as `70 e4 …` where the value is `70 c3 a4 …` (black-box
+ * finding). The same as `value` when it is ASCII.
+ */
+function headerForm(value: string): string {
+  return /[\u0080-\uffff]/.test(value) ? Buffer.from(value, "utf8").toString("latin1") : value;
 }
 
 /**

@@ -117,7 +117,9 @@ export async function serveUpgrade(
     const lines = [`${request.method} ${request.url.pathname}${request.url.search} HTTP/1.1`, `host: ${request.url.host}`];
     for (let i = 0; i < request.headers.length; i += 2) lines.push(`${request.headers[i]}: ${request.headers[i + 1]}`);
     lines.push("connection: Upgrade", "upgrade: websocket");
-    upstream.write(`${lines.join("\r\n")}\r\n\r\n`);
+    // Latin-1, as Node writes every other head: a header's string holds one byte a character (a
+    // substituted value's UTF-8 bytes, a guest's own bytes), which UTF-8 would encode again.
+    upstream.write(`${lines.join("\r\n")}\r\n\r\n`, "latin1");
     switched = await awaitSwitch(upstream, request.url.host, deps.headersMs);
     if (guestGone || socket.destroyed) throw gone();
   } catch (error) {

@@ -144,6 +144,43 @@ describe("SecretStore substitution", () => {
   });
 });
 
+// A header holds bytes, one Latin-1 character each; a value went in as its JavaScript string
+// (black-box finding, sixth session).
+describe("SecretStore: a value outside ASCII", () => {
+  const value = "pässwörd-€-🔑";
+  const wire = Buffer.from(value, "utf8").toString("latin1");
+
+  it("goes into a header as its UTF-8 bytes, into Basic credentials as UTF-8, and into the query percent-encoded", () => {
+    const secrets = new SecretStore({ T: { hosts: ["api.test"], value } }, true, (hosts) => hosts as string[]);
+    const placeholder = secrets.env()["T"]!;
+    const out = secrets.apply(
+      { url: new URL(`https://api.test/?k=${placeholder}`), headers: ["x-k", `<${placeholder}>`, "authorization", `Basic ${Buffer.from(`u:${placeholder}`).toString("base64")}`] },
+      "api.test",
+    );
+    expect(out?.headers[1]).toBe(`<${wire}>`);
+    expect(Buffer.from(out!.headers[3]!.slice(6), "base64").toString("utf8")).toBe(`u:${value}`);
+    expect(out?.url.search).toBe(`?k=${encodeURIComponent(value)}`);
+  });
+
+  it("is refused to another host as text or as a header's bytes, and after a rotation in either form", () => {
+    const secrets = store({ T: { hosts: ["api.test"], value } });
+    const to = (text: string): (() => unknown) => () => secrets.apply({ url: new URL("https://other.test/"), headers: ["x-k", text] }, "other.test");
+    expect(thrown(to(wire)).message).toContain("carries the value of secret T");
+    expect(thrown(to(value)).message).toContain("carries the value of secret T");
+    secrets.update("T", { value: "next-value-1234" });
+    expect(thrown(to(wire)).message).toContain("retired value of secret T");
+  });
+
+  it("is redacted, and turned back into its placeholder for a decider, in a header's bytes and in a Node echo of them", () => {
+    const secrets = store({ T: { hosts: ["api.test"], value } });
+    const placeholder = secrets.env()["T"]!;
+    const twice = Buffer.from(Buffer.from(wire, "utf8").toString("base64"), "base64").toString("latin1");
+    for (const text of [value, wire, twice, Buffer.from(wire, "utf8").toString("base64")]) expect(secrets.redact(`x ${text} y`)).toBe("x [REDACTED:T] y");
+    expect(secrets.placeholdersFor(`Bearer ${wire}`, "x-k")).toBe(`Bearer ${placeholder}`);
+    expect(secrets.placeholdersFor(`Basic ${Buffer.from(`u:${value}`).toString("base64")}`, "authorization")).toBe(`Basic ${Buffer.from(`u:${placeholder}`).toString("base64")}`);
+  });
+});
+
 // A 60 KB head repeating one placeholder became a 15 MB head with a 16 KiB value, built for each
 // request: 30 such requests on one connection took 700 MB (black-box finding).
 describe("SecretStore: the substituted head is bounded", () => {
