@@ -19,6 +19,8 @@ import type { DecisionLog } from "./decision-log.js";
 import type { RecordedNetwork } from "../record/network.js";
 import { withFields } from "../objects.js";
 import { makeIssue, OptionError } from "../option-error.js";
+import { deny } from "../policy/decision.js";
+import { cutRelay, OpenRelays, type OpenRelay, type RefusedRelay, type RelayRefusal } from "./open-relays.js";
 
 export interface GuestDeps {
   readonly config: ResolvedProxyOptions;
@@ -64,6 +66,8 @@ export class Guest {
   readonly resolved: ResolvedGuest;
   /** Tunnels and upgraded connections of this guest, with how each was known as it: closed when it is removed. */
   readonly connections = new Map<Socket, Binding>();
+  /** Its upgrades relayed now: a reload judges each again (see refusesRelay). */
+  readonly relays = new OpenRelays();
   removed = false;
   /** Removed by removeGuest or a reload, not by the proxy's close (whose drain reports its own cuts). */
   dropped = false;
@@ -71,10 +75,14 @@ export class Guest {
   private readonly pools: PinnedPools;
   /** The external deciders of the guest's chain: ended with the guest (their calls and processes). */
   private readonly deciders: readonly { close(): Promise<void> }[];
+  /** The guest that took over from this one at a reload: where an upgrade checked by this one is judged as it opens. */
+  private successor: Guest | undefined;
+  private readonly log: Logger;
 
   constructor(resolved: ResolvedGuest, key: string, deps: GuestDeps) {
     const { config, log, authority } = deps;
     this.name = resolved.name;
+    this.log = log;
     this.resolved = resolved;
     this.token = guestToken(key, resolved.name);
     this.digest = tokenDigest(this.token);
@@ -138,6 +146,7 @@ export class Guest {
       redact: deps.redact,
       connect: { upstreamContext: authority.upstreamContext, timeoutMs: config.timeouts.upstreamConnectMs, recheck },
       offline: deps.network?.replaying === true ? "a WebSocket or other upgrade cannot be answered from a recording (--replay)" : undefined,
+      admit: (relay) => this.admit(relay),
     };
   }
 
@@ -183,6 +192,7 @@ export class Guest {
    * left the guest's `sources`) is not taken: it is returned, for the reload to close.
    */
   adopt(previous: Guest): Unbound[] {
+    previous.successor = this;
     const unbound: Unbound[] = [];
     for (const [socket, binding] of previous.connections) {
       if (this.holds(binding, previous)) this.bind(socket, binding);
@@ -192,10 +202,69 @@ export class Guest {
       }
     }
     previous.connections.clear();
+    // A relay's guest was checked as it opened, and its traffic is never judged again: without
+    // this, a host the reload took away stayed reachable through it for as long as it stayed open.
+    this.cutRefused(this.relays.takeOver(previous.relays, (relay) => this.refusesRelay(relay)));
     // The values the reload rotated or removed stay refused and redacted.
     const before = previous.policy.config.secrets;
     if (before !== undefined) this.policy.config.secrets?.inherit(before);
     return unbound;
+  }
+
+  /**
+   * Whether this guest's configuration refuses a relay opened under an earlier one: the
+   * allowlist for its host, and the address rules (internal ranges, allowedInternalHosts, the
+   * proxy's own addresses) for the address it is connected to. Only these are judged again:
+   * hooks, policies and deciders judge a request, and a relay has none left to show them. Its
+   * guest's identity is the binding's (see holds), judged with the tunnels.
+   */
+  refusesRelay(relay: OpenRelay): RelayRefusal | undefined {
+    const { url, address } = relay;
+    const port = Number(url.port || (url.protocol === "https:" ? 443 : 80));
+    // A spread copy of createHttpHooks' hooks leaves the native policy open and its rules to the
+    // generated functions; the configuration they carry (connectPolicy) is the one to judge by.
+    for (const policy of this.connectPolicy === this.policy ? [this.policy] : [this.policy, this.connectPolicy]) {
+      const host = policy.checkHost(url.hostname);
+      if (!host.allowed) return { phase: "allowlist", decision: host };
+      const reach = policy.checkAddress(url.hostname, address, port);
+      if (!reach.allowed) return { phase: "address", decision: reach };
+    }
+    return undefined;
+  }
+
+  /**
+   * Takes a relay that this guest checked as it opens. When a reload replaced the guest while the
+   * upgrade was checked, the guest that serves now judges it first: the checks before the reload
+   * must not open a relay that the reload's configuration refuses, for as long as it stays open.
+   */
+  private admit(relay: OpenRelay): RelayRefusal | undefined {
+    const holder = this.current();
+    if (holder.removed) return { phase: "guest", decision: deny("declarative", "removed", removedRefusal(holder.name)) };
+    const refusal = holder === this ? undefined : holder.refusesRelay(relay);
+    if (refusal === undefined) holder.relays.add(relay);
+    return refusal;
+  }
+
+  /** The guest of this name that serves now: this one, or the last to take over from it. */
+  private current(): Guest {
+    let guest = this.successor;
+    if (guest === undefined) return this;
+    while (guest.successor !== undefined) guest = guest.successor;
+    return guest;
+  }
+
+  /** Closes the relays a reload no longer allows, with one line that says why. */
+  private cutRefused(refused: readonly RefusedRelay[]): void {
+    if (refused.length === 0) return;
+    for (const { relay } of refused) cutRelay(relay);
+    const reasons = new Set(refused.map(({ refusal }) => refusal.decision.reason));
+    const targets = [...new Set(refused.map(({ relay }) => relay.target))];
+    this.log.info("relays closed", {
+      guest: this.name,
+      relays: refused.length,
+      reason: `closed by a reload: ${[...reasons].join("; ")}`,
+      targets: targets.length > maxListedTargets ? [...targets.slice(0, maxListedTargets), `… ${targets.length - maxListedTargets} more`] : targets,
+    });
   }
 
   /** After a reload replaced it: its upstream pools close once their in-flight requests finish. */
@@ -212,11 +281,15 @@ export class Guest {
     this.removed = true;
     this.dropped = why === "removed";
     for (const socket of this.connections.keys()) socket.destroy();
+    this.relays.cutAll();
     // At the proxy's close, what is still under way is the drain's to report.
     const refusal = why === "removed" ? removedRefusal(this.name) : undefined;
     await Promise.all([this.pools.destroy(refusal), ...this.deciders.map((decider) => decider.close())]);
   }
 }
+
+/** The relays' targets a "relays closed" line names; past them, it says how many more. */
+const maxListedTargets = 16;
 
 /** The answer to a request whose guest was removed (removeGuest, a reload) before it went out. */
 export function removedRefusal(name: string): string {

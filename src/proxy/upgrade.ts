@@ -1,6 +1,6 @@
 import type { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
-import { EgressError, guestError } from "../errors.js";
+import { denied, EgressError, guestError } from "../errors.js";
 import { errorFields, type DecisionLog } from "./decision-log.js";
 import type { Pipeline } from "../pipeline/pipeline.js";
 import { connectPinned, type PinnedSocketOptions } from "../upstream/pinned-socket.js";
@@ -13,6 +13,8 @@ import { tunnelOf } from "./tunnel.js";
 import { withFields } from "../objects.js";
 import { relay } from "./relay.js";
 import { SwitchReader, type Switched } from "./switch-head.js";
+import type { OpenRelay, RelayRefusal } from "./open-relays.js";
+import { declarativeEntry } from "../pipeline/verdicts.js";
 
 export interface UpgradeDeps {
   /** The guest the upgrade is for: its pipeline, and its name in the decision log. */
@@ -26,6 +28,12 @@ export interface UpgradeDeps {
   readonly connect: Omit<PinnedSocketOptions, "url" | "address">;
   /** Set while replaying a recording (`--replay`): why no upgrade can be served (502, after every check). */
   readonly offline?: string | undefined;
+  /**
+   * Hands the relay about to start to the guest that holds it now, which keeps it for a reload
+   * to judge again. A reload that replaced the guest while this upgrade was checked judges it
+   * first: its refusal answers the guest 403 instead of the 101.
+   */
+  readonly admit?: ((relay: OpenRelay) => RelayRefusal | undefined) | undefined;
 }
 
 /** What a guest may send after its upgrade request and before the 101 (WebSocket frames, say). */
@@ -61,6 +69,7 @@ export async function serveUpgrade(
   let target = loggableRequestTarget(req.url ?? "", tunnelOf(socket));
   let upstream: Socket | undefined;
   let switched: Switched;
+  let connected: ResolvedAddress;
   // With an audit log or onDecision: each source's say, and the decision that let it out.
   const trace: TraceEntry[] | undefined = deps.decide.auditing ? [] : undefined;
   let decision: Decision | undefined;
@@ -112,7 +121,7 @@ export async function serveUpgrade(
     const { request, addresses } = authorized;
     decision = authorized.decision;
     if (guestGone) throw gone();
-    upstream = await connectFirst(request.url, addresses, deps);
+    ({ socket: upstream, address: connected } = await connectFirst(request.url, addresses, deps));
     if (guestGone) throw gone();
     const lines = [`${request.method} ${request.url.pathname}${request.url.search} HTTP/1.1`, `host: ${request.url.host}`];
     for (let i = 0; i < request.headers.length; i += 2) lines.push(`${request.headers[i]}: ${request.headers[i + 1]}`);
@@ -122,6 +131,13 @@ export async function serveUpgrade(
     upstream.write(`${lines.join("\r\n")}\r\n\r\n`, "latin1");
     switched = await awaitSwitch(upstream, request.url.host, deps.headersMs);
     if (guestGone || socket.destroyed) throw gone();
+    // Last: once admitted, the relay is its guest's, and nothing here may fail any more.
+    const judged = performance.now();
+    const refusal = deps.admit?.({ guestSide: socket, upstream, url: request.url, address: connected, target });
+    if (refusal !== undefined) {
+      trace?.push(declarativeEntry(refusal.phase, refusal.decision, judged));
+      throw denied(refusal.decision.reason, refusal.decision.detail);
+    }
   } catch (error) {
     socket.off("data", onEarly);
     socket.off("end", onGuestClose);
@@ -176,12 +192,12 @@ export async function serveUpgrade(
   relay(socket, upstream, deps.idleMs);
 }
 
-async function connectFirst(url: URL, addresses: readonly ResolvedAddress[], deps: UpgradeDeps): Promise<Socket> {
+async function connectFirst(url: URL, addresses: readonly ResolvedAddress[], deps: UpgradeDeps): Promise<{ socket: Socket; address: ResolvedAddress }> {
   if (deps.offline !== undefined) throw new EgressError("EG_REPLAY_UNSUPPORTED", 502, deps.offline);
   let lastError: unknown;
   for (const address of addresses) {
     try {
-      return await connectPinned(withFields(deps.connect, { url, address }));
+      return { socket: await connectPinned(withFields(deps.connect, { url, address })), address };
     } catch (error) {
       if (error instanceof EgressError) throw error;
       lastError = error;
