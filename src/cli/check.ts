@@ -17,6 +17,7 @@ import { resolveProxyOptions, type ResolvedProxyOptions } from "../proxy/options
 import { PinnedPools } from "../upstream/pinned-pools.js";
 import { Resolver, type ResolvedAddress } from "../upstream/resolve.js";
 import { UsageError } from "./usage-error.js";
+import { shownUrl } from "../policy/hidden-url.js";
 
 /** `egressgate check`: one request, evaluated offline by the real pipeline. */
 export interface CheckCommand {
@@ -169,7 +170,8 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
   let reachedUpstream = false;
   const offline: Executor = {
     async send(request, address) {
-      wouldSend.push({ method: request.method, url: redact(request.url.href), address: address.ip });
+      // A hop whose Location held a value is named by its origin, as the proxy's own outputs name it.
+      wouldSend.push({ method: request.method, url: redact(shownUrl(request.url, request.hiddenPath)), address: address.ip });
       if (command.response === undefined) {
         reachedUpstream = true;
         throw new ReachedUpstream("would send upstream");

@@ -1,4 +1,5 @@
-import type { ConcealTally } from "../policy/secret-scan.js";
+import { hiddenCopies, hiddenPath, shownUrl } from "../policy/hidden-url.js";
+import { maxExpansion, needle, NeedleSet, redactText, type ConcealTally } from "../policy/secret-scan.js";
 import type { SecretStore } from "../policy/secrets.js";
 import type { DeciderPhase } from "./options.js";
 
@@ -81,23 +82,46 @@ export function headerObject(list: readonly string[], conceal: Conceal): Record<
   return out;
 }
 
-/** The request part of the document. */
-export function requestPart(method: string, url: URL, headers: readonly string[], conceal: Conceal): DecisionDocument["request"] {
+/**
+ * The request part of the document. `hidden`: the request is a redirect hop whose path and
+ * query are shown as `/[REDACTED:NAME]` (OutboundRequest.hiddenPath).
+ */
+export function requestPart(method: string, url: URL, headers: readonly string[], conceal: Conceal, hidden?: string): DecisionDocument["request"] {
   const scheme = url.protocol.slice(0, -1);
   const hostname = url.hostname.startsWith("[") ? url.hostname.slice(1, -1) : url.hostname;
   const href = url.hash === "" ? url.href : url.href.slice(0, url.href.length - url.hash.length);
+  // Concealed whole, then split: a value that holds `?` lies across the path and the query, and
+  // neither half alone was recognised (black-box finding).
+  const target = hidden === undefined ? conceal(`${url.pathname}${url.search}`) : hiddenPath(hidden);
+  const query = target.indexOf("?");
   return {
     method,
-    url: conceal(href),
+    url: conceal(hidden === undefined ? href : shownUrl(url, hidden)),
     url_parsed: {
       scheme,
       host: conceal(hostname),
       port: Number(url.port || (scheme === "https" ? 443 : 80)),
-      path: conceal(url.pathname),
-      query: conceal(url.search.slice(1)),
+      path: query < 0 ? target : target.slice(0, query),
+      query: query < 0 ? "" : target.slice(query + 1),
     },
     headers: headerObject(headers, conceal),
   };
+}
+
+/**
+ * The conceal for a document about a hidden redirect hop: `conceal`, and then the hop's path and
+ * query as they went out ({@link hiddenCopies}) redacted too, wherever the document holds them
+ * (a response that quotes its request, a `Content-Location`).
+ */
+export function concealHidden(conceal: Conceal, url: URL, hidden: string | undefined): Conceal {
+  const copies = hidden === undefined ? [] : hiddenCopies(url, hidden);
+  if (copies.length === 0) return conceal;
+  const set = new NeedleSet(copies.map((copy) => needle(copy.name, copy.value)));
+  const longest = Math.max(...copies.map((copy) => Buffer.byteLength(copy.value)));
+  return Object.assign((text: string, header?: string, tally?: ConcealTally) => redactText(conceal(text, header, tally), set, undefined, undefined, tally), {
+    reach: () => Math.max(conceal.reach?.() ?? 0, maxExpansion * longest + 16),
+    active: () => true,
+  });
 }
 
 /**

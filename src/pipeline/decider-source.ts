@@ -7,7 +7,7 @@ import { BodyLimitError, BodyTap, contentCodings, readBounded, type ReadDeadline
 import type { Logger } from "../log.js";
 import { allow } from "../policy/decision.js";
 import { blockError, type DecideContext, type Decider } from "../deciders/decider.js";
-import { documentBody, headerObject, requestPart, type Conceal, type DecisionDocument } from "../deciders/document.js";
+import { concealHidden, documentBody, headerObject, requestPart, type Conceal, type DecisionDocument } from "../deciders/document.js";
 import { bodyDeadline, madeBodyFailure } from "./body-reads.js";
 import type { OutboundRequest } from "./exchange.js";
 import { encodedBodyHeaders, withExactLength, type HookedResponse, type HookLimits, type OnRequestOutcome } from "./hook-phases.js";
@@ -57,13 +57,14 @@ async function decideRequest(
 ): Promise<OnRequestOutcome> {
   const { includeBody, maxBodyBytes } = decider.options;
   let outgoing = request;
-  const part = requestPart(request.method, request.url, request.headers, conceal);
+  const shown = concealHidden(conceal, request.url, request.hiddenPath);
+  const part = requestPart(request.method, request.url, request.headers, shown, request.hiddenPath);
   if (includeBody && request.body !== null) {
     const bytes =
       request.body instanceof Uint8Array ? request.body : await loadRequestBody(request.body, tap, limits.requestBodyBytes, bodyDeadline(decider.label, "request", limits.hookMs, null));
     // Read whole, the body goes on as bytes with its exact length (as when a policy reads it).
     if (!(request.body instanceof Uint8Array)) outgoing = withFields(request, { headers: withExactLength(request.headers, bytes.byteLength), body: bytes });
-    part.body = documentBody(bytes, maxBodyBytes, conceal);
+    part.body = documentBody(bytes, maxBodyBytes, shown);
   }
   const document: DecisionDocument = { phase: "request", guest: call.guest, request: part };
   const verdict = await decider.decide(document, context);
@@ -95,7 +96,7 @@ async function loadRequestBody(body: Readable, tap: BodyTap | undefined, limit: 
 
 async function decideResponse(
   decider: Decider,
-  conceal: Conceal,
+  concealValues: Conceal,
   upstream: HookedResponse,
   request: OutboundRequest,
   limits: HookLimits,
@@ -104,6 +105,8 @@ async function decideResponse(
 ): Promise<HookedOnResponse> {
   const discard = (): void => discardBody(upstream.body);
   const { includeBody, maxBodyBytes } = decider.options;
+  // A hidden hop's response can quote its request whole: its path and query are redacted too.
+  const conceal = concealHidden(concealValues, request.url, request.hiddenPath);
   const codings = contentCodings(upstream.headers);
   const decode = codings !== undefined;
   // Like the hooks, a decider sees a compressed body decoded, and so without Content-Encoding.
@@ -145,7 +148,7 @@ async function decideResponse(
       passOn = tap.replay();
       response.body = documentBody(bytes, maxBodyBytes, conceal);
     }
-    const document: DecisionDocument = { phase: "response", guest: call.guest, request: requestPart(request.method, request.url, request.headers, conceal), response };
+    const document: DecisionDocument = { phase: "response", guest: call.guest, request: requestPart(request.method, request.url, request.headers, conceal, request.hiddenPath), response };
     const verdict = await decider.decide(document, context);
     if (verdict.decision === "block") throw blockError(verdict, decider.label, "response");
     // Passed on as an allow is, and marked for the trace.

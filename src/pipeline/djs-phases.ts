@@ -8,7 +8,8 @@ import { hookFailure } from "../hooks/run-hook.js";
 import { busyLimit, type DjsEngine } from "../djs/engine.js";
 import type { BodyRef, CallMessage, CallReply, Outcome, PhaseName } from "../djs/protocol.js";
 import type { Logger } from "../log.js";
-import { NeedleSet, redactText, unscannedMarker } from "../policy/secret-scan.js";
+import { maxExpansion, needle, NeedleSet, redactText, unscannedMarker } from "../policy/secret-scan.js";
+import { hiddenCopies } from "../policy/hidden-url.js";
 import type { SecretStore } from "../policy/secrets.js";
 import { bodyDeadline, madeBodyFailure } from "./body-reads.js";
 import type { OutboundRequest } from "./exchange.js";
@@ -34,6 +35,27 @@ export interface DjsRun {
 
 /** What a console line is redacted with: one guest's secrets. */
 export type ConsoleSecrets = Pick<SecretStore, "redact" | "reach" | "size" | "needles">;
+
+/**
+ * What a call's console lines and shown values are redacted with: the guest's secrets, and for a
+ * hidden redirect hop (OutboundRequest.hiddenPath) its path and query too, which a policy that
+ * logs `url.pathname` (policies/audit-log.mjs does) would write as the URL parser rewrote the
+ * value there, past recognising.
+ */
+export function consoleSecretsFor(secrets: ConsoleSecrets | undefined, request: OutboundRequest): ConsoleSecrets | undefined {
+  if (request.hiddenPath === undefined) return secrets;
+  const copies = hiddenCopies(request.url, request.hiddenPath);
+  if (copies.length === 0) return secrets;
+  const needles = [...(secrets?.needles() ?? []), ...copies.map((copy) => needle(copy.name, copy.value))];
+  const set = new NeedleSet(needles);
+  const longest = Math.max(...copies.map((copy) => Buffer.byteLength(copy.value)));
+  return {
+    size: needles.length,
+    needles: () => needles,
+    reach: () => Math.max(secrets?.reach() ?? 0, maxExpansion * longest + 16),
+    redact: (text, keep, tally) => redactText(text, set, undefined, keep, tally),
+  };
+}
 
 /** The characters of a policy's console line the log keeps. */
 export const consoleLineChars = 8192;

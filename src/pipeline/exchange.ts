@@ -18,6 +18,14 @@ export interface OutboundRequest {
    * re-sent on a 307/308); null when the request has none.
    */
   readonly body: Readable | Uint8Array | null;
+  /**
+   * Set on a redirect hop whose `Location` held a secret's value, and on every later hop of the
+   * request: that secret's name. The URL parser may have rewritten the copy where redaction
+   * cannot see it, so every output that names this URL (error texts, a decider's document, a
+   * recording) names its origin and `/[REDACTED:NAME]` only (src/policy/hidden-url.ts). The
+   * request itself goes out as the upstream asked.
+   */
+  readonly hiddenPath?: string;
 }
 
 export interface PipelineResponse {

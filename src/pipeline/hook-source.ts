@@ -8,7 +8,7 @@ import type { HttpHooks, IpInfo } from "../hooks/http-hooks.js";
 import { runHook } from "../hooks/run-hook.js";
 import type { Logger } from "../log.js";
 import { allow, deny, type Decision } from "../policy/decision.js";
-import { djsIsIpAllowed, djsIsRequestAllowed, djsOnRequest, djsOnResponse, type DjsRun } from "./djs-phases.js";
+import { consoleSecretsFor, djsIsIpAllowed, djsIsRequestAllowed, djsOnRequest, djsOnResponse, type DjsRun } from "./djs-phases.js";
 import { djsHandle } from "./djs-layer.js";
 import { concealFor, revealNothing, type Conceal } from "../deciders/document.js";
 import type { OpenFailure } from "../deciders/failure.js";
@@ -85,23 +85,23 @@ const tier3Answered = allow("tier3", "onRequest", "answered by the onRequest hoo
 
 /** A tier-2 policy: its calls cross to the engine's worker threads. */
 export function policySource(engine: DjsEngine, log: Logger | undefined, secrets?: SecretStore, neighbours?: DjsRun["neighbours"]): HookSource {
-  const run = (call: SourceCall): DjsRun => ({ engine, log, requestId: call.requestId, secrets, neighbours });
+  const run = (call: SourceCall, request?: OutboundRequest): DjsRun => ({ engine, log, requestId: call.requestId, secrets: request === undefined ? secrets : consoleSecretsFor(secrets, request), neighbours });
   return {
     tier: "tier2",
     label: engine.filename,
     phases: engine.phases,
     describe: (phase) => `the ${phase} policy`,
     answered: tier2Answered,
-    onRequest: (request, tap, limits, call) => djsOnRequest(run(call), request, tap, limits),
+    onRequest: (request, tap, limits, call) => djsOnRequest(run(call, request), request, tap, limits),
     isRequestAllowed: async (request, _limits, call) => {
-      if (!(await djsIsRequestAllowed(run(call), request))) throw denied(`request to ${request.url.origin} refused by the isRequestAllowed policy`);
+      if (!(await djsIsRequestAllowed(run(call, request), request))) throw denied(`request to ${request.url.origin} refused by the isRequestAllowed policy`);
     },
     isIpAllowed: async (info, _limits, call) =>
       (await djsIsIpAllowed(run(call), info))
         ? undefined
         : deny("tier2", "isIpAllowed", `an address of "${info.hostname}" was refused by the isIpAllowed policy`, `${info.hostname} -> ${info.ip}`),
-    onResponse: (response, request, limits, call) => djsOnResponse(run(call), response, request, limits),
-    ...(engine.phases.has("handle") ? { handle: (request, tap, layer, limits, call) => djsHandle(run(call), request, tap, layer, limits) } : {}),
+    onResponse: (response, request, limits, call) => djsOnResponse(run(call, request), response, request, limits),
+    ...(engine.phases.has("handle") ? { handle: (request, tap, layer, limits, call) => djsHandle(run(call, request), request, tap, layer, limits) } : {}),
   };
 }
 

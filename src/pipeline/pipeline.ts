@@ -26,6 +26,7 @@ import { endToEndHeaders, getHeader, hasNoContent, headerObjectToList, noContent
 import type { HookLimits, OnRequestOutcome } from "./hook-phases.js";
 import { checkHandedRequest, checkMadeResponse } from "./head-bounds.js";
 import { nextHop, redirectStatuses } from "./redirects.js";
+import { hiddenPath, secretInLocation } from "../policy/hidden-url.js";
 import { bareHostname } from "../hostname.js";
 import type { PhaseName } from "../djs/protocol.js";
 import type { HookedOnResponse, HookSource, SourceCall } from "./hook-source.js";
@@ -170,6 +171,9 @@ export class Pipeline {
         ...declaredLength(initial.headers),
       });
     }
+    // Once a Location held a secret's value, the name of that secret: every hop from there on is
+    // named by its origin only (src/policy/hidden-url.ts).
+    let hidden: string | undefined;
     for (let redirects = 0; ; redirects++) {
       // §3 step 2: onRequest may rewrite the request or answer it itself, source by source: each
       // sees the request as the one before left it, and the first answer ends the phase.
@@ -181,6 +185,8 @@ export class Pipeline {
           return withFields(outcome.response, { decision: withFields(source.answered, { source: source.label }), url: request.url, redirects });
         }
         request = outcome.request;
+        // A source's rewrite is a new request: the next source's document, and the recording, still hide the hop.
+        if (hidden !== undefined && request.hiddenPath === undefined) request = withFields(request, { hiddenPath: hidden });
       }
       // §3 step 3, then step 4 on the request exactly as it will leave.
       request = this.substituteSecrets(request, substituted, trace);
@@ -251,13 +257,16 @@ export class Pipeline {
         // recognises): a crafted path must not make the body and the log line 60 KB. With secrets,
         // a host that an upstream named is not quoted: a wildcard-scoped secret's value may sit in
         // it, lowercased by the URL parser, where redaction cannot see it.
-        const path = cut(secrets === undefined ? request.url.pathname : secrets.redact(request.url.pathname), maxQuotedPath);
+        const path = hidden !== undefined ? hiddenPath(hidden) : cut(secrets === undefined ? request.url.pathname : redactedPath(secrets, request.url), maxQuotedPath);
         const from = secrets === undefined || request.url.host === initial.url.host ? request.url.origin : "a host it was redirected to";
         throw new EgressError("EG_REDIRECT_LOOP", 508, `more than ${this.options.maxRedirects} redirects, the last from ${from}${from.includes("/") ? "" : " at "}${path}`);
       }
+      // Read as the upstream wrote it: the URL parser can rewrite a copy past recognising.
+      hidden ??= secretInLocation(secrets, location);
       // A hop that leaves the hosts of a secret sent on an earlier hop is refused if it carries its value.
       const check = secrets === undefined || substituted.size === 0 ? undefined : (hop: RedirectHop) => this.checkRedirect(secrets, hop, substituted, trace);
-      request = nextHop(request, upstream.status, location, check);
+      request = nextHop(request, upstream.status, location, check, hidden === undefined);
+      if (hidden !== undefined) request = withFields(request, { hiddenPath: hidden });
     }
   }
 
@@ -531,6 +540,17 @@ function upstreamHeaders(status: number, list: HeaderList): HeaderList {
 
 /** How much of a path an error message quotes. */
 const maxQuotedPath = 256;
+
+/**
+ * A URL's path redacted, without its query (which can carry credentials). The query is searched
+ * with it and dropped after: a value that holds `?` lies across the two, and the path alone
+ * held its first part, which redaction did not recognise (black-box finding).
+ */
+function redactedPath(secrets: SecretStore, url: URL): string {
+  const redacted = secrets.redact(`${url.pathname}${url.search}`);
+  const query = redacted.indexOf("?");
+  return query < 0 ? redacted : redacted.slice(0, query);
+}
 
 function cut(text: string, max: number): string {
   return text.length > max ? `${text.slice(0, max)}…` : text;

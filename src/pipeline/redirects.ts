@@ -21,9 +21,10 @@ export type HopCheck = (hop: { readonly from: URL; readonly url: URL; readonly l
  * 303 turns everything but HEAD into GET, 301/302 turn POST into GET, and a method change drops
  * the body. A body that was already streamed upstream cannot be sent again. `check` sees the
  * hop as the upstream wrote it, fragment included, and may throw to refuse it (the secrets'
- * redirect scan).
+ * redirect scan). `plain`: the Location holds no secret's value, so a refusal may quote its
+ * scheme or host.
  */
-export function nextHop(previous: OutboundRequest, status: number, written: string, check?: HopCheck): OutboundRequest {
+export function nextHop(previous: OutboundRequest, status: number, written: string, check?: HopCheck, plain = true): OutboundRequest {
   const location = locationText(written);
   let url: URL;
   try {
@@ -32,7 +33,11 @@ export function nextHop(previous: OutboundRequest, status: number, written: stri
     throw new EgressError("EG_UPSTREAM", 502, `redirect from ${previous.url.origin} has an invalid Location`);
   }
   if (url.protocol !== "http:" && url.protocol !== "https:") {
-    throw new EgressError("EG_UPSTREAM", 502, `redirect to unsupported scheme "${url.protocol}"`);
+    // The parser lowercases a scheme, which leaves a base64 copy of a value there unrecognisable
+    // to redaction (`<base64>:x` was quoted whole; black-box finding): only a short one, from a
+    // Location that holds no value, is named.
+    const named = plain && quotableScheme.test(url.protocol);
+    throw new EgressError("EG_UPSTREAM", 502, named ? `redirect to unsupported scheme "${url.protocol}"` : "redirect to an unsupported scheme (not http: or https:)");
   }
   // Held to the rules of a guest's own target: the URL parser takes port 0 and empty labels.
   if (url.port === "0") throw new EgressError("EG_UPSTREAM", 502, `redirect from ${previous.url.origin} to port 0`);
@@ -40,7 +45,8 @@ export function nextHop(previous: OutboundRequest, status: number, written: stri
     // Judged, sent and named in SNI as a guest's own target is: `api.test.` is `api.test`.
     url.hostname = normalizeHost(url.hostname);
   } catch (error) {
-    throw new EgressError("EG_UPSTREAM", 502, `redirect from ${previous.url.origin} to an invalid host: ${(error as Error).message}`);
+    // The reason quotes the host, lowercased by the parser as a scheme is: not when the Location holds a value.
+    throw new EgressError("EG_UPSTREAM", 502, `redirect from ${previous.url.origin} to an invalid host${plain ? `: ${(error as Error).message}` : ""}`);
   }
   // The hop as written, fragment and userinfo included, for the check only: a copy costs a parse per hop.
   const asWritten = check === undefined ? undefined : new URL(url.href);
@@ -72,6 +78,9 @@ export function nextHop(previous: OutboundRequest, status: number, written: stri
   if (check !== undefined) check({ from: previous.url, url: asWritten!, location, headers });
   return { method, url, headers, body };
 }
+
+/** A scheme a refusal may name: a short one, as schemes are (`ftp:`, `javascript:`, `com.example.app:`). */
+const quotableScheme = /^[a-z][a-z0-9+.-]{0,31}:$/;
 
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 

@@ -1,7 +1,8 @@
 import type { Header } from "har-format";
 import { contentCodingList, getHeader } from "../headers.js";
 import type { OutboundRequest } from "../pipeline/exchange.js";
-import type { SecretStore } from "../policy/secrets.js";
+import { secretToken, type SecretStore } from "../policy/secrets.js";
+import { secretInLocation, unscannedName } from "../policy/hidden-url.js";
 import { UnscannableError, unscannedMarker } from "../policy/secret-scan.js";
 import type { CapturedBody } from "./body-capture.js";
 import { isText, type RecordedContent, type RecordedEntry, type RecordedPostData } from "./har.js";
@@ -97,7 +98,33 @@ function build(x: Exchange, values: RecordedValues | undefined, secrets: SecretS
     if (out === undefined) throw new LeakFound({ secret: "(unscannable)", where });
     return out;
   };
-  const url = tokenize(x.request.url.href, "the request URL");
+  const hidden = x.request.hiddenPath;
+  if (hidden === unscannedName) throw new LeakFound({ secret: "(unscannable)", where: "the request URL" });
+  // A hidden hop's path and query hold a copy of the value that tokenizing may not recognise.
+  const url = hidden === undefined ? tokenize(x.request.url.href, "the request URL") : `${tokenize(x.request.url.origin, "the request URL")}/${secretToken(hidden)}`;
+  /**
+   * A Location, or a hidden hop's Content-Location, as recorded. One that holds a value leads to
+   * a hidden hop (as does any Location of a hidden hop), recorded as the hop's origin and its
+   * token alone: a replay that follows it then asks for the entry the hop made.
+   */
+  const recordedLocation = (value: string, where: string, location: boolean): string => {
+    const name = hidden ?? (location ? secretInLocation(secrets, value) : undefined);
+    if (name === undefined) return tokenize(value, where);
+    if (name === unscannedName) throw new LeakFound({ secret: "(unscannable)", where });
+    let target: URL;
+    try {
+      target = new URL(value, x.request.url);
+    } catch {
+      return tokenize(value, where);
+    }
+    if (target.protocol !== "http:" && target.protocol !== "https:") return tokenize(value, where);
+    if (target.origin === x.request.url.origin) return `/${secretToken(name)}`;
+    // Another origin is named as the upstream wrote it: the parser lowercased the host, and a
+    // base64 copy in it would no longer be recognised. One not found as written is not recorded.
+    const authority = writtenAuthority(value, target);
+    if (authority === undefined) throw new LeakFound({ secret: name, where });
+    return `${target.protocol}//${tokenize(authority, where)}/${secretToken(name)}`;
+  };
   const requestHeaders: Header[] = [{ name: "host", value: tokenize(x.request.url.host, "the request host") }];
   for (let i = 0; i < x.request.headers.length; i += 2) {
     const name = x.request.headers[i]!;
@@ -118,7 +145,7 @@ function build(x: Exchange, values: RecordedValues | undefined, secrets: SecretS
     const lower = name.toLowerCase();
     const value = x.headers[i + 1]!;
     if (lower === "set-cookie" && !options.cookies) responseHeaders.push({ name, value: maskSetCookie(value) });
-    else if (tokenizedResponseHeaders.has(lower)) responseHeaders.push({ name, value: tokenize(value, `response header ${name}`) });
+    else if (tokenizedResponseHeaders.has(lower)) responseHeaders.push({ name, value: recordedLocation(value, `response header ${name}`, lower === "location") });
     else responseHeaders.push({ name, value: values === undefined ? value : placeholdersAsTokens(values.redact(value), secrets) });
   }
   const content = contentOf(x.responseBody, x.decodedBody, contentType, codings, values, secrets, x.sidecarLeak);
@@ -146,7 +173,7 @@ function build(x: Exchange, values: RecordedValues | undefined, secrets: SecretS
       cookies: [],
       headers: responseHeaders,
       content,
-      redirectURL: location === undefined ? "" : tokenize(location, "the Location header"),
+      redirectURL: location === undefined ? "" : recordedLocation(location, "the Location header", true),
       headersSize: -1,
       bodySize: x.responseBody?.size ?? 0,
       ...(trailers !== undefined ? { _trailers: trailers } : {}),
@@ -161,6 +188,21 @@ function build(x: Exchange, values: RecordedValues | undefined, secrets: SecretS
       ...(x.responseBody?.chunks !== undefined && x.responseBody.chunks.length > 1 ? { chunks: x.responseBody.chunks } : {}),
     },
   };
+}
+
+/**
+ * The host and port of an absolute Location as the upstream wrote them, letter case and all;
+ * undefined unless they are plainly there, naming the host and port the parser found.
+ */
+function writtenAuthority(location: string, parsed: URL): string | undefined {
+  const written = /^[ \t]*(?:[A-Za-z][A-Za-z0-9+.-]*:)?[/\\]{2}([^/\\?#]*)/.exec(location)?.[1];
+  if (written === undefined) return undefined;
+  const authority = written.slice(written.lastIndexOf("@") + 1);
+  try {
+    return new URL(`${parsed.protocol}//${authority}/`).host === parsed.host ? authority : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 /**

@@ -1,4 +1,4 @@
-import { findFirst, NeedleSet, redactText, ScanBudget } from "../policy/secret-scan.js";
+import { findFirst, needle, NeedleSet, redactText, ScanBudget } from "../policy/secret-scan.js";
 import type { SecretStore } from "../policy/secrets.js";
 
 /**
@@ -13,33 +13,46 @@ import type { SecretStore } from "../policy/secrets.js";
 export class RecordedValues {
   private set: NeedleSet | undefined;
 
-  private constructor(private readonly stores: readonly SecretStore[]) {}
+  private constructor(
+    private readonly stores: readonly SecretStore[],
+    private readonly extra: readonly Copy[],
+  ) {}
 
-  /** Undefined when no store holds a value: there is nothing to look for. */
-  static of(own: SecretStore | undefined, others: Iterable<SecretStore | undefined> = []): RecordedValues | undefined {
+  /**
+   * Undefined when no store holds a value and there is no `extra` copy: there is nothing to look
+   * for. `extra`: texts looked for as values are, under a secret's name (a hidden redirect hop's
+   * path and query, src/policy/hidden-url.ts).
+   */
+  static of(own: SecretStore | undefined, others: Iterable<SecretStore | undefined> = [], extra: readonly Copy[] = []): RecordedValues | undefined {
     const stores: SecretStore[] = [];
     for (const store of [own, ...others]) if (store !== undefined && !stores.includes(store) && store.valuesToFind().length > 0) stores.push(store);
-    return stores.length === 0 ? undefined : new RecordedValues(stores);
+    return stores.length === 0 && extra.length === 0 ? undefined : new RecordedValues(stores, extra);
   }
 
   /** The text with every value replaced by `[REDACTED:NAME]` ({@link SecretStore.redact}). */
   redact(text: string): string {
-    if (this.stores.length === 1) return this.stores[0]!.redact(text);
+    if (this.stores.length === 1 && this.extra.length === 0) return this.stores[0]!.redact(text);
     return redactText(text, this.needles());
   }
 
   /** The name of a secret whose value the text holds ({@link SecretStore.findValue}); throws UnscannableError as it does. */
   findValue(text: string): string | undefined {
-    if (this.stores.length === 1) return this.stores[0]!.findValue(text);
+    if (this.stores.length === 1 && this.extra.length === 0) return this.stores[0]!.findValue(text);
     return findFirst(text, this.needles(), ScanBudget.forLength(text.length))?.needle.name;
   }
 
   /** Every value with its secret's name, for the search of large and binary bodies. Never logged or written. */
-  valuesToFind(): { readonly name: string; readonly value: string }[] {
-    return this.stores.flatMap((store) => store.valuesToFind());
+  valuesToFind(): Copy[] {
+    return [...this.stores.flatMap((store) => store.valuesToFind()), ...this.extra];
   }
 
   private needles(): NeedleSet {
-    return (this.set ??= new NeedleSet(this.stores.flatMap((store) => store.needles())));
+    return (this.set ??= new NeedleSet([...this.stores.flatMap((store) => store.needles()), ...this.extra.map((copy) => needle(copy.name, copy.value))]));
   }
+}
+
+/** A text to look for, and the secret's name a match is reported under. */
+interface Copy {
+  readonly name: string;
+  readonly value: string;
 }

@@ -8,6 +8,7 @@ import { buildEntry, type Exchange } from "./entry.js";
 import { sidecarDir } from "./har.js";
 import { LiteralScanner } from "./leak-scan.js";
 import { RecordedValues } from "./recorded-values.js";
+import { hiddenCopies } from "../policy/hidden-url.js";
 import type { Recording } from "./recording.js";
 import { rm } from "node:fs/promises";
 import { join } from "node:path";
@@ -39,7 +40,8 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
       const started = new Date();
       const t0 = performance.now();
       const store = deps.secrets();
-      const values = RecordedValues.of(store, deps.neighbours());
+      // A hidden hop's path and query, which its response can quote, are kept out of its entry as values are.
+      const values = RecordedValues.of(store, deps.neighbours(), request.hiddenPath === undefined ? [] : hiddenCopies(request.url, request.hiddenPath));
       const scanner = (): LiteralScanner | undefined => (values === undefined ? undefined : new LiteralScanner(values.valuesToFind()));
       let requestBody: { capture: BodyCapture; done: Promise<boolean>; scanner: LiteralScanner | undefined } | undefined;
       let sent: OutboundRequest = request;

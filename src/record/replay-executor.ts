@@ -5,7 +5,8 @@ import { EgressError } from "../errors.js";
 import { contentCodingList, hasNoContent, noContentFraming } from "../headers.js";
 import type { Logger } from "../log.js";
 import type { Executor, ExecutorResponse, GuestGone, OutboundRequest } from "../pipeline/exchange.js";
-import type { SecretStore } from "../policy/secrets.js";
+import { secretToken, type SecretStore } from "../policy/secrets.js";
+import { hiddenPath } from "../policy/hidden-url.js";
 import { tokenizeHeader } from "./entry.js";
 import { inlineBodyLimit, maxRecordedMs, type RecordedEntry } from "./har.js";
 import { bodyWithTokens, fieldsOf, type BodyForKey, type MatchOptions } from "./match.js";
@@ -42,7 +43,10 @@ export function replayExecutor(deps: ReplayDeps): Executor {
       const secrets = deps.secrets();
       const body = await readBody(request.body);
       const tokenize = (text: string): string => secrets?.tokenize(text) ?? text;
-      const url = new URL(tokenize(request.url.href));
+      // A hidden hop is matched as the recorder wrote it: its origin and its secret's token (entry.ts).
+      const hidden = request.hiddenPath;
+      const url = new URL(hidden === undefined ? tokenize(request.url.href) : `${tokenize(request.url.origin)}/${secretToken(hidden)}`);
+      const named = namedUrl(request);
       const headers: [string, string][] = [];
       for (let i = 0; i < request.headers.length; i += 2) {
         const name = request.headers[i]!;
@@ -52,14 +56,14 @@ export function replayExecutor(deps: ReplayDeps): Executor {
       const taken = deps.source.take(fields);
       if ("miss" in taken) {
         if (deps.missing !== undefined && taken.code === "EG_REPLAY_MISS") {
-          if (body !== null && !("bytes" in body)) throw new EgressError("EG_REPLAY_MISS", 502, `no recorded response matches ${request.method} ${request.url.origin}${request.url.pathname}, and a request body over 1 MiB cannot be sent on with --record-missing`);
+          if (body !== null && !("bytes" in body)) throw new EgressError("EG_REPLAY_MISS", 502, `no recorded response matches ${request.method} ${named}, and a request body over 1 MiB cannot be sent on with --record-missing`);
           return deps.missing.send(withFields(request, { body: body === null ? null : body.bytes }), address, signal, info);
         }
         // The guest is told what missed; the recording's path and its nearest entry (which another
         // guest may have made, and whose path can say whose it is) are for the operator's log.
-        const message = `${taken.code === "EG_REPLAY_MISS" ? "no recorded response matches" : "no recorded response is left for"} ${request.method} ${request.url.origin}${request.url.pathname}`;
+        const message = `${taken.code === "EG_REPLAY_MISS" ? "no recorded response matches" : "no recorded response is left for"} ${request.method} ${named}`;
         const detail = `${deps.source.path}: ${taken.miss}`;
-        deps.log.warn("replay miss", { code: taken.code, guest: deps.guest, id: info.id, hop: info.hop, method: request.method, url: `${request.url.origin}${request.url.pathname}`, reason: taken.miss, recording: deps.source.path });
+        deps.log.warn("replay miss", { code: taken.code, guest: deps.guest, id: info.id, hop: info.hop, method: request.method, url: named, reason: taken.miss, recording: deps.source.path });
         throw new EgressError(taken.code, 502, `${message} (see the proxy log)`, { detail });
       }
       const entry = taken.hit.entry;
@@ -67,6 +71,11 @@ export function replayExecutor(deps: ReplayDeps): Executor {
       return respond(entry, request, deps, signal);
     },
   };
+}
+
+/** The request's URL as a miss names it: no query, and a hidden hop's origin only. */
+function namedUrl(request: OutboundRequest): string {
+  return `${request.url.origin}${request.hiddenPath === undefined ? request.url.pathname : hiddenPath(request.hiddenPath)}`;
 }
 
 type ReadBody = { bytes: Buffer } | { sha256: string; size: number } | null;
@@ -132,7 +141,7 @@ async function respond(entry: RecordedEntry, request: OutboundRequest, deps: Rep
       opened = await openRegularFile(file);
     } catch (error) {
       const reason = error instanceof FileReadError ? error.reason : (error as NodeJS.ErrnoException).code === "ENOENT" ? "missing" : `unreadable (${readFailure(error)})`;
-      throw new EgressError("EG_REPLAY_MISS", 502, `the recorded response for ${request.method} ${request.url.origin}${request.url.pathname} is in a sidecar file that is ${reason} (${content._file})`);
+      throw new EgressError("EG_REPLAY_MISS", 502, `the recorded response for ${request.method} ${namedUrl(request)} is in a sidecar file that is ${reason} (${content._file})`);
     }
     body = opened.handle.createReadStream({ highWaterMark: 64 * 1024 });
     length = opened.stats.size;

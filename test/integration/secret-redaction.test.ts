@@ -86,7 +86,8 @@ describe("redaction decodes before it matches", () => {
     const res = await fetchVia(proxy, `https://api.test:${upstream.port}/start`, { headers: { "x-token": `[${proxy.guestEnv()["ODD"]}]` } });
     expect(res.status, res.text).toBe(508);
     expect(upstream.hits()).toBe(11);
-    expect(res.text).toMatch(/more than 10 redirects, the last from https:\/\/api\.test:\d+\/loop\/\[REDACTED:ODD\]/);
+    // The Location held the value: the hop's path and query are shown as the redaction alone (hidden-redirect-hops.test.ts).
+    expect(res.text).toMatch(/more than 10 redirects, the last from https:\/\/api\.test:\d+\/\[REDACTED:ODD\]$/m);
     const logs = proxy.logs.map((line) => JSON.stringify(line));
     expect(logs.join("\n")).toContain("[REDACTED:ODD]");
     for (const text of [res.text, ...logs]) {
