@@ -97,8 +97,24 @@ export function needle(name: string, value: string): Needle {
   return { name, forms, bytes: Math.min(...forms.map((form) => form.length)) };
 }
 
+/**
+ * What a scan looks for: needles, what decoders need to know of them, and how to find them in
+ * one view. {@link NeedleSet} for a fixed few; the log's redactor keeps every guest's values in a
+ * {@link NeedleIndex} (./needle-index.ts), which finds them in one pass however many there are.
+ */
+export interface NeedleSearch {
+  readonly context: DecodeContext;
+  /** How many needles there are: none, and a scan has nothing to do. */
+  readonly size: number;
+  /**
+   * Calls `found` with each needle found in `lower` (a view's text, {@link fold}ed), where its
+   * form starts and how long that form is, until `found` returns true; then returns true.
+   */
+  find(lower: string, found: (needle: Needle, at: number, length: number) => boolean): boolean;
+}
+
 /** Needles with what decoders need to know of them, worked out once. */
-export class NeedleSet {
+export class NeedleSet implements NeedleSearch {
   readonly context: DecodeContext;
 
   constructor(readonly needles: readonly Needle[]) {
@@ -107,13 +123,26 @@ export class NeedleSet {
       chars: new Set(needles.flatMap((n) => n.forms.flatMap((form) => [...form, ...form.toUpperCase()]))),
     };
   }
+
+  get size(): number {
+    return this.needles.length;
+  }
+
+  find(lower: string, found: (needle: Needle, at: number, length: number) => boolean): boolean {
+    for (const n of this.needles) {
+      for (const form of n.forms) {
+        for (let at = lower.indexOf(form); at >= 0; at = lower.indexOf(form, at + 1)) if (found(n, at, form.length)) return true;
+      }
+    }
+    return false;
+  }
 }
 
 /**
  * Lowercases the letters of ASCII and Latin-1 (decoded bytes are Latin-1 characters) and
  * nothing else, so every character keeps its index: `"İ".toLowerCase()` has two.
  */
-function fold(text: string): string {
+export function fold(text: string): string {
   // Within Latin-1, toLowerCase maps character for character (and is much faster).
   if (!/[\u0100-\uffff]/.test(text)) return text.toLowerCase();
   return text.replace(/[A-Z\xc0-\xd6\xd8-\xde]+/g, (run) => run.toLowerCase());
@@ -180,21 +209,11 @@ export function eachView(
  * Calls `found` for every occurrence of every needle in every view of `text`, in any letter
  * case, until it returns true ("stopped") or the budget runs out ("unscanned").
  */
-export function scan(text: string, set: NeedleSet, found: (match: Match) => boolean, budget?: ScanBudget): ScanOutcome {
-  const { needles, context } = set;
-  if (needles.length === 0 || text === "") return "done";
-  return eachView(text, context, (view) => {
-    const lower = fold(view.text);
-    for (const n of needles) {
-      for (const form of n.forms) {
-        for (let at = lower.indexOf(form); at >= 0; at = lower.indexOf(form, at + 1)) {
-          const match = { needle: n, start: spanStart(view, at), end: spanEnd(view, at + form.length - 1), via: view.via };
-          if (found(match)) return true;
-        }
-      }
-    }
-    return false;
-  }, budget);
+export function scan(text: string, set: NeedleSearch, found: (match: Match) => boolean, budget?: ScanBudget): ScanOutcome {
+  if (set.size === 0 || text === "") return "done";
+  return eachView(text, set.context, (view) =>
+    set.find(fold(view.text), (n, at, length) => found({ needle: n, start: spanStart(view, at), end: spanEnd(view, at + length - 1), via: view.via })),
+  budget);
 }
 
 /** Thrown by {@link findFirst} when the budget ran out before a match was found. */
@@ -207,7 +226,7 @@ export class UnscannableError extends Error {
  * before one was found: the text may hold a value, and a caller that does not expect that
  * fails closed.
  */
-export function findFirst(text: string, needles: NeedleSet, budget?: ScanBudget): Match | undefined {
+export function findFirst(text: string, needles: NeedleSearch, budget?: ScanBudget): Match | undefined {
   let first: Match | undefined;
   const outcome = scan(text, needles, (match) => {
     first = match;
@@ -243,7 +262,7 @@ export function tallyReplacement(tally: ConcealTally, removed: string, inserted:
  * matched before the cut was made. With `tally`, adds what each replacement took out; the
  * marker for a text too complex to scan sets it to 0, as nothing of the text is left to move.
  */
-export function redactText(text: string, needles: NeedleSet, budget?: ScanBudget, keep = text.length, tally?: ConcealTally): string {
+export function redactText(text: string, needles: NeedleSearch, budget?: ScanBudget, keep = text.length, tally?: ConcealTally): string {
   const spans: { start: number; end: number; name: string }[] = [];
   const outcome = scan(text, needles, (match) => {
     spans.push({ start: match.start, end: match.end, name: match.needle.name });

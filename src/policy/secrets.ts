@@ -124,6 +124,18 @@ function derived(key: string, name: string): string {
 }
 
 /**
+ * How many times any store's values have changed (a rotation, a delete, a reload's inherit,
+ * values adopted from another worker). The log's redactor indexes every guest's values
+ * (src/proxy/redactor.ts), and asks its stores for them again only when this has moved: asking
+ * each of them for each line was a pass over every guest again.
+ */
+let valueChanges = 0;
+
+export function secretValueChanges(): number {
+  return valueChanges;
+}
+
+/**
  * Secrets for one `createHttpHooks` call (DESIGN §3 step 3, §4 "Secrets"). A guest holds only
  * placeholders; the real value goes into header values (and the query, when enabled) of requests
  * whose final destination is one of the secret's hosts. A placeholder or a real value bound for
@@ -221,7 +233,7 @@ export class SecretStore {
     if (value !== undefined && value !== entry.value) {
       retire(entry, entry.value);
       entry.value = value;
-      this.redaction = undefined;
+      this.valuesChanged();
     }
   }
 
@@ -249,7 +261,7 @@ export class SecretStore {
     entry.deleted = true;
     retire(entry, entry.value);
     entry.value = "";
-    this.redaction = undefined;
+    this.valuesChanged();
   }
 
   /**
@@ -269,7 +281,7 @@ export class SecretStore {
       }
       for (const value of values) if (!entry.retired.includes(value)) retire(entry, value);
     }
-    this.redaction = undefined;
+    this.valuesChanged();
   }
 
   /**
@@ -314,7 +326,7 @@ export class SecretStore {
         added = true;
       }
     }
-    if (added) this.redaction = undefined;
+    if (added) this.valuesChanged();
     return added;
   }
 
@@ -373,6 +385,12 @@ export class SecretStore {
   redact(text: string, keep?: number, tally?: ConcealTally): string {
     this.redaction ??= valuesOf([...this.entries.values()]);
     return redactText(text, this.redaction, undefined, keep, tally);
+  }
+
+  /** A value was added or retired: what {@link redact} looks for is built again at its next use. */
+  private valuesChanged(): void {
+    this.redaction = undefined;
+    valueChanges += 1;
   }
 
   /** What {@link redact} looks for: every value, current and retired, as scan needles. */

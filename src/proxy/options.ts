@@ -368,7 +368,10 @@ function resolveGuests(o: Record<string, unknown>, proxyResolve: Record<string, 
 }
 
 /** Two guests bound to overlapping source ranges would make a connection's guest a matter of order. */
-export function checkSourcesApart(guests: readonly Pick<ResolvedGuest, "name" | "sources">[]): void {
+export function checkSourcesApart(all: readonly Pick<ResolvedGuest, "name" | "sources">[]): void {
+  // Only guests with sources can overlap: every pair of 1000 guests without any cost each
+  // addGuest 7 ms (black-box finding, with the redactor's cost per guest).
+  const guests = all.filter((guest) => guest.sources.length > 0);
   for (let i = 0; i < guests.length; i++) {
     for (let j = i + 1; j < guests.length; j++) {
       for (const a of guests[i]!.sources) {
