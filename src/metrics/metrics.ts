@@ -9,7 +9,10 @@ import { shareWithPrimary } from "./cluster-metrics.js";
 export interface MetricsProbes {
   /** Leaf certificates served from the cache, and signed (misses). */
   readonly certificates?: () => { readonly hits: number; readonly misses: number };
-  /** The guests configured now: a removed guest's gauge series go once its connections have. */
+  /**
+   * The guests configured now: a removed guest's series go, its request counts once no more of
+   * its requests are being counted, its upstream-connections gauge once its connections have closed.
+   */
   readonly guests?: () => readonly string[];
 }
 
@@ -20,7 +23,8 @@ export interface MetricsProbes {
  *
  * Cardinality is bounded by the configuration, never by traffic: a host appears only as the
  * allowlist rule that matched it (`allowedHosts:*.example.com`), a denial as the phase and the
- * source that refused, a secret by its configured name.
+ * source that refused, a secret by its configured name, a guest by its name while it is served
+ * (a removed guest's series are dropped, as prom-client's remove() drops one).
  */
 export interface ProxyMetrics {
   readonly registry: Registry;
@@ -61,6 +65,7 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
     help: "Decisions, by guest, allow or deny, status class and the rule that decided (never a raw hostname).",
     labelNames: ["guest", "decision", "status_class", "rule"],
     registry,
+    beforeCollect: () => forgetRemovedGuests(),
   });
   const duration = tallyHistogram({
     name: "egressgate_request_duration_seconds",
@@ -128,6 +133,32 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
       }
     },
   });
+  // A guest the configuration no longer has (removeGuest, a reload that dropped it), with its
+  // requests counted when it was last looked at. Its series go at the next look that finds no
+  // more counted: the requests it had under way at its removal (cut, or refused 403) are counted
+  // first. Without this every guest ever added kept its series: an embedder that adds and
+  // removes a guest per job grew the exposition and the heap without bound (black-box finding).
+  let leaving = new Map<string, number>();
+  /**
+   * Looks for removed guests' series: at each scrape, and whenever a request makes a new series
+   * (a new guest's first request, say), so that series stay bounded by the guests served without
+   * a scrape too. Its cost, a pass over the series, is paid only then.
+   */
+  const forgetRemovedGuests = (): void => {
+    if (probes.guests === undefined) return;
+    const configured = new Set(probes.guests());
+    const quiet = new Set<string>();
+    const still = new Map<string, number>();
+    for (const [guest, total] of requests.totalsBy(0)) {
+      // "" counts the decisions made before a guest was known.
+      if (guest === "" || configured.has(guest)) continue;
+      if (leaving.get(guest) === total) quiet.add(guest);
+      else still.set(guest, total);
+    }
+    leaving = still;
+    requests.forget(0, quiet);
+    for (const [key, { guest, open }] of upstreamOpen) if (open <= 0 && !configured.has(guest)) upstreamOpen.delete(key);
+  };
   const certificates = probes.certificates;
   const seen = { hits: 0, misses: 0 };
   const certCounter = (name: "hits" | "misses", help: string): Counter =>
@@ -166,7 +197,7 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
     upstreamMs: number | undefined,
   ): void => {
     const decision = decisionFrom(status, rule);
-    requests.inc([guest ?? "", decision, statusClass(status), ruleFrom(rule, sources, code)]);
+    if (requests.inc([guest ?? "", decision, statusClass(status), ruleFrom(rule, sources, code)])) forgetRemovedGuests();
     duration.observe(byDecision[decision], ms / 1000);
     for (const source of sources) {
       hookDuration.observe([source.source, source.phase], source.ms / 1000);

@@ -12,11 +12,13 @@ import { Counter, Histogram, type Registry } from "prom-client";
  */
 
 interface Series {
+  readonly values: readonly string[];
   readonly labels: Record<string, string>;
   value: number;
 }
 
 interface HistogramSeries {
+  readonly values: readonly string[];
   readonly labels: Record<string, string>;
   /** Observations per bucket, not cumulative; the last slot is past every bound (+Inf only). */
   readonly counts: number[];
@@ -33,7 +35,7 @@ function keyOf(values: readonly string[]): string {
  * value is most often a string the configuration or a constant holds, whose hash V8 keeps)
  * instead of building and hashing a joined key string on every request.
  */
-class SeriesIndex<S> {
+class SeriesIndex<S extends { readonly values: readonly string[] }> {
   private readonly root = new Map<string, unknown>();
   private only: S | undefined;
   /** Every series, in the order first seen, with its joined key. */
@@ -78,6 +80,18 @@ class SeriesIndex<S> {
     level.set(values[values.length - 1]!, series);
     return series;
   }
+
+  /** Keeps only the series `keep` accepts; the lookup maps are made again from those. */
+  retain(keep: (series: S) => boolean): void {
+    const kept = [...this.all.values()].filter(keep);
+    if (kept.length === this.all.size) return;
+    this.all.clear();
+    this.root.clear();
+    this.only = undefined;
+    this.last = undefined;
+    this.lastValues = [];
+    for (const series of kept) this.add(series.values, series);
+  }
 }
 
 function labelsOf(names: readonly string[], values: readonly string[]): Record<string, string> {
@@ -87,26 +101,56 @@ function labelsOf(names: readonly string[], values: readonly string[]): Record<s
 }
 
 export interface TallyCounter {
-  /** Adds `by` (default 1) to the series of these label values, in `labelNames` order. */
-  inc(values: readonly string[], by?: number): void;
+  /**
+   * Adds `by` (default 1) to the series of these label values, in `labelNames` order. True when
+   * that made a new series, for a caller that bounds them (see {@link TallyCounter.forget}).
+   */
+  inc(values: readonly string[], by?: number): boolean;
+  /** The sum of every series' count, by the value of the label at `label` (its index in `labelNames`). */
+  totalsBy(label: number): Map<string, number>;
+  /** Drops every series whose label at `label` is one of `values`: they leave the exposition, as prom-client's remove() does. */
+  forget(label: number, values: ReadonlySet<string>): void;
 }
 
-export function tallyCounter(options: { readonly name: string; readonly help: string; readonly labelNames: readonly string[]; readonly registry: Registry }): TallyCounter {
+export function tallyCounter(options: {
+  readonly name: string;
+  readonly help: string;
+  readonly labelNames: readonly string[];
+  readonly registry: Registry;
+  /** Runs first at each scrape: what may drop series (see {@link TallyCounter.forget}) does it before they are read. */
+  readonly beforeCollect?: () => void;
+}): TallyCounter {
   const series = new SeriesIndex<Series>();
+  const beforeCollect = options.beforeCollect;
   new Counter({
     name: options.name,
     help: options.help,
     labelNames: options.labelNames,
     registers: [options.registry],
     collect() {
+      beforeCollect?.();
       this.reset();
       for (const { labels, value } of series.all.values()) this.inc(labels, value);
     },
   });
   return {
     inc(values, by = 1) {
-      const found = series.get(values) ?? series.add(values, { labels: labelsOf(options.labelNames, values), value: 0 });
-      found.value += by;
+      const found = series.get(values);
+      if (found !== undefined) {
+        found.value += by;
+        return false;
+      }
+      const copy = values.slice();
+      series.add(copy, { values: copy, labels: labelsOf(options.labelNames, copy), value: by });
+      return true;
+    },
+    totalsBy(label) {
+      const totals = new Map<string, number>();
+      for (const { values, value } of series.all.values()) totals.set(values[label]!, (totals.get(values[label]!) ?? 0) + value);
+      return totals;
+    },
+    forget(label, values) {
+      if (values.size > 0) series.retain((entry) => !values.has(entry.values[label]!));
     },
   };
 }
@@ -152,9 +196,11 @@ export function tallyHistogram(options: {
       (this as unknown as { hashMap: Record<string, PromHistogramEntry> }).hashMap = map;
     },
   });
+  const newSeries = (values: readonly string[]): HistogramSeries =>
+    series.add(values, { values, labels: labelsOf(options.labelNames, values), counts: new Array<number>(bounds.length + 1).fill(0), sum: 0, count: 0 });
   return {
     observe(values, value) {
-      const found = series.get(values) ?? series.add(values, { labels: labelsOf(options.labelNames, values), counts: new Array<number>(bounds.length + 1).fill(0), sum: 0, count: 0 });
+      const found = series.get(values) ?? newSeries(values.slice());
       let i = 0;
       while (i < bounds.length && value > bounds[i]!) i++;
       found.counts[i]! += 1;

@@ -216,6 +216,72 @@ describe("metrics", () => {
     expect(await open("keep")).toBeGreaterThanOrEqual(1);
   });
 
+  // Every guest ever added kept its egressgate_requests_total series: rounds of adding a guest,
+  // five requests and removing it grew the exposition from 11 to 120 KB (black-box finding).
+  describe.each([
+    { how: "removeGuest, with a scrape after each", by: "remove", scrapeEach: true },
+    { how: "removeGuest, with no scrape until the end", by: "remove", scrapeEach: false },
+    { how: "a reload that drops it, with a scrape after each", by: "reload", scrapeEach: true },
+  ] as const)("a removed guest's request series ($how)", ({ by, scrapeEach }) => {
+    it("are counted until its last request, then dropped: the series follow the guests served, not every guest ever added", async () => {
+      const upstream = await startUpstream({ tls: false });
+      const proxy = await startGuestsProxy({ base: { allowedInternalHosts: ["api.test"] } }, { logLevel: "warn", metrics: true });
+      const base = createHttpHooks({ allowedInternalHosts: ["api.test"] });
+      const resolve = { "api.test": ["127.0.0.1"], "b.test": ["127.0.0.1"] };
+      /** Absolute-form GETs as `guest`: one allowed (200), one refused by the allowlist (403). */
+      const ask = async (guest: string): Promise<number[]> => {
+        const { user, token } = credentialsOf(proxy, guest);
+        const one = (host: string): Promise<number> =>
+          new Promise((done, reject) => {
+            const req = httpRequest({ host: "127.0.0.1", port: proxy.port, path: `http://${host}:${upstream.port}/echo`, agent: false, headers: { host: `${host}:${upstream.port}`, "proxy-authorization": basic(user, token) } });
+            req.on("response", (res) => {
+              res.resume();
+              res.on("end", () => done(res.statusCode ?? 0));
+            });
+            req.on("error", reject);
+            req.end();
+          });
+        return [await one("api.test"), await one("b.test"), await one("api.test")];
+      };
+      const guestsIn = (text: string): Map<string, number> => {
+        const counts = new Map<string, number>();
+        for (const line of seriesOf(text, "egressgate_requests_total")) {
+          const guest = /guest="([^"]*)"/.exec(line)![1]!;
+          counts.set(guest, (counts.get(guest) ?? 0) + Number(line.slice(line.lastIndexOf(" ") + 1)));
+        }
+        return counts;
+      };
+      expect(await ask("base")).toEqual([200, 403, 200]);
+      let most = 0;
+      for (let i = 0; i < 40; i++) {
+        const name = `job-${i}`;
+        const hooks = createHttpHooks({ allowedInternalHosts: ["api.test"] });
+        if (by === "remove") proxy.addGuest(name, { httpHooks: hooks.httpHooks, env: hooks.env });
+        else await proxy.reload({ guests: { base: { httpHooks: base.httpHooks, env: base.env }, [name]: { httpHooks: hooks.httpHooks, env: hooks.env } }, resolve });
+        expect(await ask(name)).toEqual([200, 403, 200]);
+        if (by === "remove") await proxy.removeGuest(name);
+        else await proxy.reload({ guests: { base: { httpHooks: base.httpHooks, env: base.env } }, resolve });
+        if (!scrapeEach) continue;
+        const seen = guestsIn(await proxy.metrics());
+        // Its requests are all counted in the scrape after its removal, and its predecessors are gone.
+        expect(seen.get(name)).toBe(3);
+        most = Math.max(most, seen.size);
+      }
+      // At most the guest served and the one just removed: 41 guests were added.
+      if (scrapeEach) expect(most).toBe(2);
+      await proxy.metrics();
+      const after = guestsIn(await proxy.metrics());
+      expect([...after.keys()]).toEqual(["base"]);
+      expect(after.get("base")).toBe(3);
+      // A name served again starts from nothing.
+      const again = createHttpHooks({ allowedInternalHosts: ["api.test"] });
+      if (by === "remove") proxy.addGuest("job-0", { httpHooks: again.httpHooks, env: again.env });
+      else await proxy.reload({ guests: { base: { httpHooks: base.httpHooks, env: base.env }, "job-0": { httpHooks: again.httpHooks, env: again.env } }, resolve });
+      expect(await ask("job-0")).toEqual([200, 403, 200]);
+      expect(guestsIn(await proxy.metrics()).get("job-0")).toBe(3);
+    });
+  });
+
   it("counts hook failures by the kind the sandbox and the hook runner report: time, memory, stack, throw and invalid, in both tiers", async () => {
     const upstream = await startUpstream();
     // The time limit only where the test is about it: on a loaded machine a short limit could
