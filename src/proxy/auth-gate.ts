@@ -7,8 +7,8 @@ import type { ThrottledWarning } from "./throttled-log.js";
 
 /**
  * Who a request is from. Missing, malformed, unknown and wrong credentials all get the same 407;
- * the log says which it was, once per source and then as a summary, so a flood of bad attempts
- * cannot fill it. Past a burst of wrong credentials a source gets 429 instead (see FailureLimiter);
+ * the log says which it was, once per source and reason and then as a summary of each, so a
+ * flood of bad attempts cannot fill it. Past a burst of wrong credentials a source gets 429 instead (see FailureLimiter);
  * a request with none is never counted.
  */
 export class AuthGate {
@@ -30,7 +30,10 @@ export class AuthGate {
     const found = this.guests.identify(req.headers["proxy-authorization"], socket.remoteAddress);
     if (typeof found !== "string") return found;
     const source = socket.remoteAddress ?? "";
-    this.warnings.warn(`auth:${source}`, "proxy authentication failed", { client: source, reason: found });
+    // A kind per source and reason: the summary says how often each reason repeated (one per
+    // source gave the last reason with the count of every kind: 9 wrong tokens then 1 missing
+    // read "missing", repeated 9). The reasons are a handful of fixed words, so still bounded.
+    this.warnings.warn(`auth:${source}\u0000${found}`, "proxy authentication failed", { client: source, reason: found });
     // A request without credentials is no guess: git, Java and curl --proxy-anyauth send one on
     // every new connection and wait for the 407 before they send theirs, so counting them would
     // lock out guests whose credentials are valid (and let a neighbour behind the same NAT do it).

@@ -36,7 +36,8 @@ export class ConnectionLimits {
           : undefined;
     if (over !== undefined) {
       this.refusedSockets.add(socket);
-      this.warnings.warn(`limit:${source}`, "connection refused", { client: source, reason: over });
+      // A kind per reason too: the summary line says the reason of what it counts (ThrottledWarning).
+      this.warnings.warn(`limit:${source}\u0000${over}`, "connection refused", { client: source, reason: over });
       writeRawError(socket, new EgressError("EG_LIMIT", 503, `too many connections: ${over}`));
       return;
     }

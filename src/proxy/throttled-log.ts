@@ -4,7 +4,10 @@ import { withFields } from "../objects.js";
 /**
  * A warning that a flood could repeat thousands of times a second (a guest over its connection
  * limit, EMFILE at accept). The first of each kind is logged at once; the rest within
- * `intervalMs` are counted and summarised in one line when the interval ends.
+ * `intervalMs` are counted and summarised in one line when the interval ends. That line carries
+ * the fields of the last one counted, so a kind must tell apart whatever its fields do (the
+ * source and the reason, say): warnings of one kind with different reasons were summarised
+ * under the last reason with the count of all.
  */
 export class ThrottledWarning {
   private readonly kinds = new Map<string, { suppressed: number; timer: NodeJS.Timeout | undefined; fields: LogFields }>();

@@ -200,6 +200,51 @@ describe("guests: credentials", () => {
   });
 });
 
+// The summary of a source's failed authentications gave the last failure's reason with the count
+// of every kind: 9 wrong tokens then 1 missing read `"reason":"missing","repeated":9` (black-box finding).
+describe("guests: the log of failed authentications", () => {
+  it("says each reason once, then summarises each reason's repeats apart, per source", async () => {
+    const { proxy, upstream } = await twoGuests();
+    const { token } = credentialsOf(proxy, "a");
+    const sent = {
+      "wrong token": `Proxy-Authorization: ${basic("a", "f".repeat(64))}\r\n`,
+      missing: "",
+      malformed: "Proxy-Authorization: Bearer x\r\n",
+      "unknown guest": `Proxy-Authorization: ${basic("nobody", token)}\r\n`,
+    } as const;
+    type Reason = keyof typeof sent;
+    // A row per source address: what it sends, in order, and the summaries (repeats per reason) it must get.
+    const rows: { source: string; sends: [Reason, number][]; repeated: Partial<Record<Reason, number>> }[] = [
+      { source: "127.0.0.2", sends: [["wrong token", 9], ["missing", 1]], repeated: { "wrong token": 8 } },
+      { source: "127.0.0.3", sends: [["missing", 1], ["wrong token", 4], ["malformed", 3], ["unknown guest", 2], ["wrong token", 1]], repeated: { "wrong token": 4, malformed: 2, "unknown guest": 1 } },
+      { source: "127.0.0.4", sends: [["missing", 5]], repeated: { missing: 4 } },
+    ];
+    for (const { source, sends } of rows) {
+      for (const [reason, times] of sends) {
+        for (let i = 0; i < times; i++) {
+          const raw = await openRaw(proxy.port, { localAddress: source });
+          raw.write(`GET http://a.test:${upstream.port}/echo HTTP/1.1\r\nHost: a.test:${upstream.port}\r\n${sent[reason]}Connection: close\r\n\r\n`);
+          expect((await raw.readResponse()).status).toBe(407);
+          await raw.closed;
+        }
+      }
+    }
+    const lines = (source: string, summary: boolean): Record<string, unknown>[] =>
+      proxy.logs.filter((l) => l["msg"] === `proxy authentication failed${summary ? " (repeated)" : ""}` && l["client"] === source);
+    // At once: one line per reason a source gave, in the order first given.
+    for (const { source, sends } of rows) expect(lines(source, false).map((l) => l["reason"])).toEqual([...new Set(sends.map(([reason]) => reason))]);
+    // The summaries come 10 s after each reason's first line (polled: a bound for a loaded machine).
+    const expected = rows.reduce((sum, row) => sum + Object.keys(row.repeated).length, 0);
+    for (let waited = 0; proxy.logs.filter((l) => l["msg"] === "proxy authentication failed (repeated)").length < expected && waited < 20_000; waited += 100) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    for (const { source, repeated } of rows) {
+      const summaries = Object.fromEntries(lines(source, true).map((l) => [l["reason"], l["repeated"]]));
+      expect(summaries, source).toEqual(repeated);
+    }
+  }, 40_000);
+});
+
 describe("guests: isolation", () => {
   it("a guest cannot reach a host that only another guest allows", async () => {
     const { proxy, upstream, b } = await twoGuests();

@@ -522,6 +522,11 @@ describe("connection limits", () => {
     const fullAnswer = await full.readResponse();
     expect(fullAnswer.status).toBe(503);
     expect(fullAnswer.body).toMatch(/limits\.connections\b/);
+    // The first address, refused again, now by the total: each reason is its own line at once (the
+    // second was counted under the first's summary, which then named only the last reason).
+    expect((await (await openRaw(proxy.port)).readResponse()).status).toBe(503);
+    const fromFirst = proxy.logs.filter((l) => l["msg"] === "connection refused" && l["client"] === "127.0.0.1").map((l) => String(l["reason"]));
+    expect(fromFirst).toEqual([expect.stringMatching(/limits\.connectionsPerSource/), expect.stringMatching(/limits\.connections\)/)]);
     // Once a tunnel closes, its place is free again.
     idle[0]!.socket.destroy();
     await idle[0]!.closed;
