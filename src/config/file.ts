@@ -1,5 +1,5 @@
 import path from "node:path";
-import { isCollection, isMap, isPair, isScalar, isSeq, LineCounter, parseDocument, visit, type Document, type Node } from "yaml";
+import { isCollection, isMap, isPair, isScalar, isSeq, LineCounter, parseDocument, visit, type Document, type Node, type Scalar } from "yaml";
 import { resolveDocument, type ProxyConfig } from "./document.js";
 import { ConfigFileError, makeIssue, type OptionIssue, type Segment } from "./option-error.js";
 import { maxTextFileBytes, readFailure, readRegularFileSync } from "../regular-file.js";
@@ -62,7 +62,9 @@ function parseAnew(text: string, file: string, env: NodeJS.ProcessEnv, baseDir: 
   }
   const lines = new LineCounter();
   // Core schema: YAML 1.2, where `yes`/`no`/`on` are strings, not booleans, and `<<` is a plain key.
-  const doc = parseDocument(text, { lineCounter: lines, schema: "core", uniqueKeys: true, prettyErrors: false });
+  // Keys are compared as the names they are read as (see keysAsWritten): `12` and `012` are two
+  // guests, `12` and `"12"` one name given twice.
+  const doc = parseDocument(text, { lineCounter: lines, schema: "core", uniqueKeys: (a, b) => a === b || (isScalar(a) && isScalar(b) && keyName(a) === keyName(b)), prettyErrors: false });
   if (doc.errors.length > 0) {
     throw new ConfigFileError(
       file,
@@ -73,6 +75,7 @@ function parseAnew(text: string, file: string, env: NodeJS.ProcessEnv, baseDir: 
   if (complexKey !== undefined) {
     throw new ConfigFileError(file, [{ ...makeIssue([], "has a list or mapping as a key; every key here is a name"), line: lines.linePos(complexKey).line }]);
   }
+  keysAsWritten(doc);
   let value: unknown;
   try {
     // An alias bomb (a billion laughs) would otherwise expand without bound.
@@ -165,6 +168,27 @@ function collectionKey(doc: Document): number | undefined {
     },
   });
   return found;
+}
+
+/**
+ * Every key of the file is a name (an option's, a guest's, a secret's, a host's), never a
+ * number: a plain key the core schema reads as another type is taken as written. Read as YAML
+ * has it, the guest `0012` was served as "12" (and `007` as "7", `1.0` as "1", `0o17` as "15"),
+ * check-config showed "12" without a word, and the credentials `egressgate env --guest 0012`
+ * printed got 407.
+ */
+function keysAsWritten(doc: Document): void {
+  visit(doc, {
+    Pair(_key, pair) {
+      if (isScalar(pair.key) && typeof pair.key.value !== "string") pair.key.value = keyName(pair.key);
+    },
+  });
+}
+
+/** The name a key scalar stands for: its text as written, whatever type YAML reads it as. */
+function keyName(key: Scalar): string {
+  if (typeof key.value === "string") return key.value;
+  return key.source ?? String(key.value);
 }
 
 function firstLine(message: string): string {

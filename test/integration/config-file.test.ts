@@ -151,6 +151,41 @@ describe("examples/egressgate.yaml through the CLI", () => {
     expect(upstream.seen.map((r) => r.method)).toEqual(["GET", "GET"]);
   });
 
+  // YAML's core schema reads 0012 as the number 12: the guest was served as "12", check-config
+  // showed "12" with exit 0, and the credentials `egressgate env --guest 0012` printed got 407.
+  it("guests named as YAML would read numbers (0012, 007, 1.0, true) and a quoted one keep their names: check-config, the env files and env --guest agree, and each guest's credentials pass", async () => {
+    const dir = tempDir("egressgate-names-");
+    const upstream = await startUpstream({ names: ["a.test"], tls: false });
+    const names = ["0012", "007", "1.0", "true", "0013"];
+    const file = join(dir, "names.yaml");
+    const listed = names.map((name) => `  ${name === "0013" ? '"0013"' : name}:\n    allowInternalHosts: [a.test]\n    secrets: { T: { hosts: [a.test], value: env:T } }\n`).join("");
+    writeFileSync(file, `resolve: { a.test: [127.0.0.1] }\nguests:\n${listed}`);
+    const env = cleanEnv({ T: "the-real-value-0123456789", EGRESSGATE_PLACEHOLDER_KEY: deploymentKey });
+    const check = startCli(["check-config", file], env);
+    expect(await check.exited).toBe(0);
+    // As YAML that reads back the same: quoted where a plain key would be read as a number or a boolean.
+    for (const name of names) expect(check.stdout()).toContain(`\n  "${name}":\n`);
+    expect(check.stdout()).not.toMatch(/\n {2}"?(12|7|1|13)"?:\n/);
+    const envFile = join(dir, "guest.env");
+    const cli = startCli(["--config", file, "--listen", "127.0.0.1:0", "--ca-dir", join(dir, "ca"), "--guest-env-file", envFile, "--log-level", "warn"], env);
+    const port = await waitForListening(cli);
+    // `env --guest` for two of them (each is a process of its own): the credentials it prints are the served guest's.
+    for (const name of ["0012", "1.0"]) {
+      const printed = startCli(["env", "--guest", name, "--listen", `127.0.0.1:${port}`, "--ca-dir", join(dir, "ca")], env);
+      expect(await printed.exited).toBe(0);
+      expect(printed.stdout()).toContain(`export HTTPS_PROXY='${readEnvFile(`${envFile}.${name}`)["HTTPS_PROXY"]}'`);
+    }
+    for (const name of names) {
+      const written = readEnvFile(`${envFile}.${name}`);
+      const proxyUrl = new URL(written["HTTPS_PROXY"]!);
+      expect(decodeURIComponent(proxyUrl.username)).toBe(name);
+      expect(written["T"]).toMatch(/^EGRESSGATE_SECRET_[0-9a-f]{48}$/);
+      const answer = await curlAs(written, "", join(dir, "ca", "ca.crt"), `http://a.test:${upstream.port}/echo`);
+      expect([name, answer.status, answer.body]).toEqual([name, 200, expect.any(String)]);
+    }
+    expect(upstream.seen).toHaveLength(names.length);
+  }, 120_000);
+
   it("check-config prints both guests with their hosts and secret sources, and never a value", async () => {
     const cli = startCli(["check-config", example], cleanEnv(secrets));
     expect(await cli.exited).toBe(0);

@@ -191,6 +191,38 @@ describe("loadConfigFile: errors name the path and the line", () => {
     expect(error.issues[0]?.reason).toBe('must be true or false (got "yes")');
   });
 
+  // Read as YAML's core schema types them, these keys were renamed: the guest 0012 was served
+  // as "12", and the credentials for 0012 got 407 (black-box finding).
+  it.each([
+    ["0012", "0012"],
+    ["007", "007"],
+    ["1.0", "1.0"],
+    ["0o17", "0o17"],
+    ["0x1f", "0x1f"],
+    ["1e3", "1e3"],
+    ["true", "true"],
+    ["null", "null"],
+    ['"0012"', "0012"],
+    ["'007'", "007"],
+    ["12", "12"],
+  ])("a guest key written %s names the guest %s", (written, name) => {
+    const config = loadConfigFile(configFile(`guests:\n  ${written}:\n    allowHosts: [a.test]\n`), {});
+    expect(Object.keys(config.guests)).toEqual([name]);
+  });
+
+  it("resolve hosts and secret names keep their spelling too", () => {
+    const config = loadConfigFile(configFile("resolve: { 1.10: [127.0.0.5], 0010: [127.0.0.6] }\nsecrets:\n  TRUE: { hosts: [a.test], value: env:T }\n"), { T: "value" });
+    expect(Object.keys(config.proxy.resolve ?? {}).sort()).toEqual(["0010", "1.10"]);
+    expect(Object.keys(config.guests["default"]!.secrets ?? {})).toEqual(["TRUE"]);
+  });
+
+  it("keys are compared as written: 12 and 012 are two guests, 12 and \"12\" one given twice", () => {
+    expect(Object.keys(loadConfigFile(configFile("guests:\n  12: {}\n  012: {}\n"), {}).guests)).toEqual(["12", "012"]);
+    const twice = fileErrorOf(configFile('guests:\n  12: {}\n  "12": {}\n'));
+    expect(twice.line).toBe(3);
+    expect(twice.message).toMatch(/not valid YAML: .*unique/i);
+  });
+
   it("a syntax error and a duplicate key are reported with their lines", () => {
     expect(fileErrorOf(configFile("listen: 127.0.0.1:0\nguests: ci: {}\nworkers: 1\n")).message).toMatch(/:2: not valid YAML/);
     const duplicate = fileErrorOf(configFile("workers: 1\nworkers: 2\n"));
