@@ -30,6 +30,7 @@ import { checkConfig, checkHar, failureText, printCa, printEnv } from "./command
 import { DjsEngine } from "../djs/engine.js";
 import { readConfigText, reuseParses } from "../config/file.js";
 import { inspectorListen } from "../proxy/inspector-address.js";
+import { reloadRefusal } from "../config/build.js";
 
 /** `flags`, or the config file in use, once known: how an option error from startProxy is worded. */
 let source: string | undefined;
@@ -195,6 +196,11 @@ async function main(argv: readonly string[]): Promise<number> {
           if (closing) return;
           next = parseCli(argv);
           if (next.kind !== "serve") return;
+          const refused = reloadRefusal(current, next.built);
+          if (refused !== undefined) {
+            await next.built.close();
+            throw new TypeError(refused);
+          }
           ({ idle: replacedIdle } = await proxy.reload(forThisProcess(next.options)).catch(async (error: unknown) => {
             if (next.kind === "serve") await next.built.close();
             throw error;

@@ -3,7 +3,7 @@ import { Decider } from "../deciders/decider.js";
 import { createDjsHooks, djsHooksOptionsFromFile, DjsHooks } from "../djs/create-djs-hooks.js";
 import { createHttpHooks, declarativeConfigOf, type HookChainEntry, type HttpHooks, type HttpHooksOptions } from "../hooks/http-hooks.js";
 import { defaults } from "./defaults.js";
-import type { GuestConfig, ProxyConfig, ProxyWideConfig } from "./document.js";
+import { singleGuestName, type GuestConfig, type ProxyConfig, type ProxyWideConfig } from "./document.js";
 import { makeIssue, OptionError, type Segment } from "./option-error.js";
 
 /**
@@ -30,6 +30,14 @@ export interface BuiltProxyOptions extends ProxyWideConfig {
 
 export interface BuiltConfig {
   readonly options: BuiltProxyOptions;
+  /**
+   * How the guests' placeholders derive from the deployment key: `single`, the one guest of the
+   * top-level options, from the key itself; `guests`, each listed guest from a key of its own.
+   * Undefined without a deployment key (placeholders are then random per build).
+   */
+  readonly placeholderDerivation: "single" | "guests" | undefined;
+  /** The guests' names. */
+  readonly guestNames: readonly string[];
   /** Every guest's tier-2 policy, to be closed with the proxy. */
   readonly policies: readonly DjsHooks[];
   /** Replaces every guest's secret values in `text` (for a last-resort error line). */
@@ -94,12 +102,38 @@ export function buildProxyOptions(config: ProxyConfig, options: BuildOptions = {
       : { ...config.proxy, guests: built, ...keyOption };
   return {
     options: proxyOptions,
+    placeholderDerivation: key === undefined ? undefined : config.single ? "single" : "guests",
+    guestNames: Object.keys(built),
     policies,
     redact: (text) => redactors.reduce((out, redact) => redact(out), text),
     close: async () => {
       await Promise.all([...policies, ...deciders].map((closing) => closing.close()));
     },
   };
+}
+
+/**
+ * Why a reload from the configuration serving to `next` is refused, or undefined. The single
+ * guest (top-level options) derives its placeholders from the deployment key itself, so that
+ * they are those of before guests existed; a guest under `guests:` from a key of its own, so that
+ * two guests' same-named secrets differ. Neither can change without changing placeholders that
+ * deployments hold, so a file that switches between the two forms and keeps the guest `default`
+ * would give it other placeholders: the one in its environment would no longer be known, and
+ * would go upstream as it is (black-box finding). Refused for the whole life of the process, not
+ * only where `default` has secrets now: a secret it gains by a later reload would otherwise take
+ * the other form's placeholder while its environment file holds the first.
+ */
+export function reloadRefusal(serving: BuiltConfig, next: BuiltConfig): string | undefined {
+  const before = serving.placeholderDerivation;
+  const after = next.placeholderDerivation;
+  if (before === undefined || after === undefined || before === after) return undefined;
+  if (!serving.guestNames.includes(singleGuestName) || !next.guestNames.includes(singleGuestName)) return undefined;
+  const [from, to] = before === "single" ? ["the top-level options of one guest", "guests:"] : ["guests:", "the top-level options of one guest"];
+  return (
+    `reload: the file switches from ${from} to ${to} and keeps the guest "${singleGuestName}", whose secret placeholders would then change ` +
+    `(the one guest's derive from the deployment key itself, a guest under guests: from a key of its own), and a placeholder it still sends would go upstream as it is. ` +
+    `Restart the proxy to switch, and give "${singleGuestName}" its new environment (--guest-env-file); or, under guests:, name that guest otherwise (a new guest, with new credentials)`
+  );
 }
 
 /**

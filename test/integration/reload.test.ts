@@ -444,9 +444,79 @@ describe("SIGHUP", () => {
   }, 120_000);
 });
 
+// A file switched from the single-guest form (top-level options, auth: true) to guests: keeping
+// `default` gave it other placeholders without a word, and the one in its environment file went
+// upstream as it was (black-box finding): the two forms derive placeholders from different keys.
+describe("SIGHUP, switching between one guest and guests:", () => {
+  const key = "reload-form-test-deployment-key-0123456789";
+  const value = "the-real-a-token-0123456789";
+  const guest = (name: string): string => `  ${name}:\n    allowInternalHosts: [a.test]\n    secrets: { A_TOKEN: { hosts: [a.test], value: env:A_TOKEN } }\n`;
+  const forms = {
+    single: "auth: true\nallowInternalHosts: [a.test]\nsecrets: { A_TOKEN: { hosts: [a.test], value: env:A_TOKEN } }\n",
+    singleOtherHost: "auth: true\nallowInternalHosts: [a.test, b.test]\nsecrets: { A_TOKEN: { hosts: [a.test], value: env:A_TOKEN } }\n",
+    guestsWithDefault: `guests:\n${guest("default")}${guest("other")}`,
+    guestsWithDefaultOnly: `guests:\n${guest("default")}`,
+    guestsWithoutDefault: `guests:\n${guest("vm")}`,
+  } as const;
+  it.each([
+    { from: "single", to: "guestsWithDefault", refused: true },
+    { from: "guestsWithDefault", to: "single", refused: true },
+    { from: "single", to: "guestsWithoutDefault", refused: false },
+    { from: "single", to: "singleOtherHost", refused: false },
+    { from: "guestsWithDefault", to: "guestsWithDefaultOnly", refused: false },
+  ] as const)("from $from to $to: refused $refused, and default's placeholder from the start keeps reaching the upstream as the value while default is served", async ({ from, to, refused }) => {
+    const dir = tempDir();
+    const upstream = await startUpstream({ names: ["a.test"] });
+    const caFile = join(dir, "upstream-ca.pem");
+    writeFileSync(caFile, (await testCa()).certPem);
+    const config = join(dir, "egressgate.yaml");
+    const write = (form: keyof typeof forms): void =>
+      writeFileSync(config, `listen: 127.0.0.1:0\nupstreamCa: [${caFile}]\nresolve: { a.test: [127.0.0.1], b.test: [127.0.0.1] }\n${forms[form]}`);
+    write(from);
+    const envFile = join(dir, "guest.env");
+    const cli = startCli(["--config", config, "--ca-dir", dir, "--log-format", "json", "--guest-env-file", envFile], { EGRESSGATE_PLACEHOLDER_KEY: key, A_TOKEN: value });
+    await cli.waitFor(/listening on http:\/\/127\.0\.0\.1:\d+/);
+    const envText = readFileSync(from.startsWith("single") ? envFile : `${envFile}.default`, "utf8");
+    const envOf = (name: string): string => /^(?:export )?([^=]+)=(.*)$/m.exec(envText.split("\n").find((line) => line.startsWith(`${name}=`)) ?? "")?.[2] ?? "";
+    const proxyUrl = envOf("HTTPS_PROXY");
+    const placeholder = envOf("A_TOKEN");
+    expect(placeholder).toMatch(/^EGRESSGATE_SECRET_[0-9a-f]{48}$/);
+    const caPem = readFileSync(join(dir, "ca.crt"), "utf8");
+    /** A request as `default` with the placeholder its environment file holds: the status, and what the upstream got. */
+    const askAsDefault = async (): Promise<[number, unknown]> => {
+      const agent = new ProxyAgent({ uri: proxyUrl, requestTls: { ca: caPem } });
+      try {
+        const seen = upstream.seen.length;
+        const res = await undiciRequest(`https://a.test:${upstream.port}/echo`, { dispatcher: agent, headers: { authorization: `Bearer ${placeholder}` } });
+        await res.body.dump();
+        return [res.statusCode, upstream.seen[seen]?.headers["authorization"]];
+      } catch (error) {
+        const status = /Proxy response \((\d{3})\)/.exec((error as Error).message);
+        if (status === null) throw error;
+        return [Number(status[1]), undefined];
+      } finally {
+        await agent.close();
+      }
+    };
+    expect(await askAsDefault()).toEqual([200, `Bearer ${value}`]);
+    write(to);
+    const mark = cli.output().length;
+    cli.child.kill("SIGHUP");
+    const [line] = await cli.waitFor(/.*"msg":"(reload failed; the old configuration keeps serving|configuration reloaded)".*/, mark);
+    // Served by the old configuration (refused) or the new one: either way the placeholder it holds is its secret's.
+    if (to === "guestsWithoutDefault") expect(await askAsDefault()).toEqual([407, undefined]);
+    else expect(await askAsDefault()).toEqual([200, `Bearer ${value}`]);
+    if (refused) {
+      expect(line).toContain("reload failed");
+      expect(line).toContain('keeps the guest \\"default\\", whose secret placeholders would then change');
+      expect(line).toContain("Restart the proxy to switch");
+    } else expect(line).toContain("configuration reloaded");
+  }, 60_000);
+});
+
 /** The CLI in a process group of its own (its workers too), killed as a group when the test ends. */
-function startCli(args: readonly string[]): { child: ChildProcess; output: () => string; waitFor: (pattern: RegExp, from?: number) => Promise<RegExpExecArray> } {
-  const child = spawn(process.execPath, ["--import", "tsx", "src/cli/bin.ts", ...args], { cwd: root, stdio: ["ignore", "pipe", "pipe"], detached: true });
+function startCli(args: readonly string[], env: NodeJS.ProcessEnv = {}): { child: ChildProcess; output: () => string; waitFor: (pattern: RegExp, from?: number) => Promise<RegExpExecArray> } {
+  const child = spawn(process.execPath, ["--import", "tsx", "src/cli/bin.ts", ...args], { cwd: root, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"], detached: true });
   onTestFinished(() => {
     try {
       process.kill(-child.pid!, "SIGKILL");
