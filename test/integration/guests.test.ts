@@ -416,6 +416,42 @@ describe("guests: added and removed while running", () => {
   });
 });
 
+// The README said a removed guest's "credentials get 407 from now on"; but a token is
+// HMAC(deployment key, name), so a guest given the name again accepted the old credentials, and
+// a keyed placeholder came back with them (black-box finding): documented, and pinned here.
+describe("guests: a name is a lasting credential", () => {
+  const key = "lasting-credential-deployment-key-0123456789";
+  it.each([
+    { served: "the same name", name: "box1", deploymentKey: key, status: 200 },
+    { served: "another name", name: "box1-2", deploymentKey: key, status: 407 },
+    { served: "the same name under a rotated deployment key", name: "box1", deploymentKey: `${key}-rotated`, status: 407 },
+  ])("after removeGuest, $served: the removed guest's credentials get $status", async ({ name, deploymentKey, status }) => {
+    const upstream = await startUpstream({ names: ["a.test"] });
+    const url = `https://a.test:${upstream.port}/echo`;
+    // Placeholders keyed per guest by the deployment key and the name, as the config file derives them.
+    const hooksFor = (value: string, withKey: string, guest: string): ReturnType<typeof createHttpHooks> =>
+      createHttpHooks({ allowedInternalHosts: ["a.test"], secrets: { API_KEY: { hosts: ["a.test"], value } }, secretPlaceholderKey: createHmac("sha256", withKey).update(guest).digest("hex") });
+    const first = await startGuestsProxy({ keeper: {} }, { deploymentKey: key, logLevel: "warn" });
+    const old = hooksFor("old-tenant-value-0123456789", key, "box1");
+    first.addGuest("box1", { httpHooks: old.httpHooks, env: old.env });
+    const kept = credentialsOf(first, "box1").proxyUrl;
+    const placeholder = first.guestEnv("box1")["API_KEY"]!;
+    expect((await getAs(kept, first.caCertPem, url, { authorization: `Bearer ${placeholder}` })).status).toBe(200);
+    await first.removeGuest("box1");
+    expect((await getAs(kept, first.caCertPem, url)).status).toBe(407);
+    // A new tenant given a name: in the same process, or in one restarted with a new key.
+    const proxy = deploymentKey === key ? first : await startGuestsProxy({ keeper: {} }, { deploymentKey, logLevel: "warn" });
+    const next = hooksFor("new-tenant-value-0123456789", deploymentKey, name);
+    proxy.addGuest(name, { httpHooks: next.httpHooks, env: next.env });
+    const oldUrl = new URL(kept);
+    oldUrl.port = String(proxy.port);
+    const answer = await getAs(oldUrl.href, proxy.caCertPem, url, { authorization: `Bearer ${placeholder}` });
+    expect(answer.status).toBe(status);
+    // Served again under the same name, the old tenant's URL and placeholder reach the new tenant's value.
+    if (status === 200) expect(JSON.parse(answer.text).headers.authorization).toBe("Bearer new-tenant-value-0123456789");
+  });
+});
+
 // addGuest(5) failed with Node's ERR_INVALID_ARG_TYPE from inside the token derivation, a name
 // already served or not served threw a TypeError without a code, and a proxy whose close() had
 // begun took a new guest, or removed one, without a word (an embedding hunt).
