@@ -4,6 +4,7 @@ import { EgressError, badRequest, quoteShort } from "../errors.js";
 import { endToEndHeaders, expectRefused, hasExpect, httpToken, type HeaderList } from "../headers.js";
 import { discardBody } from "../streams.js";
 import { markMadeBody } from "./made-bodies.js";
+import type { HookSignal } from "./run-hook.js";
 
 /**
  * Conversions between the proxy's own request/response shapes and the WHATWG `Request` and
@@ -165,18 +166,23 @@ export function nodeBody(body: ReadableStream<Uint8Array>): Readable {
 export async function readHookBody(
   body: ReadableStream<Uint8Array>,
   limit: number,
-  deadline?: { readonly ms: number; readonly error: () => EgressError },
+  deadline?: { readonly ms: number; readonly error: () => EgressError; readonly ended?: { readonly signal: HookSignal; readonly error: () => EgressError } },
 ): Promise<Buffer> {
   const reader = body.getReader();
   let late: EgressError | undefined;
+  const stop = (error: EgressError): void => {
+    late ??= error;
+    void reader.cancel(late).catch(() => undefined);
+  };
   // Cancelling resolves the pending read as done: `late` tells that end from a real one.
-  const timer =
-    deadline === undefined
-      ? undefined
-      : setTimeout(() => {
-          late = deadline.error();
-          void reader.cancel(late).catch(() => undefined);
-        }, Math.max(0, deadline.ms));
+  const timer = deadline === undefined ? undefined : setTimeout(() => stop(deadline.error()), Math.max(0, deadline.ms));
+  // The request ended (its guest left, the drain cut it): the read is let go now, not at the deadline.
+  const ended = deadline?.ended;
+  const onEnded = ended === undefined ? undefined : (): void => stop(ended.error());
+  if (ended !== undefined && onEnded !== undefined) {
+    if (ended.signal.aborted) onEnded();
+    else ended.signal.once("abort", onEnded);
+  }
   const chunks: Uint8Array[] = [];
   let size = 0;
   try {
@@ -195,6 +201,7 @@ export async function readHookBody(
     throw error;
   } finally {
     clearTimeout(timer);
+    if (ended !== undefined && onEnded !== undefined) ended.signal.off("abort", onEnded);
   }
 }
 

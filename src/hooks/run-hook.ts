@@ -27,8 +27,15 @@ function safeStatusText(text: string): string | undefined {
  * HttpRequestBlockedError becomes its own status, a hook that never settles 504, and any other
  * throw or rejection 502. The hook's own error goes to the log (`detail`), not to the guest.
  * A hook that returns synchronously costs no timer and no extra promise.
+ *
+ * With `signal` (the request's GuestGone), a call still pending when the request ends (its guest
+ * left, the proxy's drain cut it, a layer's deadline passed) is let go at once: the request ends
+ * then, not at `timeoutMs`, and the call's timer no longer holds the process. The timer alone
+ * held a request whose guest had gone until hookMs, and kept the embedding process alive that
+ * long after close(). The call itself still runs: it is handed to `signal.hold`.
  */
-export function runHook<T>(name: string, timeoutMs: number, call: () => T | PromiseLike<T>): T | Promise<T> {
+export function runHook<T>(name: string, timeoutMs: number, call: () => T | PromiseLike<T>, signal?: HookSignal): T | Promise<T> {
+  if (signal?.aborted === true) return Promise.reject(requestEnded(name, signal));
   let result: T | PromiseLike<T>;
   try {
     result = call();
@@ -43,14 +50,43 @@ export function runHook<T>(name: string, timeoutMs: number, call: () => T | Prom
     throw hookFailure(name, error);
   }
   if (!thenable) return result as T;
-  return settleWithin(name, timeoutMs, result as PromiseLike<T>);
+  return settleWithin(name, timeoutMs, result as PromiseLike<T>, signal);
+}
+
+/**
+ * What ends a request early, as the pipeline's GuestGone is seen here (hooks sit below the
+ * pipeline): `reason` is why it ended.
+ */
+export interface HookSignal {
+  readonly aborted: boolean;
+  readonly reason: unknown;
+  once(event: "abort", listener: () => void): unknown;
+  off(event: "abort", listener: () => void): unknown;
+  /** Counts a call let go that still runs (GuestGone.hold). */
+  hold?(work: Promise<unknown>): void;
+}
+
+/**
+ * A call let go because its request ended. The guest left, or the drain cut it: a 499, which the
+ * decision line gives as the guest's leaving or the drain's cut, and a block, as an external
+ * decider's call ended the same way is (no failure of the hook's, for the metrics or the audit
+ * record). The request's deadline passed under a layer (its error is ours, and the guest's
+ * answer): the call did not settle in time.
+ */
+export function requestEnded(name: string, signal: HookSignal): EgressError {
+  const reason = signal.reason;
+  if (reason instanceof EgressError) {
+    return new EgressError("EG_HOOK_TIMEOUT", reason.status, `${name} hook had not settled when the request's deadline passed: ${reason.message}`, { failure: "time" });
+  }
+  const why = reason instanceof Error ? reason.message : "the request ended";
+  return new EgressError("EG_HOOK_BLOCKED", 499, `the request ended before the ${name} hook settled: ${why}`, { detail: `${name} had not settled` });
 }
 
 function isThenable<T>(value: T | PromiseLike<T>): value is PromiseLike<T> {
   return typeof (value as { then?: unknown } | null)?.then === "function";
 }
 
-async function settleWithin<T>(name: string, timeoutMs: number, pending: PromiseLike<T>): Promise<T> {
+async function settleWithin<T>(name: string, timeoutMs: number, pending: PromiseLike<T>, signal: HookSignal | undefined): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   const deadline = new Promise<never>((_, reject) => {
     timer = setTimeout(
@@ -58,14 +94,33 @@ async function settleWithin<T>(name: string, timeoutMs: number, pending: Promise
       timeoutMs,
     );
   });
+  let ended: (() => void) | undefined;
+  let letGo = false;
+  const cut =
+    signal === undefined
+      ? undefined
+      : new Promise<never>((_, reject) => {
+          ended = () => {
+            letGo = true;
+            // The call goes on in the hook's code, still bounded by its deadline, whose timer no
+            // longer holds the process (the request is over; close() may be under way).
+            timer?.unref();
+            signal.hold?.(Promise.race([pending, deadline]).then(noop, noop));
+            reject(requestEnded(name, signal));
+          };
+          signal.once("abort", ended);
+        });
   try {
-    return await Promise.race([pending, deadline]);
+    return await Promise.race(cut === undefined ? [pending, deadline] : [pending, deadline, cut]);
   } catch (error) {
     throw hookFailure(name, error);
   } finally {
-    clearTimeout(timer);
+    if (!letGo) clearTimeout(timer);
+    if (ended !== undefined) signal!.off("abort", ended);
   }
 }
+
+function noop(): void {}
 
 /**
  * Any way a hook of either tier failed, as the guest's answer: its own status when blocked, else

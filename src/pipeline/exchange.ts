@@ -57,6 +57,23 @@ export interface PipelineResponse {
 export class GuestGone extends EventEmitter {
   aborted = false;
   reason: unknown = undefined;
+  /** Work the request let go of when it ended that still runs: see {@link GuestGone.hold}. */
+  private holding: Promise<unknown>[] | undefined;
+
+  /**
+   * Counts work that outlives its request, bounded by its own deadline: a hook's call still
+   * pending when the guest left ends the request at once, but goes on in the hook's own code. An
+   * HTTP/2 connection's running-work cap counts it until it settles, so that a guest cannot
+   * reset streams to start calls without limit (CVE-2023-44487).
+   */
+  hold(work: Promise<unknown>): void {
+    (this.holding ??= []).push(work);
+  }
+
+  /** Settles once all held work has; undefined when none was held (the usual case: nothing to wait for). */
+  held(): Promise<void> | undefined {
+    return this.holding === undefined ? undefined : Promise.allSettled(this.holding).then(() => undefined);
+  }
 
   abort(reason: unknown = new Error("the guest closed the connection")): void {
     if (this.aborted) return;

@@ -17,7 +17,7 @@ import {
 } from "../hooks/fetch-objects.js";
 import type { HttpHooks } from "../hooks/http-hooks.js";
 import { carryMadeBody } from "../hooks/made-bodies.js";
-import { hookFailure, runHook } from "../hooks/run-hook.js";
+import { hookFailure, requestEnded, runHook, type HookSignal } from "../hooks/run-hook.js";
 import { madeBodyFailure } from "./body-reads.js";
 import type { OpenFailure } from "../deciders/failure.js";
 import type { OutboundRequest } from "./exchange.js";
@@ -134,6 +134,7 @@ export async function runOnRequest(
   request: OutboundRequest,
   tap: BodyTap | undefined,
   limits: HookLimits,
+  signal?: HookSignal,
 ): Promise<OnRequestOutcome> {
   // The guest's stream on the first hop; on a 307/308 hop, the bytes a hook built earlier.
   const body =
@@ -150,7 +151,7 @@ export async function runOnRequest(
   let out: Awaited<ReturnType<typeof onRequest>>;
   const called = performance.now();
   try {
-    out = await runHook("onRequest", limits.hookMs, () => onRequest(seen));
+    out = await runHook("onRequest", limits.hookMs, () => onRequest(seen), signal);
   } catch (error) {
     throw tap?.limitHit === true ? tooLarge() : hookFailure("onRequest", error);
   }
@@ -193,6 +194,7 @@ export async function runOnRequest(
           ms: limits.hookMs - (performance.now() - called),
           error: () =>
             new EgressError("EG_HOOK_TIMEOUT", 504, `onRequest hook did not settle within ${limits.hookMs} ms: the body of the Request it returned had not ended`, { failure: "time" }),
+          ...(signal !== undefined ? { ended: { signal, error: () => requestEnded("onRequest", signal) } } : {}),
         });
       } catch (error) {
         if (error instanceof EgressError) throw error;
@@ -215,6 +217,7 @@ export async function runOnResponse(
   upstream: HookedResponse,
   request: OutboundRequest,
   limits: HookLimits,
+  signal?: HookSignal,
 ): Promise<HookedResponse & { readonly replaced: boolean; readonly discard: () => void }> {
   if (upstream.status < 200 || upstream.status > 599) {
     throw new EgressError("EG_UPSTREAM", 502, `upstream answered status ${upstream.status}, which hooks cannot represent`);
@@ -237,7 +240,7 @@ export async function runOnResponse(
   };
   let out: Awaited<ReturnType<typeof onResponse>>;
   try {
-    out = await runHook("onResponse", limits.hookMs, () => onResponse(seen, seenRequest));
+    out = await runHook("onResponse", limits.hookMs, () => onResponse(seen, seenRequest), signal);
   } catch (error) {
     if (tap?.limitHit === true) throw tooLarge();
     discard();

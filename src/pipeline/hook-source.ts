@@ -115,22 +115,22 @@ export function callbackSource(hooks: HttpHooks, label = "hooks"): HookSource {
     phases,
     describe: (phase) => phase,
     answered: tier3Answered,
-    onRequest: (request, tap, limits) => runOnRequest(hooks.onRequest!, request, tap, limits),
-    isRequestAllowed: async (request, limits) => {
+    onRequest: (request, tap, limits, call) => runOnRequest(hooks.onRequest!, request, tap, limits, call.signal),
+    isRequestAllowed: async (request, limits, call) => {
       const isRequestAllowed = hooks.isRequestAllowed!;
       // The hook sees the request as it will leave (secrets substituted), without a body.
       const seen = makeRequest(request.url, request.method, request.headers, null);
-      const allowed = await runHook("isRequestAllowed", limits.hookMs, () => isRequestAllowed(seen));
+      const allowed = await runHook("isRequestAllowed", limits.hookMs, () => isRequestAllowed(seen), call.signal);
       if (allowed !== true) throw checkRefusal("isRequestAllowed", allowed, `request to ${request.url.origin} refused by isRequestAllowed`);
     },
-    isIpAllowed: async (info, limits) => {
+    isIpAllowed: async (info, limits, call) => {
       const isIpAllowed = hooks.isIpAllowed!;
-      const allowed = await runHook("isIpAllowed", limits.hookMs, () => isIpAllowed(info));
+      const allowed = await runHook("isIpAllowed", limits.hookMs, () => isIpAllowed(info), call.signal);
       if (allowed === true) return undefined;
       if (allowed !== false) throw checkRefusal("isIpAllowed", allowed, "");
       return deny("hooks", "isIpAllowed", `an address of "${info.hostname}" was refused by isIpAllowed`, `${info.hostname} -> ${info.ip}`);
     },
-    onResponse: (response, request, limits) => runOnResponse(hooks.onResponse!, response, request, limits),
+    onResponse: (response, request, limits, call) => runOnResponse(hooks.onResponse!, response, request, limits, call.signal),
     ...(hooks.handle !== undefined ? { handle: (request, tap, layer, limits) => runHandle(hooks.handle!, request, tap, layer, limits) } : {}),
   };
 }

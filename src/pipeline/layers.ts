@@ -8,6 +8,7 @@ import type { HookedResponse, HookLimits } from "./hook-phases.js";
 import type { HookSource, LayerNext, SourceCall } from "./hook-source.js";
 import { checkHandedRequest, checkMadeResponse } from "./head-bounds.js";
 import { elapsed, failedEntry } from "./trace.js";
+import { requestEnded } from "../hooks/run-hook.js";
 import { withFields } from "../objects.js";
 
 /** The most `next()` calls one guest request may make, over all layers (DESIGN §2). */
@@ -39,6 +40,8 @@ export class LayerRun {
   private descending = 0;
   /** Calls (by layer index) whose handle has yet to settle: concurrent next() calls run a layer more than once. */
   private readonly unsettled = new Map<number, number>();
+  /** The trace entries of calls yet to settle, with when each began. */
+  private readonly pendingEntries = new Map<TraceEntry, number>();
 
   constructor(
     private readonly layers: readonly HookSource[],
@@ -56,6 +59,13 @@ export class LayerRun {
     const expired = new Promise<never>((_, reject) => (expire = reject));
     // A guest that leaves ends the request at once, even while a layer has yet to settle.
     const guestGone = (): void => {
+      // A layer still running when its request ended did not fail: the record says the request
+      // ended (a block with nginx's 499, as for any hook's call), not "did not settle" of kind time.
+      for (const [entry, started] of this.pendingEntries) {
+        delete entry.failure;
+        Object.assign(entry, failedEntry(entry.source, entry.tier, "handle", requestEnded("handle", this.context.signal), started));
+      }
+      this.pendingEntries.clear();
       this.gone.abort(this.context.signal.reason);
       expire(this.context.signal.reason);
     };
@@ -74,6 +84,10 @@ export class LayerRun {
     } catch (error) {
       // Nothing will be sent: every body a descent brought back goes, read or not.
       for (const response of this.responses) discardBody(response.body);
+      // A layer still running when its guest left goes on in its own code: the request's signal
+      // holds it (an HTTP/2 connection counts it as running work) until it settles or the
+      // deadline it had passes.
+      if (this.context.signal.aborted && this.unsettled.size > 0) this.context.signal.hold(settledWithin(work, this.deadline - performance.now()));
       // A layer still running past the deadline settles later: whatever it got goes back then.
       void work.then(
         (late) => {
@@ -138,9 +152,11 @@ export class LayerRun {
     if (trace !== undefined) {
       entry = { source: source.label, tier: source.tier, phase: "handle", decision: "error", reason: "did not settle", failure: "time", ms: 0 };
       trace.push(entry);
+      this.pendingEntries.set(entry, started);
     }
     this.unsettled.set(index, (this.unsettled.get(index) ?? 0) + 1);
     const settled = (): void => {
+      if (entry !== undefined) this.pendingEntries.delete(entry);
       const left = this.unsettled.get(index)! - 1;
       if (left === 0) this.unsettled.delete(index);
       else this.unsettled.set(index, left);
@@ -259,4 +275,17 @@ export class LayerRun {
     this.failure ??= error;
     return this.failure;
   }
+}
+
+/** Settles when `work` does, or after `ms` at the latest, on a timer that does not hold the process. */
+function settledWithin(work: Promise<unknown>, ms: number): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const timer = setTimeout(resolve, Math.max(0, ms));
+    timer.unref();
+    const done = (): void => {
+      clearTimeout(timer);
+      resolve();
+    };
+    work.then(done, done);
+  });
 }

@@ -331,24 +331,32 @@ export class H2Guests {
     });
     state.running += 1;
     this.deps.started();
-    void this.handle(stream, raw, state, watch)
+    const abort = new GuestGone();
+    const done = (): void => {
+      if (--state.running === 0) {
+        state.idleSince = performance.now();
+        // From now: refresh() re-arms the one timer for idleMs (no new timer per request).
+        state.idleTimer?.refresh();
+      }
+    };
+    void this.handle(stream, raw, state, watch, abort)
       .catch((error: unknown) => {
         this.deps.log.error("internal error", { error, stack: (error as Error)?.stack });
         watch.ours = true;
         resetH2Stream(stream, h2Codes.internalError, "internal error");
       })
       .finally(() => {
-        if (--state.running === 0) {
-          state.idleSince = performance.now();
-          // From now: refresh() re-arms the one timer for idleMs (no new timer per request).
-          state.idleTimer?.refresh();
-        }
+        // A hook's call the reset let go still runs: it counts as running work until it settles
+        // (or its own deadline passes), or each reset would start one more without limit.
+        const held = abort.held();
+        if (held === undefined) done();
+        else void held.then(done);
         this.deps.ended();
       });
   }
 
   /** One stream: settles once its response is sent, cut, or the guest reset it. */
-  private async handle(stream: ServerHttp2Stream, raw: string[], state: SessionState, watch: StreamWatch): Promise<void> {
+  private async handle(stream: ServerHttp2Stream, raw: string[], state: SessionState, watch: StreamWatch, abort: GuestGone): Promise<void> {
     const tunnel = state.tunnel;
     const resetByUs = (): void => {
       watch.ours = true;
@@ -370,7 +378,6 @@ export class H2Guests {
     // else (`OPTIONS *`) as sent, never glued to the origin ("https://host:443*").
     let target = loggableRequestTarget(path, tunnel);
     const grpc = /^application\/grpc/i.test(rawHeader(raw, "content-type") ?? "");
-    const abort = new GuestGone();
     let finished = false;
     watch.onClose = () => {
       // A response sent whole closes its stream before sendH2Response's own listener settles it:

@@ -307,6 +307,31 @@ describe("limits.h2*: the configured limits replace the defaults, and each still
     await othersServed(proxy, authority);
   });
 
+  // A reset now ends its request at once, the hook's call let go (it held the request until
+  // hookMs): the call still runs in the hook's code, and counts as running work until it settles.
+  it.each(["isRequestAllowed", "isIpAllowed", "handle"] as const)("%s: a call a reset let go still counts as running work, and past 7 of them new streams are refused before any hook", async (phase) => {
+    let held = 0;
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    onTestFinished(() => release());
+    const hold = async (): Promise<true> => {
+      held += 1;
+      await released;
+      return true;
+    };
+    const hooks = { isRequestAllowed: { isRequestAllowed: hold }, isIpAllowed: { isIpAllowed: hold }, handle: { handle: async (request: Request, next: (r: Request) => Promise<Response>) => (await hold(), next(request)) } }[phase];
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hooks }, { limits });
+    const authority = `api.test:${upstream.port}`;
+    const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    openAndReset(attacker, authority, "/echo?hold", 150);
+    await attacker.until((c) => c.closed);
+    expect(held).toBe(limits.h2Streams);
+    expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("running-work cap"))).toBe(true);
+    release();
+    await othersServed(proxy, authority);
+  });
+
   for (const [name, resetCode] of [["CANCEL", code.cancel], ["NO_ERROR", 0]] as const) {
     it(`resets (${name}) past h2ResetsPer10s end the connection (60 resets: under the default 200, over the configured 20)`, async () => {
       const silent = silentRoute();
