@@ -282,9 +282,11 @@ export class Guest {
     this.dropped = why === "removed";
     for (const socket of this.connections.keys()) socket.destroy();
     this.relays.cutAll();
-    // At the proxy's close, what is still under way is the drain's to report.
-    const refusal = why === "removed" ? removedRefusal(this.name) : undefined;
-    await Promise.all([this.pools.destroy(refusal), ...this.deciders.map((decider) => decider.close())]);
+    // At the proxy's close, what is still under way is the drain's to report. A removal refuses
+    // what has not gone out and lets what has finish (its pools close after it): not awaited, as
+    // a download the guest reads slowly could hold removeGuest for as long.
+    if (why === "removed") void this.pools.stop(removedRefusal(this.name));
+    await Promise.all([why === "removed" ? undefined : this.pools.destroy(), ...this.deciders.map((decider) => decider.close())]);
   }
 }
 

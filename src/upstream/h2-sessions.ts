@@ -72,7 +72,7 @@ export class H2Sessions {
   /** Every session not yet closed, those that take no new streams too (after a GOAWAY or a FIN). */
   private readonly unclosed = new Set<ClientHttp2Session>();
   private readonly connecting = new Map<string, Promise<Negotiated>>();
-  /** destroy() was called: the guest or the proxy is gone, and nothing new is opened. */
+  /** destroy() or close(true) was called: the guest or the proxy is gone, and nothing new is opened. */
   private destroyed = false;
 
   constructor(private readonly options: H2SessionsOptions) {}
@@ -346,8 +346,13 @@ export class H2Sessions {
    * other active one: REFUSED_STREAM). A bodiless request went again on another session; an
    * upload, its body already streaming in, failed with 502 (black-box finding: SIGHUPs under
    * small POSTs to an h2 upstream).
+   *
+   * `final` (the guest was removed): no session is opened from now on either; a connection whose
+   * ALPN answer comes later is closed.
    */
-  close(): void {
+  close(final = false): void {
+    // A guest removed: nothing new is opened, as after destroy(); what is under way finishes.
+    if (final) this.destroyed = true;
     for (const session of this.unclosed) {
       const entry = entryOf.get(session);
       if (entry !== undefined && entry.active > 0) entry.retiring = true;

@@ -63,7 +63,7 @@ export class PinnedPools {
   private readonly pools = new Map<string, Pool>();
   /** close() was called: see get(). */
   private retired = false;
-  /** destroy() was called with a refusal: every request from now on gets it, and no connection opens. */
+  /** stop() was called (the guest was removed): every request from now on gets it, and no connection opens. */
   private refusal: string | undefined;
   private readonly base: buildConnector.connector;
   /** HTTP/2 sessions, and every https origin's ALPN answer (see {@link PinnedPools.h2Session}). */
@@ -141,6 +141,11 @@ export class PinnedPools {
       this.refuseIfDestroyed();
       const session = await this.h2Session(url, address);
       if (session === undefined) return undefined;
+      if (this.refusal !== undefined) {
+        // Stopped while the session was found or opened: the stream was never opened.
+        this.h2.release(session, key);
+        this.refuseIfDestroyed();
+      }
       try {
         return await sendOnSession(session, request, noBody, {
           headersTimeoutMs: this.options.headersTimeoutMs,
@@ -207,6 +212,11 @@ export class PinnedPools {
     const { recheck } = this.options;
     const key = keyOf(origin, address);
     const connect: buildConnector.connector = (opts, callback) => {
+      // A request queued in a stopped pool that still needs a connection has not gone out.
+      if (this.refusal !== undefined) {
+        callback(new EgressError("EG_DENIED", 403, this.refusal), null);
+        return;
+      }
       const spare = this.spares.get(key);
       if (spare !== undefined) {
         this.spares.delete(key);
@@ -226,6 +236,13 @@ export class PinnedPools {
         if (error !== null) {
           if (refusedAlpn(error)) this.h2.forgetHttp1(key);
           callback(error, null);
+          return;
+        }
+        // Stopped while it connected (undici calls the connector as the request is dispatched):
+        // the request has not gone out, and goes nowhere now.
+        if (this.refusal !== undefined) {
+          socket.destroy();
+          callback(new EgressError("EG_DENIED", 403, this.refusal), null);
           return;
         }
         const remote = socket.remoteAddress ?? "";
@@ -271,17 +288,31 @@ export class PinnedPools {
     await Promise.all(pools.map((p) => p.close().catch(() => undefined)));
   }
 
-  /**
-   * Ends every connection now. With a `refusal` (the guest was removed), a request still under
-   * way that asks for a connection afterwards gets it as a 403 rather than a pool made anew.
-   */
-  async destroy(refusal?: string): Promise<void> {
-    this.refusal ??= refusal;
+  /** Ends every connection now, requests in flight with them: the proxy is closing (after its drain). */
+  async destroy(): Promise<void> {
     this.h2.destroy();
     this.dropSpares();
     const pools = [...this.pools.values()];
     this.pools.clear();
     await Promise.all(pools.map((p) => p.destroy().catch(() => undefined)));
+  }
+
+  /**
+   * The guest was removed: from now on every request that asks for a pool or a connection gets
+   * `refusal` (403) and nothing goes out, while requests already sent finish on the connections
+   * they have, each pool and session closing after its last. Destroyed at once, those requests
+   * failed as the upstream's (502 "UND_ERR_DESTROYED: The client is destroyed"), though the
+   * README lets a request already under way finish. The guest's requests end by the proxy's
+   * drain at the latest, which closes their guests' connections. Resolves once the pools are
+   * closed; nobody needs to wait for it.
+   */
+  async stop(refusal: string): Promise<void> {
+    this.refusal ??= refusal;
+    this.h2.close(true);
+    this.dropSpares();
+    const pools = [...this.pools.values()];
+    this.pools.clear();
+    await Promise.all(pools.map((p) => p.close().catch(() => undefined)));
   }
 
   private refuseIfDestroyed(): void {

@@ -11,6 +11,7 @@ import { basic, credentialsOf, startGuestsProxy, type GuestsProxy } from "../hel
 import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
 import { openRaw, type RawResponse } from "../helpers/raw.js";
 import { startUpstream, type Upstream } from "../helpers/upstream.js";
+import { startH2Upstream } from "../helpers/h2-upstream.js";
 
 const A_VALUE = "a-secret-value-0123456789";
 const B_VALUE = "b-secret-value-9876543210";
@@ -578,6 +579,43 @@ describe("guests: removed while their requests are under way", () => {
     expect(proxy.logs.find((line) => line["msg"] === "request")).toMatchObject({ guest: "a", status: 403, code: "EG_DENIED" });
     // The other guest is served.
     expect((await getAs(credentialsOf(proxy, "b").proxyUrl, proxy.caCertPem, `https://b.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+
+  // The removal destroyed the guest's upstream pools under it: 502 "upstream request failed for
+  // a.test:PORT: UND_ERR_DESTROYED: The client is destroyed", logged EG_UPSTREAM (black-box finding).
+  it.each(["HTTP/1.1", "HTTP/2"] as const)("a request already at its %s upstream when its guest is removed gets the upstream's answer in full", async (protocol) => {
+    let answer: (() => void) | undefined;
+    let arrive!: () => void;
+    const arrived = new Promise<void>((resolve) => (arrive = resolve));
+    const port =
+      protocol === "HTTP/1.1"
+        ? (await startUpstream({ names: ["a.test"], routes: { "/held": (_req, res) => ((answer = () => res.end("late answer")), arrive()) } })).port
+        : (
+            await startH2Upstream(
+              {
+                "/held": (stream) => {
+                  answer = () => {
+                    stream.respond({ ":status": 200 });
+                    stream.end("late answer");
+                  };
+                  arrive();
+                },
+              },
+              ["a.test"],
+            )
+          ).port;
+    const proxy = await startGuestsProxy({ a: { allowedInternalHosts: ["a.test"] }, b: { allowedInternalHosts: ["b.test"] } });
+    // Absolute-form on the listener: the connection is not bound to the guest, so removing it does not close it.
+    const raw = await openRaw(proxy.port);
+    const target = `a.test:${port}`;
+    raw.write(`GET https://${target}/held HTTP/1.1\r\nHost: ${target}\r\nProxy-Authorization: ${basic("a", credentialsOf(proxy, "a").token)}\r\n\r\n`);
+    await arrived;
+    await proxy.removeGuest("a");
+    answer!();
+    const res = await raw.readResponse();
+    expect(res).toMatchObject({ status: 200, body: "late answer" });
+    await vi.waitFor(() => expect(proxy.logs.find((line) => line["msg"] === "request")).toMatchObject({ guest: "a", status: 200 }));
+    expect(proxy.logs.find((line) => line["msg"] === "request")).not.toHaveProperty("error");
   });
 
   it("a request cut in a removed guest's tunnel is logged as the proxy's cut, not as the upstream's failure or the guest's", async () => {

@@ -77,6 +77,103 @@ describe("pinned pools", () => {
   });
 });
 
+// removeGuest destroyed its guest's pools: a request already at the upstream failed as the
+// upstream's, 502 "UND_ERR_DESTROYED: The client is destroyed" (black-box finding). Stopped pools
+// let such a request finish and refuse what has not gone out, with the removal's 403.
+describe("stopped pools (the guest removed)", () => {
+  /** An HTTP/1.1 upstream that holds `/held` until `release()`; counts the requests it saw. */
+  async function heldServer(): Promise<{ port: number; arrived: Promise<void>; release: () => void; hits: () => number }> {
+    let hits = 0;
+    let answer: (() => void) | undefined;
+    let arrive!: () => void;
+    const arrived = new Promise<void>((resolve) => (arrive = resolve));
+    const server = createServer((req, res) => {
+      hits += 1;
+      if (req.url !== "/held") return void res.end("ok");
+      answer = () => res.end("late answer");
+      arrive();
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    onTestFinished(async () => {
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    });
+    return { port: (server.address() as AddressInfo).port, arrived, release: () => answer?.(), hits: () => hits };
+  }
+  const removed = (e: unknown): boolean => e instanceof EgressError && e.status === 403 && /guest "x" was removed/.test(e.message);
+
+  it("a request already at an HTTP/1.1 upstream gets its answer; one asked for afterwards gets the removal's 403; the pool then closes", async () => {
+    const up = await heldServer();
+    const p = pools(() => undefined);
+    const origin = new URL(`http://a.test:${up.port}`);
+    const address = { ip: "127.0.0.1", family: 4 } as const;
+    const pool = p.get(origin, address);
+    const answering = pool.request({ path: "/held", method: "GET" });
+    await up.arrived;
+    void p.stop('guest "x" was removed while its request was under way');
+    expect(() => p.get(origin, address)).toThrow(/guest "x" was removed/);
+    up.release();
+    const res = await answering;
+    expect(res.statusCode).toBe(200);
+    expect(await res.body.text()).toBe("late answer");
+    await expect.poll(() => pool.closed).toBe(true);
+    expect(up.hits()).toBe(1);
+  });
+
+  it("a request dispatched while its connection was still being made never reaches the upstream: 403", async () => {
+    const up = await heldServer();
+    const p = pools(() => undefined);
+    const pool = p.get(new URL(`http://a.test:${up.port}`), { ip: "127.0.0.1", family: 4 });
+    // undici starts the connection as the request is dispatched; it is made a few turns later.
+    const attempt = pool.request({ path: "/", method: "GET" });
+    void p.stop('guest "x" was removed while its request was under way');
+    await expect(attempt).rejects.toSatisfy(removed);
+    expect(up.hits()).toBe(0);
+  });
+
+  it("a stream already at an HTTP/2 upstream gets its answer; one asked for afterwards gets the removal's 403", async () => {
+    let answer: (() => void) | undefined;
+    let arrive!: () => void;
+    const arrived = new Promise<void>((resolve) => (arrive = resolve));
+    const upstream = await startH2Upstream({
+      "/held": (stream) => {
+        answer = () => {
+          stream.respond({ ":status": 200 });
+          stream.end("late answer");
+        };
+        arrive();
+      },
+    });
+    const ca = await testCa();
+    const p = new PinnedPools({
+      upstreamContext: createSecureContext({ ca: ca.certPem }),
+      maxPools: 2,
+      connectionsPerPool: 2,
+      connectTimeoutMs: 2_000,
+      headersTimeoutMs: 5_000,
+      bodyTimeoutMs: 5_000,
+      keepAliveTimeoutMs: 10_000,
+      h2PingMs: 10_000,
+      recheck: () => undefined,
+    });
+    onTestFinished(() => p.destroy());
+    const address = { ip: "127.0.0.1", family: 4 } as const;
+    const signal = Object.assign(new EventEmitter(), { aborted: false });
+    const send = (path: string): ReturnType<PinnedPools["sendH2"]> => p.sendH2({ method: "GET", url: new URL(`https://api.test:${upstream.port}${path}`), headers: [], body: null }, address, signal, false, 10);
+    const answering = send("/held");
+    await arrived;
+    void p.stop('guest "x" was removed while its request was under way');
+    await expect(send("/echo")).rejects.toSatisfy(removed);
+    answer!();
+    const res = await answering;
+    expect(res?.status).toBe(200);
+    let text = "";
+    for await (const chunk of res!.body!) text += String(chunk);
+    expect(text).toBe("late answer");
+    expect(upstream.seen.map((headers) => headers[":path"])).toEqual(["/held"]);
+  });
+});
+
 describe("retired HTTP/2 sessions (a reload)", () => {
   // close() once closed every session at once: an upload that had been given a session but not
   // yet opened its stream on it was then refused by Node ("session is closing") and, its body
