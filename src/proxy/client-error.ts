@@ -19,12 +19,15 @@ export function answerClientError(error: NodeJS.ErrnoException, socket: Socket, 
   }
   // Node's parser stays at its error and reports it again for every later chunk.
   if (answering.has(socket)) return;
-  log.info("bad request", { error, client: socket.remoteAddress });
   const answer = answerFor(error);
   if (answer === undefined) {
+    // Not the parser's: the connection failed under it (a reset, or a write the proxy's own cut
+    // cancelled, ECANCELED at the drain's end). Whatever request was on it has its own line.
+    log.debug("guest connection failed", { error, client: socket.remoteAddress });
     socket.destroy();
     return;
   }
+  logParseError(error, socket, log);
   answering.add(socket);
   const where = place?.(answer) ?? { answer: "now" };
   if (where.answer === "now") {
@@ -40,6 +43,17 @@ export function answerClientError(error: NodeJS.ErrnoException, socket: Socket, 
   // Requests pipelined before the bad one are answered first, in order; the error follows them
   // and closes the connection (not at all if one of them closed it).
   if (where.answer === "after") void where.before.then(() => writeRawError(socket, answer));
+}
+
+/**
+ * Only input the parser refused is the guest's "bad request". A guest that closed its connection
+ * in the middle of a request (HPE_INVALID_EOF_STATE: an upload it gave up on) left, and that
+ * request's own line says 499: 69 "bad request" lines in one CLI run were such guests.
+ */
+function logParseError(error: NodeJS.ErrnoException, socket: Socket, log: Logger): void {
+  const fields = { error, client: socket.remoteAddress };
+  if (error.code === "HPE_INVALID_EOF_STATE") log.debug("guest closed the connection mid-request", fields);
+  else log.info("bad request", fields);
 }
 
 /** Connections whose parse error waits for the answers before it. */

@@ -164,6 +164,47 @@ describe("request framing", () => {
   }
 });
 
+// Node's server reports every error of a guest's socket as a clientError, and each was logged as
+// a "bad request": a guest giving up an upload (HPE_INVALID_EOF_STATE, beside its own 499), a
+// reset, the drain's end cancelling a write to a guest that had stopped reading (ECANCELED): 69
+// such lines in one CLI run (black-box finding). Only what the parser refused is a bad request.
+describe("what is not a bad request", () => {
+  const badRequests = (proxy: TestProxy): Record<string, unknown>[] => proxy.logs.filter((line) => line["msg"] === "bad request");
+
+  it.each(["ends its connection (FIN)", "resets its connection"] as const)("a guest that gives up mid-upload and %s is logged 499 once, with no bad request", async (how) => {
+    const s = await setup();
+    const guest = await openRaw(s.proxy.port);
+    const authority = `api.test:${s.http.port}`;
+    guest.write(`POST http://${authority}/echo HTTP/1.1\r\nHost: ${authority}\r\nContent-Length: 100000\r\n\r\n${"x".repeat(1000)}`);
+    // Its head parsed and its upload streaming to the upstream (a few turns), the guest gives up.
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    if (how === "resets its connection") guest.socket.resetAndDestroy();
+    else guest.socket.end();
+    await vi.waitFor(() => expect(s.proxy.logs.filter((line) => line["msg"] === "request")).toHaveLength(1));
+    expect(s.proxy.logs.find((line) => line["msg"] === "request")).toMatchObject({ status: 499 });
+    // Nothing later adds one.
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(badRequests(s.proxy)).toEqual([]);
+    await expectStillServing(s);
+  });
+
+  it.each(["listener", "TLS tunnel"] as const)("a download cut at the drain's end while the guest (%s) had stopped reading is logged as the proxy's cut, with no bad request", async (way) => {
+    const s = await setup({ timeouts: { drainMs: 200 } });
+    const upstream = way === "listener" ? s.http : s.https;
+    const authority = `api.test:${upstream.port}`;
+    const guest = way === "listener" ? await openRaw(s.proxy.port) : await openTlsTunnel(s.proxy.port, authority, { ca: s.proxy.caCertPem });
+    guest.write(`GET ${way === "listener" ? `http://${authority}` : ""}/bytes?n=${64 * 1024 * 1024} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+    // The guest reads nothing: the proxy's writes to it back up.
+    guest.socket.pause();
+    await vi.waitFor(() => expect(upstream.hits()).toBe(1));
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    await s.proxy.close();
+    await vi.waitFor(() => expect(s.proxy.logs.find((line) => line["msg"] === "request")).toMatchObject({ status: 200, error: expect.stringMatching(/end of its drain/) }));
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(badRequests(s.proxy)).toEqual([]);
+  });
+});
+
 describe("absolute-form targets of other schemes", () => {
   // Absolute-form already: the old answer told the guest to send absolute-form requests.
   it.each(["ws", "wss", "ftp"])("GET %s://… gets 400 naming the scheme, is never forwarded, and the proxy keeps serving", async (scheme) => {
