@@ -131,6 +131,12 @@ const parsedUpgrade = Symbol("egressgate.parsedUpgrade");
  */
 export class GuestMessage extends IncomingMessage {}
 
+// undici, when a request fails, destroys a streamed body, and for a body whose prototype's
+// constructor is IncomingMessage it first detaches the socket, so that the guest's connection
+// outlives its request and gets the 502. A subclass failed that check: every upload whose
+// upstream failed cut the guest's connection with no answer ("other side closed").
+Object.defineProperty(GuestMessage.prototype, "constructor", { configurable: true, writable: true, value: IncomingMessage });
+
 // An accessor, read when Node asks (by then the method is known; it is not yet when Node sets
 // the flag). TypeScript has `upgrade` as a plain property, hence no class accessor.
 Object.defineProperty(GuestMessage.prototype, "upgrade", {

@@ -1,4 +1,5 @@
-import { describe, expect, it, vi } from "vitest";
+import { createServer as createNetServer, type AddressInfo } from "node:net";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { curlVia } from "../helpers/curl.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { fetchVia, startTestProxy, type TestProxy } from "../helpers/proxy.js";
@@ -205,4 +206,42 @@ describe("userinfo in a CONNECT target or a Host header", () => {
     expect(s.http.hits()).toBe(0);
     await expectStillServing(s);
   });
+});
+
+// The guest servers' own IncomingMessage class (GuestMessage, above) must not change what undici
+// does with a streamed body when a request fails: it detaches an IncomingMessage's socket before
+// destroying it, and read a subclass as some other stream, so the guest's connection was cut with
+// no answer ("other side closed") where it should get the 502 (CI finding).
+describe("an upload whose upstream fails while its body streams gets its 502", () => {
+  /** A TCP server that cuts each connection when its first bytes arrive; close() frees the port. */
+  async function startCutter(): Promise<{ port: number; close: () => Promise<void> }> {
+    const server = createNetServer((socket) => socket.once("data", () => socket.destroy()));
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    const close = (): Promise<void> => new Promise((resolve) => server.close(() => resolve()));
+    onTestFinished(async () => {
+      if (server.listening) await close();
+    });
+    return { port: (server.address() as AddressInfo).port, close };
+  }
+
+  const upstreams = ["cuts the connection on the head", "refuses the connection"] as const;
+  for (const way of ["absolute-form", "plain tunnel"] as const) {
+    for (const behaviour of upstreams) {
+      it(`${way}, an upstream that ${behaviour}: 502 on the guest's connection, and the proxy serves on`, async () => {
+        const s = await setup();
+        const cutter = await startCutter();
+        if (behaviour === "refuses the connection") await cutter.close();
+        const host = `api.test:${cutter.port}`;
+        const client = way === "absolute-form" ? await openRaw(s.proxy.port) : await openTunnel(s.proxy.port, host);
+        const target = way === "absolute-form" ? `http://${host}/upload` : "/upload";
+        // Half the body: the rest never comes, so the body is still streaming when the upstream fails.
+        client.write(`POST ${target} HTTP/1.1\r\nHost: ${host}\r\nContent-Length: 10\r\n\r\nhalf-`);
+        const res = await client.readResponse();
+        expect(res.status, res.body.slice(0, 300)).toBe(502);
+        expect(res.body).toMatch(/^502 Bad Gateway: /);
+        await vi.waitFor(() => expect(decisionLines(s.proxy)).toEqual([expect.objectContaining({ method: "POST", status: 502 })]));
+        await expectStillServing(s);
+      });
+    }
+  }
 });
