@@ -80,7 +80,11 @@ export class SwitchReader {
       this.lineStart = this.searched = end + 1;
       this.checkBounds(this.lineStart);
       if (line.includes("\r")) throw this.malformed("a CR not followed by LF");
-      if (this.status === undefined) {
+      if (this.status === undefined && line === "") {
+        // Empty lines before a status line are skipped, as llhttp skips them (RFC 9112 §2.2's
+        // robustness rule): Node's client took such a 101, and the guest got a 502 here.
+        this.messageStart = this.lineStart;
+      } else if (this.status === undefined) {
         this.status = this.statusOf(line);
       } else if (line !== "") {
         this.fields.push(...this.fieldOf(line));
@@ -122,6 +126,8 @@ export class SwitchReader {
 
   /** A status line's first bytes are "HTTP/": anything else (an SSH banner, a TLS alert) is refused before its line ends. */
   private checkPrefix(partial: Buffer): void {
+    // A CR that may start an empty line: its LF is yet to come (a CR followed by anything else is refused above).
+    if (partial.length === 1 && partial[0] === cr) return;
     const n = Math.min(partial.length, httpPrefix.length);
     if (partial.subarray(0, n).equals(httpPrefix.subarray(0, n))) return;
     throw this.notSwitched("a malformed status line");
