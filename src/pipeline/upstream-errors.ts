@@ -20,7 +20,10 @@ const idempotentMethods = new Set(["GET", "HEAD", "OPTIONS", "PUT", "DELETE"]);
  * as "other side closed" (or a reset), or an HTTP/2 session that stopped answering PINGs before
  * any of the response came. Only an idempotent request whose body can be sent again
  * (none, or bytes) is resent, as Go's Transport and nginx do; 0.9% of GETs got 502 when an
- * upstream closed idle connections 50 ms after each answer (black-box finding).
+ * upstream closed idle connections 50 ms after each answer (black-box finding). Only when the
+ * HTTP/1.1 connection had carried an earlier request and not one byte of an answer came back on
+ * it (`isStaleConnection`): an upstream that answered anything (a 1xx, half a head) or closed a
+ * new connection may have acted on the request, and gets it once.
  */
 export async function resendOnceIfStale<T>(request: OutboundRequest, signal: GuestGone, send: () => Promise<T>): Promise<T> {
   try {

@@ -1,17 +1,56 @@
-import { errors as undiciErrors } from "undici";
+import { subscribe } from "node:diagnostics_channel";
+import type { Socket } from "node:net";
 import { H2Unanswered } from "./h2-close-reason.js";
 
+/** What was true of one undici request's connection when its head went out. */
+interface Attempt {
+  readonly socket: Socket;
+  /** The connection had carried an earlier request: it came from the pool, not a new connect. */
+  readonly reused: boolean;
+  /** The connection's bytes read by then: every one after is this request's answer. */
+  readonly bytesRead: number;
+}
+
+const requestsSent = new WeakMap<Socket, number>();
+const attempts = new WeakMap<object, Attempt>();
+const staleFailures = new WeakSet<object>();
+
+// undici tells which socket a request goes out on only through these channels (its errors carry
+// a copy of the socket's counters, not the socket). Published for every undici in the process,
+// the embedder's too: the entries are keyed weakly by undici's own objects and only ever read
+// for an error this module marked.
+subscribe("undici:client:sendHeaders", (message) => {
+  const { request, socket } = message as { request: object; socket: Socket };
+  const sent = requestsSent.get(socket) ?? 0;
+  requestsSent.set(socket, sent + 1);
+  attempts.set(request, { socket, reused: sent > 0, bytesRead: socket.bytesRead });
+});
+subscribe("undici:request:error", (message) => {
+  const { request, error } = message as { request: object; error: unknown };
+  const attempt = attempts.get(request);
+  if (attempt === undefined || typeof error !== "object" || error === null) return;
+  if (attempt.reused && attempt.socket.bytesRead === attempt.bytesRead) staleFailures.add(error);
+});
+
 /**
- * Whether a send through an undici pool failed because its connection turned out closed before
- * any answer came: the peer's keep-alive close crossing the request on the wire, which undici
- * reports as "other side closed" (`UND_ERR_SOCKET`) or a reset. A request that can be sent twice
- * with the effect of once may go again, on a new connection: the upstream's idempotent requests
- * (src/pipeline/upstream-errors.ts) and a decider's call (src/deciders/http.ts). So is an HTTP/2
- * session given up for not answering a PING before any of the response came, as the README has
- * long said (timeouts.h2PingMs), though nothing did it (black-box finding).
+ * Whether a send failed because its connection turned out closed before any answer came: the
+ * peer's keep-alive close crossing the request on the wire, which undici reports as "other side
+ * closed" or a reset. A request that can be sent twice with the effect of once may go again, on
+ * a new connection: the upstream's idempotent requests (src/pipeline/upstream-errors.ts) and a
+ * decider's call (src/deciders/http.ts).
+ *
+ * Only an HTTP/1.1 connection that had carried an earlier request (taken from the pool), and on
+ * which not one byte came back after this request went out. Every undici SocketError counted
+ * before, so a DELETE went to the upstream twice after it had answered (an unasked 100 or 101,
+ * a 103 or half a head then a close) and after a brand-new connection closed unanswered: the
+ * upstream may have acted on it, and a close on a new connection is no crossed idle close
+ * (black-box finding). The bytes are the socket's as read (TLS: cleartext; a close_notify adds
+ * none).
+ *
+ * So is an HTTP/2 stream that got nothing of its response (not a 1xx either) before its session
+ * was given up for not answering a PING, as the README says (timeouts.h2PingMs); never after the
+ * upstream's FIN, which may have processed the request.
  */
 export function isStaleConnection(error: unknown): boolean {
-  if (error instanceof undiciErrors.SocketError || error instanceof H2Unanswered) return true;
-  const code = (error as NodeJS.ErrnoException | undefined)?.code;
-  return code === "ECONNRESET" || code === "EPIPE";
+  return error instanceof H2Unanswered || (typeof error === "object" && error !== null && staleFailures.has(error));
 }

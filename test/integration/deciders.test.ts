@@ -458,37 +458,45 @@ describe("the trace of an includeBody decider", () => {
 /**
  * A webhook that answers the first request on each connection and closes the connection, without
  * answering, when another request arrives on it: a server whose idle keep-alive timer fired as the
- * proxy's next call went out on that connection, made deterministic. With `closeAll`, it closes
- * every connection on its first request.
+ * proxy's next call went out on that connection, made deterministic. `unanswered(call, onConnection)`
+ * (both counted from 1) overrides that: undefined answers the call, a string is written before the
+ * connection closes ("" for nothing).
  */
-async function crossingCloseWebhook(closeAll = false): Promise<{ url: string; connections: () => number; answered: () => number }> {
+async function crossingCloseWebhook(
+  unanswered: (call: number, onConnection: number) => string | undefined = (_call, onConnection) => (onConnection === 1 ? undefined : ""),
+): Promise<{ url: string; connections: () => number; answered: () => number; calls: () => number }> {
   let connections = 0;
   let answered = 0;
+  let calls = 0;
   const server = createServer((socket) => {
     connections += 1;
     socket.on("error", () => undefined);
-    let served = closeAll;
+    let onConnection = 0;
     let buffered = "";
     socket.on("data", (chunk: Buffer) => {
-      if (served) return void socket.destroy();
       buffered += chunk.toString("latin1");
       const end = buffered.indexOf("\r\n\r\n");
       if (end < 0) return;
       const length = Number(/content-length:\s*(\d+)/i.exec(buffered.slice(0, end))?.[1] ?? 0);
       if (buffered.length < end + 4 + length) return;
-      served = true;
+      buffered = buffered.slice(end + 4 + length);
+      const before = unanswered(++calls, ++onConnection);
+      if (before !== undefined) return void socket.end(before);
       answered += 1;
       socket.write('HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 20\r\n\r\n{"decision":"allow"}');
     });
   });
   const port = await listenForTest(server as unknown as HttpServer);
-  return { url: `http://127.0.0.1:${port}/decide`, connections: () => connections, answered: () => answered };
+  return { url: `http://127.0.0.1:${port}/decide`, connections: () => connections, answered: () => answered, calls: () => calls };
 }
 
 // A decider's keep-alive close that crossed the proxy's next call on that connection gave the
 // guest 502 (UND_ERR_SOCKET: other side closed): 1 in 40 requests a second apart, with a decider
 // that closed idle connections after 1 s (black-box finding). The upstream side resends such a
-// request; a decider's call, a POST of a document that can be asked twice, is resent too.
+// request; a decider's call, a POST of a document that can be asked twice, is resent too. Only
+// that: a decider that sent anything back, or closed a new connection, may have acted on the
+// call (a webhook that logs or counts), and is asked once (black-box finding: every socket error
+// was taken for a crossed close).
 describe("a decider's keep-alive close that crosses the next call", () => {
   it("is asked again on a new connection, once: every request is decided", async () => {
     const hook = await crossingCloseWebhook();
@@ -501,14 +509,31 @@ describe("a decider's keep-alive close that crosses the next call", () => {
     expect(proxy.logs.filter((line) => line["code"] === "EG_HOOK_FAILED")).toEqual([]);
   });
 
-  it("a decider that closes every connection unanswered is asked twice, then fails closed with 502", async () => {
-    const hook = await crossingCloseWebhook(true);
+  it("a decider that answers once, then closes every connection unanswered, is asked twice for the next request (the second time on a new connection), then fails closed with 502", async () => {
+    const hook = await crossingCloseWebhook((call) => (call === 1 ? undefined : ""));
     const { proxy, upstream, base } = await proxyWith([{ webhook: hook.url }]);
+    expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
     const res = await fetchVia(proxy, `${base}/echo`);
     expect(res.status).toBe(502);
-    expect(upstream.hits()).toBe(0);
-    expect(hook.connections()).toBe(2);
+    expect(upstream.hits()).toBe(1);
+    expect([hook.calls(), hook.connections()]).toEqual([3, 2]);
     expect(JSON.stringify(decisions(proxy.logs).at(-1))).toMatch(/UND_ERR_SOCKET|ECONNRESET|EPIPE/);
+  });
+
+  it.each([
+    ["closes a new connection without answering", (call: number) => (call === 1 ? "" : undefined), 1],
+    ["sends a 103 on a new connection, then closes", (call: number) => (call === 1 ? "HTTP/1.1 103 Early Hints\r\n\r\n" : undefined), 1],
+    ["sends a 103 on a reused connection, then closes", (call: number) => (call === 2 ? "HTTP/1.1 103 Early Hints\r\n\r\n" : undefined), 2],
+    ["sends half a head on a reused connection, then closes", (call: number) => (call === 2 ? "HTTP/1.1 200 OK\r\ncontent-le" : undefined), 2],
+  ] as const)("a decider that %s is asked once: 502, and the next request is decided", async (_name, unanswered, failingRequest) => {
+    const hook = await crossingCloseWebhook(unanswered);
+    const { proxy, upstream, base } = await proxyWith([{ webhook: hook.url }]);
+    for (let i = 1; i < failingRequest; i++) expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(502);
+    expect([hook.calls(), hook.connections()]).toEqual([failingRequest, 1]);
+    expect(upstream.hits()).toBe(failingRequest - 1);
+    expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    expect(hook.calls()).toBe(failingRequest + 1);
   });
 });
 
