@@ -36,7 +36,7 @@ class Group<T> {
   /** base^(length-1) mod 2³², which rolls the first character out. */
   readonly outgoing: number;
   readonly buckets = new Map<number, IndexedForm<T>[]>();
-  /** How many buckets each filter slot holds. */
+  /** How many buckets each filter slot holds: a bucket counts once, in the slot of its key. */
   readonly filter = new Uint32Array(1 << filterBits);
 
   constructor(readonly length: number) {
@@ -57,8 +57,15 @@ function keyOf(hash: number): number {
   return hash & 0x3fffffff;
 }
 
-function slotOf(hash: number): number {
-  return Math.imul(hash, 0x9e3779b1) >>> (32 - filterBits);
+/**
+ * A bucket's filter slot, taken from its key and not from the whole hash: hashes that differ only
+ * in the bits the key drops share a bucket, so they must share its slot. Taken from the whole
+ * hash, a form that joined a bucket marked under another slot was never looked for (its value was
+ * logged in clear), and its removal unmarked a slot that another bucket counted on (black-box
+ * finding).
+ */
+function slotOf(key: number): number {
+  return Math.imul(key, 0x9e3779b1) >>> (32 - filterBits);
 }
 
 function keyLength(length: number): number {
@@ -92,11 +99,11 @@ export class FormIndex<T> {
       // Longest keys first: their buckets are the smallest, and nothing depends on the order.
       this.groups.sort((a, b) => b.length - a.length);
     }
-    const hash = hashOf(entry.form, 0, length);
-    const bucket = group.buckets.get(keyOf(hash));
+    const key = keyOf(hashOf(entry.form, 0, length));
+    const bucket = group.buckets.get(key);
     if (bucket === undefined) {
-      group.buckets.set(keyOf(hash), [entry]);
-      group.filter[slotOf(hash)]! += 1;
+      group.buckets.set(key, [entry]);
+      group.filter[slotOf(key)]! += 1;
     } else bucket.push(entry);
     this.all.push(entry);
   }
@@ -106,15 +113,15 @@ export class FormIndex<T> {
     if (entry.form === "") return;
     const length = keyLength(entry.form.length);
     const group = this.groups.find((g) => g.length === length);
-    const hash = hashOf(entry.form, 0, length);
-    const bucket = group?.buckets.get(keyOf(hash));
+    const key = keyOf(hashOf(entry.form, 0, length));
+    const bucket = group?.buckets.get(key);
     const at = bucket?.indexOf(entry) ?? -1;
     if (group === undefined || bucket === undefined || at < 0) return;
     bucket.splice(at, 1);
     this.all.splice(this.all.indexOf(entry), 1);
     if (bucket.length > 0) return;
-    group.buckets.delete(keyOf(hash));
-    group.filter[slotOf(hash)]! -= 1;
+    group.buckets.delete(key);
+    group.filter[slotOf(key)]! -= 1;
     if (group.buckets.size === 0) this.groups.splice(this.groups.indexOf(group), 1);
   }
 
@@ -134,8 +141,9 @@ export class FormIndex<T> {
       if (text.length < length) continue;
       let h = hashOf(text, 0, length);
       for (let at = 0; ; at++) {
-        if (filter[slotOf(h)] !== 0) {
-          const bucket = buckets.get(keyOf(h));
+        const key = keyOf(h);
+        if (filter[slotOf(key)] !== 0) {
+          const bucket = buckets.get(key);
           if (bucket !== undefined) {
             for (const entry of bucket) if (text.startsWith(entry.form, at) && found(entry, at)) return true;
           }

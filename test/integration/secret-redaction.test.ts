@@ -1,11 +1,15 @@
+import { readFileSync } from "node:fs";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { createServer } from "node:https";
+import { join } from "node:path";
+import { ProxyAgent, request } from "undici";
 import { describe, expect, it } from "vitest";
 import { HttpRequestBlockedError } from "../../src/index.js";
-import { fetchVia, startTestProxy } from "../helpers/proxy.js";
+import { credentialsOf, startGuestsProxy } from "../helpers/guests.js";
+import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
 import { openRaw, openTlsTunnel } from "../helpers/raw.js";
 import { testCa } from "../helpers/test-ca.js";
-import { listenForTest } from "../helpers/upstream.js";
+import { listenForTest, startUpstream } from "../helpers/upstream.js";
 
 /**
  * Issue 14: a value the URL parser re-encoded in its own way (`/loop/p@ss%20word|x`) reached the
@@ -210,5 +214,68 @@ describe("redaction decodes before it matches", () => {
     }
     expect(await targetOf(`/${pieces.join("~").slice(0, 60_000)}`)).toBe("http://denied.example[REDACTED:UNSCANNED]");
     expectNowhere(value, proxy.logs.map((l) => JSON.stringify(l)), "log");
+  });
+});
+
+/*
+ * Two values whose hashes in the index of values (src/policy/needle-index.ts) share a bucket but
+ * not their top 2 bits, so that, before the index took its filter slots from its bucket keys, the
+ * second one added was never looked for: it went to the log, the audit log and a 403 body in
+ * clear (black-box finding). test/unit/needle-index.test.ts has more of them, and how they were found.
+ */
+const COLLIDING_A = "s3cr3t-jcujm2jb8";
+const COLLIDING_B = "s3cr3t-9atydanp1";
+/** Eight more values: with more than eight forms in all, the index searches by hash, not form by form. */
+const fillerSecrets = (hosts: string[]): Record<string, { hosts: string[]; value: string }> =>
+  Object.fromEntries(Array.from({ length: 8 }, (_, i) => [`FILLER_${i}`, { hosts, value: `filler-value-number-${i}-xyz` }]));
+
+describe("values whose hashes collide in the index", () => {
+  it("two values of one guest filed under one hash are both redacted in the log, the audit log and a 403 body", async () => {
+    const upstream = await startUpstream();
+    const audit = join(tempDir(), "audit.jsonl");
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        // B first: its hash's slot is the one the shared bucket was marked in.
+        secrets: { B_SECRET: { hosts: ["api.test"], value: COLLIDING_B }, A_SECRET: { hosts: ["api.test"], value: COLLIDING_A }, ...fillerSecrets(["api.test"]) },
+        isRequestAllowed: (req) => {
+          if (new URL(req.url).pathname.startsWith("/quote/")) throw new HttpRequestBlockedError(`refused ${req.url}`);
+          return true;
+        },
+      },
+      { auditLog: audit },
+    );
+    const base = `https://api.test:${upstream.port}`;
+    expect((await fetchVia(proxy, `${base}/nowhere/${COLLIDING_B}/${COLLIDING_A}`)).status).toBe(404);
+    const refused = await fetchVia(proxy, `${base}/quote/${COLLIDING_A}/${COLLIDING_B}`);
+    expect(refused.status).toBe(403);
+    await proxy.close();
+    expect(refused.text).toContain(`/quote/[REDACTED:A_SECRET]/[REDACTED:B_SECRET]`);
+    const targets = proxy.logs.filter((line) => line["msg"] === "request").map((line) => String(line["target"]));
+    expect(targets).toEqual([`${base}/nowhere/[REDACTED:B_SECRET]/[REDACTED:A_SECRET]`, `${base}/quote/[REDACTED:A_SECRET]/[REDACTED:B_SECRET]`]);
+    const texts = { "403 body": refused.text, log: proxy.logs.map((line) => JSON.stringify(line)).join("\n"), "audit log": readFileSync(audit, "utf8") };
+    expect(texts["audit log"]).toContain("[REDACTED:A_SECRET]");
+    for (const [where, text] of Object.entries(texts)) for (const value of [COLLIDING_A, COLLIDING_B]) expectNowhere(value, [text], where);
+  });
+
+  it("one guest's value filed under the hash of another guest's is redacted in the log of either guest's requests", async () => {
+    const upstream = await startUpstream({ names: ["a.test", "b.test"] });
+    const proxy = await startGuestsProxy({
+      a: { allowedInternalHosts: ["a.test"], secrets: { A_SECRET: { hosts: ["a.test"], value: COLLIDING_A }, ...fillerSecrets(["a.test"]) } },
+      b: { allowedInternalHosts: ["b.test"], secrets: { B_SECRET: { hosts: ["b.test"], value: COLLIDING_B } } },
+    });
+    for (const [guest, host] of [["a", "a.test"], ["b", "b.test"]] as const) {
+      const agent = new ProxyAgent({ uri: credentialsOf(proxy, guest).proxyUrl, requestTls: { ca: proxy.caCertPem } });
+      try {
+        const res = await request(`https://${host}:${upstream.port}/nowhere/${COLLIDING_A}/${COLLIDING_B}`, { dispatcher: agent });
+        expect(res.statusCode).toBe(404);
+        await res.body.text();
+      } finally {
+        await agent.close();
+      }
+    }
+    const targets = proxy.logs.filter((line) => line["msg"] === "request").map((line) => String(line["target"]));
+    expect(targets).toEqual(["a.test", "b.test"].map((host) => `https://${host}:${upstream.port}/nowhere/[REDACTED:A_SECRET]/[REDACTED:B_SECRET]`));
+    for (const value of [COLLIDING_A, COLLIDING_B]) expectNowhere(value, proxy.rawLog, "log");
   });
 });
