@@ -124,6 +124,8 @@ export class BodyTap {
   /** The source read in flight, so a replay never races it. */
   private pending: Promise<IteratorResult<Buffer>> | undefined;
   private reader: Readable | undefined;
+  /** After the hook phase, what the guest's replay reads, for a clone the hook still reads. */
+  private mirror: Mirror | undefined;
 
   constructor(
     readonly source: Readable,
@@ -143,7 +145,7 @@ export class BodyTap {
             }
             // The limit also holds after decoding: 100 KB of gzip can inflate to gigabytes.
             decoded += next.value.byteLength;
-            if (this.capActive && decoded > options.limit) {
+            if ((this.capActive || this.mirror !== undefined) && decoded > options.limit) {
               this.limitHit = true;
               this.reader?.destroy();
               throw new BodyLimitError(options.limit);
@@ -179,19 +181,27 @@ export class BodyTap {
   private async *raw(): AsyncGenerator<Buffer> {
     const { limit, record } = this.options;
     if (this.limitHit) throw new BodyLimitError(limit);
-    for (;;) {
-      const next = await this.next();
-      if (next.done === true) return;
-      const chunk = next.value;
-      this.bytes += chunk.length;
-      if (this.capActive && this.bytes > limit) {
-        this.limitHit = true;
-        throw new BodyLimitError(limit);
+    try {
+      for (;;) {
+        // Once the replay has the source, the hook's reader (a clone it still reads) gets the
+        // replay's chunks: two readers of one source would each get part of the body.
+        const next = this.mirror !== undefined ? await this.mirror.next() : await this.next();
+        if (next.done === true) return;
+        const chunk = next.value;
+        this.bytes += chunk.length;
+        // A hook's read stays bounded after the phase: it is still the hook's.
+        if ((this.capActive || this.mirror !== undefined) && this.bytes > limit) {
+          this.limitHit = true;
+          throw new BodyLimitError(limit);
+        }
+        // Only what the hook phase reads is kept for a replay; a body passed on afterwards
+        // (new Response(response.body, response)) must not pile up here.
+        if (record && this.capActive) this.recorded.push(chunk);
+        yield chunk;
       }
-      // Only what the hook phase reads is kept for a replay; a body passed on afterwards
-      // (new Response(response.body, response)) must not pile up here.
-      if (record && this.capActive) this.recorded.push(chunk);
-      yield chunk;
+    } finally {
+      // The hook's reader stopped (cancelled, or past the limit): the replay feeds it no more.
+      this.mirror?.detach();
     }
   }
 
@@ -223,23 +233,98 @@ export class BodyTap {
    * The body as it arrived: the raw chunks the hook pulled, then whatever it left unread. Used
    * when a hook read a response body and then let the response through unchanged.
    */
-  replay(): Readable {
+  replay(keepReader = false): Readable {
     if (!this.started) return this.source;
-    this.reader?.destroy();
-    return Readable.from(this.replayChunks(), { objectMode: false });
+    // A reader kept (a clone the hook reads on after returning, as a request's clone may) gets
+    // the rest of the body from the replay, as the guest reads it: destroyed, its read failed
+    // with "Premature close", or ended the process when nothing caught it (black-box finding).
+    if (keepReader && this.reader !== undefined && !this.reader.destroyed) this.mirror = new Mirror(this.options.limit);
+    else this.reader?.destroy();
+    return Readable.from(this.replayChunks(this.mirror), { objectMode: false });
   }
 
-  private async *replayChunks(): AsyncGenerator<Buffer> {
-    const inFlight = await this.pending;
-    yield* this.recorded;
-    if (inFlight?.done === true) return;
-    // A read that was in flight when the hook stopped was recorded only if the hook's reader
-    // took it; otherwise it is sent here, in order.
-    if (inFlight !== undefined && !this.recorded.includes(inFlight.value)) yield inFlight.value;
-    for (;;) {
-      const next = await this.next();
-      if (next.done === true) return;
-      yield next.value;
+  private async *replayChunks(mirror: Mirror | undefined): AsyncGenerator<Buffer> {
+    try {
+      const inFlight = await this.pending;
+      yield* this.recorded;
+      if (inFlight?.done === true) return mirror?.end();
+      // A read that was in flight when the hook stopped was recorded only if the hook's reader
+      // took it; otherwise it is sent here, in order. The hook's reader, kept, has it too.
+      if (inFlight !== undefined && !this.recorded.includes(inFlight.value)) yield inFlight.value;
+      for (;;) {
+        const next = await this.next();
+        if (next.done === true) return mirror?.end();
+        mirror?.push(next.value);
+        yield next.value;
+      }
+    } catch (error) {
+      mirror?.fail(error as Error);
+      throw error;
+    } finally {
+      // The guest's response stopped before the body's end (the guest left): so does the hook's read.
+      mirror?.fail(new Error("the response body was not read to its end: the guest's response stopped first"));
     }
+  }
+}
+
+/**
+ * The chunks the replay read, queued for a hook's reader that outlived the hook phase. The guest
+ * sets the pace; what the hook's reader has yet to take waits here, up to the hook body limit,
+ * past which its read fails with BodyLimitError and the guest's response goes on.
+ */
+class Mirror {
+  private readonly chunks: Buffer[] = [];
+  private queued = 0;
+  private done = false;
+  private error: Error | undefined;
+  private waiting: { resolve: (next: IteratorResult<Buffer>) => void; reject: (error: Error) => void } | undefined;
+
+  constructor(private readonly limit: number) {}
+
+  push(chunk: Buffer): void {
+    if (this.done) return;
+    if (this.waiting !== undefined) {
+      const waiting = this.waiting;
+      this.waiting = undefined;
+      waiting.resolve({ done: false, value: chunk });
+      return;
+    }
+    this.queued += chunk.length;
+    if (this.queued > this.limit) this.fail(new BodyLimitError(this.limit));
+    else this.chunks.push(chunk);
+  }
+
+  end(): void {
+    if (this.done) return;
+    this.done = true;
+    this.waiting?.resolve({ done: true, value: undefined });
+    this.waiting = undefined;
+  }
+
+  fail(error: Error): void {
+    if (this.done) return;
+    this.done = true;
+    this.error = error;
+    this.chunks.length = 0;
+    this.waiting?.reject(error);
+    this.waiting = undefined;
+  }
+
+  /** The reader is gone: nothing more is kept for it. */
+  detach(): void {
+    this.done = true;
+    this.chunks.length = 0;
+    this.waiting = undefined;
+  }
+
+  next(): Promise<IteratorResult<Buffer>> {
+    const chunk = this.chunks.shift();
+    if (chunk !== undefined) {
+      this.queued -= chunk.length;
+      return Promise.resolve({ done: false, value: chunk });
+    }
+    if (this.error !== undefined) return Promise.reject(this.error);
+    if (this.done) return Promise.resolve({ done: true, value: undefined });
+    return new Promise((resolve, reject) => (this.waiting = { resolve, reject }));
   }
 }

@@ -230,6 +230,7 @@ export async function runOnResponse(
       : new BodyTap(upstream.body, { limit: limits.responseBodyBytes, record: true, ...(codings !== undefined ? { encodings: codings } : {}) });
   const hookHeaders = decode ? withoutHeaders(upstream.headers, encodedBodyHeaders) : upstream.headers;
   const seen = makeResponse(upstream.status, hookHeaders, (tap?.web as ReadableStream<Uint8Array> | undefined) ?? null);
+  const clones = trackResponseClones(seen);
   const seenRequest = makeRequest(request.url, request.method, request.headers, null);
   const discard = (): void => {
     discardBody(upstream.body);
@@ -261,7 +262,12 @@ export async function runOnResponse(
   tap?.endHookPhase();
   if (tap?.limitHit === true) throw tooLarge();
   if (out === undefined) {
-    const body = tap === undefined ? null : tap.replay();
+    // A clone the hook still reads goes on with the guest's replay, as a request's clone goes on
+    // with the upload; every other branch of the hook's tee is cancelled, or it would queue
+    // what that clone reads.
+    const reading = releaseClones(clones);
+    if (reading && seen.body !== null && !seen.body.locked) void seen.body.cancel().catch(() => undefined);
+    const body = tap === undefined ? null : tap.replay(reading);
     // What the hook left unread of an earlier hook's body is still that hook's.
     carryMadeBody(upstream.body, body);
     return withFields(upstream, { body, replaced: false, discard });
@@ -292,8 +298,22 @@ function trackClones(request: Request): Request[] {
   return clones;
 }
 
+/** Records the clones a hook makes of `response`, and of those clones. */
+function trackResponseClones(response: Response, clones: Response[] = []): Response[] {
+  const clone = response.clone.bind(response);
+  Object.defineProperty(response, "clone", {
+    value: () => {
+      const copy = clone();
+      clones.push(copy);
+      trackResponseClones(copy, clones);
+      return copy;
+    },
+  });
+  return clones;
+}
+
 /** Cancels unread clones; returns true if one is still held by a reader. */
-function releaseClones(clones: readonly Request[]): boolean {
+function releaseClones(clones: readonly (Request | Response)[]): boolean {
   let locked = false;
   for (const copy of clones) {
     if (copy.body === null) continue;

@@ -7,6 +7,7 @@ import { GuestGone, type ExchangeContext, type OutboundRequest, type PipelineRes
 import type { HookedResponse, HookLimits } from "./hook-phases.js";
 import type { HookSource, LayerNext, SourceCall } from "./hook-source.js";
 import { checkHandedRequest, checkMadeResponse } from "./head-bounds.js";
+import { teedUpstreamBody } from "./layer-phases.js";
 import { elapsed, failedEntry } from "./trace.js";
 import { requestEnded } from "../hooks/run-hook.js";
 import { withFields } from "../objects.js";
@@ -107,16 +108,33 @@ export class LayerRun {
 
   /** The final response for the guest, attributed to the descent it came from or the layer that made it. */
   private answer(final: HookedResponse, initial: OutboundRequest): PipelineResponse {
-    const at = this.responses.indexOf(final as PipelineResponse);
-    if (at >= 0) return this.responses.splice(at, 1)[0]!;
+    const at = this.descentIndex(final);
+    if (at >= 0) {
+      const descent = this.responses.splice(at, 1)[0]!;
+      // Or that descent with a layer's tee branch of its body (see descentIndex).
+      return descent === final ? descent : (final as PipelineResponse);
+    }
     const source = this.madeBy.get(final);
     const by = source?.tier === "tier2" ? "the handle policy" : "a handle layer";
     const answered = allow(source?.tier ?? "tier3", "handle", `answered by ${by}`);
     const decision = source !== undefined ? withFields(answered, { source: source.label }) : answered;
     // Its body may be a descent's own stream: that descent's hook cleanup waits until the guest has it.
-    const reused = this.responses.findIndex((response) => response.body !== null && response.body === final.body);
+    const reused = this.responses.findIndex((response) => response.body !== null && (response.body === final.body || response.body === teedUpstreamBody(final.body)));
     const cleanup = reused < 0 ? undefined : this.responses.splice(reused, 1)[0]!.cleanup;
     return { status: final.status, headers: final.headers, body: final.body, decision, url: initial.url, redirects: 0, ...(cleanup !== undefined ? { cleanup } : {}) };
+  }
+
+  /**
+   * Where `response` is among the descents: one of them, or one with its head as it came and its
+   * body a layer's tee branch of the descent's (the layer cloned it, and answered with it or
+   * with the clone), which is still that descent's answer. -1 when it is neither.
+   */
+  private descentIndex(response: HookedResponse): number {
+    const at = this.responses.indexOf(response as PipelineResponse);
+    if (at >= 0) return at;
+    const upstream = teedUpstreamBody(response.body);
+    if (upstream === undefined) return -1;
+    return this.responses.findIndex((r) => r.body === upstream && r.status === response.status && r.headers === response.headers);
   }
 
   /** Hook cleanups of descents that did not become the answer: their replaced upstream bodies. */
@@ -163,7 +181,7 @@ export class LayerRun {
     };
     return source.handle!(request, tap, inner, this.limits, call).finally(settled).then(
       (response) => {
-        const descended = this.responses.includes(response as PipelineResponse);
+        const descended = this.descentIndex(response) >= 0;
         // What a descent or an inner layer gave back, passed on as it is, is no answer of this layer's.
         const passedOn = descended || this.madeBy.has(response);
         if (!passedOn) {
