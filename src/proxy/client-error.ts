@@ -11,7 +11,7 @@ export const maxHeaderBytes = 64 * 1024;
  * What Node's parser refused, answered as bytes on the socket (no ServerResponse exists yet):
  * 400 for malformed input, 431 for an oversized head, 408 for a slow one, 405 for TRACK.
  */
-export function answerClientError(error: NodeJS.ErrnoException, socket: Socket, log: Logger, place?: (answer: EgressError) => ParseErrorPlace): void {
+export function answerClientError(error: NodeJS.ErrnoException, socket: Socket, log: Logger, place?: (answer: EgressError, guestLeft: boolean) => ParseErrorPlace): void {
   if (isLingering(socket)) {
     // The answer has gone, and the guest stopped mid-body (curl does on an early answer).
     socket.destroy();
@@ -29,7 +29,7 @@ export function answerClientError(error: NodeJS.ErrnoException, socket: Socket, 
   }
   logParseError(error, socket, log);
   answering.add(socket);
-  const where = place?.(answer) ?? { answer: "now" };
+  const where = place?.(answer, error.code === endedMidRequest) ?? { answer: "now" };
   if (where.answer === "now") {
     writeRawError(socket, answer);
     return;
@@ -52,9 +52,12 @@ export function answerClientError(error: NodeJS.ErrnoException, socket: Socket, 
  */
 function logParseError(error: NodeJS.ErrnoException, socket: Socket, log: Logger): void {
   const fields = { error, client: socket.remoteAddress };
-  if (error.code === "HPE_INVALID_EOF_STATE") log.debug("guest closed the connection mid-request", fields);
+  if (error.code === endedMidRequest) log.debug("guest closed the connection mid-request", fields);
   else log.info("bad request", fields);
 }
+
+/** The parser's error for a guest that ended its side of the connection in the middle of a request. */
+const endedMidRequest = "HPE_INVALID_EOF_STATE";
 
 /** Connections whose parse error waits for the answers before it. */
 const answering = new WeakSet<Socket>();

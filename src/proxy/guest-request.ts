@@ -1,6 +1,6 @@
 import { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
-import { EgressError, badRequest } from "../errors.js";
+import { EgressError, badRequest, quoteShort } from "../errors.js";
 import { forbiddenMethods, forwardedMethods, spellingHint, type OutboundRequest } from "../pipeline/exchange.js";
 import { endToEndHeaders } from "../headers.js";
 import { normalizeHost } from "../hostname.js";
@@ -182,6 +182,14 @@ export function checkMethod(method: string): void {
   // would carry any token: `delete` passed a policy that refuses `DELETE` (methods are
   // case-sensitive), and reached servers that read it as DELETE.
   throw badRequest(`method ${JSON.stringify(method.slice(0, 64))} is not one the proxy forwards${spellingHint(method)}`);
+}
+
+/**
+ * The refusal of an Expect other than `100-continue` (RFC 9110 §10.1.1: a proxy that cannot meet
+ * an expectation answers 417), the same on both protocols.
+ */
+export function unmetExpectation(expectation: string): EgressError {
+  return new EgressError("EG_BAD_REQUEST", 417, `unsupported Expect: ${quoteShort(expectation)}`);
 }
 
 /** The refusal of a CONNECT sent inside a tunnel: a tunnel in a tunnel would escape every check. */

@@ -12,7 +12,7 @@ import { authenticationRequired } from "./auth.js";
 import { parseAuthority } from "./authority.js";
 import type { ConnectionLimits } from "./connection-limits.js";
 import { errorFields, type DecisionLog } from "./decision-log.js";
-import { connectInTunnel, fieldCountRefusal, GuestMessage, loggableAuthority, loggableRequestTarget, loggableUrl, maxRequestFields, toOutboundRequest } from "./guest-request.js";
+import { connectInTunnel, fieldCountRefusal, GuestMessage, loggableAuthority, loggableRequestTarget, loggableUrl, maxRequestFields, toOutboundRequest, unmetExpectation } from "./guest-request.js";
 import { boundGuest, removedCut, removedError, unboundCut, wasRemoved, type Guest, type Binding, type GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, maxEarlyBytes, type LaneRequest } from "./lanes.js";
@@ -133,10 +133,11 @@ export class GuestSide {
     // With this listener Node no longer answers `Expect: 100-continue` by itself: we send 100
     // only once the checks pass, so a refused upload never starts.
     server.on("checkContinue", (req: IncomingMessage, res: ServerResponse) => this.guard(this.handle(req, res, true), req.socket));
-    server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => {
-      sendError(res, new EgressError("EG_BAD_REQUEST", 417, `unsupported Expect: ${JSON.stringify(req.headers.expect)}`), true);
-    });
-    server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => answerClientError(error, socket, this.deps.log, (answer) => this.lanes.placeParseError(socket, answer)));
+    // Any other expectation gets 417, as a request the proxy refuses: in its turn, once its guest
+    // is known (one without credentials gets its 407 first), and with its line, as on HTTP/2.
+    // Answered by Node itself (or by sendError here), it had no line, record or metric.
+    server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => this.guard(this.handle(req, res, false, unmetExpectation(String(req.headers.expect))), req.socket));
+    server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => answerClientError(error, socket, this.deps.log, (answer, guestLeft) => this.lanes.placeParseError(socket, answer, guestLeft)));
     server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => this.guard(this.upgrade(req, socket, head), socket));
     return server;
   }
@@ -345,7 +346,8 @@ export class GuestSide {
     }
   }
 
-  private async handle(req: IncomingMessage, res: ServerResponse, expectsContinue: boolean): Promise<void> {
+  /** @param unmet the refusal of an expectation the proxy cannot meet, answered once the guest is known. */
+  private async handle(req: IncomingMessage, res: ServerResponse, expectsContinue: boolean, unmet?: EgressError): Promise<void> {
     if (this.deps.limits.refused(req.socket)) {
       req.socket.destroy();
       return;
@@ -404,8 +406,6 @@ export class GuestSide {
         return;
       }
       inLane.started = true;
-      // Its body broke in the parser while it waited (a bad chunk): answered here, in order.
-      if (inLane.broken !== undefined) throw inLane.broken;
       // The connection closed while an earlier request on it was served: answered below as 499.
       if (abort.aborted) throw abort.reason;
       const found = this.guestOf(req);
@@ -413,6 +413,11 @@ export class GuestSide {
       const { guest } = found;
       guestName = guest.name;
       served = guest;
+      // Its body broke in the parser while it waited (a bad chunk): answered here, in order, and
+      // as its guest's. Only once the guest is known: one without credentials gets its 407 first,
+      // and a line never names a guest that did not authenticate.
+      if (inLane.broken !== undefined) throw inLane.broken;
+      if (unmet !== undefined) throw unmet;
       const request = toOutboundRequest(req, tunnelOf(req.socket));
       target = loggableUrl(request.url, this.deps.redact);
       if (requestStart.hasSubscribers) requestStart.publish({ id, guest: guestName, method: req.method ?? "", url: target, time: new Date().toISOString() } satisfies RequestStartMessage);
@@ -453,6 +458,10 @@ export class GuestSide {
         down = sendResponse(res, response, !req.complete, (error) => {
           try {
             response.cleanup?.();
+            if (inLane.answered !== undefined) {
+              this.decideAnswered(inLane.answered, { id, guest: guestName, method: req.method ?? "", target, started }, up, trace);
+              return;
+            }
             if (error instanceof GuestLeftFirst) {
               this.deps.decide({ id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(socket, served), started }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: 0 } : undefined);
               return;
@@ -478,6 +487,12 @@ export class GuestSide {
     } catch (error) {
       // An upstream body left pending and never sent (a hook failed on it, or it broke): timed by its own end.
       if (trace !== undefined) claimUpstreamBody(trace, null);
+      // Its body broke while it was served: the parser's 400 went out in its place, and the
+      // connection's close that followed aborted it. That 400 is its answer, not a guest that left.
+      if (inLane.answered !== undefined) {
+        this.decideAnswered(inLane.answered, { id, guest: guestName, method: req.method ?? "", target, started }, up, trace);
+        return;
+      }
       // At the drain's end the proxy closes guest connections and upstream pools alike: a request
       // still waiting sees either first, and nobody is left to answer either way.
       // A removed guest's tunnels are closed with it (their close events may come a turn later).
@@ -513,6 +528,19 @@ export class GuestSide {
     } finally {
       this.decided();
     }
+  }
+
+  /**
+   * The line of a request whose body broke in the parser while it was served, before its
+   * response began: the parser's answer (client-error.ts) went out in its place and closed the
+   * connection: the refusal is its decision, not a guest that left (499, metrics "gone", as it was logged).
+   */
+  private decideAnswered(answer: Error, fields: { id: number; guest: string | undefined; method: string; target: string; started: number }, up: ByteCount | undefined, trace: TraceEntry[] | undefined): void {
+    const err = asEgressError(answer);
+    this.deps.decide(
+      { id: fields.id, guest: fields.guest, method: fields.method, target: fields.target, ...errorFields(err), started: fields.started },
+      this.deps.decide.auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: Buffer.byteLength(errorBody(err)), ...(trace !== undefined ? { trace } : {}) } : undefined,
+    );
   }
 
   /** One request's line is written (or it had none to write: never processed, or logged by the gate). */

@@ -1,9 +1,9 @@
 import type { Readable } from "node:stream";
-import { EgressError, badRequest, quoteShort } from "../errors.js";
+import { EgressError, badRequest } from "../errors.js";
 import type { OutboundRequest } from "../pipeline/exchange.js";
 import { endToEndHeaders, type HeaderList } from "../headers.js";
 import { parseAuthority } from "./authority.js";
-import { checkContentLength, checkMethod, type TunnelTarget } from "./guest-request.js";
+import { checkContentLength, checkMethod, unmetExpectation, type TunnelTarget } from "./guest-request.js";
 import { h2ConnectionHeaders } from "./h2-settings.js";
 
 // The proxy sets the authority from the URL on every hop, and answers Expect itself.
@@ -28,7 +28,7 @@ export function h2ExpectsContinue(raw: readonly string[]): boolean {
   }
   if (expectation === undefined) return false;
   if (continueExpectation.test(expectation)) return true;
-  throw new EgressError("EG_BAD_REQUEST", 417, `unsupported Expect: ${quoteShort(expectation)}`);
+  throw unmetExpectation(expectation);
 }
 
 /**

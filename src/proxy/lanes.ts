@@ -28,6 +28,12 @@ export interface LaneRequest {
   started: boolean;
   /** Its body broke in the parser before its turn: it answers this instead, in order. */
   broken?: Error;
+  /**
+   * Its body broke in the parser while it was served, before its response began: this answer
+   * went out in its place and closed the connection. Its line says so (the proxy's refusal, not
+   * a guest that left).
+   */
+  answered?: Error;
   /** Its guest asked for `100 Continue` and has not had it: the silence is the proxy's. */
   awaitingContinue?: boolean;
 }
@@ -92,10 +98,14 @@ export class Lanes {
    * Where the answer to a parse error goes. Written at once, it landed inside a response under
    * way, or took the place of one not yet begun. In a new request's head: after the requests
    * before it. In the body of a request still waiting its turn: that request answers it, in
-   * order. In the body of the request being served: at once, unless its response has begun (a
-   * hook or an upstream answered early), when nothing more can be said on the connection.
+   * order. In the body of the request being served: at once, in its place (see `answered`),
+   * unless its response has begun (a hook or an upstream answered early), when nothing more can
+   * be said on the connection.
+   *
+   * @param guestLeft the guest ended its side mid-request: the request being served was left,
+   *   and its line says so (499), whatever is written after it.
    */
-  placeParseError(socket: Socket, answer: Error): ParseErrorPlace {
+  placeParseError(socket: Socket, answer: Error, guestLeft = false): ParseErrorPlace {
     const lane = this.lanes.get(socket);
     const last = lane?.last;
     if (lane === undefined || lane.ends.size === 0 || last === undefined) return { answer: "now" };
@@ -104,7 +114,9 @@ export class Lanes {
       last.broken = answer;
       return { answer: "by the request" };
     }
-    return last.res.headersSent ? { answer: "none" } : { answer: "now" };
+    if (last.res.headersSent) return { answer: "none" };
+    if (!guestLeft) last.answered = answer;
+    return { answer: "now" };
   }
 
   /** The connection's lane, if it has one: requests parsed on it and not yet ended. */
