@@ -18,6 +18,7 @@ import { h2Codes, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h
 import { tunnelOf } from "./tunnel.js";
 import { resetH2Stream } from "../streams.js";
 import { requestBodyOf } from "./h2-upload.js";
+import { h2CodeName } from "../upstream/h2-close-reason.js";
 import type { DrainCuts } from "./drain-cut.js";
 
 export interface H2GuestDeps {
@@ -54,6 +55,12 @@ interface SessionState {
   readonly unanswered: Map<ServerHttp2Stream, StreamWatch>;
   refused: number;
   readonly resets: WindowCounter;
+  /** Header lists over limits.h2HeaderListBytes that reached onStream (Node checks none before the guest's SETTINGS ACK). */
+  readonly oversized: WindowCounter;
+  /** Why the proxy ended the connection (calm()), once it has: what it cut is logged as that. */
+  closedFor: string | undefined;
+  /** How nghttp2 ended the connection, when a frame of the guest's broke HTTP/2. */
+  failure: string | undefined;
   readonly pings: WindowCounter;
   readonly settings: WindowCounter;
   /** The guest's TLS socket, which a destroyed session may never close by itself. */
@@ -158,6 +165,9 @@ export class H2Guests {
       unanswered: new Map(),
       refused: 0,
       resets: new WindowCounter(this.deps.limits.h2ResetsPer10s),
+      oversized: new WindowCounter(h2Limits.maxOversizedHeaderLists),
+      closedFor: undefined,
+      failure: undefined,
       pings: new WindowCounter(h2Limits.maxPingsPerWindow),
       settings: new WindowCounter(h2Limits.maxSettingsPerWindow),
       socket: this.arriving,
@@ -211,7 +221,15 @@ export class H2Guests {
       this.sessions.delete(session);
       clearTimeout(state.idleTimer);
     });
-    session.on("error", (error) => this.deps.log.debug("guest h2 session error", { error }));
+    session.on("error", (error: NodeJS.ErrnoException) => {
+      // nghttp2 ended the connection for a frame that broke HTTP/2 (ERR_HTTP2_ERROR), or for
+      // invalid frames past maxSessionInvalidFrames: said as calm() says its own closes. A socket's
+      // own error (a guest that vanished) stays a debug line.
+      if (state.closedFor === undefined && state.failure === undefined && isSessionFailure(error)) {
+        state.failure = guestBroke(error);
+        this.deps.log.info("guest h2 connection closed", { reason: state.failure, target: `${tunnel.hostname}:${tunnel.port}`, guest: tunnel.guest });
+      } else this.deps.log.debug("guest h2 session error", { error });
+    });
     session.on("frameError", (type: number, code: number, id: number) => this.deps.log.debug("guest h2 frame error", { type, code, stream: id }));
     // Silence on the connection: a PING, or the end of an idle or abandoned session (onSilence).
     // Node's setTimeout(ms, callback) listens once; this listener stays, and each call re-arms.
@@ -219,10 +237,10 @@ export class H2Guests {
     session.setTimeout(this.silenceMs());
     this.armIdle(session, state, end);
     session.on("ping", () => {
-      if (state.pings.over(performance.now())) this.calm(session, "PING flood");
+      if (state.pings.over(performance.now())) this.calm(session, "PING flood", true);
     });
     session.on("remoteSettings", () => {
-      if (state.settings.over(performance.now())) this.calm(session, "SETTINGS flood");
+      if (state.settings.over(performance.now())) this.calm(session, "SETTINGS flood", true);
     });
     if (this.closing) this.goAway();
   }
@@ -281,23 +299,62 @@ export class H2Guests {
     state.idleTimer = timer;
   }
 
-  /** GOAWAY(ENHANCE_YOUR_CALM) and the connection closed, as Go answers rapid reset. */
-  private calm(session: ServerHttp2Session, reason: string): void {
-    if (session.destroyed) return;
-    const tunnel = (session as TrackedSession)[stateKey]?.tunnel;
+  /**
+   * GOAWAY(ENHANCE_YOUR_CALM) and the connection closed, as Go answers rapid reset.
+   *
+   * `session.destroy(error, code)` alone lost the GOAWAY (black-box finding: the guest saw its
+   * streams reset and the connection closed, never the frame): called from a `stream` or `ping`
+   * event, it runs inside nghttp2's read of the guest's bytes, where Node only schedules the
+   * write, and the socket was ended before that write came. The GOAWAY is submitted first, and
+   * the session destroyed a turn later, once nghttp2 has written it; meanwhile the streams the
+   * guest still opens are refused (onStream).
+   */
+  private calm(session: ServerHttp2Session, reason: string, flood = false): void {
+    const state = (session as TrackedSession)[stateKey];
+    if (session.destroyed || state?.closedFor !== undefined) return;
+    if (state !== undefined) state.closedFor = reason;
+    const tunnel = state?.tunnel;
     this.deps.log.info("guest h2 connection closed", { reason, ...(tunnel !== undefined ? { target: `${tunnel.hostname}:${tunnel.port}`, guest: tunnel.guest } : {}) });
-    // destroy(undefined, code) would send GOAWAY(NO_ERROR): Node takes a missing error as code 0.
-    session.destroy(new Error(reason), h2Codes.enhanceYourCalm);
-    // Its GOAWAY gets a moment to go out before the socket is closed.
-    const socket = (session as TrackedSession)[stateKey]?.socket;
-    if (socket !== undefined) closeSocketAfter(socket, h2Limits.destroyLingerMs);
+    if (flood) {
+      // A SETTINGS or PING flood is destroyed within the read: nghttp2 would otherwise go on
+      // through the rest of the guest's bytes and end the session itself (GOAWAY(INTERNAL_ERROR),
+      // "Flooding was detected", its outbound queue of ACKs full) before our GOAWAY went. Its
+      // GOAWAY may be lost, as before; the log line is the record.
+      session.destroy(new Error(reason), h2Codes.enhanceYourCalm);
+      if (state?.socket !== undefined) closeSocketAfter(state.socket, h2Limits.destroyLingerMs);
+      return;
+    }
+    // Out of the read first: session.goaway() called within it (from this `stream` event) made
+    // the process abort with heap corruption once the session was destroyed (Node 20.20, nghttp2).
+    setImmediate(() => {
+      if (session.destroyed) return;
+      try {
+        session.goaway(h2Codes.enhanceYourCalm);
+      } catch {
+        // The session is closing already: destroy() below still sends its own GOAWAY.
+      }
+      // Node writes the frame from an immediate of its own, which runs before the next of ours.
+      setImmediate(() => {
+        // destroy(undefined, code) would send GOAWAY(NO_ERROR): Node takes a missing error as code 0.
+        if (!session.destroyed) session.destroy(new Error(reason), h2Codes.enhanceYourCalm);
+        // Its GOAWAY gets a moment to go out before the socket is closed.
+        if (state?.socket !== undefined) closeSocketAfter(state.socket, h2Limits.destroyLingerMs);
+      });
+    });
   }
 
   private onStream(stream: ServerHttp2Stream, raw: string[]): void {
-    stream.on("error", (error) => this.deps.log.debug("guest h2 stream error", { error }));
+    // One watch per stream, for the reset count and the request's own reaction (watch.onClose).
+    const watch: StreamWatch = { ours: false, onClose: undefined, cut: undefined, failure: undefined };
+    stream.on("error", (error) => {
+      // Node destroys a stream with the session's error, or with its own for a stream nghttp2
+      // reset: the log line of a stream gone before its answer names it (leftReason).
+      watch.failure ??= error;
+      this.deps.log.debug("guest h2 stream error", { error });
+    });
     const session = stream.session as TrackedSession | undefined;
     const state = session?.[stateKey];
-    if (session === undefined || state === undefined) {
+    if (session === undefined || state === undefined || state.closedFor !== undefined) {
       stream.close(h2Codes.refusedStream);
       return;
     }
@@ -310,21 +367,16 @@ export class H2Guests {
     }
     const maxHeaderList = this.deps.limits.h2HeaderListBytes;
     if (headerListSize(raw) > maxHeaderList) {
-      // nghttp2 decodes whatever the table references (an HPACK bomb is small on the wire). Node
-      // resets a stream past SETTINGS_MAX_HEADER_LIST_SIZE only once the guest has acknowledged
-      // our SETTINGS: before that, refused here, as an HTTP/1.1 head over 64 KiB is, before any
-      // pipeline work.
-      sendH2Error(stream, new EgressError("EG_HEADERS_TOO_LARGE", 431, `the request's header list exceeds ${maxHeaderList} bytes`), false);
-      if (!stream.endAfterHeaders) stream.close(h2Codes.noError);
+      this.refuseHeaderList(stream, raw, session, state);
       return;
     }
-    // One close listener per stream, for the reset count and the request's own (watch.onClose).
-    const watch: StreamWatch = { ours: false, onClose: undefined, cut: undefined };
     stream.once("close", () => {
       // `aborted`: closed before the proxy ended its response, whatever the code (a reset with
       // NO_ERROR counts too). Node ends a reset stream's writable side itself, so writableFinished
       // cannot tell a reset from a response sent whole.
-      if (!watch.ours && stream.aborted && state.resets.over(performance.now())) {
+      // A reset with an error code after the proxy ended its answer (a refusal the guest's
+      // RST_STREAM overtook) counts too: nghttp2 dropped the answer unsent.
+      if (!watch.ours && (stream.aborted || (stream.rstCode !== undefined && stream.rstCode !== h2Codes.noError)) && state.resets.over(performance.now())) {
         this.calm(session, "stream resets past the limit (rapid reset)");
       }
       watch.onClose?.();
@@ -355,6 +407,47 @@ export class H2Guests {
       });
   }
 
+  /**
+   * A header list over `limits.h2HeaderListBytes`. nghttp2 decodes whatever the table references
+   * (an HPACK bomb is small on the wire), and Node resets a stream past
+   * SETTINGS_MAX_HEADER_LIST_SIZE only once the guest has acknowledged our SETTINGS: before that,
+   * the list is refused here, as an HTTP/1.1 head over 64 KiB is, before any pipeline work. Each
+   * refusal is a decision like any other; past a few per window the connection is closed, or a
+   * guest that never acknowledges could have the proxy decode a megabyte per 300 bytes it sends
+   * for as long as it liked (black-box finding: 1,031 such streams, no log line, RSS 108 → 348 MiB).
+   */
+  private refuseHeaderList(stream: ServerHttp2Stream, raw: string[], session: ServerHttp2Session, state: SessionState): void {
+    const started = performance.now();
+    const maxHeaderList = this.deps.limits.h2HeaderListBytes;
+    const err = new EgressError("EG_HEADERS_TOO_LARGE", 431, `the request's header list exceeds ${maxHeaderList} bytes`);
+    const bytesDown = sendH2Error(stream, err, false);
+    if (!stream.endAfterHeaders && !stream.destroyed) stream.close(h2Codes.noError);
+    const { method, target } = this.loggable(raw, state.tunnel);
+    const guest = boundGuest(state.tunnel.connection)?.name;
+    this.deps.decide(
+      { id: this.deps.nextId(), guest, method, target, ...errorFields(err), http: "2", started },
+      this.deps.decide.auditing ? { bytesUp: 0, bytesDown } : undefined,
+    );
+    if (state.oversized.over(performance.now())) this.calm(session, `header lists over limits.h2HeaderListBytes (${maxHeaderList} bytes) past ${h2Limits.maxOversizedHeaderLists} per ${h2Limits.windowMs / 1000} s`);
+  }
+
+  /** The method and request target a stream's line gives, from its raw header list; a CONNECT's is its authority, as an HTTP/1.1 guest's line says it. */
+  private loggable(raw: readonly string[], tunnel: TunnelTarget): { method: string; target: string } {
+    let method = "";
+    let path: string | undefined;
+    let authority: string | undefined;
+    for (let i = 0; i < raw.length; i += 2) {
+      if (raw[i] === ":method") method = loggableMethod(raw[i + 1]!);
+      else if (raw[i] === ":path") path = raw[i + 1]!;
+      else if (raw[i] === ":authority") authority = raw[i + 1]!;
+    }
+    // A CONNECT has no :path (RFC 9113 §8.5): its target is the authority, never a "/" it did not send.
+    if (method === "CONNECT" && path === undefined) return { method, target: loggableRequestTarget(authority ?? "", undefined) };
+    // As an HTTP/1.1 guest's line says it in a tunnel: a path on the tunnel's origin, anything
+    // else (`OPTIONS *`) as sent, never glued to the origin ("https://host:443*").
+    return { method, target: loggableRequestTarget(path ?? "/", tunnel) };
+  }
+
   /** One stream: settles once its response is sent, cut, or the guest reset it. */
   private async handle(stream: ServerHttp2Stream, raw: string[], state: SessionState, watch: StreamWatch, abort: GuestGone): Promise<void> {
     const tunnel = state.tunnel;
@@ -368,15 +461,9 @@ export class H2Guests {
     const trace: TraceEntry[] | undefined = auditing ? [] : undefined;
     const up: ByteCount | undefined = auditing && !stream.endAfterHeaders ? countPushed(stream) : undefined;
     let down: ByteCount | undefined;
-    let method = "";
-    let path = "/";
-    for (let i = 0; i < raw.length; i += 2) {
-      if (raw[i] === ":method") method = loggableMethod(raw[i + 1]!);
-      else if (raw[i] === ":path") path = raw[i + 1]!;
-    }
-    // As an HTTP/1.1 guest's line says it in a tunnel: a path on the tunnel's origin, anything
-    // else (`OPTIONS *`) as sent, never glued to the origin ("https://host:443*").
-    let target = loggableRequestTarget(path, tunnel);
+    const loggable = this.loggable(raw, tunnel);
+    const method = loggable.method;
+    let target = loggable.target;
     const grpc = /^application\/grpc/i.test(rawHeader(raw, "content-type") ?? "");
     let finished = false;
     watch.onClose = () => {
@@ -441,7 +528,7 @@ export class H2Guests {
           if (error !== undefined) resetByUs();
           this.finishRequestBody(stream, resetByUs);
           if (error instanceof GuestLeftFirst) {
-            decide({ id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served, tunnel), http: "2", started }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: 0, ...(trace !== undefined ? { trace } : {}) } : undefined);
+            decide({ id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served, tunnel, stream, state), http: "2", started }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: 0, ...(trace !== undefined ? { trace } : {}) } : undefined);
             resolve();
             return;
           }
@@ -466,9 +553,13 @@ export class H2Guests {
       // Gone before its answer: the guest's reset, or the proxy's own cut (an upload that stalled,
       // the end of the drain, whose closing of the upstream pools fails what is still waiting).
       // A removed guest's tunnels are closed with it (their close events may come a turn later).
-      if (abort.aborted || this.deps.drainEnded() || wasRemoved(served)) {
+      // A stream closed by now that the proxy did not reset is the guest's reset (or nghttp2's
+      // answer to its broken frames), whose close event comes a turn after Node marks it closed:
+      // a refusal decided within that turn (HEADERS and RST_STREAM in one write) was logged 403
+      // as if sent, and the reset went uncounted, as the refusal's own reset was the proxy's.
+      if (abort.aborted || (stream.closed && !watch.ours) || this.deps.drainEnded() || wasRemoved(served)) {
         decide(
-          { id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served, tunnel), http: "2", started },
+          { id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served, tunnel, stream, state), http: "2", started },
           auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, ...(trace !== undefined ? { trace } : {}) } : undefined,
         );
         return;
@@ -477,11 +568,26 @@ export class H2Guests {
       if (raw502.status >= 500 && !(error instanceof EgressError)) this.deps.log.error("internal error", { id, error });
       const err = guestError(raw502, this.deps.redact);
       finished = true;
-      // Any close from here on is ours: the reset of a stream whose head went out, or the one
-      // sendH2Error makes when Node refuses to encode the answer.
-      resetByUs();
       const errorBytes = sendH2Error(stream, err, grpc);
+      // The reset of a stream whose head went out, or the one sendH2Error makes when Node refuses
+      // to encode the answer, is ours.
+      if (stream.closed || stream.destroyed) resetByUs();
       this.finishRequestBody(stream, resetByUs);
+      // The answer is only handed to nghttp2: a refusal decided in the turn its HEADERS arrived
+      // goes before the guest's RST_STREAM in the same read is seen, and nghttp2 then drops it
+      // unsent. Logged 403 as if delivered, and the reset uncounted (1,000 refused streams reset in
+      // under a second, no GOAWAY: black-box finding). The line waits for the stream's close: a
+      // reset that is not the proxy's means the guest never got the answer. Only for a request
+      // without a body: the close of a stream whose unread body sits in its buffer waits for a
+      // read that never comes (Node destroys it at the readable side's end).
+      if (!watch.ours && !stream.closed && stream.endAfterHeaders) await closedOrAfter(stream, this.deps.idleMs);
+      if (!watch.ours && stream.rstCode !== undefined && stream.rstCode !== h2Codes.noError) {
+        decide(
+          { id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served, tunnel, stream, state), http: "2", started },
+          auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: 0, ...(trace !== undefined ? { trace } : {}) } : undefined,
+        );
+        return;
+      }
       decide({
         id,
         guest: guestName,
@@ -495,8 +601,14 @@ export class H2Guests {
   }
 
   /** Why a stream went before its answer, as the log says it. */
-  private leftReason(watch: StreamWatch, guest: Guest | undefined, tunnel: TunnelTarget): string {
-    return watch.cut ?? (this.deps.drainEnded() ? this.deps.drainCut : (unboundCut(tunnel.connection) ?? (wasRemoved(guest) ? removedCut(guest.name) : "guest reset the stream")));
+  private leftReason(watch: StreamWatch, guest: Guest | undefined, tunnel: TunnelTarget, stream: ServerHttp2Stream, state: SessionState): string {
+    if (watch.cut !== undefined) return watch.cut;
+    if (this.deps.drainEnded()) return this.deps.drainCut;
+    const cut = unboundCut(tunnel.connection) ?? (wasRemoved(guest) ? removedCut(guest.name) : undefined);
+    if (cut !== undefined) return cut;
+    if (state.closedFor !== undefined) return `the proxy closed the connection: ${state.closedFor}`;
+    if (state.failure !== undefined) return `the connection failed: ${state.failure}`;
+    return h2StreamEnd(stream, watch.failure);
   }
 
   /** Why a response was cut after its head: the proxy's own reason when it cut it (explainCut knows the drain's). */
@@ -531,11 +643,54 @@ interface StreamWatch {
   onClose: (() => void) | undefined;
   /** Why the proxy cut the stream, when it did (an upload or a download that stalled). */
   cut: string | undefined;
+  /** The error Node destroyed the stream with: the session's, or nghttp2's reset of the stream. */
+  failure: Error | undefined;
+}
+
+/** Resolves at the stream's close, or after `ms` (a guest whose window stays shut); the timer keeps no process alive. */
+function closedOrAfter(stream: ServerHttp2Stream, ms: number): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const timer = setTimeout(done, ms);
+    timer.unref();
+    stream.once("close", done);
+    function done(): void {
+      clearTimeout(timer);
+      stream.off("close", done);
+      resolve();
+    }
+  });
 }
 
 /** Closes `socket` after `ms`, whatever Node's end of it still waits for; the timer keeps no process alive. */
 function closeSocketAfter(socket: TLSSocket, ms: number): void {
   setTimeout(() => socket.destroy(), ms).unref();
+}
+
+/**
+ * How a stream the proxy did not reset ended, as the log says it. Node destroys every stream of a
+ * session that failed with the session's error (ERR_HTTP2_ERROR: nghttp2 ended the connection for
+ * a frame that broke HTTP/2, a stream past SETTINGS_MAX_CONCURRENT_STREAMS, DATA after
+ * END_STREAM; or ERR_HTTP2_TOO_MANY_INVALID_FRAMES); a stream reset with an error code (nghttp2's
+ * own PROTOCOL_ERROR for a body that does not match its content-length) carries that code. All
+ * were logged "guest reset the stream".
+ */
+function h2StreamEnd(stream: { readonly rstCode: number | undefined }, failure: Error | undefined): string {
+  // A stream still pending when its session went is destroyed with ERR_HTTP2_STREAM_CANCEL, the session's error its cause.
+  const sessionError = failure !== undefined && isSessionFailure(failure) ? failure : failure?.cause instanceof Error && isSessionFailure(failure.cause) ? failure.cause : undefined;
+  if (sessionError !== undefined) return `the connection failed: ${guestBroke(sessionError)}`;
+  const rstCode = stream.rstCode;
+  if (rstCode === undefined || rstCode === h2Codes.cancel || rstCode === h2Codes.noError) return "guest reset the stream";
+  return `the stream was reset (${h2CodeName(rstCode)}): a protocol error on it, nghttp2's answer to a frame that broke HTTP/2 or the guest's own reset`;
+}
+
+/** nghttp2 ended the session for a frame of the guest's, or for too many invalid ones. */
+function isSessionFailure(error: Error): boolean {
+  const code = (error as NodeJS.ErrnoException).code;
+  return code === "ERR_HTTP2_ERROR" || code === "ERR_HTTP2_TOO_MANY_INVALID_FRAMES";
+}
+
+function guestBroke(error: Error): string {
+  return `the guest broke HTTP/2 (${error.message})`;
 }
 
 /** RFC 9113 §6.5.2: each field counts its name and value octets plus 32. */

@@ -28,6 +28,14 @@ export const h2Limits = Object.freeze({
   maxHeaderListPairs: maxRequestFields + 4,
   /** Streams refused because the running work was at its cap, before the session gets GOAWAY. */
   maxRefusedStreams: 100,
+  /**
+   * Header lists over `limits.h2HeaderListBytes` one connection may send per window before
+   * GOAWAY(ENHANCE_YOUR_CALM). Until the guest acknowledges the proxy's SETTINGS, Node applies
+   * no header-list limit and nghttp2 decodes whatever the HPACK table references: 250 one-byte
+   * references to a 4 KB entry are 1 MB decoded from 300 bytes sent. Each such stream gets its
+   * 431; a guest that keeps sending them is not making requests by mistake.
+   */
+  maxOversizedHeaderLists: 10,
   /** SETTINGS frames per window. */
   maxSettingsPerWindow: 100,
   /** PING frames per window. */

@@ -550,3 +550,121 @@ describe("HTTP/2 timeouts: each stream and the connection judged on their own", 
     expect(line, JSON.stringify(line)).toMatchObject({ status: 499, reason: "the proxy closed the connection at the end of its drain (timeouts.drainMs, 4000 ms)" });
   }, 30_000);
 });
+
+/** A guest that acknowledges the proxy's SETTINGS (RawH2 never does), once they have arrived: then Node's own limits apply. */
+async function acknowledged(client: RawH2): Promise<void> {
+  await client.until((c) => c.frames.some((f) => f.type === frameType.settings && (f.flags & flag.ack) === 0));
+  client.write(frame(frameType.settings, flag.ack, 0));
+  // PING is answered in order: once its ACK is back, the SETTINGS ACK before it has been read.
+  client.write(ping(0xac));
+  await client.until((c) => c.frames.some((f) => f.type === frameType.ping && (f.flags & flag.ack) !== 0));
+}
+
+/** Header blocks of `count` GET streams, each referencing one 4 KB HPACK entry 250 times: 1 MB decoded from about 300 bytes. */
+function hpackBombs(authority: string, count: number): Buffer {
+  const frames: Buffer[] = [];
+  for (let i = 0; i < count; i++) {
+    const fields = [...(i === 0 ? [literalIndexed("x-bomb", "b".repeat(4000))] : []), ...Array.from({ length: i === 0 ? 249 : 250 }, () => indexed(62))];
+    frames.push(frame(frameType.headers, flag.endHeaders | flag.endStream, 2 * i + 1, requestBlock(authority, "/attack", fields)));
+  }
+  return Buffer.concat(frames);
+}
+
+interface GuestSideCase {
+  readonly name: string;
+  readonly limits?: { h2ResetsPer10s: number };
+  /** What the guest does on its connection (with the proxy's SETTINGS acknowledged, when `ack`). */
+  readonly ack?: boolean;
+  readonly send: (client: RawH2, authority: string) => void;
+  /** The connection ends with GOAWAY of this code, which reaches the guest before the close. */
+  readonly goaway?: number;
+  /** The "guest h2 connection closed" line's reason. */
+  readonly closed?: RegExp;
+  /** Decision lines: each matching `status`/`reason`, and how many at least and at most. */
+  readonly lines: { readonly status: number; readonly reason: RegExp; readonly min: number; readonly max?: number };
+  /** No decision line has this status. */
+  readonly never?: number;
+}
+
+// Black-box findings of 2026-12-04 (seventh session): what the guest gets on the wire, what the
+// log says, and that a guest on another connection goes on being served.
+describe("HTTP/2 guest side: the wire answer and the log line name what happened", () => {
+  const cases: readonly GuestSideCase[] = [
+    {
+      name: "header lists over 64 KiB from a guest that never acknowledges SETTINGS each get a 431 line, and repeated ones GOAWAY(ENHANCE_YOUR_CALM)",
+      send: (client, authority) => client.write(hpackBombs(authority, 40)),
+      goaway: code.enhanceYourCalm,
+      closed: /header lists over limits\.h2HeaderListBytes/,
+      lines: { status: 431, reason: /header list exceeds 65536 bytes/, min: 5, max: 11 },
+    },
+    {
+      name: "refused streams the guest resets before their answer goes out are logged 499 and count against h2ResetsPer10s",
+      limits: { h2ResetsPer10s: 20 },
+      send: (client, authority) => openAndReset(client, authority, "/attack/deny", 60),
+      goaway: code.enhanceYourCalm,
+      closed: /stream resets past the limit/,
+      lines: { status: 499, reason: /guest reset the stream|stream resets past the limit/, min: 20 },
+      never: 403,
+    },
+    {
+      name: "rapid reset past the running-work cap sends GOAWAY(ENHANCE_YOUR_CALM) before the close",
+      send: (client, authority) => openAndReset(client, authority, "/attack?hold", 400),
+      goaway: code.enhanceYourCalm,
+      closed: /running-work cap|stream resets past the limit/,
+      lines: { status: 499, reason: /./, min: 1 },
+    },
+    {
+      name: "a stream past SETTINGS_MAX_CONCURRENT_STREAMS: the streams in flight name the connection's failure",
+      ack: true,
+      send: (client, authority) => {
+        for (let i = 0; i < 101; i++) client.write(frame(frameType.headers, flag.endHeaders, 2 * i + 1, requestBlock(authority, "/attack?hold", [], "POST")));
+      },
+      closed: /the guest broke HTTP\/2 \(Protocol error\)/,
+      lines: { status: 499, reason: /^the connection failed: the guest broke HTTP\/2 \(Protocol error\)$/, min: 100, max: 100 },
+    },
+    {
+      name: "a body longer than its content-length: the stream nghttp2 reset is logged with its code",
+      send: (client, authority) => {
+        client.write(frame(frameType.headers, flag.endHeaders, 1, requestBlock(authority, "/attack?hold", [literal("content-length", "3")], "POST")));
+        client.write(frame(frameType.data, flag.endStream, 1, Buffer.from("abcdef")));
+      },
+      lines: { status: 499, reason: /^the stream was reset \(PROTOCOL_ERROR, code 1\)/, min: 1, max: 1 },
+    },
+    {
+      name: "a CONNECT inside an h2 stream is logged with its authority, as the HTTP/1.1 side logs it",
+      send: (client) => client.write(frame(frameType.headers, flag.endHeaders | flag.endStream, 1, Buffer.concat([literal(":method", "CONNECT"), literal(":authority", "other.test:443")]))),
+      lines: { status: 405, reason: /CONNECT inside a tunnel/, min: 1, max: 1 },
+    },
+  ];
+
+  it.each(cases)("$name", async (c) => {
+    const hook = holdingHook();
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy(
+      { allowedInternalHosts: ["api.test"], onRequest: hook.onRequest, isRequestAllowed: (request: Request) => !request.url.includes("/deny") },
+      c.limits === undefined ? {} : { limits: c.limits },
+    );
+    const authority = `api.test:${upstream.port}`;
+    const normal = await bystander(proxy, authority);
+    const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    if (c.ack === true) await acknowledged(guest);
+    c.send(guest, authority);
+    // The bystander's lines are its /echo's: the guest's are /attack's, or its CONNECT's.
+    const lines = (): Record<string, unknown>[] => proxy.logs.filter((l) => l["msg"] === "request" && (String(l["target"]).includes("/attack") || l["method"] === "CONNECT"));
+    if (c.goaway !== undefined || c.closed !== undefined) await guest.until((g) => g.closed);
+    hook.release();
+    await vi.waitFor(() => expect(lines().length).toBeGreaterThanOrEqual(c.lines.min), { timeout: 10_000, interval: 50 });
+    if (c.goaway !== undefined) expect(guest.goaway()?.code).toBe(c.goaway);
+    if (c.closed !== undefined) expect(proxy.logs.some((l) => l["msg"] === "guest h2 connection closed" && c.closed!.test(String(l["reason"])))).toBe(true);
+    const logged = lines();
+    for (const line of logged.filter((l) => l["status"] === c.lines.status)) expect(String(line["reason"]), JSON.stringify(line)).toMatch(c.lines.reason);
+    const matching = logged.filter((l) => l["status"] === c.lines.status).length;
+    expect(matching).toBeGreaterThanOrEqual(c.lines.min);
+    if (c.lines.max !== undefined) expect(matching).toBeLessThanOrEqual(c.lines.max);
+    if (c.never !== undefined) expect(logged.some((l) => l["status"] === c.never)).toBe(false);
+    if (c.name.includes("CONNECT")) expect(logged[0]?.["target"]).toBe("other.test:443");
+    guest.socket.destroy();
+    await normal.stop();
+    await othersServed(proxy, authority);
+  }, 30_000);
+});
