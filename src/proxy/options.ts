@@ -1,4 +1,5 @@
 import { readFileSync } from "node:fs";
+import { X509Certificate } from "node:crypto";
 import { isDeepStrictEqual } from "node:util";
 import { defaults } from "../config/defaults.js";
 import { makeIssue, OptionError, optionError, type OptionIssue } from "../config/option-error.js";
@@ -256,7 +257,11 @@ export function checkGuestOptions(name: string, options: unknown, caller = "addG
 }
 
 function readCa(entry: string, path: string): string {
-  if (entry.includes("-----BEGIN CERTIFICATE-----")) return entry;
+  if (entry.includes("-----BEGIN CERTIFICATE-----")) {
+    const bad = unparsedCertificate(entry);
+    if (bad !== undefined) failCa(path, `holds a PEM certificate that cannot be read (${bad})`);
+    return entry;
+  }
   let text: string;
   try {
     // Not a plain read: a FIFO there would hold the start until written to, /dev/zero forever.
@@ -264,8 +269,34 @@ function readCa(entry: string, path: string): string {
   } catch (error) {
     throw new OptionError(makeIssue(["upstreamCa", Number(path)], `cannot read ${entry}: ${readFailure(error)}`), { prefix: "startProxy: ", cause: error });
   }
-  if (!text.includes("-----BEGIN CERTIFICATE-----")) fail(`upstreamCa[${path}]`, `names ${entry}, which holds no PEM certificate`);
+  if (!text.includes("-----BEGIN CERTIFICATE-----")) failCa(path, `names ${entry}, which holds no PEM certificate`);
+  const bad = unparsedCertificate(text);
+  if (bad !== undefined) failCa(path, `names ${entry}, which holds a PEM certificate that cannot be read (${bad})`);
   return text;
+}
+
+/** `upstreamCa[i]` as the path of the error, as every other option error names its entry. */
+function failCa(index: string, reason: string): never {
+  throw new OptionError(makeIssue(["upstreamCa", Number(index)], reason), { prefix: "startProxy: " });
+}
+
+/**
+ * Which PEM certificate in `text` cannot be parsed, and why; undefined when every one can. Only
+ * the marker was checked, and TLS skips a block it cannot read: a damaged CA was taken in
+ * silence and every upstream it should have vouched for failed with 502
+ * DEPTH_ZERO_SELF_SIGNED_CERT (black-box finding).
+ */
+function unparsedCertificate(text: string): string | undefined {
+  const blocks = text.match(/-----BEGIN CERTIFICATE-----[\s\S]*?-----END CERTIFICATE-----/g) ?? [];
+  const begun = text.split("-----BEGIN CERTIFICATE-----").length - 1;
+  for (const [i, block] of blocks.entries()) {
+    try {
+      new X509Certificate(block);
+    } catch (error) {
+      return `certificate ${i + 1}: ${(error as Error).message}`;
+    }
+  }
+  return blocks.length < begun ? `certificate ${blocks.length + 1}: no -----END CERTIFICATE-----` : undefined;
 }
 
 /** The table's values with the given ones over them; a key given as undefined keeps its default. */

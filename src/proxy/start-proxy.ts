@@ -140,7 +140,13 @@ export async function launchProxy(
     : undefined;
   const network = config.upstream === undefined ? undefined : await startRecordedNetwork(config.upstream, log);
   const warnings = new ThrottledWarning(log);
-  const auditFile = config.auditLog === undefined ? undefined : await openAuditLog(config.auditLog, warnings);
+  const auditFile =
+    config.auditLog === undefined
+      ? undefined
+      : await openAuditLog(config.auditLog, warnings).catch(async (error: unknown) => {
+          await network?.abandon();
+          throw error;
+        });
   const auditing = auditFile !== undefined || config.onDecision !== undefined;
   const decide = createDecisionLog(
     log,
@@ -155,12 +161,18 @@ export async function launchProxy(
     auditFile?.reopen(() => log.info("audit log reopened", { file: config.auditLog }));
   };
   if (auditFile !== undefined) process.on("SIGUSR1", onRotate);
-  /** A start that fails must not keep the file open, nor its handler on the process. */
+  /**
+   * A start that fails must not keep its files open (the audit log, the recording's journal),
+   * nor its handler on the process, nor leave a recording's journal and folder behind.
+   */
   const abandon = async (error: unknown): Promise<never> => {
     process.off("SIGUSR1", onRotate);
+    await network?.abandon();
     await auditFile?.close(config.timeouts.drainMs);
     throw error;
   };
+  /** Set when a start fails once listening: close() then lets the recording go without writing it. */
+  let startFailed = false;
   const authority = await createTlsAuthority({
     caDir: config.caDir,
     leafKeyType: config.leafKeyType,
@@ -257,8 +269,9 @@ export async function launchProxy(
       // Every guest is gone, so nothing in the pools is still wanted: a request that will
       // never end (a body nobody reads) must not hold close() open.
       await guests.closeAll();
-      // Once every exchange that drained is in it.
-      await network?.close();
+      // Once every exchange that drained is in it. A start that failed served nothing: an
+      // empty HAR must not replace the file a previous run wrote.
+      await (startFailed ? network?.abandon() : network?.close());
       // A response the drain's end cut is decided once its guest connection or its upstream is
       // gone, and an upgrade cut while it waited for its 101 once its upstream socket is.
       await side.settled(config.timeouts.drainMs);
@@ -274,6 +287,7 @@ export async function launchProxy(
       for (const name of guests.names()) await writeGuestEnvFile(several ? `${file}.${name}` : file, guestEnv(name));
     } catch (error) {
       // Listening already: a proxy whose start failed must not stay open behind the caller's back.
+      startFailed = true;
       await close();
       const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
       throw new OptionError(makeIssue(["guestEnvFile"], `cannot write ${file} (${code})`), { prefix: "startProxy: ", cause: error });
@@ -289,6 +303,7 @@ export async function launchProxy(
         }),
       );
     } catch (error) {
+      startFailed = true;
       await close();
       const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
       throw new OptionError(makeIssue(["metricsListen"], `cannot listen on ${config.metricsListen.host}:${config.metricsListen.port} (${code})`), { prefix: "startProxy: ", cause: error });

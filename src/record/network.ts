@@ -122,6 +122,11 @@ export class RecordedNetwork {
   async close(): Promise<void> {
     await this.recording?.close();
   }
+
+  /** For a start that failed: the recording is let go without writing FILE.har (Recording.abandon). */
+  async abandon(): Promise<void> {
+    await this.recording?.abandon();
+  }
 }
 
 /**

@@ -1,10 +1,11 @@
 import { constants } from "node:fs";
-import { lstat, mkdir, open, readdir, rename, rm, stat, type FileHandle } from "node:fs/promises";
+import { lstat, mkdir, open, readdir, rename, rm, rmdir, stat, type FileHandle } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
 import type { Logger } from "../log.js";
 import { fileKind, readFailure } from "../regular-file.js";
 import { isRemovedAtExit, removeAtExit } from "./exit-cleanup.js";
 import { isPartialBodyName, journalPath, sidecarDir, type RecordedEntry } from "./har.js";
+import { lockRecording } from "./record-lock.js";
 
 /** The `creator` of every HAR this proxy writes. */
 const creator = { name: "egressgate", version: "1", comment: "recorded network (issue 18); secrets appear only as EGRESSGATE_SECRET{NAME} or [REDACTED:NAME]" };
@@ -45,6 +46,10 @@ export class Recording {
     private readonly log: Logger,
     /** Entries kept from the file being extended (`--record-missing`), written first. */
     private readonly kept: readonly RecordedEntry[],
+    /** Lets the path go for the next recording ({@link lockRecording}). */
+    private readonly unlock: () => Promise<void>,
+    /** The folders open() made (the sidecar, and any missing above it), outermost first. */
+    private readonly made: readonly string[],
   ) {
     this.seq = kept.reduce((max, entry) => Math.max(max, entry._egressgate?.seq ?? 0), 0);
   }
@@ -54,13 +59,22 @@ export class Recording {
       const problem = await inTheWay(at, at === path ? "it" : at, want);
       if (problem !== undefined) throw new Error(`cannot record to ${path}: ${problem}`);
     }
-    await makeFolder(sidecarDir(path)).catch((error: unknown) => {
+    const made = await makeFolder(sidecarDir(path)).catch((error: unknown) => {
       throw new Error(`cannot record to ${path}: ${(error as Error).message}`, { cause: error });
     });
-    await removePartialBodies(path, log);
-    await keepCrashedJournal(path, log);
-    const journal = await open(journalPath(path), "w+", 0o600);
-    return new Recording(path, journal, log, kept);
+    let unlock: (() => Promise<void>) | undefined;
+    try {
+      // Before anything in the way is cleared: a live recording's journal and partial bodies are its own.
+      unlock = await lockRecording(path, log);
+      await removePartialBodies(path, log);
+      await keepCrashedJournal(path, log);
+      const journal = await open(journalPath(path), "w+", 0o600);
+      return new Recording(path, journal, log, kept, unlock, made);
+    } catch (error) {
+      await unlock?.();
+      await removeFolders(made);
+      throw error;
+    }
   }
 
   /** The next exchange's place in the recording. */
@@ -172,7 +186,32 @@ export class Recording {
       await this.queueWrite();
       await this.journal.close().catch(() => undefined);
       if (!this.failed) await rm(journalPath(this.path), { force: true }).catch(() => undefined);
+      await this.unlock();
     })());
+  }
+
+  /**
+   * For a proxy whose start failed: nothing was served, so nothing is written. The journal is
+   * closed and removed, the folders open() made go if they are still empty, and FILE.har stays
+   * as it was. A failed start kept the journal's descriptor open and left both behind.
+   */
+  abandon(): Promise<void> {
+    return (this.closed ??= (async () => {
+      this.final = true;
+      await this.queue;
+      await this.journal.close().catch(() => undefined);
+      await rm(journalPath(this.path), { force: true }).catch(() => undefined);
+      // The lock is in the HAR's folder, which may be one of those made.
+      await this.unlock();
+      await removeFolders(this.made);
+    })());
+  }
+}
+
+/** Removes `folders` (innermost last in the list, so removed first) where they are empty. */
+async function removeFolders(folders: readonly string[]): Promise<void> {
+  for (const folder of [...folders].reverse()) {
+    if (!(await rmdir(folder).then(() => true, () => false))) return;
   }
 }
 
@@ -219,12 +258,12 @@ async function keepCrashedJournal(path: string, log: Logger): Promise<void> {
 
 /**
  * `dir` made, with any folder above it that is missing (`--record runs/today.har`), one level at
- * a time. Not `mkdir(dir, { recursive: true })`: where mkdir fails with ENOENT under a parent
+ * a time; returns the folders it made, outermost first. Not `mkdir(dir, { recursive: true })`: where mkdir fails with ENOENT under a parent
  * that exists (anywhere in /proc), Node's recursive mkdir makes the parent again and retries,
  * for ever, and `--record /proc/x.har` held the start at 100% CPU. Here that failure is the
  * answer.
  */
-async function makeFolder(dir: string): Promise<void> {
+async function makeFolder(dir: string): Promise<string[]> {
   const missing: string[] = [];
   for (let at = resolve(dir); ; at = dirname(at)) {
     const stats = await stat(at).catch((error: unknown) => {
@@ -238,15 +277,18 @@ async function makeFolder(dir: string): Promise<void> {
     if (dirname(at) === at) break;
     missing.push(at);
   }
+  const made: string[] = [];
   for (const at of missing.reverse()) {
     try {
       await mkdir(at, { mode: 0o700 });
+      made.push(at);
     } catch (error) {
       // Made meanwhile (two recordings starting at once) is as good as made here.
       if ((error as NodeJS.ErrnoException).code === "EEXIST" && (await stat(at).catch(() => undefined))?.isDirectory() === true) continue;
       throw new Error(`cannot make the folder ${at} (${readFailure(error)})`, { cause: error });
     }
   }
+  return made;
 }
 
 /**

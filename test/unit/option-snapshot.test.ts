@@ -4,6 +4,10 @@ import { createHttpHooks } from "../../src/hooks/http-hooks.js";
 import { checkGuestOptions, resolveProxyOptions, type ProxyOptions, type ResolvedProxyOptions } from "../../src/proxy/options.js";
 import { startProxy } from "../../src/proxy/start-proxy.js";
 import { tempDir } from "../helpers/proxy.js";
+import { testCa } from "../helpers/test-ca.js";
+
+// upstreamCa certificates are parsed: the getter's first value must be a real one.
+const { certPem } = await testCa();
 
 // startProxy's schema walked own enumerable keys while the resolver and the guest read options
 // by name, prototype included, and read getters again: values the check never saw were used,
@@ -29,7 +33,7 @@ const throwing = (key: string): Record<string, unknown> =>
 
 describe("startProxy's options are read once, own data only: what is checked is what is used", () => {
   const hookMs = getter("hookMs", [100, Number.NaN]);
-  const ca = getter<string, string[]>("0", ["-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n", "not a certificate"], []);
+  const ca = getter<string, string[]>("0", [certPem, "not a certificate"], []);
   it.each<[string, () => unknown, (resolved: ResolvedProxyOptions) => unknown, unknown]>([
     ["a getter is read once: its first value is checked and used", () => ({ timeouts: hookMs.object }), (r) => [r.timeouts.hookMs, hookMs.reads()], [100, 1]],
     ["a getter in a list is read once", () => ({ upstreamCa: ca.object }), (r) => [r.upstreamCaPems.length, ca.reads()], [1, 1]],

@@ -188,6 +188,25 @@ describe("resolveProxyOptions: each bad value names its option path", () => {
     expect(error.message).toContain(file);
   });
 
+  // Only the BEGIN marker was checked, and TLS skips a block it cannot read: a damaged CA was
+  // taken in silence and every upstream then failed with 502 DEPTH_ZERO_SELF_SIGNED_CERT.
+  it("an upstreamCa certificate that cannot be parsed is refused with its code, path and entry", async () => {
+    const { certPem } = await testCa();
+    const garbage = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+    const file = join(tempDir(), "damaged-ca.pem");
+    writeFileSync(file, `${certPem}${garbage}`);
+    for (const [entries, at, named] of [
+      [[garbage], 0, /upstreamCa\[0\] holds a PEM certificate that cannot be read \(certificate 1: /],
+      [[certPem, `${certPem}${garbage}`], 1, /upstreamCa\[1\] holds a PEM certificate that cannot be read \(certificate 2: /],
+      [["hello -----BEGIN CERTIFICATE----- world"], 0, /certificate 1: no -----END CERTIFICATE-----/],
+      [[file], 0, new RegExp(`upstreamCa\\[0\\] names ${file}, which holds a PEM certificate that cannot be read \\(certificate 2: `)],
+    ] as const) {
+      const error = errorOf(() => resolveProxyOptions({ upstreamCa: [...entries] }));
+      expect(error).toMatchObject({ code: "EG_INVALID_OPTION", path: `upstreamCa[${at}]` });
+      expect(error.message).toMatch(named);
+    }
+  });
+
   it("upstreamCa takes PEM text as is and reads file paths", async () => {
     const { certPem } = await testCa();
     const file = join(tempDir(), "ca.pem");
