@@ -15,7 +15,7 @@ import type { LeafKeyType } from "../tls/x509.js";
 import type { UpstreamOptions } from "../record/network.js";
 import { maxTextFileBytes, readFailure, readRegularFileSync } from "../regular-file.js";
 import type { AuditRecord } from "../metrics/audit-record.js";
-import { plainObject, resolveGuestOptions, type GuestOptions, type ResolvedGuest } from "./guest-options.js";
+import { plainObject, resolveGuestOptions, type GuestOptions, type OptionCaller, type ResolvedGuest } from "./guest-options.js";
 
 export interface TimeoutOptions {
   /** From CONNECT until the guest's TLS handshake (or first plain byte) completes. Default 10 s. */
@@ -231,15 +231,15 @@ export function openFileLimit(): number {
 export const defaultGuest = "default";
 
 /** A problem the schema cannot see (it needs more than one option, or a file's contents). */
-function fail(path: string, reason: string): never {
-  throw new OptionError(makeIssue(path.split("."), reason), { prefix: "startProxy: " });
+function fail(path: readonly string[], reason: string, caller: OptionCaller = "startProxy"): never {
+  throw new OptionError(makeIssue(path, reason), { prefix: `${caller}: ` });
 }
 
 /** Checks the options against the one schema; the first problem is thrown with its path and code. */
-function checkOptions(options: unknown): asserts options is ProxyOptions {
+function checkOptions(options: unknown, caller: OptionCaller): asserts options is ProxyOptions {
   const issues: OptionIssue[] = [];
   validate(apiOptionsSchema, options, [], issues);
-  if (issues.length > 0) throw optionError(issues[0]!, { prefix: "startProxy: " });
+  if (issues.length > 0) throw optionError(issues[0]!, { prefix: `${caller}: ` });
 }
 
 /**
@@ -311,7 +311,31 @@ function overDefaults<T extends Record<string, number>>(table: T, given: Partial
  * ones that `next` changes, named as the options name them, for the reload's warning (a changed
  * `logLevel` or `timeouts` was accepted in silence, and kept its old value).
  */
-const notReloaded = ["listen", "caDir", "upstreamCaPems", "leafKeyType", "leafCacheSize", "maxRedirects", "refuseInTunnel", "maxHttpBodyBytes", "maxHttpResponseBodyBytes", "timeouts", "limits", "logLevel", "guestEnvFile", "metricsListen", "metrics", "ownAddresses", "upstream", "auditLog", "deploymentKey"] as const;
+const notReloaded = [
+  "listen",
+  "caDir",
+  "upstreamCaPems",
+  "leafKeyType",
+  "leafCacheSize",
+  "maxRedirects",
+  "refuseInTunnel",
+  "maxHttpBodyBytes",
+  "maxHttpResponseBodyBytes",
+  "timeouts",
+  "limits",
+  "logLevel",
+  // The logger and the decision sink are built once, at the start: a reload that changed either
+  // kept the old function in silence (black-box finding). Compared by identity, as given.
+  "logSink",
+  "onDecision",
+  "guestEnvFile",
+  "metricsListen",
+  "metrics",
+  "ownAddresses",
+  "upstream",
+  "auditLog",
+  "deploymentKey",
+] as const;
 
 export function settingsNotReloaded(current: ResolvedProxyOptions, next: ResolvedProxyOptions): string[] {
   return notReloaded
@@ -329,24 +353,25 @@ function sameListen(current: ResolvedProxyOptions["listen"], next: ResolvedProxy
  * code. The options are read once first, own data only, and only that copy is checked and used:
  * an inherited option or a getter's next value would have passed unchecked (config/snapshot.ts).
  */
-export function resolveProxyOptions(given: ProxyOptions = {}): ResolvedProxyOptions {
-  const options = snapshotOptions(apiOptionsSchema, given, [], "startProxy: ") as ProxyOptions;
-  checkOptions(options);
+export function resolveProxyOptions(given: ProxyOptions = {}, caller: OptionCaller = "startProxy"): ResolvedProxyOptions {
+  const options = snapshotOptions(apiOptionsSchema, given, [], `${caller}: `) as ProxyOptions;
+  checkOptions(options, caller);
   const resolveIn = options.resolve ?? {};
-  const guests = resolveGuests(options as Record<string, unknown>, resolveIn);
+  const guests = resolveGuests(options as Record<string, unknown>, resolveIn, caller);
   const host = options.listen?.host ?? defaults.listen.host;
   // No accidental open proxy: a listener others can reach serves only guests that authenticate,
   // unless the caller said otherwise in so many words.
   if (options.guests === undefined && options.auth === undefined && !isLoopback(host)) {
     fail(
-      "auth",
+      ["auth"],
       `is needed to listen on ${host}: without guests, anyone who can reach the port could use the proxy with its allowlist and secrets; set auth: true (CLI --auth) to require credentials, or auth: false (CLI --no-auth) to run an open proxy on purpose`,
+      caller,
     );
   }
   const listen = { host, port: options.listen?.port ?? defaults.listen.port };
   const metricsListen = options.metricsListen === undefined ? undefined : parseHostPort(options.metricsListen, defaults.listen.host);
   if (metricsListen !== undefined && sharePort(listen, metricsListen)) {
-    fail("metricsListen", `is ${options.metricsListen}, the proxy's own listen address (${host}:${listen.port}): the metrics listener needs a port of its own`);
+    fail(["metricsListen"], `is ${options.metricsListen}, the proxy's own listen address (${host}:${listen.port}): the metrics listener needs a port of its own`, caller);
   }
   return {
     guests,
@@ -385,21 +410,21 @@ function sharePort(a: { readonly host: string; readonly port: number }, b: { rea
 }
 
 /** The guests of either form: `guests`, or the top-level `httpHooks`/`env` as the one named `default`. */
-function resolveGuests(o: Record<string, unknown>, proxyResolve: Record<string, readonly string[]>): ResolvedGuest[] {
+function resolveGuests(o: Record<string, unknown>, proxyResolve: Record<string, readonly string[]>, caller: OptionCaller): ResolvedGuest[] {
   if (o["guests"] === undefined) {
-    return [resolveGuestOptions(defaultGuest, { resolve: proxyResolve, ...(o["httpHooks"] !== undefined ? { httpHooks: o["httpHooks"] } : {}), ...(o["env"] !== undefined ? { env: o["env"] } : {}) } as GuestOptions, "")];
+    return [resolveGuestOptions(defaultGuest, { resolve: proxyResolve, ...(o["httpHooks"] !== undefined ? { httpHooks: o["httpHooks"] } : {}), ...(o["env"] !== undefined ? { env: o["env"] } : {}) } as GuestOptions, [], {}, caller)];
   }
   for (const key of ["httpHooks", "env"]) {
-    if (o[key] !== undefined) fail(key, `cannot be combined with guests: give each guest its own (guests.NAME.${key})`);
+    if (o[key] !== undefined) fail([key], `cannot be combined with guests: give each guest its own (guests.NAME.${key})`, caller);
   }
-  const list = Object.entries(plainObject(o["guests"], "guests")).map(([name, guest]) => resolveGuestOptions(name, guest as GuestOptions, `guests.${name}`, proxyResolve));
-  if (list.length === 0) fail("guests", "must name at least one guest");
-  checkSourcesApart(list);
+  const list = Object.entries(plainObject(o["guests"], ["guests"], caller)).map(([name, guest]) => resolveGuestOptions(name, guest as GuestOptions, ["guests", name], proxyResolve, caller));
+  if (list.length === 0) fail(["guests"], "must name at least one guest", caller);
+  checkSourcesApart(list, caller);
   return list;
 }
 
 /** Two guests bound to overlapping source ranges would make a connection's guest a matter of order. */
-export function checkSourcesApart(all: readonly Pick<ResolvedGuest, "name" | "sources">[]): void {
+export function checkSourcesApart(all: readonly Pick<ResolvedGuest, "name" | "sources">[], caller: OptionCaller = "startProxy"): void {
   // Only guests with sources can overlap: every pair of 1000 guests without any cost each
   // addGuest 7 ms (black-box finding, with the redactor's cost per guest).
   const guests = all.filter((guest) => guest.sources.length > 0);
@@ -407,7 +432,7 @@ export function checkSourcesApart(all: readonly Pick<ResolvedGuest, "name" | "so
     for (let j = i + 1; j < guests.length; j++) {
       for (const a of guests[i]!.sources) {
         const b = guests[j]!.sources.find((other) => cidrsOverlap(a, other));
-        if (b !== undefined) fail(`guests.${guests[j]!.name}.sources`, `overlaps guests.${guests[i]!.name}.sources (${a.text}) with ${JSON.stringify(b.text)}`);
+        if (b !== undefined) fail(["guests", guests[j]!.name, "sources"], `overlaps guests.${guests[i]!.name}.sources (${a.text}) with ${JSON.stringify(b.text)}`, caller);
       }
     }
   }

@@ -343,11 +343,11 @@ export async function launchProxy(
     guestNames: () => guests.names(),
     addGuest: (name, guestOptions) => {
       if (closing !== undefined) throw new ProxyClosedError("addGuest");
-      if (guests.open) throw new TypeError("addGuest: this proxy serves one guest without credentials; start it with guests, or with auth: true");
+      if (guests.open) throw openProxyError("addGuest", name, "start it with guests, or with auth: true");
       // What was checked, read once, is what is used.
       const checked = checkGuestOptions(checkGuestName("addGuest", name), guestOptions);
-      const resolved = resolveGuestOptions(name, checked, `guests.${name}`, config.resolve);
-      checkSourcesApart([...guests.all(), resolved]);
+      const resolved = resolveGuestOptions(name, checked, ["guests", name], config.resolve, "addGuest");
+      checkSourcesApart([...guests.all(), resolved], "addGuest");
       guests.add(resolved);
       redactor.update(guests);
       log.info("guest added", { guest: name });
@@ -355,11 +355,13 @@ export async function launchProxy(
     reload: async (next) => {
       // Requests draining keep the configuration they started with; so do the guests.
       if (closing !== undefined) throw new ProxyClosedError("reload");
-      const resolved = resolveProxyOptions(next);
+      const resolved = resolveProxyOptions(next, "reload");
       if (resolved.open !== guests.open) {
-        throw new TypeError("reload: a proxy that serves one guest without credentials stays that way (and one with credentials too); restart it to change");
+        // The options that make the difference: `guests` (always with credentials), or `auth` in the single-guest form.
+        const reason = "a proxy that serves one guest without credentials stays that way (and one with credentials too); restart it to change";
+        throw new OptionError(makeIssue([resolved.form === "guests" ? "guests" : "auth"], reason, "clause"), { prefix: "reload: ", describe: () => reason });
       }
-      checkSourcesApart(resolved.guests);
+      checkSourcesApart(resolved.guests, "reload");
       const ignored = settingsNotReloaded(config, resolved);
       const { replaced, removed, unbound } = guests.replaceAll(resolved.guests);
       redactor.update(guests);
@@ -379,7 +381,7 @@ export async function launchProxy(
     removeGuest: async (name) => {
       if (closing !== undefined) throw new ProxyClosedError("removeGuest");
       // Its only guest gone, such a proxy would answer 407 to everything, with no credentials that could work.
-      if (guests.open) throw new TypeError("removeGuest: this proxy serves one guest without credentials; close it instead, or start it with guests, or with auth: true");
+      if (guests.open) throw openProxyError("removeGuest", name, "close it instead, or start it with guests, or with auth: true");
       await guests.remove(name);
       redactor.update(guests);
       log.info("guest removed", { guest: name });
@@ -395,6 +397,17 @@ export async function launchProxy(
     close,
   };
   return { proxy, retiredSecrets };
+}
+
+/**
+ * addGuest or removeGuest on the open single-guest proxy: an option error at the guest's path,
+ * as every other refusal of these calls is (it was a plain TypeError, without code or path).
+ */
+function openProxyError(caller: "addGuest" | "removeGuest", name: unknown, way: string): OptionError {
+  const reason = `this proxy serves one guest without credentials; ${way}`;
+  const segments = typeof name === "string" ? ["guests", name] : ["guests"];
+  // The message as before (the call, not the name, is what is refused); the path for code that reads it.
+  return new OptionError(makeIssue(segments, reason, "clause"), { prefix: `${caller}: `, describe: () => reason });
 }
 
 /**

@@ -1,7 +1,7 @@
 import { createHmac } from "node:crypto";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { request, ProxyAgent } from "undici";
-import { createHttpHooks, HttpRequestBlockedError, OptionError, ProxyClosedError, startProxy, type AuditRecord } from "../../src/index.js";
+import { createHttpHooks, HttpRequestBlockedError, OptionError, ProxyClosedError, startProxy, type AuditRecord, type GuestOptions } from "../../src/index.js";
 import type { Socket } from "node:net";
 import { connect as tlsConnect, type TLSSocket } from "node:tls";
 import { testCa } from "../helpers/test-ca.js";
@@ -506,6 +506,53 @@ describe("guests: calls that name a guest, and calls on a closing proxy", () => 
       expect((thrown as Error).message).toBe(`${method}: the proxy is closing`);
       expect(proxy.guestNames(), when).toEqual(["a", "b"]);
     }
+  });
+});
+
+// These threw plain TypeErrors, without the code and path every other option error has, and
+// addGuest's said "startProxy:" (a black-box hunt of the embedding API): a reserved variable in
+// env, addGuest without options, overlapping sources at addGuest, addGuest/removeGuest on the open
+// single-guest proxy, and a reload that changes whether credentials are asked.
+describe("guests: every option error of startProxy, addGuest, removeGuest and reload has its code, path and caller", () => {
+  const { httpHooks, env } = createHttpHooks({ allowedInternalHosts: ["a.test"] });
+  const base = (): { listen: { host: string; port: number }; caDir: string } => ({ listen: { host: "127.0.0.1", port: 0 }, caDir: tempDir() });
+  type Case = [label: string, proxyKind: "none" | "guests" | "open", call: (proxy: RunningProxyLike) => unknown, path: string, message: RegExp];
+  type RunningProxyLike = Pick<GuestsProxy, "addGuest" | "removeGuest" | "reload" | "guestNames">;
+  const cases: Case[] = [
+    ["startProxy: a reserved variable in env", "none", () => startProxy({ ...base(), env: { HTTPS_PROXY: "http://elsewhere.test:1" } }), "env.HTTPS_PROXY", /^startProxy: env\.HTTPS_PROXY: HTTPS_PROXY is a variable the proxy sets/],
+    ["startProxy: a reserved variable in a guest's env", "none", () => startProxy({ ...base(), guests: { a: { env: { NODE_EXTRA_CA_CERTS: "/x" } } } }), "guests.a.env.NODE_EXTRA_CA_CERTS", /^startProxy: guests\.a\.env\.NODE_EXTRA_CA_CERTS: /],
+    ['addGuest("e") without options', "guests", (proxy) => proxy.addGuest("e", undefined as unknown as GuestOptions), "guests.e", /^addGuest: guests\.e must be an object \(got undefined\)$/],
+    ["addGuest: a reserved variable in env", "guests", (proxy) => proxy.addGuest("e", { httpHooks, env: { ...env, HTTP_PROXY: "http://elsewhere.test:1" } }), "guests.e.env.HTTP_PROXY", /^addGuest: guests\.e\.env\.HTTP_PROXY: /],
+    ["addGuest: sources overlapping another guest's", "guests", (proxy) => proxy.addGuest("e", { httpHooks, env, sources: ["10.88.0.0/24"] }), "guests.e.sources", /^addGuest: guests\.e\.sources overlaps guests\.b\.sources/],
+    ["addGuest on the open single-guest proxy", "open", (proxy) => proxy.addGuest("e", { httpHooks, env }), "guests.e", /^addGuest: this proxy serves one guest without credentials/],
+    ["removeGuest on the open single-guest proxy", "open", (proxy) => proxy.removeGuest("default"), "guests.default", /^removeGuest: this proxy serves one guest without credentials/],
+    ["reload from the open single-guest form to guests", "open", (proxy) => proxy.reload({ ...base(), guests: { a: { httpHooks, env } } }), "guests", /^reload: a proxy that serves one guest without credentials stays that way/],
+    ["reload from guests to the open single-guest form", "guests", (proxy) => proxy.reload({ ...base(), httpHooks, env }), "auth", /^reload: a proxy that serves one guest without credentials stays that way/],
+    ["reload: a reserved variable in a guest's env", "guests", (proxy) => proxy.reload({ ...base(), guests: { a: { httpHooks, env: { SSL_CERT_FILE: "/x" } } } }), "guests.a.env.SSL_CERT_FILE", /^reload: guests\.a\.env\.SSL_CERT_FILE: /],
+    ["reload: overlapping sources", "guests", (proxy) => proxy.reload({ ...base(), guests: { a: { sources: ["10.9.0.0/16"] }, b: { sources: ["10.9.1.0/24"] } } }), "guests.b.sources", /^reload: guests\.b\.sources overlaps guests\.a\.sources/],
+    ["reload: a value the schema refuses", "guests", (proxy) => proxy.reload({ ...base(), guests: { a: {} }, maxRedirects: "3" as unknown as number }), "maxRedirects", /^reload: maxRedirects /],
+  ];
+
+  it.each(cases)("%s", async (_label, proxyKind, call, path, message) => {
+    const proxy: RunningProxyLike | undefined =
+      proxyKind === "guests"
+        ? await startGuestsProxy({ a: { allowedInternalHosts: ["a.test"] }, b: { allowedInternalHosts: ["b.test"], sources: ["10.88.0.7/32"] } })
+        : proxyKind === "open"
+          ? await startTestProxy({ allowedInternalHosts: ["api.test"] })
+          : undefined;
+    const namesBefore = proxy?.guestNames();
+    let thrown: unknown;
+    try {
+      await call(proxy as RunningProxyLike);
+    } catch (error) {
+      thrown = error;
+    }
+    expect(thrown).toBeInstanceOf(TypeError);
+    expect(thrown).toBeInstanceOf(OptionError);
+    expect(thrown).toMatchObject({ code: "EG_INVALID_OPTION", path });
+    expect((thrown as Error).message).toMatch(message);
+    // Refused whole: the guests served are the ones before the call.
+    if (proxy !== undefined) expect(proxy.guestNames()).toEqual(namesBefore);
   });
 });
 

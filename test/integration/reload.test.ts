@@ -332,9 +332,12 @@ describe("proxy.reload", () => {
   it("warns, naming them, when a reload changes settings that apply only at a restart; a reload that changes none does not", async () => {
     const caDir = tempDir();
     const ca = await testCa();
-    const same = { listen: { host: "127.0.0.1", port: 0 }, caDir, upstreamCa: [ca.certPem], resolve: { "api.test": ["127.0.0.1"] } };
-    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { caDir });
-    const warnings = (): unknown[] => proxy.logs.filter((l) => String(l["msg"]).startsWith("reload: these settings")).map((l) => l["settings"]);
+    const logs: Record<string, unknown>[] = [];
+    const logSink = (line: string): void => void logs.push(JSON.parse(line) as Record<string, unknown>);
+    const onDecision = (): void => undefined;
+    const same = { listen: { host: "127.0.0.1", port: 0 }, caDir, upstreamCa: [ca.certPem], resolve: { "api.test": ["127.0.0.1"] }, logSink, onDecision };
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { caDir, logSink, onDecision });
+    const warnings = (): unknown[] => logs.filter((l) => String(l["msg"]).startsWith("reload: these settings")).map((l) => l["settings"]);
     const next = (): Pick<ReturnType<typeof createHttpHooks>, "httpHooks" | "env"> => {
       const { httpHooks, env } = createHttpHooks({ allowedInternalHosts: ["api.test"] });
       return { httpHooks, env };
@@ -345,6 +348,36 @@ describe("proxy.reload", () => {
     expect(warnings()).toEqual([["maxRedirects", "timeouts", "logLevel"]]);
     const upstream = await startUpstream();
     expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+
+  // The logger and the decision sink are built at the start: a reload given other functions kept
+  // calling the old ones, and its warning named neither (black-box finding).
+  it("a reload that changes logSink or onDecision names them in its warning, and the old ones keep being called", async () => {
+    const caDir = tempDir();
+    const first: Record<string, unknown>[] = [];
+    const later: Record<string, unknown>[] = [];
+    const decided: string[] = [];
+    const logSink = (line: string): void => void first.push(JSON.parse(line) as Record<string, unknown>);
+    const onDecision = (): void => void decided.push("first");
+    const ca = await testCa();
+    const same = { listen: { host: "127.0.0.1", port: 0 }, caDir, upstreamCa: [ca.certPem], logLevel: "debug" as const, resolve: { "api.test": ["127.0.0.1"] } };
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { caDir, logSink, onDecision });
+    const warnings = (): unknown[] => first.filter((l) => String(l["msg"]).startsWith("reload: these settings")).map((l) => l["settings"]);
+    const hooks = (): Pick<ReturnType<typeof createHttpHooks>, "httpHooks" | "env"> => {
+      const { httpHooks, env } = createHttpHooks({ allowedInternalHosts: ["api.test"] });
+      return { httpHooks, env };
+    };
+    await proxy.reload({ ...same, logSink, onDecision, ...hooks() });
+    expect(warnings()).toEqual([]);
+    await proxy.reload({ ...same, logSink: (line) => void later.push(JSON.parse(line) as Record<string, unknown>), onDecision: () => void decided.push("later"), ...hooks() });
+    expect(warnings()).toEqual([["logSink", "onDecision"]]);
+    // Left out, they are the defaults (stderr, none): a change too, named as such.
+    await proxy.reload({ ...same, logSink, ...hooks() });
+    expect(warnings()).toEqual([["logSink", "onDecision"], ["onDecision"]]);
+    const upstream = await startUpstream();
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+    await expect.poll(() => decided).toEqual(["first"]);
+    expect(later).toEqual([]);
   });
 
   it("rejects invalid options whole and keeps the old configuration serving", async () => {
