@@ -106,8 +106,11 @@ interface Spawned {
   readonly initPort: MessagePort;
 }
 
-/** One for the whole process: V8's flags are process-wide, whichever engine spawned the worker. */
-const gcFlagLock = new SharedArrayBuffer(4);
+/**
+ * One for the whole process: V8's flags are process-wide, whichever engine spawned the worker.
+ * Exported for tests, which hold it as a worker stopped inside it leaves it.
+ */
+export const gcFlagLock = new SharedArrayBuffer(4);
 
 function spawn(policy: PolicySource, limits: DjsLimits): Spawned {
   const heartbeat = new SharedArrayBuffer(16);

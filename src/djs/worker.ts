@@ -168,11 +168,23 @@ async function renewed(): Promise<Sandbox> {
  * it is on only for the moment it takes to get the function, under a lock all workers share, and
  * left alone when the embedder turned it on (this thread's context then has `gc` already).
  */
+/** How long a worker waits for another's hold on the gc flag before it takes the lock over. */
+const gcFlagLockWaitMs = 2_000;
+
 const gc = ((): (() => void) | undefined => {
   const own = (globalThis as { gc?: () => void }).gc;
   if (typeof own === "function") return own;
   const lock = new Int32Array(init.gcFlagLock);
-  while (Atomics.compareExchange(lock, 0, 0, 1) !== 0) Atomics.wait(lock, 0, 1, 10);
+  // A worker stopped while it held the lock (terminate() runs no `finally`: a policy closed, or a
+  // worker replaced, as it started) never gives it back, and every worker started after it, in
+  // any engine of the process, waited here for good: its policy never loaded and each request
+  // under it hung (CI finding, on a loaded machine). The lock is taken over past a bound; the
+  // worst a live holder slower than that risks is a worker without its own `gc`.
+  const deadline = performance.now() + gcFlagLockWaitMs;
+  while (Atomics.compareExchange(lock, 0, 0, 1) !== 0) {
+    if (performance.now() > deadline) break;
+    Atomics.wait(lock, 0, 1, 10);
+  }
   try {
     setFlagsFromString("--expose-gc");
     return runInNewContext("gc") as () => void;

@@ -1,8 +1,9 @@
 import { mkdirSync, symlinkSync, writeFileSync } from "node:fs";
 import path from "node:path";
+import { setFlagsFromString } from "node:v8";
 import { describe, expect, it } from "vitest";
 import { createDjsHooks, djsHooksOptionsFromFile, OptionError, OptionRangeError, PolicyLoadError, type DjsHooksOptions } from "../../src/index.js";
-import { DjsEngine } from "../../src/djs/engine.js";
+import { DjsEngine, gcFlagLock } from "../../src/djs/engine.js";
 import { callPhase, loadPolicy } from "../helpers/djs.js";
 import { tempDir } from "../helpers/proxy.js";
 
@@ -381,4 +382,27 @@ describe("a policy larger than 4 MiB", () => {
     const { djsHooks } = createDjsHooks(`${filler(1024 * 1024)}export function isRequestAllowed() { return true; }`);
     void djsHooks.close();
   });
+});
+
+describe("the process-wide lock on V8's gc flag", () => {
+  // A worker stopped by terminate() inside its hold (a policy closed, or a worker replaced, as it
+  // started) runs no `finally` and never gives the lock back; every worker started after it
+  // waited for it for good, in every engine of the process (CI finding: each tier-2 request of
+  // the file's later tests hung until its test timed out).
+  it("left held by a stopped worker, it does not keep later policies from loading and answering", async () => {
+    const lock = new Int32Array(gcFlagLock);
+    // As the stopped worker may have left it too: with the flag on, a new worker's context has
+    // `gc` already and never asks for the lock.
+    setFlagsFromString("--no-expose-gc");
+    Atomics.store(lock, 0, 1);
+    try {
+      const djsHooks = loadPolicy("export function onRequest() { return new Response('loaded', { status: 201 }); }");
+      const outcome = await callPhase(djsHooks, "onRequest");
+      expect(outcome).toMatchObject({ t: "response", status: 201 });
+      // The worker that took it over gave it back.
+      expect(Atomics.load(lock, 0)).toBe(0);
+    } finally {
+      Atomics.store(lock, 0, 0);
+    }
+  }, 60_000);
 });
