@@ -619,6 +619,10 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     const send = async (tag: string): Promise<string> =>
       (await curl(["-sS", "-x", url, "--cacert", join(caDir, "ca.crt"), "-o", "/dev/null", "-w", "%{http_code}", `https://api.test:${upstream.port}/echo/${tag}/${old}`])).stdout;
     for (let i = 0; i < 2; i++) expect(await send(`a${i}`)).toBe("403");
+    // A worker writes its audit records after it answered, through a queue: SIGKILL loses what
+    // the queue still holds, so the kill waits until the first two records are in the file.
+    const records = (): number => (existsSync(audit) ? readFileSync(audit, "utf8").split("\n").filter((l) => l !== "").length : 0);
+    await until(() => records() === 2, 10_000, "two audit records");
     process.kill(workers[0]!, "SIGKILL");
     await until(() => linesOf(cli.stderr(), "worker replaced").some((line) => line["replaces"] === workers[0]), 30_000, "a replacement worker");
     const replacement = childPids(primary).find((pid) => !workers.includes(pid));
@@ -630,7 +634,7 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     // Both workers answered, the replacement among them, each for the same reason.
     expect(new Set(refusals().map((line) => line["worker"]))).toEqual(new Set([workers[1], replacement]));
     for (const line of refusals()) expect(String(line["reason"])).toMatch(/retired value of secret TOK/);
-    await until(() => existsSync(audit) && readFileSync(audit, "utf8").split("\n").filter((l) => l !== "").length === 6, 10_000, "six audit records");
+    await until(() => records() === 6, 10_000, "six audit records");
     expect(cli.stderr()).not.toContain(old);
     expect(readFileSync(audit, "utf8")).not.toContain(old);
     cli.process.kill("SIGTERM");
