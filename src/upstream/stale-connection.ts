@@ -19,14 +19,19 @@ const staleFailures = new WeakSet<object>();
 // a copy of the socket's counters, not the socket). Published for every undici in the process,
 // the embedder's too: the entries are keyed weakly by undici's own objects and only ever read
 // for an error this module marked.
+// A subscriber that throws is reported as an uncaught exception, which would end the process:
+// so a message of another shape (another undici's, or anyone's publish) is passed over.
 subscribe("undici:client:sendHeaders", (message) => {
-  const { request, socket } = message as { request: object; socket: Socket };
-  const sent = requestsSent.get(socket) ?? 0;
-  requestsSent.set(socket, sent + 1);
-  attempts.set(request, { socket, reused: sent > 0, bytesRead: socket.bytesRead });
+  const { request, socket } = (message ?? {}) as { request?: unknown; socket?: Partial<Socket> };
+  if (typeof request !== "object" || request === null || typeof socket !== "object" || socket === null || typeof socket.bytesRead !== "number") return;
+  const sock = socket as Socket;
+  const sent = requestsSent.get(sock) ?? 0;
+  requestsSent.set(sock, sent + 1);
+  attempts.set(request, { socket: sock, reused: sent > 0, bytesRead: sock.bytesRead });
 });
 subscribe("undici:request:error", (message) => {
-  const { request, error } = message as { request: object; error: unknown };
+  const { request, error } = (message ?? {}) as { request?: unknown; error?: unknown };
+  if (typeof request !== "object" || request === null) return;
   const attempt = attempts.get(request);
   if (attempt === undefined || typeof error !== "object" || error === null) return;
   if (attempt.reused && attempt.socket.bytesRead === attempt.bytesRead) staleFailures.add(error);
