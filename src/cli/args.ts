@@ -4,6 +4,7 @@ import { computedDefaults, defaults } from "../config/defaults.js";
 import { configOverrides, optionFlags } from "../config/flags.js";
 import type { ProxyConfig } from "../config/document.js";
 import { checkGuestName, parseHostPort } from "../config/nodes.js";
+import { homeProblem, resolvePath } from "../config/paths.js";
 import { optionFlagDeclarations } from "./flag-options.js";
 import { asFlagError, configFromFile, configFromFlags, inFile } from "./serve-config.js";
 import { UsageError } from "./usage-error.js";
@@ -54,6 +55,15 @@ export function parseListen(value: string): { host: string; port: number } {
 
 function optionalString(value: unknown): string | undefined {
   return value === undefined ? undefined : String(value);
+}
+
+/** `ca` and `env`'s --ca-dir, read as serve reads it: `--ca-dir=~/ca` is under $HOME (a shell leaves that tilde alone). */
+function caDirFlag(value: unknown, env: NodeJS.ProcessEnv): string | undefined {
+  const written = optionalString(value);
+  if (written === undefined) return undefined;
+  const problem = homeProblem(written);
+  if (problem !== undefined) throw new UsageError(`--ca-dir: ${problem}`);
+  return resolvePath(process.cwd(), written, env);
 }
 
 /** Flags of a running proxy that `check`, which starts none, would ignore. */
@@ -190,7 +200,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
       },
     )
     .command("ca", "print the CA certificate's path and PEM, creating the CA if missing", {}, (args) => {
-      command = { kind: "ca", caDir: optionalString(args["ca-dir"]) };
+      command = { kind: "ca", caDir: caDirFlag(args["ca-dir"], env) };
     })
     .command(
       "env",
@@ -210,7 +220,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
             );
           }
         }
-        command = { kind: "env", caDir: optionalString(args["ca-dir"]), listen, guest };
+        command = { kind: "env", caDir: caDirFlag(args["ca-dir"], env), listen, guest };
       },
     )
     .command(

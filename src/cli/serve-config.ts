@@ -158,7 +158,7 @@ export function configFromFile(file: string, args: Args, env: NodeJS.ProcessEnv,
   const issues: OptionIssue[] = [];
   validate(configFileSchema, doc, [], issues);
   // Flag paths are the working directory's, as for any flag.
-  const proxy = resolveProxyWide(doc, cwd, (segments: readonly Segment[], reason: string) => issues.push(makeIssue(segments, reason)));
+  const proxy = resolveProxyWide(doc, cwd, (segments: readonly Segment[], reason: string) => issues.push(makeIssue(segments, reason)), env);
   if (issues.length > 0) throw flagError(issues[0]!);
   // A flag's false overrides the file's true (`--watch=false`), so the file's key goes first.
   const { watch: fileWatch, ...fromFile } = config;

@@ -62,7 +62,8 @@ function describeHook(entry: HookChainConfig): Record<string, unknown> {
   if (d.kind === "command") {
     return { command: d.argv, ...(d.shell ? { shell: true } : {}), ...common, env: Object.keys(d.env), concurrency: d.concurrency, queue: d.queue };
   }
-  return { [d.kind]: d.url.href, ...common, ...(Object.keys(d.headers).length > 0 ? { headers: Object.fromEntries(Object.keys(d.headers).map((name) => [name, "(redacted)"])) } : {}) };
+  // As written when it holds ${NAME} references: a variable's value may be a credential.
+  return { [d.kind]: d.written ?? d.url.href, ...common, ...(Object.keys(d.headers).length > 0 ? { headers: Object.fromEntries(Object.keys(d.headers).map((name) => [name, "(redacted)"])) } : {}) };
 }
 
 function credentials(guest: GuestConfig, config: ProxyConfig): string {

@@ -1,5 +1,4 @@
 import { statSync } from "node:fs";
-import path from "node:path";
 import type { LeafKeyType } from "../tls/x509.js";
 import type { LogLevel } from "../log.js";
 import type { SecretRedirects } from "../policy/secrets.js";
@@ -9,6 +8,7 @@ import { makeIssue, type OptionIssue, type Segment } from "./option-error.js";
 import { configFileSchema } from "./schema.js";
 import { readSecret, type InlineSecret } from "./secret-source.js";
 import { resolveHookChain, type HookChainConfig } from "./hook-chain.js";
+import { documentPath } from "./paths.js";
 import { validate } from "./validate.js";
 import type { UpstreamOptions } from "../record/network.js";
 import { maxTextFileBytes, readFailure, readRegularFileSync } from "../regular-file.js";
@@ -114,7 +114,7 @@ export function resolveDocument(document: unknown, options: DocumentOptions): { 
   if (issues.length > 0) return { issues };
   const doc = (document ?? {}) as Doc;
   const at = (segments: readonly Segment[], reason: string): void => void issues.push(makeIssue(segments, reason));
-  const proxy = resolveProxyWide(doc, options.baseDir, at);
+  const proxy = resolveProxyWide(doc, options.baseDir, at, options.env);
   const single = doc["guests"] === undefined;
   const guestDocs: Record<string, Doc> = single ? { [singleGuestName]: doc } : (doc["guests"] as Record<string, Doc>);
   const guests: Record<string, GuestConfig> = {};
@@ -127,26 +127,28 @@ export function resolveDocument(document: unknown, options: DocumentOptions): { 
 }
 
 /** The proxy-wide part of a valid document; `at` hears about files that cannot be used. */
-export function resolveProxyWide(doc: Doc, baseDir: string, at: (segments: readonly Segment[], reason: string) => void): ProxyWideConfig {
+export function resolveProxyWide(doc: Doc, baseDir: string, at: (segments: readonly Segment[], reason: string) => void, env: NodeJS.ProcessEnv): ProxyWideConfig {
   const out: Record<string, unknown> = {};
+  const pathOf = documentPath(baseDir, env, at);
   for (const key of ["resolve", "leafKeyType", "leafCacheSize", "maxRedirects", "refuseInTunnel", "maxHttpBodyBytes", "maxHttpResponseBodyBytes", "timeouts", "limits", "logLevel", "auth", "metricsListen"]) {
     if (doc[key] !== undefined) out[key] = doc[key];
   }
   if (typeof doc["listen"] === "string") out["listen"] = parseHostPort(doc["listen"], defaults.listen.host);
-  if (typeof doc["caDir"] === "string") out["caDir"] = path.resolve(baseDir, doc["caDir"]);
-  if (typeof doc["guestEnvFile"] === "string") out["guestEnvFile"] = path.resolve(baseDir, doc["guestEnvFile"]);
+  if (typeof doc["caDir"] === "string") out["caDir"] = pathOf(["caDir"], doc["caDir"]);
+  if (typeof doc["guestEnvFile"] === "string") out["guestEnvFile"] = pathOf(["guestEnvFile"], doc["guestEnvFile"]);
   if (typeof doc["upstream"] === "object" && doc["upstream"] !== null) {
     const upstream: Record<string, unknown> = {};
     for (const [key, value] of Object.entries(doc["upstream"] as Record<string, { path?: unknown }>)) {
-      upstream[key] = typeof value?.path === "string" ? { ...value, path: path.resolve(baseDir, value.path) } : value;
+      upstream[key] = typeof value?.path === "string" ? { ...value, path: pathOf(["upstream", key, "path"], value.path) } : value;
     }
     out["upstream"] = upstream;
   }
-  if (typeof doc["auditLog"] === "string") out["auditLog"] = path.resolve(baseDir, doc["auditLog"]);
+  if (typeof doc["auditLog"] === "string") out["auditLog"] = pathOf(["auditLog"], doc["auditLog"]);
   if (Array.isArray(doc["upstreamCa"])) {
     out["upstreamCa"] = (doc["upstreamCa"] as string[]).map((entry, i) => {
       if (entry.includes(pemMarker)) return entry;
-      const file = path.resolve(baseDir, entry);
+      const file = pathOf(["upstreamCa", i], entry);
+      if (file === undefined) return entry;
       // Read here as well as at start, so check-config finds a missing file offline.
       try {
         if (!readRegularFileSync(file, maxTextFileBytes).toString("utf8").includes(pemMarker)) at(["upstreamCa", i], `names ${file}, which holds no PEM certificate`);
@@ -165,15 +167,17 @@ function resolveGuest(doc: Doc, base: readonly Segment[], single: boolean, optio
   // At the top level, resolve is proxy-wide; a listed guest's resolve and sources are its own.
   if (!single) keys.push("resolve", "sources");
   for (const key of keys) if (doc[key] !== undefined) out[key] = doc[key];
+  const pathOf = documentPath(options.baseDir, options.env, at);
   if (Array.isArray(doc["hooksScript"])) {
     out["hooksScript"] = (doc["hooksScript"] as string[]).map((entry, i) => {
-      const script = path.resolve(options.baseDir, entry);
       const list = doc["hooksScript"] as string[];
-      if (!isFile(script)) at(list.length === 1 ? [...base, "hooksScript"] : [...base, "hooksScript", i], `names ${script}, which is not a readable file`);
+      const segments = list.length === 1 ? [...base, "hooksScript"] : [...base, "hooksScript", i];
+      const script = pathOf(segments, entry);
+      if (script !== undefined && !isFile(script)) at(segments, `names ${script}, which is not a readable file`);
       return script;
     });
   }
-  if (Array.isArray(doc["hooks"])) out["hooks"] = resolveHookChain(doc["hooks"] as Record<string, unknown>[], options.baseDir, options.env, at, base, isFile);
+  if (Array.isArray(doc["hooks"])) out["hooks"] = resolveHookChain(doc["hooks"] as Record<string, unknown>[], pathOf, options.env, at, base, isFile);
   const secrets: Record<string, SecretConfig> = {};
   for (const [name, secret] of Object.entries((doc["secrets"] ?? {}) as Record<string, SecretDoc>)) {
     const read = readSecret(secret.value, options.baseDir, options.env);

@@ -1,5 +1,6 @@
-import path from "node:path";
+import { programProblem } from "../deciders/find-program.js";
 import { isDeciderEntry, resolveDecider, type ResolvedDecider } from "../deciders/options.js";
+import type { DocumentPath } from "./paths.js";
 import type { Segment } from "./option-error.js";
 import type { CustomNode } from "./validate.js";
 
@@ -35,11 +36,12 @@ export const hookEntryNode: CustomNode = {
 
 /**
  * The entries of a valid `hooks` list, resolved: script paths and a command's program path (when
- * it has a slash) taken from `baseDir`, a decider's `${NAME}` references from `env`.
+ * it has a slash) by `pathOf` (from the document's folder), a decider's `${NAME}` references from
+ * `env`. A script that is not a file, or a program that cannot be started, is reported to `at`.
  */
 export function resolveHookChain(
   entries: readonly Record<string, unknown>[],
-  baseDir: string,
+  pathOf: DocumentPath,
   env: NodeJS.ProcessEnv,
   at: (segments: readonly Segment[], reason: string) => void,
   base: readonly Segment[],
@@ -47,15 +49,24 @@ export function resolveHookChain(
 ): HookChainConfig[] {
   return entries.flatMap((entry, i): HookChainConfig[] => {
     if (typeof entry["script"] === "string") {
-      const script = path.resolve(baseDir, entry["script"]);
+      const script = pathOf([...base, "hooks", i, "script"], entry["script"]);
+      if (script === undefined) return [];
       if (!isFile(script)) at([...base, "hooks", i, "script"], `names ${script}, which is not a readable file`);
       return [{ kind: "script", path: script }];
     }
     const decider = resolveDecider(entry, env, (reason, segments = []) => at([...base, "hooks", i, ...segments], reason));
     if (decider === undefined) return [];
-    if (decider.kind !== "command" || decider.shell || !decider.argv[0]!.includes("/")) return [{ kind: "decider", decider }];
+    if (decider.kind !== "command" || decider.shell) return [{ kind: "decider", decider }];
     // `./check.sh` next to the config file means the file's folder, as every relative path in it does.
-    const program = path.resolve(baseDir, decider.argv[0]!);
-    return [{ kind: "decider", decider: { ...decider, argv: [program, ...decider.argv.slice(1)], label: `command:${decider.argv[0]}` } }];
+    const written = decider.argv[0]!;
+    const program = written.includes("/") ? pathOf([...base, "hooks", i, "command"], written) : written;
+    if (program === undefined) return [];
+    // A program that is not there is refused here, as a missing script is: served, every request
+    // it was asked about got 502, and check-config said nothing. Looked for as spawn will: in the
+    // PATH the child gets, from the proxy's working directory.
+    const problem = programProblem(program, decider.env["PATH"], process.cwd());
+    if (problem !== undefined) at([...base, "hooks", i, "command"], problem);
+    if (program === written) return [{ kind: "decider", decider }];
+    return [{ kind: "decider", decider: { ...decider, argv: [program, ...decider.argv.slice(1)], label: `command:${written}` } }];
   });
 }

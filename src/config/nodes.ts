@@ -103,5 +103,17 @@ export const httpHooksNode: ObjectNode = object(
   },
 );
 
-export const envMap = (doc: string): MapNode =>
-  map("name", (name) => (name === "" ? "is not a variable name" : undefined), string("a string", "the value", { allowEmpty: true }), doc);
+/**
+ * A guest environment's variable name: what a secret's name may be. Any other went into
+ * guestEnv(), `egressgate env` printed `export A#='…'` (a shell error), and the env file a line
+ * that docker and systemd read otherwise, or (a name with a space) failed to be written at start,
+ * blamed on guestEnvFile.
+ */
+export function checkEnvName(name: string): string | undefined {
+  if (!envVariableName.test(name)) return "is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*): a shell's export and an env file's KEY=value line cannot carry it";
+  return undefined;
+}
+
+const envVariableName = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+export const envMap = (doc: string): MapNode => map("name", checkEnvName, string("a string", "the value", { allowEmpty: true }), doc);

@@ -1,4 +1,5 @@
 import { isIP } from "node:net";
+import { httpToken } from "../headers.js";
 import { logLevels } from "../log.js";
 import { secretRedirectModes } from "../policy/secrets.js";
 import { defaults } from "./defaults.js";
@@ -91,7 +92,14 @@ const upstreamNode = object(
     replay: object(
       {
         path: string("a file path", "Answer from this HAR file with no DNS, TCP or TLS; every check still runs.", { required: true }),
-        matchHeaders: list(string("a header name", `${replayMatchDoc}: this header's value.`), "header names", "Headers whose values must match too (none by default)."),
+        matchHeaders: list(
+          string("a header name", `${replayMatchDoc}: this header's value.`, {
+            // A name no request can carry (`bad header`, `x:y`) matched nothing, without a word.
+            check: (value) => (httpToken.test(value) ? undefined : `must be a header name: letters, digits and !#$%&'*+-.^_\`|~ only (got ${JSON.stringify(value)})`),
+          }),
+          "header names",
+          "Headers whose values must match too (none by default).",
+        ),
         ignoreQuery: list(string("a query parameter", "A parameter the match leaves out."), "query parameters", "Query parameters the match leaves out."),
         ignoreBodyPaths: list(
           string("a JSON pointer", "A part of a JSON body the match leaves out.", { check: (value) => (value.startsWith("/") ? undefined : `must be a JSON pointer such as /nonce (got ${JSON.stringify(value)})`) }),

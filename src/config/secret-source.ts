@@ -1,7 +1,7 @@
-import path from "node:path";
 import { breaksFieldValue } from "../headers.js";
 import { maxSecretValueBytes, secretTooLongReason, secretValueTooLong } from "../policy/secrets.js";
 import { FileReadError, readFailure, readRegularFileSync } from "../regular-file.js";
+import { homeProblem, resolvePath } from "./paths.js";
 import type { CustomNode } from "./validate.js";
 
 /**
@@ -59,7 +59,7 @@ export const secretValueNode: CustomNode = {
 /** A source read: its description (safe to print) and the value, or why it could not be read. */
 export type ReadSecret = { readonly from: string; readonly value: string } | { readonly from: string; readonly reason: string };
 
-/** Reads a validated source. `file:` paths are taken relative to `baseDir` (the config file's folder). */
+/** Reads a validated source. `file:` paths are taken relative to `baseDir` (the config file's folder), `~/` from $HOME. */
 export function readSecret(source: string | InlineSecret, baseDir: string, env: NodeJS.ProcessEnv): ReadSecret {
   if (source instanceof InlineSecret) return checked(source.from, source.value);
   if (source.startsWith("env:")) {
@@ -74,7 +74,10 @@ export function readSecret(source: string | InlineSecret, baseDir: string, env: 
     }
     return checked(source, value);
   }
-  const file = path.resolve(baseDir, source.slice(5));
+  const written = source.slice(5);
+  const unexpanded = homeProblem(written);
+  if (unexpanded !== undefined) return { from: source, reason: unexpanded };
+  const file = resolvePath(baseDir, written, env);
   const from = `file:${file}`;
   let text: string;
   try {

@@ -49,16 +49,19 @@ export interface CommandDeciderOptions extends CommonDeciderOptions {
 export interface HttpDeciderOptions extends CommonDeciderOptions {
   /** Request headers, such as `{ authorization: "Bearer ${HOOK_TOKEN}" }`. */
   readonly headers?: Readonly<Record<string, string>>;
-  /** The environment variables `headers` may reference as `${NAME}`; nothing else is read. */
+  /** The environment variables `headers` and the URL may reference as `${NAME}`; nothing else is read. */
   readonly allowEnv?: readonly string[];
 }
 
-/** A URL that gets the document as a JSON POST: a 2xx with JSON decides, 422 blocks. */
+/**
+ * A URL that gets the document as a JSON POST: a 2xx with JSON decides, 422 blocks. `${NAME}`
+ * in it is filled in as in `headers`, for names in `allowEnv` only.
+ */
 export interface WebhookDeciderOptions extends HttpDeciderOptions {
   readonly webhook: string;
 }
 
-/** OPA's Data API (`http://127.0.0.1:8181/v1/data/egress`): POSTed `{ "input": document }`. */
+/** OPA's Data API (`http://127.0.0.1:8181/v1/data/egress`): POSTed `{ "input": document }`. `${NAME}` as in a webhook's URL. */
 export interface OpaDeciderOptions extends HttpDeciderOptions {
   readonly opa: string;
 }
@@ -103,7 +106,13 @@ export interface ResolvedCommandDecider extends ResolvedCommon {
 
 export interface ResolvedHttpDecider extends ResolvedCommon {
   readonly kind: "webhook" | "opa";
+  /** With `${NAME}` references already replaced. */
   readonly url: URL;
+  /**
+   * The URL as configured, when it holds `${NAME}` references: what check-config shows (the
+   * filled-in URL may hold a credential a variable gave it).
+   */
+  readonly written?: string;
   /** With `${NAME}` references already replaced. */
   readonly headers: Readonly<Record<string, string>>;
 }
@@ -232,12 +241,19 @@ export function resolveDecider(entry: unknown, env: NodeJS.ProcessEnv, report: D
     return { kind, ...common, label: `command:${name}`, argv, shell, env: Object.freeze(childEnv), concurrency, queue };
   }
 
-  const url = endpoint(record[kind], fail, [kind]);
   const allowEnv = new Set(names("allowEnv"));
+  const written = record[kind];
+  // `${NAME}` in the URL is filled in as in headers: taken as text, it went out percent-encoded
+  // (`/$%7BHOOK_PATH%7D`) and every call failed (black-box finding).
+  const references = typeof written === "string" && /\$\{[^}]*\}/.test(written);
+  const filled = references ? fillReferences(written, allowEnv, env, (reason) => fail(reason, [kind])) : written;
+  const url = filled === undefined ? undefined : endpoint(filled, fail, [kind], references);
   const headers = httpHeaders(record["headers"], allowEnv, env, fail);
   if (problems > 0 || url === undefined) return undefined;
-  // The label names the endpoint without its query, which may hold a token.
-  return { kind, ...common, label: `${kind}:${url.origin}${url.pathname}`, url, headers };
+  // The label names the endpoint without its query, which may hold a token; with references,
+  // as written, never what a variable put in it.
+  const label = references ? `${kind}:${(written as string).replace(/[?#].*$/s, "")}` : `${kind}:${url.origin}${url.pathname}`;
+  return { kind, ...common, label, url, ...(references ? { written: written as string } : {}), headers };
 }
 
 /** With `shell: true` the command is one script for `/bin/sh -c`, kept as written (its quotes are the shell's). */
@@ -274,17 +290,19 @@ function commandArgv(value: unknown, fail: DeciderReport): string[] | undefined 
   return [...(value as string[])];
 }
 
-function endpoint(value: unknown, fail: DeciderReport, at: readonly Segment[]): URL | undefined {
+/** @param filled the value has had `${NAME}` references filled in: it is not quoted, a variable may have put a credential in it. */
+function endpoint(value: unknown, fail: DeciderReport, at: readonly Segment[], filled = false): URL | undefined {
+  const notUrl = filled ? "must be an http:// or https:// URL once its references are filled in (not shown: a variable's value is in it)" : `must be an http:// or https:// URL (got ${shown(value)})`;
   let url: URL;
   try {
     if (typeof value !== "string") throw new TypeError("not a string");
     url = new URL(value);
   } catch {
-    fail(`must be an http:// or https:// URL (got ${shown(value)})`, at);
+    fail(notUrl, at);
     return undefined;
   }
   if (url.protocol !== "http:" && url.protocol !== "https:") {
-    fail(`must be an http:// or https:// URL (got ${shown(value)})`, at);
+    fail(notUrl, at);
     return undefined;
   }
   // Never quoted: userinfo is a credential. Headers (with allowEnv) carry credentials instead.
@@ -318,24 +336,9 @@ function httpHeaders(value: unknown, allowEnv: ReadonlySet<string>, env: NodeJS.
       fail(`must be a string (got ${shown(raw)})`, ["headers", name]);
       continue;
     }
-    let bad = false;
     // The value is not quoted in messages: once its references are filled in, it is a credential.
-    const filled = raw.replace(envReference, (_match, ref: string) => {
-      if (bad) return "";
-      if (!allowEnv.has(ref)) {
-        bad = true;
-        fail(`references \${${ref}}, which allowEnv does not list; only variables listed there are read`, ["headers", name]);
-        return "";
-      }
-      const set = env[ref];
-      if (set === undefined) {
-        bad = true;
-        fail(`references $${ref}, which is not set`, ["headers", name]);
-        return "";
-      }
-      return set;
-    });
-    if (bad) continue;
+    const filled = fillReferences(raw, allowEnv, env, (reason) => fail(reason, ["headers", name]));
+    if (filled === undefined) continue;
     try {
       validateHeaderValue(name, filled);
     } catch {
@@ -345,6 +348,31 @@ function httpHeaders(value: unknown, allowEnv: ReadonlySet<string>, env: NodeJS.
     out[name.toLowerCase()] = filled;
   }
   return out;
+}
+
+/**
+ * `text` with each `${NAME}` replaced by the variable's value from `env`, for names in
+ * `allowEnv` only; undefined (the first problem given to `fail`) when one is not listed or not set.
+ */
+function fillReferences(text: string, allowEnv: ReadonlySet<string>, env: NodeJS.ProcessEnv, fail: (reason: string) => void): string | undefined {
+  let bad = false;
+  const filled = text.replace(envReference, (_match, ref: string) => {
+    if (bad) return "";
+    if (!allowEnv.has(ref)) {
+      bad = true;
+      fail(`references \${${ref}}, which allowEnv does not list; only variables listed there are read`);
+      return "";
+    }
+    // Own variables only: `${toString}` found a function on the prototype.
+    const set = Object.hasOwn(env, ref) ? env[ref] : undefined;
+    if (set === undefined) {
+      bad = true;
+      fail(`references $${ref}, which is not set`);
+      return "";
+    }
+    return set;
+  });
+  return bad ? undefined : filled;
 }
 
 /** Framing and routing of the decider's own request belong to the proxy. */

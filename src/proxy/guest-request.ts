@@ -99,6 +99,7 @@ export function forwardedFields(raw: readonly string[]): string[] {
  * it does not check at all.
  */
 export function toOutboundRequest(req: IncomingMessage, tunnel: TunnelTarget | undefined): OutboundRequest {
+  checkHttpVersion(req.httpVersion);
   const method = req.method ?? "";
   // Node hands CONNECT to the tunnel and refuses a method that is not a token, so what this
   // refuses here is TRACE or TRACK.
@@ -161,6 +162,19 @@ const maxLoggedMethod = 32;
 /** A method as log lines and audit records carry it: cut past {@link maxLoggedMethod}, then `…`. */
 export function loggableMethod(method: string): string {
   return method.length <= maxLoggedMethod ? method : `${method.slice(0, maxLoggedMethod)}…`;
+}
+
+/**
+ * Refuses a request line of a version the guest side does not speak (RFC 9110 §15.6.6: 505).
+ * llhttp refuses every version but 0.9, 1.0, 1.1 and 2.0 itself (400), and hands the other two
+ * on as if they were HTTP/1.x: `GET http://x/ HTTP/2.0` and `HTTP/0.9` were served, a 200 in
+ * HTTP/1.1 to a client that had said it spoke neither (black-box finding). An HTTP/0.9 request
+ * has no head at all, and HTTP/2 has no request line: a client of it negotiates `h2` by ALPN
+ * inside a CONNECT tunnel.
+ */
+export function checkHttpVersion(httpVersion: string): void {
+  if (httpVersion === "1.1" || httpVersion === "1.0") return;
+  throw new EgressError("EG_BAD_REQUEST", 505, `HTTP/${httpVersion} is not supported in a request line: send HTTP/1.1 or HTTP/1.0 (HTTP/2 is negotiated by ALPN, as h2, inside a CONNECT tunnel)`);
 }
 
 /**

@@ -12,7 +12,7 @@ import { authenticationRequired } from "./auth.js";
 import { parseAuthority } from "./authority.js";
 import type { ConnectionLimits } from "./connection-limits.js";
 import { errorFields, type DecisionLog } from "./decision-log.js";
-import { connectInTunnel, fieldCountRefusal, GuestMessage, loggableAuthority, loggableRequestTarget, loggableUrl, maxRequestFields, toOutboundRequest, unmetExpectation } from "./guest-request.js";
+import { checkHttpVersion, connectInTunnel, fieldCountRefusal, GuestMessage, loggableAuthority, loggableRequestTarget, loggableUrl, maxRequestFields, toOutboundRequest, unmetExpectation } from "./guest-request.js";
 import { boundGuest, removedCut, removedError, unboundCut, wasRemoved, type Guest, type Binding, type GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, maxEarlyBytes, type LaneRequest } from "./lanes.js";
@@ -245,6 +245,8 @@ export class GuestSide {
     try {
       if (found instanceof EgressError) throw found;
       const { guest } = found;
+      // `CONNECT host:443 HTTP/2.0` is no HTTP/1.x CONNECT either: 505, as a request is.
+      checkHttpVersion(req.httpVersion);
       target = parseAuthority(req.url ?? "", "CONNECT target");
       // While no onRequest hook (of either tier) could answer or rewrite the request, a host the
       // allowlist refuses (or an internal IP literal) is refused before any TLS work, unless
@@ -513,8 +515,9 @@ export class GuestSide {
       const errorBytes = auditing && !res.headersSent ? Buffer.byteLength(errorBody(err)) : 0;
       // A 407 or 429 ends the connection (as RFC 9110 lets a proxy do): a client retries on a new one.
       if (this.draining) res.shouldKeepAlive = false;
-      // An HTTP/1.0 guest's keep-alive ends at an error: its framing may be the error.
-      sendError(res, err, !req.complete || err.code === "EG_AUTH" || req.httpVersion === "1.0");
+      // An HTTP/1.0 guest's keep-alive ends at an error: its framing may be the error. So does one
+      // that named a version the proxy does not speak (505): nothing it sends next can be trusted.
+      sendError(res, err, !req.complete || err.code === "EG_AUTH" || req.httpVersion === "1.0" || err.status === 505);
       // Logged by the gate (see onConnect); a request in a removed guest's tunnel never met it.
       if (err.code === "EG_AUTH" && tunnelOf(req.socket) === undefined) return;
       this.deps.decide({

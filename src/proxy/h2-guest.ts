@@ -9,7 +9,7 @@ import { countPushed, type ByteCount } from "../metrics/byte-counter.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
 import { authenticationRequired } from "./auth.js";
 import { errorFields, type DecisionLog } from "./decision-log.js";
-import { loggableMethod, loggableRequestTarget, type TunnelTarget } from "./guest-request.js";
+import { loggableMethod, loggableRequestTarget, maxRequestFields, type TunnelTarget } from "./guest-request.js";
 import { boundGuest, removedCut, unboundCut, wasRemoved, type Guest, type GuestRegistry } from "./guests.js";
 import { h2ExpectsContinue, h2OutboundRequest } from "./h2-request.js";
 import { h2ContinueOnce, sendH2Error, sendH2Response, type StallWatch } from "./h2-respond.js";
@@ -370,6 +370,10 @@ export class H2Guests {
       this.refuseHeaderList(stream, raw, session, state);
       return;
     }
+    if (regularFieldCount(raw) > maxRequestFields) {
+      this.refuseHead(stream, raw, state, new EgressError("EG_HEADERS_TOO_LARGE", 431, `request head has more than ${maxRequestFields} header fields`));
+      return;
+    }
     stream.once("close", () => {
       // `aborted`: closed before the proxy ended its response, whatever the code (a reset with
       // NO_ERROR counts too). Node ends a reset stream's writable side itself, so writableFinished
@@ -417,9 +421,18 @@ export class H2Guests {
    * for as long as it liked (black-box finding: 1,031 such streams, no log line, RSS 108 → 348 MiB).
    */
   private refuseHeaderList(stream: ServerHttp2Stream, raw: string[], session: ServerHttp2Session, state: SessionState): void {
-    const started = performance.now();
     const maxHeaderList = this.deps.limits.h2HeaderListBytes;
-    const err = new EgressError("EG_HEADERS_TOO_LARGE", 431, `the request's header list exceeds ${maxHeaderList} bytes`);
+    this.refuseHead(stream, raw, state, new EgressError("EG_HEADERS_TOO_LARGE", 431, `the request's header list exceeds ${maxHeaderList} bytes`));
+    if (state.oversized.over(performance.now())) this.calm(session, `header lists over limits.h2HeaderListBytes (${maxHeaderList} bytes) past ${h2Limits.maxOversizedHeaderLists} per ${h2Limits.windowMs / 1000} s`);
+  }
+
+  /**
+   * A stream refused on its head alone, before any pipeline work (431): answered, its request
+   * body (if any) left unread, and its line written. Only the stream is answered here, inside
+   * nghttp2's read: the session is never ended or destroyed from this call.
+   */
+  private refuseHead(stream: ServerHttp2Stream, raw: string[], state: SessionState, err: EgressError): void {
+    const started = performance.now();
     const bytesDown = sendH2Error(stream, err, false);
     if (!stream.endAfterHeaders && !stream.destroyed) stream.close(h2Codes.noError);
     const { method, target } = this.loggable(raw, state.tunnel);
@@ -428,7 +441,6 @@ export class H2Guests {
       { id: this.deps.nextId(), guest, method, target, ...errorFields(err), http: "2", started },
       this.deps.decide.auditing ? { bytesUp: 0, bytesDown } : undefined,
     );
-    if (state.oversized.over(performance.now())) this.calm(session, `header lists over limits.h2HeaderListBytes (${maxHeaderList} bytes) past ${h2Limits.maxOversizedHeaderLists} per ${h2Limits.windowMs / 1000} s`);
   }
 
   /** The method and request target a stream's line gives, from its raw header list; a CONNECT's is its authority, as an HTTP/1.1 guest's line says it. */
@@ -694,6 +706,13 @@ function guestBroke(error: Error): string {
 }
 
 /** RFC 9113 §6.5.2: each field counts its name and value octets plus 32. */
+/** A stream's header fields besides its pseudo-headers, as an HTTP/1.1 head counts its fields. */
+function regularFieldCount(raw: readonly string[]): number {
+  let count = 0;
+  for (let i = 0; i < raw.length; i += 2) if (!raw[i]!.startsWith(":")) count++;
+  return count;
+}
+
 function headerListSize(raw: readonly string[]): number {
   let size = 0;
   for (let i = 0; i < raw.length; i += 2) size += raw[i]!.length + raw[i + 1]!.length + 32;

@@ -20,12 +20,6 @@ export interface H2ConfiguredLimits {
  * {@link H2ConfiguredLimits}; these are fixed.
  */
 export const h2Limits = Object.freeze({
-  /**
-   * Entries in one header block, its pseudo-headers counted (Node's own default is 128): the
-   * {@link maxRequestFields} an HTTP/1.1 head may have, and a request's 4 pseudo-headers. Past it
-   * nghttp2 resets the stream as the block is decoded, where HTTP/1.1 answers 431.
-   */
-  maxHeaderListPairs: maxRequestFields + 4,
   /** Streams refused because the running work was at its cap, before the session gets GOAWAY. */
   maxRefusedStreams: 100,
   /**
@@ -47,11 +41,23 @@ export const h2Limits = Object.freeze({
   destroyLingerMs: 1_000,
 });
 
+/**
+ * Entries Node keeps of one header block, its pseudo-headers counted (its own default is 128):
+ * as many as a list within `limits.h2HeaderListBytes` can hold, each entry counting 32 bytes
+ * besides its name and value (RFC 9113 §6.5.2). A block past this count gets its stream reset by
+ * Node as it is decoded, before any answer can be made; one within it reaches the proxy, which
+ * answers a request with more than {@link maxRequestFields} fields 431, as the HTTP/1.1 side does
+ * (with the count at 260 it reset the stream, and the guest saw ENHANCE_YOUR_CALM, not a status).
+ */
+export function h2HeaderListPairs(limits: Pick<H2ConfiguredLimits, "h2HeaderListBytes">): number {
+  return Math.max(maxRequestFields + 5, Math.floor(limits.h2HeaderListBytes / 32));
+}
+
 /** The http2.Server options for these limits. */
 export function h2ServerOptions(limits: H2ConfiguredLimits): ServerOptions {
   return {
     maxSessionMemory: limits.h2SessionMemoryMiB,
-    maxHeaderListPairs: h2Limits.maxHeaderListPairs,
+    maxHeaderListPairs: h2HeaderListPairs(limits),
     // Frames that nghttp2 refuses as invalid, and streams it refuses itself, end the session sooner.
     maxSessionInvalidFrames: 100,
     maxSessionRejectedStreams: 100,

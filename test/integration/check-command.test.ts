@@ -1,8 +1,10 @@
 import { spawn } from "node:child_process";
 import { writeFileSync } from "node:fs";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, onTestFinished } from "vitest";
 import { tempDir } from "../helpers/proxy.js";
 import type { CheckReport } from "../../src/cli/check.js";
 import { guestPlaceholderKey } from "../../src/config/build.js";
@@ -295,6 +297,48 @@ guests:
     expect(code).toBe(0);
     expect(report.request).toEqual({ method: "POST", url: "https://api.example.test/items" });
     expect(report.answer).toMatchObject({ allowed: true, status: 200 });
+  });
+
+  // Each of these was taken, and check answered as if it worked (black-box findings): a missing
+  // program said DENIED 502 "could not start: ENOENT" in its detail, and a replay's matchHeaders
+  // entry that no request can carry matched nothing.
+  it("refuses a configuration whose command decider cannot be started, or whose matchHeaders names no header, with exit 2 and the option", async () => {
+    const dir = tempDir();
+    const missing = join(dir, "missing.yaml");
+    writeFileSync(missing, ["allowHosts: [api.test]", "hooks:", "  - command: [no-such-decider-program, --strict]", "  - command: ./gone.sh"].join("\n"));
+    const run = await check(["--config", missing, "GET", "https://api.test/", "--no-dns"]);
+    expect(run.code).toBe(2);
+    expect(run.stdout).toBe("");
+    expect(run.stderr).toContain(`${missing}:3: hooks[0].command names the program "no-such-decider-program", which is not an executable file in any folder of PATH`);
+    expect(run.stderr).toContain(`${missing}:4: hooks[1].command names ${join(dir, "gone.sh")}, which does not exist`);
+    const flags = await check(["--allow-host", "api.test", "--hook-command", "no-such-decider-program", "GET", "https://api.test/", "--no-dns"]);
+    expect(flags.code).toBe(2);
+    expect(flags.stderr).toContain('--hook-command: names the program "no-such-decider-program"');
+    const replay = join(dir, "replay.yaml");
+    writeFileSync(replay, ["allowHosts: [api.test]", "upstream:", "  replay:", "    path: rec.har", '    matchHeaders: ["bad header"]'].join("\n"));
+    const header = await check(["--config", replay, "GET", "https://api.test/", "--no-dns"]);
+    expect(header.code).toBe(2);
+    expect(header.stderr).toContain(`${replay}:5: upstream.replay.matchHeaders[0] must be a header name`);
+  });
+
+  it("fills ${NAME} in a webhook's URL from the environment, for allowEnv names, and names the decider by the URL as written", async () => {
+    const seen: string[] = [];
+    const hook = createServer((req, res) => {
+      seen.push(req.url ?? "");
+      req.resume();
+      if (req.url === "/decide") res.writeHead(200, { "content-type": "application/json" }).end('{"decision":"allow"}');
+      else res.writeHead(404).end();
+    });
+    await new Promise<void>((resolve) => hook.listen(0, "127.0.0.1", resolve));
+    onTestFinished(() => new Promise<void>((resolve) => hook.close(() => resolve())));
+    const { port } = hook.address() as AddressInfo;
+    const file = join(tempDir(), "hook.yaml");
+    writeFileSync(file, ["allowHosts: [api.test]", "hooks:", `  - webhook: "http://127.0.0.1:${port}/\${HOOK_PATH}"`, "    allowEnv: [HOOK_PATH]"].join("\n"));
+    const { code, report } = await checkJson(["--config", file, "GET", "https://api.test/", "--no-dns"], { HOOK_PATH: "decide" });
+    expect(seen).toEqual(["/decide"]);
+    expect(report.steps[0]).toMatchObject({ source: `webhook:http://127.0.0.1:${port}/\${HOOK_PATH}`, decision: "allow" });
+    expect(report.answer.allowed).toBe(true);
+    expect(code).toBe(0);
   });
 
   it("exits 2 on usage errors", async () => {

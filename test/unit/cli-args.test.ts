@@ -129,6 +129,20 @@ describe("parseCli: serve flags become startProxy options", () => {
     expect(options.maxRedirects).toBe(3);
   });
 
+  // A shell expands a tilde only at a word's start: `--ca-dir=~/ca` reached the proxy as it is,
+  // and made a folder named `~` in the working directory.
+  it("--ca-dir=~/ca, and every other path flag, is under $HOME; ~user is refused", () => {
+    const home = tempDir("egressgate-home-");
+    const command = parseCli(["--ca-dir=~/ca", "--guest-env-file=~/guest.env", "--audit-log=~/audit.log"], { HOME: home });
+    if (command.kind !== "serve") throw new Error(`expected serve, got ${command.kind}`);
+    expect([command.options.caDir, command.options.guestEnvFile, command.options.auditLog]).toEqual([join(home, "ca"), join(home, "guest.env"), join(home, "audit.log")]);
+    expect(parseCli(["ca", "--ca-dir=~/ca"], { HOME: home })).toEqual({ kind: "ca", caDir: join(home, "ca") });
+    expect(parseCli(["env", "--ca-dir=~/ca", "--listen", "127.0.0.1:9999"], { HOME: home })).toMatchObject({ kind: "env", caDir: join(home, "ca") });
+    const refused = 'starts with "~bob", which is not expanded: only ~ and ~/ are (the home folder, $HOME); write the folder out';
+    expect(usageErrorOf(["--ca-dir=~bob/ca"], { HOME: home }).message).toBe(`--ca-dir: ${refused}`);
+    expect(usageErrorOf(["ca", "--ca-dir=~bob/ca"], { HOME: home }).message).toBe(`--ca-dir: ${refused}`);
+  });
+
   it("--refuse-in-tunnel sets refuseInTunnel, which is off without it", () => {
     expect(serveOptions(["--refuse-in-tunnel"]).refuseInTunnel).toBe(true);
     expect(serveOptions([]).refuseInTunnel).toBeUndefined();

@@ -72,6 +72,30 @@ describe("startProxy's options go through the one schema", () => {
     expect(resolved.timeouts.idleMs).toBe(tableDefaults.timeouts.idleMs);
     expect(resolved.limits.connectionsPerSource).toBe(tableDefaults.limits.connectionsPerSource);
   });
+
+  // Any name but "" was taken: `A#` went into guestEnv() and the env file, `egressgate env` printed
+  // `export A#='…'` (a shell error), and a name with a space failed only when the env file was
+  // written, blamed on guestEnvFile.
+  it.each([
+    [{ env: { "A#": "1" } }, 'env["A#"]'],
+    [{ env: { "1A": "1" } }, "env.1A"],
+    [{ env: { "A B": "1" } }, 'env["A B"]'],
+    [{ env: { "a.b": "1" } }, "env.a.b"],
+    [{ guests: { ci: { env: { "A-B": "1" } } } }, "guests.ci.env.A-B"],
+  ])("an env entry whose name is no environment variable name is refused with its path: %j", (options, path) => {
+    const error = errorOf(options);
+    expect([error.code, error.path]).toEqual(["EG_INVALID_OPTION", path]);
+    expect(error.message).toMatch(/is not an environment variable name \(\[A-Za-z_\]\[A-Za-z0-9_\]\*\)/);
+    expect(() => checkGuestOptions("ci", { env: { "A#": "1" } })).toThrow(expect.objectContaining({ code: "EG_INVALID_OPTION", path: 'guests.ci.env["A#"]' }) as Error);
+    expect(() => resolveProxyOptions({ env: { _A1: "1", a_b: "" } })).not.toThrow();
+  });
+
+  // Not a token: a name no request can carry, so the match never took it into account.
+  it.each(["bad header", "x:y", "é"])("upstream.replay.matchHeaders refuses %j, which is no header name", (name) => {
+    const error = errorOf({ upstream: { replay: { path: "/x.har", matchHeaders: ["x-ok", name] } } });
+    expect([error.code, error.path]).toEqual(["EG_INVALID_OPTION", "upstream.replay.matchHeaders[1]"]);
+    expect(error.message).toContain(`must be a header name: letters, digits and !#$%&'*+-.^_\`|~ only (got ${JSON.stringify(name)})`);
+  });
 });
 
 describe("createHttpHooks' options carry a code and a path too", () => {

@@ -90,6 +90,47 @@ describe("loadConfigFile: a valid file", () => {
     expect(config.proxy).toEqual({});
   });
 
+  // YAML hands `~/ca` over as it is: taken as relative, it made a folder named `~` next to the
+  // file (black-box finding). A shell would have expanded it, so the file does.
+  it("a path starting with ~/ is under $HOME, wherever it is a path", () => {
+    const home = tempDir("egressgate-home-");
+    mkdirSync(join(home, "policies"));
+    writeFileSync(join(home, "policies", "p.mjs"), "export function onRequest() {}\n");
+    writeFileSync(join(home, "token"), "tok-from-home\n");
+    writeFileSync(join(home, "check.sh"), "#!/bin/sh\nexit 0\n", { mode: 0o755 });
+    const file = configFile(
+      [
+        "caDir: ~/ca",
+        "guestEnvFile: ~/guest.env",
+        "auditLog: ~/audit.log",
+        "allowHosts: [api.test]",
+        "secrets: { T: { hosts: [api.test], value: 'file:~/token' } }",
+        "hooks:",
+        "  - script: ~/policies/p.mjs",
+        "  - command: [~/check.sh]",
+      ].join("\n"),
+    );
+    const config = loadConfigFile(file, { HOME: home });
+    expect(config.proxy).toMatchObject({ caDir: join(home, "ca"), guestEnvFile: join(home, "guest.env"), auditLog: join(home, "audit.log") });
+    const guest = config.guests["default"]!;
+    expect(guest.secrets?.["T"]).toMatchObject({ value: "tok-from-home", from: `file:${join(home, "token")}` });
+    expect(guest.hooks?.[0]).toEqual({ kind: "script", path: join(home, "policies", "p.mjs") });
+    expect(guest.hooks?.[1]).toMatchObject({ decider: { argv: [join(home, "check.sh")], label: "command:~/check.sh" } });
+    // A ~ anywhere else is a character of the name, as in a shell.
+    const tilde = configFile("caDir: ca~/x");
+    expect(loadConfigFile(tilde, { HOME: home }).proxy.caDir).toBe(join(tilde, "..", "ca~", "x"));
+  });
+
+  it("a path starting with ~user is refused with its path and line: whose home that is is the system's to say", () => {
+    const file = configFile(["caDir: ~bob/ca", "allowHosts: [api.test]", "secrets: { T: { hosts: [api.test], value: 'file:~bob/token' } }", "hooksScript: ~root/p.mjs"].join("\n"));
+    const error = fileErrorOf(file, { HOME: "/home/me" });
+    expect(error.issues.map((issue) => [issue.path, issue.line, issue.reason])).toEqual([
+      ["caDir", 1, 'starts with "~bob", which is not expanded: only ~ and ~/ are (the home folder, $HOME); write the folder out'],
+      ["hooksScript", 4, 'starts with "~root", which is not expanded: only ~ and ~/ are (the home folder, $HOME); write the folder out'],
+      ["secrets.T.value", 3, 'starts with "~bob", which is not expanded: only ~ and ~/ are (the home folder, $HOME); write the folder out'],
+    ]);
+  });
+
   it("JSON is accepted as it is", () => {
     const json = JSON.stringify({ listen: "127.0.0.1:0", guests: { ci: { allowHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value: "env:T" } } } } });
     const config = loadConfigFile(configFile(json, "egressgate.json"), { T: "tok" });

@@ -1,4 +1,4 @@
-import { writeFileSync } from "node:fs";
+import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { parseCli, UsageError } from "../../src/cli/args.js";
@@ -20,6 +20,16 @@ function chainShape(hooks: HttpHooks | undefined): string[] {
   );
 }
 
+function fileErrorOf(file: string, env: NodeJS.ProcessEnv): ConfigFileError {
+  try {
+    loadConfigFile(file, env);
+  } catch (error) {
+    expect(error).toBeInstanceOf(ConfigFileError);
+    return error as ConfigFileError;
+  }
+  throw new Error(`${file} loaded without an error`);
+}
+
 function serve(argv: readonly string[], env: NodeJS.ProcessEnv = {}) {
   const command = parseCli(argv, env);
   if (command.kind !== "serve") throw new Error(`expected serve, got ${command.kind}`);
@@ -35,26 +45,43 @@ describe("CLI: --hook-command, --hook-url and --hook-opa", () => {
       "--allow-host", "api.test",
       "--hook-url", "http://127.0.0.1:9000/decide",
       "--hooks-script", join(dir, "a.mjs"),
-      "--hook-command", "./check.sh --strict",
+      // Programs that exist: one that does not is refused at load (below).
+      "--hook-command", "./test/fixtures/deciders/decide.sh --strict",
       "--hook-opa=http://127.0.0.1:8181/v1/data/egress",
       "--hooks-script", join(dir, "b.mjs"),
-      "--hook-command", "python3 decide.py",
+      "--hook-command", "sh decide.sh",
     ]);
     try {
       expect(chainShape(command.options.httpHooks)).toEqual([
         "webhook:http://127.0.0.1:9000/decide",
         "policy:a.mjs",
-        "command:./check.sh",
+        "command:./test/fixtures/deciders/decide.sh",
         "opa:http://127.0.0.1:8181/v1/data/egress",
         "policy:b.mjs",
-        "command:python3",
+        "command:sh",
       ]);
-      const decider = chainOf(command.options.httpHooks!)!.find((e) => e.kind === "decider" && e.decider.label === "command:./check.sh");
+      const decider = chainOf(command.options.httpHooks!)!.find((e) => e.kind === "decider" && e.decider.label === "command:./test/fixtures/deciders/decide.sh");
       // A relative program is taken from the working directory, as any path flag.
-      expect(decider?.kind === "decider" && decider.decider.options.kind === "command" && decider.decider.options.argv).toEqual([join(process.cwd(), "check.sh"), "--strict"]);
+      expect(decider?.kind === "decider" && decider.decider.options.kind === "command" && decider.decider.options.argv).toEqual([join(process.cwd(), "test/fixtures/deciders/decide.sh"), "--strict"]);
     } finally {
       await command.built.close();
     }
+  });
+
+  it("--hook-command naming a program that cannot be started is an option error naming the flag and the program", () => {
+    const errorOf = (argv: string[], env: NodeJS.ProcessEnv): Error => {
+      try {
+        serve(argv, env);
+      } catch (error) {
+        return error as Error;
+      }
+      throw new Error("no error");
+    };
+    const bare = errorOf(["--allow-host", "a.test", "--hook-command", "no-such-decider-program --strict"], { PATH: "/bin" });
+    expect(isOptionError(bare)).toBe(true);
+    expect(bare.message).toBe('--hook-command: names the program "no-such-decider-program", which is not an executable file in any folder of PATH (PATH is "/bin"): install it, or give its path');
+    // A relative path from the working directory, as for any path flag.
+    expect(errorOf(["--hook-command", "./no-such-decider.sh"], {}).message).toBe(`--hook-command: names ${join(process.cwd(), "no-such-decider.sh")}, which does not exist`);
   });
 
   it("a bad value is an option error naming the flag", () => {
@@ -84,6 +111,7 @@ describe("config file: hooks", () => {
   it("lists policies and deciders in order, relative paths from the file's folder, with their options", async () => {
     const dir = tempDir();
     writeFileSync(join(dir, "p.mjs"), policy);
+    writeFileSync(join(dir, "check.sh"), "#!/bin/sh\nexit 0\n", { mode: 0o755 });
     const file = join(dir, "egressgate.yaml");
     writeFileSync(
       file,
@@ -143,6 +171,62 @@ describe("config file: hooks", () => {
     const missing = join(dir, "missing.yaml");
     writeFileSync(missing, ["hooks:", "  - script: missing.mjs"].join("\n"));
     expect(() => loadConfigFile(missing, {})).toThrow(/hooks\[0\]\.script.*not a readable file/);
+  });
+
+  // A program that was not there was taken, and every request the decider was asked about got
+  // 502 "could not start: ENOENT"; check-config said nothing (black-box finding).
+  it("a command whose program cannot be started is refused at load, with its path and the program", () => {
+    const dir = tempDir();
+    const bin = join(dir, "bin");
+    const other = join(dir, "other");
+    mkdirSync(bin);
+    mkdirSync(other);
+    writeFileSync(join(dir, "check.sh"), "#!/bin/sh\nexit 0\n", { mode: 0o755 });
+    writeFileSync(join(dir, "plain.sh"), "exit 0\n", { mode: 0o644 });
+    // A file of the name that cannot run is passed over for the next folder, as execvp does.
+    writeFileSync(join(bin, "decide"), "exit 0\n", { mode: 0o644 });
+    writeFileSync(join(other, "decide"), "#!/bin/sh\nexit 0\n", { mode: 0o755 });
+    const file = join(dir, "hooks.yaml");
+    writeFileSync(
+      file,
+      [
+        "hooks:",
+        "  - command: [no-such-decider-program, --strict]",
+        "  - command: ./missing.sh",
+        "  - command: [./plain.sh]",
+        "  - command: [./bin]",
+        "  - command: [./check.sh]",
+        "  - command: decide",
+        "  - command: 'no-such-decider-program && true'",
+        "    shell: true",
+      ].join("\n"),
+    );
+    const error = fileErrorOf(file, { PATH: `${bin}:${other}` });
+    expect(error.issues.map((issue) => [issue.path, issue.line, issue.reason])).toEqual([
+      ["hooks[0].command", 2, `names the program "no-such-decider-program", which is not an executable file in any folder of PATH (PATH is ${JSON.stringify(`${bin}:${other}`)}): install it, or give its path`],
+      ["hooks[1].command", 3, `names ${join(dir, "missing.sh")}, which does not exist`],
+      ["hooks[2].command", 4, expect.stringMatching(new RegExp(`^names ${join(dir, "plain.sh")}, which is not executable: make it so \\(chmod \\+x\\)`))],
+      ["hooks[3].command", 5, `names ${bin}, which is not a file`],
+    ]);
+    // Without PATH, the child searches /usr/bin:/bin, and so does the check.
+    const withoutPath = fileErrorOf(file, {}).issues;
+    expect(withoutPath.map((issue) => issue.path)).toEqual(["hooks[0].command", "hooks[1].command", "hooks[2].command", "hooks[3].command", "hooks[5].command"]);
+    expect(withoutPath[4]!.reason).toContain('names the program "decide", which is not an executable file in any folder of PATH (PATH is not set, so /usr/bin:/bin is searched)');
+    // Found on PATH, as the child will find it; a shell script is the shell's to run.
+    writeFileSync(file, ["hooks:", "  - command: [./check.sh]", "  - command: decide", "  - command: sh -c true", "  - command: 'no-such-decider-program || true'", "    shell: true"].join("\n"));
+    expect(loadConfigFile(file, { PATH: `${bin}:${other}:/bin:/usr/bin` }).guests["default"]!.hooks).toHaveLength(4);
+  });
+
+  it("check-config shows a webhook URL with ${NAME} references as written, never what a variable filled in", () => {
+    const dir = tempDir();
+    const file = join(dir, "hook.yaml");
+    writeFileSync(file, ["hooks:", "  - webhook: 'http://127.0.0.1:9000/decide?token=${HOOK_TOKEN}'", "    allowEnv: [HOOK_TOKEN]"].join("\n"));
+    const config = loadConfigFile(file, { HOOK_TOKEN: "tok-in-query" });
+    const hook = config.guests["default"]!.hooks![0]!;
+    expect(hook.kind === "decider" && hook.decider.kind === "webhook" && hook.decider.url.href).toBe("http://127.0.0.1:9000/decide?token=tok-in-query");
+    const described = describeConfig(config);
+    expect(described).toContain("webhook: http://127.0.0.1:9000/decide?token=${HOOK_TOKEN}");
+    expect(described).not.toContain("tok-in-query");
   });
 
   it("hooksTimeoutMs applies to the policies in hooks", () => {

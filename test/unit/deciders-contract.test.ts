@@ -60,6 +60,34 @@ describe("decider options", () => {
     expect(problems({ webhook: "http://x/", headers: { "content-length": "1" } })[0]![1]).toBe("is set by the proxy");
   });
 
+  // Taken as text, `${NAME}` went out percent-encoded (`/$%7BHOOK_PATH%7D`) and every call failed.
+  it("${NAME} in a webhook's or OPA's URL is filled in as in headers, for allowEnv names only, and never shown filled", () => {
+    const env = { DECIDER_HOST: "127.0.0.9", DECIDER_TOKEN: "t0k-in-query", OTHER: "nope", BAD: "http://x/" };
+    const webhook = resolveDecider(
+      { webhook: "http://${DECIDER_HOST}:9000/decide?token=${DECIDER_TOKEN}", allowEnv: ["DECIDER_HOST", "DECIDER_TOKEN"] },
+      env,
+      () => undefined,
+    );
+    expect(webhook).toMatchObject({ kind: "webhook", written: "http://${DECIDER_HOST}:9000/decide?token=${DECIDER_TOKEN}" });
+    expect(webhook?.kind === "webhook" && webhook.url.href).toBe("http://127.0.0.9:9000/decide?token=t0k-in-query");
+    // The label is the URL as written, without its query: never what a variable put in it.
+    expect(webhook?.label).toBe("webhook:http://${DECIDER_HOST}:9000/decide");
+    const opa = resolveDecider({ opa: "http://${DECIDER_HOST}:8181/v1/data/egress", allowEnv: ["DECIDER_HOST"] }, env, () => undefined);
+    expect(opa?.kind === "opa" && opa.url.href).toBe("http://127.0.0.9:8181/v1/data/egress");
+    // Without references, as before: nothing kept as written.
+    expect(resolveDecider({ webhook: "http://x/a?b=1" }, env, () => undefined)).not.toHaveProperty("written");
+    expect(problems({ webhook: "http://${OTHER}/decide", allowEnv: ["DECIDER_HOST"] }, env)).toEqual([
+      ["webhook", "references ${OTHER}, which allowEnv does not list; only variables listed there are read"],
+    ]);
+    expect(problems({ opa: "http://${UNSET}/", allowEnv: ["UNSET"] }, env)).toEqual([["opa", "references $UNSET, which is not set"]]);
+    // A value that makes no URL, or one with credentials, is refused without being quoted.
+    const notUrl = problems({ webhook: "${BAD}${DECIDER_TOKEN}", allowEnv: ["BAD", "DECIDER_TOKEN"] }, { ...env, BAD: "no url " });
+    expect(notUrl).toEqual([["webhook", "must be an http:// or https:// URL once its references are filled in (not shown: a variable's value is in it)"]]);
+    const credentials = problems({ webhook: "http://${DECIDER_TOKEN}@x/", allowEnv: ["DECIDER_TOKEN"] }, env);
+    expect(credentials[0]![1]).toMatch(/must not carry credentials/);
+    expect(JSON.stringify([notUrl, credentials])).not.toContain("t0k-in-query");
+  });
+
   it("createHttpHooks refuses a bad decider entry with its path in the chain", () => {
     expect(() => createHttpHooks({ hooks: [{ onRequest: () => undefined }, { webhook: "nope" }] })).toThrow(
       expect.objectContaining({ code: "EG_INVALID_OPTION", path: "hooks[1].webhook" }),
