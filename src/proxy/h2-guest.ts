@@ -705,7 +705,6 @@ function guestBroke(error: Error): string {
   return `the guest broke HTTP/2 (${error.message})`;
 }
 
-/** RFC 9113 §6.5.2: each field counts its name and value octets plus 32. */
 /** A stream's header fields besides its pseudo-headers, as an HTTP/1.1 head counts its fields. */
 function regularFieldCount(raw: readonly string[]): number {
   let count = 0;
@@ -713,6 +712,7 @@ function regularFieldCount(raw: readonly string[]): number {
   return count;
 }
 
+/** RFC 9113 §6.5.2: each field counts its name and value octets plus 32. */
 function headerListSize(raw: readonly string[]): number {
   let size = 0;
   for (let i = 0; i < raw.length; i += 2) size += raw[i]!.length + raw[i + 1]!.length + 32;
