@@ -186,3 +186,32 @@ export function onCutEnd(stream: EndableH2Stream, cut: () => void): void {
     return push(chunk, encoding);
   };
 }
+
+/**
+ * Settles once `body` has its first chunk buffered or has ended (undefined), or has failed or
+ * closed before its end (with why), or once `signal` aborts (undefined: whoever sends the body
+ * then finds the guest gone). What it read stays buffered, and the stream goes back to neither
+ * flowing nor paused: a pipe or a `data` listener added after takes it from its first byte.
+ */
+export function firstChunk(body: Readable, signal: { readonly aborted: boolean; once(event: "abort", listener: () => void): unknown; off(event: "abort", listener: () => void): unknown }): Promise<Error | undefined> {
+  if (body.destroyed) return Promise.resolve(body.errored ?? new Error("the body closed before its end"));
+  if (signal.aborted || body.readableLength > 0 || body.readableEnded) return Promise.resolve(undefined);
+  return new Promise((resolve) => {
+    const done = (error?: Error): void => {
+      body.off("readable", onReadable);
+      body.off("error", onError);
+      body.off("close", onClose);
+      signal.off("abort", onAbort);
+      resolve(error);
+    };
+    const onReadable = (): void => done();
+    const onError = (error: Error): void => done(error);
+    const onClose = (): void => done(body.errored ?? new Error("the body closed before its end"));
+    const onAbort = (): void => done();
+    // A `readable` listener reads ahead (one _read) without taking the chunk off the buffer.
+    body.on("readable", onReadable);
+    body.on("error", onError);
+    body.on("close", onClose);
+    signal.once("abort", onAbort);
+  });
+}

@@ -212,8 +212,8 @@ export async function readHookBody(
  * more (as `timeouts.upstreamBodyMs` cuts an upstream's body) fails it, and the guest's response
  * is cut. A guest that reads slowly starts no timer: only a pending read does.
  */
-export function hookResponseBody(body: ReadableStream<Uint8Array>, silenceMs: number | undefined, subject: string): Readable {
-  if (silenceMs === undefined) return markMadeBody(nodeBody(body), subject, silenceMs);
+export function hookResponseBody(body: ReadableStream<Uint8Array>, silenceMs: number | undefined, subject: string, phase: string): Readable {
+  if (silenceMs === undefined) return markMadeBody(nodeBody(body), subject, silenceMs, phase);
   const reader = body.getReader();
   let timer: NodeJS.Timeout | undefined;
   const node = new Readable({
@@ -256,5 +256,5 @@ export function hookResponseBody(body: ReadableStream<Uint8Array>, silenceMs: nu
   };
   // As nodeBody: a body can fail before anyone reads it.
   node.on("error", () => undefined);
-  return markMadeBody(node, subject, silenceMs);
+  return markMadeBody(node, subject, silenceMs, phase);
 }

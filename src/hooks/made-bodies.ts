@@ -12,15 +12,17 @@ export interface MadeBody {
   readonly subject: string;
   /** `timeouts.upstreamBodyMs`, when its silence is timed. */
   readonly silenceMs: number | undefined;
+  /** The phase whose call returned the Response: `onRequest`, `onResponse` or `handle`. */
+  readonly phase: string;
   /** The source whose hook made it (`hooks[0]`), once the pipeline knows it. */
   source: string | undefined;
 }
 
 const made = new WeakMap<Readable, MadeBody>();
 
-/** Marks `body` as one a hook made; returns it. */
-export function markMadeBody(body: Readable, subject: string, silenceMs: number | undefined): Readable {
-  made.set(body, { subject, silenceMs, source: undefined });
+/** Marks `body` as one a hook made in `phase`; returns it. */
+export function markMadeBody(body: Readable, subject: string, silenceMs: number | undefined, phase: string): Readable {
+  made.set(body, { subject, silenceMs, phase, source: undefined });
   return body;
 }
 

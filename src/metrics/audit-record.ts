@@ -82,6 +82,12 @@ export interface AuditRecord {
   readonly sources: readonly AuditSource[];
   /** Redirect hops the proxy followed. */
   readonly redirects: number;
+  /**
+   * Present when an exchange of the request went to the upstream twice: its pooled HTTP/1.1
+   * connection (or an HTTP/2 session that stopped answering PINGs) turned out closed before any
+   * answer, and the request was sent once more on a fresh connection.
+   */
+  readonly resent?: true;
   /** Request body bytes received from the guest. */
   readonly bytesUp: number;
   /** Response body bytes sent to the guest (an error answer's text included). */
@@ -123,6 +129,7 @@ export interface AuditInput {
   readonly source?: unknown;
   readonly detail?: unknown;
   readonly redirects?: unknown;
+  readonly resent?: unknown;
   readonly upgrade?: unknown;
   readonly error?: unknown;
 }
@@ -155,6 +162,7 @@ export function buildAuditRecord(input: AuditInput, facts: AuditFacts | undefine
       : {}),
     sources: (facts?.trace ?? []).map((entry) => sourceOf(entry, redact)),
     redirects: typeof input.redirects === "number" ? input.redirects : 0,
+    ...(input.resent === true ? { resent: true as const } : {}),
     bytesUp: facts?.bytesUp ?? 0,
     bytesDown: facts?.bytesDown ?? 0,
     ms: Math.round((performance.now() - input.started) * 10) / 10,

@@ -51,3 +51,19 @@ export function madeBodyFailure(body: Readable | null, failure: unknown, reader:
     made,
   );
 }
+
+/**
+ * The failure of a body a hook made before its first byte, while the guest's head waited for it:
+ * that hook's (502 `EG_HOOK_FAILED`, or 504 `EG_HOOK_TIMEOUT` when it fell silent for
+ * `timeouts.upstreamBodyMs`). Nothing was sent yet, so the guest gets this answer with its reason.
+ */
+export function madeBodyFailedFirst(made: MadeBody, failure: Error): EgressError {
+  if (failure instanceof EgressError && failure.code === "EG_HOOK_TIMEOUT") {
+    // Its own words say the guest's response was cut: here nothing was sent yet.
+    return blamed(new EgressError("EG_HOOK_TIMEOUT", 504, `${made.subject} produced nothing for ${made.silenceMs} ms (timeouts.upstreamBodyMs) before its first byte`, { failure: "time" }), made);
+  }
+  return blamed(
+    new EgressError("EG_HOOK_FAILED", 502, `${made.subject} failed before its first byte (see the proxy log)`, { cause: failure, detail: describeThrown(failure), failure: "throw" }),
+    made,
+  );
+}

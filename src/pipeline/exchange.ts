@@ -149,6 +149,11 @@ export interface ExchangeContext {
   readonly beforeBody?: () => void;
   /** Aborted when the guest goes away: the upstream request is cancelled instead of left hanging. */
   readonly signal: GuestGone;
+  /**
+   * Called when an exchange of this request is sent once more on a fresh connection, its pooled
+   * one having turned out closed (resendOnceIfStale): its decision line says so (`resent`).
+   */
+  readonly onResend?: (() => void) | undefined;
 }
 
 /** One answer of the innermost executor: a single exchange (the pipeline follows redirects). */
@@ -169,6 +174,8 @@ export interface ExecutorResponse {
 export interface SendInfo {
   readonly id: number | undefined;
   readonly hop: number;
+  /** The request's {@link ExchangeContext.onResend}. */
+  readonly onResend?: (() => void) | undefined;
 }
 
 /**

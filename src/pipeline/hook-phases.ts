@@ -107,7 +107,7 @@ export function fromHookResponse(response: Response, hook: string, silenceMs: nu
       void body.cancel().catch(() => undefined);
       return { status, headers, body: null };
     }
-    return { status, headers, body: body === null ? null : hookResponseBody(body, silenceMs, `the body of the Response ${hook} returned`) };
+    return { status, headers, body: body === null ? null : hookResponseBody(body, silenceMs, `the body of the Response ${hook} returned`, hook) };
   });
 }
 

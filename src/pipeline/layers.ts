@@ -1,6 +1,7 @@
 import { Readable } from "node:stream";
 import { EgressError } from "../errors.js";
 import { BodyTap, declaredLength } from "../hooks/body-tap.js";
+import { claimMadeBody } from "../hooks/made-bodies.js";
 import { allow } from "../policy/decision.js";
 import { discardBody } from "../streams.js";
 import { GuestGone, type ExchangeContext, type OutboundRequest, type PipelineResponse, type TraceEntry } from "./exchange.js";
@@ -198,6 +199,8 @@ export class LayerRun {
           }
         }
         if (!descended) this.madeBy.set(response, source);
+        // A body this layer made is its own when it fails (before its first byte, or under an outer layer's read).
+        if (!passedOn) claimMadeBody(response.body, source.label);
         if (entry !== undefined) {
           entry.ms = elapsed(started);
           entry.decision = passedOn ? "allow" : "answer";

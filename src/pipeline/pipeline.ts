@@ -95,7 +95,7 @@ export class Pipeline {
       handle: options.sources.filter((source) => source.handle !== undefined),
     };
     this.descend = (request, context) => this.steps(request, context);
-    const upstream: Executor = { send: (request, address, signal) => this.send(request, address, signal) };
+    const upstream: Executor = { send: (request, address, signal, info) => this.send(request, address, signal, info.onResend) };
     this.executor = options.executor?.(upstream) ?? upstream;
   }
 
@@ -182,6 +182,8 @@ export class Pipeline {
         const before = request;
         const outcome = await attributed(source, () => source.onRequest(before, unread ? tap : undefined, limits, call).then((o) => handedOn(source, before, o)), trace, "onRequest", (o) => onRequestVerdict(before, o));
         if ("response" in outcome) {
+          // A body its hook made is that hook's when it fails (before its first byte, or under a layer's read).
+          claimMadeBody(outcome.response.body, source.label);
           return withFields(outcome.response, { decision: withFields(source.answered, { source: source.label }), url: request.url, redirects });
         }
         request = outcome.request;
@@ -195,7 +197,7 @@ export class Pipeline {
       const sentAt = trace === undefined ? 0 : performance.now();
       let upstream: ExecutorResponse;
       try {
-        upstream = await this.sendToFirstReachable(request, target.addresses, context.signal, { id: context.id, hop: redirects });
+        upstream = await this.sendToFirstReachable(request, target.addresses, context.signal, { id: context.id, hop: redirects, onResend: context.onResend });
       } catch (error) {
         if (trace !== undefined) timeUpstream(trace, sentAt, null);
         throw error;
@@ -421,6 +423,7 @@ export class Pipeline {
     request: OutboundRequest,
     address: ResolvedAddress,
     signal: GuestGone,
+    onResend: (() => void) | undefined,
     askedAgain = false,
   ): Promise<ExecutorResponse> {
     const { url } = request;
@@ -429,7 +432,7 @@ export class Pipeline {
     if (url.protocol === "https:" && this.options.pools.protocolOf(url, address) !== "h1") {
       let h2;
       try {
-        h2 = await resendOnceIfStale(request, signal, () => this.options.pools.sendH2(request, address, signal, noBody, maxInformational));
+        h2 = await resendOnceIfStale(request, signal, () => this.options.pools.sendH2(request, address, signal, noBody, maxInformational), onResend);
       } catch (error) {
         throw upstreamError(error, url);
       }
@@ -461,7 +464,7 @@ export class Pipeline {
             throw new EgressError("EG_UPSTREAM", 502, `upstream ${url.host} sent more than ${maxInformational} informational (1xx) responses`);
           }
         },
-      }));
+      }), onResend);
       // Statuses stop at 599 (RFC 9110 §15): a 600 went on to HTTP/1.1 guests as it came and reset
       // HTTP/2 guests' streams. undici takes off only the chunked coding: `gzip, chunked` reached
       // the guest (and hooks) still compressed, with nothing left to say so.
@@ -504,7 +507,7 @@ export class Pipeline {
       // by then: that request fails, and the next one asks.
       const replayable = request.body === null || request.body instanceof Uint8Array;
       if (!askedAgain && replayable && !signal.aborted && refusedAlpn(error) && this.options.pools.protocolOf(url, address) !== "h1") {
-        return await this.send(request, address, signal, true);
+        return await this.send(request, address, signal, onResend, true);
       }
       throw upstreamError(error, url);
     }

@@ -25,12 +25,14 @@ const idempotentMethods = new Set(["GET", "HEAD", "OPTIONS", "PUT", "DELETE"]);
  * it (`isStaleConnection`): an upstream that answered anything (a 1xx, half a head) or closed a
  * new connection may have acted on the request, and gets it once.
  */
-export async function resendOnceIfStale<T>(request: OutboundRequest, signal: GuestGone, send: () => Promise<T>): Promise<T> {
+export async function resendOnceIfStale<T>(request: OutboundRequest, signal: GuestGone, send: () => Promise<T>, onResend?: () => void): Promise<T> {
   try {
     return await send();
   } catch (error) {
     const replayable = request.body === null || request.body instanceof Uint8Array;
     if (!replayable || !idempotentMethods.has(request.method) || signal.aborted || !isStaleConnection(error)) throw error;
+    // The upstream gets the request twice on the wire (once unanswered): the decision line says so.
+    onResend?.();
     return await send();
   }
 }

@@ -72,6 +72,19 @@ export function blameMaker(trace: TraceEntry[], error: unknown, reader: string, 
   trace.splice(readerAt, 1);
 }
 
+/**
+ * A Response a source made (onRequest's or a layer's answer, onResponse's replacement) whose body
+ * failed before its first byte: the entry of the call that returned it becomes that failure. The
+ * record said the source had answered (or rewritten) without trouble, and no hook failure was counted.
+ */
+export function blameMadeBody(trace: TraceEntry[], source: string | undefined, phase: string, error: EgressError): void {
+  if (source === undefined) return;
+  const at = lastEntry(trace, source, phase, trace.length - 1);
+  if (at < 0) return;
+  const entry = trace[at]!;
+  trace[at] = withFields(failedEntry(entry.source, entry.tier, phase, error, 0), { ms: entry.ms });
+}
+
 function lastEntry(trace: readonly TraceEntry[], source: string, phase: string, from: number): number {
   for (let i = from; i >= 0; i--) if (trace[i]!.source === source && trace[i]!.phase === phase) return i;
   return -1;

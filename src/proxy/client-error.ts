@@ -11,9 +11,23 @@ export const maxHeaderBytes = 64 * 1024;
  * What Node's parser refused, answered as bytes on the socket (no ServerResponse exists yet):
  * 400 for malformed input, 431 for an oversized head, 408 for a slow one, 405 for TRACK.
  */
-export function answerClientError(error: NodeJS.ErrnoException, socket: Socket, log: Logger, place?: (answer: EgressError, guestLeft: boolean) => ParseErrorPlace): void {
+export function answerClientError(
+  error: NodeJS.ErrnoException,
+  socket: Socket,
+  log: Logger,
+  place?: (answer: EgressError, guestLeft: boolean) => ParseErrorPlace,
+  brokeLingering?: (answer: EgressError) => void,
+): void {
   if (isLingering(socket)) {
-    // The answer has gone, and the guest stopped mid-body (curl does on an early answer).
+    // The answer has gone (or is going), and the guest stopped mid-body (curl does on an early
+    // answer). A body the parser refused is no guest that stopped: the proxy closes the
+    // connection for it, under a response that may still be under way (an upstream that
+    // answered before the upload's end), whose line said "guest closed the connection".
+    const answer = error.code === endedMidRequest || answering.has(socket) ? undefined : answerFor(error);
+    if (answer !== undefined) {
+      answering.add(socket);
+      brokeLingering?.(answer);
+    }
     socket.destroy();
     return;
   }

@@ -55,6 +55,13 @@ export function errorFields(err: EgressError): ErrorFields {
   };
 }
 
+/**
+ * The field on every line of a request one of whose exchanges went upstream twice: its pooled
+ * connection turned out closed before any answer, and it was sent once more on a fresh one
+ * (ExchangeContext.onResend). Spread into the line: one frozen object for every such request.
+ */
+export const resentField: { readonly resent: true } = Object.freeze({ resent: true });
+
 export function createDecisionLog(
   log: Logger,
   audit?: { readonly write: (record: AuditRecord) => void; readonly redact: (text: string) => string },

@@ -6,23 +6,26 @@ import type { Logger } from "../log.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
 import { countPushed, type ByteCount } from "../metrics/byte-counter.js";
 import { claimUpstreamBody, deferUpstreamEnd } from "../pipeline/trace.js";
+import { madeBodyStarted } from "../pipeline/made-start.js";
 import { bareHostname } from "../hostname.js";
 import type { AuthGate } from "./auth-gate.js";
 import { authenticationRequired } from "./auth.js";
 import { parseAuthority } from "./authority.js";
 import type { ConnectionLimits } from "./connection-limits.js";
-import { errorFields, type DecisionLog } from "./decision-log.js";
+import { errorFields, resentField, type DecisionLog } from "./decision-log.js";
 import { checkHttpVersion, connectInTunnel, fieldCountRefusal, GuestMessage, loggableAuthority, loggableRequestTarget, loggableUrl, maxRequestFields, toOutboundRequest, unmetExpectation } from "./guest-request.js";
 import { boundGuest, removedCut, removedError, unboundCut, wasRemoved, type Guest, type Binding, type GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, maxEarlyBytes, type LaneRequest } from "./lanes.js";
 import type { ResolvedProxyOptions } from "./options.js";
-import { errorBody, GuestClosedMidResponse, GuestLeftFirst, isLingering, sendError, sendResponse, sentWhole, writeRawError } from "./respond.js";
+import { bodyCutReason, errorBody, GuestClosedMidResponse, GuestLeftFirst, isLingering, sendError, sendResponse, sentWhole, writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
 import { serveUpgrade, tooEarly } from "./upgrade.js";
 import { H2Guests } from "./h2-guest.js";
 import { DrainCuts } from "./drain-cut.js";
+import { readBeforeAnswer, upstreamFailure } from "./read-before-answer.js";
 import type { TLSSocket } from "node:tls";
+import type { Readable } from "node:stream";
 import { withFields } from "../objects.js";
 
 
@@ -97,7 +100,7 @@ export class GuestSide {
         this.decided();
       },
       pipelineCuts: this.pipelineCuts,
-      explainCut: (error) => this.explainCut(error),
+      explainCut: (error, body) => this.explainCut(error, undefined, undefined, body),
       drainEnded: () => this.drainEnded,
       drainCut: this.drainCut,
     });
@@ -137,7 +140,20 @@ export class GuestSide {
     // is known (one without credentials gets its 407 first), and with its line, as on HTTP/2.
     // Answered by Node itself (or by sendError here), it had no line, record or metric.
     server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => this.guard(this.handle(req, res, false, unmetExpectation(String(req.headers.expect))), req.socket));
-    server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => answerClientError(error, socket, this.deps.log, (answer, guestLeft) => this.lanes.placeParseError(socket, answer, guestLeft)));
+    server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) =>
+      answerClientError(
+        error,
+        socket,
+        this.deps.log,
+        (answer, guestLeft) => {
+          const place = this.lanes.placeParseError(socket, answer, guestLeft);
+          // The parser's "bad request" line is written already.
+          if (place.answer === "none" && !guestLeft) this.cutForBrokenBody(socket, answer);
+          return place;
+        },
+        (answer) => this.cutForBrokenBody(socket, answer, error),
+      ),
+    );
     server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => this.guard(this.upgrade(req, socket, head), socket));
     return server;
   }
@@ -213,6 +229,22 @@ export class GuestSide {
       }),
       socket,
     );
+  }
+
+  /**
+   * The body of the request being served broke in the parser (a chunk size that is not hex, a
+   * Content-Length in the trailer) after its response had begun, the upstream having answered
+   * before the upload's end: no answer can take the response's place, and the proxy closes the
+   * connection. Its line said "guest closed the connection before the response was complete";
+   * it now says the proxy closed it, and why, and the parser's "bad request" line is written, as
+   * for a body that broke before the response.
+   */
+  private cutForBrokenBody(socket: Socket, answer: EgressError, unlogged?: Error): void {
+    const lane = this.lanes.find(socket);
+    // A request answered whole before its body broke (a refusal in its lingering close) has its line.
+    if (lane === undefined || lane.ends.size === 0) return;
+    if (unlogged !== undefined) this.deps.log.info("bad request", { error: unlogged, client: socket.remoteAddress });
+    this.cuts.set(socket, `the proxy closed the connection: the guest's request body broke mid-upload (${answer.message})`);
   }
 
   /**
@@ -397,6 +429,8 @@ export class GuestSide {
     let guestName: string | undefined;
     /** The guest served, once known: a removal under way is the reason the log gives for what it cut. */
     let served: Guest | undefined;
+    /** An exchange went upstream twice (its pooled connection turned out closed): every line of the request says so. */
+    let resent: { readonly resent: true } | undefined;
     this.undecided += 1;
     try {
       await previous;
@@ -423,10 +457,11 @@ export class GuestSide {
       const request = toOutboundRequest(req, tunnelOf(req.socket));
       target = loggableUrl(request.url, this.deps.redact);
       if (requestStart.hasSubscribers) requestStart.publish({ id, guest: guestName, method: req.method ?? "", url: target, time: new Date().toISOString() } satisfies RequestStartMessage);
-      const response = await this.pipelineCuts.until(
+      let response = await this.pipelineCuts.until(
         guest.pipeline.handle(request, {
           id,
           signal: abort,
+          onResend: () => (resent = resentField),
           ...(expectsContinue
             ? {
                 beforeBody: once(() => {
@@ -440,6 +475,10 @@ export class GuestSide {
         }),
         abort,
       );
+      // The head of a Response a hook made waits for its body's first chunk: one that fails
+      // before it is answered 502 with its reason, not a 200 cut with no byte of body.
+      const starting = madeBodyStarted(response, req.method ?? "", abort, trace);
+      if (starting !== undefined) response = await this.pipelineCuts.until(starting, abort);
       if (response.body?.destroyed === true) {
         // The upstream body broke while hooks ran (a reset during an onResponse call): undici has
         // already reported the error to its own listener, so a pipe would wait for ever for an
@@ -465,7 +504,7 @@ export class GuestSide {
               return;
             }
             if (error instanceof GuestLeftFirst) {
-              this.deps.decide({ id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(socket, served), started }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: 0 } : undefined);
+              this.deps.decide({ id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(socket, served), ...resent, started }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: 0 } : undefined);
               return;
             }
             this.deps.decide({
@@ -478,8 +517,9 @@ export class GuestSide {
               rule: response.decision.rule,
               ...(response.decision.source !== undefined ? { source: response.decision.source } : {}),
               redirects: response.redirects,
+              ...resent,
               started,
-              ...(error ? { error: this.explainCut(error, socket, served) } : {}),
+              ...(error ? { error: this.explainCut(error, socket, served, response.body) } : {}),
             }, trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision } : undefined);
           } finally {
             decided();
@@ -489,6 +529,11 @@ export class GuestSide {
     } catch (error) {
       // An upstream body left pending and never sent (a hook failed on it, or it broke): timed by its own end.
       if (trace !== undefined) claimUpstreamBody(trace, null);
+      // The upstream failed under an upload that had not ended: the rest of it is read (and
+      // dropped) before the answer, so that a guest that left while the proxy held its upload
+      // back is seen gone, not answered (see readBeforeAnswer).
+      const left =
+        upstreamFailure(error) && !req.complete && !res.headersSent && !abort.aborted && inLane.answered === undefined && !this.drainEnded && (await readBeforeAnswer(req, socket, abort, inLane));
       // Its body broke while it was served: the parser's 400 went out in its place, and the
       // connection's close that followed aborted it. That 400 is its answer, not a guest that left.
       if (inLane.answered !== undefined) {
@@ -498,10 +543,10 @@ export class GuestSide {
       // At the drain's end the proxy closes guest connections and upstream pools alike: a request
       // still waiting sees either first, and nobody is left to answer either way.
       // A removed guest's tunnels are closed with it (their close events may come a turn later).
-      if (abort.aborted || this.drainEnded || (wasRemoved(served) && tunnelOf(socket) !== undefined)) {
+      if (left || abort.aborted || this.drainEnded || (wasRemoved(served) && tunnelOf(socket) !== undefined)) {
         // Nobody is left to answer; 499 is nginx's "client closed request", for the log only.
         this.deps.decide(
-          { id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(socket, served), started },
+          { id, guest: guestName, method: req.method ?? "", target, status: 499, reason: this.leftReason(socket, served), ...resent, started },
           auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, ...(trace !== undefined ? { trace } : {}) } : undefined,
         );
         return;
@@ -526,6 +571,7 @@ export class GuestSide {
         method: req.method ?? "",
         target,
         ...errorFields(err),
+        ...resent,
         started,
       }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: errorBytes, ...(trace !== undefined ? { trace } : {}) } : undefined);
     } finally {
@@ -552,8 +598,11 @@ export class GuestSide {
     if (this.undecided === 0) this.allDecided?.();
   }
 
-  /** Why a response was cut after its head, in words an operator reads in the log. */
-  private explainCut(error: Error, socket?: Socket, guest?: Guest): Error | string {
+  /**
+   * Why a response was cut after its head, in words an operator reads in the log. `body`: the
+   * response's, to say whose body failed when it was the body that did (bodyCutReason).
+   */
+  private explainCut(error: Error, socket?: Socket, guest?: Guest, body?: Readable | null): Error | string {
     const cut = (socket === undefined ? undefined : (this.cuts.get(socket) ?? unboundCutOf(socket))) ?? (wasRemoved(guest) ? removedCut(guest.name) : undefined);
     if (cut !== undefined) return `${cut} before the response was complete`;
     const code = (error as NodeJS.ErrnoException).code;
@@ -564,7 +613,7 @@ export class GuestSide {
       const seen = error instanceof GuestClosedMidResponse ? "" : ` (${error.message})`;
       return `${this.leftReason()} before the response was complete${seen}`;
     }
-    return error;
+    return (body !== undefined ? bodyCutReason(body, error) : undefined) ?? error;
   }
 
   /** Why a request's connection went before its answer: the guest, the proxy's idle timeout, or the end of its drain. */

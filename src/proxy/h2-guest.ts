@@ -2,18 +2,20 @@ import { createServer, type Http2Server, type ServerHttp2Session, type ServerHtt
 import { requestStart, type RequestStartMessage } from "../metrics/channels.js";
 import type { Socket } from "node:net";
 import type { TLSSocket } from "node:tls";
+import type { Readable } from "node:stream";
 import { EgressError, asEgressError, guestError } from "../errors.js";
 import { getHeader } from "../headers.js";
 import type { Logger } from "../log.js";
 import { countPushed, type ByteCount } from "../metrics/byte-counter.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
+import { madeBodyStarted } from "../pipeline/made-start.js";
 import { authenticationRequired } from "./auth.js";
-import { errorFields, type DecisionLog } from "./decision-log.js";
+import { errorFields, resentField, type DecisionLog } from "./decision-log.js";
 import { loggableMethod, loggableRequestTarget, maxRequestFields, type TunnelTarget } from "./guest-request.js";
 import { boundGuest, removedCut, unboundCut, wasRemoved, type Guest, type GuestRegistry } from "./guests.js";
 import { h2ExpectsContinue, h2OutboundRequest } from "./h2-request.js";
 import { h2ContinueOnce, sendH2Error, sendH2Response, type StallWatch } from "./h2-respond.js";
-import { GuestLeftFirst } from "./respond.js";
+import { GuestClosedMidResponse, GuestLeftFirst } from "./respond.js";
 import { h2Codes, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h2-settings.js";
 import { tunnelOf } from "./tunnel.js";
 import { resetH2Stream } from "../streams.js";
@@ -39,7 +41,8 @@ export interface H2GuestDeps {
   /** Ends the pipeline wait of a stream still in it when the drain ends. */
   readonly pipelineCuts: DrainCuts;
   /** Why a response was cut after its head, as the log says it. */
-  readonly explainCut: (error: Error) => Error | string;
+  /** Why a response was cut after its head; `body`, the response's, to say whose body failed (see bodyCutReason). */
+  readonly explainCut: (error: Error, body: Readable | null) => Error | string;
   /** The proxy's drain is over: what it cuts from now on is the proxy's doing, not the guest's. */
   readonly drainEnded: () => boolean;
   /** What the log says of a request the drain's end cut. */
@@ -486,6 +489,8 @@ export class H2Guests {
     let guestName: string | undefined;
     /** The guest served, once known: a removal under way is the reason the log gives for what it cut. */
     let served: Guest | undefined;
+    /** An exchange went upstream twice (its pooled connection turned out closed): every line of the request says so. */
+    let resent: { readonly resent: true } | undefined;
     try {
       // Removal, or a reload that takes the tunnel from its guest, closes it: a stream already read finds it gone.
       const guest = boundGuest(tunnel.connection);
@@ -514,6 +519,7 @@ export class H2Guests {
           guest.pipeline.handle(request, {
             id,
             signal: abort,
+            onResend: () => (resent = resentField),
             // A guest that waits for 100 before its body (curl waits 1 s, Node's client for good) and
             // a proxy that waits for the body deadlocked until hookMs or idleMs (black-box finding).
             ...(continued !== undefined && request.body !== null ? { beforeBody: continued.send } : {}),
@@ -521,6 +527,10 @@ export class H2Guests {
           }),
           abort,
         );
+        // The head of a Response a hook made waits for its body's first chunk: one that fails
+        // before it is answered 502 with its reason, not a 200 whose stream is reset.
+        const starting = madeBodyStarted(response, method, abort, trace);
+        if (starting !== undefined) response = await this.deps.pipelineCuts.until(starting, abort);
       } finally {
         state.unanswered.delete(stream);
       }
@@ -540,7 +550,7 @@ export class H2Guests {
           if (error !== undefined) resetByUs();
           this.finishRequestBody(stream, resetByUs);
           if (error instanceof GuestLeftFirst) {
-            decide({ id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served, tunnel, stream, state), http: "2", started }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: 0, ...(trace !== undefined ? { trace } : {}) } : undefined);
+            decide({ id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served, tunnel, stream, state), http: "2", ...resent, started }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: 0, ...(trace !== undefined ? { trace } : {}) } : undefined);
             resolve();
             return;
           }
@@ -555,8 +565,9 @@ export class H2Guests {
             ...(response.decision.source !== undefined ? { source: response.decision.source } : {}),
             redirects: response.redirects,
             http: "2",
+            ...resent,
             started,
-            ...(error ? { error: this.cutReason(watch, error, served, tunnel) } : {}),
+            ...(error ? { error: this.cutReason(watch, error, served, tunnel, stream, state, response.body) } : {}),
           }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision, ...(trace !== undefined ? { trace } : {}) } : undefined);
           resolve();
         }, cutStalled("read nothing"), auditing);
@@ -571,7 +582,7 @@ export class H2Guests {
       // as if sent, and the reset went uncounted, as the refusal's own reset was the proxy's.
       if (abort.aborted || (stream.closed && !watch.ours) || this.deps.drainEnded() || wasRemoved(served)) {
         decide(
-          { id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served, tunnel, stream, state), http: "2", started },
+          { id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served, tunnel, stream, state), http: "2", ...resent, started },
           auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, ...(trace !== undefined ? { trace } : {}) } : undefined,
         );
         return;
@@ -595,7 +606,7 @@ export class H2Guests {
       if (!watch.ours && !stream.closed && stream.endAfterHeaders) await closedOrAfter(stream, this.deps.idleMs);
       if (!watch.ours && stream.rstCode !== undefined && stream.rstCode !== h2Codes.noError) {
         decide(
-          { id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served, tunnel, stream, state), http: "2", started },
+          { id, guest: guestName, method, target, status: 499, reason: this.leftReason(watch, served, tunnel, stream, state), http: "2", ...resent, started },
           auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: 0, ...(trace !== undefined ? { trace } : {}) } : undefined,
         );
         return;
@@ -607,6 +618,7 @@ export class H2Guests {
         target,
         ...errorFields(err),
         http: "2",
+        ...resent,
         started,
       }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: errorBytes, ...(trace !== undefined ? { trace } : {}) } : undefined);
     }
@@ -623,13 +635,20 @@ export class H2Guests {
     return h2StreamEnd(stream, watch.failure);
   }
 
-  /** Why a response was cut after its head: the proxy's own reason when it cut it (explainCut knows the drain's). */
-  private cutReason(watch: StreamWatch, error: Error, guest: Guest | undefined, tunnel: TunnelTarget): Error | string {
+  /**
+   * Why a response was cut after its head: the proxy's own reason when it cut it (explainCut knows
+   * the drain's), whose body failed when one did, or how the stream ended under it. A stream
+   * nghttp2 reset for a frame that broke HTTP/2 (a request body past its content-length), or
+   * whose session failed, was logged "guest reset the stream", as a guest's own reset is.
+   */
+  private cutReason(watch: StreamWatch, error: Error, guest: Guest | undefined, tunnel: TunnelTarget, stream: ServerHttp2Stream, state: SessionState, body: Readable | null): Error | string {
     if (watch.cut === undefined) {
       const cut = unboundCut(tunnel.connection) ?? (wasRemoved(guest) ? removedCut(guest.name) : undefined);
       if (cut !== undefined) return `${cut} before the response was complete`;
     }
-    return watch.cut ?? this.deps.explainCut(error);
+    if (watch.cut !== undefined) return watch.cut;
+    if (error instanceof GuestClosedMidResponse && !this.deps.drainEnded()) return `${this.leftReason(watch, guest, tunnel, stream, state)} before the response was complete`;
+    return this.deps.explainCut(error, body);
   }
 
   /**

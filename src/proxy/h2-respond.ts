@@ -5,7 +5,7 @@ import type { PipelineResponse } from "../pipeline/exchange.js";
 import type { Readable } from "node:stream";
 import { countFlowing, type ByteCount } from "../metrics/byte-counter.js";
 import { discardBody, resetH2Stream } from "../streams.js";
-import { errorBody, GuestLeftFirst } from "./respond.js";
+import { bodyFailed, errorBody, GuestClosedMidResponse, GuestLeftFirst } from "./respond.js";
 import { h2Codes, h2ConnectionHeaders } from "./h2-settings.js";
 import { withFields } from "../objects.js";
 
@@ -129,19 +129,21 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     // Mid-body the status is sent: resetting this stream is the only honest signal, and it
     // leaves every other stream on the connection alone.
     resetH2Stream(stream, h2Codes.internalError, "the response body failed");
-    settle(error);
+    settle(bodyFailed(error));
   });
   body.once("close", () => {
     if (body.readableEnded || settled) return;
     resetH2Stream(stream, h2Codes.internalError, "the response body closed before its end");
-    settle(new Error("the upstream body closed before its end"));
+    settle(bodyFailed(new Error("the body closed before its end")));
   });
   stream.once("close", () => {
     // A reset with NO_ERROR mid-response ends the writable side too: `aborted` tells them apart.
     if (stream.writableFinished && stream.rstCode === h2Codes.noError && !stream.aborted) settle();
     else {
       discardBody(body);
-      settle(new Error("guest reset the stream before the response was complete"));
+      // How the stream ended (the guest's reset, nghttp2's for a frame that broke HTTP/2, the
+      // session's failure) is the guest side's to say: it knows the stream's watch and session.
+      settle(new GuestClosedMidResponse("guest reset the stream before the response was complete"));
     }
   });
   // A pump of its own rather than pipe(): pipe() puts six listeners on the two streams per

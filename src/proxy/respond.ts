@@ -2,7 +2,9 @@ import { responseFields } from "../headers.js";
 import { discardBody } from "../streams.js";
 import type { ServerResponse } from "node:http";
 import type { Socket } from "node:net";
-import type { EgressError } from "../errors.js";
+import { describeThrown, EgressError } from "../errors.js";
+import { madeBodyOf } from "../hooks/made-bodies.js";
+import type { Readable } from "node:stream";
 import type { PipelineResponse, TraceEntry } from "../pipeline/exchange.js";
 import { upstreamBodyEnded } from "../pipeline/trace.js";
 import { countSent, type ByteCount } from "../metrics/byte-counter.js";
@@ -94,6 +96,35 @@ function cutAfterHead(res: ServerResponse): void {
 /** The guest left before its response began: the log says 499, as for a guest gone sooner. */
 export class GuestLeftFirst extends Error {}
 
+/** The errors response bodies failed with after their heads went out, as the senders reported them. */
+const bodyFailures = new WeakSet<object>();
+
+/** `error` is the response body's own failure (not the guest's close): for {@link bodyCutReason}. */
+export function bodyFailed(error: Error): Error {
+  if (typeof error === "object" && error !== null) bodyFailures.add(error);
+  return error;
+}
+
+/**
+ * Why a response whose body failed after its head was cut, in words that name whose body it was:
+ * the body of a Response a hook made (and which source made it), or the upstream's, with the
+ * failure's own code and message. The line said only `boom`, or `UND_ERR_SOCKET: other side
+ * closed`, which did not say which side broke (and a hook's, not which hook). Undefined for a
+ * failure that is not the body's.
+ */
+export function bodyCutReason(body: Readable | null, error: Error): string | undefined {
+  if (!bodyFailures.has(error)) return undefined;
+  const made = madeBodyOf(body);
+  if (made === undefined) {
+    const code = (error as { code?: unknown }).code;
+    return `the upstream response body failed after the response head was sent (${code === undefined ? "" : `${String(code)}: `}${error.message}); the guest's response was cut`;
+  }
+  // Its own words say the body fell silent and the response was cut.
+  if (error instanceof EgressError && error.code === "EG_HOOK_TIMEOUT") return error.message;
+  const by = made.source === undefined ? "" : ` (${made.source})`;
+  return `${made.subject}${by} failed after the response head was sent (${describeThrown(error)}); the guest's response was cut`;
+}
+
 /** The guest's connection closed before its response was whole (the guest left, or the proxy's drain ended). */
 export class GuestClosedMidResponse extends Error {}
 
@@ -159,7 +190,7 @@ export function sendResponse(
   body.once("error", (error: Error) => {
     // Mid-body the status is already sent: cutting the connection is the only honest signal.
     cutAfterHead(res);
-    settle(error);
+    settle(bodyFailed(error));
   });
   // A body that closes before its end without an error (a source destroyed quietly) would leave
   // the pipe waiting for ever: cut the guest's connection, as for an error.
@@ -168,7 +199,7 @@ export function sendResponse(
     if (upstreamTrace !== undefined) upstreamBodyEnded(upstreamTrace);
     if (body.readableEnded || settled) return;
     cutAfterHead(res);
-    settle(new Error("the upstream body closed before its end"));
+    settle(bodyFailed(new Error("the body closed before its end")));
   });
   res.once("close", () => {
     if (res.writableFinished) settle();

@@ -1,8 +1,11 @@
 import type { Server as HttpServer } from "node:http";
 import { createServer as createNetServer, type Server, type Socket } from "node:net";
 import { createServer as createTlsServer } from "node:tls";
-import { describe, expect, it } from "vitest";
-import { fetchVia, startTestProxy } from "../helpers/proxy.js";
+import { describe, expect, it, vi } from "vitest";
+import type { AuditRecord } from "../../src/index.js";
+import { h2Request, h2Session } from "../helpers/h2-client.js";
+import { fetchVia, startTestProxy, type TestProxy } from "../helpers/proxy.js";
+import { openRaw, openTlsTunnel } from "../helpers/raw.js";
 import { testCa } from "../helpers/test-ca.js";
 import { listenForTest } from "../helpers/upstream.js";
 
@@ -34,14 +37,14 @@ interface Received {
 }
 
 /**
- * A raw HTTP/1.1 upstream: /warm is answered 200 on a kept-alive connection; the first request for
- * /account/42 gets `behaviour`, any later one 200. `received` lists every request head, with the
- * number of the connection it came on.
+ * A raw HTTP/1.1 upstream: /warm is answered 200 on a kept-alive connection; the first `times`
+ * requests for /account/42 get `behaviour`, any later one 200. `received` lists every request
+ * head, with the number of the connection it came on.
  */
-async function rawUpstream(behaviour: Behaviour, tls = false): Promise<{ port: number; received: Received[] }> {
+async function rawUpstream(behaviour: Behaviour, tls = false, times = 1): Promise<{ port: number; received: Received[] }> {
   const received: Received[] = [];
   let connections = 0;
-  let misbehaved = false;
+  let misbehaved = 0;
   const serve = (socket: Socket): void => {
     const connection = ++connections;
     socket.on("error", () => undefined);
@@ -53,8 +56,8 @@ async function rawUpstream(behaviour: Behaviour, tls = false): Promise<{ port: n
         const [method = "", path = ""] = pending.slice(0, end).split(" ");
         pending = pending.slice(end + 4);
         received.push({ connection, method, path });
-        if (path === "/account/42" && !misbehaved) {
-          misbehaved = true;
+        if (path === "/account/42" && misbehaved < times) {
+          misbehaved += 1;
           behaviours[behaviour](socket);
         } else {
           const body = path === "/warm" ? "warm" : "done";
@@ -114,6 +117,58 @@ describe("a request the upstream may have acted on is sent to it once", () => {
       expect(upstream.received.filter((r) => r.path === "/account/42").map((r) => r.connection)).toEqual(resent ? [1, 2] : [1]);
       expect(res.status, res.text).toBe(resent ? 200 : 502);
       expect((await fetchVia(proxy, `${origin}/warm`)).text).toBe("warm");
+    });
+  }
+});
+
+// A request sent once more on a fresh connection said nothing of it: its line read as any
+// other's, though the upstream had had it twice on the wire. Every line of such a request (and
+// its audit record) now carries `resent: true`, whatever came of the resend.
+const ways = ["HTTP/1.1 absolute-form", "HTTP/1.1 TLS tunnel", "HTTP/2"] as const;
+type Way = (typeof ways)[number];
+
+/** A GET of `path` from a new guest connection of the way: the status and the body. */
+async function getVia(way: Way, proxy: TestProxy, port: number, path: string): Promise<[number, string]> {
+  const authority = `api.test:${port}`;
+  if (way === "HTTP/2") {
+    const answer = await h2Request(await h2Session(proxy.port, authority, proxy.caCertPem), { ":path": path });
+    return [answer.status, answer.body.toString()];
+  }
+  const client = way === "HTTP/1.1 absolute-form" ? await openRaw(proxy.port) : await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+  client.write(`GET ${way === "HTTP/1.1 absolute-form" ? `http://${authority}${path}` : path} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+  const res = await client.readResponse();
+  return [res.status, res.body];
+}
+
+describe("a request resent on a fresh connection says so in its decision line and audit record", () => {
+  const cases = [
+    ["closes without answering", 1, 200],
+    ["resets without answering", 1, 200],
+    // The fresh connection closes unanswered too: no crossed idle close, so its 502 stands, resent all the same.
+    ["closes without answering", 2, 502],
+  ] as const;
+  for (const way of ways) {
+    // A reset of the raw upstream's TLS socket is not one on the wire (resetAndDestroy takes a TCP handle).
+    it.each(way === "HTTP/1.1 absolute-form" ? cases : cases.filter(([behaviour]) => behaviour !== "resets without answering"))(`${way}: an upstream whose pooled connection %s (%i times): %i, and the line says resent`, async (behaviour, times, status) => {
+      const upstream = await rawUpstream(behaviour, way !== "HTTP/1.1 absolute-form", times);
+      const records: AuditRecord[] = [];
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { onDecision: (record) => void records.push(record) });
+      expect(await getVia(way, proxy, upstream.port, "/warm")).toEqual([200, "warm"]);
+      const [answered] = await getVia(way, proxy, upstream.port, "/account/42");
+      expect(answered).toBe(status);
+      expect(upstream.received.filter((r) => r.path === "/account/42").map((r) => r.connection)).toEqual([1, 2]);
+      const lines = (): Record<string, unknown>[] => proxy.logs.filter((l) => l["msg"] === "request");
+      await vi.waitFor(() => expect(lines()).toHaveLength(2), { timeout: 10_000 });
+      expect(lines()[0]).not.toHaveProperty("resent");
+      expect(lines()[1]).toMatchObject({ status, resent: true });
+      expect(records.map((record) => [record.url.slice(record.url.lastIndexOf("/")), record.status, record.resent])).toEqual([
+        ["/warm", 200, undefined],
+        ["/42", status, true],
+      ]);
+      // The proxy serves on, on the fresh connection's pool.
+      expect(await getVia(way, proxy, upstream.port, "/warm")).toEqual([200, "warm"]);
+      await vi.waitFor(() => expect(lines()).toHaveLength(3), { timeout: 10_000 });
+      expect(lines()[2]).not.toHaveProperty("resent");
     });
   }
 });

@@ -1,0 +1,34 @@
+import { madeBodyOf } from "../hooks/made-bodies.js";
+import { discardBody, firstChunk } from "../streams.js";
+import { madeBodyFailedFirst } from "./body-reads.js";
+import type { GuestGone, PipelineResponse, TraceEntry } from "./exchange.js";
+import { blameMadeBody } from "./verdicts.js";
+
+/**
+ * The guest's head waits for the first chunk (or the end) of a body a tier-3 hook made: a
+ * Response from onRequest, onResponse or a layer. The head goes out once the body has shown it
+ * can produce, so a body that fails before its first byte (a stream that errors, a pull that
+ * throws, one silent for `timeouts.upstreamBodyMs`) is answered 502 `EG_HOOK_FAILED` (504
+ * `EG_HOOK_TIMEOUT`) with its reason, and its source's trace entry says it failed. Sent at
+ * once, the head went out as a 200 and the connection was cut with no byte of body (on HTTP/2,
+ * the stream reset), logged 200 with an `error`.
+ *
+ * Undefined when there is nothing to wait for: an upstream's body (the normal path costs one
+ * WeakMap lookup; its failure after the head stays a cut), no body, or a HEAD's, which is never
+ * read. The promise resolves with `response` also when `signal` aborts first (the guest left,
+ * the drain ended): the sender then finds the guest gone.
+ */
+export function madeBodyStarted(response: PipelineResponse, method: string, signal: GuestGone, trace: TraceEntry[] | undefined): Promise<PipelineResponse> | undefined {
+  const body = response.body;
+  if (body === null || method === "HEAD") return undefined;
+  const made = madeBodyOf(body);
+  if (made === undefined) return undefined;
+  return firstChunk(body, signal).then((failure) => {
+    if (failure === undefined) return response;
+    discardBody(body);
+    response.cleanup?.();
+    const error = madeBodyFailedFirst(made, failure);
+    if (trace !== undefined) blameMadeBody(trace, made.source, made.phase, error);
+    throw error;
+  });
+}
