@@ -106,6 +106,10 @@ async function settleWithin<T>(name: string, timeoutMs: number, pending: Promise
             // longer holds the process (the request is over; close() may be under way).
             timer?.unref();
             signal.hold?.(Promise.race([pending, deadline]).then(noop, noop));
+            // Once the call settles its deadline has nothing left to bound: left in the timer list,
+            // it held the signal, and through its reason's stack the guest's connection, for hookMs.
+            const settled = (): void => clearTimeout(timer);
+            Promise.resolve(pending).then(settled, settled);
             reject(requestEnded(name, signal));
           };
           signal.once("abort", ended);

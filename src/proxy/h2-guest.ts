@@ -195,16 +195,17 @@ export class H2Guests {
     // one that may leave a live guest reading the last frames (a graceful close that finished, a
     // drain's GOAWAY), the socket is closed once idleMs has passed; after the timeouts below and
     // ENHANCE_YOUR_CALM, whose guest is gone or refused, once its GOAWAY has had a moment.
-    if (socket !== undefined) {
-      const destroy = session.destroy.bind(session);
-      let closing = false;
-      session.destroy = ((error?: Error, code?: number) => {
-        destroy(error, code);
-        if (closing || socket.destroyed) return;
-        closing = true;
-        closeSocketAfter(socket, this.deps.idleMs);
-      }) as typeof session.destroy;
-    }
+    const destroy = session.destroy.bind(session);
+    let closing = false;
+    session.destroy = ((error?: Error, code?: number) => {
+      // Node leaves a destroyed session's timer in the list (setTimeout() does nothing once
+      // destroyed): it held the session, its nghttp2 state and its socket until it fired.
+      if (!session.destroyed) session.setTimeout(0);
+      destroy(error, code ?? guestExcessCode(error));
+      if (closing || socket === undefined || socket.destroyed) return;
+      closing = true;
+      closeSocketAfter(socket, this.deps.idleMs);
+    }) as typeof session.destroy;
     const end = (): void => {
       session.destroy();
       if (socket !== undefined) closeSocketAfter(socket, h2Limits.destroyLingerMs);
@@ -240,16 +241,36 @@ export class H2Guests {
     session.setTimeout(this.silenceMs());
     this.armIdle(session, state, end);
     session.on("ping", () => {
-      if (state.pings.over(performance.now())) this.calm(session, "PING flood", true);
+      if (state.pings.over(performance.now())) this.calm(session, "PING flood", { flood: true });
     });
     session.on("remoteSettings", () => {
-      if (state.settings.over(performance.now())) this.calm(session, "SETTINGS flood", true);
+      if (state.settings.over(performance.now())) this.calm(session, "SETTINGS flood", { flood: true });
     });
+    this.awaitSettingsAck(session);
     if (this.closing) this.goAway();
   }
 
   private silenceMs(): number {
     return Math.min(this.deps.idleMs, this.deps.pingMs);
+  }
+
+  /**
+   * RFC 9113 §6.5.3: a guest that has not acknowledged the proxy's SETTINGS within
+   * {@link silenceMs} gets GOAWAY(SETTINGS_TIMEOUT). Until it does, none of them binds it (nghttp2
+   * applies the proxy's settings only from the ACK): Node checks no header-list size, and the
+   * proxy's own count refuses lists over limits.h2HeaderListBytes only after nghttp2 has decoded
+   * them, 1 MB from 300 bytes sent. Every client library acknowledges at once, as the RFC asks.
+   */
+  private awaitSettingsAck(session: ServerHttp2Session): void {
+    const ms = this.silenceMs();
+    const deadline = setTimeout(() => {
+      if (session.destroyed || !session.pendingSettingsAck) return;
+      this.calm(session, `the guest did not acknowledge the proxy's SETTINGS within timeouts.h2PingMs (${ms} ms)`, { code: h2Codes.settingsTimeout });
+    }, ms);
+    deadline.unref();
+    const settled = (): void => clearTimeout(deadline);
+    session.once("localSettings", settled);
+    session.once("close", settled);
   }
 
   /**
@@ -303,7 +324,7 @@ export class H2Guests {
   }
 
   /**
-   * GOAWAY(ENHANCE_YOUR_CALM) and the connection closed, as Go answers rapid reset.
+   * GOAWAY(ENHANCE_YOUR_CALM), or `code`, and the connection closed, as Go answers rapid reset.
    *
    * `session.destroy(error, code)` alone lost the GOAWAY (black-box finding: the guest saw its
    * streams reset and the connection closed, never the frame): called from a `stream` or `ping`
@@ -312,7 +333,7 @@ export class H2Guests {
    * the session destroyed a turn later, once nghttp2 has written it; meanwhile the streams the
    * guest still opens are refused (onStream).
    */
-  private calm(session: ServerHttp2Session, reason: string, flood = false): void {
+  private calm(session: ServerHttp2Session, reason: string, { flood = false, code = h2Codes.enhanceYourCalm }: { flood?: boolean; code?: number } = {}): void {
     const state = (session as TrackedSession)[stateKey];
     if (session.destroyed || state?.closedFor !== undefined) return;
     if (state !== undefined) state.closedFor = reason;
@@ -323,7 +344,7 @@ export class H2Guests {
       // through the rest of the guest's bytes and end the session itself (GOAWAY(INTERNAL_ERROR),
       // "Flooding was detected", its outbound queue of ACKs full) before our GOAWAY went. Its
       // GOAWAY may be lost, as before; the log line is the record.
-      session.destroy(new Error(reason), h2Codes.enhanceYourCalm);
+      session.destroy(new Error(reason), code);
       if (state?.socket !== undefined) closeSocketAfter(state.socket, h2Limits.destroyLingerMs);
       return;
     }
@@ -332,14 +353,14 @@ export class H2Guests {
     setImmediate(() => {
       if (session.destroyed) return;
       try {
-        session.goaway(h2Codes.enhanceYourCalm);
+        session.goaway(code);
       } catch {
         // The session is closing already: destroy() below still sends its own GOAWAY.
       }
       // Node writes the frame from an immediate of its own, which runs before the next of ours.
       setImmediate(() => {
         // destroy(undefined, code) would send GOAWAY(NO_ERROR): Node takes a missing error as code 0.
-        if (!session.destroyed) session.destroy(new Error(reason), h2Codes.enhanceYourCalm);
+        if (!session.destroyed) session.destroy(new Error(reason), code);
         // Its GOAWAY gets a moment to go out before the socket is closed.
         if (state?.socket !== undefined) closeSocketAfter(state.socket, h2Limits.destroyLingerMs);
       });
@@ -692,9 +713,17 @@ function closedOrAfter(stream: ServerHttp2Stream, ms: number): Promise<void> {
   });
 }
 
-/** Closes `socket` after `ms`, whatever Node's end of it still waits for; the timer keeps no process alive. */
+/**
+ * Closes `socket` after `ms`, whatever Node's end of it still waits for; the timer keeps no
+ * process alive, and goes with the socket's close. Left in the timer list for idleMs (2 min by
+ * default), it held the closed socket and through it the session, its nghttp2 state and HPACK
+ * tables: a guest that reconnected 60 times a second kept 7,000 dead connections in memory.
+ */
 function closeSocketAfter(socket: TLSSocket, ms: number): void {
-  setTimeout(() => socket.destroy(), ms).unref();
+  if (socket.destroyed) return;
+  const timer = setTimeout(() => socket.destroy(), ms);
+  timer.unref();
+  socket.once("close", () => clearTimeout(timer));
 }
 
 /**
@@ -713,6 +742,21 @@ function h2StreamEnd(stream: { readonly rstCode: number | undefined }, failure: 
   if (rstCode === undefined || rstCode === h2Codes.cancel || rstCode === h2Codes.noError) return "guest reset the stream";
   return `the stream was reset (${h2CodeName(rstCode)}): a protocol error on it, nghttp2's answer to a frame that broke HTTP/2 or the guest's own reset`;
 }
+
+/**
+ * The GOAWAY code for a session nghttp2 ended because the guest sent a header list in more than 8
+ * CONTINUATION frames (its answer to CVE-2024-27983, so any list over about 144 KiB at the default
+ * frame size, whatever limits.h2HeaderListBytes says, before any stream the proxy could answer
+ * 431). Node destroys such a session with INTERNAL_ERROR, which tells the guest the proxy failed.
+ * Only the code changes: the destroy is Node's own, within the read.
+ */
+function guestExcessCode(error: Error | undefined): number | undefined {
+  const failure = error as NodeJS.ErrnoException | undefined;
+  return failure?.code === "ERR_HTTP2_ERROR" && failure.errno === nghttp2TooManyContinuations ? h2Codes.enhanceYourCalm : undefined;
+}
+
+/** NGHTTP2_ERR_TOO_MANY_CONTINUATIONS (nghttp2.h), which Node's http2 constants do not list. */
+const nghttp2TooManyContinuations = -905;
 
 /** nghttp2 ended the session for a frame of the guest's, or for too many invalid ones. */
 function isSessionFailure(error: Error): boolean {

@@ -76,6 +76,7 @@ export const h2Codes = Object.freeze({
   refusedStream: constants.NGHTTP2_REFUSED_STREAM,
   internalError: constants.NGHTTP2_INTERNAL_ERROR,
   enhanceYourCalm: constants.NGHTTP2_ENHANCE_YOUR_CALM,
+  settingsTimeout: constants.NGHTTP2_SETTINGS_TIMEOUT,
   noError: constants.NGHTTP2_NO_ERROR,
 });
 

@@ -32,7 +32,8 @@ export interface TimeoutOptions {
   readonly idleMs?: number;
   /**
    * An HTTP/2 guest connection silent this long is sent a PING, and closed if the answer takes
-   * as long again (each at most `idleMs`). Default 10 s.
+   * as long again (each at most `idleMs`). A guest that has not acknowledged the proxy's SETTINGS
+   * this long after connecting gets GOAWAY(SETTINGS_TIMEOUT). Default 10 s.
    */
   readonly h2PingMs?: number;
   /** A DNS lookup (504 after). Default 5 s. */

@@ -1,11 +1,13 @@
 import { once } from "node:events";
+import type { ClientHttp2Session } from "node:http2";
+import { queryObjects } from "node:v8";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { flag, frame, frameType, indexed, literal, literalIndexed, ping, rstStream, RawH2, requestBlock, settings } from "../helpers/h2-frames.js";
 import { startTestProxy, type TestProxy } from "../helpers/proxy.js";
 import { patternChunk, startUpstream, type Route, type Upstream } from "../helpers/upstream.js";
 
-const code = Object.freeze({ protocolError: 1, cancel: 8, compressionError: 9, enhanceYourCalm: 11 });
+const code = Object.freeze({ protocolError: 1, settingsTimeout: 4, cancel: 8, compressionError: 9, enhanceYourCalm: 11 });
 
 /** A route that never answers: the requests that reach it only count. */
 function silentRoute(): { route: Route; arrivals: () => number } {
@@ -382,6 +384,8 @@ describe("timeouts.h2PingMs: a silent connection is asked whether its guest is t
     const counted = countedBytesRoute();
     const { proxy, authority } = await pingSetup(patient, { "/counted": counted.route });
     const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    // The SETTINGS acknowledged, or the SETTINGS_TIMEOUT (as long as h2PingMs) would end it first.
+    await acknowledged(guest);
     guest.write(frame(frameType.headers, flag.endHeaders | flag.endStream, 1, requestBlock(authority, `/counted?n=${16 * 1024 * 1024}`)));
     await guest.until((c) => c.answered(1));
     // RawH2 never sends WINDOW_UPDATE, and never answers a PING.
@@ -631,6 +635,22 @@ describe("HTTP/2 guest side: the wire answer and the log line name what happened
       lines: { status: 499, reason: /^the stream was reset \(PROTOCOL_ERROR, code 1\)/, min: 1, max: 1 },
     },
     {
+      // nghttp2 ends the connection past 8 CONTINUATION frames (CVE-2024-27983), before any stream
+      // the proxy could answer 431, and Node said so with INTERNAL_ERROR, as if the proxy had failed.
+      name: "a header list in more than 8 CONTINUATION frames (300 KB) ends the connection with GOAWAY(ENHANCE_YOUR_CALM), not INTERNAL_ERROR",
+      ack: true,
+      send: (client, authority) => {
+        const block = requestBlock(authority, "/attack", Array.from({ length: 75 }, (_, i) => literal(`x-big-${i}`, "z".repeat(4096))));
+        const pieces: Buffer[] = [];
+        for (let at = 0; at < block.length; at += 16_000) pieces.push(block.subarray(at, at + 16_000));
+        client.write(frame(frameType.headers, flag.endStream, 1, pieces[0]!));
+        for (let i = 1; i < pieces.length; i++) client.write(frame(frameType.continuation, i === pieces.length - 1 ? flag.endHeaders : 0, 1, pieces[i]!));
+      },
+      goaway: code.enhanceYourCalm,
+      closed: /Too many CONTINUATION frames/,
+      lines: { status: 431, reason: /./, min: 0, max: 0 },
+    },
+    {
       name: "a CONNECT inside an h2 stream is logged with its authority, as the HTTP/1.1 side logs it",
       send: (client) => client.write(frame(frameType.headers, flag.endHeaders | flag.endStream, 1, Buffer.concat([literal(":method", "CONNECT"), literal(":authority", "other.test:443")]))),
       lines: { status: 405, reason: /CONNECT inside a tunnel/, min: 1, max: 1 },
@@ -666,5 +686,82 @@ describe("HTTP/2 guest side: the wire answer and the log line name what happened
     guest.socket.destroy();
     await normal.stop();
     await othersServed(proxy, authority);
+  }, 30_000);
+});
+
+// RFC 9113 §6.5.3. Until the guest acknowledges the proxy's SETTINGS none of them binds it: Node
+// checks no header-list size, and a guest that never acknowledged could keep a connection sending
+// HPACK bombs the proxy decodes before its own count refuses them (black-box finding, seventh session).
+describe("SETTINGS_TIMEOUT: a guest that never acknowledges the proxy's SETTINGS", () => {
+  it("gets GOAWAY(SETTINGS_TIMEOUT) after timeouts.h2PingMs, its stream in flight logged as the proxy's close, while an older connection that acknowledged keeps getting 200s", async () => {
+    const hook = holdingHook();
+    const upstream = await startUpstream();
+    // idleMs far past the test: only the SETTINGS_TIMEOUT (or the unanswered PING, later) can end the connection.
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onRequest: hook.onRequest }, { timeouts: { idleMs: 600_000, h2PingMs: 500 } });
+    const authority = `api.test:${upstream.port}`;
+    const normal = await bystander(proxy, authority);
+    const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    guest.write(frame(frameType.headers, flag.endHeaders | flag.endStream, 1, requestBlock(authority, "/attack/hold")));
+    await guest.until((c) => c.closed);
+    expect(guest.goaway()?.code).toBe(code.settingsTimeout);
+    expect(proxy.logs.filter((l) => l["msg"] === "guest h2 connection closed").map((l) => l["reason"])).toEqual([
+      "the guest did not acknowledge the proxy's SETTINGS within timeouts.h2PingMs (500 ms)",
+    ]);
+    hook.release();
+    const line = await loggedRequest(proxy, "/attack/hold");
+    expect(line).toMatchObject({ status: 499, reason: "the proxy closed the connection: the guest did not acknowledge the proxy's SETTINGS within timeouts.h2PingMs (500 ms)" });
+    // The bystander's connection, older than the guest's, acknowledged and goes on.
+    await normal.stop();
+    await othersServed(proxy, authority);
+  }, 20_000);
+});
+
+/** Live server-side HTTP/2 sessions in this process, after a full collection (v8.queryObjects collects first). */
+function serverSessionCount(client: ClientHttp2Session): () => number {
+  const Client = client.constructor as new () => unknown;
+  const Session = Object.getPrototypeOf(Client.prototype).constructor as new () => unknown;
+  return () => queryObjects(Session, { format: "count" }) - queryObjects(Client, { format: "count" });
+}
+
+// A closed connection's session, its nghttp2 state and its socket were held by timers that would
+// have closed them: the socket's backstop for idleMs (2 min by default), Node's own session timer
+// for h2PingMs, and the deadline of a hook call a reset let go for hookMs after the call settled.
+// A guest reconnecting 60 times a second kept 7,000 of them, 8 KB of heap each (black-box finding,
+// eighth session).
+describe("closed guest connections are let go at once", () => {
+  // The timers far past the test: only their release lets the sessions go in time.
+  const patient = { idleMs: 600_000, h2PingMs: 600_000, hookMs: 600_000 };
+
+  it.each(["the guest closes (GOAWAY and FIN)", "the proxy ends them (GOAWAY(ENHANCE_YOUR_CALM)) with hook calls under way"] as const)("20 connections: %s", async (ending) => {
+    const hook = holdingHook();
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onRequest: hook.onRequest }, { timeouts: patient, limits: { h2ResetsPer10s: 20 } });
+    const authority = `api.test:${upstream.port}`;
+    const probe = await h2Session(proxy.port, authority, proxy.caCertPem);
+    expect((await h2Request(probe, { ":path": "/echo" })).status).toBe(200);
+    const serverSessions = serverSessionCount(probe);
+    // Sessions of earlier tests may go meanwhile (the count is the process's): never more than before.
+    const before = serverSessions();
+    expect(before).toBeGreaterThanOrEqual(1);
+    for (let i = 0; i < 20; i++) {
+      if (ending === "the guest closes (GOAWAY and FIN)") {
+        const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+        expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+        const closed = once(session, "close");
+        session.close();
+        await closed;
+      } else {
+        const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+        openAndReset(attacker, authority, "/echo?hold", 60);
+        await attacker.until((c) => c.closed);
+        expectCalm(attacker);
+      }
+    }
+    if (ending !== "the guest closes (GOAWAY and FIN)") expect(hook.held()).toBeGreaterThan(20);
+    // The calls the resets let go settle; their deadlines have nothing left to bound.
+    hook.release();
+    await vi.waitFor(() => expect(serverSessions()).toBeLessThanOrEqual(before), { timeout: 3_000, interval: 100 });
+    // The probe's own connection is untouched.
+    expect((await h2Request(probe, { ":path": "/echo" })).status).toBe(200);
   }, 30_000);
 });
