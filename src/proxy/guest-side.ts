@@ -18,7 +18,7 @@ import { boundGuest, removedCut, removedError, unboundCut, wasRemoved, type Gues
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, maxEarlyBytes, type LaneRequest } from "./lanes.js";
 import type { ResolvedProxyOptions } from "./options.js";
-import { bodyCutReason, errorBody, GuestClosedMidResponse, GuestLeftFirst, isLingering, sendError, sendResponse, sentWhole, writeRawError } from "./respond.js";
+import { AnsweredInstead, bodyCutReason, bodyFailedUnsent, errorBody, GuestClosedMidResponse, GuestLeftFirst, isLingering, sendError, sendResponse, sentWhole, writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
 import { serveUpgrade, tooEarly } from "./upgrade.js";
 import { H2Guests } from "./h2-guest.js";
@@ -484,10 +484,7 @@ export class GuestSide {
         // already reported the error to its own listener, so a pipe would wait for ever for an
         // end or an error that never comes. Nothing was sent yet, so the guest gets a 502.
         response.cleanup?.();
-        const cause = response.body.errored;
-        throw new EgressError("EG_UPSTREAM", 502, `the upstream response body from ${response.url.host} failed before it could be sent`, {
-          ...(cause !== null ? { cause, detail: cause.message } : {}),
-        });
+        throw bodyFailedUnsent(response.url.host, response.body.errored);
       }
       // While the proxy drains, every answer closes its connection: a guest told "keep-alive"
       // would send its next request into the end of the drain.
@@ -501,6 +498,13 @@ export class GuestSide {
             response.cleanup?.();
             if (inLane.answered !== undefined) {
               this.decideAnswered(inLane.answered, { id, guest: guestName, method: req.method ?? "", target, started }, up, trace);
+              return;
+            }
+            if (error instanceof AnsweredInstead) {
+              this.deps.decide(
+                { id, guest: guestName, method: req.method ?? "", target, ...errorFields(error.answer), ...resent, started },
+                trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: Buffer.byteLength(errorBody(error.answer)) } : undefined,
+              );
               return;
             }
             if (error instanceof GuestLeftFirst) {
@@ -524,7 +528,7 @@ export class GuestSide {
           } finally {
             decided();
           }
-        }, auditing, claimed ? trace : undefined);
+        }, auditing, claimed ? trace : undefined, (cause) => guestError(bodyFailedUnsent(response.url.host, cause), this.deps.redact));
       });
     } catch (error) {
       // An upstream body left pending and never sent (a hook failed on it, or it broke): timed by its own end.

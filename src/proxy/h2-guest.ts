@@ -15,7 +15,7 @@ import { loggableMethod, loggableRequestTarget, maxRequestFields, type TunnelTar
 import { boundGuest, removedCut, unboundCut, wasRemoved, type Guest, type GuestRegistry } from "./guests.js";
 import { h2ExpectsContinue, h2OutboundRequest } from "./h2-request.js";
 import { h2ContinueOnce, sendH2Error, sendH2Response, type StallWatch } from "./h2-respond.js";
-import { GuestClosedMidResponse, GuestLeftFirst } from "./respond.js";
+import { bodyFailedUnsent, GuestClosedMidResponse, GuestLeftFirst } from "./respond.js";
 import { h2Codes, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h2-settings.js";
 import { tunnelOf } from "./tunnel.js";
 import { resetH2Stream } from "../streams.js";
@@ -557,10 +557,7 @@ export class H2Guests {
       }
       if (response.body?.destroyed === true) {
         response.cleanup?.();
-        const cause = response.body.errored;
-        throw new EgressError("EG_UPSTREAM", 502, `the upstream response body from ${response.url.host} failed before it could be sent`, {
-          ...(cause !== null ? { cause, detail: cause.message } : {}),
-        });
+        throw bodyFailedUnsent(response.url.host, response.body.errored);
       }
       // A window that never opens (or a guest that stops reading) stalls only this stream's
       // writes; past the idle limit the stream is reset and its upstream body let go.

@@ -93,6 +93,23 @@ function cutAfterHead(res: ServerResponse): void {
   res.destroy();
 }
 
+/** The 502 of a response whose upstream body failed before any of it was sent. */
+export function bodyFailedUnsent(host: string, cause: Error | null): EgressError {
+  return new EgressError("EG_UPSTREAM", 502, `the upstream response body from ${host} failed before it could be sent`, {
+    ...(cause !== null ? { cause, detail: cause.message } : {}),
+  });
+}
+
+/**
+ * The body failed before any byte of its response reached the guest's connection: `answer` went
+ * out in its place (see sendResponse's `unsent`), and the connection was closed after it.
+ */
+export class AnsweredInstead extends Error {
+  constructor(readonly answer: EgressError) {
+    super(answer.message);
+  }
+}
+
 /** The guest left before its response began: the log says 499, as for a guest gone sooner. */
 export class GuestLeftFirst extends Error {}
 
@@ -138,6 +155,12 @@ export class GuestClosedMidResponse extends Error {}
  * the record is made); with `upstreamTrace` (a trace whose pending upstream exchange is this
  * body's, see claimUpstreamBody) the exchange's upstream time ends when the body closes, from the
  * close listener this function puts on the body anyway.
+ *
+ * Node sends the head with the first body bytes, not at writeHead: a body that fails before any
+ * (an upstream reset that came while an onResponse hook ran, the hook passing the body on) has
+ * sent nothing. With `unsent`, the error it makes of the failure is then the answer, and onDone
+ * gets {@link AnsweredInstead}. Cut there, the guest got a bare close with no status at all, which
+ * a client may take for a keep-alive connection closed before its request was read.
  */
 export function sendResponse(
   res: ServerResponse,
@@ -146,6 +169,7 @@ export function sendResponse(
   onDone: (error?: Error) => void,
   countBytes = false,
   upstreamTrace?: readonly TraceEntry[],
+  unsent?: (cause: Error) => EgressError,
 ): ByteCount | undefined {
   const body = response.body;
   if (res.destroyed) {
@@ -187,19 +211,27 @@ export function sendResponse(
     settled = true;
     onDone(error);
   };
-  body.once("error", (error: Error) => {
+  /** The body failed: answered in its place while nothing was sent, cut otherwise. */
+  const failed = (error: Error): void => {
+    const socket = res.socket;
+    if (unsent !== undefined && (res as ServerResponse & { _headerSent?: boolean })._headerSent === false && socket !== null && socket.writable) {
+      const answer = unsent(error);
+      writeRawError(socket, answer);
+      settle(new AnsweredInstead(answer));
+      return;
+    }
     // Mid-body the status is already sent: cutting the connection is the only honest signal.
     cutAfterHead(res);
     settle(bodyFailed(error));
-  });
+  };
+  body.once("error", failed);
   // A body that closes before its end without an error (a source destroyed quietly) would leave
   // the pipe waiting for ever: cut the guest's connection, as for an error.
   body.once("close", () => {
     // After its end or its failure: the last of what came from upstream.
     if (upstreamTrace !== undefined) upstreamBodyEnded(upstreamTrace);
     if (body.readableEnded || settled) return;
-    cutAfterHead(res);
-    settle(bodyFailed(new Error("the body closed before its end")));
+    failed(new Error("the body closed before its end"));
   });
   res.once("close", () => {
     if (res.writableFinished) settle();

@@ -438,6 +438,44 @@ describe("onResponse", () => {
     expect((JSON.parse(res.text) as Echo).path).toBe("/echo?pass=1");
   });
 
+  // CI (the reliability matrix's "tier 3 onResponse passthrough, body none, upstream reset", on
+  // a loaded machine): the reset came while the hook ran, the body passed on failed before its
+  // first byte, and the guest got a bare close with no status at all ("other side closed"),
+  // where the record said 200: Node sends a stored head with the first body bytes. Here the
+  // hook waits for the reset itself, through a clone it reads to the failure.
+  it("a body passed on by onResponse that fails before its first byte is answered 502, as the README says, and recorded so", async () => {
+    const upstream = await startUpstream({
+      routes: {
+        "/reset": (_req, res) => {
+          res.writeHead(200, { "content-type": "application/octet-stream", "content-length": "100000" });
+          res.write(Buffer.alloc(1_000, 7), () => res.socket?.destroy());
+        },
+      },
+    });
+    const [decided, decide] = latch<{ status: number; code?: string; bytesDown: number }>();
+    let cloneRead = "";
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        onResponse: async (response) => {
+          cloneRead = await response.clone().text().then(() => "read", () => "failed");
+          return new Response(response.body, response);
+        },
+      },
+      { onDecision: decide },
+    );
+    const authority = `api.test:${upstream.port}`;
+    const guest = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+    guest.write(`GET /reset HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+    const res = await guest.readResponse();
+    expect(cloneRead).toBe("failed");
+    expect(res).toMatchObject({ status: 502, headers: { "x-egressgate-error": "EG_UPSTREAM", connection: "close" } });
+    expect(res.body).toContain(`the upstream response body from ${authority} failed before it could be sent`);
+    await guest.closed;
+    expect(guest.pending()).toBe("");
+    expect(await decided).toMatchObject({ status: 502, code: "EG_UPSTREAM", bytesDown: Buffer.byteLength(res.body) });
+  });
+
   it("repeated Set-Cookie headers reach the hook and the guest separately", async () => {
     let cookies: string[] = [];
     const { proxy, base } = await setup({
