@@ -443,7 +443,12 @@ describe("onResponse", () => {
   // first byte, and the guest got a bare close with no status at all ("other side closed"),
   // where the record said 200: Node sends a stored head with the first body bytes. Here the
   // hook waits for the reset itself, through a clone it reads to the failure.
-  it("a body passed on by onResponse that fails before its first byte is answered 502, as the README says, and recorded so", async () => {
+  // Passed on as it came (the hook returns nothing), the upstream's body fails as the upstream's;
+  // in a Response the hook made of it, as that Response's body (its head waits for its first chunk).
+  it.each([
+    ["the hook returns nothing", false, "EG_UPSTREAM", "close", (authority: string) => `the upstream response body from ${authority} failed before it could be sent`],
+    ["the hook returns a Response made of it", true, "EG_HOOK_FAILED", "keep-alive", () => "the body of the Response onResponse returned failed before its first byte"],
+  ] as const)("a body passed on by onResponse that fails before its first byte is answered 502, as the README says, and recorded so (%s)", async (_name, wrap, code, connection, words) => {
     const upstream = await startUpstream({
       routes: {
         "/reset": (_req, res) => {
@@ -459,7 +464,7 @@ describe("onResponse", () => {
         allowedInternalHosts: ["api.test"],
         onResponse: async (response) => {
           cloneRead = await response.clone().text().then(() => "read", () => "failed");
-          return new Response(response.body, response);
+          return wrap ? new Response(response.body, response) : undefined;
         },
       },
       { onDecision: decide },
@@ -469,11 +474,13 @@ describe("onResponse", () => {
     guest.write(`GET /reset HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
     const res = await guest.readResponse();
     expect(cloneRead).toBe("failed");
-    expect(res).toMatchObject({ status: 502, headers: { "x-egressgate-error": "EG_UPSTREAM", connection: "close" } });
-    expect(res.body).toContain(`the upstream response body from ${authority} failed before it could be sent`);
-    await guest.closed;
-    expect(guest.pending()).toBe("");
-    expect(await decided).toMatchObject({ status: 502, code: "EG_UPSTREAM", bytesDown: Buffer.byteLength(res.body) });
+    expect(res).toMatchObject({ status: 502, headers: { "x-egressgate-error": code, connection } });
+    expect(res.body).toContain(words(authority));
+    if (connection === "close") {
+      await guest.closed;
+      expect(guest.pending()).toBe("");
+    } else guest.socket.destroy();
+    expect(await decided).toMatchObject({ status: 502, code, bytesDown: Buffer.byteLength(res.body) });
   });
 
   it("repeated Set-Cookie headers reach the hook and the guest separately", async () => {
