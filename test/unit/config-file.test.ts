@@ -3,8 +3,9 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { loadConfigFile, reuseParses } from "../../src/config/file.js";
-import { ConfigFileError, invalidConfigCode } from "../../src/config/option-error.js";
+import { invalidConfigCode } from "../../src/config/option-error.js";
 import { tempDir } from "../helpers/proxy.js";
+import { fileErrorOf } from "../helpers/config-file.js";
 
 /** Writes `text` as a config file in a fresh folder; returns its path. */
 function configFile(text: string, name = "egressgate.yaml"): string {
@@ -13,15 +14,6 @@ function configFile(text: string, name = "egressgate.yaml"): string {
   return file;
 }
 
-function fileErrorOf(file: string, env: NodeJS.ProcessEnv = {}): ConfigFileError {
-  try {
-    loadConfigFile(file, env);
-  } catch (error) {
-    expect(error).toBeInstanceOf(ConfigFileError);
-    return error as ConfigFileError;
-  }
-  throw new Error(`${file} loaded without an error`);
-}
 
 const twoGuests = `# two guests
 listen: 0.0.0.0:3128

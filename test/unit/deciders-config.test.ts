@@ -10,6 +10,7 @@ import { chainOf } from "../../src/hooks/http-hooks.js";
 import type { ChainEntry } from "../../src/hooks/declarative-binding.js";
 import type { HttpHooks } from "../../src/index.js";
 import { tempDir } from "../helpers/proxy.js";
+import { fileErrorOf } from "../helpers/config-file.js";
 
 const policy = "export function onRequest() {}\n";
 
@@ -20,15 +21,6 @@ function chainShape(hooks: HttpHooks | undefined): string[] {
   );
 }
 
-function fileErrorOf(file: string, env: NodeJS.ProcessEnv): ConfigFileError {
-  try {
-    loadConfigFile(file, env);
-  } catch (error) {
-    expect(error).toBeInstanceOf(ConfigFileError);
-    return error as ConfigFileError;
-  }
-  throw new Error(`${file} loaded without an error`);
-}
 
 function serve(argv: readonly string[], env: NodeJS.ProcessEnv = {}) {
   const command = parseCli(argv, env);
