@@ -162,10 +162,47 @@ const maxErrorsPerWindow = 1_000;
 const maxWindowMs = 120_000;
 const chunk = Buffer.alloc(64 * 1024);
 
-interface Lane {
-  readonly dispatcher: Dispatcher;
-  readonly histogram: RecordableHistogram;
-  readonly connects: number;
+/**
+ * A lane idle longer than this starts its next window on new connections. Targets close idle
+ * connections after 5 s (egressgate) or 6 s (mockttp), and undici's own 4 s idle timer runs late
+ * when the cores are busy (its ticks count 499 ms each, however long they took), so a connection
+ * reused after a long turn-taking gap could meet the target's close (ECONNRESET, "other side
+ * closed"): an error of the client's timing, not of the target. Measured by the clock at the
+ * window's start, so no timer's lateness matters.
+ */
+const maxIdleReuseMs = 2_000;
+
+/** One target and concurrency's client, kept across windows, and the histogram of its measured windows. */
+class Lane {
+  readonly histogram = createHistogram({ lowest: 1, highest: 600e9, figures: 3 });
+  /** Connections made over the lane's life, whichever dispatcher made them. */
+  readonly counter = { connects: 0 };
+  #dispatcher: Dispatcher;
+  #lastUsed = performance.now();
+
+  constructor(private readonly make: (counter: { connects: number }) => Dispatcher) {
+    this.#dispatcher = make(this.counter);
+  }
+
+  get dispatcher(): Dispatcher {
+    return this.#dispatcher;
+  }
+
+  get connects(): number {
+    return this.counter.connects;
+  }
+
+  /** Before a window: new connections if the lane sat idle past `maxIdleReuseMs`. */
+  startWindow(): void {
+    if (performance.now() - this.#lastUsed <= maxIdleReuseMs) return;
+    void this.#dispatcher.close().catch(() => undefined);
+    this.#dispatcher = this.make(this.counter);
+  }
+
+  /** After a window: its connections were in use until now. */
+  endWindow(): void {
+    this.#lastUsed = performance.now();
+  }
 }
 
 function send(reply: LoadReply): void {
@@ -276,6 +313,7 @@ async function runRate(lane: Lane, run: RateRun): Promise<RateResult> {
     }
   };
   await Promise.all(Array.from({ length: run.concurrency }, worker));
+  lane.endWindow();
   return {
     kind: "result",
     id: run.id,
@@ -364,26 +402,20 @@ async function runBulk(lane: Lane, run: BulkRun): Promise<BulkResult> {
       firstError ??= describe(error);
     }
   }
+  lane.endWindow();
   return { kind: "result", id: run.id, ok: transfers.length, errors, firstError, elapsedMs: performance.now() - started, connects: lane.connects - connectsBefore, transfers };
 }
 
 function main(setup: LoadSetup): void {
   const lanes = new Map<string, Lane>();
   const laneFor = (run: RateRun | BulkRun): Lane => {
+    const connections = run.kind === "rate" ? run.concurrency : 1;
     let lane = lanes.get(run.lane);
     if (lane === undefined) {
-      const counter = { connects: 0 };
-      const connections = run.kind === "rate" ? run.concurrency : 1;
-      const made: Lane = {
-        dispatcher: createDispatcher(setup, run.target, connections, counter),
-        histogram: createHistogram({ lowest: 1, highest: 600e9, figures: 3 }),
-        get connects() {
-          return counter.connects;
-        },
-      };
-      lane = made;
+      lane = new Lane((counter) => createDispatcher(setup, run.target, connections, counter));
       lanes.set(run.lane, lane);
     }
+    lane.startWindow();
     return lane;
   };
   let queue = Promise.resolve();

@@ -118,6 +118,8 @@ export interface RateRow extends Ratios {
   readonly maxMs: number;
   readonly requests: number;
   readonly errors: number;
+  /** The first error of the first window that had one, so a row with errors says what they were. */
+  readonly firstError: string | undefined;
   readonly proxyPeakRssMiB: number | undefined;
   readonly proxyCpuPercent: number | undefined;
   /** Proxy CPU time per request: unlike req/s, it barely moves when other work takes the cores. */
@@ -165,6 +167,7 @@ export function rateRows(scenario: string, targets: readonly TargetName[], windo
         maxMs: hist?.maxMs ?? Number.NaN,
         requests: hist?.count ?? 0,
         errors: mine.reduce((n, w) => n + w.errors, 0),
+        firstError: mine.find((w) => w.firstError !== undefined)?.firstError,
         proxyPeakRssMiB: mib(maxOf(definedOnly(mine.map((w) => w.peakRssKb)))),
         proxyCpuPercent: medianOf(cpu),
         proxyCpuMicrosPerRequest: microsPerRequest(mine, (w) => w.proxyCpuPercent),
