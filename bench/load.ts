@@ -227,6 +227,16 @@ function lookup(
   else callback(null, "127.0.0.1", 4);
 }
 
+/**
+ * The address the load generator connects to mockttp from. mockttp refuses a request as a
+ * "passthrough loop" (500) when the client's address and port equal the local address and port
+ * of one of its own upstream sockets. On loopback both are 127.0.0.1, and Linux gives two
+ * connections to different destinations the same ephemeral port, so under connection churn an
+ * ordinary request was sometimes refused (4 in one window of `bench.test.ts` here). From
+ * another loopback address the check can never match.
+ */
+const mockttpClientAddress = "127.0.0.2";
+
 /** An Agent (direct) or ProxyAgent for `target`, counting the connections it opens into `counter`. */
 function createDispatcher(setup: LoadSetup, target: string, connections: number, counter: { connects: number }): Dispatcher {
   const common = {
@@ -254,7 +264,7 @@ function createDispatcher(setup: LoadSetup, target: string, connections: number,
     requestTls: { ca: proxy.caPem },
     // Every tunnel starts as one CONNECT on this client; counting here counts them all.
     clientFactory: (origin, opts) => {
-      const pool = new Pool(origin, opts);
+      const pool = new Pool(origin, target === "mockttp" ? { ...opts, localAddress: mockttpClientAddress } : opts);
       const connect = pool.connect.bind(pool) as (options: Dispatcher.ConnectOptions) => Promise<Dispatcher.ConnectData>;
       (pool as unknown as { connect: typeof connect }).connect = (options) => {
         counter.connects += 1;
