@@ -34,8 +34,22 @@ subscribe("undici:request:error", (message) => {
   if (typeof request !== "object" || request === null) return;
   const attempt = attempts.get(request);
   if (attempt === undefined || typeof error !== "object" || error === null) return;
-  if (attempt.reused && attempt.socket.bytesRead === attempt.bytesRead) staleFailures.add(error);
+  if (attempt.reused && attempt.socket.bytesRead === attempt.bytesRead && closedUnder(error)) staleFailures.add(error);
 });
+
+/**
+ * The ways undici reports a connection that went under a request: the peer's FIN ("other side
+ * closed", `SocketError`), its reset, a write into a closed socket. Anything else on a reused
+ * connection that had read nothing is no crossed close: undici's headers timeout
+ * (upstreamHeadersMs), above all, fails a request an upstream took and is still working on, and
+ * was resent, a DELETE reaching the upstream twice and the guest waiting twice the timeout for
+ * the second's answer where it was owed a 504 (review finding).
+ */
+const closedCodes: ReadonlySet<unknown> = new Set(["UND_ERR_SOCKET", "ECONNRESET", "EPIPE"]);
+
+function closedUnder(error: object): boolean {
+  return closedCodes.has((error as { code?: unknown }).code);
+}
 
 /**
  * Whether a send failed because its connection turned out closed before any answer came: the
@@ -44,8 +58,9 @@ subscribe("undici:request:error", (message) => {
  * a new connection: the upstream's idempotent requests (src/pipeline/upstream-errors.ts) and a
  * decider's call (src/deciders/http.ts).
  *
- * Only an HTTP/1.1 connection that had carried an earlier request (taken from the pool), and on
- * which not one byte came back after this request went out. Every undici SocketError counted
+ * Only an HTTP/1.1 connection that had carried an earlier request (taken from the pool), on
+ * which not one byte came back after this request went out, and which closed or was reset under
+ * it (not a timeout: the upstream is there, and may be acting on it). Every undici SocketError counted
  * before, so a DELETE went to the upstream twice after it had answered (an unasked 100 or 101,
  * a 103 or half a head then a close) and after a brand-new connection closed unanswered: the
  * upstream may have acted on it, and a close on a new connection is no crossed idle close

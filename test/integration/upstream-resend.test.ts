@@ -41,7 +41,7 @@ interface Received {
  * requests for /account/42 get `behaviour`, any later one 200. `received` lists every request
  * head, with the number of the connection it came on.
  */
-async function rawUpstream(behaviour: Behaviour, tls = false, times = 1): Promise<{ port: number; received: Received[] }> {
+async function rawUpstream(behaviour: Behaviour | "takes it and never answers", tls = false, times = 1): Promise<{ port: number; received: Received[] }> {
   const received: Received[] = [];
   let connections = 0;
   let misbehaved = 0;
@@ -58,7 +58,7 @@ async function rawUpstream(behaviour: Behaviour, tls = false, times = 1): Promis
         received.push({ connection, method, path });
         if (path === "/account/42" && misbehaved < times) {
           misbehaved += 1;
-          behaviours[behaviour](socket);
+          if (behaviour !== "takes it and never answers") behaviours[behaviour](socket);
         } else {
           const body = path === "/warm" ? "warm" : "done";
           socket.write(`HTTP/1.1 200 OK\r\nContent-Length: ${body.length}\r\nKeep-Alive: timeout=60\r\n\r\n${body}`);
@@ -116,6 +116,29 @@ describe("a request the upstream may have acted on is sent to it once", () => {
       const resent = unanswered.has(behaviour);
       expect(upstream.received.filter((r) => r.path === "/account/42").map((r) => r.connection)).toEqual(resent ? [1, 2] : [1]);
       expect(res.status, res.text).toBe(resent ? 200 : 502);
+      expect((await fetchVia(proxy, `${origin}/warm`)).text).toBe("warm");
+    });
+  }
+});
+
+// An upstream that took the request on a reused connection and is slow to answer is there, and
+// may be acting on it: undici's headers timeout read as a crossed close (a reused connection,
+// no byte back), and the request went to the upstream again on a new connection, the guest
+// waiting for the second's answer where upstreamHeadersMs owed it a 504 (review finding).
+describe("a request whose upstream timed out on a reused connection is not sent again", () => {
+  for (const method of ["DELETE", "GET"] as const) {
+    it(`${method}: sent once, 504, and the proxy serves on`, async () => {
+      const upstream = await rawUpstream("takes it and never answers");
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { upstreamHeadersMs: 300 } });
+      const origin = `http://api.test:${upstream.port}`;
+      expect((await fetchVia(proxy, `${origin}/warm`)).text).toBe("warm");
+      const res = await fetchVia(proxy, `${origin}/account/42`, { method });
+      expect(res.status, res.text).toBe(504);
+      expect(res.headers["x-egressgate-error"]).toBe("EG_UPSTREAM_TIMEOUT");
+      expect(upstream.received.filter((r) => r.path === "/account/42")).toEqual([{ connection: 1, method, path: "/account/42" }]);
+      const line = proxy.logs.find((l) => l["msg"] === "request" && String(l["target"]).endsWith("/account/42"));
+      expect(line).toMatchObject({ method, status: 504, code: "EG_UPSTREAM_TIMEOUT" });
+      expect(line).not.toHaveProperty("resent");
       expect((await fetchVia(proxy, `${origin}/warm`)).text).toBe("warm");
     });
   }
