@@ -105,6 +105,16 @@ export function contentCodings(headers: readonly string[]): readonly string[] | 
   return codings;
 }
 
+const replays = new WeakSet<Readable>();
+
+/**
+ * Whether `body` is a {@link BodyTap.replay} of a body a hook or a policy started to read: it
+ * fails when the source does, which may be before its first byte, while the hook held it.
+ */
+export function isReplay(body: Readable): boolean {
+  return replays.has(body);
+}
+
 /**
  * A lazy bridge from a Node body stream to the WHATWG stream a hook sees. Nothing is read until
  * the hook reads, so an unread body can still be handed on as the original Node stream, at no
@@ -240,7 +250,9 @@ export class BodyTap {
     // with "Premature close", or ended the process when nothing caught it (black-box finding).
     if (keepReader && this.reader !== undefined && !this.reader.destroyed) this.mirror = new Mirror(this.options.limit);
     else this.reader?.destroy();
-    return Readable.from(this.replayChunks(this.mirror), { objectMode: false });
+    const replayed = Readable.from(this.replayChunks(this.mirror), { objectMode: false });
+    replays.add(replayed);
+    return replayed;
   }
 
   private async *replayChunks(mirror: Mirror | undefined): AsyncGenerator<Buffer> {

@@ -1,7 +1,9 @@
+import { isReplay } from "../hooks/body-tap.js";
 import { madeBodyOf } from "../hooks/made-bodies.js";
 import { discardBody, firstChunk } from "../streams.js";
 import { madeBodyFailedFirst } from "./body-reads.js";
 import type { GuestGone, PipelineResponse, TraceEntry } from "./exchange.js";
+import { bodyFailedUnsent } from "./upstream-errors.js";
 import { blameMadeBody } from "./verdicts.js";
 
 /**
@@ -30,5 +32,30 @@ export function madeBodyStarted(response: PipelineResponse, method: string, sign
     const error = madeBodyFailedFirst(made, failure);
     if (trace !== undefined) blameMadeBody(trace, made.source, made.phase, error);
     throw error;
+  });
+}
+
+/**
+ * For an HTTP/2 guest: the head of an upstream body that a hook (or a policy) started to read,
+ * and passed on, waits for the body's first chunk or its end. Such a body is the read's replay,
+ * and fails when the upstream's did: an upstream that reset while an onResponse hook read a
+ * clone to the failure, the hook returning nothing, is the README's "upstream body that breaks
+ * while a hook holds the response", owed a 502. An HTTP/1.1 guest got it (Node sends a head
+ * with the first body bytes, and sendResponse answers in its place when none went); an HTTP/2
+ * guest's HEADERS went at once, and it got a 200 and a reset stream, logged 200 (review
+ * finding). A failure before the first chunk is now 502 `EG_UPSTREAM`, as on HTTP/1.1.
+ *
+ * Undefined for any other body (an upstream body no hook read goes at once, as before), a HEAD's,
+ * and a hook's own (made bodies: {@link madeBodyStarted}). Resolves with `response` also when
+ * `signal` aborts first.
+ */
+export function replayStarted(response: PipelineResponse, method: string, signal: GuestGone): Promise<PipelineResponse> | undefined {
+  const body = response.body;
+  if (body === null || method === "HEAD" || !isReplay(body) || madeBodyOf(body) !== undefined) return undefined;
+  return firstChunk(body, signal).then((failure) => {
+    if (failure === undefined) return response;
+    discardBody(body);
+    response.cleanup?.();
+    throw bodyFailedUnsent(response.url.host, failure);
   });
 }

@@ -37,6 +37,13 @@ export async function resendOnceIfStale<T>(request: OutboundRequest, signal: Gue
   }
 }
 
+/** The 502 of a response whose upstream body failed before any of it was sent. */
+export function bodyFailedUnsent(host: string, cause: Error | null): EgressError {
+  return new EgressError("EG_UPSTREAM", 502, `the upstream response body from ${host} failed before it could be sent`, {
+    ...(cause !== null ? { cause, detail: cause.message } : {}),
+  });
+}
+
 /** Turns an undici or socket failure into the status the guest receives. */
 export function upstreamError(error: unknown, url: URL): EgressError {
   if (error instanceof EgressError) return error;

@@ -7,6 +7,7 @@ import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
 import { countPushed, type ByteCount } from "../metrics/byte-counter.js";
 import { claimUpstreamBody, deferUpstreamEnd } from "../pipeline/trace.js";
 import { madeBodyStarted } from "../pipeline/made-start.js";
+import { bodyFailedUnsent } from "../pipeline/upstream-errors.js";
 import { bareHostname } from "../hostname.js";
 import type { AuthGate } from "./auth-gate.js";
 import { authenticationRequired } from "./auth.js";
@@ -18,7 +19,7 @@ import { boundGuest, removedCut, removedError, unboundCut, wasRemoved, type Gues
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, maxEarlyBytes, type LaneRequest } from "./lanes.js";
 import type { ResolvedProxyOptions } from "./options.js";
-import { AnsweredInstead, bodyCutReason, bodyFailedUnsent, errorBody, GuestClosedMidResponse, GuestLeftFirst, isLingering, sendError, sendResponse, sentWhole, writeRawError } from "./respond.js";
+import { AnsweredInstead, bodyCutReason, errorBody, GuestClosedMidResponse, GuestLeftFirst, isLingering, sendError, sendResponse, sentWhole, writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
 import { serveUpgrade, tooEarly } from "./upgrade.js";
 import { H2Guests } from "./h2-guest.js";

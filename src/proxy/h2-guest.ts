@@ -8,14 +8,15 @@ import { getHeader } from "../headers.js";
 import type { Logger } from "../log.js";
 import { countPushed, type ByteCount } from "../metrics/byte-counter.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
-import { madeBodyStarted } from "../pipeline/made-start.js";
+import { madeBodyStarted, replayStarted } from "../pipeline/made-start.js";
+import { bodyFailedUnsent } from "../pipeline/upstream-errors.js";
 import { authenticationRequired } from "./auth.js";
 import { errorFields, resentField, type DecisionLog } from "./decision-log.js";
 import { loggableMethod, loggableRequestTarget, maxRequestFields, type TunnelTarget } from "./guest-request.js";
 import { boundGuest, removedCut, unboundCut, wasRemoved, type Guest, type GuestRegistry } from "./guests.js";
 import { h2ExpectsContinue, h2OutboundRequest } from "./h2-request.js";
 import { h2ContinueOnce, sendH2Error, sendH2Response, type StallWatch } from "./h2-respond.js";
-import { bodyFailedUnsent, GuestClosedMidResponse, GuestLeftFirst } from "./respond.js";
+import { GuestClosedMidResponse, GuestLeftFirst } from "./respond.js";
 import { h2Codes, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h2-settings.js";
 import { tunnelOf } from "./tunnel.js";
 import { resetH2Stream } from "../streams.js";
@@ -549,8 +550,9 @@ export class H2Guests {
           abort,
         );
         // The head of a Response a hook made waits for its body's first chunk: one that fails
-        // before it is answered 502 with its reason, not a 200 whose stream is reset.
-        const starting = madeBodyStarted(response, method, abort, trace);
+        // before it is answered 502 with its reason, not a 200 whose stream is reset. So does the
+        // head of an upstream body a hook read part of (see replayStarted).
+        const starting = madeBodyStarted(response, method, abort, trace) ?? replayStarted(response, method, abort);
         if (starting !== undefined) response = await this.deps.pipelineCuts.until(starting, abort);
       } finally {
         state.unanswered.delete(stream);

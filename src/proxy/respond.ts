@@ -93,13 +93,6 @@ function cutAfterHead(res: ServerResponse): void {
   res.destroy();
 }
 
-/** The 502 of a response whose upstream body failed before any of it was sent. */
-export function bodyFailedUnsent(host: string, cause: Error | null): EgressError {
-  return new EgressError("EG_UPSTREAM", 502, `the upstream response body from ${host} failed before it could be sent`, {
-    ...(cause !== null ? { cause, detail: cause.message } : {}),
-  });
-}
-
 /**
  * The body failed before any byte of its response reached the guest's connection: `answer` went
  * out in its place (see sendResponse's `unsent`), and the connection was closed after it.

@@ -36,12 +36,15 @@ interface Upstream {
   arrived(path: string): Promise<void>;
   /** Settles with what the upstream saw of `/early`'s body once its request closed. */
   readonly early: Promise<Seen>;
+  /** Destroys the connection of the request for `/held-head`, whose head alone went out. */
+  cutHeldHead(): void;
 }
 
 /**
  * `/ok`: 200 "ok" after the body. `/partial`: a head announcing 100 bytes, 3 of them, then the
  * connection is destroyed. `/early`: a head and "first" as soon as the request arrives, while
- * its body still comes; the response stays open.
+ * its body still comes; the response stays open. `/held-head`: a head announcing 100 bytes, and
+ * nothing more until {@link Upstream.cutHeldHead} destroys the connection.
  */
 async function startHoldingUpstream(secure: boolean): Promise<Upstream> {
   const arrivals = new Map<string, [Promise<void>, () => void]>();
@@ -51,6 +54,7 @@ async function startHoldingUpstream(secure: boolean): Promise<Upstream> {
     return entry;
   };
   const [early, earlyClosed] = latch<Seen>();
+  let heldHead: ServerResponse | undefined;
   const handler = (req: IncomingMessage, res: ServerResponse): void => {
     const path = req.url ?? "";
     req.on("error", () => undefined);
@@ -61,6 +65,10 @@ async function startHoldingUpstream(secure: boolean): Promise<Upstream> {
     if (path === "/partial") {
       res.writeHead(200, { "content-type": "text/plain", "content-length": 100 });
       res.write("abc", () => res.socket?.destroy());
+    } else if (path === "/held-head") {
+      res.writeHead(200, { "content-type": "text/plain", "content-length": 100 });
+      res.flushHeaders();
+      heldHead = res;
     } else if (path === "/early") {
       req.once("close", () => earlyClosed({ bytes, ended }));
       res.writeHead(200, { "content-type": "text/plain" });
@@ -75,7 +83,7 @@ async function startHoldingUpstream(secure: boolean): Promise<Upstream> {
     const credentials = (await (await testCa()).serverCredentials(["api.test"])).get("api.test")!;
     port = await listenForTest(createHttpsServer({ key: credentials.key, cert: credentials.cert }, handler));
   } else port = await listenForTest(createHttpServer(handler));
-  return { port, arrived: (path) => arrival(path)[0], early };
+  return { port, arrived: (path) => arrival(path)[0], early, cutHeldHead: () => heldHead?.socket?.destroy() };
 }
 
 interface Setup {
@@ -270,6 +278,44 @@ for (const way of ways) {
       expect(await s.upstream.early).toEqual({ bytes: 3, ended: false });
       await expectServesOn(s);
     });
+
+    if (way === "HTTP/2") {
+      // An upstream that reset while an onResponse hook read its body, the hook passing the
+      // response on (it returns nothing): the README's "upstream body that breaks while a hook
+      // holds the response (before anything was sent)", owed a 502. An HTTP/1.1 guest got it
+      // (hooks.test.ts: Node sends the head with the first body bytes, and none came); an HTTP/2
+      // guest's HEADERS went at once, and it got a 200 and its stream reset, logged 200 (review finding).
+      const readers = {
+        "reads a clone of the body": (response: Response) => response.clone().text(),
+        "reads the body itself": (response: Response) => response.text(),
+      } as const;
+      it.each(Object.keys(readers) as (keyof typeof readers)[])("an upstream body that fails while onResponse %s, the hook then passing the response on: 502 EG_UPSTREAM, not a 200 and a reset stream", async (reader) => {
+        let read: string | undefined;
+        const s: Setup = await setup(way, {
+          onResponse: async (response, request) => {
+            if (pathOf(request) !== "/held-head") return undefined;
+            // The hook holds the response, and its read is under way, when the upstream goes.
+            const reading = readers[reader](response);
+            s.upstream.cutHeldHead();
+            read = await reading.then(() => "whole", () => "failed");
+            return undefined;
+          },
+        });
+        const reason = `the upstream response body from api.test:${s.upstream.port} failed before it could be sent`;
+        expect(await get(s, "/held-head")).toEqual({ status: 502, body: `502 Bad Gateway: ${reason}\n`, code: "EG_UPSTREAM" });
+        expect(read).toBe("failed");
+        expect(await lineOf(s, "/held-head")).toMatchObject({ status: 502, reason, code: "EG_UPSTREAM", http: "2" });
+        const record = recordOf(s, "/held-head");
+        expect(record).toMatchObject({ status: 502, reason, code: "EG_UPSTREAM", bytesDown: Buffer.byteLength(`502 Bad Gateway: ${reason}\n`) });
+        expect(record).not.toHaveProperty("error");
+        // The hook passed the response on: it did not fail.
+        expect(record.sources.filter((source) => source.source === "hooks")).toEqual([expect.objectContaining({ phase: "onResponse", decision: "allow" })]);
+        const metrics = await s.proxy.metrics();
+        expect(sample(metrics, "egressgate_requests_total", { status_class: "2xx" })).toBeUndefined();
+        expect(sample(metrics, "egressgate_hook_failures_total", { source: "hooks" })).toBeUndefined();
+        await expectServesOn(s);
+      });
+    }
 
     if (way !== "HTTP/2") {
       it("a guest that leaves mid-upload while the HTTP/2 upstream takes no more of it (its window shut) is logged 499, not the 504 its upstream's timer later answered", async () => {
