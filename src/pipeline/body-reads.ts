@@ -53,17 +53,19 @@ export function madeBodyFailure(body: Readable | null, failure: unknown, reader:
 }
 
 /**
- * The failure of a body a hook made before its first byte, while the guest's head waited for it:
- * that hook's (502 `EG_HOOK_FAILED`, or 504 `EG_HOOK_TIMEOUT` when it fell silent for
- * `timeouts.upstreamBodyMs`). Nothing was sent yet, so the guest gets this answer with its reason.
+ * The failure of a body a hook made before its first byte, while the guest's head waited for it
+ * (`when`: "before its first byte"), or after it but before any of it reached the guest ("before
+ * any of it was sent"): that hook's (502 `EG_HOOK_FAILED`, or 504 `EG_HOOK_TIMEOUT` when it fell
+ * silent for `timeouts.upstreamBodyMs`). Nothing was sent yet, so the guest gets this answer with
+ * its reason.
  */
-export function madeBodyFailedFirst(made: MadeBody, failure: Error): EgressError {
+export function madeBodyFailedFirst(made: MadeBody, failure: Error, when = "before its first byte"): EgressError {
   if (failure instanceof EgressError && failure.code === "EG_HOOK_TIMEOUT") {
     // Its own words say the guest's response was cut: here nothing was sent yet.
-    return blamed(new EgressError("EG_HOOK_TIMEOUT", 504, `${made.subject} produced nothing for ${made.silenceMs} ms (timeouts.upstreamBodyMs) before its first byte`, { failure: "time" }), made);
+    return blamed(new EgressError("EG_HOOK_TIMEOUT", 504, `${made.subject} produced nothing for ${made.silenceMs} ms (timeouts.upstreamBodyMs) ${when}`, { failure: "time" }), made);
   }
   return blamed(
-    new EgressError("EG_HOOK_FAILED", 502, `${made.subject} failed before its first byte (see the proxy log)`, { cause: failure, detail: describeThrown(failure), failure: "throw" }),
+    new EgressError("EG_HOOK_FAILED", 502, `${made.subject} failed ${when} (see the proxy log)`, { cause: failure, detail: describeThrown(failure), failure: "throw" }),
     made,
   );
 }

@@ -1,5 +1,6 @@
 import { isReplay } from "../hooks/body-tap.js";
 import { madeBodyOf } from "../hooks/made-bodies.js";
+import type { EgressError } from "../errors.js";
 import { discardBody, firstChunk } from "../streams.js";
 import { madeBodyFailedFirst } from "./body-reads.js";
 import type { GuestGone, PipelineResponse, TraceEntry } from "./exchange.js";
@@ -58,4 +59,22 @@ export function replayStarted(response: PipelineResponse, method: string, signal
     response.cleanup?.();
     throw bodyFailedUnsent(response.url.host, failure);
   });
+}
+
+/**
+ * The answer for a body a tier-3 hook made that failed after its first chunk but before any byte
+ * of the response reached the guest (a `pull` that errors, at once or a few microtasks later,
+ * right after the chunk the head waited for: the stream is destroyed with that chunk still
+ * buffered, or Node still holds the head): that hook's failure, as one before its first byte is,
+ * and its source's trace entry says so. Undefined for any other body, whose failure is the
+ * upstream's. It was answered 502 `EG_UPSTREAM` "the upstream response body from HOST failed
+ * before it could be sent", though the hook had made the body (and for onRequest or a layer, no
+ * upstream was contacted), and the record said the hook had answered without trouble.
+ */
+export function madeBodyFailedUnsent(response: PipelineResponse, cause: Error | null, trace: TraceEntry[] | undefined): EgressError | undefined {
+  const made = madeBodyOf(response.body);
+  if (made === undefined) return undefined;
+  const error = madeBodyFailedFirst(made, cause ?? new Error("the body closed before its end"), "before any of it was sent");
+  if (trace !== undefined) blameMadeBody(trace, made.source, made.phase, error);
+  return error;
 }

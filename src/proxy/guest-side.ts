@@ -6,8 +6,9 @@ import type { Logger } from "../log.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
 import { countPushed, type ByteCount } from "../metrics/byte-counter.js";
 import { claimUpstreamBody, deferUpstreamEnd } from "../pipeline/trace.js";
-import { madeBodyStarted } from "../pipeline/made-start.js";
+
 import { bodyFailedUnsent } from "../pipeline/upstream-errors.js";
+import { madeBodyFailedUnsent, madeBodyStarted } from "../pipeline/made-start.js";
 import { bareHostname } from "../hostname.js";
 import type { AuthGate } from "./auth-gate.js";
 import { authenticationRequired } from "./auth.js";
@@ -485,7 +486,7 @@ export class GuestSide {
         // already reported the error to its own listener, so a pipe would wait for ever for an
         // end or an error that never comes. Nothing was sent yet, so the guest gets a 502.
         response.cleanup?.();
-        throw bodyFailedUnsent(response.url.host, response.body.errored);
+        throw madeBodyFailedUnsent(response, response.body.errored, trace) ?? bodyFailedUnsent(response.url.host, response.body.errored);
       }
       // While the proxy drains, every answer closes its connection: a guest told "keep-alive"
       // would send its next request into the end of the drain.
@@ -529,7 +530,7 @@ export class GuestSide {
           } finally {
             decided();
           }
-        }, auditing, claimed ? trace : undefined, (cause) => guestError(bodyFailedUnsent(response.url.host, cause), this.deps.redact));
+        }, auditing, claimed ? trace : undefined, (cause) => guestError(madeBodyFailedUnsent(response, cause, trace) ?? bodyFailedUnsent(response.url.host, cause), this.deps.redact));
       });
     } catch (error) {
       // An upstream body left pending and never sent (a hook failed on it, or it broke): timed by its own end.

@@ -8,8 +8,9 @@ import { getHeader } from "../headers.js";
 import type { Logger } from "../log.js";
 import { countPushed, type ByteCount } from "../metrics/byte-counter.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
-import { madeBodyStarted, replayStarted } from "../pipeline/made-start.js";
+
 import { bodyFailedUnsent } from "../pipeline/upstream-errors.js";
+import { madeBodyFailedUnsent, madeBodyStarted, replayStarted } from "../pipeline/made-start.js";
 import { authenticationRequired } from "./auth.js";
 import { errorFields, resentField, type DecisionLog } from "./decision-log.js";
 import { loggableMethod, loggableRequestTarget, maxRequestFields, type TunnelTarget } from "./guest-request.js";
@@ -559,7 +560,7 @@ export class H2Guests {
       }
       if (response.body?.destroyed === true) {
         response.cleanup?.();
-        throw bodyFailedUnsent(response.url.host, response.body.errored);
+        throw madeBodyFailedUnsent(response, response.body.errored, trace) ?? bodyFailedUnsent(response.url.host, response.body.errored);
       }
       // A window that never opens (or a guest that stops reading) stalls only this stream's
       // writes; past the idle limit the stream is reset and its upstream body let go.

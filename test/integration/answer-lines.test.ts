@@ -197,6 +197,34 @@ const failsAfterFirstChunk = (): ReadableStream<Uint8Array> =>
     },
   });
 
+/**
+ * Bodies whose first chunk comes, and which then fail before any of it can reach the guest: the
+ * pull for the next chunk errors at once, or rejects a few microtasks later, in the turn the
+ * head's wait for the first chunk ends. The stream is destroyed with that chunk still unsent.
+ */
+const failsRightAfterFirstChunk = {
+  "errors in the pull right after its first chunk": (): ReadableStream<Uint8Array> =>
+    new ReadableStream({
+      start(controller) {
+        controller.enqueue(new TextEncoder().encode("part"));
+      },
+      pull(controller) {
+        controller.error(new Error("the feed broke"));
+      },
+    }),
+  "rejects the pull right after its first chunk a microtask later": (): ReadableStream<Uint8Array> =>
+    new ReadableStream({
+      start(controller) {
+        controller.enqueue(new TextEncoder().encode("part"));
+      },
+      async pull() {
+        await Promise.resolve();
+        throw new Error("the feed broke");
+      },
+    }),
+} as const;
+type FailsRightAfter = keyof typeof failsRightAfterFirstChunk;
+
 /** Hooks that answer `/fail` with a Response of `body()`, made by `maker`; every other path goes on as usual. */
 const makers = {
   onRequest: (body: () => ReadableStream<Uint8Array>): HttpHooksOptions => ({ onRequest: (request) => (pathOf(request) === "/fail" ? new Response(body()) : undefined) }),
@@ -206,6 +234,7 @@ const makers = {
 type Maker = keyof typeof makers;
 
 const rows = (Object.keys(makers) as Maker[]).flatMap((maker) => (Object.keys(failingBodies) as FailingBody[]).map((body) => [maker, body] as const));
+const rightAfterRows = (Object.keys(makers) as Maker[]).flatMap((maker) => (Object.keys(failsRightAfterFirstChunk) as FailsRightAfter[]).map((body) => [maker, body] as const));
 
 for (const way of ways) {
   describe(way, () => {
@@ -220,6 +249,23 @@ for (const way of ways) {
       expect(record.sources.filter((source) => source.source === "hooks")).toEqual([expect.objectContaining({ phase: maker, decision: "error", status: 502, failure: "throw" })]);
       const metrics = await s.proxy.metrics();
       expect(sample(metrics, "egressgate_requests_total", { decision: "error", status_class: "5xx", rule: `hooks:${maker}` })).toBe(1);
+      expect(sample(metrics, "egressgate_hook_failures_total", { source: "hooks", kind: "throw" })).toBe(1);
+      expect(sample(metrics, "egressgate_requests_total", { status_class: "2xx" })).toBeUndefined();
+      await expectServesOn(s);
+    });
+
+    // Black-box finding: answered 502 EG_UPSTREAM "the upstream response body from api.test
+    // failed before it could be sent", with no source, though the hook made the body (and for
+    // onRequest and a layer no upstream was contacted); the record said the hook had answered.
+    it.each(rightAfterRows)("the body of a Response %s made %s: nothing was sent, so the guest gets 502 and the line, record and metrics say the hook failed", async (maker, body) => {
+      const s = await setup(way, makers[maker](failsRightAfterFirstChunk[body]));
+      const reason = `the body of the Response ${maker} returned failed before any of it was sent (see the proxy log)`;
+      expect(await get(s, "/fail")).toEqual({ status: 502, body: `502 Bad Gateway: ${reason}\n`, code: "EG_HOOK_FAILED" });
+      expect(await lineOf(s, "/fail")).toMatchObject({ status: 502, reason, code: "EG_HOOK_FAILED", source: "hooks", detail: "Error: the feed broke" });
+      const record = recordOf(s, "/fail");
+      expect(record).toMatchObject({ status: 502, reason, code: "EG_HOOK_FAILED", source: "hooks" });
+      expect(record.sources.filter((source) => source.source === "hooks")).toEqual([expect.objectContaining({ phase: maker, decision: "error", status: 502, failure: "throw" })]);
+      const metrics = await s.proxy.metrics();
       expect(sample(metrics, "egressgate_hook_failures_total", { source: "hooks", kind: "throw" })).toBe(1);
       expect(sample(metrics, "egressgate_requests_total", { status_class: "2xx" })).toBeUndefined();
       await expectServesOn(s);
