@@ -68,6 +68,18 @@ function parseHeader(line: string, flag: string): [string, string] {
 }
 
 /**
+ * A request header value as a guest's client puts it on the wire and the proxy's parsers hand it
+ * on: the argument's UTF-8 bytes, one Latin-1 character each (HTTP/1.1 and HTTP/2 alike). Taken
+ * as the argument's own characters, `-H 'X-Title: ☃'` (past U+00FF) was refused 400 "invalid
+ * header" where the proxy forwards those bytes, and `é` reached the tiers as one character where
+ * they get two.
+ */
+function asWireValue(value: string): string {
+  // ASCII alone (every byte one character) is the same either way.
+  return Buffer.byteLength(value) === value.length ? value : Buffer.from(value, "utf8").toString("latin1");
+}
+
+/**
  * A field name that is not a token, or a value with a control character other than tab, never
  * reaches a tier: the guest side's HTTP/1.1 and HTTP/2 parsers answer 400 first.
  */
@@ -139,7 +151,7 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
     // {{NAME}} is the guest's placeholder for secret NAME, as the guest's environment has it. A
     // name the guest holds no secret by is a mistake, not text to send: left as it was, a typo
     // checked a request with no placeholder in it, and the answer said the secret could go.
-    headers.push(name, value.replace(/\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}/g, (_whole, secret: string) => placeholderOf(secret, line)));
+    headers.push(name, asWireValue(value.replace(/\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}/g, (_whole, secret: string) => placeholderOf(secret, line))));
   }
   const responseHeaders: string[] = [];
   for (const line of command.response?.headers ?? []) responseHeaders.push(...parseHeader(line, "-R"));

@@ -5,10 +5,13 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
-import { tempDir } from "../helpers/proxy.js";
 import type { CheckReport } from "../../src/cli/check.js";
 import { guestPlaceholderKey } from "../../src/config/build.js";
 import { createHttpHooks } from "../../src/hooks/http-hooks.js";
+import { loadPolicy } from "../helpers/djs.js";
+import { startTestProxy, tempDir } from "../helpers/proxy.js";
+import { openRaw } from "../helpers/raw.js";
+import { startUpstream } from "../helpers/upstream.js";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 
@@ -259,6 +262,26 @@ guests:
     expect(report.answer.reason).toContain("would be sent upstream");
     expect(code).toBe(0);
     expect((await checkJson(["POST", "https://api.example.test/", "-H", "Content-Length: 10", "--allow-internal-host", "api.example.test", "--resolve", "api.example.test=10.1.2.3"])).code).toBe(0);
+  });
+
+  // Black-box finding: check took -H's value as the argument's characters. `☃` (past U+00FF) was
+  // refused 400 "invalid header", and `é` reached the tiers as one character; a guest's client
+  // sends the UTF-8 bytes, which the proxy forwards and hands the tiers one Latin-1 character each.
+  it.each(["é", "☃", "€ 10", "日本語", "😀"])("takes -H 'X-V: %s' as a guest's UTF-8 bytes, judged as the proxy judges them", async (value) => {
+    const wire = Buffer.from(value, "utf8").toString("latin1");
+    const source = `function isRequestAllowed(request) { return request.headers.get("x-v") === ${JSON.stringify(wire)}; }\n`;
+    const upstream = await startUpstream({ tls: false });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], hooks: [loadPolicy({ source, filename: "policy.js" })] });
+    const client = await openRaw(proxy.port);
+    client.write(Buffer.concat([Buffer.from(`GET http://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test:${upstream.port}\r\nX-V: `), Buffer.from(value, "utf8"), Buffer.from("\r\n\r\n")]));
+    expect((await client.readResponse()).status).toBe(200);
+    expect(upstream.seen[0]?.headers["x-v"]).toBe(wire);
+    const policy = join(tempDir(), "policy.js");
+    writeFileSync(policy, source);
+    const { code, report } = await checkJson(["GET", "http://api.test/", "-H", `X-V: ${value}`, "--hooks-script", policy, "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1"]);
+    expect(report.answer.reason).toContain("would be sent upstream");
+    expect(report.steps).toContainEqual(expect.objectContaining({ source: policy, phase: "isRequestAllowed", decision: "allow" }));
+    expect(code).toBe(0);
   });
 
   // The proxy normalises the host as the guest wrote it (normalizeHost) before any tier runs.
