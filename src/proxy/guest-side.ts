@@ -6,7 +6,6 @@ import type { Logger } from "../log.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
 import { countPushed, type ByteCount } from "../metrics/byte-counter.js";
 import { claimUpstreamBody, deferUpstreamEnd } from "../pipeline/trace.js";
-
 import { bodyFailedUnsent } from "../pipeline/upstream-errors.js";
 import { madeBodyFailedUnsent, madeBodyStarted } from "../pipeline/made-start.js";
 import { bareHostname } from "../hostname.js";

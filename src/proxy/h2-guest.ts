@@ -8,7 +8,6 @@ import { getHeader } from "../headers.js";
 import type { Logger } from "../log.js";
 import { countPushed, type ByteCount } from "../metrics/byte-counter.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
-
 import { bodyFailedUnsent } from "../pipeline/upstream-errors.js";
 import { madeBodyFailedUnsent, madeBodyStarted, replayStarted } from "../pipeline/made-start.js";
 import { authenticationRequired } from "./auth.js";
