@@ -160,6 +160,23 @@ export class GuestSide {
   }
 
   /**
+   * The socket's timer fired: timeouts.idleMs with no byte either way, or Node's keep-alive
+   * timeout after a response (the 5 s the proxy advertises, and the 1 s Node adds). Timers run
+   * before the poll that reads the sockets, so once the event loop had been held past a deadline
+   * (a reload parsing a large config file: seconds), what the guest sent in time was still in
+   * the kernel, unread, and the destroy answered it with a reset: a keep-alive request sent 3 s
+   * into the 5 s got ECONNRESET. The verdict now waits for that poll (an immediate runs after
+   * it): a socket that read anything meanwhile was not silent, and the read has re-armed Node's
+   * timer, which counts again from it.
+   */
+  private onIdle(socket: Socket): void {
+    const bytesRead = socket.bytesRead;
+    setImmediate(() => {
+      if (!socket.destroyed && socket.bytesRead === bytesRead) this.judgeIdle(socket);
+    });
+  }
+
+  /**
    * timeouts.idleMs with no byte either way. While every request on the connection has been read
    * and nothing waits to be written to the guest, the proxy is the one waiting, on the upstream:
    * a long-poll or an SSE stream with a silent upstream is for upstreamHeadersMs and
@@ -167,7 +184,7 @@ export class GuestSide {
    * that stops mid-upload leaves its request unread: those are cut, and their line says the
    * proxy cut them (it said "guest closed the connection").
    */
-  private onIdle(socket: Socket): void {
+  private judgeIdle(socket: Socket): void {
     const lane = this.lanes.find(socket);
     const inFlight = lane !== undefined && lane.ends.size > 0;
     // A guest waiting for the `100 Continue` it asked for sends nothing until it comes, however
@@ -467,7 +484,7 @@ export class GuestSide {
             ? {
                 beforeBody: once(() => {
                   res.writeContinue();
-                  // The guest's silence is its own from now (onIdle); the write restarted idleMs.
+                  // The guest's silence is its own from now (judgeIdle); the write restarted idleMs.
                   inLane.awaitingContinue = false;
                 }),
               }
