@@ -29,6 +29,7 @@ import { runCheck } from "./check.js";
 import { checkConfig, checkHar, failureText, printCa, printEnv } from "./commands.js";
 import { DjsEngine } from "../djs/engine.js";
 import { readConfigText, reuseParses } from "../config/file.js";
+import { parseAhead } from "../config/parse-ahead.js";
 import { inspectorListen } from "../proxy/inspector-address.js";
 import { reloadRefusal } from "../config/build.js";
 
@@ -188,6 +189,9 @@ async function main(argv: readonly string[]): Promise<number> {
           // An emptied file is the default configuration (deny-all) at start, and a truncate
           // half-way through an edit on a reload: refused, as a broken file is.
           refuseBlankConfig(source);
+          // A large config file is parsed and checked on a worker thread first: the parses
+          // below take its outcome, and the event loop serves the guests meanwhile.
+          if (source !== undefined && source !== "flags") await parseAhead(source, process.env);
           // Every policy loads ahead, off the event loop: parsing below then takes each loaded
           // worker (or its error) at once. Loaded in parseCli itself, a policy that takes long to
           // load (a loop at its top level: up to 30 s) held every guest meanwhile.

@@ -27,15 +27,16 @@ export function loadConfigFile(file: string, env: NodeJS.ProcessEnv = process.en
   return parseConfigText(text, file, env, path.dirname(path.resolve(file)));
 }
 
-/** While a reload runs (see {@link reuseParses}): the configurations parsed, by file, folder, environment and text. */
-let reused: Map<string, { readonly env: NodeJS.ProcessEnv; readonly config: ProxyConfig }> | undefined;
+/** While a reload runs (see {@link reuseParses}): each parse's outcome, by file, folder, environment and text. */
+let reused: Map<string, { readonly env: NodeJS.ProcessEnv; readonly outcome: ProxyConfig | ConfigFileError }> | undefined;
 
 /**
  * From now until the returned function is called, a file whose text (and folder, and
- * environment object) is the same as one already parsed gives the same configuration without
- * being parsed again: a reload parses its files once to find its policies and again to build,
- * and a large file costs seconds of parsing, each holding every guest. `file:` secrets are read
- * once for both; the window is one reload, so a later reload reads them again.
+ * environment object) is the same as one already parsed gives the same configuration, or the
+ * same error, without being parsed again: a reload parses its files once to find its policies
+ * and again to build, and a large file costs seconds of parsing, each holding every guest.
+ * `file:` secrets are read once for both; the window is one reload, so a later reload reads
+ * them again.
  */
 export function reuseParses(): () => void {
   reused = new Map();
@@ -44,15 +45,41 @@ export function reuseParses(): () => void {
   };
 }
 
+/** Whether a reload's window ({@link reuseParses}) is open: an outcome kept now is taken by the parses in it. */
+export function reusingParses(): boolean {
+  return reused !== undefined;
+}
+
+/**
+ * Within a reload's window: `outcome` is what parsing `text` gives, found elsewhere (on a worker
+ * thread: see parse-ahead.ts), for the parses in the window to take.
+ */
+export function keepParsed(text: string, file: string, env: NodeJS.ProcessEnv, baseDir: string, outcome: ProxyConfig | ConfigFileError): void {
+  reused?.set(parseKey(text, file, baseDir), { env, outcome });
+}
+
 /** As {@link loadConfigFile}, for text already read; relative paths are taken from `baseDir`. */
 export function parseConfigText(text: string, file: string, env: NodeJS.ProcessEnv, baseDir: string): ProxyConfig {
   if (reused === undefined) return parseAnew(text, file, env, baseDir);
-  const key = `${file}\0${baseDir}\0${text}`;
-  const found = reused.get(key);
-  if (found !== undefined && found.env === env) return found.config;
-  const config = parseAnew(text, file, env, baseDir);
-  reused.set(key, { env, config });
-  return config;
+  const key = parseKey(text, file, baseDir);
+  let found = reused.get(key);
+  if (found === undefined || found.env !== env) {
+    let outcome: ProxyConfig | ConfigFileError;
+    try {
+      outcome = parseAnew(text, file, env, baseDir);
+    } catch (error) {
+      if (!(error instanceof ConfigFileError)) throw error;
+      outcome = error;
+    }
+    found = { env, outcome };
+    reused.set(key, found);
+  }
+  if (found.outcome instanceof ConfigFileError) throw found.outcome;
+  return found.outcome;
+}
+
+function parseKey(text: string, file: string, baseDir: string): string {
+  return `${file}\0${baseDir}\0${text}`;
 }
 
 function parseAnew(text: string, file: string, env: NodeJS.ProcessEnv, baseDir: string): ProxyConfig {

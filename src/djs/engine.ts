@@ -1,29 +1,16 @@
-import { createRequire } from "node:module";
-import path from "node:path";
-import { pathToFileURL } from "node:url";
 import { MessageChannel, receiveMessageOnPort, Worker, type MessagePort } from "node:worker_threads";
 import { PolicyLoadError } from "./bundle.js";
 import { decodeReplies, encodeCalls, type WireReplies } from "./wire.js";
 import type { CallMessage, CallReply, DjsLimits, InitReply, PhaseName, PolicySource, WorkerInit } from "./protocol.js";
 import { withFields } from "../objects.js";
+import { workerEntry } from "../worker-entry.js";
 
 /** The outcome's `what` when a call is refused because `limits.maxCalls` are in flight. */
 export const busyLimit = "maxCalls";
 
-/**
- * From dist the worker is plain JS. From the TypeScript sources (tests, tsx) it needs tsx's
- * loader registered inside the worker itself: `--import` in a worker's execArgv does not reach
- * its module loader on Node 20.
- */
-const fromSources = import.meta.url.endsWith(".ts");
-const workerEntry: string | URL = fromSources ? sourceBootstrap() : new URL("./worker.js", import.meta.url);
+/** The policy worker: built JS from dist, the TypeScript through tsx from the sources (see workerEntry). */
+const policyWorker = workerEntry(import.meta.url, "worker");
 
-function sourceBootstrap(): string {
-  const tsxRoot = path.dirname(createRequire(import.meta.url).resolve("tsx/package.json"));
-  const api = pathToFileURL(path.join(tsxRoot, "dist/esm/api/index.mjs")).href;
-  const worker = new URL("./worker.ts", import.meta.url).href;
-  return `import(${JSON.stringify(api)}).then((tsx) => { tsx.register(); return import(${JSON.stringify(worker)}); });`;
-}
 /** New workers that may fail to load in a row before the policy stops serving. */
 const maxLoadFailures = 3;
 /** Workers that may stop under a call, with no call known to be running, before that call fails. */
@@ -118,8 +105,8 @@ function spawn(policy: PolicySource, limits: DjsLimits): Spawned {
   const wake = new SharedArrayBuffer(8);
   const channel = new MessageChannel();
   const init: WorkerInit & { initPort: MessagePort } = { policy, limits, heartbeat, ready, wake, gcFlagLock, initPort: channel.port2 };
-  const worker = new Worker(workerEntry, {
-    eval: typeof workerEntry === "string",
+  const worker = new Worker(policyWorker.entry, {
+    eval: policyWorker.eval,
     // Not the embedding process's flags and preloads: they are not the sandbox's business (a
     // preload that watches stdin, say, would see a worker's empty stdin and act on it).
     execArgv: [],

@@ -1,0 +1,71 @@
+import path from "node:path";
+import { Worker } from "node:worker_threads";
+import type { ProxyConfig } from "./document.js";
+import { keepParsed, readConfigText, reusingParses } from "./file.js";
+import { ConfigFileError, type OptionIssue } from "./option-error.js";
+import { workerEntry } from "../worker-entry.js";
+
+/**
+ * A file under this size parses on the event loop in milliseconds, sooner than a thread starts
+ * (about 40,000 `resolve` entries are a megabyte, and a second of parsing).
+ */
+const aheadBytes = 64 * 1024;
+
+const parseWorker = workerEntry(import.meta.url, "parse-worker");
+
+/** What the worker is given: what {@link parseConfigText} takes. */
+export interface ParseRequest {
+  readonly text: string;
+  readonly file: string;
+  readonly env: NodeJS.ProcessEnv;
+  readonly baseDir: string;
+}
+
+/** What the worker answers: the configuration, the issues of the ConfigFileError, or another failure. */
+export type ParseOutcome = { readonly config: ProxyConfig } | { readonly issues: readonly OptionIssue[] } | { readonly failed: string };
+
+/**
+ * During a reload (within the window of reuseParses, file.ts): parses the config file on a worker
+ * thread, for the reload's own parses (the dry run that finds its policies, then the build) to
+ * take the outcome at once. Parsing and checking a large file on the event loop held every
+ * guest (40,000 `resolve` entries: 1 to 3 s, most of it the YAML library's parse); building the
+ * configuration from it still runs on the loop. Anything that goes wrong here (a file that
+ * cannot be read, a thread that cannot start or dies) leaves the parse to the reload, on the
+ * loop, which reports it as before.
+ */
+export async function parseAhead(file: string, env: NodeJS.ProcessEnv): Promise<void> {
+  if (!reusingParses()) return;
+  let text: string;
+  try {
+    text = readConfigText(file);
+  } catch {
+    return;
+  }
+  if (text.length < aheadBytes) return;
+  const baseDir = path.dirname(path.resolve(file));
+  const outcome = await parseOnThread({ text, file, env: { ...env }, baseDir });
+  if (outcome === undefined || "failed" in outcome) return;
+  keepParsed(text, file, env, baseDir, "config" in outcome ? outcome.config : new ConfigFileError(file, outcome.issues));
+}
+
+function parseOnThread(request: ParseRequest): Promise<ParseOutcome | undefined> {
+  return new Promise((resolve) => {
+    let worker: Worker;
+    try {
+      // Not the process's flags and preloads (a loader, a --cpu-prof): the parse needs none.
+      worker = new Worker(parseWorker.entry, { eval: parseWorker.eval, execArgv: [], workerData: request });
+    } catch {
+      resolve(undefined);
+      return;
+    }
+    // A reload still parsing does not hold the process open at its end.
+    worker.unref();
+    worker.once("message", (outcome: ParseOutcome) => {
+      resolve(outcome);
+      void worker.terminate();
+    });
+    // Listened for: an unlistened error would end the proxy. The reload parses on the loop then.
+    worker.on("error", () => resolve(undefined));
+    worker.once("exit", () => resolve(undefined));
+  });
+}
