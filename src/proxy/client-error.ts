@@ -2,7 +2,8 @@ import type { Socket } from "node:net";
 import { EgressError } from "../errors.js";
 import type { Logger } from "../log.js";
 import type { ParseErrorPlace } from "./lanes.js";
-import { isLingering, writeRawError } from "./respond.js";
+import { isLingering } from "./linger.js";
+import { writeRawError } from "./respond.js";
 
 /** The largest request head a guest may send (431 beyond). */
 export const maxHeaderBytes = 64 * 1024;
@@ -18,12 +19,16 @@ export function answerClientError(
   place?: (answer: EgressError, guestLeft: boolean) => ParseErrorPlace,
   brokeLingering?: (answer: EgressError) => void,
 ): void {
+  // Node's parser stays at its error and reports it again for every later chunk, until the
+  // answer's lingering close takes the socket from it: the answer, written or waiting its turn,
+  // closes the connection.
+  if (answering.has(socket)) return;
   if (isLingering(socket)) {
     // The answer has gone (or is going), and the guest stopped mid-body (curl does on an early
     // answer). A body the parser refused is no guest that stopped: the proxy closes the
     // connection for it, under a response that may still be under way (an upstream that
     // answered before the upload's end), whose line said "guest closed the connection".
-    const answer = error.code === endedMidRequest || answering.has(socket) ? undefined : answerFor(error);
+    const answer = error.code === endedMidRequest ? undefined : answerFor(error);
     if (answer !== undefined) {
       answering.add(socket);
       brokeLingering?.(answer);
@@ -31,8 +36,6 @@ export function answerClientError(
     socket.destroy();
     return;
   }
-  // Node's parser stays at its error and reports it again for every later chunk.
-  if (answering.has(socket)) return;
   const answer = answerFor(error);
   if (answer === undefined) {
     // Not the parser's: the connection failed under it (a reset, or a write the proxy's own cut

@@ -14,6 +14,8 @@ export class ConnectionLimits {
   private readonly perSource = new Map<string, number>();
   /** Connections answered 503 at accept: Node's parser is already on them, so nothing they send is served. */
   private readonly refusedSockets = new WeakSet<Socket>();
+  /** Refused connections in their lingering close: descriptors held past the limit. */
+  private refusedLingering = 0;
 
   constructor(
     private readonly limits: { readonly connections: number; readonly connectionsPerSource: number },
@@ -38,7 +40,15 @@ export class ConnectionLimits {
       this.refusedSockets.add(socket);
       // A kind per reason too: the summary line says the reason of what it counts (ThrottledWarning).
       this.warnings.warn(`limit:${source}\u0000${over}`, "connection refused", { client: source, reason: over });
-      writeRawError(socket, new EgressError("EG_LIMIT", 503, `too many connections: ${over}`));
+      // Its first request may be an upload, whose guest would lose the 503 to a reset: the
+      // refusal lingers as other answers do, while few do. Each holds a descriptor the limit
+      // does not count, so a flood's refusals past a sixteenth of it close once written.
+      const linger = this.refusedLingering < Math.max(1, Math.floor(connections / 16));
+      if (linger) {
+        this.refusedLingering += 1;
+        socket.once("close", () => (this.refusedLingering -= 1));
+      }
+      writeRawError(socket, new EgressError("EG_LIMIT", 503, `too many connections: ${over}`), undefined, linger);
       return;
     }
     this.sockets.add(socket);

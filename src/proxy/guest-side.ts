@@ -18,8 +18,9 @@ import { checkHttpVersion, connectInTunnel, fieldCountRefusal, GuestMessage, log
 import { boundGuest, removedCut, removedError, unboundCut, wasRemoved, type Guest, type Binding, type GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, maxEarlyBytes, type LaneRequest } from "./lanes.js";
+import { closeBegun, isLingering } from "./linger.js";
 import type { ResolvedProxyOptions } from "./options.js";
-import { AnsweredInstead, bodyCutReason, errorBody, GuestClosedMidResponse, GuestLeftFirst, isLingering, sendError, sendResponse, sentWhole, writeRawError } from "./respond.js";
+import { AnsweredInstead, bodyCutReason, errorBody, GuestClosedMidResponse, GuestLeftFirst, sendError, sendResponse, sentWhole, writeRawError } from "./respond.js";
 import { tunnelOf } from "./tunnel.js";
 import { serveUpgrade, tooEarly } from "./upgrade.js";
 import { H2Guests } from "./h2-guest.js";
@@ -141,7 +142,7 @@ export class GuestSide {
     // is known (one without credentials gets its 407 first), and with its line, as on HTTP/2.
     // Answered by Node itself (or by sendError here), it had no line, record or metric.
     server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => this.guard(this.handle(req, res, false, unmetExpectation(String(req.headers.expect))), req.socket));
-    server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) =>
+    server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => {
       answerClientError(
         error,
         socket,
@@ -153,8 +154,12 @@ export class GuestSide {
           return place;
         },
         (answer) => this.cutForBrokenBody(socket, answer, error),
-      ),
-    );
+      );
+      // A body that broke while its request was served: the parser's answer took the place of
+      // that request's, which is over (its upstream exchange aborted, its line written) while
+      // the connection lingers.
+      if (closeBegun(socket)) this.lanes.endAll(socket);
+    });
     server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => this.guard(this.upgrade(req, socket, head), socket));
     return server;
   }
@@ -519,6 +524,8 @@ export class GuestSide {
               return;
             }
             if (error instanceof AnsweredInstead) {
+              // The answer closed the connection, which lingers: the request is over now.
+              end();
               this.deps.decide(
                 { id, guest: guestName, method: req.method ?? "", target, ...errorFields(error.answer), ...resent, started },
                 trace !== undefined ? { trace, bytesUp: up?.bytes ?? 0, bytesDown: Buffer.byteLength(errorBody(error.answer)) } : undefined,

@@ -1,4 +1,5 @@
 import type { Socket } from "node:net";
+import { closeBegun } from "./linger.js";
 
 /** What a guest may send after a CONNECT or an upgrade while it waits its turn. */
 export const maxEarlyBytes = 64 * 1024;
@@ -79,7 +80,8 @@ export class Lanes {
       // ours too, as soon as a response drains: the pause is taken back each time.
       socket.on("resume", () => {
         const state = pausable(socket);
-        if (!lane.paused || socket.destroyed || state.parser == null) return;
+        // Once the connection's close has begun nothing more on it is processed, and a linger must read on.
+        if (!lane.paused || socket.destroyed || state.parser == null || closeBegun(socket)) return;
         state._paused = true;
         state.parser.pause();
         socket.pause();
@@ -117,6 +119,16 @@ export class Lanes {
     if (last.res.headersSent) return { answer: "none" };
     if (!guestLeft) last.answered = answer;
     return { answer: "now" };
+  }
+
+  /**
+   * The answer that closes the connection went out in place of its requests' responses (the
+   * parser's, as bytes on the socket): every request on it is over now, as when the connection
+   * closes, though the socket lingers on to read what the guest still sends.
+   */
+  endAll(socket: Socket): void {
+    const lane = this.lanes.get(socket);
+    if (lane !== undefined) for (const end of lane.ends) end();
   }
 
   /** The connection's lane, if it has one: requests parsed on it and not yet ended. */

@@ -3,7 +3,7 @@ import type { Socket } from "node:net";
 import { EgressError } from "../errors.js";
 import type { GuestGone } from "../pipeline/exchange.js";
 import type { LaneRequest } from "./lanes.js";
-import { isLingering } from "./respond.js";
+import { isLingering } from "./linger.js";
 
 /** An upstream exchange failed (refused, broken, timed out): the request body may have been on its way there. */
 export function upstreamFailure(error: unknown): boolean {

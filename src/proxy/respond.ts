@@ -8,53 +8,27 @@ import type { Readable } from "node:stream";
 import type { PipelineResponse, TraceEntry } from "../pipeline/exchange.js";
 import { upstreamBodyEnded } from "../pipeline/trace.js";
 import { countSent, type ByteCount } from "../metrics/byte-counter.js";
+import { closeBegun, closeLingering, closeOnceWritten, isLingering, markClosing } from "./linger.js";
 
 /** The guest-facing error body: `403 Forbidden: host "x" is not in allowedHosts…`. */
 export function errorBody(error: EgressError): string {
   return `${error.status} ${error.statusText}: ${error.message}\n`;
 }
 
-/** How long a guest may go on sending a body that was answered before its end; see lingerBeforeClose. */
-const lingerMs = 5_000;
-const lingering = new WeakSet<Socket>();
-
 /**
- * A lingering close (RFC 9112 §9.6) for a connection answered `Connection: close` before the
- * guest's request body ended. Node's server closes such a socket as soon as the answer is
- * written; the guest is still sending, the kernel answers its next bytes with RST, and a client
- * that stops at a failed send (curl: "Send failure: Broken pipe") never reads the answer, a 403's
- * reason included. Instead our side is closed (FIN after the answer), what the guest still sends
- * is read and dropped, and the socket goes once the guest ends its side, or after 5 s.
+ * A connection answered `Connection: close` before the guest's request body ended closes with a
+ * lingering close (see closeLingering): Node's server closes such a socket as soon as the answer
+ * is written, with the guest still sending, and the kernel answers its next bytes with RST.
  */
 function lingerBeforeClose(res: ServerResponse): void {
   const socket = res.socket;
   // Only while the guest may still be sending: a request whose body has ended has nothing left.
-  if (socket === null || socket.destroyed || res.req.complete || lingering.has(socket)) return;
-  lingering.add(socket);
-  const req = res.req as ServerResponse["req"] & { _dump?: () => void };
+  if (socket === null || socket.destroyed || res.req.complete || isLingering(socket)) return;
+  markClosing(socket);
   // Node's server calls destroySoon() once the answer is written; this socket's alone is replaced.
   (socket as Socket & { destroySoon: () => void }).destroySoon = function linger(this: Socket): void {
-    if (this.destroyed) return;
-    const timer = setTimeout(() => this.destroy(), lingerMs);
-    timer.unref();
-    this.once("close", () => clearTimeout(timer));
-    this.once("end", () => this.destroy());
-    if (this.writable) this.end();
-    // The rest of the body is dropped, whoever was reading it (a hook's clone, the upstream
-    // upload): otherwise its reader's backpressure pauses the socket again.
-    req.unpipe();
-    req._dump?.();
-    this.resume();
+    closeLingering(this);
   };
-}
-
-/**
- * A connection in its lingering close: what arrives on it is dropped, a request pipelined behind
- * the answer included (RFC 9112 §9.6: no further request is processed), and a parse error at its
- * end (the guest stopping mid-body) is no "bad request".
- */
-export function isLingering(socket: Socket): boolean {
-  return lingering.has(socket);
 }
 
 /**
@@ -307,28 +281,30 @@ function trailerFields(list: readonly string[] | undefined): [string, string][] 
   return out;
 }
 
-/** Writes a bare HTTP/1.1 error on a socket that has no ServerResponse (CONNECT, parse errors). */
-export function writeRawError(socket: Socket, error: EgressError, reasonPhrase: string = error.statusText): void {
+/**
+ * Writes a bare HTTP/1.1 error on a socket that has no ServerResponse (CONNECT, upgrade, parse
+ * errors, the connection limit) or whose response sent nothing (sendResponse's `unsent`), and
+ * closes the connection after it, lingering unless `linger` is false: the guest may still be
+ * sending (an upload, a head the parser refused, bytes behind a CONNECT), and closed at once the
+ * connection drew a reset that cost a guest still sending its answer. No server timeout covers
+ * these sockets any more and they allow half-open, so the close's own bounds release them (see
+ * closeLingering).
+ */
+export function writeRawError(socket: Socket, error: EgressError, reasonPhrase: string = error.statusText, linger = true): void {
   if (!socket.writable) {
-    socket.destroy();
+    // An answer before it closed the connection, lingering: this one is not sent.
+    if (!closeBegun(socket)) socket.destroy();
     return;
   }
   const body = errorBody(error);
   const extra = Object.entries(error.headers ?? {})
     .map(([name, value]) => `${name}: ${value}\r\n`)
     .join("");
-  // These sockets were handed over by CONNECT/upgrade/clientError, so no server timeout covers
-  // them any more and they allow half-open: end() alone would hold the descriptor until the
-  // guest closes. Destroy once the answer is flushed, with a backstop for a guest that never reads.
-  const backstop = setTimeout(() => socket.destroy(), 5_000);
-  backstop.unref();
-  socket.end(
+  socket.write(
     `HTTP/1.1 ${error.status} ${reasonPhrase}\r\n` +
       `Content-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
       `X-Egressgate-Error: ${error.code}\r\n${extra}Connection: close\r\n\r\n${body}`,
-    () => {
-      clearTimeout(backstop);
-      socket.destroy();
-    },
   );
+  if (linger) closeLingering(socket);
+  else closeOnceWritten(socket);
 }
