@@ -3,8 +3,11 @@ import { join } from "node:path";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { tempDir } from "../helpers/proxy.js";
 
-type Ahead = typeof import("../../src/config/parse-ahead.js");
-type Files = typeof import("../../src/config/file.js");
+import type * as AheadModule from "../../src/config/parse-ahead.js";
+import type * as FilesModule from "../../src/config/file.js";
+
+type Ahead = typeof AheadModule;
+type Files = typeof FilesModule;
 
 // A SIGHUP's config file was parsed and checked on the event loop: 40,000 `resolve` entries
 // held every guest 1 to 3 s. A large file is now parsed on a worker thread first, and the
