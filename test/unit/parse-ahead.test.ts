@@ -73,4 +73,21 @@ describe("parseAhead", () => {
     // A small file is left to the loop: a few milliseconds, sooner than a thread starts.
     expect(files.loadConfigFile(small, env).guests["default"]?.secrets?.["TOKEN"]?.value).toBe("second-value-0123456789");
   });
+
+  it.each(Object.keys(builds))("from %s: a large file whose configuration holds more than plain data (a webhook decider's URL) is parsed on the loop, and its decider keeps its URL", async (build) => {
+    const { ahead, files } = await builds[build]!();
+    const dir = tempDir();
+    const env = {};
+    const file = join(dir, "deciders.yaml");
+    const resolve = Array.from({ length: 3_000 }, (_, i) => `  h${i}.test: [127.0.0.5]\n`).join("");
+    writeFileSync(file, `allowHosts: [a.test]\nhooks:\n  - { webhook: "http://127.0.0.1:9/decide", failOpen: true }\nresolve:\n${resolve}`);
+    onTestFinished(files.reuseParses());
+    await ahead.parseAhead(file, env);
+    // The structured clone made the URL `{}` without an error: the decider then failed every
+    // call, and with failOpen let every request through.
+    const hooks = files.loadConfigFile(file, env).guests["default"]?.hooks as readonly { readonly decider?: { readonly url?: unknown } }[] | undefined;
+    const url = hooks?.[0]?.decider?.url;
+    expect(url).toBeInstanceOf(URL);
+    expect((url as URL).href).toBe("http://127.0.0.1:9/decide");
+  });
 });
