@@ -2,7 +2,7 @@ import { createPrettySink } from "../log-pretty.js";
 import { createLogger, type LogLevel, type LogSink } from "../log.js";
 
 /** A line the CLI itself writes (a reload, a signal, a worker's exit), beside the proxy's own. */
-export type CliLog = (level: "info" | "warn" | "error", msg: string, fields?: Record<string, unknown>) => void;
+export type CliLog = (level: "debug" | "info" | "warn" | "error", msg: string, fields?: Record<string, unknown>) => void;
 
 /** What decides how the CLI's lines look: the same flags as the proxy's log. */
 export interface CliLogOptions {

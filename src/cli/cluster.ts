@@ -47,6 +47,15 @@ const firstWorkerEnv = "EGRESSGATE_FIRST_WORKER";
 const portEnv = "EGRESSGATE_WORKER_PORT";
 
 /**
+ * What a worker given portEnv exits with when that port was taken: the primary picked it free,
+ * released it, and another process bound it before the workers did. The primary then picks
+ * another (a few times) where any other start failure stops it.
+ */
+export const portTakenExit = 3;
+/** How many ports the primary picks for `--listen HOST:0` before it gives up on starting. */
+const portPicks = 5;
+
+/**
  * Set by the primary on every worker when it serves the cluster's metrics: the listener's
  * `IP:PORT`, which the workers refuse as a target like their own (they listen for no metrics
  * themselves, so they would not know it).
@@ -211,6 +220,8 @@ class WorkerStartError extends Error {
   constructor(
     message: string,
     readonly code: number,
+    /** It exited with portTakenExit: the port the primary picked was taken. */
+    readonly portTaken = false,
   ) {
     super(message);
   }
@@ -238,11 +249,14 @@ export async function runPrimary(
   onStopping: () => void = () => undefined,
 ): Promise<number> {
   cluster.setupPrimary({ exec: process.argv[1]!, args: [...argv], silent: false });
-  // Taken before the workers bind it: a start-up race with another process ends in EADDRINUSE,
-  // which stops the start with the worker's own message.
-  const port = listen.port === 0 ? await freePort(listen.host) : undefined;
-  const workerEnv = { ...env, ...(port !== undefined ? { [portEnv]: String(port) } : {}) };
+  // Picked before the workers bind it: another process can take it in between, and the workers
+  // then exit with portTakenExit; the start picks another (see start below).
+  let port = listen.port === 0 ? await freePort(listen.host) : undefined;
+  const workerEnv = (): Record<string, string> => ({ ...env, ...(port !== undefined ? { [portEnv]: String(port) } : {}) });
+  if (port !== undefined) log("debug", "workers to listen on a port picked free", { port });
   const live = new Set<Worker>();
+  /** Workers stopped because their start is begun again on another port: their exits are expected. */
+  const restarting = new WeakSet<Worker>();
   /** Workers that have reported listening: they take a stop order; the others a SIGTERM. */
   const serving = new WeakSet<Worker>();
   /** Workers a SIGHUP came for while they started: a signal before their handler ended them. */
@@ -286,7 +300,7 @@ export async function runPrimary(
 
   const fork = (first: boolean, replacing?: Worker): Promise<{ worker: Worker; url: string }> =>
     new Promise((resolve, reject) => {
-      const worker = cluster.fork({ ...workerEnv, ...(first ? { [firstWorkerEnv]: "1" } : {}), ...(replacing !== undefined ? { [replacementEnv]: "1" } : {}) });
+      const worker = cluster.fork({ ...workerEnv(), ...(first ? { [firstWorkerEnv]: "1" } : {}), ...(replacing !== undefined ? { [replacementEnv]: "1" } : {}) });
       live.add(worker);
       // A send to a worker that just died fails with EPIPE as an `error` event on it: unlistened,
       // it would take the primary, and with it every other worker's guests. Its exit is handled below.
@@ -320,6 +334,10 @@ export async function runPrimary(
       worker.process.once("exit", (code, signal) => {
         live.delete(worker);
         const pid = worker.process.pid;
+        if (restarting.has(worker)) {
+          reject(new WorkerStartError(`a worker was stopped to start again on another port (${how(code, signal)})`, 1));
+          return;
+        }
         if (stopping) {
           // Draining ends in a clean exit; a worker stopped before it served ends by the signal.
           const expected = code === 0 || ((signal === "SIGTERM" || signal === "SIGINT") && !serving.has(worker));
@@ -330,7 +348,7 @@ export async function runPrimary(
           return;
         }
         if (!serving.has(worker)) {
-          reject(new WorkerStartError(`a worker exited while starting (${how(code, signal)})`, code === 2 ? 2 : 1));
+          reject(new WorkerStartError(`a worker exited while starting (${how(code, signal)})`, code === 2 ? 2 : 1, code === portTakenExit));
           return;
         }
         if (code === 0) {
@@ -408,18 +426,48 @@ export async function runPrimary(
     });
   }
 
-  // Not awaited: a signal during start-up stops the workers, whose start then never settles.
-  Promise.all(Array.from({ length: count }, (_, i) => fork(i === 0))).then(
-    (started) => {
-      if (stopping) return;
-      print(`egressgate listening on ${started[0]!.url}`);
-      log("info", "workers listening", { workers: count });
-    },
-    (error: unknown) => {
-      if (stopping) return;
-      log("error", "the workers could not start", { error: (error as Error).message });
-      void stopAll(error instanceof WorkerStartError ? error.code : 1);
-    },
-  );
+  /**
+   * Starts the workers. When the port the primary picked was taken before they bound it (they
+   * all fail alike: node:cluster binds once for all of them), the ones still starting are
+   * stopped and the start begins again on another port, up to portPicks picks.
+   */
+  const start = (pick: number): void => {
+    // Not awaited: a signal during start-up stops the workers, whose start then never settles.
+    Promise.all(Array.from({ length: count }, (_, i) => fork(i === 0))).then(
+      (started) => {
+        if (stopping) return;
+        print(`egressgate listening on ${started[0]!.url}`);
+        log("info", "workers listening", { workers: count });
+      },
+      async (error: unknown) => {
+        if (stopping) return;
+        if (error instanceof WorkerStartError && error.portTaken && port !== undefined && pick < portPicks) {
+          log("warn", "the port picked for the workers was taken before they bound it; picking another", { port, pick });
+          const others = [...live];
+          for (const worker of others) {
+            restarting.add(worker);
+            worker.process.kill("SIGTERM");
+          }
+          await Promise.all(others.map(onceExit));
+          if (stopping) return;
+          try {
+            port = await freePort(listen.host);
+          } catch (pickError) {
+            if (stopping) return;
+            log("error", "the workers could not start", { error: (pickError as Error).message });
+            void stopAll(1);
+            return;
+          }
+          if (stopping) return;
+          log("debug", "workers to listen on a port picked free", { port });
+          start(pick + 1);
+          return;
+        }
+        log("error", "the workers could not start", { error: (error as Error).message });
+        void stopAll(error instanceof WorkerStartError ? error.code : 1);
+      },
+    );
+  };
+  start(1);
   return done;
 }

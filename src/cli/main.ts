@@ -19,6 +19,7 @@ import {
   retiredFromPrimary,
   runPrimary,
   siblingPort,
+  portTakenExit,
 } from "./cluster.js";
 import { isIP } from "node:net";
 import { serveClusterMetrics } from "../metrics/cluster-metrics.js";
@@ -333,7 +334,8 @@ main(process.argv.slice(2)).then(
     // listener as for the listener (an option error names it, and it said exit 2).
     const portTaken = (error as { cause?: { code?: unknown } })?.cause?.code === "EADDRINUSE";
     const input = !portTaken && (error instanceof UsageError || error instanceof TypeError || error instanceof RangeError || code === "EG_POLICY_LOAD" || code === "EG_CA");
-    process.exitCode = input ? 2 : 1;
+    // A worker's port its primary picked, taken since: the primary picks another.
+    process.exitCode = code === "EADDRINUSE" && isClusterWorker() && siblingPort() !== undefined ? portTakenExit : input ? 2 : 1;
     const text = failureText(error, source);
     // With --log-format json every line on stderr is one JSON object, this last one too (a
     // --workers replacement's, or an audit log that cannot be opened, came out as plain text).

@@ -2,7 +2,7 @@ import { execFile, execFileSync, spawn, type ChildProcessByStdio } from "node:ch
 import { generateKeyPairSync } from "node:crypto";
 import { existsSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
 import { open } from "node:fs/promises";
-import { createServer } from "node:net";
+import { connect, createServer } from "node:net";
 import { join, relative } from "node:path";
 import type { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
@@ -405,6 +405,58 @@ describe("a SIGHUP while --workers workers start", { timeout: 180_000 }, () => {
     cli.process.kill("SIGTERM");
     expect(await cli.exited).toEqual({ code: 0, signal: null });
     await reader.close();
+  });
+});
+
+describe("--workers with --listen HOST:0 when the port the primary picked is taken", { timeout: 180_000 }, () => {
+  // The primary picks a free port, releases it and hands it to the workers, which bind it once
+  // they have started (seconds, on busy cores). Another process took it in between in a CI run
+  // ("bind EADDRINUSE"), and the whole start failed: "the workers could not start".
+  it("picks another port and starts there; the taken one is left to its holder", async () => {
+    const dir = tempDir();
+    const auditLog = join(dir, "audit.fifo");
+    execFileSync("mkfifo", [auditLog]);
+    const upstream = await startUpstream();
+    const cli = startCli([
+      "--workers", "2", "--listen", "127.0.0.1:0", "--log-level", "debug", "--log-format", "json", "--ca-dir", join(dir, "ca"), "--audit-log", auditLog,
+      "--allow-internal-host", "api.test", "--resolve", "api.test=127.0.0.1", "--upstream-ca", await upstreamCaFile(dir),
+    ]);
+    // The primary names the port before it forks; the workers cannot bind it before they open
+    // their audit log, which waits for this test to open the FIFO: the port is taken first.
+    await until(() => linesOf(cli.stderr(), "workers to listen on a port picked free").length === 1, 60_000, "the picked port");
+    const picked = linesOf(cli.stderr(), "workers to listen on a port picked free")[0]!["port"] as number;
+    const holder = createServer();
+    await new Promise<void>((resolve, reject) => holder.once("error", reject).listen(picked, "127.0.0.1", resolve));
+    onTestFinished(() => new Promise<void>((resolve) => holder.close(() => resolve())));
+    const reader = await open(auditLog, "r");
+    // Kept open and not read: the workers that die leave it a reader for the next ones, and the
+    // few records written here fit in the pipe's buffer.
+    onTestFinished(() => reader.close());
+
+    const match = await cli.waitForStdout(listeningLine);
+    const port = Number(match[1]);
+    expect(port).not.toBe(picked);
+    expect(linesOf(cli.stderr(), "the port picked for the workers was taken before they bound it; picking another")).toEqual([
+      expect.objectContaining({ level: "warn", port: picked, pick: 1 }),
+    ]);
+    expect(linesOf(cli.stderr(), "workers to listen on a port picked free").map((line) => line["port"])).toEqual([picked, port]);
+    expect(linesOf(cli.stderr(), "the workers could not start")).toEqual([]);
+    // Both workers of the second start serve there; the first start's are gone.
+    const workers = childPids(cli.process.pid!);
+    expect(workers).toHaveLength(2);
+    const result = await curl(["-sS", "-x", `http://127.0.0.1:${port}`, "--cacert", join(dir, "ca", "ca.crt"), `https://api.test:${upstream.port}/echo?n=1`]);
+    expect(result.stderr).toBe("");
+    expect(JSON.parse(result.stdout)).toMatchObject({ path: "/echo?n=1" });
+    // The holder's port is its own: a connection there reaches it, not the proxy.
+    const accepted = new Promise<void>((resolve) => holder.once("connection", (socket) => (socket.destroy(), resolve())));
+    const probe = connect(picked, "127.0.0.1");
+    probe.on("error", () => undefined);
+    await accepted;
+    probe.destroy();
+
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+    for (const pid of workers) await until(() => !running(pid), 5_000, `worker ${pid} to exit`);
   });
 });
 
