@@ -216,6 +216,11 @@ export function sendResponse(
       settle(new GuestClosedMidResponse("guest closed the connection before the response was complete"));
     }
   });
+  // Node sends the head with the first body bytes: a stream whose first bytes are late (SSE, a
+  // long poll) held its guest with no head at all, where an HTTP/2 guest had its HEADERS at once.
+  // Bytes at hand now go out with the head, in one write; without any, the head goes at the end
+  // of this turn of the loop, alone (a body that then fails before its first byte is a cut).
+  if (body.readableLength === 0) setImmediate(flushWaitingHead, res);
   const trailers = response.trailers;
   if (trailers === undefined) {
     body.pipe(res);
@@ -236,6 +241,11 @@ export function sendResponse(
     res.end();
   });
   return sent;
+}
+
+/** Sends a response's head that is still waiting for its first body bytes. */
+function flushWaitingHead(res: ServerResponse): void {
+  if ((res as ServerResponse & { _headerSent?: boolean })._headerSent === false && !res.writableEnded && !res.destroyed) res.flushHeaders();
 }
 
 /** For a response framed by its Content-Length: whether every byte it announced reached the kernel. */
