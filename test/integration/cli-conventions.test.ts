@@ -109,6 +109,22 @@ describe("CLI conventions", () => {
     expect(section("Limits:")).toContain("--max-connections");
   });
 
+  // The README's flag table had no row for --help (a run of the README against the CLI found it).
+  it("every flag --help prints has a row in the README's flag table, and every row names a flag --help prints", async () => {
+    const { code, stdout } = await run(["--help"]);
+    expect(code).toBe(0);
+    const printed = new Set([...stdout.matchAll(/^ {2}(--[a-z][a-z0-9-]*)/gm)].map((m) => m[1]!));
+    const readme = readFileSync(join(root, "README.md"), "utf8");
+    const table = readme.slice(readme.indexOf("| flag | default | meaning |"));
+    const rows = table.slice(0, table.indexOf("\n\n")).split("\n").slice(2);
+    // A row's first cell names the flag; `--no-auth` documents the negation of `--auth`.
+    const documented = new Set(rows.map((row) => /^\| `(--[a-z][a-z0-9-]*)/.exec(row)?.[1]).filter((flag) => flag !== undefined));
+    const positive = (flag: string): string => (flag.startsWith("--no-") && printed.has(`--${flag.slice(5)}`) ? `--${flag.slice(5)}` : flag);
+    expect(printed.size).toBeGreaterThan(40);
+    expect([...printed].filter((flag) => ![...documented].some((row) => positive(row) === flag))).toEqual([]);
+    expect([...documented].filter((row) => !printed.has(positive(row)))).toEqual([]);
+  });
+
   // A start that failed wrote plain text and a "--help" hint whatever --log-format said, and the
   // hint whatever failed (a file, not the command line).
   it.each([
