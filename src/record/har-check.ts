@@ -133,8 +133,10 @@ export async function checkHarFile(path: string): Promise<HarReport> {
     }
   }
 
-  const version = isObject(har) && isObject(har["log"]) ? String(har["log"]["version"]) : "?";
-  const made = creator !== undefined ? ` by ${String(creator["name"])} ${String(creator["version"])}` : "";
+  // A field the file lacks (its problems name it) reads "?" in the summary, not "undefined".
+  const shown = (value: unknown): string => (typeof value === "string" || typeof value === "number" ? String(value) : "?");
+  const version = isObject(har) && isObject(har["log"]) ? shown(har["log"]["version"]) : "?";
+  const made = creator !== undefined ? ` by ${shown(creator["name"])} ${shown(creator["version"])}` : "";
   return { problems, entries, suspicious, partial, summary: `${path}: HAR ${version}${made}, ${list.length} entries` };
 }
 

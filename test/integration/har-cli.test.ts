@@ -76,6 +76,17 @@ describe("egressgate har check", () => {
     expect(bad.stdout).toMatch(/log\.entries\[0\]\.request\.url: not an absolute URL/);
     expect(bad.stdout).toMatch(/log\.entries\[0\]\.response\.content: missing/);
   });
+
+  // The summary line said "HAR undefined" for a log without a version (a README run found it).
+  it("a log without a version or a creator's name is summarised with ?, next to the problems naming them", async () => {
+    const har = join(tempDir("egressgate-har-"), "bare.har");
+    writeFileSync(har, JSON.stringify({ log: { creator: { version: "1" }, entries: [] } }));
+    const bare = await cli(["har", "check", har]);
+    expect(bare.code).toBe(2);
+    expect(bare.stdout.split("\n")[0]).toBe(`${har}: HAR ? by ? 1, 0 entries`);
+    expect(bare.stdout).toMatch(/log\.version: missing/);
+    expect(bare.stdout).not.toContain("undefined");
+  });
 });
 
 describe("foreign HAR files replay", () => {
