@@ -54,5 +54,5 @@ export const defaults = Object.freeze({
 /** Defaults worked out at start-up, described for the docs and `--help`. */
 export const computedDefaults = Object.freeze({
   caDir: "$XDG_CONFIG_HOME/egressgate, or ~/.config/egressgate",
-  "limits.connections": "half the open-file limit, at most 16384",
+  "limits.connections": "half the soft open-file limit less 64, at least 32, at most 16384",
 });

@@ -57,7 +57,7 @@ export interface TimeoutOptions {
 
 /** What one guest may hold at once; past a limit the answer comes at once (503), never silence. */
 export interface ConnectionLimitOptions {
-  /** Guest connections open at once, tunnels and upgrades included. Default: half of the open-file limit, at most 16384. */
+  /** Guest connections open at once, tunnels and upgrades included. Default: half the soft open-file limit less 64, at least 32, at most 16384. */
   readonly connections?: number;
   /** Guest connections open at once from one source address. Default 256. */
   readonly connectionsPerSource?: number;
