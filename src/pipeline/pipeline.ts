@@ -31,6 +31,7 @@ import { bareHostname } from "../hostname.js";
 import type { PhaseName } from "../djs/protocol.js";
 import type { HookedOnResponse, HookSource, SourceCall } from "./hook-source.js";
 import { LayerRun, type Descend } from "./layers.js";
+import { endsEmpty } from "./empty-body.js";
 import { failedEntry, timeUpstream } from "./trace.js";
 import { withFields } from "../objects.js";
 import { isConnectFailure, resendOnceIfStale, upstreamError } from "./upstream-errors.js";
@@ -138,7 +139,22 @@ export class Pipeline {
 
   /** One guest request: through the layers when there are any (each `next()` is steps 2–7), else steps 2–7 once. */
   handle(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
+    if (initial.body !== null && !(initial.body instanceof Uint8Array) && (initial.method === "GET" || initial.method === "HEAD") && this.mayRewrite && !declaresBytes(initial.headers)) {
+      return this.tracked(this.bodilessFirst(initial, initial.body, context));
+    }
     return this.tracked(this.layersOrSteps(initial, context));
+  }
+
+  /**
+   * A GET or HEAD framed with a body of unknown length (chunked, or an HTTP/2 stream its HEADERS did not end) while
+   * a hook is shown the request: one whose body ends without a byte has none, and is served as a
+   * GET without a body is (it got 400); one with bytes is refused by the checks below.
+   */
+  private async bodilessFirst(initial: OutboundRequest, body: Readable, context: ExchangeContext): Promise<PipelineResponse> {
+    // A guest that asked for `100 Continue` sends nothing of its body, not even its end, until then.
+    context.beforeBody?.();
+    const empty = await endsEmpty(body, context.signal);
+    return this.layersOrSteps(empty ? withFields(initial, { body: null }) : initial, context);
   }
 
   private layersOrSteps(initial: OutboundRequest, context: ExchangeContext): Promise<PipelineResponse> {
@@ -512,6 +528,12 @@ export class Pipeline {
       throw upstreamError(error, url);
     }
   }
+}
+
+/** A Content-Length other than 0: the body has bytes, and a GET or HEAD with it is refused without waiting for them. */
+function declaresBytes(headers: HeaderList): boolean {
+  const length = getHeader(headers, "content-length");
+  return length !== undefined && length !== "0";
 }
 
 /** What a source's onRequest gave back, held to the bounds on a head it built (src/pipeline/head-bounds.ts). */

@@ -193,6 +193,38 @@ describe("onRequest", () => {
     }
   }
 
+  // An empty chunked body (`0\r\n\r\n` straight away) is no body: a GET or HEAD framed so got
+  // 400 while a hook or layer was registered, though the README refuses only those with a body.
+  for (const [what, hooks] of Object.entries(shownAsRequest)) {
+    for (const method of ["GET", "HEAD"]) {
+      it(`${method} with an empty chunked body is served with ${what}, and leaves without a body; one with bytes still gets 400`, async () => {
+        const upstream = await startUpstream({ tls: false });
+        const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hooks() });
+        const head = `${method} http://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n`;
+        const answer = await rawExchange(proxy.port, `${head}0\r\n\r\n`);
+        expect(answer).toMatch(/^HTTP\/1\.1 200 /);
+        expect(upstream.seen).toMatchObject([{ method, bodyBytes: 0 }]);
+        expect(upstream.seen[0]!.headers["transfer-encoding"]).toBeUndefined();
+        const refused = await rawExchange(proxy.port, `${head}3\r\nabc\r\n0\r\n\r\n`);
+        expect(refused).toMatch(/^HTTP\/1\.1 400 /);
+        expect(hits(upstream)).toBe(1);
+      });
+    }
+  }
+
+  it("an HTTP/2 GET whose only DATA frame is empty, with END_STREAM, is served while an onRequest hook is registered", async () => {
+    const { proxy, upstream } = await setup({ onRequest: () => undefined });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    // A body of "" sends HEADERS without END_STREAM, then an empty DATA frame that ends the stream.
+    const empty = await h2Request(session, { ":path": "/echo", ":authority": `api.test:${upstream.port}` }, "");
+    expect(empty.status).toBe(200);
+    expect(upstream.seen).toMatchObject([{ method: "GET", bodyBytes: 0 }]);
+    const withBytes = await h2Request(session, { ":path": "/echo", ":authority": `api.test:${upstream.port}` }, "abc");
+    expect(withBytes.status).toBe(400);
+    expect(withBytes.body.toString()).toMatch(/GET with a body is refused/);
+    expect(hits(upstream)).toBe(1);
+  });
+
   it("GET with a body gets 400 while an onRequest hook is registered", async () => {
     const { proxy, base, upstream } = await setup({ onRequest: () => undefined });
     const answer = await rawExchange(proxy.port, `GET http://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc`);
