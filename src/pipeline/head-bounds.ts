@@ -50,11 +50,14 @@ function requestHeadBytes(request: OutboundRequest): number {
 
 /**
  * Throws 502 `EG_HOOK_FAILED` when `after`, the request `who` hands on (`"the onRequest policy
- * handed on"`), has a head over {@link maxHandedRequestHeadBytes} that is larger than the head of
- * `before`, the request it was given.
+ * handed on"`), names port 0, or has a head over {@link maxHandedRequestHeadBytes} that is larger
+ * than the head of `before`, the request it was given.
  */
 export function checkHandedRequest(before: OutboundRequest, after: OutboundRequest, who: string): void {
   if (after === before) return;
+  // Held to the rules of a guest's own target (400 "invalid port 0") and a redirect's: the URL
+  // parser takes port 0, and the proxy dialled it (ECONNREFUSED, a 502 blamed on the upstream).
+  if (after.url.port === "0") throw new EgressError("EG_HOOK_FAILED", 502, `${who} a request to port 0 (${after.url.origin}), where no request may go`);
   const bytes = requestHeadBytes(after);
   if (bytes <= maxHandedRequestHeadBytes || bytes <= requestHeadBytes(before)) return;
   throw new EgressError("EG_HOOK_FAILED", 502, `${who} a request whose head (URL and header fields) is ${bytes} bytes, over the ${maxHandedRequestHeadBytes} a request sent upstream may have`);

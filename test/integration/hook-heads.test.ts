@@ -222,3 +222,57 @@ describe("a request head a source handed on past 128 KiB", () => {
     expect(upstream.arrived).toEqual(["/next"]);
   });
 });
+
+// -- A request handed on to port 0 -------------------------------------------------------------
+
+type PortZeroWay = "tier2 onRequest" | "tier2 handle's next()" | "tier3 onRequest" | "tier3 handle's next()";
+
+/** A source that hands on the request to /zero with its URL's port set to 0, and any other as it came. */
+function portZeroer(way: PortZeroWay): { source: Source; label: string } {
+  if (way.startsWith("tier2")) {
+    const rewrite = `function zeroed(r) { const u = new URL(r.url); u.port = "0"; return new Request(u.href, r); }`;
+    const body =
+      way === "tier2 onRequest"
+        ? `export function onRequest(r) { if (new URL(r.url).pathname === "/zero") return zeroed(r); }`
+        : `export function handle(r, next) { return next(new URL(r.url).pathname === "/zero" ? zeroed(r) : r); }`;
+    const policy = loadPolicy({ source: `${rewrite}\n${body}`, filename: "port-zero.mjs", workers: 1 });
+    return { source: policy, label: policy.engine.filename };
+  }
+  const zeroed = (r: Request): Request => {
+    const url = new URL(r.url);
+    url.port = "0";
+    return new Request(url, r);
+  };
+  const isZero = (r: Request): boolean => new URL(r.url).pathname === "/zero";
+  const source =
+    way === "tier3 onRequest"
+      ? { onRequest: (r: Request) => (isZero(r) ? zeroed(r) : undefined) }
+      : { handle: (r: Request, next: (r: Request) => Promise<Response>) => next(isZero(r) ? zeroed(r) : r) };
+  return { source, label: "hooks[0]" };
+}
+
+// A guest's own request to port 0 gets 400 and a redirect to it 502, but a hook's rewrite to it
+// was dialled: ECONNREFUSED, a 502 EG_UPSTREAM blamed on the upstream (review finding).
+describe("a request a source handed on to port 0", () => {
+  it.each((["tier2 onRequest", "tier2 handle's next()", "tier3 onRequest", "tier3 handle's next()"] as const).flatMap((way) => (["HTTP/1.1", "HTTP/2"] as const).map((protocol) => ({ way, protocol }))))(
+    "$way, from an $protocol guest: 502 EG_HOOK_FAILED naming port 0, as any invalid rewrite, and the next request is served",
+    async ({ way, protocol }) => {
+      const upstream = await roomyUpstream();
+      const { source, label } = portZeroer(way);
+      const records: AuditRecord[] = [];
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], hooks: [source] }, { onDecision: (record) => records.push(record) });
+      const guest = await guestFor(protocol, proxy, upstream.port);
+
+      const zero = await guest("/zero");
+      expect(zero.status).toBe(502);
+      expect(zero.text).toMatch(/a request to port 0 \(https:\/\/api\.test:0\), where no request may go/);
+      await vi.waitFor(() => expect(decisionFor(proxy, "/zero")).toMatchObject({ status: 502, code: "EG_HOOK_FAILED", source: label }));
+      await vi.waitFor(() => expect(records).toHaveLength(1));
+      expect(records[0]!.sources).toContainEqual(expect.objectContaining({ source: label, decision: "error", failure: "invalid" }));
+
+      const next = await guest("/next");
+      expect(next).toMatchObject({ status: 200, text: "from upstream" });
+      expect(upstream.arrived).toEqual(["/next"]);
+    },
+  );
+});
