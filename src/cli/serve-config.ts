@@ -50,8 +50,15 @@ export function parseHostSecret(spec: string, env: NodeJS.ProcessEnv): { name: s
   const name = spec.slice(0, at);
   const rest = spec.slice(at + 1);
   const eq = rest.indexOf("=");
-  const hosts = (eq < 0 ? rest : rest.slice(0, eq)).split(",").map((h) => h.trim()).filter((h) => h !== "");
-  if (hosts.length === 0) throw new UsageError(`--host-secret ${name}: no hosts given (NAME@HOST[,HOST...][=VALUE])`);
+  const listed = eq < 0 ? rest : rest.slice(0, eq);
+  const hosts = listed.split(",").map((h) => h.trim());
+  if (hosts.every((h) => h === "")) throw new UsageError(`--host-secret ${name}: no hosts given (NAME@HOST[,HOST...][=VALUE])`);
+  // An empty entry (`NAME@a.test,`, `NAME@a.test,,b.test`) was dropped without a word: a host the
+  // user meant to list, lost to a typo or an unset shell variable, is refused as a bad host is.
+  const empty = hosts.indexOf("");
+  if (empty >= 0) {
+    throw new UsageError(`--host-secret ${name}: host ${empty + 1} of ${hosts.length} is empty (got ${JSON.stringify(listed)}); list hosts as NAME@HOST[,HOST...][=VALUE]`);
+  }
   const value = eq >= 0 ? rest.slice(eq + 1) : Object.hasOwn(env, name) ? env[name] : undefined;
   if (value === undefined) throw new UsageError(`--host-secret ${name}: no =VALUE given and the environment variable ${name} is not set`);
   if (value === "") throw new UsageError(`--host-secret ${name}: the value is empty`);

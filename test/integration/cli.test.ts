@@ -310,6 +310,13 @@ describe("egressgate --host-secret", () => {
     expect(code).toBe(2);
     expect(stderr).toMatch(/environment variable MISSING_TOKEN is not set/);
   });
+
+  it("a --host-secret whose host list ends with an empty host exits 2 naming it, never quoting the value", async () => {
+    const { code, stderr } = await runCli(["--listen", "127.0.0.1:0", "--host-secret", "GH_TOKEN@api.test,=s3cr3t-value"]);
+    expect(code).toBe(2);
+    expect(stderr).toMatch(/--host-secret GH_TOKEN: host 2 of 2 is empty \(got "api\.test,"\)/);
+    expect(stderr).not.toContain("s3cr3t-value");
+  });
 });
 
 describe("egressgate shutdown", () => {

@@ -32,6 +32,12 @@ describe("--host-secret NAME@HOST[,HOST...][=VALUE]", () => {
     ["@a.test=v", /expected NAME@HOST/],
     ["noat=secret-value", /expected NAME@HOST/],
     ["GH@a.test=", /value is empty/],
+    // An empty entry was dropped without a word: the secret went to fewer hosts than listed.
+    ["GH@a.test,=v", /^--host-secret GH: host 2 of 2 is empty \(got "a\.test,"\)/],
+    ["GH@a.test,", /^--host-secret GH: host 2 of 2 is empty \(got "a\.test,"\)/],
+    ["GH@,a.test=v", /^--host-secret GH: host 1 of 2 is empty/],
+    ["GH@a.test,,b.test=v", /^--host-secret GH: host 2 of 3 is empty/],
+    ["GH@a.test, =v", /^--host-secret GH: host 2 of 2 is empty/],
   ])("%j is refused with a UsageError", (spec, message) => {
     expect(() => parseHostSecret(spec, {})).toThrow(UsageError);
     expect(() => parseHostSecret(spec, {})).toThrow(message);
