@@ -3,7 +3,7 @@ import { buildProxyOptions, type BuiltConfig, type BuiltProxyOptions } from "../
 import { computedDefaults, defaults } from "../config/defaults.js";
 import { configOverrides, optionFlags } from "../config/flags.js";
 import type { ProxyConfig } from "../config/document.js";
-import { checkGuestName, parseHostPort } from "../config/nodes.js";
+import { checkGuestName, checkListenHost, parseHostPort } from "../config/nodes.js";
 import { homeProblem, resolvePath } from "../config/paths.js";
 import { optionFlagDeclarations } from "./flag-options.js";
 import { asFlagError, configFromFile, configFromFlags, inFile } from "./serve-config.js";
@@ -46,10 +46,13 @@ export type CliCommand =
   | { readonly kind: "check"; readonly check: CheckCommand; readonly built: BuiltConfig; readonly source: string }
   | { readonly kind: "har-check"; readonly file: string };
 
-/** `HOST:PORT`, `[v6]:PORT` or a bare `PORT`. */
+/** `HOST:PORT`, `[v6]:PORT` or a bare `PORT`, its host held to the rule the serve command's --listen is. */
 export function parseListen(value: string): { host: string; port: number } {
   const parsed = parseHostPort(value, defaults.listen.host);
   if (parsed === undefined) throw new UsageError(`--listen: expected HOST:PORT, got ${JSON.stringify(value)}`);
+  // `env --listen 'a b:80'` printed HTTPS_PROXY='http://a b:80', a URL no client parses.
+  const problem = checkListenHost(parsed.host);
+  if (problem !== undefined) throw new UsageError(`--listen: ${problem}`);
   return parsed;
 }
 

@@ -994,6 +994,18 @@ describe("egressgate authentication", () => {
     expect(result.stderr).toMatch(/env --guest ci: needs \$EGRESSGATE_PLACEHOLDER_KEY .*--guest-env-file/);
     expect(result.stdout).toBe("");
   });
+
+  // It printed HTTPS_PROXY='http://a b:80', a proxy URL no client parses, and exited 0.
+  it("env --listen with a host that is no IP address or hostname exits 2 as the serve command does, printing nothing", async () => {
+    const caDir = join(tempDir(), "ca");
+    const env = await runCli(["env", "--ca-dir", caDir, "--listen", "a b:80"]);
+    expect(env.code).toBe(2);
+    expect(env.stderr).toContain('egressgate: --listen: must be an IP address or hostname (got "a b")');
+    expect(env.stdout).toBe("");
+    const serve = await runCli(["--ca-dir", caDir, "--listen", "a b:80"]);
+    expect(serve.code).toBe(2);
+    expect(serve.stderr).toContain('egressgate: --listen: must be an IP address or hostname (got "a b")');
+  });
 });
 
 describe("egressgate ca", () => {

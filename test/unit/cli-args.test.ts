@@ -221,6 +221,13 @@ describe("parseListen", () => {
       expect(() => parseListen(value)).toThrow(/--listen/);
     },
   );
+
+  // `env --listen 'a b:80'` printed HTTPS_PROXY='http://a b:80': the host is held to serve's rule.
+  it.each(["a b:80", "a/b:80", "x_y:80", "a?b:80"])("refuses %j as serve's --listen does: no IP address or hostname", (value) => {
+    const host = value.slice(0, value.lastIndexOf(":"));
+    expect(() => parseListen(value)).toThrow(new UsageError(`--listen: must be an IP address or hostname (got ${JSON.stringify(host)})`));
+    expect(usageErrorOf(["env", "--listen", value]).message).toBe(`--listen: must be an IP address or hostname (got ${JSON.stringify(host)})`);
+  });
 });
 
 describe("parseResolve", () => {
