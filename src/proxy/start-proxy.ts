@@ -77,7 +77,8 @@ export interface RunningProxy {
   flushRecording(): Promise<void>;
   /**
    * The Prometheus text of every series (what `/metrics` serves), with `metrics: true` or
-   * `metricsListen`; without either it throws a TypeError (nothing is counted).
+   * `metricsListen`; without either it rejects with an `OptionError` (a TypeError, code
+   * `EG_INVALID_OPTION`, path `metrics`): nothing is counted.
    */
   metrics(): Promise<string>;
   /** `http://HOST:PORT` of the metrics listener, with `metricsListen`. */
@@ -390,7 +391,7 @@ export async function launchProxy(
       await network?.flush();
     },
     metrics: async () => {
-      if (metrics === undefined) throw new TypeError("metrics: start the proxy with metrics: true or metricsListen");
+      if (metrics === undefined) throw metricsOffError();
       return metrics.text();
     },
     metricsUrl: metricsServer?.url,
@@ -408,6 +409,16 @@ function openProxyError(caller: "addGuest" | "removeGuest", name: unknown, way: 
   const segments = typeof name === "string" ? ["guests", name] : ["guests"];
   // The message as before (the call, not the name, is what is refused); the path for code that reads it.
   return new OptionError(makeIssue(segments, reason, "clause"), { prefix: `${caller}: `, describe: () => reason });
+}
+
+/**
+ * metrics() on a proxy started without metrics: an option error at `metrics`, the option that
+ * turns them on, as every other misuse of the running proxy's calls is (it was a plain
+ * TypeError, without code or path). The message is as before.
+ */
+function metricsOffError(): OptionError {
+  const reason = "start the proxy with metrics: true or metricsListen";
+  return new OptionError(makeIssue(["metrics"], reason, "clause"), { prefix: "metrics: ", describe: () => reason });
 }
 
 /**

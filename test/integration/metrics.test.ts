@@ -6,7 +6,7 @@ import { connect } from "node:net";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
-import { HttpRequestBlockedError, type AuditRecord } from "../../src/index.js";
+import { HttpRequestBlockedError, OptionError, type AuditRecord } from "../../src/index.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
@@ -59,6 +59,20 @@ function seriesOf(text: string, name: string): string[] {
 }
 
 describe("metrics", () => {
+  // It rejected with a plain TypeError, without the code every other error of the embedding API has.
+  it("proxy.metrics() on a proxy started without metrics rejects with EG_INVALID_OPTION at path metrics, and the proxy goes on serving", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const thrown = await proxy.metrics().then(
+      () => undefined,
+      (error: unknown) => error,
+    );
+    expect(thrown).toBeInstanceOf(TypeError);
+    expect(thrown).toBeInstanceOf(OptionError);
+    expect(thrown).toMatchObject({ code: "EG_INVALID_OPTION", path: "metrics", message: "metrics: start the proxy with metrics: true or metricsListen" });
+    expect((await fetchVia(proxy, `https://api.test:${upstream.port}/echo`)).status).toBe(200);
+  });
+
   it("a secret's refusal at a redirect hop, or under a header named like a secret, counts as the secrets' rule and under the secret's configured name", async () => {
     const upstream = await startUpstream({ names: ["api.test", "other.test"] });
     const seen = ends();
