@@ -291,15 +291,17 @@ export class Pipeline {
   /**
    * For a protocol upgrade (WebSocket): onRequest (without a body), secrets and every check of
    * §3 step 4, like any request.
-   * The caller connects to one of the returned addresses and tunnels the rest.
+   * The caller connects to one of the returned addresses and tunnels the rest. `signal` aborts
+   * when the guest leaves before the 101: a hook's call still pending is let go then, as a
+   * request's is (its hookMs timer no longer holds the process, and is cleared once it settles).
    */
-  authorizeUpgrade(initial: OutboundRequest, trace?: TraceEntry[]): Promise<{ request: OutboundRequest; addresses: readonly ResolvedAddress[]; decision: Decision }> {
-    return this.tracked(this.upgradeSteps(initial, trace));
+  authorizeUpgrade(initial: OutboundRequest, trace?: TraceEntry[], signal?: GuestGone): Promise<{ request: OutboundRequest; addresses: readonly ResolvedAddress[]; decision: Decision }> {
+    return this.tracked(this.upgradeSteps(initial, trace, signal));
   }
 
-  private async upgradeSteps(initial: OutboundRequest, trace?: TraceEntry[]): Promise<{ request: OutboundRequest; addresses: readonly ResolvedAddress[]; decision: Decision }> {
+  private async upgradeSteps(initial: OutboundRequest, trace?: TraceEntry[], signal?: GuestGone): Promise<{ request: OutboundRequest; addresses: readonly ResolvedAddress[]; decision: Decision }> {
     let rewritten = initial;
-    const call: SourceCall = { requestId: undefined, guest: this.options.guest };
+    const call: SourceCall = { requestId: undefined, guest: this.options.guest, signal };
     for (const source of this.phase.onRequest) {
       const before = rewritten;
       const outcome = await attributed(source, () => source.onRequest(before, undefined, this.options.limits, call).then((o) => handedOn(source, before, o)), trace, "onRequest", (o) => onRequestVerdict(before, o));

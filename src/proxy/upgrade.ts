@@ -7,7 +7,7 @@ import { connectPinned, type PinnedSocketOptions } from "../upstream/pinned-sock
 import type { ResolvedAddress } from "../upstream/resolve.js";
 import { loggableRequestTarget, loggableUrl, toOutboundRequest } from "./guest-request.js";
 import { errorBody, writeRawError } from "./respond.js";
-import type { TraceEntry } from "../pipeline/exchange.js";
+import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
 import type { Decision } from "../policy/decision.js";
 import { tunnelOf } from "./tunnel.js";
 import { withFields } from "../objects.js";
@@ -79,15 +79,23 @@ export async function serveUpgrade(
   let overflowed = false;
   const gone = (): Error => (overflowed ? tooEarly() : new GuestLeft());
   // Settles when the guest's connection goes: a hook or a policy still deciding is not waited
-  // for (it has no signal to stop on), so the end of a drain, which closes that connection, is
+  // for (not every source stops on a signal), so the end of a drain, which closes that connection, is
   // decided then, while the audit log is open; what the hook answers later is let go.
   let departed!: () => void;
   const departure = new Promise<never>((_resolve, reject) => (departed = () => reject(gone())));
   departure.catch(() => undefined);
+  // A tier-3 hook's call still pending is let go then too, as a request's is: its hookMs timer
+  // held the process (and the pipeline's count of work under way) for hookMs after the guest left.
+  const leaving = new GuestGone();
   const onGuestClose = (): void => {
+    if (guestGone) return;
     guestGone = true;
     upstream?.destroy(gone());
-    departed();
+    leaving.abort();
+    // The call let go settles its trace entry (a block with 499) in the microtasks that follow:
+    // decided after them, the record says so, not "did not settle" of kind time, a hook failure
+    // counted for a guest that left (as DrainCuts does for a request).
+    setImmediate(departed);
   };
   // The guest's socket is half-open after the upgrade event: a guest that leaves is seen as "end",
   // which a socket only emits while it is read. Bytes the guest sends early are kept for the
@@ -115,7 +123,7 @@ export async function serveUpgrade(
       throw new EgressError("EG_BAD_REQUEST", 400, `only WebSocket upgrades are relayed, not ${JSON.stringify(upgrade.slice(0, 64))}: the requests after the switch would not be judged`);
     }
     if (guestRequest.body !== null) throw new EgressError("EG_BAD_REQUEST", 400, "an upgrade request must not have a body");
-    const authorizing = deps.pipeline.authorizeUpgrade(guestRequest, trace);
+    const authorizing = deps.pipeline.authorizeUpgrade(guestRequest, trace, leaving);
     authorizing.catch(() => undefined);
     const authorized = await Promise.race([authorizing, departure]);
     const { request, addresses } = authorized;

@@ -102,18 +102,57 @@ describe("a tier-3 hook that never settles, when its request ends", () => {
   });
 
   // In a process of its own: the embedding process must be free to exit once close() resolves.
-  const fixture = join(import.meta.dirname, "..", "fixtures", "hook-close-exit.ts");
   it.each(phases)("%s: close() cuts it at the drain's end, and leaves no timer to hold the process (it exits on its own)", { timeout: 150_000 }, async (phase) => {
-    let code: number | null = 0;
-    let out: string;
-    try {
-      ({ stdout: out } = await promisify(execFile)(process.execPath, ["--import", "tsx", fixture, phase, tempDir()], { timeout: 120_000 }));
-    } catch (error) {
-      const failed = error as { code: number | null; stdout?: string; stderr?: string };
-      code = typeof failed.code === "number" ? failed.code : null;
-      out = `${failed.stdout ?? ""}${failed.stderr ?? ""}`;
-    }
-    expect({ code, lines: out.trim().split("\n") }).toEqual({
+    expect(await runExitFixture(phase)).toEqual({
+      code: 0,
+      lines: [JSON.stringify({ status: 499, farBelowHookMs: true }), JSON.stringify({ timers: 0 }), "done"],
+    });
+  });
+});
+
+const fixture = join(import.meta.dirname, "..", "fixtures", "hook-close-exit.ts");
+
+/** Runs hook-close-exit.ts for `phase` (and `kind`): its exit code and the lines it printed. */
+async function runExitFixture(phase: string, kind?: "upgrade"): Promise<{ code: number | null; lines: string[] }> {
+  let code: number | null = 0;
+  let out: string;
+  try {
+    ({ stdout: out } = await promisify(execFile)(process.execPath, ["--import", "tsx", fixture, phase, tempDir(), ...(kind === undefined ? [] : [kind])], { timeout: 120_000 }));
+  } catch (error) {
+    const failed = error as { code: number | null; stdout?: string; stderr?: string };
+    code = typeof failed.code === "number" ? failed.code : null;
+    out = `${failed.stdout ?? ""}${failed.stderr ?? ""}`;
+  }
+  return { code, lines: out.trim().split("\n") };
+}
+
+// A WebSocket upgrade's hooks were called with no signal: a call still pending when the guest
+// left kept its hookMs timer, which held the embedding process that long after close(), and the
+// record named it a hook that "did not settle" (of kind time, a hook failure in the metrics).
+describe("a tier-3 hook that never settles, when its WebSocket upgrade's guest leaves", () => {
+  const upgradePhases = ["onRequest", "isRequestAllowed", "isIpAllowed"];
+
+  it.each(upgradePhases)("%s: logged 499 at once, and the hook's call is let go: a block with 499 in the record, no failure", async (phase) => {
+    const upstream = await startUpstream({ tls: false });
+    let called!: () => void;
+    const inHook = new Promise<void>((resolve) => (called = resolve));
+    const records: AuditRecord[] = [];
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hanging(called)[phase] }, { timeouts: { hookMs, requestMs: hookMs }, onDecision: (record) => void records.push(record) });
+    const guest = await openRaw(proxy.port);
+    const authority = `api.test:${upstream.port}`;
+    guest.write(`GET http://${authority}/ws HTTP/1.1\r\nHost: ${authority}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n`);
+    await inHook;
+    guest.socket.destroy();
+    await vi.waitFor(() => expect(records).toHaveLength(1), { timeout: 5_000 });
+    expect(records[0]).toMatchObject({ status: 499, upgrade: true });
+    expect(records[0]!.ms).toBeLessThan(hookMs / 4);
+    expect(records[0]!.sources.find((s) => s.phase === phase)).toMatchObject({ decision: "block", status: 499 });
+    expect(records[0]!.sources.find((s) => s.phase === phase)).not.toHaveProperty("failure");
+    expect(upstream.hits()).toBe(0);
+  });
+
+  it.each(upgradePhases)("%s: close() cuts it at the drain's end, and leaves no timer to hold the process (it exits on its own)", { timeout: 150_000 }, async (phase) => {
+    expect(await runExitFixture(phase, "upgrade")).toEqual({
       code: 0,
       lines: [JSON.stringify({ status: 499, farBelowHookMs: true }), JSON.stringify({ timers: 0 }), "done"],
     });
