@@ -156,6 +156,34 @@ describe(`a request head with more than ${maxRequestFields} header fields`, () =
   });
 });
 
+// A cookie an HTTP/2 client splits into crumbs (RFC 9113 §8.2.3; browsers do, for HPACK) is one
+// field, sent upstream joined, as an HTTP/1.1 guest's is: 300 crumbs were counted as 300 fields
+// and got 431 where the same cookie over HTTP/1.1 passed.
+describe("an HTTP/2 cookie split into crumbs", () => {
+  it.each([
+    [300, 10, true],
+    [300, maxRequestFields - 1, true],
+    [300, maxRequestFields, false],
+  ])("%i crumbs beside %i other fields count as one field: passes %s", async (crumbs, others, passes) => {
+    const s = await setup();
+    const session = await h2Session(s.proxy.port, `api.test:${s.https.port}`, s.proxy.caCertPem);
+    const headers: Record<string, string | string[]> = { ":method": "GET", ":path": "/echo" };
+    for (let i = 0; i < others; i++) headers[`x-f${i}`] = "v";
+    headers["cookie"] = Array.from({ length: crumbs }, (_, i) => `c${i}=${i}`);
+    const { status, body } = await h2Request(session, headers);
+    if (passes) {
+      expect(status, body.toString()).toBe(200);
+      const echo = JSON.parse(body.toString()) as Echo;
+      expect(echo.headers["cookie"]).toBe(Array.from({ length: crumbs }, (_, i) => `c${i}=${i}`).join("; "));
+    } else {
+      expect(status, body.toString()).toBe(431);
+      expect(body.toString()).toContain(`request head has more than ${maxRequestFields} header fields`);
+    }
+    expect(s.https.hits()).toBe(passes ? 1 : 0);
+    expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+  });
+});
+
 // llhttp refuses every version but 0.9, 1.0, 1.1 and 2.0 itself (400), and Node served the other
 // two as HTTP/1.x (black-box finding): 200 in HTTP/1.1, the request forwarded.
 describe("a request line of HTTP/0.9 or HTTP/2.0 gets 505 HTTP Version Not Supported", () => {
