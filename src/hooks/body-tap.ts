@@ -1,6 +1,6 @@
-import { Readable, type Transform } from "node:stream";
+import { Readable } from "node:stream";
 import { ReadableStream } from "node:stream/web";
-import { createBrotliDecompress, createGunzip, createInflate } from "node:zlib";
+import { canDecode, contentDecoder } from "../content-decoders.js";
 import { contentCodingList } from "../headers.js";
 
 export interface BodyTapOptions {
@@ -31,13 +31,6 @@ export class BodyLimitError extends Error {
     this.name = "BodyLimitError";
   }
 }
-
-const decoders: Record<string, () => Transform> = {
-  gzip: () => createGunzip(),
-  "x-gzip": () => createGunzip(),
-  deflate: () => createInflate(),
-  br: () => createBrotliDecompress(),
-};
 
 /** How long reading a whole body may take, and what the read fails with past that. */
 export interface ReadDeadline {
@@ -101,7 +94,7 @@ const maxCodings = 3;
  */
 export function contentCodings(headers: readonly string[]): readonly string[] | undefined {
   const codings = contentCodingList(headers);
-  if (codings.length === 0 || codings.length > maxCodings || !codings.every((coding) => Object.hasOwn(decoders, coding))) return undefined;
+  if (codings.length === 0 || codings.length > maxCodings || !codings.every(canDecode)) return undefined;
   return codings;
 }
 
@@ -229,7 +222,7 @@ export class BodyTap {
     // The last coding applied is undone first.
     let decoded: Readable = raw;
     for (const coding of [...(this.options.encodings ?? [])].reverse()) {
-      const decoder = decoders[coding]!();
+      const decoder = contentDecoder(coding);
       decoder.on("error", () => undefined);
       const from = decoded;
       from.once("error", (error) => decoder.destroy(error));

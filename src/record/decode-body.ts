@@ -1,6 +1,6 @@
 import { Readable, Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
-import { createBrotliDecompress, createGunzip, createInflate } from "node:zlib";
+import { canDecode, contentDecoder } from "../content-decoders.js";
 import { BodyCapture, type CapturedBody } from "./body-capture.js";
 import { inlineBodyLimit } from "./har.js";
 import type { LiteralScanner } from "./leak-scan.js";
@@ -10,13 +10,6 @@ import type { LiteralScanner } from "./leak-scan.js";
  * A body that small decodes to about 1,000 times its size under gzip and to much more under br.
  */
 export const maxDecodedBytes = 16 * inlineBodyLimit;
-
-const decoders: Record<string, () => NodeJS.ReadWriteStream> = {
-  gzip: createGunzip,
-  "x-gzip": createGunzip,
-  deflate: createInflate,
-  br: createBrotliDecompress,
-};
 
 /**
  * A response body that came encoded (kept inline, so at most {@link inlineBodyLimit} as it came)
@@ -31,9 +24,8 @@ const decoders: Record<string, () => NodeJS.ReadWriteStream> = {
 export async function decodeBody(bytes: Buffer, codings: readonly string[], dir: string, scanner: LiteralScanner | undefined): Promise<CapturedBody | undefined> {
   const stages: NodeJS.ReadWriteStream[] = [];
   for (const coding of [...codings].reverse()) {
-    const make = Object.hasOwn(decoders, coding) ? decoders[coding] : undefined;
-    if (make === undefined) return undefined;
-    stages.push(make());
+    if (!canDecode(coding)) return undefined;
+    stages.push(contentDecoder(coding));
   }
   const capture = new BodyCapture(dir, { scanner });
   let size = 0;

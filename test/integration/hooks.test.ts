@@ -1,6 +1,6 @@
 import { connect, type Socket } from "node:net";
 import type { TLSSocket } from "node:tls";
-import { brotliCompressSync, gzipSync } from "node:zlib";
+import { brotliCompressSync, deflateRawSync, deflateSync, gzipSync } from "node:zlib";
 import { request } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { cloneReader, latch } from "../helpers/latch.js";
@@ -1193,8 +1193,14 @@ describe("a hook reads a body under every content coding it was sent with", () =
   const gz = (b: Buffer): Buffer => gzipSync(b);
   const br = (b: Buffer): Buffer => brotliCompressSync(b);
   const plain = Buffer.from(text);
-  const codings: Record<string, { lines: string[]; body: Buffer; decoded: boolean }> = {
+  // `empty`: a body of no bytes, which decodes to none (fetch and browsers read it so).
+  const codings: Record<string, { lines: string[]; body: Buffer; decoded: boolean; empty?: true }> = {
     "gzip": { lines: ["gzip"], body: gz(plain), decoded: true },
+    "deflate (zlib-wrapped, as RFC 9110 says)": { lines: ["deflate"], body: deflateSync(plain), decoded: true },
+    "deflate sent raw, without the zlib wrapper (as some servers do)": { lines: ["deflate"], body: deflateRawSync(plain), decoded: true },
+    "gzip on an empty body": { lines: ["gzip"], body: Buffer.alloc(0), decoded: true, empty: true },
+    "br on an empty body": { lines: ["br"], body: Buffer.alloc(0), decoded: true, empty: true },
+    "deflate on an empty body": { lines: ["deflate"], body: Buffer.alloc(0), decoded: true, empty: true },
     "gzip on two lines, applied twice": { lines: ["gzip", "gzip"], body: gz(gz(plain)), decoded: true },
     "gzip, br on one line": { lines: ["gzip, br"], body: br(gz(plain)), decoded: true },
     "gzip then br on two lines": { lines: ["gzip", "br"], body: br(gz(plain)), decoded: true },
@@ -1206,21 +1212,21 @@ describe("a hook reads a body under every content coding it was sent with", () =
     "tier 3": () => ({
       onResponse: async (response) => {
         const body = await response.text();
-        return Response.json({ marker: body.includes("MARKER"), encoding: response.headers.get("content-encoding") });
+        return Response.json({ marker: body.includes("MARKER"), length: body.length, encoding: response.headers.get("content-encoding") });
       },
     }),
     "tier 2": () => ({
       djsHooks: loadPolicy({
         source: `export async function onResponse(response) {
           const body = await response.text();
-          return new Response(JSON.stringify({ marker: body.includes("MARKER"), encoding: response.headers.get("content-encoding") }));
+          return new Response(JSON.stringify({ marker: body.includes("MARKER"), length: body.length, encoding: response.headers.get("content-encoding") }));
         }`,
         filename: "policy.mjs",
       }),
     }),
   };
   for (const [tier, hooks] of Object.entries(policies)) {
-    for (const [name, { lines, body, decoded }] of Object.entries(codings)) {
+    for (const [name, { lines, body, decoded, empty }] of Object.entries(codings)) {
       it(`${tier}: ${name}`, async () => {
         const upstream = await startUpstream({
           routes: {
@@ -1233,9 +1239,10 @@ describe("a hook reads a body under every content coding it was sent with", () =
         const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hooks() });
         const res = await fetchVia(proxy, `https://api.test:${upstream.port}/coded`);
         expect(res.status, res.text).toBe(200);
-        const seen = JSON.parse(res.text) as { marker: boolean; encoding: string | null };
-        if (decoded) expect(seen).toEqual({ marker: true, encoding: null });
-        else expect(seen).toEqual({ marker: false, encoding: lines.join(", ") });
+        const seen = JSON.parse(res.text) as { marker: boolean; length: number; encoding: string | null };
+        if (empty === true) expect(seen).toEqual({ marker: false, length: 0, encoding: null });
+        else if (decoded) expect(seen).toEqual({ marker: true, length: text.length, encoding: null });
+        else expect(seen).toMatchObject({ marker: false, encoding: lines.join(", ") });
       });
     }
   }
