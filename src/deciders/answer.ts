@@ -115,6 +115,17 @@ export function parseAnswer(value: unknown, phase: DeciderPhase): Verdict {
 const answerKeys = new Set(["decision", "reason", "status", "set_headers", "remove_headers"]);
 
 /**
+ * An answer's bytes as text, without a UTF-8 byte order mark before it (RFC 8259 §8.1 lets a
+ * parser ignore one). undici's `text()`, which reads a webhook's answer of declared length,
+ * drops it; a chunked answer, and a command's stdout, kept it, so the same block answer failed
+ * there, and a `failOpen` decider let the request through (black-box finding).
+ */
+export function answerText(bytes: Buffer): string {
+  const bom = bytes.length >= 3 && bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf;
+  return bytes.toString("utf8", bom ? 3 : 0);
+}
+
+/**
  * The text of an answer: empty (or blank) allows, JSON is parsed by the contract, and anything
  * else is malformed.
  */

@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from "node:child_process";
-import { MalformedAnswer, parseAnswerText, reasonText, maxReasonBytes, type Verdict } from "./answer.js";
+import { answerText, MalformedAnswer, parseAnswerText, reasonText, maxReasonBytes, type Verdict } from "./answer.js";
 import type { DeciderPhase, ResolvedCommandDecider } from "./options.js";
 import { DeciderBusy, DeciderFailure, DeciderCancelled, type CallSignal } from "./failure.js";
 
@@ -204,7 +204,7 @@ export class CommandRunner {
       if (code === 0) {
         finish(() => {
           try {
-            return parseAnswerText(Buffer.concat(stdout).toString("utf8"), phase);
+            return parseAnswerText(answerText(Buffer.concat(stdout)), phase);
           } catch (error) {
             if (error instanceof MalformedAnswer) throw new DeciderFailure(`exit 0 with a malformed answer on stdout: ${error.message}`, "invalid");
             throw error;

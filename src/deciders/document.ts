@@ -15,7 +15,7 @@ export type { ConcealTally };
  * ```
  *
  * Header names are lowercased and repeated fields joined with ", ". Every string that could
- * hold a secret (the URL and every header value) passes through `conceal` first, which puts the
+ * hold a secret (the URL, every header name and value) passes through `conceal` first, which puts the
  * placeholder back for a current value and redacts a retired one: a decider is a third party,
  * and on a redirect hop or in the response phase the request already carries real values.
  */
@@ -74,8 +74,11 @@ export function headerObject(list: readonly string[], conceal: Conceal): Record<
   // by the decider while the upstream got it; "constructor" started from Object's function.
   const out = Object.create(null) as Record<string, string>;
   for (let i = 0; i < list.length; i += 2) {
-    const name = list[i]!.toLowerCase();
-    const value = conceal(list[i + 1]!, name);
+    // The name too: an upstream can echo the value it was sent into a response field's name,
+    // which went to every decider as it came (black-box finding).
+    const field = list[i]!.toLowerCase();
+    const name = conceal(field);
+    const value = conceal(list[i + 1]!, field);
     const before = out[name];
     out[name] = before === undefined ? value : `${before}, ${value}`;
   }

@@ -1,6 +1,6 @@
 import { EventEmitter } from "node:events";
 import { Pool, type Dispatcher } from "undici";
-import { MalformedAnswer, opaVerdict, parseAnswer, parseAnswerText, reasonText, type Verdict } from "./answer.js";
+import { answerText, MalformedAnswer, opaVerdict, parseAnswer, parseAnswerText, reasonText, type Verdict } from "./answer.js";
 import type { DeciderPhase, ResolvedHttpDecider } from "./options.js";
 import { DeciderFailure, DeciderCancelled, type CallSignal } from "./failure.js";
 import { isStaleConnection } from "../upstream/stale-connection.js";
@@ -148,7 +148,7 @@ function tryJson(text: string): unknown {
   }
 }
 
-/** The body as text, at most {@link maxAnswerBytes}. */
+/** The body as text, at most {@link maxAnswerBytes}, read as undici's `text()` reads it (a byte order mark dropped). */
 async function readText(body: Dispatcher.ResponseData["body"]): Promise<string> {
   // Leaving the loop early destroys the body; undici may then emit an error nobody else hears.
   body.on("error", () => undefined);
@@ -159,5 +159,5 @@ async function readText(body: Dispatcher.ResponseData["body"]): Promise<string> 
     if (size > maxAnswerBytes) throw new DeciderFailure(`answered with more than ${maxAnswerBytes} bytes`, "invalid");
     chunks.push(Buffer.from(chunk));
   }
-  return Buffer.concat(chunks).toString("utf8");
+  return answerText(Buffer.concat(chunks));
 }

@@ -87,6 +87,25 @@ describe("deciders never see a real secret value", () => {
     expect(response.response.body.data).toContain(placeholder);
   });
 
+  // The header values were mapped, and the names went as they came: an upstream that echoed the
+  // token it was sent into a field's name showed it to every decider (black-box finding).
+  it("a response field whose name echoes the value reaches no decider with it, in any letter case", async () => {
+    const named: Route = (req, res) => {
+      res.setHeader(`x-seen-${String(req.headers["x-token"])}`, "1");
+      res.end("ok");
+    };
+    const { proxy, placeholder, sent, webhook, base } = await everyKind({}, { "/named": named });
+    const res = await fetchVia(proxy, `${base}/named`, { headers: { "x-token": placeholder } });
+    expect(res.status).toBe(200);
+    // The guest gets the response as it came: responses are never mapped.
+    expect(res.headers[`x-seen-${value.toLowerCase()}`]).toBe("1");
+    const docs = sent();
+    expect(docs).toHaveLength(6);
+    for (const doc of docs) expect(doc.toLowerCase()).not.toContain(value.toLowerCase());
+    const response = webhook.received.find((d) => d["phase"] === "response") as { response: { headers: Record<string, string> } };
+    expect(response.response.headers).toHaveProperty(["x-seen-[REDACTED:GH_TOKEN]"], "1");
+  });
+
   it("with includeBody, a response body in a coding the proxy cannot undo is refused (502), not sent to any decider; one it can undo shows the placeholder", async () => {
     /** `/coded?codings=a,b`: "you sent <x-token>", gzipped once per `gzip` and labelled with every name given. */
     const coded: Route = (req, res, _body, url) => {

@@ -368,6 +368,38 @@ describe("webhook deciders", () => {
     }
   });
 
+  // undici's text(), which reads an answer of declared length, drops a UTF-8 byte order mark;
+  // the bounded read of a chunked one kept it, so the same block answer was a block with
+  // Content-Length and "not JSON" without, and a failOpen decider let the request through
+  // (black-box finding).
+  it("a JSON block after a UTF-8 byte order mark blocks, from a webhook whether its length is declared or chunked and from a command, failOpen or not", async () => {
+    const answer = Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from(JSON.stringify({ decision: "block", reason: "marked no", status: 451 }))]);
+    const hook = await startDecisionServer((doc, _req, res) => {
+      if (caseOf(doc) === "allow") return json(res, 200, { decision: "allow" });
+      if (caseOf(doc) === "declared") res.writeHead(200, { "content-type": "application/json", "content-length": answer.length });
+      else res.writeHead(200, { "content-type": "application/json" });
+      res.end(answer);
+    });
+    for (const failOpen of [false, true]) {
+      const { proxy, upstream, base } = await proxyWith([{ webhook: `${hook.url}/decide`, failOpen }]);
+      for (const c of ["declared", "chunked"]) {
+        const res = await fetchVia(proxy, `${base}/echo?case=${c}`);
+        expect([failOpen, c, res.status, res.text]).toEqual([failOpen, c, 451, expect.stringContaining("marked no")]);
+      }
+      expect(proxy.logs.filter((line) => line["msg"] === "decider failed open")).toEqual([]);
+      await stillServes(proxy, base);
+      expect(upstream.hits()).toBe(1);
+    }
+    // A command's stdout is the same contract, read the same way.
+    const marked = `cat >/dev/null; printf '\\357\\273\\277{"decision":"block","reason":"marked no","status":451}'`;
+    for (const failOpen of [false, true]) {
+      const { proxy, upstream, base } = await proxyWith([{ command: [marked], shell: true, failOpen }]);
+      const res = await fetchVia(proxy, `${base}/echo`);
+      expect([failOpen, res.status, res.text]).toEqual([failOpen, 451, expect.stringContaining("marked no")]);
+      expect(upstream.hits()).toBe(0);
+    }
+  });
+
   it("headers may name listed environment variables, which the webhook receives filled in", async () => {
     process.env["DECIDER_TEST_TOKEN"] = "tok-123";
     try {
