@@ -263,6 +263,7 @@ function destinationUrl(target: string, hostHeader: string | undefined, tunnel: 
       throw badRequest(`invalid request target ${JSON.stringify(loggableTarget(target, 200))}`);
     }
     checkSameHost(normalizeHost(url.hostname), tunnel, "request target");
+    if (url.port !== "") checkSamePort(Number(url.port), url.hostname, tunnel, "request target");
     path = `${url.pathname}${url.search}`;
   }
   if (hostHeader !== undefined) checkTunnelHostHeader(hostHeader, tunnel);
@@ -270,9 +271,15 @@ function destinationUrl(target: string, hostHeader: string | undefined, tunnel: 
   return build(tunnel.protocol, tunnel.hostname, tunnel.port, path);
 }
 
-/** Refuses (421) a Host header inside a tunnel that names another host than the CONNECT target. */
-export function checkTunnelHostHeader(hostHeader: string, tunnel: Authority): void {
-  checkSameHost(parseAuthority(hostHeader, "Host header", tunnel.port).hostname, tunnel, "Host header");
+/**
+ * Refuses (421) a Host header inside a tunnel that names another host, or another port, than the
+ * CONNECT target. One without a port names the target's (DESIGN.md: "a Host … that differs from
+ * the CONNECT target gets 421"; another port was served on the CONNECT target's, Host rewritten).
+ */
+export function checkTunnelHostHeader(hostHeader: string, tunnel: Authority, what = "Host header"): void {
+  const named = parseAuthority(hostHeader, what, tunnel.port);
+  checkSameHost(named.hostname, tunnel, what);
+  checkSamePort(named.port, named.hostname, tunnel, what);
 }
 
 function checkSameHost(hostname: string, tunnel: Authority, what: string): void {
@@ -282,6 +289,12 @@ function checkSameHost(hostname: string, tunnel: Authority, what: string): void 
       421,
       `${what} names "${hostname}" but the tunnel was opened with CONNECT ${tunnel.hostname}:${tunnel.port}`,
     );
+  }
+}
+
+function checkSamePort(port: number, hostname: string, tunnel: Authority, what: string): void {
+  if (port !== tunnel.port) {
+    throw new EgressError("EG_MISDIRECTED", 421, `${what} names port ${port} of "${hostname}" but the tunnel was opened with CONNECT ${tunnel.hostname}:${tunnel.port}`);
   }
 }
 

@@ -2,8 +2,7 @@ import type { Readable } from "node:stream";
 import { EgressError, badRequest } from "../errors.js";
 import type { OutboundRequest } from "../pipeline/exchange.js";
 import { endToEndHeaders, type HeaderList } from "../headers.js";
-import { parseAuthority } from "./authority.js";
-import { checkContentLength, checkMethod, unmetExpectation, type TunnelTarget } from "./guest-request.js";
+import { checkContentLength, checkMethod, checkTunnelHostHeader, unmetExpectation, type TunnelTarget } from "./guest-request.js";
 import { h2ConnectionHeaders } from "./h2-settings.js";
 
 // The proxy sets the authority from the URL on every hop, and answers Expect itself.
@@ -85,12 +84,10 @@ export function h2OutboundRequest(raw: readonly string[], tunnel: TunnelTarget, 
   // RFC 9113 §8.3.1: when both are present, they must agree; either one names the destination.
   const named = authority ?? hostHeader;
   if (named !== undefined && passedAuthority.get(tunnel) !== named) {
-    checkSameHost(parseAuthority(named, ":authority", tunnel.port).hostname, tunnel, ":authority");
+    checkTunnelHostHeader(named, tunnel, ":authority");
     passedAuthority.set(tunnel, named);
   }
-  if (authority !== undefined && hostHeader !== undefined) {
-    checkSameHost(parseAuthority(hostHeader, "Host header", tunnel.port).hostname, tunnel, "Host header");
-  }
+  if (authority !== undefined && hostHeader !== undefined) checkTunnelHostHeader(hostHeader, tunnel);
   if (tunnel.sni !== undefined) checkSameHost(tunnel.sni, tunnel, "TLS SNI");
   const headers: HeaderList = endToEndHeaders(regular, dropOnForward);
   if (cookies !== undefined) headers.push("cookie", cookies.join("; "));

@@ -156,6 +156,23 @@ describe(`a request head with more than ${maxRequestFields} header fields`, () =
   });
 });
 
+// DESIGN.md's 421 rule names the CONNECT target, port included: an :authority (or a Host beside
+// it) with another port was served at the target's port.
+describe("an HTTP/2 :authority naming another port than the CONNECT target's", () => {
+  it.each([
+    [":authority", { ":authority": "api.test:1" }],
+    ["Host beside :authority", { host: "api.test:1" }],
+  ])("%s gets 421 on its stream, never forwarded; the connection serves on", async (_what, extra) => {
+    const s = await setup();
+    const session = await h2Session(s.proxy.port, `api.test:${s.https.port}`, s.proxy.caCertPem);
+    const { status, body } = await h2Request(session, { ":path": "/echo", ...extra });
+    expect(status, body.toString()).toBe(421);
+    expect(body.toString()).toContain(`names port 1 of "api.test" but the tunnel was opened with CONNECT api.test:${s.https.port}`);
+    expect(s.https.hits()).toBe(0);
+    expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+  });
+});
+
 // A cookie an HTTP/2 client splits into crumbs (RFC 9113 §8.2.3; browsers do, for HPACK) is one
 // field, sent upstream joined, as an HTTP/1.1 guest's is: 300 crumbs were counted as 300 fields
 // and got 431 where the same cookie over HTTP/1.1 passed.

@@ -274,6 +274,35 @@ describe("addressing inside a tunnel", () => {
   });
 });
 
+// DESIGN.md: inside a tunnel, a Host that differs from the CONNECT target gets 421. Only the
+// hostname was compared: `Host: api.test:1` in a tunnel to api.test:PORT was served at PORT, the
+// Host rewritten. A Host without a port names the target's, as clients send it for 443.
+describe("the port a Host names inside a tunnel", () => {
+  it.each([
+    ["TLS tunnel, Host with the CONNECT port", true, "HOST", 200],
+    ["TLS tunnel, Host without a port", true, "api.test", 200],
+    ["TLS tunnel, Host with another port", true, "api.test:1", 421],
+    ["TLS tunnel, absolute-form URL with another port", true, "ABS:1", 421],
+    ["plain tunnel, Host with the CONNECT port", false, "HOST", 200],
+    ["plain tunnel, Host with another port", false, "api.test:1", 421],
+  ])("%s", async (_what, tls, named, status) => {
+    const s = await setup();
+    const upstream = tls ? s.https : s.http;
+    const host = `api.test:${upstream.port}`;
+    const tunnel = tls ? await openTlsTunnel(s.proxy.port, host, { ca: s.proxy.caCertPem }) : await openTunnel(s.proxy.port, host);
+    const request = named.startsWith("ABS:")
+      ? `GET https://api.test:${named.slice(4)}/echo HTTP/1.1\r\nHost: ${host}\r\n\r\n`
+      : getEcho(named.replace("HOST", host));
+    const res = await send(tunnel, request);
+    expect(res.status, res.body).toBe(status);
+    if (status === 421) {
+      expect(res.body).toMatch(new RegExp(`names port 1 of "api\\.test" but the tunnel was opened with CONNECT api\\.test:${upstream.port}`));
+      expect(upstream.hits()).toBe(0);
+    } else expect(upstream.hits()).toBe(1);
+    await expectStillServing(s);
+  });
+});
+
 describe("refusals inside a tunnel", () => {
   const upgrade = (host: string, value = "websocket"): string =>
     `GET /echo HTTP/1.1\r\nHost: ${host}\r\nUpgrade: ${value}\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n`;
