@@ -1,4 +1,5 @@
-import { writeFile } from "node:fs/promises";
+import { constants } from "node:fs";
+import { open } from "node:fs/promises";
 
 export interface GuestEnvInput {
   /** `http://HOST:PORT`, without credentials. */
@@ -67,6 +68,49 @@ export function formatShellExports(env: Readonly<Record<string, string>>): strin
     .join("");
 }
 
-export async function writeGuestEnvFile(path: string, env: Readonly<Record<string, string>>): Promise<void> {
-  await writeFile(path, formatEnvFile(env), { mode: 0o600 });
+/**
+ * Writes a guest's environment, readable by the proxy's user alone: it holds the guest's
+ * credentials and placeholders. A file the proxy makes is 0600. A file that was there already
+ * kept its mode (writeFile's `mode` applies only when it creates the file), so a `touch`ed or
+ * earlier 0644 file got every guest's token readable by every local user. Now such a file, when
+ * the proxy's user owns it, is made 0600 before anything goes into it, and its old mode is
+ * returned for the log; one another user owns (root, handing it over through its group) may be
+ * read by its group, never by everyone, and is refused before anything is written, as ca.key is.
+ * A path that is no regular file (`/dev/stdout`, a FIFO) is written as it is.
+ */
+export async function writeGuestEnvFile(path: string, env: Readonly<Record<string, string>>): Promise<number | undefined> {
+  const text = formatEnvFile(env);
+  // Not truncated at open: a file refused below keeps what it held.
+  const handle = await open(path, constants.O_WRONLY | constants.O_CREAT, 0o600);
+  try {
+    const stats = await handle.stat();
+    let was: number | undefined;
+    if (stats.isFile()) {
+      const mode = stats.mode & 0o777;
+      const uid = process.getuid?.();
+      const problem = envFilePermissionProblem(path, mode, stats.uid, uid);
+      if (problem !== undefined) throw new Error(problem);
+      if (uid !== undefined && stats.uid === uid && (mode & 0o077) !== 0) {
+        await handle.chmod(0o600);
+        was = mode;
+      }
+      await handle.truncate(0);
+    }
+    await handle.writeFile(text);
+    return was;
+  } finally {
+    await handle.close();
+  }
+}
+
+/**
+ * Why an existing guest environment file that another user owns cannot be written without
+ * showing its credentials to everyone; undefined when it can (the proxy's own file is made 0600).
+ * The rule is ca.key's (src/tls/ca-check.ts): the owner may share it with its group, not with all.
+ */
+export function envFilePermissionProblem(path: string, mode: number, owner: number, uid: number | undefined): string | undefined {
+  // Windows has no such bits (process.getuid is undefined there).
+  if (uid === undefined || owner === uid || (mode & 0o006) === 0) return undefined;
+  const octal = (mode & 0o777).toString(8).padStart(4, "0");
+  return `${path} can be read or written by users other than its owner and group (mode ${octal}), and it would hold the guest's proxy credentials and placeholders: run "chmod o-rwx ${path}", or remove it and the proxy makes it 0600`;
 }

@@ -285,7 +285,11 @@ export async function launchProxy(
     const file = config.guestEnvFile;
     const several = config.form === "guests";
     try {
-      for (const name of guests.names()) await writeGuestEnvFile(several ? `${file}.${name}` : file, guestEnv(name));
+      for (const name of guests.names()) {
+        const path = several ? `${file}.${name}` : file;
+        const was = await writeGuestEnvFile(path, guestEnv(name));
+        if (was !== undefined) log.warn("the guest environment file could be read by other users; the proxy made it 0600 before writing the credentials", { file: path, mode: was.toString(8).padStart(4, "0") });
+      }
     } catch (error) {
       // Listening already: a proxy whose start failed must not stay open behind the caller's back.
       startFailed = true;

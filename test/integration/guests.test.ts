@@ -1,4 +1,6 @@
 import { createHmac } from "node:crypto";
+import { chmodSync, chownSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { request, ProxyAgent } from "undici";
 import { createHttpHooks, HttpRequestBlockedError, OptionError, ProxyClosedError, startProxy, type AuditRecord, type GuestOptions } from "../../src/index.js";
@@ -711,6 +713,62 @@ describe("guests: reloaded with a tunnel open", () => {
       tls.on("close", () => resolve(got));
     });
     expect(text).toMatch(/^HTTP\/1\.1 200 /);
+  });
+});
+
+describe("guests: the guest environment files", () => {
+  // writeFile's mode applies only to a file it creates: one that was there already (a `touch`,
+  // systemd-tmpfiles under umask 022) kept 0644, and every guest's token went into it readable
+  // by every local user (black-box finding).
+  it("an existing file the proxy's user owns and others can read is made 0600 before the credentials go in, and the log says so", async () => {
+    const dir = tempDir();
+    const file = join(dir, "guest.env");
+    for (const [name, mode] of [["ci", 0o644], ["agent", 0o640]] as const) {
+      writeFileSync(`${file}.${name}`, "OLD=1\n");
+      chmodSync(`${file}.${name}`, mode);
+    }
+    const proxy = await startGuestsProxy({ ci: { allowedHosts: ["a.test"] }, agent: { allowedHosts: ["b.test"] } }, { guestEnvFile: file });
+    for (const name of ["ci", "agent"]) {
+      expect((statSync(`${file}.${name}`).mode & 0o777).toString(8)).toBe("600");
+      const text = readFileSync(`${file}.${name}`, "utf8");
+      expect(text).toContain(`HTTPS_PROXY=${credentialsOf(proxy, name).proxyUrl}`);
+      expect(text).not.toContain("OLD=1");
+    }
+    const warned = proxy.logs.filter((line) => line["msg"] === "the guest environment file could be read by other users; the proxy made it 0600 before writing the credentials");
+    expect(warned.map((line) => [line["file"], line["mode"]])).toEqual([
+      [`${file}.ci`, "0644"],
+      [`${file}.agent`, "0640"],
+    ]);
+    for (const line of proxy.rawLog) expect(line).not.toContain(credentialsOf(proxy, "ci").token);
+  });
+
+  it("a file the proxy makes, or one already 0600, is written 0600 with no warning", async () => {
+    const dir = tempDir();
+    const file = join(dir, "guest.env");
+    writeFileSync(`${file}.agent`, "OLD=1\n", { mode: 0o600 });
+    const proxy = await startGuestsProxy({ ci: { allowedHosts: ["a.test"] }, agent: { allowedHosts: ["b.test"] } }, { guestEnvFile: file });
+    for (const name of ["ci", "agent"]) {
+      expect((statSync(`${file}.${name}`).mode & 0o777).toString(8)).toBe("600");
+      expect(readFileSync(`${file}.${name}`, "utf8")).toBe(Object.entries(proxy.guestEnv(name)).map(([k, v]) => `${k}=${v}\n`).join(""));
+    }
+    expect(proxy.logs.some((line) => String(line["msg"]).startsWith("the guest environment file could be read"))).toBe(false);
+  });
+
+  // Only root can give a file to another user; elsewhere the unit test of envFilePermissionProblem covers the rule.
+  it.runIf(process.getuid?.() === 0)("a file another user owns that everyone can read is refused before anything goes into it; one only its group can read is written as it is", async () => {
+    const dir = tempDir();
+    const file = join(dir, "guest.env");
+    writeFileSync(file, "OLD=1\n");
+    chownSync(file, 65534, 65534);
+    chmodSync(file, 0o666);
+    const refused = startTestProxy({ allowedHosts: [] }, { auth: true, guestEnvFile: file });
+    await expect(refused).rejects.toMatchObject({ code: "EG_INVALID_OPTION", path: "guestEnvFile" });
+    await expect(refused).rejects.toThrow(/guestEnvFile cannot write .*guest\.env \(.*guest\.env can be read or written by users other than its owner and group \(mode 0666\).*chmod o-rwx/);
+    expect(readFileSync(file, "utf8")).toBe("OLD=1\n");
+    chmodSync(file, 0o660);
+    const proxy = await startTestProxy({ allowedHosts: [] }, { auth: true, guestEnvFile: file });
+    expect(readFileSync(file, "utf8")).toContain(`HTTPS_PROXY=${proxy.guestEnv()["HTTPS_PROXY"]}`);
+    expect(statSync(file).mode & 0o777).toBe(0o660);
   });
 });
 
