@@ -154,4 +154,42 @@ describe("the metrics listener's thread", () => {
     clearInterval(trickle);
     await expect.poll(() => get(`${server.url}/healthz`).then((r) => r.status, () => 0), { timeout: 10_000 }).toBe(200);
   }, 30_000);
+
+  // Its head came at once, so the head deadline never applied: the unread body kept the
+  // connection until requestTimeout, three times as long (black-box finding).
+  it.each([
+    ["a Content-Length body", "Content-Length: 1000000\r\n"],
+    ["a chunked body", "Transfer-Encoding: chunked\r\n"],
+  ])("answers a request that sends %s (no path takes one) and closes the connection, however slowly the body comes", async (_what, field) => {
+    const { server } = await countingServer();
+    const socket = connect(server.port, "127.0.0.1");
+    socket.on("error", () => undefined);
+    onTestFinished(() => void socket.destroy());
+    await once(socket, "connect");
+    let received = "";
+    socket.on("data", (chunk: Buffer) => (received += chunk.toString("latin1")));
+    const closed = once(socket, "close");
+    socket.write(`GET /healthz HTTP/1.1\r\nHost: x\r\n${field}\r\n`);
+    // A body that keeps coming: the close must not wait for its end.
+    const trickle = setInterval(() => socket.writable && socket.write("a"), 100);
+    onTestFinished(() => clearInterval(trickle));
+    await closed;
+    expect(received).toMatch(/^HTTP\/1\.1 200 OK\r\n/);
+    expect(received.toLowerCase()).toContain("connection: close");
+    expect(received.endsWith("ok\n")).toBe(true);
+  }, 30_000);
+
+  it("keeps a connection whose requests have no body (or Content-Length: 0) open for the next", async () => {
+    const { server } = await countingServer();
+    const socket = connect(server.port, "127.0.0.1");
+    socket.on("error", () => undefined);
+    onTestFinished(() => void socket.destroy());
+    await once(socket, "connect");
+    let received = "";
+    socket.on("data", (chunk: Buffer) => (received += chunk.toString("latin1")));
+    socket.write("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+    await vi.waitFor(() => expect(received.match(/HTTP\/1\.1 200 OK/g)?.length).toBe(2), { timeout: 10_000 });
+    expect(received.toLowerCase()).not.toContain("connection: close");
+    expect(socket.destroyed).toBe(false);
+  });
 });
