@@ -69,13 +69,14 @@ export function formatShellExports(env: Readonly<Record<string, string>>): strin
 }
 
 /**
- * Writes a guest's environment, readable by the proxy's user alone: it holds the guest's
- * credentials and placeholders. A file the proxy makes is 0600. A file that was there already
- * kept its mode (writeFile's `mode` applies only when it creates the file), so a `touch`ed or
- * earlier 0644 file got every guest's token readable by every local user. Now such a file, when
- * the proxy's user owns it, is made 0600 before anything goes into it, and its old mode is
- * returned for the log; one another user owns (root, handing it over through its group) may be
- * read by its group, never by everyone, and is refused before anything is written, as ca.key is.
+ * Writes a guest's environment, never readable by everyone: it holds the guest's credentials
+ * and placeholders. A file the proxy makes is 0600. A file that was there already kept its mode
+ * (writeFile's `mode` applies only when it creates the file), so a `touch`ed or earlier 0644 file
+ * got every guest's token readable by every local user. Now such a file, when the proxy's user
+ * owns it, loses what others may do with it before anything goes into it (its group keeps what
+ * its owner gave, as ca.key's may), and its old mode is returned for the log; one another user
+ * owns (root, handing it over through its group) that everyone may read or write is refused
+ * before anything is written, as ca.key is.
  * A path that is no regular file (`/dev/stdout`, a FIFO) is written as it is.
  */
 export async function writeGuestEnvFile(path: string, env: Readonly<Record<string, string>>): Promise<number | undefined> {
@@ -90,8 +91,9 @@ export async function writeGuestEnvFile(path: string, env: Readonly<Record<strin
       const uid = process.getuid?.();
       const problem = envFilePermissionProblem(path, mode, stats.uid, uid);
       if (problem !== undefined) throw new Error(problem);
-      if (uid !== undefined && stats.uid === uid && (mode & 0o077) !== 0) {
-        await handle.chmod(0o600);
+      if (uid !== undefined && stats.uid === uid && (mode & 0o007) !== 0) {
+        // Its group keeps what the owner gave it (a launcher reading the file through a group).
+        await handle.chmod(mode & 0o770);
         was = mode;
       }
       await handle.truncate(0);
@@ -105,7 +107,7 @@ export async function writeGuestEnvFile(path: string, env: Readonly<Record<strin
 
 /**
  * Why an existing guest environment file that another user owns cannot be written without
- * showing its credentials to everyone; undefined when it can (the proxy's own file is made 0600).
+ * showing its credentials to everyone; undefined when it can (the proxy's own file loses what others may do with it).
  * The rule is ca.key's (src/tls/ca-check.ts): the owner may share it with its group, not with all.
  */
 export function envFilePermissionProblem(path: string, mode: number, owner: number, uid: number | undefined): string | undefined {

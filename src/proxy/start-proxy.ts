@@ -288,7 +288,10 @@ export async function launchProxy(
       for (const name of guests.names()) {
         const path = several ? `${file}.${name}` : file;
         const was = await writeGuestEnvFile(path, guestEnv(name));
-        if (was !== undefined) log.warn("the guest environment file could be read by other users; the proxy made it 0600 before writing the credentials", { file: path, mode: was.toString(8).padStart(4, "0") });
+        if (was !== undefined) {
+          const octal = (mode: number): string => mode.toString(8).padStart(4, "0");
+          log.warn("the guest environment file could be read by other users; the proxy took that away before writing the credentials", { file: path, mode: octal(was), now: octal(was & 0o770) });
+        }
       }
     } catch (error) {
       // Listening already: a proxy whose start failed must not stay open behind the caller's back.

@@ -720,24 +720,24 @@ describe("guests: the guest environment files", () => {
   // writeFile's mode applies only to a file it creates: one that was there already (a `touch`,
   // systemd-tmpfiles under umask 022) kept 0644, and every guest's token went into it readable
   // by every local user (black-box finding).
-  it("an existing file the proxy's user owns and others can read is made 0600 before the credentials go in, and the log says so", async () => {
+  it("an existing file the proxy's user owns loses what other users may do with it before the credentials go in, and the log says so; its group keeps its access", async () => {
     const dir = tempDir();
     const file = join(dir, "guest.env");
-    for (const [name, mode] of [["ci", 0o644], ["agent", 0o640]] as const) {
+    for (const [name, mode] of [["ci", 0o644], ["agent", 0o640], ["build", 0o666]] as const) {
       writeFileSync(`${file}.${name}`, "OLD=1\n");
       chmodSync(`${file}.${name}`, mode);
     }
-    const proxy = await startGuestsProxy({ ci: { allowedHosts: ["a.test"] }, agent: { allowedHosts: ["b.test"] } }, { guestEnvFile: file });
-    for (const name of ["ci", "agent"]) {
-      expect((statSync(`${file}.${name}`).mode & 0o777).toString(8)).toBe("600");
+    const proxy = await startGuestsProxy({ ci: { allowedHosts: ["a.test"] }, agent: { allowedHosts: ["b.test"] }, build: { allowedHosts: ["c.test"] } }, { guestEnvFile: file });
+    for (const [name, mode] of [["ci", "640"], ["agent", "640"], ["build", "660"]]) {
+      expect((statSync(`${file}.${name}`).mode & 0o777).toString(8), name).toBe(mode);
       const text = readFileSync(`${file}.${name}`, "utf8");
-      expect(text).toContain(`HTTPS_PROXY=${credentialsOf(proxy, name).proxyUrl}`);
+      expect(text).toContain(`HTTPS_PROXY=${credentialsOf(proxy, name!).proxyUrl}`);
       expect(text).not.toContain("OLD=1");
     }
-    const warned = proxy.logs.filter((line) => line["msg"] === "the guest environment file could be read by other users; the proxy made it 0600 before writing the credentials");
-    expect(warned.map((line) => [line["file"], line["mode"]])).toEqual([
-      [`${file}.ci`, "0644"],
-      [`${file}.agent`, "0640"],
+    const warned = proxy.logs.filter((line) => line["msg"] === "the guest environment file could be read by other users; the proxy took that away before writing the credentials");
+    expect(warned.map((line) => [line["file"], line["mode"], line["now"]]).sort()).toEqual([
+      [`${file}.build`, "0666", "0660"],
+      [`${file}.ci`, "0644", "0640"],
     ]);
     for (const line of proxy.rawLog) expect(line).not.toContain(credentialsOf(proxy, "ci").token);
   });

@@ -27,7 +27,7 @@ describe("envFilePermissionProblem: an existing guest environment file another u
     [0o640, 0, undefined],
     [0o660, 0, undefined],
     [0o600, 0, undefined],
-  ])("mode %o owned by uid %i, the proxy running as 1000: no problem (its own file is made 0600; a group is the owner's choice)", (mode, owner, expected) => {
+  ])("mode %o owned by uid %i, the proxy running as 1000: no problem (its own file loses what others may do; a group is the owner's choice)", (mode, owner, expected) => {
     expect(envFilePermissionProblem("/run/eg/guest.env", mode, owner, 1000)).toBe(expected);
   });
 
