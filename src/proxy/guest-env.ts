@@ -1,5 +1,6 @@
 import { constants } from "node:fs";
-import { open } from "node:fs/promises";
+import { randomBytes } from "node:crypto";
+import { open, rename, unlink } from "node:fs/promises";
 
 export interface GuestEnvInput {
   /** `http://HOST:PORT`, without credentials. */
@@ -73,35 +74,52 @@ export function formatShellExports(env: Readonly<Record<string, string>>): strin
  * and placeholders. A file the proxy makes is 0600. A file that was there already kept its mode
  * (writeFile's `mode` applies only when it creates the file), so a `touch`ed or earlier 0644 file
  * got every guest's token readable by every local user. Now such a file, when the proxy's user
- * owns it, loses what others may do with it before anything goes into it (its group keeps what
- * its owner gave, as ca.key's may), and its old mode is returned for the log; one another user
- * owns (root, handing it over through its group) that everyone may read or write is refused
- * before anything is written, as ca.key is.
- * A path that is no regular file (`/dev/stdout`, a FIFO) is written as it is.
+ * owns it, is replaced by a new one without what others could do with it (its group keeps what
+ * its owner gave, as ca.key's may), and its old mode is returned for the log: a chmod alone left
+ * a reader who had opened it while others could reading every later write through its handle.
+ * One another user owns (root, handing it over through its group) that everyone may read or
+ * write is refused before anything is written, as ca.key is. A path that is no regular file
+ * (`/dev/stdout`, a FIFO) is written as it is.
  */
 export async function writeGuestEnvFile(path: string, env: Readonly<Record<string, string>>): Promise<number | undefined> {
   const text = formatEnvFile(env);
-  // Not truncated at open: a file refused below keeps what it held.
+  // Not truncated at open: a file refused or replaced below keeps what it held.
   const handle = await open(path, constants.O_WRONLY | constants.O_CREAT, 0o600);
+  let replaceFrom: { mode: number; gid: number } | undefined;
   try {
     const stats = await handle.stat();
-    let was: number | undefined;
     if (stats.isFile()) {
       const mode = stats.mode & 0o777;
       const uid = process.getuid?.();
       const problem = envFilePermissionProblem(path, mode, stats.uid, uid);
       if (problem !== undefined) throw new Error(problem);
-      if (uid !== undefined && stats.uid === uid && (mode & 0o007) !== 0) {
-        // Its group keeps what the owner gave it (a launcher reading the file through a group).
-        await handle.chmod(mode & 0o770);
-        was = mode;
-      }
-      await handle.truncate(0);
+      if (uid !== undefined && stats.uid === uid && (mode & 0o007) !== 0) replaceFrom = { mode, gid: stats.gid };
+      else await handle.truncate(0);
     }
-    await handle.writeFile(text);
-    return was;
+    if (replaceFrom === undefined) await handle.writeFile(text);
   } finally {
     await handle.close();
+  }
+  if (replaceFrom === undefined) return undefined;
+  await replaceFile(path, text, replaceFrom.mode & 0o770, replaceFrom.gid);
+  return replaceFrom.mode;
+}
+
+/** Puts a new file with `text` at `path` (a rename, so no reader sees it half-written), mode `mode`, its group `gid` where the proxy may give it. */
+async function replaceFile(path: string, text: string, mode: number, gid: number): Promise<void> {
+  const temporary = `${path}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`;
+  const handle = await open(temporary, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL, 0o600);
+  try {
+    await handle.writeFile(text);
+    // The group the old file was shared with, where the proxy's user belongs to it; else its own.
+    await handle.chown(process.getuid?.() ?? -1, gid).catch(() => undefined);
+    await handle.chmod(mode);
+    await handle.close();
+    await rename(temporary, path);
+  } catch (error) {
+    await handle.close().catch(() => undefined);
+    await unlink(temporary).catch(() => undefined);
+    throw error;
   }
 }
 

@@ -263,7 +263,8 @@ function destinationUrl(target: string, hostHeader: string | undefined, tunnel: 
       throw badRequest(`invalid request target ${JSON.stringify(loggableTarget(target, 200))}`);
     }
     checkSameHost(normalizeHost(url.hostname), tunnel, "request target");
-    if (url.port !== "") checkSamePort(Number(url.port), url.hostname, tunnel, "request target");
+    const named = explicitPort(target, url);
+    if (named !== undefined) checkSamePort(named, url.hostname, tunnel, "request target");
     path = `${url.pathname}${url.search}`;
   }
   if (hostHeader !== undefined) checkTunnelHostHeader(hostHeader, tunnel);
@@ -290,6 +291,19 @@ function checkSameHost(hostname: string, tunnel: Authority, what: string): void 
       `${what} names "${hostname}" but the tunnel was opened with CONNECT ${tunnel.hostname}:${tunnel.port}`,
     );
   }
+}
+
+/**
+ * The port an absolute-form target names, if it names one: the URL parser drops a scheme's
+ * default (`https://api.test:443/` has port ""), which still names 443.
+ */
+function explicitPort(target: string, url: URL): number | undefined {
+  if (url.port !== "") return Number(url.port);
+  const start = target.indexOf("//") + 2;
+  const end = target.slice(start).search(/[/?#]/);
+  const authority = end < 0 ? target.slice(start) : target.slice(start, start + end);
+  if (!/:\d+$/.test(authority)) return undefined;
+  return url.protocol === "https:" ? 443 : url.protocol === "http:" ? 80 : undefined;
 }
 
 function checkSamePort(port: number, hostname: string, tunnel: Authority, what: string): void {

@@ -84,7 +84,7 @@ export function h2OutboundRequest(raw: readonly string[], tunnel: TunnelTarget, 
   // RFC 9113 §8.3.1: when both are present, they must agree; either one names the destination.
   const named = authority ?? hostHeader;
   if (named !== undefined && passedAuthority.get(tunnel) !== named) {
-    checkTunnelHostHeader(named, tunnel, ":authority");
+    checkTunnelHostHeader(named, tunnel, authority !== undefined ? ":authority" : "Host header");
     passedAuthority.set(tunnel, named);
   }
   if (authority !== undefined && hostHeader !== undefined) checkTunnelHostHeader(hostHeader, tunnel);

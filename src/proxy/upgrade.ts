@@ -91,7 +91,9 @@ export async function serveUpgrade(
     if (guestGone) return;
     guestGone = true;
     upstream?.destroy(gone());
-    leaving.abort();
+    // Named as the decision line names it: a drain's end, the proxy's bound on early bytes, or
+    // the guest. A plain Error: an EgressError there reads as a deadline that passed (requestEnded).
+    leaving.abort(new Error(overflowed ? tooEarly().message : leftReason()));
     // The call let go settles its trace entry (a block with 499) in the microtasks that follow:
     // decided after them, the record says so, not "did not settle" of kind time, a hook failure
     // counted for a guest that left (as DrainCuts does for a request).
@@ -162,10 +164,13 @@ export async function serveUpgrade(
       );
       return;
     }
+    // Past the bound on early bytes the proxy cut the guest, whatever else settled first (the
+    // pending hook call let go when the socket closed rejects before the departure does).
+    const failure = overflowed ? tooEarly() : error;
     const err = guestError(
-      error instanceof EgressError
-        ? error
-        : new EgressError("EG_UPSTREAM", 502, `upgrade failed: ${(error as NodeJS.ErrnoException).code ?? "error"}`, { cause: error, detail: (error as Error)?.message ?? String(error) }),
+      failure instanceof EgressError
+        ? failure
+        : new EgressError("EG_UPSTREAM", 502, `upgrade failed: ${(failure as NodeJS.ErrnoException).code ?? "error"}`, { cause: failure, detail: (failure as Error)?.message ?? String(failure) }),
       deps.redact,
     );
     deps.decide(

@@ -1,5 +1,5 @@
 import { createHmac } from "node:crypto";
-import { chmodSync, chownSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { chmodSync, chownSync, closeSync, openSync, readFileSync, readSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { request, ProxyAgent } from "undici";
@@ -727,7 +727,12 @@ describe("guests: the guest environment files", () => {
       writeFileSync(`${file}.${name}`, "OLD=1\n");
       chmodSync(`${file}.${name}`, mode);
     }
+    // Someone who opened it while everyone could keeps that handle: what goes in must not reach it.
+    const early = openSync(`${file}.ci`, "r");
+    onTestFinished(() => closeSync(early));
     const proxy = await startGuestsProxy({ ci: { allowedHosts: ["a.test"] }, agent: { allowedHosts: ["b.test"] }, build: { allowedHosts: ["c.test"] } }, { guestEnvFile: file });
+    const seen = Buffer.alloc(4096);
+    expect(seen.toString("utf8", 0, readSync(early, seen, 0, seen.length, 0))).toBe("OLD=1\n");
     for (const [name, mode] of [["ci", "640"], ["agent", "640"], ["build", "660"]]) {
       expect((statSync(`${file}.${name}`).mode & 0o777).toString(8), name).toBe(mode);
       const text = readFileSync(`${file}.${name}`, "utf8");

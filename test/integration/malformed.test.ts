@@ -283,6 +283,7 @@ describe("the port a Host names inside a tunnel", () => {
     ["TLS tunnel, Host without a port", true, "api.test", 200],
     ["TLS tunnel, Host with another port", true, "api.test:1", 421],
     ["TLS tunnel, absolute-form URL with another port", true, "ABS:1", 421],
+    ["TLS tunnel, absolute-form URL naming 443, the scheme's default, another port", true, "ABS:443", 421],
     ["plain tunnel, Host with the CONNECT port", false, "HOST", 200],
     ["plain tunnel, Host with another port", false, "api.test:1", 421],
   ])("%s", async (_what, tls, named, status) => {
@@ -296,7 +297,7 @@ describe("the port a Host names inside a tunnel", () => {
     const res = await send(tunnel, request);
     expect(res.status, res.body).toBe(status);
     if (status === 421) {
-      expect(res.body).toMatch(new RegExp(`names port 1 of "api\\.test" but the tunnel was opened with CONNECT api\\.test:${upstream.port}`));
+      expect(res.body).toMatch(new RegExp(`names port ${named.startsWith("ABS:") ? named.slice(4) : "1"} of "api\\.test" but the tunnel was opened with CONNECT api\\.test:${upstream.port}`));
       expect(upstream.hits()).toBe(0);
     } else expect(upstream.hits()).toBe(1);
     await expectStillServing(s);

@@ -305,6 +305,30 @@ describe("upgrades an upstream never answers", () => {
     });
   });
 
+  // With a hook still deciding, the call let go when the proxy cut the guest rejected first, and
+  // the line said 499 "the guest closed the connection" for the proxy's own cut (review finding).
+  it("a guest cut for more than 64 KiB while an onRequest hook is still deciding gets the same 400 line, not a 499", async () => {
+    const tarpit = await startTarpit();
+    let called!: () => void;
+    const hookCalled = new Promise<void>((resolve) => (called = resolve));
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test"],
+      onRequest: () => {
+        called();
+        return new Promise<undefined>(() => undefined);
+      },
+    });
+    const { guest, guestClosed } = sendUpgrade(proxy.port, tarpit.port);
+    await hookCalled;
+    guest.write(Buffer.alloc(70 * 1024, 0x61));
+    await guestClosed;
+    await expect.poll(() => proxy.logs.find((l) => l["msg"] === "request" && l["upgrade"] === true)).toMatchObject({
+      status: 400,
+      reason: expect.stringMatching(/sent more than 64 KiB before the upgrade completed; the proxy closed the connection/),
+      target: `http://api.test:${tarpit.port}/ws`,
+    });
+  });
+
   it("closing the proxy closes the upstream connection of a pending upgrade", async () => {
     const tarpit = await startTarpit();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
