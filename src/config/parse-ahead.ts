@@ -13,6 +13,9 @@ const aheadBytes = 64 * 1024;
 
 const parseWorker = workerEntry(import.meta.url, "parse-worker");
 
+/** The longest a parse on the thread may take: the 4 MiB file cap parses in a few seconds. */
+const parseDeadlineMs = 60_000;
+
 /** What the worker is given: what {@link parseConfigText} takes. */
 export interface ParseRequest {
   readonly text: string;
@@ -60,12 +63,23 @@ function parseOnThread(request: ParseRequest): Promise<ParseOutcome | undefined>
     }
     // A reload still parsing does not hold the process open at its end.
     worker.unref();
+    // A parse that never answers must not hold the reload (and every SIGHUP queued behind it) for
+    // good: past the deadline the thread is ended, and the reload parses on the loop.
+    const deadline = setTimeout(() => {
+      resolve(undefined);
+      void worker.terminate();
+    }, parseDeadlineMs);
+    deadline.unref();
     worker.once("message", (outcome: ParseOutcome) => {
+      clearTimeout(deadline);
       resolve(outcome);
       void worker.terminate();
     });
     // Listened for: an unlistened error would end the proxy. The reload parses on the loop then.
     worker.on("error", () => resolve(undefined));
-    worker.once("exit", () => resolve(undefined));
+    worker.once("exit", () => {
+      clearTimeout(deadline);
+      resolve(undefined);
+    });
   });
 }

@@ -75,13 +75,14 @@ export function formatShellExports(env: Readonly<Record<string, string>>): strin
  * (writeFile's `mode` applies only when it creates the file), so a `touch`ed or earlier 0644 file
  * got every guest's token readable by every local user. Now such a file, when the proxy's user
  * owns it, is replaced by a new one without what others could do with it (its group keeps what
- * its owner gave, as ca.key's may), and its old mode is returned for the log: a chmod alone left
- * a reader who had opened it while others could reading every later write through its handle.
+ * its owner gave, as ca.key's may), and its old and new modes are returned for the log: a chmod
+ * alone left a reader who had opened it while others could reading every later write through
+ * its handle.
  * One another user owns (root, handing it over through its group) that everyone may read or
  * write is refused before anything is written, as ca.key is. A path that is no regular file
  * (`/dev/stdout`, a FIFO) is written as it is.
  */
-export async function writeGuestEnvFile(path: string, env: Readonly<Record<string, string>>): Promise<number | undefined> {
+export async function writeGuestEnvFile(path: string, env: Readonly<Record<string, string>>): Promise<{ readonly was: number; readonly now: number } | undefined> {
   const text = formatEnvFile(env);
   // Not truncated at open: a file refused or replaced below keeps what it held.
   const handle = await open(path, constants.O_WRONLY | constants.O_CREAT, 0o600);
@@ -101,8 +102,14 @@ export async function writeGuestEnvFile(path: string, env: Readonly<Record<strin
     await handle.close();
   }
   if (replaceFrom === undefined) return undefined;
-  await replaceFile(path, text, replaceFrom.mode & 0o770, replaceFrom.gid);
-  return replaceFrom.mode;
+  const now = replaceFrom.mode & 0o770;
+  await replaceFile(path, text, now, replaceFrom.gid);
+  return { was: replaceFrom.mode, now };
+}
+
+/** A file mode as `ls -l`'s octal users write it: `0644`. */
+export function modeText(mode: number): string {
+  return (mode & 0o777).toString(8).padStart(4, "0");
 }
 
 /** Puts a new file with `text` at `path` (a rename, so no reader sees it half-written), mode `mode`, its group `gid` where the proxy may give it. */
@@ -131,6 +138,5 @@ async function replaceFile(path: string, text: string, mode: number, gid: number
 export function envFilePermissionProblem(path: string, mode: number, owner: number, uid: number | undefined): string | undefined {
   // Windows has no such bits (process.getuid is undefined there).
   if (uid === undefined || owner === uid || (mode & 0o006) === 0) return undefined;
-  const octal = (mode & 0o777).toString(8).padStart(4, "0");
-  return `${path} can be read or written by users other than its owner and group (mode ${octal}), and it would hold the guest's proxy credentials and placeholders: run "chmod o-rwx ${path}", or remove it and the proxy makes it 0600`;
+  return `${path} can be read or written by users other than its owner and group (mode ${modeText(mode)}), and it would hold the guest's proxy credentials and placeholders: run "chmod o-rwx ${path}", or remove it and the proxy makes it 0600`;
 }

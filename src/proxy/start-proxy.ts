@@ -13,7 +13,7 @@ import { AuthGate } from "./auth-gate.js";
 import { ConnectionLimits } from "./connection-limits.js";
 import { HandshakeGate } from "./handshake-gate.js";
 import { createDecisionLog } from "./decision-log.js";
-import { guestEnvironment, writeGuestEnvFile } from "./guest-env.js";
+import { guestEnvironment, modeText, writeGuestEnvFile } from "./guest-env.js";
 import { resolveGuestOptions, type GuestOptions } from "./guest-options.js";
 import { GuestSide } from "./guest-side.js";
 import { checkGuestName, closeUnbound, guestNameError, GuestRegistry, type RetiredGuestSecrets } from "./guests.js";
@@ -287,10 +287,9 @@ export async function launchProxy(
     try {
       for (const name of guests.names()) {
         const path = several ? `${file}.${name}` : file;
-        const was = await writeGuestEnvFile(path, guestEnv(name));
-        if (was !== undefined) {
-          const octal = (mode: number): string => mode.toString(8).padStart(4, "0");
-          log.warn("the guest environment file could be read by other users; the proxy took that away before writing the credentials", { file: path, mode: octal(was), now: octal(was & 0o770) });
+        const replaced = await writeGuestEnvFile(path, guestEnv(name));
+        if (replaced !== undefined) {
+          log.warn("the guest environment file could be read by other users; the proxy took that away before writing the credentials", { file: path, mode: modeText(replaced.was), now: modeText(replaced.now) });
         }
       }
     } catch (error) {
