@@ -281,8 +281,9 @@ export class Pipeline {
       }
       // Read as the upstream wrote it: the URL parser can rewrite a copy past recognising.
       hidden ??= secretInLocation(secrets, location);
-      // A hop that leaves the hosts of a secret sent on an earlier hop is refused if it carries its value.
-      const check = secrets === undefined || substituted.size === 0 ? undefined : (hop: RedirectHop) => this.checkRedirect(secrets, hop, substituted, trace);
+      // A hop that leaves the hosts of a secret sent on an earlier hop is refused if it carries its
+      // value; any hop whose host name holds a value is refused, wherever it goes.
+      const check = secrets === undefined || secrets.size === 0 ? undefined : (hop: RedirectHop) => this.checkRedirect(secrets, hop, substituted, trace);
       request = nextHop(request, upstream.status, location, check, hidden === undefined);
       if (hidden !== undefined) request = withFields(request, { hiddenPath: hidden });
     }
@@ -321,11 +322,16 @@ export class Pipeline {
     return { request, addresses: target.addresses, decision: target.decision };
   }
 
-  /** A redirect hop that leaves the hosts of a secret sent before: the secrets judge it, and a refusal is theirs in the trace, as at the first hop. */
+  /**
+   * A redirect hop, before it is followed: the secrets judge it (one that leaves the hosts of a
+   * secret sent before, and any whose host name holds a value), and a refusal is theirs in the
+   * trace, as at the first hop.
+   */
   private checkRedirect(secrets: SecretStore, hop: RedirectHop, substituted: ReadonlySet<string>, trace: TraceEntry[] | undefined): void {
     const started = trace === undefined ? 0 : performance.now();
     try {
-      secrets.checkRedirect(hop, substituted);
+      if (substituted.size > 0) secrets.checkRedirect(hop, substituted);
+      secrets.checkRedirectHost(hop);
     } catch (error) {
       trace?.push(failedEntry(declarativeSource, "declarative", "secrets", error, started));
       throw error;

@@ -600,6 +600,42 @@ export class SecretStore {
   }
 
   /**
+   * Called before every redirect hop is followed, after {@link checkRedirect}: a hop whose host
+   * name holds a copy of any secret's value, current or retired, in any encoding the scan
+   * decodes, is refused wherever it goes, the secret's own hosts included. A host name crosses
+   * the network in the clear whatever the scheme: in the DNS query for it and in the TLS server
+   * name (SNI). An upstream within a wildcard scope (`*.api.test`) that wrote the value into the
+   * host of its redirect had the hop followed, the value went to the resolver and out in SNI,
+   * lowercased by the URL parser, and every output named the host (black-box finding, eleventh
+   * session). The host is searched as the Location wrote it, in its own letter case, where a
+   * base64 copy is still recognised, and as the parser made it. The refusal never names it.
+   */
+  checkRedirectHost(hop: RedirectHop): void {
+    if (this.entries.size === 0) return;
+    const host = bareHostname(hop.url.hostname);
+    const texts = [host, ...writtenHosts(hop.location, host)];
+    this.redaction ??= valuesOf([...this.entries.values()]);
+    const budget = ScanBudget.forLength(texts.reduce((n, text) => n + text.length, 0));
+    for (const text of texts) {
+      let match: Match | undefined;
+      try {
+        match = findFirst(text, this.redaction, budget);
+      } catch (error) {
+        if (!(error instanceof UnscannableError)) throw error;
+        const first = [...this.entries.values()][0]!;
+        throw secretDenied(first.name, "a redirect's host name is too complex to scan for secrets, so the redirect is not followed");
+      }
+      if (match === undefined) continue;
+      const name = match.needle.name;
+      throw secretDenied(
+        name,
+        `a redirect's host name carries the value of secret ${name} (found ${encoding(match)}); ` +
+          "a host name leaves in the clear, in the DNS query and the TLS server name, so the redirect is not followed",
+      );
+    }
+  }
+
+  /**
    * A hop's URL never carries a value, or a placeholder, to a host outside the secret's hosts.
    * A redirect builds it from the upstream's Location, which can quote a value substituted into
    * the hop before (a "return to" cookie, an open redirect), and a cross-origin hop drops the
@@ -728,6 +764,34 @@ export class SecretStore {
     if (room !== undefined) room.left = grown!.left;
     return out;
   }
+}
+
+/**
+ * The most places in a Location that {@link writtenHosts} looks at, and returns: a host is
+ * written once, in the authority, after a userinfo at most.
+ */
+const maxHostPlaces = 64;
+const maxWrittenHosts = 4;
+
+/**
+ * The spans of `location` (as written, and percent-decoded) that read as `host` in any letter
+ * case: the host as the upstream wrote it, before the URL parser lowercased it (and decoded its
+ * percent-escapes), where a base64 copy of a value is still recognisable. Tabs and line breaks,
+ * which the parser drops, are dropped first.
+ */
+function writtenHosts(location: string, host: string): string[] {
+  const stripped = location.replace(/[\t\n\r]/g, "");
+  const out = new Set<string>();
+  for (const text of stripped.includes("%") ? [stripped, decodePercent(stripped)] : [stripped]) {
+    // ASCII only, so each character keeps its place: the parser's host is ASCII (punycode).
+    const folded = text.replace(/[A-Z]+/g, (run) => run.toLowerCase());
+    let places = 0;
+    for (let at = folded.indexOf(host); at >= 0 && places < maxHostPlaces && out.size < maxWrittenHosts; at = folded.indexOf(host, at + 1), places++) {
+      const written = text.slice(at, at + host.length);
+      if (written !== host) out.add(written);
+    }
+  }
+  return [...out];
 }
 
 /** How many times `needle` occurs in `text`, without overlaps. */

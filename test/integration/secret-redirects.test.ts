@@ -281,3 +281,78 @@ describe("secretRedirects: every mode against every kind of hop", () => {
     }
   });
 });
+
+/**
+ * A host name leaves in the clear whatever the scheme: in the DNS query for it and in the TLS
+ * server name (SNI) of the connection. An upstream within a wildcard scope (`*.api.test`) that
+ * wrote the value into the host of its redirect had the hop followed ("within the secret's hosts
+ * over https://"), so the value, lowercased by the URL parser, went to the resolver and across
+ * the network in SNI, and every output named the host (black-box finding, eleventh session).
+ */
+const HOST_VALUE = "Tok3nValue-4f9a2c71Qz";
+
+/** The ways an upstream might write the value into a host label (each a valid one). */
+const hostForms: Record<string, (value: string) => string> = {
+  "as it is (the parser lowercases it)": (v) => v,
+  "upper-case": (v) => v.toUpperCase(),
+  base64url: (v) => Buffer.from(v).toString("base64url"),
+  "base64url at another byte alignment": (v) => Buffer.from(`id:${v}`).toString("base64url"),
+  "lower-case hex": (v) => Buffer.from(v).toString("hex"),
+  "upper-case hex": (v) => Buffer.from(v).toString("hex").toUpperCase(),
+  "every character percent-encoded": (v) => [...Buffer.from(v)].map((b) => `%${b.toString(16).padStart(2, "0")}`).join(""),
+  "base64url, every character percent-encoded": (v) => [...Buffer.from(Buffer.from(v).toString("base64url"))].map((b) => `%${b.toString(16).padStart(2, "0")}`).join(""),
+};
+
+/** The host the URL parser makes of a form: what the resolver would be asked for. */
+const parsedHost = (form: string): string => new URL(`https://${hostForms[form]!(HOST_VALUE)}.api.test/`).hostname;
+
+describe("a redirect whose host name holds a copy of a secret's value", () => {
+  const modes: [string, Partial<HttpHooksOptions>][] = [
+    ["scan", {}],
+    ["refuse", { secretRedirects: "refuse" }],
+  ];
+  it.each(modes.flatMap(([mode, hooks]) => (["carried", "did not carry"] as const).map((carry) => [mode, carry, hooks] as const)))(
+    "with secretRedirects %s, from a request that %s the secret, is refused at the hop to a host in the secret's hosts, which is never contacted",
+    async (_mode, carry, hooks) => {
+      const carried = carry === "carried";
+      const hosts = Object.keys(hostForms).map(parsedHost);
+      let port = 0;
+      const upstream = await startUpstream({
+        names: ["api.test", "cdn.api.test", ...hosts],
+        routes: {
+          // The upstream knows the value (it was sent it, now or before) and writes it into a host.
+          "/to-host": (_req: IncomingMessage, res: ServerResponse, _body: Buffer, url: URL) => {
+            const form = url.searchParams.get("form");
+            const host = form === null ? "cdn" : hostForms[form]!(HOST_VALUE);
+            res.writeHead(302, { location: `https://${host}.api.test:${port}/echo` });
+            res.end();
+          },
+        },
+      });
+      port = upstream.port;
+      const proxy = await startTestProxy(
+        { allowedInternalHosts: ["api.test", "*.api.test"], secrets: { TOKEN: { hosts: ["api.test", "*.api.test"], value: HOST_VALUE } }, ...hooks },
+        // Every hop's host is pinned: none may reach a real resolver, even without the fix.
+        { resolve: Object.fromEntries(["cdn.api.test", ...hosts].map((host) => [host, ["127.0.0.1"]])) },
+      );
+      const headers: Record<string, string> = carried ? { authorization: `Bearer ${proxy.guestEnv()["TOKEN"]!}` } : {};
+      // A host in the secret's hosts that holds nothing of the value: followed, in both modes.
+      const clean = await fetchVia(proxy, `https://api.test:${port}/to-host`, { headers });
+      expect(clean.status, clean.text).toBe(200);
+      const got: string[] = [];
+      for (const form of Object.keys(hostForms)) {
+        const before = upstream.hits();
+        const res = await fetchVia(proxy, `https://api.test:${port}/to-host?form=${encodeURIComponent(form)}`, { headers });
+        got.push(`${form}: ${res.status}, hop reached ${upstream.hits() - before - 1}`);
+        if (res.status === 403) {
+          expect(res.text).toMatch(/a redirect's host name carries the value of secret TOKEN .*so the redirect is not followed/);
+          expect(res.text.toLowerCase()).not.toContain(parsedHost(form).split(".")[0]);
+        }
+      }
+      expect(got).toEqual(Object.keys(hostForms).map((form) => `${form}: 403, hop reached 0`));
+      // Nothing the proxy wrote names a host that held the value.
+      const log = JSON.stringify(proxy.logs).toLowerCase();
+      for (const host of hosts) expect(log).not.toContain(host.split(".")[0]);
+    },
+  );
+});

@@ -123,6 +123,33 @@ describe("SecretStore.checkRedirect", () => {
   });
 });
 
+describe("SecretStore.checkRedirectHost", () => {
+  const VALUE_IN_HOST = "Tok3nValue-4f9a2c71Qz";
+  const wide = store({ T: { hosts: ["api.test", "*.api.test"], value: VALUE_IN_HOST } });
+  const b64 = Buffer.from(VALUE_IN_HOST).toString("base64url");
+  const lower = (location: string): string => new URL(location).href;
+
+  // The Location as the upstream wrote it, and what the parser made of its host.
+  it.each([
+    ["base64 in its own letter case", `https://${b64}.api.test/x`],
+    ["base64 behind a userinfo that repeats the host lowercased", `https://${b64.toLowerCase()}.api.test:${b64.toLowerCase()}.api.test@${b64}.api.test/x`],
+    ["base64, percent-encoded", `https://${[...Buffer.from(b64)].map((c) => `%${c.toString(16)}`).join("")}.api.test/x`],
+    ["base64, with a tab the parser drops", `https://${b64.slice(0, 9)}\t${b64.slice(9)}.api.test/x`],
+    ["hex", `https://${Buffer.from(VALUE_IN_HOST).toString("hex").toUpperCase()}.api.test/x`],
+    ["as it is", `https://${VALUE_IN_HOST}.api.test/x`],
+  ])("refuses a hop to a host in the secret's own hosts whose name holds the value: %s", (_name, location) => {
+    const error = thrown(() => wide.checkRedirectHost(hop(lower(location), [], location)));
+    expect(error.status).toBe(403);
+    expect(error.message).toMatch(/^a redirect's host name carries the value of secret T \(found .*\); a host name leaves in the clear/);
+    expect(error.message.toLowerCase()).not.toContain(b64.toLowerCase().slice(0, 12));
+  });
+
+  it("passes a host that holds nothing of the value, and the value in the path or query", () => {
+    expect(() => wide.checkRedirectHost(hop("https://cdn.api.test/x", [], "https://CDN.api.test/x"))).not.toThrow();
+    expect(() => wide.checkRedirectHost(hop(lower(`https://cdn.api.test/${b64}?s=${b64}`), [], `https://cdn.api.test/${b64}?s=${b64}`))).not.toThrow();
+  });
+});
+
 describe("SecretStore substitution", () => {
   it("substitutes a value holding $&, $', $` and $$ as written", () => {
     const value = "a$&b$'c$`d$$e";
