@@ -37,7 +37,7 @@ const timeoutDocs: Record<keyof typeof defaults.timeouts, string> = {
   handshakeMs: "From CONNECT until the guest's TLS handshake (or first plain byte) completes.",
   headersMs: "For the guest to send a complete request head.",
   idleMs: "A guest connection with no traffic either way is closed after this; a connection (HTTP/1.1) or stream (HTTP/2) waiting on its upstream with nothing to write is left to upstreamHeadersMs and upstreamBodyMs.",
-  h2PingMs: "An HTTP/2 guest connection silent this long is sent a PING, and closed if the answer takes as long again (each at most idleMs), and one whose guest has not acknowledged the proxy's SETTINGS this long after connecting gets GOAWAY(SETTINGS_TIMEOUT); an HTTP/2 upstream connection, sent a PING every 4 s while it has streams, is given up if neither the answer nor any other byte comes within this long (upstreamHeadersMs once it was sent over 65,535 bytes of request body since it last answered one).",
+  h2PingMs: "An HTTP/2 guest connection silent this long is sent a PING, and closed if the answer takes as long again (each at most idleMs), and one whose guest has not acknowledged the proxy's SETTINGS this long after connecting gets GOAWAY(SETTINGS_TIMEOUT); an HTTP/2 upstream connection, sent a PING every 4 s while it has streams, is given up if neither the answer nor any other byte comes within this long (upstreamHeadersMs once it was sent over 65,535 bytes of request body since it last answered one; none is sent once the upstream has closed it gracefully with GOAWAY(NO_ERROR)).",
   dnsMs: "A DNS lookup (504 after).",
   upstreamConnectMs: "TCP and TLS connect to the upstream.",
   upstreamHeadersMs: "Until the upstream's response head arrives (504 after).",

@@ -1,5 +1,6 @@
 import { constants, type ClientHttp2Session, type ClientHttp2Stream, type ClientSessionRequestOptions, type IncomingHttpHeaders, type OutgoingHttpHeaders } from "node:http2";
 import type { EventEmitter } from "node:events";
+import { maxHeaderSize } from "node:http";
 import type { Readable } from "node:stream";
 import { EgressError, quoteShort } from "../errors.js";
 import { breaksFieldValue, hasNoContent, httpToken, type HeaderList } from "../headers.js";
@@ -77,6 +78,40 @@ function requestHeaders(request: H2UpstreamRequest): OutgoingHttpHeaders {
     else out[name] = [had, value];
   }
   return out;
+}
+
+/**
+ * The most bytes of header fields (names and values) an HTTP/2 upstream's response head may
+ * carry: `http.maxHeaderSize` (16 KiB unless `--max-http-header-size`), what undici takes of an
+ * HTTP/1.1 upstream's head. Node's client takes what the upstream sends (128 fields of a 4 KiB
+ * HPACK entry each, 500 KB from 4 KB on the wire): heads past 64 KiB were logged 200 while the
+ * proxy's own HTTP/2 server refused to send them (FRAME_SIZE_ERROR, the guest blamed), and a
+ * hook that passed one on failed for its size (black-box finding).
+ */
+const maxHeadBytes = maxHeaderSize;
+
+/**
+ * The most a response's trailer section may hold, counted as RFC 9113 §6.5.2 counts a header list
+ * (each field's name and value, and 32): what the proxy's HTTP/2 server can send a guest in one
+ * header block (nghttp2 sends at most 64 KiB, and counts less per field). A larger one from an
+ * HTTP/2 upstream was dropped on the way to an HTTP/2 guest, whose stream ended as if whole,
+ * logged 200 (black-box finding); it is now refused as undici refuses one over its 16 KiB from an
+ * HTTP/1.1 upstream: the response is cut.
+ */
+const maxTrailerListBytes = 64 * 1024;
+
+/** A header list's size as RFC 9113 §6.5.2 counts it. */
+function headerListSize(list: HeaderList): number {
+  let bytes = 0;
+  for (let i = 0; i < list.length; i += 2) bytes += list[i]!.length + list[i + 1]!.length + 32;
+  return bytes;
+}
+
+/** The bytes of a head's field names and values, as undici counts an HTTP/1.1 head's. */
+function headBytes(list: HeaderList): number {
+  let bytes = 0;
+  for (let i = 0; i < list.length; i += 2) bytes += list[i]!.length + list[i + 1]!.length;
+  return bytes;
 }
 
 function headerList(headers: IncomingHttpHeaders): HeaderList {
@@ -228,11 +263,27 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
     });
     stream.once("response", (head: IncomingHttpHeaders, flags: number) => {
       if (settled) return;
+      const headers = headerList(head);
+      const bytes = headBytes(headers);
+      if (bytes > maxHeadBytes) {
+        fail(new EgressError("EG_UPSTREAM", 502, `upstream ${url.host} sent a response head of ${bytes} bytes of header fields, over the ${maxHeadBytes} the proxy takes from an upstream`));
+        resetH2Stream(stream, constants.NGHTTP2_CANCEL, "the response head was over its limit");
+        return;
+      }
       settled = true;
       clearTimeout(timer);
       const status = Number(head[":status"]);
       let trailers: HeaderList | undefined;
-      stream.once("trailers", (fields: IncomingHttpHeaders) => (trailers = headerList(fields)));
+      stream.once("trailers", (fields: IncomingHttpHeaders) => {
+        const list = headerList(fields);
+        const size = headerListSize(list);
+        // Node emits the trailers before the body's end: the error comes first, and the guest's response is cut.
+        if (size > maxTrailerListBytes) {
+          stream.destroy(Object.assign(new Error(`upstream ${url.host} sent a trailer section of ${size} bytes, over the ${maxTrailerListBytes} the proxy passes on`), { code: "UND_ERR_HEADERS_OVERFLOW" }));
+          return;
+        }
+        trailers = list;
+      });
       // A head that ends the stream stays one: gRPC's Trailers-Only answer (grpc-status in the
       // head) is an error to a client that receives it followed by an empty body.
       const endsStream = (flags & constants.NGHTTP2_FLAG_END_STREAM) !== 0;
@@ -254,7 +305,7 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
           stream.destroy(Object.assign(new Error(`upstream ${url.host} reset the HTTP/2 stream (code ${stream.rstCode ?? 0}) before the end of its body`), { code: "UND_ERR_SOCKET" }));
         });
       }
-      resolve({ status, headers: headerList(head), body: empty ? null : stream, trailers: () => trailers });
+      resolve({ status, headers, body: empty ? null : stream, trailers: () => trailers });
     });
   });
 }

@@ -228,7 +228,13 @@ export class H2Sessions {
     let confirmed = 0;
     const bodySent = (): number => sessionBodyBytes.get(session)?.sent ?? 0;
     const probe = setInterval(() => {
-      if (session.destroyed || entry.active === 0 || round !== undefined) return;
+      // A session Node has closed (it does so itself at the upstream's GOAWAY(NO_ERROR), whose
+      // streams up to its last stream id go on) sends no PING: Node cancels it unsent, and the
+      // deadline gave up a live upstream's streams as "the proxy's PING never went out". A
+      // graceful shutdown (a reload, a rotated connection) cut every response that was silent for
+      // `pingMs` within 4 s of it, a long poll or a gRPC stream (black-box finding). Such streams
+      // are left to upstreamHeadersMs and upstreamBodyMs, as on an HTTP/1.1 connection.
+      if (session.destroyed || session.closed || entry.active === 0 || round !== undefined) return;
       const current: { deadline: NodeJS.Timeout | undefined } = { deadline: undefined };
       round = current;
       const sentBefore = bodySent();
