@@ -28,6 +28,9 @@ interface Source {
 
 const tokenMarker = "[REDACTED:GUEST_TOKEN]";
 
+/** How many removed guests' tokens stay redacted: two forms of under 100 characters each. */
+export const defaultMaxRetiredTokens = 10_000;
+
 /**
  * The log's and error bodies' redaction across every guest: each guest's secret values (in every
  * encoding the scan decodes), and every guest's token, bare or in its Basic form.
@@ -59,7 +62,21 @@ export class GuestRedactor {
   private readonly tokens = new FormIndex<undefined>();
   /** Each guest's token, the two forms of it that are indexed, and the update that last saw it. */
   private readonly tokenForms = new Map<string, { readonly forms: readonly IndexedForm<undefined>[]; seen: number }>();
+  /**
+   * The tokens of guests removed since, oldest first, still indexed: a line written later can
+   * quote one (a removed guest's request still under way, a hook's console line, a client or
+   * another guest that still sends it). A token is a lasting credential (README, "A guest's name
+   * is a lasting credential"), so it is not dropped with its guest. (Dropped at once, another
+   * guest's request that carried it logged it in clear.) Bounded: a pool that names each job's
+   * guest anew would otherwise grow the index without end; past the bound the oldest go.
+   */
+  private readonly retiredTokens = new Map<string, readonly IndexedForm<undefined>[]>();
+  private readonly maxRetiredTokens: number;
   private updates = 0;
+
+  constructor(options: { readonly maxRetiredTokens?: number } = {}) {
+    this.maxRetiredTokens = options.maxRetiredTokens ?? defaultMaxRetiredTokens;
+  }
 
   /**
    * The guests served from now on. One pass over them, which adds to the index what is new and
@@ -73,8 +90,13 @@ export class GuestRedactor {
         const held = this.tokenForms.get(guest.token);
         if (held !== undefined) held.seen = stamp;
         else {
-          const forms = tokenFormsOf(guest);
-          for (const form of forms) this.tokens.add(form);
+          // A guest given a removed guest's name again has its token (the key and the name make it).
+          let forms = this.retiredTokens.get(guest.token);
+          if (forms !== undefined) this.retiredTokens.delete(guest.token);
+          else {
+            forms = tokenFormsOf(guest);
+            for (const form of forms) this.tokens.add(form);
+          }
           this.tokenForms.set(guest.token, { forms, seen: stamp });
         }
       }
@@ -103,7 +125,12 @@ export class GuestRedactor {
     for (const [token, held] of this.tokenForms) {
       if (held.seen === stamp) continue;
       this.tokenForms.delete(token);
-      for (const form of held.forms) this.tokens.remove(form);
+      this.retiredTokens.set(token, held.forms);
+    }
+    for (const [token, forms] of this.retiredTokens) {
+      if (this.retiredTokens.size <= this.maxRetiredTokens) break;
+      this.retiredTokens.delete(token);
+      for (const form of forms) this.tokens.remove(form);
     }
   }
 

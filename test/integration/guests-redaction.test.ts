@@ -1,7 +1,9 @@
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { ProxyAgent, request } from "undici";
-import { HttpRequestBlockedError } from "../../src/index.js";
-import { credentialsOf, startGuestsProxy, type GuestsProxy } from "../helpers/guests.js";
+import { createHttpHooks, HttpRequestBlockedError, type AuditRecord } from "../../src/index.js";
+import { basic, credentialsOf, startGuestsProxy, type GuestsProxy } from "../helpers/guests.js";
+import { latch } from "../helpers/latch.js";
+import { openRaw, type RawClient, type RawResponse } from "../helpers/raw.js";
 import { startUpstream } from "../helpers/upstream.js";
 
 const A_VALUE = "shared-start-0123456789";
@@ -47,5 +49,66 @@ describe("guests: one guest's value inside another's", () => {
     expect(targets).toEqual([`https://a.test:${upstream.port}/echo/[REDACTED:B_TOKEN]`, expect.stringMatching(/\/quote\/\[REDACTED:B_TOKEN\]=*$/)]);
     expect(proxy.rawLog.join("")).not.toContain("the-rest-of-b");
     expect(proxy.rawLog.join("")).not.toContain(encoded.slice(-12, -1));
+  });
+});
+
+/** An absolute-form GET on a new connection to the listener, with `guest`'s credentials: not bound to the guest, so its removal does not close it. */
+async function absoluteGet(proxy: GuestsProxy, guest: string, token: string, url: string): Promise<{ raw: RawClient; answer: Promise<RawResponse> }> {
+  const raw = await openRaw(proxy.port);
+  const { host } = new URL(url);
+  raw.write(`GET ${url} HTTP/1.1\r\nHost: ${host}\r\nProxy-Authorization: ${basic(guest, token)}\r\n\r\n`);
+  return { raw, answer: raw.readResponse() };
+}
+
+// A guest's token left the log's redaction with the guest: after a reload (or removeGuest) that
+// dropped it, another guest's request that carried it, or a refusal of the removed guest's own
+// request still under way that quoted it, was logged in clear (helper finding, eleventh session).
+describe("guests: a removed guest's token", () => {
+  it.each(["a reload without it", "removeGuest"] as const)("stays redacted after %s: in another guest's request line, and in a refusal of its own request still under way", async (how) => {
+    const [arrived, arrive] = latch();
+    const [released, release] = latch();
+    const records: AuditRecord[] = [];
+    const proxy = await startGuestsProxy(
+      {
+        a: { allowedInternalHosts: ["a.test"] },
+        b: {
+          allowedInternalHosts: ["b.test"],
+          isRequestAllowed: async (req) => {
+            arrive();
+            await released;
+            throw new HttpRequestBlockedError(`refused ${req.url}`);
+          },
+        },
+      },
+      { onDecision: (record) => void records.push(record) },
+    );
+    const a = credentialsOf(proxy, "a");
+    const b = credentialsOf(proxy, "b");
+    const basicForm = Buffer.from(`b:${b.token}`).toString("base64");
+    const own = await absoluteGet(proxy, "b", b.token, `http://b.test:1/${b.token}/${basicForm}`);
+    await arrived;
+    if (how === "removeGuest") await proxy.removeGuest("b");
+    else {
+      const { httpHooks, env } = createHttpHooks({ allowedInternalHosts: ["a.test"] });
+      await proxy.reload({ guests: { a: { httpHooks, env } } });
+    }
+    expect(proxy.guestNames()).toEqual(["a"]);
+    release();
+    expect((await own.answer).status).toBe(403);
+    // Another guest sends it, in clear and in its Basic form: refused (not allowed), and logged.
+    const other = await absoluteGet(proxy, "a", a.token, `http://elsewhere.test/${b.token.toUpperCase()}?p=${basicForm}`);
+    expect((await other.answer).status).toBe(403);
+    await vi.waitFor(() => expect(records).toHaveLength(2));
+    const lines = proxy.logs.filter((line) => line["msg"] === "request");
+    expect(lines.map((line) => [line["guest"], line["status"]])).toEqual([
+      ["b", 403],
+      ["a", 403],
+    ]);
+    expect(String(lines[0]!["reason"])).toContain("[REDACTED:GUEST_TOKEN]");
+    expect(String(lines[1]!["target"])).toContain("[REDACTED:GUEST_TOKEN]");
+    for (const text of [proxy.rawLog.join("\n"), JSON.stringify(records)]) {
+      expect(text.toLowerCase()).not.toContain(b.token);
+      expect(text).not.toContain(basicForm);
+    }
   });
 });

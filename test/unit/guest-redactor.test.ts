@@ -129,8 +129,31 @@ describe("GuestRedactor with many guests", () => {
     const local = new GuestRedactor();
     local.update(registry([shared, twin]));
     expect(local.redact(`${shared.value} ${twin.token}`)).toBe("[REDACTED:S3000] [REDACTED:GUEST_TOKEN]");
-    local.update(registry([shared], true));
-    expect(local.redact(`${shared.value} ${shared.token}`)).toBe(`[REDACTED:S3000] ${shared.token}`);
+    // A proxy never turns open at a reload (it is refused), so a redactor that served it with credentials is not asked.
+    const open = new GuestRedactor();
+    open.update(registry([shared], true));
+    expect(open.redact(`${shared.value} ${shared.token}`)).toBe(`[REDACTED:S3000] ${shared.token}`);
+  });
+
+  // Dropped with its guest, a token another guest's request carried was logged in clear.
+  it("a removed guest's token stays redacted, in both forms, up to a bound on how many are kept; the oldest goes first", () => {
+    const local = new GuestRedactor({ maxRetiredTokens: 2 });
+    const mine = Array.from({ length: 5 }, (_, i) => guest(4000 + i));
+    const hidden = (g: RedactedGuest): boolean =>
+      local.redact(`${g.token.toUpperCase()} ${b64(`${g.name}:${g.token}`)}`) === "[REDACTED:GUEST_TOKEN] [REDACTED:GUEST_TOKEN]";
+    local.update(registry(mine));
+    // One removed at each update: g4000 first.
+    for (let left = 4; left >= 0; left--) local.update(registry(mine.slice(5 - left)));
+    expect(mine.map(hidden)).toEqual([false, false, false, true, true]);
+    // A guest given a kept token's name again is current again: it no longer counts against the bound.
+    local.update(registry([mine[3]!]));
+    const other = guest(4100);
+    local.update(registry([mine[3]!, other]));
+    local.update(registry([mine[3]!]));
+    expect([mine[3]!, mine[4]!, other].map(hidden)).toEqual([true, true, true]);
+    // Back to the bound: the oldest kept (g4004) goes.
+    local.update(registry([]));
+    expect([mine[3]!, mine[4]!, other].map(hidden)).toEqual([true, false, true]);
   });
 });
 
