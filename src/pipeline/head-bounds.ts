@@ -1,5 +1,6 @@
 import { EgressError } from "../errors.js";
 import { fieldBytes, type HeaderList } from "../headers.js";
+import { normalizeHost } from "../hostname.js";
 import { maxSubstitutedHeadBytes } from "../policy/secrets.js";
 import { discardBody } from "../streams.js";
 import type { OutboundRequest } from "./exchange.js";
@@ -50,17 +51,41 @@ function requestHeadBytes(request: OutboundRequest): number {
 
 /**
  * Throws 502 `EG_HOOK_FAILED` when `after`, the request `who` hands on (`"the onRequest policy
- * handed on"`), names port 0, or has a head over {@link maxHandedRequestHeadBytes} that is larger
- * than the head of `before`, the request it was given.
+ * handed on"`), names port 0 or an invalid host, or has a head over
+ * {@link maxHandedRequestHeadBytes} that is larger than the head of `before`, the request it was
+ * given. Its host is spelled as a guest's own is, in place (`api.test.` becomes `api.test`).
  */
 export function checkHandedRequest(before: OutboundRequest, after: OutboundRequest, who: string): void {
   if (after === before) return;
   // Held to the rules of a guest's own target (400 "invalid port 0") and a redirect's: the URL
   // parser takes port 0, and the proxy dialled it (ECONNREFUSED, a 502 blamed on the upstream).
   if (after.url.port === "0") throw new EgressError("EG_HOOK_FAILED", 502, `${who} a request to port 0 (${after.url.origin}), where no request may go`);
+  normalizeHandedHost(after.url, who);
   const bytes = requestHeadBytes(after);
   if (bytes <= maxHandedRequestHeadBytes || bytes <= requestHeadBytes(before)) return;
   throw new EgressError("EG_HOOK_FAILED", 502, `${who} a request whose head (URL and header fields) is ${bytes} bytes, over the ${maxHandedRequestHeadBytes} a request sent upstream may have`);
+}
+
+/**
+ * Spells the host of a URL a source handed on as a guest's own target and a redirect's are
+ * spelled (`normalizeHost`), in place; throws 502 `EG_HOOK_FAILED` for one that no guest could
+ * name. The URL parser lowercases, decodes and punycodes a host, but keeps a trailing dot, empty
+ * labels, characters no host name has (`a$b.test`) and labels over 63 characters: a rewrite to
+ * `https://api.test./` was matched by the allowlist and the secrets' hosts (which ignore one
+ * trailing dot) while isRequestAllowed, isIpAllowed, the upstream's Host and SNI, and the pools
+ * got `api.test.`, a name a guest's own request never carries there (helper finding).
+ */
+function normalizeHandedHost(url: URL, who: string): void {
+  let host: string;
+  try {
+    host = normalizeHost(url.hostname);
+  } catch (error) {
+    // The length messages quote no part of the host, which may hold a copy of a value that the
+    // parser lowercased past redaction's recognition; "invalid host" quotes it whole.
+    const message = (error as Error).message;
+    throw new EgressError("EG_HOOK_FAILED", 502, `${who} a request to an invalid host${message.startsWith("invalid host") ? " name (an empty label, or a character no host name has)" : `: ${message}`}`);
+  }
+  if (host !== url.hostname) url.hostname = host;
 }
 
 /** Why a response head `who` made (`"the onRequest policy answered with"`) cannot be sent, or undefined when it can. */

@@ -7,7 +7,7 @@ import { loadPolicy } from "../helpers/djs.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { fetchVia, startTestProxy, type TestProxy } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
-import { listenForTest } from "../helpers/upstream.js";
+import { listenForTest, startUpstream } from "../helpers/upstream.js";
 
 /**
  * Heads a source builds are held to the proxy's bounds (src/pipeline/head-bounds.ts). A Response
@@ -273,6 +273,93 @@ describe("a request a source handed on to port 0", () => {
       const next = await guest("/next");
       expect(next).toMatchObject({ status: 200, text: "from upstream" });
       expect(upstream.arrived).toEqual(["/next"]);
+    },
+  );
+});
+
+// -- A request handed on to a host spelled otherwise ---------------------------------------------
+
+/**
+ * Hosts a rewrite may spell, in the order the guest asks for them (`/to/<index>`), and what each
+ * must become: the spelling a guest's own target gets (src/hostname.ts), or a 502. The URL parser
+ * lowercases, decodes and maps the first three by itself; it kept the trailing dot and let the
+ * invalid ones through.
+ */
+const handedHosts: readonly { readonly host: string; readonly becomes: "api.test" | "refused" }[] = [
+  { host: "API.TEST.", becomes: "api.test" },
+  { host: "%61pi.test", becomes: "api.test" },
+  { host: "\uff21\uff30\uff29.test", becomes: "api.test" },
+  { host: "api.test.", becomes: "api.test" },
+  { host: "api..test", becomes: "refused" },
+  { host: "a$b.test", becomes: "refused" },
+  { host: `${"a".repeat(64)}.test`, becomes: "refused" },
+];
+
+type HostWay = "tier2 onRequest" | "tier2 handle's next()" | "tier3 onRequest" | "tier3 handle's next()";
+
+/** A source that hands on `/to/<index>` as a request to {@link handedHosts}[index] on the same port, path `/echo`, headers kept. */
+function hostRewriter(way: HostWay): { source: Source; label: string } {
+  const rewrite = `const hosts = ${JSON.stringify(handedHosts.map((row) => row.host))};
+    function moved(r) {
+      const u = new URL(r.url);
+      const m = /^\\/to\\/(\\d+)$/.exec(u.pathname);
+      return m === null ? r : new Request("https://" + hosts[Number(m[1])] + ":" + u.port + "/echo", r);
+    }`;
+  if (way.startsWith("tier2")) {
+    const body = way === "tier2 onRequest" ? `export function onRequest(r) { const m = moved(r); if (m !== r) return m; }` : `export function handle(r, next) { return next(moved(r)); }`;
+    const policy = loadPolicy({ source: `${rewrite}\n${body}`, filename: "host-rewrite.mjs", workers: 1 });
+    return { source: policy, label: policy.engine.filename };
+  }
+  const moved = new Function(`${rewrite}\nreturn moved;`)() as (r: Request) => Request;
+  const source =
+    way === "tier3 onRequest"
+      ? { onRequest: (r: Request) => (moved(r) === r ? undefined : moved(r)) }
+      : { handle: (r: Request, next: (r: Request) => Promise<Response>) => next(moved(r)) };
+  return { source, label: "hooks[0]" };
+}
+
+// A guest's own target and a redirect's Location have their host spelled by normalizeHost, but a
+// rewrite's was taken as the URL parser left it: `https://api.test./` was matched by the allowlist
+// and the secret's hosts (which ignore one trailing dot) while isRequestAllowed, isIpAllowed and
+// the upstream's Host got `api.test.`; `api..test`, `a$b.test` and a 64-character label, which a
+// guest gets 400 for, went on to the checks (and to the resolver, where one was allowed). Helper
+// finding, eleventh session.
+describe("a request a source handed on to a host spelled otherwise", () => {
+  it.each(["tier2 onRequest", "tier2 handle's next()", "tier3 onRequest", "tier3 handle's next()"] as const)(
+    "%s: the host is spelled as a guest's own (allowlist, secret, isRequestAllowed, isIpAllowed, Host), or the rewrite is a 502",
+    async (way) => {
+      const upstream = await startUpstream({ names: ["api.test"] });
+      const { source, label } = hostRewriter(way);
+      const checked: string[] = [];
+      const watcher = {
+        isRequestAllowed: (r: Request) => checked.push(`request ${new URL(r.url).host}`) > 0,
+        isIpAllowed: (info: { hostname: string }) => checked.push(`ip ${info.hostname}`) > 0,
+      };
+      const proxy = await startTestProxy({
+        allowedInternalHosts: ["api.test"],
+        secrets: { API_KEY: { hosts: ["api.test"], value: "the-api-key-value" } },
+        hooks: [source, watcher],
+      });
+      const placeholder = proxy.guestEnv()["API_KEY"]!;
+      for (const [index, { host, becomes }] of handedHosts.entries()) {
+        checked.length = 0;
+        const hits = upstream.hits();
+        const res = await fetchVia(proxy, `https://api.test:${upstream.port}/to/${index}`, { headers: { authorization: `Bearer ${placeholder}` } });
+        const line = decisionFor(proxy, `/to/${index}`);
+        if (becomes === "refused") {
+          expect([host, res.status], res.text).toEqual([host, 502]);
+          expect(res.text).toMatch(/(handed on|passed next\(\)) a request to an invalid host/);
+          expect(line, host).toMatchObject({ status: 502, code: "EG_HOOK_FAILED", source: label });
+          expect(checked, host).toEqual([]);
+          expect(upstream.hits(), host).toBe(hits);
+          continue;
+        }
+        expect([host, res.status], res.text).toEqual([host, 200]);
+        const echo = JSON.parse(res.text) as { path: string; headers: Record<string, string> };
+        expect([host, echo.path, echo.headers["host"], echo.headers["authorization"]]).toEqual([host, "/echo", `api.test:${upstream.port}`, "Bearer the-api-key-value"]);
+        expect([host, ...checked]).toEqual([host, `request api.test:${upstream.port}`, "ip api.test"]);
+        expect([host, line?.["reason"]]).toEqual([host, 'host "api.test" matches "api.test"']);
+      }
     },
   );
 });
