@@ -153,3 +153,30 @@ export function noContentFraming(status: number, headers: HeaderList): HeaderLis
 }
 
 const contentLength: ReadonlySet<string> = new Set(["content-length"]);
+
+/**
+ * A response's Content-Length spelled as a number is (RFC 9110 §8.6: `1*DIGIT`): without leading
+ * zeros or the whitespace around it (`002` and ` 2 ` are `2`), so that the guest and every
+ * client after it read the length the proxy framed the body by. llhttp and nghttp2 take leading
+ * zeros, and an upstream's `Content-Length: 002` went to the guest as written (helper finding):
+ * a parser that reads it as octal, or refuses it, disagrees with the proxy on where the body
+ * ends. Undefined when the list holds more than one such field, or one that is not a number:
+ * the caller refuses the response (RFC 9112 §6.3: invalid framing is an unrecoverable error),
+ * never forwards it. Both parsers refuse those already; this keeps the rule where it is used.
+ */
+export function canonicalContentLength(list: HeaderList): HeaderList | undefined {
+  let at = -1;
+  for (let i = 0; i < list.length; i += 2) {
+    if (list[i]!.toLowerCase() !== "content-length") continue;
+    if (at >= 0) return undefined;
+    at = i;
+  }
+  if (at < 0) return list;
+  const value = list[at + 1]!.replace(/^[ \t]+|[ \t]+$/g, "");
+  if (!/^[0-9]+$/.test(value)) return undefined;
+  const number = value.replace(/^0+(?=[0-9])/, "");
+  if (number === list[at + 1]) return list;
+  const out = [...list];
+  out[at + 1] = number;
+  return out;
+}

@@ -22,7 +22,7 @@ import {
   type TraceEntry,
   type SendInfo,
 } from "./exchange.js";
-import { endToEndHeaders, getHeader, hasNoContent, headerObjectToList, noContentFraming, type HeaderList } from "../headers.js";
+import { canonicalContentLength, endToEndHeaders, getHeader, hasNoContent, headerObjectToList, noContentFraming, type HeaderList } from "../headers.js";
 import type { HookLimits, OnRequestOutcome } from "./hook-phases.js";
 import { checkHandedRequest, checkMadeResponse } from "./head-bounds.js";
 import { nextHop, redirectStatuses } from "./redirects.js";
@@ -467,7 +467,7 @@ export class Pipeline {
           discardBody(h2.body);
           throw new EgressError("EG_UPSTREAM", 502, `upstream ${url.host} answered status ${h2.status}, which is not an HTTP status`);
         }
-        const headers = upstreamHeaders(h2.status, h2.headers);
+        const headers = upstreamHeaders(h2.status, h2.headers, url, h2.body);
         const locations = headers.filter((_, i) => i % 2 === 0 && headers[i]!.toLowerCase() === "location");
         return { status: h2.status, headers, body: h2.body, location: locations.length === 1 ? getHeader(headers, "location") : undefined, trailers: h2.trailers, httpVersion: "HTTP/2" };
       }
@@ -519,7 +519,7 @@ export class Pipeline {
       }
       return {
         status: response.statusCode,
-        headers: upstreamHeaders(response.statusCode, headerObjectToList(response.headers)),
+        headers: upstreamHeaders(response.statusCode, headerObjectToList(response.headers), url, empty ? null : response.body),
         body: empty ? null : response.body,
         location: typeof location === "string" ? location : undefined,
         ...(chunked && !empty ? { trailers: () => headerObjectToList(response.trailers) } : {}),
@@ -564,11 +564,18 @@ function madeResponse(source: HookSource, hooked: HookedOnResponse): HookedOnRes
 }
 
 /**
- * An upstream's response header fields as the guest may get them: end to end only, and the
- * length fields of a response without content as {@link noContentFraming} says.
+ * An upstream's response header fields as the guest may get them: end to end only, the
+ * Content-Length spelled as a number is ({@link canonicalContentLength}: `002` is `2`), and the
+ * length fields of a response without content as {@link noContentFraming} says. A Content-Length
+ * that is not one number is a 502, its body released, and nothing of it is forwarded.
  */
-function upstreamHeaders(status: number, list: HeaderList): HeaderList {
-  return noContentFraming(status, endToEndHeaders(list));
+function upstreamHeaders(status: number, list: HeaderList, url: URL, body: Readable | null): HeaderList {
+  const framed = canonicalContentLength(list);
+  if (framed === undefined) {
+    discardBody(body);
+    throw new EgressError("EG_UPSTREAM", 502, `upstream ${url.host} sent a Content-Length that is not one number`);
+  }
+  return noContentFraming(status, endToEndHeaders(framed));
 }
 
 /** How much of a path an error message quotes. */

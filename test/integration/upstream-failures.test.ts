@@ -1,4 +1,5 @@
 import { connect, createServer, type Server, type Socket } from "node:net";
+import type { Server as HttpServer } from "node:http";
 import { gzipSync } from "node:zlib";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
@@ -6,7 +7,7 @@ import { startH2Upstream } from "../helpers/h2-upstream.js";
 import { fetchVia, startTestProxy } from "../helpers/proxy.js";
 import { openTlsTunnel } from "../helpers/raw.js";
 import { openRaw } from "../helpers/raw.js";
-import { startUpstream, type Route } from "../helpers/upstream.js";
+import { listenForTest, startUpstream, type Route } from "../helpers/upstream.js";
 
 /** A TCP port on 127.0.0.1 that accepts connections and never answers. */
 async function silentServer(): Promise<number> {
@@ -432,6 +433,72 @@ describe("upstream answers the proxy cannot pass on", () => {
   }
 });
 
+
+// RFC 9110 §8.6: Content-Length is 1*DIGIT. llhttp and nghttp2 take leading zeros, and an
+// upstream's `Content-Length: 002` (or ` 2 `, its trailing whitespace kept) went to the guest as
+// written, where a parser that reads it as octal or refuses it disagrees with the proxy on where
+// the body ends (helper finding, eleventh session). What is not one number (`+2`, a list, two
+// fields, alike or not) must be refused, never forwarded (RFC 9112 §6.3).
+describe("an upstream's Content-Length", () => {
+  const heads: readonly { readonly fields: string; readonly body: string; readonly guestGets: string | 502 }[] = [
+    { fields: "Content-Length: 002", body: "ok", guestGets: "2" },
+    { fields: "Content-Length: 0000000000000000000012", body: "twelve bytes", guestGets: "12" },
+    { fields: "Content-Length:   2  ", body: "ok", guestGets: "2" },
+    { fields: "Content-Length: 00", body: "", guestGets: "0" },
+    { fields: "Content-Length: 2", body: "ok", guestGets: "2" },
+    { fields: "Content-Length: +2", body: "ok", guestGets: 502 },
+    { fields: "Content-Length: 2, 2", body: "ok", guestGets: 502 },
+    { fields: "Content-Length: 2\r\nContent-Length: 2", body: "ok", guestGets: 502 },
+    { fields: "Content-Length: 2\r\nContent-Length: 3", body: "ok", guestGets: 502 },
+    { fields: "Content-Length: 3\r\nContent-Length: 2", body: "ok", guestGets: 502 },
+    { fields: "Content-Length: 2, 3", body: "ok", guestGets: 502 },
+  ];
+
+  it("from an HTTP/1.1 upstream reaches the guest as one number without leading zeros or whitespace; one that is not one number is a 502, and nothing of it is forwarded", async () => {
+    // A raw upstream: Node's own server would not write these fields. /<index> answers heads[index].
+    const server = createServer((socket: Socket) => {
+      socket.on("error", () => undefined);
+      let pending = "";
+      socket.on("data", (chunk: Buffer) => {
+        pending += chunk.toString("latin1");
+        for (let end = pending.indexOf("\r\n\r\n"); end !== -1; end = pending.indexOf("\r\n\r\n")) {
+          const { fields, body } = heads[Number(pending.slice(0, end).split(" ")[1]!.slice(1))]!;
+          pending = pending.slice(end + 4);
+          socket.write(`HTTP/1.1 200 OK\r\nX-Upstream: yes\r\n${fields}\r\n\r\n${body}`);
+        }
+      });
+    });
+    // listenForTest takes any net.Server: it only listens, tracks sockets and closes.
+    const port = await listenForTest(server as unknown as HttpServer);
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    // One guest connection for every row: each answer, a 502 too, leaves it able to serve the next.
+    const guest = await openRaw(proxy.port);
+    for (const [index, { fields, body, guestGets }] of heads.entries()) {
+      guest.write(`GET http://api.test:${port}/${index} HTTP/1.1\r\nHost: api.test:${port}\r\n\r\n`);
+      const res = await guest.readResponse();
+      if (guestGets === 502) {
+        expect([fields, res.status, res.headers["x-egressgate-error"], res.headers["x-upstream"]]).toEqual([fields, 502, "EG_UPSTREAM", undefined]);
+        continue;
+      }
+      expect([fields, res.status, res.headers["content-length"], res.body]).toEqual([fields, 200, guestGets, body]);
+    }
+  });
+
+  it("from an HTTP/2 upstream reaches an HTTP/2 guest, and hooks, as one number without leading zeros", async () => {
+    const upstream = await startH2Upstream({
+      "/zeros": (stream) => {
+        stream.respond({ ":status": 200, "content-length": "002" });
+        stream.end("ok");
+      },
+    });
+    const seenByHook: (string | null)[] = [];
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onResponse: (res) => void seenByHook.push(res.headers.get("content-length")) });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const res = await h2Request(session, { ":path": "/zeros" });
+    expect([res.status, res.headers["content-length"], res.body.toString()]).toEqual([200, "2", "ok"]);
+    expect(seenByHook).toEqual(["2"]);
+  });
+});
 
 // An upstream's keep-alive close can cross the next request on the wire; undici then reports
 // "other side closed" with no answer. An idempotent request with a body that can be sent again
