@@ -148,11 +148,15 @@ export class Pipeline {
   /**
    * A GET or HEAD framed with a body of unknown length (chunked, or an HTTP/2 stream its HEADERS did not end) while
    * a hook is shown the request: one whose body ends without a byte has none, and is served as a
-   * GET without a body is (it got 400); one with bytes is refused by the checks below.
+   * GET without a body is (it got 400); one with bytes, or one whose guest asked for
+   * `100 Continue`, is refused by the checks below.
    */
   private async bodilessFirst(initial: OutboundRequest, body: Readable, context: ExchangeContext): Promise<PipelineResponse> {
-    // A guest that asked for `100 Continue` sends nothing of its body, not even its end, until then.
-    context.beforeBody?.();
+    // A guest that asked for `100 Continue` sends nothing of its body, not even its end, until
+    // then; and it says it has content (RFC 9110 §10.1.1: a client MUST NOT ask without). Such a
+    // GET is refused as one with a declared length is, at once and without the 100, which told
+    // it to send a body only to refuse it (helper finding).
+    if (context.beforeBody !== undefined) return this.layersOrSteps(initial, context);
     const empty = await endsEmpty(body, context.signal);
     return this.layersOrSteps(empty ? withFields(initial, { body: null }) : initial, context);
   }

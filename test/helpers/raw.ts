@@ -15,6 +15,8 @@ export interface RawResponse {
 export interface ReadOptions {
   /** The answer to a CONNECT: a 2xx has no body, whatever its headers say (RFC 9110 §9.3.6). */
   readonly forConnect?: boolean;
+  /** The answer to a HEAD: no body, whatever its headers say (RFC 9110 §9.3.2). */
+  readonly forHead?: boolean;
   readonly timeoutMs?: number;
 }
 
@@ -73,7 +75,7 @@ export class RawClient {
     const timeoutMs = options.timeoutMs ?? defaultWaitMs;
     const deadline = Date.now() + timeoutMs;
     for (;;) {
-      const parsed = parseResponse(this.buffer, options.forConnect === true, this.closedFlag);
+      const parsed = parseResponse(this.buffer, options.forConnect === true, this.closedFlag, options.forHead === true);
       if (parsed !== undefined) {
         this.buffer = this.buffer.subarray(parsed.consumed);
         return parsed.response;
@@ -182,6 +184,7 @@ export function parseResponse(
   buf: Buffer,
   forConnect: boolean,
   closed: boolean,
+  forHead = false,
 ): { response: RawResponse; consumed: number } | undefined {
   const headEnd = buf.indexOf("\r\n\r\n");
   if (headEnd < 0) return undefined;
@@ -201,7 +204,7 @@ export function parseResponse(
     response: { status, statusText: statusLine[2] ?? "", headers, body: body.toString("utf8") },
     consumed,
   });
-  if ((forConnect && status >= 200 && status < 300) || status < 200 || status === 204 || status === 304) {
+  if ((forConnect && status >= 200 && status < 300) || forHead || status < 200 || status === 204 || status === 304) {
     return done(Buffer.alloc(0), bodyStart);
   }
   if (/\bchunked\b/i.test(headers["transfer-encoding"] ?? "")) {

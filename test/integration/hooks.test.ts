@@ -212,6 +212,46 @@ describe("onRequest", () => {
     }
   }
 
+  // A GET or HEAD of unknown length whose guest asked for `100 Continue` got the 100, and then,
+  // once it had sent its body, the 400 (helper finding). A client asks only when it has content
+  // (RFC 9110 §10.1.1), so it is refused at once, as a GET with a Content-Length is.
+  for (const [what, hooks] of Object.entries(shownAsRequest)) {
+    for (const method of ["GET", "HEAD"]) {
+      it(`${method} chunked with Expect: 100-continue gets its 400 with ${what} without a 100 first, and nothing leaves`, async () => {
+        const upstream = await startUpstream({ tls: false });
+        const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hooks() });
+        const guest = await openRaw(proxy.port);
+        guest.write(`${method} http://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n`);
+        const first = await guest.readResponse({ forHead: method === "HEAD" });
+        // Without the fix the 100 came first: the guest then sends its body, as asked.
+        if (first.status === 100) guest.write("3\r\nabc\r\n0\r\n\r\n");
+        expect(first.status).toBe(400);
+        if (method === "GET") expect(first.body).toMatch(/GET with a body is refused while (an onRequest hook|a layer) is registered/);
+        expect(hits(upstream)).toBe(0);
+        await vi.waitFor(() => expect(proxy.logs.find((line) => line["msg"] === "request")).toMatchObject({ status: 400, code: "EG_BAD_REQUEST" }));
+      });
+    }
+  }
+
+  it("an HTTP/2 GET with Expect: 100-continue and its stream open gets its 400 without a 100 first while an onRequest hook is registered", async () => {
+    const { proxy, upstream } = await setup({ onRequest: () => undefined });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const stream = session.request({ ":method": "GET", ":path": "/echo", expect: "100-continue" }, { endStream: false });
+    let continues = 0;
+    // Without the fix the 100 came first: the guest then sends its body, as asked.
+    stream.on("continue", () => {
+      continues += 1;
+      stream.end("abc");
+    });
+    stream.on("error", () => undefined);
+    const status = await new Promise<number>((resolve) => stream.on("response", (h) => resolve(Number(h[":status"]))));
+    stream.resume();
+    expect([status, continues]).toEqual([400, 0]);
+    expect(hits(upstream)).toBe(0);
+    // The connection serves on.
+    expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+  });
+
   it("an HTTP/2 GET whose only DATA frame is empty, with END_STREAM, is served while an onRequest hook is registered", async () => {
     const { proxy, upstream } = await setup({ onRequest: () => undefined });
     const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
