@@ -1,4 +1,6 @@
 import cluster, { type Worker } from "node:cluster";
+import { execArgvWithoutInspector, nodeOptionsWithoutInspector } from "./inspector-flags.js";
+import { inspectorListen } from "../proxy/inspector-address.js";
 import { createServer } from "node:net";
 import type { CliLog } from "./cli-log.js";
 import type { RetiredGuestSecrets } from "../proxy/guests.js";
@@ -248,7 +250,20 @@ export async function runPrimary(
   /** Called once when the workers are told to stop: the primary's /readyz answers 503 from then on. */
   onStopping: () => void = () => undefined,
 ): Promise<number> {
-  cluster.setupPrimary({ exec: process.argv[1]!, args: [...argv], silent: false });
+  // The workers open no inspector (./inspector-flags.ts); `inspectPort: 0` is what node:cluster
+  // hands them in its place while the primary's NODE_OPTIONS holds one: left to it, a primary
+  // given `--inspect-port=…:0` gave its workers ports 1 and 2, which Node refuses to start with.
+  const execArgv = execArgvWithoutInspector(process.execArgv);
+  const nodeOptions = nodeOptionsWithoutInspector(process.env["NODE_OPTIONS"] ?? "");
+  cluster.setupPrimary({ exec: process.argv[1]!, args: [...argv], execArgv: execArgv.kept, inspectPort: 0, silent: false });
+  const inspectorDropped = [...execArgv.dropped, ...nodeOptions.dropped];
+  // Said when it changes something: the primary's inspector is open, so the workers' would have been.
+  if (inspectorListen() !== undefined) {
+    log("warn", "--workers: the workers run without Node's inspector; the primary keeps its own", {
+      options: inspectorDropped,
+      reason: "each worker would open one, which runs any code sent to it, and a guest could reach it through another worker; debug request handling without --workers",
+    });
+  } else if (inspectorDropped.length > 0) log("debug", "--workers: the inspector's options are not passed on to the workers", { options: inspectorDropped });
   // Picked before the workers bind it: another process can take it in between, and the workers
   // then exit with portTakenExit; the start picks another (see start below).
   let port = listen.port === 0 ? await freePort(listen.host) : undefined;
@@ -300,7 +315,12 @@ export async function runPrimary(
 
   const fork = (first: boolean, replacing?: Worker): Promise<{ worker: Worker; url: string }> =>
     new Promise((resolve, reject) => {
-      const worker = cluster.fork({ ...workerEnv(), ...(first ? { [firstWorkerEnv]: "1" } : {}), ...(replacing !== undefined ? { [replacementEnv]: "1" } : {}) });
+      const worker = cluster.fork({
+        ...workerEnv(),
+        ...(nodeOptions.dropped.length > 0 ? { NODE_OPTIONS: nodeOptions.kept } : {}),
+        ...(first ? { [firstWorkerEnv]: "1" } : {}),
+        ...(replacing !== undefined ? { [replacementEnv]: "1" } : {}),
+      });
       live.add(worker);
       // A send to a worker that just died fails with EPIPE as an `error` event on it: unlistened,
       // it would take the primary, and with it every other worker's guests. Its exit is handled below.

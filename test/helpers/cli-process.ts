@@ -18,14 +18,15 @@ export interface Cli {
 }
 
 /**
- * The built CLI, with `nodeOptions` as NODE_OPTIONS (its workers inherit them); it and every
- * process it started are killed when the test ends.
+ * The built CLI, with `nodeOptions` as NODE_OPTIONS (its workers inherit them) and `nodeArgs`
+ * before the script (`node --inspect bin.js …`); it and every process it started are killed when
+ * the test ends.
  */
-export function startCli(args: readonly string[], nodeOptions?: string): Cli {
+export function startCli(args: readonly string[], nodeOptions?: string, nodeArgs: readonly string[] = []): Cli {
   const env: NodeJS.ProcessEnv = { ...process.env, XDG_CONFIG_HOME: tempDir("egressgate-xdg-") };
   if (nodeOptions !== undefined) env["NODE_OPTIONS"] = nodeOptions;
   for (const name of ["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy", "NO_PROXY", "no_proxy"]) delete env[name];
-  const child = spawn(process.execPath, [bin, ...args], { cwd: root, env, stdio: ["ignore", "pipe", "pipe"] });
+  const child = spawn(process.execPath, [...nodeArgs, bin, ...args], { cwd: root, env, stdio: ["ignore", "pipe", "pipe"] });
   let out = "";
   let err = "";
   const waiters = new Set<() => void>();

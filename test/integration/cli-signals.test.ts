@@ -66,15 +66,37 @@ describe("Node's inspector, when open, is one of the proxy's own addresses", { t
     expect(refused.body).not.toMatch(/webSocketDebuggerUrl/);
   });
 
-  it("with --workers, every worker refuses the primary's inspector as a target", async () => {
-    const cli = startCli(["--listen", "127.0.0.1:0", "--log-level", "warn", "--ca-dir", join(tempDir(), "ca"), "--allow-internal-host", "127.0.0.1", "--workers", "2"], "--inspect=127.0.0.1:0");
+  // node:cluster gave every worker an inspector of its own (the primary's port plus 1, 2, …),
+  // which runs any code sent to it in a process holding the secrets and the CA's key; a worker
+  // refuses its own and the primary's, not its siblings', so a guest allowed 127.0.0.1 got
+  // /json/list of one worker's inspector through the other on every second connection (helper
+  // finding, eleventh session). The workers now get no inspector options; the primary keeps its own.
+  it.each([
+    ["NODE_OPTIONS=--inspect=127.0.0.1:0", "--inspect=127.0.0.1:0", []],
+    ["node --inspect=127.0.0.1:0", undefined, ["--inspect=127.0.0.1:0"]],
+  ] as const)("with --workers under %s, only the primary opens an inspector, which every worker refuses as a target, and the primary says so", async (_how, nodeOptions, nodeArgs) => {
+    const cli = startCli(["--listen", "127.0.0.1:0", "--log-level", "info", "--ca-dir", join(tempDir(), "ca"), "--allow-internal-host", "127.0.0.1", "--workers", "2"], nodeOptions, nodeArgs);
     await cli.until("the listening line", () => listening.test(cli.stdout()));
-    await cli.until("three inspectors", () => [...cli.stderr().matchAll(debuggerListening)].length === 3);
+    // Each worker writes its inspector's line, when it opens one, before its own listening line.
+    await cli.until("both workers' listening lines", () => linesOf(cli.stderr(), "listening").length === 2);
     const port = Number(listening.exec(cli.stdout())![1]);
-    // The primary's comes first: it opened before it forked.
-    const primaryInspector = Number([...cli.stderr().matchAll(debuggerListening)][0]![1]);
+    const inspectors = [...cli.stderr().matchAll(debuggerListening)].map((match) => Number(match[1]));
+    expect(inspectors).toHaveLength(1);
+    expect(linesOf(cli.stderr(), "--workers: the workers run without Node's inspector; the primary keeps its own")).toEqual([
+      expect.objectContaining({ level: "warn", options: ["--inspect=127.0.0.1:0"] }),
+    ]);
     // A new connection each, which the primary hands to the workers in turn.
-    for (let i = 0; i < 4; i++) expect((await viaProxy(port, `http://127.0.0.1:${primaryInspector}/json/list`)).status).toBe(403);
+    for (let i = 0; i < 4; i++) expect((await viaProxy(port, `http://127.0.0.1:${inspectors[0]!}/json/list`)).status).toBe(403);
+  });
+
+  it("with --workers under NODE_OPTIONS=--inspect-port=127.0.0.1:0, the workers start and open no inspector", async () => {
+    // node:cluster gave them --inspect-port=1 and 2 from the primary's port 0, which Node refuses
+    // to start with ("must be 0 or in range 1024 to 65535"): the workers could not start.
+    const cli = startCli(["--listen", "127.0.0.1:0", "--log-level", "info", "--ca-dir", join(tempDir(), "ca"), "--workers", "2"], "--inspect-port=127.0.0.1:0");
+    await cli.until("the listening line", () => listening.test(cli.stdout()));
+    await cli.until("both workers' listening lines", () => linesOf(cli.stderr(), "listening").length === 2);
+    expect(cli.stderr()).not.toMatch(inspectorOpened);
+    expect((await viaProxy(Number(listening.exec(cli.stdout())![1]), "http://api.test/")).status).toBe(403);
   });
 
   it("startProxy refuses the embedding process's inspector, opened after the proxy started", async () => {
