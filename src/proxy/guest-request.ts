@@ -178,6 +178,24 @@ export function checkHttpVersion(httpVersion: string): void {
 }
 
 /**
+ * Refuses a CONNECT whose head announces content. A CONNECT has none (RFC 9110 §9.3.6): what
+ * follows its head is the tunnel's, and Node's parser reads it so whatever the head says. A
+ * `Content-Length: 5` and `hello` opened the tunnel (200) and then closed it as "neither TLS nor
+ * HTTP"; a request sent as the announced body was served inside the tunnel. The guest and the
+ * proxy disagree on where the tunnel begins, so the answer is 400 (Envoy answers a Content-Length
+ * so); `Content-Length: 0` announces nothing and passes.
+ */
+export function checkConnectHead(raw: readonly string[]): void {
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!.toLowerCase();
+    if (name === "transfer-encoding" || (name === "content-length" && raw[i + 1]!.trim() !== "0")) {
+      const field = name === "transfer-encoding" ? "Transfer-Encoding" : "Content-Length";
+      throw badRequest(`a CONNECT request has no content, but its head announces some (${field} ${quoteShort(raw[i + 1]!)}): what follows the head is the tunnel's`);
+    }
+  }
+}
+
+/**
  * Refuses a method no request may be forwarded with, as every guest side does before any tier
  * runs (and `egressgate check` with it): CONNECT inside a tunnel, TRACE and TRACK (405), and a
  * method that is not an RFC 9110 token (400).

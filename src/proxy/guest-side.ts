@@ -14,7 +14,7 @@ import { authenticationRequired } from "./auth.js";
 import { parseAuthority } from "./authority.js";
 import type { ConnectionLimits } from "./connection-limits.js";
 import { errorFields, resentField, type DecisionLog } from "./decision-log.js";
-import { checkHttpVersion, connectInTunnel, fieldCountRefusal, GuestMessage, loggableAuthority, loggableRequestTarget, loggableUrl, maxRequestFields, toOutboundRequest, unmetExpectation } from "./guest-request.js";
+import { checkConnectHead, checkHttpVersion, connectInTunnel, fieldCountRefusal, GuestMessage, loggableAuthority, loggableRequestTarget, loggableUrl, maxRequestFields, toOutboundRequest, unmetExpectation } from "./guest-request.js";
 import { boundGuest, removedCut, removedError, unboundCut, wasRemoved, type Guest, type Binding, type GuestRegistry } from "./guests.js";
 import { answerClientError, maxHeaderBytes } from "./client-error.js";
 import { Lanes, maxEarlyBytes, type LaneRequest } from "./lanes.js";
@@ -302,6 +302,7 @@ export class GuestSide {
       const { guest } = found;
       // `CONNECT host:443 HTTP/2.0` is no HTTP/1.x CONNECT either: 505, as a request is.
       checkHttpVersion(req.httpVersion);
+      checkConnectHead(req.rawHeaders);
       target = parseAuthority(req.url ?? "", "CONNECT target");
       // While no onRequest hook (of either tier) could answer or rewrite the request, a host the
       // allowlist refuses (or an internal IP literal) is refused before any TLS work, unless

@@ -1,5 +1,5 @@
 import type { Server } from "node:http";
-import type { Socket } from "node:net";
+import { isIP, type Socket } from "node:net";
 import { TLSSocket, type SecureContext } from "node:tls";
 import type { Logger } from "../log.js";
 import { alertRecord, alerts, ClientHelloReader } from "../tls/client-hello.js";
@@ -130,8 +130,16 @@ function servePlain(socket: Socket, target: Authority & { readonly guest: string
   socket.resume();
 }
 
-/** An SNI of `host:port` (sent by some Go programs) names just `host`. */
+/**
+ * An SNI of `host:port` (sent by some Go programs) names just `host`. RFC 6066 §3 allows no IP
+ * literal, but clients send one (Node does, with a warning, for `servername: "::1"`): an IPv6 one
+ * comes bare, and its colons are no port; it is read as the bracketed form the CONNECT target
+ * has, as `127.0.0.1` already matched `CONNECT 127.0.0.1:443`.
+ */
 function sniHostname(servername: string): string {
+  if (isIP(servername) === 6) return `[${servername}]`;
+  const bracketed = /^(\[[^\]]*\])(?::[0-9]*)?$/.exec(servername);
+  if (bracketed !== null) return bracketed[1]!;
   const colon = servername.lastIndexOf(":");
   return colon > 0 && !servername.includes("]") ? servername.slice(0, colon) : servername;
 }
@@ -202,7 +210,9 @@ async function terminateTls(
   const tlsSocket = new TLSSocket(socket, {
     isServer: true,
     secureContext: context,
-    ALPNProtocols: deps.h2 === undefined ? ["http/1.1"] : ["h2", "http/1.1"],
+    // http/1.0 too: a guest that offers only it (`curl --http1.0`) got a no_application_protocol
+    // alert, where the HTTP/1.1 server serves its requests. The first of these the guest offers wins.
+    ALPNProtocols: deps.h2 === undefined ? ["http/1.1", "http/1.0"] : ["h2", "http/1.1", "http/1.0"],
     // The first ClientHello was checked above; a renegotiation's is not seen there, so it is
     // held to the same rule here, and never signs anything either.
     SNICallback: (servername, callback) => {

@@ -154,6 +154,8 @@ export interface TlsTunnelOptions {
   readonly servername?: string;
   /** The name the leaf certificate must carry; defaults to `servername`. */
   readonly verifyName?: string;
+  /** The ALPN list offered; defaults to `http/1.1` alone. */
+  readonly ALPNProtocols?: readonly string[];
 }
 
 /** CONNECT, then a TLS handshake with the proxy over the tunnel. */
@@ -165,7 +167,7 @@ export async function openTlsTunnel(port: number, target: string, options: TlsTu
     socket: plain.detach(),
     servername,
     ca: options.ca,
-    ALPNProtocols: ["http/1.1"],
+    ALPNProtocols: [...(options.ALPNProtocols ?? ["http/1.1"])],
   };
   if (verifyName !== servername) {
     tlsOptions.checkServerIdentity = (_host, cert) => checkServerIdentity(verifyName, cert);

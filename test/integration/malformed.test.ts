@@ -353,6 +353,45 @@ describe("CONNECT targets", () => {
   });
 });
 
+// Black-box finding: a CONNECT has no content (RFC 9110 §9.3.6), and Node's parser takes what
+// follows its head as the tunnel's whatever the head announces: `Content-Length: 5` and `hello`
+// got 200 and a tunnel closed as "neither TLS nor HTTP", and a request sent as the announced
+// body was served inside the tunnel. Each row: the fields the CONNECT carries, what follows it
+// (PORT is the plain upstream's), and the status.
+describe("a CONNECT that announces content", () => {
+  const get = "GET /echo HTTP/1.1\r\nHost: api.test:PORT\r\n\r\n";
+  it.each([
+    ["Content-Length: 5 and `hello` is refused with 400", "Content-Length: 5\r\n", "hello", 400],
+    ["Content-Length: 5, `hello` in a later write, is refused with 400", "Content-Length: 5\r\n", "LATER:hello", 400],
+    ["Content-Length and a request as its body is refused with 400, the request never served", `Content-Length: ${get.length}\r\n`, get, 400],
+    ["Transfer-Encoding: chunked is refused with 400", "Transfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\n\r\n", 400],
+    ["Transfer-Encoding: chunked, a request behind it, is refused with 400, the request never served", "Transfer-Encoding: chunked\r\n", get, 400],
+    ["Content-Length: 0 announces nothing: the tunnel opens and the request behind it is served", "Content-Length: 0\r\n", get, 200],
+  ])("a CONNECT with %s", async (_what, fields, after, status) => {
+    const records: AuditRecord[] = [];
+    const s = await setup({ onDecision: (record) => records.push(record) });
+    const target = `api.test:${s.http.port}`;
+    const client = await openRaw(s.proxy.port);
+    const bytes = after.replace("LATER:", "").replaceAll("PORT", String(s.http.port));
+    client.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n${fields}\r\n${after.startsWith("LATER:") ? "" : bytes}`);
+    const res = await client.readResponse({ forConnect: true });
+    if (after.startsWith("LATER:")) client.write(bytes);
+    if (status === 200) {
+      expect(res.status, res.body).toBe(200);
+      const inside = await client.readResponse();
+      expect(inside.status, inside.body).toBe(200);
+      expect(s.http.hits()).toBe(1);
+      return;
+    }
+    expectRefusal(res, 400, "Bad Request", new RegExp(`a CONNECT request has no content, but its head announces some \\(${fields.slice(0, fields.indexOf(":"))} "`));
+    expect(await client.closesWithin(5_000)).toBe(true);
+    await vi.waitFor(() => expect(records).toHaveLength(1));
+    expect(records[0]).toMatchObject({ method: "CONNECT", status: 400 });
+    expect(s.http.hits()).toBe(0);
+    await expectStillServing(s);
+  });
+});
+
 describe("hostnames with forbidden characters", () => {
   // Node's parser (llhttp) refuses some of these bytes before the proxy's own host checks run;
   // either way the guest gets a 400 that names the reason.

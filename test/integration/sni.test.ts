@@ -1,10 +1,13 @@
 import { fork, type ChildProcess } from "node:child_process";
 import { Duplex } from "node:stream";
 import { checkServerIdentity, connect as tlsConnect, type TLSSocket } from "node:tls";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { startTestProxy, tempDir } from "../helpers/proxy.js";
+import { curlVia } from "../helpers/curl.js";
 import { openTlsTunnel, openTunnel } from "../helpers/raw.js";
+import { startUpstream, type Upstream } from "../helpers/upstream.js";
 
 interface Measure {
   readonly rss: number;
@@ -168,3 +171,85 @@ describe("the leaf certificate is signed only for the CONNECT target", () => {
   });
 });
 
+
+// Black-box finding: the termination offered `h2, http/1.1`, and a guest that offers only
+// `http/1.0` (`curl --http1.0`) got a no_application_protocol alert, though the HTTP/1.1 server
+// serves HTTP/1.0 requests. Each row: the guest's ALPN list, then what the proxy chose (false: no
+// ALPN), or the alert for a list with nothing the proxy speaks.
+describe("the protocol ALPN picks for a guest's TLS", () => {
+  const setup = async (): Promise<{ proxy: Awaited<ReturnType<typeof startTestProxy>>; upstream: Upstream }> => {
+    const upstream = await startUpstream({ names: ["api.test"] });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    return { proxy, upstream };
+  };
+  it.each([
+    ["http/1.0 alone", "is served over http/1.0", ["http/1.0"], "http/1.0"],
+    ["http/1.1 then http/1.0", "is served over http/1.1", ["http/1.1", "http/1.0"], "http/1.1"],
+    ["http/1.0 then http/1.1", "is served over http/1.1, the proxy's preference", ["http/1.0", "http/1.1"], "http/1.1"],
+    ["h2 then http/1.0", "gets h2", ["h2", "http/1.0"], "h2"],
+    ["nothing", "is served over HTTP/1.1 with no ALPN", [], false],
+    ["h2c alone", "gets a no_application_protocol alert (cleartext HTTP/2 has no place in TLS)", ["h2c"], "ERR_SSL_TLSV1_ALERT_NO_APPLICATION_PROTOCOL"],
+    ["200 unknown names", "gets a no_application_protocol alert", Array.from({ length: 200 }, (_, i) => `x-${i}`), "ERR_SSL_TLSV1_ALERT_NO_APPLICATION_PROTOCOL"],
+  ] as const)("a guest offering %s %s, and the next guest is served", async (_what, _outcome, offered, expected) => {
+    const { proxy, upstream } = await setup();
+    const target = `api.test:${upstream.port}`;
+    const opening = openTlsTunnel(proxy.port, target, { ca: proxy.caCertPem, ALPNProtocols: offered });
+    if (typeof expected === "string" && expected.startsWith("ERR_")) {
+      await expect(opening).rejects.toMatchObject({ code: expected });
+    } else {
+      const tunnel = await opening;
+      expect((tunnel.socket as TLSSocket).alpnProtocol).toBe(expected);
+      if (expected !== "h2") {
+        // An HTTP/1.0 guest's request, served by the HTTP/1.1 server.
+        tunnel.write(`GET /echo HTTP/${expected === "http/1.0" ? "1.0" : "1.1"}\r\nHost: ${target}\r\n\r\n`);
+        const res = await tunnel.readResponse();
+        expect(res.status, res.body).toBe(200);
+        expect(upstream.hits()).toBe(1);
+      }
+      tunnel.socket.destroy();
+    }
+    // Whatever the guest offered, the proxy serves the next guest.
+    const after = await openTlsTunnel(proxy.port, target, { ca: proxy.caCertPem });
+    after.write(`GET /echo HTTP/1.1\r\nHost: ${target}\r\n\r\n`);
+    expect((await after.readResponse()).status).toBe(200);
+  });
+
+  it("curl --http1.0 through the proxy gets its answer", async () => {
+    const { proxy, upstream } = await setup();
+    const res = await curlVia(proxy.url, join(proxy.caDir, "ca.crt"), `https://api.test:${upstream.port}/echo`, ["--http1.0"]);
+    expect(res.exitCode, res.stderr).toBe(0);
+    expect(res.status).toBe(200);
+    expect(upstream.hits()).toBe(1);
+  });
+});
+
+// Black-box finding: RFC 6066 allows no IP literal in SNI, but clients send one (Node does for
+// `servername: "::1"`), and `127.0.0.1` already matched `CONNECT 127.0.0.1:443`; a bare IPv6
+// one was read as `host:port` and refused as naming another host. Each row: CONNECT target, SNI,
+// then the leaf's subjectAltName or the alert.
+describe("an IP literal as the SNI", () => {
+  it.each([
+    ["[::1]:443", "::1", "IP Address:0:0:0:0:0:0:0:1"],
+    ["[::1]:443", "0:0:0:0:0:0:0:1", "IP Address:0:0:0:0:0:0:0:1"],
+    ["[::1]:443", "[::1]", "IP Address:0:0:0:0:0:0:0:1"],
+    ["[::1]:443", "[::1]:443", "IP Address:0:0:0:0:0:0:0:1"],
+    ["[::1]:443", "::1:443", "ERR_SSL_TLSV1_UNRECOGNIZED_NAME"],
+    ["[::1]:443", "::2", "ERR_SSL_TLSV1_UNRECOGNIZED_NAME"],
+    ["127.0.0.1:443", "127.0.0.1", "IP Address:127.0.0.1"],
+    ["127.0.0.1:443", "::1", "ERR_SSL_TLSV1_UNRECOGNIZED_NAME"],
+    ["127.0.0.1:443", "::ffff:127.0.0.2", "ERR_SSL_TLSV1_UNRECOGNIZED_NAME"],
+    ["api.test:443", "::1", "ERR_SSL_TLSV1_UNRECOGNIZED_NAME"],
+  ])("CONNECT %s, SNI %s: %s", async (target, servername, expected) => {
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test", "::1", "127.0.0.1"] });
+    const verifyName = expected.startsWith("IP Address:") ? target.slice(0, target.lastIndexOf(":")).replace(/^\[|\]$/g, "") : servername;
+    const opening = openTlsTunnel(proxy.port, target, { ca: proxy.caCertPem, servername, verifyName });
+    if (expected.startsWith("ERR_")) {
+      await expect(opening).rejects.toMatchObject({ code: expected });
+      expect(proxy.logs.some((line) => line["msg"] === "tunnel closed" && String(line["reason"]).startsWith(`TLS SNI names ${JSON.stringify(servername)}`))).toBe(true);
+      return;
+    }
+    const tunnel = await opening;
+    expect((tunnel.socket as TLSSocket).getPeerCertificate().subjectaltname).toBe(expected);
+    tunnel.socket.destroy();
+  });
+});
