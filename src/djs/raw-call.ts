@@ -1,4 +1,5 @@
 import type { QuickJSContext, QuickJSHandle } from "quickjs-emscripten-core";
+import type { HeapValues } from "./heap-values.js";
 import type { WasmMemory } from "./wasm-instance.js";
 
 /** One argument of the prelude's `call`: a body travels as bytes, absent ones as undefined. */
@@ -23,7 +24,7 @@ const encoder = new TextEncoder();
 /** The buffer `RawCall` keeps for a call's argument list and strings; a larger head gets one of its own size for that call. */
 const scratchBytes = 16 * 1024;
 
-/** The heap could not give `RawCall` its buffer. */
+/** The heap could not give `RawCall` its buffer, or room for a body. */
 export class ScratchMemoryError extends Error {}
 
 /** How the sandbox calls into QuickJS for each phase call, with the buffer it keeps for it. */
@@ -34,6 +35,8 @@ export class RawCall {
   constructor(
     private readonly ctx: QuickJSContext,
     private readonly memory: WasmMemory,
+    /** How a body becomes an ArrayBuffer, with its allocation checked (quickjs-emscripten's is not). */
+    private readonly values: HeapValues,
   ) {}
 
   /**
@@ -80,7 +83,13 @@ export class RawCall {
       else if (typeof a === "boolean") pointer = (a ? ctx.true : ctx.false).value as unknown as number;
       else if (a === undefined) pointer = ctx.undefined.value as unknown as number;
       else {
-        const buffer = ctx.newArrayBuffer(a.buffer.slice(a.byteOffset, a.byteOffset + a.byteLength) as ArrayBuffer);
+        const buffer = this.values.arrayBuffer(a);
+        if (buffer === undefined) {
+          // The body does not fit in the heap the policy left: the memory limit.
+          for (const pointer of made) raw.ffi.QTS_FreeValuePointer(context, pointer);
+          for (const held of buffers) held.dispose();
+          throw new ScratchMemoryError();
+        }
         buffers.push(buffer);
         pointer = buffer.value as unknown as number;
       }

@@ -1,6 +1,7 @@
 import { readFileSync } from "node:fs";
 import type { QuickJSContext, QuickJSHandle, QuickJSRuntime } from "quickjs-emscripten-core";
 import { locate, PolicyLoadError } from "./bundle.js";
+import { HeapValues } from "./heap-values.js";
 import { newHostFunctions } from "./host-functions.js";
 import { phaseNames, type CallMessage, type CallReply, type DjsLimits, type Outcome, type PhaseName, type PolicyKind } from "./protocol.js";
 import { RawCall, ScratchMemoryError, type CallArgument } from "./raw-call.js";
@@ -62,6 +63,7 @@ export class Sandbox {
   private readonly runtime: QuickJSRuntime;
   private readonly ctx: QuickJSContext;
   private readonly rawCall: RawCall;
+  private readonly values: HeapValues;
 
   private constructor(
     /** The WASM instance: the heap and stack watches. */
@@ -73,7 +75,8 @@ export class Sandbox {
   ) {
     this.runtime = instance.runtime;
     this.ctx = instance.ctx;
-    this.rawCall = new RawCall(instance.ctx, instance.memory);
+    this.values = new HeapValues(instance.ctx, instance.memory);
+    this.rawCall = new RawCall(instance.ctx, instance.memory, this.values);
   }
 
   static async create(kind: PolicyKind, filename: string, code: string, map: string | undefined, limits: DjsLimits): Promise<Sandbox> {
@@ -119,7 +122,7 @@ export class Sandbox {
 
   private install(kind: PolicyKind, filename: string, code: string): void {
     const { ctx } = this;
-    const host = newHostFunctions(ctx);
+    const host = newHostFunctions(ctx, this.values, () => this.instance.memoryExhausted);
     const installFn = this.unwrap(ctx.evalCode(preludeSource, "egressgate:prelude.js"), "prelude");
     const api = ctx.callFunction(installFn, ctx.undefined, host);
     installFn.dispose();
@@ -195,8 +198,9 @@ export class Sandbox {
       return result;
     } catch (error) {
       // The WASM itself failed (a trap, or the host's own stack), or its heap had no room for the
-      // call's arguments: nothing in it can be trusted.
-      const what = error instanceof RangeError ? "stack" : error instanceof ScratchMemoryError ? "memory" : "sandbox";
+      // call's arguments: nothing in it can be trusted. A trap with the heap full is the memory
+      // limit, as a call that ended with it full is.
+      const what = this.instance.memoryExhausted || error instanceof ScratchMemoryError ? "memory" : error instanceof RangeError ? "stack" : "sandbox";
       return { reply: { id: message.id, outcome: { t: "limit", what } }, replace: true };
     } finally {
       this.deadline = Infinity;

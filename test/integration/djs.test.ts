@@ -1,6 +1,6 @@
 import { gzipSync } from "node:zlib";
 import { request } from "undici";
-import { describe, expect, it, onTestFinished } from "vitest";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
 import type { DjsHooksOptions, HttpHooksOptions } from "../../src/index.js";
 import { loadPolicy } from "../helpers/djs.js";
 import { fetchVia, proxyAgent, startTestProxy, tempDir } from "../helpers/proxy.js";
@@ -314,6 +314,28 @@ describe("tier 2 failures answer 502 (or the policy's status) and the proxy keep
       expect((await fetchVia(proxy, `${base}/echo?kind=none`)).status).toBe(200);
     },
   );
+
+  // The worker's answers to the sandbox (a URL's parts, encoded text) were copied to address 0 of
+  // its memory when its heap had no room: the guest was told "sandbox limit", and a raw WASM trap
+  // went to the proxy's stderr, outside its log (black-box finding).
+  it.each([
+    ["a URL whose parts do not fit in the policy's heap", `new URL("http://a/" + "x".repeat(12e6))`],
+    ["text whose bytes do not fit in the policy's heap", `new TextEncoder().encode("x".repeat(24e6))`],
+  ])("%s answers 502 naming the memory limit, with nothing on stderr", async (_name, bomb) => {
+    const written: string[] = [];
+    const spy = vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => {
+      written.push(String(chunk));
+      return true;
+    });
+    onTestFinished(() => spy.mockRestore());
+    const { proxy, base, upstream } = await setup(`export function onRequest(request) { if (request.url.endsWith("?bomb")) ${bomb}; }`);
+    const res = await fetchVia(proxy, `${base}/echo?bomb`);
+    expect(res.status).toBe(502);
+    expect(res.text).toContain("onRequest policy stopped: it hit its memory limit");
+    expect(upstream.hits()).toBe(0);
+    expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    expect(written.join("")).not.toMatch(/C to host|RuntimeError/);
+  });
 
   it("HttpRequestBlockedError answers with its own status and reason", async () => {
     const { proxy, base } = await setup(hostile);

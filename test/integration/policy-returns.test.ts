@@ -56,3 +56,34 @@ describe("what a policy returned, shown in the log", () => {
     expect(JSON.stringify(proxy.logs)).not.toContain(VALUE.slice(0, 8));
   });
 });
+
+/**
+ * What an async phase settles to is read after the phase's own code has run: a getter that
+ * throws there (a Response subclass, a Proxy of one) was an uncaught throw inside the sandbox's
+ * handler, which left the call without an outcome; the guest was told "returned a promise that
+ * never settles" and the failure counted as time, where the same Response returned at once was
+ * the policy's throw (black-box finding). Sync rows are the reference.
+ */
+describe("an answer whose reading throws is the policy's throw, returned at once or awaited", () => {
+  const shapes = {
+    "a Response whose status getter throws": `(() => { const r = new Response("x"); Object.defineProperty(r, "status", { get() { throw new Error("status getter threw"); } }); return r; })()`,
+    "a Proxy of a Response": `new Proxy(new Response("x"), {})`,
+    "a Response subclass whose headers are a plain object": `new (class extends Response { get headers() { return { "x-a": "b" }; } })("x")`,
+  };
+  const phases = { onRequest: "r", onResponse: "res, r", handle: "r, next" };
+  const rows = Object.entries(phases).flatMap(([phase, args]) =>
+    Object.entries(shapes).flatMap(([shape, value]) => (["", "async "] as const).map((mode) => ({ name: `${mode}${phase}`, phase, args, shape, value, mode }))),
+  );
+  it.each(rows)("$name returning $shape: 502, a throw in the log, not a promise that never settles", async ({ phase, args, value, mode }) => {
+    const upstream = await startUpstream();
+    const policy = loadPolicy({ source: `export ${mode}function ${phase}(${args}) { return ${value}; }`, filename: "reading.mjs", workers: 1 });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], hooks: [policy] });
+    const res = await fetchVia(proxy, `https://api.test:${upstream.port}/echo`);
+    expect(res.status, res.text).toBe(502);
+    expect(res.headers["x-egressgate-error"]).toBe("EG_HOOK_FAILED");
+    expect(res.text).toContain(`${phase} hook failed (see the proxy log)`);
+    await vi.waitFor(() => expect(decision(proxy)).toMatchObject({ status: 502, code: "EG_HOOK_FAILED" }));
+    expect(String(decision(proxy)!["reason"])).not.toMatch(/never settles/);
+    expect(String(decision(proxy)!["detail"])).toMatch(/\/reading\.mjs\): /);
+  });
+});

@@ -1,4 +1,4 @@
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { callPhase, headersOf, loadPolicy } from "../helpers/djs.js";
 
 describe("tier-2 sandbox: fresh state on every call", () => {
@@ -516,6 +516,40 @@ describe("tier-2 sandbox: limits fail closed and the policy keeps serving", () =
     const huge = `x-a\n1\nx-big\n${"b".repeat(24 * 1024 * 1024)}`;
     expect(await callPhase(policy, "isRequestAllowed", { headers: huge })).toMatchObject({ t: "limit", what: "memory" });
     expect(await callPhase(policy, "isRequestAllowed", { headers: "x-a\n1" })).toMatchObject({ t: "code", v: 1 });
+  });
+
+  // What the worker hands the sandbox (a URL's parts, encoded text, a body) was copied into
+  // whatever quickjs-emscripten's malloc answered, unchecked: with the heap full, address 0. The
+  // copy overwrote the sandbox's memory from its start, the WASM trapped, a raw trap went to
+  // stderr, and the limit read "sandbox" or "stack" (black-box finding).
+  it.each([
+    { what: "new URL() whose parts do not fit", kind: "url", body: undefined, memoryBytes: undefined },
+    { what: "new URL() whose parts do not fit, caught", kind: "url-caught", body: undefined, memoryBytes: undefined },
+    { what: "TextEncoder bytes that do not fit", kind: "encode", body: undefined, memoryBytes: undefined },
+    { what: "a request body handed in that does not fit", kind: "none", body: 20 * 1024 * 1024, memoryBytes: 8 * 1024 * 1024 },
+  ])("$what: the memory limit, nothing on stderr, and the next call is served", async ({ kind, body, memoryBytes }) => {
+    const written: string[] = [];
+    const spy = vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => {
+      written.push(String(chunk));
+      return true;
+    });
+    onTestFinished(() => spy.mockRestore());
+    const policy = loadPolicy({
+      workers: 1,
+      ...(memoryBytes !== undefined ? { limits: { memoryBytes } } : {}),
+      source: `
+        export function onRequest(request) {
+          const kind = request.headers.get("x-kind");
+          const long = "http://a/" + "x".repeat(12e6);
+          if (kind === "url") new URL(long);
+          if (kind === "url-caught") { try { new URL(long); } catch {} }
+          if (kind === "encode") new TextEncoder().encode(long + long);
+        }`,
+    });
+    const call = body === undefined ? { headers: `x-kind\n${kind}` } : { headers: "x-kind\nnone", hasBody: true, requestBody: new Uint8Array(body) };
+    expect(await callPhase(policy, "onRequest", call)).toMatchObject({ t: "limit", what: "memory" });
+    expect(await callPhase(policy, "onRequest", { headers: "x-kind\nnone" })).toMatchObject({ t: "code", v: 2 });
+    expect(written.join("")).not.toMatch(/C to host|RuntimeError/);
   });
 
   it.each([64 * 1024, 1024 * 1024])("the caught overflow is found whatever the stack limit (%d bytes)", async (stackBytes) => {

@@ -41,11 +41,14 @@ function parseUrl(input, base, part, value) {
 }
 __name(parseUrl, "parseUrl");
 function utf8Encode(text) {
-  return hasNul(text) ? functions.utf8Encode(JSON.stringify(text), true) : functions.utf8Encode(text, false);
+  const bytes = hasNul(text) ? functions.utf8Encode(JSON.stringify(text), true) : functions.utf8Encode(text, false);
+  if (bytes === void 0) throw new RangeError("out of memory: the text's bytes do not fit in the policy's heap");
+  return bytes;
 }
 __name(utf8Encode, "utf8Encode");
 function utf8Decode(buffer, fatal, ignoreBOM) {
   const text = functions.utf8Decode(buffer, fatal, ignoreBOM);
+  if (text === void 0 && !fatal) throw new RangeError("out of memory: the text does not fit in the policy's heap");
   return typeof text === "string" || text === void 0 ? text : JSON.parse(text.json);
 }
 __name(utf8Decode, "utf8Decode");
@@ -1574,7 +1577,12 @@ function install(host) {
         const mine = turn;
         Promise.resolve(result).then(
           (value) => {
-            if (turn === mine) outcome = settle(phase, value, request);
+            if (turn !== mine) return;
+            try {
+              outcome = settle(phase, value, request);
+            } catch (error) {
+              outcome = thrown(error);
+            }
           },
           (error) => {
             if (turn === mine) outcome = thrown(error);

@@ -395,7 +395,15 @@ export function install(host) {
         const mine = turn;
         Promise.resolve(result).then(
           (value) => {
-            if (turn === mine) outcome = settle(phase, value, request);
+            if (turn !== mine) return;
+            // Reading what the phase settled to runs the policy's code (a getter, a Proxy's
+            // trap): a throw there is the policy's, as it is when the phase returns at once.
+            // Uncaught, it left the call with no outcome, reported as a promise that never settles.
+            try {
+              outcome = settle(phase, value, request);
+            } catch (error) {
+              outcome = thrown(error);
+            }
           },
           (error) => {
             if (turn === mine) outcome = thrown(error);
