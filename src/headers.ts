@@ -5,6 +5,13 @@ export type HeaderList = string[];
 export const httpToken = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 /** What no field value may hold: CR or LF would end the field (or the head), NUL no parser takes. */
 export const breaksFieldValue = /[\r\n\0]/;
+/**
+ * The other characters a field value cannot carry: the C0 controls besides HTAB (and the CR, LF
+ * and NUL of {@link breaksFieldValue}), and DEL. RFC 9110 §5.5 allows HTAB, SP, VCHAR and
+ * obs-text only; undici refuses such a field ("invalid … header") and Node's HTTP/2 drops it.
+ */
+// eslint-disable-next-line no-control-regex
+export const controlInFieldValue = /[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]/;
 
 /** RFC 9110 §7.6.1 connection-specific fields, plus the de-facto proxy ones. */
 const hopByHop = new Set([

@@ -1,4 +1,4 @@
-import { breaksFieldValue } from "../headers.js";
+import { breaksFieldValue, controlInFieldValue } from "../headers.js";
 import { maxSecretValueBytes, secretTooLongReason, secretValueTooLong } from "../policy/secrets.js";
 import { FileReadError, readFailure, readRegularFileSync } from "../regular-file.js";
 import { homeProblem, resolvePath } from "./paths.js";
@@ -97,5 +97,6 @@ function checked(from: string, value: string): ReadSecret {
   if (secretValueTooLong(value)) return { from, reason: `${secretTooLongReason} (from ${from})` };
   // A value goes into header fields: CR, LF and NUL would split or truncate them.
   if (breaksFieldValue.test(value)) return { from, reason: `holds a line break or NUL (from ${from}); a value must fit in one header field` };
+  if (controlInFieldValue.test(value)) return { from, reason: `holds a control character other than tab (ESC, DEL, U+0001 to U+001F) (from ${from}); a header field cannot carry one` };
   return { from, value };
 }

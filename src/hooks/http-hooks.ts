@@ -1,6 +1,6 @@
 import { validateHostPattern } from "../policy/host-pattern.js";
 import { DeclarativePolicy, type DeclarativeConfig } from "../policy/declarative-policy.js";
-import { secretRedirectModes, SecretStore, type SecretInfo, type SecretOptions, type SecretRedirects, type SecretRedirectOptions } from "../policy/secrets.js";
+import { secretControlReason, secretRedirectModes, SecretStore, type SecretInfo, type SecretOptions, type SecretRedirects, type SecretRedirectOptions } from "../policy/secrets.js";
 import { makeIssue, OptionError, requiresReason, unknownKeyReason, type OptionRequirement, type Segment } from "../option-error.js";
 import { DjsHooks } from "../djs/create-djs-hooks.js";
 import { bind, type ChainEntry } from "./declarative-binding.js";
@@ -8,7 +8,7 @@ import { HttpRequestBlockedError } from "./blocked-error.js";
 import { isRequest, isResponse } from "./fetch-objects.js";
 import { EgressError, statusText } from "../errors.js";
 import { bareHostname } from "../hostname.js";
-import { breaksFieldValue } from "../headers.js";
+import { breaksFieldValue, controlInFieldValue } from "../headers.js";
 import { reservedVariableReason } from "../guest-variables.js";
 import { Decider } from "../deciders/decider.js";
 import { isDeciderEntry, resolveDecider, type DeciderOptions } from "../deciders/options.js";
@@ -201,6 +201,7 @@ function checkSecrets(options: HttpHooksOptions): void {
     // Never quoted: it is the secret.
     if (typeof secret.value !== "string" || secret.value === "") throw invalid(`${at}.value`, "must be a non-empty string");
     if (breaksFieldValue.test(secret.value)) throw invalid(`${at}.value`, "must not contain CR, LF or NUL");
+    if (controlInFieldValue.test(secret.value)) throw invalid(`${at}.value`, secretControlReason);
     checkMode(secret.secretRedirects, `${at}.secretRedirects`);
     patternList(secret.followRedirectsTo, `${at}.followRedirectsTo`);
     const own = secret.secretRedirects ?? mode;

@@ -1,7 +1,7 @@
 import { createHmac, randomBytes } from "node:crypto";
 import { withFields } from "../objects.js";
 import { EgressError, secretDenied } from "../errors.js";
-import { breaksFieldValue, type HeaderList } from "../headers.js";
+import { breaksFieldValue, controlInFieldValue, type HeaderList } from "../headers.js";
 import { bareHostname } from "../hostname.js";
 import { OptionError } from "../option-error.js";
 import { compileHostPatterns, validateHostPattern, type HostMatcher } from "./host-pattern.js";
@@ -45,6 +45,15 @@ interface HeadRoom {
 function headTooLarge(): EgressError {
   return new EgressError("EG_HEADERS_TOO_LARGE", 431, `the request's head would be larger than ${maxSubstitutedHeadBytes} bytes once its secrets are substituted`);
 }
+
+/**
+ * Why a value holding a control character other than tab (ESC, DEL, U+0001…) is refused; it
+ * quotes nothing of the value. A value goes only into header fields (and, percent-encoded, the
+ * query; Basic credentials may hold no control character either, RFC 7617 §2), never into a
+ * body, and no header field can carry one: over HTTP/1.1 every request that used it was a 502,
+ * over HTTP/2 the field was dropped without a word.
+ */
+export const secretControlReason = "must not contain a control character other than tab (ESC, DEL, U+0001 to U+001F): it goes into a header field, which cannot carry one";
 
 export function secretValueTooLong(value: string): boolean {
   // Each UTF-16 unit is at least one UTF-8 byte: a longer string is not counted at all.
@@ -927,6 +936,7 @@ function checkValue(value: unknown, path: string): string {
   if (typeof value !== "string" || value === "") throw new TypeError(`${path}: expected a non-empty string`);
   // A value goes into header fields: CR, LF and NUL would split or truncate them.
   if (breaksFieldValue.test(value)) throw new TypeError(`${path}: must not contain CR, LF or NUL`);
+  if (controlInFieldValue.test(value)) throw new TypeError(`${path}: ${secretControlReason}`);
   if (secretValueTooLong(value)) throw new TypeError(`${path}: ${secretTooLongReason}`);
   return value;
 }

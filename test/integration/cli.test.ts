@@ -311,6 +311,18 @@ describe("egressgate --host-secret", () => {
     expect(stderr).toMatch(/environment variable MISSING_TOKEN is not set/);
   });
 
+  it("a --host-secret value with a control character (ESC inline, DEL from its variable) exits 2 naming the secret, never quoting the value", async () => {
+    const inline = await runCli(["--listen", "127.0.0.1:0", "--allow-host", "api.test", "--host-secret", "GH_TOKEN@api.test=s3cr3t\x1bvalue"]);
+    expect(inline.code).toBe(2);
+    expect(inline.stderr).toMatch(/--host-secret GH_TOKEN: holds a control character other than tab \(ESC, DEL, U\+0001 to U\+001F\) \(from inline\); a header field cannot carry one/);
+    expect(inline.stderr).not.toContain("s3cr3t");
+    const cli = startCli(["--listen", "127.0.0.1:0", "--allow-host", "api.test", "--host-secret", "DEL_TOKEN@api.test"], 20_000, { DEL_TOKEN: "s3cr3t\x7fvalue" });
+    const { code } = await cli.exited;
+    expect(code).toBe(2);
+    expect(cli.stderr()).toMatch(/--host-secret DEL_TOKEN: holds a control character other than tab .* \(from env:DEL_TOKEN\)/);
+    expect(cli.stderr()).not.toContain("s3cr3t");
+  });
+
   it("a --host-secret whose host list ends with an empty host exits 2 naming it, never quoting the value", async () => {
     const { code, stderr } = await runCli(["--listen", "127.0.0.1:0", "--host-secret", "GH_TOKEN@api.test,=s3cr3t-value"]);
     expect(code).toBe(2);

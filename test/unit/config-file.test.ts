@@ -211,6 +211,21 @@ describe("loadConfigFile: errors name the path and the line", () => {
     expect(error.message).not.toContain("first-part");
   });
 
+  it("an env: or file: value with a control character other than tab (ESC, DEL) is refused naming the path, never quoted; a tab is taken", () => {
+    const file = configFile("secrets:\n  A: { hosts: [a.test], value: env:ESC_VALUE }\n  B: { hosts: [b.test], value: file:b }\n  C: { hosts: [c.test], value: env:TAB_VALUE }\n");
+    writeFileSync(join(file, "..", "b"), "before-del\x7fafter\n");
+    const error = fileErrorOf(file, { ESC_VALUE: "before-esc\x1bafter", TAB_VALUE: "tab\tvalue" });
+    expect(error.issues.map((i) => [i.path, i.line])).toEqual([
+      ["secrets.A.value", 2],
+      ["secrets.B.value", 3],
+    ]);
+    expect(error.issues.map((i) => i.reason)).toEqual([
+      "holds a control character other than tab (ESC, DEL, U+0001 to U+001F) (from env:ESC_VALUE); a header field cannot carry one",
+      expect.stringMatching(/^holds a control character other than tab .*\(from file:.*b\); a header field cannot carry one$/),
+    ]);
+    expect(error.message).not.toContain("before-");
+  });
+
   it("a hooksScript or upstreamCa that does not exist is found before anything starts", () => {
     const error = fileErrorOf(configFile("upstreamCa: [missing-ca.pem]\nhooksScript: missing-policy.ts\n"));
     expect(error.issues.map((i) => [i.path, i.line])).toEqual([

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { parseCli, UsageError } from "../../src/cli/args.js";
 import { createHttpHooks, declarativeConfigOf } from "../../src/hooks/http-hooks.js";
+import { OptionError } from "../../src/option-error.js";
 import type { EgressError } from "../../src/errors.js";
 import { SecretStore, type SecretOptions, type SecretRedirectOptions } from "../../src/policy/secrets.js";
 
@@ -262,6 +263,41 @@ describe("SecretStore: a value's length", () => {
     expect(update.message).toMatch(/is longer than 16 KiB/);
     expect(update.message).not.toContain("vvvv");
     expect(() => createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value: "x".repeat(1_000_000) } } })).toThrow(/secrets\.T\.value: is longer than 16 KiB/);
+  });
+});
+
+// A value goes only into header fields (DESIGN §4: never a body), and no field carries a control
+// character other than tab: one with ESC or DEL was taken, then every request that used it was a
+// 502 "invalid x-key header" behind an HTTP/1.1 upstream, and lost the field behind an HTTP/2 one.
+describe("SecretStore: a value with a control character", () => {
+  const controls = { "U+0001": "\x01", ESC: "\x1b", DEL: "\x7f", "U+001F": "\x1f" };
+
+  it.each(Object.entries(controls))("one holding %s is refused by createHttpHooks (an OptionError naming the path) and updateSecret, never quoted", (_, control) => {
+    const value = `ghp_before${control}after`;
+    const error = (() => {
+      try {
+        createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value } } });
+      } catch (caught) {
+        return caught;
+      }
+      throw new Error("createHttpHooks took the value");
+    })();
+    expect(error).toBeInstanceOf(OptionError);
+    expect(error).toMatchObject({ code: "EG_INVALID_OPTION", path: "secrets.T.value" });
+    expect((error as OptionError).reason).toMatch(/must not contain a control character other than tab/);
+    expect((error as OptionError).message).not.toContain("ghp_before");
+
+    const { secretManager } = createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value: "ghp_current" } } });
+    const update = thrown(() => secretManager.updateSecret("T", { value }));
+    expect(update.message).toMatch(/^updateSecret: value: must not contain a control character other than tab/);
+    expect(update.message).not.toContain("ghp_before");
+    const secrets = store({ T: { hosts: ["api.test"], value: "ghp_current" } });
+    expect(() => secrets.update("T", { value })).toThrow(/control character/);
+    expect(secrets.apply({ url: new URL("https://api.test/"), headers: ["x-k", secrets.env()["T"]!] }, "api.test")?.headers).toEqual(["x-k", "ghp_current"]);
+  });
+
+  it("a tab, which a field value may carry, is taken", () => {
+    expect(() => createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value: "a\tb" } } })).not.toThrow();
   });
 });
 
