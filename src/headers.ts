@@ -76,6 +76,19 @@ export function fieldBytes(list: readonly string[]): number {
   return bytes;
 }
 
+/**
+ * A header list's size as RFC 9113 §6.5.2 counts it: each field's name and value, and 32. What an
+ * HTTP/2 peer's SETTINGS_MAX_HEADER_LIST_SIZE bounds, Node's own among them (the proxy's server
+ * reads a guest's request by it), and more than nghttp2 counts when it sends a header block
+ * (name, value and 12 a field, 17 a block, at most 64 KiB), so a list within 64 KiB by this count
+ * can be sent in one.
+ */
+export function headerListSize(list: readonly string[]): number {
+  let bytes = 0;
+  for (let i = 0; i < list.length; i += 2) bytes += list[i]!.length + list[i + 1]!.length + 32;
+  return bytes;
+}
+
 /** Why a hook's request may not carry `Expect`, after what names it. */
 export const expectRefused = 'has an "expect" header, which the proxy answers itself and never sends upstream';
 

@@ -1,5 +1,5 @@
 import { EgressError } from "../errors.js";
-import { fieldBytes, type HeaderList } from "../headers.js";
+import { fieldBytes, headerListSize, type HeaderList } from "../headers.js";
 import { normalizeHost } from "../hostname.js";
 import { maxSubstitutedHeadBytes } from "../policy/secrets.js";
 import { discardBody } from "../streams.js";
@@ -18,14 +18,35 @@ import type { HookedResponse } from "./hook-phases.js";
  */
 
 /**
- * The most a response head a source made may hold, its fields counted as HTTP/1.1 writes them
- * ({@link fieldBytes}): the 64 KiB the proxy takes in a guest's request head
+ * The most a response head a source made may hold, counted as HTTP/2 counts a header list
+ * ({@link madeHeadSize}): the 64 KiB the proxy takes in a guest's request head
  * (`maxHeaderBytes`, and `limits.h2HeaderListBytes` by default), so what the proxy would refuse
- * to read it does not send. Not the 16 KiB of Node's and undici's clients
- * (`--max-http-header-size`): a hook that passes on an upstream's head, itself up to 16 KiB,
- * with fields of its own added must not fail. curl takes 100 KiB a field, browsers about 256 KiB.
+ * to read it does not send. Counted as HTTP/1.1 writes the fields (name, value and 4), a head of
+ * 990 fields of 61 characters was 64,350 bytes and passed, and nghttp2, which sends at most
+ * 64 KiB counting 12 a field, refused it: an HTTP/2 guest's stream was reset (FRAME_SIZE_ERROR)
+ * and the answer logged 200 (helper finding). By this count the head can be sent to either
+ * guest, and a hook's answer does not depend on the protocol its guest speaks. Not the 16 KiB
+ * of Node's and undici's clients (`--max-http-header-size`): a hook that passes on an upstream's
+ * head, itself up to 16 KiB (and 1,000 fields at most, 32 KiB more by this count), with fields of
+ * its own added must not fail. curl takes 100 KiB a field, browsers about 256 KiB.
  */
 export const maxMadeResponseHeadBytes = 64 * 1024;
+
+/** `:status` and its three digits, and 32, as {@link madeHeadSize} counts the field every head is sent with. */
+const statusFieldSize = ":status".length + 3 + 32;
+/** `date` and an IMF-fixdate (29 characters), and 32: Node's HTTP/2 server adds one to a head that has none. */
+const dateFieldSize = "date".length + 29 + 32;
+
+/**
+ * A made response head's size as an HTTP/2 guest is sent it: its fields as RFC 9113 §6.5.2 counts
+ * them ({@link headerListSize}), with the `:status` and the `date` the proxy's server adds.
+ * Joined repeats and dropped hop-by-hop fields only make the block sent smaller.
+ */
+function madeHeadSize(headers: HeaderList): number {
+  let hasDate = false;
+  for (let i = 0; i < headers.length && !hasDate; i += 2) hasDate = headers[i]!.toLowerCase() === "date";
+  return headerListSize(headers) + statusFieldSize + (hasDate ? 0 : dateFieldSize);
+}
 
 /**
  * The most fields such a head may have: Node's HTTP/1.1 client keeps 1,023 (its parser's
@@ -94,9 +115,13 @@ function responseHeadRefusal(headers: HeaderList, who: string): EgressError | un
   if (fields > maxMadeResponseFields) {
     return new EgressError("EG_HOOK_FAILED", 502, `${who} a response of ${fields} header fields, over the ${maxMadeResponseFields} the proxy sends a guest`);
   }
-  const bytes = fieldBytes(headers);
+  const bytes = madeHeadSize(headers);
   if (bytes <= maxMadeResponseHeadBytes) return undefined;
-  return new EgressError("EG_HOOK_FAILED", 502, `${who} a response whose header fields are ${bytes} bytes, over the ${maxMadeResponseHeadBytes} the proxy sends a guest`);
+  return new EgressError(
+    "EG_HOOK_FAILED",
+    502,
+    `${who} a response whose header fields are ${bytes} bytes, over the ${maxMadeResponseHeadBytes} the proxy sends a guest (counted as HTTP/2 counts them: each field's name and value, and 32, with the :status and date it is sent with)`,
+  );
 }
 
 /**

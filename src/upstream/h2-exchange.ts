@@ -3,7 +3,7 @@ import type { EventEmitter } from "node:events";
 import { maxHeaderSize } from "node:http";
 import type { Readable } from "node:stream";
 import { EgressError, quoteShort } from "../errors.js";
-import { breaksFieldValue, hasNoContent, httpToken, type HeaderList } from "../headers.js";
+import { breaksFieldValue, hasNoContent, headerListSize, httpToken, type HeaderList } from "../headers.js";
 import { closedBeforeResponse } from "./h2-close-reason.js";
 import { requestStream } from "./h2-request-call.js";
 import { onCutEnd, pipeToH2Stream, resetH2Stream } from "../streams.js";
@@ -99,13 +99,6 @@ const maxHeadBytes = maxHeaderSize;
  * HTTP/1.1 upstream: the response is cut.
  */
 const maxTrailerListBytes = 64 * 1024;
-
-/** A header list's size as RFC 9113 §6.5.2 counts it. */
-function headerListSize(list: HeaderList): number {
-  let bytes = 0;
-  for (let i = 0; i < list.length; i += 2) bytes += list[i]!.length + list[i + 1]!.length + 32;
-  return bytes;
-}
 
 /** The bytes of a head's field names and values, as undici counts an HTTP/1.1 head's. */
 function headBytes(list: HeaderList): number {

@@ -23,10 +23,16 @@ export async function openH2Tls(proxyPort: number, target: string, ca: string, a
  * An HTTP/2 session to `target` through the proxy's CONNECT tunnel, as a guest opens one: one
  * connection, any number of streams. Destroyed when the test finishes.
  */
-export async function h2Session(proxyPort: number, target: string, ca: string, settings: Record<string, number> = {}): Promise<ClientHttp2Session> {
+export async function h2Session(
+  proxyPort: number,
+  target: string,
+  ca: string,
+  settings: Record<string, number> = {},
+  options: { readonly maxHeaderListPairs?: number } = {},
+): Promise<ClientHttp2Session> {
   const socket = await openH2Tls(proxyPort, target, ca);
   if (socket.alpnProtocol !== "h2") throw new Error(`ALPN chose ${String(socket.alpnProtocol)}, not h2`);
-  const session = h2Connect(`https://${target}`, { createConnection: () => socket, settings });
+  const session = h2Connect(`https://${target}`, { createConnection: () => socket, settings, ...options });
   session.on("error", () => undefined);
   onTestFinished(() => {
     session.destroy();
