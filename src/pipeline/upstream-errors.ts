@@ -44,7 +44,15 @@ export function bodyFailedUnsent(host: string, cause: Error | null): EgressError
   });
 }
 
-/** Turns an undici or socket failure into the status the guest receives. */
+/** What an HTTP/1.1 head refused after its Content-Length field held, as far as undici tells. */
+const contentLengthHeadReason =
+  'its parser stopped after the Content-Length field (two Content-Length fields, a list such as "2, 3", one beside Transfer-Encoding, or a malformed field after it)';
+
+/**
+ * Turns an undici or socket failure into the status the guest receives. Only failures before the
+ * response's head come here (undici's `request()` has settled once the head is in: a later
+ * failure is the body's).
+ */
 export function upstreamError(error: unknown, url: URL): EgressError {
   if (error instanceof EgressError) return error;
   const target = `${url.hostname}:${url.port || (url.protocol === "https:" ? 443 : 80)}`;
@@ -67,6 +75,14 @@ export function upstreamError(error: unknown, url: URL): EgressError {
     const reason = (err as { reason?: unknown }).reason;
     const shown = code.startsWith("ERR_SSL") && typeof reason === "string" && reason !== "" ? `${code}: ${reason}` : detail;
     return new EgressError("EG_UPSTREAM", 502, `upstream TLS failed for ${target}: ${shown}`, { cause: error, detail });
+  }
+  // When llhttp refuses a head after a Content-Length field (a second one, a list such as `2, 3`,
+  // one beside Transfer-Encoding, or any malformed field after it), undici reports its own
+  // "Response body length does not match content-length header" in place of llhttp's reason: no
+  // body was read, and the guest was told of one (helper finding). Before the head, that is
+  // all the error can mean; which of those it was, undici does not say.
+  if (code === "UND_ERR_RES_CONTENT_LENGTH_MISMATCH") {
+    return new EgressError("EG_UPSTREAM", 502, `upstream ${target} sent a response head that does not match the HTTP/1.1 protocol: ${contentLengthHeadReason}`, { cause: error, detail });
   }
   // undici's parser asserts what it cannot take (a status under 100): its assertion's text is for
   // the log, not the guest.

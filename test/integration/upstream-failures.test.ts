@@ -438,20 +438,29 @@ describe("upstream answers the proxy cannot pass on", () => {
 // upstream's `Content-Length: 002` (or ` 2 `, its trailing whitespace kept) went to the guest as
 // written, where a parser that reads it as octal or refuses it disagrees with the proxy on where
 // the body ends (helper finding, eleventh session). What is not one number (`+2`, a list, two
-// fields, alike or not) must be refused, never forwarded (RFC 9112 §6.3).
+// fields, alike or not) must be refused, never forwarded (RFC 9112 §6.3). undici reports llhttp's
+// refusal of a head after a Content-Length field as its own "Response body length does not match
+// content-length header", though no body was read: the reason says the head was refused, and
+// what it may have held, since undici does not say which (helper finding, eleventh session).
 describe("an upstream's Content-Length", () => {
-  const heads: readonly { readonly fields: string; readonly body: string; readonly guestGets: string | 502 }[] = [
+  const invalidCharacter = /upstream request failed for api\.test:\d+: Response does not match the HTTP\/1\.1 protocol \(Invalid character in Content-Length\)/;
+  const stoppedAfter = /upstream api\.test:\d+ sent a response head that does not match the HTTP\/1\.1 protocol: its parser stopped after the Content-Length field \(two Content-Length fields, a list such as "2, 3", one beside Transfer-Encoding, or a malformed field after it\)/;
+  const heads: readonly { readonly fields: string; readonly body: string; readonly guestGets: string | RegExp }[] = [
     { fields: "Content-Length: 002", body: "ok", guestGets: "2" },
     { fields: "Content-Length: 0000000000000000000012", body: "twelve bytes", guestGets: "12" },
     { fields: "Content-Length:   2  ", body: "ok", guestGets: "2" },
     { fields: "Content-Length: 00", body: "", guestGets: "0" },
     { fields: "Content-Length: 2", body: "ok", guestGets: "2" },
-    { fields: "Content-Length: +2", body: "ok", guestGets: 502 },
-    { fields: "Content-Length: 2, 2", body: "ok", guestGets: 502 },
-    { fields: "Content-Length: 2\r\nContent-Length: 2", body: "ok", guestGets: 502 },
-    { fields: "Content-Length: 2\r\nContent-Length: 3", body: "ok", guestGets: 502 },
-    { fields: "Content-Length: 3\r\nContent-Length: 2", body: "ok", guestGets: 502 },
-    { fields: "Content-Length: 2, 3", body: "ok", guestGets: 502 },
+    { fields: "Content-Length: +2", body: "ok", guestGets: invalidCharacter },
+    { fields: "Content-Length: 2, 2", body: "ok", guestGets: stoppedAfter },
+    { fields: "Content-Length: 2\r\nContent-Length: 2", body: "ok", guestGets: stoppedAfter },
+    { fields: "Content-Length: 2\r\nContent-Length: 3", body: "ok", guestGets: stoppedAfter },
+    { fields: "Content-Length: 3\r\nContent-Length: 2", body: "ok", guestGets: stoppedAfter },
+    { fields: "Content-Length: 2, 3", body: "ok", guestGets: stoppedAfter },
+    { fields: "Content-Length: 2\r\nTransfer-Encoding: chunked", body: "ok", guestGets: stoppedAfter },
+    // Nothing wrong with the Content-Length itself, and the same error from undici: why the
+    // reason cannot say the Content-Length was not one number.
+    { fields: "Content-Length: 2\r\nX-Field name: v", body: "ok", guestGets: stoppedAfter },
   ];
 
   it("from an HTTP/1.1 upstream reaches the guest as one number without leading zeros or whitespace; one that is not one number is a 502, and nothing of it is forwarded", async () => {
@@ -476,8 +485,10 @@ describe("an upstream's Content-Length", () => {
     for (const [index, { fields, body, guestGets }] of heads.entries()) {
       guest.write(`GET http://api.test:${port}/${index} HTTP/1.1\r\nHost: api.test:${port}\r\n\r\n`);
       const res = await guest.readResponse();
-      if (guestGets === 502) {
+      if (guestGets instanceof RegExp) {
         expect([fields, res.status, res.headers["x-egressgate-error"], res.headers["x-upstream"]]).toEqual([fields, 502, "EG_UPSTREAM", undefined]);
+        expect(res.body, fields).toMatch(guestGets);
+        expect(res.body, fields).not.toMatch(/body length/);
         continue;
       }
       expect([fields, res.status, res.headers["content-length"], res.body]).toEqual([fields, 200, guestGets, body]);
