@@ -265,11 +265,16 @@ describe("trailers", () => {
     expect(replaced.trailers?.["grpc-status"]).toBeUndefined();
   });
 
-  // A trailer section the proxy cannot take (over undici's 16 KiB from an HTTP/1.1 upstream, over
-  // the session's 64 KiB header list from an HTTP/2 one) cuts the response after its head, and
-  // the decision line says so; one it takes reaches both guests whole. What the proxy takes from
-  // an upstream is within what it can send an HTTP/2 guest, so a trailer section is never lost
-  // on the guest side with a clean line.
+  // A trailer section that does not come through whole cuts the response after its head, and the
+  // decision line says so; one that does reaches both guests whole. From an HTTP/1.1 upstream,
+  // 20,000 bytes are over undici's 16 KiB (UND_ERR_HEADERS_OVERFLOW). From an HTTP/2 upstream,
+  // 70,000 bytes are more than a Node upstream's nghttp2 sends in one header block (64 KiB): the
+  // upstream fails to send them and resets its stream with FRAME_SIZE_ERROR, and the proxy never
+  // sees them. The proxy's HTTP/2 server has the same bound towards its guests, so a section that
+  // does arrive over 64 KiB (as RFC 9113 §6.5.2 counts it) is refused in
+  // src/upstream/h2-exchange.ts (maxTrailerListBytes; http2-upstream-hostile.test.ts, "an h2
+  // upstream's trailer section over 64 KiB"): a trailer section is never lost on the guest side
+  // with a clean line.
   const sizes = [
     { upstream: "h1", bytes: 12_000, passes: true },
     { upstream: "h1", bytes: 20_000, passes: false },
