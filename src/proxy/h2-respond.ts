@@ -125,18 +125,21 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
   const settleSent = (): void => {
     if (body.readableEnded && !stream.aborted && !stream.destroyed) settle();
   };
-  body.once("error", (error: Error) => {
+  // on(), not once(): each of these events comes once (settle() holds the rest to one outcome),
+  // and once() wraps every listener in a bound function and a state object, then takes it off
+  // again, four times per response.
+  body.on("error", (error: Error) => {
     // Mid-body the status is sent: resetting this stream is the only honest signal, and it
     // leaves every other stream on the connection alone.
     resetH2Stream(stream, h2Codes.internalError, "the response body failed");
     settle(bodyFailed(error));
   });
-  body.once("close", () => {
+  body.on("close", () => {
     if (body.readableEnded || settled) return;
     resetH2Stream(stream, h2Codes.internalError, "the response body closed before its end");
     settle(bodyFailed(new Error("the body closed before its end")));
   });
-  stream.once("close", () => {
+  stream.on("close", () => {
     // A reset with NO_ERROR mid-response ends the writable side too: `aborted` tells them apart.
     if (stream.writableFinished && stream.rstCode === h2Codes.noError && !stream.aborted) settle();
     else {
@@ -179,7 +182,7 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
       watch();
     }
   });
-  body.once("end", () => {
+  body.on("end", () => {
     if (!stream.destroyed) stream.end();
   });
   return sent;
