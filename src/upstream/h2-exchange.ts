@@ -4,6 +4,7 @@ import { maxHeaderSize } from "node:http";
 import type { Readable } from "node:stream";
 import { EgressError, quoteShort } from "../errors.js";
 import { breaksFieldValue, hasNoContent, headerListSize, httpToken, type HeaderList } from "../headers.js";
+import { onBodySilence } from "./h2-body-silence.js";
 import { closedBeforeResponse } from "./h2-close-reason.js";
 import { requestStream } from "./h2-request-call.js";
 import { onCutEnd, pipeToH2Stream, resetH2Stream } from "../streams.js";
@@ -283,8 +284,9 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
       const empty = noBody || endsStream || hasNoContent(status);
       if (empty) stream.resume();
       else {
-        // Silence past the limit ends this stream only: the guest's connection is cut as an h1 body timeout would.
-        stream.setTimeout(options.bodyTimeoutMs, () => stream.destroy(Object.assign(new Error(`upstream body timed out after ${options.bodyTimeoutMs} ms of silence`), { code: "UND_ERR_BODY_TIMEOUT" })));
+        // Silence past the limit ends this stream only: the guest's connection is cut as an h1
+        // body timeout would. Time the proxy holds the body (its reader behind) is not silence.
+        onBodySilence(stream, options.bodyTimeoutMs, () => stream.destroy(Object.assign(new Error(`upstream body timed out after ${options.bodyTimeoutMs} ms of silence`), { code: "UND_ERR_BODY_TIMEOUT" })));
         // Node's client ends a stream's readable side when the stream is destroyed without an
         // error (the upstream's connection closed, the session destroyed): the body would look
         // whole. An end that comes after the stream was destroyed did not come from END_STREAM

@@ -1,3 +1,4 @@
+import { randomBytes } from "node:crypto";
 import type { ServerHttp2Session } from "node:http2";
 import { createServer as createHttpsServer } from "node:https";
 import { connect as netConnect, createServer as createNetServer, type AddressInfo, type Socket } from "node:net";
@@ -777,5 +778,111 @@ describe("an upstream connection that ends under the proxy", () => {
     const res = await fetchVia(proxy, `https://api.test:${upstream.port}/again`);
     expect(res.status, res.text).toBe(200);
     expect(upstream.connections()).toBe(2);
+  });
+});
+
+describe("a guest that stops reading a download for a while", () => {
+  // The upstream is not silent while the proxy holds its body: it waits for the proxy's
+  // WINDOW_UPDATE, which goes only when the guest reads on. timeouts.upstreamBodyMs counted that
+  // wait as the upstream's silence, so a guest (or a hook) behind for longer than it had its
+  // download from an h2 upstream cut ("upstream body timed out after N ms of silence"), when the
+  // same guest got the whole body from an HTTP/1.1 upstream (undici runs no body timer while its
+  // reader holds the body). Found by the soak's HTTP/2 kinds (docs/reliability.md).
+  const size = 1024 * 1024;
+  const upstreamBodyMs = 200;
+
+  /** Writes `body` in 16 KiB pieces as the window allows; `blocked` the first time a write has to wait. */
+  function pump(write: (piece: Buffer) => boolean, waitDrain: (next: () => void) => void, end: () => void, body: Buffer, blocked: () => void): void {
+    let at = 0;
+    const next = (): void => {
+      while (at < body.length) {
+        const piece = body.subarray(at, at + 16_384);
+        at += piece.length;
+        if (!write(piece)) {
+          blocked();
+          waitDrain(next);
+          return;
+        }
+      }
+      end();
+    };
+    next();
+  }
+
+  it.each(["h2", "HTTP/1.1"] as const)("one that holds it for several times upstreamBodyMs, then reads on, gets all of it from an %s upstream", async (protocol) => {
+    const body = randomBytes(size);
+    const [writeWaited, blocked] = latch();
+    const upstream =
+      protocol === "h2"
+        ? await startH2Upstream({
+            "/big": (stream) => {
+              stream.respond({ ":status": 200, "content-length": size });
+              pump((piece) => stream.write(piece), (next) => stream.once("drain", next), () => stream.end(), body, blocked);
+            },
+          })
+        : await startUpstream({
+            tls: true,
+            routes: {
+              "/big": (_req, res) => {
+                res.writeHead(200, { "content-length": size });
+                pump((piece) => res.write(piece), (next) => res.once("drain", next), () => res.end(), body, blocked);
+              },
+            },
+          });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { upstreamBodyMs } });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const stream = session.request({ ":path": "/big" });
+    const received: Buffer[] = [];
+    let status = 0;
+    const closed = new Promise<void>((resolve) => stream.once("close", resolve));
+    stream.on("error", () => undefined);
+    stream.once("response", (head) => {
+      status = Number(head[":status"]);
+      // The guest reads nothing: its window, then the proxy's buffers, then the upstream's window fill.
+      stream.pause();
+    });
+    // Once the upstream has had to wait, the guest stays away for 5 × upstreamBodyMs, then reads.
+    await writeWaited;
+    await new Promise((resolve) => setTimeout(resolve, 5 * upstreamBodyMs));
+    stream.on("data", (chunk: Buffer) => received.push(chunk));
+    stream.resume();
+    await closed;
+    expect(status).toBe(200);
+    expect(stream.rstCode).toBe(0);
+    expect(Buffer.concat(received).equals(body)).toBe(true);
+    const line = proxy.logs.find((l) => l["msg"] === "request");
+    expect(line?.["error"]).toBeUndefined();
+  });
+
+  it("an h2 upstream that falls silent mid-body after such a guest reads on is still cut at upstreamBodyMs", async () => {
+    const sent = 256 * 1024;
+    const body = randomBytes(sent);
+    const [writeWaited, blocked] = latch();
+    const upstream = await startH2Upstream({
+      "/big": (stream) => {
+        stream.respond({ ":status": 200, "content-length": size });
+        // Part of the body, then nothing more: the stream stays open.
+        pump((piece) => stream.write(piece), (next) => stream.once("drain", next), () => undefined, body, blocked);
+      },
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { upstreamBodyMs } });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const stream = session.request({ ":path": "/big" });
+    let received = 0;
+    let ended = false;
+    const closed = new Promise<void>((resolve) => stream.once("close", resolve));
+    stream.on("error", () => undefined);
+    stream.once("response", () => stream.pause());
+    await writeWaited;
+    await new Promise((resolve) => setTimeout(resolve, 5 * upstreamBodyMs));
+    stream.on("data", (chunk: Buffer) => (received += chunk.length));
+    stream.on("end", () => (ended = true));
+    stream.resume();
+    await closed;
+    expect(received).toBe(sent);
+    expect(ended).toBe(false);
+    expect(stream.rstCode).toBe(2); // INTERNAL_ERROR: the proxy cut it
+    const line = proxy.logs.find((l) => l["msg"] === "request");
+    expect(line?.["error"]).toBe(`upstream body timed out after ${upstreamBodyMs} ms of silence; the guest connection was cut`);
   });
 });
