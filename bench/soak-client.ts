@@ -1,12 +1,14 @@
 /**
  * The soak's guests: undici through the proxy (CONNECT tunnels with TLS to the proxy's CA, and
- * absolute-form requests for plain http://), `concurrency` requests at a time, each of a kind
+ * absolute-form requests for plain http://), and node:http2 sessions in CONNECT tunnels for the
+ * HTTP/2 kinds (bench/soak-h2-guest.ts), `concurrency` requests at a time, each of a kind
  * drawn from the mix in bench/soak-plan.ts, each judged against what its kind must get:
  *
  * - a status from the kind's list, and for 200 every byte (sha256 against the pool slice the
  *   upstream sent, or the hook's replacement text, or the upstream's digest of the upload);
  * - for a fault mid-body, an error seen by the guest, never a clean end;
- * - for a guest that aborts, anything but a hang.
+ * - for a guest that aborts, anything but a hang;
+ * - for a kind with trailers, the trailer naming the body's sha256.
  *
  * A request with no outcome within `deadlineMs` is a hang. The client never retries.
  */
@@ -16,7 +18,8 @@ import { Readable } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
 import { ProxyAgent, request, type Dispatcher } from "undici";
 import type { SoakUpstreamPorts } from "./soak-upstream.js";
-import { deniedHost, headers, kinds, names, offsetFor, sizeFor, sliceBody, unresolvable, type KindSpec } from "./soak-plan.js";
+import { H2GuestSessions, type H2Transfer } from "./soak-h2-guest.js";
+import { deniedHost, digestTrailer, guestPauseMs, h2ResetCodes, headers, kinds, names, offsetFor, sizeFor, sliceBody, unresolvable, type KindSpec } from "./soak-plan.js";
 
 export interface ClientSetup {
   readonly proxyUrl: string;
@@ -50,6 +53,8 @@ export interface RunResult {
   readonly bodiesMatched: number;
   readonly bytesChecked: number;
   readonly perKind: Record<string, KindTally>;
+  /** HTTP/2 guest sessions opened (each target's few, and any opened again), and the GOAWAYs the proxy sent unasked, by code. */
+  readonly h2Sessions: { readonly opened: number; readonly goaways: Readonly<Record<string, number>> };
 }
 
 interface Plan {
@@ -152,16 +157,20 @@ export class SoakClient {
       "close-plain": `http://${names.a}:${ports.closePlain}`,
       nx: `https://${unresolvable(this.serial)}:${ports.https}`,
       denied: `https://${deniedHost}:${ports.https}`,
+      h2: `https://${names.a}:${ports.h2}`,
+      "h2-goaway": `https://${names.a}:${ports.h2Goaway}`,
     }[kind.server];
+    const h2Upstream = kind.server === "h2" || kind.server === "h2-goaway";
     const slice = `o=${offset}&n=${bytes}`;
     const path = {
       bytes: `/bytes?${slice}${kind.chunked === true ? "&te=chunked" : ""}${kind.gzip === true ? "&gz=1" : ""}`,
       upload: "/upload",
-      reset: `/reset?${slice}&at=${bytes >> 2}`,
+      reset: `/reset?${slice}&at=${bytes >> 2}${h2Upstream ? `&code=${h2ResetCodes[this.serial % h2ResetCodes.length]}` : ""}`,
       "reset-head": "/reset-head",
       stall: `/stall?${slice}&at=${bytes >> 2}`,
       redirect: `/redirect?${slice}`,
       close: `/close?${slice}`,
+      trailers: `/trailers?${slice}`,
     }[kind.route];
     const upload = kind.method === "POST" ? this.setup.pool.subarray(offset, offset + bytes) : undefined;
     let expected: Plan["expected"];
@@ -173,8 +182,9 @@ export class SoakClient {
     return { kind, url: `${origin}${path}`, upload, expected };
   }
 
-  private async once(plan: Plan, tunnel: Dispatcher, forward: Dispatcher): Promise<Outcome> {
+  private async once(plan: Plan, tunnel: Dispatcher, forward: Dispatcher, h2: H2GuestSessions): Promise<Outcome> {
     const { kind } = plan;
+    if (kind.guest === "h2") return this.onceH2(plan, h2);
     const controller = new AbortController();
     let timedOut = false;
     const deadline = setTimeout(() => {
@@ -236,6 +246,42 @@ export class SoakClient {
     return { label: "200, bytes match", ok: true, checked: { matched, bytes: received } };
   }
 
+  /** One request over HTTP/2, judged as {@link once} judges one over HTTP/1.1. */
+  private async onceH2(plan: Plan, h2: H2GuestSessions): Promise<Outcome> {
+    const { kind } = plan;
+    const url = new URL(plan.url);
+    const requestHeaders: Record<string, string> = {};
+    if (kind.hook2 !== undefined) requestHeaders[headers.tier2] = kind.hook2;
+    if (kind.hook3 !== undefined) requestHeaders[headers.tier3] = kind.hook3;
+    let t: H2Transfer;
+    try {
+      t = await h2.exchange({ authority: url.host, path: `${url.pathname}${url.search}`, method: kind.method, headers: requestHeaders, upload: plan.upload, cancel: kind.read === "abort", pauseMs: kind.read === "pause" ? guestPauseMs : undefined, deadlineMs: this.setup.deadlineMs });
+    } catch (error) {
+      // The tunnel or the session could not be opened.
+      return { label: "✗ no HTTP/2 session", ok: false, detail: describeError(error) };
+    }
+    if (t.timedOut) return { label: "✗ hung", ok: false, detail: `no outcome within ${this.setup.deadlineMs} ms (status ${t.status ?? "none"}, ${t.received} bytes)` };
+    if (kind.expect.type === "abort") return { label: t.cancelled ? "reset by the guest" : `${t.status ?? "error"} (finished before the reset)`, ok: true };
+    if (!t.clean) {
+      if (kind.expect.type === "cut" && t.status !== undefined) return { label: "cut mid-body", ok: true };
+      return { label: `✗ ${t.status === undefined ? "error before the head" : `${t.status}, then an error mid-body`}`, ok: false, detail: `${t.failure ?? ""} (${t.received} bytes)` };
+    }
+    const status = t.status!;
+    if (kind.expect.type === "cut") {
+      if (kind.expect.orStatus.includes(status)) return { label: String(status), ok: true };
+      return { label: `✗ ${status} ended cleanly`, ok: false, detail: `${t.received} of ${plan.expected.bytes} bytes, and no error: a cut body passed off as complete` };
+    }
+    const judged = this.judgeStatus(plan, status, "");
+    if (!judged.ok) return { ...judged, detail: `${judged.detail ?? ""}; body: ${JSON.stringify(t.head.trim())}` };
+    if (status !== 200) return judged;
+    const matched = t.received === plan.expected.bytes && t.sha256 === plan.expected.sha256;
+    if (!matched) return { label: "✗ 200, wrong bytes", ok: false, detail: `${t.received} bytes, expected ${plan.expected.bytes} with sha256 ${plan.expected.sha256.slice(0, 12)}…`, checked: { matched, bytes: t.received } };
+    if (kind.trailers === true && t.trailers?.[digestTrailer] !== plan.expected.sha256) {
+      return { label: "✗ 200, trailer missing or wrong", ok: false, detail: `trailers ${JSON.stringify(t.trailers ?? null)}`, checked: { matched: false, bytes: t.received } };
+    }
+    return { label: kind.trailers === true ? "200, bytes and trailer match" : "200, bytes match", ok: true, checked: { matched, bytes: t.received } };
+  }
+
   private judgeStatus(plan: Plan, status: number, via: string): Outcome {
     const allowed = plan.kind.expect.type === "status" ? plan.kind.expect.statuses : plan.kind.expect.type === "cut" ? plan.kind.expect.orStatus : [];
     if (allowed.includes(status)) return { label: `${status}${via}`, ok: true };
@@ -252,6 +298,7 @@ export class SoakClient {
     const common = { keepAliveTimeout: 4_000, keepAliveMaxTimeout: 4_000, headersTimeout: 120_000, bodyTimeout: 120_000 };
     const tunnel = new ProxyAgent({ ...common, uri: this.setup.proxyUrl, requestTls: { ca: this.setup.proxyCaPem } });
     const forward = new ProxyAgent({ ...common, uri: this.setup.proxyUrl, proxyTunnel: false });
+    const h2 = new H2GuestSessions(this.setup.proxyUrl, this.setup.proxyCaPem);
     const perKind: Record<string, KindTally> = {};
     const latencies = new Map<string, number[]>();
     for (const kind of this.setup.kinds) {
@@ -273,7 +320,7 @@ export class SoakClient {
         const tally = perKind[plan.kind.name]!;
         tally.sent += 1;
         const t0 = performance.now();
-        const outcome = await this.once(plan, tunnel, forward);
+        const outcome = await this.once(plan, tunnel, forward, h2);
         latencies.get(plan.kind.name)!.push(performance.now() - t0);
         tally.outcomes[outcome.label] = (tally.outcomes[outcome.label] ?? 0) + 1;
         if (outcome.checked !== undefined) {
@@ -294,8 +341,8 @@ export class SoakClient {
     const elapsedMs = performance.now() - started;
     setPercentiles(perKind, latencies);
     // Every guest connection closes here, so the proxy's readings afterwards hold none of them.
-    await Promise.all([tunnel.destroy(), forward.destroy()]);
-    const result = { requests: done, failed, elapsedMs, bodiesChecked, bodiesMatched, bytesChecked, perKind };
+    await Promise.all([tunnel.destroy(), forward.destroy(), h2.close()]);
+    const result = { requests: done, failed, elapsedMs, bodiesChecked, bodiesMatched, bytesChecked, perKind, h2Sessions: { opened: h2.opened, goaways: h2.goaways } };
     rawLatencies.set(result, latencies);
     return result;
   }
@@ -336,7 +383,14 @@ export function mergeResults(parts: readonly RunResult[]): RunResult {
     bodiesMatched: sum("bodiesMatched"),
     bytesChecked: sum("bytesChecked"),
     perKind,
+    h2Sessions: { opened: parts.reduce((n, p) => n + p.h2Sessions.opened, 0), goaways: addCounts(parts.map((p) => p.h2Sessions.goaways)) },
   };
+}
+
+function addCounts(counts: readonly Readonly<Record<string, number>>[]): Record<string, number> {
+  const sum: Record<string, number> = {};
+  for (const count of counts) for (const [key, n] of Object.entries(count)) sum[key] = (sum[key] ?? 0) + n;
+  return sum;
 }
 
 /** The kinds after `--only` and `--skip`. */

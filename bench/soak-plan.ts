@@ -76,14 +76,35 @@ export type Expectation =
   /** The guest gives up itself; anything but a hang is fine. */
   | { readonly type: "abort" };
 
-/** The upstream's routes (all on every server that speaks HTTP; `close` on the raw servers). */
-export type Route = "bytes" | "upload" | "reset" | "reset-head" | "stall" | "redirect" | "close";
+/**
+ * The upstream's routes (all on every server that speaks HTTP; `close` on the raw servers;
+ * `trailers` on the HTTP/2 ones, where `reset` is a RST_STREAM rather than a TCP reset).
+ */
+export type Route = "bytes" | "upload" | "reset" | "reset-head" | "stall" | "redirect" | "close" | "trailers";
 
-/** Which upstream server a request goes to. */
-export type Server = "https-a" | "https-b" | "http" | "close-tls" | "close-plain" | "nx" | "denied";
+/**
+ * Which upstream server a request goes to. `h2` and `h2-goaway` speak only HTTP/2 (ALPN `h2`, no
+ * HTTP/1.1); `h2-goaway` ends each of its sessions with a GOAWAY after a few dozen streams.
+ */
+export type Server = "https-a" | "https-b" | "http" | "close-tls" | "close-plain" | "nx" | "denied" | "h2" | "h2-goaway";
+
+/** The trailer field the HTTP/2 upstream's `/trailers` route ends with: the sha256 (hex) of the body it sent. */
+export const digestTrailer = "x-soak-sha256";
+
+/** How long a `read: "pause"` guest stops reading: past the soak proxy's 2 s upstream body timeout. */
+export const guestPauseMs = 2_500;
+
+/** RST_STREAM codes the HTTP/2 upstream's `/reset` cycles through (NO_ERROR, INTERNAL_ERROR, CANCEL): Node ends a stream's body on the first and last as if whole. */
+export const h2ResetCodes = [0, 2, 8] as const;
 
 export interface KindSpec {
   readonly name: string;
+  /**
+   * The guest's protocol: HTTP/1.1 (undici, the default) or HTTP/2 (node:http2 inside a CONNECT
+   * tunnel, on a few sessions per target that live for the whole run; a `read: "abort"` is then
+   * RST_STREAM(CANCEL) on its stream, the connection kept).
+   */
+  readonly guest?: "h1" | "h2";
   /** Share of requests, in parts per 10,000. */
   readonly weight: number;
   readonly what: string;
@@ -98,18 +119,20 @@ export interface KindSpec {
   readonly hook3?: string;
   /** How the guest sends its upload. */
   readonly upload?: "fast" | "slow" | "abort";
-  /** How the guest reads the response. */
-  readonly read: "full" | "slow" | "abort";
+  /** How the guest reads the response ("pause": it stops for {@link guestPauseMs} after the first chunk, then reads on; HTTP/2 guests only). */
+  readonly read: "full" | "slow" | "abort" | "pause";
   readonly expect: Expectation;
   /** The body the guest must get, when not the planned slice. */
   readonly text?: string;
+  /** The response must end with the {@link digestTrailer} trailer, naming the body's sha256. */
+  readonly trailers?: boolean;
 }
 
 const ok: Expectation = { type: "status", statuses: [200] };
 
 /** The mix: ordinary traffic first, then faults. Weights add up to 10,000. */
 export const kinds: readonly KindSpec[] = [
-  { name: "get-small", weight: 4_510, what: "GET, 64 B–16 KiB, Content-Length", server: "https-a", route: "bytes", method: "GET", bytes: [64, 16_384], read: "full", expect: ok },
+  { name: "get-small", weight: 2_560, what: "GET, 64 B–16 KiB, Content-Length", server: "https-a", route: "bytes", method: "GET", bytes: [64, 16_384], read: "full", expect: ok },
   { name: "get-small-b", weight: 1_000, what: "GET to a second name and address (127.0.0.2)", server: "https-b", route: "bytes", method: "GET", bytes: [64, 16_384], read: "full", expect: ok },
   { name: "get-chunked", weight: 800, what: "GET, chunked response", server: "https-a", route: "bytes", method: "GET", bytes: [1_024, 65_536], chunked: true, read: "full", expect: ok },
   { name: "get-gzip", weight: 300, what: "GET, gzip response read by the tier-3 hook (guest gets the compressed bytes)", server: "https-a", route: "bytes", method: "GET", bytes: [4_096, 65_536], gzip: true, hook3: "read", read: "full", expect: ok },
@@ -139,6 +162,20 @@ export const kinds: readonly KindSpec[] = [
   { name: "hostile-time", weight: 6, what: "tier 2 loops forever (time limit)", server: "https-a", route: "bytes", method: "GET", bytes: [64, 1_024], hook2: "loop", read: "full", expect: { type: "status", statuses: [502] } },
   { name: "hostile-memory", weight: 12, what: "tier 2 allocates without end (memory limit)", server: "https-a", route: "bytes", method: "GET", bytes: [64, 1_024], hook2: "memory", read: "full", expect: { type: "status", statuses: [502] } },
   { name: "hostile-stack", weight: 12, what: "tier 2 recurses without end (stack limit)", server: "https-b", route: "bytes", method: "GET", bytes: [64, 1_024], hook2: "stack", read: "full", expect: { type: "status", statuses: [502] } },
+  // HTTP/2, on either side or both (get-small gave up the shares).
+  { name: "h2-get-small", weight: 600, guest: "h2", what: "HTTP/2 guest, GET 64 B–16 KiB to the HTTP/1.1 upstream", server: "https-a", route: "bytes", method: "GET", bytes: [64, 16_384], read: "full", expect: ok },
+  { name: "h2-get-h2", weight: 400, guest: "h2", what: "HTTP/2 guest, GET 64 B–64 KiB to the HTTP/2-only upstream", server: "h2", route: "bytes", method: "GET", bytes: [64, 65_536], read: "full", expect: ok },
+  { name: "h1-get-h2", weight: 200, what: "HTTP/1.1 guest, GET 64 B–64 KiB to the HTTP/2-only upstream", server: "h2", route: "bytes", method: "GET", bytes: [64, 65_536], read: "full", expect: ok },
+  { name: "h2-get-large", weight: 40, guest: "h2", what: "HTTP/2 guest, GET 64–512 KiB (past the default flow-control window) from the HTTP/2-only upstream", server: "h2", route: "bytes", method: "GET", bytes: [65_536, 524_288], read: "full", expect: ok },
+  { name: "h2-get-large-h1", weight: 30, guest: "h2", what: "HTTP/2 guest, GET 64–512 KiB from the HTTP/1.1 upstream", server: "https-b", route: "bytes", method: "GET", bytes: [65_536, 524_288], read: "full", expect: ok },
+  { name: "h2-pause-read", weight: 20, guest: "h2", what: "HTTP/2 guest stops reading 256 KiB from the HTTP/2-only upstream for 2.5 s after the first chunk (past the proxy's 2 s upstream body timeout), then reads on", server: "h2", route: "bytes", method: "GET", bytes: [262_144, 262_144], read: "pause", expect: ok },
+  { name: "h2-upload-h2", weight: 150, guest: "h2", what: "HTTP/2 guest, POST 1–256 KiB to the HTTP/2-only upstream", server: "h2", route: "upload", method: "POST", bytes: [1_024, 262_144], upload: "fast", read: "full", expect: ok },
+  { name: "h2-upload-h1", weight: 100, guest: "h2", what: "HTTP/2 guest, POST 1–256 KiB to the HTTP/1.1 upstream", server: "https-a", route: "upload", method: "POST", bytes: [1_024, 262_144], upload: "fast", read: "full", expect: ok },
+  { name: "h2-trailers", weight: 100, guest: "h2", what: "HTTP/2 both sides: a body, then a trailer with its sha256", server: "h2", route: "trailers", method: "GET", bytes: [64, 65_536], read: "full", expect: ok, trailers: true },
+  { name: "h2-cancel-h2", weight: 60, guest: "h2", what: "HTTP/2 guest resets its stream (CANCEL) after the first chunk of 1 MiB from the HTTP/2-only upstream", server: "h2", route: "bytes", method: "GET", bytes: [1_048_576, 1_048_576], read: "abort", expect: { type: "abort" } },
+  { name: "h2-cancel-h1", weight: 40, guest: "h2", what: "HTTP/2 guest resets its stream (CANCEL) after the first chunk of 1 MiB from the HTTP/1.1 upstream", server: "https-b", route: "bytes", method: "GET", bytes: [1_048_576, 1_048_576], read: "abort", expect: { type: "abort" } },
+  { name: "h2-reset-body", weight: 60, guest: "h2", what: "the HTTP/2-only upstream resets its stream mid-body (NO_ERROR, INTERNAL_ERROR or CANCEL)", server: "h2", route: "reset", method: "GET", bytes: [65_536, 262_144], read: "full", expect: { type: "cut", orStatus: [502] } },
+  { name: "h2-goaway", weight: 150, guest: "h2", what: "HTTP/2 guest, GET 64 B–16 KiB to an HTTP/2 upstream whose sessions end with GOAWAY after 20–60 streams", server: "h2-goaway", route: "bytes", method: "GET", bytes: [64, 16_384], read: "full", expect: ok },
 ];
 
 /** Where a body slice may start: 4 KiB steps, so hashes repeat and can be cached. */

@@ -11,6 +11,9 @@
  *   GET  /redirect?o&n                          302 with a body, to /bytes?o&n
  *   GET  /close?o&n  (raw servers)              HTTP/1.0 200, no Content-Length, body, close
  *
+ * and two HTTP/2-only servers (bench/soak-h2-upstream.ts has their routes), one of which ends
+ * its sessions with GOAWAY now and then.
+ *
  * Every request must carry the marks of both hook tiers (bench/soak-plan.ts `headers`): the
  * upstream counts those that do not, so a request that slipped past the hooks shows up.
  *
@@ -22,7 +25,8 @@ import { createServer as createHttpServer, type IncomingMessage, type ServerResp
 import { createServer as createHttpsServer } from "node:https";
 import { createServer as createNetServer, type AddressInfo, type Server as NetServer, type Socket } from "node:net";
 import { createServer as createTlsServer } from "node:tls";
-import { bodyPool, headers, sliceBody } from "./soak-plan.js";
+import { startH2Upstream, type H2UpstreamCounts } from "./soak-h2-upstream.js";
+import { bodyPool, digestTrailer, headers, sliceBody } from "./soak-plan.js";
 
 export interface SoakUpstreamSetup {
   readonly kind: "setup";
@@ -36,6 +40,9 @@ export interface SoakUpstreamPorts {
   readonly http: number;
   readonly closeTls: number;
   readonly closePlain: number;
+  /** The HTTP/2-only server, and the one that sends GOAWAY now and then. */
+  readonly h2: number;
+  readonly h2Goaway: number;
 }
 
 export interface SoakUpstreamStats {
@@ -49,6 +56,8 @@ export interface SoakUpstreamStats {
   readonly uploadsAborted: number;
   /** Connections currently open on every server together. */
   readonly openConnections: number;
+  /** The HTTP/2 servers' counts: GOAWAYs sent, streams reset mid-body, streams the proxy reset. */
+  readonly h2: H2UpstreamCounts;
 }
 
 const pool = bodyPool();
@@ -57,6 +66,7 @@ let requests = 0;
 let unhooked = 0;
 let firstUnhooked: string | undefined;
 let uploadsAborted = 0;
+const h2Counts: H2UpstreamCounts = { goaways: 0, resets: 0, cancelled: 0 };
 const stalled = new Set<Socket>();
 const open = new Set<Socket>();
 
@@ -234,7 +244,10 @@ async function start(setup: SoakUpstreamSetup): Promise<SoakUpstreamPorts> {
   closeTlsServer.on("tlsClientError", () => undefined);
   const closeTls = await listen(closeTlsServer, "127.0.0.1");
   const closePlain = await listen(createNetServer(onRawConnection), "127.0.0.1");
-  return { kind: "ready", https, http, closeTls, closePlain };
+  const h2Deps = { tls, checkMarks, slice, track, digestTrailer, uploadAborted: () => void (uploadsAborted += 1) };
+  const h2 = await listen(startH2Upstream(h2Deps, false, h2Counts), "127.0.0.1");
+  const h2Goaway = await listen(startH2Upstream(h2Deps, true, h2Counts), "127.0.0.1");
+  return { kind: "ready", https, http, closeTls, closePlain, h2, h2Goaway };
 }
 
 if (process.send === undefined) {
@@ -246,7 +259,7 @@ process.on("message", (message: { kind?: string }) => {
   if (message.kind === "setup") {
     void start(message as SoakUpstreamSetup).then((ports) => process.send?.(ports));
   } else if (message.kind === "stats") {
-    const stats: SoakUpstreamStats = { kind: "stats", requests, unhooked, firstUnhooked, stalledOpen: stalled.size, uploadsAborted, openConnections: open.size };
+    const stats: SoakUpstreamStats = { kind: "stats", requests, unhooked, firstUnhooked, stalledOpen: stalled.size, uploadsAborted, openConnections: open.size, h2: { ...h2Counts } };
     process.send?.(stats);
   }
 });

@@ -3,7 +3,8 @@
  * a tier-2 policy and tier-3 hooks, while the upstreams and guests misbehave (bench/soak-plan.ts
  * lists every kind: resets and stalls mid-body, close-delimited bodies over TLS and plain,
  * unresolvable names, slow and aborting guests, tier-2 calls that hit the time, memory and stack
- * limits). Then it checks that nothing was lost and that the proxy gave back what it took.
+ * limits, HTTP/2 guests and an HTTP/2-only upstream with resets, trailers and GOAWAYs). Then it
+ * checks that nothing was lost and that the proxy gave back what it took.
  *
  *   npm run build && npm run soak
  *   npm run soak -- --requests 3000 --settle-ms 3000 --from src     (the test's small soak)
@@ -453,6 +454,7 @@ async function main(): Promise<number> {
     elapsedSeconds: Number(elapsedS.toFixed(1)),
     bodies: { checked: result.bodiesChecked, matched: result.bodiesMatched, bytes: result.bytesChecked },
     perKind: result.perKind,
+    h2Sessions: result.h2Sessions,
     proxy: {
       pid,
       stayedUp: death === undefined,
@@ -501,6 +503,11 @@ async function main(): Promise<number> {
   );
   console.log(`proxy stayed up: ${death === undefined ? "yes" : `NO (${death})`}; serves afterwards: ${serving === undefined ? "yes" : `NO (${serving})`}`);
   console.log(`upstream: ${upstreamStats.requests} requests, ${upstreamStats.unhooked} without both hook marks, ${upstreamStats.stalledOpen} stalled responses still open, ${upstreamStats.uploadsAborted} uploads aborted`);
+  const h2 = upstreamStats.h2;
+  const proxyGoaways = Object.entries(result.h2Sessions.goaways).map(([code, n]) => `${n} with code ${code}`);
+  console.log(
+    `HTTP/2: guest sessions opened ${result.h2Sessions.opened + warm.h2Sessions.opened}, GOAWAYs the proxy sent them unasked during the load: ${proxyGoaways.length === 0 ? "none" : proxyGoaways.join(", ")}; upstream sessions ended with GOAWAY ${h2.goaways}, streams reset mid-body ${h2.resets}, streams the proxy reset ${h2.cancelled}`,
+  );
   if (stats !== undefined) {
     const top = Object.entries(stats.logMessages).sort((a, b) => b[1] - a[1]).slice(0, 8);
     console.log(`proxy log lines: ${JSON.stringify(stats.logLevels)}${top.length > 0 ? `; most frequent warn/error: ${top.map(([m, n]) => `${m} ×${n}`).join("; ")}` : ""}`);
