@@ -25,11 +25,23 @@ export interface WithoutInspector<T> {
 function inspectorArgs(args: readonly string[]): boolean[] {
   const drop = args.map(() => false);
   for (let i = 0; i < args.length; i++) {
-    if (!inspectorOption.test(args[i]!)) continue;
+    const option = optionName(args[i]!);
+    if (!inspectorOption.test(option)) continue;
     drop[i] = true;
-    if (valueNext.has(args[i]!) && i + 1 < args.length) drop[++i] = true;
+    if (valueNext.has(option) && i + 1 < args.length) drop[++i] = true;
   }
   return drop;
+}
+
+/**
+ * An option as Node reads it: it takes `_` for `-` in the name of a `--` option (before any `=`),
+ * so `--inspect_brk=0` opens the inspector as `--inspect-brk=0` does, and went on to the workers.
+ */
+function optionName(arg: string): string {
+  if (!arg.startsWith("--")) return arg;
+  const equals = arg.indexOf("=");
+  const name = equals < 0 ? arg : arg.slice(0, equals);
+  return name.replaceAll("_", "-") + (equals < 0 ? "" : arg.slice(equals));
 }
 
 /** `process.execArgv` without the inspector's options. */

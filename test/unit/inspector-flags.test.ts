@@ -12,6 +12,13 @@ describe("the inspector's options, taken out of what the workers get", () => {
       dropped: ["--inspect", "--inspect-port", "9229", "--inspect-brk=0", "--inspect-wait", "--debug-port=1"],
     });
     expect(execArgvWithoutInspector(["--enable-source-maps"])).toEqual({ kept: ["--enable-source-maps"], dropped: [] });
+    // Node takes `_` for `-` in an option's name: `node --inspect_brk=0` opens the inspector
+    // (review finding, eleventh session), and `--inspect_port 9229` takes the next argument.
+    expect(execArgvWithoutInspector(["--inspect_brk=127.0.0.1:0", "--inspect_port", "9229", "--debug_port=1", "--inspect_publish_uid=stderr", "--max_old_space_size=100", "--title=a_b"])).toEqual({
+      kept: ["--max_old_space_size=100", "--title=a_b"],
+      dropped: ["--inspect_brk=127.0.0.1:0", "--inspect_port", "9229", "--debug_port=1", "--inspect_publish_uid=stderr"],
+    });
+    expect(nodeOptionsWithoutInspector("--inspect_wait=0 --inspect_port 1234 --enable_source_maps")).toEqual({ kept: "--enable_source_maps", dropped: ["--inspect_wait=0", "--inspect_port", "1234"] });
   });
 
   it("splits NODE_OPTIONS as Node does, at spaces outside double quotes, and keeps the other options as written", () => {
