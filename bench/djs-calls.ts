@@ -11,7 +11,7 @@
  */
 import { bundlePolicy } from "../src/djs/bundle.js";
 import { createDjsHooks, defaultDjsLimits } from "../src/djs/create-djs-hooks.js";
-import type { CallMessage, PhaseName } from "../src/djs/protocol.js";
+import type { CallFields, PhaseName } from "../src/djs/protocol.js";
 import { Sandbox } from "../src/djs/sandbox.js";
 import { headerAllowlistSource } from "./policies.js";
 import { table } from "./report.js";
@@ -21,7 +21,7 @@ const emptySource = `export function isIpAllowed() { return true; }\nexport func
 const url = "https://origin.bench.test/repos/egressgate/egressgate/contents/README.md?ref=main";
 const headerList = ["accept", "application/json", "user-agent", "undici", "accept-encoding", "gzip", "host", "origin.bench.test"];
 
-function message(phase: PhaseName): Omit<CallMessage, "id"> {
+function message(phase: PhaseName): CallFields {
   const base = { phase, now: Date.now(), seed: 12345, method: "GET", url, headers: headerList.join("\n"), hasBody: false };
   if (phase === "isIpAllowed") return { ...base, info: { hostname: "origin.bench.test", ip: "127.0.0.1", family: 4, port: 443, protocol: "https:" } };
   if (phase === "onResponse") return { ...base, response: { status: 200, statusText: "", headers: "content-type\napplication/json", url, hasBody: true } };
@@ -103,7 +103,7 @@ export async function measureCalls(quick: boolean): Promise<CallRow[]> {
 
   const rows: CallRow[] = [];
   const row = async (call: string, sandbox: Sandbox, engine: typeof emptyHooks.engine, phase: PhaseName, v8: () => unknown, v8Built: () => unknown): Promise<void> => {
-    const msg = { ...message(phase), id: 0 };
+    const msg = { ...message(phase), id: 0, cell: 0 };
     const check = sandbox.call(msg).reply.outcome;
     if (check.t !== "code") throw new Error(`${call}: the sandbox answered ${JSON.stringify(check)}`);
     const sandboxMicros = timeSync(n, rounds, () => sandbox.call(msg));
@@ -182,7 +182,7 @@ export async function measureStall(): Promise<StallRow[]> {
     burnMs,
     ...(await watch(async () => {
       for (let i = 0; i < calls; i++) {
-        sandbox.call({ ...msg, id: i });
+        sandbox.call({ ...msg, id: i, cell: 0 });
         // Let the timer run between calls, as an event loop serving requests would.
         await new Promise((resolve) => setImmediate(resolve));
       }

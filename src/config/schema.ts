@@ -43,7 +43,7 @@ const timeoutDocs: Record<keyof typeof defaults.timeouts, string> = {
   upstreamHeadersMs: "Until the upstream's response head arrives (504 after).",
   upstreamBodyMs: "Longest silence inside an upstream response body.",
   drainMs: "How long closing lets in-flight requests finish before cutting them.",
-  hookMs: "Each tier-3 hook call must settle within this (504 after); so must the reading of a body a tier-2 policy or a decider with includeBody reads whole.",
+  hookMs: "Each tier-3 hook call must settle within this (504 after), and a tier-2 call must have a worker within it (504 after); so must the reading of a body a tier-2 policy or a decider with includeBody reads whole.",
   requestMs: "A request that passes through layers (handle), over all its descents and sleeps, until its response head (504 after).",
 };
 

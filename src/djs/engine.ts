@@ -1,7 +1,7 @@
 import { MessageChannel, receiveMessageOnPort, Worker, type MessagePort } from "node:worker_threads";
 import { PolicyLoadError } from "./bundle.js";
 import { decodeReplies, encodeCalls, type WireReplies } from "./wire.js";
-import type { CallMessage, CallReply, DjsLimits, InitReply, PhaseName, PolicySource, WorkerInit } from "./protocol.js";
+import { claimDropped, claimOf, type CallFields, type CallMessage, type CallReply, type DjsLimits, type InitReply, type PhaseName, type PolicySource, type WorkerInit } from "./protocol.js";
 import { withFields } from "../objects.js";
 import { workerEntry } from "../worker-entry.js";
 
@@ -54,9 +54,35 @@ function settleLoad(started: Spawned, filename: string, waited: "ok" | "not-equa
   return { spawned: started, reply };
 }
 
+/**
+ * What ends a call's wait: the request's GuestGone, as the pipeline's hooks see it (the engine
+ * sits below the pipeline).
+ */
+export interface CallSignal {
+  readonly aborted: boolean;
+  once(event: "abort", listener: () => void): unknown;
+  off(event: "abort", listener: () => void): unknown;
+}
+
+/** What {@link DjsEngine.call} is told of the request the call is for. */
+export interface CallOptions {
+  /** The call's request: once it ends, a call still waiting for a worker is dropped, never run. */
+  readonly signal?: CallSignal | undefined;
+  /** How long the call may wait for a worker (`timeouts.hookMs`): then it is dropped, never run. */
+  readonly waitMs?: number | undefined;
+}
+
 interface Pending {
-  readonly message: CallMessage;
+  /** A call moved to another worker gets a new id, and so a new claim (see {@link claimOf}). */
+  message: CallMessage;
   readonly resolve: (reply: CallReply) => void;
+  /** Set once the call has its answer: from its worker, a failure, or its drop. */
+  answered: boolean;
+  /** Drops the call at `waitMs`. */
+  timer?: NodeJS.Timeout | undefined;
+  /** Drops the call when its request ends. */
+  readonly signal?: CallSignal | undefined;
+  onAbort?: (() => void) | undefined;
   /**
    * How many times a worker stopped while this call may have been what stopped it (no call was
    * known to be running); past {@link maxBlindMoves} it fails rather than take worker after
@@ -91,6 +117,8 @@ interface Spawned {
   readonly wake: Int32Array;
   readonly ready: SharedArrayBuffer;
   readonly initPort: MessagePort;
+  /** The engine's claim cells (WorkerInit.claims): the first worker's are the engine's. */
+  readonly claims: SharedArrayBuffer;
 }
 
 /**
@@ -99,12 +127,17 @@ interface Spawned {
  */
 export const gcFlagLock = new SharedArrayBuffer(4);
 
-function spawn(policy: PolicySource, limits: DjsLimits): Spawned {
+/** One claim cell per call that may be in flight (limits.maxCalls). */
+function newClaims(limits: DjsLimits): SharedArrayBuffer {
+  return new SharedArrayBuffer(4 * limits.maxCalls);
+}
+
+function spawn(policy: PolicySource, limits: DjsLimits, claims: SharedArrayBuffer): Spawned {
   const heartbeat = new SharedArrayBuffer(16);
   const ready = new SharedArrayBuffer(4);
   const wake = new SharedArrayBuffer(8);
   const channel = new MessageChannel();
-  const init: WorkerInit & { initPort: MessagePort } = { policy, limits, heartbeat, ready, wake, gcFlagLock, initPort: channel.port2 };
+  const init: WorkerInit & { initPort: MessagePort } = { policy, limits, heartbeat, ready, wake, gcFlagLock, claims, initPort: channel.port2 };
   const worker = new Worker(policyWorker.entry, {
     eval: policyWorker.eval,
     // Not the embedding process's flags and preloads: they are not the sandbox's business (a
@@ -122,7 +155,7 @@ function spawn(policy: PolicySource, limits: DjsLimits): Spawned {
   // raises `error` on this thread, and an unlistened one would end the embedding process.
   // Its `exit` is what replaces it.
   worker.on("error", () => undefined);
-  return { worker, heartbeat: new Float64Array(heartbeat), wake: new Int32Array(wake), ready, initPort: channel.port1 };
+  return { worker, heartbeat: new Float64Array(heartbeat), wake: new Int32Array(wake), ready, initPort: channel.port1, claims };
 }
 
 /**
@@ -163,12 +196,20 @@ function releaseIfIdle(slot: Slot): void {
  * the worker with the fewest calls in flight. A watchdog terminates a worker whose call outlives
  * the time limit (a long native builtin that the interrupt handler cannot stop) and starts a new
  * one; that call fails with a limit outcome, and the calls queued behind it move on, free.
+ *
+ * A call posted is not yet a call run: one whose request ends, or that waits past its `waitMs`,
+ * before its worker takes it is dropped (a "dropped" outcome at once), and its worker passes it
+ * by. Each call's claim cell, shared with the workers, settles which came first.
  */
 export class DjsEngine {
   readonly phases: ReadonlySet<PhaseName>;
   private readonly slots: Slot[] = [];
   private nextId = 1;
   private inFlight = 0;
+  private readonly claims: Int32Array;
+  /** Claim cells free again, and the first never used: a call in flight holds one. */
+  private readonly freeCells: number[] = [];
+  private unusedCell = 0;
   private watchdog: NodeJS.Timeout | undefined;
   private closed = false;
   /** New workers that failed to load in a row: past a few, the policy stops serving (502). */
@@ -186,8 +227,9 @@ export class DjsEngine {
   ) {
     this.filename = policy.filename;
     this.phases = new Set(phases);
+    this.claims = new Int32Array(first.claims);
     this.slots.push(this.attach(first, true));
-    for (let i = 1; i < poolSize; i++) this.slots.push(this.attach(spawn(this.policy, limits), false));
+    for (let i = 1; i < poolSize; i++) this.slots.push(this.attach(spawn(this.policy, limits, first.claims), false));
   }
 
   /**
@@ -215,7 +257,7 @@ export class DjsEngine {
    */
   static async preload(policy: PolicySource, limits: DjsLimits): Promise<void> {
     const key = preloadKey(policy, limits);
-    const started = spawn(policy, limits);
+    const started = spawn(policy, limits, newClaims(limits));
     const wait = (Atomics as unknown as AtomicsWaitAsync).waitAsync(new Int32Array(started.ready), 0, 0, loadTimeoutMs);
     // A worker that dies while loading (out of memory bundling, say) never says it is ready.
     let exited: (() => void) | undefined;
@@ -233,6 +275,14 @@ export class DjsEngine {
     let n = 0;
     for (const list of preloaded.values()) n += list.length;
     return n;
+  }
+
+  /**
+   * @internal Calls in flight, for tests and diagnostics: waiting or running, and dropped ones
+   * until their worker has passed them by.
+   */
+  get callsInFlight(): number {
+    return this.inFlight;
   }
 
   /** Stops the workers of preloads no load() took (the files changed in between, or the reload failed). */
@@ -259,7 +309,7 @@ export class DjsEngine {
       if ("error" in ahead) throw ahead.error;
       return new DjsEngine({ kind: ahead.reply.kind, filename: ahead.reply.filename, code: ahead.reply.code, map: ahead.reply.map }, ahead.reply.phases, limits, ahead.spawned, poolSize);
     }
-    const started = spawn(policy, limits);
+    const started = spawn(policy, limits, newClaims(limits));
     const waited = Atomics.wait(new Int32Array(started.ready), 0, 0, loadTimeoutMs);
     const loaded = settleLoad(started, policy.filename, waited);
     if ("error" in loaded) throw loaded.error;
@@ -291,8 +341,8 @@ export class DjsEngine {
         const call = slot.pending.get(reply.id);
         if (call === undefined) continue;
         slot.pending.delete(reply.id);
-        this.settled();
-        call.resolve(reply);
+        this.settled(call);
+        this.answer(call, reply);
       }
       holdWhileBusy(slot);
     });
@@ -328,7 +378,30 @@ export class DjsEngine {
     }
   }
 
-  private settled(): void {
+  /** Answers a call, once: what comes after its first answer (a dropped call's pass by its worker) only settles it. */
+  private answer(call: Pending, reply: CallReply): void {
+    if (call.answered) return;
+    call.answered = true;
+    if (call.timer !== undefined) clearTimeout(call.timer);
+    if (call.onAbort !== undefined) call.signal!.off("abort", call.onAbort);
+    call.resolve(reply);
+  }
+
+  /**
+   * Drops a call that no worker has taken yet: it is answered at once, and its worker passes it
+   * by. It stays in flight (limits.maxCalls) until then: its message is on the worker's queue. A
+   * call a worker has taken runs on, to its own time limit.
+   */
+  private drop(call: Pending, why: "ended" | "waited"): void {
+    if (call.answered) return;
+    const claim = claimOf(call.message.id);
+    if (Atomics.compareExchange(this.claims, call.message.cell, claim, claimDropped) !== claim) return;
+    this.answer(call, { id: call.message.id, outcome: { t: "dropped", why } });
+  }
+
+  /** A call leaves the flight: its worker answered or passed it by, or it failed. */
+  private settled(call: Pending): void {
+    this.freeCells.push(call.message.cell);
     this.inFlight--;
     if (this.inFlight === 0 && this.watchdog !== undefined) {
       clearInterval(this.watchdog);
@@ -340,15 +413,25 @@ export class DjsEngine {
    * Runs one call of a phase. It never rejects: every failure is an outcome (a limit, a throw),
    * for the caller to turn into the guest's answer.
    */
-  call(fields: Omit<CallMessage, "id">): Promise<CallReply> {
+  call(fields: CallFields, options: CallOptions = {}): Promise<CallReply> {
     const id = this.nextId++;
-    const message: CallMessage = withFields(fields, { id });
     if (this.closed) return Promise.resolve({ id, outcome: { t: "limit", what: "closed policy" } });
     if (this.inFlight >= this.limits.maxCalls) return Promise.resolve({ id, outcome: { t: "limit", what: busyLimit } });
+    const { signal, waitMs } = options;
+    if (signal?.aborted === true) return Promise.resolve({ id, outcome: { t: "dropped", why: "ended" } });
     return new Promise<CallReply>((resolve) => {
       this.inFlight++;
+      const cell = this.freeCells.pop() ?? this.unusedCell++;
+      const message: CallMessage = withFields(fields, { id, cell });
+      Atomics.store(this.claims, cell, claimOf(id));
+      const call: Pending = { message, resolve, moves: 0, answered: false, signal };
+      // A call made behind a gone guest's waited for each of them to reach its time limit, with
+      // no bound but limits.maxCalls × limits.timeoutMs (hours at 60 s), and a call whose request
+      // had ended still ran (black-box finding).
+      if (waitMs !== undefined) call.timer = setTimeout(() => this.drop(call, "waited"), waitMs).unref();
+      if (signal !== undefined) signal.once("abort", (call.onAbort = () => this.drop(call, "ended")));
       this.watchdog ??= setInterval(() => this.watch(), Math.max(5, Math.min(50, this.limits.timeoutMs / 2))).unref();
-      this.post(this.pick(), { message, resolve, moves: 0 });
+      this.post(this.pick(), call);
     });
   }
 
@@ -398,14 +481,14 @@ export class DjsEngine {
       const what = this.closed ? "closed policy" : "policy whose workers no longer start";
       this.closed = true;
       for (const call of [...posted, ...waiting]) {
-        this.settled();
-        call.resolve({ id: call.message.id, outcome: { t: "limit", what } });
+        this.settled(call);
+        this.answer(call, { id: call.message.id, outcome: { t: "limit", what } });
       }
       // The other workers go too: nothing new reaches them once the policy is closed.
       for (const other of this.slots) if (!other.retired) this.replace(other, what);
       return;
     }
-    this.slots[index] = this.attach(spawn(this.policy, this.limits), false);
+    this.slots[index] = this.attach(spawn(this.policy, this.limits, this.claims.buffer as SharedArrayBuffer), false);
     // Only the call the worker was running fails: it may be what stopped it. The worker ran its
     // calls one at a time in posting order, so those posted before it had finished (their
     // answers were lost with the worker) and those after it, like the ones waiting for it to
@@ -416,15 +499,34 @@ export class DjsEngine {
     // so one that takes every worker down with it ends.
     const blind = !posted.some((call) => call.message.id === runningId);
     for (const call of posted) {
+      if (call.answered) {
+        // Dropped: its answer went, and there is nothing to run.
+        this.settled(call);
+        continue;
+      }
       if (blind) call.moves++;
       if (call.message.id === runningId || call.moves > maxBlindMoves) {
-        this.settled();
-        call.resolve({ id: call.message.id, outcome: { t: "limit", what: reason } });
+        this.settled(call);
+        this.answer(call, { id: call.message.id, outcome: { t: "limit", what: reason } });
       } else {
-        this.post(this.pick(), call);
+        this.move(call);
       }
     }
-    for (const call of waiting) this.post(this.pick(), call);
+    for (const call of waiting) {
+      if (call.answered) this.settled(call);
+      else this.move(call);
+    }
+  }
+
+  /**
+   * Posts a call again, on whichever worker {@link pick} chooses, under a new id and so a new
+   * claim: the stopped worker may not have stopped yet, and must pass its copy by.
+   */
+  private move(call: Pending): void {
+    const id = this.nextId++;
+    call.message = withFields(call.message, { id });
+    Atomics.store(this.claims, call.message.cell, claimOf(id));
+    this.post(this.pick(), call);
   }
 
   /** Stops every worker. Calls still in flight fail closed. */

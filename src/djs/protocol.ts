@@ -60,6 +60,27 @@ export interface WorkerInit {
    * switches interleave (one's "off" landing inside another's "on … get").
    */
   readonly gcFlagLock: SharedArrayBuffer;
+  /**
+   * Int32 cells, one per call in flight, shared by every worker of one engine: a call's cell holds
+   * its {@link claimOf} while it waits, and whoever changes that first decides its fate, so that
+   * a call never both runs and is dropped. A worker sets {@link claimRunning} before it runs the
+   * call; the host sets {@link claimDropped} when the call's request ended, or it waited past
+   * `timeouts.hookMs`, and the worker then passes it by without running it.
+   */
+  readonly claims: SharedArrayBuffer;
+}
+
+/** A call's cell once a worker took it to run. */
+export const claimRunning = 0;
+/** A call's cell once the host dropped it: the worker passes it by. */
+export const claimDropped = -1;
+
+/**
+ * What a waiting call's cell holds: taken from its id, which changes when the call moves to
+ * another worker, so that a worker being stopped that still holds the old message passes it by.
+ */
+export function claimOf(id: number): number {
+  return (id % 0x7fff_fffe) + 1;
 }
 
 export type InitReply =
@@ -90,6 +111,8 @@ export interface IpCallInfo {
  */
 export interface CallMessage {
   readonly id: number;
+  /** The call's cell in {@link WorkerInit.claims}. */
+  readonly cell: number;
   readonly phase: PhaseName;
   /** The proxy's clock when the call started: the policy's `Date.now()`. */
   readonly now: number;
@@ -119,6 +142,9 @@ export interface CallMessage {
   /** handle only: the request's body is bytes in the proxy (held for a clone, or bytes already), so it can be sent more than once without loading it into the sandbox. */
   readonly replayable?: boolean;
 }
+
+/** A call as the pipeline makes it: the engine gives it its id and claim cell. */
+export type CallFields = Omit<CallMessage, "id" | "cell">;
 
 /** The head of a response that next() resolved to, as the sandbox rebuilds it. */
 export interface ResponseHead {
@@ -193,6 +219,11 @@ export type Outcome = (
   | { readonly t: "diverged"; readonly what: string }
   | { readonly t: "pending" }
   | { readonly t: "limit"; readonly what: string }
+  /**
+   * The call never ran: its worker found it dropped (the host's own answer came first). `why`
+   * is the host's: the call's request ended, or it waited past `timeouts.hookMs` for a worker.
+   */
+  | { readonly t: "dropped"; readonly why?: "ended" | "waited" }
 ) & { readonly logs?: [string, string][] };
 
 export interface CallReply {

@@ -28,7 +28,7 @@ function packable(m: CallMessage): boolean {
 }
 
 function pack(m: CallMessage): string {
-  const head = [m.id, phaseNames.indexOf(m.phase), m.now, m.seed, m.method, m.url, m.headers, m.hasBody ? 1 : 0];
+  const head = [m.id, m.cell, phaseNames.indexOf(m.phase), m.now, m.seed, m.method, m.url, m.headers, m.hasBody ? 1 : 0];
   if (m.info !== undefined) return [...head, "i", m.info.hostname, m.info.ip, m.info.family, m.info.port, m.info.protocol].join(US);
   const r = m.response;
   if (r !== undefined) return [...head, "r", r.status, r.statusText, r.headers, r.url, r.hasBody ? 1 : 0].join(US);
@@ -39,16 +39,17 @@ function unpack(text: string): CallMessage {
   const f = text.split(US);
   const base = {
     id: Number(f[0]),
-    phase: phaseNames[Number(f[1])]!,
-    now: Number(f[2]),
-    seed: Number(f[3]),
-    method: f[4]!,
-    url: f[5]!,
-    headers: f[6]!,
-    hasBody: f[7] === "1",
+    cell: Number(f[1]),
+    phase: phaseNames[Number(f[2])]!,
+    now: Number(f[3]),
+    seed: Number(f[4]),
+    method: f[5]!,
+    url: f[6]!,
+    headers: f[7]!,
+    hasBody: f[8] === "1",
   };
-  if (f[8] === "i") return withFields(base, { info: { hostname: f[9]!, ip: f[10]!, family: Number(f[11]), port: Number(f[12]), protocol: f[13]! } });
-  if (f[8] === "r") return withFields(base, { response: { status: Number(f[9]), statusText: f[10]!, headers: f[11]!, url: f[12]!, hasBody: f[13] === "1" } });
+  if (f[9] === "i") return withFields(base, { info: { hostname: f[10]!, ip: f[11]!, family: Number(f[12]), port: Number(f[13]), protocol: f[14]! } });
+  if (f[9] === "r") return withFields(base, { response: { status: Number(f[10]), statusText: f[11]!, headers: f[12]!, url: f[13]!, hasBody: f[14] === "1" } });
   return base;
 }
 

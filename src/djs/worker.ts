@@ -3,7 +3,7 @@ import { runInNewContext } from "node:vm";
 import { parentPort, receiveMessageOnPort, workerData, type MessagePort } from "node:worker_threads";
 import { bundlePolicy, hashbangAsComment, hasModuleSyntax, PolicyLoadError, stopBundler } from "./bundle.js";
 import { phaseProblem } from "./phase-check.js";
-import type { CallMessage, CallReply, InitReply, PolicyKind, WorkerInit } from "./protocol.js";
+import { claimOf, claimRunning, type CallMessage, type CallReply, type InitReply, type PolicyKind, type WorkerInit } from "./protocol.js";
 import { decodeCalls, encodeReplies, type WireBatch } from "./wire.js";
 import { Sandbox } from "./sandbox.js";
 
@@ -65,6 +65,7 @@ try {
 }
 
 const wake = new Int32Array(init.wake);
+const claims = new Int32Array(init.claims);
 
 /** The next batch of calls on the port, if one is there. */
 function take(): CallMessage[] | undefined {
@@ -124,14 +125,24 @@ async function serve(): Promise<never> {
       batchStarted = performance.now();
     }
     const message = queue.shift()!;
-    // Which call runs, and since when: if the watchdog stops this thread, the host fails
-    // exactly this call and sends the others to the new worker.
-    heartbeat[1] = message.id;
-    heartbeat[0] = performance.timeOrigin + performance.now();
-    const { reply, replace } = sandbox.call(message);
-    heartbeat[0] = 0;
-    ranSinceCollection = true;
-    replies.push(reply);
+    // Taken from the host as it runs: a call the host dropped meanwhile (its request ended, or it
+    // waited past timeouts.hookMs) is passed by, never run; a gone guest's calls held every other
+    // guest of the policy, one time limit each (black-box finding).
+    const claim = claimOf(message.id);
+    let replace = false;
+    if (Atomics.compareExchange(claims, message.cell, claim, claimRunning) !== claim) {
+      replies.push({ id: message.id, outcome: { t: "dropped" } });
+    } else {
+      // Which call runs, and since when: if the watchdog stops this thread, the host fails
+      // exactly this call and sends the others to the new worker.
+      heartbeat[1] = message.id;
+      heartbeat[0] = performance.timeOrigin + performance.now();
+      const ran = sandbox.call(message);
+      heartbeat[0] = 0;
+      ranSinceCollection = true;
+      replies.push(ran.reply);
+      replace = ran.replace;
+    }
     if (performance.now() - batchStarted > 2) {
       flush();
       batchStarted = performance.now();

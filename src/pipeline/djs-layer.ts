@@ -2,7 +2,7 @@ import { Readable } from "node:stream";
 import { EgressError } from "../errors.js";
 import { httpToken, withoutHeaders, type HeaderList } from "../headers.js";
 import { BodyLimitError, readBounded, type BodyTap } from "../hooks/body-tap.js";
-import type { CallMessage, EffectRejection, JournalEntry, NeededBody, Outcome } from "../djs/protocol.js";
+import type { CallFields, EffectRejection, JournalEntry, NeededBody, Outcome } from "../djs/protocol.js";
 import { discardBody } from "../streams.js";
 import { bytesBody, call, failure, returnedDetail, joinHeaders, newSeed, policyBodyCap, policyRequestHeaders, policyResponse, type DjsRun } from "./djs-phases.js";
 import type { OutboundRequest } from "./exchange.js";
@@ -211,7 +211,7 @@ export async function djsHandle(run: DjsRun, request: OutboundRequest, tap: Body
   try {
     for (;;) {
       const journal = performed.map((done) => done.entry);
-      const message: Omit<CallMessage, "id"> = {
+      const message: CallFields = {
         phase: "handle",
         now,
         seed,

@@ -4,9 +4,9 @@ import { validateHeaderName, validateHeaderValue } from "node:http";
 import { EgressError, badRequest, type HookFailureKind } from "../errors.js";
 import { endToEndHeaders, expectRefused, hasExpect, httpToken, withoutHeaders, type HeaderList } from "../headers.js";
 import { BodyLimitError, BodyTap, contentCodings, readBounded } from "../hooks/body-tap.js";
-import { hookFailure } from "../hooks/run-hook.js";
+import { hookFailure, requestEnded, type HookSignal } from "../hooks/run-hook.js";
 import { busyLimit, type DjsEngine } from "../djs/engine.js";
-import type { BodyRef, CallMessage, CallReply, Outcome, PhaseName } from "../djs/protocol.js";
+import type { BodyRef, CallFields, CallReply, Outcome, PhaseName } from "../djs/protocol.js";
 import type { Logger } from "../log.js";
 import { maxExpansion, needle, NeedleSet, redactText, unscannedMarker } from "../policy/secret-scan.js";
 import { hiddenCopies } from "../policy/hidden-url.js";
@@ -31,6 +31,10 @@ export interface DjsRun {
   readonly secrets?: ConsoleSecrets | undefined;
   /** The other guests' secrets, for a console line the log cuts (see {@link consoleText}). */
   readonly neighbours?: (() => Iterable<ConsoleSecrets | undefined>) | undefined;
+  /** The request's end (its GuestGone): a call still waiting for a worker is dropped, one running let go. */
+  readonly signal?: HookSignal | undefined;
+  /** `timeouts.hookMs`: how long a call may wait for a worker before it gets 504. */
+  readonly hookMs?: number | undefined;
 }
 
 /** What a console line is redacted with: one guest's secrets. */
@@ -158,12 +162,47 @@ export function newSeed(): number {
   return 1 + Math.floor(Math.random() * (2 ** 32 - 1));
 }
 
-export async function call(run: DjsRun, message: Omit<CallMessage, "id">): Promise<CallReply> {
-  const reply = await run.engine.call(message);
-  // A call that stopped to have a body loaded, or for the proxy to perform a layer's next() or
-  // sleep(), runs again from the start: its lines come then.
-  if (reply.outcome.t !== "need" && reply.outcome.t !== "effect") logConsole(run, reply);
+/**
+ * One call of the policy, for one request. A call that waits for a worker past `timeouts.hookMs`
+ * gets 504, as a tier-3 hook that does not settle in time, and is never run. When the request
+ * ends (its guest leaves, the drain cuts it), a call still waiting is dropped, and one running is
+ * let go, as a tier-3 hook's is (runHook): the request ends at once, and the call runs on to its
+ * own time limit, held by the request's signal; its console lines are logged when it ends.
+ */
+export async function call(run: DjsRun, message: CallFields): Promise<CallReply> {
+  const { signal, hookMs } = run;
+  if (signal?.aborted === true) throw requestEnded(message.phase, signal);
+  const pending = run.engine.call(message, { signal, waitMs: hookMs });
+  const reply = signal === undefined ? await pending : await unlessEnded(pending, signal, message.phase, run);
+  const { outcome } = reply;
+  if (outcome.t === "dropped" && outcome.why === "ended" && signal !== undefined) throw requestEnded(message.phase, signal);
+  if (outcome.t === "dropped" && outcome.why === "waited") {
+    throw new EgressError("EG_HOOK_TIMEOUT", 504, `the ${message.phase} policy did not settle within ${hookMs} ms: it waited that long for a worker, busy with the policy's other calls`, {
+      detail: `${run.engine.filename}: ${message.phase} did not start within timeouts.hookMs`,
+      failure: "time",
+    });
+  }
+  logged(run, reply);
   return reply;
+}
+
+/** A call that stopped to have a body loaded, or for the proxy to perform a layer's next() or sleep(), runs again from the start: its lines come then. */
+function logged(run: DjsRun, reply: CallReply): void {
+  if (reply.outcome.t !== "need" && reply.outcome.t !== "effect") logConsole(run, reply);
+}
+
+/** The call's answer, or the request's end: a call still running then is let go, and held by the signal until it ends. */
+function unlessEnded(pending: Promise<CallReply>, signal: HookSignal, phase: PhaseName, run: DjsRun): Promise<CallReply> {
+  let ended!: () => void;
+  const cut = new Promise<never>((_, reject) => {
+    ended = () => {
+      // Dropped as it waited, the call has its answer already; running, it goes on to its time limit.
+      signal.hold?.(pending.then((late) => (late.outcome.t === "dropped" ? undefined : logged(run, late))));
+      reject(requestEnded(phase, signal));
+    };
+  });
+  signal.once("abort", ended);
+  return Promise.race([pending, cut]).finally(() => signal.off("abort", ended));
 }
 
 /** Every outcome that is not an answer: the guest gets 502, or the policy's own block status. */

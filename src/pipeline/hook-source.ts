@@ -85,23 +85,31 @@ const tier3Answered = allow("tier3", "onRequest", "answered by the onRequest hoo
 
 /** A tier-2 policy: its calls cross to the engine's worker threads. */
 export function policySource(engine: DjsEngine, log: Logger | undefined, secrets?: SecretStore, neighbours?: DjsRun["neighbours"]): HookSource {
-  const run = (call: SourceCall, request?: OutboundRequest): DjsRun => ({ engine, log, requestId: call.requestId, secrets: request === undefined ? secrets : consoleSecretsFor(secrets, request), neighbours });
+  const run = (call: SourceCall, limits: HookLimits, request?: OutboundRequest): DjsRun => ({
+    engine,
+    log,
+    requestId: call.requestId,
+    secrets: request === undefined ? secrets : consoleSecretsFor(secrets, request),
+    neighbours,
+    signal: call.signal,
+    hookMs: limits.hookMs,
+  });
   return {
     tier: "tier2",
     label: engine.filename,
     phases: engine.phases,
     describe: (phase) => `the ${phase} policy`,
     answered: tier2Answered,
-    onRequest: (request, tap, limits, call) => djsOnRequest(run(call, request), request, tap, limits),
-    isRequestAllowed: async (request, _limits, call) => {
-      if (!(await djsIsRequestAllowed(run(call, request), request))) throw denied(`request to ${request.url.origin} refused by the isRequestAllowed policy`);
+    onRequest: (request, tap, limits, call) => djsOnRequest(run(call, limits, request), request, tap, limits),
+    isRequestAllowed: async (request, limits, call) => {
+      if (!(await djsIsRequestAllowed(run(call, limits, request), request))) throw denied(`request to ${request.url.origin} refused by the isRequestAllowed policy`);
     },
-    isIpAllowed: async (info, _limits, call) =>
-      (await djsIsIpAllowed(run(call), info))
+    isIpAllowed: async (info, limits, call) =>
+      (await djsIsIpAllowed(run(call, limits), info))
         ? undefined
         : deny("tier2", "isIpAllowed", `an address of "${info.hostname}" was refused by the isIpAllowed policy`, `${info.hostname} -> ${info.ip}`),
-    onResponse: (response, request, limits, call) => djsOnResponse(run(call, request), response, request, limits),
-    ...(engine.phases.has("handle") ? { handle: (request, tap, layer, limits, call) => djsHandle(run(call, request), request, tap, layer, limits) } : {}),
+    onResponse: (response, request, limits, call) => djsOnResponse(run(call, limits, request), response, request, limits),
+    ...(engine.phases.has("handle") ? { handle: (request, tap, layer, limits, call) => djsHandle(run(call, limits, request), request, tap, layer, limits) } : {}),
   };
 }
 

@@ -1,6 +1,6 @@
 import { onTestFinished } from "vitest";
 import { createDjsHooks, type DjsHooks, type DjsHooksOptions } from "../../src/index.js";
-import type { CallMessage, Outcome, PhaseName } from "../../src/djs/protocol.js";
+import type { CallFields, Outcome, PhaseName } from "../../src/djs/protocol.js";
 
 /**
  * The time limit a test's policy gets unless the test is about the time limit: the default
@@ -30,7 +30,7 @@ const defaults = {
 export async function callPhase(
   djsHooks: DjsHooks,
   phase: PhaseName,
-  fields: Partial<Omit<CallMessage, "id" | "phase">> = {},
+  fields: Partial<Omit<CallFields, "phase">> = {},
 ): Promise<Outcome & { bytes?: Uint8Array }> {
   const reply = await djsHooks.engine.call({ ...defaults, ...fields, phase });
   return reply.bytes === undefined ? reply.outcome : { ...reply.outcome, bytes: reply.bytes };

@@ -1,7 +1,7 @@
 import { Readable } from "node:stream";
 import { describe, expect, it } from "vitest";
 import type { DjsEngine } from "../../src/djs/engine.js";
-import type { CallMessage, CallReply, Outcome } from "../../src/djs/protocol.js";
+import type { CallFields, CallReply, Outcome } from "../../src/djs/protocol.js";
 import { EgressError } from "../../src/errors.js";
 import { djsHandle, maxLayerEffects } from "../../src/pipeline/djs-layer.js";
 import type { OutboundRequest } from "../../src/pipeline/exchange.js";
@@ -12,12 +12,12 @@ const limits = { requestBodyBytes: 1 << 20, responseBodyBytes: 1 << 20, hookMs: 
 const request: OutboundRequest = { method: "GET", url: new URL("https://api.test/x"), headers: [], body: null };
 
 /** An engine whose policy answers with `script(message)`, recording every call it gets. */
-function scripted(script: (message: Omit<CallMessage, "id">, run: number) => Outcome): { engine: DjsEngine; calls: Omit<CallMessage, "id">[] } {
-  const calls: Omit<CallMessage, "id">[] = [];
+function scripted(script: (message: CallFields, run: number) => Outcome): { engine: DjsEngine; calls: CallFields[] } {
+  const calls: CallFields[] = [];
   const engine = {
     filename: "/policies/fake.mjs",
     limits: { timeoutMs: 100, memoryBytes: 32 << 20, stackBytes: 256 << 10, returnBytes: 16 << 20, maxCalls: 512 },
-    call: async (message: Omit<CallMessage, "id">): Promise<CallReply> => {
+    call: async (message: CallFields): Promise<CallReply> => {
       calls.push(message);
       return { id: calls.length, outcome: script(message, calls.length - 1) };
     },

@@ -176,9 +176,9 @@ describe("tier-2 layers on the wire", () => {
   it("a call with a journal travels whole, as an object", () => {
     const base = { now: 1, seed: 2, method: "GET", url: "https://api.test/", headers: "", hasBody: false };
     const calls: CallMessage[] = [
-      { ...base, id: 1, phase: "handle" },
-      { ...base, id: 2, phase: "handle", journal: [{ k: "sleep", sig: "[\"sleep\",1]" }], nextBodies: [undefined] },
-      { ...base, id: 3, phase: "handle", replayable: true },
+      { ...base, id: 1, cell: 0, phase: "handle" },
+      { ...base, id: 2, cell: 1, phase: "handle", journal: [{ k: "sleep", sig: "[\"sleep\",1]" }], nextBodies: [undefined] },
+      { ...base, id: 3, cell: 2, phase: "handle", replayable: true },
     ];
     const wire = encodeCalls(calls);
     expect(wire.objects.map((c) => c.id)).toEqual([2, 3]);

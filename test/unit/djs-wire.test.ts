@@ -7,12 +7,12 @@ const base = { now: 1_700_000_000_123, seed: 4_294_967_295, method: "GET", url: 
 describe("the tier-2 wire format", () => {
   it("calls of every shape come back as they went, in order", () => {
     const calls: CallMessage[] = [
-      { ...base, id: 1, phase: "isRequestAllowed" },
-      { ...base, id: 2, phase: "isIpAllowed", info: { hostname: "api.test", ip: "::1", family: 6, port: 8443, protocol: "https" } },
-      { ...base, id: 3, phase: "onResponse", response: { status: 203, statusText: "", headers: "content-type\ntext/plain", url: base.url, hasBody: true } },
-      { ...base, id: 4, phase: "onRequest", method: "POST", hasBody: true, requestBody: new Uint8Array([1, 2, 3]) },
-      { ...base, id: 5, phase: "onRequest", headers: "x-odd\nvalue\x1fwith a separator" },
-      { ...base, id: 6, phase: "onRequest", headers: "" },
+      { ...base, id: 1, cell: 41, phase: "isRequestAllowed" },
+      { ...base, id: 2, cell: 42, phase: "isIpAllowed", info: { hostname: "api.test", ip: "::1", family: 6, port: 8443, protocol: "https" } },
+      { ...base, id: 3, cell: 43, phase: "onResponse", response: { status: 203, statusText: "", headers: "content-type\ntext/plain", url: base.url, hasBody: true } },
+      { ...base, id: 4, cell: 44, phase: "onRequest", method: "POST", hasBody: true, requestBody: new Uint8Array([1, 2, 3]) },
+      { ...base, id: 5, cell: 45, phase: "onRequest", headers: "x-odd\nvalue\x1fwith a separator" },
+      { ...base, id: 6, cell: 46, phase: "onRequest", headers: "" },
     ];
     const wire = encodeCalls(calls);
     // Only the call with a body and the one with a separator travel as objects.
