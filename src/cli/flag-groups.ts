@@ -57,6 +57,7 @@ export const flagGroupOf: Readonly<Record<FlagPath | "hookCommand" | "hookUrl" |
   "upstream.replay.exhausted": "network",
   "upstream.replay.latency": "network",
   "upstream.replay.recordMissing": "network",
+  "upstream.replay.anyGuest": "network",
 };
 
 /** The section title for a flag (its option path, or a key of {@link flagGroupOf}). */

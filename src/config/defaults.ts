@@ -35,7 +35,7 @@ export const defaults = Object.freeze({
   /** A recorded network's choices (README, "Recorded network"). */
   upstream: Object.freeze({
     record: Object.freeze({ cookies: false }),
-    replay: Object.freeze({ exhausted: "repeat-last" as "repeat-last" | "error", latency: "none" as "none" | "recorded", recordMissing: false }),
+    replay: Object.freeze({ exhausted: "repeat-last" as "repeat-last" | "error", latency: "none" as "none" | "recorded", recordMissing: false, anyGuest: false }),
   }),
   /** CLI and config file: processes sharing the port. */
   workers: 1,

@@ -32,6 +32,7 @@ export const optionFlags = Object.freeze({
   "upstream.replay.exhausted": "--replay-exhausted",
   "upstream.replay.latency": "--replay-latency",
   "upstream.replay.recordMissing": "--record-missing",
+  "upstream.replay.anyGuest": "--replay-any-guest",
   auditLog: "--audit-log",
   metricsListen: "--metrics-listen",
   auth: "--auth",
@@ -54,7 +55,7 @@ export type FlagPath = keyof typeof optionFlags;
  * to `--config` is a usage error: a file and flags that both describe guests would leave it
  * unclear which one wins.
  */
-export const configOverrides: readonly FlagPath[] = ["listen", "caDir", "guestEnvFile", "upstreamCa", "logLevel", "workers", "watch", "upstream.record.path", "upstream.record.cookies", "upstream.replay.path", "upstream.replay.matchHeaders", "upstream.replay.ignoreQuery", "upstream.replay.ignoreBodyPaths", "upstream.replay.exhausted", "upstream.replay.latency", "upstream.replay.recordMissing", "auditLog", "metricsListen"];
+export const configOverrides: readonly FlagPath[] = ["listen", "caDir", "guestEnvFile", "upstreamCa", "logLevel", "workers", "watch", "upstream.record.path", "upstream.record.cookies", "upstream.replay.path", "upstream.replay.matchHeaders", "upstream.replay.ignoreQuery", "upstream.replay.ignoreBodyPaths", "upstream.replay.exhausted", "upstream.replay.latency", "upstream.replay.recordMissing", "upstream.replay.anyGuest", "auditLog", "metricsListen"];
 
 /** Options that come from the environment rather than a flag. */
 export const environmentOptions = Object.freeze({ deploymentKey: "$EGRESSGATE_PLACEHOLDER_KEY" });

@@ -109,6 +109,9 @@ const upstreamNode = object(
         exhausted: string("repeat-last or error", "Once every recorded answer to a request was used: repeat the last, or answer 502.", { choices: ["repeat-last", "error"], default: defaults.upstream.replay.exhausted }),
         latency: string("none or recorded", "recorded: wait as long as the recording did for the head and between chunks.", { choices: ["none", "recorded"], default: defaults.upstream.replay.latency }),
         recordMissing: boolean("Send misses to the real network and record them into the same file.", { default: defaults.upstream.replay.recordMissing }),
+        anyGuest: boolean("Let any guest be answered with any entry, whichever guest recorded it; by default an entry a named guest recorded answers only that guest.", {
+          default: defaults.upstream.replay.anyGuest,
+        }),
       },
       "Replay a recorded network from a HAR file.",
     ),

@@ -33,6 +33,8 @@ export interface GuestDeps {
   readonly foreignSecret: (self: Guest, request: SecretTarget) => string | undefined;
   /** The secrets of every other guest: a policy's console line is redacted with them too. */
   readonly neighbourSecrets: (self: Guest) => Iterable<SecretStore | undefined>;
+  /** How many guests the proxy serves now (a recording marks a `default` guest with neighbours as named). */
+  readonly guestCount: () => number;
   /** `upstream.record`/`upstream.replay`: the recorded network every guest's pipeline ends in. */
   readonly network?: RecordedNetwork | undefined;
   /** With metrics: each upstream connection a guest's pools open, until it closes. */
@@ -123,7 +125,7 @@ export class Guest {
       guest: this.name,
       policy,
       sources: hookSources(resolved.djs, resolved.chain, resolved.checkHooks, log, policy.config.secrets, () => deps.neighbourSecrets(this)),
-      resolver: deps.network?.resolver(resolved.staticHosts, config.timeouts.dnsMs) ?? new Resolver(resolved.staticHosts, config.timeouts.dnsMs),
+      resolver: deps.network?.resolver(this.name, resolved.staticHosts, config.timeouts.dnsMs) ?? new Resolver(resolved.staticHosts, config.timeouts.dnsMs),
       pools: this.pools,
       maxRedirects: config.maxRedirects,
       limits: {
@@ -134,8 +136,15 @@ export class Guest {
       },
       requestMs: config.timeouts.requestMs,
       foreignSecret: (request) => deps.foreignSecret(this, request),
-      // Another guest's values are searched for too: one file holds every guest's entries.
-      executor: deps.network?.executor(this.name, () => policy.config.secrets, () => deps.neighbourSecrets(this)),
+      // Another guest's values are searched for too: one file holds every guest's entries. A guest
+      // called `default` is a named one (its entries answer only it on replay) under `guests`, or
+      // once others are served beside it: only a proxy's lone single guest records for anyone.
+      executor: deps.network?.executor(
+        this.name,
+        () => config.form === "guests" || deps.guestCount() > 1,
+        () => policy.config.secrets,
+        () => deps.neighbourSecrets(this),
+      ),
     });
     this.upgradeDeps = {
       guest: this.name,

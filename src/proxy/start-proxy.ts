@@ -192,6 +192,7 @@ export async function launchProxy(
     decide,
     foreignSecret: (self, request) => guests.foreignSecret(self, request),
     neighbourSecrets: (self) => guests.neighbourSecrets(self),
+    guestCount: () => guests.size,
     network,
     upstreamConnection: metrics?.upstreamConnection,
   });

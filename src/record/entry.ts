@@ -30,6 +30,8 @@ export interface Exchange {
   readonly seq: number;
   readonly hop: number;
   readonly guest: string;
+  /** A guest named `default` that was one of several: marked, so that its entries answer only it on replay. */
+  readonly named: boolean;
   readonly started: Date;
   /** The request as it left (placeholders substituted). */
   readonly request: OutboundRequest;
@@ -185,6 +187,7 @@ function build(x: Exchange, values: RecordedValues | undefined, secrets: SecretS
       seq: x.seq,
       hop: x.hop,
       guest: x.guest,
+      ...(x.named ? { named: true as const } : {}),
       ...(x.responseBody?.chunks !== undefined && x.responseBody.chunks.length > 1 ? { chunks: x.responseBody.chunks } : {}),
     },
   };

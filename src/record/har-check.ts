@@ -178,11 +178,12 @@ const fieldName = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 /**
  * What keeps an entry from being replayed as it stands: the type of every field the replay reads
  * (the request's method, URL, headers and body, which make its key; the response's status,
- * headers and body; `serverIPAddress`), and beyond HAR's own types a status no response has, a
- * method or response header that cannot be sent, recorded chunks that are not `[bytes, ms]`
- * pairs. `har check` lists these as problems, and `--replay` refuses a file that has any: a
- * field of the wrong type once reached the replay as a JavaScript error, a 502 "internal
- * error" at each request, or an entry silently left out. Fields HAR requires that the replay
+ * headers and body; `serverIPAddress`; `_egressgate.guest` and `named`, which say which guest it
+ * answers), and beyond HAR's own types a status no response has, a method or response header
+ * that cannot be sent, recorded chunks that are not `[bytes, ms]` pairs. `har check` lists these
+ * as problems, and `--replay` refuses a file that has any: a field of the wrong type once reached
+ * the replay as a JavaScript error, a 502 "internal error" at each request, or an entry silently
+ * left out. Fields HAR requires that the replay
  * never reads (`cache`, `cookies`, the sizes) are `har check`'s alone. Status 0 (no response,
  * as browsers export aborted requests) and 1xx pass here: the replay leaves such entries out.
  */
@@ -265,6 +266,11 @@ export function replayProblems(entry: unknown, where: string): string[] {
     }
   }
   const own = isObject(entry["_egressgate"]) ? entry["_egressgate"] : undefined;
+  // Whose entry it is decides which guest it answers (replay-source.ts): never left to a guess
+  // from a value of another type.
+  if (entry["_egressgate"] !== undefined && own === undefined) problems.push(`${where}._egressgate: must be an object`);
+  if (own?.["guest"] !== undefined && typeof own["guest"] !== "string") problems.push(`${where}._egressgate.guest: must be a string`);
+  if (own?.["named"] !== undefined && typeof own["named"] !== "boolean") problems.push(`${where}._egressgate.named: must be a boolean`);
   const chunks = own?.["chunks"];
   const pair = (c: unknown): boolean =>
     Array.isArray(c) && c.length === 2 && Number.isInteger(c[0]) && (c[0] as number) >= 0 && typeof c[1] === "number" && Number.isFinite(c[1]) && c[1] >= 0;

@@ -5,6 +5,9 @@ import type { Content, Entry, Har, Header, PostData, Request, Response } from "h
  * egressgate's own fields, which the spec lets any tool add when their names start with `_`.
  */
 
+/** The guest a proxy without named guests records as (src/proxy/options.ts's `defaultGuest`). */
+export const singleGuest = "default";
+
 /** Bodies larger than this go to a sidecar file `FILE.har.d/<sha256>`, never into the HAR itself. */
 export const inlineBodyLimit = 1024 * 1024;
 
@@ -21,8 +24,14 @@ export interface EgressgateEntryInfo {
   readonly seq: number;
   /** The redirect hop within its request: 0 for the request the guest sent. */
   readonly hop: number;
-  /** The guest the request came from. */
+  /** The guest the request came from. On replay the entry answers only that guest, unless it is the single guest's `default` (see replay-source.ts). */
   readonly guest: string;
+  /**
+   * `true` on the entries of a guest named `default` that was one of several (a guest under
+   * `guests`, or the single guest once addGuest gave it neighbours): they answer only `default`,
+   * where the `default` entries of a proxy without named guests answer any guest.
+   */
+  readonly named?: true;
   /** The response's chunks as they arrived, as `[bytes, ms since the head]`, for chunked and SSE bodies. */
   readonly chunks?: readonly (readonly [number, number])[];
 }

@@ -38,6 +38,12 @@ export interface ReplayOptions {
   readonly latency?: "none" | "recorded";
   /** Misses go to the real network and are recorded into the same file (`--record-missing`); cookie values stay masked. */
   readonly recordMissing?: boolean;
+  /**
+   * Any guest may be answered with any entry (`--replay-any-guest`), as when a recording made as
+   * guest `ci` is replayed as `ci2`. Off by default: an entry a named guest recorded answers only
+   * that guest, as it holds what that guest's credentials earned.
+   */
+  readonly anyGuest?: boolean;
 }
 
 /** `startProxy({ upstream })`: what the innermost executor is. Default: the network. */
@@ -70,14 +76,14 @@ export class RecordedNetwork {
       ignoreQuery: replay.ignoreQuery ?? [],
       ignoreBodyPaths: replay.ignoreBodyPaths ?? [],
     };
-    const source = await ReplaySource.load(replay.path, match, replay.exhausted ?? "repeat-last");
+    const source = await ReplaySource.load(replay.path, match, replay.exhausted ?? "repeat-last", replay.anyGuest === true);
     let recording: Recording | undefined;
     if (replay.recordMissing === true) {
       // The file grows: what it held is written first, then what the misses add.
       const har = (await readHarJson(replay.path)) as RecordedHar;
       recording = await Recording.open(replay.path, log, har.log.entries as RecordedEntry[]);
     }
-    log.info("replaying a recorded network", { path: replay.path, entries: source.entries.length, recordMissing: replay.recordMissing === true });
+    log.info("replaying a recorded network", { path: replay.path, entries: source.entries.length, recordMissing: replay.recordMissing === true, anyGuest: replay.anyGuest === true });
     return new RecordedNetwork(log, recording, { source, options: withFields(replay, match) }, false);
   }
 
@@ -85,21 +91,22 @@ export class RecordedNetwork {
     return this.replay !== undefined;
   }
 
-  /** The guest's resolver: in replay, the recorded addresses (no DNS), else the usual one. */
-  resolver(staticHosts: StaticHosts, dnsMs: number): Resolver {
+  /** The guest's resolver: in replay, the addresses recorded in the entries it may use (no DNS), else the usual one. */
+  resolver(guest: string, staticHosts: StaticHosts, dnsMs: number): Resolver {
     if (this.replay === undefined) return new Resolver(staticHosts, dnsMs);
-    return new ReplayResolver(this.replay.source, staticHosts, dnsMs, this.recording !== undefined);
+    return new ReplayResolver(this.replay.source, guest, staticHosts, dnsMs, this.recording !== undefined);
   }
 
   /**
    * The guest's executor, wrapping (record) or replacing (replay) the upstream. `neighbours` are
    * the other guests' secrets: the file holds every guest's entries, so each is kept free of
-   * every guest's values.
+   * every guest's values. `named`: whether the guest, even if called `default`, is one of
+   * several (its entries then answer only it on replay).
    */
-  executor(guest: string, secrets: () => SecretStore | undefined, neighbours: () => Iterable<SecretStore | undefined>): (upstream: Executor) => Executor {
+  executor(guest: string, named: () => boolean, secrets: () => SecretStore | undefined, neighbours: () => Iterable<SecretStore | undefined>): (upstream: Executor) => Executor {
     return (upstream) => {
       const recorder =
-        this.recording === undefined ? undefined : recordingExecutor(upstream, { recording: this.recording, guest, secrets, neighbours, cookies: this.cookies, log: this.log });
+        this.recording === undefined ? undefined : recordingExecutor(upstream, { recording: this.recording, guest, named, secrets, neighbours, cookies: this.cookies, log: this.log });
       if (this.replay === undefined) return recorder!;
       const { source, options } = this.replay;
       return replayExecutor({
@@ -130,13 +137,15 @@ export class RecordedNetwork {
 }
 
 /**
- * In replay, a host's addresses are the ones recorded (`serverIPAddress`), so the IP rules
- * judge what was really reached; a host without one falls back to `resolve`, and otherwise
- * (unless misses may go to the network) has no address: the request is a miss, with no DNS.
+ * In replay, a host's addresses are the ones recorded (`serverIPAddress`) in the entries the
+ * guest may use, so the IP rules judge what was really reached; a host without one falls back to
+ * `resolve`, and otherwise (unless misses may go to the network) has no address: the request is
+ * a miss, with no DNS.
  */
 class ReplayResolver extends Resolver {
   constructor(
     private readonly source: ReplaySource,
+    private readonly guest: string,
     staticHosts: StaticHosts,
     dnsMs: number,
     network: boolean,
@@ -147,7 +156,7 @@ class ReplayResolver extends Resolver {
       network
         ? undefined
         : (hostname) => {
-            const known = source.hasHost(hostname);
+            const known = source.hasHost(hostname, guest);
             return Promise.reject(
               new EgressError(
                 "EG_REPLAY_MISS",
@@ -164,7 +173,7 @@ class ReplayResolver extends Resolver {
   override async resolve(hostname: string): Promise<readonly ResolvedAddress[]> {
     const bare = bareHostname(hostname).toLowerCase().replace(/\.$/, "");
     if (isIP(bare) === 0) {
-      const recorded = this.source.addressesOf(bare);
+      const recorded = this.source.addressesOf(bare, this.guest);
       if (recorded !== undefined) return recorded;
     }
     return super.resolve(hostname);

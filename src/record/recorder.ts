@@ -5,7 +5,7 @@ import type { SecretStore } from "../policy/secrets.js";
 import { BodyCapture, teeBody, type CapturedBody } from "./body-capture.js";
 import { decodeBody } from "./decode-body.js";
 import { buildEntry, type Exchange } from "./entry.js";
-import { sidecarDir } from "./har.js";
+import { sidecarDir, singleGuest } from "./har.js";
 import { LiteralScanner } from "./leak-scan.js";
 import { RecordedValues } from "./recorded-values.js";
 import { hiddenCopies } from "../policy/hidden-url.js";
@@ -18,6 +18,11 @@ import { withFields } from "../objects.js";
 export interface RecorderDeps {
   readonly recording: Recording;
   readonly guest: string;
+  /**
+   * Whether the guest is a named one though called `default` (one of several), asked at each
+   * exchange: its entries are marked so, to answer only it on replay (har.ts, `named`).
+   */
+  readonly named: () => boolean;
   /** The guest's secrets, asked at each exchange (they can rotate). */
   readonly secrets: () => SecretStore | undefined;
   /** Every other guest's secrets, asked at each exchange: their values are kept out of this guest's entries too. */
@@ -37,6 +42,7 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
   return {
     async send(request, address, signal, info) {
       const seq = deps.recording.nextSeq();
+      const named = deps.guest === singleGuest && deps.named();
       const started = new Date();
       const t0 = performance.now();
       const store = deps.secrets();
@@ -80,6 +86,7 @@ export function recordingExecutor(upstream: Executor, deps: RecorderDeps): Execu
           seq,
           hop: info.hop,
           guest: deps.guest,
+          named,
           started,
           request,
           requestBody: requestCaptured,

@@ -21,6 +21,7 @@ export interface ReplayDeps {
   readonly latency: "none" | "recorded";
   /** `--record-missing`: a miss goes to the real network through this (the recorder), and is recorded. */
   readonly missing: Executor | undefined;
+  /** The guest asking: it is answered only with entries it may use (its own, or no one guest's). */
   readonly guest: string;
   readonly secrets: () => SecretStore | undefined;
   readonly log: Logger;
@@ -53,7 +54,8 @@ export function replayExecutor(deps: ReplayDeps): Executor {
         if (deps.match.matchHeaders.includes(name.toLowerCase())) headers.push([name, tokenizeHeader(request.headers[i + 1]!, tokenize)]);
       }
       const fields = fieldsOf(request.method, url, headers, keyBody(body, secrets), deps.match);
-      const taken = deps.source.take(fields);
+      // Only the entries this guest may use: its own, and those no one guest made (replay-source.ts).
+      const taken = deps.source.take(fields, deps.guest);
       if ("miss" in taken) {
         if (deps.missing !== undefined && taken.code === "EG_REPLAY_MISS") {
           if (body !== null && !("bytes" in body)) throw new EgressError("EG_REPLAY_MISS", 502, `no recorded response matches ${request.method} ${named}, and a request body over 1 MiB cannot be sent on with --record-missing`);

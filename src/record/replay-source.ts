@@ -4,7 +4,7 @@ import { EgressError } from "../errors.js";
 import { readFailure } from "../regular-file.js";
 import { readHarJson } from "./har-file.js";
 import type { ResolvedAddress } from "../upstream/resolve.js";
-import { sidecarDir, type RecordedEntry, type RecordedHar } from "./har.js";
+import { sidecarDir, singleGuest, type RecordedEntry, type RecordedHar } from "./har.js";
 import { replayProblems, sidecarFileProblem } from "./har-check.js";
 import { fieldsOf, matchKey, nearest, type BodyForKey, type MatchFields, type MatchOptions } from "./match.js";
 
@@ -13,6 +13,21 @@ export interface LoadedEntry {
   readonly index: number;
   readonly entry: RecordedEntry;
   readonly fields: MatchFields;
+  /** The one guest it answers ({@link entryOwner}); undefined: any guest. */
+  readonly owner: string | undefined;
+}
+
+/**
+ * The guest an entry answers on replay, or undefined for any guest. An entry holds what its
+ * guest's credentials earned (its secret fetched that body): a named guest's answers only that
+ * guest. One a proxy without named guests recorded (`default`), or with no guest at all (a
+ * browser's or mitmproxy's export), answers any: its file has only one guest's exchanges. A guest
+ * named `default` beside others is told apart by `named` (entry.ts), as it holds a tenant's own.
+ */
+export function entryOwner(entry: RecordedEntry): string | undefined {
+  const info = entry._egressgate;
+  if (info?.guest === undefined) return undefined;
+  return info.guest === singleGuest && info.named !== true ? undefined : info.guest;
 }
 
 export type Exhausted = "repeat-last" | "error";
@@ -31,12 +46,16 @@ export type Take = { readonly hit: LoadedEntry } | { readonly miss: string; read
 export class ReplaySource {
   private readonly byKey = new Map<string, LoadedEntry[]>();
   private readonly used = new Map<string, number>();
-  private readonly addresses = new Map<string, ResolvedAddress[]>();
+  /** Recorded addresses by host: of the entries any guest may use (every entry, with anyGuest). */
+  private readonly sharedAddresses = new Map<string, ResolvedAddress[]>();
+  /** Recorded addresses by host of the entries one guest may use alone, by that guest. */
+  private readonly ownAddresses = new Map<string, Map<string, ResolvedAddress[]>>();
 
   private constructor(
     readonly path: string,
     readonly entries: readonly LoadedEntry[],
     private readonly exhausted: Exhausted,
+    private readonly anyGuest: boolean,
   ) {
     for (const loaded of entries) {
       const key = matchKey(loaded.fields);
@@ -45,14 +64,19 @@ export class ReplaySource {
       else list.push(loaded);
       const ip = recordedIp(loaded.entry.serverIPAddress);
       if (ip === undefined) continue;
-      const known = this.addresses.get(loaded.fields.host) ?? [];
+      let hosts = this.sharedAddresses;
+      if (!anyGuest && loaded.owner !== undefined) {
+        hosts = this.ownAddresses.get(loaded.owner) ?? new Map<string, ResolvedAddress[]>();
+        this.ownAddresses.set(loaded.owner, hosts);
+      }
+      const known = hosts.get(loaded.fields.host) ?? [];
       if (!known.some((a) => a.ip === ip)) known.push({ ip, family: isIP(ip) === 6 ? 6 : 4 });
-      this.addresses.set(loaded.fields.host, known);
+      hosts.set(loaded.fields.host, known);
     }
   }
 
   /** Reads and indexes a HAR file; throws an Error that says what is wrong with it. */
-  static async load(path: string, match: MatchOptions, exhausted: Exhausted): Promise<ReplaySource> {
+  static async load(path: string, match: MatchOptions, exhausted: Exhausted, anyGuest = false): Promise<ReplaySource> {
     let har: RecordedHar;
     try {
       // A FIFO there would hold the start until written to; /dev/zero would never end.
@@ -90,26 +114,45 @@ export class ReplaySource {
       if (url.protocol !== "http:" && url.protocol !== "https:") continue;
       const headers = (entry.request.headers ?? []).map((h) => [h.name, h.value] as const);
       const body = await requestBodyOf(entry, path);
-      entries.push({ index, entry, fields: fieldsOf(entry.request.method, url, headers, body, match) });
+      entries.push({ index, entry, fields: fieldsOf(entry.request.method, url, headers, body, match), owner: entryOwner(entry) });
     }
-    return new ReplaySource(path, entries, exhausted);
+    return new ReplaySource(path, entries, exhausted, anyGuest);
   }
 
-  /** The recorded addresses of a host (lowercase, no trailing dot), if any entry has one. */
-  addressesOf(host: string): readonly ResolvedAddress[] | undefined {
-    return this.addresses.get(host);
+  /** Whether `guest` may be answered with `loaded`: its own entries and those of no one guest (see {@link entryOwner}). */
+  private usable(loaded: LoadedEntry, guest: string): boolean {
+    return this.anyGuest || loaded.owner === undefined || loaded.owner === guest;
   }
 
-  hasHost(host: string): boolean {
-    return this.entries.some((e) => e.fields.host === host);
+  /**
+   * The recorded addresses of a host (lowercase, no trailing dot) in the entries `guest` may
+   * use, if any has one. Another guest's addresses are not lent: the IP rules would judge, and
+   * their answer tell, a host only that guest's recording holds.
+   */
+  addressesOf(host: string, guest: string): readonly ResolvedAddress[] | undefined {
+    const shared = this.sharedAddresses.get(host);
+    const own = this.ownAddresses.get(guest)?.get(host);
+    if (own === undefined || shared === undefined) return own ?? shared;
+    return [...shared, ...own.filter((a) => !shared.some((s) => s.ip === a.ip))];
   }
 
-  take(fields: MatchFields): Take {
+  /** Whether an entry `guest` may use names `host`. */
+  hasHost(host: string, guest: string): boolean {
+    return this.entries.some((e) => e.fields.host === host && this.usable(e, guest));
+  }
+
+  /**
+   * The answer to `guest`'s request, from the entries it may use. Repeats are counted per guest
+   * where the guest has entries of its own among them (another guest's use takes none of its
+   * answers), and for every guest together where all are shared, as a one-guest recording always was.
+   */
+  take(fields: MatchFields, guest: string): Take {
     const key = matchKey(fields);
-    const list = this.byKey.get(key);
-    if (list === undefined) return { miss: this.describeMiss(fields), code: "EG_REPLAY_MISS" };
-    const n = this.used.get(key) ?? 0;
-    this.used.set(key, n + 1);
+    const list = this.byKey.get(key)?.filter((loaded) => this.usable(loaded, guest));
+    if (list === undefined || list.length === 0) return { miss: this.describeMiss(fields, guest), code: "EG_REPLAY_MISS" };
+    const counter = list.some((loaded) => loaded.owner !== undefined) && !this.anyGuest ? `${guest}\n${key}` : key;
+    const n = this.used.get(counter) ?? 0;
+    this.used.set(counter, n + 1);
     if (n < list.length) return { hit: list[n]! };
     if (this.exhausted === "error") {
       return { miss: `every one of the ${list.length} recorded answers to this request was used (--replay-exhausted error)`, code: "EG_REPLAY_EXHAUSTED" };
@@ -117,14 +160,22 @@ export class ReplaySource {
     return { hit: list.at(-1)! };
   }
 
-  private describeMiss(fields: MatchFields): string {
+  /**
+   * Why nothing answers: the nearest of the entries `guest` may use, never another guest's (its
+   * path can say whose it is, and what that guest did). Whether another guest's entry would have
+   * matched is not said either; only that such entries are not used, when the file has any.
+   */
+  private describeMiss(fields: MatchFields, guest: string): string {
+    const usable = this.entries.filter((loaded) => this.usable(loaded, guest));
     const near = nearest(
-      this.entries.map((e) => e.fields),
+      usable.map((e) => e.fields),
       fields,
     );
-    if (near === undefined) return "the recording has no entries";
-    const entry = this.entries[near.index]!;
-    return `nearest is entry ${entry.index} (${entry.entry.request.method} ${withoutQuery(entry.entry.request.url)}), which differs in ${near.field}`;
+    const othersHeld = !this.anyGuest && usable.length < this.entries.length;
+    const others = othersHeld ? "; entries another guest recorded are not used (upstream.replay.anyGuest, --replay-any-guest, lets any guest use any entry)" : "";
+    if (near === undefined) return othersHeld ? `the recording has no entries guest "${guest}" may use${others}` : "the recording has no entries";
+    const entry = usable[near.index]!;
+    return `nearest is entry ${entry.index} (${entry.entry.request.method} ${withoutQuery(entry.entry.request.url)}), which differs in ${near.field}${others}`;
   }
 }
 

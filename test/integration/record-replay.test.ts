@@ -6,12 +6,16 @@ import { join } from "node:path";
 import { brotliCompressSync, brotliDecompressSync, gunzipSync, gzipSync } from "node:zlib";
 import { ProxyAgent, request, request as undiciRequest } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
-import { createHttpHooks, startProxy, type AuditRecord } from "../../src/index.js";
+import { connect as h2Connect } from "node:http2";
+import { connect as tlsConnect } from "node:tls";
+import { createHttpHooks, startProxy, type AuditRecord, type HttpHooks, type RunningProxy } from "../../src/index.js";
+import type { ReplayOptions } from "../../src/record/network.js";
 import type { RecordedHar } from "../../src/record/har.js";
 import { checkHarFile, formatHarReport } from "../../src/record/har-check.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
-import { openTlsTunnel } from "../helpers/raw.js";
+import { basic, credentialsOf, startGuestsProxy, type GuestSpec, type GuestsProxy } from "../helpers/guests.js";
+import { openRaw, openTlsTunnel } from "../helpers/raw.js";
 import { fetchVia, proxyAgent, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { startUpstream, type Route } from "../helpers/upstream.js";
 import { craftedText } from "../helpers/crafted-text.js";
@@ -1127,6 +1131,255 @@ describe("a recording several guests make", () => {
     const disk = everything(har);
     for (const value of [A_VALUE, B_FIRST, B_NEXT]) expect(disk).not.toContain(value);
     expect(formatHarReport(await checkHarFile(har)).status).toBe(0);
+  });
+});
+
+// Replay ignored `_egressgate.guest`: on a proxy serving guests a and b, b's request was answered
+// with the entry a recorded, a's private data fetched with a's token (headers are not part of the
+// key), whenever a's entry came first; so were a redirect's hops, one by one. An entry a named
+// guest recorded now answers only that guest.
+describe("replaying a recording several guests made", () => {
+  const A_VALUE = "tokA_replayvalue_aaaaaaaaaaaaaaaaaaaaaaa";
+  const B_VALUE = "tokB_replayvalue_bbbbbbbbbbbbbbbbbbbbbbb";
+  const DEFAULT_VALUE = "tokD_replayvalue_ddddddddddddddddddddddd";
+  const owners: Record<string, string> = { [A_VALUE]: "alice", [B_VALUE]: "bob", [DEFAULT_VALUE]: "dora" };
+
+  /** Private data: whose it is follows from the token the request carried. */
+  const privateData: Route = (req, res, _body, url) => {
+    const who = owners[String(req.headers["authorization"]).replace(/^Bearer /, "")] ?? "nobody";
+    res.writeHead(200, { "content-type": "text/plain" });
+    res.end(`${who}'s ${url.pathname.slice(1)}${url.search}`);
+  };
+  const routes: Record<string, Route> = {
+    "/me": privateData,
+    "/landing": privateData,
+    "/report": privateData,
+    "/start": (_req, res) => {
+      res.writeHead(302, { location: "/landing" });
+      res.end();
+    },
+  };
+
+  /** A guest with its own secret on both hosts (`value`: the real one to record, a dummy to replay). */
+  const spec = (name: string, value: string): GuestSpec => ({
+    allowedInternalHosts: ["shared.test", "a.test"],
+    secrets: { [`${name.toUpperCase()}_TOKEN`]: { hosts: ["shared.test", "a.test"], value } },
+  });
+
+  /** GET as `guest` over HTTP/1.1 (undici through its proxy URL), with its placeholder as the bearer token. */
+  async function getAs(proxy: RunningProxy, guest: string, url: string): Promise<{ status: number; text: string }> {
+    const env = proxy.guestEnv(guest);
+    const agent = new ProxyAgent({ uri: env["HTTPS_PROXY"]!, requestTls: { ca: proxy.caCertPem } });
+    try {
+      const res = await request(url, { dispatcher: agent, headers: { authorization: `Bearer ${env[`${guest.toUpperCase()}_TOKEN`]!}` } });
+      return { status: res.statusCode, text: await res.body.text() };
+    } finally {
+      await agent.close();
+    }
+  }
+
+  /** An HTTP/2 session as `guest`: CONNECT with its credentials, then TLS offering h2 alone. */
+  async function h2As(proxy: RunningProxy, guest: string, authority: string): Promise<{ get(path: string): Promise<{ status: number; text: string }> }> {
+    const { user, token } = credentialsOf(proxy, guest);
+    const raw = await openRaw(proxy.port);
+    raw.write(`CONNECT ${authority} HTTP/1.1\r\nHost: ${authority}\r\nProxy-Authorization: ${basic(user, token)}\r\n\r\n`);
+    expect((await raw.readResponse({ forConnect: true })).status).toBe(200);
+    const socket = tlsConnect({ socket: raw.detach(), servername: authority.slice(0, authority.lastIndexOf(":")), ca: proxy.caCertPem, ALPNProtocols: ["h2"] });
+    await new Promise<void>((resolve, reject) => socket.once("secureConnect", resolve).once("error", reject));
+    expect(socket.alpnProtocol).toBe("h2");
+    const session = h2Connect(`https://${authority}`, { createConnection: () => socket });
+    session.on("error", () => undefined);
+    onTestFinished(() => void session.destroy());
+    const placeholder = proxy.guestEnv(guest)[`${guest.toUpperCase()}_TOKEN`]!;
+    return {
+      async get(path) {
+        const answer = await h2Request(session, { ":path": path, ":authority": authority, authorization: `Bearer ${placeholder}` });
+        return { status: answer.status, text: answer.body.toString() };
+      },
+    };
+  }
+
+  /**
+   * The proxy itself records guests a and b (a first each time) into one file: the same /me and
+   * /start (a redirect to /landing), each answered with its own guest's data; a's report on
+   * shared.test and its page on a.test, which b never asked for.
+   */
+  async function recordTwoGuests(): Promise<{ har: string; port: number; hits: () => number }> {
+    const har = join(tempDir(), "shared.har");
+    const upstream = await startUpstream({ names: ["shared.test", "a.test"], routes });
+    const recorder = await startGuestsProxy({ a: spec("a", A_VALUE), b: spec("b", B_VALUE) }, { upstream: { record: { path: har } } });
+    const shared = `https://shared.test:${upstream.port}`;
+    expect(await getAs(recorder, "a", `${shared}/me`)).toEqual({ status: 200, text: "alice's me" });
+    expect(await getAs(recorder, "b", `${shared}/me`)).toEqual({ status: 200, text: "bob's me" });
+    expect(await getAs(recorder, "a", `${shared}/start`)).toEqual({ status: 200, text: "alice's landing" });
+    expect(await getAs(recorder, "b", `${shared}/start`)).toEqual({ status: 200, text: "bob's landing" });
+    expect(await getAs(recorder, "a", `${shared}/report?id=7`)).toEqual({ status: 200, text: "alice's report?id=7" });
+    expect(await getAs(recorder, "a", `https://a.test:${upstream.port}/me`)).toEqual({ status: 200, text: "alice's me" });
+    await recorder.close();
+    const entries = readHar(har).log.entries;
+    expect(entries.map((e) => [e._egressgate?.guest, new URL(e.request.url).pathname, e._egressgate?.named])).toEqual([
+      ["a", "/me", undefined],
+      ["b", "/me", undefined],
+      ["a", "/start", undefined],
+      ["a", "/landing", undefined],
+      ["b", "/start", undefined],
+      ["b", "/landing", undefined],
+      ["a", "/report", undefined],
+      ["a", "/me", undefined],
+    ]);
+    return { har, port: upstream.port, hits: upstream.hits };
+  }
+
+  /** Guests a and b, with dummy values, replaying `har`; no static names, so a host's addresses are the recorded ones. */
+  function replayTwoGuests(har: string, replay: Partial<ReplayOptions> = {}, resolve: Readonly<Record<string, readonly string[]>> = {}): Promise<GuestsProxy> {
+    return startGuestsProxy({ a: spec("a", "dummy-a"), b: spec("b", "dummy-b") }, { resolve, upstream: { replay: { path: har, ...replay } } });
+  }
+
+  it("an entry answers only the guest that recorded it, over HTTP/1.1 and HTTP/2, and a miss names none of another guest's entries", async () => {
+    const { har, port, hits } = await recordTwoGuests();
+    const recorded = hits();
+    const replayer = await replayTwoGuests(har);
+    const shared = `shared.test:${port}`;
+    // b asks first: a's entry for the same request comes first in the file.
+    const bH2 = await h2As(replayer, "b", shared);
+    expect(await bH2.get("/me")).toEqual({ status: 200, text: "bob's me" });
+    expect(await getAs(replayer, "b", `https://${shared}/me`)).toEqual({ status: 200, text: "bob's me" });
+    expect(await getAs(replayer, "a", `https://${shared}/me`)).toEqual({ status: 200, text: "alice's me" });
+    expect(await (await h2As(replayer, "a", shared)).get("/me")).toEqual({ status: 200, text: "alice's me" });
+
+    // What only a recorded: a miss for b, on either protocol, its nearest entry one of b's own.
+    expect(await bH2.get("/report?id=7")).toEqual({ status: 502, text: expect.stringMatching(/no recorded response matches GET https:\/\/shared\.test:\d+\/report \(see the proxy log\)/) as string });
+    const missed = await getAs(replayer, "b", `https://${shared}/report?id=8`);
+    expect(missed.status).toBe(502);
+    const reasons = replayer.logs.filter((l) => l["code"] === "EG_REPLAY_MISS" && l["msg"] === "replay miss").map((l) => [l["guest"], String(l["reason"])]);
+    expect(reasons).toEqual([
+      ["b", expect.stringMatching(/^nearest is entry \d \(GET https:\/\/shared\.test:\d+\/(me|start|landing)\), which differs in path; entries another guest recorded are not used \(upstream\.replay\.anyGuest/)],
+      ["b", expect.stringMatching(/^nearest is entry \d \(GET https:\/\/shared\.test:\d+\/(me|start|landing)\), which differs in path; /)],
+    ]);
+    const owned = readHar(har).log.entries.flatMap((e, i) => (e._egressgate?.guest === "b" ? [i] : []));
+    for (const [, reason] of reasons) expect(owned).toContain(Number(/entry (\d)/.exec(reason as string)![1]));
+    expect(replayer.rawLog.join("\n")).not.toContain("/report?");
+    // A host only a's entries name has no recorded address for b: not a's, which the IP rules would judge.
+    const elsewhere = await getAs(replayer, "b", `https://a.test:${port}/me`);
+    expect(elsewhere.status).toBe(502);
+    expect(elsewhere.text).toContain('the recording has no entry for host "a.test"');
+    expect(await getAs(replayer, "a", `https://a.test:${port}/me`)).toEqual({ status: 200, text: "alice's me" });
+    expect(hits()).toBe(recorded);
+  });
+
+  it("a redirect replays hop by hop from the guest's own entries, and each guest's repeats are its own with --replay-exhausted error", async () => {
+    const { har, port } = await recordTwoGuests();
+    const shared = `https://shared.test:${port}`;
+    const replayer = await replayTwoGuests(har);
+    // The proxy follows the 302: both hops are b's, though a's came first for each.
+    expect(await getAs(replayer, "b", `${shared}/start`)).toEqual({ status: 200, text: "bob's landing" });
+    expect(await (await h2As(replayer, "b", `shared.test:${port}`)).get("/start")).toEqual({ status: 200, text: "bob's landing" });
+    expect(await getAs(replayer, "a", `${shared}/start`)).toEqual({ status: 200, text: "alice's landing" });
+
+    // One answer each: a's second request is exhausted, and took none of b's.
+    const strict = await replayTwoGuests(har, { exhausted: "error" });
+    expect(await getAs(strict, "a", `${shared}/me`)).toEqual({ status: 200, text: "alice's me" });
+    const again = await getAs(strict, "a", `${shared}/me`);
+    expect(again.status).toBe(502);
+    expect(again.text).toContain("no recorded response is left for GET");
+    expect(await getAs(strict, "b", `${shared}/me`)).toEqual({ status: 200, text: "bob's me" });
+  });
+
+  it("with --record-missing, what only another guest recorded goes to the network for this guest, and is recorded as its own", async () => {
+    const { har, port, hits } = await recordTwoGuests();
+    const recorded = hits();
+    const replayer = await startGuestsProxy({ a: spec("a", A_VALUE), b: spec("b", B_VALUE) }, { upstream: { replay: { path: har, recordMissing: true } } });
+    expect(await getAs(replayer, "b", `https://shared.test:${port}/report?id=7`)).toEqual({ status: 200, text: "bob's report?id=7" });
+    expect(await getAs(replayer, "a", `https://shared.test:${port}/report?id=7`)).toEqual({ status: 200, text: "alice's report?id=7" });
+    expect(hits()).toBe(recorded + 1);
+    await replayer.close();
+    const reports = readHar(har).log.entries.filter((e) => new URL(e.request.url).pathname === "/report");
+    expect(reports.map((e) => [e._egressgate?.guest, e.response.content.text])).toEqual([
+      ["a", "alice's report?id=7"],
+      ["b", "bob's report?id=7"],
+    ]);
+  });
+
+  it("a guest a reload renames is not answered with the entries recorded under its old name", async () => {
+    const { har, port } = await recordTwoGuests();
+    const shared = `https://shared.test:${port}`;
+    // shared.test named statically, so that a request of a guest with no entries there reaches the recording.
+    const replayer = await replayTwoGuests(har, {}, { "shared.test": ["127.0.0.1"] });
+    expect(await getAs(replayer, "a", `${shared}/me`)).toEqual({ status: 200, text: "alice's me" });
+    const guest = (name: string): { httpHooks: HttpHooks; env: Readonly<Record<string, string>> } => {
+      const { httpHooks, env } = createHttpHooks(spec(name, `dummy-${name}`));
+      return { httpHooks, env };
+    };
+    await replayer.reload({ guests: { c: guest("c"), b: guest("b") }, resolve: { "shared.test": ["127.0.0.1"] } });
+    expect(replayer.guestNames()).toEqual(["c", "b"]);
+    const renamed = await getAs(replayer, "c", `${shared}/me`);
+    expect(renamed.status).toBe(502);
+    expect(renamed.text).not.toContain("alice");
+    expect(await getAs(replayer, "b", `${shared}/me`)).toEqual({ status: 200, text: "bob's me" });
+    const miss = replayer.logs.find((l) => l["msg"] === "replay miss" && l["guest"] === "c");
+    expect(String(miss?.["reason"])).toMatch(/^the recording has no entries guest "c" may use; entries another guest recorded are not used/);
+    // Named a again, it has its entries back.
+    await replayer.reload({ guests: { a: guest("a"), b: guest("b") }, resolve: { "shared.test": ["127.0.0.1"] } });
+    expect(await getAs(replayer, "a", `${shared}/me`)).toEqual({ status: 200, text: "alice's me" });
+  });
+
+  it("entries of a proxy without named guests, or of no guest, answer every guest; a guest named default beside others keeps its own; --replay-any-guest lends every entry", async () => {
+    const upstream = await startUpstream({ names: ["shared.test", "a.test"], routes });
+    const shared = `https://shared.test:${upstream.port}`;
+    // The single-guest form records as `default`, unmarked.
+    const single = join(tempDir(), "single.har");
+    const lone = await startTestProxy(spec("default", DEFAULT_VALUE), { resolve: { "shared.test": ["127.0.0.1"] }, upstream: { record: { path: single } } });
+    expect(await getAs(lone, "default", `${shared}/me`)).toEqual({ status: 200, text: "dora's me" });
+    expect(await getAs(lone, "default", `${shared}/report?id=1`)).toEqual({ status: 200, text: "dora's report?id=1" });
+    await lone.close();
+    const file = readHar(single);
+    expect(file.log.entries.map((e) => e._egressgate)).toEqual([expect.objectContaining({ guest: "default" }), expect.objectContaining({ guest: "default" })]);
+    expect(file.log.entries.map((e) => e._egressgate?.named)).toEqual([undefined, undefined]);
+    // And a HAR from another tool has no guest at all.
+    delete file.log.entries[1]!._egressgate;
+    writeFileSync(single, JSON.stringify(file));
+    const many = await replayTwoGuests(single);
+    expect(await getAs(many, "a", `${shared}/me`)).toEqual({ status: 200, text: "dora's me" });
+    expect(await getAs(many, "b", `${shared}/me`)).toEqual({ status: 200, text: "dora's me" });
+    expect(await (await h2As(many, "b", `shared.test:${upstream.port}`)).get("/report?id=1")).toEqual({ status: 200, text: "dora's report?id=1" });
+
+    // Under `guests`, a guest named default is a named guest: its entries are marked, and answer only it.
+    const named = join(tempDir(), "named.har");
+    const recorder = await startGuestsProxy({ default: spec("default", DEFAULT_VALUE), b: spec("b", B_VALUE) }, { upstream: { record: { path: named } } });
+    expect(await getAs(recorder, "default", `${shared}/me`)).toEqual({ status: 200, text: "dora's me" });
+    await recorder.close();
+    expect(readHar(named).log.entries.map((e) => e._egressgate)).toEqual([expect.objectContaining({ guest: "default", named: true })]);
+    const beside = await startGuestsProxy({ default: spec("default", "dummy-d"), b: spec("b", "dummy-b") }, { resolve: {}, upstream: { replay: { path: named } } });
+    expect((await getAs(beside, "b", `${shared}/me`)).status).toBe(502);
+    expect(await getAs(beside, "default", `${shared}/me`)).toEqual({ status: 200, text: "dora's me" });
+    // Entries go by the guest's name: the single guest of a replaying proxy is `default` too.
+    const alone = await startTestProxy(spec("default", "dummy-d"), { upstream: { replay: { path: named } } });
+    expect(await getAs(alone, "default", `${shared}/me`)).toEqual({ status: 200, text: "dora's me" });
+
+    // Recorded as ci, replayed as ci2: a miss, whose log line says why, unless any guest may use any entry.
+    const ci = join(tempDir(), "ci.har");
+    const ciRecorder = await startGuestsProxy({ ci: spec("ci", A_VALUE) }, { upstream: { record: { path: ci } } });
+    expect(await getAs(ciRecorder, "ci", `${shared}/me`)).toEqual({ status: 200, text: "alice's me" });
+    await ciRecorder.close();
+    const strict = await startGuestsProxy({ ci2: spec("ci2", "dummy") }, { upstream: { replay: { path: ci } } });
+    expect((await getAs(strict, "ci2", `${shared}/me`)).status).toBe(502);
+    expect(strict.logs.find((l) => l["msg"] === "replay miss")?.["reason"]).toBe(
+      'the recording has no entries guest "ci2" may use; entries another guest recorded are not used (upstream.replay.anyGuest, --replay-any-guest, lets any guest use any entry)',
+    );
+    const lenient = await startGuestsProxy({ ci2: spec("ci2", "dummy") }, { resolve: {}, upstream: { replay: { path: ci, anyGuest: true } } });
+    expect(await getAs(lenient, "ci2", `${shared}/me`)).toEqual({ status: 200, text: "alice's me" });
+    expect(await (await h2As(lenient, "ci2", `shared.test:${upstream.port}`)).get("/me")).toEqual({ status: 200, text: "alice's me" });
+  });
+
+  it("an entry whose guest is not a string, or whose named is not a boolean, is refused by --replay and har check", async () => {
+    const { har } = await recordTwoGuests();
+    const file = readHar(har);
+    (file.log.entries[0]!._egressgate as unknown as Record<string, unknown>)["guest"] = ["a"];
+    (file.log.entries[1]!._egressgate as unknown as Record<string, unknown>)["named"] = "yes";
+    writeFileSync(har, JSON.stringify(file));
+    const report = await checkHarFile(har);
+    expect(report.problems).toEqual(["log.entries[0]._egressgate.guest: must be a string", "log.entries[1]._egressgate.named: must be a boolean"]);
+    await expect(replayTwoGuests(har)).rejects.toThrow(/log\.entries\[0\]\._egressgate\.guest: must be a string; log\.entries\[1\]\._egressgate\.named: must be a boolean/);
   });
 });
 

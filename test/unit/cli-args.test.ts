@@ -359,6 +359,7 @@ describe("parseCli: --auth, env --guest and check-config", () => {
     ["--replay-exhausted", "error"],
     ["--replay-ignore-query", "ts"],
     ["--record-cookies"],
+    ["--replay-any-guest"],
   ])("check refuses %s, which it would ignore (it sends and records nothing)", (...flag) => {
     const error = usageErrorOf(["check", ...flag, "--allow-host", "a.test", "GET", "https://a.test/"]);
     expect(error.message).toBe(`check: ${flag[0]} has no effect: check sends nothing and records nothing; give the upstream's answer with --response STATUS [-R 'Name: v']...`);
