@@ -1,6 +1,6 @@
 import { validateHostPattern } from "../policy/host-pattern.js";
 import { DeclarativePolicy, type DeclarativeConfig } from "../policy/declarative-policy.js";
-import { secretControlReason, secretRedirectModes, SecretStore, type SecretInfo, type SecretOptions, type SecretRedirects, type SecretRedirectOptions } from "../policy/secrets.js";
+import { secretControlReason, secretRedirectModes, SecretStore, secretTooLongReason, secretValueTooLong, type SecretInfo, type SecretOptions, type SecretRedirects, type SecretRedirectOptions } from "../policy/secrets.js";
 import { makeIssue, OptionError, requiresReason, unknownKeyReason, type OptionRequirement, type Segment } from "../option-error.js";
 import { DjsHooks } from "../djs/create-djs-hooks.js";
 import { bind, type ChainEntry } from "./declarative-binding.js";
@@ -202,6 +202,7 @@ function checkSecrets(options: HttpHooksOptions): void {
     if (typeof secret.value !== "string" || secret.value === "") throw invalid(`${at}.value`, "must be a non-empty string");
     if (breaksFieldValue.test(secret.value)) throw invalid(`${at}.value`, "must not contain CR, LF or NUL");
     if (controlInFieldValue.test(secret.value)) throw invalid(`${at}.value`, secretControlReason);
+    if (secretValueTooLong(secret.value)) throw invalid(`${at}.value`, secretTooLongReason);
     checkMode(secret.secretRedirects, `${at}.secretRedirects`);
     patternList(secret.followRedirectsTo, `${at}.followRedirectsTo`);
     const own = secret.secretRedirects ?? mode;

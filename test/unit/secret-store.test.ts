@@ -262,7 +262,17 @@ describe("SecretStore: a value's length", () => {
     const update = thrown(() => secrets.update("T", { value: tooLong }));
     expect(update.message).toMatch(/is longer than 16 KiB/);
     expect(update.message).not.toContain("vvvv");
-    expect(() => createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value: "x".repeat(1_000_000) } } })).toThrow(/secrets\.T\.value: is longer than 16 KiB/);
+    expect(() => createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value: "x".repeat(1_000_000) } } })).toThrow(/secrets\.T\.value is longer than 16 KiB/);
+  });
+
+  // createHttpHooks checked every other fault of a value itself, but left the length to the store,
+  // whose plain TypeError had no code and no path (carried-defect session).
+  it("createHttpHooks refuses a value over 16 KiB with an OptionError naming the path, never quoted", () => {
+    const error = thrown(() => createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value: "ghp_".padEnd(16 * 1024 + 1, "v") } } }));
+    expect(error).toBeInstanceOf(OptionError);
+    expect(error).toMatchObject({ code: "EG_INVALID_OPTION", path: "secrets.T.value" });
+    expect(error.message).toMatch(/^createHttpHooks: secrets\.T\.value is longer than 16 KiB \(16384 bytes\)/);
+    expect(error.message).not.toContain("ghp_");
   });
 });
 
