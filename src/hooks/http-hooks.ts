@@ -10,6 +10,8 @@ import { EgressError, statusText } from "../errors.js";
 import { bareHostname } from "../hostname.js";
 import { breaksFieldValue, controlInFieldValue } from "../headers.js";
 import { reservedVariableReason } from "../guest-variables.js";
+import { expandHome, homeProblem } from "../home-path.js";
+import { withFields } from "../objects.js";
 import { Decider } from "../deciders/decider.js";
 import { isDeciderEntry, resolveDecider, type DeciderOptions } from "../deciders/options.js";
 
@@ -397,7 +399,14 @@ function deciderOf(entry: DeciderOptions, index: number): Decider {
     throw invalid(["hooks", index, ...segments], reason, kind === "range" ? "invalid" : kind);
   });
   // resolveDecider reports every problem, and the first one has thrown above.
-  return new Decider(resolved!);
+  const decider = resolved!;
+  if (decider.kind !== "command" || decider.shell || !decider.argv[0]!.includes("/")) return new Decider(decider);
+  // A program's path as the config file has it (hook-chain.ts): no shell between a program and
+  // createHttpHooks expands `~/check.sh`, and spawn took it as a folder named `~` (every call 502).
+  const written = decider.argv[0]!;
+  const problem = homeProblem(written);
+  if (problem !== undefined) throw invalid(["hooks", index, "command"], problem);
+  return new Decider(withFields(decider, { argv: [expandHome(written, process.env), ...decider.argv.slice(1)] }));
 }
 
 /** `hooks: [...]` validated into the chain the proxy runs, each entry a policy or callbacks. */

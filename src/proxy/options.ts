@@ -2,7 +2,7 @@ import { readFileSync } from "node:fs";
 import { X509Certificate } from "node:crypto";
 import { isDeepStrictEqual } from "node:util";
 import { defaults } from "../config/defaults.js";
-import { makeIssue, OptionError, optionError, type OptionIssue } from "../config/option-error.js";
+import { makeIssue, OptionError, optionError, type OptionIssue, type Segment } from "../config/option-error.js";
 import { apiOptionsSchema } from "../config/schema.js";
 import { snapshotOptions } from "../config/snapshot.js";
 import { validate, type MapNode } from "../config/validate.js";
@@ -14,6 +14,8 @@ import { defaultCaDir } from "../tls/ca-store.js";
 import type { LeafKeyType } from "../tls/x509.js";
 import type { UpstreamOptions } from "../record/network.js";
 import { maxTextFileBytes, readFailure, readRegularFileSync } from "../regular-file.js";
+import { expandHome, homeProblem } from "../home-path.js";
+import { withFields } from "../objects.js";
 import type { AuditRecord } from "../metrics/audit-record.js";
 import { plainObject, resolveGuestOptions, type GuestOptions, type OptionCaller, type ResolvedGuest } from "./guest-options.js";
 
@@ -236,6 +238,26 @@ function fail(path: readonly string[], reason: string, caller: OptionCaller = "s
   throw new OptionError(makeIssue(path, reason), { prefix: `${caller}: ` });
 }
 
+/**
+ * A path option as written, with a leading `~` or `~/` made $HOME, as the config file and the
+ * flags have it (home-path.ts); `~user/…` is refused. No shell stands between a program and
+ * startProxy to expand it: `caDir: "~/ca"` made a folder named `~` in the working directory.
+ */
+function homePath(segments: readonly Segment[], written: string, caller: OptionCaller): string {
+  const problem = homeProblem(written);
+  if (problem !== undefined) throw new OptionError(makeIssue(segments, problem), { prefix: `${caller}: ` });
+  return expandHome(written, process.env);
+}
+
+/** The record and replay files' paths, each through {@link homePath}. */
+function upstreamPaths(upstream: UpstreamOptions | undefined, caller: OptionCaller): UpstreamOptions | undefined {
+  if (upstream === undefined) return undefined;
+  const out: { -readonly [K in keyof UpstreamOptions]: UpstreamOptions[K] } = { ...upstream };
+  if (upstream.record !== undefined) out.record = withFields(upstream.record, { path: homePath(["upstream", "record", "path"], upstream.record.path, caller) });
+  if (upstream.replay !== undefined) out.replay = withFields(upstream.replay, { path: homePath(["upstream", "replay", "path"], upstream.replay.path, caller) });
+  return out;
+}
+
 /** Checks the options against the one schema; the first problem is thrown with its path and code. */
 function checkOptions(options: unknown, caller: OptionCaller): asserts options is ProxyOptions {
   const issues: OptionIssue[] = [];
@@ -257,8 +279,10 @@ export function checkGuestOptions(name: string, options: unknown, caller = "addG
   return guest as GuestOptions;
 }
 
+const pemMarker = "-----BEGIN CERTIFICATE-----";
+
 function readCa(entry: string, path: string): string {
-  if (entry.includes("-----BEGIN CERTIFICATE-----")) {
+  if (entry.includes(pemMarker)) {
     const bad = unparsedCertificate(entry);
     if (bad !== undefined) failCa(path, `holds a PEM certificate that cannot be read (${bad})`);
     return entry;
@@ -270,7 +294,7 @@ function readCa(entry: string, path: string): string {
   } catch (error) {
     throw new OptionError(makeIssue(["upstreamCa", Number(path)], `cannot read ${entry}: ${readFailure(error)}`), { prefix: "startProxy: ", cause: error });
   }
-  if (!text.includes("-----BEGIN CERTIFICATE-----")) failCa(path, `names ${entry}, which holds no PEM certificate`);
+  if (!text.includes(pemMarker)) failCa(path, `names ${entry}, which holds no PEM certificate`);
   const bad = unparsedCertificate(text);
   if (bad !== undefined) failCa(path, `names ${entry}, which holds a PEM certificate that cannot be read (${bad})`);
   return text;
@@ -381,8 +405,8 @@ export function resolveProxyOptions(given: ProxyOptions = {}, caller: OptionCall
     resolve: resolveIn,
     deploymentKey: options.deploymentKey,
     listen,
-    caDir: options.caDir ?? defaultCaDir(),
-    upstreamCaPems: (options.upstreamCa ?? []).map((entry, i) => readCa(entry, String(i))),
+    caDir: options.caDir === undefined ? defaultCaDir() : homePath(["caDir"], options.caDir, caller),
+    upstreamCaPems: (options.upstreamCa ?? []).map((entry, i) => readCa(entry.includes(pemMarker) ? entry : homePath(["upstreamCa", i], entry, caller), String(i))),
     leafKeyType: options.leafKeyType ?? defaults.leafKeyType,
     leafCacheSize: options.leafCacheSize ?? defaults.leafCacheSize,
     maxRedirects: options.maxRedirects ?? defaults.maxRedirects,
@@ -393,12 +417,12 @@ export function resolveProxyOptions(given: ProxyOptions = {}, caller: OptionCall
     limits: overDefaults({ connections: defaultConnectionLimit(), ...defaults.limits }, options.limits),
     logLevel: options.logLevel ?? defaults.logLevel,
     logSink: options.logSink,
-    guestEnvFile: options.guestEnvFile,
+    guestEnvFile: options.guestEnvFile === undefined ? undefined : homePath(["guestEnvFile"], options.guestEnvFile, caller),
     metricsListen,
     metrics: options.metrics === true || options.metricsListen !== undefined,
     ownAddresses: (options.ownAddresses ?? []).map((address) => parseHostPort(address, defaults.listen.host)!),
-    upstream: options.upstream,
-    auditLog: options.auditLog,
+    upstream: upstreamPaths(options.upstream, caller),
+    auditLog: options.auditLog === undefined ? undefined : homePath(["auditLog"], options.auditLog, caller),
     onDecision: options.onDecision,
   };
 }

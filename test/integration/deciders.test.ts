@@ -132,6 +132,31 @@ describe("command deciders: processes", () => {
     expect((await fetchVia(missing.proxy, `${missing.base}/echo`)).status).toBe(502);
   });
 
+  // No shell stands between a program and createHttpHooks: `~/check.sh` was spawned as a file
+  // under a folder named `~` in the working directory, and every request got 502, where the
+  // config file has long expanded it.
+  it("a program given as ~/… is under $HOME, as in the config file; ~user/… is refused naming the entry", async () => {
+    const home = tempDir("egressgate-home-");
+    writeFileSync(join(home, "says-no.sh"), '#!/bin/sh\ncat > /dev/null\necho "home says no" >&2\nexit 2\n', { mode: 0o755 });
+    vi.stubEnv("HOME", home);
+    onTestFinished(() => {
+      vi.unstubAllEnvs();
+    });
+    const { proxy, upstream, base } = await proxyWith([{ command: ["~/says-no.sh"] }]);
+    const res = await fetchVia(proxy, `${base}/echo`);
+    expect(res.status).toBe(403);
+    expect(res.text).toContain("home says no");
+    expect(upstream.hits()).toBe(0);
+    expect(decisions(proxy.logs).at(-1)).toMatchObject({ source: "command:~/says-no.sh" });
+    expect(() => createHttpHooks({ hooks: [{ command: "~bob/says-no.sh --strict" }] })).toThrow(
+      expect.objectContaining({
+        code: "EG_INVALID_OPTION",
+        path: "hooks[0].command",
+        message: 'createHttpHooks: hooks[0].command starts with "~bob", which is not expanded: only ~ and ~/ are (the home folder, $HOME); write the folder out',
+      }),
+    );
+  });
+
   it("a command that exits without reading stdin (EPIPE) is judged by its exit code, and the proxy lives", async () => {
     const { proxy, base } = await proxyWith([{ command: "/bin/sh -c 'exit 2'", includeBody: true }]);
     const big = Buffer.alloc(4 * 1024 * 1024, 0x61);

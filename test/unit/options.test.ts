@@ -67,6 +67,42 @@ describe("resolveProxyOptions: defaults", () => {
     expect(resolveProxyOptions().caDir).toBe(join("/tmp/eg-home", ".config", "egressgate"));
   });
 
+  // No shell stands between a program and startProxy: `caDir: "~/ca"` made a folder named `~` in
+  // the working directory, where the config file and the flags have long expanded it.
+  it("a path option starting with ~/ is under $HOME, as in the config file; ~user is refused naming the option", async () => {
+    const home = tempDir("egressgate-home-");
+    vi.stubEnv("HOME", home);
+    onTestFinished(() => {
+      vi.unstubAllEnvs();
+    });
+    const { certPem } = await testCa();
+    writeFileSync(join(home, "ca.pem"), certPem);
+    const resolved = resolveProxyOptions({
+      caDir: "~/ca",
+      guestEnvFile: "~/guest.env",
+      auditLog: "~/audit.log",
+      upstreamCa: ["~/ca.pem"],
+      upstream: { record: { path: "~/run.har" } },
+    });
+    expect(resolved).toMatchObject({ caDir: join(home, "ca"), guestEnvFile: join(home, "guest.env"), auditLog: join(home, "audit.log"), upstreamCaPems: [certPem] });
+    expect(resolved.upstream?.record?.path).toBe(join(home, "run.har"));
+    expect(resolveProxyOptions({ caDir: "~" }).caDir).toBe(home);
+    expect(resolveProxyOptions({ upstream: { replay: { path: "~/run.har" } } }).upstream?.replay?.path).toBe(join(home, "run.har"));
+    // A ~ anywhere else is a character of the name, as in a shell.
+    expect(resolveProxyOptions({ caDir: "ca~/x" }).caDir).toBe("ca~/x");
+    for (const [options, path] of [
+      [{ caDir: "~bob/ca" }, "caDir"],
+      [{ guestEnvFile: "~bob/guest.env" }, "guestEnvFile"],
+      [{ auditLog: "~bob/audit.log" }, "auditLog"],
+      [{ upstreamCa: [certPem, "~bob/ca.pem"] }, "upstreamCa[1]"],
+      [{ upstream: { record: { path: "~bob/run.har" } } }, "upstream.record.path"],
+    ] as const) {
+      const error = errorOf(() => resolveProxyOptions(options as ProxyOptions));
+      expect(error).toMatchObject({ code: "EG_INVALID_OPTION", path });
+      expect(error.message).toBe(`startProxy: ${path} starts with "~bob", which is not expanded: only ~ and ~/ are (the home folder, $HOME); write the folder out`);
+    }
+  });
+
   it("the defaults live in one frozen object that resolving never changes", () => {
     expect(Object.isFrozen(defaults)).toBe(true);
     expect(Object.isFrozen(defaults.listen)).toBe(true);
