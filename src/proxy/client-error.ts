@@ -1,6 +1,7 @@
 import type { Socket } from "node:net";
 import { EgressError } from "../errors.js";
 import type { Logger } from "../log.js";
+import { versionNotSupported } from "./guest-request.js";
 import type { ParseErrorPlace } from "./lanes.js";
 import { isLingering } from "./linger.js";
 import { writeRawError } from "./respond.js";
@@ -85,7 +86,23 @@ function answerFor(error: NodeJS.ErrnoException): EgressError | undefined {
   // llhttp does not know TRACK, but it is refused for the same reason as TRACE, not as garbage.
   if (code === "HPE_INVALID_METHOD" && rawPacket?.subarray(0, 6).toString("latin1") === "TRACK ") return new EgressError("EG_METHOD_NOT_ALLOWED", 405, "method TRACK is not allowed: it would echo credentials back");
   if (code === "HPE_HEADER_OVERFLOW") return new EgressError("EG_HEADERS_TOO_LARGE", 431, `request head is larger than ${maxHeaderBytes} bytes`);
+  // A well-formed version llhttp does not take (1.2, 1.9, 3.0: two single digits, its "Invalid
+  // HTTP version") is a version the proxy does not speak (RFC 9110 §15.6.6), as 0.9 and 2.0 are
+  // once llhttp hands them on, not garbage; one that is not two digits stays a malformed request.
+  if (code === "HPE_INVALID_VERSION" && (error as { reason?: string }).reason === "Invalid HTTP version") return versionNotSupported(versionBefore(error));
   if (code.startsWith("HPE_")) return new EgressError("EG_BAD_REQUEST", 400, `malformed request (${code.slice(4).toLowerCase().replaceAll("_", " ")})`);
   if (code === "ERR_HTTP_REQUEST_TIMEOUT") return new EgressError("EG_BAD_REQUEST", 408, "request head not received in time");
   return undefined;
+}
+
+/**
+ * The version llhttp refused, `HTTP/1.2`: its error stops just after the minor digit, in the
+ * chunk it was parsing (`rawPacket`). A request line that came in pieces may have left only part
+ * of it in that chunk, and then the version is not named.
+ */
+function versionBefore(error: NodeJS.ErrnoException): string {
+  const { rawPacket, bytesParsed } = error as { rawPacket?: Buffer; bytesParsed?: number };
+  if (rawPacket === undefined || bytesParsed === undefined || bytesParsed < 3) return "this HTTP version";
+  const digits = rawPacket.subarray(bytesParsed - 3, bytesParsed).toString("latin1");
+  return /^\d\.\d$/.test(digits) ? `HTTP/${digits}` : "this HTTP version";
 }

@@ -174,7 +174,12 @@ export function loggableMethod(method: string): string {
  */
 export function checkHttpVersion(httpVersion: string): void {
   if (httpVersion === "1.1" || httpVersion === "1.0") return;
-  throw new EgressError("EG_BAD_REQUEST", 505, `HTTP/${httpVersion} is not supported in a request line: send HTTP/1.1 or HTTP/1.0 (HTTP/2 is negotiated by ALPN, as h2, inside a CONNECT tunnel)`);
+  throw versionNotSupported(`HTTP/${httpVersion}`);
+}
+
+/** The 505 for a request line's version, whether llhttp refused it (client-error.ts) or handed it on. */
+export function versionNotSupported(version: string): EgressError {
+  return new EgressError("EG_BAD_REQUEST", 505, `${version} is not supported in a request line: send HTTP/1.1 or HTTP/1.0 (HTTP/2 is negotiated by ALPN, as h2, inside a CONNECT tunnel)`);
 }
 
 /**

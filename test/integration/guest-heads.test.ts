@@ -244,6 +244,46 @@ describe("a request line of HTTP/0.9 or HTTP/2.0 gets 505 HTTP Version Not Suppo
   });
 });
 
+// llhttp refuses these itself, and its parse error was a 400 "malformed request (invalid
+// version)", where 0.9 and 2.0 got 505 naming the version (carried from an earlier session).
+describe("a request line of another well-formed HTTP version (1.2, 1.9, 3.0) gets 505 too", () => {
+  const versions = ["HTTP/1.2", "HTTP/1.9", "HTTP/3.0"] as const;
+  for (const way of ways) {
+    it.each(versions)(`${way}: %s gets 505 naming it, never forwarded, the connection closes, and the proxy serves on`, async (version) => {
+      const s = await setup();
+      const { client, target, host, upstream } = await open(s, way, "/echo");
+      client.write(`GET ${target} ${version}\r\nHost: ${host}\r\n\r\n`);
+      const res = await client.readResponse();
+      expect(`${res.status} ${res.statusText}`, res.body).toBe("505 HTTP Version Not Supported");
+      expect(res.body).toBe(`505 HTTP Version Not Supported: ${version} is not supported in a request line: send HTTP/1.1 or HTTP/1.0 (HTTP/2 is negotiated by ALPN, as h2, inside a CONNECT tunnel)\n`);
+      expect(res.headers["x-egressgate-error"]).toBe("EG_BAD_REQUEST");
+      expect(await client.closesWithin(5_000)).toBe(true);
+      expect(upstream.hits()).toBe(0);
+      await expectStillServing(s);
+    });
+  }
+
+  it("behind a request pipelined before it, it is answered after that one's 200", async () => {
+    const s = await setup();
+    const { client, target, host, upstream } = await open(s, "TLS tunnel", "/echo");
+    client.write(`GET ${target} HTTP/1.1\r\nHost: ${host}\r\n\r\nGET ${target} HTTP/1.2\r\nHost: ${host}\r\n\r\n`);
+    expect((await client.readResponse()).status).toBe(200);
+    const res = await client.readResponse();
+    expect(`${res.status} ${res.statusText}`, res.body).toBe("505 HTTP Version Not Supported");
+    expect(res.body).toContain("HTTP/1.2 is not supported in a request line");
+    expect(upstream.hits()).toBe(1);
+  });
+
+  it("a version that is not two single digits stays a malformed request (400)", async () => {
+    const s = await setup();
+    const { client, target, host } = await open(s, "absolute-form", "/echo");
+    client.write(`GET ${target} HTTP/1.10\r\nHost: ${host}\r\n\r\n`);
+    const res = await client.readResponse();
+    expect(`${res.status} ${res.statusText}`, res.body).toBe("400 Bad Request");
+    expect(res.body).toContain("malformed request (invalid version)");
+  });
+});
+
 describe("an Upgrade in an HTTP/1.0 request is ignored (RFC 9110 §7.8)", () => {
   for (const way of ways) {
     it(`${way}: the request is served as a plain GET, without Upgrade or Connection, and the connection closes after it`, async () => {
