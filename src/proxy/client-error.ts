@@ -3,7 +3,7 @@ import { EgressError } from "../errors.js";
 import type { Logger } from "../log.js";
 import { versionNotSupported } from "./guest-request.js";
 import type { ParseErrorPlace } from "./lanes.js";
-import { isLingering } from "./linger.js";
+import { isLingering, lingerAtClose } from "./linger.js";
 import { writeRawError } from "./respond.js";
 
 /** The largest request head a guest may send (431 beyond). */
@@ -24,6 +24,16 @@ export function answerClientError(
   // answer's lingering close takes the socket from it: the answer, written or waiting its turn,
   // closes the connection.
   if (answering.has(socket)) return;
+  if (error.code === afterClose) {
+    // A request pipelined after one that said `Connection: close` is not processed (RFC 9112
+    // §9.6), and is no bad request: the guest asked for the close, and the answer to the request
+    // before it, under way or written, is all it gets. What it still sends is read and dropped
+    // until that answer has closed the connection, never left unread for the close to reset.
+    answering.add(socket);
+    log.debug("guest sent more after a request with Connection: close; dropped", { client: socket.remoteAddress });
+    lingerAtClose(socket);
+    return;
+  }
   if (isLingering(socket)) {
     // The answer has gone (or is going), and the guest stopped mid-body (curl does on an early
     // answer). A body the parser refused is no guest that stopped: the proxy closes the
@@ -73,6 +83,9 @@ function logParseError(error: NodeJS.ErrnoException, socket: Socket, log: Logger
   if (error.code === endedMidRequest) log.debug("guest closed the connection mid-request", fields);
   else log.info("bad request", fields);
 }
+
+/** The parser's error for bytes after a request that said `Connection: close` ("Data after `Connection: close`"). */
+const afterClose = "HPE_CLOSED_CONNECTION";
 
 /** The parser's error for a guest that ended its side of the connection in the middle of a request. */
 const endedMidRequest = "HPE_INVALID_EOF_STATE";

@@ -14,14 +14,6 @@ const closing = new WeakSet<Socket>();
 const begun = new WeakSet<Socket>();
 
 /**
- * The connection's answer closes it (its head says `Connection: close`), though the answer may
- * still be under way: a request pipelined behind it is dropped, not processed (RFC 9112 §9.6).
- */
-export function markClosing(socket: Socket): void {
-  closing.add(socket);
-}
-
-/**
  * A connection answered `Connection: close`, its answer under way or in its lingering close: what
  * arrives on it is dropped, a request pipelined behind the answer included, and a parse error at
  * its end (the guest stopping mid-body) is no "bad request".
@@ -36,6 +28,29 @@ export function isLingering(socket: Socket): boolean {
  */
 export function closeBegun(socket: Socket): boolean {
   return begun.has(socket);
+}
+
+/**
+ * The connection's answer will close it, and the guest is still sending (an upload the answer came
+ * before, a request pipelined after `Connection: close`). A request pipelined behind that answer
+ * is dropped from now on, not processed (RFC 9112 §9.6), and the close Node's server makes once the
+ * answer is written (`destroySoon`, which destroys the socket with the guest's bytes unread, so
+ * the kernel resets it and drops what the answer had not yet delivered) becomes a lingering
+ * close. One Node has begun already (the answer written, its socket ending) is taken over.
+ */
+export function lingerAtClose(socket: Socket): void {
+  if (socket.destroyed || closing.has(socket)) return;
+  closing.add(socket);
+  if (socket.writableEnded) {
+    // Node's destroySoon has run, and destroys the socket once the answer is flushed.
+    socket.off("finish", socket.destroy);
+    closeLingering(socket);
+    return;
+  }
+  // Node's server calls destroySoon() once the answer is written; this socket's alone is replaced.
+  (socket as Socket & { destroySoon: () => void }).destroySoon = function linger(this: Socket): void {
+    closeLingering(this);
+  };
 }
 
 /**

@@ -8,7 +8,7 @@ import type { Readable } from "node:stream";
 import type { PipelineResponse, TraceEntry } from "../pipeline/exchange.js";
 import { upstreamBodyEnded } from "../pipeline/trace.js";
 import { countSent, type ByteCount } from "../metrics/byte-counter.js";
-import { closeBegun, closeLingering, closeOnceWritten, isLingering, markClosing } from "./linger.js";
+import { closeBegun, closeLingering, closeOnceWritten, isLingering, lingerAtClose } from "./linger.js";
 
 /** The guest-facing error body: `403 Forbidden: host "x" is not in allowedHosts…`. */
 export function errorBody(error: EgressError): string {
@@ -24,11 +24,7 @@ function lingerBeforeClose(res: ServerResponse): void {
   const socket = res.socket;
   // Only while the guest may still be sending: a request whose body has ended has nothing left.
   if (socket === null || socket.destroyed || res.req.complete || isLingering(socket)) return;
-  markClosing(socket);
-  // Node's server calls destroySoon() once the answer is written; this socket's alone is replaced.
-  (socket as Socket & { destroySoon: () => void }).destroySoon = function linger(this: Socket): void {
-    closeLingering(this);
-  };
+  lingerAtClose(socket);
 }
 
 /**
