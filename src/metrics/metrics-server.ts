@@ -128,6 +128,10 @@ const server = createServer({ headersTimeout: ${metricsHeadersMs}, requestTimeou
   send(what);
 });
 server.maxConnections = ${metricsMaxConnections};
+// A scraper may half-close once its requests are sent (shutdown(SHUT_WR): nc -N, some probes).
+// Node's server took that FIN as the client gone and dropped the requests it had not answered, so
+// such a scraper got nothing; with this it answers them, in order, and then ends the connection.
+server.httpAllowHalfOpen = true;
 server.on("clientError", (_error, socket) => socket.destroy());
 server.once("error", (error) => parentPort.postMessage({ kind: "listen-error", code: error.code, message: error.message }));
 server.listen(workerData.port, workerData.host, () => {

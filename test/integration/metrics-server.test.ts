@@ -179,6 +179,22 @@ describe("the metrics listener's thread", () => {
     expect(received.endsWith("ok\n")).toBe(true);
   }, 30_000);
 
+  // Node's server takes a client's FIN as its leaving and drops the requests it has not answered:
+  // a scraper that sends its request and then half-closes (`nc -N`, shutdown(SHUT_WR)) got no
+  // answer at all (carried from an earlier session). RFC 9112 §9.6: the answer still goes.
+  it("answers a scraper that half-closes its connection after its requests, in order, then closes it", async () => {
+    const { server } = await countingServer();
+    const socket = connect(server.port, "127.0.0.1");
+    socket.on("error", () => undefined);
+    onTestFinished(() => void socket.destroy());
+    await once(socket, "connect");
+    let received = "";
+    socket.on("data", (chunk: Buffer) => (received += chunk.toString("latin1")));
+    socket.end("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    await once(socket, "close");
+    expect(received).toMatch(/^HTTP\/1\.1 200 OK\r\n[\s\S]*\r\n\r\nrender 1\nHTTP\/1\.1 200 OK\r\n[\s\S]*\r\n\r\nok\n$/);
+  });
+
   it("keeps a connection whose requests have no body (or Content-Length: 0) open for the next", async () => {
     const { server } = await countingServer();
     const socket = connect(server.port, "127.0.0.1");
