@@ -38,3 +38,28 @@ export function normalizeHost(raw: string): string {
   if (longest > 63) throw badRequest(`host name has a label of ${longest} characters; at most 63`);
   return hostname;
 }
+
+/**
+ * The IPv4 address an IPv4-mapped IPv6 address is (`::ffff:7f00:1`, `::FFFF:127.0.0.1`, any
+ * spelling: `127.0.0.1`), or undefined for any other text. RFC 4291 §2.5.5.2: a dual-stack socket
+ * dials it as that IPv4 address, and Node reports a peer's address in the dotted form. The other
+ * forms that carry an IPv4 address (compatible, NAT64, 6to4, Teredo) are other addresses.
+ */
+export function mappedIPv4(ip: string): string | undefined {
+  if (!ip.includes(":") || ip.includes("%") || isIP(ip) !== 6) return undefined;
+  // The URL parser's spelling of a mapped address is always `::ffff:HHHH:HHHH`.
+  const groups = /^\[::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})\]$/.exec(new URL(`http://[${ip}]/`).hostname);
+  if (groups === null) return undefined;
+  const high = parseInt(groups[1]!, 16);
+  const low = parseInt(groups[2]!, 16);
+  return `${high >>> 8}.${high & 255}.${low >>> 8}.${low & 255}`;
+}
+
+/** The same address in its other spelling: the IPv4-mapped form of an IPv4 address, as the URL parser spells it (`::ffff:7f00:1`), and the IPv4 address of a mapped one; undefined for anything else. */
+export function mappedCounterpart(ip: string): string | undefined {
+  if (isIP(ip) === 4) {
+    const [a, b, c, d] = ip.split(".").map(Number) as [number, number, number, number];
+    return `::ffff:${((a << 8) | b).toString(16)}:${((c << 8) | d).toString(16)}`;
+  }
+  return mappedIPv4(ip);
+}

@@ -1,5 +1,5 @@
 import { isIP } from "node:net";
-import { normalizeHost } from "../hostname.js";
+import { mappedCounterpart, normalizeHost } from "../hostname.js";
 
 /**
  * Host patterns for allowlists: `*` matches any run of characters, dots included, so
@@ -89,13 +89,21 @@ export function compileHostPatterns(patterns: readonly string[]): HostMatcher {
     else if (p.includes("*")) wildcards.push({ pattern: p, pieces: p.split("*") });
     else exact.add(p);
   }
+  const find = (h: string): string | undefined => {
+    if (exact.has(h)) return h;
+    for (const w of wildcards) if (globMatch(w.pieces, h)) return w.pattern;
+    return matchAll ? "*" : undefined;
+  };
   return {
     patterns: normalized,
     match(host) {
       const h = normalizeHostname(host);
-      if (exact.has(h)) return h;
-      for (const w of wildcards) if (globMatch(w.pieces, h)) return w.pattern;
-      return matchAll ? "*" : undefined;
+      const found = find(h);
+      if (found !== undefined) return found;
+      // `::ffff:127.0.0.1` is 127.0.0.1 (a dual-stack socket dials it as that): a pattern of either
+      // spelling admits both, so allowing one address does not refuse it written the other way.
+      const other = mappedCounterpart(h);
+      return other === undefined ? undefined : find(other);
     },
   };
 }

@@ -4,7 +4,7 @@ import type { SecureContext, TLSSocket } from "node:tls";
 import { Pool, buildConnector } from "undici";
 import { EgressError } from "../errors.js";
 import type { ResolvedAddress } from "./resolve.js";
-import { bareHostname } from "../hostname.js";
+import { bareHostname, mappedIPv4 } from "../hostname.js";
 import { refusedAlpn } from "./h2-connect.js";
 import { H2Sessions } from "./h2-sessions.js";
 import { H2Refused, sendOnSession, type H2ExchangeOptions, type H2UpstreamRequest, type H2UpstreamResponse } from "./h2-exchange.js";
@@ -35,12 +35,13 @@ export interface UpstreamConnection {
 }
 
 /**
- * Textual IPs can differ (`::ffff:1.2.3.4` vs `1.2.3.4`, zero runs, case); compare what they
- * mean. Never throws: anything unparsable is simply not the same address.
+ * Textual IPs can differ (`::ffff:1.2.3.4`, `::ffff:102:304` and `1.2.3.4`, zero runs, case);
+ * compare what they mean. Never throws: anything unparsable is simply not the same address.
  */
 export function sameAddress(a: string, b: string): boolean {
   if (a === b) return true;
-  const strip = (ip: string): string => (ip.toLowerCase().startsWith("::ffff:") && isIP(ip.slice(7)) === 4 ? ip.slice(7) : ip);
+  // Node reports a mapped peer as `::ffff:1.2.3.4`; an approved literal is the URL parser's `::ffff:102:304`.
+  const strip = (ip: string): string => mappedIPv4(ip) ?? ip;
   const x = strip(a);
   const y = strip(b);
   if (x === y) return true;

@@ -178,6 +178,34 @@ describe("internal addresses", () => {
     expect(upstream.hits()).toBe(0);
   });
 
+  // `::ffff:127.0.0.1` is 127.0.0.1 (RFC 4291 §2.5.5.2): the classifier already judged it by
+  // the IPv4 inside, but the allowlist matched text, and allowing one spelling refused the other
+  // (carried from an earlier session). Only the mapped form is the same address.
+  it.each([
+    ["127.0.0.1", "[::ffff:127.0.0.1]", "127.0.0.1"],
+    ["::ffff:127.0.0.1", "127.0.0.1", "::ffff:7f00:1"],
+    ["127.0.0.*", "[::ffff:7f00:1]", "127.0.0.*"],
+  ])("allowedInternalHosts %s admits the same address written %s, as an absolute-form URL and through CONNECT; no other address opens", async (pattern, literal, named) => {
+    const upstream = await startUpstream({ tls: false });
+    const proxy = await startTestProxy({ allowedInternalHosts: [pattern] });
+    for (const extra of [[], ["--proxytunnel"]]) {
+      const res = await curlVia(proxy.url, "/dev/null", `http://${literal}:${upstream.port}/echo`, extra);
+      expect(res.status, res.body + res.stderr).toBe(200);
+    }
+    expect(upstream.hits()).toBe(2);
+    // The line names the pattern as it was written (the URL parser's spelling of it).
+    expect(proxy.logs.filter((l) => l["msg"] === "request").map((l) => l["rule"])).toEqual([`allowedHosts:${named}`, `allowedHosts:${named}`]);
+    // Another loopback address, the IPv4-compatible and NAT64 forms (other addresses, judged by
+    // the IPv4 inside only to refuse them), and the proxy's own port stay refused.
+    for (const other of ["127.0.0.2", "[::ffff:127.0.0.2]", "[::127.0.0.1]", "[64:ff9b::127.0.0.1]"].filter(() => !pattern.includes("*"))) {
+      expect((await curlVia(proxy.url, "/dev/null", `http://${other}:${upstream.port}/echo`)).status, other).toBe(403);
+    }
+    const self = await curlVia(proxy.url, "/dev/null", `http://${literal}:${proxy.port}/echo`);
+    expect(self.status).toBe(403);
+    expect(self.body).toMatch(/egressgate's own listening address/);
+    expect(upstream.hits()).toBe(2);
+  });
+
   it("the proxy's own listening address is refused even for an allowed internal host", async () => {
     const proxy = await startTestProxy({ allowedInternalHosts: ["self.test"] }, { resolve: { "self.test": ["127.0.0.1"] } });
     const res = await curlVia(proxy.url, "/dev/null", `http://self.test:${proxy.port}/anything`);

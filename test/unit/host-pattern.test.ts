@@ -130,10 +130,28 @@ describe("address patterns in other spellings", () => {
     expect(compileHostPatterns([validateHostPattern(pattern, "allowedInternalHosts[0]")]).match(host)).toBe(spelled);
   });
 
+  // An IPv4 address and its IPv4-mapped form are one address (RFC 4291 §2.5.5.2); allowing one
+  // spelling refused the other (carried from an earlier session). The line names the pattern.
+  it.each([
+    ["127.0.0.1", "[::ffff:7f00:1]", "127.0.0.1"],
+    ["127.0.0.1", "::FFFF:127.0.0.1", "127.0.0.1"],
+    ["::ffff:127.0.0.1", "127.0.0.1", "::ffff:7f00:1"],
+    ["127.0.0.*", "[::ffff:7f00:9]", "127.0.0.*"],
+    ["10.0.0.0", "[::ffff:a00:0]", "10.0.0.0"],
+  ])("%s matches the same address written %s, naming %s", (pattern, host, named) => {
+    expect(compileHostPatterns([pattern]).match(host)).toBe(named);
+  });
+
   it.each([
     ["127.1", "127.0.0.2"],
     ["*.test", "127.0.0.1"],
     ["api.test", "api.test.evil"],
+    // Other addresses that carry an IPv4 one: IPv4-compatible, NAT64, SIIT, and a mapped neighbour.
+    ["127.0.0.1", "[::7f00:1]"],
+    ["127.0.0.1", "[64:ff9b::7f00:1]"],
+    ["127.0.0.1", "[::ffff:0:7f00:1]"],
+    ["127.0.0.1", "[::ffff:7f00:2]"],
+    ["::ffff:127.0.0.1", "127.0.0.2"],
   ])("%s still does not match %s", (pattern, host) => {
     expect(compileHostPatterns([pattern]).match(host)).toBeUndefined();
   });

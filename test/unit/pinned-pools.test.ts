@@ -247,6 +247,12 @@ describe("sameAddress", () => {
   it.each([
     ["127.0.0.1", "127.0.0.1", true],
     ["::ffff:127.0.0.1", "127.0.0.1", true],
+    // Node reports a mapped peer dotted; the approved literal is the URL parser's spelling.
+    ["::ffff:127.0.0.1", "::ffff:7f00:1", true],
+    ["::FFFF:7F00:1", "127.0.0.1", true],
+    ["::ffff:127.0.0.1", "::ffff:7f00:2", false],
+    ["::7f00:1", "127.0.0.1", false],
+    ["64:ff9b::7f00:1", "127.0.0.1", false],
     ["::1", "0:0:0:0:0:0:0:1", true],
     ["fe80::1", "FE80:0::1", true],
     ["127.0.0.1", "127.0.0.2", false],
