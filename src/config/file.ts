@@ -92,12 +92,19 @@ function parseAnew(text: string, file: string, env: NodeJS.ProcessEnv, baseDir: 
   // Duplicate keys are found by duplicateKeys, not by the library: its check compares each key
   // with every key before it, so 40,000 resolve entries took 11 s to parse (see duplicateKeys).
   const doc = parseDocument(text, { lineCounter: lines, schema: "core", uniqueKeys: false, prettyErrors: false });
-  const problems = [...doc.errors.map((error) => ({ offset: error.pos[0], message: firstLine(error.message) })), ...duplicateKeys(doc)];
+  const problems: { offset: number; issue: OptionIssue }[] = doc.errors.map((error) => ({ offset: error.pos[0], issue: makeIssue([], `not valid YAML: ${firstLine(error.message)}`) }));
+  for (const repeat of duplicateKeys(doc)) {
+    const first = lines.linePos(repeat.first);
+    const again = lines.linePos(repeat.offset);
+    // A JSON file is often one line: the columns tell the two apart there.
+    const where = first.line === again.line ? `line ${first.line}, column ${first.col}; this one at column ${again.col}` : `line ${first.line}`;
+    problems.push({ offset: repeat.offset, issue: makeIssue(repeat.segments, `is given twice in one mapping (first at ${where}): a key may appear once, as the second would replace the first without a word`) });
+  }
   if (problems.length > 0) {
     problems.sort((a, b) => a.offset - b.offset);
     throw new ConfigFileError(
       file,
-      problems.map((problem) => ({ ...makeIssue([], `not valid YAML: ${problem.message}`), line: lines.linePos(problem.offset).line })),
+      problems.map((problem) => ({ ...problem.issue, line: lines.linePos(problem.offset).line })),
     );
   }
   const complexKey = collectionKey(doc);
@@ -200,30 +207,43 @@ function collectionKey(doc: Document): number | undefined {
 }
 
 /**
- * Every key given a second time in its mapping, at the offset of the repeat, with the message
- * the YAML library gives. Keys are compared as the names they are read as (see keysAsWritten):
- * `12` and `012` are two guests, `12`, `"12"` and `'12'` one name given twice. One set of names
- * per mapping keeps this linear: the library's own check (`uniqueKeys`) compares each key with
- * every key before it, and a file of 40,000 resolve entries (1 MB) held every guest 14 s during
- * a SIGHUP, one of 150,000 (3.9 MB, under the 4 MiB cap) over a minute.
+ * Every key given a second time in its mapping: its option path, the offset of the repeat and
+ * that of the first. Keys are compared as the names they are read as (see keysAsWritten): `12`
+ * and `012` are two guests, `12`, `"12"` and `'12'` one name given twice. One map of names per
+ * mapping keeps this linear: the library's own check (`uniqueKeys`) compares each key with every
+ * key before it, and a file of 40,000 resolve entries (1 MB) held every guest 14 s during a
+ * SIGHUP, one of 150,000 (3.9 MB, under the 4 MiB cap) over a minute. The path is worked out
+ * only for a repeat, from the nodes above it.
  */
-function duplicateKeys(doc: Document): { offset: number; message: string }[] {
-  const found: { offset: number; message: string }[] = [];
+function duplicateKeys(doc: Document): { offset: number; first: number; segments: Segment[] }[] {
+  const found: { offset: number; first: number; segments: Segment[] }[] = [];
   visit(doc, {
-    Map(_key, map) {
-      const names = new Set<string>();
+    Map(_key, map, ancestors) {
+      const names = new Map<string, number>();
       for (const pair of map.items) {
         // Any other key (a list, a mapping, an alias) is a different node from every other one,
         // as the library's check had it; lists and mappings as keys are refused after (collectionKey).
         if (!isScalar(pair.key)) continue;
         const name = keyName(pair.key);
-        if (names.has(name)) found.push({ offset: pair.key.range?.[0] ?? map.range?.[0] ?? 0, message: "Map keys must be unique" });
-        else names.add(name);
+        const offset = pair.key.range?.[0] ?? map.range?.[0] ?? 0;
+        const first = names.get(name);
+        if (first !== undefined) found.push({ offset, first, segments: [...segmentsOf([...ancestors, map]), name] });
+        else names.set(name, offset);
       }
       return undefined;
     },
   });
   return found;
+}
+
+/** The option path of the last node of `nodes` (the document, then each node down to it): a key for each pair, an index for each list. */
+function segmentsOf(nodes: readonly unknown[]): Segment[] {
+  const segments: Segment[] = [];
+  for (const [i, node] of nodes.entries()) {
+    if (isPair(node)) segments.push(isScalar(node.key) ? keyName(node.key) : "?");
+    else if (isSeq(node) && i + 1 < nodes.length) segments.push(node.items.indexOf(nodes[i + 1] as (typeof node.items)[number]));
+  }
+  return segments;
 }
 
 /**

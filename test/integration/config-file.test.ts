@@ -208,6 +208,23 @@ describe("examples/egressgate.yaml through the CLI", () => {
     expect(cli.stdout()).toBe("");
   });
 
+  // JSON is read as YAML, and a repeated key was refused, but as "not valid YAML: Map keys must
+  // be unique" on line 1 of a one-line file: neither the key nor where it was (carried from an
+  // earlier session).
+  it("a key given twice in a JSON file: check-config, a start and check each exit 2 naming its path and both columns", async () => {
+    const dir = tempDir("egressgate-bad-config-");
+    const file = join(dir, "egressgate.json");
+    const text = '{"listen":"127.0.0.1:0","guests":{"ci":{"allowHosts":["a.test"],"allowHosts":["b.test"]}}}';
+    writeFileSync(file, `${text}\n`);
+    const named = `${file}:1: guests.ci.allowHosts is given twice in one mapping (first at line 1, column ${text.indexOf('"allowHosts"') + 1}; this one at column ${text.lastIndexOf('"allowHosts"') + 1})`;
+    for (const args of [["check-config", file], ["--config", file, "--ca-dir", join(dir, "ca")], ["check", "GET", "https://b.test/", "--config", file, "--ca-dir", join(dir, "ca")]]) {
+      const cli = startCli(args, cleanEnv({}));
+      expect(await cli.exited, args[0]).toBe(2);
+      expect(cli.stderr()).toContain(named);
+      expect(cli.stdout()).not.toContain("listening");
+    }
+  });
+
   // check-config said 0 for files that start refused with exit 2: the listen address taken
   // twice, and a recording with several workers (a hunt); and the workers' refusal named
   // `--workers` and "Run egressgate --help" for a key of the file.

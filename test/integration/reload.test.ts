@@ -477,6 +477,30 @@ describe("SIGHUP", () => {
   }, 120_000);
 });
 
+// A repeated key was refused, but named neither the key nor its path (carried from an earlier
+// session); a one-line JSON file said only "line 1".
+describe("SIGHUP with a key given twice", () => {
+  it("fails the reload naming the key's path, and the old configuration keeps serving", async () => {
+    const upstream = await startUpstream({ tls: false });
+    const dir = tempDir();
+    const config = join(dir, "egressgate.json");
+    const hosts = (...list: string[]): string => list.map((host) => `"allowInternalHosts":["${host}"]`).join(",");
+    const write = (allow: string): void => writeFileSync(config, `{"listen":"127.0.0.1:0",${allow},"resolve":{"a.test":["127.0.0.1"],"b.test":["127.0.0.1"]}}\n`);
+    write(hosts("a.test"));
+    const cli = startCli(["--config", config, "--ca-dir", dir, "--log-format", "json"]);
+    const port = Number((await cli.waitFor(/listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]);
+    expect(await askVia(port, "a.test", upstream.port)).toBe(200);
+    write(hosts("a.test", "b.test"));
+    const mark = cli.output().length;
+    cli.child.kill("SIGHUP");
+    const [failed] = await cli.waitFor(/.*"msg":"reload failed; the old configuration keeps serving".*/, mark);
+    const text = readFileSync(config, "utf8");
+    expect(failed).toContain(`egressgate.json:1: allowInternalHosts is given twice in one mapping (first at line 1, column ${text.indexOf('"allowInternalHosts"') + 1}; this one at column ${text.lastIndexOf('"allowInternalHosts"') + 1})`);
+    expect(await askVia(port, "a.test", upstream.port)).toBe(200);
+    expect(await askVia(port, "b.test", upstream.port)).toBe(403);
+  }, 60_000);
+});
+
 // A file switched from the single-guest form (top-level options, auth: true) to guests: keeping
 // `default` gave it other placeholders without a word, and the one in its environment file went
 // upstream as it was (black-box finding): the two forms derive placeholders from different keys.
