@@ -131,12 +131,12 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
   body.on("error", (error: Error) => {
     // Mid-body the status is sent: resetting this stream is the only honest signal, and it
     // leaves every other stream on the connection alone.
-    resetH2Stream(stream, h2Codes.internalError, "the response body failed");
+    resetAfterHead(stream, "the response body failed", stall?.ms);
     settle(bodyFailed(error));
   });
   body.on("close", () => {
     if (body.readableEnded || settled) return;
-    resetH2Stream(stream, h2Codes.internalError, "the response body closed before its end");
+    resetAfterHead(stream, "the response body closed before its end", stall?.ms);
     settle(bodyFailed(new Error("the body closed before its end")));
   });
   stream.on("close", () => {
@@ -186,6 +186,46 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     if (!stream.destroyed) stream.end();
   });
   return sent;
+}
+
+/** What an empty write hands nghttp2: nothing, only the question of when the stream is asked for data. */
+const nothing = Buffer.alloc(0);
+
+/**
+ * Resets a stream whose response head was handed to Node (RST_STREAM(INTERNAL_ERROR)), never
+ * ahead of that head. While a write to the guest's connection is in flight (over TLS, every
+ * write is until the next turn of the loop), Node's `Http2Stream::SubmitRstStream` puts the
+ * RST_STREAM aside to send after it, and `destroy()` submits it at once all the same
+ * (`Http2Stream::Destroy` flushes the one put aside): nghttp2 marks the stream closing, and a
+ * HEADERS still in its queue for a closing stream is dropped unsent (NGHTTP2_ERR_STREAM_CLOSING).
+ * A response whose body failed in the turn its head was queued, on a connection another stream
+ * had just written to, reached the guest as RST_STREAM(INTERNAL_ERROR) and no head at all,
+ * logged 200 with the cut (the soak's `h2-reset-body`, 2 in 1,843). An HTTP/1.1 guest gets the
+ * head and what was written, then the cut.
+ *
+ * The session's frame queue empty, the head has been serialised, and the reset goes at once.
+ * Otherwise it waits for an empty write to be taken: nghttp2 asks the stream for data only
+ * once its HEADERS have gone, and Node takes the empty chunk after what was written before it.
+ * `boundMs` bounds the wait for a guest that takes nothing (its window shut).
+ */
+function resetAfterHead(stream: ServerHttp2Stream, why: string, boundMs: number | undefined): void {
+  if (stream.destroyed) return;
+  if (stream.writableEnded || (stream.session?.state.outboundQueueSize ?? 0) === 0) {
+    resetH2Stream(stream, h2Codes.internalError, why);
+    return;
+  }
+  let timer: NodeJS.Timeout | undefined;
+  const reset = (): void => {
+    clearTimeout(timer);
+    resetH2Stream(stream, h2Codes.internalError, why);
+  };
+  // Its callback runs within nghttp2's serialisation of the stream: the reset goes out of it, a turn later.
+  stream.write(nothing, () => setImmediate(reset));
+  if (boundMs !== undefined) {
+    timer = setTimeout(reset, boundMs);
+    timer.unref();
+    stream.once("close", () => clearTimeout(timer));
+  }
 }
 
 /** A ServerHttp2Stream's `headRequest`: Node's own (it ends a HEAD stream's writable side), not in @types/node 20. */

@@ -554,6 +554,81 @@ describe("HTTP/2 guests", () => {
       }
     }
   });
+
+  // The soak's h2-reset-body (2 of 1,843 under load): a response whose body failed in the turn its
+  // head was queued, on a connection another stream's reset had just written to, reached the guest
+  // as RST_STREAM(INTERNAL_ERROR) alone, logged 200 with the cut. Over TLS a write is in flight
+  // until the next turn; Node then puts a stream's RST_STREAM aside, and destroy() submits it at
+  // once all the same, so nghttp2 dropped the HEADERS still queued for the stream. Here two
+  // bodies fail right after their first chunk, the second released by the first one's decision:
+  // both cuts, and the head of each, come in the one turn.
+  it("a body that fails right after its head, while the connection's last write is still in flight, reaches the guest as the head and its bytes, then the reset: never a reset alone", async () => {
+    const upstream = await startUpstream();
+    const failsAfterFirstChunk = (): ReadableStream<Uint8Array> =>
+      new ReadableStream<Uint8Array>(
+        {
+          start(controller) {
+            controller.enqueue(new Uint8Array(16_384).fill(0x61));
+          },
+          pull(controller) {
+            controller.error(new Error("the feed broke"));
+          },
+        },
+        // Asked for more only by the proxy's read for the guest, after the head.
+        { highWaterMark: 0 },
+      );
+    const [firstIn, firstEntered] = latch();
+    const [secondIn, secondEntered] = latch();
+    const [go, release] = latch();
+    const [firstDecided, firstDone] = latch();
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        onRequest: async (request) => {
+          const path = new URL(request.url).pathname;
+          if (path === "/first") {
+            firstEntered();
+            await go;
+            return new Response(failsAfterFirstChunk());
+          }
+          if (path === "/second") {
+            secondEntered();
+            // Released within the first stream's reset, whose write to the connection is still in flight.
+            await firstDecided;
+            return new Response(failsAfterFirstChunk());
+          }
+          return undefined;
+        },
+      },
+      { onDecision: (record) => void (record.url.endsWith("/first") && firstDone()) },
+    );
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const seen = (path: string): Promise<{ status: number | undefined; bytes: number; ended: boolean; rstCode: number | undefined }> =>
+      new Promise((resolve) => {
+        const stream = session.request({ ":method": "GET", ":path": path });
+        let status: number | undefined;
+        let bytes = 0;
+        let ended = false;
+        stream.on("response", (head) => (status = Number(head[":status"])));
+        stream.on("data", (chunk: Buffer) => (bytes += chunk.length));
+        stream.on("end", () => (ended = true));
+        stream.on("error", () => undefined);
+        stream.on("close", () => resolve({ status, bytes, ended, rstCode: stream.rstCode }));
+      });
+    const first = seen("/first");
+    const second = seen("/second");
+    await firstIn;
+    await secondIn;
+    release();
+    const cut = { status: 200, bytes: 16_384, ended: false, rstCode: h2constants.NGHTTP2_INTERNAL_ERROR };
+    expect(await first).toEqual(cut);
+    expect(await second).toEqual(cut);
+    const error = "the body of the Response onRequest returned (hooks) failed after the response head was sent (Error: the feed broke); the guest's response was cut";
+    for (const path of ["/first", "/second"]) {
+      expect(proxy.logs.find((line) => line["msg"] === "request" && String(line["target"]).endsWith(path))).toMatchObject({ status: 200, http: "2", error });
+    }
+    expect((await h2Request(session, { ":path": "/echo" })).status).toBe(200);
+  });
 });
 
 // The decision line of a request that never passed names its target as the guest sent it. For
