@@ -21,18 +21,49 @@ export type LogSink = (line: string) => void;
 const ignore = (): void => undefined;
 
 /**
+ * Bytes of log lines that may wait for stderr's reader. stderr a pipe is written asynchronously
+ * (on Linux), so a reader that stops reading (a log shipper stalled, a `| less` left open) had
+ * every later line kept in memory: 80,000 logged requests grew the proxy by over 120 MiB, and it went on
+ * growing. Past this, lines are dropped and counted; the count is written once the reader has
+ * caught up. A file or a terminal is written synchronously and never waits here.
+ */
+export const maxStderrBacklogBytes = 16 * 1024 * 1024;
+
+let stderrWatched = false;
+let droppedLines = 0;
+
+/**
+ * Writes `text` (whole lines) to stderr, or drops it while more than
+ * {@link maxStderrBacklogBytes} wait for the reader; never throws, never blocks.
+ *
  * stderr whose reader went away (`egressgate … 2>&1 | head`, a log shipper restarting) fails
  * every write with EPIPE, as an `error` event: unlistened, it ended the process, every guest with
  * it. The lines are lost instead; the proxy goes on.
  */
-let stderrWatched = false;
-const stderrSink: LogSink = (line) => {
+export function writeStderr(text: string): void {
+  const stderr = process.stderr;
   if (!stderrWatched) {
     stderrWatched = true;
-    process.stderr.on("error", ignore);
+    stderr.on("error", ignore);
   }
-  process.stderr.write(line);
-};
+  if (stderr.writableLength >= maxStderrBacklogBytes) {
+    // The write that took the backlog past the mark returned false, so "drain" comes once the
+    // reader has taken all of it; a reader that went away (EPIPE) empties it at once.
+    if (droppedLines === 0) stderr.once("drain", reportDroppedLines);
+    droppedLines += 1;
+    return;
+  }
+  stderr.write(text);
+}
+
+function reportDroppedLines(): void {
+  const dropped = droppedLines;
+  droppedLines = 0;
+  const line = { time: new Date().toISOString(), level: "warn", msg: "log lines were dropped: stderr's reader did not keep up", dropped, backlogBytes: maxStderrBacklogBytes };
+  process.stderr.write(`${JSON.stringify(line)}\n`);
+}
+
+const stderrSink: LogSink = writeStderr;
 
 /** Writes `line` to `sink`; a sink that throws, or rejects, loses the line and nothing else. */
 function deliver(sink: LogSink, line: string): void {

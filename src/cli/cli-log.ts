@@ -1,5 +1,5 @@
 import { createPrettySink } from "../log-pretty.js";
-import { createLogger, type LogLevel, type LogSink } from "../log.js";
+import { createLogger, writeStderr, type LogLevel, type LogSink } from "../log.js";
 
 /** A line the CLI itself writes (a reload, a signal, a worker's exit), beside the proxy's own. */
 export type CliLog = (level: "debug" | "info" | "warn" | "error", msg: string, fields?: Record<string, unknown>) => void;
@@ -22,7 +22,7 @@ export function prettyLog(logFormat: string | undefined): boolean {
  * a worker's lines carry its pid (`"worker":PID` first, or a `[PID]` prefix).
  */
 export function cliSink(logFormat: string | undefined, workerPid: number | undefined): LogSink | undefined {
-  const write = (text: string): void => void process.stderr.write(text);
+  const write = writeStderr;
   if (prettyLog(logFormat)) return createPrettySink(write, workerPid !== undefined ? { prefix: `[${workerPid}] ` } : {});
   if (workerPid === undefined) return undefined;
   return (line) => write(line.startsWith("{") ? `{"worker":${workerPid},${line.slice(1)}` : line);

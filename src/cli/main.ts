@@ -51,8 +51,8 @@ async function main(argv: readonly string[]): Promise<number> {
   if (offlineCommands.has(argv[0] ?? "")) process.off("SIGHUP", onEarlyHup);
   const command = parseCli(argv);
   if (command.kind === "help") return 0;
-  if (command.kind === "ca") return printCa(command.caDir);
-  if (command.kind === "env") return printEnv(command, process.env);
+  if (command.kind === "ca") return printed(() => printCa(command.caDir));
+  if (command.kind === "env") return printed(() => printEnv(command, process.env));
   if (command.kind === "har-check") return checkHar(command.file);
   if (command.kind === "check") {
     source = command.source;
@@ -297,6 +297,29 @@ const noAuditLog = "SIGUSR1: no audit log to reopen";
 /** `HOST:PORT`, an IPv6 host in brackets. */
 function hostPort(host: string, port: number): string {
   return isIP(host) === 6 ? `[${host}]:${port}` : `${host}:${port}`;
+}
+
+/**
+ * For a command whose output is what it is run for (`egressgate env > guest.env`,
+ * `egressgate ca > ca.pem`): stdout that cannot be written (a full disk, a closed pipe) fails it,
+ * exit 1. The `error` listener main() puts on stdout kept the serving proxy alive, and made these
+ * exit 0 with nothing or part of it written, which a script took as done.
+ */
+async function printed(run: () => Promise<number>): Promise<number> {
+  let failure: NodeJS.ErrnoException | undefined;
+  const failed = (error: NodeJS.ErrnoException): void => void (failure ??= error);
+  process.stdout.on("error", failed);
+  try {
+    const code = await run();
+    // Its callback runs once everything written before it has been taken, or has failed.
+    await new Promise<void>((resolve) => process.stdout.write("", () => resolve()));
+    if (failure === undefined) return code;
+    // A reader that went away (`| head`) is no surprise to report: the exit status says it.
+    if (failure.code !== "EPIPE") process.stderr.write(`egressgate: cannot write the output to stdout (${failure.code ?? failure.message})\n`);
+    return code === 0 ? 1 : code;
+  } finally {
+    process.stdout.off("error", failed);
+  }
 }
 
 /** Replaced configurations kept loaded, for requests still under way, after a reload. */

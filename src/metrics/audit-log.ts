@@ -1,4 +1,5 @@
-import { close as closeFd, constants, open as openFd, stat, writev } from "node:fs";
+import { close as closeFd, constants, fstat, open as openFd, stat, writev, type Stats } from "node:fs";
+import { open as openFile } from "node:fs/promises";
 
 /** A warning that may repeat per record: the caller rate-limits it by `kind`. */
 export type AuditWarn = (kind: string, msg: string, fields?: Record<string, unknown>) => void;
@@ -38,6 +39,8 @@ const noReader = new Set(["ENXIO", "EPIPE"]);
 
 interface TargetEvents {
   readonly opened: (target: AppendTarget) => void;
+  /** The file it opened ended in part of a line: its first record starts a new one. */
+  readonly torn: () => void;
   /** `lost`: records that were queued or in flight for it. */
   readonly failed: (target: AppendTarget, error: NodeJS.ErrnoException, lost: number) => void;
   /** Records of a write under way when it was abandoned that the write did not take whole. */
@@ -67,6 +70,8 @@ class AppendTarget {
   private ending = false;
   private gone = false;
   private bytes = 0;
+  /** The file ends in part of a line (a record a full disk cut short): a newline goes first. */
+  private midLine = false;
   private settle!: () => void;
   /** Settles once its descriptor is closed, or it never had one. */
   readonly done = new Promise<void>((resolve) => (this.settle = resolve));
@@ -74,26 +79,32 @@ class AppendTarget {
   constructor(
     file: string,
     private readonly events: TargetEvents,
-    fd?: number,
+    opened?: { readonly fd: number; readonly midLine: boolean },
   ) {
-    if (fd !== undefined) {
-      this.fd = fd;
+    if (opened !== undefined) {
+      this.fd = opened.fd;
+      this.midLine = opened.midLine;
+      if (opened.midLine) events.torn();
       return;
     }
-    openFd(file, appendFlags, 0o640, (error, opened) => {
-      if (this.gone) {
-        // Abandoned while it opened (a close() that timed out): nothing is owed to anyone.
-        if (error) this.settle();
-        else closeFd(opened, () => this.settle());
-        return;
-      }
+    openFd(file, appendFlags, 0o640, (error, fd) => {
       if (error) {
-        this.fail(error, 0);
+        // Abandoned while it opened (a close() that timed out): nothing is owed to anyone.
+        if (this.gone) this.settle();
+        else this.fail(error, 0);
         return;
       }
-      this.fd = opened;
-      this.events.opened(this);
-      this.pump();
+      void endsMidLine(file, fd).then((midLine) => {
+        if (this.gone) {
+          closeFd(fd, () => this.settle());
+          return;
+        }
+        this.fd = fd;
+        this.midLine = midLine;
+        if (midLine) this.events.torn();
+        this.events.opened(this);
+        this.pump();
+      });
     });
   }
 
@@ -139,6 +150,11 @@ class AppendTarget {
       return;
     }
     const batch = this.queue.splice(0, maxBatch);
+    if (this.midLine) {
+      this.midLine = false;
+      batch[0] = Buffer.concat([newline, batch[0]!]);
+      this.bytes += newline.length;
+    }
     this.inFlight = batch;
     writev(this.fd, batch, (error, written) => {
       this.inFlight = undefined;
@@ -211,6 +227,35 @@ class AppendTarget {
   }
 }
 
+const newline = Buffer.from("\n");
+
+/**
+ * Whether the regular file open for appending at `fd` ends in part of a line. A write that a full
+ * disk (ENOSPC, a quota, a file size limit) cut short leaves the start of a record without its
+ * newline; the next record appended after it, once there was room (or by the next start), was
+ * glued to it, and a JSON-lines reader lost both. Read through a descriptor of its own (the
+ * append one is write-only), and only when it is the same file. Best effort: a file that
+ * cannot be read is taken to end a line.
+ */
+async function endsMidLine(file: string, fd: number): Promise<boolean> {
+  try {
+    const appending = await new Promise<Stats>((resolve, reject) => fstat(fd, (error, stats) => (error ? reject(error) : resolve(stats))));
+    if (!appending.isFile() || appending.size === 0) return false;
+    // Non-blocking: a FIFO put at the path meanwhile must not hold the open (it is not the file, below).
+    const reader = await openFile(file, constants.O_RDONLY | (constants.O_NONBLOCK ?? 0));
+    try {
+      const stats = await reader.stat();
+      if (stats.ino !== appending.ino || stats.dev !== appending.dev || stats.size === 0) return false;
+      const { bytesRead, buffer } = await reader.read(Buffer.alloc(1), 0, 1, stats.size - 1);
+      return bytesRead === 1 && buffer[0] !== newline[0];
+    } finally {
+      await reader.close();
+    }
+  } catch {
+    return false;
+  }
+}
+
 /**
  * Opens `file` for appending without blocking. A FIFO with no reader yet (ENXIO) is waited for,
  * looking again every {@link readerPollMs}, with `waiting` called once: the start of a proxy
@@ -265,6 +310,9 @@ export class AuditLogFile {
     lost: (count) => {
       this.droppedCount += count;
     },
+    torn: () => {
+      this.options.warn("audit:torn", "audit log: the file ends in part of a record (a write a full disk cut short); the next record starts on a new line", { file: this.options.file });
+    },
     failed: (target, error, lost) => {
       this.onOpened.delete(target);
       this.droppedCount += lost;
@@ -294,7 +342,7 @@ export class AuditLogFile {
     const fd = await openWaitingForReader(options.file, () =>
       options.warn("audit:reader", "audit log: the FIFO has no reader; the start waits for one to open it", { file: options.file }),
     );
-    log.target = new AppendTarget(options.file, log.events, fd);
+    log.target = new AppendTarget(options.file, log.events, { fd, midLine: await endsMidLine(options.file, fd) });
     return log;
   }
 

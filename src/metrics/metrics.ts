@@ -14,6 +14,8 @@ export interface MetricsProbes {
    * its requests are being counted, its upstream-connections gauge once its connections have closed.
    */
   readonly guests?: () => readonly string[];
+  /** With an audit log: the records it has lost so far (a full disk, a FIFO without a reader, a queue past its bound). */
+  readonly auditDropped?: () => number;
 }
 
 /**
@@ -175,6 +177,22 @@ export function createProxyMetrics(probes: MetricsProbes = {}, options: { readon
     });
   certCounter("hits", "Leaf certificates served from the cache.");
   certCounter("misses", "Leaf certificates signed because the cache had none.");
+  const auditDropped = probes.auditDropped;
+  if (auditDropped !== undefined) {
+    // The audit log carries on when its file cannot be written (README, "Audit log"); what it
+    // lost must show where an operator's alerts look, not only in a rate-limited warning.
+    let counted = 0;
+    new Counter({
+      name: "egressgate_audit_records_dropped_total",
+      help: "Audit records that could not be written to the audit log's file (a full disk, a path that cannot be opened, a FIFO without a reader, a queue past its bound).",
+      registers: [registry],
+      collect() {
+        const now = auditDropped();
+        if (now > counted) this.inc(now - counted);
+        counted = now;
+      },
+    });
+  }
 
   // Label arrays that never change, made once rather than per request.
   const byDecision = { allow: ["allow"], deny: ["deny"], error: ["error"], gone: ["gone"] } as const;

@@ -132,11 +132,12 @@ export async function launchProxy(
   // Only when asked for: without metrics the request path traces nothing for them.
   // A scrape can come while the proxy starts (a cluster's primary asks every worker): what it
   // reads is there once made, and empty before.
-  const made: { authority?: TlsAuthority; guests?: GuestRegistry } = {};
+  const made: { authority?: TlsAuthority; guests?: GuestRegistry; auditFile?: AuditLogFile } = {};
   const metrics = config.metrics
     ? createProxyMetrics({
         certificates: () => ({ hits: made.authority?.leaves.hits ?? 0, misses: made.authority?.leaves.signed ?? 0 }),
         guests: () => made.guests?.names() ?? [],
+        ...(config.auditLog !== undefined ? { auditDropped: () => made.auditFile?.dropped ?? 0 } : {}),
       })
     : undefined;
   const network = config.upstream === undefined ? undefined : await startRecordedNetwork(config.upstream, log);
@@ -148,6 +149,7 @@ export async function launchProxy(
           await network?.abandon();
           throw error;
         });
+  if (auditFile !== undefined) made.auditFile = auditFile;
   const auditing = auditFile !== undefined || config.onDecision !== undefined;
   const decide = createDecisionLog(
     log,

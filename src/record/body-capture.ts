@@ -7,6 +7,7 @@ import { pipeline, Transform, type Readable } from "node:stream";
 import { removeAtExit } from "./exit-cleanup.js";
 import { inlineBodyLimit, partialBodyName } from "./har.js";
 import type { LiteralScanner } from "./leak-scan.js";
+import { writeAll } from "./write-all.js";
 
 /** A body as the recorder kept it: its bytes when small, else the sidecar file that holds them. */
 export interface CapturedBody {
@@ -159,7 +160,7 @@ export class BodyCapture {
         const { bytesRead } = await handle.read(buffer, 0, buffer.length, position);
         if (bytesRead === 0) break;
         const plain = decipher.update(buffer.subarray(0, bytesRead));
-        await handle.write(plain, 0, plain.length, position);
+        await writeAll(handle, plain, position);
         position += bytesRead;
       }
     } finally {

@@ -27,7 +27,14 @@ export async function lockRecording(harPath: string, log: Logger): Promise<() =>
     // Written whole under a name of its own, then linked into place: link() fails if a lock is
     // there, and a reader never sees a lock without its pid (which it would take as stale).
     const staged = `${lock}.${process.pid}.${randomBytes(6).toString("hex")}`;
-    await writeFile(staged, mine, { mode: 0o600, flag: "wx" });
+    try {
+      await writeFile(staged, mine, { mode: 0o600, flag: "wx" });
+    } catch (error) {
+      // A full disk fails the write after the file was made: it was left behind, named by no one.
+      await rm(staged, { force: true }).catch(() => undefined);
+      const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
+      throw new Error(`cannot record to ${harPath}: cannot write its lock ${lock} (${code})`, { cause: error });
+    }
     let taken: boolean;
     try {
       await link(staged, lock);

@@ -6,6 +6,7 @@ import { fileKind, readFailure } from "../regular-file.js";
 import { isRemovedAtExit, removeAtExit } from "./exit-cleanup.js";
 import { isPartialBodyName, journalPath, sidecarDir, type RecordedEntry } from "./har.js";
 import { lockRecording } from "./record-lock.js";
+import { writeAll } from "./write-all.js";
 
 /** The `creator` of every HAR this proxy writes. */
 const creator = { name: "egressgate", version: "1", comment: "recorded network (issue 18); secrets appear only as EGRESSGATE_SECRET{NAME} or [REDACTED:NAME]" };
@@ -95,7 +96,7 @@ export class Recording {
     this.queue = this.queue.then(async () => {
       if (this.failed) return;
       try {
-        await this.journal.write(line, 0, line.length, this.offset);
+        await writeAll(this.journal, line, this.offset);
         this.index.push({ seq, offset: this.offset, length: line.length - 1 });
         this.offset += line.length;
       } catch (error) {
@@ -142,7 +143,7 @@ export class Recording {
       let position = 0;
       const put = async (text: string): Promise<void> => {
         const bytes = Buffer.from(text, "utf8");
-        await out!.write(bytes, 0, bytes.length, position);
+        await writeAll(out!, bytes, position);
         position += bytes.length;
       };
       // An entry a line: a file past the longest string JSON.parse takes is read so (har-file.ts).
@@ -156,7 +157,7 @@ export class Recording {
         const line = Buffer.alloc(length);
         await this.journal.read(line, 0, length, offset);
         await put(first ? "\n" : ",\n");
-        await out.write(line, 0, length, position);
+        await writeAll(out, line, position);
         position += length;
         first = false;
       }

@@ -1,6 +1,6 @@
 import { constants } from "node:fs";
 import { randomBytes } from "node:crypto";
-import { copyFile, link, mkdir, open, unlink, writeFile } from "node:fs/promises";
+import { copyFile, link, mkdir, open, rename, unlink, writeFile } from "node:fs/promises";
 import { byteSize, fileKind, maxTextFileBytes, readRegularFile } from "../regular-file.js";
 import { hostname, homedir } from "node:os";
 import { dirname, join } from "node:path";
@@ -176,14 +176,27 @@ async function publishExclusive(temp: string, path: string): Promise<boolean> {
   }
 }
 
+/**
+ * ca-bundle.crt, written again when the system roots (or the CA) changed. Written whole under a
+ * temporary name and renamed into place: written in place, a full disk (ENOSPC) left it cut
+ * short, without the CA at its end, and the start went on handing guests that file as their
+ * SSL_CERT_FILE (every request through the proxy failed verification, and nothing said why);
+ * instances starting together on one caDir also wrote one file at once.
+ */
 async function writeBundle(dir: string, caPem: string): Promise<string | undefined> {
   const bundlePath = join(dir, "ca-bundle.crt");
   const content = `${systemRootsPem()}\n# egressgate CA\n${caPem}`;
+  const existing = await readIfExists(bundlePath);
+  if (existing === content) return bundlePath;
+  const temp = join(dir, `.ca-bundle.crt.${process.pid}-${randomBytes(6).toString("hex")}.tmp`);
   try {
-    if ((await readIfExists(bundlePath)) !== content) await writeFile(bundlePath, content, { mode: 0o644 });
+    await writeFile(temp, content, { flag: "wx", mode: 0o644 });
+    await rename(temp, bundlePath);
     return bundlePath;
   } catch {
-    // A read-only caDir (shared between instances) is fine as long as the bundle already exists.
-    return (await readIfExists(bundlePath)) === undefined ? undefined : bundlePath;
+    await unlink(temp).catch(() => undefined);
+    // A read-only caDir (shared between instances), or a full disk: the bundle there serves if it
+    // holds this CA (its system roots may be older); else the guest is given ca.crt alone.
+    return existing?.includes(caPem.trim()) === true ? bundlePath : undefined;
   }
 }

@@ -372,6 +372,31 @@ describe("the audit log", () => {
     expect(warnings.some((line) => line["error"] === "ENOSPC")).toBe(true);
   });
 
+  // The records were counted, but only a rate-limited warning and the count at close() said so:
+  // nothing an operator's alerting reads while the proxy runs.
+  it("the records a full disk loses are counted in egressgate_audit_records_dropped_total while the proxy serves", async () => {
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { auditLog: "/dev/full", metrics: true });
+    const base = `https://api.test:${upstream.port}`;
+    for (let i = 0; i < 3; i++) expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    // A failed write is known a turn or two after the record was made.
+    const droppedReaches = async (n: number): Promise<void> => {
+      const deadline = performance.now() + 5_000;
+      for (;;) {
+        const text = await proxy.metrics();
+        if (text.includes(`\negressgate_audit_records_dropped_total ${n}\n`)) return;
+        if (performance.now() > deadline) throw new Error(`egressgate_audit_records_dropped_total never reached ${n}:\n${text}`);
+        await new Promise((resolve) => setTimeout(resolve, 10));
+      }
+    };
+    await droppedReaches(3);
+    expect((await fetchVia(proxy, `${base}/echo`)).status).toBe(200);
+    await droppedReaches(4);
+    // Without an audit log there is no such series.
+    const plain = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { metrics: true });
+    expect(await plain.metrics()).not.toContain("egressgate_audit_records_dropped_total");
+  });
+
   it("a path that cannot be opened fails the start with the option's name", async () => {
     const dir = tempDir();
     await expect(startTestProxy({ allowedInternalHosts: ["api.test"] }, { auditLog: dir })).rejects.toMatchObject({
