@@ -63,7 +63,7 @@ const limitsNode = object(
     pipelinedRequests: integer(0, 10_000, "Requests one connection may have waiting behind the one being served.", {
       default: defaults.limits.pipelinedRequests,
     }),
-    h2Streams: integer(1, 10_000, "HTTP/2 streams one guest connection may have open, and pipeline work running, resets counted (REFUSED_STREAM beyond).", {
+    h2Streams: integer(1, 10_000, "HTTP/2 streams one guest connection may have open, and pipeline work running, resets counted (a stream past it waits; GOAWAY ENHANCE_YOUR_CALM past as many waiting).", {
       default: defaults.limits.h2Streams,
     }),
     h2HeaderListBytes: integer(4096, 1024 * 1024, "Bytes of one HTTP/2 request's header list, as HPACK decodes it (the stream reset, or 431, beyond; one field stays under 64 KiB whatever this says).", {
@@ -72,7 +72,7 @@ const limitsNode = object(
     h2SessionMemoryMiB: integer(1, 1024, "MiB of HTTP/2 state and queued frames one guest connection may hold (new streams refused beyond).", {
       default: defaults.limits.h2SessionMemoryMiB,
     }),
-    h2ResetsPer10s: integer(1, 1_000_000, "HTTP/2 streams one guest connection may reset in 10 s (GOAWAY ENHANCE_YOUR_CALM beyond).", {
+    h2ResetsPer10s: integer(1, 1_000_000, "HTTP/2 streams one guest connection may reset in 10 s within 1 s of opening them, before their response ended (GOAWAY ENHANCE_YOUR_CALM beyond).", {
       default: defaults.limits.h2ResetsPer10s,
     }),
   },

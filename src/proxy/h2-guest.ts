@@ -57,7 +57,8 @@ interface SessionState {
   running: number;
   /** Streams still in the pipeline, not yet answering: what a guest that leaves abandons. */
   readonly unanswered: Map<ServerHttp2Stream, StreamWatch>;
-  refused: number;
+  /** Streams that arrived while `running` was at the cap, in order: each starts when a slot frees. */
+  readonly waiting: WaitingStream[];
   readonly resets: WindowCounter;
   /** Header lists over limits.h2HeaderListBytes that reached onStream (Node checks none before the guest's SETTINGS ACK). */
   readonly oversized: WindowCounter;
@@ -147,6 +148,9 @@ export class H2Guests {
     this.closing = true;
     for (const session of this.sessions) {
       if (session.closed || session.destroyed) continue;
+      // Streams not started yet go to the guest's next connection, which REFUSED_STREAM allows (RFC 9113 §8.7).
+      const state = (session as TrackedSession)[stateKey];
+      if (state !== undefined) dropWaiting(state, h2Codes.refusedStream);
       try {
         session.goaway(h2Codes.noError);
         session.close();
@@ -167,7 +171,7 @@ export class H2Guests {
       tunnel,
       running: 0,
       unanswered: new Map(),
-      refused: 0,
+      waiting: [],
       resets: new WindowCounter(this.deps.limits.h2ResetsPer10s),
       oversized: new WindowCounter(h2Limits.maxOversizedHeaderLists),
       closedFor: undefined,
@@ -217,6 +221,7 @@ export class H2Guests {
         watch.ours = true;
         resetH2Stream(stream, h2Codes.cancel, "the guest closed its connection");
       }
+      dropWaiting(state, h2Codes.cancel);
       if (!session.closed && !session.destroyed) session.close();
       // The guest can send nothing more, WINDOW_UPDATE included: what it does not take within a
       // short spell of silence it never will (onSilence ends a session whose guest has ended).
@@ -225,6 +230,7 @@ export class H2Guests {
     session.once("close", () => {
       this.sessions.delete(session);
       clearTimeout(state.idleTimer);
+      state.waiting.length = 0;
     });
     session.on("error", (error: NodeJS.ErrnoException) => {
       // nghttp2 ended the connection for a frame that broke HTTP/2 (ERR_HTTP2_ERROR), or for
@@ -383,13 +389,62 @@ export class H2Guests {
       stream.close(h2Codes.refusedStream);
       return;
     }
-    if (state.running >= this.deps.limits.h2Streams) {
-      // The stream limit counts open streams only; a guest that resets each stream at once keeps
-      // it free while the work behind every reset still runs (CVE-2023-44487).
-      stream.close(h2Codes.refusedStream);
-      if (++state.refused > h2Limits.maxRefusedStreams) this.calm(session, "streams refused past the running-work cap (rapid reset)");
+    const opened = performance.now();
+    if (state.running < this.deps.limits.h2Streams) {
+      this.admit(stream, raw, session, state, watch, opened);
       return;
     }
+    // The stream limit counts open streams only; a guest that resets each stream at once keeps
+    // it free while the work behind every reset still runs (CVE-2023-44487). A stream past the
+    // running work's cap waits for a slot, as Go's server queues a handler past
+    // MaxConcurrentStreams. Refused, it failed a gRPC client's calls: 100 calls missing their
+    // deadline together are 100 resets, and grpc-js sends the calls it queued in the same write,
+    // read before the work of the reset ones has ended; past 100 refusals the connection was
+    // closed with every call on it (interop finding). A guest that never resets keeps fewer
+    // streams waiting than the stream limit; one that resets them as it opens them does not.
+    const onEarlyClose = (): void => this.countReset(stream, watch, session, state, opened);
+    stream.once("close", onEarlyClose);
+    state.waiting.push({ stream, raw, watch, opened, onEarlyClose });
+    if (state.waiting.length > this.deps.limits.h2Streams) {
+      this.calm(session, `more than ${this.deps.limits.h2Streams} streams waiting for the running-work cap, reset ones included (rapid reset)`);
+    }
+  }
+
+  /** Starts the streams waiting for the running-work cap while it has room (see onStream). */
+  private admitWaiting(session: ServerHttp2Session, state: SessionState): void {
+    while (state.running < this.deps.limits.h2Streams && state.waiting.length > 0) {
+      const next = state.waiting.shift()!;
+      // Reset while it waited (its close counted by onEarlyClose): never started, as a refused stream never is.
+      if (next.stream.closed || next.stream.destroyed) continue;
+      next.stream.off("close", next.onEarlyClose);
+      if (session.destroyed || state.closedFor !== undefined) {
+        next.watch.ours = true;
+        next.stream.close(h2Codes.refusedStream);
+        continue;
+      }
+      this.admit(next.stream, next.raw, session, state, next.watch, next.opened);
+    }
+  }
+
+  /**
+   * The guest's reset of a stream, against `limits.h2ResetsPer10s`: one the proxy did not make,
+   * before the proxy ended its response, within prematureResetMs of the stream's start.
+   *
+   * `aborted`: closed before the proxy ended its response, whatever the code (a reset with
+   * NO_ERROR counts too). Node ends a reset stream's writable side itself, so writableFinished
+   * cannot tell a reset from a response sent whole. A reset with an error code after the proxy
+   * ended its answer (a refusal the guest's RST_STREAM overtook) counts too: nghttp2 dropped the
+   * answer unsent.
+   */
+  private countReset(stream: ServerHttp2Stream, watch: StreamWatch, session: ServerHttp2Session, state: SessionState, opened: number): void {
+    if (watch.ours || !(stream.aborted || (stream.rstCode !== undefined && stream.rstCode !== h2Codes.noError))) return;
+    const now = performance.now();
+    if (now - opened >= h2Limits.prematureResetMs) return;
+    if (state.resets.over(now)) this.calm(session, "stream resets past the limit (rapid reset)");
+  }
+
+  /** A stream the running work has room for: its head checked, then its request through the pipeline. */
+  private admit(stream: ServerHttp2Stream, raw: string[], session: ServerHttp2Session, state: SessionState, watch: StreamWatch, opened: number): void {
     const maxHeaderList = this.deps.limits.h2HeaderListBytes;
     if (headerListSize(raw) > maxHeaderList) {
       this.refuseHeaderList(stream, raw, session, state);
@@ -400,21 +455,16 @@ export class H2Guests {
       return;
     }
     stream.once("close", () => {
-      // `aborted`: closed before the proxy ended its response, whatever the code (a reset with
-      // NO_ERROR counts too). Node ends a reset stream's writable side itself, so writableFinished
-      // cannot tell a reset from a response sent whole.
-      // A reset with an error code after the proxy ended its answer (a refusal the guest's
-      // RST_STREAM overtook) counts too: nghttp2 dropped the answer unsent.
-      if (!watch.ours && (stream.aborted || (stream.rstCode !== undefined && stream.rstCode !== h2Codes.noError)) && state.resets.over(performance.now())) {
-        this.calm(session, "stream resets past the limit (rapid reset)");
-      }
+      this.countReset(stream, watch, session, state, opened);
       watch.onClose?.();
     });
     state.running += 1;
     this.deps.started();
     const abort = new GuestGone();
     const done = (): void => {
-      if (--state.running === 0) {
+      state.running -= 1;
+      this.admitWaiting(session, state);
+      if (state.running === 0) {
         state.idleSince = performance.now();
         // From now: refresh() re-arms the one timer for idleMs (no new timer per request).
         state.idleTimer?.refresh();
@@ -702,6 +752,26 @@ interface StreamWatch {
   cut: string | undefined;
   /** The error Node destroyed the stream with: the session's, or nghttp2's reset of the stream. */
   failure: Error | undefined;
+}
+
+/** A stream that arrived while its connection's running work was at its cap (onStream). */
+interface WaitingStream {
+  readonly stream: ServerHttp2Stream;
+  readonly raw: string[];
+  readonly watch: StreamWatch;
+  /** When the stream arrived: its reset counts only within prematureResetMs of this, waiting included. */
+  readonly opened: number;
+  /** Counts the guest's reset while the stream waits; admit() counts it from its start. */
+  readonly onEarlyClose: () => void;
+}
+
+/** Resets the streams still waiting for the running-work cap, which never started: the guest has gone, or the proxy is draining. */
+function dropWaiting(state: SessionState, code: number): void {
+  for (const { stream, watch } of state.waiting.splice(0)) {
+    if (stream.closed || stream.destroyed) continue;
+    watch.ours = true;
+    stream.close(code);
+  }
 }
 
 /** Resolves at the stream's close, or after `ms` (a guest whose window stays shut); the timer keeps no process alive. */

@@ -9,7 +9,10 @@ export interface H2ConfiguredLimits {
   readonly h2HeaderListBytes: number;
   /** MiB of nghttp2 state and queued frames per connection; past it new streams are refused. */
   readonly h2SessionMemoryMiB: number;
-  /** Streams a guest may reset per 10 s before GOAWAY(ENHANCE_YOUR_CALM). */
+  /**
+   * Streams a guest may reset per 10 s before GOAWAY(ENHANCE_YOUR_CALM), counting only resets
+   * within {@link h2Limits.prematureResetMs} of the stream's start, before its response ended.
+   */
   readonly h2ResetsPer10s: number;
 }
 
@@ -20,8 +23,16 @@ export interface H2ConfiguredLimits {
  * {@link H2ConfiguredLimits}; these are fixed.
  */
 export const h2Limits = Object.freeze({
-  /** Streams refused because the running work was at its cap, before the session gets GOAWAY. */
-  maxRefusedStreams: 100,
+  /**
+   * A guest's reset counts against `limits.h2ResetsPer10s` only within this long of its stream's
+   * start, as Envoy counts a reset "premature" within a second of it. A rapid-reset flood resets
+   * each stream as it opens it; a gRPC client's missed deadlines and cancellations end calls that
+   * were in flight, and 300 calls whose deadline passed together (100 of them on the wire, at the
+   * stream limit) were 100 resets at once: three such bursts in 10 s closed the connection, with
+   * the calls still running on it (interop finding). A guest that waits this long before each
+   * reset opens at most `limits.h2Streams` streams per this long, which any client may.
+   */
+  prematureResetMs: 1_000,
   /**
    * Header lists over `limits.h2HeaderListBytes` one connection may send per window before
    * GOAWAY(ENHANCE_YOUR_CALM). Until the guest acknowledges the proxy's SETTINGS, Node applies

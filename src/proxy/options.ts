@@ -65,13 +65,13 @@ export interface ConnectionLimitOptions {
   readonly connectionsPerSource?: number;
   /** Requests one connection may have parsed and waiting behind the one being served; then it is not read. Default 16. */
   readonly pipelinedRequests?: number;
-  /** HTTP/2 streams one guest connection may have open (SETTINGS_MAX_CONCURRENT_STREAMS), and pipeline work running, resets counted. Default 100. */
+  /** HTTP/2 streams one guest connection may have open (SETTINGS_MAX_CONCURRENT_STREAMS), and pipeline work running, resets counted: a stream past it waits for room. Default 100. */
   readonly h2Streams?: number;
   /** Bytes of one HTTP/2 request's decoded header list (SETTINGS_MAX_HEADER_LIST_SIZE); the stream reset, or 431, beyond. Default 65536. */
   readonly h2HeaderListBytes?: number;
   /** MiB of HTTP/2 state and queued frames per guest connection; new streams are refused beyond. Default 10. */
   readonly h2SessionMemoryMiB?: number;
-  /** HTTP/2 streams one guest connection may reset in 10 s, before GOAWAY(ENHANCE_YOUR_CALM). Default 200. */
+  /** HTTP/2 streams one guest connection may reset in 10 s, each within 1 s of opening it and before its response ended, before GOAWAY(ENHANCE_YOUR_CALM). Default 200. */
   readonly h2ResetsPer10s?: number;
 }
 

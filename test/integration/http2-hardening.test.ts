@@ -5,6 +5,7 @@ import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { flag, frame, frameType, indexed, literal, literalIndexed, ping, rstStream, RawH2, requestBlock, settings } from "../helpers/h2-frames.js";
 import { startTestProxy, type TestProxy } from "../helpers/proxy.js";
+import { h2Limits } from "../../src/proxy/h2-settings.js";
 import { patternChunk, startUpstream, type Route, type Upstream } from "../helpers/upstream.js";
 
 const code = Object.freeze({ protocolError: 1, settingsTimeout: 4, cancel: 8, compressionError: 9, enhanceYourCalm: 11 });
@@ -144,7 +145,7 @@ describe("HTTP/2 hardening: each attack ends only its own connection, while anot
     expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("rapid reset"))).toBe(true);
   });
 
-  it("resets do not free the work behind them: past 100 running streams new ones are refused, then the connection gets GOAWAY", async () => {
+  it("resets do not free the work behind them: past 100 running streams new ones wait, and past 100 waiting the connection gets GOAWAY", async () => {
     const hook = holdingHook();
     const upstream = await startUpstream();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onRequest: hook.onRequest });
@@ -153,7 +154,7 @@ describe("HTTP/2 hardening: each attack ends only its own connection, while anot
     openAndReset(attacker, authority, "/echo?hold", 400);
     await attacker.until((c) => c.closed);
     expectCalm(attacker);
-    // Exactly the cap ran; every later stream was refused before any hook saw it.
+    // Exactly the cap ran; every later stream waited, and no hook saw it.
     expect(hook.held()).toBe(100);
     expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("running-work cap"))).toBe(true);
     hook.release();
@@ -295,7 +296,7 @@ describe("limits.h2*: the configured limits replace the defaults, and each still
     await othersServed(proxy, authority);
   });
 
-  it("the running-work cap follows h2Streams: past 7 running streams new ones are refused before any hook", async () => {
+  it("the running-work cap follows h2Streams: past 7 running streams new ones wait, never reaching a hook, and past 7 waiting the connection is closed", async () => {
     const hook = holdingHook();
     const upstream = await startUpstream();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onRequest: hook.onRequest }, { limits });
@@ -311,7 +312,7 @@ describe("limits.h2*: the configured limits replace the defaults, and each still
 
   // A reset now ends its request at once, the hook's call let go (it held the request until
   // hookMs): the call still runs in the hook's code, and counts as running work until it settles.
-  it.each(["isRequestAllowed", "isIpAllowed", "handle"] as const)("%s: a call a reset let go still counts as running work, and past 7 of them new streams are refused before any hook", async (phase) => {
+  it.each(["isRequestAllowed", "isIpAllowed", "handle"] as const)("%s: a call a reset let go still counts as running work, and past 7 of them new streams wait, never reaching a hook, until the connection is closed", async (phase) => {
     let held = 0;
     let release!: () => void;
     const released = new Promise<void>((resolve) => (release = resolve));
@@ -331,6 +332,58 @@ describe("limits.h2*: the configured limits replace the defaults, and each still
     expect(held).toBe(limits.h2Streams);
     expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("running-work cap"))).toBe(true);
     release();
+    await othersServed(proxy, authority);
+  });
+
+  // Interop finding: grpc-js sends the calls it queued at the stream limit in the same write as
+  // the resets of calls whose deadline passed, often read before the work of the reset ones has
+  // ended; refused, past 100 of them the connection was closed (grpc-interop.test.ts). Here the
+  // work behind the resets is a hook's call, held until released: a deterministic stand-in.
+  it("streams opened as resets free their slots wait for the work behind those resets, then get their answers", async () => {
+    const hook = holdingHook();
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onRequest: hook.onRequest });
+    const authority = `api.test:${upstream.port}`;
+    const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    await acknowledged(guest);
+    const held = Array.from({ length: 100 }, (_, i) => 2 * i + 1);
+    for (const id of held) guest.write(frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/echo?hold")));
+    await vi.waitFor(() => expect(hook.held()).toBe(held.length), { timeout: 15_000, interval: 20 });
+    const next = held.map((id) => id + 2 * held.length);
+    guest.write(Buffer.concat([...held.map((id) => rstStream(id, code.cancel)), ...next.map((id) => frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/echo")))]));
+    // PING is answered in order: once its ACK is back, every frame before it has been read.
+    guest.write(ping(0x5eed));
+    await guest.until((c) => c.frames.some((f) => f.type === frameType.ping && (f.flags & flag.ack) !== 0));
+    expect(next.filter((id) => guest.answered(id) || guest.resetCode(id) !== undefined)).toEqual([]);
+    hook.release();
+    await guest.until((c) => next.every((id) => c.answered(id) || c.resetCode(id) !== undefined));
+    expect(next.filter((id) => guest.resetCode(id) !== undefined)).toEqual([]);
+    expect(upstream.hits()).toBe(next.length);
+    expect(guest.goaway()).toBeUndefined();
+    expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed")).toBe(false);
+    await othersServed(proxy, authority);
+  });
+
+  // Interop finding: a gRPC client's missed deadlines end calls that were in flight (see grpc-interop.test.ts).
+  it(`resets of streams in flight for h2Limits.prematureResetMs (${h2Limits.prematureResetMs} ms) do not count: 60 of them leave the connection open under a limit of 20`, async () => {
+    const silent = silentRoute();
+    const upstream = await startUpstream({ routes: { "/silent": silent.route } });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { limits: { h2ResetsPer10s: limits.h2ResetsPer10s } });
+    const authority = `api.test:${upstream.port}`;
+    const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    const ids = Array.from({ length: 60 }, (_, i) => 2 * i + 1);
+    for (const id of ids) guest.write(frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/silent")));
+    await vi.waitFor(() => expect(silent.arrivals()).toBe(ids.length), { timeout: 15_000, interval: 20 });
+    // The age the rule asks for, counted from each request's arrival upstream (after the proxy took its stream).
+    await new Promise((resolve) => setTimeout(resolve, h2Limits.prematureResetMs + 50));
+    for (const id of ids) guest.write(rstStream(id, code.cancel));
+    // PING is answered in order: once its ACK is back, every reset before it has been seen.
+    guest.write(ping(0x5eed));
+    await guest.until((c) => c.frames.some((f) => f.type === frameType.ping && (f.flags & flag.ack) !== 0));
+    expect(guest.closed).toBe(false);
+    expect(guest.goaway()).toBeUndefined();
+    expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed")).toBe(false);
+    // The same streams reset as they open still end the connection (the tests below).
     await othersServed(proxy, authority);
   });
 
