@@ -1,6 +1,6 @@
 import type { ProxyConfig } from "../config/document.js";
 import type { CliLog } from "./cli-log.js";
-import { loadConfigFile } from "../config/file.js";
+import { loadConfigFileOffLoop } from "../config/parse-ahead.js";
 import { watchedFiles, watchFiles, type FileWatch } from "../config/file-watch.js";
 
 /** An editor's save is a burst of events (write, rename, chmod): one reload after it settles. */
@@ -13,10 +13,11 @@ const debounceMs = 300;
  * files now; flags name the same files for the life of the process.
  */
 export function watchConfiguration(config: ProxyConfig, env: NodeJS.ProcessEnv, reload: () => Promise<void>, log: CliLog): FileWatch {
-  const current = (): string[] | undefined => {
+  const current = async (): Promise<string[] | undefined> => {
     if (config.source === "flags") return undefined;
     try {
-      return watchedFiles(loadConfigFile(config.source, env));
+      // Off the event loop when large, as the reload parsed it: see loadConfigFileOffLoop.
+      return watchedFiles(await loadConfigFileOffLoop(config.source, env));
     } catch {
       // A file that does not load keeps the list it had; the reload has said why.
       return undefined;
@@ -30,7 +31,7 @@ export function watchConfiguration(config: ProxyConfig, env: NodeJS.ProcessEnv, 
       running = running.then(async () => {
         log("info", "files changed; reloading", { files: changed });
         await reload().catch((error: unknown) => log("error", "reload failed; the old configuration keeps serving", { error: (error as Error)?.message ?? String(error) }));
-        const files = current();
+        const files = await current();
         if (files !== undefined) watch.update(files);
       });
     },

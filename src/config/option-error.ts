@@ -23,6 +23,14 @@ export {
   type Segment,
 } from "../option-error.js";
 
+/**
+ * The most problems a ConfigFileError's message lists, one a line; the rest are counted
+ * (`FILE: 149900 more problems not listed`), and all are in its `issues`. A file of 150,000
+ * unknown keys (1.7 MB) made a message of 68 MB, each line with the list of known keys, printed
+ * at a start and logged as one line by a reload.
+ */
+export const maxListedIssues = 100;
+
 /** The code of a config file that cannot be used: unreadable, not YAML, or holding bad options. */
 export const invalidConfigCode = "EG_INVALID_CONFIG";
 
@@ -41,8 +49,9 @@ export class ConfigFileError extends TypeError {
   constructor(file: string, issues: readonly OptionIssue[], options: { cause?: unknown } = {}) {
     // An issue with the file as a whole (unreadable, not YAML) has no option path to name.
     const text = (issue: OptionIssue): string => (issue.segments.length === 0 ? issue.reason : issueText(issue));
-    const lines = issues.map((issue) => `${file}${issue.line === undefined ? "" : `:${issue.line}`}: ${text(issue)}`);
-    super(lines.length === 1 ? lines[0]! : `${file}: ${issues.length} problems\n${lines.join("\n")}`, options.cause === undefined ? undefined : { cause: options.cause });
+    const lines = issues.slice(0, maxListedIssues).map((issue) => `${file}${issue.line === undefined ? "" : `:${issue.line}`}: ${text(issue)}`);
+    if (issues.length > maxListedIssues) lines.push(`${file}: ${issues.length - maxListedIssues} more problems not listed`);
+    super(issues.length === 1 ? lines[0]! : `${file}: ${issues.length} problems\n${lines.join("\n")}`, options.cause === undefined ? undefined : { cause: options.cause });
     this.name = "ConfigFileError";
     this.file = file;
     this.issues = issues;

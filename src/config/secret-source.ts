@@ -59,6 +59,12 @@ export const secretValueNode: CustomNode = {
 /** A source read: its description (safe to print) and the value, or why it could not be read. */
 export type ReadSecret = { readonly from: string; readonly value: string } | { readonly from: string; readonly reason: string };
 
+/**
+ * A `file:` value's bytes as text. Fatal: a byte that is not UTF-8 is an error, not U+FFFD. A
+ * byte order mark is kept, to be refused.
+ */
+const utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
+
 /** Reads a validated source. `file:` paths are taken relative to `baseDir` (the config file's folder), `~/` from $HOME. */
 export function readSecret(source: string | InlineSecret, baseDir: string, env: NodeJS.ProcessEnv): ReadSecret {
   if (source instanceof InlineSecret) return checked(source.from, source.value);
@@ -79,14 +85,24 @@ export function readSecret(source: string | InlineSecret, baseDir: string, env: 
   if (unexpanded !== undefined) return { from: source, reason: unexpanded };
   const file = resolvePath(baseDir, written, env);
   const from = `file:${file}`;
-  let text: string;
+  let bytes: Buffer;
   try {
     // The longest value, and the line break an editor ends it with; a longer file is not read to its end.
-    text = readRegularFileSync(file, maxSecretValueBytes + 2).toString("utf8");
+    bytes = readRegularFileSync(file, maxSecretValueBytes + 2);
   } catch (error) {
     if (error instanceof FileReadError && error.limit !== undefined) return { from, reason: `${secretTooLongReason} (from ${from})` };
     return { from, reason: `cannot read ${file}: ${readFailure(error)}` };
   }
+  let text: string;
+  try {
+    text = utf8.decode(bytes);
+  } catch {
+    // Read as UTF-8 with replacement, each such byte became U+FFFD, sent as EF BF BD: a value
+    // that was not the file's, and an upstream's 401 with nothing said of why.
+    return { from, reason: `holds bytes that are not UTF-8 (from ${from}); a value is sent as its UTF-8 bytes, and these would be changed` };
+  }
+  // An editor's mark (Notepad's UTF-8), no part of a token: it went out as three bytes before the value.
+  if (text.startsWith("\uFEFF")) return { from, reason: `starts with a byte order mark, U+FEFF (from ${from}), which editors add and no credential holds; save the file without one` };
   // Editors and `echo` end a file with a newline that is no part of the token.
   return checked(from, text.replace(/\r?\n$/, ""));
 }

@@ -43,6 +43,34 @@ export class PolicyLoadError extends Error {
   }
 }
 
+/**
+ * A source map comment, as esbuild reads one: `//# sourceMappingURL=` (or `//@`, `/*#`, `/*@`)
+ * at the very start of a comment, and its URL.
+ */
+const sourceMapComment = /\/[/*][#@] sourceMappingURL=(\S*)/g;
+
+/** A URL's scheme (`data`, `https`, `file`), if it has one. */
+const urlScheme = /^([a-zA-Z][a-zA-Z0-9+.-]*):/;
+
+/**
+ * Why `contents` (a policy's file) cannot be bundled as it is, if it links a source map file.
+ * esbuild reads the file such a comment names itself, past the import rules and with no limit:
+ * a relative or absolute path, or a `file:` URL, from any folder. Named `/dev/zero`, the bundler
+ * grew by about 500 MB a second until the machine ran out of memory; a FIFO held the load until
+ * its deadline. A map written inline (`data:`) is taken as before, and esbuild reads no other
+ * scheme (`https:`).
+ */
+function sourceMapLink(contents: string, file: string): string | undefined {
+  for (const found of contents.matchAll(sourceMapComment)) {
+    const url = found[1]!;
+    const scheme = urlScheme.exec(url)?.[1]?.toLowerCase();
+    if (scheme !== undefined && scheme !== "file") continue;
+    const line = contents.slice(0, found.index).split("\n").length;
+    return `${file}:${line}: a linked source map ("sourceMappingURL=${url.slice(0, 80)}") is refused: the bundler would read the file it names, from any folder and without a limit; remove the comment, or put the map inline as a data: URL`;
+  }
+  return undefined;
+}
+
 function inside(root: string, file: string): boolean {
   const rel = path.relative(root, file);
   return rel === "" || (!rel.startsWith("..") && !path.isAbsolute(rel));
@@ -109,6 +137,8 @@ function guard(input: BundleInput, root: string): Plugin {
             : input.fromDisk
               ? (await readRegularFile(args.path, maxPolicyChars)).toString("utf8")
               : input.modules[rel]!;
+        const linked = sourceMapLink(contents, args.path);
+        if (linked !== undefined) return { errors: [{ text: linked }] };
         return { contents, loader: loaderFor(args.path, args.path === entry ? input.kind : undefined), resolveDir: path.dirname(args.path) };
       });
     },

@@ -2,8 +2,9 @@ import { execFileSync } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { loadConfigFile, reuseParses } from "../../src/config/file.js";
-import { invalidConfigCode } from "../../src/config/option-error.js";
+import { LineCounter, parseDocument, type YAMLMap } from "yaml";
+import { loadConfigFile, reuseParses, withLines } from "../../src/config/file.js";
+import { invalidConfigCode, makeIssue } from "../../src/config/option-error.js";
 import { tempDir } from "../helpers/proxy.js";
 import { fileErrorOf } from "../helpers/config-file.js";
 
@@ -318,6 +319,44 @@ describe("loadConfigFile: errors name the path and the line", () => {
     expect(error.message).toContain(`egressgate.json:1: listen is given twice in one mapping (first at line 1, column ${json.indexOf('"listen"') + 1}; this one at column ${json.lastIndexOf('"listen"') + 1})`);
   });
 
+  // Each problem's line was found by walking its mapping's keys, and each unknown key carried an
+  // edit distance to every known key and the list of them: 64,000 unknown keys took 227 s, past
+  // a reload's parse thread's deadline and then on the event loop, and 150,000 made a 68 MB
+  // message (figures in docs/reliability.md).
+  it("a file of 20,000 unknown keys lists 100 problems with their lines, and counts the rest", () => {
+    const keys = Array.from({ length: 20_000 }, (_, i) => `zz${i}: 1\n`).join("");
+    const error = fileErrorOf(configFile(`allowHosts: [a.test]\n${keys}`));
+    expect(error.issues).toHaveLength(20_000);
+    expect(error.issues.every((issue, i) => issue.line === i + 2 && issue.path === `zz${i}`)).toBe(true);
+    const lines = error.message.split("\n");
+    expect(lines).toHaveLength(102);
+    expect(lines[0]).toMatch(/egressgate\.yaml: 20000 problems$/);
+    expect(lines[1]).toMatch(/egressgate\.yaml:2: unknown option "zz0" \(known: listen, /);
+    expect(lines[100]).toMatch(/egressgate\.yaml:101: unknown option "zz99" \(known: /);
+    expect(lines[101]).toMatch(/egressgate\.yaml: 19900 more problems not listed$/);
+    // Past the listed ones, no hint and no list of known keys: an unknown key costs its path only.
+    expect(error.issues[100]!.reason).toBe("");
+  });
+
+  it("the lines of 2,000 issues in one mapping are found with one pass over its keys, not one per issue", () => {
+    const keys = Array.from({ length: 2_000 }, (_, i) => `zz${i}: 1\n`).join("");
+    const lines = new LineCounter();
+    const doc = parseDocument(keys, { lineCounter: lines });
+    const map = doc.contents as YAMLMap;
+    let reads = 0;
+    map.items = new Proxy(map.items, {
+      get(target, key, receiver) {
+        if (typeof key === "string" && /^\d+$/.test(key)) reads++;
+        return Reflect.get(target, key, receiver) as unknown;
+      },
+    });
+    const issues = Array.from({ length: 2_000 }, (_, i) => makeIssue([`zz${i}`], "", "unknown"));
+    const located = withLines(issues, doc, lines);
+    expect(located.map((issue) => issue.line)).toEqual(Array.from({ length: 2_000 }, (_, i) => i + 1));
+    // One walk of the mapping is 2,000 reads; a walk per issue was about 2,000,000.
+    expect(reads).toBeLessThan(10_000);
+  });
+
   it("a file that is not a mapping, and a file that does not exist, are refused", () => {
     expect(fileErrorOf(configFile("- a\n- b\n")).message).toMatch(/yaml:1: must hold a mapping of options \(key: value\), not a list$/);
     expect(fileErrorOf(configFile("just words\n")).message).toMatch(/not a single value$/);
@@ -340,6 +379,23 @@ describe("loadConfigFile: errors name the path and the line", () => {
       ["secrets.A.value", `cannot read ${fifo}: a FIFO, not a regular file`],
       ["secrets.B.value", "cannot read /dev/urandom: a character device, not a regular file"],
     ]);
+  });
+
+  // Read as UTF-8 with replacement, a byte that was not UTF-8 became U+FFFD and went out as
+  // EF BF BD, and Notepad's byte order mark went out as three bytes before the value: a value that
+  // was not the file's, and an upstream's 401 with nothing said of why.
+  it("a file: secret that is not UTF-8, or that starts with a byte order mark, is refused; UTF-8 past ASCII is taken as it is", () => {
+    const dir = tempDir();
+    writeFileSync(join(dir, "latin1"), Buffer.from([0x70, 0xe4, 0x73, 0x73, 0x0a]));
+    writeFileSync(join(dir, "bom"), Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from("token-0123456789\n")]));
+    writeFileSync(join(dir, "utf8"), "pässwörd-€-🔑\n");
+    const secrets = (names: readonly string[]): string => `secrets:\n${names.map((name) => `  ${name.toUpperCase()}: { hosts: [a.test], value: "file:${join(dir, name)}" }\n`).join("")}`;
+    const error = fileErrorOf(configFile(secrets(["latin1", "bom", "utf8"])));
+    expect(error.issues.map((issue) => [issue.path, issue.reason])).toEqual([
+      ["secrets.LATIN1.value", `holds bytes that are not UTF-8 (from file:${join(dir, "latin1")}); a value is sent as its UTF-8 bytes, and these would be changed`],
+      ["secrets.BOM.value", `starts with a byte order mark, U+FEFF (from file:${join(dir, "bom")}), which editors add and no credential holds; save the file without one`],
+    ]);
+    expect(loadConfigFile(configFile(secrets(["utf8"])), {}).guests["default"]?.secrets?.["UTF8"]?.value).toBe("pässwörd-€-🔑");
   });
 
   // 1 MB took 7 s to start, 133 MB aborted the process: no header field takes more than 16 KiB.

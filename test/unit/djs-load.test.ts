@@ -234,6 +234,31 @@ describe("tier-2 policies that cannot load fail at once, naming file, line and r
     expect(loadError(djsHooksOptionsFromFile(path.join(dir, "policy", "p.mjs"))).message).toContain(`import "./inside.json" is refused: it is a link to a file outside the policy's folder`);
   });
 
+  // esbuild reads the file a linked source map comment names itself, past the import rules and
+  // with no limit: named /dev/zero, the bundler grew by about 500 MB a second until the machine
+  // ran out of memory; a FIFO held the load until its deadline; any file outside the folder was read.
+  it.each([
+    ["a path outside the folder", "//#", "../outside.map", "p.mjs", 2],
+    ["an absolute file: URL, in a block comment of an import", "/*#", "file://", "lib.mjs", 1],
+  ])("a source map comment that links %s is refused, naming the file and line", (_what, opener, link, where, line) => {
+    const dir = tempDir();
+    mkdirSync(path.join(dir, "policy"));
+    const outside = path.join(dir, "outside.map");
+    writeFileSync(outside, `{"version":3,"sources":[],"names":[],"mappings":""}`);
+    const comment = `${opener} sourceMappingURL=${link === "file://" ? `file://${outside} */` : link}`;
+    writeFileSync(path.join(dir, "policy", "lib.mjs"), where === "lib.mjs" ? `${comment}\nexport const a = 1;\n` : "export const a = 1;\n");
+    writeFileSync(path.join(dir, "policy", "p.mjs"), `import { a } from "./lib.mjs";\n${where === "p.mjs" ? comment : ""}\nexport const onRequest = () => { if (a) return undefined; };\n`);
+    const error = loadError(djsHooksOptionsFromFile(path.join(dir, "policy", "p.mjs")));
+    expect(error.message).toContain(`${path.join(dir, "policy", where)}:${line}: a linked source map ("sourceMappingURL=`);
+    expect(error.message).toContain(`") is refused: the bundler would read the file it names, from any folder and without a limit; remove the comment, or put the map inline as a data: URL`);
+  });
+
+  it("a source map written inline (data:) is still taken", () => {
+    const map = Buffer.from(`{"version":3,"sources":["p.ts"],"names":[],"mappings":""}`).toString("base64");
+    const policy = loadPolicy({ filename: "/srv/p.mjs", source: `export const onRequest = () => undefined;\n//# sourceMappingURL=data:application/json;base64,${map}\n` });
+    expect(policy.phases).toEqual(["onRequest"]);
+  });
+
   it("a missing import names the import", () => {
     expect(loadError({ filename: "/srv/p.mjs", source: `import x from "./nope.mjs"; export const y = x;`, modules: {} }).message).toBe(
       `/srv/p.mjs:1:15: import "./nope.mjs" was not found next to the policy`,
