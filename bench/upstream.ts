@@ -5,7 +5,8 @@
  * reads the body, discards it and answers its length in bytes; `GET /download?bytes=N` sends N
  * zero bytes with backpressure (bulk downloads come from `openssl s_server` unless the bench is
  * run with `--bulk-upstream node`); anything else is a 404. A third port speaks only HTTP/2 (no
- * `http/1.1` in its ALPN, as a gRPC server): `GET /small` and `GET /download?bytes=N` there too.
+ * `http/1.1` in its ALPN, as a gRPC server), with Node's default flow-control windows:
+ * `GET /small`, `GET /download?bytes=N` and `POST /upload` there too.
  *
  * Forked by bench/run.ts with an IPC channel. It reads its key and certificate from the `setup`
  * message, reports `{ kind: "ready", port }`, answers `stats` with connection and request
@@ -34,6 +35,8 @@ export interface UpstreamStats {
   /** HTTP/2 sessions the h2-only port accepted, and the streams it answered. */
   readonly h2Sessions: number;
   readonly h2Streams: number;
+  /** Bytes of `/download` bodies handed to the sockets (both protocols): still while every reader has stopped. */
+  readonly downloadBytes: number;
 }
 
 /**
@@ -55,6 +58,7 @@ function start(setup: UpstreamSetup): void {
   let requests = 0;
   let h2Sessions = 0;
   let h2Streams = 0;
+  let downloadBytes = 0;
   const handler = (req: IncomingMessage, res: ServerResponse): void => {
     requests += 1;
     if (req.method === "GET" && (req.url === "/small" || req.url === "/small-close")) {
@@ -72,6 +76,7 @@ function start(setup: UpstreamSetup): void {
         while (left > 0) {
           const piece = left >= zeros.length ? zeros : zeros.subarray(0, left);
           left -= piece.length;
+          downloadBytes += piece.length;
           if (!res.write(piece)) {
             res.once("drain", pump);
             return;
@@ -139,6 +144,7 @@ function start(setup: UpstreamSetup): void {
           while (left > 0) {
             const piece = left >= zeros.length ? zeros : zeros.subarray(0, left);
             left -= piece.length;
+            downloadBytes += piece.length;
             if (!stream.write(piece)) {
               stream.once("drain", pump);
               return;
@@ -147,6 +153,14 @@ function start(setup: UpstreamSetup): void {
           stream.end();
         };
         pump();
+      } else if (head[":method"] === "POST" && path === "/upload") {
+        let received = 0;
+        stream.on("data", (chunk: Buffer) => (received += chunk.length));
+        stream.on("end", () => {
+          const answer = String(received);
+          stream.respond({ ":status": 200, "content-type": "text/plain", "content-length": String(answer.length) });
+          stream.end(answer);
+        });
       } else {
         stream.respond({ ":status": 404, "content-length": "0" });
         stream.end();
@@ -165,7 +179,7 @@ function start(setup: UpstreamSetup): void {
   // Without tickets (and with no session cache, Node's default), TLS 1.3 cannot resume.
   void Promise.all([listen(0), listen(constants.SSL_OP_NO_TICKET), listenH2()]).then(([port, noResumePort, h2Port]) => send({ kind: "ready", port, noResumePort, h2Port }));
   process.on("message", (message: { kind?: string }) => {
-    if (message.kind === "stats") send({ kind: "stats", tlsConnections, resumedSessions, requests, h2Sessions, h2Streams });
+    if (message.kind === "stats") send({ kind: "stats", tlsConnections, resumedSessions, requests, h2Sessions, h2Streams, downloadBytes });
   });
 }
 

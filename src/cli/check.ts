@@ -211,6 +211,7 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
     bodyTimeoutMs: 1,
     keepAliveTimeoutMs: 1,
     h2PingMs: config.timeouts.h2PingMs,
+    h2Windows: { streamBytes: config.limits.h2StreamWindowBytes, connectionBytes: config.limits.h2ConnectionWindowBytes },
     recheck: () => "offline",
   });
   const pipeline = new Pipeline({

@@ -31,7 +31,18 @@ export const defaults = Object.freeze({
   }),
   maxHttpBodyBytes: 64 * 1024 * 1024,
   maxHttpResponseBodyBytes: 64 * 1024 * 1024,
-  limits: Object.freeze({ connectionsPerSource: 256, pipelinedRequests: 16, h2Streams: 100, h2HeaderListBytes: 64 * 1024, h2SessionMemoryMiB: 10, h2ResetsPer10s: 200 }),
+  limits: Object.freeze({
+    connectionsPerSource: 256,
+    pipelinedRequests: 16,
+    h2Streams: 100,
+    h2HeaderListBytes: 64 * 1024,
+    h2SessionMemoryMiB: 10,
+    h2ResetsPer10s: 200,
+    // docs/performance.md, "HTTP/2 flow-control windows": what each costs and buys, and why one
+    // byte under a power of two, as Node's own 65,535.
+    h2StreamWindowBytes: 1024 * 1024 - 1,
+    h2ConnectionWindowBytes: 1024 * 1024 * 1024 - 1,
+  }),
   /** A recorded network's choices (README, "Recorded network"). */
   upstream: Object.freeze({
     record: Object.freeze({ cookies: false }),

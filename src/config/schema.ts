@@ -75,6 +75,12 @@ const limitsNode = object(
     h2ResetsPer10s: integer(1, 1_000_000, "HTTP/2 streams one guest connection may reset in 10 s within 1 s of opening them, before their response ended (GOAWAY ENHANCE_YOUR_CALM beyond).", {
       default: defaults.limits.h2ResetsPer10s,
     }),
+    h2StreamWindowBytes: integer(65_535, 2 ** 31 - 1, "Bytes one HTTP/2 stream may send the proxy ahead of its reader, both ways (an upstream's response, an HTTP/2 guest's upload): the most the proxy holds for one stream whose reader has stopped.", {
+      default: defaults.limits.h2StreamWindowBytes,
+    }),
+    h2ConnectionWindowBytes: integer(65_535, 2 ** 31 - 1, "Bytes one HTTP/2 connection may send the proxy ahead of it, over all its streams (an upstream's, an HTTP/2 guest's); the proxy takes them as they arrive, so this caps a connection's pace, not what it holds.", {
+      default: defaults.limits.h2ConnectionWindowBytes,
+    }),
   },
   "What guests may hold at once.",
 );

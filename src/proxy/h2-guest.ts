@@ -22,6 +22,7 @@ import { tunnelOf } from "./tunnel.js";
 import { resetH2Stream } from "../streams.js";
 import { requestBodyOf } from "./h2-upload.js";
 import { h2CodeName } from "../upstream/h2-close-reason.js";
+import { raiseConnectionWindow } from "../upstream/h2-windows.js";
 import type { DrainCuts } from "./drain-cut.js";
 
 export interface H2GuestDeps {
@@ -186,6 +187,8 @@ export class H2Guests {
     };
     session[stateKey] = state;
     this.sessions.add(session);
+    // Uploads from HTTP/2 guests: the connection's window paces them (limits.h2ConnectionWindowBytes).
+    raiseConnectionWindow(session, this.deps.limits.h2ConnectionWindowBytes);
     // A guest that closes its connection (FIN) without GOAWAY: Node's session neither reads on nor
     // closes, and the socket sat in CLOSE-WAIT until the idle timeout (2 min by default). Streams
     // still in the pipeline are abandoned, as an HTTP/1.1 guest's requests are at its FIN: their

@@ -14,6 +14,10 @@ export interface H2ConfiguredLimits {
    * within {@link h2Limits.prematureResetMs} of the stream's start, before its response ended.
    */
   readonly h2ResetsPer10s: number;
+  /** SETTINGS_INITIAL_WINDOW_SIZE: the most of one upload the proxy holds while its upstream takes none. */
+  readonly h2StreamWindowBytes: number;
+  /** The connection's receive window, raised with WINDOW_UPDATE once the session starts (raiseConnectionWindow). */
+  readonly h2ConnectionWindowBytes: number;
 }
 
 /**
@@ -78,6 +82,7 @@ export function h2ServerOptions(limits: H2ConfiguredLimits): ServerOptions {
       maxHeaderListSize: limits.h2HeaderListBytes,
       // Server push is never used: a guest must not be sent anything it did not ask for.
       enablePush: false,
+      initialWindowSize: limits.h2StreamWindowBytes,
     },
   };
 }

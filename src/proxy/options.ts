@@ -73,6 +73,21 @@ export interface ConnectionLimitOptions {
   readonly h2SessionMemoryMiB?: number;
   /** HTTP/2 streams one guest connection may reset in 10 s, each within 1 s of opening it and before its response ended, before GOAWAY(ENHANCE_YOUR_CALM). Default 200. */
   readonly h2ResetsPer10s?: number;
+  /**
+   * HTTP/2 flow control, both sides (the upstream sessions' SETTINGS_INITIAL_WINDOW_SIZE, and the
+   * guest sessions'): bytes one stream may send ahead of its reader, so the most the proxy holds
+   * for a stream whose reader has stopped (a guest behind on a download, an upstream behind on an
+   * upload). Default 1048575 (1 MiB less one byte: see docs/performance.md, "HTTP/2 flow-control
+   * windows"); RFC 9113's 65,535 held a download from an h2 upstream 20 ms away to 1.6 MB/s.
+   */
+  readonly h2StreamWindowBytes?: number;
+  /**
+   * Bytes one HTTP/2 connection may send ahead of the proxy, over all its streams. Node gives the
+   * connection's window back as data arrives, whether or not its stream is read, so this paces a
+   * connection and never bounds what the proxy holds. Default 1073741823 (1 GiB less one byte; Go's
+   * HTTP/2 client gives 1 GiB): no connection waits on it.
+   */
+  readonly h2ConnectionWindowBytes?: number;
 }
 
 /** Options for {@link startProxy}. Every CLI flag has the matching option. */

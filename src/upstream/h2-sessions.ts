@@ -4,6 +4,7 @@ import { EgressError } from "../errors.js";
 import type { AlpnConnectOptions } from "./h2-connect.js";
 import { H2SessionLost } from "./h2-close-reason.js";
 import { connectAlpn } from "./h2-connect.js";
+import { defaultWindow, raiseConnectionWindow, type H2Windows } from "./h2-windows.js";
 import { goawayLastStream, sessionBodyBytes, sessionStreams } from "./h2-exchange.js";
 import type { ResolvedAddress } from "./resolve.js";
 
@@ -27,6 +28,8 @@ export interface H2SessionsOptions extends AlpnConnectOptions {
    * (`timeouts.upstreamHeadersMs`: see watchLiveness).
    */
   readonly drainMs: number;
+  /** The sessions' receive windows: what one response may send ahead of its reader, and the whole connection. */
+  readonly windows: H2Windows;
 }
 
 /** What a first connection to an origin found out: h2 (a session), or HTTP/1.1 (the connected socket, for undici). */
@@ -51,9 +54,6 @@ const ended = new WeakSet<ClientHttp2Session>();
 
 /** Each session's stream count, whether or not its origin's list still holds it (a GOAWAY, a reload's close()). */
 const entryOf = new WeakMap<ClientHttp2Session, Entry>();
-
-/** RFC 9113 §6.9.2: the flow-control window a peer has until it says otherwise. */
-const defaultWindow = 65_535;
 
 /** Node's default when the peer has not said: RFC 9113 §6.5.2 recommends at least 100. */
 const defaultPeerStreams = 100;
@@ -161,11 +161,16 @@ export class H2Sessions {
     }
     const session = h2Connect(origin.origin, {
       createConnection: () => socket,
-      settings: { enablePush: false },
+      // Node's 65,535-byte windows held a response to 64 KiB per round trip: from an upstream
+      // 20 ms away, 63–73× the HTTP/1.1 time, and 16–18× in the soak's mix on loopback, where the
+      // round trip is the proxy's event loop (docs/performance.md, "HTTP/2 flow-control windows").
+      // The stream window is also the most a response whose guest stopped reading puts in memory.
+      settings: { enablePush: false, initialWindowSize: this.options.windows.streamBytes },
       // Responses are streamed through, never held: the same bound as the guest side.
       maxSessionMemory: 10,
     });
     session.on("error", () => undefined);
+    raiseConnectionWindow(session, this.options.windows.connectionBytes);
     // A session that received GOAWAY takes no new streams (live()). A graceful shutdown sends two,
     // the first with the highest id: the lowest counts.
     session.on("goaway", (_code: number, lastStreamID: number) => {

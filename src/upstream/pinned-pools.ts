@@ -7,6 +7,7 @@ import type { ResolvedAddress } from "./resolve.js";
 import { bareHostname, mappedIPv4 } from "../hostname.js";
 import { refusedAlpn } from "./h2-connect.js";
 import { H2Sessions } from "./h2-sessions.js";
+import { defaultWindow, type H2Windows } from "./h2-windows.js";
 import { H2Refused, sendOnSession, type H2ExchangeOptions, type H2UpstreamRequest, type H2UpstreamResponse } from "./h2-exchange.js";
 import { withFields } from "../objects.js";
 
@@ -20,6 +21,8 @@ export interface PinnedPoolsOptions {
   readonly keepAliveTimeoutMs: number;
   /** `timeouts.h2PingMs`: how long the answer to the PING a busy HTTP/2 session is sent every keepAliveTimeoutMs may take (see H2Sessions). */
   readonly h2PingMs: number;
+  /** The HTTP/2 sessions' receive windows (`limits.h2StreamWindowBytes`, `limits.h2ConnectionWindowBytes`); RFC 9113's 65,535 bytes each when not given. */
+  readonly h2Windows?: H2Windows | undefined;
   /** Judges the connected socket's remote address again; returns a reason to refuse it. */
   readonly recheck: (hostname: string, remote: ResolvedAddress, port: number) => string | undefined;
   /**
@@ -86,6 +89,7 @@ export class PinnedPools {
       idleMs: options.keepAliveTimeoutMs,
       pingMs: options.h2PingMs,
       drainMs: options.headersTimeoutMs,
+      windows: options.h2Windows ?? { streamBytes: defaultWindow, connectionBytes: defaultWindow },
     });
   }
 

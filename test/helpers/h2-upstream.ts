@@ -103,6 +103,8 @@ export interface RawH2UpstreamOptions {
   readonly answerPings?: boolean | ((connection: number) => boolean);
   /** Each HEADERS frame's stream id and its connection's number (from 1): the answer is written here, if any. */
   readonly onHeaders?: (socket: TLSSocket, stream: number, connection: number) => void;
+  /** Every frame the proxy sends after its preface, in order, before the upstream acts on it (SETTINGS, WINDOW_UPDATE, …). */
+  readonly onFrame?: (type: number, flags: number, stream: number, payload: Buffer, connection: number) => void;
 }
 
 /**
@@ -139,6 +141,7 @@ export async function startRawH2Upstream(options: RawH2UpstreamOptions = {}): Pr
         const stream = buffered.readUInt32BE(5) & 0x7fffffff;
         const payload = buffered.subarray(9, 9 + length);
         buffered = buffered.subarray(9 + length);
+        options.onFrame?.(type, flags, stream, payload, index);
         if (type === frameType.settings && (flags & flag.ack) === 0) socket.write(frame(frameType.settings, flag.ack, 0));
         const answerPings = typeof options.answerPings === "function" ? options.answerPings(index) : options.answerPings !== false;
         if (type === frameType.ping && (flags & flag.ack) === 0 && answerPings) socket.write(frame(frameType.ping, flag.ack, 0, payload));
