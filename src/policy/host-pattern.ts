@@ -1,5 +1,5 @@
 import { isIP } from "node:net";
-import { mappedCounterpart, normalizeHost } from "../hostname.js";
+import { mappedCounterpart, mappedIPv4, normalizeHost } from "../hostname.js";
 
 /**
  * Host patterns for allowlists: `*` matches any run of characters, dots included, so
@@ -81,16 +81,24 @@ function globMatch(pieces: readonly string[], host: string): boolean {
 
 export function compileHostPatterns(patterns: readonly string[]): HostMatcher {
   const normalized = patterns.map(canonicalPattern);
-  const exact = new Set<string>();
+  /** Each exact pattern, and the other spelling of an IP one, to the pattern as written. */
+  const exact = new Map<string, string>();
   const wildcards: { pattern: string; pieces: string[] }[] = [];
   let matchAll = false;
   for (const p of normalized) {
     if (p === "*") matchAll = true;
     else if (p.includes("*")) wildcards.push({ pattern: p, pieces: p.split("*") });
-    else exact.add(p);
+    else {
+      exact.set(p, p);
+      // `::ffff:127.0.0.1` is 127.0.0.1 (a dual-stack socket dials it as that): an address allowed
+      // in either spelling is allowed in both.
+      const other = mappedCounterpart(p);
+      if (other !== undefined && !exact.has(other)) exact.set(other, p);
+    }
   }
   const find = (h: string): string | undefined => {
-    if (exact.has(h)) return h;
+    const named = exact.get(h);
+    if (named !== undefined) return named;
     for (const w of wildcards) if (globMatch(w.pieces, h)) return w.pattern;
     return matchAll ? "*" : undefined;
   };
@@ -99,11 +107,12 @@ export function compileHostPatterns(patterns: readonly string[]): HostMatcher {
     match(host) {
       const h = normalizeHostname(host);
       const found = find(h);
-      if (found !== undefined) return found;
-      // `::ffff:127.0.0.1` is 127.0.0.1 (a dual-stack socket dials it as that): a pattern of either
-      // spelling admits both, so allowing one address does not refuse it written the other way.
-      const other = mappedCounterpart(h);
-      return other === undefined ? undefined : find(other);
+      if (found !== undefined || !h.includes(":")) return found;
+      // A mapped address, however written, is tried as its IPv4 address (`10.0.*` admits
+      // `::ffff:a00:1`), never the other way: globbed, the `::ffff:HHHH:HHHH` spelling of an IPv4
+      // address matched patterns its dotted form does not (`*f*` admitted 8.8.8.8).
+      const v4 = mappedIPv4(h);
+      return v4 === undefined ? undefined : find(v4);
     },
   };
 }

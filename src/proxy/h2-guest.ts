@@ -392,6 +392,17 @@ export class H2Guests {
       stream.close(h2Codes.refusedStream);
       return;
     }
+    // The head's bounds before any wait for the running work: a refused head is answered at once
+    // and its list let go, never held in the waiting list (review finding).
+    const maxHeaderList = this.deps.limits.h2HeaderListBytes;
+    if (headerListSize(raw) > maxHeaderList) {
+      this.refuseHeaderList(stream, raw, session, state);
+      return;
+    }
+    if (regularFieldCount(raw) > maxRequestFields) {
+      this.refuseHead(stream, raw, state, new EgressError("EG_HEADERS_TOO_LARGE", 431, `request head has more than ${maxRequestFields} header fields`));
+      return;
+    }
     const opened = performance.now();
     if (state.running < this.deps.limits.h2Streams) {
       this.admit(stream, raw, session, state, watch, opened);
@@ -446,17 +457,8 @@ export class H2Guests {
     if (state.resets.over(now)) this.calm(session, "stream resets past the limit (rapid reset)");
   }
 
-  /** A stream the running work has room for: its head checked, then its request through the pipeline. */
+  /** A stream whose head passed its bounds (onStream), once the running work has room: its request through the pipeline. */
   private admit(stream: ServerHttp2Stream, raw: string[], session: ServerHttp2Session, state: SessionState, watch: StreamWatch, opened: number): void {
-    const maxHeaderList = this.deps.limits.h2HeaderListBytes;
-    if (headerListSize(raw) > maxHeaderList) {
-      this.refuseHeaderList(stream, raw, session, state);
-      return;
-    }
-    if (regularFieldCount(raw) > maxRequestFields) {
-      this.refuseHead(stream, raw, state, new EgressError("EG_HEADERS_TOO_LARGE", 431, `request head has more than ${maxRequestFields} header fields`));
-      return;
-    }
     stream.once("close", () => {
       this.countReset(stream, watch, session, state, opened);
       watch.onClose?.();
@@ -466,7 +468,14 @@ export class H2Guests {
     const abort = new GuestGone();
     const done = (): void => {
       state.running -= 1;
-      this.admitWaiting(session, state);
+      try {
+        this.admitWaiting(session, state);
+      } catch (error) {
+        // Runs inside another stream's settling, whose promise nobody awaits: a throw there would
+        // end the process. Nothing below throws today; should it, this connection alone goes.
+        this.deps.log.error("starting a waiting HTTP/2 stream failed", { error });
+        this.calm(session, "a waiting stream could not be started", { code: h2Codes.internalError });
+      }
       if (state.running === 0) {
         state.idleSince = performance.now();
         // From now: refresh() re-arms the one timer for idleMs (no new timer per request).

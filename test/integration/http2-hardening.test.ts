@@ -364,6 +364,32 @@ describe("limits.h2*: the configured limits replace the defaults, and each still
     await othersServed(proxy, authority);
   });
 
+  // Review finding: a stream past the running-work cap waited with its head unchecked (its list
+  // held, its 431 put off until a slot freed). The head's bounds come first: answered at once.
+  it("a stream whose head has too many fields is answered 431 at once while the running work is at its cap", async () => {
+    const hook = holdingHook();
+    const upstream = await startUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onRequest: hook.onRequest });
+    const authority = `api.test:${upstream.port}`;
+    const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    await acknowledged(guest);
+    const held = Array.from({ length: 100 }, (_, i) => 2 * i + 1);
+    for (const id of held) guest.write(frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/echo?hold")));
+    await vi.waitFor(() => expect(hook.held()).toBe(held.length), { timeout: 15_000, interval: 20 });
+    // The held streams reset: the stream limit has room, the running work (their hook calls) none.
+    guest.write(Buffer.concat(held.map((id) => rstStream(id, code.cancel))));
+    const wide = 2 * held.length + 1;
+    const fields = Array.from({ length: 300 }, (_, i) => literal(`x-field-${i}`, "v"));
+    guest.write(frame(frameType.headers, flag.endHeaders | flag.endStream, wide, requestBlock(authority, "/echo", fields)));
+    // The hook calls are still held: without the head checked first, the stream waits here for a
+    // slot that only their release frees, and this never resolves.
+    await guest.until((c) => c.answered(wide) || c.resetCode(wide) !== undefined);
+    expect(guest.resetCode(wide)).toBeUndefined();
+    await vi.waitFor(() => expect(proxy.logs.some((line) => line["status"] === 431)).toBe(true));
+    hook.release();
+    await othersServed(proxy, authority);
+  });
+
   // Interop finding: a gRPC client's missed deadlines end calls that were in flight (see grpc-interop.test.ts).
   it(`resets of streams in flight for h2Limits.prematureResetMs (${h2Limits.prematureResetMs} ms) do not count: 60 of them leave the connection open under a limit of 20`, async () => {
     const silent = silentRoute();
