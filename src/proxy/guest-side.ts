@@ -1,6 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { requestStart, type RequestStartMessage } from "../metrics/channels.js";
 import { isIP, type Socket } from "node:net";
+import { afterReads } from "../after-reads.js";
 import { EgressError, asEgressError, denied, guestError } from "../errors.js";
 import type { Logger } from "../log.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
@@ -143,25 +144,43 @@ export class GuestSide {
     // Answered by Node itself (or by sendError here), it had no line, record or metric.
     server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => this.guard(this.handle(req, res, false, unmetExpectation(String(req.headers.expect))), req.socket));
     server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => {
-      answerClientError(
-        error,
-        socket,
-        this.deps.log,
-        (answer, guestLeft) => {
-          const place = this.lanes.placeParseError(socket, answer, guestLeft);
-          // The parser's "bad request" line is written already.
-          if (place.answer === "none" && !guestLeft) this.cutForBrokenBody(socket, answer);
-          return place;
-        },
-        (answer) => this.cutForBrokenBody(socket, answer, error),
-      );
-      // A body that broke while its request was served: the parser's answer took the place of
-      // that request's, which is over (its upstream exchange aborted, its line written) while
-      // the connection lingers.
-      if (closeBegun(socket)) this.lanes.endAll(socket);
+      if (error.code !== "ERR_HTTP_REQUEST_TIMEOUT") {
+        this.clientError(error, socket);
+        return;
+      }
+      // Node's sweep of heads past headersMs is a timer too: once the proxy had been paused past
+      // the deadline (SIGSTOP, a paused VM), it ran before the poll, and a head the guest had
+      // finished in time got 408 "not received in time" (black-box finding). Judged after the
+      // reads, a head completed meanwhile has been parsed (a new message on the parser, or the
+      // parser handed over to a CONNECT or an upgrade) and goes on; an unfinished one gets its
+      // 408 as before.
+      const head = parsedHead(socket);
+      afterReads(() => {
+        if (!socket.destroyed && parsedHead(socket) === head) this.clientError(error, socket);
+      });
     });
     server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => this.guard(this.upgrade(req, socket, head), socket));
     return server;
+  }
+
+  /** What Node's parser refused ({@link answerClientError}), with the lanes' bookkeeping. */
+  private clientError(error: NodeJS.ErrnoException, socket: Socket): void {
+    answerClientError(
+      error,
+      socket,
+      this.deps.log,
+      (answer, guestLeft) => {
+        const place = this.lanes.placeParseError(socket, answer, guestLeft);
+        // The parser's "bad request" line is written already.
+        if (place.answer === "none" && !guestLeft) this.cutForBrokenBody(socket, answer);
+        return place;
+      },
+      (answer) => this.cutForBrokenBody(socket, answer, error),
+    );
+    // A body that broke while its request was served: the parser's answer took the place of
+    // that request's, which is over (its upstream exchange aborted, its line written) while
+    // the connection lingers.
+    if (closeBegun(socket)) this.lanes.endAll(socket);
   }
 
   /**
@@ -743,4 +762,13 @@ function once(fn: () => void): () => void {
 function hasBodyFraming(req: IncomingMessage): boolean {
   const length = req.headers["content-length"];
   return req.headers["transfer-encoding"] !== undefined || (length !== undefined && length !== "0");
+}
+
+/**
+ * The latest request head Node's parser has made a message of on `socket` (or the parser, gone
+ * once a CONNECT or an upgrade took the socket): it changes when a head is completed.
+ */
+function parsedHead(socket: Socket): unknown {
+  const parser = (socket as Socket & { parser?: { incoming?: unknown } | null }).parser;
+  return parser == null ? parser : (parser.incoming ?? parser);
 }

@@ -3,6 +3,7 @@ import { requestStart, type RequestStartMessage } from "../metrics/channels.js";
 import type { Socket } from "node:net";
 import type { TLSSocket } from "node:tls";
 import type { Readable } from "node:stream";
+import { afterReads } from "../after-reads.js";
 import { EgressError, asEgressError, guestError } from "../errors.js";
 import { getHeader } from "../headers.js";
 import type { Logger } from "../log.js";
@@ -273,10 +274,13 @@ export class H2Guests {
    */
   private awaitSettingsAck(session: ServerHttp2Session): void {
     const ms = this.silenceMs();
-    const deadline = setTimeout(() => {
+    // Each deadline below is judged after that turn's reads (afterReads): once the proxy has been
+    // paused past it (SIGSTOP, a paused VM), its timer fires before the poll that reads the
+    // guest's answer, or the request it sent in time.
+    const deadline = setTimeout(afterReads, ms, () => {
       if (session.destroyed || !session.pendingSettingsAck) return;
       this.calm(session, `the guest did not acknowledge the proxy's SETTINGS within timeouts.h2PingMs (${ms} ms)`, { code: h2Codes.settingsTimeout });
-    }, ms);
+    });
     deadline.unref();
     const settled = (): void => clearTimeout(deadline);
     session.once("localSettings", settled);
@@ -302,14 +306,17 @@ export class H2Guests {
     session.setTimeout(this.silenceMs());
     if (state.probing || session.closed) return;
     state.probing = true;
-    const deadline = setTimeout(() => {
+    let answered = false;
+    const deadline = setTimeout(afterReads, this.silenceMs(), () => {
+      if (answered || session.destroyed) return;
       this.deps.log.debug("guest h2 connection closed", { reason: "no answer to PING", guest: state.tunnel.guest });
       end();
-    }, this.silenceMs());
+    });
     deadline.unref();
     try {
       // An error is a PING cancelled by the session's own end, which the deadline outlives.
       session.ping(() => {
+        answered = true;
         clearTimeout(deadline);
         state.probing = false;
       });
@@ -324,11 +331,11 @@ export class H2Guests {
    * its connection and its place under connectionsPerSource for good.
    */
   private armIdle(session: ServerHttp2Session, state: SessionState, end: () => void): void {
-    const timer = setTimeout(() => {
+    const timer = setTimeout(afterReads, this.deps.idleMs, () => {
       if (session.destroyed || state.running > 0) return;
       if (performance.now() - state.idleSince >= this.deps.idleMs) end();
       else timer.refresh();
-    }, this.deps.idleMs);
+    });
     timer.unref();
     state.idleTimer = timer;
   }

@@ -1,3 +1,4 @@
+import { afterReads } from "../after-reads.js";
 import type { ClientHttp2Stream } from "node:http2";
 
 /** What {@link onBodySilence} needs of an upstream HTTP/2 stream's readable side. */
@@ -39,7 +40,10 @@ export function onBodySilence(stream: SilenceWatched, ms: number, onSilent: () =
     since = performance.now();
     read(size);
   };
-  const check = (): void => {
+  // Judged after this turn's reads: a timer that came due while the proxy was paused fires
+  // before the poll, and data the upstream sent meanwhile would not have counted yet.
+  const check = (): void => afterReads(judge);
+  const judge = (): void => {
     if (stream.destroyed) return;
     const quiet = performance.now() - since;
     if (held || quiet < ms) {

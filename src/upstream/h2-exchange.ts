@@ -2,6 +2,7 @@ import { constants, type ClientHttp2Session, type ClientHttp2Stream, type Client
 import type { EventEmitter } from "node:events";
 import { maxHeaderSize } from "node:http";
 import type { Readable } from "node:stream";
+import { afterReads } from "../after-reads.js";
 import { EgressError, quoteShort } from "../errors.js";
 import { breaksFieldValue, hasNoContent, headerListSize, httpToken, type HeaderList } from "../headers.js";
 import { onBodySilence } from "./h2-body-silence.js";
@@ -217,7 +218,12 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
     // stops taking (its flow-control window shut), as undici's does one whose socket stays full;
     // one the guest stops sending is the guest side's idleMs.
     let taken = 0;
-    const onTimer = (): void => {
+    // The verdict waits for this turn's reads: after a pause of the proxy (SIGSTOP, a paused VM)
+    // the timer fires before the poll, and a head the upstream sent in time got 504 "no response
+    // head within N ms" (black-box finding).
+    const onTimer = (): void => afterReads(judge);
+    const judge = (): void => {
+      if (settled) return;
       if (uploading) {
         const now = handed - stream.writableLength;
         if (now !== taken || stream.writableLength === 0) {

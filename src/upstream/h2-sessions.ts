@@ -1,5 +1,6 @@
 import { connect as h2Connect, type ClientHttp2Session, type ClientHttp2Stream } from "node:http2";
 import type { TLSSocket } from "node:tls";
+import { afterReads } from "../after-reads.js";
 import { EgressError } from "../errors.js";
 import type { AlpnConnectOptions } from "./h2-connect.js";
 import { H2SessionLost } from "./h2-close-reason.js";
@@ -259,7 +260,7 @@ export class H2Sessions {
         const allowed = bodySent() - confirmed > defaultWindow ? Math.max(this.options.drainMs, this.options.pingMs) : this.options.pingMs;
         const left = sent + allowed - performance.now();
         if (left > 0) {
-          current.deadline = setTimeout(check, Math.min(left, this.options.pingMs));
+          current.deadline = setTimeout(afterReads, Math.min(left, this.options.pingMs), check);
           current.deadline.unref();
           return;
         }
@@ -270,7 +271,9 @@ export class H2Sessions {
         if (socket.bytesWritten === written) this.settleEnded(session, "the upstream's HTTP/2 connection stopped (the proxy's PING never went out: its HTTP/2 client had refused a frame from the upstream, or the connection took no more bytes)", false);
         else this.settleEnded(session, "the upstream's HTTP/2 connection stopped answering (no answer to a PING)", true);
       };
-      current.deadline = setTimeout(check, this.options.pingMs);
+      // Judged after that turn's reads (afterReads): once the proxy has been paused past the
+      // deadline, its timer fires before the poll that reads the answer.
+      current.deadline = setTimeout(afterReads, this.options.pingMs, check);
       current.deadline.unref();
       try {
         // An error is a PING cancelled by the session's own end, which the deadline outlives.
