@@ -379,7 +379,8 @@ export async function runPrimary(
         }
         // A worker died while serving: its connections are gone, the others go on. Replace it,
         // unless workers keep dying, which a new one would only repeat.
-        const now = Date.now();
+        // Monotonic: a wall clock stepped back kept every exit in "the last minute" for as long.
+        const now = performance.now();
         restarts = [...restarts.filter((t) => now - t < 60_000), now];
         if (restarts.length >= maxRestartsPerMinute) {
           log("error", "worker exited, too often to replace; stopping", { worker: pid, exit: how(code, signal), exitsInLastMinute: restarts.length });

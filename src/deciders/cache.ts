@@ -13,7 +13,9 @@ export class DecisionCache {
   constructor(
     private readonly ttlMs: number,
     private readonly maxEntries: number,
-    private readonly now: () => number = Date.now,
+    // Monotonic: on the wall clock, a step back (NTP, a VM restored from a snapshot) kept an
+    // allow or a block for as long again as the step, past cacheMs.
+    private readonly now: () => number = () => performance.now(),
   ) {}
 
   get size(): number {

@@ -147,7 +147,11 @@ export function buildAuditRecord(input: AuditInput, facts: AuditFacts | undefine
   const rule = facts?.rule;
   const upstreamMs = facts?.trace === undefined ? undefined : upstreamTimeOf(facts.trace);
   return {
-    time: new Date(performance.timeOrigin + input.started).toISOString(),
+    // The wall clock now, less the monotonic time since the start: timeOrigin plus the start
+    // was the wall clock of the process's start advanced by monotonic time, which stands still
+    // while a machine sleeps and ignores a step of the clock (NTP, a VM restored from a
+    // snapshot), so every record after either was stamped that far off the log's lines.
+    time: new Date(Date.now() - (performance.now() - input.started)).toISOString(),
     ...(typeof input.id === "number" ? { id: input.id } : {}),
     ...(workerPid !== undefined ? { worker: workerPid } : {}),
     guest: input.guest ?? null,

@@ -116,8 +116,9 @@ async function readOrCreate(dir: string, certPath: string, keyPath: string): Pro
       continue;
     }
     // Another process publishes ca.key, then ca.crt: finding one alone may be the moment between.
-    waitingSince ??= Date.now();
-    if (Date.now() - waitingSince >= publishWaitMs) {
+    // Monotonic: a wall clock stepped back meanwhile would have kept this loop waiting as long.
+    waitingSince ??= performance.now();
+    if (performance.now() - waitingSince >= publishWaitMs) {
       if (certFile !== undefined || keyFile !== undefined) throw new Error(`found only one of ca.crt and ca.key in ${dir}; restore the other or remove both`);
       throw new Error(`ca.crt and ca.key were removed from ${dir} while the CA was being created`);
     }
