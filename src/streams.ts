@@ -168,15 +168,19 @@ interface EndableH2Stream {
  * an error), so a body cut that way looked whole: to a guest behind an h2 upstream that reset
  * mid-body, and to a hook reading an h2 guest's upload the guest cancelled. END_STREAM's own end
  * is pushed while the stream is still open (`closed` false); the other one after Node has
- * marked it closed.
+ * marked it closed. `whole`, given the bytes pushed before that end, says the body is complete
+ * all the same (every byte its Content-Length announced): that end goes through.
  */
-export function onCutEnd(stream: EndableH2Stream, cut: () => void): void {
+export function onCutEnd(stream: EndableH2Stream, cut: () => void, whole?: (bytes: number) => boolean): void {
   let ended = false;
+  let bytes = 0;
   const push = stream.push.bind(stream);
   stream.push = (chunk: unknown, encoding?: BufferEncoding): boolean => {
-    if (chunk === null && !ended) {
+    if (chunk !== null) {
+      if (whole !== undefined && chunk instanceof Uint8Array) bytes += chunk.byteLength;
+    } else if (!ended) {
       ended = true;
-      if (stream.closed) {
+      if (stream.closed && whole?.(bytes) !== true) {
         // Not from inside Node's stream-close handling, which goes on using the stream's session
         // after this push (a destroy here made it throw, uncaught). The end is never pushed.
         process.nextTick(cut);

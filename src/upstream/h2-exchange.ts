@@ -109,6 +109,12 @@ function headBytes(list: HeaderList): number {
   return bytes;
 }
 
+/** A response head's Content-Length, when it has one. */
+function contentLength(head: IncomingHttpHeaders): number | undefined {
+  const value = head["content-length"];
+  return typeof value === "string" && /^\d+$/.test(value) ? Number(value) : undefined;
+}
+
 function headerList(headers: IncomingHttpHeaders): HeaderList {
   const out: HeaderList = [];
   for (const [name, value] of Object.entries(headers)) {
@@ -302,9 +308,16 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
           if (stream.destroyed) stream.emit("error", Object.assign(new Error(`upstream ${url.host} closed the HTTP/2 stream (code ${stream.rstCode ?? 0}) before the end of its body`), { code: "UND_ERR_SOCKET" }));
         });
         // And the end Node gives a stream the upstream reset with NO_ERROR or CANCEL mid-body.
-        onCutEnd(stream, () => {
-          stream.destroy(Object.assign(new Error(`upstream ${url.host} reset the HTTP/2 stream (code ${stream.rstCode ?? 0}) before the end of its body`), { code: "UND_ERR_SOCKET" }));
-        });
+        // RST_STREAM(NO_ERROR) after every byte the Content-Length announced is a whole
+        // response: Node's own server sends it for a handler that calls stream.close() after
+        // writing its body, with no END_STREAM, and curl takes it as complete. nghttp2 has
+        // checked the Content-Length (one value, digits) and refused DATA past it.
+        const announced = contentLength(head);
+        onCutEnd(
+          stream,
+          () => stream.destroy(Object.assign(new Error(`upstream ${url.host} reset the HTTP/2 stream (code ${stream.rstCode ?? 0}) before the end of its body`), { code: "UND_ERR_SOCKET" })),
+          announced === undefined ? undefined : (bytes) => bytes === announced && stream.rstCode === constants.NGHTTP2_NO_ERROR,
+        );
       }
       resolve({ status, headers, body: empty ? null : stream, trailers: () => trailers });
     });

@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import type { ServerHttp2Session } from "node:http2";
+import { constants as h2constants, type ServerHttp2Session } from "node:http2";
 import { createServer as createHttpsServer } from "node:https";
 import { connect as netConnect, createServer as createNetServer, type AddressInfo, type Socket } from "node:net";
 import { createServer as createTlsServer, type SecureContext, type TLSSocket } from "node:tls";
@@ -8,7 +8,7 @@ import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { latch } from "../helpers/latch.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { flag, frame, frameType, indexed, literal, rstStream } from "../helpers/h2-frames.js";
-import { startH2Upstream, startRawH2Upstream, type RawH2UpstreamOptions } from "../helpers/h2-upstream.js";
+import { startH2Upstream, startRawH2Upstream, type H2Route, type RawH2UpstreamOptions } from "../helpers/h2-upstream.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
 import { openTlsTunnel } from "../helpers/raw.js";
@@ -650,6 +650,41 @@ describe("an upstream connection that ends under the proxy", () => {
       });
     }
   }
+
+  // Node's http2 server closes a stream with RST_STREAM(NO_ERROR) and no END_STREAM when a handler
+  // calls stream.close() after writing its body: curl takes the response as whole once the bytes
+  // its Content-Length announced are in, and so does the proxy now. Without a Content-Length, or
+  // short of it, the body is still cut (the tests above, and `/short` here).
+  it.each(["HTTP/1.1", "HTTP/2"] as const)("a body whole by its Content-Length that the h2 upstream closes with NO_ERROR before END_STREAM reaches the %s guest whole; one short of it is cut", async (guest) => {
+    const body = Buffer.alloc(5000, "b");
+    const closeAfter = (announced: number): H2Route => (stream) => {
+      stream.respond({ ":status": 200, "content-type": "text/plain", "content-length": String(announced) });
+      stream.write(body);
+      stream.close(h2constants.NGHTTP2_NO_ERROR);
+    };
+    const upstream = await startH2Upstream({ "/whole": closeAfter(body.length), "/short": closeAfter(body.length + 1) });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { upstreamHeadersMs: 20_000, upstreamBodyMs: 20_000 } });
+    const outcome = async (path: string): Promise<string> => {
+      if (guest === "HTTP/1.1") {
+        const res = await request(`https://api.test:${upstream.port}${path}`, { dispatcher: proxyAgent(proxy) });
+        return res.body.text().then(
+          (text) => `${res.statusCode} whole (${text === body.toString() ? "the body" : `${text.length} bytes`})`,
+          () => `${res.statusCode} cut`,
+        );
+      }
+      const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+      return h2Request(session, { ":path": path }).then(
+        (res) => `${res.status} whole (${res.body.equals(body) ? "the body" : `${res.body.length} bytes`})`,
+        () => "cut",
+      );
+    };
+    expect(await outcome("/whole")).toBe("200 whole (the body)");
+    expect(await outcome("/short")).toMatch(/cut$/);
+    await vi.waitFor(() => expect(proxy.logs.filter((line) => line["msg"] === "request")).toHaveLength(2), { timeout: 10_000 });
+    const logged = (path: string) => proxy.logs.find((line) => line["msg"] === "request" && String(line["target"]).endsWith(path));
+    expect(logged("/whole")?.["error"]).toBeUndefined();
+    expect(logged("/short")?.["error"]).toBeDefined();
+  });
 
   // Node's stream.close(code) sends END_STREAM before its RST_STREAM once what was written has
   // been flushed: an upload the guest abandoned reached the upstream as a whole, shorter body.
