@@ -1,10 +1,11 @@
+import path from "node:path";
 import yargs from "yargs";
 import { buildProxyOptions, type BuiltConfig, type BuiltProxyOptions } from "../config/build.js";
 import { computedDefaults, defaults } from "../config/defaults.js";
 import { configOverrides, optionFlags } from "../config/flags.js";
 import type { ProxyConfig } from "../config/document.js";
 import { checkGuestName, checkListenHost, parseHostPort } from "../config/nodes.js";
-import { homeProblem, resolvePath } from "../config/paths.js";
+import { homePath } from "../home-path.js";
 import { optionFlagDeclarations } from "./flag-options.js";
 import { asFlagError, configFromFile, configFromFlags, inFile } from "./serve-config.js";
 import { UsageError } from "./usage-error.js";
@@ -64,9 +65,11 @@ function optionalString(value: unknown): string | undefined {
 function caDirFlag(value: unknown, env: NodeJS.ProcessEnv): string | undefined {
   const written = optionalString(value);
   if (written === undefined) return undefined;
-  const problem = homeProblem(written);
-  if (problem !== undefined) throw new UsageError(`--ca-dir: ${problem}`);
-  return resolvePath(process.cwd(), written, env);
+  return path.resolve(
+    homePath(written, env, (reason) => {
+      throw new UsageError(`--ca-dir: ${reason}`);
+    }),
+  );
 }
 
 /** Flags of a running proxy that `check`, which starts none, would ignore. */

@@ -1,7 +1,8 @@
+import path from "node:path";
 import { breaksFieldValue, controlInFieldValue } from "../headers.js";
 import { maxSecretValueBytes, secretTooLongReason, secretValueTooLong } from "../policy/secrets.js";
 import { FileReadError, readFailure, readRegularFileSync } from "../regular-file.js";
-import { homeProblem, resolvePath } from "./paths.js";
+import { homePath } from "../home-path.js";
 import type { CustomNode } from "./validate.js";
 
 /**
@@ -80,10 +81,9 @@ export function readSecret(source: string | InlineSecret, baseDir: string, env: 
     }
     return checked(source, value);
   }
-  const written = source.slice(5);
-  const unexpanded = homeProblem(written);
-  if (unexpanded !== undefined) return { from: source, reason: unexpanded };
-  const file = resolvePath(baseDir, written, env);
+  const home = homePath(source.slice(5), env, (reason): ReadSecret => ({ from: source, reason }));
+  if (typeof home !== "string") return home;
+  const file = path.resolve(baseDir, home);
   const from = `file:${file}`;
   let bytes: Buffer;
   try {

@@ -2,6 +2,7 @@ import { statSync } from "node:fs";
 import { readRegularFileSync } from "../regular-file.js";
 import { availableParallelism } from "node:os";
 import path from "node:path";
+import { homePath } from "../home-path.js";
 import { DjsEngine } from "./engine.js";
 import type { DjsLimits, PhaseName, PolicyKind } from "./protocol.js";
 import { maxPolicyChars, PolicyLoadError, tooBig } from "./bundle.js";
@@ -13,7 +14,7 @@ export { PolicyLoadError } from "./bundle.js";
 export interface DjsHooksOptions {
   /** `script` defines global functions; `module` and `typescript` export them. Default: from the file extension, else `module` if the text has ES module syntax, else `script`. */
   readonly kind?: PolicyKind;
-  /** The policy's file name, for errors and logs; its folder bounds relative imports. */
+  /** The policy's file name, for errors and logs; its folder bounds relative imports. A leading `~/` is $HOME. */
   readonly filename?: string;
   /** The policy's source text. */
   readonly source: string;
@@ -133,6 +134,10 @@ export function createDjsHooks(sourceOrOptions: string | DjsHooksOptions): { djs
   if (options.filename !== undefined && (typeof options.filename !== "string" || options.filename === "")) {
     throw invalid(["filename"], "must be a non-empty string");
   }
+  // Its folder is where imports are read from: `~/policies/p.ts` as startProxy's paths have it.
+  const file = options.filename === undefined ? undefined : homePath(options.filename, process.env, (reason) => {
+    throw invalid(["filename"], reason);
+  });
   const modules = options.modules;
   if (modules !== undefined) {
     if (typeof modules !== "object" || modules === null || Array.isArray(modules)) {
@@ -148,9 +153,9 @@ export function createDjsHooks(sourceOrOptions: string | DjsHooksOptions): { djs
   if (!Number.isInteger(workers) || workers < 1 || workers > 64) {
     throw invalid(["workers"], `must be an integer from 1 to 64 (got ${String(options.workers)})`, "range");
   }
-  const known = options.kind ?? kindOf(options.filename);
+  const known = options.kind ?? kindOf(file);
   const kind = known ?? "module";
-  const named = (extension: string): string => path.resolve(options.filename ?? `policy.${extension}`);
+  const named = (extension: string): string => path.resolve(file ?? `policy.${extension}`);
   const filename = named(kind === "typescript" ? "ts" : kind === "module" ? "mjs" : "js");
   const engine = DjsEngine.load(
     {
@@ -159,7 +164,7 @@ export function createDjsHooks(sourceOrOptions: string | DjsHooksOptions): { djs
       source: options.source,
       modules: Object.freeze({ ...(modules ?? {}) }),
       // A policy named by a file imports its neighbours from disk; given as text, only `modules`.
-      fromDisk: modules === undefined && options.filename !== undefined,
+      fromDisk: modules === undefined && file !== undefined,
       ...(known === undefined ? { detect: { scriptFilename: named("js") } } : {}),
     },
     resolveLimits(options.limits),
@@ -171,6 +176,7 @@ export function createDjsHooks(sourceOrOptions: string | DjsHooksOptions): { djs
 /**
  * The options the CLI builds for `--hooks-script FILE`: the file's text, its kind from the
  * extension (`.js` script, `.mjs` module, `.ts`/`.mts` TypeScript), and imports read next to it.
+ * A leading `~/` is $HOME, as in startProxy's paths and the config file; `~user/…` is refused.
  *
  * @example
  * ```ts
@@ -178,7 +184,11 @@ export function createDjsHooks(sourceOrOptions: string | DjsHooksOptions): { djs
  * ```
  */
 export function djsHooksOptionsFromFile(file: string): DjsHooksOptions {
-  const filename = path.resolve(file);
+  const filename = path.resolve(
+    homePath(file, process.env, (reason) => {
+      throw new PolicyLoadError(`cannot read the policy ${file}: it ${reason}`);
+    }),
+  );
   let source: string;
   try {
     // Measured before it is read: a file of 50 MB ran the proxy out of memory as it loaded.

@@ -10,7 +10,7 @@ import { EgressError, statusText } from "../errors.js";
 import { bareHostname } from "../hostname.js";
 import { breaksFieldValue, controlInFieldValue } from "../headers.js";
 import { reservedVariableReason } from "../guest-variables.js";
-import { expandHome, homeProblem } from "../home-path.js";
+import { homePath } from "../home-path.js";
 import { withFields } from "../objects.js";
 import { Decider } from "../deciders/decider.js";
 import { isDeciderEntry, resolveDecider, type DeciderOptions } from "../deciders/options.js";
@@ -403,10 +403,10 @@ function deciderOf(entry: DeciderOptions, index: number): Decider {
   if (decider.kind !== "command" || decider.shell || !decider.argv[0]!.includes("/")) return new Decider(decider);
   // A program's path as the config file has it (hook-chain.ts): no shell between a program and
   // createHttpHooks expands `~/check.sh`, and spawn took it as a folder named `~` (every call 502).
-  const written = decider.argv[0]!;
-  const problem = homeProblem(written);
-  if (problem !== undefined) throw invalid(["hooks", index, "command"], problem);
-  return new Decider(withFields(decider, { argv: [expandHome(written, process.env), ...decider.argv.slice(1)] }));
+  const program = homePath(decider.argv[0]!, process.env, (reason) => {
+    throw invalid(["hooks", index, "command"], reason);
+  });
+  return new Decider(withFields(decider, { argv: [program, ...decider.argv.slice(1)] }));
 }
 
 /** `hooks: [...]` validated into the chain the proxy runs, each entry a policy or callbacks. */

@@ -14,7 +14,7 @@ import { defaultCaDir } from "../tls/ca-store.js";
 import type { LeafKeyType } from "../tls/x509.js";
 import type { UpstreamOptions } from "../record/network.js";
 import { maxTextFileBytes, readFailure, readRegularFileSync } from "../regular-file.js";
-import { expandHome, homeProblem } from "../home-path.js";
+import { homePath as expandHome } from "../home-path.js";
 import { withFields } from "../objects.js";
 import type { AuditRecord } from "../metrics/audit-record.js";
 import { plainObject, resolveGuestOptions, type GuestOptions, type OptionCaller, type ResolvedGuest } from "./guest-options.js";
@@ -259,9 +259,9 @@ function fail(path: readonly string[], reason: string, caller: OptionCaller = "s
  * startProxy to expand it: `caDir: "~/ca"` made a folder named `~` in the working directory.
  */
 function homePath(segments: readonly Segment[], written: string, caller: OptionCaller): string {
-  const problem = homeProblem(written);
-  if (problem !== undefined) throw new OptionError(makeIssue(segments, problem), { prefix: `${caller}: ` });
-  return expandHome(written, process.env);
+  return expandHome(written, process.env, (reason) => {
+    throw new OptionError(makeIssue(segments, reason), { prefix: `${caller}: ` });
+  });
 }
 
 /** The record and replay files' paths, each through {@link homePath}. */

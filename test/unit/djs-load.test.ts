@@ -1,7 +1,7 @@
 import { mkdirSync, symlinkSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { setFlagsFromString } from "node:v8";
-import { describe, expect, it, vi } from "vitest";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { createDjsHooks, djsHooksOptionsFromFile, OptionError, OptionRangeError, PolicyLoadError, type DjsHooksOptions } from "../../src/index.js";
 import { DjsEngine, gcFlagLock } from "../../src/djs/engine.js";
 import { callPhase, loadPolicy } from "../helpers/djs.js";
@@ -65,6 +65,34 @@ describe("tier-2 policies load as script, module or TypeScript", () => {
       for (const url of urls) got.push(await decide(policy, url));
       expect(got, file).toEqual(expected);
     }
+  });
+
+  // No shell stands between a program and djsHooksOptionsFromFile: `~/policies/p.ts` was read
+  // from a folder named `~` in the working directory, where startProxy's paths, a command
+  // decider's program and the config file have `~/` as $HOME.
+  it("a policy file given as ~/… is under $HOME, its imports read next to it, as a filename given with its text; ~user/… is refused", async () => {
+    const home = tempDir("egressgate-home-");
+    vi.stubEnv("HOME", home);
+    onTestFinished(() => {
+      vi.unstubAllEnvs();
+    });
+    mkdirSync(path.join(home, "policies"));
+    writeFileSync(path.join(home, "policies", "hosts.json"), hostsJson);
+    const source = `import hosts from "./hosts.json" with { type: "json" };\nexport const isRequestAllowed = (r: Request) => hosts.includes(new URL(r.url).hostname);\n`;
+    writeFileSync(path.join(home, "policies", "p.ts"), source);
+    const options = djsHooksOptionsFromFile("~/policies/p.ts");
+    expect(options.filename).toBe(path.join(home, "policies", "p.ts"));
+    for (const policy of [loadPolicy(options), loadPolicy({ filename: "~/policies/p.ts", source })]) {
+      expect(policy.filename).toBe(path.join(home, "policies", "p.ts"));
+      expect(await decide(policy, "https://api.test/")).toBe(true);
+      expect(await decide(policy, "https://other.test/")).toBe(false);
+    }
+    expect(() => djsHooksOptionsFromFile("~bob/policies/p.ts")).toThrow(
+      expect.objectContaining({
+        code: "EG_POLICY_LOAD",
+        message: 'cannot read the policy ~bob/policies/p.ts: it starts with "~bob", which is not expanded: only ~ and ~/ are (the home folder, $HOME); write the folder out',
+      }),
+    );
   });
 
   it("in-memory modules stand in for files next to the policy", async () => {
@@ -316,6 +344,7 @@ describe("tier-2 policies that cannot load fail at once, naming file, line and r
     [{ source: "", nope: 1 }, "nope", 'createDjsHooks: unknown option "nope" (known: kind, filename, source, modules, limits, workers)', OptionError],
     [{ source: "", kind: "py" }, "kind", 'createDjsHooks: kind must be "script", "module" or "typescript" (got "py")', OptionError],
     [{ source: "", filename: "" }, "filename", "createDjsHooks: filename must be a non-empty string", OptionError],
+    [{ source: "", filename: "~bob/p.mjs" }, "filename", 'createDjsHooks: filename starts with "~bob", which is not expanded: only ~ and ~/ are (the home folder, $HOME); write the folder out', OptionError],
     [{ source: "", modules: [] }, "modules", 'createDjsHooks: modules must be an object of { "relative/path.ts": source }', OptionError],
     [{ source: "", modules: { "a b.ts": 1 } }, 'modules["a b.ts"]', 'createDjsHooks: modules["a b.ts"] must be source text', OptionError],
     [{ source: "", limits: "x" }, "limits", "createDjsHooks: limits must be an object", OptionError],
