@@ -11,6 +11,7 @@ import { bareHostname } from "../hostname.js";
 import { breaksFieldValue, controlInFieldValue } from "../headers.js";
 import { reservedVariableReason } from "../guest-variables.js";
 import { homePath } from "../home-path.js";
+import { programProblem } from "../deciders/find-program.js";
 import { withFields } from "../objects.js";
 import { Decider } from "../deciders/decider.js";
 import { isDeciderEntry, resolveDecider, type DeciderOptions } from "../deciders/options.js";
@@ -400,13 +401,21 @@ function deciderOf(entry: DeciderOptions, index: number): Decider {
   });
   // resolveDecider reports every problem, and the first one has thrown above.
   const decider = resolved!;
-  if (decider.kind !== "command" || decider.shell || !decider.argv[0]!.includes("/")) return new Decider(decider);
+  if (decider.kind !== "command" || decider.shell) return new Decider(decider);
   // A program's path as the config file has it (hook-chain.ts): no shell between a program and
   // createHttpHooks expands `~/check.sh`, and spawn took it as a folder named `~` (every call 502).
-  const program = homePath(decider.argv[0]!, process.env, (reason) => {
-    throw invalid(["hooks", index, "command"], reason);
-  });
-  return new Decider(withFields(decider, { argv: [program, ...decider.argv.slice(1)] }));
+  const written = decider.argv[0]!;
+  const program = !written.includes("/")
+    ? written
+    : homePath(written, process.env, (reason) => {
+        throw invalid(["hooks", index, "command"], reason);
+      });
+  // And looked for as the config file's is, as spawn will (in the PATH the child gets, from the
+  // proxy's working directory): a program that is not there was taken, and every request it was
+  // asked about got 502 "could not start: ENOENT", where the CLI refuses it at start.
+  const problem = programProblem(program, decider.env["PATH"], process.cwd());
+  if (problem !== undefined) throw invalid(["hooks", index, "command"], problem);
+  return new Decider(program === written ? decider : withFields(decider, { argv: [program, ...decider.argv.slice(1)] }));
 }
 
 /** `hooks: [...]` validated into the chain the proxy runs, each entry a policy or callbacks. */

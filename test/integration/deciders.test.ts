@@ -2,7 +2,7 @@ import { createServer as createHttpServer, type Server as HttpServer } from "nod
 import { createServer, type AddressInfo, type Socket } from "node:net";
 import { spawnSync } from "node:child_process";
 import { subscribe, unsubscribe } from "node:diagnostics_channel";
-import { readFileSync, writeFileSync } from "node:fs";
+import { readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { request } from "undici";
@@ -121,10 +121,15 @@ describe.each([
 });
 
 describe("command deciders: processes", () => {
-  it("stdout that is not JSON fails closed; a program that does not exist fails closed", async () => {
+  // A program that does not exist is refused by createHttpHooks (deciders-contract.test.ts); one
+  // removed after that fails closed.
+  it("stdout that is not JSON fails closed; a program that no longer exists fails closed", async () => {
     const { proxy, base } = await proxyWith([{ command: [shellDecider] }]);
     expect((await fetchVia(proxy, `${base}/echo?case=garbage`)).status).toBe(502);
-    const missing = await proxyWith([{ command: ["/nonexistent/decider"] }]);
+    const program = join(tempDir(), "decider.sh");
+    writeFileSync(program, "#!/bin/sh\nexit 0\n", { mode: 0o755 });
+    const missing = await proxyWith([{ command: [program] }]);
+    rmSync(program);
     const res = await fetchVia(missing.proxy, `${missing.base}/echo`);
     expect(res.status).toBe(502);
     expect(JSON.stringify(decisions(missing.proxy.logs).at(-1))).toContain("ENOENT");

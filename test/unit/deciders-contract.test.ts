@@ -1,4 +1,6 @@
-import { describe, expect, it } from "vitest";
+import { mkdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { MalformedAnswer, opaVerdict, parseAnswerText } from "../../src/deciders/answer.js";
 import { DecisionCache, cacheKey } from "../../src/deciders/cache.js";
 import { concealFor, documentBody, requestPart, revealNothing, type Conceal, type ConcealTally } from "../../src/deciders/document.js";
@@ -7,6 +9,7 @@ import { splitCommand } from "../../src/deciders/split-command.js";
 import { createHttpHooks } from "../../src/index.js";
 import { SecretStore } from "../../src/policy/secrets.js";
 import { craftedText } from "../helpers/crafted-text.js";
+import { tempDir } from "../helpers/proxy.js";
 
 /** The problems resolveDecider reports for `entry`, as [path, reason]. */
 function problems(entry: unknown, env: NodeJS.ProcessEnv = {}): [string, string][] {
@@ -93,6 +96,45 @@ describe("decider options", () => {
       expect.objectContaining({ code: "EG_INVALID_OPTION", path: "hooks[1].webhook" }),
     );
     expect(() => createHttpHooks({ hooks: [{ command: ["x"], concurrency: 0 }] })).toThrow(expect.objectContaining({ path: "hooks[0].concurrency" }));
+  });
+
+  // The CLI and the config file refuse a program that cannot be started when they load it;
+  // createHttpHooks took it, and every request it was asked about got 502 "could not start:
+  // ENOENT" (an embedding hunt).
+  it("createHttpHooks refuses a command decider whose program cannot be started, naming the entry, as the config file does", () => {
+    const dir = tempDir();
+    const bin = join(dir, "bin");
+    mkdirSync(bin);
+    writeFileSync(join(bin, "decide"), "#!/bin/sh\nexit 0\n", { mode: 0o755 });
+    writeFileSync(join(dir, "plain.sh"), "#!/bin/sh\nexit 0\n", { mode: 0o644 });
+    vi.stubEnv("PATH", bin);
+    vi.stubEnv("HOME", dir);
+    onTestFinished(() => {
+      vi.unstubAllEnvs();
+    });
+    const refused = (command: string | string[], index = 0) => {
+      let thrown: unknown;
+      try {
+        createHttpHooks({ hooks: [...Array.from({ length: index }, () => ({ onRequest: () => undefined })), { command }] });
+      } catch (error) {
+        thrown = error;
+      }
+      expect(thrown, String(command)).toMatchObject({ name: "OptionError", code: "EG_INVALID_OPTION", path: `hooks[${index}].command` });
+      return (thrown as Error).message;
+    };
+    expect(refused(["/nonexistent/decider", "--strict"])).toBe("createHttpHooks: hooks[0].command names /nonexistent/decider, which does not exist");
+    expect(refused("~/missing.sh", 1)).toBe(`createHttpHooks: hooks[1].command names ${join(dir, "missing.sh")}, which does not exist`);
+    expect(refused([join(dir, "plain.sh")])).toMatch(new RegExp(`^createHttpHooks: hooks\\[0\\]\\.command names ${join(dir, "plain.sh")}, which is not executable: make it so \\(chmod \\+x\\)`));
+    expect(refused([bin])).toBe(`createHttpHooks: hooks[0].command names ${bin}, which is not a file`);
+    expect(refused("no-such-decider-program --strict")).toBe(
+      `createHttpHooks: hooks[0].command names the program "no-such-decider-program", which is not an executable file in any folder of PATH (PATH is ${JSON.stringify(bin)}): install it, or give its path`,
+    );
+    // What can be started is taken: a bare name in PATH, a path, ~/ under $HOME, and a shell script
+    // (the shell's to run, not looked into).
+    writeFileSync(join(dir, "home.sh"), "#!/bin/sh\nexit 0\n", { mode: 0o755 });
+    for (const command of ["decide --strict", [join(bin, "decide")], "~/home.sh", "no-such-decider-program || true"]) {
+      expect(() => createHttpHooks({ hooks: [{ command, ...(command === "no-such-decider-program || true" ? { shell: true } : {}) }] }), String(command)).not.toThrow();
+    }
   });
 
   it("shell: true keeps the command as one script, quotes and all", () => {
