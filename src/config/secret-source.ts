@@ -68,7 +68,7 @@ const utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
 
 /** Reads a validated source. `file:` paths are taken relative to `baseDir` (the config file's folder), `~/` from $HOME. */
 export function readSecret(source: string | InlineSecret, baseDir: string, env: NodeJS.ProcessEnv): ReadSecret {
-  if (source instanceof InlineSecret) return checked(source.from, source.value);
+  if (source instanceof InlineSecret) return decoded(source.from, source.value) ?? checked(source.from, source.value);
   if (source.startsWith("env:")) {
     const name = source.slice(4);
     // Own variables only: `env:toString` found a function on the prototype.
@@ -79,7 +79,7 @@ export function readSecret(source: string | InlineSecret, baseDir: string, env: 
       if (!conventionalEnvName.test(name)) return { from: "env:(not shown)", reason: "names an environment variable that is not set (its name is not shown: one in lowercase may be a token pasted in place of a name)" };
       return { from: source, reason: `names $${name}, which is not set` };
     }
-    return checked(source, value);
+    return decoded(source, value) ?? checked(source, value);
   }
   const home = homePath(source.slice(5), env, (reason): ReadSecret => ({ from: source, reason }));
   if (typeof home !== "string") return home;
@@ -105,6 +105,22 @@ export function readSecret(source: string | InlineSecret, baseDir: string, env: 
   if (text.startsWith("\uFEFF")) return { from, reason: `starts with a byte order mark, U+FEFF (from ${from}), which editors add and no credential holds; save the file without one` };
   // Editors and `echo` end a file with a newline that is no part of the token.
   return checked(from, text.replace(/\r?\n$/, ""));
+}
+
+/**
+ * Why a value Node decoded for the proxy (an environment variable, or an argument) is not the
+ * one that was set, as a `file:` value that is not UTF-8 or starts with a BOM is refused: Node
+ * decodes a variable's bytes as UTF-8, each byte that is not UTF-8 becoming U+FFFD, sent as
+ * EF BF BD; and a BOM comes with a value read from a file an editor saved (`TOKEN=$(cat
+ * token.txt)`). Both went out as they were, and an upstream's 401 said nothing of why. A
+ * variable is named, never its value.
+ */
+function decoded(from: string, value: string): ReadSecret | undefined {
+  if (value.includes("\uFFFD")) {
+    return { from, reason: `holds bytes that are not UTF-8, or U+FFFD, the character Node puts in their place (from ${from}); a value is sent as its UTF-8 bytes, and these would be changed` };
+  }
+  if (value.startsWith("\uFEFF")) return { from, reason: `starts with a byte order mark, U+FEFF (from ${from}), which editors add and no credential holds; set it without one` };
+  return undefined;
 }
 
 function checked(from: string, value: string): ReadSecret {

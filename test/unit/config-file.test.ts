@@ -398,6 +398,36 @@ describe("loadConfigFile: errors name the path and the line", () => {
     expect(loadConfigFile(configFile(secrets(["utf8"])), {}).guests["default"]?.secrets?.["UTF8"]?.value).toBe("pässwörd-€-🔑");
   });
 
+  // Node decodes an environment variable's bytes as UTF-8, each byte that is not UTF-8 becoming
+  // U+FFFD, and a value read with $(cat token.txt) keeps its byte order mark: env: values went
+  // out as EF BF BD or with the mark in front, where a file: value is refused for either.
+  it("an env: secret that is not UTF-8 (U+FFFD in Node's decoding), or that starts with a byte order mark, is refused naming the variable, never the value", () => {
+    const names = ["LATIN1", "BOM", "UTF8", "LF", "LONG"];
+    const file = configFile(`secrets:\n${names.map((name) => `  ${name}: { hosts: [a.test], value: env:${name}_TOKEN }\n`).join("")}`);
+    const env = { LATIN1_TOKEN: "p\uFFFDss-latin1", BOM_TOKEN: "\uFEFFbom-token-0123456789", UTF8_TOKEN: "pässwörd-€-🔑", LF_TOKEN: "lf-token\n", LONG_TOKEN: "long-token".padEnd(16 * 1024 + 1, "x") };
+    const error = fileErrorOf(file, env);
+    expect(error.issues.map((issue) => [issue.path, issue.reason])).toEqual([
+      ["secrets.LATIN1.value", "holds bytes that are not UTF-8, or U+FFFD, the character Node puts in their place (from env:LATIN1_TOKEN); a value is sent as its UTF-8 bytes, and these would be changed"],
+      ["secrets.BOM.value", "starts with a byte order mark, U+FEFF (from env:BOM_TOKEN), which editors add and no credential holds; set it without one"],
+      // As before: what a file: value is refused for besides.
+      ["secrets.LF.value", "holds a line break or NUL (from env:LF_TOKEN); a value must fit in one header field"],
+      ["secrets.LONG.value", "is longer than 16 KiB (16384 bytes), the most a secret's value may hold: it goes into one header field (from env:LONG_TOKEN)"],
+    ]);
+    expect(error.message).not.toMatch(/latin1|bom-token|lf-token|long-token/);
+    expect(loadConfigFile(configFile("secrets:\n  UTF8: { hosts: [c.test], value: env:UTF8_TOKEN }\n"), env).guests["default"]?.secrets?.["UTF8"]?.value).toBe("pässwörd-€-🔑");
+    // The bytes as a shell sets them, through the CLI: Node hands the proxy U+FFFD for \344.
+    const run = (value: string): string => {
+      try {
+        execFileSync("/bin/sh", ["-c", `LATIN1_TOKEN="$(printf '${value}')" exec "$0" "$1" check-config "$2"`, process.execPath, join(import.meta.dirname, "..", "..", "dist", "cli", "bin.js"), configFile("secrets:\n  LATIN1: { hosts: [a.test], value: env:LATIN1_TOKEN }\n")], { stdio: "pipe", env: { PATH: process.env["PATH"] } });
+        return "passed";
+      } catch (failed) {
+        return String((failed as { stderr: Buffer }).stderr);
+      }
+    };
+    expect(run("p\\344ss-latin1")).toContain("secrets.LATIN1.value holds bytes that are not UTF-8, or U+FFFD, the character Node puts in their place (from env:LATIN1_TOKEN)");
+    expect(run("p\\303\\244ss-utf8")).toBe("passed");
+  });
+
   // 1 MB took 7 s to start, 133 MB aborted the process: no header field takes more than 16 KiB.
   // Keys were looked up without an own-property check, so `toString` passed as a known option;
   // and guests and secrets named __proto__ were assigned to plain objects, and vanished.

@@ -149,6 +149,14 @@ describe("--host-secret's value from $NAME", () => {
     expect(() => parseCli(["--host-secret", "TOK@a.test"], { TOK: "a\tb\nc" })).toThrow(/--host-secret TOK: holds a line break or NUL \(from env:TOK\)/);
     expect(() => parseCli(["--host-secret", "TOK@a.test=a\nb"], {})).toThrow(/\(from inline\)/);
   });
+
+  // Node decodes a variable's (and an argument's) bytes as UTF-8, a byte that is not UTF-8 becoming U+FFFD.
+  it("one that is not UTF-8 or starts with a byte order mark is refused naming env:NAME, never the value", () => {
+    expect(() => parseCli(["--host-secret", "TOK@a.test"], { TOK: "p\uFFFDss-value" })).toThrow(/^--host-secret TOK: holds bytes that are not UTF-8, or U\+FFFD, the character Node puts in their place \(from env:TOK\)/);
+    expect(() => parseCli(["--host-secret", "TOK@a.test"], { TOK: "\uFEFFtoken-value" })).toThrow(/^--host-secret TOK: starts with a byte order mark, U\+FEFF \(from env:TOK\)/);
+    expect(() => parseCli(["--host-secret", "TOK@a.test=p\uFFFDss-value"], {})).toThrow(/not UTF-8.*\(from inline\)/);
+    expect(() => parseCli(["--host-secret", "TOK@a.test"], { TOK: "\uFEFFtoken-value" })).not.toThrow(/token-value/);
+  });
 });
 
 describe("--host-secret's value length", () => {
