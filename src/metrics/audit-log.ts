@@ -94,18 +94,47 @@ class AppendTarget {
         else this.fail(error, 0);
         return;
       }
-      void endsMidLine(file, fd).then((midLine) => {
-        if (this.gone) {
-          closeFd(fd, () => this.settle());
-          return;
-        }
-        this.fd = fd;
-        this.midLine = midLine;
-        if (midLine) this.events.torn();
-        this.events.opened(this);
-        this.pump();
-      });
+      // A rejection nobody handles ends the process. endsMidLine answers false for any failure,
+      // and the events and the first write do not throw, so none comes as written; one that did
+      // is this target's failed open (records dropped and counted, the file opened again after
+      // retryMs), not the proxy's end.
+      let handed = false;
+      void endsMidLine(file, fd)
+        .then((midLine) => {
+          handed = true;
+          this.opened(fd, midLine);
+        })
+        .catch((thrown: unknown) => {
+          const error: NodeJS.ErrnoException = thrown instanceof Error ? thrown : new Error(String(thrown));
+          if (handed) this.failedOpening(error);
+          else closeFd(fd, () => (this.gone ? this.settle() : this.fail(error, 0)));
+        });
     });
+  }
+
+  private opened(fd: number, midLine: boolean): void {
+    if (this.gone) {
+      closeFd(fd, () => this.settle());
+      return;
+    }
+    this.fd = fd;
+    this.midLine = midLine;
+    if (midLine) this.events.torn();
+    this.events.opened(this);
+    this.pump();
+  }
+
+  /**
+   * {@link opened} threw. Not yet gone, it had taken the descriptor: the target fails as a write
+   * would, the descriptor closed now or, with a write under way, by that write's callback (which
+   * counts what it did not take). Gone, whatever made it so closes the descriptor.
+   */
+  private failedOpening(error: NodeJS.ErrnoException): void {
+    if (this.gone) return;
+    const lost = this.queue.length;
+    this.drop();
+    if (this.inFlight === undefined) this.closeNow();
+    this.events.failed(this, error, lost);
   }
 
   /** Bytes queued or in flight. */

@@ -83,6 +83,27 @@ describe("AuditLogFile", () => {
     await log.close();
     expect(log.dropped).toBe(3);
   });
+
+  // The open of a new file ran its last steps in a promise's then() with no rejection handler: a
+  // throw there (here reopen()'s callback; the proxy's, a log line, does not throw) was a
+  // rejection nobody handled, which ends the process.
+  it("a reopen whose last steps throw fails as a write would: the records queued for it counted, the file opened again after retryMs, and the process lives", async () => {
+    const file = join(tempDir(), "audit.jsonl");
+    const warned = warnings();
+    const log = await AuditLogFile.open({ file, warn: warned.warn, retryMs: 0 });
+    log.append("before\n");
+    log.reopen(() => {
+      throw new Error("the opened callback threw");
+    });
+    log.append("queued\n");
+    await eventually(() => warned.list.some((w) => w.kind === "audit:error"), "the failed open's warning");
+    expect(warned.list.find((w) => w.kind === "audit:error")?.fields).toMatchObject({ file, error: "the opened callback threw" });
+    expect(log.dropped).toBe(1);
+    log.append("after\n");
+    await log.close();
+    expect(readFileSync(file, "utf8")).toBe("before\nafter\n");
+    expect(log.dropped).toBe(1);
+  });
 });
 
 // A log shipper's FIFO: the file was opened with a blocking open(), so once the reader went away,
