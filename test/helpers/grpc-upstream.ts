@@ -35,72 +35,114 @@ export interface GrpcUpstream {
   readonly hangCancelled: () => number;
 }
 
-/** A grpc-js TLS server for `bytesService` on 127.0.0.1, its certificate for api.test from a CA of its own. */
-export async function startBytesServer(): Promise<GrpcUpstream> {
-  const { certPem, keyPem } = await createCaCertificate("egressgate gRPC interop CA");
+/**
+ * A grpc-js TLS server for `service` on 127.0.0.1, its certificate for api.test from a CA of its
+ * own (named `caName`), shut down when the test finishes.
+ */
+export async function startGrpcServer<Service extends grpc.ServiceDefinition>(
+  service: Service,
+  implementation: grpc.UntypedServiceImplementation,
+  caName: string,
+): Promise<{ readonly port: number; readonly caPem: string }> {
+  const { certPem, keyPem } = await createCaCertificate(caName);
   const signer = await LeafSigner.create({ cert: parseCertificate(certPem), key: await importKeyPair(keyPem) }, "ecdsa");
   const leaf = await signer.sign("api.test", 30);
-  let hung = 0;
-  let hangCancelled = 0;
   const server = new grpc.Server();
-  server.addService(bytesService, {
-    echo: (call: grpc.ServerUnaryCall<Buffer, Buffer>, callback: grpc.sendUnaryData<Buffer>) => {
-      call.sendMetadata(call.metadata.clone());
-      callback(null, call.request, call.metadata.clone());
-    },
-    count: (call: grpc.ServerWritableStream<Buffer, Buffer>) => {
-      const total = Number(call.request.toString("ascii"));
-      for (let i = 0; i < total; i++) call.write(Buffer.from(`m${i}`));
-      call.end();
-    },
-    sum: (call: grpc.ServerReadableStream<Buffer, Buffer>, callback: grpc.sendUnaryData<Buffer>) => {
-      let messages = 0;
-      let total = 0;
-      call.on("data", (message: Buffer) => {
-        messages += 1;
-        total += message.length;
-      });
-      call.on("end", () => callback(null, Buffer.from(`${messages}/${total}`)));
-    },
-    bidi: (call: grpc.ServerDuplexStream<Buffer, Buffer>) => {
-      call.on("data", (message: Buffer) => call.write(message));
-      call.on("end", () => call.end());
-    },
-    hang: (call: grpc.ServerUnaryCall<Buffer, Buffer>) => {
-      hung += 1;
-      call.on("cancelled", () => (hangCancelled += 1));
-    },
-  });
+  server.addService(service, implementation);
   const credentials = grpc.ServerCredentials.createSsl(null, [{ private_key: Buffer.from(signer.leafKey.privateKeyPem), cert_chain: Buffer.from(leaf.certPem) }]);
   const port = await new Promise<number>((resolve, reject) => server.bindAsync("127.0.0.1:0", credentials, (error, bound) => (error ? reject(error) : resolve(bound))));
   onTestFinished(() => {
     server.forceShutdown();
   });
-  return { port, caPem: certPem, hung: () => hung, hangCancelled: () => hangCancelled };
+  return { port, caPem: certPem };
+}
+
+/** A grpc-js TLS server for `bytesService` on 127.0.0.1 (see {@link startGrpcServer}). */
+export async function startBytesServer(): Promise<GrpcUpstream> {
+  let hung = 0;
+  let hangCancelled = 0;
+  const { port, caPem } = await startGrpcServer(
+    bytesService,
+    {
+      echo: (call: grpc.ServerUnaryCall<Buffer, Buffer>, callback: grpc.sendUnaryData<Buffer>) => {
+        call.sendMetadata(call.metadata.clone());
+        callback(null, call.request, call.metadata.clone());
+      },
+      count: (call: grpc.ServerWritableStream<Buffer, Buffer>) => {
+        const total = Number(call.request.toString("ascii"));
+        for (let i = 0; i < total; i++) call.write(Buffer.from(`m${i}`));
+        call.end();
+      },
+      sum: (call: grpc.ServerReadableStream<Buffer, Buffer>, callback: grpc.sendUnaryData<Buffer>) => {
+        let messages = 0;
+        let total = 0;
+        call.on("data", (message: Buffer) => {
+          messages += 1;
+          total += message.length;
+        });
+        call.on("end", () => callback(null, Buffer.from(`${messages}/${total}`)));
+      },
+      bidi: (call: grpc.ServerDuplexStream<Buffer, Buffer>) => {
+        call.on("data", (message: Buffer) => call.write(message));
+        call.on("end", () => call.end());
+      },
+      hang: (call: grpc.ServerUnaryCall<Buffer, Buffer>) => {
+        hung += 1;
+        call.on("cancelled", () => (hangCancelled += 1));
+      },
+    },
+    "egressgate gRPC interop CA",
+  );
+  return { port, caPem, hung: () => hung, hangCancelled: () => hangCancelled };
 }
 
 /**
- * A grpc-js client to api.test through `proxy`, trusting the proxy's CA as guestEnv() makes a
- * guest trust it. grpc-js reads its proxy from `grpc_proxy` when the channel is made: the caller
- * sets it (and restores it) around the test. Closed when the test finishes.
+ * grpc-js reads its proxy only from the environment (`grpc_proxy`, `https_proxy`, `http_proxy`),
+ * when a channel is made: this sets `grpc_proxy` to `proxy`, as a guest's environment would have
+ * it, for the channels the test makes from now on, and puts back what it was when the test finishes.
  */
-export function bytesClient(proxy: TestProxy, upstream: GrpcUpstream, options: grpc.ChannelOptions = {}): grpc.Client {
-  const roots = readFileSync(proxy.guestEnv()["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"]!);
-  const client = new grpc.Client(`api.test:${upstream.port}`, grpc.credentials.createSsl(roots), options);
+export function useGrpcProxy(proxy: TestProxy): void {
+  const saved = process.env["grpc_proxy"];
+  process.env["grpc_proxy"] = proxy.url;
+  onTestFinished(() => {
+    if (saved === undefined) delete process.env["grpc_proxy"];
+    else process.env["grpc_proxy"] = saved;
+  });
+}
+
+/** A grpc-js client to `authority` trusting `roots` (PEM); closed when the test finishes. */
+export function grpcClient(authority: string, roots: Buffer, options: grpc.ChannelOptions = {}): grpc.Client {
+  const client = new grpc.Client(authority, grpc.credentials.createSsl(roots), options);
   onTestFinished(() => client.close());
   return client;
 }
 
+/**
+ * A grpc-js client to api.test through `proxy` (see {@link useGrpcProxy}), trusting the proxy's
+ * CA as guestEnv() makes a guest trust it (GRPC_DEFAULT_SSL_ROOTS_FILE_PATH). Closed when the
+ * test finishes.
+ */
+export function grpcGuestClient(proxy: TestProxy, upstream: { readonly port: number }, options: grpc.ChannelOptions = {}): grpc.Client {
+  return grpcClient(`api.test:${upstream.port}`, readFileSync(proxy.guestEnv()["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"]!), options);
+}
+
+/** What a unary call needs of its method's definition: its path and how its messages are made. */
+interface UnaryMethod<Request, Response> {
+  readonly path: string;
+  readonly requestSerialize: (value: Request) => Buffer;
+  readonly responseDeserialize: (bytes: Buffer) => Response;
+}
+
 /** A unary call: its answer, response metadata and trailers, or its error. */
-export function unaryCall(
+export function unaryCall<Request, Response>(
   client: grpc.Client,
-  method: typeof bytesService.echo | typeof bytesService.hang,
-  request: Buffer,
+  method: UnaryMethod<Request, Response>,
+  request: Request,
   options: { metadata?: grpc.Metadata; deadline?: number } = {},
-): Promise<{ value: Buffer; metadata: grpc.Metadata; trailers: grpc.Metadata }> {
+): Promise<{ value: Response; metadata: grpc.Metadata; trailers: grpc.Metadata }> {
   return new Promise((resolve, reject) => {
     let metadata = new grpc.Metadata();
-    let value: Buffer | undefined;
+    let value: Response | undefined;
     let failed = false;
     const call = client.makeUnaryRequest(method.path, method.requestSerialize, method.responseDeserialize, request, options.metadata ?? new grpc.Metadata(), options.deadline === undefined ? {} : { deadline: options.deadline }, (error, answer) => {
       if (error) {

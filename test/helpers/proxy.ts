@@ -60,6 +60,14 @@ export function proxyAgent(proxy: RunningProxy): ProxyAgent {
   return agent;
 }
 
+/** The proxy's record of its guest connections: the tunnels opened, and any it closed for a limit. */
+export function guestConnections(proxy: TestProxy): { tunnels: number; closed: unknown[] } {
+  return {
+    tunnels: proxy.logs.filter((line) => line["msg"] === "tunnel opened").length,
+    closed: proxy.logs.filter((line) => line["msg"] === "guest h2 connection closed").map((line) => line["reason"]),
+  };
+}
+
 export async function fetchVia(
   proxy: RunningProxy,
   url: string,

@@ -1,10 +1,10 @@
 import * as grpc from "@grpc/grpc-js";
 import { createHash } from "node:crypto";
 import { fileURLToPath } from "node:url";
-import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { cleanEnv, runClient } from "../helpers/clients.js";
-import { bytesClient, bytesService, startBytesServer, unaryCall, type GrpcUpstream } from "../helpers/grpc-upstream.js";
-import { startTestProxy, type TestProxy } from "../helpers/proxy.js";
+import { bytesService, grpcGuestClient, startBytesServer, unaryCall, useGrpcProxy, type GrpcUpstream } from "../helpers/grpc-upstream.js";
+import { guestConnections, startTestProxy, type TestProxy } from "../helpers/proxy.js";
 import type { ProxyOptions } from "../../src/index.js";
 
 // grpc-js as its users configure it, through the proxy's HTTP/2 hardening: none of its limits
@@ -13,34 +13,16 @@ import type { ProxyOptions } from "../../src/index.js";
 
 const keepaliveClient = fileURLToPath(new URL("../fixtures/grpc/keepalive-client.mjs", import.meta.url));
 
-/** grpc-js reads its proxy from `grpc_proxy` when a channel is made: set per test, as a guest's environment would. */
-let savedProxy: string | undefined;
-beforeEach(() => {
-  savedProxy = process.env["grpc_proxy"];
-});
-afterEach(() => {
-  if (savedProxy === undefined) delete process.env["grpc_proxy"];
-  else process.env["grpc_proxy"] = savedProxy;
-});
-
 async function setup(options: Omit<ProxyOptions, "httpHooks"> = {}): Promise<{ proxy: TestProxy; upstream: GrpcUpstream }> {
   const upstream = await startBytesServer();
   const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstreamCa: [upstream.caPem], ...options });
-  process.env["grpc_proxy"] = proxy.url;
+  useGrpcProxy(proxy);
   return { proxy, upstream };
-}
-
-/** The proxy's record of its guest connections: the tunnels opened, and any it closed for a limit. */
-function connections(proxy: TestProxy): { tunnels: number; closed: unknown[] } {
-  return {
-    tunnels: proxy.logs.filter((line) => line["msg"] === "tunnel opened").length,
-    closed: proxy.logs.filter((line) => line["msg"] === "guest h2 connection closed").map((line) => line["reason"]),
-  };
 }
 
 /** Another guest, on a connection of its own (a channel with its own subchannel pool), still gets its answers. */
 async function othersServed(proxy: TestProxy, upstream: GrpcUpstream): Promise<void> {
-  const other = bytesClient(proxy, upstream, { "grpc.use_local_subchannel_pool": 1 });
+  const other = grpcGuestClient(proxy, upstream, { "grpc.use_local_subchannel_pool": 1 });
   const answers = await Promise.all([1, 2, 3].map((i) => unaryCall(other, bytesService.echo, Buffer.from(`other ${i}`))));
   expect(answers.map((a) => a.value.toString())).toEqual(["other 1", "other 2", "other 3"]);
 }
@@ -62,7 +44,7 @@ const deadlineMs = 2_000;
 describe("grpc-js through the proxy: every call kind, and legitimate cancellations and keepalive never end the connection", () => {
   it("unary with 4 MiB messages and ascii and -bin metadata both ways, server-streaming 5,000 messages, client-streaming and bidi 1,000 each, on one connection", async () => {
     const { proxy, upstream } = await setup();
-    const client = bytesClient(proxy, upstream);
+    const client = grpcGuestClient(proxy, upstream);
     // grpc-js's default limit for a received message: 4 MiB, each way.
     const big = Buffer.alloc(4 * 1024 * 1024, 0x5a);
     big.write("start", 0);
@@ -106,17 +88,17 @@ describe("grpc-js through the proxy: every call kind, and legitimate cancellatio
       call.end();
     });
     expect(echoed).toEqual(Array.from({ length: 1000 }, (_, i) => `b${i}`));
-    expect(connections(proxy)).toEqual({ tunnels: 1, closed: [] });
+    expect(guestConnections(proxy)).toEqual({ tunnels: 1, closed: [] });
     await othersServed(proxy, upstream);
   });
 
   it("a call whose deadline passes on a server that never answers fails DEADLINE_EXCEEDED, and its cancel reaches the server", async () => {
     const { proxy, upstream } = await setup();
-    const client = bytesClient(proxy, upstream);
+    const client = grpcGuestClient(proxy, upstream);
     expect(await missedDeadlines(client, 1, 300)).toEqual([grpc.status.DEADLINE_EXCEEDED]);
     await vi.waitFor(() => expect(upstream.hangCancelled()).toBe(1), { timeout: 10_000, interval: 20 });
     expect((await unaryCall(client, bytesService.echo, Buffer.from("after"))).value.toString()).toBe("after");
-    expect(connections(proxy)).toEqual({ tunnels: 1, closed: [] });
+    expect(guestConnections(proxy)).toEqual({ tunnels: 1, closed: [] });
   });
 
   // 300 calls at once are 100 on the wire (the stream limit) and 200 queued in grpc-js, which
@@ -125,7 +107,7 @@ describe("grpc-js through the proxy: every call kind, and legitimate cancellatio
   // failed the bidi call in flight and the next call with RESOURCE_EXHAUSTED.
   it("300 calls whose deadlines pass together, three times over, leave the connection and a bidi call in flight on it alone", async () => {
     const { proxy, upstream } = await setup();
-    const client = bytesClient(proxy, upstream);
+    const client = grpcGuestClient(proxy, upstream);
     expect((await unaryCall(client, bytesService.echo, Buffer.from("first"))).value.toString()).toBe("first");
     const bidi = client.makeBidiStreamRequest(bytesService.bidi.path, bytesService.bidi.requestSerialize, bytesService.bidi.responseDeserialize);
     const echoed: string[] = [];
@@ -145,7 +127,7 @@ describe("grpc-js through the proxy: every call kind, and legitimate cancellatio
     expect(upstream.hung()).toBeGreaterThanOrEqual(3 * 99);
     await vi.waitFor(() => expect(upstream.hangCancelled()).toBe(upstream.hung()), { timeout: 10_000, interval: 20 });
     bidi.end();
-    expect(connections(proxy)).toEqual({ tunnels: 1, closed: [] });
+    expect(guestConnections(proxy)).toEqual({ tunnels: 1, closed: [] });
     await othersServed(proxy, upstream);
   }, 60_000);
 
@@ -155,7 +137,7 @@ describe("grpc-js through the proxy: every call kind, and legitimate cancellatio
   // it was closed: the queued calls failed RESOURCE_EXHAUSTED.
   it("calls queued behind 100 calls that miss their deadline all succeed, round after round, on one connection", async () => {
     const { proxy, upstream } = await setup();
-    const client = bytesClient(proxy, upstream);
+    const client = grpcGuestClient(proxy, upstream);
     expect((await unaryCall(client, bytesService.echo, Buffer.from("first"))).value.toString()).toBe("first");
     for (let round = 0; round < 3; round++) {
       const missed = missedDeadlines(client, 100, deadlineMs);
@@ -168,7 +150,7 @@ describe("grpc-js through the proxy: every call kind, and legitimate cancellatio
       expect(new Set(await missed)).toEqual(new Set([grpc.status.DEADLINE_EXCEEDED]));
       expect(await Promise.all(queued)).toEqual(Array.from({ length: 100 }, (_, i) => `q${round}-${i}`));
     }
-    expect(connections(proxy)).toEqual({ tunnels: 1, closed: [] });
+    expect(guestConnections(proxy)).toEqual({ tunnels: 1, closed: [] });
     await othersServed(proxy, upstream);
   }, 60_000);
 
@@ -181,19 +163,19 @@ describe("grpc-js through the proxy: every call kind, and legitimate cancellatio
     expect(result.answers).toEqual([{ value: "before" }, { value: "after" }]);
     expect(result.pings).toBeGreaterThanOrEqual(8);
     expect(result.goaways).toBe(0);
-    expect(connections(proxy)).toEqual({ tunnels: 1, closed: [] });
+    expect(guestConnections(proxy)).toEqual({ tunnels: 1, closed: [] });
     await othersServed(proxy, upstream);
   });
 
   it("a keepalive channel the proxy closes at idleMs (its PINGs hold no idle connection open) reconnects for its next call, which succeeds", async () => {
     const { proxy, upstream } = await setup({ timeouts: { idleMs: 1_500 } });
-    const client = bytesClient(proxy, upstream, { "grpc.keepalive_time_ms": 200, "grpc.keepalive_permit_without_calls": 1, "grpc.http2.max_pings_without_data": 0 });
+    const client = grpcGuestClient(proxy, upstream, { "grpc.keepalive_time_ms": 200, "grpc.keepalive_permit_without_calls": 1, "grpc.http2.max_pings_without_data": 0 });
     expect((await unaryCall(client, bytesService.echo, Buffer.from("before"))).value.toString()).toBe("before");
     const channel = client.getChannel();
     expect(channel.getConnectivityState(false)).toBe(grpc.connectivityState.READY);
     // The proxy's close of the idle connection is what moves the channel out of READY.
     await new Promise<void>((resolve, reject) => channel.watchConnectivityState(grpc.connectivityState.READY, Date.now() + 20_000, (error) => (error ? reject(error) : resolve())));
     expect((await unaryCall(client, bytesService.echo, Buffer.from("after"))).value.toString()).toBe("after");
-    expect(connections(proxy)).toEqual({ tunnels: 2, closed: [] });
+    expect(guestConnections(proxy)).toEqual({ tunnels: 2, closed: [] });
   });
 });

@@ -1,98 +1,62 @@
 import * as grpc from "@grpc/grpc-js";
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
-import { afterEach, beforeEach, describe, expect, it, onTestFinished } from "vitest";
-import { createCaCertificate, importKeyPair, LeafSigner, parseCertificate } from "../../src/tls/x509.js";
+import { describe, expect, it, onTestFinished } from "vitest";
 import { echoService } from "../fixtures/grpc/echo-service.js";
 import { cleanEnv, runClient } from "../helpers/clients.js";
+import { grpcClient, grpcGuestClient, startGrpcServer, unaryCall, useGrpcProxy } from "../helpers/grpc-upstream.js";
 import { startTestProxy, type TestProxy } from "../helpers/proxy.js";
 import type { HttpHooksOptions } from "../../src/index.js";
 
 const guestClient = fileURLToPath(new URL("../fixtures/grpc/guest-client.mjs", import.meta.url));
 
-interface GrpcUpstream {
+interface EchoUpstream {
   readonly port: number;
   readonly caPem: string;
   readonly calls: () => number;
 }
 
-/** A grpc-js TLS server on 127.0.0.1, its certificate for api.test from a CA of its own. */
-async function startGrpcServer(): Promise<GrpcUpstream> {
-  const { certPem, keyPem } = await createCaCertificate("egressgate gRPC test CA");
-  const signer = await LeafSigner.create({ cert: parseCertificate(certPem), key: await importKeyPair(keyPem) }, "ecdsa");
-  const leaf = await signer.sign("api.test", 30);
+/** A grpc-js TLS server for `echoService` on 127.0.0.1, its certificate for api.test from a CA of its own. */
+async function startEchoServer(): Promise<EchoUpstream> {
   let calls = 0;
-  const server = new grpc.Server();
-  server.addService(echoService, {
-    unary: (call: grpc.ServerUnaryCall<string, string>, callback: grpc.sendUnaryData<string>) => {
-      calls += 1;
-      const head = new grpc.Metadata();
-      head.set("x-served-by", "grpc-test");
-      call.sendMetadata(head);
-      const trailer = new grpc.Metadata();
-      trailer.set("x-checksum", "sum-1");
-      callback(null, `echo: ${call.request}`, trailer);
+  const { port, caPem } = await startGrpcServer(
+    echoService,
+    {
+      unary: (call: grpc.ServerUnaryCall<string, string>, callback: grpc.sendUnaryData<string>) => {
+        calls += 1;
+        const head = new grpc.Metadata();
+        head.set("x-served-by", "grpc-test");
+        call.sendMetadata(head);
+        const trailer = new grpc.Metadata();
+        trailer.set("x-checksum", "sum-1");
+        callback(null, `echo: ${call.request}`, trailer);
+      },
+      countdown: (call: grpc.ServerWritableStream<string, string>) => {
+        calls += 1;
+        const from = Number(call.request);
+        for (let i = from; i > 0; i--) call.write(`t-${i}`);
+        call.end();
+      },
+      fail: (_call: grpc.ServerUnaryCall<string, string>, callback: grpc.sendUnaryData<string>) => {
+        calls += 1;
+        callback({ code: grpc.status.NOT_FOUND, details: "no such thing" });
+      },
     },
-    countdown: (call: grpc.ServerWritableStream<string, string>) => {
-      calls += 1;
-      const from = Number(call.request);
-      for (let i = from; i > 0; i--) call.write(`t-${i}`);
-      call.end();
-    },
-    fail: (_call: grpc.ServerUnaryCall<string, string>, callback: grpc.sendUnaryData<string>) => {
-      calls += 1;
-      callback({ code: grpc.status.NOT_FOUND, details: "no such thing" });
-    },
-  });
-  const credentials = grpc.ServerCredentials.createSsl(null, [{ private_key: Buffer.from(signer.leafKey.privateKeyPem), cert_chain: Buffer.from(leaf.certPem) }]);
-  const port = await new Promise<number>((resolve, reject) => server.bindAsync("127.0.0.1:0", credentials, (error, bound) => (error ? reject(error) : resolve(bound))));
-  onTestFinished(() => {
-    server.forceShutdown();
-  });
-  return { port, caPem: certPem, calls: () => calls };
+    "egressgate gRPC test CA",
+  );
+  return { port, caPem, calls: () => calls };
 }
 
-/**
- * grpc-js reads its proxy only from the environment (grpc_proxy, https_proxy, http_proxy), when
- * a channel is created: set for each test, as a guest's environment would have it.
- */
-let savedProxy: string | undefined;
-beforeEach(() => {
-  savedProxy = process.env["grpc_proxy"];
-});
-afterEach(() => {
-  if (savedProxy === undefined) delete process.env["grpc_proxy"];
-  else process.env["grpc_proxy"] = savedProxy;
-});
-
-async function setup(hooks: HttpHooksOptions = {}, options: { refuseInTunnel?: boolean } = {}): Promise<{ proxy: TestProxy; upstream: GrpcUpstream; client: grpc.Client }> {
-  const upstream = await startGrpcServer();
+async function setup(hooks: HttpHooksOptions = {}, options: { refuseInTunnel?: boolean } = {}): Promise<{ proxy: TestProxy; upstream: EchoUpstream; client: grpc.Client }> {
+  const upstream = await startEchoServer();
   const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hooks }, { upstreamCa: [upstream.caPem], ...options });
-  process.env["grpc_proxy"] = proxy.url;
-  // The guest trusts the proxy's CA, as GRPC_DEFAULT_SSL_ROOTS_FILE_PATH from guestEnv() would make it.
-  const roots = readFileSync(proxy.guestEnv()["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"]!);
-  const client = new grpc.Client(`api.test:${upstream.port}`, grpc.credentials.createSsl(roots));
-  onTestFinished(() => client.close());
-  return { proxy, upstream, client };
+  useGrpcProxy(proxy);
+  return { proxy, upstream, client: grpcGuestClient(proxy, upstream) };
 }
 
-function unary(client: grpc.Client, method: keyof typeof echoService, request: string, target = client): Promise<{ value: string; metadata: grpc.Metadata; trailers: grpc.Metadata }> {
-  const definition = echoService[method];
-  return new Promise((resolve, reject) => {
-    let metadata = new grpc.Metadata();
-    let value: string | undefined;
-    let failed = false;
-    const call = target.makeUnaryRequest(definition.path, definition.requestSerialize, definition.responseDeserialize, request, (error, answer) => {
-      if (error) {
-        failed = true;
-        reject(error);
-      } else value = answer;
-    });
-    call.on("metadata", (m: grpc.Metadata) => (metadata = m));
-    call.on("status", (status: grpc.StatusObject) => {
-      if (!failed) resolve({ value: value!, metadata, trailers: status.metadata });
-    });
-  });
+/** A unary call of `echoService` (see {@link unaryCall}). */
+function unary(client: grpc.Client, method: keyof typeof echoService, request: string): Promise<{ value: string; metadata: grpc.Metadata; trailers: grpc.Metadata }> {
+  return unaryCall(client, echoService[method], request);
 }
 
 describe("gRPC through the proxy", () => {
@@ -108,7 +72,7 @@ describe("gRPC through the proxy", () => {
   });
 
   it("a grpc-js guest configured only by guestEnv() (its proxy and GRPC_DEFAULT_SSL_ROOTS_FILE_PATH) calls through the proxy", async () => {
-    const upstream = await startGrpcServer();
+    const upstream = await startEchoServer();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstreamCa: [upstream.caPem] });
     const env = proxy.guestEnv();
     expect(readFileSync(env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"]!, "utf8")).toContain(proxy.caCertPem.trim());
@@ -159,9 +123,8 @@ describe("gRPC through the proxy", () => {
 
   /** A call to other.test, off the allowlist: PERMISSION_DENIED naming the reason, and nothing reached the server. */
   async function expectOffListDenied(upstream: { readonly port: number; calls(): number }, proxy: { readonly caCertPem: string }): Promise<void> {
-    const offList = new grpc.Client(`other.test:${upstream.port}`, grpc.credentials.createSsl(Buffer.from(proxy.caCertPem)));
-    onTestFinished(() => offList.close());
-    const error = (await unary(offList, "unary", "x", offList).catch((e: unknown) => e)) as grpc.ServiceError;
+    const offList = grpcClient(`other.test:${upstream.port}`, Buffer.from(proxy.caCertPem));
+    const error = (await unary(offList, "unary", "x").catch((e: unknown) => e)) as grpc.ServiceError;
     expect(error.code).toBe(grpc.status.PERMISSION_DENIED);
     expect(error.details).toContain('"other.test" is not in allowedHosts');
     expect(upstream.calls()).toBe(0);
@@ -191,9 +154,8 @@ describe("gRPC through the proxy", () => {
     const capture = (...args: unknown[]): void => void logged.push(args.map(String).join(" "));
     grpc.setLogger({ error: capture, info: capture, debug: capture });
     onTestFinished(() => grpc.setLogger(console));
-    const offList = new grpc.Client(`other.test:${upstream.port}`, grpc.credentials.createSsl(Buffer.from(proxy.caCertPem)));
-    onTestFinished(() => offList.close());
-    const error = (await unary(offList, "unary", "x", offList).catch((e: unknown) => e)) as grpc.ServiceError;
+    const offList = grpcClient(`other.test:${upstream.port}`, Buffer.from(proxy.caCertPem));
+    const error = (await unary(offList, "unary", "x").catch((e: unknown) => e)) as grpc.ServiceError;
     expect(error.code).toBe(grpc.status.UNAVAILABLE);
     expect(error.details).toContain("No connection established");
     expect(logged.some((line) => line.includes(`Failed to connect to other.test:${upstream.port} through proxy`) && line.includes("with status 403"))).toBe(true);

@@ -6,7 +6,7 @@ import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { cleanEnv } from "../helpers/clients.js";
 import { curlVia } from "../helpers/curl.js";
-import { startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
+import { guestConnections, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { patternBody, patternSha256, startUpstream, type Upstream } from "../helpers/upstream.js";
 
 // Real HTTP/2 clients through the proxy's HTTP/2 hardening (h2-guest.ts, h2-settings.ts): each
@@ -17,14 +17,6 @@ const javaProgram = fileURLToPath(new URL("../fixtures/java/H2Interop.java", imp
 
 function hasCommand(name: string): boolean {
   return spawnSync("sh", ["-c", `command -v ${name}`], { stdio: "ignore" }).status === 0;
-}
-
-/** The proxy's record of its guest connections: the tunnels opened, and any it closed for a limit. */
-function connections(proxy: TestProxy): { tunnels: number; closed: unknown[] } {
-  return {
-    tunnels: proxy.logs.filter((line) => line["msg"] === "tunnel opened").length,
-    closed: proxy.logs.filter((line) => line["msg"] === "guest h2 connection closed").map((line) => line["reason"]),
-  };
 }
 
 /** Another guest, on a connection of its own, still gets its answer. */
@@ -65,7 +57,7 @@ describe("Java's HttpClient (HTTP_2) through the proxy", () => {
     const upstream = await startUpstream();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
     expect(await java(proxy, upstream, "parallel")).toEqual({ parallel: 200, parallelH2: 200 });
-    expect(connections(proxy).closed).toEqual([]);
+    expect(guestConnections(proxy).closed).toEqual([]);
     await othersServed(proxy, upstream);
   }, 60_000);
 
@@ -89,7 +81,7 @@ describe("Java's HttpClient (HTTP_2) through the proxy", () => {
       after: 200,
       afterVersion: "HTTP_2",
     });
-    expect(connections(proxy)).toEqual({ tunnels: 1, closed: [] });
+    expect(guestConnections(proxy)).toEqual({ tunnels: 1, closed: [] });
     await othersServed(proxy, upstream);
   }, 60_000);
 });
@@ -131,7 +123,7 @@ describe("curl --http2 through the proxy", () => {
     const uploads = upstream.seen.filter((seen) => seen.method === "PUT");
     expect(uploads.length).toBe(100);
     expect(new Set(uploads.map((seen) => `${seen.bodyBytes} ${seen.bodySha256}`))).toEqual(new Set([`${uploadSize} ${patternSha256(uploadSize)}`]));
-    expect(connections(proxy)).toEqual({ tunnels: 1, closed: [] });
+    expect(guestConnections(proxy)).toEqual({ tunnels: 1, closed: [] });
     await othersServed(proxy, upstream);
   });
 
@@ -159,7 +151,7 @@ describe("curl --http2 through the proxy", () => {
     const codes = run.stdout.trim().split("\n");
     expect(codes.length).toBe(400);
     expect(new Set(codes)).toEqual(new Set(["28"]));
-    expect(connections(proxy)).toEqual({ tunnels: 1, closed: [] });
+    expect(guestConnections(proxy)).toEqual({ tunnels: 1, closed: [] });
     await othersServed(proxy, upstream);
   }, 60_000);
 });
@@ -221,7 +213,7 @@ describe.skipIf(!nghttp2Tools)("nghttp2's clients through socat (skipped without
     const rows = run.out.split("\n").filter((line) => /\/bytes\?n=/.test(line) && /^\s*\d+\s/.test(line));
     expect(rows.length, run.out).toBe(100);
     expect(rows.every((row) => /\s200\s+256K?\s|\s200\s+262144\s/.test(row)), rows.join("\n")).toBe(true);
-    expect(connections(proxy)).toEqual({ tunnels: 1, closed: [] });
+    expect(guestConnections(proxy)).toEqual({ tunnels: 1, closed: [] });
     await othersServed(proxy, upstream);
   }, 60_000);
 
@@ -233,7 +225,7 @@ describe.skipIf(!nghttp2Tools)("nghttp2's clients through socat (skipped without
     expect(run.exitCode, run.out).toBe(0);
     expect(run.out).toMatch(/requests: 10000 total, 10000 started, 10000 done, 10000 succeeded, 0 failed, 0 errored, 0 timeout/);
     expect(run.out).toMatch(/status codes: 10000 2xx, 0 3xx, 0 4xx, 0 5xx/);
-    expect(connections(proxy)).toEqual({ tunnels: 4, closed: [] });
+    expect(guestConnections(proxy)).toEqual({ tunnels: 4, closed: [] });
     await othersServed(proxy, upstream);
   }, 60_000);
 });
