@@ -357,6 +357,8 @@ export async function launchProxy(
       // What was checked, read once, is what is used.
       const checked = checkGuestOptions(checkGuestName("addGuest", name), guestOptions);
       const resolved = resolveGuestOptions(name, checked, ["guests", name], config.resolve, "addGuest");
+      // Reading the options ran the caller's getters, which may have begun close().
+      if (closing !== undefined) throw new ProxyClosedError("addGuest");
       checkSourcesApart([...guests.all(), resolved], "addGuest");
       guests.add(resolved);
       redactor.update(guests);
@@ -366,6 +368,9 @@ export async function launchProxy(
       // Requests draining keep the configuration they started with; so do the guests.
       if (closing !== undefined) throw new ProxyClosedError("reload");
       const resolved = resolveProxyOptions(next, "reload");
+      // Reading the options ran the caller's getters, which may have begun close(): a drain
+      // serves the guests it began with, so the new ones must not replace them now.
+      if (closing !== undefined) throw new ProxyClosedError("reload");
       if (resolved.open !== guests.open) {
         // The options that make the difference: `guests` (always with credentials), or `auth` in the single-guest form.
         const reason = "a proxy that serves one guest without credentials stays that way (and one with credentials too); restart it to change";
