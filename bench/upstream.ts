@@ -2,7 +2,8 @@
  * The bench's Node upstream: HTTPS on 127.0.0.1 (two ports, see UpstreamMessage) with a `*.bench.test` certificate, so
  * it answers any bench hostname, in its own process so its CPU is never the proxy's.
  * `GET /small` answers 100 bytes (`/small-close` too, then closes the connection); `POST /upload`
- * reads the body, discards it and answers its length in bytes; `GET /download?bytes=N` sends N
+ * reads the body, discards it and answers its length in bytes; `POST /hold` reads nothing and
+ * never answers (an upstream that takes none of an upload: bench/h2-held.ts); `GET /download?bytes=N` sends N
  * zero bytes with backpressure (bulk downloads come from `openssl s_server` unless the bench is
  * run with `--bulk-upstream node`); anything else is a 404. A third port speaks only HTTP/2 (no
  * `http/1.1` in its ALPN, as a gRPC server), with Node's default flow-control windows:
@@ -87,6 +88,10 @@ function start(setup: UpstreamSetup): void {
       pump();
       return;
     }
+    if (req.method === "POST" && req.url === "/hold") {
+      // Nothing read and no answer: the socket's buffers fill, and the proxy holds the rest.
+      return;
+    }
     if (req.method === "POST" && req.url === "/upload") {
       let received = 0;
       req.on("data", (chunk: Buffer) => (received += chunk.length));
@@ -153,6 +158,8 @@ function start(setup: UpstreamSetup): void {
           stream.end();
         };
         pump();
+      } else if (head[":method"] === "POST" && path === "/hold") {
+        // Nothing read: its window (Node's 65,535 bytes) fills, and the proxy holds the rest.
       } else if (head[":method"] === "POST" && path === "/upload") {
         let received = 0;
         stream.on("data", (chunk: Buffer) => (received += chunk.length));

@@ -211,7 +211,7 @@ export async function runCheck(command: CheckCommand, print: (text: string) => v
     bodyTimeoutMs: 1,
     keepAliveTimeoutMs: 1,
     h2PingMs: config.timeouts.h2PingMs,
-    h2Windows: { streamBytes: config.limits.h2StreamWindowBytes, connectionBytes: config.limits.h2ConnectionWindowBytes },
+    h2Windows: { streamBytes: config.limits.h2StreamWindowBytes, connectionBytes: config.limits.h2ConnectionWindowBytes, budgetBytes: config.limits.h2ConnectionBufferBytes },
     recheck: () => "offline",
   });
   const pipeline = new Pipeline({

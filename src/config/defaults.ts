@@ -42,6 +42,9 @@ export const defaults = Object.freeze({
     // byte under a power of two, as Node's own 65,535.
     h2StreamWindowBytes: 1024 * 1024 - 1,
     h2ConnectionWindowBytes: 1024 * 1024 * 1024 - 1,
+    // docs/performance.md, "What a stopped HTTP/2 reader holds": 16 streams at the full window,
+    // 100 at 128 KiB, where a connection's 100 stopped streams held 100 MiB.
+    h2ConnectionBufferBytes: 16 * 1024 * 1024,
   }),
   /** A recorded network's choices (README, "Recorded network"). */
   upstream: Object.freeze({

@@ -81,6 +81,9 @@ const limitsNode = object(
     h2ConnectionWindowBytes: integer(65_535, 2 ** 31 - 1, "Bytes one HTTP/2 connection may send the proxy ahead of it, over all its streams (an upstream's, an HTTP/2 guest's); the proxy takes them as they arrive, so this caps a connection's pace, not what it holds.", {
       default: defaults.limits.h2ConnectionWindowBytes,
     }),
+    h2ConnectionBufferBytes: integer(65_535, 2 ** 31 - 1, "Bytes the stream windows of one HTTP/2 connection (a guest's, an upstream's) may add up to: past h2ConnectionBufferBytes ÷ h2StreamWindowBytes streams with a body coming, each stream's window is lowered so that together they stay within it (never below 65,535 bytes): the most the proxy holds for one connection whose readers have stopped.", {
+      default: defaults.limits.h2ConnectionBufferBytes,
+    }),
   },
   "What guests may hold at once.",
 );

@@ -118,7 +118,7 @@ export class Guest {
       bodyTimeoutMs: config.timeouts.upstreamBodyMs,
       keepAliveTimeoutMs: 4_000,
       h2PingMs: config.timeouts.h2PingMs,
-      h2Windows: { streamBytes: config.limits.h2StreamWindowBytes, connectionBytes: config.limits.h2ConnectionWindowBytes },
+      h2Windows: { streamBytes: config.limits.h2StreamWindowBytes, connectionBytes: config.limits.h2ConnectionWindowBytes, budgetBytes: config.limits.h2ConnectionBufferBytes },
       recheck,
       ...(deps.upstreamConnection !== undefined ? { onConnection: (protocol: "h1" | "h2", connection: UpstreamConnection) => deps.upstreamConnection!(this.name, protocol, connection) } : {}),
     });

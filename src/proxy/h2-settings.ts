@@ -1,5 +1,6 @@
 import { constants, type ServerOptions } from "node:http2";
 import { maxRequestFields } from "./guest-request.js";
+import { emptyStreams, sharedWindow } from "../upstream/h2-window-share.js";
 
 /** The guest-side HTTP/2 limits that `limits.h2*` sets (README "HTTP/2 and gRPC"). */
 export interface H2ConfiguredLimits {
@@ -18,6 +19,8 @@ export interface H2ConfiguredLimits {
   readonly h2StreamWindowBytes: number;
   /** The connection's receive window, raised with WINDOW_UPDATE once the session starts (raiseConnectionWindow). */
   readonly h2ConnectionWindowBytes: number;
+  /** What the stream windows of one connection may add up to (WindowShare). */
+  readonly h2ConnectionBufferBytes: number;
 }
 
 /**
@@ -68,6 +71,17 @@ export function h2HeaderListPairs(limits: Pick<H2ConfiguredLimits, "h2HeaderList
   return Math.max(maxRequestFields + 5, Math.floor(limits.h2HeaderListBytes / 32));
 }
 
+/**
+ * The stream window of a guest connection's first SETTINGS: `limits.h2Streams` streams' share of
+ * `limits.h2ConnectionBufferBytes` (131,071 bytes at the defaults), raised to
+ * `limits.h2StreamWindowBytes` once the guest has acknowledged it while few of its streams have a
+ * body coming (WindowShare). A guest that opens all its streams at once, as soon as it has the
+ * proxy's SETTINGS, opens them at this window, never at the full one.
+ */
+export function h2FirstWindow(limits: Pick<H2ConfiguredLimits, "h2StreamWindowBytes" | "h2ConnectionBufferBytes" | "h2Streams">): number {
+  return sharedWindow(limits.h2StreamWindowBytes, limits.h2ConnectionBufferBytes, emptyStreams(limits.h2Streams));
+}
+
 /** The http2.Server options for these limits. */
 export function h2ServerOptions(limits: H2ConfiguredLimits): ServerOptions {
   return {
@@ -82,7 +96,7 @@ export function h2ServerOptions(limits: H2ConfiguredLimits): ServerOptions {
       maxHeaderListSize: limits.h2HeaderListBytes,
       // Server push is never used: a guest must not be sent anything it did not ask for.
       enablePush: false,
-      initialWindowSize: limits.h2StreamWindowBytes,
+      initialWindowSize: h2FirstWindow(limits),
     },
   };
 }

@@ -88,6 +88,16 @@ export interface ConnectionLimitOptions {
    * HTTP/2 client gives 1 GiB): no connection waits on it.
    */
   readonly h2ConnectionWindowBytes?: number;
+  /**
+   * Bytes the stream windows of one HTTP/2 connection (a guest's, or one of the proxy's upstream
+   * connections) may add up to. With more than this ÷ `h2StreamWindowBytes` streams receiving a
+   * body, the proxy lowers its SETTINGS_INITIAL_WINDOW_SIZE on that connection so that their
+   * windows together stay within it (never below 65,535 bytes each): the most the proxy holds
+   * for a connection whose readers have all stopped, as Go's server bounds uploads with
+   * `MaxUploadBufferPerConnection`. Default 16777216 (16 MiB: 16 streams at the full window, 100
+   * at 128 KiB; see docs/performance.md, "What a stopped HTTP/2 reader holds").
+   */
+  readonly h2ConnectionBufferBytes?: number;
 }
 
 /** Options for {@link startProxy}. Every CLI flag has the matching option. */

@@ -9,6 +9,7 @@ import { onBodySilence } from "./h2-body-silence.js";
 import { closedBeforeResponse } from "./h2-close-reason.js";
 import { requestStream } from "./h2-request-call.js";
 import { onCutEnd, pipeToH2Stream, resetH2Stream } from "../streams.js";
+import { windowShares } from "./h2-window-share.js";
 
 /** The request as the upstream layer needs it (the pipeline's OutboundRequest fits). */
 export interface H2UpstreamRequest {
@@ -154,9 +155,13 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
     throw new Error("the guest left before the request was sent");
   }
   let stream: ClientHttp2Stream;
+  // Its response holds what the stream's window lets in until the guest reads it: counted before
+  // its HEADERS go, so that a lower window for the session goes out ahead of them.
+  const attach = windowShares.get(session)?.reserve();
   try {
     stream = requestStream(session, requestHeaders(request), request.body === null ? endedStream : openStream);
   } catch (error) {
+    attach?.(undefined);
     options.done();
     if (error instanceof EgressError) throw error;
     const code = (error as NodeJS.ErrnoException).code;
@@ -175,6 +180,7 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
   let failure: Error | undefined;
   stream.on("error", (error: Error) => (failure ??= error));
   stream.once("close", release);
+  attach?.(stream);
   let open = sessionStreams.get(session);
   if (open === undefined) sessionStreams.set(session, (open = new Set()));
   open.add(stream);

@@ -6,6 +6,7 @@ import type { AlpnConnectOptions } from "./h2-connect.js";
 import { H2SessionLost } from "./h2-close-reason.js";
 import { connectAlpn } from "./h2-connect.js";
 import { defaultWindow, raiseConnectionWindow, type H2Windows } from "./h2-windows.js";
+import { WindowShare, windowShares } from "./h2-window-share.js";
 import { goawayLastStream, sessionBodyBytes, sessionStreams } from "./h2-exchange.js";
 import type { ResolvedAddress } from "./resolve.js";
 
@@ -172,6 +173,22 @@ export class H2Sessions {
     });
     session.on("error", () => undefined);
     raiseConnectionWindow(session, this.options.windows.connectionBytes);
+    // Responses whose guests stopped reading hold what their windows let in: the streams share
+    // `limits.h2ConnectionBufferBytes` (WindowShare). An upstream that never acknowledges a
+    // lowered window keeps sending by the old one: its session is given up as a silent one is.
+    windowShares.set(
+      session,
+      new WindowShare(session, {
+        streamBytes: this.options.windows.streamBytes,
+        budgetBytes: this.options.windows.budgetBytes,
+        ackMs: this.options.pingMs,
+        onUnacknowledged: () => {
+          ended.add(session);
+          this.live(key);
+          this.settleEnded(session, `the upstream did not acknowledge the proxy's SETTINGS within timeouts.h2PingMs (${this.options.pingMs} ms)`, false);
+        },
+      }),
+    );
     // A session that received GOAWAY takes no new streams (live()). A graceful shutdown sends two,
     // the first with the highest id: the lowest counts.
     session.on("goaway", (_code: number, lastStreamID: number) => {

@@ -3,12 +3,14 @@ import type { Http2Session } from "node:http2";
 /** RFC 9113 §6.9.2: the flow-control window a peer has until it says otherwise. */
 export const defaultWindow = 65_535;
 
-/** The proxy's HTTP/2 receive windows, on either side (`limits.h2StreamWindowBytes`, `limits.h2ConnectionWindowBytes`). */
+/** The proxy's HTTP/2 receive windows, on either side (`limits.h2StreamWindowBytes`, `limits.h2ConnectionWindowBytes`, `limits.h2ConnectionBufferBytes`). */
 export interface H2Windows {
   /** SETTINGS_INITIAL_WINDOW_SIZE: the most one stream sends ahead of its reader, so the most the proxy holds for it. */
   readonly streamBytes: number;
   /** The connection's receive window, over all its streams. */
   readonly connectionBytes: number;
+  /** What the streams' windows may add up to (`limits.h2ConnectionBufferBytes`, WindowShare). */
+  readonly budgetBytes: number;
 }
 
 /**

@@ -89,7 +89,7 @@ export class PinnedPools {
       idleMs: options.keepAliveTimeoutMs,
       pingMs: options.h2PingMs,
       drainMs: options.headersTimeoutMs,
-      windows: options.h2Windows ?? { streamBytes: defaultWindow, connectionBytes: defaultWindow },
+      windows: options.h2Windows ?? { streamBytes: defaultWindow, connectionBytes: defaultWindow, budgetBytes: defaultWindow },
     });
   }
 

@@ -1,0 +1,260 @@
+/**
+ * `node --import tsx bench/h2-held.ts [options]`: what one guest can make the proxy hold with
+ * streams whose reader has stopped (docs/performance.md, "What a stopped HTTP/2 reader holds").
+ * For each configuration and scenario, a fresh proxy (bench/h2-windows-proxy.ts: `startProxy`
+ * from a built tree's `dist/`), its RSS after two collections; then `--connections` guest
+ * connections of `--streams` streams each whose reader stops, and once nothing has moved for a
+ * second, its RSS as it stands and after two collections, and `arrayBuffers`.
+ *
+ * Scenarios (`--scenarios`):
+ *   up-h1up      HTTP/2 guests upload `--mib` MiB per stream to `POST /hold` on the bench
+ *                upstream's HTTP/1.1 port, which reads nothing and never answers
+ *   up-h2up      the same to its h2-only port (whose own window, Node's 65,535 bytes, fills)
+ *   down-h2up    HTTP/2 guests (Node's 65,535-byte windows) ask the h2-only port for `--mib` MiB
+ *                per stream and stop reading
+ *   down-h1up    the same from the HTTP/1.1 port
+ *   h1-down-h2up HTTP/1.1 guests, one download per connection (connections × streams of them,
+ *                `--h1-guests` at most), from the h2-only port; a guest stops reading
+ *   h1-down-h1up the same from the HTTP/1.1 port
+ *
+ * Configurations: `--trees label=DIR[:limitsJSON],…` (each built: `npm run build`), default this
+ * checkout as `new`. What the guests managed to send (uploads) or the upstream wrote
+ * (downloads) is given per stream too.
+ *
+ *   --connections 2   --streams 100   --mib 8   --h1-guests 200   --json FILE
+ *   --first-alone     HTTP/2 guests open one stream, wait 300 ms (the proxy's windows at their
+ *                     widest for one stream), then the rest at once: what a guest may send before
+ *                     it has read the proxy's lowered window
+ */
+import { fork, type ChildProcess } from "node:child_process";
+import { once } from "node:events";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { connect as h2Connect, type ClientHttp2Session } from "node:http2";
+import { loadavg, tmpdir } from "node:os";
+import { join, resolve as resolvePath } from "node:path";
+import { connect as tlsConnect, type TLSSocket } from "node:tls";
+import { parseArgs } from "node:util";
+import { ask, root, statusKb, stopChild, track } from "./children.js";
+import { connectThrough } from "./h2-load.js";
+import type { WindowsProxyMemory, WindowsProxyReady } from "./h2-windows-proxy.js";
+import { originHost } from "./targets.js";
+import type { UpstreamMessage, UpstreamSetup, UpstreamStats } from "./upstream.js";
+import { createCaCertificate, importKeyPair, LeafSigner, parseCertificate } from "../src/tls/x509.js";
+
+const scenarios = ["up-h1up", "up-h2up", "down-h2up", "down-h1up", "h1-down-h2up", "h1-down-h1up"] as const;
+type Scenario = (typeof scenarios)[number];
+
+const { values } = parseArgs({
+  options: {
+    trees: { type: "string", default: `new=${root}` },
+    scenarios: { type: "string", default: scenarios.join(",") },
+    connections: { type: "string", default: "2" },
+    streams: { type: "string", default: "100" },
+    mib: { type: "string", default: "8" },
+    "h1-guests": { type: "string", default: "200" },
+    "first-alone": { type: "boolean", default: false },
+    json: { type: "string" },
+  },
+});
+
+interface Config {
+  readonly label: string;
+  readonly tree: string;
+  readonly limits: Readonly<Record<string, number>>;
+}
+
+const configs: Config[] = values.trees.split(",").map((spec) => {
+  const [label, rest] = spec.split("=", 2) as [string, string];
+  const colon = rest.indexOf(":");
+  return colon < 0 ? { label, tree: resolvePath(rest), limits: {} } : { label, tree: resolvePath(rest.slice(0, colon)), limits: JSON.parse(rest.slice(colon + 1)) as Record<string, number> };
+});
+const chosen = values.scenarios.split(",").map((s) => {
+  if (!(scenarios as readonly string[]).includes(s)) throw new RangeError(`--scenarios: unknown ${s}`);
+  return s as Scenario;
+});
+const connections = Number(values.connections);
+const streams = Number(values.streams);
+const bytes = Number(values.mib) * 2 ** 20;
+const h1Guests = Number(values["h1-guests"]);
+
+const dir = mkdtempSync(join(tmpdir(), "eg-h2held-"));
+const children = new Set<ChildProcess>();
+async function cleanup(): Promise<void> {
+  await Promise.all([...children].map((child) => stopChild(child)));
+  rmSync(dir, { recursive: true, force: true });
+}
+process.once("SIGINT", () => void cleanup().then(() => process.exit(130)));
+
+const ca = await createCaCertificate("egressgate bench upstream CA");
+const signer = await LeafSigner.create({ cert: parseCertificate(ca.certPem), key: await importKeyPair(ca.keyPem) }, "ecdsa");
+const leaf = await signer.sign("*.bench.test", 30);
+const upstreamCaFile = join(dir, "upstream-ca.pem");
+writeFileSync(upstreamCaFile, ca.certPem);
+
+interface Reading {
+  readonly config: string;
+  readonly scenario: Scenario;
+  readonly streams: number;
+  readonly rssBeforeMiB: number;
+  readonly rssHeldMiB: number;
+  readonly rssHeldGcMiB: number;
+  readonly arrayBuffersMiB: number;
+  /** Uploads: what the guests' streams got onto the wire; downloads: what the upstream wrote. */
+  readonly movedMiB: number;
+  readonly loadavg: number;
+}
+
+const readings: Reading[] = [];
+const log = (line: string): void => void process.stderr.write(`${line}\n`);
+
+async function startUpstream(): Promise<{ child: ChildProcess; h1Port: number; h2Port: number }> {
+  const child = track(fork(join(root, "bench", "upstream.ts"), [], { execArgv: ["--import", "tsx"], stdio: ["ignore", "inherit", "inherit", "ipc"] }), "upstream");
+  children.add(child);
+  const setup: UpstreamSetup = { kind: "setup", keyPem: signer.leafKey.privateKeyPem, certPem: leaf.certPem, bodyBytes: 100 };
+  const ports = await ask<Extract<UpstreamMessage, { kind: "ready" }>>(child, "ready", setup, 30_000);
+  return { child, h1Port: ports.port, h2Port: ports.h2Port };
+}
+
+async function startProxy(config: Config): Promise<{ child: ChildProcess; url: string; caPem: string }> {
+  const child = track(
+    fork(join(root, "bench", "h2-windows-proxy.ts"), [config.tree, upstreamCaFile, JSON.stringify({ connectionsPerSource: 1024, ...config.limits })], {
+      execArgv: ["--import", "tsx", "--expose-gc"],
+      cwd: config.tree,
+      stdio: ["ignore", "inherit", "inherit", "ipc"],
+    }),
+    `egressgate ${config.label}`,
+  );
+  children.add(child);
+  const ready = await ask<WindowsProxyReady>(child, "ready", undefined, 60_000);
+  return { child, url: `http://127.0.0.1:${ready.port}`, caPem: ready.caPem };
+}
+
+async function h2Guest(proxyUrl: string, caPem: string, authority: string, window?: number): Promise<ClientHttp2Session> {
+  const tunnel = await connectThrough(proxyUrl, authority);
+  const socket = tlsConnect({ socket: tunnel, servername: originHost, ca: caPem, ALPNProtocols: ["h2"] });
+  await once(socket, "secureConnect");
+  const session = h2Connect(`https://${authority}`, { createConnection: () => socket, ...(window !== undefined ? { settings: { initialWindowSize: window } } : {}) });
+  session.on("error", () => undefined);
+  await once(session, "remoteSettings");
+  return session;
+}
+
+const chunk = Buffer.alloc(64 * 1024);
+
+for (const scenario of chosen) {
+  for (const config of configs) {
+    // A fresh upstream per run: its held requests and connections are not the next run's.
+    const upstream = await startUpstream();
+    const stats = (): Promise<UpstreamStats> => ask<UpstreamStats>(upstream.child, "stats", { kind: "stats" }, 10_000);
+    const proxy = await startProxy(config);
+    const authority = `${originHost}:${scenario.endsWith("h1up") ? upstream.h1Port : upstream.h2Port}`;
+    // The leaf, the ALPN answer and an upstream connection, before the baseline.
+    const warm = await h2Guest(proxy.url, proxy.caPem, authority);
+    await new Promise<void>((resolve) => {
+      const stream = warm.request({ ":path": "/small" });
+      stream.resume();
+      stream.on("close", resolve);
+    });
+    warm.destroy();
+    await new Promise((r) => setTimeout(r, 500));
+    const before = await ask<WindowsProxyMemory>(proxy.child, "memory", { kind: "measure" }, 30_000);
+    const wroteBefore = (await stats()).downloadBytes;
+    const held: (ClientHttp2Session | TLSSocket)[] = [];
+    let sent = 0;
+    let count = 0;
+    /** Streams the proxy reset, by code. */
+    const resets = new Map<number, number>();
+    if (scenario.startsWith("h1-")) {
+      count = Math.min(h1Guests, connections * streams);
+      for (let i = 0; i < count; i++) {
+        const tunnel = await connectThrough(proxy.url, authority);
+        const socket = tlsConnect({ socket: tunnel, servername: originHost, ca: proxy.caPem, ALPNProtocols: ["http/1.1"] });
+        socket.on("error", () => undefined);
+        await once(socket, "secureConnect");
+        socket.write(`GET /download?bytes=${bytes} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+        socket.pause();
+        held.push(socket);
+      }
+    } else {
+      const upload = scenario.startsWith("up-");
+      for (let c = 0; c < connections; c++) {
+        // Downloads: Node's own 65,535-byte windows, so the guest itself takes little.
+        const session = await h2Guest(proxy.url, proxy.caPem, authority, upload ? 32 * 2 ** 20 - 1 : undefined);
+        held.push(session);
+        for (let s = 0; s < streams; s++) {
+          if (s === 1 && values["first-alone"]) await new Promise((r) => setTimeout(r, 300));
+          count += 1;
+          if (upload) {
+            const stream = session.request({ ":method": "POST", ":path": "/hold" }, { endStream: false });
+            stream.on("error", () => undefined);
+            stream.on("close", () => {
+              if (stream.rstCode !== undefined) resets.set(stream.rstCode, (resets.get(stream.rstCode) ?? 0) + 1);
+            });
+            let left = bytes;
+            const pump = (): void => {
+              while (left > 0) {
+                left -= chunk.length;
+                if (!stream.write(chunk, () => (sent += chunk.length))) {
+                  stream.once("drain", pump);
+                  return;
+                }
+              }
+            };
+            pump();
+          } else {
+            const stream = session.request({ ":path": `/download?bytes=${bytes}` });
+            stream.on("error", () => undefined);
+            stream.pause();
+          }
+        }
+      }
+    }
+    // Settled: nothing moved for a second (every window and buffer on the way is full).
+    const moved = async (): Promise<number> => (scenario.startsWith("up-") ? sent : (await stats()).downloadBytes - wroteBefore);
+    let last = -1;
+    let still = 0;
+    for (let waited = 0; waited < 120_000 && still < 4; waited += 250) {
+      await new Promise((r) => setTimeout(r, 250));
+      const now = await moved();
+      still = now === last ? still + 1 : 0;
+      last = now;
+    }
+    const rssHeld = statusKb(proxy.child.pid, "VmRSS") ?? Number.NaN;
+    const windows = held.filter((h): h is ClientHttp2Session => "remoteSettings" in h).map((h) => h.remoteSettings.initialWindowSize);
+    if (windows.length > 0) log(`  the guests' stream windows from the proxy: ${[...new Set(windows)].join(", ")}`);
+    if (resets.size > 0) log(`  streams reset, by code: ${[...resets].map(([code, n]) => `${code}: ${n}`).join(", ")}`);
+    const after = await ask<WindowsProxyMemory>(proxy.child, "memory", { kind: "measure" }, 30_000);
+    const reading: Reading = {
+      config: config.label,
+      scenario,
+      streams: count,
+      rssBeforeMiB: before.rss / 2 ** 20,
+      rssHeldMiB: rssHeld / 1024,
+      rssHeldGcMiB: after.rss / 2 ** 20,
+      arrayBuffersMiB: after.arrayBuffers / 2 ** 20,
+      movedMiB: last / 2 ** 20,
+      loadavg: loadavg()[0]!,
+    };
+    readings.push(reading);
+    log(
+      `  ${scenario.padEnd(12)} ${config.label.padEnd(8)} ${count} streams: RSS ${reading.rssBeforeMiB.toFixed(1)} -> ${reading.rssHeldMiB.toFixed(1)} MiB (${reading.rssHeldGcMiB.toFixed(1)} after gc), ` +
+        `arrayBuffers ${reading.arrayBuffersMiB.toFixed(1)} MiB, moved ${((reading.movedMiB * 1024) / count).toFixed(0)} KiB per stream (load ${reading.loadavg.toFixed(2)})`,
+    );
+    for (const h of held) h.destroy();
+    await stopChild(proxy.child);
+    children.delete(proxy.child);
+    await stopChild(upstream.child);
+    children.delete(upstream.child);
+  }
+}
+
+console.log(`\n| scenario | configuration | streams | RSS before MiB | held MiB | after gc MiB | growth per stream KiB (after gc) | arrayBuffers MiB | moved per stream KiB | load |`);
+console.log(`|---|---|---:|---:|---:|---:|---:|---:|---:|---:|`);
+for (const r of readings) {
+  console.log(
+    `| ${r.scenario} | ${r.config} | ${r.streams} | ${r.rssBeforeMiB.toFixed(1)} | ${r.rssHeldMiB.toFixed(1)} | ${r.rssHeldGcMiB.toFixed(1)} | ${(((r.rssHeldGcMiB - r.rssBeforeMiB) * 1024) / r.streams).toFixed(0)} | ${r.arrayBuffersMiB.toFixed(1)} | ${((r.movedMiB * 1024) / r.streams).toFixed(0)} | ${r.loadavg.toFixed(2)} |`,
+  );
+}
+if (values.json !== undefined) writeFileSync(values.json, JSON.stringify({ connections, streams, mib: bytes / 2 ** 20, readings }, null, 2));
+await cleanup();
+process.exit(0);

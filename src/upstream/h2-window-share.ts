@@ -1,0 +1,163 @@
+import type { Http2Session, Http2Stream } from "node:http2";
+import { defaultWindow } from "./h2-windows.js";
+
+/**
+ * The stream window a session advertises when its receiving streams hold `held` bytes each (one
+ * entry per stream with a body still coming; 0 for one that holds nothing): the largest of
+ * `streamBytes` and the values one byte under a power of two below it (as the default
+ * `limits.h2StreamWindowBytes` is, and Node's 65,535: see docs/performance.md, "HTTP/2
+ * flow-control windows") with which every stream, filling its window, leaves the streams holding
+ * at most `budgetBytes` together; never below RFC 9113's 65,535, so a stream that is read still
+ * moves 64 KiB per round trip however full the connection is. A stream already holding more than
+ * the window (it filled a larger one) counts what it holds: a lower window does not empty it.
+ *
+ * @example sharedWindow(1_048_575, 16 * 2 ** 20, new Array(100).fill(0)) === 131_071
+ */
+export function sharedWindow(streamBytes: number, budgetBytes: number, held: readonly number[]): number {
+  for (let window = Math.min(streamBytes, budgetBytes); window > defaultWindow; window = stepDown(Math.floor(window / 2))) {
+    let total = 0;
+    for (const bytes of held) total += Math.max(bytes, window);
+    if (total <= budgetBytes) return window;
+  }
+  return defaultWindow;
+}
+
+/** The largest value one byte under a power of two that is at most `bytes`. */
+function stepDown(bytes: number): number {
+  return 2 ** Math.floor(Math.log2(bytes + 1)) - 1;
+}
+
+/** `count` streams holding nothing, for {@link sharedWindow}. */
+export function emptyStreams(count: number): number[] {
+  return new Array<number>(count).fill(0);
+}
+
+export interface WindowShareOptions {
+  /** `limits.h2StreamWindowBytes`: a stream's window while the connection has room. */
+  readonly streamBytes: number;
+  /** The window the session's first SETTINGS gave (`streamBytes` when not given). */
+  readonly initialBytes?: number;
+  /** `limits.h2ConnectionBufferBytes`: what the streams' windows may add up to. */
+  readonly budgetBytes: number;
+  /** How long the peer may take to acknowledge a lowered window before `onUnacknowledged`. */
+  readonly ackMs: number;
+  /** The peer left a SETTINGS of the share's unacknowledged for `ackMs`: it keeps its old windows until it does. */
+  readonly onUnacknowledged: () => void;
+}
+
+/** Each upstream session's share, for the exchange that opens a stream on it (sendOnSession). */
+export const windowShares = new WeakMap<Http2Session, WindowShare>();
+
+/**
+ * A connection's receive windows shared by the streams that have a body coming, as
+ * {@link sharedWindow} says. Node gives a connection's window back as DATA arrives, read or not,
+ * so only a stream's window bounds what a stream whose reader stopped holds, and a connection of
+ * `limits.h2Streams` such streams held that many windows (100 MiB at the defaults). Node has no
+ * window per stream to set; SETTINGS_INITIAL_WINDOW_SIZE, changed on a live connection, moves
+ * every stream's window by the difference (RFC 9113 §6.9.2; below zero for a stream that holds
+ * more than the new value, which then gets nothing more until that much is read).
+ *
+ * A lower value is sent at once; a higher one only once the peer has acknowledged the last, so
+ * a connection whose count swings sends one SETTINGS per round trip. The peer sends by the old
+ * value until it has the new one (§6.9.3): a stream it opened before reading the lower value,
+ * with DATA sent at once, gets the old window (the guest side's HeldBodies bounds that). The
+ * proxy's own streams (upstream sessions) are counted before their HEADERS go (reserve()), so the
+ * SETTINGS goes ahead of them. A peer that never acknowledges would keep the old windows for
+ * good, so `ackMs` bounds that.
+ */
+export class WindowShare {
+  private readonly streams = new Set<Http2Stream>();
+  /** Streams about to open (reserve()), counted as holding nothing. */
+  private reserved = 0;
+  /** The value last sent (or the session's first SETTINGS'). */
+  private advertised: number;
+  private deadline: NodeJS.Timeout | undefined;
+
+  constructor(
+    private readonly session: Http2Session,
+    private readonly options: WindowShareOptions,
+  ) {
+    this.advertised = options.initialBytes ?? options.streamBytes;
+    // An acknowledgement: any SETTINGS still unacknowledged gets `ackMs` from here.
+    session.on("localSettings", () => {
+      this.clearDeadline();
+      if (session.pendingSettingsAck) this.armDeadline();
+      this.update();
+    });
+    session.once("close", () => this.clearDeadline());
+  }
+
+  /** The window this share advertises now (the last SETTINGS sent, acknowledged or not). */
+  get window(): number {
+    return this.advertised;
+  }
+
+  /**
+   * Counts a stream the proxy is about to open, so that a lower window goes out before its
+   * HEADERS; `attach` it once opened (or with `undefined` if it never was).
+   */
+  reserve(): (stream: Http2Stream | undefined) => void {
+    this.reserved += 1;
+    this.update();
+    let attached = false;
+    return (stream) => {
+      if (attached) return;
+      attached = true;
+      this.reserved -= 1;
+      if (stream === undefined) this.update();
+      else this.receive(stream);
+    };
+  }
+
+  /** A stream with a body coming: counted until its readable side ends or it closes. */
+  receive(stream: Http2Stream): void {
+    if (this.streams.has(stream) || stream.readableEnded || stream.destroyed) {
+      this.update();
+      return;
+    }
+    this.streams.add(stream);
+    const release = (): void => {
+      if (!this.streams.delete(stream)) return;
+      stream.off("end", release);
+      stream.off("close", release);
+      this.update();
+    };
+    stream.once("end", release);
+    stream.once("close", release);
+    this.update();
+  }
+
+  private update(): void {
+    const session = this.session;
+    if (session.destroyed || session.closed) return;
+    const held: number[] = emptyStreams(this.reserved);
+    for (const stream of this.streams) held.push(stream.readableLength);
+    const target = sharedWindow(this.options.streamBytes, this.options.budgetBytes, held);
+    if (target === this.advertised) return;
+    // Raised only once the last change is acknowledged: one SETTINGS per round trip at most.
+    if (target > this.advertised && session.pendingSettingsAck) return;
+    try {
+      session.settings({ initialWindowSize: target });
+    } catch {
+      // Too many SETTINGS unacknowledged (Node's maxOutstandingSettings): the next ACK retries.
+      return;
+    }
+    const lowered = target < this.advertised;
+    this.advertised = target;
+    if (lowered) this.armDeadline();
+  }
+
+  private armDeadline(): void {
+    if (this.deadline !== undefined) return;
+    this.deadline = setTimeout(() => {
+      this.deadline = undefined;
+      if (!this.session.destroyed && this.session.pendingSettingsAck) this.options.onUnacknowledged();
+    }, this.options.ackMs);
+    this.deadline.unref();
+  }
+
+  private clearDeadline(): void {
+    clearTimeout(this.deadline);
+    this.deadline = undefined;
+  }
+}
