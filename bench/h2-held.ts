@@ -16,6 +16,9 @@
  *   h1-down-h2up HTTP/1.1 guests, one download per connection (connections × streams of them,
  *                `--h1-guests` at most), from the h2-only port; a guest stops reading
  *   h1-down-h1up the same from the HTTP/1.1 port
+ *   h1-idle-h1up as many HTTP/1.1 guests, each with one small request answered and its connection
+ *                (and the proxy's upstream connection) left open: what a connection costs, held
+ *                body or not
  *
  * Configurations: `--trees label=DIR[:limitsJSON],…` (each built: `npm run build`), default this
  * checkout as `new`. What the guests managed to send (uploads) or the upstream wrote
@@ -41,7 +44,7 @@ import { originHost } from "./targets.js";
 import type { UpstreamMessage, UpstreamSetup, UpstreamStats } from "./upstream.js";
 import { createCaCertificate, importKeyPair, LeafSigner, parseCertificate } from "../src/tls/x509.js";
 
-const scenarios = ["up-h1up", "up-h2up", "down-h2up", "down-h1up", "h1-down-h2up", "h1-down-h1up"] as const;
+const scenarios = ["up-h1up", "up-h2up", "down-h2up", "down-h1up", "h1-down-h2up", "h1-down-h1up", "h1-idle-h1up"] as const;
 type Scenario = (typeof scenarios)[number];
 
 const { values } = parseArgs({
@@ -99,6 +102,9 @@ interface Reading {
   readonly rssHeldMiB: number;
   readonly rssHeldGcMiB: number;
   readonly arrayBuffersMiB: number;
+  /** V8's heap in use and its external memory (arrayBuffers among it), after two collections, against before. */
+  readonly heapGrowthMiB: number;
+  readonly externalGrowthMiB: number;
   /** Uploads: what the guests' streams got onto the wire; downloads: what the upstream wrote. */
   readonly movedMiB: number;
   readonly loadavg: number;
@@ -171,8 +177,24 @@ for (const scenario of chosen) {
         const socket = tlsConnect({ socket: tunnel, servername: originHost, ca: proxy.caPem, ALPNProtocols: ["http/1.1"] });
         socket.on("error", () => undefined);
         await once(socket, "secureConnect");
-        socket.write(`GET /download?bytes=${bytes} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
-        socket.pause();
+        if (scenario === "h1-idle-h1up") {
+          socket.write(`GET /small HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+          // The 100-byte answer, read whole; the connection stays open.
+          await new Promise<void>((resolve) => {
+            let got = "";
+            const onData = (data: Buffer): void => {
+              got += data.toString("latin1");
+              if (/\r\n\r\n[\s\S]{100}$/.test(got)) {
+                socket.off("data", onData);
+                resolve();
+              }
+            };
+            socket.on("data", onData);
+          });
+        } else {
+          socket.write(`GET /download?bytes=${bytes} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+          socket.pause();
+        }
         held.push(socket);
       }
     } else {
@@ -232,13 +254,15 @@ for (const scenario of chosen) {
       rssHeldMiB: rssHeld / 1024,
       rssHeldGcMiB: after.rss / 2 ** 20,
       arrayBuffersMiB: after.arrayBuffers / 2 ** 20,
+      heapGrowthMiB: (after.heapUsed - before.heapUsed) / 2 ** 20,
+      externalGrowthMiB: (after.external - before.external) / 2 ** 20,
       movedMiB: last / 2 ** 20,
       loadavg: loadavg()[0]!,
     };
     readings.push(reading);
     log(
       `  ${scenario.padEnd(12)} ${config.label.padEnd(8)} ${count} streams: RSS ${reading.rssBeforeMiB.toFixed(1)} -> ${reading.rssHeldMiB.toFixed(1)} MiB (${reading.rssHeldGcMiB.toFixed(1)} after gc), ` +
-        `arrayBuffers ${reading.arrayBuffersMiB.toFixed(1)} MiB, moved ${((reading.movedMiB * 1024) / count).toFixed(0)} KiB per stream (load ${reading.loadavg.toFixed(2)})`,
+        `arrayBuffers ${reading.arrayBuffersMiB.toFixed(1)} MiB (heap +${reading.heapGrowthMiB.toFixed(1)}, external +${reading.externalGrowthMiB.toFixed(1)}), moved ${((reading.movedMiB * 1024) / count).toFixed(0)} KiB per stream (load ${reading.loadavg.toFixed(2)})`,
     );
     for (const h of held) h.destroy();
     await stopChild(proxy.child);

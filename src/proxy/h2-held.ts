@@ -40,15 +40,11 @@ export class HeldBodies {
     this.overs.set(stream, onOver);
     const slack = defaultWindow + stream.readableHighWaterMark;
     this.ceiling += slack;
-    // Node's Http2Stream hands each DATA chunk to push(), flowing or not: a view into the buffer
-    // of the socket read it came in, shared with the other streams' chunks of that read. One that
-    // stays in a stopped stream's buffer is copied, so that it pins only its own bytes: a
-    // connection whose streams were reset for going past the ceiling still held 1.7 times it in
-    // read buffers that its other streams' chunks pinned (measured: bench/h2-held.ts).
+    // Node's Http2Stream hands each DATA chunk to push(), flowing or not (WindowShare copies one
+    // that stays, before this counts it).
     const push = stream.push;
     stream.push = (chunk: unknown, encoding?: BufferEncoding): boolean => {
-      const stays = chunk instanceof Uint8Array && (stream.readableFlowing !== true || stream.readableLength > 0);
-      const more = push.call(stream, stays ? Buffer.from(chunk) : chunk, encoding);
+      const more = push.call(stream, chunk, encoding);
       if (chunk !== null) this.pushed(stream);
       return more;
     };
