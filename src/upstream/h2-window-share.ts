@@ -73,8 +73,9 @@ export const windowShares = new WeakMap<Http2Session, WindowShare>();
  * every stream's window by the difference (RFC 9113 §6.9.2; below zero for a stream that holds
  * more than the new value, which then gets nothing more until that much is read).
  *
- * A lower value is sent at once; a higher one only once the peer has acknowledged the last, so
- * a connection whose count swings sends one SETTINGS per round trip. The peer sends by the old
+ * A lower value is sent at once; a higher one only once the peer has acknowledged the last, and
+ * only with room for half as many streams again, so a connection whose count swings sends one
+ * SETTINGS per round trip at most. The peer sends by the old
  * value until it has the new one (§6.9.3): a stream it opened before reading the lower value,
  * with DATA sent at once, gets the old window (the guest side's HeldBodies bounds that). The
  * proxy's own streams (upstream sessions) are counted before their HEADERS go (reserve()), so the
@@ -149,10 +150,15 @@ export class WindowShare {
     if (session.destroyed || session.closed) return;
     const held: number[] = emptyStreams(this.reserved);
     for (const stream of this.streams) held.push(stream.readableLength);
-    const target = sharedWindow(this.options.streamBytes, this.options.budgetBytes, held);
+    let target = sharedWindow(this.options.streamBytes, this.options.budgetBytes, held);
+    if (target > this.advertised) {
+      // Raised only once the last change is acknowledged (one SETTINGS per round trip at most),
+      // and only with room for half as many streams again: a count going 16, 17, 16, 17 would
+      // otherwise send a SETTINGS at every step.
+      if (session.pendingSettingsAck) return;
+      target = Math.max(this.advertised, sharedWindow(this.options.streamBytes, this.options.budgetBytes, held.concat(emptyStreams(Math.ceil(held.length / 2)))));
+    }
     if (target === this.advertised) return;
-    // Raised only once the last change is acknowledged: one SETTINGS per round trip at most.
-    if (target > this.advertised && session.pendingSettingsAck) return;
     try {
       session.settings({ initialWindowSize: target });
     } catch {
