@@ -1,4 +1,5 @@
 import type { ClientHttp2Stream, Http2Session, ServerHttp2Stream } from "node:http2";
+import { once } from "node:events";
 import { describe, expect, it } from "vitest";
 import { h2Session } from "../helpers/h2-client.js";
 import { flag, frame, frameType, RawH2, requestBlock } from "../helpers/h2-frames.js";
@@ -73,6 +74,37 @@ describe("limits.h2ConnectionBufferBytes: what one HTTP/2 connection's stopped s
     // Each writes more than its window: nghttp2 holds the guest to it (past it is a flow-control error).
     for (const stream of streams) stream.write(Buffer.alloc(2 * streamWindow));
     expect((await fetchVia(proxy, `https://api.test:${other.port}/echo`)).status).toBe(200);
+  });
+
+  it("a guest's window comes back once its uploads are done, and not at every stream: lowered at 17, kept at 16, raised again at 10", async () => {
+    const upstream = await startH2Upstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const windowIs = async (value: number): Promise<void> => {
+      while (session.remoteSettings.initialWindowSize !== value) await once(session, "remoteSettings");
+    };
+    const roundTrip = (): Promise<void> => new Promise((resolve, reject) => session.ping((error) => (error === null ? resolve() : reject(error))));
+    // The full window once the guest has acknowledged the first SETTINGS (no upload open).
+    await windowIs(streamWindow);
+    const streams = Array.from({ length: 17 }, () => {
+      const stream = session.request({ ":method": "POST", ":path": "/echo" }, { endStream: false });
+      stream.on("error", () => undefined);
+      stream.resume();
+      return stream;
+    });
+    while (upstream.seen.length < 17) await once(upstream.server, "stream");
+    await roundTrip();
+    expect(session.remoteSettings.initialWindowSize).toBe(524_287);
+    const finish = async (stream: ClientHttp2Stream): Promise<void> => {
+      stream.end("x");
+      if (!stream.closed) await once(stream, "close");
+    };
+    await finish(streams[0]!);
+    await roundTrip();
+    expect(session.remoteSettings.initialWindowSize).toBe(524_287);
+    for (const stream of streams.slice(1, 7)) await finish(stream);
+    await windowIs(streamWindow);
+    expect(session.remoteSettings.initialWindowSize).toBe(streamWindow);
   });
 
   it("a guest that writes its streams' whole windows before reading the proxy's lowered one has the streams past the budget reset with ENHANCE_YOUR_CALM, and another guest is served", async () => {
