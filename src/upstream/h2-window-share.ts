@@ -31,8 +31,9 @@ function stepDown(bytes: number): number {
  * Node's Http2Stream hands each DATA chunk to push() as a view into the buffer of the socket read
  * it came in, shared with the other streams' chunks of that read: one view kept alive keeps the
  * whole read buffer. A chunk that stays in a stopped stream's buffer is copied, so that it holds
- * only its own bytes: without the copy, a guest connection whose streams held 17 MiB of request
- * bodies kept 28.5 MiB of `arrayBuffers` (19.2 with it; bench/h2-held.ts, up-h2up --first-alone).
+ * only its own bytes: a guest connection held to its budget (bench/h2-held.ts, up-h2up
+ * --first-alone, 100 streams) kept 30.7–32.9 MiB of `arrayBuffers` without the copy, 20.5–21.7
+ * with it.
  * A chunk read at once (the stream flowing, its buffer empty) is passed on as it is.
  */
 function keepOwnBytes(stream: Http2Stream): void {
