@@ -84,7 +84,7 @@ interface SessionState {
   guestEnded: boolean;
   /** The stream windows, shared by the streams whose request body is still coming (limits.h2ConnectionBufferBytes). */
   readonly share: WindowShare;
-  /** What the request bodies hold unread, against limits.h2ConnectionBufferBytes and one stream window. */
+  /** What the request bodies hold unread, against limits.h2ConnectionBufferBytes and 80 KiB a stream (HeldBodies). */
   readonly held: HeldBodies;
 }
 

@@ -6,10 +6,10 @@ import { defaultWindow } from "../upstream/h2-windows.js";
  * `limits.h2ConnectionBufferBytes`, plus for each stream counted the least window (65,535 bytes:
  * WindowShare gives no less, even to a connection whose streams hold the whole budget) and what
  * Node reads ahead of a reader (its `readableHighWaterMark`, 16 KiB on Node 20), about 80 KiB.
- * The shared windows keep a guest that follows the windows it has read under that, but a guest sends by the window
- * it last read until it reads a lower one (RFC 9113 §6.9.3): one that opens its streams and
- * writes their whole windows before reading (Node's client does, for uploads started together)
- * put 100 windows of 1 MiB into the proxy whatever the proxy then said. Node reads DATA for a
+ * The shared windows (WindowShare) keep a guest that follows the windows it has read under that,
+ * but a guest sends by the window it last read until it reads a lower one (RFC 9113 §6.9.3): one
+ * that opens its streams and writes their whole windows before reading (Node's client does, for
+ * uploads started together) put 99 windows of 1 MiB into the proxy whatever the proxy then said. Node reads DATA for a
  * stream whose reader has stopped into the stream's buffer, and has no way to refuse it; so the
  * stream whose DATA takes the connection past the ceiling is reset (`onOver`), as Envoy's overload
  * manager resets the streams that hold the most, and its bytes are let go.
