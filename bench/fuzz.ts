@@ -1,0 +1,57 @@
+/**
+ * The seeded mutation fuzzer of the proxy's guest-facing parsers (test/helpers/fuzz/): a proxy
+ * in a child process, recording upstreams, and cases of each target one by one through real
+ * sockets, every one judged by every oracle (harness.ts). A case is a pure function of its seed,
+ * target and index, so a finding is replayed with `--seed S --target T --first I --cases 1`.
+ *
+ *   node --import tsx bench/fuzz.ts --seed 1 --cases 2000 --target h1,plain,connect,h2
+ *
+ * Prints one JSON line per finding, progress on stderr, and a summary line at the end; exits 1
+ * if anything was found.
+ */
+import { parseArgs } from "node:util";
+import { FuzzHarness, fuzzTargets, type FuzzTarget } from "../test/helpers/fuzz/harness.js";
+
+const { values } = parseArgs({
+  options: {
+    seed: { type: "string", default: "1" },
+    cases: { type: "string", default: "500" },
+    first: { type: "string", default: "0" },
+    target: { type: "string", default: fuzzTargets.join(",") },
+    "timeout-ms": { type: "string", default: "1500" },
+    verbose: { type: "boolean", default: false },
+    show: { type: "boolean", default: false },
+  },
+});
+const targets = values.target.split(",") as FuzzTarget[];
+for (const target of targets) if (!fuzzTargets.includes(target)) throw new Error(`--target: ${target} is not one of ${fuzzTargets.join(", ")}`);
+const harness = await FuzzHarness.start({ timeoutMs: Number(values["timeout-ms"]) });
+const cases = Number(values.cases);
+if (values.show) {
+  for (let index = Number(values.first); index < Number(values.first) + cases; index++) {
+    for (const target of targets) {
+      const input = harness.caseOf(target, values.seed, index);
+      const inside = "inside" in input && input.inside !== undefined ? { inside: input.inside.bytes.toString("latin1") } : {};
+      process.stderr.write(`${JSON.stringify({ target, index, steps: input.steps, writes: input.writes.map((w) => w.toString("latin1")), ...inside })}\n`);
+    }
+  }
+}
+let last = Date.now();
+const result = await harness.run({
+  seed: values.seed,
+  cases,
+  first: Number(values.first),
+  targets,
+  onFinding: (finding) => console.log(JSON.stringify(values.verbose ? { ...finding, log: harness.lastLog().slice(-20) } : finding)),
+  onProgress: (done) => {
+    if (Date.now() - last > 10_000) {
+      last = Date.now();
+      process.stderr.write(`${done}/${cases * targets.length} cases\n`);
+    }
+  },
+});
+await harness.close();
+const byOracle: Record<string, number> = {};
+for (const f of result.findings) byOracle[f.oracle] = (byOracle[f.oracle] ?? 0) + 1;
+console.log(JSON.stringify({ seed: values.seed, targets, cases: result.cases, seconds: result.ms / 1000, casesPerSecond: Math.round((result.cases / result.ms) * 1000), findings: result.findings.length, byOracle, restarts: harness.restarts, statuses: Object.fromEntries([...harness.stats].sort()) }));
+process.exitCode = result.findings.length > 0 ? 1 : 0;

@@ -1,0 +1,36 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { FuzzHarness, type FuzzTarget } from "../helpers/fuzz/harness.js";
+
+/**
+ * A short seeded run of the fuzzer (bench/fuzz.ts runs long ones): a proxy in a child process,
+ * recording upstreams, and the cases of fixed seeds through real sockets, each judged by every
+ * oracle (test/helpers/fuzz/harness.ts). A failure lists each finding with its seed, target and
+ * index, which `node --import tsx bench/fuzz.ts --seed S --target T --first I --cases 1 --show`
+ * replays alone.
+ */
+const runs: readonly { readonly target: FuzzTarget; readonly seed: string; readonly cases: number; readonly what: string }[] = [
+  { target: "h1", seed: "suite-1", cases: 300, what: "HTTP/1.1 requests inside a TLS tunnel" },
+  { target: "plain", seed: "suite-1", cases: 500, what: "absolute-form requests on the listener" },
+  { target: "connect", seed: "suite-1", cases: 500, what: "CONNECT request lines and headers" },
+  { target: "h2", seed: "suite-1", cases: 150, what: "HTTP/2 frames after ALPN h2" },
+  { target: "tls", seed: "suite-1", cases: 400, what: "TLS ClientHellos after CONNECT" },
+];
+
+describe("the seeded fuzz run", () => {
+  let harness: FuzzHarness;
+  beforeAll(async () => {
+    harness = await FuzzHarness.start();
+  });
+  afterAll(async () => {
+    await harness.close();
+  });
+
+  for (const { target, seed, cases, what } of runs) {
+    it(`${cases} mutated ${what} (seed ${seed}) leave the proxy serving, answer well-formed or close, and leak nothing`, { timeout: 120_000 }, async () => {
+      const result = await harness.run({ seed, cases, targets: [target] });
+      expect(result.cases).toBe(cases);
+      expect(harness.restarts, "the proxy process died").toBe(0);
+      expect(result.findings.map((f) => `${f.oracle} (seed ${f.seed}, ${f.target} #${f.index}): ${f.detail.slice(0, 600)} [${f.steps.join("; ")}]`)).toEqual([]);
+    });
+  }
+});
