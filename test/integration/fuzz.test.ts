@@ -6,26 +6,40 @@ import { FuzzHarness, type FuzzTarget } from "../helpers/fuzz/harness.js";
  * recording upstreams, and the cases of fixed seeds through real sockets, each judged by every
  * oracle (test/helpers/fuzz/harness.ts). A failure lists each finding with its seed, target and
  * index, which `node --import tsx bench/fuzz.ts --seed S --target T --first I --cases 1 --show`
- * replays alone.
+ * (with `--policy` for the second block) replays alone.
  */
-const runs: readonly { readonly target: FuzzTarget; readonly seed: string; readonly cases: number; readonly what: string }[] = [
+interface Run {
+  readonly target: FuzzTarget;
+  readonly seed: string;
+  readonly cases: number;
+  readonly what: string;
+}
+
+const runs: readonly Run[] = [
   { target: "h1", seed: "suite-1", cases: 300, what: "HTTP/1.1 requests inside a TLS tunnel" },
   { target: "plain", seed: "suite-1", cases: 500, what: "absolute-form requests on the listener" },
   { target: "connect", seed: "suite-1", cases: 500, what: "CONNECT request lines and headers" },
-  { target: "h2", seed: "suite-1", cases: 150, what: "HTTP/2 frames after ALPN h2" },
+  { target: "h2", seed: "suite-1", cases: 120, what: "HTTP/2 frames after ALPN h2" },
   { target: "tls", seed: "suite-1", cases: 400, what: "TLS ClientHellos after CONNECT" },
 ];
 
-describe("the seeded fuzz run", () => {
+/** With a tier-2 policy that reads every upload: requests take the hooks' path (buffered bodies, checks after onRequest). */
+const policyRuns: readonly Run[] = [
+  { target: "h1", seed: "suite-2", cases: 120, what: "HTTP/1.1 requests inside a TLS tunnel" },
+  { target: "plain", seed: "suite-2", cases: 200, what: "absolute-form requests on the listener" },
+  { target: "h2", seed: "suite-2", cases: 50, what: "HTTP/2 frames after ALPN h2" },
+];
+
+function fuzzes(runsOf: readonly Run[], options: { readonly policy?: boolean }): void {
   let harness: FuzzHarness;
   beforeAll(async () => {
-    harness = await FuzzHarness.start();
+    harness = await FuzzHarness.start(options);
   });
   afterAll(async () => {
     await harness.close();
   });
 
-  for (const { target, seed, cases, what } of runs) {
+  for (const { target, seed, cases, what } of runsOf) {
     it(`${cases} mutated ${what} (seed ${seed}) leave the proxy serving, answer well-formed or close, and leak nothing`, { timeout: 120_000 }, async () => {
       const result = await harness.run({ seed, cases, targets: [target] });
       expect(result.cases).toBe(cases);
@@ -33,4 +47,12 @@ describe("the seeded fuzz run", () => {
       expect(result.findings.map((f) => `${f.oracle} (seed ${f.seed}, ${f.target} #${f.index}): ${f.detail.slice(0, 600)} [${f.steps.join("; ")}]`)).toEqual([]);
     });
   }
+}
+
+describe("the seeded fuzz run", () => {
+  fuzzes(runs, {});
+});
+
+describe("the seeded fuzz run with a tier-2 policy", () => {
+  fuzzes(policyRuns, { policy: true });
 });

@@ -45,7 +45,27 @@ export interface Finding {
 export interface HarnessOptions {
   /** The proxy's handshake, header, idle and upstream timeouts (ms); `hangMs` is four times this. */
   readonly timeoutMs?: number;
+  /** Run the proxy with {@link fuzzPolicy} as its tier-2 policy: requests take the hooks' path. */
+  readonly policy?: boolean;
 }
+
+/**
+ * A tier-2 policy for the fuzz proxy: it reads every upload (so bodies are buffered, and GET or
+ * HEAD with one is refused), answers some itself, rewrites some responses, and never touches a
+ * header's value (a hook that echoed one would hand the guest the secret by design).
+ */
+export const fuzzPolicy = `
+async function onRequest(request) {
+  if (request.method === "POST" || request.method === "PUT" || request.method === "PATCH") {
+    var text = await request.clone().text();
+    if (text.indexOf("hel") === 0 && text.length === 4) return new Response("cut short", { status: 418 });
+  }
+  if (request.url.indexOf("seq=2") >= 0) request.headers.set("x-policy", "seen");
+}
+async function onResponse(response, request) {
+  if (request.url.indexOf("seq=3") >= 0) return new Response("rewritten " + (await response.text()).length, { status: response.status });
+}
+`;
 
 interface ChildReady {
   readonly port: number;
@@ -121,6 +141,7 @@ export class FuzzHarness {
   private readonly caDir = mkdtempSync(join(tmpdir(), "egressgate-fuzz-"));
   readonly timeoutMs: number;
   readonly hangMs: number;
+  private readonly policy: boolean;
   world!: FuzzWorld;
   /** HTTP/1.1 statuses the guests got, for a run's summary (what the cases reached). */
   readonly stats = new Map<string, number>();
@@ -140,6 +161,7 @@ export class FuzzHarness {
     options: HarnessOptions,
   ) {
     this.timeoutMs = options.timeoutMs ?? 1_500;
+    this.policy = options.policy === true;
     this.hangMs = this.timeoutMs * 4;
     this.logScanner = new SecretScanner(secretValue);
     for (const name of upstreamNames) {
@@ -178,6 +200,7 @@ export class FuzzHarness {
   private async startChild(): Promise<void> {
     const t = this.timeoutMs;
     const options = {
+      ...(this.policy ? { policy: fuzzPolicy } : {}),
       allowedInternalHosts: [hostName("api"), hostName("secret")],
       secret: { name: secretName, hosts: [hostName("secret")], value: this.secretValue },
       proxy: {
@@ -338,6 +361,22 @@ export class FuzzHarness {
     return findings;
   }
 
+  /**
+   * Ends a case's HTTP/1.1 bytes. Without a policy, the guest half-closes at once. With one, the
+   * hooks' turn outlasts that FIN, and the proxy treats a FIN as a guest that left (499, nothing
+   * answered), so the guest instead sends a last request with `Connection: close` (tagged so it
+   * counts against no case), whose answer closes the connection; bytes that swallow it (a body
+   * announced longer than sent) leave the proxy's idle timeout to close it.
+   */
+  private finish(conn: GuestConn, target: string, authority: string): "end" | "last request" {
+    if (!this.policy) {
+      conn.end();
+      return "end";
+    }
+    conn.write(Buffer.from(`GET ${target} HTTP/1.1\r\nHost: ${authority}\r\nConnection: close\r\n\r\n`));
+    return "last request";
+  }
+
   /** A normal absolute-form request: undefined if it is answered 200 by `api.test`'s upstream. */
   async probe(): Promise<string | undefined> {
     const conn = await GuestConn.open(this.ready.port).catch((error: Error) => error);
@@ -416,10 +455,10 @@ export class FuzzHarness {
       const inner = await outer.startTls(hostName(name), this.ready.caCertPem, ["http/1.1"]);
       conns.push(inner);
       await inner.writeAll(input.writes);
-      inner.end();
-      if (!(await inner.closedBy(Date.now() + this.hangMs))) report("hang", `the tunnel was still open ${this.hangMs} ms after the guest's end; received ${JSON.stringify(inner.received.toString("latin1").slice(0, 500))}`);
+      const last = this.finish(inner, `/sentinel?c=probe-0`, authority);
+      if (!(await inner.closedBy(Date.now() + this.hangMs))) report("hang", `the tunnel was still open ${this.hangMs} ms after the guest's ${last}; received ${JSON.stringify(inner.received.toString("latin1").slice(0, 500))}`);
       scanner.push(inner.received);
-      this.judgeResponses(inner.received, requestLines(all), false, report);
+      this.judgeResponses(inner.received, [...requestLines(all), "GET"], false, report);
       return bound;
     }
     await outer.writeAll(input.writes);
@@ -450,10 +489,12 @@ export class FuzzHarness {
         return bound;
       }
     }
-    outer.end();
-    if (!(await outer.closedBy(Date.now() + this.hangMs))) report("hang", `the connection was still open ${this.hangMs} ms after the guest's end; received ${JSON.stringify(outer.received.toString("latin1").slice(0, 500))}`);
+    const apiPlain = `${hostName("api")}:${this.world.ports.api.plain}`;
+    const last = isConnect ? "end" : this.finish(outer, `http://${apiPlain}/sentinel?c=probe-0`, apiPlain);
+    if (isConnect) outer.end();
+    if (!(await outer.closedBy(Date.now() + this.hangMs))) report("hang", `the connection was still open ${this.hangMs} ms after the guest's ${last}; received ${JSON.stringify(outer.received.toString("latin1").slice(0, 500))}`);
     scanner.push(outer.received);
-    this.judgeResponses(outer.received, requestLines(written), isConnect, report);
+    this.judgeResponses(outer.received, [...requestLines(written), "GET"], isConnect, report);
     return bound;
   }
 
