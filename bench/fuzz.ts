@@ -6,7 +6,8 @@
  *
  *   node --import tsx bench/fuzz.ts --seed 1 --cases 2000 --target h1,plain,connect,h2
  *
- * `--policy` runs the proxy with a tier-2 policy that reads every upload (harness.ts, fuzzPolicy).
+ * `--policy` runs the proxy with a tier-2 policy that reads every upload (harness.ts, fuzzPolicy);
+ * `--auth` makes its guest authenticate, and every request on the listener carry credentials.
  *
  * Prints one JSON line per finding, progress on stderr, and a summary line at the end; exits 1
  * if anything was found.
@@ -24,11 +25,12 @@ const { values } = parseArgs({
     verbose: { type: "boolean", default: false },
     show: { type: "boolean", default: false },
     policy: { type: "boolean", default: false },
+    auth: { type: "boolean", default: false },
   },
 });
 const targets = values.target.split(",") as FuzzTarget[];
 for (const target of targets) if (!fuzzTargets.includes(target)) throw new Error(`--target: ${target} is not one of ${fuzzTargets.join(", ")}`);
-const harness = await FuzzHarness.start({ timeoutMs: Number(values["timeout-ms"]), policy: values.policy });
+const harness = await FuzzHarness.start({ timeoutMs: Number(values["timeout-ms"]), policy: values.policy, auth: values.auth });
 const cases = Number(values.cases);
 if (values.show) {
   for (let index = Number(values.first); index < Number(values.first) + cases; index++) {

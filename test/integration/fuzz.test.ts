@@ -6,7 +6,7 @@ import { FuzzHarness, type FuzzTarget } from "../helpers/fuzz/harness.js";
  * recording upstreams, and the cases of fixed seeds through real sockets, each judged by every
  * oracle (test/helpers/fuzz/harness.ts). A failure lists each finding with its seed, target and
  * index, which `node --import tsx bench/fuzz.ts --seed S --target T --first I --cases 1 --show`
- * (with `--policy` for the second block) replays alone.
+ * (with `--policy` for the second block, `--auth` for the third) replays alone.
  */
 interface Run {
   readonly target: FuzzTarget;
@@ -30,7 +30,14 @@ const policyRuns: readonly Run[] = [
   { target: "h2", seed: "suite-2", cases: 50, what: "HTTP/2 frames after ALPN h2" },
 ];
 
-function fuzzes(runsOf: readonly Run[], options: { readonly policy?: boolean }): void {
+/** With a guest that authenticates: credentials on every request on the listener, now and then wrong. */
+const authRuns: readonly Run[] = [
+  { target: "plain", seed: "suite-3", cases: 300, what: "absolute-form requests with credentials" },
+  { target: "connect", seed: "suite-3", cases: 300, what: "CONNECT request lines with credentials" },
+  { target: "h1", seed: "suite-3", cases: 100, what: "HTTP/1.1 requests inside an authenticated TLS tunnel" },
+];
+
+function fuzzes(runsOf: readonly Run[], options: { readonly policy?: boolean; readonly auth?: boolean }): void {
   let harness: FuzzHarness;
   beforeAll(async () => {
     harness = await FuzzHarness.start(options);
@@ -55,4 +62,8 @@ describe("the seeded fuzz run", () => {
 
 describe("the seeded fuzz run with a tier-2 policy", () => {
   fuzzes(policyRuns, { policy: true });
+});
+
+describe("the seeded fuzz run with a guest that authenticates", () => {
+  fuzzes(authRuns, { auth: true });
 });

@@ -82,7 +82,28 @@ function authorityOf(world: FuzzWorld, name: UpstreamName, tls: boolean): string
   return `${hostName(name)}:${tls ? ports.tls : ports.plain}`;
 }
 
-function baseMessage(rng: Rng, world: FuzzWorld, host: string, target: string): Message {
+/** The guest's credentials (`--auth`), now and then spelt oddly or wrong. */
+export function credentials(rng: Rng, valid: string): string {
+  // Rarely: past a few failures a second the proxy answers 429 to the address, valid credentials too.
+  if (rng.chance(0.96)) return valid;
+  const token = valid.slice("Basic ".length);
+  const decoded = Buffer.from(token, "base64").toString("latin1");
+  return rng.pick([
+    `basic ${token}`,
+    `Basic  ${token}`,
+    `Basic ${token}==`,
+    `Basic ${Buffer.from(decoded.toUpperCase()).toString("base64")}`,
+    `Basic ${Buffer.from(`${decoded}x`).toString("base64")}`,
+    `Basic ${Buffer.from(decoded.replace(":", "")).toString("base64")}`,
+    `Bearer ${token}`,
+    `${valid}, ${valid}`,
+    `Basic ${token.slice(0, -2)}`,
+    "Basic",
+    "",
+  ]);
+}
+
+function baseMessage(rng: Rng, world: FuzzWorld, host: string, target: string, on: "listener" | "tunnel" = "tunnel"): Message {
   const method = rng.chance(0.6) ? rng.pick(["GET", "POST"]) : rng.pick(methods);
   const fields: Field[] = [
     ["Host", host],
@@ -104,6 +125,7 @@ function baseMessage(rng: Rng, world: FuzzWorld, host: string, target: string): 
   }
   if (rng.chance(0.1)) fields.push(["Expect", rng.pick(["100-continue", "100-Continue", "200-ok"])]);
   if (rng.chance(0.1)) fields.push(["Proxy-Authorization", `Basic ${Buffer.from(`u:${p}`).toString("base64")}`]);
+  if (world.proxyAuthorization !== undefined && on === "listener") fields.splice(1, 0, ["Proxy-Authorization", credentials(rng, world.proxyAuthorization)]);
   let body = "";
   if (method !== "GET" && method !== "HEAD" && rng.chance(0.8)) {
     body = rng.chance(0.3) ? `a=${p}` : "hello";
@@ -329,14 +351,14 @@ function numbered(target: string, n: number): string {
   return `${target}${target.includes("?") ? "&" : "?"}seq=${n}`;
 }
 
-function messages(rng: Rng, world: FuzzWorld, host: string, target: string, steps: string[]): Buffer {
+function messages(rng: Rng, world: FuzzWorld, host: string, target: string, steps: string[], on: "listener" | "tunnel" = "tunnel"): Buffer {
   const count = rng.chance(0.75) ? 1 : rng.range(2, 4);
   if (count > 1) steps.push(`${count} pipelined`);
   const parts: Buffer[] = [];
   // A quarter of the cases stay valid, and a pipelined group changes one request of its own.
   const changed = rng.chance(0.25) ? 0 : rng.range(1, count);
   for (let n = 1; n <= count; n++) {
-    const message = baseMessage(rng, world, host, numbered(target, n));
+    const message = baseMessage(rng, world, host, numbered(target, n), on);
     if (n === changed) mutateFields(rng, world, message, steps);
     parts.push(render(message));
   }
@@ -363,7 +385,7 @@ export function absoluteCase(rng: Rng, world: FuzzWorld): H1Case {
   const authority = authorityOf(world, name, false);
   const steps: string[] = [`absolute-form to ${authority}`];
   const path = fuzzPath(rng, world);
-  const bytes = messages(rng, world, authority, `http://${authority}${path}`, steps);
+  const bytes = messages(rng, world, authority, `http://${authority}${path}`, steps, "listener");
   return { via: "listener", writes: splitWrites(rng, bytes, steps), steps };
 }
 
@@ -424,7 +446,8 @@ export function connectCase(rng: Rng, world: FuzzWorld): H1Case {
   const target = rng.chance(0.2) ? `api.test:${world.ports.api.tls}` : rng.pick(oddConnectTargets(world));
   const steps: string[] = [`CONNECT ${JSON.stringify(target.slice(0, 80))}`];
   const fields: Field[] = [["Host", rng.chance(0.8) ? target : rng.pick([`api.test:${world.ports.api.tls}`, `denied.test:${world.ports.denied.tls}`, ""])]];
-  if (rng.chance(0.3)) fields.push(["Proxy-Authorization", rng.pick([`Basic ${Buffer.from(`default:${p}`).toString("base64")}`, "Basic", "Bearer x", `Basic ${p}`])]);
+  if (world.proxyAuthorization !== undefined) fields.push(["Proxy-Authorization", credentials(rng, world.proxyAuthorization)]);
+  else if (rng.chance(0.3)) fields.push(["Proxy-Authorization", rng.pick([`Basic ${Buffer.from(`default:${p}`).toString("base64")}`, "Basic", "Bearer x", `Basic ${p}`])]);
   if (rng.chance(0.2)) fields.push(["X-Token", p]);
   if (rng.chance(0.1)) fields.push(["Content-Length", rng.pick(["5", "0", "-1"])]);
   if (rng.chance(0.1)) fields.push(["Transfer-Encoding", "chunked"]);

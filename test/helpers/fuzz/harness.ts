@@ -47,6 +47,8 @@ export interface HarnessOptions {
   readonly timeoutMs?: number;
   /** Run the proxy with {@link fuzzPolicy} as its tier-2 policy: requests take the hooks' path. */
   readonly policy?: boolean;
+  /** The guest authenticates (`auth: true`): every request on the listener carries `Proxy-Authorization`, now and then wrong. */
+  readonly auth?: boolean;
 }
 
 /**
@@ -71,6 +73,7 @@ interface ChildReady {
   readonly port: number;
   readonly caCertPem: string;
   readonly placeholder: string;
+  readonly proxyAuthorization?: string;
 }
 
 interface LedgerEntry {
@@ -142,6 +145,7 @@ export class FuzzHarness {
   readonly timeoutMs: number;
   readonly hangMs: number;
   private readonly policy: boolean;
+  private readonly auth: boolean;
   world!: FuzzWorld;
   /** HTTP/1.1 statuses the guests got, for a run's summary (what the cases reached). */
   readonly stats = new Map<string, number>();
@@ -162,6 +166,7 @@ export class FuzzHarness {
   ) {
     this.timeoutMs = options.timeoutMs ?? 1_500;
     this.policy = options.policy === true;
+    this.auth = options.auth === true;
     this.hangMs = this.timeoutMs * 4;
     this.logScanner = new SecretScanner(secretValue);
     for (const name of upstreamNames) {
@@ -207,6 +212,7 @@ export class FuzzHarness {
         caDir: this.caDir,
         upstreamCa: [this.upstreamCaPem],
         resolve: Object.fromEntries(upstreamNames.map((name) => [hostName(name), [upstreamAddress[name]]])),
+        ...(this.auth ? { auth: true } : {}),
         timeouts: { handshakeMs: t, headersMs: t, idleMs: t, h2PingMs: t, upstreamConnectMs: t, upstreamHeadersMs: t, upstreamBodyMs: t, requestMs: t * 2, hookMs: t, drainMs: t },
       },
     };
@@ -232,7 +238,7 @@ export class FuzzHarness {
     ])) as [ChildReady];
     this.ready = ready;
     const ports = Object.fromEntries(upstreamNames.map((name) => [name, { tls: this.recorders[name].tls.port, plain: this.recorders[name].plain.port }])) as FuzzWorld["ports"];
-    this.world = { placeholder: ready.placeholder, ports };
+    this.world = { placeholder: ready.placeholder, ports, ...(ready.proxyAuthorization !== undefined ? { proxyAuthorization: ready.proxyAuthorization } : {}) };
   }
 
   /**
@@ -373,8 +379,15 @@ export class FuzzHarness {
       conn.end();
       return "end";
     }
-    conn.write(Buffer.from(`GET ${target} HTTP/1.1\r\nHost: ${authority}\r\nConnection: close\r\n\r\n`));
+    // Inside a tunnel credentials are no field of a request's: the CONNECT carried them.
+    const credentials = target.startsWith("http:") ? this.credentialsField() : "";
+    conn.write(Buffer.from(`GET ${target} HTTP/1.1\r\nHost: ${authority}\r\n${credentials}Connection: close\r\n\r\n`));
     return "last request";
+  }
+
+  /** The guest's `Proxy-Authorization` line (with `auth`), or nothing. */
+  private credentialsField(): string {
+    return this.ready.proxyAuthorization === undefined ? "" : `Proxy-Authorization: ${this.ready.proxyAuthorization}\r\n`;
   }
 
   /** A normal absolute-form request: undefined if it is answered 200 by `api.test`'s upstream. */
@@ -383,7 +396,7 @@ export class FuzzHarness {
     if (conn instanceof Error) return `connecting to the proxy failed: ${conn.message}`;
     try {
       const authority = `${hostName("api")}:${this.world.ports.api.plain}`;
-      conn.write(Buffer.from(`GET http://${authority}/alive?c=probe-0 HTTP/1.1\r\nHost: ${authority}\r\nConnection: close\r\n\r\n`));
+      conn.write(Buffer.from(`GET http://${authority}/alive?c=probe-0 HTTP/1.1\r\nHost: ${authority}\r\n${this.credentialsField()}Connection: close\r\n\r\n`));
       await conn.closedBy(Date.now() + this.hangMs);
       const parsed = parseGuestResponse(conn.received, true, () => false);
       if (parsed.kind !== "done" || parsed.value.status !== 200 || !parsed.value.body.toString().startsWith("upstream api-plain")) {
@@ -446,7 +459,7 @@ export class FuzzHarness {
     conns.push(outer);
     if (input.via === "tunnel") {
       const { name, authority } = input.connect!;
-      outer.write(Buffer.from(`CONNECT ${authority} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`));
+      outer.write(Buffer.from(`CONNECT ${authority} HTTP/1.1\r\nHost: ${authority}\r\n${this.credentialsField()}\r\n`));
       await outer.until(() => headComplete(outer.received), Date.now() + this.hangMs);
       if (!outer.received.toString("latin1").startsWith("HTTP/1.1 200")) {
         report("harness", `CONNECT ${authority} got ${JSON.stringify(outer.received.toString("latin1").slice(0, 300))}`);
@@ -501,7 +514,7 @@ export class FuzzHarness {
   private async runHello(input: HelloCase, conns: GuestConn[], report: (oracle: string, detail: string) => void, scanner: SecretScanner): Promise<number> {
     const conn = await GuestConn.open(this.ready.port);
     conns.push(conn);
-    conn.write(Buffer.from(`CONNECT ${input.authority} HTTP/1.1\r\nHost: ${input.authority}\r\n\r\n`));
+    conn.write(Buffer.from(`CONNECT ${input.authority} HTTP/1.1\r\nHost: ${input.authority}\r\n${this.credentialsField()}\r\n`));
     await conn.until(() => headComplete(conn.received), Date.now() + this.hangMs);
     const head = conn.received.indexOf("\r\n\r\n") + 4;
     if (!conn.received.toString("latin1").startsWith("HTTP/1.1 200")) {
@@ -523,7 +536,7 @@ export class FuzzHarness {
     const outer = await GuestConn.open(this.ready.port);
     conns.push(outer);
     const { name, authority } = input.connect;
-    outer.write(Buffer.from(`CONNECT ${authority} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`));
+    outer.write(Buffer.from(`CONNECT ${authority} HTTP/1.1\r\nHost: ${authority}\r\n${this.credentialsField()}\r\n`));
     await outer.until(() => headComplete(outer.received), Date.now() + this.hangMs);
     if (!outer.received.toString("latin1").startsWith("HTTP/1.1 200")) {
       report("harness", `CONNECT ${authority} got ${JSON.stringify(outer.received.toString("latin1").slice(0, 300))}`);

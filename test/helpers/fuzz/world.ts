@@ -12,6 +12,8 @@ export interface FuzzWorld {
    * on): an upstream request is counted against its own case even when it arrives late.
    */
   readonly tag?: string;
+  /** With `--auth`: the guest's `Proxy-Authorization` value, which requests on the listener carry. */
+  readonly proxyAuthorization?: string;
 }
 
 /** `path` with the case's tag. */
