@@ -31,6 +31,10 @@ const { values } = parseArgs({
 const targets = values.target.split(",") as FuzzTarget[];
 for (const target of targets) if (!fuzzTargets.includes(target)) throw new Error(`--target: ${target} is not one of ${fuzzTargets.join(", ")}`);
 const harness = await FuzzHarness.start({ timeoutMs: Number(values["timeout-ms"]), policy: values.policy, auth: values.auth });
+// Stopped early (Ctrl-C, timeout): the proxy's child, the upstreams and the CA folder go too.
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  process.once(signal, () => void harness.close().finally(() => process.exit(130)));
+}
 const cases = Number(values.cases);
 if (values.show) {
   for (let index = Number(values.first); index < Number(values.first) + cases; index++) {

@@ -631,7 +631,7 @@ export class FuzzHarness {
       child.kill("SIGKILL");
       await exited;
     }
-    await Promise.all(this.allRecorders.map((r) => r.close()));
     rmSync(this.caDir, { recursive: true, force: true });
+    await Promise.all(this.allRecorders.map((r) => r.close()));
   }
 }

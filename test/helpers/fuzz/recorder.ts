@@ -115,6 +115,11 @@ export async function startRecorder(options: RecorderOptions): Promise<Recorder>
   };
   const server: Server = options.tls === undefined ? createNetServer(serve) : createTlsServer({ ...options.tls, ALPNProtocols: ["http/1.1"] }, serve);
   server.on("error", () => undefined);
+  // Every TCP connection, a TLS one still in its handshake included: close() ends them all.
+  server.on("connection", (socket: Socket) => {
+    sockets.add(socket);
+    socket.once("close", () => sockets.delete(socket));
+  });
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);
     server.listen(0, options.host, () => resolve());
