@@ -18,6 +18,8 @@ export interface H1Case {
   readonly writes: readonly Buffer[];
   /** For a CONNECT on the listener: what is written inside once it is answered 200 (plain or after TLS). */
   readonly inside?: { readonly tls: boolean; readonly servername: string; readonly bytes: Buffer };
+  /** The content each request left valid (`seq=N`) must reach its upstream with. */
+  readonly bodies?: ReadonlyMap<number, string>;
   /** What was done, for the report. */
   readonly steps: readonly string[];
 }
@@ -30,6 +32,8 @@ interface Message {
   version: string;
   fields: Field[];
   body: string;
+  /** The content `body` frames (the chunks' data for a chunked body): what the upstream must get. */
+  payload: string;
 }
 
 const methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"];
@@ -127,14 +131,15 @@ function baseMessage(rng: Rng, world: FuzzWorld, host: string, target: string, o
   if (rng.chance(0.1)) fields.push(["Proxy-Authorization", `Basic ${Buffer.from(`u:${p}`).toString("base64")}`]);
   if (world.proxyAuthorization !== undefined && on === "listener") fields.splice(1, 0, ["Proxy-Authorization", credentials(rng, world.proxyAuthorization)]);
   let body = "";
+  let payload = "";
   if (method !== "GET" && method !== "HEAD" && rng.chance(0.8)) {
-    body = rng.chance(0.3) ? `a=${p}` : "hello";
+    body = payload = rng.chance(0.3) ? `a=${p}` : "hello";
     if (rng.chance(0.3)) {
       fields.push(["Transfer-Encoding", "chunked"]);
       body = `${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`;
     } else fields.push(["Content-Length", String(body.length)]);
   }
-  return { method, target, version: "HTTP/1.1", fields, body };
+  return { method, target, version: "HTTP/1.1", fields, body, payload };
 }
 
 function render(message: Message): Buffer {
@@ -351,22 +356,37 @@ function numbered(target: string, n: number): string {
   return `${target}${target.includes("?") ? "&" : "?"}seq=${n}`;
 }
 
-function messages(rng: Rng, world: FuzzWorld, host: string, target: string, steps: string[], on: "listener" | "tunnel" = "tunnel"): Buffer {
+/**
+ * The requests' bytes, and the content each valid one (`seq` → body) must reach the upstream
+ * with: those before the one whose fields changed, when no byte was changed. A body boundary
+ * read otherwise upstream shows as another body.
+ */
+function messages(
+  rng: Rng,
+  world: FuzzWorld,
+  host: string,
+  target: string,
+  steps: string[],
+  on: "listener" | "tunnel" = "tunnel",
+): { bytes: Buffer; bodies: Map<number, string> } {
   const count = rng.chance(0.75) ? 1 : rng.range(2, 4);
   if (count > 1) steps.push(`${count} pipelined`);
   const parts: Buffer[] = [];
   // A quarter of the cases stay valid, and a pipelined group changes one request of its own.
   const changed = rng.chance(0.25) ? 0 : rng.range(1, count);
+  const bodies = new Map<number, string>();
   for (let n = 1; n <= count; n++) {
     const message = baseMessage(rng, world, host, numbered(target, n), on);
     if (n === changed) mutateFields(rng, world, message, steps);
+    if (changed === 0 || n < changed) bodies.set(n, message.payload);
     parts.push(render(message));
   }
-  if (changed === 0) return Buffer.concat(parts);
+  const bytes = Buffer.concat(parts);
+  if (changed === 0) return { bytes, bodies };
   // Bytes changed in a minority of cases: most changes end in the parser's 400, and the paths
   // behind a valid head (secrets, redirects, upgrades, pipelining) need heads that pass.
-  const bytes = Buffer.concat(parts);
-  return rng.chance(0.4) ? mutateBytes(rng, bytes, steps, 2) : bytes;
+  if (!rng.chance(0.4)) return { bytes, bodies };
+  return { bytes: mutateBytes(rng, bytes, steps, 2), bodies: new Map() };
 }
 
 /** Target `h1`: a request inside a CONNECT tunnel after TLS, to `api.test` or `secret.test`. */
@@ -375,8 +395,8 @@ export function tunnelCase(rng: Rng, world: FuzzWorld): H1Case {
   const authority = authorityOf(world, name, true);
   const steps: string[] = [`tunnel to ${authority}`];
   const path = fuzzPath(rng, world);
-  const bytes = messages(rng, world, rng.chance(0.9) ? authority : hostName(name), path, steps);
-  return { via: "tunnel", connect: { name, authority }, writes: splitWrites(rng, bytes, steps), steps };
+  const { bytes, bodies } = messages(rng, world, rng.chance(0.9) ? authority : hostName(name), path, steps);
+  return { via: "tunnel", connect: { name, authority }, writes: splitWrites(rng, bytes, steps), bodies, steps };
 }
 
 /** Target `plain`: an absolute-form request on the listener, to a plain upstream. */
@@ -385,8 +405,8 @@ export function absoluteCase(rng: Rng, world: FuzzWorld): H1Case {
   const authority = authorityOf(world, name, false);
   const steps: string[] = [`absolute-form to ${authority}`];
   const path = fuzzPath(rng, world);
-  const bytes = messages(rng, world, authority, `http://${authority}${path}`, steps, "listener");
-  return { via: "listener", writes: splitWrites(rng, bytes, steps), steps };
+  const { bytes, bodies } = messages(rng, world, authority, `http://${authority}${path}`, steps, "listener");
+  return { via: "listener", writes: splitWrites(rng, bytes, steps), bodies, steps };
 }
 
 const oddConnectTargets = (world: FuzzWorld): string[] => [
@@ -452,7 +472,7 @@ export function connectCase(rng: Rng, world: FuzzWorld): H1Case {
   if (rng.chance(0.1)) fields.push(["Content-Length", rng.pick(["5", "0", "-1"])]);
   if (rng.chance(0.1)) fields.push(["Transfer-Encoding", "chunked"]);
   if (rng.chance(0.1)) fields.push(["Proxy-Connection", "keep-alive"]);
-  const message: Message = { method: "CONNECT", target, version: "HTTP/1.1", fields, body: "" };
+  const message: Message = { method: "CONNECT", target, version: "HTTP/1.1", fields, body: "", payload: "" };
   if (rng.chance(0.3)) mutateFields(rng, world, message, steps);
   message.method = "CONNECT";
   if (rng.chance(0.1)) message.method = rng.pick(["connect", "CONNECT ", "CONNEC", "CONNECTX"]);

@@ -13,7 +13,7 @@ import { captureClientHello, helloCase, type HelloCase } from "./hello-inputs.js
 import { startRecorder, type Recorder } from "./recorder.js";
 import { Rng } from "./rng.js";
 import { SecretScanner } from "./scanner.js";
-import { badServerFrame, parseFrames, parseGuestResponse } from "./wire.js";
+import { badServerFrame, parseFrames, parseGuestResponse, type UpstreamRequest } from "./wire.js";
 import { hostName, redirectFor, secretName, tagOf, upstreamAddress, upstreamNames, type FuzzWorld, type UpstreamName } from "./world.js";
 
 /**
@@ -86,6 +86,8 @@ interface LedgerEntry {
   readonly seed: string;
   readonly index: number;
   readonly steps: readonly string[];
+  /** The content each valid request (`seq`) must reach the upstream with. */
+  readonly bodies: ReadonlyMap<number, string>;
 }
 
 const fixture = fileURLToPath(new URL("../../fixtures/fuzz-proxy-child.ts", import.meta.url));
@@ -193,7 +195,7 @@ export class FuzzHarness {
     // Letters and digits only: the same in a header, a query and percent-encoding.
     const harness = new FuzzHarness(recorders, `fuzzsecret${randomBytes(12).toString("hex")}`, ca.certPem, options);
     harness.hello = await captureClientHello(hostName("api"));
-    for (const recorder of harness.allRecorders) recorder.onRequest = (request, redirected) => harness.count(request.target, redirected);
+    for (const recorder of harness.allRecorders) recorder.onRequest = (request, redirected) => harness.count(request, redirected);
     await harness.startChild();
     return harness;
   }
@@ -246,12 +248,26 @@ export class FuzzHarness {
    * to a mutation, against the case running): a request that reaches the upstream after its
    * case has ended is still its case's.
    */
-  private count(target: string, redirected: boolean): void {
-    const entry = this.ledger.get(tagOf(target) ?? this.current ?? "");
+  private count(request: UpstreamRequest, redirected: boolean): void {
+    const entry = this.ledger.get(tagOf(request.target) ?? this.current ?? "");
     if (entry === undefined) return;
     entry.requests += 1;
     if (redirected) entry.redirects += 1;
     this.judgeCount(entry);
+    // A hop the proxy followed has no `seq` (the Location carries the tag alone).
+    const seq = /[?&]seq=([0-9]+)/.exec(request.target)?.[1];
+    const expected = seq === undefined ? undefined : entry.bodies.get(Number(seq));
+    const body = request.body.toString("latin1");
+    if (expected !== undefined && body !== expected) {
+      this.late.push({
+        target: entry.target,
+        seed: entry.seed,
+        index: entry.index,
+        oracle: "smuggling",
+        detail: `the upstream read the body of seq=${seq} as ${JSON.stringify(body.slice(0, 300))}, not ${JSON.stringify(expected)}`,
+        steps: entry.steps,
+      });
+    }
   }
 
   /** No case may make more upstream requests than it had request lines, and one per redirect answered (the proxy's next hop). */
@@ -295,7 +311,8 @@ export class FuzzHarness {
       await this.startChild();
     }
     const tag = `${target}-${index}`;
-    const entry: LedgerEntry = { bound: Number.POSITIVE_INFINITY, requests: 0, redirects: 0, reported: false, target, seed, index, steps: input.steps };
+    const bodies = "bodies" in input && input.bodies !== undefined ? input.bodies : new Map<number, string>();
+    const entry: LedgerEntry = { bound: Number.POSITIVE_INFINITY, requests: 0, redirects: 0, reported: false, target, seed, index, steps: input.steps, bodies };
     this.ledger.delete(tag);
     this.ledger.set(tag, entry);
     if (this.ledger.size > 200) this.ledger.delete(this.ledger.keys().next().value!);
