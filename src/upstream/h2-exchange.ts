@@ -232,8 +232,16 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
     let taken = 0;
     // The verdict waits for this turn's reads: after a pause of the proxy (SIGSTOP, a paused VM)
     // the timer fires before the poll, and a head the upstream sent in time got 504 "no response
-    // head within N ms" (black-box finding).
-    const onTimer = (): void => afterReads(judge);
+    // head within N ms" (black-box finding). Those reads can also finish the upload, which
+    // re-arms the deadline for the head: a firing from before that (`armed` has moved on) is
+    // stale, or the window the upstream opened during the pause got 504 at once (review finding).
+    let armed = 0;
+    const onTimer = (): void => {
+      const firing = armed;
+      afterReads(() => {
+        if (firing === armed) judge();
+      });
+    };
     const judge = (): void => {
       if (settled) return;
       if (uploading) {
@@ -254,6 +262,7 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
     if (uploading) {
       stream.once("finish", () => {
         uploading = false;
+        armed += 1;
         if (!settled) timer.refresh();
       });
     }

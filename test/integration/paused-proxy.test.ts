@@ -1,4 +1,5 @@
 import { readFileSync } from "node:fs";
+import type { ServerHttp2Stream } from "node:http2";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { startChildProxy, type ChildProxy } from "../helpers/child-proxy.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
@@ -6,7 +7,7 @@ import { flag, frame, frameType, RawH2, requestBlock } from "../helpers/h2-frame
 import { startH2Upstream } from "../helpers/h2-upstream.js";
 import { latch } from "../helpers/latch.js";
 import { tempDir } from "../helpers/proxy.js";
-import { openRaw } from "../helpers/raw.js";
+import { openRaw, type RawClient } from "../helpers/raw.js";
 import { testCa } from "../helpers/test-ca.js";
 import { startUpstream } from "../helpers/upstream.js";
 
@@ -16,7 +17,7 @@ import { startUpstream } from "../helpers/upstream.js";
 // still unread in the kernel. The proxy runs in a child process, since the test pauses it; each
 // test waits until the kernel reports it stopped, then lets the peer act and the deadline pass.
 
-const deadlineMs = 300;
+const deadlineMs = 1_000;
 
 /** The child stopped (state T in /proc): the returned function resumes it; the test's end does too. */
 async function pause(child: ChildProxy): Promise<() => void> {
@@ -36,6 +37,23 @@ async function pause(child: ChildProxy): Promise<() => void> {
 /** Resolves once `check` holds, looking every few milliseconds. */
 async function until(check: () => boolean): Promise<void> {
   while (!check()) await new Promise((resolve) => setTimeout(resolve, 5));
+}
+
+/**
+ * The proxy has read everything `guest` sent: the guest's socket holds nothing unsent, and the
+ * kernel holds nothing unread on the proxy's end of the connection (its receive queue in
+ * /proc/net/tcp), so what the guest wrote is in the proxy before it is paused.
+ */
+function readByProxy(guest: RawClient, proxy: ChildProxy): boolean {
+  if (guest.socket.writableLength > 0) return false;
+  const hex = (port: number): string => port.toString(16).toUpperCase().padStart(4, "0");
+  const local = `0100007F:${hex(proxy.port)}`;
+  const remote = `0100007F:${hex(guest.socket.localPort!)}`;
+  for (const line of readFileSync(`/proc/${proxy.pid}/net/tcp`, "utf8").split("\n").slice(1)) {
+    const fields = line.trim().split(/\s+/);
+    if (fields[1] === local && fields[2] === remote) return fields[4]!.split(":")[1] === "00000000";
+  }
+  throw new Error(`no connection ${remote} -> ${local} in /proc/${proxy.pid}/net/tcp`);
 }
 
 /** Lets every deadline of `deadlineMs` armed before the pause pass while the proxy is stopped. */
@@ -95,6 +113,36 @@ describe("a proxy paused past a deadline", { timeout: 30_000 }, () => {
     expect(proxy.stderr()).not.toMatch(/timed out/);
   });
 
+  it("an upload whose end an HTTP/2 upstream made room for while the proxy was paused past upstreamHeadersMs is answered, not 504", async () => {
+    // The upstream takes nothing (its stream paused) until the proxy is stopped: the proxy sends
+    // the initial window, 65,535 bytes, and holds the rest.
+    const upstream = await startH2Upstream();
+    let held: ServerHttp2Stream | undefined;
+    upstream.server.prependListener("stream", (stream: ServerHttp2Stream) => {
+      stream.pause();
+      held = stream;
+    });
+    const proxy = await childProxy({ upstreamHeadersMs: deadlineMs });
+    const guest = await openRaw(proxy.port);
+    const size = 65_535 + 2_000;
+    guest.write(`POST https://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test:${upstream.port}\r\nContent-Length: ${size}\r\n\r\n`);
+    guest.write(Buffer.alloc(size, 0x61));
+    await until(() => held !== undefined && held.readableLength === 65_535 && readByProxy(guest, proxy));
+
+    // The upstream reads it all and opens its window while the proxy is stopped. At the resume
+    // the deadline's timer fires first; the same turn's reads let the rest go out, and the upload
+    // finishes: the head's time counts from there.
+    const resume = await pause(proxy);
+    held!.resume();
+    await until(() => held!.readableLength === 0);
+    await pastTheDeadline();
+    resume();
+
+    const answer = await guest.readResponse();
+    expect(answer.status).toBe(200);
+    expect((JSON.parse(answer.body) as { bodyBytes: number }).bodyBytes).toBe(size);
+  });
+
   it("a request an HTTP/2 guest sent while the proxy was paused past its connection's idleMs is answered on that connection", async () => {
     const upstream = await startUpstream({ names: ["api.test"] });
     const proxy = await childProxy({ idleMs: deadlineMs });
@@ -142,12 +190,12 @@ describe("a proxy paused past a deadline", { timeout: 30_000 }, () => {
     const proxy = await childProxy({ headersMs: deadlineMs });
     const guest = await openRaw(proxy.port);
     // A first request on the connection shows the proxy reading it; the head's clock then runs
-    // from the first byte of the second, which nothing answers until it is whole: a moment is
-    // given for the proxy to read it before the pause (had it not, the test would not tell).
+    // from the first byte of the second, which nothing answers until it is whole: the proxy has
+    // read that first half before the pause (had it not, the test would not tell).
     guest.write(`GET http://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test:${upstream.port}\r\n\r\n`);
     expect((await guest.readResponse()).status).toBe(200);
     guest.write(`GET http://api.test:${upstream.port}/echo HTTP/1.1\r\nHost: api.test:${upstream.port}\r\n`);
-    await new Promise((resolve) => setTimeout(resolve, 50));
+    await until(() => readByProxy(guest, proxy));
     const resume = await pause(proxy);
     guest.write("Accept: */*\r\n\r\n");
     await pastTheDeadline();
