@@ -2,6 +2,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import { requestStart, type RequestStartMessage } from "../metrics/channels.js";
 import { isIP, type Socket } from "node:net";
 import { afterReads } from "../after-reads.js";
+import { countHead, headsParsed, isTakenOver } from "./parsed-heads.js";
 import { EgressError, asEgressError, denied, guestError } from "../errors.js";
 import type { Logger } from "../log.js";
 import { GuestGone, type TraceEntry } from "../pipeline/exchange.js";
@@ -135,14 +136,23 @@ export class GuestSide {
     // Node's own cut (about 1,000) dropped the rest without a word (see maxRequestFields).
     server.maxHeadersCount = maxRequestFields + 1;
     server.setTimeout(timeouts.idleMs, (socket: Socket) => this.onIdle(socket));
-    server.on("request", (req: IncomingMessage, res: ServerResponse) => this.guard(this.handle(req, res, false), req.socket));
+    server.on("request", (req: IncomingMessage, res: ServerResponse) => {
+      countHead(req.socket);
+      this.guard(this.handle(req, res, false), req.socket);
+    });
     // With this listener Node no longer answers `Expect: 100-continue` by itself: we send 100
     // only once the checks pass, so a refused upload never starts.
-    server.on("checkContinue", (req: IncomingMessage, res: ServerResponse) => this.guard(this.handle(req, res, true), req.socket));
+    server.on("checkContinue", (req: IncomingMessage, res: ServerResponse) => {
+      countHead(req.socket);
+      this.guard(this.handle(req, res, true), req.socket);
+    });
     // Any other expectation gets 417, as a request the proxy refuses: in its turn, once its guest
     // is known (one without credentials gets its 407 first), and with its line, as on HTTP/2.
     // Answered by Node itself (or by sendError here), it had no line, record or metric.
-    server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => this.guard(this.handle(req, res, false, unmetExpectation(String(req.headers.expect))), req.socket));
+    server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => {
+      countHead(req.socket);
+      this.guard(this.handle(req, res, false, unmetExpectation(String(req.headers.expect))), req.socket);
+    });
     server.on("clientError", (error: NodeJS.ErrnoException, socket: Socket) => {
       if (error.code !== "ERR_HTTP_REQUEST_TIMEOUT") {
         this.clientError(error, socket);
@@ -151,16 +161,34 @@ export class GuestSide {
       // Node's sweep of heads past headersMs is a timer too: once the proxy had been paused past
       // the deadline (SIGSTOP, a paused VM), it ran before the poll, and a head the guest had
       // finished in time got 408 "not received in time" (black-box finding). Judged after the
-      // reads, a head completed meanwhile has been parsed (a new message on the parser, or the
-      // parser handed over to a CONNECT or an upgrade) and goes on; an unfinished one gets its
-      // 408 as before.
-      const head = parsedHead(socket);
+      // reads, a head completed meanwhile has been counted (parsed-heads.ts) and goes on; an
+      // unfinished one gets its 408 as before.
+      const before = headsParsed(socket);
       afterReads(() => {
-        if (!socket.destroyed && parsedHead(socket) === head) this.clientError(error, socket);
+        if (socket.destroyed) return;
+        if (headsParsed(socket) === before) this.clientError(error, socket);
+        else if (!isTakenOver(socket)) this.routeSocketErrors(server, socket);
       });
     });
-    server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => this.guard(this.upgrade(req, socket, head), socket));
+    server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
+      countHead(socket, true);
+      this.guard(this.upgrade(req, socket, head), socket);
+    });
     return server;
+  }
+
+  /**
+   * A 408 not given: Node's `socketOnError` had already taken its own `error` listener off the
+   * socket (its "ignore further errors", for a socket about to be destroyed) before it emitted
+   * the `clientError`, so the connection, which lives on, would have its later errors (a reset)
+   * go past `clientError` and {@link answerClientError}. This puts that routing back, once, as
+   * the first listener, where Node's stood. A CONNECT or an upgrade has taken the socket from
+   * the server (Node took the listener off for that too): its errors are the tunnel's.
+   */
+  private routeSocketErrors(server: Server, socket: Socket): void {
+    if (errorsRouted.has(socket)) return;
+    errorsRouted.add(socket);
+    socket.prependOnceListener("error", (error: Error) => server.emit("clientError", error, socket));
   }
 
   /** What Node's parser refused ({@link answerClientError}), with the lanes' bookkeeping. */
@@ -256,6 +284,7 @@ export class GuestSide {
 
   /** A CONNECT waits its turn behind the requests before it on its connection, as an upgrade does. */
   connect(req: IncomingMessage, socket: Socket, head: Buffer, serve: ServeTunnel): void {
+    countHead(socket, true);
     if (this.deps.limits.refused(socket)) return;
     const started = performance.now();
     let overflowed = false;
@@ -367,6 +396,7 @@ export class GuestSide {
    * nothing after it can be read as HTTP: the answer closes the connection.
    */
   refuseConnect(req: IncomingMessage, socket: Socket, head: Buffer): void {
+    countHead(socket, true);
     if (this.deps.limits.refused(socket)) return;
     const started = performance.now();
     const id = this.nextId++;
@@ -764,11 +794,5 @@ function hasBodyFraming(req: IncomingMessage): boolean {
   return req.headers["transfer-encoding"] !== undefined || (length !== undefined && length !== "0");
 }
 
-/**
- * The latest request head Node's parser has made a message of on `socket` (or the parser, gone
- * once a CONNECT or an upgrade took the socket): it changes when a head is completed.
- */
-function parsedHead(socket: Socket): unknown {
-  const parser = (socket as Socket & { parser?: { incoming?: unknown } | null }).parser;
-  return parser == null ? parser : (parser.incoming ?? parser);
-}
+/** Sockets whose errors go to `clientError` again after a 408 not given ({@link GuestSide.routeSocketErrors}). */
+const errorsRouted = new WeakSet<Socket>();

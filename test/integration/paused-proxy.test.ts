@@ -61,11 +61,11 @@ function pastTheDeadline(): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, deadlineMs * 2));
 }
 
-async function childProxy(timeouts: Record<string, number>): Promise<ChildProxy> {
+async function childProxy(timeouts: Record<string, number>, logLevel = "warn"): Promise<ChildProxy> {
   const ca = await testCa();
   const child = await startChildProxy({
     allowedHosts: ["api.test"],
-    proxy: { caDir: tempDir(), logLevel: "warn", resolve: { "api.test": ["127.0.0.1"] }, upstreamCa: [ca.certPem], timeouts },
+    proxy: { caDir: tempDir(), logLevel, resolve: { "api.test": ["127.0.0.1"] }, upstreamCa: [ca.certPem], timeouts },
   });
   onTestFinished(() => child.stop());
   return child;
@@ -185,9 +185,9 @@ describe("a proxy paused past a deadline", { timeout: 30_000 }, () => {
     expect(guest.closed).toBe(false);
   });
 
-  it("a request head an HTTP/1.1 guest finished while the proxy was paused past headersMs is answered, not 408", async () => {
+  it("a request head an HTTP/1.1 guest finished while the proxy was paused past headersMs is answered, not 408, and the connection's reset is still the guest's failure", async () => {
     const upstream = await startUpstream({ tls: false });
-    const proxy = await childProxy({ headersMs: deadlineMs });
+    const proxy = await childProxy({ headersMs: deadlineMs }, "debug");
     const guest = await openRaw(proxy.port);
     // A first request on the connection shows the proxy reading it; the head's clock then runs
     // from the first byte of the second, which nothing answers until it is whole: the proxy has
@@ -202,5 +202,11 @@ describe("a proxy paused past a deadline", { timeout: 30_000 }, () => {
     resume();
 
     expect((await guest.readResponse()).status).toBe(200);
+    // Node took its own error listener off the socket before it reported the 408 the proxy then
+    // did not give: the guest's reset goes through clientError all the same ("guest connection
+    // failed", logged before the connection limits' own line for the error).
+    guest.socket.resetAndDestroy();
+    await until(() => proxy.stderr().includes('"guest socket error"'));
+    expect(proxy.stderr()).toContain('"guest connection failed"');
   });
 });
