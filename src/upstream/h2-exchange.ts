@@ -116,6 +116,21 @@ function contentLength(head: IncomingHttpHeaders): number | undefined {
   return typeof value === "string" && /^\d+$/.test(value) ? Number(value) : undefined;
 }
 
+/**
+ * Whether trailers were to end the response: it announced them (a `Trailer` field), it is gRPC's
+ * (`application/grpc`, whose status comes in trailers), or the request asked for them (`te:
+ * trailers`, which gRPC clients send).
+ */
+function awaitsTrailers(request: HeaderList, head: IncomingHttpHeaders): boolean {
+  if (head.trailer !== undefined) return true;
+  const type = head["content-type"];
+  if (typeof type === "string" && /^application\/grpc(?:[+;\s]|$)/i.test(type)) return true;
+  for (let i = 0; i < request.length; i += 2) {
+    if (request[i]!.toLowerCase() === "te" && request[i + 1]!.split(",").some((token) => token.trim().toLowerCase() === "trailers")) return true;
+  }
+  return false;
+}
+
 function headerList(headers: IncomingHttpHeaders): HeaderList {
   const out: HeaderList = [];
   for (const [name, value] of Object.entries(headers)) {
@@ -326,8 +341,10 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
         // RST_STREAM(NO_ERROR) after every byte the Content-Length announced is a whole
         // response: Node's own server sends it for a handler that calls stream.close() after
         // writing its body, with no END_STREAM, and curl takes it as complete. nghttp2 has
-        // checked the Content-Length (one value, digits) and refused DATA past it.
-        const announced = contentLength(head);
+        // checked the Content-Length (one value, digits) and refused DATA past it. Not when
+        // trailers were to end it (review finding): those are lost, and a gRPC call without its
+        // grpc-status, or a checksum a client asked for, would pass as whole.
+        const announced = awaitsTrailers(request.headers, head) ? undefined : contentLength(head);
         onCutEnd(
           stream,
           () => stream.destroy(Object.assign(new Error(`upstream ${url.host} reset the HTTP/2 stream (code ${stream.rstCode ?? 0}) before the end of its body`), { code: "UND_ERR_SOCKET" })),

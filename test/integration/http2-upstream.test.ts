@@ -686,6 +686,46 @@ describe("an upstream connection that ends under the proxy", () => {
     expect(logged("/short")?.["error"]).toBeDefined();
   });
 
+  it.each(["HTTP/1.1", "HTTP/2"] as const)("a body whose trailers were to follow (announced in Trailer, gRPC's, or asked for with te: trailers) that the h2 upstream closes with NO_ERROR at its Content-Length is cut for the %s guest", async (guest) => {
+    const body = Buffer.alloc(5000, "b");
+    const closeAfter = (head: Record<string, string>): H2Route => (stream) => {
+      stream.respond({ ":status": 200, "content-type": "text/plain", "content-length": String(body.length), ...head });
+      stream.write(body);
+      stream.close(h2constants.NGHTTP2_NO_ERROR);
+    };
+    const upstream = await startH2Upstream({
+      "/announced": closeAfter({ trailer: "x-checksum" }),
+      "/grpc": closeAfter({ "content-type": "application/grpc+proto" }),
+      "/plain": closeAfter({}),
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { upstreamHeadersMs: 20_000, upstreamBodyMs: 20_000 } });
+    const outcome = async (path: string, headers: Record<string, string> = {}): Promise<string> => {
+      if (guest === "HTTP/1.1") {
+        const res = await request(`https://api.test:${upstream.port}${path}`, { dispatcher: proxyAgent(proxy), headers });
+        return res.body.text().then(
+          (text) => `${res.statusCode} whole (${text.length} bytes)`,
+          () => `${res.statusCode} cut`,
+        );
+      }
+      const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+      return h2Request(session, { ":path": path, ...headers }).then(
+        (res) => `${res.status} whole (${res.body.length} bytes)`,
+        () => "cut",
+      );
+    };
+    // An HTTP/1.1 guest has every byte by the Content-Length either way (the trailers could not
+    // have reached it): the cut shows in the closed connection and the log line's error.
+    const cut = guest === "HTTP/2" ? /cut$/ : /^200 whole/;
+    expect(await outcome("/announced")).toMatch(cut);
+    expect(await outcome("/grpc")).toMatch(cut);
+    expect(await outcome("/plain", { te: "trailers" })).toMatch(cut);
+    // Without any of them the same close is a whole body, as the test above has it.
+    expect(await outcome("/plain")).toBe("200 whole (5000 bytes)");
+    await vi.waitFor(() => expect(proxy.logs.filter((line) => line["msg"] === "request")).toHaveLength(4), { timeout: 10_000 });
+    const errors = proxy.logs.filter((line) => line["msg"] === "request").map((line) => `${String(line["target"]).replace(/^.*\//, "/")} ${line["error"] === undefined ? "ok" : "error"}`);
+    expect(errors.sort()).toEqual(["/announced error", "/grpc error", "/plain error", "/plain ok"]);
+  });
+
   // Node's stream.close(code) sends END_STREAM before its RST_STREAM once what was written has
   // been flushed: an upload the guest abandoned reached the upstream as a whole, shorter body.
   it.each(["h1 connection closed", "h2 stream reset with CANCEL", "h2 stream reset with INTERNAL_ERROR"] as const)("an upload abandoned midway (%s) is reset at the h2 upstream, never ended as a whole body", async (guest) => {
