@@ -1,5 +1,6 @@
 import { close as closeFd, constants, fstat, open as openFd, stat, writev, type Stats } from "node:fs";
 import { open as openFile } from "node:fs/promises";
+import { writeStderr } from "../log.js";
 
 /** A warning that may repeat per record: the caller rate-limits it by `kind`. */
 export type AuditWarn = (kind: string, msg: string, fields?: Record<string, unknown>) => void;
@@ -97,7 +98,8 @@ class AppendTarget {
       // A rejection nobody handles ends the process. endsMidLine answers false for any failure,
       // and the events and the first write do not throw, so none comes as written; one that did
       // is this target's failed open (records dropped and counted, the file opened again after
-      // retryMs), not the proxy's end.
+      // retryMs), not the proxy's end. The handler of that failure calls `warn`, which may throw
+      // too: the chain ends in one that only writes a line (review finding).
       let handed = false;
       void endsMidLine(file, fd)
         .then((midLine) => {
@@ -108,7 +110,8 @@ class AppendTarget {
           const error: NodeJS.ErrnoException = thrown instanceof Error ? thrown : new Error(String(thrown));
           if (handed) this.failedOpening(error);
           else closeFd(fd, () => (this.gone ? this.settle() : this.fail(error, 0)));
-        });
+        })
+        .catch(reportUnhandled);
     });
   }
 
@@ -303,6 +306,20 @@ async function openWaitingForReader(file: string, waiting: () => void): Promise<
       warned = true;
       await new Promise((resolve) => setTimeout(resolve, readerPollMs));
     }
+  }
+}
+
+/**
+ * The last handler of a promise chain whose own failure handling threw (an `AuditWarn` that
+ * throws): one line on stderr, as the log writes its own, and never a rejection, which would end
+ * the process.
+ */
+function reportUnhandled(thrown: unknown): void {
+  try {
+    const error = thrown instanceof Error ? thrown.message : String(thrown);
+    writeStderr(`${JSON.stringify({ time: new Date().toISOString(), level: "error", msg: "audit log: handling a failed open threw", error })}\n`);
+  } catch {
+    // A thrown value whose message cannot be read: nothing is left to say, and nothing to end.
   }
 }
 

@@ -2,7 +2,7 @@ import { readFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { describe, expect, it, onTestFinished } from "vitest";
+import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { AuditLogFile } from "../../src/metrics/audit-log.js";
 import { createAuditSink } from "../../src/metrics/audit-sink.js";
 import { buildAuditRecord, type AuditRecord } from "../../src/metrics/audit-record.js";
@@ -103,6 +103,41 @@ describe("AuditLogFile", () => {
     await log.close();
     expect(readFileSync(file, "utf8")).toBe("before\nafter\n");
     expect(log.dropped).toBe(1);
+  });
+
+  // The handler of that failure warns, and a warn that throws made the same unhandled rejection
+  // one step later (review finding): the chain ends in a handler that writes a line to stderr.
+  it("a reopen whose last steps throw, with a warn that throws too, ends in a line on stderr, not an unhandled rejection", async () => {
+    const rejections: unknown[] = [];
+    const onRejection = (reason: unknown): void => void rejections.push(reason);
+    process.on("unhandledRejection", onRejection);
+    onTestFinished(() => void process.off("unhandledRejection", onRejection));
+    const written: string[] = [];
+    const spy = vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => {
+      written.push(String(chunk));
+      return true;
+    });
+    onTestFinished(() => spy.mockRestore());
+    const file = join(tempDir(), "audit.jsonl");
+    const log = await AuditLogFile.open({
+      file,
+      warn: (kind) => {
+        throw new Error(`the warn for ${kind} threw`);
+      },
+      retryMs: 0,
+    });
+    log.append("before\n");
+    log.reopen(() => {
+      throw new Error("the opened callback threw");
+    });
+    await eventually(() => written.some((line) => line.includes("audit log: handling a failed open threw")), "the line on stderr");
+    expect(JSON.parse(written.find((line) => line.includes("handling a failed open"))!)).toMatchObject({ level: "error", error: "the warn for audit:error threw" });
+    // Node reports an unhandled rejection once the microtasks have run: an immediate is after.
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(rejections).toEqual([]);
+    log.append("after\n");
+    await log.close();
+    expect(readFileSync(file, "utf8")).toBe("before\nafter\n");
   });
 });
 
