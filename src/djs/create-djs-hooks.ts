@@ -14,7 +14,7 @@ export { PolicyLoadError } from "./bundle.js";
 export interface DjsHooksOptions {
   /** `script` defines global functions; `module` and `typescript` export them. Default: from the file extension, else `module` if the text has ES module syntax, else `script`. */
   readonly kind?: PolicyKind;
-  /** The policy's file name, for errors and logs; its folder bounds relative imports. A leading `~/` is $HOME. */
+  /** The policy's file name, for errors and logs; its folder bounds relative imports. Without `modules` it is a path (a leading `~/` is $HOME, `~user/…` refused); with them, a label kept as written. */
   readonly filename?: string;
   /** The policy's source text. */
   readonly source: string;
@@ -134,10 +134,6 @@ export function createDjsHooks(sourceOrOptions: string | DjsHooksOptions): { djs
   if (options.filename !== undefined && (typeof options.filename !== "string" || options.filename === "")) {
     throw invalid(["filename"], "must be a non-empty string");
   }
-  // Its folder is where imports are read from: `~/policies/p.ts` as startProxy's paths have it.
-  const file = options.filename === undefined ? undefined : homePath(options.filename, process.env, (reason) => {
-    throw invalid(["filename"], reason);
-  });
   const modules = options.modules;
   if (modules !== undefined) {
     if (typeof modules !== "object" || modules === null || Array.isArray(modules)) {
@@ -147,6 +143,13 @@ export function createDjsHooks(sourceOrOptions: string | DjsHooksOptions): { djs
       if (typeof text !== "string") throw invalid(["modules", name], "must be source text");
     }
   }
+  // Without `modules`, its folder is where imports are read from: a path, `~/policies/p.ts` as
+  // startProxy's paths have it. With them nothing is read from disk, and it is a label (for
+  // errors, and the kind by its extension) kept as written: `~draft.mjs` is a name, no user's
+  // home (review finding).
+  const file = options.filename === undefined || modules !== undefined ? options.filename : homePath(options.filename, process.env, (reason) => {
+    throw invalid(["filename"], reason);
+  });
   const size = options.source.length + Object.values(modules ?? {}).reduce((n, text) => n + text.length, 0);
   if (size > maxPolicyChars) throw new PolicyLoadError(`${options.filename ?? "the policy"}: ${tooBig(size)}`);
   const workers = options.workers ?? Math.min(2, availableParallelism());

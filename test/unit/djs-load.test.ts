@@ -95,6 +95,20 @@ describe("tier-2 policies load as script, module or TypeScript", () => {
     );
   });
 
+  // Given with `modules`, nothing is read from disk and the filename only names the policy: a
+  // name starting with ~ was refused as a ~user/… path, and ~/ made $HOME's (review finding).
+  it("a filename given with modules is a label kept as written: ~draft.mjs and ~/draft.mjs load under those names", () => {
+    const home = tempDir("egressgate-home-");
+    vi.stubEnv("HOME", home);
+    onTestFinished(() => {
+      vi.unstubAllEnvs();
+    });
+    for (const filename of ["~draft.mjs", "~/draft.mjs"]) {
+      const policy = loadPolicy({ filename, source: `export function onRequest() {}`, modules: {} });
+      expect([policy.phases, policy.filename]).toEqual([["onRequest"], path.resolve(filename)]);
+    }
+  });
+
   it("in-memory modules stand in for files next to the policy", async () => {
     const policy = loadPolicy({
       filename: "/nonexistent/policy.ts",
