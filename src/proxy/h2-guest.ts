@@ -331,7 +331,8 @@ export class H2Guests {
     deadline.unref();
     try {
       // An error is a PING cancelled by the session's own end, which the deadline outlives.
-      session.ping(() => {
+      session.ping((error) => {
+        if (error !== null) return;
         answered = true;
         clearTimeout(deadline);
         state.probing = false;
