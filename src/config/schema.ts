@@ -75,13 +75,13 @@ const limitsNode = object(
     h2ResetsPer10s: integer(1, 1_000_000, "HTTP/2 streams one guest connection may reset in 10 s within 1 s of opening them, before their response ended (GOAWAY ENHANCE_YOUR_CALM beyond).", {
       default: defaults.limits.h2ResetsPer10s,
     }),
-    h2StreamWindowBytes: integer(65_535, 2 ** 31 - 1, "Bytes one HTTP/2 stream may send the proxy ahead of its reader, both ways (an upstream's response, an HTTP/2 guest's upload): the most the proxy holds for one stream whose reader has stopped.", {
+    h2StreamWindowBytes: integer(65_535, 2 ** 31 - 1, "Bytes one HTTP/2 stream may send the proxy ahead of its reader, both ways (an upstream's response, an HTTP/2 guest's upload): the most the proxy holds for one stream whose reader has stopped. A guest connection's window is at most h2ConnectionBufferBytes ÷ h2Streams.", {
       default: defaults.limits.h2StreamWindowBytes,
     }),
     h2ConnectionWindowBytes: integer(65_535, 2 ** 31 - 1, "Bytes one HTTP/2 connection may send the proxy ahead of it, over all its streams (an upstream's, an HTTP/2 guest's); the proxy takes them as they arrive, so this caps a connection's pace, not what it holds.", {
       default: defaults.limits.h2ConnectionWindowBytes,
     }),
-    h2ConnectionBufferBytes: integer(65_535, 2 ** 31 - 1, "Bytes the stream windows of one HTTP/2 connection (a guest's, an upstream's) may add up to: past h2ConnectionBufferBytes ÷ h2StreamWindowBytes streams with a body coming, each stream's window is lowered so that together they stay within it (never below 65,535 bytes): the most the proxy holds for one connection whose readers have stopped.", {
+    h2ConnectionBufferBytes: integer(65_535, 2 ** 31 - 1, "Bytes the stream windows of one HTTP/2 connection (a guest's, an upstream's) may add up to: the most the proxy holds for one connection whose readers have stopped. A guest connection's stream window is fixed at this ÷ h2Streams (the largest value one byte under a power of two within it, at most h2StreamWindowBytes, never below 65,535); an upstream connection's is lowered past h2ConnectionBufferBytes ÷ h2StreamWindowBytes responses coming at once, so that together they stay within it (never below 65,535 bytes).", {
       default: defaults.limits.h2ConnectionBufferBytes,
     }),
   },

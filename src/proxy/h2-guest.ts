@@ -18,14 +18,13 @@ import { boundGuest, removedCut, unboundCut, wasRemoved, type Guest, type GuestR
 import { h2ExpectsContinue, h2OutboundRequest } from "./h2-request.js";
 import { h2ContinueOnce, sendH2Error, sendH2Response, type StallWatch } from "./h2-respond.js";
 import { GuestClosedMidResponse, GuestLeftFirst } from "./respond.js";
-import { h2Codes, h2FirstWindow, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h2-settings.js";
+import { h2Codes, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h2-settings.js";
 import { tunnelOf } from "./tunnel.js";
 import { resetH2Stream } from "../streams.js";
 import { requestBodyOf } from "./h2-upload.js";
 import { h2CodeName } from "../upstream/h2-close-reason.js";
 import { raiseConnectionWindow } from "../upstream/h2-windows.js";
-import { WindowShare } from "../upstream/h2-window-share.js";
-import { HeldBodies } from "./h2-held.js";
+import { keepOwnBytes } from "../upstream/h2-window-share.js";
 import type { DrainCuts } from "./drain-cut.js";
 
 export interface H2GuestDeps {
@@ -82,10 +81,6 @@ interface SessionState {
   probing: boolean;
   /** The guest closed its side (FIN): what is still owed goes out, then the session ends. */
   guestEnded: boolean;
-  /** The stream windows, shared by the streams whose request body is still coming (limits.h2ConnectionBufferBytes). */
-  readonly share: WindowShare;
-  /** What the request bodies hold unread, against limits.h2ConnectionBufferBytes and 80 KiB a stream (HeldBodies). */
-  readonly held: HeldBodies;
 }
 
 /** Events per fixed window: deterministic for a flood (it fills a window at once), cheap otherwise. */
@@ -191,16 +186,6 @@ export class H2Guests {
       idleTimer: undefined,
       probing: false,
       guestEnded: false,
-      // A guest that never acknowledges a lowered window keeps sending by the old one: after as
-      // long as the first SETTINGS may take (awaitSettingsAck), GOAWAY(SETTINGS_TIMEOUT).
-      share: new WindowShare(session, {
-        streamBytes: this.deps.limits.h2StreamWindowBytes,
-        initialBytes: h2FirstWindow(this.deps.limits),
-        budgetBytes: this.deps.limits.h2ConnectionBufferBytes,
-        ackMs: this.silenceMs(),
-        onUnacknowledged: () => this.calm(session, `the guest did not acknowledge the proxy's SETTINGS within timeouts.h2PingMs (${this.silenceMs()} ms)`, { code: h2Codes.settingsTimeout }),
-      }),
-      held: new HeldBodies(this.deps.limits.h2ConnectionBufferBytes),
     };
     session[stateKey] = state;
     this.sessions.add(session);
@@ -417,21 +402,10 @@ export class H2Guests {
       return;
     }
     // A request body holds what its window lets in until it is read, waiting for the running-work
-    // cap or refused included (until its stream closes): the windows are shared from here.
-    if (!stream.endAfterHeaders) {
-      state.share.receive(stream);
-      state.held.add(stream, (held, ceiling) => {
-        if (stream.closed || stream.destroyed) return;
-        // A guest that sent more than the windows it had read allow: its stream goes, not the proxy's memory.
-        watch.cut = `the guest's request bodies held ${held} bytes unread on its connection, past limits.h2ConnectionBufferBytes and 80 KiB a stream (${ceiling} bytes): it sent them ahead of the proxy's lowered window`;
-        watch.ours = true;
-        this.deps.log.info("guest h2 stream reset", { reason: watch.cut, target: `${state.tunnel.hostname}:${state.tunnel.port}`, guest: state.tunnel.guest });
-        // RST_STREAM(ENHANCE_YOUR_CALM) (Node's destroy() alone would say INTERNAL_ERROR, the
-        // proxy's failure), then destroyed: a closed stream keeps its unread buffer until read.
-        stream.close(h2Codes.enhanceYourCalm);
-        stream.destroy();
-      });
-    }
+    // cap or refused included: the fixed window (h2GuestWindow) bounds that to
+    // limits.h2ConnectionBufferBytes over the connection's streams; the chunks that stay are
+    // copied so that they hold no more than their own bytes.
+    if (!stream.endAfterHeaders) keepOwnBytes(stream);
     // The head's bounds before any wait for the running work: a refused head is answered at once
     // and its list let go, never held in the waiting list (review finding).
     const maxHeaderList = this.deps.limits.h2HeaderListBytes;

@@ -19,7 +19,7 @@ export interface H2ConfiguredLimits {
   readonly h2StreamWindowBytes: number;
   /** The connection's receive window, raised with WINDOW_UPDATE once the session starts (raiseConnectionWindow). */
   readonly h2ConnectionWindowBytes: number;
-  /** What the stream windows of one connection may add up to (WindowShare). */
+  /** What the stream windows of one connection may add up to (h2GuestWindow). */
   readonly h2ConnectionBufferBytes: number;
 }
 
@@ -72,13 +72,18 @@ export function h2HeaderListPairs(limits: Pick<H2ConfiguredLimits, "h2HeaderList
 }
 
 /**
- * The stream window of a guest connection's first SETTINGS: `limits.h2Streams` streams' share of
- * `limits.h2ConnectionBufferBytes` (131,071 bytes at the defaults), raised to
- * `limits.h2StreamWindowBytes` once the guest has acknowledged it while few of its streams have a
- * body coming (WindowShare). A guest that opens all its streams at once, as soon as it has the
- * proxy's SETTINGS, opens them at this window, never at the full one.
+ * The stream window every guest connection is given (SETTINGS_INITIAL_WINDOW_SIZE), fixed for the
+ * connection's life: `limits.h2Streams` streams' share of `limits.h2ConnectionBufferBytes`, the
+ * largest value one byte under a power of two within it (131,071 bytes at the defaults), capped at
+ * `limits.h2StreamWindowBytes` and never below 65,535 (sharedWindow). A guest that fills every
+ * window it may open holds the proxy to the budget (65,535 bytes a stream past it when the budget
+ * is too small for that many). It was lowered and raised with the count of uploads: a guest
+ * sends by the window it last read, so one starting many uploads together sent 1 MiB on each
+ * before it read the lower one, and the proxy had to reset compliant streams (docs/reliability.md,
+ * thirteenth session). The guest's leg is a local one, where a small window costs little
+ * (docs/performance.md, "What a stopped HTTP/2 reader holds").
  */
-export function h2FirstWindow(limits: Pick<H2ConfiguredLimits, "h2StreamWindowBytes" | "h2ConnectionBufferBytes" | "h2Streams">): number {
+export function h2GuestWindow(limits: Pick<H2ConfiguredLimits, "h2StreamWindowBytes" | "h2ConnectionBufferBytes" | "h2Streams">): number {
   return sharedWindow(limits.h2StreamWindowBytes, limits.h2ConnectionBufferBytes, emptyStreams(limits.h2Streams));
 }
 
@@ -96,7 +101,7 @@ export function h2ServerOptions(limits: H2ConfiguredLimits): ServerOptions {
       maxHeaderListSize: limits.h2HeaderListBytes,
       // Server push is never used: a guest must not be sent anything it did not ask for.
       enablePush: false,
-      initialWindowSize: h2FirstWindow(limits),
+      initialWindowSize: h2GuestWindow(limits),
     },
   };
 }

@@ -77,7 +77,9 @@ export interface ConnectionLimitOptions {
    * HTTP/2 flow control, both sides (the upstream sessions' SETTINGS_INITIAL_WINDOW_SIZE, and the
    * guest sessions'): bytes one stream may send ahead of its reader, so the most the proxy holds
    * for a stream whose reader has stopped (a guest behind on a download, an upstream behind on an
-   * upload). Default 1048575 (1 MiB less one byte: see docs/performance.md, "HTTP/2 flow-control
+   * upload). A guest connection's window is at most `h2ConnectionBufferBytes` ÷ `h2Streams`
+   * (`h2ConnectionBufferBytes`), an upstream connection's lowered while many of its responses are
+   * held. Default 1048575 (1 MiB less one byte: see docs/performance.md, "HTTP/2 flow-control
    * windows"); RFC 9113's 65,535 held a download from an h2 upstream 20 ms away to 1.6 MB/s.
    */
   readonly h2StreamWindowBytes?: number;
@@ -90,12 +92,16 @@ export interface ConnectionLimitOptions {
   readonly h2ConnectionWindowBytes?: number;
   /**
    * Bytes the stream windows of one HTTP/2 connection (a guest's, or one of the proxy's upstream
-   * connections) may add up to. With more than this ÷ `h2StreamWindowBytes` streams receiving a
-   * body, the proxy lowers its SETTINGS_INITIAL_WINDOW_SIZE on that connection so that their
-   * windows together stay within it (never below 65,535 bytes each): the most the proxy holds
-   * for a connection whose readers have all stopped, as Go's server bounds uploads with
-   * `MaxUploadBufferPerConnection`. Default 16777216 (16 MiB: 16 streams at the full window, 100
-   * at 128 KiB; see docs/performance.md, "What a stopped HTTP/2 reader holds").
+   * connections) may add up to: the most the proxy holds for a connection whose readers have all
+   * stopped, as Go's server bounds uploads with `MaxUploadBufferPerConnection`. A guest connection
+   * is given a fixed SETTINGS_INITIAL_WINDOW_SIZE, this ÷ `h2Streams` (the largest value one byte
+   * under a power of two within that, at most `h2StreamWindowBytes`, never below 65,535): it never
+   * changes, so a guest that keeps to its windows can never pass the budget. An upstream
+   * connection's window is `h2StreamWindowBytes` until more than this ÷ `h2StreamWindowBytes`
+   * responses are coming at once, then lowered so that their windows together stay within it
+   * (never below 65,535 bytes each; the proxy sends the lower value before the stream's HEADERS).
+   * Default 16777216 (16 MiB: a guest's window 128 KiB for its 100 streams, an upstream's 1 MiB
+   * for 16 of them; see docs/performance.md, "What a stopped HTTP/2 reader holds").
    */
   readonly h2ConnectionBufferBytes?: number;
 }

@@ -31,12 +31,10 @@ function stepDown(bytes: number): number {
  * Node's Http2Stream hands each DATA chunk to push() as a view into the buffer of the socket read
  * it came in, shared with the other streams' chunks of that read: one view kept alive keeps the
  * whole read buffer. A chunk that stays in a stopped stream's buffer is copied, so that it holds
- * only its own bytes: a guest connection held to its budget (bench/h2-held.ts, up-h2up
- * --first-alone, 100 streams) kept 30.7–32.9 MiB of `arrayBuffers` without the copy, 20.5–21.7
- * with it.
+ * only its own bytes (a guest's request bodies, h2-guest.ts; an upstream's responses, WindowShare).
  * A chunk read at once (the stream flowing, its buffer empty) is passed on as it is.
  */
-function keepOwnBytes(stream: Http2Stream): void {
+export function keepOwnBytes(stream: Http2Stream): void {
   const push = stream.push;
   stream.push = (chunk: unknown, encoding?: BufferEncoding): boolean => {
     const stays = chunk instanceof Uint8Array && (stream.readableFlowing !== true || stream.readableLength > 0);
@@ -52,8 +50,6 @@ export function emptyStreams(count: number): number[] {
 export interface WindowShareOptions {
   /** `limits.h2StreamWindowBytes`: a stream's window while the connection has room. */
   readonly streamBytes: number;
-  /** The window the session's first SETTINGS gave (`streamBytes` when not given). */
-  readonly initialBytes?: number;
   /** `limits.h2ConnectionBufferBytes`: what the streams' windows may add up to. */
   readonly budgetBytes: number;
   /** How long the peer may take to acknowledge a lowered window before `onUnacknowledged`. */
@@ -66,7 +62,7 @@ export interface WindowShareOptions {
 export const windowShares = new WeakMap<Http2Session, WindowShare>();
 
 /**
- * A connection's receive windows shared by the streams that have a body coming, as
+ * An upstream connection's receive windows shared by the streams that have a response coming, as
  * {@link sharedWindow} says. Node gives a connection's window back as DATA arrives, read or not,
  * so only a stream's window bounds what a stream whose reader stopped holds, and a connection of
  * `limits.h2Streams` such streams held that many windows (100 MiB at the defaults). Node has no
@@ -77,17 +73,18 @@ export const windowShares = new WeakMap<Http2Session, WindowShare>();
  * A lower value is sent at once; a higher one only once the peer has acknowledged the last, and
  * only with room for half as many streams again, so a connection whose count swings sends one
  * SETTINGS per round trip at most. The peer sends by the old
- * value until it has the new one (§6.9.3): a stream it opened before reading the lower value,
- * with DATA sent at once, gets the old window (the guest side's HeldBodies bounds that). The
- * proxy's own streams (upstream sessions) are counted before their HEADERS go (reserve()), so the
- * SETTINGS goes ahead of them. A peer that never acknowledges would keep the old windows for
+ * value until it has the new one (§6.9.3), so this suits only streams the proxy opens: each is
+ * counted before its HEADERS go (reserve()), so the SETTINGS goes ahead of them and the upstream
+ * reads it before it can answer. A peer that opens its own streams (a guest) may write a whole
+ * old window on many at once before it reads the lower value; a guest connection's window is
+ * fixed instead (h2GuestWindow). A peer that never acknowledges would keep the old windows for
  * good, so `ackMs` bounds that.
  */
 export class WindowShare {
   private readonly streams = new Set<Http2Stream>();
   /** Streams about to open (reserve()), counted as holding nothing. */
   private reserved = 0;
-  /** The value last sent (or the session's first SETTINGS'). */
+  /** The value last sent (or the session's first SETTINGS', `streamBytes`). */
   private advertised: number;
   private deadline: NodeJS.Timeout | undefined;
 
@@ -95,7 +92,7 @@ export class WindowShare {
     private readonly session: Http2Session,
     private readonly options: WindowShareOptions,
   ) {
-    this.advertised = options.initialBytes ?? options.streamBytes;
+    this.advertised = options.streamBytes;
     // An acknowledgement: any SETTINGS still unacknowledged gets `ackMs` from here.
     session.on("localSettings", () => {
       this.clearDeadline();

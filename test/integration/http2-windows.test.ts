@@ -48,9 +48,12 @@ describe("limits.h2StreamWindowBytes and limits.h2ConnectionWindowBytes", () => 
     expect(seen.connectionIncrements).toEqual([5_000_000 - rfcWindow]);
   });
 
+  // A guest connection's stream window is its limits.h2Streams streams' share of
+  // limits.h2ConnectionBufferBytes, at most limits.h2StreamWindowBytes (h2GuestWindow).
   it.each([
-    ["the defaults", {}, defaultStream, defaultConnection],
-    ["configured windows", { h2StreamWindowBytes: 300_000, h2ConnectionWindowBytes: 5_000_000 }, 300_000, 5_000_000],
+    ["the defaults (100 streams' share of 16 MiB)", {}, 131_071, defaultConnection],
+    ["configured windows", { h2StreamWindowBytes: 300_000, h2ConnectionWindowBytes: 5_000_000, h2Streams: 10 }, 300_000, 5_000_000],
+    ["the default stream window, with a budget for 100 of them", { h2ConnectionBufferBytes: 100 * 2 ** 20 }, defaultStream, defaultConnection],
   ] as const)("an HTTP/2 guest may send uploads ahead to %s", async (_name, limits, stream, connection) => {
     const upstream = await startH2Upstream();
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, Object.keys(limits).length > 0 ? { limits } : {});

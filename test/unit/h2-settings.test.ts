@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { h2ServerOptions } from "../../src/proxy/h2-settings.js";
+import { h2GuestWindow, h2ServerOptions } from "../../src/proxy/h2-settings.js";
 
 describe("h2ServerOptions", () => {
   it("carries limits.h2* into Node's server options and SETTINGS, and never allows push", () => {
@@ -7,5 +7,16 @@ describe("h2ServerOptions", () => {
       maxSessionMemory: 2,
       settings: { maxConcurrentStreams: 3, maxHeaderListSize: 4096, enablePush: false, initialWindowSize: 262_144 },
     });
+  });
+});
+
+describe("h2GuestWindow", () => {
+  const limits = { h2StreamWindowBytes: 1_048_575, h2ConnectionBufferBytes: 16 * 2 ** 20 };
+  it("is h2Streams streams' share of the budget, one byte under a power of two, at most the stream window and never below 65,535", () => {
+    expect(h2GuestWindow({ ...limits, h2Streams: 100 })).toBe(131_071);
+    expect(h2GuestWindow({ ...limits, h2Streams: 40 })).toBe(262_143);
+    expect(h2GuestWindow({ ...limits, h2Streams: 16 })).toBe(1_048_575);
+    expect(h2GuestWindow({ ...limits, h2Streams: 1 })).toBe(1_048_575);
+    expect(h2GuestWindow({ ...limits, h2Streams: 1000 })).toBe(65_535);
   });
 });
