@@ -25,9 +25,9 @@
  * (downloads) is given per stream too.
  *
  *   --connections 2   --streams 100   --mib 8   --h1-guests 200   --json FILE
- *   --first-alone     HTTP/2 guests open one stream, wait 300 ms (the proxy's windows at their
- *                     widest for one stream), then the rest at once: what a guest may send before
- *                     it has read the proxy's lowered window
+ *   --first-alone     HTTP/2 guests open one stream, wait 300 ms, then the rest at once: what a
+ *                     guest may send before it has read a lowered window, had the proxy lowered
+ *                     one (a guest connection's window is now fixed)
  */
 import { fork, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
