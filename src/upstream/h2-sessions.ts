@@ -174,8 +174,12 @@ export class H2Sessions {
     session.on("error", () => undefined);
     raiseConnectionWindow(session, this.options.windows.connectionBytes);
     // Responses whose guests stopped reading hold what their windows let in: the streams share
-    // `limits.h2ConnectionBufferBytes` (WindowShare). An upstream that never acknowledges a
-    // lowered window keeps sending by the old one: its session is given up as a silent one is.
+    // `limits.h2ConnectionBufferBytes` (WindowShare). An upstream that leaves a lowered window
+    // unacknowledged keeps sending by the old one: the session takes no new streams and closes
+    // once those in flight end. Retired, not cut: the acknowledgement may only be late (queued
+    // behind megabytes of DATA on a slow link, or unread while the proxy was paused), and what
+    // the streams in flight hold is bounded by the windows they had (review finding: giving the
+    // session up cut every response on it).
     windowShares.set(
       session,
       new WindowShare(session, {
@@ -183,9 +187,12 @@ export class H2Sessions {
         budgetBytes: this.options.windows.budgetBytes,
         ackMs: this.options.pingMs,
         onUnacknowledged: () => {
+          const entry = entryOf.get(session);
+          if (entry === undefined || session.closed || session.destroyed) return;
+          entry.retiring = true;
           ended.add(session);
           this.live(key);
-          this.settleEnded(session, `the upstream did not acknowledge the proxy's SETTINGS within timeouts.h2PingMs (${this.options.pingMs} ms)`, false);
+          if (entry.active === 0) session.close();
         },
       }),
     );
