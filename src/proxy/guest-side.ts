@@ -188,7 +188,10 @@ export class GuestSide {
   private routeSocketErrors(server: Server, socket: Socket): void {
     if (errorsRouted.has(socket)) return;
     errorsRouted.add(socket);
-    socket.prependOnceListener("error", (error: Error) => server.emit("clientError", error, socket));
+    // Checked when it fires: a CONNECT or an upgrade that takes the socket later handles its errors itself (review finding).
+    socket.prependOnceListener("error", (error: Error) => {
+      if (!isTakenOver(socket)) server.emit("clientError", error, socket);
+    });
   }
 
   /** What Node's parser refused ({@link answerClientError}), with the lanes' bookkeeping. */
