@@ -101,6 +101,11 @@ export interface RawH2UpstreamOptions {
   readonly greet?: (socket: TLSSocket) => void;
   /** Whether PINGs are answered (by default they are), or a connection's (by its number) are now: a peer that stops answering. */
   readonly answerPings?: boolean | ((connection: number) => boolean);
+  /**
+   * Whether a connection's `nth` SETTINGS from the proxy (from 1: its first, in the preface) is
+   * acknowledged; by default every one is. An upstream whose acknowledgement never comes.
+   */
+  readonly ackSettings?: (connection: number, nth: number) => boolean;
   /** Each HEADERS frame's stream id and its connection's number (from 1): the answer is written here, if any. */
   readonly onHeaders?: (socket: TLSSocket, stream: number, connection: number) => void;
   /** Every frame the proxy sends after its preface, in order, before the upstream acts on it (SETTINGS, WINDOW_UPDATE, …). */
@@ -109,7 +114,7 @@ export interface RawH2UpstreamOptions {
 
 /**
  * An h2-only upstream (ALPN `h2`) written frame by frame, for what no well-behaved server sends:
- * it acknowledges SETTINGS, answers PINGs, and hands each request's HEADERS to `onHeaders`. It
+ * it acknowledges SETTINGS (unless `ackSettings` says not), answers PINGs, and hands each request's HEADERS to `onHeaders`. It
  * never sends WINDOW_UPDATE, so an upload stops at the initial window (65,535 bytes).
  */
 export async function startRawH2Upstream(options: RawH2UpstreamOptions = {}): Promise<{ port: number; connections: () => number }> {
@@ -126,6 +131,7 @@ export async function startRawH2Upstream(options: RawH2UpstreamOptions = {}): Pr
     else options.greet(socket);
     let buffered = Buffer.alloc(0);
     let prefaceSeen = false;
+    let settingsSeen = 0;
     socket.on("data", (chunk: Buffer) => {
       buffered = Buffer.concat([buffered, chunk]);
       if (!prefaceSeen) {
@@ -142,7 +148,7 @@ export async function startRawH2Upstream(options: RawH2UpstreamOptions = {}): Pr
         const payload = buffered.subarray(9, 9 + length);
         buffered = buffered.subarray(9 + length);
         options.onFrame?.(type, flags, stream, payload, index);
-        if (type === frameType.settings && (flags & flag.ack) === 0) socket.write(frame(frameType.settings, flag.ack, 0));
+        if (type === frameType.settings && (flags & flag.ack) === 0 && (options.ackSettings?.(index, ++settingsSeen) ?? true)) socket.write(frame(frameType.settings, flag.ack, 0));
         const answerPings = typeof options.answerPings === "function" ? options.answerPings(index) : options.answerPings !== false;
         if (type === frameType.ping && (flags & flag.ack) === 0 && answerPings) socket.write(frame(frameType.ping, flag.ack, 0, payload));
         if (type === frameType.headers) options.onHeaders?.(socket, stream, index);

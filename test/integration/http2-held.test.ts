@@ -1,6 +1,10 @@
 import type { ClientHttp2Session, ClientHttp2Stream, Http2Session, ServerHttp2Stream } from "node:http2";
+import type { TLSSocket } from "node:tls";
+import { setTimeout as delay } from "node:timers/promises";
 import { describe, expect, it } from "vitest";
-import { h2Session } from "../helpers/h2-client.js";
+import { h2Request, h2Session } from "../helpers/h2-client.js";
+import { flag, frame, frameType } from "../helpers/h2-frames.js";
+import { latch } from "../helpers/latch.js";
 import { startH2Upstream, startRawH2Upstream } from "../helpers/h2-upstream.js";
 import { fetchVia, startTestProxy } from "../helpers/proxy.js";
 
@@ -153,5 +157,69 @@ describe("limits.h2ConnectionBufferBytes: what one HTTP/2 connection's stopped s
     expect((await fetchVia(proxy, `https://api.test:${other.port}/echo`)).status).toBe(200);
     // The proxy's close would wait for the stopped downloads.
     session.destroy();
+  });
+
+  it("an upstream that leaves the lowered window unacknowledged past timeouts.h2PingMs: the 17 responses under way on its connection finish whole, a later request goes on a new connection, and the old one is closed once they end", async () => {
+    const pingMs = 500;
+    const count = 17;
+    const first = Buffer.alloc(1_000, 0x61);
+    const rest = Buffer.alloc(1_000, 0x62);
+    /** The first connection's streams whose response has its first part only. */
+    const held: { socket: TLSSocket; stream: number }[] = [];
+    const [allHeld, heldAll] = latch();
+    const [goaway, goawaySeen] = latch();
+    /** SETTINGS_INITIAL_WINDOW_SIZE in each SETTINGS the proxy sent on the first connection. */
+    const windows: (number | undefined)[] = [];
+    const upstream = await startRawH2Upstream({
+      // The first SETTINGS (in the preface) is acknowledged, never a later one.
+      ackSettings: (_connection, nth) => nth === 1,
+      onFrame: (type, flags, _stream, payload, connection) => {
+        if (connection !== 1) return;
+        if (type === frameType.goaway) goawaySeen();
+        if (type !== frameType.settings || (flags & flag.ack) !== 0) return;
+        let window: number | undefined;
+        for (let at = 0; at + 6 <= payload.length; at += 6) if (payload.readUInt16BE(at) === 0x4) window = payload.readUInt32BE(at + 2);
+        windows.push(window);
+      },
+      onHeaders: (socket, stream, connection) => {
+        // `:status 200` is HPACK's static entry 8.
+        socket.write(frame(frameType.headers, flag.endHeaders, stream, Buffer.from([0x88])));
+        if (connection === 1 && held.length < count) {
+          socket.write(frame(frameType.data, 0, stream, first));
+          held.push({ socket, stream });
+          if (held.length === count) heldAll();
+          return;
+        }
+        // Any other request is answered whole, with the number of the connection it came on.
+        socket.write(frame(frameType.data, flag.endStream, stream, Buffer.from(`connection ${connection}`)));
+      },
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { h2PingMs: pingMs } });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    const answers = Array.from({ length: count }, () => h2Request(session, { ":path": "/held" }));
+    for (const answer of answers) answer.catch(() => undefined);
+    await allHeld;
+    // The 17th stream's lower window went out ahead of its HEADERS, and stays unacknowledged.
+    expect(windows).toEqual([streamWindow, 524_287]);
+    expect(upstream.connections()).toBe(1);
+    // Polled through what a new request finds: the first connection's until the deadline has
+    // passed and the session takes no new streams, then a new one's.
+    for (;;) {
+      const probe = await h2Request(session, { ":path": "/probe" });
+      expect(probe.status).toBe(200);
+      if (probe.body.toString() !== "connection 1") {
+        expect(probe.body.toString()).toBe("connection 2");
+        break;
+      }
+      await delay(pingMs / 10);
+    }
+    // The upstream finishes every response it held (its acknowledgement only late, in effect).
+    for (const { socket, stream } of held) socket.write(frame(frameType.data, flag.endStream, stream, rest));
+    const settled = await Promise.allSettled(answers);
+    expect(settled.map((answer) => (answer.status === "fulfilled" ? `${answer.value.status} ${answer.value.body.length}` : String(answer.reason)))).toEqual(new Array(count).fill(`200 ${first.length + rest.length}`));
+    for (const answer of settled) if (answer.status === "fulfilled") expect(answer.value.body.equals(Buffer.concat([first, rest]))).toBe(true);
+    // The retired connection is closed once its last stream ended: GOAWAY to the upstream.
+    await goaway;
+    expect(upstream.connections()).toBe(2);
   });
 });
