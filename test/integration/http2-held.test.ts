@@ -167,7 +167,10 @@ describe("limits.h2ConnectionBufferBytes: what one HTTP/2 connection's stopped s
     /** The first connection's streams whose response has its first part only. */
     const held: { socket: TLSSocket; stream: number }[] = [];
     const [allHeld, heldAll] = latch();
+    let goawayCame = false;
     const [goaway, goawaySeen] = latch();
+    /** The proxy's answer to a PING the upstream sends on the first connection: whatever it wrote before has arrived. */
+    let pingAnswered = (): void => undefined;
     /** SETTINGS_INITIAL_WINDOW_SIZE in each SETTINGS the proxy sent on the first connection. */
     const windows: (number | undefined)[] = [];
     const upstream = await startRawH2Upstream({
@@ -175,7 +178,11 @@ describe("limits.h2ConnectionBufferBytes: what one HTTP/2 connection's stopped s
       ackSettings: (_connection, nth) => nth === 1,
       onFrame: (type, flags, _stream, payload, connection) => {
         if (connection !== 1) return;
-        if (type === frameType.goaway) goawaySeen();
+        if (type === frameType.goaway) {
+          goawayCame = true;
+          goawaySeen();
+        }
+        if (type === frameType.ping && (flags & flag.ack) !== 0 && payload.readUInt32BE(4) === 0x7e57) pingAnswered();
         if (type !== frameType.settings || (flags & flag.ack) !== 0) return;
         let window: number | undefined;
         for (let at = 0; at + 6 <= payload.length; at += 6) if (payload.readUInt16BE(at) === 0x4) window = payload.readUInt32BE(at + 2);
@@ -213,6 +220,11 @@ describe("limits.h2ConnectionBufferBytes: what one HTTP/2 connection's stopped s
       }
       await delay(pingMs / 10);
     }
+    // Retired, not closed: no GOAWAY while its streams are under way.
+    const answered = new Promise<void>((resolve) => (pingAnswered = resolve));
+    held[0]!.socket.write(frame(frameType.ping, 0, 0, Buffer.from([0, 0, 0, 0, 0, 0, 0x7e, 0x57])));
+    await answered;
+    expect(goawayCame).toBe(false);
     // The upstream finishes every response it held (its acknowledgement only late, in effect).
     for (const { socket, stream } of held) socket.write(frame(frameType.data, flag.endStream, stream, rest));
     const settled = await Promise.allSettled(answers);
