@@ -1,3 +1,4 @@
+import { hpackInteger as hpackInt, literal as literalNotIndexed, literalIndexed } from "../h2-frames.js";
 import { fuzzPath, mutateBytes, splitWrites } from "./h1-inputs.js";
 import type { Rng } from "./rng.js";
 import { hostName, type FuzzWorld, type UpstreamName } from "./world.js";
@@ -49,28 +50,9 @@ export function settingsFrame(pairs: readonly (readonly [number, number])[]): Bu
   return frame(type.settings, 0, 0, payload);
 }
 
-/** An HPACK integer with an N-bit prefix (RFC 7541 §5.1). */
-export function hpackInt(value: number, prefixBits: number, first = 0): Buffer {
-  const max = (1 << prefixBits) - 1;
-  if (value < max) return Buffer.from([first | value]);
-  const bytes = [first | max];
-  let rest = value - max;
-  while (rest >= 128) {
-    bytes.push((rest % 128) + 128);
-    rest = Math.floor(rest / 128);
-  }
-  bytes.push(rest);
-  return Buffer.from(bytes);
-}
-
-function hpackString(text: string): Buffer {
-  const bytes = Buffer.from(text, "latin1");
-  return Buffer.concat([hpackInt(bytes.length, 7), bytes]);
-}
-
 /** A literal field without indexing, new name (§6.2.2), or with incremental indexing (§6.2.1). */
 export function literal(name: string, value: string, indexing = false): Buffer {
-  return Buffer.concat([Buffer.from([indexing ? 0x40 : 0x00]), hpackString(name), hpackString(value)]);
+  return indexing ? literalIndexed(name, value) : literalNotIndexed(name, value);
 }
 
 /** Header blocks HPACK must refuse, or that decode to something a server must refuse. */
