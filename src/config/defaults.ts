@@ -45,6 +45,9 @@ export const defaults = Object.freeze({
     // docs/performance.md, "What a stopped HTTP/2 reader holds": 16 streams at the full window,
     // 100 at 128 KiB, where a connection's 100 stopped streams held 100 MiB.
     h2ConnectionBufferBytes: 16 * 1024 * 1024,
+    // docs/performance.md, "What one source holds": 256 streams' windows at the defaults (as many
+    // requests as 256 HTTP/1.1 connections carry), where 64 connections of stopped uploads held 1.1 GiB.
+    sourceBufferBytes: 256 * 1024 * 1024,
   }),
   /** A recorded network's choices (README, "Recorded network"). */
   upstream: Object.freeze({

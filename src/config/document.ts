@@ -60,7 +60,7 @@ export interface ProxyWideConfig {
   readonly maxHttpBodyBytes?: number;
   readonly maxHttpResponseBodyBytes?: number;
   readonly timeouts?: Readonly<Partial<Record<keyof typeof defaults.timeouts, number>>>;
-  readonly limits?: Readonly<{ connections?: number; connectionsPerSource?: number; pipelinedRequests?: number; h2Streams?: number; h2HeaderListBytes?: number; h2SessionMemoryMiB?: number; h2ResetsPer10s?: number; h2StreamWindowBytes?: number; h2ConnectionWindowBytes?: number; h2ConnectionBufferBytes?: number }>;
+  readonly limits?: Readonly<{ connections?: number; connectionsPerSource?: number; pipelinedRequests?: number; h2Streams?: number; h2HeaderListBytes?: number; h2SessionMemoryMiB?: number; h2ResetsPer10s?: number; h2StreamWindowBytes?: number; h2ConnectionWindowBytes?: number; h2ConnectionBufferBytes?: number; sourceBufferBytes?: number }>;
   readonly logLevel?: LogLevel;
   readonly guestEnvFile?: string;
   /** A recorded network; its paths absolute. */

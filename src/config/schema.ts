@@ -84,6 +84,9 @@ const limitsNode = object(
     h2ConnectionBufferBytes: integer(65_535, 2 ** 31 - 1, "Bytes the stream windows of one HTTP/2 connection (a guest's, an upstream's) may add up to: the most the proxy holds for one connection whose readers have stopped. A guest connection's stream window is fixed at this ÷ h2Streams (the largest value one byte under a power of two within it, at most h2StreamWindowBytes, never below 65,535); an upstream connection's is lowered past h2ConnectionBufferBytes ÷ h2StreamWindowBytes responses coming at once, so that together they stay within it (never below 65,535 bytes).", {
       default: defaults.limits.h2ConnectionBufferBytes,
     }),
+    sourceBufferBytes: integer(131_070, 2 ** 53 - 1, "Bytes the HTTP/2 streams under way from one source address may make the proxy hold together, each charged the most its windows let in as it arrives (h2StreamWindowBytes for its response, and the guest connection's stream window for a request body): a stream past it is answered 503 before any work, and those under way go on. 1,048,575 a request at the defaults (1,179,646 with a body), 256 of them in the default. Must be at least one request with a body's charge.", {
+      default: defaults.limits.sourceBufferBytes,
+    }),
   },
   "What guests may hold at once.",
 );

@@ -18,7 +18,8 @@ import { boundGuest, removedCut, unboundCut, wasRemoved, type Guest, type GuestR
 import { h2ExpectsContinue, h2OutboundRequest } from "./h2-request.js";
 import { h2ContinueOnce, sendH2Error, sendH2Response, type StallWatch } from "./h2-respond.js";
 import { GuestClosedMidResponse, GuestLeftFirst } from "./respond.js";
-import { h2Codes, h2Limits, h2ServerOptions, type H2ConfiguredLimits } from "./h2-settings.js";
+import { h2Codes, h2Limits, h2ServerOptions, h2StreamCharge, type H2ConfiguredLimits } from "./h2-settings.js";
+import { SourceBudgets, type SourceAccount } from "./source-budget.js";
 import { tunnelOf } from "./tunnel.js";
 import { resetH2Stream } from "../streams.js";
 import { requestBodyOf } from "./h2-upload.js";
@@ -73,6 +74,8 @@ interface SessionState {
   readonly settings: WindowCounter;
   /** The guest's TLS socket, which a destroyed session may never close by itself. */
   readonly socket: TLSSocket | undefined;
+  /** The charges of the connection's source address (limits.sourceBufferBytes). */
+  readonly budget: SourceAccount;
   /** When `running` last fell to 0 (or the session began): the idle limit counts from here. */
   idleSince: number;
   /** Ends the session once it has had no request for idleMs, whatever else the guest sends. */
@@ -115,8 +118,14 @@ export class H2Guests {
   private closing = false;
   /** The TLS socket being handed to the server, for track(): `session.socket` is Node's proxy of it, whose `once` is the session's. */
   private arriving: TLSSocket | undefined;
+  /** What each source's streams under way are charged (limits.sourceBufferBytes). */
+  private readonly budgets: SourceBudgets;
+  /** h2StreamCharge at these limits: a stream without a request body, and one with. */
+  private readonly charges: { readonly bodiless: number; readonly upload: number };
 
   constructor(private readonly deps: H2GuestDeps) {
+    this.budgets = new SourceBudgets(deps.limits.sourceBufferBytes);
+    this.charges = { bodiless: h2StreamCharge(deps.limits, false), upload: h2StreamCharge(deps.limits, true) };
     this.server = createServer(h2ServerOptions(deps.limits));
     this.server.on("session", (session: ServerHttp2Session) => this.track(session));
     this.server.on("stream", (stream: ServerHttp2Stream, _headers: unknown, _flags: number, raw: string[]) => this.onStream(stream, raw));
@@ -170,8 +179,11 @@ export class H2Guests {
       session.destroy();
       return;
     }
+    // The source is the CONNECT's own connection's, as limits.connectionsPerSource counts it.
+    const budget = this.budgets.open(tunnel.connection.remoteAddress ?? "");
     const state: SessionState = {
       tunnel,
+      budget,
       running: 0,
       unanswered: new Map(),
       waiting: [],
@@ -234,6 +246,7 @@ export class H2Guests {
     });
     session.once("close", () => {
       this.sessions.delete(session);
+      this.budgets.close(budget);
       clearTimeout(state.idleTimer);
       state.waiting.length = 0;
     });
@@ -417,6 +430,15 @@ export class H2Guests {
       this.refuseHead(stream, raw, state, new EgressError("EG_HEADERS_TOO_LARGE", 431, `request head has more than ${maxRequestFields} header fields`));
       return;
     }
+    // Charged as it arrives, before any wait for the running work: a stream waiting for a slot
+    // holds its window of request body too. Refused, its body is let go as the stream closes.
+    const charge = stream.endAfterHeaders ? this.charges.bodiless : this.charges.upload;
+    if (!state.budget.take(charge)) {
+      this.refuseOverBudget(stream, raw, state);
+      return;
+    }
+    const budget = state.budget;
+    stream.once("close", () => budget.give(charge));
     const opened = performance.now();
     if (state.running < this.deps.limits.h2Streams) {
       this.admit(stream, raw, session, state, watch, opened);
@@ -533,13 +555,32 @@ export class H2Guests {
   }
 
   /**
-   * A stream refused on its head alone, before any pipeline work (431): answered, its request
-   * body (if any) left unread, and its line written. Only the stream is answered here, inside
-   * nghttp2's read: the session is never ended or destroyed from this call.
+   * A stream whose charge does not fit in its source's budget (limits.sourceBufferBytes): 503
+   * before any work, as a connection past limits.connectionsPerSource is, and its body let go.
+   * Only new work is refused: the source's streams under way keep their windows, and each one
+   * that ends makes room again. A gRPC call gets UNAVAILABLE, which its client may retry.
    */
-  private refuseHead(stream: ServerHttp2Stream, raw: string[], state: SessionState, err: EgressError): void {
+  private refuseOverBudget(stream: ServerHttp2Stream, raw: string[], state: SessionState): void {
+    const { source, held, limitBytes } = state.budget;
+    const grpc = /^application\/grpc/i.test(rawHeader(raw, "content-type") ?? "");
+    this.refuseHead(
+      stream,
+      raw,
+      state,
+      new EgressError("EG_LIMIT", 503, `too many requests under way: ${source} already has ${held} bytes of windows charged to its requests (limits.sourceBufferBytes, ${limitBytes})`),
+      grpc,
+    );
+  }
+
+  /**
+   * A stream refused on its head alone, before any pipeline work (431, or 503 past the source's
+   * budget): answered, its request body (if any) left unread, and its line written. Only the
+   * stream is answered here, inside nghttp2's read: the session is never ended or destroyed from
+   * this call.
+   */
+  private refuseHead(stream: ServerHttp2Stream, raw: string[], state: SessionState, err: EgressError, grpc = false): void {
     const started = performance.now();
-    const bytesDown = sendH2Error(stream, err, false);
+    const bytesDown = sendH2Error(stream, err, grpc);
     if (!stream.endAfterHeaders && !stream.destroyed) stream.close(h2Codes.noError);
     const { method, target } = this.loggable(raw, state.tunnel);
     const guest = boundGuest(state.tunnel.connection)?.name;

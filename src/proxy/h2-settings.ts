@@ -21,6 +21,8 @@ export interface H2ConfiguredLimits {
   readonly h2ConnectionWindowBytes: number;
   /** What the stream windows of one connection may add up to (h2GuestWindow). */
   readonly h2ConnectionBufferBytes: number;
+  /** What the streams under way from one source address may be charged together (h2StreamCharge, SourceBudgets). */
+  readonly sourceBufferBytes: number;
 }
 
 /**
@@ -87,8 +89,23 @@ export function h2GuestWindow(limits: Pick<H2ConfiguredLimits, "h2StreamWindowBy
   return sharedWindow(limits.h2StreamWindowBytes, limits.h2ConnectionBufferBytes, emptyStreams(limits.h2Streams));
 }
 
+/**
+ * What one guest stream is charged against `limits.sourceBufferBytes` (SourceBudgets) while it is
+ * open: the most its windows let the proxy hold for it. Its request body, if one may come, up to
+ * the guest connection's window ({@link h2GuestWindow}: the guest may send that much before the
+ * proxy reads any of it); and its response, up to one upstream stream's window
+ * (`limits.h2StreamWindowBytes`, within `limits.h2ConnectionBufferBytes`), which an HTTP/2
+ * upstream fills when the guest stops reading. An upstream connection lowers its streams' windows
+ * only when it carries many: a source whose streams go to many origins, a few to each, gets the
+ * whole window on every one. 1,048,575 bytes a request without a body at the defaults,
+ * 1,179,646 with one.
+ */
+export function h2StreamCharge(limits: Pick<H2ConfiguredLimits, "h2StreamWindowBytes" | "h2ConnectionBufferBytes" | "h2Streams">, hasBody: boolean): number {
+  return (hasBody ? h2GuestWindow(limits) : 0) + Math.min(limits.h2StreamWindowBytes, limits.h2ConnectionBufferBytes);
+}
+
 /** The http2.Server options for these limits. */
-export function h2ServerOptions(limits: H2ConfiguredLimits): ServerOptions {
+export function h2ServerOptions(limits: Omit<H2ConfiguredLimits, "sourceBufferBytes">): ServerOptions {
   return {
     maxSessionMemory: limits.h2SessionMemoryMiB,
     maxHeaderListPairs: h2HeaderListPairs(limits),

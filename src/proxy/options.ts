@@ -18,6 +18,7 @@ import { homePath as expandHome } from "../home-path.js";
 import { withFields } from "../objects.js";
 import type { AuditRecord } from "../metrics/audit-record.js";
 import { plainObject, resolveGuestOptions, type GuestOptions, type OptionCaller, type ResolvedGuest } from "./guest-options.js";
+import { h2StreamCharge } from "./h2-settings.js";
 
 export interface TimeoutOptions {
   /** From CONNECT until the guest's TLS handshake (or first plain byte) completes. Default 10 s. */
@@ -104,6 +105,18 @@ export interface ConnectionLimitOptions {
    * for 16 of them; see docs/performance.md, "What a stopped HTTP/2 reader holds").
    */
   readonly h2ConnectionBufferBytes?: number;
+  /**
+   * Bytes the HTTP/2 streams under way from one source address may make the proxy hold together,
+   * across all its connections. Each stream is charged, as it arrives, the most its windows let
+   * the proxy hold for it: `h2StreamWindowBytes` (within `h2ConnectionBufferBytes`) for its
+   * response, plus the guest connection's stream window when a request body may come; it gives
+   * the charge back when it closes. A stream whose charge does not fit is answered 503
+   * (`EG_LIMIT`; a gRPC call UNAVAILABLE) before any work, and its body let go; the streams under
+   * way are never reset or slowed. Must be at least one request with a body's charge. Default
+   * 268435456 (256 MiB: 256 requests at 1,048,575 bytes, 227 uploads at 1,179,646; see
+   * docs/performance.md, "What one source holds").
+   */
+  readonly sourceBufferBytes?: number;
 }
 
 /** Options for {@link startProxy}. Every CLI flag has the matching option. */
@@ -445,7 +458,7 @@ export function resolveProxyOptions(given: ProxyOptions = {}, caller: OptionCall
     maxHttpBodyBytes: options.maxHttpBodyBytes ?? defaults.maxHttpBodyBytes,
     maxHttpResponseBodyBytes: options.maxHttpResponseBodyBytes ?? defaults.maxHttpResponseBodyBytes,
     timeouts: overDefaults(defaults.timeouts, options.timeouts),
-    limits: overDefaults({ connections: defaultConnectionLimit(), ...defaults.limits }, options.limits),
+    limits: sourceBudgetChecked(overDefaults({ connections: defaultConnectionLimit(), ...defaults.limits }, options.limits), caller),
     logLevel: options.logLevel ?? defaults.logLevel,
     logSink: options.logSink,
     guestEnvFile: options.guestEnvFile === undefined ? undefined : homePath(["guestEnvFile"], options.guestEnvFile, caller),
@@ -456,6 +469,18 @@ export function resolveProxyOptions(given: ProxyOptions = {}, caller: OptionCall
     auditLog: options.auditLog === undefined ? undefined : homePath(["auditLog"], options.auditLog, caller),
     onDecision: options.onDecision,
   };
+}
+
+/**
+ * `limits.sourceBufferBytes` under one upload's charge (h2StreamCharge) would refuse every HTTP/2
+ * upload from every source: refused at start, as a mistake, rather than served so.
+ */
+function sourceBudgetChecked<T extends Required<ConnectionLimitOptions>>(limits: T, caller: OptionCaller): T {
+  const upload = h2StreamCharge(limits, true);
+  if (limits.sourceBufferBytes < upload) {
+    fail(["limits", "sourceBufferBytes"], `is ${limits.sourceBufferBytes}, less than what one HTTP/2 request with a body is charged at these limits (${upload}: limits.h2StreamWindowBytes and the guest connection's stream window), so every upload would be refused`, caller);
+  }
+  return limits;
 }
 
 /** Whether two listeners would take the same port: a fixed port on the same host, or on a wildcard address. */

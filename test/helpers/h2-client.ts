@@ -4,9 +4,9 @@ import { connect as tlsConnect, type TLSSocket } from "node:tls";
 import { onTestFinished } from "vitest";
 import { openTunnel } from "./raw.js";
 
-/** CONNECT `target` through the proxy, then TLS offering `alpn`; resolves once the handshake is done. */
-export async function openH2Tls(proxyPort: number, target: string, ca: string, alpn: readonly string[] = ["h2"]): Promise<TLSSocket> {
-  const plain = await openTunnel(proxyPort, target);
+/** CONNECT `target` through the proxy (from `localAddress`, 127.0.0.x, when given), then TLS offering `alpn`; resolves once the handshake is done. */
+export async function openH2Tls(proxyPort: number, target: string, ca: string, alpn: readonly string[] = ["h2"], localAddress?: string): Promise<TLSSocket> {
+  const plain = await openTunnel(proxyPort, target, localAddress !== undefined ? { localAddress } : {});
   const servername = target.slice(0, target.lastIndexOf(":"));
   const socket = tlsConnect({ socket: plain.detach(), servername, ca, ALPNProtocols: [...alpn] });
   onTestFinished(() => {
@@ -28,11 +28,12 @@ export async function h2Session(
   target: string,
   ca: string,
   settings: Record<string, number> = {},
-  options: { readonly maxHeaderListPairs?: number } = {},
+  options: { readonly maxHeaderListPairs?: number; readonly localAddress?: string } = {},
 ): Promise<ClientHttp2Session> {
-  const socket = await openH2Tls(proxyPort, target, ca);
+  const { localAddress, ...sessionOptions } = options;
+  const socket = await openH2Tls(proxyPort, target, ca, ["h2"], localAddress);
   if (socket.alpnProtocol !== "h2") throw new Error(`ALPN chose ${String(socket.alpnProtocol)}, not h2`);
-  const session = h2Connect(`https://${target}`, { createConnection: () => socket, settings, ...options });
+  const session = h2Connect(`https://${target}`, { createConnection: () => socket, settings, ...sessionOptions });
   session.on("error", () => undefined);
   onTestFinished(() => {
     session.destroy();

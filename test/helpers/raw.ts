@@ -138,9 +138,9 @@ export async function openRaw(port: number, options: { readonly localAddress?: s
   return client;
 }
 
-/** Sends `CONNECT target` and expects `200`; the returned client is inside the tunnel. */
-export async function openTunnel(port: number, target: string): Promise<RawClient> {
-  const client = await openRaw(port);
+/** Sends `CONNECT target` (from `localAddress` when given) and expects `200`; the returned client is inside the tunnel. */
+export async function openTunnel(port: number, target: string, options: { readonly localAddress?: string } = {}): Promise<RawClient> {
+  const client = await openRaw(port, options);
   client.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n\r\n`);
   const res = await client.readResponse({ forConnect: true });
   if (res.status !== 200) throw new Error(`CONNECT ${target} answered ${res.status}: ${res.body}`);

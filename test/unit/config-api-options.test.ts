@@ -48,6 +48,13 @@ describe("startProxy's options go through the one schema", () => {
     expect(errorOf(JSON.parse('{"guests": {"__proto__": {}}}') as Record<string, unknown>).message).toMatch(/guests\.__proto__: the name "__proto__" is reserved/);
   });
 
+  it("limits.sourceBufferBytes under one HTTP/2 upload's charge is refused, as it would refuse every upload", () => {
+    // h2StreamCharge at the defaults: the response's window 1,048,575 and the guest's 131,071.
+    expect(() => resolveProxyOptions({ limits: { sourceBufferBytes: 1_179_645 } })).toThrow(expect.objectContaining({ code: "EG_INVALID_OPTION", path: "limits.sourceBufferBytes" }) as Error);
+    expect(() => resolveProxyOptions({ limits: { sourceBufferBytes: 1_179_646 } })).not.toThrow();
+    expect(() => resolveProxyOptions({ limits: { sourceBufferBytes: 131_070, h2StreamWindowBytes: 65_535 } })).not.toThrow();
+  });
+
   it("a short deployment key is never quoted", () => {
     expect(errorOf({ deploymentKey: "not-long-enough-secret" }).message).not.toContain("not-long-enough-secret");
   });
