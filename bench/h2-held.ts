@@ -22,9 +22,14 @@
  *
  * Configurations: `--trees label=DIR[:limitsJSON],…` (each built: `npm run build`), default this
  * checkout as `new`. What the guests managed to send (uploads) or the upstream wrote
- * (downloads) is given per stream too.
+ * (downloads) is given per stream too. Every guest comes from one source address (127.0.0.1):
+ * what one guest can make the proxy hold in sum, across its connections.
  *
- *   --connections 2   --streams 100   --mib 8   --h1-guests 200   --json FILE
+ *   --connections 2   (a list, `32,64,256`: one run of each scenario and configuration per count)
+ *   --streams 100   --mib 8   --h1-guests 200   --json FILE
+ *   --origins 1       HTTP/2 guest connection i goes to origin `o<i mod N>.bench.test` (N > 1),
+ *                     each name an upstream connection of its own: a guest whose streams go to
+ *                     many h2-only origins
  *   --first-alone     HTTP/2 guests open one stream, wait 300 ms, then the rest at once: what a
  *                     guest may send before it has read a lowered window, had the proxy lowered
  *                     one (a guest connection's window is now fixed)
@@ -52,6 +57,7 @@ const { values } = parseArgs({
     trees: { type: "string", default: `new=${root}` },
     scenarios: { type: "string", default: scenarios.join(",") },
     connections: { type: "string", default: "2" },
+    origins: { type: "string", default: "1" },
     streams: { type: "string", default: "100" },
     mib: { type: "string", default: "8" },
     "h1-guests": { type: "string", default: "200" },
@@ -75,7 +81,10 @@ const chosen = values.scenarios.split(",").map((s) => {
   if (!(scenarios as readonly string[]).includes(s)) throw new RangeError(`--scenarios: unknown ${s}`);
   return s as Scenario;
 });
-const connections = Number(values.connections);
+const connectionCounts = values.connections.split(",").map(Number);
+const origins = Number(values.origins);
+/** The origin HTTP/2 guest connection `c` asks: `o<c mod origins>.bench.test`, all on 127.0.0.1 (h2-windows-proxy.ts resolves them). */
+const hostOf = (c: number): string => (origins > 1 ? `o${c % origins}.bench.test` : originHost);
 const streams = Number(values.streams);
 const bytes = Number(values.mib) * 2 ** 20;
 const h1Guests = Number(values["h1-guests"]);
@@ -97,7 +106,12 @@ writeFileSync(upstreamCaFile, ca.certPem);
 interface Reading {
   readonly config: string;
   readonly scenario: Scenario;
+  /** Guest connections (HTTP/1.1 guests: one stream each) and origins they went to. */
+  readonly connections: number;
+  readonly origins: number;
   readonly streams: number;
+  /** Streams the proxy reset or refused, by code; HTTP/1.1 guests answered with a status, by status. */
+  readonly refused: Readonly<Record<string, number>>;
   readonly rssBeforeMiB: number;
   readonly rssHeldMiB: number;
   readonly rssHeldGcMiB: number;
@@ -125,6 +139,7 @@ async function startProxy(config: Config): Promise<{ child: ChildProcess; url: s
   const child = track(
     fork(join(root, "bench", "h2-windows-proxy.ts"), [config.tree, upstreamCaFile, JSON.stringify({ connectionsPerSource: 1024, ...config.limits })], {
       execArgv: ["--import", "tsx", "--expose-gc"],
+      env: { ...process.env, H2WIN_ORIGINS: String(origins) },
       cwd: config.tree,
       stdio: ["ignore", "inherit", "inherit", "ipc"],
     }),
@@ -137,7 +152,7 @@ async function startProxy(config: Config): Promise<{ child: ChildProcess; url: s
 
 async function h2Guest(proxyUrl: string, caPem: string, authority: string, window?: number): Promise<ClientHttp2Session> {
   const tunnel = await connectThrough(proxyUrl, authority);
-  const socket = tlsConnect({ socket: tunnel, servername: originHost, ca: caPem, ALPNProtocols: ["h2"] });
+  const socket = tlsConnect({ socket: tunnel, servername: authority.slice(0, authority.lastIndexOf(":")), ca: caPem, ALPNProtocols: ["h2"] });
   await once(socket, "secureConnect");
   const session = h2Connect(`https://${authority}`, { createConnection: () => socket, ...(window !== undefined ? { settings: { initialWindowSize: window } } : {}) });
   session.on("error", () => undefined);
@@ -147,13 +162,14 @@ async function h2Guest(proxyUrl: string, caPem: string, authority: string, windo
 
 const chunk = Buffer.alloc(64 * 1024);
 
-for (const scenario of chosen) {
+for (const connections of connectionCounts) for (const scenario of chosen) {
   for (const config of configs) {
     // A fresh upstream per run: its held requests and connections are not the next run's.
     const upstream = await startUpstream();
     const stats = (): Promise<UpstreamStats> => ask<UpstreamStats>(upstream.child, "stats", { kind: "stats" }, 10_000);
     const proxy = await startProxy(config);
-    const authority = `${originHost}:${scenario.endsWith("h1up") ? upstream.h1Port : upstream.h2Port}`;
+    const port = scenario.endsWith("h1up") ? upstream.h1Port : upstream.h2Port;
+    const authority = `${originHost}:${port}`;
     // The leaf, the ALPN answer and an upstream connection, before the baseline.
     const warm = await h2Guest(proxy.url, proxy.caPem, authority);
     await new Promise<void>((resolve) => {
@@ -169,7 +185,8 @@ for (const scenario of chosen) {
     let sent = 0;
     let count = 0;
     /** Streams the proxy reset, by code. */
-    const resets = new Map<number, number>();
+    const resets = new Map<number | string, number>();
+    const refuse = (code: number | string): void => void resets.set(code, (resets.get(code) ?? 0) + 1);
     if (scenario.startsWith("h1-")) {
       count = Math.min(h1Guests, connections * streams);
       for (let i = 0; i < count; i++) {
@@ -193,7 +210,12 @@ for (const scenario of chosen) {
           });
         } else {
           socket.write(`GET /download?bytes=${bytes} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
-          socket.pause();
+          // The status line is read, then nothing more: a guest refused is counted by its status.
+          socket.once("data", (data: Buffer) => {
+            socket.pause();
+            const status = /^HTTP\/1\.1 (\d{3})/.exec(data.toString("latin1"))?.[1];
+            if (status !== undefined && status !== "200") refuse(`HTTP ${status}`);
+          });
         }
         held.push(socket);
       }
@@ -201,7 +223,7 @@ for (const scenario of chosen) {
       const upload = scenario.startsWith("up-");
       for (let c = 0; c < connections; c++) {
         // Downloads: Node's own 65,535-byte windows, so the guest itself takes little.
-        const session = await h2Guest(proxy.url, proxy.caPem, authority, upload ? 32 * 2 ** 20 - 1 : undefined);
+        const session = await h2Guest(proxy.url, proxy.caPem, `${hostOf(c)}:${port}`, upload ? 32 * 2 ** 20 - 1 : undefined);
         held.push(session);
         for (let s = 0; s < streams; s++) {
           if (s === 1 && values["first-alone"]) await new Promise((r) => setTimeout(r, 300));
@@ -210,7 +232,10 @@ for (const scenario of chosen) {
             const stream = session.request({ ":method": "POST", ":path": "/hold" }, { endStream: false });
             stream.on("error", () => undefined);
             stream.on("close", () => {
-              if (stream.rstCode !== undefined) resets.set(stream.rstCode, (resets.get(stream.rstCode) ?? 0) + 1);
+              if (stream.rstCode !== undefined && stream.rstCode !== 0) refuse(stream.rstCode);
+            });
+            stream.on("response", (head) => {
+              if (head[":status"] !== 200) refuse(`HTTP ${head[":status"]}`);
             });
             let left = bytes;
             const pump = (): void => {
@@ -226,6 +251,12 @@ for (const scenario of chosen) {
           } else {
             const stream = session.request({ ":path": `/download?bytes=${bytes}` });
             stream.on("error", () => undefined);
+            stream.on("close", () => {
+              if (stream.rstCode !== undefined && stream.rstCode !== 0) refuse(stream.rstCode);
+            });
+            stream.on("response", (head) => {
+              if (head[":status"] !== 200) refuse(`HTTP ${head[":status"]}`);
+            });
             stream.pause();
           }
         }
@@ -244,12 +275,15 @@ for (const scenario of chosen) {
     const rssHeld = statusKb(proxy.child.pid, "VmRSS") ?? Number.NaN;
     const windows = held.filter((h): h is ClientHttp2Session => "remoteSettings" in h).map((h) => h.remoteSettings.initialWindowSize);
     if (windows.length > 0) log(`  the guests' stream windows from the proxy: ${[...new Set(windows)].join(", ")}`);
-    if (resets.size > 0) log(`  streams reset, by code: ${[...resets].map(([code, n]) => `${code}: ${n}`).join(", ")}`);
+    if (resets.size > 0) log(`  streams reset or refused, by code: ${[...resets].map(([code, n]) => `${code}: ${n}`).join(", ")}`);
     const after = await ask<WindowsProxyMemory>(proxy.child, "memory", { kind: "measure" }, 30_000);
     const reading: Reading = {
       config: config.label,
       scenario,
+      connections: scenario.startsWith("h1-") ? count : connections,
+      origins: scenario.startsWith("h1-") ? 1 : Math.min(origins, connections),
       streams: count,
+      refused: Object.fromEntries([...resets].map(([code, n]) => [String(code), n])),
       rssBeforeMiB: before.rss / 2 ** 20,
       rssHeldMiB: rssHeld / 1024,
       rssHeldGcMiB: after.rss / 2 ** 20,
@@ -272,13 +306,14 @@ for (const scenario of chosen) {
   }
 }
 
-console.log(`\n| scenario | configuration | streams | RSS before MiB | held MiB | after gc MiB | growth per stream KiB (after gc) | arrayBuffers MiB | moved per stream KiB | load |`);
-console.log(`|---|---|---:|---:|---:|---:|---:|---:|---:|---:|`);
+console.log(`\n| scenario | configuration | connections | origins | streams | RSS before MiB | held MiB | after gc MiB | growth MiB (after gc) | per stream KiB | arrayBuffers MiB | moved per stream KiB | refused | load |`);
+console.log(`|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|`);
 for (const r of readings) {
+  const refused = Object.entries(r.refused).map(([code, n]) => `${code}: ${n}`).join(", ") || "–";
   console.log(
-    `| ${r.scenario} | ${r.config} | ${r.streams} | ${r.rssBeforeMiB.toFixed(1)} | ${r.rssHeldMiB.toFixed(1)} | ${r.rssHeldGcMiB.toFixed(1)} | ${(((r.rssHeldGcMiB - r.rssBeforeMiB) * 1024) / r.streams).toFixed(0)} | ${r.arrayBuffersMiB.toFixed(1)} | ${((r.movedMiB * 1024) / r.streams).toFixed(0)} | ${r.loadavg.toFixed(2)} |`,
+    `| ${r.scenario} | ${r.config} | ${r.connections} | ${r.origins} | ${r.streams} | ${r.rssBeforeMiB.toFixed(1)} | ${r.rssHeldMiB.toFixed(1)} | ${r.rssHeldGcMiB.toFixed(1)} | ${(r.rssHeldGcMiB - r.rssBeforeMiB).toFixed(1)} | ${(((r.rssHeldGcMiB - r.rssBeforeMiB) * 1024) / r.streams).toFixed(0)} | ${r.arrayBuffersMiB.toFixed(1)} | ${((r.movedMiB * 1024) / r.streams).toFixed(0)} | ${refused} | ${r.loadavg.toFixed(2)} |`,
   );
 }
-if (values.json !== undefined) writeFileSync(values.json, JSON.stringify({ connections, streams, mib: bytes / 2 ** 20, readings }, null, 2));
+if (values.json !== undefined) writeFileSync(values.json, JSON.stringify({ connections: connectionCounts, origins, streams, mib: bytes / 2 ** 20, readings }, null, 2));
 await cleanup();
 process.exit(0);

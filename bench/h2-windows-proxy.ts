@@ -36,7 +36,8 @@ const proxy = await startProxy({
   listen: { host: "127.0.0.1", port: 0 },
   caDir: mkdtempSync(join(tmpdir(), "eg-h2win-")),
   upstreamCa: [readFileSync(upstreamCaFile, "utf8")],
-  resolve: { "origin.bench.test": ["127.0.0.1"] },
+  // H2WIN_ORIGINS (bench/h2-held.ts --origins): o0…oN-1.bench.test besides, each an origin of its own.
+  resolve: { "origin.bench.test": ["127.0.0.1"], ...Object.fromEntries(Array.from({ length: Number(process.env["H2WIN_ORIGINS"] ?? 0) }, (_, i) => [`o${i}.bench.test`, ["127.0.0.1"]])) },
   logLevel: (process.env["H2WIN_LOG"] ?? "warn") as "warn",
   ...(Object.keys(limits).length > 0 ? { limits } : {}),
 });
