@@ -103,8 +103,9 @@ export function readSecret(source: string | InlineSecret, baseDir: string, env: 
   }
   // An editor's mark (Notepad's UTF-8), no part of a token: it went out as three bytes before the value.
   if (text.startsWith("\uFEFF")) return { from, reason: `starts with a byte order mark, U+FEFF (from ${from}), which editors add and no credential holds; save the file without one` };
-  // Editors and `echo` end a file with a newline that is no part of the token.
-  return checked(from, text.replace(/\r?\n$/, ""));
+  // Editors and `echo` end a file with a newline that is no part of the token. A U+FFFD the file
+  // holds as such (EF BF BD, valid UTF-8) is what an earlier decoding left of other bytes.
+  return decoded(from, text) ?? checked(from, text.replace(/\r?\n$/, ""));
 }
 
 /**

@@ -1,6 +1,6 @@
 import { validateHostPattern } from "../policy/host-pattern.js";
 import { DeclarativePolicy, type DeclarativeConfig } from "../policy/declarative-policy.js";
-import { secretControlReason, secretRedirectModes, SecretStore, secretTooLongReason, secretValueTooLong, type SecretInfo, type SecretOptions, type SecretRedirects, type SecretRedirectOptions } from "../policy/secrets.js";
+import { secretRedirectModes, SecretStore, secretValueProblem, type SecretInfo, type SecretOptions, type SecretRedirects, type SecretRedirectOptions } from "../policy/secrets.js";
 import { makeIssue, OptionError, requiresReason, unknownKeyReason, type OptionRequirement, type Segment } from "../option-error.js";
 import { DjsHooks } from "../djs/create-djs-hooks.js";
 import { bind, type ChainEntry } from "./declarative-binding.js";
@@ -8,7 +8,6 @@ import { HttpRequestBlockedError } from "./blocked-error.js";
 import { isRequest, isResponse } from "./fetch-objects.js";
 import { EgressError, statusText } from "../errors.js";
 import { bareHostname } from "../hostname.js";
-import { breaksFieldValue, controlInFieldValue } from "../headers.js";
 import { reservedVariableReason } from "../guest-variables.js";
 import { homePath } from "../home-path.js";
 import { programProblem } from "../deciders/find-program.js";
@@ -203,9 +202,8 @@ function checkSecrets(options: HttpHooksOptions): void {
     if (patternList(secret.hosts, `${at}.hosts`).length === 0) throw invalid(`${at}.hosts`, "a secret needs at least one host");
     // Never quoted: it is the secret.
     if (typeof secret.value !== "string" || secret.value === "") throw invalid(`${at}.value`, "must be a non-empty string");
-    if (breaksFieldValue.test(secret.value)) throw invalid(`${at}.value`, "must not contain CR, LF or NUL");
-    if (controlInFieldValue.test(secret.value)) throw invalid(`${at}.value`, secretControlReason);
-    if (secretValueTooLong(secret.value)) throw invalid(`${at}.value`, secretTooLongReason);
+    const problem = secretValueProblem(secret.value);
+    if (problem !== undefined) throw invalid(`${at}.value`, problem);
     checkMode(secret.secretRedirects, `${at}.secretRedirects`);
     patternList(secret.followRedirectsTo, `${at}.followRedirectsTo`);
     const own = secret.secretRedirects ?? mode;

@@ -60,6 +60,29 @@ export function secretValueTooLong(value: string): boolean {
   return value.length > maxSecretValueBytes || Buffer.byteLength(value, "utf8") > maxSecretValueBytes;
 }
 
+/** A UTF-16 unit of a surrogate pair standing alone (with the `u` flag, a pair is one code point and never matches). */
+const loneSurrogate = /\p{Cs}/u;
+
+/**
+ * Why a value given as a string (`createHttpHooks`, `updateSecret`) cannot be sent as it is, or
+ * undefined; it quotes nothing of the value. A value goes out as its UTF-8 bytes, so U+FFFD
+ * (what a decoder, Buffer's `toString()` or `readFileSync(file, "utf8")`, puts in place of
+ * bytes that are not UTF-8) and a lone surrogate (which UTF-8 encodes as U+FFFD) mean the value
+ * the caller had was not the one the upstream would get, and its 401 would say nothing of why;
+ * a byte order mark is an editor's, kept by `readFileSync`, and no credential's. `env:` and
+ * `file:` values are refused for the same in `config/secret-source.ts`, naming their source.
+ */
+export function secretValueProblem(value: string): string | undefined {
+  // A value goes into header fields: CR, LF and NUL would split or truncate them.
+  if (breaksFieldValue.test(value)) return "must not contain CR, LF or NUL";
+  if (controlInFieldValue.test(value)) return secretControlReason;
+  if (secretValueTooLong(value)) return secretTooLongReason;
+  if (value.includes("\uFFFD")) return "must not contain U+FFFD, the character a decoder puts in place of bytes that are not UTF-8 (Buffer's toString, readFileSync with \"utf8\"): it is sent as EF BF BD, not the bytes it replaced";
+  if (loneSurrogate.test(value)) return "must not contain a lone surrogate (U+D800 to U+DFFF outside a pair): UTF-8 has no bytes for one, and it is sent as U+FFFD's, EF BF BD";
+  if (value.startsWith("\uFEFF")) return "must not start with a byte order mark, U+FEFF, which editors add (readFileSync keeps it) and no credential holds: it is sent as three bytes before the value";
+  return undefined;
+}
+
 /** What a secret is, as configured: the hosts it may reach and its real value. */
 export interface SecretOptions {
   readonly hosts: readonly string[];
@@ -934,10 +957,8 @@ function decodeQueryComponent(text: string): string {
 
 function checkValue(value: unknown, path: string): string {
   if (typeof value !== "string" || value === "") throw new TypeError(`${path}: expected a non-empty string`);
-  // A value goes into header fields: CR, LF and NUL would split or truncate them.
-  if (breaksFieldValue.test(value)) throw new TypeError(`${path}: must not contain CR, LF or NUL`);
-  if (controlInFieldValue.test(value)) throw new TypeError(`${path}: ${secretControlReason}`);
-  if (secretValueTooLong(value)) throw new TypeError(`${path}: ${secretTooLongReason}`);
+  const problem = secretValueProblem(value);
+  if (problem !== undefined) throw new TypeError(`${path}: ${problem}`);
   return value;
 }
 

@@ -384,16 +384,20 @@ describe("loadConfigFile: errors name the path and the line", () => {
   // Read as UTF-8 with replacement, a byte that was not UTF-8 became U+FFFD and went out as
   // EF BF BD, and Notepad's byte order mark went out as three bytes before the value: a value that
   // was not the file's, and an upstream's 401 with nothing said of why.
-  it("a file: secret that is not UTF-8, or that starts with a byte order mark, is refused; UTF-8 past ASCII is taken as it is", () => {
+  // A U+FFFD the file holds as UTF-8 (EF BF BD) is what an earlier decoding made of other bytes:
+  // refused as createHttpHooks refuses one (fourteenth session).
+  it("a file: secret that is not UTF-8, holds U+FFFD, or starts with a byte order mark, is refused; UTF-8 past ASCII is taken as it is", () => {
     const dir = tempDir();
     writeFileSync(join(dir, "latin1"), Buffer.from([0x70, 0xe4, 0x73, 0x73, 0x0a]));
     writeFileSync(join(dir, "bom"), Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from("token-0123456789\n")]));
+    writeFileSync(join(dir, "replaced"), Buffer.from([0x70, 0xef, 0xbf, 0xbd, 0x73, 0x73, 0x0a]));
     writeFileSync(join(dir, "utf8"), "pässwörd-€-🔑\n");
     const secrets = (names: readonly string[]): string => `secrets:\n${names.map((name) => `  ${name.toUpperCase()}: { hosts: [a.test], value: "file:${join(dir, name)}" }\n`).join("")}`;
-    const error = fileErrorOf(configFile(secrets(["latin1", "bom", "utf8"])));
+    const error = fileErrorOf(configFile(secrets(["latin1", "bom", "replaced", "utf8"])));
     expect(error.issues.map((issue) => [issue.path, issue.reason])).toEqual([
       ["secrets.LATIN1.value", `holds bytes that are not UTF-8 (from file:${join(dir, "latin1")}); a value is sent as its UTF-8 bytes, and these would be changed`],
       ["secrets.BOM.value", `starts with a byte order mark, U+FEFF (from file:${join(dir, "bom")}), which editors add and no credential holds; save the file without one`],
+      ["secrets.REPLACED.value", `holds bytes that are not UTF-8, or U+FFFD, the character Node puts in their place (from file:${join(dir, "replaced")}); a value is sent as its UTF-8 bytes, and these would be changed`],
     ]);
     expect(loadConfigFile(configFile(secrets(["utf8"])), {}).guests["default"]?.secrets?.["UTF8"]?.value).toBe("pässwörd-€-🔑");
   });

@@ -311,6 +311,49 @@ describe("SecretStore: a value with a control character", () => {
   });
 });
 
+// A value goes out as its UTF-8 bytes: U+FFFD (a decoder's stand-in for bytes that were not UTF-8)
+// and a lone surrogate both went out as EF BF BD, and a byte order mark as three bytes before the
+// value. env: and file: values were refused for these (thirteenth session); the API took them.
+describe("SecretStore: a value that is not what would be sent", () => {
+  const values = {
+    "U+FFFD": ["p\uFFFDss-ghp_before", /must not contain U\+FFFD, the character a decoder puts in place of bytes that are not UTF-8/],
+    "a lone high surrogate": ["ghp_before\uD83D", /must not contain a lone surrogate \(U\+D800 to U\+DFFF outside a pair\)/],
+    "a lone low surrogate": ["ghp_before\uDC00x", /must not contain a lone surrogate/],
+    "a byte order mark at its start": ["\uFEFFghp_before", /must not start with a byte order mark, U\+FEFF/],
+  } as const;
+
+  it.each(Object.entries(values))("one holding %s is refused by createHttpHooks (an OptionError naming the path) and updateSecret, never quoted", (_, [value, reason]) => {
+    const error = (() => {
+      try {
+        createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value } } });
+      } catch (caught) {
+        return caught;
+      }
+      throw new Error("createHttpHooks took the value");
+    })();
+    expect(error).toBeInstanceOf(OptionError);
+    expect(error).toMatchObject({ code: "EG_INVALID_OPTION", path: "secrets.T.value" });
+    expect((error as OptionError).reason).toMatch(reason);
+    expect((error as OptionError).message).not.toContain("ghp_before");
+
+    const { secretManager } = createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value: "ghp_current" } } });
+    const update = thrown(() => secretManager.updateSecret("T", { value }));
+    expect(update).toBeInstanceOf(TypeError);
+    expect(update.message).toMatch(/^updateSecret: value: must not/);
+    expect(update.message).toMatch(reason);
+    expect(update.message).not.toContain("ghp_before");
+    const secrets = store({ T: { hosts: ["api.test"], value: "ghp_current" } });
+    expect(() => secrets.update("T", { value })).toThrow(reason);
+    expect(secrets.apply({ url: new URL("https://api.test/"), headers: ["x-k", secrets.env()["T"]!] }, "api.test")?.headers).toEqual(["x-k", "ghp_current"]);
+  });
+
+  it("UTF-8 past ASCII, a surrogate pair and U+FEFF past the start are taken", () => {
+    for (const value of ["pässwörd-€", "key-🔑", "a\uFEFFb"]) {
+      expect(() => createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value } } })).not.toThrow();
+    }
+  });
+});
+
 describe("SecretStore: retired values", () => {
   // Every retired value is looked for in every request and log line: a token refreshed hourly
   // (a file: secret under --watch) would add one an hour for the life of the process.
