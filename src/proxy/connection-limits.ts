@@ -48,7 +48,7 @@ export class ConnectionLimits {
         this.refusedLingering += 1;
         socket.once("close", () => (this.refusedLingering -= 1));
       }
-      writeRawError(socket, new EgressError("EG_LIMIT", 503, `too many connections: ${over}`), undefined, linger);
+      writeRawError(socket, new EgressError("EG_LIMIT", 503, `too many connections: ${over}`), { linger });
       return;
     }
     this.sockets.add(socket);

@@ -371,7 +371,7 @@ export class GuestSide {
       }
     } catch (error) {
       const err = guestError(asEgressError(error), this.deps.redact);
-      writeRawError(socket, err, refusal !== undefined ? connectReasonPhrase(err) : undefined);
+      const bytesDown = writeRawError(socket, err, refusal !== undefined ? { reasonPhrase: connectReasonPhrase(err) } : {});
       // Failed authentications are logged by the gate, once per source and then summarised: a
       // flood of them must not write a line each.
       if (err.code === "EG_AUTH") return;
@@ -382,7 +382,7 @@ export class GuestSide {
         target: loggableAuthority(req.url ?? ""),
         ...errorFields(err),
         started,
-      }, this.deps.decide.auditing ? { bytesDown: Buffer.byteLength(errorBody(err)), ...(refusal !== undefined ? { trace: [refusal] } : {}) } : undefined);
+      }, this.deps.decide.auditing ? { bytesDown, ...(refusal !== undefined ? { trace: [refusal] } : {}) } : undefined);
       return;
     }
     const { guest, binding } = found;
@@ -409,10 +409,10 @@ export class GuestSide {
         // Behind an answer that closed the connection: never processed, as a request is not.
         if (early === undefined || isLingering(socket) || socket.writableEnded) return;
         const err = connectInTunnel();
-        writeRawError(socket, err);
+        const bytesDown = writeRawError(socket, err);
         this.deps.decide(
           { id, guest, method: "CONNECT", target: loggableAuthority(req.url ?? ""), ...errorFields(err), started },
-          this.deps.decide.auditing ? { bytesDown: Buffer.byteLength(errorBody(err)) } : undefined,
+          this.deps.decide.auditing ? { bytesDown } : undefined,
         );
       }),
       socket,
@@ -432,13 +432,13 @@ export class GuestSide {
     if (early === undefined || isLingering(socket) || socket.writableEnded) return;
     const found = this.guestOf(req);
     if (found instanceof EgressError) {
-      writeRawError(socket, found);
+      const bytesDown = writeRawError(socket, found, { method: req.method });
       // Failed authentications are logged by the gate (see onConnect); a request it refuses
       // before asking who it is from (two Proxy-Authorization headers) is logged here.
       if (found.code !== "EG_AUTH") {
         this.deps.decide(
           { id: this.nextId++, guest: undefined, method: req.method ?? "", target: loggableRequestTarget(req.url ?? "", tunnelOf(socket)), upgrade: true, ...errorFields(found), started },
-          this.deps.decide.auditing ? { bytesDown: Buffer.byteLength(errorBody(found)) } : undefined,
+          this.deps.decide.auditing ? { bytesDown } : undefined,
         );
       }
       return;
@@ -638,13 +638,12 @@ export class GuestSide {
       if (raw.status >= 500 && !(error instanceof EgressError)) this.deps.log.error("internal error", { id, error });
       // Error bodies are built from messages that may quote upstream errors: never let a value through.
       const err = guestError(raw, this.deps.redact);
-      // sendError cuts the connection instead when the head is already out: then there is no error body.
-      const errorBytes = auditing && !res.headersSent ? Buffer.byteLength(errorBody(err)) : 0;
       // A 407 or 429 ends the connection (as RFC 9110 lets a proxy do): a client retries on a new one.
       if (this.draining) res.shouldKeepAlive = false;
       // An HTTP/1.0 guest's keep-alive ends at an error: its framing may be the error. So does one
       // that named a version the proxy does not speak (505): nothing it sends next can be trusted.
-      sendError(res, err, !req.complete || err.code === "EG_AUTH" || req.httpVersion === "1.0" || err.status === 505);
+      // sendError cuts the connection instead when the head is already out: then there is no error body.
+      const errorBytes = sendError(res, err, !req.complete || err.code === "EG_AUTH" || req.httpVersion === "1.0" || err.status === 505);
       // Logged by the gate (see onConnect); a request in a removed guest's tunnel never met it.
       if (err.code === "EG_AUTH" && tunnelOf(req.socket) === undefined) return;
       this.deps.decide({

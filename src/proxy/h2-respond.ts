@@ -297,6 +297,10 @@ export function sendH2Error(stream: ServerHttp2Stream, error: EgressError, grpc:
     const body = errorBody(error);
     const extra: Record<string, string> = {};
     for (const [name, value] of Object.entries(error.headers ?? {})) if (!h2ConnectionHeaders.has(name.toLowerCase())) extra[name.toLowerCase()] = String(value);
+    // A HEAD's answer is its head (RFC 9110 §9.3.2), with the Content-Length a GET would get:
+    // Node ends a HEAD stream's writable side at respond(), and the text written after it
+    // destroyed the stream with ERR_STREAM_WRITE_AFTER_END, and was counted in bytesDown.
+    const head = (stream as HeadAware).headRequest === true;
     stream.respond(
       withFields(extra, {
         ":status": error.status,
@@ -304,7 +308,9 @@ export function sendH2Error(stream: ServerHttp2Stream, error: EgressError, grpc:
         "content-length": Buffer.byteLength(body),
         "x-egressgate-error": error.code,
       }),
+      { endStream: head },
     );
+    if (head) return 0;
     stream.end(body);
     return Buffer.byteLength(body);
   } catch {

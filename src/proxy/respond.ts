@@ -30,12 +30,12 @@ function lingerBeforeClose(res: ServerResponse): void {
 /**
  * Answers with a short text error. When the guest's request body is still unread, the
  * connection is closed after the answer instead of draining (say) a refused 1 GiB upload, with a
- * lingering close.
+ * lingering close. Returns the body bytes sent, for the audit record's `bytesDown`.
  */
-export function sendError(res: ServerResponse, error: EgressError, closeConnection: boolean): void {
+export function sendError(res: ServerResponse, error: EgressError, closeConnection: boolean): number {
   if (res.headersSent) {
     cutAfterHead(res);
-    return;
+    return 0;
   }
   const body = errorBody(error);
   const headers: Record<string, string | number> = {
@@ -51,6 +51,8 @@ export function sendError(res: ServerResponse, error: EgressError, closeConnecti
   res.shouldKeepAlive = res.shouldKeepAlive && !closeConnection;
   res.writeHead(error.status, error.statusText, headers);
   res.end(body);
+  // Node writes no body for a HEAD (RFC 9110 §9.3.2), and keeps the Content-Length a GET would get.
+  return res.req.method === "HEAD" ? 0 : Buffer.byteLength(body);
 }
 
 /**
@@ -287,6 +289,16 @@ function trailerFields(list: readonly string[] | undefined): [string, string][] 
   return out;
 }
 
+/** How {@link writeRawError} answers. */
+export interface RawErrorOptions {
+  /** The status line's reason phrase; the error's statusText by default. */
+  readonly reasonPhrase?: string;
+  /** Close lingering (the default), or once written. */
+  readonly linger?: boolean;
+  /** The request's method, when the parser read it: a HEAD's answer gets the head alone. */
+  readonly method?: string | undefined;
+}
+
 /**
  * Writes a bare HTTP/1.1 error on a socket that has no ServerResponse (CONNECT, upgrade, parse
  * errors, the connection limit) or whose response sent nothing (sendResponse's `unsent`), and
@@ -294,23 +306,28 @@ function trailerFields(list: readonly string[] | undefined): [string, string][] 
  * sending (an upload, a head the parser refused, bytes behind a CONNECT), and closed at once the
  * connection drew a reset that cost a guest still sending its answer. No server timeout covers
  * these sockets any more and they allow half-open, so the close's own bounds release them (see
- * closeLingering).
+ * closeLingering). Returns the body bytes written, for the audit record's `bytesDown`.
  */
-export function writeRawError(socket: Socket, error: EgressError, reasonPhrase: string = error.statusText, linger = true): void {
+export function writeRawError(socket: Socket, error: EgressError, options: RawErrorOptions = {}): number {
   if (!socket.writable) {
     // An answer before it closed the connection, lingering: this one is not sent.
     if (!closeBegun(socket)) socket.destroy();
-    return;
+    return 0;
   }
   const body = errorBody(error);
   const extra = Object.entries(error.headers ?? {})
     .map(([name, value]) => `${name}: ${value}\r\n`)
     .join("");
+  // A HEAD's answer has no content (RFC 9110 §9.3.2, RFC 9112 §6.3), whatever its Content-Length
+  // says (the length a GET would get): a HEAD with Upgrade refused had the text written after
+  // its head, which a client reads as the start of the next response.
+  const sent = options.method === "HEAD" ? "" : body;
   socket.write(
-    `HTTP/1.1 ${error.status} ${reasonPhrase}\r\n` +
+    `HTTP/1.1 ${error.status} ${options.reasonPhrase ?? error.statusText}\r\n` +
       `Content-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
-      `X-Egressgate-Error: ${error.code}\r\n${extra}Connection: close\r\n\r\n${body}`,
+      `X-Egressgate-Error: ${error.code}\r\n${extra}Connection: close\r\n\r\n${sent}`,
   );
-  if (linger) closeLingering(socket);
+  if (options.linger ?? true) closeLingering(socket);
   else closeOnceWritten(socket);
+  return Buffer.byteLength(sent);
 }

@@ -184,9 +184,10 @@ export async function serveUpgrade(
         upgrade: true,
       },
       // A guest cut for sending too much gets no answer.
-      trace !== undefined ? { trace, bytesDown: socket.writable ? Buffer.byteLength(errorBody(err)) : 0 } : undefined,
+      // A HEAD's answer is its head alone (writeRawError).
+      trace !== undefined ? { trace, bytesDown: socket.writable && req.method !== "HEAD" ? Buffer.byteLength(errorBody(err)) : 0 } : undefined,
     );
-    writeRawError(socket, err);
+    writeRawError(socket, err, { method: req.method });
     return;
   }
   // Paused before its listener goes, so nothing arrives unread before the relay's pipe resumes it.
