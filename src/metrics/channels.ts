@@ -7,7 +7,9 @@ import { channel } from "node:diagnostics_channel";
  * - `egressgate:request:end` gets the decision's {@link AuditRecord}, the audit log's line.
  *
  * Publishing costs nothing without a subscriber, and only a subscriber makes the proxy trace
- * the sources of each request.
+ * the sources of each request. A subscriber that throws ends the process: Node's `publish()`
+ * raises the throw again as an uncaught exception on the next tick, out of the proxy's reach
+ * (`onDecision`'s throws are logged and ignored instead).
  *
  * @example
  * ```ts
