@@ -92,7 +92,7 @@ class AppendTarget {
       if (error) {
         // Abandoned while it opened (a close() that timed out): nothing is owed to anyone.
         if (this.gone) this.settle();
-        else this.fail(error, 0);
+        else guarded("handling a failed open", () => this.fail(error, 0));
         return;
       }
       // A rejection nobody handles ends the process. endsMidLine answers false for any failure,
@@ -109,9 +109,9 @@ class AppendTarget {
         .catch((thrown: unknown) => {
           const error: NodeJS.ErrnoException = thrown instanceof Error ? thrown : new Error(String(thrown));
           if (handed) this.failedOpening(error);
-          else closeFd(fd, () => (this.gone ? this.settle() : this.fail(error, 0)));
+          else closeFd(fd, () => (this.gone ? this.settle() : guarded("handling a failed open", () => this.fail(error, 0))));
         })
-        .catch(reportUnhandled);
+        .catch((thrown: unknown) => reportUnhandled("handling a failed open", thrown));
     });
   }
 
@@ -203,7 +203,7 @@ class AppendTarget {
         return;
       }
       if (error) {
-        this.fail(error, batch.length);
+        guarded("handling a failed write", () => this.fail(error, batch.length));
         return;
       }
       this.bytes -= written;
@@ -310,16 +310,30 @@ async function openWaitingForReader(file: string, waiting: () => void): Promise<
 }
 
 /**
- * The last handler of a promise chain whose own failure handling threw (an `AuditWarn` that
- * throws): one line on stderr, as the log writes its own, and never a rejection, which would end
- * the process.
+ * The last handler of a promise chain or an fs callback whose own failure handling threw (an
+ * `AuditWarn` that throws): one line on stderr, as the log writes its own, and never a rejection
+ * or an uncaught exception, either of which would end the process. `what` names what threw.
  */
-function reportUnhandled(thrown: unknown): void {
+function reportUnhandled(what: string, thrown: unknown): void {
   try {
     const error = thrown instanceof Error ? thrown.message : String(thrown);
-    writeStderr(`${JSON.stringify({ time: new Date().toISOString(), level: "error", msg: "audit log: handling a failed open threw", error })}\n`);
+    writeStderr(`${JSON.stringify({ time: new Date().toISOString(), level: "error", msg: `audit log: ${what} threw`, error })}\n`);
   } catch {
     // A thrown value whose message cannot be read: nothing is left to say, and nothing to end.
+  }
+}
+
+/**
+ * Runs the failure handling of an fs callback, which nobody returns to: a throw there (the
+ * `warn` it ends with) was an uncaught exception, which ends the process. The handling changes
+ * its state before it warns, so what threw is reported and the log goes on as it would have.
+ * The calls a caller makes (`open`, `append`, `close`) let a `warn`'s throw reach that caller.
+ */
+function guarded(what: string, handle: () => void): void {
+  try {
+    handle();
+  } catch (thrown) {
+    reportUnhandled(what, thrown);
   }
 }
 
@@ -401,7 +415,7 @@ export class AuditLogFile {
     return this.droppedCount;
   }
 
-  /** Appends one line (with its newline); never throws. */
+  /** Appends one line (with its newline); never throws, but for what `warn` throws (a full queue's warning). */
   append(line: string): void {
     if (this.closed) {
       this.droppedCount += 1;

@@ -139,6 +139,48 @@ describe("AuditLogFile", () => {
     await log.close();
     expect(readFileSync(file, "utf8")).toBe("before\nafter\n");
   });
+
+  // A failed write's handling, in writev's callback, ends in the warn: one that throws was an
+  // uncaught exception there, which ends the process (carried note, fourteenth session). The
+  // proxy's warn is its throttled logger, which cannot throw (a logSink's throw stays in it), so
+  // this is reachable only through AuditLogFile's own API, as the open's was.
+  it("a failed write whose warn throws ends in a line on stderr, not an uncaught exception, and the file is written again after retryMs", async () => {
+    const uncaught: unknown[] = [];
+    const onUncaught = (error: unknown): void => void uncaught.push(error);
+    process.on("uncaughtException", onUncaught);
+    onTestFinished(() => void process.off("uncaughtException", onUncaught));
+    const written: string[] = [];
+    const spy = vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => {
+      written.push(String(chunk));
+      return true;
+    });
+    onTestFinished(() => spy.mockRestore());
+    const thrownFor: string[] = [];
+    const log = await AuditLogFile.open({
+      file: "/dev/full",
+      warn: (kind) => {
+        thrownFor.push(kind);
+        throw new Error(`the warn for ${kind} threw`);
+      },
+      retryMs: 0,
+    });
+    const failedWrites = (): string[] => written.filter((line) => line.includes("audit log: handling a failed write threw"));
+    log.append("one\n");
+    await eventually(() => failedWrites().length === 1, "the first failed write's line on stderr");
+    // Opened again for the next record, which fails the same way and is reported the same way.
+    log.append("two\n");
+    await eventually(() => failedWrites().length === 2, "the second failed write's line on stderr");
+    expect(failedWrites().map((line) => JSON.parse(line) as Record<string, unknown>)).toEqual([
+      expect.objectContaining({ level: "error", error: "the warn for audit:error threw" }),
+      expect.objectContaining({ level: "error", error: "the warn for audit:error threw" }),
+    ]);
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(uncaught).toEqual([]);
+    expect(log.dropped).toBe(2);
+    // close() is the caller's: its own warning's throw reaches the caller, with the file closed.
+    await expect(log.close()).rejects.toThrow("the warn for audit:dropped threw");
+    expect(thrownFor).toEqual(["audit:error", "audit:error", "audit:dropped"]);
+  });
 });
 
 // A log shipper's FIFO: the file was opened with a blocking open(), so once the reader went away,
