@@ -21,11 +21,10 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "no
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { createCaCertificate, importKeyPair, LeafSigner, parseCertificate } from "../src/tls/x509.js";
-import { ask, cleanup, cpuSeconds, forkTs, installCleanup, mainThreadCpuSeconds, root, spawnListening, transpile } from "./children.js";
+import { cleanup, cpuSeconds, installCleanup, mainThreadCpuSeconds, root, spawnListening, transpile } from "./children.js";
 import type { H2Setup } from "./h2-load.js";
 import { closeRaw, runRawRate, type RawRateRun } from "./raw-load.js";
-import type { UpstreamMessage, UpstreamSetup } from "./upstream.js";
+import { createUpstreamCa, startBenchUpstream } from "./upstream-ca.js";
 
 const args = process.argv.slice(2);
 const option = (name: string, fallback: string): string => {
@@ -50,14 +49,9 @@ const rowShape: Record<Row, { protocol: "h1" | "h2"; connections: number }> = {
 
 installCleanup();
 const dir = mkdtempSync(join(tmpdir(), "eg-h2counts-"));
-const created = await createCaCertificate("egressgate h2-counts upstream CA");
-const signer = await LeafSigner.create({ cert: parseCertificate(created.certPem), key: await importKeyPair(created.keyPem) }, "ecdsa");
-const leaf = await signer.sign("*.bench.test", 30);
-const upstreamCaFile = join(dir, "upstream-ca.pem");
-writeFileSync(upstreamCaFile, created.certPem);
-const upstream = forkTs("./upstream.ts", "upstream");
-const upstreamSetup: UpstreamSetup = { kind: "setup", keyPem: signer.leafKey.privateKeyPem, certPem: leaf.certPem, bodyBytes };
-const { port: upstreamPort } = await ask<Extract<UpstreamMessage, { kind: "ready" }>>(upstream, "ready", upstreamSetup, 30_000);
+const upstreamCa = await createUpstreamCa(dir, "egressgate h2-counts upstream CA");
+const upstreamCaFile = upstreamCa.caFile;
+const { child: upstream, ready: { port: upstreamPort } } = await startBenchUpstream(upstreamCa, bodyBytes);
 const url = `https://${originHost}:${upstreamPort}/small`;
 
 const probe = await transpile(dir, fileURLToPath(new URL("./h2-counts-probe.ts", import.meta.url)));
@@ -70,7 +64,7 @@ interface Proxy {
 }
 
 const proxies: Proxy[] = [];
-const setup: { upstreamCaPem: string; proxies: Record<string, { url: string; caPem: string }> } = { upstreamCaPem: created.certPem, proxies: {} };
+const setup: { upstreamCaPem: string; proxies: Record<string, { url: string; caPem: string }> } = { upstreamCaPem: upstreamCa.caPem, proxies: {} };
 for (const [i, dist] of dists.entries()) {
   const cli = join(dist, "cli", "bin.js");
   if (!existsSync(cli)) throw new Error(`${cli} is missing: build that tree first`);

@@ -36,18 +36,18 @@
  */
 import { fork, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, writeFileSync } from "node:fs";
 import { connect as h2Connect, type ClientHttp2Session } from "node:http2";
 import { loadavg, tmpdir } from "node:os";
 import { join, resolve as resolvePath } from "node:path";
 import { connect as tlsConnect, type TLSSocket } from "node:tls";
 import { parseArgs } from "node:util";
-import { ask, root, statusKb, stopChild, track } from "./children.js";
+import { ask, cleanup, installCleanup, root, setWorkDir, statusKb, stopChild, track } from "./children.js";
 import { connectThrough } from "./h2-load.js";
 import type { WindowsProxyMemory, WindowsProxyReady } from "./h2-windows-proxy.js";
 import { originHost } from "./targets.js";
-import type { UpstreamMessage, UpstreamSetup, UpstreamStats } from "./upstream.js";
-import { createCaCertificate, importKeyPair, LeafSigner, parseCertificate } from "../src/tls/x509.js";
+import type { UpstreamStats } from "./upstream.js";
+import { createUpstreamCa, startBenchUpstream } from "./upstream-ca.js";
 
 const scenarios = ["up-h1up", "up-h2up", "down-h2up", "down-h1up", "h1-down-h2up", "h1-down-h1up", "h1-idle-h1up"] as const;
 type Scenario = (typeof scenarios)[number];
@@ -89,19 +89,10 @@ const streams = Number(values.streams);
 const bytes = Number(values.mib) * 2 ** 20;
 const h1Guests = Number(values["h1-guests"]);
 
+installCleanup();
 const dir = mkdtempSync(join(tmpdir(), "eg-h2held-"));
-const children = new Set<ChildProcess>();
-async function cleanup(): Promise<void> {
-  await Promise.all([...children].map((child) => stopChild(child)));
-  rmSync(dir, { recursive: true, force: true });
-}
-process.once("SIGINT", () => void cleanup().then(() => process.exit(130)));
-
-const ca = await createCaCertificate("egressgate bench upstream CA");
-const signer = await LeafSigner.create({ cert: parseCertificate(ca.certPem), key: await importKeyPair(ca.keyPem) }, "ecdsa");
-const leaf = await signer.sign("*.bench.test", 30);
-const upstreamCaFile = join(dir, "upstream-ca.pem");
-writeFileSync(upstreamCaFile, ca.certPem);
+setWorkDir(dir);
+const ca = await createUpstreamCa(dir);
 
 interface Reading {
   readonly config: string;
@@ -128,16 +119,13 @@ const readings: Reading[] = [];
 const log = (line: string): void => void process.stderr.write(`${line}\n`);
 
 async function startUpstream(): Promise<{ child: ChildProcess; h1Port: number; h2Port: number }> {
-  const child = track(fork(join(root, "bench", "upstream.ts"), [], { execArgv: ["--import", "tsx"], stdio: ["ignore", "inherit", "inherit", "ipc"] }), "upstream");
-  children.add(child);
-  const setup: UpstreamSetup = { kind: "setup", keyPem: signer.leafKey.privateKeyPem, certPem: leaf.certPem, bodyBytes: 100 };
-  const ports = await ask<Extract<UpstreamMessage, { kind: "ready" }>>(child, "ready", setup, 30_000);
-  return { child, h1Port: ports.port, h2Port: ports.h2Port };
+  const { child, ready } = await startBenchUpstream(ca, 100);
+  return { child, h1Port: ready.port, h2Port: ready.h2Port };
 }
 
 async function startProxy(config: Config): Promise<{ child: ChildProcess; url: string; caPem: string }> {
   const child = track(
-    fork(join(root, "bench", "h2-windows-proxy.ts"), [config.tree, upstreamCaFile, JSON.stringify({ connectionsPerSource: 1024, ...config.limits })], {
+    fork(join(root, "bench", "h2-windows-proxy.ts"), [config.tree, ca.caFile, JSON.stringify({ connectionsPerSource: 1024, ...config.limits })], {
       execArgv: ["--import", "tsx", "--expose-gc"],
       env: { ...process.env, H2WIN_ORIGINS: String(origins) },
       cwd: config.tree,
@@ -145,7 +133,6 @@ async function startProxy(config: Config): Promise<{ child: ChildProcess; url: s
     }),
     `egressgate ${config.label}`,
   );
-  children.add(child);
   const ready = await ask<WindowsProxyReady>(child, "ready", undefined, 60_000);
   return { child, url: `http://127.0.0.1:${ready.port}`, caPem: ready.caPem };
 }
@@ -300,9 +287,7 @@ for (const connections of connectionCounts) for (const scenario of chosen) {
     );
     for (const h of held) h.destroy();
     await stopChild(proxy.child);
-    children.delete(proxy.child);
     await stopChild(upstream.child);
-    children.delete(upstream.child);
   }
 }
 

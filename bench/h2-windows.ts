@@ -37,7 +37,7 @@
  */
 import { spawn, fork, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, writeFileSync } from "node:fs";
 import { connect as h2Connect, type ClientHttp2Session } from "node:http2";
 import { loadavg, tmpdir } from "node:os";
 import { join, resolve as resolvePath } from "node:path";
@@ -45,13 +45,13 @@ import { Readable } from "node:stream";
 import { connect as tlsConnect, type TLSSocket } from "node:tls";
 import { parseArgs } from "node:util";
 import { ProxyAgent, request } from "undici";
-import { ask, root, statusKb, stopChild, track } from "./children.js";
+import { ask, cleanup, installCleanup, root, setWorkDir, statusKb, stopChild, track } from "./children.js";
 import type { DelayRelayReady, DelayRelaySetup } from "./delay-relay.js";
 import { connectThrough } from "./h2-load.js";
 import type { WindowsProxyMemory, WindowsProxyReady } from "./h2-windows-proxy.js";
 import { originHost } from "./targets.js";
-import type { UpstreamMessage, UpstreamSetup, UpstreamStats } from "./upstream.js";
-import { createCaCertificate, importKeyPair, LeafSigner, parseCertificate } from "../src/tls/x509.js";
+import type { UpstreamStats } from "./upstream.js";
+import { createUpstreamCa, startBenchUpstream } from "./upstream-ca.js";
 
 const kinds = ["h1-h1up", "h1-h2up", "h2-h1up", "h2-h2up", "up-h1-h1up", "up-h1-h2up", "up-h2-h1up", "up-h2-h2up"] as const;
 type Kind = (typeof kinds)[number];
@@ -143,34 +143,19 @@ function size(bytes: number): string {
   return String(bytes);
 }
 
+// Every child is tracked (children.ts): cleanup() and a signal end them, and remove the folder.
+installCleanup();
 const dir = mkdtempSync(join(tmpdir(), "eg-h2win-bench-"));
+setWorkDir(dir);
 const spinners = new Set<ChildProcess>();
-const proxies = new Set<ChildProcess>();
-/** The upstream and the delay relay, once started. */
-const helpers = new Set<ChildProcess>();
-async function cleanup(): Promise<void> {
-  for (const spinner of spinners) spinner.kill("SIGKILL");
-  await Promise.all([...proxies].map((child) => stopChild(child)));
-  await Promise.all([...helpers].map((child) => stopChild(child)));
-  rmSync(dir, { recursive: true, force: true });
-}
-process.once("SIGINT", () => void cleanup().then(() => process.exit(130)));
 
 // The upstream: bench/upstream.ts in its own process, `*.bench.test` from a CA of its own.
-const ca = await createCaCertificate("egressgate bench upstream CA");
-const signer = await LeafSigner.create({ cert: parseCertificate(ca.certPem), key: await importKeyPair(ca.keyPem) }, "ecdsa");
-const leaf = await signer.sign("*.bench.test", 30);
-const upstreamCaFile = join(dir, "upstream-ca.pem");
-writeFileSync(upstreamCaFile, ca.certPem);
-const upstream = track(fork(join(root, "bench", "upstream.ts"), [], { execArgv: ["--import", "tsx"], stdio: ["ignore", "inherit", "inherit", "ipc"] }), "upstream");
-helpers.add(upstream);
-const setup: UpstreamSetup = { kind: "setup", keyPem: signer.leafKey.privateKeyPem, certPem: leaf.certPem, bodyBytes: 100 };
-const ports = await ask<Extract<UpstreamMessage, { kind: "ready" }>>(upstream, "ready", setup, 30_000);
+const ca = await createUpstreamCa(dir);
+const { child: upstream, ready: ports } = await startBenchUpstream(ca, 100);
 const upstreamStats = (): Promise<UpstreamStats> => ask<UpstreamStats>(upstream, "stats", { kind: "stats" }, 10_000);
 let [h1Port, h2Port] = [ports.port, ports.h2Port];
 if (rttMs > 0) {
   const relay = track(fork(join(root, "bench", "delay-relay.ts"), [], { execArgv: ["--import", "tsx"], stdio: ["ignore", "inherit", "inherit", "ipc"] }), "delay relay");
-  helpers.add(relay);
   const relaySetup: DelayRelaySetup = { kind: "setup", ports: [ports.port, ports.h2Port], delayMs: rttMs / 2, maxInFlight: 4 * 2 ** 20 };
   [h1Port, h2Port] = (await ask<DelayRelayReady>(relay, "ready", relaySetup, 30_000)).ports as [number, number];
 }
@@ -178,15 +163,13 @@ const authorityOf = (up: "h1" | "h2"): string => `${originHost}:${up === "h1" ? 
 
 async function startProxy(config: Config): Promise<Proxy> {
   const child = track(
-    fork(join(root, "bench", "h2-windows-proxy.ts"), [config.tree, upstreamCaFile, JSON.stringify(config.limits)], {
+    fork(join(root, "bench", "h2-windows-proxy.ts"), [config.tree, ca.caFile, JSON.stringify(config.limits)], {
       execArgv: ["--import", "tsx", "--expose-gc"],
       cwd: config.tree,
       stdio: ["ignore", "inherit", "inherit", "ipc"],
     }),
     `egressgate ${config.label}`,
   );
-  proxies.add(child);
-  child.once("exit", () => proxies.delete(child));
   const ready = await ask<WindowsProxyReady>(child, "ready", undefined, 60_000);
   return { config, child, url: `http://127.0.0.1:${ready.port}`, caPem: ready.caPem };
 }
@@ -262,7 +245,7 @@ async function transfer(proxy: Proxy, kind: Kind, bytes: number): Promise<number
 
 function spin(count: number): void {
   for (let i = 0; i < count; i++) {
-    const child = spawn(process.execPath, ["-e", "for(;;);"], { stdio: "ignore" });
+    const child = track(spawn(process.execPath, ["-e", "for(;;);"], { stdio: "ignore" }), "spinner");
     spinners.add(child);
     child.once("exit", () => spinners.delete(child));
   }

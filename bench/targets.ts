@@ -19,12 +19,11 @@ import { get as httpGet } from "node:http";
 import { connect, createServer } from "node:net";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { createCaCertificate, importKeyPair, LeafSigner, parseCertificate } from "../src/tls/x509.js";
 import { ask, exitWithParent, forkTs, root, spawnListening, startNodeProxy, transpile } from "./children.js";
 import type { TargetName } from "./load.js";
 import { headerAllowlistSource, noopPairSource, onResponseOnlySource } from "./policies.js";
 import type { RelayMessage, RelaySetup } from "./tcp-relay.js";
-import type { UpstreamMessage, UpstreamSetup } from "./upstream.js";
+import { createUpstreamCa, startBenchUpstream } from "./upstream-ca.js";
 
 export const allTargets: readonly TargetName[] = [
   "direct",
@@ -269,15 +268,11 @@ export async function startTargets(options: StartOptions): Promise<StartedTarget
   const versions: Record<string, string> = { node: process.version, openssl: commandVersion("openssl", ["version"]) };
 
   // The upstreams' CA and one `*.bench.test` leaf, which covers the origin and every new hostname.
-  const created = await createCaCertificate("egressgate bench upstream CA");
-  const signer = await LeafSigner.create({ cert: parseCertificate(created.certPem), key: await importKeyPair(created.keyPem) }, "ecdsa");
-  const leaf = await signer.sign("*.bench.test", 30);
-  const upstreamCaFile = join(dir, "upstream-ca.pem");
-  writeFileSync(upstreamCaFile, created.certPem);
+  const upstreamCa = await createUpstreamCa(dir);
+  const upstreamCaFile = upstreamCa.caFile;
 
-  const upstream = forkTs("./upstream.ts", "upstream");
-  const upstreamSetup: UpstreamSetup = { kind: "setup", keyPem: signer.leafKey.privateKeyPem, certPem: leaf.certPem, bodyBytes: smallBodyBytes };
-  const { port: upstreamPort, noResumePort: upstreamNoResumePort, h2Port: upstreamH2Port } = await ask<Extract<UpstreamMessage, { kind: "ready" }>>(upstream, "ready", upstreamSetup, 30_000);
+  const { child: upstream, ready } = await startBenchUpstream(upstreamCa, smallBodyBytes);
+  const { port: upstreamPort, noResumePort: upstreamNoResumePort, h2Port: upstreamH2Port } = ready;
 
   let bulk: StartedTargets["bulk"];
   const fileOf = (bytes: number): string => `download-${bytes}`;
@@ -286,8 +281,8 @@ export async function startTargets(options: StartOptions): Promise<StartedTarget
     mkdirSync(bulkDir);
     const certFile = join(dir, "bulk-cert.pem");
     const keyFile = join(dir, "bulk-key.pem");
-    writeFileSync(certFile, leaf.certPem);
-    writeFileSync(keyFile, signer.leafKey.privateKeyPem, { mode: 0o600 });
+    writeFileSync(certFile, upstreamCa.certPem);
+    writeFileSync(keyFile, upstreamCa.keyPem, { mode: 0o600 });
     for (const bytes of options.downloadSizes) writeBulkFile(join(bulkDir, fileOf(bytes)), bytes);
     bulk = await startBulkServer(bulkDir, certFile, keyFile);
   }
@@ -404,7 +399,7 @@ export async function startTargets(options: StartOptions): Promise<StartedTarget
     upstreamPort,
     upstreamNoResumePort,
     upstreamH2Port,
-    upstreamCaPem: created.certPem,
+    upstreamCaPem: upstreamCa.caPem,
     upstreamCaFile,
     bulk,
     downloadUrl,

@@ -5,6 +5,7 @@ import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { flag, frame, frameType, indexed, literal, literalIndexed, ping, rstStream, RawH2, requestBlock, settings } from "../helpers/h2-frames.js";
 import { startTestProxy, type TestProxy } from "../helpers/proxy.js";
+import type { HttpHooksOptions, ProxyOptions } from "../../src/index.js";
 import { h2Limits } from "../../src/proxy/h2-settings.js";
 import { patternChunk, startUpstream, type Route, type Upstream } from "../helpers/upstream.js";
 
@@ -127,6 +128,26 @@ function openAndReset(attacker: RawH2, authority: string, path: string, count: n
   }
 }
 
+/**
+ * A guest that opens `count` streams to `/echo?hold`, each reset at once, on a proxy of its own
+ * with `hooks` (allowed to reach api.test) and `options`: the hooks hold the work behind the
+ * resets, and the connection is closed at the running-work cap, which the log says.
+ */
+async function resetPastWorkCap(
+  hooks: HttpHooksOptions,
+  options: Omit<ProxyOptions, "httpHooks">,
+  count: number,
+): Promise<{ proxy: TestProxy; upstream: Upstream; authority: string; attacker: RawH2 }> {
+  const upstream = await startUpstream();
+  const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hooks }, options);
+  const authority = `api.test:${upstream.port}`;
+  const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+  openAndReset(attacker, authority, "/echo?hold", count);
+  await attacker.until((c) => c.closed);
+  expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("running-work cap"))).toBe(true);
+  return { proxy, upstream, authority, attacker };
+}
+
 describe("HTTP/2 hardening: each attack ends only its own connection, while another guest keeps getting its 200s", () => {
   it("rapid reset (CVE-2023-44487): a guest opening and resetting streams in a loop gets GOAWAY(ENHANCE_YOUR_CALM)", async () => {
     const silent = silentRoute();
@@ -147,16 +168,10 @@ describe("HTTP/2 hardening: each attack ends only its own connection, while anot
 
   it("resets do not free the work behind them: past 100 running streams new ones wait, and past 100 waiting the connection gets GOAWAY", async () => {
     const hook = holdingHook();
-    const upstream = await startUpstream();
-    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onRequest: hook.onRequest });
-    const authority = `api.test:${upstream.port}`;
-    const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
-    openAndReset(attacker, authority, "/echo?hold", 400);
-    await attacker.until((c) => c.closed);
+    const { proxy, upstream, authority, attacker } = await resetPastWorkCap({ onRequest: hook.onRequest }, {}, 400);
     expectCalm(attacker);
     // Exactly the cap ran; every later stream waited, and no hook saw it.
     expect(hook.held()).toBe(100);
-    expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("running-work cap"))).toBe(true);
     hook.release();
     await othersServed(proxy, authority);
     expect(upstream.hits()).toBe(3);
@@ -298,14 +313,8 @@ describe("limits.h2*: the configured limits replace the defaults, and each still
 
   it("the running-work cap follows h2Streams: past 7 running streams new ones wait, never reaching a hook, and past 7 waiting the connection is closed", async () => {
     const hook = holdingHook();
-    const upstream = await startUpstream();
-    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onRequest: hook.onRequest }, { limits });
-    const authority = `api.test:${upstream.port}`;
-    const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
-    openAndReset(attacker, authority, "/echo?hold", 150);
-    await attacker.until((c) => c.closed);
+    const { proxy, authority } = await resetPastWorkCap({ onRequest: hook.onRequest }, { limits }, 150);
     expect(hook.held()).toBe(limits.h2Streams);
-    expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("running-work cap"))).toBe(true);
     hook.release();
     await othersServed(proxy, authority);
   });
@@ -323,14 +332,8 @@ describe("limits.h2*: the configured limits replace the defaults, and each still
       return true;
     };
     const hooks = { isRequestAllowed: { isRequestAllowed: hold }, isIpAllowed: { isIpAllowed: hold }, handle: { handle: async (request: Request, next: (r: Request) => Promise<Response>) => (await hold(), next(request)) } }[phase];
-    const upstream = await startUpstream();
-    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hooks }, { limits });
-    const authority = `api.test:${upstream.port}`;
-    const attacker = await RawH2.open(proxy.port, authority, proxy.caCertPem);
-    openAndReset(attacker, authority, "/echo?hold", 150);
-    await attacker.until((c) => c.closed);
+    const { proxy, authority } = await resetPastWorkCap(hooks, { limits }, 150);
     expect(held).toBe(limits.h2Streams);
-    expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed" && String(line["reason"]).includes("running-work cap"))).toBe(true);
     release();
     await othersServed(proxy, authority);
   });
@@ -340,15 +343,7 @@ describe("limits.h2*: the configured limits replace the defaults, and each still
   // ended; refused, past 100 of them the connection was closed (grpc-interop.test.ts). Here the
   // work behind the resets is a hook's call, held until released: a deterministic stand-in.
   it("streams opened as resets free their slots wait for the work behind those resets, then get their answers", async () => {
-    const hook = holdingHook();
-    const upstream = await startUpstream();
-    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onRequest: hook.onRequest });
-    const authority = `api.test:${upstream.port}`;
-    const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem);
-    await acknowledged(guest);
-    const held = Array.from({ length: 100 }, (_, i) => 2 * i + 1);
-    for (const id of held) guest.write(frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/echo?hold")));
-    await vi.waitFor(() => expect(hook.held()).toBe(held.length), { timeout: 15_000, interval: 20 });
+    const { hook, upstream, proxy, authority, guest, held } = await workAtCap();
     const next = held.map((id) => id + 2 * held.length);
     guest.write(Buffer.concat([...held.map((id) => rstStream(id, code.cancel)), ...next.map((id) => frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/echo")))]));
     // PING is answered in order: once its ACK is back, every frame before it has been read.
@@ -367,15 +362,7 @@ describe("limits.h2*: the configured limits replace the defaults, and each still
   // Review finding: a stream past the running-work cap waited with its head unchecked (its list
   // held, its 431 put off until a slot freed). The head's bounds come first: answered at once.
   it("a stream whose head has too many fields is answered 431 at once while the running work is at its cap", async () => {
-    const hook = holdingHook();
-    const upstream = await startUpstream();
-    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onRequest: hook.onRequest });
-    const authority = `api.test:${upstream.port}`;
-    const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem);
-    await acknowledged(guest);
-    const held = Array.from({ length: 100 }, (_, i) => 2 * i + 1);
-    for (const id of held) guest.write(frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/echo?hold")));
-    await vi.waitFor(() => expect(hook.held()).toBe(held.length), { timeout: 15_000, interval: 20 });
+    const { hook, proxy, authority, guest, held } = await workAtCap();
     // The held streams reset: the stream limit has room, the running work (their hook calls) none.
     guest.write(Buffer.concat(held.map((id) => rstStream(id, code.cancel))));
     const wide = 2 * held.length + 1;
@@ -641,6 +628,23 @@ async function acknowledged(client: RawH2): Promise<void> {
   // PING is answered in order: once its ACK is back, the SETTINGS ACK before it has been read.
   client.write(ping(0xac));
   await client.until((c) => c.frames.some((f) => f.type === frameType.ping && (f.flags & flag.ack) !== 0));
+}
+
+/**
+ * A guest whose first 100 streams (ids 1 to 199), at the default h2Streams, are held in the
+ * hook's onRequest: the connection's running work at its cap, its SETTINGS acknowledged.
+ */
+async function workAtCap(): Promise<{ hook: ReturnType<typeof holdingHook>; upstream: Upstream; proxy: TestProxy; authority: string; guest: RawH2; held: number[] }> {
+  const hook = holdingHook();
+  const upstream = await startUpstream();
+  const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], onRequest: hook.onRequest });
+  const authority = `api.test:${upstream.port}`;
+  const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+  await acknowledged(guest);
+  const held = Array.from({ length: 100 }, (_, i) => 2 * i + 1);
+  for (const id of held) guest.write(frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/echo?hold")));
+  await vi.waitFor(() => expect(hook.held()).toBe(held.length), { timeout: 15_000, interval: 20 });
+  return { hook, upstream, proxy, authority, guest, held };
 }
 
 /** Header blocks of `count` GET streams, each referencing one 4 KB HPACK entry 250 times: 1 MB decoded from about 300 bytes. */

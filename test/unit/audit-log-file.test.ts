@@ -14,6 +14,26 @@ function warnings(): { list: Array<{ kind: string; msg: string; fields?: Record<
   return { list, warn: (kind, msg, fields) => void list.push({ kind, msg, ...(fields !== undefined ? { fields } : {}) }) };
 }
 
+/** What is written to stderr while the test runs, kept instead of written. */
+function stderrWrites(): string[] {
+  const written: string[] = [];
+  const spy = vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => {
+    written.push(String(chunk));
+    return true;
+  });
+  onTestFinished(() => spy.mockRestore());
+  return written;
+}
+
+/** What the process reports as `event` while the test runs (a listener of its own besides vitest's). */
+function processEvents(event: "unhandledRejection" | "uncaughtException"): unknown[] {
+  const seen: unknown[] = [];
+  const listener = (reason: unknown): void => void seen.push(reason);
+  process.on(event, listener);
+  onTestFinished(() => void process.off(event, listener));
+  return seen;
+}
+
 describe("AuditLogFile", () => {
   it("bounds what waits for the disk: past maxQueuedBytes records are dropped and counted, never queued", async () => {
     const file = join(tempDir(), "audit.jsonl");
@@ -108,16 +128,8 @@ describe("AuditLogFile", () => {
   // The handler of that failure warns, and a warn that throws made the same unhandled rejection
   // one step later (review finding): the chain ends in a handler that writes a line to stderr.
   it("a reopen whose last steps throw, with a warn that throws too, ends in a line on stderr, not an unhandled rejection", async () => {
-    const rejections: unknown[] = [];
-    const onRejection = (reason: unknown): void => void rejections.push(reason);
-    process.on("unhandledRejection", onRejection);
-    onTestFinished(() => void process.off("unhandledRejection", onRejection));
-    const written: string[] = [];
-    const spy = vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => {
-      written.push(String(chunk));
-      return true;
-    });
-    onTestFinished(() => spy.mockRestore());
+    const rejections = processEvents("unhandledRejection");
+    const written = stderrWrites();
     const file = join(tempDir(), "audit.jsonl");
     const log = await AuditLogFile.open({
       file,
@@ -145,16 +157,8 @@ describe("AuditLogFile", () => {
   // proxy's warn is its throttled logger, which cannot throw (a logSink's throw stays in it), so
   // this is reachable only through AuditLogFile's own API, as the open's was.
   it("a failed write whose warn throws ends in a line on stderr, not an uncaught exception, and the file is written again after retryMs", async () => {
-    const uncaught: unknown[] = [];
-    const onUncaught = (error: unknown): void => void uncaught.push(error);
-    process.on("uncaughtException", onUncaught);
-    onTestFinished(() => void process.off("uncaughtException", onUncaught));
-    const written: string[] = [];
-    const spy = vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => {
-      written.push(String(chunk));
-      return true;
-    });
-    onTestFinished(() => spy.mockRestore());
+    const uncaught = processEvents("uncaughtException");
+    const written = stderrWrites();
     const thrownFor: string[] = [];
     const log = await AuditLogFile.open({
       file: "/dev/full",

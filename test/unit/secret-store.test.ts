@@ -276,6 +276,28 @@ describe("SecretStore: a value's length", () => {
   });
 });
 
+/**
+ * `value` (which holds "ghp_before") is refused for `reason` (a message from its start) by
+ * createHttpHooks, as an OptionError naming its path, by updateSecret, as a TypeError, and by the
+ * store, each without quoting it; the secret refused an update keeps its value.
+ */
+function expectRefused(value: string, reason: RegExp): void {
+  const error = thrown(() => createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value } } })) as unknown as OptionError;
+  expect(error).toBeInstanceOf(OptionError);
+  expect(error).toMatchObject({ code: "EG_INVALID_OPTION", path: "secrets.T.value" });
+  expect(error.reason).toMatch(reason);
+  expect(error.message).not.toContain("ghp_before");
+
+  const { secretManager } = createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value: "ghp_current" } } });
+  const update = thrown(() => secretManager.updateSecret("T", { value }));
+  expect(update).toBeInstanceOf(TypeError);
+  expect(update.message).toMatch(new RegExp(`^updateSecret: value: ${reason.source}`));
+  expect(update.message).not.toContain("ghp_before");
+  const secrets = store({ T: { hosts: ["api.test"], value: "ghp_current" } });
+  expect(() => secrets.update("T", { value })).toThrow(reason);
+  expect(secrets.apply({ url: new URL("https://api.test/"), headers: ["x-k", secrets.env()["T"]!] }, "api.test")?.headers).toEqual(["x-k", "ghp_current"]);
+}
+
 // A value goes only into header fields (DESIGN §4: never a body), and no field carries a control
 // character other than tab: one with ESC or DEL was taken, then every request that used it was a
 // 502 "invalid x-key header" behind an HTTP/1.1 upstream, and lost the field behind an HTTP/2 one.
@@ -283,27 +305,7 @@ describe("SecretStore: a value with a control character", () => {
   const controls = { "U+0001": "\x01", ESC: "\x1b", DEL: "\x7f", "U+001F": "\x1f" };
 
   it.each(Object.entries(controls))("one holding %s is refused by createHttpHooks (an OptionError naming the path) and updateSecret, never quoted", (_, control) => {
-    const value = `ghp_before${control}after`;
-    const error = (() => {
-      try {
-        createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value } } });
-      } catch (caught) {
-        return caught;
-      }
-      throw new Error("createHttpHooks took the value");
-    })();
-    expect(error).toBeInstanceOf(OptionError);
-    expect(error).toMatchObject({ code: "EG_INVALID_OPTION", path: "secrets.T.value" });
-    expect((error as OptionError).reason).toMatch(/must not contain a control character other than tab/);
-    expect((error as OptionError).message).not.toContain("ghp_before");
-
-    const { secretManager } = createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value: "ghp_current" } } });
-    const update = thrown(() => secretManager.updateSecret("T", { value }));
-    expect(update.message).toMatch(/^updateSecret: value: must not contain a control character other than tab/);
-    expect(update.message).not.toContain("ghp_before");
-    const secrets = store({ T: { hosts: ["api.test"], value: "ghp_current" } });
-    expect(() => secrets.update("T", { value })).toThrow(/control character/);
-    expect(secrets.apply({ url: new URL("https://api.test/"), headers: ["x-k", secrets.env()["T"]!] }, "api.test")?.headers).toEqual(["x-k", "ghp_current"]);
+    expectRefused(`ghp_before${control}after`, /must not contain a control character other than tab/);
   });
 
   it("a tab, which a field value may carry, is taken", () => {
@@ -323,28 +325,7 @@ describe("SecretStore: a value that is not what would be sent", () => {
   } as const;
 
   it.each(Object.entries(values))("one holding %s is refused by createHttpHooks (an OptionError naming the path) and updateSecret, never quoted", (_, [value, reason]) => {
-    const error = (() => {
-      try {
-        createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value } } });
-      } catch (caught) {
-        return caught;
-      }
-      throw new Error("createHttpHooks took the value");
-    })();
-    expect(error).toBeInstanceOf(OptionError);
-    expect(error).toMatchObject({ code: "EG_INVALID_OPTION", path: "secrets.T.value" });
-    expect((error as OptionError).reason).toMatch(reason);
-    expect((error as OptionError).message).not.toContain("ghp_before");
-
-    const { secretManager } = createHttpHooks({ allowedHosts: ["api.test"], secrets: { T: { hosts: ["api.test"], value: "ghp_current" } } });
-    const update = thrown(() => secretManager.updateSecret("T", { value }));
-    expect(update).toBeInstanceOf(TypeError);
-    expect(update.message).toMatch(/^updateSecret: value: must not/);
-    expect(update.message).toMatch(reason);
-    expect(update.message).not.toContain("ghp_before");
-    const secrets = store({ T: { hosts: ["api.test"], value: "ghp_current" } });
-    expect(() => secrets.update("T", { value })).toThrow(reason);
-    expect(secrets.apply({ url: new URL("https://api.test/"), headers: ["x-k", secrets.env()["T"]!] }, "api.test")?.headers).toEqual(["x-k", "ghp_current"]);
+    expectRefused(value, reason);
   });
 
   it("UTF-8 past ASCII, a surrogate pair and U+FEFF past the start are taken", () => {
