@@ -222,12 +222,18 @@ export class GuestSide {
    * the kernel, unread, and the destroy answered it with a reset: a keep-alive request sent 3 s
    * into the 5 s got ECONNRESET. The verdict now waits for that poll (an immediate runs after
    * it): a socket that read anything meanwhile was not silent, and the read has re-armed Node's
-   * timer, which counts again from it.
+   * timer, which counts again from it. So is one the proxy wrote to meanwhile: an answer given in
+   * that turn (the upstream's head deadline, judged after the same poll, answers 504) was still in
+   * the TLS socket's queue when judged, and read as a guest that stopped reading, which cut the
+   * connection with the pipelined request behind it unanswered (fuzzer finding).
    */
   private onIdle(socket: Socket): void {
     const bytesRead = socket.bytesRead;
+    const bytesWritten = socket.bytesWritten;
     setImmediate(() => {
-      if (!socket.destroyed && socket.bytesRead === bytesRead) this.judgeIdle(socket);
+      if (socket.destroyed || socket.bytesRead !== bytesRead) return;
+      if (socket.bytesWritten !== bytesWritten) socket.setTimeout(this.deps.config.timeouts.idleMs);
+      else this.judgeIdle(socket);
     });
   }
 

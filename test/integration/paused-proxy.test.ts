@@ -7,7 +7,7 @@ import { flag, frame, frameType, RawH2, requestBlock } from "../helpers/h2-frame
 import { startH2Upstream } from "../helpers/h2-upstream.js";
 import { latch } from "../helpers/latch.js";
 import { tempDir } from "../helpers/proxy.js";
-import { openRaw, type RawClient } from "../helpers/raw.js";
+import { openRaw, openTlsTunnel, type RawClient } from "../helpers/raw.js";
 import { testCa } from "../helpers/test-ca.js";
 import { startUpstream } from "../helpers/upstream.js";
 
@@ -183,6 +183,31 @@ describe("a proxy paused past a deadline", { timeout: 30_000 }, () => {
     await guest.until((c) => c.answered(1));
     expect(guest.goaway()).toBeUndefined();
     expect(guest.closed).toBe(false);
+  });
+
+  it("a pipelined request behind one answered 504 in the turn its connection's idleMs passed is answered, not cut as a guest that read nothing", async () => {
+    // Both deadlines pass in the pause, so both are judged in one turn after it, as two deadlines
+    // due in the same millisecond are without one (the fuzzer's proxy has idleMs equal to
+    // upstreamHeadersMs): the head deadline's verdict answers the first request 504, and the idle
+    // verdict after it found that answer still in the TLS socket's queue, read it as a guest that
+    // stopped reading, and cut the connection with the second request unanswered.
+    const [arrived, inUpstream] = latch();
+    const upstream = await startH2Upstream({ "/stall": () => inUpstream() });
+    // idleMs after upstreamHeadersMs: once both have passed, the 504's verdict comes first.
+    const proxy = await childProxy({ idleMs: deadlineMs * 1.5, upstreamHeadersMs: deadlineMs }, "debug");
+    const authority = `api.test:${upstream.port}`;
+    const guest = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+    guest.write(`GET /stall HTTP/1.1\r\nHost: ${authority}\r\n\r\nGET /echo HTTP/1.1\r\nHost: ${authority}\r\n\r\n`);
+    await arrived;
+    await until(() => readByProxy(guest, proxy));
+    const resume = await pause(proxy);
+    await pastTheDeadline();
+    resume();
+
+    expect((await guest.readResponse()).status).toBe(504);
+    const second = await guest.readResponse();
+    expect(second.status).toBe(200);
+    expect(proxy.stderr()).not.toContain("the guest read nothing");
   });
 
   it("a request head an HTTP/1.1 guest finished while the proxy was paused past headersMs is answered, not 408, and the connection's reset is still the guest's failure", async () => {
