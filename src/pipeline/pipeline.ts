@@ -495,12 +495,15 @@ export class Pipeline {
       }), onResend);
       // Statuses stop at 599 (RFC 9110 §15): a 600 went on to HTTP/1.1 guests as it came and reset
       // HTTP/2 guests' streams. undici takes off only the chunked coding: `gzip, chunked` reached
-      // the guest (and hooks) still compressed, with nothing left to say so.
+      // the guest (and hooks) still compressed, with nothing left to say so. And only where llhttp
+      // reads it as chunked: spaces after `chunked`, not a tab (OWS too, RFC 9110 §5.6.3), with
+      // which llhttp reads the body up to the close, chunk-size lines and all, and the guest got
+      // the upstream's chunked encoding as the body (fuzzer finding). undici trims what is before.
       const framing = response.headers["transfer-encoding"];
       const refusal =
         response.statusCode > 599
           ? `answered status ${response.statusCode}, which is not an HTTP status`
-          : framing !== undefined && !/^[ \t]*chunked[ \t]*$/i.test(String(framing))
+          : framing !== undefined && !/^[ \t]*chunked *$/i.test(String(framing))
             ? `framed its response with Transfer-Encoding ${quoteShort(String(framing))}; only chunked can be passed on`
             : undefined;
       if (refusal !== undefined) {

@@ -434,6 +434,35 @@ describe("upstream answers the proxy cannot pass on", () => {
 });
 
 
+// llhttp takes `Transfer-Encoding: chunked` with trailing spaces as chunked, but not with a
+// trailing tab (OWS, RFC 9110 §5.6.3): it reads such a body up to the close, chunk-size lines
+// and all, while the proxy's check, which trimmed both, passed the field as chunked. The guest got
+// the upstream's chunked encoding as the body, whole once the upstream closed (fuzzer finding).
+describe("an upstream's Transfer-Encoding that llhttp does not read as chunked", () => {
+  for (const coding of ["chunked\t", "chunked \t", "chunked\t "]) {
+    it(`${JSON.stringify(coding)}: 502, and nothing of the body is forwarded; "chunked " is read as chunked`, async () => {
+      // A raw upstream: Node's own server would not write the field. It closes after each answer.
+      const server = createServer((socket: Socket) => {
+        socket.on("error", () => undefined);
+        socket.once("data", (chunk: Buffer) => {
+          const value = chunk.toString("latin1").startsWith("GET /spaces ") ? "chunked  " : coding;
+          socket.end(`HTTP/1.1 200 OK\r\nX-Upstream: yes\r\nTransfer-Encoding: ${value}\r\n\r\n5\r\nhello\r\n0\r\n\r\n`);
+        });
+      });
+      const port = await listenForTest(server as unknown as HttpServer);
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+      const guest = await openRaw(proxy.port);
+      guest.write(`GET http://api.test:${port}/tab HTTP/1.1\r\nHost: api.test:${port}\r\n\r\n`);
+      const res = await guest.readResponse();
+      expect([res.status, res.headers["x-egressgate-error"], res.headers["x-upstream"]]).toEqual([502, "EG_UPSTREAM", undefined]);
+      expect(res.body).toMatch(/framed its response with Transfer-Encoding "chunked[ \\t]+"; only chunked can be passed on/);
+      guest.write(`GET http://api.test:${port}/spaces HTTP/1.1\r\nHost: api.test:${port}\r\n\r\n`);
+      const spaces = await guest.readResponse();
+      expect([spaces.status, spaces.body]).toEqual([200, "hello"]);
+    });
+  }
+});
+
 // RFC 9110 §8.6: Content-Length is 1*DIGIT. llhttp and nghttp2 take leading zeros, and an
 // upstream's `Content-Length: 002` (or ` 2 `, its trailing whitespace kept) went to the guest as
 // written, where a parser that reads it as octal or refuses it disagrees with the proxy on where
