@@ -1,13 +1,18 @@
 /**
- * The seeded mutation fuzzer of the proxy's guest-facing parsers (test/helpers/fuzz/): a proxy
- * in a child process, recording upstreams, and cases of each target one by one through real
- * sockets, every one judged by every oracle (harness.ts). A case is a pure function of its seed,
+ * The seeded mutation fuzzer of the proxy's guest-facing parsers, and of what it makes of
+ * upstreams that answer badly (test/helpers/fuzz/): a proxy in a child process, recording and
+ * hostile upstreams, and cases of each target one by one through real sockets, every one judged
+ * by every oracle (harness.ts). A case is a pure function of its seed,
  * target and index, so a finding is replayed with `--seed S --target T --first I --cases 1`.
  *
  *   node --import tsx bench/fuzz.ts --seed 1 --cases 2000 --target h1,plain,connect,h2
+ *   node --import tsx bench/fuzz.ts --seed 1 --cases 2000 --target upstream,guests --hooks --guests 3
  *
  * `--policy` runs the proxy with a tier-2 policy that reads every upload (harness.ts, fuzzPolicy);
- * `--auth` makes its guest authenticate, and every request on the listener carry credentials.
+ * `--auth` makes its guest authenticate, and every request on the listener carry credentials;
+ * `--hooks` adds tier-3 hooks whose every answer each request chooses (fuzz-proxy-child.ts);
+ * `--guests N` serves N guests, each with its own secret's value (target `guests` runs several
+ * at once; the other targets run as the first).
  *
  * Prints one JSON line per finding, progress on stderr, and a summary line at the end; exits 1
  * if anything was found.
@@ -26,11 +31,14 @@ const { values } = parseArgs({
     show: { type: "boolean", default: false },
     policy: { type: "boolean", default: false },
     auth: { type: "boolean", default: false },
+    hooks: { type: "boolean", default: false },
+    guests: { type: "string", default: "1" },
   },
 });
-const targets = values.target.split(",") as FuzzTarget[];
+// `guests` needs several guests; the default list leaves it out without them.
+const targets = (values.target === fuzzTargets.join(",") && Number(values.guests) < 2 ? fuzzTargets.filter((t) => t !== "guests") : values.target.split(",")) as FuzzTarget[];
 for (const target of targets) if (!fuzzTargets.includes(target)) throw new Error(`--target: ${target} is not one of ${fuzzTargets.join(", ")}`);
-const harness = await FuzzHarness.start({ timeoutMs: Number(values["timeout-ms"]), policy: values.policy, auth: values.auth });
+const harness = await FuzzHarness.start({ timeoutMs: Number(values["timeout-ms"]), policy: values.policy, auth: values.auth, hooks: values.hooks, guests: Number(values.guests) });
 // Stopped early (Ctrl-C, timeout): the proxy's child, the upstreams and the CA folder go too.
 for (const signal of ["SIGINT", "SIGTERM"] as const) {
   process.once(signal, () => void harness.close().finally(() => process.exit(130)));
@@ -40,6 +48,15 @@ if (values.show) {
   for (let index = Number(values.first); index < Number(values.first) + cases; index++) {
     for (const target of targets) {
       const input = harness.caseOf(target, values.seed, index);
+      if ("guests" in input) {
+        process.stderr.write(`${JSON.stringify({ target, index, steps: input.steps })}\n`);
+        continue;
+      }
+      if ("outcome" in input) {
+        // An upstream case's bytes are the upstream's: its steps say what they were.
+        process.stderr.write(`${JSON.stringify({ target, index, steps: input.steps, request: `${input.method} ${input.target}`, fields: input.fields, outcome: input.outcome, script: input.script.map((s) => (typeof s === "string" ? s : "write" in s ? s.write.toString("latin1") : "pause" in s ? `pause ${s.pause}` : "smuggle" in s ? `smuggle ${s.smuggle}` : s.frame(1).toString("hex"))) })}\n`);
+        continue;
+      }
       const inside = "inside" in input && input.inside !== undefined ? { inside: input.inside.bytes.toString("latin1") } : {};
       process.stderr.write(`${JSON.stringify({ target, index, steps: input.steps, writes: input.writes.map((w) => w.toString("latin1")), ...inside })}\n`);
     }
@@ -62,5 +79,5 @@ const result = await harness.run({
 await harness.close();
 const byOracle: Record<string, number> = {};
 for (const f of result.findings) byOracle[f.oracle] = (byOracle[f.oracle] ?? 0) + 1;
-console.log(JSON.stringify({ seed: values.seed, targets, cases: result.cases, seconds: result.ms / 1000, casesPerSecond: Math.round((result.cases / result.ms) * 1000), findings: result.findings.length, byOracle, restarts: harness.restarts, statuses: Object.fromEntries([...harness.stats].sort()) }));
+console.log(JSON.stringify({ seed: values.seed, targets, cases: result.cases, seconds: result.ms / 1000, casesPerSecond: Math.round((result.cases / result.ms) * 1000), findings: result.findings.length, byOracle, restarts: harness.restarts, settled: harness.settled, statuses: Object.fromEntries([...harness.stats].sort()) }));
 process.exitCode = result.findings.length > 0 ? 1 : 0;

@@ -6,7 +6,8 @@ import { FuzzHarness, type FuzzTarget } from "../helpers/fuzz/harness.js";
  * recording upstreams, and the cases of fixed seeds through real sockets, each judged by every
  * oracle (test/helpers/fuzz/harness.ts). A failure lists each finding with its seed, target and
  * index, which `node --import tsx bench/fuzz.ts --seed S --target T --first I --cases 1 --show`
- * (with `--policy` for the second block, `--auth` for the third) replays alone.
+ * (with `--policy` for the second block, `--auth` for the third, `--hooks --guests 3` for the
+ * fourth) replays alone.
  */
 interface Run {
   readonly target: FuzzTarget;
@@ -37,7 +38,16 @@ const authRuns: readonly Run[] = [
   { target: "h1", seed: "suite-3", cases: 100, what: "HTTP/1.1 requests inside an authenticated TLS tunnel" },
 ];
 
-function fuzzes(runsOf: readonly Run[], options: { readonly policy?: boolean; readonly auth?: boolean }): void {
+/**
+ * Against upstreams that answer badly (test/helpers/fuzz/hostile-upstream.ts), with tier-3 hooks
+ * that give every answer a hook may give, and three guests, each with its own secret's value.
+ */
+const hostileRuns: readonly Run[] = [
+  { target: "upstream", seed: "suite-4", cases: 60, what: "answers from hostile HTTP/1.1 and HTTP/2 upstreams, through tier-3 hooks" },
+  { target: "guests", seed: "suite-4", cases: 30, what: "cases of two or three guests at once" },
+];
+
+function fuzzes(runsOf: readonly Run[], options: { readonly policy?: boolean; readonly auth?: boolean; readonly hooks?: boolean; readonly guests?: number }): void {
   let harness: FuzzHarness;
   beforeAll(async () => {
     harness = await FuzzHarness.start(options);
@@ -66,4 +76,8 @@ describe("the seeded fuzz run with a tier-2 policy", () => {
 
 describe("the seeded fuzz run with a guest that authenticates", () => {
   fuzzes(authRuns, { auth: true });
+});
+
+describe("the seeded fuzz run against hostile upstreams, with tier-3 hooks and three guests", () => {
+  fuzzes(hostileRuns, { hooks: true, guests: 3 });
 });

@@ -8,15 +8,19 @@ export class SecretScanner {
   private readonly keep: number;
   found: string | undefined;
 
-  constructor(value: string) {
-    const forms = [value];
-    const bytes = Buffer.from(value, "latin1");
-    for (let offset = 0; offset < 3; offset++) {
-      const text = Buffer.concat([Buffer.alloc(offset, 0x41), bytes]).toString("base64");
-      // Only the characters the value alone decides: whole groups, past the padding's.
-      const start = offset === 0 ? 0 : offset === 1 ? 2 : 3;
-      const end = Math.floor((offset + bytes.length) / 3) * 4;
-      forms.push(text.slice(start, end));
+  /** `values`: one secret's value, or several (many guests: any of them). */
+  constructor(values: string | readonly string[]) {
+    const forms: string[] = [];
+    for (const value of typeof values === "string" ? [values] : values) {
+      forms.push(value);
+      const bytes = Buffer.from(value, "latin1");
+      for (let offset = 0; offset < 3; offset++) {
+        const text = Buffer.concat([Buffer.alloc(offset, 0x41), bytes]).toString("base64");
+        // Only the characters the value alone decides: whole groups, past the padding's.
+        const start = offset === 0 ? 0 : offset === 1 ? 2 : 3;
+        const end = Math.floor((offset + bytes.length) / 3) * 4;
+        forms.push(text.slice(start, end));
+      }
     }
     this.needles = forms;
     this.keep = Math.max(...forms.map((f) => f.length));

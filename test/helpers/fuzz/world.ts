@@ -14,6 +14,10 @@ export interface FuzzWorld {
   readonly tag?: string;
   /** With `--auth`: the guest's `Proxy-Authorization` value, which requests on the listener carry. */
   readonly proxyAuthorization?: string;
+  /** The hostile upstreams' ports (test/helpers/fuzz/hostile-upstream.ts), on the names' own addresses. */
+  readonly hostile?: Readonly<Record<"api" | "secret", { readonly h1tls: number; readonly h1plain: number; readonly h2: number }>>;
+  /** The secret's value: the secret's hostile upstream quotes it into a redirect now and then. */
+  readonly secretValue?: string;
 }
 
 /** `path` with the case's tag. */
