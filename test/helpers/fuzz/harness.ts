@@ -588,8 +588,13 @@ export class FuzzHarness {
    */
   private async settleSession(name: HostileName, report: (oracle: string, detail: string) => void): Promise<void> {
     this.settled += 1;
+    // Each guest has pools of its own: any of them may hold the session.
+    for (const who of this.guestIds) await this.settleSessionOf(name, who, report);
+  }
+
+  private async settleSessionOf(name: HostileName, who: Identity, report: (oracle: string, detail: string) => void): Promise<void> {
     const authority = `${hostName(name)}:${this.world.hostile![name].h2}`;
-    const credentials = this.guestIds[0]!.proxyAuthorization === undefined ? "" : `Proxy-Authorization: ${this.guestIds[0]!.proxyAuthorization}\r\n`;
+    const credentials = who.proxyAuthorization === undefined ? "" : `Proxy-Authorization: ${who.proxyAuthorization}\r\n`;
     for (let attempt = 0; attempt < 5; attempt++) {
       const outer = await GuestConn.open(this.ready.port);
       try {

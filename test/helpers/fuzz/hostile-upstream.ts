@@ -92,6 +92,17 @@ export async function startHostile(options: HostileOptions): Promise<HostileUpst
     },
   };
   const run = async (socket: Socket, steps: readonly HostileStep[], stream: number, request?: HostileRequest): Promise<boolean> => {
+    // Writes between pauses go out together: a response smuggled behind an answer comes with it,
+    // as a client can tell (bytes with no request waiting for them). One that comes later, after
+    // the client has sent its next request, no HTTP/1.1 client can tell from that request's answer.
+    socket.cork();
+    try {
+      return await runCorked(socket, steps, stream, request);
+    } finally {
+      socket.uncork();
+    }
+  };
+  const runCorked = async (socket: Socket, steps: readonly HostileStep[], stream: number, request?: HostileRequest): Promise<boolean> => {
     for (const step of steps) {
       if (socket.destroyed) return false;
       if (step === "end") {
@@ -99,11 +110,16 @@ export async function startHostile(options: HostileOptions): Promise<HostileUpst
         return false;
       }
       if (step === "destroy") {
+        socket.uncork();
         socket.destroy();
         return false;
       }
       if (step === "stall") return false;
-      if ("pause" in step) await new Promise((resolve) => setTimeout(resolve, step.pause));
+      if ("pause" in step) {
+        socket.uncork();
+        await new Promise((resolve) => setTimeout(resolve, step.pause));
+        socket.cork();
+      }
       else if ("write" in step) socket.write(step.write);
       else if ("smuggle" in step) {
         // What the upstream received, behind the answer: a connection lent on would carry it to another request (another guest's).
@@ -208,11 +224,15 @@ export async function startHostile(options: HostileOptions): Promise<HostileUpst
         buffered = buffered.subarray(9 + length);
         if (frameType === type.settings && (flags & 1) === 0) socket.write(frame(type.settings, 1, 0));
         if (frameType === type.ping && (flags & 1) === 0) socket.write(frame(type.ping, 1, 0, payload));
-        // The proxy's GOAWAY (after a frame its HTTP/2 client refused): closed, as servers do.
+        // The proxy's GOAWAY with an error (after a frame its HTTP/2 client refused): closed, as
+        // servers do. One without (a graceful close) leaves the streams under way to finish.
         if (frameType === type.goaway) {
           if (debug) process.stderr.write(`${options.label}: GOAWAY from the proxy ${payload.toString("hex")}\n`);
-          if (payload.length >= 8) options.onGoaway?.(payload.readUInt32BE(4));
-          socket.end();
+          const code = payload.length >= 8 ? payload.readUInt32BE(4) : 0;
+          if (code !== 0) {
+            options.onGoaway?.(code);
+            socket.end();
+          }
         }
         if (frameType === type.headers || frameType === type.continuation) shadowIn.push(whole);
         if (debug && frameType === type.headers) {

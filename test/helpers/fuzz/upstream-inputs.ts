@@ -236,8 +236,8 @@ const h1Mutations: readonly [string, (r: H1Response, c: Context) => void][] = [
       }
     },
   ],
-  ["empty reason", (r) => void (r.statusLine = `HTTP/1.1 ${r.status} `)],
-  ["obs-text reason", (r) => void (r.statusLine = `HTTP/1.1 ${r.status} caf\xe9 \xff`)],
+  ["empty reason", (r) => void ((r.statusLine = `HTTP/1.1 ${r.status} `), (r.statusNoRelay = false))],
+  ["obs-text reason", (r) => void ((r.statusLine = `HTTP/1.1 ${r.status} caf\xe9 \xff`), (r.statusNoRelay = false))],
   ...(
     [
       "HTTP/1.1 2000 OK",
@@ -600,7 +600,10 @@ function h1Answer(c: Context): { script: HostileStep[]; outcome: Outcome; slack:
   const bytes = renderH1(r);
   const script: HostileStep[] = pieces(rng, bytes, steps);
   // Not behind a close-delimited body, which takes every byte up to the close.
-  if (r.smuggle && r.framing !== "close" && r.statusLine !== "") script.push(smuggle(tag));
+  // Behind a body framed by its length or chunks, or none where none may be (a HEAD's, a 204's, a
+  // 304's as written): anywhere else the bytes up to the close are the body.
+  const bodiless = method === "HEAD" || (statusKept && (status === 204 || status === 304));
+  if (r.smuggle && r.statusLine !== "" && (r.framing === "cl" || r.framing === "chunked" || (r.framing === "none" && bodiless))) script.push(smuggle(tag));
   if (r.end !== "keep") script.push(r.end);
   const bodies = r.bodies ?? [r.body];
   const relays = r.noRelay || r.statusNoRelay || r.infoNoRelay ? [] : bodies.map((b) => ({ status: r.status, body: b.toString("latin1") }));
@@ -682,7 +685,7 @@ function h2Answer(c: Context): { script: HostileStep[]; outcome: Outcome; slack:
     [
       "padding past the DATA",
       () => {
-        if (noBody) return;
+        if (noBody || dataFrames.length === 0) return;
         dataFrames[0] = (s) => frame(type.data, 0x8, s, Buffer.concat([Buffer.from([200]), code("abc")]));
         st.broken = st.noRelay = true;
       },
@@ -690,7 +693,7 @@ function h2Answer(c: Context): { script: HostileStep[]; outcome: Outcome; slack:
     [
       "padded DATA",
       () => {
-        if (noBody) return;
+        if (noBody || dataFrames.length === 0) return;
         const first = dataFrames[0]!;
         dataFrames[0] = (s) => {
           const f = first(s);
@@ -753,7 +756,7 @@ function h2Answer(c: Context): { script: HostileStep[]; outcome: Outcome; slack:
     [
       "content-length above the DATA",
       () => {
-        if (noBody) return;
+        if (noBody || dataFrames.length === 0) return;
         st.headers = (s) => frame(type.headers, 0x4, s, head(String(status), [literal("content-length", String(body.length + 10))]));
         st.broken = st.noRelay = true;
       },
@@ -761,7 +764,7 @@ function h2Answer(c: Context): { script: HostileStep[]; outcome: Outcome; slack:
     [
       "content-length below the DATA",
       () => {
-        if (noBody || body.length === 0) return;
+        if (noBody || body.length === 0 || dataFrames.length === 0) return;
         st.headers = (s) => frame(type.headers, 0x4, s, head(String(status), [literal("content-length", String(body.length - 1))]));
         st.broken = st.noRelay = true;
       },
@@ -785,7 +788,7 @@ function h2Answer(c: Context): { script: HostileStep[]; outcome: Outcome; slack:
     [
       "trailers",
       () => {
-        if (noBody) return;
+        if (noBody || dataFrames.length === 0) return;
         const last = dataFrames.length - 1;
         const f = dataFrames[last]!;
         dataFrames[last] = (s) => withFlagsCleared(f(s), 0x1);
@@ -795,7 +798,7 @@ function h2Answer(c: Context): { script: HostileStep[]; outcome: Outcome; slack:
     [
       "a pseudo-header in the trailers",
       () => {
-        if (noBody) return;
+        if (noBody || dataFrames.length === 0) return;
         const last = dataFrames.length - 1;
         const f = dataFrames[last]!;
         dataFrames[last] = (s) => withFlagsCleared(f(s), 0x1);
@@ -806,7 +809,7 @@ function h2Answer(c: Context): { script: HostileStep[]; outcome: Outcome; slack:
     [
       "trailers without END_STREAM",
       () => {
-        if (noBody) return;
+        if (noBody || dataFrames.length === 0) return;
         const last = dataFrames.length - 1;
         const f = dataFrames[last]!;
         dataFrames[last] = (s) => withFlagsCleared(f(s), 0x1);
@@ -826,7 +829,7 @@ function h2Answer(c: Context): { script: HostileStep[]; outcome: Outcome; slack:
     ["the close after the answer", () => void (st.end = "end")],
     // A HEAD's or a 204's HEADERS end the stream: the answer is whole before the cut.
     ["a cut after the HEADERS", () => void ((dataFrames.splice(0)), (st.end = "destroy"), (st.broken = true), (st.noRelay = !noBody))],
-    ["a cut before any frame", () => void ((st.headers = () => Buffer.alloc(0)), dataFrames.splice(0), (st.end = "destroy"), (st.broken = st.noRelay = true), (st.slack = Math.max(st.slack, 3)))],
+    ["a cut before any frame", () => void ((st.headers = () => Buffer.alloc(0)), dataFrames.splice(0), (st.before = []), (st.after = []), (st.end = "destroy"), (st.broken = st.noRelay = true), (st.slack = Math.max(st.slack, 3)))],
     ["garbage instead of frames", () => void ((st.before = [...st.before, conn(code("HTTP/1.1 200 OK\r\n\r\n"))]), (st.broken = st.noRelay = true))],
   ];
   steps.push(`h2 answer ${status}, ${body.length} bytes${withLength ? " with content-length" : ""}`);
