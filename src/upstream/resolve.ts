@@ -1,5 +1,6 @@
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
+import { descriptorShortage } from "../descriptors.js";
 import { EgressError } from "../errors.js";
 import { bareHostname } from "../hostname.js";
 
@@ -55,6 +56,12 @@ export class Resolver {
     } catch (error) {
       if (error instanceof EgressError) throw error;
       const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
+      // getaddrinfo with no descriptor left (for /etc/hosts, or a socket to the DNS server) says
+      // ENOTFOUND, which tells the guest the name does not exist (fd-exhaustion probe).
+      const shortage = descriptorShortage();
+      if (shortage !== undefined) {
+        throw new EgressError("EG_UPSTREAM", 502, `cannot resolve host "${key}": ${shortage} (the proxy is out of file descriptors)`, { cause: error, detail: `the lookup said ${code}` });
+      }
       throw new EgressError("EG_UPSTREAM", 502, `cannot resolve host "${key}": ${code}`, { cause: error });
     } finally {
       clearTimeout(timer);

@@ -20,13 +20,18 @@ export interface Cli {
 /**
  * The built CLI, with `nodeOptions` as NODE_OPTIONS (its workers inherit them) and `nodeArgs`
  * before the script (`node --inspect bin.js …`); it and every process it started are killed when
- * the test ends.
+ * the test ends. `openFiles` starts it under that open-file limit, soft and hard (`prlimit`,
+ * which then runs Node in its own place: `pid` is the proxy's).
  */
-export function startCli(args: readonly string[], nodeOptions?: string, nodeArgs: readonly string[] = []): Cli {
+export function startCli(args: readonly string[], nodeOptions?: string, nodeArgs: readonly string[] = [], openFiles?: number): Cli {
   const env: NodeJS.ProcessEnv = { ...process.env, XDG_CONFIG_HOME: tempDir("egressgate-xdg-") };
   if (nodeOptions !== undefined) env["NODE_OPTIONS"] = nodeOptions;
   for (const name of ["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy", "NO_PROXY", "no_proxy"]) delete env[name];
-  const child = spawn(process.execPath, [...nodeArgs, bin, ...args], { cwd: root, env, stdio: ["ignore", "pipe", "pipe"] });
+  const argv = [...nodeArgs, bin, ...args];
+  const child =
+    openFiles === undefined
+      ? spawn(process.execPath, argv, { cwd: root, env, stdio: ["ignore", "pipe", "pipe"] })
+      : spawn("prlimit", [`--nofile=${openFiles}:${openFiles}`, process.execPath, ...argv], { cwd: root, env, stdio: ["ignore", "pipe", "pipe"] });
   let out = "";
   let err = "";
   const waiters = new Set<() => void>();

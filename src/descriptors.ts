@@ -1,0 +1,25 @@
+import { closeSync, openSync } from "node:fs";
+
+/** A process out of file descriptors (EMFILE), or a whole system (ENFILE). */
+export type DescriptorShortage = "EMFILE" | "ENFILE";
+
+/** Whether `error` is a failure to get a file descriptor: EMFILE or ENFILE. */
+export function isDescriptorShortage(error: unknown): boolean {
+  const code = (error as NodeJS.ErrnoException | undefined)?.code;
+  return code === "EMFILE" || code === "ENFILE";
+}
+
+/**
+ * Whether the process can open a file descriptor now, found by opening /dev/null once: for
+ * failures that hide the cause. glibc's getaddrinfo answers a lookup it could not make (no
+ * descriptor for /etc/hosts, nor a socket for DNS) as "name not known", ENOTFOUND, and a worker
+ * thread that cannot get its event loop's descriptors stops before it runs a line.
+ */
+export function descriptorShortage(): DescriptorShortage | undefined {
+  try {
+    closeSync(openSync("/dev/null", "r"));
+    return undefined;
+  } catch (error) {
+    return isDescriptorShortage(error) ? ((error as NodeJS.ErrnoException).code as DescriptorShortage) : undefined;
+  }
+}

@@ -1,0 +1,190 @@
+// The proxy out of file descriptors (EMFILE) anywhere but at accept. Each row runs the CLI under a
+// low open-file limit (prlimit), in a process of its own so the runner keeps its own limit; guests
+// connect until every descriptor the proxy may open is taken (an accepted connection holds one,
+// and libuv accepts and closes any past the last), the proxy is made to need one more at one
+// place, and the row checks what the guest is answered and what the log says. Then the guests
+// go, and the proxy must serve as before without a restart.
+import { readdirSync, writeFileSync } from "node:fs";
+import { createServer, type RequestListener } from "node:http";
+import type { AddressInfo } from "node:net";
+import { join } from "node:path";
+import { describe, expect, it, onTestFinished } from "vitest";
+import { linesOf, startCli, type Cli } from "../helpers/cli-process.js";
+import { shellDecider, startDecisionServer } from "../helpers/deciders.js";
+import { eventually } from "../helpers/fifo.js";
+import { startH2Upstream } from "../helpers/h2-upstream.js";
+import { tempDir } from "../helpers/proxy.js";
+import { openRaw, type RawClient, type RawResponse } from "../helpers/raw.js";
+import { testCa } from "../helpers/test-ca.js";
+
+/** The proxy's open-file limit: room for what it opens at start, and a few dozen guests. */
+const openFiles = 128;
+
+/** Descriptors of a process below the limit (those above it, inherited from the runner, do not count). */
+function heldBy(pid: number): number {
+  return readdirSync(`/proc/${pid}/fd`).filter((fd) => Number(fd) < openFiles).length;
+}
+
+interface LimitedProxy {
+  readonly cli: Cli;
+  readonly port: number;
+}
+
+/** The CLI under the limit, with a connection limit past it: guests can take every descriptor. */
+async function startLimitedCli(args: readonly string[]): Promise<LimitedProxy> {
+  const limits = args.includes("--config") ? [] : ["--max-connections", "100000", "--max-connections-per-source", "100000"];
+  const cli = startCli(["--listen", "127.0.0.1:0", "--log-format", "json", ...limits, ...args], undefined, [], openFiles);
+  await cli.until("the listening line", () => linesOf(cli.stderr(), "listening").length > 0);
+  return { cli, port: Number(new URL(String(linesOf(cli.stderr(), "listening")[0]!["url"])).port) };
+}
+
+/**
+ * Guests connect until `pid` (the proxy, or the worker that takes them) holds every descriptor
+ * it may open. Returns the guests, to be closed to give the descriptors back.
+ */
+async function takeEveryDescriptor(port: number, pid: number): Promise<RawClient[]> {
+  const guests: RawClient[] = [];
+  for (let free = openFiles - heldBy(pid); free > 0; free = openFiles - heldBy(pid)) {
+    const before = heldBy(pid);
+    const batch = await Promise.all(Array.from({ length: free }, () => openRaw(port)));
+    guests.push(...batch);
+    await eventually(() => heldBy(pid) === openFiles || heldBy(pid) - before >= batch.filter((guest) => !guest.isClosed).length, "the proxy to accept the guests");
+  }
+  return guests;
+}
+
+async function giveBack(pid: number, guests: readonly RawClient[]): Promise<void> {
+  for (const guest of guests) guest.socket.destroy();
+  await eventually(() => heldBy(pid) <= openFiles - guests.length / 2, "the proxy to close the guests' connections");
+}
+
+/** A plain upstream whose idle keep-alive connections stay: one it closed mid-row would free a descriptor. */
+async function plainUpstream(listener: RequestListener): Promise<number> {
+  const server = createServer(listener);
+  server.keepAliveTimeout = 0;
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  onTestFinished(() => new Promise<void>((resolve) => (server.closeAllConnections(), server.close(() => resolve()))));
+  return (server.address() as AddressInfo).port;
+}
+
+async function ask(guest: RawClient, url: string): Promise<RawResponse> {
+  guest.write(`GET ${url} HTTP/1.1\r\nHost: ${new URL(url).host}\r\n\r\n`);
+  return guest.readResponse();
+}
+
+interface Upstreams {
+  /** Plain HTTP/1.1: `/hop` redirects to b.test, anything else answers `hello PATH`. */
+  readonly h1: number;
+  /** HTTP/2 over TLS (api.test, api2.test): `/echo`, and `/goaway`, which ends the session past stream 1. */
+  readonly h2: number;
+  readonly caFile: string;
+  readonly webhook: string;
+}
+
+async function startUpstreams(): Promise<Upstreams> {
+  const h1 = await plainUpstream((req, res) => {
+    if (req.url === "/hop") res.writeHead(302, { location: `http://b.test:${req.socket.localPort}/landed` }).end();
+    else res.end(`hello ${req.url}`);
+  });
+  const h2 = await startH2Upstream({ "/goaway": (stream) => stream.session!.goaway(0, 1) }, ["api.test", "api2.test"]);
+  const caFile = join(tempDir(), "upstream-ca.pem");
+  writeFileSync(caFile, (await testCa()).certPem);
+  // A webhook that closes each connection, so every decision needs a new one.
+  const webhook = await startDecisionServer((_body, _req, res) => res.writeHead(200, { "content-type": "application/json", connection: "close" }).end("{}"));
+  return { h1, h2: h2.port, caFile, webhook: webhook.url };
+}
+
+interface Row {
+  readonly place: string;
+  readonly args: (up: Upstreams) => string[];
+  /** Asked before the descriptors are taken: what the row's request needs already open (a pooled connection, a session). */
+  readonly warm?: (up: Upstreams) => string;
+  /** Asked while every descriptor is taken. */
+  readonly url: (up: Upstreams) => string;
+  readonly status: number;
+  /** What the answer's body names. */
+  readonly says: RegExp;
+  /** Asked once the descriptors are back: 200. */
+  readonly after?: (up: Upstreams) => string;
+}
+
+const names = ["a.test", "b.test", "api.test", "api2.test"].flatMap((name) => ["--resolve", `${name}=127.0.0.1`]);
+const base = (up: Upstreams): string[] => ["--upstream-ca", up.caFile, "--allow-internal-host", "*.test", ...names];
+
+const rows: Row[] = [
+  {
+    place: "an HTTP/1.1 upstream connect",
+    args: base,
+    url: (up) => `http://b.test:${up.h1}/x`,
+    status: 502,
+    says: /^502 Bad Gateway: upstream request failed for b\.test:\d+: EMFILE$/,
+  },
+  {
+    place: "an HTTP/2 upstream connect",
+    args: base,
+    url: (up) => `https://api2.test:${up.h2}/echo`,
+    status: 502,
+    says: /^502 Bad Gateway: upstream request failed for api2\.test:\d+: EMFILE$/,
+  },
+  {
+    place: "a redirect hop's connect",
+    args: base,
+    warm: (up) => `http://a.test:${up.h1}/warm`,
+    url: (up) => `http://a.test:${up.h1}/hop`,
+    status: 502,
+    says: /^502 Bad Gateway: upstream request failed for b\.test:\d+: EMFILE$/,
+    after: (up) => `http://a.test:${up.h1}/hop`,
+  },
+  {
+    place: "the retry on a new HTTP/2 session after GOAWAY",
+    args: base,
+    warm: (up) => `https://api.test:${up.h2}/echo`,
+    url: (up) => `https://api.test:${up.h2}/goaway`,
+    status: 502,
+    says: /^502 Bad Gateway: upstream request failed for api\.test:\d+: EMFILE$/,
+    after: (up) => `https://api.test:${up.h2}/echo`,
+  },
+  {
+    place: "a lookup by the system resolver (localhost)",
+    args: (up) => [...base(up), "--allow-internal-host", "localhost"],
+    url: (up) => `http://localhost:${up.h1}/x`,
+    status: 502,
+    says: /^502 Bad Gateway: cannot resolve host "localhost": EMFILE \(the proxy is out of file descriptors\)$/,
+  },
+  {
+    place: "a command decider (--hook-command)",
+    args: (up) => [...base(up), "--hook-command", shellDecider],
+    url: (up) => `http://a.test:${up.h1}/x`,
+    status: 502,
+    says: /^502 Bad Gateway: command:\S+decide\.sh could not decide \(see the proxy log\)$/,
+  },
+  {
+    place: "a webhook decider (--hook-url)",
+    args: (up) => [...base(up), "--hook-url", up.webhook],
+    url: (up) => `http://a.test:${up.h1}/x`,
+    status: 502,
+    says: /^502 Bad Gateway: webhook:\S+ could not decide \(see the proxy log\)$/,
+  },
+];
+
+describe("a proxy out of file descriptors", () => {
+  it.each(rows)("at $place answers the guest with the error named, fails closed, and serves again once descriptors are back", async (row) => {
+    const up = await startUpstreams();
+    const proxy = await startLimitedCli(row.args(up));
+    const guest = await openRaw(proxy.port);
+    if (row.warm !== undefined) expect((await ask(guest, row.warm(up))).status).toBe(200);
+    const others = await takeEveryDescriptor(proxy.port, proxy.cli.pid);
+
+    const answer = await ask(guest, row.url(up));
+    expect({ status: answer.status, body: answer.body.trimEnd() }).toMatchObject({ status: row.status, body: expect.stringMatching(row.says) });
+    const refused = (): Record<string, unknown>[] => linesOf(proxy.cli.stderr(), "request").filter((line) => line["status"] === row.status);
+    await proxy.cli.until("the request's line", () => refused().length > 0);
+    expect(JSON.stringify(refused())).toMatch(/EMFILE/);
+
+    await giveBack(proxy.cli.pid, others);
+    const served = (row.after ?? row.url)(up);
+    expect((await ask(guest, served)).status).toBe(200);
+    expect((await ask(await openRaw(proxy.port), served)).status).toBe(200);
+    expect(proxy.cli.stderr()).not.toMatch(/"level":"(error|fatal)"/);
+  });
+});
