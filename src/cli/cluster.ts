@@ -3,6 +3,7 @@ import { execArgvWithoutInspector, nodeOptionsWithoutInspector } from "./inspect
 import { inspectorListen } from "../proxy/inspector-address.js";
 import { createServer } from "node:net";
 import type { CliLog } from "./cli-log.js";
+import { onHandoffLost } from "./handoff-lost.js";
 import type { RetiredGuestSecrets } from "../proxy/guests.js";
 import type { RetiredSecretsExchange } from "../proxy/start-proxy.js";
 import { maxRetired } from "../policy/secrets.js";
@@ -31,7 +32,9 @@ type WorkerReport =
   /** At its start, before it builds its proxy: the values the others retired. */
   | { readonly kind: "retired-wanted" }
   /** Its retired values, all of them: once it serves, and after each reload. */
-  | { readonly kind: "retired"; readonly secrets: readonly RetiredGuestSecrets[] };
+  | { readonly kind: "retired"; readonly secrets: readonly RetiredGuestSecrets[] }
+  /** A connection handed to it did not arrive (see onHandoffLost): it drains, and wants replacing now. */
+  | { readonly kind: "handoff-lost" };
 /** What the primary tells a worker. */
 type PrimaryOrder = { readonly kind: "stop" } | { readonly kind: "retired"; readonly secrets: readonly RetiredGuestSecrets[] };
 
@@ -147,6 +150,17 @@ export function reportListening(url: string, stop: () => void, retired: RetiredS
   const report: WorkerReport = { kind: "listening", url };
   process.send?.(report);
   reportRetired(retired);
+  onHandoffLost(() => {
+    log("error", "a connection the primary handed to this worker did not arrive: the worker is out of file descriptors, and node:cluster hands it no more; it drains and closes, and another starts in its place", {
+      consequence: "the guest of that connection got no answer; raise the open-file limit (ulimit -n, LimitNOFILE) or lower limits.connections",
+    });
+    // The primary stops this worker once the one in its place listens: had it stopped now, a
+    // moment with no worker listening would close the port (node:cluster closes it with its last
+    // worker), and guests would be refused until the new one listened.
+    const lost: WorkerReport = { kind: "handoff-lost" };
+    if (process.connected === true) process.send?.(lost, undefined, undefined, () => undefined);
+    else stop();
+  });
   process.on("message", (order: PrimaryOrder) => {
     if (order?.kind === "stop") stop();
     else if (order?.kind === "retired") {
@@ -274,6 +288,8 @@ export async function runPrimary(
   const restarting = new WeakSet<Worker>();
   /** Workers that have reported listening: they take a stop order; the others a SIGTERM. */
   const serving = new WeakSet<Worker>();
+  /** Workers that lost a connection handed to them (see onHandoffLost): stopped once their replacement listens. */
+  const retiring = new WeakSet<Worker>();
   /** Workers a SIGHUP came for while they started: a signal before their handler ended them. */
   const owedReload = new WeakSet<Worker>();
   /**
@@ -324,8 +340,28 @@ export async function runPrimary(
       live.add(worker);
       // A send to a worker that just died fails with EPIPE as an `error` event on it: unlistened,
       // it would take the primary, and with it every other worker's guests. Its exit is handled below.
-      worker.on("error", (error: Error) => log("warn", "worker channel error", { worker: worker.process.pid, error: error.message }));
+      worker.on("error", (error: Error) => {
+        // No process at all (spawn EMFILE: the primary had no descriptor for the pipes): no exit
+        // will come for it. Kept in `live`, it was never replaced, the proxy served on with a
+        // worker fewer and said only "worker channel error", and a SIGTERM's drain waited for its
+        // exit for ever (fd-exhaustion probe). A start that fails is tried again (see replace).
+        if (worker.process.pid === undefined) {
+          live.delete(worker);
+          reject(new WorkerStartError(`a worker could not be started: ${error.message}`, 1));
+          return;
+        }
+        log("warn", "worker channel error", { worker: worker.process.pid, error: error.message });
+      });
       worker.on("message", (report: WorkerReport) => {
+        if (report?.kind === "handoff-lost") {
+          if (stopping || retiring.has(worker)) return;
+          retiring.add(worker);
+          // Not counted with the deaths: a worker replaced for want of descriptors is no crash
+          // that a new one would repeat, and stopping the proxy for it would end every guest.
+          log("warn", "a worker can be handed no more connections (it ran out of file descriptors); starting another in its place, then it drains", { worker: worker.process.pid });
+          replace(worker, 0, () => tell(worker, { kind: "stop" }));
+          return;
+        }
         if (report?.kind === "retired-wanted") {
           tell(worker, { kind: "retired", secrets: mergeRetired(retiredBy.values()) });
           return;
@@ -367,6 +403,10 @@ export async function runPrimary(
           }
           return;
         }
+        if (retiring.has(worker)) {
+          log(code === 0 ? "info" : "warn", "a replaced worker closed", { worker: pid, exit: how(code, signal) });
+          return;
+        }
         if (!serving.has(worker)) {
           reject(new WorkerStartError(`a worker exited while starting (${how(code, signal)})`, code === 2 ? 2 : 1, code === portTakenExit));
           return;
@@ -398,10 +438,13 @@ export async function runPrimary(
    * 5 s then up to a minute apart, while the other workers go on serving; with none left, the
    * primary stops. (It stopped them all: a bad file on disk took down a cluster serving fine.)
    */
-  const replace = (dead: Worker, attempt: number): void => {
+  const replace = (dead: Worker, attempt: number, onServing: () => void = () => undefined): void => {
     const pid = dead.process.pid;
     fork(false, dead).then(
-      (next) => log("info", "worker replaced", { worker: next.worker.process.pid, replaces: pid }),
+      (next) => {
+        log("info", "worker replaced", { worker: next.worker.process.pid, replaces: pid });
+        onServing();
+      },
       (error: unknown) => {
         if (stopping) return;
         // Not 2 even if the new worker refused its flags: those were fine at start (a policy
@@ -415,7 +458,7 @@ export async function runPrimary(
         log("warn", "a replacement worker could not start; trying again", { error: (error as Error).message, serving: live.size, workers: count, retryInS: seconds });
         const retry = setTimeout(() => {
           retries.delete(retry);
-          if (!stopping) replace(dead, attempt + 1);
+          if (!stopping) replace(dead, attempt + 1, onServing);
         }, seconds * 1000);
         retries.add(retry);
       },

@@ -4,6 +4,7 @@
 // and libuv accepts and closes any past the last), the proxy is made to need one more at one
 // place, and the row checks what the guest is answered and what the log says. Then the guests
 // go, and the proxy must serve as before without a restart.
+import { execFileSync } from "node:child_process";
 import { readdirSync, writeFileSync } from "node:fs";
 import { createServer, type RequestListener } from "node:http";
 import type { AddressInfo } from "node:net";
@@ -13,6 +14,7 @@ import { linesOf, startCli, type Cli } from "../helpers/cli-process.js";
 import { shellDecider, startDecisionServer } from "../helpers/deciders.js";
 import { eventually } from "../helpers/fifo.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
+import { childPids } from "../helpers/processes.js";
 import { tempDir } from "../helpers/proxy.js";
 import { openRaw, type RawClient, type RawResponse } from "../helpers/raw.js";
 import { testCa } from "../helpers/test-ca.js";
@@ -34,7 +36,7 @@ interface LimitedProxy {
 async function startLimitedCli(args: readonly string[]): Promise<LimitedProxy> {
   const limits = args.includes("--config") ? [] : ["--max-connections", "100000", "--max-connections-per-source", "100000"];
   const cli = startCli(["--listen", "127.0.0.1:0", "--log-format", "json", ...limits, ...args], undefined, [], openFiles);
-  await cli.until("the listening line", () => linesOf(cli.stderr(), "listening").length > 0);
+  await cli.until("the listening line", () => linesOf(cli.stderr(), args.includes("--workers") ? "workers listening" : "listening").length > 0);
   return { cli, port: Number(new URL(String(linesOf(cli.stderr(), "listening")[0]!["url"])).port) };
 }
 
@@ -186,5 +188,67 @@ describe("a proxy out of file descriptors", () => {
     expect((await ask(guest, served)).status).toBe(200);
     expect((await ask(await openRaw(proxy.port), served)).status).toBe(200);
     expect(proxy.cli.stderr()).not.toMatch(/"level":"(error|fatal)"/);
+  });
+});
+
+/**
+ * Sets the soft open-file limit of a running process (`prlimit --pid`) to the lowest descriptor
+ * it has free, so its next descriptor is refused (EMFILE); `to` sets it back. The hard limit
+ * stays: raising it again would take CAP_SYS_RESOURCE.
+ */
+function exhaust(pid: number, to?: number): void {
+  let limit = to;
+  if (limit === undefined) {
+    const used = new Set(readdirSync(`/proc/${pid}/fd`).map(Number));
+    for (limit = 0; used.has(limit); limit++);
+  }
+  execFileSync("prlimit", ["--pid", String(pid), `--nofile=${limit}:${openFiles}`]);
+}
+
+describe("--workers 2 out of file descriptors", () => {
+  it("a worker that a connection handed to it cannot reach is replaced, and guests are served before and after descriptors are back", async () => {
+    const up = await startUpstreams();
+    const proxy = await startLimitedCli(["--workers", "2", ...base(up)]);
+    const workers = childPids(proxy.cli.pid);
+    expect(workers).toHaveLength(2);
+    for (const worker of workers) exhaust(worker);
+    // node:cluster's round robin hands the first to one worker and the second to the other: the
+    // descriptor of each is dropped on the way in. Without a replacement both workers were out of
+    // the rotation for good, and every later guest waited for an answer that never came.
+    const lost = [await openRaw(proxy.port), await openRaw(proxy.port)];
+    for (const guest of lost) guest.write(`GET http://a.test:${up.h1}/lost HTTP/1.1\r\nHost: a.test\r\n\r\n`);
+    const late = await openRaw(proxy.port);
+    expect((await ask(late, `http://a.test:${up.h1}/late`)).status).toBe(200);
+    await proxy.cli.until("both workers replaced", () => linesOf(proxy.cli.stderr(), "a replaced worker closed").length === 2);
+    for (const worker of workers) expect(() => process.kill(worker, 0)).toThrow();
+    const lostLines = linesOf(proxy.cli.stderr(), "a worker can be handed no more connections (it ran out of file descriptors); starting another in its place, then it drains");
+    expect(lostLines.map((line) => line["worker"]).sort()).toEqual([...workers].sort());
+    expect(linesOf(proxy.cli.stderr(), "worker replaced")).toHaveLength(2);
+    expect(proxy.cli.stderr()).not.toMatch(/too often to replace|"level":"fatal"/);
+
+    const now = childPids(proxy.cli.pid);
+    expect(now).toHaveLength(2);
+    for (let i = 0; i < 4; i++) expect((await ask(await openRaw(proxy.port), `http://a.test:${up.h1}/fresh${i}`)).status).toBe(200);
+    process.kill(proxy.cli.pid, "SIGTERM");
+    expect(await proxy.cli.exited).toEqual({ code: 0, signal: null });
+  });
+
+  it("a replacement the primary cannot fork is tried again and forked once it has descriptors, and SIGTERM still ends it", async () => {
+    const up = await startUpstreams();
+    const proxy = await startLimitedCli(["--workers", "2", ...base(up)]);
+    const [gone, staying] = childPids(proxy.cli.pid) as [number, number];
+    exhaust(proxy.cli.pid);
+    process.kill(gone, "SIGKILL");
+    await proxy.cli.until("the failed fork's line", () => linesOf(proxy.cli.stderr(), "a replacement worker could not start; trying again").length > 0);
+    expect(linesOf(proxy.cli.stderr(), "a replacement worker could not start; trying again")[0]).toMatchObject({ error: expect.stringMatching(/EMFILE/), serving: 1, retryInS: 5 });
+    // The other worker serves meanwhile.
+    for (let i = 0; i < 2; i++) expect((await ask(await openRaw(proxy.port), `http://a.test:${up.h1}/meanwhile${i}`)).status).toBe(200);
+    exhaust(proxy.cli.pid, openFiles);
+    await proxy.cli.until("the replacement", () => linesOf(proxy.cli.stderr(), "worker replaced").length > 0);
+    const now = childPids(proxy.cli.pid);
+    expect(now).toHaveLength(2);
+    expect(now).toContain(staying);
+    process.kill(proxy.cli.pid, "SIGTERM");
+    expect(await proxy.cli.exited).toEqual({ code: 0, signal: null });
   });
 });
