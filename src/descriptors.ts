@@ -23,3 +23,20 @@ export function descriptorShortage(): DescriptorShortage | undefined {
     return isDescriptorShortage(error) ? ((error as NodeJS.ErrnoException).code as DescriptorShortage) : undefined;
   }
 }
+
+/**
+ * Whether the process can open `count` descriptors at once now (opened on /dev/null and closed
+ * again): for a start that cannot be watched while it waits, as a worker thread's load, which
+ * holds the event loop, and never ends if the thread could not get its own.
+ */
+export function descriptorsShort(count: number): DescriptorShortage | undefined {
+  const opened: number[] = [];
+  try {
+    while (opened.length < count) opened.push(openSync("/dev/null", "r"));
+    return undefined;
+  } catch (error) {
+    return isDescriptorShortage(error) ? ((error as NodeJS.ErrnoException).code as DescriptorShortage) : undefined;
+  } finally {
+    for (const fd of opened) closeSync(fd);
+  }
+}

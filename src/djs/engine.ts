@@ -4,6 +4,7 @@ import { decodeReplies, encodeCalls, type WireReplies } from "./wire.js";
 import { claimDropped, claimOf, type CallFields, type CallMessage, type CallReply, type DjsLimits, type InitReply, type PhaseName, type PolicySource, type WorkerInit } from "./protocol.js";
 import { withFields } from "../objects.js";
 import { workerEntry } from "../worker-entry.js";
+import { descriptorShortage, descriptorsShort } from "../descriptors.js";
 
 /** The outcome's `what` when a call is refused because `limits.maxCalls` are in flight. */
 export const busyLimit = "maxCalls";
@@ -17,6 +18,8 @@ const maxLoadFailures = 3;
 const maxBlindMoves = 2;
 /** How long the first worker may take to bundle and load a policy before createDjsHooks gives up. */
 const loadTimeoutMs = 30_000;
+/** Descriptors a first worker takes while it loads: its event loop's (4), and esbuild's pipes (6) while it bundles. */
+const startDescriptors = 12;
 
 /** A first worker's load, settled: the worker with the policy loaded, or why it did not load (the worker stopped). */
 type Loaded = { readonly spawned: Spawned; readonly reply: Extract<InitReply, { ok: true }> } | { readonly error: PolicyLoadError };
@@ -38,10 +41,21 @@ function preloadKey(policy: PolicySource, limits: DjsLimits): string {
   return JSON.stringify([policy, limits]);
 }
 
-/** What a first worker's wait for its load came to (`waited`: Atomics' answer). */
-function settleLoad(started: Spawned, filename: string, waited: "ok" | "not-equal" | "timed-out"): Loaded {
+/**
+ * What a first worker's wait for its load came to (`waited`: Atomics' answer, or `exited` when the
+ * worker stopped first).
+ */
+function settleLoad(started: Spawned, filename: string, waited: "ok" | "not-equal" | "timed-out" | "exited"): Loaded {
   const received = receiveMessageOnPort(started.initPort) as { message: { init: InitReply } } | undefined;
   started.initPort.close();
+  if (received === undefined && (waited === "exited" || started.failure.error !== undefined)) {
+    // A worker that could not start its event loop (EMFILE) or bundle (esbuild's pipes) stopped at
+    // once: it was reported as a load that took 30 s (fd-exhaustion probe).
+    void started.worker.terminate();
+    const reason = started.failure.error?.message ?? "it exited";
+    const shortage = descriptorShortage();
+    return { error: new PolicyLoadError(`${filename}: the policy's worker thread stopped before the policy loaded: ${reason}${shortage !== undefined ? ` (the process is out of file descriptors, ${shortage})` : ""}`) };
+  }
   if (waited === "timed-out" || received === undefined) {
     void started.worker.terminate();
     return { error: new PolicyLoadError(`${filename}: the policy did not load within ${loadTimeoutMs} ms`) };
@@ -119,6 +133,8 @@ interface Spawned {
   readonly initPort: MessagePort;
   /** The engine's claim cells (WorkerInit.claims): the first worker's are the engine's. */
   readonly claims: SharedArrayBuffer;
+  /** The worker's first `error` (one that failed to start, or threw while loading), once it has come. */
+  readonly failure: { error?: Error };
 }
 
 /**
@@ -154,8 +170,9 @@ function spawn(policy: PolicySource, limits: DjsLimits, claims: SharedArrayBuffe
   // From its first moment: a worker that dies while loading (or after load() gave up on it)
   // raises `error` on this thread, and an unlistened one would end the embedding process.
   // Its `exit` is what replaces it.
-  worker.on("error", () => undefined);
-  return { worker, heartbeat: new Float64Array(heartbeat), wake: new Int32Array(wake), ready, initPort: channel.port1, claims };
+  const failure: { error?: Error } = {};
+  worker.on("error", (error: Error) => (failure.error ??= error));
+  return { worker, heartbeat: new Float64Array(heartbeat), wake: new Int32Array(wake), ready, initPort: channel.port1, claims, failure };
 }
 
 /**
@@ -261,7 +278,7 @@ export class DjsEngine {
     const wait = (Atomics as unknown as AtomicsWaitAsync).waitAsync(new Int32Array(started.ready), 0, 0, loadTimeoutMs);
     // A worker that dies while loading (out of memory bundling, say) never says it is ready.
     let exited: (() => void) | undefined;
-    const gone = new Promise<"timed-out">((resolve) => started.worker.once("exit", (exited = () => resolve("timed-out"))));
+    const gone = new Promise<"exited">((resolve) => started.worker.once("exit", (exited = () => resolve("exited"))));
     const waited = wait.async ? await Promise.race([wait.value, gone]) : wait.value;
     started.worker.off("exit", exited!);
     const loaded = settleLoad(started, policy.filename, waited);
@@ -308,6 +325,13 @@ export class DjsEngine {
     if (ahead !== undefined) {
       if ("error" in ahead) throw ahead.error;
       return new DjsEngine({ kind: ahead.reply.kind, filename: ahead.reply.filename, code: ahead.reply.code, map: ahead.reply.map }, ahead.reply.phases, limits, ahead.spawned, poolSize);
+    }
+    // The wait below holds the event loop, and a worker that cannot start never ends it: with no
+    // descriptors for the worker's event loop (4) and esbuild's pipes (6), every guest waited
+    // the whole loadTimeoutMs, 30 s, for a load that had failed at once (fd-exhaustion probe).
+    const shortage = descriptorsShort(startDescriptors);
+    if (shortage !== undefined) {
+      throw new PolicyLoadError(`${policy.filename}: cannot start the policy's worker thread: the process is out of file descriptors (${shortage})`);
     }
     const started = spawn(policy, limits, newClaims(limits));
     const waited = Atomics.wait(new Int32Array(started.ready), 0, 0, loadTimeoutMs);

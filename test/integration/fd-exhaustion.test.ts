@@ -4,11 +4,13 @@
 // and libuv accepts and closes any past the last), the proxy is made to need one more at one
 // place, and the row checks what the guest is answered and what the log says. Then the guests
 // go, and the proxy must serve as before without a restart.
-import { execFileSync } from "node:child_process";
+import { execFile, execFileSync } from "node:child_process";
 import { readdirSync, writeFileSync } from "node:fs";
 import { createServer, type RequestListener } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { linesOf, startCli, type Cli } from "../helpers/cli-process.js";
 import { shellDecider, startDecisionServer } from "../helpers/deciders.js";
@@ -192,18 +194,59 @@ describe("a proxy out of file descriptors", () => {
 });
 
 /**
- * Sets the soft open-file limit of a running process (`prlimit --pid`) to the lowest descriptor
- * it has free, so its next descriptor is refused (EMFILE); `to` sets it back. The hard limit
+ * Sets the soft open-file limit of a running process (`prlimit --pid`) so that `free` descriptors
+ * are left below it (none: its next one is refused, EMFILE); `to` sets it back. The hard limit
  * stays: raising it again would take CAP_SYS_RESOURCE.
  */
-function exhaust(pid: number, to?: number): void {
-  let limit = to;
+function exhaust(pid: number, options: { free?: number; to?: number } = {}): void {
+  let limit = options.to;
   if (limit === undefined) {
     const used = new Set(readdirSync(`/proc/${pid}/fd`).map(Number));
-    for (limit = 0; used.has(limit); limit++);
+    limit = 0;
+    for (let left = options.free ?? 0; used.has(limit) || left-- > 0; limit++);
   }
   execFileSync("prlimit", ["--pid", String(pid), `--nofile=${limit}:${openFiles}`]);
 }
+
+describe("an embedder out of file descriptors", () => {
+  it("createDjsHooks fails at once naming EMFILE, rather than holding the event loop for the load's 30 s, and loads once descriptors are back", async () => {
+    const fixture = fileURLToPath(new URL("../fixtures/djs-at-fd-limit.ts", import.meta.url));
+    const { stdout } = await promisify(execFile)(process.execPath, ["--import", "tsx", fixture, tempDir()], { timeout: 60_000 });
+    expect(JSON.parse(stdout)).toEqual({
+      whileFull: expect.stringMatching(/\/policy\.ts: cannot start the policy's worker thread: the process is out of file descriptors \(EMFILE\)$/),
+      after: "added",
+      guests: ["a", "b"],
+    });
+  }, 60_000);
+});
+
+describe("a reload out of file descriptors", () => {
+  it("a tier-2 policy whose worker cannot start fails the reload with the reason, and the next reload applies", async () => {
+    const up = await startUpstreams();
+    const policy = join(tempDir(), "policy.ts");
+    const blocking = (path: string): void => writeFileSync(policy, `export function isRequestAllowed(request: Request): boolean {\n  return !request.url.endsWith(${JSON.stringify(path)});\n}\n`);
+    blocking("/blocked");
+    const proxy = await startLimitedCli([...base(up), "--hooks-script", policy]);
+    const guest = await openRaw(proxy.port);
+    expect((await ask(guest, `http://a.test:${up.h1}/warm`)).status).toBe(200);
+    expect((await ask(guest, `http://a.test:${up.h1}/blocked`)).status).toBe(403);
+
+    blocking("/blocked2");
+    // Room to read the files, none for a worker thread's event loop.
+    exhaust(proxy.cli.pid, { free: 2 });
+    process.kill(proxy.cli.pid, "SIGHUP");
+    await proxy.cli.until("the failed reload", () => linesOf(proxy.cli.stderr(), "reload failed; the old configuration keeps serving").length > 0);
+    const [failed] = linesOf(proxy.cli.stderr(), "reload failed; the old configuration keeps serving");
+    expect(failed!["error"]).toMatch(/policy\.ts: the policy's worker thread stopped before the policy loaded: .*EMFILE/);
+    expect((await ask(guest, `http://a.test:${up.h1}/blocked`)).status).toBe(403);
+
+    exhaust(proxy.cli.pid, { to: openFiles });
+    process.kill(proxy.cli.pid, "SIGHUP");
+    await proxy.cli.until("the reload", () => linesOf(proxy.cli.stderr(), "configuration reloaded").length > 0);
+    expect((await ask(guest, `http://a.test:${up.h1}/blocked`)).status).toBe(200);
+    expect((await ask(guest, `http://a.test:${up.h1}/blocked2`)).status).toBe(403);
+  });
+});
 
 describe("--workers 2 out of file descriptors", () => {
   it("a worker that a connection handed to it cannot reach is replaced, and guests are served before and after descriptors are back", async () => {
@@ -243,7 +286,7 @@ describe("--workers 2 out of file descriptors", () => {
     expect(linesOf(proxy.cli.stderr(), "a replacement worker could not start; trying again")[0]).toMatchObject({ error: expect.stringMatching(/EMFILE/), serving: 1, retryInS: 5 });
     // The other worker serves meanwhile.
     for (let i = 0; i < 2; i++) expect((await ask(await openRaw(proxy.port), `http://a.test:${up.h1}/meanwhile${i}`)).status).toBe(200);
-    exhaust(proxy.cli.pid, openFiles);
+    exhaust(proxy.cli.pid, { to: openFiles });
     await proxy.cli.until("the replacement", () => linesOf(proxy.cli.stderr(), "worker replaced").length > 0);
     const now = childPids(proxy.cli.pid);
     expect(now).toHaveLength(2);
