@@ -178,7 +178,10 @@ async function main(argv: readonly string[]): Promise<number> {
       // SIGHUP: read the flags' files (--config, --hooks-script, file: secrets) again and swap the
       // configuration whole; anything that fails leaves the old one serving, with the reason logged.
       let reloading = Promise.resolve();
+      /** A reload that failed for want of file descriptors, to be tried again (see the catch below). */
+      let retry: { timer: NodeJS.Timeout | undefined; attempt: number } = { timer: undefined, attempt: 0 };
       const reload = async (): Promise<void> => {
+        clearTimeout(retry.timer);
         // A reload queued before SIGTERM does not apply during the drain.
         if (closing) return;
         let next: ReturnType<typeof parseCli>;
@@ -211,7 +214,21 @@ async function main(argv: readonly string[]): Promise<number> {
             throw error;
           }));
         } catch (error) {
-          say("error", "reload failed; the old configuration keeps serving", { error: redactFatal(failureText(error, source)) });
+          const text = redactFatal(failureText(error, source));
+          // Out of file descriptors (EMFILE, ENFILE, in whatever read, thread or process failed):
+          // nothing is wrong with the files, and nothing would read them again (--watch only at
+          // the next change), so the proxy served the replaced configuration until someone
+          // noticed (fd-exhaustion probe). Tried again, 5 s and then up to a minute apart,
+          // until a reload applies, fails for another reason, or another is asked for.
+          if (/\bE[MN]FILE\b/.test(text) && !closing) {
+            const seconds = Math.min(60, 5 * 2 ** retry.attempt);
+            const timer = setTimeout(() => (reloading = reloading.then(reload)), seconds * 1000).unref();
+            retry = { attempt: retry.attempt + 1, timer };
+            say("error", "reload failed; the old configuration keeps serving", { error: text, retryInS: seconds });
+            return;
+          }
+          retry.attempt = 0;
+          say("error", "reload failed; the old configuration keeps serving", { error: text });
           return;
         } finally {
           stopReusing();
@@ -221,6 +238,7 @@ async function main(argv: readonly string[]): Promise<number> {
         // rejection, which ends the process and every guest's connections with it.
         const closeReplaced = (config: typeof built): void =>
           void config.close().catch((error: unknown) => say("warn", "closing a replaced configuration failed", { error: redactFatal((error as Error)?.message ?? String(error)) }));
+        retry.attempt = 0;
         const old = current;
         current = next.built;
         retired.add(old);

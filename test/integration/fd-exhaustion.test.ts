@@ -221,6 +221,28 @@ describe("an embedder out of file descriptors", () => {
 });
 
 describe("a reload out of file descriptors", () => {
+  it("a --watch reload that could not read the config file is tried again, and applies once descriptors are back", async () => {
+    const up = await startUpstreams();
+    const config = join(tempDir(), "egressgate.yaml");
+    const allowing = (host: string): void =>
+      writeFileSync(config, `allowInternalHosts: ["${host}"]\nresolve: { a.test: [127.0.0.1], b.test: [127.0.0.1] }\nlimits: { connections: 100000, connectionsPerSource: 100000 }\n`);
+    allowing("a.test");
+    const proxy = await startLimitedCli(["--config", config, "--watch"]);
+    const guest = await openRaw(proxy.port);
+    expect((await ask(guest, `http://a.test:${up.h1}/warm`)).status).toBe(200);
+    expect((await ask(guest, `http://b.test:${up.h1}/x`)).status).toBe(403);
+
+    exhaust(proxy.cli.pid);
+    allowing("b.test");
+    await proxy.cli.until("the failed reload", () => linesOf(proxy.cli.stderr(), "reload failed; the old configuration keeps serving").length > 0);
+    expect(linesOf(proxy.cli.stderr(), "reload failed; the old configuration keeps serving")[0]).toMatchObject({ error: expect.stringMatching(/cannot read the config file: EMFILE/), retryInS: 5 });
+    exhaust(proxy.cli.pid, { to: openFiles });
+    // No change to the file: the retry alone reads it.
+    await proxy.cli.until("the reload", () => linesOf(proxy.cli.stderr(), "configuration reloaded").length > 0);
+    expect((await ask(guest, `http://b.test:${up.h1}/x`)).status).toBe(200);
+    expect((await ask(guest, `http://a.test:${up.h1}/warm`)).status).toBe(403);
+  });
+
   it("a tier-2 policy whose worker cannot start fails the reload with the reason, and the next reload applies", async () => {
     const up = await startUpstreams();
     const policy = join(tempDir(), "policy.ts");
