@@ -18,8 +18,12 @@ const maxLoadFailures = 3;
 const maxBlindMoves = 2;
 /** How long the first worker may take to bundle and load a policy before createDjsHooks gives up. */
 const loadTimeoutMs = 30_000;
-/** Descriptors a first worker takes while it loads: its event loop's (4), and esbuild's pipes (6) while it bundles. */
-const startDescriptors = 12;
+/**
+ * Descriptors a first worker may hold at once while it loads: its event loop's (4), its modules,
+ * which Node's loader reads several at a time, and esbuild's pipes (6) while it bundles. Twelve
+ * were enough in the fd-exhaustion probe and eleven were not: twice that, for a margin.
+ */
+const startDescriptors = 24;
 
 /** A first worker's load, settled: the worker with the policy loaded, or why it did not load (the worker stopped). */
 type Loaded = { readonly spawned: Spawned; readonly reply: Extract<InitReply, { ok: true }> } | { readonly error: PolicyLoadError };
@@ -326,9 +330,9 @@ export class DjsEngine {
       if ("error" in ahead) throw ahead.error;
       return new DjsEngine({ kind: ahead.reply.kind, filename: ahead.reply.filename, code: ahead.reply.code, map: ahead.reply.map }, ahead.reply.phases, limits, ahead.spawned, poolSize);
     }
-    // The wait below holds the event loop, and a worker that cannot start never ends it: with no
-    // descriptors for the worker's event loop (4) and esbuild's pipes (6), every guest waited
-    // the whole loadTimeoutMs, 30 s, for a load that had failed at once (fd-exhaustion probe).
+    // The wait below holds the event loop, and a worker that cannot start never ends it: without
+    // the descriptors it loads with, every guest waited the whole loadTimeoutMs, 30 s, for a load
+    // that had failed at once (fd-exhaustion probe).
     const shortage = descriptorsShort(startDescriptors);
     if (shortage !== undefined) {
       throw new PolicyLoadError(`${policy.filename}: cannot start the policy's worker thread: the process is out of file descriptors (${shortage})`);
