@@ -1,9 +1,11 @@
-// The proxy out of file descriptors (EMFILE) anywhere but at accept. Each row runs the CLI under a
-// low open-file limit (prlimit), in a process of its own so the runner keeps its own limit; guests
-// connect until every descriptor the proxy may open is taken (an accepted connection holds one,
-// and libuv accepts and closes any past the last), the proxy is made to need one more at one
-// place, and the row checks what the guest is answered and what the log says. Then the guests
-// go, and the proxy must serve as before without a restart.
+// The proxy out of file descriptors (EMFILE) anywhere but at accept, each in a process of its own
+// under a low open-file limit (prlimit), so the runner keeps its own. The table's rows run the CLI
+// and have guests connect until every descriptor it may open is taken (an accepted connection
+// holds one, and libuv accepts and closes any past the last), make it need one more at one place,
+// and check what the guest is answered and what the log says; then the guests go, and the proxy
+// must serve as before without a restart. The rest lower a running process's soft limit
+// (`prlimit --pid`) to exactly what it holds, for what guests cannot reach: a --workers worker or
+// primary, a reload, an embedder's createDjsHooks.
 import { execFile, execFileSync } from "node:child_process";
 import { readdirSync, writeFileSync } from "node:fs";
 import { createServer, type RequestListener } from "node:http";
@@ -43,8 +45,8 @@ async function startLimitedCli(args: readonly string[]): Promise<LimitedProxy> {
 }
 
 /**
- * Guests connect until `pid` (the proxy, or the worker that takes them) holds every descriptor
- * it may open. Returns the guests, to be closed to give the descriptors back.
+ * Guests connect until the proxy (`pid`) holds every descriptor it may open. Returns the guests,
+ * to be closed to give the descriptors back.
  */
 async function takeEveryDescriptor(port: number, pid: number): Promise<RawClient[]> {
   const guests: RawClient[] = [];
