@@ -33,7 +33,7 @@ type WorkerReport =
   | { readonly kind: "retired-wanted" }
   /** Its retired values, all of them: once it serves, and after each reload. */
   | { readonly kind: "retired"; readonly secrets: readonly RetiredGuestSecrets[] }
-  /** A connection handed to it did not arrive (see onHandoffLost): it drains, and wants replacing now. */
+  /** A connection handed to it did not arrive (see onHandoffLost): it wants replacing, and stopping once its replacement listens. */
   | { readonly kind: "handoff-lost" };
 /** What the primary tells a worker. */
 type PrimaryOrder = { readonly kind: "stop" } | { readonly kind: "retired"; readonly secrets: readonly RetiredGuestSecrets[] };
@@ -151,7 +151,7 @@ export function reportListening(url: string, stop: () => void, retired: RetiredS
   process.send?.(report);
   reportRetired(retired);
   onHandoffLost(() => {
-    log("error", "a connection the primary handed to this worker did not arrive: the worker is out of file descriptors, and node:cluster hands it no more; it drains and closes, and another starts in its place", {
+    log("error", "a connection the primary handed to this worker did not arrive: the worker is out of file descriptors, and node:cluster hands it no more; another starts in its place, then this one drains and closes", {
       consequence: "the guest of that connection got no answer; raise the open-file limit (ulimit -n, LimitNOFILE) or lower limits.connections",
     });
     // The primary stops this worker once the one in its place listens: had it stopped now, a
