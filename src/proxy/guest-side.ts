@@ -27,6 +27,7 @@ import { tunnelOf } from "./tunnel.js";
 import { serveUpgrade, tooEarly } from "./upgrade.js";
 import { H2Guests } from "./h2-guest.js";
 import { DrainCuts } from "./drain-cut.js";
+import { h2Limits } from "./h2-settings.js";
 import { readBeforeAnswer, upstreamFailure } from "./read-before-answer.js";
 import type { TLSSocket } from "node:tls";
 import type { Readable } from "node:stream";
@@ -738,20 +739,30 @@ export class GuestSide {
     });
   }
 
-  /** Resolves once no request is in flight, or after `ms`. */
+  /**
+   * Resolves once no request is in flight and every HTTP/2 guest connection has written its last
+   * bytes (H2Guests.written, at most h2Limits.destroyLingerMs), or after `ms`.
+   */
   drain(ms: number): Promise<void> {
     // HTTP/2 guests learn of the close from GOAWAY; their streams in flight still finish.
     // HTTP/1.1 answers from now on say Connection: close.
     this.draining = true;
     this.h2.goAway();
-    if (this.inFlight === 0) return Promise.resolve();
     return new Promise((resolve) => {
       const timer = setTimeout(resolve, ms);
       timer.unref();
-      this.idle = () => {
-        clearTimeout(timer);
-        resolve();
-      };
+      // The drain's end destroys every guest socket: an HTTP/2 session's last frames (an idle
+      // one's GOAWAY, a response's END_STREAM), which Node writes turns after its last stream's
+      // close, went with it before this waited for them (see H2Guests.written).
+      const idle = (): void =>
+        void this.h2.written(h2Limits.destroyLingerMs).then(() => {
+          // A request begun meanwhile (an HTTP/1.1 one already read) calls this again at its end.
+          if (this.inFlight > 0) return;
+          clearTimeout(timer);
+          resolve();
+        });
+      this.idle = idle;
+      if (this.inFlight === 0) idle();
     });
   }
 }

@@ -173,6 +173,40 @@ export class H2Guests {
     }
   }
 
+  /**
+   * Resolves once every guest connection has written its last bytes, or after `ms`. goAway()
+   * closed each session gracefully: once its last stream has gone, Node writes what is still
+   * queued (the GOAWAY; a response's last frame, END_STREAM or trailers, which Node writes in a
+   * later turn than the stream's close) and ends the TLS socket with close_notify and a FIN; its
+   * `finish` (or its close) is the sign. `ms` bounds the wait for a session Node keeps open: one
+   * with a stream whose request body nobody read, which Node lets go only at the body's end.
+   */
+  written(ms: number): Promise<void> {
+    const pending: Promise<void>[] = [];
+    for (const session of this.sessions) {
+      const state = (session as TrackedSession)[stateKey];
+      const socket = state?.socket;
+      const raw = state?.tunnel.connection;
+      if (socket === undefined || socket.destroyed || socket.writableFinished || raw?.destroyed === true) continue;
+      pending.push(
+        new Promise<void>((resolve) => {
+          socket.once("finish", resolve);
+          socket.once("close", resolve);
+          raw?.once("close", resolve);
+        }),
+      );
+    }
+    if (pending.length === 0) return Promise.resolve();
+    return new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      timer.unref();
+      void Promise.all(pending).then(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+  }
+
   private track(session: TrackedSession): void {
     const tunnel = tunnelOf(session.socket as unknown as Socket);
     if (tunnel === undefined) {
