@@ -28,7 +28,10 @@ if (ctl !== undefined) {
     const command = JSON.parse(readFileSync(ctl, "utf8")) as Command;
     const answer: Record<string, unknown> = {};
     if (command.heap === "start") {
-      await session.post("HeapProfiler.startSampling", { samplingInterval: Number(process.env["H2COUNTS_HEAP_INTERVAL"] ?? 1024), includeObjectsCollectedByMajorGC: true, includeObjectsCollectedByMinorGC: true });
+      // H2COUNTS_HEAP_SURVIVORS=1: only what outlived the young generation (what scavenges copy
+      // and promote, and mark-compacts then collect), objects a scavenge freed left out.
+      const survivors = process.env["H2COUNTS_HEAP_SURVIVORS"] === "1";
+      await session.post("HeapProfiler.startSampling", { samplingInterval: Number(process.env["H2COUNTS_HEAP_INTERVAL"] ?? 1024), includeObjectsCollectedByMajorGC: true, includeObjectsCollectedByMinorGC: !survivors });
     } else if (command.heap === "stop") {
       const { profile } = (await session.post("HeapProfiler.stopSampling")) as unknown as { profile: { head: HeapNode } };
       let total = 0;

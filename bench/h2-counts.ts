@@ -15,9 +15,19 @@
  * - `heap`: V8 bytes allocated (its sampling heap profiler, collected objects included), and the
  *   sites that allocate most.
  * - `cpu`: V8's CPU profile of the window, self time per request by part of the path.
+ * - `callgrind`: each proxy runs under `valgrind --tool=callgrind`, and a window is a fixed number
+ *   of requests (`--requests`, after `--warmup` more in the first round): the instructions every
+ *   thread of the proxy ran (Ir, read with `callgrind_control -e` around the window), which the
+ *   machine's other work does not move. Slow (valgrind runs the proxy 30–50× slower), and h2's
+ *   batching of frames per read moves with speed: compare rows at the same request count, with
+ *   their reads and writes beside them.
+ *
+ * `--node-args "…"` passes V8/Node flags to the proxies; with `--trace-gc-nvp` among them, each
+ * window also counts the proxy's collections and what survived them (bytes, and the global
+ * handles V8 copied or promoted out of the young generation), per request.
  */
-import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { execFileSync, spawn, type ChildProcess } from "node:child_process";
+import { appendFileSync, copyFileSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -33,7 +43,10 @@ const option = (name: string, fallback: string): string => {
 };
 const dists = option("--dist", join(root, "dist")).split(",").map((d) => resolve(d));
 const rows = option("--rows", "h1,h2-8").split(",") as Row[];
-const mode = option("--mode", "io") as "io" | "strace" | "heap" | "cpu";
+const mode = option("--mode", "io") as "io" | "strace" | "heap" | "cpu" | "callgrind";
+const fixedRequests = mode === "callgrind" ? Number(option("--requests", "4000")) : undefined;
+const warmupRequests = Number(option("--warmup", "6000"));
+const nodeArgs = option("--node-args", "").split(" ").filter((a) => a !== "");
 const rounds = Number(option("--rounds", "4"));
 const seconds = Number(option("--seconds", "3"));
 const concurrency = 32;
@@ -61,6 +74,8 @@ interface Proxy {
   readonly child: ChildProcess;
   readonly pid: number;
   readonly ctl: string;
+  /** Summed from its `--trace-gc-nvp` lines, when asked for. */
+  readonly gc: Record<string, number>;
 }
 
 const proxies: Proxy[] = [];
@@ -73,10 +88,30 @@ for (const [i, dist] of dists.entries()) {
   const ctl = join(dir, `ctl-${i}.json`);
   const cliArgs = ["--listen", "127.0.0.1:0", "--ca-dir", caDir, "--allow-internal-host", "*.bench.test", "--resolve", `${originHost}=127.0.0.1`, "--upstream-ca", upstreamCaFile, "--log-level", "warn"];
   process.env["H2COUNTS_CTL"] = ctl;
-  const { child, match } = await spawnListening(name, process.execPath, ["--import", pathHref(probe), cli, ...cliArgs], /listening on (http:\/\/127\.0\.0\.1:\d+)/);
+  const node = [process.execPath, ...nodeArgs, "--import", pathHref(probe), cli, ...cliArgs];
+  const command = mode === "callgrind" ? ["valgrind", "--tool=callgrind", "--smc-check=all-non-file", `--callgrind-out-file=${join(dir, "callgrind.%p")}`, ...node] : node;
+  const { child, match } = await spawnListening(name, command[0]!, command.slice(1), /listening on (http:\/\/127\.0\.0\.1:\d+)/, { timeoutMs: mode === "callgrind" ? 600_000 : 30_000 });
   delete process.env["H2COUNTS_CTL"];
   setup.proxies[name] = { url: match, caPem: readFileSync(join(caDir, "ca.crt"), "utf8") };
-  proxies.push({ name, child, pid: child.pid!, ctl });
+  const gc: Record<string, number> = {};
+  let partial = "";
+  // H2COUNTS_PROXY_STDOUT=FILE: the proxies' stdout (V8's --trace-opt/--trace-deopt, say) kept in FILE.
+  const keepStdout = process.env["H2COUNTS_PROXY_STDOUT"];
+  child.stdout?.on("data", (chunk: Buffer) => {
+    if (keepStdout !== undefined) appendFileSync(keepStdout, chunk);
+    const lines = (partial + chunk.toString()).split("\n");
+    partial = lines.pop() ?? "";
+    for (const line of lines) {
+      const kind = / gc=(\w+) /.exec(line)?.[1];
+      if (kind === undefined) continue;
+      gc[`gc ${kind} count`] = (gc[`gc ${kind} count`] ?? 0) + 1;
+      for (const field of ["pause", "new_space_survived", "promoted", "nodes_copied_in_new", "nodes_promoted", "nodes_died_in_new"]) {
+        const value = new RegExp(` ${field}=([\\d.]+)`).exec(line)?.[1];
+        if (value !== undefined) gc[`gc ${kind} ${field}`] = (gc[`gc ${kind} ${field}`] ?? 0) + Number(value);
+      }
+    }
+  });
+  proxies.push({ name, child, pid: child.pid!, ctl, gc });
 }
 
 function pathHref(path: string): string {
@@ -84,9 +119,9 @@ function pathHref(path: string): string {
 }
 
 let nextId = 1;
-function window(proxy: Proxy, row: Row, ms: number): Promise<{ ok: number; errors: number; firstError: string | undefined }> {
+function window(proxy: Proxy, row: Row, ms: number, requests?: number): Promise<{ ok: number; errors: number; firstError: string | undefined }> {
   const shape = rowShape[row];
-  const run: RawRateRun = { kind: "rawrate", id: nextId++, lane: `${proxy.name}/${row}`, target: proxy.name, protocol: shape.protocol, url, expectedBytes: bodyBytes, concurrency, connections: shape.connections, durationMs: ms, record: false };
+  const run: RawRateRun = { kind: "rawrate", id: nextId++, lane: `${proxy.name}/${row}`, target: proxy.name, protocol: shape.protocol, url, expectedBytes: bodyBytes, concurrency, connections: shape.connections, durationMs: ms, record: false, ...(requests !== undefined ? { requests } : {}) };
   return runRawRate(setup as H2Setup, run);
 }
 
@@ -110,6 +145,14 @@ async function command(proxy: Proxy, body: Record<string, unknown>): Promise<Rec
 function ioCounts(pid: number): { syscr: number; syscw: number } {
   const io = readFileSync(`/proc/${pid}/io`, "utf8");
   return { syscr: Number(/syscr: (\d+)/.exec(io)![1]), syscw: Number(/syscw: (\d+)/.exec(io)![1]) };
+}
+
+/** Instructions run so far by every thread of a process under callgrind. */
+function instructions(pid: number): number {
+  const out = execFileSync("callgrind_control", ["-e", String(pid)], { encoding: "utf8" });
+  let total = 0;
+  for (const m of out.matchAll(/^\s*Th \d+\s+([\d,]+)\s*$/gm)) total += Number(m[1]!.replace(/,/g, ""));
+  return total;
 }
 
 function switches(pid: number): number {
@@ -168,8 +211,15 @@ for (let round = 0; round < rounds; round++) {
   const order = round % 2 === 0 ? proxies : [...proxies].reverse();
   for (const row of rows) {
     for (const proxy of order) {
-      await window(proxy, row, round === 0 ? 3000 : 700);
+      if (fixedRequests !== undefined) await window(proxy, row, 600_000, round === 0 ? warmupRequests : Math.ceil(fixedRequests / 10));
+      else await window(proxy, row, round === 0 ? 3000 : 700);
       const values: Record<string, number> = {};
+      if (process.env["H2COUNTS_PROXY_STDOUT"] !== undefined) appendFileSync(process.env["H2COUNTS_PROXY_STDOUT"], `=== window ${row} ${proxy.name} round ${round + 1}\n`);
+      const gc0 = { ...proxy.gc };
+      const keepDumps = option("--keep-profiles", "");
+      // Zeroed here and dumped after the window, a profile holds the window alone (callgrind_annotate reads it).
+      if (mode === "callgrind" && keepDumps !== "") execFileSync("callgrind_control", ["-z", String(proxy.pid)], { stdio: "ignore" });
+      const ir0 = mode === "callgrind" ? instructions(proxy.pid) : 0;
       const cpu0 = cpuSeconds(proxy.pid)!;
       const main0 = mainThreadCpuSeconds(proxy.pid)!;
       const io0 = ioCounts(proxy.pid);
@@ -184,7 +234,14 @@ for (let round = 0; round < rounds; round++) {
       if (mode === "heap") await command(proxy, { heap: "start" });
       const cpuOut = join(dir, `cpu-${nextId++}.cpuprofile`);
       if (mode === "cpu") await command(proxy, { cpu: "start" });
-      const result = await window(proxy, row, ms);
+      const result = fixedRequests !== undefined ? await window(proxy, row, 600_000, fixedRequests) : await window(proxy, row, ms);
+      const ir1 = mode === "callgrind" ? instructions(proxy.pid) : 0;
+      if (mode === "callgrind" && keepDumps !== "") {
+        const before = new Set(readdirSync(dir));
+        execFileSync("callgrind_control", [`--dump=${row} ${proxy.name} round ${round + 1}`, String(proxy.pid)], { stdio: "ignore" });
+        const dumped = readdirSync(dir).filter((f) => f.startsWith(`callgrind.${proxy.pid}`) && !before.has(f));
+        for (const f of dumped) copyFileSync(join(dir, f), join(keepDumps, `${proxy.name.split(" ")[0]}-${row}-${round + 1}.callgrind`));
+      }
       const io1 = ioCounts(proxy.pid);
       const sw1 = switches(proxy.pid);
       const cpu1 = cpuSeconds(proxy.pid)!;
@@ -226,6 +283,8 @@ for (let round = 0; round < rounds; round++) {
         if (keep !== "") writeFileSync(join(keep, `${proxy.name.split(" ")[0]}-${row}-${round + 1}.cpuprofile`), readFileSync(cpuOut));
         rmSync(cpuOut, { force: true });
       }
+      if (mode === "callgrind") values["instructions (k)"] = (ir1 - ir0) / n / 1000;
+      for (const [key, total] of Object.entries(proxy.gc)) values[key] = (total - (gc0[key] ?? 0)) / n;
       values["cpu µs"] = ((cpu1 - cpu0) * 1e6) / n;
       values["main thread cpu µs"] = ((main1 - main0) * 1e6) / n;
       values["reads"] = (io1.syscr - io0.syscr) / n;

@@ -243,7 +243,7 @@ export async function runH2Rate(setup: H2Setup, run: H2RateRun): Promise<H2Resul
  * by the node:http2 lanes and the minimal clients' (bench/raw-load.ts).
  */
 export async function runLaneWindow(
-  run: { readonly id: number; readonly concurrency: number; readonly durationMs: number; readonly record: boolean },
+  run: { readonly id: number; readonly concurrency: number; readonly durationMs: number; readonly record: boolean; readonly requests?: number },
   lane: { readonly histogram: RecordableHistogram; readonly connects: number },
   one: (worker: number) => Promise<void>,
   ratePerSecond?: number,
@@ -256,10 +256,14 @@ export async function runLaneWindow(
   let ok = 0;
   let errors = 0;
   let firstError: string | undefined;
+  // With `requests`, the window ends once that many have been started (bench/h2-counts.ts's
+  // callgrind mode counts instructions over a fixed number), or at its deadline.
+  let left = run.requests ?? Number.POSITIVE_INFINITY;
   const worker = async (w: number): Promise<void> => {
-    while (errors < maxErrorsPerWindow && performance.now() < deadline) {
+    while (errors < maxErrorsPerWindow && performance.now() < deadline && left > 0) {
       await pace();
       if (performance.now() >= deadline) break;
+      left -= 1;
       const t0 = performance.now();
       try {
         await one(w);

@@ -38,6 +38,8 @@ export interface RawRateRun {
   /** HTTP/2 connections (HTTP/1.1 has one per request in flight). */
   readonly connections: number;
   readonly durationMs: number;
+  /** At most this many requests, then the window ends (bench/h2-counts.ts's callgrind mode). */
+  readonly requests?: number;
   readonly record: boolean;
 }
 
