@@ -529,7 +529,10 @@ export class H2Guests {
 
   /** A stream whose head passed its bounds (onStream), once the running work has room: its request through the pipeline. */
   private admit(stream: ServerHttp2Stream, raw: string[], session: ServerHttp2Session, state: SessionState, watch: StreamWatch, opened: number): void {
-    stream.once("close", () => {
+    // on(), not once(): a stream closes once, and once() wraps the listener in a bound function
+    // and a state object, then takes it off again (an Http2Stream tells its `removeListener`
+    // listener of that too), for every stream.
+    stream.on("close", () => {
       this.countReset(stream, watch, session, state, opened);
       watch.onClose?.();
     });

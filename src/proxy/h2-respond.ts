@@ -115,6 +115,9 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     stream.once("finish", () => setImmediate(() => settleSent()));
   }
   let settled = false;
+  // Armed the first time the guest's window holds the body back (watch() below); a response that
+  // never waits (most of them) costs no timer. Declared here: settle() may run for a body sent whole.
+  let watchdog: NodeJS.Timeout | undefined;
   const settle = (error?: Error): void => {
     if (settled) return;
     settled = true;
@@ -149,6 +152,16 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
       settle(new GuestClosedMidResponse("guest reset the stream before the response was complete"));
     }
   });
+  // A small body the upstream has sent whole by now (most small responses: it came in the read
+  // that brought the head) goes out in one end(): its write and the end in one turn, as the pump
+  // would send them, without the pump's flowing mode, its two turns and its two listeners. Under
+  // the stream's high-water mark, the pump's write would have been taken at once as well, so no
+  // wait on the guest's window is given up (the stall watch arms only on one).
+  const whole = wholeBuffered(body, stream.writableHighWaterMark);
+  if (whole !== undefined) {
+    stream.end(whole);
+    return countBytes ? { bytes: whole.length } : undefined;
+  }
   // A pump of its own rather than pipe(): pipe() puts six listeners on the two streams per
   // response and takes them off again, a share of a small response's cost. Backpressure is the
   // same: the body pauses while the stream's buffer is full and resumes on its drain.
@@ -158,9 +171,7 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     waitingSince = undefined;
     body.resume();
   };
-  // Armed the first time the guest's window holds the body back; a response that never waits
-  // (most of them) costs no timer. A silent upstream is upstreamBodyMs's to judge, not this.
-  let watchdog: NodeJS.Timeout | undefined;
+  // A silent upstream is upstreamBodyMs's to judge, not the watchdog.
   const watch = (): void => {
     if (stall === undefined || watchdog !== undefined) return;
     // Cleared by settle(), however the response ends.
@@ -186,6 +197,23 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     if (!stream.destroyed) stream.end();
   });
   return sent;
+}
+
+/**
+ * The whole of a body whose end has been pushed and whose bytes (fewer than `max`) are all
+ * buffered, read out at once; undefined for any other body, which is left as it was. Read only
+ * from a body nobody reads yet (not flowing, no encoding, bytes rather than objects): `read()`
+ * then hands back every buffered byte in one Buffer and emits it as `data`, and the body emits
+ * `end` (and, auto-destroyed, `close`) on its own, as when it is pumped.
+ */
+function wholeBuffered(body: Readable, max: number): Buffer | undefined {
+  if (body.readableFlowing !== null || body.readableObjectMode || body.readableEncoding !== null || body.destroyed) return undefined;
+  const ended = (body as unknown as { _readableState?: { ended?: unknown } })._readableState?.ended === true;
+  const length = body.readableLength;
+  if (!ended || length === 0 || length >= max) return undefined;
+  // A byte-mode Readable's read() gives a Buffer; null (nothing taken) leaves the body to the pump.
+  const chunk = body.read() as Buffer | null;
+  return chunk ?? undefined;
 }
 
 /** What an empty write hands nghttp2: nothing, only the question of when the stream is asked for data. */
