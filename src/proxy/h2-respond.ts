@@ -128,6 +128,12 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
   const settleSent = (): void => {
     if (body.readableEnded && !stream.aborted && !stream.destroyed) settle();
   };
+  // A small body the upstream has sent whole by now (most small responses: it came in the read
+  // that brought the head) goes out in one end() below: its write and the end in one turn, as the
+  // pump would send them, without the pump's flowing mode, its two turns and its three listeners.
+  // Under the stream's high-water mark, the pump's write would have been taken at once as well,
+  // so no wait on the guest's window is given up (the stall watch arms only on one).
+  const whole = wholeBuffered(body, stream.writableHighWaterMark);
   // on(), not once(): each of these events comes once (settle() holds the rest to one outcome),
   // and once() wraps every listener in a bound function and a state object, then takes it off
   // again, four times per response.
@@ -137,11 +143,14 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     resetAfterHead(stream, "the response body failed", stall?.ms);
     settle(bodyFailed(error));
   });
-  body.on("close", () => {
-    if (body.readableEnded || settled) return;
-    resetAfterHead(stream, "the response body closed before its end", stall?.ms);
-    settle(bodyFailed(new Error("the body closed before its end")));
-  });
+  // A body taken whole (below) has nothing left to cut by closing.
+  if (whole === undefined) {
+    body.on("close", () => {
+      if (body.readableEnded || settled) return;
+      resetAfterHead(stream, "the response body closed before its end", stall?.ms);
+      settle(bodyFailed(new Error("the body closed before its end")));
+    });
+  }
   stream.on("close", () => {
     // A reset with NO_ERROR mid-response ends the writable side too: `aborted` tells them apart.
     if (stream.writableFinished && stream.rstCode === h2Codes.noError && !stream.aborted) settle();
@@ -152,12 +161,6 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
       settle(new GuestClosedMidResponse("guest reset the stream before the response was complete"));
     }
   });
-  // A small body the upstream has sent whole by now (most small responses: it came in the read
-  // that brought the head) goes out in one end(): its write and the end in one turn, as the pump
-  // would send them, without the pump's flowing mode, its two turns and its two listeners. Under
-  // the stream's high-water mark, the pump's write would have been taken at once as well, so no
-  // wait on the guest's window is given up (the stall watch arms only on one).
-  const whole = wholeBuffered(body, stream.writableHighWaterMark);
   if (whole !== undefined) {
     stream.end(whole);
     return countBytes ? { bytes: whole.length } : undefined;
