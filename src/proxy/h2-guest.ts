@@ -841,6 +841,16 @@ export class H2Guests {
       if (stream.destroyed || stream.readableEnded) return;
       resetByUs();
       stream.close(h2Codes.noError);
+      // Then let go of the stream: Node destroys a closed stream only at its readable side's end,
+      // which a body its reader had paused (the pipe to requestBodyOf's body, full) never reached
+      // (nor resume() after unpipe(): the end Node pushes at nghttp2's close never came). The
+      // stream stayed open for the connection's life, with its buffer, its upload watch and its
+      // limits.sourceBufferBytes charge: 227 such answers at the defaults refused every later
+      // stream of the source 503 (review finding). The answer is out (writableFinished) and the
+      // RST_STREAM queued in the session, so destroying the stream cuts neither. The body's reader
+      // learns of the cut from the unpipe (requestBodyOf).
+      stream.unpipe();
+      stream.destroy();
     };
     if (stream.writableFinished) close();
     else stream.once("finish", close);

@@ -16,6 +16,11 @@ export function requestBodyOf(stream: ServerHttp2Stream, stall: StallWatch, held
   // A reset with CANCEL (or NO_ERROR) mid-upload ends the stream as if whole: cut the body instead.
   onCutEnd(stream, () => body.destroy(new Error("the guest reset the stream during its upload")));
   stream.pipe(body);
+  // Unpiped before the stream's end: the proxy let the rest go (finishRequestBody, an answer that
+  // went out first). Whoever still reads the body gets a cut, not a wait for bytes that never come.
+  body.once("unpipe", () => {
+    if (!stream.readableEnded) body.destroy(new Error("the rest of the upload was let go: the answer went out before it"));
+  });
   // A guest that waits for `100 Continue` sends nothing until it comes, however long the hooks
   // before it take: its silence is the proxy's until then (a chain slower than idleMs cut it).
   if (heldUntil === undefined) watchUpload(stream, stall);

@@ -176,6 +176,34 @@ describe("limits.sourceBufferBytes: what one source's HTTP/2 streams hold togeth
     expect(proxy.logs.filter((line) => line["status"] === 503).length).toBe(9);
   });
 
+  it("uploads refused before their end give their charge back: a GET from the same source is served after them, on the same connection and on a new one", async () => {
+    const upstream = await startHoldingUpstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], isRequestAllowed: (request) => request.method !== "POST" }, { limits: { sourceBufferBytes: 3 * upload } });
+    const session = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    // Three 400 KB uploads, more than the guest's window: answered 403 while their bodies still
+    // come, then RST_STREAM(NO_ERROR), with what arrived unread in the stream.
+    const refused = await Promise.all(Array.from({ length: 3 }, () => startUpload(session, 400_000).outcome));
+    // Each answer whole before the reset: its head, its text to the end, and NO_ERROR.
+    expect(refused.map((o) => `${o.status} ${o.error} ${o.rstCode} ${o.body}`)).toEqual(new Array(3).fill(`403 EG_DENIED 0 403 Forbidden: request to https://api.test:${upstream.port} refused by isRequestAllowed\n`));
+    // Held for the connection's life before the fix: every later stream of the source was 503.
+    const get = async (on: ClientHttp2Session): Promise<number | undefined> => {
+      for (let tries = 0; tries < 50; tries += 1) {
+        const status = (await outcomeOf(on.request({ ":path": "/echo" }).on("error", () => undefined))).status;
+        if (status !== 503) return status;
+        await roundTrip(on);
+      }
+      return 503;
+    };
+    expect(await get(session)).toBe(200);
+    const fresh = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    expect(await get(fresh)).toBe(200);
+    // Three more refused uploads and three GETs at once: the budget is whole again.
+    const again = await Promise.all(Array.from({ length: 3 }, () => startUpload(fresh, 400_000).outcome));
+    expect(again.map((o) => `${o.status} ${o.rstCode}`)).toEqual(new Array(3).fill("403 0"));
+    expect(await Promise.all([get(fresh), get(fresh), get(session)])).toEqual([200, 200, 200]);
+    expect(upstream.held()).toBe(0);
+  });
+
   it("downloads a guest stopped reading, over three connections: those past the budget get 503 and reach no upstream, another source is served, and a stream that closes makes room", async () => {
     const upstream = await startHoldingUpstream();
     const echo = await startH2Upstream();
