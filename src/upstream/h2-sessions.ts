@@ -1,4 +1,4 @@
-import { connect as h2Connect, type ClientHttp2Session, type ClientHttp2Stream } from "node:http2";
+import { connect as h2Connect, constants as h2constants, type ClientHttp2Session, type ClientHttp2Stream } from "node:http2";
 import type { TLSSocket } from "node:tls";
 import { afterReads } from "../after-reads.js";
 import { EgressError } from "../errors.js";
@@ -20,7 +20,7 @@ export interface H2SessionsOptions extends AlpnConnectOptions {
   readonly streamsPerOrigin: number;
   /** Origins whose ALPN answer is remembered (least recently used first out). */
   readonly maxOrigins: number;
-  /** A session silent this long with no stream is closed; one with streams is sent a PING this often. */
+  /** A session silent this long with no stream is closed; one with streams is sent a PING this often (and as it is reused). */
   readonly idleMs: number;
   /** `timeouts.h2PingMs`: how long the answer to that PING may take before the session is given up. */
   readonly pingMs: number;
@@ -46,6 +46,8 @@ interface Entry {
   active: number;
   /** close() retired the session while it had streams: it closes when the last one ends. */
   retiring: boolean;
+  /** Called as acquire() puts a stream on the session again (watchLiveness: a PING at reuse). */
+  reused: () => void;
 }
 
 /** How long after the upstream's FIN a session's streams are judged (see H2Sessions.upstreamEnded). */
@@ -56,6 +58,9 @@ const ended = new WeakSet<ClientHttp2Session>();
 
 /** Each session's stream count, whether or not its origin's list still holds it (a GOAWAY, a reload's close()). */
 const entryOf = new WeakMap<ClientHttp2Session, Entry>();
+
+/** A session reused is sent a PING at most this often (watchLiveness). */
+const reusePingMs = 1_000;
 
 /** Node's default when the peer has not said: RFC 9113 §6.5.2 recommends at least 100. */
 const defaultPeerStreams = 100;
@@ -99,7 +104,9 @@ export class H2Sessions {
     // Downloads nobody reads hold their streams: with a fixed 4 sessions, 4 × the upstream's
     // SETTINGS_MAX_CONCURRENT_STREAMS of them made every other request to the origin wait.
     if (best !== undefined && (best.active < peerStreams(best.session) || entries.length >= this.sessionCap(best.session))) {
-      return { protocol: "h2", session: this.claim(best) };
+      const session = this.claim(best);
+      best.reused();
+      return { protocol: "h2", session };
     }
     // Every session says 0. New ones would too (a request each got a connection of its own, to
     // 1,024 of them, only the stream sent before the upstream's SETTINGS arrived getting
@@ -212,7 +219,7 @@ export class H2Sessions {
       this.unclosed.delete(session);
       this.live(key);
     });
-    const entry: Entry = { session, active: 0, retiring: false };
+    const entry: Entry = { session, active: 0, retiring: false, reused: () => undefined };
     entryOf.set(session, entry);
     // Idle: closed once silent for idleMs with no stream. Node's setTimeout(ms, callback) listens
     // once: this listener stays, and each call re-arms.
@@ -237,7 +244,10 @@ export class H2Sessions {
    * every request to the origin went to the same dead session (black-box finding). A timer of
    * its own, not the session's: Node refreshes that one on what the proxy sends too, so steady
    * requests to a dead session kept it from ever being asked (review finding). The cost is one
-   * PING per busy session every `idleMs`.
+   * PING per busy session every `idleMs`, and one at most every {@link reusePingMs} as streams are
+   * put on a session again: every request put on a dead session waited the interval and `pingMs`
+   * (4 s and 10 s at the defaults) for its 502 or its second try (fuzzer finding), where a PING
+   * nghttp2 holds unsent gives the session up in the turn after it was sent.
    *
    * The PING goes out behind what the proxy wrote before it: an upload's DATA, in nghttp2's queue,
    * the socket's and the kernel's buffers. Over a slow uplink to an upstream with large
@@ -257,7 +267,9 @@ export class H2Sessions {
     /** Request body bytes sent on the session before the last PING the upstream answered. */
     let confirmed = 0;
     const bodySent = (): number => sessionBodyBytes.get(session)?.sent ?? 0;
-    const probe = setInterval(() => {
+    /** When the last PING went out (performance.now()). */
+    let pinged = -Infinity;
+    const probe = (): void => {
       // A session Node has closed (it does so itself at the upstream's GOAWAY(NO_ERROR), whose
       // streams up to its last stream id go on) sends no PING: Node cancels it unsent, and the
       // deadline gave up a live upstream's streams as "the proxy's PING never went out". A
@@ -271,6 +283,7 @@ export class H2Sessions {
       const read = socket.bytesRead;
       const written = socket.bytesWritten;
       const sent = performance.now();
+      pinged = sent;
       const answered = (): void => {
         clearTimeout(current.deadline);
         if (round === current) round = undefined;
@@ -288,20 +301,20 @@ export class H2Sessions {
           current.deadline.unref();
           return;
         }
-        ended.add(session);
-        this.live(key);
         // nghttp2 writes nothing more once it has ended the session on a frame it could not take:
         // then the PING never left, and what the upstream sent may have been a stream's response.
-        if (socket.bytesWritten === written) this.settleEnded(session, "the upstream's HTTP/2 connection stopped (the proxy's PING never went out: its HTTP/2 client had refused a frame from the upstream, or the connection took no more bytes)", false);
-        else this.settleEnded(session, "the upstream's HTTP/2 connection stopped answering (no answer to a PING)", true);
+        if (socket.bytesWritten === written) this.giveUp(key, session, "the upstream's HTTP/2 connection stopped (the proxy's PING never went out: its HTTP/2 client had refused a frame from the upstream, or the connection took no more bytes)", false);
+        else this.giveUp(key, session, "the upstream's HTTP/2 connection stopped answering (no answer to a PING)", true);
       };
       // Judged after that turn's reads (afterReads): once the proxy has been paused past the
       // deadline, its timer fires before the poll that reads the answer.
       current.deadline = setTimeout(afterReads, this.options.pingMs, check);
       current.deadline.unref();
+      /** Node took the PING (it refuses one past its limit of unanswered ones): only then can it be held. */
+      let queued = false;
       try {
         // An error is a PING cancelled by the session's own end, which the deadline outlives.
-        session.ping((error) => {
+        queued = session.ping((error) => {
           if (error !== null) return;
           confirmed = Math.max(confirmed, sentBefore);
           answered();
@@ -309,12 +322,41 @@ export class H2Sessions {
       } catch {
         // Too many unanswered already, or the session is going: the deadline decides.
       }
-    }, this.options.idleMs);
-    probe.unref();
+      // nghttp2 that has ended the session on a frame it could not take (bad padding, DATA where
+      // CONTINUATION was due, a broken header block) has sent GOAWAY and from then on neither
+      // reads nor writes, and Node tells JavaScript nothing (no error, no close, no frameError):
+      // the PING stays in its queue. A live session has written it by the immediate after
+      // (Node's own write is a native immediate, run first), unless an earlier write is still
+      // under way (an upload into full kernel buffers: the socket's writeQueueSize), which the
+      // deadline above judges. Looked at again a turn later, so that a write completing in
+      // between has had its chance.
+      const held = (): boolean => queued && !session.destroyed && round === current && socket.bytesWritten === written && socket.bytesRead === read && holdsUnsent(session, socket);
+      setImmediate(() => {
+        if (!held()) return;
+        setImmediate(() => {
+          if (held()) this.giveUp(key, session, "the proxy's HTTP/2 client had ended the connection on a frame from the upstream it could not take (its PING stayed unsent)", false);
+        });
+      });
+    };
+    const interval = setInterval(probe, this.options.idleMs);
+    interval.unref();
+    // A stream put on a session nghttp2 has ended sits unsent until the PING above (every idleMs,
+    // then pingMs) gives the session up: a PING at reuse, judged as soon as it is held, finds it
+    // out before the stream waits. At most one a second: one PING each way per busy session.
+    entry.reused = () => {
+      if (performance.now() - pinged >= reusePingMs) probe();
+    };
     session.once("close", () => {
-      clearInterval(probe);
+      clearInterval(interval);
       clearTimeout(round?.deadline);
     });
+  }
+
+  /** The session takes no new stream, and its streams are settled (settleEnded). */
+  private giveUp(key: string, session: ClientHttp2Session, reason: string, unanswered: boolean): void {
+    ended.add(session);
+    this.live(key);
+    this.settleEnded(session, reason, unanswered);
   }
 
   /**
@@ -343,6 +385,12 @@ export class H2Sessions {
     const whole: ClientHttp2Stream[] = [];
     for (const stream of sessionStreams.get(session) ?? []) {
       if (stream.closed && stream.rstCode === 0) whole.push(stream);
+      // HEADERS nghttp2 never sent (the stream is still idle: the session had ended, or the
+      // upstream's FIN came first): the upstream never saw the request, which may go again
+      // (H2Refused), whatever its method. Destroyed with the others, a GET put on a session
+      // nghttp2 had ended got 502 unless a stream sent earlier was destroyed first (its reset
+      // made nghttp2 refuse the held HEADERS).
+      else if (stream.state.state === h2constants.NGHTTP2_STREAM_STATE_IDLE) stream.close(h2constants.NGHTTP2_REFUSED_STREAM);
       else stream.destroy(new H2SessionLost(reason, unanswered));
     }
     let left = whole.length;
@@ -405,6 +453,17 @@ export class H2Sessions {
     for (const session of this.unclosed) session.destroy();
     this.sessions.clear();
   }
+}
+
+/**
+ * Whether nghttp2 holds frames it has not written while the socket has no write under way: a
+ * live session writes what it queued by its next turn (see watchLiveness). `writeQueueSize` is
+ * the TLS handle's count of bytes still being written, which Node's own net code reads; a Node
+ * without it is never judged so (the PING's deadline still is).
+ */
+function holdsUnsent(session: ClientHttp2Session, socket: TLSSocket): boolean {
+  const writing = (socket as unknown as { _handle?: { writeQueueSize?: unknown } | null })._handle?.writeQueueSize;
+  return typeof writing === "number" && writing === 0 && (session.state.outboundQueueSize ?? 0) > 0;
 }
 
 function peerStreams(session: ClientHttp2Session): number {

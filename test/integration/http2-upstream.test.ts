@@ -7,7 +7,7 @@ import { request } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { latch } from "../helpers/latch.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
-import { flag, frame, frameType, indexed, literal, rstStream } from "../helpers/h2-frames.js";
+import { flag, frame, frameType, indexed, literal, rstStream, settings } from "../helpers/h2-frames.js";
 import { startH2Upstream, startRawH2Upstream, type H2Route, type RawH2UpstreamOptions } from "../helpers/h2-upstream.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
@@ -465,6 +465,139 @@ describe("an h2 upstream that sends a frame the proxy cannot take", () => {
       expect(upstream.connections()).toBe(2);
     }, 40_000);
   }
+});
+
+// After such a frame nghttp2 holds every frame the proxy queues (no error, no close, no FIN seen),
+// so a stream put on the dead session sat unsent until the PING sent every 4 s went unanswered for
+// h2PingMs (fuzzer finding). A PING now goes out as a session is reused, and one nghttp2 holds
+// unsent gives the session up at once. h2PingMs is 30 s and upstreamHeadersMs 60 s, above the
+// test's own timeout: only the held PING can answer these requests in time.
+describe("an h2 session nghttp2 ended on a bad frame, reused", () => {
+  const timeouts = { upstreamHeadersMs: 60_000, upstreamBodyMs: 60_000, h2PingMs: 30_000 };
+  const ok = (socket: TLSSocket, stream: number): void => void socket.write(frame(frameType.headers, flag.endStream | flag.endHeaders, stream, indexed(8)));
+  const bad: Record<string, (stream: number) => Buffer> = {
+    "padding longer than its DATA frame": (stream) => frame(frameType.data, 0x8, stream, Buffer.from([200, 1, 2])),
+    "DATA where CONTINUATION was due": (stream) => Buffer.concat([frame(frameType.headers, 0, stream, indexed(8)), frame(frameType.data, flag.endStream, stream, Buffer.from("x"))]),
+    "a broken header block": (stream) => frame(frameType.headers, flag.endHeaders, stream, Buffer.from([0xff, 0xff, 0xff, 0xff, 0x0f])),
+    "a PING of 5 bytes": () => frame(frameType.ping, 0, 0, Buffer.alloc(5)),
+    "DATA on stream 0": () => frame(frameType.data, 0, 0, Buffer.alloc(5)),
+  };
+  /** The upstream's first connection answers its first stream with `badFrame` (after a 200 when `answered`). */
+  async function deadAfter(badFrame: (stream: number) => Buffer, answered: boolean): Promise<{ port: number; connections: () => number; goaway: Promise<number> }> {
+    const [goaway, sawGoaway] = latch<number>();
+    const upstream = await startRawH2Upstream({
+      onHeaders: (socket, stream, connection) => {
+        if (connection !== 1 || stream !== 1) return ok(socket, stream);
+        socket.write(answered ? Buffer.concat([frame(frameType.headers, flag.endStream | flag.endHeaders, stream, indexed(8)), badFrame(stream)]) : badFrame(stream));
+      },
+      // The proxy's GOAWAY with an error code: its HTTP/2 client has refused the frame and ended the session.
+      onFrame: (type, _flags, _stream, payload, connection) => {
+        if (type === frameType.goaway && connection === 1) sawGoaway(payload.readUInt32BE(4));
+      },
+    });
+    return { ...upstream, goaway };
+  }
+  for (const [shape, badFrame] of Object.entries(bad)) {
+    it(`${shape} under a request: it fails with 502, and the next request is answered on a new connection`, async () => {
+      const upstream = await deadAfter(badFrame, false);
+      const other = await startUpstream();
+      const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
+      const base = `https://api.test:${upstream.port}`;
+      const first = fetchVia(proxy, `${base}/first`);
+      expect(await upstream.goaway).not.toBe(0);
+      // Another origin is served while the dead session is in the pool.
+      expect((await fetchVia(proxy, `https://api.test:${other.port}/echo`)).status).toBe(200);
+      const second = await fetchVia(proxy, `${base}/second`);
+      expect(second.status).toBe(200);
+      const failed = await first;
+      expect(failed.status).toBe(502);
+      expect(failed.text).toContain("could not take (its PING stayed unsent)");
+      expect(upstream.connections()).toBe(2);
+    }, 20_000);
+  }
+  it("a bad frame after the last answer: a request on the idle session is answered on a new connection", async () => {
+    const upstream = await deadAfter(bad["a PING of 5 bytes"]!, true);
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
+    const base = `https://api.test:${upstream.port}`;
+    expect((await fetchVia(proxy, `${base}/first`)).status).toBe(200);
+    expect(await upstream.goaway).not.toBe(0);
+    // Its HEADERS never left: the request goes again, on a new connection.
+    const second = await fetchVia(proxy, `${base}/second`);
+    expect(second.status).toBe(200);
+    expect(upstream.connections()).toBe(2);
+  }, 20_000);
+
+  it("a slow upstream keeps its session: the PING at reuse is answered, and both requests are answered on one connection", async () => {
+    let held: { socket: TLSSocket; stream: number } | undefined;
+    const pingsBeforeSecond: number[] = [];
+    let pings = 0;
+    const upstream = await startRawH2Upstream({
+      onFrame: (type, flags) => {
+        if (type === frameType.ping && (flags & flag.ack) === 0) pings += 1;
+      },
+      onHeaders: (socket, stream) => {
+        // The first request is answered only once the second has come.
+        if (held === undefined) {
+          held = { socket, stream };
+          return;
+        }
+        pingsBeforeSecond.push(pings);
+        ok(held.socket, held.stream);
+        ok(socket, stream);
+      },
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
+    const base = `https://api.test:${upstream.port}`;
+    const first = fetchVia(proxy, `${base}/first`);
+    await vi.waitFor(() => expect(held).toBeDefined());
+    expect((await fetchVia(proxy, `${base}/second`)).status).toBe(200);
+    expect((await first).status).toBe(200);
+    expect(pingsBeforeSecond).toEqual([1]);
+    expect(upstream.connections()).toBe(1);
+  }, 20_000);
+
+  it("an upload the upstream stops reading keeps its session: the PING at reuse waits behind the write, and both requests are answered", async () => {
+    const upload = 32 * 1024 * 1024;
+    let paused: TLSSocket | undefined;
+    let bodyBytes = 0;
+    const waiting: { socket: TLSSocket; stream: number }[] = [];
+    const upstream = await startRawH2Upstream({
+      // Windows of 2^31-1: nothing but the upstream's unread socket holds the upload back.
+      greet: (socket) => {
+        const increment = Buffer.alloc(4);
+        increment.writeUInt32BE(0x7fffffff - 65_535);
+        socket.write(Buffer.concat([settings([[0x4, 0x7fffffff]]), frame(frameType.windowUpdate, 0, 0, increment)]));
+      },
+      onFrame: (type, flags, stream, payload) => {
+        if (type !== frameType.data) return;
+        bodyBytes += payload.length;
+        if ((flags & flag.endStream) !== 0) waiting.push({ socket: paused!, stream });
+      },
+      onHeaders: (socket, stream) => {
+        if (paused === undefined) {
+          paused = socket;
+          socket.pause();
+          return;
+        }
+        ok(socket, stream);
+      },
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
+    const base = `https://api.test:${upstream.port}`;
+    const post = fetchVia(proxy, `${base}/upload`, { method: "POST", body: Buffer.alloc(upload, 97) });
+    await vi.waitFor(() => expect(paused).toBeDefined());
+    // The proxy's writes to the upstream fill the kernel's buffers, then wait.
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    const get = fetchVia(proxy, `${base}/after`);
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    paused!.resume();
+    expect((await get).status).toBe(200);
+    await vi.waitFor(() => expect(waiting).toHaveLength(1), { timeout: 10_000 });
+    ok(waiting[0]!.socket, waiting[0]!.stream);
+    expect((await post).status).toBe(200);
+    expect(bodyBytes).toBe(upload);
+    expect(upstream.connections()).toBe(1);
+  }, 20_000);
 });
 
 // A status under 100 was not refused: HTTP/2 guests had their stream reset and HTTP/1.1 guests got
