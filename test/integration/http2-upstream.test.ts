@@ -552,7 +552,9 @@ describe("an h2 session nghttp2 ended on a bad frame, reused", () => {
     await vi.waitFor(() => expect(held).toBeDefined());
     expect((await fetchVia(proxy, `${base}/second`)).status).toBe(200);
     expect((await first).status).toBe(200);
-    expect(pingsBeforeSecond).toEqual([1]);
+    // The PING at reuse went out ahead of the second request's HEADERS, and was answered.
+    expect(pingsBeforeSecond).toHaveLength(1);
+    expect(pingsBeforeSecond[0]).toBeGreaterThan(0);
     expect(upstream.connections()).toBe(1);
   }, 20_000);
 

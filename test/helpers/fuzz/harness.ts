@@ -581,9 +581,9 @@ export class FuzzHarness {
 
   /**
    * Once nghttp2 has refused a frame, it sends GOAWAY and stops reading: Node never sees the
-   * upstream's FIN, and the session stays in the proxy's pool until its PING goes unanswered
-   * (every idleMs while it has streams, then pingMs), taking every request to that origin
-   * meanwhile (reliability.md, fourteenth session). The next case would pay for this one's answer:
+   * upstream's FIN. The session stayed in the proxy's pool until its PING went unanswered, taking
+   * every request to that origin meanwhile; now the PING sent as the next stream goes on it, held
+   * unsent, gives it up at once (reliability.md, fourteenth session), and this checks that it does:
    * requests go to the origin until one is answered, at most a few.
    */
   private async settleSession(name: HostileName, report: (oracle: string, detail: string) => void): Promise<void> {
