@@ -347,6 +347,9 @@ export async function runPrimary(
         // exit for ever (fd-exhaustion probe). A start that fails is tried again (see replace).
         if (worker.process.pid === undefined) {
           live.delete(worker);
+          // node:cluster drops a worker from its list at its exit or disconnect, neither of which
+          // comes: each retry while out of descriptors left one more entry (review finding).
+          if (cluster.workers?.[worker.id] === worker) delete cluster.workers[worker.id];
           reject(new WorkerStartError(`a worker could not be started: ${error.message}`, 1));
           return;
         }

@@ -69,6 +69,12 @@ function settleLoad(started: Spawned, filename: string, waited: "ok" | "not-equa
     void started.worker.terminate();
     return { error: new PolicyLoadError(reply.message) };
   }
+  // Loaded, then gone before this wait ended: its exit listener is off by now, so nothing would
+  // replace it, and every call would wait out its time limit (review finding). The same error as
+  // a worker that stopped while loading.
+  if (waited === "exited") {
+    return { error: new PolicyLoadError(`${filename}: the policy's worker thread stopped as the policy loaded: ${started.failure.error?.message ?? "it exited"}`) };
+  }
   return { spawned: started, reply };
 }
 

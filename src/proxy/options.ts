@@ -106,8 +106,9 @@ export interface ConnectionLimitOptions {
    */
   readonly h2ConnectionBufferBytes?: number;
   /**
-   * Bytes the HTTP/2 streams under way from one source address may make the proxy hold together,
-   * across all its connections. Each stream is charged, as it arrives, the most its windows let
+   * Bytes the HTTP/2 streams under way from one source address may make the proxy hold together
+   * in flow-control windows, across all its connections (a body a hook reads is bounded by
+   * `maxHttpBodyBytes`, not by this). Each stream is charged, as it arrives, the most its windows let
    * the proxy hold for it: `h2StreamWindowBytes` (within `h2ConnectionBufferBytes`) for its
    * response, plus the guest connection's stream window when a request body may come; it gives
    * the charge back when it closes. A stream whose charge does not fit is answered 503
