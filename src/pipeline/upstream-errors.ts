@@ -61,7 +61,10 @@ export function upstreamError(error: unknown, url: URL): EgressError {
     error instanceof undiciErrors.HeadersTimeoutError ||
     error instanceof undiciErrors.BodyTimeoutError
   ) {
-    return new EgressError("EG_UPSTREAM_TIMEOUT", 504, `upstream ${target} timed out: ${(error as Error).message}`, {
+    // The limit by name: a 504 a busy upstream earns reads as that option, not as a fault.
+    const option =
+      error instanceof undiciErrors.ConnectTimeoutError ? "upstreamConnectMs" : error instanceof undiciErrors.HeadersTimeoutError ? "upstreamHeadersMs" : "upstreamBodyMs";
+    return new EgressError("EG_UPSTREAM_TIMEOUT", 504, `upstream ${target} timed out (timeouts.${option}): ${(error as Error).message}`, {
       cause: error,
     });
   }

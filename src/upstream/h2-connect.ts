@@ -1,5 +1,6 @@
 import { isIP } from "node:net";
 import { connect as tlsConnect, type SecureContext, type TLSSocket } from "node:tls";
+import { afterReads } from "../after-reads.js";
 import { EgressError } from "../errors.js";
 import { bareHostname } from "../hostname.js";
 import type { ResolvedAddress } from "./resolve.js";
@@ -12,6 +13,11 @@ export interface AlpnConnectOptions {
    * still allowed); returns a reason to refuse it. May throw.
    */
   readonly check: (remote: string, family: 4 | 6, hostname: string, port: number, approved: string) => string | undefined;
+}
+
+/** What a guest is told of an upstream that did not finish its TCP and TLS connect in time: the limit by name. */
+export function connectTimeoutReason(host: string, timeoutMs: number): string {
+  return `upstream ${host} did not connect within ${timeoutMs} ms (timeouts.upstreamConnectMs)`;
 }
 
 /**
@@ -43,16 +49,26 @@ export function connectAlpn(origin: URL, address: ResolvedAddress, options: Alpn
       ...({ allowHalfOpen: true } as object),
     });
     // The cause carries undici's code, so the pipeline moves on to the next approved address as it does for the pools.
-    const timer = setTimeout(() => {
-      const cause = Object.assign(new Error(`connect timeout after ${options.timeoutMs} ms`), { code: "UND_ERR_CONNECT_TIMEOUT" });
-      socket.destroy(new EgressError("EG_UPSTREAM_TIMEOUT", 504, `upstream ${origin.host} did not connect in time`, { cause }));
-    }, options.timeoutMs);
+    // Judged after the turn's reads: a server's handshake that came while the proxy was held (a
+    // starved host, a long parse) completes in that poll rather than being cut as late.
+    let settled = false;
+    const timer = setTimeout(
+      () =>
+        afterReads(() => {
+          if (settled) return;
+          const cause = Object.assign(new Error(`connect timeout after ${options.timeoutMs} ms`), { code: "UND_ERR_CONNECT_TIMEOUT" });
+          socket.destroy(new EgressError("EG_UPSTREAM_TIMEOUT", 504, connectTimeoutReason(origin.host, options.timeoutMs), { cause }));
+        }),
+      options.timeoutMs,
+    );
     const onError = (error: Error): void => {
+      settled = true;
       clearTimeout(timer);
       reject(error);
     };
     socket.once("error", onError);
     socket.once("secureConnect", () => {
+      settled = true;
       clearTimeout(timer);
       socket.off("error", onError);
       const remote = socket.remoteAddress ?? "";

@@ -1,6 +1,8 @@
 import { connect as netConnect, isIP, type Socket } from "node:net";
 import { connect as tlsConnect, type SecureContext } from "node:tls";
+import { afterReads } from "../after-reads.js";
 import { EgressError } from "../errors.js";
+import { connectTimeoutReason } from "./h2-connect.js";
 import { sameAddress } from "./pinned-pools.js";
 import type { ResolvedAddress } from "./resolve.js";
 import { bareHostname } from "../hostname.js";
@@ -35,12 +37,22 @@ export function connectPinned(options: PinnedSocketOptions): Promise<Socket> {
             ALPNProtocols: ["http/1.1"],
           })
         : netConnect({ host: address.ip, port });
-    const timer = setTimeout(() => socket.destroy(new EgressError("EG_UPSTREAM_TIMEOUT", 504, `upstream ${url.host} did not connect in time`)), options.timeoutMs);
+    // Judged after the turn's reads, as connectAlpn's (h2-connect.ts).
+    let settled = false;
+    const timer = setTimeout(
+      () =>
+        afterReads(() => {
+          if (!settled) socket.destroy(new EgressError("EG_UPSTREAM_TIMEOUT", 504, connectTimeoutReason(url.host, options.timeoutMs)));
+        }),
+      options.timeoutMs,
+    );
     socket.once("error", (error) => {
+      settled = true;
       clearTimeout(timer);
       reject(error);
     });
     socket.once(url.protocol === "https:" ? "secureConnect" : "connect", () => {
+      settled = true;
       clearTimeout(timer);
       const remote = socket.remoteAddress ?? "";
       const refusal = sameAddress(remote, address.ip)
