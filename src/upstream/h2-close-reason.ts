@@ -1,5 +1,5 @@
 /** RFC 9113 §7: the error codes, by value. */
-const codeNames = [
+export const h2CodeNames = [
   "NO_ERROR",
   "PROTOCOL_ERROR",
   "INTERNAL_ERROR",
@@ -40,7 +40,7 @@ export class H2Unanswered extends Error {
 
 /** `PROTOCOL_ERROR, code 1`, or just the number for a code RFC 9113 does not name. */
 export function h2CodeName(code: number): string {
-  const name = codeNames[code];
+  const name = h2CodeNames[code];
   return name === undefined ? `code ${code}` : `${name}, code ${code}`;
 }
 
