@@ -1,4 +1,5 @@
 import { isIP } from "node:net";
+import { domainToASCII, domainToUnicode } from "node:url";
 import { badRequest } from "./errors.js";
 
 /** A URL hostname without the brackets of an IPv6 literal (`[::1]` → `::1`), as resolvers and SNI want it. */
@@ -62,4 +63,29 @@ export function mappedCounterpart(ip: string): string | undefined {
     return `::ffff:${((a << 8) | b).toString(16)}:${((c << 8) | d).toString(16)}`;
   }
   return mappedIPv4(ip);
+}
+
+/**
+ * A host name's Unicode spelling when some label of it is punycode (`xn--psswrd-bfb7y.test` →
+ * `pässwörd.test`), else undefined. The URL parser turns a host written outside ASCII into
+ * punycode, which says the same thing in other letters: a reader who sees one sees the other.
+ */
+export function unicodeHostname(host: string): string | undefined {
+  if (!host.includes("xn--")) return undefined;
+  const unicode = domainToUnicode(host);
+  return unicode === "" || unicode === host ? undefined : unicode;
+}
+
+/**
+ * `text` as the URL parser would spell it inside a host name (UTS #46 mapping: lowercase, NFC,
+ * full-width forms made narrow), in Unicode; undefined when it is ASCII or could not be a host's
+ * labels. What an upstream writes into an internationalised host comes out of the parser so, and
+ * its case mapping reaches letters beyond Latin-1 that a case-insensitive search does not fold.
+ */
+export function hostSpelling(text: string): string | undefined {
+  if (!/[\u0080-\uffff]/.test(text)) return undefined;
+  const ascii = domainToASCII(text);
+  if (ascii === "") return undefined;
+  const unicode = domainToUnicode(ascii);
+  return unicode === "" ? undefined : unicode;
 }

@@ -2,7 +2,7 @@ import { createHmac, randomBytes } from "node:crypto";
 import { withFields } from "../objects.js";
 import { EgressError, secretDenied } from "../errors.js";
 import { breaksFieldValue, controlInFieldValue, type HeaderList } from "../headers.js";
-import { bareHostname } from "../hostname.js";
+import { bareHostname, hostSpelling, unicodeHostname } from "../hostname.js";
 import { OptionError } from "../option-error.js";
 import { compileHostPatterns, validateHostPattern, type HostMatcher } from "./host-pattern.js";
 import { findFirst, maxExpansion, needle, NeedleSet, redactText, scan, ScanBudget, tallyReplacement, UnscannableError, type ConcealTally, type Match, type Needle } from "./secret-scan.js";
@@ -645,7 +645,12 @@ export class SecretStore {
   checkRedirectHost(hop: RedirectHop): void {
     if (this.entries.size === 0) return;
     const host = bareHostname(hop.url.hostname);
-    const texts = [host, ...writtenHosts(hop.location, host)];
+    // A host written outside ASCII reaches the parser's host as punycode (`pässwörd.api.test` is
+    // `xn--psswrd-bfb7y.api.test`), which no decoder of the scan undoes and no span of the
+    // Location spells: the hop was followed, and the value left in the DNS query, SNI and Host
+    // (secrets hunt, fifteenth session). So the host is also searched in Unicode.
+    const unicode = unicodeHostname(host);
+    const texts = [host, ...(unicode === undefined ? [] : [unicode]), ...writtenHosts(hop.location, host)];
     this.redaction ??= valuesOf([...this.entries.values()]);
     const budget = ScanBudget.forLength(texts.reduce((n, text) => n + text.length, 0));
     for (const text of texts) {
@@ -658,12 +663,16 @@ export class SecretStore {
         throw secretDenied(first.name, "a redirect's host name is too complex to scan for secrets, so the redirect is not followed");
       }
       if (match === undefined) continue;
-      const name = match.needle.name;
-      throw secretDenied(
-        name,
-        `a redirect's host name carries the value of secret ${name} (found ${encoding(match)}); ` +
-          "a host name leaves in the clear, in the DNS query and the TLS server name, so the redirect is not followed",
-      );
+      throw hostCarries(match.needle.name, text === unicode ? `${encoding(match)}, as an internationalised host name, in punycode` : encoding(match));
+    }
+    if (unicode === undefined) return;
+    // The parser also maps what it punycodes (UTS #46: lowercase beyond Latin-1, NFC), which the
+    // scan's letter-case folding does not follow: each value outside ASCII, so spelled, too.
+    for (const e of this.entries.values()) {
+      for (const value of [e.value, ...e.retired]) {
+        const spelled = value === "" ? undefined : hostSpelling(value);
+        if (spelled !== undefined && unicode.includes(spelled)) throw hostCarries(e.name, "as an internationalised host name, in punycode");
+      }
     }
   }
 
@@ -796,6 +805,15 @@ export class SecretStore {
     if (room !== undefined) room.left = grown!.left;
     return out;
   }
+}
+
+/** The refusal of a redirect hop whose host name holds a copy of secret `name`'s value; it never names the host. */
+function hostCarries(name: string, how: string): EgressError {
+  return secretDenied(
+    name,
+    `a redirect's host name carries the value of secret ${name} (found ${how}); ` +
+      "a host name leaves in the clear, in the DNS query and the TLS server name, so the redirect is not followed",
+  );
 }
 
 /**

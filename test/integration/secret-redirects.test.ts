@@ -356,3 +356,74 @@ describe("a redirect whose host name holds a copy of a secret's value", () => {
     },
   );
 });
+
+/**
+ * A value outside ASCII, written by the upstream into the host of its Location, comes out of the
+ * URL parser as punycode (`pässwörd-geheim.api.test` is `xn--psswrd-geheim-bfb7y.api.test`),
+ * lowercased beyond Latin-1 too. No decoder of the scan undoes punycode, and no span of the
+ * Location spells the parser's host, so the hop was followed: the value went out, in punycode that
+ * anyone reads back, in the DNS query, the TLS server name and Host, and the proxy's lines named
+ * it (secrets hunt, fifteenth session).
+ */
+const idnValues: Record<string, string> = {
+  "Latin-1": "pässwörd-geheim",
+  "past Latin-1, with capitals the parser lowercases": "Σεκρετ-Tøken-42",
+  "past Latin-1, with a sign": "s€cret-tøken",
+};
+
+/** How the upstream writes the host: its UTF-8 bytes (a Node header string holds one byte a character), or those bytes percent-encoded. */
+const idnForms: Record<string, (value: string) => string> = {
+  "as UTF-8": (v) => Buffer.from(v, "utf8").toString("latin1"),
+  "percent-encoded UTF-8": (v) => encodeURIComponent(v),
+};
+
+describe("a redirect whose internationalised host name holds a copy of a secret's value", () => {
+  const modes: [string, Partial<HttpHooksOptions>][] = [
+    ["scan", {}],
+    ["refuse", { secretRedirects: "refuse" }],
+  ];
+  it.each(modes.flatMap(([mode, hooks]) => (["carried", "did not carry"] as const).map((carry) => [mode, carry, hooks] as const)))(
+    "with secretRedirects %s, from a request that %s the secret, is refused at the hop, which is never contacted nor named",
+    async (_mode, carry, hooks) => {
+      const hosts = Object.values(idnValues).map((value) => new URL(`https://${value}.api.test/`).hostname);
+      let port = 0;
+      const upstream = await startUpstream({
+        names: ["api.test", ...hosts],
+        routes: {
+          "/to-host": (_req: IncomingMessage, res: ServerResponse, _body: Buffer, url: URL) => {
+            const value = idnValues[url.searchParams.get("value")!]!;
+            res.writeHead(302, { location: `https://${idnForms[url.searchParams.get("form")!]!(value)}.api.test:${port}/echo` });
+            res.end();
+          },
+        },
+      });
+      port = upstream.port;
+      const proxy = await startTestProxy(
+        { allowedInternalHosts: ["api.test", "*.api.test"], secrets: Object.fromEntries(Object.values(idnValues).map((value, i) => [`TOKEN${i}`, { hosts: ["api.test", "*.api.test"], value }])), ...hooks },
+        // Every hop's host is pinned: none may reach a real resolver, even without the fix.
+        { resolve: Object.fromEntries(hosts.map((host) => [host, ["127.0.0.1"]])) },
+      );
+      const env = proxy.guestEnv();
+      const got: string[] = [];
+      const want: string[] = [];
+      for (const [i, name] of Object.keys(idnValues).entries()) {
+        for (const form of Object.keys(idnForms)) {
+          const headers: Record<string, string> = carry === "carried" ? { authorization: `Bearer ${env[`TOKEN${i}`]!}` } : {};
+          const before = upstream.hits();
+          const res = await fetchVia(proxy, `https://api.test:${port}/to-host?value=${encodeURIComponent(name)}&form=${encodeURIComponent(form)}`, { headers });
+          const named = res.text.match(/secret (TOKEN\d)/)?.[1] ?? "none";
+          got.push(`${name}, ${form}: ${res.status} for ${named}, hop reached ${upstream.hits() - before - 1}`);
+          want.push(`${name}, ${form}: 403 for TOKEN${i}, hop reached 0`);
+          expect(res.text).not.toContain(hosts[i]!.split(".")[0]);
+        }
+      }
+      expect(got).toEqual(want);
+      // Nothing the proxy wrote names a host that held a value, in punycode or in Unicode.
+      const log = JSON.stringify(proxy.logs);
+      for (const host of hosts) expect(log).not.toContain(host.split(".")[0]);
+      for (const value of Object.values(idnValues)) expect(log.toLowerCase()).not.toContain(value.toLowerCase());
+      // And the proxy still serves.
+      expect((await fetchVia(proxy, `https://api.test:${port}/echo`)).status).toBe(200);
+    },
+  );
+});
