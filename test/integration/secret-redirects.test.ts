@@ -371,10 +371,12 @@ const idnValues: Record<string, string> = {
   "past Latin-1, with a sign": "s€cret-tøken",
 };
 
-/** How the upstream writes the host: its UTF-8 bytes (a Node header string holds one byte a character), or those bytes percent-encoded. */
+/** How the upstream writes the host: its UTF-8 bytes (a Node header string holds one byte a character), those bytes percent-encoded, or punycode. */
 const idnForms: Record<string, (value: string) => string> = {
   "as UTF-8": (v) => Buffer.from(v, "utf8").toString("latin1"),
   "percent-encoded UTF-8": (v) => encodeURIComponent(v),
+  // Punycode the upstream made itself: what the parser would have made, and as easily read back.
+  "as punycode": (v) => new URL(`https://${v}.test/`).hostname.slice(0, -".test".length),
 };
 
 describe("a redirect whose internationalised host name holds a copy of a secret's value", () => {
