@@ -83,7 +83,8 @@ export interface Needle {
   readonly name: string;
   /**
    * The value as text, as its UTF-8 bytes in Latin-1 form, and as those bytes' Latin-1 characters
-   * encoded in UTF-8 again (in Latin-1 form): all lowercased by {@link fold}, each once.
+   * encoded in UTF-8 again (in Latin-1 form): all lowercased by {@link fold}, each once. A value
+   * outside ASCII has these for its upper- and lower-case spellings too (see {@link needle}).
    */
   readonly forms: readonly string[];
   /** Length in bytes of the shortest form. */
@@ -91,10 +92,21 @@ export interface Needle {
 }
 
 export function needle(name: string, value: string): Needle {
-  const utf8 = Buffer.from(value, "utf8").toString("latin1");
-  const twice = Buffer.from(utf8, "utf8").toString("latin1");
-  const forms = [...new Set([value, utf8, twice].map(fold))];
-  return { name, forms, bytes: Math.min(...forms.map((form) => form.length)) };
+  // Decoded bytes are Latin-1 characters, and fold() lowercases those: the UTF-8 bytes of a letter
+  // past ASCII differ between its cases in ways no such folding undoes (`п` is D0 BF, `П` D0 9F;
+  // `ä` C3 A4, `Ä` C3 84). So a value outside ASCII that an upstream upper- or lower-cased, then
+  // percent- or base64-encoded into a redirect to another host, was not recognised and the hop
+  // was followed (secrets hunt, fifteenth session): its upper- and lower-case spellings are
+  // looked for too. (Mixed case past ASCII is recognised only where the text holds the letters
+  // themselves, within Latin-1.)
+  const spellings = /[\u0080-\uffff]/.test(value) ? new Set([value, value.toLowerCase(), value.toUpperCase()]) : [value];
+  const forms = new Set<string>();
+  for (const spelling of spellings) {
+    const utf8 = Buffer.from(spelling, "utf8").toString("latin1");
+    const twice = Buffer.from(utf8, "utf8").toString("latin1");
+    for (const form of [spelling, utf8, twice]) forms.add(fold(form));
+  }
+  return { name, forms: [...forms], bytes: Math.min(...[...forms].map((form) => form.length)) };
 }
 
 /**

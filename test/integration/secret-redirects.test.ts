@@ -429,3 +429,68 @@ describe("a redirect whose internationalised host name holds a copy of a secret'
     },
   );
 });
+
+/**
+ * Decoded bytes are read as Latin-1 characters and searched in any letter case, but the UTF-8
+ * bytes of a letter past ASCII differ between its cases in ways that folding does not undo (`п`
+ * is D0 BF, `П` D0 9F). So a value outside ASCII that an upstream upper- or lower-cased into a
+ * redirect to another host, percent-, base64- or hex-encoded, was not recognised, and the hop was
+ * followed with it (secrets hunt, fifteenth session).
+ */
+const recasedValues: Record<string, string> = {
+  Latin: "Pässwörd-Geheim",
+  Cyrillic: "Пароль-Секрет-42",
+  Greek: "Σεκρετ-Tøken-42",
+};
+
+const recasings: Record<string, (value: string) => string> = {
+  "lower-cased": (v) => v.toLowerCase(),
+  "upper-cased": (v) => v.toUpperCase(),
+};
+
+const recasedForms: Record<string, (value: string) => string> = {
+  "percent-encoded": (v) => encodeURIComponent(v),
+  base64url: (v) => Buffer.from(v).toString("base64url"),
+  hex: (v) => Buffer.from(v).toString("hex"),
+};
+
+describe("a value outside ASCII re-cased into a redirect to another host", () => {
+  it("gets 403 at that hop in every script, casing and encoding, and the other host is never reached", async () => {
+    let port = 0;
+    const upstream = await startUpstream({
+      names: ["api.test", "other.test"],
+      routes: {
+        "/recased": (_req: IncomingMessage, res: ServerResponse, _body: Buffer, url: URL) => {
+          const value = recasedValues[url.searchParams.get("value")!]!;
+          const written = recasedForms[url.searchParams.get("form")!]!(recasings[url.searchParams.get("casing")!]!(value));
+          res.writeHead(302, { location: `https://other.test:${port}/echo?state=${written}` });
+          res.end();
+        },
+      },
+    });
+    port = upstream.port;
+    const names = Object.keys(recasedValues);
+    const proxy = await startTestProxy({
+      allowedInternalHosts: ["api.test", "other.test"],
+      secrets: Object.fromEntries(names.map((name) => [name.toUpperCase(), { hosts: ["api.test"], value: recasedValues[name]! }])),
+    });
+    const env = proxy.guestEnv();
+    const got: string[] = [];
+    const want: string[] = [];
+    for (const name of names) {
+      for (const casing of Object.keys(recasings)) {
+        for (const form of Object.keys(recasedForms)) {
+          const query = new URLSearchParams({ value: name, casing, form });
+          const res = await fetchVia(proxy, `https://api.test:${port}/recased?${query}`, { headers: { authorization: `Bearer ${env[name.toUpperCase()]!}` } });
+          const row = `${name}, ${casing}, ${form}`;
+          got.push(`${row}: ${res.status} ${/a redirect's URL carries the value of secret (\w+)/.exec(res.text)?.[1] ?? res.text.slice(0, 80)}`);
+          want.push(`${row}: 403 ${name.toUpperCase()}`);
+        }
+      }
+    }
+    expect(got).toEqual(want);
+    expect(upstream.seen.filter((seen) => String(seen.headers.host).startsWith("other.test"))).toEqual([]);
+    // The value, as characters, went only where it is bound; the proxy still serves.
+    expect((await fetchVia(proxy, `https://api.test:${port}/echo`)).status).toBe(200);
+  });
+});

@@ -134,6 +134,26 @@ describe("the secret scan decodes, then searches", () => {
     expect(findFirst(b64("pässwörd-ünïcode"), s)?.via).toEqual(["base64"]);
   });
 
+  it.each([
+    ["Latin-1", "Pässwörd-Geheim"],
+    ["Cyrillic", "Пароль-Секрет-42"],
+    ["Greek", "Σεκρετ-Tøken-42"],
+  ])("finds a %s value upper- or lower-cased, as characters and as its UTF-8 bytes percent-encoded, base64 or hex", (_script, value) => {
+    const s = new NeedleSet([needle("U", value)]);
+    const found: string[] = [];
+    for (const cased of [value.toLowerCase(), value.toUpperCase()]) {
+      for (const [how, text] of [
+        ["as characters", `x ${cased} y`],
+        ["percent-encoded", encodeURIComponent(cased)],
+        ["base64", b64(`id:${cased}`)],
+        ["hex", Buffer.from(cased).toString("hex")],
+      ] as const) {
+        found.push(`${cased === value.toLowerCase() ? "lower" : "upper"}, ${how}: ${findFirst(text, s)?.needle.name ?? "missed"}`);
+      }
+    }
+    expect(found.filter((line) => line.endsWith("missed"))).toEqual([]);
+  });
+
   it("maps a match back to the span of the original text it came from", () => {
     const text = `a=1&state=${encodeURIComponent(b64(`ab${VALUE}`))}&z=2`;
     const match = findFirst(text, set)!;
