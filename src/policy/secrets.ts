@@ -911,6 +911,9 @@ function valuesOf(entries: readonly Entry[]): NeedleSet {
  */
 function hostIsClean(hop: RedirectHop, needles: NeedleSet): boolean {
   try {
+    // In Unicode too: a host the upstream wrote in punycode holds in it what anyone reads back.
+    const unicode = unicodeHostname(bareHostname(hop.url.hostname));
+    if (unicode !== undefined && findFirst(unicode, needles) !== undefined) return false;
     return findFirst(hop.url.hostname, needles) === undefined && findFirst(hop.location, needles) === undefined;
   } catch (error) {
     if (error instanceof UnscannableError) return false;

@@ -430,6 +430,43 @@ describe("a redirect whose internationalised host name holds a copy of a secret'
   );
 });
 
+describe("a refused redirect out of a secret's hosts to a host whose punycode holds the value", () => {
+  // Refused for leaving (refuse mode) or for a copy in a header (scan mode), the refusal named the
+  // hop's host when its ASCII spelling held no copy: the log's detail, and in scan mode the
+  // guest's 403, carried `xn--psswrd-geheim-bfb7y.other.test` (secrets hunt, fifteenth session).
+  it.each([
+    ["refuse", { secretRedirects: "refuse" as const }],
+    ["scan", {}],
+  ])("with secretRedirects %s, the refusal and the log do not name it", async (_mode, hooks) => {
+    const value = "pässwörd-geheim";
+    const host = new URL(`https://${value}.other.test/`).hostname;
+    let port = 0;
+    const upstream = await startUpstream({
+      names: ["api.test", host],
+      routes: {
+        "/to-host": (_req: IncomingMessage, res: ServerResponse) => {
+          // Punycode as the upstream wrote it: the Location holds no copy in a form the scan decodes.
+          res.writeHead(302, { location: `https://${host}:${port}/echo` });
+          res.end();
+        },
+      },
+    });
+    port = upstream.port;
+    const proxy = await startTestProxy(
+      { allowedInternalHosts: ["api.test", "*.other.test"], secrets: { TOKEN: { hosts: ["api.test"], value } }, ...hooks },
+      { resolve: { [host]: ["127.0.0.1"] } },
+    );
+    const placeholder = proxy.guestEnv()["TOKEN"]!;
+    // The substituted x-key crosses to the hop (only credentials are dropped): scan mode refuses it there.
+    const res = await fetchVia(proxy, `https://api.test:${port}/to-host`, { headers: { authorization: `Bearer ${placeholder}`, "x-key": placeholder } });
+    expect(res.status, res.text).toBe(403);
+    expect(res.text).toMatch(/secret TOKEN/);
+    expect(res.text).not.toContain(host.split(".")[0]);
+    expect(JSON.stringify(proxy.logs)).not.toContain(host.split(".")[0]);
+    expect(upstream.seen.map((seen) => seen.headers.host)).toEqual([`api.test:${port}`]);
+  });
+});
+
 /**
  * Decoded bytes are read as Latin-1 characters and searched in any letter case, but the UTF-8
  * bytes of a letter past ASCII differ between its cases in ways that folding does not undo (`п`
