@@ -3,6 +3,7 @@
  * into the views with its encoding undone, every character keeping the span of the original it
  * came from.
  */
+import { domainToUnicode } from "node:url";
 import { withFields } from "../objects.js";
 import type { ScanBudget } from "./secret-scan.js";
 
@@ -331,7 +332,40 @@ const hex = runDecoder(
 );
 
 /**
+ * Punycode (RFC 3492) labels, as the URL parser writes a host name holding characters outside
+ * ASCII (`pässwörd.api.test` is `xn--psswrd-bfb7y.api.test`), and as anyone reads them back.
+ * An upstream that wrote a value outside ASCII into the host of its redirect had it quoted in
+ * punycode by the recording, the log and the refusals, where nothing recognised it (secrets
+ * hunt, fifteenth session). Each decoded character stands for its whole label.
+ */
+const punycode: Decoder = {
+  name: "punycode",
+  decode(view, _context, budget) {
+    const { text } = view;
+    if (!/xn--/i.test(text)) return [];
+    const labels = [...text.matchAll(/xn--[A-Za-z0-9_+=!$&'*,;~-]+/gi)];
+    const decoded = labels.map((m) => {
+      const unicode = domainToUnicode(m[0]);
+      // Invalid punycode comes back empty (or as it was); a label decodes to fewer characters than it has.
+      return unicode === "" || unicode.toLowerCase() === m[0].toLowerCase() || unicode.length > m[0].length ? undefined : unicode;
+    });
+    if (decoded.every((unicode) => unicode === undefined) || !budget.take(text.length)) return [];
+    const out = new ViewBuilder(view);
+    let copied = 0;
+    labels.forEach((m, i) => {
+      const unicode = decoded[i];
+      if (unicode === undefined) return;
+      out.copy(copied, m.index);
+      for (let k = 0; k < unicode.length; k++) out.char(unicode.charCodeAt(k), m.index, m.index + m[0].length);
+      copied = m.index + m[0].length;
+    });
+    out.copy(copied, text.length);
+    return [out.finish(this.name)];
+  },
+};
+
+/**
  * Every encoding the scan and the redactor undo. Letter case needs no decoder: every view is
  * searched case-insensitively. A new encoding is one more entry here.
  */
-export const decoders: readonly Decoder[] = [percent, plus, json, wrapped, base64, hex];
+export const decoders: readonly Decoder[] = [percent, plus, json, wrapped, base64, hex, punycode];

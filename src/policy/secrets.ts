@@ -1021,4 +1021,5 @@ const encodingLabels: Record<string, string> = {
   json: "JSON-escaped",
   base64: "base64-encoded",
   hex: "hex-encoded",
+  punycode: "punycode-encoded",
 };

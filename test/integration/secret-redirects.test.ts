@@ -1,7 +1,9 @@
+import { readFileSync } from "node:fs";
 import type { IncomingMessage, ServerResponse } from "node:http";
+import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import type { HttpHooksOptions } from "../../src/index.js";
-import { fetchVia, startTestProxy, type TestProxy } from "../helpers/proxy.js";
+import { fetchVia, startTestProxy, tempDir, type TestProxy } from "../helpers/proxy.js";
 import { startUpstream, type Upstream } from "../helpers/upstream.js";
 
 /**
@@ -464,6 +466,68 @@ describe("a refused redirect out of a secret's hosts to a host whose punycode ho
     expect(res.text).not.toContain(host.split(".")[0]);
     expect(JSON.stringify(proxy.logs)).not.toContain(host.split(".")[0]);
     expect(upstream.seen.map((seen) => seen.headers.host)).toEqual([`api.test:${port}`]);
+  });
+});
+
+describe("a redirect to an invalid host whose punycode holds a secret's value", () => {
+  // `+` passes the URL parser but not a host the proxy sends to: the 502 quoted the host, unless
+  // the Location held a copy the scan recognised, and punycode is none (secrets hunt, fifteenth session).
+  it("gets a 502 that quotes neither the host nor the value, in the answer or the log", async () => {
+    const value = "päss+wörd-geheim";
+    const host = new URL(`https://${value}.api.test/`).hostname;
+    let port = 0;
+    const upstream = await startUpstream({
+      names: ["api.test"],
+      routes: {
+        "/to-host": (_req: IncomingMessage, res: ServerResponse) => {
+          res.writeHead(302, { location: `https://${host}:${port}/echo` });
+          res.end();
+        },
+      },
+    });
+    port = upstream.port;
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test", "*.api.test"], secrets: { TOKEN: { hosts: ["api.test", "*.api.test"], value } } });
+    const res = await fetchVia(proxy, `https://api.test:${port}/to-host`, { headers: { authorization: `Bearer ${proxy.guestEnv()["TOKEN"]!}` } });
+    expect(res.status, res.text).toBe(502);
+    expect(res.text).toMatch(/to an invalid host/);
+    expect(res.text).not.toContain(host.split(".")[0]);
+    expect(JSON.stringify(proxy.logs)).not.toContain(host.split(".")[0]);
+    expect(upstream.hits()).toBe(1);
+  });
+});
+
+describe("a redirect whose Location names a host in punycode that holds a secret's value", () => {
+  // The hop is refused, but the 3xx that named it was recorded with its Location's host as
+  // written: the HAR held the value in punycode (secrets hunt, fifteenth session).
+  it("is recorded without it, and the proxy's lines do not name it", async () => {
+    const value = "pässwörd-geheim";
+    const host = new URL(`https://${value}.api.test/`).hostname;
+    let port = 0;
+    const upstream = await startUpstream({
+      names: ["api.test", host],
+      routes: {
+        "/to-host": (_req: IncomingMessage, res: ServerResponse) => {
+          res.writeHead(302, { location: `https://${host}:${port}/echo` });
+          res.end();
+        },
+      },
+    });
+    port = upstream.port;
+    const har = join(tempDir(), "run.har");
+    const proxy = await startTestProxy(
+      { allowedInternalHosts: ["api.test", "*.api.test"], secrets: { TOKEN: { hosts: ["api.test", "*.api.test"], value } } },
+      { resolve: { [host]: ["127.0.0.1"] }, upstream: { record: { path: har } } },
+    );
+    const res = await fetchVia(proxy, `https://api.test:${port}/to-host`, { headers: { authorization: `Bearer ${proxy.guestEnv()["TOKEN"]!}` } });
+    expect(res.status, res.text).toBe(403);
+    await proxy.close();
+    const recorded = readFileSync(har, "utf8");
+    expect(recorded).toContain("EGRESSGATE_SECRET{TOKEN}");
+    for (const text of [recorded, JSON.stringify(proxy.logs)]) {
+      expect(text).not.toContain(host.split(".")[0]);
+      expect(text).not.toContain(value);
+    }
+    expect(upstream.hits()).toBe(1);
   });
 });
 

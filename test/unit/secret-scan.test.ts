@@ -251,6 +251,17 @@ describe("redactText", () => {
     expect(redactText(text, odd)).toBe(expected);
   });
 
+  it("redacts a value outside ASCII in a punycode host label, the whole label, in any letter case", () => {
+    const idn = new NeedleSet([needle("IDN", "Pässwörd-Geheim")]);
+    const host = new URL("https://Pässwörd-Geheim.api.test/").hostname;
+    expect(host).toMatch(/^xn--/);
+    expect(findFirst(`GET https://${host}/x`, idn)?.via).toEqual(["punycode"]);
+    expect(redactText(JSON.stringify({ reason: `host "${host}" is not in allowedHosts` }), idn)).toBe('{"reason":"host \\"[REDACTED:IDN].api.test\\" is not in allowedHosts"}');
+    expect(redactText(`to ${host.toUpperCase()}:443`, idn)).toBe("to [REDACTED:IDN].API.TEST:443");
+    // Invalid punycode, and a label that holds something else, are left as they are.
+    expect(redactText("xn--zz9.api.test xn--bcher-kva.test", idn)).toBe("xn--zz9.api.test xn--bcher-kva.test");
+  });
+
   it("redacts base64 copies, cutting whole 4-character groups", () => {
     const text = `token=${b64(`user:${VALUE}`)};`;
     const out = redactText(text, set);
