@@ -360,7 +360,8 @@ const punycode: Decoder = {
       copied = m.index + m[0].length;
     });
     out.copy(copied, text.length);
-    return [out.finish(this.name)];
+    // Searched, not decoded again: what a host label decodes to is no other encoding's text.
+    return [withFields(out.finish(this.name), { opaque: true })];
   },
 };
 
