@@ -435,11 +435,16 @@ export class SecretStore {
    * How long, in bytes, a copy of a value the scan recognises can be: the longest value, current
    * or retired, in its longest encoding ({@link maxExpansion}), and a little more. 0 without
    * values. A value is counted as its UTF-8 bytes encoded in UTF-8 again, the longest form the
-   * scan looks for (see secret-scan.ts).
+   * scan looks for (see secret-scan.ts), in the longest of the spellings it looks for: one outside
+   * ASCII upper- and lower-cased too, and upper case can be longer (`ß` is `SS`).
    */
   reach(): number {
     let longest = 0;
-    for (const e of this.entries.values()) for (const v of [e.value, ...e.retired]) longest = Math.max(longest, Buffer.byteLength(headerForm(v)));
+    for (const e of this.entries.values()) {
+      for (const v of [e.value, ...e.retired]) {
+        for (const spelling of /[\u0080-\uffff]/.test(v) ? [v, v.toUpperCase(), v.toLowerCase()] : [v]) longest = Math.max(longest, Buffer.byteLength(headerForm(spelling)));
+      }
+    }
     return longest === 0 ? 0 : maxExpansion * longest + 16;
   }
 

@@ -3,6 +3,7 @@ import { parseCli, UsageError } from "../../src/cli/args.js";
 import { createHttpHooks, declarativeConfigOf } from "../../src/hooks/http-hooks.js";
 import { OptionError } from "../../src/option-error.js";
 import type { EgressError } from "../../src/errors.js";
+import { maxExpansion } from "../../src/policy/secret-scan.js";
 import { SecretStore, type SecretOptions, type SecretRedirectOptions } from "../../src/policy/secrets.js";
 
 function store(secrets: Record<string, SecretOptions>, defaults: SecretRedirectOptions = {}): SecretStore {
@@ -406,5 +407,17 @@ describe("secretRedirects and followRedirectsTo options", () => {
     expect(() => parseCli(["--secret-redirects", "maybe"], {})).toThrow(UsageError);
     expect(() => parseCli(["--follow-redirects-to", "cdn.test"], {})).toThrow(/--follow-redirects-to: only applies with --secret-redirects refuse/);
     expect(() => parseCli(["--secret-redirects", "refuse", "--follow-redirects-to", "https://cdn.test"], {})).toThrow(/^--follow-redirects-to/);
+  });
+});
+
+describe("SecretStore.reach", () => {
+  // A value outside ASCII is looked for upper- and lower-cased too, and upper case can be longer
+  // (`ΐ` is three code points upper-cased): a cut that keeps a match starting before it must
+  // reach past the longest copy the scan recognises, or a copy across the cut is kept in part.
+  it("covers the longest spelling the scan looks for, the upper-cased one included", () => {
+    const value = "ΐΐΐΐ-ŉŉ-token";
+    const longest = Math.max(...[value, value.toUpperCase(), value.toLowerCase()].map((v) => Buffer.byteLength(Buffer.from(v, "utf8").toString("latin1"))));
+    expect(Buffer.byteLength(Buffer.from(value.toUpperCase(), "utf8").toString("latin1"))).toBe(longest);
+    expect(store({ T: { hosts: ["api.test"], value } }).reach()).toBeGreaterThanOrEqual(maxExpansion * longest);
   });
 });
