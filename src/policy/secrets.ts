@@ -651,11 +651,10 @@ export class SecretStore {
     if (this.entries.size === 0) return;
     const host = bareHostname(hop.url.hostname);
     // A host written outside ASCII reaches the parser's host as punycode (`pässwörd.api.test` is
-    // `xn--psswrd-bfb7y.api.test`), which no decoder of the scan undoes and no span of the
-    // Location spells: the hop was followed, and the value left in the DNS query, SNI and Host
-    // (secrets hunt, fifteenth session). So the host is also searched in Unicode.
-    const unicode = unicodeHostname(host);
-    const texts = [host, ...(unicode === undefined ? [] : [unicode]), ...writtenHosts(hop.location, host)];
+    // `xn--psswrd-bfb7y.api.test`), which no span of the Location spells: the hop was followed,
+    // and the value left in the DNS query, SNI and Host (secrets hunt, fifteenth session). The
+    // scan decodes punycode labels (scan-decoders.ts), so the parser's host is read as anyone reads it.
+    const texts = [host, ...writtenHosts(hop.location, host)];
     this.redaction ??= valuesOf([...this.entries.values()]);
     const budget = ScanBudget.forLength(texts.reduce((n, text) => n + text.length, 0));
     for (const text of texts) {
@@ -668,11 +667,13 @@ export class SecretStore {
         throw secretDenied(first.name, "a redirect's host name is too complex to scan for secrets, so the redirect is not followed");
       }
       if (match === undefined) continue;
-      throw hostCarries(match.needle.name, text === unicode ? `${encoding(match)}, as an internationalised host name, in punycode` : encoding(match));
+      throw hostCarries(match.needle.name, encoding(match));
     }
+    const unicode = unicodeHostname(host);
     if (unicode === undefined) return;
-    // The parser also maps what it punycodes (UTS #46: lowercase beyond Latin-1, NFC), which the
-    // scan's letter-case folding does not follow: each value outside ASCII, so spelled, too.
+    // The parser also maps what it punycodes (UTS #46: NFC, full-width forms made narrow, and
+    // lowercase, which the scan follows only as a whole value's lower and upper case): each value
+    // outside ASCII, so spelled, too.
     for (const e of this.entries.values()) {
       for (const value of [e.value, ...e.retired]) {
         const spelled = value === "" ? undefined : hostSpelling(value);
@@ -916,9 +917,8 @@ function valuesOf(entries: readonly Entry[]): NeedleSet {
  */
 function hostIsClean(hop: RedirectHop, needles: NeedleSet): boolean {
   try {
-    // In Unicode too: a host the upstream wrote in punycode holds in it what anyone reads back.
-    const unicode = unicodeHostname(bareHostname(hop.url.hostname));
-    if (unicode !== undefined && findFirst(unicode, needles) !== undefined) return false;
+    // The scan reads a punycode host as anyone reads it back (a host the upstream wrote in punycode
+    // was named: secrets hunt, fifteenth session).
     return findFirst(hop.url.hostname, needles) === undefined && findFirst(hop.location, needles) === undefined;
   } catch (error) {
     if (error instanceof UnscannableError) return false;

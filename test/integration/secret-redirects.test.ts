@@ -371,6 +371,8 @@ const idnValues: Record<string, string> = {
   "Latin-1": "pässwörd-geheim",
   "past Latin-1, with capitals the parser lowercases": "Σεκρετ-Tøken-42",
   "past Latin-1, with a sign": "s€cret-tøken",
+  // As a keyboard on macOS may type it; the parser composes it (NFC) into the host.
+  "decomposed (NFD)": "pa\u0308sswo\u0308rd-zerlegt",
 };
 
 /** How the upstream writes the host: its UTF-8 bytes (a Node header string holds one byte a character), those bytes percent-encoded, or punycode. */
