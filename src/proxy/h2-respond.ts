@@ -186,10 +186,21 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     }, Math.max(1, Math.floor(stall.ms / 4)));
     watchdog.unref();
   };
+  // A write nghttp2 has taken whole (its callback) is bytes the guest's window let through: the
+  // wait starts again. Only a drain counted, so a guest that read steadily through a small window
+  // (a slow reader, a client with a tiny SETTINGS_INITIAL_WINDOW_SIZE) had its stream reset as
+  // one that "read nothing for timeouts.idleMs" once a buffer's worth took longer than idleMs
+  // to go (fuzzer, h2guest). Writes are at most one default frame's worth, so that is as much
+  // as the guest must take within idleMs.
+  const progressed = (): void => {
+    if (waitingSince !== undefined) waitingSince = performance.now();
+  };
   // In the same turn as the pump's own listener: counting changes nothing about the flow.
   const sent = countBytes ? countFlowing(body) : undefined;
   body.on("data", (chunk: Buffer) => {
-    if (!stream.write(chunk)) {
+    let open = true;
+    for (let at = 0; at < chunk.length; at += progressSlice) open = stream.write(chunk.length <= progressSlice ? chunk : chunk.subarray(at, at + progressSlice), progressed);
+    if (!open) {
       body.pause();
       waitingSince = performance.now();
       stream.once("drain", resume);
@@ -218,6 +229,9 @@ function wholeBuffered(body: Readable, max: number): Buffer | undefined {
   const chunk = body.read() as Buffer | null;
   return chunk ?? undefined;
 }
+
+/** The most one write hands nghttp2 (a default-sized DATA frame): the grain at which a guest's reading shows (sendH2Response). */
+const progressSlice = 16_384;
 
 /** What an empty write hands nghttp2: nothing, only the question of when the stream is asked for data. */
 const nothing = Buffer.alloc(0);

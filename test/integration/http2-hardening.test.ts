@@ -575,6 +575,57 @@ describe("HTTP/2 timeouts: each stream and the connection judged on their own", 
     expect(line["error"]).toBe("the guest read nothing for timeouts.idleMs (1500 ms)");
   }, 30_000);
 
+  it("a stream the guest reads through a small window for longer than idleMs is answered whole, not reset as one that read nothing", async () => {
+    // Two body chunks buffered on the stream at once (8 KiB, then 16 KiB), a guest whose stream
+    // window starts shut and which takes the first chunk 0.7 s into the wait and the rest 1.4 s
+    // in: reading all along, it never waits idleMs (1 s) for a byte. The watchdog's clock and
+    // interval are faked, so the waits are the test's to make, not the machine's.
+    let second: (() => void) | undefined;
+    const upstream = await startUpstream({
+      routes: {
+        "/two": (_req, res) => {
+          res.writeHead(200, { "content-type": "application/octet-stream", "content-length": String(24 * 1024) });
+          res.write(Buffer.alloc(8 * 1024, 0x61));
+          second = () => res.end(Buffer.alloc(16 * 1024, 0x62));
+        },
+      },
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts: { idleMs: 1_000, h2PingMs: 60_000, upstreamBodyMs: 60_000 } });
+    const authority = `api.test:${upstream.port}`;
+    const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem, [[0x4, 0]]);
+    guest.write(frame(frameType.settings, flag.ack, 0));
+    guest.write(frame(frameType.headers, flag.endHeaders | flag.endStream, 1, requestBlock(authority, "/two")));
+    await guest.until((c) => c.answered(1));
+    await vi.waitFor(() => expect(second).toBeDefined());
+    vi.useFakeTimers({ toFake: ["setInterval", "clearInterval", "performance"] });
+    onTestFinished(() => void vi.useRealTimers());
+    second!();
+    // The second chunk is written and found waiting on the guest's window: the watchdog is armed.
+    await vi.waitFor(() => expect(vi.getTimerCount()).toBeGreaterThan(0));
+    const received = (): number => guest.frames.filter((f) => f.type === frameType.data && f.streamId === 1).reduce((n, f) => n + f.payload.length, 0);
+    const grant = (bytes: number): void => {
+      const increment = Buffer.alloc(4);
+      increment.writeUInt32BE(bytes);
+      guest.write(frame(frameType.windowUpdate, 0, 1, increment));
+    };
+    vi.advanceTimersByTime(700);
+    grant(8 * 1024);
+    await guest.until((c) => received() >= 8 * 1024 || c.resetCode(1) !== undefined);
+    // The write's callback follows the bytes it sent out by a turn or two.
+    for (let i = 0; i < 5; i++) await new Promise((resolve) => setImmediate(resolve));
+    vi.advanceTimersByTime(700);
+    grant(64 * 1024);
+    await guest.until((c) => c.resetCode(1) !== undefined || c.frames.some((f) => f.type === frameType.data && f.streamId === 1 && (f.flags & flag.endStream) !== 0));
+    vi.useRealTimers();
+    expect(received()).toBe(24 * 1024);
+    expect(guest.frames.some((f) => f.type === frameType.data && f.streamId === 1 && (f.flags & flag.endStream) !== 0)).toBe(true);
+    // Never CANCEL, the watchdog's reset (a NO_ERROR after the end would be no cut).
+    expect(guest.resetCode(1) ?? 0).toBe(0);
+    const line = await loggedRequest(proxy, "/two");
+    expect(line).toMatchObject({ status: 200 });
+    expect(line["error"]).toBeUndefined();
+  }, 20_000);
+
   it("a long-poll silent past idleMs reaches a live guest whole: upstream silence is upstreamBodyMs's to judge", async () => {
     const upstream = await startUpstream({
       routes: {
