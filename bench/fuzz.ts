@@ -7,12 +7,19 @@
  *
  *   node --import tsx bench/fuzz.ts --seed 1 --cases 2000 --target h1,plain,connect,h2
  *   node --import tsx bench/fuzz.ts --seed 1 --cases 2000 --target upstream,guests --hooks --guests 3
+ *   node --import tsx bench/fuzz.ts --seed 1 --cases 2000 --target h2guest --hooks
+ *   node --import tsx bench/fuzz.ts --seed 1 --cases 2000 --target decider,websocket --deciders
  *
  * `--policy` runs the proxy with a tier-2 policy that reads every upload (harness.ts, fuzzPolicy);
  * `--auth` makes its guest authenticate, and every request on the listener carry credentials;
  * `--hooks` adds tier-3 hooks whose every answer each request chooses (fuzz-proxy-child.ts);
  * `--guests N` serves N guests, each with its own secret's value (target `guests` runs several
  * at once; the other targets run as the first).
+ * `h2guest` sends `upstream` cases from a `node:http2` guest in a TLS tunnel (h2-guest-run.ts);
+ * `--deciders` puts a webhook (both phases, with bodies) and an OPA decider in every guest's
+ * chain, which target `decider` makes answer badly (hostile-decider.ts, decider-inputs.ts);
+ * `websocket` upgrades to upstreams that answer badly, with a guest that misbehaves too
+ * (hostile-websocket.ts, websocket-inputs.ts).
  *
  * Prints one JSON line per finding, progress on stderr, and a summary line at the end; exits 1
  * if anything was found.
@@ -33,12 +40,15 @@ const { values } = parseArgs({
     auth: { type: "boolean", default: false },
     hooks: { type: "boolean", default: false },
     guests: { type: "string", default: "1" },
+    deciders: { type: "boolean", default: false },
   },
 });
-// `guests` needs several guests; the default list leaves it out without them.
-const targets = (values.target === fuzzTargets.join(",") && Number(values.guests) < 2 ? fuzzTargets.filter((t) => t !== "guests") : values.target.split(",")) as FuzzTarget[];
+// `guests` needs several guests, `decider` the deciders; the default list leaves them out without.
+const targets = (
+  values.target === fuzzTargets.join(",") ? fuzzTargets.filter((t) => (t !== "guests" || Number(values.guests) >= 2) && (t !== "decider" || values.deciders)) : values.target.split(",")
+) as FuzzTarget[];
 for (const target of targets) if (!fuzzTargets.includes(target)) throw new Error(`--target: ${target} is not one of ${fuzzTargets.join(", ")}`);
-const harness = await FuzzHarness.start({ timeoutMs: Number(values["timeout-ms"]), policy: values.policy, auth: values.auth, hooks: values.hooks, guests: Number(values.guests) });
+const harness = await FuzzHarness.start({ timeoutMs: Number(values["timeout-ms"]), policy: values.policy, auth: values.auth, hooks: values.hooks, guests: Number(values.guests), deciders: values.deciders });
 // Stopped early (Ctrl-C, timeout): the proxy's child, the upstreams and the CA folder go too.
 for (const signal of ["SIGINT", "SIGTERM"] as const) {
   process.once(signal, () => void harness.close().finally(() => process.exit(130)));
@@ -50,6 +60,14 @@ if (values.show) {
       const input = harness.caseOf(target, values.seed, index);
       if ("guests" in input) {
         process.stderr.write(`${JSON.stringify({ target, index, steps: input.steps })}\n`);
+        continue;
+      }
+      if ("decider" in input) {
+        process.stderr.write(`${JSON.stringify({ target, index, steps: input.steps, request: `${input.method} ${input.via} ${input.target}`, verdicts: input.verdicts, script: input.script.map((s) => (typeof s === "string" ? s : "write" in s ? s.write.toString("latin1").slice(0, 400) : "pause" in s ? `pause ${s.pause}` : "?")) })}\n`);
+        continue;
+      }
+      if ("early" in input) {
+        process.stderr.write(`${JSON.stringify({ target, index, steps: input.steps, via: input.via, fields: input.fields, early: input.early.length, late: input.late.length, cut: input.cut, expect: { ...input.expect, after: input.expect.after?.bytes.length } })}\n`);
         continue;
       }
       if ("outcome" in input) {

@@ -7,7 +7,7 @@ import { FuzzHarness, type FuzzTarget } from "../helpers/fuzz/harness.js";
  * oracle (test/helpers/fuzz/harness.ts). A failure lists each finding with its seed, target and
  * index, which `node --import tsx bench/fuzz.ts --seed S --target T --first I --cases 1 --show`
  * (with `--policy` for the second block, `--auth` for the third, `--hooks --guests 3` for the
- * fourth) replays alone.
+ * fourth, `--deciders` for the fifth) replays alone.
  */
 interface Run {
   readonly target: FuzzTarget;
@@ -45,9 +45,20 @@ const authRuns: readonly Run[] = [
 const hostileRuns: readonly Run[] = [
   { target: "upstream", seed: "suite-4", cases: 60, what: "answers from hostile HTTP/1.1 and HTTP/2 upstreams, through tier-3 hooks" },
   { target: "guests", seed: "suite-4", cases: 30, what: "cases of two or three guests at once" },
+  { target: "h2guest", seed: "suite-4", cases: 40, what: "answers from hostile upstreams to an HTTP/2 guest, through tier-3 hooks" },
 ];
 
-function fuzzes(runsOf: readonly Run[], options: { readonly policy?: boolean; readonly auth?: boolean; readonly hooks?: boolean; readonly guests?: number }): void {
+/**
+ * With a webhook and an OPA decider that answer the `decider` cases badly
+ * (test/helpers/fuzz/hostile-decider.ts), and WebSocket upgrades to upstreams that answer them
+ * badly (hostile-websocket.ts).
+ */
+const deciderRuns: readonly Run[] = [
+  { target: "decider", seed: "suite-5", cases: 120, what: "requests whose external decider answers badly" },
+  { target: "websocket", seed: "suite-5", cases: 120, what: "WebSocket upgrades to hostile upstreams, with a hostile guest" },
+];
+
+function fuzzes(runsOf: readonly Run[], options: { readonly policy?: boolean; readonly auth?: boolean; readonly hooks?: boolean; readonly guests?: number; readonly deciders?: boolean }): void {
   let harness: FuzzHarness;
   beforeAll(async () => {
     harness = await FuzzHarness.start(options);
@@ -80,4 +91,8 @@ describe("the seeded fuzz run with a guest that authenticates", () => {
 
 describe("the seeded fuzz run against hostile upstreams, with tier-3 hooks and three guests", () => {
   fuzzes(hostileRuns, { hooks: true, guests: 3 });
+});
+
+describe("the seeded fuzz run against hostile deciders and WebSocket upstreams", () => {
+  fuzzes(deciderRuns, { deciders: true });
 });

@@ -10,6 +10,11 @@ import { GuestConn } from "./guest-conn.js";
 import { absoluteCase, connectCase, tunnelCase, type H1Case } from "./h1-inputs.js";
 import { frame, h2Case, preface, type H2Case } from "./h2-inputs.js";
 import { captureClientHello, helloCase, type HelloCase } from "./hello-inputs.js";
+import { deciderCase, type DeciderCase } from "./decider-inputs.js";
+import { h2GuestChoices, h2Request, h2Session, judgeH2Upstream, type H2GuestChoices } from "./h2-guest-run.js";
+import { deciderPaths, startHostileDecider, type HostileDecider } from "./hostile-decider.js";
+import { startHostileWebSocket, type HostileWebSocket } from "./hostile-websocket.js";
+import { websocketCase, type WsCase } from "./websocket-inputs.js";
 import { normalBody, startHostile, type HostileRequest, type HostileStep, type HostileUpstream } from "./hostile-upstream.js";
 import { startRecorder, type Recorder } from "./recorder.js";
 import { Rng } from "./rng.js";
@@ -39,11 +44,21 @@ import { hostName, redirectFor, secretName, tagOf, upstreamAddress, upstreamName
  * on the connection got its own answer; no upstream saw a request a hook answered or refused.
  * With `guests`, several guests' cases run at once, and none gets another's value of the secret
  * or an answer naming another's request.
+ *
+ * `h2guest` sends the `upstream` target's cases from an HTTP/2 guest (h2-guest-run.ts), now and
+ * then with a tiny flow-control window or resetting its first stream, judged the same way.
+ * `decider` (with `deciders`) has an external decider answer a request's call badly
+ * (hostile-decider.ts): the guest gets what the answer means by the decider contract, and a
+ * request-phase decider that did not allow never lets its request reach the upstream
+ * (`fail-open`). `websocket` upgrades to WebSocket upstreams that answer badly
+ * (hostile-websocket.ts): a 101 relayed is followed by exactly the bytes the upstream sent
+ * after it (`ws-relay`), and a refused upgrade lets none of the guest's bytes through
+ * (`ws-unchecked`).
  */
-export type FuzzTarget = "h1" | "plain" | "connect" | "h2" | "tls" | "upstream" | "guests";
+export type FuzzTarget = "h1" | "plain" | "connect" | "h2" | "tls" | "upstream" | "guests" | "h2guest" | "decider" | "websocket";
 
-/** Every target; `guests` needs a harness started with `guests`. */
-export const fuzzTargets: readonly FuzzTarget[] = ["h1", "plain", "connect", "h2", "tls", "upstream", "guests"];
+/** Every target; `guests` needs a harness started with `guests`, `decider` one started with `deciders`. */
+export const fuzzTargets: readonly FuzzTarget[] = ["h1", "plain", "connect", "h2", "tls", "upstream", "guests", "h2guest", "decider", "websocket"];
 
 /** A case of `guests`: several guests' `upstream` cases at once, each with its own credentials and secret's value. */
 export interface GuestsCase {
@@ -74,7 +89,15 @@ export interface HarnessOptions {
    * the other targets run as the first.
    */
   readonly guests?: number;
+  /**
+   * External deciders in every guest's chain (a webhook asked in both phases, and OPA), served
+   * by test/helpers/fuzz/hostile-decider.ts: they allow every request but the `decider` target's.
+   */
+  readonly deciders?: boolean;
 }
+
+/** The deciders' own deadline (`timeoutMs`): below the proxy's other timeouts, so a silent decider is a failure, not a hook timeout. */
+const deciderTimeoutMs = 1_000;
 
 /**
  * A tier-2 policy for the fuzz proxy: it reads every upload (so bodies are buffered, and GET or
@@ -195,17 +218,24 @@ export class FuzzHarness {
   private stderr = "";
   private readonly logTail: string[] = [];
   private logScanner: SecretScanner;
-  private readonly upstreamScanners = new Map<Recorder | HostileUpstream, SecretScanner>();
+  private readonly upstreamScanners = new Map<Recorder | HostileUpstream | HostileWebSocket, SecretScanner>();
   private readonly caDir = mkdtempSync(join(tmpdir(), "egressgate-fuzz-"));
   readonly timeoutMs: number;
   readonly hangMs: number;
   private readonly policy: boolean;
   private readonly auth: boolean;
   private readonly hooks: boolean;
+  private readonly deciders: boolean;
   /** The secret's value of each guest (one without `guests`): the first is `secretValue`. */
   private readonly values: readonly string[];
   private guestIds: readonly Identity[] = [];
   private hostile!: Readonly<Record<HostileName, Readonly<Record<HostileKind, HostileUpstream>>>>;
+  /** The WebSocket upstreams (hostile-websocket.ts), TLS and plain, for `api.test` and `secret.test`. */
+  private ws!: Readonly<Record<HostileName, { readonly tls: HostileWebSocket; readonly plain: HostileWebSocket }>>;
+  private decider: HostileDecider | undefined;
+  /** The `decider` and `websocket` cases under way, by tag: what their upstream answers. */
+  private readonly deciderCases = new Map<string, DeciderCase>();
+  private readonly wsCases = new Map<string, WsCase>();
   /** Hostile HTTP/2 upstreams whose connection the proxy's HTTP/2 client gave up on in this case (below, settleSession). */
   private readonly deadSessions = new Set<HostileName>();
   /** Times a case waited for the proxy to give up such a session. */
@@ -234,6 +264,7 @@ export class FuzzHarness {
     this.policy = options.policy === true;
     this.auth = options.auth === true;
     this.hooks = options.hooks === true;
+    this.deciders = options.deciders === true;
     this.values = [secretValue, ...Array.from({ length: Math.max(0, (options.guests ?? 1) - 1) }, () => `fuzzsecret${randomBytes(12).toString("hex")}`)];
     this.hangMs = this.timeoutMs * 4;
     this.logScanner = new SecretScanner(this.values);
@@ -277,6 +308,25 @@ export class FuzzHarness {
       }
     }
     harness.hostile = hostile;
+    const ws = {} as Record<HostileName, { tls: HostileWebSocket; plain: HostileWebSocket }>;
+    for (const name of ["api", "secret"] as const) {
+      const script = (request: UpstreamRequest): ReturnType<WsCase["script"]> => harness.wsCases.get(fullTagOf(request.target) ?? "")?.script(request) ?? ["destroy"];
+      ws[name] = {
+        tls: await startHostileWebSocket({ label: `${name}-ws-tls`, host: upstreamAddress[name], tls: credentials.get(hostName(name))!, script }),
+        plain: await startHostileWebSocket({ label: `${name}-ws-plain`, host: upstreamAddress[name], script }),
+      };
+      if (name === "api") for (const upstream of [ws[name].tls, ws[name].plain]) harness.upstreamScanners.set(upstream, new SecretScanner(harness.values));
+    }
+    harness.ws = ws;
+    if (options.deciders === true) {
+      harness.decider = await startHostileDecider({
+        script: (call) => {
+          const input = harness.deciderCases.get(fullTagOf(call.url) ?? "");
+          if (input === undefined || !/[?&]seq=1(?:&|$)/.test(call.url) || call.phase !== input.phase || call.path !== deciderPaths[input.decider]) return undefined;
+          return input.script;
+        },
+      });
+    }
     for (const upstream of harness.allHostile) if (upstream.label.startsWith("api")) harness.upstreamScanners.set(upstream, new SecretScanner(harness.values));
     await harness.startChild();
     return harness;
@@ -284,6 +334,10 @@ export class FuzzHarness {
 
   private get allRecorders(): Recorder[] {
     return upstreamNames.flatMap((name) => [this.recorders[name].tls, this.recorders[name].plain]);
+  }
+
+  private get allWebSocket(): HostileWebSocket[] {
+    return (["api", "secret"] as const).flatMap((name) => [this.ws[name].tls, this.ws[name].plain]);
   }
 
   private get allHostile(): HostileUpstream[] {
@@ -304,6 +358,9 @@ export class FuzzHarness {
       ...(this.hooks ? { hooks: { apiTls: this.recorders.api.tls.port, deniedTls: this.recorders.denied.tls.port, deniedPlain: this.recorders.denied.plain.port } } : {}),
       allowedInternalHosts: [hostName("api"), hostName("secret")],
       secret: { name: secretName, hosts: [hostName("secret")], value: this.secretValue },
+      ...(this.decider !== undefined
+        ? { deciders: { webhook: `http://127.0.0.1:${this.decider.port}${deciderPaths.webhook}`, opa: `http://127.0.0.1:${this.decider.port}${deciderPaths.opa}`, timeoutMs: deciderTimeoutMs } }
+        : {}),
       ...(this.values.length > 1 ? { guests: this.values.map((value, i) => ({ name: `g${i}`, value })) } : {}),
       proxy: {
         caDir: this.caDir,
@@ -362,8 +419,8 @@ export class FuzzHarness {
         target: entry.target,
         seed: entry.seed,
         index: entry.index,
-        oracle: "unchecked",
-        detail: `an upstream saw ${JSON.stringify(request.target.slice(0, 300))}, a request a hook answered or refused`,
+        oracle: entry.target === "decider" ? "fail-open" : "unchecked",
+        detail: `an upstream saw ${JSON.stringify(request.target.slice(0, 300))}, a request ${entry.target === "decider" ? "its decider refused or failed on" : "a hook answered or refused"}`,
         steps: entry.steps,
       });
     }
@@ -404,10 +461,21 @@ export class FuzzHarness {
   }
 
   /** The case `index` of `target` under `seed`: a pure function of the three (and the world's ports and placeholder). */
-  caseOf(target: FuzzTarget, seed: string, index: number): H1Case | H2Case | HelloCase | UpstreamCase | GuestsCase {
+  caseOf(target: FuzzTarget, seed: string, index: number): H1Case | H2Case | HelloCase | (UpstreamCase & { readonly h2guest?: H2GuestChoices }) | GuestsCase | DeciderCase | WsCase {
     const rng = new Rng(seed, target, index);
     const world: FuzzWorld = { ...this.world, tag: `${target}-${index}` };
     if (target === "upstream") return upstreamCase(rng, world, { hooks: this.hooks });
+    // An HTTP/2 guest is in a TLS tunnel: the upstreams it reaches speak TLS.
+    if (target === "h2guest") {
+      const sub = upstreamCase(rng, world, { hooks: this.hooks, kinds: ["h1tls", "h2"] });
+      const steps = [...sub.steps];
+      return { ...sub, steps, h2guest: h2GuestChoices(rng, steps) };
+    }
+    if (target === "decider") {
+      if (!this.deciders) throw new Error("--target decider needs a harness started with deciders (--deciders)");
+      return deciderCase(rng, world);
+    }
+    if (target === "websocket") return websocketCase(rng, world);
     if (target === "guests") {
       if (this.guestIds.length < 2) throw new Error("--target guests needs a harness started with guests (--guests N)");
       // Two or more guests at once, each a case of its own with its placeholder: the answers quote what each sent.
@@ -442,10 +510,20 @@ export class FuzzHarness {
       await this.startChild();
     }
     const tag = `${target}-${index}`;
+    if ("decider" in input) {
+      this.deciderCases.set(tag, input);
+      if (this.deciderCases.size > 50) this.deciderCases.delete(this.deciderCases.keys().next().value!);
+    }
+    if ("early" in input) {
+      this.wsCases.set(tag, input);
+      if (this.wsCases.size > 50) this.wsCases.delete(this.wsCases.keys().next().value!);
+    }
     const bodies = "bodies" in input && input.bodies !== undefined ? input.bodies : new Map<number, string>();
     const subs: { readonly tag: string; readonly sub: UpstreamCase }[] =
       "outcome" in input ? [{ tag, sub: input }] : "guests" in input ? input.guests.map(({ guest, sub }) => ({ tag: `${tag}-g${guest}`, sub })) : [];
     const unreachable = new Set(subs.filter(({ sub }) => !sub.outcome.reaches).map(({ tag: t }) => t));
+    // A decider that refused or failed in the request phase: the request must not reach the upstream.
+    if ("decider" in input && input.phase === "request" && !input.verdicts.allow) unreachable.add(tag);
     const entry: LedgerEntry = { bound: Number.POSITIVE_INFINITY, requests: 0, redirects: 0, reported: false, target, seed, index, steps: input.steps, bodies, unreachable };
     for (const { tag: t, sub } of subs) {
       this.scripts.set(t, { name: sub.name, kind: sub.kind, script: sub.script, redirect: sub.slack >= 11 });
@@ -460,7 +538,10 @@ export class FuzzHarness {
     const conns: GuestConn[] = [];
     let bound: number;
     try {
-      if ("outcome" in input) bound = await this.runUpstream(input, tag, this.guestIds[0]!, conns, report, guestScanner);
+      if ("decider" in input) bound = await this.runDecider(input, tag, conns, report, guestScanner);
+      else if ("early" in input) bound = await this.runWebsocket(input, tag, conns, report, guestScanner);
+      else if ("outcome" in input && target === "h2guest") bound = await this.runH2Guest(input, conns, report, guestScanner);
+      else if ("outcome" in input) bound = await this.runUpstream(input, tag, this.guestIds[0]!, conns, report, guestScanner);
       else if ("guests" in input) bound = await this.runGuests(input, tag, conns, report);
       else if ("targetNamed" in input) bound = await this.runHello(input, conns, report, guestScanner);
       else if ("streams" in input) bound = await this.runH2(input, conns, report, guestScanner);
@@ -508,6 +589,20 @@ export class FuzzHarness {
         this.upstreamScanners.set(upstream, new SecretScanner(this.values));
       }
     }
+    for (const upstream of this.allWebSocket) {
+      for (const bad of upstream.malformed.splice(0)) report("upstream-malformed", `${upstream.label} read ${bad.reason}; it received ${JSON.stringify(bad.bytes.toString("latin1").slice(-1500))}`);
+      const scanner = this.upstreamScanners.get(upstream);
+      for (const chunk of upstream.received) scanner?.push(chunk);
+      upstream.received.length = 0;
+      if (scanner?.found !== undefined) {
+        report("secret-upstream", `${upstream.label} received the secret's value: ${JSON.stringify(scanner.found)}`);
+        this.upstreamScanners.set(upstream, new SecretScanner(this.values));
+      }
+    }
+    if (this.decider !== undefined) {
+      for (const bad of this.decider.malformed.splice(0)) report("upstream-malformed", `the decider read ${bad.reason}; it received ${JSON.stringify(bad.bytes.toString("latin1").slice(0, 1500))}`);
+    }
+    if ("early" in input) this.judgeWsUpstream(input, tag, report);
     for (const name of ["tls", "plain"] as const) {
       const denied = this.recorders.denied[name];
       if (denied.connections > 0) {
@@ -889,6 +984,205 @@ export class FuzzHarness {
     return bounds.reduce((a, b) => a + b, 0);
   }
 
+  /** A CONNECT tunnel to `authority` and TLS inside it with `alpn`, or undefined (reported) if the tunnel was refused. */
+  private async tunnel(name: UpstreamName, authority: string, alpn: readonly string[], conns: GuestConn[], report: (oracle: string, detail: string) => void): Promise<GuestConn | undefined> {
+    const outer = await GuestConn.open(this.ready.port);
+    conns.push(outer);
+    outer.write(Buffer.from(`CONNECT ${authority} HTTP/1.1\r\nHost: ${authority}\r\n${this.credentialsField()}\r\n`));
+    await outer.until(() => headComplete(outer.received), Date.now() + this.hangMs);
+    if (!outer.received.toString("latin1").startsWith("HTTP/1.1 200")) {
+      report("harness", `CONNECT ${authority} got ${JSON.stringify(outer.received.toString("latin1").slice(0, 300))}`);
+      return undefined;
+    }
+    const conn = await outer.startTls(hostName(name), this.ready.caCertPem, alpn);
+    conns.push(conn);
+    return conn;
+  }
+
+  /**
+   * A case of `h2guest`: an `upstream` case's two requests from a `node:http2` guest, on one
+   * session in a TLS tunnel (h2-guest-run.ts), judged as the HTTP/1.1 guest's are; the session
+   * then closes within `hangMs` of the guest's GOAWAY.
+   */
+  private async runH2Guest(input: UpstreamCase & { readonly h2guest?: H2GuestChoices }, conns: GuestConn[], report: (oracle: string, detail: string) => void, scanner: SecretScanner): Promise<number> {
+    const authority = `${hostName(input.name)}:${this.world.hostile![input.name][input.kind]}`;
+    const conn = await this.tunnel(input.name, authority, ["h2"], conns, report);
+    if (conn === undefined) return 2 + input.slack;
+    if ((conn.socket as { alpnProtocol?: string | false }).alpnProtocol !== "h2") {
+      report("harness", "ALPN did not choose h2");
+      return 2 + input.slack;
+    }
+    const choices = input.h2guest ?? { initialWindowSize: undefined, cancel: "none" };
+    const { session, errors } = h2Session(conn, authority, choices);
+    try {
+      const upload = input.method === "POST" ? Buffer.from(input.upload, "latin1") : undefined;
+      const fields = Object.fromEntries(input.fields.map(([n, v]) => [n.toLowerCase(), v]));
+      const first = await h2Request(
+        session,
+        { ":method": input.method, ":path": input.target, ":authority": authority, ...fields, ...(upload === undefined ? {} : { "content-length": String(upload.length) }) },
+        upload,
+        Date.now() + this.hangMs,
+        scanner,
+        choices.cancel,
+      );
+      const key = first.kind === "answer" ? String(first.answer.status) : first.kind;
+      this.stats.set(key, (this.stats.get(key) ?? 0) + 1);
+      const second = await h2Request(session, { ":method": "GET", ":path": input.second.target, ":authority": authority, ...Object.fromEntries(input.second.fields) }, undefined, Date.now() + this.hangMs, scanner);
+      const echo = /[?&]echo=1/.test(input.second.target) ? `auth=${input.second.fields.length > 0 ? `Bearer ${this.guestIds[0]!.value}` : ""}\n` : "";
+      judgeH2Upstream(input, first, second, normalBody(hostileLabel(input.name, input.kind), input.second.target) + echo, report, choices.cancel !== "none");
+      if (errors.length > 0) report("guest-malformed", `the guest's HTTP/2 session failed: ${errors.join("; ")}`);
+    } finally {
+      session.close();
+    }
+    if (!(await conn.closedBy(Date.now() + this.hangMs))) report("hang", `the HTTP/2 connection was still open ${this.hangMs} ms after the guest's GOAWAY`);
+    return 2 + input.slack;
+  }
+
+  /**
+   * A case of `decider`: a request whose decider call is answered badly, then a second on the
+   * same connection (pipelined, `Connection: close`). The first gets what the decider's answer
+   * means by its contract (an allow: the upstream's answer; a block: its status; a failure:
+   * 502); a request-phase decider that did not allow must not let it reach the upstream (the
+   * ledger's `fail-open`); the second is allowed and answered.
+   */
+  private async runDecider(input: DeciderCase, tag: string, conns: GuestConn[], report: (oracle: string, detail: string) => void, scanner: SecretScanner): Promise<number> {
+    const plain = input.via === "plain";
+    const port = plain ? this.world.ports.api.plain : this.world.ports.api.tls;
+    const authority = `${hostName("api")}:${port}`;
+    let conn: GuestConn | undefined;
+    if (plain) {
+      conn = await GuestConn.open(this.ready.port);
+      conns.push(conn);
+    } else conn = await this.tunnel("api", authority, ["http/1.1"], conns, report);
+    if (conn === undefined) return 2;
+    const line = (target: string): string => (plain ? `http://${authority}${target}` : target);
+    const credentials = plain ? this.credentialsField() : "";
+    const upload = Buffer.from(input.upload, "latin1");
+    const second = `/d?c=${tag}&seq=2`;
+    await conn.writeAll([
+      Buffer.concat([Buffer.from(`${input.method} ${line(input.target)} HTTP/1.1\r\nHost: ${authority}\r\n${credentials}${input.method === "POST" ? `Content-Length: ${upload.length}\r\n` : ""}\r\n`), upload]),
+      Buffer.from(`GET ${line(second)} HTTP/1.1\r\nHost: ${authority}\r\n${credentials}Connection: close\r\n\r\n`),
+    ]);
+    if (!(await conn.closedBy(Date.now() + this.hangMs))) report("hang", `the connection was still open ${this.hangMs} ms after the guest's last request; received ${JSON.stringify(conn.received.toString("latin1").slice(0, 500))}`);
+    scanner.push(conn.received);
+    const received = (): string => JSON.stringify(conn.received.toString("latin1").slice(0, 1200));
+    const label = plain ? "api-plain" : "api-tls";
+    const allowed = (): string => `allowed ${[input.verdicts.allow ? "the upstream's answer" : "", ...input.verdicts.block.map((s) => `a ${s} block`), input.verdicts.fail ? "a 502 failure" : ""].filter((x) => x !== "").join(", ")}`;
+    const parsed = parseGuestResponse(conn.received, true, () => input.method === "HEAD");
+    if (parsed.kind !== "done") {
+      report(parsed.kind === "bad" ? "guest-malformed" : "wrong-answer", `${parsed.kind === "bad" ? parsed.reason : "no whole answer to the first request"}; ${allowed()}; received ${received()}`);
+      return 2;
+    }
+    const answer = parsed.value;
+    this.stats.set(String(answer.status), (this.stats.get(String(answer.status)) ?? 0) + 1);
+    const code = answer.fields.find(([n]) => n.toLowerCase() === "x-egressgate-error")?.[1];
+    const body = answer.body.toString("latin1");
+    const upstreamAnswer = input.method === "HEAD" ? body === "" : new RegExp(`^upstream ${label} [0-9]+ /d\\?c=${tag}&seq=1\n$`).test(body);
+    const ok =
+      (code === undefined && input.verdicts.allow && answer.status === 200 && upstreamAnswer) ||
+      (code === "EG_HOOK_BLOCKED" && input.verdicts.block.includes(answer.status)) ||
+      (code === "EG_HOOK_FAILED" && answer.status === 502 && input.verdicts.fail);
+    if (!ok) report(code === undefined && answer.status === 200 && !input.verdicts.allow ? "fail-open" : "wrong-answer", `the first request got ${answer.status} ${code ?? ""} ${JSON.stringify(body.slice(0, 300))}; ${allowed()}`);
+    const rest = conn.received.subarray(parsed.consumed);
+    const closing = answer.fields.some(([n, v]) => n.toLowerCase() === "connection" && /\bclose\b/i.test(v));
+    if (rest.length === 0) {
+      if (!closing) report("next-request", `the connection closed without answering the second request, after a ${answer.status} that did not say it would close`);
+      return 2;
+    }
+    const next = parseGuestResponse(rest, true, () => false);
+    if (next.kind !== "done" || next.value.status !== 200 || !new RegExp(`^upstream ${label} [0-9]+ /d\\?c=${tag}&seq=2\n$`).test(next.value.body.toString("latin1"))) {
+      report("next-request", `the second request got ${JSON.stringify(rest.toString("latin1").slice(0, 600))}, not the upstream's answer`);
+    }
+    return 2;
+  }
+
+  /**
+   * A case of `websocket`: an upgrade to a hostile WebSocket upstream, with the guest's bytes on
+   * both sides of the 101. A 101 must be one the outcome allows, and be followed by exactly what
+   * the upstream sent after its head (or that first, when it closed); a refusal must be a proxy
+   * error the outcome allows (and judgeWsUpstream checks nothing reached the upstream past it).
+   */
+  private async runWebsocket(input: WsCase, tag: string, conns: GuestConn[], report: (oracle: string, detail: string) => void, scanner: SecretScanner): Promise<number> {
+    const upstream = this.ws[input.name][input.via === "plain" ? "plain" : "tls"];
+    const authority = `${hostName(input.name)}:${upstream.port}`;
+    let conn: GuestConn | undefined;
+    if (input.via === "plain") {
+      conn = await GuestConn.open(this.ready.port);
+      conns.push(conn);
+    } else conn = await this.tunnel(input.name, authority, ["http/1.1"], conns, report);
+    if (conn === undefined) return 1;
+    const target = input.via === "plain" ? `http://${authority}${input.target}` : input.target;
+    const credentials = input.via === "plain" ? this.credentialsField() : "";
+    const fields = input.fields.map(([n, v]) => `${n}: ${v}\r\n`).join("");
+    await conn.writeAll([Buffer.from(`GET ${target} HTTP/1.1\r\nHost: ${authority}\r\n${credentials}${fields}\r\n`, "latin1"), ...(input.early.length > 0 ? [input.early] : [])]);
+    // The answer's head (a 101 has no body; a refusal's body has a length).
+    const head = (): ReturnType<typeof parseGuestResponse> => parseGuestResponse(conn.received, conn.closed, (status) => status === 101);
+    await conn.until(() => head().kind !== "more", Date.now() + this.hangMs);
+    const parsed = head();
+    const outcome = input.expect;
+    const received = (): string => JSON.stringify(conn.received.subarray(0, 600).toString("latin1"));
+    if (parsed.kind === "more") {
+      if (conn.closed) {
+        // Closed with no whole answer: only past the 64 KiB the proxy holds before a 101.
+        if (outcome.errors !== "any") report("wrong-answer", `the connection closed without a whole answer to the upgrade; received ${received()}`);
+      } else report("hang", `no answer to the upgrade within ${this.hangMs} ms; received ${received()}`);
+      return 1;
+    }
+    if (parsed.kind === "bad") {
+      report("guest-malformed", `${parsed.reason}; received ${received()}`);
+      return 1;
+    }
+    const answer = parsed.value;
+    this.stats.set(String(answer.status), (this.stats.get(String(answer.status)) ?? 0) + 1);
+    const code = answer.fields.find(([n]) => n.toLowerCase() === "x-egressgate-error")?.[1];
+    if (answer.status !== 101) {
+      if (outcome.switched === "yes" || code === undefined || (outcome.errors !== "any" && !outcome.errors.includes(code))) {
+        report("wrong-answer", `the upgrade got ${answer.status} ${code ?? ""} ${JSON.stringify(answer.body.toString("latin1").slice(0, 300))}; allowed ${outcome.switched === "no" ? "" : "a 101 or "}${outcome.errors === "any" ? "any error" : outcome.errors.join(",")}`);
+      }
+      conn.end();
+      if (!(await conn.closedBy(Date.now() + this.hangMs))) report("hang", `the connection was still open ${this.hangMs} ms after a refused upgrade and the guest's end`);
+      scanner.push(conn.received);
+      return 1;
+    }
+    if (outcome.switched === "no") report("wrong-answer", `the upgrade was switched (${received()}); allowed ${outcome.errors === "any" ? "any error" : outcome.errors.join(",")}`);
+    const start = parsed.consumed;
+    if (input.late.length > 0) conn.write(input.late);
+    if (input.cut) {
+      conn.destroy();
+      scanner.push(conn.received);
+      return 1;
+    }
+    const after = (): Buffer => conn.received.subarray(start);
+    const expected = outcome.after;
+    // Not an oracle: how long the guest reads before its end. An exact relay ends once it is whole.
+    await conn.until(() => (expected?.exact === true ? after().length >= expected.bytes.length : false), Date.now() + (expected?.exact === true ? this.hangMs : 200));
+    conn.end();
+    if (!(await conn.closedBy(Date.now() + this.hangMs))) report("hang", `the relay was still open ${this.hangMs} ms after the guest's end`);
+    scanner.push(conn.received);
+    if (expected !== undefined) {
+      const got = after();
+      const same = expected.exact ? got.equals(expected.bytes) : got.subarray(0, expected.bytes.length).equals(expected.bytes);
+      if (!same) {
+        let at = 0;
+        while (at < got.length && at < expected.bytes.length && got[at] === expected.bytes[at]) at++;
+        report("ws-relay", `after the 101 the guest got ${got.length} bytes, ${expected.exact ? "not exactly" : "not starting with"} the ${expected.bytes.length} the upstream sent (they differ from byte ${at}: got ${JSON.stringify(got.subarray(at, at + 80).toString("latin1"))}, sent ${JSON.stringify(expected.bytes.subarray(at, at + 80).toString("latin1"))})`);
+      }
+    }
+    return 1;
+  }
+
+  /** A refused upgrade let nothing of the guest's past its head reach the upstream. */
+  private judgeWsUpstream(input: WsCase, tag: string, report: (oracle: string, detail: string) => void): void {
+    const upstream = this.ws[input.name][input.via === "plain" ? "plain" : "tls"];
+    const connections = upstream.byTag.get(tag) ?? [];
+    if (input.expect.switched === "no") {
+      for (const c of connections) {
+        if (c.after.length > 0) report("ws-unchecked", `${upstream.label} got ${c.after.length} bytes past the head of an upgrade the proxy refused: ${JSON.stringify(c.after.subarray(0, 200).toString("latin1"))}`);
+      }
+    }
+    if (connections.length > 1) report("smuggling", `${upstream.label} got ${connections.length} upgrade requests for one`);
+  }
+
   /** Judges what the guest got for an `upstream` case against the outcome its answer allows. */
   private judgeUpstream(buf: Buffer, input: UpstreamCase, secondBody: string, report: (oracle: string, detail: string) => void): void {
     const received = (): string => JSON.stringify(buf.toString("latin1").slice(0, 1500));
@@ -935,7 +1229,7 @@ export class FuzzHarness {
     }
     const next = parseGuestResponse(rest, true, () => false);
     const lost = (value: { fields: readonly (readonly [string, string])[] }): boolean =>
-      outcome.cut && value.fields.some(([n, v]) => n.toLowerCase() === "x-egressgate-error" && (v === "EG_UPSTREAM" || v === "EG_UPSTREAM_TIMEOUT"));
+      (outcome.cut || outcome.lostNext === true) && value.fields.some(([n, v]) => n.toLowerCase() === "x-egressgate-error" && (v === "EG_UPSTREAM" || v === "EG_UPSTREAM_TIMEOUT"));
     if (next.kind !== "done" || (!lost(next.value) && (next.value.status !== 200 || next.value.body.toString("latin1") !== secondBody))) {
       report("next-request", `the second request got ${JSON.stringify(rest.toString("latin1").slice(0, 600))}, not its own answer ${JSON.stringify(secondBody)}`);
       return;
@@ -974,6 +1268,6 @@ export class FuzzHarness {
       await exited;
     }
     rmSync(this.caDir, { recursive: true, force: true });
-    await Promise.all([...this.allRecorders.map((r) => r.close()), ...this.allHostile.map((h) => h.close())]);
+    await Promise.all([...this.allRecorders.map((r) => r.close()), ...this.allHostile.map((h) => h.close()), ...this.allWebSocket.map((w) => w.close()), this.decider?.close()]);
   }
 }

@@ -30,6 +30,11 @@ export interface Outcome {
   reaches: boolean;
   /** The body cannot be decoded (a Content-Encoding it does not have): a hook's read of it fails. */
   undecodable?: boolean;
+  /**
+   * The upstream closes its connection after the answer (HTTP/2, without GOAWAY): a next request
+   * the proxy put on it before the FIN came may get 502, as the upstream may have processed it.
+   */
+  lostNext?: boolean;
 }
 
 export interface UpstreamCase {
@@ -860,7 +865,7 @@ function h2Answer(c: Context): { script: HostileStep[]; outcome: Outcome; slack:
   }
   if (end !== undefined) script.push(end);
   const relays = noRelay ? [] : [{ status, body: text }];
-  const outcome: Outcome = broken ? { relays, errors: "any", cut: true, reaches: true } : { relays, errors: [], cut: false, reaches: true };
+  const outcome: Outcome = broken ? { relays, errors: "any", cut: true, reaches: true } : { relays, errors: [], cut: false, reaches: true, lostNext: end === "end" };
   return { script, outcome, slack };
 }
 
@@ -939,10 +944,10 @@ function hooked(outcome: Outcome, tag: string, req: string, res: string, method:
 }
 
 /** Target `upstream`: one well-formed request (then a second on the same connection) to a hostile upstream. */
-export function upstreamCase(rng: Rng, world: FuzzWorld, options: { readonly hooks: boolean; readonly echo?: boolean }): UpstreamCase {
+export function upstreamCase(rng: Rng, world: FuzzWorld, options: { readonly hooks: boolean; readonly echo?: boolean; readonly kinds?: readonly HostileKind[] }): UpstreamCase {
   const steps: string[] = [];
   const name: HostileName = rng.chance(0.5) ? "api" : "secret";
-  const kind: HostileKind = rng.pick(hostileKinds);
+  const kind: HostileKind = rng.pick(options.kinds ?? hostileKinds);
   const method = rng.pick(["GET", "GET", "GET", "POST", "HEAD"] as const);
   const tag = world.tag ?? "x-0";
   const placeholder = name === "secret" && rng.chance(0.6);
