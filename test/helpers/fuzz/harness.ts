@@ -1029,7 +1029,7 @@ export class FuzzHarness {
       this.stats.set(key, (this.stats.get(key) ?? 0) + 1);
       const second = await h2Request(session, { ":method": "GET", ":path": input.second.target, ":authority": authority, ...Object.fromEntries(input.second.fields) }, undefined, Date.now() + this.hangMs, scanner);
       const echo = /[?&]echo=1/.test(input.second.target) ? `auth=${input.second.fields.length > 0 ? `Bearer ${this.guestIds[0]!.value}` : ""}\n` : "";
-      judgeH2Upstream(input, first, second, normalBody(hostileLabel(input.name, input.kind), input.second.target) + echo, report, choices.cancel !== "none");
+      judgeH2Upstream(input, first, second, normalBody(hostileLabel(input.name, input.kind), input.second.target) + echo, report, choices.cancel !== "none", choices.initialWindowSize === 1);
       if (errors.length > 0) report("guest-malformed", `the guest's HTTP/2 session failed: ${errors.join("; ")}`);
     } finally {
       session.close();
