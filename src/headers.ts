@@ -29,28 +29,46 @@ const hopByHop = new Set([
 /**
  * Copies a raw header list without hop-by-hop fields, without the fields that `Connection`
  * names (RFC 9110 §7.6.1: a client can mark any field hop-by-hop), and without `drop`.
+ *
+ * One pass, each name lowercased once: every request runs it (the guest's head), and every
+ * response from an HTTP/1.1 upstream (whose `Connection: keep-alive` names only a field that
+ * goes anyway). The fields a `Connection` names besides the hop-by-hop ones are taken out of the
+ * copy after, which keeps the order of what stays.
  */
 export function endToEndHeaders(raw: readonly string[], drop: ReadonlySet<string> = emptySet): HeaderList {
-  let named: Set<string> | undefined;
-  for (let i = 0; i < raw.length; i += 2) {
-    if (raw[i]!.toLowerCase() === "connection") {
-      named ??= new Set();
-      for (const token of raw[i + 1]!.split(",")) named.add(token.trim().toLowerCase());
-    }
-  }
   const out: HeaderList = [];
+  let named: Set<string> | undefined;
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i]!;
     const lower = name.toLowerCase();
+    if (lower === "connection") named = connectionNamed(raw[i + 1]!, named);
     // `te: trailers` says the client takes trailers, which the proxy passes on: gRPC servers
     // refuse requests without it, and it is the one TE value HTTP/2 allows (RFC 9113 §8.2.2).
     if (lower === "te" && drop.has("te") === false && isTrailersOnly(raw[i + 1]!)) {
       out.push(name, "trailers");
       continue;
     }
-    if (hopByHop.has(lower) || drop.has(lower) || named?.has(lower) === true) continue;
+    if (hopByHop.has(lower) || drop.has(lower)) continue;
     out.push(name, raw[i + 1]!);
   }
+  return named === undefined ? out : withoutNamed(out, named);
+}
+
+/**
+ * The field names a `Connection` value lists, added to `named`, leaving out the hop-by-hop ones
+ * (dropped whatever it says; `te: trailers` is kept even when named). Undefined while none is left.
+ */
+function connectionNamed(value: string, named: Set<string> | undefined): Set<string> | undefined {
+  for (const token of value.split(",")) {
+    const lower = token.trim().toLowerCase();
+    if (!hopByHop.has(lower)) (named ??= new Set()).add(lower);
+  }
+  return named;
+}
+
+function withoutNamed(list: HeaderList, named: ReadonlySet<string>): HeaderList {
+  const out: HeaderList = [];
+  for (let i = 0; i < list.length; i += 2) if (!named.has(list[i]!.toLowerCase())) out.push(list[i]!, list[i + 1]!);
   return out;
 }
 
@@ -99,7 +117,9 @@ function isTrailersOnly(value: string): boolean {
 /** undici's header object (arrays for repeated fields) as a raw list; Set-Cookie stays split. */
 export function headerObjectToList(headers: Record<string, string | string[] | undefined>): HeaderList {
   const out: HeaderList = [];
-  for (const [name, value] of Object.entries(headers)) {
+  // Keys then values: Object.entries() made an array for every field of every response.
+  for (const name of Object.keys(headers)) {
+    const value = headers[name];
     if (value === undefined) continue;
     if (Array.isArray(value)) for (const v of value) out.push(name, v);
     else out.push(name, value);
@@ -175,28 +195,57 @@ export function noContentFraming(status: number, headers: HeaderList): HeaderLis
 const contentLength: ReadonlySet<string> = new Set(["content-length"]);
 
 /**
- * A response's Content-Length spelled as a number is (RFC 9110 §8.6: `1*DIGIT`): without leading
- * zeros or the whitespace around it (`002` and ` 2 ` are `2`), so that the guest and every
- * client after it read the length the proxy framed the body by. llhttp and nghttp2 take leading
- * zeros, and an upstream's `Content-Length: 002` went to the guest as written (helper finding):
- * a parser that reads it as octal, or refuses it, disagrees with the proxy on where the body
- * ends. Undefined when the list holds more than one such field, or one that is not a number:
- * the caller refuses the response (RFC 9112 §6.3: invalid framing is an unrecoverable error),
- * never forwards it. Both parsers refuse those already; this keeps the rule where it is used.
+ * An upstream response's header fields as they may go on (the guest's, and hooks' view): end to
+ * end only ({@link endToEndHeaders}, in one pass with the rest), and the Content-Length spelled
+ * as a number is (RFC 9110 §8.6: `1*DIGIT`): without leading zeros or the whitespace around it
+ * (`002` and ` 2 ` are `2`), so that the guest and every client after it read the length the
+ * proxy framed the body by. llhttp and nghttp2 take leading zeros, and an upstream's
+ * `Content-Length: 002` went to the guest as written (helper finding): a parser that reads it as
+ * octal, or refuses it, disagrees with the proxy on where the body ends. Undefined when the list
+ * holds more than one such field, or one that is not a number (even one that `Connection`
+ * names): the caller refuses the response (RFC 9112 §6.3: invalid framing is an unrecoverable
+ * error), never forwards it. Both parsers refuse those already; this keeps the rule where it is
+ * used.
  */
-export function canonicalContentLength(list: HeaderList): HeaderList | undefined {
-  let at = -1;
+export function upstreamResponseFields(list: readonly string[]): HeaderList | undefined {
+  const out: HeaderList = [];
+  let named: Set<string> | undefined;
+  let lengths = 0;
   for (let i = 0; i < list.length; i += 2) {
-    if (list[i]!.toLowerCase() !== "content-length") continue;
-    if (at >= 0) return undefined;
-    at = i;
+    const name = list[i]!;
+    const lower = name.toLowerCase();
+    let value = list[i + 1]!;
+    if (lower === "content-length") {
+      const number = ++lengths === 1 ? canonicalLength(value) : undefined;
+      if (number === undefined) return undefined;
+      value = number;
+    } else if (lower === "connection") named = connectionNamed(value, named);
+    else if (lower === "te" && isTrailersOnly(value)) {
+      out.push(name, "trailers");
+      continue;
+    }
+    if (hopByHop.has(lower)) continue;
+    out.push(name, value);
   }
-  if (at < 0) return list;
-  const value = list[at + 1]!.replace(/^[ \t]+|[ \t]+$/g, "");
-  if (!/^[0-9]+$/.test(value)) return undefined;
-  const number = value.replace(/^0+(?=[0-9])/, "");
-  if (number === list[at + 1]) return list;
-  const out = [...list];
-  out[at + 1] = number;
-  return out;
+  return named === undefined ? out : withoutNamed(out, named);
+}
+
+/** A Content-Length value as digits without leading zeros or the whitespace around; undefined when it is not a number. */
+function canonicalLength(value: string): string | undefined {
+  // Already spelled so (nearly every response): as it is, without the regular expressions below.
+  if (plainLength(value)) return value;
+  const trimmed = value.replace(/^[ \t]+|[ \t]+$/g, "");
+  if (!/^[0-9]+$/.test(trimmed)) return undefined;
+  return trimmed.replace(/^0+(?=[0-9])/, "");
+}
+
+/** `0`, or digits without a leading zero: a Content-Length that needs no rewriting. */
+function plainLength(value: string): boolean {
+  const n = value.length;
+  if (n === 0 || (value.charCodeAt(0) === 48 && n > 1)) return false;
+  for (let i = 0; i < n; i++) {
+    const c = value.charCodeAt(i);
+    if (c < 48 || c > 57) return false;
+  }
+  return true;
 }

@@ -7,6 +7,17 @@ export function bareHostname(hostname: string): string {
   return hostname.startsWith("[") && hostname.endsWith("]") ? hostname.slice(1, -1) : hostname;
 }
 
+/**
+ * `isIP(name) !== 0`, without its two regular expressions for a name that cannot be an address:
+ * every IPv4 address starts with a digit and every IPv6 one holds a colon. A request's host name
+ * is asked twice (the resolver, the address check), and is rarely a literal.
+ */
+export function isIPAddress(name: string): boolean {
+  const first = name.charCodeAt(0);
+  if (!(first >= 48 && first <= 57) && !name.includes(":")) return false;
+  return isIP(name) !== 0;
+}
+
 // Letters, digits, dot, hyphen and underscore: no userinfo (`@`), path, CR, LF, NUL or backslash
 // can slip into a hostname and confuse the URL parser or a log reader.
 const hostChars = /^[A-Za-z0-9._-]+$/;

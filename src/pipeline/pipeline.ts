@@ -22,7 +22,7 @@ import {
   type TraceEntry,
   type SendInfo,
 } from "./exchange.js";
-import { canonicalContentLength, endToEndHeaders, getHeader, hasNoContent, headerObjectToList, noContentFraming, type HeaderList } from "../headers.js";
+import { getHeader, hasNoContent, headerObjectToList, noContentFraming, upstreamResponseFields, type HeaderList } from "../headers.js";
 import type { HookLimits, OnRequestOutcome } from "./hook-phases.js";
 import { checkHandedRequest, checkMadeResponse } from "./head-bounds.js";
 import { nextHop, redirectStatuses } from "./redirects.js";
@@ -382,20 +382,24 @@ export class Pipeline {
     // The checks are AND-ed in source order: the first refusal wins.
     for (const source of this.phase.isRequestAllowed) await attributed(source, () => source.isRequestAllowed(request, limits, call), trace, "isRequestAllowed");
     const hostStarted = trace === undefined ? 0 : performance.now();
-    const hostDecision = policy.checkHost(url.hostname);
+    // One string for every look-up below (a getter's new string is hashed again by each map).
+    const urlHostname = url.hostname;
+    const hostDecision = policy.checkHost(urlHostname);
     if (trace !== undefined) trace.push(declarativeEntry("allowlist", hostDecision, hostStarted));
     if (!hostDecision.allowed) throw denied(hostDecision.reason);
 
-    const port = Number(url.port || (url.protocol === "https:" ? 443 : 80));
-    const hostname = bareHostname(url.hostname);
+    // Each of a URL's getters makes a new string: read once.
+    const secure = url.protocol === "https:";
+    const port = Number(url.port || (secure ? 443 : 80));
+    const hostname = bareHostname(urlHostname);
     // "http" or "https", as Gondolin's hooks get it (not the URL's "https:").
-    const protocol: "http" | "https" = url.protocol === "https:" ? "https" : "http";
-    const addresses = await resolver.resolve(url.hostname);
+    const protocol: "http" | "https" = secure ? "https" : "http";
+    const addresses = await resolver.resolve(urlHostname);
     let firstRefusal: Decision | undefined;
     const approved: ResolvedAddress[] = [];
     for (const address of addresses) {
       const addressStarted = trace === undefined ? 0 : performance.now();
-      const decision = policy.checkAddress(url.hostname, address, port);
+      const decision = policy.checkAddress(urlHostname, address, port);
       if (!decision.allowed) {
         // An allowed address is the rule, not news: only refusals get an entry.
         if (trace !== undefined) trace.push(declarativeEntry("address", decision, addressStarted));
@@ -419,7 +423,7 @@ export class Pipeline {
       approved.push(address);
     }
     if (approved.length > 0) return { addresses: approved, decision: hostDecision };
-    if (firstRefusal === undefined) throw denied(`host "${url.hostname}" has no usable address`);
+    if (firstRefusal === undefined) throw denied(`host "${urlHostname}" has no usable address`);
     const refused = denied(firstRefusal.reason, firstRefusal.detail);
     refused.source = firstRefusal.source;
     throw refused;
@@ -514,7 +518,7 @@ export class Pipeline {
       const empty = noBody || hasNoContent(response.statusCode);
       if (empty) void response.body.dump().catch(() => undefined);
       // Only a chunked body can end in a trailer section; undici fills `trailers` before the body's end.
-      const chunked = /chunked/i.test(String(response.headers["transfer-encoding"] ?? ""));
+      const chunked = framing !== undefined && /chunked/i.test(String(framing));
       // Tiny chunks are joined per turn, as a guest's are. Each push of one that found the guest's
       // side full paused undici's parser, which on resuming copied the rest of the socket's read
       // again: a plain-HTTP body of a million 1-byte chunks took 50-60 s of the proxy's CPU
@@ -572,17 +576,17 @@ function madeResponse(source: HookSource, hooked: HookedOnResponse): HookedOnRes
 
 /**
  * An upstream's response header fields as the guest may get them: end to end only, the
- * Content-Length spelled as a number is ({@link canonicalContentLength}: `002` is `2`), and the
+ * Content-Length spelled as a number is ({@link upstreamResponseFields}: `002` is `2`), and the
  * length fields of a response without content as {@link noContentFraming} says. A Content-Length
  * that is not one number is a 502, its body released, and nothing of it is forwarded.
  */
 function upstreamHeaders(status: number, list: HeaderList, url: URL, body: Readable | null): HeaderList {
-  const framed = canonicalContentLength(list);
-  if (framed === undefined) {
+  const fields = upstreamResponseFields(list);
+  if (fields === undefined) {
     discardBody(body);
     throw new EgressError("EG_UPSTREAM", 502, `upstream ${url.host} sent a Content-Length that is not one number`);
   }
-  return noContentFraming(status, endToEndHeaders(framed));
+  return noContentFraming(status, fields);
 }
 
 /** How much of a path an error message quotes. */

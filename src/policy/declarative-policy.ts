@@ -1,11 +1,10 @@
-import { isIP } from "node:net";
 import { sameAddress } from "../upstream/pinned-pools.js";
 import type { ResolvedAddress } from "../upstream/resolve.js";
 import { allow, deny, type Decision } from "./decision.js";
 import { compileHostPatterns, type HostMatcher } from "./host-pattern.js";
 import { classifyIp, type IpClassification } from "./ip-classify.js";
 import type { SecretStore } from "./secrets.js";
-import { bareHostname } from "../hostname.js";
+import { bareHostname, isIPAddress } from "../hostname.js";
 
 /** The declarative tier, validated. */
 export interface DeclarativeConfig {
@@ -75,7 +74,7 @@ export class DeclarativePolicy {
     const c = this.classify(address.ip);
     const shown = c.embeddedIPv4 !== undefined ? `${address.ip} (${c.embeddedIPv4})` : address.ip;
     // A name's resolved address goes to the log only; a literal the guest wrote is no news to it.
-    const literal = isIP(name) !== 0;
+    const literal = isIPAddress(name);
     const target = literal ? `${shown}` : `host "${name}" resolves to`;
     const what = (kind: string): string => (literal ? `${target} is ${kind}` : `${target} ${kind}`);
     const detail = literal ? undefined : `${name} -> ${shown}`;

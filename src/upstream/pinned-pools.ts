@@ -65,6 +65,8 @@ export function sameAddress(a: string, b: string): boolean {
  */
 export class PinnedPools {
   private readonly pools = new Map<string, Pool>();
+  /** The key last put at the end of {@link pools}: get() need not move it again. */
+  private newest: string | undefined;
   /** close() was called: see get(). */
   private retired = false;
   /** stop() was called (the guest was removed): every request from now on gets it, and no connection opens. */
@@ -104,7 +106,24 @@ export class PinnedPools {
    */
   protocolOf(origin: URL, address: ResolvedAddress): "h1" | "h2" | undefined {
     if (origin.protocol !== "https:") return "h1";
-    return this.h2.protocolOf(keyOf(origin, address));
+    return this.h2.protocolOf(this.keyOf(origin, address));
+  }
+
+  /** The last key made, and what it was made of: see {@link keyOf}. */
+  private lastKey: { readonly origin: string; readonly ip: string; readonly key: string } | undefined;
+
+  /**
+   * The key of an origin at a pinned IP. Every request asks it twice or more (protocolOf, then
+   * get or sendH2), each time of a URL of its own: a new string to hash for each map look-up.
+   * The last one made is kept and handed out again while origin and IP are the same, so its
+   * hash is computed once (the strings compared are short; a differing one is a new key, as before).
+   */
+  private keyOf(origin: URL, address: ResolvedAddress): string {
+    const last = this.lastKey;
+    if (last !== undefined && last.ip === address.ip && hasOrigin(origin.href, last.origin)) return last.key;
+    const key = keyOf(origin, address);
+    this.lastKey = { origin: origin.origin, ip: address.ip, key };
+    return key;
   }
 
   /**
@@ -113,7 +132,7 @@ export class PinnedPools {
    * origin chose HTTP/1.1, whose connection then goes to the pool.
    */
   private async h2Session(origin: URL, address: ResolvedAddress): Promise<ClientHttp2Session | undefined> {
-    const key = keyOf(origin, address);
+    const key = this.keyOf(origin, address);
     const negotiated = await this.h2.acquire(key, origin, address);
     if (negotiated.protocol === "h2") {
       // acquire() hands out the same session for many streams: it is counted once.
@@ -141,7 +160,7 @@ export class PinnedPools {
     maxInformational: number,
   ): Promise<H2UpstreamResponse | undefined> {
     const { url } = request;
-    const key = keyOf(url, address);
+    const key = this.keyOf(url, address);
     for (let attempt = 0; ; attempt++) {
       this.refuseIfDestroyed();
       const session = await this.h2Session(url, address);
@@ -184,7 +203,7 @@ export class PinnedPools {
 
   get(origin: URL, address: ResolvedAddress): Pool {
     this.refuseIfDestroyed();
-    const key = keyOf(origin, address);
+    const key = this.keyOf(origin, address);
     if (this.retired) {
       // A request under way at a reload (a redirect hop, a retry) still goes out on the
       // configuration it started with; its pool closes once that request is done (the caller
@@ -195,12 +214,17 @@ export class PinnedPools {
     }
     const found = this.pools.get(key);
     if (found !== undefined) {
-      this.pools.delete(key);
-      this.pools.set(key, found);
+      // Moved to the end (the most recently used), unless it is there already.
+      if (this.newest !== key) {
+        this.pools.delete(key);
+        this.pools.set(key, found);
+        this.newest = key;
+      }
       return found;
     }
     const pool = this.create(origin, address);
     this.pools.set(key, pool);
+    this.newest = key;
     if (this.pools.size > this.options.maxPools) {
       const [oldestKey, oldest] = this.pools.entries().next().value as [string, Pool];
       this.pools.delete(oldestKey);
@@ -334,6 +358,16 @@ export class PinnedPools {
 const claimed = new WeakSet<Socket>();
 /** HTTP/2 sessions already told to onConnection. */
 const counted = new WeakSet<ClientHttp2Session>();
+
+/**
+ * Whether a URL's href is of `origin` (an http or https one), read without the getters' new
+ * strings: the href of such a URL is its origin, then its path, which starts with "/" (userinfo
+ * comes before the host, and a default port is never written, so neither can pass for another
+ * origin's prefix).
+ */
+function hasOrigin(href: string, origin: string): boolean {
+  return href.length > origin.length && href.charCodeAt(origin.length) === 47 && href.startsWith(origin);
+}
 
 function keyOf(origin: URL, address: ResolvedAddress): string {
   return `${origin.protocol}//${origin.host}|${address.ip}`;

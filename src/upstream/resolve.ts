@@ -2,7 +2,7 @@ import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 import { descriptorShortage } from "../descriptors.js";
 import { EgressError } from "../errors.js";
-import { bareHostname } from "../hostname.js";
+import { bareHostname, isIPAddress } from "../hostname.js";
 
 export interface ResolvedAddress {
   readonly ip: string;
@@ -37,7 +37,7 @@ export class Resolver {
 
   async resolve(hostname: string): Promise<readonly ResolvedAddress[]> {
     const bare = bareHostname(hostname);
-    if (isIP(bare) !== 0) return [literal(bare)];
+    if (isIPAddress(bare)) return [literal(bare)];
     const key = bare.endsWith(".") ? bare.slice(0, -1) : bare;
     const pinned = this.staticHosts.get(key);
     if (pinned !== undefined) return pinned;

@@ -75,6 +75,40 @@ describe("pinned pools", () => {
     expect(p.size).toBe(2);
     expect(p.get(new URL("http://a.test"), { ip: "127.0.0.1", family: 4 })).not.toBe(a);
   });
+
+  // get() hands out the last key made again for the same origin and IP, and moves a pool to the
+  // most recent place only when it is not there already (docs/performance.md, fifteenth session).
+  it("tell apart origins whose href starts like the last one's, and keep the least recently used order", () => {
+    const p = new PinnedPools({
+      upstreamContext: createSecureContext({}),
+      maxPools: 8,
+      connectionsPerPool: 2,
+      connectTimeoutMs: 2_000,
+      headersTimeoutMs: 2_000,
+      bodyTimeoutMs: 2_000,
+      keepAliveTimeoutMs: 1_000,
+      h2PingMs: 10_000,
+      recheck: () => undefined,
+    });
+    onTestFinished(() => p.close());
+    const ip = { ip: "127.0.0.1", family: 4 as const };
+    const a = p.get(new URL("http://a.test/x"), ip);
+    expect(p.get(new URL("http://a.test/y?z"), ip)).toBe(a);
+    expect(p.get(new URL("http://u:p@a.test/x"), ip)).toBe(a);
+    for (const other of ["http://a.test.b/x", "http://a.test:8080/x", "https://a.test/x", "http://a.tes/t"]) {
+      expect(p.get(new URL(other), ip), other).not.toBe(a);
+      expect(p.get(new URL("http://a.test/x"), ip)).toBe(a);
+    }
+    expect(p.size).toBe(5);
+
+    const q = pools(() => undefined);
+    const first = q.get(new URL("http://a.test"), ip);
+    q.get(new URL("http://b.test"), ip);
+    expect(q.get(new URL("http://a.test"), ip)).toBe(first);
+    // b.test is now the least recently used: the third origin closes its pool, not a.test's.
+    q.get(new URL("http://c.test"), ip);
+    expect(q.get(new URL("http://a.test"), ip)).toBe(first);
+  });
 });
 
 // removeGuest destroyed its guest's pools: a request already at the upstream failed as the
