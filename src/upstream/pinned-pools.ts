@@ -109,20 +109,30 @@ export class PinnedPools {
     return this.h2.protocolOf(this.keyOf(origin, address));
   }
 
-  /** The last key made, and what it was made of: see {@link keyOf}. */
-  private lastKey: { readonly origin: string; readonly ip: string; readonly key: string } | undefined;
+  /** The last key made, what it was made of, and the URL last asked about: see {@link keyOf}. */
+  private lastKey: { readonly origin: string; readonly ip: string; readonly key: string; url: URL; href: string } | undefined;
 
   /**
-   * The key of an origin at a pinned IP. Every request asks it twice or more (protocolOf, then
-   * get or sendH2), each time of a URL of its own: a new string to hash for each map look-up.
-   * The last one made is kept and handed out again while origin and IP are the same, so its
-   * hash is computed once (the strings compared are short; a differing one is a new key, as before).
+   * The key of an origin at a pinned IP. Every request asks it two or three times (protocolOf,
+   * then get or sendH2), each time of the same URL object, and built anew each time it was a new
+   * string to flatten and hash for each map look-up (about 2k instructions each). The last key is
+   * handed out again for the same URL object, or for another URL of the same origin at the same
+   * IP, so that its hash is computed once. The same object counts only with the same href (the
+   * getter's own string, no copy): a URL changed in place is asked anew.
    */
   private keyOf(origin: URL, address: ResolvedAddress): string {
     const last = this.lastKey;
-    if (last !== undefined && last.ip === address.ip && hasOrigin(origin.href, last.origin)) return last.key;
+    if (last !== undefined && last.ip === address.ip) {
+      const href = origin.href;
+      if (last.url === origin && last.href === href) return last.key;
+      if (last.origin === origin.origin) {
+        last.url = origin;
+        last.href = href;
+        return last.key;
+      }
+    }
     const key = keyOf(origin, address);
-    this.lastKey = { origin: origin.origin, ip: address.ip, key };
+    this.lastKey = { origin: origin.origin, ip: address.ip, key, url: origin, href: origin.href };
     return key;
   }
 
@@ -358,16 +368,6 @@ export class PinnedPools {
 const claimed = new WeakSet<Socket>();
 /** HTTP/2 sessions already told to onConnection. */
 const counted = new WeakSet<ClientHttp2Session>();
-
-/**
- * Whether a URL's href is of `origin` (an http or https one), read without the getters' new
- * strings: the href of such a URL is its origin, then its path, which starts with "/" (userinfo
- * comes before the host, and a default port is never written, so neither can pass for another
- * origin's prefix).
- */
-function hasOrigin(href: string, origin: string): boolean {
-  return href.length > origin.length && href.charCodeAt(origin.length) === 47 && href.startsWith(origin);
-}
 
 function keyOf(origin: URL, address: ResolvedAddress): string {
   return `${origin.protocol}//${origin.host}|${address.ip}`;

@@ -100,6 +100,12 @@ describe("pinned pools", () => {
       expect(p.get(new URL("http://a.test/x"), ip)).toBe(a);
     }
     expect(p.size).toBe(5);
+    // The same URL object, changed in place after it was asked about, is another origin.
+    const moved = new URL("http://a.test/x");
+    expect(p.get(moved, ip)).toBe(a);
+    moved.hostname = "moved.test";
+    expect(p.get(moved, ip)).not.toBe(a);
+    expect(p.size).toBe(6);
 
     const q = pools(() => undefined);
     const first = q.get(new URL("http://a.test"), ip);
