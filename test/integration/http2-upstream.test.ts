@@ -587,7 +587,9 @@ describe("an h2 session nghttp2 ended on a bad frame, reused", () => {
     const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { timeouts });
     const base = `https://api.test:${upstream.port}`;
     const post = fetchVia(proxy, `${base}/upload`, { method: "POST", body: Buffer.alloc(upload, 97) });
-    await vi.waitFor(() => expect(paused).toBeDefined());
+    // The 32 MiB upload's first HEADERS comes after a CONNECT, two TLS handshakes and an ALPN answer:
+    // on a loaded machine that took longer than waitFor's default second (on the tree before too).
+    await vi.waitFor(() => expect(paused).toBeDefined(), { timeout: 10_000 });
     // The proxy's writes to the upstream fill the kernel's buffers, then wait.
     await new Promise((resolve) => setTimeout(resolve, 500));
     const get = fetchVia(proxy, `${base}/after`);
