@@ -7,7 +7,10 @@
  * zero bytes with backpressure (bulk downloads come from `openssl s_server` unless the bench is
  * run with `--bulk-upstream node`); anything else is a 404. A third port speaks only HTTP/2 (no
  * `http/1.1` in its ALPN, as a gRPC server), with Node's default flow-control windows:
- * `GET /small`, `GET /download?bytes=N` and `POST /upload` there too.
+ * `GET /small`, `GET /download?bytes=N` and `POST /upload` there too. The HTTP/1.1 ports also
+ * take a WebSocket upgrade (bench/h1-held.ts): `GET /ws-hold` answers 101 and reads nothing
+ * after it; `GET /ws-flood` answers 101 and writes zeros with backpressure until the connection
+ * goes (counted in `downloadBytes`). No WebSocket framing: the proxy relays opaque bytes.
  *
  * Forked by bench/run.ts with an IPC channel. It reads its key and certificate from the `setup`
  * message, reports `{ kind: "ready", port }`, answers `stats` with connection and request
@@ -118,6 +121,25 @@ function start(setup: UpstreamSetup): void {
       socket.on("error", () => undefined);
     });
     server.on("tlsClientError", () => undefined);
+    server.on("upgrade", (req: IncomingMessage, socket: TLSSocket) => {
+      requests += 1;
+      socket.on("error", () => undefined);
+      if (req.url !== "/ws-hold" && req.url !== "/ws-flood") return void socket.destroy();
+      socket.write("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n");
+      // What the guest sends is never read: the socket's buffers fill, and the proxy holds the rest.
+      socket.pause();
+      if (req.url === "/ws-hold") return;
+      const pump = (): void => {
+        while (!socket.destroyed) {
+          downloadBytes += zeros.length;
+          if (!socket.write(zeros)) {
+            socket.once("drain", pump);
+            return;
+          }
+        }
+      };
+      pump();
+    });
     return new Promise((resolve) =>
       server.listen(0, "127.0.0.1", () => {
         const address = server.address();
