@@ -491,17 +491,17 @@ export class GuestSide {
     const abort = new GuestGone();
     const socket = req.socket;
     const lane = this.lanes.of(socket);
-    const inLane: LaneRequest = expectsContinue ? { req, res, started: false, awaitingContinue: true } : { req, res, started: false };
+    const inLane: LaneRequest = expectsContinue ? { req, res, started: false, awaitingContinue: true, ahead: headBytes(req) } : { req, res, started: false, ahead: headBytes(req) };
     lane.last = inLane;
     const previous = lane.tail;
     let release!: () => void;
     lane.tail = new Promise<void>((resolve) => (release = resolve));
-    this.lanes.enter(lane, socket);
+    this.lanes.enter(lane, socket, inLane);
     // Ends once, from the response's close or the connection's, whichever comes first.
     const end = (): void => {
       if (!lane.ends.delete(end)) return;
       release();
-      this.lanes.leave(lane, socket);
+      this.lanes.leave(lane, socket, inLane);
       this.inFlight -= 1;
       if (this.inFlight === 0) this.idle?.();
       // The guest left before the response finished: cancel the upstream side too.
@@ -524,7 +524,7 @@ export class GuestSide {
         req.resume();
         return;
       }
-      inLane.started = true;
+      this.lanes.begin(lane, socket, inLane);
       // The connection closed while an earlier request on it was served: answered below as 499.
       if (abort.aborted) throw abort.reason;
       const found = this.guestOf(req);
@@ -811,6 +811,17 @@ function once(fn: () => void): () => void {
 function hasBodyFraming(req: IncomingMessage): boolean {
   const length = req.headers["content-length"];
   return req.headers["transfer-encoding"] !== undefined || (length !== undefined && length !== "0");
+}
+
+/**
+ * About the bytes of the request's head as the guest sent it, as Node keeps it: the request line
+ * and each field's name and value (Node reads them as Latin-1, a character a byte), with their
+ * separators. What a request waiting its turn holds of the proxy (lanes.ts, `maxAheadBytes`).
+ */
+function headBytes(req: IncomingMessage): number {
+  let bytes = (req.method?.length ?? 0) + (req.url?.length ?? 0) + 13;
+  for (const item of req.rawHeaders) bytes += item.length + 2;
+  return bytes;
 }
 
 /** Sockets whose errors go to `clientError` again after a 408 not given ({@link GuestSide.routeSocketErrors}). */

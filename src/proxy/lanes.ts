@@ -5,6 +5,15 @@ import { closeBegun } from "./linger.js";
 export const maxEarlyBytes = 64 * 1024;
 
 /**
+ * The heads of the requests parsed ahead on one connection (parsed, their turn not yet come) past
+ * which the connection is not read until their turn comes: one head of the largest size a guest
+ * may send (`maxHeaderBytes`). `limits.pipelinedRequests` alone let 16 heads of 64 KiB wait on
+ * each of a source's 256 connections: 281 MiB of heap (docs/performance.md, "What one source
+ * holds"). Requests are served one at a time, so reading further ahead serves none sooner.
+ */
+export const maxAheadBytes = 64 * 1024;
+
+/**
  * The requests of one guest connection. Pipelined requests are served one at a time, in order:
  * their responses must leave in order anyway, and one connection must not fan out into a
  * thousand upstream requests. When the connection closes, every request on it ends: Node 20
@@ -17,6 +26,10 @@ export interface Lane {
   waiting: number;
   /** The connection is not read until the waiting requests drop back (see `enter`). */
   paused: boolean;
+  /** The socket's `resume` is watched, so that Node's own resumption does not undo the pause. */
+  watched?: boolean;
+  /** Bytes of the heads of the requests whose turn has not come (see {@link maxAheadBytes}). */
+  aheadBytes: number;
   /** The latest request parsed on the connection. */
   last?: LaneRequest;
 }
@@ -27,6 +40,8 @@ export interface LaneRequest {
   readonly res: { readonly headersSent: boolean };
   /** Its turn has come: the requests before it are answered. */
   started: boolean;
+  /** Its head's bytes while they count in the lane's `aheadBytes`: until its turn comes or it ends. */
+  ahead?: number;
   /** Its body broke in the parser before its turn: it answers this instead, in order. */
   broken?: Error;
   /**
@@ -55,7 +70,7 @@ export class Lanes {
   of(socket: Socket): Lane {
     let lane = this.lanes.get(socket);
     if (lane === undefined) {
-      const created: Lane = { tail: Promise.resolve(), ends: new Set(), waiting: 0, paused: false };
+      const created: Lane = { tail: Promise.resolve(), ends: new Set(), waiting: 0, paused: false, aheadBytes: 0 };
       socket.once("close", () => {
         for (const end of created.ends) end();
       });
@@ -69,21 +84,28 @@ export class Lanes {
    * Node parses pipelined requests as fast as they arrive and pauses a connection only for
    * responses it cannot write, and nothing is written while the first request waits: a guest
    * could queue a hundred thousand requests (50 times their size in memory) behind one slow one.
-   * Past `limits.pipelinedRequests` waiting, the connection is not read until half have gone.
+   * Past `limits.pipelinedRequests` waiting, the connection is not read until half have gone;
+   * past {@link maxAheadBytes} of heads whose turn has not come, until it has come for enough of
+   * them. `request.ahead` is its head's size, given back by {@link begin} or {@link leave}.
    */
-  enter(lane: Lane, socket: Socket): void {
+  enter(lane: Lane, socket: Socket, request: LaneRequest): void {
     lane.waiting += 1;
-    if (lane.waiting <= this.pipelinedRequests + 1) return;
-    if (!lane.paused) {
-      lane.paused = true;
+    lane.aheadBytes += request.ahead ?? 0;
+    const ahead = lane.aheadBytes > maxAheadBytes && lane.waiting > 1;
+    if (lane.waiting <= this.pipelinedRequests + 1 && !ahead) return;
+    lane.paused = true;
+    if (!lane.watched) {
+      lane.watched = true;
       // Node's own write backpressure (socketOnDrain) resumes any socket whose `_paused` is set,
-      // ours too, as soon as a response drains: the pause is taken back each time.
-      socket.on("resume", () => {
+      // ours too, as soon as a response drains: the pause is taken back each time, before Node's
+      // own listener reads on. The socket only: stopping its reads is enough, and a parser
+      // paused while bytes still reach it fails them as a malformed request ("paused"). Once a
+      // connection: each pause had added another listener.
+      socket.prependListener("resume", () => {
         const state = pausable(socket);
         // Once the connection's close has begun nothing more on it is processed, and a linger must read on.
         if (!lane.paused || socket.destroyed || state.parser == null || closeBegun(socket)) return;
         state._paused = true;
-        state.parser.pause();
         socket.pause();
       });
     }
@@ -136,9 +158,28 @@ export class Lanes {
     return this.lanes.get(socket);
   }
 
-  leave(lane: Lane, socket: Socket): void {
+  /** `request`'s turn has come: its head no longer counts as read ahead. */
+  begin(lane: Lane, socket: Socket, request: LaneRequest): void {
+    request.started = true;
+    this.giveBack(lane, request);
+    this.resumeIfBelow(lane, socket);
+  }
+
+  /** `request` has ended (answered, or its connection gone), whether or not its turn came. */
+  leave(lane: Lane, socket: Socket, request: LaneRequest): void {
     lane.waiting -= 1;
-    if (!lane.paused || lane.waiting > Math.floor(this.pipelinedRequests / 2)) return;
+    this.giveBack(lane, request);
+    this.resumeIfBelow(lane, socket);
+  }
+
+  private giveBack(lane: Lane, request: LaneRequest): void {
+    lane.aheadBytes -= request.ahead ?? 0;
+    request.ahead = 0;
+  }
+
+  /** Reads the connection again once half the requests have gone, and half the heads read ahead. */
+  private resumeIfBelow(lane: Lane, socket: Socket): void {
+    if (!lane.paused || lane.waiting > Math.floor(this.pipelinedRequests / 2) || lane.aheadBytes > maxAheadBytes / 2) return;
     lane.paused = false;
     const state = pausable(socket);
     // No parser: an upgrade or a CONNECT owns the socket now, and reads it itself.

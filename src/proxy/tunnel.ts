@@ -235,6 +235,14 @@ async function terminateTls(
     leave();
     tlsSocket.off("end", left);
     if (tlsSocket.alpnProtocol === "h2" && deps.h2 !== undefined) deps.h2(tlsSocket);
-    else deps.inner.emit("connection", tlsSocket);
+    else {
+      // On the stream path, as a plain tunnel is: a TLS socket whose handle Node's parser reads
+      // itself goes on handing it the records already decrypted after the connection is paused
+      // (lanes.ts), and a parser Node has paused failed them as a malformed request ("paused"):
+      // a pipelining guest got 400. A paused stream keeps them until it is read again.
+      const handle = (tlsSocket as unknown as { _handle?: { _consumed?: boolean } })._handle;
+      if (handle) handle._consumed = true;
+      deps.inner.emit("connection", tlsSocket);
+    }
   });
 }
