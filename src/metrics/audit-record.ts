@@ -84,8 +84,8 @@ export interface AuditRecord {
   readonly redirects: number;
   /**
    * Present when an exchange of the request went to the upstream twice: its pooled HTTP/1.1
-   * connection (or an HTTP/2 session that stopped answering PINGs) turned out closed before any
-   * answer, and the request was sent once more on a fresh connection.
+   * connection or HTTP/2 session turned out closed before any answer (or the session stopped
+   * answering PINGs), and the request was sent once more on a fresh connection.
    */
   readonly resent?: true;
   /** Request body bytes received from the guest. */

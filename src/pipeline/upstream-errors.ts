@@ -11,14 +11,15 @@ export function isConnectFailure(error: unknown): boolean {
   return cause instanceof undiciErrors.ConnectTimeoutError || connectErrorCodes.has((cause as NodeJS.ErrnoException)?.code ?? "");
 }
 
-/** RFC 9110 §9.2.2: a request that may be sent twice with the effect of once. */
+/** RFC 9110 §9.2.2: a request that may be sent twice with the effect of once (TRACE never leaves: forbiddenMethods). */
 const idempotentMethods = new Set(["GET", "HEAD", "OPTIONS", "PUT", "DELETE"]);
 
 /**
  * Sends, and once more when a pooled connection turned out closed before any answer came: an
  * upstream's keep-alive close that crosses the next request on the wire, which undici reports
- * as "other side closed" (or a reset), or an HTTP/2 session that stopped answering PINGs before
- * any of the response came. Only an idempotent request whose body can be sent again
+ * as "other side closed" (or a reset), the same close (a FIN or a reset, no GOAWAY) of an HTTP/2
+ * session under a stream that was not its first, or an HTTP/2 session that stopped answering
+ * PINGs, each before any of the response came. Only an idempotent request whose body can be sent again
  * (none, or bytes) is resent, as Go's Transport and nginx do; 0.9% of GETs got 502 when an
  * upstream closed idle connections 50 ms after each answer (black-box finding). Only when the
  * HTTP/1.1 connection had carried an earlier request and not one byte of an answer came back on

@@ -16,26 +16,54 @@ export const h2CodeNames = [
   "HTTP_1_1_REQUIRED",
 ] as const;
 
+/**
+ * Why the session pool gave a session up: it stopped answering a PING that went out
+ * (`unanswered`), the proxy's own HTTP/2 client had stopped on a frame it could not take and
+ * held the PING (`stopped`: what the upstream sent may have been the stream's response, which
+ * it refused), or the upstream ended the connection, a FIN with no GOAWAY (`ended`).
+ */
+export type H2LossKind = "unanswered" | "stopped" | "ended";
+
 /** What the session pool destroys a session's unfinished streams with when it gives the session up. */
 export class H2SessionLost extends Error {
   readonly code = "UND_ERR_SOCKET";
-  /** @param unanswered the session stopped answering PINGs (rather than the upstream ending it). */
   constructor(
     message: string,
-    readonly unanswered: boolean,
+    readonly kind: H2LossKind,
   ) {
     super(message);
   }
 }
 
 /**
- * A stream that got nothing of its response (not even a 1xx) before its session was given up
- * for not answering a PING that went out (a session whose own HTTP/2 client had stopped, on a
- * frame it could not take, may have refused the stream's response): an idempotent request may go once more on another
- * connection, as after a stale keep-alive connection (README, `timeouts.h2PingMs`).
+ * A stream that got nothing of its response (not even a 1xx) when its connection went in a way
+ * that says nothing of the stream itself: an idempotent request whose body can be sent again
+ * goes once more on another connection, as after a stale HTTP/1.1 keep-alive
+ * connection (src/pipeline/upstream-errors.ts; README, "A request that crossed an upstream's
+ * keep-alive close is sent once more" and `timeouts.h2PingMs`). Either the session was given up
+ * for not answering a PING that went out, or the upstream closed or reset a connection that had
+ * carried an earlier stream, with no GOAWAY ({@link crossedClose}).
  */
 export class H2Unanswered extends Error {
   readonly code = "UND_ERR_SOCKET";
+}
+
+/** Socket errors of a connection the upstream reset or closed under a write (Node destroys the session with them). */
+const connectionLostCodes: ReadonlySet<unknown> = new Set(["ECONNRESET", "EPIPE"]);
+
+/**
+ * Whether a stream's close was its connection's end (the upstream's FIN, or a reset of its
+ * socket) rather than anything said about the stream: the idle close of a server or load balancer
+ * that crossed the stream's HEADERS on the wire. The same test as an HTTP/1.1 connection's
+ * (stale-connection.ts): a connection that had carried an earlier request (`reused`: the stream
+ * is not the session's first), and closed with no GOAWAY (which says which streams the upstream
+ * may have processed, RFC 9113 §6.8). A timeout, a reset of the stream, a PING the proxy's own
+ * client held, a protocol error: none of them.
+ */
+function crossedClose(failure: (Error & { code?: unknown }) | undefined, reused: boolean): boolean {
+  if (!reused || failure === undefined) return false;
+  if (failure instanceof H2SessionLost) return failure.kind === "ended";
+  return connectionLostCodes.has(failure.code);
 }
 
 /** `PROTOCOL_ERROR, code 1`, or just the number for a code RFC 9113 does not name. */
@@ -61,15 +89,23 @@ const ownResets: Readonly<Record<number, string>> = {
  * the upstream for the proxy's own resets: a PING left unanswered, the upstream's FIN, the
  * proxy's HTTP/2 client ending a connection whose frames it could not take, each logged
  * "upstream closed the HTTP/2 stream (code 2)" (black-box finding). `informational`: the 1xx
- * heads the stream got.
+ * heads the stream got. `reused`: the stream was not its session's first, and the session got no
+ * GOAWAY; an {@link H2Unanswered} then marks a close that may have crossed the request.
  */
-export function closedBeforeResponse(host: string, rstCode: number, failure: (Error & { code?: unknown }) | undefined, informational: number): Error {
+export function closedBeforeResponse(host: string, rstCode: number, failure: (Error & { code?: unknown }) | undefined, informational: number, reused: boolean): Error {
+  const error = closeReason(host, rstCode, failure);
+  if (informational === 0 && ((failure instanceof H2SessionLost && failure.kind === "unanswered") || crossedClose(failure, reused))) {
+    return new H2Unanswered(error.message, { cause: failure });
+  }
+  return error;
+}
+
+function closeReason(host: string, rstCode: number, failure: (Error & { code?: unknown }) | undefined): Error {
   let message: string;
   const code = typeof failure?.code === "string" ? failure.code : undefined;
   if (failure instanceof H2SessionLost) {
     // The session pool's reasons: no answer to a PING, the upstream's FIN.
     message = `no response from upstream ${host}: ${failure.message}`;
-    if (failure.unanswered && informational === 0) return new H2Unanswered(message, { cause: failure });
   } else if (failure !== undefined && code === "ERR_HTTP2_ERROR") {
     // nghttp2 found a connection error in what the upstream sent (a frame it cannot take, bytes
     // that are not HTTP/2 at all, a SETTINGS value out of range) and ended the session.

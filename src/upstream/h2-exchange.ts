@@ -295,7 +295,10 @@ export function sendOnSession(session: ClientHttp2Session, request: H2UpstreamRe
       const last = goawayLastStream.get(session);
       if (code === constants.NGHTTP2_REFUSED_STREAM) fail(new H2Refused(`upstream ${url.host} refused the stream`));
       else if (last !== undefined && (stream.id === undefined || stream.id > last)) fail(new H2Refused(`upstream ${url.host} went away (GOAWAY) before processing the stream`));
-      else fail(closedBeforeResponse(url.host, code, failure, informational));
+      // A stream that was not its session's first (ids go 1, 3, 5…), on a session with no GOAWAY:
+      // the connection's end may have crossed its HEADERS, as an idle close crosses a request on
+      // a pooled HTTP/1.1 connection.
+      else fail(closedBeforeResponse(url.host, code, failure, informational, last === undefined && stream.id !== undefined && stream.id > 1));
     });
     stream.once("response", (head: IncomingHttpHeaders, flags: number) => {
       if (settled) return;

@@ -3,7 +3,7 @@ import type { TLSSocket } from "node:tls";
 import { afterReads } from "../after-reads.js";
 import { EgressError } from "../errors.js";
 import type { AlpnConnectOptions } from "./h2-connect.js";
-import { H2SessionLost } from "./h2-close-reason.js";
+import { H2SessionLost, type H2LossKind } from "./h2-close-reason.js";
 import { connectAlpn } from "./h2-connect.js";
 import { defaultWindow, raiseConnectionWindow, type H2Windows } from "./h2-windows.js";
 import { WindowShare, windowShares } from "./h2-window-share.js";
@@ -303,8 +303,8 @@ export class H2Sessions {
         }
         // nghttp2 writes nothing more once it has ended the session on a frame it could not take:
         // then the PING never left, and what the upstream sent may have been a stream's response.
-        if (socket.bytesWritten === written) this.giveUp(key, session, "the upstream's HTTP/2 connection stopped (the proxy's PING never went out: its HTTP/2 client had refused a frame from the upstream, or the connection took no more bytes)", false);
-        else this.giveUp(key, session, "the upstream's HTTP/2 connection stopped answering (no answer to a PING)", true);
+        if (socket.bytesWritten === written) this.giveUp(key, session, "the upstream's HTTP/2 connection stopped (the proxy's PING never went out: its HTTP/2 client had refused a frame from the upstream, or the connection took no more bytes)", "stopped");
+        else this.giveUp(key, session, "the upstream's HTTP/2 connection stopped answering (no answer to a PING)", "unanswered");
       };
       // Judged after that turn's reads (afterReads): once the proxy has been paused past the
       // deadline, its timer fires before the poll that reads the answer.
@@ -334,7 +334,7 @@ export class H2Sessions {
       setImmediate(() => {
         if (!held()) return;
         setImmediate(() => {
-          if (held()) this.giveUp(key, session, "the proxy's HTTP/2 client had ended the connection on a frame from the upstream it could not take (its PING stayed unsent)", false);
+          if (held()) this.giveUp(key, session, "the proxy's HTTP/2 client had ended the connection on a frame from the upstream it could not take (its PING stayed unsent)", "stopped");
         });
       });
     };
@@ -353,10 +353,10 @@ export class H2Sessions {
   }
 
   /** The session takes no new stream, and its streams are settled (settleEnded). */
-  private giveUp(key: string, session: ClientHttp2Session, reason: string, unanswered: boolean): void {
+  private giveUp(key: string, session: ClientHttp2Session, reason: string, kind: H2LossKind): void {
     ended.add(session);
     this.live(key);
-    this.settleEnded(session, reason, unanswered);
+    this.settleEnded(session, reason, kind);
   }
 
   /**
@@ -368,7 +368,7 @@ export class H2Sessions {
   private upstreamEnded(key: string, session: ClientHttp2Session): void {
     ended.add(session);
     this.live(key);
-    const timer = setTimeout(() => setImmediate(() => this.settleEnded(session, "the upstream closed the connection before the end of the response", false)), finGraceMs);
+    const timer = setTimeout(() => setImmediate(() => this.settleEnded(session, "the upstream closed the connection before the end of the response", "ended")), finGraceMs);
     session.once("close", () => clearTimeout(timer));
   }
 
@@ -376,11 +376,11 @@ export class H2Sessions {
    * A stream still waiting for its head (502) or for the end of its body (cut) fails; one that
    * has closed cleanly (END_STREAM both ways: its whole response is in its buffer) stays
    * readable, and the session is destroyed once the last of those is read (or its reader goes:
-   * the guest's idleMs and the hooks' limits bound that). `unanswered`: the session stopped
-   * answering PINGs, so a stream that got nothing of its response may go again elsewhere
-   * ({@link H2Unanswered}); after the upstream's FIN it is not, as it may have been processed.
+   * the guest's idleMs and the hooks' limits bound that). `kind`: why; a stream that got nothing
+   * of its response may go again elsewhere after a PING went unanswered, or after the upstream's
+   * FIN when the stream was not the session's first (closedBeforeResponse).
    */
-  private settleEnded(session: ClientHttp2Session, reason: string, unanswered: boolean): void {
+  private settleEnded(session: ClientHttp2Session, reason: string, kind: H2LossKind): void {
     if (session.destroyed) return;
     const whole: ClientHttp2Stream[] = [];
     for (const stream of sessionStreams.get(session) ?? []) {
@@ -391,7 +391,7 @@ export class H2Sessions {
       // nghttp2 had ended got 502 unless a stream sent earlier was destroyed first (its reset
       // made nghttp2 refuse the held HEADERS).
       else if (stream.state.state === h2constants.NGHTTP2_STREAM_STATE_IDLE) stream.close(h2constants.NGHTTP2_REFUSED_STREAM);
-      else stream.destroy(new H2SessionLost(reason, unanswered));
+      else stream.destroy(new H2SessionLost(reason, kind));
     }
     let left = whole.length;
     if (left === 0) session.destroy();

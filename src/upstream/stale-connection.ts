@@ -68,8 +68,9 @@ function closedUnder(error: object): boolean {
  * none).
  *
  * So is an HTTP/2 stream that got nothing of its response (not a 1xx either) before its session
- * was given up for not answering a PING, as the README says (timeouts.h2PingMs); never after the
- * upstream's FIN, which may have processed the request.
+ * was given up for not answering a PING, as the README says (timeouts.h2PingMs), or before the
+ * upstream closed or reset the session's connection with no GOAWAY when the stream was not the
+ * session's first (H2Unanswered, h2-close-reason.ts): the HTTP/1.1 rule, stream for request.
  */
 export function isStaleConnection(error: unknown): boolean {
   return error instanceof H2Unanswered || (typeof error === "object" && error !== null && staleFailures.has(error));

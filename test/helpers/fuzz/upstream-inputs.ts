@@ -32,7 +32,8 @@ export interface Outcome {
   undecodable?: boolean;
   /**
    * The upstream closes its connection after the answer (HTTP/2, without GOAWAY): a next request
-   * the proxy put on it before the FIN came may get 502, as the upstream may have processed it.
+   * the proxy put on it before the FIN came is sent once more on a new connection when it can be
+   * (an idempotent one; http2-upstream-crossed-close.test.ts), and may still get 502 there.
    */
   lostNext?: boolean;
 }
