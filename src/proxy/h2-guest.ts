@@ -249,8 +249,9 @@ export class H2Guests {
     // stayed open for good: 256 guests that dropped connections with streams open locked their
     // address out (black-box finding). Every way a session ends goes through destroy(). After
     // one that may leave a live guest reading the last frames (a graceful close that finished, a
-    // drain's GOAWAY), the socket is closed once idleMs has passed; after the timeouts below and
-    // ENHANCE_YOUR_CALM, whose guest is gone or refused, once its GOAWAY has had a moment.
+    // drain's GOAWAY), the socket is closed once idleMs has passed, or as soon as its last writes
+    // stall (closeWhenStalled); after the timeouts below and ENHANCE_YOUR_CALM, whose guest is
+    // gone or refused, once its GOAWAY has had a moment.
     const destroy = session.destroy.bind(session);
     let closing = false;
     session.destroy = ((error?: Error, code?: number) => {
@@ -261,6 +262,9 @@ export class H2Guests {
       if (closing || socket === undefined || socket.destroyed) return;
       closing = true;
       closeSocketAfter(socket, this.deps.idleMs);
+      // A guest that has sent its FIN takes what is left within the FIN's spell; a live one
+      // within a PING's round (silence, then as long again for the answer), as onSilence asks.
+      closeWhenStalled(socket, tunnel.connection, state.guestEnded ? Math.min(this.deps.idleMs, h2Limits.afterGuestEndMs) : 2 * this.silenceMs());
     }) as typeof session.destroy;
     const end = (): void => {
       session.destroy();
@@ -913,6 +917,36 @@ function closeSocketAfter(socket: TLSSocket, ms: number): void {
   const timer = setTimeout(() => socket.destroy(), ms);
   timer.unref();
   socket.once("close", () => clearTimeout(timer));
+}
+
+/**
+ * Closes `socket` once the writes a destroyed session left behind have made no progress for
+ * `ms`. Node ends the socket of a session that closed only after its last frames are written,
+ * and nothing else watches it (the session is gone, PING with it). Those writes can stall for
+ * good: after the guest's FIN, a write that meets its reset fails with EPIPE, and Node's TLS
+ * layer (`TLSWrap`) reports that failure to the session but keeps the write marked in progress,
+ * so every later write, the session's closing GOAWAY included, waits for ever and the session
+ * never ends its socket (nodejs/node#55804 is the same leak seen in production). Reading had
+ * stopped at the FIN, so the reset is never read either. The tunnel then stayed open until
+ * idleMs: 10 minutes in `http2.test.ts`'s drop test, which failed now and then under load.
+ * Progress is what the guest's TCP connection still has queued (`writeQueueSize`, libuv's
+ * count): a socket still open with nothing queued, or no less than `ms` before, is stuck.
+ */
+function closeWhenStalled(socket: TLSSocket, raw: Socket, ms: number): void {
+  if (socket.destroyed) return;
+  let queued = queuedBytes(raw);
+  const timer = setInterval(() => {
+    const now = queuedBytes(raw);
+    if (now === 0 || now >= queued) socket.destroy();
+    queued = now;
+  }, ms);
+  timer.unref();
+  socket.once("close", () => clearInterval(timer));
+}
+
+/** Bytes the socket's handle has taken but not yet handed to the kernel; 0 without a handle. */
+function queuedBytes(raw: Socket): number {
+  return (raw as unknown as { _handle?: { writeQueueSize?: number } | null })._handle?.writeQueueSize ?? 0;
 }
 
 /**

@@ -388,6 +388,60 @@ describe("HTTP/2 guests", () => {
     expect((await h2Request(again, { ":path": "/echo" })).status).toBe(200);
   }, 30_000);
 
+  // The drop test above failed now and then under load: a tunnel stayed open for idleMs. After
+  // the guest's FIN and the close of its socket, the proxy's first write after the FIN met the
+  // guest's reset, its next failed with EPIPE, and Node's TLS layer then held every later write
+  // (the session's closing GOAWAY included) as in progress for ever, so the session, closed
+  // gracefully once its last stream ended, never ended its socket. Here each step is a latch:
+  // the FIN's RST_STREAM goes out first (the reset comes back), then the last frames fail.
+  it("a guest gone after its FIN, whose last frames fail to be written, leaves no tunnel behind", async () => {
+    const [tailReleased, releaseTail] = latch();
+    const [hookReleased, releaseHook] = latch();
+    const [inHook, hookHas] = latch();
+    const upstream = await startUpstream({
+      routes: {
+        "/held": (_req, res) => {
+          res.writeHead(200, { "content-type": "application/octet-stream" });
+          res.write(Buffer.alloc(1000, 7));
+          void tailReleased.then(() => res.end("tail"));
+        },
+      },
+    });
+    // Only the proxy's own close can end the tunnel in time: idleMs is far past the test's.
+    const proxy = await startTestProxy(
+      {
+        allowedInternalHosts: ["api.test"],
+        onRequest: async (request) => {
+          if (new URL(request.url).pathname !== "/hold") return;
+          hookHas();
+          await hookReleased;
+        },
+      },
+      { timeouts: { idleMs: 600_000 }, metrics: true },
+    );
+    onTestFinished(() => releaseHook());
+    const openTunnels = async (): Promise<number> => Number(/^egressgate_open_tunnels (\d+)$/m.exec(await proxy.metrics())?.[1]);
+    const { session, plain } = await h2SessionOnSocket(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    // One stream answering (its head and a first chunk read), one held by a hook.
+    const answering = session.request({ ":path": "/held" });
+    answering.on("error", () => undefined);
+    await new Promise((resolve) => answering.once("data", resolve));
+    const held = session.request({ ":path": "/hold" });
+    held.on("error", () => undefined);
+    await inHook;
+    // Everything read: closing the socket sends a FIN, and the guest's kernel resets what comes after.
+    plain.destroy();
+    // The FIN seen: the held stream reset, its RST_STREAM written (and met by the reset).
+    await vi.waitFor(() => expect(proxy.logs.some((line) => line["msg"] === "guest h2 stream error")).toBe(true), { timeout: 10_000 });
+    // The last frames of the answering stream: their write fails, and the session, with no stream
+    // left, closes.
+    releaseTail();
+    await vi.waitFor(async () => expect(await openTunnels()).toBe(0), { timeout: 20_000, interval: 250 });
+    releaseHook();
+    const again = await h2Session(proxy.port, `api.test:${upstream.port}`, proxy.caCertPem);
+    expect((await h2Request(again, { ":path": "/echo" })).status).toBe(200);
+  }, 40_000);
+
   // At the guest's FIN the session used to close gracefully, letting every stream finish: a
   // request held by a hook went upstream once the hook returned, for a guest long gone.
   it.each(["its FIN", "a reset of its TCP connection"] as const)("a guest that leaves (%s) while a hook holds its request: never sent upstream, logged 499", async (how) => {
