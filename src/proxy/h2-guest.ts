@@ -345,8 +345,10 @@ export class H2Guests {
    * unanswered for as long again is closed. nghttp2 needs this: once it has sent
    * GOAWAY(PROTOCOL_ERROR) it stops reading and Node never learns, so the guest's FIN goes
    * unseen, and a guest that vanished without a FIN is heard from no more than a stalled one.
-   * Both held their tunnel until idleMs (2 minutes by default). A session closing gracefully (a
-   * drain's GOAWAY, the guest's FIN) is not asked: its deadline is the drain's, or the FIN's.
+   * Both held their tunnel until idleMs (2 minutes by default). A session the proxy's drain is
+   * closing is not asked (its deadline is the drain's), nor one whose guest sent its FIN (the FIN's
+   * own). One that Node closes at the guest's GOAWAY(NO_ERROR) is: its streams go on, and a guest
+   * that vanished after that GOAWAY held its tunnel until each stream's idleMs.
    */
   private onSilence(session: ServerHttp2Session, state: SessionState, end: () => void): void {
     if (session.destroyed) return;
@@ -356,7 +358,7 @@ export class H2Guests {
     }
     // Node re-arms the timer only on traffic: a session nobody hears from would not be asked again.
     session.setTimeout(this.silenceMs());
-    if (state.probing || session.closed) return;
+    if (state.probing || (session.closed && this.closing)) return;
     state.probing = true;
     let answered = false;
     const deadline = setTimeout(afterReads, this.silenceMs(), () => {
@@ -365,14 +367,18 @@ export class H2Guests {
       end();
     });
     deadline.unref();
+    const onAnswer = (): void => {
+      answered = true;
+      clearTimeout(deadline);
+      state.probing = false;
+    };
     try {
       // An error is a PING cancelled by the session's own end, which the deadline outlives.
-      session.ping((error) => {
-        if (error !== null) return;
-        answered = true;
-        clearTimeout(deadline);
-        state.probing = false;
-      });
+      if (session.closed) pingClosed(session, onAnswer);
+      else
+        session.ping((error) => {
+          if (error === null) onAnswer();
+        });
     } catch {
       // Too many unanswered already, or the session is going: the deadline decides.
     }
@@ -917,6 +923,21 @@ function closeSocketAfter(socket: TLSSocket, ms: number): void {
   const timer = setTimeout(() => socket.destroy(), ms);
   timer.unref();
   socket.once("close", () => clearTimeout(timer));
+}
+
+/**
+ * A PING on a session Node has closed (at the guest's GOAWAY(NO_ERROR)), whose `ping()` cancels
+ * at once and sends nothing: the session's native handle, which `ping()` itself calls, still
+ * sends one while its streams go on. Without that handle (another Node) nothing is sent, and the
+ * PING's deadline closes the session, as for a guest that does not answer.
+ */
+function pingClosed(session: ServerHttp2Session, onAnswer: () => void): void {
+  const key = Object.getOwnPropertySymbols(session).find((symbol) => symbol.description === "kHandle");
+  const handle = key === undefined ? undefined : (session as unknown as Record<symbol, { ping?: unknown } | undefined>)[key];
+  if (typeof handle?.ping !== "function") return;
+  (handle.ping as (payload: undefined, callback: (ack: boolean) => void) => boolean).call(handle, undefined, (ack) => {
+    if (ack) onAnswer();
+  });
 }
 
 /**

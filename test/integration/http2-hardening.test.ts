@@ -461,6 +461,25 @@ describe("timeouts.h2PingMs: a silent connection is asked whether its guest is t
     await othersServed(proxy, authority);
   }, 20_000);
 
+  // Node closes a session gracefully at the guest's GOAWAY(NO_ERROR), and a closing session was
+  // asked nothing: one whose guest then vanished held its tunnel until the stream's idleMs.
+  it("a guest that sends GOAWAY(NO_ERROR), then answers nothing while its stream waits for a window, has its connection closed", async () => {
+    const counted = countedBytesRoute();
+    const { proxy, authority } = await pingSetup(patient, { "/counted": counted.route });
+    const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    await acknowledged(guest);
+    guest.write(frame(frameType.headers, flag.endHeaders | flag.endStream, 1, requestBlock(authority, `/counted?n=${16 * 1024 * 1024}`)));
+    await guest.until((c) => c.answered(1));
+    // GOAWAY(NO_ERROR), last stream 0 (the proxy opens none); stream 1 goes on. Then nothing more
+    // from the guest, PING answers included.
+    const goaway = Buffer.alloc(8);
+    guest.write(frame(frameType.goaway, 0, 0, goaway));
+    await guest.until(() => false);
+    expect(guest.closed).toBe(true);
+    expect(guest.frames.some((f) => f.type === frameType.ping && (f.flags & flag.ack) === 0)).toBe(true);
+    await othersServed(proxy, authority);
+  }, 20_000);
+
   it("a guest that answers PINGs keeps its connection while a stream waits for its window, and then reads it whole", async () => {
     const counted = countedBytesRoute();
     // Each answer may take h2PingMs: generous, as the proxy and this client share one event loop.
@@ -481,6 +500,29 @@ describe("timeouts.h2PingMs: a silent connection is asked whether its guest is t
     await once(stream, "end");
     expect(bytes).toBe(total);
     expect(session.destroyed).toBe(false);
+  }, 20_000);
+
+  it("a guest that sent GOAWAY(NO_ERROR) and answers PINGs keeps its connection while its stream waits for its window, and then reads it whole", async () => {
+    const counted = countedBytesRoute();
+    const { proxy, authority } = await pingSetup({ idleMs: 600_000, h2PingMs: 1_500 }, { "/counted": counted.route });
+    const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+    let pings = 0;
+    session.on("ping", () => (pings += 1));
+    const total = 4 * 1024 * 1024;
+    const stream = session.request({ ":path": `/counted?n=${total}` });
+    stream.pause();
+    await once(stream, "response");
+    // GOAWAY(NO_ERROR): the guest opens no more streams; its stream 1 goes on (Node closes the
+    // proxy's session).
+    session.goaway(0);
+    // PINGs sent on the closing session and answered while the paused stream's window stays shut.
+    await vi.waitFor(() => expect(pings).toBeGreaterThanOrEqual(2), { timeout: 15_000, interval: 50 });
+    let bytes = 0;
+    stream.on("data", (chunk: Buffer) => (bytes += chunk.length));
+    stream.resume();
+    await once(stream, "end");
+    expect(bytes).toBe(total);
+    await othersServed(proxy, authority);
   }, 20_000);
 
   it("answered PINGs do not keep a connection with no request open past idleMs", async () => {
