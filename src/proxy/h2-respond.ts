@@ -114,6 +114,18 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
   } else if (uploading) {
     stream.once("finish", () => setImmediate(() => settleSent()));
   }
+  // The END_STREAM is nghttp2's to send, and it waits, as DATA does, for the guest's window: a
+  // body whose last bytes fill that window exactly, and whose end comes after them (the upstream's
+  // end in a later read, or the pump's last write taken only after a drain), has its END_STREAM
+  // held back until the guest opens the window again. Node 20 closes a server stream whose
+  // request side nothing has read (`kMaybeDestroy`: no trailers pending, `readableFlowing`
+  // null) a turn after its writable side finishes, with RST_STREAM(NO_ERROR); that RST_STREAM
+  // goes first and the END_STREAM never does, so the guest read a whole answer as cut. The
+  // request side of a bodiless request is only paused, not read: its end still comes at
+  // nghttp2's close of the stream, once the END_STREAM is out, after `finish` as before, so the
+  // close reads as a whole answer (reading it instead ended it early, and a close that came
+  // before `finish` was logged as the guest's reset).
+  else if (stream.readableFlowing === null) stream.pause();
   let settled = false;
   // Armed the first time the guest's window holds the body back (watch() below); a response that
   // never waits (most of them) costs no timer. Declared here: settle() may run for a body sent whole.
