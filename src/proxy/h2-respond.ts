@@ -84,8 +84,15 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
   const headers = h2HeaderObject(response.headers);
   headers[":status"] = response.status;
   const trailers = body === null ? undefined : response.trailers;
+  // The guest may still be sending its request (an upstream that answered before the end of the
+  // upload): the stream then stays open once the response is out, and its close never comes. The
+  // response's end is this response's end; onDone then closes the stream (RST_STREAM(NO_ERROR),
+  // RFC 9113 §8.1). Held open before, with its place under the stream limit (black-box finding).
+  const uploading = body !== null && !stream.endAfterHeaders && !stream.readableEnded;
   try {
-    stream.respond(headers, { endStream: body === null, waitForTrailers: trailers !== undefined });
+    // An upload's answer ends with a trailer section (empty if it has none) for `wantTrailers`:
+    // the moment its END_STREAM can go (see below).
+    stream.respond(headers, { endStream: body === null, waitForTrailers: trailers !== undefined || uploading });
   } catch (error) {
     // A field Node refuses to encode (an invalid value a hook produced): nothing is sent yet.
     discardBody(body);
@@ -97,35 +104,38 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     onDone();
     return undefined;
   }
-  // The guest may still be sending its request (an upstream that answered before the end of the
-  // upload): the stream then stays open once the response is out, and its close never comes. The
-  // response's end is this response's end; onDone then closes the stream (RST_STREAM(NO_ERROR),
-  // RFC 9113 §8.1). Held open before, with its place under the stream limit (black-box finding).
-  const uploading = !stream.endAfterHeaders && !stream.readableEnded;
-  if (trailers !== undefined) {
+  // The END_STREAM is nghttp2's to send, and it waits, as DATA does, for the guest's window: a
+  // body whose last bytes fill that window exactly, and whose end comes after them (the upstream's
+  // end in a later read, or the pump's last write taken only after a drain), has its END_STREAM
+  // held back until the guest opens the window again. An RST_STREAM goes ahead of a stream's DATA
+  // and closes it: the END_STREAM then never goes, and the guest reads a whole answer as cut.
+  if (trailers !== undefined || uploading) {
+    // `wantTrailers` comes once nghttp2 has reached the body's end with the window open.
     stream.once("wantTrailers", () => {
       try {
-        stream.sendTrailers(h2TrailerObject(trailers()));
-        if (uploading) setImmediate(() => settleSent());
+        const fields = trailers === undefined ? {} : h2TrailerObject(trailers());
+        stream.sendTrailers(fields);
+        if (!uploading) return;
+        // Node sends trailers (HEADERS, queued before the reset, as frames of their kind go in
+        // order) a turn later; an empty section as an empty DATA frame with END_STREAM, which a
+        // reset queued before it is written overtakes (onDone's destroy() submits one at once while
+        // a write to the guest is in flight). A PING sent after it is answered once the guest has
+        // read what went with it, and nghttp2 writes the open stream's DATA in the same batch.
+        if (Object.keys(fields).length > 0) setImmediate(settleSent);
+        else setImmediate(() => afterFlush(stream, settleSent));
       } catch {
         resetH2Stream(stream, h2Codes.internalError, "the trailers could not be encoded");
       }
     });
-  } else if (uploading) {
-    stream.once("finish", () => setImmediate(() => settleSent()));
   }
-  // The END_STREAM is nghttp2's to send, and it waits, as DATA does, for the guest's window: a
-  // body whose last bytes fill that window exactly, and whose end comes after them (the upstream's
-  // end in a later read, or the pump's last write taken only after a drain), has its END_STREAM
-  // held back until the guest opens the window again. Node 20 closes a server stream whose
-  // request side nothing has read (`kMaybeDestroy`: no trailers pending, `readableFlowing`
-  // null) a turn after its writable side finishes, with RST_STREAM(NO_ERROR); that RST_STREAM
-  // goes first and the END_STREAM never does, so the guest read a whole answer as cut. The
-  // request side of a bodiless request is only paused, not read: its end still comes at
-  // nghttp2's close of the stream, once the END_STREAM is out, after `finish` as before, so the
-  // close reads as a whole answer (reading it instead ended it early, and a close that came
-  // before `finish` was logged as the guest's reset).
-  else if (stream.readableFlowing === null) stream.pause();
+  // Node 20 closes a server stream whose request side nothing has read (`kMaybeDestroy`: no
+  // trailers pending, `readableFlowing` null) a turn after its writable side finishes, with
+  // RST_STREAM(NO_ERROR), whether or not its END_STREAM has gone. The request side of a bodiless
+  // request is only paused, not read: its end still comes at nghttp2's close of the stream, once
+  // the END_STREAM is out, after `finish` as before, so the close reads as a whole answer
+  // (reading it instead ended it early, and a close that came before `finish` was logged as the
+  // guest's reset).
+  if (!uploading && stream.readableFlowing === null) stream.pause();
   let settled = false;
   // Armed the first time the guest's window holds the body back (watch() below); a response that
   // never waits (most of them) costs no timer. Declared here: settle() may run for a body sent whole.
@@ -283,6 +293,28 @@ function resetAfterHead(stream: ServerHttp2Stream, why: string, boundMs: number 
     timer.unref();
     stream.once("close", () => clearTimeout(timer));
   }
+}
+
+/**
+ * Runs `then` once the guest has answered a PING sent now (at once if none can be sent): by then
+ * it has read every frame nghttp2 wrote with it, DATA for streams whose windows are open included.
+ */
+function afterFlush(stream: ServerHttp2Stream, then: () => void): void {
+  let done = false;
+  const once = (): void => {
+    if (done) return;
+    done = true;
+    then();
+  };
+  const session = stream.session;
+  let sent = false;
+  try {
+    // False past the session's outstanding PINGs; a closing session calls back at once, unanswered.
+    sent = session !== undefined && !session.destroyed && session.ping(once) === true;
+  } catch {
+    // A destroyed session takes no PING.
+  }
+  if (!sent) once();
 }
 
 /** A ServerHttp2Stream's `headRequest`: Node's own (it ends a HEAD stream's writable side), not in @types/node 20. */

@@ -1,11 +1,13 @@
 import type { ServerHttp2Stream } from "node:http2";
 import type { ServerResponse } from "node:http";
+import { createServer } from "node:https";
 import { describe, expect, it, vi } from "vitest";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { flag, frame, frameType, ping, RawH2, requestBlock } from "../helpers/h2-frames.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
 import { startTestProxy, type TestProxy } from "../helpers/proxy.js";
-import { startUpstream } from "../helpers/upstream.js";
+import { testCa } from "../helpers/test-ca.js";
+import { listenForTest, startUpstream } from "../helpers/upstream.js";
 
 /**
  * A response whose last body bytes fill the HTTP/2 guest's stream window exactly, and whose end
@@ -132,6 +134,76 @@ describe("an HTTP/2 guest whose window the body fills exactly, its end arriving 
     expect([again.status, again.body.toString()]).toEqual([200, "again"]);
   }, 20_000);
 });
+
+/**
+ * An upload the upstream answers before its end (RFC 9113 §8.1): the proxy stops it with
+ * RST_STREAM(NO_ERROR) once the response is out, and that reset must come after the END_STREAM
+ * (or the trailers that carry it), never in its place, however long the guest's window holds it.
+ */
+describe("an HTTP/2 guest still sending its request, whose window the early answer's body fills exactly", () => {
+  it.each([{ trailers: false }, { trailers: true }])("trailers $trailers: END_STREAM, then the reset that stops the upload", async ({ trailers }) => {
+    const ca = await testCa();
+    const credentials = (await ca.serverCredentials(["api.test"])).get("api.test")!;
+    // Answers at once, whole, without waiting for the upload.
+    const server = createServer({ key: credentials.key, cert: credentials.cert }, (req, res) => {
+      req.resume();
+      if (req.url === "/again") {
+        res.end("again");
+        return;
+      }
+      res.writeHead(200, { "content-type": "application/octet-stream", ...(trailers ? { trailer: "x-sum" } : { "content-length": String(windowBytes) }) });
+      if (trailers) res.addTrailers({ "x-sum": "42" });
+      res.end(Buffer.alloc(windowBytes, 0x61));
+    });
+    const port = await listenForTest(server);
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const authority = `api.test:${port}`;
+    const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem, [[initialWindowSize, windowBytes]]);
+    guest.write(frame(frameType.settings, flag.ack, 0));
+    answerPings(guest);
+    guest.write(frame(frameType.headers, flag.endHeaders, 1, requestBlock(authority, "/up", [], "POST")));
+    guest.write(frame(frameType.data, 0, 1, Buffer.alloc(100, 0x62)));
+    const received = (): number => guest.frames.filter((f) => f.type === frameType.data && f.streamId === 1).reduce((n, f) => n + f.payload.length, 0);
+    await guest.until((c) => received() >= windowBytes || c.resetCode(1) !== undefined);
+    // Two round trips with the guest: the proxy has acted on the body's end (and, without the
+    // fix, reset the stream) before the window opens.
+    for (const id of [1, 2]) {
+      guest.write(ping(id));
+      await guest.until((c) => c.frames.filter((f) => f.type === frameType.ping && (f.flags & flag.ack) !== 0).length >= id);
+    }
+    const increment = Buffer.alloc(4);
+    increment.writeUInt32BE(windowBytes);
+    guest.write(frame(frameType.windowUpdate, 0, 1, increment));
+    await guest.until((c) => c.resetCode(1) !== undefined);
+    const onStream = guest.frames.filter((f) => f.streamId === 1);
+    const end = onStream.findIndex((f) => (f.type === frameType.data || f.type === frameType.headers) && (f.flags & flag.endStream) !== 0);
+    const reset = onStream.findIndex((f) => f.type === frameType.rstStream);
+    expect({ endBeforeReset: end >= 0 && end < reset, resetCode: guest.resetCode(1), bytes: received() }, onStream.map((f) => `${f.type}:${f.flags}`).join(" ")).toEqual({
+      endBeforeReset: true,
+      resetCode: 0,
+      bytes: windowBytes,
+    });
+    if (trailers) expect(onStream[end]!.type).toBe(frameType.headers);
+    const line = await loggedRequest(proxy, "/up");
+    expect(line).toMatchObject({ status: 200 });
+    expect(line["error"]).toBeUndefined();
+    const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+    const again = await h2Request(session, { ":path": "/again" });
+    expect([again.status, again.body.toString()]).toEqual([200, "again"]);
+  }, 20_000);
+});
+
+/** Acknowledges each PING the proxy sends, as a live guest does (RawH2 answers nothing by itself). */
+function answerPings(guest: RawH2): void {
+  let seen = 0;
+  // After RawH2's own listener: the frames of this read are parsed.
+  guest.socket.on("data", () => {
+    for (; seen < guest.frames.length; seen++) {
+      const f = guest.frames[seen]!;
+      if (f.type === frameType.ping && (f.flags & flag.ack) === 0) guest.write(frame(frameType.ping, flag.ack, 0, f.payload));
+    }
+  });
+}
 
 async function loggedRequest(proxy: TestProxy, path: string): Promise<Record<string, unknown>> {
   let line: Record<string, unknown> | undefined;
