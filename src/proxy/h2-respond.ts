@@ -212,17 +212,20 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
   // wait starts again. Only a drain counted, so a guest that read steadily through a small window
   // (a slow reader, a client with a tiny SETTINGS_INITIAL_WINDOW_SIZE) had its stream reset as
   // one that "read nothing for timeouts.idleMs" once a buffer's worth took longer than idleMs
-  // to go (fuzzer, h2guest). Writes are at most one default frame's worth, so that is as much
-  // as the guest must take within idleMs.
+  // to go (fuzzer, h2guest). A write is one chunk of the body as it came (16 KiB at most from a
+  // TLS or HTTP/2 upstream: a TLS record, a DATA frame); the chunks the stream buffers behind it
+  // (under its 16 KiB high-water mark, and the one that reaches it) go to nghttp2 together
+  // (`_writev`), their callbacks all at once: at most 32 KiB for the guest to take within idleMs.
+  // Chunks are not cut smaller: 16 KiB slices of a 64 KiB chunk went the same way, showing
+  // progress at 16 KiB and then at 64 KiB only, and cost a sending loop about 30% more CPU per
+  // byte (docs/performance.md, fifteenth session).
   const progressed = (): void => {
     if (waitingSince !== undefined) waitingSince = performance.now();
   };
   // In the same turn as the pump's own listener: counting changes nothing about the flow.
   const sent = countBytes ? countFlowing(body) : undefined;
   body.on("data", (chunk: Buffer) => {
-    let open = true;
-    for (let at = 0; at < chunk.length; at += progressSlice) open = stream.write(chunk.length <= progressSlice ? chunk : chunk.subarray(at, at + progressSlice), progressed);
-    if (!open) {
+    if (!stream.write(chunk, progressed)) {
       body.pause();
       waitingSince = performance.now();
       stream.once("drain", resume);
@@ -251,9 +254,6 @@ function wholeBuffered(body: Readable, max: number): Buffer | undefined {
   const chunk = body.read() as Buffer | null;
   return chunk ?? undefined;
 }
-
-/** The most one write hands nghttp2 (a default-sized DATA frame): the grain at which a guest's reading shows (sendH2Response). */
-const progressSlice = 16_384;
 
 /** What an empty write hands nghttp2: nothing, only the question of when the stream is asked for data. */
 const nothing = Buffer.alloc(0);
