@@ -103,7 +103,8 @@ function codeOf(answer: H2Answer): string | undefined {
 /** Judges an `upstream` case's two answers as an HTTP/2 guest got them (harness.ts judges the HTTP/1.1 guest's the same way). */
 export function judgeH2Upstream(input: UpstreamCase, first: H2Result, second: H2Result, secondBody: string, report: (oracle: string, detail: string) => void, cancelled: boolean, slow: boolean): void {
   // A guest whose window lets one byte through per round trip may take longer than idleMs over
-  // one 16 KiB write, and be let go as one that stopped reading (README, "HTTP/2 and gRPC").
+  // one write (a 16 KiB chunk, or up to 32 KiB handed over together), and be let go as one that
+  // stopped reading (README, "HTTP/2 and gRPC").
   const outcome = slow ? { ...input.outcome, cut: true } : input.outcome;
   // A stream the guest reset is the guest's own cut: only the next one is judged.
   if (cancelled) {
