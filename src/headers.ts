@@ -36,20 +36,36 @@ const hopByHop = new Set([
  * copy after, which keeps the order of what stays.
  */
 export function endToEndHeaders(raw: readonly string[], drop: ReadonlySet<string> = emptySet): HeaderList {
+  return endToEnd(raw, drop, false)!;
+}
+
+/**
+ * The one pass of {@link endToEndHeaders} and {@link upstreamResponseFields}: with `lengths`, a
+ * Content-Length is rewritten as {@link canonicalLength} spells it, and undefined is returned for
+ * a second one or one that is not a number.
+ */
+function endToEnd(raw: readonly string[], drop: ReadonlySet<string>, lengths: boolean): HeaderList | undefined {
   const out: HeaderList = [];
   let named: Set<string> | undefined;
+  let seenLength = false;
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i]!;
     const lower = name.toLowerCase();
-    if (lower === "connection") named = connectionNamed(raw[i + 1]!, named);
+    let value = raw[i + 1]!;
+    if (lengths && lower === "content-length") {
+      const number = seenLength ? undefined : canonicalLength(value);
+      if (number === undefined) return undefined;
+      seenLength = true;
+      value = number;
+    } else if (lower === "connection") named = connectionNamed(value, named);
     // `te: trailers` says the client takes trailers, which the proxy passes on: gRPC servers
     // refuse requests without it, and it is the one TE value HTTP/2 allows (RFC 9113 §8.2.2).
-    if (lower === "te" && drop.has("te") === false && isTrailersOnly(raw[i + 1]!)) {
+    else if (lower === "te" && drop.has("te") === false && isTrailersOnly(value)) {
       out.push(name, "trailers");
       continue;
     }
     if (hopByHop.has(lower) || drop.has(lower)) continue;
-    out.push(name, raw[i + 1]!);
+    out.push(name, value);
   }
   return named === undefined ? out : withoutNamed(out, named);
 }
@@ -208,26 +224,7 @@ const contentLength: ReadonlySet<string> = new Set(["content-length"]);
  * used.
  */
 export function upstreamResponseFields(list: readonly string[]): HeaderList | undefined {
-  const out: HeaderList = [];
-  let named: Set<string> | undefined;
-  let lengths = 0;
-  for (let i = 0; i < list.length; i += 2) {
-    const name = list[i]!;
-    const lower = name.toLowerCase();
-    let value = list[i + 1]!;
-    if (lower === "content-length") {
-      const number = ++lengths === 1 ? canonicalLength(value) : undefined;
-      if (number === undefined) return undefined;
-      value = number;
-    } else if (lower === "connection") named = connectionNamed(value, named);
-    else if (lower === "te" && isTrailersOnly(value)) {
-      out.push(name, "trailers");
-      continue;
-    }
-    if (hopByHop.has(lower)) continue;
-    out.push(name, value);
-  }
-  return named === undefined ? out : withoutNamed(out, named);
+  return endToEnd(list, emptySet, true);
 }
 
 /** A Content-Length value as digits without leading zeros or the whitespace around; undefined when it is not a number. */
