@@ -29,16 +29,16 @@
  * Options: `--trees label=DIR[:limitsJSON],…` (each built), `--connections 256` (a list),
  * `--mib 8`, `--head-kib 60`, `--origins 1`, `--json FILE`.
  */
-import { fork, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { loadavg, tmpdir } from "node:os";
-import { join, resolve as resolvePath } from "node:path";
+import { join } from "node:path";
 import { connect as tlsConnect, type TLSSocket } from "node:tls";
 import { parseArgs } from "node:util";
-import { ask, cleanup, installCleanup, root, setWorkDir, statusKb, stopChild, track } from "./children.js";
+import { ask, cleanup, installCleanup, root, setWorkDir, statusKb, stopChild } from "./children.js";
 import { connectThrough } from "./h2-load.js";
-import type { WindowsProxyMemory, WindowsProxyReady } from "./h2-windows-proxy.js";
+import { parseTrees, startHeldProxy, type HeldConfig } from "./held-proxy.js";
+import type { WindowsProxyMemory } from "./h2-windows-proxy.js";
 import { originHost } from "./targets.js";
 import type { UpstreamStats } from "./upstream.js";
 import { createUpstreamCa, startBenchUpstream } from "./upstream-ca.js";
@@ -58,17 +58,7 @@ const { values } = parseArgs({
   },
 });
 
-interface Config {
-  readonly label: string;
-  readonly tree: string;
-  readonly limits: Readonly<Record<string, number>>;
-}
-
-const configs: Config[] = values.trees.split(",").map((spec) => {
-  const [label, rest] = spec.split("=", 2) as [string, string];
-  const colon = rest.indexOf(":");
-  return colon < 0 ? { label, tree: resolvePath(rest), limits: {} } : { label, tree: resolvePath(rest.slice(0, colon)), limits: JSON.parse(rest.slice(colon + 1)) as Record<string, number> };
-});
+const configs = parseTrees(values.trees);
 const chosen = values.scenarios.split(",").map((s) => {
   if (!(scenarios as readonly string[]).includes(s)) throw new RangeError(`--scenarios: unknown ${s}`);
   return s as Scenario;
@@ -103,19 +93,7 @@ interface Reading {
 const readings: Reading[] = [];
 const log = (line: string): void => void process.stderr.write(`${line}\n`);
 
-async function startProxy(config: Config): Promise<{ child: ChildProcess; url: string; caPem: string }> {
-  const child = track(
-    fork(join(root, "bench", "h2-windows-proxy.ts"), [config.tree, ca.caFile, JSON.stringify(config.limits)], {
-      execArgv: ["--import", "tsx", "--expose-gc"],
-      env: { ...process.env, H2WIN_ORIGINS: String(origins) },
-      cwd: config.tree,
-      stdio: ["ignore", "inherit", "inherit", "ipc"],
-    }),
-    `egressgate ${config.label}`,
-  );
-  const ready = await ask<WindowsProxyReady>(child, "ready", undefined, 60_000);
-  return { child, url: `http://127.0.0.1:${ready.port}`, caPem: ready.caPem };
-}
+const startProxy = (config: HeldConfig): ReturnType<typeof startHeldProxy> => startHeldProxy(config, ca.caFile, origins);
 
 /** A guest connection: a CONNECT tunnel to `authority`, TLS inside it offering only `http/1.1`. */
 async function h1Guest(proxyUrl: string, caPem: string, host: string, port: number): Promise<TLSSocket> {
