@@ -1,9 +1,9 @@
 import { createServer as createH2Server, type IncomingHttpHeaders } from "node:http2";
-import { createServer as createNetServer, type AddressInfo, type Server, type Socket } from "node:net";
+import type { Socket } from "node:net";
 import { Duplex } from "node:stream";
-import { createServer as createTlsServer } from "node:tls";
 import { literal } from "../h2-frames.js";
 import { frame, preface, settingsFrame, type } from "./h2-inputs.js";
+import { listenRaw } from "./recorder.js";
 import { parseUpstreamRequest, type UpstreamRequest } from "./wire.js";
 
 /**
@@ -248,17 +248,7 @@ export async function startHostile(options: HostileOptions): Promise<HostileUpst
     if (options.h2 === true) serveH2(socket);
     else serveH1(socket);
   };
-  const server: Server =
-    options.tls === undefined ? createNetServer(serve) : createTlsServer({ ...options.tls, ALPNProtocols: options.h2 === true ? ["h2"] : ["http/1.1"] }, serve);
-  server.on("error", () => undefined);
-  server.on("connection", (socket: Socket) => {
-    sockets.add(socket);
-    socket.once("close", () => sockets.delete(socket));
-  });
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(0, options.host, () => resolve());
-  });
-  (upstream as { port: number }).port = (server.address() as AddressInfo).port;
+  const { server, port } = await listenRaw(serve, options, options.h2 === true ? ["h2"] : ["http/1.1"], sockets);
+  (upstream as { port: number }).port = port;
   return upstream;
 }

@@ -1,5 +1,5 @@
-import { createServer as createNetServer, type AddressInfo, type Server, type Socket } from "node:net";
-import { createServer as createTlsServer } from "node:tls";
+import type { Socket } from "node:net";
+import { listenRaw } from "./recorder.js";
 import type { HostileStep } from "./hostile-upstream.js";
 import { parseUpstreamRequest, type UpstreamRequest } from "./wire.js";
 
@@ -106,16 +106,7 @@ export async function startHostileWebSocket(options: HostileWebSocketOptions): P
       void run(options.script(parsed.value));
     });
   };
-  const server: Server = options.tls === undefined ? createNetServer(serve) : createTlsServer({ ...options.tls, ALPNProtocols: ["http/1.1"] }, serve);
-  server.on("error", () => undefined);
-  server.on("connection", (socket: Socket) => {
-    sockets.add(socket);
-    socket.once("close", () => sockets.delete(socket));
-  });
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(0, options.host, () => resolve());
-  });
-  (upstream as { port: number }).port = (server.address() as AddressInfo).port;
+  const { server, port } = await listenRaw(serve, options, ["http/1.1"], sockets);
+  (upstream as { port: number }).port = port;
   return upstream;
 }

@@ -113,9 +113,24 @@ export async function startRecorder(options: RecorderOptions): Promise<Recorder>
       }
     });
   };
-  const server: Server = options.tls === undefined ? createNetServer(serve) : createTlsServer({ ...options.tls, ALPNProtocols: ["http/1.1"] }, serve);
+  const { server, port } = await listenRaw(serve, options, ["http/1.1"], sockets);
+  (recorder as { port: number }).port = port;
+  return recorder;
+}
+
+/**
+ * A raw server for the fuzz upstreams: plain TCP, or TLS offering `alpn`, on port 0 of `host`.
+ * Every TCP connection, a TLS one still in its handshake included, is kept in `sockets` while
+ * open, so that the caller's close() ends them all.
+ */
+export async function listenRaw(
+  serve: (socket: Socket) => void,
+  options: { readonly tls?: { readonly key: string; readonly cert: string }; readonly host: string },
+  alpn: readonly string[],
+  sockets: Set<Socket>,
+): Promise<{ readonly server: Server; readonly port: number }> {
+  const server: Server = options.tls === undefined ? createNetServer(serve) : createTlsServer({ ...options.tls, ALPNProtocols: [...alpn] }, serve);
   server.on("error", () => undefined);
-  // Every TCP connection, a TLS one still in its handshake included: close() ends them all.
   server.on("connection", (socket: Socket) => {
     sockets.add(socket);
     socket.once("close", () => sockets.delete(socket));
@@ -124,6 +139,5 @@ export async function startRecorder(options: RecorderOptions): Promise<Recorder>
     server.once("error", reject);
     server.listen(0, options.host, () => resolve());
   });
-  (recorder as { port: number }).port = (server.address() as AddressInfo).port;
-  return recorder;
+  return { server, port: (server.address() as AddressInfo).port };
 }
