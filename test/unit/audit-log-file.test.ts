@@ -1,3 +1,4 @@
+import { spawnSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
@@ -13,6 +14,8 @@ function warnings(): { list: Array<{ kind: string; msg: string; fields?: Record<
   const list: Array<{ kind: string; msg: string; fields?: Record<string, unknown> }> = [];
   return { list, warn: (kind, msg, fields) => void list.push({ kind, msg, ...(fields !== undefined ? { fields } : {}) }) };
 }
+
+const childScript = fileURLToPath(new URL("../helpers/audit-append-child.ts", import.meta.url));
 
 /** What is written to stderr while the test runs, kept instead of written. */
 function stderrWrites(): string[] {
@@ -103,6 +106,45 @@ describe("AuditLogFile", () => {
     await log.close();
     expect(log.dropped).toBe(3);
   });
+
+  // A record a full disk (here a file size limit) took all but the newline of was counted as
+  // lost, although a reader of the file finds it whole: CI saw records in the file plus records
+  // dropped come to one more than were written. `room` is how many bytes of the second record fit.
+  const limitCases = [
+    { room: "all of it", cut: 0, dropped: 0, whole: 2, failed: false },
+    { room: "all but its newline", cut: 1, dropped: 0, whole: 2, failed: true },
+    { room: "all but its last two bytes", cut: 2, dropped: 1, whole: 1, failed: true },
+  ];
+  for (const { room, cut, dropped, whole, failed } of limitCases) {
+    it(`a record of which the file size limit leaves room for ${room} counts ${dropped} lost, and the file holds ${whole} whole`, async () => {
+      const file = join(tempDir(), "audit.jsonl");
+      const record = (pad: number): string => `${JSON.stringify({ pad: "x".repeat(pad) })}\n`;
+      const first = record(100);
+      // The limit is 1 KiB: the second record ends `cut` bytes past it.
+      const second = record(1024 + cut - first.length - record(0).length);
+      expect(first.length + second.length).toBe(1024 + cut);
+      const child = spawnSync("bash", ["-c", `ulimit -f 1 && exec "$0" "$@"`, process.execPath, "--import", "tsx", childScript, file, JSON.stringify([first, second])], { encoding: "utf8", timeout: 60_000 });
+      expect(child.status, child.stderr).toBe(0);
+      const counted = JSON.parse(child.stdout) as { dropped: number; warned: string[] };
+      expect(counted.dropped).toBe(dropped);
+      expect(counted.warned.includes("audit:error")).toBe(failed);
+      expect(readFileSync(file, "utf8")).toBe((first + second).slice(0, 1024));
+      // Opened again with room, the next record starts a line of its own, after the whole ones.
+      const log = await AuditLogFile.open({ file, warn: () => undefined });
+      log.append(record(1));
+      await log.close();
+      const lines = readFileSync(file, "utf8").split("\n").slice(0, -1);
+      const parsed = lines.filter((line) => {
+        try {
+          return JSON.parse(line) !== undefined;
+        } catch {
+          return false;
+        }
+      });
+      expect(parsed).toEqual([first, second].slice(0, whole).map((line) => line.slice(0, -1)).concat(record(1).slice(0, -1)));
+      expect(lines.length - parsed.length).toBe(whole === 2 ? 0 : 1);
+    });
+  }
 
   // The open of a new file ran its last steps in a promise's then() with no rejection handler: a
   // throw there (here reopen()'s callback; the proxy's, a log line, does not throw) was a
