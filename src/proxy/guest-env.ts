@@ -1,6 +1,7 @@
 import { constants } from "node:fs";
 import { randomBytes } from "node:crypto";
-import { open, rename, unlink } from "node:fs/promises";
+import { open, rename, stat, unlink, type FileHandle } from "node:fs/promises";
+import { setTimeout as sleep } from "node:timers/promises";
 
 export interface GuestEnvInput {
   /** `http://HOST:PORT`, without credentials. */
@@ -80,12 +81,17 @@ export function formatShellExports(env: Readonly<Record<string, string>>): strin
  * its handle.
  * One another user owns (root, handing it over through its group) that everyone may read or
  * write is refused before anything is written, as ca.key is. A path that is no regular file
- * (`/dev/stdout`, a FIFO) is written as it is.
+ * (`/dev/stdout`, a FIFO) is written as it is; a FIFO with no reader yet is waited for
+ * ({@link openForWriting}), `waiting` called once.
  */
-export async function writeGuestEnvFile(path: string, env: Readonly<Record<string, string>>): Promise<{ readonly was: number; readonly now: number } | undefined> {
+export async function writeGuestEnvFile(
+  path: string,
+  env: Readonly<Record<string, string>>,
+  waiting: () => void = () => undefined,
+): Promise<{ readonly was: number; readonly now: number } | undefined> {
   const text = formatEnvFile(env);
   // Not truncated at open: a file refused or replaced below keeps what it held.
-  const handle = await open(path, constants.O_WRONLY | constants.O_CREAT, 0o600);
+  const handle = await openForWriting(path, waiting);
   let replaceFrom: { mode: number; gid: number } | undefined;
   try {
     const stats = await handle.stat();
@@ -97,7 +103,7 @@ export async function writeGuestEnvFile(path: string, env: Readonly<Record<strin
       if (uid !== undefined && stats.uid === uid && (mode & 0o007) !== 0) replaceFrom = { mode, gid: stats.gid };
       else await handle.truncate(0);
     }
-    if (replaceFrom === undefined) await handle.writeFile(text);
+    if (replaceFrom === undefined) await writeWhole(handle, Buffer.from(text));
   } finally {
     await handle.close();
   }
@@ -105,6 +111,62 @@ export async function writeGuestEnvFile(path: string, env: Readonly<Record<strin
   const now = replaceFrom.mode & 0o770;
   await replaceFile(path, text, now, replaceFrom.gid);
   return { was: replaceFrom.mode, now };
+}
+
+/** How often the start looks again for a reader of a FIFO at the path. */
+const readerPollMs = 100;
+/** Waits between writes a full pipe refused (EAGAIN): short while it drains, longer while it stays full. */
+const firstFullWaitMs = 1;
+const longestFullWaitMs = 64;
+
+/**
+ * Opens `path` for writing without blocking. O_NONBLOCK: opening a FIFO for writing waits in
+ * open() until it has a reader, and that held the start for good on a threadpool thread (one of
+ * the four DNS lookups share), with no listening line and no word of why (black-box finding).
+ * Non-blocking, the open fails with ENXIO instead, and a FIFO is looked at again every
+ * {@link readerPollMs}, as the audit log's start does; a socket or a device without its driver
+ * (also ENXIO) fails the start. On a regular file the flag changes nothing.
+ */
+async function openForWriting(path: string, waiting: () => void): Promise<FileHandle> {
+  for (let warned = false; ; warned = true) {
+    try {
+      return await open(path, constants.O_WRONLY | constants.O_CREAT | (constants.O_NONBLOCK ?? 0), 0o600);
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "ENXIO" || !(await isFifo(path))) throw error;
+      if (!warned) waiting();
+      await sleep(readerPollMs);
+    }
+  }
+}
+
+async function isFifo(path: string): Promise<boolean> {
+  return stat(path).then(
+    (stats) => stats.isFIFO(),
+    () => false,
+  );
+}
+
+/**
+ * Writes all of `bytes` at the handle's position. Opened non-blocking, a pipe whose reader has
+ * not taken what it holds (64 KiB on Linux; a guest with many secrets has more) answers EAGAIN,
+ * which is waited out rather than failing the start; a reader that went away is EPIPE, which
+ * fails it. A write cut short (a full disk) goes on with the rest, which fails with the disk's
+ * error.
+ */
+async function writeWhole(handle: FileHandle, bytes: Buffer): Promise<void> {
+  let waitMs = firstFullWaitMs;
+  for (let done = 0; done < bytes.length; ) {
+    try {
+      const { bytesWritten } = await handle.write(bytes, done, bytes.length - done);
+      if (bytesWritten === 0) throw new Error("the file took none of a write");
+      done += bytesWritten;
+      waitMs = firstFullWaitMs;
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "EAGAIN") throw error;
+      await sleep(waitMs);
+      waitMs = Math.min(longestFullWaitMs, waitMs * 2);
+    }
+  }
 }
 
 /** A file mode as `ls -l`'s octal users write it: `0644`. */

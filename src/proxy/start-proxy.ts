@@ -290,7 +290,9 @@ export async function launchProxy(
     try {
       for (const name of guests.names()) {
         const path = several ? `${file}.${name}` : file;
-        const replaced = await writeGuestEnvFile(path, guestEnv(name));
+        const replaced = await writeGuestEnvFile(path, guestEnv(name), () =>
+          log.warn("the guest environment file is a FIFO with no reader; the start waits for one to open it", { file: path }),
+        );
         if (replaced !== undefined) {
           log.warn("the guest environment file could be read by other users; the proxy took that away before writing the credentials", { file: path, mode: modeText(replaced.was), now: modeText(replaced.now) });
         }

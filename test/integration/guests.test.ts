@@ -14,6 +14,7 @@ import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
 import { openRaw, type RawResponse } from "../helpers/raw.js";
 import { startUpstream, type Upstream } from "../helpers/upstream.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
+import { eventually, FifoReader, makeFifo } from "../helpers/fifo.js";
 
 const A_VALUE = "a-secret-value-0123456789";
 const B_VALUE = "b-secret-value-9876543210";
@@ -774,6 +775,37 @@ describe("guests: the guest environment files", () => {
     const proxy = await startTestProxy({ allowedHosts: [] }, { auth: true, guestEnvFile: file });
     expect(readFileSync(file, "utf8")).toContain(`HTTPS_PROXY=${proxy.guestEnv()["HTTPS_PROXY"]}`);
     expect(statSync(file).mode & 0o777).toBe(0o660);
+  });
+  // A FIFO (a launcher handing the credentials on without a file on disk) with no reader yet
+  // held the start in open() for good, on a threadpool thread: no listening line, no metrics
+  // listener, no word of why (black-box finding). It is waited for now, as the audit log's FIFO
+  // is, with one warning; a file larger than the pipe holds is written as the reader drains it.
+  it.each([
+    ["a few lines", 0],
+    ["more than a pipe holds (64 KiB)", 1_200],
+  ])("a FIFO with no reader yet: the start waits for one, saying so once, and the reader gets the whole file (%s)", async (_what, secrets) => {
+    const fifo = makeFifo("guest.env");
+    const logs: Record<string, unknown>[] = [];
+    const hooks = {
+      allowedHosts: [],
+      secrets: Object.fromEntries(Array.from({ length: secrets }, (_, i) => [`SECRET_${i}`, { hosts: ["api.test"], value: `value-${i}` }])),
+    };
+    let proxy: Awaited<ReturnType<typeof startTestProxy>> | undefined;
+    const started = startTestProxy(hooks, { guestEnvFile: fifo, logSink: (line) => logs.push(JSON.parse(line) as Record<string, unknown>) }).then((p) => (proxy = p));
+    // Without a reader the start never ends: the FIFO's removal at the test's end fails it then.
+    started.catch(() => undefined);
+    const waiting = "the guest environment file is a FIFO with no reader; the start waits for one to open it";
+    await eventually(() => logs.some((line) => line["msg"] === waiting), "the warning that the start waits for a reader");
+    expect(proxy).toBeUndefined();
+    const reader = new FifoReader(fifo);
+    // Read as it comes: a file larger than the pipe is written in parts.
+    await eventually(() => (reader.read(), proxy !== undefined), "the start, once the reader has the file");
+    await started;
+    await eventually(() => reader.read().endsWith("\n") && reader.read().split("\n").length - 1 === Object.keys(proxy!.guestEnv()).length, "every line at the reader");
+    expect(reader.read()).toBe(Object.entries(proxy!.guestEnv()).map(([k, v]) => `${k}=${v}\n`).join(""));
+    expect(Buffer.byteLength(reader.read())).toBeGreaterThan(secrets > 0 ? 64 * 1024 : 0);
+    expect(logs.filter((line) => line["msg"] === waiting)).toHaveLength(1);
+    expect(logs.some((line) => line["msg"] === "listening")).toBe(true);
   });
 });
 
