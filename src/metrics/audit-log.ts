@@ -1,5 +1,6 @@
-import { close as closeFd, constants, fstat, open as openFd, stat, writev, type Stats } from "node:fs";
+import { close as closeFd, constants, fstat, open as openFd, writev, type Stats } from "node:fs";
 import { open as openFile } from "node:fs/promises";
+import { firstFullWaitMs, longestFullWaitMs, openWaitingForReader } from "../fifo-writer.js";
 import { writeStderr } from "../log.js";
 
 /** A warning that may repeat per record: the caller rate-limits it by `kind`. */
@@ -27,11 +28,6 @@ const defaultRetryMs = 1_000;
 // open fails with ENXIO (a failed write: dropped, counted, tried again after retryMs) and a full
 // pipe answers EAGAIN; on a regular file the flag changes nothing.
 const appendFlags = constants.O_WRONLY | constants.O_APPEND | constants.O_CREAT | (constants.O_NONBLOCK ?? 0);
-/** How often the start looks again for a FIFO's reader. */
-const readerPollMs = 100;
-/** Waits between writes a full pipe refused (EAGAIN): short while it drains, longer while it stays full. */
-const firstFullWaitMs = 1;
-const longestFullWaitMs = 64;
 /** Records per write: Linux's IOV_MAX, so each batch is one write(2) (one O_APPEND append). */
 const maxBatch = 1_024;
 
@@ -302,27 +298,6 @@ async function endsMidLine(file: string, fd: number): Promise<boolean> {
 }
 
 /**
- * Opens `file` for appending without blocking. A FIFO with no reader yet (ENXIO) is waited for,
- * looking again every {@link readerPollMs}, with `waiting` called once: the start of a proxy
- * whose log shipper is not up yet waits for it, as any writer of a FIFO does, without holding a
- * thread meanwhile.
- */
-async function openWaitingForReader(file: string, waiting: () => void): Promise<number> {
-  let warned = false;
-  for (;;) {
-    try {
-      return await new Promise<number>((resolve, reject) => openFd(file, appendFlags, 0o640, (error, fd) => (error ? reject(error) : resolve(fd))));
-    } catch (error) {
-      // ENXIO is also what a socket or a device without its driver answers: only a FIFO waits.
-      if ((error as NodeJS.ErrnoException).code !== "ENXIO" || !(await isFifo(file))) throw error;
-      if (!warned) waiting();
-      warned = true;
-      await new Promise((resolve) => setTimeout(resolve, readerPollMs));
-    }
-  }
-}
-
-/**
  * The last handler of a promise chain or an fs callback whose own failure handling threw (an
  * `AuditWarn` that throws): one line on stderr, as the log writes its own, and never a rejection
  * or an uncaught exception, either of which would end the process. `what` names what threw.
@@ -348,10 +323,6 @@ function guarded(what: string, handle: () => void): void {
   } catch (thrown) {
     reportUnhandled(what, thrown);
   }
-}
-
-function isFifo(file: string): Promise<boolean> {
-  return new Promise((resolve) => stat(file, (error, stats) => resolve(error === null && stats.isFIFO())));
 }
 
 /**
@@ -412,7 +383,8 @@ export class AuditLogFile {
    */
   static async open(options: AuditLogFileOptions): Promise<AuditLogFile> {
     const log = new AuditLogFile(options);
-    const fd = await openWaitingForReader(options.file, () =>
+    const appendOpen = (): Promise<number> => new Promise((resolve, reject) => openFd(options.file, appendFlags, 0o640, (error, fd) => (error ? reject(error) : resolve(fd))));
+    const fd = await openWaitingForReader(options.file, appendOpen, () =>
       options.warn("audit:reader", "audit log: the FIFO has no reader; the start waits for one to open it", { file: options.file }),
     );
     log.target = new AppendTarget(options.file, log.events, { fd, midLine: await endsMidLine(options.file, fd) });

@@ -1,7 +1,8 @@
 import { constants } from "node:fs";
 import { randomBytes } from "node:crypto";
-import { open, rename, stat, unlink, type FileHandle } from "node:fs/promises";
+import { open, rename, unlink, type FileHandle } from "node:fs/promises";
 import { setTimeout as sleep } from "node:timers/promises";
+import { firstFullWaitMs, longestFullWaitMs, openWaitingForReader } from "../fifo-writer.js";
 
 export interface GuestEnvInput {
   /** `http://HOST:PORT`, without credentials. */
@@ -113,37 +114,14 @@ export async function writeGuestEnvFile(
   return { was: replaceFrom.mode, now };
 }
 
-/** How often the start looks again for a reader of a FIFO at the path. */
-const readerPollMs = 100;
-/** Waits between writes a full pipe refused (EAGAIN): short while it drains, longer while it stays full. */
-const firstFullWaitMs = 1;
-const longestFullWaitMs = 64;
-
 /**
- * Opens `path` for writing without blocking. O_NONBLOCK: opening a FIFO for writing waits in
- * open() until it has a reader, and that held the start for good on a threadpool thread (one of
- * the four DNS lookups share), with no listening line and no word of why (black-box finding).
- * Non-blocking, the open fails with ENXIO instead, and a FIFO is looked at again every
- * {@link readerPollMs}, as the audit log's start does; a socket or a device without its driver
- * (also ENXIO) fails the start. On a regular file the flag changes nothing.
+ * Opens `path` for writing without blocking: a FIFO with no reader held the start for good in a
+ * blocking open(), with no listening line and no word of why (black-box finding). It is waited
+ * for instead ({@link openWaitingForReader}); a socket or a device without its driver fails the
+ * start.
  */
-async function openForWriting(path: string, waiting: () => void): Promise<FileHandle> {
-  for (let warned = false; ; warned = true) {
-    try {
-      return await open(path, constants.O_WRONLY | constants.O_CREAT | (constants.O_NONBLOCK ?? 0), 0o600);
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code !== "ENXIO" || !(await isFifo(path))) throw error;
-      if (!warned) waiting();
-      await sleep(readerPollMs);
-    }
-  }
-}
-
-async function isFifo(path: string): Promise<boolean> {
-  return stat(path).then(
-    (stats) => stats.isFIFO(),
-    () => false,
-  );
+function openForWriting(path: string, waiting: () => void): Promise<FileHandle> {
+  return openWaitingForReader(path, () => open(path, constants.O_WRONLY | constants.O_CREAT | (constants.O_NONBLOCK ?? 0), 0o600), waiting);
 }
 
 /**
