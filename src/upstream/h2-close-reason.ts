@@ -80,8 +80,20 @@ const ownResets: Readonly<Record<number, string>> = {
   1: "a response head that breaks HTTP/2's rules",
   3: "a response past its flow-control window",
   6: "a frame over the size allowed",
-  11: "a response head over its limits (header fields or memory, an HPACK bomb)",
 };
+
+/**
+ * The two codes a response head over the proxy's HTTP/2 client's limits (128 fields, 64 KiB, its
+ * session memory: an HPACK bomb) closes its stream with, depending on timing alone. Node refuses
+ * the field and submits RST_STREAM(ENHANCE_YOUR_CALM), and nghttp2, told by the same refusal,
+ * submits RST_STREAM(INTERNAL_ERROR); the first one submitted is the one sent, and the code the
+ * stream closes with. Node puts its own off while a write of the session is in flight (a PING's
+ * or SETTINGS' acknowledgement read from an earlier TLS record of the same read), and nghttp2's
+ * goes first: the same bytes from the upstream read "reset (ENHANCE_YOUR_CALM)" or "upstream
+ * reset the stream (INTERNAL_ERROR)" as the proxy's load had it. Nothing Node reports tells the
+ * proxy's reset from an upstream's RST_STREAM of either code, so both are said alike.
+ */
+const headOverLimitsCodes: ReadonlySet<number> = new Set([2, 11]);
 
 /**
  * What a stream that closed before its response head says in the log and to the guest, from the
@@ -117,6 +129,8 @@ function closeReason(host: string, rstCode: number, failure: (Error & { code?: u
     message = `the proxy reset the HTTP/2 stream to upstream ${host} before its response: ${failure.message}`;
   } else if (failure !== undefined && code !== "ERR_HTTP2_STREAM_ERROR") {
     message = `the connection to upstream ${host} failed before its response: ${String(code)}: ${failure.message}`;
+  } else if (headOverLimitsCodes.has(rstCode)) {
+    message = `the HTTP/2 stream to upstream ${host} was reset before its response: by the proxy, for a response head over its limits (header fields or memory, an HPACK bomb), or by the upstream (the proxy's own reset goes out as ENHANCE_YOUR_CALM or as INTERNAL_ERROR, so neither code tells which)`;
   } else if (ownResets[rstCode] !== undefined) {
     message = `the HTTP/2 stream to upstream ${host} was reset (${h2CodeName(rstCode)}) before its response: by the proxy, for ${ownResets[rstCode]}, or by the upstream`;
   } else if (rstCode === 0) {
