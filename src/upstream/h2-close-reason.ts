@@ -83,15 +83,15 @@ const ownResets: Readonly<Record<number, string>> = {
 };
 
 /**
- * The two codes a response head over the proxy's HTTP/2 client's limits (128 fields, 64 KiB, its
- * session memory: an HPACK bomb) closes its stream with, depending on timing alone. Node refuses
- * the field and submits RST_STREAM(ENHANCE_YOUR_CALM), and nghttp2, told by the same refusal,
- * submits RST_STREAM(INTERNAL_ERROR); the first one submitted is the one sent, and the code the
- * stream closes with. Node puts its own off while a write of the session is in flight (a PING's
- * or SETTINGS' acknowledgement read from an earlier TLS record of the same read), and nghttp2's
- * goes first: the same bytes from the upstream read "reset (ENHANCE_YOUR_CALM)" or "upstream
- * reset the stream (INTERNAL_ERROR)" as the proxy's load had it. Nothing Node reports tells the
- * proxy's reset from an upstream's RST_STREAM of either code, so both are said alike.
+ * The two codes a response head past the proxy's HTTP/2 client's limits (128 fields, or 10 MB of
+ * them in its session memory: an HPACK bomb) closes its stream with, as timing has it. Node
+ * refuses the field and submits RST_STREAM(ENHANCE_YOUR_CALM); nghttp2, told by the same
+ * refusal, submits RST_STREAM(INTERNAL_ERROR); the first submitted is the one sent, and the code
+ * the stream closes with. Node puts its own off while a write of the session is in flight (the
+ * acknowledgement of a PING or SETTINGS in an earlier TLS record of the same read), and then
+ * nghttp2's goes first: the same bytes read "reset (ENHANCE_YOUR_CALM) … by the proxy" or
+ * "upstream … reset the HTTP/2 stream (INTERNAL_ERROR)" as the proxy's load had it. Nothing Node
+ * reports tells the proxy's reset from an upstream's RST_STREAM of either code, so both are said alike.
  */
 const headOverLimitsCodes: ReadonlySet<number> = new Set([2, 11]);
 
