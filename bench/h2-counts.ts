@@ -8,8 +8,9 @@
  * `h2-8` on 8 HTTP/2 connections, `h2-1` on one.
  *
  * Per request, for each window (a short warm-up before each, which reopens idle connections):
- * - `io` (the default): the proxy's CPU (all threads, /proc), its read and write system calls
- *   (/proc/PID/io syscr, syscw) and its main thread's context switches; nothing attached.
+ * - `io` (the default): the proxy's CPU (all threads, /proc; its main thread's, and of that the
+ *   part in the kernel), its read and write system calls (/proc/PID/io syscr, syscw) and its main
+ *   thread's context switches; nothing attached.
  * - `strace`: every system call, by name (`strace -c -f` attached for the window; it slows the
  *   proxy, so more requests share a read than unattached).
  * - `heap`: V8 bytes allocated (its sampling heap profiler, collected objects included), and the
@@ -155,6 +156,14 @@ function instructions(pid: number): number {
   return total;
 }
 
+const clockTicks = Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim()) || 100;
+
+/** The main thread's CPU in the kernel (stime), seconds: system calls, and the loopback TCP work they do. */
+function mainThreadSysSeconds(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/task/${pid}/stat`, "utf8");
+  return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[12]) / clockTicks;
+}
+
 function switches(pid: number): number {
   const status = readFileSync(`/proc/${pid}/task/${pid}/status`, "utf8");
   return Number(/^voluntary_ctxt_switches:\s+(\d+)/m.exec(status)![1]) + Number(/^nonvoluntary_ctxt_switches:\s+(\d+)/m.exec(status)![1]);
@@ -222,6 +231,7 @@ for (let round = 0; round < rounds; round++) {
       const ir0 = mode === "callgrind" ? instructions(proxy.pid) : 0;
       const cpu0 = cpuSeconds(proxy.pid)!;
       const main0 = mainThreadCpuSeconds(proxy.pid)!;
+      const sys0 = mainThreadSysSeconds(proxy.pid);
       const io0 = ioCounts(proxy.pid);
       const sw0 = switches(proxy.pid);
       let strace: ChildProcess | undefined;
@@ -246,6 +256,7 @@ for (let round = 0; round < rounds; round++) {
       const sw1 = switches(proxy.pid);
       const cpu1 = cpuSeconds(proxy.pid)!;
       const main1 = mainThreadCpuSeconds(proxy.pid)!;
+      const sys1 = mainThreadSysSeconds(proxy.pid);
       const n = result.ok;
       if (strace !== undefined) {
         strace.kill("SIGINT");
@@ -287,6 +298,7 @@ for (let round = 0; round < rounds; round++) {
       for (const [key, total] of Object.entries(proxy.gc)) values[key] = (total - (gc0[key] ?? 0)) / n;
       values["cpu µs"] = ((cpu1 - cpu0) * 1e6) / n;
       values["main thread cpu µs"] = ((main1 - main0) * 1e6) / n;
+      values["main thread sys µs"] = ((sys1 - sys0) * 1e6) / n;
       values["reads"] = (io1.syscr - io0.syscr) / n;
       values["writes"] = (io1.syscw - io0.syscw) / n;
       values["main thread switches"] = (sw1 - sw0) / n;

@@ -16,7 +16,7 @@ import { errorFields, resentField, type DecisionLog } from "./decision-log.js";
 import { loggableMethod, loggableRequestTarget, maxRequestFields, type TunnelTarget } from "./guest-request.js";
 import { boundGuest, removedCut, unboundCut, wasRemoved, type Guest, type GuestRegistry } from "./guests.js";
 import { h2ExpectsContinue, h2OutboundRequest } from "./h2-request.js";
-import { h2ContinueOnce, sendH2Error, sendH2Response, type StallWatch } from "./h2-respond.js";
+import { h2ContinueOnce, sendH2Error, sendH2Response, type ResponseCloseHook, type StallWatch } from "./h2-respond.js";
 import { GuestClosedMidResponse, GuestLeftFirst } from "./respond.js";
 import { h2Codes, h2Limits, h2ServerOptions, h2StreamCharge, type H2ConfiguredLimits } from "./h2-settings.js";
 import { SourceBudgets, type SourceAccount } from "./source-budget.js";
@@ -445,7 +445,7 @@ export class H2Guests {
 
   private onStream(stream: ServerHttp2Stream, raw: string[]): void {
     // One watch per stream, for the reset count and the request's own reaction (watch.onClose).
-    const watch: StreamWatch = { ours: false, onClose: undefined, cut: undefined, failure: undefined };
+    const watch: StreamWatch = { ours: false, onClose: undefined, onResponseClose: undefined, cut: undefined, failure: undefined };
     stream.on("error", (error) => {
       // Node destroys a stream with the session's error, or with its own for a stream nghttp2
       // reset: the log line of a stream gone before its answer names it (leftReason).
@@ -482,10 +482,22 @@ export class H2Guests {
       return;
     }
     const budget = state.budget;
-    stream.once("close", () => budget.give(charge));
     const opened = performance.now();
+    // The stream's one close listener, from here on: the charge given back, the guest's reset
+    // counted (waiting or running alike), then the request's own reaction (watch.onClose) and
+    // its response's (watch.onResponseClose). on(), not once(): a stream closes once, and once()
+    // wraps the listener in a bound function and a state object, then takes it off again (an
+    // Http2Stream tells its `removeListener` listener of that too); and each listener added to an
+    // Http2Stream emits `newListener` to Node's own. Three listeners were added per stream (the
+    // charge's, the running work's and the response's), each with that cost.
+    stream.on("close", () => {
+      budget.give(charge);
+      this.countReset(stream, watch, session, state, opened);
+      watch.onClose?.();
+      watch.onResponseClose?.();
+    });
     if (state.running < this.deps.limits.h2Streams) {
-      this.admit(stream, raw, session, state, watch, opened);
+      this.admit(stream, raw, session, state, watch);
       return;
     }
     // The stream limit counts open streams only; a guest that resets each stream at once keeps
@@ -496,9 +508,7 @@ export class H2Guests {
     // read before the work of the reset ones has ended; past 100 refusals the connection was
     // closed with every call on it (interop finding). A guest that never resets keeps fewer
     // streams waiting than the stream limit; one that resets them as it opens them does not.
-    const onEarlyClose = (): void => this.countReset(stream, watch, session, state, opened);
-    stream.once("close", onEarlyClose);
-    state.waiting.push({ stream, raw, watch, opened, onEarlyClose });
+    state.waiting.push({ stream, raw, watch });
     if (state.waiting.length > this.deps.limits.h2Streams) {
       this.calm(session, `more than ${this.deps.limits.h2Streams} streams waiting for the running-work cap, reset ones included (rapid reset)`);
     }
@@ -508,15 +518,14 @@ export class H2Guests {
   private admitWaiting(session: ServerHttp2Session, state: SessionState): void {
     while (state.running < this.deps.limits.h2Streams && state.waiting.length > 0) {
       const next = state.waiting.shift()!;
-      // Reset while it waited (its close counted by onEarlyClose): never started, as a refused stream never is.
+      // Reset while it waited (its close counted by onStream's listener): never started, as a refused stream never is.
       if (next.stream.closed || next.stream.destroyed) continue;
-      next.stream.off("close", next.onEarlyClose);
       if (session.destroyed || state.closedFor !== undefined) {
         next.watch.ours = true;
         next.stream.close(h2Codes.refusedStream);
         continue;
       }
-      this.admit(next.stream, next.raw, session, state, next.watch, next.opened);
+      this.admit(next.stream, next.raw, session, state, next.watch);
     }
   }
 
@@ -538,14 +547,8 @@ export class H2Guests {
   }
 
   /** A stream whose head passed its bounds (onStream), once the running work has room: its request through the pipeline. */
-  private admit(stream: ServerHttp2Stream, raw: string[], session: ServerHttp2Session, state: SessionState, watch: StreamWatch, opened: number): void {
-    // on(), not once(): a stream closes once, and once() wraps the listener in a bound function
-    // and a state object, then takes it off again (an Http2Stream tells its `removeListener`
-    // listener of that too), for every stream.
-    stream.on("close", () => {
-      this.countReset(stream, watch, session, state, opened);
-      watch.onClose?.();
-    });
+  private admit(stream: ServerHttp2Stream, raw: string[], session: ServerHttp2Session, state: SessionState, watch: StreamWatch): void {
+    // Its close is onStream's listener's: the reset counted, then watch.onClose.
     state.running += 1;
     this.deps.started();
     const abort = new GuestGone();
@@ -758,7 +761,7 @@ export class H2Guests {
             ...(error ? { error: this.cutReason(watch, error, served, tunnel, stream, state, response.body) } : {}),
           }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision, ...(trace !== undefined ? { trace } : {}) } : undefined);
           resolve();
-        }, cutStalled("read nothing"), auditing);
+        }, cutStalled("read nothing"), auditing, watch);
       });
     } catch (error) {
       // Gone before its answer: the guest's reset, or the proxy's own cut (an upload that stalled,
@@ -868,7 +871,7 @@ export class H2Guests {
 }
 
 /** What a stream's one close listener (onStream) needs from its request: whether the proxy reset it, and the request's own reaction. */
-interface StreamWatch {
+interface StreamWatch extends ResponseCloseHook {
   /** Set before the proxy itself resets the stream: such a reset does not count against the guest. */
   ours: boolean;
   onClose: (() => void) | undefined;
@@ -883,10 +886,6 @@ interface WaitingStream {
   readonly stream: ServerHttp2Stream;
   readonly raw: string[];
   readonly watch: StreamWatch;
-  /** When the stream arrived: its reset counts only within prematureResetMs of this, waiting included. */
-  readonly opened: number;
-  /** Counts the guest's reset while the stream waits; admit() counts it from its start. */
-  readonly onEarlyClose: () => void;
 }
 
 /** Resets the streams still waiting for the running-work cap, which never started: the guest has gone, or the proxy is draining. */

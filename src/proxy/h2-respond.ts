@@ -69,9 +69,11 @@ export function h2ContinueOnce(stream: ServerHttp2Stream): { readonly send: () =
  * whole download, and never another stream.
  *
  * For the decision record: with `countBytes` it returns the count of body bytes sent (read when
- * the record is made).
+ * the record is made). `closes`, when given, is handed the response's reaction to the stream's
+ * close, which the caller's own close listener runs (each listener added to an Http2Stream costs
+ * an emit of `newListener`); without it, the reaction is a listener of its own.
  */
-export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResponse, onDone: (error?: Error) => void, stall?: StallWatch, countBytes = false): ByteCount | undefined {
+export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResponse, onDone: (error?: Error) => void, stall?: StallWatch, countBytes = false, closes?: ResponseCloseHook): ByteCount | undefined {
   if (stream.destroyed || stream.closed) {
     discardBody(response.body);
     onDone(new GuestLeftFirst("guest reset the stream before the response started"));
@@ -173,7 +175,7 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
       settle(bodyFailed(new Error("the body closed before its end")));
     });
   }
-  stream.on("close", () => {
+  const onClose = (): void => {
     // A reset with NO_ERROR mid-response ends the writable side too: `aborted` tells them apart.
     if (stream.writableFinished && stream.rstCode === h2Codes.noError && !stream.aborted) settle();
     else {
@@ -182,7 +184,9 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
       // session's failure) is the guest side's to say: it knows the stream's watch and session.
       settle(new GuestClosedMidResponse("guest reset the stream before the response was complete"));
     }
-  });
+  };
+  if (closes !== undefined) closes.onResponseClose = onClose;
+  else stream.on("close", onClose);
   if (whole !== undefined) {
     stream.end(whole);
     return countBytes ? { bytes: whole.length } : undefined;
@@ -236,6 +240,11 @@ export function sendH2Response(stream: ServerHttp2Stream, response: PipelineResp
     if (!stream.destroyed) stream.end();
   });
   return sent;
+}
+
+/** Where a caller that already listens for the stream's close takes the response's reaction to it (sendH2Response). */
+export interface ResponseCloseHook {
+  onResponseClose: (() => void) | undefined;
 }
 
 /**
