@@ -485,7 +485,7 @@ export class H2Guests {
     const opened = performance.now();
     // The stream's one close listener, from here on: the charge given back, the guest's reset
     // counted (waiting or running alike), then the request's own reaction (watch.onClose) and
-    // its response's (watch.onResponseClose). on(), not once(): a stream closes once, and once()
+    // a bodiless stream's response's (watch.onResponseClose). on(), not once(): a stream closes once, and once()
     // wraps the listener in a bound function and a state object, then takes it off again (an
     // Http2Stream tells its `removeListener` listener of that too); and each listener added to an
     // Http2Stream emits `newListener` to Node's own. Three listeners were added per stream (the
@@ -732,6 +732,9 @@ export class H2Guests {
         response.cleanup?.();
         throw madeBodyFailedUnsent(response, response.body.errored, trace) ?? bodyFailedUnsent(response.url.host, response.body.errored);
       }
+      // A bodiless stream's response reacts from onStream's close listener, where it came next
+      // anyway; an upload's keeps a listener of its own, after requestBodyOf's (which cuts the body).
+      const closes = stream.endAfterHeaders ? watch : undefined;
       // A window that never opens (or a guest that stops reading) stalls only this stream's
       // writes; past the idle limit the stream is reset and its upstream body let go.
       await new Promise<void>((resolve) => {
@@ -761,7 +764,7 @@ export class H2Guests {
             ...(error ? { error: this.cutReason(watch, error, served, tunnel, stream, state, response.body) } : {}),
           }, auditing ? { bytesUp: up?.bytes ?? 0, bytesDown: down?.bytes ?? 0, rule: response.decision, ...(trace !== undefined ? { trace } : {}) } : undefined);
           resolve();
-        }, cutStalled("read nothing"), auditing, watch);
+        }, cutStalled("read nothing"), auditing, closes);
       });
     } catch (error) {
       // Gone before its answer: the guest's reset, or the proxy's own cut (an upload that stalled,
