@@ -129,8 +129,13 @@ beforeAll(async () => {
       upstreamCa: [ca.certPem],
       logLevel: "silent",
       resolve: Object.fromEntries(["api.test", ...ipHosts].map((h) => [h, ["127.0.0.1"]])),
-      // A hook reading a stalled body meets the body timeout well before its own.
-      timeouts: { upstreamBodyMs: 500, hookMs: 1_500 },
+      // A hook reading a stalled body meets the body timeout well before its own. hookMs is also
+      // how long a tier-2 call may wait for a worker: rows run five at a time over two workers,
+      // and a row that runs a worker out of memory has it replaced, so on a loaded machine (load
+      // 7 on 2 cores) a call behind them waited past 1.5 s and got the documented 504 where its
+      // row expects the policy's own answer. 5 s is past what those waits take there; the rows
+      // that test hookMs itself (tier 3, "never") wait that long.
+      timeouts: { upstreamBodyMs: 500, hookMs: 5_000 },
     },
   });
   agent = new ProxyAgent({ uri: proxy.url, requestTls: { ca: proxy.caCertPem } });
