@@ -5,6 +5,7 @@ import { claimDropped, claimOf, type CallFields, type CallMessage, type CallRepl
 import { withFields } from "../objects.js";
 import { workerEntry } from "../worker-entry.js";
 import { descriptorShortage, descriptorsShort } from "../descriptors.js";
+import { sharedQuickJS } from "./quickjs-module.js";
 
 /** The outcome's `what` when a call is refused because `limits.maxCalls` are in flight. */
 export const busyLimit = "maxCalls";
@@ -163,7 +164,7 @@ function spawn(policy: PolicySource, limits: DjsLimits, claims: SharedArrayBuffe
   const ready = new SharedArrayBuffer(4);
   const wake = new SharedArrayBuffer(8);
   const channel = new MessageChannel();
-  const init: WorkerInit & { initPort: MessagePort } = { policy, limits, heartbeat, ready, wake, gcFlagLock, claims, initPort: channel.port2 };
+  const init: WorkerInit & { initPort: MessagePort } = { policy, limits, heartbeat, ready, wake, gcFlagLock, claims, quickjs: sharedQuickJS(), initPort: channel.port2 };
   const worker = new Worker(policyWorker.entry, {
     eval: policyWorker.eval,
     // Not the embedding process's flags and preloads: they are not the sandbox's business (a

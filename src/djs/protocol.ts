@@ -68,6 +68,11 @@ export interface WorkerInit {
    * `timeouts.hookMs`, and the worker then passes it by without running it.
    */
   readonly claims: SharedArrayBuffer;
+  /**
+   * QuickJS's WASM, compiled once by the host for all its workers (quickjs-module.ts); undefined
+   * when the host could not compile it, and the worker compiles its own.
+   */
+  readonly quickjs: object | undefined;
 }
 
 /** A call's cell once a worker took it to run. */

@@ -1,9 +1,9 @@
 import { readFileSync } from "node:fs";
-import { fileURLToPath } from "node:url";
 import releaseSync from "@jitl/quickjs-wasmfile-release-sync";
 import { newQuickJSWASMModuleFromVariant, newVariant, type QuickJSContext, type QuickJSRuntime, type QuickJSSyncVariant } from "quickjs-emscripten-core";
 import { PolicyLoadError } from "./bundle.js";
 import type { DjsLimits } from "./protocol.js";
+import { quickJSWasmPath } from "./quickjs-module.js";
 
 // The bellard build, synchronous (no asyncify): about twice as fast as quickjs-ng here (DESIGN §7).
 const variant = releaseSync as unknown as QuickJSSyncVariant;
@@ -23,8 +23,16 @@ const wasm = (
   }
 ).WebAssembly;
 
-/** QuickJS's WASM, compiled once per thread: each sandbox instantiates it with a heap of its own. */
+/**
+ * QuickJS's WASM, compiled once per thread, or once for the process by the host (see
+ * {@link useCompiledQuickJS}): each sandbox instantiates it with a heap of its own.
+ */
 let compiledQuickJS: Promise<WasmModule> | undefined;
+
+/** Takes the module the host compiled for every worker (WorkerInit.quickjs) rather than compile one for this thread. */
+export function useCompiledQuickJS(module: WasmModule | undefined): void {
+  if (module !== undefined) compiledQuickJS = Promise.resolve(module);
+}
 
 /**
  * emscripten's heap-growth function among the module's imports: the one function every failed
@@ -99,7 +107,7 @@ export class QuickJSInstance {
     // heap instead, and a growth the heap refuses is seen (`heap.refused`).
     const pages = Math.ceil((baseHeapBytes + limits.memoryBytes) / 65536);
     const wasmMemory = new wasm.Memory({ initial: baseHeapBytes / 65536, maximum: pages });
-    compiledQuickJS ??= wasm.compile(readFileSync(fileURLToPath(import.meta.resolve("@jitl/quickjs-wasmfile-release-sync/wasm"))));
+    compiledQuickJS ??= wasm.compile(readFileSync(quickJSWasmPath()));
     const quickjs = await compiledQuickJS;
     const heap = { refused: false, watched: false };
     // emscripten's loader has no way to fail from this hook: a failed instantiation ends the

@@ -6,6 +6,7 @@ import { phaseProblem } from "./phase-check.js";
 import { claimOf, claimRunning, type CallMessage, type CallReply, type InitReply, type PolicyKind, type WorkerInit } from "./protocol.js";
 import { decodeCalls, encodeReplies, type WireBatch } from "./wire.js";
 import { Sandbox } from "./sandbox.js";
+import { useCompiledQuickJS } from "./wasm-instance.js";
 
 /**
  * A tier-2 worker thread: it owns one QuickJS sandbox and runs calls one at a time, in the
@@ -15,6 +16,7 @@ import { Sandbox } from "./sandbox.js";
 const init = workerData as WorkerInit & { initPort: MessagePort };
 const heartbeat = new Float64Array(init.heartbeat);
 const port = parentPort!;
+useCompiledQuickJS(init.quickjs);
 
 /** The kind and file name the policy loaded as (a `detect` source's are decided in load()). */
 let kind: PolicyKind = init.policy.kind;
