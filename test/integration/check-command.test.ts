@@ -15,11 +15,11 @@ import { startUpstream } from "../helpers/upstream.js";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 
-/** Runs `egressgate check …` through tsx, as the other CLI tests do; nothing listens, nothing is sent. */
+/** Runs the built `egressgate check …`, as the other CLI tests do (test/global-setup.ts keeps dist current); nothing listens, nothing is sent. */
 function check(args: readonly string[], env: Record<string, string> = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
   const home = tempDir();
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ["--import", "tsx", "src/cli/bin.ts", "check", ...args], {
+    const child = spawn(process.execPath, ["dist/cli/bin.js", "check", ...args], {
       cwd: root,
       env: { PATH: process.env["PATH"] ?? "", HOME: home, XDG_CONFIG_HOME: home, ...env },
       stdio: ["ignore", "pipe", "pipe"],

@@ -31,7 +31,7 @@ const hasScript = (() => {
 
 function run(args: readonly string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ["--import", "tsx", "src/cli/bin.ts", ...args], { cwd: root, stdio: ["ignore", "pipe", "pipe"] });
+    const child = spawn(process.execPath, ["dist/cli/bin.js", ...args], { cwd: root, stdio: ["ignore", "pipe", "pipe"] });
     let stdout = "";
     let stderr = "";
     child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
@@ -180,7 +180,7 @@ describe("CLI conventions", () => {
 
   it.skipIf(!hasScript)("under a terminal the log is one compact coloured line per request, with a refusal's reason", async () => {
     const caDir = tempDir();
-    const command = `exec ${process.execPath} --import tsx src/cli/bin.ts --listen 127.0.0.1:0 --ca-dir ${caDir} --allow-host allowed.test`;
+    const command = `exec ${process.execPath} dist/cli/bin.js --listen 127.0.0.1:0 --ca-dir ${caDir} --allow-host allowed.test`;
     const proxy = spawnGroup("script", ["-q", "-e", "-c", command, "/dev/null"]);
     const [, port] = await proxy.waitFor(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
     expect(await plainRequest(Number(port), "http://denied.test/path")).toBe(403);
@@ -192,7 +192,7 @@ describe("CLI conventions", () => {
 
   it.skipIf(!hasScript)("--log-format json under a terminal, and any log on a pipe, stays one JSON object per line", async () => {
     const caDir = tempDir();
-    const command = `exec ${process.execPath} --import tsx src/cli/bin.ts --listen 127.0.0.1:0 --ca-dir ${caDir} --allow-host allowed.test --log-format json`;
+    const command = `exec ${process.execPath} dist/cli/bin.js --listen 127.0.0.1:0 --ca-dir ${caDir} --allow-host allowed.test --log-format json`;
     const tty = spawnGroup("script", ["-q", "-e", "-c", command, "/dev/null"]);
     const [, port] = await tty.waitFor(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
     expect(await plainRequest(Number(port), "http://denied.test/path")).toBe(403);
@@ -202,7 +202,7 @@ describe("CLI conventions", () => {
     expect(JSON.stringify(parsed)).toBe(line.trim());
     expect(Object.keys(parsed)).toEqual(["time", "level", "msg", "guest", "id", "method", "target", "status", "reason", "code", "ms"]);
 
-    const piped = spawnGroup(process.execPath, ["--import", "tsx", "src/cli/bin.ts", "--listen", "127.0.0.1:0", "--ca-dir", caDir, "--allow-host", "allowed.test"]);
+    const piped = spawnGroup(process.execPath, ["dist/cli/bin.js", "--listen", "127.0.0.1:0", "--ca-dir", caDir, "--allow-host", "allowed.test"]);
     const [, pipedPort] = await piped.waitFor(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
     expect(await plainRequest(Number(pipedPort), "http://denied.test/path")).toBe(403);
     const [pipedLine] = await piped.waitFor(/^\{"time".*"msg":"request".*$/m);

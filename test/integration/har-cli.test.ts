@@ -13,9 +13,9 @@ import { startUpstream } from "../helpers/upstream.js";
 const root = fileURLToPath(new URL("../../", import.meta.url));
 const fixtures = join(root, "test", "fixtures", "har");
 
-/** Runs the CLI from source (no build needed); resolves with its exit and output. */
+/** Runs the built CLI (test/global-setup.ts builds dist when the sources are newer); resolves with its exit and output. */
 function cli(args: readonly string[], onStdout?: (text: string, child: ReturnType<typeof spawn>) => void): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  const child = spawn(process.execPath, ["--import", "tsx", join(root, "src", "cli", "bin.ts"), ...args], {
+  const child = spawn(process.execPath, [join(root, "dist", "cli", "bin.js"), ...args], {
     cwd: root,
     env: { ...process.env, XDG_CONFIG_HOME: tempDir("egressgate-xdg-"), HTTPS_PROXY: "", HTTP_PROXY: "" },
     stdio: ["ignore", "pipe", "pipe"],

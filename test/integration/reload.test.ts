@@ -398,7 +398,7 @@ describe("SIGHUP", () => {
     const write = (host: string): void =>
       writeFileSync(config, `listen: 127.0.0.1:0\nallowInternalHosts: [${host}]\nresolve: { a.test: [127.0.0.1], b.test: [127.0.0.1] }\nhooksScript: policy.js\n`);
     write("a.test");
-    const child = spawn(process.execPath, ["--import", "tsx", "src/cli/bin.ts", "--config", config, "--ca-dir", dir, "--log-format", "json"], {
+    const child = spawn(process.execPath, ["dist/cli/bin.js", "--config", config, "--ca-dir", dir, "--log-format", "json"], {
       cwd: root,
       stdio: ["ignore", "pipe", "pipe"],
     });
@@ -573,7 +573,7 @@ describe("SIGHUP, switching between one guest and guests:", () => {
 
 /** The CLI in a process group of its own (its workers too), killed as a group when the test ends. */
 function startCli(args: readonly string[], env: NodeJS.ProcessEnv = {}): { child: ChildProcess; output: () => string; waitFor: (pattern: RegExp, from?: number) => Promise<RegExpExecArray> } {
-  const child = spawn(process.execPath, ["--import", "tsx", "src/cli/bin.ts", ...args], { cwd: root, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"], detached: true });
+  const child = spawn(process.execPath, ["dist/cli/bin.js", ...args], { cwd: root, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"], detached: true });
   onTestFinished(() => {
     try {
       process.kill(-child.pid!, "SIGKILL");
