@@ -2,7 +2,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { ProxyAgent, request } from "undici";
-import { onTestFinished } from "vitest";
+import { expect, onTestFinished, vi } from "vitest";
 import {
   createHttpHooks,
   startProxy,
@@ -80,4 +80,14 @@ export async function fetchVia(
     body: (init.body ?? null) as string | null,
   });
   return { status: res.statusCode, headers: res.headers, text: await res.body.text() };
+}
+
+/** The decision log line of the request whose target ends in `path`, once the proxy has logged it. */
+export async function loggedRequest(proxy: TestProxy, path: string): Promise<Record<string, unknown>> {
+  let line: Record<string, unknown> | undefined;
+  await vi.waitFor(() => {
+    line = proxy.logs.find((l) => l["msg"] === "request" && String(l["target"]).endsWith(path));
+    expect(line, `a request line for ${path}`).not.toBe(undefined);
+  }, { timeout: 15_000, interval: 50 });
+  return line!;
 }

@@ -1,11 +1,11 @@
 import type { ServerHttp2Stream } from "node:http2";
 import type { ServerResponse } from "node:http";
 import { createServer } from "node:https";
-import { describe, expect, it, vi } from "vitest";
+import { describe, expect, it } from "vitest";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { flag, frame, frameType, ping, RawH2, requestBlock } from "../helpers/h2-frames.js";
 import { startH2Upstream } from "../helpers/h2-upstream.js";
-import { startTestProxy, type TestProxy } from "../helpers/proxy.js";
+import { loggedRequest, startTestProxy } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
 import { listenForTest, startUpstream } from "../helpers/upstream.js";
 
@@ -205,11 +205,3 @@ function answerPings(guest: RawH2): void {
   });
 }
 
-async function loggedRequest(proxy: TestProxy, path: string): Promise<Record<string, unknown>> {
-  let line: Record<string, unknown> | undefined;
-  await vi.waitFor(() => {
-    line = proxy.logs.find((l) => l["msg"] === "request" && String(l["target"]).endsWith(path));
-    expect(line).toBeDefined();
-  }, { timeout: 15_000, interval: 50 });
-  return line!;
-}

@@ -4,7 +4,7 @@ import { queryObjects } from "node:v8";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
 import { flag, frame, frameType, indexed, literal, literalIndexed, ping, rstStream, RawH2, requestBlock, settings } from "../helpers/h2-frames.js";
-import { startTestProxy, type TestProxy } from "../helpers/proxy.js";
+import { loggedRequest, startTestProxy, type TestProxy } from "../helpers/proxy.js";
 import type { HttpHooksOptions, ProxyOptions } from "../../src/index.js";
 import { h2Limits } from "../../src/proxy/h2-settings.js";
 import { patternChunk, startUpstream, type Route, type Upstream } from "../helpers/upstream.js";
@@ -538,15 +538,6 @@ describe("timeouts.h2PingMs: a silent connection is asked whether its guest is t
   }, 20_000);
 });
 
-/** The decision log line of the request to `path`, once there is one. */
-async function loggedRequest(proxy: TestProxy, path: string): Promise<Record<string, unknown>> {
-  let line: Record<string, unknown> | undefined;
-  await vi.waitFor(() => {
-    line = proxy.logs.find((l) => l["msg"] === "request" && String(l["target"]).endsWith(path));
-    expect(line).toBeDefined();
-  }, { timeout: 15_000, interval: 50 });
-  return line!;
-}
 
 // Black-box findings of 2026-12-03: Node's session and stream timeouts are refreshed by traffic
 // the limits should not count (a guest's own PINGs, other streams' progress), and fire on
