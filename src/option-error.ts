@@ -60,6 +60,35 @@ export function formatPath(segments: readonly Segment[]): string {
   return out === "" ? "options" : out;
 }
 
+/**
+ * A bad value as an option error quotes it: as JSON where JSON can say it, and never with a throw
+ * of its own. JSON.stringify throws on a BigInt, a cycle, a getter or `toJSON` that throws and a
+ * Proxy's traps, and String() on an object without a prototype: `maxRedirects: 5n` got "Do not
+ * know how to serialize a BigInt" in place of the error naming the option, and `limits.timeoutMs:
+ * 5n` read "must be an integer from 1 to 60000 (got 5)" (black-box finding).
+ */
+export function shownValue(value: unknown): string {
+  switch (typeof value) {
+    case "undefined":
+      return "undefined";
+    case "function":
+      return "a function";
+    case "symbol":
+      return value.toString();
+    case "bigint":
+      return `${value}n`;
+    case "number":
+      // JSON has no NaN or Infinity.
+      return String(value);
+    default:
+      try {
+        return JSON.stringify(value) ?? "a value JSON cannot show";
+      } catch {
+        return "a value JSON cannot show (a BigInt, a cycle, or a getter that throws)";
+      }
+  }
+}
+
 export function makeIssue(segments: readonly Segment[], reason: string, kind: OptionIssueKind = "invalid", requires?: OptionRequirement): OptionIssue {
   return { segments: [...segments], path: formatPath(segments), reason, kind, ...(requires !== undefined ? { requires } : {}) };
 }

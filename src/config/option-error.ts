@@ -14,6 +14,7 @@ export {
   optionError,
   OptionRangeError,
   requiresReason,
+  shownValue,
   unknownKeyReason,
   type OptionErrorOptions,
   type OptionFailure,

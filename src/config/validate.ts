@@ -1,4 +1,4 @@
-import { makeIssue, maxListedIssues, unknownKeyReason, type OptionIssue, type OptionIssueKind, type OptionRequirement, type Segment } from "./option-error.js";
+import { makeIssue, maxListedIssues, shownValue, unknownKeyReason, type OptionIssue, type OptionIssueKind, type OptionRequirement, type Segment } from "./option-error.js";
 
 export { closest, editDistance } from "./option-error.js";
 
@@ -97,11 +97,7 @@ const reservedName = 'the name "__proto__" is reserved (JavaScript objects give 
 
 /** The value as a message may quote it. */
 export function shown(value: unknown): string {
-  if (value === undefined) return "undefined";
-  if (typeof value === "function") return "a function";
-  // JSON has no NaN: yargs gives it for `--workers many`.
-  if (typeof value === "number" && !Number.isFinite(value)) return String(value);
-  const text = JSON.stringify(value) ?? String(value);
+  const text = shownValue(value);
   return text.length > 80 ? `${text.slice(0, 77)}...` : text;
 }
 

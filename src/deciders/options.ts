@@ -1,5 +1,5 @@
 import { validateHeaderName, validateHeaderValue } from "node:http";
-import { unknownKeyReason, type OptionIssueKind, type Segment } from "../option-error.js";
+import { shownValue, unknownKeyReason, type OptionIssueKind, type Segment } from "../option-error.js";
 import { splitCommand } from "./split-command.js";
 
 /**
@@ -142,7 +142,7 @@ export function isDeciderEntry(entry: unknown): entry is DeciderOptions {
 }
 
 function shown(value: unknown): string {
-  const text = JSON.stringify(value) ?? String(value);
+  const text = shownValue(value);
   return text.length > 80 ? `${text.slice(0, 77)}...` : text;
 }
 

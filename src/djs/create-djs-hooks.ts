@@ -6,7 +6,7 @@ import { homePath } from "../home-path.js";
 import { DjsEngine } from "./engine.js";
 import type { DjsLimits, PhaseName, PolicyKind } from "./protocol.js";
 import { maxPolicyChars, PolicyLoadError, tooBig } from "./bundle.js";
-import { makeIssue, optionError, unknownKeyReason, type OptionError, type OptionIssueKind, type OptionRangeError, type Segment } from "../option-error.js";
+import { makeIssue, optionError, shownValue, unknownKeyReason, type OptionError, type OptionIssueKind, type OptionRangeError, type Segment } from "../option-error.js";
 
 export { PolicyLoadError } from "./bundle.js";
 
@@ -97,7 +97,7 @@ function resolveLimits(limits: unknown): DjsLimits {
     if (range === undefined) throw invalid(["limits", key], unknownKeyReason(key, Object.keys(limitRanges)), "unknown");
     if (value === undefined) continue;
     if (typeof value !== "number" || !Number.isInteger(value) || value < range[0] || value > range[1]) {
-      throw invalid(["limits", key], `must be an integer from ${range[0]} to ${range[1]} (got ${String(value)})`, "range");
+      throw invalid(["limits", key], `must be an integer from ${range[0]} to ${range[1]} (got ${shownValue(value)})`, "range");
     }
     out[key] = value;
   }
@@ -129,7 +129,7 @@ export function createDjsHooks(sourceOrOptions: string | DjsHooksOptions): { djs
   }
   if (typeof options.source !== "string") throw invalid(["source"], "must be the policy's text");
   if (options.kind !== undefined && !["script", "module", "typescript"].includes(options.kind)) {
-    throw invalid(["kind"], `must be "script", "module" or "typescript" (got ${JSON.stringify(options.kind)})`);
+    throw invalid(["kind"], `must be "script", "module" or "typescript" (got ${shownValue(options.kind)})`);
   }
   if (options.filename !== undefined && (typeof options.filename !== "string" || options.filename === "")) {
     throw invalid(["filename"], "must be a non-empty string");
@@ -154,7 +154,7 @@ export function createDjsHooks(sourceOrOptions: string | DjsHooksOptions): { djs
   if (size > maxPolicyChars) throw new PolicyLoadError(`${options.filename ?? "the policy"}: ${tooBig(size)}`);
   const workers = options.workers ?? Math.min(2, availableParallelism());
   if (!Number.isInteger(workers) || workers < 1 || workers > 64) {
-    throw invalid(["workers"], `must be an integer from 1 to 64 (got ${String(options.workers)})`, "range");
+    throw invalid(["workers"], `must be an integer from 1 to 64 (got ${shownValue(options.workers)})`, "range");
   }
   const known = options.kind ?? kindOf(file);
   const kind = known ?? "module";

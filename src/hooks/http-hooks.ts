@@ -1,7 +1,7 @@
 import { validateHostPattern } from "../policy/host-pattern.js";
 import { DeclarativePolicy, type DeclarativeConfig } from "../policy/declarative-policy.js";
 import { secretRedirectModes, SecretStore, secretValueProblem, type SecretInfo, type SecretOptions, type SecretRedirects, type SecretRedirectOptions } from "../policy/secrets.js";
-import { makeIssue, OptionError, requiresReason, unknownKeyReason, type OptionRequirement, type Segment } from "../option-error.js";
+import { makeIssue, OptionError, requiresReason, shownValue, unknownKeyReason, type OptionRequirement, type Segment } from "../option-error.js";
 import { DjsHooks } from "../djs/create-djs-hooks.js";
 import { bind, type ChainEntry } from "./declarative-binding.js";
 import { HttpRequestBlockedError } from "./blocked-error.js";
@@ -220,10 +220,6 @@ function secretStore(options: HttpHooksOptions, key: string | undefined): Secret
   if (options.secretRedirects !== undefined) redirects.secretRedirects = options.secretRedirects;
   if (options.followRedirectsTo !== undefined) redirects.followRedirectsTo = options.followRedirectsTo;
   return new SecretStore(options.secrets ?? {}, options.replaceSecretsInQuery ?? false, (hosts, path) => Object.freeze(patternList(hosts, path)), key, redirects);
-}
-
-function shownValue(value: unknown): string {
-  return JSON.stringify(value) ?? String(value);
 }
 
 function patternList(value: unknown, name: string): string[] {

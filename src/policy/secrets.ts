@@ -3,7 +3,7 @@ import { withFields } from "../objects.js";
 import { EgressError, secretDenied } from "../errors.js";
 import { breaksFieldValue, controlInFieldValue, type HeaderList } from "../headers.js";
 import { bareHostname, hostSpelling, unicodeHostname } from "../hostname.js";
-import { OptionError } from "../option-error.js";
+import { OptionError, shownValue } from "../option-error.js";
 import { compileHostPatterns, validateHostPattern, type HostMatcher } from "./host-pattern.js";
 import { findFirst, maxExpansion, needle, NeedleSet, redactText, scan, ScanBudget, tallyReplacement, UnscannableError, type ConcealTally, type Match, type Needle } from "./secret-scan.js";
 
@@ -1004,7 +1004,7 @@ function onlyInside(text: string, old: string, current: string): boolean {
 
 function checkMode(mode: unknown, path: string): SecretRedirects {
   if (!secretRedirectModes.includes(mode as SecretRedirects)) {
-    throw new TypeError(`${path}: expected "scan" or "refuse" (got ${JSON.stringify(mode) ?? String(mode)})`);
+    throw new TypeError(`${path}: expected "scan" or "refuse" (got ${shownValue(mode)})`);
   }
   return mode as SecretRedirects;
 }

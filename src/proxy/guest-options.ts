@@ -6,7 +6,7 @@ import { parseCidr, type Cidr } from "../policy/cidr.js";
 import { buildStaticHosts, type StaticHosts } from "../upstream/resolve.js";
 import { guestNamePattern } from "./auth.js";
 import { reservedVariableReason } from "../guest-variables.js";
-import { formatPath, makeIssue, OptionError, unknownKeyReason, type OptionIssueKind, type Segment } from "../option-error.js";
+import { formatPath, makeIssue, OptionError, shownValue, unknownKeyReason, type OptionIssueKind, type Segment } from "../option-error.js";
 
 /** One guest of a proxy that serves several: its own allowlist, secrets, policy and names. */
 export interface GuestOptions {
@@ -58,7 +58,7 @@ function refuse(caller: OptionCaller, segments: readonly Segment[], reason: stri
 }
 
 function fail(caller: OptionCaller, segments: readonly Segment[], message: string, value: unknown): never {
-  refuse(caller, segments, `${message} (got ${JSON.stringify(value) ?? String(value)})`);
+  refuse(caller, segments, `${message} (got ${shownValue(value)})`);
 }
 
 export function plainObject(value: unknown, segments: readonly Segment[], caller: OptionCaller = "startProxy"): Record<string, unknown> {

@@ -3,6 +3,7 @@ import { join } from "node:path";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { createHttpHooks, declarativeConfigOf, type HttpHooks, type HttpHooksOptions, type IpInfo } from "../../src/hooks/http-hooks.js";
 import { HttpRequestBlockedError } from "../../src/hooks/blocked-error.js";
+import { createDjsHooks, type DjsHooksOptions } from "../../src/djs/create-djs-hooks.js";
 import { defaults, resolveProxyOptions, type ProxyOptions } from "../../src/proxy/options.js";
 import { tempDir } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
@@ -288,6 +289,53 @@ describe("createHttpHooks: option validation", () => {
     const created = createHttpHooks({ allowedHosts: ["API.Test."] });
     expect(created.allowedHosts).toEqual(["api.test"]);
     expect(declarativeConfigOf(created.httpHooks)?.allowedHosts).toEqual(["api.test"]);
+  });
+});
+
+describe("a value JSON cannot show is named in the option error, at every entry point", () => {
+  // The messages quote the bad value with JSON.stringify, which throws on these: the embedder got
+  // "Do not know how to serialize a BigInt" or "Converting circular structure to JSON", naming no
+  // option, in place of the EG_INVALID_OPTION that names it (black-box finding).
+  const cycle: Record<string, unknown> = {};
+  cycle["self"] = cycle;
+  const values: Record<string, () => unknown> = {
+    "a BigInt": () => 5n,
+    "a list holding a BigInt": () => [5n],
+    "a cycle": () => cycle,
+    "an object whose getter throws": () => ({
+      get a(): never {
+        throw new Error("the getter's own error");
+      },
+    }),
+  };
+  const sites: Record<string, { path: string; call: (value: unknown) => unknown }> = {
+    "startProxy maxRedirects": { path: "maxRedirects", call: (value) => resolveProxyOptions(untyped({ maxRedirects: value })) },
+    "startProxy listen.port": { path: "listen.port", call: (value) => resolveProxyOptions(untyped({ listen: { port: value } })) },
+    "startProxy env.A": { path: "env.A", call: (value) => resolveProxyOptions(untyped({ env: { A: value } })) },
+    "startProxy resolve.x.test": { path: "resolve.x.test", call: (value) => resolveProxyOptions(untyped({ resolve: { "x.test": value } })) },
+    "startProxy upstreamCa": { path: "upstreamCa", call: (value) => resolveProxyOptions(untyped({ upstreamCa: value })) },
+    "startProxy auth": { path: "auth", call: (value) => resolveProxyOptions(untyped({ auth: value })) },
+    "startProxy httpHooks.onRequest": { path: "httpHooks.onRequest", call: (value) => resolveProxyOptions(untyped({ httpHooks: { onRequest: value } })) },
+    "createHttpHooks allowedHosts": { path: "allowedHosts", call: (value) => createHttpHooks({ allowedHosts: value } as HttpHooksOptions) },
+    "createHttpHooks allowedHosts[0]": { path: "allowedHosts[0]", call: (value) => createHttpHooks({ allowedHosts: [value] } as HttpHooksOptions) },
+    "createHttpHooks blockInternalRanges": { path: "blockInternalRanges", call: (value) => createHttpHooks({ blockInternalRanges: value } as HttpHooksOptions) },
+    "createHttpHooks secretRedirects": { path: "secretRedirects", call: (value) => createHttpHooks({ secretRedirects: value } as HttpHooksOptions) },
+    "createHttpHooks secrets.A.hosts": { path: "secrets.A.hosts", call: (value) => createHttpHooks({ secrets: { A: { hosts: value, value: "v" } } } as HttpHooksOptions) },
+    "createHttpHooks hooks[0].command": { path: "hooks[0].command", call: (value) => createHttpHooks({ hooks: [{ command: value }] } as HttpHooksOptions) },
+    "createDjsHooks kind": { path: "kind", call: (value) => createDjsHooks({ source: "export function onRequest() {}", kind: value } as DjsHooksOptions) },
+    "createDjsHooks workers": { path: "workers", call: (value) => createDjsHooks({ source: "export function onRequest() {}", workers: value } as DjsHooksOptions) },
+    "createDjsHooks limits.timeoutMs": { path: "limits.timeoutMs", call: (value) => createDjsHooks({ source: "export function onRequest() {}", limits: { timeoutMs: value } } as DjsHooksOptions) },
+  };
+  const rows = Object.keys(sites).flatMap((site) => Object.keys(values).map((value) => ({ site, value })));
+
+  it.each(rows)("$site: $value", ({ site, value }) => {
+    const { path, call } = sites[site]!;
+    const error = errorOf(() => call(values[value]!()));
+    expect(error.message).toContain(path);
+    // A list's element is named by its own place (`upstreamCa[0]`).
+    expect(error).toMatchObject({ code: "EG_INVALID_OPTION", path: expect.stringMatching(new RegExp(`^${path.replace(/[.[\]]/g, "\\$&")}(\\[0\\])?$`)) });
+    // A BigInt is shown as one: "(got 5)" read as a value in range.
+    if (value === "a BigInt") expect(error.message).toContain("5n");
   });
 });
 
