@@ -99,7 +99,10 @@ export class Sandbox {
     if (result.error === undefined) return result.value;
     const error = this.ctx.dump(result.error) as { name?: string; message?: string; stack?: string } | undefined;
     result.error.dispose();
-    const limit = limitOf(error, this.interrupted);
+    // A heap left full may have had no room for the error's own object: QuickJS then dumps it as
+    // "" (a chain of promises at some memory limits), and the load failed as "p.mjs: Error: ".
+    // A full heap is the memory limit, as after a call (black-box finding).
+    const limit = limitOf(error, this.interrupted) ?? (this.instance.memoryExhausted ? "memory" : undefined);
     if (limit !== undefined) throw new PolicyLoadError(`${what}: the ${limit} limit was hit while loading`);
     const position = what === this.filename ? this.position(error?.stack ?? "", wrapped) : undefined;
     throw new PolicyLoadError(`${position ?? what}: ${error?.name ?? "Error"}: ${error?.message ?? String(error)}`);

@@ -312,6 +312,17 @@ describe("tier-2 policies that cannot load fail at once, naming file, line and r
     expect(loadError({ filename: "/srv/p.ts", source: `export const a: number = 1;\nexport function onRequest( {` }).message).toMatch(/^\/srv\/p\.ts:2:\d+: /);
   });
 
+  // A top level that filled the heap with a chain of promises failed to load as "p.mjs: Error: ",
+  // naming no limit: QuickJS had no room left for the error's object and dumped it as "". Which
+  // limits do so is fixed by the heap's layout (2, 4, 6, 10 and 24 to 27 MiB, on every run; not the
+  // 32 MiB default), not by timing: the time limit (10 × timeoutMs at load) is far past what
+  // filling them takes (black-box finding).
+  it.each([2, 4, 10])("a top level that fills a %i MiB heap with a chain of promises is refused naming the memory limit", (mib) => {
+    const source = "let p = Promise.resolve();\nfor (let i = 0; i < 1e9; i++) p = p.then(() => {});\nexport function onRequest() {}";
+    const error = loadError({ source, filename: "fill.mjs", workers: 1, limits: { memoryBytes: mib * 1024 * 1024, timeoutMs: 5_000 } });
+    expect(error.message).toMatch(/fill\.mjs: the memory limit was hit while loading$/);
+  });
+
   it("a top-level throw names the policy's own line, through the bundle", () => {
     expect(loadError({ filename: "/srv/p.js", source: `var a = 1;\nthrow new Error("boom");` }).message).toMatch(/^\/srv\/p\.js:2:\d+: Error: boom$/);
     const error = loadError({
