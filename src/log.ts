@@ -68,8 +68,12 @@ const stderrSink: LogSink = writeStderr;
 /** Writes `line` to `sink`; a sink that throws, or rejects, loses the line and nothing else. */
 function deliver(sink: LogSink, line: string): void {
   try {
-    const result = sink(line) as unknown;
-    if (result instanceof Promise) result.catch(ignore);
+    const result = sink(line) as { then?: unknown } | undefined;
+    // Any thenable, not only this realm's Promise: an async sink from a vm context (Jest runs an
+    // embedder's tests in one) returns another realm's, whose rejection ended the process.
+    if (result !== null && (typeof result === "object" || typeof result === "function") && typeof result.then === "function") {
+      (result as PromiseLike<unknown>).then(undefined, ignore);
+    }
   } catch {
     // A log call must never throw: it runs in every error path, and one that threw there became
     // an unhandled rejection, or an uncaught exception from a socket's close listener.

@@ -1,4 +1,5 @@
-import { describe, expect, it } from "vitest";
+import { runInNewContext } from "node:vm";
+import { describe, expect, it, onTestFinished } from "vitest";
 import { createLogger } from "../../src/log.js";
 
 // What a hook throws reaches the log as a field: a value JSON cannot write must not make the log
@@ -34,7 +35,16 @@ describe("a sink that fails", () => {
       throw new Error("sink down");
     }],
     ["returns a rejected promise", ((): Promise<void> => Promise.reject(new Error("sink down"))) as unknown as (line: string) => void],
+    // An async sink written in another realm: Jest runs an embedder's tests in a vm context, so
+    // its promises are not this realm's Promise. Only `instanceof Promise` was caught, and the
+    // rejection ended the process (black-box finding).
+    ["returns a rejected promise of another realm", runInNewContext("(async () => { throw new Error('sink down'); })") as (line: string) => void],
+    ["returns a thenable that rejects", ((): unknown => ({ then: (_resolve: unknown, reject: (error: Error) => void): void => reject(new Error("sink down")) })) as (line: string) => void],
   ])("a sink that %s loses its line, and the logger goes on", async (_what, failing) => {
+    const unhandled: unknown[] = [];
+    const listener = (reason: unknown): void => void unhandled.push(reason);
+    process.on("unhandledRejection", listener);
+    onTestFinished(() => void process.off("unhandledRejection", listener));
     let calls = 0;
     const log = createLogger("info", (line) => {
       calls += 1;
@@ -45,5 +55,6 @@ describe("a sink that fails", () => {
     // A rejection nobody awaits would fail this test run as unhandled.
     await new Promise((resolve) => setImmediate(resolve));
     expect(calls).toBe(2);
+    expect(unhandled).toEqual([]);
   });
 });
