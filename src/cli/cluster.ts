@@ -74,6 +74,42 @@ export const metricsAddressEnv = "EGRESSGATE_CLUSTER_METRICS";
  */
 export const primaryInspectorEnv = "EGRESSGATE_PRIMARY_INSPECTOR";
 
+/**
+ * Set by the primary on every worker: the configuration's proxy-wide options (all but `resolve`,
+ * which reloads with the guests) as the cluster started with them, and what a reload may never
+ * change (whether the one guest serves without credentials, how placeholders derive), as JSON.
+ * A reload leaves those options as they were until a restart, and so must a worker that starts
+ * later: a replacement read them from the file as it is then, and served a changed `listen` on a
+ * second port, or a changed `caDir` with a CA of its own that the guests did not trust, beside
+ * the workers still serving the old values (black-box finding). No secret is in it: those come
+ * from the guests, and the placeholder key has its own variable.
+ */
+const startEnv = "EGRESSGATE_CLUSTER_START";
+
+/** What the primary started the cluster with (see startEnv). */
+export interface ClusterStart {
+  /** The proxy-wide options, `resolve` left out; an option not given is absent. */
+  readonly proxy: Readonly<Record<string, unknown>>;
+  /** startProxy's `open`: one guest served without credentials. */
+  readonly open: boolean;
+  readonly placeholderDerivation: "single" | "guests" | undefined;
+  readonly guestNames: readonly string[];
+}
+
+/** The environment entry that hands `start` to every worker. */
+export function clusterStartEnv(start: ClusterStart): Record<string, string> {
+  return { [startEnv]: JSON.stringify(start) };
+}
+
+/** In a worker: what the primary started the cluster with, if it said (a malformed value is a start failure). */
+export function clusterStart(): ClusterStart | undefined {
+  const text = process.env[startEnv];
+  if (text === undefined || text === "") return undefined;
+  const start = JSON.parse(text) as ClusterStart;
+  if (typeof start?.proxy !== "object" || start.proxy === null || typeof start.open !== "boolean" || !Array.isArray(start.guestNames)) throw new Error(`${startEnv} is malformed`);
+  return start;
+}
+
 /** Workers that may die within a minute before the primary gives up and stops them all. */
 const maxRestartsPerMinute = 5;
 

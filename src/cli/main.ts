@@ -5,7 +5,7 @@ import { randomBytes } from "node:crypto";
 import { defaultCaDir, loadOrCreateCa } from "../tls/ca-store.js";
 import { launchProxy } from "../proxy/start-proxy.js";
 import { resolveProxyOptions, type ProxyOptions } from "../proxy/options.js";
-import { parseCli, placeholderKeyEnv, UsageError } from "./args.js";
+import { parseCli, placeholderKeyEnv, UsageError, type CliCommand } from "./args.js";
 import {
   isClusterWorker,
   isFirstWorker,
@@ -20,7 +20,11 @@ import {
   runPrimary,
   siblingPort,
   portTakenExit,
+  clusterStart,
+  clusterStartEnv,
+  type ClusterStart,
 } from "./cluster.js";
+import { isDeepStrictEqual } from "node:util";
 import { isIP } from "node:net";
 import { serveClusterMetrics } from "../metrics/cluster-metrics.js";
 import { createLogger } from "../log.js";
@@ -88,11 +92,14 @@ async function main(argv: readonly string[]): Promise<number> {
       // own checks run here too, so a bad option exits 2 before any worker starts. The workers
       // load their own policies (a --config file, each worker reading it again). The CA is made
       // here, once, so that no two workers race to create it.
-      const { listen, metricsListen, auditLog } = resolveProxyOptions(options);
+      const { listen, metricsListen, auditLog, open } = resolveProxyOptions(options);
       await built.close();
       await loadOrCreateCa(options.caDir ?? defaultCaDir());
       // One placeholder key for all workers, so a guest's placeholders work whichever one serves it.
       const env: Record<string, string> = { [placeholderKeyEnv]: process.env[placeholderKeyEnv] ?? randomBytes(32).toString("hex") };
+      // The proxy-wide options every worker serves with, the ones started later too (see cluster.ts).
+      const { resolve: _resolve, ...proxyWide } = command.config.proxy;
+      Object.assign(env, clusterStartEnv({ proxy: proxyWide, open, placeholderDerivation: built.placeholderDerivation, guestNames: built.guestNames }));
       // The primary serves the sum over its workers; the workers listen for no metrics themselves.
       let serving = false;
       const say = createCliLog({ logLevel: command.config.proxy.logLevel, logFormat: command.logFormat });
@@ -124,9 +131,15 @@ async function main(argv: readonly string[]): Promise<number> {
     // In a cluster, only the first worker writes the guest environment file, every worker's log
     // lines name it, and for `--listen HOST:0` every worker listens on the port the primary picked.
     const port = worker ? siblingPort() : undefined;
+    // A worker serves with the proxy-wide options the cluster started with, whatever the file says now.
+    const start = worker ? clusterStart() : undefined;
+    const started = start === undefined ? { options, differs: [] } : asClusterStarted(command, start);
     // A person at a terminal reads one line per request; a pipe or a file gets the JSON lines.
     const sink = cliSink(command.logFormat, worker ? process.pid : undefined);
-    const say = createCliLog({ logLevel: command.config.proxy.logLevel, logFormat: command.logFormat, workerPid: worker ? process.pid : undefined });
+    const say = createCliLog({ logLevel: started.options.logLevel, logFormat: command.logFormat, workerPid: worker ? process.pid : undefined });
+    if (started.differs.length > 0) {
+      say("warn", "the config file changes settings that apply only at a restart: this worker serves them as the cluster started with them", { settings: started.differs });
+    }
     // The primary's metrics listener and inspector are this deployment's addresses: refused as targets.
     const primaryAddresses = worker ? [primaryMetricsAddress(), primaryInspectorAddress()].filter((address) => address !== undefined) : [];
     // The options as this process runs them, at the start and at each reload alike (a reload
@@ -147,9 +160,9 @@ async function main(argv: readonly string[]): Promise<number> {
     };
     // Values the other workers retired at reloads: this one's files hold only the current ones.
     const retiredElsewhere = worker ? await retiredFromPrimary() : [];
-    const { proxy, retiredSecrets } = await launchProxy(forThisProcess(options), retiredElsewhere);
+    const { proxy, retiredSecrets } = await launchProxy(forThisProcess(started.options), retiredElsewhere);
     // With an audit log the proxy reopens it (and says so); without, SIGUSR1 is only logged.
-    if (options.auditLog === undefined) process.on("SIGUSR1", () => say("info", noAuditLog));
+    if (started.options.auditLog === undefined) process.on("SIGUSR1", () => say("info", noAuditLog));
     await new Promise<void>((resolve) => {
       let closing = false;
       let watching: { close(): void } | undefined;
@@ -287,6 +300,30 @@ async function main(argv: readonly string[]): Promise<number> {
     throw error;
   }
   return 0;
+}
+
+/**
+ * A cluster worker's options: its guests as the file gives them now, the proxy-wide options as
+ * the cluster started with them (a reload keeps those until a restart, and a worker started
+ * later must too), and `differs`, the options the file changes since. What a reload refuses
+ * (one guest without credentials, or not; the placeholders' derivation) stops this worker's start.
+ */
+function asClusterStarted(command: Extract<CliCommand, { kind: "serve" }>, start: ClusterStart): { options: ProxyOptions; differs: string[] } {
+  const refused = reloadRefusal(start, command.built);
+  if (refused !== undefined) throw new TypeError(`a worker started after the config file changed: ${refused.replace(/^reload: /, "")}`);
+  const { resolve: _resolve, ...fileWide } = command.config.proxy as Record<string, unknown>;
+  const options: Record<string, unknown> = { ...command.options };
+  for (const key of Object.keys(fileWide)) delete options[key];
+  Object.assign(options, start.proxy);
+  if ((options["guests"] === undefined && options["auth"] !== true) !== start.open) {
+    throw new TypeError(
+      "a worker started after the config file changed: the cluster serves one guest without credentials, or with them, until a restart (as a reload leaves it); restart the proxy to change it",
+    );
+  }
+  // Compared as the primary passed them: as JSON.
+  const asData = (value: unknown): unknown => (value === undefined ? undefined : JSON.parse(JSON.stringify(value)));
+  const differs = [...new Set([...Object.keys(fileWide), ...Object.keys(start.proxy)])].filter((key) => !isDeepStrictEqual(asData(fileWide[key]), start.proxy[key])).sort();
+  return { options: options as ProxyOptions, differs };
 }
 
 /**

@@ -123,7 +123,7 @@ export function buildProxyOptions(config: ProxyConfig, options: BuildOptions = {
  * only where `default` has secrets now: a secret it gains by a later reload would otherwise take
  * the other form's placeholder while its environment file holds the first.
  */
-export function reloadRefusal(serving: BuiltConfig, next: BuiltConfig): string | undefined {
+export function reloadRefusal(serving: Pick<BuiltConfig, "placeholderDerivation" | "guestNames">, next: Pick<BuiltConfig, "placeholderDerivation" | "guestNames">): string | undefined {
   const before = serving.placeholderDerivation;
   const after = next.placeholderDerivation;
   if (before === undefined || after === undefined || before === after) return undefined;

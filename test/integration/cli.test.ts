@@ -756,6 +756,73 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     expect(await cli.exited).toEqual({ code: 0, signal: null });
   });
 
+  // A reload keeps proxy-wide options until a restart; a replacement read them from the file as
+  // it was then, and served beside the other workers with a CA of its own (`caDir` edited), which
+  // the guests did not trust, or on a second port (`listen`).
+  it("a replacement worker serves the proxy-wide options the cluster started with, not the file's edited ones", async () => {
+    const dir = tempDir();
+    const caDir = join(dir, "ca");
+    const otherCaDir = join(dir, "other-ca");
+    const file = join(dir, "egressgate.yaml");
+    const upstream = await startUpstream();
+    const body = (ca: string): string =>
+      [
+        `caDir: ${JSON.stringify(ca)}`,
+        "allowInternalHosts: [api.test]",
+        "resolve: { api.test: [127.0.0.1] }",
+        `upstreamCa: [${JSON.stringify(join(dir, "upstream-ca.pem"))}]`,
+        "",
+      ].join("\n");
+    await upstreamCaFile(dir);
+    writeFileSync(file, body(caDir));
+    const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--config", file]);
+    const primary = cli.process.pid!;
+    const workers = childPids(primary);
+    expect(workers).toHaveLength(2);
+    writeFileSync(file, body(otherCaDir));
+    process.kill(workers[0]!, "SIGKILL");
+    await until(() => linesOf(cli.stderr(), "worker replaced").some((line) => line["replaces"] === workers[0]), 60_000, "a replacement worker");
+    const replacement = childPids(primary).find((pid) => !workers.includes(pid));
+    expect(replacement).toBeDefined();
+    // A new connection per request, handed to the workers in turn: each one's leaf certificate
+    // is signed by the CA the guests trust.
+    for (let i = 0; i < 4; i++) {
+      const result = await curl(["-sS", "-x", url, "--cacert", join(caDir, "ca.crt"), "-o", "/dev/null", "-w", "%{http_code}", `https://api.test:${upstream.port}/echo?n=${i}`]);
+      expect(result.stderr).toBe("");
+      expect(result.stdout).toBe("200");
+    }
+    const served = (): Set<unknown> => new Set(linesOf(cli.stderr(), "request").map((line) => line["worker"]));
+    await until(() => served().size === 2, 10_000, "request lines from both workers");
+    expect(served()).toEqual(new Set([workers[1], replacement]));
+    expect(existsSync(otherCaDir)).toBe(false);
+    expect(linesOf(cli.stderr(), "the config file changes settings that apply only at a restart: this worker serves them as the cluster started with them")).toEqual([
+      expect.objectContaining({ level: "warn", worker: replacement, settings: ["caDir"] }),
+    ]);
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+  });
+
+  // A reload refuses to make a proxy that required credentials serve one guest without them; a
+  // replacement that read the edited file served without them, beside a worker that asked for them.
+  it("a replacement worker does not serve without credentials where the cluster started with them: it is refused and tried again", async () => {
+    const dir = tempDir();
+    const file = join(dir, "egressgate.yaml");
+    writeFileSync(file, "resolve: { api.test: [127.0.0.1] }\nguests:\n  a:\n    allowHosts: [api.test]\n");
+    const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", join(dir, "ca"), "--config", file]);
+    const workers = childPids(cli.process.pid!);
+    expect(workers).toHaveLength(2);
+    writeFileSync(file, "resolve: { api.test: [127.0.0.1] }\nallowHosts: [api.test]\n");
+    process.kill(workers[0]!, "SIGKILL");
+    const refused = (): number => linesOf(cli.stderr(), "a replacement worker could not start; trying again").length;
+    await until(() => refused() > 0 || linesOf(cli.stderr(), "worker replaced").length > 0, 60_000, "the replacement to start or be refused");
+    expect(linesOf(cli.stderr(), "worker replaced")).toEqual([]);
+    expect(cli.stderr()).toContain("a worker started after the config file changed: the cluster serves one guest without credentials, or with them, until a restart");
+    // Whichever worker a connection reaches, a request without credentials is refused.
+    for (let i = 0; i < 4; i++) expect((await curl(["-sS", "-x", url, "-o", "/dev/null", "-w", "%{http_code}", `http://api.test/${i}`])).stdout).toBe("407");
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+  });
+
   it("workers leave SIGINT to the primary: signalled alone they go on serving", async () => {
     const dir = tempDir();
     const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", join(dir, "ca"), "--allow-host", "nope.test"]);
