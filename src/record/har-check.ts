@@ -402,17 +402,27 @@ function base64Problem(text: string): string | undefined {
  */
 export function formatHarReport(report: HarReport): { text: string; status: number } {
   const lines = [report.summary];
+  // Appended one by one: spread into push() as arguments, a list of a long recording's entries
+  // (about 120,000) overflowed the stack, and `har check` of a valid file exited 2 with
+  // "Maximum call stack size exceeded" and nothing else (black-box finding).
+  const add = (items: readonly string[], indent = ""): void => {
+    for (const item of items) lines.push(`${indent}${item}`);
+  };
   if (report.problems.length > 0) {
-    lines.push(`not valid HAR 1.2 (${report.problems.length} problems):`, ...report.problems.map((p) => `  ${p}`));
+    lines.push(`not valid HAR 1.2 (${report.problems.length} problems):`);
+    add(report.problems, "  ");
   } else lines.push("valid HAR 1.2");
-  if (report.entries.length > 0) lines.push("entries:", ...report.entries);
+  if (report.entries.length > 0) {
+    lines.push("entries:");
+    add(report.entries);
+  }
   lines.push(report.suspicious.length === 0 ? "secret-looking strings: none" : `secret-looking strings (${report.suspicious.length}):`);
-  lines.push(...report.suspicious.map((s) => `  ${s}`));
+  add(report.suspicious, "  ");
   if (report.partial.length > 0) {
     lines.push(
       `partial bodies an interrupted recording left (${report.partial.length}), never searched for secrets: remove them before committing (the next --record on this path does):`,
-      ...report.partial.map((p) => `  ${p}`),
     );
+    add(report.partial, "  ");
   }
   const status = report.problems.length > 0 ? 2 : report.suspicious.length > 0 || report.partial.length > 0 ? 1 : 0;
   return { text: `${lines.join("\n")}\n`, status };

@@ -98,7 +98,8 @@ export class ReplaySource {
         const problem = sidecarFileProblem(path, file, `log.entries[${index}].response.content`);
         if (problem !== undefined) found.push(problem);
       }
-      problems.push(...found);
+      // One by one: an entry may hold any number of problems (one per header), too many to spread as arguments.
+      for (const problem of found) problems.push(problem);
     }
     if (problems.length > 0) {
       const shown = problems.slice(0, maxProblemsShown).join("; ");

@@ -6,6 +6,7 @@ import { gunzipSync } from "node:zlib";
 import { ProxyAgent, request } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import type { RecordedHar } from "../../src/record/har.js";
+import { formatHarReport } from "../../src/record/har-check.js";
 import { fetchVia, startTestProxy, tempDir } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
 import { startUpstream } from "../helpers/upstream.js";
@@ -86,6 +87,58 @@ describe("egressgate har check", () => {
     expect(bare.stdout.split("\n")[0]).toBe(`${har}: HAR ? by ? 1, 0 entries`);
     expect(bare.stdout).toMatch(/log\.version: missing/);
     expect(bare.stdout).not.toContain("undefined");
+  });
+});
+
+// Lists spread into push() as arguments overflowed the stack past about 120,000 items: `har
+// check` of a long recording exited 2 with "Maximum call stack size exceeded" and nothing else,
+// and so did `--replay` of an entry with that many problems.
+describe("a HAR file with more items than a call takes arguments", () => {
+  const many = 200_000;
+
+  it("har check lists every problem of 200,000 entries, exit 2, with nothing on stderr", async () => {
+    const har = join(tempDir("egressgate-har-"), "many.har");
+    writeFileSync(har, JSON.stringify({ log: { version: "1.2", creator: { name: "t", version: "1" }, entries: Array.from({ length: many }, () => 1) } }));
+    const result = await cli(["har", "check", har]);
+    expect(result.stderr).toBe("");
+    expect(result.code).toBe(2);
+    expect(result.stdout).toContain(`not valid HAR 1.2 (${many} problems):\n  log.entries[0]: must be an object\n`);
+    expect(result.stdout).toContain(`  log.entries[${many - 1}]: must be an object\nsecret-looking strings: none\n`);
+  });
+
+  it("the report of 200,000 valid entries lists them all, exit 0", () => {
+    const entries = Array.from({ length: many }, (_, i) => `${i}  GET https://api.test/${i} -> 200`);
+    const { text, status } = formatHarReport({ summary: "many.har: HAR 1.2 by t 1", problems: [], entries, suspicious: [], partial: [] });
+    expect(status).toBe(0);
+    expect(text.split("\n")).toHaveLength(many + 5);
+    expect(text.endsWith(`${entries.at(-1)!}\nsecret-looking strings: none\n`)).toBe(true);
+  });
+
+  it("--replay of an entry with 200,000 bad headers exits 2 counting its problems", async () => {
+    const har = join(tempDir("egressgate-har-"), "headers.har");
+    const entry = {
+      startedDateTime: "2026-01-01T00:00:00.000Z",
+      time: 1,
+      request: { method: "GET", url: "https://api.test/", httpVersion: "HTTP/1.1", cookies: [], headers: [], queryString: [], headersSize: -1, bodySize: 0 },
+      response: {
+        status: 200,
+        statusText: "OK",
+        httpVersion: "HTTP/1.1",
+        cookies: [],
+        headers: Array.from({ length: many }, () => ({ name: "bad name", value: "x" })),
+        content: { size: 2, mimeType: "text/plain", text: "ok" },
+        redirectURL: "",
+        headersSize: -1,
+        bodySize: 2,
+      },
+      cache: {},
+      timings: { send: 0, wait: 1, receive: 0 },
+    };
+    writeFileSync(har, JSON.stringify({ log: { version: "1.2", creator: { name: "t", version: "1" }, entries: [entry] } }));
+    const result = await cli(["--listen", "127.0.0.1:0", "--replay", har]);
+    expect(result.code).toBe(2);
+    expect(result.stdout).toBe("");
+    expect(result.stderr).toContain(`--replay: ${har} cannot be replayed (${many} problems): log.entries[0].response.headers[0]: the name "bad name" is not a token`);
   });
 });
 
