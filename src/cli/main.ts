@@ -37,6 +37,7 @@ import { readConfigText, reuseParses } from "../config/file.js";
 import { parseAhead } from "../config/parse-ahead.js";
 import { inspectorListen } from "../proxy/inspector-address.js";
 import { reloadRefusal } from "../config/build.js";
+import { makeIssue, OptionError } from "../option-error.js";
 
 /** `flags`, or the config file in use, once known: how an option error from startProxy is worded. */
 let source: string | undefined;
@@ -104,7 +105,13 @@ async function main(argv: readonly string[]): Promise<number> {
       let serving = false;
       const say = createCliLog({ logLevel: command.config.proxy.logLevel, logFormat: command.logFormat });
       const metrics =
-        metricsListen === undefined ? undefined : await serveClusterMetrics(metricsListen, createLogger(command.config.proxy.logLevel ?? "info", cliSink(command.logFormat, undefined)), () => serving);
+        metricsListen === undefined
+          ? undefined
+          : await serveClusterMetrics(metricsListen, createLogger(command.config.proxy.logLevel ?? "info", cliSink(command.logFormat, undefined)), () => serving).catch((error: unknown) => {
+              // Worded as one process words it: a bare "listen EADDRINUSE" named neither the flag nor the key.
+              const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
+              throw new OptionError(makeIssue(["metricsListen"], `cannot listen on ${metricsListen.host}:${metricsListen.port} (${code})`), { cause: error });
+            });
       if (metrics !== undefined) {
         say("info", "metrics listening", { url: metrics.url });
         env[metricsAddressEnv] = hostPort(metrics.host, metrics.port);

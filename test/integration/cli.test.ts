@@ -880,6 +880,19 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     expect(result.stderr).toMatch(flag === "--listen" ? /EADDRINUSE/ : /--metrics-listen: cannot listen on 127\.0\.0\.1:\d+ \(EADDRINUSE\)/);
   });
 
+  // The primary's metrics listener failed with a bare "listen EADDRINUSE: address already in use
+  // …", naming neither the flag nor the key, where one process names --metrics-listen.
+  it("a metrics port in use with --workers 2 exits 1 naming --metrics-listen, as one process does", async () => {
+    const busy = createServer();
+    await new Promise<void>((resolve) => busy.listen(0, "127.0.0.1", () => resolve()));
+    onTestFinished(() => void busy.close());
+    const taken = `127.0.0.1:${(busy.address() as { port: number }).port}`;
+    const result = await runCli(["--workers", "2", "--listen", "127.0.0.1:0", "--metrics-listen", taken, "--ca-dir", join(tempDir(), "ca")]);
+    expect(result.code).toBe(1);
+    expect(result.stderr).toBe(`egressgate: --metrics-listen: cannot listen on ${taken} (EADDRINUSE)\n`);
+    expect(result.stdout).toBe("");
+  });
+
   it.each([["--workers", "2"], ["--workers", "1"]])("a bad option with a policy loaded (%s %s) exits 2 at once", async (...workers) => {
     const result = await runCli([...workers, "--listen", "127.0.0.1:0", "--hooks-script", join(root, "policies", "strip-tracking.js"), "--upstream-ca", "/nonexistent/ca.pem"]);
     expect(result.code).toBe(2);
