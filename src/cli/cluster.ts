@@ -36,7 +36,7 @@ type WorkerReport =
   /** A connection handed to it did not arrive (see onHandoffLost): it wants replacing, and stopping once its replacement listens. */
   | { readonly kind: "handoff-lost" };
 /** What the primary tells a worker. */
-type PrimaryOrder = { readonly kind: "stop" } | { readonly kind: "retired"; readonly secrets: readonly RetiredGuestSecrets[] };
+type PrimaryOrder = { readonly kind: "stop" } | { readonly kind: "retired"; readonly secrets: readonly RetiredGuestSecrets[]; readonly start?: ClusterStart };
 
 /**
  * Set by the primary on the first worker it starts: that one writes `--guest-env-file`. A
@@ -75,18 +75,15 @@ export const metricsAddressEnv = "EGRESSGATE_CLUSTER_METRICS";
 export const primaryInspectorEnv = "EGRESSGATE_PRIMARY_INSPECTOR";
 
 /**
- * Set by the primary on every worker: the configuration's proxy-wide options (all but `resolve`,
- * which reloads with the guests) as the cluster started with them, and what a reload may never
- * change (whether the one guest serves without credentials, how placeholders derive), as JSON.
- * A reload leaves those options as they were until a restart, and so must a worker that starts
- * later: a replacement read them from the file as it is then, and served a changed `listen` on a
- * second port, or a changed `caDir` with a CA of its own that the guests did not trust, beside
- * the workers still serving the old values (black-box finding). No secret is in it: those come
- * from the guests, and the placeholder key has its own variable.
+ * What the primary started the cluster with, handed to every worker before it builds its proxy:
+ * the configuration's proxy-wide options (all but `resolve`, which reloads with the guests) and
+ * what a reload may never change (whether the one guest serves without credentials, how
+ * placeholders derive). A reload leaves those options as they were until a restart, and so must a
+ * worker that starts later: a replacement read them from the file as it was then, and served a
+ * changed `listen` on a second port, or a changed `caDir` with a CA of its own that the guests did
+ * not trust, beside the workers still serving the old values (black-box finding). Over the IPC
+ * channel, with the retired values: in the environment, inline PEMs could pass its limit.
  */
-const startEnv = "EGRESSGATE_CLUSTER_START";
-
-/** What the primary started the cluster with (see startEnv). */
 export interface ClusterStart {
   /** The proxy-wide options, `resolve` left out; an option not given is absent. */
   readonly proxy: Readonly<Record<string, unknown>>;
@@ -94,20 +91,6 @@ export interface ClusterStart {
   readonly open: boolean;
   readonly placeholderDerivation: "single" | "guests" | undefined;
   readonly guestNames: readonly string[];
-}
-
-/** The environment entry that hands `start` to every worker. */
-export function clusterStartEnv(start: ClusterStart): Record<string, string> {
-  return { [startEnv]: JSON.stringify(start) };
-}
-
-/** In a worker: what the primary started the cluster with, if it said (a malformed value is a start failure). */
-export function clusterStart(): ClusterStart | undefined {
-  const text = process.env[startEnv];
-  if (text === undefined || text === "") return undefined;
-  const start = JSON.parse(text) as ClusterStart;
-  if (typeof start?.proxy !== "object" || start.proxy === null || typeof start.open !== "boolean" || !Array.isArray(start.guestNames)) throw new Error(`${startEnv} is malformed`);
-  return start;
 }
 
 /** Workers that may die within a minute before the primary gives up and stops them all. */
@@ -152,15 +135,15 @@ export function siblingPort(): number | undefined {
 
 /**
  * In a worker, before it builds its proxy: the values the other workers retired (its guests'
- * stores hold them before it takes a connection). No deadline: the primary answers at once,
- * and a worker whose primary died exits.
+ * stores hold them before it takes a connection), and what the cluster started with. No
+ * deadline: the primary answers at once, and a worker whose primary died exits.
  */
-export function retiredFromPrimary(): Promise<readonly RetiredGuestSecrets[]> {
+export function startFromPrimary(): Promise<{ readonly retired: readonly RetiredGuestSecrets[]; readonly start: ClusterStart | undefined }> {
   return new Promise((resolve) => {
     const onOrder = (order: PrimaryOrder): void => {
       if (order?.kind !== "retired") return;
       process.off("message", onOrder);
-      resolve(order.secrets);
+      resolve({ retired: order.secrets, start: order.start });
     };
     process.on("message", onOrder);
     const ask: WorkerReport = { kind: "retired-wanted" };
@@ -292,6 +275,8 @@ export async function runPrimary(
   print: (line: string) => void,
   /** The primary's own lines (workers that exit, start or fail), in the CLI's --log-format. */
   log: CliLog,
+  /** What every worker serves with, whatever the config file says when it starts (see ClusterStart). */
+  clusterStart: ClusterStart,
   /**
    * Signals passed on to every worker (SIGUSR1: reopen the audit log; SIGHUP: reload). Whatever
    * is not passed on stays the caller's: SIGUSR1 never keeps Node's meaning (src/cli/sigusr1.ts).
@@ -402,7 +387,7 @@ export async function runPrimary(
           return;
         }
         if (report?.kind === "retired-wanted") {
-          tell(worker, { kind: "retired", secrets: mergeRetired(retiredBy.values()) });
+          tell(worker, { kind: "retired", secrets: mergeRetired(retiredBy.values()), start: clusterStart });
           return;
         }
         if (report?.kind === "retired") {

@@ -16,12 +16,10 @@ import {
   primaryMetricsAddress,
   reportListening,
   reportRetired,
-  retiredFromPrimary,
+  startFromPrimary,
   runPrimary,
   siblingPort,
   portTakenExit,
-  clusterStart,
-  clusterStartEnv,
   type ClusterStart,
 } from "./cluster.js";
 import { isDeepStrictEqual } from "node:util";
@@ -100,7 +98,7 @@ async function main(argv: readonly string[]): Promise<number> {
       const env: Record<string, string> = { [placeholderKeyEnv]: process.env[placeholderKeyEnv] ?? randomBytes(32).toString("hex") };
       // The proxy-wide options every worker serves with, the ones started later too (see cluster.ts).
       const { resolve: _resolve, ...proxyWide } = command.config.proxy;
-      Object.assign(env, clusterStartEnv({ proxy: proxyWide, open, placeholderDerivation: built.placeholderDerivation, guestNames: built.guestNames }));
+      const start: ClusterStart = { proxy: proxyWide, open, placeholderDerivation: built.placeholderDerivation, guestNames: built.guestNames };
       // The primary serves the sum over its workers; the workers listen for no metrics themselves.
       let serving = false;
       const say = createCliLog({ logLevel: command.config.proxy.logLevel, logFormat: command.logFormat });
@@ -129,7 +127,7 @@ async function main(argv: readonly string[]): Promise<number> {
         return await runPrimary(argv, command.workers, listen, env, (line) => {
           serving = true;
           process.stdout.write(`${line}\n`);
-        }, say, ["SIGHUP", ...(auditLog !== undefined ? (["SIGUSR1"] as const) : [])], () => (serving = false));
+        }, say, start, ["SIGHUP", ...(auditLog !== undefined ? (["SIGUSR1"] as const) : [])], () => (serving = false));
       } finally {
         watching?.close();
         await metrics?.close();
@@ -138,9 +136,10 @@ async function main(argv: readonly string[]): Promise<number> {
     // In a cluster, only the first worker writes the guest environment file, every worker's log
     // lines name it, and for `--listen HOST:0` every worker listens on the port the primary picked.
     const port = worker ? siblingPort() : undefined;
-    // A worker serves with the proxy-wide options the cluster started with, whatever the file says now.
-    const start = worker ? clusterStart() : undefined;
-    const started = start === undefined ? { options, differs: [] } : asClusterStarted(command, start);
+    // Values the other workers retired at reloads (this one's files hold only the current ones),
+    // and the proxy-wide options the cluster started with, which a worker serves whatever the file says now.
+    const fromPrimary = worker ? await startFromPrimary() : undefined;
+    const started = fromPrimary?.start === undefined ? { options, differs: [] } : asClusterStarted(command, fromPrimary.start);
     // A person at a terminal reads one line per request; a pipe or a file gets the JSON lines.
     const sink = cliSink(command.logFormat, worker ? process.pid : undefined);
     const say = createCliLog({ logLevel: started.options.logLevel, logFormat: command.logFormat, workerPid: worker ? process.pid : undefined });
@@ -165,9 +164,7 @@ async function main(argv: readonly string[]): Promise<number> {
         ...(sink !== undefined ? { logSink: sink } : {}),
       };
     };
-    // Values the other workers retired at reloads: this one's files hold only the current ones.
-    const retiredElsewhere = worker ? await retiredFromPrimary() : [];
-    const { proxy, retiredSecrets } = await launchProxy(forThisProcess(started.options), retiredElsewhere);
+    const { proxy, retiredSecrets } = await launchProxy(forThisProcess(started.options), fromPrimary?.retired ?? []);
     // With an audit log the proxy reopens it (and says so); without, SIGUSR1 is only logged.
     if (started.options.auditLog === undefined) process.on("SIGUSR1", () => say("info", noAuditLog));
     await new Promise<void>((resolve) => {
