@@ -27,7 +27,7 @@ export function object(fields: Record<string, OptionNode>, doc: string, extra: P
   return { kind: "object", fields, doc, ...extra };
 }
 
-export function map(keyDoc: string, checkKey: (key: string) => string | undefined, values: OptionNode, doc: string, extra: Partial<Pick<MapNode, "minEntries">> = {}): MapNode {
+export function map(keyDoc: string, checkKey: (key: string) => string | undefined, values: OptionNode, doc: string, extra: Partial<Pick<MapNode, "minEntries" | "keyIdentity">> = {}): MapNode {
   return { kind: "map", keyDoc, checkKey, values, doc, ...extra };
 }
 
@@ -45,9 +45,14 @@ export function checkSecretName(name: string): string | undefined {
   return reservedVariableReason(name);
 }
 
+/** The host a resolve key names, as buildStaticHosts keys it: case and one final dot aside. */
+export function hostnameIdentity(name: string): string {
+  return name.toLowerCase().replace(/\.$/, "");
+}
+
 /** What buildStaticHosts takes as a name: letters, digits, ".", "-" and "_", one trailing dot. */
 export function checkHostname(name: string): string | undefined {
-  const key = name.toLowerCase().replace(/\.$/, "");
+  const key = hostnameIdentity(name);
   if (key === "" || /[^a-z0-9.\-_]/.test(key)) return 'a hostname has only letters, digits, ".", "-" and "_"';
   return undefined;
 }
@@ -91,7 +96,7 @@ export const hostPatterns = (doc: string): ListNode => list(string("a host patte
 
 /** `resolve: { host: [ips] }`, proxy-wide or per guest. */
 export const resolveMap = (doc: string): MapNode =>
-  map("hostname", checkHostname, list(string("an IP address", "an address", { check: checkIp }), "IP addresses", "the name's addresses", { minItems: 1 }), doc);
+  map("hostname", checkHostname, list(string("an IP address", "an address", { check: checkIp }), "IP addresses", "the name's addresses", { minItems: 1 }), doc, { keyIdentity: hostnameIdentity });
 
 /** The four tier-3 hooks, the only keys an `httpHooks` object has. */
 export const httpHooksNode: ObjectNode = object(

@@ -63,6 +63,11 @@ export interface MapNode extends Common {
   readonly checkKey: (key: string) => string | undefined;
   readonly values: OptionNode;
   readonly minEntries?: number;
+  /**
+   * What a key stands for, where two spellings name one thing (a hostname's case, its final
+   * dot): two keys of one map that stand for the same are refused, as one key given twice is.
+   */
+  readonly keyIdentity?: (key: string) => string;
 }
 
 export interface FunctionNode extends Common {
@@ -137,12 +142,25 @@ export function validate(node: OptionNode, value: unknown, segments: readonly Se
       if (!isPlainObject(value)) return report(`must be an object of ${node.keyDoc}: value (got ${shown(value)})`);
       const entries = Object.entries(value);
       if (node.minEntries !== undefined && entries.length < node.minEntries) return report(`must name at least ${node.minEntries} ${node.keyDoc}`);
+      /** Each key's identity, and the key that first stood for it. */
+      const seen = new Map<string, string>();
       for (const [key, item] of entries) {
         // A parser may give it as an own key (YAML, JSON.parse); assigned to an object it would set
         // the prototype instead, and the entry would vanish without a word.
         const reason = key === "__proto__" ? reservedName : node.checkKey(key);
-        if (reason !== undefined) issues.push(makeIssue([...segments, key], reason, "clause"));
-        else validate(node.values, item, [...segments, key], issues, context);
+        if (reason !== undefined) {
+          issues.push(makeIssue([...segments, key], reason, "clause"));
+          continue;
+        }
+        const identity = node.keyIdentity?.(key);
+        const first = identity === undefined ? undefined : seen.get(identity);
+        if (first !== undefined) {
+          // `a.test` and `A.test.` in one resolve map: the second replaced the first without a word.
+          issues.push(makeIssue([...segments, key], `names the same ${node.keyDoc} as ${JSON.stringify(first)}; give it once, with all its values`, "clause"));
+          continue;
+        }
+        if (identity !== undefined) seen.set(identity, key);
+        validate(node.values, item, [...segments, key], issues, context);
       }
       return;
     }

@@ -272,6 +272,18 @@ describe("loadConfigFile: errors name the path and the line", () => {
     expect(twice.message).toMatch(/:3: guests\.12 is given twice in one mapping \(first at line 2\)/);
   });
 
+  // buildStaticHosts keys a name without its case and final dot: `A.test.` after `a.test` in one
+  // map replaced its addresses without a word (the flags' `--resolve a.test=… --resolve A.test=…` too).
+  it("two spellings of one host in one resolve map are refused; a guest's resolve still overrides the top level's", () => {
+    const top = fileErrorOf(configFile("resolve:\n  a.test: [127.0.0.2]\n  A.test.: [127.0.0.3]\n"));
+    expect(top.line).toBe(3);
+    expect(top.message).toMatch(/:3: resolve\.A\.test\.: names the same hostname as "a\.test"; give it once, with all its values$/);
+    const guest = fileErrorOf(configFile("guests:\n  g:\n    resolve: { API.test: [127.0.0.2], api.test: [127.0.0.3] }\n"));
+    expect(guest.message).toMatch(/:3: guests\.g\.resolve\.api\.test: names the same hostname as "API\.test"/);
+    const over = loadConfigFile(configFile("resolve: { a.test: [127.0.0.2] }\nguests:\n  g:\n    resolve: { A.test: [127.0.0.3] }\n"), {});
+    expect(over.guests["g"]!.resolve).toEqual({ "A.test": ["127.0.0.3"] });
+  });
+
   it("a syntax error and a duplicate key are reported with their lines", () => {
     expect(fileErrorOf(configFile("listen: 127.0.0.1:0\nguests: ci: {}\nworkers: 1\n")).message).toMatch(/:2: not valid YAML/);
     const duplicate = fileErrorOf(configFile("workers: 1\nworkers: 2\n"));
