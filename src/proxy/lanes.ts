@@ -111,7 +111,8 @@ export class Lanes {
     }
     // As Node's own server does for write backpressure: `_paused` makes it pause its parser once
     // the chunk being parsed is done (pausing it inside this callback would drop the chunk's
-    // rest), so requests still in the buffer stay bytes, not request objects.
+    // rest), so requests still in the buffer stay bytes, not request objects. On a TLS guest
+    // connection the records its last read decrypted are parsed all the same (parseWhatWasRead).
     const state = pausable(socket);
     if (state._paused === true) return;
     state._paused = true;
@@ -229,6 +230,45 @@ export class Lanes {
     if (socket.destroyed) return undefined;
     return early.length === 1 ? head : Buffer.concat(early);
   }
+}
+
+/**
+ * Keeps Node's HTTP/1.1 parser parsing what a paused TLS guest connection's last read brought.
+ * Node's server reads a TLS socket's handle itself (the consume path: no JavaScript `Buffer` a
+ * read, about 4% of the proxy's CPU an HTTP/1.1 request against the stream path), and pausing the
+ * socket stops its reads, but a TLSWrap still hands the parser, one by one, every record it has
+ * decrypted from the read under way. After each, Node pauses its parser if `_paused` is set (by
+ * its own write backpressure or by {@link Lanes.enter}), and a paused parser fails the next record
+ * as a malformed request ("paused"): 400 to a pipelining guest. So the parser is resumed as soon
+ * as Node has paused it: the reads stay stopped, and what one read decrypted (64 KiB at most) is
+ * parsed past the bound. A plain tunnel's socket is a stream (tunnel.ts): its parser is handed
+ * chunks, and a paused stream keeps what it read.
+ */
+export function parseWhatWasRead(socket: Socket): void {
+  const state = socket as unknown as { _paused?: boolean; parser?: ConsumingParser | null };
+  const parser = state.parser;
+  if (parser == null || parser._consumed !== true) return;
+  const key = (parser.constructor as { kOnExecute?: unknown }).kOnExecute;
+  const executed = typeof key === "number" ? parser[key] : undefined;
+  if (typeof key !== "number" || typeof executed !== "function") {
+    // A Node whose parser reports its reads elsewhere: the stream path, a Buffer a read.
+    parser.unconsume();
+    parser._consumed = false;
+    return;
+  }
+  // Node clears it when it frees the parser (the connection closed, or was upgraded).
+  parser[key] = (result: unknown): void => {
+    executed.call(parser, result);
+    if (state._paused === true && state.parser === parser) parser.resume();
+  };
+}
+
+/** Node's HTTP parser where it reads a socket's handle itself, and reports each read's parse. */
+interface ConsumingParser {
+  _consumed?: boolean;
+  [callback: number]: unknown;
+  resume(): void;
+  unconsume(): void;
 }
 
 /**

@@ -365,6 +365,86 @@ describe("pipelined requests on one connection", () => {
   it("heads past limits.pipelinedRequests inside a TLS tunnel, many to a read, are all answered in order", async () => {
     expect(await headsBehindHeld("inside a TLS tunnel", openers["inside a TLS tunnel"]!, 2)).toBeLessThanOrEqual(8);
   });
+
+  /**
+   * The guest's requests as TLS records of their own, one write each (a write is sent whole before
+   * the next is made, so its TLS socket does not join them into one record): after a pause, a
+   * read of the proxy's then holds many records, where a paused parser failed all but the first.
+   */
+  async function writeEach(guest: RawClient, requests: readonly string[]): Promise<void> {
+    for (const request of requests) await new Promise<void>((resolve) => guest.socket.write(request, "latin1", () => resolve()));
+  }
+
+  // Node's own write backpressure pauses a connection whose guest reads no answers: it sets
+  // `_paused` for a request parsed while the socket holds more than it can write, and pauses its
+  // parser after the read, which failed the records a TLS socket had still to give it from the
+  // same read: 400 "malformed request (paused)". limits.pipelinedRequests is raised, and the heads
+  // are small, so that the proxy's own pause (lanes.ts) cannot be the one.
+  it("requests a guest inside a TLS tunnel pipelines behind an 8 MiB answer it does not read are all answered in order once it reads", async () => {
+    const big = Buffer.alloc(8 * 1024 * 1024, 0x62);
+    const upstream = await startUpstream({
+      names: ["api.test"],
+      routes: {
+        "/big": (_req, res) => res.end(big),
+        "/n": (_req, res, _body, url) => res.end(url.searchParams.get("i") ?? ""),
+      },
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { limits: { pipelinedRequests: 64 } });
+    // The proxy's end of the connection, and the requests its server has parsed (Node's channel).
+    let server: Socket | undefined;
+    const parsed: string[] = [];
+    const onStart = (message: unknown): void => {
+      const started = message as { socket: Socket; request: { url: string } };
+      server ??= started.socket;
+      parsed.push(started.request.url);
+    };
+    diagnosticsChannel.subscribe("http.server.request.start", onStart);
+    onTestFinished(() => void diagnosticsChannel.unsubscribe("http.server.request.start", onStart));
+    const authority = `api.test:${upstream.port}`;
+    const guest = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+    const line = (path: string): string => `GET ${path} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`;
+    guest.socket.pause();
+    guest.write(line("/big"));
+    // The answer fills the kernel's buffers both ways, and then the proxy's socket's.
+    await waitFor(() => server?.writableNeedDrain === true);
+    guest.write(line("/n?i=first"));
+    await waitFor(() => parsed.includes("/n?i=first"));
+    await writeEach(guest, Array.from({ length: 40 }, (_, i) => line(`/n?i=${i}`)));
+    guest.socket.resume();
+    const first = await guest.readResponse({ timeoutMs: 60_000 });
+    expect(`${first.status} ${first.body.length}`).toBe(`200 ${big.length}`);
+    expect((await guest.readResponse()).body).toBe("first");
+    for (let i = 0; i < 40; i++) {
+      const res = await guest.readResponse();
+      expect(`${res.status} ${res.body}`).toBe(`200 ${i}`);
+    }
+    // The connection serves on, and so does the proxy.
+    guest.write(line("/n?i=after"));
+    expect((await guest.readResponse()).body).toBe("after");
+    expect((await fetchVia(proxy, `https://${authority}/n?i=other`)).text).toBe("other");
+  }, 90_000);
+
+  // Small answers never fill the proxy's socket past its mark (they go one at a time, and the
+  // next waits for the last to be written), so Node's own pause does not come: the proxy's does,
+  // at limits.pipelinedRequests, again and again, with records of the same read still to parse.
+  it("3,000 requests a guest inside a TLS tunnel sends, as a record each, before it reads any answer, are all answered in order", async () => {
+    const answer = "a".repeat(4_000);
+    const upstream = await startUpstream({ names: ["api.test"], routes: { "/n": (_req, res, _body, url) => res.end(`${url.searchParams.get("i")}:${answer}`) } });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const authority = `api.test:${upstream.port}`;
+    const guest = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+    const line = (path: string): string => `GET ${path} HTTP/1.1\r\nHost: ${authority}\r\n\r\n`;
+    guest.socket.pause();
+    await writeEach(guest, Array.from({ length: 3_000 }, (_, i) => line(`/n?i=${i}`)));
+    guest.socket.resume();
+    for (let i = 0; i < 3_000; i++) {
+      const res = await guest.readResponse();
+      expect(`${res.status} ${res.body}`).toBe(`200 ${i}:${answer}`);
+    }
+    guest.write(line("/n?i=after"));
+    expect((await guest.readResponse()).body).toBe(`after:${answer}`);
+    expect((await fetchVia(proxy, `https://${authority}/n?i=other`)).text).toBe(`other:${answer}`);
+  }, 90_000);
 });
 
 describe("the guest idle timeout (timeouts.idleMs) on HTTP/1.1", () => {
