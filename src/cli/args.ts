@@ -190,7 +190,9 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
     .scriptName("egressgate")
     .usage("$0 [serve] [options]\n\nA TLS-terminating egress proxy for sandboxes.")
     .option("ca-dir", { type: "string", describe: "CA directory", defaultDescription: computedDefaults.caDir })
-    .option("listen", { type: "string", describe: "HOST:PORT of the proxy; port 0 picks a free port", defaultDescription: `${defaults.listen.host}:${defaults.listen.port}` })
+    // Outside serve (which declares its own), the one command that reads it is env, which prints
+    // the running proxy's address and so refuses port 0: `env --help` said "port 0 picks a free port".
+    .option("listen", { type: "string", describe: "HOST:PORT of the running proxy, whose real port env prints (not 0)", defaultDescription: `${defaults.listen.host}:${defaults.listen.port}` })
     .command(
       ["serve", "$0"],
       "run the proxy",

@@ -109,6 +109,20 @@ describe("CLI conventions", () => {
     expect(section("Limits:")).toContain("--max-connections");
   });
 
+  // `env --help` described --listen as serve's ("port 0 picks a free port"), and env then refused
+  // port 0 (a run of the README against the CLI found it).
+  it("env --help describes --listen as the running proxy's address, as env refuses port 0", async () => {
+    const help = await run(["env", "--help"]);
+    expect(help.code).toBe(0);
+    const listen = help.stdout.slice(help.stdout.indexOf("--listen")).split("\n").slice(0, 2).join(" ");
+    expect(listen).not.toContain("picks a free port");
+    expect(listen).toContain("running proxy");
+    const zero = await run(["env", "--listen", "127.0.0.1:0"]);
+    expect(zero.code).toBe(2);
+    expect(zero.stdout).toBe("");
+    expect(zero.stderr).toContain("--listen needs the proxy's real port, not 0");
+  });
+
   // The README's flag table had no row for --help (a run of the README against the CLI found it).
   it("every flag --help prints has a row in the README's flag table, and every row names a flag --help prints", async () => {
     const { code, stdout } = await run(["--help"]);
