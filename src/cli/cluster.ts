@@ -31,8 +31,11 @@ type WorkerReport =
   | { readonly kind: "listening"; readonly url: string }
   /** At its start, before it builds its proxy: the values the others retired. */
   | { readonly kind: "retired-wanted" }
-  /** Its retired values, all of them: once it serves, and after each reload. */
-  | { readonly kind: "retired"; readonly secrets: readonly RetiredGuestSecrets[] }
+  /**
+   * Its retired values, all of them: once it serves, and after each reload; with the guests' form
+   * it serves since (see {@link GuestForm}).
+   */
+  | { readonly kind: "retired"; readonly secrets: readonly RetiredGuestSecrets[]; readonly form?: GuestForm }
   /** A connection handed to it did not arrive (see onHandoffLost): it wants replacing, and stopping once its replacement listens. */
   | { readonly kind: "handoff-lost" };
 /** What the primary tells a worker. */
@@ -84,11 +87,20 @@ export const primaryInspectorEnv = "EGRESSGATE_PRIMARY_INSPECTOR";
  * not trust, beside the workers still serving the old values (black-box finding). Over the IPC
  * channel, with the retired values: in the environment, inline PEMs could pass its limit.
  */
-export interface ClusterStart {
-  /** The proxy-wide options, `resolve` left out; an option not given is absent. */
+export interface ClusterStart extends GuestForm {
+  /** The proxy-wide options, `resolve` and `auth` left out (they reload with the guests); an option not given is absent. */
   readonly proxy: Readonly<Record<string, unknown>>;
   /** startProxy's `open`: one guest served without credentials. */
   readonly open: boolean;
+}
+
+/**
+ * How the guests' placeholders derive and which guests there are, as the workers serve them: at
+ * the start, then as the latest reload a worker applied left them. A worker started later is
+ * checked against this (reloadRefusal), not against the start: reloads may change both, one step
+ * at a time, and a replacement compared with the start was refused where the others served.
+ */
+export interface GuestForm {
   readonly placeholderDerivation: "single" | "guests" | undefined;
   readonly guestNames: readonly string[];
 }
@@ -152,11 +164,11 @@ export function startFromPrimary(): Promise<{ readonly retired: readonly Retired
 }
 
 /** In a worker: tells the primary every value it holds as retired now (after a reload, say). */
-export function reportRetired(retired: RetiredSecretsExchange): void {
+export function reportRetired(retired: RetiredSecretsExchange, form: GuestForm): void {
   // A reload that ends after the close disconnected the channel: a send then would be an
   // 'error' on process with no listener, which ends the worker.
   if (process.connected !== true) return;
-  const report: WorkerReport = { kind: "retired", secrets: retired.current() };
+  const report: WorkerReport = { kind: "retired", secrets: retired.current(), form: { placeholderDerivation: form.placeholderDerivation, guestNames: [...form.guestNames] } };
   process.send?.(report, undefined, undefined, () => undefined);
 }
 
@@ -165,10 +177,10 @@ export function reportRetired(retired: RetiredSecretsExchange): void {
  * says so, and takes the values other workers retire from now on. (A worker whose primary dies
  * exits at once: node:cluster does that on the IPC channel's unexpected end.)
  */
-export function reportListening(url: string, stop: () => void, retired: RetiredSecretsExchange, log: CliLog): void {
+export function reportListening(url: string, stop: () => void, retired: RetiredSecretsExchange, form: GuestForm, log: CliLog): void {
   const report: WorkerReport = { kind: "listening", url };
   process.send?.(report);
-  reportRetired(retired);
+  reportRetired(retired, form);
   onHandoffLost(() => {
     log("error", "a connection the primary handed to this worker did not arrive: the worker is out of file descriptors, and node:cluster hands it no more; another starts in its place, then this one drains and closes", {
       consequence: "the guest of that connection got no answer; raise the open-file limit (ulimit -n, LimitNOFILE) or lower limits.connections",
@@ -192,6 +204,17 @@ export function reportListening(url: string, stop: () => void, retired: RetiredS
       }
     }
   });
+}
+
+/** Whether a worker's report of its guests' form has the shape {@link GuestForm} says. */
+function wellFormedForm(form: unknown): form is GuestForm {
+  if (typeof form !== "object" || form === null) return false;
+  const { placeholderDerivation, guestNames } = form as Record<string, unknown>;
+  return (
+    (placeholderDerivation === undefined || placeholderDerivation === "single" || placeholderDerivation === "guests") &&
+    Array.isArray(guestNames) &&
+    guestNames.every((name) => typeof name === "string")
+  );
 }
 
 /** Whether a worker's report of retired values has the shape the primary merges. */
@@ -320,6 +343,8 @@ export async function runPrimary(
    * retired themselves, so a value it alone had reported would be lost with it.
    */
   const retiredBy = new Map<Worker, readonly RetiredGuestSecrets[]>();
+  /** The guests' form as the latest worker report gave it: what a worker started later is checked against. */
+  let guestForm: GuestForm = { placeholderDerivation: clusterStart.placeholderDerivation, guestNames: clusterStart.guestNames };
   /** A send to a worker whose channel is gone is dropped (its exit is handled on its own). */
   const tell = (worker: Worker, message: PrimaryOrder): void => {
     if (worker.isConnected()) worker.send(message);
@@ -387,7 +412,7 @@ export async function runPrimary(
           return;
         }
         if (report?.kind === "retired-wanted") {
-          tell(worker, { kind: "retired", secrets: mergeRetired(retiredBy.values()), start: clusterStart });
+          tell(worker, { kind: "retired", secrets: mergeRetired(retiredBy.values()), start: { ...clusterStart, ...guestForm } });
           return;
         }
         if (report?.kind === "retired") {
@@ -395,6 +420,7 @@ export async function runPrimary(
             log("warn", "a worker's retired secret values were malformed; ignored", { worker: worker.process.pid });
             return;
           }
+          if (wellFormedForm(report.form)) guestForm = { placeholderDerivation: report.form.placeholderDerivation, guestNames: report.form.guestNames };
           const before = retiredBy.get(worker);
           retiredBy.set(worker, report.secrets);
           if (replacing !== undefined) retiredBy.delete(replacing);

@@ -97,7 +97,7 @@ async function main(argv: readonly string[]): Promise<number> {
       // One placeholder key for all workers, so a guest's placeholders work whichever one serves it.
       const env: Record<string, string> = { [placeholderKeyEnv]: process.env[placeholderKeyEnv] ?? randomBytes(32).toString("hex") };
       // The proxy-wide options every worker serves with, the ones started later too (see cluster.ts).
-      const { resolve: _resolve, ...proxyWide } = command.config.proxy;
+      const { resolve: _resolve, auth: _auth, ...proxyWide } = command.config.proxy;
       const start: ClusterStart = { proxy: proxyWide, open, placeholderDerivation: built.placeholderDerivation, guestNames: built.guestNames };
       // The primary serves the sum over its workers; the workers listen for no metrics themselves.
       let serving = false;
@@ -280,7 +280,7 @@ async function main(argv: readonly string[]): Promise<number> {
           say("info", "a replaced configuration closed early: more were loaded than are kept", { kept: maxRetiredConfigurations });
         }
         // The values this reload rotated out, for the other workers and the next replacement.
-        if (worker && !closing) reportRetired(retiredSecrets);
+        if (worker && !closing) reportRetired(retiredSecrets, current);
       };
       process.on("SIGHUP", () => {
         if (closing) return;
@@ -295,7 +295,7 @@ async function main(argv: readonly string[]): Promise<number> {
       if (command.config.watch === true && !worker) {
         watching = watchConfiguration(command.config, process.env, () => (closing ? Promise.resolve() : (reloading = reloading.then(reload))), say);
       }
-      if (worker) reportListening(proxy.url, close, retiredSecrets, say);
+      if (worker) reportListening(proxy.url, close, retiredSecrets, current, say);
       else process.stdout.write(`egressgate listening on ${proxy.url}\n`);
     });
   } catch (error) {
@@ -315,7 +315,8 @@ async function main(argv: readonly string[]): Promise<number> {
 function asClusterStarted(command: Extract<CliCommand, { kind: "serve" }>, start: ClusterStart): { options: ProxyOptions; differs: string[] } {
   const refused = reloadRefusal(start, command.built);
   if (refused !== undefined) throw new TypeError(`a worker started after the config file changed: ${refused.replace(/^reload: /, "")}`);
-  const { resolve: _resolve, ...fileWide } = command.config.proxy as Record<string, unknown>;
+  // `resolve` and `auth` reload with the guests, in one process as in a cluster: the file's own.
+  const { resolve: _resolve, auth: _auth, ...fileWide } = command.config.proxy as Record<string, unknown>;
   const options: Record<string, unknown> = { ...command.options };
   for (const key of Object.keys(fileWide)) delete options[key];
   Object.assign(options, start.proxy);

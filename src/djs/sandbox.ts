@@ -102,7 +102,10 @@ export class Sandbox {
     // A heap left full may have had no room for the error's own object: QuickJS then dumps it as
     // "" (a chain of promises at some memory limits), and the load failed as "p.mjs: Error: ".
     // A full heap is the memory limit, as after a call (black-box finding).
-    const limit = limitOf(error, this.interrupted) ?? (this.instance.memoryExhausted ? "memory" : undefined);
+    // Only for an error with no message of its own: a heap grown near its cap stays so, and a
+    // policy's own error thrown after a large (but legal) top level must keep its words.
+    const lost = (error?.message ?? "") === "" && (error?.name ?? "Error") === "Error";
+    const limit = limitOf(error, this.interrupted) ?? (lost && this.instance.memoryExhausted ? "memory" : undefined);
     if (limit !== undefined) throw new PolicyLoadError(`${what}: the ${limit} limit was hit while loading`);
     const position = what === this.filename ? this.position(error?.stack ?? "", wrapped) : undefined;
     throw new PolicyLoadError(`${position ?? what}: ${error?.name ?? "Error"}: ${error?.message ?? String(error)}`);

@@ -823,6 +823,51 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     expect(await cli.exited).toEqual({ code: 0, signal: null });
   });
 
+  // What a reload applies, a worker started after it must accept too. `auth` reloads with the
+  // guests, and the placeholders' form may change one reload at a time; a replacement pinned to
+  // the start's `auth` or form was refused, and tried again for as long as the file stayed so,
+  // while one process accepted the same reloads (review finding).
+  it.each([
+    {
+      name: "auth: true with one guest, then guests:",
+      files: ["resolve: { api.test: [127.0.0.1] }\nauth: true\nallowHosts: [api.test]\n", "resolve: { api.test: [127.0.0.1] }\nguests:\n  alice:\n    allowHosts: [api.test]\n"],
+    },
+    {
+      name: "guests: to one guest with auth: true",
+      files: ["resolve: { api.test: [127.0.0.1] }\nguests:\n  alice:\n    allowHosts: [api.test]\n", "resolve: { api.test: [127.0.0.1] }\nauth: true\nallowHosts: [api.test]\n"],
+    },
+    {
+      name: "one guest, then guests: without default, then with it",
+      files: [
+        "resolve: { api.test: [127.0.0.1] }\nallowHosts: [api.test]\nauth: true\n",
+        "resolve: { api.test: [127.0.0.1] }\nguests:\n  bob:\n    allowHosts: [api.test]\n",
+        "resolve: { api.test: [127.0.0.1] }\nguests:\n  default:\n    allowHosts: [api.test]\n  bob:\n    allowHosts: [api.test]\n",
+      ],
+    },
+  ])("after reloads ($name) that every worker applied, a replacement worker starts with the file as it is", async ({ files }) => {
+    const dir = tempDir();
+    const file = join(dir, "egressgate.yaml");
+    writeFileSync(file, files[0]!);
+    const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", join(dir, "ca"), "--config", file]);
+    const primary = cli.process.pid!;
+    const workers = childPids(primary);
+    expect(workers).toHaveLength(2);
+    for (const [index, body] of files.slice(1).entries()) {
+      writeFileSync(file, body);
+      process.kill(primary, "SIGHUP");
+      await until(() => linesOf(cli.stderr(), "configuration reloaded").length === 2 * (index + 1), 60_000, `reload ${index + 1} in both workers`);
+    }
+    expect(linesOf(cli.stderr(), "reload failed; the old configuration keeps serving")).toEqual([]);
+    process.kill(workers[0]!, "SIGKILL");
+    await until(() => linesOf(cli.stderr(), "worker replaced").length > 0 || linesOf(cli.stderr(), "a replacement worker could not start; trying again").length > 0, 60_000, "the replacement to start or be refused");
+    expect(linesOf(cli.stderr(), "a replacement worker could not start; trying again")).toEqual([]);
+    expect(linesOf(cli.stderr(), "worker replaced")).toEqual([expect.objectContaining({ replaces: workers[0] })]);
+    // Every file here requires credentials: a request without them is refused by each worker.
+    for (let i = 0; i < 4; i++) expect((await curl(["-sS", "-x", url, "-o", "/dev/null", "-w", "%{http_code}", `http://api.test/${i}`])).stdout).toBe("407");
+    cli.process.kill("SIGTERM");
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+  });
+
   it("workers leave SIGINT to the primary: signalled alone they go on serving", async () => {
     const dir = tempDir();
     const { cli, url } = await serve(["--workers", "2", "--log-level", "info", "--ca-dir", join(dir, "ca"), "--allow-host", "nope.test"]);
