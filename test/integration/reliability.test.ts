@@ -336,14 +336,7 @@ describe("pipelined requests on one connection", () => {
     counting = false;
     held!();
     expect((await guest.readResponse()).body).toBe("held");
-    for (let i = 0; i < 40; i++) {
-      const res = await guest.readResponse();
-      expect(`${res.status} ${res.body}`).toBe(`200 ${i}`);
-    }
-    // The connection serves on, and so does the proxy.
-    guest.write(line("/n?i=after"));
-    expect((await guest.readResponse()).body).toBe("after");
-    expect((await fetchVia(proxy, `https://${authority}/n?i=other`)).text).toBe("other");
+    await expectAnsweredThenServing(proxy, guest, 40, line, authority);
     return last;
   }
 
@@ -371,6 +364,17 @@ describe("pipelined requests on one connection", () => {
    * the next is made, so its TLS socket does not join them into one record): after a pause, a
    * read of the proxy's then holds many records, where a paused parser failed all but the first.
    */
+  /** The `count` pipelined `/n?i=…` answers arrive in order, then the connection and the proxy serve on. */
+  async function expectAnsweredThenServing(proxy: Parameters<typeof fetchVia>[0], guest: RawClient, count: number, line: (path: string) => string, authority: string): Promise<void> {
+    for (let i = 0; i < count; i++) {
+      const res = await guest.readResponse();
+      expect(`${res.status} ${res.body}`).toBe(`200 ${i}`);
+    }
+    guest.write(line("/n?i=after"));
+    expect((await guest.readResponse()).body).toBe("after");
+    expect((await fetchVia(proxy, `https://${authority}/n?i=other`)).text).toBe("other");
+  }
+
   async function writeEach(guest: RawClient, requests: readonly string[]): Promise<void> {
     for (const request of requests) await new Promise<void>((resolve) => guest.socket.write(request, "latin1", () => resolve()));
   }
@@ -414,14 +418,7 @@ describe("pipelined requests on one connection", () => {
     const first = await guest.readResponse({ timeoutMs: 60_000 });
     expect(`${first.status} ${first.body.length}`).toBe(`200 ${big.length}`);
     expect((await guest.readResponse()).body).toBe("first");
-    for (let i = 0; i < 40; i++) {
-      const res = await guest.readResponse();
-      expect(`${res.status} ${res.body}`).toBe(`200 ${i}`);
-    }
-    // The connection serves on, and so does the proxy.
-    guest.write(line("/n?i=after"));
-    expect((await guest.readResponse()).body).toBe("after");
-    expect((await fetchVia(proxy, `https://${authority}/n?i=other`)).text).toBe("other");
+    await expectAnsweredThenServing(proxy, guest, 40, line, authority);
   }, 90_000);
 
   // Small answers never fill the proxy's socket past its mark (they go one at a time, and the
