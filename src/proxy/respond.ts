@@ -4,7 +4,7 @@ import type { ServerResponse } from "node:http";
 import type { Socket } from "node:net";
 import { describeThrown, EgressError } from "../errors.js";
 import { madeBodyOf } from "../hooks/made-bodies.js";
-import type { Readable } from "node:stream";
+import { Transform, type Readable } from "node:stream";
 import type { PipelineResponse, TraceEntry } from "../pipeline/exchange.js";
 import { upstreamBodyEnded } from "../pipeline/trace.js";
 import { countSent, type ByteCount } from "../metrics/byte-counter.js";
@@ -170,6 +170,13 @@ export function sendResponse(
   // byte from one that left early (below); counted off the socket, at no cost per chunk.
   const declared = res.chunkedEncoding ? undefined : declaredLength(headers);
   const watchSent = declared === undefined ? undefined : (): void => watchAllSent(res, declared, sent ?? countSent(res, body));
+  const trailers = response.trailers;
+  // With trailers to come (an HTTP/2 upstream's, a chunked one's) and framed by its length, the
+  // body's last byte waits for the body's end: an HTTP/2 upstream can break its stream after every
+  // byte the length announced (trailers without END_STREAM, which nghttp2 resets), and a guest
+  // sent them all had an answer that read as whole (fuzzer finding). Held back, the failure cuts
+  // the response one byte short, as any other mid-body failure does.
+  const source = trailers === undefined || declared === undefined || declared === 0 ? body : body.pipe(holdLastByte(declared));
   let settled = false;
   const settle = (error?: Error): void => {
     if (settled) return;
@@ -205,9 +212,14 @@ export function sendResponse(
       // own end was seen (it comes a turn later): the response is whole, and the body is let
       // run to that end, which a recording waits for. Judged a cut before, logged as the guest's
       // doing, and dropped from the recording (a black-box run: 27 of 30 such guests).
-      body.unpipe(res);
-      body.once("end", () => settle());
-      body.resume();
+      // A body whose last byte was held (`source`) has ended already: its end is not waited for.
+      source.unpipe(res);
+      if (source !== body) source.resume();
+      if (body.readableEnded) settle();
+      else {
+        body.once("end", () => settle());
+        body.resume();
+      }
     } else {
       // The guest went away: stop reading the upstream instead of leaving it paused until its timeout.
       discardBody(body);
@@ -219,7 +231,6 @@ export function sendResponse(
   // Bytes at hand now go out with the head, in one write; without any, the head goes at the end
   // of this turn of the loop, alone (a body that then fails before its first byte is a cut).
   if (body.readableLength === 0) setImmediate(flushWaitingHead, res);
-  const trailers = response.trailers;
   if (trailers === undefined) {
     body.pipe(res);
     watchSent?.();
@@ -227,9 +238,9 @@ export function sendResponse(
   }
   // The trailer section goes after the last chunk, so the end is ours to write. Node sends
   // trailers only on a chunked response: one with Content-Length (or to an HTTP/1.0 guest) ends without them.
-  body.pipe(res, { end: false });
+  source.pipe(res, { end: false });
   watchSent?.();
-  body.once("end", () => {
+  source.once("end", () => {
     try {
       const fields = trailerFields(trailers());
       if (fields.length > 0) res.addTrailers(fields);
@@ -239,6 +250,29 @@ export function sendResponse(
     res.end();
   });
   return sent;
+}
+
+/**
+ * Passes a body on but for the last of the `declared` bytes, which goes at the body's end: a
+ * body that fails after its last byte came (and before its end) never sends it.
+ */
+function holdLastByte(declared: number): Transform {
+  let seen = 0;
+  let held: Buffer | undefined;
+  return new Transform({
+    transform(chunk: Buffer, _encoding, callback) {
+      seen += chunk.length;
+      if (seen < declared || held !== undefined) {
+        callback(null, chunk);
+        return;
+      }
+      held = chunk.subarray(chunk.length - 1);
+      callback(null, chunk.length > 1 ? chunk.subarray(0, chunk.length - 1) : undefined);
+    },
+    flush(callback) {
+      callback(null, held);
+    },
+  });
 }
 
 /** Sends a response's head that is still waiting for its first body bytes. */

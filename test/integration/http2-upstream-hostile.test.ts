@@ -175,3 +175,33 @@ describe("streams an h2 upstream finishes after its graceful GOAWAY", () => {
     }, 20_000);
   }
 });
+
+// A trailer section must end its stream (RFC 9113 §8.1): nghttp2 resets one sent without
+// END_STREAM (PROTOCOL_ERROR), and the body fails. It came after every byte the Content-Length
+// announced, all of which an HTTP/1.1 guest had already been sent: its answer read as whole, the
+// upstream's broken stream unseen (fuzzer, seed 151205 `upstream` case 184, seed 171204 `guests`
+// cases 518 and 637). The last byte of such a body now waits for the body's end.
+describe("an h2 upstream's whole Content-Length body, then trailers without END_STREAM", () => {
+  const body = Buffer.from("x".repeat(3029));
+  const answers: [string, (stream: number) => Buffer][] = [
+    ["in one DATA frame", (stream) => frame(frameType.data, 0, stream, body)],
+  ];
+  it.each(answers)("%s: the HTTP/1.1 guest's response is cut short of its length, and the line says why", async (_shape, data) => {
+    const upstream = await startRawH2Upstream({
+      onHeaders: (socket, stream) =>
+        void socket.write(
+          Buffer.concat([frame(frameType.headers, flag.endHeaders, stream, Buffer.concat([status200, literal("content-length", String(body.length))])), data(stream), frame(frameType.headers, flag.endHeaders, stream, literal("x-trailer", "1"))]),
+        ),
+    });
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test", "other.test"] });
+    const authority = `api.test:${upstream.port}`;
+    const raw = await rawH1(proxy.port, authority, proxy.caCertPem, "/trailers");
+    expect(raw).toMatch(/^HTTP\/1\.1 200 /);
+    expect(raw).toContain(`content-length: ${body.length}\r\n`);
+    const sent = raw.slice(raw.indexOf("\r\n\r\n") + 4);
+    expect(sent.length).toBeLessThan(body.length);
+    await vi.waitFor(() => expect(requestLines(proxy)).toHaveLength(1));
+    expect(requestLines(proxy)[0]!["error"]).toBeDefined();
+    await othersServed(proxy);
+  });
+});
