@@ -201,7 +201,7 @@ describe("an h2 upstream's whole Content-Length body, then trailers without END_
     const sent = raw.slice(raw.indexOf("\r\n\r\n") + 4);
     expect(sent.length).toBeLessThan(body.length);
     await vi.waitFor(() => expect(requestLines(proxy)).toHaveLength(1));
-    expect(requestLines(proxy)[0]!["error"]).toBeDefined();
+    expect(requestLines(proxy)[0]!["error"]).toMatch(/body failed after the response head was sent .*PROTOCOL_ERROR.*the guest's response was cut/);
     await othersServed(proxy);
   });
 });
