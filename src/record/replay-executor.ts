@@ -131,6 +131,11 @@ async function respond(entry: RecordedEntry, request: OutboundRequest, deps: Rep
   // be one); placeholders as in the headers.
   const recordedTrailers = response._trailers?.flatMap(({ name, value }) => [name, placeholders(value)]);
   const trailers = recordedTrailers !== undefined && recordedTrailers.length > 0 ? recordedTrailers : undefined;
+  // gRPC's Trailers-Only answer (grpc-status in the head, no message, no trailers) is a head that
+  // ends the stream, as the live path passes it on (h2-exchange.ts). Replayed as a head and then
+  // an empty body, grpc-js failed the call INTERNAL "Call ended without gRPC status" instead of
+  // the recorded status: it reads grpc-status from a head only when that head ends the stream.
+  if (trailers === undefined && isTrailersOnly(response)) return { status: response.status, headers, body: null, location };
   let body: Readable;
   let length: number | undefined;
   if (content?._file !== undefined) {
@@ -177,6 +182,13 @@ async function respond(entry: RecordedEntry, request: OutboundRequest, deps: Rep
   }
   if (deps.latency === "recorded" && entry._egressgate?.chunks === undefined) body = delayEnd(body, positive(entry.timings?.receive), signal);
   return trailers === undefined ? { status: response.status, headers, body, location } : { status: response.status, headers, body, location, trailers: () => trailers };
+}
+
+/** A recorded gRPC Trailers-Only answer: grpc-status among the head's fields, and no body. */
+function isTrailersOnly(response: RecordedEntry["response"]): boolean {
+  const content = response.content;
+  if (content?._file !== undefined || (content?.text ?? "") !== "") return false;
+  return (response.headers ?? []).some(({ name }) => name.toLowerCase() === "grpc-status");
 }
 
 function positive(value: number | undefined | null): number {

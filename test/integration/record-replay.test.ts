@@ -1511,6 +1511,47 @@ describe("response trailers", () => {
     expect(raw).toMatch(/\r\n0\r\ngrpc-status: 7\r\ngrpc-message: denied by upstream\r\nx-echo: token=\[REDACTED:GH_TOKEN\]\r\n\r\n$/i);
   });
 
+  // Black-box finding (eighteenth session): a replayed Trailers-Only answer went out as a head and
+  // then an empty DATA frame ending the stream, and grpc-js failed the call INTERNAL "Call ended
+  // without gRPC status" instead of the recorded NOT_FOUND.
+  it("a gRPC Trailers-Only answer (grpc-status in a head that ends the stream) is replayed as one, as it passed live", async () => {
+    const har = join(tempDir(), "run.har");
+    const upstream = await startH2Upstream({
+      "/pkg.Svc/Missing": (stream) => {
+        stream.respond({ ":status": 200, "content-type": "application/grpc", "grpc-status": "5", "grpc-message": "no such thing" }, { endStream: true });
+      },
+    });
+    const authority = `api.test:${upstream.port}`;
+    const call = { ":method": "POST", ":path": "/pkg.Svc/Missing", "content-type": "application/grpc", te: "trailers" };
+    /** The answer's head, and whether the HEADERS frame carrying it ended the stream. */
+    const headOf = async (proxy: TestProxy): Promise<{ head: Record<string, unknown>; endsStream: boolean; body: number }> => {
+      const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+      return await new Promise((resolve, reject) => {
+        const stream = session.request(call);
+        let answer: { head: Record<string, unknown>; endsStream: boolean } | undefined;
+        let body = 0;
+        stream.on("response", (head, flags) => (answer = { head: { ...head }, endsStream: (flags & 0x1) !== 0 }));
+        stream.on("data", (chunk: Buffer) => (body += chunk.length));
+        stream.on("error", reject);
+        stream.on("close", () => (answer === undefined ? reject(new Error(`no answer (code ${stream.rstCode})`)) : resolve({ ...answer, body })));
+        stream.end(Buffer.from([0, 0, 0, 0, 0]));
+      });
+    };
+    const recorder = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { record: { path: har } } });
+    const live = await headOf(recorder);
+    expect(live).toMatchObject({ endsStream: true, body: 0, head: { ":status": 200, "grpc-status": "5", "grpc-message": "no such thing" } });
+    await recorder.close();
+
+    const replayer = await startTestProxy({ allowedInternalHosts: ["api.test"] }, { upstream: { replay: { path: har } } });
+    const again = await headOf(replayer);
+    expect(again).toMatchObject({ endsStream: true, body: 0, head: { ":status": 200, "grpc-status": "5", "grpc-message": "no such thing" } });
+    // An HTTP/1.1 guest gets the same head and no body, as it does live.
+    const viaH1 = await fetchVia(replayer, `https://${authority}/pkg.Svc/Missing`, { method: "POST", headers: { "content-type": "application/grpc" }, body: Buffer.from([0, 0, 0, 0, 0]) });
+    expect(viaH1).toMatchObject({ status: 200, text: "", headers: { "grpc-status": "5" } });
+    // The proxy serves on: a normal stream after it still gets its recorded answer.
+    expect((await headOf(replayer)).head["grpc-status"]).toBe("5");
+  });
+
   it("an HTTP/1.1 chunked upstream's trailer section is recorded and replayed; a file whose trailer cannot be sent is refused", async () => {
     const har = join(tempDir(), "run.har");
     const upstream = await startUpstream({
