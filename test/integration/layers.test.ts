@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import { ProxyAgent, request } from "undici";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -9,6 +9,8 @@ import { testCa } from "../helpers/test-ca.js";
 import { brokenBehaviours, startFaultUpstream, upstreamBehaviours, type FaultUpstream, type UpstreamBehaviour } from "../helpers/fault-upstream.js";
 import { fetchVia, proxyAgent, startTestProxy, type TestProxy } from "../helpers/proxy.js";
 import { startUpstream, type Echo, type Route } from "../helpers/upstream.js";
+import { h2Request, h2Session } from "../helpers/h2-client.js";
+import { startH2Upstream } from "../helpers/h2-upstream.js";
 
 /** The decision lines of a proxy's log. */
 function decisions(proxy: TestProxy): Record<string, unknown>[] {
@@ -600,5 +602,41 @@ describe("the layer matrix: every tier × answer × upstream behaviour", () => {
     const control = await request(upstream.url("api.test", "cl"), { dispatcher: agent });
     expect(control.statusCode).toBe(200);
     expect(createHash("sha256").update(Buffer.from(await control.body.arrayBuffer())).digest("hex")).toBe(upstream.sha256("cl"));
+  });
+});
+
+// Black-box finding (eighteenth session): a tier-3 layer whose read of the guest's body passed
+// maxHttpBodyBytes got 502 "handle hook failed", where onRequest's read gets 413; to a gRPC
+// client that was UNAVAILABLE, which it retries, instead of RESOURCE_EXHAUSTED.
+describe("a tier-3 layer reading the guest's body past maxHttpBodyBytes", () => {
+  const layers: Record<string, Layer> = {
+    "reads it": async (request) => new Response(`read ${(await request.text()).length}`),
+    "sends a clone": async (request, next) => next(request.clone()),
+    "catches the failure and answers itself": async (request) => {
+      try {
+        await request.arrayBuffer();
+      } catch {
+        // the layer goes on as if nothing happened
+      }
+      return new Response("fallback");
+    },
+  };
+  it.each(Object.keys(layers))("that %s gets 413 over HTTP/1.1 and HTTP/2, RESOURCE_EXHAUSTED to gRPC, and nothing goes upstream", async (kind) => {
+    const upstream = await startH2Upstream();
+    const authority = `api.test:${upstream.port}`;
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], layers: [layers[kind]!] }, { maxHttpBodyBytes: 1000 });
+    const big = Buffer.alloc(5000, 0x61);
+    const viaH1 = await fetchVia(proxy, `https://${authority}/echo`, { method: "POST", body: big });
+    expect([viaH1.status, viaH1.text]).toEqual([413, expect.stringContaining("larger than maxHttpBodyBytes (1000)")]);
+    const session = await h2Session(proxy.port, authority, proxy.caCertPem);
+    const viaH2 = await h2Request(session, { ":method": "POST", ":path": "/echo", ":authority": authority }, big);
+    expect([viaH2.status, viaH2.body.toString()]).toEqual([413, expect.stringContaining("larger than maxHttpBodyBytes (1000)")]);
+    const grpc = await h2Request(session, { ":method": "POST", ":path": "/pkg.Svc/Put", ":authority": authority, "content-type": "application/grpc", te: "trailers" }, big);
+    expect(grpc.headers).toMatchObject({ ":status": 200, "grpc-status": "8", "x-egressgate-error": "EG_TOO_LARGE" });
+    expect(upstream.seen).toEqual([]);
+    await vi.waitFor(() => expect(decisions(proxy).map((line) => line["code"])).toEqual(["EG_TOO_LARGE", "EG_TOO_LARGE", "EG_TOO_LARGE"]));
+    // A body within the limit still goes, on the same connection.
+    const small = await h2Request(session, { ":method": "POST", ":path": "/echo", ":authority": authority }, "hello");
+    expect(small.status).toBe(200);
   });
 });
