@@ -296,6 +296,24 @@ function processTree(pid: number): number[] {
 }
 
 /**
+ * The whole machine's busy CPU time in seconds, every core summed, from /proc/stat's `cpu` line:
+ * user, nice, system, irq, softirq and steal (idle and iowait left out). Around a window it tells
+ * whether the machine was saturated, which the processes' own times do not (the kernel's network
+ * work runs partly in softirq, charged to no process of the bench).
+ */
+export function machineBusySeconds(): number | undefined {
+  try {
+    const line = readFileSync("/proc/stat", "utf8").split("\n", 1)[0] ?? "";
+    const fields = line.trim().split(/\s+/).slice(1).map(Number);
+    if (fields.length < 8 || fields.some((n) => !Number.isFinite(n))) return undefined;
+    const [user, nice, system, , , irq, softirq, steal] = fields as [number, number, number, number, number, number, number, number];
+    return (user + nice + system + irq + softirq + steal) / clockTicks;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
  * CPU time of a process and its descendants, all their threads, in seconds: utime + stime, plus
  * cutime + cstime, where a descendant that exited and was reaped leaves its time with its parent
  * (a cluster worker that died in a window still counts).

@@ -87,7 +87,9 @@ function describe(error: unknown): string {
 export function connectThrough(proxyUrl: string, authority: string): Promise<Socket> {
   const proxy = new URL(proxyUrl);
   return new Promise((resolve, reject) => {
-    const socket = netConnect({ host: proxy.hostname, port: Number(proxy.port) });
+    // TCP_NODELAY, as curl, Go and Node's own clients set it: Nagle's algorithm would otherwise
+    // hold a small write (a stream's HEADERS) while an earlier one waits for its ACK.
+    const socket = netConnect({ host: proxy.hostname, port: Number(proxy.port), noDelay: true });
     let head = Buffer.alloc(0);
     const fail = (error: Error): void => {
       socket.destroy();

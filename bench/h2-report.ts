@@ -28,6 +28,10 @@ export interface H2Row {
   readonly proxyPeakRssMiB: number | undefined;
   readonly proxyCpuPercent: number | undefined;
   readonly proxyCpuMicrosPerRequest: number | undefined;
+  /** The load generator's process (undefined for h2load, whose client and relays are not it). */
+  readonly loadCpuMicrosPerRequest: number | undefined;
+  /** The machine's busy CPU over the row's windows, median: near 100 × cores, the row was CPU-bound. */
+  readonly machineCpuPercent: number | undefined;
   readonly clientConnects: number;
   readonly upstreamConnects: number;
   /** req/s ÷ the same target's HTTP/1.1 row (32 connections, h1 upstream) driven by the same kind of client (h1Baseline). */
@@ -41,6 +45,9 @@ export interface H2Row {
 }
 
 const defined = (values: readonly (number | undefined)[]): number[] => values.filter((v): v is number => v !== undefined && Number.isFinite(v));
+/** CPU µs a request, from a process's CPU % over a window and the window's req/s. */
+const microsPerRequest = (percent: number | undefined, requestsPerSecond: number): number | undefined =>
+  percent === undefined || requestsPerSecond === 0 ? undefined : (percent / 100 / requestsPerSecond) * 1e6;
 const medianOf = (values: readonly number[]): number | undefined => (values.length > 0 ? median(values) : undefined);
 
 export function h2Rows(all: readonly H2Window[], summary: readonly LoadSummaryEntry[]): H2Row[] {
@@ -50,7 +57,9 @@ export function h2Rows(all: readonly H2Window[], summary: readonly LoadSummaryEn
     const mine = windows.filter((w) => w.target === target && w.variant === variant);
     const rps = mine.map((w) => w.requestsPerSecond);
     const hist = summary.find((s) => s.lane === `h2/${target}/${variant}`);
-    const cpuPerRequest = defined(mine.map((w) => (w.proxyCpuPercent === undefined || w.requestsPerSecond === 0 ? undefined : (w.proxyCpuPercent / 100 / w.requestsPerSecond) * 1e6)));
+    const perRequest = (percent: (w: H2Window) => number | undefined): number[] =>
+      defined(mine.map((w) => microsPerRequest(percent(w), w.requestsPerSecond)));
+    const cpuPerRequest = perRequest((w) => w.proxyCpuPercent);
     return {
       target,
       variant,
@@ -71,6 +80,8 @@ export function h2Rows(all: readonly H2Window[], summary: readonly LoadSummaryEn
       })(),
       proxyCpuPercent: medianOf(defined(mine.map((w) => w.proxyCpuPercent))),
       proxyCpuMicrosPerRequest: medianOf(cpuPerRequest),
+      loadCpuMicrosPerRequest: h2Variants[variant].client === "h2load" ? undefined : medianOf(perRequest((w) => w.loadCpuPercent)),
+      machineCpuPercent: medianOf(defined(mine.map((w) => w.machineCpuPercent))),
       clientConnects: mine.reduce((n, w) => n + w.clientConnects, 0),
       upstreamConnects: mine.reduce((n, w) => n + w.upstreamConnects, 0),
     };
@@ -96,8 +107,8 @@ export function h2Rows(all: readonly H2Window[], summary: readonly LoadSummaryEn
 
 export function h2Table(rows: readonly H2Row[]): string {
   return table(
-    ["target", "guest -> upstream", "req/s", "req/s range", "p50 ms", "p99 ms", "peak RSS MiB", "proxy CPU %", "proxy CPU µs/req", "× h1 (req/s)", "h1 CPU ÷ this", "× mitmdump", "errors", "new conns (client / upstream)"],
-    ["l", "l", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r"],
+    ["target", "guest -> upstream", "req/s", "req/s range", "p50 ms", "p99 ms", "peak RSS MiB", "proxy CPU %", "proxy CPU µs/req", "load gen CPU µs/req", "machine CPU %", "× h1 (req/s)", "h1 CPU ÷ this", "× mitmdump", "errors", "new conns (client / upstream)"],
+    ["l", "l", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r"],
     rows.map((r) => [
       r.target,
       r.label,
@@ -108,6 +119,8 @@ export function h2Table(rows: readonly H2Row[]): string {
       fixed(r.proxyPeakRssMiB, 0),
       fixed(r.proxyCpuPercent, 0),
       fixed(r.proxyCpuMicrosPerRequest, 0),
+      fixed(r.loadCpuMicrosPerRequest, 0),
+      fixed(r.machineCpuPercent, 0),
       r.variant === "h1-32-h1up" ? "1.00×" : times(r.ratioToH1),
       r.variant === "h1-32-h1up" ? "1.00×" : times(r.cpuRatioToH1),
       times(r.ratioToMitmdump),
@@ -137,7 +150,7 @@ export interface H2PacedRow {
 
 export function h2PacedRows(all: readonly H2Window[]): H2PacedRow[] {
   const paced = all.filter((w) => w.pacedRate !== undefined && w.target === "egressgate");
-  const perRequest = (w: H2Window): number | undefined => (w.proxyCpuPercent === undefined || w.requestsPerSecond === 0 ? undefined : (w.proxyCpuPercent / 100 / w.requestsPerSecond) * 1e6);
+  const perRequest = (w: H2Window): number | undefined => microsPerRequest(w.proxyCpuPercent, w.requestsPerSecond);
   const rows = [...new Set(paced.map((w) => w.variant))].map((variant) => {
     const mine = paced.filter((w) => w.variant === variant).sort((a, b) => a.round - b.round);
     const rps = mine.map((w) => w.requestsPerSecond);
@@ -227,7 +240,7 @@ export function h2DownloadTable(rows: readonly H2DownloadRow[]): string {
 const clientNote = {
   library: "",
   raw: " from the minimal clients (against their HTTP/1.1 row)",
-  h2load: " from h2load via socat",
+  h2load: " from h2load via socat (against its HTTP/1.1 row, through the same relay)",
 } as const;
 
 /** DESIGN.md §8: small GETs over h2 at least 1.2× the h1 figure in the same run; and flat memory on a 1 GiB h2 download. */
@@ -241,9 +254,14 @@ export function h2Goals(rows: readonly H2Row[], downloads: readonly H2DownloadRo
     const cpu = row.cpuRatioToH1 === undefined ? "" : `; CPU per request ${times(row.cpuRatioToH1)} less`;
     const paired = row.pairedRatioToH1 === undefined ? "" : `; per round ${intervalText(row.pairedRatioToH1, 2)}`;
     const info = h2Variants[variant];
+    // Where the row's baseline is not undici's HTTP/1.1 row, that reading too; and what the
+    // machine and the load generator spent, which says whether the row measured the proxy.
+    const undiciH1 = rows.find((r) => r.target === "egressgate" && r.variant === "h1-32-h1up");
+    const againstUndici = info.client === "h2load" && undiciH1 !== undefined ? `; ${times(row.requestsPerSecond / undiciH1.requestsPerSecond)} undici's HTTP/1.1 row` : "";
+    const machine = row.machineCpuPercent === undefined ? "" : `; machine ${fixed(row.machineCpuPercent, 0)}% busy, proxy ${fixed(row.proxyCpuPercent, 0)}%`;
     goals.push({
       goal: `HTTP/2 small GETs c=32 over ${info.connections === 1 ? "one connection" : "8 connections"}${info.upstream === "h2" ? " to the h2-only upstream" : ""}${clientNote[info.client ?? "library"]}: ≥ 1.2× the h1 figure (same run)`,
-      measured: `${times(row.ratioToH1)} (${fixed(row.requestsPerSecond, 0)} against ${fixed(row.requestsPerSecond / (row.ratioToH1 ?? Number.NaN), 0)} req/s${cpu}${paired})`,
+      measured: `${times(row.ratioToH1)} (${fixed(row.requestsPerSecond, 0)} against ${fixed(row.requestsPerSecond / (row.ratioToH1 ?? Number.NaN), 0)} req/s${cpu}${paired}${againstUndici}${machine})`,
       met: row.ratioToH1 === undefined ? undefined : row.ratioToH1 >= 1.2,
     });
   }

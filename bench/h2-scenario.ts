@@ -31,6 +31,7 @@ export type H2Variant =
   | "h2-1-h2up"
   | "h2-8-h2up"
   | "h1-32-h2up"
+  | "h2load-h1-32-h1up"
   | "h2load-1-h1up"
   | "h2load-8-h1up"
   | "raw-h1-32-h1up"
@@ -58,6 +59,7 @@ export const h2Variants: Readonly<Record<H2Variant, H2VariantInfo>> = {
   "h2-1-h2up": { guest: "h2", connections: 1, upstream: "h2", label: "HTTP/2, 1 connection -> h2-only upstream" },
   "h2-8-h2up": { guest: "h2", connections: 8, upstream: "h2", label: "HTTP/2, 8 connections -> h2-only upstream" },
   "h1-32-h2up": { guest: "h1", connections: 32, upstream: "h2", label: "HTTP/1.1, 32 connections -> h2-only upstream" },
+  "h2load-h1-32-h1up": { guest: "h1", connections: 32, upstream: "h1", label: "HTTP/1.1 from h2load via socat, 32 connections -> h1 upstream", client: "h2load" },
   "h2load-1-h1up": { guest: "h2", connections: 1, upstream: "h1", label: "HTTP/2 from h2load via socat, 1 connection -> h1 upstream", client: "h2load" },
   "h2load-8-h1up": { guest: "h2", connections: 8, upstream: "h1", label: "HTTP/2 from h2load via socat, 8 connections -> h1 upstream", client: "h2load" },
   "raw-h1-32-h1up": { guest: "h1", connections: 32, upstream: "h1", label: "HTTP/1.1 from the minimal client, 32 connections -> h1 upstream", client: "raw" },
@@ -67,16 +69,23 @@ export const h2Variants: Readonly<Record<H2Variant, H2VariantInfo>> = {
   "raw-h2-8-h2up": { guest: "h2", connections: 8, upstream: "h2", label: "HTTP/2 from the minimal client, 8 connections -> h2-only upstream", client: "raw" },
 };
 
-/** The HTTP/1.1 row a variant is compared with: the one its kind of client drives. */
+/**
+ * The HTTP/1.1 row a variant is compared with: the one its kind of client drives, so the client's
+ * own cost per request (and for h2load, its relays') is on both sides of the ratio.
+ */
 export function h1Baseline(variant: H2Variant): H2Variant {
-  return h2Variants[variant].client === "raw" ? "raw-h1-32-h1up" : "h1-32-h1up";
+  const client = h2Variants[variant].client;
+  return client === "raw" ? "raw-h1-32-h1up" : client === "h2load" ? "h2load-h1-32-h1up" : "h1-32-h1up";
 }
 
 /**
  * h2load (Debian's nghttp2-client) cannot use a proxy; each of its connections goes through
- * `socat TCP-LISTEN:P,fork PROXY:…`, which opens the CONNECT tunnel (the issue's recipe). The
- * relay's work (a process per connection, a read and a write per direction) is on the h2 side
- * only: against the HTTP/1.1 row, which undici sends straight to the proxy, that errs against h2.
+ * `socat TCP-LISTEN:P,fork,nodelay PROXY:…,nodelay`, which opens the CONNECT tunnel (the issue's recipe). The
+ * relay's work (a process per connection, a read and a write per direction) takes CPU from the
+ * proxy on the same cores, so h2load's h2 rows are compared with h2load's own HTTP/1.1 row
+ * (`--h1`, 32 connections, through the same relay): the client and the relay on both sides.
+ * Against undici's HTTP/1.1 row, which goes straight to the proxy, the relays count against h2
+ * alone (the `× undici h1` goal line shows that reading too).
  */
 export const h2loadAvailable = hasCommand("h2load") && hasCommand("socat");
 
@@ -100,7 +109,7 @@ export function variantsOf(target: TargetName): H2Variant[] {
     "raw-h2-8-h1up",
     "raw-h2-1-h2up",
     "raw-h2-8-h2up",
-    ...(h2loadAvailable ? (["h2load-1-h1up", "h2load-8-h1up"] as const) : []),
+    ...(h2loadAvailable ? (["h2load-h1-32-h1up", "h2load-1-h1up", "h2load-8-h1up"] as const) : []),
   ];
 }
 
@@ -150,7 +159,7 @@ async function window(h: Harness, lane: H2Lane, spec: H2Spec, durationMs: number
   const port = info.upstream === "h2" ? h.started.upstreamH2Port : h.started.upstreamPort;
   const url = `https://${originHost}:${port}/small`;
   const name = laneName(lane);
-  if (info.client === "h2load") return h2loadWindow(h, target, port, info.connections, spec.concurrency, durationMs);
+  if (info.client === "h2load") return h2loadWindow(h, target, port, info.guest, info.connections, spec.concurrency, durationMs);
   if (info.client === "raw") {
     const raw: RawRateRun = { kind: "rawrate", id: h.nextId(), lane: name, target, protocol: info.guest, url, expectedBytes: smallBodyBytes, concurrency: spec.concurrency, connections: info.connections, durationMs, record };
     return ask<H2Result>(h.load, "result", raw, durationMs + 60_000);
@@ -175,7 +184,9 @@ function relayFor(h: Harness, target: TargetName, upstreamPort: number): Promise
       const proxyUrl = new URL(proxy.url);
       const port = await freePort();
       const child = track(
-        spawn("socat", [`TCP-LISTEN:${port},fork,reuseaddr,bind=127.0.0.1`, `PROXY:${proxyUrl.hostname}:${originHost}:${upstreamPort},proxyport=${proxyUrl.port}`], { stdio: ["ignore", "ignore", "pipe"] }),
+        // `nodelay` on both addresses, as the README's recipe says: without it Nagle's algorithm
+        // holds a relay's small writes (a few streams' frames) until the peer's ACK.
+        spawn("socat", [`TCP-LISTEN:${port},fork,reuseaddr,bind=127.0.0.1,nodelay`, `PROXY:${proxyUrl.hostname}:${originHost}:${upstreamPort},proxyport=${proxyUrl.port},nodelay`], { stdio: ["ignore", "ignore", "pipe"] }),
         "socat",
       );
       child.stderr?.resume();
@@ -200,13 +211,25 @@ async function h2loadWindow(
   h: Harness,
   target: TargetName,
   upstreamPort: number,
+  guest: "h1" | "h2",
   connections: number,
   concurrency: number,
   durationMs: number,
 ): Promise<{ ok: number; errors: number; firstError: string | undefined; elapsedMs: number; connects: number; p50Ms: number; p99Ms: number }> {
   const relay = await relayFor(h, target, upstreamPort);
   const requests = Math.max(500, Math.round((durationMs / 1000) * 6000));
-  const args = ["-n", String(requests), "-c", String(connections), "-m", String(Math.ceil(concurrency / connections)), `--connect-to=127.0.0.1:${relay.port}`, `https://${originHost}:${upstreamPort}/small`];
+  // `--h1`: HTTP/1.1 (ALPN http/1.1), one request in flight a connection (-m 1: no pipelining).
+  const args = [
+    ...(guest === "h1" ? ["--h1"] : []),
+    "-n",
+    String(requests),
+    "-c",
+    String(connections),
+    "-m",
+    String(Math.ceil(concurrency / connections)),
+    `--connect-to=127.0.0.1:${relay.port}`,
+    `https://${originHost}:${upstreamPort}/small`,
+  ];
   const out = await new Promise<string>((resolve) => {
     execFile("h2load", args, { timeout: durationMs + 60_000, maxBuffer: 4 * 1024 * 1024 }, (error, stdout, stderr) => resolve(`${stdout}${stderr}${error !== null ? `\n(h2load: ${error.message})` : ""}`));
   });
@@ -290,7 +313,7 @@ async function runLanes(h: Harness, spec: H2Spec, lanes: readonly H2Lane[], wind
       const cpuPerRequest = sample.proxyCpuPercent === undefined || w.requestsPerSecond === 0 ? undefined : (sample.proxyCpuPercent / 100 / w.requestsPerSecond) * 1e6;
       h.log(
         `  h2 round ${round + 1}/${spec.rounds} ${target.padEnd(11)} ${variant.padEnd(11)}${pacedRate !== undefined ? ` @${pacedRate}` : ""} ${fmt(w.requestsPerSecond).padStart(6)} req/s  ` +
-          `p50 ${fmt(w.p50Ms, 2)} ms  proxy CPU ${fmt(sample.proxyCpuPercent)}% (${fmt(cpuPerRequest)} µs/req)  conns ${w.clientConnects}/${w.upstreamConnects}`,
+          `p50 ${fmt(w.p50Ms, 2)} ms  proxy CPU ${fmt(sample.proxyCpuPercent)}% (${fmt(cpuPerRequest)} µs/req)  load ${fmt(sample.loadCpuPercent)}%  machine ${fmt(sample.machineCpuPercent)}%  conns ${w.clientConnects}/${w.upstreamConnects}`,
       );
     }
   }

@@ -16,7 +16,7 @@
  */
 import type { ChildProcess } from "node:child_process";
 import { performance } from "node:perf_hooks";
-import { ask, cpuSeconds, hasExited, mainThreadCpuSeconds, resetPeak, statusKb, stderrError, waitExit } from "./children.js";
+import { ask, cpuSeconds, hasExited, machineBusySeconds, mainThreadCpuSeconds, resetPeak, statusKb, stderrError, waitExit } from "./children.js";
 import type { BulkResult, BulkRun, HostsResult, HostsRun, RateResult, RateRun, RatesResult, TargetName } from "./load.js";
 import { newHostname, originHost, smallBodyBytes, type StartedTargets } from "./targets.js";
 import type { UpstreamStats } from "./upstream.js";
@@ -34,6 +34,8 @@ export interface Sample {
   readonly proxyMainThreadCpuPercent: number | undefined;
   readonly upstreamCpuPercent: number | undefined;
   readonly loadCpuPercent: number | undefined;
+  /** Every process on the machine, the kernel's softirq work included: 100 per busy core. */
+  readonly machineCpuPercent?: number | undefined;
 }
 
 export interface RateWindow extends Sample {
@@ -138,16 +140,16 @@ export class Harness {
   async measure<T>(pid: number | undefined, fn: () => Promise<T>): Promise<{ value: T; sample: Sample }> {
     if (pid !== undefined) this.peakResettable = resetPeak(pid) && this.peakResettable;
     const upstreamPid = this.started.upstream.pid;
-    const before = [cpuSeconds(pid), cpuSeconds(upstreamPid), cpuSeconds(this.load.pid), mainThreadCpuSeconds(pid)];
+    const before = [cpuSeconds(pid), cpuSeconds(upstreamPid), cpuSeconds(this.load.pid), mainThreadCpuSeconds(pid), machineBusySeconds()];
     const t0 = performance.now();
     const value = await fn();
     const seconds = (performance.now() - t0) / 1000;
-    const after = [cpuSeconds(pid), cpuSeconds(upstreamPid), cpuSeconds(this.load.pid), mainThreadCpuSeconds(pid)];
+    const after = [cpuSeconds(pid), cpuSeconds(upstreamPid), cpuSeconds(this.load.pid), mainThreadCpuSeconds(pid), machineBusySeconds()];
     const percent = (i: number): number | undefined => {
       const [a, b] = [before[i], after[i]];
       return a === undefined || b === undefined || seconds <= 0 ? undefined : ((b - a) / seconds) * 100;
     };
-    return { value, sample: { seconds, peakRssKb: statusKb(pid, "VmHWM"), proxyCpuPercent: percent(0), proxyMainThreadCpuPercent: percent(3), upstreamCpuPercent: percent(1), loadCpuPercent: percent(2) } };
+    return { value, sample: { seconds, peakRssKb: statusKb(pid, "VmHWM"), proxyCpuPercent: percent(0), proxyMainThreadCpuPercent: percent(3), upstreamCpuPercent: percent(1), loadCpuPercent: percent(2), machineCpuPercent: percent(4) } };
   }
 
   rate(run: Omit<RateRun, "kind" | "id">): Promise<RateResult> {
