@@ -612,13 +612,11 @@ export class H2Guests {
    */
   private refuseOverBudget(stream: ServerHttp2Stream, raw: string[], state: SessionState): void {
     const { source, held, limitBytes } = state.budget;
-    const grpc = /^application\/grpc/i.test(rawHeader(raw, "content-type") ?? "");
     this.refuseHead(
       stream,
       raw,
       state,
       new EgressError("EG_LIMIT", 503, `too many requests under way: ${source} already has ${held} bytes of windows charged to its requests (limits.sourceBufferBytes, ${limitBytes})`),
-      grpc,
     );
   }
 
@@ -626,11 +624,13 @@ export class H2Guests {
    * A stream refused on its head alone, before any pipeline work (431, or 503 past the source's
    * budget): answered, its request body (if any) left unread, and its line written. Only the
    * stream is answered here, inside nghttp2's read: the session is never ended or destroyed from
-   * this call.
+   * this call. A gRPC request gets its Trailers-Only answer, as every other refusal does: the
+   * 431s were plain HTTP, which grpc-js reports as UNKNOWN "Received HTTP status code 431",
+   * the reason lost (issue 20 audit).
    */
-  private refuseHead(stream: ServerHttp2Stream, raw: string[], state: SessionState, err: EgressError, grpc = false): void {
+  private refuseHead(stream: ServerHttp2Stream, raw: string[], state: SessionState, err: EgressError): void {
     const started = performance.now();
-    const bytesDown = sendH2Error(stream, err, grpc);
+    const bytesDown = sendH2Error(stream, err, isGrpc(raw));
     if (!stream.endAfterHeaders && !stream.destroyed) stream.close(h2Codes.noError);
     const { method, target } = this.loggable(raw, state.tunnel);
     const guest = boundGuest(state.tunnel.connection)?.name;
@@ -785,9 +785,7 @@ export class H2Guests {
       if (raw502.status >= 500 && !(error instanceof EgressError)) this.deps.log.error("internal error", { id, error });
       const err = guestError(raw502, this.deps.redact);
       finished = true;
-      // Read only here: a gRPC request's content type matters to the proxy's own answers alone.
-      const grpc = /^application\/grpc/i.test(rawHeader(raw, "content-type") ?? "");
-      const errorBytes = sendH2Error(stream, err, grpc);
+      const errorBytes = sendH2Error(stream, err, isGrpc(raw));
       // The reset of a stream whose head went out, or the one sendH2Error makes when Node refuses
       // to encode the answer, is ours.
       if (stream.closed || stream.destroyed) resetByUs();
@@ -1046,8 +1044,9 @@ function headerListSize(raw: readonly string[]): number {
   return size;
 }
 
-function rawHeader(raw: readonly string[], name: string): string | undefined {
-  return getHeader(raw, name);
+/** A gRPC request (`content-type: application/grpc*`): the proxy's own answers to it are Trailers-Only. Read only for those. */
+function isGrpc(raw: readonly string[]): boolean {
+  return /^application\/grpc/i.test(getHeader(raw, "content-type") ?? "");
 }
 
 function cutPath(path: string, max = 512): string {

@@ -354,7 +354,8 @@ export function grpcStatusFor(httpStatus: number): number {
   if (httpStatus === 401 || httpStatus === 407) return 16; // UNAUTHENTICATED
   if (httpStatus === 403) return 7; // PERMISSION_DENIED
   if (httpStatus === 404) return 12; // UNIMPLEMENTED
-  if (httpStatus === 413 || httpStatus === 429) return 8; // RESOURCE_EXHAUSTED
+  // 431 as gRPC's own servers answer metadata past their limit.
+  if (httpStatus === 413 || httpStatus === 429 || httpStatus === 431) return 8; // RESOURCE_EXHAUSTED
   if (httpStatus >= 500) return 14; // UNAVAILABLE
   return 2; // UNKNOWN
 }

@@ -121,6 +121,50 @@ describe("gRPC through the proxy", () => {
     expect((await unary(client, "unary", "after")).value).toBe("echo: after");
   });
 
+  // Issue 20: a proxy's 5xx reaches a gRPC caller as UNAVAILABLE (14), with the reason in
+  // grpc-message; until now only grpcStatusFor() itself was tested for it.
+  it("a call the proxy answers 502 (a hook that throws, an upstream that refuses connections) fails UNAVAILABLE naming the reason, and the channel serves on", async () => {
+    const { client, upstream, proxy } = await setup({
+      onRequest: (request) => {
+        if (new URL(request.url).pathname.endsWith("/Fail")) throw new Error("hook bug 42");
+      },
+    });
+    const hooked = (await unary(client, "fail", "x").catch((e: unknown) => e)) as grpc.ServiceError;
+    expect(hooked.code).toBe(grpc.status.UNAVAILABLE);
+    expect(hooked.details).toMatch(/^502 Bad Gateway: /);
+    // The hook's own message stays in the proxy's log, as on every other answer.
+    expect(hooked.details).toContain("onRequest hook failed");
+    expect(upstream.calls()).toBe(0);
+    expect((await unary(client, "unary", "after")).value).toBe("echo: after");
+    // A port nothing listens on: the tunnel opens (the proxy terminates TLS itself), the upstream connect fails.
+    const gone = await import("node:net").then(async ({ createServer }) => {
+      const server = createServer();
+      await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+      const port = (server.address() as { port: number }).port;
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      return port;
+    });
+    const refused = (await unary(grpcGuestClient(proxy, { port: gone }), "unary", "x").catch((e: unknown) => e)) as grpc.ServiceError;
+    expect(refused.code).toBe(grpc.status.UNAVAILABLE);
+    expect(refused.details).toMatch(/^502 Bad Gateway: /);
+    expect(refused.details).toContain(`api.test:${gone}`);
+    expect(proxy.logs.some((line) => line["method"] === "POST" && line["status"] === 502 && line["http"] === "2")).toBe(true);
+  });
+
+  // Audit of issue 20: the refusals made on the head alone (431) were plain HTTP to gRPC callers,
+  // which grpc-js reports as UNKNOWN "Received HTTP status code 431", the reason lost.
+  it("a call whose metadata has more fields than the proxy takes fails RESOURCE_EXHAUSTED naming the limit, never reaching the server", async () => {
+    const { client, upstream, proxy } = await setup();
+    const metadata = new grpc.Metadata();
+    for (let i = 0; i < 300; i++) metadata.set(`x-field-${i}`, "v");
+    const error = (await unaryCall(client, echoService.unary, "x", { metadata }).catch((e: unknown) => e)) as grpc.ServiceError;
+    expect(error.code).toBe(grpc.status.RESOURCE_EXHAUSTED);
+    expect(error.details).toBe("431 Request Header Fields Too Large: request head has more than 256 header fields");
+    expect(upstream.calls()).toBe(0);
+    expect(proxy.logs.some((line) => line["status"] === 431 && line["http"] === "2")).toBe(true);
+    expect((await unary(client, "unary", "after")).value).toBe("echo: after");
+  });
+
   /** A call to other.test, off the allowlist: PERMISSION_DENIED naming the reason, and nothing reached the server. */
   async function expectOffListDenied(upstream: { readonly port: number; calls(): number }, proxy: { readonly caCertPem: string }): Promise<void> {
     const offList = grpcClient(`other.test:${upstream.port}`, Buffer.from(proxy.caCertPem));

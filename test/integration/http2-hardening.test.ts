@@ -84,6 +84,21 @@ async function bystander(proxy: TestProxy, authority: string): Promise<{ stop: (
 
 const bystanderPath = "/echo?bystander";
 
+/**
+ * The `:status` of a response head RawH2 saw, read from the first field of its HEADERS frame
+ * (RawH2 decodes no HPACK): an indexed static entry (8–14), or a literal with `:status`'s name.
+ */
+function responseStatus(client: RawH2, streamId: number): number | undefined {
+  const head = client.frames.find((f) => f.type === frameType.headers && f.streamId === streamId)?.payload;
+  if (head === undefined) return undefined;
+  const first = head[0]!;
+  if ((first & 0x80) !== 0) return [200, 204, 206, 304, 400, 404, 500][(first & 0x7f) - 8];
+  // Literal with an indexed name: 01xxxxxx (incremental, 6-bit index) or 0000xxxx / 0001xxxx (4-bit).
+  const index = (first & 0xc0) === 0x40 ? first & 0x3f : first & 0x0f;
+  if (index < 8 || index > 14 || (head[1]! & 0x80) !== 0) return undefined;
+  return Number(head.subarray(2, 2 + (head[1]! & 0x7f)).toString("latin1"));
+}
+
 /** Requests the upstream got from anyone but the bystander. */
 function attackerHits(upstream: Upstream): number {
   return upstream.seen.filter((request) => request.url !== bystanderPath).length;
@@ -205,6 +220,16 @@ describe("HTTP/2 hardening: each attack ends only its own connection, while anot
     for (let i = 1; i < pieces.length; i++) attacker.write(frame(frameType.continuation, i === pieces.length - 1 ? flag.endHeaders : 0, 1, pieces[i]!));
     await attacker.until((c) => c.closed || c.goaway() !== undefined || c.resetCode(1) !== undefined || c.answered(1));
     expect(attackerHits(upstream)).toBe(0);
+    // Refused on its stream: 431 (the proxy's own count, before the guest acknowledges the
+    // SETTINGS, which this client never does) or the stream reset; never a 200.
+    expect(attacker.answered(1) ? responseStatus(attacker, 1) : attacker.resetCode(1)).toBeOneOf([431, code.enhanceYourCalm, 2]);
+    // The connection's other streams go on.
+    expect(attacker.closed).toBe(false);
+    expect(attacker.goaway()).toBeUndefined();
+    attacker.write(frame(frameType.headers, flag.endHeaders | flag.endStream, 3, requestBlock(authority, "/echo")));
+    await attacker.until((c) => c.answered(3) || c.resetCode(3) !== undefined);
+    expect(responseStatus(attacker, 3)).toBe(200);
+    expect(attackerHits(upstream)).toBe(1);
     await normal.stop();
     await othersServed(proxy, authority);
   });

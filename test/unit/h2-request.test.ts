@@ -82,5 +82,7 @@ describe("h2 responses", () => {
     expect(grpcStatusFor(504)).toBe(14);
     expect(grpcStatusFor(407)).toBe(16);
     expect(grpcStatusFor(400)).toBe(13);
+    // A head past the proxy's bounds, as gRPC servers answer metadata past theirs.
+    expect(grpcStatusFor(431)).toBe(8);
   });
 });

@@ -1,3 +1,4 @@
+import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
 import { h2GuestWindow, h2ServerOptions } from "../../src/proxy/h2-settings.js";
 
@@ -7,6 +8,14 @@ describe("h2ServerOptions", () => {
       maxSessionMemory: 2,
       settings: { maxConcurrentStreams: 3, maxHeaderListSize: 4096, enablePush: false, initialWindowSize: 262_144 },
     });
+  });
+
+  // Issue 20: older 20.x releases miss the HTTP/2 fixes for CVE-2025-23085 and CVE-2026-21714.
+  it("package.json's engines.node is >=20.20.2, and the Node running the tests meets it", () => {
+    const engines = (JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8")) as { engines?: { node?: string } }).engines;
+    expect(engines?.node).toBe(">=20.20.2");
+    const [major, minor, patch] = process.versions.node.split(".").map(Number) as [number, number, number];
+    expect(major > 20 || (major === 20 && (minor > 20 || (minor === 20 && patch >= 2)))).toBe(true);
   });
 });
 
