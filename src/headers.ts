@@ -48,6 +48,7 @@ function endToEnd(raw: readonly string[], drop: ReadonlySet<string>, lengths: bo
   const out: HeaderList = [];
   let named: Set<string> | undefined;
   let seenLength = false;
+  let keptTe = false;
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i]!;
     const lower = name.toLowerCase();
@@ -60,8 +61,12 @@ function endToEnd(raw: readonly string[], drop: ReadonlySet<string>, lengths: bo
     } else if (lower === "connection") named = connectionNamed(value, named);
     // `te: trailers` says the client takes trailers, which the proxy passes on: gRPC servers
     // refuse requests without it, and it is the one TE value HTTP/2 allows (RFC 9113 §8.2.2).
-    else if (lower === "te" && drop.has("te") === false && isTrailersOnly(value)) {
-      out.push(name, "trailers");
+    // Sent once, as `trailers` alone, whatever else the guest's TE lines list: two TE lines
+    // naming it were two fields, which Node's HTTP/2 client refuses (an HTTP/1.1 guest's
+    // request to an h2 upstream got 502), and `trailers, deflate` lost it (issue 20 audit).
+    else if (lower === "te" && drop.has("te") === false && namesTrailers(value)) {
+      if (!keptTe) out.push(name, "trailers");
+      keptTe = true;
       continue;
     }
     if (hopByHop.has(lower) || drop.has(lower)) continue;
@@ -126,8 +131,10 @@ export function headerListSize(list: readonly string[]): number {
 /** Why a hook's request may not carry `Expect`, after what names it. */
 export const expectRefused = 'has an "expect" header, which the proxy answers itself and never sends upstream';
 
-function isTrailersOnly(value: string): boolean {
-  return value.trim().toLowerCase() === "trailers";
+/** Whether a TE value's list names `trailers` (RFC 9110 §10.1.4: a keyword, without a weight). */
+function namesTrailers(value: string): boolean {
+  for (const member of value.split(",")) if (member.trim().toLowerCase() === "trailers") return true;
+  return false;
 }
 
 /** undici's header object (arrays for repeated fields) as a raw list; Set-Cookie stays split. */

@@ -7,7 +7,7 @@ import { request } from "undici";
 import { describe, expect, it, onTestFinished, vi } from "vitest";
 import { latch } from "../helpers/latch.js";
 import { h2Request, h2Session } from "../helpers/h2-client.js";
-import { flag, frame, frameType, indexed, literal, rstStream, settings } from "../helpers/h2-frames.js";
+import { flag, frame, frameType, indexed, literal, RawH2, requestBlock, rstStream, settings } from "../helpers/h2-frames.js";
 import { startH2Upstream, startRawH2Upstream, type H2Route, type RawH2UpstreamOptions } from "../helpers/h2-upstream.js";
 import { fetchVia, proxyAgent, startTestProxy } from "../helpers/proxy.js";
 import { testCa } from "../helpers/test-ca.js";
@@ -230,6 +230,29 @@ describe("trailers", () => {
     expect(res.body.toString()).toBe("body before trailers");
     expect(res.trailers?.["grpc-status"]).toBe("0");
     expect(res.trailers?.["x-checksum"]).toBe("abc123");
+  });
+
+  // Audit of issue 20: Node's HTTP/2 client takes te only as the one value "trailers". Two TE
+  // lines naming it went as two fields, and the HTTP/1.1 guest got 502 ("HTTP/1 Connection
+  // specific headers are forbidden"); a TE list naming it among others lost it.
+  it("TE lines that name trailers, repeated or in a list, reach an h2 upstream as one te: trailers, from either guest", async () => {
+    const upstream = await startH2Upstream();
+    const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"] });
+    const authority = `api.test:${upstream.port}`;
+    for (const fields of ["TE: trailers\r\nTE: trailers\r\n", "TE: gzip, trailers\r\n"]) {
+      const client = await openTlsTunnel(proxy.port, authority, { ca: proxy.caCertPem });
+      client.write(`GET /echo HTTP/1.1\r\nHost: ${authority}\r\n${fields}Connection: close\r\n\r\n`);
+      await client.closed;
+      const answer = client.pending();
+      expect(answer.split("\r\n")[0], `${fields}: ${answer}`).toBe("HTTP/1.1 200 OK");
+      expect(upstream.seen.at(-1)?.["te"]).toBe("trailers");
+    }
+    const guest = await RawH2.open(proxy.port, authority, proxy.caCertPem);
+    guest.write(frame(frameType.headers, flag.endHeaders | flag.endStream, 1, requestBlock(authority, "/echo?h2", [literal("te", "trailers"), literal("te", "trailers")])));
+    await guest.until((c) => c.answered(1) || c.resetCode(1) !== undefined);
+    expect(upstream.seen.at(-1)?.[":path"]).toBe("/echo?h2");
+    expect(upstream.seen.at(-1)?.["te"]).toBe("trailers");
+    expect(upstream.seen).toHaveLength(3);
   });
 
   it("h2 upstream to an HTTP/1.1 guest: the trailers follow the last chunk", async () => {

@@ -17,6 +17,15 @@ describe("endToEndHeaders", () => {
     expect(endToEndHeaders(["te", "trailers", "host", "a", "x", "1"], new Set(["te", "host"]))).toEqual(["x", "1"]);
     expect(endToEndHeaders(["te", "gzip", "x", "1"])).toEqual(["x", "1"]);
   });
+
+  // Node's HTTP/2 client refuses a te that is not the one value "trailers": two lines were an
+  // HTTP/1.1 guest's 502 at an h2 upstream, and a list naming trailers among others lost it.
+  it("keeps one te: trailers for every TE line or list that names trailers, and nothing else of them", () => {
+    expect(endToEndHeaders(["TE", "trailers", "x", "1", "te", "trailers"])).toEqual(["TE", "trailers", "x", "1"]);
+    expect(endToEndHeaders(["te", "gzip;q=0.5, Trailers", "x", "1"])).toEqual(["te", "trailers", "x", "1"]);
+    expect(endToEndHeaders(["te", "deflate", "te", "trailers"])).toEqual(["te", "trailers"]);
+    expect(endToEndHeaders(["te", "trailersx, gzip"])).toEqual([]);
+  });
 });
 
 describe("upstreamResponseFields", () => {
