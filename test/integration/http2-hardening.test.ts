@@ -9,7 +9,7 @@ import type { HttpHooksOptions, ProxyOptions } from "../../src/index.js";
 import { h2Limits } from "../../src/proxy/h2-settings.js";
 import { patternChunk, startUpstream, type Route, type Upstream } from "../helpers/upstream.js";
 
-const code = Object.freeze({ protocolError: 1, settingsTimeout: 4, cancel: 8, compressionError: 9, enhanceYourCalm: 11 });
+const code = Object.freeze({ protocolError: 1, settingsTimeout: 4, refusedStream: 7, cancel: 8, compressionError: 9, enhanceYourCalm: 11 });
 
 /** A route that never answers: the requests that reach it only count. */
 function silentRoute(): { route: Route; arrivals: () => number } {
@@ -382,6 +382,30 @@ describe("limits.h2*: the configured limits replace the defaults, and each still
     expect(guest.goaway()).toBeUndefined();
     expect(proxy.logs.some((line) => line["msg"] === "guest h2 connection closed")).toBe(false);
     await othersServed(proxy, authority);
+  });
+
+  // Audit of issue 20 ("past the cap, REFUSED_STREAM"): the README says streams waiting for the
+  // running work get REFUSED_STREAM when the proxy drains, so a client sends them again on its
+  // next connection (RFC 9113 §8.7); no test held it.
+  it("close() refuses the streams waiting for the running work with REFUSED_STREAM, never reaching a hook, while the running ones finish", async () => {
+    const { hook, upstream, proxy, authority, guest, held } = await workAtCap();
+    const reset = held.slice(0, 10);
+    const waiting = reset.map((id) => id + 2 * held.length);
+    guest.write(Buffer.concat([...reset.map((id) => rstStream(id, code.cancel)), ...waiting.map((id) => frame(frameType.headers, flag.endHeaders | flag.endStream, id, requestBlock(authority, "/echo")))]));
+    // PING is answered in order: once its ACK is back, every frame before it has been read.
+    guest.write(ping(0x5eed));
+    await guest.until((c) => c.frames.some((f) => f.type === frameType.ping && (f.flags & flag.ack) !== 0 && f.payload.readUInt32BE(4) === 0x5eed));
+    expect(waiting.filter((id) => guest.answered(id) || guest.resetCode(id) !== undefined)).toEqual([]);
+    const closed = proxy.close();
+    await guest.until((c) => waiting.every((id) => c.resetCode(id) !== undefined));
+    expect(waiting.map((id) => guest.resetCode(id))).toEqual(waiting.map(() => code.refusedStream));
+    expect(guest.goaway()?.code).toBe(0);
+    hook.release();
+    const running = held.slice(10);
+    await guest.until((c) => running.every((id) => c.answered(id)));
+    await closed;
+    expect(hook.held()).toBe(held.length);
+    expect(upstream.hits()).toBe(running.length);
   });
 
   // Review finding: a stream past the running-work cap waited with its head unchecked (its list
