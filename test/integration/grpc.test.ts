@@ -1,5 +1,6 @@
 import * as grpc from "@grpc/grpc-js";
 import { readFileSync } from "node:fs";
+import { createServer as createNetServer, type AddressInfo } from "node:net";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { echoService } from "../fixtures/grpc/echo-service.js";
@@ -52,6 +53,15 @@ async function setup(hooks: HttpHooksOptions = {}, options: { refuseInTunnel?: b
   const proxy = await startTestProxy({ allowedInternalHosts: ["api.test"], ...hooks }, { upstreamCa: [upstream.caPem], ...options });
   useGrpcProxy(proxy);
   return { proxy, upstream, client: grpcGuestClient(proxy, upstream) };
+}
+
+/** A loopback port nothing listens on: one a server had, closed again. */
+async function closedPort(): Promise<number> {
+  const server = createNetServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as AddressInfo;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
 }
 
 /** A unary call of `echoService` (see {@link unaryCall}). */
@@ -137,13 +147,7 @@ describe("gRPC through the proxy", () => {
     expect(upstream.calls()).toBe(0);
     expect((await unary(client, "unary", "after")).value).toBe("echo: after");
     // A port nothing listens on: the tunnel opens (the proxy terminates TLS itself), the upstream connect fails.
-    const gone = await import("node:net").then(async ({ createServer }) => {
-      const server = createServer();
-      await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-      const port = (server.address() as { port: number }).port;
-      await new Promise<void>((resolve) => server.close(() => resolve()));
-      return port;
-    });
+    const gone = await closedPort();
     const refused = (await unary(grpcGuestClient(proxy, { port: gone }), "unary", "x").catch((e: unknown) => e)) as grpc.ServiceError;
     expect(refused.code).toBe(grpc.status.UNAVAILABLE);
     expect(refused.details).toMatch(/^502 Bad Gateway: /);
