@@ -143,6 +143,8 @@ interface LedgerEntry {
   /** The most requests the case's bytes hold; infinite while it runs. */
   bound: number;
   requests: number;
+  /** The first few targets the upstreams saw, so a count past the bound says which request went twice. */
+  readonly seen: string[];
   redirects: number;
   reported: boolean;
   readonly target: FuzzTarget;
@@ -414,6 +416,7 @@ export class FuzzHarness {
     const entry = this.ledger.get(tagOf(request.target) ?? this.current ?? "");
     if (entry === undefined) return;
     entry.requests += 1;
+    if (entry.seen.length < 6) entry.seen.push(request.target.slice(0, 120));
     if (entry.unreachable.has(fullTagOf(request.target) ?? "") && !/[?&]seq=2(?:&|$)/.test(request.target)) {
       this.late.push({
         target: entry.target,
@@ -451,7 +454,7 @@ export class FuzzHarness {
       seed: entry.seed,
       index: entry.index,
       oracle: "smuggling",
-      detail: `${entry.requests} upstream requests from ${entry.bound} request line(s) and ${entry.redirects} redirect(s)`,
+      detail: `${entry.requests} upstream requests from ${entry.bound} request line(s) and ${entry.redirects} redirect(s): ${JSON.stringify(entry.seen)}`,
       steps: entry.steps,
     });
   }
@@ -524,7 +527,7 @@ export class FuzzHarness {
     const unreachable = new Set(subs.filter(({ sub }) => !sub.outcome.reaches).map(({ tag: t }) => t));
     // A decider that refused or failed in the request phase: the request must not reach the upstream.
     if ("decider" in input && input.phase === "request" && !input.verdicts.allow) unreachable.add(tag);
-    const entry: LedgerEntry = { bound: Number.POSITIVE_INFINITY, requests: 0, redirects: 0, reported: false, target, seed, index, steps: input.steps, bodies, unreachable };
+    const entry: LedgerEntry = { bound: Number.POSITIVE_INFINITY, requests: 0, seen: [], redirects: 0, reported: false, target, seed, index, steps: input.steps, bodies, unreachable };
     for (const { tag: t, sub } of subs) {
       this.scripts.set(t, { name: sub.name, kind: sub.kind, script: sub.script, redirect: sub.slack >= 11 });
       if (this.scripts.size > 400) this.scripts.delete(this.scripts.keys().next().value!);
