@@ -97,8 +97,13 @@ export class Sandbox {
 
   private unwrap(result: ReturnType<QuickJSContext["evalCode"]>, what: string, wrapped = true): QuickJSHandle {
     if (result.error === undefined) return result.value;
-    const error = this.ctx.dump(result.error) as { name?: string; message?: string; stack?: string } | undefined;
-    result.error.dispose();
+    return this.loadFailed(result.error, what, wrapped);
+  }
+
+  /** Throws the PolicyLoadError for `errorHandle`, thrown by what `what` ran (and disposes of it). */
+  private loadFailed(errorHandle: QuickJSHandle, what: string, wrapped = true): never {
+    const error = this.ctx.dump(errorHandle) as { name?: string; message?: string; stack?: string } | undefined;
+    errorHandle.dispose();
     // A heap left full may have had no room for the error's own object: QuickJS then dumps it as
     // "" (a chain of promises at some memory limits), and the load failed as "p.mjs: Error: ".
     // A full heap is the memory limit, as after a call (black-box finding).
@@ -152,10 +157,24 @@ export class Sandbox {
     const load = ctx.getProp(this.api, "load");
     this.deadline = performance.now() + this.limits.timeoutMs * 10;
     const loaded = ctx.callFunction(load, this.api, factory, ...(inspection === undefined ? [] : [inspection]));
+    // What the top level queued (a promise's `then`) runs now, within the top level's own bounds
+    // (time and heap): left queued, it ran in the first call, as that call's code, and a top
+    // level that queued an endless chain of jobs loaded, then failed every call on a limit (502).
+    const queued = loaded.error === undefined && this.runtime.hasPendingJob() ? this.runtime.executePendingJobs() : undefined;
     this.deadline = Infinity;
     load.dispose();
     factory.dispose();
     inspection?.dispose();
+    if (queued?.error !== undefined) {
+      if (loaded.error === undefined) loaded.value.dispose();
+      this.loadFailed(queued.error, filename);
+    }
+    // A chain of promises each waiting on the next ends when the heap has no room for another:
+    // no error, but a heap every call would find full (the memory limit, each time).
+    if (queued !== undefined && (this.interrupted || this.instance.memoryExhausted)) {
+      if (loaded.error === undefined) loaded.value.dispose();
+      throw new PolicyLoadError(`${filename}: the ${this.interrupted ? "time" : "memory"} limit was hit while loading`);
+    }
     const answer = this.unwrap(loaded, filename);
     this.loaded = JSON.parse(ctx.getString(answer)) as LoadedNames;
     this.phases = this.loaded.phases;

@@ -438,6 +438,29 @@ describe("loads done ahead (a reload's preload)", () => {
   });
 });
 
+// A top level that queued an endless chain of jobs loaded (QuickJS ran no queued job at load),
+// then every call ran the chain into a limit: 502 for every request, from a policy reported as
+// loaded. The jobs run at load now, within the top level's own bounds.
+describe("a policy whose top level queues jobs that never end", () => {
+  it("is refused at load, naming the policy and the limit", () => {
+    // Each promise waits on the next: the chain ends when the heap is full.
+    const chain = { source: "const f = () => Promise.resolve().then(f); f();\nexport function isRequestAllowed() { return true; }", filename: "chain.mjs", limits: { timeoutMs: 100 } };
+    expect(loadError(chain).message).toMatch(/(^|\/)chain\.mjs: the memory limit was hit while loading$/);
+    // An await in an endless loop holds nothing: the chain ends at the load's time limit.
+    const loop = { source: "(async () => { for (;;) await 0; })();\nfunction isRequestAllowed() { return true; }", filename: "loop.js", limits: { timeoutMs: 100 } };
+    expect(loadError(loop).message).toMatch(/(^|\/)loop\.js: the time limit was hit while loading$/);
+  });
+
+  it("loads when its queued jobs end", async () => {
+    const policy = createDjsHooks({ source: "let n = 0; (async () => { for (let i = 0; i < 1000; i++) await i; n = 1; })();\nexport function isRequestAllowed() { return true; }" }).djsHooks;
+    try {
+      expect(await callPhase(policy, "isRequestAllowed", { method: "GET", url: "https://a.test/" })).toEqual({ t: "code", v: 1 });
+    } finally {
+      await policy.close();
+    }
+  });
+});
+
 // A 50 MB policy ran the proxy out of memory as it loaded, at start and on a reload (black-box
 // finding); past 4 MiB, text and imports together, a policy is refused before it is read.
 describe("a policy larger than 4 MiB", () => {
