@@ -92,6 +92,17 @@ function refuseServeOnlyFlags(args: Record<string, unknown>): void {
 }
 
 /**
+ * The global flags (`--listen`, `--ca-dir`) given to a command that does not read them: refused,
+ * as a flag a command does not know is, rather than ignored (an operator who wrote
+ * `egressgate check-config f.yaml --ca-dir /srv/ca` would believe the file was checked with it).
+ */
+function refuseUnreadGlobals(command: string, args: Record<string, unknown>, flags: readonly string[], reads: string): void {
+  for (const flag of flags) {
+    if (args[flag] !== undefined) throw new UsageError(`${command}: --${flag} has no effect: ${reads}`);
+  }
+}
+
+/**
  * A recording has one writer: with several workers each would write its own file over the
  * others'. Said in the words of where the setting came from (`--workers`, or the file's key).
  */
@@ -208,6 +219,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
       },
     )
     .command("ca", "print the CA certificate's path and PEM, creating the CA if missing", {}, (args) => {
+      refuseUnreadGlobals("ca", args, ["listen"], "ca reads only --ca-dir");
       command = { kind: "ca", caDir: caDirFlag(args["ca-dir"], env) };
     })
     .command(
@@ -236,6 +248,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
       "har check FILE: check a HAR file (HAR 1.2, sidecar files), list its entries and any secret-looking strings (exit 0, 1 if any, 2 if not valid)",
       (y) => y.positional("action", { type: "string", choices: ["check"], demandOption: true }).positional("file", { type: "string", demandOption: true }),
       (args) => {
+        refuseUnreadGlobals("har check", args, ["listen", "ca-dir"], "har check reads only the HAR file");
         command = { kind: "har-check", file: String(args["file"]) };
       },
     )
@@ -284,6 +297,7 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
       "check a config file offline and print its guests, secrets redacted (exit 0, or 2)",
       (y) => y.positional("file", { type: "string", demandOption: true }),
       (args) => {
+        refuseUnreadGlobals("check-config", args, ["listen", "ca-dir"], "check-config checks the file as it is, with its own listen and caDir; to try flags over a file, use egressgate check --config FILE");
         command = { kind: "check-config", file: String(args["file"]) };
       },
     )
@@ -295,6 +309,8 @@ export function parseCli(argv: readonly string[], env: NodeJS.ProcessEnv = proce
     .strict()
     .wrap(100)
     .help()
+    // -h as well: operators expect both spellings (as curl, mitmproxy and most CLIs take them).
+    .alias("help", "h")
     .version("version", "print the version", packageVersion())
     .exitProcess(false)
     .fail((msg, err) => {

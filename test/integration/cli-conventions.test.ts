@@ -1,5 +1,5 @@
 import { execFileSync, spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { request } from "node:http";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -123,11 +123,46 @@ describe("CLI conventions", () => {
     expect(zero.stderr).toContain("--listen needs the proxy's real port, not 0");
   });
 
+  // `-h` was an unknown argument (exit 2), at the top and after every command, though operators
+  // expect it beside --help (a black-box run found it).
+  it("-h prints the same help as --help, at the top and after each command", async () => {
+    for (const command of [[], ["serve"], ["ca"], ["env"], ["har"], ["har", "check"], ["check"], ["check-config"]]) {
+      const [short, long] = await Promise.all([run([...command, "-h"]), run([...command, "--help"])]);
+      expect({ command, code: short.code, stderr: short.stderr }).toEqual({ command, code: 0, stderr: "" });
+      expect(short.stdout).toBe(long.stdout);
+    }
+  });
+
+  // `ca`, `har check` and `check-config` took the global --listen (the last two --ca-dir too) and
+  // ignored it: a check-config run "with" --ca-dir checked the file's own (black-box finding).
+  it("a global flag a command does not read is a usage error naming the flag and the command", async () => {
+    const dir = tempDir();
+    const file = join(dir, "c.yaml");
+    writeFileSync(file, "{}\n");
+    const cases: Array<[string[], string]> = [
+      [["ca", "--listen", "127.0.0.1:1", "--ca-dir", join(dir, "ca")], "ca: --listen has no effect"],
+      [["check-config", file, "--ca-dir", join(dir, "ca")], "check-config: --ca-dir has no effect"],
+      [["--listen", "127.0.0.1:1", "check-config", file], "check-config: --listen has no effect"],
+      [["har", "check", join(dir, "x.har"), "--listen=127.0.0.1:1"], "har check: --listen has no effect"],
+      [["har", "check", join(dir, "x.har"), "--ca-dir", dir], "har check: --ca-dir has no effect"],
+    ];
+    for (const [args, message] of cases) {
+      const result = await run(args);
+      expect({ args, code: result.code, stdout: result.stdout }).toEqual({ args, code: 2, stdout: "" });
+      expect(result.stderr).toContain(`egressgate: ${message}`);
+    }
+    // Nothing was made, and each command still runs without them.
+    expect(existsSync(join(dir, "ca"))).toBe(false);
+    expect((await run(["ca", "--ca-dir", join(dir, "ca")])).code).toBe(0);
+    expect((await run(["check-config", file])).code).toBe(0);
+  });
+
   // The README's flag table had no row for --help (a run of the README against the CLI found it).
   it("every flag --help prints has a row in the README's flag table, and every row names a flag --help prints", async () => {
     const { code, stdout } = await run(["--help"]);
     expect(code).toBe(0);
-    const printed = new Set([...stdout.matchAll(/^ {2}(--[a-z][a-z0-9-]*)/gm)].map((m) => m[1]!));
+    // `-h, --help` puts every other flag four columns further in.
+    const printed = new Set([...stdout.matchAll(/^ {2}(?:-[a-zA-Z], | {4})?(--[a-z][a-z0-9-]*)/gm)].map((m) => m[1]!));
     const readme = readFileSync(join(root, "README.md"), "utf8");
     const table = readme.slice(readme.indexOf("| flag | default | meaning |"));
     const rows = table.slice(0, table.indexOf("\n\n")).split("\n").slice(2);
