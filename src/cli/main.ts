@@ -36,6 +36,8 @@ import { parseAhead } from "../config/parse-ahead.js";
 import { inspectorListen } from "../proxy/inspector-address.js";
 import { reloadRefusal } from "../config/build.js";
 import { makeIssue, OptionError } from "../option-error.js";
+import { isOptionError } from "../config/option-error.js";
+import { defaults } from "../config/defaults.js";
 
 /** `flags`, or the config file in use, once known: how an option error from startProxy is worded. */
 let source: string | undefined;
@@ -127,7 +129,10 @@ async function main(argv: readonly string[]): Promise<number> {
         return await runPrimary(argv, command.workers, listen, env, (line) => {
           serving = true;
           process.stdout.write(`${line}\n`);
-        }, say, start, ["SIGHUP", ...(auditLog !== undefined ? (["SIGUSR1"] as const) : [])], () => (serving = false));
+        }, say, start, ["SIGHUP", ...(auditLog !== undefined ? (["SIGUSR1"] as const) : [])], () => (serving = false)).catch((error: unknown) => {
+          // The primary looks up a free port on the listen host itself (--listen HOST:0).
+          throw listenFailure(error, listen);
+        });
       } finally {
         watching?.close();
         await metrics?.close();
@@ -164,7 +169,10 @@ async function main(argv: readonly string[]): Promise<number> {
         ...(sink !== undefined ? { logSink: sink } : {}),
       };
     };
-    const { proxy, retiredSecrets } = await launchProxy(forThisProcess(started.options), fromPrimary?.retired ?? []);
+    const launching = forThisProcess(started.options);
+    const { proxy, retiredSecrets } = await launchProxy(launching, fromPrimary?.retired ?? []).catch((error: unknown) => {
+      throw listenFailure(error, launching.listen);
+    });
     // With an audit log the proxy reopens it (and says so); without, SIGUSR1 is only logged.
     if (started.options.auditLog === undefined) process.on("SIGUSR1", () => say("info", noAuditLog));
     await new Promise<void>((resolve) => {
@@ -349,6 +357,22 @@ async function preloadPolicies(argv: readonly string[]): Promise<void> {
   // under way then would leave its worker behind.
   const settled = await Promise.allSettled(policies.map(({ policy, limits }) => DjsEngine.preload(policy, limits)));
   for (const outcome of settled) if (outcome.status === "rejected") throw outcome.reason;
+}
+
+/**
+ * The listener's own failure, which Node words without the flag or the key: `getaddrinfo
+ * ENOTFOUND HOST` for a host that does not resolve said nothing of --listen. Worded as the
+ * metrics listener's is (`--listen: cannot listen on HOST:PORT (ENOTFOUND: ...)`, or the file and
+ * its key), its code kept: the exit status (1) and a worker's port-taken exit read it.
+ */
+function listenFailure(error: unknown, given: ProxyOptions["listen"]): unknown {
+  const failure = error as NodeJS.ErrnoException | undefined;
+  if (isOptionError(error) || typeof failure?.code !== "string" || !["listen", "bind", "getaddrinfo"].includes(failure.syscall ?? "")) return error;
+  const host = given?.host ?? defaults.listen.host;
+  const port = given?.port ?? defaults.listen.port;
+  const why = failure.syscall === "getaddrinfo" ? `${failure.code}: the host name does not resolve` : failure.code;
+  const text = failureText(new OptionError(makeIssue(["listen"], `cannot listen on ${hostPort(host, port)} (${why})`)), source);
+  return Object.assign(new Error(text, { cause: error }), { code: failure.code });
 }
 
 /** What SIGUSR1 (logrotate's postrotate) is logged as without --audit-log: sigusr1.ts took it from Node. */

@@ -922,7 +922,28 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     const flags = flag === "--listen" ? ["--listen", taken] : ["--listen", "127.0.0.1:0", "--metrics-listen", taken];
     const result = await runCli([...flags, "--ca-dir", join(tempDir(), "ca")]);
     expect(result.code).toBe(1);
-    expect(result.stderr).toMatch(flag === "--listen" ? /EADDRINUSE/ : /--metrics-listen: cannot listen on 127\.0\.0\.1:\d+ \(EADDRINUSE\)/);
+    expect(result.stderr).toMatch(flag === "--listen" ? /--listen: cannot listen on 127\.0\.0\.1:\d+ \(EADDRINUSE\)/ : /--metrics-listen: cannot listen on 127\.0\.0\.1:\d+ \(EADDRINUSE\)/);
+  });
+
+  // A --listen host that does not resolve failed "getaddrinfo ENOTFOUND HOST", naming neither the
+  // flag nor the key (seventeenth session's "left alone"). The host's 64-character label fails in
+  // the resolver itself: glibc sends no query for a name it cannot encode, so nothing leaves the
+  // machine (checked with strace: no connect or send to the nameserver).
+  it.each([["one process", []], ["--workers 2", ["--workers", "2"]]] as const)("a --listen host that does not resolve exits 1 naming --listen, no stack (%s)", async (_how, workers) => {
+    const host = `${"a".repeat(64)}.invalid`;
+    const dir = tempDir();
+    for (const port of ["0", "8123"]) {
+      const result = await runCli([...workers, "--listen", `${host}:${port}`, "--no-auth", "--ca-dir", join(dir, "ca")]);
+      expect(result.code).toBe(1);
+      expect(result.stderr).toContain(`egressgate: --listen: cannot listen on ${host}:${port} (ENOTFOUND: the host name does not resolve)\n`);
+      expect(result.stderr).not.toMatch(/^\s+at /m);
+      expect(result.stdout).toBe("");
+    }
+    const file = join(dir, "listen.yaml");
+    writeFileSync(file, `listen: "${host}:0"\nauth: true\n`);
+    const fromFile = await runCli([...workers, "--config", file, "--ca-dir", join(dir, "ca")]);
+    expect(fromFile.code).toBe(1);
+    expect(fromFile.stderr).toContain(`egressgate: ${file}: listen cannot listen on ${host}:0 (ENOTFOUND: the host name does not resolve)\n`);
   });
 
   // The primary's metrics listener failed with a bare "listen EADDRINUSE: address already in use
