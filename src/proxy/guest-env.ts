@@ -1,4 +1,4 @@
-import { constants } from "node:fs";
+import { constants, fstatSync, type Stats } from "node:fs";
 import { randomBytes } from "node:crypto";
 import { open, rename, unlink, type FileHandle } from "node:fs/promises";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -81,8 +81,9 @@ export function formatShellExports(env: Readonly<Record<string, string>>): strin
  * alone left a reader who had opened it while others could reading every later write through
  * its handle.
  * One another user owns (root, handing it over through its group) that everyone may read or
- * write is refused before anything is written, as ca.key is. A path that is no regular file
- * (`/dev/stdout`, a FIFO) is written as it is; a FIFO with no reader yet is waited for
+ * write is refused before anything is written, as ca.key is. So is the process's own stdout or
+ * stderr (`/dev/stdout`). Another path that is no regular file (a FIFO, a device) is written as
+ * it is; a FIFO with no reader yet is waited for
  * ({@link openForWriting}), `waiting` called once.
  */
 export async function writeGuestEnvFile(
@@ -96,6 +97,10 @@ export async function writeGuestEnvFile(
   let replaceFrom: { mode: number; gid: number } | undefined;
   try {
     const stats = await handle.stat();
+    const own = ownOutput(stats);
+    if (own !== undefined) {
+      throw new Error(`it is this process's ${own}, where the proxy writes its own output: the guest's credentials would go out among its lines; name a file, or a FIFO its reader opens`);
+    }
     if (stats.isFile()) {
       const mode = stats.mode & 0o777;
       const uid = process.getuid?.();
@@ -112,6 +117,25 @@ export async function writeGuestEnvFile(
   const now = replaceFrom.mode & 0o770;
   await replaceFile(path, text, now, replaceFrom.gid);
   return { was: replaceFrom.mode, now };
+}
+
+/**
+ * Which of the process's own stdout and stderr the opened file is, if one: `/dev/stdout`,
+ * `/proc/self/fd/2`, or the file a shell sent stdout to. Written there, the environment came out
+ * among the listening line and the log, and a regular file behind stdout was truncated (or
+ * replaced) under the output already in it.
+ */
+function ownOutput(stats: Stats): "stdout" | "stderr" | undefined {
+  for (const [fd, name] of [[1, "stdout"], [2, "stderr"]] as const) {
+    let output: Stats;
+    try {
+      output = fstatSync(fd);
+    } catch {
+      continue;
+    }
+    if (output.dev === stats.dev && output.ino === stats.ino) return name;
+  }
+  return undefined;
 }
 
 /**

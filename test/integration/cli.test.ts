@@ -1,6 +1,6 @@
 import { execFile, execFileSync, spawn, type ChildProcessByStdio } from "node:child_process";
 import { generateKeyPairSync } from "node:crypto";
-import { existsSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
+import { closeSync, existsSync, openSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
 import { open } from "node:fs/promises";
 import { connect, createServer } from "node:net";
 import { join, relative } from "node:path";
@@ -971,6 +971,36 @@ describe("egressgate --workers", { timeout: 180_000 }, () => {
     expect(result.code).toBe(2);
     expect(result.stderr).toMatch(/--guest-env-file: cannot write .*missing\/guest\.env \(ENOENT\)/);
     expect(result.stdout).toBe("");
+  });
+
+  // `--guest-env-file /dev/stdout` wrote the guest's credentials among the proxy's own output;
+  // with stdout a file others could read, the "replace, not chmod" path renamed a new file over
+  // the path, and /dev/stdout itself (a symlink every process shares) became a regular file
+  // (seventeenth session's "left alone", and this machine's /dev/stdout found so). The
+  // /proc/self/fd paths name the same files without touching /dev if the fix is missing.
+  it.each([
+    ["stdout", "/proc/self/fd/1"],
+    ["stderr", "/proc/self/fd/2"],
+  ] as const)("a guest environment file that is the proxy's own %s is refused: exit 2 naming the flag, nothing written", async (name, file) => {
+    // The output a shell's `>` gives (a spawned child's pipes are sockets, which open() refuses).
+    const dir = tempDir();
+    const output = join(dir, `${name}.log`);
+    const fd = openSync(output, "w", 0o644);
+    const child = spawn(process.execPath, [bin, "--listen", "127.0.0.1:0", "--ca-dir", join(dir, "ca"), "--guest-env-file", file], {
+      cwd: root,
+      env: cliEnv(),
+      stdio: ["ignore", name === "stdout" ? fd : "pipe", name === "stderr" ? fd : "pipe"],
+    });
+    closeSync(fd);
+    onTestFinished(() => void child.kill("SIGKILL"));
+    let piped = "";
+    (name === "stdout" ? child.stderr : child.stdout)!.setEncoding("utf8").on("data", (chunk: string) => (piped += chunk));
+    const code = await new Promise<number | null>((resolve) => child.once("close", (exit) => resolve(exit)));
+    const written = readFileSync(output, "utf8");
+    expect(written + piped).not.toContain("HTTPS_PROXY=");
+    expect(code).toBe(2);
+    const stderr = name === "stderr" ? written : piped;
+    expect(stderr).toBe(`egressgate: --guest-env-file: cannot write ${file} (it is this process's ${name}, where the proxy writes its own output: the guest's credentials would go out among its lines; name a file, or a FIFO its reader opens)\n`);
   });
 
   it("a bad option exits 2 before any worker starts", async () => {
