@@ -170,9 +170,25 @@ async function main(argv: readonly string[]): Promise<number> {
       };
     };
     const launching = forThisProcess(started.options);
-    const { proxy, retiredSecrets } = await launchProxy(launching, fromPrimary?.retired ?? []).catch((error: unknown) => {
-      throw listenFailure(error, launching.listen);
-    });
+    // A start can wait for long: for the reader of a FIFO given as --guest-env-file or
+    // --audit-log. SIGTERM (or Ctrl-C) meanwhile ended the process by the signal's default
+    // action, with no word after the "waits for one to open it" warning. Now it is said, and the
+    // process exits 0, as a signal while serving ends it: the stop asked for is what happened.
+    // The start has not handed back the proxy a drain would close, so a guest the listener took
+    // meanwhile is cut. A worker's signals are its primary's.
+    const stopStarting = (signal: NodeJS.Signals): void => {
+      say("info", "a signal came while the proxy was starting: stopping before it serves", { signal });
+      process.exit(0);
+    };
+    const startSignals: NodeJS.Signals[] = worker ? [] : ["SIGTERM", "SIGINT"];
+    for (const signal of startSignals) process.on(signal, stopStarting);
+    const { proxy, retiredSecrets } = await launchProxy(launching, fromPrimary?.retired ?? [])
+      .catch((error: unknown) => {
+        throw listenFailure(error, launching.listen);
+      })
+      .finally(() => {
+        for (const signal of startSignals) process.off(signal, stopStarting);
+      });
     // With an audit log the proxy reopens it (and says so); without, SIGUSR1 is only logged.
     if (started.options.auditLog === undefined) process.on("SIGUSR1", () => say("info", noAuditLog));
     await new Promise<void>((resolve) => {

@@ -381,6 +381,24 @@ async function until(check: () => boolean, ms: number, what: string): Promise<vo
   }
 }
 
+// SIGTERM or Ctrl-C while the start waited for a FIFO's reader ended the process by the signal's
+// default action (killed, no word after the "waits for one to open it" warning): seventeenth
+// session's probes. Now it says so and exits 0, as a signal while serving does.
+describe("a signal while the start waits for the guest environment FIFO's reader", () => {
+  it.each(["SIGTERM", "SIGINT"] as const)("%s: a line saying so, exit 0", async (signal) => {
+    const dir = tempDir();
+    const fifo = join(dir, "guest.fifo");
+    execFileSync("mkfifo", [fifo]);
+    const cli = startCli(["--listen", "127.0.0.1:0", "--log-level", "info", "--log-format", "json", "--ca-dir", join(dir, "ca"), "--guest-env-file", fifo]);
+    // Logged once the start is held on the FIFO, listening already and not yet serving.
+    await until(() => cli.stderr().includes("the guest environment file is a FIFO with no reader"), 60_000, "the FIFO's warning");
+    cli.process.kill(signal);
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+    expect(linesOf(cli.stderr(), "a signal came while the proxy was starting: stopping before it serves")).toEqual([expect.objectContaining({ level: "info", signal })]);
+    expect(cli.stdout()).toBe("");
+  });
+});
+
 // Each starts a primary and two whole proxies: minutes are a hang guard on a loaded machine.
 describe("a SIGHUP while the proxy starts", () => {
   it("does not end it: once serving, it reloads", async () => {
