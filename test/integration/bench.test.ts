@@ -106,7 +106,7 @@ describe("npm run bench", () => {
       skipped: Record<string, string>;
       dropped: Record<string, string>;
       results: {
-        h2: (RateRow & { variant: string; ratioToH1?: number })[];
+        h2: (RateRow & { variant: string; ratioToH1?: number; machineCpuPercent?: number })[];
         h2Paced: { variant: string; requestsPerSecond: number; errors: number; proxyCpuMicrosPerRequest?: number }[];
         h2Downloads: { upstream: string; errors: number; peakRssMiB?: number; failure?: string }[];
       };
@@ -118,7 +118,7 @@ describe("npm run bench", () => {
       ...["h1-32-h1up", "h2-1-h1up", "h2-8-h1up", "h2-1-h2up", "h2-8-h2up", "h1-32-h2up", "raw-h1-32-h1up", "raw-h2-1-h1up", "raw-h2-8-h1up", "raw-h2-1-h2up", "raw-h2-8-h2up"].map((v): [string, string] => ["egressgate", v]),
       ...(json.skipped["mitmdump"] === undefined ? ["h1-32-h1up", "h2-1-h2up", "h2-8-h2up"].map((v): [string, string] => ["mitmdump", v]) : []),
       // h2load through socat, when Debian's nghttp2-client and socat are installed.
-      ...(hasCommand("h2load") && hasCommand("socat") ? ["h2load-1-h1up", "h2load-8-h1up"].map((v): [string, string] => ["egressgate", v]) : []),
+      ...(hasCommand("h2load") && hasCommand("socat") ? ["h2load-h1-32-h1up", "h2load-1-h1up", "h2load-8-h1up"].map((v): [string, string] => ["egressgate", v]) : []),
     ];
     for (const [target, variant] of expected) {
       const row = json.results.h2.find((r) => r.target === target && r.variant === variant);
@@ -132,6 +132,12 @@ describe("npm run bench", () => {
     for (const row of ratioRows) expect(row.ratioToH1, row.variant).toBeGreaterThan(0);
     const rps = (variant: string): number => json.results.h2.find((r) => r.target === "egressgate" && r.variant === variant)!.requestsPerSecond;
     expect(json.results.h2.find((r) => r.variant === "raw-h2-1-h1up")!.ratioToH1).toBeCloseTo(rps("raw-h2-1-h1up") / rps("raw-h1-32-h1up"), 6);
+    // h2load's h2 rows against h2load's own HTTP/1.1 row, through the same relay.
+    if (hasCommand("h2load") && hasCommand("socat")) {
+      expect(json.results.h2.find((r) => r.variant === "h2load-8-h1up")!.ratioToH1).toBeCloseTo(rps("h2load-8-h1up") / rps("h2load-h1-32-h1up"), 6);
+    }
+    // Each window records the machine's busy CPU, and each row its median.
+    for (const row of json.results.h2.filter((r) => r.target === "egressgate")) expect(row.machineCpuPercent, row.variant).toBeGreaterThan(0);
     // egressgate's rows again at a fixed offered load, each with its CPU per request.
     expect(json.results.h2Paced.map((r) => r.variant)).toEqual(["h1-32-h1up", "h2-1-h1up", "h2-8-h1up"]);
     for (const row of json.results.h2Paced) {
