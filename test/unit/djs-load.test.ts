@@ -443,8 +443,10 @@ describe("loads done ahead (a reload's preload)", () => {
 // loaded. The jobs run at load now, within the top level's own bounds.
 describe("a policy whose top level queues jobs that never end", () => {
   it("is refused at load, naming the policy and the limit", () => {
-    // Each promise waits on the next: the chain ends when the heap is full.
-    const chain = { source: "const f = () => Promise.resolve().then(f); f();\nexport function isRequestAllowed() { return true; }", filename: "chain.mjs", limits: { timeoutMs: 100 } };
+    // Each promise waits on the next: the chain ends when the heap is full. The smallest heap and
+    // a deadline far past what filling it takes, so that the memory limit is the one reached on
+    // a loaded machine too (with timeoutMs 100 the load's 1 s deadline came first under two CPU hogs).
+    const chain = { source: "const f = () => Promise.resolve().then(f); f();\nexport function isRequestAllowed() { return true; }", filename: "chain.mjs", limits: { timeoutMs: 10_000, memoryBytes: 1024 * 1024 } };
     expect(loadError(chain).message).toMatch(/(^|\/)chain\.mjs: the memory limit was hit while loading$/);
     // An await in an endless loop holds nothing: the chain ends at the load's time limit.
     const loop = { source: "(async () => { for (;;) await 0; })();\nfunction isRequestAllowed() { return true; }", filename: "loop.js", limits: { timeoutMs: 100 } };
