@@ -145,8 +145,7 @@ export async function runOnRequest(
         : ((tap?.web as ReadableStream<Uint8Array> | undefined) ?? null);
   const seen = makeRequest(request.url, request.method, request.headers, body);
   const clones = trackClones(seen);
-  const tooLarge = (): EgressError =>
-    new EgressError("EG_TOO_LARGE", 413, `the request body is larger than maxHttpBodyBytes (${limits.requestBodyBytes}) for a hook to read`);
+  const tooLarge = (): EgressError => requestTooLarge(limits);
   // A hook that hit the limit usually fails with it: the limit, not the hook, is the answer.
   let out: Awaited<ReturnType<typeof onRequest>>;
   const called = performance.now();
@@ -321,4 +320,9 @@ function releaseClones(clones: readonly (Request | Response)[]): boolean {
     else void copy.body.cancel().catch(() => undefined);
   }
   return locked;
+}
+
+/** A hook (onRequest, or a tier-3 layer) read the guest's body past maxHttpBodyBytes: the limit is the answer. */
+export function requestTooLarge(limits: HookLimits): EgressError {
+  return new EgressError("EG_TOO_LARGE", 413, `the request body is larger than maxHttpBodyBytes (${limits.requestBodyBytes}) for a hook to read`);
 }

@@ -9,7 +9,7 @@ import { discardBody } from "../streams.js";
 import { withoutHeaders } from "../headers.js";
 import { withFields } from "../objects.js";
 import type { OutboundRequest } from "./exchange.js";
-import { contentLengthHeaders, fromHookResponse, readReturned, withExactLength, withFramingOf, type HookedResponse, type HookLimits } from "./hook-phases.js";
+import { contentLengthHeaders, fromHookResponse, readReturned, requestTooLarge, withExactLength, withFramingOf, type HookedResponse, type HookLimits } from "./hook-phases.js";
 import type { LayerNext } from "./hook-source.js";
 
 /** A tier-3 layer: `(request, next) => Response`. */
@@ -94,10 +94,10 @@ export async function runHandle(handle: Layer, request: OutboundRequest, tap: Bo
       // A layer whose read of the guest's body (itself or a clone) passed maxHttpBodyBytes fails
       // with the limit's error, as an onRequest hook does: the limit is the answer (413, and
       // RESOURCE_EXHAUSTED to gRPC), not a broken hook (502, UNAVAILABLE, which gRPC clients retry).
-      throw original ?? (tap?.limitHit === true ? tooLarge(limits) : hookFailure("handle", error));
+      throw original ?? (tap?.limitHit === true ? requestTooLarge(limits) : hookFailure("handle", error));
     }
     // Also when the layer caught that failure and answered with something else.
-    if (tap?.limitHit === true) throw tooLarge(limits);
+    if (tap?.limitHit === true) throw requestTooLarge(limits);
     if (!isResponse(out)) {
       throw new EgressError("EG_HOOK_FAILED", 502, `handle returned ${out === null ? "null" : typeof out}, not a Response; a layer must answer with next()'s Response or its own`);
     }
@@ -141,10 +141,6 @@ export async function runHandle(handle: Layer, request: OutboundRequest, tap: Bo
       if (response !== kept && !held) discardBody(response.body);
     }
   }
-}
-
-function tooLarge(limits: HookLimits): EgressError {
-  return new EgressError("EG_TOO_LARGE", 413, `the request body is larger than maxHttpBodyBytes (${limits.requestBodyBytes}) for a hook to read`);
 }
 
 /**
